@@ -1,0 +1,125 @@
+// shmcache: the admin command. Starts and stops the server, manages
+// sessions, shows what is cached.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fmt/format.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_args.h"
+#include "instance.h"
+#include "numa_topology.h"
+#include "output.h"
+#include "shmcache/client.h"
+#include "start_server.h"
+
+using namespace shmcache;
+using namespace shmcache::admin;
+
+namespace {
+
+int Fail(const std::string& msg) {
+  fmt::print(stderr, "shmcache: error: {}\n", msg);
+  return 1;
+}
+
+int RunStart(const CliArgs& a, int port) {
+  int nodes = NumaTopology::Get().num_nodes();
+  if (a.workers && a.workers % nodes != 0) {
+    fmt::print("Warning: worker count {} is not a multiple of the {} NUMA "
+               "nodes; it is raised to {}.\n",
+               a.workers, nodes, (a.workers + nodes - 1) / nodes * nodes);
+  }
+  StartResult r;
+  Status s = StartServer(a, port, &r);
+  if (!s.ok()) return Fail(s.message());
+  fmt::print("Cache server startup completed successfully!\n"
+             "The cache server daemon has been created as process id {} and is "
+             "listening on port {}.\n"
+             "Workers: {}. Logs: {}\n",
+             r.pid, port, r.workers, r.log_path);
+  return 0;
+}
+
+// Waits until the server process is gone, so that a --start right after
+// --stop finds the instance free.
+void WaitForExit(int pid) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (pid > 0 && kill(pid, 0) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  CliArgs a;
+  Status s = ParseCliArgs(args, &a);
+  if (!s.ok()) return Fail(s.message());
+  if (a.command == Command::kHelp) {
+    fmt::print("{}", UsageText());
+    return 0;
+  }
+  s = CheckHost(a.hostname);
+  if (!s.ok()) return Fail(s.message());
+  int port;
+  s = ResolvePort(a.port, &port);
+  if (!s.ok()) return Fail(s.message());
+  if (a.command == Command::kStart) return RunStart(a, port);
+
+  ClientOptions co;
+  co.port = port;
+  co.hostname = a.hostname;
+  std::unique_ptr<Client> client;
+  s = Client::Connect(co, &client);
+  if (!s.ok()) return Fail(s.message());
+
+  switch (a.command) {
+    case Command::kStop: {
+      ServerInfo info;
+      s = client->GetServerInfo(&info);
+      if (s.ok()) s = client->StopServer();
+      if (!s.ok()) return Fail(s.message());
+      client.reset();
+      WaitForExit(info.pid);
+      fmt::print("Cache server on port {} has been stopped.\n", port);
+      return 0;
+    }
+    case Command::kGenerate: {
+      uint32_t id;
+      s = client->CreateSession(&id);
+      if (!s.ok()) return Fail(s.message());
+      fmt::print("Session created for server on port {}: {}\n", port, id);
+      return 0;
+    }
+    case Command::kDestroy: {
+      s = client->DestroySession(a.session_id);
+      if (!s.ok()) return Fail(s.message());
+      fmt::print("Drop session successfully for server on port {}: {}\n", port,
+                 a.session_id);
+      return 0;
+    }
+    case Command::kList: {
+      std::vector<SessionInfo> sessions;
+      s = client->ListSessions(&sessions);
+      if (!s.ok()) return Fail(s.message());
+      fmt::print("{}", a.json ? SessionsJson(sessions) : SessionsTable(port, sessions));
+      return 0;
+    }
+    case Command::kInfo: {
+      ServerInfo info;
+      s = client->GetServerInfo(&info);
+      if (!s.ok()) return Fail(s.message());
+      fmt::print("{}", a.json ? ServerInfoJson(info) : ServerInfoTable(info));
+      return 0;
+    }
+    default:
+      return Fail("unhandled command");
+  }
+}

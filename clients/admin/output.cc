@@ -1,0 +1,108 @@
+#include "output.h"
+
+#include <fmt/format.h>
+
+namespace shmcache::admin {
+namespace {
+
+std::string OrNa(uint64_t v) { return v ? std::to_string(v) : "n/a"; }
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
+  if (sessions.empty()) return "No active sessions.\n";
+  std::string out = fmt::format("Listing sessions for server on port {}\n\n", port);
+  out += fmt::format("{:>12}{:>10}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
+                     "Session", "Cache Id", "Mem cached", "Disk cached",
+                     "Avg cache size", "Numa hit", "Hits", "Misses", "Full");
+  for (const SessionInfo& s : sessions) {
+    if (s.caches.empty()) {
+      out += fmt::format("{:>12}{:>10}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
+                         s.session_id, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
+                         "n/a", "n/a");
+    }
+    for (const CacheStats& c : s.caches) {
+      out += fmt::format("{:>12}{:>10}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
+                         s.session_id, c.cache_id, OrNa(c.mem_rows),
+                         OrNa(c.disk_rows), OrNa(c.avg_row_bytes()),
+                         OrNa(c.numa_hits), OrNa(c.hits), OrNa(c.misses),
+                         c.full ? "yes" : "no");
+    }
+  }
+  return out;
+}
+
+std::string SessionsJson(const std::vector<SessionInfo>& sessions) {
+  std::string out = "[";
+  bool first = true;
+  for (const SessionInfo& s : sessions) {
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += fmt::format("  {{\"session\": {}, \"caches\": [", s.session_id);
+    for (size_t i = 0; i < s.caches.size(); ++i) {
+      const CacheStats& c = s.caches[i];
+      out += fmt::format(
+          "{}{{\"cache_id\": {}, \"name\": {}, \"mem_cached\": {}, "
+          "\"mem_bytes\": {}, \"disk_cached\": {}, \"avg_cache_size\": {}, "
+          "\"numa_hit\": {}, \"hits\": {}, \"misses\": {}, "
+          "\"reserved_bytes\": {}, \"budget_bytes\": {}, \"full\": {}}}",
+          i ? ", " : "", c.cache_id, JsonString(c.name), c.mem_rows, c.mem_bytes,
+          c.disk_rows, c.avg_row_bytes(), c.numa_hits, c.hits, c.misses,
+          c.reserved_bytes, c.budget_bytes, c.full ? "true" : "false");
+    }
+    out += "]}";
+  }
+  out += sessions.empty() ? "]\n" : "\n]\n";
+  return out;
+}
+
+std::string ServerInfoTable(const ServerInfo& i) {
+  std::string sessions;
+  for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
+  return fmt::format(
+      "Cache server configuration:\n"
+      "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
+      "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{} MB used of {} MB\n"
+      "  {:<18}{}\n"
+      "Active sessions: {}\n",
+      "Hostname:", "127.0.0.1", "Instance:", i.instance, "Socket:", i.socket_path,
+      "Process id:", i.pid, "Workers:", i.workers, "Log level:", i.log_level,
+      "Log file:", i.log_path, "Spill dir:", i.spill_dir.empty() ? "None" : i.spill_dir,
+      "Memory cap:", i.memory_used_bytes >> 20, i.memory_cap_bytes >> 20,
+      "NUMA nodes:", i.numa_nodes,
+      sessions.empty() ? "none" : sessions);
+}
+
+std::string ServerInfoJson(const ServerInfo& i) {
+  std::string sessions;
+  for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
+  return fmt::format(
+      "{{\"hostname\": \"127.0.0.1\", \"port\": {}, \"socket\": {}, \"shm_dir\": {}, "
+      "\"pid\": {}, \"workers\": {}, \"log_level\": {}, \"log_file\": {}, "
+      "\"spill_dir\": {}, \"memory_cap_bytes\": {}, \"memory_used_bytes\": {}, "
+      "\"numa_nodes\": {}, \"sessions\": [{}]}}\n",
+      i.port, JsonString(i.socket_path), JsonString(i.shm_dir), i.pid, i.workers,
+      i.log_level, JsonString(i.log_path),
+      i.spill_dir.empty() ? "null" : JsonString(i.spill_dir), i.memory_cap_bytes,
+      i.memory_used_bytes, i.numa_nodes, sessions);
+}
+
+}  // namespace shmcache::admin

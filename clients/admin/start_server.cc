@@ -1,0 +1,116 @@
+#include "start_server.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fmt/format.h>
+#include <sstream>
+#include <vector>
+
+#include "daemon_options.h"
+
+namespace shmcache::admin {
+
+static bool Executable(const std::string& p) {
+  return !p.empty() && access(p.c_str(), X_OK) == 0;
+}
+
+std::string FindDaemon() {
+  if (const char* env = std::getenv("SHMCACHE_DAEMON"); env && Executable(env)) {
+    return env;
+  }
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    for (const std::string& c : {dir + "/shmcached", dir + "/../../daemon/shmcached"}) {
+      if (Executable(c)) return c;
+    }
+  }
+  if (Executable(SHMCACHE_INSTALLED_DAEMON)) return SHMCACHE_INSTALLED_DAEMON;
+  return "shmcached";  // execvp searches $PATH
+}
+
+Status StartServer(const CliArgs& a, int port, StartResult* out) {
+  if (!a.spill_dir.empty()) {
+    Status s = CheckSpillDir(a.spill_dir);
+    if (!s.ok()) return s;
+  }
+  std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port),
+                                   fmt::format("--loglevel={}", a.log_level)};
+  if (a.workers) args.push_back(fmt::format("--workers={}", a.workers));
+  if (!a.spill_dir.empty()) args.push_back("--spilldir=" + a.spill_dir);
+  if (a.memory_cap_ratio > 0) {
+    args.push_back(fmt::format("--memory_cap_ratio={}", a.memory_cap_ratio));
+  }
+  if (a.memory_cap_mb) args.push_back(fmt::format("--memory_cap_mb={}", a.memory_cap_mb));
+  if (!a.shm_dir.empty()) args.push_back("--shm_dir=" + a.shm_dir);
+  if (!a.log_dir.empty()) args.push_back("--log_dir=" + a.log_dir);
+
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
+  args.push_back(fmt::format("--ready_fd={}", fds[1]));
+  pid_t pid = fork();
+  if (pid < 0) return Status::FromErrno("fork", errno);
+  if (pid == 0) {
+    setsid();
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, 0);
+      dup2(null, 1);
+      dup2(null, 2);
+    }
+    fcntl(fds[1], F_SETFD, 0);  // the daemon inherits the write end only
+    std::vector<char*> cargs;
+    for (std::string& s : args) cargs.push_back(s.data());
+    cargs.push_back(nullptr);
+    execvp(cargs[0], cargs.data());
+    std::string msg = fmt::format("ERR cannot run {}: {}\n", args[0], std::strerror(errno));
+    ssize_t w = write(fds[1], msg.data(), msg.size());
+    (void)w;
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string line;
+  char buf[512];
+  for (;;) {
+    pollfd p{fds[0], POLLIN, 0};
+    int r = poll(&p, 1, 60000);
+    if (r == 0) {
+      close(fds[0]);
+      return Status::Unavailable(
+          "the cache server did not report readiness within 60 s; see its log");
+    }
+    if (r < 0 && errno == EINTR) continue;
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  while (!line.empty() && line.back() == '\n') line.pop_back();
+  if (line.rfind("OK ", 0) == 0) {
+    std::istringstream in(line.substr(3));
+    in >> out->pid >> out->workers >> out->log_path;
+    return Status::OK();
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);  // it failed: reap it
+  if (line.rfind("ERR ", 0) == 0) {
+    std::string why = line.substr(4);
+    if (why.find("already running") != std::string::npos) {
+      return Status::AlreadyExists(why);
+    }
+    return Status::IOError(why);
+  }
+  return Status::IOError("the cache server exited before reporting readiness");
+}
+
+}  // namespace shmcache::admin

@@ -1,0 +1,312 @@
+#include "cache_state.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "index_table.h"
+#include "logger.h"
+
+namespace shmcache {
+
+namespace {
+uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+constexpr uint32_t kMinTableLog2 = 12;
+constexpr uint32_t kMaxInitialTableLog2 = 18;
+}  // namespace
+
+CacheState::~CacheState() = default;
+
+Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
+                          uint32_t session_id, const std::string& name,
+                          const std::string& fingerprint, uint64_t budget_bytes,
+                          bool spilling, int num_nodes, MemoryAccount* account,
+                          Logger* log, std::unique_ptr<CacheState>* out) {
+  std::unique_ptr<CacheState> c(new CacheState());
+  c->paths_ = paths;
+  c->log_ = log;
+  c->cache_id_ = cache_id;
+  c->session_id_ = session_id;
+  c->name_ = name;
+  c->fingerprint_ = fingerprint;
+  c->budget_bytes_ = budget_bytes;
+  c->num_nodes_ = num_nodes;
+  c->current_.assign(static_cast<size_t>(num_nodes), -1);
+  c->tails_.resize(static_cast<size_t>(num_nodes));
+
+  const uint64_t header_bytes = AlignUp(sizeof(layout::CacheHeader), 4096);
+  if (!account->Reserve(header_bytes)) {
+    return Status::Full("the server's memory cap is used up");
+  }
+  Status s = ShmFile::Create(paths.CacheFile(cache_id), header_bytes, -1,
+                             &c->header_file_);
+  if (!s.ok()) {
+    account->Release(header_bytes);
+    return s;
+  }
+  c->AddReserved(header_bytes);
+  auto* h = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
+  h->cache_id = cache_id;
+  h->session_id = session_id;
+  h->budget_bytes = budget_bytes;
+  h->name_len = static_cast<uint8_t>(name.size());
+  std::memcpy(h->name, name.data(), name.size());
+  h->fingerprint_len = static_cast<uint8_t>(fingerprint.size());
+  std::memcpy(h->fingerprint, fingerprint.data(), fingerprint.size());
+  h->state.store(spilling ? layout::kStateSpilling : 0);
+  h->reserved_bytes.store(header_bytes);
+  c->header_ = h;
+
+  // Size the first table for rows of about 4 KB filling the budget; later
+  // tables double.
+  uint64_t rows = budget_bytes / 4096 * 4 / 3 + 1;
+  uint32_t log2 = std::clamp<uint32_t>(
+      static_cast<uint32_t>(std::bit_width(rows)), kMinTableLog2,
+      kMaxInitialTableLog2);
+  s = c->CreateTable(0, log2, account);
+  if (!s.ok()) {
+    c->Destroy(account);
+    return s;
+  }
+  // The header is published last: a client that maps it sees a usable cache.
+  h->file.magic = layout::kCacheMagic;
+  h->file.version = layout::kLayoutVersion;
+  h->file.header_size = sizeof(layout::CacheHeader);
+  h->file.file_size = header_bytes;
+  *out = std::move(c);
+  return Status::OK();
+}
+
+void CacheState::AddReserved(uint64_t n) {
+  reserved_bytes_ += n;
+  if (header_) header_->reserved_bytes.store(reserved_bytes_);
+}
+
+Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
+                               MemoryAccount* account) {
+  uint64_t cap = 1ULL << log2;
+  size_t bytes = layout::TableFileSize(cap);
+  if (!account->Reserve(bytes)) {
+    return Status::Full(fmt::format(
+        "cannot grow the index of cache {}: the server's memory cap is used up",
+        cache_id_));
+  }
+  ShmFile f;
+  Status s = ShmFile::Create(paths_.TableFile(cache_id_, gen), bytes, -1, &f);
+  if (!s.ok()) {
+    account->Release(bytes);
+    return s;
+  }
+  auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
+  IndexTable::Format(t, bytes, cache_id_, gen, log2);
+  tables_.push_back(std::move(f));
+  AddReserved(bytes);
+  header_->tables[gen].capacity.store(cap, std::memory_order_release);
+  header_->num_tables.store(gen + 1, std::memory_order_release);
+  return Status::OK();
+}
+
+Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
+  if (destroyed_) return Status::NotFound("cache was destroyed");
+  uint32_t n = header_->num_tables.load();
+  if (seen != n) return Status::OK();  // somebody grew it already
+  if (n >= layout::kMaxTables) {
+    MarkFull("the index reached its largest size");
+    return Status::Full("the cache index reached its largest size");
+  }
+  uint64_t prev = header_->tables[n - 1].capacity.load();
+  Status s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
+  if (s.IsFull()) MarkFull(s.message());
+  return s;
+}
+
+void CacheState::MarkFull(const std::string& why) {
+  uint32_t old = header_->state.fetch_or(layout::kStateFull);
+  if (!(old & layout::kStateFull) && log_) {
+    log_->Warn("cache {} (session {}, '{}') is full: {}; further rows are not "
+               "cached",
+               cache_id_, session_id_, name_, why);
+  }
+}
+
+Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
+                              Segment** out) {
+  uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+  uint64_t last = 0;
+  for (const Segment& s : segments_) {
+    if (s.node == node) last = s.size;
+  }
+  uint64_t want = std::clamp<uint64_t>(last * 2, kMinSegmentBytes, kMaxSegmentBytes);
+  want = std::max(want, min_bytes);
+  uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
+  want = std::min(want, left);
+  want = std::min(want, account->available());
+  want = want / 4096 * 4096;
+  if (want < min_bytes) {
+    std::string why =
+        left < min_bytes
+            ? fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20)
+            : fmt::format("the server's memory cap of {} MB is used up",
+                          account->cap >> 20);
+    MarkFull(why);
+    return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
+  }
+  if (segments_.size() > layout::kMaxSegmentId) {
+    MarkFull("too many segments");
+    return Status::Full("cache has too many segments");
+  }
+  auto seg_no = static_cast<uint32_t>(segments_.size());
+  ShmFile f;
+  Status s = ShmFile::Create(paths_.SegmentFile(cache_id_, seg_no), want, node, &f);
+  if (!s.ok()) {
+    if (s.IsFull()) MarkFull(s.message());
+    if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
+    return s;
+  }
+  account->Reserve(want);
+  data_bytes_ += want;
+  AddReserved(want);
+  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  h->seg_id = seg_no;
+  h->cache_id = cache_id_;
+  h->node = static_cast<uint32_t>(node);
+  h->carved.store(layout::kSegmentHeaderSize);
+  h->file.version = layout::kLayoutVersion;
+  h->file.header_size = sizeof(layout::SegmentHeader);
+  h->file.file_size = want;
+  std::atomic_thread_fence(std::memory_order_release);
+  h->file.magic = layout::kSegmentMagic;
+  segments_.push_back(Segment{seg_no, node, want, layout::kSegmentHeaderSize,
+                              std::move(f)});
+  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+  *out = &segments_.back();
+  return Status::OK();
+}
+
+layout::ChunkHeader* CacheState::ChunkAt(uint32_t seg_no, uint64_t offset,
+                                         uint64_t size) {
+  auto* h = reinterpret_cast<layout::ChunkHeader*>(
+      segments_[seg_no].file.data() + offset);
+  h->cache_id = cache_id_;
+  h->size = size;
+  h->used.store(sizeof(layout::ChunkHeader));
+  h->magic = layout::kChunkMagic;
+  return h;
+}
+
+Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
+                         MemoryAccount* account, ChunkLease* out) {
+  if (destroyed_) return Status::NotFound("cache was destroyed");
+  if (header_->state.load() & layout::kStateFull) {
+    return Status::Full(fmt::format("cache {} is full", cache_id_));
+  }
+  node = (node % num_nodes_ + num_nodes_) % num_nodes_;
+  const uint64_t want = AlignUp(sizeof(layout::ChunkHeader) + need, layout::kCacheLine);
+  auto& tails = tails_[static_cast<size_t>(node)];
+  for (size_t i = 0; i < tails.size(); ++i) {
+    if (tails[i].size >= want) {
+      Tail t = tails[i];
+      tails.erase(tails.begin() + static_cast<long>(i));
+      ChunkAt(t.seg_no, t.offset, t.size);
+      *out = ChunkLease{t.seg_no, t.offset, t.size};
+      leases_[conn].push_back(*out);
+      return Status::OK();
+    }
+  }
+  Segment* seg = nullptr;
+  int cur = current_[static_cast<size_t>(node)];
+  if (cur >= 0 && segments_[cur].size - segments_[cur].carved >= want) {
+    seg = &segments_[cur];
+  } else {
+    Status s = NewSegment(node, want, account, &seg);
+    if (!s.ok()) return s;
+  }
+  uint64_t avail = seg->size - seg->carved;
+  uint64_t size = std::min(avail, std::max(want, kChunkBytes));
+  if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
+  size = size / layout::kCacheLine * layout::kCacheLine;
+  uint64_t offset = seg->carved;
+  ChunkAt(seg->seg_no, offset, size);
+  seg->carved += size;
+  reinterpret_cast<layout::SegmentHeader*>(seg->file.data())->carved.store(seg->carved);
+  *out = ChunkLease{seg->seg_no, offset, size};
+  leases_[conn].push_back(*out);
+  return Status::OK();
+}
+
+void CacheState::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
+  auto it = leases_.find(conn);
+  if (it == leases_.end() || destroyed_) return;
+  auto& v = it->second;
+  auto l = std::find_if(v.begin(), v.end(), [&](const ChunkLease& c) {
+    return c.seg_no == seg_no && c.offset == offset;
+  });
+  if (l == v.end()) return;  // not this connection's: ignore
+  ChunkLease lease = *l;
+  v.erase(l);
+  auto* h = reinterpret_cast<layout::ChunkHeader*>(
+      segments_[lease.seg_no].file.data() + lease.offset);
+  // `used` was written by the client: trust it only within the chunk.
+  uint64_t used = h->used.load();
+  if (used < sizeof(layout::ChunkHeader) || used > lease.size) used = lease.size;
+  uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
+  uint64_t end = lease.offset + lease.size;
+  if (tail_off + kMinRecycleBytes <= end) {
+    const Segment& seg = segments_[lease.seg_no];
+    tails_[static_cast<size_t>(seg.node)].push_back(
+        Tail{lease.seg_no, tail_off, end - tail_off});
+  }
+}
+
+void CacheState::ReleaseConnection(uint64_t conn) {
+  auto it = leases_.find(conn);
+  if (it == leases_.end()) return;
+  std::vector<ChunkLease> held = it->second;
+  for (const ChunkLease& l : held) Return(conn, l.seg_no, l.offset);
+  leases_.erase(conn);
+}
+
+void CacheState::Destroy(MemoryAccount* account) {
+  if (destroyed_) return;
+  destroyed_ = true;
+  if (header_) header_->state.fetch_or(layout::kStateDestroyed);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    ShmFile::Unlink(paths_.SegmentFile(cache_id_, static_cast<uint32_t>(i)))
+        .PermitUncheckedError();
+  }
+  for (size_t g = 0; g < tables_.size(); ++g) {
+    ShmFile::Unlink(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)))
+        .PermitUncheckedError();
+  }
+  ShmFile::Unlink(paths_.CacheFile(cache_id_)).PermitUncheckedError();
+  segments_.clear();
+  tables_.clear();
+  header_file_.Unmap();
+  header_ = nullptr;
+  account->Release(reserved_bytes_);
+  reserved_bytes_ = 0;
+  leases_.clear();
+}
+
+CacheStats CacheState::Stats() const {
+  CacheStats out;
+  out.session_id = session_id_;
+  out.cache_id = cache_id_;
+  out.name = name_;
+  out.reserved_bytes = reserved_bytes_;
+  out.budget_bytes = budget_bytes_;
+  if (header_ == nullptr) return out;
+  for (const layout::StatsSlot& slot : header_->stats) {
+    out.hits += slot.hits.load(std::memory_order_relaxed);
+    out.misses += slot.misses.load(std::memory_order_relaxed);
+    out.numa_hits += slot.numa_hits.load(std::memory_order_relaxed);
+    out.mem_rows += slot.rows.load(std::memory_order_relaxed);
+    out.mem_bytes += slot.bytes.load(std::memory_order_relaxed);
+    out.disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
+  }
+  out.full = header_->state.load() & layout::kStateFull;
+  return out;
+}
+
+}  // namespace shmcache

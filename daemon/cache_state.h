@@ -1,0 +1,116 @@
+// CacheState: the daemon's side of one cache: its files, its segments per
+// NUMA node, the chunks leased to each connection, and the free tails of
+// chunks given back.
+//
+// Chunk leasing is the only allocation: a client bump-allocates rows inside
+// its chunk without talking to anyone. When it closes or dies (its
+// connection ends), the part of each chunk past the chunk's `used` mark is
+// recycled into a new chunk; a row killed mid-write is inside `used` and is
+// the only space lost.
+//
+// Thread safety: none; the Store's mutex guards every call.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "instance.h"
+#include "layout.h"
+#include "memory_account.h"
+#include "shm_file.h"
+#include "shmcache/stats.h"
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+class Logger;
+
+struct ChunkLease {
+  uint32_t seg_no = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+class CacheState {
+ public:
+  static constexpr uint64_t kChunkBytes = 4u << 20;
+  static constexpr uint64_t kMinSegmentBytes = 4u << 20;
+  static constexpr uint64_t kMaxSegmentBytes = 256u << 20;
+  static constexpr uint64_t kMinRecycleBytes = 16u << 10;
+
+  // Creates the header file and the first index table, reserving both in
+  // `account`.
+  static Status Create(const InstancePaths& paths, uint32_t cache_id,
+                       uint32_t session_id, const std::string& name,
+                       const std::string& fingerprint, uint64_t budget_bytes,
+                       bool spilling, int num_nodes, MemoryAccount* account,
+                       Logger* log, std::unique_ptr<CacheState>* out);
+  ~CacheState();
+
+  // A chunk of at least `need` bytes of row space for connection `conn`.
+  // Full when the budget or the server cap is used up (the cache is then
+  // marked full for every client).
+  Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
+               ChunkLease* out);
+  // Takes back the unused tail of a chunk leased to `conn`.
+  void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
+  void ReleaseConnection(uint64_t conn);
+  // Adds an index table unless one was added since the client saw `seen`.
+  Status GrowIndex(uint32_t seen, MemoryAccount* account);
+  // Marks the cache destroyed, unlinks its files, releases its memory.
+  void Destroy(MemoryAccount* account);
+
+  CacheStats Stats() const;
+  uint32_t session_id() const { return session_id_; }
+  const std::string& name() const { return name_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+  uint64_t reserved_bytes() const { return reserved_bytes_; }
+
+ private:
+  struct Segment {
+    uint32_t seg_no;
+    int node;
+    uint64_t size;
+    uint64_t carved;
+    ShmFile file;
+  };
+  struct Tail {
+    uint32_t seg_no;
+    uint64_t offset;
+    uint64_t size;
+  };
+
+  CacheState() = default;
+  Status NewSegment(int node, uint64_t need, MemoryAccount* account,
+                    Segment** out);
+  Status CreateTable(uint32_t gen, uint32_t capacity_log2,
+                     MemoryAccount* account);
+  layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset,
+                               uint64_t size);
+  void MarkFull(const std::string& why);
+  void AddReserved(uint64_t n);
+
+  InstancePaths paths_;
+  Logger* log_ = nullptr;
+  uint32_t cache_id_ = 0;
+  uint32_t session_id_ = 0;
+  std::string name_;
+  std::string fingerprint_;
+  uint64_t budget_bytes_ = 0;
+  uint64_t data_bytes_ = 0;       // segments, counted against the budget
+  uint64_t reserved_bytes_ = 0;   // everything, counted against the cap
+  int num_nodes_ = 1;
+  bool destroyed_ = false;
+  ShmFile header_file_;
+  layout::CacheHeader* header_ = nullptr;
+  std::vector<ShmFile> tables_;
+  std::vector<Segment> segments_;          // index = seg_no
+  std::vector<int> current_;               // per node: seg_no or -1
+  std::vector<std::vector<Tail>> tails_;   // per node
+  std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
+};
+
+}  // namespace shmcache

@@ -1,0 +1,95 @@
+#include "daemon_options.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "instance.h"
+
+namespace shmcache {
+
+static bool ParseLong(std::string_view v, long lo, long hi, long* out) {
+  std::string s(v);
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) return false;
+  *out = n;
+  return true;
+}
+
+Status CheckSpillDir(const std::string& dir) {
+  if (dir.empty() || dir[0] != '/') {
+    return Status::InvalidArgument("spill directory '" + dir +
+                                   "' is not an absolute path");
+  }
+  if (access(dir.c_str(), F_OK) != 0) {
+    return Status::InvalidArgument("spill directory " + dir + " does not exist");
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return Status::InvalidArgument("spill directory " + dir + " is not writable");
+  }
+  return Status::OK();
+}
+
+Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--foreground") {
+      o->foreground = true;
+      continue;
+    }
+    auto eq = a.find('=');
+    if (a.substr(0, 2) != "--" || eq == std::string_view::npos) {
+      return Status::InvalidArgument("unexpected argument '" + std::string(a) +
+                                     "' (options are --name=value)");
+    }
+    std::string_view k = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    long n = 0;
+    auto bad = [&] {
+      return Status::InvalidArgument("bad value for --" + std::string(k) + ": '" +
+                                     std::string(v) + "'");
+    };
+    if (k == "port") {
+      if (!ParseLong(v, 1025, 65535, &n)) return bad();
+      o->port = static_cast<int>(n);
+    } else if (k == "workers") {
+      if (!ParseLong(v, 1, 512, &n)) return bad();
+      o->workers = static_cast<int>(n);
+    } else if (k == "loglevel") {
+      if (!ParseLong(v, 0, 4, &n)) return bad();
+      o->log_level = static_cast<int>(n);
+    } else if (k == "ready_fd") {
+      if (!ParseLong(v, 0, 1 << 20, &n)) return bad();
+      o->ready_fd = static_cast<int>(n);
+    } else if (k == "spilldir") {
+      o->spill_dir = v;
+    } else if (k == "run_dir") {
+      o->run_dir = v;
+    } else if (k == "shm_dir") {
+      o->shm_dir = v;
+    } else if (k == "log_dir") {
+      o->log_dir = v;
+    } else if (k == "memory_cap_ratio") {
+      std::string s(v);
+      char* end = nullptr;
+      double r = std::strtod(s.c_str(), &end);
+      if (s.empty() || *end != '\0' || !(r > 0.0 && r <= 1.0)) return bad();
+      o->memory_cap_ratio = r;
+    } else if (k == "memory_cap_mb") {
+      if (!ParseLong(v, 1, 1L << 40, &n)) return bad();
+      o->memory_cap_bytes = static_cast<uint64_t>(n) << 20;
+    } else {
+      return Status::InvalidArgument("unknown option --" + std::string(k));
+    }
+  }
+  if (!o->spill_dir.empty()) {
+    Status s = CheckSpillDir(o->spill_dir);
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+}  // namespace shmcache

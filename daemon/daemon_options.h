@@ -1,0 +1,33 @@
+// DaemonOptions: what shmcached runs with. The admin CLI validates user
+// input and passes these as --name=value; Parse() re-checks every value, so
+// the daemon is safe to start by hand too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+struct DaemonOptions {
+  int port = 50052;
+  std::string run_dir;   // default: DefaultRunDir()
+  std::string shm_dir;   // default: DefaultShmDir()
+  std::string log_dir = "/tmp/shmcache/log";
+  int workers = 0;       // 0: half the CPUs; rounded up to the NUMA nodes
+  int log_level = 1;
+  std::string spill_dir;  // empty: no spilling
+  double memory_cap_ratio = 0.8;   // of physical memory
+  uint64_t memory_cap_bytes = 0;   // absolute cap; 0: use the ratio
+  int ready_fd = -1;     // pipe to the admin: one line "OK ..."/"ERR ..."
+  bool foreground = false;
+};
+
+// Parses shmcached's own argv. InvalidArgument names the bad argument.
+Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* out);
+
+// Checks a spill dir: absolute, an existing directory, writable.
+Status CheckSpillDir(const std::string& dir);
+
+}  // namespace shmcache

@@ -1,0 +1,169 @@
+// shmcached: the shmcache server. Normally started by `shmcache --start`,
+// which passes --ready_fd so that this process can report success or the
+// reason of a failure before the admin exits.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <utility>  // before Asio: 1.74 uses std::exchange without it
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fmt/format.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon_options.h"
+#include "instance.h"
+#include "logger.h"
+#include "numa_topology.h"
+#include "server.h"
+#include "shm_file.h"
+#include "store.h"
+
+using namespace shmcache;
+
+namespace {
+
+constexpr size_t kMinShmRoom = 16u << 20;
+
+void Report(int fd, const std::string& line) {
+  if (fd < 0) {
+    fmt::print(stderr, "{}\n", line);
+    return;
+  }
+  std::string l = line + "\n";
+  ssize_t n = write(fd, l.data(), l.size());
+  (void)n;
+  close(fd);
+}
+
+int Fail(int fd, const std::string& why) {
+  Report(fd, "ERR " + why);
+  return 1;
+}
+
+// Holds the instance lock for the life of the process: the kernel drops it
+// when the process dies, however it dies.
+Status TakeInstanceLock(const InstancePaths& paths, int* fd_out) {
+  int fd = open(paths.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno("cannot open " + paths.lock_path, errno);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    return Status::AlreadyExists(fmt::format(
+        "a cache server is already running on port {} (process id {}); stop it "
+        "with 'shmcache --stop -p {}' or use another port",
+        paths.port, pid, paths.port));
+  }
+  std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // The lock is what matters; the pid is only for messages.
+  }
+  *fd_out = fd;
+  return Status::OK();
+}
+
+void DetachStdio() {
+  int null = open("/dev/null", O_RDWR);
+  if (null < 0) return;
+  dup2(null, 0);
+  dup2(null, 1);
+  dup2(null, 2);
+  if (null > 2) close(null);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  DaemonOptions opts;
+  Status s = ParseDaemonOptions(argc, argv, &opts);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  InstancePaths paths = MakeInstancePaths(opts.port, opts.run_dir, opts.shm_dir);
+
+  s = EnsureRunDir(paths.run_dir);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  int lock_fd = -1;
+  s = TakeInstanceLock(paths, &lock_fd);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+
+  Logger log;
+  s = log.Open(opts.log_dir, opts.log_level);
+  if (!s.ok()) {
+    // A log dir another user owns must not stop the server.
+    std::string fallback = paths.run_dir + "/log";
+    if (!log.Open(fallback, opts.log_level).ok()) {
+      return Fail(opts.ready_fd, s.message());
+    }
+  }
+
+  NumaTopology& topo = NumaTopology::Get();
+  int nodes = topo.num_nodes();
+  int workers = opts.workers;
+  if (workers <= 0) workers = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 2);
+  if (workers % nodes != 0) {
+    int adjusted = (workers + nodes - 1) / nodes * nodes;
+    log.Warn("worker count {} is not a multiple of the {} NUMA nodes; using {}",
+             workers, nodes, adjusted);
+    workers = adjusted;
+  }
+
+  if (access(paths.shm_dir.c_str(), W_OK | X_OK) != 0) {
+    return Fail(opts.ready_fd,
+                fmt::format("shared-memory directory {} is not writable: {}",
+                            paths.shm_dir, std::strerror(errno)));
+  }
+  size_t room = FreeBytes(paths.shm_dir);
+  if (room < kMinShmRoom) {
+    return Fail(opts.ready_fd,
+                fmt::format("no room in {}: {} MB free, at least {} MB needed; "
+                            "free space there, give the container a larger "
+                            "--shm-size, or start with --shm_dir DIR",
+                            paths.shm_dir, room >> 20, kMinShmRoom >> 20));
+  }
+
+  Store store(opts, paths, nodes, workers, &log);
+  s = store.Init();
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+
+  boost::asio::io_context io(workers);
+  Server server(io, &store, &log);
+  s = server.Listen(paths.socket_path);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (!ec) {
+      log.Info("signal {}: shutting down", sig);
+      server.RequestStop();
+    }
+  });
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<std::thread> threads;
+  for (int i = 0; i < workers; ++i) {
+    threads.emplace_back([&, i] {
+      topo.PinThreadToNode(i % nodes);
+      io.run();
+    });
+  }
+  log.Info("started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
+           "memory cap {} MB, spill dir {}",
+           paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
+           store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir);
+  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()));
+  if (!opts.foreground) DetachStdio();
+
+  for (std::thread& t : threads) t.join();
+  log.Info("stopping: removing shared memory and socket");
+  store.Shutdown();
+  unlink(paths.socket_path.c_str());
+  unlink(paths.lock_path.c_str());
+  close(lock_fd);
+  log.Info("stopped");
+  return 0;
+}

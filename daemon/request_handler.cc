@@ -1,0 +1,120 @@
+#include "request_handler.h"
+
+#include "layout.h"
+
+namespace shmcache {
+
+using protocol::MsgType;
+using protocol::WireReader;
+using protocol::WireWriter;
+
+std::string RequestHandler::Handle(uint64_t conn, MsgType type,
+                                   std::span<const std::byte> body,
+                                   bool* stop) {
+  WireReader r(body);
+  WireWriter payload;
+  Status s;
+  auto malformed = [] {
+    return Status::Corruption("malformed request body");
+  };
+  switch (type) {
+    case MsgType::kHello: {
+      r.U32();  // client pid, for the log
+      if (!r.Done()) { s = malformed(); break; }
+      payload.U32(store_->NewClientId());
+      payload.Str(store_->paths().shm_prefix);
+      break;
+    }
+    case MsgType::kCreateSession: {
+      if (!r.Done()) { s = malformed(); break; }
+      uint32_t id = 0;
+      s = store_->CreateSession(&id);
+      payload.U32(id);
+      break;
+    }
+    case MsgType::kDestroySession:
+    case MsgType::kCheckSession: {
+      uint32_t id = r.U32();
+      if (!r.Done()) { s = malformed(); break; }
+      s = type == MsgType::kDestroySession ? store_->DestroySession(id)
+                                           : store_->CheckSession(id);
+      break;
+    }
+    case MsgType::kOpenCache: {
+      uint32_t session = r.U32();
+      std::string name = r.Str(layout::kMaxNameBytes);
+      std::string fingerprint = r.Str(layout::kMaxNameBytes);
+      uint64_t size_mb = r.U64();
+      uint8_t spilling = r.U8();
+      if (!r.Done() || spilling > 1) { s = malformed(); break; }
+      uint32_t id = 0;
+      s = store_->OpenCache(session, name, fingerprint, size_mb, spilling != 0, &id);
+      payload.U32(id);
+      break;
+    }
+    case MsgType::kLeaseChunk: {
+      uint32_t cache_id = r.U32();
+      uint32_t node = r.U32();
+      uint64_t need = r.U64();
+      uint8_t has_old = r.U8();
+      uint32_t old_seg = r.U32();
+      uint64_t old_off = r.U64();
+      if (!r.Done() || need == 0 || need > (1ULL << 33) || node > 1024) {
+        s = malformed();
+        break;
+      }
+      ChunkLease lease;
+      s = store_->LeaseChunk(conn, cache_id, static_cast<int>(node), need, &lease);
+      if (s.ok() && has_old) {
+        store_->ReturnChunk(conn, cache_id, old_seg, old_off).PermitUncheckedError();
+      }
+      payload.U32(lease.seg_no);
+      payload.U64(lease.offset);
+      payload.U64(lease.size);
+      break;
+    }
+    case MsgType::kReturnChunk: {
+      uint32_t cache_id = r.U32();
+      uint32_t seg = r.U32();
+      uint64_t off = r.U64();
+      if (!r.Done()) { s = malformed(); break; }
+      s = store_->ReturnChunk(conn, cache_id, seg, off);
+      break;
+    }
+    case MsgType::kGrowIndex: {
+      uint32_t cache_id = r.U32();
+      uint32_t seen = r.U32();
+      if (!r.Done()) { s = malformed(); break; }
+      s = store_->GrowIndex(cache_id, seen);
+      break;
+    }
+    case MsgType::kListSessions: {
+      if (!r.Done()) { s = malformed(); break; }
+      std::vector<SessionInfo> sessions;
+      store_->ListSessions(&sessions);
+      protocol::WriteSessions(payload, sessions);
+      break;
+    }
+    case MsgType::kServerInfo: {
+      if (!r.Done()) { s = malformed(); break; }
+      ServerInfo info;
+      store_->FillServerInfo(&info);
+      protocol::WriteServerInfo(payload, info);
+      break;
+    }
+    case MsgType::kStop: {
+      if (!r.Done()) { s = malformed(); break; }
+      *stop = true;
+      break;
+    }
+    default:
+      s = Status::NotSupported("request type not supported by this server");
+      break;
+  }
+  WireWriter out;
+  protocol::WriteStatus(out, s);
+  if (s.ok()) out.body() += payload.body();
+  return std::move(out.body());
+}
+
+}  // namespace shmcache

@@ -1,0 +1,30 @@
+// RequestHandler: turns one decoded request frame into its response body.
+// Kept apart from the socket code so that tests and fuzzers can drive it
+// with arbitrary bytes.
+//
+// Thread safety: Handle() may run on any worker thread; the Store locks.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "protocol.h"
+#include "store.h"
+
+namespace shmcache {
+
+class RequestHandler {
+ public:
+  explicit RequestHandler(Store* store) : store_(store) {}
+
+  // `type` is a validated request type (DecodeFrameHeader). Returns the
+  // response body; sets *stop when the server should exit after sending it.
+  std::string Handle(uint64_t conn, protocol::MsgType type,
+                     std::span<const std::byte> body, bool* stop);
+
+ private:
+  Store* store_;
+};
+
+}  // namespace shmcache

@@ -1,0 +1,131 @@
+#include "server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <vector>
+
+namespace shmcache {
+
+namespace asio = boost::asio;
+using asio::local::stream_protocol;
+
+class Server::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Server* server, stream_protocol::socket socket, uint64_t id)
+      : server_(server), socket_(std::move(socket)), id_(id) {}
+  ~Connection() { server_->store_->ReleaseConnection(id_); }
+
+  void Start() { ReadHeader(); }
+
+ private:
+  void ReadHeader() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(header_),
+                     [this, self](boost::system::error_code ec, size_t) {
+                       if (ec) return;  // closed: the destructor cleans up
+                       protocol::FrameHeader h;
+                       Status s = protocol::DecodeFrameHeader(header_, &h);
+                       if (!s.ok() || (h.type & protocol::kResponseBit)) {
+                         server_->log_->Warn(
+                             "connection {}: {}; closing it", id_,
+                             s.ok() ? "a response frame sent as request" : s.message());
+                         return;
+                       }
+                       type_ = static_cast<protocol::MsgType>(h.type);
+                       body_.resize(h.body_len);
+                       ReadBody();
+                     });
+  }
+
+  void ReadBody() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(body_),
+                     [this, self](boost::system::error_code ec, size_t) {
+                       if (ec) return;
+                       bool stop = false;
+                       std::string resp =
+                           server_->handler_.Handle(id_, type_, body_, &stop);
+                       Write(std::move(resp), stop);
+                     });
+  }
+
+  void Write(std::string body, bool stop) {
+    protocol::FrameHeader h;
+    h.type = static_cast<uint16_t>(type_) | protocol::kResponseBit;
+    h.body_len = static_cast<uint32_t>(body.size());
+    out_.resize(protocol::kFrameHeaderBytes + body.size());
+    protocol::EncodeFrameHeader(h, reinterpret_cast<std::byte*>(out_.data()));
+    std::copy(body.begin(), body.end(), out_.begin() + protocol::kFrameHeaderBytes);
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(out_),
+                      [this, self, stop](boost::system::error_code ec, size_t) {
+                        if (stop) {
+                          server_->RequestStop();
+                          return;
+                        }
+                        if (!ec) ReadHeader();
+                      });
+  }
+
+  Server* server_;
+  stream_protocol::socket socket_;
+  uint64_t id_;
+  std::array<std::byte, protocol::kFrameHeaderBytes> header_{};
+  protocol::MsgType type_{};
+  std::vector<std::byte> body_;
+  std::string out_;
+};
+
+Server::Server(asio::io_context& io, Store* store, Logger* log)
+    : io_(io), store_(store), log_(log), handler_(store), acceptor_(io) {}
+
+Status Server::Listen(const std::string& socket_path) {
+  // The caller holds the instance lock, so an existing socket is stale.
+  unlink(socket_path.c_str());
+  boost::system::error_code ec;
+  stream_protocol::endpoint ep(socket_path);
+  mode_t old = umask(0077);  // the socket is created owner-only
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  umask(old);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::IOError("cannot listen on " + socket_path + ": " + ec.message());
+  }
+  chmod(socket_path.c_str(), 0600);
+  Accept();
+  return Status::OK();
+}
+
+void Server::Accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec,
+                                stream_protocol::socket socket) {
+    if (ec) {
+      if (ec != asio::error::operation_aborted) Accept();
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred,
+                   &len) != 0 ||
+        cred.uid != geteuid()) {
+      log_->Warn("refused a connection from uid {} pid {}: not the server's user",
+                 cred.uid, cred.pid);
+    } else {
+      uint64_t id = next_conn_.fetch_add(1);
+      log_->Debug("connection {} from pid {}", id, cred.pid);
+      std::make_shared<Connection>(this, std::move(socket), id)->Start();
+    }
+    Accept();
+  });
+}
+
+void Server::RequestStop() {
+  stop_requested_.store(true);
+  io_.stop();
+}
+
+}  // namespace shmcache

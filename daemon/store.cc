@@ -1,0 +1,258 @@
+#include "store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "logger.h"
+
+namespace shmcache {
+
+static uint64_t PhysicalMemory() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
+}
+
+Store::Store(const DaemonOptions& options, const InstancePaths& paths,
+             int num_nodes, int workers, Logger* log)
+    : options_(options),
+      paths_(paths),
+      num_nodes_(num_nodes),
+      workers_(workers),
+      log_(log),
+      rng_(std::random_device{}()) {
+  account_.cap = options.memory_cap_bytes
+                     ? options.memory_cap_bytes
+                     : static_cast<uint64_t>(static_cast<double>(PhysicalMemory()) *
+                                             options.memory_cap_ratio);
+}
+
+Store::~Store() = default;
+
+Status Store::Init() {
+  // Files of this instance left by a daemon that did not shut down.
+  std::string dir = paths_.shm_dir;
+  std::string base = paths_.shm_prefix.substr(dir.size() + 1);
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) {
+    return Status::FromErrno("cannot read shared-memory directory " + dir, errno);
+  }
+  int removed = 0;
+  while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, base.c_str(), base.size()) == 0) {
+      if (unlink((dir + "/" + e->d_name).c_str()) == 0) ++removed;
+    }
+  }
+  closedir(d);
+  if (removed > 0) {
+    log_->Warn("removed {} shared-memory files left by an earlier server on port {}",
+               removed, paths_.port);
+  }
+  WriteSessionsFile();
+  return Status::OK();
+}
+
+uint32_t Store::NewClientId() {
+  std::lock_guard lock(mu_);
+  return next_client_id_++;
+}
+
+void Store::WriteSessionsFile() {
+  // A plain file beside the segments: lists live sessions for a restarted
+  // daemon and for people looking at /dev/shm.
+  std::string path = paths_.SessionsFile();
+  std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  FILE* f = fd < 0 ? nullptr : fdopen(fd, "w");
+  if (f == nullptr) return;
+  for (const auto& [id, caches] : sessions_) fmt::print(f, "{}\n", id);
+  fclose(f);
+  rename(tmp.c_str(), path.c_str());
+}
+
+Status Store::CreateSession(uint32_t* id) {
+  std::lock_guard lock(mu_);
+  if (sessions_.size() >= layout::kMaxSessions) {
+    return Status::Full("too many sessions; destroy some with 'shmcache -d ID'");
+  }
+  uint32_t s;
+  do {
+    s = rng_();
+  } while (s == 0 || sessions_.count(s) != 0);
+  sessions_[s] = {};
+  WriteSessionsFile();
+  log_->Info("session {} created", s);
+  *id = s;
+  return Status::OK();
+}
+
+static Status NoSession(uint32_t id) {
+  return Status::NotFound(fmt::format(
+      "session {} does not exist; list them with 'shmcache --list_sessions' or "
+      "create one with 'shmcache -g'",
+      id));
+}
+
+Status Store::DestroySession(uint32_t id) {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NoSession(id);
+  for (uint32_t cid : it->second) {
+    auto c = caches_.find(cid);
+    if (c == caches_.end()) continue;
+    c->second->Destroy(&account_);
+    caches_.erase(c);
+  }
+  sessions_.erase(it);
+  WriteSessionsFile();
+  log_->Info("session {} destroyed", id);
+  return Status::OK();
+}
+
+Status Store::CheckSession(uint32_t id) {
+  std::lock_guard lock(mu_);
+  return sessions_.count(id) ? Status::OK() : NoSession(id);
+}
+
+Status Store::OpenCache(uint32_t session_id, const std::string& name,
+                        const std::string& fingerprint, uint64_t size_mb,
+                        bool spilling, uint32_t* cache_id) {
+  std::lock_guard lock(mu_);
+  auto sit = sessions_.find(session_id);
+  if (sit == sessions_.end()) return NoSession(session_id);
+  if (name.empty() || name.size() > layout::kMaxNameBytes ||
+      fingerprint.size() > layout::kMaxNameBytes) {
+    return Status::InvalidArgument("cache name must be 1..255 bytes");
+  }
+  if (spilling && options_.spill_dir.empty()) {
+    return Status::InvalidArgument(
+        "spilling was requested but the cache server has no spill directory; "
+        "restart it with 'shmcache --start -s DIR'");
+  }
+  for (uint32_t cid : sit->second) {
+    CacheState* c = caches_.at(cid).get();
+    if (c->name() != name) continue;
+    if (c->fingerprint() != fingerprint) {
+      return Status::FingerprintMismatch(fmt::format(
+          "cache '{}' in session {} holds rows of another pipeline (fingerprint "
+          "'{}', this one is '{}'); use another cache name or session",
+          name, session_id, c->fingerprint(), fingerprint));
+    }
+    *cache_id = cid;
+    return Status::OK();
+  }
+  if (size_mb > (account_.cap >> 20)) {
+    return Status::InvalidArgument(fmt::format(
+        "cache size {} MB is more than the server's memory cap of {} MB",
+        size_mb, account_.cap >> 20));
+  }
+  uint64_t budget = size_mb ? size_mb << 20 : account_.cap;
+  uint32_t id = next_cache_id_++;
+  std::unique_ptr<CacheState> c;
+  Status s = CacheState::Create(paths_, id, session_id, name, fingerprint,
+                                budget, spilling, num_nodes_, &account_, log_, &c);
+  if (!s.ok()) return s;
+  caches_[id] = std::move(c);
+  sit->second.push_back(id);
+  log_->Info("cache {} '{}' opened in session {} ({} MB{})", id, name,
+             session_id, size_mb, spilling ? ", spilling" : "");
+  *cache_id = id;
+  return Status::OK();
+}
+
+Status Store::CacheFor(uint32_t cache_id, CacheState** out) {
+  auto it = caches_.find(cache_id);
+  if (it == caches_.end()) {
+    return Status::NotFound(fmt::format("cache {} does not exist", cache_id));
+  }
+  *out = it->second.get();
+  return Status::OK();
+}
+
+void Store::CheckHighWater() {
+  bool high = account_.used > account_.cap / 100 * 85;
+  if (high && !warned_high_water_) {
+    log_->Warn("shared memory in use ({} MB) passed 85% of the cap ({} MB)",
+               account_.used >> 20, account_.cap >> 20);
+  }
+  warned_high_water_ = high;
+}
+
+Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
+                         uint64_t need, ChunkLease* out) {
+  std::lock_guard lock(mu_);
+  CacheState* c;
+  Status s = CacheFor(cache_id, &c);
+  if (!s.ok()) return s;
+  s = c->Lease(conn, node, need, &account_, out);
+  CheckHighWater();
+  return s;
+}
+
+Status Store::ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
+                          uint64_t offset) {
+  std::lock_guard lock(mu_);
+  CacheState* c;
+  Status s = CacheFor(cache_id, &c);
+  if (s.ok()) c->Return(conn, seg_no, offset);
+  return s;
+}
+
+Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
+  std::lock_guard lock(mu_);
+  CacheState* c;
+  Status s = CacheFor(cache_id, &c);
+  if (!s.ok()) return s;
+  s = c->GrowIndex(seen, &account_);
+  CheckHighWater();
+  return s;
+}
+
+void Store::ReleaseConnection(uint64_t conn) {
+  std::lock_guard lock(mu_);
+  for (auto& [id, c] : caches_) c->ReleaseConnection(conn);
+}
+
+void Store::ListSessions(std::vector<SessionInfo>* out) {
+  std::lock_guard lock(mu_);
+  out->clear();
+  for (const auto& [sid, cids] : sessions_) {
+    SessionInfo info;
+    info.session_id = sid;
+    for (uint32_t cid : cids) info.caches.push_back(caches_.at(cid)->Stats());
+    out->push_back(std::move(info));
+  }
+}
+
+void Store::FillServerInfo(ServerInfo* out) {
+  std::lock_guard lock(mu_);
+  out->instance = fmt::format("port {}", paths_.port);
+  out->port = paths_.port;
+  out->socket_path = paths_.socket_path;
+  out->shm_dir = paths_.shm_dir;
+  out->pid = getpid();
+  out->workers = workers_;
+  out->log_level = options_.log_level;
+  out->log_path = log_->path();
+  out->spill_dir = options_.spill_dir;
+  out->memory_cap_bytes = account_.cap;
+  out->memory_used_bytes = account_.used;
+  out->numa_nodes = num_nodes_;
+  out->sessions.clear();
+  for (const auto& [sid, cids] : sessions_) out->sessions.push_back(sid);
+}
+
+void Store::Shutdown() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, c] : caches_) c->Destroy(&account_);
+  caches_.clear();
+  sessions_.clear();
+  ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+}
+
+}  // namespace shmcache

@@ -1,0 +1,78 @@
+// Store: every session and cache of this daemon, and the server-wide memory
+// account. The control plane's single source of truth.
+//
+// Thread safety: every public method locks the store's mutex; the data path
+// never comes here, so the mutex sees only control requests.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cache_state.h"
+#include "daemon_options.h"
+#include "instance.h"
+#include "memory_account.h"
+#include "shmcache/stats.h"
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+class Logger;
+
+class Store {
+ public:
+  Store(const DaemonOptions& options, const InstancePaths& paths,
+        int num_nodes, int workers, Logger* log);
+  ~Store();
+
+  // Removes shared-memory files a dead daemon of this instance left.
+  Status Init();
+
+  uint32_t NewClientId();
+  Status CreateSession(uint32_t* id);
+  Status DestroySession(uint32_t id);
+  Status CheckSession(uint32_t id);
+  Status OpenCache(uint32_t session_id, const std::string& name,
+                   const std::string& fingerprint, uint64_t size_mb,
+                   bool spilling, uint32_t* cache_id);
+  Status LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t need,
+                    ChunkLease* out);
+  Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
+                     uint64_t offset);
+  Status GrowIndex(uint32_t cache_id, uint32_t seen);
+  void ReleaseConnection(uint64_t conn);
+  void ListSessions(std::vector<SessionInfo>* out);
+  void FillServerInfo(ServerInfo* out);
+  // Destroys everything and removes every shared-memory file.
+  void Shutdown();
+
+  uint64_t memory_cap() const { return account_.cap; }
+  const InstancePaths& paths() const { return paths_; }
+
+ private:
+  Status CacheFor(uint32_t cache_id, CacheState** out);
+  void WriteSessionsFile();
+  void CheckHighWater();
+
+  std::mutex mu_;
+  DaemonOptions options_;
+  InstancePaths paths_;
+  int num_nodes_;
+  int workers_;
+  Logger* log_;
+  MemoryAccount account_;
+  bool warned_high_water_ = false;
+  std::mt19937 rng_;
+  uint32_t next_client_id_ = 1;
+  uint32_t next_cache_id_ = 1;
+  std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
+  std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
+};
+
+}  // namespace shmcache

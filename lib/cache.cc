@@ -1,0 +1,380 @@
+#include "shmcache/cache.h"
+
+#include <fmt/format.h>
+
+#include "cache_impl.h"
+#include "numa_topology.h"
+#include "row_codec.h"
+
+namespace shmcache {
+
+using protocol::MsgType;
+using protocol::WireReader;
+using protocol::WireWriter;
+
+CacheImpl::CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+                     uint32_t session_id)
+    : client_(std::move(client)), cache_id_(cache_id), session_id_(session_id) {}
+
+CacheImpl::~CacheImpl() { Close(); }
+
+Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+                         uint32_t session_id, std::shared_ptr<CacheImpl>* out) {
+  std::shared_ptr<CacheImpl> c(new CacheImpl(client, cache_id, session_id));
+  std::string path = client->paths().CacheFile(cache_id);
+  Status s = ShmFile::Open(path, &c->header_file_);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckFileHeader(
+          c->header_file_.data(), c->header_file_.size(), layout::kCacheMagic,
+          sizeof(layout::CacheHeader))) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  c->header_ = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
+  if (c->header_->cache_id != cache_id || c->header_->session_id != session_id) {
+    return Status::Corruption(path + ": belongs to another cache");
+  }
+  c->stats_ = &c->header_->stats[client->client_id() % layout::kStatsSlots];
+  c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
+  c->chunk_fork_gen_ = ForkGeneration();
+  s = c->MapNewTables();
+  if (!s.ok()) return s;
+  *out = std::move(c);
+  return Status::OK();
+}
+
+Status CacheImpl::Usable() const {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::InvalidArgument("cache is closed");
+  }
+  if (header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed) {
+    return Status::NotFound(
+        fmt::format("session {} was destroyed", session_id_));
+  }
+  return Status::OK();
+}
+
+Status CacheImpl::MapNewTables() {
+  std::lock_guard lock(map_mu_);
+  uint32_t have = num_tables_.load(std::memory_order_relaxed);
+  uint32_t want = header_->num_tables.load(std::memory_order_acquire);
+  if (want > layout::kMaxTables) return Status::Corruption("too many index tables");
+  for (uint32_t g = have; g < want; ++g) {
+    std::string path = client_->paths().TableFile(cache_id_, g);
+    ShmFile f;
+    Status s = ShmFile::Open(path, &f);
+    if (!s.ok()) return s;
+    uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
+    if (const char* bad =
+            layout::CheckFileHeader(f.data(), f.size(), layout::kTableMagic,
+                                    sizeof(layout::TableHeader))) {
+      return Status::Corruption(path + ": " + bad);
+    }
+    auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
+    if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 ||
+        f.size() != layout::TableFileSize(cap) || t->generation != g) {
+      return Status::Corruption(path + ": table geometry does not match");
+    }
+    tables_[g] = IndexTable(t);
+    table_files_[g] = std::move(f);
+    num_tables_.store(g + 1, std::memory_order_release);
+  }
+  return Status::OK();
+}
+
+uint64_t CacheImpl::Lookup(uint64_t id) {
+  uint32_t n = num_tables_.load(std::memory_order_acquire);
+  if (n < header_->num_tables.load(std::memory_order_acquire)) {
+    // A mapping failure leaves the tables we have; they are still right.
+    MapNewTables().PermitUncheckedError();
+    n = num_tables_.load(std::memory_order_acquire);
+  }
+  for (uint32_t i = n; i-- > 0;) {
+    uint64_t loc = tables_[i].Find(id);
+    if (loc != layout::kEmpty) return loc;
+  }
+  return layout::kEmpty;
+}
+
+Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
+  if (const MappedSegment* m = segments_.Find(seg_no)) {
+    *out = m;
+    return Status::OK();
+  }
+  std::lock_guard lock(map_mu_);
+  if (const MappedSegment* m = segments_.Find(seg_no)) {
+    *out = m;
+    return Status::OK();
+  }
+  std::string path = client_->paths().SegmentFile(cache_id_, seg_no);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckFileHeader(
+          f.data(), f.size(), layout::kSegmentMagic, sizeof(layout::SegmentHeader))) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  if (h->seg_id != seg_no || h->cache_id != cache_id_ ||
+      f.size() <= layout::kSegmentHeaderSize) {
+    return Status::Corruption(path + ": segment header does not match");
+  }
+  int node = static_cast<int>(h->node);
+  *out = segments_.Insert(seg_no, std::move(f), node);
+  return *out ? Status::OK() : Status::Corruption("segment number out of range");
+}
+
+Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
+  if (loc & layout::kSpilledBit) {
+    return Status::NotSupported("row is spilled to disk");
+  }
+  const MappedSegment* seg;
+  Status s = SegmentFor(layout::LocationSegment(loc), &seg);
+  if (!s.ok()) return s;
+  uint64_t off = layout::LocationOffset(loc);
+  if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0) {
+    return Status::Corruption("index entry points outside its segment");
+  }
+  s = RowCodec::Decode(reinterpret_cast<const std::byte*>(seg->base + off),
+                       seg->size - off, view);
+  if (!s.ok()) return s;
+  if (RowCodec::KeyOf(*view) != id) {
+    return Status::Corruption(fmt::format(
+        "index entry for row {} points at row {}", id, RowCodec::KeyOf(*view)));
+  }
+  *node = seg->node;
+  return Status::OK();
+}
+
+void CacheImpl::CountRead(bool hit, int node) {
+  if (!hit) {
+    stats_->misses.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  stats_->hits.fetch_add(1, std::memory_order_relaxed);
+  if (node == NumaTopology::Get().CurrentNode()) {
+    stats_->numa_hits.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
+                      bool project, Row* out) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  uint64_t loc = Lookup(id);
+  if (loc == layout::kEmpty) {
+    CountRead(false, 0);
+    return Status::NotFound(fmt::format("row {} is not cached", id));
+  }
+  RowView v;
+  int node = 0;
+  s = Resolve(id, loc, &v, &node);
+  if (!s.ok()) return s;
+  if (project) {
+    s = RowCodec::Project(v, columns, out);
+    if (!s.ok()) return s;
+  } else {
+    RowCodec::Copy(v, out);
+  }
+  CountRead(true, node);
+  return Status::OK();
+}
+
+Status CacheImpl::View(uint64_t id, RowView* out) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  uint64_t loc = Lookup(id);
+  if (loc == layout::kEmpty) {
+    CountRead(false, 0);
+    return Status::NotFound(fmt::format("row {} is not cached", id));
+  }
+  int node = 0;
+  s = Resolve(id, loc, out, &node);
+  if (!s.ok()) return s;
+  CountRead(true, node);
+  return Status::OK();
+}
+
+bool CacheImpl::Contains(uint64_t id) {
+  return Usable().ok() && Lookup(id) != layout::kEmpty;
+}
+
+bool CacheImpl::IsFull() const {
+  return header_->state.load(std::memory_order_relaxed) & layout::kStateFull;
+}
+
+Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
+  WireWriter w;
+  w.U32(cache_id_);
+  w.U32(static_cast<uint32_t>(node));
+  w.U64(need);
+  w.U8(c->base != nullptr ? 1 : 0);  // hand back the old chunk's tail
+  w.U32(c->seg_no);
+  w.U64(c->offset);
+  std::string body;
+  WireReader r({});
+  Status s = client_->Call(MsgType::kLeaseChunk, w, &body, &r);
+  // On failure the daemon kept nothing of the old chunk: it stays ours.
+  if (!s.ok()) return s;
+  *c = Chunk{};
+  uint32_t seg_no = r.U32();
+  uint64_t offset = r.U64();
+  uint64_t size = r.U64();
+  if (!r.Done()) return Status::Corruption("malformed lease response");
+  const MappedSegment* seg;
+  s = SegmentFor(seg_no, &seg);
+  if (!s.ok()) return s;
+  if (offset < layout::kSegmentHeaderSize || offset % layout::kCacheLine != 0 ||
+      size < sizeof(layout::ChunkHeader) + need || offset + size > seg->size) {
+    return Status::Corruption("leased chunk lies outside its segment");
+  }
+  auto* h = reinterpret_cast<layout::ChunkHeader*>(seg->base + offset);
+  if (h->magic != layout::kChunkMagic || h->cache_id != cache_id_ ||
+      h->size != size) {
+    return Status::Corruption("leased chunk header does not match");
+  }
+  c->seg_no = seg_no;
+  c->offset = offset;
+  c->base = seg->base + offset;
+  c->size = size;
+  c->used = h->used.load(std::memory_order_relaxed);
+  c->header = h;
+  return Status::OK();
+}
+
+Status CacheImpl::GrowIndex(uint32_t seen) {
+  WireWriter w;
+  w.U32(cache_id_);
+  w.U32(seen);
+  std::string body;
+  WireReader r({});
+  Status s = client_->Call(MsgType::kGrowIndex, w, &body, &r);
+  if (!s.ok()) return s;
+  return MapNewTables();
+}
+
+Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
+                      bool* inserted) {
+  if (inserted) *inserted = false;
+  Status s = Usable();
+  if (!s.ok()) return s;
+  if (IsFull()) {
+    return Status::Full(fmt::format("cache {} is full", cache_id_));
+  }
+  if (Lookup(id) != layout::kEmpty) return Status::OK();
+  size_t size;
+  s = RowCodec::EncodedSize(columns, &size);
+  if (!s.ok()) return s;
+
+  std::lock_guard lock(put_mu_);
+  if (chunk_fork_gen_ != ForkGeneration()) {
+    // The chunks belong to the parent process: never write into them.
+    for (Chunk& c : chunks_) c = Chunk{};
+    chunk_fork_gen_ = ForkGeneration();
+  }
+  size_t node = static_cast<size_t>(NumaTopology::Get().CurrentNode()) %
+                chunks_.size();
+  Chunk& c = chunks_[node];
+  if (c.base == nullptr || c.size - c.used < size) {
+    s = LeaseChunk(static_cast<int>(node), size, &c);
+    if (!s.ok()) return s;
+  }
+  // Reserve before writing: whatever lies past `used` may be re-leased by
+  // the daemon if this process dies, so the row must be inside it first.
+  uint64_t off = c.used;
+  c.used += size;
+  c.header->used.store(c.used, std::memory_order_relaxed);
+  RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
+  uint64_t loc = layout::MakeLocation(c.seg_no, c.offset + off);
+  for (;;) {
+    uint32_t n = num_tables_.load(std::memory_order_acquire);
+    IndexTable::InsertResult r = tables_[n - 1].Insert(id, loc);
+    if (r == IndexTable::InsertResult::kInserted) {
+      stats_->rows.fetch_add(1, std::memory_order_relaxed);
+      stats_->bytes.fetch_add(size, std::memory_order_relaxed);
+      if (inserted) *inserted = true;
+      return Status::OK();
+    }
+    if (r == IndexTable::InsertResult::kExists) break;
+    s = GrowIndex(n);
+    if (!s.ok()) break;
+  }
+  // Not published: the space is still ours alone, take it back.
+  c.used = off;
+  c.header->used.store(off, std::memory_order_relaxed);
+  return s;
+}
+
+Status CacheImpl::GetStats(CacheStats* out) {
+  *out = CacheStats{};
+  out->session_id = session_id_;
+  out->cache_id = cache_id_;
+  out->name.assign(header_->name, header_->name_len);
+  for (const layout::StatsSlot& slot : header_->stats) {
+    out->hits += slot.hits.load(std::memory_order_relaxed);
+    out->misses += slot.misses.load(std::memory_order_relaxed);
+    out->numa_hits += slot.numa_hits.load(std::memory_order_relaxed);
+    out->mem_rows += slot.rows.load(std::memory_order_relaxed);
+    out->mem_bytes += slot.bytes.load(std::memory_order_relaxed);
+    out->disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
+  }
+  out->reserved_bytes = header_->reserved_bytes.load(std::memory_order_relaxed);
+  out->budget_bytes = header_->budget_bytes;
+  out->full = IsFull();
+  return Usable();
+}
+
+void CacheImpl::ReturnChunksLocked() {
+  if (chunk_fork_gen_ != ForkGeneration()) return;  // the parent's chunks
+  for (Chunk& c : chunks_) {
+    if (c.base == nullptr) continue;
+    WireWriter w;
+    w.U32(cache_id_);
+    w.U32(c.seg_no);
+    w.U64(c.offset);
+    std::string body;
+    WireReader r({});
+    // The daemon reclaims the tail on disconnect anyway.
+    client_->Call(MsgType::kReturnChunk, w, &body, &r).PermitUncheckedError();
+    c = Chunk{};
+  }
+}
+
+void CacheImpl::Close() {
+  if (closed_.exchange(true)) return;
+  std::lock_guard lock(put_mu_);
+  ReturnChunksLocked();
+}
+
+// ---- Cache --------------------------------------------------------------
+
+Cache::Cache(std::shared_ptr<CacheImpl> impl) : impl_(std::move(impl)) {}
+Cache::~Cache() = default;
+
+Status Cache::Put(uint64_t id, std::span<const ColumnRef> columns,
+                  bool* inserted) {
+  return impl_->Put(id, columns, inserted);
+}
+
+Status Cache::Put(uint64_t id, const void* data, size_t nbytes,
+                  bool* inserted) {
+  int64_t shape[1] = {static_cast<int64_t>(nbytes)};
+  ColumnRef col{"data", DType::kUInt8, shape, data, nbytes};
+  return impl_->Put(id, std::span(&col, 1), inserted);
+}
+
+Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }
+
+Status Cache::Get(uint64_t id, std::span<const std::string_view> columns,
+                  Row* out) {
+  return impl_->Get(id, columns, true, out);
+}
+
+Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
+bool Cache::Contains(uint64_t id) { return impl_->Contains(id); }
+Status Cache::GetStats(CacheStats* out) { return impl_->GetStats(out); }
+bool Cache::IsFull() const { return impl_->IsFull(); }
+uint32_t Cache::cache_id() const { return impl_->cache_id(); }
+uint32_t Cache::session_id() const { return impl_->session_id(); }
+void Cache::Close() { impl_->Close(); }
+
+}  // namespace shmcache

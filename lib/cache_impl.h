@@ -1,0 +1,88 @@
+// CacheImpl: one open cache in this process: its header, index tables and
+// data segments mapped, and the chunks this process writes into.
+//
+// Hot paths (Get, View, Contains) take no lock and make no system call once
+// the segments they touch are mapped. Put takes a process-local mutex (a
+// killed process takes it with it) and calls the daemon only to lease a
+// new chunk or grow the index.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "client_impl.h"
+#include "index_table.h"
+#include "layout.h"
+#include "segment_map.h"
+#include "shm_file.h"
+#include "shmcache/row.h"
+#include "shmcache/stats.h"
+#include "shmcache/types.h"
+
+namespace shmcache {
+
+class CacheImpl {
+ public:
+  static Status Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+                       uint32_t session_id, std::shared_ptr<CacheImpl>* out);
+  ~CacheImpl();
+
+  Status Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
+  Status Get(uint64_t id, std::span<const std::string_view> columns,
+             bool project, Row* out);
+  Status View(uint64_t id, RowView* out);
+  bool Contains(uint64_t id);
+  Status GetStats(CacheStats* out);
+  bool IsFull() const;
+  void Close();
+
+  uint32_t cache_id() const { return cache_id_; }
+  uint32_t session_id() const { return session_id_; }
+
+ private:
+  struct Chunk {
+    uint32_t seg_no = 0;
+    uint64_t offset = 0;  // of the chunk inside its segment
+    char* base = nullptr; // chunk start
+    uint64_t size = 0;
+    uint64_t used = 0;
+    layout::ChunkHeader* header = nullptr;
+  };
+
+  CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+            uint32_t session_id);
+  Status Usable() const;
+  uint64_t Lookup(uint64_t id);
+  Status MapNewTables();
+  Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node);
+  Status SegmentFor(uint32_t seg_no, const MappedSegment** out);
+  Status LeaseChunk(int node, size_t need, Chunk* out);
+  Status GrowIndex(uint32_t seen);
+  void ReturnChunksLocked();
+  void CountRead(bool hit, int node);
+
+  std::shared_ptr<ClientImpl> client_;
+  const uint32_t cache_id_;
+  const uint32_t session_id_;
+  ShmFile header_file_;
+  layout::CacheHeader* header_ = nullptr;
+  layout::StatsSlot* stats_ = nullptr;
+  std::atomic<bool> closed_{false};
+
+  std::mutex map_mu_;  // guards mapping of tables and segments
+  std::atomic<uint32_t> num_tables_{0};
+  IndexTable tables_[layout::kMaxTables];
+  ShmFile table_files_[layout::kMaxTables];
+  SegmentMap segments_;
+
+  std::mutex put_mu_;  // guards chunks_ and chunk_fork_gen_
+  std::vector<Chunk> chunks_;  // one per NUMA node
+  uint64_t chunk_fork_gen_ = 0;
+};
+
+}  // namespace shmcache

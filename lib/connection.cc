@@ -1,0 +1,117 @@
+#include "connection.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+
+namespace shmcache {
+
+Connection::~Connection() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Connection::Abandon() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+Status Connection::Open(const std::string& socket_path, int port,
+                        int timeout_ms, std::unique_ptr<Connection>* out) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("socket path too long: " + socket_path);
+  }
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno("socket", errno);
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int e = errno;
+    close(fd);
+    if (e == EACCES || e == EPERM) {
+      return Status::PermissionDenied(fmt::format(
+          "permission denied connecting to the cache server on port {} ({}): "
+          "it belongs to another user",
+          port, socket_path));
+    }
+    return Status::Unavailable(fmt::format(
+        "cache server on port {} is not running ({}: {}); start it with "
+        "'shmcache --start -p {}'",
+        port, socket_path, std::strerror(e), port));
+  }
+  out->reset(new Connection(fd, port));
+  return Status::OK();
+}
+
+Status Connection::Broken(const std::string& what) {
+  Abandon();
+  return Status::Unavailable(
+      fmt::format("cache server on port {} is unreachable ({})", port_, what));
+}
+
+static bool WriteAll(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+static bool ReadAll(int fd, void* p, size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = recv(fd, c, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+Status Connection::Call(protocol::MsgType type, const std::string& request,
+                        std::string* body, size_t* payload_offset) {
+  if (fd_ < 0) return Broken("connection closed");
+  protocol::FrameHeader h;
+  h.type = static_cast<uint16_t>(type);
+  h.body_len = static_cast<uint32_t>(request.size());
+  std::byte hdr[protocol::kFrameHeaderBytes];
+  protocol::EncodeFrameHeader(h, hdr);
+  if (!WriteAll(fd_, hdr, sizeof hdr) ||
+      !WriteAll(fd_, request.data(), request.size())) {
+    return Broken(std::strerror(errno));
+  }
+  if (!ReadAll(fd_, hdr, sizeof hdr)) {
+    return Broken(errno == EAGAIN ? "timed out" : "connection closed");
+  }
+  protocol::FrameHeader rh;
+  Status s = protocol::DecodeFrameHeader(hdr, &rh);
+  if (!s.ok()) return Broken(s.message());
+  if (rh.type != (h.type | protocol::kResponseBit)) {
+    return Broken("response does not match request");
+  }
+  body->resize(rh.body_len);
+  if (!ReadAll(fd_, body->data(), body->size())) {
+    return Broken("response truncated");
+  }
+  protocol::WireReader r(
+      std::span(reinterpret_cast<const std::byte*>(body->data()), body->size()));
+  Status answer = protocol::ReadStatus(r);
+  if (answer.IsCorruption() && !r.ok()) return Broken(answer.message());
+  *payload_offset = 5 + answer.message().size();  // code u8 + string
+  return answer;
+}
+
+}  // namespace shmcache

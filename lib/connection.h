@@ -1,0 +1,41 @@
+// Connection: the client's end of the control socket. Blocking calls with a
+// timeout; one request in flight at a time.
+//
+// Thread safety: none; ClientImpl serialises calls.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "protocol.h"
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+class Connection {
+ public:
+  ~Connection();
+  // Unavailable when nobody listens on socket_path (the message says the
+  // server is not running and how to start it).
+  static Status Open(const std::string& socket_path, int port, int timeout_ms,
+                     std::unique_ptr<Connection>* out);
+
+  // Sends a request, waits for the response and returns its payload reader
+  // over *body. The returned status is the daemon's answer, or Unavailable
+  // when the transport failed (the connection is then broken()).
+  Status Call(protocol::MsgType type, const std::string& request,
+              std::string* body, size_t* payload_offset);
+
+  bool broken() const { return fd_ < 0; }
+  // Closes the descriptor without a shutdown, so a parent process that
+  // shares it after fork() keeps its connection.
+  void Abandon();
+
+ private:
+  Connection(int fd, int port) : fd_(fd), port_(port) {}
+  Status Broken(const std::string& what);
+  int fd_;
+  int port_;
+};
+
+}  // namespace shmcache

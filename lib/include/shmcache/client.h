@@ -1,0 +1,58 @@
+// Client: a connection to one shmcached instance, and the door to its
+// sessions and caches.
+//
+//   std::unique_ptr<shmcache::Client> client;
+//   Status s = shmcache::Client::Connect({}, &client);
+//   std::unique_ptr<shmcache::Cache> cache;
+//   s = client->OpenCache({.session_id = id, .fingerprint = "resnet-train"},
+//                         &cache);
+//
+// Thread safety: all methods may be called concurrently. Fork: a child may
+// keep using a Client (and its Caches) created before the fork; it opens its
+// own connection on first need.
+// Errors: Unavailable when the daemon cannot be reached; InvalidArgument for
+// a non-local host or a bad port; otherwise what the daemon answered.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "shmcache/cache.h"
+#include "shmcache/options.h"
+#include "shmcache/stats.h"
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+class ClientImpl;
+
+class Client {
+ public:
+  static Status Connect(const ClientOptions& options,
+                        std::unique_ptr<Client>* out);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // A new session with a random, unique, non-zero 32-bit id.
+  Status CreateSession(uint32_t* session_id);
+  // Drops the session, its caches and their memory. NotFound if absent.
+  Status DestroySession(uint32_t session_id);
+  // NotFound if absent.
+  Status CheckSession(uint32_t session_id);
+  // Opens (creating if needed) a cache. The Cache keeps the connection's
+  // state alive: it may outlive this Client object.
+  Status OpenCache(const CacheOptions& options, std::unique_ptr<Cache>* out);
+
+  Status ListSessions(std::vector<SessionInfo>* out);
+  Status GetServerInfo(ServerInfo* out);
+  // Asks the daemon to exit, removing its socket and shared memory.
+  Status StopServer();
+
+ private:
+  explicit Client(std::shared_ptr<ClientImpl> impl);
+  std::shared_ptr<ClientImpl> impl_;
+};
+
+}  // namespace shmcache

@@ -1,0 +1,42 @@
+// Options of the client API. Plain structs with in-class defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shmcache {
+
+inline constexpr int kDefaultPort = 50052;
+inline constexpr int kMinPort = 1025;
+inline constexpr int kMaxPort = 65535;
+
+struct ClientOptions {
+  // Instance to connect to. Default 0: $SHMCACHE_PORT, else 50052.
+  int port = 0;
+  // Must name this host (127.0.0.1, localhost, ::1). Default "":
+  // $SHMCACHE_HOST, else 127.0.0.1. Anything else is InvalidArgument.
+  std::string hostname;
+  // Directory of the control socket. Default "": $SHMCACHE_RUN_DIR, else
+  // /tmp/shmcache-<uid>. Must match the daemon's.
+  std::string run_dir;
+  // How long one control request may take before the daemon is declared
+  // unavailable. Default 5000 ms.
+  int request_timeout_ms = 5000;
+};
+
+struct CacheOptions {
+  // Session from `shmcache -g`. Must exist.
+  uint32_t session_id = 0;
+  // Cache name inside the session. Default "": the fingerprint.
+  std::string name;
+  // What produced the rows (e.g. a hash of the pipeline). Re-opening a name
+  // with another fingerprint fails with FingerprintMismatch. At most 255
+  // bytes; name likewise.
+  std::string fingerprint;
+  // Memory budget in MB. 0 = as much as the server's cap allows.
+  uint64_t size_mb = 0;
+  // Rows beyond the budget go to disk (needs a server started with -s).
+  bool spilling = false;
+};
+
+}  // namespace shmcache

@@ -1,0 +1,76 @@
+// Reading rows: RowView (non-owning, possibly pointing into shared memory)
+// and Row (owns a private copy).
+//
+// A row is a list of named columns, each a tensor (dtype, shape, bytes).
+// Column data is 8-byte aligned, so a view can be handed to numpy or
+// PyTorch without a copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "shmcache/types.h"
+
+namespace shmcache {
+
+struct ColumnView {
+  std::string_view name;
+  DType dtype = DType::kUInt8;
+  std::span<const int64_t> shape;
+  const std::byte* data = nullptr;
+  size_t nbytes = 0;
+};
+
+// A decoded row over bytes it does not own. A view obtained from
+// Cache::View points into shared memory and stays valid while the session
+// exists and the Cache that produced it is open; the bytes are read-only.
+// Thread safety: const methods may be called concurrently.
+class RowView {
+ public:
+  RowView() = default;
+
+  size_t num_columns() const { return num_columns_; }
+  // REQUIRES: i < num_columns().
+  ColumnView column(size_t i) const;
+  // The column named `name`, if present.
+  std::optional<ColumnView> find(std::string_view name) const;
+  // The whole encoded row (header, descriptors, data).
+  std::span<const std::byte> encoded() const { return bytes_; }
+  bool empty() const { return bytes_.empty(); }
+
+ private:
+  friend class RowCodec;
+  std::span<const std::byte> bytes_;
+  size_t num_columns_ = 0;
+};
+
+// A row copied out of the cache into private memory. Reusing one Row for
+// many gets avoids allocation once its buffer is large enough.
+class Row {
+ public:
+  Row() = default;
+  Row(const Row&) = delete;
+  Row& operator=(const Row&) = delete;
+  Row(Row&&) = default;
+  Row& operator=(Row&&) = default;
+
+  const RowView& view() const { return view_; }
+  size_t num_columns() const { return view_.num_columns(); }
+  ColumnView column(size_t i) const { return view_.column(i); }
+  std::optional<ColumnView> find(std::string_view name) const {
+    return view_.find(name);
+  }
+
+ private:
+  friend class CacheImpl;
+  friend class RowCodec;
+  // uint64_t storage keeps the copy 8-byte aligned.
+  std::vector<uint64_t> buf_;
+  RowView view_;
+};
+
+}  // namespace shmcache

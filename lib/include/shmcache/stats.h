@@ -1,0 +1,48 @@
+// Plain result structs of the statistics and listing calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shmcache {
+
+// Counters of one cache, summed over every process that uses it.
+struct CacheStats {
+  uint32_t session_id = 0;
+  uint32_t cache_id = 0;
+  std::string name;
+  uint64_t mem_rows = 0;     // rows held in shared memory
+  uint64_t mem_bytes = 0;    // encoded bytes of those rows
+  uint64_t disk_rows = 0;    // rows spilled to disk
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t numa_hits = 0;    // hits served from the reader's own NUMA node
+  uint64_t reserved_bytes = 0;  // shared memory reserved for the cache
+  uint64_t budget_bytes = 0;    // its limit (the server cap when size was 0)
+  bool full = false;            // no longer accepts rows
+  uint64_t avg_row_bytes() const { return mem_rows ? mem_bytes / mem_rows : 0; }
+};
+
+struct SessionInfo {
+  uint32_t session_id = 0;
+  std::vector<CacheStats> caches;
+};
+
+struct ServerInfo {
+  std::string instance;    // "port 50052"
+  int port = 0;
+  std::string socket_path;
+  std::string shm_dir;
+  int pid = 0;
+  int workers = 0;
+  int log_level = 0;
+  std::string log_path;
+  std::string spill_dir;   // empty = none
+  uint64_t memory_cap_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  int numa_nodes = 1;
+  std::vector<uint32_t> sessions;
+};
+
+}  // namespace shmcache

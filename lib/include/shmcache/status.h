@@ -1,0 +1,93 @@
+// Status: the error type of every libshmcache call. No exception crosses the
+// API; a call reports through a Status and returns results through
+// out-parameters.
+//
+// Thread safety: a Status is a value; distinct objects may be used from
+// distinct threads without synchronisation.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace shmcache {
+
+class [[nodiscard]] Status {
+ public:
+  enum class Code : unsigned char {
+    kOk = 0,
+    kNotFound = 1,         // row, session or cache does not exist
+    kInvalidArgument = 2,  // the caller passed something wrong
+    kAlreadyExists = 3,    // e.g. a second daemon on the same instance
+    kFull = 4,             // the cache's memory budget is used up
+    kUnavailable = 5,      // the daemon is not reachable
+    kCorruption = 6,       // shared memory or a frame failed validation
+    kPermissionDenied = 7,
+    kIOError = 8,          // a system call failed (errno in the message)
+    kNotSupported = 9,
+    kFingerprintMismatch = 10,  // cache name reused for another pipeline
+  };
+
+  Status() = default;
+  Status(Code code, std::string_view msg) : code_(code), msg_(msg) {}
+
+  static Status OK() { return Status(); }
+  static Status NotFound(std::string_view m) { return {Code::kNotFound, m}; }
+  static Status InvalidArgument(std::string_view m) {
+    return {Code::kInvalidArgument, m};
+  }
+  static Status AlreadyExists(std::string_view m) {
+    return {Code::kAlreadyExists, m};
+  }
+  static Status Full(std::string_view m) { return {Code::kFull, m}; }
+  static Status Unavailable(std::string_view m) {
+    return {Code::kUnavailable, m};
+  }
+  static Status Corruption(std::string_view m) {
+    return {Code::kCorruption, m};
+  }
+  static Status PermissionDenied(std::string_view m) {
+    return {Code::kPermissionDenied, m};
+  }
+  static Status IOError(std::string_view m) { return {Code::kIOError, m}; }
+  // An IOError whose message ends with strerror(err).
+  static Status FromErrno(std::string_view what, int err);
+  static Status NotSupported(std::string_view m) {
+    return {Code::kNotSupported, m};
+  }
+  static Status FingerprintMismatch(std::string_view m) {
+    return {Code::kFingerprintMismatch, m};
+  }
+
+  bool ok() const { return code_ == Code::kOk; }
+  bool IsNotFound() const { return code_ == Code::kNotFound; }
+  bool IsInvalidArgument() const { return code_ == Code::kInvalidArgument; }
+  bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
+  bool IsFull() const { return code_ == Code::kFull; }
+  bool IsUnavailable() const { return code_ == Code::kUnavailable; }
+  bool IsCorruption() const { return code_ == Code::kCorruption; }
+  bool IsPermissionDenied() const { return code_ == Code::kPermissionDenied; }
+  bool IsIOError() const { return code_ == Code::kIOError; }
+  bool IsFingerprintMismatch() const {
+    return code_ == Code::kFingerprintMismatch;
+  }
+
+  Code code() const { return code_; }
+  const std::string& message() const { return msg_; }
+  // "OK" or "<code name>: <message>".
+  std::string ToString() const;
+
+  // Spells out that a status is dropped on purpose.
+  void PermitUncheckedError() const {}
+
+  friend bool operator==(const Status& a, const Status& b) {
+    return a.code_ == b.code_ && a.msg_ == b.msg_;
+  }
+
+ private:
+  Code code_ = Code::kOk;
+  std::string msg_;
+};
+
+const char* CodeName(Status::Code code);
+
+}  // namespace shmcache

@@ -1,0 +1,61 @@
+#include "index_table.h"
+
+namespace shmcache {
+
+void IndexTable::Format(layout::TableHeader* h, size_t file_size,
+                        uint32_t cache_id, uint32_t generation,
+                        uint32_t capacity_log2) {
+  h->file.magic = layout::kTableMagic;
+  h->file.version = layout::kLayoutVersion;
+  h->file.header_size = sizeof(layout::TableHeader);
+  h->file.file_size = file_size;
+  h->cache_id = cache_id;
+  h->generation = generation;
+  h->capacity = 1ULL << capacity_log2;
+  h->capacity_log2 = capacity_log2;
+  h->claimed.store(0, std::memory_order_release);
+}
+
+IndexTable::InsertResult IndexTable::Insert(uint64_t key, uint64_t loc) {
+  uint64_t i = Home(key);
+  for (uint64_t probes = 0; probes <= mask_; ++probes, i = (i + 1) & mask_) {
+    layout::Slot& s = slots_[i];
+    uint64_t cur = s.loc.load(std::memory_order_acquire);
+    if (cur == layout::kEmpty) {
+      // The load limit keeps probe chains short and leaves empty slots, so
+      // that misses terminate early.
+      if (header_->claimed.load(std::memory_order_relaxed) >= limit()) {
+        return InsertResult::kTableFull;
+      }
+      if (s.loc.compare_exchange_strong(cur, layout::kClaimed,
+                                        std::memory_order_acq_rel)) {
+        header_->claimed.fetch_add(1, std::memory_order_relaxed);
+        s.key.store(key, std::memory_order_relaxed);
+        s.loc.store(loc, std::memory_order_release);  // commit point
+        return InsertResult::kInserted;
+      }
+      // Lost the race for this slot: look at what the winner published.
+    }
+    if (cur == layout::kClaimed) continue;
+    if (s.key.load(std::memory_order_relaxed) == key) {
+      return InsertResult::kExists;
+    }
+  }
+  return InsertResult::kTableFull;
+}
+
+bool IndexTable::Update(uint64_t key, uint64_t old_loc, uint64_t new_loc) {
+  uint64_t i = Home(key);
+  for (uint64_t probes = 0; probes <= mask_; ++probes, i = (i + 1) & mask_) {
+    layout::Slot& s = slots_[i];
+    uint64_t cur = s.loc.load(std::memory_order_acquire);
+    if (cur == layout::kEmpty) return false;
+    if (cur == old_loc && s.key.load(std::memory_order_relaxed) == key) {
+      return s.loc.compare_exchange_strong(cur, new_loc,
+                                           std::memory_order_acq_rel);
+    }
+  }
+  return false;
+}
+
+}  // namespace shmcache

@@ -1,0 +1,75 @@
+// IndexTable: lock-free operations on one mapped index table (layout.h).
+//
+// Any number of processes may Find and Insert concurrently. No operation
+// waits for another: a writer killed between claiming a slot and publishing
+// it leaves one dead slot (skipped by everyone), never a stuck reader.
+//
+// Duplicates: Insert first probes for the key; if it is published, the new
+// row is dropped. Two writers racing on the same key may both publish (each
+// in its own slot); readers then see one of two whole, equal-id rows. The
+// first published one is found first by every reader.
+#pragma once
+
+#include <cstdint>
+
+#include "layout.h"
+
+namespace shmcache {
+
+class IndexTable {
+ public:
+  explicit IndexTable(layout::TableHeader* header = nullptr)
+      : header_(header),
+        slots_(header ? layout::TableSlots(header) : nullptr),
+        mask_(header ? header->capacity - 1 : 0),
+        shift_(header ? 64 - header->capacity_log2 : 0) {}
+
+  enum class InsertResult { kInserted, kExists, kTableFull };
+
+  // Initialises a freshly created, zeroed table file.
+  static void Format(layout::TableHeader* header, size_t file_size,
+                     uint32_t cache_id, uint32_t generation,
+                     uint32_t capacity_log2);
+
+  // The published location of `key`, or kEmpty.
+  uint64_t Find(uint64_t key) const {
+    uint64_t i = Home(key);
+    for (uint64_t probes = 0; probes <= mask_; ++probes, i = (i + 1) & mask_) {
+      const layout::Slot& s = slots_[i];
+      uint64_t loc = s.loc.load(std::memory_order_acquire);
+      if (loc == layout::kEmpty) return layout::kEmpty;
+      if (loc != layout::kClaimed &&
+          s.key.load(std::memory_order_relaxed) == key) {
+        return loc;
+      }
+    }
+    return layout::kEmpty;
+  }
+
+  // Publishes key -> loc. kTableFull when the table passed its load limit
+  // (the caller grows the index and retries in the next table).
+  InsertResult Insert(uint64_t key, uint64_t loc);
+
+  // Replaces the location of a published key (used to move a row, e.g. to
+  // disk). False if absent.
+  bool Update(uint64_t key, uint64_t old_loc, uint64_t new_loc);
+
+  uint64_t capacity() const { return mask_ + 1; }
+  uint64_t claimed() const {
+    return header_->claimed.load(std::memory_order_relaxed);
+  }
+  // Claimed slots allowed before the table counts as full: 3/4.
+  uint64_t limit() const { return capacity() - capacity() / 4; }
+  bool valid() const { return header_ != nullptr; }
+
+ private:
+  uint64_t Home(uint64_t key) const {
+    return (key * 0x9E3779B97F4A7C15ULL) >> shift_ & mask_;
+  }
+  layout::TableHeader* header_;
+  layout::Slot* slots_;
+  uint64_t mask_;
+  int shift_;
+};
+
+}  // namespace shmcache

@@ -1,0 +1,118 @@
+#include "instance.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fmt/format.h>
+
+#include "shmcache/options.h"
+
+namespace shmcache {
+
+std::string InstancePaths::CacheFile(uint32_t cache_id) const {
+  return fmt::format("{}cache.{}", shm_prefix, cache_id);
+}
+std::string InstancePaths::TableFile(uint32_t cache_id, uint32_t gen) const {
+  return fmt::format("{}table.{}.{}", shm_prefix, cache_id, gen);
+}
+std::string InstancePaths::SegmentFile(uint32_t cache_id,
+                                       uint32_t seg_no) const {
+  return fmt::format("{}seg.{}.{}", shm_prefix, cache_id, seg_no);
+}
+std::string InstancePaths::SessionsFile() const {
+  return shm_prefix + "sessions";
+}
+
+Status ParsePort(const std::string& text, int* port) {
+  char* end = nullptr;
+  errno = 0;
+  long v = text.empty() ? -1 : std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < kMinPort ||
+      v > kMaxPort) {
+    return Status::InvalidArgument(fmt::format(
+        "port '{}' is not a number in {}..{}", text, kMinPort, kMaxPort));
+  }
+  *port = static_cast<int>(v);
+  return Status::OK();
+}
+
+Status ResolvePort(int requested, int* port) {
+  if (requested != 0) {
+    if (requested < kMinPort || requested > kMaxPort) {
+      return Status::InvalidArgument(fmt::format(
+          "port {} is outside {}..{}", requested, kMinPort, kMaxPort));
+    }
+    *port = requested;
+    return Status::OK();
+  }
+  const char* env = std::getenv("SHMCACHE_PORT");
+  if (env != nullptr && *env != '\0') {
+    Status s = ParsePort(env, port);
+    if (!s.ok()) return Status::InvalidArgument("SHMCACHE_PORT: " + s.message());
+    return s;
+  }
+  *port = kDefaultPort;
+  return Status::OK();
+}
+
+Status CheckHost(const std::string& host) {
+  std::string h = host;
+  if (h.empty()) {
+    const char* env = std::getenv("SHMCACHE_HOST");
+    if (env != nullptr) h = env;
+  }
+  if (h.empty() || h == "127.0.0.1" || h == "localhost" || h == "::1") {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(fmt::format(
+      "host '{}' is not this machine: shmcache serves the local host only "
+      "(use 127.0.0.1, localhost or ::1)",
+      h));
+}
+
+std::string DefaultRunDir() {
+  const char* env = std::getenv("SHMCACHE_RUN_DIR");
+  if (env != nullptr && *env != '\0') return env;
+  return fmt::format("/tmp/shmcache-{}", geteuid());
+}
+
+std::string DefaultShmDir() {
+  const char* env = std::getenv("SHMCACHE_SHM_DIR");
+  if (env != nullptr && *env != '\0') return env;
+  return "/dev/shm";
+}
+
+InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
+                                const std::string& shm_dir) {
+  InstancePaths p;
+  p.port = port;
+  p.run_dir = run_dir.empty() ? DefaultRunDir() : run_dir;
+  p.shm_dir = shm_dir.empty() ? DefaultShmDir() : shm_dir;
+  p.socket_path = fmt::format("{}/shmcached-{}.sock", p.run_dir, port);
+  p.lock_path = fmt::format("{}/shmcached-{}.lock", p.run_dir, port);
+  p.shm_prefix = fmt::format("{}/shmcache.{}.{}.", p.shm_dir, geteuid(), port);
+  return p;
+}
+
+Status EnsureRunDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::FromErrno("cannot create " + dir, errno);
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    return Status::FromErrno("cannot stat " + dir, errno);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(dir + " is not a directory");
+  }
+  if (st.st_uid != geteuid()) {
+    return Status::PermissionDenied(
+        dir + " belongs to another user; set SHMCACHE_RUN_DIR to a directory "
+              "of your own");
+  }
+  return Status::OK();
+}
+
+}  // namespace shmcache

@@ -1,0 +1,49 @@
+// Instance: how a port number names one shmcached instance, and the paths
+// derived from it. No TCP port is ever opened: the port only names the
+// control socket and the shared-memory files.
+//
+//   run dir     $SHMCACHE_RUN_DIR or /tmp/shmcache-<uid>        (0700)
+//   socket      <run dir>/shmcached-<port>.sock                 (0600)
+//   lock        <run dir>/shmcached-<port>.lock  (flock: one daemon)
+//   shm files   <shm dir>/shmcache.<uid>.<port>.*               (0600)
+//   shm dir     --shm_dir, $SHMCACHE_SHM_DIR or /dev/shm
+#pragma once
+
+#include <string>
+
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+struct InstancePaths {
+  int port = 0;
+  std::string run_dir;
+  std::string socket_path;
+  std::string lock_path;
+  std::string shm_dir;
+  std::string shm_prefix;  // full path prefix of the shm files
+
+  std::string CacheFile(uint32_t cache_id) const;
+  std::string TableFile(uint32_t cache_id, uint32_t gen) const;
+  std::string SegmentFile(uint32_t cache_id, uint32_t seg_no) const;
+  std::string SessionsFile() const;
+};
+
+// requested > 0: checked against 1025..65535. 0: $SHMCACHE_PORT, else the
+// default. A bad value is InvalidArgument naming it and the valid range.
+Status ResolvePort(int requested, int* port);
+// Parses a port given as text (CLI, environment).
+Status ParsePort(const std::string& text, int* port);
+// host empty: $SHMCACHE_HOST, else local. Only 127.0.0.1, localhost and ::1
+// are accepted; anything else is InvalidArgument.
+Status CheckHost(const std::string& host);
+
+std::string DefaultRunDir();
+std::string DefaultShmDir();
+InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
+                                const std::string& shm_dir);
+// Creates the run dir 0700 if missing; PermissionDenied if it exists and
+// belongs to someone else.
+Status EnsureRunDir(const std::string& dir);
+
+}  // namespace shmcache

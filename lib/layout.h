@@ -1,0 +1,171 @@
+// The shared-memory layout: every structure that lives in a segment file,
+// and the rules for reading it. Structures link by offsets and segment ids,
+// never by pointers. Every file starts with a magic number, the layout
+// version and its sizes; attaching checks all three and refuses a mismatch.
+//
+// Files of one instance (prefix "shmcache.<uid>.<port>." in the shm dir):
+//   cache.<cache_id>            CacheHeader: identity, state, stats, tables
+//   table.<cache_id>.<gen>      TableHeader + Slot[capacity] (the index)
+//   seg.<seg_id>                SegmentHeader + chunks of rows (one cache,
+//                               one NUMA node)
+//   sessions                    SessionsFile: live session ids
+//
+// Writers: the daemon alone creates, sizes and unlinks files and writes the
+// fields marked (daemon). Clients write rows into chunks leased to them, the
+// index slots, and their own stats slot.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace shmcache::layout {
+
+inline constexpr uint32_t kLayoutVersion = 1;
+
+inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
+inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
+inline constexpr uint64_t kTableMagic = 0x31424154434D4853ULL;    // "SHMCTAB1"
+inline constexpr uint64_t kSessionsMagic = 0x31534553434D4853ULL; // "SHMCSES1"
+inline constexpr uint32_t kChunkMagic = 0x4B4E4843;               // CHNK
+
+inline constexpr size_t kCacheLine = 64;
+inline constexpr size_t kMaxTables = 40;
+inline constexpr size_t kStatsSlots = 64;
+inline constexpr size_t kMaxNameBytes = 255;
+inline constexpr size_t kMaxSessions = 4096;
+
+// ---- Locations: where a row lives, as stored in an index slot ----------
+// bits 0..39 offset inside the segment, 40..62 segment id, 63 "on disk".
+// 0 and 1 are never locations: an offset is always past the header.
+inline constexpr uint64_t kEmpty = 0;     // slot never used
+inline constexpr uint64_t kClaimed = 1;   // slot taken, row not yet published
+inline constexpr int kOffsetBits = 40;
+inline constexpr uint64_t kOffsetMask = (1ULL << kOffsetBits) - 1;
+inline constexpr uint64_t kSpilledBit = 1ULL << 63;
+inline constexpr uint32_t kMaxSegmentId = (1U << 23) - 1;
+
+inline uint64_t MakeLocation(uint32_t seg_id, uint64_t offset) {
+  return (static_cast<uint64_t>(seg_id) << kOffsetBits) | offset;
+}
+inline uint32_t LocationSegment(uint64_t loc) {
+  return static_cast<uint32_t>((loc & ~kSpilledBit) >> kOffsetBits);
+}
+inline uint64_t LocationOffset(uint64_t loc) { return loc & kOffsetMask; }
+
+// ---- Common file header --------------------------------------------------
+struct FileHeader {
+  uint64_t magic;
+  uint32_t version;      // kLayoutVersion
+  uint32_t header_size;  // sizeof the concrete header struct
+  uint64_t file_size;    // bytes of the whole file
+};
+static_assert(sizeof(FileHeader) == 24);
+
+// ---- Statistics: one cache line per slot; a client uses slot
+// (client_id % kStatsSlots), so the hit path never shares a line with
+// another process unless more than kStatsSlots clients are attached.
+struct alignas(kCacheLine) StatsSlot {
+  std::atomic<uint64_t> hits;
+  std::atomic<uint64_t> misses;
+  std::atomic<uint64_t> numa_hits;
+  std::atomic<uint64_t> rows;   // rows published
+  std::atomic<uint64_t> bytes;  // their encoded bytes
+  std::atomic<uint64_t> disk_rows;
+};
+static_assert(sizeof(StatsSlot) == kCacheLine);
+
+// Cache state bits.
+inline constexpr uint32_t kStateFull = 1;       // budget used up
+inline constexpr uint32_t kStateDestroyed = 2;  // session dropped
+inline constexpr uint32_t kStateSealed = 4;     // streaming build finished
+inline constexpr uint32_t kStateSpilling = 8;   // rows beyond budget to disk
+
+struct TableInfo {
+  std::atomic<uint64_t> capacity;  // (daemon) 0 until the table exists
+};
+
+struct alignas(kCacheLine) CacheHeader {
+  FileHeader file;
+  uint32_t cache_id;
+  uint32_t session_id;
+  uint64_t budget_bytes;               // (daemon)
+  std::atomic<uint64_t> reserved_bytes;  // (daemon) segments + tables
+  std::atomic<uint32_t> state;         // kState* bits
+  std::atomic<uint32_t> num_tables;    // (daemon) published after the file
+  uint8_t name_len;
+  uint8_t fingerprint_len;
+  char name[kMaxNameBytes];
+  char fingerprint[kMaxNameBytes];
+  TableInfo tables[kMaxTables];
+  StatsSlot stats[kStatsSlots];
+};
+
+// ---- Index table ---------------------------------------------------------
+// Open addressing, linear probing, Fibonacci hashing. A slot is claimed by
+// CAS of loc kEmpty -> kClaimed, then key is stored, then loc is stored with
+// release order: the publication point of the row. A reader that loads a
+// published loc with acquire order sees the key and the row bytes.
+struct Slot {
+  std::atomic<uint64_t> loc;
+  std::atomic<uint64_t> key;
+};
+static_assert(sizeof(Slot) == 16);
+
+struct alignas(kCacheLine) TableHeader {
+  FileHeader file;
+  uint32_t cache_id;
+  uint32_t generation;
+  uint64_t capacity;            // power of two
+  uint32_t capacity_log2;
+  uint32_t pad;
+  alignas(kCacheLine) std::atomic<uint64_t> claimed;  // slots claimed
+};
+
+inline size_t TableFileSize(uint64_t capacity) {
+  return sizeof(TableHeader) + capacity * sizeof(Slot);
+}
+inline Slot* TableSlots(TableHeader* t) {
+  return reinterpret_cast<Slot*>(reinterpret_cast<char*>(t) +
+                                 sizeof(TableHeader));
+}
+
+// ---- Data segments and chunks ---------------------------------------------
+inline constexpr size_t kSegmentHeaderSize = 4096;
+
+struct alignas(kCacheLine) SegmentHeader {
+  FileHeader file;
+  uint32_t seg_id;
+  uint32_t cache_id;
+  uint32_t node;                  // NUMA node the memory is bound to
+  uint32_t pad;
+  std::atomic<uint64_t> carved;   // (daemon) next chunk offset
+};
+static_assert(sizeof(SegmentHeader) <= kSegmentHeaderSize);
+
+// A chunk is leased to one client, which alone advances `used`. The client
+// advances `used` before writing a row, so whatever lies at or past `used`
+// is free: the daemon may re-lease that tail when the client goes away.
+struct alignas(kCacheLine) ChunkHeader {
+  uint32_t magic;     // kChunkMagic
+  uint32_t cache_id;
+  uint64_t size;      // bytes including this header
+  std::atomic<uint64_t> used;  // bytes from chunk start in use (>= header)
+};
+static_assert(sizeof(ChunkHeader) == kCacheLine);
+
+// ---- Sessions file --------------------------------------------------------
+struct alignas(kCacheLine) SessionsFile {
+  FileHeader file;
+  uint32_t count;   // (daemon)
+  uint32_t pad;
+  uint32_t ids[kMaxSessions];
+};
+
+// Validates a mapped file's common header: magic, version, header size and
+// file size against the mapping. Returns nullptr when valid, else what was
+// wrong.
+const char* CheckFileHeader(const void* base, size_t mapped_bytes,
+                            uint64_t magic, size_t header_size);
+
+}  // namespace shmcache::layout

@@ -1,0 +1,130 @@
+// The control protocol between clients and shmcached, over a Unix-domain
+// stream socket. Only the control plane travels here (sessions, cache
+// opens, chunk leases, listings); rows never do, except spilled ones.
+//
+// Frame: FrameHeader (16 bytes, little-endian) + body of body_len bytes.
+// A response carries the request's type with kResponseBit set, and its body
+// starts with a status code (u8) and a message (string), then the payload.
+// Body fields: integers little-endian; strings and blobs as u32 length +
+// bytes. Every length is checked against what is left of the body and
+// against a per-field maximum; a frame with bytes left over is malformed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "shmcache/stats.h"
+#include "shmcache/status.h"
+
+namespace shmcache::protocol {
+
+inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kResponseBit = 0x8000;
+inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
+inline constexpr size_t kMaxStringBytes = 4096;
+
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kCreateSession = 2,
+  kDestroySession = 3,
+  kCheckSession = 4,
+  kOpenCache = 5,
+  kLeaseChunk = 6,
+  kReturnChunk = 7,
+  kGrowIndex = 8,
+  kListSessions = 9,
+  kServerInfo = 10,
+  kStop = 11,
+  kSpillPut = 12,
+  kSpillGet = 13,
+  kSetState = 14,
+};
+inline constexpr uint16_t kMaxMsgType = 14;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t type = 0;
+  uint32_t body_len = 0;
+  uint32_t reserved = 0;
+};
+inline constexpr size_t kFrameHeaderBytes = 16;
+
+void EncodeFrameHeader(const FrameHeader& h, std::byte* out);
+// Validates magic, version, type and body length.
+Status DecodeFrameHeader(std::span<const std::byte> in, FrameHeader* out);
+
+// Appends fields to a body.
+class WireWriter {
+ public:
+  void U8(uint8_t v) { Put(&v, 1); }
+  void U16(uint16_t v) { Put(&v, 2); }
+  void U32(uint32_t v) { Put(&v, 4); }
+  void U64(uint64_t v) { Put(&v, 8); }
+  void Str(std::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    Put(s.data(), s.size());
+  }
+  void Bytes(std::span<const std::byte> b) {
+    U32(static_cast<uint32_t>(b.size()));
+    Put(b.data(), b.size());
+  }
+  void Put(const void* p, size_t n) {
+    buf_.append(static_cast<const char*>(p), n);
+  }
+  const std::string& body() const { return buf_; }
+  std::string& body() { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+// Reads fields from a body. After the first failure every read fails and
+// ok() is false; callers check once at the end.
+class WireReader {
+ public:
+  explicit WireReader(std::span<const std::byte> body) : in_(body) {}
+  uint8_t U8() { return Get<uint8_t>(); }
+  uint16_t U16() { return Get<uint16_t>(); }
+  uint32_t U32() { return Get<uint32_t>(); }
+  uint64_t U64() { return Get<uint64_t>(); }
+  std::string Str(size_t max_len = kMaxStringBytes);
+  // A view of the next blob; valid while the body is.
+  std::span<const std::byte> Bytes(size_t max_len = kMaxBodyBytes);
+  bool ok() const { return ok_; }
+  // True when every byte was consumed and nothing failed.
+  bool Done() const { return ok_ && pos_ == in_.size(); }
+
+ private:
+  template <typename T>
+  T Get() {
+    T v{};
+    if (!ok_ || in_.size() - pos_ < sizeof(T)) {
+      ok_ = false;
+      return v;
+    }
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::span<const std::byte> in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+// Response bodies start with the status.
+void WriteStatus(WireWriter& w, const Status& s);
+Status ReadStatus(WireReader& r);
+
+// Listing payloads, shared by the daemon (writer) and clients (reader).
+void WriteSessions(WireWriter& w, std::span<const SessionInfo> sessions);
+bool ReadSessions(WireReader& r, std::vector<SessionInfo>* out);
+void WriteServerInfo(WireWriter& w, const ServerInfo& info);
+bool ReadServerInfo(WireReader& r, ServerInfo* out);
+
+}  // namespace shmcache::protocol

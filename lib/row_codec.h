@@ -1,0 +1,59 @@
+// RowCodec: the byte format of a row, shared by shared memory, the spill
+// store and the wire.
+//
+//   RowHeader (16 bytes)  total_bytes u32 | num_columns u16 | version u8 |
+//                         flags u8 | key u64
+//   per column            dtype u8 | ndim u8 | name_len u8 | 0 u8 |
+//                         data_offset u32 | shape int64[ndim] |
+//                         name, zero-padded to 8
+//   column data           each at its data_offset, 8-byte aligned
+//
+// A column's byte count is derived (itemsize x product of shape), so it
+// costs no space. Decode validates every field against the bytes it was
+// given, so a corrupt or hostile buffer yields Corruption, never a read out
+// of bounds.
+// Thread safety: stateless; all functions are reentrant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "shmcache/row.h"
+#include "shmcache/status.h"
+#include "shmcache/types.h"
+
+namespace shmcache {
+
+inline constexpr uint8_t kRowVersion = 1;
+inline constexpr size_t kRowHeaderBytes = 16;
+inline constexpr size_t kMaxColumns = 1024;
+inline constexpr size_t kMaxRowBytes = 0xFFFFFFF8u;
+
+class RowCodec {
+ public:
+  // Checks the columns and computes the encoded size (a multiple of 8).
+  static Status EncodedSize(std::span<const ColumnRef> columns, size_t* size);
+  // REQUIRES: EncodedSize(columns) returned OK with `size`; dst is 8-byte
+  // aligned with `size` writable bytes.
+  static void Encode(uint64_t key, std::span<const ColumnRef> columns,
+                     std::byte* dst, size_t size);
+  // Validates the row at p (at most max_bytes readable) and views it.
+  static Status Decode(const std::byte* p, size_t max_bytes, RowView* out);
+  // Total bytes of the row at p, read from its header (no validation).
+  static uint32_t PeekSize(const std::byte* p);
+  static uint64_t KeyOf(const RowView& v);
+  // Copies a whole row into out (reusing its buffer).
+  static void Copy(const RowView& in, Row* out);
+  // Copies the named columns, in that order, into out. NotFound naming the
+  // first absent column.
+  static Status Project(const RowView& in,
+                        std::span<const std::string_view> names, Row* out);
+  // Rebuilds *out's view over its own buffer after the buffer was filled.
+  static Status Adopt(Row* out, size_t bytes);
+  // Resizes out's buffer to hold `bytes` and returns it.
+  static std::byte* Reserve(Row* out, size_t bytes);
+};
+
+}  // namespace shmcache

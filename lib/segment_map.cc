@@ -1,0 +1,30 @@
+#include "segment_map.h"
+
+namespace shmcache {
+
+SegmentMap::SegmentMap() : blocks_(new std::atomic<Block*>[kBlocks]) {
+  for (uint32_t i = 0; i < kBlocks; ++i) blocks_[i].store(nullptr);
+}
+
+SegmentMap::~SegmentMap() {
+  for (uint32_t i = 0; i < kBlocks; ++i) delete blocks_[i].load();
+}
+
+const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file,
+                                        int node) {
+  uint32_t b = seg_no >> kBlockBits;
+  if (b >= kBlocks) return nullptr;
+  Block* block = blocks_[b].load(std::memory_order_acquire);
+  if (block == nullptr) {
+    block = new Block();
+    blocks_[b].store(block, std::memory_order_release);
+  }
+  Entry& e = block->entries[seg_no & ((1u << kBlockBits) - 1)];
+  if (e.ready.load(std::memory_order_acquire)) return &e.seg;
+  e.seg = MappedSegment{file.data(), file.size(), node};
+  files_.push_back(std::move(file));
+  e.ready.store(true, std::memory_order_release);
+  return &e.seg;
+}
+
+}  // namespace shmcache

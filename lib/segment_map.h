@@ -1,0 +1,57 @@
+// SegmentMap: a process-local table from segment number to its mapping,
+// readable without a lock (two atomic loads), filled under a mutex on first
+// use. Mappings live until the map is destroyed, so views stay valid.
+//
+// Thread safety: Find() from any thread; Insert() under the owner's mutex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "shm_file.h"
+
+namespace shmcache {
+
+struct MappedSegment {
+  char* base = nullptr;
+  size_t size = 0;
+  int node = 0;
+};
+
+class SegmentMap {
+ public:
+  static constexpr uint32_t kBlockBits = 12;
+  static constexpr uint32_t kBlocks = 2048;  // 8 M segments
+
+  SegmentMap();
+  ~SegmentMap();
+  SegmentMap(const SegmentMap&) = delete;
+  SegmentMap& operator=(const SegmentMap&) = delete;
+
+  // nullptr when not mapped (yet).
+  const MappedSegment* Find(uint32_t seg_no) const {
+    uint32_t b = seg_no >> kBlockBits;
+    if (b >= kBlocks) return nullptr;
+    Block* block = blocks_[b].load(std::memory_order_acquire);
+    if (block == nullptr) return nullptr;
+    const Entry& e = block->entries[seg_no & ((1u << kBlockBits) - 1)];
+    return e.ready.load(std::memory_order_acquire) ? &e.seg : nullptr;
+  }
+  // Takes ownership of the file's mapping. REQUIRES: owner's mutex held.
+  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, int node);
+
+ private:
+  struct Entry {
+    MappedSegment seg;
+    std::atomic<bool> ready{false};
+  };
+  struct Block {
+    Entry entries[1u << kBlockBits];
+  };
+  std::unique_ptr<std::atomic<Block*>[]> blocks_;
+  std::vector<ShmFile> files_;
+};
+
+}  // namespace shmcache
