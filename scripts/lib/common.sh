@@ -1,0 +1,43 @@
+# Shared by scripts/*.sh: install missing Debian packages, build with meson.
+# Source it; it defines functions only.
+
+# Packages every build and test needs (Debian 12 names).
+SHMCACHE_BUILD_PACKAGES=(
+  meson ninja-build pkg-config g++ libboost-dev librocksdb-dev libfmt-dev
+  libnuma-dev libgtest-dev libgmock-dev pybind11-dev python3-dev
+  python3-numpy python3-pytest python3-torch python3-pil
+)
+
+# ensure_packages PKG...: installs those not installed, with apt-get (sudo
+# when not root). Prints what it installs; quiet when nothing is missing.
+ensure_packages() {
+  local missing=()
+  local p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "Installing missing packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null; then sudo=(sudo); else
+      echo "error: need root or sudo to install: ${missing[*]}" >&2
+      return 1
+    fi
+  fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq || return 1
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends "${missing[@]}" || return 1
+}
+
+# build_project [BUILD_DIR]: configures (once) and builds. Uses
+# /usr/bin/python3, where Debian's numpy, pybind11 and torch live.
+build_project() {
+  local dir=${1:-build}
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" -Dpython=enabled >/dev/null || return 1
+  fi
+  ninja -C "$dir" || return 1
+}
