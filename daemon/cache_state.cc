@@ -100,6 +100,7 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
   }
   auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
   IndexTable::Format(t, bytes, cache_id_, gen, log2);
+  index_.emplace_back(t);
   tables_.push_back(std::move(f));
   AddReserved(bytes);
   header_->tables[gen].capacity.store(cap, std::memory_order_release);
@@ -133,11 +134,10 @@ void CacheState::MarkFull(const std::string& why) {
 Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
                               Segment** out) {
   uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
-  uint64_t last = 0;
-  for (const Segment& s : segments_) {
-    if (s.node == node) last = s.size;
-  }
-  uint64_t want = std::clamp<uint64_t>(last * 2, kMinSegmentBytes, kMaxSegmentBytes);
+  // Grow by a quarter of what the cache holds: few segments for big caches,
+  // and at most ~25% reserved but unused at the end.
+  uint64_t want = std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20),
+                                       kMinSegmentBytes, kMaxSegmentBytes);
   want = std::max(want, min_bytes);
   uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
   want = std::min(want, left);
@@ -149,6 +149,14 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
             ? fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20)
             : fmt::format("the server's memory cap of {} MB is used up",
                           account->cap >> 20);
+    if (header_->state.load() & layout::kStateSpilling) {
+      if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
+          log_) {
+        log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
+      }
+      return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
+                                      cache_id_, why));
+    }
     MarkFull(why);
     return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
   }
@@ -198,8 +206,8 @@ layout::ChunkHeader* CacheState::ChunkAt(uint32_t seg_no, uint64_t offset,
 Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
                          MemoryAccount* account, ChunkLease* out) {
   if (destroyed_) return Status::NotFound("cache was destroyed");
-  if (header_->state.load() & layout::kStateFull) {
-    return Status::Full(fmt::format("cache {} is full", cache_id_));
+  if (header_->state.load() & (layout::kStateFull | layout::kStateMemFull)) {
+    return Status::Full(fmt::format("cache {} memory is full", cache_id_));
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
   const uint64_t want = AlignUp(sizeof(layout::ChunkHeader) + need, layout::kCacheLine);
@@ -281,12 +289,135 @@ void CacheState::Destroy(MemoryAccount* account) {
   }
   ShmFile::Unlink(paths_.CacheFile(cache_id_)).PermitUncheckedError();
   segments_.clear();
+  index_.clear();
   tables_.clear();
   header_file_.Unmap();
   header_ = nullptr;
   account->Release(reserved_bytes_);
   reserved_bytes_ = 0;
   leases_.clear();
+}
+
+bool CacheState::spilling() const {
+  uint32_t st = header_ ? header_->state.load() : 0;
+  return (st & layout::kStateSpilling) && (st & layout::kStateMemFull) &&
+         !(st & layout::kStateFull);
+}
+
+void CacheState::StopSpilling(const std::string& why) {
+  if (header_ == nullptr) return;
+  header_->state.fetch_and(~layout::kStateSpilling);
+  MarkFull("spilling stopped: " + why);
+}
+
+Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
+                                  bool* inserted) {
+  *inserted = false;
+  if (destroyed_) return Status::NotFound("cache was destroyed");
+  for (const IndexTable& t : index_) {
+    if (t.Find(row_id) != layout::kEmpty) return Status::OK();
+  }
+  for (;;) {
+    switch (index_.back().Insert(row_id, layout::kSpilledBit)) {
+      case IndexTable::InsertResult::kInserted:
+        header_->stats[0].disk_rows.fetch_add(1, std::memory_order_relaxed);
+        *inserted = true;
+        return Status::OK();
+      case IndexTable::InsertResult::kExists:
+        return Status::OK();
+      case IndexTable::InsertResult::kTableFull: {
+        Status s = GrowIndex(static_cast<uint32_t>(index_.size()), account);
+        if (!s.ok()) return s;
+      }
+    }
+  }
+}
+
+Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
+                         uint32_t num_segments, int num_nodes,
+                         MemoryAccount* account, Logger* log,
+                         std::unique_ptr<CacheState>* out) {
+  std::unique_ptr<CacheState> c(new CacheState());
+  c->paths_ = paths;
+  c->log_ = log;
+  c->cache_id_ = cache_id;
+  c->num_nodes_ = num_nodes;
+  c->current_.assign(static_cast<size_t>(num_nodes), -1);
+  c->tails_.resize(static_cast<size_t>(num_nodes));
+  std::string path = paths.CacheFile(cache_id);
+  Status s = ShmFile::Open(path, &c->header_file_);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckFileHeader(c->header_file_.data(),
+                                                c->header_file_.size(),
+                                                layout::kCacheMagic,
+                                                sizeof(layout::CacheHeader))) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  auto* h = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
+  if (h->cache_id != cache_id || h->num_tables.load() == 0 ||
+      h->num_tables.load() > layout::kMaxTables) {
+    return Status::Corruption(path + ": header fields out of range");
+  }
+  c->header_ = h;
+  c->session_id_ = h->session_id;
+  c->name_.assign(h->name, h->name_len);
+  c->fingerprint_.assign(h->fingerprint, h->fingerprint_len);
+  c->budget_bytes_ = h->budget_bytes;
+  uint64_t reserved = c->header_file_.size();
+  for (uint32_t g = 0; g < h->num_tables.load(); ++g) {
+    std::string tp = paths.TableFile(cache_id, g);
+    ShmFile f;
+    s = ShmFile::Open(tp, &f);
+    if (!s.ok()) return Status::Corruption(tp + ": " + s.message());
+    auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
+    uint64_t cap = h->tables[g].capacity.load();
+    if (const char* bad = layout::CheckFileHeader(f.data(), f.size(), layout::kTableMagic,
+                                                  sizeof(layout::TableHeader))) {
+      return Status::Corruption(tp + ": " + bad);
+    }
+    if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 ||
+        (1ULL << t->capacity_log2) != cap || t->generation != g ||
+        f.size() != layout::TableFileSize(cap)) {
+      return Status::Corruption(tp + ": table geometry does not match its header");
+    }
+    reserved += f.size();
+    c->index_.emplace_back(t);
+    c->tables_.push_back(std::move(f));
+  }
+  for (uint32_t n = 0; n < num_segments; ++n) {
+    std::string sp = paths.SegmentFile(cache_id, n);
+    ShmFile f;
+    s = ShmFile::Open(sp, &f);
+    if (!s.ok()) return Status::Corruption(sp + ": " + s.message());
+    if (const char* bad = layout::CheckFileHeader(f.data(), f.size(), layout::kSegmentMagic,
+                                                  sizeof(layout::SegmentHeader))) {
+      return Status::Corruption(sp + ": " + bad);
+    }
+    auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
+    uint64_t carved = sh->carved.load();
+    if (sh->seg_id != n || sh->cache_id != cache_id ||
+        sh->node >= static_cast<uint32_t>(num_nodes) ||
+        carved < layout::kSegmentHeaderSize || carved > f.size()) {
+      return Status::Corruption(sp + ": segment header fields out of range");
+    }
+    // Chunks leased by the previous daemon stay with whoever holds them;
+    // only the space never carved is handed out again.
+    uint64_t size = f.size();
+    c->data_bytes_ += size;
+    reserved += size;
+    c->segments_.push_back(Segment{n, static_cast<int>(sh->node), size, carved,
+                                   std::move(f)});
+    c->current_[sh->node] = static_cast<int>(n);
+  }
+  if (!account->Reserve(reserved)) {
+    return Status::Full(fmt::format(
+        "cache {} needs {} MB, more than is left under the memory cap", cache_id,
+        reserved >> 20));
+  }
+  c->reserved_bytes_ = reserved;
+  h->reserved_bytes.store(reserved);
+  *out = std::move(c);
+  return Status::OK();
 }
 
 CacheStats CacheState::Stats() const {
@@ -305,7 +436,9 @@ CacheStats CacheState::Stats() const {
     out.mem_bytes += slot.bytes.load(std::memory_order_relaxed);
     out.disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
   }
-  out.full = header_->state.load() & layout::kStateFull;
+  uint32_t st = header_->state.load();
+  out.full = (st & layout::kStateFull) ||
+             ((st & layout::kStateMemFull) && !(st & layout::kStateSpilling));
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "index_table.h"
 #include "instance.h"
 #include "layout.h"
 #include "memory_account.h"
@@ -48,6 +49,14 @@ class CacheState {
                        const std::string& fingerprint, uint64_t budget_bytes,
                        bool spilling, int num_nodes, MemoryAccount* account,
                        Logger* log, std::unique_ptr<CacheState>* out);
+  // Re-opens a cache a previous daemon left in shared memory: validates the
+  // header, every index table and every segment (magic, layout version,
+  // sizes, ids) and reserves them in `account`. Corruption names what could
+  // not be trusted; the caller then discards the cache's files.
+  static Status Adopt(const InstancePaths& paths, uint32_t cache_id,
+                      uint32_t num_segments, int num_nodes,
+                      MemoryAccount* account, Logger* log,
+                      std::unique_ptr<CacheState>* out);
   ~CacheState();
 
   // A chunk of at least `need` bytes of row space for connection `conn`.
@@ -62,6 +71,16 @@ class CacheState {
   Status GrowIndex(uint32_t seen, MemoryAccount* account);
   // Marks the cache destroyed, unlinks its files, releases its memory.
   void Destroy(MemoryAccount* account);
+
+  // Spilling: true when rows should go to disk (memory budget used up and
+  // spilling on).
+  bool spilling() const;
+  // Publishes row `row_id` as spilled (after it was written to disk).
+  // *inserted false when the id was already present.
+  Status PublishSpilled(uint64_t row_id, MemoryAccount* account, bool* inserted);
+  // Spilling failed (disk full, RocksDB error): no more rows are accepted.
+  void StopSpilling(const std::string& why);
+  bool destroyed() const { return destroyed_; }
 
   CacheStats Stats() const;
   uint32_t session_id() const { return session_id_; }
@@ -107,6 +126,7 @@ class CacheState {
   ShmFile header_file_;
   layout::CacheHeader* header_ = nullptr;
   std::vector<ShmFile> tables_;
+  std::vector<IndexTable> index_;          // over tables_
   std::vector<Segment> segments_;          // index = seg_no
   std::vector<int> current_;               // per node: seg_no or -1
   std::vector<std::vector<Tail>> tails_;   // per node

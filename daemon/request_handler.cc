@@ -1,6 +1,7 @@
 #include "request_handler.h"
 
 #include "layout.h"
+#include "row_codec.h"
 
 namespace shmcache {
 
@@ -100,6 +101,50 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       ServerInfo info;
       store_->FillServerInfo(&info);
       protocol::WriteServerInfo(payload, info);
+      break;
+    }
+    case MsgType::kSpillPut: {
+      uint32_t cache_id = r.U32();
+      uint64_t row_id = r.U64();
+      std::span<const std::byte> row = r.Bytes();
+      if (!r.Done()) { s = malformed(); break; }
+      // A row from a client is untrusted: it must decode, and carry its id.
+      RowView view;
+      s = RowCodec::Decode(row.data(), row.size(), &view);
+      if (s.ok() && (view.encoded().size() != row.size() ||
+                     RowCodec::KeyOf(view) != row_id)) {
+        s = Status::Corruption("spilled row does not match its id or size");
+      }
+      if (!s.ok()) break;
+      bool inserted = false;
+      s = store_->SpillPut(cache_id, row_id, row, &inserted);
+      payload.U8(inserted ? 1 : 0);
+      break;
+    }
+    case MsgType::kSpillGet: {
+      uint32_t cache_id = r.U32();
+      uint32_t n = r.U32();
+      if (!r.ok() || n == 0 || n > protocol::kMaxSpillBatch) { s = malformed(); break; }
+      std::vector<uint64_t> ids(n);
+      for (uint64_t& id : ids) id = r.U64();
+      if (!r.Done()) { s = malformed(); break; }
+      std::vector<std::string> rows;
+      std::vector<bool> found;
+      s = store_->SpillGet(cache_id, ids, &rows, &found);
+      if (!s.ok()) break;
+      payload.U32(n);
+      size_t budget = protocol::kMaxBodyBytes / 2;
+      for (uint32_t i = 0; i < n; ++i) {
+        if (!found[i]) {
+          payload.U8(protocol::kSpillAbsent);
+        } else if (rows[i].size() > budget) {
+          payload.U8(protocol::kSpillAskAgain);  // response full: next call
+        } else {
+          budget -= rows[i].size();
+          payload.U8(protocol::kSpillFound);
+          payload.Str(rows[i]);
+        }
+      }
       break;
     }
     case MsgType::kStop: {

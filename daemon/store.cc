@@ -35,26 +35,98 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths,
 Store::~Store() = default;
 
 Status Store::Init() {
-  // Files of this instance left by a daemon that did not shut down.
+  if (!options_.spill_dir.empty()) {
+    std::string path = fmt::format("{}/shmcache.{}.{}.spill", options_.spill_dir,
+                                   geteuid(), paths_.port);
+    Status s = SpillStore::Open(path, &spill_);
+    if (!s.ok()) return s;
+  }
+  AdoptExisting();
+  WriteSessionsFile();
+  return Status::OK();
+}
+
+void Store::DiscardCacheFiles(uint32_t cache_id,
+                              const std::vector<std::string>& files,
+                              const std::string& why) {
+  log_->Warn("discarding cache {} left by an earlier server: {}", cache_id, why);
+  for (const std::string& f : files) unlink(f.c_str());
+  if (spill_) spill_->DropCache(cache_id).PermitUncheckedError();
+}
+
+void Store::AdoptExisting() {
   std::string dir = paths_.shm_dir;
   std::string base = paths_.shm_prefix.substr(dir.size() + 1);
   DIR* d = opendir(dir.c_str());
-  if (d == nullptr) {
-    return Status::FromErrno("cannot read shared-memory directory " + dir, errno);
-  }
-  int removed = 0;
+  if (d == nullptr) return;
+  struct Found {
+    std::vector<std::string> files;
+    bool header = false;
+    uint32_t segments = 0;
+  };
+  std::map<uint32_t, Found> found;
+  std::vector<std::string> strays;
   while (dirent* e = readdir(d)) {
-    if (std::strncmp(e->d_name, base.c_str(), base.size()) == 0) {
-      if (unlink((dir + "/" + e->d_name).c_str()) == 0) ++removed;
+    if (std::strncmp(e->d_name, base.c_str(), base.size()) != 0) continue;
+    std::string rest = e->d_name + base.size();
+    std::string path = dir + "/" + e->d_name;
+    unsigned id = 0, n = 0;
+    char tail = 0;
+    if (std::sscanf(rest.c_str(), "cache.%u%c", &id, &tail) == 1) {
+      found[id].header = true;
+      found[id].files.push_back(path);
+    } else if (std::sscanf(rest.c_str(), "table.%u.%u%c", &id, &n, &tail) == 2) {
+      found[id].files.push_back(path);
+    } else if (std::sscanf(rest.c_str(), "seg.%u.%u%c", &id, &n, &tail) == 2) {
+      found[id].files.push_back(path);
+      found[id].segments = std::max(found[id].segments, n + 1);
+    } else if (rest != "sessions") {
+      strays.push_back(path);
     }
   }
   closedir(d);
-  if (removed > 0) {
-    log_->Warn("removed {} shared-memory files left by an earlier server on port {}",
-               removed, paths_.port);
+  for (const std::string& f : strays) unlink(f.c_str());
+
+  // Sessions, including those without caches.
+  if (FILE* f = fopen(paths_.SessionsFile().c_str(), "r")) {
+    unsigned long id;
+    while (std::fscanf(f, "%lu", &id) == 1) {
+      if (id != 0 && id <= UINT32_MAX) sessions_[static_cast<uint32_t>(id)];
+    }
+    fclose(f);
   }
-  WriteSessionsFile();
-  return Status::OK();
+  size_t rows = 0;
+  for (auto& [id, f] : found) {
+    if (!f.header) {
+      DiscardCacheFiles(id, f.files, "its header file is missing");
+      continue;
+    }
+    std::unique_ptr<CacheState> c;
+    Status s = CacheState::Adopt(paths_, id, f.segments, num_nodes_, &account_,
+                                 log_, &c);
+    if (!s.ok()) {
+      DiscardCacheFiles(id, f.files, s.message());
+      continue;
+    }
+    CacheStats st = c->Stats();
+    rows += st.mem_rows + st.disk_rows;
+    sessions_[c->session_id()].push_back(id);
+    next_cache_id_ = std::max(next_cache_id_, id + 1);
+    caches_[id] = std::move(c);
+  }
+  if (spill_) {
+    for (uint32_t id : spill_->CacheIds()) {
+      if (caches_.count(id) == 0) {
+        log_->Warn("dropping spilled rows of cache {}: its memory state is gone", id);
+        spill_->DropCache(id).PermitUncheckedError();
+      }
+    }
+  }
+  if (!caches_.empty() || !sessions_.empty()) {
+    log_->Info("adopted {} session(s) and {} cache(s) with {} rows from an earlier "
+               "server on port {}",
+               sessions_.size(), caches_.size(), rows, paths_.port);
+  }
 }
 
 uint32_t Store::NewClientId() {
@@ -107,6 +179,10 @@ Status Store::DestroySession(uint32_t id) {
     if (c == caches_.end()) continue;
     c->second->Destroy(&account_);
     caches_.erase(c);
+    if (spill_) {
+      Status s = spill_->DropCache(cid);
+      if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
+    }
   }
   sessions_.erase(it);
   WriteSessionsFile();
@@ -218,6 +294,39 @@ void Store::ReleaseConnection(uint64_t conn) {
   for (auto& [id, c] : caches_) c->ReleaseConnection(conn);
 }
 
+Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,
+                       std::span<const std::byte> row, bool* inserted) {
+  *inserted = false;
+  std::lock_guard lock(mu_);
+  CacheState* c;
+  Status s = CacheFor(cache_id, &c);
+  if (!s.ok()) return s;
+  if (!spill_ || !c->spilling()) {
+    return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
+  }
+  s = spill_->Put(cache_id, row_id, row);
+  if (!s.ok()) {
+    log_->Error("cache {}: spilling stopped: {}", cache_id, s.message());
+    c->StopSpilling(s.message());
+    return Status::Full(fmt::format("cache {} stopped spilling: {}", cache_id, s.message()));
+  }
+  return c->PublishSpilled(row_id, &account_, inserted);
+}
+
+Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                       std::vector<std::string>* rows, std::vector<bool>* found) {
+  {
+    std::lock_guard lock(mu_);
+    CacheState* c;
+    Status s = CacheFor(cache_id, &c);
+    if (!s.ok()) return s;
+    if (!spill_) return Status::NotFound("this server does not spill");
+  }
+  // RocksDB is thread-safe; reads need not hold the store's lock. A cache
+  // destroyed meanwhile yields misses.
+  return spill_->MultiGet(cache_id, ids, rows, found);
+}
+
 void Store::ListSessions(std::vector<SessionInfo>* out) {
   std::lock_guard lock(mu_);
   out->clear();
@@ -253,6 +362,11 @@ void Store::Shutdown() {
   caches_.clear();
   sessions_.clear();
   ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+  if (spill_) {
+    Status s = spill_->DestroyAll();
+    if (!s.ok()) log_->Warn("{}", s.message());
+    spill_.reset();
+  }
 }
 
 }  // namespace shmcache

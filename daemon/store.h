@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "daemon_options.h"
 #include "instance.h"
 #include "memory_account.h"
+#include "spill_store.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
 
@@ -31,7 +33,9 @@ class Store {
         int num_nodes, int workers, Logger* log);
   ~Store();
 
-  // Removes shared-memory files a dead daemon of this instance left.
+  // Opens the spill store and adopts what a previous daemon of this
+  // instance left in shared memory and on disk; what cannot be trusted is
+  // discarded with a log line.
   Status Init();
 
   uint32_t NewClientId();
@@ -47,6 +51,12 @@ class Store {
                      uint64_t offset);
   Status GrowIndex(uint32_t cache_id, uint32_t seen);
   void ReleaseConnection(uint64_t conn);
+  // Writes a row that did not fit in memory to the spill store and
+  // publishes it. Full when the cache does not spill (or stopped).
+  Status SpillPut(uint32_t cache_id, uint64_t row_id,
+                  std::span<const std::byte> row, bool* inserted);
+  Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                  std::vector<std::string>* rows, std::vector<bool>* found);
   void ListSessions(std::vector<SessionInfo>* out);
   void FillServerInfo(ServerInfo* out);
   // Destroys everything and removes every shared-memory file.
@@ -57,6 +67,9 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out);
+  void AdoptExisting();
+  void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
+                         const std::string& why);
   void WriteSessionsFile();
   void CheckHighWater();
 
@@ -73,6 +86,7 @@ class Store {
   uint32_t next_cache_id_ = 1;
   std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
+  std::unique_ptr<SpillStore> spill_;
 };
 
 }  // namespace shmcache

@@ -1,7 +1,8 @@
 // shard_worker: one "device" of a multi-process training job, in C++.
 //
 //   shard_worker --session_id S [--device K --num_devices N] [--rows R]
-//                [--row_bytes B] [--epochs E] [--port P]
+//                [--row_bytes B] [--epochs E] [--port P] [--size_mb M]
+//                [--spilling 1]
 //
 // Every row is a deterministic function of its id (the "source"). Epoch 1
 // reads this device's shard, later epochs read every row; a miss loads the
@@ -46,7 +47,9 @@ int main(int argc, char** argv) {
   long row_bytes = Arg(argc, argv, "--row_bytes", 3072);
   long epochs = Arg(argc, argv, "--epochs", 2);
   long port = Arg(argc, argv, "--port", 0);
-  if (session < 0 || devices < 1 || device < 0 || device >= devices || rows < 1 ||
+  long size_mb = Arg(argc, argv, "--size_mb", 0);
+  long spilling = Arg(argc, argv, "--spilling", 0);
+  if (session < 0 || devices < 1 || size_mb < 0 || device < 0 || device >= devices || rows < 1 ||
       row_bytes < 1 || epochs < 1) {
     std::fprintf(stderr,
                  "usage: shard_worker --session_id S [--device K --num_devices N] "
@@ -62,6 +65,8 @@ int main(int argc, char** argv) {
     shmcache::CacheOptions opts;
     opts.session_id = static_cast<uint32_t>(session);
     opts.name = "shard-example";
+    opts.size_mb = static_cast<uint64_t>(size_mb < 0 ? 0 : size_mb);
+    opts.spilling = spilling != 0;
     opts.fingerprint = "shard-example:rows=" + std::to_string(rows) +
                        ":bytes=" + std::to_string(row_bytes);
     s = client->OpenCache(opts, &cache);

@@ -1,5 +1,7 @@
 #include "shmcache/cache.h"
 
+#include <algorithm>
+#include <cstring>
 #include <fmt/format.h>
 
 #include "cache_impl.h"
@@ -124,9 +126,6 @@ Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
 }
 
 Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
-  if (loc & layout::kSpilledBit) {
-    return Status::NotSupported("row is spilled to disk");
-  }
   const MappedSegment* seg;
   Status s = SegmentFor(layout::LocationSegment(loc), &seg);
   if (!s.ok()) return s;
@@ -156,18 +155,23 @@ void CacheImpl::CountRead(bool hit, int node) {
   }
 }
 
-Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
-                      bool project, Row* out) {
-  Status s = Usable();
-  if (!s.ok()) return s;
-  uint64_t loc = Lookup(id);
-  if (loc == layout::kEmpty) {
-    CountRead(false, 0);
-    return Status::NotFound(fmt::format("row {} is not cached", id));
+Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
+                              std::span<const std::string_view> columns,
+                              bool project, Row* out) {
+  if (loc & layout::kSpilledBit) {
+    Row* target = out;
+    Row disk_row;
+    if (project) target = &disk_row;
+    Status s;
+    FetchSpilled(std::span(&id, 1), &target, &s);
+    if (!s.ok()) return s;
+    if (project) s = RowCodec::Project(disk_row.view(), columns, out);
+    if (s.ok()) CountRead(true, -1);
+    return s;
   }
   RowView v;
   int node = 0;
-  s = Resolve(id, loc, &v, &node);
+  Status s = Resolve(id, loc, &v, &node);
   if (!s.ok()) return s;
   if (project) {
     s = RowCodec::Project(v, columns, out);
@@ -179,13 +183,116 @@ Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
   return Status::OK();
 }
 
+static Status Miss(uint64_t id) {
+  return Status::NotFound(fmt::format("row {} is not cached", id));
+}
+
+Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
+                      bool project, Row* out) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  uint64_t loc = Lookup(id);
+  if (loc == layout::kEmpty) {
+    CountRead(false, 0);
+    return Miss(id);
+  }
+  return Materialize(id, loc, columns, project, out);
+}
+
+Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
+                           Status* statuses) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  std::vector<uint64_t> spilled;
+  std::vector<Row*> targets;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint64_t loc = Lookup(ids[i]);
+    if (loc == layout::kEmpty) {
+      CountRead(false, 0);
+      statuses[i] = Miss(ids[i]);
+    } else if (loc & layout::kSpilledBit) {
+      spilled.push_back(ids[i]);
+      targets.push_back(&rows[i]);
+      where.push_back(i);
+    } else {
+      statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i]);
+    }
+  }
+  if (spilled.empty()) return Status::OK();
+  std::vector<Status> got(spilled.size());
+  FetchSpilled(spilled, targets.data(), got.data());
+  for (size_t k = 0; k < spilled.size(); ++k) {
+    if (got[k].ok()) CountRead(true, -1);
+    statuses[where[k]] = std::move(got[k]);
+  }
+  return Status::OK();
+}
+
+void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
+                             Status* statuses) {
+  size_t done = 0;
+  while (done < ids.size()) {
+    size_t n = std::min<size_t>(ids.size() - done, protocol::kMaxSpillBatch);
+    WireWriter w;
+    w.U32(cache_id_);
+    w.U32(static_cast<uint32_t>(n));
+    for (size_t i = 0; i < n; ++i) w.U64(ids[done + i]);
+    std::string body;
+    WireReader r({});
+    Status s = client_->Call(MsgType::kSpillGet, w, &body, &r);
+    uint32_t count = s.ok() ? r.U32() : 0;
+    if (s.ok() && count != n) s = Status::Corruption("malformed spill response");
+    if (!s.ok()) {
+      for (size_t i = done; i < ids.size(); ++i) statuses[i] = s;
+      return;
+    }
+    size_t answered = 0;
+    for (size_t i = 0; i < n; ++i) {
+      size_t k = done + i;
+      uint8_t mark = r.U8();
+      if (mark == protocol::kSpillAskAgain) break;
+      ++answered;
+      if (mark != protocol::kSpillFound) {
+        statuses[k] = Miss(ids[k]);
+        continue;
+      }
+      std::span<const std::byte> bytes = r.Bytes();
+      if (!r.ok()) {
+        statuses[k] = Status::Corruption("malformed spill response");
+        continue;
+      }
+      std::memcpy(RowCodec::Reserve(rows[k], bytes.size()), bytes.data(), bytes.size());
+      statuses[k] = RowCodec::Adopt(rows[k], bytes.size());
+      if (statuses[k].ok() && RowCodec::KeyOf(rows[k]->view()) != ids[k]) {
+        statuses[k] = Status::Corruption("spilled row carries another id");
+      }
+    }
+    if (answered == 0) {  // cannot happen with a sane daemon; never spin
+      for (size_t i = done; i < ids.size(); ++i) {
+        statuses[i] = Status::Corruption("spilled row too large to fetch");
+      }
+      return;
+    }
+    done += answered;
+  }
+}
+
 Status CacheImpl::View(uint64_t id, RowView* out) {
   Status s = Usable();
   if (!s.ok()) return s;
   uint64_t loc = Lookup(id);
   if (loc == layout::kEmpty) {
     CountRead(false, 0);
-    return Status::NotFound(fmt::format("row {} is not cached", id));
+    return Miss(id);
+  }
+  if (loc & layout::kSpilledBit) {
+    // A disk row has no shared memory to point into: the view points into
+    // this thread's buffer, valid until the thread's next View of a disk row.
+    static thread_local Row disk_row;
+    s = Materialize(id, loc, {}, false, &disk_row);
+    if (s.ok()) *out = disk_row.view();
+    return s;
   }
   int node = 0;
   s = Resolve(id, loc, out, &node);
@@ -264,6 +371,7 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
   size_t size;
   s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;
+  if (SpillsNow()) return SpillPut(id, columns, size, inserted);
 
   std::lock_guard lock(put_mu_);
   if (chunk_fork_gen_ != ForkGeneration()) {
@@ -276,6 +384,7 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
   Chunk& c = chunks_[node];
   if (c.base == nullptr || c.size - c.used < size) {
     s = LeaseChunk(static_cast<int>(node), size, &c);
+    if (s.IsFull() && SpillsNow()) return SpillPut(id, columns, size, inserted);
     if (!s.ok()) return s;
   }
   // Reserve before writing: whatever lies past `used` may be re-leased by
@@ -304,6 +413,30 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
   return s;
 }
 
+bool CacheImpl::SpillsNow() const {
+  uint32_t st = header_->state.load(std::memory_order_relaxed);
+  return (st & layout::kStateSpilling) && (st & layout::kStateMemFull);
+}
+
+Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns,
+                           size_t size, bool* inserted) {
+  static thread_local std::vector<uint64_t> buf;
+  buf.resize((size + 7) / 8);
+  auto* bytes = reinterpret_cast<std::byte*>(buf.data());
+  RowCodec::Encode(id, columns, bytes, size);
+  WireWriter w;
+  w.U32(cache_id_);
+  w.U64(id);
+  w.Bytes(std::span<const std::byte>(bytes, size));
+  std::string body;
+  WireReader r({});
+  Status s = client_->Call(MsgType::kSpillPut, w, &body, &r);
+  if (!s.ok()) return s;
+  bool added = r.U8() != 0;
+  if (inserted) *inserted = added;
+  return Status::OK();
+}
+
 Status CacheImpl::GetStats(CacheStats* out) {
   *out = CacheStats{};
   out->session_id = session_id_;
@@ -320,6 +453,7 @@ Status CacheImpl::GetStats(CacheStats* out) {
   out->reserved_bytes = header_->reserved_bytes.load(std::memory_order_relaxed);
   out->budget_bytes = header_->budget_bytes;
   out->full = IsFull();
+  out->spilling = SpillsNow();
   return Usable();
 }
 
@@ -370,6 +504,9 @@ Status Cache::Get(uint64_t id, std::span<const std::string_view> columns,
 }
 
 Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
+Status Cache::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses) {
+  return impl_->GetBatch(ids, rows, statuses);
+}
 bool Cache::Contains(uint64_t id) { return impl_->Contains(id); }
 Status Cache::GetStats(CacheStats* out) { return impl_->GetStats(out); }
 bool Cache::IsFull() const { return impl_->IsFull(); }

@@ -36,6 +36,7 @@ class CacheImpl {
   Status Get(uint64_t id, std::span<const std::string_view> columns,
              bool project, Row* out);
   Status View(uint64_t id, RowView* out);
+  Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
   bool Contains(uint64_t id);
   Status GetStats(CacheStats* out);
   bool IsFull() const;
@@ -65,6 +66,18 @@ class CacheImpl {
   Status GrowIndex(uint32_t seen);
   void ReturnChunksLocked();
   void CountRead(bool hit, int node);
+  // Reads spilled rows through the daemon, one round trip per batch.
+  // statuses[i] is OK, NotFound, or the transport error.
+  void FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
+                    Status* statuses);
+  Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
+                  bool* inserted);
+  bool SpillsNow() const;
+  // Fills *out from a located row (memory or disk), copying all columns or
+  // only `columns` when project.
+  Status Materialize(uint64_t id, uint64_t loc,
+                     std::span<const std::string_view> columns, bool project,
+                     Row* out);
 
   std::shared_ptr<ClientImpl> client_;
   const uint32_t cache_id_;

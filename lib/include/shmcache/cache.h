@@ -31,7 +31,10 @@ class Cache {
 
   // Stores row `id`. If the id is already present the new row is dropped and
   // OK is returned (the first writer wins); *inserted tells which happened.
-  // Full: the budget is used up (the cache turns read-only for everyone).
+  // When the memory budget is used up and the cache spills, the row goes to
+  // disk through the daemon.
+  // Full: the budget is used up and the cache does not spill, or spilling
+  // failed (the cache turns read-only for everyone).
   // Unavailable: the daemon is gone and a new chunk was needed.
   // InvalidArgument: a column is malformed (sizes, names, too many).
   Status Put(uint64_t id, std::span<const ColumnRef> columns,
@@ -47,8 +50,15 @@ class Cache {
   Status Get(uint64_t id, std::span<const std::string_view> columns,
              Row* out);
   // A read-only view into shared memory; no copy. Valid while the session
-  // exists and this Cache is open.
+  // exists and this Cache is open. A row spilled to disk has no shared
+  // memory: its view points into a buffer of the calling thread, valid until
+  // that thread's next View of a spilled row.
   Status View(uint64_t id, RowView* out);
+  // Copies rows ids[i] into rows[i], with statuses[i] as Get would return.
+  // Spilled rows are fetched from the daemon in one round trip per batch.
+  // REQUIRES: rows and statuses hold ids.size() elements. The returned
+  // Status is not OK only when the cache itself is unusable.
+  Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
   bool Contains(uint64_t id);
 
   Status GetStats(CacheStats* out);

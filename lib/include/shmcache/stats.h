@@ -21,6 +21,7 @@ struct CacheStats {
   uint64_t reserved_bytes = 0;  // shared memory reserved for the cache
   uint64_t budget_bytes = 0;    // its limit (the server cap when size was 0)
   bool full = false;            // no longer accepts rows
+  bool spilling = false;        // memory budget used up; new rows go to disk
   uint64_t avg_row_bytes() const { return mem_rows ? mem_bytes / mem_rows : 0; }
 };
 

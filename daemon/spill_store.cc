@@ -1,0 +1,134 @@
+#include "spill_store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice.h>
+
+#include <filesystem>
+
+namespace shmcache {
+
+namespace {
+
+void PutBigEndian(char* p, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) {
+    p[i] = static_cast<char>(v & 0xFF);
+    v >>= 8;
+  }
+}
+
+struct Key {
+  char bytes[12];
+  Key(uint32_t cache_id, uint64_t row_id) {
+    PutBigEndian(bytes, cache_id, 4);
+    PutBigEndian(bytes + 4, row_id, 8);
+  }
+  rocksdb::Slice slice() const { return rocksdb::Slice(bytes, sizeof bytes); }
+};
+
+Status FromRocks(const rocksdb::Status& s, const std::string& where) {
+  if (s.ok()) return Status::OK();
+  if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kNoSpace) {
+    return Status::Full("spill disk full in " + where + ": " + s.ToString());
+  }
+  if (s.IsNotFound()) return Status::NotFound(s.ToString());
+  return Status::IOError("spill store " + where + ": " + s.ToString());
+}
+
+}  // namespace
+
+SpillStore::~SpillStore() = default;
+
+Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out) {
+  rocksdb::Options opts;
+  opts.create_if_missing = true;
+  // Rows are written once and read many times at random.
+  opts.OptimizeForPointLookup(256);
+  opts.IncreaseParallelism(2);
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(opts, path, &db);
+  if (!s.ok()) return FromRocks(s, path);
+  std::unique_ptr<SpillStore> store(new SpillStore());
+  store->db_.reset(db);
+  store->path_ = path;
+  *out = std::move(store);
+  return Status::OK();
+}
+
+Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
+                       std::span<const std::byte> row) {
+  Key k(cache_id, row_id);
+  rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
+  return FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
+}
+
+Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                            std::vector<std::string>* values,
+                            std::vector<bool>* found) {
+  std::vector<Key> keys;
+  keys.reserve(ids.size());
+  std::vector<rocksdb::Slice> slices;
+  slices.reserve(ids.size());
+  for (uint64_t id : ids) {
+    keys.emplace_back(cache_id, id);
+    slices.push_back(keys.back().slice());
+  }
+  values->assign(ids.size(), {});
+  found->assign(ids.size(), false);
+  std::vector<rocksdb::Status> st =
+      db_->MultiGet(rocksdb::ReadOptions(), slices, values);
+  for (size_t i = 0; i < st.size(); ++i) {
+    if (st[i].ok()) {
+      (*found)[i] = true;
+    } else if (!st[i].IsNotFound()) {
+      return FromRocks(st[i], path_);
+    }
+  }
+  return Status::OK();
+}
+
+Status SpillStore::DropCache(uint32_t cache_id) {
+  Key begin(cache_id, 0);
+  Key end(cache_id + 1, 0);  // cache ids never reach 2^32 - 1
+  rocksdb::Slice b = begin.slice(), e = end.slice();
+  rocksdb::Status s = db_->DeleteRange(rocksdb::WriteOptions(),
+                                       db_->DefaultColumnFamily(), b, e);
+  if (!s.ok()) return FromRocks(s, path_);
+  rocksdb::CompactRangeOptions co;
+  co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  db_->Flush(rocksdb::FlushOptions());
+  return FromRocks(db_->CompactRange(co, &b, &e), path_);
+}
+
+std::vector<uint32_t> SpillStore::CacheIds() {
+  std::vector<uint32_t> ids;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->SeekToFirst(); it->Valid();) {
+    rocksdb::Slice k = it->key();
+    if (k.size() != 12) {
+      it->Next();
+      continue;
+    }
+    uint32_t id = 0;
+    for (int i = 0; i < 4; ++i) id = id << 8 | static_cast<uint8_t>(k[i]);
+    ids.push_back(id);
+    if (id == UINT32_MAX) break;
+    Key next(id + 1, 0);
+    it->Seek(next.slice());
+  }
+  return ids;
+}
+
+Status SpillStore::DestroyAll() {
+  if (db_) {
+    db_->Close();
+    db_.reset();
+  }
+  rocksdb::Status s = rocksdb::DestroyDB(path_, rocksdb::Options());
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+  if (ec) return Status::IOError("cannot remove " + path_ + ": " + ec.message());
+  return FromRocks(s, path_);
+}
+
+}  // namespace shmcache
