@@ -1,0 +1,70 @@
+// Raw RocksDB: random get of 3 KB rows from a database on the spill
+// directory's file system, the reference for shmcache's spilled-row get.
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sections.h"
+
+namespace bench {
+
+void BenchRocksdb(const Config& c, const Source& src, Report* r) {
+  const size_t size = kRowSizes[0];
+  const uint64_t n = std::min<uint64_t>(c.RowsFor(size), 65536);
+  const std::string dir = c.rocksdb_dir + "/raw";
+  std::filesystem::remove_all(dir);
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  if (!s.ok()) {
+    r->Skip("rocksdb", s.ToString());
+    return;
+  }
+  std::unique_ptr<rocksdb::DB> db(raw);
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = true;
+  double t0 = NowSec();
+  for (uint64_t id = 0; id < n && s.ok(); ++id) {
+    s = db->Put(wo, rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
+                rocksdb::Slice(src.Row(id, size), size));
+  }
+  if (s.ok()) r->Add("put", "rocksdb", "raw", size, 1, n / (NowSec() - t0));
+  if (s.ok()) s = db->Flush(rocksdb::FlushOptions());
+  if (!s.ok()) {
+    r->Skip("rocksdb", s.ToString());
+    return;
+  }
+  db.reset();
+  // Same random ids as the spilled-row get: the upper half.
+  const uint32_t lo = static_cast<uint32_t>(n / 2);
+  std::vector<uint32_t> idx = RandomIndices(1u << 16, static_cast<uint32_t>(n - lo), 7);
+  for (auto& x : idx) x += lo;
+  for (int p : c.procs) {
+    double rate = RunProcs(p, [&](int child) {
+      rocksdb::DB* d = nullptr;
+      rocksdb::Options ro;
+      if (!rocksdb::DB::OpenForReadOnly(ro, dir, &d).ok()) return -1.0;
+      std::unique_ptr<rocksdb::DB> owned(d);
+      std::string value;
+      bool good = true;
+      const uint64_t off = static_cast<uint64_t>(child) * 7919;
+      double rr = TimedRate(c.seconds, [&](uint64_t i) {
+        uint64_t id = idx[(i + off) & (idx.size() - 1)];
+        good &= owned->Get(rocksdb::ReadOptions(),
+                           rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
+                           &value).ok() && value.size() == size;
+      });
+      return good ? rr : -1.0;
+    });
+    if (rate < 0) r->Skip("rocksdb get", "Get failed");
+    else r->Add("get", "rocksdb", "raw", size, p, rate);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace bench

@@ -1,0 +1,262 @@
+// shmcache through its C++ API: put, copy-out get and zero-copy view of the
+// same rows, in 1..P processes; the shared memory a cached row costs; and
+// reads of rows spilled to RocksDB.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <dirent.h>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sections.h"
+#include "shmcache/client.h"
+
+namespace bench {
+namespace {
+
+using shmcache::Cache;
+using shmcache::CacheOptions;
+using shmcache::Client;
+using shmcache::ClientOptions;
+using shmcache::Status;
+
+struct ShmFiles {
+  uint64_t apparent = 0;   // st_size
+  uint64_t allocated = 0;  // st_blocks * 512
+};
+
+// Sums the shm files of one cache whose kind is "cache", "table" or "seg".
+ShmFiles FilesOf(int port, uint32_t cache_id, const std::string& kind) {
+  const char* env = std::getenv("SHMCACHE_SHM_DIR");
+  std::string dir = env && *env ? env : "/dev/shm";
+  std::string prefix = "shmcache." + std::to_string(geteuid()) + "." +
+                       std::to_string(port) + "." + kind + "." +
+                       std::to_string(cache_id);
+  ShmFiles out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name != prefix && name.rfind(prefix + ".", 0) != 0) continue;
+    struct stat st;
+    if (stat((dir + "/" + name).c_str(), &st) != 0) continue;
+    out.apparent += static_cast<uint64_t>(st.st_size);
+    out.allocated += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  closedir(d);
+  return out;
+}
+
+int InstancePort(const Config& c) {
+  if (c.port) return c.port;
+  const char* env = std::getenv("SHMCACHE_PORT");
+  return env && *env ? std::atoi(env) : shmcache::kDefaultPort;
+}
+
+Status Open(Client* client, uint32_t session, const std::string& name,
+            bool spilling, uint64_t size_mb, std::unique_ptr<Cache>* out) {
+  CacheOptions o;
+  o.session_id = session;
+  o.name = name;
+  o.fingerprint = "bench:" + name;
+  o.spilling = spilling;
+  o.size_mb = size_mb;
+  return client->OpenCache(o, out);
+}
+
+// Puts rows [begin, end) and returns rows/s, or -1 after an error.
+double PutRange(Cache* cache, const Source& src, size_t size, uint64_t begin,
+                uint64_t end, std::string* err) {
+  double t0 = NowSec();
+  for (uint64_t id = begin; id < end; ++id) {
+    Status s = cache->Put(id, src.Row(id, size), size);
+    if (!s.ok()) {
+      *err = s.ToString();
+      return -1;
+    }
+  }
+  return static_cast<double>(end - begin) / (NowSec() - t0);
+}
+
+void Overhead(const Config& c, Cache* cache, size_t size, uint64_t rows,
+              Report* r) {
+  shmcache::CacheStats st;
+  Status s = cache->GetStats(&st);
+  if (!s.ok() || st.mem_rows == 0) {
+    r->Skip("memory " + std::to_string(size), s.ToString());
+    return;
+  }
+  int port = InstancePort(c);
+  ShmFiles table = FilesOf(port, cache->cache_id(), "table");
+  ShmFiles seg = FilesOf(port, cache->cache_id(), "seg");
+  ShmFiles head = FilesOf(port, cache->cache_id(), "cache");
+  double n = static_cast<double>(st.mem_rows);
+  std::string k = std::to_string(size);
+  double encoded = static_cast<double>(st.mem_bytes) / n - static_cast<double>(size);
+  double index = static_cast<double>(table.apparent) / n;
+  r->Value("mem.rows." + k, n);
+  r->Value("mem.encoding_overhead_per_row." + k, encoded);
+  r->Value("mem.index_bytes_per_row." + k, index);
+  r->Value("mem.overhead_per_row." + k, encoded + index);
+  double shm = static_cast<double>(seg.allocated + table.allocated + head.allocated);
+  r->Value("mem.shm_bytes_per_row." + k, shm / n);
+  r->Value("mem.shm_overhead_per_row." + k, shm / n - static_cast<double>(size));
+  r->Value("mem.reserved_bytes_per_row." + k,
+           static_cast<double>(st.reserved_bytes) / n);
+  (void)rows;
+}
+
+}  // namespace
+
+void BenchShmcache(const Config& c, const Source& src, Report* r) {
+  ClientOptions co;
+  co.port = c.port;
+  std::unique_ptr<Client> client;
+  Status s = Client::Connect(co, &client);
+  if (!s.ok()) {
+    r->Skip("shmcache", "cannot connect: " + s.ToString());
+    return;
+  }
+  for (size_t size : kRowSizes) {
+    const uint64_t n = c.RowsFor(size);
+    const std::string k = std::to_string(size);
+    // Put: every process writes its own rows into one fresh cache.
+    for (int p : c.procs) {
+      uint32_t session = 0;
+      s = client->CreateSession(&session);
+      if (!s.ok()) {
+        r->Skip("put " + k, s.ToString());
+        continue;
+      }
+      std::unique_ptr<Cache> cache;
+      s = Open(client.get(), session, "put-" + k, false, 0, &cache);
+      if (!s.ok()) {
+        r->Skip("put " + k, s.ToString());
+      } else {
+        const uint64_t per = n / static_cast<uint64_t>(p);
+        double rate = RunProcs(p, [&](int child) {
+          std::string err;
+          double rr = PutRange(cache.get(), src, size, per * child,
+                               per * (child + 1), &err);
+          if (rr < 0) std::fprintf(stderr, "put: %s\n", err.c_str());
+          return rr;
+        });
+        if (rate < 0) r->Skip("put " + k + " P=" + std::to_string(p), "put failed");
+        else r->Add("put", "shmcache", "put", size, p, rate);
+      }
+      cache.reset();
+      client->DestroySession(session).PermitUncheckedError();
+    }
+
+    // Reads: one cache holding the whole working set.
+    uint32_t session = 0;
+    s = client->CreateSession(&session);
+    std::unique_ptr<Cache> cache;
+    if (s.ok()) s = Open(client.get(), session, "get-" + k, false, 0, &cache);
+    std::string err;
+    if (s.ok() && PutRange(cache.get(), src, size, 0, n, &err) < 0) {
+      s = Status::IOError(err);
+    }
+    if (!s.ok()) {
+      r->Skip("get " + k, s.ToString());
+      if (session) client->DestroySession(session).PermitUncheckedError();
+      continue;
+    }
+    Overhead(c, cache.get(), size, n, r);
+    const std::vector<uint32_t> idx =
+        RandomIndices(1u << 20, static_cast<uint32_t>(n), 42 + size);
+    const uint64_t mask = idx.size() - 1;
+    for (int p : c.procs) {
+      double rate = RunProcs(p, [&](int child) {
+        shmcache::Row row;
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        bool ok = true;
+        double rr = TimedRate(c.seconds, [&](uint64_t i) {
+          ok &= cache->Get(idx[(i + off) & mask], &row).ok();
+          DoNotOptimize(row.view().encoded().data());
+        });
+        return ok ? rr : -1;
+      });
+      if (rate < 0) r->Skip("get " + k, "a get failed");
+      else r->Add("get", "shmcache", "copy-out", size, p, rate);
+    }
+    for (int p : c.procs) {
+      double rate = RunProcs(p, [&](int child) {
+        shmcache::RowView view;
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        bool ok = true;
+        double rr = TimedRate(c.seconds, [&](uint64_t i) {
+          ok &= cache->View(idx[(i + off) & mask], &view).ok();
+          DoNotOptimize(view.encoded().data());
+        });
+        return ok ? rr : -1;
+      });
+      if (rate < 0) r->Skip("view " + k, "a view failed");
+      else r->Add("view", "shmcache", "zero-copy", size, p, rate);
+    }
+    cache.reset();
+    client->DestroySession(session).PermitUncheckedError();
+  }
+}
+
+// Rows beyond a tiny budget spill to the daemon's RocksDB; reads of them go
+// through the daemon. Needs a server started with --spilldir.
+void BenchSpill(const Config& c, const Source& src, Report* r) {
+  ClientOptions co;
+  co.port = c.port;
+  std::unique_ptr<Client> client;
+  Status s = Client::Connect(co, &client);
+  if (!s.ok()) {
+    r->Skip("spill", "cannot connect: " + s.ToString());
+    return;
+  }
+  const size_t size = kRowSizes[0];
+  const uint64_t n = std::min<uint64_t>(c.RowsFor(size), 65536);
+  uint32_t session = 0;
+  s = client->CreateSession(&session);
+  std::unique_ptr<Cache> cache;
+  if (s.ok()) s = Open(client.get(), session, "spill", true, 1, &cache);
+  std::string err;
+  if (s.ok()) {
+    double t0 = NowSec();
+    for (uint64_t id = 0; id < n && s.ok(); ++id) {
+      s = cache->Put(id, src.Row(id, size), size);
+    }
+    if (s.ok()) r->Add("put", "shmcache", "spilling", size, 1,
+                       static_cast<double>(n) / (NowSec() - t0));
+  }
+  shmcache::CacheStats st;
+  if (s.ok()) s = cache->GetStats(&st);
+  if (s.ok() && st.disk_rows == 0) {
+    s = Status::NotSupported("no row was spilled (disk_rows = 0)");
+  }
+  shmcache::Row row;
+  // The first rows fill the 1 MB budget; the upper half is on disk.
+  const uint32_t lo = static_cast<uint32_t>(n / 2);
+  if (s.ok()) s = cache->Get(n - 1, &row);
+  if (s.ok()) {
+    std::vector<uint32_t> idx = RandomIndices(1u << 16, static_cast<uint32_t>(n - lo), 7);
+    for (auto& x : idx) x += lo;
+    for (int p : c.procs) {
+      double rate = RunProcs(p, [&](int child) {
+        shmcache::Row rw;
+        bool ok = true;
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        double rr = TimedRate(c.seconds, [&](uint64_t i) {
+          ok &= cache->Get(idx[(i + off) & (idx.size() - 1)], &rw).ok();
+        });
+        return ok ? rr : -1;
+      });
+      if (rate < 0) r->Skip("spill get", "a get of a spilled row failed");
+      else r->Add("get", "shmcache", "spilled", size, p, rate);
+    }
+  } else {
+    r->Skip("spill", s.ToString());
+  }
+  cache.reset();
+  if (session) client->DestroySession(session).PermitUncheckedError();
+}
+
+}  // namespace bench

@@ -1,0 +1,207 @@
+#include "bench_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+namespace bench {
+namespace {
+
+uint64_t Mix(uint64_t* s) {
+  // splitmix64
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+bool ReadAll(int fd, void* p, size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const auto* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t r = write(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+std::string Escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      o += ' ';
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+double NowSec() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<uint32_t> RandomIndices(size_t count, uint32_t n, uint64_t seed) {
+  std::vector<uint32_t> v(count);
+  for (auto& x : v) x = static_cast<uint32_t>(Mix(&seed) % n);
+  return v;
+}
+
+void FillRandom(void* buf, size_t n, uint64_t seed) {
+  auto* p = static_cast<unsigned char*>(buf);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = Mix(&seed);
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<unsigned char>(Mix(&seed));
+}
+
+double TimedRate(double seconds, const std::function<void(uint64_t)>& op) {
+  return TimedRateBatched(seconds, 1, op);
+}
+
+double TimedRateBatched(double seconds, int batch,
+                        const std::function<void(uint64_t)>& op) {
+  // Warm-up: a tenth of the time, at most 0.05 s.
+  double w_end = NowSec() + std::min(0.05, seconds / 10);
+  uint64_t i = 0;
+  while (NowSec() < w_end) {
+    for (int k = 0; k < 8; ++k) op(i++);
+  }
+  double t0 = NowSec(), t1 = t0;
+  uint64_t calls = 0;
+  do {
+    for (int k = 0; k < 8; ++k) op(i++);
+    calls += 8;
+    t1 = NowSec();
+  } while (t1 - t0 < seconds);
+  return static_cast<double>(calls) * batch / (t1 - t0);
+}
+
+double RunProcs(int procs, const std::function<double(int)>& body) {
+  int start[2], result[2];
+  if (pipe(start) != 0 || pipe(result) != 0) return -1;
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int k = 0; k < procs; ++k) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      close(start[1]);
+      close(result[0]);
+      char go;
+      double rate = -1;
+      if (ReadAll(start[0], &go, 1)) rate = body(k);
+      WriteAll(result[1], &rate, sizeof rate);
+      std::fflush(nullptr);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  close(start[0]);
+  close(result[1]);
+  // Let the children reach the barrier, then release them together.
+  std::string go(static_cast<size_t>(procs), 'g');
+  WriteAll(start[1], go.data(), go.size());
+  close(start[1]);
+  double sum = 0;
+  bool ok = true;
+  for (int k = 0; k < procs; ++k) {
+    double r;
+    if (!ReadAll(result[0], &r, sizeof r) || r < 0) ok = false;
+    else sum += r;
+  }
+  close(result[0]);
+  for (pid_t p : pids) {
+    int st;
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
+  }
+  return ok ? sum : -1;
+}
+
+bool Config::Wants(const std::string& s) const {
+  return sections.empty() ||
+         std::find(sections.begin(), sections.end(), s) != sections.end();
+}
+
+void Report::Add(const std::string& bench, const std::string& system,
+                 const std::string& variant, size_t row_bytes, int procs,
+                 double rows_per_s) {
+  Result r{bench, system, variant, row_bytes, procs, rows_per_s,
+           rows_per_s * static_cast<double>(row_bytes) / 1e9};
+  std::fprintf(stderr, "  %-8s %-9s %-22s %7zu B  P=%d  %12.0f rows/s  %7.2f GB/s\n",
+               bench.c_str(), system.c_str(), variant.c_str(), row_bytes, procs,
+               rows_per_s, r.gb_per_s);
+  results_.push_back(r);
+}
+
+void Report::Skip(const std::string& what, const std::string& reason) {
+  std::fprintf(stderr, "  skipped %s: %s\n", what.c_str(), reason.c_str());
+  skipped_.emplace_back(what, reason);
+}
+
+void Report::Value(const std::string& key, double v) {
+  std::fprintf(stderr, "  %-40s %.2f\n", key.c_str(), v);
+  values_.emplace_back(key, v);
+}
+
+bool Report::Write(const std::string& path) const {
+  FILE* f = path == "-" ? stdout : std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  std::fprintf(f, "{\n  \"results\": [\n");
+  for (size_t i = 0; i < results_.size(); ++i) {
+    const Result& r = results_[i];
+    std::fprintf(f,
+                 "    {\"bench\": \"%s\", \"system\": \"%s\", \"variant\": \"%s\", "
+                 "\"row_bytes\": %zu, \"procs\": %d, \"rows_per_s\": %.1f, "
+                 "\"gb_per_s\": %.4f}%s\n",
+                 Escape(r.bench).c_str(), Escape(r.system).c_str(),
+                 Escape(r.variant).c_str(), r.row_bytes, r.procs, r.rows_per_s,
+                 r.gb_per_s, i + 1 < results_.size() ? "," : "");
+  }
+  std::fprintf(f, "  ],\n  \"values\": {");
+  for (size_t i = 0; i < values_.size(); ++i) {
+    std::fprintf(f, "%s\n    \"%s\": %.4f", i ? "," : "",
+                 Escape(values_[i].first).c_str(), values_[i].second);
+  }
+  std::fprintf(f, "\n  },\n  \"skipped\": {");
+  for (size_t i = 0; i < skipped_.size(); ++i) {
+    std::fprintf(f, "%s\n    \"%s\": \"%s\"", i ? "," : "",
+                 Escape(skipped_[i].first).c_str(),
+                 Escape(skipped_[i].second).c_str());
+  }
+  std::fprintf(f, "\n  }\n}\n");
+  if (f != stdout) std::fclose(f);
+  return true;
+}
+
+}  // namespace bench

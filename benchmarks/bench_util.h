@@ -1,0 +1,85 @@
+// Shared pieces of the benchmark harness: timing, a deterministic random
+// index stream, running a measurement in P forked processes, and the JSON
+// result list.
+//
+// Every figure is a rate (rows/s and payload GB/s) measured for a fixed
+// wall-clock duration; figures are meant to be compared as ratios with the
+// references measured in the same run, never asserted.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+double NowSec();
+
+// Random row indices in [0, n), the same sequence for every system measured
+// on the same rows.
+std::vector<uint32_t> RandomIndices(size_t count, uint32_t n, uint64_t seed);
+
+// Fills buf with pseudo-random bytes (touching every page).
+void FillRandom(void* buf, size_t n, uint64_t seed);
+
+// Runs op(i) for i = 0, 1, ... until `seconds` passed; returns ops/s.
+// A short warm-up runs first and is not counted.
+double TimedRate(double seconds, const std::function<void(uint64_t)>& op);
+// Same, but op(i) does `batch` operations per call (pipelining).
+double TimedRateBatched(double seconds, int batch,
+                        const std::function<void(uint64_t)>& op);
+
+// Forks `procs` children that start together; child k runs body(k) and
+// reports the rate it returns. Returns the sum of the children's rates, or
+// a negative number if a child failed.
+double RunProcs(int procs, const std::function<double(int)>& body);
+
+struct Result {
+  std::string bench;   // "get", "view", "put", "memcpy", ...
+  std::string system;  // "shmcache", "redis", "lmdb", "rocksdb", "memcpy"
+  std::string variant; // "copy-out", "zero-copy", "pipelined", ...
+  size_t row_bytes = 0;
+  int procs = 1;
+  double rows_per_s = 0;
+  double gb_per_s = 0;  // payload bytes (row_bytes) per second, 1e9
+};
+
+class Report {
+ public:
+  void Add(const std::string& bench, const std::string& system,
+           const std::string& variant, size_t row_bytes, int procs,
+           double rows_per_s);
+  void Skip(const std::string& what, const std::string& reason);
+  void Value(const std::string& key, double v);  // free-form figures
+  // Writes everything as one JSON object to `path` ("-" = stdout).
+  bool Write(const std::string& path) const;
+
+ private:
+  std::vector<Result> results_;
+  std::vector<std::pair<std::string, std::string>> skipped_;
+  std::vector<std::pair<std::string, double>> values_;
+};
+
+// Row sizes of the issue: 3 KB, 150 KB, 600 KB.
+inline constexpr size_t kRowSizes[] = {3 * 1024, 150 * 1024, 600 * 1024};
+
+struct Config {
+  double seconds = 0.4;             // per measurement
+  size_t working_set = 512u << 20;  // bytes of rows per size (>> LLC)
+  std::vector<int> procs = {1, 2};
+  int pipeline_depth = 32;
+  int port = 0;                     // shmcache instance
+  std::string redis_socket;         // empty: skip Redis
+  std::string lmdb_dir;             // empty: skip LMDB
+  std::string rocksdb_dir;          // empty: skip raw RocksDB
+  std::vector<std::string> sections;  // empty: all
+  std::string out = "-";
+  bool Wants(const std::string& s) const;
+  size_t RowsFor(size_t row_bytes) const { return working_set / row_bytes; }
+};
+
+}  // namespace bench
