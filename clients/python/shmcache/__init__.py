@@ -1,0 +1,396 @@
+"""shmcache: a shared-memory cache for training data, from Python.
+
+    import shmcache
+    cache = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
+    row = cache.get(i)                  # None on a miss
+    if row is None:
+        row = (image, label)            # numpy arrays, tensors or scalars
+        cache.put(i, row)
+
+A row is a tuple (or list) of columns, a dict of named columns, or a single
+array. Hits come back in the same shape: a tuple, a dict, or an array.
+
+The cache never breaks training: when the daemon disappears, the cache is
+full, or the daemon answers an error, the first such event emits one
+`CacheWarning` and later calls quietly return misses (`get` -> None) or
+drop the row (`put` -> False). Only wrong arguments raise: TypeError for a
+wrong type, ValueError for a value out of range, RuntimeError for a
+non-local host, a session that does not exist, or a cache name reused for
+a different pipeline.
+"""
+
+import os
+import threading
+import warnings
+
+import numpy as np
+
+from . import _shmcache
+from ._shmcache import (Error, FingerprintMismatchError, FullError,
+                        InvalidArgumentError, NotFoundError, UnavailableError)
+
+__all__ = [
+    "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
+    "UnavailableError", "FullError", "FingerprintMismatchError",
+    "InvalidArgumentError", "LOCAL_HOSTS", "MAX_ROW_ID",
+]
+
+Client = _shmcache.Client
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Ids above MAX_ROW_ID are reserved for bookkeeping rows (streaming caches).
+MAX_ROW_ID = 2**64 - 17
+_MAX_INT32 = 2**31 - 1
+_MAX_UINT32 = 2**32 - 1
+
+# Column names of positional rows: "#0", "#1", ...; a bare array is "#".
+_POS = "#"
+
+
+class CacheWarning(UserWarning):
+    """The cache stopped helping (daemon gone, full, error); training goes on."""
+
+
+def _check_int(name, value, lo, hi, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Argument {name} with value {value!r} is not of type "
+                        f"int, but got {type(value).__name__}.")
+    if not lo <= value <= hi:
+        raise ValueError(f"Input {name} is not within the required interval "
+                         f"of [{lo}, {hi}].")
+
+
+def _leaf_to_column(value):
+    """(array, dtype_name_or_None) for one leaf of a row."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value), None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(value), dtype=np.uint8), "bytes"
+    if type(value).__module__.startswith("torch"):
+        import torch
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            if t.dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+            return t.numpy(), None
+    if isinstance(value, (bool, int, float, np.generic)):
+        a = np.asarray(value)
+        if a.dtype == np.int32 and isinstance(value, int):
+            a = a.astype(np.int64)
+        return a, None
+    if type(value).__module__.startswith("PIL."):
+        return np.ascontiguousarray(np.asarray(value)), None
+    raise TypeError(f"cannot cache a value of type {type(value).__name__}: "
+                    "use numpy arrays, tensors, numbers or bytes")
+
+
+def encode_row(row):
+    """The list of (name, array, dtype) columns that stores `row`."""
+    if isinstance(row, dict):
+        cols = []
+        for k, v in row.items():
+            if not isinstance(k, str):
+                raise TypeError(f"column names must be str, got {type(k).__name__}")
+            if k.startswith(_POS):
+                raise ValueError(f"column names may not start with '{_POS}': {k!r}")
+            cols.append((k,) + _leaf_to_column(v))
+        return cols
+    if isinstance(row, (tuple, list)):
+        return [(f"{_POS}{i}",) + _leaf_to_column(v) for i, v in enumerate(row)]
+    return [(_POS,) + _leaf_to_column(row)]
+
+
+def _leaf_from_column(dtype, array):
+    if dtype == "bytes":
+        return array.tobytes()
+    return array
+
+
+def decode_row(columns, leaf=_leaf_from_column):
+    """Rebuilds the shape encode_row stored: tuple, dict or a bare value."""
+    if len(columns) == 1 and columns[0][0] == _POS:
+        return leaf(columns[0][1], columns[0][2])
+    if columns and all(c[0].startswith(_POS) for c in columns):
+        return tuple(leaf(d, a) for _, d, a in columns)
+    return {n: leaf(d, a) for n, d, a in columns}
+
+
+def _column_names(columns):
+    if columns is None:
+        return None
+    if isinstance(columns, (str, int)):
+        columns = [columns]
+    names = []
+    for c in columns:
+        if isinstance(c, bool) or not isinstance(c, (str, int)):
+            raise TypeError(f"a column is a name (str) or a position (int), got {c!r}")
+        names.append(f"{_POS}{c}" if isinstance(c, int) else c)
+    return names
+
+
+class DatasetCache:
+    """A cache inside a session of a running shmcache server.
+
+    Mirrors MindSpore's DatasetCache(session_id, size=0, spilling=False,
+    hostname=None, port=None, num_connections=None, prefetch_size=None).
+    `size` is in MB (0: as much as the server allows). `num_connections` and
+    `prefetch_size` are accepted and checked for compatibility; a hit needs
+    no connection here. `name` selects the cache inside the session
+    (default "default"); `fingerprint` describes what produces the rows and
+    defaults to the name. Re-opening a name with another fingerprint raises
+    RuntimeError (FingerprintMismatchError).
+
+    The object pickles (for DataLoader workers started with spawn) and
+    survives fork; a worker re-attaches on first use.
+    """
+
+    def __init__(self, session_id, size=0, spilling=False, hostname=None,
+                 port=None, num_connections=None, prefetch_size=None,
+                 name="default", fingerprint=None):
+        _check_int("session_id", session_id, 0, _MAX_UINT32)
+        _check_int("size", size, 0, 2**63 - 1)
+        if not isinstance(spilling, bool):
+            raise TypeError(f"Argument spilling with value {spilling!r} is not "
+                            f"of type bool, but got {type(spilling).__name__}.")
+        if hostname is not None and not isinstance(hostname, str):
+            raise TypeError(f"Argument hostname with value {hostname!r} is not "
+                            f"of type str, but got {type(hostname).__name__}.")
+        if hostname is not None and hostname not in LOCAL_HOSTS:
+            raise RuntimeError(f"Only the local host is supported, got hostname "
+                               f"{hostname!r}; use one of {', '.join(LOCAL_HOSTS)}.")
+        _check_int("port", port, 1025, 65535, allow_none=True)
+        _check_int("num_connections", num_connections, 1, _MAX_INT32, allow_none=True)
+        _check_int("prefetch_size", prefetch_size, 1, _MAX_INT32, allow_none=True)
+        if not isinstance(name, str):
+            raise TypeError(f"Argument name must be str, got {type(name).__name__}.")
+        if not name or len(name.encode()) > 255:
+            raise ValueError("Argument name must have 1 to 255 bytes.")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise TypeError("Argument fingerprint must be str.")
+        if fingerprint is not None and len(fingerprint.encode()) > 255:
+            raise ValueError("Argument fingerprint must have at most 255 bytes.")
+        self.session_id = int(session_id)
+        self.size = int(size)
+        self.spilling = spilling
+        self.hostname = hostname
+        self.port = None if port is None else int(port)
+        self.num_connections = num_connections
+        self.prefetch_size = prefetch_size
+        self.name = name
+        self.fingerprint = fingerprint if fingerprint is not None else name
+        self._init_runtime()
+        self._check_session()
+
+    # ---- state that does not travel through pickle --------------------
+
+    def _init_runtime(self):
+        self._lock = threading.Lock()
+        self._client = None
+        self._cache = None
+        self._dead = False        # nothing works: every call is a miss
+        self._no_puts = False     # full or daemon gone: reads still work
+        self._warned = False
+        self.bytes_read = 0       # bytes of columns returned by get/view
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_warned",
+                  "bytes_read"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def named(self, name, fingerprint=None):
+        """A DatasetCache for another cache name in the same session."""
+        other = DatasetCache.__new__(DatasetCache)
+        other.__setstate__(self.__getstate__())
+        other.name = name
+        other.fingerprint = fingerprint if fingerprint is not None else name
+        if self._client is not None:
+            other._client = self._client
+        other._dead = self._dead
+        return other
+
+    def _warn(self, what, err):
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"shmcache: {what} ({err}); the cache is bypassed "
+                          "and rows are read from the source", CacheWarning,
+                          stacklevel=3)
+
+    def _connect(self):
+        if self._client is None:
+            self._client = _shmcache.Client(port=self.port or 0,
+                                            hostname=self.hostname or "")
+        return self._client
+
+    def _check_session(self):
+        try:
+            self._connect().check_session(self.session_id)
+        except NotFoundError:
+            raise RuntimeError(
+                f"Session {self.session_id} does not exist on the cache server; "
+                "create one with `shmcache -g`.") from None
+        except InvalidArgumentError as e:
+            raise RuntimeError(str(e)) from None
+        except Error as e:
+            self._dead = True
+            self._warn("the cache server is unreachable", e)
+
+    def _open(self):
+        """The native cache, or None when the cache is bypassed."""
+        c = self._cache
+        if c is not None or self._dead:
+            return c
+        with self._lock:
+            if self._cache is not None or self._dead:
+                return self._cache
+            try:
+                self._cache = self._connect().open_cache(
+                    self.session_id, self.name, self.fingerprint, self.size,
+                    self.spilling)
+            except FingerprintMismatchError as e:
+                raise RuntimeError(
+                    f"Cache {self.name!r} of session {self.session_id} holds rows "
+                    f"of a different pipeline: {e}") from None
+            except NotFoundError as e:
+                raise RuntimeError(
+                    f"Session {self.session_id} does not exist on the cache "
+                    f"server: {e}") from None
+            except InvalidArgumentError as e:
+                if self.spilling:
+                    raise RuntimeError(str(e)) from None
+                self._dead = True
+                self._warn("the cache could not be opened", e)
+            except Error as e:
+                self._dead = True
+                self._warn("the cache server is unreachable", e)
+            return self._cache
+
+    def open(self):
+        """Attaches now rather than on first use. Returns self."""
+        self._open()
+        return self
+
+    @staticmethod
+    def _check_id(row_id):
+        if isinstance(row_id, bool) or not isinstance(row_id, (int, np.integer)):
+            raise TypeError(f"a row id is an int, got {type(row_id).__name__}")
+        if not 0 <= row_id <= MAX_ROW_ID:
+            raise ValueError(f"row id {row_id} outside [0, {MAX_ROW_ID}]")
+        return int(row_id)
+
+    # ---- rows ----------------------------------------------------------
+
+    def put_columns(self, row_id, columns, _reserved=False):
+        """Stores already encoded columns [(name, array, dtype)]."""
+        row_id = int(row_id) if _reserved else self._check_id(row_id)
+        c = self._open()
+        if c is None or self._no_puts:
+            return False
+        try:
+            return c.put(row_id, columns)
+        except FullError as e:
+            self._no_puts = True
+            self._warn("the cache is full; rows beyond it are not cached", e)
+        except UnavailableError as e:
+            self._no_puts = True
+            self._warn("the cache server is gone", e)
+        except InvalidArgumentError as e:
+            raise ValueError(f"row {row_id} cannot be cached: {e}") from None
+        except Error as e:
+            self._dead = True
+            self._warn("the cache failed", e)
+        return False
+
+    def put(self, row_id, row):
+        """Stores `row` under `row_id` (an int in [0, MAX_ROW_ID]).
+
+        Returns True when stored, False when the id was already cached (the
+        first writer wins) or the cache is bypassed (full, daemon gone)."""
+        return self.put_columns(row_id, encode_row(row))
+
+    def get_columns(self, row_id, columns=None, copy=True, _reserved=False):
+        """[(name, dtype, array)] of a hit, or None on a miss."""
+        row_id = int(row_id) if _reserved else self._check_id(row_id)
+        names = _column_names(columns)
+        c = self._open()
+        if c is None:
+            return None
+        try:
+            cols = c.get(row_id, names, copy)
+        except KeyError:
+            raise
+        except Error as e:
+            self._dead = True
+            self._warn("the cache failed", e)
+            return None
+        if cols is not None:
+            self.bytes_read += sum(a.nbytes for _, _, a in cols)
+        return cols
+
+    def get(self, row_id, columns=None, copy=True):
+        """The cached row, or None on a miss.
+
+        `columns` selects some columns (names for dict rows, positions for
+        tuple rows); only those bytes are read. With copy=False the arrays
+        are zero-copy, read-only views into shared memory that keep the
+        cache mapped while they live."""
+        cols = self.get_columns(row_id, columns, copy)
+        if cols is None:
+            return None
+        if columns is not None and not isinstance(columns, (str, int)) \
+                and all(not n.startswith(_POS) for n, _, _ in cols):
+            return {n: _leaf_from_column(d, a) for n, d, a in cols}
+        if columns is not None and isinstance(columns, (str, int)):
+            return _leaf_from_column(cols[0][1], cols[0][2])
+        return decode_row(cols)
+
+    def view(self, row_id, columns=None):
+        """get(row_id, columns, copy=False)."""
+        return self.get(row_id, columns, copy=False)
+
+    def contains(self, row_id):
+        c = self._open()
+        return bool(c is not None and c.contains(self._check_id(row_id)))
+
+    __contains__ = contains
+
+    def stats(self):
+        """Counters of this cache (dict), summed over all its processes; None
+        when the cache is bypassed."""
+        c = self._open()
+        if c is None:
+            return None
+        try:
+            return c.stats()
+        except Error as e:
+            self._warn("the cache failed", e)
+            return None
+
+    @property
+    def bypassed(self):
+        """True once the cache stopped serving (daemon gone at open, error)."""
+        return self._dead
+
+    @property
+    def accepting(self):
+        """False once puts are dropped (full, daemon gone)."""
+        return not (self._dead or self._no_puts)
+
+    def close(self):
+        """Returns unused space to the daemon; views stay valid."""
+        if self._cache is not None:
+            try:
+                self._cache.close()
+            except Error:
+                pass
+
+    def __repr__(self):
+        return (f"DatasetCache(session_id={self.session_id}, size={self.size}, "
+                f"spilling={self.spilling}, name={self.name!r})")

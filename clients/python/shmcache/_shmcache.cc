@@ -1,0 +1,383 @@
+// _shmcache: the pybind11 binding of libshmcache, used by the `shmcache`
+// Python package (see __init__.py for the user-facing API).
+//
+// Rows cross the boundary as lists of (name, dtype_name, array) triples.
+// Hits can be zero-copy: the arrays then point into shared memory, are
+// read-only, and hold a reference that keeps the Cache (and so its
+// mappings) alive. The GIL is released around every call into the library.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shmcache/cache.h"
+#include "shmcache/client.h"
+
+namespace py = pybind11;
+using shmcache::Cache;
+using shmcache::Client;
+using shmcache::ColumnRef;
+using shmcache::ColumnView;
+using shmcache::DType;
+using shmcache::Status;
+
+namespace {
+
+// One C++ exception type per Status code that Python code tells apart.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct NotFoundError : Error {
+  using Error::Error;
+};
+struct UnavailableError : Error {
+  using Error::Error;
+};
+struct FullError : Error {
+  using Error::Error;
+};
+struct FingerprintMismatchError : Error {
+  using Error::Error;
+};
+struct InvalidArgumentError : Error {
+  using Error::Error;
+};
+
+[[noreturn]] void Throw(const Status& s) {
+  std::string m = s.ToString();
+  if (s.IsNotFound()) throw NotFoundError(m);
+  if (s.IsUnavailable()) throw UnavailableError(m);
+  if (s.IsFull()) throw FullError(m);
+  if (s.IsFingerprintMismatch()) throw FingerprintMismatchError(m);
+  if (s.IsInvalidArgument()) throw InvalidArgumentError(m);
+  throw Error(m);
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Throw(s);
+}
+
+// numpy dtype <-> DType. bfloat16 and bytes have no numpy type of their
+// own: they travel as uint16 / uint8 arrays with the name given explicitly.
+DType FromNumpy(const py::dtype& dt) {
+  char kind = dt.kind();
+  size_t size = static_cast<size_t>(dt.itemsize());
+  switch (kind) {
+    case 'b':
+      return DType::kBool;
+    case 'u':
+      if (size == 1) return DType::kUInt8;
+      if (size == 2) return DType::kUInt16;
+      if (size == 4) return DType::kUInt32;
+      if (size == 8) return DType::kUInt64;
+      break;
+    case 'i':
+      if (size == 1) return DType::kInt8;
+      if (size == 2) return DType::kInt16;
+      if (size == 4) return DType::kInt32;
+      if (size == 8) return DType::kInt64;
+      break;
+    case 'f':
+      if (size == 2) return DType::kFloat16;
+      if (size == 4) return DType::kFloat32;
+      if (size == 8) return DType::kFloat64;
+      break;
+    default:
+      break;
+  }
+  throw py::type_error("unsupported array dtype: " +
+                       py::str(static_cast<py::object>(dt)).cast<std::string>());
+}
+
+py::dtype ToNumpy(DType t) {
+  switch (t) {
+    case DType::kUInt8: return py::dtype("uint8");
+    case DType::kInt8: return py::dtype("int8");
+    case DType::kUInt16: return py::dtype("uint16");
+    case DType::kInt16: return py::dtype("int16");
+    case DType::kUInt32: return py::dtype("uint32");
+    case DType::kInt32: return py::dtype("int32");
+    case DType::kUInt64: return py::dtype("uint64");
+    case DType::kInt64: return py::dtype("int64");
+    case DType::kFloat16: return py::dtype("float16");
+    case DType::kBFloat16: return py::dtype("uint16");
+    case DType::kFloat32: return py::dtype("float32");
+    case DType::kFloat64: return py::dtype("float64");
+    case DType::kBool: return py::dtype("bool");
+    case DType::kBytes: return py::dtype("uint8");
+  }
+  throw Error("row holds an unknown dtype");
+}
+
+void MakeReadOnly(py::array& a) {
+  py::detail::array_proxy(a.ptr())->flags &=
+      ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+}
+
+// An array over `c`'s bytes. With `base` it is a read-only view that keeps
+// `base` alive; without, a private writable copy.
+py::array ColumnToArray(const ColumnView& c, py::handle base) {
+  py::dtype dt = ToNumpy(c.dtype);
+  std::vector<py::ssize_t> shape(c.shape.begin(), c.shape.end());
+  if (base) {
+    py::array a(dt, shape, {}, c.data, base);
+    MakeReadOnly(a);
+    return a;
+  }
+  py::array a(dt, shape);
+  if (c.nbytes) std::memcpy(a.mutable_data(), c.data, c.nbytes);
+  return a;
+}
+
+py::tuple ColumnTuple(const ColumnView& c, py::handle base) {
+  return py::make_tuple(py::str(c.name.data(), c.name.size()),
+                        shmcache::DTypeName(c.dtype), ColumnToArray(c, base));
+}
+
+py::dict StatsDict(const shmcache::CacheStats& st) {
+  py::dict d;
+  d["session_id"] = st.session_id;
+  d["cache_id"] = st.cache_id;
+  d["name"] = st.name;
+  d["mem_rows"] = st.mem_rows;
+  d["mem_bytes"] = st.mem_bytes;
+  d["disk_rows"] = st.disk_rows;
+  d["hits"] = st.hits;
+  d["misses"] = st.misses;
+  d["numa_hits"] = st.numa_hits;
+  d["reserved_bytes"] = st.reserved_bytes;
+  d["budget_bytes"] = st.budget_bytes;
+  d["avg_row_bytes"] = st.avg_row_bytes();
+  d["full"] = st.full;
+  return d;
+}
+
+// The Python-side cache object. Shared ownership so that views can keep it
+// alive after the Python object is gone.
+struct PyCache {
+  std::unique_ptr<Cache> cache;
+};
+using PyCachePtr = std::shared_ptr<PyCache>;
+
+// Capsule holding a reference to the cache, for zero-copy arrays' base.
+py::capsule KeepAlive(const PyCachePtr& c) {
+  auto* holder = new PyCachePtr(c);
+  return py::capsule(holder, [](void* p) { delete static_cast<PyCachePtr*>(p); });
+}
+
+// put(id, [(name, array, dtype_name_or_None), ...]) -> inserted
+bool Put(PyCache& self, uint64_t id, const py::list& columns) {
+  size_t n = columns.size();
+  std::vector<py::array> keep;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<ColumnRef> refs(n);
+  keep.reserve(n);
+  names.reserve(n);
+  shapes.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    py::tuple t = columns[i].cast<py::tuple>();
+    if (t.size() != 3) throw py::value_error("a column is (name, array, dtype)");
+    names.push_back(t[0].cast<std::string>());
+    py::array a = py::array::ensure(t[1], py::array::c_style);
+    if (!a) throw py::type_error("column '" + names.back() + "' is not an array");
+    keep.push_back(a);
+    DType dt;
+    if (t[2].is_none()) {
+      dt = FromNumpy(a.dtype());
+    } else if (!shmcache::DTypeFromName(t[2].cast<std::string>(), &dt)) {
+      throw py::value_error("unknown dtype name: " + t[2].cast<std::string>());
+    }
+    shapes.emplace_back(a.shape(), a.shape() + a.ndim());
+    if (shmcache::DTypeSize(dt) != static_cast<size_t>(a.itemsize())) {
+      throw py::value_error("column '" + names.back() +
+                            "': array itemsize does not match its dtype");
+    }
+    refs[i] = ColumnRef{names.back(), dt, shapes.back(), a.data(),
+                        static_cast<size_t>(a.nbytes())};
+  }
+  bool inserted = false;
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = self.cache->Put(id, refs, &inserted);
+  }
+  Check(s);
+  return inserted;
+}
+
+// get(id, columns=None, copy=True) -> [(name, dtype, array)] or None.
+py::object Get(const PyCachePtr& self, uint64_t id,
+               std::optional<std::vector<std::string>> columns, bool copy) {
+  if (copy) {
+    shmcache::Row row;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      if (columns) {
+        std::vector<std::string_view> names(columns->begin(), columns->end());
+        s = self->cache->Get(id, names, &row);
+      } else {
+        s = self->cache->Get(id, &row);
+      }
+    }
+    if (s.IsNotFound()) {
+      // A missing column of a present row is the caller's mistake.
+      if (columns && self->cache->Contains(id)) throw py::key_error(s.message());
+      return py::none();
+    }
+    Check(s);
+    py::list out;
+    for (size_t i = 0; i < row.num_columns(); ++i) {
+      out.append(ColumnTuple(row.column(i), py::handle()));
+    }
+    return py::object(std::move(out));
+  }
+  shmcache::RowView view;
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = self->cache->View(id, &view);
+  }
+  if (s.IsNotFound()) return py::none();
+  Check(s);
+  py::capsule base = KeepAlive(self);
+  py::list out;
+  if (columns) {
+    for (const std::string& name : *columns) {
+      std::optional<ColumnView> c = view.find(name);
+      if (!c) throw py::key_error("row " + std::to_string(id) + " has no column '" + name + "'");
+      out.append(ColumnTuple(*c, base));
+    }
+  } else {
+    for (size_t i = 0; i < view.num_columns(); ++i) {
+      out.append(ColumnTuple(view.column(i), base));
+    }
+  }
+  return py::object(std::move(out));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_shmcache, m) {
+  m.doc() = "Binding of libshmcache; use the `shmcache` package instead.";
+  // Translators run newest first: the base class is registered first.
+  auto& error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<NotFoundError>(m, "NotFoundError", error.ptr());
+  py::register_exception<UnavailableError>(m, "UnavailableError", error.ptr());
+  py::register_exception<FullError>(m, "FullError", error.ptr());
+  py::register_exception<FingerprintMismatchError>(m, "FingerprintMismatchError",
+                                                   error.ptr());
+  py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
+                                               error.ptr());
+
+  py::class_<PyCache, PyCachePtr>(m, "Cache")
+      .def("put", &Put, py::arg("id"), py::arg("columns"),
+           "Stores a row; returns False when the id was already present.")
+      .def("get", &Get, py::arg("id"), py::arg("columns") = py::none(),
+           py::arg("copy") = true,
+           "A list of (name, dtype, array), or None on a miss.")
+      .def("contains", [](PyCache& self, uint64_t id) {
+        py::gil_scoped_release nogil;
+        return self.cache->Contains(id);
+      })
+      .def("stats", [](PyCache& self) {
+        shmcache::CacheStats st;
+        Check(self.cache->GetStats(&st));
+        return StatsDict(st);
+      })
+      .def("is_full", [](PyCache& self) { return self.cache->IsFull(); })
+      .def_property_readonly("cache_id", [](PyCache& self) { return self.cache->cache_id(); })
+      .def_property_readonly("session_id",
+                             [](PyCache& self) { return self.cache->session_id(); })
+      .def("close", [](PyCache& self) {
+        py::gil_scoped_release nogil;
+        self.cache->Close();
+      });
+
+  py::class_<Client, std::shared_ptr<Client>>(m, "Client")
+      .def(py::init([](int port, const std::string& hostname,
+                       const std::string& run_dir, int timeout_ms) {
+             shmcache::ClientOptions o;
+             o.port = port;
+             o.hostname = hostname;
+             o.run_dir = run_dir;
+             o.request_timeout_ms = timeout_ms;
+             std::unique_ptr<Client> c;
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = Client::Connect(o, &c);
+             }
+             Check(s);
+             return std::shared_ptr<Client>(std::move(c));
+           }),
+           py::arg("port") = 0, py::arg("hostname") = "", py::arg("run_dir") = "",
+           py::arg("timeout_ms") = 5000)
+      .def("create_session", [](Client& c) {
+        uint32_t id = 0;
+        Check(c.CreateSession(&id));
+        return id;
+      })
+      .def("destroy_session", [](Client& c, uint32_t id) { Check(c.DestroySession(id)); })
+      .def("check_session", [](Client& c, uint32_t id) { Check(c.CheckSession(id)); })
+      .def("open_cache",
+           [](Client& c, uint32_t session_id, const std::string& name,
+              const std::string& fingerprint, uint64_t size_mb, bool spilling) {
+             shmcache::CacheOptions o;
+             o.session_id = session_id;
+             o.name = name;
+             o.fingerprint = fingerprint;
+             o.size_mb = size_mb;
+             o.spilling = spilling;
+             auto out = std::make_shared<PyCache>();
+             Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = c.OpenCache(o, &out->cache);
+             }
+             Check(s);
+             return out;
+           },
+           py::arg("session_id"), py::arg("name"), py::arg("fingerprint"),
+           py::arg("size_mb") = 0, py::arg("spilling") = false)
+      .def("list_sessions", [](Client& c) {
+        std::vector<shmcache::SessionInfo> sessions;
+        Check(c.ListSessions(&sessions));
+        py::list out;
+        for (const auto& s : sessions) {
+          py::list caches;
+          for (const auto& st : s.caches) caches.append(StatsDict(st));
+          py::dict d;
+          d["session_id"] = s.session_id;
+          d["caches"] = caches;
+          out.append(d);
+        }
+        return out;
+      })
+      .def("server_info", [](Client& c) {
+        shmcache::ServerInfo i;
+        Check(c.GetServerInfo(&i));
+        py::dict d;
+        d["instance"] = i.instance;
+        d["port"] = i.port;
+        d["socket_path"] = i.socket_path;
+        d["shm_dir"] = i.shm_dir;
+        d["pid"] = i.pid;
+        d["workers"] = i.workers;
+        d["log_level"] = i.log_level;
+        d["log_path"] = i.log_path;
+        d["spill_dir"] = i.spill_dir;
+        d["memory_cap_bytes"] = i.memory_cap_bytes;
+        d["memory_used_bytes"] = i.memory_used_bytes;
+        d["numa_nodes"] = i.numa_nodes;
+        d["sessions"] = i.sessions;
+        return d;
+      })
+      .def("stop_server", [](Client& c) { Check(c.StopServer()); });
+}

@@ -1,0 +1,142 @@
+"""Fixtures: a private shmcache daemon per test.
+
+Each `server` runs on its own instance port (chosen from a range derived
+from the pid, skipping ports whose segments exist), with a private run dir
+and log dir, started by the built admin binary and stopped at teardown.
+SHMCACHE_PORT / SHMCACHE_RUN_DIR point at it for the test and for the
+processes it starts.
+"""
+
+import glob
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("SHMCACHE_BUILD_DIR", ROOT / "build"))
+ADMIN = BUILD / "clients" / "admin" / "shmcache"
+PYTHONPATH = str(BUILD / "clients" / "python")
+
+if PYTHONPATH not in sys.path:
+    sys.path.insert(0, PYTHONPATH)
+
+_ports = itertools.count(20000 + (os.getpid() % 1500) * 20)
+
+
+def wait_for(cond, timeout=20.0, what="condition"):
+    """Polls cond() until true; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def _segments(port):
+    return glob.glob(f"/dev/shm/shmcache.{os.getuid()}.{port}.*")
+
+
+def free_port():
+    for p in _ports:
+        if p > 65535:
+            break
+        if not _segments(p):
+            return p
+    raise RuntimeError("no free instance port")
+
+
+class Server:
+    def __init__(self, tmp):
+        self.port = free_port()
+        self.run_dir = tmp / "run"
+        self.log_dir = tmp / "log"
+        self.run_dir.mkdir()
+        self.log_dir.mkdir()
+        self.env = dict(os.environ, SHMCACHE_PORT=str(self.port),
+                        SHMCACHE_RUN_DIR=str(self.run_dir),
+                        PYTHONPATH=PYTHONPATH + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                        SHMCACHE_BUILD_DIR=str(BUILD))
+        self.pid = None
+
+    def admin(self, *args, check=True):
+        r = subprocess.run([str(ADMIN), "-p", str(self.port), *args], env=self.env,
+                           capture_output=True, text=True, timeout=60)
+        if check and r.returncode != 0:
+            raise AssertionError(f"shmcache {' '.join(args)} failed: {r.stderr}")
+        return r
+
+    def start(self, *args):
+        self.admin("--start", "--log_dir", str(self.log_dir), *args)
+        self.pid = json.loads(self.admin("--server_info", "--json").stdout)["pid"]
+
+    def new_session(self):
+        return int(self.admin("-g").stdout.split()[-1])
+
+    def sessions(self):
+        return json.loads(self.admin("--list_sessions", "--json").stdout)
+
+    def cache_rows(self, session):
+        """{cache name: mem rows} of a session, as --list_sessions shows."""
+        for s in self.sessions():
+            if s["session"] == session:
+                return {c.get("name", c.get("cache_id")): c for c in s["caches"]}
+        return {}
+
+    def kill(self):
+        """kill -9 the daemon and wait until it is gone."""
+        os.kill(self.pid, signal.SIGKILL)
+        wait_for(lambda: not _alive(self.pid), what="daemon exit")
+
+    def stop(self):
+        if self.pid and _alive(self.pid):
+            self.admin("--stop", check=False)
+            try:
+                wait_for(lambda: not _alive(self.pid), timeout=10, what="stop")
+            except AssertionError:
+                os.kill(self.pid, signal.SIGKILL)
+        for f in _segments(self.port):
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of ours would still answer; the daemon is not our child.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    assert ADMIN.exists(), f"build the project first: {ADMIN} is missing"
+    s = Server(tmp_path)
+    monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
+    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def session(server):
+    return server.new_session()

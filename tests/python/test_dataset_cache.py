@@ -1,0 +1,203 @@
+"""shmcache.DatasetCache: argument checks, round trips, views, failures."""
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+import shmcache
+from shmcache import CacheWarning, DatasetCache
+
+
+# ---- argument checks (MindSpore's DatasetCache contract) ------------------
+
+@pytest.mark.parametrize("kwargs", [
+    dict(session_id="1"), dict(session_id=1.0), dict(session_id=True),
+    dict(session_id=None),
+    dict(session_id=1, size="0"), dict(session_id=1, size=1.5),
+    dict(session_id=1, spilling=1), dict(session_id=1, spilling="yes"),
+    dict(session_id=1, hostname=127), dict(session_id=1, port="50052"),
+    dict(session_id=1, port=5.0), dict(session_id=1, num_connections="4"),
+    dict(session_id=1, prefetch_size=2.0), dict(session_id=1, name=3),
+])
+def test_wrong_types_raise_type_error(kwargs):
+    with pytest.raises(TypeError):
+        DatasetCache(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(session_id=-1), dict(session_id=2**32),
+    dict(session_id=1, size=-1),
+    dict(session_id=1, port=1024), dict(session_id=1, port=65536),
+    dict(session_id=1, port=0),
+    dict(session_id=1, num_connections=0), dict(session_id=1, num_connections=-3),
+    dict(session_id=1, prefetch_size=0), dict(session_id=1, name=""),
+])
+def test_out_of_range_raises_value_error(kwargs):
+    with pytest.raises(ValueError):
+        DatasetCache(**kwargs)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "example.com", "192.168.1.2"])
+def test_non_local_host_raises_runtime_error(host):
+    with pytest.raises(RuntimeError, match="local host"):
+        DatasetCache(1, hostname=host)
+
+
+def test_missing_session_raises_runtime_error(server, session):
+    with pytest.raises(RuntimeError, match="does not exist"):
+        DatasetCache(session + 1 if session < 2**32 - 1 else 1)
+
+
+def test_local_hosts_and_all_arguments_accepted(server, session):
+    for host in shmcache.LOCAL_HOSTS:
+        c = DatasetCache(session, size=0, spilling=False, hostname=host,
+                         port=server.port, num_connections=12, prefetch_size=20)
+        assert c.put(1, (np.zeros(3),)) in (True, False)
+    assert DatasetCache(session).get(1)[0].shape == (3,)
+
+
+def test_fingerprint_mismatch_raises_runtime_error(server, session):
+    DatasetCache(session, name="train", fingerprint="decode+resize").open()
+    with pytest.raises(RuntimeError, match="different pipeline"):
+        DatasetCache(session, name="train", fingerprint="decode+crop").open()
+
+
+def test_bad_row_ids(server, session):
+    c = DatasetCache(session)
+    with pytest.raises(TypeError):
+        c.put("1", (1,))
+    with pytest.raises(ValueError):
+        c.put(-1, (1,))
+    with pytest.raises(ValueError):
+        c.get(2**64)
+    with pytest.raises(TypeError):
+        c.put(1, (object(),))
+
+
+# ---- rows ---------------------------------------------------------------
+
+DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32,
+          np.uint64, np.int64, np.float16, np.float32, np.float64, np.bool_]
+
+
+def test_round_trip_dtypes_and_shapes(server, session):
+    c = DatasetCache(session)
+    rng = np.random.default_rng(0)
+    rows = {}
+    for i, dt in enumerate(DTYPES):
+        for j, shape in enumerate([(), (0,), (7,), (3, 5), (2, 3, 4, 1)]):
+            a = (rng.random(shape) * 100).astype(dt)
+            rows[i * 10 + j] = (a, i, 1.5 * j, b"\x00bytes\xff" * j)
+    for k, row in rows.items():
+        assert c.put(k, row) is True
+    for k, row in rows.items():
+        for copy in (True, False):
+            got = c.get(k, copy=copy)
+            assert isinstance(got, tuple) and len(got) == 4
+            assert got[0].dtype == row[0].dtype and got[0].shape == row[0].shape
+            np.testing.assert_array_equal(got[0], row[0])
+            assert got[1] == row[1] and got[1].dtype == np.int64
+            assert got[2] == row[2] and got[2].dtype == np.float64
+            assert got[3] == row[3]
+    assert c.get(9999) is None
+    st = c.stats()
+    assert st["mem_rows"] == len(rows) and st["misses"] >= 1
+
+
+def test_dict_rows_projection_and_bare_arrays(server, session):
+    c = DatasetCache(session)
+    img = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    assert c.put(5, {"image": img, "label": 3})
+    assert c.put(6, np.arange(4.0))
+    got = c.get(5)
+    assert set(got) == {"image", "label"}
+    np.testing.assert_array_equal(got["image"], img)
+    assert c.get(5, columns=["label"]) == {"label": 3}
+    assert c.get(5, columns="label") == 3
+    np.testing.assert_array_equal(c.get(6), np.arange(4.0))
+    with pytest.raises(KeyError):
+        c.get(5, columns=["nope"])
+
+
+def test_first_writer_wins(server, session):
+    a, b = DatasetCache(session), DatasetCache(session)
+    assert a.put(1, (np.array([1]),)) is True
+    assert b.put(1, (np.array([2]),)) is False
+    assert b.get(1)[0][0] == 1
+
+
+def test_torch_tensors_and_bfloat16(server, session):
+    torch = pytest.importorskip("torch")
+    c = DatasetCache(session)
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    c.put(1, {"x": t, "y": torch.tensor([1, 2], dtype=torch.int32)})
+    got = c.get(1)
+    assert got["x"].dtype == np.uint16   # numpy has no bfloat16
+    assert torch.equal(torch.from_numpy(got["x"].view(np.int16).copy()).view(torch.bfloat16), t)
+    assert got["y"].dtype == np.int32
+
+
+def test_zero_copy_views_are_read_only_and_outlive_the_cache_object(server, session):
+    c = DatasetCache(session)
+    a = np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    c.put(7, (a,))
+    (v,) = c.view(7)
+    assert not v.flags.writeable and not v.flags.owndata
+    with pytest.raises(ValueError):
+        v[0, 0, 0] = 1
+    with pytest.raises(ValueError):
+        v.setflags(write=True)
+    # The view keeps the mapping alive after every other reference is gone.
+    del c
+    gc.collect()
+    np.testing.assert_array_equal(v, a)
+    # A copy is private and writable.
+    (w,) = DatasetCache(session).get(7, copy=True)
+    assert w.flags.writeable
+    w[0, 0, 0] ^= 1
+    np.testing.assert_array_equal(DatasetCache(session).view(7)[0], a)
+
+
+# ---- never break training --------------------------------------------------
+
+def test_full_cache_warns_once_and_keeps_going(server, session):
+    c = DatasetCache(session, size=1, name="small")
+    row = (np.zeros(64 * 1024, dtype=np.uint8),)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        stored = [c.put(i, row) for i in range(64)]   # 4 MB into 1 MB
+    assert stored[0] is True and stored[-1] is False
+    assert sum(stored) < 64
+    assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
+    assert not c.accepting
+    assert c.get(0) is not None          # what is cached still reads
+    assert c.get(63) is None
+
+
+def test_dead_daemon_at_construction_warns_and_misses(server, session):
+    server.kill()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(session)
+        assert c.put(1, (1,)) is False
+        assert c.get(1) is None
+    assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
+    assert c.bypassed
+
+
+def test_dead_daemon_keeps_hits_and_warns_once(server, session):
+    c = DatasetCache(session)
+    big = np.ones(256 * 1024, dtype=np.uint8)
+    for i in range(4):
+        c.put(i, (big,))
+    server.kill()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        # Hits come from mapped memory; puts need chunks from the daemon.
+        for i in range(4):
+            assert c.get(i) is not None
+        stored = [c.put(i, (big,)) for i in range(4, 200)]
+    assert stored[-1] is False
+    assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
