@@ -5,6 +5,9 @@
 #include <rocksdb/slice.h>
 
 #include <filesystem>
+#include <fmt/format.h>
+
+#include "shm_file.h"
 
 namespace shmcache {
 
@@ -45,6 +48,9 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   // Rows are written once and read many times at random.
   opts.OptimizeForPointLookup(256);
   opts.IncreaseParallelism(2);
+  // Small memtables: flushes need little free disk, and a nearly full disk
+  // is noticed before a flush fails.
+  opts.write_buffer_size = kWriteBufferBytes;
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, path, &db);
   if (!s.ok()) return FromRocks(s, path);
@@ -57,9 +63,27 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
 
 Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
                        std::span<const std::byte> row) {
+  if (failed_.load()) {
+    std::lock_guard lock(error_mu_);
+    return Status::Full("spilling is off after an earlier error: " + error_);
+  }
+  // Room for the row in the WAL and for flushing a full memtable.
+  uint64_t need = row.size() + 2 * kWriteBufferBytes;
+  uint64_t free_bytes = FreeBytes(path_);
+  if (free_bytes < need) {
+    return Status::Full(fmt::format(
+        "spill disk full: {} MB free in {}, {} MB needed to go on spilling",
+        free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
+  }
   Key k(cache_id, row_id);
   rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
-  return FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
+  Status s = FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
+  if (!s.ok()) {
+    std::lock_guard lock(error_mu_);
+    error_ = s.message();
+    failed_.store(true);
+  }
+  return s;
 }
 
 Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,

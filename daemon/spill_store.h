@@ -8,7 +8,9 @@
 // called concurrently (RocksDB is thread-safe).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,7 +30,9 @@ class SpillStore {
   static Status Open(const std::string& path, std::unique_ptr<SpillStore>* out);
   ~SpillStore();
 
-  // NoSpace from RocksDB becomes Full with the directory in the message.
+  // Full, without touching RocksDB, when the disk lacks room for the row
+  // plus a memtable flush, or after any earlier write error: RocksDB must
+  // not see another write once one failed (Debian's build asserts on it).
   Status Put(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row);
   // Values of ids[i] into (*values)[i]; (*found)[i] false when absent.
   Status MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
@@ -45,8 +49,13 @@ class SpillStore {
 
  private:
   SpillStore() = default;
+  static constexpr uint64_t kWriteBufferBytes = 8u << 20;
+
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
+  std::atomic<bool> failed_{false};
+  std::mutex error_mu_;
+  std::string error_;  // GUARDED_BY(error_mu_): why writes stopped
 };
 
 }  // namespace shmcache

@@ -1,0 +1,320 @@
+// Capacity: memory budgets, full caches, the server-wide cap, and spilling
+// to RocksDB (issue "Capacity"). Every test runs its own daemon.
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <dirent.h>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+constexpr size_t kRowBytes = 3072;
+
+ServerOptions WithArgs(std::vector<std::string> args) {
+  ServerOptions o;
+  o.extra_args = std::move(args);
+  return o;
+}
+
+// Options for a second daemon on the instance `first` ran.
+[[maybe_unused]] ServerOptions SameInstance(const TestServer& first, std::vector<std::string> args) {
+  ServerOptions o = WithArgs(std::move(args));
+  o.port = first.port();
+  o.run_dir = first.run_dir();
+  o.shm_dir = first.shm_dir();
+  return o;
+}
+
+CacheOptions Options(uint32_t session, const std::string& name, uint64_t size_mb,
+                     bool spilling) {
+  CacheOptions o;
+  o.session_id = session;
+  o.name = name;
+  o.fingerprint = name + "-fp";
+  o.size_mb = size_mb;
+  o.spilling = spilling;
+  return o;
+}
+
+// Bytes of disk (allocated blocks) under `dir`, recursively.
+uint64_t DiskUsage(const std::string& dir) {
+  uint64_t total = 0;
+  for (const std::string& n : ListDir(dir)) {
+    std::string p = dir + "/" + n;
+    struct stat st;
+    if (lstat(p.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      total += DiskUsage(p);
+    } else {
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  return total;
+}
+
+// Sizes of this server's data segment files (the rows' memory).
+uint64_t SegmentBytes(const TestServer& server) {
+  uint64_t total = 0;
+  for (const std::string& n : server.ShmFiles()) {
+    if (n.find(".seg.") == std::string::npos) continue;
+    struct stat st;
+    if (stat((server.shm_dir() + "/" + n).c_str(), &st) == 0) total += st.st_size;
+  }
+  return total;
+}
+
+std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
+                                 uint64_t size_mb, bool spilling,
+                                 const std::string& name = "capacity") {
+  std::unique_ptr<Client> client;
+  EXPECT_TRUE(server.Connect(&client).ok());
+  CacheOptions o;
+  o.session_id = session;
+  o.name = name;
+  o.fingerprint = name + "-fp";
+  o.size_mb = size_mb;
+  o.spilling = spilling;
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(o, &cache);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return cache;
+}
+
+// Puts rows 0..n-1 of kRowBytes; returns how many were stored (OK) before
+// the first Full. Any other status fails the test.
+size_t PutRows(Cache* cache, size_t n, uint64_t salt = 7) {
+  std::vector<uint8_t> row(kRowBytes);
+  size_t stored = 0;
+  for (size_t i = 0; i < n; ++i) {
+    FillPattern(i, salt, row.data(), row.size());
+    Status s = cache->Put(i, row.data(), row.size());
+    if (s.IsFull()) continue;
+    EXPECT_TRUE(s.ok()) << "row " << i << ": " << s.ToString();
+    ++stored;
+  }
+  return stored;
+}
+
+// Checks rows 0..n-1 in a forked child (another process); returns the
+// number it found byte-identical, or -1 on a wrong row.
+long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n,
+                      bool spilling, uint64_t salt = 7) {
+  int fds[2];
+  if (pipe(fds) != 0) return -2;
+  pid_t pid = ForkChild([&]() -> int {
+    close(fds[0]);
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 3;
+    CacheOptions o;
+    o.session_id = session;
+    o.name = "capacity";
+    o.fingerprint = "capacity-fp";
+    o.size_mb = 1;
+    o.spilling = spilling;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(o, &cache).ok()) return 4;
+    long found = 0;
+    Row row;
+    for (size_t i = 0; i < n; ++i) {
+      Status s = cache->Get(i, &row);
+      if (s.IsNotFound()) continue;
+      if (!s.ok()) return 5;
+      auto col = row.find("data");
+      std::vector<uint8_t> want = Pattern(i, salt, kRowBytes);
+      if (!col || col->nbytes != want.size() ||
+          std::memcmp(col->data, want.data(), want.size()) != 0) {
+        found = -1;
+        break;
+      }
+      ++found;
+    }
+    ssize_t w = write(fds[1], &found, sizeof found);
+    return w == sizeof found ? 0 : 6;
+  });
+  close(fds[1]);
+  long found = -3;
+  ssize_t r = read(fds[0], &found, sizeof found);
+  close(fds[0]);
+  EXPECT_EQ(WaitChild(pid), 0);
+  return r == sizeof found ? found : -4;
+}
+
+TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t rows = (20u << 20) / kRowBytes;  // 20 MB of rows
+    EXPECT_EQ(PutRows(cache.get(), rows), rows);
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_GT(st.disk_rows, 0u);
+    EXPECT_EQ(st.mem_rows + st.disk_rows, rows);
+    EXPECT_TRUE(st.spilling);
+    EXPECT_FALSE(st.full);
+    // Rows live in segments; those stay within the 1 MB budget. The header
+    // and index tables are the documented per-cache overhead.
+    EXPECT_LE(SegmentBytes(server), 1u << 20);
+    EXPECT_EQ(CheckRowsInChild(server, session, rows, true), static_cast<long>(rows));
+    // The same rows through the batched read.
+    std::vector<uint64_t> ids(rows);
+    for (size_t i = 0; i < rows; ++i) ids[i] = i;
+    std::vector<Row> out(rows);
+    std::vector<Status> statuses(rows);
+    ASSERT_TRUE(cache->GetBatch(ids, out.data(), statuses.data()).ok());
+    for (size_t i = 0; i < rows; ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+      auto col = out[i].find("data");
+      ASSERT_TRUE(col.has_value());
+      ASSERT_EQ(0, std::memcmp(col->data, Pattern(i, 7, kRowBytes).data(), kRowBytes));
+    }
+    CommandResult list = server.Admin({"--list_sessions", "--json"});
+    EXPECT_EQ(list.exit_code, 0);
+    EXPECT_NE(list.out.find("\"disk_cached\": " + std::to_string(st.disk_rows)),
+              std::string::npos)
+        << list.out;
+  }
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, FullCacheWithoutSpillingRejectsPutsAndKeepsRows) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 1, false);
+  const size_t rows = (20u << 20) / kRowBytes;
+  size_t stored = PutRows(cache.get(), rows);
+  EXPECT_GT(stored, 0u);
+  EXPECT_LT(stored, rows);
+  EXPECT_TRUE(cache->IsFull());
+  std::vector<uint8_t> row(kRowBytes, 1);
+  EXPECT_TRUE(cache->Put(rows + 1, row.data(), row.size()).IsFull());
+  EXPECT_LE(SegmentBytes(server), 1u << 20);
+  // Every row stored before the cache filled is still there, in any process.
+  EXPECT_EQ(CheckRowsInChild(server, session, rows, false), static_cast<long>(stored));
+  CommandResult list = server.Admin({"--list_sessions", "--json"});
+  EXPECT_NE(list.out.find("\"full\": true"), std::string::npos) << list.out;
+  CommandResult table = server.Admin({"--list_sessions"});
+  EXPECT_NE(table.out.find("yes"), std::string::npos) << table.out;
+}
+
+TEST(CapacityTest, CachesTogetherNeverPassTheServerCap) {
+  TestServer server(WithArgs({"--memory_cap_mb", "24"}));
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto a = OpenCache(server, session, 0, false, "a");
+  auto b = OpenCache(server, session, 0, false, "b");
+  const size_t rows = (40u << 20) / kRowBytes;
+  size_t in_a = PutRows(a.get(), rows);
+  size_t in_b = PutRows(b.get(), rows);
+  EXPECT_GT(in_a, 0u);
+  EXPECT_LT(in_a + in_b, rows);
+  EXPECT_TRUE(a->IsFull() || b->IsFull());
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  ServerInfo info;
+  ASSERT_TRUE(client->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.memory_cap_bytes, 24u << 20);
+  EXPECT_LE(info.memory_used_bytes, info.memory_cap_bytes);
+  uint64_t files = 0;
+  for (const std::string& n : server.ShmFiles()) {
+    struct stat st;
+    if (stat((server.shm_dir() + "/" + n).c_str(), &st) == 0 && n.find("sessions") == std::string::npos) {
+      files += static_cast<uint64_t>(st.st_size);
+    }
+  }
+  EXPECT_LE(files, 24u << 20);
+  CommandResult info_out = server.Admin({"--server_info"});
+  EXPECT_NE(info_out.out.find("of 24 MB"), std::string::npos) << info_out.out;
+}
+
+TEST(CapacityTest, CacheLargerThanTheCapIsRefusedWithBothNumbers) {
+  TestServer server(WithArgs({"--memory_cap_mb", "32"}));
+  ASSERT_TRUE(server.ok());
+  uint32_t session = server.NewSession();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(Options(session, "big", 4096, false), &cache);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("4096 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("32 MB"), std::string::npos) << s.message();
+}
+
+TEST(CapacityTest, SpillingWithoutSpillDirNamesTheFix) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  uint32_t session = server.NewSession();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(Options(session, "c", 0, true), &cache);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("shmcache --start -s DIR"), std::string::npos) << s.message();
+}
+
+TEST(CapacityTest, DestroyReturnsDiskSpaceAndStopLeavesSpillDirAsFound) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  ASSERT_TRUE(ListDir(spill).empty());
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t rows = (24u << 20) / kRowBytes;
+    EXPECT_EQ(PutRows(cache.get(), rows), rows);
+    // Flushes of the memtable are asynchronous; wait for the rows to reach
+    // the sst files before measuring.
+    uint64_t before = 0;
+    EXPECT_TRUE(WaitFor([&] { return (before = DiskUsage(spill)) > (16u << 20); }));
+    cache.reset();
+    CommandResult d = server.Admin({"-d", std::to_string(session)});
+    ASSERT_EQ(d.exit_code, 0) << d.Describe();
+    uint64_t after = DiskUsage(spill);
+    EXPECT_LT(after, before / 2) << "before " << before << " after " << after;
+    CommandResult stop = server.Stop();
+    EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  }
+  EXPECT_TRUE(ListDir(spill).empty()) << testing::PrintToString(ListDir(spill));
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  std::string spill = MakeTempDir(TestTmpRoot(), "tinyspill");
+  if (mount("tmpfs", spill.c_str(), "tmpfs", 0, "size=32m") != 0) {
+    RemoveTree(spill);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t rows = (64u << 20) / kRowBytes;  // far more than 1 MB + 32 MB
+    size_t stored = PutRows(cache.get(), rows);  // fails the test on any non-Full error
+    EXPECT_GT(stored, 0u);
+    EXPECT_LT(stored, rows);
+    EXPECT_TRUE(cache->IsFull());
+    // Reads keep working and return exactly what was stored.
+    EXPECT_EQ(CheckRowsInChild(server, session, rows, true), static_cast<long>(stored));
+    std::vector<uint8_t> row(kRowBytes);
+    EXPECT_TRUE(cache->Put(rows + 5, row.data(), row.size()).IsFull());
+  }
+  umount2(spill.c_str(), MNT_DETACH);
+  RemoveTree(spill);
+}
+
+}  // namespace
+}  // namespace shmcache::test

@@ -1,0 +1,175 @@
+// A daemon killed with SIGKILL, then started again on the same instance:
+// it adopts the sessions, caches and spilled rows it left and serves every
+// row committed before the kill; what it cannot trust it discards.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "layout.h"
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+constexpr size_t kRowBytes = 3072;
+
+ServerOptions WithArgs(std::vector<std::string> args) {
+  ServerOptions o;
+  o.extra_args = std::move(args);
+  return o;
+}
+
+// Options for a second daemon on the instance `first` ran.
+ServerOptions SameInstance(const TestServer& first, std::vector<std::string> args) {
+  ServerOptions o = WithArgs(std::move(args));
+  o.port = first.port();
+  o.run_dir = first.run_dir();
+  o.shm_dir = first.shm_dir();
+  return o;
+}
+
+CacheOptions Options(uint32_t session, const std::string& name, uint64_t size_mb,
+                     bool spilling) {
+  CacheOptions o;
+  o.session_id = session;
+  o.name = name;
+  o.fingerprint = name + "-fp";
+  o.size_mb = size_mb;
+  o.spilling = spilling;
+  return o;
+}
+
+Status Open(const TestServer& server, uint32_t session, std::unique_ptr<Client>* client,
+            std::unique_ptr<Cache>* cache) {
+  Status s = server.Connect(client);
+  if (!s.ok()) return s;
+  return (*client)->OpenCache(Options(session, "restart", 1, true), cache);
+}
+
+TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    auto first = std::make_unique<TestServer>(WithArgs({"-s", spill}));
+    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+    uint32_t session = first->NewSession();
+    uint32_t empty_session = first->NewSession();
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(Open(*first, session, &client, &cache).ok());
+    const size_t rows = (4u << 20) / kRowBytes;  // 1 MB in memory, the rest on disk
+    std::vector<uint8_t> row(kRowBytes);
+    for (size_t i = 0; i < rows; ++i) {
+      FillPattern(i, 3, row.data(), row.size());
+      ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok()) << i;
+    }
+    CacheStats before;
+    ASSERT_TRUE(cache->GetStats(&before).ok());
+    ASSERT_GT(before.disk_rows, 0u);
+    ASSERT_GT(before.mem_rows, 0u);
+
+    first->Kill();
+    // The old client notices: a request fails within its timeout, a hit
+    // from mapped memory still works.
+    uint32_t unused;
+    EXPECT_TRUE(client->CreateSession(&unused).IsUnavailable());
+    Row got;
+    EXPECT_TRUE(cache->Get(0, &got).ok());
+
+    TestServer second(SameInstance(*first, {"-s", spill}));
+    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+    CommandResult list = second.Admin({"--list_sessions"});
+    EXPECT_NE(list.out.find(std::to_string(empty_session)), std::string::npos) << list.out;
+
+    // The same client object reconnects by itself and reads everything,
+    // memory and disk rows alike.
+    size_t served = 0;
+    for (size_t i = 0; i < rows; ++i) {
+      Status s = cache->Get(i, &got);
+      ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
+      auto col = got.find("data");
+      ASSERT_TRUE(col.has_value());
+      ASSERT_EQ(0, std::memcmp(col->data, Pattern(i, 3, kRowBytes).data(), kRowBytes)) << i;
+      ++served;
+    }
+    EXPECT_EQ(served, rows);
+    // A new client in a new process sees the adopted cache too.
+    pid_t pid = ForkChild([&]() -> int {
+      std::unique_ptr<Client> c2;
+      std::unique_ptr<Cache> k2;
+      if (!Open(second, session, &c2, &k2).ok()) return 2;
+      Row r;
+      for (size_t i = 0; i < rows; ++i) {
+        if (!k2->Get(i, &r).ok()) return 3;
+      }
+      std::vector<uint8_t> more(kRowBytes, 9);
+      return k2->Put(rows + 1, more.data(), more.size()).ok() ? 0 : 4;
+    });
+    EXPECT_EQ(WaitChild(pid), 0);
+    std::fprintf(stderr, "restart: %zu of %zu committed rows served after SIGKILL\n",
+                 served, rows);
+    cache.reset();
+    client.reset();
+  }
+  EXPECT_TRUE(ListDir(spill).empty());
+  RemoveTree(spill);
+}
+
+TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
+  auto first = std::make_unique<TestServer>();
+  ASSERT_TRUE(first->ok());
+  uint32_t session = first->NewSession();
+  {
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(first->Connect(&client).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(Options(session, "v", 0, false), &cache).ok());
+    std::vector<uint8_t> row(kRowBytes, 5);
+    ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
+  }
+  first->Kill();
+  // Pretend the segment was written by another layout version.
+  std::string seg;
+  for (const std::string& n : first->ShmFiles()) {
+    if (n.find(".seg.") != std::string::npos) seg = first->shm_dir() + "/" + n;
+  }
+  ASSERT_FALSE(seg.empty());
+  int fd = open(seg.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint32_t version = layout::kLayoutVersion + 1;
+  ASSERT_EQ(pwrite(fd, &version, sizeof version, offsetof(layout::FileHeader, version)),
+            static_cast<ssize_t>(sizeof version));
+  close(fd);
+
+  TestServer second(SameInstance(*first, {}));
+  ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+  // The cache's files are gone; the session survives and the row is not
+  // served from memory nobody can vouch for.
+  for (const std::string& n : second.ShmFiles()) {
+    EXPECT_EQ(n.find(".seg."), std::string::npos) << n;
+  }
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(second.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(client->OpenCache(Options(session, "v", 0, false), &cache).ok());
+  Row got;
+  EXPECT_TRUE(cache->Get(1, &got).IsNotFound());
+  std::string log;
+  for (const std::string& n : ListDir(second.run_dir() + "/log")) {
+    FILE* f = fopen((second.run_dir() + "/log/" + n).c_str(), "r");
+    char buf[4096];
+    size_t r;
+    while (f && (r = fread(buf, 1, sizeof buf, f)) > 0) log.append(buf, r);
+    if (f) fclose(f);
+  }
+  EXPECT_NE(log.find("layout version differs"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace shmcache::test
