@@ -1,0 +1,61 @@
+"""Datasets the tests wrap; a module of its own so spawn workers import it."""
+
+import numpy as np
+from torch.utils.data import Dataset, IterableDataset
+
+
+def sample(i, side=32):
+    rng = np.random.default_rng(i)
+    img = rng.integers(0, 256, (3, side, side), dtype=np.uint8)
+    return img, i % 10
+
+
+class Normalize:
+    """A deterministic transform (its repr is part of the fingerprint)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, img):
+        return img.astype(np.float32) * self.scale
+
+    def __repr__(self):
+        return f"Normalize(scale={self.scale})"
+
+
+class RandomFlip:
+    def __call__(self, img):
+        return img[..., ::-1] if np.random.rand() < 0.5 else img
+
+    def __repr__(self):
+        return "RandomFlip(p=0.5)"
+
+
+class Images(Dataset):
+    """Deterministic decoded images: sample i is (float32 CxHxW, label)."""
+
+    def __init__(self, n, side=32, transform=None, root="synthetic"):
+        self.n, self.side, self.transform, self.root = n, side, transform, root
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        img, label = sample(i, self.side)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, label
+
+
+class Stream(IterableDataset):
+    """A streaming source of n samples that counts how often it is read
+    (per process)."""
+
+    def __init__(self, n, path="stream"):
+        self.n, self.path, self.reads = n, path, 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.reads += 1
+            img, label = sample(i, 8)
+            yield {"image": img, "label": label}

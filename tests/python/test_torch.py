@@ -1,0 +1,127 @@
+"""shmcache.torch.CachedDataset under DataLoader, samplers and failures."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
+
+from helpers import Images, Normalize, RandomFlip, sample  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache.shards import shard_indices  # noqa: E402
+from shmcache.torch import CachedDataset  # noqa: E402
+
+
+def epoch(loader):
+    imgs, labels = [], []
+    for img, label in loader:
+        imgs.append(img)
+        labels.append(label)
+    return torch.cat(imgs), torch.cat(labels)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_dataloader_two_workers_second_epoch_all_hits(server, session, start_method):
+    n = 96
+    ds = CachedDataset(Images(n, transform=Normalize(1 / 255)), DatasetCache(session))
+    loader = DataLoader(ds, batch_size=8, num_workers=2,
+                        multiprocessing_context=start_method)
+    imgs1, labels1 = epoch(loader)
+    st1 = ds.stats()
+    assert st1["mem_rows"] == n
+    assert st1["misses"] == n and st1["hits"] == 0
+    imgs2, labels2 = epoch(loader)
+    st2 = ds.stats()
+    assert st2["hits"] - st1["hits"] == n      # every sample a hit
+    assert st2["misses"] == st1["misses"]
+    assert st2["mem_rows"] == n
+    assert torch.equal(imgs1, imgs2) and torch.equal(labels1, labels2)
+    want = torch.stack([torch.from_numpy(sample(i)[0].astype(np.float32) / 255)
+                        for i in range(n)])
+    assert torch.allclose(imgs1, want) and labels1.tolist() == [i % 10 for i in range(n)]
+
+
+def test_hit_and_miss_return_the_same_types(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session))
+    miss, hit = ds[2], ds[2]
+    assert type(miss) is tuple and type(hit) is tuple
+    for a, b in zip(miss, hit):
+        assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    assert ds.stats()["hits"] == 1
+
+
+def test_distributed_sampler_shards_share_one_copy(server, session):
+    n, world = 50, 3
+    cache = DatasetCache(session)
+    seen = []
+    for rank in range(world):
+        ds = CachedDataset(Images(n), cache)
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
+                                     seed=7)
+        sampler.set_epoch(3)
+        idx = list(sampler)
+        assert idx == shard_indices(n, world, rank, shuffle=True, seed=7, epoch=3)
+        for img, label in DataLoader(ds, batch_size=5, sampler=sampler):
+            seen.extend(label.tolist())
+    assert len(seen) == 51   # padded to a multiple of 3, as DistributedSampler does
+    assert ds.stats()["mem_rows"] == n
+
+
+def test_shard_indices_match_distributed_sampler():
+    for n in (0, 1, 7, 10, 33):
+        for world in (1, 2, 4):
+            for drop_last in (False, True):
+                for shuffle in (False, True):
+                    for rank in range(world):
+                        s = DistributedSampler(range(n), num_replicas=world, rank=rank,
+                                               shuffle=shuffle, drop_last=drop_last,
+                                               seed=1)
+                        s.set_epoch(2)
+                        assert list(s) == shard_indices(n, world, rank, shuffle, 1, 2,
+                                                        drop_last)
+
+
+def test_random_transform_refused_unless_placed_after_the_cache(server, session):
+    cache = DatasetCache(session)
+    with pytest.raises(ValueError, match="random"):
+        CachedDataset(Images(8, transform=RandomFlip()), cache)
+    CachedDataset(Images(8, transform=RandomFlip()), cache, allow_random=True)
+    # The random part runs after the cache, on every access.
+    calls = []
+    ds = CachedDataset(Images(8), cache, transform=lambda s: calls.append(1) or s)
+    ds[1], ds[1]
+    assert len(calls) == 2 and ds.stats()["hits"] == 1
+
+
+def test_different_pipelines_get_different_caches(server, session):
+    cache = DatasetCache(session)
+    a = CachedDataset(Images(8, transform=Normalize(1.0)), cache)
+    b = CachedDataset(Images(8, transform=Normalize(2.0)), cache)
+    assert a.cache.name != b.cache.name
+    a[0]
+    assert b[0][0].max() > a[0][0].max()
+    with pytest.raises(RuntimeError, match="different pipeline"):
+        CachedDataset(Images(8, transform=Normalize(3.0)), cache, name=a.cache.name)
+
+
+def test_daemon_killed_mid_epoch_finishes_from_source_with_one_warning(server, session):
+    n = 1000   # 12 KB rows: several 4 MB chunks, so puts need the daemon again
+    ds = CachedDataset(Images(n, side=64), DatasetCache(session))
+    labels = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(n):
+            if i == 100:
+                server.kill()
+            img, label = ds[i]
+            assert img.shape == (3, 64, 64)
+            labels.append(int(label))
+        # A second epoch after the crash: hits still served from memory.
+        for i in range(n):
+            assert int(ds[i][1]) == i % 10
+    assert labels == [i % 10 for i in range(n)]
+    cw = [x for x in w if issubclass(x.category, CacheWarning)]
+    assert len(cw) == 1, [str(x.message) for x in cw]
+    assert "gone" in str(cw[0].message) or "unreachable" in str(cw[0].message)
