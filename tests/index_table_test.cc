@@ -1,0 +1,278 @@
+#include "index_table.h"
+
+#include <atomic>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace shmcache {
+namespace {
+
+using layout::kClaimed;
+using layout::kEmpty;
+
+// An index table in private zeroed memory, as the daemon formats one.
+class TableMemory {
+ public:
+  explicit TableMemory(uint32_t log2, uint32_t gen = 0) {
+    size_ = layout::TableFileSize(1ULL << log2);
+    mem_ = static_cast<char*>(std::aligned_alloc(64, (size_ + 63) / 64 * 64));
+    std::memset(mem_, 0, size_);
+    IndexTable::Format(header(), size_, /*cache_id=*/1, gen, log2);
+  }
+  ~TableMemory() { std::free(mem_); }
+  layout::TableHeader* header() { return reinterpret_cast<layout::TableHeader*>(mem_); }
+  IndexTable table() { return IndexTable(header()); }
+  size_t size() const { return size_; }
+
+ private:
+  char* mem_;
+  size_t size_;
+};
+
+// Locations as the client makes them: segment 3, 8-aligned offsets.
+uint64_t Loc(uint64_t key) { return layout::MakeLocation(3, 4096 + key * 8 % (1ULL << 39)); }
+
+TEST(LocationTest, EncodingRoundTrips) {
+  uint64_t loc = layout::MakeLocation(layout::kMaxSegmentId, layout::kOffsetMask);
+  EXPECT_EQ(layout::LocationSegment(loc), layout::kMaxSegmentId);
+  EXPECT_EQ(layout::LocationOffset(loc), layout::kOffsetMask);
+  EXPECT_EQ(loc & layout::kSpilledBit, 0u);
+  EXPECT_EQ(layout::LocationSegment(loc | layout::kSpilledBit), layout::kMaxSegmentId);
+  EXPECT_NE(layout::MakeLocation(0, layout::kSegmentHeaderSize), kEmpty);
+  EXPECT_NE(layout::MakeLocation(0, layout::kSegmentHeaderSize), kClaimed);
+}
+
+TEST(IndexTableTest, FormatWritesAValidHeader) {
+  TableMemory m(12, 5);
+  EXPECT_EQ(layout::CheckFileHeader(m.header(), m.size(), layout::kTableMagic,
+                                    sizeof(layout::TableHeader)),
+            nullptr);
+  EXPECT_NE(layout::CheckFileHeader(m.header(), m.size() - 1, layout::kTableMagic,
+                                    sizeof(layout::TableHeader)),
+            nullptr);
+  EXPECT_NE(layout::CheckFileHeader(m.header(), m.size(), layout::kSegmentMagic,
+                                    sizeof(layout::TableHeader)),
+            nullptr);
+  EXPECT_EQ(m.header()->generation, 5u);
+  IndexTable t = m.table();
+  EXPECT_TRUE(t.valid());
+  EXPECT_EQ(t.capacity(), 4096u);
+  EXPECT_EQ(t.limit(), 3072u);
+  EXPECT_EQ(t.claimed(), 0u);
+  EXPECT_FALSE(IndexTable().valid());
+}
+
+TEST(IndexTableTest, InsertThenFind) {
+  TableMemory m(10);
+  IndexTable t = m.table();
+  EXPECT_EQ(t.Find(5), kEmpty);
+  EXPECT_EQ(t.Insert(5, Loc(5)), IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(t.Find(5), Loc(5));
+  EXPECT_EQ(t.Find(6), kEmpty);
+  EXPECT_EQ(t.claimed(), 1u);
+}
+
+TEST(IndexTableTest, DenseAndSparseKeys) {
+  TableMemory m(14);
+  IndexTable t = m.table();
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 5000; ++k) keys.push_back(k);  // dense sample ids
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 5000; ++i) keys.push_back(rng() | (1ULL << 63));  // any 64-bit id
+  keys.push_back(~0ULL);
+  for (uint64_t k : keys) {
+    ASSERT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kInserted) << k;
+  }
+  for (uint64_t k : keys) ASSERT_EQ(t.Find(k), Loc(k)) << k;
+  for (uint64_t k = 5000; k < 6000; ++k) EXPECT_EQ(t.Find(k), kEmpty);
+}
+
+TEST(IndexTableTest, DuplicateKeepsTheFirstLocation) {
+  TableMemory m(10);
+  IndexTable t = m.table();
+  ASSERT_EQ(t.Insert(9, Loc(9)), IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(t.Insert(9, Loc(100)), IndexTable::InsertResult::kExists);
+  EXPECT_EQ(t.Find(9), Loc(9));
+  EXPECT_EQ(t.claimed(), 1u);
+}
+
+TEST(IndexTableTest, FullAtThreeQuarters) {
+  TableMemory m(8);  // 256 slots, limit 192
+  IndexTable t = m.table();
+  uint64_t k = 0;
+  for (; k < t.limit(); ++k) {
+    ASSERT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kInserted) << k;
+  }
+  EXPECT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kTableFull);
+  EXPECT_EQ(t.claimed(), t.limit());
+  // A full table still answers lookups, hits and misses.
+  for (uint64_t j = 0; j < t.limit(); ++j) ASSERT_EQ(t.Find(j), Loc(j));
+  EXPECT_EQ(t.Find(k), kEmpty);
+  EXPECT_EQ(t.Find(1ULL << 50), kEmpty);
+  // And still tells a duplicate from a new key.
+  EXPECT_EQ(t.Insert(3, Loc(77)), IndexTable::InsertResult::kExists);
+}
+
+TEST(IndexTableTest, ClaimedSlotOfADeadWriterIsSkipped) {
+  TableMemory m(8);
+  IndexTable t = m.table();
+  ASSERT_EQ(t.Insert(1, Loc(1)), IndexTable::InsertResult::kInserted);
+  // Find the slot of key 1 and claim its neighbour as a writer killed
+  // between claim and publish would leave it.
+  layout::Slot* slots = layout::TableSlots(m.header());
+  size_t home = 0;
+  for (size_t i = 0; i < 256; ++i) {
+    if (slots[i].loc.load() == Loc(1)) home = i;
+  }
+  size_t next = (home + 1) % 256;
+  ASSERT_EQ(slots[next].loc.load(), kEmpty);
+  slots[next].loc.store(kClaimed);
+  m.header()->claimed.fetch_add(1);
+  // Keys probing through the dead slot still work; nothing waits on it.
+  for (uint64_t k = 2; k < 150; ++k) {
+    ASSERT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kInserted);
+  }
+  for (uint64_t k = 1; k < 150; ++k) ASSERT_EQ(t.Find(k), Loc(k));
+  EXPECT_EQ(t.Find(1000), kEmpty);
+}
+
+TEST(IndexTableTest, UpdateMovesAPublishedRow) {
+  TableMemory m(8);
+  IndexTable t = m.table();
+  ASSERT_EQ(t.Insert(4, Loc(4)), IndexTable::InsertResult::kInserted);
+  uint64_t disk = Loc(4) | layout::kSpilledBit;
+  EXPECT_FALSE(t.Update(4, Loc(5), disk));  // stale old location
+  EXPECT_FALSE(t.Update(5, Loc(4), disk));  // absent key
+  EXPECT_TRUE(t.Update(4, Loc(4), disk));
+  EXPECT_EQ(t.Find(4), disk);
+}
+
+TEST(IndexTableTest, ConcurrentWritersOfDistinctKeys) {
+  TableMemory m(16);
+  IndexTable t = m.table();
+  constexpr int kThreads = 4, kPer = 10000;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&, w] {
+      for (uint64_t i = 0; i < kPer; ++i) {
+        uint64_t k = i * kThreads + w;
+        ASSERT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kInserted);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(t.claimed(), uint64_t{kThreads} * kPer);
+  for (uint64_t k = 0; k < kThreads * kPer; ++k) ASSERT_EQ(t.Find(k), Loc(k));
+}
+
+TEST(IndexTableTest, RacingWritersOfOneKeyAgreeOnTheFirst) {
+  // Many threads insert the same keys with their own locations. Afterwards
+  // every key resolves to one location, the same for every reader, and at
+  // least one writer was told it inserted.
+  TableMemory m(14);
+  IndexTable t = m.table();
+  constexpr int kThreads = 4, kKeys = 2000;
+  std::atomic<int> inserted[kKeys] = {};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&, w] {
+      while (!go.load()) {
+      }
+      for (uint64_t k = 0; k < kKeys; ++k) {
+        uint64_t loc = layout::MakeLocation(static_cast<uint32_t>(w + 1), 4096 + k * 8);
+        if (t.Insert(k, loc) == IndexTable::InsertResult::kInserted) {
+          inserted[k].fetch_add(1);
+        }
+      }
+    });
+  }
+  go.store(true);
+  for (auto& th : threads) th.join();
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    uint64_t loc = t.Find(k);
+    ASSERT_NE(loc, kEmpty);
+    EXPECT_EQ(layout::LocationOffset(loc), 4096 + k * 8);
+    EXPECT_GE(inserted[k].load(), 1);
+    EXPECT_EQ(t.Find(k), loc);  // stable
+  }
+}
+
+// The index grows as a chain of tables, newest first, the way CacheImpl
+// looks rows up. Readers run while a writer fills table after table; every
+// key the writer has published must be found, with its own location.
+TEST(IndexTableTest, GrowthUnderConcurrentReaders) {
+  constexpr uint32_t kMaxTables = 12;
+  std::unique_ptr<TableMemory> mem[kMaxTables];
+  IndexTable tables[kMaxTables];
+  std::atomic<uint32_t> num_tables{0};
+  std::atomic<uint64_t> published{0};  // keys [0, published) are in
+  std::atomic<bool> done{false};
+  auto add_table = [&](uint32_t log2) {
+    uint32_t n = num_tables.load();
+    mem[n] = std::make_unique<TableMemory>(log2, n);
+    tables[n] = mem[n]->table();
+    num_tables.store(n + 1, std::memory_order_release);
+  };
+  add_table(8);
+  auto lookup = [&](uint64_t key) {
+    uint32_t n = num_tables.load(std::memory_order_acquire);
+    for (uint32_t i = n; i-- > 0;) {
+      uint64_t loc = tables[i].Find(key);
+      if (loc != kEmpty) return loc;
+    }
+    return kEmpty;
+  };
+
+  std::atomic<uint64_t> reads{0}, bad{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&, r] {
+      std::mt19937_64 rng(r);
+      while (!done.load(std::memory_order_acquire)) {
+        uint64_t n = published.load(std::memory_order_acquire);
+        if (n == 0) continue;
+        uint64_t key = rng() % n;
+        if (lookup(key) != Loc(key)) bad.fetch_add(1);
+        // Keys not yet published are never found with a wrong location.
+        uint64_t future = n + rng() % 64;
+        uint64_t loc = lookup(future);
+        if (loc != kEmpty && loc != Loc(future)) bad.fetch_add(1);
+        reads.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+
+  constexpr uint64_t kKeys = 40000;
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    for (;;) {
+      uint32_t n = num_tables.load();
+      IndexTable::InsertResult r = tables[n - 1].Insert(k, Loc(k));
+      if (r == IndexTable::InsertResult::kInserted) break;
+      ASSERT_NE(r, IndexTable::InsertResult::kExists) << k;
+      ASSERT_LT(n, kMaxTables);
+      add_table(static_cast<uint32_t>(std::bit_width(tables[n - 1].capacity())));
+    }
+    published.store(k + 1, std::memory_order_release);
+  }
+  // Let the readers see the final state before stopping them.
+  uint64_t seen = reads.load();
+  while (reads.load() < seen + 1000) {
+  }
+  done.store(true);
+  for (auto& th : readers) th.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(num_tables.load(), 4u) << "the chain grew";
+  for (uint64_t k = 0; k < kKeys; ++k) ASSERT_EQ(lookup(k), Loc(k));
+}
+
+}  // namespace
+}  // namespace shmcache

@@ -1,0 +1,308 @@
+#include "protocol.h"
+
+#include <array>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace shmcache::protocol {
+namespace {
+
+std::span<const std::byte> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+std::array<std::byte, kFrameHeaderBytes> Encode(const FrameHeader& h) {
+  std::array<std::byte, kFrameHeaderBytes> b;
+  EncodeFrameHeader(h, b.data());
+  return b;
+}
+
+TEST(FrameHeaderTest, RoundTrip) {
+  FrameHeader h;
+  h.type = static_cast<uint16_t>(MsgType::kOpenCache) | kResponseBit;
+  h.body_len = 1234;
+  auto b = Encode(h);
+  FrameHeader out;
+  ASSERT_TRUE(DecodeFrameHeader(b, &out).ok());
+  EXPECT_EQ(out.magic, kFrameMagic);
+  EXPECT_EQ(out.version, kProtocolVersion);
+  EXPECT_EQ(out.type, h.type);
+  EXPECT_EQ(out.body_len, 1234u);
+}
+
+TEST(FrameHeaderTest, IsLittleEndianOnTheWire) {
+  FrameHeader h;
+  h.type = 5;
+  h.body_len = 0x01020304;
+  auto b = Encode(h);
+  EXPECT_EQ(b[0], std::byte{0x53});  // 'S' of "SMCP" magic, low byte first
+  EXPECT_EQ(b[6], std::byte{5});
+  EXPECT_EQ(b[8], std::byte{4});
+  EXPECT_EQ(b[11], std::byte{1});
+}
+
+TEST(FrameHeaderTest, TruncatedHeaderIsCorruption) {
+  auto b = Encode(FrameHeader{.type = 1});
+  FrameHeader out;
+  for (size_t n = 0; n < kFrameHeaderBytes; ++n) {
+    EXPECT_TRUE(DecodeFrameHeader(std::span(b.data(), n), &out).IsCorruption()) << n;
+  }
+}
+
+TEST(FrameHeaderTest, BadMagicIsCorruption) {
+  FrameHeader h{.type = 1};
+  h.magic = 0x12345678;
+  FrameHeader out;
+  Status s = DecodeFrameHeader(Encode(h), &out);
+  EXPECT_TRUE(s.IsCorruption());
+  EXPECT_NE(s.message().find("magic"), std::string::npos) << s.ToString();
+}
+
+TEST(FrameHeaderTest, OtherVersionIsNotSupportedAndSaysWhy) {
+  FrameHeader h{.type = 1};
+  h.version = kProtocolVersion + 1;
+  FrameHeader out;
+  Status s = DecodeFrameHeader(Encode(h), &out);
+  EXPECT_EQ(s.code(), Status::Code::kNotSupported);
+  EXPECT_NE(s.message().find("version"), std::string::npos) << s.ToString();
+}
+
+TEST(FrameHeaderTest, UnknownTypesAreCorruption) {
+  FrameHeader out;
+  for (uint16_t t : {uint16_t{0}, uint16_t{kMaxMsgType + 1}, uint16_t{0x7fff},
+                     kResponseBit, uint16_t(kResponseBit | (kMaxMsgType + 1))}) {
+    FrameHeader h{.type = t};
+    EXPECT_TRUE(DecodeFrameHeader(Encode(h), &out).IsCorruption()) << t;
+  }
+  for (uint16_t t = 1; t <= kMaxMsgType; ++t) {
+    FrameHeader h{.type = t};
+    EXPECT_TRUE(DecodeFrameHeader(Encode(h), &out).ok()) << t;
+    h.type = t | kResponseBit;
+    EXPECT_TRUE(DecodeFrameHeader(Encode(h), &out).ok()) << t;
+  }
+}
+
+TEST(FrameHeaderTest, OversizedBodyIsCorruption) {
+  FrameHeader out;
+  FrameHeader h{.type = 1, .body_len = kMaxBodyBytes};
+  EXPECT_TRUE(DecodeFrameHeader(Encode(h), &out).ok());
+  h.body_len = kMaxBodyBytes + 1;
+  EXPECT_TRUE(DecodeFrameHeader(Encode(h), &out).IsCorruption());
+  h.body_len = std::numeric_limits<uint32_t>::max();
+  EXPECT_TRUE(DecodeFrameHeader(Encode(h), &out).IsCorruption());
+}
+
+TEST(WireTest, FieldsRoundTrip) {
+  WireWriter w;
+  w.U8(0xab);
+  w.U16(0xbeef);
+  w.U32(0xdeadbeef);
+  w.U64(0x0123456789abcdefULL);
+  w.Str("hello");
+  w.Str("");
+  std::string blob = std::string("a\0b", 3);
+  w.Bytes(AsBytes(blob));
+  WireReader r(AsBytes(w.body()));
+  EXPECT_EQ(r.U8(), 0xab);
+  EXPECT_EQ(r.U16(), 0xbeef);
+  EXPECT_EQ(r.U32(), 0xdeadbeefu);
+  EXPECT_EQ(r.U64(), 0x0123456789abcdefULL);
+  EXPECT_EQ(r.Str(), "hello");
+  EXPECT_EQ(r.Str(), "");
+  auto b = r.Bytes();
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(std::memcmp(b.data(), blob.data(), 3), 0);
+  EXPECT_TRUE(r.Done());
+}
+
+TEST(WireTest, ReadingPastTheEndFailsAndStaysFailed) {
+  WireWriter w;
+  w.U32(7);
+  WireReader r(AsBytes(w.body()));
+  EXPECT_EQ(r.U64(), 0u);  // 4 bytes left, 8 wanted
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.U8(), 0u);   // would fit, but the reader already failed
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(r.Done());
+}
+
+TEST(WireTest, EveryTruncationOfABodyFails) {
+  WireWriter w;
+  w.U32(1);
+  w.Str("name");
+  w.U64(9);
+  const std::string& full = w.body();
+  for (size_t n = 0; n < full.size(); ++n) {
+    std::string cut = full.substr(0, n);
+    WireReader r(AsBytes(cut));
+    r.U32();
+    r.Str();
+    r.U64();
+    EXPECT_FALSE(r.ok()) << n;
+  }
+}
+
+TEST(WireTest, StringLengthBeyondTheBodyFails) {
+  WireWriter w;
+  w.U32(1000);  // claims 1000 bytes
+  w.Put("abc", 3);
+  WireReader r(AsBytes(w.body()));
+  EXPECT_EQ(r.Str(), "");
+  EXPECT_FALSE(r.ok());
+}
+
+TEST(WireTest, HugeLengthDoesNotOverflow) {
+  WireWriter w;
+  w.U32(0xffffffffu);
+  WireReader r(AsBytes(w.body()));
+  EXPECT_TRUE(r.Bytes(std::numeric_limits<size_t>::max()).empty());
+  EXPECT_FALSE(r.ok());
+}
+
+TEST(WireTest, StringLongerThanItsMaximumFails) {
+  WireWriter w;
+  w.Str(std::string(300, 'x'));
+  {
+    WireReader r(AsBytes(w.body()));
+    EXPECT_EQ(r.Str(255), "");
+    EXPECT_FALSE(r.ok());
+  }
+  {
+    WireReader r(AsBytes(w.body()));
+    EXPECT_EQ(r.Str(300).size(), 300u);
+    EXPECT_TRUE(r.Done());
+  }
+  WireWriter big;
+  big.Str(std::string(kMaxStringBytes + 1, 'y'));
+  WireReader r(AsBytes(big.body()));
+  r.Str();  // default maximum
+  EXPECT_FALSE(r.ok());
+}
+
+TEST(WireTest, LeftoverBytesAreNotDone) {
+  WireWriter w;
+  w.U32(1);
+  w.U8(2);
+  WireReader r(AsBytes(w.body()));
+  r.U32();
+  EXPECT_TRUE(r.ok());
+  EXPECT_FALSE(r.Done());
+}
+
+TEST(WireTest, StatusRoundTripAndBadCode) {
+  WireWriter w;
+  WriteStatus(w, Status::FingerprintMismatch("other pipeline"));
+  WireReader r(AsBytes(w.body()));
+  Status s = ReadStatus(r);
+  EXPECT_TRUE(s.IsFingerprintMismatch());
+  EXPECT_EQ(s.message(), "other pipeline");
+
+  WireWriter bad;
+  bad.U8(200);
+  bad.Str("x");
+  WireReader rb(AsBytes(bad.body()));
+  EXPECT_TRUE(ReadStatus(rb).IsCorruption());
+
+  WireReader empty({});
+  EXPECT_TRUE(ReadStatus(empty).IsCorruption());
+}
+
+TEST(WireTest, SessionsRoundTrip) {
+  std::vector<SessionInfo> in(2);
+  in[0].session_id = 11;
+  in[1].session_id = 22;
+  CacheStats c;
+  c.cache_id = 3;
+  c.name = "train";
+  c.mem_rows = 10;
+  c.mem_bytes = 30720;
+  c.disk_rows = 1;
+  c.hits = 5;
+  c.misses = 6;
+  c.numa_hits = 4;
+  c.reserved_bytes = 1 << 22;
+  c.budget_bytes = 1 << 23;
+  c.full = true;
+  in[1].caches.push_back(c);
+  WireWriter w;
+  WriteSessions(w, in);
+  WireReader r(AsBytes(w.body()));
+  std::vector<SessionInfo> out;
+  ASSERT_TRUE(ReadSessions(r, &out));
+  EXPECT_TRUE(r.Done());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(out[0].caches.empty());
+  ASSERT_EQ(out[1].caches.size(), 1u);
+  const CacheStats& o = out[1].caches[0];
+  EXPECT_EQ(o.session_id, 22u);
+  EXPECT_EQ(o.cache_id, 3u);
+  EXPECT_EQ(o.name, "train");
+  EXPECT_EQ(o.mem_rows, 10u);
+  EXPECT_EQ(o.mem_bytes, 30720u);
+  EXPECT_EQ(o.avg_row_bytes(), 3072u);
+  EXPECT_EQ(o.disk_rows, 1u);
+  EXPECT_EQ(o.hits, 5u);
+  EXPECT_EQ(o.misses, 6u);
+  EXPECT_EQ(o.numa_hits, 4u);
+  EXPECT_EQ(o.reserved_bytes, 1u << 22);
+  EXPECT_EQ(o.budget_bytes, 1u << 23);
+  EXPECT_TRUE(o.full);
+
+  // Any truncation is refused.
+  for (size_t n = 0; n < w.body().size(); ++n) {
+    std::string cut = w.body().substr(0, n);
+    WireReader rc(AsBytes(cut));
+    std::vector<SessionInfo> o2;
+    EXPECT_FALSE(ReadSessions(rc, &o2) && rc.Done()) << n;
+  }
+}
+
+TEST(WireTest, SessionCountBeyondLimitIsRefused) {
+  WireWriter w;
+  w.U32(0xffffffffu);
+  WireReader r(AsBytes(w.body()));
+  std::vector<SessionInfo> out;
+  EXPECT_FALSE(ReadSessions(r, &out));
+}
+
+TEST(WireTest, ServerInfoRoundTrip) {
+  ServerInfo in;
+  in.instance = "port 50052";
+  in.port = 50052;
+  in.socket_path = "/tmp/x.sock";
+  in.shm_dir = "/dev/shm";
+  in.pid = 42;
+  in.workers = 4;
+  in.log_level = 2;
+  in.log_path = "/tmp/log";
+  in.spill_dir = "/spill";
+  in.memory_cap_bytes = 1ULL << 40;
+  in.memory_used_bytes = 12345;
+  in.numa_nodes = 2;
+  in.sessions = {1, 2, 3};
+  WireWriter w;
+  WriteServerInfo(w, in);
+  WireReader r(AsBytes(w.body()));
+  ServerInfo out;
+  ASSERT_TRUE(ReadServerInfo(r, &out));
+  EXPECT_TRUE(r.Done());
+  EXPECT_EQ(out.instance, in.instance);
+  EXPECT_EQ(out.port, in.port);
+  EXPECT_EQ(out.socket_path, in.socket_path);
+  EXPECT_EQ(out.shm_dir, in.shm_dir);
+  EXPECT_EQ(out.pid, in.pid);
+  EXPECT_EQ(out.workers, in.workers);
+  EXPECT_EQ(out.log_level, in.log_level);
+  EXPECT_EQ(out.log_path, in.log_path);
+  EXPECT_EQ(out.spill_dir, in.spill_dir);
+  EXPECT_EQ(out.memory_cap_bytes, in.memory_cap_bytes);
+  EXPECT_EQ(out.memory_used_bytes, in.memory_used_bytes);
+  EXPECT_EQ(out.numa_nodes, 2);
+  EXPECT_EQ(out.sessions, in.sessions);
+}
+
+}  // namespace
+}  // namespace shmcache::protocol
