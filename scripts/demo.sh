@@ -38,3 +38,30 @@ shmcache --stop
 trap - EXIT
 left=$(ls /dev/shm | grep -c "^shmcache\.$(id -u)\.$SHMCACHE_PORT\." || true)
 echo "shared-memory files left in /dev/shm: $left"
+
+echo
+echo "== Python: scripts/cache.sh, $devices PyTorch device processes on one session"
+data_dir=$(mktemp -d /tmp/shmcache-demo.XXXXXX)
+/usr/bin/python3 scripts/my_training_script.py --generate 20000 \
+  --dataset_path "$data_dir/cifar10"
+shmcache --start
+trap 'shmcache --stop >/dev/null 2>&1 || true; rm -rf "$data_dir"' EXIT
+export SHMCACHE_BUILD_DIR=$root/build
+now() { date +%s.%N; }
+t0=$(now)
+scripts/cache.sh "$data_dir/cifar10" $devices | tee "$data_dir/cold.log"
+t1=$(now)
+session=$(awk '/^cache.sh: session/ {print $3; exit}' "$data_dir/cold.log" | tr -d ,)
+SESSION_ID=$session scripts/cache.sh "$data_dir/cifar10" $devices | tee "$data_dir/warm.log"
+t2=$(now)
+cold=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}')
+warm=$(awk -v a="$t1" -v b="$t2" 'BEGIN {printf "%.2f", b - a}')
+echo "cache.sh cold run: $cold s; warm run (same session $session): $warm s"
+epochs() { awk '/epoch 1:/ {printf "%s ", $(NF-1)}' "$1"; }
+echo "per-device epoch seconds: cold $(epochs "$data_dir/cold.log")| warm $(epochs "$data_dir/warm.log")"
+
+echo "== shmcache --list_sessions (20000 rows: one copy for $devices devices)"
+shmcache --list_sessions
+shmcache --stop
+trap - EXIT
+rm -rf "$data_dir"

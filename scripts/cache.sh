@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# cache.sh DATASET_PATH [NUM_DEVICES]
+#
+# Runs NUM_DEVICES (default 4) training processes that share one shmcache
+# session: creates the session with `shmcache -g` (or reuses $SESSION_ID,
+# so that a second run starts warm), launches
+#   my_training_script.py --num_devices N --device k --session_id S --dataset_path P
+# for every k in parallel, waits for all, and fails if any failed.
+# The server must be running (`shmcache --start`). Extra arguments for the
+# training script go in $TRAIN_ARGS (e.g. "--epochs 2").
+set -uo pipefail
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: $0 DATASET_PATH [NUM_DEVICES]" >&2
+  exit 1
+fi
+dataset_path=$1
+num_devices=${2:-4}
+if ! [[ $num_devices =~ ^[1-9][0-9]*$ ]]; then
+  echo "cache.sh: NUM_DEVICES must be a positive integer, got '$num_devices'" >&2
+  exit 1
+fi
+if [ ! -d "$dataset_path" ]; then
+  echo "cache.sh: no dataset directory at '$dataset_path'" >&2
+  exit 1
+fi
+
+here=$(cd "$(dirname "$0")" && pwd)
+build=${SHMCACHE_BUILD_DIR:-$here/../build}
+# Use the build tree when shmcache is not installed.
+if ! command -v shmcache >/dev/null 2>&1 && [ -x "$build/clients/admin/shmcache" ]; then
+  PATH=$build/clients/admin:$build/daemon:$PATH
+fi
+if [ -d "$build/clients/python/shmcache" ]; then
+  export PYTHONPATH=$build/clients/python${PYTHONPATH:+:$PYTHONPATH}
+fi
+python=${PYTHON:-/usr/bin/python3}
+
+if [ -n "${SESSION_ID:-}" ]; then
+  session_id=$SESSION_ID
+else
+  result=$(shmcache -g)
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "cache.sh: generating a session failed (rc $rc); is the server started? (shmcache --start)" >&2
+    exit $rc
+  fi
+  session_id=$(echo "$result" | awk '{print $NF}')
+fi
+echo "cache.sh: session $session_id, $num_devices devices, dataset $dataset_path"
+
+pids=()
+for ((k = 0; k < num_devices; k++)); do
+  # shellcheck disable=SC2086
+  "$python" "$here/my_training_script.py" --num_devices "$num_devices" \
+    --device "$k" --session_id "$session_id" --dataset_path "$dataset_path" \
+    ${TRAIN_ARGS:-} &
+  pids+=($!)
+done
+
+failed=0
+for k in "${!pids[@]}"; do
+  if ! wait "${pids[$k]}"; then
+    echo "cache.sh: device $k failed" >&2
+    failed=1
+  fi
+done
+exit $failed

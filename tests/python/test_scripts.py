@@ -1,0 +1,66 @@
+"""scripts/cache.sh end to end: N device processes share one session."""
+
+import os
+import re
+import subprocess
+
+from conftest import ROOT
+
+CACHE_SH = ROOT / "scripts" / "cache.sh"
+TRAIN = ROOT / "scripts" / "my_training_script.py"
+
+
+def test_cache_sh_four_devices_hold_one_copy(server, tmp_path):
+    data = tmp_path / "cifar10"
+    n = 2000
+    subprocess.run(["/usr/bin/python3", str(TRAIN), "--generate", str(n),
+                    "--dataset_path", str(data)], check=True, env=server.env,
+                   capture_output=True, timeout=60)
+    assert len(list(data.glob("data_batch_*.bin"))) == 5
+
+    def run(extra_env):
+        r = subprocess.run([str(CACHE_SH), str(data), "4"], env={**server.env, **extra_env},
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = dict((int(k), int(v)) for v, k in
+                   re.findall(r"^Got (\d+) samples on device (\d+)$", r.stdout, re.M))
+        assert got == {0: 500, 1: 500, 2: 500, 3: 500}, r.stdout
+        return int(re.search(r"^cache.sh: session (\d+),", r.stdout, re.M).group(1))
+
+    session = run({})
+    caches = server.cache_rows(session)
+    assert len(caches) == 1
+    (c,) = caches.values()
+    assert c["mem_cached"] == n           # one copy, not four
+    assert c["misses"] == n and c["hits"] == 0
+
+    # Again on the same session: warm, every sample a hit, still one copy.
+    assert run({"SESSION_ID": str(session)}) == session
+    (c,) = server.cache_rows(session).values()
+    assert c["mem_cached"] == n and c["hits"] == n and c["misses"] == n
+
+
+def test_cache_sh_fails_without_a_server(server, tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    server.stop()
+    r = subprocess.run([str(CACHE_SH), str(data), "2"], env=server.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "session" in r.stderr
+
+
+def test_cache_sh_fails_when_a_device_fails(server, tmp_path):
+    data = tmp_path / "empty"      # no data_batch_*.bin: every device exits 1
+    data.mkdir()
+    r = subprocess.run([str(CACHE_SH), str(data), "2"], env=server.env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "device 0 failed" in r.stderr and "device 1 failed" in r.stderr
+
+
+def test_cache_sh_usage_errors(tmp_path):
+    assert subprocess.run([str(CACHE_SH)], capture_output=True).returncode != 0
+    r = subprocess.run([str(CACHE_SH), str(tmp_path), "zero"], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "NUM_DEVICES" in r.stderr
