@@ -1,0 +1,67 @@
+"""CachedIterableDataset: one builder, sealing, reads after sealing."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from helpers import Stream, sample  # noqa: E402
+from shmcache import DatasetCache  # noqa: E402
+from shmcache.torch import CachedIterableDataset  # noqa: E402
+
+N = 300
+
+
+def labels_ok(rows):
+    return [int(r["label"]) for r in rows] == [i % 10 for i in range(N)] and all(
+        np.array_equal(r["image"].numpy(), sample(i, 8)[0]) for i, r in enumerate(rows))
+
+
+def reader(session, start, barrier, out):
+    src = Stream(N)
+    ds = CachedIterableDataset(src, DatasetCache(session))
+    start.wait(timeout=60)
+    first = list(ds)                     # the race on the first pass
+    reads_first = src.reads
+    barrier.wait(timeout=60)             # both first passes are over
+    second = list(ds)
+    out.put((ds.built, reads_first, src.reads - reads_first,
+             labels_ok(first), labels_ok(second), len(first), len(second)))
+
+
+def test_two_readers_race_one_build_then_both_read_the_cache(server, session):
+    ctx = mp.get_context("fork")
+    start, barrier, out = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=reader, args=(session, start, barrier, out))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sorted(r[0] for r in results) == [False, True]   # exactly one build
+    for built, reads1, reads2, ok1, ok2, n1, n2 in results:
+        assert reads1 == N and n1 == N and ok1        # every row once, epoch 1
+        assert reads2 == 0 and n2 == N and ok2        # sealed: from the cache
+    st = DatasetCache(session).named(
+        CachedIterableDataset(Stream(N), DatasetCache(session)).cache.name).stats()
+    assert st["mem_rows"] == N + 2        # the rows, a builder and a seal mark
+
+
+def test_unsealed_cache_streams_and_workers_split_the_rows(server, session):
+    src = Stream(N)
+    ds = CachedIterableDataset(src, DatasetCache(session))
+    assert ds.sealed_count() is None
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    first = [int(r["label"]) for r in loader]
+    assert sorted(first) == sorted(i % 10 for i in range(N))
+    assert ds.sealed_count() == N        # one worker built and sealed it
+    rows = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(rows) == N
+    assert sorted(int(r["label"]) for r in rows) == sorted(i % 10 for i in range(N))
+    assert src.reads == 0                # in this process: all from workers/cache
+    assert labels_ok(list(ds))           # single process, sealed: in order
