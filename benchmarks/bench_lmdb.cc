@@ -76,7 +76,12 @@ void BenchLmdb(const Config& c, const Source& src, Report* r) {
           std::string e;
           MDB_env* ev = OpenEnv(dir, map_size, true, &e);
           MDB_txn* tx = nullptr;
-          if (!ev || mdb_txn_begin(ev, nullptr, MDB_RDONLY, &tx) != 0) return -1.0;
+          MDB_dbi db = 0;
+          if (!ev || mdb_txn_begin(ev, nullptr, MDB_RDONLY, &tx) != 0 ||
+              mdb_dbi_open(tx, nullptr, MDB_INTEGERKEY, &db) != 0) {
+            std::fprintf(stderr, "lmdb: %s\n", e.c_str());
+            return -1.0;
+          }
           std::vector<char> dst(size);
           const uint64_t off = static_cast<uint64_t>(child) * 7919;
           bool good = true;
@@ -88,7 +93,7 @@ void BenchLmdb(const Config& c, const Source& src, Report* r) {
               mdb_txn_reset(tx);
               good &= mdb_txn_renew(tx) == 0;
             }
-            good &= mdb_get(tx, dbi, &key, &val) == 0 && val.mv_size == size;
+            good &= mdb_get(tx, db, &key, &val) == 0 && val.mv_size == size;
             if (copy) std::memcpy(dst.data(), val.mv_data, size);
             DoNotOptimize(val.mv_data);
           });

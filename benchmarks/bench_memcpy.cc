@@ -8,6 +8,18 @@
 namespace bench {
 
 void BenchMemcpy(const Config& c, const Source& src, Report* r) {
+  // How much P processes gain on this machine at all: a loop that touches
+  // no memory. (Virtual CPUs may share a physical core.)
+  for (int p : c.procs) {
+    double rate = RunProcs(p, [&](int) {
+      uint64_t x = 1;
+      return TimedRate(c.seconds, [&](uint64_t i) {
+        for (int k = 0; k < 64; ++k) x = x * 6364136223846793005ULL + i;
+        DoNotOptimize(x);
+      });
+    });
+    r->Add("cpu", "spin", "64 multiply-adds", 0, p, rate);
+  }
   for (size_t size : kRowSizes) {
     const uint32_t n = static_cast<uint32_t>(c.RowsFor(size));
     const std::vector<uint32_t> idx = RandomIndices(1u << 20, n, 42 + size);

@@ -29,9 +29,14 @@ void FillRandom(void* buf, size_t n, uint64_t seed);
 // Runs op(i) for i = 0, 1, ... until `seconds` passed; returns ops/s.
 // A short warm-up runs first and is not counted.
 double TimedRate(double seconds, const std::function<void(uint64_t)>& op);
-// Same, but op(i) does `batch` operations per call (pipelining).
+// Same, but op(i) does `batch` operations per call (pipelining). Both
+// report the median of three runs of seconds/3.
 double TimedRateBatched(double seconds, int batch,
                         const std::function<void(uint64_t)>& op);
+
+// One run; op indices continue from *next.
+double TimedRateOnce(double seconds, int batch,
+                     const std::function<void(uint64_t)>& op, uint64_t* next);
 
 // Forks `procs` children that start together; child k runs body(k) and
 // reports the rate it returns. Returns the sum of the children's rates, or

@@ -1,0 +1,344 @@
+"""Python-side benchmarks of shmcache (run by scripts/bench.sh).
+
+  python_bench.py --port P [--seconds S] [--images N] --workdir DIR --out FILE
+
+Sections, each skipped with its reason when what it needs is missing:
+  python     get / view / put through shmcache.DatasetCache, next to a
+             numpy random-row copy (the Python-side memcpy limit);
+  dataloader a PyTorch DataLoader (2 workers) over a generated folder of
+             JPEGs (PIL decode, resize to 224, normalize): epoch without
+             cache, first epoch with cache, later epochs;
+  shared     4 processes sharing one session: shared memory resident vs
+             the dataset's size.
+Writes one JSON object. Measures only; asserts nothing.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+SIZES = (3 * 1024, 150 * 1024, 600 * 1024)
+
+
+def shm_files(port, cache_id):
+    """(apparent, allocated) bytes of one cache's shared-memory files."""
+    d = os.environ.get("SHMCACHE_SHM_DIR") or "/dev/shm"
+    prefix = f"shmcache.{os.geteuid()}.{port}."
+    apparent = allocated = 0
+    for name in os.listdir(d):
+        if not name.startswith(prefix):
+            continue
+        kind, _, rest = name[len(prefix):].partition(".")
+        if kind not in ("cache", "table", "seg") or rest.split(".")[0] != str(cache_id):
+            continue
+        st = os.stat(os.path.join(d, name))
+        apparent += st.st_size
+        allocated += st.st_blocks * 512
+    return apparent, allocated
+
+
+def timed_rate(seconds, op, ids):
+    """op(id) over ids (cycled) for `seconds`; returns ops/s."""
+    n = len(ids)
+    i = 0
+    end = time.perf_counter() + min(0.05, seconds / 10)
+    while time.perf_counter() < end:       # warm-up
+        op(ids[i % n]); i += 1
+    t0 = time.perf_counter()
+    count = 0
+    while True:
+        for _ in range(64):
+            op(ids[i % n]); i += 1
+        count += 64
+        t1 = time.perf_counter()
+        if t1 - t0 >= seconds:
+            return count / (t1 - t0)
+
+
+class Out:
+    def __init__(self):
+        self.results, self.values, self.skipped = [], {}, {}
+
+    def add(self, bench, system, variant, row_bytes, procs, rate):
+        gb = rate * row_bytes / 1e9
+        print(f"  {bench:<8} {system:<9} {variant:<22} {row_bytes:7d} B  P={procs}"
+              f"  {rate:12.0f} rows/s  {gb:7.2f} GB/s", flush=True)
+        self.results.append(dict(bench=bench, system=system, variant=variant,
+                                 row_bytes=row_bytes, procs=procs,
+                                 rows_per_s=rate, gb_per_s=gb))
+
+    def value(self, key, v):
+        v = float(v)
+        print(f"  {key:<40} {v:.3f}", flush=True)
+        self.values[key] = v
+
+    def skip(self, what, reason):
+        print(f"  skipped {what}: {reason}", flush=True)
+        self.skipped[what] = reason
+
+
+# ---- python: the API's get / view / put ---------------------------------
+
+def bench_python(args, out, shmcache):
+    client = shmcache.Client(port=args.port)
+    rng = np.random.default_rng(1)
+    for size in SIZES:
+        n = max(64, (args.working_set_mb << 20) // size)
+        src = rng.integers(0, 255, size=(n, size), dtype=np.uint8)
+        ids = [int(x) for x in rng.integers(0, n, size=1 << 16)]
+        # Reference: the same random rows copied by numpy from Python.
+        dst = np.empty(size, dtype=np.uint8)
+        out.add("get", "numpy", "random row copy", size, 1,
+                timed_rate(args.seconds, lambda i: np.copyto(dst, src[i]), ids))
+        session = client.create_session()
+        try:
+            cache = shmcache.DatasetCache(session, port=args.port, name=f"py-{size}")
+            t0 = time.perf_counter()
+            for i in range(n):
+                if not cache.put(i, src[i]):
+                    raise RuntimeError(f"put of row {i} was dropped")
+            out.add("put", "python", "DatasetCache.put", size, 1,
+                    n / (time.perf_counter() - t0))
+            got = cache.get(ids[0])
+            if got is None or not np.array_equal(got, src[ids[0]]):
+                raise RuntimeError("get returned a wrong row")
+            out.add("get", "python", "DatasetCache.get", size, 1,
+                    timed_rate(args.seconds, cache.get, ids))
+            out.add("view", "python", "DatasetCache.view", size, 1,
+                    timed_rate(args.seconds, cache.view, ids))
+            native = cache._open()
+            out.add("get", "python", "native Cache.get", size, 1,
+                    timed_rate(args.seconds, lambda i: native.get(i, None, True), ids))
+            out.add("view", "python", "native Cache.get view", size, 1,
+                    timed_rate(args.seconds, lambda i: native.get(i, None, False), ids))
+            cache.close()
+        finally:
+            client.destroy_session(session)
+
+
+# ---- dataloader: decoded-image pipeline end to end ------------------------
+
+def make_images(folder, count):
+    from PIL import Image
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(2)
+    h, w = 375, 500
+    yy, xx = np.mgrid[0:h, 0:w]
+    for i in range(count):
+        path = os.path.join(folder, f"{i:06d}.jpg")
+        if os.path.exists(path):
+            continue
+        a, b, c = rng.uniform(0.005, 0.05, size=3)
+        base = np.stack([np.sin(xx * a + i), np.cos(yy * b), np.sin((xx + yy) * c)], -1)
+        img = (base * 100 + 128 + rng.normal(0, 12, size=(h, w, 3))).clip(0, 255)
+        Image.fromarray(img.astype(np.uint8)).save(path, quality=90)
+
+
+class DecodeResizeNormalize:
+    """PIL decode, resize to 224x224, scale to [0,1], normalize (ImageNet)."""
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+    std = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+    def __call__(self, path):
+        from PIL import Image
+        with Image.open(path) as im:
+            im = im.convert("RGB").resize((224, 224), Image.BILINEAR)
+            a = np.asarray(im, dtype=np.float32) / 255.0
+        a = (a - self.mean) / self.std
+        return np.ascontiguousarray(a.transpose(2, 0, 1))
+
+    def __repr__(self):
+        return "DecodeResizeNormalize(224, imagenet mean/std)"
+
+
+def image_dataset_class():
+    import torch
+    from torch.utils.data import Dataset
+
+    class JpegFolder(Dataset):
+        def __init__(self, root):
+            self.root = root
+            self.files = sorted(os.path.join(root, f) for f in os.listdir(root))
+            self.transform = DecodeResizeNormalize()
+
+        def __len__(self):
+            return len(self.files)
+
+        def __getitem__(self, i):
+            return torch.from_numpy(self.transform(self.files[i])), i % 10
+
+    return JpegFolder
+
+
+def run_epoch(dataset, batch_size=32):
+    import torch
+    from torch.utils.data import DataLoader
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2)
+    t0 = time.perf_counter()
+    seen = 0
+    for images, labels in loader:
+        seen += images.shape[0]
+        assert images.shape[1:] == (3, 224, 224) and images.dtype == torch.float32
+    return time.perf_counter() - t0, seen
+
+
+def bench_dataloader(args, out, shmcache):
+    import torch  # noqa: F401
+    import shmcache.torch as st
+    folder = os.path.join(args.workdir, "images")
+    t0 = time.perf_counter()
+    make_images(folder, args.images)
+    out.value("dataloader.images", args.images)
+    out.value("dataloader.generate_s", time.perf_counter() - t0)
+    JpegFolder = image_dataset_class()
+    ds = JpegFolder(folder)
+    plain, n = run_epoch(ds)
+    out.value("dataloader.epoch_no_cache_s", plain)
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        cache = shmcache.DatasetCache(session, port=args.port)
+        cds = st.CachedDataset(JpegFolder(folder), cache)
+        first, n1 = run_epoch(cds)
+        out.value("dataloader.epoch1_cache_s", first)
+        later = []
+        for _ in range(args.later_epochs):
+            t, _ = run_epoch(cds)
+            later.append(t)
+        for k, t in enumerate(later, start=2):
+            out.value(f"dataloader.epoch{k}_cache_s", t)
+        steady = min(later)
+        out.value("dataloader.steady_epoch_cache_s", steady)
+        out.value("dataloader.first_epoch_ratio", first / plain)
+        out.value("dataloader.steady_speedup", plain / steady)
+        out.value("dataloader.images_per_s_no_cache", n / plain)
+        out.value("dataloader.images_per_s_steady", n / steady)
+        stats = cds.cache.stats() or {}
+        out.value("dataloader.cached_rows", stats.get("mem_rows", 0))
+    finally:
+        client.destroy_session(session)
+
+
+# ---- shared: 4 processes on one session ---------------------------------
+
+def _shm_resident():
+    """(Rss, Pss) bytes of this process's mappings of shmcache files."""
+    rss = pss = 0
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 5 and "-" in parts[0] and ":" in parts[3]:
+                inside = len(parts) >= 6 and "/shmcache." in parts[5]
+            elif inside and parts[0] == "Rss:":
+                rss += int(parts[1]) * 1024
+            elif inside and parts[0] == "Pss:":
+                pss += int(parts[1]) * 1024
+    return rss, pss
+
+
+def _shared_worker(k, procs, session, port, rows, size, barrier, q):
+    import shmcache
+    try:
+        cache = shmcache.DatasetCache(session, port=port, name="shared")
+        rng = np.random.default_rng(100)
+        data = rng.integers(0, 255, size=(rows, size), dtype=np.uint8)
+        for i in range(k, rows, procs):      # this process's shard
+            cache.put(i, data[i])
+        barrier.wait(timeout=120)
+        hits = 0
+        for i in range(rows):                # then every row
+            v = cache.view(i)
+            hits += v is not None and v[0] == data[i][0]
+        rss, pss = _shm_resident()
+        q.put((k, hits, rss, pss, None))
+        barrier.wait(timeout=120)            # stay mapped until all measured
+    except Exception as e:  # reported to the parent
+        q.put((k, 0, 0, 0, repr(e)))
+        barrier.abort()
+
+
+def bench_shared(args, out, shmcache, procs=4, rows=2048, size=64 * 1024):
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        ctx = mp.get_context("fork")
+        barrier, q = ctx.Barrier(procs), ctx.Queue()
+        ps = [ctx.Process(target=_shared_worker,
+                          args=(k, procs, session, args.port, rows, size, barrier, q))
+              for k in range(procs)]
+        for p in ps:
+            p.start()
+        reports = [q.get(timeout=300) for _ in ps]
+        for p in ps:
+            p.join(timeout=60)
+        errors = [r[4] for r in reports if r[4]]
+        if errors:
+            raise RuntimeError(errors[0])
+        cache = shmcache.DatasetCache(session, port=args.port, name="shared")
+        stats = cache.stats()
+        data_bytes = rows * size
+        apparent, allocated = shm_files(args.port, stats["cache_id"])
+        out.value("shared.processes", procs)
+        out.value("shared.dataset_bytes", data_bytes)
+        out.value("shared.cached_rows", stats["mem_rows"])
+        out.value("shared.rows", rows)
+        out.value("shared.hits_per_process", min(r[1] for r in reports))
+        out.value("shared.shm_allocated_bytes", allocated)
+        out.value("shared.shm_vs_data", allocated / data_bytes)
+        out.value("shared.sum_rss_vs_data", sum(r[2] for r in reports) / data_bytes)
+        out.value("shared.sum_pss_vs_data", sum(r[3] for r in reports) / data_bytes)
+    finally:
+        client.destroy_session(session)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--seconds", type=float, default=0.4)
+    ap.add_argument("--working_set_mb", type=int, default=128)
+    ap.add_argument("--images", type=int, default=1200)
+    ap.add_argument("--later_epochs", type=int, default=2)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--python_build", default="yes")
+    ap.add_argument("--sections", default="python,dataloader,shared")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    out = Out()
+    timings = {}
+    try:
+        if args.python_build != "yes":
+            raise ImportError(args.python_build)
+        import shmcache
+    except ImportError as e:
+        shmcache = None
+        reason = f"the Python package is not available ({e})"
+    for name, fn in (("python", bench_python), ("dataloader", bench_dataloader),
+                     ("shared", bench_shared)):
+        if name not in args.sections.split(","):
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        if shmcache is None:
+            out.skip(name, reason)
+            continue
+        try:
+            fn(args, out, shmcache)
+        except Exception as e:
+            traceback.print_exc()
+            out.skip(name, f"{type(e).__name__}: {e}")
+        timings[f"time.py_{name}"] = time.perf_counter() - t0
+    out.values.update(timings)
+    with open(args.out, "w") as f:
+        json.dump(dict(results=out.results, values=out.values, skipped=out.skipped),
+                  f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Turns the JSON of one bench run into the table, the targets of DESIGN.md
+with their ratios, a Markdown copy (benchmarks/RESULTS.md) and the plot
+(docs/bench.png). Run by scripts/bench.sh.
+
+  report.py --cpp cpp.json [--python python.json] --json latest.json
+            --markdown RESULTS.md --plot bench.png [--elapsed S] [--command C]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+
+KB = 1024
+SIZES = (3 * KB, 150 * KB, 600 * KB)
+
+
+def load(path):
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return {"results": [], "values": {}, "skipped": {}}
+
+
+class Data:
+    def __init__(self, cpp, py):
+        self.results = cpp["results"] + py["results"]
+        self.values = {**cpp["values"], **py["values"]}
+        self.skipped = {**cpp["skipped"], **py["skipped"]}
+
+    def rate(self, bench, system, variant=None, size=3 * KB, procs=1):
+        for r in self.results:
+            if (r["bench"], r["system"], r["row_bytes"], r["procs"]) == \
+                    (bench, system, size, procs) and \
+                    (variant is None or r["variant"] == variant):
+                return r["rows_per_s"]
+        return None
+
+
+def machine():
+    model = "?"
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("L3 cache:"):
+                model += ", L3 " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    os_name = "?"
+    if os.path.exists("/etc/os-release"):
+        for line in open("/etc/os-release"):
+            if line.startswith("PRETTY_NAME="):
+                os_name = line.split("=", 1)[1].strip().strip('"')
+    return (f"{model}; {os.cpu_count()} CPUs; {mem:.0f} GiB RAM; {os_name}; "
+            f"Linux {platform.release()}")
+
+
+def fmt_rate(x):
+    if x is None:
+        return "—"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f} M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f} k"
+    return f"{x:.0f}"
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def targets(d):
+    """[(measure, measured, ratio/value, target, met)]"""
+    v = d.values
+    out = []
+
+    def row(measure, measured, value, target, ok):
+        met = "—" if ok is None else ("met" if ok else "MISSED")
+        out.append((measure, measured, value, target, met))
+
+    get = d.rate("get", "shmcache", "copy-out")
+    mc = d.rate("get", "memcpy")
+    r = ratio(get, mc)
+    row("hit, copy-out, 3 KB, 1 process",
+        f"{fmt_rate(get)} rows/s vs memcpy {fmt_rate(mc)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 0.80x", r and r >= 0.8)
+    view = d.rate("view", "shmcache", "zero-copy")
+    row("hit, zero-copy view, 3 KB (per process)",
+        f"{fmt_rate(view)} lookups/s", f"{view / 1e6:.2f} M/s" if view else "—",
+        ">= 10 M/s", view and view >= 10e6)
+    view2 = d.rate("view", "shmcache", "zero-copy", procs=2)
+    if view2:
+        row("hit, zero-copy view, 3 KB, 2 processes (per process)",
+            f"{fmt_rate(view2)} lookups/s in all", f"{view2 / 2e6:.2f} M/s",
+            ">= 10 M/s", view2 / 2 >= 10e6)
+    put = d.rate("put", "shmcache", "put")
+    row("put, 3 KB, 1 process", f"{fmt_rate(put)} rows/s",
+        f"{put / 1e6:.2f} M/s" if put else "—", ">= 1 M/s", put and put >= 1e6)
+    redis = d.rate("get", "redis", "GET")
+    r = ratio(get, redis)
+    row("vs Redis GET (Unix socket, unpipelined), 3 KB",
+        f"{fmt_rate(get)} vs {fmt_rate(redis)} rows/s",
+        f"{r:.1f}x" if r else "—", ">= 50x", r and r >= 50)
+    redis_p = next((x["rows_per_s"] for x in d.results if x["system"] == "redis"
+                    and x["variant"].startswith("GET pipelined")
+                    and x["row_bytes"] == 3 * KB and x["procs"] == 1), None)
+    r = ratio(get, redis_p)
+    row("vs Redis GET pipelined, 3 KB (not a target)",
+        f"{fmt_rate(get)} vs {fmt_rate(redis_p)} rows/s",
+        f"{r:.1f}x" if r else "—", "—", None)
+    lmdb = d.rate("get", "lmdb", "copy-out")
+    r = ratio(get, lmdb)
+    row("vs LMDB random get (txn + get + copy), 3 KB",
+        f"{fmt_rate(get)} vs {fmt_rate(lmdb)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 2x", r and r >= 2)
+    lmdb_z = d.rate("view", "lmdb", "zero-copy")
+    r = ratio(view, lmdb_z)
+    row("vs LMDB zero-copy (one long txn), 3 KB view",
+        f"{fmt_rate(view)} vs {fmt_rate(lmdb_z)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 2x", r and r >= 2)
+    sp = d.rate("get", "shmcache", "spilled")
+    rk = d.rate("get", "rocksdb", "raw")
+    r = ratio(sp, rk)
+    row("spilled-row read vs raw RocksDB get, 3 KB",
+        f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 0.5x", r and r >= 0.5)
+    oh = v.get("mem.overhead_per_row.3072")
+    if oh is not None:
+        enc = v.get("mem.encoding_overhead_per_row.3072")
+        idx = v.get("mem.index_bytes_per_row.3072")
+        row("per-row memory overhead, 3 KB rows",
+            f"{enc:.0f} B row header + {idx:.0f} B index",
+            f"{oh:.0f} B", "<= 64 B", oh <= 64)
+    else:
+        row("per-row memory overhead", "not measured", "—", "<= 64 B", None)
+    speed = v.get("dataloader.steady_speedup")
+    first = v.get("dataloader.first_epoch_ratio")
+    if speed is not None:
+        row("DataLoader (2 workers, JPEG decode+resize+normalize): steady epoch",
+            f"{v['dataloader.epoch_no_cache_s']:.2f} s -> "
+            f"{v['dataloader.steady_epoch_cache_s']:.2f} s",
+            f"{speed:.2f}x faster", ">= 5x", speed >= 5)
+        row("DataLoader: first epoch with cache vs no cache",
+            f"{v['dataloader.epoch1_cache_s']:.2f} s vs "
+            f"{v['dataloader.epoch_no_cache_s']:.2f} s",
+            f"{first:.2f}x", "<= 1.10x", first <= 1.10)
+    else:
+        row("DataLoader steady / first epoch", "skipped: " +
+            d.skipped.get("dataloader", "?"), "—", ">= 5x / <= 1.10x", None)
+    sh = v.get("shared.shm_vs_data")
+    if sh is not None:
+        rows_ok = v["shared.cached_rows"] == v["shared.rows"]
+        row("4 processes sharing one session: shared memory vs data",
+            f"{v['shared.cached_rows']:.0f} of {v['shared.rows']:.0f} rows cached once; "
+            f"sum of Pss {v['shared.sum_pss_vs_data']:.2f}x, Rss {v['shared.sum_rss_vs_data']:.2f}x",
+            f"{sh:.2f}x (allocated shm)", "1x, not 4x", rows_ok and sh < 2)
+    else:
+        row("4 processes sharing one session", "skipped: " +
+            d.skipped.get("shared", "?"), "—", "1x, not 4x", None)
+    return out
+
+
+def throughput_rows(d):
+    """(row label, size, procs, rows/s, GB/s, vs memcpy) for the full table."""
+    order = [
+        ("get", "memcpy", None, "memcpy limit (random row)"),
+        ("get", "shmcache", "copy-out", "shmcache Get (copy-out)"),
+        ("view", "shmcache", "zero-copy", "shmcache View (zero-copy)"),
+        ("put", "shmcache", "put", "shmcache Put"),
+        ("get", "python", "DatasetCache.get", "Python DatasetCache.get"),
+        ("view", "python", "DatasetCache.view", "Python DatasetCache.view"),
+        ("put", "python", "DatasetCache.put", "Python DatasetCache.put"),
+        ("get", "numpy", None, "Python numpy row copy (reference)"),
+        ("get", "redis", "GET", "Redis GET"),
+        ("get", "redis", "GET pipelined x32", "Redis GET pipelined x32"),
+        ("put", "redis", "SET", "Redis SET"),
+        ("put", "redis", "SET pipelined", "Redis SET pipelined x32"),
+        ("get", "lmdb", "copy-out", "LMDB get (txn+get+copy)"),
+        ("view", "lmdb", "zero-copy", "LMDB get (long txn, zero-copy)"),
+        ("get", "rocksdb", "raw", "RocksDB get (raw)"),
+        ("get", "shmcache", "spilled", "shmcache Get of a spilled row"),
+        ("cpu", "spin", None, "CPU-only loop (core scaling)"),
+    ]
+    rows = []
+    for bench, system, variant, label in order:
+        for r in d.results:
+            if r["bench"] == bench and r["system"] == system and \
+                    (variant is None or r["variant"] == variant):
+                mc = d.rate("get", "memcpy", size=r["row_bytes"], procs=r["procs"])
+                vs = ratio(r["rows_per_s"], mc) if bench == "get" and system != "memcpy" else None
+                rows.append((label, r["row_bytes"], r["procs"], r["rows_per_s"],
+                             r["gb_per_s"], vs))
+    return rows
+
+
+def size_label(b):
+    return "—" if b == 0 else (f"{b // KB} KB" if b % KB == 0 else f"{b} B")
+
+
+def render(d, elapsed, command):
+    lines = []
+    lines.append(f"Command: `{command}` — {datetime.date.today()} — "
+                 f"whole run {elapsed:.0f} s" if elapsed else f"Command: `{command}`")
+    lines.append("")
+    lines.append(f"Machine: {machine()}")
+    lines.append("")
+    lines.append("### Targets (DESIGN.md), as ratios measured in this run")
+    lines.append("")
+    lines.append("| measure | measured | value | target | |")
+    lines.append("|---|---|---|---|---|")
+    for t in targets(d):
+        lines.append("| " + " | ".join(t) + " |")
+    lines.append("")
+    lines.append("### Throughput (random rows from a working set larger than the LLC)")
+    lines.append("")
+    lines.append("| what | row | procs | rows/s | GB/s | vs memcpy |")
+    lines.append("|---|---|---|---|---|---|")
+    for label, size, procs, rate, gb, vs in throughput_rows(d):
+        lines.append(f"| {label} | {size_label(size)} | {procs} | {fmt_rate(rate)} | "
+                     f"{gb:.2f} | {'' if vs is None else f'{vs:.2f}x'} |")
+    mem = [(k, x) for k, x in d.values.items() if k.startswith("mem.")]
+    if mem:
+        lines.append("")
+        lines.append("### Shared memory per cached row (bytes)")
+        lines.append("")
+        lines.append("| row | header+descriptor | index | overhead | shm allocated/row |")
+        lines.append("|---|---|---|---|---|")
+        for s in SIZES:
+            k = str(s)
+            if f"mem.overhead_per_row.{k}" in d.values:
+                v = d.values
+                lines.append(
+                    f"| {size_label(s)} | {v[f'mem.encoding_overhead_per_row.{k}']:.0f} | "
+                    f"{v[f'mem.index_bytes_per_row.{k}']:.0f} | "
+                    f"{v[f'mem.overhead_per_row.{k}']:.0f} | "
+                    f"{v[f'mem.shm_bytes_per_row.{k}']:.0f} |")
+    dl = {k: x for k, x in d.values.items() if k.startswith("dataloader.")}
+    if dl:
+        lines.append("")
+        lines.append("### PyTorch DataLoader, 2 workers, "
+                     f"{dl.get('dataloader.images', 0):.0f} JPEGs 500x375 -> "
+                     "decode, resize 224, normalize (float32 rows of 588 KB)")
+        lines.append("")
+        lines.append("| epoch | seconds | images/s |")
+        lines.append("|---|---|---|")
+        n = dl.get("dataloader.images", 0)
+        for k, label in (("epoch_no_cache_s", "no cache"), ("epoch1_cache_s", "1st, cache cold"),
+                         ("epoch2_cache_s", "2nd, cache warm"), ("epoch3_cache_s", "3rd, cache warm")):
+            if f"dataloader.{k}" in dl:
+                t = dl[f"dataloader.{k}"]
+                lines.append(f"| {label} | {t:.2f} | {n / t:.0f} |")
+    if d.skipped:
+        lines.append("")
+        lines.append("Skipped: " + "; ".join(f"{k} ({r})" for k, r in d.skipped.items()))
+    return "\n".join(lines) + "\n"
+
+
+def plot(d, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    series = [
+        ("memcpy limit", "get", "memcpy", None, "k--"),
+        ("shmcache Get (copy-out)", "get", "shmcache", "copy-out", "o-"),
+        ("shmcache Put", "put", "shmcache", "put", "s-"),
+        ("Redis GET", "get", "redis", "GET", "^-"),
+        ("Redis GET pipelined", "get", "redis", "GET pipelined x32", "^:"),
+        ("LMDB get+copy", "get", "lmdb", "copy-out", "D-"),
+    ]
+    xs = [s / KB for s in SIZES]
+    for label, bench, system, variant, style in series:
+        ys = [d.rate(bench, system, variant, size=s) for s in SIZES]
+        if any(y is not None for y in ys):
+            a.plot([x for x, y in zip(xs, ys) if y], [y * s / 1e9 for s, y in zip(SIZES, ys) if y],
+                   style, label=label)
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xticks(xs)
+    a.set_xticklabels([size_label(s) for s in SIZES])
+    a.set_xlabel("row size")
+    a.set_ylabel("GB/s of rows (1 process)")
+    a.set_title("Throughput vs row size")
+    a.grid(True, which="both", alpha=0.3)
+    a.legend(fontsize=8)
+    series_p = series[:2] + [("shmcache View (zero-copy)", "view", "shmcache", "zero-copy", "o:")] \
+        + series[2:]
+    procs = sorted({r["procs"] for r in d.results})
+    for label, bench, system, variant, style in series_p:
+        ys = [d.rate(bench, system, variant, size=3 * KB, procs=p) for p in procs]
+        if any(y is not None for y in ys):
+            b.plot([p for p, y in zip(procs, ys) if y], [y for y in ys if y], style, label=label)
+    b.set_yscale("log")
+    b.set_xticks(procs)
+    b.set_xlabel("processes")
+    b.set_ylabel("rows/s, all processes (3 KB rows)")
+    b.set_title("Throughput vs processes (3 KB rows)")
+    b.grid(True, which="both", alpha=0.3)
+    b.legend(fontsize=8)
+    fig.suptitle("shmcache vs the memcpy limit, Redis and LMDB — " + machine().split(";")[0] +
+                 f", {os.cpu_count()} CPUs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpp", required=True)
+    ap.add_argument("--python")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    ap.add_argument("--plot")
+    ap.add_argument("--elapsed", type=float, default=0)
+    ap.add_argument("--command", default="scripts/bench.sh")
+    args = ap.parse_args()
+    d = Data(load(args.cpp), load(args.python))
+    text = render(d, args.elapsed, args.command)
+    print()
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("# Benchmark results\n\nLatest run of `scripts/bench.sh` "
+                    "(written by benchmarks/report.py).\n\n" + text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=machine(), command=args.command,
+                           elapsed_s=args.elapsed, date=str(datetime.date.today()),
+                           targets=[dict(zip(("measure", "measured", "value", "target",
+                                              "status"), t)) for t in targets(d)],
+                           results=d.results, values=d.values, skipped=d.skipped),
+                      f, indent=1)
+    if args.plot:
+        try:
+            plot(d, args.plot)
+        except Exception as e:  # the table matters more than the picture
+            print(f"plot failed: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Runs every benchmark of benchmarks/ in one go on this machine: installs
+# what is missing (Debian packages), builds a release tree in build-bench/,
+# starts a private cache server (with a spill dir) and a private Redis on a
+# Unix socket, runs the C++ harness, the Python API measurement, the
+# PyTorch DataLoader end-to-end run and the shared-session check, then
+# prints the table, writes benchmarks/results/latest.json,
+# benchmarks/RESULTS.md and docs/bench.png. Everything it starts is
+# stopped on exit.
+#
+#   scripts/bench.sh            # full run (about 5 minutes)
+#   BENCH_QUICK=1 scripts/bench.sh   # shorter timings, smaller data
+#
+# Benchmarks measure; they assert nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+source scripts/lib/common.sh
+
+ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" redis-server libhiredis-dev \
+  liblmdb-dev librocksdb-dev python3-matplotlib
+
+started=$(date +%s)
+build=${BENCH_BUILD_DIR:-build-bench}
+results=benchmarks/results
+mkdir -p "$results" docs
+
+# ---- build (release; Python extension when it builds) -----------------
+configure() {
+  if [ -f "$build/build.ninja" ]; then
+    meson configure "$build" -Dbuildtype=release -Db_ndebug=true -Dtests=false "-Dpython=$1" >/dev/null
+  else
+    meson setup "$build" --buildtype=release -Db_ndebug=true -Dtests=false "-Dpython=$1" >/dev/null
+  fi
+}
+echo "== build ($build, release)"
+python_build=yes
+configure auto
+if ! ninja -C "$build" >"$build.log" 2>&1; then
+  echo "build with the Python extension failed (see $build.log); building without it"
+  python_build="no: the Python extension did not build"
+  configure disabled
+  ninja -C "$build" || exit 1
+fi
+if [ ! -x "$build/benchmarks/shmcache_bench" ]; then
+  echo "error: $build/benchmarks/shmcache_bench was not built (hiredis, lmdb or rocksdb missing?)" >&2
+  exit 1
+fi
+
+# ---- private servers ----------------------------------------------------
+tmp=$(mktemp -d /tmp/shmcache-bench.XXXXXX)
+export SHMCACHE_RUN_DIR=$tmp/run
+export SHMCACHE_PORT=${BENCH_PORT:-50777}
+mkdir -p "$SHMCACHE_RUN_DIR" "$tmp/spill" "$tmp/rocksdb" "$tmp/log"
+lmdb_dir=$(mktemp -d /dev/shm/shmcache-bench-lmdb.XXXXXX)
+admin=$build/clients/admin/shmcache
+redis_pid=
+cleanup() {
+  "$admin" --stop >/dev/null 2>&1 || true
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
+  rm -rf "$tmp" "$lmdb_dir"
+}
+trap cleanup EXIT
+
+echo "== servers"
+"$admin" --start -s "$tmp/spill" --log_dir "$tmp/log" >/dev/null 2>&1 ||
+  "$admin" --start -s "$tmp/spill" >/dev/null
+echo "shmcache server on port $SHMCACHE_PORT (spill dir $tmp/spill)"
+redis-server --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
+  --save "" --appendonly no --daemonize no --logfile "$tmp/redis.log" \
+  --dir "$tmp" &
+redis_pid=$!
+for _ in $(seq 100); do [ -S "$tmp/redis.sock" ] && break; sleep 0.1; done
+echo "redis-server $(redis-server --version | awk '{print $3}') on $tmp/redis.sock (no persistence)"
+
+seconds=0.4 ws=512 images=1200
+if [ -n "${BENCH_QUICK:-}" ]; then seconds=0.15 ws=128 images=300; fi
+
+# ---- C++ harness ----------------------------------------------------------
+echo "== C++ harness"
+"$build/benchmarks/shmcache_bench" --seconds "$seconds" --working_set_mb "$ws" \
+  --procs 1,2 --port "$SHMCACHE_PORT" --redis_socket "$tmp/redis.sock" \
+  --lmdb_dir "$lmdb_dir" --rocksdb_dir "$tmp/rocksdb" --out "$results/cpp.json"
+
+# ---- Python and PyTorch -----------------------------------------------------
+echo "== Python"
+export PYTHONPATH=$root/$build/clients/python${PYTHONPATH:+:$PYTHONPATH}
+/usr/bin/python3 benchmarks/python_bench.py --port "$SHMCACHE_PORT" \
+  --seconds "$seconds" --images "$images" --workdir "$tmp" \
+  --python_build "$python_build" --out "$results/python.json" || \
+  echo "python_bench.py failed; its figures are missing from the table"
+
+# ---- report -------------------------------------------------------------------
+elapsed=$(( $(date +%s) - started ))
+/usr/bin/python3 benchmarks/report.py --cpp "$results/cpp.json" \
+  --python "$results/python.json" --elapsed "$elapsed" \
+  --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \
+  --json "$results/latest.json" --markdown benchmarks/RESULTS.md \
+  --plot docs/bench.png
