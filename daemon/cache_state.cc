@@ -34,6 +34,8 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   c->num_nodes_ = num_nodes;
   c->current_.assign(static_cast<size_t>(num_nodes), -1);
   c->tails_.resize(static_cast<size_t>(num_nodes));
+  c->prepared_.resize(static_cast<size_t>(num_nodes));
+  c->preparing_.assign(static_cast<size_t>(num_nodes), false);
 
   const uint64_t header_bytes = AlignUp(sizeof(layout::CacheHeader), 4096);
   if (!account->Reserve(header_bytes)) {
@@ -131,19 +133,60 @@ void CacheState::MarkFull(const std::string& why) {
   }
 }
 
-Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
-                              Segment** out) {
-  uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+uint64_t CacheState::NextSegmentSize(uint64_t min_bytes,
+                                     const MemoryAccount& account) const {
   // Grow by a quarter of what the cache holds: few segments for big caches,
   // and at most ~25% reserved but unused at the end.
   uint64_t want = std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20),
                                        kMinSegmentBytes, kMaxSegmentBytes);
   want = std::max(want, min_bytes);
   uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-  want = std::min(want, left);
-  want = std::min(want, account->available());
+  want = std::min({want, left, account.available()});
   want = want / 4096 * 4096;
-  if (want < min_bytes) {
+  return want >= min_bytes ? want : 0;
+}
+
+Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
+                                     uint32_t seg_no, int node, uint64_t size,
+                                     ShmFile* out) {
+  ShmFile f;
+  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f);
+  if (!s.ok()) return s;
+  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  h->seg_id = seg_no;
+  h->cache_id = cache_id;
+  h->node = static_cast<uint32_t>(node);
+  h->carved.store(layout::kSegmentHeaderSize);
+  h->file.version = layout::kLayoutVersion;
+  h->file.header_size = sizeof(layout::SegmentHeader);
+  h->file.file_size = size;
+  // The magic goes last: a file without it was never finished.
+  std::atomic_thread_fence(std::memory_order_release);
+  h->file.magic = layout::kSegmentMagic;
+  *out = std::move(f);
+  return Status::OK();
+}
+
+void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file) {
+  segments_.emplace(seg_no, Segment{seg_no, node, size, layout::kSegmentHeaderSize,
+                                    std::move(file)});
+  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+}
+
+Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
+                              Segment** out) {
+  uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+  auto& ready = prepared_[static_cast<size_t>(node)];
+  if (ready && ready->size >= min_bytes) {
+    uint32_t seg_no = ready->seg_no;
+    AddSegment(seg_no, node, ready->size, std::move(ready->file));
+    ready.reset();
+    *out = &segments_.at(seg_no);
+    return Status::OK();
+  }
+  uint64_t want = NextSegmentSize(min_bytes, *account);
+  if (want == 0) {
+    uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
     std::string why =
         left < min_bytes
             ? fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20)
@@ -160,13 +203,13 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
     MarkFull(why);
     return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
   }
-  if (segments_.size() > layout::kMaxSegmentId) {
+  if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
   }
-  auto seg_no = static_cast<uint32_t>(segments_.size());
+  uint32_t seg_no = next_seg_no_++;
   ShmFile f;
-  Status s = ShmFile::Create(paths_.SegmentFile(cache_id_, seg_no), want, node, &f);
+  Status s = CreateSegmentFile(paths_, cache_id_, seg_no, node, want, &f);
   if (!s.ok()) {
     if (s.IsFull()) MarkFull(s.message());
     if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
@@ -175,27 +218,53 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
   account->Reserve(want);
   data_bytes_ += want;
   AddReserved(want);
-  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
-  h->seg_id = seg_no;
-  h->cache_id = cache_id_;
-  h->node = static_cast<uint32_t>(node);
-  h->carved.store(layout::kSegmentHeaderSize);
-  h->file.version = layout::kLayoutVersion;
-  h->file.header_size = sizeof(layout::SegmentHeader);
-  h->file.file_size = want;
-  std::atomic_thread_fence(std::memory_order_release);
-  h->file.magic = layout::kSegmentMagic;
-  segments_.push_back(Segment{seg_no, node, want, layout::kSegmentHeaderSize,
-                              std::move(f)});
-  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
-  *out = &segments_.back();
+  AddSegment(seg_no, node, want, std::move(f));
+  *out = &segments_.at(seg_no);
   return Status::OK();
+}
+
+std::optional<SegmentJob> CacheState::TakeSegmentJob(int node,
+                                                     MemoryAccount* account) {
+  size_t n = static_cast<size_t>(node);
+  if (destroyed_ || preparing_[n] || prepared_[n] || current_[n] < 0) {
+    return std::nullopt;
+  }
+  const Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
+  if (cur.size - cur.carved > cur.size / 2) return std::nullopt;
+  uint64_t size = NextSegmentSize(kMinSegmentBytes, *account);
+  if (size == 0 || next_seg_no_ > layout::kMaxSegmentId) return std::nullopt;
+  // Reserved now, so that budgets and the cap hold while the file is made.
+  account->Reserve(size);
+  data_bytes_ += size;
+  AddReserved(size);
+  preparing_[n] = true;
+  return SegmentJob{cache_id_, next_seg_no_++, node, size};
+}
+
+void CacheState::FinishSegmentJob(const SegmentJob& job, Status made, ShmFile file,
+                                  MemoryAccount* account) {
+  size_t n = static_cast<size_t>(job.node);
+  if (destroyed_) {
+    // Destroy already released the reservation and unlinked what it knew.
+    ShmFile::Unlink(paths_.SegmentFile(cache_id_, job.seg_no)).PermitUncheckedError();
+    return;
+  }
+  preparing_[n] = false;
+  if (!made.ok()) {
+    account->Release(job.size);
+    data_bytes_ -= job.size;
+    reserved_bytes_ -= job.size;
+    header_->reserved_bytes.store(reserved_bytes_);
+    if (log_) log_->Warn("cache {}: preparing a segment failed: {}", cache_id_, made.message());
+    return;
+  }
+  prepared_[n] = Prepared{job.seg_no, job.size, std::move(file)};
 }
 
 layout::ChunkHeader* CacheState::ChunkAt(uint32_t seg_no, uint64_t offset,
                                          uint64_t size) {
   auto* h = reinterpret_cast<layout::ChunkHeader*>(
-      segments_[seg_no].file.data() + offset);
+      segments_.at(seg_no).file.data() + offset);
   h->cache_id = cache_id_;
   h->size = size;
   h->used.store(sizeof(layout::ChunkHeader));
@@ -224,8 +293,9 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
   }
   Segment* seg = nullptr;
   int cur = current_[static_cast<size_t>(node)];
-  if (cur >= 0 && segments_[cur].size - segments_[cur].carved >= want) {
-    seg = &segments_[cur];
+  if (cur >= 0 && segments_.at(static_cast<uint32_t>(cur)).size -
+                         segments_.at(static_cast<uint32_t>(cur)).carved >= want) {
+    seg = &segments_.at(static_cast<uint32_t>(cur));
   } else {
     Status s = NewSegment(node, want, account, &seg);
     if (!s.ok()) return s;
@@ -254,14 +324,14 @@ void CacheState::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   ChunkLease lease = *l;
   v.erase(l);
   auto* h = reinterpret_cast<layout::ChunkHeader*>(
-      segments_[lease.seg_no].file.data() + lease.offset);
+      segments_.at(lease.seg_no).file.data() + lease.offset);
   // `used` was written by the client: trust it only within the chunk.
   uint64_t used = h->used.load();
   if (used < sizeof(layout::ChunkHeader) || used > lease.size) used = lease.size;
   uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
   uint64_t end = lease.offset + lease.size;
   if (tail_off + kMinRecycleBytes <= end) {
-    const Segment& seg = segments_[lease.seg_no];
+    const Segment& seg = segments_.at(lease.seg_no);
     tails_[static_cast<size_t>(seg.node)].push_back(
         Tail{lease.seg_no, tail_off, end - tail_off});
   }
@@ -279,9 +349,12 @@ void CacheState::Destroy(MemoryAccount* account) {
   if (destroyed_) return;
   destroyed_ = true;
   if (header_) header_->state.fetch_or(layout::kStateDestroyed);
-  for (size_t i = 0; i < segments_.size(); ++i) {
-    ShmFile::Unlink(paths_.SegmentFile(cache_id_, static_cast<uint32_t>(i)))
-        .PermitUncheckedError();
+  for (const auto& [seg_no, seg] : segments_) {
+    ShmFile::Unlink(paths_.SegmentFile(cache_id_, seg_no)).PermitUncheckedError();
+  }
+  for (auto& p : prepared_) {
+    if (p) ShmFile::Unlink(paths_.SegmentFile(cache_id_, p->seg_no)).PermitUncheckedError();
+    p.reset();
   }
   for (size_t g = 0; g < tables_.size(); ++g) {
     ShmFile::Unlink(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)))
@@ -344,6 +417,8 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
   c->num_nodes_ = num_nodes;
   c->current_.assign(static_cast<size_t>(num_nodes), -1);
   c->tails_.resize(static_cast<size_t>(num_nodes));
+  c->prepared_.resize(static_cast<size_t>(num_nodes));
+  c->preparing_.assign(static_cast<size_t>(num_nodes), false);
   std::string path = paths.CacheFile(cache_id);
   Status s = ShmFile::Open(path, &c->header_file_);
   if (!s.ok()) return s;
@@ -376,7 +451,7 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
       return Status::Corruption(tp + ": " + bad);
     }
     if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 ||
-        (1ULL << t->capacity_log2) != cap || t->generation != g ||
+        t->capacity_log2 >= 40 || (1ULL << t->capacity_log2) != cap || t->generation != g ||
         f.size() != layout::TableFileSize(cap)) {
       return Status::Corruption(tp + ": table geometry does not match its header");
     }
@@ -388,7 +463,15 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
     std::string sp = paths.SegmentFile(cache_id, n);
     ShmFile f;
     s = ShmFile::Open(sp, &f);
+    if (s.IsNotFound()) continue;  // numbers are not dense
     if (!s.ok()) return Status::Corruption(sp + ": " + s.message());
+    if (f.size() >= sizeof(layout::FileHeader) &&
+        reinterpret_cast<layout::FileHeader*>(f.data())->magic == 0) {
+      // Being prepared when the daemon died; nothing points into it.
+      f.Unmap();
+      ShmFile::Unlink(sp).PermitUncheckedError();
+      continue;
+    }
     if (const char* bad = layout::CheckFileHeader(f.data(), f.size(), layout::kSegmentMagic,
                                                   sizeof(layout::SegmentHeader))) {
       return Status::Corruption(sp + ": " + bad);
@@ -405,9 +488,10 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
     uint64_t size = f.size();
     c->data_bytes_ += size;
     reserved += size;
-    c->segments_.push_back(Segment{n, static_cast<int>(sh->node), size, carved,
-                                   std::move(f)});
+    c->segments_.emplace(n, Segment{n, static_cast<int>(sh->node), size, carved,
+                                    std::move(f)});
     c->current_[sh->node] = static_cast<int>(n);
+    c->next_seg_no_ = n + 1;
   }
   if (!account->Reserve(reserved)) {
     return Status::Full(fmt::format(

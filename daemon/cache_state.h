@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,17 @@
 namespace shmcache {
 
 class Logger;
+
+// Making the next segment of a cache ahead of need, off the store's lock
+// (posix_fallocate of hundreds of MB takes a while): TakeSegmentJob
+// reserves the memory and names the file; the caller creates it with
+// CreateSegmentFile and hands it back with FinishSegmentJob.
+struct SegmentJob {
+  uint32_t cache_id;
+  uint32_t seg_no;
+  int node;
+  uint64_t size;
+};
 
 struct ChunkLease {
   uint32_t seg_no = 0;
@@ -82,6 +94,16 @@ class CacheState {
   void StopSpilling(const std::string& why);
   bool destroyed() const { return destroyed_; }
 
+  // A job when the current segment of `node` is half carved and nothing is
+  // prepared yet.
+  std::optional<SegmentJob> TakeSegmentJob(int node, MemoryAccount* account);
+  void FinishSegmentJob(const SegmentJob& job, Status made, ShmFile file,
+                        MemoryAccount* account);
+  // Creates and formats a segment file. Thread-safe (touches no state).
+  static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
+                                  uint32_t seg_no, int node, uint64_t size,
+                                  ShmFile* out);
+
   CacheStats Stats() const;
   uint32_t session_id() const { return session_id_; }
   const std::string& name() const { return name_; }
@@ -102,7 +124,17 @@ class CacheState {
     uint64_t size;
   };
 
+  struct Prepared {
+    uint32_t seg_no;
+    uint64_t size;
+    ShmFile file;
+  };
+
   CacheState() = default;
+  // Size of the next segment, at least min_bytes; 0 when the budget or the
+  // cap leaves less.
+  uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
+  void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account,
                     Segment** out);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2,
@@ -127,7 +159,10 @@ class CacheState {
   layout::CacheHeader* header_ = nullptr;
   std::vector<ShmFile> tables_;
   std::vector<IndexTable> index_;          // over tables_
-  std::vector<Segment> segments_;          // index = seg_no
+  std::map<uint32_t, Segment> segments_;   // by seg_no
+  uint32_t next_seg_no_ = 0;
+  std::vector<std::optional<Prepared>> prepared_;  // per node: next segment
+  std::vector<bool> preparing_;                     // per node: job running
   std::vector<int> current_;               // per node: seg_no or -1
   std::vector<std::vector<Tail>> tails_;   // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection

@@ -32,7 +32,38 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths,
                                              options.memory_cap_ratio);
 }
 
-Store::~Store() = default;
+Store::~Store() { StopPreparer(); }
+
+void Store::StopPreparer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  jobs_cv_.notify_all();
+  if (preparer_.joinable()) preparer_.join();
+}
+
+void Store::PrepareSegments() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) return;
+    SegmentJob job = jobs_.front();
+    jobs_.pop_front();
+    lock.unlock();
+    ShmFile file;
+    Status made = CacheState::CreateSegmentFile(paths_, job.cache_id, job.seg_no,
+                                                job.node, job.size, &file);
+    lock.lock();
+    auto it = caches_.find(job.cache_id);
+    if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
+      file.Unmap();
+      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no)).PermitUncheckedError();
+      continue;
+    }
+    it->second->FinishSegmentJob(job, made, std::move(file), &account_);
+  }
+}
 
 Status Store::Init() {
   if (!options_.spill_dir.empty()) {
@@ -43,6 +74,7 @@ Status Store::Init() {
   }
   AdoptExisting();
   WriteSessionsFile();
+  preparer_ = std::thread([this] { PrepareSegments(); });
   return Status::OK();
 }
 
@@ -266,6 +298,13 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
   Status s = CacheFor(cache_id, &c);
   if (!s.ok()) return s;
   s = c->Lease(conn, node, need, &account_, out);
+  if (s.ok()) {
+    int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
+    if (std::optional<SegmentJob> job = c->TakeSegmentJob(n, &account_)) {
+      jobs_.push_back(*job);
+      jobs_cv_.notify_one();
+    }
+  }
   CheckHighWater();
   return s;
 }
@@ -357,6 +396,7 @@ void Store::FillServerInfo(ServerInfo* out) {
 }
 
 void Store::Shutdown() {
+  StopPreparer();
   std::lock_guard lock(mu_);
   for (auto& [id, c] : caches_) c->Destroy(&account_);
   caches_.clear();

@@ -5,7 +5,10 @@
 // never comes here, so the mutex sees only control requests.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <thread>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,6 +70,9 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out);
+  // Background thread making caches' next segments (see SegmentJob).
+  void PrepareSegments();
+  void StopPreparer();
   void AdoptExisting();
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                          const std::string& why);
@@ -87,6 +93,10 @@ class Store {
   std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
   std::unique_ptr<SpillStore> spill_;
+  std::deque<SegmentJob> jobs_;          // GUARDED_BY(mu_)
+  std::condition_variable jobs_cv_;
+  bool stopping_ = false;                // GUARDED_BY(mu_)
+  std::thread preparer_;
 };
 
 }  // namespace shmcache

@@ -103,7 +103,10 @@ Status ShmFile::Open(const std::string& path, ShmFile* out) {
     close(fd);
     return Status::Corruption(path + " is empty");
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Populating the page tables now costs one pass in the kernel instead of
+  // a page fault on the first touch of every 4 KB page in the hot path.
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_POPULATE, fd, 0);
   int e = errno;
   close(fd);
   if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);
