@@ -1,0 +1,375 @@
+// The admin CLI, run as a program: every command, every class of invalid
+// argument (exit code 1 and a one-line message naming the problem), JSON
+// output, and two instances side by side.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+namespace pt = boost::property_tree;
+
+// Runs the admin with args and no server-specific environment except a
+// private run dir, so that nothing reaches a real server.
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { run_dir_ = MakeTempDir(TestTmpRoot(), "cli"); }
+  void TearDown() override { RemoveTree(run_dir_); }
+
+  CommandResult Run(std::vector<std::string> args, Env env = {}) {
+    std::vector<std::string> argv = {AdminPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    env.emplace_back("SHMCACHE_RUN_DIR", run_dir_);
+    return RunCommand(argv, env);
+  }
+  // Exit code 1, nothing on stdout, one line on stderr containing `what`.
+  void ExpectError(const std::vector<std::string>& args, const std::string& what,
+                   Env env = {}) {
+    CommandResult r = Run(args, env);
+    SCOPED_TRACE(testing::PrintToString(args));
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find(what), std::string::npos)
+        << "message should name '" << what << "'\n" << r.Describe();
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("shmcache: error: ", 0), 0u) << r.err;
+  }
+
+  std::string run_dir_;
+};
+
+pt::ptree ParseJson(const std::string& text) {
+  pt::ptree tree;
+  std::istringstream in(text);
+  pt::read_json(in, tree);  // throws on malformed JSON
+  return tree;
+}
+
+std::string LastToken(const std::string& out) {
+  std::istringstream in(out);
+  std::string tok, last;
+  while (in >> tok) last = tok;
+  return last;
+}
+
+TEST_F(CliTest, HelpListsEveryCommand) {
+  CommandResult r = Run({"--help"});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  for (const char* c : {"--start", "--stop", "--generate_session", "--destroy_session",
+                        "--list_sessions", "--server_info", "--json", "--port",
+                        "--hostname", "--workers", "--spilldir", "--loglevel"}) {
+    EXPECT_NE(r.out.find(c), std::string::npos) << c;
+  }
+}
+
+TEST_F(CliTest, NoCommand) { ExpectError({}, "no command given"); }
+
+TEST_F(CliTest, UnknownOption) {
+  ExpectError({"--list_sessions", "--bogus"}, "unknown option '--bogus'");
+  ExpectError({"-x"}, "unknown option '-x'");
+  ExpectError({"--list_sessions", "stray"}, "unexpected argument 'stray'");
+}
+
+TEST_F(CliTest, MissingValue) {
+  ExpectError({"--list_sessions", "-p"}, "-p needs a value");
+  ExpectError({"-d"}, "-d needs a value");
+  ExpectError({"--start", "-w"}, "-w needs a value");
+  ExpectError({"--start", "--spilldir"}, "--spilldir needs a value");
+  ExpectError({"--list_sessions", "--json=yes"}, "--json takes no value");
+}
+
+TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
+  ExpectError({"--list_sessions", "-p", "abc"}, "port 'abc'");
+  ExpectError({"--list_sessions", "-p", "12x"}, "port '12x'");
+  ExpectError({"-d", "xyz"}, "session id 'xyz'");
+  ExpectError({"-d", "-5"}, "session id '-5'");
+  ExpectError({"-d", "4294967296"}, "session id '4294967296'");
+  ExpectError({"--start", "-l", "9"}, "log level '9'");
+  ExpectError({"--start", "-l", "info"}, "log level 'info'");
+  ExpectError({"--start", "-r", "1.5"}, "memory cap ratio '1.5'");
+  ExpectError({"--start", "--memory_cap_mb", "0"}, "memory cap '0'");
+}
+
+TEST_F(CliTest, WorkerCountOutOfRange) {
+  ExpectError({"--start", "-w", "0"}, "worker count '0'");
+  ExpectError({"--start", "-w", "513"}, "worker count '513'");
+  ExpectError({"--start", "-w", "two"}, "worker count 'two'");
+}
+
+TEST_F(CliTest, TwoCommands) {
+  ExpectError({"--list_sessions", "--server_info"}, "only one command");
+  ExpectError({"--start", "--stop"}, "only one command");
+  ExpectError({"-g", "-d", "5"}, "only one command");
+}
+
+TEST_F(CliTest, StartOptionWithAnotherCommand) {
+  ExpectError({"--list_sessions", "-w", "2"}, "-w applies to --start only");
+}
+
+TEST_F(CliTest, PortOutsideTheRange) {
+  ExpectError({"--list_sessions", "-p", "80"}, "1025..65535");
+  ExpectError({"--list_sessions", "-p", "1024"}, "1025..65535");
+  ExpectError({"--list_sessions", "-p", "65536"}, "1025..65535");
+  ExpectError({"--list_sessions", "--port=0"}, "1025..65535");
+  ExpectError({"--list_sessions"}, "SHMCACHE_PORT", {{"SHMCACHE_PORT", "99999"}});
+}
+
+TEST_F(CliTest, NonLocalHost) {
+  ExpectError({"--list_sessions", "-h", "10.0.0.7"}, "'10.0.0.7' is not this machine");
+  ExpectError({"--start", "--hostname", "example.com"}, "'example.com' is not this machine");
+  ExpectError({"--list_sessions"}, "'192.168.1.1' is not this machine",
+              {{"SHMCACHE_HOST", "192.168.1.1"}});
+}
+
+TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
+  ExpectError({"--start", "-s", "relative/dir"}, "not an absolute path");
+  ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"}, "does not exist");
+  // Not writable: a directory of root's seen by another user, or a
+  // read-only directory of ours.
+  // (Under /tmp so that every user can reach it.)
+  std::string ro = MakeTempDir("/tmp", "shmcache-ro");
+  if (geteuid() == 0) {
+    ASSERT_EQ(chmod(ro.c_str(), 0755), 0);
+    CommandResult r = RunCommand({AdminPath(), "--start", "-s", ro, "-p", "31001"},
+                                 {{"SHMCACHE_RUN_DIR", run_dir_}}, 60,
+                                 /*uid=*/65534);
+    if (r.exit_code == 126 || r.exit_code == 127) {
+      GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
+    }
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find("not writable"), std::string::npos) << r.Describe();
+  } else {
+    ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
+    ExpectError({"--start", "-s", ro, "-p", "31001"}, "not writable");
+  }
+  EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
+  chmod(ro.c_str(), 0755);
+  RemoveTree(ro);
+}
+
+TEST_F(CliTest, ServerNotRunning) {
+  for (const char* cmd : {"--stop", "-g", "--list_sessions", "--server_info"}) {
+    ExpectError({cmd, "-p", "31002"}, "not running");
+  }
+  ExpectError({"-d", "5", "-p", "31002"}, "not running");
+}
+
+TEST_F(CliTest, EveryCommandAgainstARunningServer) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const CommandResult& start = server.start_result();
+  EXPECT_NE(start.out.find("successfully"), std::string::npos) << start.Describe();
+  EXPECT_NE(start.out.find(std::to_string(server.port())), std::string::npos);
+  EXPECT_NE(start.out.find("Logs: " + server.run_dir() + "/log/shmcached."),
+            std::string::npos) << start.out;
+
+  // -g: the id is the last token.
+  CommandResult g = server.Admin({"-g"});
+  ASSERT_EQ(g.exit_code, 0) << g.Describe();
+  std::string id = LastToken(g.out);
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(id.find_first_not_of("0123456789"), std::string::npos) << g.out;
+  CommandResult g2 = server.Admin({"--generate_session"});
+  ASSERT_EQ(g2.exit_code, 0);
+  std::string id2 = LastToken(g2.out);
+  EXPECT_NE(id, id2);
+
+  // Rows in one session, so that the listing has a cache to show.
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  CacheOptions o;
+  o.session_id = static_cast<uint32_t>(std::stoul(id));
+  o.name = "train";
+  o.fingerprint = "fp";
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(client->OpenCache(o, &cache).ok());
+  std::vector<uint8_t> row(3000, 7);
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok());
+  Row out;
+  ASSERT_TRUE(cache->Get(3, &out).ok());
+  EXPECT_TRUE(cache->Get(99, &out).IsNotFound());
+
+  CommandResult list = server.Admin({"--list_sessions"});
+  ASSERT_EQ(list.exit_code, 0) << list.Describe();
+  for (const char* col : {"Session", "Cache Id", "Mem cached", "Disk cached",
+                          "Avg cache size", "Numa hit", "Hits", "Misses"}) {
+    EXPECT_NE(list.out.find(col), std::string::npos) << col << "\n" << list.out;
+  }
+  EXPECT_NE(list.out.find(id), std::string::npos);
+  EXPECT_NE(list.out.find(id2), std::string::npos);
+  EXPECT_NE(list.out.find("n/a"), std::string::npos) << "zeros show as n/a";
+
+  CommandResult lj = server.Admin({"--list_sessions", "--json"});
+  ASSERT_EQ(lj.exit_code, 0) << lj.Describe();
+  pt::ptree sessions = ParseJson(lj.out);
+  ASSERT_EQ(sessions.size(), 2u) << lj.out;
+  bool found = false;
+  for (const auto& [_, s] : sessions) {
+    if (s.get<std::string>("session") != id) {
+      EXPECT_TRUE(s.get_child("caches").empty());
+      continue;
+    }
+    found = true;
+    const pt::ptree& caches = s.get_child("caches");
+    ASSERT_EQ(caches.size(), 1u);
+    const pt::ptree& c = caches.front().second;
+    EXPECT_EQ(c.get<std::string>("name"), "train");
+    EXPECT_EQ(c.get<uint64_t>("mem_cached"), 10u);
+    EXPECT_EQ(c.get<uint64_t>("disk_cached"), 0u);
+    EXPECT_GE(c.get<uint64_t>("avg_cache_size"), 3000u);
+    EXPECT_EQ(c.get<uint64_t>("hits"), 1u);
+    EXPECT_EQ(c.get<uint64_t>("misses"), 1u);
+    EXPECT_EQ(c.get<uint64_t>("numa_hit"), 1u) << "one node: every hit is local";
+    EXPECT_EQ(c.get<std::string>("full"), "false");
+    EXPECT_GT(c.get<uint64_t>("cache_id"), 0u);
+  }
+  EXPECT_TRUE(found) << lj.out;
+
+  CommandResult info = server.Admin({"--server_info"});
+  ASSERT_EQ(info.exit_code, 0) << info.Describe();
+  for (const char* field : {"Instance:", "Socket:", "Workers:", "Log level:",
+                            "Spill dir:", "Memory cap:", "NUMA nodes:", "Active sessions:"}) {
+    EXPECT_NE(info.out.find(field), std::string::npos) << field << "\n" << info.out;
+  }
+  EXPECT_NE(info.out.find(server.socket_path()), std::string::npos);
+
+  CommandResult ij = server.Admin({"--server_info", "--json"});
+  ASSERT_EQ(ij.exit_code, 0) << ij.Describe();
+  pt::ptree si = ParseJson(ij.out);
+  EXPECT_EQ(si.get<int>("port"), server.port());
+  EXPECT_EQ(si.get<std::string>("socket"), server.socket_path());
+  EXPECT_EQ(si.get<std::string>("shm_dir"), server.shm_dir());
+  EXPECT_EQ(si.get<int>("pid"), server.pid());
+  EXPECT_GE(si.get<int>("workers"), 1);
+  EXPECT_EQ(si.get<int>("log_level"), 1);
+  EXPECT_EQ(si.get<std::string>("spill_dir"), "null");
+  EXPECT_GT(si.get<uint64_t>("memory_cap_bytes"), 0u);
+  EXPECT_GT(si.get<uint64_t>("memory_used_bytes"), 0u);
+  EXPECT_EQ(si.get<int>("numa_nodes"), 1);
+  EXPECT_EQ(si.get_child("sessions").size(), 2u);
+
+  // -d: drops the session and its memory; a second time it does not exist.
+  cache.reset();
+  client.reset();
+  size_t files_before = server.ShmFiles().size();
+  CommandResult d = server.Admin({"-d", id});
+  ASSERT_EQ(d.exit_code, 0) << d.Describe();
+  EXPECT_NE(d.out.find(id), std::string::npos);
+  EXPECT_LT(server.ShmFiles().size(), files_before);
+  CommandResult d2 = server.Admin({"--destroy_session", id});
+  EXPECT_EQ(d2.exit_code, 1);
+  EXPECT_NE(d2.err.find("session " + id + " does not exist"), std::string::npos)
+      << d2.Describe();
+  CommandResult after = server.Admin({"--server_info", "--json"});
+  ASSERT_EQ(after.exit_code, 0);
+  EXPECT_EQ(ParseJson(after.out).get_child("sessions").size(), 1u);
+
+  // --stop: exit 0, socket and segments gone, a second stop finds nothing.
+  CommandResult stop = server.Stop();
+  ASSERT_EQ(stop.exit_code, 0) << stop.Describe();
+  EXPECT_NE(stop.out.find("stopped"), std::string::npos);
+  EXPECT_FALSE(PathExists(server.socket_path()));
+  EXPECT_TRUE(server.ShmFiles().empty());
+  CommandResult again = server.Admin({"--stop"});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("not running"), std::string::npos) << again.Describe();
+}
+
+TEST_F(CliTest, SessionThatDoesNotExist) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  CommandResult r = server.Admin({"-d", "12345"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("session 12345 does not exist"), std::string::npos) << r.Describe();
+}
+
+TEST_F(CliTest, SecondStartOfTheSameInstance) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  CommandResult r = server.Admin({"--start", "--shm_dir", server.shm_dir()});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("already running on port " + std::to_string(server.port())),
+            std::string::npos) << r.Describe();
+  EXPECT_NE(r.err.find(std::to_string(server.pid())), std::string::npos) << r.Describe();
+  // The first server is unharmed.
+  CommandResult g = server.Admin({"-g"});
+  EXPECT_EQ(g.exit_code, 0) << g.Describe();
+}
+
+TEST_F(CliTest, PortFromTheEnvironment) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  Env env = server.AdminEnv();
+  env.emplace_back("SHMCACHE_PORT", std::to_string(server.port()));
+  CommandResult g = RunCommand({AdminPath(), "-g"}, env);
+  ASSERT_EQ(g.exit_code, 0) << g.Describe();
+  CommandResult info = RunCommand({AdminPath(), "--server_info", "--json"}, env);
+  ASSERT_EQ(info.exit_code, 0) << info.Describe();
+  EXPECT_EQ(ParseJson(info.out).get_child("sessions").front().second.data(),
+            LastToken(g.out));
+  // The local host names are accepted.
+  for (const char* h : {"127.0.0.1", "localhost", "::1"}) {
+    CommandResult r = server.Admin({"--server_info", "-h", h});
+    EXPECT_EQ(r.exit_code, 0) << h << r.Describe();
+  }
+}
+
+TEST_F(CliTest, TwoInstancesSideBySide) {
+  // The same run dir and shm dir, two ports.
+  std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
+  ServerOptions o;
+  o.run_dir = run_dir_;
+  o.shm_dir = shm;
+  {
+    TestServer a(o);
+    TestServer b(o);
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(b.ok());
+    ASSERT_NE(a.port(), b.port());
+    ASSERT_NE(a.pid(), b.pid());
+    std::string sa = LastToken(a.Admin({"-g"}).out);
+    std::string sb = LastToken(b.Admin({"-g"}).out);
+    pt::ptree ia = ParseJson(a.Admin({"--server_info", "--json"}).out);
+    pt::ptree ib = ParseJson(b.Admin({"--server_info", "--json"}).out);
+    EXPECT_EQ(ia.get<int>("port"), a.port());
+    EXPECT_EQ(ib.get<int>("port"), b.port());
+    ASSERT_EQ(ia.get_child("sessions").size(), 1u);
+    ASSERT_EQ(ib.get_child("sessions").size(), 1u);
+    EXPECT_EQ(ia.get_child("sessions").front().second.data(), sa);
+    EXPECT_EQ(ib.get_child("sessions").front().second.data(), sb);
+    // Stopping one leaves the other running, with its files.
+    ASSERT_EQ(a.Stop().exit_code, 0);
+    EXPECT_TRUE(a.ShmFiles().empty());
+    EXPECT_FALSE(b.ShmFiles().empty());
+    CommandResult gb = b.Admin({"-g"});
+    EXPECT_EQ(gb.exit_code, 0) << gb.Describe();
+  }
+  EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
+  RemoveTree(shm);
+}
+
+TEST_F(CliTest, StartWithOptionsIsReported) {
+  std::string spill = MakeTempDir(run_dir_, "spill");
+  ServerOptions o;
+  o.extra_args = {"-w", "3", "-l", "2", "-s", spill};
+  TestServer server(o);
+  ASSERT_TRUE(server.ok());
+  EXPECT_NE(server.start_result().out.find("Workers: 3"), std::string::npos)
+      << server.start_result().out;
+  pt::ptree si = ParseJson(server.Admin({"--server_info", "--json"}).out);
+  EXPECT_EQ(si.get<int>("workers"), 3);
+  EXPECT_EQ(si.get<int>("log_level"), 2);
+  EXPECT_EQ(si.get<std::string>("spill_dir"), spill);
+}
+
+}  // namespace
+}  // namespace shmcache::test
