@@ -72,7 +72,8 @@ Status CacheImpl::MapNewTables() {
       return Status::Corruption(path + ": " + bad);
     }
     auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
-    if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 ||
+    // cap < 2^40 also keeps TableFileSize(cap) from overflowing.
+    if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 || cap >= (1ULL << 40) ||
         f.size() != layout::TableFileSize(cap) || t->generation != g) {
       return Status::Corruption(path + ": table geometry does not match");
     }

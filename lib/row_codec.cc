@@ -129,9 +129,11 @@ void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns,
     Store<uint8_t>(p + 2, static_cast<uint8_t>(c.name.size()));
     Store<uint8_t>(p + 3, 0);
     Store<uint32_t>(p + 4, static_cast<uint32_t>(data));
-    std::memcpy(p + kDescFixed, c.shape.data(), c.shape.size() * 8);
+    // A scalar's shape and an empty name may have null data: memcpy of
+    // null is undefined even for 0 bytes.
+    if (!c.shape.empty()) std::memcpy(p + kDescFixed, c.shape.data(), c.shape.size() * 8);
     std::byte* name = p + kDescFixed + c.shape.size() * 8;
-    std::memcpy(name, c.name.data(), c.name.size());
+    if (!c.name.empty()) std::memcpy(name, c.name.data(), c.name.size());
     std::memset(name + c.name.size(), 0, Pad8(c.name.size()) - c.name.size());
     desc += DescBytes(c.shape.size(), c.name.size());
     if (c.nbytes) std::memcpy(dst + data, c.data, c.nbytes);
