@@ -31,5 +31,33 @@ if [ -d tests/python ]; then
     -p no:cacheprovider
 fi
 
+# ---- Fuzz targets (issue 5) ------------------------------------------------
+# A bounded libFuzzer run per target ($SHMCACHE_FUZZ_SECONDS, default 20 s)
+# in a separate clang build with ASan/UBSan; each run is a meson test of that
+# build, counted below. Longer runs: tests/fuzz/README.md.
+echo "== Fuzz targets (${SHMCACHE_FUZZ_SECONDS:-20} s each)"
+fuzz_log=$root/build-fuzz/meson-logs/testlog.json
+rm -f "$fuzz_log"
+fuzz_ok=0
+if ensure_packages clang libclang-rt-14-dev; then
+  if [ ! -f build-fuzz/build.ninja ]; then
+    CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false \
+      -Dpython=disabled -Ddefault_library=static -Db_lundef=false >/dev/null
+  fi
+  if ninja -C build-fuzz fuzz >/dev/null; then
+    fuzz_ok=1
+    meson test -C build-fuzz --no-rebuild --suite fuzz --num-processes 2 \
+      --print-errorlogs
+    grep -ho 'fuzz fuzz_[a-z_]*: [0-9]* executions in [0-9]* s' \
+      build-fuzz/meson-logs/testlog.txt
+  fi
+fi
+if [ $fuzz_ok -eq 0 ]; then
+  echo "fuzz build failed"
+  mkdir -p "$(dirname "$fuzz_log")"
+  echo '{"name": "fuzz build", "result": "FAIL", "cmd": ["fuzz-build"]}' >"$fuzz_log"
+fi
+# ---- end of fuzz targets ---------------------------------------------------
+
 /usr/bin/python3 scripts/lib/count_results.py "$results" \
-  "$root/build/meson-logs/testlog.json"
+  "$root/build/meson-logs/testlog.json" "$fuzz_log"

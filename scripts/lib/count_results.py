@@ -2,7 +2,8 @@
 
 GoogleTest JSON reports (one per executable) count test cases; a meson test
 whose executable wrote no report (it crashed, or is not a GoogleTest
-program) counts as one case with meson's verdict. pytest's JUnit XML counts
+program) counts as one case with meson's verdict; several meson test logs
+may be given (the main build's and the fuzz build's). pytest's JUnit XML counts
 Python cases. Exit status 1 when anything failed or nothing ran.
 """
 import json
@@ -11,7 +12,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def main(results_dir, meson_log):
+def main(results_dir, *meson_logs):
     passed = failed = skipped = 0
     reported = set()
     for name in sorted(os.listdir(results_dir)):
@@ -40,7 +41,9 @@ def main(results_dir, meson_log):
                     failed += 1
                 else:
                     passed += 1
-    if os.path.exists(meson_log):
+    for meson_log in meson_logs:
+        if not os.path.exists(meson_log):
+            continue
         with open(meson_log) as f:
             for line in f:
                 t = json.loads(line)
@@ -62,4 +65,5 @@ def main(results_dir, meson_log):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    # count_results.py RESULTS_DIR MESON_TESTLOG.json [MORE_TESTLOGS.json...]
+    sys.exit(main(sys.argv[1], *sys.argv[2:]))
