@@ -37,6 +37,7 @@ Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
   }
   c->stats_ = &c->header_->stats[client->client_id() % layout::kStatsSlots];
   c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
+  c->single_node_ = NumaTopology::Get().num_nodes() == 1;
   c->chunk_fork_gen_ = ForkGeneration();
   s = c->MapNewTables();
   if (!s.ok()) return s;
@@ -127,15 +128,17 @@ Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
 }
 
 Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
-  const MappedSegment* seg;
-  Status s = SegmentFor(layout::LocationSegment(loc), &seg);
-  if (!s.ok()) return s;
+  const MappedSegment* seg = segments_.Find(layout::LocationSegment(loc));
+  if (seg == nullptr) {
+    Status s = SegmentFor(layout::LocationSegment(loc), &seg);
+    if (!s.ok()) return s;
+  }
   uint64_t off = layout::LocationOffset(loc);
   if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0) {
     return Status::Corruption("index entry points outside its segment");
   }
-  s = RowCodec::Decode(reinterpret_cast<const std::byte*>(seg->base + off),
-                       seg->size - off, view);
+  Status s = RowCodec::Decode(reinterpret_cast<const std::byte*>(seg->base + off),
+                              seg->size - off, view);
   if (!s.ok()) return s;
   if (RowCodec::KeyOf(*view) != id) {
     return Status::Corruption(fmt::format(
@@ -151,7 +154,9 @@ void CacheImpl::CountRead(bool hit, int node) {
     return;
   }
   stats_->hits.fetch_add(1, std::memory_order_relaxed);
-  if (node == NumaTopology::Get().CurrentNode()) {
+  if (node == 0 && single_node_) {
+    stats_->numa_hits.fetch_add(1, std::memory_order_relaxed);
+  } else if (node == NumaTopology::Get().CurrentNode()) {
     stats_->numa_hits.fetch_add(1, std::memory_order_relaxed);
   }
 }

@@ -86,6 +86,7 @@ class CacheImpl {
   layout::CacheHeader* header_ = nullptr;
   layout::StatsSlot* stats_ = nullptr;
   std::atomic<bool> closed_{false};
+  bool single_node_ = true;  // NUMA: every reader is on node 0
 
   std::mutex map_mu_;  // guards mapping of tables and segments
   std::atomic<uint32_t> num_tables_{0};

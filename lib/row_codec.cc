@@ -14,17 +14,17 @@ size_t DescBytes(size_t ndim, size_t name_len) {
   return kDescFixed + ndim * 8 + Pad8(name_len);
 }
 
-// itemsize * product(shape), false on a negative dim or overflow.
+// itemsize * product(shape), false on a negative dim or overflow. On the
+// hit path: no division.
 bool ShapeBytes(DType t, const int64_t* shape, size_t ndim, size_t* out) {
   size_t n = DTypeSize(t);
   if (n == 0) return false;
   for (size_t i = 0; i < ndim; ++i) {
     int64_t d;
     std::memcpy(&d, shape + i, sizeof d);
-    if (d < 0) return false;
-    if (d != 0 && n > kMaxRowBytes / static_cast<size_t>(d)) return false;
-    n *= static_cast<size_t>(d);
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<size_t>(d), &n)) return false;
   }
+  if (n > kMaxRowBytes) return false;
   *out = n;
   return true;
 }

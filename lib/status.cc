@@ -1,5 +1,6 @@
 #include "shmcache/status.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace shmcache {
@@ -29,11 +30,16 @@ Status Status::FromErrno(std::string_view what, int err) {
   return IOError(m);
 }
 
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return msg_ ? *msg_ : kEmpty;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string s = CodeName(code_);
   s += ": ";
-  s += msg_;
+  s += message();
   return s;
 }
 

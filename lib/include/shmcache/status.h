@@ -6,6 +6,7 @@
 // distinct threads without synchronisation.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -28,7 +29,19 @@ class [[nodiscard]] Status {
   };
 
   Status() = default;
-  Status(Code code, std::string_view msg) : code_(code), msg_(msg) {}
+  Status(Code code, std::string_view msg)
+      : code_(code), msg_(code == Code::kOk ? nullptr : new std::string(msg)) {}
+  Status(const Status& o)
+      : code_(o.code_), msg_(o.msg_ ? new std::string(*o.msg_) : nullptr) {}
+  Status& operator=(const Status& o) {
+    if (this != &o) {
+      code_ = o.code_;
+      msg_.reset(o.msg_ ? new std::string(*o.msg_) : nullptr);
+    }
+    return *this;
+  }
+  Status(Status&&) noexcept = default;
+  Status& operator=(Status&&) noexcept = default;
 
   static Status OK() { return Status(); }
   static Status NotFound(std::string_view m) { return {Code::kNotFound, m}; }
@@ -72,7 +85,8 @@ class [[nodiscard]] Status {
   }
 
   Code code() const { return code_; }
-  const std::string& message() const { return msg_; }
+  // Empty for OK.
+  const std::string& message() const;
   // "OK" or "<code name>: <message>".
   std::string ToString() const;
 
@@ -80,12 +94,13 @@ class [[nodiscard]] Status {
   void PermitUncheckedError() const {}
 
   friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.msg_ == b.msg_;
+    return a.code_ == b.code_ && a.message() == b.message();
   }
 
  private:
   Code code_ = Code::kOk;
-  std::string msg_;
+  // Null for OK, so that the success path (every hit) costs one word.
+  std::unique_ptr<std::string> msg_;
 };
 
 const char* CodeName(Status::Code code);

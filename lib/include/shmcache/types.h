@@ -30,7 +30,11 @@ enum class DType : uint8_t {
 inline constexpr int kNumDTypes = 14;
 
 // Bytes per element, or 0 for an unknown type value.
-size_t DTypeSize(DType t);
+inline size_t DTypeSize(DType t) {
+  constexpr uint8_t kSizes[kNumDTypes] = {1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
+  auto i = static_cast<size_t>(t);
+  return i < static_cast<size_t>(kNumDTypes) ? kSizes[i] : 0;
+}
 // "uint8", "float32", ... ; "invalid" for an unknown value.
 const char* DTypeName(DType t);
 // Inverse of DTypeName; false if the name is unknown.
