@@ -134,7 +134,7 @@ def targets(d):
         idx = v.get("mem.index_bytes_per_row.3072")
         row("per-row memory overhead, 3 KB rows",
             f"{enc:.0f} B row header + {idx:.0f} B index",
-            f"{oh:.0f} B", "<= 64 B", oh <= 64)
+            f"{oh:.0f} B", "<= 64 B", round(oh) <= 64)
     else:
         row("per-row memory overhead", "not measured", "—", "<= 64 B", None)
     speed = v.get("dataloader.steady_speedup")
