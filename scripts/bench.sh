@@ -36,8 +36,8 @@ configure() {
 echo "== build ($build, release)"
 python_build=yes
 configure auto
-if ! ninja -C "$build" >"$build.log" 2>&1; then
-  echo "build with the Python extension failed (see $build.log); building without it"
+if ! ninja -C "$build" >"$build/bench-build.log" 2>&1; then
+  echo "build with the Python extension failed (see $build/bench-build.log); building without it"
   python_build="no: the Python extension did not build"
   configure disabled
   ninja -C "$build" || exit 1
