@@ -1,0 +1,124 @@
+// Stale state: a killed daemon's socket, lock file and shared memory never
+// block a new --start; a live instance is never clobbered by a second one.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "rel_util.h"
+
+namespace shmcache::reltest {
+namespace {
+
+std::vector<std::string> StartArgs(const TestDaemon& d) {
+  return {AdminPath(), "--start", "-p", std::to_string(d.port()),
+          "--shm_dir", d.shm_dir(), "--log_dir", d.log_dir(), "-w", "1"};
+}
+
+bool Exists(const std::string& p) {
+  struct stat st;
+  return lstat(p.c_str(), &st) == 0;
+}
+
+TEST(StaleState, KilledDaemonLeavesNothingThatBlocksANewStart) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
+  uint32_t sid;
+  ASSERT_TRUE(c->CreateSession(&sid).ok());
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "f"}, &cache).ok());
+  RowMaker m(1024);
+  for (uint64_t id = 0; id < 100; ++id) ASSERT_TRUE(m.Put(*cache, id).ok());
+  cache.reset();
+  c.reset();
+  d.Kill();
+
+  const std::string sock = fmt::format("{}/shmcached-{}.sock", d.run_dir(), d.port());
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", d.run_dir(), d.port());
+  ASSERT_TRUE(Exists(sock)) << "expected the killed daemon's socket to remain";
+  ASSERT_TRUE(Exists(lock));
+  ASSERT_FALSE(d.ShmFiles().empty());
+  // A stale lock file naming a pid that is not ours either.
+  { std::ofstream(lock) << "999999\n"; }
+
+  std::string out;
+  int rc = RunProgram(StartArgs(d), d.AdminEnv(), &out);
+  ASSERT_EQ(rc, 0) << out;
+  std::unique_ptr<Client> c2;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &c2).ok());
+  ServerInfo info;
+  ASSERT_TRUE(c2->GetServerInfo(&info).ok());
+  EXPECT_NE(info.pid, 0);
+  uint32_t sid2;
+  ASSERT_TRUE(c2->CreateSession(&sid2).ok());
+  std::unique_ptr<Cache> cache2;
+  ASSERT_TRUE(c2->OpenCache({.session_id = sid2, .fingerprint = "g"}, &cache2).ok());
+  Row row;
+  for (uint64_t id = 0; id < 100; ++id) {
+    ASSERT_TRUE(m.Put(*cache2, id).ok());
+    ASSERT_TRUE(cache2->Get(id, &row).ok());
+    ASSERT_EQ(m.Verify(id, row.view()), "");
+  }
+  cache2.reset();
+  c2.reset();
+
+  // The new daemon is not our child (the admin detached it): stop it.
+  rc = RunProgram({AdminPath(), "--stop", "-p", std::to_string(d.port())},
+                  d.AdminEnv(), &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_FALSE(Exists(sock));
+  EXPECT_TRUE(d.ShmFiles().empty());
+  if (info.pid > 0 && kill(info.pid, 0) == 0) kill(info.pid, SIGKILL);
+}
+
+TEST(StaleState, SecondStartNeverClobbersALiveInstance) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
+  uint32_t sid;
+  ASSERT_TRUE(c->CreateSession(&sid).ok());
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "f"}, &cache).ok());
+  RowMaker m(1024);
+  for (uint64_t id = 0; id < 100; ++id) ASSERT_TRUE(m.Put(*cache, id).ok());
+  auto files_before = d.ShmFiles();
+
+  for (int i = 0; i < 3; ++i) {
+    std::string out;
+    int rc = RunProgram(StartArgs(d), d.AdminEnv(), &out);
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(out.find("already running"), std::string::npos) << out;
+    EXPECT_NE(out.find(std::to_string(d.pid())), std::string::npos)
+        << "the message should name the running process: " << out;
+  }
+  // The first instance still serves, with everything it had.
+  EXPECT_TRUE(d.Alive());
+  EXPECT_TRUE(c->CheckSession(sid).ok());
+  Row row;
+  for (uint64_t id = 0; id < 100; ++id) {
+    ASSERT_TRUE(cache->Get(id, &row).ok());
+    ASSERT_EQ(m.Verify(id, row.view()), "");
+  }
+  ASSERT_TRUE(m.Put(*cache, 100).ok());
+  std::unique_ptr<Client> c2;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &c2).ok());
+  ServerInfo info;
+  ASSERT_TRUE(c2->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.pid, d.pid());
+  EXPECT_EQ(d.ShmFiles().size(), files_before.size());
+  cache.reset();
+  c.reset();
+  c2.reset();
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+}  // namespace
+}  // namespace shmcache::reltest
