@@ -140,6 +140,8 @@ uint64_t CacheState::NextSegmentSize(uint64_t min_bytes,
   uint64_t want = std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20),
                                        kMinSegmentBytes, kMaxSegmentBytes);
   want = std::max(want, min_bytes);
+  // Whole 2 MB pages where possible, so that huge pages can back it.
+  if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
   uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
   want = std::min({want, left, account.available()});
   want = want / 4096 * 4096;
@@ -520,6 +522,7 @@ CacheStats CacheState::Stats() const {
     out.mem_bytes += slot.bytes.load(std::memory_order_relaxed);
     out.disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
   }
+  if (num_nodes_ == 1) out.numa_hits = out.hits;  // see CacheImpl::CountRead
   uint32_t st = header_->state.load();
   out.full = (st & layout::kStateFull) ||
              ((st & layout::kStateMemFull) && !(st & layout::kStateSpilling));

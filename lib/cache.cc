@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "cache_impl.h"
+
+#include <unistd.h>
 #include "numa_topology.h"
 #include "row_codec.h"
 
@@ -35,7 +37,8 @@ Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
   if (c->header_->cache_id != cache_id || c->header_->session_id != session_id) {
     return Status::Corruption(path + ": belongs to another cache");
   }
-  c->stats_ = &c->header_->stats[client->client_id() % layout::kStatsSlots];
+  c->stats_slot_.store(client->client_id() % layout::kStatsSlots);
+  c->stats_fork_gen_.store(ForkGeneration());
   c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
   c->single_node_ = NumaTopology::Get().num_nodes() == 1;
   c->chunk_fork_gen_ = ForkGeneration();
@@ -137,27 +140,37 @@ Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
   if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0) {
     return Status::Corruption("index entry points outside its segment");
   }
-  Status s = RowCodec::Decode(reinterpret_cast<const std::byte*>(seg->base + off),
-                              seg->size - off, view);
-  if (!s.ok()) return s;
-  if (RowCodec::KeyOf(*view) != id) {
-    return Status::Corruption(fmt::format(
-        "index entry for row {} points at row {}", id, RowCodec::KeyOf(*view)));
+  if (!RowCodec::DecodeHeader(reinterpret_cast<const std::byte*>(seg->base + off),
+                              seg->size - off, id, view)) {
+    return Status::Corruption(
+        fmt::format("index entry for row {} points at a row that does not match", id));
   }
   *node = seg->node;
   return Status::OK();
 }
 
+layout::StatsSlot* CacheImpl::Stats() {
+  // A forked child would share its parent's line: give it its own.
+  if (stats_fork_gen_.load(std::memory_order_relaxed) != ForkGeneration()) {
+    stats_fork_gen_.store(ForkGeneration(), std::memory_order_relaxed);
+    stats_slot_.store((client_->client_id() + static_cast<uint32_t>(getpid())) %
+                          layout::kStatsSlots,
+                      std::memory_order_relaxed);
+  }
+  return &header_->stats[stats_slot_.load(std::memory_order_relaxed)];
+}
+
 void CacheImpl::CountRead(bool hit, int node) {
+  layout::StatsSlot* slot = Stats();
   if (!hit) {
-    stats_->misses.fetch_add(1, std::memory_order_relaxed);
+    slot->misses.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  stats_->hits.fetch_add(1, std::memory_order_relaxed);
-  if (node == 0 && single_node_) {
-    stats_->numa_hits.fetch_add(1, std::memory_order_relaxed);
-  } else if (node == NumaTopology::Get().CurrentNode()) {
-    stats_->numa_hits.fetch_add(1, std::memory_order_relaxed);
+  slot->hits.fetch_add(1, std::memory_order_relaxed);
+  // On a single-node host every hit is a Numa hit: the readers of the
+  // statistics count them, and the hit path saves a locked add.
+  if (!single_node_ && node == NumaTopology::Get().CurrentNode()) {
+    slot->numa_hits.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -404,8 +417,9 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
     uint32_t n = num_tables_.load(std::memory_order_acquire);
     IndexTable::InsertResult r = tables_[n - 1].Insert(id, loc);
     if (r == IndexTable::InsertResult::kInserted) {
-      stats_->rows.fetch_add(1, std::memory_order_relaxed);
-      stats_->bytes.fetch_add(size, std::memory_order_relaxed);
+      layout::StatsSlot* slot = Stats();
+      slot->rows.fetch_add(1, std::memory_order_relaxed);
+      slot->bytes.fetch_add(size, std::memory_order_relaxed);
       if (inserted) *inserted = true;
       return Status::OK();
     }
@@ -456,6 +470,7 @@ Status CacheImpl::GetStats(CacheStats* out) {
     out->mem_bytes += slot.bytes.load(std::memory_order_relaxed);
     out->disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
   }
+  if (single_node_) out->numa_hits = out->hits;
   out->reserved_bytes = header_->reserved_bytes.load(std::memory_order_relaxed);
   out->budget_bytes = header_->budget_bytes;
   out->full = IsFull();

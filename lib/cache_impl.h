@@ -65,6 +65,7 @@ class CacheImpl {
   Status LeaseChunk(int node, size_t need, Chunk* out);
   Status GrowIndex(uint32_t seen);
   void ReturnChunksLocked();
+  layout::StatsSlot* Stats();
   void CountRead(bool hit, int node);
   // Reads spilled rows through the daemon, one round trip per batch.
   // statuses[i] is OK, NotFound, or the transport error.
@@ -84,7 +85,9 @@ class CacheImpl {
   const uint32_t session_id_;
   ShmFile header_file_;
   layout::CacheHeader* header_ = nullptr;
-  layout::StatsSlot* stats_ = nullptr;
+  // This process's statistics line (re-picked in a forked child).
+  std::atomic<uint32_t> stats_slot_{0};
+  std::atomic<uint64_t> stats_fork_gen_{0};
   std::atomic<bool> closed_{false};
   bool single_node_ = true;  // NUMA: every reader is on node 0
 

@@ -1,5 +1,7 @@
 #include "index_table.h"
 
+#include <sched.h>
+
 namespace shmcache {
 
 void IndexTable::Format(layout::TableHeader* h, size_t file_size,
@@ -14,6 +16,23 @@ void IndexTable::Format(layout::TableHeader* h, size_t file_size,
   h->capacity = 1ULL << capacity_log2;
   h->capacity_log2 = capacity_log2;
   h->claimed.store(0, std::memory_order_release);
+}
+
+uint64_t IndexTable::AwaitPublished(const layout::Slot& s) {
+  // A claimed slot is published two stores later (the row was written
+  // before the claim), so this returns at once unless the claimer was
+  // preempted or killed. Waiting keeps two writers of one id from both
+  // storing it; the bound keeps a dead writer from stalling anyone.
+  for (int i = 0; i < 4096; ++i) {
+    uint64_t loc = s.loc.load(std::memory_order_acquire);
+    if (loc != layout::kClaimed) return loc;
+    if (i < 64) {
+      __builtin_ia32_pause();
+    } else {
+      sched_yield();
+    }
+  }
+  return layout::kClaimed;
 }
 
 IndexTable::InsertResult IndexTable::Insert(uint64_t key, uint64_t loc) {
@@ -36,7 +55,8 @@ IndexTable::InsertResult IndexTable::Insert(uint64_t key, uint64_t loc) {
       }
       // Lost the race for this slot: look at what the winner published.
     }
-    if (cur == layout::kClaimed) continue;
+    if (cur == layout::kClaimed) cur = AwaitPublished(s);
+    if (cur == layout::kClaimed) continue;  // its writer died: skip it
     if (s.key.load(std::memory_order_relaxed) == key) {
       return InsertResult::kExists;
     }

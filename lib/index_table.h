@@ -4,10 +4,12 @@
 // waits for another: a writer killed between claiming a slot and publishing
 // it leaves one dead slot (skipped by everyone), never a stuck reader.
 //
-// Duplicates: Insert first probes for the key; if it is published, the new
-// row is dropped. Two writers racing on the same key may both publish (each
-// in its own slot); readers then see one of two whole, equal-id rows. The
-// first published one is found first by every reader.
+// Duplicates: Insert probes for the key; if it is published, the new row is
+// dropped. A writer meeting a slot another writer has claimed but not yet
+// published waits (bounded: a few thousand spins and yields) to see its key,
+// so two writers of one id do not both store it. Only a claimer that stalls
+// past that bound (killed, or descheduled for long) can lead to a second
+// copy; readers then see one of two whole, equal-id rows.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +65,8 @@ class IndexTable {
   bool valid() const { return header_ != nullptr; }
 
  private:
+  // Waits for a claimed slot to be published; kClaimed if it never is.
+  static uint64_t AwaitPublished(const layout::Slot& s);
   uint64_t Home(uint64_t key) const {
     return (key * 0x9E3779B97F4A7C15ULL) >> shift_ & mask_;
   }

@@ -50,20 +50,26 @@ struct Desc {
   size_t desc_bytes;
 };
 
-// Reads the descriptor at p; the row was validated by Decode.
-Desc ReadDesc(const std::byte* p) {
-  Desc d;
-  d.dtype = static_cast<DType>(Load<uint8_t>(p));
-  d.ndim = Load<uint8_t>(p + 1);
+// Reads the descriptor at `off` of a row of `total` bytes. False when it
+// does not lie wholly inside the row: the accessors below check every
+// descriptor they read, so a row that skipped full validation (the hit path
+// decodes only the header) can never make them read out of bounds.
+bool ReadDesc(const std::byte* row, size_t off, size_t total, Desc* d) {
+  if (off + kDescFixed > total) return false;
+  const std::byte* p = row + off;
+  d->dtype = static_cast<DType>(Load<uint8_t>(p));
+  d->ndim = Load<uint8_t>(p + 1);
   size_t name_len = Load<uint8_t>(p + 2);
-  d.data_offset = Load<uint32_t>(p + 4);
-  d.shape = reinterpret_cast<const int64_t*>(p + kDescFixed);
-  d.name = std::string_view(
-      reinterpret_cast<const char*>(p + kDescFixed + d.ndim * 8), name_len);
-  d.nbytes = 0;
-  ShapeBytes(d.dtype, d.shape, d.ndim, &d.nbytes);
-  d.desc_bytes = DescBytes(d.ndim, name_len);
-  return d;
+  d->desc_bytes = DescBytes(d->ndim, name_len);
+  if (off + d->desc_bytes > total) return false;
+  d->data_offset = Load<uint32_t>(p + 4);
+  d->shape = reinterpret_cast<const int64_t*>(p + kDescFixed);
+  d->name = std::string_view(
+      reinterpret_cast<const char*>(p + kDescFixed + d->ndim * 8), name_len);
+  d->nbytes = 0;
+  return ShapeBytes(d->dtype, d->shape, d->ndim, &d->nbytes) &&
+         d->data_offset % 8 == 0 && d->data_offset <= total &&
+         d->nbytes <= total - d->data_offset;
 }
 
 ColumnView ToView(const std::byte* row, const Desc& d) {
@@ -146,6 +152,21 @@ uint32_t RowCodec::PeekSize(const std::byte* p) { return Load<uint32_t>(p); }
 
 uint64_t RowCodec::KeyOf(const RowView& v) {
   return Load<uint64_t>(v.bytes_.data() + 8);
+}
+
+bool RowCodec::DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
+                            RowView* out) {
+  if (max_bytes < kRowHeaderBytes) return false;
+  uint32_t total = Load<uint32_t>(p);
+  uint16_t ncols = Load<uint16_t>(p + 4);
+  if (total < kRowHeaderBytes || total > max_bytes || total % 8 != 0 ||
+      Load<uint8_t>(p + 6) != kRowVersion || ncols == 0 || ncols > kMaxColumns ||
+      Load<uint64_t>(p + 8) != key) {
+    return false;
+  }
+  out->bytes_ = std::span<const std::byte>(p, total);
+  out->num_columns_ = ncols;
+  return true;
 }
 
 Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
@@ -237,19 +258,21 @@ Status RowCodec::Project(const RowView& in,
 ColumnView RowView::column(size_t i) const {
   const std::byte* p = bytes_.data();
   size_t off = kRowHeaderBytes;
-  Desc d = ReadDesc(p + off);
-  for (size_t k = 0; k < i; ++k) {
+  Desc d;
+  for (size_t k = 0; k <= i && k < num_columns_; ++k) {
+    if (!ReadDesc(p, off, bytes_.size(), &d)) return ColumnView{};
+    if (k == i) return ToView(p, d);
     off += d.desc_bytes;
-    d = ReadDesc(p + off);
   }
-  return ToView(p, d);
+  return ColumnView{};
 }
 
 std::optional<ColumnView> RowView::find(std::string_view name) const {
   const std::byte* p = bytes_.data();
   size_t off = kRowHeaderBytes;
+  Desc d;
   for (size_t k = 0; k < num_columns_; ++k) {
-    Desc d = ReadDesc(p + off);
+    if (!ReadDesc(p, off, bytes_.size(), &d)) return std::nullopt;
     if (d.name == name) return ToView(p, d);
     off += d.desc_bytes;
   }

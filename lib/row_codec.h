@@ -41,6 +41,11 @@ class RowCodec {
                      std::byte* dst, size_t size);
   // Validates the row at p (at most max_bytes readable) and views it.
   static Status Decode(const std::byte* p, size_t max_bytes, RowView* out);
+  // The hit path's check of a row in shared memory: header fields in
+  // bounds and the row's id equal to `key`. Descriptors are checked by the
+  // RowView accessors as they are read. False on any mismatch.
+  static bool DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
+                           RowView* out);
   // Total bytes of the row at p, read from its header (no validation).
   static uint32_t PeekSize(const std::byte* p);
   static uint64_t KeyOf(const RowView& v);

@@ -38,6 +38,13 @@ size_t FreeBytes(const std::string& dir) {
   return static_cast<size_t>(v.f_bavail) * v.f_frsize;
 }
 
+// Huge pages cut page faults and TLB misses by 512x where the shm dir
+// allows them (a tmpfs mounted huge=within_size, or shmem_enabled=advise);
+// elsewhere the advice is refused and nothing changes.
+static void AdviseHugePages(void* p, size_t size) {
+  if (size >= (2u << 20)) (void)madvise(p, size, MADV_HUGEPAGE);
+}
+
 static std::string DirOf(const std::string& path) {
   auto slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -63,6 +70,7 @@ Status ShmFile::Create(const std::string& path, size_t size, int node,
   // tmpfs allocates a file's pages by the file's shared policy, which mbind
   // on a shared mapping sets: bind first, then reserve.
   if (node >= 0) NumaTopology::Get().BindMemory(p, size, node);
+  AdviseHugePages(p, size);
   int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
   if (err != 0) {
     munmap(p, size);
@@ -110,6 +118,7 @@ Status ShmFile::Open(const std::string& path, ShmFile* out) {
   int e = errno;
   close(fd);
   if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);
+  AdviseHugePages(p, size);
   out->Unmap();
   out->base_ = static_cast<char*>(p);
   out->size_ = size;

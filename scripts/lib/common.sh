@@ -32,12 +32,16 @@ ensure_packages() {
     --no-install-recommends "${missing[@]}" || return 1
 }
 
-# build_project [BUILD_DIR]: configures (once) and builds. Uses
-# /usr/bin/python3, where Debian's numpy, pybind11 and torch live.
+# build_project [BUILD_DIR]: configures and builds, with the tests and the
+# Python extension on (an existing build dir is reconfigured to match).
+# Uses /usr/bin/python3, where Debian's numpy, pybind11 and torch live.
 build_project() {
   local dir=${1:-build}
+  local opts=(-Dtests=true -Dpython=enabled)
   if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" -Dpython=enabled >/dev/null || return 1
+    meson setup "$dir" "${opts[@]}" >/dev/null || return 1
+  else
+    meson configure "$dir" "${opts[@]}" >/dev/null || return 1
   fi
   ninja -C "$dir" || return 1
 }
