@@ -315,15 +315,19 @@ class DatasetCache:
         first writer wins) or the cache is bypassed (full, daemon gone)."""
         return self.put_columns(row_id, encode_row(row))
 
-    def get_columns(self, row_id, columns=None, copy=True, _reserved=False):
-        """[(name, dtype, array)] of a hit, or None on a miss."""
+    def get_columns(self, row_id, columns=None, copy=True, _reserved=False,
+                    _readonly=True):
+        """[(name, dtype, array)] of a hit, or None on a miss.
+
+        With copy=False the arrays are views into shared memory (rows that
+        the cache spilled to disk come back as copies)."""
         row_id = int(row_id) if _reserved else self._check_id(row_id)
         names = _column_names(columns)
         c = self._open()
         if c is None:
             return None
         try:
-            cols = c.get(row_id, names, copy)
+            cols = c.get(row_id, names, copy, _readonly)
         except KeyError:
             raise
         except Error as e:
@@ -333,6 +337,29 @@ class DatasetCache:
         if cols is not None:
             self.bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
+
+    def get_batch_columns(self, row_ids, copy=True):
+        """get_columns of many rows: a list with, per id, [(name, dtype,
+        array)] or None on a miss. With copy=True, rows the cache spilled to
+        disk are fetched in one round trip to the daemon per batch."""
+        ids = [self._check_id(i) for i in row_ids]
+        c = self._open()
+        if c is None:
+            return [None] * len(ids)
+        try:
+            rows = c.get_batch(ids, copy)
+        except Error as e:
+            self._dead = True
+            self._warn("the cache failed", e)
+            return [None] * len(ids)
+        self.bytes_read += sum(a.nbytes for cols in rows if cols is not None
+                               for _, _, a in cols)
+        return rows
+
+    def get_batch(self, row_ids, copy=True):
+        """get() of many rows: a list with the row or None per id."""
+        return [None if cols is None else decode_row(cols)
+                for cols in self.get_batch_columns(row_ids, copy)]
 
     def get(self, row_id, columns=None, copy=True):
         """The cached row, or None on a miss.

@@ -119,14 +119,15 @@ void MakeReadOnly(py::array& a) {
       ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
 }
 
-// An array over `c`'s bytes. With `base` it is a read-only view that keeps
-// `base` alive; without, a private writable copy.
-py::array ColumnToArray(const ColumnView& c, py::handle base) {
+// An array over `c`'s bytes. With `base` it is a view that keeps `base`
+// alive (read-only unless `writable`); without, a private writable copy.
+py::array ColumnToArray(const ColumnView& c, py::handle base,
+                        bool writable = false) {
   py::dtype dt = ToNumpy(c.dtype);
   std::vector<py::ssize_t> shape(c.shape.begin(), c.shape.end());
   if (base) {
     py::array a(dt, shape, {}, c.data, base);
-    MakeReadOnly(a);
+    if (!writable) MakeReadOnly(a);
     return a;
   }
   py::array a(dt, shape);
@@ -134,9 +135,11 @@ py::array ColumnToArray(const ColumnView& c, py::handle base) {
   return a;
 }
 
-py::tuple ColumnTuple(const ColumnView& c, py::handle base) {
+py::tuple ColumnTuple(const ColumnView& c, py::handle base,
+                      bool writable = false) {
   return py::make_tuple(py::str(c.name.data(), c.name.size()),
-                        shmcache::DTypeName(c.dtype), ColumnToArray(c, base));
+                        shmcache::DTypeName(c.dtype),
+                        ColumnToArray(c, base, writable));
 }
 
 py::dict StatsDict(const shmcache::CacheStats& st) {
@@ -211,9 +214,67 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) {
   return inserted;
 }
 
-// get(id, columns=None, copy=True) -> [(name, dtype, array)] or None.
+// A private copy of a row (Cache::Get's Row), owned by the arrays over it:
+// copy-out costs one copy, from shared memory into the Row.
+py::capsule OwnRow(shmcache::Row&& row) {
+  auto* holder = new shmcache::Row(std::move(row));
+  return py::capsule(holder, [](void* p) { delete static_cast<shmcache::Row*>(p); });
+}
+
+// [(name, dtype, array)] over a private Row (writable arrays, no copy).
+py::list RowColumns(shmcache::Row&& row) {
+  py::list out;
+  if (row.num_columns() == 0) return out;
+  py::capsule base = OwnRow(std::move(row));
+  const auto* keep = static_cast<const shmcache::Row*>(base.get_pointer());
+  for (size_t i = 0; i < keep->num_columns(); ++i) {
+    out.append(ColumnTuple(keep->column(i), base, /*writable=*/true));
+  }
+  return out;
+}
+
+// A view of a spilled row points into a per-thread buffer that the next
+// view of a spilled row overwrites: such rows are copied, never viewed.
+// Rows can be on disk only once the cache spilled (memory full with
+// spilling on) or stopped spilling (then it is marked full); both states
+// are sticky, so checking after the View is enough.
+bool MayHoldSpilledRows(Cache& c) {
+  if (c.IsFull()) return true;
+  shmcache::CacheStats st;
+  return !c.GetStats(&st).ok() || st.spilling || st.full;
+}
+
+// The columns of `view` (all, or the named ones in that order), as
+// zero-copy arrays over shared memory, or as copies when the view might
+// point into the per-thread spill buffer.
+py::list ViewColumns(const PyCachePtr& self, uint64_t id,
+                     const shmcache::RowView& view,
+                     const std::optional<std::vector<std::string>>& columns,
+                     bool readonly) {
+  bool zero_copy = !MayHoldSpilledRows(*self->cache);
+  py::object base = zero_copy ? py::object(KeepAlive(self)) : py::object();
+  py::list out;
+  if (columns) {
+    for (const std::string& name : *columns) {
+      std::optional<ColumnView> c = view.find(name);
+      if (!c) throw py::key_error("row " + std::to_string(id) + " has no column '" + name + "'");
+      out.append(ColumnTuple(*c, base, !readonly));
+    }
+  } else {
+    for (size_t i = 0; i < view.num_columns(); ++i) {
+      out.append(ColumnTuple(view.column(i), base, !readonly));
+    }
+  }
+  return out;
+}
+
+// get(id, columns=None, copy=True, readonly=True)
+//   -> [(name, dtype, array)] or None.
+// copy=False: zero-copy arrays over shared memory, read-only unless
+// readonly=False (for callers that wrap them in tensors and never write).
 py::object Get(const PyCachePtr& self, uint64_t id,
-               std::optional<std::vector<std::string>> columns, bool copy) {
+               std::optional<std::vector<std::string>> columns, bool copy,
+               bool readonly) {
   if (copy) {
     shmcache::Row row;
     Status s;
@@ -232,11 +293,7 @@ py::object Get(const PyCachePtr& self, uint64_t id,
       return py::none();
     }
     Check(s);
-    py::list out;
-    for (size_t i = 0; i < row.num_columns(); ++i) {
-      out.append(ColumnTuple(row.column(i), py::handle()));
-    }
-    return py::object(std::move(out));
+    return RowColumns(std::move(row));
   }
   shmcache::RowView view;
   Status s;
@@ -246,20 +303,37 @@ py::object Get(const PyCachePtr& self, uint64_t id,
   }
   if (s.IsNotFound()) return py::none();
   Check(s);
-  py::capsule base = KeepAlive(self);
+  return ViewColumns(self, id, view, columns, readonly);
+}
+
+// get_batch(ids, copy=True, readonly=True) -> [columns or None per id].
+// copy=True uses Cache::GetBatch: spilled rows come from the daemon in one
+// round trip per batch. copy=False views rows in shared memory; spilled
+// rows are then copied one by one.
+py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
+                  bool copy, bool readonly) {
   py::list out;
-  if (columns) {
-    for (const std::string& name : *columns) {
-      std::optional<ColumnView> c = view.find(name);
-      if (!c) throw py::key_error("row " + std::to_string(id) + " has no column '" + name + "'");
-      out.append(ColumnTuple(*c, base));
+  if (copy) {
+    std::vector<shmcache::Row> rows(ids.size());
+    std::vector<Status> statuses(ids.size());
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = self->cache->GetBatch(ids, rows.data(), statuses.data());
     }
-  } else {
-    for (size_t i = 0; i < view.num_columns(); ++i) {
-      out.append(ColumnTuple(view.column(i), base));
+    Check(s);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (statuses[i].IsNotFound()) {
+        out.append(py::none());
+        continue;
+      }
+      Check(statuses[i]);
+      out.append(RowColumns(std::move(rows[i])));
     }
+    return out;
   }
-  return py::object(std::move(out));
+  for (uint64_t id : ids) out.append(Get(self, id, std::nullopt, false, readonly));
+  return out;
 }
 
 }  // namespace
@@ -280,8 +354,11 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("put", &Put, py::arg("id"), py::arg("columns"),
            "Stores a row; returns False when the id was already present.")
       .def("get", &Get, py::arg("id"), py::arg("columns") = py::none(),
-           py::arg("copy") = true,
+           py::arg("copy") = true, py::arg("readonly") = true,
            "A list of (name, dtype, array), or None on a miss.")
+      .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
+           py::arg("readonly") = true,
+           "For each id, a list of (name, dtype, array) or None on a miss.")
       .def("contains", [](PyCache& self, uint64_t id) {
         py::gil_scoped_release nogil;
         return self.cache->Contains(id);

@@ -109,39 +109,80 @@ class CachedDataset(Dataset):
       random augmentation).
     columns: read only these columns of each row (names of a dict sample or
       positions of a tuple sample).
+    copy: whether a hit returns tensors over a private copy (True) or over
+      the cache's shared memory, without a copy (False). The default (None)
+      is zero-copy inside a DataLoader worker when there is no `transform`:
+      there the sample only goes to the collate function, whose batching
+      (default_collate's stack, written straight into the shared memory
+      that carries the batch to the trainer) is then the one copy of the
+      sample; elsewhere hits are copied. Zero-copy tensors alias memory
+      that every process of the session reads: never modify them in place
+      (torch has no read-only tensors); a collate_fn or transform that
+      works in place needs copy=True.
     Works under DataLoader(num_workers>0) with fork or spawn, and with
-    DistributedSampler.
+    DistributedSampler. Under a DataLoader with batching, a batch of hits is
+    read with one call (__getitems__); rows the cache spilled to disk then
+    come from the daemon in one round trip per batch.
     """
 
     def __init__(self, dataset, cache, name=None, transform=None,
-                 columns=None, allow_random=False):
+                 columns=None, allow_random=False, copy=None):
+        if copy is not None and not isinstance(copy, bool):
+            raise TypeError(f"copy must be None, True or False, got {copy!r}")
         self.dataset = dataset
         self.cache = _cache_for(dataset, cache, name, allow_random)
         self.transform = transform
         self.columns = columns
+        self.copy = copy
         self.cache.open()   # a wrong pipeline under this name fails here
 
     def __len__(self):
         return len(self.dataset)
 
-    def __getitem__(self, index):
-        if isinstance(index, torch.Tensor):
-            index = int(index)
-        cols = self.cache.get_columns(index, self.columns)
-        if cols is not None:
-            if self.columns is not None and isinstance(self.columns, (str, int)):
-                sample = _leaf_to_tensor(cols[0][1], cols[0][2])
-            else:
-                sample = decode_row(cols, _leaf_to_tensor)
-        else:
-            encoded = encode_row(self.dataset[index])
-            self.cache.put_columns(index, encoded)
-            sample = _to_tensors(encoded)
-            if self.columns is not None:
-                sample = self._project(sample)
+    def _zero_copy(self):
+        if self.copy is not None:
+            return not self.copy
+        return self.transform is None and get_worker_info() is not None
+
+    def _hit(self, cols):
+        if self.columns is not None and isinstance(self.columns, (str, int)):
+            return _leaf_to_tensor(cols[0][1], cols[0][2])
+        return decode_row(cols, _leaf_to_tensor)
+
+    def _miss(self, index):
+        encoded = encode_row(self.dataset[index])
+        self.cache.put_columns(index, encoded)
+        sample = _to_tensors(encoded)
+        if self.columns is not None:
+            sample = self._project(sample)
+        return sample
+
+    def _out(self, sample):
         if self.transform is not None:
             sample = self.transform(sample)
         return sample
+
+    def __getitem__(self, index):
+        if isinstance(index, torch.Tensor):
+            index = int(index)
+        # Zero-copy arrays come back writable-flagged (never written: they
+        # only become tensors), so torch.from_numpy does not warn.
+        zero_copy = self._zero_copy()
+        cols = self.cache.get_columns(index, self.columns, copy=not zero_copy,
+                                      _readonly=not zero_copy)
+        sample = self._hit(cols) if cols is not None else self._miss(index)
+        return self._out(sample)
+
+    def __getitems__(self, indices):
+        """The samples of a batch (DataLoader's fetcher calls this). Copied
+        hits of all columns are read with one batched get; zero-copy hits
+        and projections go row by row (they cost no round trip)."""
+        indices = [int(i) for i in indices]
+        if self._zero_copy() or self.columns is not None:
+            return [self[i] for i in indices]
+        rows = self.cache.get_batch_columns(indices, copy=True)
+        return [self._out(self._hit(cols) if cols is not None else self._miss(i))
+                for i, cols in zip(indices, rows)]
 
     def _project(self, sample):
         cols = self.columns
