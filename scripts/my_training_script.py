@@ -130,10 +130,16 @@ def main():
         for images, labels in loader:
             n += len(labels)
         total += n
-        print(f"device {a.device} epoch {e + 1}: {n} samples in "
-              f"{time.perf_counter() - t0:.3f} s", flush=True)
-    print(f"Got {total} samples on device {a.device}", flush=True)
+        say(f"device {a.device} epoch {e + 1}: {n} samples in "
+            f"{time.perf_counter() - t0:.3f} s")
+    say(f"Got {total} samples on device {a.device}")
     return 0
+
+
+def say(line):
+    # One write per line: the devices share a terminal and must not
+    # interleave inside a line.
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
 if __name__ == "__main__":
