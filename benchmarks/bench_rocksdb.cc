@@ -63,6 +63,35 @@ void BenchRocksdb(const Config& c, const Source& src, Report* r) {
     });
     if (rate < 0) r->Skip("rocksdb get", "Get failed");
     else r->Add("get", "rocksdb", "raw", size, p, rate);
+    // MultiGet of the same random ids, kBatch keys per call.
+    constexpr size_t kBatch = 64;
+    rate = RunProcs(p, [&](int child) {
+      rocksdb::DB* d = nullptr;
+      rocksdb::Options ro;
+      if (!rocksdb::DB::OpenForReadOnly(ro, dir, &d).ok()) return -1.0;
+      std::unique_ptr<rocksdb::DB> owned(d);
+      std::vector<uint64_t> ids(kBatch);
+      std::vector<rocksdb::Slice> keys(kBatch);
+      std::vector<rocksdb::PinnableSlice> values(kBatch);
+      std::vector<rocksdb::Status> sts(kBatch);
+      bool good = true;
+      const uint64_t off = static_cast<uint64_t>(child) * 7919;
+      double rr = TimedRateBatched(c.seconds, kBatch, [&](uint64_t i) {
+        for (size_t k = 0; k < kBatch; ++k) {
+          ids[k] = idx[(i * kBatch + k + off) & (idx.size() - 1)];
+          keys[k] = rocksdb::Slice(reinterpret_cast<const char*>(&ids[k]), sizeof ids[k]);
+          values[k].Reset();
+        }
+        owned->MultiGet(rocksdb::ReadOptions(), owned->DefaultColumnFamily(), kBatch,
+                        keys.data(), values.data(), sts.data());
+        for (size_t k = 0; k < kBatch; ++k) {
+          good &= sts[k].ok() && values[k].size() == size;
+        }
+      });
+      return good ? rr : -1.0;
+    });
+    if (rate < 0) r->Skip("rocksdb multiget", "MultiGet failed");
+    else r->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kBatch), size, p, rate);
   }
   std::filesystem::remove_all(dir);
 }

@@ -233,6 +233,7 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
 // Rows beyond a tiny budget spill to the daemon's RocksDB; reads of them go
 // through the daemon. Needs a server started with --spilldir.
 void BenchSpill(const Config& c, const Source& src, Report* r) {
+  constexpr size_t kSpillBatch = 64;
   ClientOptions co;
   co.port = c.port;
   std::unique_ptr<Client> client;
@@ -280,6 +281,26 @@ void BenchSpill(const Config& c, const Source& src, Report* r) {
       });
       if (rate < 0) r->Skip("spill get", "a get of a spilled row failed");
       else r->Add("get", "shmcache", "spilled", size, p, rate);
+      // The same random rows kSpillBatch at a time: one round trip to the
+      // daemon per batch (Cache::GetBatch).
+      rate = RunProcs(p, [&](int child) {
+        std::vector<shmcache::Row> rows(kSpillBatch);
+        std::vector<Status> sts(kSpillBatch);
+        std::vector<uint64_t> ids(kSpillBatch);
+        bool ok = true;
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        double rr = TimedRateBatched(c.seconds, kSpillBatch, [&](uint64_t i) {
+          for (size_t k = 0; k < kSpillBatch; ++k) {
+            ids[k] = idx[(i * kSpillBatch + k + off) & (idx.size() - 1)];
+          }
+          ok &= cache->GetBatch(ids, rows.data(), sts.data()).ok();
+          for (const Status& st : sts) ok &= st.ok();
+        });
+        return ok ? rr : -1;
+      });
+      if (rate < 0) r->Skip("spill get batch", "a batched get of spilled rows failed");
+      else r->Add("get", "shmcache", "spilled GetBatch " + std::to_string(kSpillBatch),
+                  size, p, rate);
     }
   } else {
     r->Skip("spill", s.ToString());

@@ -17,6 +17,18 @@ KB = 1024
 SIZES = (3 * KB, 150 * KB, 600 * KB)
 
 
+def load_samples(path):
+    out = []
+    if path and os.path.exists(path):
+        for line in open(path):
+            stage, _, la = line.strip().rpartition(" ")
+            try:
+                out.append((stage, float(la)))
+            except ValueError:
+                pass
+    return out
+
+
 def load(path):
     if path and os.path.exists(path):
         with open(path) as f:
@@ -24,11 +36,23 @@ def load(path):
     return {"results": [], "values": {}, "skipped": {}}
 
 
+HUGE = " (huge pages)"
+
+
 class Data:
-    def __init__(self, cpp, py):
+    def __init__(self, cpp, py, huge=None, load=None):
         self.results = cpp["results"] + py["results"]
         self.values = {**cpp["values"], **py["values"]}
         self.skipped = {**cpp["skipped"], **py["skipped"]}
+        # The shmcache section again with segments on a huge=within_size
+        # tmpfs: the same rows, labelled; never the headline.
+        huge = huge or {"results": [], "values": {}, "skipped": {}}
+        for r in huge["results"]:
+            if r["system"] == "shmcache":
+                self.results.append(dict(r, variant=r["variant"] + HUGE))
+        self.skipped.update({k + HUGE: v for k, v in huge["skipped"].items()})
+        self.huge = bool(huge["results"])
+        self.load = load or []     # [(stage, 1-minute load average)]
 
     def rate(self, bench, system, variant=None, size=3 * KB, procs=1):
         for r in self.results:
@@ -100,6 +124,19 @@ def targets(d):
     put = d.rate("put", "shmcache", "put")
     row("put, 3 KB, 1 process", f"{fmt_rate(put)} rows/s",
         f"{put / 1e6:.2f} M/s" if put else "—", ">= 1 M/s", put and put >= 1e6)
+    if d.huge:
+        hg = d.rate("get", "shmcache", "copy-out" + HUGE)
+        r = ratio(hg, mc)
+        row("huge pages: hit, copy-out, 3 KB vs memcpy (extra configuration)",
+            f"{fmt_rate(hg)} vs {fmt_rate(mc)} rows/s", f"{r:.2f}x" if r else "—",
+            ">= 0.80x", r and r >= 0.8)
+        hv = d.rate("view", "shmcache", "zero-copy" + HUGE)
+        row("huge pages: hit, zero-copy view, 3 KB (extra configuration)",
+            f"{fmt_rate(hv)} lookups/s", f"{hv / 1e6:.2f} M/s" if hv else "—",
+            ">= 10 M/s", hv and hv >= 10e6)
+        hp = d.rate("put", "shmcache", "put" + HUGE)
+        row("huge pages: put, 3 KB (extra configuration)", f"{fmt_rate(hp)} rows/s",
+            f"{hp / 1e6:.2f} M/s" if hp else "—", ">= 1 M/s", hp and hp >= 1e6)
     redis = d.rate("get", "redis", "GET")
     r = ratio(get, redis)
     row("vs Redis GET (Unix socket, unpipelined), 3 KB",
@@ -123,11 +160,21 @@ def targets(d):
         f"{fmt_rate(view)} vs {fmt_rate(lmdb_z)} rows/s",
         f"{r:.2f}x" if r else "—", ">= 2x", r and r >= 2)
     sp = d.rate("get", "shmcache", "spilled")
+    spb = d.rate("get", "shmcache", "spilled GetBatch 64")
     rk = d.rate("get", "rocksdb", "raw")
-    r = ratio(sp, rk)
-    row("spilled-row read vs raw RocksDB get, 3 KB",
-        f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
+    rkm = d.rate("get", "rocksdb", "raw MultiGet 64")
+    r = ratio(spb, rk)
+    row("spilled-row read, batched (GetBatch of 64) vs raw RocksDB point Get, 3 KB",
+        f"{fmt_rate(spb)} vs {fmt_rate(rk)} rows/s",
         f"{r:.2f}x" if r else "—", ">= 0.5x", r and r >= 0.5)
+    r = ratio(sp, rk)
+    row("spilled-row read, one row per Get (a daemon round trip each) vs RocksDB Get "
+        "(not the target's measure)", f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
+        f"{r:.2f}x" if r else "—", "—", None)
+    r = ratio(spb, rkm)
+    row("spilled-row GetBatch of 64 vs RocksDB MultiGet of 64 (not a target)",
+        f"{fmt_rate(spb)} vs {fmt_rate(rkm)} rows/s",
+        f"{r:.2f}x" if r else "—", "—", None)
     oh = v.get("mem.overhead_per_row.3072")
     if oh is not None:
         enc = v.get("mem.encoding_overhead_per_row.3072")
@@ -144,6 +191,12 @@ def targets(d):
             f"{v['dataloader.epoch_no_cache_s']:.2f} s -> "
             f"{v['dataloader.steady_epoch_cache_s']:.2f} s",
             f"{speed:.2f}x faster", ">= 5x", speed >= 5)
+        fl = v.get("dataloader.epoch_floor_s")
+        if fl:
+            row("DataLoader's own floor: the same loader over one ready tensor "
+                "(no decode, no cache; bounds any cache's speedup)",
+                f"{v['dataloader.epoch_no_cache_s']:.2f} s -> {fl:.2f} s",
+                f"{v['dataloader.floor_speedup']:.2f}x faster", "—", None)
         row("DataLoader: first epoch with cache vs no cache",
             f"{v['dataloader.epoch1_cache_s']:.2f} s vs "
             f"{v['dataloader.epoch_no_cache_s']:.2f} s",
@@ -182,7 +235,12 @@ def throughput_rows(d):
         ("get", "lmdb", "copy-out", "LMDB get (txn+get+copy)"),
         ("view", "lmdb", "zero-copy", "LMDB get (long txn, zero-copy)"),
         ("get", "rocksdb", "raw", "RocksDB get (raw)"),
+        ("get", "rocksdb", "raw MultiGet 64", "RocksDB MultiGet of 64 (raw)"),
         ("get", "shmcache", "spilled", "shmcache Get of a spilled row"),
+        ("get", "shmcache", "spilled GetBatch 64", "shmcache GetBatch of 64 spilled rows"),
+        ("get", "shmcache", "copy-out" + HUGE, "shmcache Get, huge pages"),
+        ("view", "shmcache", "zero-copy" + HUGE, "shmcache View, huge pages"),
+        ("put", "shmcache", "put" + HUGE, "shmcache Put, huge pages"),
         ("cpu", "spin", None, "CPU-only loop (core scaling)"),
     ]
     rows = []
@@ -208,6 +266,17 @@ def render(d, elapsed, command):
     lines.append("")
     lines.append(f"Machine: {machine()}")
     lines.append("")
+    if d.load:
+        lines.append("Load average (1 min) after each stage: " + ", ".join(
+            f"{stage} {la:.2f}" for stage, la in d.load) +
+            (f" — above the {os.cpu_count()} CPUs: other work shared the machine"
+             if max(la for _, la in d.load) > os.cpu_count() else ""))
+        lines.append("")
+    if d.huge:
+        lines.append("Headline figures use segments in /dev/shm (4 KB pages). Rows "
+                     "marked *huge pages* come from a second server whose --shm_dir is "
+                     "a tmpfs mounted huge=within_size (2 MB pages).")
+        lines.append("")
     lines.append("### Targets (DESIGN.md), as ratios measured in this run")
     lines.append("")
     lines.append("| measure | measured | value | target | |")
@@ -249,7 +318,8 @@ def render(d, elapsed, command):
         lines.append("|---|---|---|")
         n = dl.get("dataloader.images", 0)
         for k, label in (("epoch_no_cache_s", "no cache"), ("epoch1_cache_s", "1st, cache cold"),
-                         ("epoch2_cache_s", "2nd, cache warm"), ("epoch3_cache_s", "3rd, cache warm")):
+                         ("epoch2_cache_s", "2nd, cache warm"), ("epoch3_cache_s", "3rd, cache warm"),
+                         ("epoch_floor_s", "loader floor: one ready tensor, no decode, no cache")):
             if f"dataloader.{k}" in dl:
                 t = dl[f"dataloader.{k}"]
                 lines.append(f"| {label} | {t:.2f} | {n / t:.0f} |")
@@ -311,13 +381,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpp", required=True)
     ap.add_argument("--python")
+    ap.add_argument("--huge", help="shmcache section on a huge-page tmpfs")
+    ap.add_argument("--load", help="'stage load' lines")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
     ap.add_argument("--elapsed", type=float, default=0)
     ap.add_argument("--command", default="scripts/bench.sh")
     args = ap.parse_args()
-    d = Data(load(args.cpp), load(args.python))
+    d = Data(load(args.cpp), load(args.python), load(args.huge),
+             load_samples(args.load))
     text = render(d, args.elapsed, args.command)
     print()
     print(text)
@@ -329,6 +402,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(machine=machine(), command=args.command,
                            elapsed_s=args.elapsed, date=str(datetime.date.today()),
+                           load=d.load,
                            targets=[dict(zip(("measure", "measured", "value", "target",
                                               "status"), t)) for t in targets(d)],
                            results=d.results, values=d.values, skipped=d.skipped),

@@ -8,6 +8,13 @@
 # benchmarks/RESULTS.md and docs/bench.png. Everything it starts is
 # stopped on exit.
 #
+# When root, it also mounts a tmpfs with huge=within_size (2 MB pages for
+# segments), starts a second server with --shm_dir on it and measures the
+# C++ put/get/view again there: an extra, labelled configuration; the
+# /dev/shm figures stay the headline. The mount is removed on exit.
+# The load average is sampled at each stage and printed with the table:
+# figures taken with a load above the CPU count are unreliable.
+#
 #   scripts/bench.sh            # full run (about 5 minutes)
 #   BENCH_QUICK=1 scripts/bench.sh   # shorter timings, smaller data
 #
@@ -55,12 +62,23 @@ mkdir -p "$SHMCACHE_RUN_DIR" "$tmp/spill" "$tmp/rocksdb" "$tmp/log"
 lmdb_dir=$(mktemp -d /dev/shm/shmcache-bench-lmdb.XXXXXX)
 admin=$build/clients/admin/shmcache
 redis_pid=
+huge_dir= huge_port=$((SHMCACHE_PORT + 1))
 cleanup() {
   "$admin" --stop >/dev/null 2>&1 || true
+  if [ -n "$huge_dir" ]; then
+    "$admin" -p "$huge_port" --stop >/dev/null 2>&1 || true
+    umount "$huge_dir" 2>/dev/null || umount -l "$huge_dir" 2>/dev/null || true
+    rmdir "$huge_dir" 2>/dev/null || true
+  fi
   if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
   rm -rf "$tmp" "$lmdb_dir"
 }
 trap cleanup EXIT
+: >"$results/load.txt"
+load_sample() {  # load_sample STAGE: the 1-minute load average now
+  echo "$1 $(cut -d' ' -f1 /proc/loadavg)" >>"$results/load.txt"
+}
+load_sample start
 
 echo "== servers"
 "$admin" --start -s "$tmp/spill" --log_dir "$tmp/log" >/dev/null 2>&1 ||
@@ -81,6 +99,28 @@ echo "== C++ harness"
 "$build/benchmarks/shmcache_bench" --seconds "$seconds" --working_set_mb "$ws" \
   --procs 1,2 --port "$SHMCACHE_PORT" --redis_socket "$tmp/redis.sock" \
   --lmdb_dir "$lmdb_dir" --rocksdb_dir "$tmp/rocksdb" --out "$results/cpp.json"
+load_sample "C++ harness"
+
+# ---- huge pages (root only): the shmcache section again, on a tmpfs with
+# huge=within_size ----------------------------------------------------------
+rm -f "$results/huge.json"
+if [ "$(id -u)" -eq 0 ]; then
+  echo "== C++ harness, segments on a tmpfs mounted huge=within_size"
+  huge_dir=$(mktemp -d /tmp/shmcache-bench-huge.XXXXXX)
+  if mount -t tmpfs -o "size=$((ws * 4 + 1024))m,huge=within_size,mode=0700" \
+      shmcache-bench-huge "$huge_dir" &&
+     "$admin" -p "$huge_port" --start --shm_dir "$huge_dir" --log_dir "$tmp/log" >/dev/null; then
+    SHMCACHE_SHM_DIR=$huge_dir "$build/benchmarks/shmcache_bench" --sections shmcache \
+      --seconds "$seconds" --working_set_mb "$ws" --procs 1,2 --port "$huge_port" \
+      --out "$results/huge.json" || echo "huge-page run failed; its figures are missing"
+    "$admin" -p "$huge_port" --stop >/dev/null 2>&1 || true
+  else
+    echo "could not mount a huge=within_size tmpfs or start a server on it; skipped"
+  fi
+  load_sample "huge pages"
+else
+  echo "== huge pages: skipped (mounting a tmpfs needs root)"
+fi
 
 # ---- Python and PyTorch -----------------------------------------------------
 echo "== Python"
@@ -89,11 +129,13 @@ export PYTHONPATH=$root/$build/clients/python${PYTHONPATH:+:$PYTHONPATH}
   --seconds "$seconds" --images "$images" --workdir "$tmp" \
   --python_build "$python_build" --out "$results/python.json" || \
   echo "python_bench.py failed; its figures are missing from the table"
+load_sample "Python and DataLoader"
 
 # ---- report -------------------------------------------------------------------
 elapsed=$(( $(date +%s) - started ))
 /usr/bin/python3 benchmarks/report.py --cpp "$results/cpp.json" \
-  --python "$results/python.json" --elapsed "$elapsed" \
+  --python "$results/python.json" --huge "$results/huge.json" \
+  --load "$results/load.txt" --elapsed "$elapsed" \
   --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \
   --json "$results/latest.json" --markdown benchmarks/RESULTS.md \
   --plot docs/bench.png
