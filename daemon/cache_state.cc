@@ -16,6 +16,17 @@ constexpr uint32_t kMinTableLog2 = 12;
 constexpr uint32_t kMaxInitialTableLog2 = 18;
 }  // namespace
 
+CacheState::CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
+                       Logger* log)
+    : paths_(paths),
+      log_(log),
+      cache_id_(cache_id),
+      num_nodes_(num_nodes),
+      prepared_(static_cast<size_t>(num_nodes)),
+      preparing_(static_cast<size_t>(num_nodes), false),
+      current_(static_cast<size_t>(num_nodes), -1),
+      tails_(static_cast<size_t>(num_nodes)) {}
+
 CacheState::~CacheState() = default;
 
 Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
@@ -23,19 +34,11 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
                           const std::string& fingerprint, uint64_t budget_bytes,
                           bool spilling, int num_nodes, MemoryAccount* account,
                           Logger* log, std::unique_ptr<CacheState>* out) {
-  std::unique_ptr<CacheState> c(new CacheState());
-  c->paths_ = paths;
-  c->log_ = log;
-  c->cache_id_ = cache_id;
+  std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
   c->session_id_ = session_id;
   c->name_ = name;
   c->fingerprint_ = fingerprint;
   c->budget_bytes_ = budget_bytes;
-  c->num_nodes_ = num_nodes;
-  c->current_.assign(static_cast<size_t>(num_nodes), -1);
-  c->tails_.resize(static_cast<size_t>(num_nodes));
-  c->prepared_.resize(static_cast<size_t>(num_nodes));
-  c->preparing_.assign(static_cast<size_t>(num_nodes), false);
 
   const uint64_t header_bytes = AlignUp(sizeof(layout::CacheHeader), 4096);
   if (!account->Reserve(header_bytes)) {
@@ -176,8 +179,14 @@ void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile fi
 }
 
 Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
-                              Segment** out) {
+                              Segment** out, bool* wait) {
   uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+  if (wait != nullptr && preparing_[static_cast<size_t>(node)]) {
+    // Its memory is already reserved; making another would waste it, or
+    // find the budget spent.
+    *wait = true;
+    return Status::OK();
+  }
   auto& ready = prepared_[static_cast<size_t>(node)];
   if (ready && ready->size >= min_bytes) {
     uint32_t seg_no = ready->seg_no;
@@ -275,7 +284,8 @@ layout::ChunkHeader* CacheState::ChunkAt(uint32_t seg_no, uint64_t offset,
 }
 
 Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
-                         MemoryAccount* account, ChunkLease* out) {
+                         MemoryAccount* account, ChunkLease* out, bool* wait) {
+  if (wait != nullptr) *wait = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
   if (header_->state.load() & (layout::kStateFull | layout::kStateMemFull)) {
     return Status::Full(fmt::format("cache {} memory is full", cache_id_));
@@ -299,8 +309,8 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
                          segments_.at(static_cast<uint32_t>(cur)).carved >= want) {
     seg = &segments_.at(static_cast<uint32_t>(cur));
   } else {
-    Status s = NewSegment(node, want, account, &seg);
-    if (!s.ok()) return s;
+    Status s = NewSegment(node, want, account, &seg, wait);
+    if (!s.ok() || (wait != nullptr && *wait)) return s;
   }
   uint64_t avail = seg->size - seg->carved;
   uint64_t size = std::min(avail, std::max(want, kChunkBytes));
@@ -412,15 +422,7 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
                          uint32_t num_segments, int num_nodes,
                          MemoryAccount* account, Logger* log,
                          std::unique_ptr<CacheState>* out) {
-  std::unique_ptr<CacheState> c(new CacheState());
-  c->paths_ = paths;
-  c->log_ = log;
-  c->cache_id_ = cache_id;
-  c->num_nodes_ = num_nodes;
-  c->current_.assign(static_cast<size_t>(num_nodes), -1);
-  c->tails_.resize(static_cast<size_t>(num_nodes));
-  c->prepared_.resize(static_cast<size_t>(num_nodes));
-  c->preparing_.assign(static_cast<size_t>(num_nodes), false);
+  std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
   std::string path = paths.CacheFile(cache_id);
   Status s = ShmFile::Open(path, &c->header_file_);
   if (!s.ok()) return s;

@@ -74,8 +74,12 @@ class CacheState {
   // A chunk of at least `need` bytes of row space for connection `conn`.
   // Full when the budget or the server cap is used up (the cache is then
   // marked full for every client).
+  // When the node's next segment is being prepared in the background and
+  // `wait` is given, sets *wait instead of leasing: the caller waits for the
+  // job to finish (FinishSegmentJob) and asks again. Without `wait` a
+  // segment is made on the spot.
   Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
-               ChunkLease* out);
+               ChunkLease* out, bool* wait = nullptr);
   // Takes back the unused tail of a chunk leased to `conn`.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   void ReleaseConnection(uint64_t conn);
@@ -130,13 +134,14 @@ class CacheState {
     ShmFile file;
   };
 
-  CacheState() = default;
+  CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
+             Logger* log);
   // Size of the next segment, at least min_bytes; 0 when the budget or the
   // cap leaves less.
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account,
-                    Segment** out);
+                    Segment** out, bool* wait);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2,
                      MemoryAccount* account);
   layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset,

@@ -40,6 +40,7 @@ void Store::StopPreparer() {
     stopping_ = true;
   }
   jobs_cv_.notify_all();
+  job_done_cv_.notify_all();
   if (preparer_.joinable()) preparer_.join();
 }
 
@@ -50,18 +51,22 @@ void Store::PrepareSegments() {
     if (stopping_) return;
     SegmentJob job = jobs_.front();
     jobs_.pop_front();
+    running_job_cache_ = job.cache_id;
     lock.unlock();
     ShmFile file;
     Status made = CacheState::CreateSegmentFile(paths_, job.cache_id, job.seg_no,
                                                 job.node, job.size, &file);
     lock.lock();
+    running_job_cache_ = 0;
     auto it = caches_.find(job.cache_id);
     if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
       file.Unmap();
       ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no)).PermitUncheckedError();
+      job_done_cv_.notify_all();
       continue;
     }
     it->second->FinishSegmentJob(job, made, std::move(file), &account_);
+    job_done_cv_.notify_all();
   }
 }
 
@@ -203,9 +208,20 @@ static Status NoSession(uint32_t id) {
 }
 
 Status Store::DestroySession(uint32_t id) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NoSession(id);
+  // No segment of the session may appear after destroy returns: let a
+  // running job for one of its caches finish first (holding the lock from
+  // then on, no other starts), and drop the queued ones.
+  const std::vector<uint32_t> cids = it->second;
+  auto ours = [&](uint32_t cid) {
+    return std::find(cids.begin(), cids.end(), cid) != cids.end();
+  };
+  job_done_cv_.wait(lock, [&] { return !ours(running_job_cache_); });
+  std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
+  it = sessions_.find(id);
+  if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
   for (uint32_t cid : it->second) {
     auto c = caches_.find(cid);
     if (c == caches_.end()) continue;
@@ -293,11 +309,18 @@ void Store::CheckHighWater() {
 
 Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
                          uint64_t need, ChunkLease* out) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   CacheState* c;
-  Status s = CacheFor(cache_id, &c);
-  if (!s.ok()) return s;
-  s = c->Lease(conn, node, need, &account_, out);
+  Status s;
+  for (;;) {
+    // Looked up again after each wait: the cache may have been destroyed.
+    s = CacheFor(cache_id, &c);
+    if (!s.ok()) return s;
+    bool wait = false;
+    s = c->Lease(conn, node, need, &account_, out, stopping_ ? nullptr : &wait);
+    if (!wait) break;
+    job_done_cv_.wait(lock);
+  }
   if (s.ok()) {
     int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
     if (std::optional<SegmentJob> job = c->TakeSegmentJob(n, &account_)) {

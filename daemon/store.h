@@ -95,6 +95,8 @@ class Store {
   std::unique_ptr<SpillStore> spill_;
   std::deque<SegmentJob> jobs_;          // GUARDED_BY(mu_)
   std::condition_variable jobs_cv_;
+  std::condition_variable job_done_cv_;  // a segment job finished
+  uint32_t running_job_cache_ = 0;       // GUARDED_BY(mu_): 0 = none
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;
 };

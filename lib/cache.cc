@@ -206,15 +206,22 @@ static Status Miss(uint64_t id) {
   return Status::NotFound(fmt::format("row {} is not cached", id));
 }
 
-Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
-                      bool project, Row* out) {
+Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   Status s = Usable();
   if (!s.ok()) return s;
-  uint64_t loc = Lookup(id);
-  if (loc == layout::kEmpty) {
+  *loc = Lookup(id);
+  if (*loc == layout::kEmpty) {
     CountRead(false, 0);
     return Miss(id);
   }
+  return Status::OK();
+}
+
+Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
+                      bool project, Row* out) {
+  uint64_t loc;
+  Status s = Locate(id, &loc);
+  if (!s.ok()) return s;
   return Materialize(id, loc, columns, project, out);
 }
 
@@ -298,13 +305,9 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
 }
 
 Status CacheImpl::View(uint64_t id, RowView* out) {
-  Status s = Usable();
+  uint64_t loc;
+  Status s = Locate(id, &loc);
   if (!s.ok()) return s;
-  uint64_t loc = Lookup(id);
-  if (loc == layout::kEmpty) {
-    CountRead(false, 0);
-    return Miss(id);
-  }
   if (loc & layout::kSpilledBit) {
     // A disk row has no shared memory to point into: the view points into
     // this thread's buffer, valid until the thread's next View of a disk row.

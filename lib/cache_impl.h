@@ -59,6 +59,9 @@ class CacheImpl {
             uint32_t session_id);
   Status Usable() const;
   uint64_t Lookup(uint64_t id);
+  // Lookup for a read: the location, or NotFound (a counted miss), or why
+  // the cache cannot be used.
+  Status Locate(uint64_t id, uint64_t* loc);
   Status MapNewTables();
   Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node);
   Status SegmentFor(uint32_t seg_no, const MappedSegment** out);
