@@ -19,31 +19,8 @@ namespace {
 
 constexpr size_t kRowBytes = 3072;
 
-ServerOptions WithArgs(std::vector<std::string> args) {
-  ServerOptions o;
-  o.extra_args = std::move(args);
-  return o;
-}
 
-// Options for a second daemon on the instance `first` ran.
-[[maybe_unused]] ServerOptions SameInstance(const TestServer& first, std::vector<std::string> args) {
-  ServerOptions o = WithArgs(std::move(args));
-  o.port = first.port();
-  o.run_dir = first.run_dir();
-  o.shm_dir = first.shm_dir();
-  return o;
-}
 
-CacheOptions Options(uint32_t session, const std::string& name, uint64_t size_mb,
-                     bool spilling) {
-  CacheOptions o;
-  o.session_id = session;
-  o.name = name;
-  o.fingerprint = name + "-fp";
-  o.size_mb = size_mb;
-  o.spilling = spilling;
-  return o;
-}
 
 // Bytes of disk (allocated blocks) under `dir`, recursively.
 uint64_t DiskUsage(const std::string& dir) {
@@ -77,14 +54,8 @@ std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
                                  const std::string& name = "capacity") {
   std::unique_ptr<Client> client;
   EXPECT_TRUE(server.Connect(&client).ok());
-  CacheOptions o;
-  o.session_id = session;
-  o.name = name;
-  o.fingerprint = name + "-fp";
-  o.size_mb = size_mb;
-  o.spilling = spilling;
   std::unique_ptr<Cache> cache;
-  Status s = client->OpenCache(o, &cache);
+  Status s = client->OpenCache(CacheNamed(session, name, size_mb, spilling), &cache);
   EXPECT_TRUE(s.ok()) << s.ToString();
   return cache;
 }
@@ -114,14 +85,10 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n,
     close(fds[0]);
     std::unique_ptr<Client> client;
     if (!server.Connect(&client).ok()) return 3;
-    CacheOptions o;
-    o.session_id = session;
-    o.name = "capacity";
-    o.fingerprint = "capacity-fp";
-    o.size_mb = 1;
-    o.spilling = spilling;
     std::unique_ptr<Cache> cache;
-    if (!client->OpenCache(o, &cache).ok()) return 4;
+    if (!client->OpenCache(CacheNamed(session, "capacity", 1, spilling), &cache).ok()) {
+      return 4;
+    }
     long found = 0;
     Row row;
     for (size_t i = 0; i < n; ++i) {
@@ -246,7 +213,7 @@ TEST(CapacityTest, CacheLargerThanTheCapIsRefusedWithBothNumbers) {
   std::unique_ptr<Client> client;
   ASSERT_TRUE(server.Connect(&client).ok());
   std::unique_ptr<Cache> cache;
-  Status s = client->OpenCache(Options(session, "big", 4096, false), &cache);
+  Status s = client->OpenCache(CacheNamed(session, "big", 4096, false), &cache);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
   EXPECT_NE(s.message().find("4096 MB"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("32 MB"), std::string::npos) << s.message();
@@ -259,7 +226,7 @@ TEST(CapacityTest, SpillingWithoutSpillDirNamesTheFix) {
   std::unique_ptr<Client> client;
   ASSERT_TRUE(server.Connect(&client).ok());
   std::unique_ptr<Cache> cache;
-  Status s = client->OpenCache(Options(session, "c", 0, true), &cache);
+  Status s = client->OpenCache(CacheNamed(session, "c", 0, true), &cache);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
   EXPECT_NE(s.message().find("shmcache --start -s DIR"), std::string::npos) << s.message();
 }

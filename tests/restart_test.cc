@@ -20,37 +20,14 @@ namespace {
 
 constexpr size_t kRowBytes = 3072;
 
-ServerOptions WithArgs(std::vector<std::string> args) {
-  ServerOptions o;
-  o.extra_args = std::move(args);
-  return o;
-}
 
-// Options for a second daemon on the instance `first` ran.
-ServerOptions SameInstance(const TestServer& first, std::vector<std::string> args) {
-  ServerOptions o = WithArgs(std::move(args));
-  o.port = first.port();
-  o.run_dir = first.run_dir();
-  o.shm_dir = first.shm_dir();
-  return o;
-}
 
-CacheOptions Options(uint32_t session, const std::string& name, uint64_t size_mb,
-                     bool spilling) {
-  CacheOptions o;
-  o.session_id = session;
-  o.name = name;
-  o.fingerprint = name + "-fp";
-  o.size_mb = size_mb;
-  o.spilling = spilling;
-  return o;
-}
 
 Status Open(const TestServer& server, uint32_t session, std::unique_ptr<Client>* client,
             std::unique_ptr<Cache>* cache) {
   Status s = server.Connect(client);
   if (!s.ok()) return s;
-  return (*client)->OpenCache(Options(session, "restart", 1, true), cache);
+  return (*client)->OpenCache(CacheNamed(session, "restart", 1, true), cache);
 }
 
 TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
@@ -129,7 +106,7 @@ TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
     std::unique_ptr<Client> client;
     ASSERT_TRUE(first->Connect(&client).ok());
     std::unique_ptr<Cache> cache;
-    ASSERT_TRUE(client->OpenCache(Options(session, "v", 0, false), &cache).ok());
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "v", 0, false), &cache).ok());
     std::vector<uint8_t> row(kRowBytes, 5);
     ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
   }
@@ -157,7 +134,7 @@ TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
   std::unique_ptr<Client> client;
   ASSERT_TRUE(second.Connect(&client).ok());
   std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(client->OpenCache(Options(session, "v", 0, false), &cache).ok());
+  ASSERT_TRUE(client->OpenCache(CacheNamed(session, "v", 0, false), &cache).ok());
   Row got;
   EXPECT_TRUE(cache->Get(1, &got).IsNotFound());
   std::string log;

@@ -381,4 +381,29 @@ void TestServer::Kill() {
       << "daemon " << pid_ << " survived SIGKILL";
 }
 
+ServerOptions WithArgs(std::vector<std::string> args) {
+  ServerOptions o;
+  o.extra_args = std::move(args);
+  return o;
+}
+
+ServerOptions SameInstance(const TestServer& first, std::vector<std::string> args) {
+  ServerOptions o = WithArgs(std::move(args));
+  o.port = first.port();
+  o.run_dir = first.run_dir();
+  o.shm_dir = first.shm_dir();
+  return o;
+}
+
+CacheOptions CacheNamed(uint32_t session, const std::string& name, uint64_t size_mb,
+                        bool spilling) {
+  CacheOptions o;
+  o.session_id = session;
+  o.name = name;
+  o.fingerprint = name + "-fp";
+  o.size_mb = size_mb;
+  o.spilling = spilling;
+  return o;
+}
+
 }  // namespace shmcache::test

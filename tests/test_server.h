@@ -80,6 +80,17 @@ struct ServerOptions {
   Env env;                  // for the admin and the daemon it starts
 };
 
+class TestServer;
+
+// Options of a server started with extra admin arguments.
+ServerOptions WithArgs(std::vector<std::string> args);
+// Options for a second daemon on the instance `first` ran (same port, run
+// dir and shm dir): how a restart after a crash looks.
+ServerOptions SameInstance(const TestServer& first, std::vector<std::string> args);
+// A cache named `name` with fingerprint "<name>-fp".
+CacheOptions CacheNamed(uint32_t session, const std::string& name, uint64_t size_mb,
+                        bool spilling);
+
 class TestServer {
  public:
   // Starts the daemon; check ok() (the start output is in start_result()).
