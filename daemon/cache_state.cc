@@ -349,11 +349,13 @@ void CacheState::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   }
 }
 
-void CacheState::ReleaseConnection(uint64_t conn) {
+void CacheState::ReleaseConnection(uint64_t conn, bool recycle) {
   auto it = leases_.find(conn);
   if (it == leases_.end()) return;
   std::vector<ChunkLease> held = it->second;
-  for (const ChunkLease& l : held) Return(conn, l.seg_no, l.offset);
+  if (recycle) {
+    for (const ChunkLease& l : held) Return(conn, l.seg_no, l.offset);
+  }
   leases_.erase(conn);
 }
 

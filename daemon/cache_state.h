@@ -82,7 +82,10 @@ class CacheState {
                ChunkLease* out, bool* wait = nullptr);
   // Takes back the unused tail of a chunk leased to `conn`.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
-  void ReleaseConnection(uint64_t conn);
+  // The connection ended. recycle: its process is gone, so the unused
+  // tails of its chunks are free again; otherwise (a live process whose
+  // connection broke may still write into them) they are only forgotten.
+  void ReleaseConnection(uint64_t conn, bool recycle = true);
   // Adds an index table unless one was added since the client saw `seen`.
   Status GrowIndex(uint32_t seen, MemoryAccount* account);
   // Marks the cache destroyed, unlinks its files, releases its memory.

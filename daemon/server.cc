@@ -14,9 +14,15 @@ using asio::local::stream_protocol;
 
 class Server::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(Server* server, stream_protocol::socket socket, uint64_t id)
-      : server_(server), socket_(std::move(socket)), id_(id) {}
-  ~Connection() { server_->store_->ReleaseConnection(id_); }
+  Connection(Server* server, stream_protocol::socket socket, uint64_t id, int pid)
+      : server_(server),
+        store_(server->store_),
+        socket_(std::move(socket)),
+        id_(id),
+        pid_(pid) {}
+  // Runs also while the io_context is destroyed after the Server: touch
+  // only the Store, which outlives both.
+  ~Connection() { store_->ReleaseConnection(id_, pid_); }
 
   void Start() { ReadHeader(); }
 
@@ -71,8 +77,10 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   }
 
   Server* server_;
+  Store* store_;
   stream_protocol::socket socket_;
   uint64_t id_;
+  int pid_;  // of the peer, from SO_PEERCRED
   std::array<std::byte, protocol::kFrameHeaderBytes> header_{};
   protocol::MsgType type_{};
   std::vector<std::byte> body_;
@@ -117,7 +125,7 @@ void Server::Accept() {
     } else {
       uint64_t id = next_conn_.fetch_add(1);
       log_->Debug("connection {} from pid {}", id, cred.pid);
-      std::make_shared<Connection>(this, std::move(socket), id)->Start();
+      std::make_shared<Connection>(this, std::move(socket), id, cred.pid)->Start();
     }
     Accept();
   });

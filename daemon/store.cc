@@ -47,8 +47,15 @@ void Store::StopPreparer() {
 void Store::PrepareSegments() {
   std::unique_lock lock(mu_);
   for (;;) {
-    jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    auto ready = [&] { return stopping_ || !jobs_.empty(); };
+    if (pending_releases_.empty()) {
+      jobs_cv_.wait(lock, [&] { return ready() || !pending_releases_.empty(); });
+    } else {
+      jobs_cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
+      RetryReleasesLocked();
+    }
     if (stopping_) return;
+    if (jobs_.empty()) continue;
     SegmentJob job = jobs_.front();
     jobs_.pop_front();
     running_job_cache_ = job.cache_id;
@@ -351,9 +358,48 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   return s;
 }
 
-void Store::ReleaseConnection(uint64_t conn) {
+// True while `pid` runs (a zombie has stopped writing anything).
+static bool ProcessAlive(int pid) {
+  if (pid <= 0) return false;
+  FILE* f = fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (f == nullptr) return false;
+  char state = 'X';
+  // "pid (comm) state ...": comm may hold spaces and parentheses.
+  char buf[512];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  if (const char* close = std::strrchr(buf, ')'); close && close[1] == ' ') {
+    state = close[2];
+  }
+  return state != 'Z' && state != 'X' && state != 'x';
+}
+
+void Store::ReleaseConnection(uint64_t conn, int pid) {
   std::lock_guard lock(mu_);
-  for (auto& [id, c] : caches_) c->ReleaseConnection(conn);
+  if (!ProcessAlive(pid)) {
+    for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
+    return;
+  }
+  // Either the process is in the middle of exiting, or its connection broke
+  // while it lives on and may still write into its chunks.
+  pending_releases_.push_back(
+      {conn, pid, std::chrono::steady_clock::now() + kReleaseGrace});
+  jobs_cv_.notify_one();
+}
+
+void Store::RetryReleasesLocked() {
+  auto now = std::chrono::steady_clock::now();
+  std::erase_if(pending_releases_, [&](const PendingRelease& p) {
+    bool gone = !ProcessAlive(p.pid);
+    if (!gone && now < p.deadline) return false;
+    if (!gone) {
+      log_->Warn("connection {} of live process {} ended; its chunks stay with it",
+                 p.conn, p.pid);
+    }
+    for (auto& [id, c] : caches_) c->ReleaseConnection(p.conn, gone);
+    return true;
+  });
 }
 
 Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,

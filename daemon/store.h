@@ -5,6 +5,7 @@
 // never comes here, so the mutex sees only control requests.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,7 +54,11 @@ class Store {
   Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
                      uint64_t offset);
   Status GrowIndex(uint32_t cache_id, uint32_t seen);
-  void ReleaseConnection(uint64_t conn);
+  // The connection of process `pid` ended. Its chunks' unused tails are
+  // recycled once the process is gone (checked now, then by
+  // RetryReleases); a process still alive after kReleaseGrace keeps them.
+  void ReleaseConnection(uint64_t conn, int pid);
+  static constexpr std::chrono::seconds kReleaseGrace{10};
   // Writes a row that did not fit in memory to the spill store and
   // publishes it. Full when the cache does not spill (or stopped).
   Status SpillPut(uint32_t cache_id, uint64_t row_id,
@@ -70,8 +75,12 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out);
-  // Background thread making caches' next segments (see SegmentJob).
+  // Background thread making caches' next segments (see SegmentJob), and
+  // re-checking ended connections whose process was still running.
   void PrepareSegments();
+  // REQUIRES: mu_ held. Settles pending releases whose process is gone or
+  // whose grace ran out.
+  void RetryReleasesLocked();
   void StopPreparer();
   void AdoptExisting();
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
@@ -97,6 +106,12 @@ class Store {
   std::condition_variable jobs_cv_;
   std::condition_variable job_done_cv_;  // a segment job finished
   uint32_t running_job_cache_ = 0;       // GUARDED_BY(mu_): 0 = none
+  struct PendingRelease {
+    uint64_t conn;
+    int pid;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;
 };

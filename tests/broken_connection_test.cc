@@ -1,0 +1,101 @@
+// A client whose control connection breaks while its process lives on may
+// still write into the chunks it holds: the daemon must not hand their
+// unused tails to anyone else. (A dead process's tails are recycled; see
+// the writer-kill test.)
+#include <dirent.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+constexpr size_t kRowBytes = 3072;
+constexpr uint64_t kRowsEach = 1000;  // ~3 MB: inside one 4 MB chunk
+
+// Shuts down every socket of this process: the daemon sees its end of the
+// connection close, while the process goes on.
+void BreakMyConnections() {
+  DIR* d = opendir("/proc/self/fd");
+  ASSERT_NE(d, nullptr);
+  std::vector<int> fds;
+  while (dirent* e = readdir(d)) {
+    char target[64] = {};
+    std::string link = std::string("/proc/self/fd/") + e->d_name;
+    if (readlink(link.c_str(), target, sizeof target - 1) > 0 &&
+        std::strncmp(target, "socket:", 7) == 0) {
+      fds.push_back(std::atoi(e->d_name));
+    }
+  }
+  closedir(d);
+  for (int fd : fds) shutdown(fd, SHUT_RDWR);
+}
+
+int PutRange(Cache* cache, uint64_t first, uint64_t count, uint64_t salt) {
+  std::vector<uint8_t> row(kRowBytes);
+  for (uint64_t i = first; i < first + count; ++i) {
+    FillPattern(i, salt, row.data(), row.size());
+    if (!cache->Put(i, row.data(), row.size()).ok()) return 1;
+  }
+  return 0;
+}
+
+TEST(BrokenConnectionTest, LiveClientKeepsItsChunksAfterItsConnectionBreaks) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  int to_a[2], from_a[2];
+  ASSERT_EQ(pipe(to_a), 0);
+  ASSERT_EQ(pipe(from_a), 0);
+  pid_t a = ForkChild([&]() -> int {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Cache> cache;
+    if (!server.Connect(&client).ok()) return 2;
+    if (!client->OpenCache(CacheNamed(session, "c", 0, false), &cache).ok()) return 3;
+    if (PutRange(cache.get(), 0, 1, 1) != 0) return 4;  // leases a chunk
+    BreakMyConnections();
+    char c = 'd';
+    if (write(from_a[1], &c, 1) != 1 || read(to_a[0], &c, 1) != 1) return 5;
+    // Still in the chunk leased before: no daemon needed.
+    return PutRange(cache.get(), 1, kRowsEach - 1, 1) == 0 ? 0 : 6;
+  });
+  char c;
+  ASSERT_EQ(read(from_a[0], &c, 1), 1);
+  // Another process takes chunks while A's connection is gone.
+  pid_t b = ForkChild([&]() -> int {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Cache> cache;
+    if (!server.Connect(&client).ok()) return 2;
+    if (!client->OpenCache(CacheNamed(session, "c", 0, false), &cache).ok()) return 3;
+    return PutRange(cache.get(), kRowsEach, kRowsEach, 2);
+  });
+  EXPECT_EQ(WaitChild(b), 0);
+  ASSERT_EQ(write(to_a[1], "g", 1), 1);
+  EXPECT_EQ(WaitChild(a), 0);
+
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  ASSERT_TRUE(client->OpenCache(CacheNamed(session, "c", 0, false), &cache).ok());
+  Row row;
+  for (uint64_t i = 0; i < 2 * kRowsEach; ++i) {
+    Status s = cache->Get(i, &row);
+    ASSERT_TRUE(s.ok()) << "row " << i << ": " << s.ToString();
+    auto col = row.find("data");
+    ASSERT_TRUE(col.has_value());
+    std::vector<uint8_t> want = Pattern(i, i < kRowsEach ? 1 : 2, kRowBytes);
+    ASSERT_EQ(0, std::memcmp(col->data, want.data(), kRowBytes)) << "row " << i;
+  }
+  for (int fd : {to_a[0], to_a[1], from_a[0], from_a[1]}) close(fd);
+}
+
+}  // namespace
+}  // namespace shmcache::test
