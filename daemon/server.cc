@@ -14,12 +14,16 @@ using asio::local::stream_protocol;
 
 class Server::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(Server* server, stream_protocol::socket socket, uint64_t id, int pid)
+  // refused: the peer is another user; its first request is answered with
+  // PermissionDenied and the connection closed.
+  Connection(Server* server, stream_protocol::socket socket, uint64_t id, int pid,
+             bool refused)
       : server_(server),
         store_(server->store_),
         socket_(std::move(socket)),
         id_(id),
-        pid_(pid) {}
+        pid_(pid),
+        refused_(refused) {}
   // Runs also while the io_context is destroyed after the Server: touch
   // only the Store, which outlives both.
   ~Connection() { store_->ReleaseConnection(id_, pid_); }
@@ -52,8 +56,17 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
                      [this, self](boost::system::error_code ec, size_t) {
                        if (ec) return;
                        bool stop = false;
-                       std::string resp =
-                           server_->handler_.Handle(id_, type_, body_, &stop);
+                       std::string resp;
+                       if (refused_) {
+                         protocol::WireWriter w;
+                         protocol::WriteStatus(
+                             w, Status::PermissionDenied(
+                                    "permission denied: the cache server belongs to "
+                                    "another user"));
+                         resp = std::move(w.body());
+                       } else {
+                         resp = server_->handler_.Handle(id_, type_, body_, &stop);
+                       }
                        Write(std::move(resp), stop);
                      });
   }
@@ -72,7 +85,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
                           server_->RequestStop();
                           return;
                         }
-                        if (!ec) ReadHeader();
+                        if (!ec && !refused_) ReadHeader();
                       });
   }
 
@@ -81,6 +94,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   stream_protocol::socket socket_;
   uint64_t id_;
   int pid_;  // of the peer, from SO_PEERCRED
+  bool refused_;
   std::array<std::byte, protocol::kFrameHeaderBytes> header_{};
   protocol::MsgType type_{};
   std::vector<std::byte> body_;
@@ -122,10 +136,13 @@ void Server::Accept() {
         cred.uid != geteuid()) {
       log_->Warn("refused a connection from uid {} pid {}: not the server's user",
                  cred.uid, cred.pid);
+      // Answer it, so the other user reads why; it gets nothing else.
+      std::make_shared<Connection>(this, std::move(socket), 0, 0, true)->Start();
     } else {
       uint64_t id = next_conn_.fetch_add(1);
       log_->Debug("connection {} from pid {}", id, cred.pid);
-      std::make_shared<Connection>(this, std::move(socket), id, cred.pid)->Start();
+      std::make_shared<Connection>(this, std::move(socket), id, cred.pid, false)
+          ->Start();
     }
     Accept();
   });

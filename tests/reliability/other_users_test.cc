@@ -161,6 +161,7 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
   ASSERT_TRUE(WIFEXITED(ws)) << DescribeStatus(ws);
   EXPECT_EQ(WEXITSTATUS(ws), 0) << "the daemon served another user";
   fmt::print("other user, socket opened up: connect -> {}\n", r->connect);
+  EXPECT_NE(Lower(r->connect).find("permission denied"), std::string::npos) << r->connect;
   EXPECT_TRUE(WaitFor([&] { return d.ReadLog().find("refused a connection from uid " +
                                                     std::to_string(user.uid())) !=
                                    std::string::npos; },
