@@ -64,6 +64,9 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
     } else if (k == "ready_fd") {
       if (!ParseLong(v, 0, 1 << 20, &n)) return bad();
       o->ready_fd = static_cast<int>(n);
+    } else if (k == "watch_pid") {
+      if (!ParseLong(v, 1, 1L << 30, &n)) return bad();
+      o->watch_pid = static_cast<int>(n);
     } else if (k == "spilldir") {
       o->spill_dir = v;
     } else if (k == "run_dir") {

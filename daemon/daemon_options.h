@@ -21,6 +21,7 @@ struct DaemonOptions {
   double memory_cap_ratio = 0.8;   // of physical memory
   uint64_t memory_cap_bytes = 0;   // absolute cap; 0: use the ratio
   int ready_fd = -1;     // pipe to the admin: one line "OK ..."/"ERR ..."
+  int watch_pid = 0;     // > 0: stop (cleanly) once this process is gone
   bool foreground = false;
 };
 

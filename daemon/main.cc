@@ -2,6 +2,7 @@
 // which passes --ready_fd so that this process can report success or the
 // reason of a failure before the admin exits.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <fmt/format.h>
 #include <string>
 #include <thread>
@@ -155,6 +157,23 @@ int main(int argc, char** argv) {
            "memory cap {} MB, spill dir {}",
            paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
            store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir);
+  // Tests (and scripts) may tie the server's life to theirs, so that a
+  // crashed test run does not leave servers and their memory behind.
+  boost::asio::steady_timer watch(io);
+  std::function<void()> watch_next = [&] {
+    watch.expires_after(std::chrono::milliseconds(200));
+    watch.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (kill(opts.watch_pid, 0) != 0 && errno == ESRCH) {
+        log.Warn("process {} that this server watches is gone: shutting down",
+                 opts.watch_pid);
+        server.RequestStop();
+        return;
+      }
+      watch_next();
+    });
+  };
+  if (opts.watch_pid > 0) watch_next();
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()));
   if (!opts.foreground) DetachStdio();
 

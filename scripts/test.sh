@@ -17,6 +17,9 @@ rm -rf "$results" && mkdir -p "$results"
 # any server the user runs.
 export SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-test.XXXXXX)
 trap 'rm -rf "$SHMCACHE_RUN_DIR"' EXIT
+# Every server a test starts stops by itself when this script ends, even if
+# the test that started it crashed.
+export SHMCACHE_WATCH_PID=$$
 
 echo "== C++ suites"
 GTEST_OUTPUT="json:$results/" meson test -C build --print-errorlogs \

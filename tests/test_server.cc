@@ -330,6 +330,8 @@ std::vector<std::string> TestServer::ShmFiles() const {
 Env TestServer::AdminEnv() const {
   Env env = options_.env;
   env.emplace_back("SHMCACHE_RUN_DIR", run_dir_);
+  // A server started here stops by itself if this test process dies.
+  env.emplace_back("SHMCACHE_WATCH_PID", std::to_string(getpid()));
   return env;
 }
 

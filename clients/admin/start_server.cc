@@ -53,6 +53,10 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
   if (a.memory_cap_mb) args.push_back(fmt::format("--memory_cap_mb={}", a.memory_cap_mb));
   if (!a.shm_dir.empty()) args.push_back("--shm_dir=" + a.shm_dir);
   if (!a.log_dir.empty()) args.push_back("--log_dir=" + a.log_dir);
+  // Test harnesses tie the server to their own process (see README).
+  if (const char* w = std::getenv("SHMCACHE_WATCH_PID"); w && *w) {
+    args.push_back(std::string("--watch_pid=") + w);
+  }
 
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
