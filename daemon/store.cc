@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "logger.h"
+#include "process_state.h"
 
 namespace shmcache {
 
@@ -358,26 +359,9 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   return s;
 }
 
-// True while `pid` runs (a zombie has stopped writing anything).
-static bool ProcessAlive(int pid) {
-  if (pid <= 0) return false;
-  FILE* f = fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
-  if (f == nullptr) return false;
-  char state = 'X';
-  // "pid (comm) state ...": comm may hold spaces and parentheses.
-  char buf[512];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  if (const char* close = std::strrchr(buf, ')'); close && close[1] == ' ') {
-    state = close[2];
-  }
-  return state != 'Z' && state != 'X' && state != 'x';
-}
-
 void Store::ReleaseConnection(uint64_t conn, int pid) {
   std::lock_guard lock(mu_);
-  if (!ProcessAlive(pid)) {
+  if (ProcessGone(pid)) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
     return;
   }
@@ -391,7 +375,7 @@ void Store::ReleaseConnection(uint64_t conn, int pid) {
 void Store::RetryReleasesLocked() {
   auto now = std::chrono::steady_clock::now();
   std::erase_if(pending_releases_, [&](const PendingRelease& p) {
-    bool gone = !ProcessAlive(p.pid);
+    bool gone = ProcessGone(p.pid);
     if (!gone && now < p.deadline) return false;
     if (!gone) {
       log_->Warn("connection {} of live process {} ended; its chunks stay with it",

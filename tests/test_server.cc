@@ -1,5 +1,7 @@
 #include "test_server.h"
 
+#include "process_state.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -220,15 +222,7 @@ int WaitChild(pid_t pid, int timeout_s) {
   return -1;
 }
 
-bool ProcessExited(pid_t pid) {
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-}
+bool ProcessExited(pid_t pid) { return ProcessGone(pid); }
 
 void FillPattern(uint64_t id, uint64_t salt, void* dst, size_t n) {
   auto* p = static_cast<uint8_t*>(dst);

@@ -14,6 +14,7 @@
 #include "cli_args.h"
 #include "instance.h"
 #include "numa_topology.h"
+#include "process_state.h"
 #include "output.h"
 #include "shmcache/client.h"
 #include "start_server.h"
@@ -48,23 +49,9 @@ int RunStart(const CliArgs& a, int port) {
 
 // Waits until the server process is gone, so that a --start right after
 // --stop finds the instance free.
-// A zombie has exited (and dropped its instance lock); an init that is slow
-// to reap orphans (containers) must not make --stop wait for it.
-bool Exited(int pid) {
-  if (kill(pid, 0) != 0) return true;
-  FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
-  if (f == nullptr) return true;
-  char buf[512];
-  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* paren = std::strrchr(buf, ')');
-  return paren != nullptr && (paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
-}
-
 void WaitForExit(int pid) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (pid > 0 && !Exited(pid) &&
+  while (!ProcessGone(pid) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
