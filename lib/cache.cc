@@ -225,6 +225,55 @@ Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
   return Materialize(id, loc, columns, project, out);
 }
 
+void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
+  uint32_t n = num_tables_.load(std::memory_order_acquire);
+  if (n < header_->num_tables.load(std::memory_order_acquire)) {
+    MapNewTables().PermitUncheckedError();
+    n = num_tables_.load(std::memory_order_acquire);
+  }
+  for (uint64_t id : ids) {
+    for (uint32_t t = 0; t < n; ++t) tables_[t].Prefetch(id);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    locs[i] = Lookup(ids[i]);
+    if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
+    if (const MappedSegment* seg = segments_.Find(layout::LocationSegment(locs[i]))) {
+      uint64_t off = layout::LocationOffset(locs[i]);
+      if (off < seg->size) __builtin_prefetch(seg->base + off);
+    }
+  }
+}
+
+// Batches are looked up in windows: enough ids to overlap their misses, few
+// enough that the prefetched lines are still in cache when used.
+static constexpr size_t kBatchWindow = 32;
+
+Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
+                            Status* statuses) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  uint64_t locs[kBatchWindow];
+  for (size_t base = 0; base < ids.size(); base += kBatchWindow) {
+    auto window = ids.subspan(base, std::min(kBatchWindow, ids.size() - base));
+    LookupBatch(window, locs);
+    for (size_t k = 0; k < window.size(); ++k) {
+      size_t i = base + k;
+      if (locs[k] == layout::kEmpty) {
+        CountRead(false, 0);
+        statuses[i] = Miss(ids[i]);
+      } else if (locs[k] & layout::kSpilledBit) {
+        statuses[i] = Status::NotSupported(
+            "a spilled row has no shared memory to view; use GetBatch");
+      } else {
+        int node = 0;
+        statuses[i] = Resolve(ids[i], locs[k], &views[i], &node);
+        if (statuses[i].ok()) CountRead(true, node);
+      }
+    }
+  }
+  return Status::OK();
+}
+
 Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
                            Status* statuses) {
   Status s = Usable();
@@ -232,8 +281,12 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
   std::vector<uint64_t> spilled;
   std::vector<Row*> targets;
   std::vector<size_t> where;
+  uint64_t locs[kBatchWindow];
   for (size_t i = 0; i < ids.size(); ++i) {
-    uint64_t loc = Lookup(ids[i]);
+    if (i % kBatchWindow == 0) {
+      LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
+    }
+    uint64_t loc = locs[i % kBatchWindow];
     if (loc == layout::kEmpty) {
       CountRead(false, 0);
       statuses[i] = Miss(ids[i]);
@@ -361,6 +414,9 @@ Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
       h->size != size) {
     return Status::Corruption("leased chunk header does not match");
   }
+  // This process writes the whole chunk: map its pages now, in one pass.
+  // (Readers map segments lazily instead: a fault maps a 64 KB window.)
+  PopulateForWrite(seg->base + offset, size);
   c->seg_no = seg_no;
   c->offset = offset;
   c->base = seg->base + offset;
@@ -530,6 +586,10 @@ Status Cache::Get(uint64_t id, std::span<const std::string_view> columns,
 Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
 Status Cache::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses) {
   return impl_->GetBatch(ids, rows, statuses);
+}
+Status Cache::ViewBatch(std::span<const uint64_t> ids, RowView* views,
+                        Status* statuses) {
+  return impl_->ViewBatch(ids, views, statuses);
 }
 bool Cache::Contains(uint64_t id) { return impl_->Contains(id); }
 Status Cache::GetStats(CacheStats* out) { return impl_->GetStats(out); }

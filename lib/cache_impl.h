@@ -37,6 +37,7 @@ class CacheImpl {
              bool project, Row* out);
   Status View(uint64_t id, RowView* out);
   Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
+  Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses);
   bool Contains(uint64_t id);
   Status GetStats(CacheStats* out);
   bool IsFull() const;
@@ -62,6 +63,10 @@ class CacheImpl {
   // Lookup for a read: the location, or NotFound (a counted miss), or why
   // the cache cannot be used.
   Status Locate(uint64_t id, uint64_t* loc);
+  // Lookup of a batch with its memory misses overlapped: every id's index
+  // slot is prefetched before any is probed, and every row's header before
+  // any is read.
+  void LookupBatch(std::span<const uint64_t> ids, uint64_t* locs);
   Status MapNewTables();
   Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node);
   Status SegmentFor(uint32_t seg_no, const MappedSegment** out);

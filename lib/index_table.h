@@ -48,6 +48,9 @@ class IndexTable {
     return layout::kEmpty;
   }
 
+  // Starts loading the slot where a probe for `key` begins.
+  void Prefetch(uint64_t key) const { __builtin_prefetch(&slots_[Home(key)]); }
+
   // Publishes key -> loc. kTableFull when the table passed its load limit
   // (the caller grows the index and retries in the next table).
   InsertResult Insert(uint64_t key, uint64_t loc);

@@ -45,6 +45,16 @@ static void AdviseHugePages(void* p, size_t size) {
   if (size >= (2u << 20)) (void)madvise(p, size, MADV_HUGEPAGE);
 }
 
+void PopulateForWrite(void* p, size_t size) {
+#ifdef MADV_POPULATE_WRITE
+  // Linux >= 5.14; elsewhere pages are faulted in on first write as usual.
+  (void)madvise(p, size, MADV_POPULATE_WRITE);
+#else
+  (void)p;
+  (void)size;
+#endif
+}
+
 static std::string DirOf(const std::string& path) {
   auto slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -84,6 +94,9 @@ Status ShmFile::Create(const std::string& path, size_t size, int node,
     }
     return fail(Status::FromErrno("cannot reserve " + path, err));
   }
+  // tmpfs zeroes reserved pages on first touch. Touch them here (the daemon,
+  // often its background thread) rather than in a writer's first puts.
+  PopulateForWrite(p, size);
   close(fd);
   out->Unmap();
   out->base_ = static_cast<char*>(p);
@@ -111,10 +124,7 @@ Status ShmFile::Open(const std::string& path, ShmFile* out) {
     close(fd);
     return Status::Corruption(path + " is empty");
   }
-  // Populating the page tables now costs one pass in the kernel instead of
-  // a page fault on the first touch of every 4 KB page in the hot path.
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   close(fd);
   if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);

@@ -19,7 +19,9 @@ namespace {
 constexpr int kMixers = 4;
 constexpr uint64_t kPool = 20000;        // ids every mixer may put (races)
 constexpr uint64_t kPrivateCap = 20000;  // own ids per mixer
-uint64_t PrivateId(int w, uint64_t i) { return (uint64_t{w} + 1) << 32 | i; }
+uint64_t PrivateId(int w, uint64_t i) {
+  return (static_cast<uint64_t>(w) + 1) << 32 | i;
+}
 
 struct Shared {
   std::atomic<bool> stop{false};
@@ -99,7 +101,7 @@ int Mixer(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh, int 
     } else if (op < 80) {  // stats
       CacheStats st;
       s = cache->GetStats(&st);
-      if (!s.ok() || st.mem_rows == 0 && mine > 0) sh->Fail("stats: " + s.ToString());
+      if (!s.ok() || (st.mem_rows == 0 && mine > 0)) sh->Fail("stats: " + s.ToString());
       sh->stats_calls.fetch_add(1, std::memory_order_relaxed);
     } else {  // the churn session, which the churner destroys at any time
       uint32_t cur = sh->churn_session.load();

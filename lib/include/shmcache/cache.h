@@ -58,7 +58,12 @@ class Cache {
   // Spilled rows are fetched from the daemon in one round trip per batch.
   // REQUIRES: rows and statuses hold ids.size() elements. The returned
   // Status is not OK only when the cache itself is unusable.
+  // Memory rows of a batch are looked up with their cache misses
+  // overlapped (prefetching), which is what a data loader's batch wants.
   Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
+  // Views of a batch, as View for each id, misses overlapped likewise. A
+  // spilled row gets NotSupported (it has no shared memory): use GetBatch.
+  Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses);
   bool Contains(uint64_t id);
 
   Status GetStats(CacheStats* out);
