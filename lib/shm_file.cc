@@ -94,9 +94,6 @@ Status ShmFile::Create(const std::string& path, size_t size, int node,
     }
     return fail(Status::FromErrno("cannot reserve " + path, err));
   }
-  // tmpfs zeroes reserved pages on first touch. Touch them here (the daemon,
-  // often its background thread) rather than in a writer's first puts.
-  PopulateForWrite(p, size);
   close(fd);
   out->Unmap();
   out->base_ = static_cast<char*>(p);
