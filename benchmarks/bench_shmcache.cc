@@ -18,6 +18,9 @@
 namespace bench {
 namespace {
 
+// Batch size of the batched hit measurements (a data loader's batch).
+constexpr size_t kHitBatch = 64;
+
 using shmcache::Cache;
 using shmcache::CacheOptions;
 using shmcache::Client;
@@ -224,6 +227,47 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
       });
       if (rate < 0) r->Skip("view " + k, "a view failed");
       else r->Add("view", "shmcache", "zero-copy", size, p, rate);
+    }
+    // A data loader reads a batch of known ids: GetBatch / ViewBatch look
+    // them up with their memory misses overlapped.
+    for (int p : c.procs) {
+      double get_rate = RunProcs(p, [&](int child) {
+        std::vector<shmcache::Row> rows(kHitBatch);
+        std::vector<Status> sts(kHitBatch);
+        std::vector<uint64_t> ids(kHitBatch);
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        bool ok = WarmUp(cache.get(), n);
+        double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
+          for (size_t k = 0; k < kHitBatch; ++k) {
+            ids[k] = idx[(i * kHitBatch + k + off) & mask];
+          }
+          ok &= cache->GetBatch(ids, rows.data(), sts.data()).ok();
+          for (const Status& st : sts) ok &= st.ok();
+        });
+        return ok ? rr : -1;
+      });
+      if (get_rate < 0) r->Skip("get batch " + k, "a batched get failed");
+      else r->Add("get", "shmcache", "copy-out GetBatch " + std::to_string(kHitBatch),
+                  size, p, get_rate);
+      double view_rate = RunProcs(p, [&](int child) {
+        std::vector<shmcache::RowView> views(kHitBatch);
+        std::vector<Status> sts(kHitBatch);
+        std::vector<uint64_t> ids(kHitBatch);
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        bool ok = WarmUp(cache.get(), n);
+        double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
+          for (size_t k = 0; k < kHitBatch; ++k) {
+            ids[k] = idx[(i * kHitBatch + k + off) & mask];
+          }
+          ok &= cache->ViewBatch(ids, views.data(), sts.data()).ok();
+          for (const Status& st : sts) ok &= st.ok();
+          DoNotOptimize(views[0].encoded().data());
+        });
+        return ok ? rr : -1;
+      });
+      if (view_rate < 0) r->Skip("view batch " + k, "a batched view failed");
+      else r->Add("view", "shmcache", "zero-copy ViewBatch " + std::to_string(kHitBatch),
+                  size, p, view_rate);
     }
     cache.reset();
     client->DestroySession(session).PermitUncheckedError();

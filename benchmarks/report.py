@@ -121,6 +121,15 @@ def targets(d):
         row("hit, zero-copy view, 3 KB, 2 processes (per process)",
             f"{fmt_rate(view2)} lookups/s in all", f"{view2 / 2e6:.2f} M/s",
             ">= 10 M/s", view2 / 2 >= 10e6)
+    getb = d.rate("get", "shmcache", "copy-out GetBatch 64")
+    r = ratio(getb, mc)
+    row("hit, copy-out, 3 KB, 1 process, batched (GetBatch of 64)",
+        f"{fmt_rate(getb)} rows/s vs memcpy {fmt_rate(mc)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 0.80x", r and r >= 0.8)
+    viewb = d.rate("view", "shmcache", "zero-copy ViewBatch 64")
+    row("hit, zero-copy view, 3 KB (per process), batched (ViewBatch of 64)",
+        f"{fmt_rate(viewb)} lookups/s", f"{viewb / 1e6:.2f} M/s" if viewb else "—",
+        ">= 10 M/s", viewb and viewb >= 10e6)
     put = d.rate("put", "shmcache", "put")
     row("put, 3 KB, 1 process", f"{fmt_rate(put)} rows/s",
         f"{put / 1e6:.2f} M/s" if put else "—", ">= 1 M/s", put and put >= 1e6)
@@ -223,6 +232,8 @@ def throughput_rows(d):
         ("get", "memcpy", None, "memcpy limit (random row)"),
         ("get", "shmcache", "copy-out", "shmcache Get (copy-out)"),
         ("view", "shmcache", "zero-copy", "shmcache View (zero-copy)"),
+        ("get", "shmcache", "copy-out GetBatch 64", "shmcache GetBatch of 64 (copy-out)"),
+        ("view", "shmcache", "zero-copy ViewBatch 64", "shmcache ViewBatch of 64"),
         ("put", "shmcache", "put", "shmcache Put"),
         ("get", "python", "DatasetCache.get", "Python DatasetCache.get"),
         ("view", "python", "DatasetCache.view", "Python DatasetCache.view"),
