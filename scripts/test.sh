@@ -47,7 +47,8 @@ if ensure_packages clang libclang-rt-14-dev; then
     CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false \
       -Dpython=disabled -Ddefault_library=static -Db_lundef=false >/dev/null
   fi
-  if ninja -C build-fuzz fuzz >/dev/null; then
+  if ninja -C build-fuzz fuzz >build-fuzz/build.log 2>&1 ||
+     { grep -E "error|FAILED" -A3 build-fuzz/build.log | head -40; false; }; then
     fuzz_ok=1
     meson test -C build-fuzz --no-rebuild --suite fuzz --num-processes 2 \
       --print-errorlogs
