@@ -12,10 +12,16 @@
 
 namespace bench {
 
+void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r);
+
+// Raw RocksDB, the reference for spilled rows, at the same sizes.
 void BenchRocksdb(const Config& c, const Source& src, Report* r) {
-  const size_t size = kRowSizes[0];
+  for (size_t size : {kRowSizes[0], kRowSizes[1]}) BenchRocksdbRows(c, src, size, r);
+}
+
+void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r) {
   const uint64_t n = std::min<uint64_t>(c.RowsFor(size), 65536);
-  const std::string dir = c.rocksdb_dir + "/raw";
+  const std::string dir = c.rocksdb_dir + "/raw-" + std::to_string(size);
   std::filesystem::remove_all(dir);
   rocksdb::Options o;
   o.create_if_missing = true;

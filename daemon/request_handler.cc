@@ -13,7 +13,11 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
                                    std::span<const std::byte> body,
                                    bool* stop) {
   WireReader r(body);
+  // The response is built in place behind an OK status (code 0, empty
+  // message: five zero bytes), so a large payload is never copied again.
   WireWriter payload;
+  payload.U8(0);
+  payload.U32(0);
   Status s;
   auto malformed = [] {
     return Status::Corruption("malformed request body");
@@ -133,6 +137,9 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       s = store_->SpillGet(cache_id, ids, &rows, &found);
       if (!s.ok()) break;
       payload.U32(n);
+      size_t total = 0;
+      for (const std::string& row : rows) total += row.size() + 5;
+      payload.body().reserve(payload.body().size() + total);
       size_t budget = protocol::kMaxBodyBytes / 2;
       for (uint32_t i = 0; i < n; ++i) {
         if (!found[i]) {
@@ -156,9 +163,9 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       s = Status::NotSupported("request type not supported by this server");
       break;
   }
+  if (s.ok()) return std::move(payload.body());
   WireWriter out;
   protocol::WriteStatus(out, s);
-  if (s.ok()) out.body() += payload.body();
   return std::move(out.body());
 }
 

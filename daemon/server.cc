@@ -75,11 +75,12 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     protocol::FrameHeader h;
     h.type = static_cast<uint16_t>(type_) | protocol::kResponseBit;
     h.body_len = static_cast<uint32_t>(body.size());
-    out_.resize(protocol::kFrameHeaderBytes + body.size());
-    protocol::EncodeFrameHeader(h, reinterpret_cast<std::byte*>(out_.data()));
-    std::copy(body.begin(), body.end(), out_.begin() + protocol::kFrameHeaderBytes);
+    protocol::EncodeFrameHeader(h, out_header_.data());
+    out_body_ = std::move(body);  // sent as it is, behind the header
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(out_header_),
+                                                 asio::buffer(out_body_)};
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(out_),
+    asio::async_write(socket_, buffers,
                       [this, self, stop](boost::system::error_code ec, size_t) {
                         if (stop) {
                           server_->RequestStop();
@@ -98,7 +99,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   std::array<std::byte, protocol::kFrameHeaderBytes> header_{};
   protocol::MsgType type_{};
   std::vector<std::byte> body_;
-  std::string out_;
+  std::array<std::byte, protocol::kFrameHeaderBytes> out_header_{};
+  std::string out_body_;
 };
 
 Server::Server(asio::io_context& io, Store* store, Logger* log)
