@@ -64,18 +64,4 @@ IndexTable::InsertResult IndexTable::Insert(uint64_t key, uint64_t loc) {
   return InsertResult::kTableFull;
 }
 
-bool IndexTable::Update(uint64_t key, uint64_t old_loc, uint64_t new_loc) {
-  uint64_t i = Home(key);
-  for (uint64_t probes = 0; probes <= mask_; ++probes, i = (i + 1) & mask_) {
-    layout::Slot& s = slots_[i];
-    uint64_t cur = s.loc.load(std::memory_order_acquire);
-    if (cur == layout::kEmpty) return false;
-    if (cur == old_loc && s.key.load(std::memory_order_relaxed) == key) {
-      return s.loc.compare_exchange_strong(cur, new_loc,
-                                           std::memory_order_acq_rel);
-    }
-  }
-  return false;
-}
-
 }  // namespace shmcache

@@ -55,10 +55,6 @@ class IndexTable {
   // (the caller grows the index and retries in the next table).
   InsertResult Insert(uint64_t key, uint64_t loc);
 
-  // Replaces the location of a published key (used to move a row, e.g. to
-  // disk). False if absent.
-  bool Update(uint64_t key, uint64_t old_loc, uint64_t new_loc);
-
   uint64_t capacity() const { return mask_ + 1; }
   uint64_t claimed() const {
     return header_->claimed.load(std::memory_order_relaxed);

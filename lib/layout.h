@@ -78,9 +78,8 @@ static_assert(sizeof(StatsSlot) == kCacheLine);
 // Cache state bits.
 inline constexpr uint32_t kStateFull = 1;       // budget used up
 inline constexpr uint32_t kStateDestroyed = 2;  // session dropped
-inline constexpr uint32_t kStateSealed = 4;     // streaming build finished
-inline constexpr uint32_t kStateSpilling = 8;   // rows beyond budget to disk
-inline constexpr uint32_t kStateMemFull = 16;   // memory budget used up; with
+inline constexpr uint32_t kStateSpilling = 4;   // rows beyond budget to disk
+inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
                                                 // kStateSpilling, rows go to disk
 
 struct TableInfo {

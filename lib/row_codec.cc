@@ -148,7 +148,6 @@ void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns,
   }
 }
 
-uint32_t RowCodec::PeekSize(const std::byte* p) { return Load<uint32_t>(p); }
 
 uint64_t RowCodec::KeyOf(const RowView& v) {
   return Load<uint64_t>(v.bytes_.data() + 8);

@@ -46,8 +46,6 @@ class RowCodec {
   // RowView accessors as they are read. False on any mismatch.
   static bool DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
                            RowView* out);
-  // Total bytes of the row at p, read from its header (no validation).
-  static uint32_t PeekSize(const std::byte* p);
   static uint64_t KeyOf(const RowView& v);
   // Copies a whole row into out (reusing its buffer).
   static void Copy(const RowView& in, Row* out);

@@ -39,9 +39,6 @@ class ShmFile {
   size_t size() const { return size_; }
   bool mapped() const { return base_ != nullptr; }
   void Unmap();
-  // Forgets the mapping without unmapping it (it then lives as long as the
-  // process). Used where readers may still hold views into it.
-  void Leak() { base_ = nullptr; size_ = 0; }
 
  private:
   char* base_ = nullptr;

@@ -144,17 +144,6 @@ TEST(IndexTableTest, ClaimedSlotOfADeadWriterIsSkipped) {
   EXPECT_EQ(t.Find(1000), kEmpty);
 }
 
-TEST(IndexTableTest, UpdateMovesAPublishedRow) {
-  TableMemory m(8);
-  IndexTable t = m.table();
-  ASSERT_EQ(t.Insert(4, Loc(4)), IndexTable::InsertResult::kInserted);
-  uint64_t disk = Loc(4) | layout::kSpilledBit;
-  EXPECT_FALSE(t.Update(4, Loc(5), disk));  // stale old location
-  EXPECT_FALSE(t.Update(5, Loc(4), disk));  // absent key
-  EXPECT_TRUE(t.Update(4, Loc(4), disk));
-  EXPECT_EQ(t.Find(4), disk);
-}
-
 TEST(IndexTableTest, ConcurrentWritersOfDistinctKeys) {
   TableMemory m(16);
   IndexTable t = m.table();
