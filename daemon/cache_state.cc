@@ -450,19 +450,12 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
     ShmFile f;
     s = ShmFile::Open(tp, &f);
     if (!s.ok()) return Status::Corruption(tp + ": " + s.message());
-    auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
-    uint64_t cap = h->tables[g].capacity.load();
-    if (const char* bad = layout::CheckFileHeader(f.data(), f.size(), layout::kTableMagic,
-                                                  sizeof(layout::TableHeader))) {
+    if (const char* bad =
+            layout::CheckTableFile(f.data(), f.size(), h->tables[g].capacity.load(), g)) {
       return Status::Corruption(tp + ": " + bad);
     }
-    if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 ||
-        t->capacity_log2 >= 40 || (1ULL << t->capacity_log2) != cap || t->generation != g ||
-        f.size() != layout::TableFileSize(cap)) {
-      return Status::Corruption(tp + ": table geometry does not match its header");
-    }
     reserved += f.size();
-    c->index_.emplace_back(t);
+    c->index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
     c->tables_.push_back(std::move(f));
   }
   for (uint32_t n = 0; n < num_segments; ++n) {
@@ -478,14 +471,12 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
       ShmFile::Unlink(sp).PermitUncheckedError();
       continue;
     }
-    if (const char* bad = layout::CheckFileHeader(f.data(), f.size(), layout::kSegmentMagic,
-                                                  sizeof(layout::SegmentHeader))) {
+    if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id, n)) {
       return Status::Corruption(sp + ": " + bad);
     }
     auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
     uint64_t carved = sh->carved.load();
-    if (sh->seg_id != n || sh->cache_id != cache_id ||
-        sh->node >= static_cast<uint32_t>(num_nodes) ||
+    if (sh->node >= static_cast<uint32_t>(num_nodes) ||
         carved < layout::kSegmentHeaderSize || carved > f.size()) {
       return Status::Corruption(sp + ": segment header fields out of range");
     }

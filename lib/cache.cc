@@ -4,9 +4,9 @@
 #include <cstring>
 #include <fmt/format.h>
 
-#include "cache_impl.h"
-
 #include <unistd.h>
+
+#include "cache_impl.h"
 #include "numa_topology.h"
 #include "row_codec.h"
 
@@ -70,18 +70,10 @@ Status CacheImpl::MapNewTables() {
     Status s = ShmFile::Open(path, &f);
     if (!s.ok()) return s;
     uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
-    if (const char* bad =
-            layout::CheckFileHeader(f.data(), f.size(), layout::kTableMagic,
-                                    sizeof(layout::TableHeader))) {
+    if (const char* bad = layout::CheckTableFile(f.data(), f.size(), cap, g)) {
       return Status::Corruption(path + ": " + bad);
     }
-    auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
-    // cap < 2^40 also keeps TableFileSize(cap) from overflowing.
-    if (t->capacity != cap || cap == 0 || (cap & (cap - 1)) != 0 || cap >= (1ULL << 40) ||
-        f.size() != layout::TableFileSize(cap) || t->generation != g) {
-      return Status::Corruption(path + ": table geometry does not match");
-    }
-    tables_[g] = IndexTable(t);
+    tables_[g] = IndexTable(reinterpret_cast<layout::TableHeader*>(f.data()));
     table_files_[g] = std::move(f);
     num_tables_.store(g + 1, std::memory_order_release);
   }
@@ -116,16 +108,10 @@ Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
   ShmFile f;
   Status s = ShmFile::Open(path, &f);
   if (!s.ok()) return s;
-  if (const char* bad = layout::CheckFileHeader(
-          f.data(), f.size(), layout::kSegmentMagic, sizeof(layout::SegmentHeader))) {
+  if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
     return Status::Corruption(path + ": " + bad);
   }
-  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
-  if (h->seg_id != seg_no || h->cache_id != cache_id_ ||
-      f.size() <= layout::kSegmentHeaderSize) {
-    return Status::Corruption(path + ": segment header does not match");
-  }
-  int node = static_cast<int>(h->node);
+  int node = static_cast<int>(reinterpret_cast<layout::SegmentHeader*>(f.data())->node);
   *out = segments_.Insert(seg_no, std::move(f), node);
   return *out ? Status::OK() : Status::Corruption("segment number out of range");
 }

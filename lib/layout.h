@@ -168,5 +168,14 @@ struct alignas(kCacheLine) SessionsFile {
 // wrong.
 const char* CheckFileHeader(const void* base, size_t mapped_bytes,
                             uint64_t magic, size_t header_size);
+// The common header plus a table's geometry: generation `gen`, capacity
+// `cap` as the cache header records it, a power of two below 2^40 (so the
+// file size cannot overflow), and the file exactly that big.
+const char* CheckTableFile(const void* base, size_t mapped_bytes, uint64_t cap,
+                           uint32_t gen);
+// The common header plus a segment's identity: segment `seg_no` of cache
+// `cache_id`, with room past its header.
+const char* CheckSegmentFile(const void* base, size_t mapped_bytes,
+                             uint32_t cache_id, uint32_t seg_no);
 
 }  // namespace shmcache::layout
