@@ -117,12 +117,11 @@ int Worker(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh, int
 TEST(DaemonKill, ClientsGetUnavailableInBoundedTimeAndKeepTheirHits) {
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());
-  std::unique_ptr<Client> c;
-  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
-  uint32_t sid;
-  ASSERT_TRUE(c->CreateSession(&sid).ok());
-  std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "f"}, &cache).ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "f", &sc).ok());
+  std::unique_ptr<Client>& c = sc.client;
+  const uint32_t sid = sc.session;
+  std::unique_ptr<Cache>& cache = sc.cache;
   const RowMaker m(4096);
   for (uint64_t id = 0; id < kRows; ++id) ASSERT_TRUE(m.Put(*cache, id).ok());
   cache.reset();

@@ -67,12 +67,11 @@ bool ClosedByPeer(int fd, int ms = 5000) {
 
 // A well-behaved client does a full round of work; every call must succeed.
 void GoodClientWorks(const TestDaemon& d, const RowMaker& m, uint64_t base) {
-  std::unique_ptr<Client> c;
-  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
-  uint32_t sid;
-  ASSERT_TRUE(c->CreateSession(&sid).ok());
-  std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "good"}, &cache).ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "good", &sc).ok());
+  std::unique_ptr<Client>& c = sc.client;
+  const uint32_t sid = sc.session;
+  std::unique_ptr<Cache>& cache = sc.cache;
   Row row;
   for (uint64_t id = base; id < base + 200; ++id) {
     ASSERT_TRUE(m.Put(*cache, id).ok());

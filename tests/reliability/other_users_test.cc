@@ -72,12 +72,10 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
 
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());
-  std::unique_ptr<Client> c;
-  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
-  uint32_t sid;
-  ASSERT_TRUE(c->CreateSession(&sid).ok());
-  std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "secret"}, &cache).ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "secret", &sc).ok());
+  std::unique_ptr<Client>& c = sc.client;
+  std::unique_ptr<Cache>& cache = sc.cache;
   RowMaker m(1024);
   for (uint64_t id = 0; id < 10; ++id) ASSERT_TRUE(m.Put(*cache, id).ok());
 

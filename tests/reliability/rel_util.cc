@@ -448,4 +448,15 @@ std::string RowMaker::VerifyProjection(uint64_t id, const RowView& row) const {
   return CheckColumns(*this, id, nullptr, data, sum);
 }
 
+Status OpenSessionCache(const TestDaemon& d, const std::string& fingerprint,
+                        SessionCache* out) {
+  Status s = Client::Connect(d.client_options(), &out->client);
+  if (s.ok()) s = out->client->CreateSession(&out->session);
+  if (!s.ok()) return s;
+  CacheOptions o;
+  o.session_id = out->session;
+  o.fingerprint = fingerprint;
+  return out->client->OpenCache(o, &out->cache);
+}
+
 }  // namespace shmcache::reltest

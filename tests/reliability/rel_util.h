@@ -100,6 +100,16 @@ class TestDaemon {
   bool own_shm_dir_ = false;
 };
 
+// A client of `d`, a new session, and one cache (fingerprint `fingerprint`)
+// in it: the start of most tests.
+struct SessionCache {
+  std::unique_ptr<Client> client;
+  uint32_t session = 0;
+  std::unique_ptr<Cache> cache;
+};
+Status OpenSessionCache(const TestDaemon& d, const std::string& fingerprint,
+                        SessionCache* out);
+
 // Runs `body` in a forked child, which exits with its return value (and
 // never returns into the test framework).
 pid_t ForkChild(const std::function<int()>& body);

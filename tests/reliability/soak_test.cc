@@ -170,12 +170,11 @@ TEST(Soak, MixedLoadVerifiesEveryByte) {
   const double seconds = EnvSeconds("SHMCACHE_SOAK_SECONDS", 30);
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());
-  std::unique_ptr<Client> c;
-  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
-  uint32_t sid;
-  ASSERT_TRUE(c->CreateSession(&sid).ok());
-  std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "soak"}, &cache).ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "soak", &sc).ok());
+  std::unique_ptr<Client>& c = sc.client;
+  const uint32_t sid = sc.session;
+  std::unique_ptr<Cache>& cache = sc.cache;
   const RowMaker m(8192);
   Shared* sh = SharedBlock<Shared>();
   std::vector<pid_t> kids;

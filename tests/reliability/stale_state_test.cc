@@ -29,12 +29,10 @@ bool Exists(const std::string& p) {
 TEST(StaleState, KilledDaemonLeavesNothingThatBlocksANewStart) {
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());
-  std::unique_ptr<Client> c;
-  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
-  uint32_t sid;
-  ASSERT_TRUE(c->CreateSession(&sid).ok());
-  std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "f"}, &cache).ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "f", &sc).ok());
+  std::unique_ptr<Client>& c = sc.client;
+  std::unique_ptr<Cache>& cache = sc.cache;
   RowMaker m(1024);
   for (uint64_t id = 0; id < 100; ++id) ASSERT_TRUE(m.Put(*cache, id).ok());
   cache.reset();
@@ -82,12 +80,11 @@ TEST(StaleState, KilledDaemonLeavesNothingThatBlocksANewStart) {
 TEST(StaleState, SecondStartNeverClobbersALiveInstance) {
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());
-  std::unique_ptr<Client> c;
-  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
-  uint32_t sid;
-  ASSERT_TRUE(c->CreateSession(&sid).ok());
-  std::unique_ptr<Cache> cache;
-  ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "f"}, &cache).ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "f", &sc).ok());
+  std::unique_ptr<Client>& c = sc.client;
+  const uint32_t sid = sc.session;
+  std::unique_ptr<Cache>& cache = sc.cache;
   RowMaker m(1024);
   for (uint64_t id = 0; id < 100; ++id) ASSERT_TRUE(m.Put(*cache, id).ok());
   auto files_before = d.ShmFiles();
