@@ -238,9 +238,7 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
         const uint64_t off = static_cast<uint64_t>(child) * 7919;
         bool ok = WarmUp(cache.get(), n);
         double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
-          for (size_t k = 0; k < kHitBatch; ++k) {
-            ids[k] = idx[(i * kHitBatch + k + off) & mask];
-          }
+          FillBatch(idx, i, off, &ids);
           ok &= cache->GetBatch(ids, rows.data(), sts.data()).ok();
           for (const Status& st : sts) ok &= st.ok();
         });
@@ -256,9 +254,7 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
         const uint64_t off = static_cast<uint64_t>(child) * 7919;
         bool ok = WarmUp(cache.get(), n);
         double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
-          for (size_t k = 0; k < kHitBatch; ++k) {
-            ids[k] = idx[(i * kHitBatch + k + off) & mask];
-          }
+          FillBatch(idx, i, off, &ids);
           ok &= cache->ViewBatch(ids, views.data(), sts.data()).ok();
           for (const Status& st : sts) ok &= st.ok();
           DoNotOptimize(views[0].encoded().data());
@@ -340,9 +336,7 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
         bool ok = true;
         const uint64_t off = static_cast<uint64_t>(child) * 7919;
         double rr = TimedRateBatched(c.seconds, kSpillBatch, [&](uint64_t i) {
-          for (size_t k = 0; k < kSpillBatch; ++k) {
-            ids[k] = idx[(i * kSpillBatch + k + off) & (idx.size() - 1)];
-          }
+          FillBatch(idx, i, off, &ids);
           ok &= cache->GetBatch(ids, rows.data(), sts.data()).ok();
           for (const Status& st : sts) ok &= st.ok();
         });

@@ -22,6 +22,14 @@ double NowSec();
 // Random row indices in [0, n), the same sequence for every system measured
 // on the same rows.
 std::vector<uint32_t> RandomIndices(size_t count, uint32_t n, uint64_t seed);
+// Batch i of ids.size() ids from idx (a power-of-two long list of random
+// ids), starting `off` ids further for another process.
+inline void FillBatch(const std::vector<uint32_t>& idx, uint64_t i, uint64_t off,
+                      std::vector<uint64_t>* ids) {
+  for (size_t k = 0; k < ids->size(); ++k) {
+    (*ids)[k] = idx[(i * ids->size() + k + off) & (idx.size() - 1)];
+  }
+}
 
 // Fills buf with pseudo-random bytes (touching every page).
 void FillRandom(void* buf, size_t n, uint64_t seed);
