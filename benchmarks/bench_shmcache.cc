@@ -230,40 +230,38 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
     }
     // A data loader reads a batch of known ids: GetBatch / ViewBatch look
     // them up with their memory misses overlapped.
+    // Rate of `p` processes each reading batches of kHitBatch random ids
+    // into a vector of Out with read(ids, outs, statuses); -1 on a failure.
+    auto batched = [&]<typename Out>(int p, auto read) {
+      return RunProcs(p, [&](int child) {
+        std::vector<Out> outs(kHitBatch);
+        std::vector<Status> sts(kHitBatch);
+        std::vector<uint64_t> ids(kHitBatch);
+        const uint64_t off = static_cast<uint64_t>(child) * 7919;
+        bool ok = WarmUp(cache.get(), n);
+        double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
+          FillBatch(idx, i, off, &ids);
+          ok &= read(ids, outs.data(), sts.data()).ok();
+          for (const Status& st : sts) ok &= st.ok();
+          DoNotOptimize(&outs[0]);
+        });
+        return ok ? rr : -1;
+      });
+    };
+    const std::string batch = std::to_string(kHitBatch);
     for (int p : c.procs) {
-      double get_rate = RunProcs(p, [&](int child) {
-        std::vector<shmcache::Row> rows(kHitBatch);
-        std::vector<Status> sts(kHitBatch);
-        std::vector<uint64_t> ids(kHitBatch);
-        const uint64_t off = static_cast<uint64_t>(child) * 7919;
-        bool ok = WarmUp(cache.get(), n);
-        double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
-          FillBatch(idx, i, off, &ids);
-          ok &= cache->GetBatch(ids, rows.data(), sts.data()).ok();
-          for (const Status& st : sts) ok &= st.ok();
-        });
-        return ok ? rr : -1;
-      });
+      double get_rate = batched.template operator()<shmcache::Row>(
+          p, [&](auto& ids, shmcache::Row* rows, Status* sts) {
+            return cache->GetBatch(ids, rows, sts);
+          });
       if (get_rate < 0) r->Skip("get batch " + k, "a batched get failed");
-      else r->Add("get", "shmcache", "copy-out GetBatch " + std::to_string(kHitBatch),
-                  size, p, get_rate);
-      double view_rate = RunProcs(p, [&](int child) {
-        std::vector<shmcache::RowView> views(kHitBatch);
-        std::vector<Status> sts(kHitBatch);
-        std::vector<uint64_t> ids(kHitBatch);
-        const uint64_t off = static_cast<uint64_t>(child) * 7919;
-        bool ok = WarmUp(cache.get(), n);
-        double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
-          FillBatch(idx, i, off, &ids);
-          ok &= cache->ViewBatch(ids, views.data(), sts.data()).ok();
-          for (const Status& st : sts) ok &= st.ok();
-          DoNotOptimize(views[0].encoded().data());
-        });
-        return ok ? rr : -1;
-      });
+      else r->Add("get", "shmcache", "copy-out GetBatch " + batch, size, p, get_rate);
+      double view_rate = batched.template operator()<shmcache::RowView>(
+          p, [&](auto& ids, shmcache::RowView* views, Status* sts) {
+            return cache->ViewBatch(ids, views, sts);
+          });
       if (view_rate < 0) r->Skip("view batch " + k, "a batched view failed");
-      else r->Add("view", "shmcache", "zero-copy ViewBatch " + std::to_string(kHitBatch),
-                  size, p, view_rate);
+      else r->Add("view", "shmcache", "zero-copy ViewBatch " + batch, size, p, view_rate);
     }
     cache.reset();
     client->DestroySession(session).PermitUncheckedError();
