@@ -20,6 +20,27 @@
 
 namespace shmcache::reltest {
 
+namespace {
+// Everything `fd` yields until its writers close it or `bound` passes.
+std::string ReadUntilClosed(int fd, std::chrono::milliseconds bound) {
+  std::string out;
+  char buf[4096];
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now())
+                    .count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) == 0) break;
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+}  // namespace
+
 std::string DaemonPath() { return SHMCACHE_TEST_DAEMON; }
 std::string AdminPath() { return SHMCACHE_TEST_ADMIN; }
 
@@ -182,20 +203,7 @@ Status TestDaemon::Spawn() {
     _exit(127);
   }
   close(fds[1]);
-  std::string line;
-  char buf[256];
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    pollfd p{fds[0], POLLIN, 0};
-    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) == 0) break;
-    ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    line.append(buf, static_cast<size_t>(n));
-  }
+  std::string line = ReadUntilClosed(fds[0], std::chrono::seconds(30));
   close(fds[0]);
   if (line.rfind("OK ", 0) != 0) {
     kill(pid, SIGKILL);
@@ -295,20 +303,7 @@ int RunProgram(const std::vector<std::string>& argv,
     _exit(127);
   }
   close(fds[1]);
-  std::string out;
-  char buf[4096];
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    pollfd p{fds[0], POLLIN, 0};
-    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) == 0) break;
-    ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
+  std::string out = ReadUntilClosed(fds[0], bound);
   close(fds[0]);
   if (output) *output = out;
   int st = 0;
