@@ -333,9 +333,10 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
         statuses[k] = Status::Corruption("spilled row carries another id");
       }
     }
-    if (answered == 0) {  // cannot happen with a sane daemon; never spin
+    if (answered == 0) {  // the daemon answers a first row always; never spin
       for (size_t i = done; i < ids.size(); ++i) {
-        statuses[i] = Status::Corruption("spilled row too large to fetch");
+        statuses[i] = Status::Corruption("the cache server answered none of the "
+                                         "spilled rows asked for");
       }
       return;
     }
@@ -485,6 +486,11 @@ bool CacheImpl::SpillsNow() const {
 
 Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns,
                            size_t size, bool* inserted) {
+  // Checked before anything is sent: a frame over the limit would make the
+  // daemon drop the connection.
+  if (size > protocol::kMaxSpilledRowBytes) {
+    return protocol::SpilledRowTooLarge(id, size);
+  }
   static thread_local std::vector<uint64_t> buf;
   buf.resize((size + 7) / 8);
   auto* bytes = reinterpret_cast<std::byte*>(buf.data());

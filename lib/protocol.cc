@@ -1,5 +1,7 @@
 #include "protocol.h"
 
+#include <fmt/format.h>
+
 #include <vector>
 
 namespace shmcache::protocol {
@@ -50,6 +52,16 @@ std::span<const std::byte> WireReader::Bytes(size_t max_len) {
   auto out = in_.subspan(pos_, n);
   pos_ += n;
   return out;
+}
+
+Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes) {
+  constexpr double kMiB = 1 << 20;
+  return Status::NotSupported(fmt::format(
+      "row {} is not cached: it is {} bytes ({:.1f} MB), more than the {} "
+      "bytes ({:.1f} MB) a row may have to spill to disk; give the cache a "
+      "larger size to keep rows this large in memory",
+      row_id, encoded_bytes, static_cast<double>(encoded_bytes) / kMiB,
+      kMaxSpilledRowBytes, kMaxSpilledRowBytes / kMiB));
 }
 
 void WriteStatus(WireWriter& w, const Status& s) {

@@ -33,6 +33,17 @@ inline constexpr uint32_t kMaxSpillBatch = 1024;
 inline constexpr uint8_t kSpillAbsent = 0;
 inline constexpr uint8_t kSpillFound = 1;
 inline constexpr uint8_t kSpillAskAgain = 2;
+// A spilled row travels whole in one frame, both in kSpillPut and in the
+// answer to kSpillGet, so it may be at most the frame limit less room for
+// the fields around it. The daemon answers a row alone when it does not fit
+// beside others, so every row of this size can be read back; a larger row
+// is refused at put (SpilledRowTooLarge) before anything is sent.
+inline constexpr uint32_t kSpillFramingBytes = 4096;
+inline constexpr uint32_t kMaxSpilledRowBytes = kMaxBodyBytes - kSpillFramingBytes;
+// Room for the answer's status (u8 + empty string), count, one mark per id
+// and the row's length; and for the request's cache id, row id and length.
+static_assert(kSpillFramingBytes >= 5 + 4 + kMaxSpillBatch + 4);
+static_assert(kSpillFramingBytes >= 4 + 8 + 4);
 
 enum class MsgType : uint16_t {
   kHello = 1,
@@ -122,6 +133,9 @@ class WireReader {
   size_t pos_ = 0;
   bool ok_ = true;
 };
+
+// NotSupported naming the row, its encoded size and kMaxSpilledRowBytes.
+Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes);
 
 // Response bodies start with the status.
 void WriteStatus(WireWriter& w, const Status& s);

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "protocol.h"
+#include "row_codec.h"
 #include "shmcache/client.h"
 #include "test_server.h"
 
@@ -113,6 +115,109 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n,
   close(fds[0]);
   EXPECT_EQ(WaitChild(pid), 0);
   return r == sizeof found ? found : -4;
+}
+
+// Encoded bytes of the row Cache::Put(id, data, n) makes.
+size_t EncodedBytes(size_t n) {
+  int64_t shape[1] = {static_cast<int64_t>(n)};
+  ColumnRef col{"data", DType::kUInt8, shape, shape, n};  // data never read
+  size_t size = 0;
+  EXPECT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
+  return size;
+}
+
+// The largest payload whose row encodes to at most `limit` bytes.
+size_t PayloadFor(size_t limit) {
+  size_t n = limit - (EncodedBytes(0));
+  while (EncodedBytes(n) > limit) --n;
+  return n;
+}
+
+bool SameData(const Row& row, const std::vector<uint8_t>& want) {
+  auto col = row.find("data");
+  return col && col->nbytes == want.size() &&
+         std::memcmp(col->data, want.data(), want.size()) == 0;
+}
+
+TEST(CapacityTest, SpilledRowsUpToTheLimitReadBackWhole) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    auto cache = OpenCache(server, server.NewSession(), 1, true);
+    // 40 MB, the largest row that may spill, and a small one: all three
+    // go to disk (each is more than the 1 MB budget, or comes after).
+    const size_t largest = PayloadFor(protocol::kMaxSpilledRowBytes);
+    ASSERT_EQ(EncodedBytes(largest), protocol::kMaxSpilledRowBytes);
+    const std::vector<std::vector<uint8_t>> rows = {
+        Pattern(0, 1, 40u << 20), Pattern(1, 1, largest), Pattern(2, 1, kRowBytes)};
+    for (uint64_t id = 0; id < rows.size(); ++id) {
+      bool inserted = false;
+      Status s = cache->Put(id, rows[id].data(), rows[id].size(), &inserted);
+      ASSERT_TRUE(s.ok() && inserted) << id << ": " << s.ToString();
+    }
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_EQ(st.disk_rows, rows.size());
+    for (uint64_t id = 0; id < rows.size(); ++id) {
+      Row got;
+      Status s = cache->Get(id, &got);
+      ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+      EXPECT_TRUE(SameData(got, rows[id])) << id;
+      RowView view;
+      ASSERT_TRUE(cache->View(id, &view).ok()) << id;
+      auto col = view.find("data");
+      ASSERT_TRUE(col.has_value());
+      EXPECT_EQ(col->nbytes, rows[id].size());
+    }
+    // Two large rows never fit one response: each comes in its own.
+    const std::vector<uint64_t> ids = {0, 1, 2, 1, 0};
+    std::vector<Row> got(ids.size());
+    std::vector<Status> statuses(ids.size());
+    ASSERT_TRUE(cache->GetBatch(ids, got.data(), statuses.data()).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+      EXPECT_TRUE(SameData(got[i], rows[ids[i]])) << i;
+    }
+  }
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    uint32_t session = 0;
+    ASSERT_TRUE(client->CreateSession(&session).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "big", 1, true), &cache).ok());
+    std::vector<uint8_t> huge(70u << 20, 7);
+    Status s = cache->Put(1, huge.data(), huge.size());
+    EXPECT_EQ(s.code(), Status::Code::kNotSupported) << s.ToString();
+    EXPECT_NE(s.message().find("(70.0 MB)"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("(64.0 MB)"), std::string::npos) << s.message();
+    EXPECT_FALSE(cache->Contains(1));
+    // One byte past the limit is refused too.
+    huge.resize(PayloadFor(protocol::kMaxSpilledRowBytes) + 1);
+    s = cache->Put(2, huge.data(), huge.size());
+    EXPECT_EQ(s.code(), Status::Code::kNotSupported) << s.ToString();
+    // The same client goes on: its connection was never cut.
+    std::vector<uint8_t> row = Pattern(3, 1, kRowBytes);
+    bool inserted = false;
+    s = cache->Put(3, row.data(), row.size(), &inserted);
+    EXPECT_TRUE(s.ok() && inserted) << s.ToString();
+    Row got;
+    ASSERT_TRUE(cache->Get(3, &got).ok());
+    EXPECT_TRUE(SameData(got, row));
+    uint32_t another = 0;
+    EXPECT_TRUE(client->CreateSession(&another).ok());
+    std::string log = server.ReadLog();
+    EXPECT_EQ(log.find("frame too large"), std::string::npos) << log;
+  }
+  RemoveTree(spill);
 }
 
 TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {

@@ -142,14 +142,7 @@ TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
   ASSERT_TRUE(client->OpenCache(CacheNamed(session, "v", 0, false), &cache).ok());
   Row got;
   EXPECT_TRUE(cache->Get(1, &got).IsNotFound());
-  std::string log;
-  for (const std::string& n : ListDir(second.run_dir() + "/log")) {
-    FILE* f = fopen((second.run_dir() + "/log/" + n).c_str(), "r");
-    char buf[4096];
-    size_t r;
-    while (f && (r = fread(buf, 1, sizeof buf, f)) > 0) log.append(buf, r);
-    if (f) fclose(f);
-  }
+  std::string log = second.ReadLog();
   EXPECT_NE(log.find("layout version differs"), std::string::npos) << log;
 }
 

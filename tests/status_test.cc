@@ -47,6 +47,7 @@ TEST(StatusTest, EachFactorySetsItsCodeAndOnlyItsPredicate) {
     EXPECT_EQ(c.s.IsCorruption(), c.code == Status::Code::kCorruption);
     EXPECT_EQ(c.s.IsPermissionDenied(), c.code == Status::Code::kPermissionDenied);
     EXPECT_EQ(c.s.IsIOError(), c.code == Status::Code::kIOError);
+    EXPECT_EQ(c.s.IsNotSupported(), c.code == Status::Code::kNotSupported);
     EXPECT_EQ(c.s.IsFingerprintMismatch(),
               c.code == Status::Code::kFingerprintMismatch);
   }

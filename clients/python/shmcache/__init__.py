@@ -27,12 +27,13 @@ import numpy as np
 
 from . import _shmcache
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
-                        InvalidArgumentError, NotFoundError, UnavailableError)
+                        InvalidArgumentError, NotFoundError, NotSupportedError,
+                        UnavailableError)
 
 __all__ = [
     "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",
-    "InvalidArgumentError", "LOCAL_HOSTS", "MAX_ROW_ID",
+    "InvalidArgumentError", "NotSupportedError", "LOCAL_HOSTS", "MAX_ROW_ID",
 ]
 
 Client = _shmcache.Client
@@ -192,12 +193,13 @@ class DatasetCache:
         self._dead = False        # nothing works: every call is a miss
         self._no_puts = False     # full or daemon gone: reads still work
         self._warned = False
+        self._warned_row = False  # a row the cache cannot take was dropped
         self.bytes_read = 0       # bytes of columns returned by get/view
 
     def __getstate__(self):
         state = self.__dict__.copy()
         for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_warned",
-                  "bytes_read"):
+                  "_warned_row", "bytes_read"):
             state.pop(k, None)
         return state
 
@@ -303,6 +305,12 @@ class DatasetCache:
             self._warn("the cache server is gone", e)
         except InvalidArgumentError as e:
             raise ValueError(f"row {row_id} cannot be cached: {e}") from None
+        except NotSupportedError as e:
+            # This row only (e.g. too large to spill): later rows go on.
+            if not self._warned_row:
+                self._warned_row = True
+                warnings.warn(f"shmcache: {e}; rows like it are read from the "
+                              "source", CacheWarning, stacklevel=3)
         except Error as e:
             self._dead = True
             self._warn("the cache failed", e)
@@ -312,7 +320,9 @@ class DatasetCache:
         """Stores `row` under `row_id` (an int in [0, MAX_ROW_ID]).
 
         Returns True when stored, False when the id was already cached (the
-        first writer wins) or the cache is bypassed (full, daemon gone)."""
+        first writer wins), the cache is bypassed (full, daemon gone), or the
+        row cannot be cached (larger than a row spilled to disk may be; one
+        warning)."""
         return self.put_columns(row_id, encode_row(row))
 
     def get_columns(self, row_id, columns=None, copy=True, _reserved=False,

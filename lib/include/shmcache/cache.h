@@ -37,6 +37,9 @@ class Cache {
   // failed (the cache turns read-only for everyone).
   // Unavailable: the daemon is gone and a new chunk was needed.
   // InvalidArgument: a column is malformed (sizes, names, too many).
+  // NotSupported: the row would spill but is larger than a spilled row may
+  // be (64 MB less 4 KB, encoded); nothing was sent and the cache goes on
+  // accepting smaller rows.
   Status Put(uint64_t id, std::span<const ColumnRef> columns,
              bool* inserted = nullptr);
   // A row of one uint8 column named "data".

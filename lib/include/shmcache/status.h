@@ -80,6 +80,7 @@ class [[nodiscard]] Status {
   bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsPermissionDenied() const { return code_ == Code::kPermissionDenied; }
   bool IsIOError() const { return code_ == Code::kIOError; }
+  bool IsNotSupported() const { return code_ == Code::kNotSupported; }
   bool IsFingerprintMismatch() const {
     return code_ == Code::kFingerprintMismatch;
   }
