@@ -9,6 +9,8 @@
 //   seg.<seg_id>                SegmentHeader + chunks of rows (one cache,
 //                               one NUMA node)
 //   sessions                    SessionsFile: live session ids
+//   spilldb                     (daemon only) text: the spill database the
+//                               index's spilled rows are in; absent when none
 //
 // Writers: the daemon alone creates, sizes and unlinks files and writes the
 // fields marked (daemon). Clients write rows into chunks leased to them, the
@@ -37,9 +39,12 @@ inline constexpr size_t kMaxSessions = 4096;
 
 // ---- Locations: where a row lives, as stored in an index slot ----------
 // bits 0..39 offset inside the segment, 40..62 segment id, 63 "on disk".
-// 0 and 1 are never locations: an offset is always past the header.
+// 0, 1 and 2 are never locations: an offset is always past the header.
 inline constexpr uint64_t kEmpty = 0;     // slot never used
 inline constexpr uint64_t kClaimed = 1;   // slot taken, row not yet published
+inline constexpr uint64_t kRetired = 2;   // row no longer served (its spill
+                                          // store is gone): a miss; only an
+                                          // insert of the same key reuses it
 inline constexpr int kOffsetBits = 40;
 inline constexpr uint64_t kOffsetMask = (1ULL << kOffsetBits) - 1;
 inline constexpr uint64_t kSpilledBit = 1ULL << 63;
@@ -106,7 +111,9 @@ struct alignas(kCacheLine) CacheHeader {
 // Open addressing, linear probing, Fibonacci hashing. A slot is claimed by
 // CAS of loc kEmpty -> kClaimed, then key is stored, then loc is stored with
 // release order: the publication point of the row. A reader that loads a
-// published loc with acquire order sees the key and the row bytes.
+// published loc with acquire order sees the key and the row bytes. A
+// retired slot keeps its key for good; an insert of that key publishes a
+// new loc into it with one CAS from kRetired.
 struct Slot {
   std::atomic<uint64_t> loc;
   std::atomic<uint64_t> key;
