@@ -130,9 +130,7 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
 void CacheState::MarkFull(const std::string& why) {
   uint32_t old = header_->state.fetch_or(layout::kStateFull);
   if (!(old & layout::kStateFull) && log_) {
-    log_->Warn("cache {} (session {}, '{}') is full: {}; further rows are not "
-               "cached",
-               cache_id_, session_id_, name_, why);
+    log_->Warn("{} is full: {}; further rows are not cached", Label(), why);
   }
 }
 
@@ -393,8 +391,30 @@ bool CacheState::spilling() const {
 
 void CacheState::StopSpilling(const std::string& why) {
   if (header_ == nullptr) return;
-  header_->state.fetch_and(~layout::kStateSpilling);
-  MarkFull("spilling stopped: " + why);
+  uint32_t old = header_->state.fetch_and(~layout::kStateSpilling);
+  if (old & layout::kStateMemFull) MarkFull("spilling stopped: " + why);
+}
+
+bool CacheState::spill_enabled() const {
+  return header_ && (header_->state.load() & layout::kStateSpilling);
+}
+
+uint64_t CacheState::DropSpilledRows() {
+  // Rows spill only once memory is used up, and kStateMemFull is never
+  // cleared: without it, no slot needs looking at.
+  if (header_ == nullptr || !(header_->state.load() & layout::kStateMemFull)) {
+    return 0;
+  }
+  uint64_t dropped = 0;
+  for (IndexTable& t : index_) dropped += t.RetireSpilled();
+  for (layout::StatsSlot& slot : header_->stats) {
+    slot.disk_rows.store(0, std::memory_order_relaxed);
+  }
+  return dropped;
+}
+
+std::string CacheState::Label() const {
+  return fmt::format("cache {} (session {}, '{}')", cache_id_, session_id_, name_);
 }
 
 Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
@@ -492,8 +512,9 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
   }
   if (!account->Reserve(reserved)) {
     return Status::Full(fmt::format(
-        "cache {} needs {} MB, more than is left under the memory cap", cache_id,
-        reserved >> 20));
+        "it holds {} MB (session {}, '{}'), more than is left under the memory "
+        "cap of {} MB",
+        reserved >> 20, c->session_id_, c->name_, account->cap >> 20));
   }
   c->reserved_bytes_ = reserved;
   h->reserved_bytes.store(reserved);

@@ -97,8 +97,18 @@ class CacheState {
   // Publishes row `row_id` as spilled (after it was written to disk).
   // *inserted false when the id was already present.
   Status PublishSpilled(uint64_t row_id, MemoryAccount* account, bool* inserted);
-  // Spilling failed (disk full, RocksDB error): no more rows are accepted.
+  // Spilling is off from now on (it failed: disk full, RocksDB error; or a
+  // restarted server has no spill store). Once memory is used up too, the
+  // cache is full: no more rows are accepted.
   void StopSpilling(const std::string& why);
+  // Withdraws every spilled row from the index (their spill store cannot
+  // serve them): they read as misses and can be put again. Returns how many;
+  // the disk_rows statistic starts again from 0.
+  uint64_t DropSpilledRows();
+  // True when rows go to disk once memory is used up.
+  bool spill_enabled() const;
+  // "cache 3 (session 7, 'name')", for messages.
+  std::string Label() const;
   bool destroyed() const { return destroyed_; }
 
   // A job when the current segment of `node` is half carved and nothing is

@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>  // before Asio: 1.74 uses std::exchange without it
 #include <boost/asio.hpp>
 #include <cerrno>
@@ -31,14 +32,27 @@ namespace {
 
 constexpr size_t kMinShmRoom = 16u << 20;
 
-void Report(int fd, const std::string& line) {
+// The readiness report, on the pipe from `shmcache --start` (or stderr):
+// "NOTE <text>" lines, then one "OK <pid> <workers> <log path>" or
+// "ERR <why>" line. The log path runs to the end of its line.
+void Report(int fd, const std::string& line,
+            const std::vector<std::string>& notes = {}) {
+  std::string text;
+  for (std::string note : notes) {
+    std::replace(note.begin(), note.end(), '\n', ' ');
+    text += "NOTE " + note + "\n";
+  }
+  text += line + "\n";
   if (fd < 0) {
-    fmt::print(stderr, "{}\n", line);
+    fmt::print(stderr, "{}", text);
     return;
   }
-  std::string l = line + "\n";
-  ssize_t n = write(fd, l.data(), l.size());
-  (void)n;
+  for (size_t done = 0; done < text.size();) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the admin is gone: nobody to tell
+    done += static_cast<size_t>(n);
+  }
   close(fd);
 }
 
@@ -174,7 +188,8 @@ int main(int argc, char** argv) {
     });
   };
   if (opts.watch_pid > 0) watch_next();
-  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()));
+  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()),
+         store.startup_notes());
   if (!opts.foreground) DetachStdio();
 
   for (std::thread& t : threads) t.join();

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fmt/format.h>
+#include <set>
 
 #include "logger.h"
 #include "process_state.h"
+#include "spill_record.h"
 
 namespace shmcache {
 
@@ -79,13 +82,13 @@ void Store::PrepareSegments() {
 }
 
 Status Store::Init() {
+  const std::string recorded = ReadSpillRecord(paths_);
   if (!options_.spill_dir.empty()) {
-    std::string path = fmt::format("{}/shmcache.{}.{}.spill", options_.spill_dir,
-                                   geteuid(), paths_.port);
-    Status s = SpillStore::Open(path, &spill_);
+    Status s = SpillStore::Open(SpillDbPath(options_.spill_dir, paths_.port), &spill_);
     if (!s.ok()) return s;
   }
   AdoptExisting();
+  ReconcileSpill(recorded);
   WriteSessionsFile();
   preparer_ = std::thread([this] { PrepareSegments(); });
   return Status::OK();
@@ -94,7 +97,8 @@ Status Store::Init() {
 void Store::DiscardCacheFiles(uint32_t cache_id,
                               const std::vector<std::string>& files,
                               const std::string& why) {
-  log_->Warn("discarding cache {} left by an earlier server: {}", cache_id, why);
+  Note(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
+                   why));
   for (const std::string& f : files) unlink(f.c_str());
   if (spill_) spill_->DropCache(cache_id).PermitUncheckedError();
 }
@@ -125,7 +129,7 @@ void Store::AdoptExisting() {
     } else if (std::sscanf(rest.c_str(), "seg.%u.%u%c", &id, &n, &tail) == 2) {
       found[id].files.push_back(path);
       found[id].segments = std::max(found[id].segments, n + 1);
-    } else if (rest != "sessions") {
+    } else if (rest != "sessions" && rest != "spilldb") {
       strays.push_back(path);
     }
   }
@@ -162,7 +166,8 @@ void Store::AdoptExisting() {
   if (spill_) {
     for (uint32_t id : spill_->CacheIds()) {
       if (caches_.count(id) == 0) {
-        log_->Warn("dropping spilled rows of cache {}: its memory state is gone", id);
+        Note(fmt::format("the spilled rows of cache {} were dropped: its memory "
+                         "state is gone", id));
         spill_->DropCache(id).PermitUncheckedError();
       }
     }
@@ -419,6 +424,86 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
   return spill_->MultiGet(cache_id, ids, rows, found);
 }
 
+void Store::Note(const std::string& text) {
+  log_->Warn("{}", text);
+  notes_.push_back(text);
+}
+
+void Store::ReconcileSpill(const std::string& recorded) {
+  const std::string current = spill_ ? spill_->path() : "";
+  // No record: nothing spilled yet, or an index from a server before the
+  // record; its rows are served where they are found, as they were then.
+  const bool same_db = spill_ && (recorded.empty() || SameSpillDb(recorded, current));
+  std::set<uint32_t> on_disk;
+  if (spill_) {
+    for (uint32_t id : spill_->CacheIds()) on_disk.insert(id);
+  }
+  for (auto& [id, c] : caches_) {
+    std::string why;  // why its spilled rows cannot be read here
+    if (!spill_) {
+      why = "this server has no spill directory";
+    } else if (!same_db) {
+      why = fmt::format("this server spills to {}, not {}", current, recorded);
+    } else if (on_disk.count(id) == 0) {
+      why = fmt::format("{} holds none of them", current);
+    }
+    ReconcileCacheSpill(id, c.get(), why, on_disk.count(id) != 0);
+  }
+  if (!recorded.empty() && !SameSpillDb(recorded, current)) {
+    RemoveEarlierSpillDb(recorded);
+  }
+  Status s = WriteSpillRecord(paths_, current);
+  if (!s.ok()) log_->Error("{}", s.message());
+}
+
+void Store::ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& why,
+                                bool on_disk) {
+  std::vector<std::string> told;
+  if (!why.empty()) {
+    if (uint64_t n = c->DropSpilledRows()) {
+      told.push_back(fmt::format("{} spilled rows were dropped ({}); they read as "
+                                 "misses{}",
+                                 n, why, spill_ ? " and are cached again when put" : ""));
+    }
+    // Rows on disk the index no longer points to.
+    if (on_disk) spill_->DropCache(id).PermitUncheckedError();
+  }
+  if (!spill_ && c->spill_enabled()) {
+    c->StopSpilling("this server has no spill directory");
+    told.push_back(fmt::format("it no longer spills{} (start the server with -s DIR "
+                               "to spill)",
+                               c->Stats().full ? " and is full" : ""));
+  }
+  if (told.empty()) return;
+  std::string text = c->Label() + ": " + told[0];
+  for (size_t i = 1; i < told.size(); ++i) text += "; " + told[i];
+  Note(text);
+}
+
+void Store::RemoveEarlierSpillDb(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  if (!IsSpillDbOf(path, paths_.port)) {
+    Note(fmt::format("left {} in place: it is not named as a spill database of "
+                     "this server", path));
+    return;
+  }
+  // Opening it first takes its lock: a database another process uses is
+  // never removed.
+  std::unique_ptr<SpillStore> old;
+  Status s = SpillStore::Open(path, &old, /*create=*/false);
+  bool had_rows = s.ok() && !old->CacheIds().empty();
+  if (s.ok()) s = old->DestroyAll();
+  if (!s.ok()) {
+    Note(fmt::format("cannot remove {}, the earlier server's spill database: {}; "
+                     "remove it once no server uses it", path, s.message()));
+  } else if (had_rows) {
+    Note(fmt::format("removed {}, the earlier server's spill database", path));
+  } else {
+    log_->Info("removed {}, the earlier server's spill database (empty)", path);
+  }
+}
+
 void Store::ListSessions(std::vector<SessionInfo>* out) {
   std::lock_guard lock(mu_);
   out->clear();
@@ -455,6 +540,7 @@ void Store::Shutdown() {
   caches_.clear();
   sessions_.clear();
   ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+  WriteSpillRecord(paths_, "").PermitUncheckedError();
   if (spill_) {
     Status s = spill_->DestroyAll();
     if (!s.ok()) log_->Warn("{}", s.message());

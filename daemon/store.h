@@ -39,8 +39,14 @@ class Store {
 
   // Opens the spill store and adopts what a previous daemon of this
   // instance left in shared memory and on disk; what cannot be trusted is
-  // discarded with a log line.
+  // discarded with a log line and a startup note. Spilled rows whose spill
+  // database this server does not use (another -s, or none) are dropped
+  // from the index, and that database is removed.
   Status Init();
+  // What a person starting the server should know about Init: caches and
+  // rows that were discarded, and why. One line each.
+  // REQUIRES: Init returned; not called concurrently with Init.
+  const std::vector<std::string>& startup_notes() const { return notes_; }
 
   uint32_t NewClientId();
   Status CreateSession(uint32_t* id);
@@ -83,6 +89,19 @@ class Store {
   void RetryReleasesLocked();
   void StopPreparer();
   void AdoptExisting();
+  // After AdoptExisting: drops the adopted spilled rows this server cannot
+  // read (see Init), turns spilling off without a spill store, removes the
+  // earlier server's spill database when it is not this server's, and
+  // records this server's.
+  void ReconcileSpill(const std::string& recorded);
+  // For one adopted cache: drops its spilled rows when `why` (they cannot
+  // be read here) is set, and their copies from this server's database
+  // when `on_disk`; turns its spilling off without a spill store; notes it.
+  void ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& why,
+                           bool on_disk);
+  void RemoveEarlierSpillDb(const std::string& path);
+  // Logs `text` as a warning and keeps it for startup_notes().
+  void Note(const std::string& text);
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                          const std::string& why);
   void WriteSessionsFile();
@@ -102,6 +121,7 @@ class Store {
   std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
   std::unique_ptr<SpillStore> spill_;
+  std::vector<std::string> notes_;  // written by Init only
   std::deque<SegmentJob> jobs_;          // GUARDED_BY(mu_)
   std::condition_variable jobs_cv_;
   std::condition_variable job_done_cv_;  // a segment job finished

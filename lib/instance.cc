@@ -24,6 +24,9 @@ std::string InstancePaths::SegmentFile(uint32_t cache_id,
 std::string InstancePaths::SessionsFile() const {
   return shm_prefix + "sessions";
 }
+std::string InstancePaths::SpillRecordFile() const {
+  return shm_prefix + "spilldb";
+}
 
 Status ParsePort(const std::string& text, int* port) {
   char* end = nullptr;

@@ -27,6 +27,8 @@ struct InstancePaths {
   std::string TableFile(uint32_t cache_id, uint32_t gen) const;
   std::string SegmentFile(uint32_t cache_id, uint32_t seg_no) const;
   std::string SessionsFile() const;
+  // The daemon's record of the spill database the index points to.
+  std::string SpillRecordFile() const;
 };
 
 // requested > 0: checked against 1025..65535. 0: $SHMCACHE_PORT, else the

@@ -37,9 +37,9 @@ class CacheStateTest : public ::testing::Test {
     test::RemoveTree(run_dir_);
   }
 
-  void Create(uint64_t budget, int nodes = 1) {
+  void Create(uint64_t budget, int nodes = 1, bool spilling = false) {
     Status s = CacheState::Create(paths_, kCacheId, /*session_id=*/77, "train",
-                                  "fp-1", budget, /*spilling=*/false, nodes,
+                                  "fp-1", budget, spilling, nodes,
                                   &account_, /*log=*/nullptr, &cache_);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
@@ -188,6 +188,53 @@ TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
   // Full stays full, for every connection.
   ChunkLease l;
   EXPECT_TRUE(Lease(2, 0, 64, &l).IsFull());
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  EXPECT_TRUE(reinterpret_cast<layout::CacheHeader*>(header.data())->state.load() &
+              layout::kStateFull);
+}
+
+// Leases 256 KB chunks until the lease fails; returns that status.
+Status LeaseUntilRefused(CacheState* c, MemoryAccount* account) {
+  Status s;
+  for (int n = 0; n < 1000 && s.ok(); ++n) {
+    ChunkLease l;
+    s = c->Lease(1, 0, 256 * 1024, account, &l);
+  }
+  return s;
+}
+
+TEST_F(CacheStateTest, SpillingStoppedBeforeMemoryIsUsedUpFillsLikeAnyCache) {
+  Create(8 * kMB, 1, /*spilling=*/true);
+  cache_->StopSpilling("no spill store");
+  EXPECT_FALSE(cache_->spill_enabled());
+  EXPECT_FALSE(cache_->Stats().full) << "memory is still free";
+  EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
+  EXPECT_TRUE(cache_->Stats().full);
+  EXPECT_FALSE(cache_->spilling());
+}
+
+TEST_F(CacheStateTest, DroppedSpilledRowsAreMissesAndTheCacheIsFullWithoutSpilling) {
+  Create(8 * kMB, 1, /*spilling=*/true);
+  EXPECT_EQ(cache_->DropSpilledRows(), 0u) << "nothing spilled yet";
+  EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
+  ASSERT_TRUE(cache_->spilling());
+  for (uint64_t id = 0; id < 10; ++id) {
+    bool inserted = false;
+    ASSERT_TRUE(cache_->PublishSpilled(id, &account_, &inserted).ok());
+    ASSERT_TRUE(inserted);
+  }
+  EXPECT_EQ(cache_->Stats().disk_rows, 10u);
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_EQ(cache_->DropSpilledRows(), 10u);
+  EXPECT_EQ(cache_->Stats().disk_rows, 0u);
+  // Spilling on: a dropped id is published again.
+  bool inserted = false;
+  ASSERT_TRUE(cache_->PublishSpilled(3, &account_, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  // Spilling off with memory used up: full, as every put will find.
+  cache_->StopSpilling("no spill store");
+  EXPECT_TRUE(cache_->Stats().full);
   ShmFile header;
   ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
   EXPECT_TRUE(reinterpret_cast<layout::CacheHeader*>(header.data())->state.load() &

@@ -44,6 +44,7 @@ int RunStart(const CliArgs& a, int port) {
              "listening on port {}.\n"
              "Workers: {}. Logs: {}\n",
              r.pid, port, r.workers, r.log_path);
+  for (const std::string& note : r.notes) fmt::print("Warning: {}\n", note);
   return 0;
 }
 
