@@ -12,6 +12,7 @@ namespace shmcache {
 
 namespace {
 uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
 constexpr uint32_t kMinTableLog2 = 12;
 constexpr uint32_t kMaxInitialTableLog2 = 18;
 }  // namespace
@@ -145,10 +146,53 @@ uint64_t CacheState::NextSegmentSize(uint64_t min_bytes,
   want = std::max(want, min_bytes);
   // Whole 2 MB pages where possible, so that huge pages can back it.
   if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
-  uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-  want = std::min({want, left, account.available()});
+  want = std::min({want, BudgetLeft(), account.available()});
   want = want / 4096 * 4096;
   return want >= min_bytes ? want : 0;
+}
+
+uint64_t CacheState::BudgetLeft() const {
+  return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
+}
+
+Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                             const MemoryAccount& account) {
+  const uint64_t left = BudgetLeft();
+  const uint64_t room = std::min(left, account.available());
+  if (room >= kMinSegmentBytes) {
+    // Room for ordinary rows is left: refusing them all for one big row
+    // would waste it.
+    std::string where =
+        room < left ? fmt::format("{:.1f} MB are left under the server's memory cap "
+                                  "of {} MB (the cache's budget is {} MB)",
+                                  Megabytes(room), account.cap >> 20,
+                                  budget_bytes_ >> 20)
+                    : fmt::format("{:.1f} MB are left of its budget of {} MB",
+                                  Megabytes(room), budget_bytes_ >> 20);
+    return Status::TooLarge(fmt::format(
+        "a row of {:.1f} MB does not fit in cache {}: {}; it is not cached, "
+        "smaller rows still are",
+        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, where));
+  }
+  if (left < min_bytes) {
+    return MemoryUsedUp(
+        fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20));
+  }
+  return MemoryUsedUp(fmt::format("the server's memory cap of {} MB is used up",
+                                  account.cap >> 20));
+}
+
+Status CacheState::MemoryUsedUp(const std::string& why) {
+  if (header_->state.load() & layout::kStateSpilling) {
+    if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
+        log_) {
+      log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
+    }
+    return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
+                                    cache_id_, why));
+  }
+  MarkFull(why);
+  return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
 }
 
 Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
@@ -180,7 +224,7 @@ void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile fi
 
 Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
                               Segment** out, bool* wait) {
-  uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+  uint64_t min_bytes = layout::SegmentBytesFor(need);
   if (wait != nullptr && preparing_[static_cast<size_t>(node)]) {
     // Its memory is already reserved; making another would waste it, or
     // find the budget spent.
@@ -196,24 +240,7 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
     return Status::OK();
   }
   uint64_t want = NextSegmentSize(min_bytes, *account);
-  if (want == 0) {
-    uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-    std::string why =
-        left < min_bytes
-            ? fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20)
-            : fmt::format("the server's memory cap of {} MB is used up",
-                          account->cap >> 20);
-    if (header_->state.load() & layout::kStateSpilling) {
-      if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
-          log_) {
-        log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
-      }
-      return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
-                                      cache_id_, why));
-    }
-    MarkFull(why);
-    return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
-  }
+  if (want == 0) return NoRoomFor(need, min_bytes, *account);
   if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
@@ -291,7 +318,7 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
     return Status::Full(fmt::format("cache {} memory is full", cache_id_));
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
-  const uint64_t want = AlignUp(sizeof(layout::ChunkHeader) + need, layout::kCacheLine);
+  const uint64_t want = layout::ChunkBytesFor(need);
   auto& tails = tails_[static_cast<size_t>(node)];
   for (size_t i = 0; i < tails.size(); ++i) {
     if (tails[i].size >= want) {
@@ -387,8 +414,7 @@ void CacheState::Destroy(MemoryAccount* account) {
 
 bool CacheState::spilling() const {
   uint32_t st = header_ ? header_->state.load() : 0;
-  return (st & layout::kStateSpilling) && (st & layout::kStateMemFull) &&
-         !(st & layout::kStateFull);
+  return (st & layout::kStateSpilling) && !(st & layout::kStateFull);
 }
 
 void CacheState::StopSpilling(const std::string& why) {

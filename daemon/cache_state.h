@@ -73,7 +73,9 @@ class CacheState {
 
   // A chunk of at least `need` bytes of row space for connection `conn`.
   // Full when the budget or the server cap is used up (the cache is then
-  // marked full for every client).
+  // marked full for every client). TooLarge when only this row does not
+  // fit: what is left still holds a segment of kMinSegmentBytes, so the
+  // cache is not marked and smaller rows go on being cached.
   // When the node's next segment is being prepared in the background and
   // `wait` is given, sets *wait instead of leasing: the caller waits for the
   // job to finish (FinishSegmentJob) and asks again. Without `wait` a
@@ -91,8 +93,9 @@ class CacheState {
   // Marks the cache destroyed, unlinks its files, releases its memory.
   void Destroy(MemoryAccount* account);
 
-  // Spilling: true when rows should go to disk (memory budget used up and
-  // spilling on).
+  // Spilling: true when the cache takes rows on disk: spilling is on and
+  // did not stop. Clients send rows there once memory is used up, and a
+  // row too large for the memory left at any time.
   bool spilling() const;
   // Publishes row `row_id` as spilled (after it was written to disk).
   // *inserted false when the id was already present.
@@ -142,6 +145,13 @@ class CacheState {
   // Size of the next segment, at least min_bytes; 0 when the budget or the
   // cap leaves less.
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
+  uint64_t BudgetLeft() const;
+  // No segment of min_bytes fits: TooLarge when an ordinary segment still
+  // would, else the cache's memory is used up (see MemoryUsedUp).
+  Status NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                   const MemoryAccount& account);
+  // Spilling caches send further rows to disk, others stop taking rows.
+  Status MemoryUsedUp(const std::string& why);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account,
                     Segment** out, bool* wait);

@@ -60,7 +60,7 @@ void WriteStatus(WireWriter& w, const Status& s) {
 Status ReadStatus(WireReader& r) {
   uint8_t code = r.U8();
   std::string msg = r.Str();
-  if (!r.ok() || code > static_cast<uint8_t>(Status::Code::kFingerprintMismatch)) {
+  if (!r.ok() || code > static_cast<uint8_t>(Status::Code::kTooLarge)) {
     return Status::Corruption("malformed response status");
   }
   return Status(static_cast<Status::Code>(code), msg);

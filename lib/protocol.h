@@ -27,6 +27,8 @@ inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;
+// The largest row a chunk lease may ask room for.
+inline constexpr uint64_t kMaxLeaseBytes = 1ULL << 33;
 // Spilled-row reads are batched: at most this many ids per request. Each
 // answer is one of the kSpill* markers, followed by the row for kSpillFound.
 inline constexpr uint32_t kMaxSpillBatch = 1024;

@@ -347,6 +347,26 @@ TEST_F(CacheStateTest, DestroyUnlinksEveryFileAndReleasesMemory) {
   cache_.reset();
 }
 
+TEST_F(CacheStateTest, RowLargerThanWhatIsLeftIsTooLargeAndTheCacheStaysOpen) {
+  Create(16 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(Lease(1, 0, 1000, &l).ok());
+  Status s = Lease(1, 0, 13 * kMB, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(2, 0, 1000, &l).ok()) << "other rows still fit";
+  // Rows that use up the budget make it full, as ever.
+  for (int n = 0; n < 100; ++n) {
+    s = Lease(1, 0, 5 * kMB, &l);
+    if (!s.ok()) break;
+  }
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(cache_->Stats().full);
+  EXPECT_LE(account_.used, cache_->reserved_bytes());
+}
+
 TEST_F(CacheStateTest, CreateFailsCleanlyWithoutRoomUnderTheCap) {
   account_.cap = 4096;  // not even the header fits
   std::unique_ptr<CacheState> c;

@@ -283,5 +283,111 @@ TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
   RemoveTree(spill);
 }
 
+
+// ---- Rows too large for the cache (issue 9, item 6) -----------------------
+
+constexpr uint64_t kMB = 1 << 20;
+
+Status PutBytes(Cache* cache, uint64_t id, size_t nbytes, bool* inserted = nullptr) {
+  std::vector<uint8_t> row(nbytes);
+  FillPattern(id, 7, row.data(), row.size());
+  return cache->Put(id, row.data(), row.size(), inserted);
+}
+
+// Puts one small row from a forked process; 0 when it was stored.
+int PutSmallRowInChild(const TestServer& server, uint32_t session, uint64_t id,
+                       bool spilling) {
+  pid_t pid = ForkChild([&]() -> int {
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 3;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(CacheNamed(session, "capacity", 1, spilling), &cache).ok()) {
+      return 4;
+    }
+    bool inserted = false;
+    Status s = PutBytes(cache.get(), id, kRowBytes, &inserted);
+    return s.ok() && inserted ? 0 : 5;
+  });
+  return WaitChild(pid);
+}
+
+TEST(CapacityTest, RowLargerThanTheBudgetIsRefusedAloneAndTheCacheGoesOn) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 8, false);
+  Status s = PutBytes(cache.get(), 1, 12 * kMB);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("12.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("8 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache->IsFull());
+  // Another process still caches its rows in memory.
+  EXPECT_EQ(PutSmallRowInChild(server, session, 2, false), 0);
+  EXPECT_TRUE(cache->Contains(2));
+  EXPECT_FALSE(cache->Contains(1));
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 1u);
+  EXPECT_FALSE(st.full);
+}
+
+TEST(CapacityTest, RowLargerThanWhatIsLeftIsRefusedAloneUntilTheCacheIsFull) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 16, false);
+  ASSERT_TRUE(PutBytes(cache.get(), 0, kRowBytes).ok());
+  // Within the budget, but more than is left once the first segment is
+  // made: the daemon refuses it, and only it.
+  Status s = PutBytes(cache.get(), 1, 13 * kMB);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache->IsFull());
+  EXPECT_EQ(PutSmallRowInChild(server, session, 2, false), 0);
+  // Small rows then use up the budget: that cache is full, as ever.
+  const size_t rows = (24u << 20) / kRowBytes;
+  size_t stored = PutRows(cache.get(), rows);
+  EXPECT_GT(stored, (8u << 20) / kRowBytes);
+  EXPECT_LT(stored, rows);
+  EXPECT_TRUE(cache->IsFull());
+}
+
+TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 8, true);
+    ASSERT_TRUE(PutBytes(cache.get(), 1000, kRowBytes).ok());
+    bool inserted = false;
+    Status s = PutBytes(cache.get(), 1001, 12 * kMB, &inserted);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(inserted);
+    // One row larger than a 16 MB budget's leftover, through the daemon.
+    auto roomy = OpenCache(server, session, 16, true, "roomy");
+    ASSERT_TRUE(PutBytes(roomy.get(), 1000, kRowBytes).ok());
+    ASSERT_TRUE(PutBytes(roomy.get(), 1001, 13 * kMB).ok());
+    for (Cache* c : {cache.get(), roomy.get()}) {
+      EXPECT_EQ(PutRows(c, 100), 100u);
+      CacheStats st;
+      ASSERT_TRUE(c->GetStats(&st).ok());
+      EXPECT_EQ(st.disk_rows, 1u) << "only the large row is on disk";
+      EXPECT_EQ(st.mem_rows, 101u);
+      EXPECT_FALSE(st.spilling);
+      EXPECT_FALSE(st.full);
+    }
+    Row row;
+    ASSERT_TRUE(cache->Get(1001, &row).ok());
+    auto col = row.find("data");
+    ASSERT_TRUE(col.has_value());
+    EXPECT_EQ(col->nbytes, 12 * kMB);
+    EXPECT_EQ(0, std::memcmp(col->data, Pattern(1001, 7, 12 * kMB).data(), 12 * kMB));
+  }
+  RemoveTree(spill);
+}
+
+
 }  // namespace
 }  // namespace shmcache::test

@@ -47,6 +47,9 @@ struct FingerprintMismatchError : Error {
 struct InvalidArgumentError : Error {
   using Error::Error;
 };
+struct TooLargeError : Error {
+  using Error::Error;
+};
 
 [[noreturn]] void Throw(const Status& s) {
   std::string m = s.ToString();
@@ -55,6 +58,7 @@ struct InvalidArgumentError : Error {
   if (s.IsFull()) throw FullError(m);
   if (s.IsFingerprintMismatch()) throw FingerprintMismatchError(m);
   if (s.IsInvalidArgument()) throw InvalidArgumentError(m);
+  if (s.IsTooLarge()) throw TooLargeError(m);
   throw Error(m);
 }
 
@@ -349,6 +353,7 @@ PYBIND11_MODULE(_shmcache, m) {
                                                    error.ptr());
   py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
                                                error.ptr());
+  py::register_exception<TooLargeError>(m, "TooLargeError", error.ptr());
 
   py::class_<PyCache, PyCachePtr>(m, "Cache")
       .def("put", &Put, py::arg("id"), py::arg("columns"),
