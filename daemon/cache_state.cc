@@ -124,7 +124,13 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
   }
   uint64_t prev = header_->tables[n - 1].capacity.load();
   Status s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
-  if (s.IsFull()) MarkFull(s.message());
+  if (s.IsFull()) {
+    MarkFull(s.message());
+    // Full also reports a full shm dir; only the cap's shortage may pass.
+    if (account->available() < layout::TableFileSize(prev * 2)) {
+      cap_full_bits_ |= layout::kStateFull;
+    }
+  }
   return s;
 }
 
@@ -176,23 +182,40 @@ Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
   }
   if (left < min_bytes) {
     return MemoryUsedUp(
-        fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20));
+        fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20), false);
   }
   return MemoryUsedUp(fmt::format("the server's memory cap of {} MB is used up",
-                                  account.cap >> 20));
+                                  account.cap >> 20),
+                      true);
 }
 
-Status CacheState::MemoryUsedUp(const std::string& why) {
+Status CacheState::MemoryUsedUp(const std::string& why, bool by_cap) {
   if (header_->state.load() & layout::kStateSpilling) {
     if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
         log_) {
       log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
     }
+    if (by_cap) cap_full_bits_ |= layout::kStateMemFull;
     return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
                                     cache_id_, why));
   }
   MarkFull(why);
+  if (by_cap) cap_full_bits_ |= layout::kStateFull;
   return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
+}
+
+bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
+  if (cap_full_bits_ == 0 || destroyed_ || account.available() < kMinSegmentBytes) {
+    return false;
+  }
+  header_->state.fetch_and(~cap_full_bits_);
+  cap_full_bits_ = 0;
+  if (log_) {
+    log_->Info("cache {} (session {}, '{}') takes rows again: {} MB are free under "
+               "the server's memory cap",
+               cache_id_, session_id_, name_, account.available() >> 20);
+  }
+  return true;
 }
 
 Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
@@ -386,28 +409,42 @@ void CacheState::ReleaseConnection(uint64_t conn, bool recycle) {
   leases_.erase(conn);
 }
 
-void CacheState::Destroy(MemoryAccount* account) {
+uint64_t CacheState::UnlinkFile(const std::string& path, uint64_t bytes,
+                                std::vector<HeldFile>* held) {
+  HeldFile f;
+  uint64_t size = 0;
+  bool known = held != nullptr && StatFile(path, &f.id, &size);
+  ShmFile::Unlink(path).PermitUncheckedError();
+  if (!known) return 0;
+  f.bytes = std::min(bytes, size);
+  held->push_back(f);
+  return f.bytes;
+}
+
+void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
   if (destroyed_) return;
   destroyed_ = true;
   if (header_) header_->state.fetch_or(layout::kStateDestroyed);
+  uint64_t kept = 0;
   for (const auto& [seg_no, seg] : segments_) {
-    ShmFile::Unlink(paths_.SegmentFile(cache_id_, seg_no)).PermitUncheckedError();
+    kept += UnlinkFile(paths_.SegmentFile(cache_id_, seg_no), seg.size, held);
   }
   for (auto& p : prepared_) {
-    if (p) ShmFile::Unlink(paths_.SegmentFile(cache_id_, p->seg_no)).PermitUncheckedError();
+    if (p) kept += UnlinkFile(paths_.SegmentFile(cache_id_, p->seg_no), p->size, held);
     p.reset();
   }
   for (size_t g = 0; g < tables_.size(); ++g) {
-    ShmFile::Unlink(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)))
-        .PermitUncheckedError();
+    kept += UnlinkFile(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)),
+                       tables_[g].size(), held);
   }
-  ShmFile::Unlink(paths_.CacheFile(cache_id_)).PermitUncheckedError();
+  kept += UnlinkFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
   segments_.clear();
   index_.clear();
   tables_.clear();
   header_file_.Unmap();
   header_ = nullptr;
-  account->Release(reserved_bytes_);
+  // Reserved without a file (a segment job never run) is free at once.
+  account->Release(reserved_bytes_ - std::min(kept, reserved_bytes_));
   reserved_bytes_ = 0;
   leases_.clear();
 }

@@ -129,6 +129,7 @@ void WriteServerInfo(WireWriter& w, const ServerInfo& i) {
   w.Str(i.spill_dir);
   w.U64(i.memory_cap_bytes);
   w.U64(i.memory_used_bytes);
+  w.U64(i.memory_held_bytes);
   w.U32(static_cast<uint32_t>(i.numa_nodes));
   w.U32(static_cast<uint32_t>(i.sessions.size()));
   for (uint32_t s : i.sessions) w.U32(s);
@@ -146,6 +147,7 @@ bool ReadServerInfo(WireReader& r, ServerInfo* i) {
   i->spill_dir = r.Str();
   i->memory_cap_bytes = r.U64();
   i->memory_used_bytes = r.U64();
+  i->memory_held_bytes = r.U64();
   i->numa_nodes = static_cast<int>(r.U32());
   uint32_t n = r.U32();
   if (!r.ok() || n > 1u << 20) return false;

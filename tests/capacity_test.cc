@@ -1,5 +1,6 @@
 // Capacity: memory budgets, full caches, the server-wide cap, and spilling
 // to RocksDB (issue "Capacity"). Every test runs its own daemon.
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "shmcache/client.h"
@@ -388,6 +390,117 @@ TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
   RemoveTree(spill);
 }
 
+
+// ---- Memory of destroyed sessions that readers still map (item 9) --------
+
+ServerInfo GetInfo(const TestServer& server) {
+  std::unique_ptr<Client> client;
+  ServerInfo info;
+  Status s = server.Connect(&client);
+  if (s.ok()) s = client->GetServerInfo(&info);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return info;
+}
+
+// A forked reader of rows 0..n-1 of cache "capacity" that then keeps the
+// cache mapped until it is killed. Returns its pid once it read them all,
+// or -1.
+pid_t StartReader(const TestServer& server, uint32_t session, size_t n) {
+  int ready[2], hold[2];
+  if (pipe(ready) != 0 || pipe(hold) != 0) return -1;
+  pid_t pid = ForkChild([&]() -> int {
+    close(ready[0]);
+    close(hold[1]);
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 3;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(CacheNamed(session, "capacity", 1, false), &cache).ok()) {
+      return 4;
+    }
+    Row row;
+    size_t found = 0;
+    for (size_t i = 0; i < n; ++i) found += cache->Get(i, &row).ok();
+    if (write(ready[1], &found, sizeof found) != sizeof found) return 5;
+    char c;
+    return read(hold[0], &c, 1) == 0 ? 0 : 6;  // blocks until killed
+  });
+  close(ready[1]);
+  close(hold[0]);
+  size_t found = 0;
+  bool ok = read(ready[0], &found, sizeof found) == sizeof found && found == n;
+  close(ready[0]);
+  EXPECT_EQ(found, n);
+  if (!ok) {
+    kill(pid, SIGKILL);
+    WaitChild(pid);
+    return -1;
+  }
+  return pid;
+}
+
+TEST(CapacityTest, DestroyedSessionMappedByAReaderStaysCountedUntilItUnmaps) {
+  TestServer server(WithArgs({"--memory_cap_mb", "64"}));
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  const uint64_t cap = 64 * kMB;
+  const size_t rows = (64u << 20) / kRowBytes;
+  uint32_t a = server.NewSession();
+  size_t in_a = 0;
+  uint64_t a_bytes = 0;
+  {
+    auto cache = OpenCache(server, a, 40, false);
+    in_a = PutRows(cache.get(), rows);
+    ASSERT_TRUE(cache->IsFull());
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    a_bytes = st.reserved_bytes;
+  }  // this process maps nothing of A any more
+  pid_t reader = StartReader(server, a, in_a);
+  ASSERT_GT(reader, 0);
+  CommandResult d = server.Admin({"-d", std::to_string(a)});
+  ASSERT_EQ(d.exit_code, 0) << d.Describe();
+
+  // Everything of A is mapped by the reader: all of it stays counted.
+  ServerInfo info = GetInfo(server);
+  EXPECT_EQ(info.memory_held_bytes, a_bytes);
+  EXPECT_GE(info.memory_used_bytes, a_bytes);
+  CommandResult table = server.Admin({"--server_info"});
+  EXPECT_NE(table.out.find(fmt::format("({:.1f} MB held by readers of dropped sessions)",
+                                       static_cast<double>(a_bytes) / kMB)),
+            std::string::npos)
+      << table.out;
+  CommandResult json = server.Admin({"--server_info", "--json"});
+  EXPECT_NE(json.out.find(fmt::format("\"memory_held_bytes\": {}", a_bytes)),
+            std::string::npos)
+      << json.out;
+
+  // B gets only what A does not still occupy: no over-commit.
+  uint32_t b = server.NewSession();
+  auto cache_b = OpenCache(server, b, 0, false);
+  size_t in_b = PutRows(cache_b.get(), rows);
+  EXPECT_GT(in_b, 0u);
+  EXPECT_TRUE(cache_b->IsFull());
+  CacheStats st;
+  ASSERT_TRUE(cache_b->GetStats(&st).ok());
+  EXPECT_LE(st.reserved_bytes + a_bytes, cap)
+      << "B " << st.reserved_bytes << " + A's held " << a_bytes;
+  EXPECT_LE(GetInfo(server).memory_used_bytes, cap);
+
+  // Once the reader is gone, A's memory is free and B grows again.
+  ASSERT_EQ(kill(reader, SIGKILL), 0);
+  EXPECT_EQ(WaitChild(reader), -SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return GetInfo(server).memory_held_bytes == 0; }));
+  EXPECT_FALSE(cache_b->IsFull());
+  std::vector<uint8_t> row(kRowBytes);
+  size_t more = 0;
+  for (size_t i = rows; i < 2 * rows; ++i) {
+    if (!cache_b->Put(i, row.data(), row.size()).ok()) break;
+    ++more;
+  }
+  EXPECT_GT(more * kRowBytes, 16 * kMB) << "B took over A's memory";
+  info = GetInfo(server);
+  EXPECT_LE(info.memory_used_bytes, cap);
+  EXPECT_EQ(info.memory_held_bytes, 0u);
+}
 
 }  // namespace
 }  // namespace shmcache::test

@@ -457,6 +457,7 @@ PYBIND11_MODULE(_shmcache, m) {
         d["spill_dir"] = i.spill_dir;
         d["memory_cap_bytes"] = i.memory_cap_bytes;
         d["memory_used_bytes"] = i.memory_used_bytes;
+        d["memory_held_bytes"] = i.memory_held_bytes;
         d["numa_nodes"] = i.numa_nodes;
         d["sessions"] = i.sessions;
         return d;
