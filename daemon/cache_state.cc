@@ -12,6 +12,7 @@ namespace shmcache {
 
 namespace {
 uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
 constexpr uint32_t kMinTableLog2 = 12;
 constexpr uint32_t kMaxInitialTableLog2 = 18;
 }  // namespace
@@ -123,7 +124,13 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
   }
   uint64_t prev = header_->tables[n - 1].capacity.load();
   Status s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
-  if (s.IsFull()) MarkFull(s.message());
+  if (s.IsFull()) {
+    MarkFull(s.message());
+    // Full also reports a full shm dir; only the cap's shortage may pass.
+    if (account->available() < layout::TableFileSize(prev * 2)) {
+      cap_full_bits_ |= layout::kStateFull;
+    }
+  }
   return s;
 }
 
@@ -143,10 +150,70 @@ uint64_t CacheState::NextSegmentSize(uint64_t min_bytes,
   want = std::max(want, min_bytes);
   // Whole 2 MB pages where possible, so that huge pages can back it.
   if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
-  uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-  want = std::min({want, left, account.available()});
+  want = std::min({want, BudgetLeft(), account.available()});
   want = want / 4096 * 4096;
   return want >= min_bytes ? want : 0;
+}
+
+uint64_t CacheState::BudgetLeft() const {
+  return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
+}
+
+Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                             const MemoryAccount& account) {
+  const uint64_t left = BudgetLeft();
+  const uint64_t room = std::min(left, account.available());
+  if (room >= kMinSegmentBytes) {
+    // Room for ordinary rows is left: refusing them all for one big row
+    // would waste it.
+    std::string where =
+        room < left ? fmt::format("{:.1f} MB are left under the server's memory cap "
+                                  "of {} MB (the cache's budget is {} MB)",
+                                  Megabytes(room), account.cap >> 20,
+                                  budget_bytes_ >> 20)
+                    : fmt::format("{:.1f} MB are left of its budget of {} MB",
+                                  Megabytes(room), budget_bytes_ >> 20);
+    return Status::TooLarge(fmt::format(
+        "a row of {:.1f} MB does not fit in cache {}: {}; it is not cached, "
+        "smaller rows still are",
+        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, where));
+  }
+  if (left < min_bytes) {
+    return MemoryUsedUp(
+        fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20), false);
+  }
+  return MemoryUsedUp(fmt::format("the server's memory cap of {} MB is used up",
+                                  account.cap >> 20),
+                      true);
+}
+
+Status CacheState::MemoryUsedUp(const std::string& why, bool by_cap) {
+  if (header_->state.load() & layout::kStateSpilling) {
+    if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
+        log_) {
+      log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
+    }
+    if (by_cap) cap_full_bits_ |= layout::kStateMemFull;
+    return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
+                                    cache_id_, why));
+  }
+  MarkFull(why);
+  if (by_cap) cap_full_bits_ |= layout::kStateFull;
+  return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
+}
+
+bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
+  if (cap_full_bits_ == 0 || destroyed_ || account.available() < kMinSegmentBytes) {
+    return false;
+  }
+  header_->state.fetch_and(~cap_full_bits_);
+  cap_full_bits_ = 0;
+  if (log_) {
+    log_->Info("cache {} (session {}, '{}') takes rows again: {} MB are free under "
+               "the server's memory cap",
+               cache_id_, session_id_, name_, account.available() >> 20);
+  }
+  return true;
 }
 
 Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
@@ -178,7 +245,7 @@ void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile fi
 
 Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
                               Segment** out, bool* wait) {
-  uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+  uint64_t min_bytes = layout::SegmentBytesFor(need);
   if (wait != nullptr && preparing_[static_cast<size_t>(node)]) {
     // Its memory is already reserved; making another would waste it, or
     // find the budget spent.
@@ -194,24 +261,7 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
     return Status::OK();
   }
   uint64_t want = NextSegmentSize(min_bytes, *account);
-  if (want == 0) {
-    uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-    std::string why =
-        left < min_bytes
-            ? fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20)
-            : fmt::format("the server's memory cap of {} MB is used up",
-                          account->cap >> 20);
-    if (header_->state.load() & layout::kStateSpilling) {
-      if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
-          log_) {
-        log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
-      }
-      return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
-                                      cache_id_, why));
-    }
-    MarkFull(why);
-    return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
-  }
+  if (want == 0) return NoRoomFor(need, min_bytes, *account);
   if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
@@ -289,7 +339,7 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
     return Status::Full(fmt::format("cache {} memory is full", cache_id_));
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
-  const uint64_t want = AlignUp(sizeof(layout::ChunkHeader) + need, layout::kCacheLine);
+  const uint64_t want = layout::ChunkBytesFor(need);
   auto& tails = tails_[static_cast<size_t>(node)];
   for (size_t i = 0; i < tails.size(); ++i) {
     if (tails[i].size >= want) {
@@ -357,36 +407,49 @@ void CacheState::ReleaseConnection(uint64_t conn, bool recycle) {
   leases_.erase(conn);
 }
 
-void CacheState::Destroy(MemoryAccount* account) {
+uint64_t CacheState::UnlinkFile(const std::string& path, uint64_t bytes,
+                                std::vector<HeldFile>* held) {
+  HeldFile f;
+  uint64_t size = 0;
+  bool known = held != nullptr && StatFile(path, &f.id, &size);
+  ShmFile::Unlink(path).PermitUncheckedError();
+  if (!known) return 0;
+  f.bytes = std::min(bytes, size);
+  held->push_back(f);
+  return f.bytes;
+}
+
+void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
   if (destroyed_) return;
   destroyed_ = true;
   if (header_) header_->state.fetch_or(layout::kStateDestroyed);
+  uint64_t kept = 0;
   for (const auto& [seg_no, seg] : segments_) {
-    ShmFile::Unlink(paths_.SegmentFile(cache_id_, seg_no)).PermitUncheckedError();
+    kept += UnlinkFile(paths_.SegmentFile(cache_id_, seg_no), seg.size, held);
   }
   for (auto& p : prepared_) {
-    if (p) ShmFile::Unlink(paths_.SegmentFile(cache_id_, p->seg_no)).PermitUncheckedError();
+    if (p) kept += UnlinkFile(paths_.SegmentFile(cache_id_, p->seg_no), p->size, held);
     p.reset();
   }
   for (size_t g = 0; g < tables_.size(); ++g) {
-    ShmFile::Unlink(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)))
-        .PermitUncheckedError();
+    kept += UnlinkFile(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)),
+                       tables_[g].size(), held);
   }
-  ShmFile::Unlink(paths_.CacheFile(cache_id_)).PermitUncheckedError();
+  kept += UnlinkFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
   segments_.clear();
   index_.clear();
   tables_.clear();
   header_file_.Unmap();
   header_ = nullptr;
-  account->Release(reserved_bytes_);
+  // Reserved without a file (a segment job never run) is free at once.
+  account->Release(reserved_bytes_ - std::min(kept, reserved_bytes_));
   reserved_bytes_ = 0;
   leases_.clear();
 }
 
 bool CacheState::spilling() const {
   uint32_t st = header_ ? header_->state.load() : 0;
-  return (st & layout::kStateSpilling) && (st & layout::kStateMemFull) &&
-         !(st & layout::kStateFull);
+  return (st & layout::kStateSpilling) && !(st & layout::kStateFull);
 }
 
 void CacheState::StopSpilling(const std::string& why) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "held_memory.h"
 #include "index_table.h"
 #include "instance.h"
 #include "layout.h"
@@ -73,7 +74,9 @@ class CacheState {
 
   // A chunk of at least `need` bytes of row space for connection `conn`.
   // Full when the budget or the server cap is used up (the cache is then
-  // marked full for every client).
+  // marked full for every client). TooLarge when only this row does not
+  // fit: what is left still holds a segment of kMinSegmentBytes, so the
+  // cache is not marked and smaller rows go on being cached.
   // When the node's next segment is being prepared in the background and
   // `wait` is given, sets *wait instead of leasing: the caller waits for the
   // job to finish (FinishSegmentJob) and asks again. Without `wait` a
@@ -89,10 +92,17 @@ class CacheState {
   // Adds an index table unless one was added since the client saw `seen`.
   Status GrowIndex(uint32_t seen, MemoryAccount* account);
   // Marks the cache destroyed, unlinks its files, releases its memory.
-  void Destroy(MemoryAccount* account);
+  // With `held`, the files' identities and sizes are appended there and
+  // their bytes stay reserved in `account`: processes may still map them,
+  // and the caller releases each once none does (HeldMemory).
+  void Destroy(MemoryAccount* account, std::vector<HeldFile>* held = nullptr);
+  // A cache that the server's cap (not its budget) made full takes rows
+  // again once the cap has room for a segment. True when it resumed.
+  bool ResumeIfCapAllows(const MemoryAccount& account);
 
-  // Spilling: true when rows should go to disk (memory budget used up and
-  // spilling on).
+  // Spilling: true when the cache takes rows on disk: spilling is on and
+  // did not stop. Clients send rows there once memory is used up, and a
+  // row too large for the memory left at any time.
   bool spilling() const;
   // Publishes row `row_id` as spilled (after it was written to disk).
   // *inserted false when the id was already present.
@@ -152,6 +162,18 @@ class CacheState {
   // Size of the next segment, at least min_bytes; 0 when the budget or the
   // cap leaves less.
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
+  uint64_t BudgetLeft() const;
+  // No segment of min_bytes fits: TooLarge when an ordinary segment still
+  // would, else the cache's memory is used up (see MemoryUsedUp).
+  Status NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                   const MemoryAccount& account);
+  // Spilling caches send further rows to disk, others stop taking rows.
+  // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
+  Status MemoryUsedUp(const std::string& why, bool by_cap);
+  // Unlinks `path`; with `held`, records it there first. Returns the bytes
+  // recorded.
+  static uint64_t UnlinkFile(const std::string& path, uint64_t bytes,
+                             std::vector<HeldFile>* held);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account,
                     Segment** out, bool* wait);
@@ -173,6 +195,7 @@ class CacheState {
   uint64_t reserved_bytes_ = 0;   // everything, counted against the cap
   int num_nodes_ = 1;
   bool destroyed_ = false;
+  uint32_t cap_full_bits_ = 0;    // state bits set because the cap ran out
   ShmFile header_file_;
   layout::CacheHeader* header_ = nullptr;
   std::vector<ShmFile> tables_;

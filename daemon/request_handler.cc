@@ -66,7 +66,7 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       uint8_t has_old = r.U8();
       uint32_t old_seg = r.U32();
       uint64_t old_off = r.U64();
-      if (!r.Done() || need == 0 || need > (1ULL << 33) || node > 1024) {
+      if (!r.Done() || need == 0 || need > protocol::kMaxLeaseBytes || node > 1024) {
         s = malformed();
         break;
       }

@@ -52,11 +52,17 @@ void Store::PrepareSegments() {
   std::unique_lock lock(mu_);
   for (;;) {
     auto ready = [&] { return stopping_ || !jobs_.empty(); };
-    if (pending_releases_.empty()) {
-      jobs_cv_.wait(lock, [&] { return ready() || !pending_releases_.empty(); });
+    auto polling = [&] { return !pending_releases_.empty() || !held_.empty(); };
+    if (!polling()) {
+      jobs_cv_.wait(lock, [&] { return ready() || polling(); });
     } else {
       jobs_cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
       RetryReleasesLocked();
+      if (held_.ScanDue(std::chrono::steady_clock::now())) {
+        lock.unlock();
+        SettleHeldMemory();
+        lock.lock();
+      }
     }
     if (stopping_) return;
     if (jobs_.empty()) continue;
@@ -235,10 +241,11 @@ Status Store::DestroySession(uint32_t id) {
   std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
   it = sessions_.find(id);
   if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
+  std::vector<HeldFile> held;
   for (uint32_t cid : it->second) {
     auto c = caches_.find(cid);
     if (c == caches_.end()) continue;
-    c->second->Destroy(&account_);
+    c->second->Destroy(&account_, &held);
     caches_.erase(c);
     if (spill_) {
       Status s = spill_->DropCache(cid);
@@ -248,7 +255,32 @@ Status Store::DestroySession(uint32_t id) {
   sessions_.erase(it);
   WriteSessionsFile();
   log_->Info("session {} destroyed", id);
+  held_.Add(id, held, std::chrono::steady_clock::now());
+  ResumeCachesLocked();
+  lock.unlock();
+  jobs_cv_.notify_one();  // the background thread re-checks what stays held
+  SettleHeldMemory();
   return Status::OK();
+}
+
+void Store::SettleHeldMemory() {
+  std::vector<FileId> wanted;
+  std::vector<int> first;
+  {
+    std::lock_guard lock(mu_);
+    if (held_.empty()) return;
+    wanted = held_.Wanted();
+    first = held_.holders();
+  }
+  MappedScan scan = FindMappedDeleted(wanted, first);
+  std::lock_guard lock(mu_);
+  if (held_.Settle(wanted, scan, std::chrono::steady_clock::now(), &account_, log_) > 0) {
+    ResumeCachesLocked();
+  }
+}
+
+void Store::ResumeCachesLocked() {
+  for (auto& [id, c] : caches_) c->ResumeIfCapAllows(account_);
 }
 
 Status Store::CheckSession(uint32_t id) {
@@ -528,6 +560,7 @@ void Store::FillServerInfo(ServerInfo* out) {
   out->spill_dir = options_.spill_dir;
   out->memory_cap_bytes = account_.cap;
   out->memory_used_bytes = account_.used;
+  out->memory_held_bytes = held_.bytes();
   out->numa_nodes = num_nodes_;
   out->sessions.clear();
   for (const auto& [sid, cids] : sessions_) out->sessions.push_back(sid);

@@ -21,6 +21,7 @@
 
 #include "cache_state.h"
 #include "daemon_options.h"
+#include "held_memory.h"
 #include "instance.h"
 #include "memory_account.h"
 #include "spill_store.h"
@@ -50,6 +51,9 @@ class Store {
 
   uint32_t NewClientId();
   Status CreateSession(uint32_t* id);
+  // Destroys the session's caches. Memory that processes still map stays
+  // counted against the cap (held) until they unmap it; what nobody maps
+  // is released before this returns.
   Status DestroySession(uint32_t id);
   Status CheckSession(uint32_t id);
   Status OpenCache(uint32_t session_id, const std::string& name,
@@ -87,6 +91,12 @@ class Store {
   // REQUIRES: mu_ held. Settles pending releases whose process is gone or
   // whose grace ran out.
   void RetryReleasesLocked();
+  // REQUIRES: mu_ not held. Looks for processes that map held memory and
+  // releases what none maps any more.
+  void SettleHeldMemory();
+  // REQUIRES: mu_ held. Caches the cap made full take rows again when
+  // memory was freed.
+  void ResumeCachesLocked();
   void StopPreparer();
   void AdoptExisting();
   // After AdoptExisting: drops the adopted spilled rows this server cannot
@@ -132,6 +142,7 @@ class Store {
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)
+  HeldMemory held_;                      // GUARDED_BY(mu_)
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;
 };

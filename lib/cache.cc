@@ -437,6 +437,8 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
   s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;
   if (SpillsNow()) return SpillPut(id, columns, size, inserted);
+  s = CheckRowFits(id, size);
+  if (!s.ok()) return SpillingOn() ? SpillPut(id, columns, size, inserted) : s;
 
   std::lock_guard lock(put_mu_);
   if (chunk_fork_gen_ != ForkGeneration()) {
@@ -450,6 +452,11 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
   if (c.base == nullptr || c.size - c.used < size) {
     s = LeaseChunk(static_cast<int>(node), size, &c);
     if (s.IsFull() && SpillsNow()) return SpillPut(id, columns, size, inserted);
+    if (s.IsTooLarge()) {
+      // Only this row: the cache goes on taking smaller ones in memory.
+      if (SpillingOn()) return SpillPut(id, columns, size, inserted);
+      return Status::TooLarge(fmt::format("row {}: {}", id, s.message()));
+    }
     if (!s.ok()) return s;
   }
   // Reserve before writing: whatever lies past `used` may be re-leased by
@@ -477,6 +484,22 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
   c.used = off;
   c.header->used.store(off, std::memory_order_relaxed);
   return s;
+}
+
+Status CacheImpl::CheckRowFits(uint64_t id, size_t size) const {
+  const uint64_t budget = header_->budget_bytes;
+  if (size <= protocol::kMaxLeaseBytes &&
+      layout::SegmentBytesFor(layout::ChunkBytesFor(size)) <= budget) {
+    return Status::OK();
+  }
+  return Status::TooLarge(fmt::format(
+      "row {} of {:.1f} MB needs more than cache {}'s whole memory budget of {} MB; "
+      "it is not cached, smaller rows still are",
+      id, static_cast<double>(size) / (1 << 20), cache_id_, budget >> 20));
+}
+
+bool CacheImpl::SpillingOn() const {
+  return header_->state.load(std::memory_order_relaxed) & layout::kStateSpilling;
 }
 
 bool CacheImpl::SpillsNow() const {

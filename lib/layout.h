@@ -162,6 +162,20 @@ struct alignas(kCacheLine) ChunkHeader {
 };
 static_assert(sizeof(ChunkHeader) == kCacheLine);
 
+// Segments grow in steps of this many bytes.
+inline constexpr uint64_t kSegmentGrain = 64 << 10;
+// The chunk that holds a row of `row_bytes` (its header included), and the
+// smallest segment that holds a chunk of `chunk_bytes`. The client uses them
+// to refuse, without asking the daemon, a row no segment within the budget
+// could hold; the daemon to size what it leases.
+inline uint64_t ChunkBytesFor(uint64_t row_bytes) {
+  return (sizeof(ChunkHeader) + row_bytes + kCacheLine - 1) / kCacheLine * kCacheLine;
+}
+inline uint64_t SegmentBytesFor(uint64_t chunk_bytes) {
+  return (kSegmentHeaderSize + chunk_bytes + kSegmentGrain - 1) / kSegmentGrain *
+         kSegmentGrain;
+}
+
 // ---- Sessions file --------------------------------------------------------
 struct alignas(kCacheLine) SessionsFile {
   FileHeader file;

@@ -27,6 +27,8 @@ inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;
+// The largest row a chunk lease may ask room for.
+inline constexpr uint64_t kMaxLeaseBytes = 1ULL << 33;
 // Spilled-row reads are batched: at most this many ids per request. Each
 // answer is one of the kSpill* markers, followed by the row for kSpillFound.
 inline constexpr uint32_t kMaxSpillBatch = 1024;
@@ -62,6 +64,15 @@ enum class MsgType : uint16_t {
   kSetState = 14,
 };
 inline constexpr uint16_t kMaxMsgType = 14;
+
+// Requests whose answer waits on the daemon's spill disk (RocksDB reads and
+// writes of rows up to kMaxSpilledRowBytes). A client waits up to
+// kDiskRequestTimeoutMs for them, not the request timeout meant to notice a
+// dead server: a slow or busy disk must not look like a server gone.
+inline constexpr int kDiskRequestTimeoutMs = 60000;
+constexpr bool WaitsOnDisk(MsgType type) {
+  return type == MsgType::kSpillPut || type == MsgType::kSpillGet;
+}
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -134,7 +145,7 @@ class WireReader {
   bool ok_ = true;
 };
 
-// NotSupported naming the row, its encoded size and kMaxSpilledRowBytes.
+// TooLarge naming the row, its encoded size and kMaxSpilledRowBytes.
 Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes);
 
 // Response bodies start with the status.

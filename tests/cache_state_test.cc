@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -391,6 +392,76 @@ TEST_F(CacheStateTest, DestroyUnlinksEveryFileAndReleasesMemory) {
   cache_->Return(1, 0, layout::kSegmentHeaderSize);  // harmless
   cache_->ReleaseConnection(1);
   cache_->Destroy(&account_);  // twice is harmless
+  cache_.reset();
+}
+
+TEST_F(CacheStateTest, RowLargerThanWhatIsLeftIsTooLargeAndTheCacheStaysOpen) {
+  Create(16 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(Lease(1, 0, 1000, &l).ok());
+  Status s = Lease(1, 0, 13 * kMB, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(2, 0, 1000, &l).ok()) << "other rows still fit";
+  // Rows that use up the budget make it full, as ever.
+  for (int n = 0; n < 100; ++n) {
+    s = Lease(1, 0, 5 * kMB, &l);
+    if (!s.ok()) break;
+  }
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(cache_->Stats().full);
+  EXPECT_LE(account_.used, cache_->reserved_bytes());
+}
+
+TEST_F(CacheStateTest, CacheTheCapMadeFullTakesRowsAgainWhenTheCapFrees) {
+  Create(64 * kMB);
+  account_.cap = account_.used + 6 * kMB;
+  Status s;
+  ChunkLease l;
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(cache_->ResumeIfCapAllows(account_)) << "nothing was freed";
+  account_.cap += 8 * kMB;  // as when another session's memory is released
+  EXPECT_TRUE(cache_->ResumeIfCapAllows(account_));
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(1, 0, 512 * 1024, &l).ok());
+  account_.cap = 256 * kMB;
+}
+
+TEST_F(CacheStateTest, CacheItsBudgetMadeFullStaysFull) {
+  Create(4 * kMB);
+  Status s;
+  ChunkLease l;
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(cache_->ResumeIfCapAllows(account_));
+  EXPECT_TRUE(cache_->Stats().full);
+}
+
+TEST_F(CacheStateTest, DestroyWithHeldKeepsEveryFileReservedAndNamesIt) {
+  Create(64 * kMB);
+  for (int i = 0; i < 3; ++i) {
+    ChunkLease l;
+    ASSERT_TRUE(Lease(1, 0, 3 * kMB, &l).ok());
+  }
+  const uint64_t reserved = cache_->reserved_bytes();
+  const size_t files = ListDir(shm_dir_).size();
+  std::vector<HeldFile> held;
+  cache_->Destroy(&account_, &held);
+  EXPECT_TRUE(ListDir(shm_dir_).empty());
+  ASSERT_EQ(held.size(), files);
+  uint64_t sum = 0;
+  std::set<FileId> ids;
+  for (const HeldFile& f : held) {
+    sum += f.bytes;
+    ids.insert(f.id);
+  }
+  EXPECT_EQ(ids.size(), files) << "each file has its own identity";
+  EXPECT_EQ(sum, reserved);
+  EXPECT_EQ(account_.used, reserved) << "held until the caller releases it";
+  account_.Release(sum);
   cache_.reset();
 }
 

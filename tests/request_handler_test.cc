@@ -192,7 +192,7 @@ TEST_F(RequestHandlerTest, SpilledRowOverTheLimitIsRefusedBeforeDecoding) {
   w.U64(5);
   w.Str(std::string(protocol::kMaxSpilledRowBytes + 8, '\0'));
   Status s = Call(MsgType::kSpillPut, w.body());
-  EXPECT_TRUE(s.IsNotSupported()) << s.ToString();
+  EXPECT_TRUE(s.IsTooLarge()) << s.ToString();
   EXPECT_NE(s.message().find("row 5 is not cached"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find(std::to_string(protocol::kMaxSpilledRowBytes)),
             std::string::npos) << s.message();

@@ -13,10 +13,12 @@ array. Hits come back in the same shape: a tuple, a dict, or an array.
 The cache never breaks training: when the daemon disappears, the cache is
 full, or the daemon answers an error, the first such event emits one
 `CacheWarning` and later calls quietly return misses (`get` -> None) or
-drop the row (`put` -> False). Only wrong arguments raise: TypeError for a
-wrong type, ValueError for a value out of range, RuntimeError for a
-non-local host, a session that does not exist, or a cache name reused for
-a different pipeline.
+drop the row (`put` -> False). A row too large for what is left of the
+cache is dropped alone (`put` -> False, one `CacheWarning` naming its size
+and the budget); smaller rows go on being cached. Only wrong arguments
+raise: TypeError for a wrong type, ValueError for a value out of range,
+RuntimeError for a non-local host, a session that does not exist, or a
+cache name reused for a different pipeline.
 """
 
 import os
@@ -28,12 +30,14 @@ import numpy as np
 from . import _shmcache
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
+                        TooLargeError,
                         UnavailableError)
 
 __all__ = [
     "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",
-    "InvalidArgumentError", "NotSupportedError", "LOCAL_HOSTS", "MAX_ROW_ID",
+    "InvalidArgumentError", "NotSupportedError", "TooLargeError", "LOCAL_HOSTS",
+    "MAX_ROW_ID",
 ]
 
 Client = _shmcache.Client
@@ -297,6 +301,12 @@ class DatasetCache:
             return False
         try:
             return c.put(row_id, columns)
+        except (TooLargeError, NotSupportedError) as e:
+            # This row only: the cache stays in use for the others.
+            if not self._warned_row:
+                self._warned_row = True
+                warnings.warn(f"shmcache: {e}; rows like it are read from the "
+                              "source", CacheWarning, stacklevel=3)
         except FullError as e:
             self._no_puts = True
             self._warn("the cache is full; rows beyond it are not cached", e)
@@ -305,12 +315,6 @@ class DatasetCache:
             self._warn("the cache server is gone", e)
         except InvalidArgumentError as e:
             raise ValueError(f"row {row_id} cannot be cached: {e}") from None
-        except NotSupportedError as e:
-            # This row only (e.g. too large to spill): later rows go on.
-            if not self._warned_row:
-                self._warned_row = True
-                warnings.warn(f"shmcache: {e}; rows like it are read from the "
-                              "source", CacheWarning, stacklevel=3)
         except Error as e:
             self._dead = True
             self._warn("the cache failed", e)
@@ -321,8 +325,8 @@ class DatasetCache:
 
         Returns True when stored, False when the id was already cached (the
         first writer wins), the cache is bypassed (full, daemon gone), or the
-        row cannot be cached (larger than a row spilled to disk may be; one
-        warning)."""
+        row cannot be cached: larger than what is left of the cache, or than
+        a row spilled to disk may be (one warning; later rows go on)."""
         return self.put_columns(row_id, encode_row(row))
 
     def get_columns(self, row_id, columns=None, copy=True, _reserved=False,
