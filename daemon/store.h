@@ -5,6 +5,7 @@
 // never comes here, so the mutex sees only control requests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,9 +39,12 @@ class Store {
   ~Store();
 
   // Opens the spill store and adopts what a previous daemon of this
-  // instance left in shared memory and on disk; what cannot be trusted is
-  // discarded with a log line.
-  Status Init();
+  // instance left in shared memory and on disk; what cannot be trusted
+  // (including files that are not ours: see ShmFile) is discarded with a
+  // log line. When *stop_requested turns true meanwhile (a signal), stops
+  // adopting and returns Unavailable, leaving the files that are not
+  // adopted yet as they are, for the next start.
+  Status Init(const std::atomic<bool>* stop_requested = nullptr);
 
   uint32_t NewClientId();
   Status CreateSession(uint32_t* id);
@@ -82,7 +86,9 @@ class Store {
   // whose grace ran out.
   void RetryReleasesLocked();
   void StopPreparer();
-  void AdoptExisting();
+  // False when *stop_requested turned true before it finished.
+  bool AdoptExisting(const std::atomic<bool>* stop_requested);
+  void ReadSessionsFile();
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                          const std::string& why);
   void WriteSessionsFile();
@@ -98,7 +104,7 @@ class Store {
   bool warned_high_water_ = false;
   std::mt19937 rng_;
   uint32_t next_client_id_ = 1;
-  uint32_t next_cache_id_ = 1;
+  static constexpr int kCacheIdTries = 8;
   std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
   std::unique_ptr<SpillStore> spill_;
