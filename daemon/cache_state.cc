@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <fmt/format.h>
+#include <random>
 
 #include "index_table.h"
 #include "logger.h"
@@ -15,6 +16,11 @@ uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
 constexpr uint32_t kMinTableLog2 = 12;
 constexpr uint32_t kMaxInitialTableLog2 = 18;
+// Names tried before giving up when another user took them: random table
+// tags collide by chance only; segment numbers are skipped in order, and
+// the next call goes on past them.
+constexpr uint32_t kTableNameTries = 8;
+constexpr uint32_t kSegmentNameTries = 1024;
 }  // namespace
 
 CacheState::CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
@@ -98,8 +104,20 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
         "cannot grow the index of cache {}: the server's memory cap is used up",
         cache_id_));
   }
+  // A random tag in the name: whoever watches the shm dir cannot take the
+  // name of this cache's next table ahead of it.
+  std::random_device random;
+  uint32_t tag = 0;
+  auto name = [&](uint32_t) {
+    tag = random();
+    return paths_.TableFile(cache_id_, gen, tag);
+  };
   ShmFile f;
-  Status s = ShmFile::Create(paths_.TableFile(cache_id_, gen), bytes, -1, &f);
+  uint32_t chosen;
+  std::string skipped;
+  Status s = ShmFile::CreateFresh(name, kTableNameTries, bytes, -1, &f, &chosen,
+                                  &skipped);
+  if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   if (!s.ok()) {
     account->Release(bytes);
     return s;
@@ -109,6 +127,7 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
   index_.emplace_back(t);
   tables_.push_back(std::move(f));
   AddReserved(bytes);
+  header_->tables[gen].tag = tag;
   header_->tables[gen].capacity.store(cap, std::memory_order_release);
   header_->num_tables.store(gen + 1, std::memory_order_release);
   return Status::OK();
@@ -222,7 +241,33 @@ Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_
   ShmFile f;
   Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f);
   if (!s.ok()) return s;
-  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  FormatSegment(&f, cache_id, seg_no, node, size);
+  *out = std::move(f);
+  return Status::OK();
+}
+
+Status CacheState::CreateNextSegment(int node, uint64_t size, uint32_t* seg_no,
+                                     ShmFile* out) {
+  // Locations need segment numbers unique, not dense: a number whose name
+  // another user took is skipped.
+  const uint32_t first = next_seg_no_;
+  const uint32_t tries = std::min(kSegmentNameTries, layout::kMaxSegmentId + 1 - first);
+  auto name = [&](uint32_t i) { return paths_.SegmentFile(cache_id_, first + i); };
+  uint32_t chosen;
+  std::string skipped;
+  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped);
+  if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
+  // A number that failed otherwise (no room) was removed and is free again.
+  next_seg_no_ = first + chosen + (s.ok() ? 1 : 0);
+  if (!s.ok()) return s;
+  FormatSegment(out, cache_id_, first + chosen, node, size);
+  *seg_no = first + chosen;
+  return Status::OK();
+}
+
+void CacheState::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
+                               int node, uint64_t size) {
+  auto* h = reinterpret_cast<layout::SegmentHeader*>(f->data());
   h->seg_id = seg_no;
   h->cache_id = cache_id;
   h->node = static_cast<uint32_t>(node);
@@ -233,8 +278,6 @@ Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_
   // The magic goes last: a file without it was never finished.
   std::atomic_thread_fence(std::memory_order_release);
   h->file.magic = layout::kSegmentMagic;
-  *out = std::move(f);
-  return Status::OK();
 }
 
 void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file) {
@@ -266,9 +309,9 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
   }
-  uint32_t seg_no = next_seg_no_++;
+  uint32_t seg_no = 0;
   ShmFile f;
-  Status s = CreateSegmentFile(paths_, cache_id_, seg_no, node, want, &f);
+  Status s = CreateNextSegment(node, want, &seg_no, &f);
   if (!s.ok()) {
     if (s.IsFull()) MarkFull(s.message());
     if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
@@ -432,8 +475,7 @@ void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
     p.reset();
   }
   for (size_t g = 0; g < tables_.size(); ++g) {
-    kept += UnlinkFile(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)),
-                       tables_[g].size(), held);
+    kept += UnlinkFile(TablePath(static_cast<uint32_t>(g)), tables_[g].size(), held);
   }
   kept += UnlinkFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
   segments_.clear();
@@ -504,84 +546,105 @@ Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
 }
 
 Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
-                         uint32_t num_segments, int num_nodes,
+                         const std::set<uint32_t>& seg_nos, int num_nodes,
                          MemoryAccount* account, Logger* log,
                          std::unique_ptr<CacheState>* out) {
   std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
-  std::string path = paths.CacheFile(cache_id);
-  Status s = ShmFile::Open(path, &c->header_file_);
+  Status s = c->AdoptHeader();
+  for (uint32_t g = 0; s.ok() && g < c->header_->num_tables.load(); ++g) {
+    s = c->AdoptTable(g);
+  }
+  for (auto n = seg_nos.begin(); s.ok() && n != seg_nos.end(); ++n) {
+    s = c->AdoptSegment(*n);
+  }
   if (!s.ok()) return s;
-  if (const char* bad = layout::CheckFileHeader(c->header_file_.data(),
-                                                c->header_file_.size(),
+  if (!account->Reserve(c->reserved_bytes_)) {
+    return Status::Full(fmt::format(
+        "it holds {} MB (session {}, '{}'), more than is left under the memory "
+        "cap of {} MB",
+        c->reserved_bytes_ >> 20, c->session_id_, c->name_, account->cap >> 20));
+  }
+  c->header_->reserved_bytes.store(c->reserved_bytes_);
+  *out = std::move(c);
+  return Status::OK();
+}
+
+bool CacheState::UsesTable(uint32_t gen, uint32_t tag) const {
+  return header_ != nullptr && gen < tables_.size() && header_->tables[gen].tag == tag;
+}
+
+std::string CacheState::TablePath(uint32_t gen) const {
+  return paths_.TableFile(cache_id_, gen, header_->tables[gen].tag);
+}
+
+Status CacheState::AdoptHeader() {
+  std::string path = paths_.CacheFile(cache_id_);
+  Status s = ShmFile::Open(path, &header_file_);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckFileHeader(header_file_.data(), header_file_.size(),
                                                 layout::kCacheMagic,
                                                 sizeof(layout::CacheHeader))) {
     return Status::Corruption(path + ": " + bad);
   }
-  auto* h = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
-  if (h->cache_id != cache_id || h->num_tables.load() == 0 ||
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+  if (h->cache_id != cache_id_ || h->num_tables.load() == 0 ||
       h->num_tables.load() > layout::kMaxTables) {
     return Status::Corruption(path + ": header fields out of range");
   }
-  c->header_ = h;
-  c->session_id_ = h->session_id;
-  c->name_.assign(h->name, h->name_len);
-  c->fingerprint_.assign(h->fingerprint, h->fingerprint_len);
-  c->budget_bytes_ = h->budget_bytes;
-  uint64_t reserved = c->header_file_.size();
-  for (uint32_t g = 0; g < h->num_tables.load(); ++g) {
-    std::string tp = paths.TableFile(cache_id, g);
-    ShmFile f;
-    s = ShmFile::Open(tp, &f);
-    if (!s.ok()) return Status::Corruption(tp + ": " + s.message());
-    if (const char* bad =
-            layout::CheckTableFile(f.data(), f.size(), h->tables[g].capacity.load(), g)) {
-      return Status::Corruption(tp + ": " + bad);
-    }
-    reserved += f.size();
-    c->index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
-    c->tables_.push_back(std::move(f));
+  header_ = h;
+  session_id_ = h->session_id;
+  name_.assign(h->name, h->name_len);
+  fingerprint_.assign(h->fingerprint, h->fingerprint_len);
+  budget_bytes_ = h->budget_bytes;
+  reserved_bytes_ = header_file_.size();
+  return Status::OK();
+}
+
+Status CacheState::AdoptTable(uint32_t gen) {
+  std::string path = TablePath(gen);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckTableFile(f.data(), f.size(),
+                                               header_->tables[gen].capacity.load(), gen)) {
+    return Status::Corruption(path + ": " + bad);
   }
-  for (uint32_t n = 0; n < num_segments; ++n) {
-    std::string sp = paths.SegmentFile(cache_id, n);
-    ShmFile f;
-    s = ShmFile::Open(sp, &f);
-    if (s.IsNotFound()) continue;  // numbers are not dense
-    if (!s.ok()) return Status::Corruption(sp + ": " + s.message());
-    if (f.size() >= sizeof(layout::FileHeader) &&
-        reinterpret_cast<layout::FileHeader*>(f.data())->magic == 0) {
-      // Being prepared when the daemon died; nothing points into it.
-      f.Unmap();
-      ShmFile::Unlink(sp).PermitUncheckedError();
-      continue;
-    }
-    if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id, n)) {
-      return Status::Corruption(sp + ": " + bad);
-    }
-    auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
-    uint64_t carved = sh->carved.load();
-    if (sh->node >= static_cast<uint32_t>(num_nodes) ||
-        carved < layout::kSegmentHeaderSize || carved > f.size()) {
-      return Status::Corruption(sp + ": segment header fields out of range");
-    }
-    // Chunks leased by the previous daemon stay with whoever holds them;
-    // only the space never carved is handed out again.
-    uint64_t size = f.size();
-    c->data_bytes_ += size;
-    reserved += size;
-    c->segments_.emplace(n, Segment{n, static_cast<int>(sh->node), size, carved,
-                                    std::move(f)});
-    c->current_[sh->node] = static_cast<int>(n);
-    c->next_seg_no_ = n + 1;
+  reserved_bytes_ += f.size();
+  index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
+  tables_.push_back(std::move(f));
+  return Status::OK();
+}
+
+Status CacheState::AdoptSegment(uint32_t seg_no) {
+  std::string path = paths_.SegmentFile(cache_id_, seg_no);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (f.size() >= sizeof(layout::FileHeader) &&
+      reinterpret_cast<layout::FileHeader*>(f.data())->magic == 0) {
+    // Being prepared when the daemon died; nothing points into it.
+    f.Unmap();
+    ShmFile::Unlink(path).PermitUncheckedError();
+    return Status::OK();
   }
-  if (!account->Reserve(reserved)) {
-    return Status::Full(fmt::format(
-        "it holds {} MB (session {}, '{}'), more than is left under the memory "
-        "cap of {} MB",
-        reserved >> 20, c->session_id_, c->name_, account->cap >> 20));
+  if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
+    return Status::Corruption(path + ": " + bad);
   }
-  c->reserved_bytes_ = reserved;
-  h->reserved_bytes.store(reserved);
-  *out = std::move(c);
+  auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  uint64_t carved = sh->carved.load();
+  if (sh->node >= static_cast<uint32_t>(num_nodes_) ||
+      carved < layout::kSegmentHeaderSize || carved > f.size()) {
+    return Status::Corruption(path + ": segment header fields out of range");
+  }
+  // Chunks leased by the previous daemon stay with whoever holds them;
+  // only the space never carved is handed out again.
+  uint64_t size = f.size();
+  data_bytes_ += size;
+  reserved_bytes_ += size;
+  int node = static_cast<int>(sh->node);
+  segments_.emplace(seg_no, Segment{seg_no, node, size, carved, std::move(f)});
+  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+  next_seg_no_ = seg_no + 1;
   return Status::OK();
 }
 

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,12 +63,14 @@ class CacheState {
                        const std::string& fingerprint, uint64_t budget_bytes,
                        bool spilling, int num_nodes, MemoryAccount* account,
                        Logger* log, std::unique_ptr<CacheState>* out);
-  // Re-opens a cache a previous daemon left in shared memory: validates the
-  // header, every index table and every segment (magic, layout version,
-  // sizes, ids) and reserves them in `account`. Corruption names what could
-  // not be trusted; the caller then discards the cache's files.
+  // Re-opens a cache a previous daemon left in shared memory: its header,
+  // the index tables the header names and the segments `seg_nos` (the
+  // numbers found in the shm dir). Each file is opened only if it is ours
+  // (ShmFile::Open) and validated (magic, layout version, sizes, ids); all
+  // are reserved in `account`. A status that is not OK names the file that
+  // could not be trusted; the caller then discards the cache's files.
   static Status Adopt(const InstancePaths& paths, uint32_t cache_id,
-                      uint32_t num_segments, int num_nodes,
+                      const std::set<uint32_t>& seg_nos, int num_nodes,
                       MemoryAccount* account, Logger* log,
                       std::unique_ptr<CacheState>* out);
   ~CacheState();
@@ -136,6 +139,8 @@ class CacheState {
   const std::string& name() const { return name_; }
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t reserved_bytes() const { return reserved_bytes_; }
+  // Whether index table file (gen, tag) is one this cache uses.
+  bool UsesTable(uint32_t gen, uint32_t tag) const;
 
  private:
   struct Segment {
@@ -177,6 +182,16 @@ class CacheState {
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account,
                     Segment** out, bool* wait);
+  // Creates and formats a segment under the first free number from
+  // next_seg_no_ on, and moves next_seg_no_ past it.
+  Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);
+  static void FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
+                            int node, uint64_t size);
+  std::string TablePath(uint32_t gen) const;
+  // Adopt's steps; each adds what it maps to reserved_bytes_.
+  Status AdoptHeader();
+  Status AdoptTable(uint32_t gen);
+  Status AdoptSegment(uint32_t seg_no);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2,
                      MemoryAccount* account);
   layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset,

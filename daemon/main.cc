@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <utility>  // before Asio: 1.74 uses std::exchange without it
 #include <boost/asio.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -85,6 +86,22 @@ Status TakeInstanceLock(const InstancePaths& paths, int* fd_out) {
   return Status::OK();
 }
 
+// SIGTERM/SIGINT before the server listens (adoption may take a while):
+// start-up stops at the next check and the process exits cleanly, so that
+// 'shmcache --stop' can end a server that is still starting.
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnStopSignal(int) { g_stop_requested.store(true); }
+
+void CatchStopSignals() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 void DetachStdio() {
   int null = open("/dev/null", O_RDWR);
   if (null < 0) return;
@@ -107,6 +124,7 @@ int main(int argc, char** argv) {
   int lock_fd = -1;
   s = TakeInstanceLock(paths, &lock_fd);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  CatchStopSignals();
 
   Logger log;
   s = log.Open(opts.log_dir, opts.log_level);
@@ -144,8 +162,12 @@ int main(int argc, char** argv) {
   }
 
   Store store(opts, paths, nodes, workers, &log);
-  s = store.Init();
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  s = store.Init(&g_stop_requested);
+  if (!s.ok()) {
+    log.Info("not started: {}", s.message());
+    if (g_stop_requested.load()) unlink(paths.lock_path.c_str());
+    return Fail(opts.ready_fd, s.message());
+  }
 
   boost::asio::io_context io(workers);
   Server server(io, &store, &log);
@@ -158,6 +180,10 @@ int main(int argc, char** argv) {
       server.RequestStop();
     }
   });
+  if (g_stop_requested.load()) {  // after adoption, before signal_set: a plain stop
+    log.Info("stop signal during start-up: shutting down");
+    server.RequestStop();
+  }
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<std::thread> threads;

@@ -5,7 +5,10 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <random>
 #include <fmt/format.h>
+
+#include "shm_file.h"
 
 namespace shmcache {
 
@@ -32,14 +35,20 @@ bool SameSpillDb(const std::string& a, const std::string& b) {
   return a == b || fs::equivalent(a, b, ec);
 }
 
-std::string ReadSpillRecord(const InstancePaths& paths) {
+std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused) {
   std::string text;
-  if (FILE* f = fopen(paths.SpillRecordFile().c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-    fclose(f);
+  int fd = -1;
+  // The record names a directory a restarted daemon may destroy: one that
+  // someone else wrote (or linked) is never believed.
+  Status s = OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd);
+  if (!s.ok()) {
+    if (!s.IsNotFound() && refused != nullptr) *refused = s.message();
+    return text;
   }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fd);
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
 }
@@ -52,8 +61,10 @@ Status WriteSpillRecord(const InstancePaths& paths, const std::string& db_path) 
     }
     return Status::OK();
   }
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A fresh file of an unpredictable name, never one someone put there.
+  std::string tmp = fmt::format("{}.tmp.{:08x}", path, std::random_device{}());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
   if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
   std::string line = db_path + "\n";
   bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());

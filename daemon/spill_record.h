@@ -26,8 +26,10 @@ bool IsSpillDbOf(const std::string& path, int port);
 bool SameSpillDb(const std::string& a, const std::string& b);
 
 // The recorded database path; empty when there is no record (nothing
-// recorded, or an index left by a server from before the record).
-std::string ReadSpillRecord(const InstancePaths& paths);
+// recorded, or an index left by a server from before the record) and when
+// the record is not this user's own file (see OpenOwnedFile), which
+// *refused (when given) then explains.
+std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused = nullptr);
 
 // Records `db_path`, atomically (a temporary file renamed over the record);
 // an empty path removes the record.

@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
@@ -87,13 +89,23 @@ void Store::PrepareSegments() {
   }
 }
 
-Status Store::Init() {
-  const std::string recorded = ReadSpillRecord(paths_);
+Status Store::Init(const std::atomic<bool>* stop_requested) {
+  std::string refused;
+  const std::string recorded = ReadSpillRecord(paths_, &refused);
+  if (!refused.empty()) {
+    // Without a record the adopted spilled rows count as unreadable.
+    Note("ignored the spill record: " + refused);
+    unlink(paths_.SpillRecordFile().c_str());
+  }
   if (!options_.spill_dir.empty()) {
     Status s = SpillStore::Open(SpillDbPath(options_.spill_dir, paths_.port), &spill_);
     if (!s.ok()) return s;
   }
-  AdoptExisting();
+  if (!AdoptExisting(stop_requested)) {
+    return Status::Unavailable(
+        "stopped by a signal while starting; what an earlier server left is "
+        "kept for the next start");
+  }
   ReconcileSpill(recorded);
   WriteSessionsFile();
   preparer_ = std::thread([this] { PrepareSegments(); });
@@ -109,49 +121,98 @@ void Store::DiscardCacheFiles(uint32_t cache_id,
   if (spill_) spill_->DropCache(cache_id).PermitUncheckedError();
 }
 
-void Store::AdoptExisting() {
-  std::string dir = paths_.shm_dir;
-  std::string base = paths_.shm_prefix.substr(dir.size() + 1);
+namespace {
+
+// What the shm dir holds of one cache.
+struct FoundCache {
+  bool header = false;
+  std::set<uint32_t> segments;
+  std::vector<std::pair<uint32_t, uint32_t>> tables;  // (gen, tag)
+  std::vector<std::string> files;                     // every path
+};
+
+// This instance's files, by cache, from one listing of the shm dir. Names
+// no server of this layout writes (other layouts, cache id 0, segment
+// numbers no location can hold, leftovers) are strays: removed here, never
+// opened.
+std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
+                                                 Logger* log) {
+  std::map<uint32_t, FoundCache> found;
+  const std::string& dir = paths.shm_dir;
+  std::string base = paths.shm_prefix.substr(dir.size() + 1);
   DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return;
-  struct Found {
-    std::vector<std::string> files;
-    bool header = false;
-    uint32_t segments = 0;
-  };
-  std::map<uint32_t, Found> found;
+  if (d == nullptr) return found;
   std::vector<std::string> strays;
   while (dirent* e = readdir(d)) {
     if (std::strncmp(e->d_name, base.c_str(), base.size()) != 0) continue;
-    std::string rest = e->d_name + base.size();
     std::string path = dir + "/" + e->d_name;
-    unsigned id = 0, n = 0;
-    char tail = 0;
-    if (std::sscanf(rest.c_str(), "cache.%u%c", &id, &tail) == 1) {
-      found[id].header = true;
-      found[id].files.push_back(path);
-    } else if (std::sscanf(rest.c_str(), "table.%u.%u%c", &id, &n, &tail) == 2) {
-      found[id].files.push_back(path);
-    } else if (std::sscanf(rest.c_str(), "seg.%u.%u%c", &id, &n, &tail) == 2) {
-      found[id].files.push_back(path);
-      found[id].segments = std::max(found[id].segments, n + 1);
-    } else if (rest != "sessions" && rest != "spilldb") {
+    ShmName n = ParseShmName(e->d_name + base.size());
+    using Kind = ShmName::Kind;
+    if (n.kind == Kind::kSessions || n.kind == Kind::kSpillRecord) continue;
+    if (n.kind == Kind::kOther || n.cache_id == 0 ||
+        (n.kind == Kind::kSegment && n.number > layout::kMaxSegmentId)) {
       strays.push_back(path);
+      continue;
     }
+    FoundCache& f = found[n.cache_id];
+    f.files.push_back(path);
+    if (n.kind == Kind::kCache) f.header = true;
+    if (n.kind == Kind::kTable) f.tables.emplace_back(n.number, n.tag);
+    if (n.kind == Kind::kSegment) f.segments.insert(n.number);
   }
   closedir(d);
-  for (const std::string& f : strays) unlink(f.c_str());
-
-  // Sessions, including those without caches.
-  if (FILE* f = fopen(paths_.SessionsFile().c_str(), "r")) {
-    unsigned long id;
-    while (std::fscanf(f, "%lu", &id) == 1) {
-      if (id != 0 && id <= UINT32_MAX) sessions_[static_cast<uint32_t>(id)];
-    }
-    fclose(f);
+  for (const std::string& f : strays) {
+    log->Warn("removing {}: not a file this server writes", f);
+    ShmFile::Unlink(f).PermitUncheckedError();
   }
+  return found;
+}
+
+// Test hook: with $SHMCACHE_TEST_HOLD_START naming a file, start-up waits
+// here while that file exists, so that a test can act on a server that is
+// still starting. A stop request, or the end of the process the server
+// watches (--watch_pid), ends the wait.
+void TEST_HoldStart(const std::atomic<bool>* stop_requested, int watch_pid,
+                    Logger* log) {
+  const char* hold = std::getenv("SHMCACHE_TEST_HOLD_START");
+  if (hold == nullptr || *hold == '\0' || access(hold, F_OK) != 0) return;
+  log->Info("test hook SHMCACHE_TEST_HOLD_START: start-up held while {} exists", hold);
+  while (access(hold, F_OK) == 0 && !(stop_requested && stop_requested->load()) &&
+         !(watch_pid > 0 && ProcessGone(watch_pid))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+void Store::ReadSessionsFile() {
+  int fd = -1;
+  Status s = OpenOwnedFile(paths_.SessionsFile(), O_RDONLY, &fd);
+  if (s.IsNotFound()) return;
+  if (!s.ok()) {
+    log_->Warn("ignoring the list of sessions: {}", s.message());
+    ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+    return;
+  }
+  FILE* f = fdopen(fd, "r");
+  if (f == nullptr) {
+    close(fd);
+    return;
+  }
+  unsigned long id;
+  while (std::fscanf(f, "%lu", &id) == 1) {
+    if (id != 0 && id <= UINT32_MAX) sessions_[static_cast<uint32_t>(id)];
+  }
+  fclose(f);
+}
+
+bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
+  std::map<uint32_t, FoundCache> found = ListInstanceFiles(paths_, log_);
+  ReadSessionsFile();  // sessions, including those without caches
+  TEST_HoldStart(stop_requested, options_.watch_pid, log_);
   size_t rows = 0;
   for (auto& [id, f] : found) {
+    if (stop_requested && stop_requested->load()) return false;
     if (!f.header) {
       DiscardCacheFiles(id, f.files, "its header file is missing");
       continue;
@@ -163,10 +224,15 @@ void Store::AdoptExisting() {
       DiscardCacheFiles(id, f.files, s.message());
       continue;
     }
+    for (const auto& [gen, tag] : f.tables) {
+      if (c->UsesTable(gen, tag)) continue;
+      std::string path = paths_.TableFile(id, gen, tag);
+      log_->Warn("removing {}: cache {} does not use it", path, id);
+      ShmFile::Unlink(path).PermitUncheckedError();
+    }
     CacheStats st = c->Stats();
     rows += st.mem_rows + st.disk_rows;
     sessions_[c->session_id()].push_back(id);
-    next_cache_id_ = std::max(next_cache_id_, id + 1);
     caches_[id] = std::move(c);
   }
   if (spill_) {
@@ -183,6 +249,7 @@ void Store::AdoptExisting() {
                "server on port {}",
                sessions_.size(), caches_.size(), rows, paths_.port);
   }
+  return !(stop_requested && stop_requested->load());
 }
 
 uint32_t Store::NewClientId() {
@@ -192,15 +259,25 @@ uint32_t Store::NewClientId() {
 
 void Store::WriteSessionsFile() {
   // A plain file beside the segments: lists live sessions for a restarted
-  // daemon and for people looking at /dev/shm.
+  // daemon and for people looking at /dev/shm. Written to a new file of an
+  // unpredictable name (never into one someone else put there), then
+  // renamed over the list.
   std::string path = paths_.SessionsFile();
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  FILE* f = fd < 0 ? nullptr : fdopen(fd, "w");
-  if (f == nullptr) return;
+  std::string tmp = fmt::format("{}.tmp.{:08x}", path, rng_());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
+  if (fd < 0) return;
+  // The umask may have narrowed the mode; the next server reads only 0600.
+  bool ok = fchmod(fd, 0600) == 0;
+  FILE* f = fdopen(fd, "w");
+  if (f == nullptr) {
+    close(fd);
+    unlink(tmp.c_str());
+    return;
+  }
   for (const auto& [id, caches] : sessions_) fmt::print(f, "{}\n", id);
-  fclose(f);
-  rename(tmp.c_str(), path.c_str());
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
 }
 
 Status Store::CreateSession(uint32_t* id) {
@@ -321,10 +398,20 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
         size_mb, account_.cap >> 20));
   }
   uint64_t budget = size_mb ? size_mb << 20 : account_.cap;
-  uint32_t id = next_cache_id_++;
+  // Random ids: nobody can take the name of the next cache's header ahead
+  // of it; an id whose name is taken anyway is skipped.
+  uint32_t id = 0;
   std::unique_ptr<CacheState> c;
-  Status s = CacheState::Create(paths_, id, session_id, name, fingerprint,
-                                budget, spilling, num_nodes_, &account_, log_, &c);
+  Status s;
+  for (int attempt = 0; attempt < kCacheIdTries; ++attempt) {
+    do {
+      id = rng_();
+    } while (id == 0 || caches_.count(id) != 0);
+    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
+                           spilling, num_nodes_, &account_, log_, &c);
+    if (!s.IsAlreadyExists()) break;
+    log_->Warn("cache id {} skipped: {}", id, s.message());
+  }
   if (!s.ok()) return s;
   caches_[id] = std::move(c);
   sit->second.push_back(id);

@@ -5,6 +5,7 @@
 // never comes here, so the mutex sees only control requests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -39,11 +40,14 @@ class Store {
   ~Store();
 
   // Opens the spill store and adopts what a previous daemon of this
-  // instance left in shared memory and on disk; what cannot be trusted is
-  // discarded with a log line and a startup note. Spilled rows whose spill
-  // database this server does not use (another -s, or none) are dropped
-  // from the index, and that database is removed.
-  Status Init();
+  // instance left in shared memory and on disk; what cannot be trusted
+  // (including files that are not ours: see ShmFile) is discarded with a
+  // log line and a startup note. Spilled rows whose spill database this
+  // server does not use (another -s, or none) are dropped from the index,
+  // and that database is removed. When *stop_requested turns true meanwhile
+  // (a signal), stops adopting and returns Unavailable, leaving the files
+  // that are not adopted yet as they are, for the next start.
+  Status Init(const std::atomic<bool>* stop_requested = nullptr);
   // What a person starting the server should know about Init: caches and
   // rows that were discarded, and why. One line each.
   // REQUIRES: Init returned; not called concurrently with Init.
@@ -98,7 +102,9 @@ class Store {
   // memory was freed.
   void ResumeCachesLocked();
   void StopPreparer();
-  void AdoptExisting();
+  // False when *stop_requested turned true before it finished.
+  bool AdoptExisting(const std::atomic<bool>* stop_requested);
+  void ReadSessionsFile();
   // After AdoptExisting: drops the adopted spilled rows this server cannot
   // read (see Init), turns spilling off without a spill store, removes the
   // earlier server's spill database when it is not this server's, and
@@ -127,7 +133,7 @@ class Store {
   bool warned_high_water_ = false;
   std::mt19937 rng_;
   uint32_t next_client_id_ = 1;
-  uint32_t next_cache_id_ = 1;
+  static constexpr int kCacheIdTries = 8;
   std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
   std::unique_ptr<SpillStore> spill_;

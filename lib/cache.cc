@@ -65,11 +65,11 @@ Status CacheImpl::MapNewTables() {
   uint32_t want = header_->num_tables.load(std::memory_order_acquire);
   if (want > layout::kMaxTables) return Status::Corruption("too many index tables");
   for (uint32_t g = have; g < want; ++g) {
-    std::string path = client_->paths().TableFile(cache_id_, g);
+    uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
+    std::string path = client_->paths().TableFile(cache_id_, g, header_->tables[g].tag);
     ShmFile f;
     Status s = ShmFile::Open(path, &f);
     if (!s.ok()) return s;
-    uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
     if (const char* bad = layout::CheckTableFile(f.data(), f.size(), cap, g)) {
       return Status::Corruption(path + ": " + bad);
     }

@@ -3,14 +3,15 @@
 // never by pointers. Every file starts with a magic number, the layout
 // version and its sizes; attaching checks all three and refuses a mismatch.
 //
-// Files of one instance (prefix "shmcache.<uid>.<port>." in the shm dir):
-//   cache.<cache_id>            CacheHeader: identity, state, stats, tables
-//   table.<cache_id>.<gen>      TableHeader + Slot[capacity] (the index)
-//   seg.<seg_id>                SegmentHeader + chunks of rows (one cache,
-//                               one NUMA node)
-//   sessions                    SessionsFile: live session ids
-//   spilldb                     (daemon only) text: the spill database the
-//                               index's spilled rows are in; absent when none
+// Files of one instance (prefix "shmcache.<uid>.<port>." in the shm dir;
+// names in instance.h):
+//   cache.<cache_id>              CacheHeader: identity, state, stats, tables
+//   table.<cache_id>.<gen>.<tag>  TableHeader + Slot[capacity] (the index)
+//   seg.<cache_id>.<seg_id>       SegmentHeader + chunks of rows (one cache,
+//                                 one NUMA node)
+//   sessions                      live session ids (text)
+//   spilldb                       (daemon only) text: the spill database the
+//                                 index's spilled rows are in; absent when none
 //
 // Writers: the daemon alone creates, sizes and unlinks files and writes the
 // fields marked (daemon). Clients write rows into chunks leased to them, the
@@ -23,7 +24,8 @@
 
 namespace shmcache::layout {
 
-inline constexpr uint32_t kLayoutVersion = 1;
+// 2: table file names carry a random tag (TableInfo::tag).
+inline constexpr uint32_t kLayoutVersion = 2;
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
@@ -89,6 +91,9 @@ inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
 
 struct TableInfo {
   std::atomic<uint64_t> capacity;  // (daemon) 0 until the table exists
+  uint32_t tag;                    // (daemon) of the file name; written
+                                   // before capacity is published
+  uint32_t pad;
 };
 
 struct alignas(kCacheLine) CacheHeader {

@@ -100,7 +100,7 @@ TEST_F(CacheStateTest, CreateMakesHeaderAndFirstTable) {
   EXPECT_EQ(h->budget_bytes, 64 * kMB);
   EXPECT_EQ(h->num_tables.load(), 1u);
   ShmFile table;
-  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0), &table).ok());
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &table).ok());
   EXPECT_EQ(layout::CheckFileHeader(table.data(), table.size(), layout::kTableMagic,
                                     sizeof(layout::TableHeader)),
             nullptr);
@@ -363,7 +363,7 @@ TEST_F(CacheStateTest, GrowIndexAddsADoubledTableOnce) {
   ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
   EXPECT_EQ(h->num_tables.load(), 2u);
   ShmFile t1;
-  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 1), &t1).ok());
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 1, h->tables[1].tag), &t1).ok());
   auto* th = reinterpret_cast<layout::TableHeader*>(t1.data());
   EXPECT_EQ(th->generation, 1u);
   EXPECT_EQ(th->capacity, cap0 * 2);
