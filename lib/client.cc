@@ -1,9 +1,6 @@
 #include "shmcache/client.h"
 
-#include <pthread.h>
 #include <unistd.h>
-
-#include <atomic>
 
 #include "cache_impl.h"
 #include "client_impl.h"
@@ -14,19 +11,8 @@ using protocol::MsgType;
 using protocol::WireReader;
 using protocol::WireWriter;
 
-namespace {
-std::atomic<uint64_t> g_fork_generation{0};
-void OnForkChild() { g_fork_generation.fetch_add(1); }
-}  // namespace
-
-uint64_t ForkGeneration() {
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
-
 Status ClientImpl::Create(const ClientOptions& options,
                           std::shared_ptr<ClientImpl>* out) {
-  static std::once_flag once;
-  std::call_once(once, [] { pthread_atfork(nullptr, nullptr, OnForkChild); });
   Status s = CheckHost(options.hostname);
   if (!s.ok()) return s;
   int port;
