@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "cache_name.h"
 #include "logger.h"
 #include "process_state.h"
 
@@ -257,10 +258,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   std::lock_guard lock(mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
-  if (name.empty() || name.size() > layout::kMaxNameBytes ||
-      fingerprint.size() > layout::kMaxNameBytes) {
-    return Status::InvalidArgument("cache name must be 1..255 bytes");
-  }
+  Status s = CheckCacheName(name, fingerprint);
+  if (!s.ok()) return s;
   if (spilling && options_.spill_dir.empty()) {
     return Status::InvalidArgument(
         "spilling was requested but the cache server has no spill directory; "
@@ -286,8 +285,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   uint64_t budget = size_mb ? size_mb << 20 : account_.cap;
   uint32_t id = next_cache_id_++;
   std::unique_ptr<CacheState> c;
-  Status s = CacheState::Create(paths_, id, session_id, name, fingerprint,
-                                budget, spilling, num_nodes_, &account_, log_, &c);
+  s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
+                         spilling, num_nodes_, &account_, log_, &c);
   if (!s.ok()) return s;
   caches_[id] = std::move(c);
   sit->second.push_back(id);

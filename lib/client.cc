@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "cache_impl.h"
+#include "cache_name.h"
 #include "client_impl.h"
 
 namespace shmcache {
@@ -114,10 +115,8 @@ Status Client::OpenCache(const CacheOptions& options,
   if (name.empty()) {
     return Status::InvalidArgument("a cache needs a name or a fingerprint");
   }
-  if (name.size() > layout::kMaxNameBytes ||
-      options.fingerprint.size() > layout::kMaxNameBytes) {
-    return Status::InvalidArgument("cache name or fingerprint longer than 255 bytes");
-  }
+  Status s = CheckCacheName(name, options.fingerprint);
+  if (!s.ok()) return s;
   WireWriter w;
   w.U32(options.session_id);
   w.Str(name);
@@ -126,7 +125,7 @@ Status Client::OpenCache(const CacheOptions& options,
   w.U8(options.spilling ? 1 : 0);
   std::string body;
   WireReader r({});
-  Status s = impl_->Call(MsgType::kOpenCache, w, &body, &r);
+  s = impl_->Call(MsgType::kOpenCache, w, &body, &r);
   if (!s.ok()) return s;
   uint32_t cache_id = r.U32();
   if (!r.Done()) return Status::Corruption("malformed open response");
