@@ -62,10 +62,17 @@ def _check_int(name, value, lo, hi, allow_none=False):
                          f"of [{lo}, {hi}].")
 
 
+def _native(value):
+    """`value` as a C-contiguous ndarray in native byte order, values and
+    shape unchanged (rank 0 included: np.ascontiguousarray makes it 1-d)."""
+    a = np.asarray(value)
+    return np.asarray(a, dtype=a.dtype.newbyteorder("="), order="C")
+
+
 def _leaf_to_column(value):
     """(array, dtype_name_or_None) for one leaf of a row."""
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value), None
+        return _native(value), None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return np.frombuffer(bytes(value), dtype=np.uint8), "bytes"
     if type(value).__module__.startswith("torch"):
@@ -76,12 +83,12 @@ def _leaf_to_column(value):
                 return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
             return t.numpy(), None
     if isinstance(value, (bool, int, float, np.generic)):
-        a = np.asarray(value)
+        a = _native(value)
         if a.dtype == np.int32 and isinstance(value, int):
             a = a.astype(np.int64)
         return a, None
     if type(value).__module__.startswith("PIL."):
-        return np.ascontiguousarray(np.asarray(value)), None
+        return _native(value), None
     raise TypeError(f"cannot cache a value of type {type(value).__name__}: "
                     "use numpy arrays, tensors, numbers or bytes")
 

@@ -189,6 +189,13 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) {
     names.push_back(t[0].cast<std::string>());
     py::array a = py::array::ensure(t[1], py::array::c_style);
     if (!a) throw py::type_error("column '" + names.back() + "' is not an array");
+    // Rows hold native values: a foreign byte order would read back as
+    // other numbers.
+    if (!a.dtype().attr("isnative").cast<bool>()) {
+      throw py::value_error("column '" + names.back() +
+                            "': the array is not in native byte order; convert "
+                            "it first (a.astype(a.dtype.newbyteorder('=')))");
+    }
     keep.push_back(a);
     DType dt;
     if (t[2].is_none()) {
