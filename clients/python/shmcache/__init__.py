@@ -125,6 +125,7 @@ def decode_row(columns, leaf=_leaf_from_column):
 
 
 def _column_names(columns):
+    """The stored names a `columns=` argument selects; None for all."""
     if columns is None:
         return None
     if isinstance(columns, (str, int)):
@@ -134,6 +135,9 @@ def _column_names(columns):
         if isinstance(c, bool) or not isinstance(c, (str, int)):
             raise TypeError(f"a column is a name (str) or a position (int), got {c!r}")
         names.append(f"{_POS}{c}" if isinstance(c, int) else c)
+    if not names:
+        raise ValueError("columns selects no column: name at least one, or "
+                         "pass None for all")
     return names
 
 
