@@ -26,13 +26,15 @@ import warnings
 import numpy as np
 
 from . import _shmcache
-from ._shmcache import (Error, FingerprintMismatchError, FullError,
-                        InvalidArgumentError, NotFoundError, UnavailableError)
+from ._shmcache import (AlreadyExistsError, Error, FingerprintMismatchError,
+                        FullError, InvalidArgumentError, NotFoundError,
+                        PermissionDeniedError, UnavailableError)
 
 __all__ = [
     "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",
-    "InvalidArgumentError", "LOCAL_HOSTS", "MAX_ROW_ID",
+    "InvalidArgumentError", "AlreadyExistsError", "PermissionDeniedError",
+    "LOCAL_HOSTS", "MAX_ROW_ID",
 ]
 
 Client = _shmcache.Client
@@ -49,6 +51,26 @@ _POS = "#"
 
 class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""
+
+
+def _cause(err):
+    """What stopped the cache, in a few words, for the CacheWarning; the
+    library's message that follows it has the numbers and the fix."""
+    if isinstance(err, UnavailableError):
+        return "the cache server is unreachable"
+    if isinstance(err, FullError):
+        if "no room in " in str(err):      # the shm filesystem is full
+            return "no room left in the shared-memory filesystem"
+        if "memory cap" in str(err):
+            return "the cache server's memory cap is used up"
+        return "the cache is full"
+    if isinstance(err, AlreadyExistsError):
+        return "a shared-memory file of the cache already exists"
+    if isinstance(err, PermissionDeniedError):
+        return "permission denied"
+    if isinstance(err, NotFoundError):
+        return "the cache or its session no longer exists"
+    return "the cache failed"
 
 
 def _check_int(name, value, lo, hi, allow_none=False):
@@ -227,12 +249,19 @@ class DatasetCache:
         other._dead = self._dead
         return other
 
-    def _warn(self, what, err):
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"shmcache: {what} ({err}); the cache is bypassed "
-                          "and rows are read from the source", CacheWarning,
-                          stacklevel=3)
+    def _warn(self, err, what=None):
+        """One CacheWarning per object: `what` (default: the cause of err),
+        err's message, and what happens now (call it after setting _dead or
+        _no_puts)."""
+        if self._warned:
+            return
+        self._warned = True
+        msg = f"shmcache: {what or _cause(err)} ({err})"
+        if self._dead:
+            msg += "; the cache is bypassed and rows are read from the source"
+        elif self._no_puts:
+            msg += "; new rows are not cached, cached rows are still served"
+        warnings.warn(msg, CacheWarning, stacklevel=3)
 
     def _connect(self):
         if self._client is None:
@@ -251,7 +280,7 @@ class DatasetCache:
             raise RuntimeError(str(e)) from None
         except Error as e:
             self._dead = True
-            self._warn("the cache server is unreachable", e)
+            self._warn(e)
 
     def _open(self):
         """The native cache, or None when the cache is bypassed."""
@@ -277,10 +306,10 @@ class DatasetCache:
                 if self.spilling:
                     raise RuntimeError(str(e)) from None
                 self._dead = True
-                self._warn("the cache could not be opened", e)
+                self._warn(e, "the cache could not be opened")
             except Error as e:
                 self._dead = True
-                self._warn("the cache server is unreachable", e)
+                self._warn(e)
             return self._cache
 
     def open(self):
@@ -306,17 +335,14 @@ class DatasetCache:
             return False
         try:
             return c.put(row_id, columns)
-        except FullError as e:
+        except (FullError, UnavailableError) as e:
             self._no_puts = True
-            self._warn("the cache is full; rows beyond it are not cached", e)
-        except UnavailableError as e:
-            self._no_puts = True
-            self._warn("the cache server is gone", e)
+            self._warn(e)
         except InvalidArgumentError as e:
             raise ValueError(f"row {row_id} cannot be cached: {e}") from None
         except Error as e:
             self._dead = True
-            self._warn("the cache failed", e)
+            self._warn(e)
         return False
 
     def put(self, row_id, row):
@@ -343,7 +369,7 @@ class DatasetCache:
             raise
         except Error as e:
             self._dead = True
-            self._warn("the cache failed", e)
+            self._warn(e)
             return None
         if cols is not None:
             self.bytes_read += sum(a.nbytes for _, _, a in cols)
@@ -361,7 +387,7 @@ class DatasetCache:
             rows = c.get_batch(ids, copy)
         except Error as e:
             self._dead = True
-            self._warn("the cache failed", e)
+            self._warn(e)
             return [None] * len(ids)
         self.bytes_read += sum(a.nbytes for cols in rows if cols is not None
                                for _, _, a in cols)
@@ -408,7 +434,7 @@ class DatasetCache:
         try:
             return c.stats()
         except Error as e:
-            self._warn("the cache failed", e)
+            self._warn(e)
             return None
 
     @property

@@ -47,6 +47,12 @@ struct FingerprintMismatchError : Error {
 struct InvalidArgumentError : Error {
   using Error::Error;
 };
+struct AlreadyExistsError : Error {
+  using Error::Error;
+};
+struct PermissionDeniedError : Error {
+  using Error::Error;
+};
 
 [[noreturn]] void Throw(const Status& s) {
   std::string m = s.ToString();
@@ -55,6 +61,8 @@ struct InvalidArgumentError : Error {
   if (s.IsFull()) throw FullError(m);
   if (s.IsFingerprintMismatch()) throw FingerprintMismatchError(m);
   if (s.IsInvalidArgument()) throw InvalidArgumentError(m);
+  if (s.IsAlreadyExists()) throw AlreadyExistsError(m);
+  if (s.IsPermissionDenied()) throw PermissionDeniedError(m);
   throw Error(m);
 }
 
@@ -356,6 +364,9 @@ PYBIND11_MODULE(_shmcache, m) {
                                                    error.ptr());
   py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
                                                error.ptr());
+  py::register_exception<AlreadyExistsError>(m, "AlreadyExistsError", error.ptr());
+  py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
+                                                error.ptr());
 
   py::class_<PyCache, PyCachePtr>(m, "Cache")
       .def("put", &Put, py::arg("id"), py::arg("columns"),
