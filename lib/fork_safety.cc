@@ -54,6 +54,10 @@ Registry& TheRegistry() {
   return *registry;
 }
 
+// Forks are counted from the library's load on, whether or not a mutex
+// exists yet: ForkGeneration() stays a plain load on the hot path.
+const bool g_registered = (TheRegistry(), true);
+
 }  // namespace
 
 uint64_t ForkGeneration() {
