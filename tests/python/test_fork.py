@@ -66,3 +66,26 @@ def test_fork_while_a_thread_puts_never_hangs_the_child(server, session):
         t.join(timeout=60)
     assert not failures
     assert all(cache.get(k) is not None for k in range(FORKS))
+
+
+def test_fork_while_a_thread_opens_the_cache_never_hangs_the_child(server, session):
+    for k in range(20):
+        cache = DatasetCache(session, name=f"c{k}")
+        opening = threading.Event()
+
+        def opener():
+            opening.set()
+            cache.open()            # releases the GIL inside, under its lock
+
+        t = threading.Thread(target=opener)
+        t.start()
+        assert opening.wait(timeout=20)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                code = 0 if cache.put(k, np.arange(k + 1)) and cache.get(k) is not None else 2
+            finally:
+                os._exit(code)
+        t.join(timeout=60)
+        assert wait_child(pid, f"child {k} (pid {pid})") == 0, f"child {k}"

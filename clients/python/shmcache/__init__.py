@@ -220,6 +220,7 @@ class DatasetCache:
 
     def _init_runtime(self):
         self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
         self._client = None
         self._cache = None
         self._dead = False        # nothing works: every call is a miss
@@ -229,8 +230,8 @@ class DatasetCache:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_warned",
-                  "bytes_read"):
+        for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
+                  "_warned", "bytes_read"):
             state.pop(k, None)
         return state
 
@@ -287,6 +288,11 @@ class DatasetCache:
         c = self._cache
         if c is not None or self._dead:
             return c
+        if self._lock_pid != os.getpid():
+            # Forked while another thread held the lock: that thread is not
+            # in this process to release it.
+            self._lock = threading.Lock()
+            self._lock_pid = os.getpid()
         with self._lock:
             if self._cache is not None or self._dead:
                 return self._cache
