@@ -170,16 +170,32 @@ void ExpectSpilledRowsDropped(const TestServer& server, uint32_t session, size_t
             std::string::npos) << list.out;
 }
 
+// A server that spilled part of a cache to `dir` and was killed: what the
+// restarts below find.
+struct Spilled {
+  std::unique_ptr<TestServer> server;
+  uint32_t session = 0;
+  size_t rows = (4u << 20) / kRowBytes;
+  size_t in_memory = 0;
+};
+
+void SpillThenKill(const std::string& dir, Spilled* out) {
+  out->server = std::make_unique<TestServer>(WithArgs({"-s", dir}));
+  ASSERT_TRUE(out->server->ok()) << out->server->start_result().Describe();
+  out->session = out->server->NewSession();
+  out->in_memory = FillPastMemory(*out->server, out->session, out->rows);
+  out->server->Kill();
+}
+
 TEST(RestartTest, AnotherSpillDirDropsSpilledRowsWhichCanBeCachedAgain) {
   std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
   std::string new_dir = MakeTempDir(TestTmpRoot(), "spill");
   {
-    auto first = std::make_unique<TestServer>(WithArgs({"-s", old_dir}));
-    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
-    uint32_t session = first->NewSession();
-    const size_t rows = (4u << 20) / kRowBytes;
-    size_t in_memory = FillPastMemory(*first, session, rows);
-    first->Kill();
+    Spilled k;
+    ASSERT_NO_FATAL_FAILURE(SpillThenKill(old_dir, &k));
+    TestServer* first = k.server.get();
+    const uint32_t session = k.session;
+    const size_t rows = k.rows, in_memory = k.in_memory;
     ASSERT_FALSE(ListDir(old_dir).empty());
 
     TestServer second(SameInstance(*first, {"-s", new_dir}));
@@ -207,12 +223,11 @@ TEST(RestartTest, APlantedSpillRecordIsIgnoredAndDestroysNothing) {
   std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
   std::string new_dir = MakeTempDir(TestTmpRoot(), "spill");
   {
-    auto first = std::make_unique<TestServer>(WithArgs({"-s", old_dir}));
-    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
-    uint32_t session = first->NewSession();
-    const size_t rows = (4u << 20) / kRowBytes;
-    size_t in_memory = FillPastMemory(*first, session, rows);
-    first->Kill();
+    Spilled k;
+    ASSERT_NO_FATAL_FAILURE(SpillThenKill(old_dir, &k));
+    TestServer* first = k.server.get();
+    const uint32_t session = k.session;
+    const size_t rows = k.rows, in_memory = k.in_memory;
     std::string record = first->shm_dir() + "/" + first->shm_prefix() + "spilldb";
     std::string planted = first->shm_dir() + "/planted-record";
     ASSERT_EQ(rename(record.c_str(), planted.c_str()), 0) << strerror(errno);
@@ -234,12 +249,11 @@ TEST(RestartTest, APlantedSpillRecordIsIgnoredAndDestroysNothing) {
 TEST(RestartTest, NoSpillDirDropsSpilledRowsAndTheFullCacheSaysFull) {
   std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
   {
-    auto first = std::make_unique<TestServer>(WithArgs({"-s", old_dir}));
-    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
-    uint32_t session = first->NewSession();
-    const size_t rows = (4u << 20) / kRowBytes;
-    size_t in_memory = FillPastMemory(*first, session, rows);
-    first->Kill();
+    Spilled k;
+    ASSERT_NO_FATAL_FAILURE(SpillThenKill(old_dir, &k));
+    TestServer* first = k.server.get();
+    const uint32_t session = k.session;
+    const size_t rows = k.rows, in_memory = k.in_memory;
 
     TestServer second(SameInstance(*first, {}));
     ASSERT_TRUE(second.ok()) << second.start_result().Describe();
