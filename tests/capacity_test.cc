@@ -147,12 +147,12 @@ TEST(CapacityTest, SpilledRowsUpToTheLimitReadBackWhole) {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
     auto cache = OpenCache(server, server.NewSession(), 1, true);
-    // 40 MB and the largest row that may spill go to disk (each is more
+    // 8 MB and the largest row that may spill go to disk (each is more
     // than the 1 MB budget); a small row after them still fits memory.
     const size_t largest = PayloadFor(protocol::kMaxSpilledRowBytes);
     ASSERT_EQ(EncodedBytes(largest), protocol::kMaxSpilledRowBytes);
     const std::vector<std::vector<uint8_t>> rows = {
-        Pattern(0, 1, 40u << 20), Pattern(1, 1, largest), Pattern(2, 1, kRowBytes)};
+        Pattern(0, 1, 8u << 20), Pattern(1, 1, largest), Pattern(2, 1, kRowBytes)};
     for (uint64_t id = 0; id < rows.size(); ++id) {
       bool inserted = false;
       Status s = cache->Put(id, rows[id].data(), rows[id].size(), &inserted);
@@ -175,7 +175,7 @@ TEST(CapacityTest, SpilledRowsUpToTheLimitReadBackWhole) {
       EXPECT_EQ(col->nbytes, rows[id].size());
     }
     // Two large rows never fit one response: each comes in its own.
-    const std::vector<uint64_t> ids = {0, 1, 2, 1, 0};
+    const std::vector<uint64_t> ids = {0, 1, 2, 0};
     std::vector<Row> got(ids.size());
     std::vector<Status> statuses(ids.size());
     ASSERT_TRUE(cache->GetBatch(ids, got.data(), statuses.data()).ok());
