@@ -377,13 +377,24 @@ void Store::RetryReleasesLocked() {
   std::erase_if(pending_releases_, [&](const PendingRelease& p) {
     bool gone = ProcessGone(p.pid);
     if (!gone && now < p.deadline) return false;
-    if (!gone) {
-      log_->Warn("connection {} of live process {} ended; its chunks stay with it",
-                 p.conn, p.pid);
-    }
+    if (!gone) WarnChunksStayLocked(p.pid);
     for (auto& [id, c] : caches_) c->ReleaseConnection(p.conn, gone);
     return true;
   });
+}
+
+void Store::WarnChunksStayLocked(int pid) {
+  // A process that opens and drops caches by the thousand must not flood
+  // the log: one line per process.
+  if (warned_pids_.count(pid)) return;
+  if (warned_pids_.size() >= kMaxWarnedPids) {
+    std::erase_if(warned_pids_, [](int p) { return ProcessGone(p); });
+    if (warned_pids_.size() >= kMaxWarnedPids) warned_pids_.clear();
+  }
+  warned_pids_.insert(pid);
+  log_->Warn("connections of process {} ended while it runs on; the chunks "
+             "they leased stay with it (said once per process)",
+             pid);
 }
 
 Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,

@@ -81,6 +81,9 @@ class Store {
   // REQUIRES: mu_ held. Settles pending releases whose process is gone or
   // whose grace ran out.
   void RetryReleasesLocked();
+  // REQUIRES: mu_ held. Logs, once per process, that the chunks of a live
+  // process's ended connections stay with it.
+  void WarnChunksStayLocked(int pid);
   void StopPreparer();
   void AdoptExisting();
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
@@ -112,6 +115,9 @@ class Store {
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)
+  // Processes told about by WarnChunksStayLocked; bounded.
+  std::set<int> warned_pids_;                     // GUARDED_BY(mu_)
+  static constexpr size_t kMaxWarnedPids = 1024;
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;
 };
