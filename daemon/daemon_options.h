@@ -14,7 +14,7 @@ struct DaemonOptions {
   int port = 50052;
   std::string run_dir;   // default: DefaultRunDir()
   std::string shm_dir;   // default: DefaultShmDir()
-  std::string log_dir = "/tmp/shmcache/log";
+  std::string log_dir;    // default: <run dir>/log, owner-only
   int workers = 0;       // 0: half the CPUs; rounded up to the NUMA nodes
   int log_level = 1;
   std::string spill_dir;  // empty: no spilling
@@ -30,5 +30,12 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* out);
 
 // Checks a spill dir: absolute, an existing directory, writable.
 Status CheckSpillDir(const std::string& dir);
+
+// The cap of all caches together: cap_bytes when not 0, else `ratio` of
+// physical memory.
+uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes);
+// InvalidArgument, naming the option and its minimum, when that cap is
+// below one segment (CacheState::kMinSegmentBytes): no cache could hold a row.
+Status CheckMemoryCap(double ratio, uint64_t cap_bytes);
 
 }  // namespace shmcache

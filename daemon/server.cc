@@ -107,6 +107,8 @@ Server::Server(asio::io_context& io, Store* store, Logger* log)
     : io_(io), store_(store), log_(log), handler_(store), acceptor_(io) {}
 
 Status Server::Listen(const std::string& socket_path) {
+  Status fits = CheckSocketPath(socket_path);
+  if (!fits.ok()) return fits;
   // The caller holds the instance lock, so an existing socket is stale.
   unlink(socket_path.c_str());
   boost::system::error_code ec;

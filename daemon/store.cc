@@ -13,12 +13,6 @@
 
 namespace shmcache {
 
-static uint64_t PhysicalMemory() {
-  long pages = sysconf(_SC_PHYS_PAGES);
-  long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
-}
-
 Store::Store(const DaemonOptions& options, const InstancePaths& paths,
              int num_nodes, int workers, Logger* log)
     : options_(options),
@@ -27,10 +21,7 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths,
       workers_(workers),
       log_(log),
       rng_(std::random_device{}()) {
-  account_.cap = options.memory_cap_bytes
-                     ? options.memory_cap_bytes
-                     : static_cast<uint64_t>(static_cast<double>(PhysicalMemory()) *
-                                             options.memory_cap_ratio);
+  account_.cap = MemoryCapBytes(options.memory_cap_ratio, options.memory_cap_bytes);
 }
 
 Store::~Store() { StopPreparer(); }
