@@ -114,6 +114,12 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
     } else if (k == "memory_cap_mb") {
       if (!ParseLong(v, 1, 1L << 40, &n)) return bad();
       o->memory_cap_bytes = static_cast<uint64_t>(n) << 20;
+    } else if (k == "stall_timeout_ms") {  // not in the admin CLI: for tests
+      if (!ParseLong(v, 1, 1L << 30, &n)) return bad();
+      o->stall_timeout_ms = static_cast<int>(n);
+    } else if (k == "body_bytes_cap_mb") {  // not in the admin CLI: for tests
+      if (!ParseLong(v, 1, 1L << 20, &n)) return bad();
+      o->body_bytes_cap = static_cast<uint64_t>(n) << 20;
     } else {
       return Status::InvalidArgument("unknown option --" + std::string(k));
     }

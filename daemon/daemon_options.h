@@ -23,6 +23,13 @@ struct DaemonOptions {
   int ready_fd = -1;     // pipe to the admin: one line "OK ..."/"ERR ..."
   int watch_pid = 0;     // > 0: stop (cleanly) once this process is gone
   bool foreground = false;
+  // A connection that stops in the middle of a frame (part of a request
+  // sent, or a response not taken) for this long is closed. Connections
+  // idle between frames are never timed out.
+  int stall_timeout_ms = 30000;
+  // Request bodies being read, all connections together; a connection
+  // that would pass it is closed.
+  uint64_t body_bytes_cap = 256u << 20;
 };
 
 // Parses shmcached's own argv. InvalidArgument names the bad argument.

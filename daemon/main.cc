@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <utility>  // before Asio: 1.74 uses std::exchange without it
@@ -70,6 +71,18 @@ Status TakeInstanceLock(const InstancePaths& paths, int* fd_out) {
   }
   *fd_out = fd;
   return Status::OK();
+}
+
+// Every client connection costs a descriptor; a soft limit of 1024 would
+// turn clients away long before the system must. Returns the limit now.
+rlim_t RaiseFileLimit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit raised{r.rlim_max, r.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return r.rlim_max;
+  }
+  return r.rlim_cur;
 }
 
 // Opens the log in the configured directory (default <run dir>/log). A log
@@ -144,6 +157,7 @@ int Run(DaemonOptions& opts) {
   Logger log;
   s = OpenLog(opts, paths, &log);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  rlim_t fd_limit = RaiseFileLimit();
 
   NumaTopology& topo = NumaTopology::Get();
   int nodes = topo.num_nodes();
@@ -175,7 +189,7 @@ int Run(DaemonOptions& opts) {
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
 
   boost::asio::io_context io(workers);
-  Server server(io, &store, &log);
+  Server server(io, &store, &log, opts);
   s = server.Listen(paths.socket_path);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -206,9 +220,10 @@ int Run(DaemonOptions& opts) {
   if (opts.watch_pid > 0) watch_next();
   std::vector<std::thread> threads = StartWorkers(io, workers, nodes, log);
   log.Info("started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
-           "memory cap {} MB, spill dir {}",
+           "memory cap {} MB, spill dir {}, open files limit {}",
            paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
-           store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir);
+           store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
+           fd_limit);
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()));
   opts.ready_fd = -1;  // Report closed it
   if (!opts.foreground) DetachStdio();
