@@ -81,7 +81,14 @@ class CacheImpl {
                     Status* statuses);
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);
+  // Spilling was asked for (and did not stop): rows memory cannot take
+  // may go to disk.
+  bool SpillingOn() const;
+  // Memory is used up and spilling is on: every row goes to disk.
   bool SpillsNow() const;
+  // TooLarge for a row no segment within the budget could hold: the
+  // daemon need not be asked.
+  Status CheckRowFits(uint64_t id, size_t size) const;
   // Fills *out from a located row (memory or disk), copying all columns or
   // only `columns` when project.
   Status Materialize(uint64_t id, uint64_t loc,

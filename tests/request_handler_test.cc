@@ -184,5 +184,19 @@ TEST_F(RequestHandlerTest, OutOfRangeFieldsAreRefused) {
   EXPECT_TRUE(Call(MsgType::kLeaseChunk, no_cache.body()).IsNotFound());
 }
 
+TEST_F(RequestHandlerTest, SpilledRowOverTheLimitIsRefusedBeforeDecoding) {
+  // A client that skipped its own check: the row is refused by size, with
+  // both sizes named, and the answer is an ordinary response.
+  WireWriter w;
+  w.U32(1);
+  w.U64(5);
+  w.Str(std::string(protocol::kMaxSpilledRowBytes + 8, '\0'));
+  Status s = Call(MsgType::kSpillPut, w.body());
+  EXPECT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("row 5 is not cached"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(std::to_string(protocol::kMaxSpilledRowBytes)),
+            std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace shmcache

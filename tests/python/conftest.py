@@ -140,3 +140,16 @@ def server(tmp_path, monkeypatch):
 @pytest.fixture
 def session(server):
     return server.new_session()
+
+
+@pytest.fixture
+def spill_server(tmp_path, monkeypatch):
+    """A server with a spill dir (its own port and run dir)."""
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "spill").mkdir()
+    s = Server(tmp_path / "srv")
+    monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
+    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
+    s.start("-s", str(tmp_path / "spill"))
+    yield s
+    s.stop()

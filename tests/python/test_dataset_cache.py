@@ -176,6 +176,25 @@ def test_full_cache_warns_once_and_keeps_going(server, session):
     assert c.get(63) is None
 
 
+def test_too_large_row_is_dropped_alone_with_one_warning(server, session):
+    c = DatasetCache(session, size=8, name="small")
+    big = (np.zeros(10 << 20, dtype=np.uint8),)
+    small = (np.ones(3072, dtype=np.uint8),)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert c.put(0, big) is False
+        assert c.put(1, big) is False
+        stored = [c.put(i, small) for i in range(2, 102)]
+    assert all(stored)
+    cw = [x for x in w if issubclass(x.category, CacheWarning)]
+    assert len(cw) == 1, [str(x.message) for x in cw]
+    assert "10.0 MB" in str(cw[0].message) and "8 MB" in str(cw[0].message)
+    assert c.accepting
+    st = c.stats()
+    assert st["mem_rows"] == 100 and st["disk_rows"] == 0 and not st["full"]
+    assert c.get(0) is None and c.get(2) is not None
+
+
 def test_dead_daemon_at_construction_warns_and_misses(server, session):
     server.kill()
     with warnings.catch_warnings(record=True) as w:

@@ -13,10 +13,12 @@ array. Hits come back in the same shape: a tuple, a dict, or an array.
 The cache never breaks training: when the daemon disappears, the cache is
 full, or the daemon answers an error, the first such event emits one
 `CacheWarning` and later calls quietly return misses (`get` -> None) or
-drop the row (`put` -> False). Only wrong arguments raise: TypeError for a
-wrong type, ValueError for a value out of range, RuntimeError for a
-non-local host, a session that does not exist, or a cache name reused for
-a different pipeline.
+drop the row (`put` -> False). A row too large for what is left of the
+cache is dropped alone (`put` -> False, one `CacheWarning` naming its size
+and the budget); smaller rows go on being cached. Only wrong arguments
+raise: TypeError for a wrong type, ValueError for a value out of range,
+RuntimeError for a non-local host, a session that does not exist, or a
+cache name reused for a different pipeline.
 """
 
 import os
@@ -27,12 +29,15 @@ import numpy as np
 
 from . import _shmcache
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
-                        InvalidArgumentError, NotFoundError, UnavailableError)
+                        InvalidArgumentError, NotFoundError, NotSupportedError,
+                        TooLargeError,
+                        UnavailableError)
 
 __all__ = [
     "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",
-    "InvalidArgumentError", "LOCAL_HOSTS", "MAX_ROW_ID",
+    "InvalidArgumentError", "NotSupportedError", "TooLargeError", "LOCAL_HOSTS",
+    "MAX_ROW_ID",
 ]
 
 Client = _shmcache.Client
@@ -192,12 +197,13 @@ class DatasetCache:
         self._dead = False        # nothing works: every call is a miss
         self._no_puts = False     # full or daemon gone: reads still work
         self._warned = False
+        self._warned_row = False  # a row the cache cannot take was dropped
         self.bytes_read = 0       # bytes of columns returned by get/view
 
     def __getstate__(self):
         state = self.__dict__.copy()
         for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_warned",
-                  "bytes_read"):
+                  "_warned_row", "bytes_read"):
             state.pop(k, None)
         return state
 
@@ -295,6 +301,12 @@ class DatasetCache:
             return False
         try:
             return c.put(row_id, columns)
+        except (TooLargeError, NotSupportedError) as e:
+            # This row only: the cache stays in use for the others.
+            if not self._warned_row:
+                self._warned_row = True
+                warnings.warn(f"shmcache: {e}; rows like it are read from the "
+                              "source", CacheWarning, stacklevel=3)
         except FullError as e:
             self._no_puts = True
             self._warn("the cache is full; rows beyond it are not cached", e)
@@ -312,7 +324,9 @@ class DatasetCache:
         """Stores `row` under `row_id` (an int in [0, MAX_ROW_ID]).
 
         Returns True when stored, False when the id was already cached (the
-        first writer wins) or the cache is bypassed (full, daemon gone)."""
+        first writer wins), the cache is bypassed (full, daemon gone), or the
+        row cannot be cached: larger than what is left of the cache, or than
+        a row spilled to disk may be (one warning; later rows go on)."""
         return self.put_columns(row_id, encode_row(row))
 
     def get_columns(self, row_id, columns=None, copy=True, _reserved=False,

@@ -47,6 +47,12 @@ struct FingerprintMismatchError : Error {
 struct InvalidArgumentError : Error {
   using Error::Error;
 };
+struct NotSupportedError : Error {
+  using Error::Error;
+};
+struct TooLargeError : Error {
+  using Error::Error;
+};
 
 [[noreturn]] void Throw(const Status& s) {
   std::string m = s.ToString();
@@ -55,6 +61,8 @@ struct InvalidArgumentError : Error {
   if (s.IsFull()) throw FullError(m);
   if (s.IsFingerprintMismatch()) throw FingerprintMismatchError(m);
   if (s.IsInvalidArgument()) throw InvalidArgumentError(m);
+  if (s.IsNotSupported()) throw NotSupportedError(m);
+  if (s.IsTooLarge()) throw TooLargeError(m);
   throw Error(m);
 }
 
@@ -349,6 +357,8 @@ PYBIND11_MODULE(_shmcache, m) {
                                                    error.ptr());
   py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
                                                error.ptr());
+  py::register_exception<NotSupportedError>(m, "NotSupportedError", error.ptr());
+  py::register_exception<TooLargeError>(m, "TooLargeError", error.ptr());
 
   py::class_<PyCache, PyCachePtr>(m, "Cache")
       .def("put", &Put, py::arg("id"), py::arg("columns"),
@@ -452,6 +462,7 @@ PYBIND11_MODULE(_shmcache, m) {
         d["spill_dir"] = i.spill_dir;
         d["memory_cap_bytes"] = i.memory_cap_bytes;
         d["memory_used_bytes"] = i.memory_used_bytes;
+        d["memory_held_bytes"] = i.memory_held_bytes;
         d["numa_nodes"] = i.numa_nodes;
         d["sessions"] = i.sessions;
         return d;
