@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <set>
 
+#include "cache_name.h"
 #include "logger.h"
 #include "process_state.h"
 #include "spill_record.h"
@@ -362,10 +363,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   std::lock_guard lock(mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
-  if (name.empty() || name.size() > layout::kMaxNameBytes ||
-      fingerprint.size() > layout::kMaxNameBytes) {
-    return Status::InvalidArgument("cache name must be 1..255 bytes");
-  }
+  Status s = CheckCacheName(name, fingerprint);
+  if (!s.ok()) return s;
   if (spilling && options_.spill_dir.empty()) {
     return Status::InvalidArgument(
         "spilling was requested but the cache server has no spill directory; "
@@ -393,7 +392,6 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   // of it; an id whose name is taken anyway is skipped.
   uint32_t id = 0;
   std::unique_ptr<CacheState> c;
-  Status s;
   for (int attempt = 0; attempt < kCacheIdTries; ++attempt) {
     do {
       id = rng_();

@@ -136,6 +136,28 @@ TEST_F(IntegrationTest, OpeningWithAnotherFingerprintIsRefused) {
   EXPECT_NE(s.message().find(std::to_string(session_ + 1)), std::string::npos);
 }
 
+// Names show up in listings and as Python str: the library refuses a name
+// or fingerprint that is not UTF-8 itself, without asking the daemon (here
+// gone, so asking would fail with Unavailable instead).
+TEST_F(IntegrationTest, OpeningANameThatIsNotUtf8IsRefusedByTheLibrary) {
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server_->Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(Options(session_, "caf\xc3\xa9"), &cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  server_->Kill();
+  for (std::string bad : {"\xff\xfe", "train\xe2\x82", "\xf4\x90\x80\x80"}) {
+    std::unique_ptr<Cache> other;
+    s = client->OpenCache(Options(session_, bad), &other);
+    EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+    EXPECT_NE(s.message().find("UTF-8"), std::string::npos) << s.message();
+  }
+  CacheOptions o = Options(session_);
+  o.fingerprint = "pipeline-\x80";
+  std::unique_ptr<Cache> other;
+  EXPECT_TRUE(client->OpenCache(o, &other).IsInvalidArgument());
+}
+
 // Several processes put and get the same rows at once; every byte of every
 // row read anywhere is checked, and the cache ends up with each row once.
 TEST_F(IntegrationTest, ForkedProcessesShareOneCache) {

@@ -54,7 +54,8 @@ def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
         c = DatasetCache(session, size=0, spilling=False, hostname=host,
                          port=server.port, num_connections=12, prefetch_size=20)
-        assert c.put(1, (np.zeros(3),)) in (True, False)
+        # The first host stores the row; the others find it there.
+        assert c.put(1, (np.zeros(3),)) is (host == shmcache.LOCAL_HOSTS[0])
     assert DatasetCache(session).get(1)[0].shape == (3,)
 
 
@@ -119,6 +120,23 @@ def test_dict_rows_projection_and_bare_arrays(server, session):
     np.testing.assert_array_equal(c.get(6), np.arange(4.0))
     with pytest.raises(KeyError):
         c.get(5, columns=["nope"])
+
+
+def test_empty_projection_is_a_value_error(server, session):
+    c = DatasetCache(session)
+    assert c.put(5, {"image": np.arange(4), "label": 3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # and no CacheWarning
+        for copy in (True, False):
+            for empty in ([], ()):
+                with pytest.raises(ValueError, match="no column"):
+                    c.get(5, columns=empty, copy=copy)
+                with pytest.raises(ValueError, match="no column"):
+                    c.get(6, columns=empty, copy=copy)   # a miss too
+        with pytest.raises(ValueError, match="no column"):
+            c.view(5, columns=[])
+    assert not c.bypassed
+    assert c.get(5, columns=["label"]) == {"label": 3}
 
 
 def test_first_writer_wins(server, session):
