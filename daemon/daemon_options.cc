@@ -6,6 +6,9 @@
 #include <cstring>
 #include <string_view>
 
+#include <fmt/format.h>
+
+#include "cache_state.h"
 #include "instance.h"
 
 namespace shmcache {
@@ -32,6 +35,33 @@ Status CheckSpillDir(const std::string& dir) {
     return Status::InvalidArgument("spill directory " + dir + " is not writable");
   }
   return Status::OK();
+}
+
+static uint64_t PhysicalMemory() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
+}
+
+uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes) {
+  if (cap_bytes) return cap_bytes;
+  return static_cast<uint64_t>(static_cast<double>(PhysicalMemory()) * ratio);
+}
+
+Status CheckMemoryCap(double ratio, uint64_t cap_bytes) {
+  constexpr uint64_t kMin = CacheState::kMinSegmentBytes;
+  uint64_t cap = MemoryCapBytes(ratio, cap_bytes);
+  if (cap >= kMin) return Status::OK();
+  if (cap_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "memory cap of {} MB is below one segment ({} MB); give "
+        "--memory_cap_mb {} or more",
+        cap_bytes >> 20, kMin >> 20, kMin >> 20));
+  }
+  return Status::InvalidArgument(fmt::format(
+      "memory cap ratio {} of {} MB of memory gives {} MB, below one segment "
+      "({} MB); use a larger -r",
+      ratio, PhysicalMemory() >> 20, cap >> 20, kMin >> 20));
 }
 
 Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
@@ -84,14 +114,19 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
     } else if (k == "memory_cap_mb") {
       if (!ParseLong(v, 1, 1L << 40, &n)) return bad();
       o->memory_cap_bytes = static_cast<uint64_t>(n) << 20;
+    } else if (k == "stall_timeout_ms") {  // not in the admin CLI: for tests
+      if (!ParseLong(v, 1, 1L << 30, &n)) return bad();
+      o->stall_timeout_ms = static_cast<int>(n);
+    } else if (k == "body_bytes_cap_mb") {  // not in the admin CLI: for tests
+      if (!ParseLong(v, 1, 1L << 20, &n)) return bad();
+      o->body_bytes_cap = static_cast<uint64_t>(n) << 20;
     } else {
       return Status::InvalidArgument("unknown option --" + std::string(k));
     }
   }
-  if (!o->spill_dir.empty()) {
-    Status s = CheckSpillDir(o->spill_dir);
-    if (!s.ok()) return s;
-  }
+  Status s = CheckMemoryCap(o->memory_cap_ratio, o->memory_cap_bytes);
+  if (!s.ok()) return s;
+  if (!o->spill_dir.empty()) return CheckSpillDir(o->spill_dir);
   return Status::OK();
 }
 

@@ -14,7 +14,7 @@ struct DaemonOptions {
   int port = 50052;
   std::string run_dir;   // default: DefaultRunDir()
   std::string shm_dir;   // default: DefaultShmDir()
-  std::string log_dir = "/tmp/shmcache/log";
+  std::string log_dir;    // default: <run dir>/log, owner-only
   int workers = 0;       // 0: half the CPUs; rounded up to the NUMA nodes
   int log_level = 1;
   std::string spill_dir;  // empty: no spilling
@@ -23,6 +23,13 @@ struct DaemonOptions {
   int ready_fd = -1;     // pipe to the admin: one line "OK ..."/"ERR ..."
   int watch_pid = 0;     // > 0: stop (cleanly) once this process is gone
   bool foreground = false;
+  // A connection that stops in the middle of a frame (part of a request
+  // sent, or a response not taken) for this long is closed. Connections
+  // idle between frames are never timed out.
+  int stall_timeout_ms = 30000;
+  // Request bodies being read, all connections together; a connection
+  // that would pass it is closed.
+  uint64_t body_bytes_cap = 256u << 20;
 };
 
 // Parses shmcached's own argv. InvalidArgument names the bad argument.
@@ -30,5 +37,12 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* out);
 
 // Checks a spill dir: absolute, an existing directory, writable.
 Status CheckSpillDir(const std::string& dir);
+
+// The cap of all caches together: cap_bytes when not 0, else `ratio` of
+// physical memory.
+uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes);
+// InvalidArgument, naming the option and its minimum, when that cap is
+// below one segment (CacheState::kMinSegmentBytes): no cache could hold a row.
+Status CheckMemoryCap(double ratio, uint64_t cap_bytes);
 
 }  // namespace shmcache

@@ -1,5 +1,6 @@
 #include "logger.h"
 
+#include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -14,7 +15,7 @@ static Status MakeDirs(const std::string& dir) {
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);
-      if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      if (mkdir(part.c_str(), 0700) != 0 && errno != EEXIST) {
         return Status::FromErrno("cannot create log directory " + part, errno);
       }
     }
@@ -36,9 +37,15 @@ Status Logger::Open(const std::string& dir, int level) {
   strftime(date, sizeof date, "%Y%m%d-%H%M%S", &t);
   path_ = fmt::format("{}/shmcached.{}.{}.{}.{}.log", dir, host, user, getpid(),
                       date);
-  file_ = fopen(path_.c_str(), "a");
+  int fd = open(path_.c_str(),
+                O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+                0600);
+  if (fd < 0) return Status::FromErrno("cannot create log file " + path_, errno);
+  file_ = fdopen(fd, "a");
   if (file_ == nullptr) {
-    return Status::FromErrno("cannot open log file " + path_, errno);
+    int e = errno;
+    close(fd);
+    return Status::FromErrno("cannot open log file " + path_, e);
   }
   level_ = level;
   return Status::OK();

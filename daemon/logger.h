@@ -19,8 +19,11 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kFatal = 
 
 class Logger {
  public:
-  // Creates the directory if needed and opens
-  // <dir>/shmcached.<host>.<user>.<pid>.<YYYYMMDD-HHMMSS>.log
+  // Creates <dir>/shmcached.<host>.<user>.<pid>.<YYYYMMDD-HHMMSS>.log,
+  // owner-only (0600): logs name sessions, caches and paths. Missing
+  // directories on the way are created owner-only (0700); existing ones are
+  // left as they are. A file of that name already there is an error, never
+  // followed or reused.
   Status Open(const std::string& dir, int level);
   const std::string& path() const { return path_; }
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <fmt/format.h>
 #include <string>
@@ -86,6 +88,44 @@ Status TakeInstanceLock(const InstancePaths& paths, int* fd_out) {
   return Status::OK();
 }
 
+// Every client connection costs a descriptor; a soft limit of 1024 would
+// turn clients away long before the system must. Returns the limit now.
+rlim_t RaiseFileLimit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit raised{r.rlim_max, r.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return r.rlim_max;
+  }
+  return r.rlim_cur;
+}
+
+// Opens the log in the configured directory (default <run dir>/log). A log
+// dir another user owns must not stop the server: it then logs in the run
+// dir, which is its own.
+Status OpenLog(const DaemonOptions& opts, const InstancePaths& paths, Logger* log) {
+  std::string own = paths.run_dir + "/log";
+  std::string dir = opts.log_dir.empty() ? own : opts.log_dir;
+  Status s = log->Open(dir, opts.log_level);
+  if (s.ok() || dir == own) return s;
+  return log->Open(own, opts.log_level).ok() ? Status::OK() : s;
+}
+
+// Runs the io_context in a worker thread. A handler that throws ends only
+// the request it served: the exception is logged and the worker goes on.
+void RunWorker(boost::asio::io_context& io, Logger& log) {
+  for (;;) {
+    try {
+      io.run();
+      return;
+    } catch (const std::exception& e) {
+      log.Error("a request handler failed: {}; serving on", e.what());
+    } catch (...) {
+      log.Error("a request handler failed with an unknown exception; serving on");
+    }
+  }
+}
+
 // SIGTERM/SIGINT before the server listens (adoption may take a while):
 // start-up stops at the next check and the process exits cleanly, so that
 // 'shmcache --stop' can end a server that is still starting.
@@ -111,14 +151,34 @@ void DetachStdio() {
   if (null > 2) close(null);
 }
 
-}  // namespace
+// Starts `workers` threads running io. If one cannot be started, the
+// others are stopped and joined before the exception goes on.
+std::vector<std::thread> StartWorkers(boost::asio::io_context& io, int workers,
+                                      int nodes, Logger& log) {
+  std::vector<std::thread> threads;
+  try {
+    for (int i = 0; i < workers; ++i) {
+      threads.emplace_back([&io, &log, i, nodes] {
+        NumaTopology::Get().PinThreadToNode(i % nodes);
+        RunWorker(io, log);
+      });
+    }
+  } catch (...) {
+    io.stop();
+    for (std::thread& t : threads) t.join();
+    throw;
+  }
+  return threads;
+}
 
-int main(int argc, char** argv) {
-  DaemonOptions opts;
-  Status s = ParseDaemonOptions(argc, argv, &opts);
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+// Everything of main() after the options: set-up, serving, shutdown.
+// opts.ready_fd is set to -1 once the readiness line went out.
+int Run(DaemonOptions& opts) {
   InstancePaths paths = MakeInstancePaths(opts.port, opts.run_dir, opts.shm_dir);
-
+  // Before anything is created: a socket path that cannot be bound would
+  // otherwise be found only after the shared memory is set up.
+  Status s = CheckSocketPath(paths.socket_path);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
   s = EnsureRunDir(paths.run_dir);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   int lock_fd = -1;
@@ -127,14 +187,9 @@ int main(int argc, char** argv) {
   CatchStopSignals();
 
   Logger log;
-  s = log.Open(opts.log_dir, opts.log_level);
-  if (!s.ok()) {
-    // A log dir another user owns must not stop the server.
-    std::string fallback = paths.run_dir + "/log";
-    if (!log.Open(fallback, opts.log_level).ok()) {
-      return Fail(opts.ready_fd, s.message());
-    }
-  }
+  s = OpenLog(opts, paths, &log);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  rlim_t fd_limit = RaiseFileLimit();
 
   NumaTopology& topo = NumaTopology::Get();
   int nodes = topo.num_nodes();
@@ -170,7 +225,7 @@ int main(int argc, char** argv) {
   }
 
   boost::asio::io_context io(workers);
-  Server server(io, &store, &log);
+  Server server(io, &store, &log, opts);
   s = server.Listen(paths.socket_path);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -186,17 +241,6 @@ int main(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<std::thread> threads;
-  for (int i = 0; i < workers; ++i) {
-    threads.emplace_back([&, i] {
-      topo.PinThreadToNode(i % nodes);
-      io.run();
-    });
-  }
-  log.Info("started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
-           "memory cap {} MB, spill dir {}",
-           paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
-           store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir);
   // Tests (and scripts) may tie the server's life to theirs, so that a
   // crashed test run does not leave servers and their memory behind.
   boost::asio::steady_timer watch(io);
@@ -214,8 +258,15 @@ int main(int argc, char** argv) {
     });
   };
   if (opts.watch_pid > 0) watch_next();
+  std::vector<std::thread> threads = StartWorkers(io, workers, nodes, log);
+  log.Info("started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
+           "memory cap {} MB, spill dir {}, open files limit {}",
+           paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
+           store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
+           fd_limit);
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()),
          store.startup_notes());
+  opts.ready_fd = -1;  // Report closed it
   if (!opts.foreground) DetachStdio();
 
   for (std::thread& t : threads) t.join();
@@ -226,4 +277,21 @@ int main(int argc, char** argv) {
   close(lock_fd);
   log.Info("stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  DaemonOptions opts;
+  Status s = ParseDaemonOptions(argc, argv, &opts);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  // No exception may end the daemon without a word: the admin waiting on
+  // the ready pipe is told, and the exit status says it failed.
+  try {
+    return Run(opts);
+  } catch (const std::exception& e) {
+    return Fail(opts.ready_fd, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return Fail(opts.ready_fd, "internal error: unknown exception");
+  }
 }

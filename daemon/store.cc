@@ -19,12 +19,6 @@
 
 namespace shmcache {
 
-static uint64_t PhysicalMemory() {
-  long pages = sysconf(_SC_PHYS_PAGES);
-  long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
-}
-
 Store::Store(const DaemonOptions& options, const InstancePaths& paths,
              int num_nodes, int workers, Logger* log)
     : options_(options),
@@ -33,10 +27,7 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths,
       workers_(workers),
       log_(log),
       rng_(std::random_device{}()) {
-  account_.cap = options.memory_cap_bytes
-                     ? options.memory_cap_bytes
-                     : static_cast<uint64_t>(static_cast<double>(PhysicalMemory()) *
-                                             options.memory_cap_ratio);
+  account_.cap = MemoryCapBytes(options.memory_cap_ratio, options.memory_cap_bytes);
 }
 
 Store::~Store() { StopPreparer(); }
@@ -499,13 +490,24 @@ void Store::RetryReleasesLocked() {
   std::erase_if(pending_releases_, [&](const PendingRelease& p) {
     bool gone = ProcessGone(p.pid);
     if (!gone && now < p.deadline) return false;
-    if (!gone) {
-      log_->Warn("connection {} of live process {} ended; its chunks stay with it",
-                 p.conn, p.pid);
-    }
+    if (!gone) WarnChunksStayLocked(p.pid);
     for (auto& [id, c] : caches_) c->ReleaseConnection(p.conn, gone);
     return true;
   });
+}
+
+void Store::WarnChunksStayLocked(int pid) {
+  // A process that opens and drops caches by the thousand must not flood
+  // the log: one line per process.
+  if (warned_pids_.count(pid)) return;
+  if (warned_pids_.size() >= kMaxWarnedPids) {
+    std::erase_if(warned_pids_, [](int p) { return ProcessGone(p); });
+    if (warned_pids_.size() >= kMaxWarnedPids) warned_pids_.clear();
+  }
+  warned_pids_.insert(pid);
+  log_->Warn("connections of process {} ended while it runs on; the chunks "
+             "they leased stay with it (said once per process)",
+             pid);
 }
 
 Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,

@@ -95,6 +95,9 @@ class Store {
   // REQUIRES: mu_ held. Settles pending releases whose process is gone or
   // whose grace ran out.
   void RetryReleasesLocked();
+  // REQUIRES: mu_ held. Logs, once per process, that the chunks of a live
+  // process's ended connections stay with it.
+  void WarnChunksStayLocked(int pid);
   // REQUIRES: mu_ not held. Looks for processes that map held memory and
   // releases what none maps any more.
   void SettleHeldMemory();
@@ -148,6 +151,9 @@ class Store {
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)
+  // Processes told about by WarnChunksStayLocked; bounded.
+  std::set<int> warned_pids_;                     // GUARDED_BY(mu_)
+  static constexpr size_t kMaxWarnedPids = 1024;
   HeldMemory held_;                      // GUARDED_BY(mu_)
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "instance.h"
+
 namespace shmcache {
 
 static void SetTimeouts(int fd, int timeout_ms) {
@@ -31,9 +33,8 @@ Status Connection::Open(const std::string& socket_path, int port,
                         int timeout_ms, std::unique_ptr<Connection>* out) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof(addr.sun_path)) {
-    return Status::InvalidArgument("socket path too long: " + socket_path);
-  }
+  Status fits = CheckSocketPath(socket_path);
+  if (!fits.ok()) return fits;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno("socket", errno);

@@ -1,6 +1,7 @@
 #include "instance.h"
 
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -167,6 +168,15 @@ InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
   p.lock_path = fmt::format("{}/shmcached-{}.lock", p.run_dir, port);
   p.shm_prefix = fmt::format("{}/shmcache.{}.{}.", p.shm_dir, geteuid(), port);
   return p;
+}
+
+Status CheckSocketPath(const std::string& socket_path) {
+  constexpr size_t kMax = sizeof(sockaddr_un::sun_path) - 1;  // and a NUL
+  if (socket_path.size() <= kMax) return Status::OK();
+  return Status::InvalidArgument(fmt::format(
+      "socket path {} is {} bytes, longer than the {} the system allows; use a "
+      "shorter SHMCACHE_RUN_DIR",
+      socket_path, socket_path.size(), kMax));
 }
 
 Status EnsureRunDir(const std::string& dir) {

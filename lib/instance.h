@@ -67,6 +67,9 @@ std::string DefaultRunDir();
 std::string DefaultShmDir();
 InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
                                 const std::string& shm_dir);
+// InvalidArgument naming the path, its length and the fix when the socket
+// path does not fit in sockaddr_un::sun_path (107 bytes on Linux).
+Status CheckSocketPath(const std::string& socket_path);
 // Creates the run dir 0700 if missing; PermissionDenied if it exists and
 // belongs to someone else.
 Status EnsureRunDir(const std::string& dir);

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +97,77 @@ TEST(BrokenConnectionTest, LiveClientKeepsItsChunksAfterItsConnectionBreaks) {
     ASSERT_EQ(0, std::memcmp(col->data, want.data(), kRowBytes)) << "row " << i;
   }
   for (int fd : {to_a[0], to_a[1], from_a[0], from_a[1]}) close(fd);
+}
+
+std::string ReadLogs(const TestServer& server) {
+  std::string all;
+  for (const std::string& f : ListDir(server.run_dir() + "/log")) {
+    std::ifstream in(server.run_dir() + "/log/" + f);
+    all.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return all;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A child that opens a client, runs `body` with it, and then stays alive
+// (its connections ended) until `hold` is written to.
+pid_t LiveClient(const TestServer& server, int hold, int done,
+                 const std::function<int(const TestServer&)>& body) {
+  return ForkChild([&server, hold, done, body]() -> int {
+    int rc = body(server);
+    char c = 'd';
+    if (write(done, &c, 1) != 1 || read(hold, &c, 1) != 1) return 9;
+    return rc;
+  });
+}
+
+TEST(BrokenConnectionTest, ALiveProcessDroppingManyConnectionsIsLoggedOnce) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  int hold[2], done[2];
+  ASSERT_EQ(pipe(hold), 0);
+  ASSERT_EQ(pipe(done), 0);
+  // A opens and drops 20 clients, each with a cache and a chunk, as a
+  // trainer dropping DatasetCache objects does, and lives on.
+  constexpr int kDropped = 20;
+  pid_t a = LiveClient(server, hold[0], done[1], [session](const TestServer& s) {
+    for (int i = 0; i < kDropped; ++i) {
+      std::unique_ptr<Client> client;
+      std::unique_ptr<Cache> cache;
+      if (!s.Connect(&client).ok()) return 2;
+      if (!client->OpenCache(CacheNamed(session, "c", 0, false), &cache).ok()) return 3;
+      if (PutRange(cache.get(), i, 1, 1) != 0) return 4;
+    }
+    return 0;
+  });
+  char c;
+  ASSERT_EQ(read(done[0], &c, 1), 1);
+  // B drops one connection after all of A's ended: once B's is settled (the
+  // daemon settles them in order), so are all of A's.
+  pid_t b = LiveClient(server, hold[0], done[1], [](const TestServer& s) {
+    std::unique_ptr<Client> client;
+    uint32_t id = 0;
+    return s.Connect(&client).ok() && client->CreateSession(&id).ok() ? 0 : 2;
+  });
+  ASSERT_EQ(read(done[0], &c, 1), 1);
+  // The old wording ("connection N of live process P ended") matches too.
+  auto about = [](pid_t pid) { return "process " + std::to_string(pid) + " ended"; };
+  const std::string about_b = about(b);
+  EXPECT_TRUE(WaitFor([&] { return Count(ReadLogs(server), about_b) == 1; },
+                      std::chrono::seconds(60)))
+      << ReadLogs(server);
+  const std::string about_a = about(a);
+  EXPECT_EQ(Count(ReadLogs(server), about_a), 1u) << ReadLogs(server);
+  ASSERT_EQ(write(hold[1], "gg", 2), 2);
+  EXPECT_EQ(WaitChild(a), 0);
+  EXPECT_EQ(WaitChild(b), 0);
+  for (int fd : {hold[0], hold[1], done[0], done[1]}) close(fd);
 }
 
 }  // namespace

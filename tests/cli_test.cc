@@ -99,6 +99,20 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--start", "--memory_cap_mb", "0"}, "memory cap '0'");
 }
 
+TEST_F(CliTest, MemoryCapBelowOneSegment) {
+  ExpectError({"--start", "-r", "1e-300"}, "below one segment (4 MB); use a larger -r");
+  ExpectError({"--start", "--memory_cap_mb", "3"},
+              "memory cap of 3 MB is below one segment (4 MB)");
+  // The daemon started by hand says the same, before it makes anything.
+  for (const char* cap : {"--memory_cap_ratio=1e-300", "--memory_cap_mb=3"}) {
+    CommandResult r = RunCommand({DaemonPath(), cap, "--run_dir=" + run_dir_ + "/never"});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find("below one segment (4 MB)"), std::string::npos) << r.Describe();
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(PathExists(run_dir_ + "/never"));
+  }
+}
+
 TEST_F(CliTest, WorkerCountOutOfRange) {
   ExpectError({"--start", "-w", "0"}, "worker count '0'");
   ExpectError({"--start", "-w", "513"}, "worker count '513'");
@@ -366,6 +380,57 @@ TEST_F(CliTest, TwoInstancesSideBySide) {
     EXPECT_EQ(gb.exit_code, 0) << gb.Describe();
   }
   EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
+  RemoveTree(shm);
+}
+
+int Mode(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// The server's log file and every directory made for it are owner-only.
+void ExpectOwnerOnlyLog(const TestServer& server, const std::string& log_dir,
+                        const std::string& made_from) {
+  pt::ptree si = ParseJson(server.Admin({"--server_info", "--json"}).out);
+  const std::string log = si.get<std::string>("log_file");
+  EXPECT_EQ(log.rfind(log_dir + "/shmcached.", 0), 0u) << log;
+  EXPECT_EQ(Mode(log), 0600) << log;
+  for (std::string d = log_dir; d.size() > made_from.size(); d = d.substr(0, d.rfind('/'))) {
+    EXPECT_EQ(Mode(d), 0700) << d;
+  }
+}
+
+TEST_F(CliTest, LogsAreOwnerOnly) {
+  {  // By default, in the run dir, which is the user's own.
+    ServerOptions o;
+    o.default_log_dir = true;
+    TestServer server(o);
+    ASSERT_TRUE(server.ok());
+    ExpectOwnerOnlyLog(server, server.run_dir() + "/log", server.run_dir());
+  }
+  {  // A --log_dir that does not exist yet is made owner-only.
+    const std::string parent = MakeTempDir(TestTmpRoot(), "logs");
+    TestServer server(WithArgs({"--log_dir", parent + "/a/b"}));
+    ASSERT_TRUE(server.ok());
+    ExpectOwnerOnlyLog(server, parent + "/a/b", parent);
+    RemoveTree(parent);
+  }
+}
+
+TEST_F(CliTest, SocketPathTooLongIsRefusedBeforeAnythingIsMade) {
+  const std::string run = run_dir_ + "/" + std::string(120, 'r');
+  const std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
+  CommandResult r = RunCommand({AdminPath(), "--start", "--shm_dir", shm, "-p", "23456"},
+                               {{"SHMCACHE_RUN_DIR", run},
+                                {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("longer than the 107 the system allows; use a shorter "
+                       "SHMCACHE_RUN_DIR"),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
+  EXPECT_FALSE(PathExists(run));
   RemoveTree(shm);
 }
 

@@ -274,8 +274,10 @@ TestServer::TestServer(ServerOptions options) : options_(std::move(options)) {
     own_shm_dir_ = true;
   }
   port_ = options_.port ? options_.port : PickPort(run_dir_);
-  std::vector<std::string> args = {"--start", "--shm_dir", shm_dir_,
-                                   "--log_dir", run_dir_ + "/log"};
+  std::vector<std::string> args = {"--start", "--shm_dir", shm_dir_};
+  if (!options_.default_log_dir) {
+    args.insert(args.end(), {"--log_dir", run_dir_ + "/log"});
+  }
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   start_ = Admin(args);
   std::smatch m;

@@ -77,6 +77,7 @@ struct ServerOptions {
   std::string run_dir;      // "": a private temp dir (removed at the end)
   std::string shm_dir;      // "": a private dir under /dev/shm (removed)
   std::vector<std::string> extra_args;  // e.g. {"-w", "2"}
+  bool default_log_dir = false;  // false: logs in <run dir>/log, given as --log_dir
   Env env;                  // for the admin and the daemon it starts
 };
 

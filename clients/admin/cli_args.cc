@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <string_view>
 
+#include "daemon_options.h"
 #include "instance.h"
 
 namespace shmcache::admin {
@@ -86,7 +87,8 @@ Options of --start:
   --memory_cap_mb N          absolute memory cap in MB (overrides -r)
   --shm_dir DIR              where segments live (default /dev/shm,
                              env SHMCACHE_SHM_DIR)
-  --log_dir DIR              where logs go (default /tmp/shmcache/log)
+  --log_dir DIR              where logs go, owner-only (default <run dir>/log:
+                             /tmp/shmcache-<uid>/log or $SHMCACHE_RUN_DIR/log)
 
 Exit status: 0 on success, 1 with a one-line message on stderr otherwise.
 )";
@@ -210,6 +212,11 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
   if (saw_start_option && a->command != Command::kStart) {
     return Status::InvalidArgument(
         fmt::format("{} applies to --start only", start_option));
+  }
+  if (a->command == Command::kStart) {
+    double ratio = a->memory_cap_ratio > 0 ? a->memory_cap_ratio
+                                           : DaemonOptions{}.memory_cap_ratio;
+    return CheckMemoryCap(ratio, a->memory_cap_mb << 20);
   }
   return Status::OK();
 }

@@ -1,14 +1,22 @@
 // Hostile clients at the socket: garbage, truncated frames, frames that
-// promise a body and never send it, connections that never speak. None of
-// them may stall another client or bring the daemon down.
+// promise a body and never send it, connections that never speak, more
+// connections than the daemon has descriptors. None of them may stall
+// another client, pin the daemon's memory, make it spin, or bring it down.
+#include <dirent.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fmt/format.h>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -63,6 +71,67 @@ bool ClosedByPeer(int fd, int ms = 5000) {
     if (n <= 0) return true;  // responses before the close are read and dropped
   }
   return false;
+}
+
+// True when a request of `type` sent on `fd` is answered within 5 s.
+bool Answered(int fd, uint16_t type, const std::string& body = "") {
+  if (!SendAll(fd, Header(type, static_cast<uint32_t>(body.size())) + body)) {
+    return false;
+  }
+  char hdr[protocol::kFrameHeaderBytes];
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 5000) != 1 || recv(fd, hdr, sizeof hdr, MSG_WAITALL) != sizeof hdr) {
+    return false;
+  }
+  protocol::FrameHeader h;
+  return protocol::DecodeFrameHeader(
+             std::span(reinterpret_cast<const std::byte*>(hdr), sizeof hdr), &h)
+             .ok() &&
+         h.type == (type | protocol::kResponseBit);
+}
+
+// Bytes sent on `fd` that the peer has not read yet.
+int Unread(int fd) {
+  int n = -1;
+  return ioctl(fd, SIOCOUTQ, &n) == 0 ? n : -1;
+}
+
+// A field of /proc/<pid>/status in kB (VmRSS, ...); -1 when absent.
+long StatusKb(pid_t pid, const std::string& field) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+// CPU time (user + system) a process has used, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(all.substr(all.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+size_t OpenFds(pid_t pid) {
+  size_t n = 0;
+  if (DIR* d = opendir(fmt::format("/proc/{}/fd", pid).c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 // A well-behaved client does a full round of work; every call must succeed.
@@ -169,6 +238,127 @@ TEST(HostileSocket, GarbageAndSilenceNeverStallOthersNorCrashTheDaemon) {
   GoodClientWorks(d, m, 2000);
   EXPECT_TRUE(d.Stop().ok());
   EXPECT_TRUE(d.ShmFiles().empty());
+}
+
+TEST(HostileSocket, FramesAnnouncingLargeBodiesHoldOnlyWhatWasSent) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  const long rss_before = StatusKb(d.pid(), "VmRSS");
+  // 30 headers announcing the largest body, then nothing.
+  std::vector<int> held;
+  for (int i = 0; i < 30; ++i) {
+    int fd = RawConnect(d);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, Header(12, protocol::kMaxBodyBytes)));
+    held.push_back(fd);
+  }
+  // The daemon has read every header...
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return std::all_of(held.begin(), held.end(), [](int fd) { return Unread(fd) == 0; });
+      },
+      std::chrono::seconds(20)));
+  // ...and goes on serving others.
+  RowMaker m(4096);
+  GoodClientWorks(d, m, 0);
+  const long rss = StatusKb(d.pid(), "VmRSS");
+  fmt::print("large-announcement figures: daemon RSS {} MB before, {} MB with {} "
+             "connections each announcing {} MB\n",
+             rss_before >> 10, rss >> 10, held.size(), protocol::kMaxBodyBytes >> 20);
+  EXPECT_LT(rss, 100L << 10) << "kB resident: the announced bodies were allocated";
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+TEST(HostileSocket, AConnectionStalledInAFrameIsClosedAndAnIdleOneIsNot) {
+  TestDaemon d;
+  TestDaemon::Options o;
+  o.extra_args = {"--stall_timeout_ms=300"};
+  ASSERT_TRUE(d.Start(o).ok());
+  int idle = RawConnect(d);  // says nothing, before and during the stalls
+  ASSERT_GE(idle, 0);
+  int half_header = RawConnect(d);
+  ASSERT_TRUE(SendAll(half_header, Header(9, 0).substr(0, 7)));
+  int half_body = RawConnect(d);
+  ASSERT_TRUE(SendAll(half_body, Header(12, 1000) + std::string(100, 'x')));
+  EXPECT_TRUE(ClosedByPeer(half_header, 20000)) << "a half-sent header held on";
+  EXPECT_TRUE(ClosedByPeer(half_body, 20000)) << "a half-sent body held on";
+  // The idle connection is older than the stalls and still served.
+  EXPECT_TRUE(Answered(idle, 9));
+  EXPECT_EQ(Count(d.ReadLog(), "stalled in the middle of a frame"), 2u) << d.ReadLog();
+  for (int fd : {idle, half_header, half_body}) close(fd);
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+TEST(HostileSocket, BodiesBeingReadStayUnderTheDaemonsCap) {
+  TestDaemon d;
+  TestDaemon::Options o;
+  o.extra_args = {"--body_bytes_cap_mb=16"};
+  ASSERT_TRUE(d.Start(o).ok());
+  // A holds 6 MB of a body and stops: its buffer has grown to 8 MB.
+  int a = RawConnect(d);
+  ASSERT_TRUE(SendAll(a, Header(12, protocol::kMaxBodyBytes) + std::string(6 << 20, 'a')));
+  // B's body would need 16 MB more: B is closed, A is not touched.
+  int b = RawConnect(d);
+  SendAll(b, Header(12, protocol::kMaxBodyBytes) + std::string(12 << 20, 'b'));
+  EXPECT_TRUE(ClosedByPeer(b, 20000)) << "no cap on bodies being read";
+  EXPECT_EQ(Count(d.ReadLog(), "the cap of all connections together"), 1u) << d.ReadLog();
+  RowMaker m(4096);
+  GoodClientWorks(d, m, 0);  // small requests still fit
+  close(a);
+  close(b);
+  // With A gone, a body as large as B's is read whole and answered.
+  const std::string large(12 << 20, 'c');
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        int fd = RawConnect(d);
+        bool answered = fd >= 0 && Answered(fd, 12, large);
+        if (fd >= 0) close(fd);
+        return answered;
+      },
+      std::chrono::seconds(20)));
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+TEST(HostileSocket, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
+  TestDaemon d;
+  TestDaemon::Options o;
+  o.fd_limit = 64;
+  ASSERT_TRUE(d.Start(o).ok());
+  // More connections than the daemon may hold: the rest wait in the
+  // listen backlog, and every accept fails until some close.
+  std::vector<int> held;
+  for (int i = 0; i < 100; ++i) {
+    int fd = RawConnect(d);
+    ASSERT_GE(fd, 0) << i;
+    held.push_back(fd);
+  }
+  ASSERT_TRUE(WaitFor([&] { return OpenFds(d.pid()) >= 64; }, std::chrono::seconds(20)))
+      << OpenFds(d.pid()) << " descriptors open";
+  // A measuring window: how much CPU the daemon burns while it cannot
+  // accept. Spinning on accept costs a whole core; backing off, next to none.
+  const double cpu0 = CpuSeconds(d.pid());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double cpu = CpuSeconds(d.pid()) - cpu0;
+  const double window =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("descriptor-exhaustion figures: {:.3f} s of CPU in a {:.2f} s window\n",
+             cpu, window);
+  EXPECT_LT(cpu, 0.3 * window) << "the daemon spins on failing accepts";
+  for (int fd : held) close(fd);
+  // Served again once descriptors are free.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::unique_ptr<Client> c;
+        uint32_t sid = 0;
+        return Client::Connect(d.client_options(), &c).ok() && c->CreateSession(&sid).ok();
+      },
+      std::chrono::seconds(30)));
+  std::string log = d.ReadLog();
+  EXPECT_EQ(Count(log, "cannot accept connections"), 1u) << log;
+  EXPECT_EQ(Count(log, "accepting connections again"), 1u) << log;
+  EXPECT_TRUE(d.Stop().ok());
 }
 
 }  // namespace

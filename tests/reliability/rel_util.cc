@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -189,6 +190,9 @@ Status TestDaemon::Spawn() {
   if (opts_.memory_cap_mb) {
     args.push_back(fmt::format("--memory_cap_mb={}", opts_.memory_cap_mb));
   }
+  args.insert(args.end(), opts_.extra_args.begin(), opts_.extra_args.end());
+  const rlimit fd_limit{static_cast<rlim_t>(opts_.fd_limit),
+                        static_cast<rlim_t>(opts_.fd_limit)};
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
   args.push_back(fmt::format("--ready_fd={}", fds[1]));
@@ -196,6 +200,7 @@ Status TestDaemon::Spawn() {
   if (pid < 0) return Status::FromErrno("fork", errno);
   if (pid == 0) {
     fcntl(fds[1], F_SETFD, 0);
+    if (opts_.fd_limit > 0 && setrlimit(RLIMIT_NOFILE, &fd_limit) != 0) _exit(126);
     std::vector<char*> cargs;
     for (std::string& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);

@@ -61,6 +61,8 @@ class TestDaemon {
     std::string shm_dir;         // "": a private dir under /dev/shm
     uint64_t memory_cap_mb = 0;  // 0: the daemon's default
     int workers = 2;
+    int fd_limit = 0;  // > 0: RLIMIT_NOFILE, soft and hard, of the daemon
+    std::vector<std::string> extra_args;  // more --name=value options
   };
   TestDaemon();
   ~TestDaemon();  // Kill() if still running; removes its files.

@@ -31,6 +31,12 @@ class Cache {
 
   // Stores row `id`. If the id is already present the new row is dropped and
   // OK is returned (the first writer wins); *inserted tells which happened.
+  // One exception: a writer that stalls between claiming the id's index
+  // slot and publishing it (descheduled or stopped for longer than the
+  // bounded wait of a few thousand yields; see index_table.h) lets a second
+  // writer of the same id store it too, and both are told they inserted.
+  // Readers always see one whole row: the second copy until the first is
+  // published, then the first. Rows of one id are expected to be equal.
   // When the memory budget is used up and the cache spills, the row goes to
   // disk through the daemon.
   // Full: the budget is used up and the cache does not spill, or spilling

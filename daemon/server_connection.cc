@@ -1,0 +1,196 @@
+#include "server_connection.h"
+
+#include <algorithm>
+
+namespace shmcache {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+bool BodyBudget::TryTake(uint64_t n) {
+  uint64_t cur = used_.load(std::memory_order_relaxed);
+  do {
+    if (n > cap_ || cur > cap_ - n) return false;
+  } while (!used_.compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+  return true;
+}
+
+ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket socket,
+                                   uint64_t id, int pid, bool refused)
+    : env_(std::move(env)),
+      socket_(std::move(socket)),
+      strand_(asio::make_strand(socket_.get_executor())),
+      stall_timer_(strand_),
+      id_(id),
+      pid_(pid),
+      refused_(refused) {}
+
+// Runs also while the io_context is destroyed after the Server: touches
+// only what env_ keeps alive.
+ServerConnection::~ServerConnection() {
+  env_->budget.Give(charged_);
+  env_->store->ReleaseConnection(id_, pid_);
+}
+
+void ServerConnection::Start() {
+  asio::post(strand_, [self = shared_from_this()] { self->ReadHeader(); });
+}
+
+void ServerConnection::ReadHeader() {
+  in_frame_ = false;
+  asio::async_read(
+      socket_, asio::buffer(header_),
+      [this](const error_code& ec, size_t done) {
+        return Transfer(ec, done, header_.size());
+      },
+      asio::bind_executor(strand_, [this, self = shared_from_this()](
+                                       const error_code& ec, size_t) {
+        if (ec) return Close();  // the peer closed: the destructor cleans up
+        OnHeader();
+      }));
+}
+
+void ServerConnection::OnHeader() {
+  protocol::FrameHeader h;
+  Status s = protocol::DecodeFrameHeader(header_, &h);
+  if (!s.ok() || (h.type & protocol::kResponseBit)) {
+    env_->log->Warn("connection {}: {}; closing it", id_,
+                    s.ok() ? "a response frame sent as request" : s.message());
+    return Close();
+  }
+  type_ = static_cast<protocol::MsgType>(h.type);
+  body_len_ = h.body_len;
+  body_got_ = 0;
+  body_.clear();
+  if (body_len_ == 0) return Answer();
+  ReadBodyPiece();
+}
+
+void ServerConnection::ReadBodyPiece() {
+  // Pieces grow with what arrived, so that a body that stops early holds
+  // little more than what was sent.
+  size_t piece = std::clamp<size_t>(body_got_, kMinPieceBytes, kPieceBytes);
+  size_t want = std::min<size_t>(body_len_ - body_got_, piece);
+  if (!GrowBody(body_got_ + want)) return;
+  asio::async_read(
+      socket_, asio::buffer(body_.data() + body_got_, want),
+      [this, want](const error_code& ec, size_t done) { return Transfer(ec, done, want); },
+      asio::bind_executor(strand_, [this, self = shared_from_this()](
+                                       const error_code& ec, size_t n) {
+        if (ec) return Close();
+        body_got_ += n;
+        if (body_got_ < body_len_) return ReadBodyPiece();
+        Answer();
+      }));
+}
+
+void ServerConnection::Answer() {
+  bool stop = false;
+  std::string resp;
+  if (refused_) {
+    protocol::WireWriter w;
+    protocol::WriteStatus(
+        w, Status::PermissionDenied(
+               "permission denied: the cache server belongs to another user"));
+    resp = std::move(w.body());
+  } else {
+    resp = env_->handler.Handle(id_, type_, body_, &stop);
+  }
+  DropBuffers();
+  Write(std::move(resp), stop);
+}
+
+void ServerConnection::Write(std::string body, bool stop) {
+  protocol::FrameHeader h;
+  h.type = static_cast<uint16_t>(type_) | protocol::kResponseBit;
+  h.body_len = static_cast<uint32_t>(body.size());
+  protocol::EncodeFrameHeader(h, out_header_.data());
+  out_body_ = std::move(body);  // sent as it is, behind the header
+  std::array<asio::const_buffer, 2> buffers = {asio::buffer(out_header_),
+                                               asio::buffer(out_body_)};
+  const size_t total = out_header_.size() + out_body_.size();
+  NoteProgress();  // the handler may have taken long: the answer starts now
+  asio::async_write(
+      socket_, buffers,
+      [this, total](const error_code& ec, size_t done) { return Transfer(ec, done, total); },
+      asio::bind_executor(strand_, [this, stop, self = shared_from_this()](
+                                       const error_code& ec, size_t) {
+        if (stop) {
+          env_->request_stop();
+          return;
+        }
+        DropBuffers();
+        if (ec || refused_) return Close();
+        ReadHeader();
+      }));
+}
+
+size_t ServerConnection::Transfer(const error_code& ec, size_t done, size_t want) {
+  if (ec) return 0;
+  if (done > 0) NoteProgress();
+  return want - done;
+}
+
+void ServerConnection::NoteProgress() {
+  last_progress_ = Clock::now();
+  in_frame_ = true;
+  if (!timer_armed_) ArmStallTimer(last_progress_ + env_->stall_timeout);
+}
+
+void ServerConnection::ArmStallTimer(Clock::time_point at) {
+  timer_armed_ = true;
+  stall_timer_.expires_at(at);
+  stall_timer_.async_wait(asio::bind_executor(
+      strand_, [this, self = shared_from_this()](const error_code& ec) {
+        timer_armed_ = false;
+        if (!ec) OnStallTimer();
+      }));
+}
+
+void ServerConnection::OnStallTimer() {
+  if (closed_ || !in_frame_) return;  // idle between frames: no deadline
+  Clock::time_point deadline = last_progress_ + env_->stall_timeout;
+  if (Clock::now() < deadline) return ArmStallTimer(deadline);
+  env_->log->Warn(
+      "connection {} of process {}: stalled in the middle of a frame for {} ms; "
+      "closing it",
+      id_, pid_, env_->stall_timeout.count());
+  Close();
+}
+
+bool ServerConnection::GrowBody(size_t size) {
+  size_t have = body_.capacity();
+  if (size > have) {
+    size_t grown = std::min<size_t>(body_len_, std::max(size, 2 * have));
+    if (!env_->budget.TryTake(grown - have)) {
+      env_->log->Warn(
+          "connection {} of process {}: request bodies being read would pass "
+          "{} MB, the cap of all connections together; closing it",
+          id_, pid_, env_->budget.cap() >> 20);
+      Close();
+      return false;
+    }
+    charged_ += grown - have;
+    body_.reserve(grown);
+  }
+  body_.resize(size);
+  return true;
+}
+
+void ServerConnection::DropBuffers() {
+  if (body_.capacity() > kKeepBytes) std::vector<std::byte>().swap(body_);
+  if (out_body_.capacity() > kKeepBytes) std::string().swap(out_body_);
+  // What is kept (a few KB at most) is no longer charged: idle connections
+  // must not use up the budget.
+  env_->budget.Give(charged_);
+  charged_ = 0;
+}
+
+void ServerConnection::Close() {
+  closed_ = true;
+  error_code ignored;
+  stall_timer_.cancel();
+  socket_.close(ignored);
+}
+
+}  // namespace shmcache
