@@ -273,21 +273,28 @@ TEST(RestartTest, NoSpillDirDropsSpilledRowsAndTheFullCacheSaysFull) {
   RemoveTree(old_dir);
 }
 
+// Puts `bytes` of rows (ids from 0) into a new cache `name` of `size_mb`,
+// then kills the server.
+void FillThenKill(TestServer* server, uint32_t session, const char* name,
+                  uint64_t size_mb, uint64_t bytes) {
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server->Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(client->OpenCache(CacheNamed(session, name, size_mb, false), &cache).ok());
+  std::vector<uint8_t> row(kRowBytes, 5);
+  for (uint64_t i = 0; i < bytes / kRowBytes; ++i) {
+    ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok()) << i;
+  }
+  cache.reset();
+  client.reset();
+  server->Kill();
+}
+
 TEST(RestartTest, CacheOverALowerMemoryCapIsDiscardedAndStartSaysSo) {
   auto first = std::make_unique<TestServer>();
   ASSERT_TRUE(first->ok());
   uint32_t session = first->NewSession();
-  {
-    std::unique_ptr<Client> client;
-    ASSERT_TRUE(first->Connect(&client).ok());
-    std::unique_ptr<Cache> cache;
-    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "big", 64, false), &cache).ok());
-    std::vector<uint8_t> row(kRowBytes, 5);
-    for (uint64_t i = 0; i < (48u << 20) / kRowBytes; ++i) {
-      ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok()) << i;
-    }
-  }
-  first->Kill();
+  ASSERT_NO_FATAL_FAILURE(FillThenKill(first.get(), session, "big", 64, 48u << 20));
   TestServer second(SameInstance(*first, {"--memory_cap_mb", "32"}));
   ASSERT_TRUE(second.ok()) << second.start_result().Describe();
   const std::string& out = second.start_result().out;
@@ -303,15 +310,7 @@ TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
   auto first = std::make_unique<TestServer>();
   ASSERT_TRUE(first->ok());
   uint32_t session = first->NewSession();
-  {
-    std::unique_ptr<Client> client;
-    ASSERT_TRUE(first->Connect(&client).ok());
-    std::unique_ptr<Cache> cache;
-    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "v", 0, false), &cache).ok());
-    std::vector<uint8_t> row(kRowBytes, 5);
-    ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
-  }
-  first->Kill();
+  ASSERT_NO_FATAL_FAILURE(FillThenKill(first.get(), session, "v", 0, kRowBytes));
   // Pretend the segment was written by another layout version.
   // The segment holding the row: the cache's first (a second one may be
   // the next segment, prepared in the background).
@@ -342,7 +341,7 @@ TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
   std::unique_ptr<Cache> cache;
   ASSERT_TRUE(client->OpenCache(CacheNamed(session, "v", 0, false), &cache).ok());
   Row got;
-  EXPECT_TRUE(cache->Get(1, &got).IsNotFound());
+  EXPECT_TRUE(cache->Get(0, &got).IsNotFound());
   std::string log = second.ReadLog();
   EXPECT_NE(log.find("layout version differs"), std::string::npos) << log;
 }

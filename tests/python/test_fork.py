@@ -25,6 +25,19 @@ def wait_child(pid, what):
     return os.waitstatus_to_exitcode(status)
 
 
+def fork_putter(cache, k, row):
+    """Forks a child that puts row k and reads it back (exit 0 when both
+    worked); returns its pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            code = 0 if cache.put(k, row) and np.array_equal(cache.get(k), row) else 2
+        finally:
+            os._exit(code)
+    return pid
+
+
 def test_fork_while_a_thread_puts_never_hangs_the_child(server, session):
     cache = DatasetCache(session).open()
     big = np.ones(1 << 20, dtype=np.uint8)    # puts lease chunks often
@@ -50,15 +63,7 @@ def test_fork_while_a_thread_puts_never_hangs_the_child(server, session):
             putting.clear()
             go.release()
             assert putting.wait(timeout=20)
-            pid = os.fork()
-            if pid == 0:
-                code = 3
-                try:
-                    row = np.full(100, k, dtype=np.int32)
-                    code = 0 if cache.put(k, row) and \
-                        np.array_equal(cache.get(k), row) else 2
-                finally:
-                    os._exit(code)
+            pid = fork_putter(cache, k, np.full(100, k, dtype=np.int32))
             assert wait_child(pid, f"child {k} (pid {pid})") == 0, f"child {k}"
     finally:
         stop.set()
@@ -80,12 +85,6 @@ def test_fork_while_a_thread_opens_the_cache_never_hangs_the_child(server, sessi
         t = threading.Thread(target=opener)
         t.start()
         assert opening.wait(timeout=20)
-        pid = os.fork()
-        if pid == 0:
-            code = 3
-            try:
-                code = 0 if cache.put(k, np.arange(k + 1)) and cache.get(k) is not None else 2
-            finally:
-                os._exit(code)
+        pid = fork_putter(cache, k, np.arange(k + 1))
         t.join(timeout=60)
         assert wait_child(pid, f"child {k} (pid {pid})") == 0, f"child {k}"
