@@ -7,6 +7,7 @@
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -221,6 +222,11 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_NE(list.out.find(id), std::string::npos);
   EXPECT_NE(list.out.find(id2), std::string::npos);
   EXPECT_NE(list.out.find("n/a"), std::string::npos) << "zeros show as n/a";
+  // The session and cache id are separate columns however many digits
+  // the (random) ids have.
+  EXPECT_TRUE(std::regex_search(
+      list.out, std::regex(" " + id + " +" + std::to_string(cache->cache_id()) + " ")))
+      << list.out;
 
   CommandResult lj = server.Admin({"--list_sessions", "--json"});
   ASSERT_EQ(lj.exit_code, 0) << lj.Describe();

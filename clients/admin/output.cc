@@ -27,20 +27,21 @@ std::string JsonString(const std::string& s) {
 
 }  // namespace
 
+// Session and cache ids are random 32-bit numbers: 10 digits and a gap.
 std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
   if (sessions.empty()) return "No active sessions.\n";
   std::string out = fmt::format("Listing sessions for server on port {}\n\n", port);
-  out += fmt::format("{:>12}{:>10}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
+  out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
                      "Session", "Cache Id", "Mem cached", "Disk cached",
                      "Avg cache size", "Numa hit", "Hits", "Misses", "Full");
   for (const SessionInfo& s : sessions) {
     if (s.caches.empty()) {
-      out += fmt::format("{:>12}{:>10}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
+      out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
                          s.session_id, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
                          "n/a", "n/a");
     }
     for (const CacheStats& c : s.caches) {
-      out += fmt::format("{:>12}{:>10}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
+      out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
                          s.session_id, c.cache_id, OrNa(c.mem_rows),
                          OrNa(c.disk_rows), OrNa(c.avg_row_bytes()),
                          OrNa(c.numa_hits), OrNa(c.hits), OrNa(c.misses),
