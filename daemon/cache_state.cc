@@ -397,8 +397,8 @@ void CacheState::StopSpilling(const std::string& why) {
   MarkFull("spilling stopped: " + why);
 }
 
-Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
-                                  bool* inserted) {
+Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
+                                  MemoryAccount* account, bool* inserted) {
   *inserted = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
   for (const IndexTable& t : index_) {
@@ -408,6 +408,7 @@ Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
     switch (index_.back().Insert(row_id, layout::kSpilledBit)) {
       case IndexTable::InsertResult::kInserted:
         header_->stats[0].disk_rows.fetch_add(1, std::memory_order_relaxed);
+        header_->stats[0].disk_bytes.fetch_add(bytes, std::memory_order_relaxed);
         *inserted = true;
         return Status::OK();
       case IndexTable::InsertResult::kExists:
@@ -516,7 +517,10 @@ CacheStats CacheState::Stats() const {
     out.mem_rows += slot.rows.load(std::memory_order_relaxed);
     out.mem_bytes += slot.bytes.load(std::memory_order_relaxed);
     out.disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
+    out.disk_bytes += slot.disk_bytes.load(std::memory_order_relaxed);
+    out.puts_full += slot.puts_full.load(std::memory_order_relaxed);
   }
+  out.spill_reads = spill_reads_;
   if (num_nodes_ == 1) out.numa_hits = out.hits;  // see CacheImpl::CountRead
   uint32_t st = header_->state.load();
   out.full = (st & layout::kStateFull) ||

@@ -94,9 +94,12 @@ class CacheState {
   // Spilling: true when rows should go to disk (memory budget used up and
   // spilling on).
   bool spilling() const;
-  // Publishes row `row_id` as spilled (after it was written to disk).
-  // *inserted false when the id was already present.
-  Status PublishSpilled(uint64_t row_id, MemoryAccount* account, bool* inserted);
+  // Publishes row `row_id` (`bytes` encoded) as spilled, after it was
+  // written to disk. *inserted false when the id was already present.
+  Status PublishSpilled(uint64_t row_id, uint64_t bytes, MemoryAccount* account,
+                        bool* inserted);
+  // Counts rows read back from the spill store (for the statistics).
+  void CountSpillReads(uint64_t n) { spill_reads_ += n; }
   // Spilling failed (disk full, RocksDB error): no more rows are accepted.
   void StopSpilling(const std::string& why);
   bool destroyed() const { return destroyed_; }
@@ -174,6 +177,7 @@ class CacheState {
   std::vector<int> current_;               // per node: seg_no or -1
   std::vector<std::vector<Tail>> tails_;   // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
+  uint64_t spill_reads_ = 0;  // since this daemon started
 };
 
 }  // namespace shmcache

@@ -81,6 +81,12 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
       double r = std::strtod(s.c_str(), &end);
       if (s.empty() || *end != '\0' || !(r > 0.0 && r <= 1.0)) return bad();
       o->memory_cap_ratio = r;
+    } else if (k == "metrics_file") {
+      if (v.empty() || v[0] != '/') return bad();
+      o->metrics_file = v;
+    } else if (k == "metrics_interval") {
+      if (!ParseLong(v, 1, 3600, &n)) return bad();
+      o->metrics_interval_s = static_cast<int>(n);
     } else if (k == "memory_cap_mb") {
       if (!ParseLong(v, 1, 1L << 40, &n)) return bad();
       o->memory_cap_bytes = static_cast<uint64_t>(n) << 20;

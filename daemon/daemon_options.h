@@ -23,6 +23,8 @@ struct DaemonOptions {
   int ready_fd = -1;     // pipe to the admin: one line "OK ..."/"ERR ..."
   int watch_pid = 0;     // > 0: stop (cleanly) once this process is gone
   bool foreground = false;
+  std::string metrics_file;  // empty: none; else rewritten every interval
+  int metrics_interval_s = 5;
 };
 
 // Parses shmcached's own argv. InvalidArgument names the bad argument.

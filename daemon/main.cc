@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <fmt/format.h>
 #include <string>
 #include <thread>
@@ -20,10 +21,12 @@
 #include "daemon_options.h"
 #include "instance.h"
 #include "logger.h"
+#include "metrics_file.h"
 #include "numa_topology.h"
 #include "server.h"
 #include "shm_file.h"
 #include "store.h"
+#include "systemd_notify.h"
 
 using namespace shmcache;
 
@@ -129,6 +132,11 @@ int main(int argc, char** argv) {
                             paths.shm_dir, room >> 20, kMinShmRoom >> 20));
   }
 
+  if (!opts.metrics_file.empty()) {
+    s = MetricsFile::Check(opts.metrics_file);
+    if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  }
+
   Store store(opts, paths, nodes, workers, &log);
   s = store.Init();
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
@@ -174,10 +182,19 @@ int main(int argc, char** argv) {
     });
   };
   if (opts.watch_pid > 0) watch_next();
+  std::optional<MetricsFile> metrics;
+  if (!opts.metrics_file.empty()) {
+    metrics.emplace(io, &store, &log, opts.metrics_file,
+                    std::chrono::seconds(opts.metrics_interval_s));
+    metrics->Start();
+  }
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()));
+  NotifyReady(fmt::format("serving port {}", paths.port));
   if (!opts.foreground) DetachStdio();
 
   for (std::thread& t : threads) t.join();
+  NotifyStopping();
+  if (metrics) metrics->Remove();
   log.Info("stopping: removing shared memory and socket");
   store.Shutdown();
   unlink(paths.socket_path.c_str());

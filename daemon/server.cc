@@ -23,10 +23,15 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
         socket_(std::move(socket)),
         id_(id),
         pid_(pid),
-        refused_(refused) {}
+        refused_(refused) {
+    store_->CountConnection(+1);
+  }
   // Runs also while the io_context is destroyed after the Server: touch
   // only the Store, which outlives both.
-  ~Connection() { store_->ReleaseConnection(id_, pid_); }
+  ~Connection() {
+    store_->CountConnection(-1);
+    store_->ReleaseConnection(id_, pid_);
+  }
 
   void Start() { ReadHeader(); }
 

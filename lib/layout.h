@@ -21,7 +21,7 @@
 
 namespace shmcache::layout {
 
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
@@ -72,6 +72,8 @@ struct alignas(kCacheLine) StatsSlot {
   std::atomic<uint64_t> rows;   // rows published
   std::atomic<uint64_t> bytes;  // their encoded bytes
   std::atomic<uint64_t> disk_rows;
+  std::atomic<uint64_t> disk_bytes;  // (daemon, slot 0) their encoded bytes
+  std::atomic<uint64_t> puts_full;   // puts refused because the cache was full
 };
 static_assert(sizeof(StatsSlot) == kCacheLine);
 

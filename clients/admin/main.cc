@@ -13,6 +13,7 @@
 
 #include "cli_args.h"
 #include "instance.h"
+#include "metrics.h"
 #include "numa_topology.h"
 #include "process_state.h"
 #include "output.h"
@@ -45,6 +46,16 @@ int RunStart(const CliArgs& a, int port) {
              "Workers: {}. Logs: {}\n",
              r.pid, port, r.workers, r.log_path);
   return 0;
+}
+
+// The server's Prometheus text: its info and every cache's counters.
+Status CollectMetrics(Client& client, std::string* out) {
+  ServerInfo info;
+  std::vector<SessionInfo> sessions;
+  Status s = client.GetServerInfo(&info);
+  if (s.ok()) s = client.ListSessions(&sessions);
+  if (s.ok()) *out = PrometheusText(info, sessions);
+  return s;
 }
 
 // Waits until the server process is gone, so that a --start right after
@@ -119,6 +130,13 @@ int main(int argc, char** argv) {
       s = client->GetServerInfo(&info);
       if (!s.ok()) return Fail(s.message());
       fmt::print("{}", a.json ? ServerInfoJson(info) : ServerInfoTable(info));
+      return 0;
+    }
+    case Command::kMetrics: {
+      std::string text;
+      s = CollectMetrics(*client, &text);
+      if (!s.ok()) return Fail(s.message());
+      fmt::print("{}", text);
       return 0;
     }
     default:

@@ -190,14 +190,15 @@ class DatasetCache:
         self._client = None
         self._cache = None
         self._dead = False        # nothing works: every call is a miss
-        self._no_puts = False     # full or daemon gone: reads still work
+        self._no_puts = False     # daemon gone: reads still work
+        self._full = False        # puts are refused (and counted) by the cache
         self._warned = False
         self.bytes_read = 0       # bytes of columns returned by get/view
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_warned",
-                  "bytes_read"):
+        for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_full",
+                  "_warned", "bytes_read"):
             state.pop(k, None)
         return state
 
@@ -296,7 +297,9 @@ class DatasetCache:
         try:
             return c.put(row_id, columns)
         except FullError as e:
-            self._no_puts = True
+            # Later puts still go to the cache, which refuses them without a
+            # round trip and counts them (stats()["puts_full"], the metrics).
+            self._full = True
             self._warn("the cache is full; rows beyond it are not cached", e)
         except UnavailableError as e:
             self._no_puts = True
@@ -408,7 +411,7 @@ class DatasetCache:
     @property
     def accepting(self):
         """False once puts are dropped (full, daemon gone)."""
-        return not (self._dead or self._no_puts)
+        return not (self._dead or self._no_puts or self._full)
 
     def close(self):
         """Returns unused space to the daemon; views stay valid."""
