@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <fmt/format.h>
+#include <random>
 
 #include "index_table.h"
 #include "logger.h"
@@ -12,8 +13,14 @@ namespace shmcache {
 
 namespace {
 uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
 constexpr uint32_t kMinTableLog2 = 12;
 constexpr uint32_t kMaxInitialTableLog2 = 18;
+// Names tried before giving up when another user took them: random table
+// tags collide by chance only; segment numbers are skipped in order, and
+// the next call goes on past them.
+constexpr uint32_t kTableNameTries = 8;
+constexpr uint32_t kSegmentNameTries = 1024;
 }  // namespace
 
 CacheState::CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
@@ -97,8 +104,20 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
         "cannot grow the index of cache {}: the server's memory cap is used up",
         cache_id_));
   }
+  // A random tag in the name: whoever watches the shm dir cannot take the
+  // name of this cache's next table ahead of it.
+  std::random_device random;
+  uint32_t tag = 0;
+  auto name = [&](uint32_t) {
+    tag = random();
+    return paths_.TableFile(cache_id_, gen, tag);
+  };
   ShmFile f;
-  Status s = ShmFile::Create(paths_.TableFile(cache_id_, gen), bytes, -1, &f);
+  uint32_t chosen;
+  std::string skipped;
+  Status s = ShmFile::CreateFresh(name, kTableNameTries, bytes, -1, &f, &chosen,
+                                  &skipped);
+  if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   if (!s.ok()) {
     account->Release(bytes);
     return s;
@@ -108,6 +127,7 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
   index_.emplace_back(t);
   tables_.push_back(std::move(f));
   AddReserved(bytes);
+  header_->tables[gen].tag = tag;
   header_->tables[gen].capacity.store(cap, std::memory_order_release);
   header_->num_tables.store(gen + 1, std::memory_order_release);
   return Status::OK();
@@ -123,16 +143,20 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
   }
   uint64_t prev = header_->tables[n - 1].capacity.load();
   Status s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
-  if (s.IsFull()) MarkFull(s.message());
+  if (s.IsFull()) {
+    MarkFull(s.message());
+    // Full also reports a full shm dir; only the cap's shortage may pass.
+    if (account->available() < layout::TableFileSize(prev * 2)) {
+      cap_full_bits_ |= layout::kStateFull;
+    }
+  }
   return s;
 }
 
 void CacheState::MarkFull(const std::string& why) {
   uint32_t old = header_->state.fetch_or(layout::kStateFull);
   if (!(old & layout::kStateFull) && log_) {
-    log_->Warn("cache {} (session {}, '{}') is full: {}; further rows are not "
-               "cached",
-               cache_id_, session_id_, name_, why);
+    log_->Warn("{} is full: {}; further rows are not cached", Label(), why);
   }
 }
 
@@ -145,10 +169,70 @@ uint64_t CacheState::NextSegmentSize(uint64_t min_bytes,
   want = std::max(want, min_bytes);
   // Whole 2 MB pages where possible, so that huge pages can back it.
   if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
-  uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-  want = std::min({want, left, account.available()});
+  want = std::min({want, BudgetLeft(), account.available()});
   want = want / 4096 * 4096;
   return want >= min_bytes ? want : 0;
+}
+
+uint64_t CacheState::BudgetLeft() const {
+  return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
+}
+
+Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                             const MemoryAccount& account) {
+  const uint64_t left = BudgetLeft();
+  const uint64_t room = std::min(left, account.available());
+  if (room >= kMinSegmentBytes) {
+    // Room for ordinary rows is left: refusing them all for one big row
+    // would waste it.
+    std::string where =
+        room < left ? fmt::format("{:.1f} MB are left under the server's memory cap "
+                                  "of {} MB (the cache's budget is {} MB)",
+                                  Megabytes(room), account.cap >> 20,
+                                  budget_bytes_ >> 20)
+                    : fmt::format("{:.1f} MB are left of its budget of {} MB",
+                                  Megabytes(room), budget_bytes_ >> 20);
+    return Status::TooLarge(fmt::format(
+        "a row of {:.1f} MB does not fit in cache {}: {}; it is not cached, "
+        "smaller rows still are",
+        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, where));
+  }
+  if (left < min_bytes) {
+    return MemoryUsedUp(
+        fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20), false);
+  }
+  return MemoryUsedUp(fmt::format("the server's memory cap of {} MB is used up",
+                                  account.cap >> 20),
+                      true);
+}
+
+Status CacheState::MemoryUsedUp(const std::string& why, bool by_cap) {
+  if (header_->state.load() & layout::kStateSpilling) {
+    if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
+        log_) {
+      log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
+    }
+    if (by_cap) cap_full_bits_ |= layout::kStateMemFull;
+    return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
+                                    cache_id_, why));
+  }
+  MarkFull(why);
+  if (by_cap) cap_full_bits_ |= layout::kStateFull;
+  return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
+}
+
+bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
+  if (cap_full_bits_ == 0 || destroyed_ || account.available() < kMinSegmentBytes) {
+    return false;
+  }
+  header_->state.fetch_and(~cap_full_bits_);
+  cap_full_bits_ = 0;
+  if (log_) {
+    log_->Info("cache {} (session {}, '{}') takes rows again: {} MB are free under "
+               "the server's memory cap",
+               cache_id_, session_id_, name_, account.available() >> 20);
+  }
+  return true;
 }
 
 Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
@@ -157,7 +241,33 @@ Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_
   ShmFile f;
   Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f);
   if (!s.ok()) return s;
-  auto* h = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  FormatSegment(&f, cache_id, seg_no, node, size);
+  *out = std::move(f);
+  return Status::OK();
+}
+
+Status CacheState::CreateNextSegment(int node, uint64_t size, uint32_t* seg_no,
+                                     ShmFile* out) {
+  // Locations need segment numbers unique, not dense: a number whose name
+  // another user took is skipped.
+  const uint32_t first = next_seg_no_;
+  const uint32_t tries = std::min(kSegmentNameTries, layout::kMaxSegmentId + 1 - first);
+  auto name = [&](uint32_t i) { return paths_.SegmentFile(cache_id_, first + i); };
+  uint32_t chosen;
+  std::string skipped;
+  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped);
+  if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
+  // A number that failed otherwise (no room) was removed and is free again.
+  next_seg_no_ = first + chosen + (s.ok() ? 1 : 0);
+  if (!s.ok()) return s;
+  FormatSegment(out, cache_id_, first + chosen, node, size);
+  *seg_no = first + chosen;
+  return Status::OK();
+}
+
+void CacheState::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
+                               int node, uint64_t size) {
+  auto* h = reinterpret_cast<layout::SegmentHeader*>(f->data());
   h->seg_id = seg_no;
   h->cache_id = cache_id;
   h->node = static_cast<uint32_t>(node);
@@ -168,8 +278,6 @@ Status CacheState::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_
   // The magic goes last: a file without it was never finished.
   std::atomic_thread_fence(std::memory_order_release);
   h->file.magic = layout::kSegmentMagic;
-  *out = std::move(f);
-  return Status::OK();
 }
 
 void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file) {
@@ -180,7 +288,7 @@ void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile fi
 
 Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
                               Segment** out, bool* wait) {
-  uint64_t min_bytes = AlignUp(layout::kSegmentHeaderSize + need, 1 << 16);
+  uint64_t min_bytes = layout::SegmentBytesFor(need);
   if (wait != nullptr && preparing_[static_cast<size_t>(node)]) {
     // Its memory is already reserved; making another would waste it, or
     // find the budget spent.
@@ -196,31 +304,14 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
     return Status::OK();
   }
   uint64_t want = NextSegmentSize(min_bytes, *account);
-  if (want == 0) {
-    uint64_t left = budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
-    std::string why =
-        left < min_bytes
-            ? fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20)
-            : fmt::format("the server's memory cap of {} MB is used up",
-                          account->cap >> 20);
-    if (header_->state.load() & layout::kStateSpilling) {
-      if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
-          log_) {
-        log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
-      }
-      return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
-                                      cache_id_, why));
-    }
-    MarkFull(why);
-    return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
-  }
+  if (want == 0) return NoRoomFor(need, min_bytes, *account);
   if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
   }
-  uint32_t seg_no = next_seg_no_++;
+  uint32_t seg_no = 0;
   ShmFile f;
-  Status s = CreateSegmentFile(paths_, cache_id_, seg_no, node, want, &f);
+  Status s = CreateNextSegment(node, want, &seg_no, &f);
   if (!s.ok()) {
     if (s.IsFull()) MarkFull(s.message());
     if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
@@ -291,7 +382,7 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
     return Status::Full(fmt::format("cache {} memory is full", cache_id_));
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
-  const uint64_t want = AlignUp(sizeof(layout::ChunkHeader) + need, layout::kCacheLine);
+  const uint64_t want = layout::ChunkBytesFor(need);
   auto& tails = tails_[static_cast<size_t>(node)];
   for (size_t i = 0; i < tails.size(); ++i) {
     if (tails[i].size >= want) {
@@ -359,42 +450,77 @@ void CacheState::ReleaseConnection(uint64_t conn, bool recycle) {
   leases_.erase(conn);
 }
 
-void CacheState::Destroy(MemoryAccount* account) {
+uint64_t CacheState::UnlinkFile(const std::string& path, uint64_t bytes,
+                                std::vector<HeldFile>* held) {
+  HeldFile f;
+  uint64_t size = 0;
+  bool known = held != nullptr && StatFile(path, &f.id, &size);
+  ShmFile::Unlink(path).PermitUncheckedError();
+  if (!known) return 0;
+  f.bytes = std::min(bytes, size);
+  held->push_back(f);
+  return f.bytes;
+}
+
+void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
   if (destroyed_) return;
   destroyed_ = true;
   if (header_) header_->state.fetch_or(layout::kStateDestroyed);
+  uint64_t kept = 0;
   for (const auto& [seg_no, seg] : segments_) {
-    ShmFile::Unlink(paths_.SegmentFile(cache_id_, seg_no)).PermitUncheckedError();
+    kept += UnlinkFile(paths_.SegmentFile(cache_id_, seg_no), seg.size, held);
   }
   for (auto& p : prepared_) {
-    if (p) ShmFile::Unlink(paths_.SegmentFile(cache_id_, p->seg_no)).PermitUncheckedError();
+    if (p) kept += UnlinkFile(paths_.SegmentFile(cache_id_, p->seg_no), p->size, held);
     p.reset();
   }
   for (size_t g = 0; g < tables_.size(); ++g) {
-    ShmFile::Unlink(paths_.TableFile(cache_id_, static_cast<uint32_t>(g)))
-        .PermitUncheckedError();
+    kept += UnlinkFile(TablePath(static_cast<uint32_t>(g)), tables_[g].size(), held);
   }
-  ShmFile::Unlink(paths_.CacheFile(cache_id_)).PermitUncheckedError();
+  kept += UnlinkFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
   segments_.clear();
   index_.clear();
   tables_.clear();
   header_file_.Unmap();
   header_ = nullptr;
-  account->Release(reserved_bytes_);
+  // Reserved without a file (a segment job never run) is free at once.
+  account->Release(reserved_bytes_ - std::min(kept, reserved_bytes_));
   reserved_bytes_ = 0;
   leases_.clear();
 }
 
 bool CacheState::spilling() const {
   uint32_t st = header_ ? header_->state.load() : 0;
-  return (st & layout::kStateSpilling) && (st & layout::kStateMemFull) &&
-         !(st & layout::kStateFull);
+  return (st & layout::kStateSpilling) && !(st & layout::kStateFull);
 }
 
 void CacheState::StopSpilling(const std::string& why) {
   if (header_ == nullptr) return;
-  header_->state.fetch_and(~layout::kStateSpilling);
-  MarkFull("spilling stopped: " + why);
+  uint32_t old = header_->state.fetch_and(~layout::kStateSpilling);
+  if (old & layout::kStateMemFull) MarkFull("spilling stopped: " + why);
+}
+
+bool CacheState::spill_enabled() const {
+  return header_ && (header_->state.load() & layout::kStateSpilling);
+}
+
+uint64_t CacheState::DropSpilledRows() {
+  // Rows spill only once memory is used up, and kStateMemFull is never
+  // cleared: without it, no slot needs looking at.
+  if (header_ == nullptr || !(header_->state.load() & layout::kStateMemFull)) {
+    return 0;
+  }
+  uint64_t dropped = 0;
+  for (IndexTable& t : index_) dropped += t.RetireSpilled();
+  for (layout::StatsSlot& slot : header_->stats) {
+    slot.disk_rows.store(0, std::memory_order_relaxed);
+    slot.disk_bytes.store(0, std::memory_order_relaxed);
+  }
+  return dropped;
+}
+
+std::string CacheState::Label() const {
+  return fmt::format("cache {} (session {}, '{}')", cache_id_, session_id_, name_);
 }
 
 Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
@@ -422,83 +548,105 @@ Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
 }
 
 Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
-                         uint32_t num_segments, int num_nodes,
+                         const std::set<uint32_t>& seg_nos, int num_nodes,
                          MemoryAccount* account, Logger* log,
                          std::unique_ptr<CacheState>* out) {
   std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
-  std::string path = paths.CacheFile(cache_id);
-  Status s = ShmFile::Open(path, &c->header_file_);
+  Status s = c->AdoptHeader();
+  for (uint32_t g = 0; s.ok() && g < c->header_->num_tables.load(); ++g) {
+    s = c->AdoptTable(g);
+  }
+  for (auto n = seg_nos.begin(); s.ok() && n != seg_nos.end(); ++n) {
+    s = c->AdoptSegment(*n);
+  }
   if (!s.ok()) return s;
-  if (const char* bad = layout::CheckFileHeader(c->header_file_.data(),
-                                                c->header_file_.size(),
+  if (!account->Reserve(c->reserved_bytes_)) {
+    return Status::Full(fmt::format(
+        "it holds {} MB (session {}, '{}'), more than is left under the memory "
+        "cap of {} MB",
+        c->reserved_bytes_ >> 20, c->session_id_, c->name_, account->cap >> 20));
+  }
+  c->header_->reserved_bytes.store(c->reserved_bytes_);
+  *out = std::move(c);
+  return Status::OK();
+}
+
+bool CacheState::UsesTable(uint32_t gen, uint32_t tag) const {
+  return header_ != nullptr && gen < tables_.size() && header_->tables[gen].tag == tag;
+}
+
+std::string CacheState::TablePath(uint32_t gen) const {
+  return paths_.TableFile(cache_id_, gen, header_->tables[gen].tag);
+}
+
+Status CacheState::AdoptHeader() {
+  std::string path = paths_.CacheFile(cache_id_);
+  Status s = ShmFile::Open(path, &header_file_);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckFileHeader(header_file_.data(), header_file_.size(),
                                                 layout::kCacheMagic,
                                                 sizeof(layout::CacheHeader))) {
     return Status::Corruption(path + ": " + bad);
   }
-  auto* h = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
-  if (h->cache_id != cache_id || h->num_tables.load() == 0 ||
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+  if (h->cache_id != cache_id_ || h->num_tables.load() == 0 ||
       h->num_tables.load() > layout::kMaxTables) {
     return Status::Corruption(path + ": header fields out of range");
   }
-  c->header_ = h;
-  c->session_id_ = h->session_id;
-  c->name_.assign(h->name, h->name_len);
-  c->fingerprint_.assign(h->fingerprint, h->fingerprint_len);
-  c->budget_bytes_ = h->budget_bytes;
-  uint64_t reserved = c->header_file_.size();
-  for (uint32_t g = 0; g < h->num_tables.load(); ++g) {
-    std::string tp = paths.TableFile(cache_id, g);
-    ShmFile f;
-    s = ShmFile::Open(tp, &f);
-    if (!s.ok()) return Status::Corruption(tp + ": " + s.message());
-    if (const char* bad =
-            layout::CheckTableFile(f.data(), f.size(), h->tables[g].capacity.load(), g)) {
-      return Status::Corruption(tp + ": " + bad);
-    }
-    reserved += f.size();
-    c->index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
-    c->tables_.push_back(std::move(f));
+  header_ = h;
+  session_id_ = h->session_id;
+  name_.assign(h->name, h->name_len);
+  fingerprint_.assign(h->fingerprint, h->fingerprint_len);
+  budget_bytes_ = h->budget_bytes;
+  reserved_bytes_ = header_file_.size();
+  return Status::OK();
+}
+
+Status CacheState::AdoptTable(uint32_t gen) {
+  std::string path = TablePath(gen);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckTableFile(f.data(), f.size(),
+                                               header_->tables[gen].capacity.load(), gen)) {
+    return Status::Corruption(path + ": " + bad);
   }
-  for (uint32_t n = 0; n < num_segments; ++n) {
-    std::string sp = paths.SegmentFile(cache_id, n);
-    ShmFile f;
-    s = ShmFile::Open(sp, &f);
-    if (s.IsNotFound()) continue;  // numbers are not dense
-    if (!s.ok()) return Status::Corruption(sp + ": " + s.message());
-    if (f.size() >= sizeof(layout::FileHeader) &&
-        reinterpret_cast<layout::FileHeader*>(f.data())->magic == 0) {
-      // Being prepared when the daemon died; nothing points into it.
-      f.Unmap();
-      ShmFile::Unlink(sp).PermitUncheckedError();
-      continue;
-    }
-    if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id, n)) {
-      return Status::Corruption(sp + ": " + bad);
-    }
-    auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
-    uint64_t carved = sh->carved.load();
-    if (sh->node >= static_cast<uint32_t>(num_nodes) ||
-        carved < layout::kSegmentHeaderSize || carved > f.size()) {
-      return Status::Corruption(sp + ": segment header fields out of range");
-    }
-    // Chunks leased by the previous daemon stay with whoever holds them;
-    // only the space never carved is handed out again.
-    uint64_t size = f.size();
-    c->data_bytes_ += size;
-    reserved += size;
-    c->segments_.emplace(n, Segment{n, static_cast<int>(sh->node), size, carved,
-                                    std::move(f)});
-    c->current_[sh->node] = static_cast<int>(n);
-    c->next_seg_no_ = n + 1;
+  reserved_bytes_ += f.size();
+  index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
+  tables_.push_back(std::move(f));
+  return Status::OK();
+}
+
+Status CacheState::AdoptSegment(uint32_t seg_no) {
+  std::string path = paths_.SegmentFile(cache_id_, seg_no);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (f.size() >= sizeof(layout::FileHeader) &&
+      reinterpret_cast<layout::FileHeader*>(f.data())->magic == 0) {
+    // Being prepared when the daemon died; nothing points into it.
+    f.Unmap();
+    ShmFile::Unlink(path).PermitUncheckedError();
+    return Status::OK();
   }
-  if (!account->Reserve(reserved)) {
-    return Status::Full(fmt::format(
-        "cache {} needs {} MB, more than is left under the memory cap", cache_id,
-        reserved >> 20));
+  if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
+    return Status::Corruption(path + ": " + bad);
   }
-  c->reserved_bytes_ = reserved;
-  h->reserved_bytes.store(reserved);
-  *out = std::move(c);
+  auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  uint64_t carved = sh->carved.load();
+  if (sh->node >= static_cast<uint32_t>(num_nodes_) ||
+      carved < layout::kSegmentHeaderSize || carved > f.size()) {
+    return Status::Corruption(path + ": segment header fields out of range");
+  }
+  // Chunks leased by the previous daemon stay with whoever holds them;
+  // only the space never carved is handed out again.
+  uint64_t size = f.size();
+  data_bytes_ += size;
+  reserved_bytes_ += size;
+  int node = static_cast<int>(sh->node);
+  segments_.emplace(seg_no, Segment{seg_no, node, size, carved, std::move(f)});
+  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+  next_seg_no_ = seg_no + 1;
   return Status::OK();
 }
 

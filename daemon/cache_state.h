@@ -15,9 +15,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "held_memory.h"
 #include "index_table.h"
 #include "instance.h"
 #include "layout.h"
@@ -61,19 +63,23 @@ class CacheState {
                        const std::string& fingerprint, uint64_t budget_bytes,
                        bool spilling, int num_nodes, MemoryAccount* account,
                        Logger* log, std::unique_ptr<CacheState>* out);
-  // Re-opens a cache a previous daemon left in shared memory: validates the
-  // header, every index table and every segment (magic, layout version,
-  // sizes, ids) and reserves them in `account`. Corruption names what could
-  // not be trusted; the caller then discards the cache's files.
+  // Re-opens a cache a previous daemon left in shared memory: its header,
+  // the index tables the header names and the segments `seg_nos` (the
+  // numbers found in the shm dir). Each file is opened only if it is ours
+  // (ShmFile::Open) and validated (magic, layout version, sizes, ids); all
+  // are reserved in `account`. A status that is not OK names the file that
+  // could not be trusted; the caller then discards the cache's files.
   static Status Adopt(const InstancePaths& paths, uint32_t cache_id,
-                      uint32_t num_segments, int num_nodes,
+                      const std::set<uint32_t>& seg_nos, int num_nodes,
                       MemoryAccount* account, Logger* log,
                       std::unique_ptr<CacheState>* out);
   ~CacheState();
 
   // A chunk of at least `need` bytes of row space for connection `conn`.
   // Full when the budget or the server cap is used up (the cache is then
-  // marked full for every client).
+  // marked full for every client). TooLarge when only this row does not
+  // fit: what is left still holds a segment of kMinSegmentBytes, so the
+  // cache is not marked and smaller rows go on being cached.
   // When the node's next segment is being prepared in the background and
   // `wait` is given, sets *wait instead of leasing: the caller waits for the
   // job to finish (FinishSegmentJob) and asks again. Without `wait` a
@@ -89,10 +95,17 @@ class CacheState {
   // Adds an index table unless one was added since the client saw `seen`.
   Status GrowIndex(uint32_t seen, MemoryAccount* account);
   // Marks the cache destroyed, unlinks its files, releases its memory.
-  void Destroy(MemoryAccount* account);
+  // With `held`, the files' identities and sizes are appended there and
+  // their bytes stay reserved in `account`: processes may still map them,
+  // and the caller releases each once none does (HeldMemory).
+  void Destroy(MemoryAccount* account, std::vector<HeldFile>* held = nullptr);
+  // A cache that the server's cap (not its budget) made full takes rows
+  // again once the cap has room for a segment. True when it resumed.
+  bool ResumeIfCapAllows(const MemoryAccount& account);
 
-  // Spilling: true when rows should go to disk (memory budget used up and
-  // spilling on).
+  // Spilling: true when the cache takes rows on disk: spilling is on and
+  // did not stop. Clients send rows there once memory is used up, and a
+  // row too large for the memory left at any time.
   bool spilling() const;
   // Publishes row `row_id` (`bytes` encoded) as spilled, after it was
   // written to disk. *inserted false when the id was already present.
@@ -100,8 +113,18 @@ class CacheState {
                         bool* inserted);
   // Counts rows read back from the spill store (for the statistics).
   void CountSpillReads(uint64_t n) { spill_reads_ += n; }
-  // Spilling failed (disk full, RocksDB error): no more rows are accepted.
+  // Spilling is off from now on (it failed: disk full, RocksDB error; or a
+  // restarted server has no spill store). Once memory is used up too, the
+  // cache is full: no more rows are accepted.
   void StopSpilling(const std::string& why);
+  // Withdraws every spilled row from the index (their spill store cannot
+  // serve them): they read as misses and can be put again. Returns how many;
+  // the disk_rows statistic starts again from 0.
+  uint64_t DropSpilledRows();
+  // True when rows go to disk once memory is used up.
+  bool spill_enabled() const;
+  // "cache 3 (session 7, 'name')", for messages.
+  std::string Label() const;
   bool destroyed() const { return destroyed_; }
 
   // A job when the current segment of `node` is half carved and nothing is
@@ -119,6 +142,8 @@ class CacheState {
   const std::string& name() const { return name_; }
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t reserved_bytes() const { return reserved_bytes_; }
+  // Whether index table file (gen, tag) is one this cache uses.
+  bool UsesTable(uint32_t gen, uint32_t tag) const;
 
  private:
   struct Segment {
@@ -145,9 +170,31 @@ class CacheState {
   // Size of the next segment, at least min_bytes; 0 when the budget or the
   // cap leaves less.
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
+  uint64_t BudgetLeft() const;
+  // No segment of min_bytes fits: TooLarge when an ordinary segment still
+  // would, else the cache's memory is used up (see MemoryUsedUp).
+  Status NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                   const MemoryAccount& account);
+  // Spilling caches send further rows to disk, others stop taking rows.
+  // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
+  Status MemoryUsedUp(const std::string& why, bool by_cap);
+  // Unlinks `path`; with `held`, records it there first. Returns the bytes
+  // recorded.
+  static uint64_t UnlinkFile(const std::string& path, uint64_t bytes,
+                             std::vector<HeldFile>* held);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account,
                     Segment** out, bool* wait);
+  // Creates and formats a segment under the first free number from
+  // next_seg_no_ on, and moves next_seg_no_ past it.
+  Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);
+  static void FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
+                            int node, uint64_t size);
+  std::string TablePath(uint32_t gen) const;
+  // Adopt's steps; each adds what it maps to reserved_bytes_.
+  Status AdoptHeader();
+  Status AdoptTable(uint32_t gen);
+  Status AdoptSegment(uint32_t seg_no);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2,
                      MemoryAccount* account);
   layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset,
@@ -166,6 +213,7 @@ class CacheState {
   uint64_t reserved_bytes_ = 0;   // everything, counted against the cap
   int num_nodes_ = 1;
   bool destroyed_ = false;
+  uint32_t cap_full_bits_ = 0;    // state bits set because the cap ran out
   ShmFile header_file_;
   layout::CacheHeader* header_ = nullptr;
   std::vector<ShmFile> tables_;

@@ -6,8 +6,10 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>  // before Asio: 1.74 uses std::exchange without it
 #include <boost/asio.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -34,14 +36,27 @@ namespace {
 
 constexpr size_t kMinShmRoom = 16u << 20;
 
-void Report(int fd, const std::string& line) {
+// The readiness report, on the pipe from `shmcache --start` (or stderr):
+// "NOTE <text>" lines, then one "OK <pid> <workers> <log path>" or
+// "ERR <why>" line. The log path runs to the end of its line.
+void Report(int fd, const std::string& line,
+            const std::vector<std::string>& notes = {}) {
+  std::string text;
+  for (std::string note : notes) {
+    std::replace(note.begin(), note.end(), '\n', ' ');
+    text += "NOTE " + note + "\n";
+  }
+  text += line + "\n";
   if (fd < 0) {
-    fmt::print(stderr, "{}\n", line);
+    fmt::print(stderr, "{}", text);
     return;
   }
-  std::string l = line + "\n";
-  ssize_t n = write(fd, l.data(), l.size());
-  (void)n;
+  for (size_t done = 0; done < text.size();) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the admin is gone: nobody to tell
+    done += static_cast<size_t>(n);
+  }
   close(fd);
 }
 
@@ -74,6 +89,22 @@ Status TakeInstanceLock(const InstancePaths& paths, int* fd_out) {
   return Status::OK();
 }
 
+// SIGTERM/SIGINT before the server listens (adoption may take a while):
+// start-up stops at the next check and the process exits cleanly, so that
+// 'shmcache --stop' can end a server that is still starting.
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnStopSignal(int) { g_stop_requested.store(true); }
+
+void CatchStopSignals() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 void DetachStdio() {
   int null = open("/dev/null", O_RDWR);
   if (null < 0) return;
@@ -96,6 +127,7 @@ int main(int argc, char** argv) {
   int lock_fd = -1;
   s = TakeInstanceLock(paths, &lock_fd);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  CatchStopSignals();
 
   Logger log;
   s = log.Open(opts.log_dir, opts.log_level);
@@ -138,8 +170,12 @@ int main(int argc, char** argv) {
   }
 
   Store store(opts, paths, nodes, workers, &log);
-  s = store.Init();
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  s = store.Init(&g_stop_requested);
+  if (!s.ok()) {
+    log.Info("not started: {}", s.message());
+    if (g_stop_requested.load()) unlink(paths.lock_path.c_str());
+    return Fail(opts.ready_fd, s.message());
+  }
 
   boost::asio::io_context io(workers);
   Server server(io, &store, &log);
@@ -152,6 +188,10 @@ int main(int argc, char** argv) {
       server.RequestStop();
     }
   });
+  if (g_stop_requested.load()) {  // after adoption, before signal_set: a plain stop
+    log.Info("stop signal during start-up: shutting down");
+    server.RequestStop();
+  }
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<std::thread> threads;
@@ -188,7 +228,8 @@ int main(int argc, char** argv) {
                     std::chrono::seconds(opts.metrics_interval_s));
     metrics->Start();
   }
-  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()));
+  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()),
+         store.startup_notes());
   NotifyReady(fmt::format("serving port {}", paths.port));
   if (!opts.foreground) DetachStdio();
 

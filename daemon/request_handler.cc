@@ -1,5 +1,7 @@
 #include "request_handler.h"
 
+#include <algorithm>
+
 #include "layout.h"
 #include "row_codec.h"
 
@@ -64,7 +66,7 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       uint8_t has_old = r.U8();
       uint32_t old_seg = r.U32();
       uint64_t old_off = r.U64();
-      if (!r.Done() || need == 0 || need > (1ULL << 33) || node > 1024) {
+      if (!r.Done() || need == 0 || need > protocol::kMaxLeaseBytes || node > 1024) {
         s = malformed();
         break;
       }
@@ -112,6 +114,10 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       uint64_t row_id = r.U64();
       std::span<const std::byte> row = r.Bytes();
       if (!r.Done()) { s = malformed(); break; }
+      if (row.size() > protocol::kMaxSpilledRowBytes) {
+        s = protocol::SpilledRowTooLarge(row_id, row.size());
+        break;
+      }
       // A row from a client is untrusted: it must decode, and carry its id.
       RowView view;
       s = RowCodec::Decode(row.data(), row.size(), &view);
@@ -132,26 +138,7 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
       std::vector<uint64_t> ids(n);
       for (uint64_t& id : ids) id = r.U64();
       if (!r.Done()) { s = malformed(); break; }
-      std::vector<std::string> rows;
-      std::vector<bool> found;
-      s = store_->SpillGet(cache_id, ids, &rows, &found);
-      if (!s.ok()) break;
-      payload.U32(n);
-      size_t total = 0;
-      for (const std::string& row : rows) total += row.size() + 5;
-      payload.body().reserve(payload.body().size() + total);
-      size_t budget = protocol::kMaxBodyBytes / 2;
-      for (uint32_t i = 0; i < n; ++i) {
-        if (!found[i]) {
-          payload.U8(protocol::kSpillAbsent);
-        } else if (rows[i].size() > budget) {
-          payload.U8(protocol::kSpillAskAgain);  // response full: next call
-        } else {
-          budget -= rows[i].size();
-          payload.U8(protocol::kSpillFound);
-          payload.Str(rows[i]);
-        }
-      }
+      s = AnswerSpillGet(cache_id, ids, &payload);
       break;
     }
     case MsgType::kStop: {
@@ -167,6 +154,48 @@ std::string RequestHandler::Handle(uint64_t conn, MsgType type,
   WireWriter out;
   protocol::WriteStatus(out, s);
   return std::move(out.body());
+}
+
+Status RequestHandler::AnswerSpillGet(uint32_t cache_id,
+                                      std::span<const uint64_t> ids,
+                                      WireWriter* payload) {
+  const size_t n = ids.size();
+  payload->U32(static_cast<uint32_t>(n));
+  // Every id gets its one-byte mark; the rest is for rows.
+  size_t budget = protocol::kMaxBodyBytes - payload->body().size() - n;
+  std::vector<std::string> rows;
+  std::vector<bool> found;
+  size_t done = 0, found_rows = 0, found_bytes = 0, window = 1;
+  while (done < n) {
+    Status s = store_->SpillGet(cache_id, ids.subspan(done, window), &rows, &found);
+    if (!s.ok()) return s;
+    size_t window_bytes = 0;
+    for (size_t k = 0; k < window; ++k) window_bytes += 4 + rows[k].size();
+    payload->body().reserve(payload->body().size() + std::min(window_bytes, budget) + n);
+    for (size_t k = 0; k < window; ++k) {
+      size_t need = 4 + rows[k].size();  // length + bytes
+      if (!found[k] || (need > budget && done + k == 0)) {
+        // The second case is a stored row larger than any put accepts:
+        // unanswerable, so a miss rather than a frame nobody can read.
+        payload->U8(protocol::kSpillAbsent);
+        continue;
+      }
+      if (need > budget) {  // the response is full: the client asks again
+        for (size_t i = done + k; i < n; ++i) payload->U8(protocol::kSpillAskAgain);
+        return Status::OK();
+      }
+      budget -= need;
+      ++found_rows;
+      found_bytes += rows[k].size();
+      payload->U8(protocol::kSpillFound);
+      payload->Str(rows[k]);
+    }
+    done += window;
+    if (done == n) break;
+    size_t avg = found_rows ? found_bytes / found_rows + 5 : 5;
+    window = std::clamp<size_t>(budget / avg, 1, n - done);
+  }
+  return Status::OK();
 }
 
 }  // namespace shmcache

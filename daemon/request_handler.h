@@ -24,6 +24,14 @@ class RequestHandler {
                      std::span<const std::byte> body, bool* stop);
 
  private:
+  // Appends the answer to a kSpillGet of `ids` to *payload: the count, then
+  // per id a kSpill* mark (and the row). Rows are read in windows sized by
+  // what the response still holds, so that a batch of large rows is not
+  // read whole to answer a part; the first found row always fits
+  // (kMaxSpilledRowBytes), so every answer makes progress.
+  Status AnswerSpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                        protocol::WireWriter* payload);
+
   Store* store_;
 };
 

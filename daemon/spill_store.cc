@@ -42,9 +42,10 @@ Status FromRocks(const rocksdb::Status& s, const std::string& where) {
 
 SpillStore::~SpillStore() = default;
 
-Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out) {
+Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out,
+                        bool create) {
   rocksdb::Options opts;
-  opts.create_if_missing = true;
+  opts.create_if_missing = create;
   // Rows are written once and read many times at random.
   opts.OptimizeForPointLookup(256);
   opts.IncreaseParallelism(2);

@@ -26,8 +26,9 @@ namespace shmcache {
 
 class SpillStore {
  public:
-  // Opens (creating if needed) the database in `path`.
-  static Status Open(const std::string& path, std::unique_ptr<SpillStore>* out);
+  // Opens the database in `path`, creating it if needed and `create`.
+  static Status Open(const std::string& path, std::unique_ptr<SpillStore>* out,
+                     bool create = true);
   ~SpillStore();
 
   // Full, without touching RocksDB, when the disk lacks room for the row

@@ -2,14 +2,20 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fmt/format.h>
+#include <set>
 
+#include "cache_name.h"
 #include "logger.h"
 #include "process_state.h"
+#include "spill_record.h"
 
 namespace shmcache {
 
@@ -49,11 +55,17 @@ void Store::PrepareSegments() {
   std::unique_lock lock(mu_);
   for (;;) {
     auto ready = [&] { return stopping_ || !jobs_.empty(); };
-    if (pending_releases_.empty()) {
-      jobs_cv_.wait(lock, [&] { return ready() || !pending_releases_.empty(); });
+    auto polling = [&] { return !pending_releases_.empty() || !held_.empty(); };
+    if (!polling()) {
+      jobs_cv_.wait(lock, [&] { return ready() || polling(); });
     } else {
       jobs_cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
       RetryReleasesLocked();
+      if (held_.ScanDue(std::chrono::steady_clock::now())) {
+        lock.unlock();
+        SettleHeldMemory();
+        lock.lock();
+      }
     }
     if (stopping_) return;
     if (jobs_.empty()) continue;
@@ -78,14 +90,24 @@ void Store::PrepareSegments() {
   }
 }
 
-Status Store::Init() {
+Status Store::Init(const std::atomic<bool>* stop_requested) {
+  std::string refused;
+  const std::string recorded = ReadSpillRecord(paths_, &refused);
+  if (!refused.empty()) {
+    // Without a record the adopted spilled rows count as unreadable.
+    Note("ignored the spill record: " + refused);
+    unlink(paths_.SpillRecordFile().c_str());
+  }
   if (!options_.spill_dir.empty()) {
-    std::string path = fmt::format("{}/shmcache.{}.{}.spill", options_.spill_dir,
-                                   geteuid(), paths_.port);
-    Status s = SpillStore::Open(path, &spill_);
+    Status s = SpillStore::Open(SpillDbPath(options_.spill_dir, paths_.port), &spill_);
     if (!s.ok()) return s;
   }
-  AdoptExisting();
+  if (!AdoptExisting(stop_requested)) {
+    return Status::Unavailable(
+        "stopped by a signal while starting; what an earlier server left is "
+        "kept for the next start");
+  }
+  ReconcileSpill(recorded);
   WriteSessionsFile();
   preparer_ = std::thread([this] { PrepareSegments(); });
   return Status::OK();
@@ -94,54 +116,104 @@ Status Store::Init() {
 void Store::DiscardCacheFiles(uint32_t cache_id,
                               const std::vector<std::string>& files,
                               const std::string& why) {
-  log_->Warn("discarding cache {} left by an earlier server: {}", cache_id, why);
+  Note(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
+                   why));
   for (const std::string& f : files) unlink(f.c_str());
   if (spill_) spill_->DropCache(cache_id).PermitUncheckedError();
 }
 
-void Store::AdoptExisting() {
-  std::string dir = paths_.shm_dir;
-  std::string base = paths_.shm_prefix.substr(dir.size() + 1);
+namespace {
+
+// What the shm dir holds of one cache.
+struct FoundCache {
+  bool header = false;
+  std::set<uint32_t> segments;
+  std::vector<std::pair<uint32_t, uint32_t>> tables;  // (gen, tag)
+  std::vector<std::string> files;                     // every path
+};
+
+// This instance's files, by cache, from one listing of the shm dir. Names
+// no server of this layout writes (other layouts, cache id 0, segment
+// numbers no location can hold, leftovers) are strays: removed here, never
+// opened.
+std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
+                                                 Logger* log) {
+  std::map<uint32_t, FoundCache> found;
+  const std::string& dir = paths.shm_dir;
+  std::string base = paths.shm_prefix.substr(dir.size() + 1);
   DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return;
-  struct Found {
-    std::vector<std::string> files;
-    bool header = false;
-    uint32_t segments = 0;
-  };
-  std::map<uint32_t, Found> found;
+  if (d == nullptr) return found;
   std::vector<std::string> strays;
   while (dirent* e = readdir(d)) {
     if (std::strncmp(e->d_name, base.c_str(), base.size()) != 0) continue;
-    std::string rest = e->d_name + base.size();
     std::string path = dir + "/" + e->d_name;
-    unsigned id = 0, n = 0;
-    char tail = 0;
-    if (std::sscanf(rest.c_str(), "cache.%u%c", &id, &tail) == 1) {
-      found[id].header = true;
-      found[id].files.push_back(path);
-    } else if (std::sscanf(rest.c_str(), "table.%u.%u%c", &id, &n, &tail) == 2) {
-      found[id].files.push_back(path);
-    } else if (std::sscanf(rest.c_str(), "seg.%u.%u%c", &id, &n, &tail) == 2) {
-      found[id].files.push_back(path);
-      found[id].segments = std::max(found[id].segments, n + 1);
-    } else if (rest != "sessions") {
+    ShmName n = ParseShmName(e->d_name + base.size());
+    using Kind = ShmName::Kind;
+    if (n.kind == Kind::kSessions || n.kind == Kind::kSpillRecord) continue;
+    if (n.kind == Kind::kOther || n.cache_id == 0 ||
+        (n.kind == Kind::kSegment && n.number > layout::kMaxSegmentId)) {
       strays.push_back(path);
+      continue;
     }
+    FoundCache& f = found[n.cache_id];
+    f.files.push_back(path);
+    if (n.kind == Kind::kCache) f.header = true;
+    if (n.kind == Kind::kTable) f.tables.emplace_back(n.number, n.tag);
+    if (n.kind == Kind::kSegment) f.segments.insert(n.number);
   }
   closedir(d);
-  for (const std::string& f : strays) unlink(f.c_str());
-
-  // Sessions, including those without caches.
-  if (FILE* f = fopen(paths_.SessionsFile().c_str(), "r")) {
-    unsigned long id;
-    while (std::fscanf(f, "%lu", &id) == 1) {
-      if (id != 0 && id <= UINT32_MAX) sessions_[static_cast<uint32_t>(id)];
-    }
-    fclose(f);
+  for (const std::string& f : strays) {
+    log->Warn("removing {}: not a file this server writes", f);
+    ShmFile::Unlink(f).PermitUncheckedError();
   }
+  return found;
+}
+
+// Test hook: with $SHMCACHE_TEST_HOLD_START naming a file, start-up waits
+// here while that file exists, so that a test can act on a server that is
+// still starting. A stop request, or the end of the process the server
+// watches (--watch_pid), ends the wait.
+void TEST_HoldStart(const std::atomic<bool>* stop_requested, int watch_pid,
+                    Logger* log) {
+  const char* hold = std::getenv("SHMCACHE_TEST_HOLD_START");
+  if (hold == nullptr || *hold == '\0' || access(hold, F_OK) != 0) return;
+  log->Info("test hook SHMCACHE_TEST_HOLD_START: start-up held while {} exists", hold);
+  while (access(hold, F_OK) == 0 && !(stop_requested && stop_requested->load()) &&
+         !(watch_pid > 0 && ProcessGone(watch_pid))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+void Store::ReadSessionsFile() {
+  int fd = -1;
+  Status s = OpenOwnedFile(paths_.SessionsFile(), O_RDONLY, &fd);
+  if (s.IsNotFound()) return;
+  if (!s.ok()) {
+    log_->Warn("ignoring the list of sessions: {}", s.message());
+    ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+    return;
+  }
+  FILE* f = fdopen(fd, "r");
+  if (f == nullptr) {
+    close(fd);
+    return;
+  }
+  unsigned long id;
+  while (std::fscanf(f, "%lu", &id) == 1) {
+    if (id != 0 && id <= UINT32_MAX) sessions_[static_cast<uint32_t>(id)];
+  }
+  fclose(f);
+}
+
+bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
+  std::map<uint32_t, FoundCache> found = ListInstanceFiles(paths_, log_);
+  ReadSessionsFile();  // sessions, including those without caches
+  TEST_HoldStart(stop_requested, options_.watch_pid, log_);
   size_t rows = 0;
   for (auto& [id, f] : found) {
+    if (stop_requested && stop_requested->load()) return false;
     if (!f.header) {
       DiscardCacheFiles(id, f.files, "its header file is missing");
       continue;
@@ -153,16 +225,22 @@ void Store::AdoptExisting() {
       DiscardCacheFiles(id, f.files, s.message());
       continue;
     }
+    for (const auto& [gen, tag] : f.tables) {
+      if (c->UsesTable(gen, tag)) continue;
+      std::string path = paths_.TableFile(id, gen, tag);
+      log_->Warn("removing {}: cache {} does not use it", path, id);
+      ShmFile::Unlink(path).PermitUncheckedError();
+    }
     CacheStats st = c->Stats();
     rows += st.mem_rows + st.disk_rows;
     sessions_[c->session_id()].push_back(id);
-    next_cache_id_ = std::max(next_cache_id_, id + 1);
     caches_[id] = std::move(c);
   }
   if (spill_) {
     for (uint32_t id : spill_->CacheIds()) {
       if (caches_.count(id) == 0) {
-        log_->Warn("dropping spilled rows of cache {}: its memory state is gone", id);
+        Note(fmt::format("the spilled rows of cache {} were dropped: its memory "
+                         "state is gone", id));
         spill_->DropCache(id).PermitUncheckedError();
       }
     }
@@ -172,6 +250,7 @@ void Store::AdoptExisting() {
                "server on port {}",
                sessions_.size(), caches_.size(), rows, paths_.port);
   }
+  return !(stop_requested && stop_requested->load());
 }
 
 uint32_t Store::NewClientId() {
@@ -181,15 +260,25 @@ uint32_t Store::NewClientId() {
 
 void Store::WriteSessionsFile() {
   // A plain file beside the segments: lists live sessions for a restarted
-  // daemon and for people looking at /dev/shm.
+  // daemon and for people looking at /dev/shm. Written to a new file of an
+  // unpredictable name (never into one someone else put there), then
+  // renamed over the list.
   std::string path = paths_.SessionsFile();
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  FILE* f = fd < 0 ? nullptr : fdopen(fd, "w");
-  if (f == nullptr) return;
+  std::string tmp = fmt::format("{}.tmp.{:08x}", path, rng_());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
+  if (fd < 0) return;
+  // The umask may have narrowed the mode; the next server reads only 0600.
+  bool ok = fchmod(fd, 0600) == 0;
+  FILE* f = fdopen(fd, "w");
+  if (f == nullptr) {
+    close(fd);
+    unlink(tmp.c_str());
+    return;
+  }
   for (const auto& [id, caches] : sessions_) fmt::print(f, "{}\n", id);
-  fclose(f);
-  rename(tmp.c_str(), path.c_str());
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
 }
 
 Status Store::CreateSession(uint32_t* id) {
@@ -230,10 +319,11 @@ Status Store::DestroySession(uint32_t id) {
   std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
   it = sessions_.find(id);
   if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
+  std::vector<HeldFile> held;
   for (uint32_t cid : it->second) {
     auto c = caches_.find(cid);
     if (c == caches_.end()) continue;
-    c->second->Destroy(&account_);
+    c->second->Destroy(&account_, &held);
     caches_.erase(c);
     if (spill_) {
       Status s = spill_->DropCache(cid);
@@ -243,7 +333,32 @@ Status Store::DestroySession(uint32_t id) {
   sessions_.erase(it);
   WriteSessionsFile();
   log_->Info("session {} destroyed", id);
+  held_.Add(id, held, std::chrono::steady_clock::now());
+  ResumeCachesLocked();
+  lock.unlock();
+  jobs_cv_.notify_one();  // the background thread re-checks what stays held
+  SettleHeldMemory();
   return Status::OK();
+}
+
+void Store::SettleHeldMemory() {
+  std::vector<FileId> wanted;
+  std::vector<int> first;
+  {
+    std::lock_guard lock(mu_);
+    if (held_.empty()) return;
+    wanted = held_.Wanted();
+    first = held_.holders();
+  }
+  MappedScan scan = FindMappedDeleted(wanted, first);
+  std::lock_guard lock(mu_);
+  if (held_.Settle(wanted, scan, std::chrono::steady_clock::now(), &account_, log_) > 0) {
+    ResumeCachesLocked();
+  }
+}
+
+void Store::ResumeCachesLocked() {
+  for (auto& [id, c] : caches_) c->ResumeIfCapAllows(account_);
 }
 
 Status Store::CheckSession(uint32_t id) {
@@ -257,10 +372,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   std::lock_guard lock(mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
-  if (name.empty() || name.size() > layout::kMaxNameBytes ||
-      fingerprint.size() > layout::kMaxNameBytes) {
-    return Status::InvalidArgument("cache name must be 1..255 bytes");
-  }
+  Status s = CheckCacheName(name, fingerprint);
+  if (!s.ok()) return s;
   if (spilling && options_.spill_dir.empty()) {
     return Status::InvalidArgument(
         "spilling was requested but the cache server has no spill directory; "
@@ -284,10 +397,19 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
         size_mb, account_.cap >> 20));
   }
   uint64_t budget = size_mb ? size_mb << 20 : account_.cap;
-  uint32_t id = next_cache_id_++;
+  // Random ids: nobody can take the name of the next cache's header ahead
+  // of it; an id whose name is taken anyway is skipped.
+  uint32_t id = 0;
   std::unique_ptr<CacheState> c;
-  Status s = CacheState::Create(paths_, id, session_id, name, fingerprint,
-                                budget, spilling, num_nodes_, &account_, log_, &c);
+  for (int attempt = 0; attempt < kCacheIdTries; ++attempt) {
+    do {
+      id = rng_();
+    } while (id == 0 || caches_.count(id) != 0);
+    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
+                           spilling, num_nodes_, &account_, log_, &c);
+    if (!s.IsAlreadyExists()) break;
+    log_->Warn("cache id {} skipped: {}", id, s.message());
+  }
   if (!s.ok()) return s;
   caches_[id] = std::move(c);
   sit->second.push_back(id);
@@ -427,6 +549,86 @@ void Store::CountSpillReads(uint32_t cache_id, uint64_t n) {
   if (n > 0 && CacheFor(cache_id, &c).ok()) c->CountSpillReads(n);
 }
 
+void Store::Note(const std::string& text) {
+  log_->Warn("{}", text);
+  notes_.push_back(text);
+}
+
+void Store::ReconcileSpill(const std::string& recorded) {
+  const std::string current = spill_ ? spill_->path() : "";
+  // No record: nothing spilled yet, or an index from a server before the
+  // record; its rows are served where they are found, as they were then.
+  const bool same_db = spill_ && (recorded.empty() || SameSpillDb(recorded, current));
+  std::set<uint32_t> on_disk;
+  if (spill_) {
+    for (uint32_t id : spill_->CacheIds()) on_disk.insert(id);
+  }
+  for (auto& [id, c] : caches_) {
+    std::string why;  // why its spilled rows cannot be read here
+    if (!spill_) {
+      why = "this server has no spill directory";
+    } else if (!same_db) {
+      why = fmt::format("this server spills to {}, not {}", current, recorded);
+    } else if (on_disk.count(id) == 0) {
+      why = fmt::format("{} holds none of them", current);
+    }
+    ReconcileCacheSpill(id, c.get(), why, on_disk.count(id) != 0);
+  }
+  if (!recorded.empty() && !SameSpillDb(recorded, current)) {
+    RemoveEarlierSpillDb(recorded);
+  }
+  Status s = WriteSpillRecord(paths_, current);
+  if (!s.ok()) log_->Error("{}", s.message());
+}
+
+void Store::ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& why,
+                                bool on_disk) {
+  std::vector<std::string> told;
+  if (!why.empty()) {
+    if (uint64_t n = c->DropSpilledRows()) {
+      told.push_back(fmt::format("{} spilled rows were dropped ({}); they read as "
+                                 "misses{}",
+                                 n, why, spill_ ? " and are cached again when put" : ""));
+    }
+    // Rows on disk the index no longer points to.
+    if (on_disk) spill_->DropCache(id).PermitUncheckedError();
+  }
+  if (!spill_ && c->spill_enabled()) {
+    c->StopSpilling("this server has no spill directory");
+    told.push_back(fmt::format("it no longer spills{} (start the server with -s DIR "
+                               "to spill)",
+                               c->Stats().full ? " and is full" : ""));
+  }
+  if (told.empty()) return;
+  std::string text = c->Label() + ": " + told[0];
+  for (size_t i = 1; i < told.size(); ++i) text += "; " + told[i];
+  Note(text);
+}
+
+void Store::RemoveEarlierSpillDb(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  if (!IsSpillDbOf(path, paths_.port)) {
+    Note(fmt::format("left {} in place: it is not named as a spill database of "
+                     "this server", path));
+    return;
+  }
+  // Opening it first takes its lock: a database another process uses is
+  // never removed.
+  std::unique_ptr<SpillStore> old;
+  Status s = SpillStore::Open(path, &old, /*create=*/false);
+  bool had_rows = s.ok() && !old->CacheIds().empty();
+  if (s.ok()) s = old->DestroyAll();
+  if (!s.ok()) {
+    Note(fmt::format("cannot remove {}, the earlier server's spill database: {}; "
+                     "remove it once no server uses it", path, s.message()));
+  } else if (had_rows) {
+    Note(fmt::format("removed {}, the earlier server's spill database", path));
+  } else {
+    log_->Info("removed {}, the earlier server's spill database (empty)", path);
+  }
+}
+
 void Store::ListSessions(std::vector<SessionInfo>* out) {
   std::lock_guard lock(mu_);
   out->clear();
@@ -451,6 +653,7 @@ void Store::FillServerInfo(ServerInfo* out) {
   out->spill_dir = options_.spill_dir;
   out->memory_cap_bytes = account_.cap;
   out->memory_used_bytes = account_.used;
+  out->memory_held_bytes = held_.bytes();
   out->numa_nodes = num_nodes_;
   out->sessions.clear();
   for (const auto& [sid, cids] : sessions_) out->sessions.push_back(sid);
@@ -467,6 +670,7 @@ void Store::Shutdown() {
   caches_.clear();
   sessions_.clear();
   ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+  WriteSpillRecord(paths_, "").PermitUncheckedError();
   if (spill_) {
     Status s = spill_->DestroyAll();
     if (!s.ok()) log_->Warn("{}", s.message());

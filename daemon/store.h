@@ -23,6 +23,7 @@
 
 #include "cache_state.h"
 #include "daemon_options.h"
+#include "held_memory.h"
 #include "instance.h"
 #include "memory_account.h"
 #include "spill_store.h"
@@ -40,12 +41,24 @@ class Store {
   ~Store();
 
   // Opens the spill store and adopts what a previous daemon of this
-  // instance left in shared memory and on disk; what cannot be trusted is
-  // discarded with a log line.
-  Status Init();
+  // instance left in shared memory and on disk; what cannot be trusted
+  // (including files that are not ours: see ShmFile) is discarded with a
+  // log line and a startup note. Spilled rows whose spill database this
+  // server does not use (another -s, or none) are dropped from the index,
+  // and that database is removed. When *stop_requested turns true meanwhile
+  // (a signal), stops adopting and returns Unavailable, leaving the files
+  // that are not adopted yet as they are, for the next start.
+  Status Init(const std::atomic<bool>* stop_requested = nullptr);
+  // What a person starting the server should know about Init: caches and
+  // rows that were discarded, and why. One line each.
+  // REQUIRES: Init returned; not called concurrently with Init.
+  const std::vector<std::string>& startup_notes() const { return notes_; }
 
   uint32_t NewClientId();
   Status CreateSession(uint32_t* id);
+  // Destroys the session's caches. Memory that processes still map stays
+  // counted against the cap (held) until they unmap it; what nobody maps
+  // is released before this returns.
   Status DestroySession(uint32_t id);
   Status CheckSession(uint32_t id);
   Status OpenCache(uint32_t session_id, const std::string& name,
@@ -86,8 +99,29 @@ class Store {
   // REQUIRES: mu_ held. Settles pending releases whose process is gone or
   // whose grace ran out.
   void RetryReleasesLocked();
+  // REQUIRES: mu_ not held. Looks for processes that map held memory and
+  // releases what none maps any more.
+  void SettleHeldMemory();
+  // REQUIRES: mu_ held. Caches the cap made full take rows again when
+  // memory was freed.
+  void ResumeCachesLocked();
   void StopPreparer();
-  void AdoptExisting();
+  // False when *stop_requested turned true before it finished.
+  bool AdoptExisting(const std::atomic<bool>* stop_requested);
+  void ReadSessionsFile();
+  // After AdoptExisting: drops the adopted spilled rows this server cannot
+  // read (see Init), turns spilling off without a spill store, removes the
+  // earlier server's spill database when it is not this server's, and
+  // records this server's.
+  void ReconcileSpill(const std::string& recorded);
+  // For one adopted cache: drops its spilled rows when `why` (they cannot
+  // be read here) is set, and their copies from this server's database
+  // when `on_disk`; turns its spilling off without a spill store; notes it.
+  void ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& why,
+                           bool on_disk);
+  void RemoveEarlierSpillDb(const std::string& path);
+  // Logs `text` as a warning and keeps it for startup_notes().
+  void Note(const std::string& text);
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                          const std::string& why);
   void WriteSessionsFile();
@@ -103,10 +137,11 @@ class Store {
   bool warned_high_water_ = false;
   std::mt19937 rng_;
   uint32_t next_client_id_ = 1;
-  uint32_t next_cache_id_ = 1;
+  static constexpr int kCacheIdTries = 8;
   std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
   std::unique_ptr<SpillStore> spill_;
+  std::vector<std::string> notes_;  // written by Init only
   std::deque<SegmentJob> jobs_;          // GUARDED_BY(mu_)
   std::condition_variable jobs_cv_;
   std::condition_variable job_done_cv_;  // a segment job finished
@@ -117,6 +152,7 @@ class Store {
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)
+  HeldMemory held_;                      // GUARDED_BY(mu_)
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;
   std::atomic<int64_t> connections_{0};

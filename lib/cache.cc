@@ -65,11 +65,11 @@ Status CacheImpl::MapNewTables() {
   uint32_t want = header_->num_tables.load(std::memory_order_acquire);
   if (want > layout::kMaxTables) return Status::Corruption("too many index tables");
   for (uint32_t g = have; g < want; ++g) {
-    std::string path = client_->paths().TableFile(cache_id_, g);
+    uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
+    std::string path = client_->paths().TableFile(cache_id_, g, header_->tables[g].tag);
     ShmFile f;
     Status s = ShmFile::Open(path, &f);
     if (!s.ok()) return s;
-    uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
     if (const char* bad = layout::CheckTableFile(f.data(), f.size(), cap, g)) {
       return Status::Corruption(path + ": " + bad);
     }
@@ -333,9 +333,10 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
         statuses[k] = Status::Corruption("spilled row carries another id");
       }
     }
-    if (answered == 0) {  // cannot happen with a sane daemon; never spin
+    if (answered == 0) {  // the daemon answers a first row always; never spin
       for (size_t i = done; i < ids.size(); ++i) {
-        statuses[i] = Status::Corruption("spilled row too large to fetch");
+        statuses[i] = Status::Corruption("the cache server answered none of the "
+                                         "spilled rows asked for");
       }
       return;
     }
@@ -443,6 +444,8 @@ Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
   s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;
   if (SpillsNow()) return SpillPut(id, columns, size, inserted);
+  s = CheckRowFits(id, size);
+  if (!s.ok()) return SpillingOn() ? SpillPut(id, columns, size, inserted) : s;
 
   std::lock_guard lock(put_mu_);
   if (chunk_fork_gen_ != ForkGeneration()) {
@@ -456,6 +459,11 @@ Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
   if (c.base == nullptr || c.size - c.used < size) {
     s = LeaseChunk(static_cast<int>(node), size, &c);
     if (s.IsFull() && SpillsNow()) return SpillPut(id, columns, size, inserted);
+    if (s.IsTooLarge()) {
+      // Only this row: the cache goes on taking smaller ones in memory.
+      if (SpillingOn()) return SpillPut(id, columns, size, inserted);
+      return Status::TooLarge(fmt::format("row {}: {}", id, s.message()));
+    }
     if (!s.ok()) return s;
   }
   // Reserve before writing: whatever lies past `used` may be re-leased by
@@ -485,6 +493,22 @@ Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
   return s;
 }
 
+Status CacheImpl::CheckRowFits(uint64_t id, size_t size) const {
+  const uint64_t budget = header_->budget_bytes;
+  if (size <= protocol::kMaxLeaseBytes &&
+      layout::SegmentBytesFor(layout::ChunkBytesFor(size)) <= budget) {
+    return Status::OK();
+  }
+  return Status::TooLarge(fmt::format(
+      "row {} of {:.1f} MB needs more than cache {}'s whole memory budget of {} MB; "
+      "it is not cached, smaller rows still are",
+      id, static_cast<double>(size) / (1 << 20), cache_id_, budget >> 20));
+}
+
+bool CacheImpl::SpillingOn() const {
+  return header_->state.load(std::memory_order_relaxed) & layout::kStateSpilling;
+}
+
 bool CacheImpl::SpillsNow() const {
   uint32_t st = header_->state.load(std::memory_order_relaxed);
   return (st & layout::kStateSpilling) && (st & layout::kStateMemFull);
@@ -492,6 +516,11 @@ bool CacheImpl::SpillsNow() const {
 
 Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns,
                            size_t size, bool* inserted) {
+  // Checked before anything is sent: a frame over the limit would make the
+  // daemon drop the connection.
+  if (size > protocol::kMaxSpilledRowBytes) {
+    return protocol::SpilledRowTooLarge(id, size);
+  }
   static thread_local std::vector<uint64_t> buf;
   buf.resize((size + 7) / 8);
   auto* bytes = reinterpret_cast<std::byte*>(buf.data());

@@ -3,19 +3,19 @@
 //
 // Hot paths (Get, View, Contains) take no lock and make no system call once
 // the segments they touch are mapped. Put takes a process-local mutex (a
-// killed process takes it with it) and calls the daemon only to lease a
-// new chunk or grow the index.
+// killed process takes it with it; fork() waits until no thread holds it)
+// and calls the daemon only to lease a new chunk or grow the index.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "client_impl.h"
+#include "fork_safety.h"
 #include "index_table.h"
 #include "layout.h"
 #include "segment_map.h"
@@ -83,7 +83,14 @@ class CacheImpl {
   Status PutRow(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);
+  // Spilling was asked for (and did not stop): rows memory cannot take
+  // may go to disk.
+  bool SpillingOn() const;
+  // Memory is used up and spilling is on: every row goes to disk.
   bool SpillsNow() const;
+  // TooLarge for a row no segment within the budget could hold: the
+  // daemon need not be asked.
+  Status CheckRowFits(uint64_t id, size_t size) const;
   // Fills *out from a located row (memory or disk), copying all columns or
   // only `columns` when project.
   Status Materialize(uint64_t id, uint64_t loc,
@@ -101,13 +108,13 @@ class CacheImpl {
   std::atomic<bool> closed_{false};
   bool single_node_ = true;  // NUMA: every reader is on node 0
 
-  std::mutex map_mu_;  // guards mapping of tables and segments
+  ForkSafeMutex map_mu_{LockRank::kCacheMap};  // guards mapping of tables and segments
   std::atomic<uint32_t> num_tables_{0};
   IndexTable tables_[layout::kMaxTables];
   ShmFile table_files_[layout::kMaxTables];
   SegmentMap segments_;
 
-  std::mutex put_mu_;  // guards chunks_ and chunk_fork_gen_
+  ForkSafeMutex put_mu_{LockRank::kCachePut};  // guards chunks_ and chunk_fork_gen_
   std::vector<Chunk> chunks_;  // one per NUMA node
   uint64_t chunk_fork_gen_ = 0;
 };

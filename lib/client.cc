@@ -1,11 +1,9 @@
 #include "shmcache/client.h"
 
-#include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
-
 #include "cache_impl.h"
+#include "cache_name.h"
 #include "client_impl.h"
 
 namespace shmcache {
@@ -14,19 +12,8 @@ using protocol::MsgType;
 using protocol::WireReader;
 using protocol::WireWriter;
 
-namespace {
-std::atomic<uint64_t> g_fork_generation{0};
-void OnForkChild() { g_fork_generation.fetch_add(1); }
-}  // namespace
-
-uint64_t ForkGeneration() {
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
-
 Status ClientImpl::Create(const ClientOptions& options,
                           std::shared_ptr<ClientImpl>* out) {
-  static std::once_flag once;
-  std::call_once(once, [] { pthread_atfork(nullptr, nullptr, OnForkChild); });
   Status s = CheckHost(options.hostname);
   if (!s.ok()) return s;
   int port;
@@ -128,10 +115,8 @@ Status Client::OpenCache(const CacheOptions& options,
   if (name.empty()) {
     return Status::InvalidArgument("a cache needs a name or a fingerprint");
   }
-  if (name.size() > layout::kMaxNameBytes ||
-      options.fingerprint.size() > layout::kMaxNameBytes) {
-    return Status::InvalidArgument("cache name or fingerprint longer than 255 bytes");
-  }
+  Status s = CheckCacheName(name, options.fingerprint);
+  if (!s.ok()) return s;
   WireWriter w;
   w.U32(options.session_id);
   w.Str(name);
@@ -140,7 +125,7 @@ Status Client::OpenCache(const CacheOptions& options,
   w.U8(options.spilling ? 1 : 0);
   std::string body;
   WireReader r({});
-  Status s = impl_->Call(MsgType::kOpenCache, w, &body, &r);
+  s = impl_->Call(MsgType::kOpenCache, w, &body, &r);
   if (!s.ok()) return s;
   uint32_t cache_id = r.U32();
   if (!r.Done()) return Status::Corruption("malformed open response");

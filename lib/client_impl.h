@@ -1,26 +1,24 @@
 // ClientImpl: the shared state behind Client and every Cache it opened:
 // the control connection and the instance's paths.
 //
-// Thread safety: Call() serialises requests under a mutex. After fork() the
-// child notices on its next Call (the fork generation changed), drops the
-// inherited connection without shutting it down and opens its own.
+// Thread safety: Call() serialises requests under a mutex (fork-safe: a
+// fork waits for a call in flight). After fork() the child notices on its
+// next Call (the fork generation changed), drops the inherited connection
+// without shutting it down and opens its own.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "connection.h"
+#include "fork_safety.h"
 #include "instance.h"
 #include "protocol.h"
 #include "shmcache/options.h"
 #include "shmcache/status.h"
 
 namespace shmcache {
-
-// Incremented in every child process right after fork().
-uint64_t ForkGeneration();
 
 class ClientImpl {
  public:
@@ -41,7 +39,7 @@ class ClientImpl {
   ClientImpl() = default;
   Status ConnectLocked();
 
-  std::mutex mu_;
+  ForkSafeMutex mu_{LockRank::kClient};
   ClientOptions options_;
   InstancePaths paths_;
   std::unique_ptr<Connection> conn_;

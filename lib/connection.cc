@@ -5,11 +5,18 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
 
 namespace shmcache {
+
+static void SetTimeouts(int fd, int timeout_ms) {
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
 
 Connection::~Connection() {
   if (fd_ >= 0) close(fd_);
@@ -30,9 +37,7 @@ Status Connection::Open(const std::string& socket_path, int port,
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno("socket", errno);
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  SetTimeouts(fd, timeout_ms);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     int e = errno;
     close(fd);
@@ -47,7 +52,7 @@ Status Connection::Open(const std::string& socket_path, int port,
         "'shmcache --start -p {}'",
         port, socket_path, std::strerror(e), port));
   }
-  out->reset(new Connection(fd, port));
+  out->reset(new Connection(fd, port, timeout_ms));
   return Status::OK();
 }
 
@@ -84,6 +89,16 @@ static bool ReadAll(int fd, void* p, size_t n) {
 Status Connection::Call(protocol::MsgType type, const std::string& request,
                         std::string* body, size_t* payload_offset) {
   if (fd_ < 0) return Broken("connection closed");
+  if (!protocol::WaitsOnDisk(type)) return Exchange(type, request, body, payload_offset);
+  // Two system calls around a disk-bound request cost nothing beside it.
+  SetTimeouts(fd_, std::max(timeout_ms_, protocol::kDiskRequestTimeoutMs));
+  Status s = Exchange(type, request, body, payload_offset);
+  if (fd_ >= 0) SetTimeouts(fd_, timeout_ms_);
+  return s;
+}
+
+Status Connection::Exchange(protocol::MsgType type, const std::string& request,
+                            std::string* body, size_t* payload_offset) {
   protocol::FrameHeader h;
   h.type = static_cast<uint16_t>(type);
   h.body_len = static_cast<uint32_t>(request.size());

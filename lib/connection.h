@@ -21,7 +21,8 @@ class Connection {
                      std::unique_ptr<Connection>* out);
 
   // Sends a request, waits for the response and returns its payload reader
-  // over *body. The returned status is the daemon's answer, or Unavailable
+  // over *body. The wait is bounded by the timeout given to Open, or by
+  // protocol::kDiskRequestTimeoutMs when protocol::WaitsOnDisk(type). The returned status is the daemon's answer, or Unavailable
   // when the transport failed (the connection is then broken()).
   Status Call(protocol::MsgType type, const std::string& request,
               std::string* body, size_t* payload_offset);
@@ -32,10 +33,14 @@ class Connection {
   void Abandon();
 
  private:
-  Connection(int fd, int port) : fd_(fd), port_(port) {}
+  Connection(int fd, int port, int timeout_ms)
+      : fd_(fd), port_(port), timeout_ms_(timeout_ms) {}
   Status Broken(const std::string& what);
+  Status Exchange(protocol::MsgType type, const std::string& request,
+                  std::string* body, size_t* payload_offset);
   int fd_;
   int port_;
+  int timeout_ms_;
 };
 
 }  // namespace shmcache

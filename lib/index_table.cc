@@ -57,11 +57,29 @@ IndexTable::InsertResult IndexTable::Insert(uint64_t key, uint64_t loc) {
     }
     if (cur == layout::kClaimed) cur = AwaitPublished(s);
     if (cur == layout::kClaimed) continue;  // its writer died: skip it
-    if (s.key.load(std::memory_order_relaxed) == key) {
-      return InsertResult::kExists;
+    if (s.key.load(std::memory_order_relaxed) != key) continue;
+    // This key's retired row: publish the new one in its place. Losing the
+    // CAS means another writer of the key published first.
+    if (cur == layout::kRetired &&
+        s.loc.compare_exchange_strong(cur, loc, std::memory_order_acq_rel)) {
+      return InsertResult::kInserted;
     }
+    return InsertResult::kExists;
   }
   return InsertResult::kTableFull;
+}
+
+uint64_t IndexTable::RetireSpilled() {
+  uint64_t retired = 0;
+  for (uint64_t i = 0; i <= mask_; ++i) {
+    uint64_t loc = slots_[i].loc.load(std::memory_order_acquire);
+    if (!(loc & layout::kSpilledBit)) continue;
+    if (slots_[i].loc.compare_exchange_strong(loc, layout::kRetired,
+                                              std::memory_order_acq_rel)) {
+      ++retired;
+    }
+  }
+  return retired;
 }
 
 }  // namespace shmcache

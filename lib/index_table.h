@@ -10,6 +10,12 @@
 // so two writers of one id do not both store it. Only a claimer that stalls
 // past that bound (killed, or descheduled for long) can lead to a second
 // copy; readers then see one of two whole, equal-id rows.
+//
+// Retiring: the daemon may withdraw rows it can no longer serve (spilled
+// rows whose database is gone) while clients use the table. A retired slot
+// reads as a miss and keeps its key; an Insert of that key takes the slot
+// again (every writer of the key meets that slot first on its probe, so
+// they race for it with one CAS and only one wins).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +46,7 @@ class IndexTable {
       const layout::Slot& s = slots_[i];
       uint64_t loc = s.loc.load(std::memory_order_acquire);
       if (loc == layout::kEmpty) return layout::kEmpty;
-      if (loc != layout::kClaimed &&
+      if (loc != layout::kClaimed && loc != layout::kRetired &&
           s.key.load(std::memory_order_relaxed) == key) {
         return loc;
       }
@@ -54,6 +60,10 @@ class IndexTable {
   // Publishes key -> loc. kTableFull when the table passed its load limit
   // (the caller grows the index and retries in the next table).
   InsertResult Insert(uint64_t key, uint64_t loc);
+
+  // Retires every slot holding a spilled location (layout::kSpilledBit);
+  // returns how many. Safe while others Find and Insert.
+  uint64_t RetireSpilled();
 
   uint64_t capacity() const { return mask_ + 1; }
   uint64_t claimed() const {

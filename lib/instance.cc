@@ -14,8 +14,9 @@ namespace shmcache {
 std::string InstancePaths::CacheFile(uint32_t cache_id) const {
   return fmt::format("{}cache.{}", shm_prefix, cache_id);
 }
-std::string InstancePaths::TableFile(uint32_t cache_id, uint32_t gen) const {
-  return fmt::format("{}table.{}.{}", shm_prefix, cache_id, gen);
+std::string InstancePaths::TableFile(uint32_t cache_id, uint32_t gen,
+                                     uint32_t tag) const {
+  return fmt::format("{}table.{}.{}.{:08x}", shm_prefix, cache_id, gen, tag);
 }
 std::string InstancePaths::SegmentFile(uint32_t cache_id,
                                        uint32_t seg_no) const {
@@ -23,6 +24,78 @@ std::string InstancePaths::SegmentFile(uint32_t cache_id,
 }
 std::string InstancePaths::SessionsFile() const {
   return shm_prefix + "sessions";
+}
+std::string InstancePaths::SpillRecordFile() const {
+  return shm_prefix + "spilldb";
+}
+
+namespace {
+
+// Takes "<prefix>" off the front of *s.
+bool Skip(std::string_view* s, std::string_view prefix) {
+  if (s->substr(0, prefix.size()) != prefix) return false;
+  s->remove_prefix(prefix.size());
+  return true;
+}
+
+// Takes a decimal uint32 as fmt writes it (no sign, no leading zero) off
+// the front of *s.
+bool TakeNumber(std::string_view* s, uint32_t* out) {
+  size_t n = 0;
+  uint64_t v = 0;
+  while (n < s->size() && (*s)[n] >= '0' && (*s)[n] <= '9' && n < 11) {
+    v = v * 10 + static_cast<uint64_t>((*s)[n] - '0');
+    ++n;
+  }
+  if (n == 0 || (n > 1 && (*s)[0] == '0') || v > UINT32_MAX) return false;
+  *out = static_cast<uint32_t>(v);
+  s->remove_prefix(n);
+  return true;
+}
+
+// Takes exactly 8 lowercase hex digits off the front of *s.
+bool TakeTag(std::string_view* s, uint32_t* out) {
+  if (s->size() < 8) return false;
+  uint32_t v = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    char c = (*s)[i];
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return false;
+    v = v << 4 | static_cast<uint32_t>(d);
+  }
+  *out = v;
+  s->remove_prefix(8);
+  return true;
+}
+
+// "<kind>.<first>[.<second>][.<tag>]", exactly.
+bool Matches(std::string_view s, std::string_view kind, uint32_t* first,
+             uint32_t* second, uint32_t* tag) {
+  if (!Skip(&s, kind) || !Skip(&s, ".") || !TakeNumber(&s, first)) return false;
+  if (second != nullptr && !(Skip(&s, ".") && TakeNumber(&s, second))) return false;
+  if (tag != nullptr && !(Skip(&s, ".") && TakeTag(&s, tag))) return false;
+  return s.empty();
+}
+
+}  // namespace
+
+ShmName ParseShmName(std::string_view rest) {
+  using Kind = ShmName::Kind;
+  ShmName n;
+  if (rest == "sessions") {
+    n.kind = Kind::kSessions;
+  } else if (rest == "spilldb") {
+    n.kind = Kind::kSpillRecord;
+  } else if (Matches(rest, "cache", &n.cache_id, nullptr, nullptr)) {
+    n.kind = Kind::kCache;
+  } else if (Matches(rest, "table", &n.cache_id, &n.number, &n.tag)) {
+    n.kind = Kind::kTable;
+  } else if (Matches(rest, "seg", &n.cache_id, &n.number, nullptr)) {
+    n.kind = Kind::kSegment;
+  } else {
+    n = ShmName{};
+  }
+  return n;
 }
 
 Status ParsePort(const std::string& text, int* port) {

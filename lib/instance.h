@@ -7,9 +7,20 @@
 //   lock        <run dir>/shmcached-<port>.lock  (flock: one daemon)
 //   shm files   <shm dir>/shmcache.<uid>.<port>.*               (0600)
 //   shm dir     --shm_dir, $SHMCACHE_SHM_DIR or /dev/shm
+//
+// The shm files of an instance (after the prefix; numbers in decimal):
+//   cache.<cache_id>                 a cache's header
+//   table.<cache_id>.<gen>.<tag>     index table `gen`; tag: 8 hex digits,
+//                                    random, recorded in the cache header
+//   seg.<cache_id>.<seg_no>          a data segment
+//   sessions                         the live session ids (text)
+// Cache ids and table tags are random, so that another user cannot take
+// the name of a file the server is about to create.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "shmcache/status.h"
 
@@ -24,10 +35,24 @@ struct InstancePaths {
   std::string shm_prefix;  // full path prefix of the shm files
 
   std::string CacheFile(uint32_t cache_id) const;
-  std::string TableFile(uint32_t cache_id, uint32_t gen) const;
+  std::string TableFile(uint32_t cache_id, uint32_t gen, uint32_t tag) const;
   std::string SegmentFile(uint32_t cache_id, uint32_t seg_no) const;
   std::string SessionsFile() const;
+  // The daemon's record of the spill database the index points to.
+  std::string SpillRecordFile() const;
 };
+
+// A name in the shm dir, its instance prefix removed, read back.
+struct ShmName {
+  enum class Kind { kCache, kTable, kSegment, kSessions, kSpillRecord, kOther };
+  Kind kind = Kind::kOther;
+  uint32_t cache_id = 0;
+  uint32_t number = 0;  // table generation or segment number
+  uint32_t tag = 0;     // table tag
+};
+// kOther for anything InstancePaths would not have written (numbers out of
+// range, leading zeros, trailing bytes).
+ShmName ParseShmName(std::string_view rest);
 
 // requested > 0: checked against 1025..65535. 0: $SHMCACHE_PORT, else the
 // default. A bad value is InvalidArgument naming it and the valid range.

@@ -3,12 +3,15 @@
 // never by pointers. Every file starts with a magic number, the layout
 // version and its sizes; attaching checks all three and refuses a mismatch.
 //
-// Files of one instance (prefix "shmcache.<uid>.<port>." in the shm dir):
-//   cache.<cache_id>            CacheHeader: identity, state, stats, tables
-//   table.<cache_id>.<gen>      TableHeader + Slot[capacity] (the index)
-//   seg.<seg_id>                SegmentHeader + chunks of rows (one cache,
-//                               one NUMA node)
-//   sessions                    SessionsFile: live session ids
+// Files of one instance (prefix "shmcache.<uid>.<port>." in the shm dir;
+// names in instance.h):
+//   cache.<cache_id>              CacheHeader: identity, state, stats, tables
+//   table.<cache_id>.<gen>.<tag>  TableHeader + Slot[capacity] (the index)
+//   seg.<cache_id>.<seg_id>       SegmentHeader + chunks of rows (one cache,
+//                                 one NUMA node)
+//   sessions                      live session ids (text)
+//   spilldb                       (daemon only) text: the spill database the
+//                                 index's spilled rows are in; absent when none
 //
 // Writers: the daemon alone creates, sizes and unlinks files and writes the
 // fields marked (daemon). Clients write rows into chunks leased to them, the
@@ -21,7 +24,9 @@
 
 namespace shmcache::layout {
 
-inline constexpr uint32_t kLayoutVersion = 2;
+// 2: table file names carry a random tag (TableInfo::tag).
+// 3: StatsSlot counts spilled bytes and puts refused because full.
+inline constexpr uint32_t kLayoutVersion = 3;
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
@@ -37,9 +42,12 @@ inline constexpr size_t kMaxSessions = 4096;
 
 // ---- Locations: where a row lives, as stored in an index slot ----------
 // bits 0..39 offset inside the segment, 40..62 segment id, 63 "on disk".
-// 0 and 1 are never locations: an offset is always past the header.
+// 0, 1 and 2 are never locations: an offset is always past the header.
 inline constexpr uint64_t kEmpty = 0;     // slot never used
 inline constexpr uint64_t kClaimed = 1;   // slot taken, row not yet published
+inline constexpr uint64_t kRetired = 2;   // row no longer served (its spill
+                                          // store is gone): a miss; only an
+                                          // insert of the same key reuses it
 inline constexpr int kOffsetBits = 40;
 inline constexpr uint64_t kOffsetMask = (1ULL << kOffsetBits) - 1;
 inline constexpr uint64_t kSpilledBit = 1ULL << 63;
@@ -86,6 +94,9 @@ inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
 
 struct TableInfo {
   std::atomic<uint64_t> capacity;  // (daemon) 0 until the table exists
+  uint32_t tag;                    // (daemon) of the file name; written
+                                   // before capacity is published
+  uint32_t pad;
 };
 
 struct alignas(kCacheLine) CacheHeader {
@@ -108,7 +119,9 @@ struct alignas(kCacheLine) CacheHeader {
 // Open addressing, linear probing, Fibonacci hashing. A slot is claimed by
 // CAS of loc kEmpty -> kClaimed, then key is stored, then loc is stored with
 // release order: the publication point of the row. A reader that loads a
-// published loc with acquire order sees the key and the row bytes.
+// published loc with acquire order sees the key and the row bytes. A
+// retired slot keeps its key for good; an insert of that key publishes a
+// new loc into it with one CAS from kRetired.
 struct Slot {
   std::atomic<uint64_t> loc;
   std::atomic<uint64_t> key;
@@ -156,6 +169,20 @@ struct alignas(kCacheLine) ChunkHeader {
   std::atomic<uint64_t> used;  // bytes from chunk start in use (>= header)
 };
 static_assert(sizeof(ChunkHeader) == kCacheLine);
+
+// Segments grow in steps of this many bytes.
+inline constexpr uint64_t kSegmentGrain = 64 << 10;
+// The chunk that holds a row of `row_bytes` (its header included), and the
+// smallest segment that holds a chunk of `chunk_bytes`. The client uses them
+// to refuse, without asking the daemon, a row no segment within the budget
+// could hold; the daemon to size what it leases.
+inline uint64_t ChunkBytesFor(uint64_t row_bytes) {
+  return (sizeof(ChunkHeader) + row_bytes + kCacheLine - 1) / kCacheLine * kCacheLine;
+}
+inline uint64_t SegmentBytesFor(uint64_t chunk_bytes) {
+  return (kSegmentHeaderSize + chunk_bytes + kSegmentGrain - 1) / kSegmentGrain *
+         kSegmentGrain;
+}
 
 // ---- Sessions file --------------------------------------------------------
 struct alignas(kCacheLine) SessionsFile {

@@ -1,5 +1,7 @@
 #include "protocol.h"
 
+#include <fmt/format.h>
+
 #include <vector>
 
 namespace shmcache::protocol {
@@ -52,6 +54,16 @@ std::span<const std::byte> WireReader::Bytes(size_t max_len) {
   return out;
 }
 
+Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes) {
+  constexpr double kMiB = 1 << 20;
+  return Status::TooLarge(fmt::format(
+      "row {} is not cached: it is {} bytes ({:.1f} MB), more than the {} "
+      "bytes ({:.1f} MB) a row may have to spill to disk; give the cache a "
+      "larger size to keep rows this large in memory",
+      row_id, encoded_bytes, static_cast<double>(encoded_bytes) / kMiB,
+      kMaxSpilledRowBytes, kMaxSpilledRowBytes / kMiB));
+}
+
 void WriteStatus(WireWriter& w, const Status& s) {
   w.U8(static_cast<uint8_t>(s.code()));
   w.Str(s.message());
@@ -60,7 +72,7 @@ void WriteStatus(WireWriter& w, const Status& s) {
 Status ReadStatus(WireReader& r) {
   uint8_t code = r.U8();
   std::string msg = r.Str();
-  if (!r.ok() || code > static_cast<uint8_t>(Status::Code::kFingerprintMismatch)) {
+  if (!r.ok() || code > static_cast<uint8_t>(Status::Code::kTooLarge)) {
     return Status::Corruption("malformed response status");
   }
   return Status(static_cast<Status::Code>(code), msg);
@@ -135,6 +147,7 @@ void WriteServerInfo(WireWriter& w, const ServerInfo& i) {
   w.Str(i.spill_dir);
   w.U64(i.memory_cap_bytes);
   w.U64(i.memory_used_bytes);
+  w.U64(i.memory_held_bytes);
   w.U32(static_cast<uint32_t>(i.numa_nodes));
   w.U32(static_cast<uint32_t>(i.sessions.size()));
   for (uint32_t s : i.sessions) w.U32(s);
@@ -155,6 +168,7 @@ bool ReadServerInfo(WireReader& r, ServerInfo* i) {
   i->spill_dir = r.Str();
   i->memory_cap_bytes = r.U64();
   i->memory_used_bytes = r.U64();
+  i->memory_held_bytes = r.U64();
   i->numa_nodes = static_cast<int>(r.U32());
   uint32_t n = r.U32();
   if (!r.ok() || n > 1u << 20) return false;

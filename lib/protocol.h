@@ -27,12 +27,25 @@ inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;
+// The largest row a chunk lease may ask room for.
+inline constexpr uint64_t kMaxLeaseBytes = 1ULL << 33;
 // Spilled-row reads are batched: at most this many ids per request. Each
 // answer is one of the kSpill* markers, followed by the row for kSpillFound.
 inline constexpr uint32_t kMaxSpillBatch = 1024;
 inline constexpr uint8_t kSpillAbsent = 0;
 inline constexpr uint8_t kSpillFound = 1;
 inline constexpr uint8_t kSpillAskAgain = 2;
+// A spilled row travels whole in one frame, both in kSpillPut and in the
+// answer to kSpillGet, so it may be at most the frame limit less room for
+// the fields around it. The daemon answers a row alone when it does not fit
+// beside others, so every row of this size can be read back; a larger row
+// is refused at put (SpilledRowTooLarge) before anything is sent.
+inline constexpr uint32_t kSpillFramingBytes = 4096;
+inline constexpr uint32_t kMaxSpilledRowBytes = kMaxBodyBytes - kSpillFramingBytes;
+// Room for the answer's status (u8 + empty string), count, one mark per id
+// and the row's length; and for the request's cache id, row id and length.
+static_assert(kSpillFramingBytes >= 5 + 4 + kMaxSpillBatch + 4);
+static_assert(kSpillFramingBytes >= 4 + 8 + 4);
 
 enum class MsgType : uint16_t {
   kHello = 1,
@@ -51,6 +64,15 @@ enum class MsgType : uint16_t {
   kSetState = 14,
 };
 inline constexpr uint16_t kMaxMsgType = 14;
+
+// Requests whose answer waits on the daemon's spill disk (RocksDB reads and
+// writes of rows up to kMaxSpilledRowBytes). A client waits up to
+// kDiskRequestTimeoutMs for them, not the request timeout meant to notice a
+// dead server: a slow or busy disk must not look like a server gone.
+inline constexpr int kDiskRequestTimeoutMs = 60000;
+constexpr bool WaitsOnDisk(MsgType type) {
+  return type == MsgType::kSpillPut || type == MsgType::kSpillGet;
+}
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -122,6 +144,9 @@ class WireReader {
   size_t pos_ = 0;
   bool ok_ = true;
 };
+
+// TooLarge naming the row, its encoded size and kMaxSpilledRowBytes.
+Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes);
 
 // Response bodies start with the status.
 void WriteStatus(WireWriter& w, const Status& s);

@@ -1,6 +1,7 @@
 #include "shm_file.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -60,11 +61,79 @@ static std::string DirOf(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+static std::string OwnerName(uid_t uid) {
+  passwd pw;
+  passwd* found = nullptr;
+  char buf[1024];
+  if (getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) {
+    return fmt::format("{} (uid {})", found->pw_name, uid);
+  }
+  return fmt::format("uid {}", uid);
+}
+
+// Why a file is not one this process may map, or "" when it may.
+static std::string Unsafe(const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  if (st.st_uid != geteuid()) return "is owned by " + OwnerName(st.st_uid);
+  if ((st.st_mode & 07777) != 0600) {
+    return fmt::format("has mode {:04o} (not 0600)", st.st_mode & 07777);
+  }
+  if (st.st_nlink != 1) return fmt::format("has {} links", st.st_nlink);
+  return "";
+}
+
+Status OpenOwnedFile(const std::string& path, int flags, int* fd_out,
+                     size_t* size) {
+  int fd = open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT) return Status::NotFound(path + " does not exist");
+    if (e == ELOOP) {
+      return Status::PermissionDenied(
+          path + " is a symbolic link: not ours, refusing to map it");
+    }
+    if (e == EACCES || e == EPERM) {
+      return Status::PermissionDenied("permission denied opening " + path);
+    }
+    return Status::FromErrno("cannot open " + path, e);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return Status::FromErrno("cannot stat " + path, e);
+  }
+  if (std::string why = Unsafe(st); !why.empty()) {
+    close(fd);
+    return Status::PermissionDenied(
+        fmt::format("{} {}: not ours, refusing to map it", path, why));
+  }
+  if (size != nullptr) *size = static_cast<size_t>(st.st_size);
+  *fd_out = fd;
+  return Status::OK();
+}
+
+// The AlreadyExists answer for a taken name: whose file it is, and the fix.
+static Status Taken(const std::string& path) {
+  struct stat st;
+  std::string what = "exists";
+  if (lstat(path.c_str(), &st) == 0) {
+    what = fmt::format("exists ({}owned by {}, mode {:04o})",
+                       S_ISLNK(st.st_mode) ? "a symbolic link, " : "",
+                       OwnerName(st.st_uid), st.st_mode & 07777);
+  }
+  return Status::AlreadyExists(fmt::format(
+      "{} {}; remove it (as its owner or root) or start the server with "
+      "another --shm_dir or port",
+      path, what));
+}
+
 Status ShmFile::Create(const std::string& path, size_t size, int node,
                        ShmFile* out) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
   if (fd < 0) {
-    if (errno == EEXIST) return Status::AlreadyExists(path + " exists");
+    if (errno == EEXIST) return Taken(path);
     return Status::FromErrno("cannot create " + path, errno);
   }
   auto fail = [&](Status s) {
@@ -72,6 +141,11 @@ Status ShmFile::Create(const std::string& path, size_t size, int node,
     unlink(path.c_str());
     return s;
   };
+  // The umask may have taken bits away; clients and a restarted server
+  // accept exactly 0600.
+  if (fchmod(fd, 0600) != 0) {
+    return fail(Status::FromErrno("cannot set the mode of " + path, errno));
+  }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     return fail(Status::FromErrno("cannot size " + path, errno));
   }
@@ -101,22 +175,28 @@ Status ShmFile::Create(const std::string& path, size_t size, int node,
   return Status::OK();
 }
 
-Status ShmFile::Open(const std::string& path, ShmFile* out) {
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::NotFound(path + " does not exist");
-    if (errno == EACCES || errno == EPERM) {
-      return Status::PermissionDenied("permission denied opening " + path);
+Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
+                            uint32_t tries, size_t size, int node, ShmFile* out,
+                            uint32_t* chosen, std::string* skipped) {
+  if (skipped != nullptr) skipped->clear();
+  Status s = Status::AlreadyExists("no name to create a file under");
+  for (uint32_t i = 0; i < tries; ++i) {
+    s = Create(name(i), size, node, out);
+    if (!s.IsAlreadyExists()) {
+      *chosen = i;
+      return s;
     }
-    return Status::FromErrno("cannot open " + path, errno);
+    if (skipped != nullptr && skipped->empty()) *skipped = s.message();
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return Status::FromErrno("cannot stat " + path, e);
-  }
-  size_t size = static_cast<size_t>(st.st_size);
+  *chosen = tries;
+  return s;
+}
+
+Status ShmFile::Open(const std::string& path, ShmFile* out) {
+  int fd = -1;
+  size_t size = 0;
+  Status s = OpenOwnedFile(path, O_RDWR, &fd, &size);
+  if (!s.ok()) return s;
   if (size == 0) {
     close(fd);
     return Status::Corruption(path + " is empty");

@@ -4,12 +4,20 @@
 // /dev/shm is reported here, with the numbers, and never becomes a SIGBUS
 // when a page is first touched. Files are created 0600.
 //
+// The shm dir is shared with every user of the host (/dev/shm is
+// world-writable), so a name of ours may hold a file someone else put
+// there. Every open of an existing file goes through OpenOwnedFile, which
+// refuses anything but a regular file of this uid, mode 0600, with one
+// link; creation never opens an existing file.
+//
 // Ownership: a ShmFile owns its mapping (munmap on destruction) and nothing
 // else; the file stays until Unlink().
 // Thread safety: none; callers serialise.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "shmcache/status.h"
@@ -25,13 +33,24 @@ class ShmFile {
   ShmFile(const ShmFile&) = delete;
   ShmFile& operator=(const ShmFile&) = delete;
 
-  // Creates `path` exclusively with `size` bytes reserved and zeroed. When
+  // Creates `path` exclusively (never following a symbolic link), mode
+  // 0600 whatever the umask, with `size` bytes reserved and zeroed. When
   // node >= 0 the pages are bound to that NUMA node (before reservation,
-  // so they are allocated there). AlreadyExists if the file exists; Full
-  // with a message naming the shortfall and the fix when there is no room.
+  // so they are allocated there). AlreadyExists if the name is taken, with
+  // the file's owner and mode and the fix; Full with a message naming the
+  // shortfall and the fix when there is no room.
   static Status Create(const std::string& path, size_t size, int node,
                        ShmFile* out);
-  // Maps an existing file read-write.
+  // Like Create, under the first name of name(0) .. name(tries - 1) that is
+  // free: a taken name (another user may have put a file there) is skipped,
+  // never opened. *chosen: the index of the name used (or that failed
+  // otherwise), `tries` when every name was taken (AlreadyExists, naming
+  // the last one). *skipped (when given): the AlreadyExists message of the
+  // first name skipped, "" when none was.
+  static Status CreateFresh(const std::function<std::string(uint32_t)>& name,
+                            uint32_t tries, size_t size, int node, ShmFile* out,
+                            uint32_t* chosen, std::string* skipped = nullptr);
+  // Maps an existing file read-write, through OpenOwnedFile.
   static Status Open(const std::string& path, ShmFile* out);
   static Status Unlink(const std::string& path);
 
@@ -44,6 +63,16 @@ class ShmFile {
   char* base_ = nullptr;
   size_t size_ = 0;
 };
+
+// Opens an existing file of ours: `flags` (O_RDONLY or O_RDWR) plus
+// O_NOFOLLOW | O_CLOEXEC, then checks on the descriptor that it is a
+// regular file owned by this process's effective uid, mode 0600, with no
+// other link. NotFound when it does not exist; PermissionDenied naming the
+// file and what is wrong ("... has mode 0666 (not 0600): not ours,
+// refusing to map it") otherwise. On success the caller owns *fd, and
+// *size (when given) is the file's size.
+Status OpenOwnedFile(const std::string& path, int flags, int* fd,
+                     size_t* size = nullptr);
 
 // Faults in [p, p+size) of a shared mapping for writing, in one pass in the
 // kernel instead of a page fault per 4 KB page later. Best effort.

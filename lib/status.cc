@@ -18,6 +18,7 @@ const char* CodeName(Status::Code code) {
     case Status::Code::kIOError: return "IO error";
     case Status::Code::kNotSupported: return "Not supported";
     case Status::Code::kFingerprintMismatch: return "Fingerprint mismatch";
+    case Status::Code::kTooLarge: return "Row too large";
   }
   return "Unknown";
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,9 @@ class CacheStateTest : public ::testing::Test {
     test::RemoveTree(run_dir_);
   }
 
-  void Create(uint64_t budget, int nodes = 1) {
+  void Create(uint64_t budget, int nodes = 1, bool spilling = false) {
     Status s = CacheState::Create(paths_, kCacheId, /*session_id=*/77, "train",
-                                  "fp-1", budget, /*spilling=*/false, nodes,
+                                  "fp-1", budget, spilling, nodes,
                                   &account_, /*log=*/nullptr, &cache_);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
@@ -99,7 +100,7 @@ TEST_F(CacheStateTest, CreateMakesHeaderAndFirstTable) {
   EXPECT_EQ(h->budget_bytes, 64 * kMB);
   EXPECT_EQ(h->num_tables.load(), 1u);
   ShmFile table;
-  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0), &table).ok());
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &table).ok());
   EXPECT_EQ(layout::CheckFileHeader(table.data(), table.size(), layout::kTableMagic,
                                     sizeof(layout::TableHeader)),
             nullptr);
@@ -188,6 +189,55 @@ TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
   // Full stays full, for every connection.
   ChunkLease l;
   EXPECT_TRUE(Lease(2, 0, 64, &l).IsFull());
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  EXPECT_TRUE(reinterpret_cast<layout::CacheHeader*>(header.data())->state.load() &
+              layout::kStateFull);
+}
+
+// Leases 256 KB chunks until the lease fails; returns that status.
+Status LeaseUntilRefused(CacheState* c, MemoryAccount* account) {
+  Status s;
+  for (int n = 0; n < 1000 && s.ok(); ++n) {
+    ChunkLease l;
+    s = c->Lease(1, 0, 256 * 1024, account, &l);
+  }
+  return s;
+}
+
+TEST_F(CacheStateTest, SpillingStoppedBeforeMemoryIsUsedUpFillsLikeAnyCache) {
+  Create(8 * kMB, 1, /*spilling=*/true);
+  cache_->StopSpilling("no spill store");
+  EXPECT_FALSE(cache_->spill_enabled());
+  EXPECT_FALSE(cache_->Stats().full) << "memory is still free";
+  EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
+  EXPECT_TRUE(cache_->Stats().full);
+  EXPECT_FALSE(cache_->spilling());
+}
+
+TEST_F(CacheStateTest, DroppedSpilledRowsAreMissesAndTheCacheIsFullWithoutSpilling) {
+  Create(8 * kMB, 1, /*spilling=*/true);
+  EXPECT_EQ(cache_->DropSpilledRows(), 0u) << "nothing spilled yet";
+  EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
+  ASSERT_TRUE(cache_->spilling());
+  for (uint64_t id = 0; id < 10; ++id) {
+    bool inserted = false;
+    ASSERT_TRUE(cache_->PublishSpilled(id, 100, &account_, &inserted).ok());
+    ASSERT_TRUE(inserted);
+  }
+  EXPECT_EQ(cache_->Stats().disk_rows, 10u);
+  EXPECT_EQ(cache_->Stats().disk_bytes, 1000u);
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_EQ(cache_->DropSpilledRows(), 10u);
+  EXPECT_EQ(cache_->Stats().disk_rows, 0u);
+  EXPECT_EQ(cache_->Stats().disk_bytes, 0u);
+  // Spilling on: a dropped id is published again.
+  bool inserted = false;
+  ASSERT_TRUE(cache_->PublishSpilled(3, 100, &account_, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  // Spilling off with memory used up: full, as every put will find.
+  cache_->StopSpilling("no spill store");
+  EXPECT_TRUE(cache_->Stats().full);
   ShmFile header;
   ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
   EXPECT_TRUE(reinterpret_cast<layout::CacheHeader*>(header.data())->state.load() &
@@ -315,7 +365,7 @@ TEST_F(CacheStateTest, GrowIndexAddsADoubledTableOnce) {
   ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
   EXPECT_EQ(h->num_tables.load(), 2u);
   ShmFile t1;
-  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 1), &t1).ok());
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 1, h->tables[1].tag), &t1).ok());
   auto* th = reinterpret_cast<layout::TableHeader*>(t1.data());
   EXPECT_EQ(th->generation, 1u);
   EXPECT_EQ(th->capacity, cap0 * 2);
@@ -344,6 +394,76 @@ TEST_F(CacheStateTest, DestroyUnlinksEveryFileAndReleasesMemory) {
   cache_->Return(1, 0, layout::kSegmentHeaderSize);  // harmless
   cache_->ReleaseConnection(1);
   cache_->Destroy(&account_);  // twice is harmless
+  cache_.reset();
+}
+
+TEST_F(CacheStateTest, RowLargerThanWhatIsLeftIsTooLargeAndTheCacheStaysOpen) {
+  Create(16 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(Lease(1, 0, 1000, &l).ok());
+  Status s = Lease(1, 0, 13 * kMB, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(2, 0, 1000, &l).ok()) << "other rows still fit";
+  // Rows that use up the budget make it full, as ever.
+  for (int n = 0; n < 100; ++n) {
+    s = Lease(1, 0, 5 * kMB, &l);
+    if (!s.ok()) break;
+  }
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(cache_->Stats().full);
+  EXPECT_LE(account_.used, cache_->reserved_bytes());
+}
+
+TEST_F(CacheStateTest, CacheTheCapMadeFullTakesRowsAgainWhenTheCapFrees) {
+  Create(64 * kMB);
+  account_.cap = account_.used + 6 * kMB;
+  Status s;
+  ChunkLease l;
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(cache_->ResumeIfCapAllows(account_)) << "nothing was freed";
+  account_.cap += 8 * kMB;  // as when another session's memory is released
+  EXPECT_TRUE(cache_->ResumeIfCapAllows(account_));
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(1, 0, 512 * 1024, &l).ok());
+  account_.cap = 256 * kMB;
+}
+
+TEST_F(CacheStateTest, CacheItsBudgetMadeFullStaysFull) {
+  Create(4 * kMB);
+  Status s;
+  ChunkLease l;
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(cache_->ResumeIfCapAllows(account_));
+  EXPECT_TRUE(cache_->Stats().full);
+}
+
+TEST_F(CacheStateTest, DestroyWithHeldKeepsEveryFileReservedAndNamesIt) {
+  Create(64 * kMB);
+  for (int i = 0; i < 3; ++i) {
+    ChunkLease l;
+    ASSERT_TRUE(Lease(1, 0, 3 * kMB, &l).ok());
+  }
+  const uint64_t reserved = cache_->reserved_bytes();
+  const size_t files = ListDir(shm_dir_).size();
+  std::vector<HeldFile> held;
+  cache_->Destroy(&account_, &held);
+  EXPECT_TRUE(ListDir(shm_dir_).empty());
+  ASSERT_EQ(held.size(), files);
+  uint64_t sum = 0;
+  std::set<FileId> ids;
+  for (const HeldFile& f : held) {
+    sum += f.bytes;
+    ids.insert(f.id);
+  }
+  EXPECT_EQ(ids.size(), files) << "each file has its own identity";
+  EXPECT_EQ(sum, reserved);
+  EXPECT_EQ(account_.used, reserved) << "held until the caller releases it";
+  account_.Release(sum);
   cache_.reset();
 }
 

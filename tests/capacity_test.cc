@@ -1,5 +1,6 @@
 // Capacity: memory budgets, full caches, the server-wide cap, and spilling
 // to RocksDB (issue "Capacity"). Every test runs its own daemon.
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,8 +10,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "protocol.h"
+#include "row_codec.h"
 #include "shmcache/client.h"
 #include "test_server.h"
 
@@ -113,6 +117,150 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n,
   close(fds[0]);
   EXPECT_EQ(WaitChild(pid), 0);
   return r == sizeof found ? found : -4;
+}
+
+// Encoded bytes of the row Cache::Put(id, data, n) makes.
+size_t EncodedBytes(size_t n) {
+  int64_t shape[1] = {static_cast<int64_t>(n)};
+  ColumnRef col{"data", DType::kUInt8, shape, shape, n};  // data never read
+  size_t size = 0;
+  EXPECT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
+  return size;
+}
+
+// The largest payload whose row encodes to at most `limit` bytes.
+size_t PayloadFor(size_t limit) {
+  size_t n = limit - (EncodedBytes(0));
+  while (EncodedBytes(n) > limit) --n;
+  return n;
+}
+
+bool SameData(const Row& row, const std::vector<uint8_t>& want) {
+  auto col = row.find("data");
+  return col && col->nbytes == want.size() &&
+         std::memcmp(col->data, want.data(), want.size()) == 0;
+}
+
+TEST(CapacityTest, SpilledRowsUpToTheLimitReadBackWhole) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    auto cache = OpenCache(server, server.NewSession(), 1, true);
+    // 40 MB and the largest row that may spill go to disk (each is more
+    // than the 1 MB budget); a small row after them still fits memory.
+    const size_t largest = PayloadFor(protocol::kMaxSpilledRowBytes);
+    ASSERT_EQ(EncodedBytes(largest), protocol::kMaxSpilledRowBytes);
+    const std::vector<std::vector<uint8_t>> rows = {
+        Pattern(0, 1, 40u << 20), Pattern(1, 1, largest), Pattern(2, 1, kRowBytes)};
+    for (uint64_t id = 0; id < rows.size(); ++id) {
+      bool inserted = false;
+      Status s = cache->Put(id, rows[id].data(), rows[id].size(), &inserted);
+      ASSERT_TRUE(s.ok() && inserted) << id << ": " << s.ToString();
+    }
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_EQ(st.disk_rows, 2u);
+    EXPECT_EQ(st.mem_rows, 1u);
+    for (uint64_t id = 0; id < rows.size(); ++id) {
+      Row got;
+      Status s = cache->Get(id, &got);
+      ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+      EXPECT_TRUE(SameData(got, rows[id])) << id;
+      RowView view;
+      s = cache->View(id, &view);
+      ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+      auto col = view.find("data");
+      ASSERT_TRUE(col.has_value());
+      EXPECT_EQ(col->nbytes, rows[id].size());
+    }
+    // Two large rows never fit one response: each comes in its own.
+    const std::vector<uint64_t> ids = {0, 1, 2, 1, 0};
+    std::vector<Row> got(ids.size());
+    std::vector<Status> statuses(ids.size());
+    ASSERT_TRUE(cache->GetBatch(ids, got.data(), statuses.data()).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+      EXPECT_TRUE(SameData(got[i], rows[ids[i]])) << i;
+    }
+  }
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    uint32_t session = 0;
+    ASSERT_TRUE(client->CreateSession(&session).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "big", 1, true), &cache).ok());
+    std::vector<uint8_t> huge(70u << 20, 7);
+    Status s = cache->Put(1, huge.data(), huge.size());
+    EXPECT_EQ(s.code(), Status::Code::kTooLarge) << s.ToString();
+    EXPECT_NE(s.message().find("(70.0 MB)"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("(64.0 MB)"), std::string::npos) << s.message();
+    EXPECT_FALSE(cache->Contains(1));
+    // One byte past the limit is refused too.
+    huge.resize(PayloadFor(protocol::kMaxSpilledRowBytes) + 1);
+    s = cache->Put(2, huge.data(), huge.size());
+    EXPECT_EQ(s.code(), Status::Code::kTooLarge) << s.ToString();
+    // The same client goes on: its connection was never cut.
+    std::vector<uint8_t> row = Pattern(3, 1, kRowBytes);
+    bool inserted = false;
+    s = cache->Put(3, row.data(), row.size(), &inserted);
+    EXPECT_TRUE(s.ok() && inserted) << s.ToString();
+    Row got;
+    ASSERT_TRUE(cache->Get(3, &got).ok());
+    EXPECT_TRUE(SameData(got, row));
+    uint32_t another = 0;
+    EXPECT_TRUE(client->CreateSession(&another).ok());
+    std::string log = server.ReadLog();
+    EXPECT_EQ(log.find("frame too large"), std::string::npos) << log;
+  }
+  RemoveTree(spill);
+}
+
+// A spilled row waits on the daemon's disk: a server slower than the
+// request timeout (here: stopped for three of them) is waited for, up to the
+// disk timeout, rather than taken for gone.
+TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    ClientOptions options = server.client_options();
+    options.request_timeout_ms = 200;
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(Client::Connect(options, &client).ok());
+    uint32_t session = 0;
+    ASSERT_TRUE(client->CreateSession(&session).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "slow", 1, true), &cache).ok());
+    std::vector<uint8_t> row = Pattern(1, 1, 2u << 20);  // over the budget: spills
+    ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
+    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    pid_t waker = ForkChild([&] {
+      usleep(3 * 200 * 1000);  // the slowness under test, not a wait for a condition
+      return kill(server.pid(), SIGCONT) == 0 ? 0 : 1;
+    });
+    Row got;
+    Status s = cache->Get(1, &got);
+    EXPECT_EQ(WaitChild(waker), 0);
+    kill(server.pid(), SIGCONT);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(SameData(got, row));
+    // A request that does not wait on disk keeps the short timeout.
+    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    uint32_t another = 0;
+    s = client->CreateSession(&another);
+    kill(server.pid(), SIGCONT);
+    EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  }
+  RemoveTree(spill);
 }
 
 TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
@@ -281,6 +429,223 @@ TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
   }
   umount2(spill.c_str(), MNT_DETACH);
   RemoveTree(spill);
+}
+
+
+// ---- Rows too large for the cache (issue 9, item 6) -----------------------
+
+constexpr uint64_t kMB = 1 << 20;
+
+Status PutBytes(Cache* cache, uint64_t id, size_t nbytes, bool* inserted = nullptr) {
+  std::vector<uint8_t> row(nbytes);
+  FillPattern(id, 7, row.data(), row.size());
+  return cache->Put(id, row.data(), row.size(), inserted);
+}
+
+// Puts one small row from a forked process; 0 when it was stored.
+int PutSmallRowInChild(const TestServer& server, uint32_t session, uint64_t id,
+                       bool spilling) {
+  pid_t pid = ForkChild([&]() -> int {
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 3;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(CacheNamed(session, "capacity", 1, spilling), &cache).ok()) {
+      return 4;
+    }
+    bool inserted = false;
+    Status s = PutBytes(cache.get(), id, kRowBytes, &inserted);
+    return s.ok() && inserted ? 0 : 5;
+  });
+  return WaitChild(pid);
+}
+
+TEST(CapacityTest, RowLargerThanTheBudgetIsRefusedAloneAndTheCacheGoesOn) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 8, false);
+  Status s = PutBytes(cache.get(), 1, 12 * kMB);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("12.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("8 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache->IsFull());
+  // Another process still caches its rows in memory.
+  EXPECT_EQ(PutSmallRowInChild(server, session, 2, false), 0);
+  EXPECT_TRUE(cache->Contains(2));
+  EXPECT_FALSE(cache->Contains(1));
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 1u);
+  EXPECT_FALSE(st.full);
+}
+
+TEST(CapacityTest, RowLargerThanWhatIsLeftIsRefusedAloneUntilTheCacheIsFull) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 16, false);
+  ASSERT_TRUE(PutBytes(cache.get(), 0, kRowBytes).ok());
+  // Within the budget, but more than is left once the first segment is
+  // made: the daemon refuses it, and only it.
+  Status s = PutBytes(cache.get(), 1, 13 * kMB);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache->IsFull());
+  EXPECT_EQ(PutSmallRowInChild(server, session, 2, false), 0);
+  // Small rows then use up the budget: that cache is full, as ever.
+  const size_t rows = (24u << 20) / kRowBytes;
+  size_t stored = PutRows(cache.get(), rows);
+  EXPECT_GT(stored, (8u << 20) / kRowBytes);
+  EXPECT_LT(stored, rows);
+  EXPECT_TRUE(cache->IsFull());
+}
+
+TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 8, true);
+    ASSERT_TRUE(PutBytes(cache.get(), 1000, kRowBytes).ok());
+    bool inserted = false;
+    Status s = PutBytes(cache.get(), 1001, 12 * kMB, &inserted);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(inserted);
+    // One row larger than a 16 MB budget's leftover, through the daemon.
+    auto roomy = OpenCache(server, session, 16, true, "roomy");
+    ASSERT_TRUE(PutBytes(roomy.get(), 1000, kRowBytes).ok());
+    ASSERT_TRUE(PutBytes(roomy.get(), 1001, 13 * kMB).ok());
+    for (Cache* c : {cache.get(), roomy.get()}) {
+      EXPECT_EQ(PutRows(c, 100), 100u);
+      CacheStats st;
+      ASSERT_TRUE(c->GetStats(&st).ok());
+      EXPECT_EQ(st.disk_rows, 1u) << "only the large row is on disk";
+      EXPECT_EQ(st.mem_rows, 101u);
+      EXPECT_FALSE(st.spilling);
+      EXPECT_FALSE(st.full);
+    }
+    Row row;
+    ASSERT_TRUE(cache->Get(1001, &row).ok());
+    auto col = row.find("data");
+    ASSERT_TRUE(col.has_value());
+    EXPECT_EQ(col->nbytes, 12 * kMB);
+    EXPECT_EQ(0, std::memcmp(col->data, Pattern(1001, 7, 12 * kMB).data(), 12 * kMB));
+  }
+  RemoveTree(spill);
+}
+
+
+// ---- Memory of destroyed sessions that readers still map (item 9) --------
+
+ServerInfo GetInfo(const TestServer& server) {
+  std::unique_ptr<Client> client;
+  ServerInfo info;
+  Status s = server.Connect(&client);
+  if (s.ok()) s = client->GetServerInfo(&info);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return info;
+}
+
+// A forked reader of rows 0..n-1 of cache "capacity" that then keeps the
+// cache mapped until it is killed. Returns its pid once it read them all,
+// or -1.
+pid_t StartReader(const TestServer& server, uint32_t session, size_t n) {
+  int ready[2], hold[2];
+  if (pipe(ready) != 0 || pipe(hold) != 0) return -1;
+  pid_t pid = ForkChild([&]() -> int {
+    close(ready[0]);
+    close(hold[1]);
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 3;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(CacheNamed(session, "capacity", 1, false), &cache).ok()) {
+      return 4;
+    }
+    Row row;
+    size_t found = 0;
+    for (size_t i = 0; i < n; ++i) found += cache->Get(i, &row).ok();
+    if (write(ready[1], &found, sizeof found) != sizeof found) return 5;
+    char c;
+    return read(hold[0], &c, 1) == 0 ? 0 : 6;  // blocks until killed
+  });
+  close(ready[1]);
+  close(hold[0]);
+  size_t found = 0;
+  bool ok = read(ready[0], &found, sizeof found) == sizeof found && found == n;
+  close(ready[0]);
+  EXPECT_EQ(found, n);
+  if (!ok) {
+    kill(pid, SIGKILL);
+    WaitChild(pid);
+    return -1;
+  }
+  return pid;
+}
+
+TEST(CapacityTest, DestroyedSessionMappedByAReaderStaysCountedUntilItUnmaps) {
+  TestServer server(WithArgs({"--memory_cap_mb", "64"}));
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  const uint64_t cap = 64 * kMB;
+  const size_t rows = (64u << 20) / kRowBytes;
+  uint32_t a = server.NewSession();
+  size_t in_a = 0;
+  uint64_t a_bytes = 0;
+  {
+    auto cache = OpenCache(server, a, 40, false);
+    in_a = PutRows(cache.get(), rows);
+    ASSERT_TRUE(cache->IsFull());
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    a_bytes = st.reserved_bytes;
+  }  // this process maps nothing of A any more
+  pid_t reader = StartReader(server, a, in_a);
+  ASSERT_GT(reader, 0);
+  CommandResult d = server.Admin({"-d", std::to_string(a)});
+  ASSERT_EQ(d.exit_code, 0) << d.Describe();
+
+  // Everything of A is mapped by the reader: all of it stays counted.
+  ServerInfo info = GetInfo(server);
+  EXPECT_EQ(info.memory_held_bytes, a_bytes);
+  EXPECT_GE(info.memory_used_bytes, a_bytes);
+  CommandResult table = server.Admin({"--server_info"});
+  EXPECT_NE(table.out.find(fmt::format("({:.1f} MB held by readers of dropped sessions)",
+                                       static_cast<double>(a_bytes) / kMB)),
+            std::string::npos)
+      << table.out;
+  CommandResult json = server.Admin({"--server_info", "--json"});
+  EXPECT_NE(json.out.find(fmt::format("\"memory_held_bytes\": {}", a_bytes)),
+            std::string::npos)
+      << json.out;
+
+  // B gets only what A does not still occupy: no over-commit.
+  uint32_t b = server.NewSession();
+  auto cache_b = OpenCache(server, b, 0, false);
+  size_t in_b = PutRows(cache_b.get(), rows);
+  EXPECT_GT(in_b, 0u);
+  EXPECT_TRUE(cache_b->IsFull());
+  CacheStats st;
+  ASSERT_TRUE(cache_b->GetStats(&st).ok());
+  EXPECT_LE(st.reserved_bytes + a_bytes, cap)
+      << "B " << st.reserved_bytes << " + A's held " << a_bytes;
+  EXPECT_LE(GetInfo(server).memory_used_bytes, cap);
+
+  // Once the reader is gone, A's memory is free and B grows again.
+  ASSERT_EQ(kill(reader, SIGKILL), 0);
+  EXPECT_EQ(WaitChild(reader), -SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return GetInfo(server).memory_held_bytes == 0; }));
+  EXPECT_FALSE(cache_b->IsFull());
+  std::vector<uint8_t> row(kRowBytes);
+  size_t more = 0;
+  for (size_t i = rows; i < 2 * rows; ++i) {
+    if (!cache_b->Put(i, row.data(), row.size()).ok()) break;
+    ++more;
+  }
+  EXPECT_GT(more * kRowBytes, 16 * kMB) << "B took over A's memory";
+  info = GetInfo(server);
+  EXPECT_LE(info.memory_used_bytes, cap);
+  EXPECT_EQ(info.memory_held_bytes, 0u);
 }
 
 }  // namespace

@@ -304,6 +304,18 @@ TEST_F(CliTest, SessionThatDoesNotExist) {
   EXPECT_NE(r.err.find("session 12345 does not exist"), std::string::npos) << r.Describe();
 }
 
+TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {
+  std::string logs = run_dir_ + "/my logs";
+  TestServer server(WithArgs({"--log_dir", logs}));
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  const std::string& out = server.start_result().out;
+  size_t at = out.find("Logs: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::string path = out.substr(at + 6, out.find('\n', at) - at - 6);
+  EXPECT_EQ(path.rfind(logs + "/shmcached.", 0), 0u) << out;
+  EXPECT_TRUE(PathExists(path)) << path;
+}
+
 TEST_F(CliTest, SecondStartOfTheSameInstance) {
   TestServer server;
   ASSERT_TRUE(server.ok());

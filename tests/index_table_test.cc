@@ -195,6 +195,100 @@ TEST(IndexTableTest, RacingWritersOfOneKeyAgreeOnTheFirst) {
   }
 }
 
+TEST(IndexTableTest, RetiredSpilledRowsAreMissesAndTheirKeysCanBeInsertedAgain) {
+  TableMemory m(8);
+  IndexTable t = m.table();
+  // Even keys in memory, odd keys spilled.
+  auto spilled = [](uint64_t k) { return k % 2 == 1; };
+  for (uint64_t k = 0; k < 120; ++k) {
+    ASSERT_EQ(t.Insert(k, spilled(k) ? layout::kSpilledBit : Loc(k)),
+              IndexTable::InsertResult::kInserted);
+  }
+  EXPECT_EQ(t.RetireSpilled(), 60u);
+  EXPECT_EQ(t.RetireSpilled(), 0u);
+  EXPECT_EQ(t.claimed(), 120u);  // retired slots stay taken
+  for (uint64_t k = 0; k < 120; ++k) {
+    EXPECT_EQ(t.Find(k), spilled(k) ? kEmpty : Loc(k)) << k;
+  }
+  // New keys probe past retired slots; retired keys are taken again, once.
+  for (uint64_t k = 120; k < 160; ++k) {
+    ASSERT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kInserted);
+  }
+  for (uint64_t k = 1; k < 120; k += 2) {
+    ASSERT_EQ(t.Insert(k, Loc(k)), IndexTable::InsertResult::kInserted) << k;
+    EXPECT_EQ(t.Insert(k, Loc(k + 1)), IndexTable::InsertResult::kExists) << k;
+  }
+  EXPECT_EQ(t.claimed(), 160u);  // no slot was used twice for one key
+  for (uint64_t k = 0; k < 160; ++k) EXPECT_EQ(t.Find(k), Loc(k)) << k;
+}
+
+TEST(IndexTableTest, RacingWritersTakeARetiredSlotOnceWhileReadersSeeMissOrRow) {
+  TableMemory m(14);
+  IndexTable t = m.table();
+  constexpr int kWriters = 3, kKeys = 4000;
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    ASSERT_EQ(t.Insert(k, layout::kSpilledBit), IndexTable::InsertResult::kInserted);
+  }
+  std::atomic<int> inserted[kKeys] = {};
+  std::atomic<bool> go{false}, done{false};
+  std::atomic<int> bad{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      for (uint64_t k = 0; k < kKeys; ++k) {
+        uint64_t loc = t.Find(k);
+        // A miss, the spilled row, or a writer's row of this key; never a
+        // marker value or another key's row.
+        if (loc != kEmpty && loc != layout::kSpilledBit &&
+            layout::LocationOffset(loc) != 4096 + k * 8) {
+          bad.fetch_add(1);
+        }
+      }
+    }
+  });
+  std::thread retirer([&] {
+    while (!go.load()) {
+    }
+    t.RetireSpilled();
+  });
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      while (!go.load()) {
+      }
+      for (uint64_t k = 0; k < kKeys; ++k) {
+        uint64_t loc = layout::MakeLocation(static_cast<uint32_t>(w + 1), 4096 + k * 8);
+        if (t.Insert(k, loc) == IndexTable::InsertResult::kInserted) {
+          inserted[k].fetch_add(1);
+        }
+      }
+    });
+  }
+  go.store(true);
+  retirer.join();
+  for (auto& th : writers) th.join();
+  // A second pass after the retirer finished: every key is served again.
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    if (t.Find(k) == kEmpty) {
+      ASSERT_EQ(t.Insert(k, layout::MakeLocation(9, 4096 + k * 8)),
+                IndexTable::InsertResult::kInserted);
+      inserted[k].fetch_add(1);
+    }
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(t.claimed(), uint64_t{kKeys});
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    uint64_t loc = t.Find(k);
+    // Every spilled row was retired, and exactly one writer took its slot
+    // (a writer that came before the retirer found the row present).
+    ASSERT_NE(loc, kEmpty) << k;
+    ASSERT_NE(loc, layout::kSpilledBit) << k;
+    EXPECT_EQ(inserted[k].load(), 1) << k;
+    EXPECT_EQ(layout::LocationOffset(loc), 4096 + k * 8) << k;
+  }
+}
+
 // The index grows as a chain of tables, newest first, the way CacheImpl
 // looks rows up. Readers run while a writer fills table after table; every
 // key the writer has published must be found, with its own location.

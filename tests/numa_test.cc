@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "index_table.h"
+#include "instance.h"
 #include "layout.h"
 #include "numa_topology.h"
 #include "shm_file.h"
@@ -60,15 +61,18 @@ std::map<uint32_t, uint32_t> SegmentNodes(const TestServer& server, uint32_t cac
 
 // The segment that holds row `id`, read from the index table files.
 int SegmentOfRow(const TestServer& server, uint32_t cache_id, uint64_t id) {
-  for (uint32_t gen = 0;; ++gen) {
-    std::string path = server.shm_dir() + "/" + server.shm_prefix() + "table." +
-                       std::to_string(cache_id) + "." + std::to_string(gen);
-    if (!PathExists(path)) return -1;
+  InstancePaths paths = MakeInstancePaths(server.port(), server.run_dir(), server.shm_dir());
+  ShmFile header;
+  if (!ShmFile::Open(paths.CacheFile(cache_id), &header).ok()) return -1;
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
+  for (uint32_t gen = 0; gen < h->num_tables.load(); ++gen) {
+    std::string path = paths.TableFile(cache_id, gen, h->tables[gen].tag);
     ShmFile f;
     if (!ShmFile::Open(path, &f).ok()) return -1;
     uint64_t loc = IndexTable(reinterpret_cast<layout::TableHeader*>(f.data())).Find(id);
     if (loc != layout::kEmpty) return static_cast<int>(layout::LocationSegment(loc));
   }
+  return -1;
 }
 
 // In a child forced onto `node`: opens the cache and puts or reads rows.

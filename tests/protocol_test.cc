@@ -281,6 +281,7 @@ TEST(WireTest, ServerInfoRoundTrip) {
   in.spill_dir = "/spill";
   in.memory_cap_bytes = 1ULL << 40;
   in.memory_used_bytes = 12345;
+  in.memory_held_bytes = 678;
   in.numa_nodes = 2;
   in.sessions = {1, 2, 3};
   WireWriter w;
@@ -300,6 +301,7 @@ TEST(WireTest, ServerInfoRoundTrip) {
   EXPECT_EQ(out.spill_dir, in.spill_dir);
   EXPECT_EQ(out.memory_cap_bytes, in.memory_cap_bytes);
   EXPECT_EQ(out.memory_used_bytes, in.memory_used_bytes);
+  EXPECT_EQ(out.memory_held_bytes, in.memory_held_bytes);
   EXPECT_EQ(out.numa_nodes, 2);
   EXPECT_EQ(out.sessions, in.sessions);
 }

@@ -184,5 +184,43 @@ TEST_F(RequestHandlerTest, OutOfRangeFieldsAreRefused) {
   EXPECT_TRUE(Call(MsgType::kLeaseChunk, no_cache.body()).IsNotFound());
 }
 
+TEST_F(RequestHandlerTest, SpilledRowOverTheLimitIsRefusedBeforeDecoding) {
+  // A client that skipped its own check: the row is refused by size, with
+  // both sizes named, and the answer is an ordinary response.
+  WireWriter w;
+  w.U32(1);
+  w.U64(5);
+  w.Str(std::string(protocol::kMaxSpilledRowBytes + 8, '\0'));
+  Status s = Call(MsgType::kSpillPut, w.body());
+  EXPECT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("row 5 is not cached"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(std::to_string(protocol::kMaxSpilledRowBytes)),
+            std::string::npos) << s.message();
+}
+
+// A client that skips the library must not plant a name that breaks the
+// listings (JSON, Python str): the daemon checks names itself.
+TEST_F(RequestHandlerTest, NamesThatAreNotUtf8AreRefused) {
+  uint32_t id = NewSession();
+  for (std::string bad : {"\xff", "ok\xc3", "\xed\xa0\x80", "\xc0\xaf"}) {
+    Status s = Call(MsgType::kOpenCache, OpenCacheBody(id, bad));
+    EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+    EXPECT_NE(s.message().find("UTF-8"), std::string::npos) << s.message();
+  }
+  WireWriter bad_fp;
+  bad_fp.U32(id);
+  bad_fp.Str("train");
+  bad_fp.Str("fp-\xfe");
+  bad_fp.U64(16);
+  bad_fp.U8(0);
+  EXPECT_TRUE(Call(MsgType::kOpenCache, bad_fp.body()).IsInvalidArgument());
+  EXPECT_TRUE(Call(MsgType::kOpenCache, OpenCacheBody(id, "caf\xc3\xa9")).ok());
+  std::vector<SessionInfo> sessions;
+  store_->ListSessions(&sessions);
+  ASSERT_EQ(sessions.size(), 1u);
+  ASSERT_EQ(sessions[0].caches.size(), 1u);
+  EXPECT_EQ(sessions[0].caches[0].name, "caf\xc3\xa9");
+}
+
 }  // namespace
 }  // namespace shmcache

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "layout.h"
@@ -20,8 +21,21 @@ namespace {
 
 constexpr size_t kRowBytes = 3072;
 
-
-
+// True when some line of `out` is "Warning: cache <id> " followed by `text`
+// (cache ids are random).
+bool HasWarning(const std::string& out, const std::string& text) {
+  for (size_t at = out.find(text); at != std::string::npos; at = out.find(text, at + 1)) {
+    size_t line = out.rfind('\n', at);
+    line = line == std::string::npos ? 0 : line + 1;
+    std::string head = out.substr(line, at - line);
+    if (head.rfind("Warning: cache ", 0) == 0 &&
+        head.size() > 16 && head.back() == ' ' &&
+        head.find_first_not_of("0123456789", 15) == head.size() - 1) {
+      return true;
+    }
+  }
+  return false;
+}
 
 Status Open(const TestServer& server, uint32_t session, std::unique_ptr<Client>* client,
             std::unique_ptr<Cache>* cache) {
@@ -98,6 +112,179 @@ TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
   RemoveTree(spill);
 }
 
+// Puts rows 0..n-1 into the "restart" cache (1 MB, spilling) of a server
+// with a spill dir; returns how many stayed in memory: ids below that, as
+// rows spill only once memory is used up.
+size_t FillPastMemory(const TestServer& server, uint32_t session, size_t n) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  EXPECT_TRUE(Open(server, session, &client, &cache).ok());
+  std::vector<uint8_t> row(kRowBytes);
+  for (size_t i = 0; i < n; ++i) {
+    FillPattern(i, 3, row.data(), row.size());
+    EXPECT_TRUE(cache->Put(i, row.data(), row.size()).ok()) << i;
+  }
+  CacheStats st;
+  EXPECT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_GT(st.disk_rows, 0u);
+  EXPECT_EQ(st.mem_rows + st.disk_rows, n);
+  return st.mem_rows;
+}
+
+// After a restart that dropped the spilled rows: rows in memory are served,
+// spilled ones are misses, and a put caches them again (spill) or is
+// refused as full (no spill dir), as --list_sessions says.
+void ExpectSpilledRowsDropped(const TestServer& server, uint32_t session, size_t n,
+                              size_t in_memory, bool spill) {
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(client->OpenCache(CacheNamed(session, "restart", 1, spill), &cache).ok());
+  Row got;
+  std::vector<uint8_t> row(kRowBytes);
+  for (size_t i = 0; i < n; ++i) {
+    if (i < in_memory) {
+      ASSERT_TRUE(cache->Get(i, &got).ok()) << i;
+      continue;
+    }
+    ASSERT_FALSE(cache->Contains(i)) << i;
+    ASSERT_TRUE(cache->Get(i, &got).IsNotFound()) << i;
+    FillPattern(i, 3, row.data(), row.size());
+    bool inserted = false;
+    Status s = cache->Put(i, row.data(), row.size(), &inserted);
+    if (!spill) {
+      ASSERT_TRUE(s.IsFull()) << i << ": " << s.ToString();
+      continue;
+    }
+    ASSERT_TRUE(s.ok() && inserted) << i << ": " << s.ToString();
+    ASSERT_TRUE(cache->Get(i, &got).ok()) << i;
+    auto col = got.find("data");
+    ASSERT_TRUE(col.has_value());
+    ASSERT_EQ(0, std::memcmp(col->data, row.data(), kRowBytes)) << i;
+  }
+  EXPECT_EQ(cache->IsFull(), !spill);
+  CommandResult list = server.Admin({"--list_sessions", "--json"});
+  EXPECT_NE(list.out.find(fmt::format("\"disk_cached\": {},", spill ? n - in_memory : 0)),
+            std::string::npos) << list.out;
+  EXPECT_NE(list.out.find(spill ? "\"full\": false" : "\"full\": true"),
+            std::string::npos) << list.out;
+}
+
+TEST(RestartTest, AnotherSpillDirDropsSpilledRowsWhichCanBeCachedAgain) {
+  std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
+  std::string new_dir = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    auto first = std::make_unique<TestServer>(WithArgs({"-s", old_dir}));
+    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+    uint32_t session = first->NewSession();
+    const size_t rows = (4u << 20) / kRowBytes;
+    size_t in_memory = FillPastMemory(*first, session, rows);
+    first->Kill();
+    ASSERT_FALSE(ListDir(old_dir).empty());
+
+    TestServer second(SameInstance(*first, {"-s", new_dir}));
+    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+    const std::string& out = second.start_result().out;
+    EXPECT_TRUE(HasWarning(out, fmt::format("(session {}, 'restart'): {} spilled rows "
+                                            "were dropped (this server spills to {}/",
+                                            session, rows - in_memory, new_dir)))
+        << out;
+    EXPECT_NE(out.find("Warning: removed " + old_dir + "/"), std::string::npos) << out;
+    EXPECT_TRUE(ListDir(old_dir).empty()) << testing::PrintToString(ListDir(old_dir));
+    EXPECT_NE(second.ReadLog().find("spilled rows were dropped"), std::string::npos);
+    ExpectSpilledRowsDropped(second, session, rows, in_memory, true);
+  }
+  EXPECT_TRUE(ListDir(old_dir).empty());
+  EXPECT_TRUE(ListDir(new_dir).empty());
+  RemoveTree(old_dir);
+  RemoveTree(new_dir);
+}
+
+// The spill record names a database a restarted server destroys: one that
+// is not the server's own file (here a symbolic link someone planted in its
+// place) is ignored, and the database it names is left alone.
+TEST(RestartTest, APlantedSpillRecordIsIgnoredAndDestroysNothing) {
+  std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
+  std::string new_dir = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    auto first = std::make_unique<TestServer>(WithArgs({"-s", old_dir}));
+    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+    uint32_t session = first->NewSession();
+    const size_t rows = (4u << 20) / kRowBytes;
+    size_t in_memory = FillPastMemory(*first, session, rows);
+    first->Kill();
+    std::string record = first->shm_dir() + "/" + first->shm_prefix() + "spilldb";
+    std::string planted = first->shm_dir() + "/planted-record";
+    ASSERT_EQ(rename(record.c_str(), planted.c_str()), 0) << strerror(errno);
+    ASSERT_EQ(symlink(planted.c_str(), record.c_str()), 0) << strerror(errno);
+
+    TestServer second(SameInstance(*first, {"-s", new_dir}));
+    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+    const std::string& out = second.start_result().out;
+    EXPECT_NE(out.find("Warning: ignored the spill record: "), std::string::npos) << out;
+    EXPECT_NE(out.find("is a symbolic link"), std::string::npos) << out;
+    EXPECT_FALSE(ListDir(old_dir).empty()) << "a planted record destroyed a database";
+    ExpectSpilledRowsDropped(second, session, rows, in_memory, true);
+    unlink(planted.c_str());
+  }
+  RemoveTree(old_dir);
+  RemoveTree(new_dir);
+}
+
+TEST(RestartTest, NoSpillDirDropsSpilledRowsAndTheFullCacheSaysFull) {
+  std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    auto first = std::make_unique<TestServer>(WithArgs({"-s", old_dir}));
+    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+    uint32_t session = first->NewSession();
+    const size_t rows = (4u << 20) / kRowBytes;
+    size_t in_memory = FillPastMemory(*first, session, rows);
+    first->Kill();
+
+    TestServer second(SameInstance(*first, {}));
+    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+    const std::string& out = second.start_result().out;
+    EXPECT_TRUE(HasWarning(out, fmt::format("(session {}, 'restart'): {} spilled rows "
+                                            "were dropped (this server has no spill "
+                                            "directory)",
+                                            session, rows - in_memory)))
+        << out;
+    EXPECT_NE(out.find("it no longer spills and is full"), std::string::npos) << out;
+    EXPECT_TRUE(ListDir(old_dir).empty()) << testing::PrintToString(ListDir(old_dir));
+    ExpectSpilledRowsDropped(second, session, rows, in_memory, false);
+    CommandResult table = second.Admin({"--list_sessions"});
+    EXPECT_NE(table.out.find("yes"), std::string::npos) << table.out;
+  }
+  EXPECT_TRUE(ListDir(old_dir).empty());
+  RemoveTree(old_dir);
+}
+
+TEST(RestartTest, CacheOverALowerMemoryCapIsDiscardedAndStartSaysSo) {
+  auto first = std::make_unique<TestServer>();
+  ASSERT_TRUE(first->ok());
+  uint32_t session = first->NewSession();
+  {
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(first->Connect(&client).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "big", 64, false), &cache).ok());
+    std::vector<uint8_t> row(kRowBytes, 5);
+    for (uint64_t i = 0; i < (48u << 20) / kRowBytes; ++i) {
+      ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok()) << i;
+    }
+  }
+  first->Kill();
+  TestServer second(SameInstance(*first, {"--memory_cap_mb", "32"}));
+  ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+  const std::string& out = second.start_result().out;
+  EXPECT_NE(out.find("successfully"), std::string::npos) << out;
+  EXPECT_TRUE(HasWarning(out, "left by the earlier server was discarded: it holds "))
+      << out;
+  EXPECT_NE(out.find(fmt::format("MB (session {}, 'big'), more than is left under the "
+                                 "memory cap of 32 MB", session)),
+            std::string::npos) << out;
+}
+
 TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
   auto first = std::make_unique<TestServer>();
   ASSERT_TRUE(first->ok());
@@ -142,14 +329,7 @@ TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {
   ASSERT_TRUE(client->OpenCache(CacheNamed(session, "v", 0, false), &cache).ok());
   Row got;
   EXPECT_TRUE(cache->Get(1, &got).IsNotFound());
-  std::string log;
-  for (const std::string& n : ListDir(second.run_dir() + "/log")) {
-    FILE* f = fopen((second.run_dir() + "/log/" + n).c_str(), "r");
-    char buf[4096];
-    size_t r;
-    while (f && (r = fread(buf, 1, sizeof buf, f)) > 0) log.append(buf, r);
-    if (f) fclose(f);
-  }
+  std::string log = second.ReadLog();
   EXPECT_NE(log.find("layout version differs"), std::string::npos) << log;
 }
 

@@ -33,6 +33,7 @@ TEST(StatusTest, EachFactorySetsItsCodeAndOnlyItsPredicate) {
       {Status::IOError("m"), Status::Code::kIOError},
       {Status::NotSupported("m"), Status::Code::kNotSupported},
       {Status::FingerprintMismatch("m"), Status::Code::kFingerprintMismatch},
+      {Status::TooLarge("m"), Status::Code::kTooLarge},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(CodeName(c.code));
@@ -47,8 +48,10 @@ TEST(StatusTest, EachFactorySetsItsCodeAndOnlyItsPredicate) {
     EXPECT_EQ(c.s.IsCorruption(), c.code == Status::Code::kCorruption);
     EXPECT_EQ(c.s.IsPermissionDenied(), c.code == Status::Code::kPermissionDenied);
     EXPECT_EQ(c.s.IsIOError(), c.code == Status::Code::kIOError);
+    EXPECT_EQ(c.s.IsNotSupported(), c.code == Status::Code::kNotSupported);
     EXPECT_EQ(c.s.IsFingerprintMismatch(),
               c.code == Status::Code::kFingerprintMismatch);
+    EXPECT_EQ(c.s.IsTooLarge(), c.code == Status::Code::kTooLarge);
   }
 }
 
@@ -60,7 +63,7 @@ TEST(StatusTest, ToStringNamesCodeAndMessage) {
 }
 
 TEST(StatusTest, EveryCodeHasAName) {
-  for (int c = 0; c <= static_cast<int>(Status::Code::kFingerprintMismatch); ++c) {
+  for (int c = 0; c <= static_cast<int>(Status::Code::kTooLarge); ++c) {
     EXPECT_STRNE(CodeName(static_cast<Status::Code>(c)), "Unknown") << c;
   }
   EXPECT_STREQ(CodeName(static_cast<Status::Code>(200)), "Unknown");

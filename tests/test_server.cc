@@ -321,6 +321,18 @@ std::vector<std::string> TestServer::ShmFiles() const {
   return mine;
 }
 
+std::string TestServer::ReadLog() const {
+  std::string log;
+  for (const std::string& n : ListDir(run_dir_ + "/log")) {
+    FILE* f = fopen((run_dir_ + "/log/" + n).c_str(), "r");
+    char buf[4096];
+    size_t r;
+    while (f && (r = fread(buf, 1, sizeof buf, f)) > 0) log.append(buf, r);
+    if (f) fclose(f);
+  }
+  return log;
+}
+
 Env TestServer::AdminEnv() const {
   Env env = options_.env;
   env.emplace_back("SHMCACHE_RUN_DIR", run_dir_);

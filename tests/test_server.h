@@ -112,6 +112,8 @@ class TestServer {
   std::string shm_prefix() const;
   // Names in shm_dir that belong to this instance.
   std::vector<std::string> ShmFiles() const;
+  // Everything in the log dir of the run dir (the default log dir).
+  std::string ReadLog() const;
   // Environment for an admin run against this server.
   Env AdminEnv() const;
 

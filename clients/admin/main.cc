@@ -1,24 +1,21 @@
 // shmcache: the admin command. Starts and stops the server, manages
 // sessions, shows what is cached.
-#include <signal.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fmt/format.h>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cli_args.h"
 #include "instance.h"
 #include "metrics.h"
 #include "numa_topology.h"
-#include "process_state.h"
 #include "output.h"
 #include "shmcache/client.h"
 #include "start_server.h"
+#include "stop_server.h"
 
 using namespace shmcache;
 using namespace shmcache::admin;
@@ -45,6 +42,7 @@ int RunStart(const CliArgs& a, int port) {
              "listening on port {}.\n"
              "Workers: {}. Logs: {}\n",
              r.pid, port, r.workers, r.log_path);
+  for (const std::string& note : r.notes) fmt::print("Warning: {}\n", note);
   return 0;
 }
 
@@ -58,14 +56,18 @@ Status CollectMetrics(Client& client, std::string* out) {
   return s;
 }
 
-// Waits until the server process is gone, so that a --start right after
-// --stop finds the instance free.
-void WaitForExit(int pid) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!ProcessGone(pid) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+int RunStop(const ClientOptions& co, int port) {
+  StopResult r;
+  Status s = StopServer(co, &r);
+  if (!s.ok()) return Fail(s.message());
+  if (r.was_starting) {
+    fmt::print("Cache server on port {} (process id {}) was still starting (not "
+               "answering yet); it has been stopped.\n",
+               port, r.pid);
+  } else {
+    fmt::print("Cache server on port {} has been stopped.\n", port);
   }
+  return 0;
 }
 
 }  // namespace
@@ -89,21 +91,12 @@ int main(int argc, char** argv) {
   ClientOptions co;
   co.port = port;
   co.hostname = a.hostname;
+  if (a.command == Command::kStop) return RunStop(co, port);
   std::unique_ptr<Client> client;
   s = Client::Connect(co, &client);
   if (!s.ok()) return Fail(s.message());
 
   switch (a.command) {
-    case Command::kStop: {
-      ServerInfo info;
-      s = client->GetServerInfo(&info);
-      if (s.ok()) s = client->StopServer();
-      if (!s.ok()) return Fail(s.message());
-      client.reset();
-      WaitForExit(info.pid);
-      fmt::print("Cache server on port {} has been stopped.\n", port);
-      return 0;
-    }
     case Command::kGenerate: {
       uint32_t id;
       s = client->CreateSession(&id);

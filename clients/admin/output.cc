@@ -76,19 +76,29 @@ std::string SessionsJson(const std::vector<SessionInfo>& sessions) {
   return out;
 }
 
+// "X MB used of Y MB", and the part of it that readers of dropped sessions
+// hold (to a tenth of a MB: often a few pages only).
+static std::string MemoryLine(const ServerInfo& i) {
+  std::string out = fmt::format("{} MB used of {} MB", i.memory_used_bytes >> 20,
+                                i.memory_cap_bytes >> 20);
+  if (i.memory_held_bytes == 0) return out;
+  return out + fmt::format(" ({:.1f} MB held by readers of dropped sessions)",
+                           static_cast<double>(i.memory_held_bytes) / (1 << 20));
+}
+
 std::string ServerInfoTable(const ServerInfo& i) {
   std::string sessions;
   for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
   return fmt::format(
       "Cache server configuration:\n"
       "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
-      "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{} MB used of {} MB\n"
+      "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
       "  {:<18}{}\n"
       "Active sessions: {}\n",
       "Hostname:", "127.0.0.1", "Instance:", i.instance, "Socket:", i.socket_path,
       "Process id:", i.pid, "Workers:", i.workers, "Log level:", i.log_level,
       "Log file:", i.log_path, "Spill dir:", i.spill_dir.empty() ? "None" : i.spill_dir,
-      "Memory cap:", i.memory_used_bytes >> 20, i.memory_cap_bytes >> 20,
+      "Memory cap:", MemoryLine(i),
       "NUMA nodes:", i.numa_nodes,
       sessions.empty() ? "none" : sessions);
 }
@@ -100,12 +110,12 @@ std::string ServerInfoJson(const ServerInfo& i) {
       "{{\"hostname\": \"127.0.0.1\", \"port\": {}, \"socket\": {}, \"shm_dir\": {}, "
       "\"pid\": {}, \"workers\": {}, \"log_level\": {}, \"log_file\": {}, "
       "\"spill_dir\": {}, \"memory_cap_bytes\": {}, \"memory_used_bytes\": {}, "
-      "\"numa_nodes\": {}, \"sessions\": [{}], \"connections\": {}, "
-      "\"start_time_unix\": {}, \"uptime_seconds\": {:.3f}}}\n",
+      "\"memory_held_bytes\": {}, \"numa_nodes\": {}, \"sessions\": [{}], "
+      "\"connections\": {}, \"start_time_unix\": {}, \"uptime_seconds\": {:.3f}}}\n",
       i.port, JsonString(i.socket_path), JsonString(i.shm_dir), i.pid, i.workers,
       i.log_level, JsonString(i.log_path),
       i.spill_dir.empty() ? "null" : JsonString(i.spill_dir), i.memory_cap_bytes,
-      i.memory_used_bytes, i.numa_nodes, sessions, i.connections,
+      i.memory_used_bytes, i.memory_held_bytes, i.numa_nodes, sessions, i.connections,
       i.start_time_unix, i.uptime_seconds);
 }
 

@@ -108,10 +108,15 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
     line.append(buf, static_cast<size_t>(n));
   }
   close(fds[0]);
-  while (!line.empty() && line.back() == '\n') line.pop_back();
+  std::istringstream report(line);
+  while (std::getline(report, line) && line.rfind("NOTE ", 0) == 0) {
+    out->notes.push_back(line.substr(5));
+  }
   if (line.rfind("OK ", 0) == 0) {
     std::istringstream in(line.substr(3));
-    in >> out->pid >> out->workers >> out->log_path;
+    in >> out->pid >> out->workers;
+    in.get();  // the space before the log path, which may hold spaces
+    std::getline(in, out->log_path);
     return Status::OK();
   }
   int st = 0;

@@ -1,8 +1,10 @@
-// Starting shmcached: fork, setsid, exec, and wait for the daemon's one-line
-// readiness report on a pipe, so that a failed start is told here.
+// Starting shmcached: fork, setsid, exec, and wait for the daemon's
+// readiness report on a pipe ("NOTE <text>" lines, then "OK <pid> <workers>
+// <log path>" or "ERR <why>"), so that a failed start is told here.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cli_args.h"
 #include "shmcache/status.h"
@@ -13,6 +15,9 @@ struct StartResult {
   int pid = 0;
   int workers = 0;
   std::string log_path;
+  // What the daemon found at start that people should know (caches or rows
+  // it discarded, and why), one line each.
+  std::vector<std::string> notes;
 };
 
 // Where the daemon binary is: $SHMCACHE_DAEMON, beside this executable, the

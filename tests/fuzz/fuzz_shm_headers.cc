@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const InstancePaths& p = env.paths;
-  const std::string files[] = {p.CacheFile(1), p.TableFile(1, 0),
+  const std::string files[] = {p.CacheFile(1), p.TableFile(1, 0, 0),
                                p.SegmentFile(1, 0), p.SessionsFile()};
   WriteFile(files[0], cache);
   WriteFile(files[1], table);

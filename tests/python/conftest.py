@@ -127,16 +127,45 @@ def _alive(pid):
 
 
 @pytest.fixture
-def server(tmp_path, monkeypatch):
+def start_server(tmp_path, monkeypatch):
+    """start_server(*args): starts a server with extra `shmcache --start`
+    arguments (e.g. "--memory_cap_mb", "64") and points the test at it."""
     assert ADMIN.exists(), f"build the project first: {ADMIN} is missing"
-    s = Server(tmp_path)
-    monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
-    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
-    s.start()
-    yield s
-    s.stop()
+    servers = []
+
+    def start(*args):
+        d = tmp_path / f"server{len(servers)}"
+        d.mkdir()
+        s = Server(d)
+        servers.append(s)
+        monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
+        monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
+        s.start(*args)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def server(start_server):
+    return start_server()
 
 
 @pytest.fixture
 def session(server):
     return server.new_session()
+
+
+@pytest.fixture
+def spill_server(tmp_path, monkeypatch):
+    """A server with a spill dir (its own port and run dir)."""
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "spill").mkdir()
+    s = Server(tmp_path / "srv")
+    monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
+    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
+    s.start("-s", str(tmp_path / "spill"))
+    yield s
+    s.stop()

@@ -54,7 +54,8 @@ def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
         c = DatasetCache(session, size=0, spilling=False, hostname=host,
                          port=server.port, num_connections=12, prefetch_size=20)
-        assert c.put(1, (np.zeros(3),)) in (True, False)
+        # The first host stores the row; the others find it there.
+        assert c.put(1, (np.zeros(3),)) is (host == shmcache.LOCAL_HOSTS[0])
     assert DatasetCache(session).get(1)[0].shape == (3,)
 
 
@@ -121,6 +122,23 @@ def test_dict_rows_projection_and_bare_arrays(server, session):
         c.get(5, columns=["nope"])
 
 
+def test_empty_projection_is_a_value_error(server, session):
+    c = DatasetCache(session)
+    assert c.put(5, {"image": np.arange(4), "label": 3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # and no CacheWarning
+        for copy in (True, False):
+            for empty in ([], ()):
+                with pytest.raises(ValueError, match="no column"):
+                    c.get(5, columns=empty, copy=copy)
+                with pytest.raises(ValueError, match="no column"):
+                    c.get(6, columns=empty, copy=copy)   # a miss too
+        with pytest.raises(ValueError, match="no column"):
+            c.view(5, columns=[])
+    assert not c.bypassed
+    assert c.get(5, columns=["label"]) == {"label": 3}
+
+
 def test_first_writer_wins(server, session):
     a, b = DatasetCache(session), DatasetCache(session)
     assert a.put(1, (np.array([1]),)) is True
@@ -174,6 +192,25 @@ def test_full_cache_warns_once_and_keeps_going(server, session):
     assert not c.accepting
     assert c.get(0) is not None          # what is cached still reads
     assert c.get(63) is None
+
+
+def test_too_large_row_is_dropped_alone_with_one_warning(server, session):
+    c = DatasetCache(session, size=8, name="small")
+    big = (np.zeros(10 << 20, dtype=np.uint8),)
+    small = (np.ones(3072, dtype=np.uint8),)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert c.put(0, big) is False
+        assert c.put(1, big) is False
+        stored = [c.put(i, small) for i in range(2, 102)]
+    assert all(stored)
+    cw = [x for x in w if issubclass(x.category, CacheWarning)]
+    assert len(cw) == 1, [str(x.message) for x in cw]
+    assert "10.0 MB" in str(cw[0].message) and "8 MB" in str(cw[0].message)
+    assert c.accepting
+    st = c.stats()
+    assert st["mem_rows"] == 100 and st["disk_rows"] == 0 and not st["full"]
+    assert c.get(0) is None and c.get(2) is not None
 
 
 def test_dead_daemon_at_construction_warns_and_misses(server, session):

@@ -31,30 +31,6 @@ def cache_labels(port, session, cache):
                       "cache": cache["name"], "cache_id": str(cache["cache_id"])}.items())
 
 
-@pytest.fixture
-def start_server(tmp_path, monkeypatch):
-    """start_server(*args): a server started with those --start options,
-    which this test's clients use; stopped at the end."""
-    started = []
-
-    def start(*args):
-        s = Server(tmp_path)
-        monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
-        monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
-        started.append(s)
-        s.start(*args)
-        return s
-    yield start
-    for s in started:
-        s.stop()
-
-
-@pytest.fixture
-def spill_server(tmp_path, start_server):
-    (tmp_path / "spill").mkdir()
-    return start_server("-s", str(tmp_path / "spill"))
-
-
 def fill(session, port):
     """Caches with hits and misses, spilled rows read back, refused puts."""
     plain = DatasetCache(session, port=port, name=ODD_NAME)
@@ -177,3 +153,4 @@ def test_bad_metrics_file_options_fail_the_start(tmp_path, args, message):
     r = s.admin("--start", *args, check=False)
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert s.admin("--server_info", check=False).returncode == 1   # nothing runs
+

@@ -97,3 +97,15 @@ def test_slice_patches_pads_uneven_images():
     assert ps[3][-1, -1] == 0 and ps[0][0, 0] == 0 and ps[1][0, 0] == 4
     with pytest.raises(ValueError):
         slice_patches(np.zeros(3), 1, 1)
+
+
+@pytest.mark.parametrize("nh, nw", [(0, 1), (1, 0), (-1, 2), (2, -3)])
+def test_slice_patches_refuses_fewer_than_one_patch(nh, nw):
+    with pytest.raises(ValueError, match="at least 1"):
+        slice_patches(np.zeros((4, 4)), nh, nw)
+
+
+@pytest.mark.parametrize("nh, nw", [(1.5, 1), (1, "2"), (True, 1)])
+def test_slice_patches_refuses_counts_that_are_not_ints(nh, nw):
+    with pytest.raises(TypeError, match="must be an int"):
+        slice_patches(np.zeros((4, 4)), nh, nw)

@@ -95,6 +95,13 @@ def test_random_transform_refused_unless_placed_after_the_cache(server, session)
     assert len(calls) == 2 and ds.stats()["hits"] == 1
 
 
+def test_empty_column_selection_is_refused_at_construction(server, session):
+    with pytest.raises(ValueError, match="no column"):
+        CachedDataset(Images(8), DatasetCache(session), columns=[])
+    ds = CachedDataset(Images(8), DatasetCache(session), columns=[1])
+    assert [int(x) for x in ds[3]] == [3] == [int(x) for x in ds[3]]   # miss, hit
+
+
 def test_different_pipelines_get_different_caches(server, session):
     cache = DatasetCache(session)
     a = CachedDataset(Images(8, transform=Normalize(1.0)), cache)

@@ -8,7 +8,6 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import Server
 from shmcache import DatasetCache
 
 torch = pytest.importorskip("torch")
@@ -20,19 +19,6 @@ from shmcache.torch import CachedDataset  # noqa: E402
 
 def _identity(sample):
     return sample
-
-
-@pytest.fixture
-def spill_server(tmp_path, monkeypatch):
-    """A server with a spill dir (its own port and run dir)."""
-    (tmp_path / "srv").mkdir()
-    (tmp_path / "spill").mkdir()
-    s = Server(tmp_path / "srv")
-    monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
-    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
-    s.start("-s", str(tmp_path / "spill"))
-    yield s
-    s.stop()
 
 
 def test_zero_copy_hits_alias_shared_memory_and_copies_do_not(server, session):

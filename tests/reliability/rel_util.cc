@@ -205,7 +205,12 @@ Status TestDaemon::Spawn() {
   close(fds[1]);
   std::string line = ReadUntilClosed(fds[0], std::chrono::seconds(30));
   close(fds[0]);
-  if (line.rfind("OK ", 0) != 0) {
+  // "NOTE ..." lines may come first; the verdict is the last line.
+  std::string verdict = line;
+  while (!verdict.empty() && verdict.back() == '\n') verdict.pop_back();
+  verdict = verdict.substr(verdict.rfind('\n') == std::string::npos
+                               ? 0 : verdict.rfind('\n') + 1);
+  if (verdict.rfind("OK ", 0) != 0) {
     kill(pid, SIGKILL);
     int st;
     waitpid(pid, &st, 0);

@@ -1,5 +1,6 @@
 // Stale state: a killed daemon's socket, lock file and shared memory never
-// block a new --start; a live instance is never clobbered by a second one.
+// block a new --start; a live instance is never clobbered by a second one;
+// --stop ends a server that is still starting.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -119,6 +120,84 @@ TEST(StaleState, SecondStartNeverClobbersALiveInstance) {
   cache.reset();
   c.reset();
   c2.reset();
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+// The process id the instance lock file names, or 0.
+int LockFilePid(const TestDaemon& d) {
+  std::ifstream in(fmt::format("{}/shmcached-{}.lock", d.run_dir(), d.port()));
+  int pid = 0;
+  in >> pid;
+  return pid;
+}
+
+TEST(StaleState, StopEndsAServerThatIsStillStarting) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  RowMaker m(1024);
+  uint32_t session = 0;
+  {
+    SessionCache sc;
+    ASSERT_TRUE(OpenSessionCache(d, "f", &sc).ok());
+    for (uint64_t id = 0; id < 100; ++id) ASSERT_TRUE(m.Put(*sc.cache, id).ok());
+    session = sc.session;
+  }
+  d.Kill();
+
+  // The next server is held in start-up (test hook) while `hold` exists:
+  // it holds the instance lock but does not answer yet.
+  TempDir tmp;
+  const std::string hold = tmp.path() + "/hold";
+  { std::ofstream(hold) << "hold\n"; }
+  std::vector<std::string> env = d.AdminEnv();
+  env.push_back("SHMCACHE_TEST_HOLD_START=" + hold);
+  struct Started {
+    int rc;
+    char out[2048];
+  };
+  Started* started = SharedBlock<Started>();
+  pid_t starter = ForkChild([&] {
+    std::string out;
+    started->rc = RunProgram(StartArgs(d), env, &out);
+    std::snprintf(started->out, sizeof started->out, "%s", out.c_str());
+    return 0;
+  });
+  ASSERT_TRUE(WaitFor([&] { return d.ReadLog().find("start-up held") != std::string::npos; },
+                      std::chrono::seconds(30)))
+      << d.ReadLog();
+  const int pid = LockFilePid(d);
+  ASSERT_GT(pid, 0);
+
+  std::string out;
+  int rc = RunProgram(StartArgs(d), d.AdminEnv(), &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("already running"), std::string::npos) << out;
+  EXPECT_NE(out.find("(process id " + std::to_string(pid) + ")"), std::string::npos) << out;
+
+  rc = RunProgram({AdminPath(), "--stop", "-p", std::to_string(d.port())}, d.AdminEnv(),
+                  &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("still starting"), std::string::npos) << out;
+  int ws = 0;
+  ASSERT_TRUE(WaitChild(starter, &ws, std::chrono::seconds(30)));
+  EXPECT_NE(started->rc, 0) << started->out;
+  EXPECT_NE(std::string(started->out).find("stopped by a signal"), std::string::npos)
+      << started->out;
+  EXPECT_TRUE(Exists(hold)) << "start-up went on instead of stopping";
+
+  // Stopped in start-up, it left what it found for the next start.
+  ASSERT_TRUE(d.Restart().ok());
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &c).ok());
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(c->OpenCache({.session_id = session, .fingerprint = "f"}, &cache).ok());
+  Row row;
+  for (uint64_t id = 0; id < 100; ++id) {
+    ASSERT_TRUE(cache->Get(id, &row).ok()) << id;
+    ASSERT_EQ(m.Verify(id, row.view()), "");
+  }
+  cache.reset();
+  c.reset();
   EXPECT_TRUE(d.Stop().ok());
 }
 

@@ -13,10 +13,12 @@ array. Hits come back in the same shape: a tuple, a dict, or an array.
 The cache never breaks training: when the daemon disappears, the cache is
 full, or the daemon answers an error, the first such event emits one
 `CacheWarning` and later calls quietly return misses (`get` -> None) or
-drop the row (`put` -> False). Only wrong arguments raise: TypeError for a
-wrong type, ValueError for a value out of range, RuntimeError for a
-non-local host, a session that does not exist, or a cache name reused for
-a different pipeline.
+drop the row (`put` -> False). A row too large for what is left of the
+cache is dropped alone (`put` -> False, one `CacheWarning` naming its size
+and the budget); smaller rows go on being cached. Only wrong arguments
+raise: TypeError for a wrong type, ValueError for a value out of range,
+RuntimeError for a non-local host, a session that does not exist, or a
+cache name reused for a different pipeline.
 """
 
 import os
@@ -26,13 +28,16 @@ import warnings
 import numpy as np
 
 from . import _shmcache
-from ._shmcache import (Error, FingerprintMismatchError, FullError,
-                        InvalidArgumentError, NotFoundError, UnavailableError)
+from ._shmcache import (AlreadyExistsError, Error, FingerprintMismatchError,
+                        FullError, InvalidArgumentError, NotFoundError,
+                        NotSupportedError, PermissionDeniedError, TooLargeError,
+                        UnavailableError)
 
 __all__ = [
     "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",
-    "InvalidArgumentError", "LOCAL_HOSTS", "MAX_ROW_ID",
+    "InvalidArgumentError", "AlreadyExistsError", "PermissionDeniedError",
+    "NotSupportedError", "TooLargeError", "LOCAL_HOSTS", "MAX_ROW_ID",
 ]
 
 Client = _shmcache.Client
@@ -51,6 +56,26 @@ class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""
 
 
+def _cause(err):
+    """What stopped the cache, in a few words, for the CacheWarning; the
+    library's message that follows it has the numbers and the fix."""
+    if isinstance(err, UnavailableError):
+        return "the cache server is unreachable"
+    if isinstance(err, FullError):
+        if "no room in " in str(err):      # the shm filesystem is full
+            return "no room left in the shared-memory filesystem"
+        if "memory cap" in str(err):
+            return "the cache server's memory cap is used up"
+        return "the cache is full"
+    if isinstance(err, AlreadyExistsError):
+        return "a shared-memory file of the cache already exists"
+    if isinstance(err, PermissionDeniedError):
+        return "permission denied"
+    if isinstance(err, NotFoundError):
+        return "the cache or its session no longer exists"
+    return "the cache failed"
+
+
 def _check_int(name, value, lo, hi, allow_none=False):
     if value is None and allow_none:
         return
@@ -62,10 +87,17 @@ def _check_int(name, value, lo, hi, allow_none=False):
                          f"of [{lo}, {hi}].")
 
 
+def _native(value):
+    """`value` as a C-contiguous ndarray in native byte order, values and
+    shape unchanged (rank 0 included: np.ascontiguousarray makes it 1-d)."""
+    a = np.asarray(value)
+    return np.asarray(a, dtype=a.dtype.newbyteorder("="), order="C")
+
+
 def _leaf_to_column(value):
     """(array, dtype_name_or_None) for one leaf of a row."""
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value), None
+        return _native(value), None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return np.frombuffer(bytes(value), dtype=np.uint8), "bytes"
     if type(value).__module__.startswith("torch"):
@@ -76,12 +108,12 @@ def _leaf_to_column(value):
                 return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
             return t.numpy(), None
     if isinstance(value, (bool, int, float, np.generic)):
-        a = np.asarray(value)
+        a = _native(value)
         if a.dtype == np.int32 and isinstance(value, int):
             a = a.astype(np.int64)
         return a, None
     if type(value).__module__.startswith("PIL."):
-        return np.ascontiguousarray(np.asarray(value)), None
+        return _native(value), None
     raise TypeError(f"cannot cache a value of type {type(value).__name__}: "
                     "use numpy arrays, tensors, numbers or bytes")
 
@@ -118,6 +150,7 @@ def decode_row(columns, leaf=_leaf_from_column):
 
 
 def _column_names(columns):
+    """The stored names a `columns=` argument selects; None for all."""
     if columns is None:
         return None
     if isinstance(columns, (str, int)):
@@ -127,6 +160,9 @@ def _column_names(columns):
         if isinstance(c, bool) or not isinstance(c, (str, int)):
             raise TypeError(f"a column is a name (str) or a position (int), got {c!r}")
         names.append(f"{_POS}{c}" if isinstance(c, int) else c)
+    if not names:
+        raise ValueError("columns selects no column: name at least one, or "
+                         "pass None for all")
     return names
 
 
@@ -187,18 +223,20 @@ class DatasetCache:
 
     def _init_runtime(self):
         self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
         self._client = None
         self._cache = None
         self._dead = False        # nothing works: every call is a miss
         self._no_puts = False     # daemon gone: reads still work
         self._full = False        # puts are refused (and counted) by the cache
         self._warned = False
+        self._warned_row = False  # a row the cache cannot take was dropped
         self.bytes_read = 0       # bytes of columns returned by get/view
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in ("_lock", "_client", "_cache", "_dead", "_no_puts", "_full",
-                  "_warned", "bytes_read"):
+        for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
+                  "_full", "_warned", "_warned_row", "bytes_read"):
             state.pop(k, None)
         return state
 
@@ -217,12 +255,19 @@ class DatasetCache:
         other._dead = self._dead
         return other
 
-    def _warn(self, what, err):
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"shmcache: {what} ({err}); the cache is bypassed "
-                          "and rows are read from the source", CacheWarning,
-                          stacklevel=3)
+    def _warn(self, err, what=None):
+        """One CacheWarning per object: `what` (default: the cause of err),
+        err's message, and what happens now (call it after setting _dead,
+        _no_puts or _full)."""
+        if self._warned:
+            return
+        self._warned = True
+        msg = f"shmcache: {what or _cause(err)} ({err})"
+        if self._dead:
+            msg += "; the cache is bypassed and rows are read from the source"
+        elif self._no_puts or self._full:
+            msg += "; new rows are not cached, cached rows are still served"
+        warnings.warn(msg, CacheWarning, stacklevel=3)
 
     def _connect(self):
         if self._client is None:
@@ -241,13 +286,18 @@ class DatasetCache:
             raise RuntimeError(str(e)) from None
         except Error as e:
             self._dead = True
-            self._warn("the cache server is unreachable", e)
+            self._warn(e)
 
     def _open(self):
         """The native cache, or None when the cache is bypassed."""
         c = self._cache
         if c is not None or self._dead:
             return c
+        if self._lock_pid != os.getpid():
+            # Forked while another thread held the lock: that thread is not
+            # in this process to release it.
+            self._lock = threading.Lock()
+            self._lock_pid = os.getpid()
         with self._lock:
             if self._cache is not None or self._dead:
                 return self._cache
@@ -267,10 +317,10 @@ class DatasetCache:
                 if self.spilling:
                     raise RuntimeError(str(e)) from None
                 self._dead = True
-                self._warn("the cache could not be opened", e)
+                self._warn(e, "the cache could not be opened")
             except Error as e:
                 self._dead = True
-                self._warn("the cache server is unreachable", e)
+                self._warn(e)
             return self._cache
 
     def open(self):
@@ -296,26 +346,34 @@ class DatasetCache:
             return False
         try:
             return c.put(row_id, columns)
+        except (TooLargeError, NotSupportedError) as e:
+            # This row only: the cache stays in use for the others.
+            if not self._warned_row:
+                self._warned_row = True
+                warnings.warn(f"shmcache: {e}; rows like it are read from the "
+                              "source", CacheWarning, stacklevel=3)
         except FullError as e:
             # Later puts still go to the cache, which refuses them without a
             # round trip and counts them (stats()["puts_full"], the metrics).
             self._full = True
-            self._warn("the cache is full; rows beyond it are not cached", e)
+            self._warn(e)
         except UnavailableError as e:
             self._no_puts = True
-            self._warn("the cache server is gone", e)
+            self._warn(e)
         except InvalidArgumentError as e:
             raise ValueError(f"row {row_id} cannot be cached: {e}") from None
         except Error as e:
             self._dead = True
-            self._warn("the cache failed", e)
+            self._warn(e)
         return False
 
     def put(self, row_id, row):
         """Stores `row` under `row_id` (an int in [0, MAX_ROW_ID]).
 
         Returns True when stored, False when the id was already cached (the
-        first writer wins) or the cache is bypassed (full, daemon gone)."""
+        first writer wins), the cache is bypassed (full, daemon gone), or the
+        row cannot be cached: larger than what is left of the cache, or than
+        a row spilled to disk may be (one warning; later rows go on)."""
         return self.put_columns(row_id, encode_row(row))
 
     def get_columns(self, row_id, columns=None, copy=True, _reserved=False,
@@ -335,7 +393,7 @@ class DatasetCache:
             raise
         except Error as e:
             self._dead = True
-            self._warn("the cache failed", e)
+            self._warn(e)
             return None
         if cols is not None:
             self.bytes_read += sum(a.nbytes for _, _, a in cols)
@@ -353,7 +411,7 @@ class DatasetCache:
             rows = c.get_batch(ids, copy)
         except Error as e:
             self._dead = True
-            self._warn("the cache failed", e)
+            self._warn(e)
             return [None] * len(ids)
         self.bytes_read += sum(a.nbytes for cols in rows if cols is not None
                                for _, _, a in cols)
@@ -400,7 +458,7 @@ class DatasetCache:
         try:
             return c.stats()
         except Error as e:
-            self._warn("the cache failed", e)
+            self._warn(e)
             return None
 
     @property

@@ -47,6 +47,18 @@ struct FingerprintMismatchError : Error {
 struct InvalidArgumentError : Error {
   using Error::Error;
 };
+struct NotSupportedError : Error {
+  using Error::Error;
+};
+struct TooLargeError : Error {
+  using Error::Error;
+};
+struct AlreadyExistsError : Error {
+  using Error::Error;
+};
+struct PermissionDeniedError : Error {
+  using Error::Error;
+};
 
 [[noreturn]] void Throw(const Status& s) {
   std::string m = s.ToString();
@@ -55,6 +67,10 @@ struct InvalidArgumentError : Error {
   if (s.IsFull()) throw FullError(m);
   if (s.IsFingerprintMismatch()) throw FingerprintMismatchError(m);
   if (s.IsInvalidArgument()) throw InvalidArgumentError(m);
+  if (s.IsNotSupported()) throw NotSupportedError(m);
+  if (s.IsTooLarge()) throw TooLargeError(m);
+  if (s.IsAlreadyExists()) throw AlreadyExistsError(m);
+  if (s.IsPermissionDenied()) throw PermissionDeniedError(m);
   throw Error(m);
 }
 
@@ -192,6 +208,13 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) {
     names.push_back(t[0].cast<std::string>());
     py::array a = py::array::ensure(t[1], py::array::c_style);
     if (!a) throw py::type_error("column '" + names.back() + "' is not an array");
+    // Rows hold native values: a foreign byte order would read back as
+    // other numbers.
+    if (!a.dtype().attr("isnative").cast<bool>()) {
+      throw py::value_error("column '" + names.back() +
+                            "': the array is not in native byte order; convert "
+                            "it first (a.astype(a.dtype.newbyteorder('=')))");
+    }
     keep.push_back(a);
     DType dt;
     if (t[2].is_none()) {
@@ -352,6 +375,11 @@ PYBIND11_MODULE(_shmcache, m) {
                                                    error.ptr());
   py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
                                                error.ptr());
+  py::register_exception<NotSupportedError>(m, "NotSupportedError", error.ptr());
+  py::register_exception<TooLargeError>(m, "TooLargeError", error.ptr());
+  py::register_exception<AlreadyExistsError>(m, "AlreadyExistsError", error.ptr());
+  py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
+                                                error.ptr());
 
   py::class_<PyCache, PyCachePtr>(m, "Cache")
       .def("put", &Put, py::arg("id"), py::arg("columns"),
@@ -455,6 +483,7 @@ PYBIND11_MODULE(_shmcache, m) {
         d["spill_dir"] = i.spill_dir;
         d["memory_cap_bytes"] = i.memory_cap_bytes;
         d["memory_used_bytes"] = i.memory_used_bytes;
+        d["memory_held_bytes"] = i.memory_held_bytes;
         d["numa_nodes"] = i.numa_nodes;
         d["sessions"] = i.sessions;
         d["connections"] = i.connections;

@@ -58,6 +58,11 @@ def slice_patches(image, num_height=1, num_width=1, fill_value=0):
     """Cuts an HxW[xC] image into num_height*num_width patches, row-major,
     padding the bottom/right with fill_value so that every patch has the
     same shape (MindSpore SlicePatches with SliceMode.PAD)."""
+    for name, n in (("num_height", num_height), ("num_width", num_width)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"{name} must be at least 1, got {n}")
     a = np.asarray(image)
     if a.ndim < 2:
         raise ValueError("an image has at least two dimensions")

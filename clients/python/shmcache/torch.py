@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import DatasetCache, decode_row, encode_row
+from . import DatasetCache, _column_names, decode_row, encode_row
 from .samplers import NodeAffineSampler, node_partition
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
@@ -131,6 +131,7 @@ class CachedDataset(Dataset):
                  columns=None, allow_random=False, copy=None):
         if copy is not None and not isinstance(copy, bool):
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
+        _column_names(columns)   # a bad selection fails here, not per sample
         self.dataset = dataset
         self.cache = _cache_for(dataset, cache, name, allow_random)
         self.transform = transform

@@ -35,6 +35,11 @@ class Cache {
   // disk through the daemon.
   // Full: the budget is used up and the cache does not spill, or spilling
   // failed (the cache turns read-only for everyone).
+  // TooLarge: this row does not fit in the memory the cache has left (or in
+  // its whole budget) while smaller rows still do: only this row is not
+  // cached. A spilling cache sends such a row to disk instead, unless it is
+  // larger than a spilled row may be (64 MB less 4 KB, encoded): then too it
+  // is TooLarge, nothing was sent, and smaller rows are still accepted.
   // Unavailable: the daemon is gone and a new chunk was needed.
   // InvalidArgument: a column is malformed (sizes, names, too many).
   Status Put(uint64_t id, std::span<const ColumnRef> columns,

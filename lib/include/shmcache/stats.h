@@ -46,7 +46,10 @@ struct ServerInfo {
   std::string log_path;
   std::string spill_dir;   // empty = none
   uint64_t memory_cap_bytes = 0;
-  uint64_t memory_used_bytes = 0;
+  uint64_t memory_used_bytes = 0;  // reserved under the cap, held included
+  // Part of memory_used_bytes: memory of destroyed sessions that some
+  // process still maps (tmpfs frees it only at the last unmap).
+  uint64_t memory_held_bytes = 0;
   int numa_nodes = 1;
   std::vector<uint32_t> sessions;
   // Operations (metrics).

@@ -26,6 +26,7 @@ class [[nodiscard]] Status {
     kIOError = 8,          // a system call failed (errno in the message)
     kNotSupported = 9,
     kFingerprintMismatch = 10,  // cache name reused for another pipeline
+    kTooLarge = 11,        // a row the cache has no room for; other rows fit
   };
 
   Status() = default;
@@ -70,6 +71,7 @@ class [[nodiscard]] Status {
   static Status FingerprintMismatch(std::string_view m) {
     return {Code::kFingerprintMismatch, m};
   }
+  static Status TooLarge(std::string_view m) { return {Code::kTooLarge, m}; }
 
   bool ok() const { return code_ == Code::kOk; }
   bool IsNotFound() const { return code_ == Code::kNotFound; }
@@ -80,9 +82,11 @@ class [[nodiscard]] Status {
   bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsPermissionDenied() const { return code_ == Code::kPermissionDenied; }
   bool IsIOError() const { return code_ == Code::kIOError; }
+  bool IsNotSupported() const { return code_ == Code::kNotSupported; }
   bool IsFingerprintMismatch() const {
     return code_ == Code::kFingerprintMismatch;
   }
+  bool IsTooLarge() const { return code_ == Code::kTooLarge; }
 
   Code code() const { return code_; }
   // Empty for OK.

@@ -1,0 +1,84 @@
+#include "fork_safety.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+namespace shmcache {
+
+namespace {
+
+constexpr int kRanks = 3;
+
+std::atomic<uint64_t> g_fork_generation{0};
+
+// Every live ForkSafeMutex, by rank. Never destroyed: mutexes in objects
+// that outlive static destruction (leaked caches, other libraries' statics)
+// still unregister safely.
+struct Registry {
+  std::mutex mu;
+  std::vector<ForkSafeMutex*> by_rank[kRanks];
+};
+
+Registry& TheRegistry();
+
+void LockAll() {
+  Registry& r = TheRegistry();
+  r.mu.lock();
+  for (auto& mutexes : r.by_rank) {
+    for (ForkSafeMutex* m : mutexes) m->lock();
+  }
+}
+
+void UnlockAll() {
+  Registry& r = TheRegistry();
+  for (int k = kRanks; k-- > 0;) {
+    for (ForkSafeMutex* m : r.by_rank[k]) m->unlock();
+  }
+  r.mu.unlock();
+}
+
+void OnForkChild() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  UnlockAll();
+}
+
+Registry& TheRegistry() {
+  static Registry* registry = [] {
+    auto* r = new Registry;
+    pthread_atfork(LockAll, UnlockAll, OnForkChild);
+    return r;
+  }();
+  return *registry;
+}
+
+// Forks are counted from the library's load on, whether or not a mutex
+// exists yet: ForkGeneration() stays a plain load on the hot path.
+const bool g_registered = (TheRegistry(), true);
+
+}  // namespace
+
+uint64_t ForkGeneration() {
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+ForkSafeMutex::ForkSafeMutex(LockRank rank) : rank_(rank) {
+  Registry& r = TheRegistry();
+  std::lock_guard lock(r.mu);
+  r.by_rank[static_cast<int>(rank)].push_back(this);
+}
+
+ForkSafeMutex::~ForkSafeMutex() {
+  Registry& r = TheRegistry();
+  std::lock_guard lock(r.mu);
+  auto& mutexes = r.by_rank[static_cast<int>(rank_)];
+  auto it = std::find(mutexes.begin(), mutexes.end(), this);
+  if (it != mutexes.end()) {
+    *it = mutexes.back();
+    mutexes.pop_back();
+  }
+}
+
+}  // namespace shmcache

@@ -1,0 +1,56 @@
+// Fork safety: a process may fork() while other threads are inside the
+// library (PyTorch forks DataLoader workers while the trainer's threads
+// run). The child has only the forking thread, so a mutex that another
+// thread held at the fork would stay locked in the child forever.
+//
+// ForkSafeMutex is the library's process-local mutex. Every live one is
+// registered; a pthread_atfork prepare handler takes them all, in rank
+// order, so that fork() happens only where no thread holds one, and the
+// parent and child handlers release them. The state they guard is thus
+// consistent in the child, which then sees ForkGeneration() changed and
+// re-creates what belongs to one process (its connection, its chunks).
+//
+// Cost: fork() waits for the library's critical sections in flight; the
+// longest is one daemon round trip (bounded by the request timeout).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+namespace shmcache {
+
+// Incremented in every child process right after fork().
+uint64_t ForkGeneration();
+
+// The library's lock order. A thread that holds a mutex of one rank takes
+// only mutexes of a later rank, and never two of the same rank.
+enum class LockRank : int {
+  kCachePut = 0,  // CacheImpl::put_mu_ (Put then maps segments, calls the daemon)
+  kCacheMap = 1,  // CacheImpl::map_mu_
+  kClient = 2,    // ClientImpl::mu_ (one daemon round trip)
+};
+
+// A std::mutex (Lockable) that fork() never finds held.
+//
+// REQUIRES: not constructed or destroyed while the thread holds a
+// ForkSafeMutex (registration takes the registry's lock, which the prepare
+// handler holds while it waits for them).
+class ForkSafeMutex {
+ public:
+  explicit ForkSafeMutex(LockRank rank);
+  ~ForkSafeMutex();
+  ForkSafeMutex(const ForkSafeMutex&) = delete;
+  ForkSafeMutex& operator=(const ForkSafeMutex&) = delete;
+
+  void lock() { mu_.lock(); }
+  void unlock() { mu_.unlock(); }
+  bool try_lock() { return mu_.try_lock(); }
+
+  LockRank rank() const { return rank_; }
+
+ private:
+  std::mutex mu_;
+  const LockRank rank_;
+};
+
+}  // namespace shmcache

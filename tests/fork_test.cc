@@ -1,0 +1,150 @@
+// fork() while other threads are inside the library: the child must never
+// inherit a lock that no thread of its own will release (PyTorch forks
+// DataLoader workers while the trainer's threads run).
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+// Large rows, so that a put often leases a chunk from the daemon (a round
+// trip under the cache's and the client's locks).
+size_t BigRowBytes(uint64_t n) { return (256u << 10) + (n * 77777) % (768u << 10); }
+
+Status PutRow(Cache& cache, uint64_t id, uint64_t salt, size_t n) {
+  static thread_local std::vector<uint8_t> buf;
+  buf.resize(n);
+  FillPattern(id, salt, buf.data(), n);
+  return cache.Put(id, buf.data(), n);
+}
+
+bool RowIs(Cache& cache, uint64_t id, uint64_t salt, size_t n) {
+  Row row;
+  if (!cache.Get(id, &row).ok() || row.num_columns() != 1) return false;
+  std::vector<uint8_t> want = Pattern(id, salt, n);
+  ColumnView c = row.column(0);
+  return c.nbytes == n && std::memcmp(c.data, want.data(), n) == 0;
+}
+
+// Puts new big rows from two threads, each staying at most a few rows
+// ahead of the forks (so the run holds a bounded amount of memory), until
+// stopped. The threads' lock is never touched by a child.
+class BackgroundWriters {
+ public:
+  static constexpr uint64_t kPutsPerFork = 2;
+
+  explicit BackgroundWriters(Cache* cache) : cache_(cache) {
+    for (uint64_t t = 1; t <= 2; ++t) threads_.emplace_back([this, t] { Run(t); });
+  }
+  ~BackgroundWriters() { Stop(); }
+
+  // One more fork is under way: each thread may put kPutsPerFork more rows.
+  void NextFork() {
+    {
+      std::lock_guard lock(mu_);
+      ++forks_;
+    }
+    cv_.notify_all();
+  }
+  // Joins the threads; returns the first put failure, or "".
+  std::string Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& th : threads_) th.join();
+    threads_.clear();
+    return error_;
+  }
+
+ private:
+  void Run(uint64_t t) {
+    for (uint64_t n = 0;; ++n) {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || n < (forks_ + 1) * kPutsPerFork; });
+        if (stop_) return;
+      }
+      uint64_t id = (t << 32) + n;
+      Status s = PutRow(*cache_, id, t, BigRowBytes(n));
+      if (!s.ok()) {
+        std::lock_guard lock(mu_);
+        if (error_.empty()) error_ = "put " + std::to_string(id) + ": " + s.ToString();
+        return;
+      }
+    }
+  }
+
+  Cache* const cache_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t forks_ = 0;
+  bool stop_ = false;
+  std::string error_;
+  std::vector<std::thread> threads_;
+};
+
+TEST(ForkTest, ChildrenForkedWhileThreadsPutAllFinish) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  ASSERT_NE(session, 0u);
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  CacheOptions o;
+  o.session_id = session;
+  o.name = "fork";
+  o.fingerprint = "fork-fp";
+  Status s = client->OpenCache(o, &cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+
+  constexpr int kForks = 200;
+  constexpr int kChildTimeoutS = 20;
+  BackgroundWriters writers(cache.get());
+  std::string failure;
+  for (int i = 0; i < kForks && failure.empty(); ++i) {
+    writers.NextFork();
+    uint64_t id = (uint64_t{1} << 40) + static_cast<uint64_t>(i);
+    pid_t kid = ForkChild([&]() -> int {
+      Status ps = PutRow(*cache, id, 0, 256u << 10);
+      if (!ps.ok()) {
+        fprintf(stderr, "child put %lu: %s\n", id, ps.ToString().c_str());
+        return 2;
+      }
+      return RowIs(*cache, id, 0, 256u << 10) ? 0 : 3;
+    });
+    ASSERT_GT(kid, 0);
+    int rc = WaitChild(kid, kChildTimeoutS);
+    if (rc == -9) {
+      failure = "child " + std::to_string(i) + " (pid " + std::to_string(kid) +
+                ") hung for " + std::to_string(kChildTimeoutS) + " s and was killed";
+    } else if (rc != 0) {
+      failure = "child " + std::to_string(i) + " exited with " + std::to_string(rc);
+    }
+  }
+  std::string put_error = writers.Stop();
+  ASSERT_EQ(failure, "");
+  EXPECT_EQ(put_error, "");
+  // The parent goes on: its threads' rows and every child's row are there.
+  for (int i = 0; i < kForks; ++i) {
+    EXPECT_TRUE(RowIs(*cache, (uint64_t{1} << 40) + i, 0, 256u << 10)) << i;
+  }
+  EXPECT_TRUE(PutRow(*cache, 7, 0, 1u << 20).ok());
+  EXPECT_TRUE(RowIs(*cache, 7, 0, 1u << 20));
+}
+
+}  // namespace
+}  // namespace shmcache::test

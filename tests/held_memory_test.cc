@@ -1,0 +1,130 @@
+// Memory of destroyed sessions that processes still map: finding the
+// mappings in /proc (FindMappedDeleted) and releasing what none holds
+// (HeldMemory).
+#include "held_memory.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shm_file.h"
+#include "test_server.h"
+
+namespace shmcache {
+namespace {
+
+using Clock = HeldMemory::Clock;
+
+class MappedFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::MakeTempDir("/dev/shm", "shmcache-held"); }
+  void TearDown() override { test::RemoveTree(dir_); }
+
+  // A 1 MB file, mapped by this process, and its identity.
+  FileId Make(const std::string& name, ShmFile* map) {
+    std::string path = dir_ + "/" + name;
+    EXPECT_TRUE(ShmFile::Create(path, 1 << 20, -1, map).ok());
+    FileId id;
+    uint64_t bytes = 0;
+    EXPECT_TRUE(StatFile(path, &id, &bytes));
+    EXPECT_EQ(bytes, 1u << 20);
+    return id;
+  }
+  void Unlink(const std::string& name) {
+    ASSERT_TRUE(ShmFile::Unlink(dir_ + "/" + name).ok());
+  }
+  static bool Mapped(const FileId& id) {
+    return FindMappedDeleted(std::vector<FileId>{id}).mapped.count(id) != 0;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(MappedFilesTest, AnUnlinkedFileIsFoundWhileThisProcessMapsIt) {
+  ShmFile map;
+  FileId id = Make("a", &map);
+  Unlink("a");
+  EXPECT_TRUE(Mapped(id));
+  map.Unmap();
+  EXPECT_FALSE(Mapped(id));
+}
+
+TEST_F(MappedFilesTest, ALiveFileIsNeverTakenForAHeldOne) {
+  ShmFile map;
+  FileId id = Make("live", &map);
+  EXPECT_FALSE(Mapped(id)) << "only unlinked files are looked for";
+  Unlink("live");
+}
+
+TEST_F(MappedFilesTest, AForkedProcessThatNeverConnectedHoldsItsInheritedMapping) {
+  ShmFile map;
+  FileId id = Make("b", &map);
+  int hold[2];
+  ASSERT_EQ(pipe(hold), 0);
+  pid_t child = test::ForkChild([&]() -> int {
+    close(hold[1]);
+    char c;
+    return read(hold[0], &c, 1) == 0 ? 0 : 1;  // until killed
+  });
+  close(hold[0]);
+  Unlink("b");
+  const std::vector<FileId> ids{id};
+  // Both map it; a holder named first that maps every file ends the scan.
+  for (int pid : {static_cast<int>(getpid()), static_cast<int>(child)}) {
+    const std::vector<int> first{pid};
+    EXPECT_EQ(FindMappedDeleted(ids, first).holders, first);
+  }
+  map.Unmap();  // only the child maps it now
+  EXPECT_TRUE(Mapped(id));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  EXPECT_EQ(test::WaitChild(child), -SIGKILL);
+  EXPECT_FALSE(Mapped(id));
+  close(hold[1]);
+}
+
+TEST(HeldMemoryTest, SettleReleasesOnlyWhatTheScanLookedForAndFoundUnmapped) {
+  MemoryAccount account{.cap = 100, .used = 60};
+  HeldMemory held;
+  const FileId a{1, 10}, b{1, 11}, c{1, 12};
+  Clock::time_point t0 = Clock::now();
+  held.Add(7, {{a, 10}, {b, 20}}, t0);
+  EXPECT_TRUE(held.ScanDue(t0));
+  EXPECT_EQ(held.bytes(), 30u);
+  std::vector<FileId> wanted = held.Wanted();
+  held.Add(8, {{c, 30}}, t0);  // destroyed while the scan ran
+  EXPECT_EQ(held.Settle(wanted, MappedScan{{b}, {}}, t0, &account, nullptr), 10u);
+  EXPECT_EQ(held.bytes(), 50u);
+  EXPECT_EQ(account.used, 50u);
+  EXPECT_FALSE(held.ScanDue(t0));
+  EXPECT_TRUE(held.ScanDue(t0 + HeldMemory::kFirstScanInterval));
+  EXPECT_EQ(held.Settle(held.Wanted(), MappedScan{}, t0, &account, nullptr), 50u);
+  EXPECT_TRUE(held.empty());
+  EXPECT_EQ(account.used, 0u);
+  EXPECT_FALSE(held.ScanDue(t0 + HeldMemory::kMaxScanInterval));
+}
+
+TEST(HeldMemoryTest, ScansSlowDownWhileReadersHoldOn) {
+  MemoryAccount account{.cap = 100, .used = 10};
+  HeldMemory held;
+  const FileId a{1, 10};
+  Clock::time_point t = Clock::now();
+  held.Add(7, {{a, 10}}, t);
+  Clock::duration last{};
+  for (int i = 0; i < 10; ++i) {
+    held.Settle(held.Wanted(), MappedScan{{a}, {}}, t, &account, nullptr);
+    Clock::duration wait{};
+    while (!held.ScanDue(t + wait)) wait += std::chrono::milliseconds(10);
+    EXPECT_GE(wait, last);
+    EXPECT_LE(wait, HeldMemory::kMaxScanInterval);
+    last = wait;
+  }
+  EXPECT_EQ(last, HeldMemory::kMaxScanInterval);
+  EXPECT_EQ(account.used, 10u);
+}
+
+}  // namespace
+}  // namespace shmcache

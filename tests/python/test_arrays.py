@@ -1,0 +1,101 @@
+"""Arrays round-trip exactly: every dtype, both byte orders, ranks 0..4."""
+
+import numpy as np
+import pytest
+
+from shmcache import DatasetCache
+
+# Every numpy dtype the package stores natively (bfloat16 and bytes travel
+# as uint16 / uint8 with their name given; see test_dataset_cache.py).
+DTYPES = ["u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "b1"]
+SHAPES = [(), (3,), (2, 3), (2, 1, 3), (1, 2, 3, 2)]
+
+
+def values(dtype, shape):
+    """An ndarray (0-d included, not a numpy scalar) of `dtype`, byte order
+    included."""
+    n = np.arange(1, 1 + int(np.prod(shape)))
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        n = n % 2
+    elif kind == "f":
+        n = n * 1.25 - 3                      # fractions, negatives
+    else:
+        # several bytes per value where the type has several
+        n = n * 61 % 2 ** (8 * np.dtype(dtype).itemsize - 1)
+    a = np.array(n.tolist(), dtype=dtype).reshape(shape)
+    assert isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape
+    return a
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_every_dtype_byte_order_and_rank_round_trips(server, session, order):
+    c = DatasetCache(session)
+    rows = {}
+    for i, dt in enumerate(DTYPES):
+        for j, shape in enumerate(SHAPES):
+            a = values(np.dtype(dt).newbyteorder(order), shape)
+            rows[i * 10 + j] = (a, {"x": a}, a)
+    for k, (a, d, bare) in rows.items():
+        assert c.put(k, (a,)) is True
+        assert c.put(1000 + k, d) is True
+        assert c.put(2000 + k, bare) is True
+    for k, (a, _, _) in rows.items():
+        for copy in (True, False):
+            for got in (c.get(k, copy=copy)[0], c.get(1000 + k, copy=copy)["x"],
+                        c.get(2000 + k, copy=copy),
+                        c.get(1000 + k, columns="x", copy=copy)):
+                assert got.shape == a.shape, (a.dtype, a.shape, got.shape)
+                assert got.dtype == a.dtype.newbyteorder("=")
+                assert got.dtype.isnative
+                assert got.tolist() == a.tolist(), (a.dtype, a.shape)
+
+
+def test_non_contiguous_and_zero_d_arrays_keep_their_shape(server, session):
+    c = DatasetCache(session)
+    t = np.arange(12, dtype=">i4").reshape(3, 4).T       # strided, big-endian
+    assert c.put(1, (t, np.array(7), np.array(2.5, ">f8")))
+    got = c.get(1)
+    assert got[0].shape == (4, 3) and got[0].tolist() == t.tolist()
+    assert got[1].shape == () and got[1] == 7
+    assert got[2].shape == () and got[2] == 2.5
+
+
+def test_put_columns_refuses_a_foreign_byte_order(server, session):
+    c = DatasetCache(session)
+    with pytest.raises(ValueError, match="byte order"):
+        c.put_columns(1, [("x", np.array([1, 2], ">i4"), None)])
+    assert c.get(1) is None and c.accepting
+
+
+class Labelled:
+    """Samples whose label is a 0-d array (np.array(label)), big-endian
+    images, as a dataset reading a big-endian file format gives them."""
+
+    root = "labelled-0d"
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        img = np.full((2, 3), i, dtype=">f4")
+        return img, np.array(i % 5)
+
+
+def test_zero_d_labels_collate_to_one_label_per_sample(server, session):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+    from shmcache.torch import CachedDataset
+
+    ds = CachedDataset(Labelled(), DatasetCache(session))
+    loader = DataLoader(ds, batch_size=4)
+    for _ in range(2):                      # misses, then hits
+        imgs, labels = [], []
+        for img, label in loader:
+            assert img.shape == (4, 2, 3) and label.shape == (4,)
+            imgs.append(img)
+            labels.append(label)
+        assert torch.cat(labels).tolist() == [i % 5 for i in range(12)]
+        assert torch.cat(imgs)[:, 0, 0].tolist() == list(range(12))
+        torch.nn.functional.cross_entropy(torch.zeros(4, 5), label)
+    assert ds.stats()["hits"] == 12

@@ -1,0 +1,73 @@
+"""The one CacheWarning names the real cause: full, no room in the shm
+filesystem, or an unreachable server. (A file planted under a cache's name
+no longer stops a cache from opening: names are random and a taken one is
+skipped; tests/reliability/planted_files_test.cc covers it.)"""
+
+import os
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+
+from shmcache import CacheWarning, DatasetCache
+
+MB = np.zeros(1 << 20, dtype=np.uint8)
+
+
+def cache_warnings(record):
+    return [str(x.message) for x in record if issubclass(x.category, CacheWarning)]
+
+
+def test_server_memory_cap_used_up_at_open_is_named(start_server):
+    s = start_server("--memory_cap_mb", "16")
+    sid = s.new_session()
+    first, second = DatasetCache(sid, name="a"), DatasetCache(sid, name="b")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        stored = [first.put(i, MB) for i in range(32)]
+        assert stored[0] and not stored[-1]
+        assert second.put(0, MB) is False       # no room for another cache
+    msgs = cache_warnings(w)
+    assert len(msgs) == 2, msgs
+    assert msgs[0].startswith("shmcache: the cache is full (")
+    assert "cached rows are still served" in msgs[0]
+    assert msgs[1].startswith("shmcache: the cache server's memory cap is used up (")
+    assert "unreachable" not in msgs[1] and "bypassed" in msgs[1]
+    assert first.get(0) is not None
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    d = tmp_path / "shm"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700",
+                        "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_full_shm_filesystem_is_named_not_cache_full(start_server, small_tmpfs):
+    s = start_server("--shm_dir", str(small_tmpfs))
+    c = DatasetCache(s.new_session())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        stored = [c.put(i, MB) for i in range(48)]   # 48 MB into 24 MB
+    assert stored[0] and not stored[-1]
+    (msg,) = cache_warnings(w)
+    assert msg.startswith("shmcache: no room left in the shared-memory filesystem ("), msg
+    assert str(small_tmpfs) in msg and "cache is full" not in msg
+    assert c.get(0) is not None
+
+
+def test_unreachable_server_is_named(server, session):
+    server.kill()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert DatasetCache(session).get(1) is None
+    (msg,) = cache_warnings(w)
+    assert msg.startswith("shmcache: the cache server is unreachable ("), msg

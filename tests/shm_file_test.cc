@@ -1,0 +1,163 @@
+// Shared-memory files in a directory every user can write to: an existing
+// file is opened only when it is ours (regular, our uid, 0600, one link),
+// creation never opens a file someone else put under the name, and the
+// names read back are exactly those InstancePaths writes.
+#include "shm_file.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "instance.h"
+#include "test_server.h"
+
+namespace shmcache {
+namespace {
+
+class ShmFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::MakeTempDir("/dev/shm", "shmcache-sf"); }
+  void TearDown() override { test::RemoveTree(dir_); }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  // A file of ours made by Create, 4 KB.
+  std::string Made(const std::string& name) {
+    ShmFile f;
+    Status s = ShmFile::Create(Path(name), 4096, -1, &f);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return Path(name);
+  }
+  // Open must refuse `path` with PermissionDenied naming it and `why`.
+  static void ExpectRefused(const std::string& path, const std::string& why) {
+    ShmFile f;
+    Status s = ShmFile::Open(path, &f);
+    EXPECT_TRUE(s.IsPermissionDenied()) << s.ToString();
+    EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("not ours"), std::string::npos) << s.message();
+    EXPECT_FALSE(f.mapped());
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ShmFileTest, OpensAFileOfOurs) {
+  std::string p = Made("ours");
+  ShmFile f;
+  ASSERT_TRUE(ShmFile::Open(p, &f).ok());
+  EXPECT_EQ(f.size(), 4096u);
+}
+
+TEST_F(ShmFileTest, RefusesAFileOthersMayWrite) {
+  std::string p = Made("wide");
+  ASSERT_EQ(chmod(p.c_str(), 0666), 0);
+  ExpectRefused(p, "mode 0666");
+}
+
+TEST_F(ShmFileTest, RefusesASymbolicLinkToAFileOfOurs) {
+  std::string target = Made("target");
+  ASSERT_EQ(symlink(target.c_str(), Path("link").c_str()), 0);
+  ExpectRefused(Path("link"), "symbolic link");
+}
+
+TEST_F(ShmFileTest, RefusesAFileWithAnotherLink) {
+  std::string p = Made("linked");
+  ASSERT_EQ(link(p.c_str(), Path("other-name").c_str()), 0);
+  ExpectRefused(p, "2 links");
+}
+
+TEST_F(ShmFileTest, RefusesWhatIsNotARegularFile) {
+  ASSERT_EQ(mkfifo(Path("fifo").c_str(), 0600), 0);
+  ExpectRefused(Path("fifo"), "not a regular file");
+}
+
+TEST_F(ShmFileTest, RefusesAFileOfAnotherUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another uid";
+  std::string p = Made("foreign");
+  ASSERT_EQ(chown(p.c_str(), 65534, 65534), 0);
+  ExpectRefused(p, "uid 65534");
+}
+
+TEST_F(ShmFileTest, CreateMakes0600WhateverTheUmask) {
+  mode_t old = umask(0277);
+  std::string p = Made("narrow");
+  umask(old);
+  struct stat st;
+  ASSERT_EQ(stat(p.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ShmFile f;
+  EXPECT_TRUE(ShmFile::Open(p, &f).ok());
+}
+
+TEST_F(ShmFileTest, CreateNeverOpensWhatIsUnderTheName) {
+  std::string target = Path("target");
+  {
+    int fd = open(target.c_str(), O_CREAT | O_WRONLY, 0666);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  ASSERT_EQ(symlink(target.c_str(), Path("link").c_str()), 0);
+  ShmFile f;
+  for (const std::string& name : {std::string("target"), std::string("link")}) {
+    Status s = ShmFile::Create(Path(name), 4096, -1, &f);
+    EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+    EXPECT_NE(s.message().find("owned by"), std::string::npos) << s.message();
+  }
+  struct stat st;
+  ASSERT_EQ(stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "the file under the name was written";
+}
+
+TEST_F(ShmFileTest, CreateFreshSkipsTakenNames) {
+  for (const char* n : {"n.0", "n.1"}) {
+    int fd = open(Path(n).c_str(), O_CREAT | O_WRONLY, 0644);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  auto name = [&](uint32_t i) { return Path("n." + std::to_string(i)); };
+  ShmFile f;
+  uint32_t chosen = 99;
+  std::string skipped;
+  ASSERT_TRUE(ShmFile::CreateFresh(name, 4, 4096, -1, &f, &chosen, &skipped).ok());
+  EXPECT_EQ(chosen, 2u);
+  EXPECT_NE(skipped.find(Path("n.0")), std::string::npos) << skipped;
+  struct stat st;
+  ASSERT_EQ(stat(Path("n.0").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+
+  // Every name taken: one line naming the last, its owner and the fix.
+  Status s = ShmFile::CreateFresh(name, 3, 4096, -1, &f, &chosen);
+  EXPECT_TRUE(s.IsAlreadyExists());
+  EXPECT_EQ(chosen, 3u);
+  EXPECT_NE(s.message().find(Path("n.2")), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("owned by"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("remove it"), std::string::npos) << s.message();
+}
+
+TEST(ShmNameTest, ReadsBackExactlyTheNamesPathsWrite) {
+  InstancePaths p = MakeInstancePaths(40002, "/tmp/r", "/dev/shm");
+  auto rest = [&](const std::string& path) { return path.substr(p.shm_prefix.size()); };
+  ShmName n = ParseShmName(rest(p.CacheFile(4000000000u)));
+  EXPECT_EQ(n.kind, ShmName::Kind::kCache);
+  EXPECT_EQ(n.cache_id, 4000000000u);
+  n = ParseShmName(rest(p.TableFile(7, 3, 0xdeadbeef)));
+  EXPECT_EQ(n.kind, ShmName::Kind::kTable);
+  EXPECT_EQ(n.cache_id, 7u);
+  EXPECT_EQ(n.number, 3u);
+  EXPECT_EQ(n.tag, 0xdeadbeefu);
+  n = ParseShmName(rest(p.SegmentFile(7, 12)));
+  EXPECT_EQ(n.kind, ShmName::Kind::kSegment);
+  EXPECT_EQ(n.number, 12u);
+  EXPECT_EQ(ParseShmName(rest(p.SessionsFile())).kind, ShmName::Kind::kSessions);
+  for (const char* other : {"seg.1.01", "seg.1.4294967296", "seg.1.99999999999", "seg.1",
+                            "seg.1.2.3", "cache.1x", "cache.", "table.1.0",
+                            "table.1.0.DEADBEEF", "table.1.0.123", "sessions.tmp.1"}) {
+    EXPECT_EQ(ParseShmName(other).kind, ShmName::Kind::kOther) << other;
+  }
+}
+
+}  // namespace
+}  // namespace shmcache
