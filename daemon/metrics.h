@@ -6,6 +6,8 @@
 // `session`, `cache` (its name) and `cache_id`. Server series:
 //   shmcache_server_info{shm_dir,spill_dir,version} 1
 //   shmcache_server_memory_used_bytes, shmcache_server_memory_cap_bytes,
+//   shmcache_server_memory_held_bytes (part of used: destroyed sessions'
+//   memory that processes still map),
 //   shmcache_server_sessions, shmcache_server_caches,
 //   shmcache_server_connections, shmcache_server_uptime_seconds,
 //   shmcache_server_start_time_seconds

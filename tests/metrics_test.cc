@@ -31,6 +31,7 @@ TEST(MetricsTest, EachFamilyOnceWithEveryCache) {
   ServerInfo info;
   info.port = 50052;
   info.memory_used_bytes = 1 << 20;
+  info.memory_held_bytes = 4096;
   info.sessions = {7, 8};
   std::vector<SessionInfo> sessions(2);
   sessions[0].session_id = 7;
@@ -57,6 +58,7 @@ TEST(MetricsTest, EachFamilyOnceWithEveryCache) {
   EXPECT_EQ(count("shmcache_server_sessions{port=\"50052\"} 2\n"), 1u);
   EXPECT_EQ(count("shmcache_server_caches{port=\"50052\"} 2\n"), 1u);
   EXPECT_EQ(count("shmcache_server_memory_used_bytes{port=\"50052\"} 1048576\n"), 1u);
+  EXPECT_EQ(count("shmcache_server_memory_held_bytes{port=\"50052\"} 4096\n"), 1u);
   EXPECT_EQ(count("shmcache_cache_hits_total{port=\"50052\",session=\"7\",cache=\"train\","
                   "cache_id=\"1\"} 5\n"), 1u);
   EXPECT_EQ(count("shmcache_cache_hits_total{port=\"50052\",session=\"8\",cache=\"val\\\"x\","

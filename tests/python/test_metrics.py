@@ -68,6 +68,7 @@ def test_metrics_parse_and_match_the_listing(spill_server):
     port = frozenset({"port": str(s.port)}.items())
     assert m["shmcache_server_memory_used_bytes"][port] == info["memory_used_bytes"]
     assert m["shmcache_server_memory_cap_bytes"][port] == info["memory_cap_bytes"]
+    assert m["shmcache_server_memory_held_bytes"][port] == info["memory_held_bytes"] == 0
     assert m["shmcache_server_sessions"][port] == len(info["sessions"]) == 2
     assert m["shmcache_server_caches"][port] == 3
     assert m["shmcache_server_connections"][port] >= 2   # ours and the admin's
@@ -154,3 +155,23 @@ def test_bad_metrics_file_options_fail_the_start(tmp_path, args, message):
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert s.admin("--server_info", check=False).returncode == 1   # nothing runs
 
+
+def test_memory_held_by_a_reader_of_a_destroyed_session_is_a_metric(server, session):
+    c = DatasetCache(session, name="held")
+    for i in range(4):
+        c.put(i, ROW)
+    view = c.get(0, copy=False)          # this process maps the segment
+    server.admin("-d", str(session))
+    held = parse(server.admin("--metrics").stdout)["shmcache_server_memory_held_bytes"]
+    info = json.loads(server.admin("--server_info", "--json").stdout)
+    (value,) = held.values()
+    assert value == info["memory_held_bytes"] > 0
+    assert info["memory_used_bytes"] >= value
+    del view
+    c.close()
+    del c
+
+    def held_now():
+        m = parse(server.admin("--metrics").stdout)
+        return list(m["shmcache_server_memory_held_bytes"].values()) == [0]
+    wait_for(held_now, what="the held memory released once nothing maps it")
