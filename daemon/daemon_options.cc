@@ -1,5 +1,6 @@
 #include "daemon_options.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -30,6 +31,28 @@ Status CheckSpillDir(const std::string& dir) {
   }
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return Status::InvalidArgument("spill directory " + dir + " is not writable");
+  }
+  return Status::OK();
+}
+
+Status CheckMetricsFile(const std::string& path) {
+  if (path.empty() || path[0] != '/' || path.back() == '/') {
+    return Status::InvalidArgument("metrics file '" + path +
+                                   "' is not an absolute file path");
+  }
+  size_t slash = path.rfind('/');
+  std::string dir = path.substr(0, slash == 0 ? 1 : slash);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("metrics file directory " + dir +
+                                   " does not exist; create it first");
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return Status::InvalidArgument("metrics file directory " + dir +
+                                   " is not writable by this user");
+  }
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("metrics file " + path + " is a directory");
   }
   return Status::OK();
 }
@@ -96,6 +119,10 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
   }
   if (!o->spill_dir.empty()) {
     Status s = CheckSpillDir(o->spill_dir);
+    if (!s.ok()) return s;
+  }
+  if (!o->metrics_file.empty()) {
+    Status s = CheckMetricsFile(o->metrics_file);
     if (!s.ok()) return s;
   }
   return Status::OK();

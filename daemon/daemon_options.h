@@ -33,4 +33,10 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* out);
 // Checks a spill dir: absolute, an existing directory, writable.
 Status CheckSpillDir(const std::string& dir);
 
+// Checks that `path` can be the metrics file (MetricsFile): absolute, not
+// a directory, in an existing directory this user may write. Here rather
+// than in metrics_file.cc so that the admin, which checks --metrics_file
+// before it starts the server, does not link the daemon's Store.
+Status CheckMetricsFile(const std::string& path);
+
 }  // namespace shmcache

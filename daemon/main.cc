@@ -164,11 +164,6 @@ int main(int argc, char** argv) {
                             paths.shm_dir, room >> 20, kMinShmRoom >> 20));
   }
 
-  if (!opts.metrics_file.empty()) {
-    s = MetricsFile::Check(opts.metrics_file);
-    if (!s.ok()) return Fail(opts.ready_fd, s.message());
-  }
-
   Store store(opts, paths, nodes, workers, &log);
   s = store.Init(&g_stop_requested);
   if (!s.ok()) {

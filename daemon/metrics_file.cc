@@ -1,7 +1,6 @@
 #include "metrics_file.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,28 +17,6 @@ MetricsFile::MetricsFile(boost::asio::io_context& io, Store* store, Logger* log,
                          std::string path, std::chrono::seconds interval)
     : timer_(io), store_(store), log_(log), path_(std::move(path)),
       interval_(interval) {}
-
-Status MetricsFile::Check(const std::string& path) {
-  if (path.empty() || path[0] != '/' || path.back() == '/') {
-    return Status::InvalidArgument("metrics file '" + path +
-                                   "' is not an absolute file path");
-  }
-  size_t slash = path.rfind('/');
-  std::string dir = path.substr(0, slash == 0 ? 1 : slash);
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument("metrics file directory " + dir +
-                                   " does not exist; create it first");
-  }
-  if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    return Status::InvalidArgument("metrics file directory " + dir +
-                                   " is not writable by this user");
-  }
-  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument("metrics file " + path + " is a directory");
-  }
-  return Status::OK();
-}
 
 void MetricsFile::Start() { Rewrite(); }
 

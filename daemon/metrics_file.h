@@ -3,7 +3,8 @@
 // `interval` on the server's io_context. Each rewrite goes to PATH.tmp and
 // is renamed over PATH, so a reader sees a whole file, old or new, never a
 // partial one. (Name it *.prom: the collector reads only those; PATH.tmp is
-// not one.)
+// not one.) The path is checked at start-up by CheckMetricsFile
+// (daemon_options.h).
 //
 // Thread safety: Start/Remove from the thread that owns the object; the
 // timer's rewrites run on the io_context.
@@ -25,11 +26,6 @@ class MetricsFile {
  public:
   MetricsFile(boost::asio::io_context& io, Store* store, Logger* log,
               std::string path, std::chrono::seconds interval);
-
-  // Whether `path` can be the metrics file: absolute, not a directory, in
-  // an existing directory this user may write. Checked before the server
-  // adopts anything, so that a bad path fails the start cleanly.
-  static Status Check(const std::string& path);
 
   // Writes the file now, then every interval. A failed write is logged
   // once, until one succeeds again; the server keeps serving.

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "daemon_options.h"
-#include "metrics_file.h"
 
 namespace shmcache::admin {
 
@@ -45,7 +44,7 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
     if (!s.ok()) return s;
   }
   if (!a.metrics_file.empty()) {
-    Status s = MetricsFile::Check(a.metrics_file);
+    Status s = CheckMetricsFile(a.metrics_file);
     if (!s.ok()) return s;
   }
   std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port),

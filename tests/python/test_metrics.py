@@ -4,13 +4,14 @@ and --server_info show."""
 
 import json
 import os
+import subprocess
 import warnings
 
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Server, wait_for
+from conftest import ADMIN, Server, wait_for
 from shmcache import DatasetCache
 
 ROW = (np.zeros(64 * 1024, dtype=np.uint8),)
@@ -175,3 +176,13 @@ def test_memory_held_by_a_reader_of_a_destroyed_session_is_a_metric(server, sess
         m = parse(server.admin("--metrics").stdout)
         return list(m["shmcache_server_memory_held_bytes"].values()) == [0]
     wait_for(held_now, what="the held memory released once nothing maps it")
+
+
+def test_the_admin_does_not_load_the_daemons_store():
+    """--metrics must stay a few milliseconds: the admin links the metrics
+    text and the --metrics_file check, not the Store and RocksDB (which
+    tripled every admin command's start-up)."""
+    r = subprocess.run(["readelf", "-d", str(ADMIN)], capture_output=True, text=True,
+                       check=True)
+    needed = [line for line in r.stdout.splitlines() if "(NEEDED)" in line]
+    assert needed and not [n for n in needed if "rocksdb" in n], needed
