@@ -514,6 +514,7 @@ uint64_t CacheState::DropSpilledRows() {
   for (IndexTable& t : index_) dropped += t.RetireSpilled();
   for (layout::StatsSlot& slot : header_->stats) {
     slot.disk_rows.store(0, std::memory_order_relaxed);
+    slot.disk_bytes.store(0, std::memory_order_relaxed);
   }
   return dropped;
 }
@@ -522,8 +523,8 @@ std::string CacheState::Label() const {
   return fmt::format("cache {} (session {}, '{}')", cache_id_, session_id_, name_);
 }
 
-Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
-                                  bool* inserted) {
+Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
+                                  MemoryAccount* account, bool* inserted) {
   *inserted = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
   for (const IndexTable& t : index_) {
@@ -533,6 +534,7 @@ Status CacheState::PublishSpilled(uint64_t row_id, MemoryAccount* account,
     switch (index_.back().Insert(row_id, layout::kSpilledBit)) {
       case IndexTable::InsertResult::kInserted:
         header_->stats[0].disk_rows.fetch_add(1, std::memory_order_relaxed);
+        header_->stats[0].disk_bytes.fetch_add(bytes, std::memory_order_relaxed);
         *inserted = true;
         return Status::OK();
       case IndexTable::InsertResult::kExists:
@@ -663,7 +665,10 @@ CacheStats CacheState::Stats() const {
     out.mem_rows += slot.rows.load(std::memory_order_relaxed);
     out.mem_bytes += slot.bytes.load(std::memory_order_relaxed);
     out.disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
+    out.disk_bytes += slot.disk_bytes.load(std::memory_order_relaxed);
+    out.puts_full += slot.puts_full.load(std::memory_order_relaxed);
   }
+  out.spill_reads = spill_reads_;
   if (num_nodes_ == 1) out.numa_hits = out.hits;  // see CacheImpl::CountRead
   uint32_t st = header_->state.load();
   out.full = (st & layout::kStateFull) ||

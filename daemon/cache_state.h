@@ -107,9 +107,12 @@ class CacheState {
   // did not stop. Clients send rows there once memory is used up, and a
   // row too large for the memory left at any time.
   bool spilling() const;
-  // Publishes row `row_id` as spilled (after it was written to disk).
-  // *inserted false when the id was already present.
-  Status PublishSpilled(uint64_t row_id, MemoryAccount* account, bool* inserted);
+  // Publishes row `row_id` (`bytes` encoded) as spilled, after it was
+  // written to disk. *inserted false when the id was already present.
+  Status PublishSpilled(uint64_t row_id, uint64_t bytes, MemoryAccount* account,
+                        bool* inserted);
+  // Counts rows read back from the spill store (for the statistics).
+  void CountSpillReads(uint64_t n) { spill_reads_ += n; }
   // Spilling is off from now on (it failed: disk full, RocksDB error; or a
   // restarted server has no spill store). Once memory is used up too, the
   // cache is full: no more rows are accepted.
@@ -222,6 +225,7 @@ class CacheState {
   std::vector<int> current_;               // per node: seg_no or -1
   std::vector<std::vector<Tail>> tails_;   // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
+  uint64_t spill_reads_ = 0;  // since this daemon started
 };
 
 }  // namespace shmcache

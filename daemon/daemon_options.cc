@@ -1,5 +1,6 @@
 #include "daemon_options.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -64,6 +65,28 @@ Status CheckMemoryCap(double ratio, uint64_t cap_bytes) {
       ratio, PhysicalMemory() >> 20, cap >> 20, kMin >> 20));
 }
 
+Status CheckMetricsFile(const std::string& path) {
+  if (path.empty() || path[0] != '/' || path.back() == '/') {
+    return Status::InvalidArgument("metrics file '" + path +
+                                   "' is not an absolute file path");
+  }
+  size_t slash = path.rfind('/');
+  std::string dir = path.substr(0, slash == 0 ? 1 : slash);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("metrics file directory " + dir +
+                                   " does not exist; create it first");
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return Status::InvalidArgument("metrics file directory " + dir +
+                                   " is not writable by this user");
+  }
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("metrics file " + path + " is a directory");
+  }
+  return Status::OK();
+}
+
 Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -111,6 +134,12 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
       double r = std::strtod(s.c_str(), &end);
       if (s.empty() || *end != '\0' || !(r > 0.0 && r <= 1.0)) return bad();
       o->memory_cap_ratio = r;
+    } else if (k == "metrics_file") {
+      if (v.empty() || v[0] != '/') return bad();
+      o->metrics_file = v;
+    } else if (k == "metrics_interval") {
+      if (!ParseLong(v, 1, 3600, &n)) return bad();
+      o->metrics_interval_s = static_cast<int>(n);
     } else if (k == "memory_cap_mb") {
       if (!ParseLong(v, 1, 1L << 40, &n)) return bad();
       o->memory_cap_bytes = static_cast<uint64_t>(n) << 20;
@@ -126,7 +155,14 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
   }
   Status s = CheckMemoryCap(o->memory_cap_ratio, o->memory_cap_bytes);
   if (!s.ok()) return s;
-  if (!o->spill_dir.empty()) return CheckSpillDir(o->spill_dir);
+  if (!o->spill_dir.empty()) {
+    s = CheckSpillDir(o->spill_dir);
+    if (!s.ok()) return s;
+  }
+  if (!o->metrics_file.empty()) {
+    s = CheckMetricsFile(o->metrics_file);
+    if (!s.ok()) return s;
+  }
   return Status::OK();
 }
 

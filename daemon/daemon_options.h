@@ -30,6 +30,8 @@ struct DaemonOptions {
   // Request bodies being read, all connections together; a connection
   // that would pass it is closed.
   uint64_t body_bytes_cap = 256u << 20;
+  std::string metrics_file;  // empty: none; else rewritten every interval
+  int metrics_interval_s = 5;
 };
 
 // Parses shmcached's own argv. InvalidArgument names the bad argument.
@@ -44,5 +46,10 @@ uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes);
 // InvalidArgument, naming the option and its minimum, when that cap is
 // below one segment (CacheState::kMinSegmentBytes): no cache could hold a row.
 Status CheckMemoryCap(double ratio, uint64_t cap_bytes);
+// Checks that `path` can be the metrics file (MetricsFile): absolute, not
+// a directory, in an existing directory this user may write. Here rather
+// than in metrics_file.cc so that the admin, which checks --metrics_file
+// before it starts the server, does not link the daemon's Store.
+Status CheckMetricsFile(const std::string& path);
 
 }  // namespace shmcache

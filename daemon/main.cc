@@ -16,6 +16,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <fmt/format.h>
 #include <string>
 #include <thread>
@@ -24,10 +25,12 @@
 #include "daemon_options.h"
 #include "instance.h"
 #include "logger.h"
+#include "metrics_file.h"
 #include "numa_topology.h"
 #include "server.h"
 #include "shm_file.h"
 #include "store.h"
+#include "systemd_notify.h"
 
 using namespace shmcache;
 
@@ -258,6 +261,12 @@ int Run(DaemonOptions& opts) {
     });
   };
   if (opts.watch_pid > 0) watch_next();
+  std::optional<MetricsFile> metrics;
+  if (!opts.metrics_file.empty()) {
+    metrics.emplace(io, &store, &log, opts.metrics_file,
+                    std::chrono::seconds(opts.metrics_interval_s));
+    metrics->Start();
+  }
   std::vector<std::thread> threads = StartWorkers(io, workers, nodes, log);
   log.Info("started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
            "memory cap {} MB, spill dir {}, open files limit {}",
@@ -267,9 +276,12 @@ int Run(DaemonOptions& opts) {
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()),
          store.startup_notes());
   opts.ready_fd = -1;  // Report closed it
+  NotifyReady(fmt::format("serving port {}", paths.port));
   if (!opts.foreground) DetachStdio();
 
   for (std::thread& t : threads) t.join();
+  NotifyStopping();
+  if (metrics) metrics->Remove();
   log.Info("stopping: removing shared memory and socket");
   store.Shutdown();
   unlink(paths.socket_path.c_str());

@@ -23,12 +23,15 @@ ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket so
       stall_timer_(strand_),
       id_(id),
       pid_(pid),
-      refused_(refused) {}
+      refused_(refused) {
+  env_->store->CountConnection(+1);
+}
 
 // Runs also while the io_context is destroyed after the Server: touches
 // only what env_ keeps alive.
 ServerConnection::~ServerConnection() {
   env_->budget.Give(charged_);
+  env_->store->CountConnection(-1);
   env_->store->ReleaseConnection(id_, pid_);
 }
 

@@ -526,7 +526,7 @@ Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,
     c->StopSpilling(s.message());
     return Status::Full(fmt::format("cache {} stopped spilling: {}", cache_id, s.message()));
   }
-  return c->PublishSpilled(row_id, &account_, inserted);
+  return c->PublishSpilled(row_id, row.size(), &account_, inserted);
 }
 
 Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
@@ -540,7 +540,15 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
   }
   // RocksDB is thread-safe; reads need not hold the store's lock. A cache
   // destroyed meanwhile yields misses.
-  return spill_->MultiGet(cache_id, ids, rows, found);
+  Status s = spill_->MultiGet(cache_id, ids, rows, found);
+  if (s.ok()) CountSpillReads(cache_id, std::count(found->begin(), found->end(), true));
+  return s;
+}
+
+void Store::CountSpillReads(uint32_t cache_id, uint64_t n) {
+  std::lock_guard lock(mu_);
+  CacheState* c;
+  if (n > 0 && CacheFor(cache_id, &c).ok()) c->CountSpillReads(n);
 }
 
 void Store::Note(const std::string& text) {
@@ -651,6 +659,10 @@ void Store::FillServerInfo(ServerInfo* out) {
   out->numa_nodes = num_nodes_;
   out->sessions.clear();
   for (const auto& [sid, cids] : sessions_) out->sessions.push_back(sid);
+  out->connections = static_cast<uint64_t>(std::max<int64_t>(0, connections_.load()));
+  out->start_time_unix = started_unix_;
+  out->uptime_seconds = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - started_).count();
 }
 
 void Store::Shutdown() {

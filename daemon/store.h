@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -81,6 +82,8 @@ class Store {
                   std::vector<std::string>* rows, std::vector<bool>* found);
   void ListSessions(std::vector<SessionInfo>* out);
   void FillServerInfo(ServerInfo* out);
+  // A client connection opened (+1) or ended (-1); for the statistics.
+  void CountConnection(int delta) { connections_.fetch_add(delta); }
   // Destroys everything and removes every shared-memory file.
   void Shutdown();
 
@@ -89,6 +92,7 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out);
+  void CountSpillReads(uint32_t cache_id, uint64_t n);
   // Background thread making caches' next segments (see SegmentJob), and
   // re-checking ended connections whose process was still running.
   void PrepareSegments();
@@ -157,6 +161,10 @@ class Store {
   HeldMemory held_;                      // GUARDED_BY(mu_)
   bool stopping_ = false;                // GUARDED_BY(mu_)
   std::thread preparer_;
+  std::atomic<int64_t> connections_{0};
+  const std::chrono::steady_clock::time_point started_ =
+      std::chrono::steady_clock::now();
+  const uint64_t started_unix_ = static_cast<uint64_t>(std::time(nullptr));
 };
 
 }  // namespace shmcache

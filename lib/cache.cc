@@ -426,6 +426,13 @@ Status CacheImpl::GrowIndex(uint32_t seen) {
 
 Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
                       bool* inserted) {
+  Status s = PutRow(id, columns, inserted);
+  if (s.IsFull()) Stats()->puts_full.fetch_add(1, std::memory_order_relaxed);
+  return s;
+}
+
+Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
+                         bool* inserted) {
   if (inserted) *inserted = false;
   Status s = Usable();
   if (!s.ok()) return s;
@@ -543,6 +550,8 @@ Status CacheImpl::GetStats(CacheStats* out) {
     out->mem_rows += slot.rows.load(std::memory_order_relaxed);
     out->mem_bytes += slot.bytes.load(std::memory_order_relaxed);
     out->disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
+    out->disk_bytes += slot.disk_bytes.load(std::memory_order_relaxed);
+    out->puts_full += slot.puts_full.load(std::memory_order_relaxed);
   }
   if (single_node_) out->numa_hits = out->hits;
   out->reserved_bytes = header_->reserved_bytes.load(std::memory_order_relaxed);

@@ -32,6 +32,7 @@ class CacheImpl {
                        uint32_t session_id, std::shared_ptr<CacheImpl>* out);
   ~CacheImpl();
 
+  // PutRow, counting a Full answer in this process's statistics line.
   Status Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
   Status Get(uint64_t id, std::span<const std::string_view> columns,
              bool project, Row* out);
@@ -79,6 +80,7 @@ class CacheImpl {
   // statuses[i] is OK, NotFound, or the transport error.
   void FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
                     Status* statuses);
+  Status PutRow(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);
   // Spilling was asked for (and did not stop): rows memory cannot take

@@ -25,7 +25,8 @@
 namespace shmcache::layout {
 
 // 2: table file names carry a random tag (TableInfo::tag).
-inline constexpr uint32_t kLayoutVersion = 2;
+// 3: StatsSlot counts spilled bytes and puts refused because full.
+inline constexpr uint32_t kLayoutVersion = 3;
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
@@ -79,6 +80,8 @@ struct alignas(kCacheLine) StatsSlot {
   std::atomic<uint64_t> rows;   // rows published
   std::atomic<uint64_t> bytes;  // their encoded bytes
   std::atomic<uint64_t> disk_rows;
+  std::atomic<uint64_t> disk_bytes;  // (daemon, slot 0) their encoded bytes
+  std::atomic<uint64_t> puts_full;   // puts refused because the cache was full
 };
 static_assert(sizeof(StatsSlot) == kCacheLine);
 

@@ -95,6 +95,9 @@ void WriteSessions(WireWriter& w, std::span<const SessionInfo> sessions) {
       w.U64(c.reserved_bytes);
       w.U64(c.budget_bytes);
       w.U8(c.full ? 1 : 0);
+      w.U64(c.disk_bytes);
+      w.U64(c.puts_full);
+      w.U64(c.spill_reads);
     }
   }
 }
@@ -122,6 +125,9 @@ bool ReadSessions(WireReader& r, std::vector<SessionInfo>* out) {
       c.reserved_bytes = r.U64();
       c.budget_bytes = r.U64();
       c.full = r.U8() != 0;
+      c.disk_bytes = r.U64();
+      c.puts_full = r.U64();
+      c.spill_reads = r.U64();
       s.caches.push_back(std::move(c));
     }
     out->push_back(std::move(s));
@@ -145,6 +151,9 @@ void WriteServerInfo(WireWriter& w, const ServerInfo& i) {
   w.U32(static_cast<uint32_t>(i.numa_nodes));
   w.U32(static_cast<uint32_t>(i.sessions.size()));
   for (uint32_t s : i.sessions) w.U32(s);
+  w.U64(i.connections);
+  w.U64(i.start_time_unix);
+  w.U64(static_cast<uint64_t>(i.uptime_seconds * 1000));  // milliseconds
 }
 
 bool ReadServerInfo(WireReader& r, ServerInfo* i) {
@@ -165,6 +174,9 @@ bool ReadServerInfo(WireReader& r, ServerInfo* i) {
   if (!r.ok() || n > 1u << 20) return false;
   i->sessions.clear();
   for (uint32_t k = 0; k < n && r.ok(); ++k) i->sessions.push_back(r.U32());
+  i->connections = r.U64();
+  i->start_time_unix = r.U64();
+  i->uptime_seconds = static_cast<double>(r.U64()) / 1000;
   return r.ok();
 }
 

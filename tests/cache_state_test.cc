@@ -222,16 +222,18 @@ TEST_F(CacheStateTest, DroppedSpilledRowsAreMissesAndTheCacheIsFullWithoutSpilli
   ASSERT_TRUE(cache_->spilling());
   for (uint64_t id = 0; id < 10; ++id) {
     bool inserted = false;
-    ASSERT_TRUE(cache_->PublishSpilled(id, &account_, &inserted).ok());
+    ASSERT_TRUE(cache_->PublishSpilled(id, 100, &account_, &inserted).ok());
     ASSERT_TRUE(inserted);
   }
   EXPECT_EQ(cache_->Stats().disk_rows, 10u);
+  EXPECT_EQ(cache_->Stats().disk_bytes, 1000u);
   EXPECT_FALSE(cache_->Stats().full);
   EXPECT_EQ(cache_->DropSpilledRows(), 10u);
   EXPECT_EQ(cache_->Stats().disk_rows, 0u);
+  EXPECT_EQ(cache_->Stats().disk_bytes, 0u);
   // Spilling on: a dropped id is published again.
   bool inserted = false;
-  ASSERT_TRUE(cache_->PublishSpilled(3, &account_, &inserted).ok());
+  ASSERT_TRUE(cache_->PublishSpilled(3, 100, &account_, &inserted).ok());
   EXPECT_TRUE(inserted);
   // Spilling off with memory used up: full, as every put will find.
   cache_->StopSpilling("no spill store");

@@ -67,7 +67,8 @@ TEST_F(CliTest, HelpListsEveryCommand) {
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   for (const char* c : {"--start", "--stop", "--generate_session", "--destroy_session",
                         "--list_sessions", "--server_info", "--json", "--port",
-                        "--hostname", "--workers", "--spilldir", "--loglevel"}) {
+                        "--hostname", "--workers", "--spilldir", "--loglevel",
+                        "--metrics", "--metrics_file", "--metrics_interval"}) {
     EXPECT_NE(r.out.find(c), std::string::npos) << c;
   }
 }
@@ -130,6 +131,16 @@ TEST_F(CliTest, StartOptionWithAnotherCommand) {
   ExpectError({"--list_sessions", "-w", "2"}, "-w applies to --start only");
 }
 
+TEST_F(CliTest, MetricsFileOptions) {
+  ExpectError({"--metrics", "--metrics_file", "/tmp/shmcache.prom"},
+              "--metrics_file applies to --start only");
+  ExpectError({"--start", "--metrics_file", "shmcache.prom"}, "not an absolute path");
+  ExpectError({"--start", "--metrics_interval", "0"}, "1..3600");
+  ExpectError({"--start", "--metrics_interval", "often"}, "1..3600");
+  ExpectError({"--start", "--metrics_file", "/no-such-dir/shmcache.prom"},
+              "/no-such-dir does not exist");
+}
+
 TEST_F(CliTest, PortOutsideTheRange) {
   ExpectError({"--list_sessions", "-p", "80"}, "1025..65535");
   ExpectError({"--list_sessions", "-p", "1024"}, "1025..65535");
@@ -172,7 +183,8 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
 }
 
 TEST_F(CliTest, ServerNotRunning) {
-  for (const char* cmd : {"--stop", "-g", "--list_sessions", "--server_info"}) {
+  for (const char* cmd : {"--stop", "-g", "--list_sessions", "--server_info",
+                          "--metrics"}) {
     ExpectError({cmd, "-p", "31002"}, "not running");
   }
   ExpectError({"-d", "5", "-p", "31002"}, "not running");

@@ -25,6 +25,7 @@ constexpr OptionSpec kOptions[] = {
     {"-d", "destroy_session", true, false},
     {"", "list_sessions", false, false},
     {"", "server_info", false, false},
+    {"", "metrics", false, false},
     {"", "help", false, false},
     {"-h", "hostname", true, false},
     {"-p", "port", true, false},
@@ -36,6 +37,8 @@ constexpr OptionSpec kOptions[] = {
     {"", "shm_dir", true, true},
     {"", "log_dir", true, true},
     {"", "json", false, false},
+    {"", "metrics_file", true, true},
+    {"", "metrics_interval", true, true},
 };
 
 bool ParseInt(const std::string& v, long lo, long hi, long* out) {
@@ -68,6 +71,7 @@ Commands (one per call):
   -d, --destroy_session ID   drop a session, its caches and their memory
   --list_sessions            sessions and caches with their statistics
   --server_info              the server's configuration and sessions
+  --metrics                  Prometheus text exposition of the server and its caches
   --help                     this text
 
 Options:
@@ -89,6 +93,10 @@ Options of --start:
                              env SHMCACHE_SHM_DIR)
   --log_dir DIR              where logs go, owner-only (default <run dir>/log:
                              /tmp/shmcache-<uid>/log or $SHMCACHE_RUN_DIR/log)
+  --metrics_file PATH        rewrite --metrics output there every few seconds,
+                             atomically (for node_exporter's textfile collector:
+                             name it *.prom); removed when the server stops
+  --metrics_interval S       seconds between rewrites, 1..3600 (default 5)
 
 Exit status: 0 on success, 1 with a one-line message on stderr otherwise.
 )";
@@ -146,6 +154,7 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
     else if (name == "generate_session") s = SetCommand(a, Command::kGenerate, flag);
     else if (name == "list_sessions") s = SetCommand(a, Command::kList, flag);
     else if (name == "server_info") s = SetCommand(a, Command::kInfo, flag);
+    else if (name == "metrics") s = SetCommand(a, Command::kMetrics, flag);
     else if (name == "help") s = SetCommand(a, Command::kHelp, flag);
     else if (name == "destroy_session") {
       s = SetCommand(a, Command::kDestroy, flag);
@@ -201,13 +210,25 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
       a->log_dir = value;
     } else if (name == "json") {
       a->json = true;
+    } else if (name == "metrics_file") {
+      if (value.empty() || value[0] != '/') {
+        return Status::InvalidArgument(
+            fmt::format("metrics file '{}' is not an absolute path", value));
+      }
+      a->metrics_file = value;
+    } else if (name == "metrics_interval") {
+      if (!ParseInt(value, 1, 3600, &n)) {
+        return Status::InvalidArgument(fmt::format(
+            "metrics interval '{}' is not a number of seconds in 1..3600", value));
+      }
+      a->metrics_interval = static_cast<int>(n);
     }
     if (!s.ok()) return Status::InvalidArgument(s.message());
   }
   if (a->command == Command::kNone) {
     return Status::InvalidArgument(
         "no command given; use one of --start, --stop, -g, -d ID, "
-        "--list_sessions, --server_info, --help");
+        "--list_sessions, --server_info, --metrics, --help");
   }
   if (saw_start_option && a->command != Command::kStart) {
     return Status::InvalidArgument(

@@ -10,7 +10,9 @@
 
 namespace shmcache::admin {
 
-enum class Command { kNone, kStart, kStop, kGenerate, kDestroy, kList, kInfo, kHelp };
+enum class Command {
+  kNone, kStart, kStop, kGenerate, kDestroy, kList, kInfo, kMetrics, kHelp
+};
 
 struct CliArgs {
   Command command = Command::kNone;
@@ -25,6 +27,8 @@ struct CliArgs {
   std::string shm_dir;
   std::string log_dir;
   bool json = false;
+  std::string metrics_file;  // --start: rewrite Prometheus metrics there
+  int metrics_interval = 0;  // seconds; 0: the server's default (5)
 };
 
 // argv[0] is skipped. InvalidArgument with the message to print.

@@ -10,6 +10,7 @@
 
 #include "cli_args.h"
 #include "instance.h"
+#include "metrics.h"
 #include "numa_topology.h"
 #include "output.h"
 #include "shmcache/client.h"
@@ -43,6 +44,16 @@ int RunStart(const CliArgs& a, int port) {
              r.pid, port, r.workers, r.log_path);
   for (const std::string& note : r.notes) fmt::print("Warning: {}\n", note);
   return 0;
+}
+
+// The server's Prometheus text: its info and every cache's counters.
+Status CollectMetrics(Client& client, std::string* out) {
+  ServerInfo info;
+  std::vector<SessionInfo> sessions;
+  Status s = client.GetServerInfo(&info);
+  if (s.ok()) s = client.ListSessions(&sessions);
+  if (s.ok()) *out = PrometheusText(info, sessions);
+  return s;
 }
 
 int RunStop(const ClientOptions& co, int port) {
@@ -112,6 +123,14 @@ int main(int argc, char** argv) {
       s = client->GetServerInfo(&info);
       if (!s.ok()) return Fail(s.message());
       fmt::print("{}", a.json ? ServerInfoJson(info) : ServerInfoTable(info));
+      return 0;
+    }
+    case Command::kMetrics: {
+      std::string text;
+      s = CollectMetrics(*client, &text);
+      if (!s.ok()) return Fail(s.message());
+      // Megabytes with many caches: written as is, not copied by a format.
+      std::fwrite(text.data(), 1, text.size(), stdout);
       return 0;
     }
     default:

@@ -64,10 +64,12 @@ std::string SessionsJson(const std::vector<SessionInfo>& sessions) {
           "{}{{\"cache_id\": {}, \"name\": {}, \"mem_cached\": {}, "
           "\"mem_bytes\": {}, \"disk_cached\": {}, \"avg_cache_size\": {}, "
           "\"numa_hit\": {}, \"hits\": {}, \"misses\": {}, "
-          "\"reserved_bytes\": {}, \"budget_bytes\": {}, \"full\": {}}}",
+          "\"reserved_bytes\": {}, \"budget_bytes\": {}, \"full\": {}, "
+          "\"disk_bytes\": {}, \"puts_full\": {}, \"spill_reads\": {}}}",
           i ? ", " : "", c.cache_id, JsonString(c.name), c.mem_rows, c.mem_bytes,
           c.disk_rows, c.avg_row_bytes(), c.numa_hits, c.hits, c.misses,
-          c.reserved_bytes, c.budget_bytes, c.full ? "true" : "false");
+          c.reserved_bytes, c.budget_bytes, c.full ? "true" : "false",
+          c.disk_bytes, c.puts_full, c.spill_reads);
     }
     out += "]}";
   }
@@ -109,11 +111,13 @@ std::string ServerInfoJson(const ServerInfo& i) {
       "{{\"hostname\": \"127.0.0.1\", \"port\": {}, \"socket\": {}, \"shm_dir\": {}, "
       "\"pid\": {}, \"workers\": {}, \"log_level\": {}, \"log_file\": {}, "
       "\"spill_dir\": {}, \"memory_cap_bytes\": {}, \"memory_used_bytes\": {}, "
-      "\"memory_held_bytes\": {}, \"numa_nodes\": {}, \"sessions\": [{}]}}\n",
+      "\"memory_held_bytes\": {}, \"numa_nodes\": {}, \"sessions\": [{}], "
+      "\"connections\": {}, \"start_time_unix\": {}, \"uptime_seconds\": {:.3f}}}\n",
       i.port, JsonString(i.socket_path), JsonString(i.shm_dir), i.pid, i.workers,
       i.log_level, JsonString(i.log_path),
       i.spill_dir.empty() ? "null" : JsonString(i.spill_dir), i.memory_cap_bytes,
-      i.memory_used_bytes, i.memory_held_bytes, i.numa_nodes, sessions);
+      i.memory_used_bytes, i.memory_held_bytes, i.numa_nodes, sessions, i.connections,
+      i.start_time_unix, i.uptime_seconds);
 }
 
 }  // namespace shmcache::admin

@@ -43,6 +43,10 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
     Status s = CheckSpillDir(a.spill_dir);
     if (!s.ok()) return s;
   }
+  if (!a.metrics_file.empty()) {
+    Status s = CheckMetricsFile(a.metrics_file);
+    if (!s.ok()) return s;
+  }
   std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port),
                                    fmt::format("--loglevel={}", a.log_level)};
   if (a.workers) args.push_back(fmt::format("--workers={}", a.workers));
@@ -53,6 +57,10 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
   if (a.memory_cap_mb) args.push_back(fmt::format("--memory_cap_mb={}", a.memory_cap_mb));
   if (!a.shm_dir.empty()) args.push_back("--shm_dir=" + a.shm_dir);
   if (!a.log_dir.empty()) args.push_back("--log_dir=" + a.log_dir);
+  if (!a.metrics_file.empty()) args.push_back("--metrics_file=" + a.metrics_file);
+  if (a.metrics_interval) {
+    args.push_back(fmt::format("--metrics_interval={}", a.metrics_interval));
+  }
   // Test harnesses tie the server to their own process (see README).
   if (const char* w = std::getenv("SHMCACHE_WATCH_PID"); w && *w) {
     args.push_back(std::string("--watch_pid=") + w);

@@ -227,7 +227,8 @@ class DatasetCache:
         self._client = None
         self._cache = None
         self._dead = False        # nothing works: every call is a miss
-        self._no_puts = False     # full or daemon gone: reads still work
+        self._no_puts = False     # daemon gone: reads still work
+        self._full = False        # puts are refused (and counted) by the cache
         self._warned = False
         self._warned_row = False  # a row the cache cannot take was dropped
         self.bytes_read = 0       # bytes of columns returned by get/view
@@ -235,7 +236,7 @@ class DatasetCache:
     def __getstate__(self):
         state = self.__dict__.copy()
         for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
-                  "_warned", "_warned_row", "bytes_read"):
+                  "_full", "_warned", "_warned_row", "bytes_read"):
             state.pop(k, None)
         return state
 
@@ -256,15 +257,15 @@ class DatasetCache:
 
     def _warn(self, err, what=None):
         """One CacheWarning per object: `what` (default: the cause of err),
-        err's message, and what happens now (call it after setting _dead or
-        _no_puts)."""
+        err's message, and what happens now (call it after setting _dead,
+        _no_puts or _full)."""
         if self._warned:
             return
         self._warned = True
         msg = f"shmcache: {what or _cause(err)} ({err})"
         if self._dead:
             msg += "; the cache is bypassed and rows are read from the source"
-        elif self._no_puts:
+        elif self._no_puts or self._full:
             msg += "; new rows are not cached, cached rows are still served"
         warnings.warn(msg, CacheWarning, stacklevel=3)
 
@@ -351,7 +352,12 @@ class DatasetCache:
                 self._warned_row = True
                 warnings.warn(f"shmcache: {e}; rows like it are read from the "
                               "source", CacheWarning, stacklevel=3)
-        except (FullError, UnavailableError) as e:
+        except FullError as e:
+            # Later puts still go to the cache, which refuses them without a
+            # round trip and counts them (stats()["puts_full"], the metrics).
+            self._full = True
+            self._warn(e)
+        except UnavailableError as e:
             self._no_puts = True
             self._warn(e)
         except InvalidArgumentError as e:
@@ -463,7 +469,7 @@ class DatasetCache:
     @property
     def accepting(self):
         """False once puts are dropped (full, daemon gone)."""
-        return not (self._dead or self._no_puts)
+        return not (self._dead or self._no_puts or self._full)
 
     def close(self):
         """Returns unused space to the daemon; views stay valid."""

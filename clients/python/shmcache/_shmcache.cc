@@ -166,6 +166,9 @@ py::dict StatsDict(const shmcache::CacheStats& st) {
   d["mem_rows"] = st.mem_rows;
   d["mem_bytes"] = st.mem_bytes;
   d["disk_rows"] = st.disk_rows;
+  d["disk_bytes"] = st.disk_bytes;
+  d["puts_full"] = st.puts_full;
+  d["spill_reads"] = st.spill_reads;
   d["hits"] = st.hits;
   d["misses"] = st.misses;
   d["numa_hits"] = st.numa_hits;
@@ -483,6 +486,9 @@ PYBIND11_MODULE(_shmcache, m) {
         d["memory_held_bytes"] = i.memory_held_bytes;
         d["numa_nodes"] = i.numa_nodes;
         d["sessions"] = i.sessions;
+        d["connections"] = i.connections;
+        d["start_time_unix"] = i.start_time_unix;
+        d["uptime_seconds"] = i.uptime_seconds;
         return d;
       })
       .def("stop_server", [](Client& c) { Check(c.StopServer()); });

@@ -28,8 +28,10 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from . import DatasetCache, _column_names, decode_row, encode_row
+from .samplers import NodeAffineSampler, node_partition
 
-__all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint"]
+__all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
+           "NodeAffineSampler", "node_partition"]
 
 _RANDOM_TRANSFORM = re.compile(
     r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"

@@ -15,6 +15,7 @@ struct CacheStats {
   uint64_t mem_rows = 0;     // rows held in shared memory
   uint64_t mem_bytes = 0;    // encoded bytes of those rows
   uint64_t disk_rows = 0;    // rows spilled to disk
+  uint64_t disk_bytes = 0;   // encoded bytes of those rows
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t numa_hits = 0;    // hits served from the reader's own NUMA node
@@ -22,6 +23,10 @@ struct CacheStats {
   uint64_t budget_bytes = 0;    // its limit (the server cap when size was 0)
   bool full = false;            // no longer accepts rows
   bool spilling = false;        // memory budget used up; new rows go to disk
+  uint64_t puts_full = 0;       // puts refused because the cache was full
+  uint64_t spill_reads = 0;     // spilled rows read back through the daemon,
+                                // since it started; in listings only (a
+                                // Cache's GetStats cannot see it: 0)
   uint64_t avg_row_bytes() const { return mem_rows ? mem_bytes / mem_rows : 0; }
 };
 
@@ -47,6 +52,10 @@ struct ServerInfo {
   uint64_t memory_held_bytes = 0;
   int numa_nodes = 1;
   std::vector<uint32_t> sessions;
+  // Operations (metrics).
+  uint64_t connections = 0;      // client connections open now
+  uint64_t start_time_unix = 0;  // when the daemon started, seconds since 1970
+  double uptime_seconds = 0;
 };
 
 }  // namespace shmcache

@@ -1,0 +1,200 @@
+#include "metrics.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+
+#ifndef SHMCACHE_VERSION
+#define SHMCACHE_VERSION "unknown"
+#endif
+
+namespace shmcache {
+namespace {
+
+struct CacheMetric {
+  const char* name;
+  const char* type;
+  const char* help;
+  uint64_t (*value)(const CacheStats&);
+};
+
+// One family per entry, in this order; --list_sessions shows the same
+// counters (Mem cached, Disk cached, Hits, Misses, Numa hit, Full).
+constexpr CacheMetric kCacheMetrics[] = {
+    {"shmcache_cache_memory_rows", "gauge", "Rows held in shared memory.",
+     [](const CacheStats& c) { return c.mem_rows; }},
+    {"shmcache_cache_memory_bytes", "gauge",
+     "Encoded bytes of the rows held in shared memory.",
+     [](const CacheStats& c) { return c.mem_bytes; }},
+    {"shmcache_cache_disk_rows", "gauge", "Rows spilled to disk.",
+     [](const CacheStats& c) { return c.disk_rows; }},
+    {"shmcache_cache_disk_bytes", "gauge", "Encoded bytes of the rows spilled to disk.",
+     [](const CacheStats& c) { return c.disk_bytes; }},
+    {"shmcache_cache_hits_total", "counter", "Reads that found their row.",
+     [](const CacheStats& c) { return c.hits; }},
+    {"shmcache_cache_misses_total", "counter", "Reads that did not find their row.",
+     [](const CacheStats& c) { return c.misses; }},
+    {"shmcache_cache_numa_hits_total", "counter",
+     "Hits served from the reader's own NUMA node.",
+     [](const CacheStats& c) { return c.numa_hits; }},
+    {"shmcache_cache_puts_full_total", "counter",
+     "Puts dropped because the cache was full.",
+     [](const CacheStats& c) { return c.puts_full; }},
+    {"shmcache_cache_spill_reads_total", "counter",
+     "Spilled rows read back from disk (since the server started).",
+     [](const CacheStats& c) { return c.spill_reads; }},
+    {"shmcache_cache_reserved_bytes", "gauge",
+     "Shared memory reserved for the cache (segments and index).",
+     [](const CacheStats& c) { return c.reserved_bytes; }},
+    {"shmcache_cache_budget_bytes", "gauge", "The cache's memory budget.",
+     [](const CacheStats& c) { return c.budget_bytes; }},
+    {"shmcache_cache_full", "gauge", "1 when the cache no longer accepts rows.",
+     [](const CacheStats& c) { return static_cast<uint64_t>(c.full); }},
+};
+
+void Family(std::string& out, std::string_view name, std::string_view type,
+            std::string_view help) {
+  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name,
+                 help, name, type);
+}
+
+void SampleStart(std::string& out, std::string_view name, std::string_view labels) {
+  out.append(name);
+  out.push_back('{');
+  out.append(labels);
+  out.append("} ");
+}
+
+// Integers through format_int: 12 families of 1,000 caches are most of the
+// text, and `shmcache --metrics` should cost a few milliseconds.
+void Sample(std::string& out, std::string_view name, std::string_view labels,
+            uint64_t value) {
+  SampleStart(out, name, labels);
+  fmt::format_int digits(value);
+  out.append(digits.data(), digits.size());
+  out.push_back('\n');
+}
+
+void Sample(std::string& out, std::string_view name, std::string_view labels,
+            double value) {
+  SampleStart(out, name, labels);
+  fmt::format_to(std::back_inserter(out), "{}\n", value);
+}
+
+// Length of the UTF-8 sequence at s[i], or 0 when it is not valid UTF-8.
+size_t Utf8Length(std::string_view s, size_t i) {
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char b = byte(i);
+  if (b < 0x80) return 1;
+  size_t n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
+           : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  }
+  unsigned char c = byte(i + 1);  // no overlong forms, surrogates, > U+10FFFF
+  if ((b == 0xE0 && c < 0xA0) || (b == 0xED && c > 0x9F) ||
+      (b == 0xF0 && c < 0x90) || (b == 0xF4 && c > 0x8F)) {
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string PrometheusLabelValue(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size();) {
+    char c = v[i];
+    size_t n = Utf8Length(v, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      i += 1;
+      continue;
+    }
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out.append(v.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string PrometheusText(const ServerInfo& info,
+                           const std::vector<SessionInfo>& sessions) {
+  std::string out;
+  std::string port = fmt::format("port=\"{}\"", info.port);
+  size_t num_caches = 0;
+  for (const SessionInfo& s : sessions) num_caches += s.caches.size();
+
+  Family(out, "shmcache_server_info", "gauge",
+         "The server's configuration, as labels; the value is always 1.");
+  Sample(out, "shmcache_server_info",
+         fmt::format("{},version=\"{}\",shm_dir=\"{}\",spill_dir=\"{}\"", port,
+                     SHMCACHE_VERSION, PrometheusLabelValue(info.shm_dir),
+                     PrometheusLabelValue(info.spill_dir)),
+         uint64_t{1});
+  struct ServerMetric {
+    const char* name;
+    const char* help;
+    double value;
+  };
+  const ServerMetric server[] = {
+      {"shmcache_server_memory_used_bytes", "Shared memory reserved by all caches.",
+       static_cast<double>(info.memory_used_bytes)},
+      {"shmcache_server_memory_cap_bytes", "The most all caches together may reserve.",
+       static_cast<double>(info.memory_cap_bytes)},
+      {"shmcache_server_memory_held_bytes",
+       "Part of memory used: destroyed sessions' memory that processes still map.",
+       static_cast<double>(info.memory_held_bytes)},
+      {"shmcache_server_sessions", "Sessions.", static_cast<double>(info.sessions.size())},
+      {"shmcache_server_caches", "Caches in all sessions.", static_cast<double>(num_caches)},
+      {"shmcache_server_connections", "Client connections open now.",
+       static_cast<double>(info.connections)},
+      {"shmcache_server_uptime_seconds", "Seconds since the server started.",
+       info.uptime_seconds},
+      {"shmcache_server_start_time_seconds",
+       "When the server started, in seconds since the Unix epoch.",
+       static_cast<double>(info.start_time_unix)},
+  };
+  for (const ServerMetric& m : server) {
+    Family(out, m.name, "gauge", m.help);
+    Sample(out, m.name, port, m.value);
+  }
+
+  // Label sets are built once; each family then repeats them.
+  std::vector<std::string> labels;
+  std::vector<const CacheStats*> caches;
+  labels.reserve(num_caches);
+  caches.reserve(num_caches);
+  size_t label_bytes = 0;
+  for (const SessionInfo& s : sessions) {
+    for (const CacheStats& c : s.caches) {
+      labels.push_back(fmt::format("{},session=\"{}\",cache=\"{}\",cache_id=\"{}\"",
+                                   port, s.session_id, PrometheusLabelValue(c.name),
+                                   c.cache_id));
+      label_bytes += labels.back().size();
+      caches.push_back(&c);
+    }
+  }
+  // One allocation for the text (megabytes with 1,000 caches): growing
+  // it would copy and fault in several times that.
+  size_t size = out.size();
+  for (const CacheMetric& m : kCacheMetrics) {
+    size += 256 + label_bytes + num_caches * (std::strlen(m.name) + 4 + 20);
+  }
+  out.reserve(size);
+  for (const CacheMetric& m : kCacheMetrics) {
+    Family(out, m.name, m.type, m.help);
+    for (size_t i = 0; i < caches.size(); ++i) {
+      Sample(out, m.name, labels[i], m.value(*caches[i]));
+    }
+  }
+  return out;
+}
+
+}  // namespace shmcache

@@ -1,0 +1,113 @@
+"""examples/kubernetes: the DaemonSet and the training pod parse, and agree
+on what README.md says they share (host IPC and pids, the shm and socket
+directories at the same paths, the user, the port). The server's command
+line is then run for real, its paths moved under a temporary directory."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import ADMIN, BUILD, PYTHONPATH, ROOT, free_port, wait_for
+
+K8S = ROOT / "examples" / "kubernetes"
+
+
+def load(name):
+    docs = list(yaml.safe_load_all((K8S / name).read_text()))
+    assert len(docs) == 1
+    return docs[0]
+
+
+def options(argv):
+    """{name: value} of --name=value arguments."""
+    return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+
+
+def host_mounts(pod_spec, container):
+    """{mountPath: host path} of a container's hostPath volumes."""
+    host = {v["name"]: v["hostPath"]["path"] for v in pod_spec["volumes"] if "hostPath" in v}
+    return {m["mountPath"]: host[m["name"]] for m in container["volumeMounts"]
+            if m["name"] in host}
+
+
+@pytest.fixture(scope="module")
+def manifests():
+    ds, pod = load("shmcache-daemonset.yaml"), load("training-pod.yaml")
+    assert ds["apiVersion"] == "apps/v1" and ds["kind"] == "DaemonSet"
+    assert pod["apiVersion"] == "v1" and pod["kind"] == "Pod"
+    spec = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= \
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    (server,) = spec["containers"]
+    (trainer,) = pod["spec"]["containers"]
+    return spec, server, pod["spec"], trainer
+
+
+def test_server_pod_shares_host_ipc_and_pids(manifests):
+    spec, server, _, _ = manifests
+    assert spec["hostIPC"] is True and spec["hostPID"] is True
+    assert server["command"][0] == "shmcached" and "--foreground" in server["command"]
+
+
+def test_shm_and_socket_dirs_are_the_same_host_dirs_in_both_pods(manifests):
+    spec, server, pod_spec, trainer = manifests
+    opts = options(server["command"])
+    env = {e["name"]: e["value"] for e in server["env"]}
+    trainer_env = {e["name"]: e["value"] for e in trainer["env"]}
+    server_mounts = host_mounts(spec, server)
+    trainer_mounts = host_mounts(pod_spec, trainer)
+    # Clients open segments by the path the server reports, and the socket
+    # in SHMCACHE_RUN_DIR: both must be the same host dir at the same path.
+    for path in (opts["shm_dir"], env["SHMCACHE_RUN_DIR"]):
+        assert path in server_mounts, path
+        assert trainer_mounts.get(path) == server_mounts[path], path
+    assert server_mounts[opts["shm_dir"]].startswith("/dev/shm/")   # memory
+    assert trainer_env["SHMCACHE_RUN_DIR"] == env["SHMCACHE_RUN_DIR"]
+    assert trainer_env["SHMCACHE_PORT"] == opts["port"]
+    assert pod_spec["hostIPC"] is True
+    metrics_dir = os.path.dirname(opts["metrics_file"])
+    assert server_mounts[metrics_dir] == "/var/lib/node_exporter/textfile_collector"
+
+
+def test_both_pods_run_as_the_servers_user(manifests):
+    spec, _, pod_spec, _ = manifests
+    uid = spec["securityContext"]["runAsUser"]
+    assert pod_spec["securityContext"]["runAsUser"] == uid
+    (init,) = spec["initContainers"]
+    assert f"chown {uid}:" in init["command"][-1]
+
+
+def test_the_server_command_line_runs_and_the_probe_sees_it(manifests, tmp_path):
+    _, server, _, _ = manifests
+    port = free_port()
+    moved = {}
+    for m in server["volumeMounts"]:
+        moved[m["mountPath"]] = str(tmp_path / m["name"])
+        os.makedirs(moved[m["mountPath"]], mode=0o700)
+
+    def move(arg):
+        for path, to in moved.items():
+            arg = arg.replace(path, to)
+        return arg.replace(f"--port={options(server['command'])['port']}", f"--port={port}")
+
+    argv = [str(BUILD / "daemon" / "shmcached")] + [move(a) for a in server["command"][1:]]
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH,
+               **{e["name"]: move(e["value"]) for e in server["env"]})
+    env.pop("NOTIFY_SOCKET", None)
+    daemon = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = daemon.stderr.readline()        # the daemon's readiness line
+        assert ready.startswith("OK "), ready + daemon.stderr.read()
+        probe = [str(ADMIN) if a == "shmcache" else a
+                 for a in server["readinessProbe"]["exec"]["command"]]
+        probe[probe.index("-p") + 1] = str(port)
+        r = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        metrics = move(options(server["command"])["metrics_file"])
+        assert wait_for(lambda: os.path.exists(metrics), what="the metrics file")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=60) == 0

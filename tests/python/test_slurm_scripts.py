@@ -1,0 +1,164 @@
+"""examples/slurm: prolog.sh, task_prolog.sh and epilog.sh run directly with
+the environment slurmd gives them (a fake Slurm: SLURM_JOB_ID, SLURM_JOB_UID,
+...). A job's tasks get their node's server and session from the task
+prolog; the epilog leaves nothing behind."""
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ADMIN, PYTHONPATH, ROOT, free_port, wait_for, _alive
+
+SLURM = ROOT / "examples" / "slurm"
+JOB_ID = 4242
+TASK = """
+import os, warnings, numpy as np, shmcache
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    c = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
+    stored = sum(c.put(i, (np.arange(8) + i,)) for i in range(5))
+    print(stored, c.get(3) is not None,
+          sum(issubclass(x.category, shmcache.CacheWarning) for x in w))
+"""
+
+
+class FakeJob:
+    """One job on one node: its Slurm environment and its scripts."""
+
+    def __init__(self, state_dir, uid=None, start_args=""):
+        self.uid = os.getuid() if uid is None else uid
+        user = pwd.getpwuid(self.uid)
+        self.port = free_port()
+        self.state_dir = Path(state_dir)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SHMCACHE_", "SLURM_"))}
+        # SHMCACHE_WATCH_PID (scripts/test.sh) still ties servers to the run.
+        if "SHMCACHE_WATCH_PID" in os.environ:
+            env["SHMCACHE_WATCH_PID"] = os.environ["SHMCACHE_WATCH_PID"]
+        self.env = dict(env, SLURM_JOB_ID=str(JOB_ID), SLURM_JOB_UID=str(self.uid),
+                        SLURM_JOB_GID=str(user.pw_gid), SLURM_JOB_USER=user.pw_name,
+                        SLURM_NODEID="0", SLURM_CLUSTER_NAME="fake",
+                        SHMCACHE_SLURM_STATE=str(self.state_dir),
+                        SHMCACHE_SLURM_PORT_BASE=str(self.port - JOB_ID % 20000),
+                        SHMCACHE_SLURM_START_ARGS=start_args,
+                        SHMCACHE_BIN=str(ADMIN.parent))
+
+    def run(self, script):
+        return subprocess.run([str(SLURM / script)], env=self.env,
+                              capture_output=True, text=True, timeout=120)
+
+    def as_user(self, argv):
+        if self.uid == os.getuid():
+            return argv
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}",
+                "--clear-groups", "--"] + argv
+
+    def task_env(self):
+        """What a task sees: the task prolog's exports over the job's env."""
+        r = subprocess.run(self.as_user([str(SLURM / "task_prolog.sh")]), env=self.env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        exports = dict(line[len("export "):].split("=", 1)
+                       for line in r.stdout.splitlines())
+        return dict(self.env, PYTHONPATH=PYTHONPATH, **exports), exports
+
+    def task(self):
+        env, _ = self.task_env()
+        r = subprocess.run(self.as_user(["/usr/bin/python3", "-c", TASK]), env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    def server_pid(self, exports):
+        r = subprocess.run(self.as_user([str(ADMIN), "-p", exports["SHMCACHE_PORT"],
+                                         "--server_info"]),
+                           env=dict(self.env, SHMCACHE_RUN_DIR=exports["SHMCACHE_RUN_DIR"]),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.split("Process id:")[1].split()[0])
+
+    def leftovers(self):
+        """Files the job could leave: state, shared memory."""
+        return (sorted(os.listdir(self.state_dir)) +
+                glob.glob(f"/dev/shm/shmcache.{self.uid}.{self.port}.*"))
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    return tmp_path / "state"
+
+
+def test_prolog_serves_the_job_and_epilog_leaves_nothing(state_dir):
+    job = FakeJob(state_dir)
+    r = job.run("prolog.sh")
+    assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+    _, exports = job.task_env()
+    assert exports["SHMCACHE_PORT"] == str(job.port)
+    assert int(exports["SESSION_ID"]) > 0
+    pid = job.server_pid(exports)
+
+    assert job.task() == ["5", "True", "0"]      # 5 rows stored, a hit, no warning
+    assert job.task() == ["0", "True", "0"]      # the next task finds them cached
+
+    r = job.run("epilog.sh")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert not _alive(pid)
+    assert job.leftovers() == []
+
+
+def test_a_server_that_cannot_start_leaves_the_job_running(state_dir):
+    job = FakeJob(state_dir, start_args="--memory_cap_ratio 7")
+    r = job.run("prolog.sh")
+    assert r.returncode == 0, r.stderr           # a failing prolog drains the node
+    assert "cannot start the cache server" in r.stderr and "without the cache" in r.stderr
+    _, exports = job.task_env()
+    assert exports["SESSION_ID"] == "0"
+    assert job.task() == ["0", "False", "1"]     # one warning, rows from the source
+    assert job.run("epilog.sh").returncode == 0
+    assert job.leftovers() == []
+
+
+def test_epilog_cleans_up_after_a_server_that_died(state_dir):
+    job = FakeJob(state_dir)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    pid = job.server_pid(exports)
+    assert job.task()[0] == "5"
+    assert glob.glob(f"/dev/shm/shmcache.{job.uid}.{job.port}.*")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(pid), what="the server's death")
+    r = job.run("epilog.sh")
+    assert r.returncode == 0, r.stderr
+    assert job.leftovers() == []
+
+
+def test_prolog_as_root_runs_the_server_as_the_job_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: slurmd runs the prolog as root for another user")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    # The job user must reach the state dir: not under pytest's 0700 tmp.
+    top = tempfile.mkdtemp(prefix="shmcache-slurm-test.")
+    try:
+        os.chmod(top, 0o755)
+        job = FakeJob(Path(top) / "state", uid=nobody)
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+        _, exports = job.task_env()
+        pid = job.server_pid(exports)
+        assert os.stat(f"/proc/{pid}").st_uid == nobody
+        assert job.task() == ["5", "True", "0"]
+        r = job.run("epilog.sh")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert not _alive(pid)
+        assert job.leftovers() == []
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
