@@ -224,8 +224,16 @@ def test_forked_child_starts_with_an_empty_queue_and_a_free_lock(server, session
     release = threading.Event()
     block_puts(ds, release, batched=False)
     ds[0], ds[1]                    # queued; the parent's writer is stuck
-    with ds._putter._cond:          # held by the parent while it forks
-        pid = os.fork()
+    held, forked = threading.Event(), threading.Event()
+
+    def hold_queue_lock():          # a thread of the parent holds the lock
+        with ds._putter._cond:      # while the main thread forks
+            held.set()
+            forked.wait(60)
+    holder = threading.Thread(target=hold_queue_lock)
+    holder.start()
+    assert held.wait(60)
+    pid = os.fork()
     if pid == 0:
         code = 1
         try:
@@ -235,8 +243,15 @@ def test_forked_child_starts_with_an_empty_queue_and_a_free_lock(server, session
             code = 0 if pending == 0 and ds.flush(60) and ds.cache.contains(5) else 3
         finally:
             os._exit(code)
-    done = wait_for(lambda: (lambda r: r if r[0] else None)(os.waitpid(pid, os.WNOHANG)),
-                    timeout=120, what="the forked child")
+    forked.set()
+    holder.join()
+    try:
+        done = wait_for(lambda: (lambda r: r if r[0] else None)(os.waitpid(pid, os.WNOHANG)),
+                        timeout=60, what="the forked child")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
     assert os.waitstatus_to_exitcode(done[1]) == 0
     release.set()
     assert ds.flush(60)

@@ -90,7 +90,11 @@ def load_dataset(spec, transform=None):
                        "an image folder, or MODULE:FACTORY")
     if fn is not None:
         raise BadInput("--transform applies to image folders, not to MODULE:FACTORY")
-    ds = _import_callable(spec, "the dataset factory")()
+    factory = _import_callable(spec, "the dataset factory")
+    try:
+        ds = factory()
+    except Exception as e:  # the user's code: reported, not a traceback
+        raise BadInput(f"{spec}() failed: {type(e).__name__}: {e}") from None
     if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
         raise BadInput(f"{spec} returned a {type(ds).__name__}, not a map-style "
                        "dataset (__len__ and __getitem__)")
