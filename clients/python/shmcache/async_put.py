@@ -30,7 +30,7 @@ from collections import deque
 
 from . import CacheWarning
 
-__all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES"]
+__all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "put_rows"]
 
 DEFAULT_QUEUE_BYTES = 64 << 20
 # Below DataLoader's 5 s wait for a worker to exit before it terminates it.
@@ -45,14 +45,24 @@ _warned_pid = None             # the process that warned about drops
 _hooked_pid = None             # the process whose exit hooks are registered
 
 
+def put_rows(cache, ids, rows):
+    """Stores rows in a DatasetCache: one put_batch when the cache has it
+    (it is newer than this module), else put per row. Returns the number of
+    rows stored now."""
+    put_batch = getattr(cache, "put_batch", None)
+    if put_batch is not None:
+        return sum(bool(x) for x in put_batch(ids, rows))
+    return sum(bool(cache.put(i, r)) for i, r in zip(ids, rows))
+
+
 class AsyncPutter:
     """The queue and writer thread of one CachedDataset in one process.
 
-    put_rows(ids, rows) stores rows as DatasetCache.put_batch does; it runs
+    store(ids, rows) stores rows and returns how many it stored; it runs
     on the writer thread only."""
 
-    def __init__(self, put_rows, limit_bytes=DEFAULT_QUEUE_BYTES):
-        self._put_rows = put_rows
+    def __init__(self, store, limit_bytes=DEFAULT_QUEUE_BYTES):
+        self._store = store
         self.limit_bytes = limit_bytes
         self._reset()
         _putters.add(self)
@@ -153,8 +163,7 @@ class AsyncPutter:
         """Rows stored; a failing batch is warned about once (per process)
         and counted, never raised: training already has its samples."""
         try:
-            return sum(bool(x) for x in self._put_rows(
-                [b[0] for b in batch], [b[1] for b in batch]))
+            return self._store([b[0] for b in batch], [b[1] for b in batch])
         except Exception as e:  # the writer thread must outlive a bad row
             warnings.warn(f"shmcache: a background put failed ({type(e).__name__}: "
                           f"{e}); these rows are read from the source",

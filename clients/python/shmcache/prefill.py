@@ -21,6 +21,10 @@ else a line every --progress_interval seconds ("prefill: 512/1200 rows
 they are computing (those are stored) and exits with 130. At the end the
 session's --list_sessions line is printed on stdout. Bad input: one line
 on stderr and exit status 1.
+
+There is no `shmcache --prefill`: the admin CLI (C++, MindSpore's flags)
+manages the server and sessions and runs no Python; computing rows needs
+the user's Python dataset, so this module is the command.
 """
 
 import argparse
@@ -33,6 +37,7 @@ import time
 import warnings
 
 from . import CacheWarning, Client, DatasetCache
+from .async_put import put_rows
 from .cifar10 import Cifar10Bin, Normalize, is_cifar10_dir
 
 __all__ = ["prefill", "load_dataset", "BadInput"]
@@ -103,13 +108,6 @@ def load_dataset(spec, transform=None):
 
 # ---- the workers ----------------------------------------------------------
 
-def _put_rows(cache, ids, rows):
-    put_batch = getattr(cache, "put_batch", None)
-    if put_batch is not None:
-        return sum(bool(x) for x in put_batch(ids, rows))
-    return sum(bool(cache.put(i, r)) for i, r in zip(ids, rows))
-
-
 def _worker(dataset, cache, ids, k, done, stored, failed, stop):
     """Stores dataset[i] for its ids (those cached meanwhile are skipped),
     in batches; stops between rows when `stop` is set. done[k]: rows handled
@@ -118,7 +116,7 @@ def _worker(dataset, cache, ids, k, done, stored, failed, stop):
     batch_ids, rows = [], []
 
     def put():
-        stored[k] += _put_rows(cache, batch_ids, rows)
+        stored[k] += put_rows(cache, batch_ids, rows)
         done[k] += len(batch_ids)
         batch_ids.clear()
         rows.clear()

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from . import DatasetCache, _column_names, decode_row, encode_row
-from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
+from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter, put_rows
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
            "cache_for_dataset"]
@@ -227,11 +227,8 @@ class CachedDataset(Dataset):
         self._putter.enqueue(index, row, sum(a.nbytes for _, a, _ in copies))
 
     def _put_rows(self, ids, rows):
-        """The writer thread's put: one put_batch when the cache has it."""
-        put_batch = getattr(self.cache, "put_batch", None)
-        if put_batch is not None:
-            return put_batch(ids, rows)
-        return [self.cache.put(i, r) for i, r in zip(ids, rows)]
+        """The writer thread's put (self.cache is looked up each time)."""
+        return put_rows(self.cache, ids, rows)
 
     def flush(self, timeout=None):
         """Waits until this process's queued puts are stored; False when
