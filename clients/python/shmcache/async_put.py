@@ -77,14 +77,15 @@ class AsyncPutter:
         self._busy = 0             # rows being written now
         self._stop = False
         self._thread = None
-        self.queued = self.written = self.dropped = self.failed = 0
+        self.queued = self.written = self.dropped = self.not_stored = 0
 
     def stats(self):
         """Counters of this process: queued, written, dropped (queue full
-        or exit), failed (the cache refused or raised), pending."""
+        or exit), not_stored (already cached by another process, refused by
+        the cache, or the put raised), pending (queued or being written)."""
         with self._cond:
             return dict(queued=self.queued, written=self.written,
-                        dropped=self.dropped, failed=self.failed,
+                        dropped=self.dropped, not_stored=self.not_stored,
                         pending=len(self._queue) + self._busy)
 
     def enqueue(self, row_id, row, nbytes):
@@ -156,7 +157,7 @@ class AsyncPutter:
                 self._busy = 0
                 self._bytes -= sum(b[2] for b in batch)
                 self.written += ok
-                self.failed += n - ok
+                self.not_stored += n - ok
                 self._cond.notify_all()
 
     def _write(self, batch):

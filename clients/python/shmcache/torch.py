@@ -272,7 +272,7 @@ class CachedDataset(Dataset):
 
     def stats(self):
         """The cache's counters (all processes), plus "async_puts": this
-        process's queued / written / dropped / failed / pending rows."""
+        process's queued / written / dropped / not_stored / pending rows."""
         st = self.cache.stats()
         if st is not None and self._putter is not None:
             st["async_puts"] = self._putter.stats()
