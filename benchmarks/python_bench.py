@@ -7,7 +7,11 @@ Sections, each skipped with its reason when what it needs is missing:
              numpy random-row copy (the Python-side memcpy limit);
   dataloader a PyTorch DataLoader (2 workers) over a generated folder of
              JPEGs (PIL decode, resize to 224, normalize): epoch without
-             cache, first epoch with cache, later epochs;
+             cache, first epoch with cache (background puts, the default;
+             then with every put waited for), later epochs;
+  prefill    shmcache.prefill (python3 -m shmcache.prefill's code) of the
+             same JPEGs with 2 processes, next to an uncached DataLoader
+             epoch (2 workers) measured just before it;
   shared     4 processes sharing one session: shared memory resident vs
              the dataset's size.
 Writes one JSON object. Measures only; asserts nothing.
@@ -244,6 +248,45 @@ def bench_dataloader(args, out, shmcache):
         out.value("dataloader.cached_rows", stats.get("mem_rows", 0))
     finally:
         client.destroy_session(session)
+    # The first epoch again, every put done before the sample is returned.
+    session = client.create_session()
+    try:
+        sync = st.CachedDataset(JpegFolder(folder),
+                                shmcache.DatasetCache(session, port=args.port),
+                                async_puts=False)
+        first_sync, _ = run_epoch(sync)
+        out.value("dataloader.epoch1_sync_puts_s", first_sync)
+        out.value("dataloader.first_epoch_ratio_sync_puts", first_sync / plain)
+    finally:
+        client.destroy_session(session)
+
+
+# ---- prefill: the same JPEGs, 2 processes ---------------------------------
+
+def bench_prefill(args, out, shmcache):
+    from shmcache.prefill import prefill
+    import shmcache.torch as st
+    folder = os.path.join(args.workdir, "images")
+    make_images(folder, args.images)
+    JpegFolder = image_dataset_class()
+    plain, n = run_epoch(JpegFolder(folder))
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        cache = st.cache_for_dataset(JpegFolder(folder),
+                                     shmcache.DatasetCache(session, port=args.port))
+        with open(os.devnull, "w") as quiet:
+            res = prefill(JpegFolder(folder), cache.open(), workers=2,
+                          progress_stream=quiet)
+        if res.stored != n:
+            raise RuntimeError(f"prefill stored {res.stored} of {n} rows")
+        out.value("prefill.rows", n)
+        out.value("prefill.decode_epoch_s", plain)
+        out.value("prefill.seconds", res.seconds)
+        out.value("prefill.rows_per_s", n / res.seconds)
+        out.value("prefill.vs_decode_epoch", res.seconds / plain)
+    finally:
+        client.destroy_session(session)
 
 
 # ---- shared: 4 processes on one session ---------------------------------
@@ -328,7 +371,7 @@ def main():
     ap.add_argument("--later_epochs", type=int, default=2)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--python_build", default="yes")
-    ap.add_argument("--sections", default="python,dataloader,shared")
+    ap.add_argument("--sections", default="python,dataloader,prefill,shared")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Out()
@@ -341,7 +384,7 @@ def main():
         shmcache = None
         reason = f"the Python package is not available ({e})"
     for name, fn in (("python", bench_python), ("dataloader", bench_dataloader),
-                     ("shared", bench_shared)):
+                     ("prefill", bench_prefill), ("shared", bench_shared)):
         if name not in args.sections.split(","):
             continue
         print(f"== {name}", flush=True)

@@ -216,9 +216,23 @@ def targets(d):
             f"{v['dataloader.epoch1_cache_s']:.2f} s vs "
             f"{v['dataloader.epoch_no_cache_s']:.2f} s",
             f"{first:.2f}x", "<= 1.10x", first <= 1.10)
+        sync = v.get("dataloader.first_epoch_ratio_sync_puts")
+        if sync is not None:
+            row("DataLoader: first epoch with every put waited for "
+                "(async_puts=False) vs no cache",
+                f"{v['dataloader.epoch1_sync_puts_s']:.2f} s vs "
+                f"{v['dataloader.epoch_no_cache_s']:.2f} s", f"{sync:.2f}x", "—", None)
     else:
         row("DataLoader steady / first epoch", "skipped: " +
             d.skipped.get("dataloader", "?"), "—", ">= 5x / <= 1.10x", None)
+    pf = v.get("prefill.vs_decode_epoch")
+    if pf is not None:
+        row(f"prefill of {v['prefill.rows']:.0f} JPEGs, 2 processes, vs an "
+            "uncached DataLoader epoch (2 workers)",
+            f"{v['prefill.seconds']:.2f} s vs {v['prefill.decode_epoch_s']:.2f} s",
+            f"{pf:.2f}x", "<= 1.10x", pf <= 1.10)
+    elif "prefill" in d.skipped:
+        row("prefill", "skipped: " + d.skipped["prefill"], "—", "<= 1.10x", None)
     sh = v.get("shared.shm_vs_data")
     if sh is not None:
         rows_ok = v["shared.cached_rows"] == v["shared.rows"]

@@ -6,73 +6,23 @@
     my_training_script.py --generate NUM_SAMPLES --dataset_path P
 
 Reads the CIFAR-10 binary format (data_batch_*.bin: records of 1 label byte
-and 3072 image bytes, CHW), applies a deterministic transform (decode,
-normalize, upscale), iterates this device's shard (DistributedSampler's
-partition) through the cache, and prints "Got <n> samples on device <k>".
+and 3072 image bytes, CHW) with shmcache.cifar10 (which
+`python3 -m shmcache.prefill DATASET_PATH` also uses, so a prefilled cache
+is hit), applies a deterministic transform (decode, normalize, upscale),
+iterates this device's shard (DistributedSampler's partition) through the
+cache, and prints "Got <n> samples on device <k>".
 Launched by scripts/cache.sh. --generate writes a random CIFAR-10-format
 dataset instead.
 """
 
 import argparse
-import glob
 import os
 import sys
 import time
 
 import numpy as np
 
-RECORD = 1 + 3 * 32 * 32
-MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32).reshape(3, 1, 1)
-STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32).reshape(3, 1, 1)
-
-
-class Cifar10Bin:
-    """Map-style dataset over CIFAR-10 binary batches. Sample i is
-    (float32 3xSxS normalized image, int64 label)."""
-
-    def __init__(self, root, transform):
-        self.root = os.path.abspath(root)
-        self.files = sorted(glob.glob(os.path.join(self.root, "data_batch_*.bin")))
-        if not self.files:
-            raise SystemExit(f"no data_batch_*.bin under {self.root}")
-        self.transform = transform
-        self._maps = None
-        self._sizes = [os.path.getsize(f) // RECORD for f in self.files]
-        self._starts = np.cumsum([0] + self._sizes)
-
-    def __len__(self):
-        return int(self._starts[-1])
-
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_maps"] = None
-        return d
-
-    def __getitem__(self, i):
-        if self._maps is None:
-            self._maps = [np.memmap(f, dtype=np.uint8, mode="r") for f in self.files]
-        f = int(np.searchsorted(self._starts, i, side="right")) - 1
-        rec = self._maps[f][(i - self._starts[f]) * RECORD:][:RECORD]
-        label = np.int64(rec[0])
-        image = np.asarray(rec[1:]).reshape(3, 32, 32)
-        return self.transform(image), label
-
-
-class Normalize:
-    """Deterministic: scale to [0,1], normalize per channel, upscale by an
-    integer factor (nearest). Its repr is part of the cache fingerprint."""
-
-    def __init__(self, upscale=2):
-        self.upscale = upscale
-
-    def __call__(self, image):
-        x = (image.astype(np.float32) / 255.0 - MEAN) / STD
-        if self.upscale > 1:
-            x = x.repeat(self.upscale, axis=1).repeat(self.upscale, axis=2)
-        return np.ascontiguousarray(x)
-
-    def __repr__(self):
-        return f"Normalize(cifar10_mean_std, upscale={self.upscale})"
+from shmcache.cifar10 import RECORD, Cifar10Bin, Normalize
 
 
 def generate(path, n, batches=5, seed=0):

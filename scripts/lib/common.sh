@@ -5,8 +5,9 @@
 SHMCACHE_BUILD_PACKAGES=(
   meson ninja-build pkg-config g++ libboost-dev librocksdb-dev libfmt-dev
   libnuma-dev libgtest-dev libgmock-dev pybind11-dev python3-dev
-  python3-numpy python3-pytest python3-torch python3-pil
-  libsystemd-dev systemd python3-prometheus-client python3-yaml
+  python3-numpy python3-pytest python3-torch python3-pil python3-tqdm
+  python3-torchvision libsystemd-dev systemd python3-prometheus-client
+  python3-yaml
 )
 
 # ensure_packages PKG...: installs those not installed, with apt-get (sudo

@@ -59,3 +59,37 @@ class Stream(IterableDataset):
             self.reads += 1
             img, label = sample(i, 8)
             yield {"image": img, "label": label}
+
+
+class CountedImages(Dataset):
+    """Images(n) whose every computed sample is logged (one line, the id)
+    to the file $PREFILL_COUNTER; ids >= $PREFILL_GATE_AT wait until the
+    file $PREFILL_GATE exists. For prefill tests, which count decodes."""
+
+    def __init__(self, n):
+        self.n, self.root = n, "counted"
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+        import time
+        gate, at = os.environ.get("PREFILL_GATE"), int(os.environ.get("PREFILL_GATE_AT", -1))
+        deadline = time.monotonic() + 60
+        while gate and 0 <= at <= i and not os.path.exists(gate) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(os.environ["PREFILL_COUNTER"], "a") as f:
+            f.write(f"{i}\n")
+        return sample(i, 8)
+
+
+def counted_images():
+    """The MODULE:FACTORY of prefill tests (200 rows)."""
+    return CountedImages(200)
+
+
+def to_array(image):
+    """A module:function transform for ImageFolder (PIL image -> uint8 HWC)."""
+    return np.asarray(image)

@@ -98,4 +98,5 @@ def test_zero_d_labels_collate_to_one_label_per_sample(server, session):
         assert torch.cat(labels).tolist() == [i % 5 for i in range(12)]
         assert torch.cat(imgs)[:, 0, 0].tolist() == list(range(12))
         torch.nn.functional.cross_entropy(torch.zeros(4, 5), label)
+        assert ds.flush(60)                 # the background puts are done
     assert ds.stats()["hits"] == 12

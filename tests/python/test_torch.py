@@ -45,7 +45,9 @@ def test_dataloader_two_workers_second_epoch_all_hits(server, session, start_met
 
 def test_hit_and_miss_return_the_same_types(server, session):
     ds = CachedDataset(Images(4), DatasetCache(session))
-    miss, hit = ds[2], ds[2]
+    miss = ds[2]
+    assert ds.flush(60)   # the background put is done
+    hit = ds[2]
     assert type(miss) is tuple and type(hit) is tuple
     for a, b in zip(miss, hit):
         assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
@@ -65,6 +67,7 @@ def test_distributed_sampler_shards_share_one_copy(server, session):
         assert idx == shard_indices(n, world, rank, shuffle=True, seed=7, epoch=3)
         for img, label in DataLoader(ds, batch_size=5, sampler=sampler):
             seen.extend(label.tolist())
+        assert ds.flush(60)
     assert len(seen) == 51   # padded to a multiple of 3, as DistributedSampler does
     assert ds.stats()["mem_rows"] == n
 
@@ -91,7 +94,7 @@ def test_random_transform_refused_unless_placed_after_the_cache(server, session)
     # The random part runs after the cache, on every access.
     calls = []
     ds = CachedDataset(Images(8), cache, transform=lambda s: calls.append(1) or s)
-    ds[1], ds[1]
+    ds[1], ds.flush(60), ds[1]
     assert len(calls) == 2 and ds.stats()["hits"] == 1
 
 

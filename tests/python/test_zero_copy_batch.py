@@ -26,6 +26,7 @@ def test_zero_copy_hits_alias_shared_memory_and_copies_do_not(server, session):
     zc = CachedDataset(src, DatasetCache(session), copy=False)
     cp = CachedDataset(src, DatasetCache(session), copy=True)
     miss = zc[3]
+    assert zc.flush(60)
     h1, h2 = zc[3], zc[3]
     assert h1[0].data_ptr() == h2[0].data_ptr()          # the same shared bytes
     c1, c2 = cp[3], cp[3]
@@ -128,6 +129,7 @@ def test_spilled_rows_read_right_through_views_and_batches(spill_server):
     ds = CachedDataset(Images(40, side=128), DatasetCache(session, size=1, spilling=True),
                        copy=False, name="imgs")
     [ds[i] for i in range(40)]                      # misses: 40 x 48 KB into 1 MB
+    assert ds.flush(60)
     assert ds.stats()["disk_rows"] > 1
     held = [ds[i] for i in range(40)]               # hits, all alive at once
     for i, s in enumerate(held):

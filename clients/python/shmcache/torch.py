@@ -17,6 +17,10 @@ part (decode, resize) in the wrapped dataset and pass the random part as
 `transform=`, which runs after the cache on every access. CachedDataset
 refuses a wrapped dataset whose transform looks random (torchvision's
 Random*, ColorJitter, *Augment*...) unless allow_random=True.
+
+Puts of misses are asynchronous by default (async_puts=True): the miss
+returns its sample at once and a background thread of the process stores
+the row (see shmcache.async_put for the queue bound, drops and exit).
 """
 
 import hashlib
@@ -28,10 +32,11 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from . import DatasetCache, _column_names, decode_row, encode_row
+from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter, put_rows
 from .samplers import NodeAffineSampler, node_partition
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
-           "NodeAffineSampler", "node_partition"]
+           "cache_for_dataset", "NodeAffineSampler", "node_partition"]
 
 _RANDOM_TRANSFORM = re.compile(
     r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
@@ -54,6 +59,15 @@ def _leaf_to_tensor(dtype, array):
     return torch.from_numpy(array)
 
 
+def _leaf_for_put(dtype, array):
+    """A leaf that encode_row turns back into exactly (array, dtype)."""
+    if dtype == "bytes":
+        return array.tobytes()
+    if dtype == "bfloat16":
+        return _leaf_to_tensor(dtype, array)
+    return array
+
+
 def _to_tensors(columns):
     """Tensors of encoded (name, array, dtype) columns, as a hit returns."""
     return decode_row([(n, d or "", a) for n, a, d in columns], _leaf_to_tensor)
@@ -73,7 +87,7 @@ def dataset_fingerprint(dataset):
             parts.append(f"{attr}={getattr(dataset, attr)!r}")
     for attr in ("transform", "target_transform", "transforms"):
         if getattr(dataset, attr, None) is not None:
-            parts.append(f"{attr}={getattr(dataset, attr)!r}")
+            parts.append(f"{attr}={_stable_repr(getattr(dataset, attr))}")
     inner = getattr(dataset, "dataset", None)   # Subset and friends
     if isinstance(inner, Dataset) and inner is not dataset:
         parts.append("of=" + dataset_fingerprint(inner))
@@ -83,7 +97,16 @@ def dataset_fingerprint(dataset):
     return "|".join(parts)
 
 
-def _cache_for(dataset, cache, name, allow_random):
+def _stable_repr(obj):
+    """repr without the addresses of default reprs ("<function f at 0x..>"),
+    which differ between processes: a trainer and a prefill process must
+    compute the same fingerprint."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
+
+
+def cache_for_dataset(dataset, cache, name=None, allow_random=False):
+    """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
+    uses: cache's session and size, name default the fingerprint."""
     if not isinstance(cache, DatasetCache):
         raise TypeError(f"cache must be a shmcache.DatasetCache, got "
                         f"{type(cache).__name__}")
@@ -98,6 +121,9 @@ def _cache_for(dataset, cache, name, allow_random):
     if name is not None and not isinstance(name, str):
         raise TypeError("name must be a str")
     return cache.named(name or fp, fp)
+
+
+_cache_for = cache_for_dataset
 
 
 class CachedDataset(Dataset):
@@ -121,6 +147,15 @@ class CachedDataset(Dataset):
       that every process of the session reads: never modify them in place
       (torch has no read-only tensors); a collate_fn or transform that
       works in place needs copy=True.
+    async_puts: a miss returns its sample at once and one background thread
+      of the process stores the row (default True). put_queue: the most
+      bytes of rows waiting for that thread (default 64 MiB per process);
+      when it is full, rows are dropped, not waited for (counted in
+      stats()["async_puts"], one CacheWarning) and are misses again next
+      epoch. At exit, queued rows are written for at most 2 s
+      (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
+      DataLoader worker's exit at the end of an epoch. flush() waits for
+      the queue. async_puts=False stores every miss before returning it.
     Works under DataLoader(num_workers>0) with fork or spawn, and with
     DistributedSampler. Under a DataLoader with batching, a batch of hits is
     read with one call (__getitems__); rows the cache spilled to disk then
@@ -128,16 +163,37 @@ class CachedDataset(Dataset):
     """
 
     def __init__(self, dataset, cache, name=None, transform=None,
-                 columns=None, allow_random=False, copy=None):
+                 columns=None, allow_random=False, copy=None,
+                 async_puts=True, put_queue=DEFAULT_QUEUE_BYTES):
         if copy is not None and not isinstance(copy, bool):
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
+        if not isinstance(async_puts, bool):
+            raise TypeError(f"async_puts must be True or False, got {async_puts!r}")
+        if isinstance(put_queue, bool) or not isinstance(put_queue, int) \
+                or put_queue < 1:
+            raise ValueError(f"put_queue is a size in bytes (>= 1), got {put_queue!r}")
         _column_names(columns)   # a bad selection fails here, not per sample
         self.dataset = dataset
         self.cache = _cache_for(dataset, cache, name, allow_random)
         self.transform = transform
         self.columns = columns
         self.copy = copy
+        self.async_puts = async_puts
+        self.put_queue = put_queue
+        self._putter = self._new_putter()
         self.cache.open()   # a wrong pipeline under this name fails here
+
+    def _new_putter(self):
+        return AsyncPutter(self._put_rows, self.put_queue) if self.async_puts else None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_putter"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._putter = self._new_putter()
 
     def __len__(self):
         return len(self.dataset)
@@ -154,11 +210,31 @@ class CachedDataset(Dataset):
 
     def _miss(self, index):
         encoded = encode_row(self.dataset[index])
-        self.cache.put_columns(index, encoded)
+        if self._putter is None:
+            self.cache.put_columns(index, encoded)
+        elif self.cache.accepting:
+            self._queue_put(index, encoded)
         sample = _to_tensors(encoded)
         if self.columns is not None:
             sample = self._project(sample)
         return sample
+
+    def _queue_put(self, index, encoded):
+        # The sample returned shares these arrays (and they may be the
+        # wrapped dataset's own): the queue keeps a copy that nothing can
+        # modify before the writer stores it.
+        copies = [(n, np.array(a, copy=True), d or "") for n, a, d in encoded]
+        row = decode_row([(n, d, a) for n, a, d in copies], _leaf_for_put)
+        self._putter.enqueue(index, row, sum(a.nbytes for _, a, _ in copies))
+
+    def _put_rows(self, ids, rows):
+        """The writer thread's put (self.cache is looked up each time)."""
+        return put_rows(self.cache, ids, rows)
+
+    def flush(self, timeout=None):
+        """Waits until this process's queued puts are stored; False when
+        `timeout` seconds passed first. True at once without async puts."""
+        return True if self._putter is None else self._putter.flush(timeout)
 
     def _out(self, sample):
         if self.transform is not None:
@@ -196,7 +272,12 @@ class CachedDataset(Dataset):
         return tuple(sample[c] for c in cols)
 
     def stats(self):
-        return self.cache.stats()
+        """The cache's counters (all processes), plus "async_puts": this
+        process's queued / written / dropped / not_stored / pending rows."""
+        st = self.cache.stats()
+        if st is not None and self._putter is not None:
+            st["async_puts"] = self._putter.stats()
+        return st
 
 
 class CachedIterableDataset(IterableDataset):

@@ -1,0 +1,214 @@
+"""Background puts for CachedDataset: a miss returns its sample at once and
+one writer thread of the process stores the row later.
+
+Contract:
+- enqueue() never blocks on the cache: when the queue holds `limit_bytes`
+  (rows waiting or being written), the row is dropped (counted; one
+  CacheWarning per process when drops start). A dropped row is a miss again
+  next time and is recomputed then. An empty queue always takes one row,
+  however large.
+- The writer thread drains the queue as fast as the cache takes rows, in
+  batches (DatasetCache.put_batch when the cache has it, else put per row);
+  the native put releases the GIL while it copies.
+- At exit (atexit, and multiprocessing's exit hooks, which also run in
+  DataLoader workers before their os._exit), queued rows are written for
+  at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
+  exits. A process killed (SIGKILL) loses its queue; the cache's publish
+  protocol never shows a half-written row.
+- The thread ends after _IDLE_EXIT_S seconds without rows.
+- Fork: a child starts with an empty queue, fresh locks and no thread; its
+  thread starts at its first enqueue.
+"""
+
+import atexit
+import multiprocessing.util
+import os
+import threading
+import warnings
+import weakref
+from collections import deque
+
+from . import CacheWarning
+
+__all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "put_rows"]
+
+DEFAULT_QUEUE_BYTES = 64 << 20
+# Below DataLoader's 5 s wait for a worker to exit before it terminates it.
+EXIT_FLUSH_S = 2.0
+_BATCH_ROWS = 64
+# A writer idle this long ends (the next enqueue starts another), so that a
+# CachedDataset that is no longer used does not keep a thread.
+_IDLE_EXIT_S = 10.0
+
+_putters = weakref.WeakSet()   # live putters of this process
+_warned_pid = None             # the process that warned about drops
+_hooked_pid = None             # the process whose exit hooks are registered
+
+
+def put_rows(cache, ids, rows):
+    """Stores rows in a DatasetCache: one put_batch when the cache has it
+    (it is newer than this module), else put per row. Returns the number of
+    rows stored now."""
+    put_batch = getattr(cache, "put_batch", None)
+    if put_batch is not None:
+        return sum(bool(x) for x in put_batch(ids, rows))
+    return sum(bool(cache.put(i, r)) for i, r in zip(ids, rows))
+
+
+class AsyncPutter:
+    """The queue and writer thread of one CachedDataset in one process.
+
+    store(ids, rows) stores rows and returns how many it stored; it runs
+    on the writer thread only."""
+
+    def __init__(self, store, limit_bytes=DEFAULT_QUEUE_BYTES):
+        self._store = store
+        self.limit_bytes = limit_bytes
+        self._reset()
+        _putters.add(self)
+
+    def _reset(self):
+        """Fresh state: at creation and in a forked child (the parent's
+        thread and any lock it held do not exist there)."""
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._queue = deque()      # (row_id, row, nbytes)
+        self._bytes = 0            # queued + being written
+        self._busy = 0             # rows being written now
+        self._stop = False
+        self._thread = None
+        self.queued = self.written = self.dropped = self.not_stored = 0
+
+    def stats(self):
+        """Counters of this process: queued, written, dropped (queue full
+        or exit), not_stored (already cached by another process, refused by
+        the cache, or the put raised), pending (queued or being written)."""
+        with self._cond:
+            return dict(queued=self.queued, written=self.written,
+                        dropped=self.dropped, not_stored=self.not_stored,
+                        pending=len(self._queue) + self._busy)
+
+    def enqueue(self, row_id, row, nbytes):
+        """Queues a row for the writer; False when it was dropped."""
+        if self._pid != os.getpid():
+            self._reset()          # a fork that bypassed os.fork's hooks
+        with self._cond:
+            if self._stop or (self._bytes and self._bytes + nbytes > self.limit_bytes):
+                self.dropped += 1
+                full = not self._stop
+            else:
+                self._queue.append((row_id, row, nbytes))
+                self._bytes += nbytes
+                self.queued += 1
+                self._start_locked()
+                self._cond.notify()
+                return True
+        if full:
+            _warn_drops(self.limit_bytes)
+        return False
+
+    def flush(self, timeout=None):
+        """Waits until every queued row is written; False on timeout."""
+        if self._pid != os.getpid():
+            return True
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy,
+                                       timeout)
+
+    def close(self, timeout=None):
+        """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
+        rest, stops the thread after the batch it is writing (bounded by
+        the same timeout)."""
+        if self._pid != os.getpid():
+            return
+        if timeout is None:
+            timeout = EXIT_FLUSH_S
+        self.flush(timeout)
+        with self._cond:
+            self._stop = True
+            self.dropped += len(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _start_locked(self):
+        if self._thread is None:
+            _hook_exit()
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="shmcache-put")
+            self._thread.start()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: self._queue or self._stop,
+                                           _IDLE_EXIT_S):
+                    self._thread = None
+                    return
+                if self._stop:
+                    return
+                n = min(len(self._queue), _BATCH_ROWS)
+                batch = [self._queue.popleft() for _ in range(n)]
+                self._busy = n
+            ok = self._write(batch)
+            with self._cond:
+                self._busy = 0
+                self._bytes -= sum(b[2] for b in batch)
+                self.written += ok
+                self.not_stored += n - ok
+                self._cond.notify_all()
+
+    def _write(self, batch):
+        """Rows stored; a failing batch is warned about once (per process)
+        and counted, never raised: training already has its samples."""
+        try:
+            return self._store([b[0] for b in batch], [b[1] for b in batch])
+        except Exception as e:  # the writer thread must outlive a bad row
+            warnings.warn(f"shmcache: a background put failed ({type(e).__name__}: "
+                          f"{e}); these rows are read from the source",
+                          CacheWarning, stacklevel=2)
+            return 0
+
+
+def _warn_drops(limit_bytes):
+    global _warned_pid
+    if _warned_pid == os.getpid():
+        return
+    _warned_pid = os.getpid()
+    warnings.warn(f"shmcache: the background put queue is full ({limit_bytes} "
+                  "bytes of rows waiting): rows are dropped and read from the "
+                  "source again next epoch; the cache takes rows slower than "
+                  "the dataset makes them (raise put_queue= or use "
+                  "async_puts=False to wait for every put)", CacheWarning,
+                  stacklevel=4)
+
+
+def _close_all():
+    for p in list(_putters):
+        p.close()
+
+
+def _hook_exit():
+    """Registers the exit flush of this process, once, when its first writer
+    thread starts. atexit covers a plain process; a multiprocessing child
+    (DataLoader worker) ends in os._exit after running multiprocessing's
+    exit finalizers, which it cleared when it started: registered here, the
+    hook is the child's own."""
+    global _hooked_pid
+    if _hooked_pid == os.getpid():
+        return
+    _hooked_pid = os.getpid()
+    atexit.register(_close_all)
+    multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
+
+
+def _after_fork_in_child():
+    global _warned_pid
+    _warned_pid = None
+    for p in list(_putters):
+        p._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,258 @@
+"""CachedDataset's background puts: a full queue drops (never blocks), exit
+and SIGKILL with queued rows leave whole rows and no hang, forked children
+start clean, and results are the same with async puts on or off.
+
+A slow cache is simulated deterministically: the cache's put (the writer
+thread's fallback path) or put_batch is replaced by one that waits on an
+Event the test controls."""
+
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import wait_for  # noqa: E402
+from helpers import Images, sample  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
+import shmcache.async_put  # noqa: E402
+from shmcache.torch import CachedDataset  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def block_puts(ds, event, batched):
+    """Makes ds's writer wait on `event` before each put (or put_batch)."""
+    real_put = ds.cache.put
+    if batched:   # a put_batch as DatasetCache.put_batch behaves
+        def put_batch(ids, rows):
+            assert event.wait(60), "the test never released the writer"
+            return [real_put(i, r) for i, r in zip(ids, rows)]
+        ds.cache.put_batch = put_batch
+    else:
+        ds.cache.put_batch = None   # the fallback: put per row
+
+        def put(i, row):
+            assert event.wait(60), "the test never released the writer"
+            return real_put(i, row)
+        ds.cache.put = put
+
+
+def assert_cached_rows_whole(session, name, n):
+    """Every cached row of Images(n) reads back equal to the source; returns
+    the cached ids."""
+    cache = CachedDataset(Images(n), DatasetCache(session), name=name).cache
+    cached = []
+    for i in range(n):
+        row = cache.get(i)
+        if row is not None:
+            img, label = sample(i)
+            assert np.array_equal(row[0], img) and int(row[1]) == label, i
+            cached.append(i)
+    return cached
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["put", "put_batch"])
+def test_full_queue_drops_puts_instead_of_blocking(server, session, monkeypatch,
+                                                   batched):
+    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    ds = CachedDataset(Images(6), DatasetCache(session), put_queue=1)
+    release = threading.Event()
+    block_puts(ds, release, batched)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # The writer is stuck on row 0: the other misses must come back
+        # anyway (a blocking queue would hang here until the 60 s assert).
+        got = [ds[i] for i in range(6)]
+    caught = [w for w in caught if w.category is CacheWarning]
+    assert len(caught) == 1 and "put queue is full" in str(caught[0].message)
+    for i, (img, label) in enumerate(got):
+        assert torch.equal(img, torch.from_numpy(sample(i)[0])) and int(label) == i % 10
+    st = ds.stats()["async_puts"]
+    assert (st["queued"], st["dropped"]) == (1, 5)
+    release.set()
+    assert ds.flush(60)
+    assert ds.stats()["async_puts"]["written"] == 1
+    assert [i for i in range(6) if ds.cache.contains(i)] == [0]
+    ds[3]                      # a dropped row is a miss again, queued again
+    assert ds.flush(60) and ds.cache.contains(3)
+
+
+class Mixed(Dataset):
+    """Samples with every kind of leaf encode_row distinguishes."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        img, label = sample(i, 8)
+        return {"img": img, "f": img.astype(np.float32) / 3,
+                "u16": img.astype(np.uint16) * 200, "raw": bytes(img[0, 0]),
+                "bf": torch.arange(4, dtype=torch.bfloat16) + i, "label": label}
+
+
+def same(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def test_async_and_sync_puts_return_and_store_the_same(server, session):
+    on = CachedDataset(Mixed(), DatasetCache(session), name="on")
+    off = CachedDataset(Mixed(), DatasetCache(session), name="off", async_puts=False)
+    for i in range(5):
+        assert same(on[i], off[i])              # misses
+    assert on.flush(60)
+    for i in range(5):
+        assert same(on[i], off[i])              # hits
+    assert on.stats()["hits"] == 5
+    for i in range(5):                          # the same stored columns
+        a, b = on.cache.get_columns(i), off.cache.get_columns(i)
+        assert [(n, d) for n, d, _ in a] == [(n, d) for n, d, _ in b]
+        assert all(np.array_equal(x, y) for (_, _, x), (_, _, y) in zip(a, b))
+
+
+def test_sample_modified_in_place_does_not_change_the_queued_row(server, session):
+    def zero_in_place(s):
+        s[0].zero_()
+        return s
+    ds = CachedDataset(Images(3), DatasetCache(session), transform=zero_in_place)
+    assert not ds[1][0].any()
+    assert ds.flush(60)
+    assert np.array_equal(ds.cache.get(1)[0], sample(1)[0])
+
+
+# ---- exit, os._exit after multiprocessing's hooks, SIGKILL, fork ----------
+
+CHILD = r"""
+import atexit, sys, threading
+sys.path.insert(0, {here!r})
+from helpers import Images
+from shmcache import DatasetCache
+import shmcache.async_put
+from shmcache.torch import CachedDataset
+mode, session, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+shmcache.async_put.EXIT_FLUSH_S = 60 if mode == "exit" else 0.5
+ds = CachedDataset(Images(n), DatasetCache(session), name="exit")
+ds.cache.put_batch = None
+real, go, written = ds.cache.put, threading.Event(), []
+def put(i, row):
+    if mode != "kill" or len(written) == n // 2:
+        if mode == "kill":
+            print("ready", flush=True)
+        go.wait()
+    written.append(i)
+    return real(i, row)
+ds.cache.put = put
+for i in range(n):
+    ds[i]
+# atexit runs last-registered first: the writer is released only once the
+# process is exiting, with all n rows still queued.
+atexit.register(go.set if mode == "exit" else lambda: None)
+if mode == "kill":
+    go.wait()
+"""
+
+
+def run_child(server, session, mode, n):
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(here=HERE), mode, str(session), str(n)],
+        env=server.env, stdout=subprocess.PIPE, text=True)
+
+
+def test_exit_writes_queued_rows(server, session):
+    p = run_child(server, session, "exit", 40)
+    assert p.wait(timeout=120) == 0
+    assert assert_cached_rows_whole(session, "exit", 40) == list(range(40))
+
+
+def test_exit_with_a_stuck_writer_drops_the_queue_and_exits(server, session):
+    p = run_child(server, session, "stuck", 40)
+    assert p.wait(timeout=120) == 0      # the bounded flush gave up
+    assert assert_cached_rows_whole(session, "exit", 40) == []
+
+
+def test_sigkill_with_queued_puts_leaves_whole_rows(server, session):
+    p = run_child(server, session, "kill", 40)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+    reader.start()
+    wait_for(lambda: lines, timeout=120, what="the child's ready line")
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    assert assert_cached_rows_whole(session, "exit", 40) == list(range(20))
+    # The cache goes on taking rows from others.
+    ds = CachedDataset(Images(40), DatasetCache(session), name="exit")
+    ds[30]
+    assert ds.flush(60) and ds.cache.contains(30)
+
+
+def _queue_then_return(session, n):
+    """A multiprocessing child that returns (then os._exit, as a DataLoader
+    worker does) with n rows queued; the writer is released by an exit
+    hook that runs before shmcache's."""
+    ds = CachedDataset(Images(n), DatasetCache(session), name="mp")
+    go = threading.Event()
+    block_puts(ds, go, batched=False)
+    for i in range(n):
+        ds[i]
+    multiprocessing.util.Finalize(None, go.set, exitpriority=1000)
+
+
+def test_multiprocessing_child_writes_queued_rows_before_os_exit(server, session):
+    p = multiprocessing.get_context("fork").Process(
+        target=_queue_then_return, args=(session, 30))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    assert assert_cached_rows_whole(session, "mp", 30) == list(range(30))
+
+
+def test_forked_child_starts_with_an_empty_queue_and_a_free_lock(server, session):
+    ds = CachedDataset(Images(8), DatasetCache(session), name="fork")
+    release = threading.Event()
+    block_puts(ds, release, batched=False)
+    ds[0], ds[1]                    # queued; the parent's writer is stuck
+    held, forked = threading.Event(), threading.Event()
+
+    def hold_queue_lock():          # a thread of the parent holds the lock
+        with ds._putter._cond:      # while the main thread forks
+            held.set()
+            forked.wait(60)
+    holder = threading.Thread(target=hold_queue_lock)
+    holder.start()
+    assert held.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            pending = ds.stats()["async_puts"]["pending"]
+            release.set()           # the child's own writer must not wait
+            ds[5]
+            code = 0 if pending == 0 and ds.flush(60) and ds.cache.contains(5) else 3
+        finally:
+            os._exit(code)
+    forked.set()
+    holder.join()
+    try:
+        done = wait_for(lambda: (lambda r: r if r[0] else None)(os.waitpid(pid, os.WNOHANG)),
+                        timeout=60, what="the forked child")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    release.set()
+    assert ds.flush(60)
+    assert all(ds.cache.contains(i) for i in (0, 1, 5))
