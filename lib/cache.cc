@@ -401,8 +401,9 @@ Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
       h->size != size) {
     return Status::Corruption("leased chunk header does not match");
   }
-  // This process writes the whole chunk: map its pages now, in one pass.
-  // (Readers map segments lazily instead: a fault maps a 64 KB window.)
+  // This process writes the whole chunk: map its pages now, 16 per fault
+  // (the daemon allocated and cleared them). Readers map segments lazily
+  // instead: a fault maps a 64 KB window.
   PopulateForWrite(seg->base + offset, size);
   c->seg_no = seg_no;
   c->offset = offset;
