@@ -1,6 +1,6 @@
-// shmcache through its C++ API: put, copy-out get and zero-copy view of the
-// same rows, in 1..P processes; the shared memory a cached row costs; and
-// reads of rows spilled to RocksDB.
+// shmcache through its C++ API: put (one row a call, and PutBatch), copy-out
+// get and zero-copy view of the same rows, in 1..P processes; the shared
+// memory a cached row costs; and reads of rows spilled to RocksDB.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +20,8 @@ namespace {
 
 // Batch size of the batched hit measurements (a data loader's batch).
 constexpr size_t kHitBatch = 64;
+// Rows per PutBatch call in the batched put measurement.
+constexpr size_t kPutBatch = 64;
 
 using shmcache::Cache;
 using shmcache::CacheOptions;
@@ -71,12 +73,32 @@ Status Open(Client* client, uint32_t session, const std::string& name,
   return client->OpenCache(o, out);
 }
 
-// Puts rows [begin, end) and returns rows/s, or -1 after an error.
+// Puts rows [begin, end) and returns rows/s, or -1 after an error. With
+// batch > 1 the rows go through PutBatch, `batch` at a time.
 double PutRange(Cache* cache, const Source& src, size_t size, uint64_t begin,
-                uint64_t end, std::string* err) {
+                uint64_t end, std::string* err, size_t batch = 1) {
+  std::vector<uint64_t> ids(batch);
+  std::vector<shmcache::ColumnRef> cols(batch);
+  std::vector<std::span<const shmcache::ColumnRef>> rows(batch);
+  std::vector<Status> sts(batch);
+  const int64_t shape[1] = {static_cast<int64_t>(size)};
   double t0 = NowSec();
-  for (uint64_t id = begin; id < end; ++id) {
-    Status s = cache->Put(id, src.Row(id, size), size);
+  for (uint64_t id = begin; id < end;) {
+    Status s;
+    if (batch == 1) {
+      s = cache->Put(id, src.Row(id, size), size);
+      ++id;
+    } else {
+      size_t k = 0;
+      for (; k < batch && id < end; ++k, ++id) {
+        ids[k] = id;
+        cols[k] = {"data", shmcache::DType::kUInt8, shape, src.Row(id, size), size};
+        rows[k] = std::span(&cols[k], 1);
+      }
+      s = cache->PutBatch(std::span(ids.data(), k), std::span(rows.data(), k),
+                          sts.data());
+      for (size_t i = 0; i < k && s.ok(); ++i) s = sts[i];
+    }
     if (!s.ok()) {
       *err = s.ToString();
       return -1;
@@ -130,6 +152,50 @@ bool WarmUp(Cache* cache, uint64_t n) {
 
 }  // namespace
 
+// Puts: every process writes its own rows into one fresh cache, one row
+// per Put, then kPutBatch rows per PutBatch.
+void BenchPut(const Config& c, const Source& src, Report* r) {
+  ClientOptions co;
+  co.port = c.port;
+  std::unique_ptr<Client> client;
+  Status s = Client::Connect(co, &client);
+  if (!s.ok()) {
+    r->Skip("put", "cannot connect: " + s.ToString());
+    return;
+  }
+  const std::string batch_name = "PutBatch " + std::to_string(kPutBatch);
+  for (size_t size : kRowSizes) {
+    const uint64_t n = c.RowsFor(size);
+    const std::string k = std::to_string(size);
+    for (size_t batch : {size_t{1}, kPutBatch}) {
+      const std::string variant = batch == 1 ? "put" : batch_name;
+      for (int p : c.procs) {
+        uint32_t session = 0;
+        std::unique_ptr<Cache> cache;
+        s = client->CreateSession(&session);
+        if (s.ok()) s = Open(client.get(), session, "put-" + k, false, 0, &cache);
+        if (!s.ok()) {
+          r->Skip(variant + " " + k, s.ToString());
+          if (session) client->DestroySession(session).PermitUncheckedError();
+          continue;
+        }
+        const uint64_t per = n / static_cast<uint64_t>(p);
+        double rate = RunProcs(p, [&](int child) {
+          std::string err;
+          double rr = PutRange(cache.get(), src, size, per * child,
+                               per * (child + 1), &err, batch);
+          if (rr < 0) std::fprintf(stderr, "put: %s\n", err.c_str());
+          return rr;
+        });
+        if (rate < 0) r->Skip(variant + " " + k + " P=" + std::to_string(p), "put failed");
+        else r->Add("put", "shmcache", variant, size, p, rate);
+        cache.reset();
+        client->DestroySession(session).PermitUncheckedError();
+      }
+    }
+  }
+}
+
 void BenchShmcache(const Config& c, const Source& src, Report* r) {
   ClientOptions co;
   co.port = c.port;
@@ -142,34 +208,6 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
   for (size_t size : kRowSizes) {
     const uint64_t n = c.RowsFor(size);
     const std::string k = std::to_string(size);
-    // Put: every process writes its own rows into one fresh cache.
-    for (int p : c.procs) {
-      uint32_t session = 0;
-      s = client->CreateSession(&session);
-      if (!s.ok()) {
-        r->Skip("put " + k, s.ToString());
-        continue;
-      }
-      std::unique_ptr<Cache> cache;
-      s = Open(client.get(), session, "put-" + k, false, 0, &cache);
-      if (!s.ok()) {
-        r->Skip("put " + k, s.ToString());
-      } else {
-        const uint64_t per = n / static_cast<uint64_t>(p);
-        double rate = RunProcs(p, [&](int child) {
-          std::string err;
-          double rr = PutRange(cache.get(), src, size, per * child,
-                               per * (child + 1), &err);
-          if (rr < 0) std::fprintf(stderr, "put: %s\n", err.c_str());
-          return rr;
-        });
-        if (rate < 0) r->Skip("put " + k + " P=" + std::to_string(p), "put failed");
-        else r->Add("put", "shmcache", "put", size, p, rate);
-      }
-      cache.reset();
-      client->DestroySession(session).PermitUncheckedError();
-    }
-
     // Reads: one cache holding the whole working set.
     uint32_t session = 0;
     s = client->CreateSession(&session);

@@ -89,6 +89,23 @@ class Out:
 
 # ---- python: the API's get / view / put ---------------------------------
 
+PUT_BATCH = 64
+
+
+def put_batch_rate(shmcache, port, session, size, src):
+    """Rows/s of put_batch, PUT_BATCH rows a call, into a fresh cache."""
+    cache = shmcache.DatasetCache(session, port=port, name=f"py-batch-{size}")
+    ids = list(range(len(src)))
+    rows = list(src)
+    t0 = time.perf_counter()
+    for b in range(0, len(ids), PUT_BATCH):
+        if not all(cache.put_batch(ids[b:b + PUT_BATCH], rows[b:b + PUT_BATCH])):
+            raise RuntimeError(f"put_batch of rows from {b} dropped a row")
+    rate = len(ids) / (time.perf_counter() - t0)
+    cache.close()
+    return rate
+
+
 def bench_python(args, out, shmcache):
     client = shmcache.Client(port=args.port)
     rng = np.random.default_rng(1)
@@ -109,6 +126,8 @@ def bench_python(args, out, shmcache):
                     raise RuntimeError(f"put of row {i} was dropped")
             out.add("put", "python", "DatasetCache.put", size, 1,
                     n / (time.perf_counter() - t0))
+            out.add("put", "python", f"DatasetCache.put_batch {PUT_BATCH}", size, 1,
+                    put_batch_rate(shmcache, args.port, session, size, src))
             got = cache.get(ids[0])
             if got is None or not np.array_equal(got, src[ids[0]]):
                 raise RuntimeError("get returned a wrong row")

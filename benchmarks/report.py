@@ -133,6 +133,12 @@ def targets(d):
     put = d.rate("put", "shmcache", "put")
     row("put, 3 KB, 1 process", f"{fmt_rate(put)} rows/s",
         f"{put / 1e6:.2f} M/s" if put else "—", ">= 1 M/s", put and put >= 1e6)
+    putb = d.rate("put", "shmcache", "PutBatch 64")
+    row("put, 3 KB, 1 process, batched (PutBatch of 64)", f"{fmt_rate(putb)} rows/s",
+        f"{putb / 1e6:.2f} M/s" if putb else "—", ">= 1 M/s", putb and putb >= 1e6)
+    pyb = d.rate("put", "python", "DatasetCache.put_batch 64")
+    row("Python put_batch, 3 KB, 1 process (batches of 64)", f"{fmt_rate(pyb)} rows/s",
+        f"{pyb / 1e6:.2f} M/s" if pyb else "—", ">= 0.5 M/s", pyb and pyb >= 0.5e6)
     if d.huge:
         hg = d.rate("get", "shmcache", "copy-out" + HUGE)
         r = ratio(hg, mc)
@@ -255,9 +261,11 @@ def throughput_rows(d):
         ("get", "shmcache", "copy-out GetBatch 64", "shmcache GetBatch of 64 (copy-out)"),
         ("view", "shmcache", "zero-copy ViewBatch 64", "shmcache ViewBatch of 64"),
         ("put", "shmcache", "put", "shmcache Put"),
+        ("put", "shmcache", "PutBatch 64", "shmcache PutBatch of 64"),
         ("get", "python", "DatasetCache.get", "Python DatasetCache.get"),
         ("view", "python", "DatasetCache.view", "Python DatasetCache.view"),
         ("put", "python", "DatasetCache.put", "Python DatasetCache.put"),
+        ("put", "python", "DatasetCache.put_batch 64", "Python DatasetCache.put_batch of 64"),
         ("get", "numpy", None, "Python numpy row copy (reference)"),
         ("get", "redis", "GET", "Redis GET"),
         ("get", "redis", "GET pipelined x32", "Redis GET pipelined x32"),
@@ -272,6 +280,7 @@ def throughput_rows(d):
         ("get", "shmcache", "copy-out" + HUGE, "shmcache Get, huge pages"),
         ("view", "shmcache", "zero-copy" + HUGE, "shmcache View, huge pages"),
         ("put", "shmcache", "put" + HUGE, "shmcache Put, huge pages"),
+        ("put", "shmcache", "PutBatch 64" + HUGE, "shmcache PutBatch of 64, huge pages"),
         ("cpu", "spin", None, "CPU-only loop (core scaling)"),
     ]
     rows = []

@@ -29,6 +29,7 @@
 #include "numa_topology.h"
 #include "server.h"
 #include "shm_file.h"
+#include "shm_pages.h"
 #include "store.h"
 #include "systemd_notify.h"
 
@@ -273,6 +274,7 @@ int Run(DaemonOptions& opts) {
            paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
            store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
            fd_limit);
+  log.Info("{}", ShmPagesNote(paths.shm_dir, ShmPagesOf(paths.shm_dir)));
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()),
          store.startup_notes());
   opts.ready_fd = -1;  // Report closed it

@@ -401,8 +401,9 @@ Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
       h->size != size) {
     return Status::Corruption("leased chunk header does not match");
   }
-  // This process writes the whole chunk: map its pages now, in one pass.
-  // (Readers map segments lazily instead: a fault maps a 64 KB window.)
+  // This process writes the whole chunk: map its pages now, 16 per fault
+  // (the daemon allocated and cleared them). Readers map segments lazily
+  // instead: a fault maps a 64 KB window.
   PopulateForWrite(seg->base + offset, size);
   c->seg_no = seg_no;
   c->offset = offset;
@@ -426,36 +427,87 @@ Status CacheImpl::GrowIndex(uint32_t seen) {
 
 Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
                       bool* inserted) {
-  Status s = PutRow(id, columns, inserted);
-  if (s.IsFull()) Stats()->puts_full.fetch_add(1, std::memory_order_relaxed);
-  return s;
+  Status status;
+  bool added = false;
+  PutBatch(std::span(&id, 1), std::span(&columns, 1), &status, &added)
+      .PermitUncheckedError();  // an unusable cache is in `status` too
+  if (inserted) *inserted = added;
+  return status;
 }
 
-Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
-                         bool* inserted) {
-  if (inserted) *inserted = false;
-  Status s = Usable();
-  if (!s.ok()) return s;
-  if (IsFull()) {
-    return Status::Full(fmt::format("cache {} is full", cache_id_));
-  }
-  if (Lookup(id) != layout::kEmpty) return Status::OK();
-  size_t size;
-  s = RowCodec::EncodedSize(columns, &size);
-  if (!s.ok()) return s;
-  if (SpillsNow()) return SpillPut(id, columns, size, inserted);
-  s = CheckRowFits(id, size);
-  if (!s.ok()) return SpillingOn() ? SpillPut(id, columns, size, inserted) : s;
+// A row that meets one of these ends its batch: the cache takes no more.
+static bool EndsBatch(const Status& s) { return s.IsFull() || s.IsUnavailable(); }
 
-  std::lock_guard lock(put_mu_);
+Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
+                           std::span<const std::span<const ColumnRef>> rows,
+                           Status* statuses, bool* inserted) {
+  if (inserted) std::fill(inserted, inserted + ids.size(), false);
+  Status s = Usable();
+  if (!s.ok()) {
+    std::fill(statuses, statuses + ids.size(), s);
+    return s;
+  }
+  PutLock lock(put_mu_, std::defer_lock);
+  PutTally tally;
+  uint64_t locs[kBatchWindow];
+  bool added = false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % kBatchWindow == 0) {
+      LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
+    }
+    statuses[i] = PutRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally,
+                         &added);
+    if (inserted) inserted[i] = added;
+    if (EndsBatch(statuses[i])) {
+      std::fill(statuses + i + 1, statuses + ids.size(), statuses[i]);
+      if (statuses[i].IsFull()) {
+        Stats()->puts_full.fetch_add(ids.size() - i, std::memory_order_relaxed);
+      }
+      break;
+    }
+  }
+  if (tally.rows > 0) {
+    layout::StatsSlot* slot = Stats();
+    slot->rows.fetch_add(tally.rows, std::memory_order_relaxed);
+    slot->bytes.fetch_add(tally.bytes, std::memory_order_relaxed);
+  }
+  return Status::OK();
+}
+
+void CacheImpl::LockForPut(PutLock* lock) {
+  if (lock->owns_lock()) return;
+  lock->lock();
   if (chunk_fork_gen_ != ForkGeneration()) {
     // The chunks belong to the parent process: never write into them.
     for (Chunk& c : chunks_) c = Chunk{};
     chunk_fork_gen_ = ForkGeneration();
   }
+}
+
+Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
+                         uint64_t loc, PutLock* lock, PutTally* tally,
+                         bool* inserted) {
+  *inserted = false;
+  if (IsFull()) {
+    return Status::Full(fmt::format("cache {} is full", cache_id_));
+  }
+  if (loc != layout::kEmpty) return Status::OK();
+  size_t size;
+  Status s = RowCodec::EncodedSize(columns, &size);
+  if (!s.ok()) return s;
+  if (SpillsNow()) return SpillPut(id, columns, size, inserted);
+  s = CheckRowFits(id, size);
+  if (!s.ok()) return SpillingOn() ? SpillPut(id, columns, size, inserted) : s;
+  LockForPut(lock);
+  return PutInMemory(id, columns, size, tally, inserted);
+}
+
+Status CacheImpl::PutInMemory(uint64_t id, std::span<const ColumnRef> columns,
+                              size_t size, PutTally* tally, bool* inserted) {
   size_t node = static_cast<size_t>(NumaTopology::Get().CurrentNode()) %
                 chunks_.size();
   Chunk& c = chunks_[node];
+  Status s;
   if (c.base == nullptr || c.size - c.used < size) {
     s = LeaseChunk(static_cast<int>(node), size, &c);
     if (s.IsFull() && SpillsNow()) return SpillPut(id, columns, size, inserted);
@@ -477,10 +529,9 @@ Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
     uint32_t n = num_tables_.load(std::memory_order_acquire);
     IndexTable::InsertResult r = tables_[n - 1].Insert(id, loc);
     if (r == IndexTable::InsertResult::kInserted) {
-      layout::StatsSlot* slot = Stats();
-      slot->rows.fetch_add(1, std::memory_order_relaxed);
-      slot->bytes.fetch_add(size, std::memory_order_relaxed);
-      if (inserted) *inserted = true;
+      ++tally->rows;
+      tally->bytes += size;
+      *inserted = true;
       return Status::OK();
     }
     if (r == IndexTable::InsertResult::kExists) break;
@@ -598,6 +649,12 @@ Status Cache::Put(uint64_t id, const void* data, size_t nbytes,
   int64_t shape[1] = {static_cast<int64_t>(nbytes)};
   ColumnRef col{"data", DType::kUInt8, shape, data, nbytes};
   return impl_->Put(id, std::span(&col, 1), inserted);
+}
+
+Status Cache::PutBatch(std::span<const uint64_t> ids,
+                       std::span<const std::span<const ColumnRef>> rows,
+                       Status* statuses, bool* inserted) {
+  return impl_->PutBatch(ids, rows, statuses, inserted);
 }
 
 Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }

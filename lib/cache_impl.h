@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,9 @@ class CacheImpl {
 
   // PutRow, counting a Full answer in this process's statistics line.
   Status Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
+  Status PutBatch(std::span<const uint64_t> ids,
+                  std::span<const std::span<const ColumnRef>> rows,
+                  Status* statuses, bool* inserted);
   Status Get(uint64_t id, std::span<const std::string_view> columns,
              bool project, Row* out);
   Status View(uint64_t id, RowView* out);
@@ -72,6 +76,25 @@ class CacheImpl {
   Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node);
   Status SegmentFor(uint32_t seg_no, const MappedSegment** out);
   Status LeaseChunk(int node, size_t need, Chunk* out);
+  // Rows and bytes a batch added to memory, counted into the statistics
+  // once per batch rather than once per row.
+  struct PutTally {
+    uint64_t rows = 0;
+    uint64_t bytes = 0;
+  };
+  using PutLock = std::unique_lock<ForkSafeMutex>;
+  // One row of a batch; `loc` is where the index had the id before the
+  // batch took the lock (kEmpty: absent). Takes *lock on first need.
+  Status PutRow(uint64_t id, std::span<const ColumnRef> columns, uint64_t loc,
+                PutLock* lock, PutTally* tally, bool* inserted);
+  // Takes put_mu_ unless *lock holds it; a forked child first drops the
+  // chunks, which belong to its parent.
+  void LockForPut(PutLock* lock);
+  // Writes a row of `size` encoded bytes into this process's chunk (leasing
+  // a new one when it does not fit) and publishes it in the index.
+  // REQUIRES: put_mu_ held.
+  Status PutInMemory(uint64_t id, std::span<const ColumnRef> columns,
+                     size_t size, PutTally* tally, bool* inserted);
   Status GrowIndex(uint32_t seen);
   void ReturnChunksLocked();
   layout::StatsSlot* Stats();

@@ -34,7 +34,9 @@ class ShmFile {
   ShmFile& operator=(const ShmFile&) = delete;
 
   // Creates `path` exclusively (never following a symbolic link), mode
-  // 0600 whatever the umask, with `size` bytes reserved and zeroed. When
+  // 0600 whatever the umask, with `size` bytes reserved and zeroed (on
+  // tmpfs the pages are cleared here, by the creator, rather than at their
+  // first fault in whichever process touches them first). When
   // node >= 0 the pages are bound to that NUMA node (before reservation,
   // so they are allocated there). AlreadyExists if the name is taken, with
   // the file's owner and mode and the fix; Full with a message naming the
@@ -74,8 +76,11 @@ class ShmFile {
 Status OpenOwnedFile(const std::string& path, int flags, int* fd,
                      size_t* size = nullptr);
 
-// Faults in [p, p+size) of a shared mapping for writing, in one pass in the
-// kernel instead of a page fault per 4 KB page later. Best effort.
+// Maps [p, p+size) of a shared mapping of a file made by Create, so that
+// writing it takes (almost) no page fault: 16 pages per fault where Create
+// zeroed them, instead of a fault per 4 KB page at first write.
+// REQUIRES: the pages are allocated (Create reserved them): it reads them,
+// which on a hole of a full tmpfs would be a SIGBUS.
 void PopulateForWrite(void* p, size_t size);
 
 // Free bytes in the filesystem holding `dir`, or 0 on error.

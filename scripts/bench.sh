@@ -101,7 +101,7 @@ echo "== C++ harness"
   --lmdb_dir "$lmdb_dir" --rocksdb_dir "$tmp/rocksdb" --out "$results/cpp.json"
 load_sample "C++ harness"
 
-# ---- huge pages (root only): the shmcache section again, on a tmpfs with
+# ---- huge pages (root only): the put and shmcache sections again, on a tmpfs with
 # huge=within_size ----------------------------------------------------------
 rm -f "$results/huge.json"
 if [ "$(id -u)" -eq 0 ]; then
@@ -110,7 +110,7 @@ if [ "$(id -u)" -eq 0 ]; then
   if mount -t tmpfs -o "size=$((ws * 4 + 1024))m,huge=within_size,mode=0700" \
       shmcache-bench-huge "$huge_dir" &&
      "$admin" -p "$huge_port" --start --shm_dir "$huge_dir" --log_dir "$tmp/log" >/dev/null; then
-    SHMCACHE_SHM_DIR=$huge_dir "$build/benchmarks/shmcache_bench" --sections shmcache \
+    SHMCACHE_SHM_DIR=$huge_dir "$build/benchmarks/shmcache_bench" --sections put,shmcache \
       --seconds "$seconds" --working_set_mb "$ws" --procs 1,2 --port "$huge_port" \
       --out "$results/huge.json" || echo "huge-page run failed; its figures are missing"
     "$admin" -p "$huge_port" --stop >/dev/null 2>&1 || true

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "instance.h"
@@ -157,6 +159,53 @@ TEST(ShmNameTest, ReadsBackExactlyTheNamesPathsWrite) {
                             "table.1.0.DEADBEEF", "table.1.0.123", "sessions.tmp.1"}) {
     EXPECT_EQ(ParseShmName(other).kind, ShmName::Kind::kOther) << other;
   }
+}
+
+// Pages of [p, p + size) mapped in this process (/proc/self/pagemap's
+// present bit), or -1 when pagemap cannot be read.
+long PresentPages(const char* p, size_t size) {
+  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  long present = 0;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) / 4096;
+  for (uintptr_t page = first; page < first + size / 4096; ++page) {
+    uint64_t entry = 0;
+    if (pread(fd, &entry, sizeof entry, static_cast<off_t>(page * 8)) != sizeof entry) {
+      close(fd);
+      return -1;
+    }
+    present += (entry >> 63) & 1;
+  }
+  close(fd);
+  return present;
+}
+
+// A writer maps a leased chunk with PopulateForWrite, one read per 64 KB:
+// the kernel maps the neighbouring pages with it (fault-around) only when
+// they are already cleared, which Create does on tmpfs. Without that the
+// writer would fault (and clear) every page itself, one by one.
+TEST_F(ShmFileTest, CreatedPagesAreClearedSoOneReadMapsTheirWholeWindow) {
+  std::string around;
+  if (FILE* f = fopen("/sys/kernel/debug/fault_around_bytes", "r")) {
+    char buf[32] = {};
+    around = fgets(buf, sizeof buf, f) ? buf : "";
+    fclose(f);
+    if (!around.empty() && std::stoul(around) != 65536) {
+      GTEST_SKIP() << "fault_around_bytes is " << around << ", not the default 64 KB";
+    }
+  }
+  const size_t size = 1u << 20;
+  {
+    ShmFile made;
+    ASSERT_TRUE(ShmFile::Create(Path("cleared"), size, -1, &made).ok());
+  }
+  ShmFile f;  // a fresh mapping, as a client's
+  ASSERT_TRUE(ShmFile::Open(Path("cleared"), &f).ok());
+  ASSERT_EQ(PresentPages(f.data(), size), 0);
+  PopulateForWrite(f.data(), size);
+  EXPECT_EQ(PresentPages(f.data(), size), static_cast<long>(size / 4096));
+  for (size_t off = 0; off < size; off += 4096) ASSERT_EQ(f.data()[off], 0) << off;
+  std::memset(f.data(), 7, size);  // and writable
 }
 
 }  // namespace

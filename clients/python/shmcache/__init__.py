@@ -90,6 +90,9 @@ def _check_int(name, value, lo, hi, allow_none=False):
 def _native(value):
     """`value` as a C-contiguous ndarray in native byte order, values and
     shape unchanged (rank 0 included: np.ascontiguousarray makes it 1-d)."""
+    if isinstance(value, np.ndarray) and value.dtype.isnative \
+            and value.flags.c_contiguous:
+        return value  # the common case, without building a new dtype
     a = np.asarray(value)
     return np.asarray(a, dtype=a.dtype.newbyteorder("="), order="C")
 
@@ -346,25 +349,31 @@ class DatasetCache:
             return False
         try:
             return c.put(row_id, columns)
-        except (TooLargeError, NotSupportedError) as e:
+        except Error as e:
+            return self._put_failed(row_id, e)
+
+    def _put_failed(self, row_id, err):
+        """What a put that raised `err` returns (False), after the warning
+        it deserves; raises for a row the caller got wrong."""
+        if isinstance(err, (TooLargeError, NotSupportedError)):
             # This row only: the cache stays in use for the others.
             if not self._warned_row:
                 self._warned_row = True
-                warnings.warn(f"shmcache: {e}; rows like it are read from the "
-                              "source", CacheWarning, stacklevel=3)
-        except FullError as e:
+                warnings.warn(f"shmcache: {err}; rows like it are read from the "
+                              "source", CacheWarning, stacklevel=4)
+        elif isinstance(err, FullError):
             # Later puts still go to the cache, which refuses them without a
             # round trip and counts them (stats()["puts_full"], the metrics).
             self._full = True
-            self._warn(e)
-        except UnavailableError as e:
+            self._warn(err)
+        elif isinstance(err, UnavailableError):
             self._no_puts = True
-            self._warn(e)
-        except InvalidArgumentError as e:
-            raise ValueError(f"row {row_id} cannot be cached: {e}") from None
-        except Error as e:
+            self._warn(err)
+        elif isinstance(err, InvalidArgumentError):
+            raise ValueError(f"row {row_id} cannot be cached: {err}") from None
+        else:
             self._dead = True
-            self._warn(e)
+            self._warn(err)
         return False
 
     def put(self, row_id, row):
@@ -375,6 +384,33 @@ class DatasetCache:
         row cannot be cached: larger than what is left of the cache, or than
         a row spilled to disk may be (one warning; later rows go on)."""
         return self.put_columns(row_id, encode_row(row))
+
+    def put_batch(self, row_ids, rows):
+        """put() of many rows: a list with, per row, what put would return
+        (True = stored now). The rows are copied into shared memory in one
+        call with the GIL released, under one lock. Of two rows with one id,
+        the first wins. A full cache or a lost server stores the rows before
+        it and returns False for the rest (one warning, as put); a row too
+        large is refused alone; a malformed row raises ValueError after the
+        others were stored."""
+        ids = [i if type(i) is int and 0 <= i <= MAX_ROW_ID else self._check_id(i)
+               for i in row_ids]
+        if len(ids) != len(rows):
+            raise ValueError(f"put_batch: {len(ids)} ids but {len(rows)} rows")
+        encoded = [encode_row(r) for r in rows]
+        c = self._open()
+        if c is None or self._no_puts:
+            return [False] * len(ids)
+        out, errors = c.put_batch(ids, encoded)
+        bad = None
+        for i, err in errors:
+            if isinstance(err, InvalidArgumentError):
+                bad = bad or (ids[i], err)
+            else:
+                self._put_failed(ids[i], err)
+        if bad is not None:
+            self._put_failed(*bad)  # raises ValueError
+        return out
 
     def get_columns(self, row_id, columns=None, copy=True, _reserved=False,
                     _readonly=True):

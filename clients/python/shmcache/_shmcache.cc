@@ -9,9 +9,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,50 +30,40 @@ using shmcache::Status;
 
 namespace {
 
-// One C++ exception type per Status code that Python code tells apart.
+// Tags of the Python exception types (py::register_exception wants one
+// C++ type each); errors are raised through g_error_types.
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-struct NotFoundError : Error {
-  using Error::Error;
-};
-struct UnavailableError : Error {
-  using Error::Error;
-};
-struct FullError : Error {
-  using Error::Error;
-};
-struct FingerprintMismatchError : Error {
-  using Error::Error;
-};
-struct InvalidArgumentError : Error {
-  using Error::Error;
-};
-struct NotSupportedError : Error {
-  using Error::Error;
-};
-struct TooLargeError : Error {
-  using Error::Error;
-};
-struct AlreadyExistsError : Error {
-  using Error::Error;
-};
-struct PermissionDeniedError : Error {
-  using Error::Error;
-};
+struct NotFoundError : Error {};
+struct UnavailableError : Error {};
+struct FullError : Error {};
+struct FingerprintMismatchError : Error {};
+struct InvalidArgumentError : Error {};
+struct NotSupportedError : Error {};
+struct TooLargeError : Error {};
+struct AlreadyExistsError : Error {};
+struct PermissionDeniedError : Error {};
+
+// The Python exception type of each Status code (Error for codes Python
+// does not tell apart), filled when the module is imported. The module
+// holds the types, so plain handles suffice.
+py::handle g_error_types[static_cast<size_t>(Status::Code::kTooLarge) + 1];
+
+py::handle ErrorType(const Status& s) {
+  py::handle t = g_error_types[static_cast<size_t>(s.code())];
+  return t ? t : g_error_types[0];
+}
+
+// The exception `s` raises, as an object: a batch reports a row's failure
+// with it rather than raising.
+py::object ExceptionOf(const Status& s) {
+  return ErrorType(s)(s.ToString());
+}
 
 [[noreturn]] void Throw(const Status& s) {
-  std::string m = s.ToString();
-  if (s.IsNotFound()) throw NotFoundError(m);
-  if (s.IsUnavailable()) throw UnavailableError(m);
-  if (s.IsFull()) throw FullError(m);
-  if (s.IsFingerprintMismatch()) throw FingerprintMismatchError(m);
-  if (s.IsInvalidArgument()) throw InvalidArgumentError(m);
-  if (s.IsNotSupported()) throw NotSupportedError(m);
-  if (s.IsTooLarge()) throw TooLargeError(m);
-  if (s.IsAlreadyExists()) throw AlreadyExistsError(m);
-  if (s.IsPermissionDenied()) throw PermissionDeniedError(m);
-  throw Error(m);
+  PyErr_SetString(ErrorType(s).ptr(), s.ToString().c_str());
+  throw py::error_already_set();
 }
 
 void Check(const Status& s) {
@@ -192,52 +184,107 @@ py::capsule KeepAlive(const PyCachePtr& c) {
   return py::capsule(holder, [](void* p) { delete static_cast<PyCachePtr*>(p); });
 }
 
-// put(id, [(name, array, dtype_name_or_None), ...]) -> inserted
-bool Put(PyCache& self, uint64_t id, const py::list& columns) {
-  size_t n = columns.size();
+// dtype.isnative without a Python attribute lookup (this is per column of
+// every put).
+bool IsNative(const py::dtype& dt) {
+  constexpr char kNative = std::endian::native == std::endian::little ? '<' : '>';
+  char b = dt.byteorder();
+  return b == '=' || b == '|' || b == kNative;
+}
+
+// One row to put: the ColumnRefs over the arrays of a Python column list,
+// and what keeps them valid. Built in place and never moved: `refs` point
+// into `names` and `shapes`.
+struct PutRow {
   std::vector<py::array> keep;
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
-  std::vector<ColumnRef> refs(n);
-  keep.reserve(n);
-  names.reserve(n);
-  shapes.reserve(n);
+  std::vector<ColumnRef> refs;
+};
+
+// Fills *row from [(name, array, dtype_name_or_None), ...]; raises on a
+// malformed column.
+void ParseColumns(const py::list& columns, PutRow* row) {
+  size_t n = columns.size();
+  row->refs.resize(n);
+  row->keep.reserve(n);
+  row->names.reserve(n);
+  row->shapes.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     py::tuple t = columns[i].cast<py::tuple>();
     if (t.size() != 3) throw py::value_error("a column is (name, array, dtype)");
-    names.push_back(t[0].cast<std::string>());
+    const std::string& name = row->names.emplace_back(t[0].cast<std::string>());
     py::array a = py::array::ensure(t[1], py::array::c_style);
-    if (!a) throw py::type_error("column '" + names.back() + "' is not an array");
+    if (!a) throw py::type_error("column '" + name + "' is not an array");
     // Rows hold native values: a foreign byte order would read back as
     // other numbers.
-    if (!a.dtype().attr("isnative").cast<bool>()) {
-      throw py::value_error("column '" + names.back() +
+    if (!IsNative(a.dtype())) {
+      throw py::value_error("column '" + name +
                             "': the array is not in native byte order; convert "
                             "it first (a.astype(a.dtype.newbyteorder('=')))");
     }
-    keep.push_back(a);
+    row->keep.push_back(a);
     DType dt;
     if (t[2].is_none()) {
       dt = FromNumpy(a.dtype());
     } else if (!shmcache::DTypeFromName(t[2].cast<std::string>(), &dt)) {
       throw py::value_error("unknown dtype name: " + t[2].cast<std::string>());
     }
-    shapes.emplace_back(a.shape(), a.shape() + a.ndim());
+    const auto& shape = row->shapes.emplace_back(a.shape(), a.shape() + a.ndim());
     if (shmcache::DTypeSize(dt) != static_cast<size_t>(a.itemsize())) {
-      throw py::value_error("column '" + names.back() +
+      throw py::value_error("column '" + name +
                             "': array itemsize does not match its dtype");
     }
-    refs[i] = ColumnRef{names.back(), dt, shapes.back(), a.data(),
-                        static_cast<size_t>(a.nbytes())};
+    row->refs[i] = ColumnRef{name, dt, shape, a.data(),
+                             static_cast<size_t>(a.nbytes())};
   }
+}
+
+// put(id, [(name, array, dtype_name_or_None), ...]) -> inserted
+bool Put(PyCache& self, uint64_t id, const py::list& columns) {
+  PutRow row;
+  ParseColumns(columns, &row);
   bool inserted = false;
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = self.cache->Put(id, refs, &inserted);
+    s = self.cache->Put(id, row.refs, &inserted);
   }
   Check(s);
   return inserted;
+}
+
+// put_batch(ids, [columns, ...]) -> ([inserted per row], [(index, error)]):
+// a row that failed is False in the first list and has in the second the
+// exception put would have raised for it (an object, not raised). The
+// rows are copied into shared memory without the GIL; the arrays stay
+// alive meanwhile (PutRow::keep).
+py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
+                   const py::list& rows) {
+  if (rows.size() != ids.size()) {
+    throw py::value_error("put_batch: " + std::to_string(ids.size()) +
+                          " ids but " + std::to_string(rows.size()) + " rows");
+  }
+  std::vector<PutRow> parsed(ids.size());
+  std::vector<std::span<const ColumnRef>> refs(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ParseColumns(rows[i].cast<py::list>(), &parsed[i]);
+    refs[i] = parsed[i].refs;
+  }
+  std::vector<Status> statuses(ids.size());
+  std::unique_ptr<bool[]> inserted(new bool[ids.size()]);
+  {
+    py::gil_scoped_release nogil;
+    self.cache->PutBatch(ids, refs, statuses.data(), inserted.get())
+        .PermitUncheckedError();  // in every statuses[i] too
+  }
+  py::list out(ids.size());
+  py::list errors;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    out[i] = py::bool_(statuses[i].ok() && inserted[i]);
+    if (!statuses[i].ok()) errors.append(py::make_tuple(i, ExceptionOf(statuses[i])));
+  }
+  return py::make_tuple(out, errors);
 }
 
 // A private copy of a row (Cache::Get's Row), owned by the arrays over it:
@@ -368,22 +415,35 @@ PYBIND11_MODULE(_shmcache, m) {
   m.doc() = "Binding of libshmcache; use the `shmcache` package instead.";
   // Translators run newest first: the base class is registered first.
   auto& error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<NotFoundError>(m, "NotFoundError", error.ptr());
-  py::register_exception<UnavailableError>(m, "UnavailableError", error.ptr());
-  py::register_exception<FullError>(m, "FullError", error.ptr());
-  py::register_exception<FingerprintMismatchError>(m, "FingerprintMismatchError",
-                                                   error.ptr());
-  py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
-                                               error.ptr());
-  py::register_exception<NotSupportedError>(m, "NotSupportedError", error.ptr());
-  py::register_exception<TooLargeError>(m, "TooLargeError", error.ptr());
-  py::register_exception<AlreadyExistsError>(m, "AlreadyExistsError", error.ptr());
-  py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
-                                                error.ptr());
+  using Code = Status::Code;
+  auto type = [&](Code c, py::handle t) { g_error_types[static_cast<size_t>(c)] = t; };
+  type(Code::kOk, error);  // the fallback for the codes not named below
+  type(Code::kNotFound, py::register_exception<NotFoundError>(m, "NotFoundError", error.ptr()));
+  type(Code::kUnavailable,
+       py::register_exception<UnavailableError>(m, "UnavailableError", error.ptr()));
+  type(Code::kFull, py::register_exception<FullError>(m, "FullError", error.ptr()));
+  type(Code::kFingerprintMismatch,
+       py::register_exception<FingerprintMismatchError>(m, "FingerprintMismatchError",
+                                                        error.ptr()));
+  type(Code::kInvalidArgument,
+       py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
+                                                    error.ptr()));
+  type(Code::kNotSupported,
+       py::register_exception<NotSupportedError>(m, "NotSupportedError", error.ptr()));
+  type(Code::kTooLarge,
+       py::register_exception<TooLargeError>(m, "TooLargeError", error.ptr()));
+  type(Code::kAlreadyExists,
+       py::register_exception<AlreadyExistsError>(m, "AlreadyExistsError", error.ptr()));
+  type(Code::kPermissionDenied,
+       py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
+                                                     error.ptr()));
 
   py::class_<PyCache, PyCachePtr>(m, "Cache")
       .def("put", &Put, py::arg("id"), py::arg("columns"),
            "Stores a row; returns False when the id was already present.")
+      .def("put_batch", &PutBatch, py::arg("ids"), py::arg("rows"),
+           "Stores rows[i] under ids[i]: ([inserted per row], [(index, "
+           "exception put would raise)]).")
       .def("get", &Get, py::arg("id"), py::arg("columns") = py::none(),
            py::arg("copy") = true, py::arg("readonly") = true,
            "A list of (name, dtype, array), or None on a miss.")

@@ -53,6 +53,25 @@ class Cache {
   // A row of one uint8 column named "data".
   Status Put(uint64_t id, const void* data, size_t nbytes,
              bool* inserted = nullptr);
+  // Stores rows[i] under ids[i] for every i, as Put would one by one, but
+  // takes the put lock once, looks the ids up with their memory misses
+  // overlapped, and fills one leased chunk with as many rows as fit.
+  // statuses[i] is what Put would return for row i, and inserted[i] (when
+  // inserted is given) what Put would set. Rows are stored in order: of two
+  // rows with one id in a batch, the first wins. Full and Unavailable end
+  // the batch: the row that met one and every later row get that status,
+  // and the rows before it stay stored. TooLarge and InvalidArgument
+  // concern their row only; the rows after it are still stored.
+  // REQUIRES: rows.size() == ids.size(); statuses (and inserted, when
+  // given) hold ids.size() elements.
+  // Returns OK unless the cache itself is unusable (closed, its session
+  // destroyed); then every statuses[i] holds that status too and no row was
+  // stored.
+  // Thread safety: as Put; concurrent batches of one process are
+  // serialised on the put lock, readers are never blocked.
+  Status PutBatch(std::span<const uint64_t> ids,
+                  std::span<const std::span<const ColumnRef>> rows,
+                  Status* statuses, bool* inserted = nullptr);
 
   // Copies row `id` into *out. NotFound on a miss.
   Status Get(uint64_t id, Row* out);

@@ -1,0 +1,92 @@
+#include "shm_pages.h"
+
+#include <climits>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <fstream>
+#include <sstream>
+
+namespace shmcache {
+namespace {
+
+std::string ReadAll(const char* path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The value of `key=` in a comma-separated mount option list, or "".
+std::string Option(std::string_view opts, std::string_view key) {
+  size_t pos = 0;
+  while (pos <= opts.size()) {
+    size_t end = opts.find(',', pos);
+    if (end == std::string_view::npos) end = opts.size();
+    std::string_view o = opts.substr(pos, end - pos);
+    if (o.size() > key.size() && o.substr(0, key.size()) == key &&
+        o[key.size()] == '=') {
+      return std::string(o.substr(key.size() + 1));
+    }
+    pos = end + 1;
+  }
+  return "";
+}
+
+bool Under(const std::string& dir, const std::string& mount_point) {
+  if (mount_point == "/") return true;
+  return dir.compare(0, mount_point.size(), mount_point) == 0 &&
+         (dir.size() == mount_point.size() || dir[mount_point.size()] == '/');
+}
+
+}  // namespace
+
+ShmPages ShmPagesOf(const std::string& dir, std::string_view mounts,
+                    std::string_view shmem_enabled) {
+  // shmem_enabled reads like "always within_size advise [never] deny force".
+  std::string global;
+  if (size_t l = shmem_enabled.find('['); l != std::string_view::npos) {
+    size_t r = shmem_enabled.find(']', l);
+    if (r != std::string_view::npos) global = shmem_enabled.substr(l + 1, r - l - 1);
+  }
+  if (global == "force") return {true, "transparent huge pages forced for all tmpfs"};
+  if (global == "deny") return {false, "transparent huge pages denied for all tmpfs"};
+  // The mount holding dir: the longest mount point it lies under.
+  std::string point, type, opts;
+  std::istringstream lines{std::string(mounts)};
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::string dev, mp, fstype, o;
+    if (!(f >> dev >> mp >> fstype >> o)) continue;
+    if (Under(dir, mp) && mp.size() >= point.size()) {
+      point = mp;
+      type = fstype;
+      opts = o;
+    }
+  }
+  if (type != "tmpfs") {
+    return {false, type.empty() ? "its mount was not found" : type + ", not tmpfs"};
+  }
+  std::string huge = Option(opts, "huge");
+  if (huge == "always" || huge == "within_size" || huge == "advise") {
+    return {true, "tmpfs mounted huge=" + huge};
+  }
+  return {false, "tmpfs " + point + " mounted without huge pages"};
+}
+
+ShmPages ShmPagesOf(const std::string& dir) {
+  char real[PATH_MAX];
+  std::string resolved = realpath(dir.c_str(), real) ? real : dir;
+  return ShmPagesOf(resolved, ReadAll("/proc/self/mounts"),
+                    ReadAll("/sys/kernel/mm/transparent_hugepage/shmem_enabled"));
+}
+
+std::string ShmPagesNote(const std::string& dir, const ShmPages& pages) {
+  if (pages.huge) return fmt::format("shm dir {}: huge pages ({})", dir, pages.why);
+  return fmt::format(
+      "shm dir {}: 4 KB pages ({}); a cold cache fills about 3x faster on a "
+      "tmpfs with huge pages: mount -t tmpfs -o size=SIZE,huge=within_size "
+      "shmcache DIR, then start with --shm_dir DIR",
+      dir, pages.why);
+}
+
+}  // namespace shmcache

@@ -1,0 +1,270 @@
+// Cache::PutBatch (issue 11, item 2) and the page preparation behind every
+// put (item 1): rows of a batch are stored as Put would store them one by
+// one, each with its own status, and mapping leased chunks never turns a
+// full tmpfs into a SIGBUS. Every test runs its own daemon.
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+constexpr size_t kRowBytes = 3072;
+constexpr uint64_t kSalt = 11;
+
+// A batch of rows whose bytes live here: rows[i] is one uint8 column
+// "data" over payload(i).
+class Batch {
+ public:
+  void Add(uint64_t id, std::vector<uint8_t> bytes) {
+    ids_.push_back(id);
+    bytes_.push_back(std::move(bytes));
+  }
+  void AddPattern(uint64_t id, size_t n = kRowBytes) { Add(id, Pattern(id, kSalt, n)); }
+  size_t size() const { return ids_.size(); }
+
+  // PutBatch over everything added; statuses and inserted per row.
+  Status Put(Cache* cache) {
+    shapes_.resize(size());
+    cols_.resize(size());
+    rows_.resize(size());
+    for (size_t i = 0; i < size(); ++i) {
+      shapes_[i] = static_cast<int64_t>(bytes_[i].size());
+      cols_[i] = ColumnRef{"data", DType::kUInt8, std::span(&shapes_[i], 1),
+                           bytes_[i].data(), bytes_[i].size()};
+      // A malformed row: its byte count does not match its shape.
+      if (std::find(bad_.begin(), bad_.end(), i) != bad_.end()) cols_[i].nbytes += 1;
+      rows_[i] = std::span(&cols_[i], 1);
+    }
+    statuses.assign(size(), Status::Corruption("not set"));
+    inserted.reset(new bool[size()]);
+    return cache->PutBatch(ids_, rows_, statuses.data(), inserted.get());
+  }
+  void Malform(size_t i) { bad_.push_back(i); }
+
+  std::vector<Status> statuses;
+  std::unique_ptr<bool[]> inserted;
+
+ private:
+  std::vector<uint64_t> ids_;
+  std::vector<std::vector<uint8_t>> bytes_;
+  std::vector<int64_t> shapes_;
+  std::vector<ColumnRef> cols_;
+  std::vector<std::span<const ColumnRef>> rows_;
+  std::vector<size_t> bad_;
+};
+
+std::unique_ptr<Cache> Open(const TestServer& server, uint32_t session,
+                            uint64_t size_mb) {
+  std::unique_ptr<Client> client;
+  EXPECT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(CacheNamed(session, "batch", size_mb, false), &cache);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return cache;
+}
+
+// In a forked process: 0 when rows 0..n-1 are exactly those with want[i]
+// true, each byte-identical to Pattern(i, kSalt, kRowBytes).
+int CheckRowsInChild(const TestServer& server, uint32_t session,
+                     const std::vector<bool>& want) {
+  pid_t pid = ForkChild([&]() -> int {
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 3;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(CacheNamed(session, "batch", 0, false), &cache).ok()) {
+      return 4;
+    }
+    Row row;
+    for (size_t i = 0; i < want.size(); ++i) {
+      Status s = cache->Get(i, &row);
+      if (s.IsNotFound() && !want[i]) continue;
+      if (!s.ok() || !want[i]) return 5;
+      auto col = row.find("data");
+      std::vector<uint8_t> bytes = Pattern(i, kSalt, kRowBytes);
+      if (!col || col->nbytes != bytes.size() ||
+          std::memcmp(col->data, bytes.data(), bytes.size()) != 0) {
+        return 6;
+      }
+    }
+    return 0;
+  });
+  return WaitChild(pid);
+}
+
+TEST(PutBatchTest, StoresEveryRowAndAnotherProcessReadsThemBack) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 0);
+  // More rows than one 4 MB chunk holds: the batch leases several.
+  const size_t n = 3000;
+  for (size_t base = 0; base < n; base += 500) {
+    Batch b;
+    for (size_t i = base; i < base + 500; ++i) b.AddPattern(i);
+    ASSERT_TRUE(b.Put(cache.get()).ok());
+    for (size_t i = 0; i < b.size(); ++i) {
+      ASSERT_TRUE(b.statuses[i].ok()) << i << ": " << b.statuses[i].ToString();
+      EXPECT_TRUE(b.inserted[i]) << i;
+    }
+  }
+  EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true)), 0);
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, n);
+}
+
+TEST(PutBatchTest, FullPartWayKeepsWhatWasStoredAndSaysSoPerRow) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 1);
+  const size_t n = (3u << 20) / kRowBytes;  // three times the 1 MB budget
+  Batch b;
+  for (size_t i = 0; i < n; ++i) b.AddPattern(i);
+  ASSERT_TRUE(b.Put(cache.get()).ok());
+  size_t stored = 0;
+  while (stored < n && b.statuses[stored].ok()) ++stored;
+  ASSERT_GT(stored, 0u);
+  ASSERT_LT(stored, n);
+  std::vector<bool> want(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (i < stored) {
+      EXPECT_TRUE(b.inserted[i]) << i;
+      want[i] = true;
+    } else {
+      EXPECT_TRUE(b.statuses[i].IsFull()) << i << ": " << b.statuses[i].ToString();
+      EXPECT_FALSE(b.inserted[i]) << i;
+    }
+  }
+  EXPECT_TRUE(cache->IsFull());
+  EXPECT_EQ(CheckRowsInChild(server, session, want), 0);
+}
+
+TEST(PutBatchTest, TooLargeOrMalformedRowIsRefusedAlone) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 8);
+  Batch b;
+  b.AddPattern(0);
+  b.Add(1, std::vector<uint8_t>(12u << 20, 1));  // more than the 8 MB budget
+  b.AddPattern(2);
+  b.AddPattern(3);
+  b.AddPattern(4);
+  b.Malform(3);
+  ASSERT_TRUE(b.Put(cache.get()).ok());
+  EXPECT_TRUE(b.statuses[0].ok()) << b.statuses[0].ToString();
+  EXPECT_TRUE(b.statuses[1].IsTooLarge()) << b.statuses[1].ToString();
+  EXPECT_TRUE(b.statuses[2].ok()) << b.statuses[2].ToString();
+  EXPECT_TRUE(b.statuses[3].IsInvalidArgument()) << b.statuses[3].ToString();
+  EXPECT_TRUE(b.statuses[4].ok()) << b.statuses[4].ToString();
+  EXPECT_FALSE(cache->IsFull());
+  EXPECT_EQ(CheckRowsInChild(server, session, {true, false, true, false, true}), 0);
+}
+
+TEST(PutBatchTest, DuplicateIdsInOneBatchFirstWins) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 0);
+  Batch b;
+  b.AddPattern(0);
+  b.Add(0, std::vector<uint8_t>(kRowBytes, 0xEE));  // same id, other bytes
+  b.AddPattern(1);
+  b.Add(1, std::vector<uint8_t>(kRowBytes, 0xEE));
+  ASSERT_TRUE(b.Put(cache.get()).ok());
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_TRUE(b.statuses[i].ok()) << i << ": " << b.statuses[i].ToString();
+    EXPECT_EQ(b.inserted[i], i % 2 == 0) << i;
+  }
+  EXPECT_EQ(CheckRowsInChild(server, session, {true, true}), 0);
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 2u);
+}
+
+TEST(PutBatchTest, ClosedCacheFailsEveryRow) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  auto cache = Open(server, server.NewSession(), 0);
+  cache->Close();
+  Batch b;
+  b.AddPattern(0);
+  b.AddPattern(1);
+  Status s = b.Put(cache.get());
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_EQ(b.statuses[0], s);
+  EXPECT_EQ(b.statuses[1], s);
+  EXPECT_FALSE(b.inserted[0]);
+}
+
+// Writers map leased chunks by reading them (PopulateForWrite): that must
+// never touch a page the full tmpfs could not give, which would be a SIGBUS.
+// The puts run in a child so that a SIGBUS shows as its exit status.
+TEST(PutBatchTest, MappingChunksOnAFullTmpfsIsFullNotSigbus) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  std::string shm = MakeTempDir(TestTmpRoot(), "tinyshm");
+  if (mount("tmpfs", shm.c_str(), "tmpfs", 0, "size=16m,mode=0700") != 0) {
+    RemoveTree(shm);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  {
+    ServerOptions o;
+    o.shm_dir = shm;
+    TestServer server(o);
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    const size_t n = (48u << 20) / kRowBytes;  // three times the tmpfs
+    pid_t pid = ForkChild([&]() -> int {
+      std::unique_ptr<Client> client;
+      if (!server.Connect(&client).ok()) return 3;
+      std::unique_ptr<Cache> cache;
+      if (!client->OpenCache(CacheNamed(session, "batch", 0, false), &cache).ok()) {
+        return 4;
+      }
+      std::vector<uint8_t> row(kRowBytes);
+      bool full = false;
+      for (size_t i = 0; i < n / 2; ++i) {  // one row at a time, then batches
+        FillPattern(i, kSalt, row.data(), row.size());
+        Status s = cache->Put(i, row.data(), row.size());
+        if (s.IsFull()) full = true;
+        else if (!s.ok()) return 5;
+      }
+      for (size_t base = n / 2; base < n; base += 256) {
+        Batch b;
+        for (size_t i = base; i < std::min(n, base + 256); ++i) b.AddPattern(i);
+        if (!b.Put(cache.get()).ok()) return 6;
+        for (size_t i = 0; i < b.size(); ++i) {
+          if (b.statuses[i].IsFull()) full = true;
+          else if (!b.statuses[i].ok()) return 7;
+        }
+      }
+      return full ? 0 : 8;
+    });
+    EXPECT_EQ(WaitChild(pid), 0) << "-" << SIGBUS << " would be a SIGBUS";
+    // What was stored before the tmpfs filled reads back whole.
+    auto cache = Open(server, session, 0);
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_GT(st.mem_rows, 0u);
+    std::vector<bool> want(n, false);
+    for (size_t i = 0; i < n; ++i) want[i] = cache->Contains(i);
+    EXPECT_EQ(CheckRowsInChild(server, session, want), 0);
+  }
+  umount2(shm.c_str(), MNT_DETACH);
+  RemoveTree(shm);
+}
+
+}  // namespace
+}  // namespace shmcache::test

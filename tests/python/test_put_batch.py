@@ -1,0 +1,137 @@
+"""DatasetCache.put_batch: the rows of put, many per call, with put's
+per-row rules and its warnings (issue 11, item 2)."""
+
+import multiprocessing
+import warnings
+
+import numpy as np
+import pytest
+
+from shmcache import CacheWarning, DatasetCache
+
+MB = np.zeros(1 << 20, dtype=np.uint8)
+
+
+def cache_warnings(record):
+    return [str(x.message) for x in record if issubclass(x.category, CacheWarning)]
+
+
+def rows_of_every_kind():
+    rng = np.random.default_rng(3)
+    return [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        (rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), np.int64(7)),
+        {"image": rng.standard_normal((2, 5)), "label": 3, "ok": np.bool_(True)},
+        (b"raw bytes", np.float16([1.5, -2.0]), np.int8(-3)),
+        np.arange(6, dtype=">i4").reshape(2, 3),     # foreign byte order
+        np.asfortranarray(np.arange(6, dtype=np.uint16).reshape(2, 3)),
+        np.float64(2.5),
+    ]
+
+
+def assert_same(got, want):
+    if isinstance(want, dict):
+        assert set(got) == set(want)
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    elif isinstance(want, bytes):
+        assert got == want
+    else:
+        w = np.asarray(want)
+        if isinstance(want, int):
+            w = w.astype(np.int64)
+        assert got.dtype == w.dtype.newbyteorder("=") and got.shape == w.shape
+        assert np.array_equal(got, w)
+
+
+def _read_in_child(session, ids, q):
+    c = DatasetCache(session)
+    q.put([None if r is None else r.tobytes() for r in (c.get(i) for i in ids)])
+
+
+def test_round_trip_of_every_dtype_and_shape(server, session):
+    c = DatasetCache(session)
+    rows = rows_of_every_kind()
+    assert c.put_batch(list(range(len(rows))), rows) == [True] * len(rows)
+    for i, want in enumerate(rows):
+        assert_same(c.get(i), want)
+    # Another process reads the same bytes.
+    payload = [np.full(3072, i, dtype=np.uint8) for i in range(64)]
+    assert c.put_batch(range(100, 164), payload) == [True] * 64
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_read_in_child, args=(session, list(range(100, 164)), q))
+    p.start()
+    got = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    assert got == [r.tobytes() for r in payload]
+
+
+def test_first_row_of_an_id_wins_and_cached_ids_are_false(server, session):
+    c = DatasetCache(session)
+    a, b = np.zeros(4), np.ones(4)
+    assert c.put_batch([1, 1, 2], [a, b, b]) == [True, False, True]
+    assert np.array_equal(c.get(1), a)
+    assert c.put_batch([2, 3], [a, a]) == [False, True]
+    assert np.array_equal(c.get(2), b)
+
+
+def test_full_part_way_keeps_what_was_stored_with_one_warning(server, session):
+    c = DatasetCache(session, size=8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        stored = c.put_batch(range(16), [MB] * 16)       # 16 MB into 8 MB
+        later = c.put_batch(range(16, 20), [MB] * 4)
+    assert stored[0] and not stored[-1]
+    k = stored.index(False)
+    assert stored == [True] * k + [False] * (16 - k)
+    assert later == [False] * 4
+    (msg,) = cache_warnings(w)
+    assert msg.startswith("shmcache: the cache is full ("), msg
+    assert "cached rows are still served" in msg
+    assert all(c.get(i) is not None for i in range(k))
+    assert not c.accepting
+
+
+def test_row_too_large_is_refused_alone_with_one_warning(server, session):
+    c = DatasetCache(session, size=8)
+    big = np.zeros(12 << 20, dtype=np.uint8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert c.put_batch([0, 1, 2], [MB, big, MB]) == [True, False, True]
+        assert c.put_batch([3, 4], [big, MB]) == [False, True]
+    (msg,) = cache_warnings(w)
+    assert "row 1" in msg and "rows like it are read from the source" in msg, msg
+    assert c.accepting and c.get(1) is None and c.get(4) is not None
+
+
+def test_malformed_row_raises_after_the_others_are_stored(server, session):
+    c = DatasetCache(session)
+    bad = {"x" * 300: np.zeros(2)}            # a column name the codec refuses
+    with pytest.raises(ValueError, match="row 1 cannot be cached"):
+        c.put_batch([0, 1, 2], [np.zeros(2), bad, np.ones(2)])
+    assert c.get(0) is not None and c.get(2) is not None and c.get(1) is None
+    with pytest.raises(ValueError, match="2 ids but 1 rows"):
+        c.put_batch([5, 6], [np.zeros(2)])
+    with pytest.raises(TypeError):
+        c.put_batch([7], [object()])
+
+
+def test_unreachable_server_drops_the_batch_with_one_warning(server, session):
+    c = DatasetCache(session).open()
+    assert c.put_batch([0], [MB]) == [True]
+    server.kill()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        # Leasing a new chunk needs the daemon: 8 MB do not fit the chunk.
+        first = c.put_batch(range(1, 9), [MB] * 8)
+        assert c.put_batch([20], [MB]) == [False]
+    assert first[-1] is False
+    (msg,) = cache_warnings(w)
+    assert msg.startswith("shmcache: the cache server is unreachable ("), msg
+    assert c.get(0) is not None                 # reads of shared memory go on
