@@ -154,7 +154,7 @@ class CachedLoader:
         self._schema = None          # RowSchema, None (not seen yet), False (none)
         self._lock = threading.Lock()
         self._counts = dict(batches=0, samples=0, hits=0, misses=0, bytes=0,
-                            wait_s=0.0, step_s=0.0)
+                            wait_s=0.0, step_s=0.0, busy_s=0.0)
 
     @staticmethod
     def _sample_transform(first, second):
@@ -177,7 +177,8 @@ class CachedLoader:
         """Counters since the loader was made (all its iterators) and the
         current settings: batches, samples, hits, misses, hit_rate, bytes
         (of batches delivered), bytes_per_s (over the consumer's steps),
-        wait_s and wait_fraction (the consumer waiting for batches),
+        wait_s and wait_fraction (the consumer waiting for batches), busy_s
+        (the loader threads assembling batches),
         num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes,
         read_path ("native" read_into or "python")."""
         with self._lock:
@@ -273,7 +274,6 @@ class _Pipeline:
         self.ready = {}         # batch number -> (ok, batch or exception, bytes)
         self.live = 0
         self.threads = []
-        self.busy_s = 0.0
         self.stopped = False
         self._last = None       # when the previous batch was returned
         with self.cond:
@@ -326,8 +326,8 @@ class _Pipeline:
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 result = (False, e, 0)
+            self.loader._count(busy_s=time.monotonic() - t0)
             with self.cond:
-                self.busy_s += time.monotonic() - t0
                 if not self.stopped:
                     self.ready[job[0]] = result
                 self.cond.notify_all()
@@ -348,7 +348,8 @@ class _Pipeline:
             self.close()
             raise batch
         self.loader._count(batches=1, bytes=nbytes, wait_s=waited, step_s=step)
-        if self.tuner.observe(waited, step, nbytes, self.busy_s, self.live):
+        if self.tuner.observe(waited, step, nbytes, self.loader._counts["busy_s"],
+                              self.live):
             with self.cond:
                 self._spawn_locked()
                 self.cond.notify_all()
