@@ -260,7 +260,7 @@ def test_training_losses_identical(server, session):
 
 
 def test_daemon_killed_mid_epoch_finishes_from_source(server, session):
-    n = 240     # 48 KB rows: the misses need new chunks from the daemon
+    n = 480     # 48 KB rows: the misses need new 4 MB chunks from the daemon
     ds = Images(n, side=64, transform=Normalize(1.0))
     want = list(DataLoader(ds, batch_size=16))          # the source's values
     cds = CachedDataset(ds, DatasetCache(session))

@@ -17,9 +17,14 @@ Contract:
   `prefetch` batches ahead of the consumer, by `num_threads` threads. No
   worker process and no pickling on a hit.
 - Misses are computed by the wrapped dataset in `num_workers` worker
-  processes (started at the first miss of an iteration; in the loader's
-  threads, one at a time, when num_workers=0), queued for the cache like
-  CachedDataset's misses, and written into the same batch positions.
+  processes (started at the first miss of an iteration), which put them
+  into the cache themselves; the loader then reads them like hits (no
+  pickling), and only rows the cache did not take travel back through a
+  pipe (and are queued for the cache once more by the trainer's process,
+  whose cache warns once when it stopped taking rows). With num_workers=0
+  misses are computed in the loader's threads, one at a time, and queued
+  like CachedDataset's misses. Either way they land in the same batch
+  positions.
   Rows of another layout (variable shapes, bytes) go through collate of
   the samples, as in DataLoader.
 - transform= runs per sample in the loader's threads (after
@@ -31,21 +36,26 @@ Contract:
   RuntimeError ("CUDA is not available: ..."); device="cpu" is accepted.
 - An iterator that is exhausted, closed (close()) or garbage-collected
   (early break) stops its threads and worker processes and drops its
-  prefetched batches. A cache whose daemon dies degrades to misses (one
+  prefetched batches. The loader keeps the buffers of at most
+  prefetch + num_threads + 2 batches for reuse by later batches and
+  passes (freed with the loader); a buffer is reused only once no tensor
+  over it is alive. A cache whose daemon dies degrades to misses (one
   CacheWarning from the cache), so the epoch finishes from the source.
 """
 
 import threading
 import time
+import warnings
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
-from . import DatasetCache
+from . import CacheWarning, DatasetCache, encode_row
 from .autotune import AutoTune
-from .batch_read import RowSchema, decode_sample, project, read_into, read_rows
+from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_into,
+                         read_rows)
 from .miss_pool import MissPool, encoded_sample, for_put
 
 __all__ = ["CachedLoader"]
@@ -152,6 +162,9 @@ class CachedLoader:
                                max_threads=max(DEFAULT_THREADS, 2 * _cpus()),
                                max_bytes=max_prefetch_bytes)
         self._schema = None          # RowSchema, None (not seen yet), False (none)
+        # Buffers of batches in flight, prefetched, and held by the consumer,
+        # reused across passes (fresh memory costs more than the copy).
+        self._buffers = BufferPool(lambda: self._tuner.prefetch + self._tuner.threads + 2)
         self._lock = threading.Lock()
         self._counts = dict(batches=0, samples=0, hits=0, misses=0, bytes=0,
                             wait_s=0.0, step_s=0.0, busy_s=0.0)
@@ -263,10 +276,11 @@ class _Pipeline:
         self.stage = _CudaStage(loader.device) if loader.device is not None else None
         self.pool = None
         if loader.num_workers > 0:
-            self.pool = MissPool(self.cds.dataset, loader.num_workers,
+            self.pool = MissPool(_worker_row, self.cds, loader.num_workers,
                                  loader.multiprocessing_context, base_seed,
                                  loader.worker_init_fn)
         self._inline = threading.Lock()   # num_workers=0: one compute at a time
+        self.buffers = loader._buffers
         self.cond = threading.Condition()
         self._batches, self._first = batches, first
         self.end = 0 if first is None else None   # batches in the pass, once known
@@ -395,7 +409,7 @@ class _Pipeline:
         schema = self.loader._schema
         bufs, filled = None, np.zeros(n, dtype=bool)
         if schema:
-            bufs = schema.alloc(n, self.pin)
+            bufs = schema.alloc(n, self.pin, self.buffers)
             filled = read_into(self.cds.cache, indices, schema.read_targets(bufs),
                                columns)
         rest = np.flatnonzero(~filled).tolist()
@@ -403,7 +417,7 @@ class _Pipeline:
         self.loader._count(samples=n, hits=n - len(rest))
         if schema is None and rows:
             schema = self._learn(rows[0])
-            bufs = schema.alloc(n, self.pin) if schema else None
+            bufs = schema.alloc(n, self.pin, self.buffers) if schema else None
         direct = False   # the batch is the buffers (pinned when asked)
         if schema and all(schema.fits(r) for r in rows.values()):
             for p, r in rows.items():
@@ -441,10 +455,20 @@ class _Pipeline:
         missing = [k for k, r in enumerate(rows) if r is None]
         self.loader._count(hits=len(ids) - len(missing), misses=len(missing))
         if missing:
-            computed = self._compute([ids[k] for k in missing])
-            for k, cols in zip(missing, computed):
+            stored = []     # rows a worker put into the cache
+            for k, cols in zip(missing, self._compute([ids[k] for k in missing])):
+                if cols is None:
+                    stored.append(k)
+                    continue
                 self.cds._store(ids[k], for_put(cols))
                 rows[k] = project(cols, self.cds.columns)
+            if stored:
+                again = read_rows(self.cds.cache, [ids[k] for k in stored],
+                                  self.cds.columns, copy=True)
+                for k, cols in zip(stored, again):
+                    # A row gone since (its session dropped): computed here.
+                    rows[k] = cols if cols is not None else project(
+                        encoded_sample(self.cds.dataset, ids[k]), self.cds.columns)
         return rows
 
     def _compute(self, ids):
@@ -457,6 +481,19 @@ class _Pipeline:
         if self.loader.transform is not None:
             samples = [self.loader.transform(s) for s in samples]
         return (self.loader.collate_fn or default_collate)(samples)
+
+
+def _worker_row(cds, index):
+    """In a worker process: computes row `index` of the CachedDataset's
+    dataset and puts it into the cache. None when the cache holds the row
+    now (the loader reads it from there), else its [(name, tag, array)]."""
+    encoded = encode_row(cds.dataset[index])
+    with warnings.catch_warnings():
+        # The trainer's process warns, once, when it retries the put.
+        warnings.simplefilter("ignore", CacheWarning)
+        if cds.cache.put_columns(index, encoded) or cds.cache.contains(index):
+            return None
+    return [(n, d or a.dtype.name, a) for n, a, d in encoded]
 
 
 class _CudaStage:

@@ -2,13 +2,15 @@
 cache (MissPool).
 
 Contract:
-- compute(indices) returns, per index, the wrapped dataset's sample as
-  columns [(name, tag, array)] like the cache returns them, in order; the calling thread waits while the workers compute. Indices are
+- MissPool(fn, obj, ...): a worker computes row i as fn(obj, i); fn is a
+  module-level function and obj picklable (spawn) or inherited (fork).
+- compute(indices) returns fn(obj, i) per index, in order; the calling thread waits while the workers compute. Indices are
   split into chunks that idle workers take, so one batch's misses are
   computed by all workers at once.
 - Workers start at the first compute(), seeded as DataLoader seeds its
   workers (base_seed + worker id for random and torch, numpy from both),
-  with get_worker_info() set and worker_init_fn(worker_id) called.
+  with get_worker_info() set (its dataset: obj) and worker_init_fn(worker_id)
+  called.
 - An exception in the dataset is re-raised by compute() with the worker's
   traceback; a worker that dies fails compute() with a RuntimeError naming
   its pid and exit code.
@@ -58,9 +60,9 @@ def _seed(base_seed, wid, num_workers, dataset, init_fn):
         init_fn(wid)
 
 
-def _worker_main(dataset, wid, num_workers, base_seed, init_fn, tasks, results):
+def _worker_main(fn, obj, wid, num_workers, base_seed, init_fn, tasks, results):
     from torch.utils.data._utils import ExceptionWrapper
-    _seed(base_seed, wid, num_workers, dataset, init_fn)
+    _seed(base_seed, wid, num_workers, obj, init_fn)
     while True:
         try:
             task = tasks.recv()
@@ -70,7 +72,7 @@ def _worker_main(dataset, wid, num_workers, base_seed, init_fn, tasks, results):
             return
         tid, indices = task
         try:
-            rows = [encoded_sample(dataset, i) for i in indices]
+            rows = [fn(obj, i) for i in indices]
             results.send((tid, rows, None))
         except Exception:   # noqa: BLE001 -- re-raised in the trainer
             results.send((tid, None, ExceptionWrapper(
@@ -82,7 +84,7 @@ class _Worker:
         task_r, self.tasks = ctx.Pipe(duplex=False)
         self.results, result_w = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=_worker_main,
-                                args=args[:1] + (wid,) + args[1:] + (task_r, result_w),
+                                args=args[:2] + (wid,) + args[2:] + (task_r, result_w),
                                 name=f"shmcache-loader-worker-{wid}", daemon=True)
         self.proc.start()
         task_r.close()
@@ -91,9 +93,9 @@ class _Worker:
 
 
 class MissPool:
-    def __init__(self, dataset, num_workers, context=None, base_seed=0,
+    def __init__(self, fn, obj, num_workers, context=None, base_seed=0,
                  worker_init_fn=None):
-        self._dataset = dataset
+        self._fn, self._obj = fn, obj
         self._num_workers = num_workers
         self._ctx = mp.get_context(context) if isinstance(context, (str, type(None))) \
             else context
@@ -140,7 +142,7 @@ class MissPool:
             return futures
 
     def _start_locked(self):
-        args = (self._dataset, self._num_workers, self._base_seed, self._init_fn)
+        args = (self._fn, self._obj, self._num_workers, self._base_seed, self._init_fn)
         self._workers = [_Worker(self._ctx, w, args) for w in range(self._num_workers)]
         self._collector = threading.Thread(target=self._collect, daemon=True,
                                            name="shmcache-loader-misses")
