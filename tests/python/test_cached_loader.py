@@ -395,3 +395,38 @@ def test_autotune_gives_back_for_a_slow_consumer(server, session, caplog):
     # Fixed settings are never changed.
     st, _ = tuned(cds, lambda b: done.wait(0.02), 1, caplog, num_threads=2, prefetch=4)
     assert (st["num_threads"], st["prefetch"], st["tuning_changes"]) == (2, 4, 0)
+
+
+def test_batches_and_views_kept_by_the_trainer_are_never_reused(server, session):
+    ds = Images(64, side=8, transform=Normalize(1.0))
+    cds = CachedDataset(ds, DatasetCache(session))
+    fill(cds, range(64))
+    want = reference(ds, session, batch_size=4)
+    loader = CachedLoader(cds, batch_size=4, num_threads=2, prefetch=2)
+    for _ in range(2):      # the second pass reuses the first one's buffers
+        kept = [(img[1:3], labels.view(2, 2)) for img, labels in loader]
+        for (img, labels), (w_img, w_labels) in zip(kept, want):
+            assert torch.equal(img, w_img[1:3]) and torch.equal(labels, w_labels.view(2, 2))
+
+
+def test_projected_columns_match_dataloader(server, session):
+    ds = Rows(16, "dict")
+    for columns in (["img", "flag"], "depth"):
+        want = list(DataLoader(CachedDataset(ds, DatasetCache(session), name="reference",
+                                             columns=columns), batch_size=4))
+        cds = CachedDataset(ds, DatasetCache(session), columns=columns)
+        fill(cds, range(0, 16, 3))
+        assert_same_batches(cached_batches(cds, batch_size=4, num_workers=1), want)
+        assert cds.flush(60)
+        assert_same_batches(cached_batches(cds, batch_size=4), want)
+
+
+def test_spawned_workers_compute_misses(server, session):
+    ds = Images(24, side=8)
+    want = reference(ds, session, batch_size=5)
+    cds = CachedDataset(ds, DatasetCache(session))
+    loader = CachedLoader(cds, batch_size=5, num_workers=2,
+                          multiprocessing_context="spawn")
+    assert_same_batches(list(loader), want)
+    assert loader.stats()["misses"] == 24 and cds.stats()["mem_rows"] == 24
+    assert wait_for(no_leftovers, what="spawned workers to end")
