@@ -277,7 +277,12 @@ def bench_cached_loader(args, out, cds, plain, floor):
     to the uncached epoch and DataLoader's floor measured in the same run."""
     from shmcache.torch import CachedLoader
     loader = make_loader(cds, loader_class=CachedLoader)
-    times = [run_epoch(cds, loader=loader)[0] for _ in range(1 + args.later_epochs)]
+    times = []
+    for _ in range(1 + args.later_epochs):
+        t, seen = run_epoch(cds, loader=loader)
+        if seen != len(cds):
+            raise RuntimeError(f"CachedLoader delivered {seen} of {len(cds)} images")
+        times.append(t)
     steady = min(times)
     out.value("loader.steady_epoch_s", steady)
     out.value("loader.speedup_vs_no_cache", plain / steady)

@@ -228,11 +228,11 @@ def targets(d):
             "Python read path"
         row(f"CachedLoader ({path}): warm epoch vs no cache",
             f"{v['dataloader.epoch_no_cache_s']:.2f} s -> "
-            f"{v['loader.steady_epoch_s']:.2f} s",
+            f"{v['loader.steady_epoch_s']:.3f} s",
             f"{lw:.1f}x faster", ">= 20x", lw >= 20)
         lf = v["loader.speedup_vs_floor"]
         row("CachedLoader: warm epoch vs DataLoader's own floor",
-            f"{v['dataloader.epoch_floor_s']:.2f} s -> {v['loader.steady_epoch_s']:.2f} s",
+            f"{v['dataloader.epoch_floor_s']:.2f} s -> {v['loader.steady_epoch_s']:.3f} s",
             f"{lf:.1f}x faster", ">= 3x", lf >= 3)
     l1 = v.get("loader.first_epoch_vs_dataloader")
     if l1 is not None:
@@ -373,7 +373,7 @@ def render(d, elapsed, command):
             key = k if k.startswith("loader.") else f"dataloader.{k}"
             if key in d.values:
                 t = d.values[key]
-                lines.append(f"| {label} | {t:.2f} | {n / t:.0f} |")
+                lines.append(f"| {label} | {t:.{2 if t >= 0.1 else 3}f} | {n / t:.0f} |")
     if d.skipped:
         lines.append("")
         lines.append("Skipped: " + "; ".join(f"{k} ({r})" for k, r in d.skipped.items()))

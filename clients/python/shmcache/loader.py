@@ -43,6 +43,7 @@ Contract:
   CacheWarning from the cache), so the epoch finishes from the source.
 """
 
+import os
 import threading
 import time
 import warnings
@@ -231,7 +232,6 @@ def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
 
 
 def _cpus():
-    import os
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
 
@@ -268,6 +268,11 @@ class _LoaderIter:
 
 
 class _Pipeline:
+    """The threads of one pass: each takes the next batch number and its
+    indices from the sampler (at most `prefetch` batches ahead of the
+    consumer), assembles the batch, and files it under its number; the
+    consumer takes batches in number order. `cond` guards the counters."""
+
     def __init__(self, loader, batches, first, base_seed):
         self.loader = loader
         self.cds = loader.dataset
