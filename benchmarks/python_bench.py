@@ -8,7 +8,9 @@ Sections, each skipped with its reason when what it needs is missing:
   dataloader a PyTorch DataLoader (2 workers) over a generated folder of
              JPEGs (PIL decode, resize to 224, normalize): epoch without
              cache, first epoch with cache (background puts, the default;
-             then with every put waited for), later epochs;
+             then with every put waited for), later epochs; then the same
+             through shmcache.torch.CachedLoader (2 workers for misses):
+             warm epochs, and a first epoch on a new session;
   prefill    shmcache.prefill (python3 -m shmcache.prefill's code) of the
              same JPEGs with 2 processes, next to an uncached DataLoader
              epoch (2 workers) measured just before it;
@@ -217,10 +219,16 @@ class Precomputed:
         return self.t, i % 10
 
 
-def run_epoch(dataset, batch_size=32):
-    import torch
+def make_loader(dataset, batch_size=32, loader_class=None):
     from torch.utils.data import DataLoader
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2)
+    return (loader_class or DataLoader)(dataset, batch_size=batch_size, shuffle=True,
+                                        num_workers=2)
+
+
+def run_epoch(dataset, batch_size=32, loader_class=None, loader=None):
+    """(seconds, images) of one pass over a new loader (or over `loader`)."""
+    import torch
+    loader = loader or make_loader(dataset, batch_size, loader_class)
     t0 = time.perf_counter()
     seen = 0
     for images, labels in loader:
@@ -265,8 +273,10 @@ def bench_dataloader(args, out, shmcache):
         out.value("dataloader.images_per_s_steady", n / steady)
         stats = cds.cache.stats() or {}
         out.value("dataloader.cached_rows", stats.get("mem_rows", 0))
+        bench_cached_loader(args, out, cds, plain, floor)
     finally:
         client.destroy_session(session)
+    bench_cached_loader_first(args, out, shmcache, JpegFolder(folder), first)
     # The first epoch again, every put done before the sample is returned.
     session = client.create_session()
     try:
@@ -276,6 +286,41 @@ def bench_dataloader(args, out, shmcache):
         first_sync, _ = run_epoch(sync)
         out.value("dataloader.epoch1_sync_puts_s", first_sync)
         out.value("dataloader.first_epoch_ratio_sync_puts", first_sync / plain)
+    finally:
+        client.destroy_session(session)
+
+
+def bench_cached_loader(args, out, cds, plain, floor):
+    """Warm epochs of the same pipeline through one CachedLoader (as a
+    trainer iterates it: its batch buffers are reused across epochs), next
+    to the uncached epoch and DataLoader's floor measured in the same run."""
+    from shmcache.torch import CachedLoader
+    loader = make_loader(cds, loader_class=CachedLoader)
+    times = []
+    for _ in range(1 + args.later_epochs):
+        t, seen = run_epoch(cds, loader=loader)
+        if seen != len(cds):
+            raise RuntimeError(f"CachedLoader delivered {seen} of {len(cds)} images")
+        times.append(t)
+    steady = min(times)
+    out.value("loader.steady_epoch_s", steady)
+    out.value("loader.speedup_vs_no_cache", plain / steady)
+    out.value("loader.speedup_vs_floor", floor / steady)
+    out.value("loader.images_per_s_steady", len(cds) / steady)
+    out.value("loader.native_read_into", hasattr(cds.cache, "read_into"))
+
+
+def bench_cached_loader_first(args, out, shmcache, dataset, dataloader_first):
+    """A first epoch through CachedLoader (misses in 2 worker processes) on
+    a new session, next to DataLoader(CachedDataset)'s first epoch."""
+    import shmcache.torch as st
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        cds = st.CachedDataset(dataset, shmcache.DatasetCache(session, port=args.port))
+        first, _ = run_epoch(cds, loader_class=st.CachedLoader)
+        out.value("loader.epoch1_s", first)
+        out.value("loader.first_epoch_vs_dataloader", first / dataloader_first)
     finally:
         client.destroy_session(session)
 

@@ -35,8 +35,9 @@ from . import DatasetCache, _column_names, decode_row, encode_row
 from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter, put_rows
 from .samplers import NodeAffineSampler, node_partition
 
-__all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
-           "cache_for_dataset", "NodeAffineSampler", "node_partition"]
+__all__ = ["CachedDataset", "CachedIterableDataset", "CachedLoader",
+           "dataset_fingerprint", "cache_for_dataset", "NodeAffineSampler",
+           "node_partition"]
 
 _RANDOM_TRANSFORM = re.compile(
     r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
@@ -210,14 +211,19 @@ class CachedDataset(Dataset):
 
     def _miss(self, index):
         encoded = encode_row(self.dataset[index])
-        if self._putter is None:
-            self.cache.put_columns(index, encoded)
-        elif self.cache.accepting:
-            self._queue_put(index, encoded)
+        self._store(index, encoded)
         sample = _to_tensors(encoded)
         if self.columns is not None:
             sample = self._project(sample)
         return sample
+
+    def _store(self, index, encoded):
+        """Caches a computed row [(name, array, dtype)]: queued for the
+        writer thread, or stored now without async puts."""
+        if self._putter is None:
+            self.cache.put_columns(index, encoded)
+        elif self.cache.accepting:
+            self._queue_put(index, encoded)
 
     def _queue_put(self, index, encoded):
         # The sample returned shares these arrays (and they may be the
@@ -344,3 +350,7 @@ class CachedIterableDataset(IterableDataset):
 
     def _out(self, sample):
         return self.transform(sample) if self.transform is not None else sample
+
+
+# The loader builds on CachedDataset (imported last: it imports this module).
+from .loader import CachedLoader  # noqa: E402

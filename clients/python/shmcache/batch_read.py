@@ -1,0 +1,258 @@
+"""Batches of cached rows read into preallocated tensors (CachedLoader's
+read path).
+
+read_into(cache, ids, out, columns) calls DatasetCache.read_into when the
+cache has it (native: C++ threads, GIL released) and read_into_fallback
+otherwise; both follow the same contract:
+- `out` is a tuple/list (the row's columns by position, in stored or
+  selected order) or a dict (by column name) of C-contiguous writable
+  arrays whose first dimension is >= len(ids) and whose remaining
+  shape/dtype is the per-row shape/dtype of the column as put stored it;
+- a row cached with exactly those columns, shapes and dtypes is copied
+  into out[...][i] and mask[i] is True; otherwise mask[i] is False and
+  out[...][i] is untouched (a miss, a row of another layout, a dead or
+  bypassed cache).
+
+RowSchema is the layout of fixed-shape rows learned from a first sample:
+it allocates a batch's buffers, fills rows that came another way (misses,
+spilled rows), and hands out the batch as default_collate over
+CachedDataset samples would build it.
+"""
+
+import sys
+import threading
+
+import numpy as np
+import torch
+
+from . import _column_names, decode_row
+
+__all__ = ["read_into", "read_into_fallback", "read_rows", "RowSchema",
+           "BufferPool", "decode_sample", "project"]
+
+
+def read_into(cache, ids, out, columns=None):
+    """The hit mask of reading rows `ids` into `out` (see the module)."""
+    native = getattr(cache, "read_into", None)
+    if native is not None:
+        return np.asarray(native(ids, out, columns), dtype=bool)
+    return read_into_fallback(cache, ids, out, columns)
+
+
+def read_rows(cache, ids, columns=None, copy=True):
+    """Per id, the cached row's [(name, tag, array)] or None on a miss;
+    spilled rows come in one round trip per call when copy=True and no
+    projection is asked."""
+    if columns is None:
+        return cache.get_batch_columns(ids, copy=copy)
+    return [cache.get_columns(i, columns, copy=copy) for i in ids]
+
+
+def read_into_fallback(cache, ids, out, columns=None):
+    """read_into in Python: zero-copy views of the rows, one copy each into
+    `out` (numpy releases the GIL for the copy)."""
+    targets = _targets(out)
+    mask = np.zeros(len(ids), dtype=bool)
+    for i, cols in enumerate(read_rows(cache, ids, columns, copy=False)):
+        if cols is None:
+            continue
+        arrays = _match(cols, targets)
+        if arrays is None:
+            continue
+        for a, t in zip(arrays, targets.values()):
+            np.copyto(t[i, ...], a, casting="no")
+        mask[i] = True
+    return mask
+
+
+def _targets(out):
+    """{key: ndarray} of `out`; keys are positions (tuple) or names (dict)."""
+    items = out.items() if isinstance(out, dict) else enumerate(out)
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in items}
+
+
+def _match(cols, targets):
+    """The arrays of a row in the order of `targets`, or None when the row
+    has other columns, shapes or dtypes."""
+    if len(cols) != len(targets):
+        return None
+    by_key = {n: a for n, _, a in cols} if isinstance(next(iter(targets), 0), str) \
+        else dict(enumerate(a for _, _, a in cols))
+    arrays = []
+    for k, t in targets.items():
+        a = by_key.get(k)
+        if a is None or a.dtype != t.dtype or a.shape != t.shape[1:]:
+            return None
+        arrays.append(a)
+    return arrays
+
+
+# ---- samples ------------------------------------------------------------
+
+def _single(columns):
+    return isinstance(columns, (str, int))
+
+
+def _leaf_to_tensor(tag, array):
+    from .torch import _leaf_to_tensor as leaf   # torch.py imports this module
+    return leaf(tag, array)
+
+
+def decode_sample(cols, columns=None):
+    """The sample CachedDataset returns for a row's [(name, tag, array)]
+    (already projected to `columns`)."""
+    if _single(columns):
+        return _leaf_to_tensor(cols[0][1], cols[0][2])
+    return decode_row(cols, _leaf_to_tensor)
+
+
+def project(cols, columns):
+    """The columns of a computed row that a `columns=` selection keeps, in
+    its order (KeyError for a column the row does not have, as
+    CachedDataset raises)."""
+    names = _column_names(columns)
+    if names is None:
+        return cols
+    by_name = {c[0]: c for c in cols}
+    return [by_name[n] for n in names]
+
+
+class _Column:
+    """One fixed-shape column: name, tag, stored dtype, per-row shape, and
+    how a batch buffer of it becomes the tensor CachedDataset returns."""
+
+    def __init__(self, name, tag, dtype, shape):
+        self.name, self.tag, self.dtype, self.shape = name, tag, dtype, shape
+        # torch has no uint16/32/64: such columns are widened after the read.
+        self.widen = tag != "bfloat16" and dtype.kind == "u" and dtype.itemsize > 1
+
+    def key(self):
+        return (self.name, self.tag, self.dtype, self.shape)
+
+    def alloc(self, n, pin, pool):
+        """(read target ndarray, tensor or None): the tensor shares the
+        target's memory; None when the target is widened later."""
+        shape = (n,) + self.shape
+        if self.widen:
+            return np.empty(shape, dtype=self.dtype), None
+        bf16 = self.tag == "bfloat16"
+        if pin:   # CUDA's host allocator recycles pinned memory
+            t = torch.empty(shape, dtype=torch.bfloat16 if bf16 else
+                            _torch_dtype(self.dtype), pin_memory=True)
+            return (t.view(torch.int16).numpy().view(np.uint16) if bf16
+                    else t.numpy()), t
+        if bf16:
+            a = pool.empty(shape, np.dtype(np.int16))
+            return a.view(np.uint16), torch.from_numpy(a).view(torch.bfloat16)
+        a = pool.empty(shape, self.dtype)
+        return a, torch.from_numpy(a)
+
+    def tensor(self, target, t):
+        if t is not None:
+            return t
+        return _leaf_to_tensor(self.tag, target)
+
+
+def _torch_dtype(dtype):
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class RowSchema:
+    """The layout of a fixed-shape row (every column an array of one shape
+    and dtype, no bytes): RowSchema.of(cols) or None."""
+
+    def __init__(self, columns, kind):
+        self.columns = columns       # [_Column]
+        self.kind = kind             # "leaf", "tuple" or "dict"
+        self._keys = [c.key() for c in columns]
+
+    @classmethod
+    def of(cls, cols, columns=None):
+        """The schema of a row's [(name, tag, array)], or None when a column
+        cannot go into a batch buffer (bytes, a dtype torch lacks)."""
+        out = []
+        for name, tag, a in cols:
+            if tag == "bytes" or a.dtype.hasobject:
+                return None
+            try:
+                _torch_dtype(a.dtype)
+            except TypeError:
+                return None
+            out.append(_Column(name, tag, a.dtype, tuple(a.shape)))
+        if _single(columns) or (len(cols) == 1 and cols[0][0] == "#"):
+            kind = "leaf"
+        elif all(n.startswith("#") for n, _, _ in cols):
+            kind = "tuple"
+        else:
+            kind = "dict"
+        return cls(out, kind)
+
+    def fits(self, cols):
+        return cols is not None and len(cols) == len(self._keys) and all(
+            (n, t, a.dtype, a.shape) == k for (n, t, a), k in zip(cols, self._keys))
+
+    def alloc(self, n, pin, pool):
+        """The buffers of a batch of n rows (from `pool` unless pinned)."""
+        return [c.alloc(n, pin, pool) for c in self.columns]
+
+    def read_targets(self, bufs):
+        """`out` for read_into: by name for dict rows, else by position."""
+        if self.kind == "dict":
+            return {c.name: b[0] for c, b in zip(self.columns, bufs)}
+        return tuple(b[0] for b in bufs)
+
+    def fill(self, bufs, i, cols):
+        for (target, _), (_, _, a) in zip(bufs, cols):
+            np.copyto(target[i, ...], a, casting="no")
+
+    def tensors(self, bufs):
+        return [c.tensor(target, t) for c, (target, t) in zip(self.columns, bufs)]
+
+    def batch(self, tensors):
+        """What default_collate makes of the samples: a tensor, a list of
+        tensors (tuple samples) or a dict."""
+        if self.kind == "leaf":
+            return tensors[0]
+        if self.kind == "tuple":
+            return list(tensors)
+        return {c.name: t for c, t in zip(self.columns, tensors)}
+
+    def sample(self, tensors, i):
+        """Sample i of a batch, as CachedDataset returns it (views)."""
+        if self.kind == "leaf":
+            return tensors[0][i]
+        if self.kind == "tuple":
+            return tuple(t[i] for t in tensors)
+        return {c.name: t[i] for c, t in zip(self.columns, tensors)}
+
+    def nbytes(self, n):
+        return n * sum(int(np.prod(c.shape, dtype=np.int64)) * c.dtype.itemsize
+                       for c in self.columns)
+
+
+class BufferPool:
+    """Batch buffers reused once nothing uses them any more.
+
+    A buffer is a numpy array that the batch's tensors hold (torch.from_numpy
+    keeps a reference to it in their storage, one for all views), so its
+    reference count tells whether any tensor or view over it is alive.
+    Reusing it saves a page fault per 4 KB of fresh memory, which costs more
+    than copying the rows. At most `limit()` buffers of each shape are
+    kept."""
+
+    def __init__(self, limit):
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._kept = {}     # (shape, dtype) -> [ndarray]
+
+    def empty(self, shape, dtype):
+        with self._lock:
+            kept = self._kept.setdefault((shape, dtype.str), [])
+            for a in kept:
+                # References: the list, `a`, getrefcount's argument.
+                if sys.getrefcount(a) == 3:
+                    return a
+            a = np.empty(shape, dtype=dtype)
+            if len(kept) < self._limit():
+                kept.append(a)
+            return a

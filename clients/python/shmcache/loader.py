@@ -1,0 +1,528 @@
+"""CachedLoader: a batch loader that reads hits straight from the cache into
+preallocated batch tensors, in threads of the trainer's process.
+
+    from shmcache.torch import CachedDataset, CachedLoader
+    loader = CachedLoader(CachedDataset(ds, cache), batch_size=64, shuffle=True,
+                          num_workers=2)      # was: DataLoader(CachedDataset(...))
+
+Contract:
+- Batches are what DataLoader(CachedDataset(...)) yields with the same
+  arguments (default_collate or collate_fn: same types, shapes, dtypes and
+  values), in the batch sampler's order; the sampler is iterated as
+  DataLoader iterates it (one seed drawn from torch's generator first, then
+  the sampler), so shuffles match under the same torch.manual_seed.
+- Rows of one fixed layout (a tuple/dict/array of fixed-shape columns)
+  are read by DatasetCache.read_into (native threads, GIL released; a
+  Python fallback where the cache lacks it) into the batch's tensors,
+  `prefetch` batches ahead of the consumer, by `num_threads` threads. No
+  worker process and no pickling on a hit.
+- Misses are computed by the wrapped dataset in `num_workers` worker
+  processes (started at the first miss of an iteration), which put them
+  into the cache themselves; the loader then reads them like hits (no
+  pickling), and only rows the cache did not take travel back through a
+  pipe (and are queued for the cache once more by the trainer's process,
+  whose cache warns once when it stopped taking rows). With num_workers=0
+  misses are computed in the loader's threads, one at a time, and queued
+  like CachedDataset's misses. Either way they land in the same batch
+  positions.
+  Rows of another layout (variable shapes, bytes) go through collate of
+  the samples, as in DataLoader.
+- transform= runs per sample in the loader's threads (after
+  CachedDataset's own transform); batch_transform= on each whole batch.
+- num_threads / prefetch "auto": tuned while running (shmcache.autotune),
+  prefetch bounded by max_prefetch_bytes of batches; stats() reports.
+- pin_memory / device: pinned batch buffers and a copy to the device on a
+  side stream where CUDA is available; without CUDA they raise
+  RuntimeError ("CUDA is not available: ..."); device="cpu" is accepted.
+- An iterator that is exhausted, closed (close()) or garbage-collected
+  (early break) stops its threads and worker processes and drops its
+  prefetched batches. The loader keeps the buffers of at most
+  prefetch + num_threads + 2 batches for reuse by later batches and
+  passes (freed with the loader); a buffer is reused only once no tensor
+  over it is alive. A cache whose daemon dies degrades to misses (one
+  CacheWarning from the cache), so the epoch finishes from the source.
+"""
+
+import os
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data._utils.collate import default_collate
+
+from . import CacheWarning, DatasetCache, encode_row
+from .autotune import AutoTune
+from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_into,
+                         read_rows)
+from .miss_pool import MissPool, encoded_sample, for_put
+
+__all__ = ["CachedLoader"]
+
+DEFAULT_THREADS = 2
+DEFAULT_PREFETCH = 4
+DEFAULT_PREFETCH_BYTES = 1 << 30
+_JOIN_S = 10.0
+
+
+def _setting(name, value, default):
+    """(value, auto) of a num_threads / prefetch argument."""
+    if value == "auto":
+        return default, True
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} is \"auto\" or an int >= 1, got {value!r}")
+    return value, False
+
+
+def _device(device, pin_memory):
+    """The torch.device batches go to (None: stay on the CPU); raises when
+    the options need CUDA and there is none."""
+    if not isinstance(pin_memory, bool):
+        raise TypeError(f"pin_memory must be True or False, got {pin_memory!r}")
+    dev = None if device is None else torch.device(device)
+    if dev is not None and dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(dev)!r} is not supported: use 'cpu' or 'cuda'")
+    if not torch.cuda.is_available():
+        if pin_memory:
+            raise RuntimeError("CUDA is not available: pin_memory=True pins batches "
+                               "for copies to a GPU; pass pin_memory=False")
+        if dev is not None and dev.type == "cuda":
+            raise RuntimeError(f"CUDA is not available: device={str(dev)!r} cannot "
+                               "receive batches; pass device=None or 'cpu'")
+    return None if dev is None or dev.type == "cpu" else dev
+
+
+def _tree_map(fn, batch):
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: _tree_map(fn, v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_tree_map(fn, v) for v in batch)
+    return batch
+
+
+class CachedLoader:
+    """DataLoader's arguments, in its order (`cache` and the loader's own
+    options by keyword); see the module for the contract.
+
+    dataset: a shmcache.torch.CachedDataset, or a map-style dataset to wrap
+      in CachedDataset(dataset, cache, name=name, allow_random=...).
+    num_workers: processes computing misses (0: in the loader's threads).
+    num_threads, prefetch: threads assembling batches and batches kept
+      ready ahead of the consumer; "auto" (default) tunes them at run time.
+    max_prefetch_bytes: the bound on prefetched batches' memory (auto).
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None,
+                 batch_sampler=None, num_workers=0, collate_fn=None,
+                 pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
+                 multiprocessing_context=None, generator=None, *, cache=None,
+                 prefetch="auto", num_threads="auto", transform=None,
+                 batch_transform=None, device=None,
+                 max_prefetch_bytes=DEFAULT_PREFETCH_BYTES, name=None,
+                 allow_random=False):
+        from .torch import CachedDataset
+        if not isinstance(dataset, CachedDataset):
+            if not isinstance(cache, DatasetCache):
+                raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "
+                                "cache=shmcache.DatasetCache(...)")
+            dataset = CachedDataset(dataset, cache, name=name, allow_random=allow_random)
+        elif cache is not None:
+            raise ValueError("cache= is for a plain dataset; this CachedDataset "
+                             "already has its cache")
+        if batch_size is None:
+            raise ValueError("batch_size=None (no batching) is not supported: use "
+                             "DataLoader(CachedDataset(...)) for single samples")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) \
+                or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        self.dataset = dataset
+        self.batch_sampler = _batch_sampler(dataset, batch_size, shuffle, sampler,
+                                            batch_sampler, drop_last, generator)
+        self.sampler = getattr(self.batch_sampler, "sampler", None)
+        self.batch_size = None if batch_sampler is not None else batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.collate_fn = collate_fn
+        self.pin_memory = pin_memory
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.batch_transform = batch_transform
+        self.transform = self._sample_transform(dataset.transform, transform)
+        self.device = _device(device, pin_memory)
+        threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
+        depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
+        self._tuner = AutoTune(threads, depth, auto_t, auto_p,
+                               max_threads=max(DEFAULT_THREADS, 2 * _cpus()),
+                               max_bytes=max_prefetch_bytes)
+        self._schema = None          # RowSchema, None (not seen yet), False (none)
+        # Buffers of batches in flight, prefetched, and held by the consumer,
+        # reused across passes (fresh memory costs more than the copy).
+        self._buffers = BufferPool(lambda: self._tuner.prefetch + self._tuner.threads + 2)
+        self._lock = threading.Lock()
+        self._counts = dict(batches=0, samples=0, hits=0, misses=0, bytes=0,
+                            wait_s=0.0, step_s=0.0, busy_s=0.0)
+
+    @staticmethod
+    def _sample_transform(first, second):
+        if first is None or second is None:
+            return first or second
+        return lambda sample: second(first(sample))
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        return _LoaderIter(self)
+
+    def flush(self, timeout=None):
+        """Waits until the rows this process queued for the cache are stored
+        (CachedDataset.flush)."""
+        return self.dataset.flush(timeout)
+
+    def stats(self):
+        """Counters since the loader was made (all its iterators) and the
+        current settings: batches, samples, hits, misses, hit_rate, bytes
+        (of batches delivered), bytes_per_s (over the consumer's steps),
+        wait_s and wait_fraction (the consumer waiting for batches), busy_s
+        (the loader threads assembling batches),
+        num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes,
+        read_path ("native" read_into or "python")."""
+        with self._lock:
+            c = dict(self._counts)
+        t = self._tuner
+        seen = c["hits"] + c["misses"]
+        c.update(hit_rate=c["hits"] / seen if seen else 0.0,
+                 bytes_per_s=c["bytes"] / c["step_s"] if c["step_s"] else 0.0,
+                 wait_fraction=c["wait_s"] / c["step_s"] if c["step_s"] else 0.0,
+                 num_threads=t.threads, prefetch=t.prefetch,
+                 auto_threads=t.auto_threads, auto_prefetch=t.auto_prefetch,
+                 tuning_changes=t.changes,
+                 read_path="native" if hasattr(self.dataset.cache, "read_into")
+                 else "python")
+        return c
+
+    def _count(self, **delta):
+        with self._lock:
+            for k, v in delta.items():
+                self._counts[k] += v
+
+
+def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
+                   drop_last, generator):
+    """The batch sampler DataLoader builds from the same arguments."""
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with "
+                             "batch_size, shuffle, sampler, and drop_last")
+        return batch_sampler
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if sampler is None:
+        sampler = RandomSampler(dataset, generator=generator) if shuffle \
+            else SequentialSampler(dataset)
+    return BatchSampler(sampler, batch_size, drop_last)
+
+
+def _cpus():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
+class _LoaderIter:
+    """One pass over the batch sampler. Its threads hold the _Pipeline, not
+    this object, so dropping the iterator (early break) closes them."""
+
+    def __init__(self, loader):
+        # As DataLoader: a seed from torch's generator, then the sampler.
+        base_seed = torch.empty((), dtype=torch.int64).random_(
+            generator=loader.generator).item()
+        batches = iter(loader.batch_sampler)
+        first = next(batches, None)
+        self._pipe = _Pipeline(loader, batches, first, base_seed)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._pipe.next()
+
+    def __len__(self):
+        return len(self._pipe.loader)
+
+    def close(self):
+        """Stops the threads and worker processes; later next() ends."""
+        self._pipe.close()
+
+    def __del__(self):
+        pipe = getattr(self, "_pipe", None)
+        if pipe is not None:
+            pipe.close()
+
+
+class _Pipeline:
+    """The threads of one pass: each takes the next batch number and its
+    indices from the sampler (at most `prefetch` batches ahead of the
+    consumer), assembles the batch, and files it under its number; the
+    consumer takes batches in number order. `cond` guards the counters."""
+
+    def __init__(self, loader, batches, first, base_seed):
+        self.loader = loader
+        self.cds = loader.dataset
+        self.tuner = loader._tuner
+        self.pin = loader.pin_memory or loader.device is not None
+        self.stage = _CudaStage(loader.device) if loader.device is not None else None
+        self.pool = None
+        if loader.num_workers > 0:
+            self.pool = MissPool(_worker_row, self.cds, loader.num_workers,
+                                 loader.multiprocessing_context, base_seed,
+                                 loader.worker_init_fn)
+        self._inline = threading.Lock()   # num_workers=0: one compute at a time
+        self.buffers = loader._buffers
+        self.cond = threading.Condition()
+        self._batches, self._first = batches, first
+        self.end = 0 if first is None else None   # batches in the pass, once known
+        self.next_no = self.consumed = 0
+        self.ready = {}         # batch number -> (ok, batch or exception, bytes)
+        self.live = 0
+        self.threads = []
+        self.stopped = False
+        self._last = None       # when the previous batch was returned
+        with self.cond:
+            self._spawn_locked()
+
+    # ---- threads --------------------------------------------------------
+
+    def _spawn_locked(self):
+        while self.live < self.tuner.threads and not self.stopped and \
+                (self.end is None or self.next_no < self.end):
+            self.live += 1
+            t = threading.Thread(target=self._run, daemon=True,
+                                 name=f"shmcache-loader-{len(self.threads)}")
+            self.threads.append(t)
+            t.start()
+
+    def _take_locked(self):
+        """(number, indices) of the next batch to assemble, or None when
+        this thread should end."""
+        while True:
+            if self.stopped or self.live > self.tuner.threads:
+                return None
+            if self.end is not None and self.next_no >= self.end:
+                return None
+            if self.next_no < self.consumed + self.tuner.prefetch:
+                break
+            self.cond.wait()
+        if self._first is not None:
+            indices, self._first = self._first, None
+        else:
+            indices = next(self._batches, None)
+            if indices is None:
+                self.end = self.next_no
+                self.cond.notify_all()
+                return None
+        self.next_no += 1
+        return self.next_no - 1, indices
+
+    def _run(self):
+        while True:
+            with self.cond:
+                job = self._take_locked()
+                if job is None:
+                    self.live -= 1
+                    self.cond.notify_all()
+                    return
+            t0 = time.monotonic()
+            try:
+                batch, nbytes = self._assemble(list(job[1]))
+                result = (True, batch, nbytes)
+            except BaseException as e:   # noqa: BLE001 -- raised to the consumer
+                result = (False, e, 0)
+            self.loader._count(busy_s=time.monotonic() - t0)
+            with self.cond:
+                if not self.stopped:
+                    self.ready[job[0]] = result
+                self.cond.notify_all()
+
+    # ---- consumer -------------------------------------------------------
+
+    def next(self):
+        t0 = time.monotonic()
+        item = self._wait_batch()
+        if item is None:
+            self.close()   # the pass ended: workers and threads go now
+            raise StopIteration
+        ok, batch, nbytes = item
+        now = time.monotonic()
+        waited, step = now - t0, now - (self._last or t0)
+        self._last = now
+        if not ok:
+            self.close()
+            raise batch
+        self.loader._count(batches=1, bytes=nbytes, wait_s=waited, step_s=step)
+        if self.tuner.observe(waited, step, nbytes, self.loader._counts["busy_s"],
+                              self.live):
+            with self.cond:
+                self._spawn_locked()
+                self.cond.notify_all()
+        return self.stage.finish(batch) if self.stage is not None else batch
+
+    def _wait_batch(self):
+        """The next batch's (ok, batch or exception, bytes); None at the end."""
+        timeout = self.loader.timeout or None
+        with self.cond:
+            while self.consumed not in self.ready:
+                if self.stopped or (self.end is not None and self.consumed >= self.end):
+                    return None
+                if not self.cond.wait(timeout) and timeout:
+                    raise RuntimeError(f"CachedLoader timed out after {timeout} "
+                                       "seconds waiting for a batch")
+            item = self.ready.pop(self.consumed)
+            self.consumed += 1
+            self.cond.notify_all()
+            return item
+
+    def close(self):
+        with self.cond:
+            if self.stopped:
+                return
+            self.stopped = True
+            self.cond.notify_all()
+            threads = list(self.threads)
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me:
+                t.join(_JOIN_S)
+        with self.cond:
+            self.ready.clear()
+
+    # ---- one batch ------------------------------------------------------
+
+    def _assemble(self, indices):
+        """(batch, bytes): see the module's contract."""
+        n, columns = len(indices), self.cds.columns
+        schema = self.loader._schema
+        bufs, filled = None, np.zeros(n, dtype=bool)
+        if schema:
+            bufs = schema.alloc(n, self.pin, self.buffers)
+            filled = read_into(self.cds.cache, indices, schema.read_targets(bufs),
+                               columns)
+        rest = np.flatnonzero(~filled).tolist()
+        rows = dict(zip(rest, self._rows([indices[p] for p in rest]))) if rest else {}
+        self.loader._count(samples=n, hits=n - len(rest))
+        if schema is None and rows:
+            schema = self._learn(rows[0])
+            bufs = schema.alloc(n, self.pin, self.buffers) if schema else None
+        direct = False   # the batch is the buffers (pinned when asked)
+        if schema and all(schema.fits(r) for r in rows.values()):
+            for p, r in rows.items():
+                schema.fill(bufs, p, r)
+            tensors = schema.tensors(bufs)
+            direct = self.loader.transform is None and self.loader.collate_fn is None
+            batch = schema.batch(tensors) if direct else \
+                self._collate([schema.sample(tensors, p) for p in range(n)])
+        else:
+            if schema is not None:
+                self.loader._schema = False   # rows of several layouts: collate
+            tensors = schema.tensors(bufs) if schema and filled.any() else None
+            batch = self._collate([schema.sample(tensors, p) if filled[p]
+                                   else decode_sample(rows[p], columns)
+                                   for p in range(n)])
+        if self.loader.batch_transform is not None:
+            batch = self.loader.batch_transform(batch)
+        nbytes = schema.nbytes(n) if schema else 0
+        if self.pin and not (direct and self.loader.batch_transform is None):
+            batch = _tree_map(lambda t: t.pin_memory(), batch)
+        if self.stage is not None:
+            batch = self.stage.stage(batch)
+        return batch, nbytes
+
+    def _learn(self, cols):
+        schema = RowSchema.of(cols, self.cds.columns) or False
+        if self.loader._schema is None:
+            self.loader._schema = schema
+        return schema
+
+    def _rows(self, ids):
+        """Per id the row's [(name, tag, array)]: from the cache (copies),
+        else computed (and queued for the cache)."""
+        rows = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
+        missing = [k for k, r in enumerate(rows) if r is None]
+        self.loader._count(hits=len(ids) - len(missing), misses=len(missing))
+        if missing:
+            stored = []     # rows a worker put into the cache
+            for k, cols in zip(missing, self._compute([ids[k] for k in missing])):
+                if cols is None:
+                    stored.append(k)
+                    continue
+                self.cds._store(ids[k], for_put(cols))
+                rows[k] = project(cols, self.cds.columns)
+            if stored:
+                again = read_rows(self.cds.cache, [ids[k] for k in stored],
+                                  self.cds.columns, copy=True)
+                for k, cols in zip(stored, again):
+                    # A row gone since (its session dropped): computed here.
+                    rows[k] = cols if cols is not None else project(
+                        encoded_sample(self.cds.dataset, ids[k]), self.cds.columns)
+        return rows
+
+    def _compute(self, ids):
+        if self.pool is not None:
+            return self.pool.compute(ids)
+        with self._inline:
+            return [encoded_sample(self.cds.dataset, i) for i in ids]
+
+    def _collate(self, samples):
+        if self.loader.transform is not None:
+            samples = [self.loader.transform(s) for s in samples]
+        return (self.loader.collate_fn or default_collate)(samples)
+
+
+def _worker_row(cds, index):
+    """In a worker process: computes row `index` of the CachedDataset's
+    dataset and puts it into the cache. None when the cache holds the row
+    now (the loader reads it from there), else its [(name, tag, array)]."""
+    encoded = encode_row(cds.dataset[index])
+    with warnings.catch_warnings():
+        # The trainer's process warns, once, when it retries the put.
+        warnings.simplefilter("ignore", CacheWarning)
+        if cds.cache.put_columns(index, encoded) or cds.cache.contains(index):
+            return None
+    return [(n, d or a.dtype.name, a) for n, a, d in encoded]
+
+
+class _CudaStage:
+    """Copies batches to a CUDA device on a side stream in the loader's
+    threads; the consumer's stream waits for the copy (data sinking)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def stage(self, batch):
+        with torch.cuda.stream(self.stream):
+            gpu = _tree_map(lambda t: t.to(self.device, non_blocking=True), batch)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return gpu, event
+
+    def finish(self, staged):
+        gpu, event = staged
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+
+        def keep(t):
+            t.record_stream(current)
+            return t
+        return _tree_map(keep, gpu)
+
