@@ -173,7 +173,8 @@ def test_memory_rows_of_a_spilling_cache_are_still_zero_copy(spill_server):
         assert c.put(i, rows[i])
     assert c.stats()["disk_rows"] > 0
     mem, disk = 0, 599                     # the first rows stay in memory
-    assert c.view(mem).ctypes.data == c.view(mem).ctypes.data
-    assert c.view(disk).ctypes.data != c.view(disk).ctypes.data
+    m1, m2, d1, d2 = c.view(mem), c.view(mem), c.view(disk), c.view(disk)
+    assert m1.ctypes.data == m2.ctypes.data       # the same shared bytes
+    assert d1.ctypes.data != d2.ctypes.data       # private copies
     for i in (mem, disk):
         np.testing.assert_array_equal(c.view(i), rows[i])

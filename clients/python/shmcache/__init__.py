@@ -352,12 +352,12 @@ class DatasetCache:
         self._full = False        # puts are refused (and counted) by the cache
         self._warned = False
         self._warned_row = False  # a row the cache cannot take was dropped
-        self.bytes_read = 0       # bytes of columns returned by get/view
+        self._bytes_read = 0      # bytes of columns returned by get_columns
 
     def __getstate__(self):
         state = self.__dict__.copy()
         for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
-                  "_full", "_warned", "_warned_row", "bytes_read"):
+                  "_full", "_warned", "_warned_row", "_bytes_read"):
             state.pop(k, None)
         return state
 
@@ -517,7 +517,7 @@ class DatasetCache:
             self._warn(e)
             return None
         if cols is not None:
-            self.bytes_read += sum(a.nbytes for _, _, a in cols)
+            self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
     def get_batch_columns(self, row_ids, copy=True):
@@ -534,27 +534,28 @@ class DatasetCache:
             self._dead = True
             self._warn(e)
             return [None] * len(ids)
-        self.bytes_read += sum(a.nbytes for cols in rows if cols is not None
+        self._bytes_read += sum(a.nbytes for cols in rows if cols is not None
                                for _, _, a in cols)
         return rows
 
     def _read(self, row_id, columns, copy, torch):
         """The finished row (numpy arrays, or tensors when torch) or None;
         what get and CachedDataset hand out."""
-        row_id = self._check_id(row_id)
-        names = None if columns is None else _column_names(columns)
-        c = self._open()
+        # The common case first: this is the per-sample path.
+        if type(row_id) is not int or not 0 <= row_id <= MAX_ROW_ID:
+            row_id = self._check_id(row_id)
+        c = self._cache or self._open()
         if c is None:
             return None
         try:
-            row, nbytes = c.read(row_id, names, copy, torch,
-                                 isinstance(columns, (str, int)))
+            if columns is None:
+                return c.read(row_id, None, copy, torch)
+            return c.read(row_id, _column_names(columns), copy, torch,
+                          isinstance(columns, (str, int)))
         except Error as e:
             self._dead = True
             self._warn(e)
             return None
-        self.bytes_read += nbytes
-        return row
 
     def _read_batch(self, row_ids, copy, torch):
         """_read of many rows: a list with the row or None per id. Memory
@@ -565,13 +566,18 @@ class DatasetCache:
         if c is None:
             return [None] * len(ids)
         try:
-            rows, nbytes = c.read_batch(ids, copy, torch)
+            return c.read_batch(ids, copy, torch)
         except Error as e:
             self._dead = True
             self._warn(e)
             return [None] * len(ids)
-        self.bytes_read += nbytes
-        return rows
+
+    @property
+    def bytes_read(self):
+        """Bytes of the columns this object's reads returned (get, view,
+        get_batch, get_columns, CachedDataset hits)."""
+        c = self._cache
+        return self._bytes_read + (c.bytes_read if c is not None else 0)
 
     def get_batch(self, row_ids, copy=True):
         """get() of many rows: a list with the row or None per id."""

@@ -1,10 +1,14 @@
 // _shmcache: the pybind11 binding of libshmcache, used by the `shmcache`
 // Python package (see __init__.py for the user-facing API).
 //
-// Rows cross the boundary as lists of (name, dtype_name, array) triples.
-// Hits can be zero-copy: the arrays then point into shared memory, are
-// read-only, and hold a reference that keeps the Cache (and so its
-// mappings) alive. The GIL is released around every call into the library.
+// Rows cross the boundary two ways: read / read_batch return them finished
+// (a bare value, tuple or dict of numpy arrays or torch tensors, as put
+// stored them), and get / get_batch as lists of (name, dtype_name, array)
+// triples. Hits can be zero-copy: the arrays then point into shared memory
+// (which this process maps read-only), are read-only numpy arrays, and hold
+// a reference that keeps the Cache (and so its mappings) alive. The GIL is
+// released around every call into the library that may wait (the daemon,
+// large copies); a hit in memory is read with it held.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -111,7 +115,7 @@ DType FromNumpy(const py::dtype& dt) {
                        py::str(static_cast<py::object>(dt)).cast<std::string>());
 }
 
-py::dtype ToNumpy(DType t) {
+py::dtype MakeNumpyType(DType t) {
   switch (t) {
     case DType::kUInt8: return py::dtype("uint8");
     case DType::kInt8: return py::dtype("int8");
@@ -129,6 +133,22 @@ py::dtype ToNumpy(DType t) {
     case DType::kBytes: return py::dtype("uint8");
   }
   throw Error("row holds an unknown dtype");
+}
+
+// The numpy dtype of a column. Built once per type: parsing a dtype name
+// costs more than the rest of a small hit. (Leaked: never released after
+// the interpreter is gone.)
+py::dtype ToNumpy(DType t) {
+  static auto* types = [] {
+    auto* v = new std::vector<py::dtype>;
+    for (int i = 0; i < shmcache::kNumDTypes; ++i) {
+      v->push_back(MakeNumpyType(static_cast<DType>(i)));
+    }
+    return v;
+  }();
+  auto i = static_cast<size_t>(t);
+  if (i >= types->size()) throw Error("row holds an unknown dtype");
+  return (*types)[i];
 }
 
 void MakeReadOnly(py::array& a) {
@@ -189,6 +209,8 @@ struct PyCache {
   // one, and fork() (which holds the GIL) never finds the list half-changed.
   // Declared after `cache`: destroyed (threads joined) before it.
   std::vector<std::unique_ptr<shmcache::BatchReader>> idle_readers;
+  // Bytes of the columns read() and read_batch() handed out.
+  uint64_t bytes_read = 0;
 };
 using PyCachePtr = std::shared_ptr<PyCache>;
 
@@ -497,7 +519,7 @@ class RowBuilder {
     DType out = OutType(c.dtype, leaf_);
     bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
     // torch reads a bfloat16 column through an int16 array.
-    py::dtype dt = torch_bf16 ? py::dtype("int16") : ToNumpy(out);
+    py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
     std::vector<py::ssize_t> shape(c.shape.begin(), c.shape.end());
     py::array a;
     if (base && out == c.dtype) {
@@ -551,24 +573,25 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
 }
 
 // read(id, columns=None, copy=True, torch=False, single=False)
-//   -> (row or None, bytes of its columns)
-py::tuple Read(const PyCachePtr& self, uint64_t id,
+//   -> row or None
+py::object Read(const PyCachePtr& self, uint64_t id,
                std::optional<std::vector<std::string>> columns, bool copy,
                bool torch, bool single) {
   shmcache::RowView view;
   Status status;
   std::vector<shmcache::Row> disk;
   ViewRows(*self->cache, std::span(&id, 1), &view, &status, &disk);
-  if (status.IsNotFound()) return py::make_tuple(py::none(), 0);
+  if (status.IsNotFound()) return py::none();
   Check(status);
   RowBuilder b(self, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
   py::object row = b.Build(id, view, columns ? &*columns : nullptr, single);
   b.Copy();
-  return py::make_tuple(std::move(row), b.bytes());
+  self->bytes_read += b.bytes();
+  return row;
 }
 
-// read_batch(ids, copy=True, torch=False) -> ([row or None per id], bytes)
-py::tuple ReadBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
+// read_batch(ids, copy=True, torch=False) -> [row or None per id]
+py::list ReadBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
                     bool copy, bool torch) {
   std::vector<shmcache::RowView> views(ids.size());
   std::vector<Status> statuses(ids.size());
@@ -585,7 +608,8 @@ py::tuple ReadBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
     out[i] = b.Build(ids[i], views[i], nullptr, false);
   }
   b.Copy();
-  return py::make_tuple(std::move(out), b.bytes());
+  self->bytes_read += b.bytes();
+  return out;
 }
 
 // column_dtypes(ids, names) -> [dtype name or None per name] of the first
@@ -689,10 +713,12 @@ PYBIND11_MODULE(_shmcache, m) {
            "For each id, a list of (name, dtype, array) or None on a miss.")
       .def("read", &Read, py::arg("id"), py::arg("columns") = py::none(),
            py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
-           "(row as put stored it, or None on a miss; bytes of its columns).")
+           "The row as put stored it, or None on a miss.")
       .def("read_batch", &ReadBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("torch") = false,
-           "([row or None per id], bytes of their columns).")
+           "[row or None per id].")
+      .def_property_readonly("bytes_read", [](PyCache& self) { return self.bytes_read; },
+                             "Bytes of the columns read and read_batch returned.")
       .def("column_dtypes", &ColumnDTypes, py::arg("ids"), py::arg("names"),
            "Stored dtype names of the named columns in the first cached row of ids.")
       .def("read_into", &ReadInto, py::arg("ids"), py::arg("targets"),
