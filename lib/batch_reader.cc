@@ -19,6 +19,9 @@ namespace {
 // Rows are looked up in windows of this many ids (ViewBatch overlaps their
 // cache misses; the views fit on the stack).
 constexpr size_t kWindow = 64;
+// A helper thread is woken for at least this many bytes of rows: below,
+// the hand-off costs more than the copy it would share.
+constexpr size_t kMinShareBytes = 256 << 10;
 
 // The row's column for each target, when every one matches exactly.
 bool Match(const RowView& row, std::span<const ColumnTarget> targets,
@@ -104,6 +107,10 @@ class BatchReader::Pool {
   // Runs fn(k) for every k in [0, shares), on the helpers and the caller;
   // returns when all are done.
   void Run(size_t shares, const std::function<void(size_t)>& fn) {
+    if (shares <= 1 || threads_.empty()) {  // no helper to wake and wait for
+      for (size_t k = 0; k < shares; ++k) fn(k);
+      return;
+    }
     {
       std::lock_guard lock(mu_);
       fn_ = &fn;
@@ -176,7 +183,10 @@ Status BatchReader::ReadInto(std::span<const uint64_t> ids,
                              uint8_t* hit) {
   AfterFork();
   const size_t n = ids.size();
-  size_t shares = std::min(n, pool_->size());
+  size_t row_bytes = 0;
+  for (const ColumnTarget& t : targets) row_bytes += t.row_stride_bytes;
+  size_t shares = std::clamp<size_t>(n * row_bytes / kMinShareBytes, 1, pool_->size());
+  shares = std::min(shares, n);
   std::vector<ShareResult> results(shares);
   pool_->Run(shares, [&](size_t k) {
     ReadShare(cache_, ids, n * k / shares, n * (k + 1) / shares, targets, hit,

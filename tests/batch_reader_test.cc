@@ -15,8 +15,10 @@
 namespace shmcache::test {
 namespace {
 
-constexpr int64_t kImgShape[] = {4, 8};  // 32 bytes of uint8 per row
-constexpr size_t kImgBytes = 32;
+// 4 KB rows: a batch of a few hundred is large enough for BatchReader to
+// split it among its threads.
+constexpr int64_t kImgShape[] = {64, 64};
+constexpr size_t kImgBytes = 64 * 64;
 constexpr uint8_t kUntouched = 0xAB;
 
 std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
@@ -71,7 +73,7 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
   ASSERT_TRUE(server.ok()) << server.start_result().Describe();
   auto cache = OpenCache(server, server.NewSession());
   ASSERT_TRUE(cache);
-  const int64_t wide[] = {8, 4};
+  const int64_t wide[] = {32, 128};
   for (uint64_t id = 0; id < 300; ++id) {
     if (id % 7 == 0) continue;  // a miss
     Status s = id == 50   ? PutRow(cache.get(), id, wide)
@@ -113,7 +115,7 @@ TEST(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
     auto cache = OpenCache(server, server.NewSession(), 1, true);
     ASSERT_TRUE(cache);
-    const size_t n = 40000;  // ~3 MB of rows in a 1 MB cache: most spill
+    const size_t n = 1000;  // ~4 MB of rows in a 1 MB cache: most spill
     for (uint64_t id = 0; id < n; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
     CacheStats st;
     ASSERT_TRUE(cache->GetStats(&st).ok());
@@ -154,10 +156,10 @@ TEST(BatchReaderForkTest, AForkedChildReadsWithItsOwnThreads) {
   ASSERT_TRUE(server.ok());
   auto cache = OpenCache(server, server.NewSession());
   ASSERT_TRUE(cache);
-  for (uint64_t id = 0; id < 64; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
+  for (uint64_t id = 0; id < 300; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
   BatchReader reader(cache.get(), 3);
-  std::vector<uint64_t> ids(64);
-  for (uint64_t id = 0; id < 64; ++id) ids[id] = id;
+  std::vector<uint64_t> ids(300);
+  for (uint64_t id = 0; id < 300; ++id) ids[id] = id;
   Batch parent(ids.size());
   ASSERT_TRUE(reader.ReadInto(ids, parent.targets, parent.hit.data()).ok());
   pid_t pid = ForkChild([&] {

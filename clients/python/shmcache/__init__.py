@@ -21,6 +21,7 @@ RuntimeError for a non-local host, a session that does not exist, or a
 cache name reused for a different pipeline.
 """
 
+import math
 import os
 import threading
 import warnings
@@ -225,7 +226,7 @@ def _target_spec(name, buf, n):
             raise ValueError(f"column {name!r}: the array is not in native byte order")
         dtype = "bool" if buf.dtype.kind == "b" else buf.dtype.name
         shape, address = buf.shape, buf.ctypes.data
-        stride = buf.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        stride = buf.dtype.itemsize * math.prod(shape[1:])
         is_torch = False
     elif type(buf).__module__.startswith("torch"):
         import torch
@@ -239,7 +240,7 @@ def _target_spec(name, buf, n):
             raise TypeError(f"column {name!r}: a cache column has no {buf.dtype} "
                             f"(use one of {', '.join(_TORCH_DTYPE_NAMES)})")
         shape, address = tuple(buf.shape), buf.data_ptr()
-        stride = buf.element_size() * int(np.prod(shape[1:], dtype=np.int64))
+        stride = buf.element_size() * math.prod(shape[1:])
         is_torch = True
     else:
         raise TypeError(f"column {name!r}: out holds numpy arrays or torch "
