@@ -54,7 +54,9 @@ class BatchReader {
   // hit[i] = 0 and row i of every target is left untouched (a column of
   // another dtype or shape makes the row a miss for this call, never a
   // partial write). Rows are split among the threads, each copying whole
-  // rows; memory rows are found with ViewBatch.
+  // rows (one thread per 256 KB of target rows at most: a smaller batch is
+  // copied by the calling thread alone); memory rows are found with
+  // ViewBatch. In a forked child the reader starts its own threads.
   // Errors: what the Cache returns when it cannot be used (e.g. InvalidArgument
   // once closed, NotFound for a destroyed session) or when a spilled row
   // cannot be fetched (Unavailable); then every hit[i] = 0 and rows already
