@@ -442,47 +442,65 @@ struct PendingCopy {
   }
 };
 
+// A C-contiguous array of `dt` and `shape`: over `data` (kept alive by
+// `base`, writable only when `writable`) or, without data, newly allocated.
+// The numpy C API directly: this is most of the cost of a small hit.
+py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape,
+                   const void* data, py::handle base, bool writable) {
+  constexpr size_t kMaxDims = 32;  // numpy's limit
+  if (shape.size() > kMaxDims) throw Error("a column has more dimensions than numpy allows");
+  Py_intptr_t dims[kMaxDims];
+  for (size_t i = 0; i < shape.size(); ++i) dims[i] = static_cast<Py_intptr_t>(shape[i]);
+  auto& api = py::detail::npy_api::get();
+  int flags = data != nullptr && writable ? py::detail::npy_api::NPY_ARRAY_WRITEABLE_ : 0;
+  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, dt.inc_ref().ptr(),
+                                          static_cast<int>(shape.size()), dims, nullptr,
+                                          const_cast<void*>(data), flags, nullptr);
+  if (a == nullptr) throw py::error_already_set();
+  auto out = py::reinterpret_steal<py::array>(a);
+  if (data != nullptr && api.PyArray_SetBaseObject_(a, base.inc_ref().ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return out;
+}
+
 // Builds the objects of rows: objects are allocated with the GIL held and
 // filled by Copy() after, without it for large rows.
 class RowBuilder {
  public:
-  // zero_copy: columns of rows in shared memory become arrays over it
-  // (read-only numpy arrays; tensors over memory this process maps
-  // PROT_READ, so an in-place write faults), kept mapped by a reference to
-  // the cache. Otherwise, and for rows not in shared memory, a copy.
-  RowBuilder(const PyCachePtr& cache, Leaf leaf, bool zero_copy)
-      : cache_(cache), leaf_(leaf), zero_copy_(zero_copy) {}
+  // owner: the Python Cache object. zero_copy: columns of rows in shared
+  // memory become arrays over it (read-only numpy arrays; tensors over
+  // memory this process maps PROT_READ, so an in-place write faults), which
+  // keep `owner` (and so the mappings) alive. Otherwise, and for rows not
+  // in shared memory, a copy.
+  RowBuilder(py::handle owner, Leaf leaf, bool zero_copy)
+      : owner_(owner), leaf_(leaf), zero_copy_(zero_copy) {}
 
   // names: the columns wanted, in order (KeyError naming one the row
   // lacks); null for all. single: the one column's value itself.
   py::object Build(uint64_t id, const shmcache::RowView& row,
                    const std::vector<std::string>* names, bool single) {
-    py::object base;
-    if (zero_copy_ && row.in_shared_memory()) base = KeepAlive(cache_);
+    py::handle base = zero_copy_ && row.in_shared_memory() ? owner_ : py::handle();
     size_t n = names ? names->size() : row.num_columns();
-    std::vector<std::pair<std::string_view, py::object>> cols;
-    cols.reserve(n);
-    bool positional = true;
-    for (size_t i = 0; i < n; ++i) {
-      std::optional<ColumnView> c;
-      if (names) {
-        c = row.find((*names)[i]);
-        if (!c) throw py::key_error("row " + std::to_string(id) + " has no column '" +
-                                    (*names)[i] + "'");
-      } else {
-        c = row.column(i);
-      }
-      positional = positional && !c->name.empty() && c->name[0] == '#';
-      cols.emplace_back(c->name, Value(*c, base));
+    if (n == 1) {  // the common bare value: nothing to assemble
+      ColumnView c = Find(id, row, names, 0);
+      if (single || c.name == "#") return Value(c, base);
     }
-    if (single || (n == 1 && cols[0].first == "#")) return cols[0].second;
+    bool positional = true;
+    for (size_t i = 0; i < n && positional; ++i) {
+      std::string_view name = names ? std::string_view((*names)[i]) : row.column(i).name;
+      positional = !name.empty() && name[0] == '#';
+    }
     if (positional) {
       py::tuple t(n);
-      for (size_t i = 0; i < n; ++i) t[i] = std::move(cols[i].second);
+      for (size_t i = 0; i < n; ++i) t[i] = Value(Find(id, row, names, i), base);
       return t;
     }
     py::dict d;
-    for (auto& [name, v] : cols) d[py::str(name.data(), name.size())] = std::move(v);
+    for (size_t i = 0; i < n; ++i) {
+      ColumnView c = Find(id, row, names, i);
+      d[py::str(c.name.data(), c.name.size())] = Value(c, base);
+    }
     return d;
   }
 
@@ -497,6 +515,17 @@ class RowBuilder {
   uint64_t bytes() const { return bytes_; }
 
  private:
+  static ColumnView Find(uint64_t id, const shmcache::RowView& row,
+                         const std::vector<std::string>* names, size_t i) {
+    if (names == nullptr) return row.column(i);
+    std::optional<ColumnView> c = row.find((*names)[i]);
+    if (!c) {
+      throw py::key_error("row " + std::to_string(id) + " has no column '" +
+                          (*names)[i] + "'");
+    }
+    return *c;
+  }
+
   void CopyNow() {
     for (const PendingCopy& p : pending_) p.Run();
     pending_.clear();
@@ -520,13 +549,13 @@ class RowBuilder {
     bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
     // torch reads a bfloat16 column through an int16 array.
     py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
-    std::vector<py::ssize_t> shape(c.shape.begin(), c.shape.end());
     py::array a;
     if (base && out == c.dtype) {
-      a = py::array(dt, shape, {}, c.data, base);
-      if (leaf_ == Leaf::kNumpy) MakeReadOnly(a);
+      // Tensors need a writable-flagged array (torch warns otherwise); the
+      // memory itself is read-only.
+      a = NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch);
     } else {
-      a = py::array(dt, shape);
+      a = NewArray(dt, c.shape, nullptr, base, true);
       Later(c, out, a.mutable_data());
     }
     if (leaf_ == Leaf::kNumpy) return a;
@@ -534,7 +563,7 @@ class RowBuilder {
     return torch_bf16 ? t.attr("view")(Torch().bfloat16) : t;
   }
 
-  PyCachePtr cache_;
+  py::handle owner_;
   Leaf leaf_;
   bool zero_copy_;
   std::vector<PendingCopy> pending_;
@@ -574,30 +603,32 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
 
 // read(id, columns=None, copy=True, torch=False, single=False)
 //   -> row or None
-py::object Read(const PyCachePtr& self, uint64_t id,
+py::object Read(py::handle owner, uint64_t id,
                std::optional<std::vector<std::string>> columns, bool copy,
                bool torch, bool single) {
+  PyCache& self = owner.cast<PyCache&>();
   shmcache::RowView view;
   Status status;
   std::vector<shmcache::Row> disk;
-  ViewRows(*self->cache, std::span(&id, 1), &view, &status, &disk);
+  ViewRows(*self.cache, std::span(&id, 1), &view, &status, &disk);
   if (status.IsNotFound()) return py::none();
   Check(status);
-  RowBuilder b(self, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
+  RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
   py::object row = b.Build(id, view, columns ? &*columns : nullptr, single);
   b.Copy();
-  self->bytes_read += b.bytes();
+  self.bytes_read += b.bytes();
   return row;
 }
 
 // read_batch(ids, copy=True, torch=False) -> [row or None per id]
-py::list ReadBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
+py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
                     bool copy, bool torch) {
+  PyCache& self = owner.cast<PyCache&>();
   std::vector<shmcache::RowView> views(ids.size());
   std::vector<Status> statuses(ids.size());
   std::vector<shmcache::Row> disk;
-  ViewRows(*self->cache, ids, views.data(), statuses.data(), &disk);
-  RowBuilder b(self, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
+  ViewRows(*self.cache, ids, views.data(), statuses.data(), &disk);
+  RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
   py::list out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     if (statuses[i].IsNotFound()) {
@@ -608,7 +639,7 @@ py::list ReadBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
     out[i] = b.Build(ids[i], views[i], nullptr, false);
   }
   b.Copy();
-  self->bytes_read += b.bytes();
+  self.bytes_read += b.bytes();
   return out;
 }
 
