@@ -2,7 +2,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <memory>
 #include <vector>
 
@@ -107,6 +109,43 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, BatchReaderTest, ::testing::Values(0, 1, 3));
+
+// Readers of their own in several threads, while a writer adds rows: every
+// hit is a whole, right row; rows written before the reads began are hits.
+TEST(BatchReaderConcurrencyTest, ReadersInThreadsWhileAWriterPuts) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const uint64_t kBefore = 400, kAll = 1200;
+  for (uint64_t id = 0; id < kBefore; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
+  std::atomic<bool> bad{false};
+  std::thread writer([&] {
+    for (uint64_t id = kBefore; id < kAll; ++id) {
+      if (!PutRow(cache.get(), id).ok()) bad = true;
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&, r] {
+      BatchReader reader(cache.get(), 2);
+      std::vector<uint64_t> ids(kAll);
+      for (int round = 0; round < 5; ++round) {
+        for (uint64_t k = 0; k < kAll; ++k) ids[k] = (k * 7 + r + round) % kAll;
+        Batch b(ids.size());
+        if (!reader.ReadInto(ids, b.targets, b.hit.data()).ok()) bad = true;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (b.hit[i] ? !b.RowIs(i, ids[i]) : (ids[i] < kBefore || !b.RowUntouched(i))) {
+            bad = true;
+          }
+        }
+      }
+    });
+  }
+  writer.join();
+  for (std::thread& t : readers) t.join();
+  EXPECT_FALSE(bad.load());
+}
 
 TEST(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
   std::string spill = MakeTempDir(TestTmpRoot(), "spill");
