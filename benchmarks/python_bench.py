@@ -4,7 +4,11 @@
 
 Sections, each skipped with its reason when what it needs is missing:
   python     get / view / put through shmcache.DatasetCache, next to a
-             numpy random-row copy (the Python-side memcpy limit);
+             numpy random-row copy (the Python-side memcpy limit); at 3 KB
+             also py-lmdb get + np.frombuffer + copy of the same rows and
+             CachedDataset[i], with the ratios of the targets;
+  read_into  batches of 588 KB rows assembled by DatasetCache.read_into
+             (2 threads) vs numpy copying the same rows with 2 threads;
   dataloader a PyTorch DataLoader (2 workers) over a generated folder of
              JPEGs (PIL decode, resize to 224, normalize): epoch without
              cache, first epoch with cache (background puts, the default;
@@ -142,9 +146,110 @@ def bench_python(args, out, shmcache):
                     timed_rate(args.seconds, lambda i: native.get(i, None, True), ids))
             out.add("view", "python", "native Cache.get view", size, 1,
                     timed_rate(args.seconds, lambda i: native.get(i, None, False), ids))
+            if size == SIZES[0]:
+                bench_vs_lmdb(args, out, cache, src, ids)
             cache.close()
         finally:
             client.destroy_session(session)
+
+
+def bench_vs_lmdb(args, out, cache, src, ids):
+    """The Python targets at 3 KB: get and view vs py-lmdb, CachedDataset[i]."""
+    size = src.shape[1]
+    get = out.results[-4]["rows_per_s"]       # DatasetCache.get, view above
+    view = out.results[-3]["rows_per_s"]
+    try:
+        import lmdb
+    except ImportError as e:
+        out.skip("python.lmdb", f"py-lmdb is not installed ({e})")
+        return
+    path = os.path.join(args.workdir, f"lmdb-{size}")
+    env = lmdb.open(path, map_size=4 * src.nbytes + (64 << 20), readahead=False)
+    with env.begin(write=True) as txn:
+        for i in range(src.shape[0]):
+            txn.put(i.to_bytes(8, "big"), src[i].tobytes())
+    keys = [int(i).to_bytes(8, "big") for i in ids]
+
+    def lmdb_get(k):
+        with env.begin(buffers=True) as txn:
+            return np.frombuffer(txn.get(k), dtype=np.uint8).copy()
+    lm = timed_rate(args.seconds, lmdb_get, keys)
+    out.add("get", "py-lmdb", "get+frombuffer+copy", size, 1, lm)
+    env.close()
+    import torch  # noqa: F401
+    from torch.utils.data import Dataset
+    from shmcache.torch import CachedDataset
+
+    class Rows(Dataset):
+        def __len__(self):
+            return src.shape[0]
+
+        def __getitem__(self, i):
+            return src[i]
+
+        def __repr__(self):
+            return f"Rows({src.shape})"
+    cds = CachedDataset(Rows(), cache, async_puts=False)
+    for i in range(src.shape[0]):
+        cds[i]                                   # misses: fill the cache
+    cd = timed_rate(args.seconds, cds.__getitem__, ids)
+    out.add("get", "python", "CachedDataset[i]", size, 1, cd)
+    out.value("python.get_vs_lmdb", get / lm)
+    out.value("python.view_vs_lmdb", view / lm)
+    out.value("python.cached_dataset_vs_lmdb", cd / lm)
+
+
+# ---- read_into: batches of decoded images ---------------------------------
+
+def bench_read_into(args, out, shmcache, threads=2, batch=64):
+    from concurrent.futures import ThreadPoolExecutor
+    shape = (3, 224, 224)                        # float32: 588 KB a row
+    row = int(np.prod(shape)) * 4
+    n = max(2 * batch, (args.working_set_mb << 20) // row)
+    rng = np.random.default_rng(2)
+    src = rng.standard_normal((n,) + shape, dtype=np.float32)
+    dst = np.empty((batch,) + shape, dtype=np.float32)
+    batches = [rng.integers(0, n, batch) for _ in range(64)]
+
+    pool = ThreadPoolExecutor(threads - 1) if threads > 1 else None
+
+    def numpy_copy(ids):
+        # The memcpy reference: the same bytes as one contiguous block per
+        # thread (np.copyto copies in C with the GIL released), at a random
+        # place in the working set, on threads kept between batches.
+        start = int(ids[0]) % (n - batch)
+
+        def part(k):
+            lo, hi = batch * k // threads, batch * (k + 1) // threads
+            np.copyto(dst[lo:hi], src[start + lo:start + hi])
+        futures = [pool.submit(part, k) for k in range(1, threads)] if pool else []
+        part(0)
+        for f in futures:
+            f.result()
+    ref = timed_rate(args.seconds, numpy_copy, batches) * batch
+    out.add("batch", "numpy", f"block memcpy, {threads} threads", row, 1, ref)
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        cache = shmcache.DatasetCache(session, port=args.port, name="read-into",
+                                      read_threads=threads)
+        for i in range(n):
+            if not cache.put(i, src[i]):
+                raise RuntimeError(f"put of row {i} was dropped")
+        if not cache.read_into(batches[0], dst).all() or \
+                not np.array_equal(dst[5], src[batches[0][5]]):
+            raise RuntimeError("read_into returned wrong rows")
+        got = timed_rate(args.seconds, lambda ids: cache.read_into(ids, dst),
+                         batches) * batch
+        out.add("batch", "python", f"read_into, {threads} threads", row, 1, got)
+        out.value("read_into.vs_memcpy", got / ref)
+        cache.close()
+    finally:
+        client.destroy_session(session)
+        if pool:
+            pool.shutdown()
+        if pool:
+            pool.shutdown()
 
 
 # ---- dataloader: decoded-image pipeline end to end ------------------------
@@ -435,7 +540,7 @@ def main():
     ap.add_argument("--later_epochs", type=int, default=2)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--python_build", default="yes")
-    ap.add_argument("--sections", default="python,dataloader,prefill,shared")
+    ap.add_argument("--sections", default="python,read_into,dataloader,prefill,shared")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Out()
@@ -447,7 +552,8 @@ def main():
     except ImportError as e:
         shmcache = None
         reason = f"the Python package is not available ({e})"
-    for name, fn in (("python", bench_python), ("dataloader", bench_dataloader),
+    for name, fn in (("python", bench_python), ("read_into", bench_read_into),
+                     ("dataloader", bench_dataloader),
                      ("prefill", bench_prefill), ("shared", bench_shared)):
         if name not in args.sections.split(","):
             continue

@@ -205,6 +205,18 @@ def targets(d):
             f"{oh:.0f} B", "<= 64 B", round(oh) <= 64)
     else:
         row("per-row memory overhead", "not measured", "—", "<= 64 B", None)
+    for key, label, target, want in (
+            ("python.get_vs_lmdb", "Python DatasetCache.get vs py-lmdb get+frombuffer+copy, 3 KB",
+             ">= 1.0x", 1.0),
+            ("python.view_vs_lmdb", "Python DatasetCache.view vs py-lmdb get+frombuffer+copy, 3 KB",
+             ">= 2x", 2.0),
+            ("python.cached_dataset_vs_lmdb",
+             "CachedDataset[i] vs py-lmdb get+frombuffer+copy, 3 KB", ">= 0.5x", 0.5),
+            ("read_into.vs_memcpy", "read_into batches of 588 KB rows (2 threads) vs memcpy "
+             "of the same bytes (2 threads)", ">= 0.7x", 0.7)):
+        r = v.get(key)
+        row(label, "measured in one run" if r is not None else "not measured",
+            f"{r:.2f}x" if r is not None else "—", target, r is not None and r >= want)
     speed = v.get("dataloader.steady_speedup")
     first = v.get("dataloader.first_epoch_ratio")
     if speed is not None:
@@ -283,6 +295,10 @@ def throughput_rows(d):
         ("view", "python", "DatasetCache.view", "Python DatasetCache.view"),
         ("put", "python", "DatasetCache.put", "Python DatasetCache.put"),
         ("put", "python", "DatasetCache.put_batch 64", "Python DatasetCache.put_batch of 64"),
+        ("get", "python", "CachedDataset[i]", "Python CachedDataset[i]"),
+        ("get", "py-lmdb", "get+frombuffer+copy", "py-lmdb get+frombuffer+copy"),
+        ("batch", "python", None, "Python read_into (batch of 64)"),
+        ("batch", "numpy", None, "memcpy of a batch, numpy (reference)"),
         ("get", "numpy", None, "Python numpy row copy (reference)"),
         ("get", "redis", "GET", "Redis GET"),
         ("get", "redis", "GET pipelined x32", "Redis GET pipelined x32"),

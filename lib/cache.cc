@@ -105,14 +105,14 @@ Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
     return Status::OK();
   }
   std::string path = client_->paths().SegmentFile(cache_id_, seg_no);
-  ShmFile f;
-  Status s = ShmFile::Open(path, &f);
+  ShmFile f, read_only;
+  Status s = ShmFile::Open(path, &f, &read_only);
   if (!s.ok()) return s;
   if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
     return Status::Corruption(path + ": " + bad);
   }
   int node = static_cast<int>(reinterpret_cast<layout::SegmentHeader*>(f.data())->node);
-  *out = segments_.Insert(seg_no, std::move(f), node);
+  *out = segments_.Insert(seg_no, std::move(f), std::move(read_only), node);
   return *out ? Status::OK() : Status::Corruption("segment number out of range");
 }
 
@@ -126,11 +126,12 @@ Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
   if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0) {
     return Status::Corruption("index entry points outside its segment");
   }
-  if (!RowCodec::DecodeHeader(reinterpret_cast<const std::byte*>(seg->base + off),
+  if (!RowCodec::DecodeHeader(reinterpret_cast<const std::byte*>(seg->read_base + off),
                               seg->size - off, id, view)) {
     return Status::Corruption(
         fmt::format("index entry for row {} points at a row that does not match", id));
   }
+  view->in_shared_memory_ = true;
   *node = seg->node;
   return Status::OK();
 }
@@ -225,7 +226,7 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
     if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
     if (const MappedSegment* seg = segments_.Find(layout::LocationSegment(locs[i]))) {
       uint64_t off = layout::LocationOffset(locs[i]);
-      if (off < seg->size) __builtin_prefetch(seg->base + off);
+      if (off < seg->size) __builtin_prefetch(seg->read_base + off);
     }
   }
 }

@@ -165,6 +165,7 @@ bool RowCodec::DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
   }
   out->bytes_ = std::span<const std::byte>(p, total);
   out->num_columns_ = ncols;
+  out->in_shared_memory_ = false;  // the cache says when it is
   return true;
 }
 
@@ -202,6 +203,7 @@ Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
   }
   out->bytes_ = std::span<const std::byte>(p, total);
   out->num_columns_ = ncols;
+  out->in_shared_memory_ = false;  // the cache says when it is
   return Status::OK();
 }
 

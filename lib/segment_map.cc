@@ -11,7 +11,7 @@ SegmentMap::~SegmentMap() {
 }
 
 const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file,
-                                        int node) {
+                                        ShmFile read_only, int node) {
   uint32_t b = seg_no >> kBlockBits;
   if (b >= kBlocks) return nullptr;
   Block* block = blocks_[b].load(std::memory_order_acquire);
@@ -21,8 +21,9 @@ const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file,
   }
   Entry& e = block->entries[seg_no & ((1u << kBlockBits) - 1)];
   if (e.ready.load(std::memory_order_acquire)) return &e.seg;
-  e.seg = MappedSegment{file.data(), file.size(), node};
+  e.seg = MappedSegment{file.data(), read_only.data(), file.size(), node};
   files_.push_back(std::move(file));
+  files_.push_back(std::move(read_only));
   e.ready.store(true, std::memory_order_release);
   return &e.seg;
 }

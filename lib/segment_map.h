@@ -14,8 +14,12 @@
 
 namespace shmcache {
 
+// A segment mapped twice: `base` read-write, for this process's writes into
+// its own chunks, and `read_base` PROT_READ, for every row handed to a
+// reader (a write through a view faults; it never reaches other processes).
 struct MappedSegment {
   char* base = nullptr;
+  const char* read_base = nullptr;
   size_t size = 0;
   int node = 0;
 };
@@ -39,8 +43,10 @@ class SegmentMap {
     const Entry& e = block->entries[seg_no & ((1u << kBlockBits) - 1)];
     return e.ready.load(std::memory_order_acquire) ? &e.seg : nullptr;
   }
-  // Takes ownership of the file's mapping. REQUIRES: owner's mutex held.
-  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, int node);
+  // Takes ownership of both mappings of the file (read_only: the PROT_READ
+  // one, same size). REQUIRES: owner's mutex held.
+  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, ShmFile read_only,
+                              int node);
 
  private:
   struct Entry {

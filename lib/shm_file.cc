@@ -223,7 +223,8 @@ Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
   return s;
 }
 
-Status ShmFile::Open(const std::string& path, ShmFile* out) {
+Status ShmFile::Open(const std::string& path, ShmFile* out,
+                     ShmFile* read_only) {
   int fd = -1;
   size_t size = 0;
   Status s = OpenOwnedFile(path, O_RDWR, &fd, &size);
@@ -234,12 +235,26 @@ Status ShmFile::Open(const std::string& path, ShmFile* out) {
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
+  void* ro = nullptr;
+  if (p != MAP_FAILED && read_only != nullptr) {
+    ro = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    e = errno;
+    if (ro == MAP_FAILED) munmap(p, size);
+  }
   close(fd);
-  if (p == MAP_FAILED) return Status::FromErrno("cannot map " + path, e);
+  if (p == MAP_FAILED || ro == MAP_FAILED) {
+    return Status::FromErrno("cannot map " + path, e);
+  }
   AdviseHugePages(p, size);
   out->Unmap();
   out->base_ = static_cast<char*>(p);
   out->size_ = size;
+  if (read_only != nullptr) {
+    AdviseHugePages(ro, size);
+    read_only->Unmap();
+    read_only->base_ = static_cast<char*>(ro);
+    read_only->size_ = size;
+  }
   return Status::OK();
 }
 

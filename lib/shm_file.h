@@ -52,8 +52,12 @@ class ShmFile {
   static Status CreateFresh(const std::function<std::string(uint32_t)>& name,
                             uint32_t tries, size_t size, int node, ShmFile* out,
                             uint32_t* chosen, std::string* skipped = nullptr);
-  // Maps an existing file read-write, through OpenOwnedFile.
-  static Status Open(const std::string& path, ShmFile* out);
+  // Maps an existing file read-write, through OpenOwnedFile. With
+  // read_only, the same file is also mapped a second time PROT_READ into
+  // *read_only: pointers handed to readers come from there, so a stray
+  // write through one faults instead of changing what other processes read.
+  static Status Open(const std::string& path, ShmFile* out,
+                     ShmFile* read_only = nullptr);
   static Status Unlink(const std::string& path);
 
   char* data() const { return base_; }

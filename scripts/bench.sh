@@ -25,7 +25,7 @@ root=$PWD
 source scripts/lib/common.sh
 
 ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" redis-server libhiredis-dev \
-  liblmdb-dev librocksdb-dev python3-matplotlib
+  liblmdb-dev librocksdb-dev python3-matplotlib python3-lmdb
 
 started=$(date +%s)
 build=${BENCH_BUILD_DIR:-build-bench}

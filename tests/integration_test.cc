@@ -561,6 +561,30 @@ TEST_F(IntegrationTest, ViewStaysValid) {
   }
 }
 
+// Views point into memory this process maps read-only: a write through
+// one faults in the writer (even the process that put the row) and never
+// reaches what others read.
+TEST_F(IntegrationTest, AWriteThroughAViewFaultsAndChangesNothing) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 5, 0, kRowBytes).ok());
+  RowView view;
+  ASSERT_TRUE(cache->View(5, &view).ok());
+  EXPECT_TRUE(view.in_shared_memory());
+  Row row;
+  ASSERT_TRUE(cache->Get(5, &row).ok());
+  EXPECT_FALSE(row.view().in_shared_memory());
+  pid_t pid = ForkChild([&] {
+    auto* p = const_cast<std::byte*>(view.column(0).data);
+    *reinterpret_cast<volatile std::byte*>(p) = std::byte{0x5a};
+    return 0;  // not reached: the store faults
+  });
+  EXPECT_EQ(WaitChild(pid), -SIGSEGV);
+  ASSERT_TRUE(cache->Get(5, &row).ok());
+  EXPECT_TRUE(RowMatches(row, 5, 0, kRowBytes));
+}
+
 // The index grows (new tables) while other processes read: no reader ever
 // misses a row that was published before it looked.
 TEST_F(IntegrationTest, IndexGrowsUnderConcurrentReaders) {

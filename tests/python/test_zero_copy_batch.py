@@ -1,6 +1,7 @@
 """Zero-copy hits of CachedDataset, batched gets, and spilled rows read
 through views and batches."""
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -134,3 +135,46 @@ def test_spilled_rows_read_right_through_views_and_batches(spill_server):
     held = [ds[i] for i in range(40)]               # hits, all alive at once
     for i, s in enumerate(held):
         assert torch.equal(s[0], torch.from_numpy(sample(i, 128)[0]))
+
+
+def test_in_place_write_to_a_zero_copy_hit_faults_and_changes_nothing(server, session):
+    src = Images(4)
+    ds = CachedDataset(src, DatasetCache(session), copy=False)
+    ds[2]
+    assert ds.flush(60)
+    view = DatasetCache(session).named(ds.cache.name, ds.cache.fingerprint).view(2)
+    with pytest.raises(ValueError, match="read-only"):
+        view[0][0, 0, 0] = 1                    # numpy views refuse writes
+    # A zero-copy tensor (torch has no read-only tensors) over memory this
+    # process maps read-only: the write kills the writer, loudly.
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})
+        from helpers import Images
+        from shmcache import DatasetCache
+        from shmcache.torch import CachedDataset
+        ds = CachedDataset(Images(4), DatasetCache({session}), copy=False)
+        img, label = ds[2]
+        print("hit", flush=True)
+        img.add_(1)
+        print("written", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=server.env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGSEGV and r.stdout.split() == ["hit"], r
+    # Every other reader still sees the row as it was put.
+    again = CachedDataset(src, DatasetCache(session), copy=True)[2]
+    assert torch.equal(again[0], torch.from_numpy(sample(2)[0]))
+
+
+def test_memory_rows_of_a_spilling_cache_are_still_zero_copy(spill_server):
+    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="z")
+    rows = np.random.default_rng(0).integers(0, 256, (600, 3072), dtype=np.uint8)
+    for i in range(600):
+        assert c.put(i, rows[i])
+    assert c.stats()["disk_rows"] > 0
+    mem, disk = 0, 599                     # the first rows stay in memory
+    m1, m2, d1, d2 = c.view(mem), c.view(mem), c.view(disk), c.view(disk)
+    assert m1.ctypes.data == m2.ctypes.data       # the same shared bytes
+    assert d1.ctypes.data != d2.ctypes.data       # private copies
+    for i in (mem, disk):
+        np.testing.assert_array_equal(c.view(i), rows[i])

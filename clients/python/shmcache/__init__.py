@@ -21,6 +21,7 @@ RuntimeError for a non-local host, a session that does not exist, or a
 cache name reused for a different pipeline.
 """
 
+import math
 import os
 import threading
 import warnings
@@ -169,6 +170,120 @@ def _column_names(columns):
     return names
 
 
+def _ids_array(ids):
+    """ids as a C-contiguous uint64 array, each checked as a row id."""
+    a = np.asarray(ids)
+    if a.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if a.ndim != 1:
+        raise ValueError(f"ids must be one-dimensional, got shape {a.shape}")
+    if a.dtype == object:
+        for v in a:
+            DatasetCache._check_id(v)
+        return np.array([int(v) for v in a], dtype=np.uint64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"row ids are ints, got an array of {a.dtype}")
+    if a.dtype.kind == "i" and a.min() < 0:
+        raise ValueError(f"row id {int(a.min())} outside [0, {MAX_ROW_ID}]")
+    if a.max() > MAX_ROW_ID:
+        raise ValueError(f"row id {int(a.max())} outside [0, {MAX_ROW_ID}]")
+    return np.ascontiguousarray(a, dtype=np.uint64)
+
+
+def _targets(out, columns):
+    """(stored column names, buffers) of read_into's `out`."""
+    if isinstance(out, dict):
+        if columns is not None:
+            raise ValueError("columns= names the columns of a tuple/list out; "
+                             "a dict out names them by its keys")
+        names = list(out)
+        for k in names:
+            if not isinstance(k, str):
+                raise TypeError(f"column names must be str, got {type(k).__name__}")
+        return names, list(out.values())
+    if isinstance(out, (tuple, list)):
+        bufs = list(out)
+        names = ([f"{_POS}{i}" for i in range(len(bufs))] if columns is None
+                 else _column_names(columns))
+        if len(names) != len(bufs):
+            raise ValueError(f"columns names {len(names)} columns for "
+                             f"{len(bufs)} arrays in out")
+        if not bufs:
+            raise ValueError("out holds no array")
+        return names, bufs
+    return [_POS] if columns is None else _column_names(columns), [out]
+
+
+_TORCH_DTYPE_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16",
+                      "bfloat16", "float32", "float64", "bool")
+
+
+def _target_spec(name, buf, n):
+    """(name, dtype name, row shape, address, row stride, buf, is_torch) of
+    one read_into target, checked."""
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError(f"column {name!r}: the array must be C-contiguous "
+                             "and writable")
+        if not buf.dtype.isnative:
+            raise ValueError(f"column {name!r}: the array is not in native byte order")
+        dtype = "bool" if buf.dtype.kind == "b" else buf.dtype.name
+        shape, address = buf.shape, buf.ctypes.data
+        stride = buf.dtype.itemsize * math.prod(shape[1:])
+        is_torch = False
+    elif type(buf).__module__.startswith("torch"):
+        import torch
+        if not isinstance(buf, torch.Tensor):
+            raise TypeError(f"column {name!r}: out holds a {type(buf).__name__}")
+        if buf.device.type != "cpu" or not buf.is_contiguous():
+            raise ValueError(f"column {name!r}: the tensor must be on the CPU "
+                             "and contiguous")
+        dtype = str(buf.dtype).rpartition(".")[2]
+        if dtype not in _TORCH_DTYPE_NAMES:
+            raise TypeError(f"column {name!r}: a cache column has no {buf.dtype} "
+                            f"(use one of {', '.join(_TORCH_DTYPE_NAMES)})")
+        shape, address = tuple(buf.shape), buf.data_ptr()
+        stride = buf.element_size() * math.prod(shape[1:])
+        is_torch = True
+    else:
+        raise TypeError(f"column {name!r}: out holds numpy arrays or torch "
+                        f"tensors, got {type(buf).__name__}")
+    if len(shape) < 1 or shape[0] < n:
+        raise ValueError(f"column {name!r}: the first dimension ({shape[0] if shape else 'none'}) "
+                         f"must hold the {n} ids")
+    if dtype not in _TORCH_DTYPE_NAMES + ("uint16", "uint32", "uint64"):
+        raise TypeError(f"column {name!r}: unsupported array dtype {dtype}")
+    return name, dtype, tuple(int(d) for d in shape[1:]), address, stride, buf, is_torch
+
+
+# torch tensors that hold widened unsigned columns, by stored dtype.
+_WIDENED = {"uint16": "int32", "uint32": "int64", "uint64": "int64"}
+
+
+def _plan_target(spec, stored, n):
+    """(native target, widen or None) of one checked target, given the
+    column's stored dtype name in a cached row (None: not in that row)."""
+    name, dtype, shape, address, stride, buf, is_torch = spec
+    if is_torch and stored == "bytes":
+        raise TypeError(f"column {name!r} holds bytes, which have no torch "
+                        "dtype: read it into a numpy uint8 array")
+    if is_torch and _WIDENED.get(stored) == dtype:
+        # Read the stored type into a scratch array; hits widen into buf.
+        tmp = np.empty((n,) + shape, dtype=stored)
+        item = tmp.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+
+        def widen(hit, tmp=tmp, buf=buf):
+            import torch
+            rows = np.flatnonzero(hit)
+            if rows.size:
+                idx = torch.from_numpy(rows)
+                buf[idx] = torch.from_numpy(tmp[rows].astype(dtype))
+        return (name, stored, shape, tmp.ctypes.data, item), widen
+    if (stored, dtype) in (("bfloat16", "uint16"), ("bytes", "uint8")):
+        dtype = stored      # the same bytes: numpy has no such dtype
+    return (name, dtype, shape, address, stride), None
+
+
 class DatasetCache:
     """A cache inside a session of a running shmcache server.
 
@@ -181,13 +296,17 @@ class DatasetCache:
     defaults to the name. Re-opening a name with another fingerprint raises
     RuntimeError (FingerprintMismatchError).
 
+    `read_threads`: how many threads read_into copies rows with, the
+    calling thread included (default min(4, CPUs); 0 or 1: the calling
+    thread alone).
+
     The object pickles (for DataLoader workers started with spawn) and
     survives fork; a worker re-attaches on first use.
     """
 
     def __init__(self, session_id, size=0, spilling=False, hostname=None,
                  port=None, num_connections=None, prefetch_size=None,
-                 name="default", fingerprint=None):
+                 name="default", fingerprint=None, read_threads=None):
         _check_int("session_id", session_id, 0, _MAX_UINT32)
         _check_int("size", size, 0, 2**63 - 1)
         if not isinstance(spilling, bool):
@@ -219,6 +338,9 @@ class DatasetCache:
         self.prefetch_size = prefetch_size
         self.name = name
         self.fingerprint = fingerprint if fingerprint is not None else name
+        _check_int("read_threads", read_threads, 0, 256, allow_none=True)
+        self.read_threads = (min(4, os.cpu_count() or 1) if read_threads is None
+                             else int(read_threads))
         self._init_runtime()
         self._check_session()
 
@@ -234,12 +356,12 @@ class DatasetCache:
         self._full = False        # puts are refused (and counted) by the cache
         self._warned = False
         self._warned_row = False  # a row the cache cannot take was dropped
-        self.bytes_read = 0       # bytes of columns returned by get/view
+        self._bytes_read = 0      # bytes of columns returned by get_columns
 
     def __getstate__(self):
         state = self.__dict__.copy()
         for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
-                  "_full", "_warned", "_warned_row", "bytes_read"):
+                  "_full", "_warned", "_warned_row", "_bytes_read"):
             state.pop(k, None)
         return state
 
@@ -432,7 +554,7 @@ class DatasetCache:
             self._warn(e)
             return None
         if cols is not None:
-            self.bytes_read += sum(a.nbytes for _, _, a in cols)
+            self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
     def get_batch_columns(self, row_ids, copy=True):
@@ -449,14 +571,54 @@ class DatasetCache:
             self._dead = True
             self._warn(e)
             return [None] * len(ids)
-        self.bytes_read += sum(a.nbytes for cols in rows if cols is not None
+        self._bytes_read += sum(a.nbytes for cols in rows if cols is not None
                                for _, _, a in cols)
         return rows
 
+    def _read(self, row_id, columns, copy, torch):
+        """The finished row (numpy arrays, or tensors when torch) or None;
+        what get and CachedDataset hand out."""
+        # The common case first: this is the per-sample path.
+        if type(row_id) is not int or not 0 <= row_id <= MAX_ROW_ID:
+            row_id = self._check_id(row_id)
+        c = self._cache or self._open()
+        if c is None:
+            return None
+        try:
+            if columns is None:
+                return c.read(row_id, None, copy, torch)
+            return c.read(row_id, _column_names(columns), copy, torch,
+                          isinstance(columns, (str, int)))
+        except Error as e:
+            self._dead = True
+            self._warn(e)
+            return None
+
+    def _read_batch(self, row_ids, copy, torch):
+        """_read of many rows: a list with the row or None per id. Memory
+        rows are found with one batched lookup; rows the cache spilled to
+        disk come from the daemon in one round trip."""
+        ids = [self._check_id(i) for i in row_ids]
+        c = self._open()
+        if c is None:
+            return [None] * len(ids)
+        try:
+            return c.read_batch(ids, copy, torch)
+        except Error as e:
+            self._dead = True
+            self._warn(e)
+            return [None] * len(ids)
+
+    @property
+    def bytes_read(self):
+        """Bytes of the columns this object's reads returned (get, view,
+        get_batch, get_columns, CachedDataset hits)."""
+        c = self._cache
+        return self._bytes_read + (c.bytes_read if c is not None else 0)
+
     def get_batch(self, row_ids, copy=True):
         """get() of many rows: a list with the row or None per id."""
-        return [None if cols is None else decode_row(cols)
-                for cols in self.get_batch_columns(row_ids, copy)]
+        return self._read_batch(row_ids, copy, False)
 
     def get(self, row_id, columns=None, copy=True):
         """The cached row, or None on a miss.
@@ -464,20 +626,59 @@ class DatasetCache:
         `columns` selects some columns (names for dict rows, positions for
         tuple rows); only those bytes are read. With copy=False the arrays
         are zero-copy, read-only views into shared memory that keep the
-        cache mapped while they live."""
-        cols = self.get_columns(row_id, columns, copy)
-        if cols is None:
-            return None
-        if columns is not None and not isinstance(columns, (str, int)) \
-                and all(not n.startswith(_POS) for n, _, _ in cols):
-            return {n: _leaf_from_column(d, a) for n, d, a in cols}
-        if columns is not None and isinstance(columns, (str, int)):
-            return _leaf_from_column(cols[0][1], cols[0][2])
-        return decode_row(cols)
+        cache mapped while they live (the memory is mapped read-only in
+        this process, too); rows the cache spilled to disk are copies."""
+        return self._read(row_id, columns, copy, False)
 
     def view(self, row_id, columns=None):
         """get(row_id, columns, copy=False)."""
-        return self.get(row_id, columns, copy=False)
+        return self._read(row_id, columns, False, False)
+
+    def read_into(self, ids, out, columns=None):
+        """Copies cached rows ids[i] into row i of the arrays of `out`;
+        returns the hit mask (numpy bool array, len(ids)).
+
+        out: a tuple/list (columns 0..k-1 of tuple rows), a dict (columns
+        of dict rows by name) or a single array (rows put as one array), of
+        numpy arrays or torch tensors (CPU, C-contiguous, writable), whose
+        first dimension is >= len(ids) and whose remaining shape and dtype
+        are those of the column as put stored it. `columns` names the
+        stored columns of a tuple/list `out` instead (positions or names,
+        as get's columns=). Torch tensors follow the dtypes hits have as
+        tensors: bfloat16 stays bfloat16, uint16 reads into int32 and
+        uint32/uint64 into int64 tensors (widened); a bytes column has no
+        torch dtype (TypeError naming it).
+
+        A row is a hit when it is cached (in memory, or spilled: those come
+        from the daemon in one round trip) and every column has exactly the
+        target's dtype and shape; otherwise its rows in `out` are left
+        untouched. Rows are copied by `read_threads` threads with the GIL
+        released. A bypassed cache (daemon gone, error) returns all False
+        after one CacheWarning; it never raises for a missing server."""
+        ids = _ids_array(ids)
+        names, bufs = _targets(out, columns)
+        n = len(ids)
+        specs = [_target_spec(name, b, n) for name, b in zip(names, bufs)]
+        hit = np.zeros(n, dtype=np.bool_)
+        c = self._open()
+        if c is None or n == 0:
+            return hit
+        try:
+            stored = c.column_dtypes(ids, names)
+            if stored is None:
+                return hit
+            plan = [_plan_target(spec, st, n) for spec, st in zip(specs, stored)]
+            c.read_into(ids, [p[0] for p in plan], self.read_threads,
+                        hit.view(np.uint8))
+        except Error as e:
+            self._dead = True
+            self._warn(e)
+            hit[:] = False
+            return hit
+        for _, widen in plan:
+            if widen is not None:
+                widen(hit)
+        return hit
 
     def contains(self, row_id):
         c = self._open()

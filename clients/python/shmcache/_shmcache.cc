@@ -1,10 +1,14 @@
 // _shmcache: the pybind11 binding of libshmcache, used by the `shmcache`
 // Python package (see __init__.py for the user-facing API).
 //
-// Rows cross the boundary as lists of (name, dtype_name, array) triples.
-// Hits can be zero-copy: the arrays then point into shared memory, are
-// read-only, and hold a reference that keeps the Cache (and so its
-// mappings) alive. The GIL is released around every call into the library.
+// Rows cross the boundary two ways: read / read_batch return them finished
+// (a bare value, tuple or dict of numpy arrays or torch tensors, as put
+// stored them), and get / get_batch as lists of (name, dtype_name, array)
+// triples. Hits can be zero-copy: the arrays then point into shared memory
+// (which this process maps read-only), are read-only numpy arrays, and hold
+// a reference that keeps the Cache (and so its mappings) alive. The GIL is
+// released around every call into the library that may wait (the daemon,
+// large copies); a hit in memory is read with it held.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -17,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
 
@@ -102,7 +107,7 @@ DType FromNumpy(const py::dtype& dt) {
                        py::str(static_cast<py::object>(dt)).cast<std::string>());
 }
 
-py::dtype ToNumpy(DType t) {
+py::dtype MakeNumpyType(DType t) {
   switch (t) {
     case DType::kUInt8: return py::dtype("uint8");
     case DType::kInt8: return py::dtype("int8");
@@ -120,6 +125,22 @@ py::dtype ToNumpy(DType t) {
     case DType::kBytes: return py::dtype("uint8");
   }
   throw Error("row holds an unknown dtype");
+}
+
+// The numpy dtype of a column. Built once per type: parsing a dtype name
+// costs more than the rest of a small hit. (Leaked: never released after
+// the interpreter is gone.)
+py::dtype ToNumpy(DType t) {
+  static auto* types = [] {
+    auto* v = new std::vector<py::dtype>;
+    for (int i = 0; i < shmcache::kNumDTypes; ++i) {
+      v->push_back(MakeNumpyType(static_cast<DType>(i)));
+    }
+    return v;
+  }();
+  auto i = static_cast<size_t>(t);
+  if (i >= types->size()) throw Error("row holds an unknown dtype");
+  return (*types)[i];
 }
 
 void MakeReadOnly(py::array& a) {
@@ -175,6 +196,13 @@ py::dict StatsDict(const shmcache::CacheStats& st) {
 // alive after the Python object is gone.
 struct PyCache {
   std::unique_ptr<Cache> cache;
+  // BatchReaders not in use, guarded by the GIL: a caller takes one (or
+  // makes one) and gives it back, so concurrent read_into calls never share
+  // one, and fork() (which holds the GIL) never finds the list half-changed.
+  // Declared after `cache`: destroyed (threads joined) before it.
+  std::vector<std::unique_ptr<shmcache::BatchReader>> idle_readers;
+  // Bytes of the columns read() and read_batch() handed out.
+  uint64_t bytes_read = 0;
 };
 using PyCachePtr = std::shared_ptr<PyCache>;
 
@@ -306,17 +334,6 @@ py::list RowColumns(shmcache::Row&& row) {
   return out;
 }
 
-// A view of a spilled row points into a per-thread buffer that the next
-// view of a spilled row overwrites: such rows are copied, never viewed.
-// Rows can be on disk only once the cache spilled (memory full with
-// spilling on) or stopped spilling (then it is marked full); both states
-// are sticky, so checking after the View is enough.
-bool MayHoldSpilledRows(Cache& c) {
-  if (c.IsFull()) return true;
-  shmcache::CacheStats st;
-  return !c.GetStats(&st).ok() || st.spilling || st.full;
-}
-
 // The columns of `view` (all, or the named ones in that order), as
 // zero-copy arrays over shared memory, or as copies when the view might
 // point into the per-thread spill buffer.
@@ -324,7 +341,9 @@ py::list ViewColumns(const PyCachePtr& self, uint64_t id,
                      const shmcache::RowView& view,
                      const std::optional<std::vector<std::string>>& columns,
                      bool readonly) {
-  bool zero_copy = !MayHoldSpilledRows(*self->cache);
+  // A spilled row's view points into a per-thread buffer that the next view
+  // of a spilled row overwrites: such rows are copied, never viewed.
+  bool zero_copy = view.in_shared_memory();
   py::object base = zero_copy ? py::object(KeepAlive(self)) : py::object();
   py::list out;
   if (columns) {
@@ -409,6 +428,339 @@ py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
   return out;
 }
 
+// ---- rows as finished Python objects --------------------------------------
+//
+// read() / read_batch() return what DatasetCache.get / CachedDataset hand
+// out: a bare value, a tuple ("#0", "#1", ... columns) or a dict, of numpy
+// arrays or torch tensors, bytes columns as bytes, built here rather than in
+// Python.
+
+enum class Leaf { kNumpy, kTorch };
+
+// Copies smaller than this are made with the GIL held: releasing and taking
+// it back costs about as much as copying a few KB, and no other thread can
+// get anything done in that time.
+constexpr size_t kReleaseGilBytes = 64 << 10;
+
+// torch.from_numpy and torch.bfloat16, looked up once (leaked on purpose:
+// they must not be released after the interpreter is gone).
+struct TorchApi {
+  py::object from_numpy, bfloat16;
+};
+const TorchApi& Torch() {
+  static TorchApi* api = [] {
+    py::module_ torch = py::module_::import("torch");
+    return new TorchApi{torch.attr("from_numpy"), torch.attr("bfloat16")};
+  }();
+  return *api;
+}
+
+// The type a column is handed out as: torch has no uint16/32/64, so for
+// torch those widen to int32 / int64 (uint64 wraps above 2**63).
+DType OutType(DType t, Leaf leaf) {
+  if (leaf == Leaf::kTorch) {
+    if (t == DType::kUInt16) return DType::kInt32;
+    if (t == DType::kUInt32 || t == DType::kUInt64) return DType::kInt64;
+  }
+  return t;
+}
+
+template <typename From, typename To>
+void Widen(const std::byte* src, void* dst, size_t n) {
+  const auto* in = reinterpret_cast<const From*>(src);
+  auto* out = static_cast<To*>(dst);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
+}
+
+// A column's bytes still to be copied into the object made for it.
+struct PendingCopy {
+  ColumnView src;
+  DType out_type;
+  void* dst;
+
+  void Run() const {
+    size_t n = src.nbytes / shmcache::DTypeSize(src.dtype);
+    switch (out_type == src.dtype ? DType::kBytes : src.dtype) {
+      case DType::kUInt16: return Widen<uint16_t, int32_t>(src.data, dst, n);
+      case DType::kUInt32: return Widen<uint32_t, int64_t>(src.data, dst, n);
+      case DType::kUInt64: return Widen<uint64_t, int64_t>(src.data, dst, n);
+      default: std::memcpy(dst, src.data, src.nbytes);
+    }
+  }
+};
+
+// A C-contiguous array of `dt` and `shape`: over `data` (kept alive by
+// `base`, writable only when `writable`) or, without data, newly allocated.
+// The numpy C API directly: this is most of the cost of a small hit.
+py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape,
+                   const void* data, py::handle base, bool writable) {
+  constexpr size_t kMaxDims = 32;  // numpy's limit
+  if (shape.size() > kMaxDims) throw Error("a column has more dimensions than numpy allows");
+  Py_intptr_t dims[kMaxDims];
+  for (size_t i = 0; i < shape.size(); ++i) dims[i] = static_cast<Py_intptr_t>(shape[i]);
+  auto& api = py::detail::npy_api::get();
+  int flags = data != nullptr && writable ? py::detail::npy_api::NPY_ARRAY_WRITEABLE_ : 0;
+  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, dt.inc_ref().ptr(),
+                                          static_cast<int>(shape.size()), dims, nullptr,
+                                          const_cast<void*>(data), flags, nullptr);
+  if (a == nullptr) throw py::error_already_set();
+  auto out = py::reinterpret_steal<py::array>(a);
+  if (data != nullptr && api.PyArray_SetBaseObject_(a, base.inc_ref().ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return out;
+}
+
+// Builds the objects of rows: objects are allocated with the GIL held and
+// filled by Copy() after, without it for large rows.
+class RowBuilder {
+ public:
+  // owner: the Python Cache object. zero_copy: columns of rows in shared
+  // memory become arrays over it (read-only numpy arrays; tensors over
+  // memory this process maps PROT_READ, so an in-place write faults), which
+  // keep `owner` (and so the mappings) alive. Otherwise, and for rows not
+  // in shared memory, a copy.
+  RowBuilder(py::handle owner, Leaf leaf, bool zero_copy)
+      : owner_(owner), leaf_(leaf), zero_copy_(zero_copy) {}
+
+  // names: the columns wanted, in order (KeyError naming one the row
+  // lacks); null for all. single: the one column's value itself.
+  py::object Build(uint64_t id, const shmcache::RowView& row,
+                   const std::vector<std::string>* names, bool single) {
+    py::handle base = zero_copy_ && row.in_shared_memory() ? owner_ : py::handle();
+    size_t n = names ? names->size() : row.num_columns();
+    if (n == 1) {  // the common bare value: nothing to assemble
+      ColumnView c = Find(id, row, names, 0);
+      if (single || c.name == "#") return Value(c, base);
+    }
+    bool positional = true;
+    for (size_t i = 0; i < n && positional; ++i) {
+      std::string_view name = names ? std::string_view((*names)[i]) : row.column(i).name;
+      positional = !name.empty() && name[0] == '#';
+    }
+    if (positional) {
+      py::tuple t(n);
+      for (size_t i = 0; i < n; ++i) t[i] = Value(Find(id, row, names, i), base);
+      return t;
+    }
+    py::dict d;
+    for (size_t i = 0; i < n; ++i) {
+      ColumnView c = Find(id, row, names, i);
+      d[py::str(c.name.data(), c.name.size())] = Value(c, base);
+    }
+    return d;
+  }
+
+  // Fills what Build allocated. REQUIRES: the rows are still valid.
+  void Copy() {
+    if (copy_bytes_ < kReleaseGilBytes) return CopyNow();
+    py::gil_scoped_release nogil;
+    CopyNow();
+  }
+  // Bytes of the columns handed out (the wider copy of a widened column
+  // counts as the stored bytes).
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  static ColumnView Find(uint64_t id, const shmcache::RowView& row,
+                         const std::vector<std::string>* names, size_t i) {
+    if (names == nullptr) return row.column(i);
+    std::optional<ColumnView> c = row.find((*names)[i]);
+    if (!c) {
+      throw py::key_error("row " + std::to_string(id) + " has no column '" +
+                          (*names)[i] + "'");
+    }
+    return *c;
+  }
+
+  void CopyNow() {
+    for (const PendingCopy& p : pending_) p.Run();
+    pending_.clear();
+    copy_bytes_ = 0;
+  }
+
+  void Later(const ColumnView& c, DType out, void* dst) {
+    pending_.push_back(PendingCopy{c, out, dst});
+    copy_bytes_ += c.nbytes;
+  }
+
+  py::object Value(const ColumnView& c, py::handle base) {
+    bytes_ += c.nbytes;
+    if (c.dtype == DType::kBytes) {
+      PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<py::ssize_t>(c.nbytes));
+      if (b == nullptr) throw py::error_already_set();
+      Later(c, c.dtype, PyBytes_AS_STRING(b));
+      return py::reinterpret_steal<py::object>(b);
+    }
+    DType out = OutType(c.dtype, leaf_);
+    bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
+    // torch reads a bfloat16 column through an int16 array.
+    py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
+    py::array a;
+    if (base && out == c.dtype) {
+      // Tensors need a writable-flagged array (torch warns otherwise); the
+      // memory itself is read-only.
+      a = NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch);
+    } else {
+      a = NewArray(dt, c.shape, nullptr, base, true);
+      Later(c, out, a.mutable_data());
+    }
+    if (leaf_ == Leaf::kNumpy) return a;
+    py::object t = Torch().from_numpy(a);
+    return torch_bf16 ? t.attr("view")(Torch().bfloat16) : t;
+  }
+
+  py::handle owner_;
+  Leaf leaf_;
+  bool zero_copy_;
+  std::vector<PendingCopy> pending_;
+  size_t copy_bytes_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Views of rows ids[i]: memory rows from ViewBatch, with the GIL held (no
+// system call on a hit); rows on disk are fetched into *disk with one
+// GetBatch, without the GIL, and viewed there. statuses[i] as GetBatch's.
+void ViewRows(Cache& cache, std::span<const uint64_t> ids,
+              shmcache::RowView* views, Status* statuses,
+              std::vector<shmcache::Row>* disk) {
+  Check(cache.ViewBatch(ids, views, statuses));
+  std::vector<uint64_t> spilled;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (statuses[i].IsNotSupported()) {
+      spilled.push_back(ids[i]);
+      where.push_back(i);
+    }
+  }
+  if (spilled.empty()) return;
+  disk->resize(spilled.size());
+  std::vector<Status> got(spilled.size());
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = cache.GetBatch(spilled, disk->data(), got.data());
+  }
+  Check(s);
+  for (size_t k = 0; k < where.size(); ++k) {
+    statuses[where[k]] = std::move(got[k]);
+    views[where[k]] = (*disk)[k].view();
+  }
+}
+
+// read(id, columns=None, copy=True, torch=False, single=False)
+//   -> row or None
+py::object Read(py::handle owner, uint64_t id,
+               std::optional<std::vector<std::string>> columns, bool copy,
+               bool torch, bool single) {
+  PyCache& self = owner.cast<PyCache&>();
+  shmcache::RowView view;
+  Status status;
+  std::vector<shmcache::Row> disk;
+  ViewRows(*self.cache, std::span(&id, 1), &view, &status, &disk);
+  if (status.IsNotFound()) return py::none();
+  Check(status);
+  RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
+  py::object row = b.Build(id, view, columns ? &*columns : nullptr, single);
+  b.Copy();
+  self.bytes_read += b.bytes();
+  return row;
+}
+
+// read_batch(ids, copy=True, torch=False) -> [row or None per id]
+py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
+                    bool copy, bool torch) {
+  PyCache& self = owner.cast<PyCache&>();
+  std::vector<shmcache::RowView> views(ids.size());
+  std::vector<Status> statuses(ids.size());
+  std::vector<shmcache::Row> disk;
+  ViewRows(*self.cache, ids, views.data(), statuses.data(), &disk);
+  RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
+  py::list out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (statuses[i].IsNotFound()) {
+      out[i] = py::none();
+      continue;
+    }
+    Check(statuses[i]);
+    out[i] = b.Build(ids[i], views[i], nullptr, false);
+  }
+  b.Copy();
+  self.bytes_read += b.bytes();
+  return out;
+}
+
+// column_dtypes(ids, names) -> [dtype name or None per name] of the first
+// of ids that is cached, or None when none is.
+py::object ColumnDTypes(PyCache& self, const std::vector<uint64_t>& ids,
+                        const std::vector<std::string>& names) {
+  shmcache::RowView row;
+  Status s = Status::NotFound("no ids");
+  {
+    // A view of a spilled row asks the daemon.
+    py::gil_scoped_release nogil;
+    for (uint64_t id : ids) {
+      s = self.cache->View(id, &row);
+      if (!s.IsNotFound()) break;
+    }
+  }
+  if (s.IsNotFound()) return py::none();
+  Check(s);
+  py::list out;
+  for (const std::string& n : names) {
+    std::optional<ColumnView> c = row.find(n);
+    out.append(c ? py::object(py::str(shmcache::DTypeName(c->dtype))) : py::none());
+  }
+  return out;
+}
+
+// read_into(ids, targets, threads, hit): targets are (name, dtype name,
+// row shape, address, row stride) over buffers the caller checked and keeps
+// alive; hit (uint8, len(ids)) receives the hit mask.
+void ReadInto(PyCache& self,
+              py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ids,
+              const py::list& targets, int threads,
+              py::array_t<uint8_t, py::array::c_style> hit) {
+  size_t n = static_cast<size_t>(ids.size());
+  if (static_cast<size_t>(hit.size()) != n) throw py::value_error("hit has another length");
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<shmcache::ColumnTarget> cols(targets.size());
+  names.reserve(targets.size());
+  shapes.reserve(targets.size());
+  for (size_t t = 0; t < cols.size(); ++t) {
+    py::tuple spec = targets[t].cast<py::tuple>();
+    names.push_back(spec[0].cast<std::string>());
+    DType dt;
+    if (!shmcache::DTypeFromName(spec[1].cast<std::string>(), &dt)) {
+      throw py::value_error("unknown dtype name: " + spec[1].cast<std::string>());
+    }
+    shapes.push_back(spec[2].cast<std::vector<int64_t>>());
+    cols[t] = shmcache::ColumnTarget{names.back(), dt, shapes.back(),
+                                     reinterpret_cast<void*>(spec[3].cast<uintptr_t>()),
+                                     spec[4].cast<size_t>()};
+  }
+  std::unique_ptr<shmcache::BatchReader> reader;
+  auto& idle = self.idle_readers;
+  for (size_t k = 0; k < idle.size(); ++k) {
+    if (idle[k]->num_threads() == std::max(threads, 1)) {
+      reader = std::move(idle[k]);
+      idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(k));
+      break;
+    }
+  }
+  if (!reader) reader = std::make_unique<shmcache::BatchReader>(self.cache.get(), threads);
+  const uint64_t* id_data = ids.data();
+  uint8_t* hit_data = hit.mutable_data();
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = reader->ReadInto(std::span(id_data, n), cols, hit_data);
+  }
+  idle.push_back(std::move(reader));
+  Check(s);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_shmcache, m) {
@@ -450,6 +802,19 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("readonly") = true,
            "For each id, a list of (name, dtype, array) or None on a miss.")
+      .def("read", &Read, py::arg("id"), py::arg("columns") = py::none(),
+           py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
+           "The row as put stored it, or None on a miss.")
+      .def("read_batch", &ReadBatch, py::arg("ids"), py::arg("copy") = true,
+           py::arg("torch") = false,
+           "[row or None per id].")
+      .def_property_readonly("bytes_read", [](PyCache& self) { return self.bytes_read; },
+                             "Bytes of the columns read and read_batch returned.")
+      .def("column_dtypes", &ColumnDTypes, py::arg("ids"), py::arg("names"),
+           "Stored dtype names of the named columns in the first cached row of ids.")
+      .def("read_into", &ReadInto, py::arg("ids"), py::arg("targets"),
+           py::arg("threads"), py::arg("hit"),
+           "Copies rows into caller-checked buffers; fills the hit mask.")
       .def("contains", [](PyCache& self, uint64_t id) {
         py::gil_scoped_release nogil;
         return self.cache->Contains(id);

@@ -35,6 +35,9 @@ def read_into(cache, ids, out, columns=None):
     """The hit mask of reading rows `ids` into `out` (see the module)."""
     native = getattr(cache, "read_into", None)
     if native is not None:
+        # A dict out names its columns by its keys: the projection is in it.
+        if isinstance(out, dict):
+            columns = None
         return np.asarray(native(ids, out, columns), dtype=bool)
     return read_into_fallback(cache, ids, out, columns)
 

@@ -204,11 +204,6 @@ class CachedDataset(Dataset):
             return not self.copy
         return self.transform is None and get_worker_info() is not None
 
-    def _hit(self, cols):
-        if self.columns is not None and isinstance(self.columns, (str, int)):
-            return _leaf_to_tensor(cols[0][1], cols[0][2])
-        return decode_row(cols, _leaf_to_tensor)
-
     def _miss(self, index):
         encoded = encode_row(self.dataset[index])
         self._store(index, encoded)
@@ -250,24 +245,22 @@ class CachedDataset(Dataset):
     def __getitem__(self, index):
         if isinstance(index, torch.Tensor):
             index = int(index)
-        # Zero-copy arrays come back writable-flagged (never written: they
-        # only become tensors), so torch.from_numpy does not warn.
-        zero_copy = self._zero_copy()
-        cols = self.cache.get_columns(index, self.columns, copy=not zero_copy,
-                                      _readonly=not zero_copy)
-        sample = self._hit(cols) if cols is not None else self._miss(index)
+        sample = self.cache._read(index, self.columns, not self._zero_copy(), True)
+        if sample is None:
+            sample = self._miss(index)
         return self._out(sample)
 
     def __getitems__(self, indices):
-        """The samples of a batch (DataLoader's fetcher calls this). Copied
-        hits of all columns are read with one batched get; zero-copy hits
-        and projections go row by row (they cost no round trip)."""
+        """The samples of a batch (DataLoader's fetcher calls this). Hits of
+        all columns are read with one batched call (rows spilled to disk
+        come from the daemon in one round trip); projections go row by
+        row."""
         indices = [int(i) for i in indices]
-        if self._zero_copy() or self.columns is not None:
+        if self.columns is not None:
             return [self[i] for i in indices]
-        rows = self.cache.get_batch_columns(indices, copy=True)
-        return [self._out(self._hit(cols) if cols is not None else self._miss(i))
-                for i, cols in zip(indices, rows)]
+        rows = self.cache._read_batch(indices, not self._zero_copy(), True)
+        return [self._out(row if row is not None else self._miss(i))
+                for i, row in zip(indices, rows)]
 
     def _project(self, sample):
         cols = self.columns

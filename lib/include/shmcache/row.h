@@ -41,11 +41,18 @@ class RowView {
   // The whole encoded row (header, descriptors, data).
   std::span<const std::byte> encoded() const { return bytes_; }
   bool empty() const { return bytes_.empty(); }
+  // True when the bytes are the cache's shared memory (a row in memory,
+  // from Cache::View / ViewBatch), mapped read-only in this process: a
+  // write through them faults. False for a private copy (a Row, or the
+  // per-thread buffer a spilled row is viewed in).
+  bool in_shared_memory() const { return in_shared_memory_; }
 
  private:
   friend class RowCodec;
+  friend class CacheImpl;
   std::span<const std::byte> bytes_;
   size_t num_columns_ = 0;
+  bool in_shared_memory_ = false;
 };
 
 // A row copied out of the cache into private memory. Reusing one Row for

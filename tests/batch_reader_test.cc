@@ -1,0 +1,216 @@
+// BatchReader: rows read straight into batch buffers by worker threads.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shmcache/batch_reader.h"
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+// 4 KB rows: a batch of a few hundred is large enough for BatchReader to
+// split it among its threads.
+constexpr int64_t kImgShape[] = {64, 64};
+constexpr size_t kImgBytes = 64 * 64;
+constexpr uint8_t kUntouched = 0xAB;
+
+std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
+                                 uint64_t size_mb = 0, bool spilling = false) {
+  std::unique_ptr<Client> client;
+  EXPECT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(CacheNamed(session, "batches", size_mb, spilling), &cache);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return cache;
+}
+
+// Row id: an "img" column (uint8 of `shape`, the id's pattern) and a
+// "label" scalar of `label_type` holding the id.
+Status PutRow(Cache* cache, uint64_t id, std::span<const int64_t> shape = kImgShape,
+              DType label_type = DType::kInt64) {
+  std::vector<uint8_t> img = Pattern(id, 1, kImgBytes);
+  int64_t label = static_cast<int64_t>(id);
+  ColumnRef cols[2] = {
+      {"img", DType::kUInt8, shape, img.data(), img.size()},
+      {"label", label_type, {}, &label, DTypeSize(label_type)},
+  };
+  return cache->Put(id, cols);
+}
+
+// Batch buffers with every byte kUntouched, and the targets over them.
+struct Batch {
+  explicit Batch(size_t n) : img(n * kImgBytes, kUntouched), label(n, -1), hit(n, 7) {
+    targets[0] = {"img", DType::kUInt8, kImgShape, img.data(), kImgBytes};
+    targets[1] = {"label", DType::kInt64, {}, label.data(), sizeof(int64_t)};
+  }
+  bool RowIs(size_t i, uint64_t id) const {
+    return std::memcmp(&img[i * kImgBytes], Pattern(id, 1, kImgBytes).data(), kImgBytes) == 0 &&
+           label[i] == static_cast<int64_t>(id);
+  }
+  bool RowUntouched(size_t i) const {
+    for (size_t k = 0; k < kImgBytes; ++k) {
+      if (img[i * kImgBytes + k] != kUntouched) return false;
+    }
+    return label[i] == -1;
+  }
+  std::vector<uint8_t> img;
+  std::vector<int64_t> label;
+  std::vector<uint8_t> hit;
+  ColumnTarget targets[2];
+};
+
+class BatchReaderTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const int64_t wide[] = {32, 128};
+  for (uint64_t id = 0; id < 300; ++id) {
+    if (id % 7 == 0) continue;  // a miss
+    Status s = id == 50   ? PutRow(cache.get(), id, wide)
+               : id == 60 ? PutRow(cache.get(), id, kImgShape, DType::kInt32)
+                          : PutRow(cache.get(), id);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // Ids in a shuffled order, one repeated; batch position i gets ids[i].
+  std::vector<uint64_t> ids;
+  for (uint64_t k = 0; k < 300; ++k) ids.push_back((k * 113) % 300);
+  ids.push_back(113);
+  BatchReader reader(cache.get(), GetParam());
+  Batch b(ids.size());
+  Status s = reader.ReadInto(ids, b.targets, b.hit.data());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    bool want = ids[i] % 7 != 0 && ids[i] != 50 && ids[i] != 60;
+    ASSERT_EQ(b.hit[i], want ? 1 : 0) << "id " << ids[i];
+    if (want) {
+      EXPECT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
+    } else {
+      EXPECT_TRUE(b.RowUntouched(i)) << "id " << ids[i];
+    }
+  }
+  // Reused for a second batch, and for an empty one.
+  Batch again(2);
+  std::vector<uint64_t> two = {1, 2};
+  ASSERT_TRUE(reader.ReadInto(two, again.targets, again.hit.data()).ok());
+  EXPECT_TRUE(again.hit[0] && again.hit[1] && again.RowIs(0, 1) && again.RowIs(1, 2));
+  ASSERT_TRUE(reader.ReadInto({}, again.targets, nullptr).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, BatchReaderTest, ::testing::Values(0, 1, 3));
+
+// Readers of their own in several threads, while a writer adds rows: every
+// hit is a whole, right row; rows written before the reads began are hits.
+TEST(BatchReaderConcurrencyTest, ReadersInThreadsWhileAWriterPuts) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const uint64_t kBefore = 400, kAll = 1200;
+  for (uint64_t id = 0; id < kBefore; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
+  std::atomic<bool> bad{false};
+  std::thread writer([&] {
+    for (uint64_t id = kBefore; id < kAll; ++id) {
+      if (!PutRow(cache.get(), id).ok()) bad = true;
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&, r] {
+      BatchReader reader(cache.get(), 2);
+      std::vector<uint64_t> ids(kAll);
+      for (int round = 0; round < 5; ++round) {
+        for (uint64_t k = 0; k < kAll; ++k) ids[k] = (k * 7 + r + round) % kAll;
+        Batch b(ids.size());
+        if (!reader.ReadInto(ids, b.targets, b.hit.data()).ok()) bad = true;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (b.hit[i] ? !b.RowIs(i, ids[i]) : (ids[i] < kBefore || !b.RowUntouched(i))) {
+            bad = true;
+          }
+        }
+      }
+    });
+  }
+  writer.join();
+  for (std::thread& t : readers) t.join();
+  EXPECT_FALSE(bad.load());
+}
+
+TEST(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    auto cache = OpenCache(server, server.NewSession(), 1, true);
+    ASSERT_TRUE(cache);
+    const size_t n = 1000;  // ~4 MB of rows in a 1 MB cache: most spill
+    for (uint64_t id = 0; id < n; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    ASSERT_GT(st.disk_rows, 0u);
+    ASSERT_GT(st.mem_rows, 0u);
+    std::vector<uint64_t> ids(n + 1);
+    for (uint64_t id = 0; id < n + 1; ++id) ids[id] = n - id;  // n: a miss
+    BatchReader reader(cache.get(), 2);
+    Batch b(ids.size());
+    ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit.data()).ok());
+    EXPECT_EQ(b.hit[0], 0);
+    EXPECT_TRUE(b.RowUntouched(0));
+    for (size_t i = 1; i < ids.size(); ++i) {
+      ASSERT_EQ(b.hit[i], 1) << "id " << ids[i];
+      ASSERT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
+    }
+  }
+  RemoveTree(spill);
+}
+
+TEST(BatchReaderErrorTest, AClosedCacheIsAnErrorWithNoHits) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  ASSERT_TRUE(PutRow(cache.get(), 1).ok());
+  BatchReader reader(cache.get(), 2);
+  cache->Close();
+  Batch b(3);
+  std::vector<uint64_t> ids = {1, 1, 1};
+  Status s = reader.ReadInto(ids, b.targets, b.hit.data());
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_EQ(b.hit, std::vector<uint8_t>(3, 0));
+}
+
+TEST(BatchReaderForkTest, AForkedChildReadsWithItsOwnThreads) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  for (uint64_t id = 0; id < 300; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
+  BatchReader reader(cache.get(), 3);
+  std::vector<uint64_t> ids(300);
+  for (uint64_t id = 0; id < 300; ++id) ids[id] = id;
+  Batch parent(ids.size());
+  ASSERT_TRUE(reader.ReadInto(ids, parent.targets, parent.hit.data()).ok());
+  pid_t pid = ForkChild([&] {
+    Batch b(ids.size());
+    if (!reader.ReadInto(ids, b.targets, b.hit.data()).ok()) return 2;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!b.hit[i] || !b.RowIs(i, ids[i])) return 3;
+    }
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(pid), 0);
+}
+
+}  // namespace
+}  // namespace shmcache::test

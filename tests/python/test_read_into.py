@@ -1,0 +1,122 @@
+"""DatasetCache.read_into: rows copied by native threads straight into
+batch arrays and tensors, with a hit mask."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from shmcache import CacheWarning, DatasetCache
+
+torch = pytest.importorskip("torch")
+
+MB = 1 << 20
+UNTOUCHED = 0xAB
+
+
+def img(i):
+    return np.random.default_rng(i).integers(0, 256, (4, 8), dtype=np.uint8)
+
+
+def put_rows(c, ids):
+    for i in ids:
+        assert c.put(i, (img(i), np.int64(i)))
+
+
+def test_hits_misses_and_mismatched_rows_into_numpy(server, session):
+    c = DatasetCache(session, read_threads=3)
+    put_rows(c, [i for i in range(100) if i % 7 and i not in (50, 60)])
+    c.put(50, (img(50).reshape(8, 4), np.int64(50)))        # another shape
+    c.put(60, (img(60), np.float64(60)))                     # another dtype
+    ids = np.array([(k * 37) % 100 for k in range(100)] + [3])
+    out = (np.full((120, 4, 8), UNTOUCHED, np.uint8), np.full(120, -1, np.int64))
+    hit = c.read_into(ids, out)
+    assert hit.dtype == np.bool_ and hit.shape == (101,)
+    for k, i in enumerate(ids):
+        want = bool(i % 7) and i not in (50, 60)
+        assert hit[k] == want, i
+        if want:
+            np.testing.assert_array_equal(out[0][k], img(i))
+            assert out[1][k] == i
+        else:
+            assert (out[0][k] == UNTOUCHED).all() and out[1][k] == -1
+    assert (out[0][101:] == UNTOUCHED).all()                 # past len(ids)
+    # A list of ints, a dict of named columns, a selection of columns.
+    assert c.read_into([1, 2], [np.zeros((2, 4, 8), np.uint8),
+                                np.zeros(2, np.int64)]).all()
+    labels = np.zeros(2, np.int64)
+    assert c.read_into([5, 6], [labels], columns=[1]).all()
+    assert list(labels) == [5, 6]
+    assert not c.read_into([], out).size
+
+
+def test_dict_rows_and_torch_tensors_with_the_package_dtypes(server, session):
+    c = DatasetCache(session, read_threads=2)
+    bf = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    for i in range(8):
+        c.put(i, {"x": torch.full((2, 3), float(i)), "b": bf + i,
+                  "u": np.arange(5, dtype=np.uint16) + 60000 + i})
+    out = {"x": torch.zeros(8, 2, 3), "b": torch.zeros(8, 2, 3, dtype=torch.bfloat16),
+           "u": torch.zeros(8, 5, dtype=torch.int32)}
+    hit = c.read_into(range(8), out)
+    assert hit.all()
+    for i in range(8):
+        assert torch.equal(out["x"][i], torch.full((2, 3), float(i)))
+        assert torch.equal(out["b"][i], bf + i)
+        assert out["u"][i].tolist() == [60000 + i + k for k in range(5)]
+    # The same rows as CachedDataset would hand them out.
+    for i in range(8):
+        assert torch.equal(c._read(i, None, True, True)["u"], out["u"][i])
+    # Numpy can take the bfloat16 bits as uint16.
+    raw = np.zeros((8, 2, 3), np.uint16)
+    assert c.read_into(range(8), [raw], columns=["b"]).all()
+    assert torch.equal(torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)[3], bf + 3)
+
+
+def test_bytes_have_no_torch_dtype_and_bad_targets_are_named(server, session):
+    c = DatasetCache(session)
+    c.put(0, {"blob": b"abcd", "y": np.float32(1)})
+    with pytest.raises(TypeError, match="'blob'"):
+        c.read_into([0], {"blob": torch.zeros(1, 4, dtype=torch.uint8)})
+    blob = np.zeros((1, 4), np.uint8)
+    assert c.read_into([0], {"blob": blob}).all() and blob.tobytes() == b"abcd"
+    with pytest.raises(ValueError, match="first dimension"):
+        c.read_into([0, 0], {"y": np.zeros(1, np.float32)})
+    with pytest.raises(ValueError, match="writable"):
+        ro = np.zeros(1, np.float32)
+        ro.flags.writeable = False
+        c.read_into([0], {"y": ro})
+    with pytest.raises(ValueError, match="outside"):
+        c.read_into([-1], {"y": np.zeros(1, np.float32)})
+    with pytest.raises(TypeError):
+        c.read_into([0], {"y": [0.0]})
+
+
+def test_spilled_rows_are_hits(spill_server):
+    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="s")
+    n = 600                                  # 600 x 3 KB: most go to disk
+    rows = np.random.default_rng(0).integers(0, 256, (n, 3072), dtype=np.uint8)
+    for i in range(n):
+        assert c.put(i, rows[i])
+    st = c.stats()
+    assert st["disk_rows"] > 0 and st["mem_rows"] > 0
+    ids = np.arange(n)[::-1]
+    out = np.zeros((n, 3072), np.uint8)
+    assert c.read_into(ids, out).all()
+    np.testing.assert_array_equal(out, rows[::-1])
+
+
+def test_dead_server_gives_all_false_with_one_warning(server, session):
+    c = DatasetCache(session)
+    put_rows(c, range(4))
+    out = (np.zeros((4, 4, 8), np.uint8), np.zeros(4, np.int64))
+    assert c.read_into(range(4), out).all()
+    server.kill()
+    # Rows in memory are still read without the daemon.
+    assert c.read_into(range(4), out).all()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fresh = DatasetCache(session)
+        assert not fresh.read_into(range(4), out).any()
+        assert not fresh.read_into(range(4), out).any()
+    assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
