@@ -20,9 +20,6 @@ namespace {
 
 constexpr const char* kDevShm = "/dev/shm";
 constexpr const char* kShmemEnabled = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-constexpr const char* kMountFix =
-    "mount -t tmpfs -o size=SIZE,huge=within_size shmcache DIR, then start "
-    "with --shm_dir DIR";
 
 std::string ReadAll(const char* path) {
   std::ifstream in(path);
@@ -157,9 +154,7 @@ ShmDirChoice ChooseShmDir(int port, uint64_t tmpfs_bytes) {
   }
   if (std::string why = NoShmemThp(); !why.empty()) return Fallback(why);
   if (!HasSysAdmin()) {
-    return Fallback(fmt::format(
-        "mounting one needs root (CAP_SYS_ADMIN); start the server as root, or {}",
-        kMountFix));
+    return Fallback("mounting one needs root (CAP_SYS_ADMIN): start the server as root");
   }
   return MountAt(HugeShmDir(port), tmpfs_bytes);
 }
