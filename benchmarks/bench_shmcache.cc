@@ -34,10 +34,21 @@ struct ShmFiles {
   uint64_t allocated = 0;  // st_blocks * 512
 };
 
+// The server's shm dir (its own huge-page tmpfs when it mounted one).
+std::string ShmDirOf(int port) {
+  ClientOptions co;
+  co.port = port;
+  std::unique_ptr<Client> client;
+  shmcache::ServerInfo info;
+  if (!Client::Connect(co, &client).ok() || !client->GetServerInfo(&info).ok()) {
+    return "/dev/shm";
+  }
+  return info.shm_dir;
+}
+
 // Sums the shm files of one cache whose kind is "cache", "table" or "seg".
 ShmFiles FilesOf(int port, uint32_t cache_id, const std::string& kind) {
-  const char* env = std::getenv("SHMCACHE_SHM_DIR");
-  std::string dir = env && *env ? env : "/dev/shm";
+  std::string dir = ShmDirOf(port);
   std::string prefix = "shmcache." + std::to_string(geteuid()) + "." +
                        std::to_string(port) + "." + kind + "." +
                        std::to_string(cache_id);

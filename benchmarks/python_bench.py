@@ -38,7 +38,8 @@ SIZES = (3 * 1024, 150 * 1024, 600 * 1024)
 
 def shm_files(port, cache_id):
     """(apparent, allocated) bytes of one cache's shared-memory files."""
-    d = os.environ.get("SHMCACHE_SHM_DIR") or "/dev/shm"
+    import shmcache
+    d = shmcache.Client(port=port).server_info()["shm_dir"]  # its own tmpfs, maybe
     prefix = f"shmcache.{os.geteuid()}.{port}."
     apparent = allocated = 0
     for name in os.listdir(d):

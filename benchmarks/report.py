@@ -36,22 +36,25 @@ def load(path):
     return {"results": [], "values": {}, "skipped": {}}
 
 
-HUGE = " (huge pages)"
-
-
 class Data:
-    def __init__(self, cpp, py, huge=None, load=None):
+    def __init__(self, cpp, py, extra=None, load=None, headline="/dev/shm (4 KB pages)",
+                 extra_label="huge pages", extra_how=""):
         self.results = cpp["results"] + py["results"]
         self.values = {**cpp["values"], **py["values"]}
         self.skipped = {**cpp["skipped"], **py["skipped"]}
-        # The shmcache section again with segments on a huge=within_size
-        # tmpfs: the same rows, labelled; never the headline.
-        huge = huge or {"results": [], "values": {}, "skipped": {}}
-        for r in huge["results"]:
+        # Where the headline server kept its segments, e.g. its own tmpfs
+        # mounted huge=within_size (root) or /dev/shm (4 KB pages).
+        self.headline = headline
+        # The put and shmcache sections again on a second server with the
+        # other kind of pages: the same rows, labelled; never the headline.
+        extra = extra or {"results": [], "values": {}, "skipped": {}}
+        self.extra_label, self.extra_how = extra_label, extra_how
+        self.suffix = f" ({extra_label})"
+        for r in extra["results"]:
             if r["system"] == "shmcache":
-                self.results.append(dict(r, variant=r["variant"] + HUGE))
-        self.skipped.update({k + HUGE: v for k, v in huge["skipped"].items()})
-        self.huge = bool(huge["results"])
+                self.results.append(dict(r, variant=r["variant"] + self.suffix))
+        self.skipped.update({k + self.suffix: v for k, v in extra["skipped"].items()})
+        self.extra = bool(extra["results"])
         self.load = load or []     # [(stage, 1-minute load average)]
 
     def rate(self, bench, system, variant=None, size=3 * KB, procs=1):
@@ -139,19 +142,24 @@ def targets(d):
     pyb = d.rate("put", "python", "DatasetCache.put_batch 64")
     row("Python put_batch, 3 KB, 1 process (batches of 64)", f"{fmt_rate(pyb)} rows/s",
         f"{pyb / 1e6:.2f} M/s" if pyb else "—", ">= 0.5 M/s", pyb and pyb >= 0.5e6)
-    if d.huge:
-        hg = d.rate("get", "shmcache", "copy-out" + HUGE)
+    if d.extra:
+        x = d.extra_label
+        hg = d.rate("get", "shmcache", "copy-out" + d.suffix)
         r = ratio(hg, mc)
-        row("huge pages: hit, copy-out, 3 KB vs memcpy (extra configuration)",
+        row(f"{x}: hit, copy-out, 3 KB vs memcpy (extra configuration)",
             f"{fmt_rate(hg)} vs {fmt_rate(mc)} rows/s", f"{r:.2f}x" if r else "—",
             ">= 0.80x", r and r >= 0.8)
-        hv = d.rate("view", "shmcache", "zero-copy" + HUGE)
-        row("huge pages: hit, zero-copy view, 3 KB (extra configuration)",
+        hv = d.rate("view", "shmcache", "zero-copy" + d.suffix)
+        row(f"{x}: hit, zero-copy view, 3 KB (extra configuration)",
             f"{fmt_rate(hv)} lookups/s", f"{hv / 1e6:.2f} M/s" if hv else "—",
             ">= 10 M/s", hv and hv >= 10e6)
-        hp = d.rate("put", "shmcache", "put" + HUGE)
-        row("huge pages: put, 3 KB (extra configuration)", f"{fmt_rate(hp)} rows/s",
+        hp = d.rate("put", "shmcache", "put" + d.suffix)
+        row(f"{x}: put, 3 KB (extra configuration)", f"{fmt_rate(hp)} rows/s",
             f"{hp / 1e6:.2f} M/s" if hp else "—", ">= 1 M/s", hp and hp >= 1e6)
+        hb = d.rate("put", "shmcache", "PutBatch 64" + d.suffix)
+        row(f"{x}: put, 3 KB, batched (PutBatch of 64) (extra configuration)",
+            f"{fmt_rate(hb)} rows/s", f"{hb / 1e6:.2f} M/s" if hb else "—", ">= 1 M/s",
+            hb and hb >= 1e6)
     redis = d.rate("get", "redis", "GET")
     r = ratio(get, redis)
     row("vs Redis GET (Unix socket, unpipelined), 3 KB",
@@ -310,10 +318,11 @@ def throughput_rows(d):
         ("get", "rocksdb", "raw MultiGet 64", "RocksDB MultiGet of 64 (raw)"),
         ("get", "shmcache", "spilled", "shmcache Get of a spilled row"),
         ("get", "shmcache", "spilled GetBatch 64", "shmcache GetBatch of 64 spilled rows"),
-        ("get", "shmcache", "copy-out" + HUGE, "shmcache Get, huge pages"),
-        ("view", "shmcache", "zero-copy" + HUGE, "shmcache View, huge pages"),
-        ("put", "shmcache", "put" + HUGE, "shmcache Put, huge pages"),
-        ("put", "shmcache", "PutBatch 64" + HUGE, "shmcache PutBatch of 64, huge pages"),
+        ("get", "shmcache", "copy-out" + d.suffix, f"shmcache Get, {d.extra_label}"),
+        ("view", "shmcache", "zero-copy" + d.suffix, f"shmcache View, {d.extra_label}"),
+        ("put", "shmcache", "put" + d.suffix, f"shmcache Put, {d.extra_label}"),
+        ("put", "shmcache", "PutBatch 64" + d.suffix,
+         f"shmcache PutBatch of 64, {d.extra_label}"),
         ("cpu", "spin", None, "CPU-only loop (core scaling)"),
     ]
     rows = []
@@ -345,11 +354,11 @@ def render(d, elapsed, command):
             (f" — above the {os.cpu_count()} CPUs: other work shared the machine"
              if max(la for _, la in d.load) > os.cpu_count() else ""))
         lines.append("")
-    if d.huge:
-        lines.append("Headline figures use segments in /dev/shm (4 KB pages). Rows "
-                     "marked *huge pages* come from a second server whose --shm_dir is "
-                     "a tmpfs mounted huge=within_size (2 MB pages).")
-        lines.append("")
+    lines.append(f"Headline figures: the server's default configuration, segments in "
+                 f"{d.headline}." +
+                 (f" Rows marked *{d.extra_label}* come from a second server: "
+                  f"{d.extra_how}." if d.extra else ""))
+    lines.append("")
     lines.append("### Targets (DESIGN.md), as ratios measured in this run")
     lines.append("")
     lines.append("| measure | measured | value | target | |")
@@ -457,7 +466,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpp", required=True)
     ap.add_argument("--python")
-    ap.add_argument("--huge", help="shmcache section on a huge-page tmpfs")
+    ap.add_argument("--extra", "--huge", dest="extra",
+                    help="put and shmcache sections on a second server")
+    ap.add_argument("--extra_label", default="huge pages",
+                    help="what marks the second server's rows")
+    ap.add_argument("--extra_how", default="its --shm_dir is a tmpfs mounted "
+                    "huge=within_size (2 MB pages)", help="how it was configured")
+    ap.add_argument("--headline", default="/dev/shm (4 KB pages)",
+                    help="where the headline server keeps its segments")
     ap.add_argument("--load", help="'stage load' lines")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
@@ -465,8 +481,8 @@ def main():
     ap.add_argument("--elapsed", type=float, default=0)
     ap.add_argument("--command", default="scripts/bench.sh")
     args = ap.parse_args()
-    d = Data(load(args.cpp), load(args.python), load(args.huge),
-             load_samples(args.load))
+    d = Data(load(args.cpp), load(args.python), load(args.extra),
+             load_samples(args.load), args.headline, args.extra_label, args.extra_how)
     text = render(d, args.elapsed, args.command)
     print()
     print(text)

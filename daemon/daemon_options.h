@@ -13,7 +13,7 @@ namespace shmcache {
 struct DaemonOptions {
   int port = 50052;
   std::string run_dir;   // default: DefaultRunDir()
-  std::string shm_dir;   // default: DefaultShmDir()
+  std::string shm_dir;   // "": ChooseShmDir (huge_tmpfs.h) unless $SHMCACHE_SHM_DIR
   std::string log_dir;    // default: <run dir>/log, owner-only
   int workers = 0;       // 0: half the CPUs; rounded up to the NUMA nodes
   int log_level = 1;

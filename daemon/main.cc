@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "daemon_options.h"
+#include "huge_tmpfs.h"
 #include "instance.h"
 #include "logger.h"
 #include "metrics_file.h"
@@ -175,6 +176,18 @@ std::vector<std::thread> StartWorkers(boost::asio::io_context& io, int workers,
   return threads;
 }
 
+// The shm dir the user named, or the one ChooseShmDir picks (mounting a
+// huge-page tmpfs when it can). After the instance lock: one server of a
+// port mounts at a time.
+ShmDirChoice PickShmDir(const DaemonOptions& opts, const InstancePaths& paths) {
+  if (ShmDirGiven(opts.shm_dir)) {
+    ShmPages pages = ShmPagesOf(paths.shm_dir);
+    return {paths.shm_dir, pages.huge, false, ShmPagesNote(paths.shm_dir, pages), ""};
+  }
+  uint64_t cap = MemoryCapBytes(opts.memory_cap_ratio, opts.memory_cap_bytes);
+  return ChooseShmDir(paths.port, HugeTmpfsBytes(cap));
+}
+
 // Everything of main() after the options: set-up, serving, shutdown.
 // opts.ready_fd is set to -1 once the readiness line went out.
 int Run(DaemonOptions& opts) {
@@ -194,6 +207,10 @@ int Run(DaemonOptions& opts) {
   s = OpenLog(opts, paths, &log);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   rlim_t fd_limit = RaiseFileLimit();
+  // A failed start leaves a mounted tmpfs as a killed server would: empty
+  // (it then holds no memory) or with rows the next start adopts.
+  ShmDirChoice shm = PickShmDir(opts, paths);
+  paths = MakeInstancePaths(opts.port, opts.run_dir, shm.dir);
 
   NumaTopology& topo = NumaTopology::Get();
   int nodes = topo.num_nodes();
@@ -274,9 +291,10 @@ int Run(DaemonOptions& opts) {
            paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
            store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
            fd_limit);
-  log.Info("{}", ShmPagesNote(paths.shm_dir, ShmPagesOf(paths.shm_dir)));
-  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()),
-         store.startup_notes());
+  log.Info("{}", shm.log_line);
+  std::vector<std::string> notes = store.startup_notes();
+  if (!shm.note.empty()) notes.push_back(shm.note);
+  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()), notes);
   opts.ready_fd = -1;  // Report closed it
   NotifyReady(fmt::format("serving port {}", paths.port));
   if (!opts.foreground) DetachStdio();
@@ -286,6 +304,10 @@ int Run(DaemonOptions& opts) {
   if (metrics) metrics->Remove();
   log.Info("stopping: removing shared memory and socket");
   store.Shutdown();
+  if (shm.own_mount) {
+    Status r = ReleaseHugeShmDir(shm.dir);
+    if (!r.ok()) log.Warn("{}", r.message());
+  }
   unlink(paths.socket_path.c_str());
   unlink(paths.lock_path.c_str());
   close(lock_fd);

@@ -16,8 +16,15 @@ std::string ReadAll(const char* path) {
   return ss.str();
 }
 
-// The value of `key=` in a comma-separated mount option list, or "".
-std::string Option(std::string_view opts, std::string_view key) {
+bool Under(const std::string& dir, const std::string& mount_point) {
+  if (mount_point == "/") return true;
+  return dir.compare(0, mount_point.size(), mount_point) == 0 &&
+         (dir.size() == mount_point.size() || dir[mount_point.size()] == '/');
+}
+
+}  // namespace
+
+std::string MountOption(std::string_view opts, std::string_view key) {
   size_t pos = 0;
   while (pos <= opts.size()) {
     size_t end = opts.find(',', pos);
@@ -32,13 +39,22 @@ std::string Option(std::string_view opts, std::string_view key) {
   return "";
 }
 
-bool Under(const std::string& dir, const std::string& mount_point) {
-  if (mount_point == "/") return true;
-  return dir.compare(0, mount_point.size(), mount_point) == 0 &&
-         (dir.size() == mount_point.size() || dir[mount_point.size()] == '/');
+bool HugeOption(const std::string& huge) {
+  return huge == "always" || huge == "within_size" || huge == "advise";
 }
 
-}  // namespace
+MountEntry MountOf(const std::string& dir, std::string_view mounts) {
+  // The last of equal mount points is the one on top.
+  MountEntry m;
+  std::istringstream lines{std::string(mounts)};
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::string dev, mp, fstype, o;
+    if (!(f >> dev >> mp >> fstype >> o)) continue;
+    if (Under(dir, mp) && mp.size() >= m.point.size()) m = {mp, fstype, o};
+  }
+  return m;
+}
 
 ShmPages ShmPagesOf(const std::string& dir, std::string_view mounts,
                     std::string_view shmem_enabled) {
@@ -50,27 +66,13 @@ ShmPages ShmPagesOf(const std::string& dir, std::string_view mounts,
   }
   if (global == "force") return {true, "transparent huge pages forced for all tmpfs"};
   if (global == "deny") return {false, "transparent huge pages denied for all tmpfs"};
-  // The mount holding dir: the longest mount point it lies under.
-  std::string point, type, opts;
-  std::istringstream lines{std::string(mounts)};
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream f(line);
-    std::string dev, mp, fstype, o;
-    if (!(f >> dev >> mp >> fstype >> o)) continue;
-    if (Under(dir, mp) && mp.size() >= point.size()) {
-      point = mp;
-      type = fstype;
-      opts = o;
-    }
+  MountEntry m = MountOf(dir, mounts);
+  if (m.type != "tmpfs") {
+    return {false, m.type.empty() ? "its mount was not found" : m.type + ", not tmpfs"};
   }
-  if (type != "tmpfs") {
-    return {false, type.empty() ? "its mount was not found" : type + ", not tmpfs"};
-  }
-  std::string huge = Option(opts, "huge");
-  if (huge == "always" || huge == "within_size" || huge == "advise") {
-    return {true, "tmpfs mounted huge=" + huge};
-  }
-  return {false, "tmpfs " + point + " mounted without huge pages"};
+  std::string huge = MountOption(m.options, "huge");
+  if (HugeOption(huge)) return {true, "tmpfs mounted huge=" + huge};
+  return {false, "tmpfs " + m.point + " mounted without huge pages"};
 }
 
 ShmPages ShmPagesOf(const std::string& dir) {

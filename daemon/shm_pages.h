@@ -11,6 +11,18 @@
 
 namespace shmcache {
 
+// One line of /proc/self/mounts.
+struct MountEntry {
+  std::string point, type, options;
+};
+// The mount holding `dir` (the longest mount point it lies under), from the
+// text of /proc/self/mounts; all fields empty when none is found.
+MountEntry MountOf(const std::string& dir, std::string_view mounts);
+// The value of `key=` in a comma-separated mount option list, or "".
+std::string MountOption(std::string_view options, std::string_view key);
+// Whether a tmpfs mount option huge= asks for huge pages.
+bool HugeOption(const std::string& huge);
+
 struct ShmPages {
   bool huge = false;
   std::string why;  // e.g. "tmpfs mounted huge=within_size"

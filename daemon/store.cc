@@ -23,6 +23,7 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths,
              int num_nodes, int workers, Logger* log)
     : options_(options),
       paths_(paths),
+      shm_pages_(ShmPagesOf(paths.shm_dir)),
       num_nodes_(num_nodes),
       workers_(workers),
       log_(log),
@@ -140,7 +141,10 @@ std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
     std::string path = dir + "/" + e->d_name;
     ShmName n = ParseShmName(e->d_name + base.size());
     using Kind = ShmName::Kind;
-    if (n.kind == Kind::kSessions || n.kind == Kind::kSpillRecord) continue;
+    if (n.kind == Kind::kSessions || n.kind == Kind::kSpillRecord ||
+        n.kind == Kind::kHugeDir) {
+      continue;  // not a cache's; the huge dir is another server's shm dir
+    }
     if (n.kind == Kind::kOther || n.cache_id == 0 ||
         (n.kind == Kind::kSegment && n.number > layout::kMaxSegmentId)) {
       strays.push_back(path);
@@ -648,6 +652,8 @@ void Store::FillServerInfo(ServerInfo* out) {
   out->port = paths_.port;
   out->socket_path = paths_.socket_path;
   out->shm_dir = paths_.shm_dir;
+  out->shm_huge_pages = shm_pages_.huge;
+  out->shm_pages = shm_pages_.why;
   out->pid = getpid();
   out->workers = workers_;
   out->log_level = options_.log_level;

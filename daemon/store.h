@@ -26,6 +26,7 @@
 #include "held_memory.h"
 #include "instance.h"
 #include "memory_account.h"
+#include "shm_pages.h"
 #include "spill_store.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -133,6 +134,7 @@ class Store {
   std::mutex mu_;
   DaemonOptions options_;
   InstancePaths paths_;
+  ShmPages shm_pages_;  // of paths_.shm_dir, at start
   int num_nodes_;
   int workers_;
   Logger* log_;

@@ -87,6 +87,8 @@ ShmName ParseShmName(std::string_view rest) {
     n.kind = Kind::kSessions;
   } else if (rest == "spilldb") {
     n.kind = Kind::kSpillRecord;
+  } else if (rest == "huge") {
+    n.kind = Kind::kHugeDir;
   } else if (Matches(rest, "cache", &n.cache_id, nullptr, nullptr)) {
     n.kind = Kind::kCache;
   } else if (Matches(rest, "table", &n.cache_id, &n.number, &n.tag)) {
@@ -156,6 +158,10 @@ std::string DefaultShmDir() {
   const char* env = std::getenv("SHMCACHE_SHM_DIR");
   if (env != nullptr && *env != '\0') return env;
   return "/dev/shm";
+}
+
+std::string HugeShmDir(int port) {
+  return fmt::format("/dev/shm/shmcache.{}.{}.huge", geteuid(), port);
 }
 
 InstancePaths MakeInstancePaths(int port, const std::string& run_dir,

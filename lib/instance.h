@@ -6,7 +6,11 @@
 //   socket      <run dir>/shmcached-<port>.sock                 (0600)
 //   lock        <run dir>/shmcached-<port>.lock  (flock: one daemon)
 //   shm files   <shm dir>/shmcache.<uid>.<port>.*               (0600)
-//   shm dir     --shm_dir, $SHMCACHE_SHM_DIR or /dev/shm
+//   shm dir     --shm_dir, $SHMCACHE_SHM_DIR, else the server's own
+//               huge-page tmpfs <huge dir> when it can mount one
+//               (daemon/huge_tmpfs.h), else /dev/shm. Clients learn the
+//               prefix of the files from the server (hello).
+//   huge dir    /dev/shm/shmcache.<uid>.<port>.huge             (0700)
 //
 // The shm files of an instance (after the prefix; numbers in decimal):
 //   cache.<cache_id>                 a cache's header
@@ -44,7 +48,9 @@ struct InstancePaths {
 
 // A name in the shm dir, its instance prefix removed, read back.
 struct ShmName {
-  enum class Kind { kCache, kTable, kSegment, kSessions, kSpillRecord, kOther };
+  enum class Kind {
+    kCache, kTable, kSegment, kSessions, kSpillRecord, kHugeDir, kOther
+  };
   Kind kind = Kind::kOther;
   uint32_t cache_id = 0;
   uint32_t number = 0;  // table generation or segment number
@@ -65,6 +71,10 @@ Status CheckHost(const std::string& host);
 
 std::string DefaultRunDir();
 std::string DefaultShmDir();
+// Where a server with no --shm_dir mounts its huge-page tmpfs: a name of the
+// instance's own in /dev/shm ("<prefix>huge"), so that whatever lists an
+// instance's files there sees it too.
+std::string HugeShmDir(int port);
 InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
                                 const std::string& shm_dir);
 // InvalidArgument naming the path, its length and the fix when the socket

@@ -154,6 +154,8 @@ void WriteServerInfo(WireWriter& w, const ServerInfo& i) {
   w.U64(i.connections);
   w.U64(i.start_time_unix);
   w.U64(static_cast<uint64_t>(i.uptime_seconds * 1000));  // milliseconds
+  w.U32(i.shm_huge_pages ? 1 : 0);
+  w.Str(i.shm_pages);
 }
 
 bool ReadServerInfo(WireReader& r, ServerInfo* i) {
@@ -177,6 +179,8 @@ bool ReadServerInfo(WireReader& r, ServerInfo* i) {
   i->connections = r.U64();
   i->start_time_unix = r.U64();
   i->uptime_seconds = static_cast<double>(r.U64()) / 1000;
+  i->shm_huge_pages = r.U32() != 0;
+  i->shm_pages = r.Str();
   return r.ok();
 }
 

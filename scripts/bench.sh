@@ -8,10 +8,13 @@
 # benchmarks/RESULTS.md and docs/bench.png. Everything it starts is
 # stopped on exit.
 #
-# When root, it also mounts a tmpfs with huge=within_size (2 MB pages for
-# segments), starts a second server with --shm_dir on it and measures the
-# C++ put/get/view again there: an extra, labelled configuration; the
-# /dev/shm figures stay the headline. The mount is removed on exit.
+# The headline server runs in its default configuration: as root it mounts
+# a tmpfs of its own with huge=within_size (2 MB pages for segments; see
+# daemon/huge_tmpfs.h), else it uses /dev/shm (4 KB pages); the table says
+# which. When the headline has huge pages, a second server forced onto
+# /dev/shm (SHMCACHE_NO_HUGE_TMPFS=1) measures the C++ put/get/view again:
+# an extra, labelled configuration. Both servers are stopped on exit,
+# which unmounts the tmpfs.
 # The load average is sampled at each stage and printed with the table:
 # figures taken with a load above the CPU count are unreliable.
 #
@@ -62,14 +65,10 @@ mkdir -p "$SHMCACHE_RUN_DIR" "$tmp/spill" "$tmp/rocksdb" "$tmp/log"
 lmdb_dir=$(mktemp -d /dev/shm/shmcache-bench-lmdb.XXXXXX)
 admin=$build/clients/admin/shmcache
 redis_pid=
-huge_dir= huge_port=$((SHMCACHE_PORT + 1))
+extra_port=$((SHMCACHE_PORT + 1))
 cleanup() {
   "$admin" --stop >/dev/null 2>&1 || true
-  if [ -n "$huge_dir" ]; then
-    "$admin" -p "$huge_port" --stop >/dev/null 2>&1 || true
-    umount "$huge_dir" 2>/dev/null || umount -l "$huge_dir" 2>/dev/null || true
-    rmdir "$huge_dir" 2>/dev/null || true
-  fi
+  "$admin" -p "$extra_port" --stop >/dev/null 2>&1 || true
   if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
   rm -rf "$tmp" "$lmdb_dir"
 }
@@ -83,7 +82,15 @@ load_sample start
 echo "== servers"
 "$admin" --start -s "$tmp/spill" --log_dir "$tmp/log" >/dev/null 2>&1 ||
   "$admin" --start -s "$tmp/spill" >/dev/null
-echo "shmcache server on port $SHMCACHE_PORT (spill dir $tmp/spill)"
+# Where its segments are, and their pages: the headline's configuration.
+info=$("$admin" --server_info --json)
+shm_dir=$(sed -n 's/.*"shm_dir": "\([^"]*\)".*/\1/p' <<<"$info")
+if grep -q '"shm_huge_pages": true' <<<"$info"; then
+  headline="$shm_dir (huge pages: $(sed -n 's/.*"shm_pages": "\([^"]*\)".*/\1/p' <<<"$info"))"
+else
+  headline="$shm_dir (4 KB pages)"
+fi
+echo "shmcache server on port $SHMCACHE_PORT (spill dir $tmp/spill), segments in $headline"
 redis-server --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
   --save "" --appendonly no --daemonize no --logfile "$tmp/redis.log" \
   --dir "$tmp" &
@@ -101,25 +108,23 @@ echo "== C++ harness"
   --lmdb_dir "$lmdb_dir" --rocksdb_dir "$tmp/rocksdb" --out "$results/cpp.json"
 load_sample "C++ harness"
 
-# ---- huge pages (root only): the put and shmcache sections again, on a tmpfs with
-# huge=within_size ----------------------------------------------------------
-rm -f "$results/huge.json"
-if [ "$(id -u)" -eq 0 ]; then
-  echo "== C++ harness, segments on a tmpfs mounted huge=within_size"
-  huge_dir=$(mktemp -d /tmp/shmcache-bench-huge.XXXXXX)
-  if mount -t tmpfs -o "size=$((ws * 4 + 1024))m,huge=within_size,mode=0700" \
-      shmcache-bench-huge "$huge_dir" &&
-     "$admin" -p "$huge_port" --start --shm_dir "$huge_dir" --log_dir "$tmp/log" >/dev/null; then
-    SHMCACHE_SHM_DIR=$huge_dir "$build/benchmarks/shmcache_bench" --sections put,shmcache \
-      --seconds "$seconds" --working_set_mb "$ws" --procs 1,2 --port "$huge_port" \
-      --out "$results/huge.json" || echo "huge-page run failed; its figures are missing"
-    "$admin" -p "$huge_port" --stop >/dev/null 2>&1 || true
+# ---- the other pages: when the headline has huge pages, the put and shmcache
+# sections again on a server forced onto /dev/shm (4 KB pages) ---------------
+rm -f "$results/extra.json"
+extra_label="4 KB pages" extra_how="SHMCACHE_NO_HUGE_TMPFS=1, segments in /dev/shm"
+if grep -q '"shm_huge_pages": true' <<<"$info"; then
+  echo "== C++ harness, segments in /dev/shm (4 KB pages)"
+  if SHMCACHE_NO_HUGE_TMPFS=1 "$admin" -p "$extra_port" --start --log_dir "$tmp/log" >/dev/null; then
+    "$build/benchmarks/shmcache_bench" --sections put,shmcache \
+      --seconds "$seconds" --working_set_mb "$ws" --procs 1,2 --port "$extra_port" \
+      --out "$results/extra.json" || echo "4 KB-page run failed; its figures are missing"
+    "$admin" -p "$extra_port" --stop >/dev/null 2>&1 || true
   else
-    echo "could not mount a huge=within_size tmpfs or start a server on it; skipped"
+    echo "could not start a server on /dev/shm; skipped"
   fi
-  load_sample "huge pages"
+  load_sample "4 KB pages"
 else
-  echo "== huge pages: skipped (mounting a tmpfs needs root)"
+  echo "== the headline has 4 KB pages (huge pages need root and shmem THP); no second run"
 fi
 
 # ---- Python and PyTorch -----------------------------------------------------
@@ -134,7 +139,8 @@ load_sample "Python and DataLoader"
 # ---- report -------------------------------------------------------------------
 elapsed=$(( $(date +%s) - started ))
 /usr/bin/python3 benchmarks/report.py --cpp "$results/cpp.json" \
-  --python "$results/python.json" --huge "$results/huge.json" \
+  --python "$results/python.json" --extra "$results/extra.json" \
+  --headline "$headline" --extra_label "$extra_label" --extra_how "$extra_how" \
   --load "$results/load.txt" --elapsed "$elapsed" \
   --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \
   --json "$results/latest.json" --markdown benchmarks/RESULTS.md \

@@ -269,10 +269,14 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   CommandResult info = server.Admin({"--server_info"});
   ASSERT_EQ(info.exit_code, 0) << info.Describe();
   for (const char* field : {"Instance:", "Socket:", "Workers:", "Log level:",
-                            "Spill dir:", "Memory cap:", "NUMA nodes:", "Active sessions:"}) {
+                            "Spill dir:", "Memory cap:", "NUMA nodes:", "Shm dir:",
+                            "Active sessions:"}) {
     EXPECT_NE(info.out.find(field), std::string::npos) << field << "\n" << info.out;
   }
   EXPECT_NE(info.out.find(server.socket_path()), std::string::npos);
+  // The test server's private dir on /dev/shm: 4 KB pages, and why.
+  EXPECT_NE(info.out.find(server.shm_dir() + " (4 KB pages: tmpfs "), std::string::npos)
+      << info.out;
 
   CommandResult ij = server.Admin({"--server_info", "--json"});
   ASSERT_EQ(ij.exit_code, 0) << ij.Describe();
@@ -280,6 +284,8 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_EQ(si.get<int>("port"), server.port());
   EXPECT_EQ(si.get<std::string>("socket"), server.socket_path());
   EXPECT_EQ(si.get<std::string>("shm_dir"), server.shm_dir());
+  EXPECT_EQ(si.get<std::string>("shm_huge_pages"), "false");
+  EXPECT_NE(si.get<std::string>("shm_pages").find("without huge pages"), std::string::npos);
   EXPECT_EQ(si.get<int>("pid"), server.pid());
   EXPECT_GE(si.get<int>("workers"), 1);
   EXPECT_EQ(si.get<int>("log_level"), 1);

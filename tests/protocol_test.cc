@@ -274,6 +274,8 @@ TEST(WireTest, ServerInfoRoundTrip) {
   in.port = 50052;
   in.socket_path = "/tmp/x.sock";
   in.shm_dir = "/dev/shm";
+  in.shm_huge_pages = true;
+  in.shm_pages = "tmpfs mounted huge=within_size";
   in.pid = 42;
   in.workers = 4;
   in.log_level = 2;
@@ -294,6 +296,8 @@ TEST(WireTest, ServerInfoRoundTrip) {
   EXPECT_EQ(out.port, in.port);
   EXPECT_EQ(out.socket_path, in.socket_path);
   EXPECT_EQ(out.shm_dir, in.shm_dir);
+  EXPECT_EQ(out.shm_huge_pages, in.shm_huge_pages);
+  EXPECT_EQ(out.shm_pages, in.shm_pages);
   EXPECT_EQ(out.pid, in.pid);
   EXPECT_EQ(out.workers, in.workers);
   EXPECT_EQ(out.log_level, in.log_level);

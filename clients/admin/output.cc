@@ -94,13 +94,14 @@ std::string ServerInfoTable(const ServerInfo& i) {
       "Cache server configuration:\n"
       "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
       "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
-      "  {:<18}{}\n"
+      "  {:<18}{}\n  {:<18}{} ({} pages: {})\n"
       "Active sessions: {}\n",
       "Hostname:", "127.0.0.1", "Instance:", i.instance, "Socket:", i.socket_path,
       "Process id:", i.pid, "Workers:", i.workers, "Log level:", i.log_level,
       "Log file:", i.log_path, "Spill dir:", i.spill_dir.empty() ? "None" : i.spill_dir,
       "Memory cap:", MemoryLine(i),
-      "NUMA nodes:", i.numa_nodes,
+      "NUMA nodes:", i.numa_nodes, "Shm dir:", i.shm_dir,
+      i.shm_huge_pages ? "huge" : "4 KB", i.shm_pages,
       sessions.empty() ? "none" : sessions);
 }
 
@@ -109,11 +110,12 @@ std::string ServerInfoJson(const ServerInfo& i) {
   for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
   return fmt::format(
       "{{\"hostname\": \"127.0.0.1\", \"port\": {}, \"socket\": {}, \"shm_dir\": {}, "
-      "\"pid\": {}, \"workers\": {}, \"log_level\": {}, \"log_file\": {}, "
+      "\"shm_huge_pages\": {}, \"shm_pages\": {}, \"pid\": {}, \"workers\": {}, \"log_level\": {}, \"log_file\": {}, "
       "\"spill_dir\": {}, \"memory_cap_bytes\": {}, \"memory_used_bytes\": {}, "
       "\"memory_held_bytes\": {}, \"numa_nodes\": {}, \"sessions\": [{}], "
       "\"connections\": {}, \"start_time_unix\": {}, \"uptime_seconds\": {:.3f}}}\n",
-      i.port, JsonString(i.socket_path), JsonString(i.shm_dir), i.pid, i.workers,
+      i.port, JsonString(i.socket_path), JsonString(i.shm_dir),
+      i.shm_huge_pages ? "true" : "false", JsonString(i.shm_pages), i.pid, i.workers,
       i.log_level, JsonString(i.log_path),
       i.spill_dir.empty() ? "null" : JsonString(i.spill_dir), i.memory_cap_bytes,
       i.memory_used_bytes, i.memory_held_bytes, i.numa_nodes, sessions, i.connections,

@@ -33,8 +33,17 @@ if running; then
   fi
 fi
 # A server that died or was killed leaves its segments: they are this job's.
+# Started as root without a shm dir, it kept them in a huge-page tmpfs of
+# its own, left mounted: unmount it (never through a symlink).
 if ! running; then
   rm -f "${shm_dir:-/dev/shm}/shmcache.$SLURM_JOB_UID.$port."*
+  huge=/dev/shm/shmcache.$SLURM_JOB_UID.$port.huge
+  if [ "$shm_dir" = "$huge" ] && [ -d "$huge" ] && [ ! -L "$huge" ]; then
+    if mountpoint -q "$huge"; then
+      umount "$huge" 2>/dev/null || umount -l "$huge" || say "cannot unmount $huge"
+    fi
+    rmdir "$huge" 2>/dev/null
+  fi
 fi
 rm -rf "$job_dir" "$env_file"
 exit 0

@@ -44,8 +44,30 @@ def wait_for(cond, timeout=20.0, what="condition"):
         delay = min(delay * 2, 0.1)
 
 
-def _segments(port):
-    return glob.glob(f"/dev/shm/shmcache.{os.getuid()}.{port}.*")
+def huge_dir(port, uid=None):
+    """Where a root server started without --shm_dir mounts its huge-page
+    tmpfs (daemon/huge_tmpfs.h)."""
+    return f"/dev/shm/shmcache.{os.getuid() if uid is None else uid}.{port}.huge"
+
+
+def _segments(port, uid=None):
+    """The instance's files in /dev/shm and in its huge-page tmpfs, and that
+    mount's directory itself."""
+    uid = os.getuid() if uid is None else uid
+    return (glob.glob(f"/dev/shm/shmcache.{uid}.{port}.*") +
+            glob.glob(f"{huge_dir(port, uid)}/shmcache.{uid}.{port}.*"))
+
+
+def release_huge_dir(port, uid=None):
+    """Unmounts and removes what a killed server's huge-page tmpfs left."""
+    d = huge_dir(port, uid)
+    if os.path.isdir(d) and not os.path.islink(d):
+        if os.path.ismount(d):
+            subprocess.run(["umount", "-l", d], capture_output=True)
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def free_port():
@@ -111,6 +133,7 @@ class Server:
                 os.unlink(f)
             except OSError:
                 pass
+        release_huge_dir(self.port)
 
 
 def _alive(pid):

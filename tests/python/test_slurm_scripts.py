@@ -3,7 +3,6 @@ the environment slurmd gives them (a fake Slurm: SLURM_JOB_ID, SLURM_JOB_UID,
 ...). A job's tasks get their node's server and session from the task
 prolog; the epilog leaves nothing behind."""
 
-import glob
 import os
 import pwd
 import shutil
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ADMIN, PYTHONPATH, ROOT, free_port, wait_for, _alive
+from conftest import ADMIN, PYTHONPATH, ROOT, free_port, wait_for, _alive, _segments
 
 SLURM = ROOT / "examples" / "slurm"
 JOB_ID = 4242
@@ -86,8 +85,7 @@ class FakeJob:
 
     def leftovers(self):
         """Files the job could leave: state, shared memory."""
-        return (sorted(os.listdir(self.state_dir)) +
-                glob.glob(f"/dev/shm/shmcache.{self.uid}.{self.port}.*"))
+        return sorted(os.listdir(self.state_dir)) + _segments(self.port, self.uid)
 
 
 @pytest.fixture
@@ -131,7 +129,7 @@ def test_epilog_cleans_up_after_a_server_that_died(state_dir):
     _, exports = job.task_env()
     pid = job.server_pid(exports)
     assert job.task()[0] == "5"
-    assert glob.glob(f"/dev/shm/shmcache.{job.uid}.{job.port}.*")
+    assert [f for f in _segments(job.port, job.uid) if not f.endswith(".huge")]
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not _alive(pid), what="the server's death")
     r = job.run("epilog.sh")

@@ -3,7 +3,6 @@ verify, and Type=notify backed by a daemon that notifies readiness once its
 socket listens (checked with a NOTIFY_SOCKET of our own, as systemd would
 set it)."""
 
-import glob
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import ADMIN, BUILD, free_port
+from conftest import ADMIN, BUILD, free_port, _segments
 
 UNIT = BUILD / "daemon" / "systemd" / "shmcached@.service"
 DAEMON = BUILD / "daemon" / "shmcached"
@@ -87,4 +86,4 @@ def test_notify_unit_gets_readiness_after_the_socket_listens_and_a_stop_notice(t
             daemon.wait()
         notify.close()
     assert not (run_dir / f"shmcached-{port}.sock").exists()
-    assert glob.glob(f"/dev/shm/shmcache.{os.getuid()}.{port}.*") == []
+    assert _segments(port) == []

@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +20,9 @@
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include "instance.h"
+#include "shmcache/stats.h"
 
 namespace shmcache::reltest {
 
@@ -108,11 +113,16 @@ TestDaemon::~TestDaemon() {
   // Remove whatever this instance left, wherever its shm dir is.
   for (const std::string& f : ShmFiles()) unlink(f.c_str());
   if (own_shm_dir_) RemoveTree(shm_dir_);
+  // A killed daemon's huge-page tmpfs (a stopped one removed its own).
+  if (opts_.default_shm_dir && HugeMounted()) {
+    umount2(HugeShmDir(port_).c_str(), UMOUNT_NOFOLLOW | MNT_DETACH);
+    rmdir(HugeShmDir(port_).c_str());
+  }
   RemoveTree(base_dir_);
 }
 
 std::string TestDaemon::shm_prefix() const {
-  return fmt::format("shmcache.{}.{}.", geteuid(), port_);
+  return fmt::format("shmcache.{}.{}.", opts_.uid != 0 ? opts_.uid : geteuid(), port_);
 }
 
 ClientOptions TestDaemon::client_options() const {
@@ -121,6 +131,15 @@ ClientOptions TestDaemon::client_options() const {
   o.run_dir = run_dir_;
   o.request_timeout_ms = 5000;
   return o;
+}
+
+bool TestDaemon::HugeMounted() const {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string want = fmt::format(" {} ", HugeShmDir(port_));
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(want) != std::string::npos) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> TestDaemon::ShmFiles() const {
@@ -159,6 +178,24 @@ std::vector<std::string> TestDaemon::AdminEnv() const {
 
 Status TestDaemon::Start(const Options& o) {
   opts_ = o;
+  if (o.uid != 0) {
+    if (chown(base_dir_.c_str(), o.uid, o.uid) != 0) {
+      return Status::FromErrno("chown " + base_dir_, errno);
+    }
+  }
+  if (o.default_shm_dir) {
+    Status s = Spawn();
+    if (!s.ok()) return s;
+    // Where it put its files: what it tells clients (or, when it runs as
+    // another user and refuses this one, where it would mount).
+    shm_dir_ = HugeMounted() ? HugeShmDir(port_) : "/dev/shm";
+    std::unique_ptr<Client> c;
+    ServerInfo info;
+    if (Client::Connect(client_options(), &c).ok() && c->GetServerInfo(&info).ok()) {
+      shm_dir_ = info.shm_dir;
+    }
+    return Status::OK();
+  }
   if (o.shm_dir.empty()) {
     std::string tmpl = "/dev/shm/shmcache-rel.XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) {
@@ -182,11 +219,11 @@ Status TestDaemon::Spawn() {
       DaemonPath(),
       fmt::format("--port={}", port_),
       "--run_dir=" + run_dir_,
-      "--shm_dir=" + shm_dir_,
       "--log_dir=" + log_dir_,
       fmt::format("--workers={}", opts_.workers),
       "--loglevel=1",
       "--foreground"};
+  if (!opts_.default_shm_dir) args.push_back("--shm_dir=" + shm_dir_);
   if (opts_.memory_cap_mb) {
     args.push_back(fmt::format("--memory_cap_mb={}", opts_.memory_cap_mb));
   }
@@ -201,6 +238,12 @@ Status TestDaemon::Spawn() {
   if (pid == 0) {
     fcntl(fds[1], F_SETFD, 0);
     if (opts_.fd_limit > 0 && setrlimit(RLIMIT_NOFILE, &fd_limit) != 0) _exit(126);
+    if (opts_.default_shm_dir) unsetenv("SHMCACHE_SHM_DIR");
+    for (std::string& e : opts_.extra_env) putenv(e.data());
+    if (opts_.uid != 0 && (setgroups(0, nullptr) != 0 || setgid(opts_.uid) != 0 ||
+                           setuid(opts_.uid) != 0)) {
+      _exit(125);
+    }
     std::vector<char*> cargs;
     for (std::string& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);

@@ -901,6 +901,8 @@ PYBIND11_MODULE(_shmcache, m) {
         d["port"] = i.port;
         d["socket_path"] = i.socket_path;
         d["shm_dir"] = i.shm_dir;
+        d["shm_huge_pages"] = i.shm_huge_pages;
+        d["shm_pages"] = i.shm_pages;
         d["pid"] = i.pid;
         d["workers"] = i.workers;
         d["log_level"] = i.log_level;

@@ -40,6 +40,8 @@ struct ServerInfo {
   int port = 0;
   std::string socket_path;
   std::string shm_dir;
+  bool shm_huge_pages = false;  // the pages of shm_dir are huge
+  std::string shm_pages;        // why, e.g. "tmpfs mounted huge=within_size"
   int pid = 0;
   int workers = 0;
   int log_level = 0;
