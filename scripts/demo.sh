@@ -42,7 +42,8 @@ echo "shared-memory files left in /dev/shm: $left"
 echo
 echo "== Python: scripts/cache.sh, $devices PyTorch device processes on one session"
 data_dir=$(mktemp -d /tmp/shmcache-demo.XXXXXX)
-/usr/bin/python3 scripts/my_training_script.py --generate 20000 \
+PYTHONPATH=$root/build/clients/python${PYTHONPATH:+:$PYTHONPATH} \
+  /usr/bin/python3 scripts/my_training_script.py --generate 20000 \
   --dataset_path "$data_dir/cifar10"
 shmcache --start
 trap 'shmcache --stop >/dev/null 2>&1 || true; rm -rf "$data_dir"' EXIT
