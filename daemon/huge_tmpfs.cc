@@ -140,6 +140,11 @@ bool ShmDirGiven(const std::string& shm_dir_option) {
   return !shm_dir_option.empty() || (env != nullptr && *env != '\0');
 }
 
+bool HugeTmpfsAsked() {
+  const char* v = std::getenv("SHMCACHE_HUGE_TMPFS");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
 uint64_t HugeTmpfsBytes(uint64_t memory_cap) {
   constexpr uint64_t kHuge = 2u << 20;
   return (memory_cap + (64u << 20) + kHuge - 1) / kHuge * kHuge;
@@ -148,10 +153,6 @@ uint64_t HugeTmpfsBytes(uint64_t memory_cap) {
 ShmDirChoice ChooseShmDir(int port, uint64_t tmpfs_bytes) {
   ShmPages dev_shm = ShmPagesOf(kDevShm);
   if (dev_shm.huge) return {kDevShm, true, false, ShmPagesNote(kDevShm, dev_shm), ""};
-  if (const char* off = std::getenv("SHMCACHE_NO_HUGE_TMPFS");
-      off != nullptr && *off != '\0' && std::strcmp(off, "0") != 0) {
-    return Fallback("SHMCACHE_NO_HUGE_TMPFS is set");
-  }
   if (std::string why = NoShmemThp(); !why.empty()) return Fallback(why);
   if (!HasSysAdmin()) {
     return Fallback("mounting one needs root (CAP_SYS_ADMIN): start the server as root");

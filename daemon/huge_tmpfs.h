@@ -1,7 +1,12 @@
-// HugeTmpfs: the shm dir of a server started without --shm_dir (nor
-// $SHMCACHE_SHM_DIR). Filling a cold cache is bound by the kernel's cost per
-// tmpfs page (shm_pages.h); on a tmpfs with huge pages puts of 3 KB rows run
-// about 3x faster. So the server picks, in this order:
+// HugeTmpfs: the shm dir of a server started with SHMCACHE_HUGE_TMPFS=1 and
+// without --shm_dir (nor $SHMCACHE_SHM_DIR). Filling a cold cache is bound
+// by the kernel's cost per tmpfs page (shm_pages.h); on a tmpfs with huge
+// pages puts of 3 KB rows ran 1-2 M rows/s against 0.5-0.6 M on 4 KB
+// pages, but not reliably: on this project's shared VM the same benchmark
+// on a fresh huge tmpfs also ran at 0.12-0.4 M rows/s (huge pages that the
+// kernel must first compact), and a first DataLoader epoch was slower. So
+// it is asked for, not the default. When asked, the server picks, in this
+// order:
 //
 //  1. /dev/shm itself when its pages are huge already;
 //  2. its own tmpfs at HugeShmDir(port) = /dev/shm/shmcache.<uid>.<port>.huge,
@@ -12,7 +17,7 @@
 //     "deny"). A huge tmpfs already mounted there (left by a server that was
 //     killed) is adopted with its files, and resized to this server's cap;
 //  3. else /dev/shm (4 KB pages), with one log line saying why and how to
-//     get huge pages. SHMCACHE_NO_HUGE_TMPFS=1 asks for this case.
+//     get huge pages.
 //
 // The mount point is created 0700 in /dev/shm (world-writable, sticky) and
 // used only through a descriptor opened O_NOFOLLOW | O_DIRECTORY: a symlink
@@ -47,6 +52,10 @@ struct ShmDirChoice {
 // Whether the user named the shm dir (a non-empty --shm_dir or
 // $SHMCACHE_SHM_DIR): then the server never mounts anything.
 bool ShmDirGiven(const std::string& shm_dir_option);
+
+// Whether $SHMCACHE_HUGE_TMPFS asks for the server's own huge-page tmpfs
+// (set, not empty, not "0").
+bool HugeTmpfsAsked();
 
 // tmpfs size for a server whose memory cap is `memory_cap`: the cap (every
 // segment, table and header is reserved under it) and 64 MB for the

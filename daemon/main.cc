@@ -176,11 +176,11 @@ std::vector<std::thread> StartWorkers(boost::asio::io_context& io, int workers,
   return threads;
 }
 
-// The shm dir the user named, or the one ChooseShmDir picks (mounting a
-// huge-page tmpfs when it can). After the instance lock: one server of a
-// port mounts at a time.
+// The shm dir the user named (or /dev/shm), or, when SHMCACHE_HUGE_TMPFS
+// asks for it, the one ChooseShmDir picks (mounting a huge-page tmpfs when
+// it can). After the instance lock: one server of a port mounts at a time.
 ShmDirChoice PickShmDir(const DaemonOptions& opts, const InstancePaths& paths) {
-  if (ShmDirGiven(opts.shm_dir)) {
+  if (ShmDirGiven(opts.shm_dir) || !HugeTmpfsAsked()) {
     ShmPages pages = ShmPagesOf(paths.shm_dir);
     return {paths.shm_dir, pages.huge, false, ShmPagesNote(paths.shm_dir, pages), ""};
   }

@@ -8,13 +8,12 @@
 # benchmarks/RESULTS.md and docs/bench.png. Everything it starts is
 # stopped on exit.
 #
-# The headline server runs in its default configuration: as root it mounts
-# a tmpfs of its own with huge=within_size (2 MB pages for segments; see
-# daemon/huge_tmpfs.h), else it uses /dev/shm (4 KB pages); the table says
-# which. When the headline has huge pages, a second server forced onto
-# /dev/shm (SHMCACHE_NO_HUGE_TMPFS=1) measures the C++ put/get/view again:
-# an extra, labelled configuration. Both servers are stopped on exit,
-# which unmounts the tmpfs.
+# The headline server runs in its default configuration (/dev/shm; the
+# table says which pages it has). When root, a second server started with
+# SHMCACHE_HUGE_TMPFS=1 mounts a tmpfs of its own with huge=within_size (2 MB
+# pages for segments; see daemon/huge_tmpfs.h) and measures the C++
+# put/get/view again there: an extra, labelled configuration. Both servers
+# are stopped on exit, which unmounts the tmpfs.
 # The load average is sampled at each stage and printed with the table:
 # figures taken with a load above the CPU count are unreliable.
 #
@@ -108,23 +107,23 @@ echo "== C++ harness"
   --lmdb_dir "$lmdb_dir" --rocksdb_dir "$tmp/rocksdb" --out "$results/cpp.json"
 load_sample "C++ harness"
 
-# ---- the other pages: when the headline has huge pages, the put and shmcache
-# sections again on a server forced onto /dev/shm (4 KB pages) ---------------
+# ---- the other pages: when the headline has 4 KB pages and this is root, the
+# put and shmcache sections again on a server with its own huge-page tmpfs ---
 rm -f "$results/extra.json"
-extra_label="4 KB pages" extra_how="SHMCACHE_NO_HUGE_TMPFS=1, segments in /dev/shm"
-if grep -q '"shm_huge_pages": true' <<<"$info"; then
-  echo "== C++ harness, segments in /dev/shm (4 KB pages)"
-  if SHMCACHE_NO_HUGE_TMPFS=1 "$admin" -p "$extra_port" --start --log_dir "$tmp/log" >/dev/null; then
+extra_label="huge pages" extra_how="SHMCACHE_HUGE_TMPFS=1: the server's own tmpfs, huge=within_size"
+if ! grep -q '"shm_huge_pages": true' <<<"$info" && [ "$(id -u)" = 0 ]; then
+  echo "== C++ harness, segments on a huge-page tmpfs"
+  if SHMCACHE_HUGE_TMPFS=1 "$admin" -p "$extra_port" --start --log_dir "$tmp/log" >/dev/null; then
     "$build/benchmarks/shmcache_bench" --sections put,shmcache \
       --seconds "$seconds" --working_set_mb "$ws" --procs 1,2 --port "$extra_port" \
-      --out "$results/extra.json" || echo "4 KB-page run failed; its figures are missing"
+      --out "$results/extra.json" || echo "huge-page run failed; its figures are missing"
     "$admin" -p "$extra_port" --stop >/dev/null 2>&1 || true
   else
-    echo "could not start a server on /dev/shm; skipped"
+    echo "could not start a server with a huge-page tmpfs; skipped"
   fi
-  load_sample "4 KB pages"
+  load_sample "huge pages"
 else
-  echo "== the headline has 4 KB pages (huge pages need root and shmem THP); no second run"
+  echo "== no second run (the headline has huge pages already, or this is not root)"
 fi
 
 # ---- Python and PyTorch -----------------------------------------------------

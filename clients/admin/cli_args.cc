@@ -89,11 +89,11 @@ Options of --start:
   -r, --memory_cap_ratio R   share of physical memory all caches may use, (0,1]
                              (default 0.8)
   --memory_cap_mb N          absolute memory cap in MB (overrides -r)
-  --shm_dir DIR              where segments live (env SHMCACHE_SHM_DIR).
-                             Default: as root, a huge-page tmpfs the server
-                             mounts at /dev/shm/shmcache.<uid>.<port>.huge
-                             (unmounted by --stop; SHMCACHE_NO_HUGE_TMPFS=1
-                             turns it off), else /dev/shm; the log says which
+  --shm_dir DIR              where segments live (default /dev/shm, env
+                             SHMCACHE_SHM_DIR). With SHMCACHE_HUGE_TMPFS=1
+                             and as root, a huge-page tmpfs the server mounts
+                             at /dev/shm/shmcache.<uid>.<port>.huge (unmounted
+                             by --stop); the log says which pages it got
   --log_dir DIR              where logs go, owner-only (default <run dir>/log:
                              /tmp/shmcache-<uid>/log or $SHMCACHE_RUN_DIR/log)
   --metrics_file PATH        rewrite --metrics output there every few seconds,

@@ -61,10 +61,12 @@ std::string CannotMount() {
   return "";
 }
 
-TestDaemon::Options DefaultShmDir() {
+// A server without --shm_dir that asks for its own huge-page tmpfs.
+TestDaemon::Options HugeAsked() {
   TestDaemon::Options o;
   o.default_shm_dir = true;
   o.memory_cap_mb = 256;
+  o.extra_env = {"SHMCACHE_HUGE_TMPFS=1"};
   return o;
 }
 
@@ -94,10 +96,10 @@ int ReadRowsElsewhere(const TestDaemon& d, uint32_t session) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-TEST(HugeTmpfs, RootWithoutShmDirMountsHugePagesAndStopRemovesThem) {
+TEST(HugeTmpfs, AskedForAsRootItMountsHugePagesAndStopRemovesThem) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(DefaultShmDir()).ok());
+  ASSERT_TRUE(d.Start(HugeAsked()).ok());
   const std::string dir = HugeShmDir(d.port());
   EXPECT_EQ(d.shm_dir(), dir);
   std::string mount = MountInfoLine(dir);
@@ -128,7 +130,7 @@ TEST(HugeTmpfs, RootWithoutShmDirMountsHugePagesAndStopRemovesThem) {
 TEST(HugeTmpfs, RestartAfterKillAdoptsTheRowsInTheMount) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(DefaultShmDir()).ok());
+  ASSERT_TRUE(d.Start(HugeAsked()).ok());
   SessionCache sc;
   PutRows(d, &sc);
   uint32_t session = sc.session;
@@ -144,17 +146,20 @@ TEST(HugeTmpfs, RestartAfterKillAdoptsTheRowsInTheMount) {
   EXPECT_FALSE(Exists(HugeShmDir(d.port())));
 }
 
-TEST(HugeTmpfs, OptOutFallsBackToDevShmWithOneLogLine) {
+// Not asked for (the default): /dev/shm, and one line saying how to get
+// huge pages.
+TEST(HugeTmpfs, NotAskedForItUsesDevShmWithOneLogLine) {
   if (geteuid() == 0 && !CannotMount().empty()) GTEST_SKIP() << CannotMount();
   TestDaemon d;
-  TestDaemon::Options o = DefaultShmDir();
-  o.extra_env = {"SHMCACHE_NO_HUGE_TMPFS=1"};
+  TestDaemon::Options o = HugeAsked();
+  o.extra_env = {};
   ASSERT_TRUE(d.Start(o).ok());
   EXPECT_EQ(d.shm_dir(), "/dev/shm");
   EXPECT_FALSE(Exists(HugeShmDir(d.port())));
+  EXPECT_EQ(MountInfoLine(HugeShmDir(d.port())), "");
   std::string log = d.ReadLog();
-  EXPECT_EQ(Count(log, "no huge-page tmpfs of its own"), 1u) << log;
-  EXPECT_NE(log.find("SHMCACHE_NO_HUGE_TMPFS is set"), std::string::npos) << log;
+  EXPECT_EQ(Count(log, "shm dir /dev/shm: 4 KB pages"), 1u) << log;
+  EXPECT_NE(log.find("huge=within_size"), std::string::npos) << log;
   SessionCache sc;
   PutRows(d, &sc);
   EXPECT_EQ(ReadRowsElsewhere(d, sc.session), 0);
@@ -165,7 +170,7 @@ TEST(HugeTmpfs, OptOutFallsBackToDevShmWithOneLogLine) {
 TEST(HugeTmpfs, ServerWithoutCapSysAdminFallsBackWithTheReason) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  TestDaemon::Options o = DefaultShmDir();
+  TestDaemon::Options o = HugeAsked();
   o.uid = kNobody;  // a real non-root server: mount(2) is not allowed
   ASSERT_TRUE(d.Start(o).ok());
   EXPECT_FALSE(Exists(fmt::format("/dev/shm/shmcache.{}.{}.huge", kNobody, d.port())));
@@ -196,7 +201,7 @@ TEST(HugeTmpfs, PlantedSymlinkOrForeignDirectoryIsNeverUsed) {
       ASSERT_EQ(mkdir(dir.c_str(), 0777), 0);
       ASSERT_EQ(chown(dir.c_str(), kNobody, kNobody), 0);
     }
-    ASSERT_TRUE(d.Start(DefaultShmDir()).ok());
+    ASSERT_TRUE(d.Start(HugeAsked()).ok());
     EXPECT_EQ(d.shm_dir(), "/dev/shm");
     EXPECT_EQ(MountInfoLine(dir), "");
     EXPECT_EQ(MountInfoLine(target.path()), "");
