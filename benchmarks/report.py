@@ -241,7 +241,7 @@ def targets(d):
         row("DataLoader: first epoch with cache vs no cache",
             f"{v['dataloader.epoch1_cache_s']:.2f} s vs "
             f"{v['dataloader.epoch_no_cache_s']:.2f} s",
-            f"{first:.2f}x", "<= 1.10x", first <= 1.10)
+            f"{first:.2f}x", "<= 1.05x", first <= 1.05)
         sync = v.get("dataloader.first_epoch_ratio_sync_puts")
         if sync is not None:
             row("DataLoader: first epoch with every put waited for "
@@ -267,7 +267,7 @@ def targets(d):
             f"{l1:.2f}x", "<= 1.00x", l1 <= 1.0)
     if speed is None:
         row("DataLoader steady / first epoch", "skipped: " +
-            d.skipped.get("dataloader", "?"), "—", ">= 5x / <= 1.10x", None)
+            d.skipped.get("dataloader", "?"), "—", ">= 5x / <= 1.05x", None)
     pf = v.get("prefill.vs_decode_epoch")
     if pf is not None:
         row(f"prefill of {v['prefill.rows']:.0f} JPEGs, 2 processes, vs an "
