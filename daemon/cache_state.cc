@@ -673,6 +673,7 @@ CacheStats CacheState::Stats() const {
   uint32_t st = header_->state.load();
   out.full = (st & layout::kStateFull) ||
              ((st & layout::kStateMemFull) && !(st & layout::kStateSpilling));
+  out.spilling = layout::SpillsNow(st);
   return out;
 }
 

@@ -562,8 +562,7 @@ bool CacheImpl::SpillingOn() const {
 }
 
 bool CacheImpl::SpillsNow() const {
-  uint32_t st = header_->state.load(std::memory_order_relaxed);
-  return (st & layout::kStateSpilling) && (st & layout::kStateMemFull);
+  return layout::SpillsNow(header_->state.load(std::memory_order_relaxed));
 }
 
 Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns,

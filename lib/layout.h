@@ -1,17 +1,23 @@
 // The shared-memory layout: every structure that lives in a segment file,
 // and the rules for reading it. Structures link by offsets and segment ids,
-// never by pointers. Every file starts with a magic number, the layout
-// version and its sizes; attaching checks all three and refuses a mismatch.
+// never by pointers. Every binary file (cache, table, seg) starts with a
+// magic number, the layout version and its sizes; attaching checks all three and refuses a mismatch.
 //
-// Files of one instance (prefix "shmcache.<uid>.<port>." in the shm dir;
-// names in instance.h):
+// Files of one instance: "<shm dir>/shmcache.<uid>.<port>." followed by
+// (names written and parsed by InstancePaths and ParseShmName, instance.h;
+// numbers in decimal):
 //   cache.<cache_id>              CacheHeader: identity, state, stats, tables
-//   table.<cache_id>.<gen>.<tag>  TableHeader + Slot[capacity] (the index)
-//   seg.<cache_id>.<seg_id>       SegmentHeader + chunks of rows (one cache,
+//   table.<cache_id>.<gen>.<tag>  TableHeader + Slot[capacity] (the index);
+//                                 tag: 8 lowercase hex digits, TableInfo::tag
+//   seg.<cache_id>.<seg_no>       SegmentHeader + chunks of rows (one cache,
 //                                 one NUMA node)
-//   sessions                      live session ids (text)
+//   sessions                      (daemon only) live session ids, one per
+//                                 line, as text: no header
 //   spilldb                       (daemon only) text: the spill database the
 //                                 index's spilled rows are in; absent when none
+//   huge                          (daemon only, always in /dev/shm) a
+//                                 directory: the server's own huge-page
+//                                 tmpfs, when it mounts one
 //
 // Writers: the daemon alone creates, sizes and unlinks files and writes the
 // fields marked (daemon). Clients write rows into chunks leased to them, the
@@ -31,7 +37,6 @@ inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
 inline constexpr uint64_t kTableMagic = 0x31424154434D4853ULL;    // "SHMCTAB1"
-inline constexpr uint64_t kSessionsMagic = 0x31534553434D4853ULL; // "SHMCSES1"
 inline constexpr uint32_t kChunkMagic = 0x4B4E4843;               // CHNK
 
 inline constexpr size_t kCacheLine = 64;
@@ -91,6 +96,13 @@ inline constexpr uint32_t kStateDestroyed = 2;  // session dropped
 inline constexpr uint32_t kStateSpilling = 4;   // rows beyond budget to disk
 inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
                                                 // kStateSpilling, rows go to disk
+
+// A cache in `state` sends new rows to disk: spilling is on and its memory
+// budget is used up (CacheStats::spilling). One reading for the library and
+// the daemon.
+inline bool SpillsNow(uint32_t state) {
+  return (state & kStateSpilling) && (state & kStateMemFull);
+}
 
 struct TableInfo {
   std::atomic<uint64_t> capacity;  // (daemon) 0 until the table exists
@@ -183,14 +195,6 @@ inline uint64_t SegmentBytesFor(uint64_t chunk_bytes) {
   return (kSegmentHeaderSize + chunk_bytes + kSegmentGrain - 1) / kSegmentGrain *
          kSegmentGrain;
 }
-
-// ---- Sessions file --------------------------------------------------------
-struct alignas(kCacheLine) SessionsFile {
-  FileHeader file;
-  uint32_t count;   // (daemon)
-  uint32_t pad;
-  uint32_t ids[kMaxSessions];
-};
 
 // Validates a mapped file's common header: magic, version, header size and
 // file size against the mapping. Returns nullptr when valid, else what was

@@ -98,6 +98,7 @@ void WriteSessions(WireWriter& w, std::span<const SessionInfo> sessions) {
       w.U64(c.disk_bytes);
       w.U64(c.puts_full);
       w.U64(c.spill_reads);
+      w.U8(c.spilling ? 1 : 0);
     }
   }
 }
@@ -128,6 +129,7 @@ bool ReadSessions(WireReader& r, std::vector<SessionInfo>* out) {
       c.disk_bytes = r.U64();
       c.puts_full = r.U64();
       c.spill_reads = r.U64();
+      c.spilling = r.U8() != 0;
       s.caches.push_back(std::move(c));
     }
     out->push_back(std::move(s));

@@ -303,6 +303,36 @@ TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
   RemoveTree(spill);
 }
 
+// The daemon's listing reads "spilling" as a cache's own GetStats does.
+TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    auto listed_spilling = [&] {
+      std::vector<SessionInfo> sessions;
+      EXPECT_TRUE(client->ListSessions(&sessions).ok());
+      EXPECT_EQ(sessions.size(), 1u);
+      EXPECT_EQ(sessions.empty() ? 0u : sessions[0].caches.size(), 1u);
+      return !sessions.empty() && !sessions[0].caches.empty() &&
+             sessions[0].caches[0].spilling;
+    };
+    EXPECT_EQ(PutRows(cache.get(), 1), 1u);
+    EXPECT_FALSE(listed_spilling());  // within its budget: rows in memory
+    const size_t rows = (4u << 20) / kRowBytes;  // 4 MB into a 1 MB budget
+    EXPECT_EQ(PutRows(cache.get(), rows), rows);
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    ASSERT_TRUE(st.spilling);
+    EXPECT_TRUE(listed_spilling());
+  }
+  RemoveTree(spill);
+}
+
 TEST(CapacityTest, FullCacheWithoutSpillingRejectsPutsAndKeepsRows) {
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.start_result().Describe();
