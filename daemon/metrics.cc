@@ -6,9 +6,7 @@
 #include <cstring>
 #include <iterator>
 
-#ifndef SHMCACHE_VERSION
-#define SHMCACHE_VERSION "unknown"
-#endif
+#include "shmcache/version.h"
 
 namespace shmcache {
 namespace {
@@ -134,8 +132,9 @@ std::string PrometheusText(const ServerInfo& info,
   Family(out, "shmcache_server_info", "gauge",
          "The server's configuration, as labels; the value is always 1.");
   Sample(out, "shmcache_server_info",
-         fmt::format("{},version=\"{}\",shm_dir=\"{}\",spill_dir=\"{}\"", port,
-                     SHMCACHE_VERSION, PrometheusLabelValue(info.shm_dir),
+         fmt::format("{},version=\"{}.{}.{}\",shm_dir=\"{}\",spill_dir=\"{}\"",
+                     port, kMajorVersion, kMinorVersion, kPatchVersion,
+                     PrometheusLabelValue(info.shm_dir),
                      PrometheusLabelValue(info.spill_dir)),
          uint64_t{1});
   struct ServerMetric {

@@ -1,0 +1,12 @@
+// The version of the shmcache library and tools, as meson.build's project
+// version states it (tests/version_test.cc checks that the two agree).
+// Update both when releasing.
+#pragma once
+
+namespace shmcache {
+
+inline constexpr int kMajorVersion = 0;
+inline constexpr int kMinorVersion = 1;
+inline constexpr int kPatchVersion = 0;
+
+}  // namespace shmcache

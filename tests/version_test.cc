@@ -1,0 +1,22 @@
+// shmcache/version.h states the version meson.build's project() declares.
+#include "shmcache/version.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace shmcache {
+namespace {
+
+TEST(VersionTest, MatchesTheMesonProjectVersion) {
+  const char* meson = std::getenv("SHMCACHE_PROJECT_VERSION");
+  ASSERT_NE(meson, nullptr) << "run through meson test";
+  std::string header = std::to_string(kMajorVersion) + "." +
+                       std::to_string(kMinorVersion) + "." +
+                       std::to_string(kPatchVersion);
+  EXPECT_EQ(header, meson);
+}
+
+}  // namespace
+}  // namespace shmcache
