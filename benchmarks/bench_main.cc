@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     if (!c.Wants(name)) return;
     std::fprintf(stderr, "== %s\n", name);
     double t0 = bench::NowSec();
-    if (available && fn) fn(c, src, &report);
+    if (available) fn(c, src, &report);
     else report.Skip(name, why);
     report.Value(std::string("time.") + name, bench::NowSec() - t0);
   };
@@ -91,21 +91,9 @@ int main(int argc, char** argv) {
   section("put", bench::BenchPut, true, "");
   section("shmcache", bench::BenchShmcache, true, "");
   section("spill", bench::BenchSpill, true, "");
-#ifdef BENCH_HAVE_HIREDIS
   section("redis", bench::BenchRedis, !c.redis_socket.empty(), "no --redis_socket");
-#else
-  section("redis", nullptr, false, "built without hiredis");
-#endif
-#ifdef BENCH_HAVE_LMDB
   section("lmdb", bench::BenchLmdb, !c.lmdb_dir.empty(), "no --lmdb_dir");
-#else
-  section("lmdb", nullptr, false, "built without liblmdb");
-#endif
-#ifdef BENCH_HAVE_ROCKSDB
   section("rocksdb", bench::BenchRocksdb, !c.rocksdb_dir.empty(), "no --rocksdb_dir");
-#else
-  section("rocksdb", nullptr, false, "built without RocksDB");
-#endif
   if (!report.Write(c.out)) {
     std::perror(c.out.c_str());
     return 1;
