@@ -11,18 +11,9 @@
 
 #include "cache_state.h"
 #include "instance.h"
+#include "parse_number.h"
 
 namespace shmcache {
-
-static bool ParseLong(std::string_view v, long lo, long hi, long* out) {
-  std::string s(v);
-  char* end = nullptr;
-  errno = 0;
-  long n = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) return false;
-  *out = n;
-  return true;
-}
 
 Status CheckSpillDir(const std::string& dir) {
   if (dir.empty() || dir[0] != '/') {
@@ -106,19 +97,19 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
                                      std::string(v) + "'");
     };
     if (k == "port") {
-      if (!ParseLong(v, 1025, 65535, &n)) return bad();
+      if (!ParseDecimal(v, 1025, 65535, &n)) return bad();
       o->port = static_cast<int>(n);
     } else if (k == "workers") {
-      if (!ParseLong(v, 1, 512, &n)) return bad();
+      if (!ParseDecimal(v, 1, 512, &n)) return bad();
       o->workers = static_cast<int>(n);
     } else if (k == "loglevel") {
-      if (!ParseLong(v, 0, 4, &n)) return bad();
+      if (!ParseDecimal(v, 0, 4, &n)) return bad();
       o->log_level = static_cast<int>(n);
     } else if (k == "ready_fd") {
-      if (!ParseLong(v, 0, 1 << 20, &n)) return bad();
+      if (!ParseDecimal(v, 0, 1 << 20, &n)) return bad();
       o->ready_fd = static_cast<int>(n);
     } else if (k == "watch_pid") {
-      if (!ParseLong(v, 1, 1L << 30, &n)) return bad();
+      if (!ParseDecimal(v, 1, 1L << 30, &n)) return bad();
       o->watch_pid = static_cast<int>(n);
     } else if (k == "spilldir") {
       o->spill_dir = v;
@@ -138,16 +129,16 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
       if (v.empty() || v[0] != '/') return bad();
       o->metrics_file = v;
     } else if (k == "metrics_interval") {
-      if (!ParseLong(v, 1, 3600, &n)) return bad();
+      if (!ParseDecimal(v, 1, 3600, &n)) return bad();
       o->metrics_interval_s = static_cast<int>(n);
     } else if (k == "memory_cap_mb") {
-      if (!ParseLong(v, 1, 1L << 40, &n)) return bad();
+      if (!ParseDecimal(v, 1, 1L << 40, &n)) return bad();
       o->memory_cap_bytes = static_cast<uint64_t>(n) << 20;
     } else if (k == "stall_timeout_ms") {  // not in the admin CLI: for tests
-      if (!ParseLong(v, 1, 1L << 30, &n)) return bad();
+      if (!ParseDecimal(v, 1, 1L << 30, &n)) return bad();
       o->stall_timeout_ms = static_cast<int>(n);
     } else if (k == "body_bytes_cap_mb") {  // not in the admin CLI: for tests
-      if (!ParseLong(v, 1, 1L << 20, &n)) return bad();
+      if (!ParseDecimal(v, 1, 1L << 20, &n)) return bad();
       o->body_bytes_cap = static_cast<uint64_t>(n) << 20;
     } else {
       return Status::InvalidArgument("unknown option --" + std::string(k));

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fmt/format.h>
 
+#include "parse_number.h"
 #include "shmcache/options.h"
 
 namespace shmcache {
@@ -102,11 +103,8 @@ ShmName ParseShmName(std::string_view rest) {
 }
 
 Status ParsePort(const std::string& text, int* port) {
-  char* end = nullptr;
-  errno = 0;
-  long v = text.empty() ? -1 : std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v < kMinPort ||
-      v > kMaxPort) {
+  long v = 0;
+  if (!ParseDecimal(text, kMinPort, kMaxPort, &v)) {
     return Status::InvalidArgument(fmt::format(
         "port '{}' is not a number in {}..{}", text, kMinPort, kMaxPort));
   }

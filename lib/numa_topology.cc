@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "parse_number.h"
+
 #ifdef SHMCACHE_HAVE_NUMA
 #include <numa.h>
 #include <numaif.h>
@@ -17,10 +19,8 @@ namespace shmcache {
 static int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 0 || n > 1024) return fallback;
-  return static_cast<int>(n);
+  long n = 0;
+  return ParseDecimal(v, 0, 1024, &n) ? static_cast<int>(n) : fallback;
 }
 
 NumaTopology& NumaTopology::Get() {

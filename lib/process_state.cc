@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "parse_number.h"
+
 namespace shmcache {
 
 bool ProcessGone(int pid) {
@@ -22,7 +24,7 @@ bool ProcessGone(int pid) {
     if (std::strncmp(line, "State:", 6) == 0) {
       std::sscanf(line + 6, " %c", &state);
     } else if (std::strncmp(line, "Threads:", 8) == 0) {
-      threads = std::strtol(line + 8, nullptr, 10);
+      LeadingLong(line + 8, &threads);
     }
   }
   fclose(f);

@@ -7,6 +7,7 @@
 
 #include "daemon_options.h"
 #include "instance.h"
+#include "parse_number.h"
 
 namespace shmcache::admin {
 namespace {
@@ -40,15 +41,6 @@ constexpr OptionSpec kOptions[] = {
     {"", "metrics_file", true, true},
     {"", "metrics_interval", true, true},
 };
-
-bool ParseInt(const std::string& v, long lo, long hi, long* out) {
-  char* end = nullptr;
-  errno = 0;
-  long n = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) return false;
-  *out = n;
-  return true;
-}
 
 Status SetCommand(CliArgs* a, Command c, const std::string& flag) {
   if (a->command != Command::kNone) {
@@ -161,7 +153,7 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
     else if (name == "help") s = SetCommand(a, Command::kHelp, flag);
     else if (name == "destroy_session") {
       s = SetCommand(a, Command::kDestroy, flag);
-      if (s.ok() && !ParseInt(value, 0, 4294967295L, &n)) {
+      if (s.ok() && !ParseDecimal(value, 0, 4294967295L, &n)) {
         return Status::InvalidArgument(fmt::format(
             "session id '{}' is not a number in 0..4294967295", value));
       }
@@ -172,13 +164,13 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
     } else if (name == "port") {
       s = ParsePort(value, &a->port);
     } else if (name == "workers") {
-      if (!ParseInt(value, 1, 512, &n)) {
+      if (!ParseDecimal(value, 1, 512, &n)) {
         return Status::InvalidArgument(fmt::format(
             "worker count '{}' is not a number in 1..512", value));
       }
       a->workers = static_cast<int>(n);
     } else if (name == "loglevel") {
-      if (!ParseInt(value, 0, 4, &n)) {
+      if (!ParseDecimal(value, 0, 4, &n)) {
         return Status::InvalidArgument(
             fmt::format("log level '{}' is not a number in 0..4", value));
       }
@@ -194,7 +186,7 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
       }
       a->memory_cap_ratio = r;
     } else if (name == "memory_cap_mb") {
-      if (!ParseInt(value, 1, 1L << 40, &n)) {
+      if (!ParseDecimal(value, 1, 1L << 40, &n)) {
         return Status::InvalidArgument(fmt::format(
             "memory cap '{}' is not a positive number of MB", value));
       }
@@ -220,7 +212,7 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
       }
       a->metrics_file = value;
     } else if (name == "metrics_interval") {
-      if (!ParseInt(value, 1, 3600, &n)) {
+      if (!ParseDecimal(value, 1, 3600, &n)) {
         return Status::InvalidArgument(fmt::format(
             "metrics interval '{}' is not a number of seconds in 1..3600", value));
       }

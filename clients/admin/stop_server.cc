@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "instance.h"
+#include "parse_number.h"
 #include "process_state.h"
 #include "shmcache/client.h"
 
@@ -77,7 +78,8 @@ Status LockHolder(const std::string& lock_path, int* pid) {
   char buf[32] = {};
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
   close(fd);
-  long named = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+  long named = 0;
+  if (n > 0) LeadingLong(buf, &named);
   if (named <= 0 || named > INT32_MAX || !IsOurDaemon(static_cast<int>(named))) {
     return Status::Unavailable(
         fmt::format("a process holds {} but the process id in it ({}) is not a cache "

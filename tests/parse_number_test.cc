@@ -1,0 +1,53 @@
+// parse_number.h reads numbers as strtol did at the sites it replaced: the
+// same inputs accepted with the same values, the same refused.
+#include "parse_number.h"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+namespace shmcache {
+namespace {
+
+const char* const kInputs[] = {
+    "", " ", "0", "-0", "+0", "42", " 42", "\t\n42", "+42", "-42", "042",
+    "42 ", "42x", "x42", "4 2", "+", "-", "+-5", "-+5", "--5", "++5", "- 5",
+    "0x10", "1e3", "65535", "65536", "1025", "9223372036854775807",
+    "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+    "99999999999999999999999", "-99999999999999999999999", "1234\n"};
+
+// What the replaced code did: strtol with an end check, errno and range.
+bool OldParse(const std::string& v, long lo, long hi, long* out) {
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) return false;
+  *out = n;
+  return true;
+}
+
+TEST(ParseNumberTest, ParseDecimalAcceptsWhatStrtolAccepted) {
+  for (const char* in : kInputs) {
+    for (auto [lo, hi] : {std::pair{LONG_MIN, LONG_MAX}, std::pair{1025L, 65535L},
+                          std::pair{0L, 4L}}) {
+      long want = -7, got = -7;
+      EXPECT_EQ(ParseDecimal(in, lo, hi, &got), OldParse(in, lo, hi, &want))
+          << "'" << in << "' in " << lo << ".." << hi;
+      EXPECT_EQ(got, want) << "'" << in << "'";
+    }
+  }
+}
+
+TEST(ParseNumberTest, LeadingLongGivesWhatStrtolGave) {
+  for (const char* in : kInputs) {
+    long got = -7;
+    LeadingLong(in, &got);
+    EXPECT_EQ(got, std::strtol(in, nullptr, 10)) << "'" << in << "'";
+  }
+}
+
+}  // namespace
+}  // namespace shmcache
