@@ -1,9 +1,9 @@
 // MetricsFile: keeps a file with this server's Prometheus metrics (see
 // metrics.h) for node_exporter's textfile collector, rewritten every
-// `interval` on the server's io_context. Each rewrite goes to PATH.tmp and
-// is renamed over PATH, so a reader sees a whole file, old or new, never a
-// partial one. (Name it *.prom: the collector reads only those; PATH.tmp is
-// not one.) The path is checked at start-up by CheckMetricsFile
+// `interval` on the server's io_context. Each rewrite goes through
+// ReplaceFile (a fresh PATH.tmp.<random> renamed over PATH), so a reader
+// sees a whole file, old or new, never a partial one. (Name it *.prom: the
+// collector reads only those; the temporary file is not one.) The path is checked at start-up by CheckMetricsFile
 // (daemon_options.h).
 //
 // Thread safety: Start/Remove from the thread that owns the object; the

@@ -5,9 +5,9 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <random>
 #include <fmt/format.h>
 
+#include "replace_file.h"
 #include "shm_file.h"
 
 namespace shmcache {
@@ -61,21 +61,7 @@ Status WriteSpillRecord(const InstancePaths& paths, const std::string& db_path) 
     }
     return Status::OK();
   }
-  // A fresh file of an unpredictable name, never one someone put there.
-  std::string tmp = fmt::format("{}.tmp.{:08x}", path, std::random_device{}());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                0600);
-  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
-  std::string line = db_path + "\n";
-  bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-  int err = errno;
-  close(fd);
-  if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
-    if (written) err = errno;
-    unlink(tmp.c_str());
-    return Status::FromErrno("cannot write " + path, err);
-  }
-  return Status::OK();
+  return ReplaceFile(path, db_path + "\n", 0600);
 }
 
 }  // namespace shmcache

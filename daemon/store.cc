@@ -15,6 +15,7 @@
 #include "cache_name.h"
 #include "logger.h"
 #include "process_state.h"
+#include "replace_file.h"
 #include "spill_record.h"
 
 namespace shmcache {
@@ -255,25 +256,11 @@ uint32_t Store::NewClientId() {
 
 void Store::WriteSessionsFile() {
   // A plain file beside the segments: lists live sessions for a restarted
-  // daemon and for people looking at /dev/shm. Written to a new file of an
-  // unpredictable name (never into one someone else put there), then
-  // renamed over the list.
-  std::string path = paths_.SessionsFile();
-  std::string tmp = fmt::format("{}.tmp.{:08x}", path, rng_());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                0600);
-  if (fd < 0) return;
-  // The umask may have narrowed the mode; the next server reads only 0600.
-  bool ok = fchmod(fd, 0600) == 0;
-  FILE* f = fdopen(fd, "w");
-  if (f == nullptr) {
-    close(fd);
-    unlink(tmp.c_str());
-    return;
-  }
-  for (const auto& [id, caches] : sessions_) fmt::print(f, "{}\n", id);
-  ok = fclose(f) == 0 && ok;
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+  // daemon and for people looking at /dev/shm; 0600, the only mode the next
+  // server reads.
+  std::string text;
+  for (const auto& [id, caches] : sessions_) text += fmt::format("{}\n", id);
+  ReplaceFile(paths_.SessionsFile(), text, 0600).PermitUncheckedError();
 }
 
 Status Store::CreateSession(uint32_t* id) {
