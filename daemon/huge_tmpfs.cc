@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
-#include <fstream>
 #include <sstream>
 
 #include "instance.h"
@@ -19,18 +18,10 @@ namespace shmcache {
 namespace {
 
 constexpr const char* kDevShm = "/dev/shm";
-constexpr const char* kShmemEnabled = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-
-std::string ReadAll(const char* path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // CAP_SYS_ADMIN (bit 21) in the effective set: what mount(2) needs.
 bool HasSysAdmin() {
-  std::istringstream status(ReadAll("/proc/self/status"));
+  std::istringstream status(ReadTextFile("/proc/self/status"));
   for (std::string line; std::getline(status, line);) {
     if (line.rfind("CapEff:", 0) != 0) continue;
     unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
@@ -41,12 +32,12 @@ bool HasSysAdmin() {
 
 // Why the kernel cannot give this tmpfs huge pages, or "".
 std::string NoShmemThp() {
-  if (access(kShmemEnabled, R_OK) != 0) {
+  if (access(kShmemEnabledFile, R_OK) != 0) {
     return "the kernel has no transparent huge pages for tmpfs";
   }
-  if (ReadAll(kShmemEnabled).find("[deny]") != std::string::npos) {
-    return fmt::format("{} is deny; echo advise > {} to allow them", kShmemEnabled,
-                       kShmemEnabled);
+  if (ReadTextFile(kShmemEnabledFile).find("[deny]") != std::string::npos) {
+    return fmt::format("{} is deny; echo advise > {} to allow them", kShmemEnabledFile,
+                       kShmemEnabledFile);
   }
   return "";
 }
@@ -74,7 +65,7 @@ std::string MountData(uint64_t bytes, bool with_owner) {
 
 // The mount at `dir` when it is a huge tmpfs of its own: adopted, resized.
 ShmDirChoice Adopt(const std::string& dir, int fd, uint64_t bytes) {
-  MountEntry m = MountOf(dir, ReadAll("/proc/self/mounts"));
+  MountEntry m = MountOf(dir, ReadTextFile(kMountsFile));
   std::string huge = MountOption(m.options, "huge");
   if (m.point != dir || m.type != "tmpfs" || !HugeOption(huge)) {
     return Refuse(fmt::format("{} is a mount point of something else ({} {}); not "

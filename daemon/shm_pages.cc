@@ -9,13 +9,6 @@
 namespace shmcache {
 namespace {
 
-std::string ReadAll(const char* path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 bool Under(const std::string& dir, const std::string& mount_point) {
   if (mount_point == "/") return true;
   return dir.compare(0, mount_point.size(), mount_point) == 0 &&
@@ -23,6 +16,13 @@ bool Under(const std::string& dir, const std::string& mount_point) {
 }
 
 }  // namespace
+
+std::string ReadTextFile(const char* path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 std::string MountOption(std::string_view opts, std::string_view key) {
   size_t pos = 0;
@@ -78,8 +78,7 @@ ShmPages ShmPagesOf(const std::string& dir, std::string_view mounts,
 ShmPages ShmPagesOf(const std::string& dir) {
   char real[PATH_MAX];
   std::string resolved = realpath(dir.c_str(), real) ? real : dir;
-  return ShmPagesOf(resolved, ReadAll("/proc/self/mounts"),
-                    ReadAll("/sys/kernel/mm/transparent_hugepage/shmem_enabled"));
+  return ShmPagesOf(resolved, ReadTextFile(kMountsFile), ReadTextFile(kShmemEnabledFile));
 }
 
 std::string ShmPagesNote(const std::string& dir, const ShmPages& pages) {

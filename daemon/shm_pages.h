@@ -11,6 +11,12 @@
 
 namespace shmcache {
 
+inline constexpr const char* kMountsFile = "/proc/self/mounts";
+inline constexpr const char* kShmemEnabledFile =
+    "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+// The whole text of a small file (/proc, /sys); "" when it cannot be read.
+std::string ReadTextFile(const char* path);
+
 // One line of /proc/self/mounts.
 struct MountEntry {
   std::string point, type, options;
