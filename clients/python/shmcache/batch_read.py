@@ -1,9 +1,8 @@
 """Batches of cached rows read into preallocated tensors (CachedLoader's
 read path).
 
-read_into(cache, ids, out, columns) calls DatasetCache.read_into when the
-cache has it (native: C++ threads, GIL released) and read_into_fallback
-otherwise; both follow the same contract:
+read_into(cache, ids, out, columns) calls DatasetCache.read_into (native:
+C++ threads, GIL released), whose contract is:
 - `out` is a tuple/list (the row's columns by position, in stored or
   selected order) or a dict (by column name) of C-contiguous writable
   arrays whose first dimension is >= len(ids) and whose remaining
@@ -27,19 +26,16 @@ import torch
 
 from . import _column_names, decode_row
 
-__all__ = ["read_into", "read_into_fallback", "read_rows", "RowSchema",
+__all__ = ["read_into", "read_rows", "RowSchema",
            "BufferPool", "decode_sample", "project"]
 
 
 def read_into(cache, ids, out, columns=None):
     """The hit mask of reading rows `ids` into `out` (see the module)."""
-    native = getattr(cache, "read_into", None)
-    if native is not None:
-        # A dict out names its columns by its keys: the projection is in it.
-        if isinstance(out, dict):
-            columns = None
-        return np.asarray(native(ids, out, columns), dtype=bool)
-    return read_into_fallback(cache, ids, out, columns)
+    # A dict out names its columns by its keys: the projection is in it.
+    if isinstance(out, dict):
+        columns = None
+    return np.asarray(cache.read_into(ids, out, columns), dtype=bool)
 
 
 def read_rows(cache, ids, columns=None, copy=True):
@@ -49,45 +45,6 @@ def read_rows(cache, ids, columns=None, copy=True):
     if columns is None:
         return cache.get_batch_columns(ids, copy=copy)
     return [cache.get_columns(i, columns, copy=copy) for i in ids]
-
-
-def read_into_fallback(cache, ids, out, columns=None):
-    """read_into in Python: zero-copy views of the rows, one copy each into
-    `out` (numpy releases the GIL for the copy)."""
-    targets = _targets(out)
-    mask = np.zeros(len(ids), dtype=bool)
-    for i, cols in enumerate(read_rows(cache, ids, columns, copy=False)):
-        if cols is None:
-            continue
-        arrays = _match(cols, targets)
-        if arrays is None:
-            continue
-        for a, t in zip(arrays, targets.values()):
-            np.copyto(t[i, ...], a, casting="no")
-        mask[i] = True
-    return mask
-
-
-def _targets(out):
-    """{key: ndarray} of `out`; keys are positions (tuple) or names (dict)."""
-    items = out.items() if isinstance(out, dict) else enumerate(out)
-    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in items}
-
-
-def _match(cols, targets):
-    """The arrays of a row in the order of `targets`, or None when the row
-    has other columns, shapes or dtypes."""
-    if len(cols) != len(targets):
-        return None
-    by_key = {n: a for n, _, a in cols} if isinstance(next(iter(targets), 0), str) \
-        else dict(enumerate(a for _, _, a in cols))
-    arrays = []
-    for k, t in targets.items():
-        a = by_key.get(k)
-        if a is None or a.dtype != t.dtype or a.shape != t.shape[1:]:
-            return None
-        arrays.append(a)
-    return arrays
 
 
 # ---- samples ------------------------------------------------------------
