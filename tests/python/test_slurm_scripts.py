@@ -137,12 +137,31 @@ def test_epilog_cleans_up_after_a_server_that_died(state_dir):
     assert job.leftovers() == []
 
 
+def _runnable_by(uid, path):
+    """Whether `uid` can read and execute `path` (a checkout under a 0700
+    directory is out of other users' reach)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            code = 0 if os.access(path, os.R_OK | os.X_OK) else 1
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 def test_prolog_as_root_runs_the_server_as_the_job_user():
     if os.geteuid() != 0:
         pytest.skip("needs root: slurmd runs the prolog as root for another user")
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
     nobody = pwd.getpwnam("nobody").pw_uid
+    if not all(_runnable_by(nobody, p) for p in (SLURM / "task_prolog.sh", ADMIN)):
+        pytest.skip(f"{SLURM} or {ADMIN} is out of reach of uid {nobody} (a parent "
+                    "directory is closed to other users)")
     # The job user must reach the state dir: not under pytest's 0700 tmp.
     top = tempfile.mkdtemp(prefix="shmcache-slurm-test.")
     try:
