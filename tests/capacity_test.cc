@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <dirent.h>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -224,6 +225,32 @@ TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
   RemoveTree(spill);
 }
 
+// SIGSTOPs `pid` and waits until every thread of it is stopped: kill()
+// returns before a thread running on another CPU has stopped, and such a
+// thread could still answer a request sent meanwhile.
+bool StopProcess(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  auto all_stopped = [pid] {
+    std::string dir = fmt::format("/proc/{}/task", pid);
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool stopped = true;
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string stat;
+      std::getline(std::ifstream(dir + "/" + e->d_name + "/stat"), stat);
+      size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() ||
+          stat[paren + 2] != 'T') {
+        stopped = false;
+      }
+    }
+    closedir(d);
+    return stopped;
+  };
+  return WaitFor(all_stopped, std::chrono::seconds(20));
+}
+
 // A spilled row waits on the daemon's disk: a server slower than the
 // request timeout (here: stopped for three of them) is waited for, up to the
 // disk timeout, rather than taken for gone.
@@ -242,7 +269,7 @@ TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
     ASSERT_TRUE(client->OpenCache(CacheNamed(session, "slow", 1, true), &cache).ok());
     std::vector<uint8_t> row = Pattern(1, 1, 2u << 20);  // over the budget: spills
     ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
-    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    ASSERT_TRUE(StopProcess(server.pid()));
     pid_t waker = ForkChild([&] {
       usleep(3 * 200 * 1000);  // the slowness under test, not a wait for a condition
       return kill(server.pid(), SIGCONT) == 0 ? 0 : 1;
@@ -254,7 +281,7 @@ TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(SameData(got, row));
     // A request that does not wait on disk keeps the short timeout.
-    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    ASSERT_TRUE(StopProcess(server.pid()));
     uint32_t another = 0;
     s = client->CreateSession(&another);
     kill(server.pid(), SIGCONT);
