@@ -3,6 +3,13 @@
 //
 // Thread safety: every public method locks the store's mutex; the data path
 // never comes here, so the mutex sees only control requests.
+//
+// Its work is split by concept: store.cc (start, server info, shutdown),
+// store_sessions.cc (the registry of sessions and caches, held memory),
+// store_adoption.cc (taking over an earlier server's files),
+// store_preparer.cc (the segment preparer thread), store_leases.cc (chunk
+// leases, index growth), store_releases.cc (chunks of ended connections)
+// and store_spill.cc (spilled rows and the spill database at start).
 #pragma once
 
 #include <atomic>

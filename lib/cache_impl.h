@@ -5,6 +5,9 @@
 // the segments they touch are mapped. Put takes a process-local mutex (a
 // killed process takes it with it; fork() waits until no thread holds it)
 // and calls the daemon only to lease a new chunk or grow the index.
+//
+// Implemented in cache_impl.cc (attach, mapping, statistics), cache_read.cc,
+// cache_put.cc (the chunk writer) and cache_spill.cc (the spill requests).
 #pragma once
 
 #include <atomic>
@@ -61,8 +64,14 @@ class CacheImpl {
     layout::ChunkHeader* header = nullptr;
   };
 
+  // Batches are looked up in windows: enough ids to overlap their misses,
+  // few enough that the prefetched lines are still in cache when used.
+  static constexpr size_t kBatchWindow = 32;
+
   CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
             uint32_t session_id);
+  // NotFound for a row that is not cached.
+  static Status Miss(uint64_t id);
   Status Usable() const;
   uint64_t Lookup(uint64_t id);
   // Lookup for a read: the location, or NotFound (a counted miss), or why

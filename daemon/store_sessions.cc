@@ -1,0 +1,182 @@
+// The registry: sessions, the caches in them, and the memory dropped
+// sessions leave held while readers still map it.
+
+#include "store.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "cache_name.h"
+#include "logger.h"
+#include "replace_file.h"
+
+namespace shmcache {
+
+void Store::WriteSessionsFile() {
+  // A plain file beside the segments: lists live sessions for a restarted
+  // daemon and for people looking at /dev/shm; 0600, the only mode the next
+  // server reads.
+  std::string text;
+  for (const auto& [id, caches] : sessions_) text += fmt::format("{}\n", id);
+  ReplaceFile(paths_.SessionsFile(), text, 0600).PermitUncheckedError();
+}
+
+Status Store::CreateSession(uint32_t* id) {
+  std::lock_guard lock(mu_);
+  if (sessions_.size() >= layout::kMaxSessions) {
+    return Status::Full("too many sessions; destroy some with 'shmcache -d ID'");
+  }
+  uint32_t s;
+  do {
+    s = rng_();
+  } while (s == 0 || sessions_.count(s) != 0);
+  sessions_[s] = {};
+  WriteSessionsFile();
+  log_->Info("session {} created", s);
+  *id = s;
+  return Status::OK();
+}
+
+static Status NoSession(uint32_t id) {
+  return Status::NotFound(fmt::format(
+      "session {} does not exist; list them with 'shmcache --list_sessions' or "
+      "create one with 'shmcache -g'",
+      id));
+}
+
+Status Store::DestroySession(uint32_t id) {
+  std::unique_lock lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NoSession(id);
+  // No segment of the session may appear after destroy returns: let a
+  // running job for one of its caches finish first (holding the lock from
+  // then on, no other starts), and drop the queued ones.
+  const std::vector<uint32_t> cids = it->second;
+  auto ours = [&](uint32_t cid) {
+    return std::find(cids.begin(), cids.end(), cid) != cids.end();
+  };
+  job_done_cv_.wait(lock, [&] { return !ours(running_job_cache_); });
+  std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
+  it = sessions_.find(id);
+  if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
+  std::vector<HeldFile> held;
+  for (uint32_t cid : it->second) {
+    auto c = caches_.find(cid);
+    if (c == caches_.end()) continue;
+    c->second->Destroy(&account_, &held);
+    caches_.erase(c);
+    if (spill_) {
+      Status s = spill_->DropCache(cid);
+      if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
+    }
+  }
+  sessions_.erase(it);
+  WriteSessionsFile();
+  log_->Info("session {} destroyed", id);
+  held_.Add(id, held, std::chrono::steady_clock::now());
+  ResumeCachesLocked();
+  lock.unlock();
+  jobs_cv_.notify_one();  // the background thread re-checks what stays held
+  SettleHeldMemory();
+  return Status::OK();
+}
+
+void Store::SettleHeldMemory() {
+  std::vector<FileId> wanted;
+  std::vector<int> first;
+  {
+    std::lock_guard lock(mu_);
+    if (held_.empty()) return;
+    wanted = held_.Wanted();
+    first = held_.holders();
+  }
+  MappedScan scan = FindMappedDeleted(wanted, first);
+  std::lock_guard lock(mu_);
+  if (held_.Settle(wanted, scan, std::chrono::steady_clock::now(), &account_, log_) > 0) {
+    ResumeCachesLocked();
+  }
+}
+
+void Store::ResumeCachesLocked() {
+  for (auto& [id, c] : caches_) c->ResumeIfCapAllows(account_);
+}
+
+Status Store::CheckSession(uint32_t id) {
+  std::lock_guard lock(mu_);
+  return sessions_.count(id) ? Status::OK() : NoSession(id);
+}
+
+Status Store::OpenCache(uint32_t session_id, const std::string& name,
+                        const std::string& fingerprint, uint64_t size_mb,
+                        bool spilling, uint32_t* cache_id) {
+  std::lock_guard lock(mu_);
+  auto sit = sessions_.find(session_id);
+  if (sit == sessions_.end()) return NoSession(session_id);
+  Status s = CheckCacheName(name, fingerprint);
+  if (!s.ok()) return s;
+  if (spilling && options_.spill_dir.empty()) {
+    return Status::InvalidArgument(
+        "spilling was requested but the cache server has no spill directory; "
+        "restart it with 'shmcache --start -s DIR'");
+  }
+  for (uint32_t cid : sit->second) {
+    CacheState* c = caches_.at(cid).get();
+    if (c->name() != name) continue;
+    if (c->fingerprint() != fingerprint) {
+      return Status::FingerprintMismatch(fmt::format(
+          "cache '{}' in session {} holds rows of another pipeline (fingerprint "
+          "'{}', this one is '{}'); use another cache name or session",
+          name, session_id, c->fingerprint(), fingerprint));
+    }
+    *cache_id = cid;
+    return Status::OK();
+  }
+  if (size_mb > (account_.cap >> 20)) {
+    return Status::InvalidArgument(fmt::format(
+        "cache size {} MB is more than the server's memory cap of {} MB",
+        size_mb, account_.cap >> 20));
+  }
+  uint64_t budget = size_mb ? size_mb << 20 : account_.cap;
+  // Random ids: nobody can take the name of the next cache's header ahead
+  // of it; an id whose name is taken anyway is skipped.
+  uint32_t id = 0;
+  std::unique_ptr<CacheState> c;
+  for (int attempt = 0; attempt < kCacheIdTries; ++attempt) {
+    do {
+      id = rng_();
+    } while (id == 0 || caches_.count(id) != 0);
+    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
+                           spilling, num_nodes_, &account_, log_, &c);
+    if (!s.IsAlreadyExists()) break;
+    log_->Warn("cache id {} skipped: {}", id, s.message());
+  }
+  if (!s.ok()) return s;
+  caches_[id] = std::move(c);
+  sit->second.push_back(id);
+  log_->Info("cache {} '{}' opened in session {} ({} MB{})", id, name,
+             session_id, size_mb, spilling ? ", spilling" : "");
+  *cache_id = id;
+  return Status::OK();
+}
+
+Status Store::CacheFor(uint32_t cache_id, CacheState** out) {
+  auto it = caches_.find(cache_id);
+  if (it == caches_.end()) {
+    return Status::NotFound(fmt::format("cache {} does not exist", cache_id));
+  }
+  *out = it->second.get();
+  return Status::OK();
+}
+
+void Store::ListSessions(std::vector<SessionInfo>* out) {
+  std::lock_guard lock(mu_);
+  out->clear();
+  for (const auto& [sid, cids] : sessions_) {
+    SessionInfo info;
+    info.session_id = sid;
+    for (uint32_t cid : cids) info.caches.push_back(caches_.at(cid)->Stats());
+    out->push_back(std::move(info));
+  }
+}
+
+}  // namespace shmcache

@@ -1,0 +1,193 @@
+// CacheImpl: attaching to a cache, mapping its index tables and segments
+// as they appear, and this process's statistics line.
+
+#include "cache_impl.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include "numa_topology.h"
+#include "row_codec.h"
+
+namespace shmcache {
+
+CacheImpl::CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+                     uint32_t session_id)
+    : client_(std::move(client)), cache_id_(cache_id), session_id_(session_id) {}
+
+CacheImpl::~CacheImpl() { Close(); }
+
+Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+                         uint32_t session_id, std::shared_ptr<CacheImpl>* out) {
+  std::shared_ptr<CacheImpl> c(new CacheImpl(client, cache_id, session_id));
+  std::string path = client->paths().CacheFile(cache_id);
+  Status s = ShmFile::Open(path, &c->header_file_);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckFileHeader(
+          c->header_file_.data(), c->header_file_.size(), layout::kCacheMagic,
+          sizeof(layout::CacheHeader))) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  c->header_ = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
+  if (c->header_->cache_id != cache_id || c->header_->session_id != session_id) {
+    return Status::Corruption(path + ": belongs to another cache");
+  }
+  c->stats_slot_.store(client->client_id() % layout::kStatsSlots);
+  c->stats_fork_gen_.store(ForkGeneration());
+  c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
+  c->single_node_ = NumaTopology::Get().num_nodes() == 1;
+  c->chunk_fork_gen_ = ForkGeneration();
+  s = c->MapNewTables();
+  if (!s.ok()) return s;
+  *out = std::move(c);
+  return Status::OK();
+}
+
+Status CacheImpl::Usable() const {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::InvalidArgument("cache is closed");
+  }
+  if (header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed) {
+    return Status::NotFound(
+        fmt::format("session {} was destroyed", session_id_));
+  }
+  return Status::OK();
+}
+
+Status CacheImpl::MapNewTables() {
+  std::lock_guard lock(map_mu_);
+  uint32_t have = num_tables_.load(std::memory_order_relaxed);
+  uint32_t want = header_->num_tables.load(std::memory_order_acquire);
+  if (want > layout::kMaxTables) return Status::Corruption("too many index tables");
+  for (uint32_t g = have; g < want; ++g) {
+    uint64_t cap = header_->tables[g].capacity.load(std::memory_order_acquire);
+    std::string path = client_->paths().TableFile(cache_id_, g, header_->tables[g].tag);
+    ShmFile f;
+    Status s = ShmFile::Open(path, &f);
+    if (!s.ok()) return s;
+    if (const char* bad = layout::CheckTableFile(f.data(), f.size(), cap, g)) {
+      return Status::Corruption(path + ": " + bad);
+    }
+    tables_[g] = IndexTable(reinterpret_cast<layout::TableHeader*>(f.data()));
+    table_files_[g] = std::move(f);
+    num_tables_.store(g + 1, std::memory_order_release);
+  }
+  return Status::OK();
+}
+
+uint64_t CacheImpl::Lookup(uint64_t id) {
+  uint32_t n = num_tables_.load(std::memory_order_acquire);
+  if (n < header_->num_tables.load(std::memory_order_acquire)) {
+    // A mapping failure leaves the tables we have; they are still right.
+    MapNewTables().PermitUncheckedError();
+    n = num_tables_.load(std::memory_order_acquire);
+  }
+  for (uint32_t i = n; i-- > 0;) {
+    uint64_t loc = tables_[i].Find(id);
+    if (loc != layout::kEmpty) return loc;
+  }
+  return layout::kEmpty;
+}
+
+Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
+  if (const MappedSegment* m = segments_.Find(seg_no)) {
+    *out = m;
+    return Status::OK();
+  }
+  std::lock_guard lock(map_mu_);
+  if (const MappedSegment* m = segments_.Find(seg_no)) {
+    *out = m;
+    return Status::OK();
+  }
+  std::string path = client_->paths().SegmentFile(cache_id_, seg_no);
+  ShmFile f, read_only;
+  Status s = ShmFile::Open(path, &f, &read_only);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  int node = static_cast<int>(reinterpret_cast<layout::SegmentHeader*>(f.data())->node);
+  *out = segments_.Insert(seg_no, std::move(f), std::move(read_only), node);
+  return *out ? Status::OK() : Status::Corruption("segment number out of range");
+}
+
+Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
+  const MappedSegment* seg = segments_.Find(layout::LocationSegment(loc));
+  if (seg == nullptr) {
+    Status s = SegmentFor(layout::LocationSegment(loc), &seg);
+    if (!s.ok()) return s;
+  }
+  uint64_t off = layout::LocationOffset(loc);
+  if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0) {
+    return Status::Corruption("index entry points outside its segment");
+  }
+  if (!RowCodec::DecodeHeader(reinterpret_cast<const std::byte*>(seg->read_base + off),
+                              seg->size - off, id, view)) {
+    return Status::Corruption(
+        fmt::format("index entry for row {} points at a row that does not match", id));
+  }
+  view->in_shared_memory_ = true;
+  *node = seg->node;
+  return Status::OK();
+}
+
+layout::StatsSlot* CacheImpl::Stats() {
+  // A forked child would share its parent's line: give it its own.
+  if (stats_fork_gen_.load(std::memory_order_relaxed) != ForkGeneration()) {
+    stats_fork_gen_.store(ForkGeneration(), std::memory_order_relaxed);
+    stats_slot_.store((client_->client_id() + static_cast<uint32_t>(getpid())) %
+                          layout::kStatsSlots,
+                      std::memory_order_relaxed);
+  }
+  return &header_->stats[stats_slot_.load(std::memory_order_relaxed)];
+}
+
+void CacheImpl::CountRead(bool hit, int node) {
+  layout::StatsSlot* slot = Stats();
+  if (!hit) {
+    slot->misses.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  slot->hits.fetch_add(1, std::memory_order_relaxed);
+  // On a single-node host every hit is a Numa hit: the readers of the
+  // statistics count them, and the hit path saves a locked add.
+  if (!single_node_ && node == NumaTopology::Get().CurrentNode()) {
+    slot->numa_hits.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+Status CacheImpl::GetStats(CacheStats* out) {
+  *out = CacheStats{};
+  out->session_id = session_id_;
+  out->cache_id = cache_id_;
+  out->name.assign(header_->name, header_->name_len);
+  for (const layout::StatsSlot& slot : header_->stats) {
+    out->hits += slot.hits.load(std::memory_order_relaxed);
+    out->misses += slot.misses.load(std::memory_order_relaxed);
+    out->numa_hits += slot.numa_hits.load(std::memory_order_relaxed);
+    out->mem_rows += slot.rows.load(std::memory_order_relaxed);
+    out->mem_bytes += slot.bytes.load(std::memory_order_relaxed);
+    out->disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
+    out->disk_bytes += slot.disk_bytes.load(std::memory_order_relaxed);
+    out->puts_full += slot.puts_full.load(std::memory_order_relaxed);
+  }
+  if (single_node_) out->numa_hits = out->hits;
+  out->reserved_bytes = header_->reserved_bytes.load(std::memory_order_relaxed);
+  out->budget_bytes = header_->budget_bytes;
+  out->full = IsFull();
+  out->spilling = SpillsNow();
+  return Usable();
+}
+
+bool CacheImpl::IsFull() const {
+  return header_->state.load(std::memory_order_relaxed) & layout::kStateFull;
+}
+
+void CacheImpl::Close() {
+  if (closed_.exchange(true)) return;
+  std::lock_guard lock(put_mu_);
+  ReturnChunksLocked();
+}
+
+}  // namespace shmcache

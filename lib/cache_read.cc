@@ -1,0 +1,165 @@
+// The read path: Get, View and their batches. Batches look ids up in
+// windows with every index slot and row header prefetched first.
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "cache_impl.h"
+#include "row_codec.h"
+
+namespace shmcache {
+
+Status CacheImpl::Miss(uint64_t id) {
+  return Status::NotFound(fmt::format("row {} is not cached", id));
+}
+
+Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
+                              std::span<const std::string_view> columns,
+                              bool project, Row* out) {
+  if (loc & layout::kSpilledBit) {
+    Row* target = out;
+    Row disk_row;
+    if (project) target = &disk_row;
+    Status s;
+    FetchSpilled(std::span(&id, 1), &target, &s);
+    if (!s.ok()) return s;
+    if (project) s = RowCodec::Project(disk_row.view(), columns, out);
+    if (s.ok()) CountRead(true, -1);
+    return s;
+  }
+  RowView v;
+  int node = 0;
+  Status s = Resolve(id, loc, &v, &node);
+  if (!s.ok()) return s;
+  if (project) {
+    s = RowCodec::Project(v, columns, out);
+    if (!s.ok()) return s;
+  } else {
+    RowCodec::Copy(v, out);
+  }
+  CountRead(true, node);
+  return Status::OK();
+}
+
+Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  *loc = Lookup(id);
+  if (*loc == layout::kEmpty) {
+    CountRead(false, 0);
+    return Miss(id);
+  }
+  return Status::OK();
+}
+
+Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
+                      bool project, Row* out) {
+  uint64_t loc;
+  Status s = Locate(id, &loc);
+  if (!s.ok()) return s;
+  return Materialize(id, loc, columns, project, out);
+}
+
+void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
+  uint32_t n = num_tables_.load(std::memory_order_acquire);
+  if (n < header_->num_tables.load(std::memory_order_acquire)) {
+    MapNewTables().PermitUncheckedError();
+    n = num_tables_.load(std::memory_order_acquire);
+  }
+  for (uint64_t id : ids) {
+    for (uint32_t t = 0; t < n; ++t) tables_[t].Prefetch(id);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    locs[i] = Lookup(ids[i]);
+    if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
+    if (const MappedSegment* seg = segments_.Find(layout::LocationSegment(locs[i]))) {
+      uint64_t off = layout::LocationOffset(locs[i]);
+      if (off < seg->size) __builtin_prefetch(seg->read_base + off);
+    }
+  }
+}
+
+Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
+                            Status* statuses) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  uint64_t locs[kBatchWindow];
+  for (size_t base = 0; base < ids.size(); base += kBatchWindow) {
+    auto window = ids.subspan(base, std::min(kBatchWindow, ids.size() - base));
+    LookupBatch(window, locs);
+    for (size_t k = 0; k < window.size(); ++k) {
+      size_t i = base + k;
+      if (locs[k] == layout::kEmpty) {
+        CountRead(false, 0);
+        statuses[i] = Miss(ids[i]);
+      } else if (locs[k] & layout::kSpilledBit) {
+        statuses[i] = Status::NotSupported(
+            "a spilled row has no shared memory to view; use GetBatch");
+      } else {
+        int node = 0;
+        statuses[i] = Resolve(ids[i], locs[k], &views[i], &node);
+        if (statuses[i].ok()) CountRead(true, node);
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
+                           Status* statuses) {
+  Status s = Usable();
+  if (!s.ok()) return s;
+  std::vector<uint64_t> spilled;
+  std::vector<Row*> targets;
+  std::vector<size_t> where;
+  uint64_t locs[kBatchWindow];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % kBatchWindow == 0) {
+      LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
+    }
+    uint64_t loc = locs[i % kBatchWindow];
+    if (loc == layout::kEmpty) {
+      CountRead(false, 0);
+      statuses[i] = Miss(ids[i]);
+    } else if (loc & layout::kSpilledBit) {
+      spilled.push_back(ids[i]);
+      targets.push_back(&rows[i]);
+      where.push_back(i);
+    } else {
+      statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i]);
+    }
+  }
+  if (spilled.empty()) return Status::OK();
+  std::vector<Status> got(spilled.size());
+  FetchSpilled(spilled, targets.data(), got.data());
+  for (size_t k = 0; k < spilled.size(); ++k) {
+    if (got[k].ok()) CountRead(true, -1);
+    statuses[where[k]] = std::move(got[k]);
+  }
+  return Status::OK();
+}
+
+Status CacheImpl::View(uint64_t id, RowView* out) {
+  uint64_t loc;
+  Status s = Locate(id, &loc);
+  if (!s.ok()) return s;
+  if (loc & layout::kSpilledBit) {
+    // A disk row has no shared memory to point into: the view points into
+    // this thread's buffer, valid until the thread's next View of a disk row.
+    static thread_local Row disk_row;
+    s = Materialize(id, loc, {}, false, &disk_row);
+    if (s.ok()) *out = disk_row.view();
+    return s;
+  }
+  int node = 0;
+  s = Resolve(id, loc, out, &node);
+  if (!s.ok()) return s;
+  CountRead(true, node);
+  return Status::OK();
+}
+
+bool CacheImpl::Contains(uint64_t id) {
+  return Usable().ok() && Lookup(id) != layout::kEmpty;
+}
+
+}  // namespace shmcache
