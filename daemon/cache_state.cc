@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <random>
 
+#include "cache_stats.h"
 #include "index_table.h"
 #include "logger.h"
 
@@ -490,8 +491,7 @@ void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
 }
 
 bool CacheState::spilling() const {
-  uint32_t st = header_ ? header_->state.load() : 0;
-  return (st & layout::kStateSpilling) && !(st & layout::kStateFull);
+  return header_ && layout::SpillingOn(header_->state.load());
 }
 
 void CacheState::StopSpilling(const std::string& why) {
@@ -652,28 +652,16 @@ Status CacheState::AdoptSegment(uint32_t seg_no) {
 
 CacheStats CacheState::Stats() const {
   CacheStats out;
-  out.session_id = session_id_;
+  if (header_ != nullptr) {
+    out = ReadCacheStats(*header_, num_nodes_ == 1);
+    out.spill_reads = spill_reads_;
+    return out;
+  }
+  out.session_id = session_id_;  // destroyed: its header is gone
   out.cache_id = cache_id_;
   out.name = name_;
   out.reserved_bytes = reserved_bytes_;
   out.budget_bytes = budget_bytes_;
-  if (header_ == nullptr) return out;
-  for (const layout::StatsSlot& slot : header_->stats) {
-    out.hits += slot.hits.load(std::memory_order_relaxed);
-    out.misses += slot.misses.load(std::memory_order_relaxed);
-    out.numa_hits += slot.numa_hits.load(std::memory_order_relaxed);
-    out.mem_rows += slot.rows.load(std::memory_order_relaxed);
-    out.mem_bytes += slot.bytes.load(std::memory_order_relaxed);
-    out.disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
-    out.disk_bytes += slot.disk_bytes.load(std::memory_order_relaxed);
-    out.puts_full += slot.puts_full.load(std::memory_order_relaxed);
-  }
-  out.spill_reads = spill_reads_;
-  if (num_nodes_ == 1) out.numa_hits = out.hits;  // see CacheImpl::CountRead
-  uint32_t st = header_->state.load();
-  out.full = (st & layout::kStateFull) ||
-             ((st & layout::kStateMemFull) && !(st & layout::kStateSpilling));
-  out.spilling = layout::SpillsNow(st);
   return out;
 }
 

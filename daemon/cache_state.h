@@ -103,9 +103,9 @@ class CacheState {
   // again once the cap has room for a segment. True when it resumed.
   bool ResumeIfCapAllows(const MemoryAccount& account);
 
-  // Spilling: true when the cache takes rows on disk: spilling is on and
-  // did not stop. Clients send rows there once memory is used up, and a
-  // row too large for the memory left at any time.
+  // True when the cache takes rows on disk (layout::SpillingOn). Clients
+  // send rows there once memory is used up, and a row too large for the
+  // memory left at any time.
   bool spilling() const;
   // Publishes row `row_id` (`bytes` encoded) as spilled, after it was
   // written to disk. *inserted false when the id was already present.
@@ -137,6 +137,7 @@ class CacheState {
                                   uint32_t seg_no, int node, uint64_t size,
                                   ShmFile* out);
 
+  // ReadCacheStats of the header, with the spill reads this daemon served.
   CacheStats Stats() const;
   uint32_t session_id() const { return session_id_; }
   const std::string& name() const { return name_; }

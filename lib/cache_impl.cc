@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "cache_stats.h"
 #include "numa_topology.h"
 #include "row_codec.h"
 
@@ -158,30 +159,12 @@ void CacheImpl::CountRead(bool hit, int node) {
 }
 
 Status CacheImpl::GetStats(CacheStats* out) {
-  *out = CacheStats{};
-  out->session_id = session_id_;
-  out->cache_id = cache_id_;
-  out->name.assign(header_->name, header_->name_len);
-  for (const layout::StatsSlot& slot : header_->stats) {
-    out->hits += slot.hits.load(std::memory_order_relaxed);
-    out->misses += slot.misses.load(std::memory_order_relaxed);
-    out->numa_hits += slot.numa_hits.load(std::memory_order_relaxed);
-    out->mem_rows += slot.rows.load(std::memory_order_relaxed);
-    out->mem_bytes += slot.bytes.load(std::memory_order_relaxed);
-    out->disk_rows += slot.disk_rows.load(std::memory_order_relaxed);
-    out->disk_bytes += slot.disk_bytes.load(std::memory_order_relaxed);
-    out->puts_full += slot.puts_full.load(std::memory_order_relaxed);
-  }
-  if (single_node_) out->numa_hits = out->hits;
-  out->reserved_bytes = header_->reserved_bytes.load(std::memory_order_relaxed);
-  out->budget_bytes = header_->budget_bytes;
-  out->full = IsFull();
-  out->spilling = SpillsNow();
+  *out = ReadCacheStats(*header_, single_node_);
   return Usable();
 }
 
 bool CacheImpl::IsFull() const {
-  return header_->state.load(std::memory_order_relaxed) & layout::kStateFull;
+  return layout::IsFull(header_->state.load(std::memory_order_relaxed));
 }
 
 void CacheImpl::Close() {

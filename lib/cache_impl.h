@@ -115,10 +115,8 @@ class CacheImpl {
   Status PutRow(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);
-  // Spilling was asked for (and did not stop): rows memory cannot take
-  // may go to disk.
+  // layout::SpillingOn and SpillsNow of the cache's state.
   bool SpillingOn() const;
-  // Memory is used up and spilling is on: every row goes to disk.
   bool SpillsNow() const;
   // TooLarge for a row no segment within the budget could hold: the
   // daemon need not be asked.

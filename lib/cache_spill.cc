@@ -65,7 +65,7 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
 }
 
 bool CacheImpl::SpillingOn() const {
-  return header_->state.load(std::memory_order_relaxed) & layout::kStateSpilling;
+  return layout::SpillingOn(header_->state.load(std::memory_order_relaxed));
 }
 
 bool CacheImpl::SpillsNow() const {

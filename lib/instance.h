@@ -12,12 +12,8 @@
 //               prefix of the files from the server (hello).
 //   huge dir    /dev/shm/shmcache.<uid>.<port>.huge             (0700)
 //
-// The shm files of an instance (after the prefix; numbers in decimal):
-//   cache.<cache_id>                 a cache's header
-//   table.<cache_id>.<gen>.<tag>     index table `gen`; tag: 8 hex digits,
-//                                    random, recorded in the cache header
-//   seg.<cache_id>.<seg_no>          a data segment
-//   sessions                         the live session ids (text)
+// The shm files of an instance, after the prefix, and what each holds:
+// layout.h. InstancePaths writes their names and ParseShmName reads them.
 // Cache ids and table tags are random, so that another user cannot take
 // the name of a file the server is about to create.
 #pragma once

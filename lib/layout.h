@@ -1,7 +1,8 @@
-// The shared-memory layout: every structure that lives in a segment file,
-// and the rules for reading it. Structures link by offsets and segment ids,
-// never by pointers. Every binary file (cache, table, seg) starts with a
-// magic number, the layout version and its sizes; attaching checks all three and refuses a mismatch.
+// The shared-memory layout: every structure that lives in a shared-memory
+// file, and the rules for reading it. Structures link by offsets and
+// segment ids, never by pointers. Every binary file (cache, table, seg)
+// starts with a magic number, the layout version and its sizes; attaching
+// checks all three and refuses a mismatch.
 //
 // Files of one instance: "<shm dir>/shmcache.<uid>.<port>." followed by
 // (names written and parsed by InstancePaths and ParseShmName, instance.h;
@@ -91,17 +92,33 @@ struct alignas(kCacheLine) StatsSlot {
 static_assert(sizeof(StatsSlot) == kCacheLine);
 
 // Cache state bits.
-inline constexpr uint32_t kStateFull = 1;       // budget used up
+inline constexpr uint32_t kStateFull = 1;       // takes no more rows, not
+                                                // even on disk
 inline constexpr uint32_t kStateDestroyed = 2;  // session dropped
 inline constexpr uint32_t kStateSpilling = 4;   // rows beyond budget to disk
+                                                // (cleared when spilling stops)
 inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
                                                 // kStateSpilling, rows go to disk
 
-// A cache in `state` sends new rows to disk: spilling is on and its memory
-// budget is used up (CacheStats::spilling). One reading for the library and
-// the daemon.
+// The reading of the state bits, one for the library and the daemon. A
+// cache that is not destroyed is in one of three states: it takes rows in
+// memory (and, when SpillingOn, sends to disk a row memory cannot take), it
+// SpillsNow, or it IsFull.
+//
+// The cache takes no more rows (CacheStats::full, Cache::IsFull): marked
+// full, or its memory is used up and it does not spill.
+inline bool IsFull(uint32_t state) {
+  return (state & kStateFull) || ((state & kStateMemFull) && !(state & kStateSpilling));
+}
+// Rows memory cannot take go to disk: spilling was asked for, did not stop,
+// and the cache is not full.
+inline bool SpillingOn(uint32_t state) {
+  return (state & kStateSpilling) && !(state & kStateFull);
+}
+// Every new row goes to disk: spilling is on and memory is used up
+// (CacheStats::spilling).
 inline bool SpillsNow(uint32_t state) {
-  return (state & kStateSpilling) && (state & kStateMemFull);
+  return SpillingOn(state) && (state & kStateMemFull);
 }
 
 struct TableInfo {

@@ -14,8 +14,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "layout.h"
 #include "protocol.h"
 #include "row_codec.h"
+#include "shm_file.h"
 #include "shmcache/client.h"
 #include "test_server.h"
 
@@ -358,6 +360,44 @@ TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
     EXPECT_TRUE(listed_spilling());
   }
   RemoveTree(spill);
+}
+
+// The library (a Cache's GetStats and IsFull) and the daemon (the
+// listing) read every state of a cache alike: they share one reading.
+TEST(CapacityTest, LibraryAndListingReadEveryCacheStateAlike) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 1, false);
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  ShmFile file;
+  ASSERT_TRUE(ShmFile::Open(server.shm_dir() + "/" + server.shm_prefix() + "cache." +
+                                std::to_string(cache->cache_id()),
+                            &file)
+                  .ok());
+  auto& state = reinterpret_cast<layout::CacheHeader*>(file.data())->state;
+  const uint32_t original = state.load();
+  using namespace layout;
+  for (uint32_t bits :
+       {0u, kStateFull, kStateSpilling, kStateMemFull, kStateSpilling | kStateMemFull,
+        kStateFull | kStateSpilling, kStateFull | kStateMemFull,
+        kStateFull | kStateSpilling | kStateMemFull}) {
+    SCOPED_TRACE(bits);
+    state.store(bits);
+    CacheStats mine;
+    ASSERT_TRUE(cache->GetStats(&mine).ok());
+    std::vector<SessionInfo> sessions;
+    ASSERT_TRUE(client->ListSessions(&sessions).ok());
+    ASSERT_EQ(sessions.size(), 1u);
+    ASSERT_EQ(sessions[0].caches.size(), 1u);
+    const CacheStats& listed = sessions[0].caches[0];
+    EXPECT_EQ(mine.full, listed.full);
+    EXPECT_EQ(mine.spilling, listed.spilling);
+    EXPECT_EQ(cache->IsFull(), listed.full);
+    EXPECT_EQ(mine.reserved_bytes, listed.reserved_bytes);
+  }
+  state.store(original);
 }
 
 TEST(CapacityTest, FullCacheWithoutSpillingRejectsPutsAndKeepsRows) {

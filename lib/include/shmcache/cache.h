@@ -97,7 +97,8 @@ class Cache {
   bool Contains(uint64_t id);
 
   Status GetStats(CacheStats* out);
-  // True once the cache stopped accepting rows (budget used up).
+  // True once the cache takes no more rows, in memory or on disk
+  // (CacheStats::full; see Put's Full).
   bool IsFull() const;
   uint32_t cache_id() const;
   uint32_t session_id() const;

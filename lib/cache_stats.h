@@ -1,0 +1,17 @@
+// The statistics of one cache as its shared-memory header holds them, read
+// the same way by the library (Cache::GetStats) and the daemon (listings).
+#pragma once
+
+#include "layout.h"
+#include "shmcache/stats.h"
+
+namespace shmcache {
+
+// Identity, budget and reservation from `header`, the counters summed over
+// its stats slots, and `full` / `spilling` by layout::IsFull / SpillsNow.
+// single_node: the host has one NUMA node, where every hit is a NUMA hit
+// (readers do not count those there). spill_reads is left 0: only the
+// daemon counts them.
+CacheStats ReadCacheStats(const layout::CacheHeader& header, bool single_node);
+
+}  // namespace shmcache
