@@ -91,11 +91,8 @@ void ServerConnection::Answer() {
   bool stop = false;
   std::string resp;
   if (refused_) {
-    protocol::WireWriter w;
-    protocol::WriteStatus(
-        w, Status::PermissionDenied(
-               "permission denied: the cache server belongs to another user"));
-    resp = std::move(w.body());
+    resp = protocol::EncodeStatus(Status::PermissionDenied(
+        "permission denied: the cache server belongs to another user"));
   } else {
     resp = env_->handler.Handle(id_, type_, body_, &stop);
   }

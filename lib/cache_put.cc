@@ -11,28 +11,21 @@
 
 namespace shmcache {
 
-using protocol::MsgType;
-using protocol::WireReader;
-using protocol::WireWriter;
-
 Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
-  WireWriter w;
-  w.U32(cache_id_);
-  w.U32(static_cast<uint32_t>(node));
-  w.U64(need);
-  w.U8(c->base != nullptr ? 1 : 0);  // hand back the old chunk's tail
-  w.U32(c->seg_no);
-  w.U64(c->offset);
-  std::string body;
-  WireReader r({});
-  Status s = client_->Call(MsgType::kLeaseChunk, w, &body, &r);
+  protocol::LeaseChunkResponse lease;
+  Status s = client_->Call(
+      protocol::LeaseChunkRequest{.cache_id = cache_id_,
+                                  .node = static_cast<uint32_t>(node),
+                                  .need = need,
+                                  .has_old = c->base != nullptr,  // its tail comes back
+                                  .old_seg_no = c->seg_no,
+                                  .old_offset = c->offset},
+      &lease);
   // On failure the daemon kept nothing of the old chunk: it stays ours.
   if (!s.ok()) return s;
   *c = Chunk{};
-  uint32_t seg_no = r.U32();
-  uint64_t offset = r.U64();
-  uint64_t size = r.U64();
-  if (!r.Done()) return Status::Corruption("malformed lease response");
+  const uint32_t seg_no = lease.seg_no;
+  const uint64_t offset = lease.offset, size = lease.size;
   const MappedSegment* seg;
   s = SegmentFor(seg_no, &seg);
   if (!s.ok()) return s;
@@ -59,12 +52,8 @@ Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
 }
 
 Status CacheImpl::GrowIndex(uint32_t seen) {
-  WireWriter w;
-  w.U32(cache_id_);
-  w.U32(seen);
-  std::string body;
-  WireReader r({});
-  Status s = client_->Call(MsgType::kGrowIndex, w, &body, &r);
+  Status s = client_->Call(
+      protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = seen});
   if (!s.ok()) return s;
   return MapNewTables();
 }
@@ -204,14 +193,11 @@ void CacheImpl::ReturnChunksLocked() {
   if (chunk_fork_gen_ != ForkGeneration()) return;  // the parent's chunks
   for (Chunk& c : chunks_) {
     if (c.base == nullptr) continue;
-    WireWriter w;
-    w.U32(cache_id_);
-    w.U32(c.seg_no);
-    w.U64(c.offset);
-    std::string body;
-    WireReader r({});
     // The daemon reclaims the tail on disconnect anyway.
-    client_->Call(MsgType::kReturnChunk, w, &body, &r).PermitUncheckedError();
+    client_
+        ->Call(protocol::ReturnChunkRequest{
+            .cache_id = cache_id_, .seg_no = c.seg_no, .offset = c.offset})
+        .PermitUncheckedError();
     c = Chunk{};
   }
 }

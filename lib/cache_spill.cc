@@ -10,45 +10,34 @@
 
 namespace shmcache {
 
-using protocol::MsgType;
-using protocol::WireReader;
-using protocol::WireWriter;
-
 void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
                              Status* statuses) {
   size_t done = 0;
   while (done < ids.size()) {
     size_t n = std::min<size_t>(ids.size() - done, protocol::kMaxSpillBatch);
-    WireWriter w;
-    w.U32(cache_id_);
-    w.U32(static_cast<uint32_t>(n));
-    for (size_t i = 0; i < n; ++i) w.U64(ids[done + i]);
+    protocol::SpillGetRequest request{.cache_id = cache_id_};
+    request.ids.assign(ids.begin() + static_cast<long>(done),
+                       ids.begin() + static_cast<long>(done + n));
+    protocol::SpillGetResponse answer;
     std::string body;
-    WireReader r({});
-    Status s = client_->Call(MsgType::kSpillGet, w, &body, &r);
-    uint32_t count = s.ok() ? r.U32() : 0;
-    if (s.ok() && count != n) s = Status::Corruption("malformed spill response");
+    Status s = client_->Call(request, &answer, &body);
+    if (s.ok() && answer.answers.size() != n) {
+      s = Status::Corruption("malformed spill response");
+    }
     if (!s.ok()) {
       for (size_t i = done; i < ids.size(); ++i) statuses[i] = s;
       return;
     }
     size_t answered = 0;
-    for (size_t i = 0; i < n; ++i) {
-      size_t k = done + i;
-      uint8_t mark = r.U8();
-      if (mark == protocol::kSpillAskAgain) break;
-      ++answered;
-      if (mark != protocol::kSpillFound) {
+    for (const protocol::SpillGetResponse::Answer& a : answer.answers) {
+      if (a.mark == protocol::kSpillAskAgain) break;
+      const size_t k = done + answered++;
+      if (a.mark != protocol::kSpillFound) {
         statuses[k] = Miss(ids[k]);
         continue;
       }
-      std::span<const std::byte> bytes = r.Bytes();
-      if (!r.ok()) {
-        statuses[k] = Status::Corruption("malformed spill response");
-        continue;
-      }
-      std::memcpy(RowCodec::Reserve(rows[k], bytes.size()), bytes.data(), bytes.size());
-      statuses[k] = RowCodec::Adopt(rows[k], bytes.size());
+      std::memcpy(RowCodec::Reserve(rows[k], a.row.size()), a.row.data(), a.row.size());
+      statuses[k] = RowCodec::Adopt(rows[k], a.row.size());
       if (statuses[k].ok() && RowCodec::KeyOf(rows[k]->view()) != ids[k]) {
         statuses[k] = Status::Corruption("spilled row carries another id");
       }
@@ -83,16 +72,14 @@ Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns,
   buf.resize((size + 7) / 8);
   auto* bytes = reinterpret_cast<std::byte*>(buf.data());
   RowCodec::Encode(id, columns, bytes, size);
-  WireWriter w;
-  w.U32(cache_id_);
-  w.U64(id);
-  w.Bytes(std::span<const std::byte>(bytes, size));
-  std::string body;
-  WireReader r({});
-  Status s = client_->Call(MsgType::kSpillPut, w, &body, &r);
+  protocol::SpillPutResponse answer;
+  Status s = client_->Call(
+      protocol::SpillPutRequest{.cache_id = cache_id_,
+                                .row_id = id,
+                                .row = std::span<const std::byte>(bytes, size)},
+      &answer);
   if (!s.ok()) return s;
-  bool added = r.U8() != 0;
-  if (inserted) *inserted = added;
+  if (inserted) *inserted = answer.inserted;
   return Status::OK();
 }
 

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "cache_impl.h"
 #include "cache_name.h"
 #include "client_impl.h"
@@ -10,7 +12,6 @@ namespace shmcache {
 
 using protocol::MsgType;
 using protocol::WireReader;
-using protocol::WireWriter;
 
 Status ClientImpl::Create(const ClientOptions& options,
                           std::shared_ptr<ClientImpl>* out) {
@@ -37,36 +38,44 @@ Status ClientImpl::ConnectLocked() {
   Status s = Connection::Open(paths_.socket_path, paths_.port,
                               options_.request_timeout_ms, &conn);
   if (!s.ok()) return s;
-  WireWriter hello;
-  hello.U32(static_cast<uint32_t>(getpid()));
   std::string body;
   size_t off = 0;
-  s = conn->Call(MsgType::kHello, hello.body(), &body, &off);
+  s = conn->Call(protocol::HelloRequest::kType,
+                 protocol::EncodeBody(
+                     protocol::HelloRequest{.pid = static_cast<uint32_t>(getpid())}),
+                 &body, &off);
   if (!s.ok()) return s;
-  WireReader r(std::span(reinterpret_cast<const std::byte*>(body.data()) + off,
-                         body.size() - off));
-  uint32_t id = r.U32();
-  std::string prefix = r.Str();
-  if (!r.ok()) return Status::Corruption("malformed hello response");
-  client_id_ = id;
-  paths_.shm_prefix = prefix;
+  protocol::HelloResponse hello;
+  if (!protocol::DecodeBody(
+          std::span(reinterpret_cast<const std::byte*>(body.data()) + off,
+                    body.size() - off),
+          &hello)) {
+    return Malformed(protocol::HelloRequest::kName);
+  }
+  client_id_ = hello.client_id;
+  paths_.shm_prefix = hello.shm_prefix;
   conn_ = std::move(conn);
   return Status::OK();
 }
 
-Status ClientImpl::Call(MsgType type, const WireWriter& request,
-                        std::string* body, WireReader* reader) {
+Status ClientImpl::Exchange(MsgType type, const std::string& request, std::string* body,
+                            WireReader* reader) {
   std::lock_guard lock(mu_);
   if (!conn_ || conn_->broken() || fork_gen_ != ForkGeneration()) {
     Status s = ConnectLocked();
     if (!s.ok()) return s;
   }
   size_t off = 0;
-  Status s = conn_->Call(type, request.body(), body, &off);
+  Status s = conn_->Call(type, request, body, &off);
   if (!s.ok()) return s;
   *reader = WireReader(std::span(
       reinterpret_cast<const std::byte*>(body->data()) + off, body->size() - off));
   return s;
+}
+
+Status ClientImpl::Malformed(const char* request_name) {
+  return Status::Corruption(
+      fmt::format("malformed answer to {} from the cache server", request_name));
 }
 
 // ---- Client -------------------------------------------------------------
@@ -84,29 +93,18 @@ Status Client::Connect(const ClientOptions& options,
 }
 
 Status Client::CreateSession(uint32_t* session_id) {
-  WireWriter w;
-  std::string body;
-  WireReader r({});
-  Status s = impl_->Call(MsgType::kCreateSession, w, &body, &r);
-  if (!s.ok()) return s;
-  *session_id = r.U32();
-  return r.Done() ? Status::OK() : Status::Corruption("malformed response");
-}
-
-static Status SessionCall(ClientImpl& impl, MsgType type, uint32_t id) {
-  WireWriter w;
-  w.U32(id);
-  std::string body;
-  WireReader r({});
-  return impl.Call(type, w, &body, &r);
+  protocol::CreateSessionResponse created;
+  Status s = impl_->Call(protocol::CreateSessionRequest{}, &created);
+  if (s.ok()) *session_id = created.session_id;
+  return s;
 }
 
 Status Client::DestroySession(uint32_t session_id) {
-  return SessionCall(*impl_, MsgType::kDestroySession, session_id);
+  return impl_->Call(protocol::DestroySessionRequest{.session_id = session_id});
 }
 
 Status Client::CheckSession(uint32_t session_id) {
-  return SessionCall(*impl_, MsgType::kCheckSession, session_id);
+  return impl_->Call(protocol::CheckSessionRequest{.session_id = session_id});
 }
 
 Status Client::OpenCache(const CacheOptions& options,
@@ -117,54 +115,35 @@ Status Client::OpenCache(const CacheOptions& options,
   }
   Status s = CheckCacheName(name, options.fingerprint);
   if (!s.ok()) return s;
-  WireWriter w;
-  w.U32(options.session_id);
-  w.Str(name);
-  w.Str(options.fingerprint);
-  w.U64(options.size_mb);
-  w.U8(options.spilling ? 1 : 0);
-  std::string body;
-  WireReader r({});
-  s = impl_->Call(MsgType::kOpenCache, w, &body, &r);
+  protocol::OpenCacheResponse opened;
+  s = impl_->Call(protocol::OpenCacheRequest{.session_id = options.session_id,
+                                             .name = name,
+                                             .fingerprint = options.fingerprint,
+                                             .size_mb = options.size_mb,
+                                             .spilling = options.spilling},
+                  &opened);
   if (!s.ok()) return s;
-  uint32_t cache_id = r.U32();
-  if (!r.Done()) return Status::Corruption("malformed open response");
   std::shared_ptr<CacheImpl> cache;
-  s = CacheImpl::Attach(impl_, cache_id, options.session_id, &cache);
+  s = CacheImpl::Attach(impl_, opened.cache_id, options.session_id, &cache);
   if (!s.ok()) return s;
   out->reset(new Cache(std::move(cache)));
   return Status::OK();
 }
 
 Status Client::ListSessions(std::vector<SessionInfo>* out) {
-  WireWriter w;
-  std::string body;
-  WireReader r({});
-  Status s = impl_->Call(MsgType::kListSessions, w, &body, &r);
-  if (!s.ok()) return s;
-  if (!protocol::ReadSessions(r, out) || !r.Done()) {
-    return Status::Corruption("malformed session listing");
-  }
-  return Status::OK();
+  protocol::ListSessionsResponse listed;
+  Status s = impl_->Call(protocol::ListSessionsRequest{}, &listed);
+  if (s.ok()) *out = std::move(listed.sessions);
+  return s;
 }
 
 Status Client::GetServerInfo(ServerInfo* out) {
-  WireWriter w;
-  std::string body;
-  WireReader r({});
-  Status s = impl_->Call(MsgType::kServerInfo, w, &body, &r);
-  if (!s.ok()) return s;
-  if (!protocol::ReadServerInfo(r, out) || !r.Done()) {
-    return Status::Corruption("malformed server info");
-  }
-  return Status::OK();
+  protocol::ServerInfoResponse info;
+  Status s = impl_->Call(protocol::ServerInfoRequest{}, &info);
+  if (s.ok()) *out = std::move(info.info);
+  return s;
 }
 
-Status Client::StopServer() {
-  WireWriter w;
-  std::string body;
-  WireReader r({});
-  return impl_->Call(MsgType::kStop, w, &body, &r);
-}
+Status Client::StopServer() { return impl_->Call(protocol::StopRequest{}); }
 
 }  // namespace shmcache

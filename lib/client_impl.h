@@ -14,7 +14,7 @@
 #include "connection.h"
 #include "fork_safety.h"
 #include "instance.h"
-#include "protocol.h"
+#include "protocol_messages.h"
 #include "shmcache/options.h"
 #include "shmcache/status.h"
 
@@ -25,11 +25,30 @@ class ClientImpl {
   static Status Create(const ClientOptions& options,
                        std::shared_ptr<ClientImpl>* out);
 
-  // One request/response. On success *reader reads the response payload
-  // (it points into *body). Reconnects first when the connection was
-  // broken or inherited across fork().
-  Status Call(protocol::MsgType type, const protocol::WireWriter& request,
-              std::string* body, protocol::WireReader* reader);
+  // One request and its answer. On success *response holds the answer,
+  // its views pointing into *body; Corruption when the answer is malformed.
+  // Reconnects first when the connection was broken or inherited across
+  // fork().
+  template <typename Request>
+  Status Call(const Request& request, typename Request::Response* response,
+              std::string* body) {
+    protocol::WireReader r({});
+    Status s = Exchange(Request::kType, protocol::EncodeBody(request), body, &r);
+    if (!s.ok()) return s;
+    if (!Request::Response::Decode(&r, response)) return Malformed(Request::kName);
+    return Status::OK();
+  }
+  template <typename Request>
+  Status Call(const Request& request, typename Request::Response* response) {
+    std::string body;
+    return Call(request, response, &body);
+  }
+  // For requests answered with their status alone.
+  template <typename Request>
+  Status Call(const Request& request) {
+    protocol::NoPayload none;
+    return Call(request, &none);
+  }
 
   const InstancePaths& paths() const { return paths_; }
   uint32_t client_id() const { return client_id_; }
@@ -38,6 +57,11 @@ class ClientImpl {
  private:
   ClientImpl() = default;
   Status ConnectLocked();
+  // Sends `request` as a body of `type`; on success *reader reads the
+  // answer's payload (it points into *body).
+  Status Exchange(protocol::MsgType type, const std::string& request, std::string* body,
+                  protocol::WireReader* reader);
+  static Status Malformed(const char* request_name);
 
   ForkSafeMutex mu_{LockRank::kClient};
   ClientOptions options_;

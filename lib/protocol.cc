@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <vector>
-
 namespace shmcache::protocol {
 
 void EncodeFrameHeader(const FrameHeader& h, std::byte* out) {
@@ -69,6 +67,12 @@ void WriteStatus(WireWriter& w, const Status& s) {
   w.Str(s.message());
 }
 
+std::string EncodeStatus(const Status& s) {
+  WireWriter w;
+  WriteStatus(w, s);
+  return std::move(w.body());
+}
+
 Status ReadStatus(WireReader& r) {
   uint8_t code = r.U8();
   std::string msg = r.Str();
@@ -76,114 +80,6 @@ Status ReadStatus(WireReader& r) {
     return Status::Corruption("malformed response status");
   }
   return Status(static_cast<Status::Code>(code), msg);
-}
-
-void WriteSessions(WireWriter& w, std::span<const SessionInfo> sessions) {
-  w.U32(static_cast<uint32_t>(sessions.size()));
-  for (const SessionInfo& s : sessions) {
-    w.U32(s.session_id);
-    w.U32(static_cast<uint32_t>(s.caches.size()));
-    for (const CacheStats& c : s.caches) {
-      w.U32(c.cache_id);
-      w.Str(c.name);
-      w.U64(c.mem_rows);
-      w.U64(c.mem_bytes);
-      w.U64(c.disk_rows);
-      w.U64(c.hits);
-      w.U64(c.misses);
-      w.U64(c.numa_hits);
-      w.U64(c.reserved_bytes);
-      w.U64(c.budget_bytes);
-      w.U8(c.full ? 1 : 0);
-      w.U64(c.disk_bytes);
-      w.U64(c.puts_full);
-      w.U64(c.spill_reads);
-      w.U8(c.spilling ? 1 : 0);
-    }
-  }
-}
-
-bool ReadSessions(WireReader& r, std::vector<SessionInfo>* out) {
-  uint32_t n = r.U32();
-  if (!r.ok() || n > 1u << 20) return false;
-  out->clear();
-  for (uint32_t i = 0; i < n && r.ok(); ++i) {
-    SessionInfo s;
-    s.session_id = r.U32();
-    uint32_t nc = r.U32();
-    if (!r.ok() || nc > 1u << 20) return false;
-    for (uint32_t k = 0; k < nc && r.ok(); ++k) {
-      CacheStats c;
-      c.session_id = s.session_id;
-      c.cache_id = r.U32();
-      c.name = r.Str();
-      c.mem_rows = r.U64();
-      c.mem_bytes = r.U64();
-      c.disk_rows = r.U64();
-      c.hits = r.U64();
-      c.misses = r.U64();
-      c.numa_hits = r.U64();
-      c.reserved_bytes = r.U64();
-      c.budget_bytes = r.U64();
-      c.full = r.U8() != 0;
-      c.disk_bytes = r.U64();
-      c.puts_full = r.U64();
-      c.spill_reads = r.U64();
-      c.spilling = r.U8() != 0;
-      s.caches.push_back(std::move(c));
-    }
-    out->push_back(std::move(s));
-  }
-  return r.ok();
-}
-
-void WriteServerInfo(WireWriter& w, const ServerInfo& i) {
-  w.Str(i.instance);
-  w.U32(static_cast<uint32_t>(i.port));
-  w.Str(i.socket_path);
-  w.Str(i.shm_dir);
-  w.U32(static_cast<uint32_t>(i.pid));
-  w.U32(static_cast<uint32_t>(i.workers));
-  w.U32(static_cast<uint32_t>(i.log_level));
-  w.Str(i.log_path);
-  w.Str(i.spill_dir);
-  w.U64(i.memory_cap_bytes);
-  w.U64(i.memory_used_bytes);
-  w.U64(i.memory_held_bytes);
-  w.U32(static_cast<uint32_t>(i.numa_nodes));
-  w.U32(static_cast<uint32_t>(i.sessions.size()));
-  for (uint32_t s : i.sessions) w.U32(s);
-  w.U64(i.connections);
-  w.U64(i.start_time_unix);
-  w.U64(static_cast<uint64_t>(i.uptime_seconds * 1000));  // milliseconds
-  w.U32(i.shm_huge_pages ? 1 : 0);
-  w.Str(i.shm_pages);
-}
-
-bool ReadServerInfo(WireReader& r, ServerInfo* i) {
-  i->instance = r.Str();
-  i->port = static_cast<int>(r.U32());
-  i->socket_path = r.Str();
-  i->shm_dir = r.Str();
-  i->pid = static_cast<int>(r.U32());
-  i->workers = static_cast<int>(r.U32());
-  i->log_level = static_cast<int>(r.U32());
-  i->log_path = r.Str();
-  i->spill_dir = r.Str();
-  i->memory_cap_bytes = r.U64();
-  i->memory_used_bytes = r.U64();
-  i->memory_held_bytes = r.U64();
-  i->numa_nodes = static_cast<int>(r.U32());
-  uint32_t n = r.U32();
-  if (!r.ok() || n > 1u << 20) return false;
-  i->sessions.clear();
-  for (uint32_t k = 0; k < n && r.ok(); ++k) i->sessions.push_back(r.U32());
-  i->connections = r.U64();
-  i->start_time_unix = r.U64();
-  i->uptime_seconds = static_cast<double>(r.U64()) / 1000;
-  i->shm_huge_pages = r.U32() != 0;
-  i->shm_pages = r.Str();
-  return r.ok();
 }
 
 }  // namespace shmcache::protocol

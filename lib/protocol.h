@@ -8,6 +8,7 @@
 // Body fields: integers little-endian; strings and blobs as u32 length +
 // bytes. Every length is checked against what is left of the body and
 // against a per-field maximum; a frame with bytes left over is malformed.
+// The body of each message is defined in protocol_messages.h.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,6 @@
 #include <string>
 #include <string_view>
 
-#include "shmcache/stats.h"
 #include "shmcache/status.h"
 
 namespace shmcache::protocol {
@@ -62,9 +62,8 @@ enum class MsgType : uint16_t {
   kStop = 11,
   kSpillPut = 12,
   kSpillGet = 13,
-  kSetState = 14,
 };
-inline constexpr uint16_t kMaxMsgType = 14;
+inline constexpr uint16_t kMaxMsgType = 13;
 
 // Requests whose answer waits on the daemon's spill disk (RocksDB reads and
 // writes of rows up to kMaxSpilledRowBytes). A client waits up to
@@ -95,6 +94,7 @@ class WireWriter {
   void U16(uint16_t v) { Put(&v, 2); }
   void U32(uint32_t v) { Put(&v, 4); }
   void U64(uint64_t v) { Put(&v, 8); }
+  void Flag(bool v) { U8(v ? 1 : 0); }
   void Str(std::string_view s) {
     U32(static_cast<uint32_t>(s.size()));
     Put(s.data(), s.size());
@@ -122,10 +122,18 @@ class WireReader {
   uint16_t U16() { return Get<uint16_t>(); }
   uint32_t U32() { return Get<uint32_t>(); }
   uint64_t U64() { return Get<uint64_t>(); }
+  // One byte, 0 or 1.
+  bool Flag() {
+    uint8_t v = U8();
+    if (v > 1) ok_ = false;
+    return v == 1;
+  }
   std::string Str(size_t max_len = kMaxStringBytes);
   // A view of the next blob; valid while the body is.
   std::span<const std::byte> Bytes(size_t max_len = kMaxBodyBytes);
   bool ok() const { return ok_; }
+  // Marks the body malformed: a field was read but lies outside its range.
+  void Fail() { ok_ = false; }
   // True when every byte was consumed and nothing failed.
   bool Done() const { return ok_ && pos_ == in_.size(); }
 
@@ -152,11 +160,7 @@ Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes);
 // Response bodies start with the status.
 void WriteStatus(WireWriter& w, const Status& s);
 Status ReadStatus(WireReader& r);
-
-// Listing payloads, shared by the daemon (writer) and clients (reader).
-void WriteSessions(WireWriter& w, std::span<const SessionInfo> sessions);
-bool ReadSessions(WireReader& r, std::vector<SessionInfo>* out);
-void WriteServerInfo(WireWriter& w, const ServerInfo& info);
-bool ReadServerInfo(WireReader& r, ServerInfo* out);
+// A response body of the status alone: the answer to a request that failed.
+std::string EncodeStatus(const Status& s);
 
 }  // namespace shmcache::protocol

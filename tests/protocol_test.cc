@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include "protocol_messages.h"
+#include "protocol_samples.h"
+
 namespace shmcache::protocol {
 namespace {
 
@@ -210,88 +213,48 @@ TEST(WireTest, StatusRoundTripAndBadCode) {
   EXPECT_TRUE(ReadStatus(empty).IsCorruption());
 }
 
+// (Every truncation: protocol_messages_test.cc.)
 TEST(WireTest, SessionsRoundTrip) {
-  std::vector<SessionInfo> in(2);
-  in[0].session_id = 11;
-  in[1].session_id = 22;
-  CacheStats c;
-  c.cache_id = 3;
-  c.name = "train";
-  c.mem_rows = 10;
-  c.mem_bytes = 30720;
-  c.disk_rows = 1;
-  c.hits = 5;
-  c.misses = 6;
-  c.numa_hits = 4;
-  c.reserved_bytes = 1 << 22;
-  c.budget_bytes = 1 << 23;
-  c.full = true;
-  in[1].caches.push_back(c);
-  WireWriter w;
-  WriteSessions(w, in);
-  WireReader r(AsBytes(w.body()));
-  std::vector<SessionInfo> out;
-  ASSERT_TRUE(ReadSessions(r, &out));
-  EXPECT_TRUE(r.Done());
+  const std::string body = EncodeBody(samples::Sample<ListSessionsResponse>());
+  ListSessionsResponse listed;
+  ASSERT_TRUE(DecodeBody(AsBytes(body), &listed));
+  const std::vector<SessionInfo>& out = listed.sessions;
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_TRUE(out[0].caches.empty());
-  ASSERT_EQ(out[1].caches.size(), 1u);
-  const CacheStats& o = out[1].caches[0];
-  EXPECT_EQ(o.session_id, 22u);
+  EXPECT_EQ(out[1].session_id, 22u);
+  EXPECT_TRUE(out[1].caches.empty());
+  ASSERT_EQ(out[0].caches.size(), 1u);
+  const CacheStats& o = out[0].caches[0];
+  EXPECT_EQ(o.session_id, 11u) << "from the session around it";
   EXPECT_EQ(o.cache_id, 3u);
   EXPECT_EQ(o.name, "train");
   EXPECT_EQ(o.mem_rows, 10u);
   EXPECT_EQ(o.mem_bytes, 30720u);
   EXPECT_EQ(o.avg_row_bytes(), 3072u);
   EXPECT_EQ(o.disk_rows, 1u);
+  EXPECT_EQ(o.disk_bytes, 100u);
   EXPECT_EQ(o.hits, 5u);
   EXPECT_EQ(o.misses, 6u);
   EXPECT_EQ(o.numa_hits, 4u);
   EXPECT_EQ(o.reserved_bytes, 1u << 22);
   EXPECT_EQ(o.budget_bytes, 1u << 23);
+  EXPECT_EQ(o.puts_full, 2u);
+  EXPECT_EQ(o.spill_reads, 9u);
   EXPECT_TRUE(o.full);
-
-  // Any truncation is refused.
-  for (size_t n = 0; n < w.body().size(); ++n) {
-    std::string cut = w.body().substr(0, n);
-    WireReader rc(AsBytes(cut));
-    std::vector<SessionInfo> o2;
-    EXPECT_FALSE(ReadSessions(rc, &o2) && rc.Done()) << n;
-  }
+  EXPECT_TRUE(o.spilling);
 }
 
 TEST(WireTest, SessionCountBeyondLimitIsRefused) {
   WireWriter w;
   w.U32(0xffffffffu);
-  WireReader r(AsBytes(w.body()));
-  std::vector<SessionInfo> out;
-  EXPECT_FALSE(ReadSessions(r, &out));
+  ListSessionsResponse out;
+  EXPECT_FALSE(DecodeBody(AsBytes(w.body()), &out));
 }
 
 TEST(WireTest, ServerInfoRoundTrip) {
-  ServerInfo in;
-  in.instance = "port 50052";
-  in.port = 50052;
-  in.socket_path = "/tmp/x.sock";
-  in.shm_dir = "/dev/shm";
-  in.shm_huge_pages = true;
-  in.shm_pages = "tmpfs mounted huge=within_size";
-  in.pid = 42;
-  in.workers = 4;
-  in.log_level = 2;
-  in.log_path = "/tmp/log";
-  in.spill_dir = "/spill";
-  in.memory_cap_bytes = 1ULL << 40;
-  in.memory_used_bytes = 12345;
-  in.memory_held_bytes = 678;
-  in.numa_nodes = 2;
-  in.sessions = {1, 2, 3};
-  WireWriter w;
-  WriteServerInfo(w, in);
-  WireReader r(AsBytes(w.body()));
-  ServerInfo out;
-  ASSERT_TRUE(ReadServerInfo(r, &out));
-  EXPECT_TRUE(r.Done());
+  const ServerInfo in = samples::Sample<ServerInfoResponse>().info;
+  ServerInfoResponse decoded;
+  ASSERT_TRUE(DecodeBody(AsBytes(EncodeBody(ServerInfoResponse{.info = in})), &decoded));
+  const ServerInfo& out = decoded.info;
   EXPECT_EQ(out.instance, in.instance);
   EXPECT_EQ(out.port, in.port);
   EXPECT_EQ(out.socket_path, in.socket_path);
@@ -308,6 +271,9 @@ TEST(WireTest, ServerInfoRoundTrip) {
   EXPECT_EQ(out.memory_held_bytes, in.memory_held_bytes);
   EXPECT_EQ(out.numa_nodes, 2);
   EXPECT_EQ(out.sessions, in.sessions);
+  EXPECT_EQ(out.connections, in.connections);
+  EXPECT_EQ(out.start_time_unix, in.start_time_unix);
+  EXPECT_EQ(out.uptime_seconds, 1.5) << "in whole milliseconds";
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Fuzz target: the control protocol as the daemon sees it. The input is a
 // byte stream of frames; each is decoded with DecodeFrameHeader and, when
-// valid, its (possibly truncated) body goes to RequestHandler::Handle over a
-// real Store on a private shm dir. The store is emptied after each input.
+// valid, its (possibly truncated) body goes to RequestHandler::Handle (the
+// Decode of its request message) over a real Store on a private shm dir.
+// Every answer must read as the client reads it: a status, and for OK the
+// request's response message. The store is emptied after each input.
 //
 // Session ids are random and cache ids grow across inputs, so a fuzzer could
 // never guess them: a request whose first u32 (a session or cache id) is
@@ -11,14 +13,48 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "fuzz_common.h"
-#include "protocol.h"
+#include "protocol_messages.h"
 #include "request_handler.h"
 
 using namespace shmcache;
 using protocol::MsgType;
+
+namespace {
+
+// Reads a response of request R; *id: the session or cache it created.
+template <typename R>
+bool ResponseReads(protocol::WireReader* r, uint32_t* id) {
+  typename R::Response out;
+  if (!R::Response::Decode(r, &out)) return false;
+  if constexpr (std::is_same_v<R, protocol::CreateSessionRequest>) *id = out.session_id;
+  if constexpr (std::is_same_v<R, protocol::OpenCacheRequest>) *id = out.cache_id;
+  return true;
+}
+
+template <typename... R>
+bool ResponseReads(MsgType type, protocol::WireReader* r, uint32_t* id,
+                   protocol::TypeList<R...>) {
+  bool ok = false;
+  (void)((type == R::kType && (ok = ResponseReads<R>(r, id), true)) || ...);
+  return ok;
+}
+
+// Whether `resp`, the answer to a request of `type`, reads as the client
+// reads it: an error alone, or OK and the request's response message.
+bool AnswerReads(MsgType type, const std::string& resp, uint32_t* id) {
+  protocol::WireReader r(
+      std::span(reinterpret_cast<const std::byte*>(resp.data()), resp.size()));
+  Status answer = protocol::ReadStatus(r);
+  if (!r.ok()) return false;
+  if (!answer.ok()) return r.Done();
+  return ResponseReads(type, &r, id, protocol::Requests{});
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto& env = fuzz::Env();
@@ -52,15 +88,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     bool stop = false;
     std::string resp = handler.Handle(conn, type, body, &stop);
-    // A response always starts with a readable status.
-    protocol::WireReader r(std::span(reinterpret_cast<const std::byte*>(resp.data()),
-                                     resp.size()));
-    Status answer = protocol::ReadStatus(r);
-    if (answer.IsCorruption() && !r.ok()) std::abort();
-    if (answer.ok() && (type == MsgType::kCreateSession || type == MsgType::kOpenCache)) {
-      uint32_t id = r.U32();
-      if (r.ok()) (type == MsgType::kCreateSession ? sessions : caches).push_back(id);
-    }
+    uint32_t id = 0;
+    if (!AnswerReads(type, resp, &id)) std::abort();
+    if (id != 0) (type == MsgType::kCreateSession ? sessions : caches).push_back(id);
     in = in.subspan(n);
     conn = conn == 1 ? 2 : 1;
   }

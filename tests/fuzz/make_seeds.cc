@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "layout.h"
-#include "protocol.h"
+#include "protocol_messages.h"
+#include "protocol_samples.h"
 #include "row_codec.h"
 
 using namespace shmcache;
-using protocol::MsgType;
-using protocol::WireWriter;
+namespace pr = shmcache::protocol;
 
 namespace {
 
@@ -28,14 +28,39 @@ void Save(const std::string& path, const std::string& bytes) {
   std::fclose(f);
 }
 
-void Frame(std::string* out, MsgType t, const WireWriter& w, int cut = -1) {
-  protocol::FrameHeader h;
-  h.type = static_cast<uint16_t>(t);
-  h.body_len = static_cast<uint32_t>(w.body().size());
-  std::byte hdr[protocol::kFrameHeaderBytes];
-  protocol::EncodeFrameHeader(h, hdr);
+// Appends a frame of `type` whose header says `body_len` and whose body is
+// `body` (shorter when the frame is cut).
+void RawFrame(std::string* out, pr::MsgType type, const std::string& body,
+              size_t body_len) {
+  pr::FrameHeader h;
+  h.type = static_cast<uint16_t>(type);
+  h.body_len = static_cast<uint32_t>(body_len);
+  std::byte hdr[pr::kFrameHeaderBytes];
+  pr::EncodeFrameHeader(h, hdr);
   out->append(reinterpret_cast<const char*>(hdr), sizeof hdr);
-  out->append(cut < 0 ? w.body() : w.body().substr(0, static_cast<size_t>(cut)));
+  out->append(body);
+}
+
+// Appends a frame of `request`, cut after `cut` bytes of its body when given.
+template <typename Request>
+void Frame(std::string* out, const Request& request, int cut = -1) {
+  const std::string body = pr::EncodeBody(request);
+  RawFrame(out, Request::kType, cut < 0 ? body : body.substr(0, static_cast<size_t>(cut)),
+           body.size());
+}
+
+// Two seeds per request type for fuzz_messages: the request and its
+// response, each its pick byte (see fuzz_messages.cc) and its sample.
+template <typename... R>
+void SaveMessageSeeds(const std::string& dir, pr::TypeList<R...>) {
+  char pick = 0;
+  auto save = [&](const std::string& name, const std::string& body) {
+    Save(dir + "/fuzz_messages/" + name, std::string(1, pick++) + body);
+  };
+  ((save(std::string(R::kName) + ".request", pr::EncodeBody(pr::samples::Sample<R>())),
+    save(std::string(R::kName) + ".response",
+         pr::EncodeBody(pr::samples::Sample<typename R::Response>()))),
+   ...);
 }
 
 std::string EncodeRow(uint64_t key, std::vector<ColumnRef> cols) {
@@ -58,51 +83,40 @@ int main(int argc, char** argv) {
 
   // ---- protocol: whole conversations ----
   {
-    WireWriter hello, none, open, lease, grow, ret, check, bad;
-    hello.U32(1234);
-    open.U32(0);  // the session created just before (see fuzz_protocol.cc)
-    open.Str("train");
-    open.Str("fingerprint");
-    open.U64(16);
-    open.U8(0);
-    lease.U32(0);
-    lease.U32(0);
-    lease.U64(4000);
-    lease.U8(0);
-    lease.U32(0);
-    lease.U64(0);
-    grow.U32(0);
-    grow.U32(1);
-    ret.U32(0);
-    ret.U32(0);
-    ret.U64(4096);
-    check.U32(0);
-    bad.U32(7);
+    // Ids below 4 name the session or cache created that many requests
+    // before (see fuzz_protocol.cc): 0 is the latest.
+    const pr::OpenCacheRequest open{
+        .session_id = 0, .name = "train", .fingerprint = "fingerprint", .size_mb = 16};
+    const pr::LeaseChunkRequest lease{.cache_id = 0, .need = 4000};
+    const pr::CheckSessionRequest check{.session_id = 0};
     std::string s;
-    Frame(&s, MsgType::kHello, hello);
+    Frame(&s, pr::HelloRequest{.pid = 1234});
     Save(dir + "/fuzz_protocol/hello", s);
     s.clear();
-    Frame(&s, MsgType::kCreateSession, none);
-    Frame(&s, MsgType::kOpenCache, open);
-    Frame(&s, MsgType::kLeaseChunk, lease);
-    Frame(&s, MsgType::kLeaseChunk, lease);
-    Frame(&s, MsgType::kGrowIndex, grow);
-    Frame(&s, MsgType::kReturnChunk, ret);
-    Frame(&s, MsgType::kListSessions, none);
-    Frame(&s, MsgType::kServerInfo, none);
-    Frame(&s, MsgType::kCheckSession, check);
-    Frame(&s, MsgType::kDestroySession, check);
+    Frame(&s, pr::CreateSessionRequest{});
+    Frame(&s, open);
+    Frame(&s, lease);
+    Frame(&s, lease);
+    Frame(&s, pr::GrowIndexRequest{.cache_id = 0, .seen_tables = 1});
+    Frame(&s, pr::ReturnChunkRequest{.cache_id = 0, .seg_no = 0, .offset = 4096});
+    Frame(&s, pr::ListSessionsRequest{});
+    Frame(&s, pr::ServerInfoRequest{});
+    Frame(&s, check);
+    Frame(&s, pr::DestroySessionRequest{.session_id = 0});
     Save(dir + "/fuzz_protocol/session_lifecycle", s);
     s.clear();
-    Frame(&s, MsgType::kCreateSession, none);
-    Frame(&s, MsgType::kOpenCache, open, 9);  // truncated body
+    Frame(&s, pr::CreateSessionRequest{});
+    Frame(&s, open, 9);  // truncated body
     Save(dir + "/fuzz_protocol/truncated", s);
     s.clear();
-    Frame(&s, MsgType::kCheckSession, bad);
-    Frame(&s, MsgType::kSpillGet, bad);
-    Frame(&s, MsgType::kStop, none);
+    Frame(&s, pr::CheckSessionRequest{.session_id = 7});
+    const std::string no_count =
+        pr::EncodeBody(pr::SpillGetRequest{.cache_id = 7}).substr(0, 4);
+    RawFrame(&s, pr::MsgType::kSpillGet, no_count, no_count.size());
+    Frame(&s, pr::StopRequest{});
     Save(dir + "/fuzz_protocol/misc", s);
   }
+  SaveMessageSeeds(dir, pr::Requests{});
 
   // ---- rows ----
   {
