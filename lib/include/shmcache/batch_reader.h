@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shmcache/cache.h"
+#include "shmcache/export.h"
 #include "shmcache/status.h"
 #include "shmcache/types.h"
 
@@ -37,7 +38,7 @@ struct ColumnTarget {
   size_t row_stride_bytes = 0;
 };
 
-class BatchReader {
+class SHMCACHE_EXPORT BatchReader {
  public:
   // num_threads: how many threads copy rows, the calling thread included
   // (num_threads - 1 are started here and kept until destruction); 0 or 1:
@@ -71,9 +72,9 @@ class BatchReader {
  private:
   class Pool;
   // In a forked child: new helper threads (the parent's are not there).
-  void AfterFork();
+  SHMCACHE_LOCAL void AfterFork();
   // Reads the rows at positions `where` (on disk) with one GetBatch.
-  Status ReadSpilled(std::span<const uint64_t> ids,
+  SHMCACHE_LOCAL Status ReadSpilled(std::span<const uint64_t> ids,
                      const std::vector<size_t>& where,
                      std::span<const ColumnTarget> targets, uint8_t* hit);
 

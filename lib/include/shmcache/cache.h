@@ -14,6 +14,7 @@
 #include <span>
 #include <string_view>
 
+#include "shmcache/export.h"
 #include "shmcache/row.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -23,7 +24,7 @@ namespace shmcache {
 
 class CacheImpl;
 
-class Cache {
+class SHMCACHE_EXPORT Cache {
  public:
   ~Cache();
   Cache(const Cache&) = delete;
@@ -108,7 +109,7 @@ class Cache {
 
  private:
   friend class Client;
-  explicit Cache(std::shared_ptr<CacheImpl> impl);
+  SHMCACHE_LOCAL explicit Cache(std::shared_ptr<CacheImpl> impl);
   std::shared_ptr<CacheImpl> impl_;
 };
 

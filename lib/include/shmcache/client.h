@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shmcache/cache.h"
+#include "shmcache/export.h"
 #include "shmcache/options.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -27,7 +28,7 @@ namespace shmcache {
 
 class ClientImpl;
 
-class Client {
+class SHMCACHE_EXPORT Client {
  public:
   static Status Connect(const ClientOptions& options,
                         std::unique_ptr<Client>* out);
@@ -51,7 +52,7 @@ class Client {
   Status StopServer();
 
  private:
-  explicit Client(std::shared_ptr<ClientImpl> impl);
+  SHMCACHE_LOCAL explicit Client(std::shared_ptr<ClientImpl> impl);
   std::shared_ptr<ClientImpl> impl_;
 };
 

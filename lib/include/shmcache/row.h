@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shmcache/export.h"
 #include "shmcache/types.h"
 
 namespace shmcache {
@@ -29,7 +30,7 @@ struct ColumnView {
 // Cache::View points into shared memory and stays valid while the session
 // exists and the Cache that produced it is open; the bytes are read-only.
 // Thread safety: const methods may be called concurrently.
-class RowView {
+class SHMCACHE_EXPORT RowView {
  public:
   RowView() = default;
 
@@ -57,7 +58,7 @@ class RowView {
 
 // A row copied out of the cache into private memory. Reusing one Row for
 // many gets avoids allocation once its buffer is large enough.
-class Row {
+class SHMCACHE_EXPORT Row {
  public:
   Row() = default;
   Row(const Row&) = delete;

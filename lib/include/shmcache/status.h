@@ -10,9 +10,11 @@
 #include <string>
 #include <string_view>
 
+#include "shmcache/export.h"
+
 namespace shmcache {
 
-class [[nodiscard]] Status {
+class SHMCACHE_EXPORT [[nodiscard]] Status {
  public:
   enum class Code : unsigned char {
     kOk = 0,
@@ -107,6 +109,6 @@ class [[nodiscard]] Status {
   std::unique_ptr<std::string> msg_;
 };
 
-const char* CodeName(Status::Code code);
+SHMCACHE_EXPORT const char* CodeName(Status::Code code);
 
 }  // namespace shmcache
