@@ -158,6 +158,8 @@ void CacheImpl::CountRead(bool hit, int node) {
 }
 
 Status CacheImpl::GetStats(CacheStats* out) {
+  Status s = Usable();
+  if (!s.ok()) return s;
   *out = CacheStats{};
   out->session_id = session_id_;
   out->cache_id = cache_id_;
@@ -177,7 +179,7 @@ Status CacheImpl::GetStats(CacheStats* out) {
   out->budget_bytes = header_->budget_bytes;
   out->full = IsFull();
   out->spilling = SpillsNow();
-  return Usable();
+  return Status::OK();
 }
 
 bool CacheImpl::IsFull() const {

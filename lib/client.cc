@@ -89,8 +89,10 @@ Status Client::CreateSession(uint32_t* session_id) {
   WireReader r({});
   Status s = impl_->Call(MsgType::kCreateSession, w, &body, &r);
   if (!s.ok()) return s;
-  *session_id = r.U32();
-  return r.Done() ? Status::OK() : Status::Corruption("malformed response");
+  uint32_t id = r.U32();
+  if (!r.Done()) return Status::Corruption("malformed response");
+  *session_id = id;
+  return Status::OK();
 }
 
 static Status SessionCall(ClientImpl& impl, MsgType type, uint32_t id) {
@@ -142,9 +144,11 @@ Status Client::ListSessions(std::vector<SessionInfo>* out) {
   WireReader r({});
   Status s = impl_->Call(MsgType::kListSessions, w, &body, &r);
   if (!s.ok()) return s;
-  if (!protocol::ReadSessions(r, out) || !r.Done()) {
+  std::vector<SessionInfo> sessions;
+  if (!protocol::ReadSessions(r, &sessions) || !r.Done()) {
     return Status::Corruption("malformed session listing");
   }
+  *out = std::move(sessions);
   return Status::OK();
 }
 
@@ -154,9 +158,11 @@ Status Client::GetServerInfo(ServerInfo* out) {
   WireReader r({});
   Status s = impl_->Call(MsgType::kServerInfo, w, &body, &r);
   if (!s.ok()) return s;
-  if (!protocol::ReadServerInfo(r, out) || !r.Done()) {
+  ServerInfo info;
+  if (!protocol::ReadServerInfo(r, &info) || !r.Done()) {
     return Status::Corruption("malformed server info");
   }
+  *out = std::move(info);
   return Status::OK();
 }
 

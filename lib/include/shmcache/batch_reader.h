@@ -5,7 +5,7 @@
 //   int64_t shape[] = {224, 224, 3};
 //   ColumnTarget t{"#0", DType::kUInt8, shape, images, 224 * 224 * 3};
 //   std::vector<uint8_t> hit(ids.size());
-//   Status s = reader.ReadInto(ids, std::span(&t, 1), hit.data());
+//   Status s = reader.ReadInto(ids, std::span(&t, 1), hit);
 //
 // Thread safety: the Cache may be used concurrently by others; one
 // BatchReader serves one caller at a time (ReadInto is not reentrant: give
@@ -61,11 +61,12 @@ class SHMCACHE_EXPORT BatchReader {
   // Errors: what the Cache returns when it cannot be used (e.g. InvalidArgument
   // once closed, NotFound for a destroyed session) or when a spilled row
   // cannot be fetched (Unavailable); then every hit[i] = 0 and rows already
-  // copied may have been written.
-  // REQUIRES: hit holds ids.size() elements; each target's buffer holds
-  // ids.size() rows of row_stride_bytes >= its row's bytes.
+  // copied may have been written. InvalidArgument, with nothing read or
+  // written, when hit does not hold ids.size() elements.
+  // REQUIRES: each target's buffer holds ids.size() rows of
+  // row_stride_bytes >= its row's bytes.
   Status ReadInto(std::span<const uint64_t> ids,
-                  std::span<const ColumnTarget> targets, uint8_t* hit);
+                  std::span<const ColumnTarget> targets, std::span<uint8_t> hit);
 
   int num_threads() const;
 

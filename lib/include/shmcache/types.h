@@ -39,7 +39,7 @@ inline size_t DTypeSize(DType t) {
 }
 // "uint8", "float32", ... ; "invalid" for an unknown value.
 SHMCACHE_EXPORT const char* DTypeName(DType t);
-// Inverse of DTypeName; false if the name is unknown.
+// Inverse of DTypeName; false (and *out unchanged) if the name is unknown.
 SHMCACHE_EXPORT bool DTypeFromName(std::string_view name, DType* out);
 
 // One column of a row to be written. Nothing is owned: the pointers must
