@@ -107,7 +107,7 @@ double PutRange(Cache* cache, const Source& src, size_t size, uint64_t begin,
         rows[k] = std::span(&cols[k], 1);
       }
       s = cache->PutBatch(std::span(ids.data(), k), std::span(rows.data(), k),
-                          sts.data());
+                          std::span(sts.data(), k));
       for (size_t i = 0; i < k && s.ok(); ++i) s = sts[i];
     }
     if (!s.ok()) {
@@ -290,7 +290,7 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
         bool ok = WarmUp(cache.get(), n);
         double rr = TimedRateBatched(c.seconds, kHitBatch, [&](uint64_t i) {
           FillBatch(idx, i, off, &ids);
-          ok &= read(ids, outs.data(), sts.data()).ok();
+          ok &= read(ids, outs, sts).ok();
           for (const Status& st : sts) ok &= st.ok();
           DoNotOptimize(&outs[0]);
         });
@@ -300,13 +300,13 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
     const std::string batch = std::to_string(kHitBatch);
     for (int p : c.procs) {
       double get_rate = batched.template operator()<shmcache::Row>(
-          p, [&](auto& ids, shmcache::Row* rows, Status* sts) {
+          p, [&](auto& ids, std::span<shmcache::Row> rows, std::span<Status> sts) {
             return cache->GetBatch(ids, rows, sts);
           });
       if (get_rate < 0) r->Skip("get batch " + k, "a batched get failed");
       else r->Add("get", "shmcache", "copy-out GetBatch " + batch, size, p, get_rate);
       double view_rate = batched.template operator()<shmcache::RowView>(
-          p, [&](auto& ids, shmcache::RowView* views, Status* sts) {
+          p, [&](auto& ids, std::span<shmcache::RowView> views, std::span<Status> sts) {
             return cache->ViewBatch(ids, views, sts);
           });
       if (view_rate < 0) r->Skip("view batch " + k, "a batched view failed");
@@ -384,7 +384,7 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
         const uint64_t off = static_cast<uint64_t>(child) * 7919;
         double rr = TimedRateBatched(c.seconds, kSpillBatch, [&](uint64_t i) {
           FillBatch(idx, i, off, &ids);
-          ok &= cache->GetBatch(ids, rows.data(), sts.data()).ok();
+          ok &= cache->GetBatch(ids, rows, sts).ok();
           for (const Status& st : sts) ok &= st.ok();
         });
         return ok ? rr : -1;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -67,7 +68,8 @@ void ReadShare(Cache* cache, std::span<const uint64_t> ids, size_t first,
   std::vector<ColumnView> cols(targets.size());
   for (size_t base = first; base < last; base += kWindow) {
     size_t n = std::min(kWindow, last - base);
-    Status s = cache->ViewBatch(ids.subspan(base, n), views, statuses);
+    Status s = cache->ViewBatch(ids.subspan(base, n), std::span(views, n),
+                                std::span(statuses, n));
     if (!s.ok()) {
       out->error = s;
       return;
@@ -180,9 +182,14 @@ void BatchReader::AfterFork() {
 
 Status BatchReader::ReadInto(std::span<const uint64_t> ids,
                              std::span<const ColumnTarget> targets,
-                             uint8_t* hit) {
-  AfterFork();
+                             std::span<uint8_t> hit_flags) {
   const size_t n = ids.size();
+  if (hit_flags.size() != n) {
+    return Status::InvalidArgument("ReadInto: " + std::to_string(n) + " ids but " +
+                                   std::to_string(hit_flags.size()) + " hit flags");
+  }
+  uint8_t* hit = hit_flags.data();
+  AfterFork();
   size_t row_bytes = 0;
   for (const ColumnTarget& t : targets) row_bytes += t.row_stride_bytes;
   size_t shares = std::clamp<size_t>(n * row_bytes / kMinShareBytes, 1, pool_->size());
@@ -211,7 +218,7 @@ Status BatchReader::ReadSpilled(std::span<const uint64_t> ids,
   for (size_t k = 0; k < where.size(); ++k) want[k] = ids[where[k]];
   std::vector<Row> rows(where.size());
   std::vector<Status> statuses(where.size());
-  Status s = cache_->GetBatch(want, rows.data(), statuses.data());
+  Status s = cache_->GetBatch(want, rows, statuses);
   if (!s.ok()) return s;
   std::vector<ColumnView> cols(targets.size());
   for (size_t k = 0; k < where.size(); ++k) {

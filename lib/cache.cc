@@ -4,9 +4,22 @@
 
 #include "shmcache/cache.h"
 
+#include <fmt/format.h>
+
 #include "cache_impl.h"
 
 namespace shmcache {
+
+namespace {
+
+// InvalidArgument unless a batch's `what` holds one element per id.
+Status CheckBatchSize(const char* call, size_t ids, size_t n, const char* what) {
+  if (n == ids) return Status::OK();
+  return Status::InvalidArgument(
+      fmt::format("{}: {} ids but {} {}", call, ids, n, what));
+}
+
+}  // namespace
 
 Cache::Cache(std::shared_ptr<CacheImpl> impl) : impl_(std::move(impl)) {}
 Cache::~Cache() = default;
@@ -25,8 +38,15 @@ Status Cache::Put(uint64_t id, const void* data, size_t nbytes,
 
 Status Cache::PutBatch(std::span<const uint64_t> ids,
                        std::span<const std::span<const ColumnRef>> rows,
-                       Status* statuses, bool* inserted) {
-  return impl_->PutBatch(ids, rows, statuses, inserted);
+                       std::span<Status> statuses, std::span<bool> inserted) {
+  Status s = CheckBatchSize("PutBatch", ids.size(), rows.size(), "rows");
+  if (s.ok()) s = CheckBatchSize("PutBatch", ids.size(), statuses.size(), "statuses");
+  if (s.ok() && !inserted.empty()) {
+    s = CheckBatchSize("PutBatch", ids.size(), inserted.size(), "inserted flags");
+  }
+  if (!s.ok()) return s;
+  return impl_->PutBatch(ids, rows, statuses.data(),
+                         inserted.empty() ? nullptr : inserted.data());
 }
 
 Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }
@@ -37,13 +57,23 @@ Status Cache::Get(uint64_t id, std::span<const std::string_view> columns,
 }
 
 Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
-Status Cache::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses) {
-  return impl_->GetBatch(ids, rows, statuses);
+
+Status Cache::GetBatch(std::span<const uint64_t> ids, std::span<Row> rows,
+                       std::span<Status> statuses) {
+  Status s = CheckBatchSize("GetBatch", ids.size(), rows.size(), "rows");
+  if (s.ok()) s = CheckBatchSize("GetBatch", ids.size(), statuses.size(), "statuses");
+  if (!s.ok()) return s;
+  return impl_->GetBatch(ids, rows.data(), statuses.data());
 }
-Status Cache::ViewBatch(std::span<const uint64_t> ids, RowView* views,
-                        Status* statuses) {
-  return impl_->ViewBatch(ids, views, statuses);
+
+Status Cache::ViewBatch(std::span<const uint64_t> ids, std::span<RowView> views,
+                        std::span<Status> statuses) {
+  Status s = CheckBatchSize("ViewBatch", ids.size(), views.size(), "views");
+  if (s.ok()) s = CheckBatchSize("ViewBatch", ids.size(), statuses.size(), "statuses");
+  if (!s.ok()) return s;
+  return impl_->ViewBatch(ids, views.data(), statuses.data());
 }
+
 bool Cache::Contains(uint64_t id) { return impl_->Contains(id); }
 Status Cache::GetStats(CacheStats* out) { return impl_->GetStats(out); }
 bool Cache::IsFull() const { return impl_->IsFull(); }

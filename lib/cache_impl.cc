@@ -159,8 +159,10 @@ void CacheImpl::CountRead(bool hit, int node) {
 }
 
 Status CacheImpl::GetStats(CacheStats* out) {
+  Status s = Usable();
+  if (!s.ok()) return s;
   *out = ReadCacheStats(*header_, single_node_);
-  return Usable();
+  return Status::OK();
 }
 
 bool CacheImpl::IsFull() const {

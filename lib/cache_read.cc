@@ -56,8 +56,10 @@ Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
                       bool project, Row* out) {
   uint64_t loc;
   Status s = Locate(id, &loc);
-  if (!s.ok()) return s;
-  return Materialize(id, loc, columns, project, out);
+  if (s.ok()) s = Materialize(id, loc, columns, project, out);
+  // A failed spill read may have refilled the buffer under the old view.
+  if (!s.ok()) out->view_ = RowView();
+  return s;
 }
 
 void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
@@ -82,7 +84,11 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
                             Status* statuses) {
   Status s = Usable();
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    std::fill(statuses, statuses + ids.size(), s);
+    std::fill(views, views + ids.size(), RowView());
+    return s;
+  }
   uint64_t locs[kBatchWindow];
   for (size_t base = 0; base < ids.size(); base += kBatchWindow) {
     auto window = ids.subspan(base, std::min(kBatchWindow, ids.size() - base));
@@ -100,6 +106,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
         statuses[i] = Resolve(ids[i], locs[k], &views[i], &node);
         if (statuses[i].ok()) CountRead(true, node);
       }
+      if (!statuses[i].ok()) views[i] = RowView();
     }
   }
   return Status::OK();
@@ -108,7 +115,11 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
 Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
                            Status* statuses) {
   Status s = Usable();
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    std::fill(statuses, statuses + ids.size(), s);
+    for (size_t i = 0; i < ids.size(); ++i) rows[i].view_ = RowView();
+    return s;
+  }
   std::vector<uint64_t> spilled;
   std::vector<Row*> targets;
   std::vector<size_t> where;
@@ -128,12 +139,17 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
     } else {
       statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i]);
     }
+    if (!statuses[i].ok()) rows[i].view_ = RowView();
   }
   if (spilled.empty()) return Status::OK();
   std::vector<Status> got(spilled.size());
   FetchSpilled(spilled, targets.data(), got.data());
   for (size_t k = 0; k < spilled.size(); ++k) {
-    if (got[k].ok()) CountRead(true, -1);
+    if (got[k].ok()) {
+      CountRead(true, -1);
+    } else {
+      rows[where[k]].view_ = RowView();
+    }
     statuses[where[k]] = std::move(got[k]);
   }
   return Status::OK();
@@ -142,20 +158,19 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
 Status CacheImpl::View(uint64_t id, RowView* out) {
   uint64_t loc;
   Status s = Locate(id, &loc);
-  if (!s.ok()) return s;
-  if (loc & layout::kSpilledBit) {
+  if (s.ok() && (loc & layout::kSpilledBit)) {
     // A disk row has no shared memory to point into: the view points into
     // this thread's buffer, valid until the thread's next View of a disk row.
     static thread_local Row disk_row;
     s = Materialize(id, loc, {}, false, &disk_row);
     if (s.ok()) *out = disk_row.view();
-    return s;
+  } else if (s.ok()) {
+    int node = 0;
+    s = Resolve(id, loc, out, &node);
+    if (s.ok()) CountRead(true, node);
   }
-  int node = 0;
-  s = Resolve(id, loc, out, &node);
-  if (!s.ok()) return s;
-  CountRead(true, node);
-  return Status::OK();
+  if (!s.ok()) *out = RowView();
+  return s;
 }
 
 bool CacheImpl::Contains(uint64_t id) {

@@ -239,7 +239,8 @@ Status RowCodec::Project(const RowView& in,
   for (size_t i = 0; i < names.size(); ++i) {
     std::optional<ColumnView> c = in.find(names[i]);
     if (!c) {
-      return Status::NotFound("row has no column '" + std::string(names[i]) + "'");
+      return Status::ColumnNotFound("row " + std::to_string(KeyOf(in)) +
+                                    " has no column '" + std::string(names[i]) + "'");
     }
     refs[i] = ColumnRef{c->name, c->dtype, c->shape, c->data, c->nbytes};
   }

@@ -49,8 +49,8 @@ class RowCodec {
   static uint64_t KeyOf(const RowView& v);
   // Copies a whole row into out (reusing its buffer).
   static void Copy(const RowView& in, Row* out);
-  // Copies the named columns, in that order, into out. NotFound naming the
-  // first absent column.
+  // Copies the named columns, in that order, into out. ColumnNotFound
+  // naming the first absent column (out is then unchanged).
   static Status Project(const RowView& in,
                         std::span<const std::string_view> names, Row* out);
   // Rebuilds *out's view over its own buffer after the buffer was filled.

@@ -89,7 +89,7 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
   ids.push_back(113);
   BatchReader reader(cache.get(), GetParam());
   Batch b(ids.size());
-  Status s = reader.ReadInto(ids, b.targets, b.hit.data());
+  Status s = reader.ReadInto(ids, b.targets, b.hit);
   ASSERT_TRUE(s.ok()) << s.ToString();
   for (size_t i = 0; i < ids.size(); ++i) {
     bool want = ids[i] % 7 != 0 && ids[i] != 50 && ids[i] != 60;
@@ -103,9 +103,9 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
   // Reused for a second batch, and for an empty one.
   Batch again(2);
   std::vector<uint64_t> two = {1, 2};
-  ASSERT_TRUE(reader.ReadInto(two, again.targets, again.hit.data()).ok());
+  ASSERT_TRUE(reader.ReadInto(two, again.targets, again.hit).ok());
   EXPECT_TRUE(again.hit[0] && again.hit[1] && again.RowIs(0, 1) && again.RowIs(1, 2));
-  ASSERT_TRUE(reader.ReadInto({}, again.targets, nullptr).ok());
+  ASSERT_TRUE(reader.ReadInto({}, again.targets, {}).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, BatchReaderTest, ::testing::Values(0, 1, 3));
@@ -133,7 +133,7 @@ TEST(BatchReaderConcurrencyTest, ReadersInThreadsWhileAWriterPuts) {
       for (int round = 0; round < 5; ++round) {
         for (uint64_t k = 0; k < kAll; ++k) ids[k] = (k * 7 + r + round) % kAll;
         Batch b(ids.size());
-        if (!reader.ReadInto(ids, b.targets, b.hit.data()).ok()) bad = true;
+        if (!reader.ReadInto(ids, b.targets, b.hit).ok()) bad = true;
         for (size_t i = 0; i < ids.size(); ++i) {
           if (b.hit[i] ? !b.RowIs(i, ids[i]) : (ids[i] < kBefore || !b.RowUntouched(i))) {
             bad = true;
@@ -164,7 +164,7 @@ TEST(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
     for (uint64_t id = 0; id < n + 1; ++id) ids[id] = n - id;  // n: a miss
     BatchReader reader(cache.get(), 2);
     Batch b(ids.size());
-    ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit.data()).ok());
+    ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit).ok());
     EXPECT_EQ(b.hit[0], 0);
     EXPECT_TRUE(b.RowUntouched(0));
     for (size_t i = 1; i < ids.size(); ++i) {
@@ -185,7 +185,7 @@ TEST(BatchReaderErrorTest, AClosedCacheIsAnErrorWithNoHits) {
   cache->Close();
   Batch b(3);
   std::vector<uint64_t> ids = {1, 1, 1};
-  Status s = reader.ReadInto(ids, b.targets, b.hit.data());
+  Status s = reader.ReadInto(ids, b.targets, b.hit);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
   EXPECT_EQ(b.hit, std::vector<uint8_t>(3, 0));
 }
@@ -200,10 +200,10 @@ TEST(BatchReaderForkTest, AForkedChildReadsWithItsOwnThreads) {
   std::vector<uint64_t> ids(300);
   for (uint64_t id = 0; id < 300; ++id) ids[id] = id;
   Batch parent(ids.size());
-  ASSERT_TRUE(reader.ReadInto(ids, parent.targets, parent.hit.data()).ok());
+  ASSERT_TRUE(reader.ReadInto(ids, parent.targets, parent.hit).ok());
   pid_t pid = ForkChild([&] {
     Batch b(ids.size());
-    if (!reader.ReadInto(ids, b.targets, b.hit.data()).ok()) return 2;
+    if (!reader.ReadInto(ids, b.targets, b.hit).ok()) return 2;
     for (size_t i = 0; i < ids.size(); ++i) {
       if (!b.hit[i] || !b.RowIs(i, ids[i])) return 3;
     }

@@ -181,7 +181,7 @@ TEST(CapacityTest, SpilledRowsUpToTheLimitReadBackWhole) {
     const std::vector<uint64_t> ids = {0, 1, 2, 0};
     std::vector<Row> got(ids.size());
     std::vector<Status> statuses(ids.size());
-    ASSERT_TRUE(cache->GetBatch(ids, got.data(), statuses.data()).ok());
+    ASSERT_TRUE(cache->GetBatch(ids, got, statuses).ok());
     for (size_t i = 0; i < ids.size(); ++i) {
       ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
       EXPECT_TRUE(SameData(got[i], rows[ids[i]])) << i;
@@ -316,7 +316,7 @@ TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
     for (size_t i = 0; i < rows; ++i) ids[i] = i;
     std::vector<Row> out(rows);
     std::vector<Status> statuses(rows);
-    ASSERT_TRUE(cache->GetBatch(ids, out.data(), statuses.data()).ok());
+    ASSERT_TRUE(cache->GetBatch(ids, out, statuses).ok());
     for (size_t i = 0; i < rows; ++i) {
       ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
       auto col = out[i].find("data");
@@ -328,6 +328,42 @@ TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
     EXPECT_NE(list.out.find("\"disk_cached\": " + std::to_string(st.disk_rows)),
               std::string::npos)
         << list.out;
+  }
+  RemoveTree(spill);
+}
+
+// A spilled row has no shared memory: View says so (in_shared_memory() is
+// false), ViewBatch answers IsNotSupported() with an empty view, and a
+// projection naming a column it lacks is ColumnNotFound, as in memory.
+TEST(CapacityTest, SpilledRowsViewsAndMissingColumns) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    auto cache = OpenCache(server, server.NewSession(), 1, true);
+    const size_t rows = (2u << 20) / kRowBytes;  // twice the budget
+    ASSERT_EQ(PutRows(cache.get(), rows), rows);
+    const uint64_t last = rows - 1;  // put once memory was used up: on disk
+    RowView view;
+    ASSERT_TRUE(cache->View(last, &view).ok());
+    EXPECT_FALSE(view.in_shared_memory());
+    ASSERT_TRUE(cache->View(0, &view).ok());
+    EXPECT_TRUE(view.in_shared_memory());
+    const uint64_t ids[] = {0, last};
+    RowView views[2];
+    Status statuses[2];
+    ASSERT_TRUE(cache->ViewBatch(ids, views, statuses).ok());
+    EXPECT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+    EXPECT_TRUE(statuses[1].IsNotSupported()) << statuses[1].ToString();
+    EXPECT_TRUE(views[1].empty());
+    std::string_view data[] = {"data"}, absent[] = {"mask"};
+    Row row;
+    ASSERT_TRUE(cache->Get(last, data, &row).ok());
+    Status s = cache->Get(last, absent, &row);
+    EXPECT_TRUE(s.IsColumnNotFound()) << s.ToString();
+    EXPECT_EQ(row.num_columns(), 0u);
+    s = cache->Get(rows, data, &row);
+    EXPECT_TRUE(s.IsNotFound() && !s.IsColumnNotFound()) << s.ToString();
   }
   RemoveTree(spill);
 }

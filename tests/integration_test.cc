@@ -527,6 +527,112 @@ TEST_F(IntegrationTest, ColumnProjection) {
   EXPECT_FALSE(cache->Contains(4));
 }
 
+// A missing column and a missing row are told apart (issue 12), and a read
+// that fails leaves its row empty (row.h).
+TEST_F(IntegrationTest, MissingColumnIsColumnNotFoundAndAMissingRowIsNot) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 3, 0, 100).ok());
+  std::string_view data[] = {"data"}, absent[] = {"data", "mask"};
+  Row row;
+  ASSERT_TRUE(cache->Get(3, data, &row).ok());
+  ASSERT_EQ(row.num_columns(), 1u);
+  Status s = cache->Get(3, absent, &row);
+  EXPECT_TRUE(s.IsColumnNotFound()) << s.ToString();
+  EXPECT_TRUE(s.IsNotFound()) << "still a NotFound for callers that take it as a miss";
+  EXPECT_NE(s.message().find("row 3 has no column 'mask'"), std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(row.num_columns(), 0u) << "a failed read leaves the row empty";
+  s = cache->Get(4, data, &row);
+  EXPECT_TRUE(s.IsNotFound()) << s.ToString();
+  EXPECT_FALSE(s.IsColumnNotFound()) << s.ToString();
+}
+
+// Out-parameters after an error (status.h): reads empty their row or view,
+// a batch fills every status, other calls leave their output unchanged.
+TEST_F(IntegrationTest, OutputsAfterAnErrorAreAsTheHeadersState) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 0, 0, 100).ok());
+  Row row;
+  RowView view;
+  CacheStats st;
+  ASSERT_TRUE(cache->Get(0, &row).ok());
+  ASSERT_TRUE(cache->View(0, &view).ok());
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  cache->Close();
+  EXPECT_TRUE(cache->Get(0, &row).IsInvalidArgument());
+  EXPECT_EQ(row.num_columns(), 0u);
+  EXPECT_TRUE(cache->View(0, &view).IsInvalidArgument());
+  EXPECT_TRUE(view.empty());
+  st.hits = 12345;
+  EXPECT_TRUE(cache->GetStats(&st).IsInvalidArgument());
+  EXPECT_EQ(st.hits, 12345u) << "GetStats left *out as it was";
+  const uint64_t ids[] = {0, 1};
+  Row rows[2];
+  Status statuses[2];
+  EXPECT_TRUE(cache->GetBatch(ids, rows, statuses).IsInvalidArgument());
+  RowView views[2];
+  Status view_statuses[2];
+  EXPECT_TRUE(cache->ViewBatch(ids, views, view_statuses).IsInvalidArgument());
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(statuses[i].IsInvalidArgument()) << i << ": " << statuses[i].ToString();
+    EXPECT_TRUE(view_statuses[i].IsInvalidArgument()) << i;
+  }
+}
+
+// Batch outputs are spans: one of another length than the ids is refused
+// before anything is read, stored or written.
+TEST_F(IntegrationTest, BatchOutputsOfAnotherLengthAreInvalidArguments) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 0, 0, 100).ok());
+  const uint64_t ids[] = {0, 1};
+  Row rows[2];
+  Status statuses[3] = {Status::Corruption("untouched"), Status::Corruption("untouched"),
+                        Status::Corruption("untouched")};
+  Status s = cache->GetBatch(ids, rows, statuses);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("2 ids but 3 statuses"), std::string::npos) << s.ToString();
+  EXPECT_EQ(statuses[0], Status::Corruption("untouched"));
+  EXPECT_EQ(rows[0].num_columns(), 0u);
+  RowView views[1];
+  EXPECT_TRUE(cache->ViewBatch(ids, views, std::span(statuses, 2)).IsInvalidArgument());
+  std::vector<uint8_t> bytes(10);
+  int64_t shape[1] = {10};
+  ColumnRef col{"data", DType::kUInt8, shape, bytes.data(), bytes.size()};
+  const uint64_t new_ids[] = {5, 6};
+  std::span<const ColumnRef> one_row[] = {std::span(&col, 1)};
+  EXPECT_TRUE(cache->PutBatch(new_ids, one_row, std::span(statuses, 2)).IsInvalidArgument());
+  std::span<const ColumnRef> two_rows[] = {std::span(&col, 1), std::span(&col, 1)};
+  bool inserted[1] = {true};
+  EXPECT_TRUE(cache->PutBatch(new_ids, two_rows, std::span(statuses, 2), inserted)
+                  .IsInvalidArgument());
+  EXPECT_TRUE(inserted[0]);
+  EXPECT_FALSE(cache->Contains(5));
+  EXPECT_FALSE(cache->Contains(6));
+}
+
+// row.h's statement of a view's lifetime: a view of shared memory stays
+// valid until its Cache is destroyed; Close() and the destruction of its
+// session do not end it.
+TEST_F(IntegrationTest, ViewOfSharedMemoryOutlivesCloseAndTheSession) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 0, 0, kRowBytes).ok());
+  RowView view;
+  ASSERT_TRUE(cache->View(0, &view).ok());
+  ASSERT_TRUE(view.in_shared_memory());
+  cache->Close();
+  ASSERT_TRUE(client->DestroySession(session_).ok());
+  ASSERT_EQ(view.column(0).nbytes, kRowBytes);
+  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(0, 0, kRowBytes).data(), kRowBytes), 0);
+}
+
 // A view points into shared memory and stays valid while the cache is open,
 // whatever else is written (new chunks, new segments, a grown index).
 TEST_F(IntegrationTest, ViewStaysValid) {

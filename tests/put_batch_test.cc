@@ -48,7 +48,7 @@ class Batch {
     }
     statuses.assign(size(), Status::Corruption("not set"));
     inserted.reset(new bool[size()]);
-    return cache->PutBatch(ids_, rows_, statuses.data(), inserted.get());
+    return cache->PutBatch(ids_, rows_, statuses, std::span(inserted.get(), size()));
   }
   void Malform(size_t i) { bad_.push_back(i); }
 

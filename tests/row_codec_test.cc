@@ -164,6 +164,22 @@ TEST(RowCodecTest, ProjectionOfAnAbsentColumnNamesIt) {
   EXPECT_NE(st.message().find("'mask'"), std::string::npos) << st.ToString();
 }
 
+// A missing column is ColumnNotFound (not a missing row), naming the row
+// and the column; the output row is left as it was.
+TEST(RowCodecTest, ProjectionOfAnAbsentColumnIsColumnNotFound) {
+  Sample s;
+  Encoded e = EncodeRow(9, s.cols);
+  RowView v;
+  ASSERT_TRUE(RowCodec::Decode(e.data(), e.size, &v).ok());
+  std::string_view names[] = {"label", "mask"};
+  Row row;
+  Status st = RowCodec::Project(v, names, &row);
+  EXPECT_TRUE(st.IsColumnNotFound()) << st.ToString();
+  EXPECT_NE(st.message().find("row 9 has no column 'mask'"), std::string::npos)
+      << st.ToString();
+  EXPECT_EQ(row.num_columns(), 0u);
+}
+
 TEST(RowCodecTest, ProjectionOfManyColumns) {
   std::vector<int32_t> vals(40);
   std::vector<std::string> names(40);

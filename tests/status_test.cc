@@ -52,7 +52,31 @@ TEST(StatusTest, EachFactorySetsItsCodeAndOnlyItsPredicate) {
     EXPECT_EQ(c.s.IsFingerprintMismatch(),
               c.code == Status::Code::kFingerprintMismatch);
     EXPECT_EQ(c.s.IsTooLarge(), c.code == Status::Code::kTooLarge);
+    EXPECT_FALSE(c.s.IsColumnNotFound());
   }
+}
+
+// A present row without a named column is a NotFound (callers that take
+// NotFound for a miss still do) that IsColumnNotFound() tells apart; copies
+// and moves keep the difference.
+TEST(StatusTest, ColumnNotFoundIsANotFoundToldApartFromAMissingRow) {
+  Status c = Status::ColumnNotFound("row 3 has no column 'x'");
+  EXPECT_EQ(c.code(), Status::Code::kNotFound);
+  EXPECT_TRUE(c.IsNotFound());
+  EXPECT_TRUE(c.IsColumnNotFound());
+  EXPECT_EQ(c.ToString(), "Not found: row 3 has no column 'x'");
+  EXPECT_FALSE(Status::NotFound("row 3 is not cached").IsColumnNotFound());
+  EXPECT_FALSE(c == Status::NotFound(c.message()));
+  EXPECT_EQ(c, Status::ColumnNotFound(c.message()));
+  Status copy = c;
+  EXPECT_TRUE(copy.IsColumnNotFound());
+  Status assigned = Status::NotFound("m");
+  assigned = c;
+  EXPECT_TRUE(assigned.IsColumnNotFound());
+  Status moved = std::move(copy);
+  EXPECT_TRUE(moved.IsColumnNotFound());
+  assigned = Status::NotFound("m");
+  EXPECT_FALSE(assigned.IsColumnNotFound());
 }
 
 TEST(StatusTest, ToStringNamesCodeAndMessage) {

@@ -122,6 +122,16 @@ def test_dict_rows_projection_and_bare_arrays(server, session):
         c.get(5, columns=["nope"])
 
 
+def test_get_columns_tells_a_missing_column_from_a_missing_row(server, session):
+    c = DatasetCache(session)
+    assert c.put(5, {"image": np.arange(4), "label": 3})
+    with pytest.raises(KeyError, match="row 5 has no column 'nope'"):
+        c.get_columns(5, ["label", "nope"])
+    assert c.get_columns(6, ["label"]) is None      # a miss
+    assert [n for n, _, _ in c.get_columns(5, ["label"])] == ["label"]
+    assert not c.bypassed
+
+
 def test_empty_projection_is_a_value_error(server, session):
     c = DatasetCache(session)
     assert c.put(5, {"image": np.arange(4), "label": 3})

@@ -19,6 +19,14 @@ and the budget); smaller rows go on being cached. Only wrong arguments
 raise: TypeError for a wrong type, ValueError for a value out of range,
 RuntimeError for a non-local host, a session that does not exist, or a
 cache name reused for a different pipeline.
+
+Zero-copy hits (copy=False, and CachedDataset's default in DataLoader
+workers) are arrays over the cache's shared memory, read-only: a row never
+changes once stored, and each array keeps the cache mapped, so it stays
+valid for as long as it lives, after close() or the session's destruction
+too (the C++ statement of a view's lifetime: shmcache/row.h). A row the
+cache spilled to disk has no shared memory and always comes back as a
+copy.
 """
 
 import math
@@ -538,8 +546,8 @@ class DatasetCache:
                     _readonly=True):
         """[(name, dtype, array)] of a hit, or None on a miss.
 
-        With copy=False the arrays are views into shared memory (rows that
-        the cache spilled to disk come back as copies)."""
+        With copy=False the arrays are zero-copy views (see the module
+        docstring for how long they stay valid)."""
         row_id = int(row_id) if _reserved else self._check_id(row_id)
         names = _column_names(columns)
         c = self._open()
@@ -625,9 +633,8 @@ class DatasetCache:
 
         `columns` selects some columns (names for dict rows, positions for
         tuple rows); only those bytes are read. With copy=False the arrays
-        are zero-copy, read-only views into shared memory that keep the
-        cache mapped while they live (the memory is mapped read-only in
-        this process, too); rows the cache spilled to disk are copies."""
+        are zero-copy, read-only views into shared memory (see the module
+        docstring for how long they stay valid)."""
         return self._read(row_id, columns, copy, False)
 
     def view(self, row_id, columns=None):
@@ -709,7 +716,8 @@ class DatasetCache:
         return not (self._dead or self._no_puts or self._full)
 
     def close(self):
-        """Returns unused space to the daemon; views stay valid."""
+        """Returns unused space to the daemon; zero-copy arrays stay valid
+        (module docstring)."""
         if self._cache is not None:
             try:
                 self._cache.close()

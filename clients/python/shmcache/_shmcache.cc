@@ -303,7 +303,7 @@ py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
   std::unique_ptr<bool[]> inserted(new bool[ids.size()]);
   {
     py::gil_scoped_release nogil;
-    self.cache->PutBatch(ids, refs, statuses.data(), inserted.get())
+    self.cache->PutBatch(ids, refs, statuses, std::span(inserted.get(), ids.size()))
         .PermitUncheckedError();  // in every statuses[i] too
   }
   py::list out(ids.size());
@@ -379,11 +379,9 @@ py::object Get(const PyCachePtr& self, uint64_t id,
         s = self->cache->Get(id, &row);
       }
     }
-    if (s.IsNotFound()) {
-      // A missing column of a present row is the caller's mistake.
-      if (columns && self->cache->Contains(id)) throw py::key_error(s.message());
-      return py::none();
-    }
+    // A missing column of a present row is the caller's mistake.
+    if (s.IsColumnNotFound()) throw py::key_error(s.message());
+    if (s.IsNotFound()) return py::none();
     Check(s);
     return RowColumns(std::move(row));
   }
@@ -411,7 +409,7 @@ py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
     Status s;
     {
       py::gil_scoped_release nogil;
-      s = self->cache->GetBatch(ids, rows.data(), statuses.data());
+      s = self->cache->GetBatch(ids, rows, statuses);
     }
     Check(s);
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -622,7 +620,7 @@ class RowBuilder {
 // system call on a hit); rows on disk are fetched into *disk with one
 // GetBatch, without the GIL, and viewed there. statuses[i] as GetBatch's.
 void ViewRows(Cache& cache, std::span<const uint64_t> ids,
-              shmcache::RowView* views, Status* statuses,
+              std::span<shmcache::RowView> views, std::span<Status> statuses,
               std::vector<shmcache::Row>* disk) {
   Check(cache.ViewBatch(ids, views, statuses));
   std::vector<uint64_t> spilled;
@@ -639,7 +637,7 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = cache.GetBatch(spilled, disk->data(), got.data());
+    s = cache.GetBatch(spilled, *disk, got);
   }
   Check(s);
   for (size_t k = 0; k < where.size(); ++k) {
@@ -657,7 +655,8 @@ py::object Read(py::handle owner, uint64_t id,
   shmcache::RowView view;
   Status status;
   std::vector<shmcache::Row> disk;
-  ViewRows(*self.cache, std::span(&id, 1), &view, &status, &disk);
+  ViewRows(*self.cache, std::span(&id, 1), std::span(&view, 1),
+           std::span(&status, 1), &disk);
   if (status.IsNotFound()) return py::none();
   Check(status);
   RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
@@ -674,7 +673,7 @@ py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
   std::vector<shmcache::RowView> views(ids.size());
   std::vector<Status> statuses(ids.size());
   std::vector<shmcache::Row> disk;
-  ViewRows(*self.cache, ids, views.data(), statuses.data(), &disk);
+  ViewRows(*self.cache, ids, views, statuses, &disk);
   RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
   py::list out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -755,7 +754,7 @@ void ReadInto(PyCache& self,
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = reader->ReadInto(std::span(id_data, n), cols, hit_data);
+    s = reader->ReadInto(std::span(id_data, n), cols, std::span(hit_data, n));
   }
   idle.push_back(std::move(reader));
   Check(s);

@@ -144,7 +144,8 @@ class CachedDataset(Dataset):
       there the sample only goes to the collate function, whose batching
       (default_collate's stack, written straight into the shared memory
       that carries the batch to the trainer) is then the one copy of the
-      sample; elsewhere hits are copied. Zero-copy tensors alias memory
+      sample; elsewhere hits are copied. Zero-copy tensors (valid as long
+      as they live: see the shmcache module docstring) alias memory
       that every process of the session reads: never modify them in place
       (torch has no read-only tensors); a collate_fn or transform that
       works in place needs copy=True.

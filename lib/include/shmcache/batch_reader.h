@@ -5,7 +5,7 @@
 //   int64_t shape[] = {224, 224, 3};
 //   ColumnTarget t{"#0", DType::kUInt8, shape, images, 224 * 224 * 3};
 //   std::vector<uint8_t> hit(ids.size());
-//   Status s = reader.ReadInto(ids, std::span(&t, 1), hit.data());
+//   Status s = reader.ReadInto(ids, std::span(&t, 1), hit);
 //
 // Thread safety: the Cache may be used concurrently by others; one
 // BatchReader serves one caller at a time (ReadInto is not reentrant: give
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shmcache/cache.h"
+#include "shmcache/export.h"
 #include "shmcache/status.h"
 #include "shmcache/types.h"
 
@@ -37,7 +38,7 @@ struct ColumnTarget {
   size_t row_stride_bytes = 0;
 };
 
-class BatchReader {
+class SHMCACHE_EXPORT BatchReader {
  public:
   // num_threads: how many threads copy rows, the calling thread included
   // (num_threads - 1 are started here and kept until destruction); 0 or 1:
@@ -60,20 +61,21 @@ class BatchReader {
   // Errors: what the Cache returns when it cannot be used (e.g. InvalidArgument
   // once closed, NotFound for a destroyed session) or when a spilled row
   // cannot be fetched (Unavailable); then every hit[i] = 0 and rows already
-  // copied may have been written.
-  // REQUIRES: hit holds ids.size() elements; each target's buffer holds
-  // ids.size() rows of row_stride_bytes >= its row's bytes.
+  // copied may have been written. InvalidArgument, with nothing read or
+  // written, when hit does not hold ids.size() elements.
+  // REQUIRES: each target's buffer holds ids.size() rows of
+  // row_stride_bytes >= its row's bytes.
   Status ReadInto(std::span<const uint64_t> ids,
-                  std::span<const ColumnTarget> targets, uint8_t* hit);
+                  std::span<const ColumnTarget> targets, std::span<uint8_t> hit);
 
   int num_threads() const;
 
  private:
   class Pool;
   // In a forked child: new helper threads (the parent's are not there).
-  void AfterFork();
+  SHMCACHE_LOCAL void AfterFork();
   // Reads the rows at positions `where` (on disk) with one GetBatch.
-  Status ReadSpilled(std::span<const uint64_t> ids,
+  SHMCACHE_LOCAL Status ReadSpilled(std::span<const uint64_t> ids,
                      const std::vector<size_t>& where,
                      std::span<const ColumnTarget> targets, uint8_t* hit);
 

@@ -7,6 +7,9 @@
 //
 // Thread safety: all methods may be called concurrently from any thread.
 // After fork() the child may go on using the Cache.
+// Errors common to every call: InvalidArgument once Close()d, NotFound once
+// the cache's session was destroyed. Out-parameters after an error: see
+// status.h; views and rows: see row.h.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <span>
 #include <string_view>
 
+#include "shmcache/export.h"
 #include "shmcache/row.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -23,14 +27,15 @@ namespace shmcache {
 
 class CacheImpl;
 
-class Cache {
+class SHMCACHE_EXPORT Cache {
  public:
   ~Cache();
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
   // Stores row `id`. If the id is already present the new row is dropped and
-  // OK is returned (the first writer wins); *inserted tells which happened.
+  // OK is returned (the first writer wins); *inserted tells which happened:
+  // it is set on every return, true only when this call stored the row.
   // One exception: a writer that stalls between claiming the id's index
   // slot and publishing it (descheduled or stopped for longer than the
   // bounded wait of a few thousand yields; see index_table.h) lets a second
@@ -57,45 +62,62 @@ class Cache {
   // takes the put lock once, looks the ids up with their memory misses
   // overlapped, and fills one leased chunk with as many rows as fit.
   // statuses[i] is what Put would return for row i, and inserted[i] (when
-  // inserted is given) what Put would set. Rows are stored in order: of two
-  // rows with one id in a batch, the first wins. Full and Unavailable end
-  // the batch: the row that met one and every later row get that status,
-  // and the rows before it stay stored. TooLarge and InvalidArgument
-  // concern their row only; the rows after it are still stored.
-  // REQUIRES: rows.size() == ids.size(); statuses (and inserted, when
-  // given) hold ids.size() elements.
-  // Returns OK unless the cache itself is unusable (closed, its session
-  // destroyed); then every statuses[i] holds that status too and no row was
+  // inserted is not empty) what Put would set. Rows are stored in order: of
+  // two rows with one id in a batch, the first wins. Full and Unavailable
+  // end the batch: the row that met one and every later row get that
+  // status, and the rows before it stay stored. TooLarge and
+  // InvalidArgument concern their row only; the rows after it are still
   // stored.
+  // Returns OK unless the cache itself is unusable (closed, its session
+  // destroyed); then every statuses[i] holds that status too, every
+  // inserted[i] is false and no row was stored. InvalidArgument, with
+  // nothing stored or written, when rows, statuses or a non-empty inserted
+  // does not hold ids.size() elements.
   // Thread safety: as Put; concurrent batches of one process are
   // serialised on the put lock, readers are never blocked.
   Status PutBatch(std::span<const uint64_t> ids,
                   std::span<const std::span<const ColumnRef>> rows,
-                  Status* statuses, bool* inserted = nullptr);
+                  std::span<Status> statuses, std::span<bool> inserted = {});
 
-  // Copies row `id` into *out. NotFound on a miss.
+  // Copies row `id` into *out. NotFound on a miss. A spilled row is read
+  // from the daemon (Unavailable when it cannot be reached). *out is empty
+  // after any error (row.h).
   Status Get(uint64_t id, Row* out);
-  // Copies only the named columns, in the order given. NotFound on a miss or
-  // when a named column is absent from the row (the message names it).
+  // Copies only the named columns, in the order given. NotFound on a miss;
+  // ColumnNotFound (IsNotFound() too) when the row is cached but lacks a
+  // named column (the message names it).
   Status Get(uint64_t id, std::span<const std::string_view> columns,
              Row* out);
-  // A read-only view into shared memory; no copy. Valid while the session
-  // exists and this Cache is open. A row spilled to disk has no shared
-  // memory: its view points into a buffer of the calling thread, valid until
-  // that thread's next View of a spilled row.
+  // A read-only view of row `id`, no copy: into shared memory for a row in
+  // memory, into a buffer of the calling thread for a spilled row (how long
+  // each stays valid: row.h). NotFound on a miss; *out is empty after any
+  // error.
   Status View(uint64_t id, RowView* out);
-  // Copies rows ids[i] into rows[i], with statuses[i] as Get would return.
-  // Spilled rows are fetched from the daemon in one round trip per batch.
-  // REQUIRES: rows and statuses hold ids.size() elements. The returned
-  // Status is not OK only when the cache itself is unusable.
-  // Memory rows of a batch are looked up with their cache misses
-  // overlapped (prefetching), which is what a data loader's batch wants.
-  Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
-  // Views of a batch, as View for each id, misses overlapped likewise. A
-  // spilled row gets NotSupported (it has no shared memory): use GetBatch.
-  Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses);
+  // Copies rows ids[i] into rows[i], with statuses[i] as Get would return
+  // (rows[i] is empty where statuses[i] is not OK). Spilled rows are
+  // fetched from the daemon in one round trip per batch. Memory rows of a
+  // batch are looked up with their cache misses overlapped (prefetching),
+  // which is what a data loader's batch wants.
+  // The returned Status is not OK only when the cache itself is unusable:
+  // then every statuses[i] holds it too and every rows[i] is empty; or
+  // InvalidArgument, with nothing written, when rows or statuses does not
+  // hold ids.size() elements.
+  Status GetBatch(std::span<const uint64_t> ids, std::span<Row> rows,
+                  std::span<Status> statuses);
+  // Views of a batch, as View for each id, misses overlapped likewise, and
+  // the returned Status as GetBatch's. Every view is of shared memory: a
+  // spilled row gets statuses[i].IsNotSupported() and an empty views[i]
+  // (read it with GetBatch or View).
+  Status ViewBatch(std::span<const uint64_t> ids, std::span<RowView> views,
+                   std::span<Status> statuses);
+  // Whether row `id` is cached, in memory or spilled. Counts neither a hit
+  // nor a miss. False also when the cache is unusable (closed, its session
+  // destroyed): it has no way to report an error; GetStats has.
   bool Contains(uint64_t id);
 
+  // The counters of this cache, summed over every process that uses it
+  // (stats.h). Errors: InvalidArgument once Close()d, NotFound once the
+  // session was destroyed; *out is then unchanged.
   Status GetStats(CacheStats* out);
   // True once the cache takes no more rows, in memory or on disk
   // (CacheStats::full; see Put's Full).
@@ -109,7 +131,7 @@ class Cache {
 
  private:
   friend class Client;
-  explicit Cache(std::shared_ptr<CacheImpl> impl);
+  SHMCACHE_LOCAL explicit Cache(std::shared_ptr<CacheImpl> impl);
   std::shared_ptr<CacheImpl> impl_;
 };
 

@@ -11,7 +11,8 @@
 // keep using a Client (and its Caches) created before the fork; it opens its
 // own connection on first need.
 // Errors: Unavailable when the daemon cannot be reached; InvalidArgument for
-// a non-local host or a bad port; otherwise what the daemon answered.
+// a non-local host or a bad port; otherwise what the daemon answered. After
+// an error every out-parameter is unchanged (status.h).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "shmcache/cache.h"
+#include "shmcache/export.h"
 #include "shmcache/options.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -27,7 +29,7 @@ namespace shmcache {
 
 class ClientImpl;
 
-class Client {
+class SHMCACHE_EXPORT Client {
  public:
   static Status Connect(const ClientOptions& options,
                         std::unique_ptr<Client>* out);
@@ -43,6 +45,15 @@ class Client {
   Status CheckSession(uint32_t session_id);
   // Opens (creating if needed) a cache. The Cache keeps the connection's
   // state alive: it may outlive this Client object.
+  // Errors: NotFound when the session does not exist. InvalidArgument when
+  // the options are wrong: no name and no fingerprint, either longer than
+  // 255 bytes or not UTF-8, size_mb above the server's memory cap, or
+  // spilling asked of a server started without a spill directory.
+  // FingerprintMismatch when the session has a cache of this name with
+  // another fingerprint. Full when the server's memory cap (or its shm
+  // filesystem) has no room for a new cache. Unavailable when the daemon
+  // cannot be reached. Corruption, PermissionDenied or IOError when the
+  // cache's shared-memory files cannot be mapped or fail validation.
   Status OpenCache(const CacheOptions& options, std::unique_ptr<Cache>* out);
 
   Status ListSessions(std::vector<SessionInfo>* out);
@@ -51,7 +62,7 @@ class Client {
   Status StopServer();
 
  private:
-  explicit Client(std::shared_ptr<ClientImpl> impl);
+  SHMCACHE_LOCAL explicit Client(std::shared_ptr<ClientImpl> impl);
   std::shared_ptr<ClientImpl> impl_;
 };
 

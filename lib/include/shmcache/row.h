@@ -4,6 +4,25 @@
 // A row is a list of named columns, each a tensor (dtype, shape, bytes).
 // Column data is 8-byte aligned, so a view can be handed to numpy or
 // PyTorch without a copy.
+//
+// Lifetime of a view (the one statement of it; cache.h and the Python
+// package refer here). What a RowView's bytes are, and how long they stay
+// valid, depends on where it came from:
+// - in_shared_memory() true (Cache::View or ViewBatch of a row in memory):
+//   the cache's shared memory, mapped read-only in this process. A row is
+//   never changed or removed once stored, so the bytes stay valid and equal
+//   until the Cache that produced the view is destroyed; Close(), the
+//   session's destruction and the daemon's exit do not end them (the memory
+//   of a destroyed session is freed only when its last mapping goes, so
+//   drop such views soon). A forked child keeps them too.
+// - in_shared_memory() false from Cache::View (a row the cache spilled to
+//   disk): a buffer of the calling thread, valid until that thread's next
+//   View of a spilled row (of any Cache) or its exit. ViewBatch never
+//   returns such a view (it answers NotSupported for a spilled row).
+// - Row::view(): the Row's own buffer, valid while the Row lives and until
+//   it is read into again.
+// After a failed read the Row or RowView passed in is empty
+// (num_columns() == 0); a Row keeps its buffer for the next read.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shmcache/export.h"
 #include "shmcache/types.h"
 
 namespace shmcache {
@@ -25,11 +45,10 @@ struct ColumnView {
   size_t nbytes = 0;
 };
 
-// A decoded row over bytes it does not own. A view obtained from
-// Cache::View points into shared memory and stays valid while the session
-// exists and the Cache that produced it is open; the bytes are read-only.
+// A decoded row over bytes it does not own (how long they stay valid: see
+// the top of this file); the bytes are read-only.
 // Thread safety: const methods may be called concurrently.
-class RowView {
+class SHMCACHE_EXPORT RowView {
  public:
   RowView() = default;
 
@@ -43,8 +62,9 @@ class RowView {
   bool empty() const { return bytes_.empty(); }
   // True when the bytes are the cache's shared memory (a row in memory,
   // from Cache::View / ViewBatch), mapped read-only in this process: a
-  // write through them faults. False for a private copy (a Row, or the
-  // per-thread buffer a spilled row is viewed in).
+  // write through them faults, and they outlive the call that returned
+  // them (see the top of this file). False for a private copy (a Row, or
+  // the per-thread buffer a spilled row is viewed in).
   bool in_shared_memory() const { return in_shared_memory_; }
 
  private:
@@ -57,7 +77,7 @@ class RowView {
 
 // A row copied out of the cache into private memory. Reusing one Row for
 // many gets avoids allocation once its buffer is large enough.
-class Row {
+class SHMCACHE_EXPORT Row {
  public:
   Row() = default;
   Row(const Row&) = delete;

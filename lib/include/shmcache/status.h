@@ -2,6 +2,11 @@
 // API; a call reports through a Status and returns results through
 // out-parameters.
 //
+// Out-parameters after an error: a call that fails leaves its
+// out-parameters as they were, except where its comment says otherwise
+// (the reads empty their Row / RowView, see row.h; batches fill one status
+// per element; Put sets *inserted on every return).
+//
 // Thread safety: a Status is a value; distinct objects may be used from
 // distinct threads without synchronisation.
 #pragma once
@@ -10,13 +15,15 @@
 #include <string>
 #include <string_view>
 
+#include "shmcache/export.h"
+
 namespace shmcache {
 
-class [[nodiscard]] Status {
+class SHMCACHE_EXPORT [[nodiscard]] Status {
  public:
   enum class Code : unsigned char {
     kOk = 0,
-    kNotFound = 1,         // row, session or cache does not exist
+    kNotFound = 1,         // row, session, cache or column does not exist
     kInvalidArgument = 2,  // the caller passed something wrong
     kAlreadyExists = 3,    // e.g. a second daemon on the same instance
     kFull = 4,             // the cache's memory budget is used up
@@ -30,13 +37,15 @@ class [[nodiscard]] Status {
   };
 
   Status() = default;
-  Status(Code code, std::string_view msg)
-      : code_(code), msg_(code == Code::kOk ? nullptr : new std::string(msg)) {}
+  Status(Code code, std::string_view msg) : Status(code, SubCode::kNone, msg) {}
   Status(const Status& o)
-      : code_(o.code_), msg_(o.msg_ ? new std::string(*o.msg_) : nullptr) {}
+      : code_(o.code_),
+        subcode_(o.subcode_),
+        msg_(o.msg_ ? new std::string(*o.msg_) : nullptr) {}
   Status& operator=(const Status& o) {
     if (this != &o) {
       code_ = o.code_;
+      subcode_ = o.subcode_;
       msg_.reset(o.msg_ ? new std::string(*o.msg_) : nullptr);
     }
     return *this;
@@ -46,6 +55,12 @@ class [[nodiscard]] Status {
 
   static Status OK() { return Status(); }
   static Status NotFound(std::string_view m) { return {Code::kNotFound, m}; }
+  // The row exists but lacks a column the caller named. A NotFound (so a
+  // caller that takes NotFound for a miss still does), told apart from a
+  // missing row by IsColumnNotFound().
+  static Status ColumnNotFound(std::string_view m) {
+    return {Code::kNotFound, SubCode::kColumnNotFound, m};
+  }
   static Status InvalidArgument(std::string_view m) {
     return {Code::kInvalidArgument, m};
   }
@@ -74,7 +89,11 @@ class [[nodiscard]] Status {
   static Status TooLarge(std::string_view m) { return {Code::kTooLarge, m}; }
 
   bool ok() const { return code_ == Code::kOk; }
+  // Also true for ColumnNotFound.
   bool IsNotFound() const { return code_ == Code::kNotFound; }
+  bool IsColumnNotFound() const {
+    return code_ == Code::kNotFound && subcode_ == SubCode::kColumnNotFound;
+  }
   bool IsInvalidArgument() const { return code_ == Code::kInvalidArgument; }
   bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
   bool IsFull() const { return code_ == Code::kFull; }
@@ -98,15 +117,29 @@ class [[nodiscard]] Status {
   void PermitUncheckedError() const {}
 
   friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message() == b.message();
+    return a.code_ == b.code_ && a.subcode_ == b.subcode_ &&
+           a.message() == b.message();
   }
 
  private:
+  // Refines a code where callers must tell cases apart. Local to this
+  // process: never on the wire, where only the code travels.
+  enum class SubCode : unsigned char {
+    kNone = 0,
+    kColumnNotFound = 1,  // of kNotFound
+  };
+
+  Status(Code code, SubCode subcode, std::string_view msg)
+      : code_(code),
+        subcode_(subcode),
+        msg_(code == Code::kOk ? nullptr : new std::string(msg)) {}
+
   Code code_ = Code::kOk;
+  SubCode subcode_ = SubCode::kNone;
   // Null for OK, so that the success path (every hit) costs one word.
   std::unique_ptr<std::string> msg_;
 };
 
-const char* CodeName(Status::Code code);
+SHMCACHE_EXPORT const char* CodeName(Status::Code code);
 
 }  // namespace shmcache

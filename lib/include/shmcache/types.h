@@ -7,6 +7,8 @@
 #include <span>
 #include <string_view>
 
+#include "shmcache/export.h"
+
 namespace shmcache {
 
 // Element type of a column. The numeric values are stored in shared memory
@@ -36,9 +38,9 @@ inline size_t DTypeSize(DType t) {
   return i < static_cast<size_t>(kNumDTypes) ? kSizes[i] : 0;
 }
 // "uint8", "float32", ... ; "invalid" for an unknown value.
-const char* DTypeName(DType t);
-// Inverse of DTypeName; false if the name is unknown.
-bool DTypeFromName(std::string_view name, DType* out);
+SHMCACHE_EXPORT const char* DTypeName(DType t);
+// Inverse of DTypeName; false (and *out unchanged) if the name is unknown.
+SHMCACHE_EXPORT bool DTypeFromName(std::string_view name, DType* out);
 
 // One column of a row to be written. Nothing is owned: the pointers must
 // stay valid for the duration of the Put call only.
