@@ -169,7 +169,8 @@ ShmDirChoice PickShmDir(const DaemonOptions& opts, const InstancePaths& paths) {
 // Everything of main() after the options: set-up, serving, shutdown.
 // opts.ready_fd is set to -1 once the readiness line went out.
 int Run(DaemonOptions& opts) {
-  // Held from the start: a pid reused while the server starts is not it.
+  // Held from the start, so that a process given the watched pid after it
+  // is gone is not taken for it.
   ProcessHandle watched(opts.watch_pid);
   InstancePaths paths = MakeInstancePaths(opts.port, opts.run_dir, opts.shm_dir);
   // Before anything is created: a socket path that cannot be bound would
