@@ -13,14 +13,16 @@
 #include <sys/mman.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <sstream>
 #include <string>
 
+#include "command_line.h"
+#include "parse_number.h"
 #include "sections.h"
 
 namespace {
+
+using shmcache::Status;
 
 std::vector<std::string> Split(const std::string& s) {
   std::vector<std::string> out;
@@ -32,12 +34,61 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
-int Usage() {
+Status Bad(const std::string& option, const std::string& v) {
+  return Status::InvalidArgument("bad value for " + option + ": '" + v + "'");
+}
+
+// The options into *c, each checked as it is read.
+void AddOptions(shmcache::CommandLine& cl, bench::Config* c) {
+  cl.AddValue("--sections", [c](const std::string& v) {
+    c->sections = Split(v);
+    return Status::OK();
+  });
+  cl.AddValue("--seconds", [c](const std::string& v) {
+    bool ok = shmcache::ParseDouble(v, &c->seconds) && c->seconds > 0;
+    return ok ? Status::OK() : Bad("--seconds", v);
+  });
+  cl.AddValue("--working_set_mb", [c](const std::string& v) {
+    long mb = 0;
+    if (!shmcache::ParseDecimal(v, 8, 1L << 30, &mb)) return Bad("--working_set_mb", v);
+    c->working_set = static_cast<size_t>(mb) << 20;
+    return Status::OK();
+  });
+  cl.AddValue("--procs", [c](const std::string& v) {
+    c->procs.clear();
+    for (const std::string& p : Split(v)) {
+      long n = 0;
+      if (!shmcache::ParseDecimal(p, 1, 4096, &n)) return Bad("--procs", v);
+      c->procs.push_back(static_cast<int>(n));
+    }
+    return c->procs.empty() ? Bad("--procs", v) : Status::OK();
+  });
+  cl.AddValue("--port", [c](const std::string& v) {
+    long port = 0;
+    if (!shmcache::ParseDecimal(v, 0, 65535, &port)) return Bad("--port", v);
+    c->port = static_cast<int>(port);
+    return Status::OK();
+  });
+  auto text = [](std::string* out) {
+    return [out](const std::string& v) {
+      *out = v;
+      return Status::OK();
+    };
+  };
+  cl.AddValue("--redis_socket", text(&c->redis_socket));
+  cl.AddValue("--lmdb_dir", text(&c->lmdb_dir));
+  cl.AddValue("--rocksdb_dir", text(&c->rocksdb_dir));
+  cl.AddValue("--out", text(&c->out));
+}
+
+int Usage(const Status& why) {
   std::fprintf(stderr,
+               "shmcache_bench: %s\n"
                "usage: shmcache_bench [--sections LIST] [--seconds S] "
                "[--working_set_mb M] [--procs 1,2] [--port P] "
                "[--redis_socket PATH] [--lmdb_dir DIR] [--rocksdb_dir DIR] "
-               "[--out FILE]\n");
+               "[--out FILE]\n",
+               why.message().c_str());
   return 2;
 }
 
@@ -45,24 +96,10 @@ int Usage() {
 
 int main(int argc, char** argv) {
   bench::Config c;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) return Usage();
-    std::string v = argv[++i];
-    if (a == "--sections") c.sections = Split(v);
-    else if (a == "--seconds") c.seconds = std::atof(v.c_str());
-    else if (a == "--working_set_mb") c.working_set = std::strtoull(v.c_str(), nullptr, 10) << 20;
-    else if (a == "--procs") {
-      c.procs.clear();
-      for (const auto& p : Split(v)) c.procs.push_back(std::atoi(p.c_str()));
-    } else if (a == "--port") c.port = std::atoi(v.c_str());
-    else if (a == "--redis_socket") c.redis_socket = v;
-    else if (a == "--lmdb_dir") c.lmdb_dir = v;
-    else if (a == "--rocksdb_dir") c.rocksdb_dir = v;
-    else if (a == "--out") c.out = v;
-    else return Usage();
-  }
-  if (c.seconds <= 0 || c.working_set < (8u << 20) || c.procs.empty()) return Usage();
+  shmcache::CommandLine cl("shmcache_bench", "see the usage below");
+  AddOptions(cl, &c);
+  Status s = cl.Parse(std::vector<std::string>(argv, argv + argc));
+  if (!s.ok()) return Usage(s);
 
   // The rows every system stores: random bytes, larger than the LLC.
   void* mem = mmap(nullptr, c.working_set, PROT_READ | PROT_WRITE,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "parse_number.h"
 #include "sections.h"
 #include "shmcache/client.h"
 
@@ -70,7 +71,11 @@ ShmFiles FilesOf(int port, uint32_t cache_id, const std::string& kind) {
 int InstancePort(const Config& c) {
   if (c.port) return c.port;
   const char* env = std::getenv("SHMCACHE_PORT");
-  return env && *env ? std::atoi(env) : shmcache::kDefaultPort;
+  long port = 0;
+  if (env == nullptr || !shmcache::ParseDecimal(env, 1, 65535, &port)) {
+    return shmcache::kDefaultPort;
+  }
+  return static_cast<int>(port);
 }
 
 Status Open(Client* client, uint32_t session, const std::string& name,

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 namespace bench {
 namespace {
@@ -44,19 +46,10 @@ bool WriteAll(int fd, const void* p, size_t n) {
   return true;
 }
 
-std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      o += ' ';
-    } else {
-      o += c;
-    }
-  }
-  return o;
+// A figure to `decimals` places, as the JSON has always given it.
+double Rounded(double v, int decimals) {
+  double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
 }
 
 }  // namespace
@@ -187,33 +180,28 @@ void Report::Value(const std::string& key, double v) {
 }
 
 bool Report::Write(const std::string& path) const {
+  using Json = nlohmann::ordered_json;
+  Json results = Json::array();
+  for (const Result& r : results_) {
+    results.push_back({{"bench", r.bench},
+                       {"system", r.system},
+                       {"variant", r.variant},
+                       {"row_bytes", r.row_bytes},
+                       {"procs", r.procs},
+                       {"rows_per_s", Rounded(r.rows_per_s, 1)},
+                       {"gb_per_s", Rounded(r.gb_per_s, 4)}});
+  }
+  Json values = Json::object();
+  for (const auto& [key, v] : values_) values[key] = Rounded(v, 4);
+  Json skipped = Json::object();
+  for (const auto& [what, why] : skipped_) skipped[what] = why;
+  Json all = {{"results", results}, {"values", values}, {"skipped", skipped}};
+  std::string text = all.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   FILE* f = path == "-" ? stdout : std::fopen(path.c_str(), "w");
   if (f == nullptr) return false;
-  std::fprintf(f, "{\n  \"results\": [\n");
-  for (size_t i = 0; i < results_.size(); ++i) {
-    const Result& r = results_[i];
-    std::fprintf(f,
-                 "    {\"bench\": \"%s\", \"system\": \"%s\", \"variant\": \"%s\", "
-                 "\"row_bytes\": %zu, \"procs\": %d, \"rows_per_s\": %.1f, "
-                 "\"gb_per_s\": %.4f}%s\n",
-                 Escape(r.bench).c_str(), Escape(r.system).c_str(),
-                 Escape(r.variant).c_str(), r.row_bytes, r.procs, r.rows_per_s,
-                 r.gb_per_s, i + 1 < results_.size() ? "," : "");
-  }
-  std::fprintf(f, "  ],\n  \"values\": {");
-  for (size_t i = 0; i < values_.size(); ++i) {
-    std::fprintf(f, "%s\n    \"%s\": %.4f", i ? "," : "",
-                 Escape(values_[i].first).c_str(), values_[i].second);
-  }
-  std::fprintf(f, "\n  },\n  \"skipped\": {");
-  for (size_t i = 0; i < skipped_.size(); ++i) {
-    std::fprintf(f, "%s\n    \"%s\": \"%s\"", i ? "," : "",
-                 Escape(skipped_[i].first).c_str(),
-                 Escape(skipped_[i].second).c_str());
-  }
-  std::fprintf(f, "\n  }\n}\n");
-  if (f != stdout) std::fclose(f);
-  return true;
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f != stdout) ok = std::fclose(f) == 0 && ok;
+  return ok;
 }
 
 }  // namespace bench

@@ -24,6 +24,7 @@
 #include "instance.h"
 #include "layout.h"
 #include "memory_account.h"
+#include "option_checks.h"
 #include "shm_file.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -52,7 +53,8 @@ struct ChunkLease {
 class CacheState {
  public:
   static constexpr uint64_t kChunkBytes = 4u << 20;
-  static constexpr uint64_t kMinSegmentBytes = 4u << 20;
+  // The server cap is checked against it (option_checks.h).
+  static constexpr uint64_t kMinSegmentBytes = ::shmcache::kMinSegmentBytes;
   static constexpr uint64_t kMaxSegmentBytes = 256u << 20;
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
 

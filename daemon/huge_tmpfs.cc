@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "instance.h"
+#include "parse_number.h"
 #include "shm_pages.h"
 
 namespace shmcache {
@@ -24,7 +25,8 @@ bool HasSysAdmin() {
   std::istringstream status(ReadTextFile("/proc/self/status"));
   for (std::string line; std::getline(status, line);) {
     if (line.rfind("CapEff:", 0) != 0) continue;
-    unsigned long long caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+    uint64_t caps = 0;
+    LeadingInteger(std::string_view(line).substr(7), &caps, 16);
     return (caps >> 21) & 1;
   }
   return false;

@@ -1,9 +1,20 @@
 // Logger: the daemon's log file. One line per event:
 //   2026-11-21 05:30:01.123 W 4242 message
-// Levels: 0 debug, 1 info, 2 warning, 3 error, 4 fatal only.
+// Levels: 0 debug, 1 info, 2 warning, 3 error, 4 fatal only. Past a size
+// the file rotates: it is renamed to <path>.1 (replacing an older one) and
+// a new file begins at path(), so a server that runs for months keeps at
+// most twice that size on disk.
+//
+// Ours rather than spdlog's: the file must be created owner-only, never
+// through a symbolic link and never reused (O_CREAT|O_EXCL|O_NOFOLLOW,
+// 0600), which spdlog's file sinks (fopen) cannot do without a sink of our
+// own; with one, spdlog would bring levels we already have and a rotation
+// that is ten lines here, for a dependency more.
+//
 // Thread safety: Log() may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -19,12 +30,17 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kFatal = 
 
 class Logger {
  public:
+  static constexpr uint64_t kDefaultRotateBytes = 64u << 20;
+
+  ~Logger();
+
   // Creates <dir>/shmcached.<host>.<user>.<pid>.<YYYYMMDD-HHMMSS>.log,
   // owner-only (0600): logs name sessions, caches and paths. Missing
   // directories on the way are created owner-only (0700); existing ones are
   // left as they are. A file of that name already there is an error, never
-  // followed or reused.
-  Status Open(const std::string& dir, int level);
+  // followed or reused. The file rotates once it holds `rotate_bytes`.
+  Status Open(const std::string& dir, int level,
+              uint64_t rotate_bytes = kDefaultRotateBytes);
   const std::string& path() const { return path_; }
 
   void Log(LogLevel level, std::string_view msg);
@@ -46,10 +62,14 @@ class Logger {
   }
 
  private:
+  void RotateLocked();
+
   std::mutex mu_;
-  FILE* file_ = nullptr;
+  FILE* file_ = nullptr;  // GUARDED_BY(mu_) once open
   int level_ = 1;
   std::string path_;
+  uint64_t rotate_bytes_ = kDefaultRotateBytes;
+  uint64_t written_ = 0;  // GUARDED_BY(mu_): bytes in the current file
 };
 
 }  // namespace shmcache

@@ -3,7 +3,6 @@
 // reason of a failure before the admin exits.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -25,9 +24,12 @@
 #include "daemon_options.h"
 #include "huge_tmpfs.h"
 #include "instance.h"
+#include "instance_lock.h"
 #include "logger.h"
 #include "metrics_file.h"
 #include "numa_topology.h"
+#include "option_checks.h"
+#include "process_state.h"
 #include "server.h"
 #include "shm_file.h"
 #include "shm_pages.h"
@@ -67,30 +69,6 @@ void Report(int fd, const std::string& line,
 int Fail(int fd, const std::string& why) {
   Report(fd, "ERR " + why);
   return 1;
-}
-
-// Holds the instance lock for the life of the process: the kernel drops it
-// when the process dies, however it dies.
-Status TakeInstanceLock(const InstancePaths& paths, int* fd_out) {
-  int fd = open(paths.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno("cannot open " + paths.lock_path, errno);
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[32] = {};
-    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-    close(fd);
-    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-    return Status::AlreadyExists(fmt::format(
-        "a cache server is already running on port {} (process id {}); stop it "
-        "with 'shmcache --stop -p {}' or use another port",
-        paths.port, pid, paths.port));
-  }
-  std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    // The lock is what matters; the pid is only for messages.
-  }
-  *fd_out = fd;
-  return Status::OK();
 }
 
 // Every client connection costs a descriptor; a soft limit of 1024 would
@@ -191,6 +169,9 @@ ShmDirChoice PickShmDir(const DaemonOptions& opts, const InstancePaths& paths) {
 // Everything of main() after the options: set-up, serving, shutdown.
 // opts.ready_fd is set to -1 once the readiness line went out.
 int Run(DaemonOptions& opts) {
+  // Held from the start, so that a process given the watched pid after it
+  // is gone is not taken for it.
+  ProcessHandle watched(opts.watch_pid);
   InstancePaths paths = MakeInstancePaths(opts.port, opts.run_dir, opts.shm_dir);
   // Before anything is created: a socket path that cannot be bound would
   // otherwise be found only after the shared memory is set up.
@@ -199,7 +180,7 @@ int Run(DaemonOptions& opts) {
   s = EnsureRunDir(paths.run_dir);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   int lock_fd = -1;
-  s = TakeInstanceLock(paths, &lock_fd);
+  s = TakeInstanceLock(paths.lock_path, paths.port, &lock_fd);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   CatchStopSignals();
 
@@ -214,13 +195,14 @@ int Run(DaemonOptions& opts) {
 
   NumaTopology& topo = NumaTopology::Get();
   int nodes = topo.num_nodes();
-  int workers = opts.workers;
-  if (workers <= 0) workers = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 2);
-  if (workers % nodes != 0) {
-    int adjusted = (workers + nodes - 1) / nodes * nodes;
-    log.Warn("worker count {} is not a multiple of the {} NUMA nodes; using {}",
-             workers, nodes, adjusted);
-    workers = adjusted;
+  int workers = WorkerCount(opts.workers,
+                            static_cast<int>(std::thread::hardware_concurrency()), nodes);
+  std::vector<std::string> notes;
+  if (opts.workers > 0 && workers != opts.workers) {
+    notes.push_back(fmt::format("worker count {} is not a multiple of the {} NUMA "
+                                "nodes; it is raised to {}.",
+                                opts.workers, nodes, workers));
+    log.Warn("{}", notes.back());
   }
 
   if (access(paths.shm_dir.c_str(), W_OK | X_OK) != 0) {
@@ -269,7 +251,7 @@ int Run(DaemonOptions& opts) {
     watch.expires_after(std::chrono::milliseconds(200));
     watch.async_wait([&](const boost::system::error_code& ec) {
       if (ec) return;
-      if (kill(opts.watch_pid, 0) != 0 && errno == ESRCH) {
+      if (watched.Gone()) {
         log.Warn("process {} that this server watches is gone: shutting down",
                  opts.watch_pid);
         server.RequestStop();
@@ -292,7 +274,7 @@ int Run(DaemonOptions& opts) {
            store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
            fd_limit);
   log.Info("{}", shm.log_line);
-  std::vector<std::string> notes = store.startup_notes();
+  for (const std::string& note : store.startup_notes()) notes.push_back(note);
   if (!shm.note.empty()) notes.push_back(shm.note);
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()), notes);
   opts.ready_fd = -1;  // Report closed it

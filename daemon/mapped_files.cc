@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "parse_number.h"
 
 namespace shmcache {
 
@@ -73,7 +76,10 @@ class Scanner {
       close(fd);
       return;
     }
-    if (ScanMaps(f, want_, &out_.mapped)) out_.holders.push_back(std::atoi(pid));
+    long n = 0;
+    if (ScanMaps(f, want_, &out_.mapped) && ParseDecimal(pid, 1, INT_MAX, &n)) {
+      out_.holders.push_back(static_cast<int>(n));
+    }
     std::fclose(f);
   }
 
@@ -95,8 +101,9 @@ MappedScan FindMappedDeleted(std::span<const FileId> wanted, std::span<const int
     scan.Scan(std::to_string(pid).c_str());
   }
   while (dirent* e = scan.done() ? nullptr : readdir(proc)) {
-    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;  // not a process
-    if (std::find(first.begin(), first.end(), std::atoi(e->d_name)) != first.end()) {
+    long pid = 0;
+    if (!ParseDecimal(e->d_name, 1, INT_MAX, &pid)) continue;  // not a process
+    if (std::find(first.begin(), first.end(), pid) != first.end()) {
       continue;  // read above
     }
     scan.Scan(e->d_name);

@@ -4,7 +4,7 @@
 // ReplaceFile (a fresh PATH.tmp.<random> renamed over PATH), so a reader
 // sees a whole file, old or new, never a partial one. (Name it *.prom: the
 // collector reads only those; the temporary file is not one.) The path is checked at start-up by CheckMetricsFile
-// (daemon_options.h).
+// (common/option_checks.h).
 //
 // Thread safety: Start/Remove from the thread that owns the object; the
 // timer's rewrites run on the io_context.

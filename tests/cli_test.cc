@@ -4,8 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <regex>
 #include <string>
@@ -18,7 +17,7 @@
 namespace shmcache::test {
 namespace {
 
-namespace pt = boost::property_tree;
+using Json = nlohmann::json;
 
 // Runs the admin with args and no server-specific environment except a
 // private run dir, so that nothing reaches a real server.
@@ -48,11 +47,8 @@ class CliTest : public ::testing::Test {
   std::string run_dir_;
 };
 
-pt::ptree ParseJson(const std::string& text) {
-  pt::ptree tree;
-  std::istringstream in(text);
-  pt::read_json(in, tree);  // throws on malformed JSON
-  return tree;
+Json ParseJson(const std::string& text) {
+  return Json::parse(text);  // throws on malformed JSON
 }
 
 std::string LastToken(const std::string& out) {
@@ -242,27 +238,27 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
 
   CommandResult lj = server.Admin({"--list_sessions", "--json"});
   ASSERT_EQ(lj.exit_code, 0) << lj.Describe();
-  pt::ptree sessions = ParseJson(lj.out);
+  Json sessions = ParseJson(lj.out);
   ASSERT_EQ(sessions.size(), 2u) << lj.out;
   bool found = false;
-  for (const auto& [_, s] : sessions) {
-    if (s.get<std::string>("session") != id) {
-      EXPECT_TRUE(s.get_child("caches").empty());
+  for (const Json& s : sessions) {
+    if (std::to_string(s.at("session").get<uint32_t>()) != id) {
+      EXPECT_TRUE(s.at("caches").empty());
       continue;
     }
     found = true;
-    const pt::ptree& caches = s.get_child("caches");
+    const Json& caches = s.at("caches");
     ASSERT_EQ(caches.size(), 1u);
-    const pt::ptree& c = caches.front().second;
-    EXPECT_EQ(c.get<std::string>("name"), "train");
-    EXPECT_EQ(c.get<uint64_t>("mem_cached"), 10u);
-    EXPECT_EQ(c.get<uint64_t>("disk_cached"), 0u);
-    EXPECT_GE(c.get<uint64_t>("avg_cache_size"), 3000u);
-    EXPECT_EQ(c.get<uint64_t>("hits"), 1u);
-    EXPECT_EQ(c.get<uint64_t>("misses"), 1u);
-    EXPECT_EQ(c.get<uint64_t>("numa_hit"), 1u) << "one node: every hit is local";
-    EXPECT_EQ(c.get<std::string>("full"), "false");
-    EXPECT_GT(c.get<uint64_t>("cache_id"), 0u);
+    const Json& c = caches.front();
+    EXPECT_EQ(c.at("name").get<std::string>(), "train");
+    EXPECT_EQ(c.at("mem_cached").get<uint64_t>(), 10u);
+    EXPECT_EQ(c.at("disk_cached").get<uint64_t>(), 0u);
+    EXPECT_GE(c.at("avg_cache_size").get<uint64_t>(), 3000u);
+    EXPECT_EQ(c.at("hits").get<uint64_t>(), 1u);
+    EXPECT_EQ(c.at("misses").get<uint64_t>(), 1u);
+    EXPECT_EQ(c.at("numa_hit").get<uint64_t>(), 1u) << "one node: every hit is local";
+    EXPECT_EQ(c.at("full").get<bool>(), false);
+    EXPECT_GT(c.at("cache_id").get<uint64_t>(), 0u);
   }
   EXPECT_TRUE(found) << lj.out;
 
@@ -280,20 +276,21 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
 
   CommandResult ij = server.Admin({"--server_info", "--json"});
   ASSERT_EQ(ij.exit_code, 0) << ij.Describe();
-  pt::ptree si = ParseJson(ij.out);
-  EXPECT_EQ(si.get<int>("port"), server.port());
-  EXPECT_EQ(si.get<std::string>("socket"), server.socket_path());
-  EXPECT_EQ(si.get<std::string>("shm_dir"), server.shm_dir());
-  EXPECT_EQ(si.get<std::string>("shm_huge_pages"), "false");
-  EXPECT_NE(si.get<std::string>("shm_pages").find("without huge pages"), std::string::npos);
-  EXPECT_EQ(si.get<int>("pid"), server.pid());
-  EXPECT_GE(si.get<int>("workers"), 1);
-  EXPECT_EQ(si.get<int>("log_level"), 1);
-  EXPECT_EQ(si.get<std::string>("spill_dir"), "null");
-  EXPECT_GT(si.get<uint64_t>("memory_cap_bytes"), 0u);
-  EXPECT_GT(si.get<uint64_t>("memory_used_bytes"), 0u);
-  EXPECT_EQ(si.get<int>("numa_nodes"), 1);
-  EXPECT_EQ(si.get_child("sessions").size(), 2u);
+  Json si = ParseJson(ij.out);
+  EXPECT_EQ(si.at("port").get<int>(), server.port());
+  EXPECT_EQ(si.at("socket").get<std::string>(), server.socket_path());
+  EXPECT_EQ(si.at("shm_dir").get<std::string>(), server.shm_dir());
+  EXPECT_EQ(si.at("shm_huge_pages").get<bool>(), false);
+  EXPECT_NE(si.at("shm_pages").get<std::string>().find("without huge pages"),
+            std::string::npos);
+  EXPECT_EQ(si.at("pid").get<int>(), server.pid());
+  EXPECT_GE(si.at("workers").get<int>(), 1);
+  EXPECT_EQ(si.at("log_level").get<int>(), 1);
+  EXPECT_TRUE(si.at("spill_dir").is_null());
+  EXPECT_GT(si.at("memory_cap_bytes").get<uint64_t>(), 0u);
+  EXPECT_GT(si.at("memory_used_bytes").get<uint64_t>(), 0u);
+  EXPECT_EQ(si.at("numa_nodes").get<int>(), 1);
+  EXPECT_EQ(si.at("sessions").size(), 2u);
 
   // -d: drops the session and its memory; a second time it does not exist.
   cache.reset();
@@ -309,7 +306,7 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
       << d2.Describe();
   CommandResult after = server.Admin({"--server_info", "--json"});
   ASSERT_EQ(after.exit_code, 0);
-  EXPECT_EQ(ParseJson(after.out).get_child("sessions").size(), 1u);
+  EXPECT_EQ(ParseJson(after.out).at("sessions").size(), 1u);
 
   // --stop: exit 0, socket and segments gone, a second stop finds nothing.
   CommandResult stop = server.Stop();
@@ -364,7 +361,7 @@ TEST_F(CliTest, PortFromTheEnvironment) {
   ASSERT_EQ(g.exit_code, 0) << g.Describe();
   CommandResult info = RunCommand({AdminPath(), "--server_info", "--json"}, env);
   ASSERT_EQ(info.exit_code, 0) << info.Describe();
-  EXPECT_EQ(ParseJson(info.out).get_child("sessions").front().second.data(),
+  EXPECT_EQ(std::to_string(ParseJson(info.out).at("sessions").front().get<uint32_t>()),
             LastToken(g.out));
   // The local host names are accepted.
   for (const char* h : {"127.0.0.1", "localhost", "::1"}) {
@@ -388,14 +385,14 @@ TEST_F(CliTest, TwoInstancesSideBySide) {
     ASSERT_NE(a.pid(), b.pid());
     std::string sa = LastToken(a.Admin({"-g"}).out);
     std::string sb = LastToken(b.Admin({"-g"}).out);
-    pt::ptree ia = ParseJson(a.Admin({"--server_info", "--json"}).out);
-    pt::ptree ib = ParseJson(b.Admin({"--server_info", "--json"}).out);
-    EXPECT_EQ(ia.get<int>("port"), a.port());
-    EXPECT_EQ(ib.get<int>("port"), b.port());
-    ASSERT_EQ(ia.get_child("sessions").size(), 1u);
-    ASSERT_EQ(ib.get_child("sessions").size(), 1u);
-    EXPECT_EQ(ia.get_child("sessions").front().second.data(), sa);
-    EXPECT_EQ(ib.get_child("sessions").front().second.data(), sb);
+    Json ia = ParseJson(a.Admin({"--server_info", "--json"}).out);
+    Json ib = ParseJson(b.Admin({"--server_info", "--json"}).out);
+    EXPECT_EQ(ia.at("port").get<int>(), a.port());
+    EXPECT_EQ(ib.at("port").get<int>(), b.port());
+    ASSERT_EQ(ia.at("sessions").size(), 1u);
+    ASSERT_EQ(ib.at("sessions").size(), 1u);
+    EXPECT_EQ(std::to_string(ia.at("sessions").front().get<uint32_t>()), sa);
+    EXPECT_EQ(std::to_string(ib.at("sessions").front().get<uint32_t>()), sb);
     // Stopping one leaves the other running, with its files.
     ASSERT_EQ(a.Stop().exit_code, 0);
     EXPECT_TRUE(a.ShmFiles().empty());
@@ -415,8 +412,8 @@ int Mode(const std::string& path) {
 // The server's log file and every directory made for it are owner-only.
 void ExpectOwnerOnlyLog(const TestServer& server, const std::string& log_dir,
                         const std::string& made_from) {
-  pt::ptree si = ParseJson(server.Admin({"--server_info", "--json"}).out);
-  const std::string log = si.get<std::string>("log_file");
+  Json si = ParseJson(server.Admin({"--server_info", "--json"}).out);
+  const std::string log = si.at("log_file").get<std::string>();
   EXPECT_EQ(log.rfind(log_dir + "/shmcached.", 0), 0u) << log;
   EXPECT_EQ(Mode(log), 0600) << log;
   for (std::string d = log_dir; d.size() > made_from.size(); d = d.substr(0, d.rfind('/'))) {
@@ -466,10 +463,10 @@ TEST_F(CliTest, StartWithOptionsIsReported) {
   ASSERT_TRUE(server.ok());
   EXPECT_NE(server.start_result().out.find("Workers: 3"), std::string::npos)
       << server.start_result().out;
-  pt::ptree si = ParseJson(server.Admin({"--server_info", "--json"}).out);
-  EXPECT_EQ(si.get<int>("workers"), 3);
-  EXPECT_EQ(si.get<int>("log_level"), 2);
-  EXPECT_EQ(si.get<std::string>("spill_dir"), spill);
+  Json si = ParseJson(server.Admin({"--server_info", "--json"}).out);
+  EXPECT_EQ(si.at("workers").get<int>(), 3);
+  EXPECT_EQ(si.at("log_level").get<int>(), 2);
+  EXPECT_EQ(si.at("spill_dir").get<std::string>(), spill);
 }
 
 }  // namespace

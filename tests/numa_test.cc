@@ -3,12 +3,10 @@
 // client inherit it).
 #include <unistd.h>
 
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,7 +22,6 @@
 namespace shmcache::test {
 namespace {
 
-namespace pt = boost::property_tree;
 constexpr size_t kRowBytes = 3072;
 
 CacheOptions Options(uint32_t session) {
@@ -187,13 +184,11 @@ TEST_F(NumaTest, NumaHitCountsReadsOnTheSameNode) {
   // The admin listing shows the same counters.
   CommandResult r = server_->Admin({"--list_sessions", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
-  pt::ptree tree;
-  std::istringstream in(r.out);
-  pt::read_json(in, tree);
-  const pt::ptree& cache = tree.front().second.get_child("caches").front().second;
-  EXPECT_EQ(cache.get<uint64_t>("hits"), 400u);
-  EXPECT_EQ(cache.get<uint64_t>("numa_hit"), 200u);
-  EXPECT_EQ(cache.get<uint64_t>("mem_cached"), 200u);
+  nlohmann::json tree = nlohmann::json::parse(r.out);
+  const nlohmann::json& cache = tree.front().at("caches").front();
+  EXPECT_EQ(cache.at("hits").get<uint64_t>(), 400u);
+  EXPECT_EQ(cache.at("numa_hit").get<uint64_t>(), 200u);
+  EXPECT_EQ(cache.at("mem_cached").get<uint64_t>(), 200u);
   CommandResult table = server_->Admin({"--list_sessions"});
   ASSERT_EQ(table.exit_code, 0);
   EXPECT_NE(table.out.find("Numa hit"), std::string::npos);

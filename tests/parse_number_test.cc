@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <climits>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -47,6 +49,33 @@ TEST(ParseNumberTest, LeadingLongGivesWhatStrtolGave) {
     LeadingLong(in, &got);
     EXPECT_EQ(got, std::strtol(in, nullptr, 10)) << "'" << in << "'";
   }
+}
+
+TEST(ParseNumberTest, LeadingHexGivesWhatStrtoullGave) {
+  // /proc/self/status's CapEff line, after "CapEff:".
+  for (const char* in : {"\t000001ffffffffff", " 0", "ff\n", "  a0000x", "zz", "",
+                         "ffffffffffffffff", "10000000000000000"}) {
+    uint64_t got = 7;
+    LeadingInteger(std::string_view(in), &got, 16);
+    EXPECT_EQ(got, std::strtoull(in, nullptr, 16)) << "'" << in << "'";
+  }
+}
+
+TEST(ParseNumberTest, ParseDoubleAcceptsWhatStrtodAcceptedInDecimal) {
+  for (const char* in : {"0.5", " 0.5", "+0.5", "-0.5", "1", "1e-300", ".25", "5.",
+                         "1E2", "0.5x", "", " ", "+-1", "x", "0.5 ", "nan", "inf"}) {
+    char* end = nullptr;
+    double want = std::strtod(in, &end);
+    bool want_ok = *in != '\0' && *end == '\0' && end != in;
+    double got = -7;
+    EXPECT_EQ(ParseDouble(in, &got), want_ok) << "'" << in << "'";
+    if (want_ok && !std::isnan(want)) {
+      EXPECT_EQ(got, want) << "'" << in << "'";
+    }
+  }
+  double got = -7;
+  EXPECT_FALSE(ParseDouble("0x1p-1", &got)) << "hexadecimal floats are refused";
+  EXPECT_FALSE(ParseDouble("1e999", &got)) << "out of range";
 }
 
 }  // namespace

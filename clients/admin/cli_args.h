@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "server_flags.h"
 #include "shmcache/status.h"
 
 namespace shmcache::admin {
@@ -19,16 +20,10 @@ struct CliArgs {
   uint32_t session_id = 0;       // -d
   int port = 0;                  // 0: $SHMCACHE_PORT or the default
   std::string hostname;
-  int workers = 0;               // --start: 0 = half the CPUs
-  std::string spill_dir;
-  int log_level = 1;
-  double memory_cap_ratio = 0;   // 0: the server's default (0.8)
-  uint64_t memory_cap_mb = 0;
-  std::string shm_dir;
-  std::string log_dir;
   bool json = false;
-  std::string metrics_file;  // --start: rewrite Prometheus metrics there
-  int metrics_interval = 0;  // seconds; 0: the server's default (5)
+  ServerFlags server;            // --start: the server's options
+  // The server options given, as shmcached takes them ("--workers=3").
+  std::vector<std::string> server_args;
 };
 
 // argv[0] is skipped. InvalidArgument with the message to print.

@@ -11,7 +11,6 @@
 #include "cli_args.h"
 #include "instance.h"
 #include "metrics.h"
-#include "numa_topology.h"
 #include "output.h"
 #include "shmcache/client.h"
 #include "start_server.h"
@@ -27,13 +26,9 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// What the server says it changed or found (a worker count raised to the
+// NUMA nodes, caches it discarded) follows as warnings.
 int RunStart(const CliArgs& a, int port) {
-  int nodes = NumaTopology::Get().num_nodes();
-  if (a.workers && a.workers % nodes != 0) {
-    fmt::print("Warning: worker count {} is not a multiple of the {} NUMA "
-               "nodes; it is raised to {}.\n",
-               a.workers, nodes, (a.workers + nodes - 1) / nodes * nodes);
-  }
   StartResult r;
   Status s = StartServer(a, port, &r);
   if (!s.ok()) return Fail(s.message());

@@ -2,28 +2,22 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <nlohmann/json.hpp>
+
 namespace shmcache::admin {
 namespace {
 
-std::string OrNa(uint64_t v) { return v ? std::to_string(v) : "n/a"; }
+// Keys in the order written here, as before.
+using Json = nlohmann::ordered_json;
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+// Indented by two; a cache name that is not UTF-8 has U+FFFD for its bad
+// bytes (JSON text is UTF-8).
+std::string Dump(const Json& j) {
+  return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
+
+std::string OrNa(uint64_t v) { return v ? std::to_string(v) : "n/a"; }
 
 }  // namespace
 
@@ -52,29 +46,29 @@ std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
 }
 
 std::string SessionsJson(const std::vector<SessionInfo>& sessions) {
-  std::string out = "[";
-  bool first = true;
+  Json out = Json::array();
   for (const SessionInfo& s : sessions) {
-    out += first ? "\n" : ",\n";
-    first = false;
-    out += fmt::format("  {{\"session\": {}, \"caches\": [", s.session_id);
-    for (size_t i = 0; i < s.caches.size(); ++i) {
-      const CacheStats& c = s.caches[i];
-      out += fmt::format(
-          "{}{{\"cache_id\": {}, \"name\": {}, \"mem_cached\": {}, "
-          "\"mem_bytes\": {}, \"disk_cached\": {}, \"avg_cache_size\": {}, "
-          "\"numa_hit\": {}, \"hits\": {}, \"misses\": {}, "
-          "\"reserved_bytes\": {}, \"budget_bytes\": {}, \"full\": {}, "
-          "\"disk_bytes\": {}, \"puts_full\": {}, \"spill_reads\": {}}}",
-          i ? ", " : "", c.cache_id, JsonString(c.name), c.mem_rows, c.mem_bytes,
-          c.disk_rows, c.avg_row_bytes(), c.numa_hits, c.hits, c.misses,
-          c.reserved_bytes, c.budget_bytes, c.full ? "true" : "false",
-          c.disk_bytes, c.puts_full, c.spill_reads);
+    Json caches = Json::array();
+    for (const CacheStats& c : s.caches) {
+      caches.push_back({{"cache_id", c.cache_id},
+                        {"name", c.name},
+                        {"mem_cached", c.mem_rows},
+                        {"mem_bytes", c.mem_bytes},
+                        {"disk_cached", c.disk_rows},
+                        {"avg_cache_size", c.avg_row_bytes()},
+                        {"numa_hit", c.numa_hits},
+                        {"hits", c.hits},
+                        {"misses", c.misses},
+                        {"reserved_bytes", c.reserved_bytes},
+                        {"budget_bytes", c.budget_bytes},
+                        {"full", c.full},
+                        {"disk_bytes", c.disk_bytes},
+                        {"puts_full", c.puts_full},
+                        {"spill_reads", c.spill_reads}});
     }
-    out += "]}";
+    out.push_back({{"session", s.session_id}, {"caches", std::move(caches)}});
   }
-  out += sessions.empty() ? "]\n" : "\n]\n";
-  return out;
+  return Dump(out);
 }
 
 // "X MB used of Y MB", and the part of it that readers of dropped sessions
@@ -106,20 +100,26 @@ std::string ServerInfoTable(const ServerInfo& i) {
 }
 
 std::string ServerInfoJson(const ServerInfo& i) {
-  std::string sessions;
-  for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
-  return fmt::format(
-      "{{\"hostname\": \"127.0.0.1\", \"port\": {}, \"socket\": {}, \"shm_dir\": {}, "
-      "\"shm_huge_pages\": {}, \"shm_pages\": {}, \"pid\": {}, \"workers\": {}, \"log_level\": {}, \"log_file\": {}, "
-      "\"spill_dir\": {}, \"memory_cap_bytes\": {}, \"memory_used_bytes\": {}, "
-      "\"memory_held_bytes\": {}, \"numa_nodes\": {}, \"sessions\": [{}], "
-      "\"connections\": {}, \"start_time_unix\": {}, \"uptime_seconds\": {:.3f}}}\n",
-      i.port, JsonString(i.socket_path), JsonString(i.shm_dir),
-      i.shm_huge_pages ? "true" : "false", JsonString(i.shm_pages), i.pid, i.workers,
-      i.log_level, JsonString(i.log_path),
-      i.spill_dir.empty() ? "null" : JsonString(i.spill_dir), i.memory_cap_bytes,
-      i.memory_used_bytes, i.memory_held_bytes, i.numa_nodes, sessions, i.connections,
-      i.start_time_unix, i.uptime_seconds);
+  Json spill_dir = i.spill_dir.empty() ? Json(nullptr) : Json(i.spill_dir);
+  return Dump({{"hostname", "127.0.0.1"},
+               {"port", i.port},
+               {"socket", i.socket_path},
+               {"shm_dir", i.shm_dir},
+               {"shm_huge_pages", i.shm_huge_pages},
+               {"shm_pages", i.shm_pages},
+               {"pid", i.pid},
+               {"workers", i.workers},
+               {"log_level", i.log_level},
+               {"log_file", i.log_path},
+               {"spill_dir", spill_dir},
+               {"memory_cap_bytes", i.memory_cap_bytes},
+               {"memory_used_bytes", i.memory_used_bytes},
+               {"memory_held_bytes", i.memory_held_bytes},
+               {"numa_nodes", i.numa_nodes},
+               {"sessions", i.sessions},
+               {"connections", i.connections},
+               {"start_time_unix", i.start_time_unix},
+               {"uptime_seconds", std::round(i.uptime_seconds * 1000) / 1000}});
 }
 
 }  // namespace shmcache::admin

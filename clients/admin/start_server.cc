@@ -13,7 +13,7 @@
 #include <sstream>
 #include <vector>
 
-#include "daemon_options.h"
+#include "server_flags.h"
 
 namespace shmcache::admin {
 
@@ -39,28 +39,10 @@ std::string FindDaemon() {
 }
 
 Status StartServer(const CliArgs& a, int port, StartResult* out) {
-  if (!a.spill_dir.empty()) {
-    Status s = CheckSpillDir(a.spill_dir);
-    if (!s.ok()) return s;
-  }
-  if (!a.metrics_file.empty()) {
-    Status s = CheckMetricsFile(a.metrics_file);
-    if (!s.ok()) return s;
-  }
-  std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port),
-                                   fmt::format("--loglevel={}", a.log_level)};
-  if (a.workers) args.push_back(fmt::format("--workers={}", a.workers));
-  if (!a.spill_dir.empty()) args.push_back("--spilldir=" + a.spill_dir);
-  if (a.memory_cap_ratio > 0) {
-    args.push_back(fmt::format("--memory_cap_ratio={}", a.memory_cap_ratio));
-  }
-  if (a.memory_cap_mb) args.push_back(fmt::format("--memory_cap_mb={}", a.memory_cap_mb));
-  if (!a.shm_dir.empty()) args.push_back("--shm_dir=" + a.shm_dir);
-  if (!a.log_dir.empty()) args.push_back("--log_dir=" + a.log_dir);
-  if (!a.metrics_file.empty()) args.push_back("--metrics_file=" + a.metrics_file);
-  if (a.metrics_interval) {
-    args.push_back(fmt::format("--metrics_interval={}", a.metrics_interval));
-  }
+  Status s = CheckServerFlags(a.server);
+  if (!s.ok()) return s;
+  std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port)};
+  args.insert(args.end(), a.server_args.begin(), a.server_args.end());
   // Test harnesses tie the server to their own process (see README).
   if (const char* w = std::getenv("SHMCACHE_WATCH_PID"); w && *w) {
     args.push_back(std::string("--watch_pid=") + w);

@@ -1,0 +1,100 @@
+#include "command_line.h"
+
+#include <fmt/format.h>
+
+namespace shmcache {
+namespace {
+
+// A value an option's check refused. Thrown through CLI11, which has no
+// other way out of a callback, and caught in Parse: no exception leaves
+// this file.
+struct BadValue {
+  Status status;
+};
+
+// The option name in one argument: "--name" of "--name=value", "-n" of
+// "-nvalue", or "" when it is no option.
+std::string NamePart(const std::string& arg) {
+  if (arg.rfind("--", 0) == 0) return arg.substr(0, arg.find('='));
+  if (arg.size() > 1 && arg[0] == '-') return arg.substr(0, 2);
+  return "";
+}
+
+}  // namespace
+
+CommandLine::CommandLine(const std::string& program, std::string hint)
+    : app_(program), hint_(std::move(hint)) {
+  app_.set_help_flag();
+  app_.allow_extras();
+}
+
+CLI::Option* CommandLine::AddValue(const std::string& names,
+                                   std::function<Status(const std::string&)> read) {
+  auto callback = [read = std::move(read)](const std::string& v) {
+    Status s = read(v);
+    if (!s.ok()) throw BadValue{s};
+  };
+  return app_.add_option_function<std::string>(names, callback)
+      ->trigger_on_parse()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+CLI::Option* CommandLine::AddFlag(const std::string& names) {
+  return app_.add_flag(names);
+}
+
+// "--flag=value": refused, where CLI11 would read the value as true/false.
+Status CommandLine::CheckFlagsHaveNoValue() const {
+  for (size_t i = 1; i < argv_.size(); ++i) {
+    if (argv_[i].rfind("--", 0) != 0 || argv_[i].find('=') == std::string::npos) continue;
+    std::string name = NamePart(argv_[i]);
+    const CLI::Option* o = app_.get_option_no_throw(name);
+    if (o != nullptr && o->get_expected_max() == 0) {
+      return Status::InvalidArgument(fmt::format("{} takes no value", name));
+    }
+  }
+  return Status::OK();
+}
+
+// CLI11 finds an option short of its value only when the line ends there.
+Status CommandLine::MissingValue(const CLI::ParseError& e) const {
+  std::string name = argv_.size() > 1 ? NamePart(argv_.back()) : "";
+  if (!name.empty() && app_.get_option_no_throw(name) != nullptr) {
+    return Status::InvalidArgument(fmt::format("{} needs a value", name));
+  }
+  return Status::InvalidArgument(e.what());
+}
+
+Status CommandLine::Parse(const std::vector<std::string>& argv) {
+  argv_ = argv;
+  Status s = CheckFlagsHaveNoValue();
+  if (!s.ok()) return s;
+  // CLI11 takes the arguments last first, without the program.
+  std::vector<std::string> args(argv.rbegin(), argv.rend());
+  if (!args.empty()) args.pop_back();
+  try {
+    app_.parse(args);
+  } catch (const BadValue& e) {
+    return e.status;
+  } catch (const CLI::ArgumentMismatch& e) {
+    return MissingValue(e);
+  } catch (const CLI::ParseError& e) {
+    return Status::InvalidArgument(e.what());
+  }
+  std::vector<std::string> extras = app_.remaining();
+  if (extras.empty()) return Status::OK();
+  const std::string& arg = extras.front();
+  bool option = arg.size() > 1 && arg[0] == '-';
+  return Status::InvalidArgument(fmt::format(
+      "{} '{}'; {}", option ? "unknown option" : "unexpected argument", arg, hint_));
+}
+
+std::string CommandLine::AsWritten(const CLI::Option& option) const {
+  for (size_t i = 1; i < argv_.size(); ++i) {
+    std::string name = NamePart(argv_[i]);
+    if (!name.empty() && option.check_name(name)) return name;
+  }
+  return option.get_name();
+}
+
+}  // namespace shmcache

@@ -1,0 +1,28 @@
+// The instance lock: <run dir>/shmcached-<port>.lock (lib/instance.h). A
+// server holds an exclusive flock on it for its whole life, so that one
+// server runs per instance, and writes its process id into it for
+// messages. The kernel drops the lock when the process dies, however it
+// dies; the pid in the file is never trusted by itself.
+#pragma once
+
+#include <string>
+
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+// The process id written in the lock file open as `fd`: > 0, or 0 when the
+// file holds none (empty, not a number, out of range).
+int ReadLockPid(int fd);
+
+// Takes the lock for the life of the process and writes this process's id
+// into it; *fd_out is the open file, to be closed last. AlreadyExists,
+// naming the port and the holder's pid, when another server holds it.
+Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
+
+// Whether a process holds the lock: *held, and *pid the id it wrote (0 when
+// none is readable yet: it has only just taken the lock). A missing file
+// is a lock nobody holds.
+Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid);
+
+}  // namespace shmcache

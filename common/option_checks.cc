@@ -1,0 +1,144 @@
+#include "option_checks.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "parse_number.h"
+
+namespace shmcache {
+
+Status ParseInRange(std::string_view what, std::string_view text, long lo, long hi,
+                    long* out) {
+  if (ParseDecimal(text, lo, hi, out)) return Status::OK();
+  return Status::InvalidArgument(
+      fmt::format("{} '{}' is not a number in {}..{}", what, text, lo, hi));
+}
+
+Status ParseSessionId(std::string_view text, uint32_t* id) {
+  long n = 0;
+  Status s = ParseInRange("session id", text, 0, UINT32_MAX, &n);
+  if (s.ok()) *id = static_cast<uint32_t>(n);
+  return s;
+}
+
+Status ParseWorkers(std::string_view text, int* workers) {
+  long n = 0;
+  Status s = ParseInRange("worker count", text, 1, 512, &n);
+  if (s.ok()) *workers = static_cast<int>(n);
+  return s;
+}
+
+Status ParseLogLevel(std::string_view text, int* level) {
+  long n = 0;
+  Status s = ParseInRange("log level", text, 0, 4, &n);
+  if (s.ok()) *level = static_cast<int>(n);
+  return s;
+}
+
+Status ParseMemoryCapRatio(std::string_view text, double* ratio) {
+  double r = 0;
+  if (!ParseDouble(text, &r) || !(r > 0.0 && r <= 1.0)) {
+    return Status::InvalidArgument(
+        fmt::format("memory cap ratio '{}' is not a number in (0, 1]", text));
+  }
+  *ratio = r;
+  return Status::OK();
+}
+
+Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes) {
+  long mb = 0;
+  if (!ParseDecimal(text, 1, 1L << 40, &mb)) {
+    return Status::InvalidArgument(
+        fmt::format("memory cap '{}' is not a positive number of MB", text));
+  }
+  *bytes = static_cast<uint64_t>(mb) << 20;
+  return Status::OK();
+}
+
+Status ParseMetricsInterval(std::string_view text, int* seconds) {
+  long n = 0;
+  if (!ParseDecimal(text, 1, 3600, &n)) {
+    return Status::InvalidArgument(fmt::format(
+        "metrics interval '{}' is not a number of seconds in 1..3600", text));
+  }
+  *seconds = static_cast<int>(n);
+  return Status::OK();
+}
+
+Status CheckAbsolutePath(std::string_view what, std::string_view path) {
+  if (!path.empty() && path[0] == '/') return Status::OK();
+  return Status::InvalidArgument(
+      fmt::format("{} '{}' is not an absolute path", what, path));
+}
+
+Status CheckSpillDir(const std::string& dir) {
+  Status s = CheckAbsolutePath("spill directory", dir);
+  if (!s.ok()) return s;
+  if (access(dir.c_str(), F_OK) != 0) {
+    return Status::InvalidArgument("spill directory " + dir + " does not exist");
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return Status::InvalidArgument("spill directory " + dir + " is not writable");
+  }
+  return Status::OK();
+}
+
+Status CheckMetricsFile(const std::string& path) {
+  if (path.empty() || path[0] != '/' || path.back() == '/') {
+    return Status::InvalidArgument("metrics file '" + path +
+                                   "' is not an absolute file path");
+  }
+  size_t slash = path.rfind('/');
+  std::string dir = path.substr(0, slash == 0 ? 1 : slash);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("metrics file directory " + dir +
+                                   " does not exist; create it first");
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return Status::InvalidArgument("metrics file directory " + dir +
+                                   " is not writable by this user");
+  }
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("metrics file " + path + " is a directory");
+  }
+  return Status::OK();
+}
+
+static uint64_t PhysicalMemory() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
+}
+
+uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes) {
+  if (cap_bytes) return cap_bytes;
+  return static_cast<uint64_t>(static_cast<double>(PhysicalMemory()) * ratio);
+}
+
+Status CheckMemoryCap(double ratio, uint64_t cap_bytes) {
+  constexpr uint64_t kMin = kMinSegmentBytes;
+  uint64_t cap = MemoryCapBytes(ratio, cap_bytes);
+  if (cap >= kMin) return Status::OK();
+  if (cap_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "memory cap of {} MB is below one segment ({} MB); give "
+        "--memory_cap_mb {} or more",
+        cap_bytes >> 20, kMin >> 20, kMin >> 20));
+  }
+  return Status::InvalidArgument(fmt::format(
+      "memory cap ratio {} of {} MB of memory gives {} MB, below one segment "
+      "({} MB); use a larger -r",
+      ratio, PhysicalMemory() >> 20, cap >> 20, kMin >> 20));
+}
+
+int WorkerCount(int requested, int cpus, int nodes) {
+  int workers = requested > 0 ? requested : std::max(1, cpus / 2);
+  nodes = std::max(1, nodes);
+  return (workers + nodes - 1) / nodes * nodes;
+}
+
+}  // namespace shmcache

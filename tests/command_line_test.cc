@@ -1,0 +1,132 @@
+// CommandLine (CLI11 in shmcache's words) and the ServerFlags both binaries
+// read with it: every problem is one line in the words the admin has
+// always used, and the flags the admin hands on to the daemon read back
+// as the same values.
+#include "command_line.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "server_flags.h"
+
+namespace shmcache {
+namespace {
+
+// A program with a flag (--json, -g), a checked number (-n) and a text.
+struct Program {
+  Program() : cl("prog", "see 'prog --help'") {
+    json = cl.AddFlag("--json");
+    gen = cl.AddFlag("-g,--generate");
+    number = cl.AddValue("-n,--number", [this](const std::string& v) {
+      return ParseInRange("number", v, 1, 9, &n);
+    });
+    cl.AddValue("--text", [this](const std::string& v) {
+      text = v;
+      return Status::OK();
+    });
+  }
+  Status Parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "prog");
+    return cl.Parse(args);
+  }
+
+  CommandLine cl;
+  CLI::Option* json;
+  CLI::Option* gen;
+  CLI::Option* number;
+  long n = 0;
+  std::string text;
+};
+
+std::string Why(const Status& s) { return s.ok() ? "OK" : s.message(); }
+
+TEST(CommandLineTest, ValuesInEveryForm) {
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"-n", "3"}, {"--number", "3"}, {"--number=3"}, {"-n3"}}) {
+    Program p;
+    EXPECT_EQ(Why(p.Parse(args)), "OK") << args[0];
+    EXPECT_EQ(p.n, 3) << args[0];
+  }
+  Program p;
+  ASSERT_TRUE(p.Parse({"--json", "--text", "-x-", "-g"}).ok());
+  EXPECT_EQ(p.json->count(), 1u);
+  EXPECT_EQ(p.gen->count(), 1u);
+  EXPECT_EQ(p.text, "-x-") << "a value may start with '-'";
+}
+
+TEST(CommandLineTest, TheLastOfARepeatedOptionCounts) {
+  Program p;
+  ASSERT_TRUE(p.Parse({"-n", "3", "--number=5"}).ok());
+  EXPECT_EQ(p.n, 5);
+}
+
+TEST(CommandLineTest, ProblemsInTheProgramsWords) {
+  auto why = [](std::vector<std::string> args) { return Why(Program().Parse(args)); };
+  EXPECT_EQ(why({"--bogus"}), "unknown option '--bogus'; see 'prog --help'");
+  EXPECT_EQ(why({"-x"}), "unknown option '-x'; see 'prog --help'");
+  EXPECT_EQ(why({"--json", "stray"}), "unexpected argument 'stray'; see 'prog --help'");
+  EXPECT_EQ(why({"--json", "-n"}), "-n needs a value");
+  EXPECT_EQ(why({"--number"}), "--number needs a value");
+  EXPECT_EQ(why({"--json=yes"}), "--json takes no value");
+  EXPECT_EQ(why({"--generate=1"}), "--generate takes no value");
+  EXPECT_EQ(why({"-n", "0"}), "number '0' is not a number in 1..9");
+  // The first bad value on the line is the one told.
+  EXPECT_EQ(why({"-n", "x", "--number", "y"}), "number 'x' is not a number in 1..9");
+  // No help flag of CLI11's own.
+  EXPECT_EQ(why({"-h"}), "unknown option '-h'; see 'prog --help'");
+  EXPECT_EQ(why({"--help"}), "unknown option '--help'; see 'prog --help'");
+}
+
+TEST(CommandLineTest, OptionsAsWritten) {
+  Program p;
+  ASSERT_TRUE(p.Parse({"--json", "-n", "4", "--generate"}).ok());
+  EXPECT_EQ(p.cl.AsWritten(*p.number), "-n");
+  EXPECT_EQ(p.cl.AsWritten(*p.gen), "--generate");
+  ASSERT_EQ(p.cl.given().size(), 3u);
+  EXPECT_EQ(p.cl.given()[0], p.json) << "in the order of the line";
+  EXPECT_EQ(p.cl.given()[2], p.gen);
+}
+
+// What `shmcache --start` reads and hands on; what shmcached reads back.
+TEST(ServerFlagsTest, TheAdminHandsOnWhatTheDaemonReadsBack) {
+  ServerFlags admin;
+  CommandLine a("shmcache", "");
+  std::vector<CLI::Option*> flags = AddServerFlags(a, &admin);
+  ASSERT_TRUE(a.Parse({"shmcache", "-w", "3", "-l", "2", "-s", "/spill dir",
+                       "-r", "0.25", "--memory_cap_mb", "64", "--shm_dir=/dev/shm",
+                       "--log_dir", "/logs", "--metrics_file", "/m/x.prom",
+                       "--metrics_interval", "7"})
+                  .ok());
+  std::vector<std::string> args = ServerFlagArgs(flags);
+  EXPECT_EQ(args.size(), 9u);
+  EXPECT_EQ(args[0], "--workers=3");
+  args.insert(args.begin(), "shmcached");
+  ServerFlags daemon;
+  CommandLine d("shmcached", "");
+  AddServerFlags(d, &daemon);
+  ASSERT_TRUE(d.Parse(args).ok());
+  EXPECT_EQ(daemon.workers, 3);
+  EXPECT_EQ(daemon.log_level, 2);
+  EXPECT_EQ(daemon.spill_dir, "/spill dir");
+  EXPECT_EQ(daemon.memory_cap_ratio, 0.25);
+  EXPECT_EQ(daemon.memory_cap_bytes, 64u << 20);
+  EXPECT_EQ(daemon.shm_dir, "/dev/shm");
+  EXPECT_EQ(daemon.log_dir, "/logs");
+  EXPECT_EQ(daemon.metrics_file, "/m/x.prom");
+  EXPECT_EQ(daemon.metrics_interval_s, 7);
+}
+
+TEST(ServerFlagsTest, OnlyTheFlagsGivenAreHandedOn) {
+  ServerFlags f;
+  CommandLine cl("shmcache", "");
+  std::vector<CLI::Option*> flags = AddServerFlags(cl, &f);
+  ASSERT_TRUE(cl.Parse({"shmcache"}).ok());
+  EXPECT_TRUE(ServerFlagArgs(flags).empty());
+  EXPECT_EQ(f.memory_cap_ratio, kDefaultMemoryCapRatio);
+  EXPECT_EQ(f.log_level, 1);
+}
+
+}  // namespace
+}  // namespace shmcache

@@ -1,0 +1,98 @@
+// The instance lock (common/instance_lock.h): one server per instance, and
+// the pid in the file read one way by the server that finds it taken and
+// by the admin that stops a server still starting.
+#include "instance_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "test_server.h"
+
+namespace shmcache {
+namespace {
+
+class InstanceLockTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::MakeTempDir(test::TestTmpRoot(), "lock");
+    path_ = dir_ + "/shmcached-31000.lock";
+  }
+  void TearDown() override { test::RemoveTree(dir_); }
+
+  int PidIn(const std::string& text) {
+    { std::ofstream(path_, std::ios::trunc) << text; }
+    int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    int pid = ReadLockPid(fd);
+    close(fd);
+    return pid;
+  }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(InstanceLockTest, ReadsThePidAServerWrote) {
+  EXPECT_EQ(PidIn("4242\n"), 4242);
+  EXPECT_EQ(PidIn("4242"), 4242);
+  EXPECT_EQ(PidIn(" 17\n"), 17);
+}
+
+TEST_F(InstanceLockTest, ANonsensePidIsNone) {
+  for (const char* text : {"", "\n", "abc\n", "-5\n", "0\n", "99999999999\n", "x17"}) {
+    EXPECT_EQ(PidIn(text), 0) << "'" << text << "'";
+  }
+}
+
+TEST_F(InstanceLockTest, OneHolderAtATime) {
+  bool held = true;
+  int pid = -1;
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok()) << "no file: nobody holds it";
+  EXPECT_FALSE(held);
+  EXPECT_EQ(pid, 0);
+
+  int fd = -1;
+  ASSERT_TRUE(TakeInstanceLock(path_, 31000, &fd).ok());
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok());
+  EXPECT_TRUE(held);
+  EXPECT_EQ(pid, getpid());
+  // flock locks belong to the open file: a second open is a second server.
+  int second = -1;
+  Status s = TakeInstanceLock(path_, 31000, &second);
+  EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+  EXPECT_NE(s.message().find("already running on port 31000 (process id " +
+                             std::to_string(getpid()) + ")"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(second, -1);
+
+  close(fd);  // the server is gone: the kernel dropped its lock
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok());
+  EXPECT_FALSE(held);
+  ASSERT_TRUE(TakeInstanceLock(path_, 31000, &fd).ok());
+  close(fd);
+}
+
+TEST_F(InstanceLockTest, ALockTakenBeforeItsPidIsWrittenNamesNone) {
+  int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  int other = -1;
+  Status s = TakeInstanceLock(path_, 31000, &other);
+  EXPECT_NE(s.message().find("(process id ?)"), std::string::npos) << s.message();
+  bool held = false;
+  int pid = -1;
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok());
+  EXPECT_TRUE(held);
+  EXPECT_EQ(pid, 0);
+  close(fd);
+}
+
+}  // namespace
+}  // namespace shmcache

@@ -1,0 +1,144 @@
+// option_checks.h: the one reading of the values the admin's --start and
+// shmcached share. Each value is taken or refused with one line naming the
+// value and the valid range, the same from both binaries.
+#include "option_checks.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "test_server.h"
+
+namespace shmcache {
+namespace {
+
+using test::MakeTempDir;
+using test::RemoveTree;
+using test::TestTmpRoot;
+
+// The message of a refusal, or "OK".
+std::string Why(const Status& s) {
+  if (s.ok()) return "OK";
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  return s.message();
+}
+
+TEST(OptionChecksTest, NumbersInRangeAreTaken) {
+  uint32_t id = 0;
+  EXPECT_EQ(Why(ParseSessionId("4294967295", &id)), "OK");
+  EXPECT_EQ(id, 4294967295u);
+  EXPECT_EQ(Why(ParseSessionId("0", &id)), "OK");
+  EXPECT_EQ(id, 0u);
+  int n = 0;
+  EXPECT_EQ(Why(ParseWorkers("512", &n)), "OK");
+  EXPECT_EQ(n, 512);
+  EXPECT_EQ(Why(ParseLogLevel("0", &n)), "OK");
+  EXPECT_EQ(n, 0);
+  EXPECT_EQ(Why(ParseMetricsInterval("3600", &n)), "OK");
+  EXPECT_EQ(n, 3600);
+  uint64_t bytes = 0;
+  EXPECT_EQ(Why(ParseMemoryCapMb("3", &bytes)), "OK");
+  EXPECT_EQ(bytes, 3u << 20);
+  // Decimal, as strtol read them: "010" is ten, not octal eight.
+  EXPECT_EQ(Why(ParseWorkers("010", &n)), "OK");
+  EXPECT_EQ(n, 10);
+}
+
+TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
+  uint32_t id = 7;
+  EXPECT_EQ(Why(ParseSessionId("4294967296", &id)),
+            "session id '4294967296' is not a number in 0..4294967295");
+  EXPECT_EQ(Why(ParseSessionId("-5", &id)),
+            "session id '-5' is not a number in 0..4294967295");
+  EXPECT_EQ(id, 7u) << "a refused value stores nothing";
+  int n = 7;
+  EXPECT_EQ(Why(ParseWorkers("0", &n)), "worker count '0' is not a number in 1..512");
+  EXPECT_EQ(Why(ParseWorkers("two", &n)), "worker count 'two' is not a number in 1..512");
+  EXPECT_EQ(Why(ParseLogLevel("info", &n)), "log level 'info' is not a number in 0..4");
+  EXPECT_EQ(Why(ParseMetricsInterval("0", &n)),
+            "metrics interval '0' is not a number of seconds in 1..3600");
+  EXPECT_EQ(n, 7);
+  uint64_t bytes = 0;
+  EXPECT_EQ(Why(ParseMemoryCapMb("0", &bytes)),
+            "memory cap '0' is not a positive number of MB");
+  long v = 0;
+  EXPECT_EQ(Why(ParseInRange("--ready_fd", "x", 0, 9, &v)),
+            "--ready_fd 'x' is not a number in 0..9");
+}
+
+TEST(OptionChecksTest, MemoryCapRatioIsAShareOfMemory) {
+  for (const char* ok : {"0.5", " 0.5", "+0.5", "1", "1e-300", ".25"}) {
+    double r = 0;
+    EXPECT_EQ(Why(ParseMemoryCapRatio(ok, &r)), "OK") << ok;
+    EXPECT_EQ(r, std::strtod(ok, nullptr)) << ok;
+  }
+  for (const char* bad : {"0", "1.5", "-0.5", "", "abc", "0.5x", "nan", "inf", "+-1"}) {
+    double r = 0;
+    EXPECT_EQ(Why(ParseMemoryCapRatio(bad, &r)),
+              std::string("memory cap ratio '") + bad + "' is not a number in (0, 1]");
+  }
+}
+
+TEST(OptionChecksTest, MemoryCapBelowOneSegmentNamesTheOption) {
+  EXPECT_EQ(Why(CheckMemoryCap(0.8, 4u << 20)), "OK");
+  EXPECT_EQ(Why(CheckMemoryCap(0.8, 3u << 20)),
+            "memory cap of 3 MB is below one segment (4 MB); give --memory_cap_mb 4 "
+            "or more");
+  EXPECT_NE(Why(CheckMemoryCap(1e-300, 0)).find("below one segment (4 MB); use a larger -r"),
+            std::string::npos);
+  EXPECT_EQ(MemoryCapBytes(0.5, 123), 123u) << "an absolute cap wins over the ratio";
+}
+
+TEST(OptionChecksTest, PathsMustBeAbsolute) {
+  EXPECT_EQ(Why(CheckAbsolutePath("log directory", "/x")), "OK");
+  EXPECT_EQ(Why(CheckAbsolutePath("log directory", "x")),
+            "log directory 'x' is not an absolute path");
+  EXPECT_EQ(Why(CheckAbsolutePath("shared-memory directory", "")),
+            "shared-memory directory '' is not an absolute path");
+}
+
+TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
+  std::string dir = MakeTempDir(TestTmpRoot(), "spill");
+  EXPECT_EQ(Why(CheckSpillDir(dir)), "OK");
+  EXPECT_EQ(Why(CheckSpillDir("relative/dir")),
+            "spill directory 'relative/dir' is not an absolute path");
+  EXPECT_EQ(Why(CheckSpillDir(dir + "/missing")),
+            "spill directory " + dir + "/missing does not exist");
+  if (geteuid() != 0) {  // root writes anywhere
+    ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
+    EXPECT_EQ(Why(CheckSpillDir(dir)), "spill directory " + dir + " is not writable");
+    chmod(dir.c_str(), 0755);
+  }
+  RemoveTree(dir);
+}
+
+TEST(OptionChecksTest, MetricsFileMustBeAFileInAnExistingDirectory) {
+  std::string dir = MakeTempDir(TestTmpRoot(), "metrics");
+  EXPECT_EQ(Why(CheckMetricsFile(dir + "/shmcache.prom")), "OK");
+  EXPECT_EQ(Why(CheckMetricsFile("shmcache.prom")),
+            "metrics file 'shmcache.prom' is not an absolute file path");
+  EXPECT_EQ(Why(CheckMetricsFile(dir + "/")),
+            "metrics file '" + dir + "/' is not an absolute file path");
+  EXPECT_EQ(Why(CheckMetricsFile(dir + "/no/shmcache.prom")),
+            "metrics file directory " + dir + "/no does not exist; create it first");
+  EXPECT_EQ(Why(CheckMetricsFile(dir)), "metrics file " + dir + " is a directory");
+  RemoveTree(dir);
+}
+
+TEST(OptionChecksTest, WorkersAreHalfTheCpusRoundedUpToTheNodes) {
+  EXPECT_EQ(WorkerCount(3, 64, 2), 4);
+  EXPECT_EQ(WorkerCount(4, 64, 2), 4);
+  EXPECT_EQ(WorkerCount(5, 64, 1), 5);
+  EXPECT_EQ(WorkerCount(0, 8, 1), 4) << "half the CPUs";
+  EXPECT_EQ(WorkerCount(0, 1, 1), 1) << "at least one";
+  EXPECT_EQ(WorkerCount(0, 3, 2), 2);
+  EXPECT_EQ(WorkerCount(0, 16, 4), 8);
+  EXPECT_EQ(WorkerCount(3, 16, 0), 3) << "no node count: one node";
+}
+
+}  // namespace
+}  // namespace shmcache
