@@ -1,7 +1,8 @@
 // TestDaemon: one shmcached run as a child of the test (--foreground, its
 // readiness read from a pipe), for the suites that kill, restart, limit or
 // run it as another user; TestServer (test_server.h) starts one through the
-// admin instead, as users do.
+// admin instead, as users do. This header also brings the helpers the
+// suites that use it need: children, files, commands, bounded waits.
 //
 // Every daemon started here has its own port, run dir, shm dir and log dir,
 // and is stopped (or killed) and its files removed when the TestDaemon is
