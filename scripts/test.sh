@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
-# suites through meson, then the Python suites through pytest). The last
+# suites through meson, then the Python suites through pytest, mypy over the
+# Python package, and the fuzz targets). The last
 # line is the summary over all suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
@@ -32,6 +33,18 @@ export SHMCACHE_BUILD_DIR=$root/build
 if [ -d tests/python ]; then
   /usr/bin/python3 -m pytest -q tests/python --junitxml="$results/pytest.xml" \
     -p no:cacheprovider
+fi
+
+# ---- Types of the Python package (issue 12) --------------------------------
+# mypy over clients/python/shmcache (clients/python/mypy.ini), counted as
+# one check: its JUnit report holds one case, failed with mypy's messages.
+echo "== mypy over the Python package"
+mypy_xml=$results/mypy.xml
+(cd clients/python && mypy --config-file mypy.ini --cache-dir "$root/build/mypy-cache" \
+  --junit-xml "$mypy_xml" shmcache)
+if [ ! -s "$mypy_xml" ]; then
+  echo '<testsuite><testcase name="mypy"><failure message="mypy did not run"/></testcase></testsuite>' \
+    >"$mypy_xml"
 fi
 
 # ---- Fuzz targets (issue 5) ------------------------------------------------

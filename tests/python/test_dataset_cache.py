@@ -248,3 +248,79 @@ def test_dead_daemon_keeps_hits_and_warns_once(server, session):
         stored = [c.put(i, (big,)) for i in range(4, 200)]
     assert stored[-1] is False
     assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
+
+
+# ---- issue 12: typed errors, context manager, stats object, signatures ---
+
+def test_errors_keep_their_types_and_stay_runtime_errors(server, session):
+    with pytest.raises(shmcache.NotFoundError, match="does not exist") as e:
+        DatasetCache(session + 1 if session < 2**32 - 1 else 1)
+    assert isinstance(e.value, RuntimeError)
+    DatasetCache(session, name="train", fingerprint="decode+resize").open()
+    with pytest.raises(shmcache.FingerprintMismatchError,
+                       match="different pipeline") as e:
+        DatasetCache(session, name="train", fingerprint="decode+crop").open()
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_context_manager_closes_the_cache_at_the_end_of_the_block(server, session):
+    with DatasetCache(session) as c:
+        assert isinstance(c, DatasetCache)
+        assert c.put(1, np.arange(4))
+        assert c.get(1) is not None
+    # Closed: this object serves no more (one warning), the row stays cached.
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert c.get(1) is None
+    assert c.bypassed and len([x for x in w if x.category is CacheWarning]) == 1
+    np.testing.assert_array_equal(DatasetCache(session).get(1), np.arange(4))
+    # An exception in the block goes on after the cache is closed.
+    with pytest.raises(KeyError):
+        with DatasetCache(session).open() as c2:
+            raise KeyError("from the block")
+    with pytest.warns(CacheWarning, match="cache is closed"):
+        assert c2.get(1) is None
+    assert c2.bypassed
+
+
+def test_stats_is_a_typed_object_with_the_dict_view(server, session):
+    c = DatasetCache(session)
+    c.put(1, np.zeros(8))
+    c.get(1)
+    c.get(2)
+    st = c.stats()
+    assert isinstance(st, shmcache.CacheStats)
+    assert (st.hits, st.misses, st.mem_rows) == (1, 1, 1)
+    assert st["hits"] == st.hits and st.get("mem_rows", 0) == 1
+    assert isinstance(st.full, bool) and st.name == "default"
+    keys = {"session_id", "cache_id", "name", "mem_rows", "mem_bytes",
+            "disk_rows", "disk_bytes", "puts_full", "spill_reads", "hits",
+            "misses", "numa_hits", "reserved_bytes", "budget_bytes",
+            "avg_row_bytes", "full", "spilling"}
+    assert set(st) == keys and dict(st) == st.as_dict() and len(st) == len(keys)
+    assert "async_puts" not in st
+    with pytest.raises(KeyError):
+        st["nothing"]
+
+
+def test_public_methods_have_no_private_parameters():
+    import inspect
+    torch_mod = pytest.importorskip("shmcache.torch")
+    for cls in (DatasetCache, torch_mod.CachedDataset,
+                torch_mod.CachedIterableDataset, torch_mod.CachedLoader):
+        for name, fn in inspect.getmembers(cls, inspect.isfunction):
+            if name.startswith("_") and name not in ("__init__", "__getitem__",
+                                                     "__getitems__", "__iter__"):
+                continue
+            params = inspect.signature(fn).parameters
+            private = [p for p in params if p.startswith("_")]
+            assert not private, f"{cls.__name__}.{name} takes {private}"
+
+
+def test_reserved_row_ids_are_not_for_rows(server, session):
+    c = DatasetCache(session)
+    for row_id in (shmcache.MAX_ROW_ID + 1, 2**64 - 1, 2**64 - 2):
+        with pytest.raises(ValueError):
+            c.put_columns(row_id, [("x", np.zeros(1), None)])
+        with pytest.raises(ValueError):
+            c.get_columns(row_id)

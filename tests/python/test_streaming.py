@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from helpers import Stream, sample  # noqa: E402
+import shmcache  # noqa: E402
 from shmcache import DatasetCache  # noqa: E402
 from shmcache.torch import CachedIterableDataset  # noqa: E402
 
@@ -65,3 +66,22 @@ def test_unsealed_cache_streams_and_workers_split_the_rows(server, session):
     assert sorted(int(r["label"]) for r in rows) == sorted(i % 10 for i in range(N))
     assert src.reads == 0                # in this process: all from workers/cache
     assert labels_ok(list(ds))           # single process, sealed: in order
+
+
+def test_the_library_seals_and_caches_sealed_before_still_read(server, session):
+    # Sealed by the library (Cache::Seal) after one pass.
+    ds = CachedIterableDataset(Stream(N), DatasetCache(session))
+    assert ds.cache._open().sealed_rows() is None
+    assert labels_ok(list(ds)) and ds.built
+    assert ds.cache._open().sealed_rows() == N == ds.sealed_count()
+    # A cache sealed as the package did before the library could: the rows,
+    # a builder mark and a seal mark under the ids above MAX_ROW_ID.
+    old = CachedIterableDataset(Stream(N, path="sealed-before"), DatasetCache(session))
+    native = old.cache._open()
+    for i, s in enumerate(Stream(N)):
+        native.put(i, shmcache.encode_row(s))
+    native.put(2**64 - 1, [("builder", np.array([1], dtype=np.int64), None)])
+    native.put(2**64 - 2, [("count", np.array(N, dtype=np.int64), None)])
+    assert old.sealed_count() == N
+    rows = list(old)
+    assert labels_ok(rows) and old.source.reads == 0 and not old.built

@@ -12,9 +12,10 @@
 
 #include <gtest/gtest.h>
 
-#include "rel_util.h"
+#include "checked_rows.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 constexpr int kClients = 3;
@@ -186,4 +187,4 @@ TEST(DaemonKill, ClientsGetUnavailableInBoundedTimeAndKeepTheirHits) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

@@ -20,10 +20,11 @@
 
 #include <gtest/gtest.h>
 
+#include "checked_rows.h"
 #include "protocol.h"
-#include "rel_util.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 std::string SocketPath(const TestDaemon& d) {
@@ -362,4 +363,4 @@ TEST(HostileSocket, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

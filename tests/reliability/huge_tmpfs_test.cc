@@ -14,11 +14,12 @@
 
 #include <gtest/gtest.h>
 
+#include "checked_rows.h"
 #include "instance.h"
-#include "rel_util.h"
 #include "shmcache/stats.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 constexpr uint64_t kRows = 300;
@@ -242,4 +243,4 @@ TEST(HugeTmpfs, PlantedSymlinkOrForeignDirectoryIsNeverUsed) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

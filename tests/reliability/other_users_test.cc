@@ -17,10 +17,11 @@
 
 #include <gtest/gtest.h>
 
-#include "rel_util.h"
+#include "checked_rows.h"
 #include "shm_file.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 class TempUser {
@@ -178,4 +179,4 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

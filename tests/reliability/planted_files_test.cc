@@ -15,10 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "checked_rows.h"
 #include "instance.h"
-#include "rel_util.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 constexpr uint64_t kRows = 100;
@@ -377,4 +378,4 @@ TEST(StraySegmentNumber, StartIsNotStalledAndAdoptsTheRest) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

@@ -12,9 +12,10 @@
 
 #include <gtest/gtest.h>
 
-#include "rel_util.h"
+#include "checked_rows.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 class SmallTmpfs {
@@ -153,4 +154,4 @@ TEST(ShmLimits, FullFilesystemMeansFullNeverSigbusAndEarlierRowsStay) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

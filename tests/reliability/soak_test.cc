@@ -11,9 +11,10 @@
 
 #include <gtest/gtest.h>
 
-#include "rel_util.h"
+#include "checked_rows.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 constexpr int kMixers = 4;
@@ -237,4 +238,4 @@ TEST(Soak, MixedLoadVerifiesEveryByte) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

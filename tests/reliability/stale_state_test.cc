@@ -12,9 +12,10 @@
 
 #include <gtest/gtest.h>
 
-#include "rel_util.h"
+#include "checked_rows.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 std::vector<std::string> StartArgs(const TestDaemon& d) {
@@ -202,4 +203,4 @@ TEST(StaleState, StopEndsAServerThatIsStillStarting) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

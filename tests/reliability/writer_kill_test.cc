@@ -18,11 +18,12 @@
 
 #include <gtest/gtest.h>
 
+#include "checked_rows.h"
 #include "layout.h"
-#include "rel_util.h"
 #include "shm_file.h"
+#include "test_daemon.h"
 
-namespace shmcache::reltest {
+namespace shmcache::test {
 namespace {
 
 constexpr uint64_t kRowsPerVictim = 64;
@@ -353,4 +354,4 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
 }
 
 }  // namespace
-}  // namespace shmcache::reltest
+}  // namespace shmcache::test

@@ -17,8 +17,12 @@ drop the row (`put` -> False). A row too large for what is left of the
 cache is dropped alone (`put` -> False, one `CacheWarning` naming its size
 and the budget); smaller rows go on being cached. Only wrong arguments
 raise: TypeError for a wrong type, ValueError for a value out of range,
-RuntimeError for a non-local host, a session that does not exist, or a
-cache name reused for a different pipeline.
+RuntimeError for a non-local host, and for a session that does not exist
+(NotFoundError) or a cache name reused for a different pipeline
+(FingerprintMismatchError): the package's errors are RuntimeError
+subclasses, as MindSpore raises RuntimeError there.
+
+`with DatasetCache(...) as cache:` closes the cache at the end of the block.
 
 Zero-copy hits (copy=False, and CachedDataset's default in DataLoader
 workers) are arrays over the cache's shared memory, read-only: a row never
@@ -29,25 +33,40 @@ cache spilled to disk has no shared memory and always comes back as a
 copy.
 """
 
+from __future__ import annotations
+
 import math
 import os
 import threading
 import warnings
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _shmcache
 from ._shmcache import (AlreadyExistsError, Error, FingerprintMismatchError,
                         FullError, InvalidArgumentError, NotFoundError,
                         NotSupportedError, PermissionDeniedError, TooLargeError,
                         UnavailableError)
+from .stats import CacheStats
 
 __all__ = [
-    "DatasetCache", "CacheWarning", "Client", "Error", "NotFoundError",
+    "DatasetCache", "CacheWarning", "CacheStats", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",
     "InvalidArgumentError", "AlreadyExistsError", "PermissionDeniedError",
     "NotSupportedError", "TooLargeError", "LOCAL_HOSTS", "MAX_ROW_ID",
 ]
+
+# A column as put stores it: (name, array, dtype name or None for the
+# array's own); as a read returns it: (name, dtype name, array).
+Array = npt.NDArray[Any]
+EncodedColumn = tuple[str, Array, Union[str, None]]
+StoredColumn = tuple[str, str, Array]
+# columns= of the reads: a name or position, several, or None for all.
+ColumnSelection = Union[str, int, Sequence[Union[str, int]], None]
 
 Client = _shmcache.Client
 
@@ -65,7 +84,7 @@ class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""
 
 
-def _cause(err):
+def _cause(err: Error) -> str:
     """What stopped the cache, in a few words, for the CacheWarning; the
     library's message that follows it has the numbers and the fix."""
     if isinstance(err, UnavailableError):
@@ -85,7 +104,7 @@ def _cause(err):
     return "the cache failed"
 
 
-def _check_int(name, value, lo, hi, allow_none=False):
+def _check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -96,7 +115,7 @@ def _check_int(name, value, lo, hi, allow_none=False):
                          f"of [{lo}, {hi}].")
 
 
-def _native(value):
+def _native(value: Any) -> Array:
     """`value` as a C-contiguous ndarray in native byte order, values and
     shape unchanged (rank 0 included: np.ascontiguousarray makes it 1-d)."""
     if isinstance(value, np.ndarray) and value.dtype.isnative \
@@ -106,7 +125,7 @@ def _native(value):
     return np.asarray(a, dtype=a.dtype.newbyteorder("="), order="C")
 
 
-def _leaf_to_column(value):
+def _leaf_to_column(value: Any) -> tuple[Array, str | None]:
     """(array, dtype_name_or_None) for one leaf of a row."""
     if isinstance(value, np.ndarray):
         return _native(value), None
@@ -130,7 +149,7 @@ def _leaf_to_column(value):
                     "use numpy arrays, tensors, numbers or bytes")
 
 
-def encode_row(row):
+def encode_row(row: Any) -> list[EncodedColumn]:
     """The list of (name, array, dtype) columns that stores `row`."""
     if isinstance(row, dict):
         cols = []
@@ -146,13 +165,14 @@ def encode_row(row):
     return [(_POS,) + _leaf_to_column(row)]
 
 
-def _leaf_from_column(dtype, array):
+def _leaf_from_column(dtype: str, array: Array) -> Any:
     if dtype == "bytes":
         return array.tobytes()
     return array
 
 
-def decode_row(columns, leaf=_leaf_from_column):
+def decode_row(columns: Sequence[StoredColumn],
+               leaf: Callable[[str, Array], Any] = _leaf_from_column) -> Any:
     """Rebuilds the shape encode_row stored: tuple, dict or a bare value."""
     if len(columns) == 1 and columns[0][0] == _POS:
         return leaf(columns[0][1], columns[0][2])
@@ -161,10 +181,13 @@ def decode_row(columns, leaf=_leaf_from_column):
     return {n: leaf(d, a) for n, d, a in columns}
 
 
-def _column_names(columns):
+def _column_names(columns: ColumnSelection) -> list[str] | None:
     """The stored names a `columns=` argument selects; None for all."""
-    if columns is None:
-        return None
+    return None if columns is None else _selected_names(columns)
+
+
+def _selected_names(columns: str | int | Sequence[str | int]) -> list[str]:
+    """The stored names of a selection that is not None."""
     if isinstance(columns, (str, int)):
         columns = [columns]
     names = []
@@ -178,7 +201,7 @@ def _column_names(columns):
     return names
 
 
-def _ids_array(ids):
+def _ids_array(ids: Any) -> npt.NDArray[np.uint64]:
     """ids as a C-contiguous uint64 array, each checked as a row id."""
     a = np.asarray(ids)
     if a.size == 0:
@@ -198,7 +221,7 @@ def _ids_array(ids):
     return np.ascontiguousarray(a, dtype=np.uint64)
 
 
-def _targets(out, columns):
+def _targets(out: Any, columns: ColumnSelection) -> tuple[list[str], list[Any]]:
     """(stored column names, buffers) of read_into's `out`."""
     if isinstance(out, dict):
         if columns is not None:
@@ -212,14 +235,14 @@ def _targets(out, columns):
     if isinstance(out, (tuple, list)):
         bufs = list(out)
         names = ([f"{_POS}{i}" for i in range(len(bufs))] if columns is None
-                 else _column_names(columns))
+                 else _selected_names(columns))
         if len(names) != len(bufs):
             raise ValueError(f"columns names {len(names)} columns for "
                              f"{len(bufs)} arrays in out")
         if not bufs:
             raise ValueError("out holds no array")
         return names, bufs
-    return [_POS] if columns is None else _column_names(columns), [out]
+    return [_POS] if columns is None else _selected_names(columns), [out]
 
 
 _TORCH_DTYPE_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16",
@@ -302,19 +325,35 @@ class DatasetCache:
     no connection here. `name` selects the cache inside the session
     (default "default"); `fingerprint` describes what produces the rows and
     defaults to the name. Re-opening a name with another fingerprint raises
-    RuntimeError (FingerprintMismatchError).
+    FingerprintMismatchError (a RuntimeError).
 
     `read_threads`: how many threads read_into copies rows with, the
     calling thread included (default min(4, CPUs); 0 or 1: the calling
     thread alone).
 
     The object pickles (for DataLoader workers started with spawn) and
-    survives fork; a worker re-attaches on first use.
+    survives fork; a worker re-attaches on first use. As a context manager
+    it closes the cache when the block ends (close()).
     """
 
-    def __init__(self, session_id, size=0, spilling=False, hostname=None,
-                 port=None, num_connections=None, prefetch_size=None,
-                 name="default", fingerprint=None, read_threads=None):
+    # State that does not travel through pickle (_init_runtime).
+    _lock: threading.Lock
+    _lock_pid: int
+    _client: _shmcache.Client | None
+    _cache: _shmcache.Cache | None
+    _dead: bool
+    _no_puts: bool
+    _full: bool
+    _warned: bool
+    _warned_row: bool
+    _bytes_read: int
+
+    def __init__(self, session_id: int, size: int = 0, spilling: bool = False,
+                 hostname: str | None = None, port: int | None = None,
+                 num_connections: int | None = None,
+                 prefetch_size: int | None = None, name: str = "default",
+                 fingerprint: str | None = None,
+                 read_threads: int | None = None) -> None:
         _check_int("session_id", session_id, 0, _MAX_UINT32)
         _check_int("size", size, 0, 2**63 - 1)
         if not isinstance(spilling, bool):
@@ -337,24 +376,24 @@ class DatasetCache:
             raise TypeError("Argument fingerprint must be str.")
         if fingerprint is not None and len(fingerprint.encode()) > 255:
             raise ValueError("Argument fingerprint must have at most 255 bytes.")
-        self.session_id = int(session_id)
-        self.size = int(size)
-        self.spilling = spilling
-        self.hostname = hostname
-        self.port = None if port is None else int(port)
-        self.num_connections = num_connections
-        self.prefetch_size = prefetch_size
-        self.name = name
-        self.fingerprint = fingerprint if fingerprint is not None else name
+        self.session_id: int = int(session_id)
+        self.size: int = int(size)
+        self.spilling: bool = spilling
+        self.hostname: str | None = hostname
+        self.port: int | None = None if port is None else int(port)
+        self.num_connections: int | None = num_connections
+        self.prefetch_size: int | None = prefetch_size
+        self.name: str = name
+        self.fingerprint: str = fingerprint if fingerprint is not None else name
         _check_int("read_threads", read_threads, 0, 256, allow_none=True)
-        self.read_threads = (min(4, os.cpu_count() or 1) if read_threads is None
-                             else int(read_threads))
+        self.read_threads: int = (min(4, os.cpu_count() or 1) if read_threads is None
+                                  else int(read_threads))
         self._init_runtime()
         self._check_session()
 
     # ---- state that does not travel through pickle --------------------
 
-    def _init_runtime(self):
+    def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
         self._client = None
@@ -366,18 +405,18 @@ class DatasetCache:
         self._warned_row = False  # a row the cache cannot take was dropped
         self._bytes_read = 0      # bytes of columns returned by get_columns
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
                   "_full", "_warned", "_warned_row", "_bytes_read"):
             state.pop(k, None)
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_runtime()
 
-    def named(self, name, fingerprint=None):
+    def named(self, name: str, fingerprint: str | None = None) -> DatasetCache:
         """A DatasetCache for another cache name in the same session."""
         other = DatasetCache.__new__(DatasetCache)
         other.__setstate__(self.__getstate__())
@@ -388,7 +427,7 @@ class DatasetCache:
         other._dead = self._dead
         return other
 
-    def _warn(self, err, what=None):
+    def _warn(self, err: Error, what: str | None = None) -> None:
         """One CacheWarning per object: `what` (default: the cause of err),
         err's message, and what happens now (call it after setting _dead,
         _no_puts or _full)."""
@@ -402,26 +441,26 @@ class DatasetCache:
             msg += "; new rows are not cached, cached rows are still served"
         warnings.warn(msg, CacheWarning, stacklevel=3)
 
-    def _connect(self):
+    def _connect(self) -> _shmcache.Client:
         if self._client is None:
             self._client = _shmcache.Client(port=self.port or 0,
                                             hostname=self.hostname or "")
         return self._client
 
-    def _check_session(self):
+    def _check_session(self) -> None:
         try:
             self._connect().check_session(self.session_id)
         except NotFoundError:
-            raise RuntimeError(
+            raise NotFoundError(
                 f"Session {self.session_id} does not exist on the cache server; "
                 "create one with `shmcache -g`.") from None
-        except InvalidArgumentError as e:
-            raise RuntimeError(str(e)) from None
+        except InvalidArgumentError:
+            raise
         except Error as e:
             self._dead = True
             self._warn(e)
 
-    def _open(self):
+    def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
         c = self._cache
         if c is not None or self._dead:
@@ -439,16 +478,16 @@ class DatasetCache:
                     self.session_id, self.name, self.fingerprint, self.size,
                     self.spilling)
             except FingerprintMismatchError as e:
-                raise RuntimeError(
+                raise FingerprintMismatchError(
                     f"Cache {self.name!r} of session {self.session_id} holds rows "
                     f"of a different pipeline: {e}") from None
             except NotFoundError as e:
-                raise RuntimeError(
+                raise NotFoundError(
                     f"Session {self.session_id} does not exist on the cache "
                     f"server: {e}") from None
             except InvalidArgumentError as e:
                 if self.spilling:
-                    raise RuntimeError(str(e)) from None
+                    raise
                 self._dead = True
                 self._warn(e, "the cache could not be opened")
             except Error as e:
@@ -456,13 +495,13 @@ class DatasetCache:
                 self._warn(e)
             return self._cache
 
-    def open(self):
+    def open(self) -> DatasetCache:
         """Attaches now rather than on first use. Returns self."""
         self._open()
         return self
 
     @staticmethod
-    def _check_id(row_id):
+    def _check_id(row_id: Any) -> int:
         if isinstance(row_id, bool) or not isinstance(row_id, (int, np.integer)):
             raise TypeError(f"a row id is an int, got {type(row_id).__name__}")
         if not 0 <= row_id <= MAX_ROW_ID:
@@ -471,9 +510,9 @@ class DatasetCache:
 
     # ---- rows ----------------------------------------------------------
 
-    def put_columns(self, row_id, columns, _reserved=False):
+    def put_columns(self, row_id: int, columns: Sequence[EncodedColumn]) -> bool:
         """Stores already encoded columns [(name, array, dtype)]."""
-        row_id = int(row_id) if _reserved else self._check_id(row_id)
+        row_id = self._check_id(row_id)
         c = self._open()
         if c is None or self._no_puts:
             return False
@@ -482,7 +521,7 @@ class DatasetCache:
         except Error as e:
             return self._put_failed(row_id, e)
 
-    def _put_failed(self, row_id, err):
+    def _put_failed(self, row_id: int, err: Error) -> bool:
         """What a put that raised `err` returns (False), after the warning
         it deserves; raises for a row the caller got wrong."""
         if isinstance(err, (TooLargeError, NotSupportedError)):
@@ -506,7 +545,7 @@ class DatasetCache:
             self._warn(err)
         return False
 
-    def put(self, row_id, row):
+    def put(self, row_id: int, row: Any) -> bool:
         """Stores `row` under `row_id` (an int in [0, MAX_ROW_ID]).
 
         Returns True when stored, False when the id was already cached (the
@@ -515,7 +554,7 @@ class DatasetCache:
         a row spilled to disk may be (one warning; later rows go on)."""
         return self.put_columns(row_id, encode_row(row))
 
-    def put_batch(self, row_ids, rows):
+    def put_batch(self, row_ids: Iterable[int], rows: Sequence[Any]) -> list[bool]:
         """put() of many rows: a list with, per row, what put would return
         (True = stored now). The rows are copied into shared memory in one
         call with the GIL released, under one lock. Of two rows with one id,
@@ -542,19 +581,19 @@ class DatasetCache:
             self._put_failed(*bad)  # raises ValueError
         return out
 
-    def get_columns(self, row_id, columns=None, copy=True, _reserved=False,
-                    _readonly=True):
+    def get_columns(self, row_id: int, columns: ColumnSelection = None,
+                    copy: bool = True) -> list[StoredColumn] | None:
         """[(name, dtype, array)] of a hit, or None on a miss.
 
         With copy=False the arrays are zero-copy views (see the module
         docstring for how long they stay valid)."""
-        row_id = int(row_id) if _reserved else self._check_id(row_id)
+        row_id = self._check_id(row_id)
         names = _column_names(columns)
         c = self._open()
         if c is None:
             return None
         try:
-            cols = c.get(row_id, names, copy, _readonly)
+            cols = c.get(row_id, names, copy)
         except KeyError:
             raise
         except Error as e:
@@ -565,7 +604,8 @@ class DatasetCache:
             self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
-    def get_batch_columns(self, row_ids, copy=True):
+    def get_batch_columns(self, row_ids: Iterable[int],
+                          copy: bool = True) -> list[list[StoredColumn] | None]:
         """get_columns of many rows: a list with, per id, [(name, dtype,
         array)] or None on a miss. With copy=True, rows the cache spilled to
         disk are fetched in one round trip to the daemon per batch."""
@@ -583,7 +623,8 @@ class DatasetCache:
                                for _, _, a in cols)
         return rows
 
-    def _read(self, row_id, columns, copy, torch):
+    def _read(self, row_id: Any, columns: ColumnSelection, copy: bool,
+              torch: bool) -> Any:
         """The finished row (numpy arrays, or tensors when torch) or None;
         what get and CachedDataset hand out."""
         # The common case first: this is the per-sample path.
@@ -602,7 +643,7 @@ class DatasetCache:
             self._warn(e)
             return None
 
-    def _read_batch(self, row_ids, copy, torch):
+    def _read_batch(self, row_ids: Iterable[int], copy: bool, torch: bool) -> list[Any]:
         """_read of many rows: a list with the row or None per id. Memory
         rows are found with one batched lookup; rows the cache spilled to
         disk come from the daemon in one round trip."""
@@ -618,17 +659,17 @@ class DatasetCache:
             return [None] * len(ids)
 
     @property
-    def bytes_read(self):
+    def bytes_read(self) -> int:
         """Bytes of the columns this object's reads returned (get, view,
         get_batch, get_columns, CachedDataset hits)."""
         c = self._cache
         return self._bytes_read + (c.bytes_read if c is not None else 0)
 
-    def get_batch(self, row_ids, copy=True):
+    def get_batch(self, row_ids: Iterable[int], copy: bool = True) -> list[Any]:
         """get() of many rows: a list with the row or None per id."""
         return self._read_batch(row_ids, copy, False)
 
-    def get(self, row_id, columns=None, copy=True):
+    def get(self, row_id: int, columns: ColumnSelection = None, copy: bool = True) -> Any:
         """The cached row, or None on a miss.
 
         `columns` selects some columns (names for dict rows, positions for
@@ -637,11 +678,12 @@ class DatasetCache:
         docstring for how long they stay valid)."""
         return self._read(row_id, columns, copy, False)
 
-    def view(self, row_id, columns=None):
+    def view(self, row_id: int, columns: ColumnSelection = None) -> Any:
         """get(row_id, columns, copy=False)."""
         return self._read(row_id, columns, False, False)
 
-    def read_into(self, ids, out, columns=None):
+    def read_into(self, ids: Any, out: Any,
+                  columns: ColumnSelection = None) -> npt.NDArray[np.bool_]:
         """Copies cached rows ids[i] into row i of the arrays of `out`;
         returns the hit mask (numpy bool array, len(ids)).
 
@@ -687,35 +729,36 @@ class DatasetCache:
                 widen(hit)
         return hit
 
-    def contains(self, row_id):
+    def contains(self, row_id: int) -> bool:
         c = self._open()
         return bool(c is not None and c.contains(self._check_id(row_id)))
 
     __contains__ = contains
 
-    def stats(self):
-        """Counters of this cache (dict), summed over all its processes; None
-        when the cache is bypassed."""
+    def stats(self) -> CacheStats | None:
+        """Counters of this cache, summed over all its processes (a
+        CacheStats: s.hits, or s["hits"] as from the dict this returned
+        before); None when the cache is bypassed."""
         c = self._open()
         if c is None:
             return None
         try:
-            return c.stats()
+            return CacheStats.from_dict(c.stats())
         except Error as e:
             self._warn(e)
             return None
 
     @property
-    def bypassed(self):
+    def bypassed(self) -> bool:
         """True once the cache stopped serving (daemon gone at open, error)."""
         return self._dead
 
     @property
-    def accepting(self):
+    def accepting(self) -> bool:
         """False once puts are dropped (full, daemon gone)."""
         return not (self._dead or self._no_puts or self._full)
 
-    def close(self):
+    def close(self) -> None:
         """Returns unused space to the daemon; zero-copy arrays stay valid
         (module docstring)."""
         if self._cache is not None:
@@ -724,6 +767,49 @@ class DatasetCache:
             except Error:
                 pass
 
-    def __repr__(self):
+    def __enter__(self) -> DatasetCache:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # ---- streaming caches (shmcache.torch.CachedIterableDataset) ----------
+
+    def _claim_build(self) -> bool:
+        """True for the one caller, over all processes, that builds this
+        streaming cache; False for the others and when the cache is
+        bypassed (after the warning a put would give)."""
+        c = self._open()
+        if c is None or self._no_puts:
+            return False
+        try:
+            return c.claim_build()
+        except Error as e:
+            return self._put_failed(MAX_ROW_ID, e)
+
+    def _seal(self, num_rows: int) -> None:
+        """Seals the cache as holding rows 0..num_rows-1 (first seal wins)."""
+        c = self._open()
+        if c is None or self._no_puts:
+            return
+        try:
+            c.seal(num_rows)
+        except Error as e:
+            self._put_failed(MAX_ROW_ID, e)
+
+    def _sealed_rows(self) -> int | None:
+        """The sealed row count, or None while unsealed or bypassed."""
+        c = self._open()
+        if c is None:
+            return None
+        try:
+            return c.sealed_rows()
+        except Error as e:
+            self._dead = True
+            self._warn(e)
+            return None
+
+    def __repr__(self) -> str:
         return (f"DatasetCache(session_id={self.session_id}, size={self.size}, "
                 f"spilling={self.spilling}, name={self.name!r})")

@@ -189,6 +189,7 @@ py::dict StatsDict(const shmcache::CacheStats& st) {
   d["budget_bytes"] = st.budget_bytes;
   d["avg_row_bytes"] = st.avg_row_bytes();
   d["full"] = st.full;
+  d["spilling"] = st.spilling;
   return d;
 }
 
@@ -824,6 +825,35 @@ PYBIND11_MODULE(_shmcache, m) {
         return StatsDict(st);
       })
       .def("is_full", [](PyCache& self) { return self.cache->IsFull(); })
+      .def("claim_build", [](PyCache& self) {
+        bool claimed = false;
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = self.cache->ClaimBuild(&claimed);
+        }
+        Check(s);
+        return claimed;
+      }, "Claims the build of a streaming cache: True for the first caller only.")
+      .def("seal", [](PyCache& self, uint64_t num_rows) {
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = self.cache->Seal(num_rows);
+        }
+        Check(s);
+      }, py::arg("num_rows"), "Seals the cache as holding rows 0..num_rows-1 (the first seal wins).")
+      .def("sealed_rows", [](PyCache& self) -> std::optional<uint64_t> {
+        uint64_t n = 0;
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = self.cache->GetSealedRows(&n);
+        }
+        if (s.IsNotFound()) return std::nullopt;
+        Check(s);
+        return n;
+      }, "The row count the cache was sealed with, or None while it is not sealed.")
       .def_property_readonly("cache_id", [](PyCache& self) { return self.cache->cache_id(); })
       .def_property_readonly("session_id",
                              [](PyCache& self) { return self.cache->session_id(); })

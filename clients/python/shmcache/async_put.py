@@ -20,6 +20,8 @@ Contract:
   thread starts at its first enqueue.
 """
 
+from __future__ import annotations
+
 import atexit
 import multiprocessing.util
 import os
@@ -27,6 +29,8 @@ import threading
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import CacheWarning
 
@@ -40,12 +44,12 @@ _BATCH_ROWS = 64
 # CachedDataset that is no longer used does not keep a thread.
 _IDLE_EXIT_S = 10.0
 
-_putters = weakref.WeakSet()   # live putters of this process
-_warned_pid = None             # the process that warned about drops
-_hooked_pid = None             # the process whose exit hooks are registered
+_putters: weakref.WeakSet[AsyncPutter] = weakref.WeakSet()  # live putters here
+_warned_pid: int | None = None   # the process that warned about drops
+_hooked_pid: int | None = None   # the process whose exit hooks are registered
 
 
-def put_rows(cache, ids, rows):
+def put_rows(cache: Any, ids: Sequence[int], rows: Sequence[Any]) -> int:
     """Stores rows in a DatasetCache: one put_batch when the cache has it
     (it is newer than this module), else put per row. Returns the number of
     rows stored now."""
@@ -61,25 +65,26 @@ class AsyncPutter:
     store(ids, rows) stores rows and returns how many it stored; it runs
     on the writer thread only."""
 
-    def __init__(self, store, limit_bytes=DEFAULT_QUEUE_BYTES):
+    def __init__(self, store: Callable[[list[int], list[Any]], int],
+                 limit_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         self._store = store
         self.limit_bytes = limit_bytes
         self._reset()
         _putters.add(self)
 
-    def _reset(self):
+    def _reset(self) -> None:
         """Fresh state: at creation and in a forked child (the parent's
         thread and any lock it held do not exist there)."""
         self._pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
-        self._queue = deque()      # (row_id, row, nbytes)
+        self._queue: deque[tuple[int, Any, int]] = deque()  # (row_id, row, nbytes)
         self._bytes = 0            # queued + being written
         self._busy = 0             # rows being written now
         self._stop = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self.queued = self.written = self.dropped = self.not_stored = 0
 
-    def stats(self):
+    def stats(self) -> dict[str, int]:
         """Counters of this process: queued, written, dropped (queue full
         or exit), not_stored (already cached by another process, refused by
         the cache, or the put raised), pending (queued or being written)."""
@@ -88,7 +93,7 @@ class AsyncPutter:
                         dropped=self.dropped, not_stored=self.not_stored,
                         pending=len(self._queue) + self._busy)
 
-    def enqueue(self, row_id, row, nbytes):
+    def enqueue(self, row_id: int, row: Any, nbytes: int) -> bool:
         """Queues a row for the writer; False when it was dropped."""
         if self._pid != os.getpid():
             self._reset()          # a fork that bypassed os.fork's hooks
@@ -107,7 +112,7 @@ class AsyncPutter:
             _warn_drops(self.limit_bytes)
         return False
 
-    def flush(self, timeout=None):
+    def flush(self, timeout: float | None = None) -> bool:
         """Waits until every queued row is written; False on timeout."""
         if self._pid != os.getpid():
             return True
@@ -115,7 +120,7 @@ class AsyncPutter:
             return self._cond.wait_for(lambda: not self._queue and not self._busy,
                                        timeout)
 
-    def close(self, timeout=None):
+    def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
         rest, stops the thread after the batch it is writing (bounded by
         the same timeout)."""

@@ -31,8 +31,8 @@ MIN_PREFETCH = 2
 
 
 class AutoTune:
-    def __init__(self, threads, prefetch, auto_threads, auto_prefetch,
-                 max_threads, max_bytes):
+    def __init__(self, threads: int, prefetch: int, auto_threads: bool,
+                 auto_prefetch: bool, max_threads: int, max_bytes: int) -> None:
         self.threads, self.prefetch = threads, prefetch
         self.auto_threads, self.auto_prefetch = auto_threads, auto_prefetch
         self.max_threads, self.max_bytes = max_threads, max_bytes
@@ -41,17 +41,18 @@ class AutoTune:
         self._lock = threading.Lock()
         self._reset_window(time.monotonic(), 0.0)
 
-    def _reset_window(self, now, busy_s):
+    def _reset_window(self, now: float, busy_s: float) -> None:
         self._t0, self._busy0 = now, busy_s
         self._batches, self._wait, self._step = 0, 0.0, 0.0
 
-    def prefetch_cap(self):
+    def prefetch_cap(self) -> int:
         """The deepest prefetch that max_bytes holds (at least 1)."""
         if not self.batch_bytes:
             return self.prefetch
         return max(1, self.max_bytes // self.batch_bytes)
 
-    def observe(self, waited, step, batch_bytes, busy_s, live_threads):
+    def observe(self, waited: float, step: float, batch_bytes: int, busy_s: float,
+                live_threads: int) -> bool:
         """One consumed batch: `waited` of the consumer's `step` seconds;
         busy_s: the loader threads' assembling seconds so far. Returns True
         when the settings changed."""
@@ -68,7 +69,7 @@ class AutoTune:
             self._reset_window(now, busy_s)
             return self._decide(wait, busy)
 
-    def _decide(self, wait, busy):
+    def _decide(self, wait: float, busy: float) -> bool:
         threads, prefetch = self.threads, self.prefetch
         if wait > STARVED:
             if self.auto_threads:

@@ -18,19 +18,25 @@ spilled rows), and hands out the batch as default_collate over
 CachedDataset samples would build it.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
-from . import _column_names, decode_row
+from . import ColumnSelection, DatasetCache, StoredColumn, _column_names, decode_row
 
 __all__ = ["read_into", "read_rows", "RowSchema",
            "BufferPool", "decode_sample", "project"]
 
 
-def read_into(cache, ids, out, columns=None):
+def read_into(cache: DatasetCache, ids: Sequence[int], out: Any,
+              columns: ColumnSelection = None) -> npt.NDArray[np.bool_]:
     """The hit mask of reading rows `ids` into `out` (see the module)."""
     # A dict out names its columns by its keys: the projection is in it.
     if isinstance(out, dict):
@@ -38,7 +44,8 @@ def read_into(cache, ids, out, columns=None):
     return np.asarray(cache.read_into(ids, out, columns), dtype=bool)
 
 
-def read_rows(cache, ids, columns=None, copy=True):
+def read_rows(cache: DatasetCache, ids: Sequence[int], columns: ColumnSelection = None,
+              copy: bool = True) -> list[list[StoredColumn] | None]:
     """Per id, the cached row's [(name, tag, array)] or None on a miss;
     spilled rows come in one round trip per call when copy=True and no
     projection is asked."""
@@ -58,7 +65,7 @@ def _leaf_to_tensor(tag, array):
     return leaf(tag, array)
 
 
-def decode_sample(cols, columns=None):
+def decode_sample(cols: Sequence[StoredColumn], columns: ColumnSelection = None) -> Any:
     """The sample CachedDataset returns for a row's [(name, tag, array)]
     (already projected to `columns`)."""
     if _single(columns):
@@ -66,7 +73,7 @@ def decode_sample(cols, columns=None):
     return decode_row(cols, _leaf_to_tensor)
 
 
-def project(cols, columns):
+def project(cols: list[StoredColumn], columns: ColumnSelection) -> list[StoredColumn]:
     """The columns of a computed row that a `columns=` selection keeps, in
     its order (KeyError for a column the row does not have, as
     CachedDataset raises)."""
@@ -127,7 +134,8 @@ class RowSchema:
         self._keys = [c.key() for c in columns]
 
     @classmethod
-    def of(cls, cols, columns=None):
+    def of(cls, cols: Sequence[StoredColumn],
+           columns: ColumnSelection = None) -> RowSchema | None:
         """The schema of a row's [(name, tag, array)], or None when a column
         cannot go into a batch buffer (bytes, a dtype torch lacks)."""
         out = []
@@ -147,7 +155,7 @@ class RowSchema:
             kind = "dict"
         return cls(out, kind)
 
-    def fits(self, cols):
+    def fits(self, cols: Sequence[StoredColumn] | None) -> bool:
         return cols is not None and len(cols) == len(self._keys) and all(
             (n, t, a.dtype, a.shape) == k for (n, t, a), k in zip(cols, self._keys))
 
@@ -200,12 +208,12 @@ class BufferPool:
     than copying the rows. At most `limit()` buffers of each shape are
     kept."""
 
-    def __init__(self, limit):
+    def __init__(self, limit: Callable[[], int]) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        self._kept = {}     # (shape, dtype) -> [ndarray]
+        self._kept: dict[tuple[Any, str], list[npt.NDArray[Any]]] = {}  # by (shape, dtype)
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
         with self._lock:
             kept = self._kept.setdefault((shape, dtype.str), [])
             for a in kept:

@@ -43,10 +43,14 @@ Contract:
   CacheWarning from the cache), so the epoch finishes from the source.
 """
 
+from __future__ import annotations
+
 import os
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -116,14 +120,24 @@ class CachedLoader:
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None,
-                 batch_sampler=None, num_workers=0, collate_fn=None,
-                 pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
-                 multiprocessing_context=None, generator=None, *, cache=None,
-                 prefetch="auto", num_threads="auto", transform=None,
-                 batch_transform=None, device=None,
-                 max_prefetch_bytes=DEFAULT_PREFETCH_BYTES, name=None,
-                 allow_random=False):
+    def __init__(self, dataset: Any, batch_size: int | None = 1,
+                 shuffle: bool | None = None, sampler: Iterable[int] | None = None,
+                 batch_sampler: Iterable[list[int]] | None = None,
+                 num_workers: int = 0,
+                 collate_fn: Callable[[list[Any]], Any] | None = None,
+                 pin_memory: bool = False, drop_last: bool = False,
+                 timeout: float = 0,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 multiprocessing_context: Any = None,
+                 generator: torch.Generator | None = None, *,
+                 cache: DatasetCache | None = None,
+                 prefetch: int | Literal["auto"] = "auto",
+                 num_threads: int | Literal["auto"] = "auto",
+                 transform: Callable[[Any], Any] | None = None,
+                 batch_transform: Callable[[Any], Any] | None = None,
+                 device: str | torch.device | None = None,
+                 max_prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 name: str | None = None, allow_random: bool = False) -> None:
         from .torch import CachedDataset
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
@@ -167,8 +181,9 @@ class CachedLoader:
         # reused across passes (fresh memory costs more than the copy).
         self._buffers = BufferPool(lambda: self._tuner.prefetch + self._tuner.threads + 2)
         self._lock = threading.Lock()
-        self._counts = dict(batches=0, samples=0, hits=0, misses=0, bytes=0,
-                            wait_s=0.0, step_s=0.0, busy_s=0.0)
+        self._counts: dict[str, float] = dict(
+            batches=0, samples=0, hits=0, misses=0, bytes=0, wait_s=0.0, step_s=0.0,
+            busy_s=0.0)
 
     @staticmethod
     def _sample_transform(first, second):
@@ -176,18 +191,18 @@ class CachedLoader:
             return first or second
         return lambda sample: second(first(sample))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.batch_sampler)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return _LoaderIter(self)
 
-    def flush(self, timeout=None):
+    def flush(self, timeout: float | None = None) -> bool:
         """Waits until the rows this process queued for the cache are stored
         (CachedDataset.flush)."""
         return self.dataset.flush(timeout)
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """Counters since the loader was made (all its iterators) and the
         current settings: batches, samples, hits, misses, hit_rate, bytes
         (of batches delivered), bytes_per_s (over the consumer's steps),
@@ -196,7 +211,7 @@ class CachedLoader:
         num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes,
         read_path ("native" read_into or "python")."""
         with self._lock:
-            c = dict(self._counts)
+            c: dict[str, Any] = dict(self._counts)
         t = self._tuner
         seen = c["hits"] + c["misses"]
         c.update(hit_rate=c["hits"] / seen if seen else 0.0,

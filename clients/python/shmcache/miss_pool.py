@@ -19,14 +19,19 @@ Contract:
   one thread of its own (the collector), which close() joins.
 """
 
+from __future__ import annotations
+
 import itertools
 import multiprocessing as mp
 import random
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from multiprocessing.connection import wait
+from multiprocessing.context import BaseContext
+from typing import Any
 
-from . import encode_row
+from . import EncodedColumn, StoredColumn, encode_row
 
 __all__ = ["MissPool", "encoded_sample", "for_put"]
 
@@ -34,13 +39,13 @@ _JOIN_S = 5.0        # DataLoader's bound for a worker to exit
 _POLL_S = 0.5        # the collector checks for close() this often
 
 
-def encoded_sample(dataset, index):
+def encoded_sample(dataset: Any, index: int) -> list[StoredColumn]:
     """dataset[index] as [(name, tag, array)], as the cache returns rows
     (tag: "bytes", "bfloat16" or the array's dtype name)."""
     return [(n, d or a.dtype.name, a) for n, a, d in encode_row(dataset[index])]
 
 
-def for_put(cols):
+def for_put(cols: Sequence[StoredColumn]) -> list[EncodedColumn]:
     """[(name, tag, array)] as put_columns takes it: [(name, array, dtype)]."""
     return [(n, a, t if t in ("bytes", "bfloat16") else None) for n, t, a in cols]
 
@@ -89,12 +94,13 @@ class _Worker:
         self.proc.start()
         task_r.close()
         result_w.close()
-        self.pending = set()   # task ids sent and not answered
+        self.pending: set[int] = set()   # task ids sent and not answered
 
 
 class MissPool:
-    def __init__(self, fn, obj, num_workers, context=None, base_seed=0,
-                 worker_init_fn=None):
+    def __init__(self, fn: Callable[[Any, int], Any], obj: Any, num_workers: int,
+                 context: str | BaseContext | None = None, base_seed: int = 0,
+                 worker_init_fn: Callable[[int], None] | None = None) -> None:
         self._fn, self._obj = fn, obj
         self._num_workers = num_workers
         self._ctx = mp.get_context(context) if isinstance(context, (str, type(None))) \
@@ -102,17 +108,17 @@ class MissPool:
         self._base_seed = base_seed
         self._init_fn = worker_init_fn
         self._lock = threading.Lock()
-        self._workers = None
-        self._futures = {}         # task id -> Future
+        self._workers: list[_Worker] | None = None
+        self._futures: dict[int, Future[list[Any]]] = {}   # by task id
         self._ids = itertools.count()
         self._closed = False
-        self._collector = None
+        self._collector: threading.Thread | None = None
 
     @property
-    def started(self):
+    def started(self) -> bool:
         return self._workers is not None
 
-    def compute(self, indices):
+    def compute(self, indices: Iterable[int]) -> list[Any]:
         """The encoded samples of `indices` (see the module)."""
         futures = self._submit(list(indices))
         rows = []
@@ -123,34 +129,35 @@ class MissPool:
                 e.wrapper.reraise()
         return rows
 
-    def _submit(self, indices):
+    def _submit(self, indices: list[int]) -> list[Future[list[Any]]]:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the CachedLoader iterator was closed")
-            if self._workers is None:
-                self._start_locked()
-            n = len(self._workers)
+            workers = self._workers if self._workers is not None else self._start_locked()
+            n = len(workers)
             size = max(1, -(-len(indices) // (2 * n)))
             futures = []
             for k in range(0, len(indices), size):
-                tid, fut = next(self._ids), Future()
-                w = min(self._workers, key=lambda w: len(w.pending))
+                tid, fut = next(self._ids), Future[list[Any]]()
+                w = min(workers, key=lambda w: len(w.pending))
                 self._futures[tid] = fut
                 w.pending.add(tid)
                 w.tasks.send((tid, indices[k:k + size]))
                 futures.append(fut)
             return futures
 
-    def _start_locked(self):
+    def _start_locked(self) -> list[_Worker]:
         args = (self._fn, self._obj, self._num_workers, self._base_seed, self._init_fn)
-        self._workers = [_Worker(self._ctx, w, args) for w in range(self._num_workers)]
-        self._collector = threading.Thread(target=self._collect, daemon=True,
-                                           name="shmcache-loader-misses")
+        workers = [_Worker(self._ctx, w, args) for w in range(self._num_workers)]
+        self._workers = workers
+        self._collector = threading.Thread(target=self._collect, args=(workers,),
+                                           daemon=True, name="shmcache-loader-misses")
         self._collector.start()
+        return workers
 
-    def _collect(self):
-        by_conn = {w.results: w for w in self._workers}
-        by_sentinel = {w.proc.sentinel: w for w in self._workers}
+    def _collect(self, workers: list[_Worker]) -> None:
+        by_conn = {w.results: w for w in workers}
+        by_sentinel = {w.proc.sentinel: w for w in workers}
         while not self._closed:
             for ready in wait(list(by_conn) + list(by_sentinel), _POLL_S):
                 w = by_conn.get(ready)
@@ -185,7 +192,7 @@ class MissPool:
         for f in futs:
             f.set_exception(exc)
 
-    def close(self):
+    def close(self) -> None:
         with self._lock:
             if self._closed:
                 return

@@ -27,6 +27,8 @@ manages the server and sessions and runs no Python; computing rows needs
 the user's Python dataset, so this module is the command.
 """
 
+from __future__ import annotations
+
 import argparse
 import importlib
 import multiprocessing as mp
@@ -35,6 +37,7 @@ import signal
 import sys
 import time
 import warnings
+from typing import Any, TextIO
 
 from . import CacheWarning, Client, DatasetCache
 from .async_put import put_rows
@@ -80,7 +83,7 @@ def _image_folder(path, transform):
                        f"images): {e}") from None
 
 
-def load_dataset(spec, transform=None):
+def load_dataset(spec: str, transform: str | None = None) -> Any:
     """The map-style dataset that DATASET (and --transform) name."""
     fn = _import_callable(transform, "--transform") if transform else None
     if os.path.isdir(spec):
@@ -113,7 +116,8 @@ def _worker(dataset, cache, ids, k, done, stored, failed, stop):
     in batches; stops between rows when `stop` is set. done[k]: rows handled
     (stored or found cached), stored[k]: stored by this worker, failed[k]:
     1 when the cache stopped taking rows, 2 when the dataset raised."""
-    batch_ids, rows = [], []
+    batch_ids: list[int] = []
+    rows: list[Any] = []
 
     def put():
         stored[k] += put_rows(cache, batch_ids, rows)
@@ -189,7 +193,8 @@ class Progress:
     tqdm is installed), else a plain line every `interval` seconds and one
     at the end."""
 
-    def __init__(self, total, initial, stream=sys.stderr, interval=5.0):
+    def __init__(self, total: int, initial: int, stream: TextIO = sys.stderr,
+                 interval: float = 5.0) -> None:
         self.total, self.initial, self.done = total, initial, initial
         self.stream, self.interval = stream, interval
         self.t0 = self.last = time.monotonic()
@@ -202,11 +207,11 @@ class Progress:
             except ImportError:
                 pass
 
-    def rate(self):
+    def rate(self) -> float:
         elapsed = time.monotonic() - self.t0
         return (self.done - self.initial) / elapsed if elapsed > 0 else 0.0
 
-    def line(self):
+    def line(self) -> str:
         rate = self.rate()
         left = self.total - self.done
         eta = _eta(left / rate) if rate > 0 else "0 s" if not left else "?"
@@ -214,7 +219,7 @@ class Progress:
         return (f"prefill: {self.done}/{self.total} rows ({pct:.1f}%), "
                 f"{rate:.0f} rows/s, ETA {eta}")
 
-    def update(self, done):
+    def update(self, done: int) -> None:
         if self.bar is not None:
             self.bar.update(done - self.done)
         self.done = done
@@ -223,7 +228,7 @@ class Progress:
             self.last = now
             print(self.line(), file=self.stream, flush=True)
 
-    def close(self):
+    def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         else:
@@ -237,7 +242,7 @@ class Result:
     interrupted (Ctrl-C), full (the cache stopped taking rows), failed (the
     dataset raised)."""
 
-    def __init__(self, total, cached_before):
+    def __init__(self, total: int, cached_before: int) -> None:
         self.total, self.cached_before = total, cached_before
         self.stored = 0
         self.seconds = 0.0
@@ -264,7 +269,8 @@ def _run_pool(pool, progress, cached_before):
     return interrupted
 
 
-def prefill(dataset, cache, workers=2, progress_stream=sys.stderr, interval=5.0):
+def prefill(dataset: Any, cache: DatasetCache, workers: int = 2,
+            progress_stream: TextIO = sys.stderr, interval: float = 5.0) -> Result:
     """Stores every row of `dataset` that `cache` (an opened DatasetCache)
     does not hold, with `workers` forked processes. Returns a Result."""
     t0 = time.monotonic()
@@ -282,7 +288,7 @@ def prefill(dataset, cache, workers=2, progress_stream=sys.stderr, interval=5.0)
     return res
 
 
-def session_lines(port, session_id, cache_id):
+def session_lines(port: int | None, session_id: int, cache_id: int) -> list[str]:
     """The header and this cache's line of `shmcache --list_sessions`."""
     fmt = "{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}"
     na = lambda v: str(v) if v else "n/a"  # noqa: E731 (the admin's OrNa)
@@ -364,7 +370,7 @@ def _report(res, cache, port):
     return 0
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     try:
         a = _parse(argv)
         dataset = load_dataset(a.dataset, a.transform)

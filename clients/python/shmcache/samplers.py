@@ -19,7 +19,10 @@ does not hold its new partition yet) and grows the cache by another
 dataset/nodes rows until it holds the whole dataset.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Iterator, Sized
 
 import torch
 from torch.utils.data import Sampler
@@ -27,7 +30,8 @@ from torch.utils.data import Sampler
 __all__ = ["NodeAffineSampler", "node_partition"]
 
 
-def node_partition(n, num_nodes, part, shuffle=True, seed=0):
+def node_partition(n: int, num_nodes: int, part: int, shuffle: bool = True,
+                   seed: int = 0) -> list[int]:
     """Indices of partition `part` of range(n) split into num_nodes parts.
 
     shuffle: a random split fixed by `seed` (the same on every node), so
@@ -41,10 +45,10 @@ def node_partition(n, num_nodes, part, shuffle=True, seed=0):
     return torch.randperm(n, generator=g)[part::num_nodes].tolist()
 
 
-def _env_int(names, what):
+def _env_int(names: list[str], what: str) -> int:
     for name in names:
         v = os.environ.get(name)
-        if v not in (None, ""):
+        if v is not None and v != "":
             try:
                 return int(v)
             except ValueError:
@@ -54,14 +58,14 @@ def _env_int(names, what):
                      "srun-style launchers set them)")
 
 
-def _rank_and_world():
+def _rank_and_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return (_env_int(["RANK", "SLURM_PROCID"], "the global rank"),
             _env_int(["WORLD_SIZE", "SLURM_NTASKS"], "the world size"))
 
 
-class NodeAffineSampler(Sampler):
+class NodeAffineSampler(Sampler[int]):
     """Each node reads a fixed partition of the dataset; see the module doc.
 
     num_nodes, node_rank, local_world_size, local_rank: default from the
@@ -80,9 +84,10 @@ class NodeAffineSampler(Sampler):
       the next partition every K epochs (one cold epoch per rotation).
     """
 
-    def __init__(self, dataset, num_nodes=None, node_rank=None,
-                 local_world_size=None, local_rank=None, shuffle=True, seed=0,
-                 drop_last=False, rotate_every=0):
+    def __init__(self, dataset: Sized, num_nodes: int | None = None,
+                 node_rank: int | None = None, local_world_size: int | None = None,
+                 local_rank: int | None = None, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, rotate_every: int = 0) -> None:
         if local_world_size is None:
             local_world_size = _env_int(["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"],
                                         "the number of ranks per node")
@@ -122,17 +127,17 @@ class NodeAffineSampler(Sampler):
             largest = -(-self.n // num_nodes)
             self.num_samples = -(-largest // local_world_size)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def partition(self, epoch=None):
+    def partition(self, epoch: int | None = None) -> list[int]:
         """The partition this node reads in `epoch` (default: the current)."""
         epoch = self.epoch if epoch is None else epoch
         shift = epoch // self.rotate_every if self.rotate_every else 0
         part = (self.node_rank + shift) % self.num_nodes
         return node_partition(self.n, self.num_nodes, part, self.shuffle, self.seed)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         idx = self.partition()
         if self.shuffle:
             g = torch.Generator()
@@ -143,5 +148,5 @@ class NodeAffineSampler(Sampler):
             idx += idx[:total - len(idx)]
         return iter(idx[self.local_rank:total:self.local_world_size])
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.num_samples

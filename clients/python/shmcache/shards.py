@@ -11,16 +11,23 @@ the bytes of the other patches are never copied (with `copy=False` not even
 that patch's bytes are copied).
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from . import DatasetCache
 
 __all__ = ["shard_indices", "slice_patches", "patch_column", "put_patches",
            "get_patch"]
 
 
-def shard_indices(n, num_shards, shard_id, shuffle=False, seed=0, epoch=0,
-                  drop_last=False):
+def shard_indices(n: int, num_shards: int, shard_id: int, shuffle: bool = False,
+                  seed: int = 0, epoch: int = 0, drop_last: bool = False) -> list[int]:
     """Indices of shard `shard_id` of `num_shards` over range(n), exactly as
     torch.utils.data.DistributedSampler(num_replicas=num_shards,
     rank=shard_id, shuffle=..., seed=..., drop_last=...) after
@@ -54,7 +61,8 @@ def shard_indices(n, num_shards, shard_id, shuffle=False, seed=0, epoch=0,
     return indices[shard_id:total:num_shards]
 
 
-def slice_patches(image, num_height=1, num_width=1, fill_value=0):
+def slice_patches(image: Any, num_height: int = 1, num_width: int = 1,
+                  fill_value: Any = 0) -> list[npt.NDArray[Any]]:
     """Cuts an HxW[xC] image into num_height*num_width patches, row-major,
     padding the bottom/right with fill_value so that every patch has the
     same shape (MindSpore SlicePatches with SliceMode.PAD)."""
@@ -77,11 +85,12 @@ def slice_patches(image, num_height=1, num_width=1, fill_value=0):
             for i in range(num_height) for j in range(num_width)]
 
 
-def patch_column(k):
+def patch_column(k: int) -> str:
     return f"patch_{k}"
 
 
-def put_patches(cache, row_id, patches, **extra):
+def put_patches(cache: DatasetCache, row_id: int, patches: list[Any],
+                **extra: Any) -> bool:
     """Caches one image's patches as one row (plus optional extra columns,
     e.g. label=...). Returns what DatasetCache.put returns."""
     row = {patch_column(k): p for k, p in enumerate(patches)}
@@ -89,6 +98,6 @@ def put_patches(cache, row_id, patches, **extra):
     return cache.put(row_id, row)
 
 
-def get_patch(cache, row_id, k, copy=True):
+def get_patch(cache: DatasetCache, row_id: int, k: int, copy: bool = True) -> Any:
     """Patch k of row `row_id` (only its bytes are read), or None on a miss."""
     return cache.get(row_id, columns=patch_column(k), copy=copy)

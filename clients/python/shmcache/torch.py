@@ -23,15 +23,19 @@ returns its sample at once and a background thread of the process stores
 the row (see shmcache.async_put for the queue bound, drops and exit).
 """
 
+from __future__ import annotations
+
 import hashlib
-import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import DatasetCache, _column_names, decode_row, encode_row
+from . import (Array, CacheStats, ColumnSelection, DatasetCache, EncodedColumn,
+               _column_names, decode_row, encode_row)
 from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter, put_rows
 from .samplers import NodeAffineSampler, node_partition
 
@@ -43,12 +47,8 @@ _RANDOM_TRANSFORM = re.compile(
     r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
     r"ElasticTransform)\s*\(")
 
-# Bookkeeping rows of a streaming cache (above shmcache.MAX_ROW_ID).
-_BUILDER_ID = 2**64 - 1
-_SEALED_ID = 2**64 - 2
 
-
-def _leaf_to_tensor(dtype, array):
+def _leaf_to_tensor(dtype: str, array: Array) -> Any:
     if dtype == "bytes":
         return array.tobytes()
     if dtype == "bfloat16":
@@ -60,7 +60,7 @@ def _leaf_to_tensor(dtype, array):
     return torch.from_numpy(array)
 
 
-def _leaf_for_put(dtype, array):
+def _leaf_for_put(dtype: str, array: Array) -> Any:
     """A leaf that encode_row turns back into exactly (array, dtype)."""
     if dtype == "bytes":
         return array.tobytes()
@@ -69,12 +69,12 @@ def _leaf_for_put(dtype, array):
     return array
 
 
-def _to_tensors(columns):
+def _to_tensors(columns: Sequence[EncodedColumn]) -> Any:
     """Tensors of encoded (name, array, dtype) columns, as a hit returns."""
     return decode_row([(n, d or "", a) for n, a, d in columns], _leaf_to_tensor)
 
 
-def dataset_fingerprint(dataset):
+def dataset_fingerprint(dataset: Any) -> str:
     """A stable description of a dataset: its class, length, root/path and
     the repr of its transforms. Two datasets that differ in any of these get
     different caches."""
@@ -98,14 +98,15 @@ def dataset_fingerprint(dataset):
     return "|".join(parts)
 
 
-def _stable_repr(obj):
+def _stable_repr(obj: object) -> str:
     """repr without the addresses of default reprs ("<function f at 0x..>"),
     which differ between processes: a trainer and a prefill process must
     compute the same fingerprint."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
-def cache_for_dataset(dataset, cache, name=None, allow_random=False):
+def cache_for_dataset(dataset: Any, cache: DatasetCache, name: str | None = None,
+                      allow_random: bool = False) -> DatasetCache:
     """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
     uses: cache's session and size, name default the fingerprint."""
     if not isinstance(cache, DatasetCache):
@@ -164,9 +165,11 @@ class CachedDataset(Dataset):
     come from the daemon in one round trip per batch.
     """
 
-    def __init__(self, dataset, cache, name=None, transform=None,
-                 columns=None, allow_random=False, copy=None,
-                 async_puts=True, put_queue=DEFAULT_QUEUE_BYTES):
+    def __init__(self, dataset: Any, cache: DatasetCache, name: str | None = None,
+                 transform: Callable[[Any], Any] | None = None,
+                 columns: ColumnSelection = None, allow_random: bool = False,
+                 copy: bool | None = None, async_puts: bool = True,
+                 put_queue: int = DEFAULT_QUEUE_BYTES) -> None:
         if copy is not None and not isinstance(copy, bool):
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
         if not isinstance(async_puts, bool):
@@ -185,19 +188,19 @@ class CachedDataset(Dataset):
         self._putter = self._new_putter()
         self.cache.open()   # a wrong pipeline under this name fails here
 
-    def _new_putter(self):
+    def _new_putter(self) -> AsyncPutter | None:
         return AsyncPutter(self._put_rows, self.put_queue) if self.async_puts else None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_putter"] = None
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._putter = self._new_putter()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.dataset)
 
     def _zero_copy(self):
@@ -216,24 +219,26 @@ class CachedDataset(Dataset):
     def _store(self, index, encoded):
         """Caches a computed row [(name, array, dtype)]: queued for the
         writer thread, or stored now without async puts."""
-        if self._putter is None:
+        putter = self._putter
+        if putter is None:
             self.cache.put_columns(index, encoded)
         elif self.cache.accepting:
-            self._queue_put(index, encoded)
+            self._queue_put(putter, index, encoded)
 
-    def _queue_put(self, index, encoded):
+    def _queue_put(self, putter: AsyncPutter, index: int,
+                   encoded: list[EncodedColumn]) -> None:
         # The sample returned shares these arrays (and they may be the
         # wrapped dataset's own): the queue keeps a copy that nothing can
         # modify before the writer stores it.
         copies = [(n, np.array(a, copy=True), d or "") for n, a, d in encoded]
         row = decode_row([(n, d, a) for n, a, d in copies], _leaf_for_put)
-        self._putter.enqueue(index, row, sum(a.nbytes for _, a, _ in copies))
+        putter.enqueue(index, row, sum(a.nbytes for _, a, _ in copies))
 
-    def _put_rows(self, ids, rows):
+    def _put_rows(self, ids: list[int], rows: list[Any]) -> int:
         """The writer thread's put (self.cache is looked up each time)."""
         return put_rows(self.cache, ids, rows)
 
-    def flush(self, timeout=None):
+    def flush(self, timeout: float | None = None) -> bool:
         """Waits until this process's queued puts are stored; False when
         `timeout` seconds passed first. True at once without async puts."""
         return True if self._putter is None else self._putter.flush(timeout)
@@ -243,7 +248,7 @@ class CachedDataset(Dataset):
             sample = self.transform(sample)
         return sample
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int | torch.Tensor) -> Any:
         if isinstance(index, torch.Tensor):
             index = int(index)
         sample = self.cache._read(index, self.columns, not self._zero_copy(), True)
@@ -251,7 +256,7 @@ class CachedDataset(Dataset):
             sample = self._miss(index)
         return self._out(sample)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Iterable[int]) -> list[Any]:
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
         all columns are read with one batched call (rows spilled to disk
         come from the daemon in one round trip); projections go row by
@@ -263,20 +268,23 @@ class CachedDataset(Dataset):
         return [self._out(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
 
-    def _project(self, sample):
+    def _project(self, sample: Any) -> Any:
         cols = self.columns
+        if cols is None:
+            return sample
         if isinstance(cols, (str, int)):
             return sample[cols]
         if isinstance(sample, dict):
             return {c: sample[c] for c in cols}
         return tuple(sample[c] for c in cols)
 
-    def stats(self):
-        """The cache's counters (all processes), plus "async_puts": this
-        process's queued / written / dropped / not_stored / pending rows."""
+    def stats(self) -> CacheStats | None:
+        """The cache's counters (all processes), plus `async_puts`: this
+        process's queued / written / dropped / not_stored / pending rows
+        (with async puts)."""
         st = self.cache.stats()
         if st is not None and self._putter is not None:
-            st["async_puts"] = self._putter.stats()
+            st = st.with_async_puts(self._putter.stats())
         return st
 
 
@@ -295,20 +303,21 @@ class CachedIterableDataset(IterableDataset):
     cache fills up during the build it is not sealed either.
     """
 
-    def __init__(self, source, cache, name=None, transform=None,
-                 allow_random=False):
+    def __init__(self, source: Iterable[Any], cache: DatasetCache,
+                 name: str | None = None,
+                 transform: Callable[[Any], Any] | None = None,
+                 allow_random: bool = False) -> None:
         self.source = source
         self.cache = _cache_for(source, cache, name, allow_random)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
         self.cache.open()
 
-    def sealed_count(self):
+    def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""
-        cols = self.cache.get_columns(_SEALED_ID, _reserved=True)
-        return None if cols is None else int(cols[0][2])
+        return self.cache._sealed_rows()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info else (0, 1)
         n = self.sealed_count()
@@ -320,14 +329,12 @@ class CachedIterableDataset(IterableDataset):
                     return
                 yield self._out(decode_row(cols, _leaf_to_tensor))
             return
-        me = np.array([os.getpid()], dtype=np.int64)
-        builder = self.cache.put_columns(_BUILDER_ID, [("builder", me, None)],
-                                         _reserved=True)
+        builder = self.cache._claim_build()
         if builder:
             self.built = True
         yield from self._stream(wid, nw, builder)
 
-    def _stream(self, wid, nw, builder, start=0):
+    def _stream(self, wid: int, nw: int, builder: bool, start: int = 0) -> Iterator[Any]:
         count = 0
         for i, sample in enumerate(self.source):
             count = i + 1
@@ -339,10 +346,9 @@ class CachedIterableDataset(IterableDataset):
             elif i >= start and i % nw == wid:
                 yield self._out(_to_tensors(encode_row(sample)))
         if builder and self.cache.accepting:
-            n = np.array(count, dtype=np.int64)
-            self.cache.put_columns(_SEALED_ID, [("count", n, None)], _reserved=True)
+            self.cache._seal(count)
 
-    def _out(self, sample):
+    def _out(self, sample: Any) -> Any:
         return self.transform(sample) if self.transform is not None else sample
 
 

@@ -27,6 +27,10 @@ namespace shmcache {
 
 class CacheImpl;
 
+// Row ids of callers are at most kMaxRowId. The ids above it hold the
+// cache's own records (ClaimBuild, Seal): a row put there is taken for one.
+inline constexpr uint64_t kMaxRowId = ~uint64_t{0} - 16;
+
 class SHMCACHE_EXPORT Cache {
  public:
   ~Cache();
@@ -124,6 +128,31 @@ class SHMCACHE_EXPORT Cache {
   bool IsFull() const;
   uint32_t cache_id() const;
   uint32_t session_id() const;
+
+  // ---- Streaming caches: built by one pass over a source, then sealed.
+  // One builder, over all processes of the session, claims the cache,
+  // stores its rows under ids 0..n-1 and seals it with n; from then on
+  // every pass reads the cache. Until it is sealed, readers stream from the
+  // source. Claim and seal are rows above kMaxRowId, so they survive what
+  // rows survive (a restart of the daemon, spilling to disk) and caches
+  // sealed before Seal existed (by the Python package) read as sealed.
+  // Thread safety: as Put.
+
+  // Claims the build of this cache: *claimed is true for exactly one call
+  // over all processes and the cache's lifetime (the first wins), false
+  // for every other. Errors as Put; *claimed is false after one.
+  Status ClaimBuild(bool* claimed);
+  // Seals the cache as holding rows 0..num_rows-1. The first seal wins: a
+  // later one returns OK and changes nothing. The caller stored those rows;
+  // one that could not be stored (TooLarge) is a miss for readers, who
+  // then go back to the source from it. Errors as Put (Full: the cache
+  // stays unsealed).
+  Status Seal(uint64_t num_rows);
+  // OK and *num_rows (what Seal was given) once the cache is sealed;
+  // NotFound while it is not; Corruption when the seal record is not one;
+  // otherwise why the cache cannot be read (as Get). *num_rows is set only
+  // on OK.
+  Status GetSealedRows(uint64_t* num_rows);
 
   // Returns unused chunk space to the daemon. Further calls fail with
   // InvalidArgument. Also done by the destructor.

@@ -1,6 +1,7 @@
-// Test helpers: running commands, temporary directories, forked children,
-// bounded waits, and TestServer, a private shmcached started and stopped
-// through the real admin binary.
+// TestServer: a private shmcached started and stopped through the real
+// admin binary, as users do (TestDaemon, test_daemon.h, runs one as a child
+// of the test instead). This header also brings the helpers every suite
+// uses: commands, files, children, bounded waits, row patterns.
 //
 // Every TestServer has its own run dir (socket, lock, log) and its own shm
 // dir (a fresh directory under /dev/shm), so tests never meet each other's
@@ -10,67 +11,22 @@
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
-#include <utility>
 #include <vector>
 
+#include "child_process.h"
+#include "files.h"
+#include "row_pattern.h"
+#include "run_command.h"
 #include "shmcache/client.h"
 #include "shmcache/options.h"
 #include "shmcache/status.h"
+#include "test_env.h"
+#include "wait_for.h"
 
 namespace shmcache::test {
-
-using Env = std::vector<std::pair<std::string, std::string>>;
-
-struct CommandResult {
-  int exit_code = -1;  // exit status, or -signal when killed
-  std::string out;     // stdout
-  std::string err;     // stderr
-  std::string Describe() const;  // for failure messages
-};
-
-// Runs argv (argv[0] a path) with the current environment plus `env`, and
-// waits at most timeout_s (then kills it and reports exit_code -9).
-// uid >= 0: the child drops to that user (and its group) before exec.
-CommandResult RunCommand(const std::vector<std::string>& argv,
-                         const Env& env = {}, int timeout_s = 60,
-                         int uid = -1);
-
-// Paths of the binaries under test, from the environment meson sets.
-std::string AdminPath();   // $SHMCACHE_ADMIN
-std::string DaemonPath();  // $SHMCACHE_DAEMON_BIN
-
-// A fresh directory named parent/prefix.XXXXXX.
-std::string MakeTempDir(const std::string& parent, const std::string& prefix);
-// Base for test run dirs: $SHMCACHE_RUN_DIR (scripts/test.sh), else /tmp.
-std::string TestTmpRoot();
-void RemoveTree(const std::string& dir);
-// Names (not paths) in dir, sorted; empty when it does not exist.
-std::vector<std::string> ListDir(const std::string& dir);
-bool PathExists(const std::string& path);
-
-// Polls cond every millisecond or so until it holds or `bound` passes.
-bool WaitFor(const std::function<bool()>& cond,
-             std::chrono::milliseconds bound = std::chrono::seconds(20));
-
-// Forks; the child runs body and _exits with its result (exceptions and
-// gtest are not used in children). Returns the child's pid.
-pid_t ForkChild(const std::function<int()>& body);
-// Waits at most timeout_s for the child; returns its exit code, -signal
-// when it was killed, or -9 after killing it on timeout.
-int WaitChild(pid_t pid, int timeout_s = 60);
-
-// True once pid is gone or a zombie (it exited; the reaper may be slow).
-bool ProcessExited(pid_t pid);
-
-// A deterministic byte pattern for row `id` (salt tells writers apart).
-void FillPattern(uint64_t id, uint64_t salt, void* dst, size_t n);
-std::vector<uint8_t> Pattern(uint64_t id, uint64_t salt, size_t n);
 
 struct ServerOptions {
   int port = 0;             // 0: pick a free one

@@ -1,0 +1,100 @@
+#include "child_process.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "process_state.h"
+#include "wait_for.h"
+
+namespace shmcache::test {
+
+pid_t ForkChild(const std::function<int()>& body) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int rc = 99;
+    try {
+      rc = body();
+    } catch (...) {
+      rc = 98;
+    }
+    fflush(nullptr);
+    _exit(rc);
+  }
+  return pid;
+}
+
+namespace {
+
+enum class Wait { kEnded, kRunning, kNotAChild };
+
+// Waits at most `bound` for `pid`; *st: its wait status once it ended.
+Wait AwaitExit(pid_t pid, int* st, std::chrono::milliseconds bound) {
+  bool not_a_child = false;
+  bool ended = WaitFor(
+      [&] {
+        pid_t r = waitpid(pid, st, WNOHANG);
+        not_a_child = r < 0 && errno == ECHILD;
+        return r == pid || not_a_child;
+      },
+      bound);
+  if (not_a_child) return Wait::kNotAChild;
+  return ended ? Wait::kEnded : Wait::kRunning;
+}
+
+}  // namespace
+
+bool WaitChild(pid_t pid, int* wstatus, std::chrono::milliseconds bound) {
+  int st = 0;
+  if (AwaitExit(pid, &st, bound) != Wait::kEnded) return false;
+  if (wstatus) *wstatus = st;
+  return true;
+}
+
+int WaitChild(pid_t pid, int timeout_s) {
+  if (pid <= 0) return -1;
+  int st = 0;
+  switch (AwaitExit(pid, &st, std::chrono::seconds(timeout_s))) {
+    case Wait::kNotAChild:
+      return -1;
+    case Wait::kRunning:
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -9;
+    case Wait::kEnded:
+      break;
+  }
+  return ExitCode(st);
+}
+
+int ExitCode(int st) {
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  if (WIFSIGNALED(st)) return -WTERMSIG(st);
+  return -1;
+}
+
+std::string DescribeStatus(int st) {
+  if (WIFEXITED(st)) return "exit " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) {
+    return "signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+  }
+  return "status " + std::to_string(st);
+}
+
+bool ProcessExited(pid_t pid) { return ProcessGone(pid); }
+
+void* MapShared(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) std::abort();
+  return p;
+}
+
+}  // namespace shmcache::test

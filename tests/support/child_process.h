@@ -1,0 +1,45 @@
+// Forked children of a test, their exit, and memory shared with them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <new>
+#include <string>
+
+namespace shmcache::test {
+
+// Forks; the child runs `body` and _exits with its result (98 if it threw),
+// never returning into the test framework (gtest is not used in children).
+// Returns the child's pid (-1 when fork failed).
+pid_t ForkChild(const std::function<int()>& body);
+
+// Waits at most `bound` for child `pid` to end and stores its raw wait
+// status in *wstatus. False if it did not end (it is left running) or is
+// not a child of this process.
+bool WaitChild(pid_t pid, int* wstatus, std::chrono::milliseconds bound);
+// Waits at most timeout_s for child `pid`; returns its exit code, -signal
+// when a signal ended it, or -9 after killing it on timeout (-1: no such
+// child).
+int WaitChild(pid_t pid, int timeout_s = 60);
+// The exit code of a wait status, or -signal when a signal ended it.
+int ExitCode(int wstatus);
+// Describes a wait status: "exit 0", "signal 9 (Killed)".
+std::string DescribeStatus(int wstatus);
+
+// True once pid is gone or a zombie (it exited; the reaper may be slow).
+bool ProcessExited(pid_t pid);
+
+// Anonymous memory shared with children forked after it, zeroed. Never
+// freed (a few pages per test). Aborts when it cannot be mapped.
+void* MapShared(size_t bytes);
+// A T value-initialised in such memory.
+template <typename T>
+T* SharedBlock() {
+  void* p = MapShared(sizeof(T));
+  return new (p) T();
+}
+
+}  // namespace shmcache::test

@@ -1,0 +1,104 @@
+#include "files.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+namespace shmcache::test {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// mkdtemp of parent/prefix.XXXXXX; "" and *error set when it fails.
+std::string MakeDir(const std::string& parent, const std::string& prefix,
+                    std::string* error) {
+  std::string templ = parent + "/" + prefix + ".XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr) {
+    *error = "mkdtemp " + templ + ": " + std::strerror(errno);
+    return "";
+  }
+  return templ;
+}
+
+}  // namespace
+
+std::string TestTmpRoot() {
+  const char* p = std::getenv("SHMCACHE_RUN_DIR");
+  if (p && *p && PathExists(p)) return p;
+  return "/tmp";
+}
+
+std::string MakeTempDir(const std::string& parent, const std::string& prefix) {
+  std::string error;
+  std::string dir = MakeDir(parent, prefix, &error);
+  if (dir.empty()) ADD_FAILURE() << error;
+  return dir;
+}
+
+TempDir::TempDir(const std::string& parent) {
+  std::string error;
+  path_ = MakeDir(parent, "shmcache-rel", &error);
+  if (path_.empty()) {
+    fprintf(stderr, "%s\n", error.c_str());
+    std::abort();
+  }
+}
+
+TempDir::~TempDir() { RemoveTree(path_); }
+
+void RemoveTree(const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+std::string ReadFilesIn(const std::string& dir) {
+  std::string all;
+  for (const std::string& n : ListDir(dir)) {
+    if (n[0] == '.') continue;
+    std::ifstream in(dir + "/" + n, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    all += ss.str();
+  }
+  return all;
+}
+
+std::string InstancePrefix(unsigned uid, int port) {
+  return "shmcache." + std::to_string(uid) + "." + std::to_string(port) + ".";
+}
+
+std::vector<std::string> InstanceFiles(const std::string& shm_dir,
+                                       const std::string& prefix) {
+  std::vector<std::string> mine;
+  for (const std::string& n : ListDir(shm_dir)) {
+    if (n.rfind(prefix, 0) == 0) mine.push_back(n);
+  }
+  return mine;
+}
+
+}  // namespace shmcache::test

@@ -1,0 +1,46 @@
+// Files and directories of tests: temporary directories, listings, and
+// removing what a test made.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shmcache::test {
+
+// Base for test run dirs: $SHMCACHE_RUN_DIR (scripts/test.sh), else /tmp.
+std::string TestTmpRoot();
+// A fresh directory named parent/prefix.XXXXXX; "" (and a test failure)
+// when it cannot be made.
+std::string MakeTempDir(const std::string& parent, const std::string& prefix);
+
+// A directory made with mkdtemp under `parent` (the process aborts when it
+// cannot be made); removed recursively by the destructor.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& parent = "/tmp");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Removes `path` and, for a directory, everything under it (symbolic links
+// are removed, not followed). Nothing when it does not exist.
+void RemoveTree(const std::string& path);
+// Names (not paths) in dir, sorted; empty when it does not exist.
+std::vector<std::string> ListDir(const std::string& dir);
+bool PathExists(const std::string& path);
+// The contents of every file in dir (names in ListDir's order, those
+// starting with '.' skipped), concatenated: a log dir read whole.
+std::string ReadFilesIn(const std::string& dir);
+
+// The names in shm_dir of an instance's files: those starting with the
+// prefix "shmcache.<uid>.<port>." (instance.h).
+std::string InstancePrefix(unsigned uid, int port);
+std::vector<std::string> InstanceFiles(const std::string& shm_dir,
+                                       const std::string& prefix);
+
+}  // namespace shmcache::test
