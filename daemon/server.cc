@@ -78,12 +78,17 @@ void Server::OnAccepted(stream_protocol::socket socket) {
     log_->Warn("refused a connection from uid {} pid {}: not the server's user",
                cred.uid, cred.pid);
     // Answer it, so the other user reads why; it gets nothing else.
-    std::make_shared<ServerConnection>(env_, std::move(socket), 0, 0, true)->Start();
+    std::make_shared<ServerConnection>(env_, std::move(socket), 0, ProcessHandle(0), true)
+        ->Start();
     return;
   }
   uint64_t id = next_conn_.fetch_add(1);
   log_->Debug("connection {} from pid {}", id, cred.pid);
-  std::make_shared<ServerConnection>(env_, std::move(socket), id, cred.pid, false)
+  // Held by a pidfd from now on: when the connection ends, whether its
+  // process is gone is asked of that process, not of whichever later got
+  // its pid.
+  std::make_shared<ServerConnection>(env_, std::move(socket), id,
+                                     ProcessHandle(cred.pid), false)
       ->Start();
 }
 

@@ -16,13 +16,14 @@ bool BodyBudget::TryTake(uint64_t n) {
 }
 
 ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket socket,
-                                   uint64_t id, int pid, bool refused)
+                                   uint64_t id, ProcessHandle peer, bool refused)
     : env_(std::move(env)),
       socket_(std::move(socket)),
       strand_(asio::make_strand(socket_.get_executor())),
       stall_timer_(strand_),
       id_(id),
-      pid_(pid),
+      pid_(peer.pid()),
+      peer_(std::move(peer)),
       refused_(refused) {
   env_->store->CountConnection(+1);
 }
@@ -32,7 +33,7 @@ ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket so
 ServerConnection::~ServerConnection() {
   env_->budget.Give(charged_);
   env_->store->CountConnection(-1);
-  env_->store->ReleaseConnection(id_, pid_);
+  env_->store->ReleaseConnection(id_, std::move(peer_));
 }
 
 void ServerConnection::Start() {

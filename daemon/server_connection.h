@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "logger.h"
+#include "process_state.h"
 #include "protocol.h"
 #include "request_handler.h"
 #include "store.h"
@@ -73,10 +74,11 @@ struct ConnectionEnv {
 class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
   using Socket = boost::asio::local::stream_protocol::socket;
-  // refused: the peer is another user; its first request is answered with
-  // PermissionDenied and the connection closed.
+  // peer: the process at the other end, held from the accept on (see
+  // Store::ReleaseConnection). refused: the peer is another user; its first
+  // request is answered with PermissionDenied and the connection closed.
   ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket socket, uint64_t id,
-                   int pid, bool refused);
+                   ProcessHandle peer, bool refused);
   // Gives the connection's chunks back to the Store (see
   // Store::ReleaseConnection).
   ~ServerConnection();
@@ -116,6 +118,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   boost::asio::steady_timer stall_timer_;
   uint64_t id_;
   int pid_;  // of the peer, from SO_PEERCRED
+  ProcessHandle peer_;
   bool refused_;
   // State below is touched only on strand_.
   bool closed_ = false;

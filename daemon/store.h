@@ -33,6 +33,7 @@
 #include "held_memory.h"
 #include "instance.h"
 #include "memory_account.h"
+#include "process_state.h"
 #include "shm_pages.h"
 #include "spill_store.h"
 #include "shmcache/stats.h"
@@ -77,10 +78,12 @@ class Store {
   Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
                      uint64_t offset);
   Status GrowIndex(uint32_t cache_id, uint32_t seen);
-  // The connection of process `pid` ended. Its chunks' unused tails are
+  // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by
   // RetryReleases); a process still alive after kReleaseGrace keeps them.
-  void ReleaseConnection(uint64_t conn, int pid);
+  // Held by a pidfd where the kernel has them, so that a pid reused after
+  // the process died does not keep its chunks locked.
+  void ReleaseConnection(uint64_t conn, ProcessHandle process);
   static constexpr std::chrono::seconds kReleaseGrace{10};
   // Writes a row that did not fit in memory to the spill store and
   // publishes it. Full when the cache does not spill (or stopped).
@@ -160,7 +163,7 @@ class Store {
   uint32_t running_job_cache_ = 0;       // GUARDED_BY(mu_): 0 = none
   struct PendingRelease {
     uint64_t conn;
-    int pid;
+    ProcessHandle process;
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)

@@ -9,25 +9,25 @@
 
 namespace shmcache {
 
-void Store::ReleaseConnection(uint64_t conn, int pid) {
+void Store::ReleaseConnection(uint64_t conn, ProcessHandle process) {
   std::lock_guard lock(mu_);
-  if (ProcessGone(pid)) {
+  if (process.Gone()) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
     return;
   }
   // Either the process is in the middle of exiting, or its connection broke
   // while it lives on and may still write into its chunks.
   pending_releases_.push_back(
-      {conn, pid, std::chrono::steady_clock::now() + kReleaseGrace});
+      {conn, std::move(process), std::chrono::steady_clock::now() + kReleaseGrace});
   jobs_cv_.notify_one();
 }
 
 void Store::RetryReleasesLocked() {
   auto now = std::chrono::steady_clock::now();
   std::erase_if(pending_releases_, [&](const PendingRelease& p) {
-    bool gone = ProcessGone(p.pid);
+    bool gone = p.process.Gone();
     if (!gone && now < p.deadline) return false;
-    if (!gone) WarnChunksStayLocked(p.pid);
+    if (!gone) WarnChunksStayLocked(p.process.pid());
     for (auto& [id, c] : caches_) c->ReleaseConnection(p.conn, gone);
     return true;
   });

@@ -1,6 +1,9 @@
 #include "child_process.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "process_state.h"
 #include "wait_for.h"
@@ -29,6 +33,41 @@ pid_t ForkChild(const std::function<int()>& body) {
     _exit(rc);
   }
   return pid;
+}
+
+int RunInPidNamespace(const std::function<int()>& body) {
+  pid_t outer = ForkChild([&body] {
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) return kNoPidNamespace;
+    pid_t init = ForkChild([&body] {
+      // Its own /proc, so that what reads /proc/<pid> sees this namespace.
+      if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          mount("proc", "/proc", "proc", 0, nullptr) != 0) {
+        return kNoPidNamespace;
+      }
+      return body();
+    });
+    int st = 0;
+    if (init < 0 || waitpid(init, &st, 0) != init || !WIFEXITED(st)) {
+      return kNoPidNamespace;
+    }
+    return WEXITSTATUS(st);
+  });
+  return WaitChild(outer);
+}
+
+pid_t SleeperWithPid(pid_t pid) {
+  int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    std::string last = std::to_string(pid - 1);
+    if (write(fd, last.data(), last.size()) < 0) {
+      // The child gets another pid; the caller sees it.
+    }
+    close(fd);
+  }
+  return ForkChild([] {
+    pause();
+    return 0;
+  });
 }
 
 namespace {

@@ -32,6 +32,17 @@ std::string DescribeStatus(int wstatus);
 // True once pid is gone or a zombie (it exited; the reaper may be slow).
 bool ProcessExited(pid_t pid);
 
+// Runs `body` in a child that is pid 1 of a new pid namespace with its own
+// /proc (so that the namespace can give a pid again: SleeperWithPid).
+// Returns body's result as WaitChild does, or kNoPidNamespace when the
+// namespaces cannot be made (not root, or a container that forbids them).
+inline constexpr int kNoPidNamespace = 111;
+int RunInPidNamespace(const std::function<int()>& body);
+// In RunInPidNamespace's body: forks a child that waits until killed,
+// asking the namespace to give it `pid` (a pid that ended and was reaped).
+// Returns the child's pid, which is not `pid` when the kernel would not.
+pid_t SleeperWithPid(pid_t pid);
+
 // Anonymous memory shared with children forked after it, zeroed. Never
 // freed (a few pages per test). Aborts when it cannot be mapped.
 void* MapShared(size_t bytes);
