@@ -78,8 +78,7 @@ void Server::OnAccepted(stream_protocol::socket socket) {
     log_->Warn("refused a connection from uid {} pid {}: not the server's user",
                cred.uid, cred.pid);
     // Answer it, so the other user reads why; it gets nothing else.
-    std::make_shared<ServerConnection>(env_, std::move(socket), 0, ProcessHandle(0), true)
-        ->Start();
+    std::make_shared<ServerConnection>(env_, std::move(socket), 0, nullptr, true)->Start();
     return;
   }
   uint64_t id = next_conn_.fetch_add(1);
@@ -87,8 +86,8 @@ void Server::OnAccepted(stream_protocol::socket socket) {
   // Held by a pidfd from now on: when the connection ends, whether its
   // process is gone is asked of that process, not of whichever later got
   // its pid.
-  std::make_shared<ServerConnection>(env_, std::move(socket), id,
-                                     ProcessHandle(cred.pid), false)
+  std::make_shared<ServerConnection>(env_, std::move(socket), id, peers_.Hold(cred.pid),
+                                     false)
       ->Start();
 }
 

@@ -21,6 +21,7 @@
 
 #include "daemon_options.h"
 #include "logger.h"
+#include "peer_processes.h"
 #include "server_connection.h"
 #include "store.h"
 
@@ -50,6 +51,7 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::steady_timer accept_timer_;
   uint64_t accept_failures_ = 0;  // in a row; touched by the accept chain only
+  PeerProcesses peers_;           // touched by the accept chain only
   std::atomic<uint64_t> next_conn_{1};
   std::atomic<bool> stop_requested_{false};
 };

@@ -16,13 +16,15 @@ bool BodyBudget::TryTake(uint64_t n) {
 }
 
 ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket socket,
-                                   uint64_t id, ProcessHandle peer, bool refused)
+                                   uint64_t id,
+                                   std::shared_ptr<const ProcessHandle> peer,
+                                   bool refused)
     : env_(std::move(env)),
       socket_(std::move(socket)),
       strand_(asio::make_strand(socket_.get_executor())),
       stall_timer_(strand_),
       id_(id),
-      pid_(peer.pid()),
+      pid_(peer ? peer->pid() : 0),
       peer_(std::move(peer)),
       refused_(refused) {
   env_->store->CountConnection(+1);
@@ -33,7 +35,7 @@ ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket so
 ServerConnection::~ServerConnection() {
   env_->budget.Give(charged_);
   env_->store->CountConnection(-1);
-  env_->store->ReleaseConnection(id_, std::move(peer_));
+  if (peer_) env_->store->ReleaseConnection(id_, std::move(peer_));
 }
 
 void ServerConnection::Start() {

@@ -75,10 +75,11 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
   using Socket = boost::asio::local::stream_protocol::socket;
   // peer: the process at the other end, held from the accept on (see
-  // Store::ReleaseConnection). refused: the peer is another user; its first
-  // request is answered with PermissionDenied and the connection closed.
+  // Store::ReleaseConnection); null when refused: the peer is another user,
+  // its first request is answered with PermissionDenied and the connection
+  // closed.
   ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket socket, uint64_t id,
-                   ProcessHandle peer, bool refused);
+                   std::shared_ptr<const ProcessHandle> peer, bool refused);
   // Gives the connection's chunks back to the Store (see
   // Store::ReleaseConnection).
   ~ServerConnection();
@@ -118,7 +119,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   boost::asio::steady_timer stall_timer_;
   uint64_t id_;
   int pid_;  // of the peer, from SO_PEERCRED
-  ProcessHandle peer_;
+  std::shared_ptr<const ProcessHandle> peer_;
   bool refused_;
   // State below is touched only on strand_.
   bool closed_ = false;

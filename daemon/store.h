@@ -83,7 +83,7 @@ class Store {
   // RetryReleases); a process still alive after kReleaseGrace keeps them.
   // Held by a pidfd where the kernel has them, so that a pid reused after
   // the process died does not keep its chunks locked.
-  void ReleaseConnection(uint64_t conn, ProcessHandle process);
+  void ReleaseConnection(uint64_t conn, std::shared_ptr<const ProcessHandle> process);
   static constexpr std::chrono::seconds kReleaseGrace{10};
   // Writes a row that did not fit in memory to the spill store and
   // publishes it. Full when the cache does not spill (or stopped).
@@ -163,7 +163,7 @@ class Store {
   uint32_t running_job_cache_ = 0;       // GUARDED_BY(mu_): 0 = none
   struct PendingRelease {
     uint64_t conn;
-    ProcessHandle process;
+    std::shared_ptr<const ProcessHandle> process;
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)

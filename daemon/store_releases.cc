@@ -9,9 +9,10 @@
 
 namespace shmcache {
 
-void Store::ReleaseConnection(uint64_t conn, ProcessHandle process) {
+void Store::ReleaseConnection(uint64_t conn,
+                              std::shared_ptr<const ProcessHandle> process) {
   std::lock_guard lock(mu_);
-  if (process.Gone()) {
+  if (process->Gone()) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
     return;
   }
@@ -25,9 +26,9 @@ void Store::ReleaseConnection(uint64_t conn, ProcessHandle process) {
 void Store::RetryReleasesLocked() {
   auto now = std::chrono::steady_clock::now();
   std::erase_if(pending_releases_, [&](const PendingRelease& p) {
-    bool gone = p.process.Gone();
+    bool gone = p.process->Gone();
     if (!gone && now < p.deadline) return false;
-    if (!gone) WarnChunksStayLocked(p.process.pid());
+    if (!gone) WarnChunksStayLocked(p.process->pid());
     for (auto& [id, c] : caches_) c->ReleaseConnection(p.conn, gone);
     return true;
   });

@@ -85,7 +85,7 @@ TEST(StoreReleasesTest, ChunksOfAProcessThatIsGoneAreRecycledAtOnce) {
   ChunkLease first;
   ASSERT_TRUE(s.Lease(kConn, &first));
   pid_t client = Sleeper();
-  ProcessHandle handle(client);
+  auto handle = std::make_shared<const ProcessHandle>(client);
   End(client);
   s.store().ReleaseConnection(kConn, std::move(handle));
   EXPECT_TRUE(s.NextLeaseIsTailOf(first));
@@ -97,7 +97,7 @@ TEST(StoreReleasesTest, ChunksOfAProcessThatRunsOnStayWithIt) {
   ChunkLease first;
   ASSERT_TRUE(s.Lease(kConn, &first));
   pid_t client = Sleeper();
-  s.store().ReleaseConnection(kConn, ProcessHandle(client));
+  s.store().ReleaseConnection(kConn, std::make_shared<const ProcessHandle>(client));
   EXPECT_FALSE(s.NextLeaseIsTailOf(first));
   End(client);
 }
@@ -113,8 +113,8 @@ int ReleaseAcrossPidReuse() {
   ChunkLease first;
   if (!s.Ok() || !s.Lease(kConn, &first)) return kSetupFailed;
   pid_t client = Sleeper();
-  ProcessHandle handle(client);
-  if (!handle.has_pidfd()) {
+  auto handle = std::make_shared<const ProcessHandle>(client);
+  if (!handle->has_pidfd()) {
     End(client);
     return kNoPidfd;
   }
