@@ -8,6 +8,10 @@
 // recycled into a new chunk; a row killed mid-write is inside `used` and is
 // the only space lost.
 //
+// One concept per file: cache_state.cc (creation, destruction, statistics),
+// cache_state_index.cc, cache_state_budget.cc, cache_state_segments.cc,
+// cache_state_chunks.cc, cache_state_spill.cc, cache_state_adoption.cc.
+//
 // Thread safety: none; the Store's mutex guards every call.
 #pragma once
 
@@ -181,6 +185,7 @@ class CacheState {
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
+  static constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
   // Unlinks `path`; with `held`, records it there first. Returns the bytes
   // recorded.
   static uint64_t UnlinkFile(const std::string& path, uint64_t bytes,

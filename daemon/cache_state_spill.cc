@@ -1,0 +1,62 @@
+// Spilling: whether this cache sends rows to disk, and the index entries
+// of rows that are there.
+#include "cache_state.h"
+
+#include "index_table.h"
+
+namespace shmcache {
+
+bool CacheState::spilling() const {
+  return header_ && layout::SpillingOn(header_->state.load());
+}
+
+void CacheState::StopSpilling(const std::string& why) {
+  if (header_ == nullptr) return;
+  uint32_t old = header_->state.fetch_and(~layout::kStateSpilling);
+  if (old & layout::kStateMemFull) MarkFull("spilling stopped: " + why);
+}
+
+bool CacheState::spill_enabled() const {
+  return header_ && (header_->state.load() & layout::kStateSpilling);
+}
+
+uint64_t CacheState::DropSpilledRows() {
+  // Rows spill only once memory is used up, and kStateMemFull is never
+  // cleared: without it, no slot needs looking at.
+  if (header_ == nullptr || !(header_->state.load() & layout::kStateMemFull)) {
+    return 0;
+  }
+  uint64_t dropped = 0;
+  for (IndexTable& t : index_) dropped += t.RetireSpilled();
+  for (layout::StatsSlot& slot : header_->stats) {
+    slot.disk_rows.store(0, std::memory_order_relaxed);
+    slot.disk_bytes.store(0, std::memory_order_relaxed);
+  }
+  return dropped;
+}
+
+Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
+                                  MemoryAccount* account, bool* inserted) {
+  *inserted = false;
+  if (destroyed_) return Status::NotFound("cache was destroyed");
+  for (const IndexTable& t : index_) {
+    if (t.Find(row_id) != layout::kEmpty) return Status::OK();
+  }
+  for (;;) {
+    switch (index_.back().Insert(row_id, layout::kSpilledBit)) {
+      case IndexTable::InsertResult::kInserted:
+        header_->stats[0].disk_rows.fetch_add(1, std::memory_order_relaxed);
+        header_->stats[0].disk_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        *inserted = true;
+        return Status::OK();
+      case IndexTable::InsertResult::kExists:
+        return Status::OK();
+      case IndexTable::InsertResult::kTableFull: {
+        Status s = GrowIndex(static_cast<uint32_t>(index_.size()), account);
+        if (!s.ok()) return s;
+      }
+    }
+  }
+}
+
+}  // namespace shmcache
