@@ -82,7 +82,8 @@ class Store {
   // recycled once the process is gone (checked now, then by
   // RetryReleases); a process still alive after kReleaseGrace keeps them.
   // Held by a pidfd where the kernel has them, so that a pid reused after
-  // the process died does not keep its chunks locked.
+  // the process died does not keep its chunks locked. A null `process`
+  // counts as gone.
   void ReleaseConnection(uint64_t conn, std::shared_ptr<const ProcessHandle> process);
   static constexpr std::chrono::seconds kReleaseGrace{10};
   // Writes a row that did not fit in memory to the spill store and

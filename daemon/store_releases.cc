@@ -12,7 +12,7 @@ namespace shmcache {
 void Store::ReleaseConnection(uint64_t conn,
                               std::shared_ptr<const ProcessHandle> process) {
   std::lock_guard lock(mu_);
-  if (process->Gone()) {
+  if (process == nullptr || process->Gone()) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
     return;
   }

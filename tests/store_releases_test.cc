@@ -91,6 +91,15 @@ TEST(StoreReleasesTest, ChunksOfAProcessThatIsGoneAreRecycledAtOnce) {
   EXPECT_TRUE(s.NextLeaseIsTailOf(first));
 }
 
+TEST(StoreReleasesTest, AConnectionWithoutAProcessIsReleasedAtOnce) {
+  StoreWithCache s;
+  ASSERT_TRUE(s.Ok());
+  ChunkLease first;
+  ASSERT_TRUE(s.Lease(kConn, &first));
+  s.store().ReleaseConnection(kConn, nullptr);
+  EXPECT_TRUE(s.NextLeaseIsTailOf(first));
+}
+
 TEST(StoreReleasesTest, ChunksOfAProcessThatRunsOnStayWithIt) {
   StoreWithCache s;
   ASSERT_TRUE(s.Ok());

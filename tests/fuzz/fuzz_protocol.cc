@@ -94,8 +94,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     in = in.subspan(n);
     conn = conn == 1 ? 2 : 1;
   }
-  store->ReleaseConnection(1, 0);  // pid 0: the peer is gone
-  store->ReleaseConnection(2, 0);
+  store->ReleaseConnection(1, nullptr);  // no process: the peer is gone
+  store->ReleaseConnection(2, nullptr);
   store->Shutdown();
   return 0;
 }

@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         store->ReturnChunk(1, 1, lease.seg_no, lease.offset).PermitUncheckedError();
       }
       store->GrowIndex(1, 1).PermitUncheckedError();
-      store->ReleaseConnection(1, 0);  // pid 0: the peer is gone
+      store->ReleaseConnection(1, nullptr);  // no process: the peer is gone
       store->Shutdown();
     }
   }
