@@ -3,8 +3,6 @@
 // for a new one with its pid.
 #include "peer_processes.h"
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -16,17 +14,8 @@
 namespace shmcache {
 namespace {
 
-pid_t Sleeper() {
-  return test::ForkChild([] {
-    pause();
-    return 0;
-  });
-}
-
-void End(pid_t pid) {
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-}
+using test::KillAndReap;
+using test::Sleeper;
 
 TEST(PeerProcessesTest, ConnectionsOfOneProcessShareItsHandle) {
   PeerProcesses peers;
@@ -39,14 +28,14 @@ TEST(PeerProcessesTest, ConnectionsOfOneProcessShareItsHandle) {
   auto self = peers.Hold(getpid());
   EXPECT_NE(self.get(), a.get());
   EXPECT_EQ(peers.size(), 2u);
-  End(client);
+  KillAndReap(client);
 }
 
 TEST(PeerProcessesTest, AProcessThatIsGoneIsNotHandedOutAgain) {
   PeerProcesses peers;
   pid_t client = Sleeper();
   auto old = peers.Hold(client);
-  End(client);
+  KillAndReap(client);
   ASSERT_TRUE(old->Gone());
   // The next connection with this pid (once the kernel gives it again) is
   // another process: it gets a handle of its own.
@@ -64,7 +53,7 @@ TEST(PeerProcessesTest, HandlesNoConnectionHoldsAreForgotten) {
   auto kept = peers.Hold(clients.front());
   EXPECT_EQ(peers.size(), 1u);
   EXPECT_EQ(peers.Hold(clients.front()).get(), kept.get());
-  for (pid_t c : clients) End(c);
+  for (pid_t c : clients) KillAndReap(c);
 }
 
 }  // namespace

@@ -21,12 +21,7 @@ using namespace std::chrono_literals;
 using test::ForkChild;
 using test::WaitChild;
 
-pid_t Sleeper() {
-  return ForkChild([] {
-    pause();
-    return 0;
-  });
-}
+using test::Sleeper;
 
 TEST(ProcessStateTest, AZombieIsGoneAndSoIsAReapedProcess) {
   pid_t pid = Sleeper();

@@ -3,8 +3,6 @@
 // once; that of a process that runs on is not. Whether the process is gone
 // is asked of the process itself (ProcessHandle), so a new process given
 // its pid does not keep its chunks locked.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -67,17 +65,8 @@ class StoreWithCache {
   bool ok_ = false;
 };
 
-pid_t Sleeper() {
-  return test::ForkChild([] {
-    pause();
-    return 0;
-  });
-}
-
-void End(pid_t pid) {
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-}
+using test::KillAndReap;
+using test::Sleeper;
 
 TEST(StoreReleasesTest, ChunksOfAProcessThatIsGoneAreRecycledAtOnce) {
   StoreWithCache s;
@@ -86,7 +75,7 @@ TEST(StoreReleasesTest, ChunksOfAProcessThatIsGoneAreRecycledAtOnce) {
   ASSERT_TRUE(s.Lease(kConn, &first));
   pid_t client = Sleeper();
   auto handle = std::make_shared<const ProcessHandle>(client);
-  End(client);
+  KillAndReap(client);
   s.store().ReleaseConnection(kConn, std::move(handle));
   EXPECT_TRUE(s.NextLeaseIsTailOf(first));
 }
@@ -108,7 +97,7 @@ TEST(StoreReleasesTest, ChunksOfAProcessThatRunsOnStayWithIt) {
   pid_t client = Sleeper();
   s.store().ReleaseConnection(kConn, std::make_shared<const ProcessHandle>(client));
   EXPECT_FALSE(s.NextLeaseIsTailOf(first));
-  End(client);
+  KillAndReap(client);
 }
 
 // Exit codes of the namespace child below.
@@ -124,10 +113,10 @@ int ReleaseAcrossPidReuse() {
   pid_t client = Sleeper();
   auto handle = std::make_shared<const ProcessHandle>(client);
   if (!handle->has_pidfd()) {
-    End(client);
+    KillAndReap(client);
     return kNoPidfd;
   }
-  End(client);
+  KillAndReap(client);
   pid_t other = test::SleeperWithPid(client);
   int rc = kNotRecycled;
   if (other != client) {
@@ -136,7 +125,7 @@ int ReleaseAcrossPidReuse() {
     s.store().ReleaseConnection(kConn, std::move(handle));
     if (s.NextLeaseIsTailOf(first)) rc = kRecycled;
   }
-  End(other);
+  KillAndReap(other);
   return rc;
 }
 

@@ -55,6 +55,18 @@ int RunInPidNamespace(const std::function<int()>& body) {
   return WaitChild(outer);
 }
 
+pid_t Sleeper() {
+  return ForkChild([] {
+    pause();
+    return 0;
+  });
+}
+
+void KillAndReap(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
 pid_t SleeperWithPid(pid_t pid) {
   int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
   if (fd >= 0) {
@@ -64,10 +76,7 @@ pid_t SleeperWithPid(pid_t pid) {
     }
     close(fd);
   }
-  return ForkChild([] {
-    pause();
-    return 0;
-  });
+  return Sleeper();
 }
 
 namespace {

@@ -32,6 +32,11 @@ std::string DescribeStatus(int wstatus);
 // True once pid is gone or a zombie (it exited; the reaper may be slow).
 bool ProcessExited(pid_t pid);
 
+// Forks a child that waits until it is killed (KillAndReap).
+pid_t Sleeper();
+// SIGKILLs child `pid` and reaps it: its pid is free to be given again.
+void KillAndReap(pid_t pid);
+
 // Runs `body` in a child that is pid 1 of a new pid namespace with its own
 // /proc (so that the namespace can give a pid again: SleeperWithPid).
 // Returns body's result as WaitChild does, or kNoPidNamespace when the
