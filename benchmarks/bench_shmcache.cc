@@ -1,6 +1,7 @@
 // shmcache through its C++ API: put (one row a call, and PutBatch), copy-out
 // get and zero-copy view of the same rows, in 1..P processes; the shared
 // memory a cached row costs; and reads of rows spilled to RocksDB.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -166,10 +167,35 @@ bool WarmUp(Cache* cache, uint64_t n) {
   return true;
 }
 
+// The machine's limit for puts into a fresh cache: how fast the server's shm
+// dir hands out fresh pages, made the way the daemon makes a segment
+// (posix_fallocate, then zeros written in 1 MB blocks; lib/shm_file.cc), for
+// as many bytes as n rows of `size`. In rows per second; -1 on error.
+double PageSupplyRate(const std::string& dir, uint64_t n, size_t size) {
+  std::string path = dir + "/shmcache-bench-pages." + std::to_string(getpid());
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  unlink(path.c_str());
+  const uint64_t bytes = n * size;
+  static const std::vector<char> zeros(1u << 20, 0);
+  const double t0 = NowSec();
+  bool ok = posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
+  for (uint64_t off = 0; ok && off < bytes;) {
+    ssize_t w = pwrite(fd, zeros.data(), std::min<uint64_t>(zeros.size(), bytes - off),
+                       static_cast<off_t>(off));
+    ok = w > 0;
+    if (ok) off += static_cast<uint64_t>(w);
+  }
+  const double t = NowSec() - t0;
+  close(fd);
+  return ok ? static_cast<double>(n) / t : -1;
+}
+
 }  // namespace
 
 // Puts: every process writes its own rows into one fresh cache, one row
-// per Put, then kPutBatch rows per PutBatch.
+// per Put, then kPutBatch rows per PutBatch. First the machine's limit:
+// the page supply of the shm dir for the same bytes.
 void BenchPut(const Config& c, const Source& src, Report* r) {
   ClientOptions co;
   co.port = c.port;
@@ -180,9 +206,13 @@ void BenchPut(const Config& c, const Source& src, Report* r) {
     return;
   }
   const std::string batch_name = "PutBatch " + std::to_string(kPutBatch);
+  const std::string shm_dir = ShmDirOf(c.port);
   for (size_t size : kRowSizes) {
     const uint64_t n = c.RowsFor(size);
     const std::string k = std::to_string(size);
+    double supply = PageSupplyRate(shm_dir, n, size);
+    if (supply < 0) r->Skip("put page supply " + k, "cannot write in " + shm_dir);
+    else r->Add("put", "shm pages", "fallocate+clear", size, 1, supply);
     for (size_t batch : {size_t{1}, kPutBatch}) {
       const std::string variant = batch == 1 ? "put" : batch_name;
       for (int p : c.procs) {

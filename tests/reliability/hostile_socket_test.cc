@@ -138,7 +138,8 @@ size_t Count(const std::string& text, const std::string& what) {
 // A well-behaved client does a full round of work; every call must succeed.
 void GoodClientWorks(const TestDaemon& d, const RowMaker& m, uint64_t base) {
   SessionCache sc;
-  ASSERT_TRUE(OpenSessionCache(d, "good", &sc).ok());
+  Status opened = OpenSessionCache(d, "good", &sc);
+  ASSERT_TRUE(opened.ok()) << opened.ToString();
   std::unique_ptr<Client>& c = sc.client;
   const uint32_t sid = sc.session;
   std::unique_ptr<Cache>& cache = sc.cache;
