@@ -169,7 +169,8 @@ bool WarmUp(Cache* cache, uint64_t n) {
 
 // The machine's limit for puts into a fresh cache: how fast the server's shm
 // dir hands out fresh pages, made the way the daemon makes a segment
-// (posix_fallocate, then zeros written in 1 MB blocks; lib/shm_file.cc), for
+// (sized, posix_fallocate, then zeros written in 1 MB blocks;
+// lib/shm_file.cc: sized first, so a huge=within_size tmpfs gives 2 MB pages), for
 // as many bytes as n rows of `size`. In rows per second; -1 on error.
 double PageSupplyRate(const std::string& dir, uint64_t n, size_t size) {
   std::string path = dir + "/shmcache-bench-pages." + std::to_string(getpid());
@@ -179,7 +180,8 @@ double PageSupplyRate(const std::string& dir, uint64_t n, size_t size) {
   const uint64_t bytes = n * size;
   static const std::vector<char> zeros(1u << 20, 0);
   const double t0 = NowSec();
-  bool ok = posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
+  bool ok = ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+            posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
   for (uint64_t off = 0; ok && off < bytes;) {
     ssize_t w = pwrite(fd, zeros.data(), std::min<uint64_t>(zeros.size(), bytes - off),
                        static_cast<off_t>(off));
