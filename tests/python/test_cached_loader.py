@@ -355,6 +355,8 @@ def test_pin_memory_and_cuda_need_cuda(server, session):
             CachedLoader(cds, batch_size=2, **kw)
     got = list(CachedLoader(cds, batch_size=2, device="cpu"))
     assert got[0][0].device.type == "cpu" and len(got) == 2
+    # The misses' puts land before the session fixture destroys the session.
+    assert cds.flush(10)
 
 
 class SlowTransform:
