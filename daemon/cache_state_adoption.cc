@@ -93,8 +93,11 @@ Status CacheState::AdoptSegment(uint32_t seg_no) {
   }
   auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
   uint64_t carved = sh->carved.load();
+  // Chunks start on cache lines (their headers hold atomics): a carved mark
+  // off one would put the next chunk's header astride two.
   if (sh->node >= static_cast<uint32_t>(num_nodes_) ||
-      carved < layout::kSegmentHeaderSize || carved > f.size()) {
+      carved < layout::kSegmentHeaderSize || carved > f.size() ||
+      carved % layout::kCacheLine != 0) {
     return Status::Corruption(path + ": segment header fields out of range");
   }
   // Chunks leased by the previous daemon stay with whoever holds them;
