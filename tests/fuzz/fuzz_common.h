@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -16,8 +17,14 @@
 
 namespace shmcache::fuzz {
 
-// A private directory under `parent`, removed at exit.
+// A private directory under `parent`, removed at exit. Under
+// $SHMCACHE_FUZZ_TMPDIR when set: run_fuzz.sh points it at a directory of
+// its own and removes that afterwards, so a crashed input (no exit
+// handlers) leaves nothing behind.
 inline std::string MakeTempDir(const char* parent) {
+  if (const char* own = std::getenv("SHMCACHE_FUZZ_TMPDIR"); own != nullptr && *own) {
+    parent = own;
+  }
   std::string t = std::string(parent) + "/shmcache-fuzz.XXXXXX";
   if (mkdtemp(t.data()) == nullptr) {
     std::perror("mkdtemp");

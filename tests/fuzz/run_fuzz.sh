@@ -7,6 +7,11 @@ set -u
 exe=$1 seeds=$2 work=$3 secs=${4:-${SHMCACHE_FUZZ_SECONDS:-20}}
 shift 3; [ $# -gt 0 ] && shift
 mkdir -p "$work/corpus"
+# The target's shm and run dirs go under one directory of this run, removed
+# however the target ends (a crash skips its own clean-up).
+SHMCACHE_FUZZ_TMPDIR=$(mktemp -d /dev/shm/shmcache-fuzz-run.XXXXXX) || exit 1
+export SHMCACHE_FUZZ_TMPDIR
+trap 'rm -rf "$SHMCACHE_FUZZ_TMPDIR"' EXIT
 name=$(basename "$exe")
 log="$work/$name.log"
 "$exe" -max_total_time="$secs" -max_len=20000 -timeout=10 -rss_limit_mb=4096 \
