@@ -24,7 +24,6 @@ ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket so
       strand_(asio::make_strand(socket_.get_executor())),
       stall_timer_(strand_),
       id_(id),
-      pid_(peer ? peer->pid() : 0),
       peer_(std::move(peer)),
       refused_(refused) {
   env_->store->CountConnection(+1);
@@ -157,7 +156,7 @@ void ServerConnection::OnStallTimer() {
   env_->log->Warn(
       "connection {} of process {}: stalled in the middle of a frame for {} ms; "
       "closing it",
-      id_, pid_, env_->stall_timeout.count());
+      id_, PeerPid(), env_->stall_timeout.count());
   Close();
 }
 
@@ -169,7 +168,7 @@ bool ServerConnection::GrowBody(size_t size) {
       env_->log->Warn(
           "connection {} of process {}: request bodies being read would pass "
           "{} MB, the cap of all connections together; closing it",
-          id_, pid_, env_->budget.cap() >> 20);
+          id_, PeerPid(), env_->budget.cap() >> 20);
       Close();
       return false;
     }

@@ -112,14 +112,15 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // Ends the frame's claim on memory: large buffers are freed.
   void DropBuffers();
   void Close();
+  // The peer's pid, for log lines (0 for a refused connection).
+  int PeerPid() const { return peer_ ? peer_->pid() : 0; }
 
   std::shared_ptr<ConnectionEnv> env_;
   Socket socket_;
   boost::asio::strand<Socket::executor_type> strand_;
   boost::asio::steady_timer stall_timer_;
   uint64_t id_;
-  int pid_;  // of the peer, from SO_PEERCRED
-  std::shared_ptr<const ProcessHandle> peer_;
+  std::shared_ptr<const ProcessHandle> peer_;  // its pid from SO_PEERCRED
   bool refused_;
   // State below is touched only on strand_.
   bool closed_ = false;
