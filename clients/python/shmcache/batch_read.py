@@ -30,6 +30,7 @@ import numpy.typing as npt
 import torch
 
 from . import ColumnSelection, DatasetCache, StoredColumn, _column_names, decode_row
+from .datasets import _leaf_to_tensor
 
 __all__ = ["read_into", "read_rows", "RowSchema",
            "BufferPool", "decode_sample", "project"]
@@ -58,11 +59,6 @@ def read_rows(cache: DatasetCache, ids: Sequence[int], columns: ColumnSelection 
 
 def _single(columns):
     return isinstance(columns, (str, int))
-
-
-def _leaf_to_tensor(tag, array):
-    from .torch import _leaf_to_tensor as leaf   # torch.py imports this module
-    return leaf(tag, array)
 
 
 def decode_sample(cols: Sequence[StoredColumn], columns: ColumnSelection = None) -> Any:

@@ -59,6 +59,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from . import CacheWarning, DatasetCache, encode_row
 from .autotune import AutoTune
+from .datasets import CachedDataset
 from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_into,
                          read_rows)
 from .miss_pool import MissPool, encoded_sample, for_put
@@ -138,7 +139,6 @@ class CachedLoader:
                  device: str | torch.device | None = None,
                  max_prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  name: str | None = None, allow_random: bool = False) -> None:
-        from .torch import CachedDataset
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
                 raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "
