@@ -1,12 +1,14 @@
 #include "instance_lock.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
 #include <fmt/format.h>
+#include <string>
 
 #include "parse_number.h"
 
@@ -37,6 +39,95 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
   }
   *fd_out = fd;
   return Status::OK();
+}
+
+namespace {
+
+// What the lock file says after the pid: the holder's run dir.
+std::string ReadLockRunDir(int fd) {
+  char buf[4096] = {};
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "";
+  std::string text(buf, static_cast<size_t>(n));
+  size_t start = text.find('\n');
+  if (start == std::string::npos) return "";
+  size_t end = text.find('\n', start + 1);
+  return text.substr(start + 1, end == std::string::npos ? end : end - start - 1);
+}
+
+bool SameFile(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// Why a host lock file that is not this user's own regular file is refused.
+Status NotOurs(const std::string& lock_path, const struct stat& st, int port) {
+  if (st.st_uid != geteuid()) {
+    return Status::PermissionDenied(fmt::format(
+        "{} belongs to uid {}, not to this user: another user created it to take "
+        "port {}; have it removed (as root) or use another port",
+        lock_path, st.st_uid, port));
+  }
+  return Status::PermissionDenied(fmt::format(
+      "{} is not a regular file (a link or a directory was put there); have it "
+      "removed or use another port",
+      lock_path));
+}
+
+}  // namespace
+
+Status TakeHostLock(const std::string& lock_path, int port,
+                    const std::string& run_dir, int* fd_out) {
+  // A holder that stops unlinks the file while holding it: a lock taken on
+  // a file that is no longer the one at the path is taken again.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      int err = errno;
+      struct stat st {};
+      if (lstat(lock_path.c_str(), &st) == 0 &&
+          (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+        return NotOurs(lock_path, st, port);
+      }
+      return Status::FromErrno("cannot open " + lock_path, err);
+    }
+    struct stat held {};
+    if (fstat(fd, &held) != 0 || !S_ISREG(held.st_mode) || held.st_uid != geteuid()) {
+      close(fd);
+      return NotOurs(lock_path, held, port);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int pid = ReadLockPid(fd);
+      std::string dir = ReadLockRunDir(fd);
+      close(fd);
+      return Status::AlreadyExists(fmt::format(
+          "a cache server of this user is already running on port {} (process id "
+          "{}, run dir {}); stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' "
+          "or use another port",
+          port, pid > 0 ? std::to_string(pid) : "?", dir.empty() ? "?" : dir,
+          dir.empty() ? "?" : dir, port));
+    }
+    struct stat now {};
+    if (stat(lock_path.c_str(), &now) != 0 || !SameFile(now, held)) {
+      close(fd);  // unlinked by the server that held it: take the new file
+      continue;
+    }
+    std::string text = fmt::format("{}\n{}\n", getpid(), run_dir);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) < 0) {
+      // The lock is what matters; the text is only for messages.
+    }
+    *fd_out = fd;
+    return Status::OK();
+  }
+  return Status::Unavailable("cannot take " + lock_path +
+                             ": it keeps being replaced; try again");
+}
+
+void ReleaseHostLock(const std::string& lock_path, int fd) {
+  struct stat held {}, now {};
+  if (fd >= 0 && fstat(fd, &held) == 0 && lstat(lock_path.c_str(), &now) == 0 &&
+      SameFile(held, now)) {
+    unlink(lock_path.c_str());
+  }
 }
 
 Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid) {

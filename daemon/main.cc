@@ -182,6 +182,12 @@ int Run(DaemonOptions& opts) {
   int lock_fd = -1;
   s = TakeInstanceLock(paths.lock_path, paths.port, &lock_fd);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  // The shm files carry only the user and the port: a second server of
+  // them with another run dir would adopt, then delete, this one's.
+  const std::string host_lock_path = HostLockPath(paths.port);
+  int host_lock_fd = -1;
+  s = TakeHostLock(host_lock_path, paths.port, paths.run_dir, &host_lock_fd);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
   CatchStopSignals();
 
   Logger log;
@@ -223,7 +229,10 @@ int Run(DaemonOptions& opts) {
   s = store.Init(&g_stop_requested);
   if (!s.ok()) {
     log.Info("not started: {}", s.message());
-    if (g_stop_requested.load()) unlink(paths.lock_path.c_str());
+    if (g_stop_requested.load()) {
+      unlink(paths.lock_path.c_str());
+      ReleaseHostLock(host_lock_path, host_lock_fd);
+    }
     return Fail(opts.ready_fd, s.message());
   }
 
@@ -292,6 +301,8 @@ int Run(DaemonOptions& opts) {
   }
   unlink(paths.socket_path.c_str());
   unlink(paths.lock_path.c_str());
+  ReleaseHostLock(host_lock_path, host_lock_fd);
+  close(host_lock_fd);
   close(lock_fd);
   log.Info("stopped");
   return 0;

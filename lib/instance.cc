@@ -162,6 +162,10 @@ std::string HugeShmDir(int port) {
   return fmt::format("/dev/shm/shmcache.{}.{}.huge", geteuid(), port);
 }
 
+std::string HostLockPath(int port) {
+  return fmt::format("/dev/shm/.shmcache.{}.{}.lock", geteuid(), port);
+}
+
 InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
                                 const std::string& shm_dir) {
   InstancePaths p;

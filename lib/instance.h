@@ -5,6 +5,9 @@
 //   run dir     $SHMCACHE_RUN_DIR or /tmp/shmcache-<uid>        (0700)
 //   socket      <run dir>/shmcached-<port>.sock                 (0600)
 //   lock        <run dir>/shmcached-<port>.lock  (flock: one daemon)
+//   host lock   /dev/shm/.shmcache.<uid>.<port>.lock (flock: one daemon of
+//               a (user, port) on the host, whatever its run dir; the shm
+//               files of two would carry the same names)
 //   shm files   <shm dir>/shmcache.<uid>.<port>.*               (0600)
 //   shm dir     --shm_dir, $SHMCACHE_SHM_DIR, else the server's own
 //               huge-page tmpfs <huge dir> when it can mount one
@@ -71,6 +74,10 @@ std::string DefaultShmDir();
 // instance's own in /dev/shm ("<prefix>huge"), so that whatever lists an
 // instance's files there sees it too.
 std::string HugeShmDir(int port);
+// The host-wide lock of this user's instance `port` (see above). Outside
+// the instance's "shmcache.<uid>.<port>." names, so that nothing that lists
+// or removes an instance's files takes it for one of them.
+std::string HostLockPath(int port);
 InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
                                 const std::string& shm_dir);
 // InvalidArgument naming the path, its length and the fix when the socket

@@ -4,6 +4,7 @@
 #include "instance_lock.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -92,6 +93,57 @@ TEST_F(InstanceLockTest, ALockTakenBeforeItsPidIsWrittenNamesNone) {
   EXPECT_TRUE(held);
   EXPECT_EQ(pid, 0);
   close(fd);
+}
+
+// The host lock (HostLockPath): one server of a user and port, whatever
+// its run dir, in a directory other users can write.
+TEST_F(InstanceLockTest, TheHostLockNamesTheHolderAndItsRunDir) {
+  std::string host = dir_ + "/.shmcache.lock";
+  int fd = -1;
+  ASSERT_TRUE(TakeHostLock(host, 31000, "/run/a", &fd).ok());
+  int second = -1;
+  Status s = TakeHostLock(host, 31000, "/run/b", &second);
+  EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+  EXPECT_NE(s.message().find("already running on port 31000 (process id " +
+                             std::to_string(getpid()) + ", run dir /run/a)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(second, -1);
+  ReleaseHostLock(host, fd);
+  close(fd);
+  EXPECT_NE(access(host.c_str(), F_OK), 0) << "a stopped server removes its host lock";
+  ASSERT_TRUE(TakeHostLock(host, 31000, "/run/b", &fd).ok());
+  close(fd);  // killed: the file stays, the lock goes with the process
+  ASSERT_TRUE(TakeHostLock(host, 31000, "/run/c", &fd).ok());
+  close(fd);
+}
+
+TEST_F(InstanceLockTest, TheHostLockNeverFollowsALink) {
+  std::string target = dir_ + "/victim";
+  { std::ofstream(target) << "precious\n"; }
+  std::string host = dir_ + "/.shmcache.lock";
+  ASSERT_EQ(symlink(target.c_str(), host.c_str()), 0);
+  int fd = -1;
+  Status s = TakeHostLock(host, 31000, "/run/a", &fd);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(fd, -1);
+  std::ifstream in(target);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "precious") << "the link's target was written";
+}
+
+TEST_F(InstanceLockTest, AHostLockOfAnotherUserIsRefusedByName) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  std::string host = dir_ + "/.shmcache.lock";
+  { std::ofstream(host) << ""; }
+  ASSERT_EQ(chown(host.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(chmod(host.c_str(), 0666), 0);
+  int fd = -1;
+  Status s = TakeHostLock(host, 31000, "/run/a", &fd);
+  EXPECT_TRUE(s.IsPermissionDenied()) << s.ToString();
+  EXPECT_NE(s.message().find("uid 65534"), std::string::npos) << s.message();
+  EXPECT_EQ(fd, -1);
 }
 
 }  // namespace
