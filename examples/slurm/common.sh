@@ -2,10 +2,17 @@
 # Shared by prolog.sh and epilog.sh (sourced). Per-job state of the node's
 # shmcache server lives in $state_dir:
 #   job<ID>/       run dir (socket, lock, log) of the job's server, 0700, the job user's
-#   job<ID>.env    what task_prolog.sh exports to the job's tasks
+#   job<ID>.env    what task_prolog.sh exports to the job's tasks (root's, 0644)
+# The state dir must be the script user's (root's, under slurmd) and
+# writable by nobody else (0700 or 0755): the scripts create and remove
+# files in it as root, and refuse to run on any other (a job user who could
+# write there could plant links for root to write through). Everything in
+# job<ID>/ is the job user's to write: the scripts never read it as root.
 # Settings (slurmd's environment, or edit here):
 #   SHMCACHE_SLURM_STATE      state dir (default /run/shmcache-slurm)
-#   SHMCACHE_SLURM_PORT_BASE  the job's instance is BASE + job id % 20000 (default 40000)
+#   SHMCACHE_SLURM_PORT_BASE  the job's instance is the first port from
+#                             BASE + job id % 20000 (default base 40000) that no
+#                             live job of the node holds
 #   SHMCACHE_SLURM_START_ARGS more --start options, e.g. "--memory_cap_mb 65536 -s /local/spill"
 #   SHMCACHE_BIN              directory of shmcache (default: found on PATH, else /usr/local/bin)
 
@@ -18,6 +25,37 @@ bin=${SHMCACHE_BIN:-$(dirname "$(command -v shmcache || echo /usr/local/bin/shmc
 
 say() { echo "shmcache-slurm: job $SLURM_JOB_ID: $*" >&2; }
 
+[[ $SLURM_JOB_ID =~ ^[0-9]+$ && $SLURM_JOB_UID =~ ^[0-9]+$ ]] ||
+  { say "SLURM_JOB_ID and SLURM_JOB_UID must be numbers"; exit 0; }
+
+# state_dir_ok: creates the state dir if missing (0755) and checks that it
+# is a directory of the script's user that no one else can write; says
+# what is wrong otherwise. Never follows a link.
+state_dir_ok() {
+  if [ ! -e "$state_dir" ] && [ ! -L "$state_dir" ]; then
+    mkdir -m 0755 "$state_dir" 2>/dev/null ||
+      { say "cannot create the state dir $state_dir"; return 1; }
+  fi
+  local owner mode
+  if [ -L "$state_dir" ] || [ ! -d "$state_dir" ]; then
+    say "the state dir $state_dir is not a directory (a link or a file is there); remove it, or set SHMCACHE_SLURM_STATE to a directory of $(id -un) with mode 0700 or 0755"
+    return 1
+  fi
+  owner=$(stat -c %u "$state_dir") mode=$(stat -c %a "$state_dir")
+  if [ "$owner" != "$(id -u)" ] || (( 8#$mode & 8#022 )); then
+    say "the state dir $state_dir is owned by uid $owner with mode $mode; it must be $(id -un)'s with mode 0700 or 0755 (no one else may write in it): fix it with 'chown $(id -un) $state_dir && chmod 0755 $state_dir', or set SHMCACHE_SLURM_STATE"
+    return 1
+  fi
+}
+
+# read_env NAME: NAME's value in the job's env file, a regular file of the
+# script's user (never a link or a FIFO), read in bounded time.
+read_env() {
+  [ -f "$env_file" ] && [ ! -L "$env_file" ] &&
+    [ "$(stat -c %u "$env_file")" = "$(id -u)" ] || return 1
+  timeout 5 sed -n "s/^$1=//p" "$env_file"
+}
+
 # Runs a command as the job's user: the server talks to its own user only.
 as_user() {
   if [ "$(id -u)" = "$SLURM_JOB_UID" ]; then
@@ -28,7 +66,9 @@ as_user() {
   fi
 }
 
-# shmcache ARGS...: the admin as the job's user, on the job's instance.
+# shmcache ARGS...: the admin as the job's user, on the job's instance,
+# ended after 60 s (a server the job's user stopped answering must not
+# hold up slurmd).
 admin() {
-  as_user env SHMCACHE_RUN_DIR="$job_dir" "$bin/shmcache" -p "$port" "$@"
+  as_user timeout 60 env SHMCACHE_RUN_DIR="$job_dir" "$bin/shmcache" -p "$port" "$@"
 }

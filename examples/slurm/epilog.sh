@@ -1,42 +1,61 @@
 #!/bin/bash
 # Slurm Epilog (runs as root on every node of the job after it ends): drops
-# the job's session and stops this node's server, which removes its shared
-# memory, then removes the job's state. A server that does not answer is
-# terminated and its shared-memory files removed. Always exits 0 (a failing
-# Epilog drains the node); problems go to stderr (slurmd's log).
+# the job's session and stops this node's server as the job's user, which
+# removes its shared memory, then removes the job's state. A server that
+# does not answer is terminated and its shared-memory files removed.
+# Always exits 0 (a failing Epilog drains the node); problems go to stderr
+# (slurmd's log).
+#
+# Run as root, it acts only on what root wrote (the env file in the state
+# dir) and on processes of the job's user: it never reads a file of the
+# job's run dir (the job's user can write there), never follows a link,
+# and every step that waits is bounded in time.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/common.sh"
-[ -r "$env_file" ] || exit 0
-port=$(sed -n 's/^SHMCACHE_PORT=//p' "$env_file")
-session=$(sed -n 's/^SESSION_ID=//p' "$env_file")
-[[ $port =~ ^[0-9]+$ ]] || { say "no port in $env_file"; rm -f "$env_file"; exit 0; }
+state_dir_ok || exit 0
+port=$(read_env SHMCACHE_PORT)
+session=$(read_env SESSION_ID)
+shm_dir=$(read_env SHMCACHE_SHM_DIR)
+[[ $port =~ ^[0-9]+$ ]] || { [ -e "$env_file" ] && say "no port in $env_file"; rm -f "$env_file"; exit 0; }
+[[ $session =~ ^[0-9]+$ ]] || session=0
 
-shm_dir=$(sed -n 's/^SHMCACHE_SHM_DIR=//p' "$env_file")
-# The server's pid, from its instance lock; only while it is a shmcached
-# (a dead server's pid may belong to another process by now).
-pid=$(cat "$job_dir/shmcached-$port.lock" 2>/dev/null)
-running() {
-  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = shmcached ]
+# The job's servers on its port: processes of the job's user named
+# shmcached whose command line names the port (the admin starts it so).
+# Whatever a process of the job's user says of itself, only that user's
+# processes are ever signalled.
+servers() {
+  local p
+  for p in /proc/[0-9]*; do
+    [ "$(stat -c %u "$p" 2>/dev/null)" = "$SLURM_JOB_UID" ] || continue
+    [ "$(cat "$p/comm" 2>/dev/null)" = shmcached ] || continue
+    tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -qx -- "--port=$port" || continue
+    echo "${p#/proc/}"
+  done
 }
 
-if running; then
-  if [ "${session:-0}" != 0 ]; then
-    out=$(admin -d "$session" 2>&1) || say "cannot drop session $session: $out"
+if [ -n "$(servers)" ]; then
+  if [ "$session" != 0 ]; then
+    out=$(admin -d "$session" 2>&1) ||
+      say "cannot drop session $session: $out"
   fi
-  if ! out=$(admin --stop 2>&1); then
-    say "the server did not stop ($out); terminating process $pid"
+  out=$(admin --stop 2>&1)
+  if [ -n "$(servers)" ]; then
+    say "the server did not stop (${out:-no answer}); terminating it"
     for sig in TERM KILL; do
-      kill -"$sig" "$pid" 2>/dev/null
-      for _ in $(seq 100); do running || break; sleep 0.1; done
+      for pid in $(servers); do kill -"$sig" "$pid" 2>/dev/null; done
+      for _ in $(seq 100); do [ -z "$(servers)" ] && break; sleep 0.1; done
     done
   fi
 fi
-# A server that died or was killed leaves its segments: they are this job's.
-# Started as root without a shm dir, it kept them in a huge-page tmpfs of
-# its own, left mounted: unmount it (never through a symlink).
-if ! running; then
-  rm -f "${shm_dir:-/dev/shm}/shmcache.$SLURM_JOB_UID.$port."*
+# A server that died or was killed leaves its segments: they are this job's
+# user's, removed as that user. Started as root without a shm dir, it kept
+# them in a huge-page tmpfs of its own, left mounted: unmount it (never
+# through a link).
+if [ -z "$(servers)" ]; then
+  as_user find "${shm_dir:-/dev/shm}" /dev/shm -maxdepth 1 \
+    \( -name "shmcache.$SLURM_JOB_UID.$port.*" -o -name ".shmcache.$SLURM_JOB_UID.$port.lock" \) \
+    ! -type d -delete 2>/dev/null
   huge=/dev/shm/shmcache.$SLURM_JOB_UID.$port.huge
   if [ "$shm_dir" = "$huge" ] && [ -d "$huge" ] && [ ! -L "$huge" ]; then
     if mountpoint -q "$huge"; then

@@ -31,21 +31,22 @@ with warnings.catch_warnings(record=True) as w:
 class FakeJob:
     """One job on one node: its Slurm environment and its scripts."""
 
-    def __init__(self, state_dir, uid=None, start_args=""):
+    def __init__(self, state_dir, uid=None, start_args="", job_id=JOB_ID, port=None):
         self.uid = os.getuid() if uid is None else uid
         user = pwd.getpwuid(self.uid)
-        self.port = free_port()
+        self.job_id = job_id
+        self.port = free_port() if port is None else port
         self.state_dir = Path(state_dir)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SHMCACHE_", "SLURM_"))}
         # SHMCACHE_WATCH_PID (scripts/test.sh) still ties servers to the run.
         if "SHMCACHE_WATCH_PID" in os.environ:
             env["SHMCACHE_WATCH_PID"] = os.environ["SHMCACHE_WATCH_PID"]
-        self.env = dict(env, SLURM_JOB_ID=str(JOB_ID), SLURM_JOB_UID=str(self.uid),
+        self.env = dict(env, SLURM_JOB_ID=str(job_id), SLURM_JOB_UID=str(self.uid),
                         SLURM_JOB_GID=str(user.pw_gid), SLURM_JOB_USER=user.pw_name,
                         SLURM_NODEID="0", SLURM_CLUSTER_NAME="fake",
                         SHMCACHE_SLURM_STATE=str(self.state_dir),
-                        SHMCACHE_SLURM_PORT_BASE=str(self.port - JOB_ID % 20000),
+                        SHMCACHE_SLURM_PORT_BASE=str(self.port - job_id % 20000),
                         SHMCACHE_SLURM_START_ARGS=start_args,
                         SHMCACHE_BIN=str(ADMIN.parent))
 
@@ -86,6 +87,23 @@ class FakeJob:
     def leftovers(self):
         """Files the job could leave: state, shared memory."""
         return sorted(os.listdir(self.state_dir)) + _segments(self.port, self.uid)
+
+    def job_dir(self):
+        return self.state_dir / f"job{self.job_id}"
+
+    def user_stops_the_server(self, exports):
+        """What a job's user can do: stop the job's server early."""
+        r = subprocess.run(self.as_user([str(ADMIN), "-p", exports["SHMCACHE_PORT"],
+                                         "--stop"]),
+                           env=dict(self.env, SHMCACHE_RUN_DIR=exports["SHMCACHE_RUN_DIR"]),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+
+    def user_writes(self, path, pid):
+        """The job's user writes `pid` into a file of the job's run dir."""
+        r = subprocess.run(self.as_user(["sh", "-c", f'echo {pid} >"$1"', "_", str(path)]),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture
@@ -179,3 +197,115 @@ def test_prolog_as_root_runs_the_server_as_the_job_user():
         assert job.leftovers() == []
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _nobody_job_possible():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: slurmd runs the prolog and epilog as root")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    if not all(_runnable_by(nobody, p) for p in (SLURM / "task_prolog.sh", ADMIN)):
+        pytest.skip(f"{SLURM} or {ADMIN} is out of reach of uid {nobody}")
+    return nobody
+
+
+@pytest.fixture
+def open_top():
+    """A directory the job's user can reach (pytest's tmp is 0700)."""
+    top = tempfile.mkdtemp(prefix="shmcache-slurm-test.")
+    os.chmod(top, 0o755)
+    yield Path(top)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_epilog_never_kills_another_users_process_named_in_the_lock_file(open_top):
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state", uid=nobody)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    job.user_stops_the_server(exports)
+    # A process of root's named shmcached: what the epilog used to check.
+    fake = open_top / "shmcached"
+    shutil.copy("/bin/sleep", fake)
+    victim = subprocess.Popen([str(fake), "600"])
+    try:
+        wait_for(lambda: Path(f"/proc/{victim.pid}/comm").read_text().strip()
+                 == "shmcached", what="the victim's name")
+        job.user_writes(job.job_dir() / f"shmcached-{job.port}.lock", victim.pid)
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert victim.poll() is None, f"the epilog killed root's process: {r.stderr}"
+        assert job.leftovers() == []
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_epilog_does_not_block_on_a_fifo_in_the_run_dir(state_dir):
+    job = FakeJob(state_dir)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    job.user_stops_the_server(exports)
+    lock = job.job_dir() / f"shmcached-{job.port}.lock"
+    if lock.exists():
+        lock.unlink()
+    os.mkfifo(lock)
+    r = job.run("epilog.sh")        # used to block reading the FIFO
+    assert r.returncode == 0, r.stderr
+    assert job.leftovers() == []
+
+
+def test_prolog_refuses_a_state_dir_others_can_write_and_writes_through_no_link(open_top):
+    nobody = _nobody_job_possible()
+    state = open_top / "state"
+    state.mkdir()
+    os.chown(state, nobody, nobody)          # the job's user made it first
+    victim = open_top / "root-only"
+    victim.write_text("root's\n")
+    os.chmod(victim, 0o600)
+    job = FakeJob(state, uid=nobody)
+    r = subprocess.run(job.as_user(["ln", "-s", str(victim),
+                                    str(state / f"job{JOB_ID}.env.tmp")]),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = job.run("prolog.sh")
+    assert r.returncode == 0, r.stderr       # never drain the node
+    assert f"the state dir {state} is owned by uid {nobody}" in r.stderr, r.stderr
+    assert "training goes on without the cache" in r.stderr
+    assert victim.read_text() == "root's\n"
+    assert victim.stat().st_mode & 0o777 == 0o600
+    assert not (state / f"job{JOB_ID}").exists()
+    assert _segments(job.port, nobody) == []
+    _, exports = job.task_env()              # the tasks read from the source
+    assert exports["SESSION_ID"] == "0"
+
+
+def test_a_state_dir_anyone_can_write_is_refused(state_dir):
+    state_dir.mkdir(mode=0o777)
+    os.chmod(state_dir, 0o777)
+    job = FakeJob(state_dir)
+    r = job.run("prolog.sh")
+    assert r.returncode == 0
+    assert "mode 777" in r.stderr and "0700 or 0755" in r.stderr, r.stderr
+    assert os.listdir(state_dir) == []
+
+
+def test_two_jobs_whose_ids_share_a_port_get_a_server_each(state_dir):
+    first = FakeJob(state_dir)
+    second = FakeJob(state_dir, job_id=JOB_ID + 20000, port=first.port)
+    try:
+        assert first.run("prolog.sh").returncode == 0
+        r = second.run("prolog.sh")
+        assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+        _, e1 = first.task_env()
+        _, e2 = second.task_env()
+        assert e1["SHMCACHE_PORT"] != e2["SHMCACHE_PORT"]
+        assert first.task()[0] == "5"
+        assert second.task()[0] == "5"       # its own cache, not the first's
+        assert second.run("epilog.sh").returncode == 0
+        assert first.task() == ["0", "True", "0"]   # the first job keeps its rows
+    finally:
+        second.run("epilog.sh")
+        first.run("epilog.sh")
+    assert first.leftovers() == []
