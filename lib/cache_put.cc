@@ -193,9 +193,11 @@ void CacheImpl::ReturnChunksLocked() {
   if (chunk_fork_gen_ != ForkGeneration()) return;  // the parent's chunks
   for (Chunk& c : chunks_) {
     if (c.base == nullptr) continue;
-    // The daemon reclaims the tail on disconnect anyway.
+    // The daemon reclaims the tail on disconnect anyway; the wait for the
+    // answer is short (protocol::kReturnChunkTimeoutMs), and a lost
+    // connection is not reopened for it.
     client_
-        ->Call(protocol::ReturnChunkRequest{
+        ->CallOnCurrentConnection(protocol::ReturnChunkRequest{
             .cache_id = cache_id_, .seg_no = c.seg_no, .offset = c.offset})
         .PermitUncheckedError();
     c = Chunk{};

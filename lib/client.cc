@@ -59,9 +59,13 @@ Status ClientImpl::ConnectLocked() {
 }
 
 Status ClientImpl::Exchange(MsgType type, const std::string& request, std::string* body,
-                            WireReader* reader) {
+                            WireReader* reader, bool reconnect) {
   std::lock_guard lock(mu_);
   if (!conn_ || conn_->broken() || fork_gen_ != ForkGeneration()) {
+    if (!reconnect) {
+      return Status::Unavailable(fmt::format(
+          "not connected to the cache server on port {}", paths_.port));
+    }
     Status s = ConnectLocked();
     if (!s.ok()) return s;
   }

@@ -49,6 +49,18 @@ class ClientImpl {
     protocol::NoPayload none;
     return Call(request, &none);
   }
+  // As Call(request), on the connection open now only: Unavailable, without
+  // reconnecting, when it is broken or was inherited across fork(). For
+  // requests about what the daemon granted to that connection (a chunk
+  // returned through another connection is ignored, and a reconnect to a
+  // stopped server would wait out the request timeout for nothing).
+  template <typename Request>
+  Status CallOnCurrentConnection(const Request& request) {
+    std::string body;
+    protocol::WireReader r({});
+    return Exchange(Request::kType, protocol::EncodeBody(request), &body, &r,
+                    /*reconnect=*/false);
+  }
 
   const InstancePaths& paths() const { return paths_; }
   uint32_t client_id() const { return client_id_; }
@@ -58,9 +70,10 @@ class ClientImpl {
   ClientImpl() = default;
   Status ConnectLocked();
   // Sends `request` as a body of `type`; on success *reader reads the
-  // answer's payload (it points into *body).
+  // answer's payload (it points into *body). Reconnects first when needed
+  // and `reconnect`, else fails with Unavailable.
   Status Exchange(protocol::MsgType type, const std::string& request, std::string* body,
-                  protocol::WireReader* reader);
+                  protocol::WireReader* reader, bool reconnect = true);
   static Status Malformed(const char* request_name);
 
   ForkSafeMutex mu_{LockRank::kClient};

@@ -90,9 +90,11 @@ static bool ReadAll(int fd, void* p, size_t n) {
 Status Connection::Call(protocol::MsgType type, const std::string& request,
                         std::string* body, size_t* payload_offset) {
   if (fd_ < 0) return Broken("connection closed");
-  if (!protocol::WaitsOnDisk(type)) return Exchange(type, request, body, payload_offset);
-  // Two system calls around a disk-bound request cost nothing beside it.
-  SetTimeouts(fd_, std::max(timeout_ms_, protocol::kDiskRequestTimeoutMs));
+  int timeout_ms = protocol::RequestTimeoutMs(type, timeout_ms_);
+  if (timeout_ms == timeout_ms_) return Exchange(type, request, body, payload_offset);
+  // Two system calls around a rare request (spill disk, chunk return) cost
+  // nothing beside it.
+  SetTimeouts(fd_, timeout_ms);
   Status s = Exchange(type, request, body, payload_offset);
   if (fd_ >= 0) SetTimeouts(fd_, timeout_ms_);
   return s;

@@ -21,8 +21,8 @@ class Connection {
                      std::unique_ptr<Connection>* out);
 
   // Sends a request, waits for the response and returns its payload reader
-  // over *body. The wait is bounded by the timeout given to Open, or by
-  // protocol::kDiskRequestTimeoutMs when protocol::WaitsOnDisk(type). The returned status is the daemon's answer, or Unavailable
+  // over *body. The wait is bounded by protocol::RequestTimeoutMs(type, the
+  // timeout given to Open). The returned status is the daemon's answer, or Unavailable
   // when the transport failed (the connection is then broken()).
   Status Call(protocol::MsgType type, const std::string& request,
               std::string* body, size_t* payload_offset);

@@ -74,6 +74,27 @@ constexpr bool WaitsOnDisk(MsgType type) {
   return type == MsgType::kSpillPut || type == MsgType::kSpillGet;
 }
 
+// Returning a chunk only hands its unused tail back early: the daemon takes
+// it back anyway when the client's process is gone. A client closing a cache
+// (at exit too) waits at most kReturnChunkTimeoutMs for that answer, so a
+// stopped or hung server does not hold up a process's exit for the request
+// timeout.
+inline constexpr int kReturnChunkTimeoutMs = 500;
+
+// How long a client waits for the answer to `type`, given its request
+// timeout.
+constexpr int RequestTimeoutMs(MsgType type, int request_timeout_ms) {
+  if (WaitsOnDisk(type)) {
+    return request_timeout_ms > kDiskRequestTimeoutMs ? request_timeout_ms
+                                                      : kDiskRequestTimeoutMs;
+  }
+  if (type == MsgType::kReturnChunk) {
+    return request_timeout_ms < kReturnChunkTimeoutMs ? request_timeout_ms
+                                                      : kReturnChunkTimeoutMs;
+  }
+  return request_timeout_ms;
+}
+
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
   uint16_t version = kProtocolVersion;

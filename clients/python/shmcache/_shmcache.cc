@@ -13,6 +13,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <bit>
 #include <cstring>
 #include <memory>
@@ -54,6 +56,39 @@ struct PermissionDeniedError : Error {};
 // does not tell apart), filled when the module is imported. The module
 // holds the types, so plain handles suffice.
 py::handle g_error_types[static_cast<size_t>(Status::Code::kTooLarge) + 1];
+
+// The main thread's ident: the thread that finalizes the interpreter.
+unsigned long g_main_thread = 0;
+
+bool InterpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// py::gil_scoped_release for calls into the library. A call that may wait on
+// the server (up to its request timeout) can return on a daemon thread (a
+// background put) after the main thread began finalizing the interpreter,
+// at exit: reacquiring the GIL would then end the thread with
+// pthread_exit, whose unwinding through this destructor (noexcept) aborts
+// the whole process. Such a thread waits for the process to end instead.
+class ReleaseGil {
+ public:
+  ReleaseGil() : state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() {
+    while (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
+      pause();
+    }
+    PyEval_RestoreThread(state_);
+  }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 py::handle ErrorType(const Status& s) {
   py::handle t = g_error_types[static_cast<size_t>(s.code())];
@@ -276,7 +311,7 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) {
   bool inserted = false;
   Status s;
   {
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     s = self.cache->Put(id, row.refs, &inserted);
   }
   Check(s);
@@ -303,7 +338,7 @@ py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
   std::vector<Status> statuses(ids.size());
   std::unique_ptr<bool[]> inserted(new bool[ids.size()]);
   {
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     self.cache->PutBatch(ids, refs, statuses, std::span(inserted.get(), ids.size()))
         .PermitUncheckedError();  // in every statuses[i] too
   }
@@ -372,7 +407,7 @@ py::object Get(const PyCachePtr& self, uint64_t id,
     shmcache::Row row;
     Status s;
     {
-      py::gil_scoped_release nogil;
+      ReleaseGil nogil;
       if (columns) {
         std::vector<std::string_view> names(columns->begin(), columns->end());
         s = self->cache->Get(id, names, &row);
@@ -389,7 +424,7 @@ py::object Get(const PyCachePtr& self, uint64_t id,
   shmcache::RowView view;
   Status s;
   {
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     s = self->cache->View(id, &view);
   }
   if (s.IsNotFound()) return py::none();
@@ -409,7 +444,7 @@ py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
     std::vector<Status> statuses(ids.size());
     Status s;
     {
-      py::gil_scoped_release nogil;
+      ReleaseGil nogil;
       s = self->cache->GetBatch(ids, rows, statuses);
     }
     Check(s);
@@ -553,7 +588,7 @@ class RowBuilder {
   // Fills what Build allocated. REQUIRES: the rows are still valid.
   void Copy() {
     if (copy_bytes_ < kReleaseGilBytes) return CopyNow();
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     CopyNow();
   }
   // Bytes of the columns handed out (the wider copy of a widened column
@@ -637,7 +672,7 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
   std::vector<Status> got(spilled.size());
   Status s;
   {
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     s = cache.GetBatch(spilled, *disk, got);
   }
   Check(s);
@@ -698,7 +733,7 @@ py::object ColumnDTypes(PyCache& self, const std::vector<uint64_t>& ids,
   Status s = Status::NotFound("no ids");
   {
     // A view of a spilled row asks the daemon.
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     for (uint64_t id : ids) {
       s = self.cache->View(id, &row);
       if (!s.IsNotFound()) break;
@@ -754,7 +789,7 @@ void ReadInto(PyCache& self,
   uint8_t* hit_data = hit.mutable_data();
   Status s;
   {
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     s = reader->ReadInto(std::span(id_data, n), cols, std::span(hit_data, n));
   }
   idle.push_back(std::move(reader));
@@ -765,6 +800,8 @@ void ReadInto(PyCache& self,
 
 PYBIND11_MODULE(_shmcache, m) {
   m.doc() = "Binding of libshmcache; use the `shmcache` package instead.";
+  g_main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   // Translators run newest first: the base class is registered first.
   auto& error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   using Code = Status::Code;
@@ -816,7 +853,7 @@ PYBIND11_MODULE(_shmcache, m) {
            py::arg("threads"), py::arg("hit"),
            "Copies rows into caller-checked buffers; fills the hit mask.")
       .def("contains", [](PyCache& self, uint64_t id) {
-        py::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return self.cache->Contains(id);
       })
       .def("stats", [](PyCache& self) {
@@ -829,7 +866,7 @@ PYBIND11_MODULE(_shmcache, m) {
         bool claimed = false;
         Status s;
         {
-          py::gil_scoped_release nogil;
+          ReleaseGil nogil;
           s = self.cache->ClaimBuild(&claimed);
         }
         Check(s);
@@ -838,7 +875,7 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("seal", [](PyCache& self, uint64_t num_rows) {
         Status s;
         {
-          py::gil_scoped_release nogil;
+          ReleaseGil nogil;
           s = self.cache->Seal(num_rows);
         }
         Check(s);
@@ -847,7 +884,7 @@ PYBIND11_MODULE(_shmcache, m) {
         uint64_t n = 0;
         Status s;
         {
-          py::gil_scoped_release nogil;
+          ReleaseGil nogil;
           s = self.cache->GetSealedRows(&n);
         }
         if (s.IsNotFound()) return std::nullopt;
@@ -858,7 +895,7 @@ PYBIND11_MODULE(_shmcache, m) {
       .def_property_readonly("session_id",
                              [](PyCache& self) { return self.cache->session_id(); })
       .def("close", [](PyCache& self) {
-        py::gil_scoped_release nogil;
+        ReleaseGil nogil;
         self.cache->Close();
       });
 
@@ -873,7 +910,7 @@ PYBIND11_MODULE(_shmcache, m) {
              std::unique_ptr<Client> c;
              Status s;
              {
-               py::gil_scoped_release nogil;
+               ReleaseGil nogil;
                s = Client::Connect(o, &c);
              }
              Check(s);
@@ -900,7 +937,7 @@ PYBIND11_MODULE(_shmcache, m) {
              auto out = std::make_shared<PyCache>();
              Status s;
              {
-               py::gil_scoped_release nogil;
+               ReleaseGil nogil;
                s = c.OpenCache(o, &out->cache);
              }
              Check(s);

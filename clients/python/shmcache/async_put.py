@@ -26,6 +26,7 @@ import atexit
 import multiprocessing.util
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections import deque
@@ -47,6 +48,8 @@ _IDLE_EXIT_S = 10.0
 _putters: weakref.WeakSet[AsyncPutter] = weakref.WeakSet()  # live putters here
 _warned_pid: int | None = None   # the process that warned about drops
 _hooked_pid: int | None = None   # the process whose exit hooks are registered
+# (pid, monotonic time) by which the exit flush of that process ends.
+_exit_deadline: tuple[int, float] | None = None
 
 
 def put_rows(cache: Any, ids: Sequence[int], rows: Sequence[Any]) -> int:
@@ -122,12 +125,13 @@ class AsyncPutter:
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
-        rest, stops the thread after the batch it is writing (bounded by
-        the same timeout)."""
+        rest, stops the thread after the batch it is writing: flush and
+        stop together take at most `timeout`."""
         if self._pid != os.getpid():
             return
         if timeout is None:
             timeout = EXIT_FLUSH_S
+        deadline = time.monotonic() + timeout
         self.flush(timeout)
         with self._cond:
             self._stop = True
@@ -136,7 +140,7 @@ class AsyncPutter:
             self._cond.notify_all()
             thread = self._thread
         if thread is not None:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _start_locked(self):
         if self._thread is None:
@@ -191,8 +195,14 @@ def _warn_drops(limit_bytes):
 
 
 def _close_all():
+    """The exit flush: every putter of the process shares one EXIT_FLUSH_S
+    budget, however many exit hooks call this (atexit and multiprocessing's
+    both do) and however long a put in flight waits on the server."""
+    global _exit_deadline
+    if _exit_deadline is None or _exit_deadline[0] != os.getpid():
+        _exit_deadline = (os.getpid(), time.monotonic() + EXIT_FLUSH_S)
     for p in list(_putters):
-        p.close()
+        p.close(max(0.0, _exit_deadline[1] - time.monotonic()))
 
 
 def _hook_exit():

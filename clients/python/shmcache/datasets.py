@@ -27,6 +27,7 @@ the row (see shmcache.async_put for the queue bound, drops and exit).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -76,7 +77,9 @@ def _to_tensors(columns: Sequence[EncodedColumn]) -> Any:
 def dataset_fingerprint(dataset: Any) -> str:
     """A stable description of a dataset: its class, length, root/path and
     the repr of its transforms. Two datasets that differ in any of these get
-    different caches."""
+    different caches. A root/path that names an existing file or directory
+    counts as its resolved path (absolute, normalized, symlinks followed),
+    so `images/`, `./images` and `/data/images` give one cache."""
     parts = [f"{type(dataset).__module__}.{type(dataset).__qualname__}"]
     try:
         parts.append(f"len={len(dataset)}")
@@ -84,7 +87,7 @@ def dataset_fingerprint(dataset: Any) -> str:
         pass
     for attr in ("root", "path", "root_dir", "data_dir", "dataset_path", "files"):
         if hasattr(dataset, attr):
-            parts.append(f"{attr}={getattr(dataset, attr)!r}")
+            parts.append(f"{attr}={_resolved(getattr(dataset, attr))!r}")
     for attr in ("transform", "target_transform", "transforms"):
         if getattr(dataset, attr, None) is not None:
             parts.append(f"{attr}={_stable_repr(getattr(dataset, attr))}")
@@ -95,6 +98,42 @@ def dataset_fingerprint(dataset: Any) -> str:
             parts.append("indices=" + hashlib.sha1(
                 np.asarray(dataset.indices, dtype=np.int64).tobytes()).hexdigest())
     return "|".join(parts)
+
+
+def _resolved(value: Any) -> Any:
+    """`value` with the paths in it that exist resolved: a str or PathLike
+    naming an existing file or directory becomes its realpath; in a
+    list/tuple of paths (thousands of files) each entry's directory is
+    resolved, once per directory. Anything else is unchanged: a root that is
+    only a label ("synthetic") must not depend on the working directory."""
+    if type(value) in (list, tuple):
+        dirs: dict[str, str | None] = {}
+        return type(value)(_resolved_entry(v, dirs) for v in value)
+    path = _as_str_path(value)
+    if path is not None and os.path.exists(path):
+        return os.path.realpath(path)
+    return value
+
+
+def _resolved_entry(value: Any, dirs: dict[str, str | None]) -> Any:
+    """One path of a list, its directory resolved through `dirs` (a memo);
+    a bare name (no directory) is left as it is."""
+    path = _as_str_path(value)
+    if path is None:
+        return value
+    head, tail = os.path.split(path)
+    if head not in dirs:
+        dirs[head] = os.path.realpath(head) if head and os.path.isdir(head) else None
+    real = dirs[head]
+    return value if real is None else os.path.join(real, tail)
+
+
+def _as_str_path(value: Any) -> str | None:
+    """The str path of a str or PathLike without NULs, else None."""
+    if not isinstance(value, (str, os.PathLike)):
+        return None
+    path = os.fspath(value)
+    return path if isinstance(path, str) and "\0" not in path else None
 
 
 def _stable_repr(obj: object) -> str:

@@ -15,12 +15,23 @@ spilling), name=NAME) uses (name default: the dataset's fingerprint), so a
 trainer that wraps the same dataset hits them.
 
 Rows already cached are skipped without computing them, so running the
-command again resumes. Progress goes to stderr: a tqdm bar on a terminal,
-else a line every --progress_interval seconds ("prefill: 512/1200 rows
-(42.7%), 310 rows/s, ETA 2 s"). Ctrl-C stops the workers after the rows
-they are computing (those are stored) and exits with 130. At the end the
-session's --list_sessions line is printed on stdout. Bad input: one line
-on stderr and exit status 1.
+command again resumes. It prints, on stderr: the cache it fills
+("prefill: filling cache 'fp-...' of session S"); progress (a tqdm bar on
+a terminal, else a line every --progress_interval seconds: "prefill:
+512/1200 rows (42.7%), 310 rows/s, ETA 2 s"); one summary line. Exit
+status:
+  0    every row of the dataset is cached; the session's --list_sessions
+       line is printed on stdout;
+  1    bad input (one line, "prefill: ..."; argparse errors too), or rows
+       are missing at the end: the dataset raised, the cache refused a row
+       (the line names the row), the cache is full, or a worker died (the
+       line says how: "was killed by SIGKILL" is what the out-of-memory
+       killer does); the summary says how many rows are missing;
+  130  SIGINT (Ctrl-C), 143 SIGTERM: the workers store the rows in hand
+       and stop (a second signal kills them at once); every worker has
+       ended when prefill exits.
+Workers never outlive prefill: they die with it even when it is killed
+(SIGKILL). Running the same command again fills what is missing.
 
 There is no `shmcache --prefill`: the admin CLI (C++, MindSpore's flags)
 manages the server and sessions and runs no Python; computing rows needs
@@ -30,14 +41,17 @@ the user's Python dataset, so this module is the command.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from . import CacheWarning, Client, DatasetCache
 from .async_put import put_rows
@@ -111,23 +125,104 @@ def load_dataset(spec: str, transform: str | None = None) -> Any:
 
 # ---- the workers ----------------------------------------------------------
 
-def _worker(dataset, cache, ids, k, done, stored, failed, stop):
+# The signals that stop prefill: the parent handles them, workers ignore them.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+
+# failed[k] of a worker: why it stopped early.
+_OK, _FULL, _DATASET_ERROR, _ROW_REFUSED = 0, 1, 2, 3
+
+
+class _RowRefused(Exception):
+    """The cache refused row `row` (its put raised `error`)."""
+
+    def __init__(self, row: int, error: Exception) -> None:
+        super().__init__(row, error)
+        self.row, self.error = row, error
+
+
+def _describe(e: BaseException) -> str:
+    """ "Type: message" of an exception, whatever its __str__ does."""
+    name = type(e).__name__
+    try:
+        msg = str(e)
+    except Exception as why:  # noqa: BLE001 -- the user's __str__
+        msg = f"(its message could not be printed: {type(why).__name__})"
+    return f"{name}: {msg}" if msg else name
+
+
+def _exit_status(code: int | None) -> str:
+    """How a worker ended, from its Process.exitcode."""
+    if code is None:
+        return "is still running"
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if -code == signal.SIGKILL:
+        return f"was killed by {name} (the out-of-memory killer does that: see dmesg)"
+    return f"was killed by {name}"
+
+
+def _die_with_parent(parent: int) -> None:
+    """This worker gets SIGKILL when the process that forked it dies (even
+    by SIGKILL), and exits now if that already happened."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass    # no prctl: the per-row parent check below still stops it
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _worker_main(parent, *args):
+    """A worker's start: the stop signals, which the parent blocked while it
+    forked, are ignored here before they are unblocked (a Ctrl-C of the
+    whole process group is the parent's to act on), then _worker."""
+    for s in _STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    _die_with_parent(parent)
+    _worker(parent, *args)
+
+
+def _put(cache, ids, rows):
+    """Stores a batch; when the cache refuses one row of it, raises
+    _RowRefused naming that row (the rows before it are stored)."""
+    try:
+        return put_rows(cache, ids, rows)
+    except Exception:   # noqa: BLE001 -- find the row, one at a time
+        stored = 0
+        for i, row in zip(ids, rows):
+            try:
+                stored += put_rows(cache, [i], [row])
+            except Exception as e:  # noqa: BLE001 -- reported by the caller
+                raise _RowRefused(i, e) from None
+        raise
+
+
+def _worker(parent, dataset, cache, ids, k, done, stored, failed, stop):
     """Stores dataset[i] for its ids (those cached meanwhile are skipped),
-    in batches; stops between rows when `stop` is set. done[k]: rows handled
-    (stored or found cached), stored[k]: stored by this worker, failed[k]:
-    1 when the cache stopped taking rows, 2 when the dataset raised."""
+    in batches; stops between rows when `stop` is set or the parent is
+    gone. done[k]: rows handled (stored or found cached), stored[k]: stored
+    by this worker, failed[k]: why it stopped early (_FULL, _DATASET_ERROR,
+    _ROW_REFUSED), reported on stderr by the worker itself."""
     batch_ids: list[int] = []
     rows: list[Any] = []
 
     def put():
-        stored[k] += put_rows(cache, batch_ids, rows)
+        stored[k] += _put(cache, batch_ids, rows)
         done[k] += len(batch_ids)
         batch_ids.clear()
         rows.clear()
 
+    i = None
     try:
         for i in ids:
-            if stop.is_set() or not cache.accepting:
+            if stop.is_set() or not cache.accepting or os.getppid() != parent:
                 break
             if cache.contains(i):
                 done[k] += 1
@@ -137,17 +232,29 @@ def _worker(dataset, cache, ids, k, done, stored, failed, stop):
             if len(rows) == _BATCH:
                 put()
         put()
-    except Exception as e:  # reported as one line; the parent exits with 1
-        print(f"prefill: row {i} of the dataset failed: {type(e).__name__}: {e}",
+    except _RowRefused as r:
+        msg = _describe(r.error)
+        if isinstance(r.error, ValueError):   # already names the row
+            msg = msg.split(" cannot be cached: ", 1)[-1]
+        print(f"prefill: row {r.row} cannot be cached: {msg}",
               file=sys.stderr, flush=True)
-        failed[k] = 2
+        failed[k] = _ROW_REFUSED
+        return
+    except Exception as e:  # noqa: BLE001 -- the user's dataset; one line
+        print(f"prefill: row {i} of the dataset failed: {_describe(e)}",
+              file=sys.stderr, flush=True)
+        failed[k] = _DATASET_ERROR
         return
     if not cache.accepting:
-        failed[k] = 1
+        failed[k] = _FULL
 
 
 class _Pool:
-    """The worker processes (forked, SIGINT ignored: the parent stops them)."""
+    """The worker processes. They are forked with SIGINT and SIGTERM
+    blocked, so that one arriving meanwhile stays pending for the parent
+    (its handler sees it once the mask is restored) instead of being lost
+    or reaching a half-started worker; each worker ignores both and dies
+    with the parent."""
 
     def __init__(self, dataset, cache, todo, workers):
         ctx = mp.get_context("fork")
@@ -155,28 +262,68 @@ class _Pool:
         self.stored = ctx.Array("q", workers, lock=False)
         self.failed = ctx.Array("b", workers, lock=False)
         self.stop = ctx.Event()
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.killed = False
+        self.procs: list[Any] = []
+        parent = os.getpid()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
-            self.procs = [ctx.Process(target=_worker, daemon=True, args=(
-                dataset, cache, todo[k::workers], k, self.done, self.stored,
-                self.failed, self.stop)) for k in range(workers)]
-            for p in self.procs:
+            for k in range(workers):
+                p = ctx.Process(target=_worker_main, daemon=True, args=(
+                    parent, dataset, cache, todo[k::workers], k, self.done,
+                    self.stored, self.failed, self.stop))
                 p.start()
+                self.procs.append(p)
+        except BaseException:
+            self.kill()
+            raise
         finally:
-            signal.signal(signal.SIGINT, old)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def alive(self):
         return any(p.is_alive() for p in self.procs)
 
     def wait(self, timeout):
-        for p in self.procs:
-            p.join(timeout)
+        """Until a worker ends or `timeout` seconds passed."""
+        live = [p.sentinel for p in self.procs if p.exitcode is None]
+        if live:
+            mp_connection.wait(live, timeout)
 
     def kill(self):
+        """SIGKILL to every worker still running, then reaps them all."""
         for p in self.procs:
             if p.is_alive():
+                self.killed = True
                 p.kill()
-        self.wait(None)
+        for p in self.procs:
+            p.join()
+
+    def dead(self) -> list[str]:
+        """How each worker that did not end with status 0 ended."""
+        return [f"worker {k} (pid {p.pid}) {_exit_status(p.exitcode)}"
+                for k, p in enumerate(self.procs) if p.exitcode != 0]
+
+
+class _StopSignals:
+    """While prefill runs, SIGINT and SIGTERM are recorded (`received`)
+    rather than raised; the main loop acts on them. Outside the main thread
+    (where handlers cannot be set) nothing changes."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in _STOP_SIGNALS:
+                self._old[s] = signal.signal(s, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
 
 
 # ---- progress -------------------------------------------------------------
@@ -238,52 +385,75 @@ class Progress:
 # ---- the run --------------------------------------------------------------
 
 class Result:
-    """total rows, cached before the run, stored by it, elapsed seconds,
-    interrupted (Ctrl-C), full (the cache stopped taking rows), failed (the
-    dataset raised)."""
+    """total rows, cached before the run, stored by it, elapsed seconds;
+    missing: rows still not cached at the end; signal: the signal that
+    stopped the run (SIGINT, SIGTERM) or None; interrupted: a signal stopped
+    it; full: the cache stopped taking rows; failed: the dataset raised or
+    the cache refused a row; dead_workers: how each worker that died ended
+    ("worker 1 (pid 4242) was killed by SIGKILL ...")."""
 
     def __init__(self, total: int, cached_before: int) -> None:
         self.total, self.cached_before = total, cached_before
         self.stored = 0
+        self.missing = total - cached_before
         self.seconds = 0.0
+        self.signal: int | None = None
         self.interrupted = self.full = self.failed = False
+        self.dead_workers: list[str] = []
 
 
-def _run_pool(pool, progress, cached_before):
-    """Follows the workers until they end; Ctrl-C sets their stop flag and
-    goes on waiting (a second Ctrl-C kills them). Returns interrupted."""
-    interrupted = False
-    while pool.alive():
-        try:
-            pool.wait(_POLL_S)
-            progress.update(cached_before + sum(pool.done))
-        except KeyboardInterrupt:
-            if interrupted:
+def _run_pool(pool, progress, cached_before, signals):
+    """Follows the workers until they end. The first SIGINT/SIGTERM sets
+    their stop flag (each finishes and stores the rows in hand) and the
+    wait goes on; a second one kills them. Returns the first signal or
+    None."""
+    handled = 0
+    while True:
+        if len(signals.received) > handled:
+            if handled == 0:
+                pool.stop.set()
+                name = signal.Signals(signals.received[0]).name
+                print(f"\nprefill: {name}: stopping after the rows in progress "
+                      "(Ctrl-C again to abort)", file=sys.stderr, flush=True)
+            if len(signals.received) > 1:
                 pool.kill()
                 break
-            interrupted = True
-            pool.stop.set()
-            print("\nprefill: stopping after the rows in progress (Ctrl-C again "
-                  "to abort)", file=sys.stderr, flush=True)
+            handled = len(signals.received)
+        if not pool.alive():
+            break
+        pool.wait(_POLL_S)
+        progress.update(cached_before + sum(pool.done))
     progress.update(cached_before + sum(pool.done))
-    return interrupted
+    return signals.received[0] if signals.received else None
 
 
 def prefill(dataset: Any, cache: DatasetCache, workers: int = 2,
             progress_stream: TextIO = sys.stderr, interval: float = 5.0) -> Result:
     """Stores every row of `dataset` that `cache` (an opened DatasetCache)
-    does not hold, with `workers` forked processes. Returns a Result."""
+    does not hold, with `workers` forked processes, which end before it
+    returns. SIGINT and SIGTERM stop it (see _run_pool) when it runs in the
+    main thread. Returns a Result."""
     t0 = time.monotonic()
-    todo = [i for i in range(len(dataset)) if not cache.contains(i)]
-    res = Result(len(dataset), len(dataset) - len(todo))
-    progress = Progress(res.total, res.cached_before, progress_stream, interval)
-    if todo:
-        pool = _Pool(dataset, cache, todo, max(1, min(workers, len(todo))))
-        res.interrupted = _run_pool(pool, progress, res.cached_before)
-        res.stored = sum(pool.stored)
-        res.full = 1 in pool.failed[:]
-        res.failed = 2 in pool.failed[:]
-    progress.close()
+    with _StopSignals() as signals:
+        todo = [i for i in range(len(dataset)) if not cache.contains(i)]
+        res = Result(len(dataset), len(dataset) - len(todo))
+        progress = Progress(res.total, res.cached_before, progress_stream, interval)
+        if todo and not signals.received:
+            pool = _Pool(dataset, cache, todo, max(1, min(workers, len(todo))))
+            try:
+                res.signal = _run_pool(pool, progress, res.cached_before, signals)
+            finally:
+                pool.kill()   # only on an error of the parent: they ended
+            res.stored = sum(pool.stored)
+            res.full = _FULL in pool.failed[:]
+            res.failed = _DATASET_ERROR in pool.failed[:] or _ROW_REFUSED in pool.failed[:]
+            if not pool.killed:
+                res.dead_workers = pool.dead()
+        elif signals.received:
+            res.signal = signals.received[0]
+        res.interrupted = res.signal is not None
+        res.missing = sum(not cache.contains(i) for i in todo)
+        progress.close()
     res.seconds = time.monotonic() - t0
     return res
 
@@ -306,8 +476,16 @@ def session_lines(port: int | None, session_id: int, cache_id: int) -> list[str]
 
 # ---- the command ----------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are BadInput: one line and exit status 1, as
+    the admin CLI reports them, not usage and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"error: {message}; see '{self.prog} --help'")
+
+
 def _parse(argv):
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python3 -m shmcache.prefill",
         description="Fill a shmcache cache from a dataset before training.")
     p.add_argument("dataset", help="CIFAR-10 binary directory, image folder, "
@@ -328,6 +506,9 @@ def _parse(argv):
         raise BadInput(f"-j/--workers must be at least 1, got {a.workers}")
     if a.progress_interval <= 0:
         raise BadInput("--progress_interval must be positive")
+    if a.cache_name is not None and not a.cache_name:
+        raise BadInput("--cache_name must not be empty (leave it out to name the "
+                       "cache by the dataset's fingerprint, as CachedDataset does)")
     return a
 
 
@@ -348,23 +529,33 @@ def _open_cache(a, dataset):
 
 
 def _report(res, cache, port):
-    cached = res.cached_before + res.stored
+    """The summary on stderr (and the session's line on stdout when every
+    row is cached); the exit status."""
+    cached = res.total - res.missing
+    where = f"cache {cache.name!r} of session {cache.session_id}"
+    counts = f"{cached}/{res.total} rows cached in {where}"
+    for line in res.dead_workers:
+        print(f"prefill: {line}", file=sys.stderr)
     if res.interrupted:
-        print(f"prefill: interrupted: {cached}/{res.total} rows cached; run the "
-              "same command again to resume", file=sys.stderr)
-        return 130
-    if res.failed:
-        print(f"prefill: stopped on a dataset error: {cached}/{res.total} rows "
-              "cached", file=sys.stderr)
-        return 1
+        name = signal.Signals(res.signal).name
+        print(f"prefill: interrupted by {name}: {counts}, {res.missing} missing; "
+              "run the same command again to resume", file=sys.stderr)
+        return 128 + res.signal
     if res.full:
-        print(f"prefill: the cache stopped taking rows (full): {cached}/"
-              f"{res.total} rows cached; raise --size or the server's memory "
-              "cap", file=sys.stderr)
+        print(f"prefill: the cache stopped taking rows (full): {counts}, "
+              f"{res.missing} missing; raise --size or the server's memory cap",
+              file=sys.stderr)
         return 1
-    print(f"prefill: done: {cached} rows cached ({res.stored} stored now, "
-          f"{res.cached_before} already cached) in {res.seconds:.1f} s",
-          file=sys.stderr)
+    if res.failed or res.dead_workers or res.missing:
+        why = ("stopped on an error" if res.failed else
+               "a worker died" if res.dead_workers else "rows were not stored")
+        print(f"prefill: {why}: {res.missing} of {res.total} rows missing "
+              f"({counts}); run the same command again to fill them",
+              file=sys.stderr)
+        return 1
+    print(f"prefill: done: {res.total} rows cached ({res.stored} stored now, "
+          f"{res.cached_before} already cached) in {res.seconds:.1f} s; "
+          f"{where}", file=sys.stderr)
     print("\n".join(session_lines(port, cache.session_id,
                                   cache.stats()["cache_id"])), flush=True)
     return 0
@@ -378,11 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as e:
         print(f"prefill: {e}", file=sys.stderr)
         return 1
-    try:
-        res = prefill(dataset, cache, a.workers, sys.stderr, a.progress_interval)
-    except KeyboardInterrupt:   # before the workers started
+    except KeyboardInterrupt:   # before any worker started
         print("prefill: interrupted", file=sys.stderr)
         return 130
+    print(f"prefill: filling cache {cache.name!r} of session {cache.session_id}",
+          file=sys.stderr, flush=True)
+    res = prefill(dataset, cache, a.workers, sys.stderr, a.progress_interval)
     return _report(res, cache, a.port)
 
 

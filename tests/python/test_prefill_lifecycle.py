@@ -1,0 +1,242 @@
+"""python3 -m shmcache.prefill tells the truth about its workers and ends
+them: a stop signal is honoured even while the workers are being forked,
+SIGINT/SIGTERM end every worker before prefill exits, workers die with a
+SIGKILLed prefill, a dead worker fails the run with the number of missing
+rows (a resume fills them), and errors name the right row and exception.
+
+The dataset is tests/python/prefill_helpers.py; each test steers it through
+environment variables and waits on what it does (a pid file, a line on
+stderr), never on time."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from conftest import _alive, wait_for  # noqa: E402
+from helpers import sample  # noqa: E402
+from prefill_helpers import rows  # noqa: E402
+from shmcache import DatasetCache  # noqa: E402
+from shmcache.torch import cache_for_dataset  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROWS = 400
+
+
+def prefill_cmd(server, session, *args):
+    return [sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows",
+            "--session_id", str(session), "-p", str(server.port), *args]
+
+
+def env(server, **extra):
+    e = dict(server.env, **extra)
+    e["PYTHONPATH"] = HERE + os.pathsep + e["PYTHONPATH"]
+    return e
+
+
+def run_prefill(server, session, *args, **extra_env):
+    return subprocess.run(prefill_cmd(server, session, *args),
+                          env=env(server, **extra_env), capture_output=True,
+                          text=True, timeout=300)
+
+
+class Running:
+    """A prefill process whose stderr lines are collected as they come."""
+
+    def __init__(self, server, session, *args, **extra_env):
+        self.p = subprocess.Popen(prefill_cmd(server, session, *args),
+                                  env=env(server, **extra_env),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        self.err = []
+        self.reader = threading.Thread(target=lambda: self.err.extend(self.p.stderr),
+                                       daemon=True)
+        self.reader.start()
+
+    def said(self, text):
+        return any(text in ln for ln in self.err)
+
+    def stderr(self):
+        self.reader.join(timeout=30)
+        return "".join(self.err)
+
+
+def the_cache(session, name):
+    """The cache prefill fills under --cache_name `name`."""
+    return cache_for_dataset(rows(), DatasetCache(session), name)
+
+
+def cached_ids(session, name):
+    cache = the_cache(session, name)
+    return {i for i in range(ROWS) if cache.contains(i)}
+
+
+def worker_pids(pid_dir):
+    return [int(f) for f in os.listdir(pid_dir)]
+
+
+def kill_all(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def check_rows(session, name):
+    cache = the_cache(session, name)
+    for i in range(ROWS):
+        img, label = sample(i, 8)
+        row = cache.get(i)
+        assert row is not None, f"row {i} is not cached"
+        assert np.array_equal(row[0], img) and int(row[1]) == label
+
+
+def test_ctrl_c_while_the_workers_are_being_forked_is_honoured(server, session, tmp_path):
+    # Worker 0's first row sends SIGINT to prefill while prefill is held
+    # before forking worker 1: the signal arrives inside the window where
+    # the pool is still forking. Every other row waits at a gate, which
+    # opens once prefill said it is stopping.
+    signalled, gate = tmp_path / "signalled", tmp_path / "gate"
+    run = Running(server, session, "-j", "3", "--cache_name", "window",
+                  PREFILL_SIGNAL_PARENT=str(signalled), PREFILL_HOLD_FORKS=str(signalled),
+                  PREFILL_GATE=str(gate), PREFILL_GATE_AT="1")
+    try:
+        wait_for(lambda: run.said("SIGINT: stopping") or run.p.poll() is not None,
+                 timeout=120, what="prefill to act on the SIGINT")
+        assert signalled.exists()
+        assert run.said("SIGINT: stopping"), run.stderr()
+        gate.touch()
+        assert run.p.wait(timeout=120) == 130, run.stderr()
+    finally:
+        gate.touch()
+        run.p.kill()
+        run.p.wait()
+    err = run.stderr()
+    assert "interrupted by SIGINT" in err and "run the same command again" in err
+    # The workers stored the rows they had in hand and took no other: row 0
+    # (worker 0's first), and at most one row behind the gate per worker
+    # (3, then 1 and 2, for workers that began one before the stop).
+    cached = cached_ids(session, "window")
+    assert 0 in cached and cached <= {0, 1, 2, 3}
+    r = run_prefill(server, session, "-j", "3", "--cache_name", "window")
+    assert r.returncode == 0, r.stderr
+    check_rows(session, "window")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_ends_every_worker_before_prefill_exits(server, session, tmp_path, sig):
+    pids, gate = tmp_path / "pids", tmp_path / "gate"
+    pids.mkdir()
+    run = Running(server, session, "-j", "3", "--cache_name", "stop",
+                  PREFILL_PIDS=str(pids), PREFILL_GATE=str(gate), PREFILL_GATE_AT="0")
+    try:
+        wait_for(lambda: len(os.listdir(pids)) == 3, timeout=120,
+                 what="three workers computing their first row")
+        run.p.send_signal(sig)
+        wait_for(lambda: run.said("stopping") or run.p.poll() is not None,
+                 timeout=60, what="prefill to act on the signal")
+        gate.touch()
+        rc = run.p.wait(timeout=120)
+        survivors = [pid for pid in worker_pids(pids) if _alive(pid)]
+        assert survivors == [], f"workers alive after prefill ended: {survivors}"
+        assert rc == 128 + sig, run.stderr()
+    finally:
+        gate.touch()
+        run.p.kill()
+        run.p.wait()
+        kill_all(worker_pids(pids))
+    assert f"interrupted by {signal.Signals(sig).name}" in run.stderr()
+    # The rows in hand were stored; no process is left to store more.
+    assert cached_ids(session, "stop") == {0, 1, 2}
+
+
+def test_workers_die_with_a_sigkilled_prefill(server, session, tmp_path):
+    pids, gate = tmp_path / "pids", tmp_path / "gate"
+    pids.mkdir()
+    run = Running(server, session, "-j", "2", "--cache_name", "orphans",
+                  PREFILL_PIDS=str(pids), PREFILL_GATE=str(gate), PREFILL_GATE_AT="0")
+    try:
+        wait_for(lambda: len(os.listdir(pids)) == 2, timeout=120,
+                 what="two workers computing their first row")
+        run.p.kill()
+        run.p.wait()
+        workers = worker_pids(pids)
+        wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=10,
+                 what=f"the workers {workers} to die with their parent")
+    finally:
+        gate.touch()
+        kill_all(worker_pids(pids))
+
+
+@pytest.mark.parametrize("how,says", [
+    ("kill", "was killed by SIGKILL (the out-of-memory killer"),
+    ("exit3", "exited with status 3"),
+])
+def test_a_dead_worker_fails_the_run_and_a_resume_fills_the_rows(server, session, how, says):
+    r = run_prefill(server, session, "-j", "2", "--cache_name", "dead",
+                    PREFILL_END_AT=f"150:{how}")
+    assert r.returncode == 1, r.stderr
+    missing = ROWS - len(cached_ids(session, "dead"))
+    assert missing > 0
+    assert re.search(r"prefill: worker 0 \(pid \d+\) " + re.escape(says), r.stderr), r.stderr
+    assert f"{missing} of {ROWS} rows missing" in r.stderr
+    assert "done" not in r.stderr and "None" not in r.stderr
+    r = run_prefill(server, session, "-j", "2", "--cache_name", "dead")
+    assert r.returncode == 0, r.stderr
+    assert f"({missing} stored now, {ROWS - missing} already cached)" in r.stderr
+    check_rows(session, "dead")
+
+
+def test_a_row_the_cache_refuses_is_named(server, session):
+    r = run_prefill(server, session, "-j", "1", "--cache_name", "refused",
+                    PREFILL_STR_LABEL_AT="101")
+    assert r.returncode == 1, r.stderr
+    assert "prefill: row 101 cannot be cached: TypeError: cannot cache a value of " \
+           "type str" in r.stderr
+    assert re.findall(r"\brow (\d+)", r.stderr) == ["101"], r.stderr
+    # The rows before it are stored, in its batch too.
+    assert cached_ids(session, "refused") == set(range(101))
+    assert f"{ROWS - 101} of {ROWS} rows missing" in r.stderr
+
+
+@pytest.mark.parametrize("kind,says", [
+    ("unpicklable", "Unpicklable: boom at row 7"),
+    ("unprintable", "Unprintable: (its message could not be printed: RuntimeError)"),
+])
+def test_a_dataset_error_names_the_row_and_the_exception(server, session, kind, says):
+    r = run_prefill(server, session, "-j", "2", "--cache_name", "raises",
+                    PREFILL_RAISE_AT=f"7:{kind}")
+    assert r.returncode == 1, r.stderr
+    assert f"prefill: row 7 of the dataset failed: {says}" in r.stderr
+    assert "Traceback" not in r.stderr
+    missing = ROWS - len(cached_ids(session, "raises"))
+    assert missing > 0 and f"{missing} of {ROWS} rows missing" in r.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    (["-j", "x"], "argument -j/--workers: invalid int value: 'x'"),
+    (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+    (["--cache_name", ""], "--cache_name must not be empty"),
+])
+def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
+    r = run_prefill(server, session, *args)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("prefill: "), r.stderr
+    assert says in r.stderr
+    assert server.cache_rows(session) == {}
+
+
+def test_a_missing_required_argument_is_one_line_and_exit_1(server):
+    r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows"],
+                       env=env(server), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr == ("prefill: error: the following arguments are required: "
+                        "--session_id; see 'python3 -m shmcache.prefill --help'\n")
