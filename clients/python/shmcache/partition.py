@@ -115,23 +115,35 @@ def _row_spec(row: Any, leaves: list[Any]) -> Any:
     return ("x", _leaf_spec(row, leaves))
 
 
+class _Packed:
+    """Rows described and sized, to be written into a buffer (pack_rows)."""
+
+    def __init__(self, ids: Sequence[int], rows: Sequence[Any]) -> None:
+        self.leaves: list[Any] = []
+        specs = [None if r is None else _row_spec(r, self.leaves) for r in rows]
+        self.meta = pickle.dumps((list(ids), specs), protocol=pickle.HIGHEST_PROTOCOL)
+        self.sizes = [len(x) if isinstance(x, bytes) else x.nbytes for x in self.leaves]
+        self.nbytes = _LEN + len(self.meta) + sum(self.sizes)
+
+    def write(self, out: npt.NDArray[np.uint8]) -> None:
+        """Writes the rows into out[:self.nbytes] (one copy of each leaf)."""
+        out[:_LEN] = np.array([len(self.meta)], dtype="<u8").view(np.uint8)
+        o = _LEN
+        out[o:o + len(self.meta)] = np.frombuffer(self.meta, dtype=np.uint8)
+        o += len(self.meta)
+        for x, n in zip(self.leaves, self.sizes):
+            if n:
+                src = np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes) \
+                    else x.reshape(-1).view(np.uint8)
+                out[o:o + n] = src
+            o += n
+
+
 def pack_rows(ids: Sequence[int], rows: Sequence[Any]) -> npt.NDArray[np.uint8]:
     """One buffer holding rows (None: a miss) under their ids."""
-    leaves: list[Any] = []
-    specs = [None if r is None else _row_spec(r, leaves) for r in rows]
-    meta = pickle.dumps((list(ids), specs), protocol=pickle.HIGHEST_PROTOCOL)
-    sizes = [len(x) if isinstance(x, bytes) else x.nbytes for x in leaves]
-    out = np.empty(_LEN + len(meta) + sum(sizes), dtype=np.uint8)
-    out[:_LEN] = np.array([len(meta)], dtype="<u8").view(np.uint8)
-    o = _LEN
-    out[o:o + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
-    o += len(meta)
-    for x, n in zip(leaves, sizes):
-        if n:
-            src = np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes) \
-                else x.reshape(-1).view(np.uint8)
-            out[o:o + n] = src
-        o += n
+    p = _Packed(ids, rows)
+    out = np.empty(p.nbytes, dtype=np.uint8)
+    p.write(out)
     return out
 
 
@@ -218,6 +230,10 @@ class RowExchange:
         self.bytes_received = 0
         self.bytes_sent = 0
         self.seconds = 0.0
+        # Bytes of the answers of the last round that moved any: (sent to
+        # each rank, received from each rank); what a bare all_to_all_single
+        # of the same bytes moves (benchmarks/multinode_bench.py).
+        self.last_sizes: tuple[list[int], list[int]] = ([], [])
 
     @staticmethod
     def new_group() -> Any:
@@ -321,29 +337,39 @@ class RowExchange:
         if put_ids and self.cache is not None:
             self.rows_put_for_others += sum(self.cache.put_batch(put_ids, put_rows))
         flat = [i for ids in asked for i in ids]
-        found = (self.cache.get_batch(flat) if self.cache is not None and flat
-                 else [None] * len(flat))
-        answers: list[npt.NDArray[np.uint8]] = []
+        # Zero-copy reads: each row is copied once, into the send buffer.
+        found = (self.cache.get_batch(flat, copy=False)
+                 if self.cache is not None and flat else [None] * len(flat))
+        answers: list[_Packed | None] = []
         o = 0
         for r in range(w):
             n = len(asked[r])
             if n:
                 rows = found[o:o + n]
                 self.rows_served += sum(x is not None for x in rows)
-                answers.append(pack_rows([], rows))
+                answers.append(_Packed([], rows))
             else:
-                answers.append(np.empty(0, dtype=np.uint8))
+                answers.append(None)
             o += n
+        send_np = np.empty(sum(a.nbytes for a in answers if a is not None),
+                           dtype=np.uint8)
+        o = 0
+        for a in answers:
+            if a is not None:
+                a.write(send_np[o:o + a.nbytes])
+                o += a.nbytes
+        del found
 
         # 3. answer sizes, 4. answers.
-        asz = torch.tensor([len(a) for a in answers], dtype=torch.int64)
+        asz = torch.tensor([0 if a is None else a.nbytes for a in answers],
+                           dtype=torch.int64)
         rsz = torch.empty_like(asz)
         _a2a(rsz, asz, None, None, self.group)
         out_sizes = rsz.tolist()
-        send = torch.from_numpy(np.concatenate(answers)) if answers \
-            else torch.empty(0, dtype=torch.uint8)
+        send = torch.from_numpy(send_np)
         back = torch.empty(sum(out_sizes), dtype=torch.uint8)
         _a2a(back, send, out_sizes, asz.tolist(), self.group)
+        self.last_sizes = (asz.tolist(), out_sizes)
         self.bytes_sent += int(send.numel())
         self.bytes_received += int(back.numel())
         b = back.numpy()
