@@ -120,6 +120,8 @@ def test_first_epoch_misses_then_every_row_a_hit_local_or_remote(job):
         rows = N // WORLD
         assert per[0]["misses"] == rows and per[0]["local_hits"] == 0 \
             and per[0]["remote_hits"] == 0
+        # Rows of the other node were computed here and sent to their owner.
+        assert 0 < per[0]["pushed"] < rows
         for c in per[1:]:
             assert c["misses"] == 0
             assert c["local_hits"] + c["remote_hits"] == rows

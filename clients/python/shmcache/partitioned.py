@@ -233,8 +233,8 @@ class PartitionedLoader:
       itself (then sampler default DistributedSampler(data, shuffle=True,
       seed=seed), and batch_size, drop_last, collate_fn, num_workers as
       given).
-    seed: the seed of the ownership split (the same on every rank; the same
-      split as NodeAffineSampler(seed=seed)). Default 0.
+    seed: the seed of the ownership split (the same on every rank), and of
+      the default DistributedSampler. Default 0.
     local_world_size: ranks per node, ranks numbered node by node; default
       $LOCAL_WORLD_SIZE (torchrun, srun-style launchers set it).
     group: the gloo group the exchange runs on; default one the constructor
