@@ -167,3 +167,42 @@ def test_a_dead_server_on_one_node_its_rows_come_from_the_source(tmp_path):
                 assert c["misses"] == sum(i not in mine for i in read)
     assert res[0]["mem_rows"] == N // NODES
     assert res[2]["mem_rows"] is None
+
+
+# ---- without servers: the row codec and the ownership split ---------------
+
+def test_rows_travel_whole_in_their_shape():
+    import numpy as np
+    from shmcache.partition import numpy_row, pack_rows, unpack_rows
+    strided = np.arange(12, dtype=np.uint16).reshape(3, 4)[:, ::2]
+    rows = [numpy_row((np.arange(4, dtype=np.float32), 7)), None,
+            {"img": strided, "raw": b"\x00ab", "y": np.float64(2.5)},
+            np.zeros((0, 3), dtype=np.int8)]
+    ids, back = unpack_rows(pack_rows([5, 6, 7, 8], rows))
+    assert ids == [5, 6, 7, 8] and back[1] is None
+    x, y = back[0]
+    assert x.dtype == np.float32 and x.tolist() == [0, 1, 2, 3]
+    assert y.shape == () and y.dtype == np.int64 and int(y) == 7
+    assert back[2]["img"].tolist() == strided.tolist() and back[2]["raw"] == b"\x00ab"
+    assert back[2]["y"].shape == () and float(back[2]["y"]) == 2.5
+    assert back[3].shape == (0, 3) and back[3].dtype == np.int8
+
+
+def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():
+    import torch
+    from shmcache.partition import RowOwners
+    a, b = RowOwners(1001, 3, seed=4), RowOwners(1001, 3, seed=4)
+    assert (a.owners == b.owners).all()
+    parts = [a.owned(k) for k in range(3)]
+    assert sorted(sum(parts, [])) == list(range(1001))
+    assert sorted(map(len, parts)) == [333, 334, 334]
+    assert (RowOwners(1001, 3, seed=5).owners != a.owners).any()
+    # DistributedSampler(seed=s)'s first epoch deals randperm(n, seed s) to
+    # the ranks: the split must not follow it (each rank needs rows of
+    # every node, or its node's cache is the only one it reads).
+    g = torch.Generator()
+    g.manual_seed(0)
+    perm = torch.randperm(100, generator=g).tolist()
+    own = RowOwners(100, 2, seed=0)
+    for rank in range(4):
+        assert len({own.owner(i) for i in perm[rank::4]}) == 2
