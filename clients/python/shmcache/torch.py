@@ -20,7 +20,9 @@ from .datasets import (CachedDataset, CachedIterableDataset, cache_for_dataset,
                        dataset_fingerprint)
 from .loader import CachedLoader
 from .samplers import NodeAffineSampler, node_partition
+from .partitioned import PartitionedLoader
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "CachedLoader",
            "dataset_fingerprint", "cache_for_dataset", "NodeAffineSampler",
            "node_partition"]
+__all__ += ["PartitionedLoader"]   # rows partitioned over the nodes' caches

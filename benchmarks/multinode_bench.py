@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""Rows partitioned over the nodes' caches (PartitionedLoader) on one host:
+2 simulated nodes (a server each, own --shm_dir) x 2 ranks, gloo over
+127.0.0.1, the ranks started with torch.distributed's env:// variables.
+
+Measures, in one run:
+- remote fetch: every rank asks the owner nodes for all the rows of its
+  epoch it does not own (warm caches), ROUND rows per round, through the
+  exchange (RowExchange.round: headers, ids, sizes, rows; the owner reads
+  its cache, packs, the asker unpacks); rows/s and GB/s over the job,
+  against the same-run limit: bare all_to_all_single calls moving exactly
+  the same bytes between the same ranks in the same number of rounds
+  (the two alternated --repeat times, the best of each kept);
+- epoch time (loading only, no model, max over ranks) with
+  DistributedSampler from the source (no cache), NodeAffineSampler over
+  DataLoader(CachedDataset), and DistributedSampler through
+  PartitionedLoader: cold (first) and warm epochs.
+
+The source's rows are uint8 images HxWx3 and a label, produced by a seeded
+generator plus --decode_us of busy work per row (a stand-in for decoding).
+Prints a table and writes JSON (--out). A benchmark, not a test: asserts
+nothing. Small by default (2,048 rows of 48 KiB): the machine is shared.
+
+    benchmarks/multinode_bench.py [--build build] [--rows 2048] [--side 128]
+        [--batch 32] [--round 64] [--decode_us 500] [--repeat 3] [--out FILE]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NODES, LOCAL = 2, 2
+HERE = Path(__file__).resolve()
+
+
+def rank_main(a):
+    """One rank: runs every measure, rank 0 writes the gathered results."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+    import shmcache
+    from shmcache.torch import CachedDataset, NodeAffineSampler, PartitionedLoader
+
+    class Images(Dataset):
+        def __init__(self, n, side, decode_us):
+            self.n, self.side, self.decode_us = n, side, decode_us
+            self.root = f"bench-images-{n}-{side}"
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            end = time.perf_counter() + self.decode_us * 1e-6
+            x = np.random.default_rng(i).integers(0, 256, (self.side, self.side, 3),
+                                                  dtype=np.uint8)
+            while time.perf_counter() < end:
+                pass
+            return x, i % 1000
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://",
+                            timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ds = Images(a.rows, a.side, a.decode_us)
+    cache = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
+    out = {}
+
+    def epoch_time(loader):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in loader:
+            pass
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    sampler = DistributedSampler(ds, shuffle=True, seed=0)
+    out["no_cache_s"] = epoch_time(DataLoader(ds, batch_size=a.batch, sampler=sampler))
+
+    affine_ds = CachedDataset(ds, cache, name="affine", async_puts=False)
+    affine = NodeAffineSampler(affine_ds, seed=0)
+    aloader = DataLoader(affine_ds, batch_size=a.batch, sampler=affine)
+    out["affine_cold_s"] = epoch_time(aloader)
+    affine.set_epoch(1)
+    out["affine_warm_s"] = epoch_time(aloader)
+
+    part_ds = CachedDataset(ds, cache, name="partitioned", async_puts=False)
+    psampler = DistributedSampler(part_ds, shuffle=True, seed=0)
+    ploader = PartitionedLoader(DataLoader(part_ds, batch_size=a.batch, sampler=psampler))
+    out["partitioned_cold_s"] = epoch_time(ploader)
+    ploader.set_epoch(1)
+    out["partitioned_warm_s"] = epoch_time(ploader)
+    out["partitioned_counters_2_epochs"] = ploader.counters
+
+    # Remote fetch against bare all_to_all_single with the same bytes.
+    ex = ploader.exchange
+    psampler.set_epoch(2)
+    mine = list(iter(psampler))
+    remote = [i for i in mine if ex.owners.owner(i) != ex.node]
+    rounds = [remote[k:k + a.round] for k in range(0, len(remote), a.round)]
+    n_rounds = torch.tensor([len(rounds)])
+    dist.all_reduce(n_rounds, op=dist.ReduceOp.MAX)
+    def fetch(tag):
+        """All the remote rows of the epoch, ROUND per round: (seconds,
+        rows, bytes, per round the answer bytes (sent, received))."""
+        sizes, rows, b0 = [], 0, ex.bytes_received
+        dist.barrier()
+        t0 = time.perf_counter()
+        for k in range(int(n_rounds)):
+            ids = rounds[k] if k < len(rounds) else []
+            req = {}
+            for i in ids:
+                req.setdefault(ex.server_of(ex.owners.owner(i)), []).append(i)
+            answers, _ = ex.round(req, {}, False, tag)
+            rows += sum(r is not None for rs in answers.values() for r in rs)
+            sizes.append(ex.last_sizes)
+        while not ex.round({}, {}, True, tag)[1]:
+            pass
+        dist.barrier()
+        return time.perf_counter() - t0, rows, ex.bytes_received - b0, sizes
+
+    def limit(sizes):
+        bufs = [(torch.zeros(sum(s), dtype=torch.uint8),
+                 torch.empty(sum(r), dtype=torch.uint8), s, r) for s, r in sizes]
+        dist.barrier()
+        t0 = time.perf_counter()
+        for send, recv, s, r in bufs:
+            dist.all_to_all_single(recv, send, r, s, group=ex.group)
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    # Alternated, best of --repeat each: the machine may be shared.
+    fetch_s = limit_s = float("inf")
+    for rep in range(a.repeat):
+        t, got_rows, got_bytes, sizes = fetch(1000 + rep)
+        fetch_s = min(fetch_s, t)
+        limit_s = min(limit_s, limit(sizes))
+    out.update(fetch_s=fetch_s, limit_s=limit_s, fetch_rows=got_rows,
+               fetch_bytes=got_bytes, rounds=int(n_rounds))
+    ploader.close()
+    gathered = [None] * world
+    dist.all_gather_object(gathered, out)
+    if rank == 0:
+        with open(a.out_rank, "w") as f:
+            json.dump(gathered, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_tcp_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def summarize(ranks, a):
+    total_rows = sum(r["fetch_rows"] for r in ranks)
+    total_bytes = sum(r["fetch_bytes"] for r in ranks)
+    fetch_s = max(r["fetch_s"] for r in ranks)
+    limit_s = max(r["limit_s"] for r in ranks)
+    row_bytes = a.side * a.side * 3
+    res = {
+        "config": {"nodes": NODES, "ranks_per_node": LOCAL, "rows": a.rows,
+                   "row_bytes": row_bytes, "batch": a.batch, "round_rows": a.round,
+                   "decode_us": a.decode_us, "backend": "gloo over 127.0.0.1",
+                   "cpus": os.cpu_count()},
+        "remote_fetch": {
+            "rows": total_rows, "bytes": total_bytes, "rounds": ranks[0]["rounds"],
+            "rows_per_s": total_rows / fetch_s, "GB_per_s": total_bytes / fetch_s / 1e9,
+            "limit_GB_per_s": total_bytes / limit_s / 1e9,
+            "ratio_to_limit": limit_s / fetch_s},
+        "epoch_s": {k: max(r[k] for r in ranks) for k in
+                    ("no_cache_s", "affine_cold_s", "affine_warm_s",
+                     "partitioned_cold_s", "partitioned_warm_s")},
+        "partitioned_counters_2_epochs": [r["partitioned_counters_2_epochs"] for r in ranks],
+    }
+    return res
+
+
+def table(res):
+    f, e = res["remote_fetch"], res["epoch_s"]
+    c = res["config"]
+    lines = [
+        f"2 nodes x 2 ranks, {c['rows']} rows of {c['row_bytes']} B, batch "
+        f"{c['batch']}, {c['decode_us']} us/row source, gloo over 127.0.0.1, "
+        f"{c['cpus']} CPUs",
+        "",
+        "| remote fetch | rows/s | GB/s |",
+        "|---|---|---|",
+        f"| exchange (cache read + pack + 4 all_to_all_single + unpack) | "
+        f"{f['rows_per_s']:,.0f} | {f['GB_per_s']:.3f} |",
+        f"| bare all_to_all_single, same bytes, same rounds | "
+        f"{f['rows_per_s'] / f['ratio_to_limit']:,.0f} | {f['limit_GB_per_s']:.3f} |",
+        f"| ratio (target >= 0.5) | {f['ratio_to_limit']:.2f}x | |",
+        "",
+        "| epoch (loading only, max over ranks) | first | warm |",
+        "|---|---|---|",
+        f"| DistributedSampler, no cache | {e['no_cache_s']:.2f} s | {e['no_cache_s']:.2f} s |",
+        f"| NodeAffineSampler + CachedDataset | {e['affine_cold_s']:.2f} s | "
+        f"{e['affine_warm_s']:.2f} s |",
+        f"| DistributedSampler + PartitionedLoader | {e['partitioned_cold_s']:.2f} s | "
+        f"{e['partitioned_warm_s']:.2f} s |",
+    ]
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=str(HERE.parents[1] / "build"))
+    p.add_argument("--rows", type=int, default=2048)
+    p.add_argument("--side", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--round", type=int, default=64)
+    p.add_argument("--decode_us", type=int, default=500)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", default="")
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out_rank", default="", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rank:
+        rank_main(a)
+        return 0
+    build = Path(a.build)
+    admin = str(build / "clients" / "admin" / "shmcache")
+    tmp = Path(tempfile.mkdtemp(prefix="shmcache-multinode-bench."))
+    pythonpath = str(build / "clients" / "python")
+    master = free_tcp_port()
+    servers, procs, envs = [], [], []
+    try:
+        for node in range(NODES):
+            run_dir, shm_dir = tmp / f"run{node}", Path(
+                f"/dev/shm/shmcache-bench-{os.getpid()}-node{node}")
+            run_dir.mkdir()
+            shm_dir.mkdir()
+            port = 20000 + (os.getpid() * 2 + node) % 20000
+            env = dict(os.environ, SHMCACHE_RUN_DIR=str(run_dir), SHMCACHE_PORT=str(port),
+                       PYTHONPATH=pythonpath)
+            subprocess.run([admin, "--start", "--shm_dir", str(shm_dir),
+                            "--log_dir", str(run_dir)], env=env, check=True,
+                           capture_output=True, timeout=60)
+            servers.append((env, shm_dir))
+            session = subprocess.run([admin, "-g"], env=env, check=True,
+                                     capture_output=True, text=True,
+                                     timeout=60).stdout.split()[-1]
+            for local in range(LOCAL):
+                envs.append(dict(env, SESSION_ID=session, OMP_NUM_THREADS="1",
+                                 RANK=str(node * LOCAL + local),
+                                 WORLD_SIZE=str(NODES * LOCAL), LOCAL_RANK=str(local),
+                                 LOCAL_WORLD_SIZE=str(LOCAL), MASTER_ADDR="127.0.0.1",
+                                 MASTER_PORT=str(master)))
+        out_rank = tmp / "ranks.json"
+        argv = [sys.executable, str(HERE), "--rank", "--out_rank", str(out_rank),
+                "--rows", str(a.rows), "--side", str(a.side), "--batch", str(a.batch),
+                "--round", str(a.round), "--decode_us", str(a.decode_us),
+                "--repeat", str(a.repeat)]
+        procs = [subprocess.Popen(argv, env=e) for e in envs]
+        deadline = time.monotonic() + 900
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                raise SystemExit("a rank failed or the ranks did not finish")
+            time.sleep(0.1)
+        res = summarize(json.loads(out_rank.read_text()), a)
+        print(table(res))
+        if a.out:
+            Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+        else:
+            print(json.dumps(res))
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for env, shm_dir in servers:
+            subprocess.run([admin, "--stop"], env=env, capture_output=True, timeout=60)
+            shutil.rmtree(shm_dir, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

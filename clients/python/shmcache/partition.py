@@ -1,0 +1,397 @@
+"""A dataset partitioned over the caches of several nodes, and the exchange
+that fetches a row from the node that owns it (imported through
+shmcache.torch; the loader is shmcache.partitioned.PartitionedLoader).
+
+Ownership: row i belongs to node RowOwners(n, num_nodes, seed).owner(i), a
+fixed function of the index that every rank computes alone: a permutation
+of range(n) drawn from `seed` (through a mixing function, so that it is
+unrelated to the shuffles of samplers seeded with the same number), dealt
+to the nodes in turn. Each node's server caches the rows its node owns, so
+the nodes' caches add up.
+
+The exchange (RowExchange.round) runs over the job's own torch.distributed
+process group: a gloo group of all ranks made for it (CPU tensors; the
+job's default group may be NCCL), four all_to_all_single calls per round:
+
+    1. headers, 6 int64 per pair of ranks: ids requested, bytes of rows
+       pushed, done flag, cache alive flag, round tag, epoch tag;
+    2. request bytes: the requested ids, then the pushed rows (rows the
+       sender computed for a row this rank's node owns; put here);
+    3. the size of each answer;
+    4. the answers: the requested rows read from this node's cache (a miss
+       is an empty entry).
+
+Every rank of the group calls round() the same number of times: a rank
+that has nothing to ask calls it with done=True and still answers; the
+round in which every rank says done (everyone knows it after step 1) is the
+last, and it moves no bytes.
+
+Rows travel as numpy arrays and bytes (what DatasetCache.get returns) in
+one buffer per pair of ranks: a pickled description (structure, dtypes,
+shapes) followed by the arrays' bytes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from time import perf_counter as _now
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.distributed as dist
+
+from . import DatasetCache
+
+__all__ = ["RowOwners", "RowExchange", "pack_rows", "unpack_rows", "numpy_row"]
+
+_HEADER = 6          # int64 per (sender, receiver) in step 1
+_LEN = 8             # bytes of the description's length
+
+
+def _mix(seed: int) -> int:
+    """A seed unrelated to `seed` (splitmix64's finalizer), >= 0."""
+    z = (seed + 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) >> 1
+
+
+class RowOwners:
+    """Which node owns each row of range(n): a seeded permutation of the
+    rows dealt to num_nodes nodes in turn (sizes differ by at most one).
+    The same on every rank for the same (n, num_nodes, seed)."""
+
+    def __init__(self, n: int, num_nodes: int, seed: int = 0) -> None:
+        if num_nodes < 1 or n < num_nodes:
+            raise ValueError(f"{n} rows cannot be split among {num_nodes} nodes")
+        self.n, self.num_nodes, self.seed = n, num_nodes, seed
+        g = torch.Generator()
+        # Not `seed` itself: DistributedSampler(seed=s) shuffles epoch 0 with
+        # randperm seeded s, and dealing the same permutation would hand
+        # rank r exactly the rows of node r % N in that epoch.
+        g.manual_seed(_mix(seed))
+        perm = torch.randperm(n, generator=g).numpy()
+        self.owners: npt.NDArray[np.int32] = np.empty(n, dtype=np.int32)
+        self.owners[perm] = np.arange(n, dtype=np.int32) % num_nodes
+
+    def owner(self, index: int) -> int:
+        return int(self.owners[index])
+
+    def owned(self, node: int) -> list[int]:
+        """The rows `node` owns, ascending."""
+        return np.flatnonzero(self.owners == node).tolist()
+
+
+def _contiguous(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+    return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
+def numpy_row(row: Any) -> Any:
+    """`row` with its leaves as numpy arrays (tensors, numbers) or bytes,
+    structure kept: what DatasetCache.get returns once the row is cached,
+    so a computed row and a cached one give the same sample."""
+    if isinstance(row, dict):
+        return {k: numpy_row(v) for k, v in row.items()}
+    if isinstance(row, (tuple, list)):
+        return tuple(numpy_row(v) for v in row)
+    if isinstance(row, (bytes, bytearray, memoryview)):
+        return bytes(row)
+    if isinstance(row, torch.Tensor):
+        return row.detach().cpu().contiguous().numpy()
+    if isinstance(row, np.ndarray):
+        return _contiguous(row)
+    a = np.asarray(row)
+    if a.dtype == np.int32 and isinstance(row, int):
+        a = a.astype(np.int64)   # as the cache stores a Python int
+    return a
+
+
+def _leaf_spec(v: Any, leaves: list[Any]) -> Any:
+    if isinstance(v, bytes):
+        leaves.append(v)
+        return ("b", len(v))
+    a = _contiguous(np.asarray(v))
+    leaves.append(a)
+    return ("a", a.dtype.str, a.shape, a.nbytes)
+
+
+def _row_spec(row: Any, leaves: list[Any]) -> Any:
+    if isinstance(row, dict):
+        return ("d", [(k, _leaf_spec(v, leaves)) for k, v in row.items()])
+    if isinstance(row, (tuple, list)):
+        return ("t", [_leaf_spec(v, leaves) for v in row])
+    return ("x", _leaf_spec(row, leaves))
+
+
+class _Packed:
+    """Rows described and sized, to be written into a buffer (pack_rows)."""
+
+    def __init__(self, ids: Sequence[int], rows: Sequence[Any]) -> None:
+        self.leaves: list[Any] = []
+        specs = [None if r is None else _row_spec(r, self.leaves) for r in rows]
+        self.meta = pickle.dumps((list(ids), specs), protocol=pickle.HIGHEST_PROTOCOL)
+        self.sizes = [len(x) if isinstance(x, bytes) else x.nbytes for x in self.leaves]
+        self.nbytes = _LEN + len(self.meta) + sum(self.sizes)
+
+    def write(self, out: npt.NDArray[np.uint8]) -> None:
+        """Writes the rows into out[:self.nbytes] (one copy of each leaf)."""
+        out[:_LEN] = np.array([len(self.meta)], dtype="<u8").view(np.uint8)
+        o = _LEN
+        out[o:o + len(self.meta)] = np.frombuffer(self.meta, dtype=np.uint8)
+        o += len(self.meta)
+        for x, n in zip(self.leaves, self.sizes):
+            if n:
+                src = np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes) \
+                    else x.reshape(-1).view(np.uint8)
+                out[o:o + n] = src
+            o += n
+
+
+def pack_rows(ids: Sequence[int], rows: Sequence[Any]) -> npt.NDArray[np.uint8]:
+    """One buffer holding rows (None: a miss) under their ids."""
+    p = _Packed(ids, rows)
+    out = np.empty(p.nbytes, dtype=np.uint8)
+    p.write(out)
+    return out
+
+
+def unpack_rows(buf: npt.NDArray[np.uint8]) -> tuple[list[int], list[Any]]:
+    """(ids, rows) of a pack_rows buffer; the arrays are views into buf."""
+    if len(buf) == 0:
+        return [], []
+    mlen = int(buf[:_LEN].view("<u8")[0])
+    o = _LEN
+    ids, specs = pickle.loads(buf[o:o + mlen].tobytes())
+    o += mlen
+
+    def leaf(spec: Any) -> Any:
+        nonlocal o
+        if spec[0] == "b":
+            v: Any = buf[o:o + spec[1]].tobytes()
+            o += spec[1]
+            return v
+        _, dt, shape, n = spec
+        a = buf[o:o + n].view(np.dtype(dt)).reshape(shape)
+        o += n
+        return a
+
+    rows: list[Any] = []
+    for spec in specs:
+        if spec is None:
+            rows.append(None)
+        elif spec[0] == "d":
+            rows.append({k: leaf(s) for k, s in spec[1]})
+        elif spec[0] == "t":
+            rows.append(tuple(leaf(s) for s in spec[1]))
+        else:
+            rows.append(leaf(spec[1]))
+    return ids, rows
+
+
+def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
+         in_splits: list[int] | None, group: Any) -> None:
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+
+
+class RowExchange:
+    """One rank's side of the exchange (see the module doc).
+
+    cache: this node's DatasetCache (the rows this node owns), or None.
+    owners: the RowOwners every rank uses.
+    group: the process group of all ranks the rounds run on (gloo: tensors
+      are on the CPU); RowExchange.new_group() makes one, and must be called
+      by every rank at the same point, as all of torch.distributed's
+      new_group calls.
+    local_world_size: ranks per node, ranks numbered node by node (as
+      torchrun and srun number them). A rank asks for a remote row the rank
+      of the owner node with its own local rank, so the node's ranks share
+      the serving.
+    """
+
+    def __init__(self, cache: DatasetCache | None, owners: RowOwners, group: Any,
+                 local_world_size: int) -> None:
+        self.cache = cache
+        self.owners = owners
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        if local_world_size < 1 or self.world % local_world_size:
+            raise ValueError(f"world size {self.world} is not a multiple of "
+                             f"{local_world_size} ranks per node")
+        self.local_world_size = local_world_size
+        self.num_nodes = self.world // local_world_size
+        if owners.num_nodes != self.num_nodes:
+            raise ValueError(f"the rows are split among {owners.num_nodes} nodes "
+                             f"but the job has {self.num_nodes}")
+        self.node = self.rank // local_world_size
+        self.local_rank = self.rank % local_world_size
+        # What the last headers said: nodes whose cache is bypassed.
+        self.dead_nodes: set[int] = set()
+        self.rounds = 0
+        # True once a round failed half-way: the ranks are out of step and
+        # no further round may be started.
+        self.broken = False
+        # Counters (this rank): rows served to others, rows put for others,
+        # bytes received in answers, seconds in rounds.
+        self.rows_served = 0
+        self.rows_put_for_others = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.seconds = 0.0
+        # Bytes of the answers of the last round that moved any: (sent to
+        # each rank, received from each rank); what a bare all_to_all_single
+        # of the same bytes moves (benchmarks/multinode_bench.py).
+        self.last_sizes: tuple[list[int], list[int]] = ([], [])
+
+    @staticmethod
+    def new_group() -> Any:
+        """A gloo group of all ranks for the exchange (collective call)."""
+        return dist.new_group(backend="gloo")
+
+    def server_of(self, node: int) -> int:
+        """The rank this rank asks for rows of `node`."""
+        return node * self.local_world_size + self.local_rank
+
+    def _alive(self) -> bool:
+        return self.cache is not None and not self.cache.bypassed
+
+    def round(self, requests: dict[int, list[int]],
+              pushes: dict[int, tuple[list[int], list[Any]]], done: bool,
+              epoch: int) -> tuple[dict[int, list[Any]], bool]:
+        if self.broken:
+            raise RuntimeError("an earlier exchange round failed; the ranks "
+                               "are out of step")
+        try:
+            return self._round(requests, pushes, done, epoch)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _round(self, requests: dict[int, list[int]],
+               pushes: dict[int, tuple[list[int], list[Any]]], done: bool,
+               epoch: int) -> tuple[dict[int, list[Any]], bool]:
+        """One round: asks rank r for the rows requests[r] (ids its node
+        owns), hands rank r the computed rows pushes[r] to put, answers the
+        others from this node's cache. Returns ({rank: rows in the order
+        asked, None for a miss}, whether every rank said done: then this
+        was the last round of the epoch). `epoch` must be the same on every
+        rank (a mismatch raises: ranks iterate different epochs)."""
+        t0 = _now()
+        self.rounds += 1
+        w = self.world
+        header = torch.zeros(w, _HEADER, dtype=torch.int64)
+        push_bufs: dict[int, npt.NDArray[np.uint8]] = {}
+        for r, (ids, rows) in pushes.items():
+            if ids:
+                push_bufs[r] = pack_rows(ids, rows)
+        for r in range(w):
+            header[r, 0] = len(requests.get(r, ()))
+            header[r, 1] = len(push_bufs[r]) if r in push_bufs else 0
+        # done only in a round that moves nothing from this rank: then a
+        # round where every rank says done moves nothing at all, and every
+        # rank knows it from the headers alone.
+        header[:, 2] = int(done and not push_bufs and not any(requests.values()))
+        header[:, 3] = int(self._alive())
+        header[:, 4] = self.rounds
+        header[:, 5] = epoch
+        got = torch.empty_like(header)
+        _a2a(got, header, None, None, self.group)
+        if (got[:, 4] != self.rounds).any() or (got[:, 5] != epoch).any():
+            raise RuntimeError(
+                f"rank {self.rank}: the ranks are out of step (round "
+                f"{got[:, 4].tolist()}, epoch {got[:, 5].tolist()}): every rank must "
+                "iterate the same epochs of its PartitionedLoader")
+        self.dead_nodes = {r // self.local_world_size for r in range(w)
+                           if not got[r, 3]}
+        all_done = bool(got[:, 2].all())
+        if all_done:
+            self.seconds += _now() - t0
+            return {}, True
+
+        # 2. ids asked, then the pushed rows.
+        send_sizes = [int(header[r, 0]) * 8 + int(header[r, 1]) for r in range(w)]
+        recv_sizes = [int(got[r, 0]) * 8 + int(got[r, 1]) for r in range(w)]
+        sendbuf = np.empty(sum(send_sizes), dtype=np.uint8)
+        o = 0
+        for r in range(w):
+            ids = requests.get(r, [])
+            if ids:
+                n = len(ids) * 8
+                sendbuf[o:o + n] = np.asarray(ids, dtype=np.int64).view(np.uint8)
+                o += n
+            if r in push_bufs:
+                b = push_bufs[r]
+                sendbuf[o:o + len(b)] = b
+                o += len(b)
+        recvbuf = torch.empty(sum(recv_sizes), dtype=torch.uint8)
+        _a2a(recvbuf, torch.from_numpy(sendbuf), recv_sizes, send_sizes, self.group)
+        recv = recvbuf.numpy()
+
+        # Puts first (rows others computed for this node), then answers.
+        asked: list[list[int]] = []
+        put_ids: list[int] = []
+        put_rows: list[Any] = []
+        o = 0
+        for r in range(w):
+            n = int(got[r, 0])
+            asked.append(recv[o:o + n * 8].view(np.int64).tolist())
+            o += n * 8
+            pb = int(got[r, 1])
+            if pb:
+                ids, rows = unpack_rows(recv[o:o + pb])
+                put_ids += ids
+                put_rows += rows
+            o += pb
+        if put_ids and self.cache is not None:
+            self.rows_put_for_others += sum(self.cache.put_batch(put_ids, put_rows))
+        flat = [i for ids in asked for i in ids]
+        # Zero-copy reads: each row is copied once, into the send buffer.
+        found = (self.cache.get_batch(flat, copy=False)
+                 if self.cache is not None and flat else [None] * len(flat))
+        answers: list[_Packed | None] = []
+        o = 0
+        for r in range(w):
+            n = len(asked[r])
+            if n:
+                rows = found[o:o + n]
+                self.rows_served += sum(x is not None for x in rows)
+                answers.append(_Packed([], rows))
+            else:
+                answers.append(None)
+            o += n
+        send_np = np.empty(sum(a.nbytes for a in answers if a is not None),
+                           dtype=np.uint8)
+        o = 0
+        for a in answers:
+            if a is not None:
+                a.write(send_np[o:o + a.nbytes])
+                o += a.nbytes
+        del found
+
+        # 3. answer sizes, 4. answers.
+        asz = torch.tensor([0 if a is None else a.nbytes for a in answers],
+                           dtype=torch.int64)
+        rsz = torch.empty_like(asz)
+        _a2a(rsz, asz, None, None, self.group)
+        out_sizes = rsz.tolist()
+        send = torch.from_numpy(send_np)
+        back = torch.empty(sum(out_sizes), dtype=torch.uint8)
+        _a2a(back, send, out_sizes, asz.tolist(), self.group)
+        self.last_sizes = (asz.tolist(), out_sizes)
+        self.bytes_sent += int(send.numel())
+        self.bytes_received += int(back.numel())
+        b = back.numpy()
+        result: dict[int, list[Any]] = {}
+        o = 0
+        for r in range(w):
+            n = out_sizes[r]
+            if requests.get(r):
+                _, rows = unpack_rows(b[o:o + n])
+                result[r] = rows
+            o += n
+        self.seconds += _now() - t0
+        return result, False

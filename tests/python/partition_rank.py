@@ -1,0 +1,119 @@
+"""One rank of the simulated multi-node job of test_partitioned.py.
+
+Launched as srun launches ranks: torch.distributed's env:// variables
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+plus the node's shmcache instance (SHMCACHE_PORT, SHMCACHE_RUN_DIR) and
+session (SESSION_ID). Trains a tiny model with gloo DDP over
+DistributedSampler(shuffle=True) batches twice: straight from the source
+("source") and through PartitionedLoader over the nodes' caches
+("partitioned"), and writes per epoch the batches it saw (indices and a
+digest of the values), its loss sum and the loader's counters to
+OUT_DIR/rank<RANK>.json.
+
+    partition_rank.py OUT_DIR NUM_SAMPLES EPOCHS BATCH WORKERS [BREAK]
+
+BREAK "rank:epoch:batches": that rank leaves that epoch of the partitioned
+run after that many batches (the other ranks go on to the end).
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import shmcache
+from shmcache.torch import CachedDataset, PartitionedLoader
+
+FEATURES, CLASSES = 16, 5
+
+
+class Features(Dataset):
+    """Deterministic synthetic rows: (float32[FEATURES], label, index)."""
+
+    def __init__(self, n):
+        self.n, self.root = n, "synthetic-partitioned"
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = np.random.default_rng(i).standard_normal(FEATURES).astype(np.float32)
+        return x, i % CLASSES, i
+
+
+def digest(x):
+    return hashlib.sha1(x.contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def train(loader, sampler_or_loader, epochs, brk):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(FEATURES, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rank = dist.get_rank()
+    out = []
+    for epoch in range(epochs):
+        sampler_or_loader.set_epoch(epoch)
+        before = dict(getattr(loader, "counters", {}))
+        loss_sum, batches = 0.0, []
+        stop = brk is not None and brk[0] == rank and brk[1] == epoch
+        for x, y, idx in loader:
+            batches.append({"indices": idx.tolist(), "x": digest(x), "y": y.tolist()})
+            if stop and len(batches) == brk[2]:
+                break
+            if brk is None:   # DDP needs every rank at every step
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                loss_sum += loss.item()
+        after = getattr(loader, "counters", {})
+        record = {"loss_sum": loss_sum, "batches": batches,
+                  "counters": {k: after[k] - before.get(k, 0) for k in after}}
+        out.append(record)
+    return out
+
+
+def main():
+    out_dir, n, epochs, batch, workers = sys.argv[1], *map(int, sys.argv[2:6])
+    brk = tuple(map(int, sys.argv[6].split(":"))) if len(sys.argv) > 6 else None
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://",
+                            timeout=datetime.timedelta(seconds=60))
+    ds = Features(n)
+    sampler = DistributedSampler(ds, shuffle=True, seed=0)
+    results = {"source": train(DataLoader(ds, batch_size=batch, sampler=sampler),
+                               sampler, epochs, None)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
+        cds = CachedDataset(ds, cache, name="partitioned", async_puts=False)
+        csampler = DistributedSampler(cds, shuffle=True, seed=0)
+        loader = PartitionedLoader(DataLoader(cds, batch_size=batch, sampler=csampler,
+                                              num_workers=workers))
+        results["partitioned"] = train(loader, loader, epochs, brk)
+        dist.barrier()           # every rank of every node is done
+        st = cds.stats()
+        results["mem_rows"] = None if st is None else st["mem_rows"]
+        results["len"] = len(loader)
+        results["owned"] = loader.exchange.owners.owned(loader.exchange.node)
+        loader.close()
+    results["warnings"] = [str(w.message) for w in caught
+                           if issubclass(w.category, shmcache.CacheWarning)]
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""PartitionedLoader on two simulated nodes x two ranks on one host: one
+shmcache server per node (own port, own --shm_dir), ranks launched as srun
+launches them (env:// variables, gloo over 127.0.0.1), each rank using its
+node's server; rows a node does not own come from their owner node over the
+job's process group.
+
+partition_rank.py trains with DistributedSampler(shuffle=True) from the
+source and through PartitionedLoader; the tests compare the two and check
+what the caches hold, with everything working, with a rank that leaves an
+epoch early, and with one node's server dead.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Server
+
+HERE = Path(__file__).resolve().parent
+NODES, LOCAL = 2, 2
+WORLD = NODES * LOCAL
+# 100 rows: 25 per rank, batches of 8: three full batches and one of 1.
+N, EPOCHS, BATCH = 100, 3, 8
+
+
+def _free_tcp_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(envs, args, timeout=150):
+    """Runs one partition_rank.py per env; fails (killing the others) when
+    one fails or when they are not all done within `timeout` s."""
+    procs = [subprocess.Popen(["/usr/bin/python3", str(HERE / "partition_rank.py"),
+                               *map(str, args)],
+                              env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for env in envs]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+    for rank, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {rank} failed (rc {p.returncode}):\n{out}"
+
+
+def _job(tmp, workers=0, brk=None, dead_node=None):
+    """Starts a server per node, runs the ranks, stops the servers;
+    {rank: results of partition_rank.py}."""
+    master_port = _free_tcp_port()
+    servers, envs = [], []
+    try:
+        for node in range(NODES):
+            shm_dir = Path(f"/dev/shm/shmcache-test-{os.getpid()}-part{node}")
+            shm_dir.mkdir()
+            (tmp / f"node{node}").mkdir()
+            s = Server(tmp / f"node{node}")
+            s.shm_dir = shm_dir
+            servers.append(s)
+            s.start("--shm_dir", str(shm_dir))
+            session = s.new_session()
+            if node == dead_node:
+                s.kill()
+            for local in range(LOCAL):
+                envs.append(dict(
+                    s.env, SESSION_ID=str(session), OMP_NUM_THREADS="1",
+                    RANK=str(node * LOCAL + local), WORLD_SIZE=str(WORLD),
+                    LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
+        args = [tmp, N, EPOCHS, BATCH, workers] + ([brk] if brk else [])
+        _run_ranks(envs, args)
+        return {r: json.loads((tmp / f"rank{r}.json").read_text())
+                for r in range(WORLD)}
+    finally:
+        for s in servers:
+            s.stop()
+            shutil.rmtree(s.shm_dir, ignore_errors=True)
+
+
+def _same_batches(res, rank, epochs=range(EPOCHS)):
+    for e in epochs:
+        src = res["source"][e]["batches"]
+        got = res["partitioned"][e]["batches"]
+        assert got == src, f"rank {rank}, epoch {e}: batches differ"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return _job(tmp_path_factory.mktemp("partitioned"), workers=1)
+
+
+def test_batches_and_losses_are_distributed_samplers(job):
+    for rank, res in job.items():
+        _same_batches(res, rank)
+        assert [len(b["indices"]) for b in res["source"][0]["batches"]] == [8, 8, 8, 1]
+        assert res["len"] == 4
+        cached = [e["loss_sum"] for e in res["partitioned"]]
+        assert cached == [e["loss_sum"] for e in res["source"]], f"rank {rank}"
+
+
+def test_first_epoch_misses_then_every_row_a_hit_local_or_remote(job):
+    for rank, res in job.items():
+        per = [e["counters"] for e in res["partitioned"]]
+        print(f"rank {rank} per epoch: {per}")
+        rows = N // WORLD
+        assert per[0]["misses"] == rows and per[0]["local_hits"] == 0 \
+            and per[0]["remote_hits"] == 0
+        # Rows of the other node were computed here and sent to their owner.
+        assert 0 < per[0]["pushed"] < rows
+        for c in per[1:]:
+            assert c["misses"] == 0
+            assert c["local_hits"] + c["remote_hits"] == rows
+            assert c["remote_hits"] > 0 and c["local_hits"] > 0
+
+
+def test_each_node_holds_its_half(job):
+    owned = []
+    for node in range(NODES):
+        ranks = [job[node * LOCAL + k] for k in range(LOCAL)]
+        assert ranks[0]["owned"] == ranks[1]["owned"]
+        assert ranks[0]["mem_rows"] == len(ranks[0]["owned"]) == N // NODES
+        owned += ranks[0]["owned"]
+    assert sorted(owned) == list(range(N))
+    assert all(not res["warnings"] for res in job.values())
+
+
+def test_a_rank_leaving_an_epoch_early_hangs_nobody(tmp_path):
+    """Rank 0 breaks out of epoch 1 after one batch; the others read the
+    whole epoch (rank 0 keeps answering them), then all go on."""
+    res = _job(tmp_path, brk="0:1:1")
+    for rank in range(WORLD):
+        epochs = [0, 2] if rank == 0 else range(EPOCHS)
+        _same_batches(res[rank], rank, epochs)
+        for e in epochs[1:]:
+            assert res[rank]["partitioned"][e]["counters"]["misses"] == 0
+    assert res[0]["partitioned"][1]["batches"] == res[0]["source"][1]["batches"][:1]
+
+
+def test_a_dead_server_on_one_node_its_rows_come_from_the_source(tmp_path):
+    res = _job(tmp_path, dead_node=1)
+    for rank in range(WORLD):
+        _same_batches(res[rank], rank)
+        node = rank // LOCAL
+        assert len(res[rank]["warnings"]) == (1 if node == 1 else 0), \
+            res[rank]["warnings"]
+        if node == 0:
+            mine = set(res[rank]["owned"])
+            for e in range(1, EPOCHS):
+                read = [i for b in res[rank]["source"][e]["batches"]
+                        for i in b["indices"]]
+                c = res[rank]["partitioned"][e]["counters"]
+                assert c["misses"] == sum(i not in mine for i in read)
+    assert res[0]["mem_rows"] == N // NODES
+    assert res[2]["mem_rows"] is None
+
+
+# ---- without servers: the row codec and the ownership split ---------------
+
+def test_rows_travel_whole_in_their_shape():
+    import numpy as np
+    from shmcache.partition import numpy_row, pack_rows, unpack_rows
+    strided = np.arange(12, dtype=np.uint16).reshape(3, 4)[:, ::2]
+    rows = [numpy_row((np.arange(4, dtype=np.float32), 7)), None,
+            {"img": strided, "raw": b"\x00ab", "y": np.float64(2.5)},
+            np.zeros((0, 3), dtype=np.int8)]
+    ids, back = unpack_rows(pack_rows([5, 6, 7, 8], rows))
+    assert ids == [5, 6, 7, 8] and back[1] is None
+    x, y = back[0]
+    assert x.dtype == np.float32 and x.tolist() == [0, 1, 2, 3]
+    assert y.shape == () and y.dtype == np.int64 and int(y) == 7
+    assert back[2]["img"].tolist() == strided.tolist() and back[2]["raw"] == b"\x00ab"
+    assert back[2]["y"].shape == () and float(back[2]["y"]) == 2.5
+    assert back[3].shape == (0, 3) and back[3].dtype == np.int8
+
+
+def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():
+    import torch
+    from shmcache.partition import RowOwners
+    a, b = RowOwners(1001, 3, seed=4), RowOwners(1001, 3, seed=4)
+    assert (a.owners == b.owners).all()
+    parts = [a.owned(k) for k in range(3)]
+    assert sorted(sum(parts, [])) == list(range(1001))
+    assert sorted(map(len, parts)) == [333, 334, 334]
+    assert (RowOwners(1001, 3, seed=5).owners != a.owners).any()
+    # DistributedSampler(seed=s)'s first epoch deals randperm(n, seed s) to
+    # the ranks: the split must not follow it (each rank needs rows of
+    # every node, or its node's cache is the only one it reads).
+    g = torch.Generator()
+    g.manual_seed(0)
+    perm = torch.randperm(100, generator=g).tolist()
+    own = RowOwners(100, 2, seed=0)
+    for rank in range(4):
+        assert len({own.owner(i) for i in perm[rank::4]}) == 2
