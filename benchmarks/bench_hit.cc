@@ -8,6 +8,8 @@
 //   View    Cache::View of a random id, one byte of the row's data read
 //           (as a trainer reads what it views)
 //   Get     Cache::Get of a random id (copy-out)
+//   LMDB    (with --lmdb_dir) mdb_get in one long read transaction of the
+//           same rows (integer keys), one byte of the value read
 // The caches are opened with size 0, as a trainer opens them by default.
 #include <algorithm>
 #include <cstring>
@@ -17,7 +19,10 @@
 #include <string>
 #include <vector>
 
+#include <lmdb.h>
 #include <sys/mman.h>
+
+#include <filesystem>
 
 #include "sections.h"
 #include "shmcache/client.h"
@@ -54,6 +59,53 @@ void BuildChase(char* buf, uint64_t n, size_t stride) {
     std::memcpy(from, &to, sizeof(to));
   }
 }
+
+// The rows of `h` in an LMDB environment under dir, opened for reading in
+// one long read transaction. False (and nothing left open) on an error.
+struct LmdbRows {
+  MDB_env* env = nullptr;
+  MDB_txn* txn = nullptr;
+  MDB_dbi dbi = 0;
+  std::string dir;
+  bool Open(const std::string& dir_, const HitConfig& h, const Source& src) {
+    dir = dir_;
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const size_t map = h.rows * h.size * 2 + (256u << 20);
+    bool ok = mdb_env_create(&env) == 0 && mdb_env_set_mapsize(env, map) == 0 &&
+              mdb_env_open(env, dir.c_str(), MDB_NOSYNC | MDB_NOMETASYNC | MDB_NORDAHEAD,
+                           0600) == 0 &&
+              mdb_txn_begin(env, nullptr, 0, &txn) == 0 &&
+              mdb_dbi_open(txn, nullptr, MDB_INTEGERKEY, &dbi) == 0;
+    for (uint64_t id = 0; ok && id < h.rows; ++id) {
+      MDB_val key{sizeof id, &id};
+      MDB_val val{h.size, const_cast<char*>(src.Row(id, h.size))};
+      ok = mdb_put(txn, dbi, &key, &val, MDB_APPEND) == 0;
+    }
+    ok = ok && mdb_txn_commit(txn) == 0;
+    txn = nullptr;
+    ok = ok && mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == 0;
+    // Every row read once, as the cache's rows are before they are timed:
+    // the map's pages are faulted in.
+    uint64_t sum = 0;
+    for (uint64_t id = 0; ok && id < h.rows; ++id) {
+      MDB_val key{sizeof id, &id};
+      MDB_val val;
+      ok = mdb_get(txn, dbi, &key, &val) == 0;
+      if (ok) sum += static_cast<uint64_t>(static_cast<const char*>(val.mv_data)[0]);
+    }
+    DoNotOptimize(sum);
+    if (!ok) Close();
+    return ok;
+  }
+  void Close() {
+    if (txn) mdb_txn_abort(txn);
+    if (env) mdb_env_close(env);
+    txn = nullptr;
+    env = nullptr;
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+};
 
 }  // namespace
 
@@ -111,8 +163,11 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
     // The four measurements interleaved, kRounds short runs each, the best
     // run of each kept: on a shared machine a neighbour's burst lowers some
     // runs, never raises one, and it hits limits and shmcache alike.
-    double chase = 0, copy = 0, views = 0, gets = 0;
-    uint64_t next[4] = {0, 0, 0, 0};
+    LmdbRows lmdb;
+    const bool with_lmdb = !c.lmdb_dir.empty() &&
+                           lmdb.Open(c.lmdb_dir + "/hit-" + std::to_string(h.size), h, src);
+    double chase = 0, copy = 0, views = 0, gets = 0, lmdb_views = 0;
+    uint64_t next[5] = {0, 0, 0, 0, 0};
     const double slice = c.seconds / kRounds;
     for (int round = 0; round < kRounds; ++round) {
       chase = std::max(chase, TimedRateOnce(slice, 1, [&](uint64_t) {
@@ -130,7 +185,19 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
         ok &= cache->Get(idx[i & mask], &row).ok();
         DoNotOptimize(row.view().encoded().data());
       }, &next[3]));
+      if (!with_lmdb) continue;
+      lmdb_views = std::max(lmdb_views, TimedRateOnce(slice, 1, [&](uint64_t i) {
+        uint64_t id = idx[i & mask];
+        MDB_val key{sizeof id, &id};
+        MDB_val val;
+        if (mdb_get(lmdb.txn, lmdb.dbi, &key, &val) == 0) {
+          sum += static_cast<uint64_t>(static_cast<const char*>(val.mv_data)[0]);
+        } else {
+          ok = false;
+        }
+      }, &next[4]));
     }
+    lmdb.Close();
     DoNotOptimize(sum);
     DoNotOptimize(p);
     munmap(buf, bytes);
@@ -141,6 +208,10 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
       r->Add("hit", "limit", "memcpy" + v, h.size, 1, copy);
       r->Add("hit", "shmcache", "View+touch" + v, h.size, 1, views);
       r->Add("hit", "shmcache", "Get" + v, h.size, 1, gets);
+      if (with_lmdb) {
+        r->Add("hit", "lmdb", "long txn view+touch" + v, h.size, 1, lmdb_views);
+        r->Value("hit.view_vs_lmdb." + std::to_string(h.size), views / lmdb_views);
+      }
       r->Value("hit.view_vs_chase." + std::to_string(h.size), views / chase);
       r->Value("hit.get_vs_memcpy." + std::to_string(h.size), gets / copy);
     }

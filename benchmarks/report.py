@@ -135,6 +135,13 @@ def targets(d):
                 "DRAM read per row (pointer chase, same bytes)",
                 f"{fmt_rate(hview)} vs {fmt_rate(chase)} rows/s",
                 f"{r:.2f}x", ">= 0.80x", r >= 0.8)
+        lm = d.rate("hit", "lmdb", "long txn view+touch " + label, size)
+        r = ratio(hview, lm)
+        if lm and hview:
+            row(f"hit, single view + one byte read, {label} rows, vs LMDB in one "
+                "long read txn (integer keys, one byte read)",
+                f"{fmt_rate(hview)} vs {fmt_rate(lm)} rows/s",
+                f"{r:.2f}x", ">= 1.5x", r >= 1.5)
         hmc = d.rate("hit", "limit", "memcpy " + label, size)
         hget = d.rate("hit", "shmcache", "Get " + label, size)
         r = ratio(hget, hmc)
