@@ -223,24 +223,26 @@ def targets(d):
     spb = d.rate("get", "shmcache", "spilled GetBatch 64")
     rk = d.rate("get", "rocksdb", "raw")
     rkm = d.rate("get", "rocksdb", "raw MultiGet 64")
-    r = ratio(spb, rk)
-    row("spilled-row read, batched (GetBatch of 64) vs raw RocksDB point Get, 3 KB",
-        f"{fmt_rate(spb)} vs {fmt_rate(rk)} rows/s",
-        f"{r:.2f}x" if r else "—", ">= 0.5x", r and r >= 0.5)
-    spb150 = d.rate("get", "shmcache", "spilled GetBatch 64", size=150 * KB)
-    rk150 = d.rate("get", "rocksdb", "raw", size=150 * KB)
-    r = ratio(spb150, rk150)
-    row("spilled-row read, batched (GetBatch of 64) vs raw RocksDB point Get, 150 KB",
-        f"{fmt_rate(spb150)} vs {fmt_rate(rk150)} rows/s",
-        f"{r:.2f}x" if r else "—", ">= 0.5x", r and r >= 0.5)
+    # DESIGN.md's spilled-row targets, against RocksDB's best of three
+    # configurations for the same rows (bench_rocksdb.cc).
+    for size, label in ((3 * KB, "3 KB"), (150 * KB, "150 KB")):
+        spb_s = d.rate("get", "shmcache", "spilled GetBatch 64", size=size)
+        rkm_s = d.rate("get", "rocksdb", "raw MultiGet 64", size=size)
+        r = ratio(spb_s, rkm_s)
+        row(f"spilled-row read, GetBatch of 64 vs RocksDB MultiGet of 64 (best of "
+            f"default / no compression / BlobDB + 256 MB cache), {label}",
+            f"{fmt_rate(spb_s)} vs {fmt_rate(rkm_s)} rows/s",
+            f"{r:.2f}x" if r else "—", ">= 0.80x", r and r >= 0.8)
     r = ratio(sp, rk)
     row("spilled-row read, one row per Get (a daemon round trip each) vs RocksDB Get "
-        "(not the target's measure)", f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
-        f"{r:.2f}x" if r else "—", "—", None)
-    r = ratio(spb, rkm)
-    row("spilled-row GetBatch of 64 vs RocksDB MultiGet of 64 (not a target)",
-        f"{fmt_rate(spb)} vs {fmt_rate(rkm)} rows/s",
-        f"{r:.2f}x" if r else "—", "—", None)
+        "(best configuration), 3 KB", f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 0.33x (within 3x)", r and r >= 1 / 3)
+    sp2 = d.rate("get", "shmcache", "spilled GetBatch 64", procs=2)
+    r = ratio(sp2, spb)
+    if sp2:
+        row("spilled-row GetBatch, 2 processes vs 1 (the target asks 4 vs 1 >= 1.6x)",
+            f"{fmt_rate(sp2)} vs {fmt_rate(spb)} rows/s",
+            f"{r:.2f}x" if r else "—", "—", None)
     oh = v.get("mem.overhead_per_row.3072")
     if oh is not None:
         enc = v.get("mem.encoding_overhead_per_row.3072")
