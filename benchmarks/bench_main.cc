@@ -2,7 +2,7 @@
 // references (the memcpy limit, Redis, LMDB, RocksDB) measured in the same
 // run. Prints progress to stderr and writes JSON.
 //
-//   shmcache_bench [--sections memcpy,put,shmcache,spill,redis,lmdb,rocksdb]
+//   shmcache_bench [--sections memcpy,put,shmcache,hit,spill,redis,lmdb,rocksdb]
 //                  [--seconds S] [--working_set_mb M] [--procs 1,2]
 //                  [--port P] [--redis_socket PATH] [--lmdb_dir DIR]
 //                  [--rocksdb_dir DIR] [--out FILE]
@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
   section("memcpy", bench::BenchMemcpy, true, "");
   section("put", bench::BenchPut, true, "");
   section("shmcache", bench::BenchShmcache, true, "");
+  section("hit", bench::BenchHit, true, "");
   section("spill", bench::BenchSpill, true, "");
   section("redis", bench::BenchRedis, !c.redis_socket.empty(), "no --redis_socket");
   section("lmdb", bench::BenchLmdb, !c.lmdb_dir.empty(), "no --lmdb_dir");

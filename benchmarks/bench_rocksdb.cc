@@ -1,8 +1,17 @@
-// Raw RocksDB: random get of 3 KB rows from a database on the spill
+// Raw RocksDB: random get of the rows from a database on the spill
 // directory's file system, the reference for shmcache's spilled-row get.
+// Each size is measured in three configurations (RocksDB's defaults; no
+// compression; integrated BlobDB for values of 4 KB and more, uncompressed,
+// with a 256 MB block cache); "raw" and "raw MultiGet 64" are the best of
+// them, the reference the spilled-row targets compare against. (The daemon
+// keeps its own options, daemon/spill_store.cc: in this machine's noisy
+// runs the BlobDB configuration was not the fastest.)
 #include <rocksdb/db.h>
+#include <rocksdb/cache.h>
 #include <rocksdb/options.h>
+#include <rocksdb/table.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,16 +23,66 @@ namespace bench {
 
 void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r);
 
+namespace {
+struct RocksConfig {
+  const char* name;
+  void (*tune)(rocksdb::Options*);
+};
+const RocksConfig kRocksConfigs[] = {
+    {"default", [](rocksdb::Options*) {}},
+    {"no compression",
+     [](rocksdb::Options* o) { o->compression = rocksdb::kNoCompression; }},
+    {"BlobDB + 256 MB cache",
+     [](rocksdb::Options* o) {
+       o->compression = rocksdb::kNoCompression;
+       o->enable_blob_files = true;
+       o->min_blob_size = 4096;
+       o->blob_compression_type = rocksdb::kNoCompression;
+       rocksdb::BlockBasedTableOptions t;
+       t.block_cache = rocksdb::NewLRUCache(256u << 20);
+       o->table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+     }},
+};
+}  // namespace
+
 // Raw RocksDB, the reference for spilled rows, at the same sizes.
 void BenchRocksdb(const Config& c, const Source& src, Report* r) {
   for (size_t size : {kRowSizes[0], kRowSizes[1]}) BenchRocksdbRows(c, src, size, r);
 }
 
+// One configuration's rates into *sub; returns false when it failed.
+void BenchRocksdbConfig(const Config& c, const Source& src, size_t size,
+                        const RocksConfig& cfg, Report* r, Report* sub);
+
 void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r) {
+  // The best configuration per (variant, procs) becomes "raw ...".
+  std::vector<Result> best;
+  for (const RocksConfig& cfg : kRocksConfigs) {
+    Report sub(/*quiet=*/true);
+    BenchRocksdbConfig(c, src, size, cfg, r, &sub);
+    for (const Result& x : sub.results()) {
+      r->Add(x.bench, x.system, x.variant + " (" + cfg.name + ")", x.row_bytes,
+             x.procs, x.rows_per_s);
+      auto same = [&](const Result& b) {
+        return b.variant == x.variant && b.procs == x.procs;
+      };
+      auto it = std::find_if(best.begin(), best.end(), same);
+      if (it == best.end()) best.push_back(x);
+      else if (x.rows_per_s > it->rows_per_s) *it = x;
+    }
+  }
+  for (const Result& b : best) {
+    r->Add(b.bench, b.system, b.variant, b.row_bytes, b.procs, b.rows_per_s);
+  }
+}
+
+void BenchRocksdbConfig(const Config& c, const Source& src, size_t size,
+                        const RocksConfig& cfg, Report* r, Report* sub) {
   const uint64_t n = std::min<uint64_t>(c.RowsFor(size), 65536);
   const std::string dir = c.rocksdb_dir + "/raw-" + std::to_string(size);
   std::filesystem::remove_all(dir);
   rocksdb::Options o;
+  cfg.tune(&o);
   o.create_if_missing = true;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
@@ -39,7 +98,10 @@ void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r
     s = db->Put(wo, rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
                 rocksdb::Slice(src.Row(id, size), size));
   }
-  if (s.ok()) r->Add("put", "rocksdb", "raw", size, 1, n / (NowSec() - t0));
+  if (s.ok()) {
+    r->Add("put", "rocksdb", std::string("raw (") + cfg.name + ")", size, 1,
+           n / (NowSec() - t0));
+  }
   if (s.ok()) s = db->Flush(rocksdb::FlushOptions());
   if (!s.ok()) {
     r->Skip("rocksdb", s.ToString());
@@ -54,6 +116,7 @@ void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r
     double rate = RunProcs(p, [&](int child) {
       rocksdb::DB* d = nullptr;
       rocksdb::Options ro;
+      cfg.tune(&ro);
       if (!rocksdb::DB::OpenForReadOnly(ro, dir, &d).ok()) return -1.0;
       std::unique_ptr<rocksdb::DB> owned(d);
       std::string value;
@@ -68,12 +131,13 @@ void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r
       return good ? rr : -1.0;
     });
     if (rate < 0) r->Skip("rocksdb get", "Get failed");
-    else r->Add("get", "rocksdb", "raw", size, p, rate);
+    else sub->Add("get", "rocksdb", "raw", size, p, rate);
     // MultiGet of the same random ids, kBatch keys per call.
     constexpr size_t kBatch = 64;
     rate = RunProcs(p, [&](int child) {
       rocksdb::DB* d = nullptr;
       rocksdb::Options ro;
+      cfg.tune(&ro);
       if (!rocksdb::DB::OpenForReadOnly(ro, dir, &d).ok()) return -1.0;
       std::unique_ptr<rocksdb::DB> owned(d);
       std::vector<uint64_t> ids(kBatch);
@@ -97,7 +161,7 @@ void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r
       return good ? rr : -1.0;
     });
     if (rate < 0) r->Skip("rocksdb multiget", "MultiGet failed");
-    else r->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kBatch), size, p, rate);
+    else sub->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kBatch), size, p, rate);
   }
   std::filesystem::remove_all(dir);
 }

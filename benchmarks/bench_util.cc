@@ -163,9 +163,11 @@ void Report::Add(const std::string& bench, const std::string& system,
                  double rows_per_s) {
   Result r{bench, system, variant, row_bytes, procs, rows_per_s,
            rows_per_s * static_cast<double>(row_bytes) / 1e9};
-  std::fprintf(stderr, "  %-8s %-9s %-22s %7zu B  P=%d  %12.0f rows/s  %7.2f GB/s\n",
-               bench.c_str(), system.c_str(), variant.c_str(), row_bytes, procs,
-               rows_per_s, r.gb_per_s);
+  if (!quiet_) {
+    std::fprintf(stderr, "  %-8s %-9s %-22s %7zu B  P=%d  %12.0f rows/s  %7.2f GB/s\n",
+                 bench.c_str(), system.c_str(), variant.c_str(), row_bytes, procs,
+                 rows_per_s, r.gb_per_s);
+  }
   results_.push_back(r);
 }
 

@@ -63,6 +63,8 @@ struct Result {
 
 class Report {
  public:
+  // quiet: Add does not print (a report gathered to be merged into another).
+  explicit Report(bool quiet = false) : quiet_(quiet) {}
   void Add(const std::string& bench, const std::string& system,
            const std::string& variant, size_t row_bytes, int procs,
            double rows_per_s);
@@ -70,8 +72,10 @@ class Report {
   void Value(const std::string& key, double v);  // free-form figures
   // Writes everything as one JSON object to `path` ("-" = stdout).
   bool Write(const std::string& path) const;
+  const std::vector<Result>& results() const { return results_; }
 
  private:
+  bool quiet_;
   std::vector<Result> results_;
   std::vector<std::pair<std::string, std::string>> skipped_;
   std::vector<std::pair<std::string, double>> values_;

@@ -124,6 +124,31 @@ def targets(d):
         row("hit, zero-copy view, 3 KB, 2 processes (per process)",
             f"{fmt_rate(view2)} lookups/s in all", f"{view2 / 2e6:.2f} M/s",
             ">= 10 M/s", view2 / 2 >= 10e6)
+    # The hit section (bench_hit.cc): single-row hits against the same-run
+    # limits, interleaved best-of rounds, at two index sizes.
+    for label, size in (("64Ki x 3 KB", 3 * KB), ("1Mi x 1 KB", KB)):
+        chase = d.rate("hit", "limit", "chase " + label, size)
+        hview = d.rate("hit", "shmcache", "View+touch " + label, size)
+        r = ratio(hview, chase)
+        if chase and hview:
+            row(f"hit, single view + one byte read, {label} rows, vs one dependent "
+                "DRAM read per row (pointer chase, same bytes)",
+                f"{fmt_rate(hview)} vs {fmt_rate(chase)} rows/s",
+                f"{r:.2f}x", ">= 0.80x", r >= 0.8)
+        lm = d.rate("hit", "lmdb", "long txn view+touch " + label, size)
+        r = ratio(hview, lm)
+        if lm and hview:
+            row(f"hit, single view + one byte read, {label} rows, vs LMDB in one "
+                "long read txn (integer keys, one byte read)",
+                f"{fmt_rate(hview)} vs {fmt_rate(lm)} rows/s",
+                f"{r:.2f}x", ">= 1.5x", r >= 1.5)
+        hmc = d.rate("hit", "limit", "memcpy " + label, size)
+        hget = d.rate("hit", "shmcache", "Get " + label, size)
+        r = ratio(hget, hmc)
+        if hmc and hget:
+            row(f"hit, single Get (copy-out), {label} rows, vs memcpy of random rows",
+                f"{fmt_rate(hget)} vs {fmt_rate(hmc)} rows/s",
+                f"{r:.2f}x", ">= 0.80x", r >= 0.8)
     getb = d.rate("get", "shmcache", "copy-out GetBatch 64")
     r = ratio(getb, mc)
     row("hit, copy-out, 3 KB, 1 process, batched (GetBatch of 64)",
@@ -198,24 +223,26 @@ def targets(d):
     spb = d.rate("get", "shmcache", "spilled GetBatch 64")
     rk = d.rate("get", "rocksdb", "raw")
     rkm = d.rate("get", "rocksdb", "raw MultiGet 64")
-    r = ratio(spb, rk)
-    row("spilled-row read, batched (GetBatch of 64) vs raw RocksDB point Get, 3 KB",
-        f"{fmt_rate(spb)} vs {fmt_rate(rk)} rows/s",
-        f"{r:.2f}x" if r else "—", ">= 0.5x", r and r >= 0.5)
-    spb150 = d.rate("get", "shmcache", "spilled GetBatch 64", size=150 * KB)
-    rk150 = d.rate("get", "rocksdb", "raw", size=150 * KB)
-    r = ratio(spb150, rk150)
-    row("spilled-row read, batched (GetBatch of 64) vs raw RocksDB point Get, 150 KB",
-        f"{fmt_rate(spb150)} vs {fmt_rate(rk150)} rows/s",
-        f"{r:.2f}x" if r else "—", ">= 0.5x", r and r >= 0.5)
+    # DESIGN.md's spilled-row targets, against RocksDB's best of three
+    # configurations for the same rows (bench_rocksdb.cc).
+    for size, label in ((3 * KB, "3 KB"), (150 * KB, "150 KB")):
+        spb_s = d.rate("get", "shmcache", "spilled GetBatch 64", size=size)
+        rkm_s = d.rate("get", "rocksdb", "raw MultiGet 64", size=size)
+        r = ratio(spb_s, rkm_s)
+        row(f"spilled-row read, GetBatch of 64 vs RocksDB MultiGet of 64 (best of "
+            f"default / no compression / BlobDB + 256 MB cache), {label}",
+            f"{fmt_rate(spb_s)} vs {fmt_rate(rkm_s)} rows/s",
+            f"{r:.2f}x" if r else "—", ">= 0.80x", r and r >= 0.8)
     r = ratio(sp, rk)
     row("spilled-row read, one row per Get (a daemon round trip each) vs RocksDB Get "
-        "(not the target's measure)", f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
-        f"{r:.2f}x" if r else "—", "—", None)
-    r = ratio(spb, rkm)
-    row("spilled-row GetBatch of 64 vs RocksDB MultiGet of 64 (not a target)",
-        f"{fmt_rate(spb)} vs {fmt_rate(rkm)} rows/s",
-        f"{r:.2f}x" if r else "—", "—", None)
+        "(best configuration), 3 KB", f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
+        f"{r:.2f}x" if r else "—", ">= 0.33x (within 3x)", r and r >= 1 / 3)
+    sp2 = d.rate("get", "shmcache", "spilled GetBatch 64", procs=2)
+    r = ratio(sp2, spb)
+    if sp2:
+        row("spilled-row GetBatch, 2 processes vs 1 (the target asks 4 vs 1 >= 1.6x)",
+            f"{fmt_rate(sp2)} vs {fmt_rate(spb)} rows/s",
+            f"{r:.2f}x" if r else "—", "—", None)
     oh = v.get("mem.overhead_per_row.3072")
     if oh is not None:
         enc = v.get("mem.encoding_overhead_per_row.3072")

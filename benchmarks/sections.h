@@ -18,6 +18,7 @@ struct Source {
 void BenchMemcpy(const Config& c, const Source& src, Report* r);
 void BenchPut(const Config& c, const Source& src, Report* r);
 void BenchShmcache(const Config& c, const Source& src, Report* r);
+void BenchHit(const Config& c, const Source& src, Report* r);
 void BenchSpill(const Config& c, const Source& src, Report* r);
 void BenchRedis(const Config& c, const Source& src, Report* r);
 void BenchLmdb(const Config& c, const Source& src, Report* r);

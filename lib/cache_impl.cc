@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "cache_stats.h"
 #include "numa_topology.h"
@@ -36,6 +39,7 @@ Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
   }
   c->stats_slot_.store(client->client_id() % layout::kStatsSlots);
   c->stats_fork_gen_.store(ForkGeneration());
+  c->lane_.store(c->TakeLane(client->client_id()));
   c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
   c->single_node_ = NumaTopology::Get().num_nodes() == 1;
   c->chunk_fork_gen_ = ForkGeneration();
@@ -83,6 +87,12 @@ uint64_t CacheImpl::Lookup(uint64_t id) {
     // A mapping failure leaves the tables we have; they are still right.
     MapNewTables().PermitUncheckedError();
     n = num_tables_.load(std::memory_order_acquire);
+  }
+  // Tables are probed newest first and a row sits in one of them: start
+  // every table's probe at once, so a row in an old table costs one memory
+  // latency, not one per newer table.
+  if (n > 1) {
+    for (uint32_t i = n; i-- > 0;) tables_[i].Prefetch(id);
   }
   for (uint32_t i = n; i-- > 0;) {
     uint64_t loc = tables_[i].Find(id);
@@ -134,28 +144,83 @@ Status CacheImpl::Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) {
 }
 
 layout::StatsSlot* CacheImpl::Stats() {
-  // A forked child would share its parent's line: give it its own.
-  if (stats_fork_gen_.load(std::memory_order_relaxed) != ForkGeneration()) {
-    stats_fork_gen_.store(ForkGeneration(), std::memory_order_relaxed);
-    stats_slot_.store((client_->client_id() + static_cast<uint32_t>(getpid())) %
-                          layout::kStatsSlots,
-                      std::memory_order_relaxed);
+  // A forked child would share its parent's line and lane: give it its
+  // own. One thread (the CAS's winner) re-picks them.
+  uint64_t gen = stats_fork_gen_.load(std::memory_order_relaxed);
+  if (gen != ForkGeneration() &&
+      stats_fork_gen_.compare_exchange_strong(gen, ForkGeneration(),
+                                              std::memory_order_relaxed)) {
+    const uint32_t pick = client_->client_id() + static_cast<uint32_t>(getpid());
+    lane_.store(nullptr, std::memory_order_relaxed);
+    lane_thread_.store(nullptr, std::memory_order_relaxed);
+    stats_slot_.store(pick % layout::kStatsSlots, std::memory_order_relaxed);
+    lane_.store(TakeLane(pick), std::memory_order_relaxed);
   }
   return &header_->stats[stats_slot_.load(std::memory_order_relaxed)];
 }
 
+layout::StatsLane* CacheImpl::TakeLane(uint32_t i) {
+  layout::StatsLane& lane = header_->lanes[i % layout::kStatsSlots];
+  const uint64_t me = static_cast<uint64_t>(getpid());
+  uint64_t owner = lane.owner.load(std::memory_order_relaxed);
+  // A lane whose owner is gone keeps its counts; the next owner adds on.
+  // One this process holds already (the cache opened twice) is not shared:
+  // two threads would count in it.
+  if (owner == me) return nullptr;
+  if (owner != 0 && !(kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH)) {
+    return nullptr;
+  }
+  return lane.owner.compare_exchange_strong(owner, me, std::memory_order_acq_rel)
+             ? &lane
+             : nullptr;
+}
+
+void CacheImpl::ReleaseLane() {
+  layout::StatsLane* lane = lane_.exchange(nullptr);
+  if (lane == nullptr || stats_fork_gen_.load() != ForkGeneration()) return;
+  uint64_t me = static_cast<uint64_t>(getpid());
+  lane->owner.compare_exchange_strong(me, 0, std::memory_order_acq_rel);
+}
+
+layout::StatsLane* CacheImpl::OwnLane() {
+  // The thread pointer names a live thread; a forked child's only thread
+  // has its parent's, which is why callers check the fork generation.
+  const void* me = __builtin_thread_pointer();
+  const void* owner = lane_thread_.load(std::memory_order_relaxed);
+  if (owner == nullptr && lane_.load(std::memory_order_relaxed) != nullptr &&
+      lane_thread_.compare_exchange_strong(owner, me, std::memory_order_relaxed)) {
+    owner = me;
+  }
+  return owner == me ? lane_.load(std::memory_order_relaxed) : nullptr;
+}
+
 void CacheImpl::CountRead(bool hit, int node) {
-  layout::StatsSlot* slot = Stats();
-  if (!hit) {
-    slot->misses.fetch_add(1, std::memory_order_relaxed);
+  // On a single-node host every hit is a Numa hit: the readers of the
+  // statistics count them, and the hit path saves an add.
+  const bool numa =
+      hit && !single_node_ && node == NumaTopology::Get().CurrentNode();
+  // The lane's one writer counts with a plain load and store: no locked
+  // add, which would fence this hit's misses off from the next one's.
+  auto bump = [](std::atomic<uint64_t>& c) {
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  };
+  layout::StatsLane* lane = nullptr;
+  if (lane_thread_.load(std::memory_order_relaxed) == __builtin_thread_pointer() &&
+      stats_fork_gen_.load(std::memory_order_relaxed) == ForkGeneration()) {
+    lane = lane_.load(std::memory_order_relaxed);
+  }
+  layout::StatsSlot* slot = nullptr;
+  if (lane == nullptr) {
+    slot = Stats();  // re-picks the line and the lane in a forked child
+    lane = OwnLane();
+  }
+  if (lane != nullptr) {
+    bump(hit ? lane->hits : lane->misses);
+    if (numa) bump(lane->numa_hits);
     return;
   }
-  slot->hits.fetch_add(1, std::memory_order_relaxed);
-  // On a single-node host every hit is a Numa hit: the readers of the
-  // statistics count them, and the hit path saves a locked add.
-  if (!single_node_ && node == NumaTopology::Get().CurrentNode()) {
-    slot->numa_hits.fetch_add(1, std::memory_order_relaxed);
-  }
+  (hit ? slot->hits : slot->misses).fetch_add(1, std::memory_order_relaxed);
+  if (numa) slot->numa_hits.fetch_add(1, std::memory_order_relaxed);
 }
 
 Status CacheImpl::GetStats(CacheStats* out) {
@@ -171,6 +236,7 @@ bool CacheImpl::IsFull() const {
 
 void CacheImpl::Close() {
   if (closed_.exchange(true)) return;
+  ReleaseLane();
   std::lock_guard lock(put_mu_);
   ReturnChunksLocked();
 }

@@ -83,6 +83,11 @@ class CacheImpl {
   void LookupBatch(std::span<const uint64_t> ids, uint64_t* locs);
   Status MapNewTables();
   Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node);
+  // The hit path: views row `id` when it is in memory, in a segment this
+  // process has mapped, and the cache is usable; builds no Status and
+  // counts nothing. False otherwise: the caller takes the full path, which
+  // tells a miss, a spilled row and every error apart.
+  bool FindInMemory(uint64_t id, RowView* view, int* node);
   Status SegmentFor(uint32_t seg_no, const MappedSegment** out);
   Status LeaseChunk(int node, size_t need, Chunk* out);
   // Rows and bytes a batch added to memory, counted into the statistics
@@ -107,6 +112,13 @@ class CacheImpl {
   Status GrowIndex(uint32_t seen);
   void ReturnChunksLocked();
   layout::StatsSlot* Stats();
+  // The stats lane this thread may count in, or nullptr (another thread
+  // of this process owns it, or the process has none).
+  layout::StatsLane* OwnLane();
+  // Takes lanes[i % kStatsSlots] for this process: free, or its owner gone.
+  // nullptr when another live process (or this one) holds it.
+  layout::StatsLane* TakeLane(uint32_t i);
+  void ReleaseLane();
   void CountRead(bool hit, int node);
   // Reads spilled rows through the daemon, one round trip per batch.
   // statuses[i] is OK, NotFound, or the transport error.
@@ -135,6 +147,10 @@ class CacheImpl {
   // This process's statistics line (re-picked in a forked child).
   std::atomic<uint32_t> stats_slot_{0};
   std::atomic<uint64_t> stats_fork_gen_{0};
+  // This process's stats lane (nullptr: none) and the one thread counting
+  // in it: a token, the address of that thread's thread_local.
+  std::atomic<layout::StatsLane*> lane_{nullptr};
+  std::atomic<const void*> lane_thread_{nullptr};
   std::atomic<bool> closed_{false};
   bool single_node_ = true;  // NUMA: every reader is on node 0
 

@@ -52,8 +52,35 @@ Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   return Status::OK();
 }
 
+bool CacheImpl::FindInMemory(uint64_t id, RowView* view, int* node) {
+  if (closed_.load(std::memory_order_relaxed) ||
+      (header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed)) {
+    return false;
+  }
+  const uint64_t loc = Lookup(id);
+  if (loc <= layout::kRetired || (loc & layout::kSpilledBit)) return false;
+  const MappedSegment* seg = segments_.Find(layout::LocationSegment(loc));
+  if (seg == nullptr) return false;
+  const uint64_t off = layout::LocationOffset(loc);
+  if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0 ||
+      !RowCodec::DecodeHeader(reinterpret_cast<const std::byte*>(seg->read_base + off),
+                              seg->size - off, id, view)) {
+    return false;
+  }
+  view->in_shared_memory_ = true;
+  *node = seg->node;
+  return true;
+}
+
 Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
                       bool project, Row* out) {
+  int node = 0;
+  RowView v;
+  if (!project && FindInMemory(id, &v, &node)) {
+    RowCodec::Copy(v, out);
+    CountRead(true, node);
+    return Status::OK();
+  }
   uint64_t loc;
   Status s = Locate(id, &loc);
   if (s.ok()) s = Materialize(id, loc, columns, project, out);
@@ -156,6 +183,11 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
 }
 
 Status CacheImpl::View(uint64_t id, RowView* out) {
+  int node = 0;
+  if (FindInMemory(id, out, &node)) {
+    CountRead(true, node);
+    return Status::OK();
+  }
   uint64_t loc;
   Status s = Locate(id, &loc);
   if (s.ok() && (loc & layout::kSpilledBit)) {

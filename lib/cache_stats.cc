@@ -18,6 +18,11 @@ CacheStats ReadCacheStats(const layout::CacheHeader& header, bool single_node) {
     out.disk_bytes += slot.disk_bytes.load(kRelaxed);
     out.puts_full += slot.puts_full.load(kRelaxed);
   }
+  for (const layout::StatsLane& lane : header.lanes) {
+    out.hits += lane.hits.load(kRelaxed);
+    out.misses += lane.misses.load(kRelaxed);
+    out.numa_hits += lane.numa_hits.load(kRelaxed);
+  }
   if (single_node) out.numa_hits = out.hits;
   out.reserved_bytes = header.reserved_bytes.load(kRelaxed);
   out.budget_bytes = header.budget_bytes;

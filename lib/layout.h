@@ -33,7 +33,8 @@ namespace shmcache::layout {
 
 // 2: table file names carry a random tag (TableInfo::tag).
 // 3: StatsSlot counts spilled bytes and puts refused because full.
-inline constexpr uint32_t kLayoutVersion = 3;
+// 4: CacheHeader::lanes, the reads one thread counts without a locked add.
+inline constexpr uint32_t kLayoutVersion = 4;
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
@@ -91,6 +92,20 @@ struct alignas(kCacheLine) StatsSlot {
 };
 static_assert(sizeof(StatsSlot) == kCacheLine);
 
+// ---- Read counters with one writer: a locked add on every hit is a full
+// fence on x86, which keeps one hit's memory misses from overlapping the
+// next one's. A lane is owned by one process (`owner`: its pid, taken by
+// CAS from 0 or from a pid that is gone), and inside it by one thread,
+// which counts with a plain load and store. Readers add the lanes to the
+// slots.
+struct alignas(kCacheLine) StatsLane {
+  std::atomic<uint64_t> owner;  // pid of the owning process; 0: free
+  std::atomic<uint64_t> hits;
+  std::atomic<uint64_t> misses;
+  std::atomic<uint64_t> numa_hits;
+};
+static_assert(sizeof(StatsLane) == kCacheLine);
+
 // Cache state bits.
 inline constexpr uint32_t kStateFull = 1;       // takes no more rows, not
                                                 // even on disk
@@ -142,6 +157,7 @@ struct alignas(kCacheLine) CacheHeader {
   char fingerprint[kMaxNameBytes];
   TableInfo tables[kMaxTables];
   StatsSlot stats[kStatsSlots];
+  StatsLane lanes[kStatsSlots];
 };
 
 // ---- Index table ---------------------------------------------------------

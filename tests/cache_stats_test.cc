@@ -52,6 +52,22 @@ TEST(CacheStatsTest, CountersAreSummedOverEverySlot) {
   EXPECT_EQ(st.spill_reads, 0u) << "the daemon's own count";
 }
 
+TEST(CacheStatsTest, ReadsCountedInLanesAreAddedToTheSlots) {
+  auto h = NewHeader();
+  h->stats[5].hits.store(7);
+  h->stats[5].misses.store(1);
+  h->lanes[5].owner.store(1234);
+  h->lanes[5].hits.store(100);
+  h->lanes[5].misses.store(10);
+  h->lanes[5].numa_hits.store(60);
+  h->lanes[63].hits.store(3);  // a lane whose owner is gone keeps its counts
+  CacheStats st = ReadCacheStats(*h, /*single_node=*/false);
+  EXPECT_EQ(st.hits, 110u);
+  EXPECT_EQ(st.misses, 11u);
+  EXPECT_EQ(st.numa_hits, 60u);
+  EXPECT_EQ(ReadCacheStats(*h, true).numa_hits, 110u);
+}
+
 TEST(CacheStatsTest, OnOneNodeEveryHitIsANumaHit) {
   auto h = NewHeader();
   h->stats[0].hits.store(10);

@@ -17,6 +17,7 @@
 #include "layout.h"
 #include "shm_file.h"
 #include "shmcache/client.h"
+#include "child_process.h"
 #include "test_server.h"
 
 namespace shmcache::test {
@@ -209,6 +210,49 @@ TEST_F(IntegrationTest, ForkedProcessesShareOneCache) {
   EXPECT_GE(st.mem_rows, kRows);
   EXPECT_LE(st.mem_rows, kRows + kRows / 20) << "rows are held once, not per process";
   EXPECT_GE(st.hits, kRows * kProcs * 2);
+}
+
+// Reads are counted by one thread in a lane of its own (plain stores) and
+// by every other thread with atomic adds: each read is counted once,
+// whichever way, with threads of one process and a forked child (whose
+// parent's lane is not its own) reading at once.
+TEST_F(IntegrationTest, ReadsOfThreadsAndAForkedChildAreEachCountedOnce) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  constexpr uint64_t kRows = 64, kReads = 20000, kThreads = 3;
+  for (uint64_t id = 0; id < kRows; ++id) {
+    ASSERT_TRUE(PutPattern(*cache, id, 0, RowBytes(id)).ok());
+  }
+  // Each reader: kReads hits (Get and View alternately) and kReads / 4
+  // misses (ids past the rows).
+  auto read = [&] {
+    Row row;
+    RowView view;
+    bool ok = true;
+    for (uint64_t i = 0; i < kReads; ++i) {
+      ok &= (i % 2 ? cache->Get(i % kRows, &row) : cache->View(i % kRows, &view)).ok();
+      if (i % 4 == 0) ok &= cache->Get(kRows + i, &row).IsNotFound();
+    }
+    return ok;
+  };
+  ASSERT_TRUE(read());  // this thread takes the lane
+  pid_t kid = ForkChild([&] { return read() ? 0 : 1; });
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (uint64_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] { failed += read() ? 0 : 1; });
+  }
+  bool main_ok = read();
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(WaitChild(kid), 0);
+  EXPECT_TRUE(main_ok);
+  EXPECT_EQ(failed.load(), 0);
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  const uint64_t readers = 1 + 1 + kThreads + 1;  // first read, child, threads, second
+  EXPECT_EQ(st.hits, readers * kReads);
+  EXPECT_EQ(st.misses, readers * kReads / 4);
 }
 
 TEST_F(IntegrationTest, ThreadsOfOneProcessShareOneCache) {
