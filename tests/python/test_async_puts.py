@@ -127,7 +127,7 @@ def test_sample_modified_in_place_does_not_change_the_queued_row(server, session
     def zero_in_place(s):
         s[0].zero_()
         return s
-    ds = CachedDataset(Images(3), DatasetCache(session), transform=zero_in_place)
+    ds = CachedDataset(Images(3), DatasetCache(session), transforms=zero_in_place)
     assert not ds[1][0].any()
     assert ds.flush(60)
     assert np.array_equal(ds.cache.get(1)[0], sample(1)[0])
@@ -145,16 +145,18 @@ from shmcache.torch import CachedDataset
 mode, session, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 shmcache.async_put.EXIT_FLUSH_S = 60 if mode == "exit" else 0.5
 ds = CachedDataset(Images(n), DatasetCache(session), name="exit")
-ds.cache.put_batch = None
-real, go, written = ds.cache.put, threading.Event(), []
-def put(i, row):
-    if mode != "kill" or len(written) == n // 2:
-        if mode == "kill":
-            print("ready", flush=True)
-        go.wait()
-    written.append(i)
-    return real(i, row)
-ds.cache.put = put
+real, go, written = ds.cache._put_encoded, threading.Event(), []
+def put(ids, rows, strict):
+    out = []
+    for i, row in zip(ids, rows):   # row by row, gated
+        if mode != "kill" or len(written) == n // 2:
+            if mode == "kill":
+                print("ready", flush=True)
+            go.wait()
+        written.append(i)
+        out += real([i], [row], strict)
+    return out
+ds.cache._put_encoded = put
 for i in range(n):
     ds[i]
 # atexit runs last-registered first: the writer is released only once the
