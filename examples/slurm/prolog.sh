@@ -28,6 +28,7 @@ write_env() {  # write_env SESSION_ID
     echo "SHMCACHE_PORT=$port"
     echo "SHMCACHE_RUN_DIR=$job_dir"
     echo "SESSION_ID=$1"
+    echo "SHMCACHE_SESSION_ID=$1"
     echo "SHMCACHE_SHM_DIR=${shm_dir:-/dev/shm}"
   } >"$tmp" && chmod 0644 "$tmp" && mv "$tmp" "$env_file"
 }
