@@ -30,21 +30,14 @@ from torch.utils.data import Dataset  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def block_puts(ds, event, batched):
-    """Makes ds's writer wait on `event` before each put (or put_batch)."""
-    real_put = ds.cache.put
-    if batched:   # a put_batch as DatasetCache.put_batch behaves
-        def put_batch(ids, rows):
-            assert event.wait(60), "the test never released the writer"
-            return [real_put(i, r) for i, r in zip(ids, rows)]
-        ds.cache.put_batch = put_batch
-    else:
-        ds.cache.put_batch = None   # the fallback: put per row
+def block_puts(ds, event):
+    """Makes ds's writer wait on `event` before each batch it stores."""
+    real = ds.cache._put_encoded
 
-        def put(i, row):
-            assert event.wait(60), "the test never released the writer"
-            return real_put(i, row)
-        ds.cache.put = put
+    def put(ids, rows, strict):
+        assert event.wait(60), "the test never released the writer"
+        return real(ids, rows, strict)
+    ds.cache._put_encoded = put
 
 
 def assert_cached_rows_whole(session, name, n):
@@ -61,13 +54,11 @@ def assert_cached_rows_whole(session, name, n):
     return cached
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["put", "put_batch"])
-def test_full_queue_drops_puts_instead_of_blocking(server, session, monkeypatch,
-                                                   batched):
+def test_full_queue_drops_puts_instead_of_blocking(server, session, monkeypatch):
     monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
     ds = CachedDataset(Images(6), DatasetCache(session), put_queue=1)
     release = threading.Event()
-    block_puts(ds, release, batched)
+    block_puts(ds, release)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # The writer is stuck on row 0: the other misses must come back
@@ -206,7 +197,7 @@ def _queue_then_return(session, n):
     hook that runs before shmcache's."""
     ds = CachedDataset(Images(n), DatasetCache(session), name="mp")
     go = threading.Event()
-    block_puts(ds, go, batched=False)
+    block_puts(ds, go)
     for i in range(n):
         ds[i]
     multiprocessing.util.Finalize(None, go.set, exitpriority=1000)
@@ -224,7 +215,7 @@ def test_multiprocessing_child_writes_queued_rows_before_os_exit(server, session
 def test_forked_child_starts_with_an_empty_queue_and_a_free_lock(server, session):
     ds = CachedDataset(Images(8), DatasetCache(session), name="fork")
     release = threading.Event()
-    block_puts(ds, release, batched=False)
+    block_puts(ds, release)
     ds[0], ds[1]                    # queued; the parent's writer is stuck
     held, forked = threading.Event(), threading.Event()
 

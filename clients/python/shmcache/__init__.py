@@ -461,11 +461,8 @@ class DatasetCache:
         c = self._writable()
         if c is None:
             return False
-        columns = list(columns)
-        if columns and isinstance(columns[0][1], np.ndarray):   # encode_row's order
-            columns = [(n, d, a) for n, a, d in columns]
         try:
-            return c.put(row_id, columns)
+            return c.put(row_id, _as_columns(columns))
         except Error as e:
             return self._put_failed(row_id, e, strict=True)
 
@@ -588,9 +585,9 @@ class DatasetCache:
             return None
         try:
             if columns is None:
-                return c.read(row_id, None, copy, torch)
-            return c.read(row_id, column_names(columns), copy, torch,
-                          isinstance(columns, (str, int)))
+                return c.read(row_id, copy, torch)
+            return c.read_columns(row_id, column_names(columns) or [], copy, torch,
+                                  isinstance(columns, (str, int)))
         except Error as e:
             self._degrade(_State.BYPASSED, e)
             return None
@@ -774,6 +771,13 @@ class DatasetCache:
 EncodedColumn = tuple[str, Array, Union[str, None]]
 StoredColumn = Column
 _column_names = column_names
+
+
+def _as_columns(columns: Sequence[Any]) -> list[Column]:
+    """Columns in the one order, from either order."""
+    if columns and isinstance(columns[0][1], np.ndarray):   # encode_row's order
+        return [(n, d, a) for n, a, d in columns]
+    return list(columns)
 
 
 def encode_row(row: Any) -> list[EncodedColumn]:

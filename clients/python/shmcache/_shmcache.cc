@@ -371,28 +371,73 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
   }
 }
 
-// read(id, columns=None, copy=True, torch=False, single=False)
-//   -> row or None
-py::object Read(py::handle owner, uint64_t id,
-               std::optional<std::vector<std::string>> columns, bool copy,
-               bool torch, bool single) {
-  PyCache& self = owner.cast<PyCache&>();
-  shmcache::RowView view;
+// The view of row `id` into *view (a spilled row is fetched into *disk,
+// without the GIL); false on a miss.
+bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* disk) {
   Status status;
-  std::vector<shmcache::Row> disk;
-  ViewRows(*self.cache, std::span(&id, 1), std::span(&view, 1),
-           std::span(&status, 1), &disk);
-  if (status.IsNotFound()) return py::none();
+  Check(cache.ViewBatch(std::span(&id, 1), std::span(view, 1), std::span(&status, 1)));
+  if (status.IsNotSupported()) {
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = cache.GetBatch(std::span(&id, 1), std::span(disk, 1), std::span(&status, 1));
+    }
+    Check(s);
+    *view = disk->view();
+  }
+  if (status.IsNotFound()) return false;
   Check(status);
-  std::vector<ColumnView> cols =
-      shmcache::python::SelectColumns(id, view, columns ? &*columns : nullptr);
-  py::handle base = view.in_shared_memory() ? owner : py::handle();
-  std::vector<py::handle> bases(cols.size(), base);
+  return true;
+}
+
+// The sample of `cols`, as RowBuilder builds it; counts its bytes.
+py::object BuildRow(PyCache& self, py::handle owner, const shmcache::RowView& view,
+                    std::span<const ColumnView> cols, bool copy, bool torch, bool single) {
+  // Small rows (the per-sample path) build without a heap allocation.
+  constexpr size_t kInline = 8;
+  py::handle inline_bases[kInline];
+  std::vector<py::handle> many;
+  std::span<py::handle> bases(inline_bases, cols.size());
+  if (cols.size() > kInline) {
+    many.resize(cols.size());
+    bases = many;
+  }
+  std::fill(bases.begin(), bases.end(), view.in_shared_memory() ? owner : py::handle());
   RowBuilder b(torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
   py::object row = b.Build(cols, bases, single);
   b.Copy();
   self.bytes_read += b.bytes();
   return row;
+}
+
+// read(id, copy=True, torch=False) -> row or None
+py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) {
+  PyCache& self = owner.cast<PyCache&>();
+  shmcache::RowView view;
+  shmcache::Row disk;
+  if (!ViewOne(*self.cache, id, &view, &disk)) return py::none();
+  constexpr size_t kInline = 8;
+  size_t n = view.num_columns();
+  if (n > kInline) {
+    std::vector<ColumnView> cols = shmcache::python::SelectColumns(id, view, nullptr);
+    return BuildRow(self, owner, view, cols, copy, torch, false);
+  }
+  ColumnView cols[kInline];
+  for (size_t i = 0; i < n; ++i) cols[i] = view.column(i);
+  return BuildRow(self, owner, view, std::span(cols, n), copy, torch, false);
+}
+
+// read_columns(id, columns, copy=True, torch=False, single=False)
+//   -> the named columns of the row (single: the one column's value), or
+//   None on a miss; KeyError naming a column the row lacks.
+py::object ReadColumns(py::handle owner, uint64_t id, const std::vector<std::string>& columns,
+                       bool copy, bool torch, bool single) {
+  PyCache& self = owner.cast<PyCache&>();
+  shmcache::RowView view;
+  shmcache::Row disk;
+  if (!ViewOne(*self.cache, id, &view, &disk)) return py::none();
+  std::vector<ColumnView> cols = shmcache::python::SelectColumns(id, view, &columns);
+  return BuildRow(self, owner, view, cols, copy, torch, single);
 }
 
 // read_batch(ids, copy=True, torch=False) -> [row or None per id]
@@ -602,9 +647,11 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("readonly") = true,
            "For each id, a list of (name, dtype, array) or None on a miss.")
-      .def("read", &Read, py::arg("id"), py::arg("columns") = py::none(),
-           py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
+      .def("read", &Read, py::arg("id"), py::arg("copy") = true, py::arg("torch") = false,
            "The row as put stored it, or None on a miss.")
+      .def("read_columns", &ReadColumns, py::arg("id"), py::arg("columns"),
+           py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
+           "The named columns of the row (single: the one column's value), or None.")
       .def("read_batch", &ReadBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("torch") = false,
            "[row or None per id].")

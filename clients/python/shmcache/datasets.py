@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import CacheStats, CacheWarning, DatasetCache
+from . import CacheStats, CacheWarning, DatasetCache, _as_columns
 from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
 
@@ -125,9 +125,6 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
     return cache.named(name or fp, fp)
 
 
-_cache_for = cache_for_dataset
-
-
 class CachedDataset(Dataset):
     """Wraps a map-style dataset: a hit returns the cached sample, a miss
     computes dataset[i], caches it and returns it (both as tensors, PIL
@@ -192,7 +189,7 @@ class CachedDataset(Dataset):
                              "transform= / target_transform=, not both")
         column_names(columns)   # a bad selection fails here, not per sample
         self.dataset = dataset
-        self.cache = _cache_for(dataset, cache, name, allow_random)
+        self.cache = cache_for_dataset(dataset, cache, name, allow_random)
         self.transform = transform
         self.target_transform = target_transform
         self.transforms = transforms
@@ -219,11 +216,15 @@ class CachedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _plain(self) -> bool:
+        """No transform of any kind: samples go out as read."""
+        return (self.transform is None and self.target_transform is None
+                and self.transforms is None)
+
     def _zero_copy(self) -> bool:
         if self.copy is not None:
             return not self.copy
-        return (self.transform is None and self.target_transform is None
-                and self.transforms is None and get_worker_info() is not None)
+        return self._plain() and get_worker_info() is not None
 
     def _miss(self, index: int) -> Any:
         sample = self.dataset[index]
@@ -245,6 +246,7 @@ class CachedDataset(Dataset):
         """Caches a computed row: queued for the writer thread, or stored
         now without async puts."""
         putter = self._putter
+        cols = _as_columns(cols)   # loader.py still hands encode_row's order
         if putter is None:
             self.cache._put_encoded([index], [cols], strict=False)
         elif self.cache.accepting:
@@ -275,12 +277,13 @@ class CachedDataset(Dataset):
         return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int | torch.Tensor) -> Any:
-        if isinstance(index, torch.Tensor):
+        # The per-sample path: the common case (an int, no transform) first.
+        if type(index) is not int and isinstance(index, torch.Tensor):
             index = int(index)
         sample = self.cache._read(index, self.columns, not self._zero_copy(), True)
         if sample is None:
             sample = self._miss(index)
-        return self._out(sample)
+        return sample if self._plain() else self._out(sample)
 
     def __getitems__(self, indices: Iterable[int]) -> list[Any]:
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
@@ -335,7 +338,7 @@ class CachedIterableDataset(IterableDataset):
                  transform: Callable[[Any], Any] | None = None,
                  allow_random: bool = False) -> None:
         self.source = source
-        self.cache = _cache_for(source, cache, name, allow_random)
+        self.cache = cache_for_dataset(source, cache, name, allow_random)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
         self.cache.open()
