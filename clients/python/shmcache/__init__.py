@@ -576,13 +576,15 @@ class DatasetCache:
     def _read(self, row_id: Any, columns: ColumnSelection, copy: bool,
               torch: bool) -> Any:
         """The finished row (numpy arrays, or tensors when torch) or None;
-        what get and CachedDataset hand out."""
-        # The common case first: this is the per-sample path.
+        what get, view and CachedDataset hand out. The per-sample path: no
+        check beyond the id's type and range, one native call."""
+        c = self._cache
         if type(row_id) is not int or not 0 <= row_id <= MAX_ROW_ID:
             row_id = self._check_id(row_id)
-        c = self._cache or self._open()
         if c is None:
-            return None
+            c = self._open()
+            if c is None:
+                return None
         try:
             if columns is None:
                 return c.read(row_id, copy, torch)

@@ -216,15 +216,14 @@ class CachedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _plain(self) -> bool:
-        """No transform of any kind: samples go out as read."""
-        return (self.transform is None and self.target_transform is None
-                and self.transforms is None)
-
-    def _zero_copy(self) -> bool:
+    def _mode(self) -> tuple[bool, bool]:
+        """(whether hits are copied, whether samples go out as read: no
+        transform of any kind)."""
+        plain = (self.transform is None and self.target_transform is None
+                 and self.transforms is None)
         if self.copy is not None:
-            return not self.copy
-        return self._plain() and get_worker_info() is not None
+            return self.copy, plain
+        return not (plain and get_worker_info() is not None), plain
 
     def _miss(self, index: int) -> Any:
         sample = self.dataset[index]
@@ -280,10 +279,11 @@ class CachedDataset(Dataset):
         # The per-sample path: the common case (an int, no transform) first.
         if type(index) is not int and isinstance(index, torch.Tensor):
             index = int(index)
-        sample = self.cache._read(index, self.columns, not self._zero_copy(), True)
+        copy, plain = self._mode()
+        sample = self.cache._read(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
-        return sample if self._plain() else self._out(sample)
+        return sample if plain else self._out(sample)
 
     def __getitems__(self, indices: Iterable[int]) -> list[Any]:
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
@@ -293,7 +293,7 @@ class CachedDataset(Dataset):
         indices = [int(i) for i in indices]
         if self.columns is not None:
             return [self[i] for i in indices]
-        rows = self.cache._read_batch(indices, not self._zero_copy(), True)
+        rows = self.cache._read_batch(indices, self._mode()[0], True)
         return [self._out(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
 

@@ -459,7 +459,11 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
     Later(c, out, a.mutable_data());
   }
   if (leaf_ == Leaf::kNumpy) return a;
-  py::object t = Torch().from_numpy(a);
+  // One vectorcall, without pybind11's argument tuple: this is a large
+  // part of a small hit's cost.
+  PyObject* made = PyObject_CallOneArg(Torch().from_numpy.ptr(), a.ptr());
+  if (made == nullptr) throw py::error_already_set();
+  auto t = py::reinterpret_steal<py::object>(made);
   return torch_bf16 ? t.attr("view")(Torch().bfloat16) : t;
 }
 
