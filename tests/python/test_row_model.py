@@ -98,6 +98,8 @@ def test_a_sample_the_cache_cannot_hold_is_delivered_with_one_warning(
 def test_pil_images_round_trip(server, session):
     img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (5, 7, 3), np.uint8))
     gray = img.convert("L")
+    assert rows.split_name(rows.encode(img)[0][0]) == ("#", "RGB")
+    assert rows.split_name("label") == ("label", "")
     c = DatasetCache(session)
     assert c.put(3, (img, 1))
     assert c.put(4, {"img": gray})

@@ -605,6 +605,10 @@ PYBIND11_MODULE(_shmcache, m) {
         "The columns [(name, dtype, array)] that store `sample`.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
         "The sample a hit of `columns` is (tensors when torch).");
+  m.def("split_name", [](const std::string& name) {
+          return py::make_tuple(std::string(rows::KeyOf(name)), std::string(rows::TagOf(name)));
+        }, py::arg("name"),
+        "(key, tag) of a stored column name: the tag is a PIL image's mode, else \"\".");
   m.def("row_kind", [](const std::vector<std::string>& names) {
           std::vector<std::string_view> keys;
           for (const std::string& n : names) keys.push_back(rows::KeyOf(n));

@@ -10,6 +10,7 @@ with their mode; decoded as PIL images again).
     cols = encode((image, label))     # [("#0", "uint8", a), ("#1", "int64", b)]
     decode(cols, torch=True)          # (tensor, tensor): what a hit returns
     row_kind(["#0", "#1"])            # "tuple"
+    split_name("#0\x1fRGB")           # ("#0", "RGB"): a PIL image column
     torch_dtype("uint16")             # "int32": the tensor a column reads into
 
 The limits and dtypes come from the C++ headers: MAX_ROW_ID, MIN_PORT,
@@ -25,9 +26,10 @@ from typing import Any, Union
 import numpy.typing as npt
 
 from ._shmcache import (DTYPES, LOCAL_HOSTS, MAX_COLUMNS, MAX_NAME_BYTES, MAX_PORT,
-                        MAX_ROW_ID, MIN_PORT, decode, encode, row_kind)
+                        MAX_ROW_ID, MIN_PORT, decode, encode, row_kind, split_name)
 
 __all__ = ["Column", "Array", "ColumnSelection", "encode", "decode", "row_kind",
+           "split_name",
            "torch_dtype", "column_names", "DTYPES", "LOCAL_HOSTS", "MAX_COLUMNS",
            "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "POS"]
 
