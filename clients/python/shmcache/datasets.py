@@ -264,7 +264,10 @@ class CachedDataset(Dataset):
         `timeout` seconds passed first. True at once without async puts."""
         return True if self._putter is None else self._putter.flush(timeout)
 
-    def _out(self, sample: Any) -> Any:
+    def apply_transforms(self, sample: Any) -> Any:
+        """`sample` after transforms, or transform and target_transform (the
+        class docstring's rule): what __getitem__ returns for a sample as
+        read or computed. A loader that reads samples itself calls this."""
         if self.transforms is not None:
             return self.transforms(sample)
         if isinstance(sample, (tuple, list)) and sample:
@@ -283,7 +286,7 @@ class CachedDataset(Dataset):
         sample = self.cache._read(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
-        return sample if plain else self._out(sample)
+        return sample if plain else self.apply_transforms(sample)
 
     def __getitems__(self, indices: Iterable[int]) -> list[Any]:
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
@@ -294,7 +297,7 @@ class CachedDataset(Dataset):
         if self.columns is not None:
             return [self[i] for i in indices]
         rows = self.cache._read_batch(indices, self._mode()[0], True)
-        return [self._out(row if row is not None else self._miss(i))
+        return [self.apply_transforms(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
 
     def _project(self, sample: Any) -> Any:
