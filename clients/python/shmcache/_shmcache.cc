@@ -427,6 +427,30 @@ py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) {
   return BuildRow(self, owner, view, std::span(cols, n), copy, torch, false);
 }
 
+// read's entry point, without pybind11's dispatcher (most of the binding's
+// cost of a small hit): read(id, copy, torch), all positional.
+PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "read(id, copy, torch) takes 3 positional arguments");
+    return nullptr;
+  }
+  unsigned long long id = PyLong_AsUnsignedLongLong(args[0]);
+  if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  int copy = PyObject_IsTrue(args[1]);
+  int torch = PyObject_IsTrue(args[2]);
+  if (copy < 0 || torch < 0) return nullptr;
+  try {
+    return Read(py::handle(owner), id, copy != 0, torch != 0).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
 // read_columns(id, columns, copy=True, torch=False, single=False)
 //   -> the named columns of the row (single: the one column's value), or
 //   None on a miss; KeyError naming a column the row lacks.
@@ -639,7 +663,8 @@ PYBIND11_MODULE(_shmcache, m) {
        py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
                                                      error.ptr()));
 
-  py::class_<PyCache, PyCachePtr>(m, "Cache")
+  py::class_<PyCache, PyCachePtr> cache_class(m, "Cache");
+  cache_class
       .def("put", &Put, py::arg("id"), py::arg("columns"),
            "Stores a row; returns False when the id was already present.")
       .def("put_batch", &PutBatch, py::arg("ids"), py::arg("rows"),
@@ -651,8 +676,6 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("readonly") = true,
            "For each id, a list of (name, dtype, array) or None on a miss.")
-      .def("read", &Read, py::arg("id"), py::arg("copy") = true, py::arg("torch") = false,
-           "The row as put stored it, or None on a miss.")
       .def("read_columns", &ReadColumns, py::arg("id"), py::arg("columns"),
            py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
            "The named columns of the row (single: the one column's value), or None.")
@@ -710,6 +733,14 @@ PYBIND11_MODULE(_shmcache, m) {
         py::gil_scoped_release nogil;
         self.cache->Close();
       });
+
+  static PyMethodDef read_def = {
+      "read", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&ReadFast)),
+      METH_FASTCALL, "read(id, copy, torch): the row as put stored it, or None on a miss."};
+  py::object read = py::reinterpret_steal<py::object>(
+      PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cache_class.ptr()), &read_def));
+  if (!read) throw py::error_already_set();
+  cache_class.attr("read") = read;
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
       .def(py::init([](int port, const std::string& hostname,
