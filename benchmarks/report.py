@@ -253,12 +253,18 @@ def targets(d):
     else:
         row("per-row memory overhead", "not measured", "—", "<= 64 B", None)
     for key, label, target, want in (
-            ("python.get_vs_lmdb", "Python DatasetCache.get vs py-lmdb get+frombuffer+copy, 3 KB",
-             ">= 1.0x", 1.0),
-            ("python.view_vs_lmdb", "Python DatasetCache.view vs py-lmdb get+frombuffer+copy, 3 KB",
-             ">= 2x", 2.0),
+            ("python.get_vs_lmdb_long_txn", "Python DatasetCache.get vs py-lmdb's fastest use "
+             "(one long read txn, buffers=True, frombuffer+copy), 3 KB", ">= 1.0x", 1.0),
+            ("python.view_vs_lmdb_long_txn", "Python DatasetCache.view vs py-lmdb's fastest "
+             "use (one long read txn), 3 KB", ">= 2x", 2.0),
+            ("python.cached_dataset_vs_lmdb_long_txn", "CachedDataset[i] vs py-lmdb's "
+             "fastest use (one long read txn), 3 KB", ">= 1.0x", 1.0),
+            ("python.get_vs_lmdb", "Python DatasetCache.get vs py-lmdb, a read txn per "
+             "get (+frombuffer+copy), 3 KB", ">= 1.0x", 1.0),
+            ("python.view_vs_lmdb", "Python DatasetCache.view vs py-lmdb, a read txn per "
+             "get, 3 KB", ">= 2x", 2.0),
             ("python.cached_dataset_vs_lmdb",
-             "CachedDataset[i] vs py-lmdb get+frombuffer+copy, 3 KB", ">= 0.5x", 0.5),
+             "CachedDataset[i] vs py-lmdb, a read txn per get, 3 KB", ">= 1.0x", 1.0),
             ("read_into.vs_memcpy", "read_into batches of 588 KB rows (2 threads) vs memcpy "
              "of the same bytes (2 threads)", ">= 0.7x", 0.7)):
         r = v.get(key)

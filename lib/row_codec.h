@@ -28,7 +28,7 @@ namespace shmcache {
 
 inline constexpr uint8_t kRowVersion = 1;
 inline constexpr size_t kRowHeaderBytes = 16;
-inline constexpr size_t kMaxColumns = 1024;
+inline constexpr size_t kMaxColumns = kMaxColumnsPerRow;
 inline constexpr size_t kMaxRowBytes = 0xFFFFFFF8u;
 
 class RowCodec {

@@ -48,6 +48,8 @@ else
   session_id=$(echo "$result" | awk '{print $NF}')
 fi
 echo "cache.sh: session $session_id, $num_devices devices, dataset $dataset_path"
+# DatasetCache() and CachedDataset(ds) find the session here.
+export SHMCACHE_SESSION_ID=$session_id
 
 pids=()
 for ((k = 0; k < num_devices; k++)); do

@@ -229,7 +229,7 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   }
   EXPECT_NE(list.out.find(id), std::string::npos);
   EXPECT_NE(list.out.find(id2), std::string::npos);
-  EXPECT_NE(list.out.find("n/a"), std::string::npos) << "zeros show as n/a";
+  EXPECT_NE(list.out.find("n/a"), std::string::npos) << "a session without a cache";
   // The session and cache id are separate columns however many digits
   // the (random) ids have.
   EXPECT_TRUE(std::regex_search(

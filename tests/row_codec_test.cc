@@ -107,7 +107,7 @@ TEST(RowCodecTest, EveryDtypeRoundTrips) {
   EXPECT_EQ(DTypeSize(static_cast<DType>(kNumDTypes)), 0u);
   EXPECT_STREQ(DTypeName(static_cast<DType>(kNumDTypes)), "invalid");
   DType out;
-  EXPECT_FALSE(DTypeFromName("complex128", &out));
+  EXPECT_FALSE(DTypeFromName("complex256", &out));
 }
 
 TEST(RowCodecTest, ScalarAndLargeKey) {

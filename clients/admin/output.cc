@@ -17,11 +17,11 @@ std::string Dump(const Json& j) {
   return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
-std::string OrNa(uint64_t v) { return v ? std::to_string(v) : "n/a"; }
-
 }  // namespace
 
 // Session and cache ids are random 32-bit numbers: 10 digits and a gap.
+// A counter prints as the number it is, 0 included, as --json does; "n/a"
+// fills the row of a session that has no cache (no counters at all).
 std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
   if (sessions.empty()) return "No active sessions.\n";
   std::string out = fmt::format("Listing sessions for server on port {}\n\n", port);
@@ -36,9 +36,8 @@ std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
     }
     for (const CacheStats& c : s.caches) {
       out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
-                         s.session_id, c.cache_id, OrNa(c.mem_rows),
-                         OrNa(c.disk_rows), OrNa(c.avg_row_bytes()),
-                         OrNa(c.numa_hits), OrNa(c.hits), OrNa(c.misses),
+                         s.session_id, c.cache_id, c.mem_rows, c.disk_rows,
+                         c.avg_row_bytes(), c.numa_hits, c.hits, c.misses,
                          c.full ? "yes" : "no");
     }
   }

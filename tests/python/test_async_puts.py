@@ -30,21 +30,14 @@ from torch.utils.data import Dataset  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def block_puts(ds, event, batched):
-    """Makes ds's writer wait on `event` before each put (or put_batch)."""
-    real_put = ds.cache.put
-    if batched:   # a put_batch as DatasetCache.put_batch behaves
-        def put_batch(ids, rows):
-            assert event.wait(60), "the test never released the writer"
-            return [real_put(i, r) for i, r in zip(ids, rows)]
-        ds.cache.put_batch = put_batch
-    else:
-        ds.cache.put_batch = None   # the fallback: put per row
+def block_puts(ds, event):
+    """Makes ds's writer wait on `event` before each batch it stores."""
+    real = ds.cache._put_encoded
 
-        def put(i, row):
-            assert event.wait(60), "the test never released the writer"
-            return real_put(i, row)
-        ds.cache.put = put
+    def put(ids, rows, strict):
+        assert event.wait(60), "the test never released the writer"
+        return real(ids, rows, strict)
+    ds.cache._put_encoded = put
 
 
 def assert_cached_rows_whole(session, name, n):
@@ -61,13 +54,11 @@ def assert_cached_rows_whole(session, name, n):
     return cached
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["put", "put_batch"])
-def test_full_queue_drops_puts_instead_of_blocking(server, session, monkeypatch,
-                                                   batched):
+def test_full_queue_drops_puts_instead_of_blocking(server, session, monkeypatch):
     monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
     ds = CachedDataset(Images(6), DatasetCache(session), put_queue=1)
     release = threading.Event()
-    block_puts(ds, release, batched)
+    block_puts(ds, release)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # The writer is stuck on row 0: the other misses must come back
@@ -127,7 +118,7 @@ def test_sample_modified_in_place_does_not_change_the_queued_row(server, session
     def zero_in_place(s):
         s[0].zero_()
         return s
-    ds = CachedDataset(Images(3), DatasetCache(session), transform=zero_in_place)
+    ds = CachedDataset(Images(3), DatasetCache(session), transforms=zero_in_place)
     assert not ds[1][0].any()
     assert ds.flush(60)
     assert np.array_equal(ds.cache.get(1)[0], sample(1)[0])
@@ -145,16 +136,18 @@ from shmcache.torch import CachedDataset
 mode, session, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 shmcache.async_put.EXIT_FLUSH_S = 60 if mode == "exit" else 0.5
 ds = CachedDataset(Images(n), DatasetCache(session), name="exit")
-ds.cache.put_batch = None
-real, go, written = ds.cache.put, threading.Event(), []
-def put(i, row):
-    if mode != "kill" or len(written) == n // 2:
-        if mode == "kill":
-            print("ready", flush=True)
-        go.wait()
-    written.append(i)
-    return real(i, row)
-ds.cache.put = put
+real, go, written = ds.cache._put_encoded, threading.Event(), []
+def put(ids, rows, strict):
+    out = []
+    for i, row in zip(ids, rows):   # row by row, gated
+        if mode != "kill" or len(written) == n // 2:
+            if mode == "kill":
+                print("ready", flush=True)
+            go.wait()
+        written.append(i)
+        out += real([i], [row], strict)
+    return out
+ds.cache._put_encoded = put
 for i in range(n):
     ds[i]
 # atexit runs last-registered first: the writer is released only once the
@@ -204,7 +197,7 @@ def _queue_then_return(session, n):
     hook that runs before shmcache's."""
     ds = CachedDataset(Images(n), DatasetCache(session), name="mp")
     go = threading.Event()
-    block_puts(ds, go, batched=False)
+    block_puts(ds, go)
     for i in range(n):
         ds[i]
     multiprocessing.util.Finalize(None, go.set, exitpriority=1000)
@@ -222,7 +215,7 @@ def test_multiprocessing_child_writes_queued_rows_before_os_exit(server, session
 def test_forked_child_starts_with_an_empty_queue_and_a_free_lock(server, session):
     ds = CachedDataset(Images(8), DatasetCache(session), name="fork")
     release = threading.Event()
-    block_puts(ds, release, batched=False)
+    block_puts(ds, release)
     ds[0], ds[1]                    # queued; the parent's writer is stuck
     held, forked = threading.Event(), threading.Event()
 

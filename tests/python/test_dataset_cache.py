@@ -14,7 +14,6 @@ from shmcache import CacheWarning, DatasetCache
 
 @pytest.mark.parametrize("kwargs", [
     dict(session_id="1"), dict(session_id=1.0), dict(session_id=True),
-    dict(session_id=None),
     dict(session_id=1, size="0"), dict(session_id=1, size=1.5),
     dict(session_id=1, spilling=1), dict(session_id=1, spilling="yes"),
     dict(session_id=1, hostname=127), dict(session_id=1, port="50052"),

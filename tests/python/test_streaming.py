@@ -79,9 +79,9 @@ def test_the_library_seals_and_caches_sealed_before_still_read(server, session):
     old = CachedIterableDataset(Stream(N, path="sealed-before"), DatasetCache(session))
     native = old.cache._open()
     for i, s in enumerate(Stream(N)):
-        native.put(i, shmcache.encode_row(s))
-    native.put(2**64 - 1, [("builder", np.array([1], dtype=np.int64), None)])
-    native.put(2**64 - 2, [("count", np.array(N, dtype=np.int64), None)])
+        native.put(i, shmcache.rows.encode(s))
+    native.put(2**64 - 1, [("builder", None, np.array([1], dtype=np.int64))])
+    native.put(2**64 - 2, [("count", None, np.array(N, dtype=np.int64))])
     assert old.sealed_count() == N
     rows = list(old)
     assert labels_ok(rows) and old.source.reads == 0 and not old.built

@@ -16,6 +16,10 @@ def _stub_names():
     tree = ast.parse((PACKAGE / "_shmcache.pyi").read_text())
     names = {"": set()}
     for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            names[""].add(node.name)
+        elif isinstance(node, ast.AnnAssign) and not node.target.id.startswith("_"):
+            names[""].add(node.target.id)       # constants: MAX_ROW_ID: int
         if isinstance(node, ast.ClassDef):
             names[""].add(node.name)
             names[node.name] = {n.name for n in node.body

@@ -42,15 +42,15 @@ def test_zero_copy_hits_alias_shared_memory_and_copies_do_not(server, session):
 
 def test_zero_copy_default_only_in_workers_without_transform(server, session):
     cache = DatasetCache(session)
-    assert not CachedDataset(Images(4), cache)._zero_copy()          # main process
-    assert CachedDataset(Images(4), cache, copy=False)._zero_copy()
+    assert CachedDataset(Images(4), cache)._mode()[0]                # main process: copies
+    assert not CachedDataset(Images(4), cache, copy=False)._mode()[0]
     with pytest.raises(TypeError):
         CachedDataset(Images(4), cache, copy="no")
     plain = CachedDataset(Images(4), cache)
     shaped = CachedDataset(Images(4), cache, transform=_identity)
     for ds, want in ((plain, True), (shaped, False)):
         loader = DataLoader(ds, batch_size=2, num_workers=1,
-                            collate_fn=lambda b, ds=ds: ds._zero_copy())
+                            collate_fn=lambda b, ds=ds: not ds._mode()[0])
         assert list(loader) == [want, want]
 
 

@@ -1,7 +1,7 @@
 """shmcache: a shared-memory cache for training data, from Python.
 
     import shmcache
-    cache = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
+    cache = shmcache.DatasetCache()     # session: $SHMCACHE_SESSION_ID
     row = cache.get(i)                  # None on a miss
     if row is None:
         row = (image, label)            # numpy arrays, tensors or scalars
@@ -35,11 +35,12 @@ copy.
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Union
 
@@ -51,6 +52,9 @@ from ._shmcache import (AlreadyExistsError, Error, FingerprintMismatchError,
                         FullError, InvalidArgumentError, NotFoundError,
                         NotSupportedError, PermissionDeniedError, TooLargeError,
                         UnavailableError)
+from .rows import (DTYPES, LOCAL_HOSTS, MAX_NAME_BYTES, MAX_PORT, MAX_ROW_ID,
+                   MIN_PORT, POS, Array, Column, ColumnSelection, column_names,
+                   decode, encode, torch_dtype)
 from .stats import CacheStats
 
 __all__ = [
@@ -58,30 +62,28 @@ __all__ = [
     "UnavailableError", "FullError", "FingerprintMismatchError",
     "InvalidArgumentError", "AlreadyExistsError", "PermissionDeniedError",
     "NotSupportedError", "TooLargeError", "LOCAL_HOSTS", "MAX_ROW_ID",
+    "SESSION_ENV",
 ]
-
-# A column as put stores it: (name, array, dtype name or None for the
-# array's own); as a read returns it: (name, dtype name, array).
-Array = npt.NDArray[Any]
-EncodedColumn = tuple[str, Array, Union[str, None]]
-StoredColumn = tuple[str, str, Array]
-# columns= of the reads: a name or position, several, or None for all.
-ColumnSelection = Union[str, int, Sequence[Union[str, int]], None]
 
 Client = _shmcache.Client
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-# Ids above MAX_ROW_ID are reserved for bookkeeping rows (streaming caches).
-MAX_ROW_ID = 2**64 - 17
 _MAX_INT32 = 2**31 - 1
 _MAX_UINT32 = 2**32 - 1
-
-# Column names of positional rows: "#0", "#1", ...; a bare array is "#".
-_POS = "#"
+# Where DatasetCache() finds its session: the first of these that is set
+# (SESSION_ID is what scripts/cache.sh exported first).
+SESSION_ENV = ("SHMCACHE_SESSION_ID", "SESSION_ID")
 
 
 class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""
+
+
+# FullError.reason (set by the native module) -> the CacheWarning's words.
+_FULL_CAUSES = {
+    "shm_filesystem": "no room left in the shared-memory filesystem",
+    "server_cap": "the cache server's memory cap is used up",
+    "budget": "the cache is full",
+}
 
 
 def _cause(err: Error) -> str:
@@ -90,11 +92,7 @@ def _cause(err: Error) -> str:
     if isinstance(err, UnavailableError):
         return "the cache server is unreachable"
     if isinstance(err, FullError):
-        if "no room in " in str(err):      # the shm filesystem is full
-            return "no room left in the shared-memory filesystem"
-        if "memory cap" in str(err):
-            return "the cache server's memory cap is used up"
-        return "the cache is full"
+        return _FULL_CAUSES.get(getattr(err, "reason", ""), "the cache is full")
     if isinstance(err, AlreadyExistsError):
         return "a shared-memory file of the cache already exists"
     if isinstance(err, PermissionDeniedError):
@@ -113,92 +111,6 @@ def _check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False
     if not lo <= value <= hi:
         raise ValueError(f"Input {name} is not within the required interval "
                          f"of [{lo}, {hi}].")
-
-
-def _native(value: Any) -> Array:
-    """`value` as a C-contiguous ndarray in native byte order, values and
-    shape unchanged (rank 0 included: np.ascontiguousarray makes it 1-d)."""
-    if isinstance(value, np.ndarray) and value.dtype.isnative \
-            and value.flags.c_contiguous:
-        return value  # the common case, without building a new dtype
-    a = np.asarray(value)
-    return np.asarray(a, dtype=a.dtype.newbyteorder("="), order="C")
-
-
-def _leaf_to_column(value: Any) -> tuple[Array, str | None]:
-    """(array, dtype_name_or_None) for one leaf of a row."""
-    if isinstance(value, np.ndarray):
-        return _native(value), None
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return np.frombuffer(bytes(value), dtype=np.uint8), "bytes"
-    if type(value).__module__.startswith("torch"):
-        import torch
-        if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            if t.dtype == torch.bfloat16:
-                return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
-            return t.numpy(), None
-    if isinstance(value, (bool, int, float, np.generic)):
-        a = _native(value)
-        if a.dtype == np.int32 and isinstance(value, int):
-            a = a.astype(np.int64)
-        return a, None
-    if type(value).__module__.startswith("PIL."):
-        return _native(value), None
-    raise TypeError(f"cannot cache a value of type {type(value).__name__}: "
-                    "use numpy arrays, tensors, numbers or bytes")
-
-
-def encode_row(row: Any) -> list[EncodedColumn]:
-    """The list of (name, array, dtype) columns that stores `row`."""
-    if isinstance(row, dict):
-        cols = []
-        for k, v in row.items():
-            if not isinstance(k, str):
-                raise TypeError(f"column names must be str, got {type(k).__name__}")
-            if k.startswith(_POS):
-                raise ValueError(f"column names may not start with '{_POS}': {k!r}")
-            cols.append((k,) + _leaf_to_column(v))
-        return cols
-    if isinstance(row, (tuple, list)):
-        return [(f"{_POS}{i}",) + _leaf_to_column(v) for i, v in enumerate(row)]
-    return [(_POS,) + _leaf_to_column(row)]
-
-
-def _leaf_from_column(dtype: str, array: Array) -> Any:
-    if dtype == "bytes":
-        return array.tobytes()
-    return array
-
-
-def decode_row(columns: Sequence[StoredColumn],
-               leaf: Callable[[str, Array], Any] = _leaf_from_column) -> Any:
-    """Rebuilds the shape encode_row stored: tuple, dict or a bare value."""
-    if len(columns) == 1 and columns[0][0] == _POS:
-        return leaf(columns[0][1], columns[0][2])
-    if columns and all(c[0].startswith(_POS) for c in columns):
-        return tuple(leaf(d, a) for _, d, a in columns)
-    return {n: leaf(d, a) for n, d, a in columns}
-
-
-def _column_names(columns: ColumnSelection) -> list[str] | None:
-    """The stored names a `columns=` argument selects; None for all."""
-    return None if columns is None else _selected_names(columns)
-
-
-def _selected_names(columns: str | int | Sequence[str | int]) -> list[str]:
-    """The stored names of a selection that is not None."""
-    if isinstance(columns, (str, int)):
-        columns = [columns]
-    names = []
-    for c in columns:
-        if isinstance(c, bool) or not isinstance(c, (str, int)):
-            raise TypeError(f"a column is a name (str) or a position (int), got {c!r}")
-        names.append(f"{_POS}{c}" if isinstance(c, int) else c)
-    if not names:
-        raise ValueError("columns selects no column: name at least one, or "
-                         "pass None for all")
-    return names
 
 
 def _ids_array(ids: Any) -> npt.NDArray[np.uint64]:
@@ -234,19 +146,19 @@ def _targets(out: Any, columns: ColumnSelection) -> tuple[list[str], list[Any]]:
         return names, list(out.values())
     if isinstance(out, (tuple, list)):
         bufs = list(out)
-        names = ([f"{_POS}{i}" for i in range(len(bufs))] if columns is None
-                 else _selected_names(columns))
+        names = ([f"{POS}{i}" for i in range(len(bufs))] if columns is None
+                 else column_names(columns) or [])
         if len(names) != len(bufs):
             raise ValueError(f"columns names {len(names)} columns for "
                              f"{len(bufs)} arrays in out")
         if not bufs:
             raise ValueError("out holds no array")
         return names, bufs
-    return [_POS] if columns is None else _selected_names(columns), [out]
+    return column_names(columns) or [POS], [out]
 
 
-_TORCH_DTYPE_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16",
-                      "bfloat16", "float32", "float64", "bool")
+# The dtypes a tensor target may have: those columns read into as tensors.
+_TORCH_DTYPE_NAMES = tuple(sorted({t for _, _, t in DTYPES.values() if t}))
 
 
 def _target_spec(name, buf, n):
@@ -282,13 +194,9 @@ def _target_spec(name, buf, n):
     if len(shape) < 1 or shape[0] < n:
         raise ValueError(f"column {name!r}: the first dimension ({shape[0] if shape else 'none'}) "
                          f"must hold the {n} ids")
-    if dtype not in _TORCH_DTYPE_NAMES + ("uint16", "uint32", "uint64"):
+    if dtype not in DTYPES:
         raise TypeError(f"column {name!r}: unsupported array dtype {dtype}")
     return name, dtype, tuple(int(d) for d in shape[1:]), address, stride, buf, is_torch
-
-
-# torch tensors that hold widened unsigned columns, by stored dtype.
-_WIDENED = {"uint16": "int32", "uint32": "int64", "uint64": "int64"}
 
 
 def _plan_target(spec, stored, n):
@@ -298,7 +206,8 @@ def _plan_target(spec, stored, n):
     if is_torch and stored == "bytes":
         raise TypeError(f"column {name!r} holds bytes, which have no torch "
                         "dtype: read it into a numpy uint8 array")
-    if is_torch and _WIDENED.get(stored) == dtype:
+    if is_torch and stored is not None and stored != dtype \
+            and torch_dtype(stored) == dtype:
         # Read the stored type into a scratch array; hits widen into buf.
         tmp = np.empty((n,) + shape, dtype=stored)
         item = tmp.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
@@ -315,11 +224,37 @@ def _plan_target(spec, stored, n):
     return (name, dtype, shape, address, stride), None
 
 
+class _State(enum.IntEnum):
+    """How far a DatasetCache degraded; it only ever gets worse."""
+    SERVING = 0     # hits and puts go to the cache
+    FULL = 1        # puts are refused (and counted) by the cache; hits served
+    READ_ONLY = 2   # the daemon is gone: hits still served, puts dropped
+    BYPASSED = 3    # nothing works: every read is a miss, every put dropped
+
+
+def session_from_env() -> int:
+    """The session id of $SHMCACHE_SESSION_ID (or $SESSION_ID, which
+    scripts/cache.sh exported first); ValueError naming both when neither
+    is set or the value is not a number."""
+    for var in SESSION_ENV:
+        value = os.environ.get(var)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"${var}={value!r} is not a session id (a "
+                                 "number from `shmcache -g`)") from None
+    raise ValueError("no session: pass session_id=, or set $SHMCACHE_SESSION_ID "
+                     "(scripts/cache.sh start exports it; or `shmcache -g` "
+                     "prints one)")
+
+
 class DatasetCache:
     """A cache inside a session of a running shmcache server.
 
     Mirrors MindSpore's DatasetCache(session_id, size=0, spilling=False,
     hostname=None, port=None, num_connections=None, prefetch_size=None).
+    `session_id` defaults to $SHMCACHE_SESSION_ID (else $SESSION_ID).
     `size` is in MB (0: as much as the server allows). `num_connections` and
     `prefetch_size` are accepted and checked for compatibility; a hit needs
     no connection here. `name` selects the cache inside the session
@@ -331,6 +266,11 @@ class DatasetCache:
     calling thread included (default min(4, CPUs); 0 or 1: the calling
     thread alone).
 
+    Which call for what: put / get (a row at a time; `view` for zero-copy),
+    put_batch / get_batch (a batch of rows in one call), read_into (a batch
+    straight into preallocated arrays or tensors); put_columns /
+    get_columns for rows already as columns (shmcache.rows).
+
     The object pickles (for DataLoader workers started with spawn) and
     survives fork; a worker re-attaches on first use. As a context manager
     it closes the cache when the block ends (close()).
@@ -341,19 +281,19 @@ class DatasetCache:
     _lock_pid: int
     _client: _shmcache.Client | None
     _cache: _shmcache.Cache | None
-    _dead: bool
-    _no_puts: bool
-    _full: bool
+    _state: _State
     _warned: bool
     _warned_row: bool
     _bytes_read: int
 
-    def __init__(self, session_id: int, size: int = 0, spilling: bool = False,
-                 hostname: str | None = None, port: int | None = None,
-                 num_connections: int | None = None,
+    def __init__(self, session_id: int | None = None, size: int = 0,
+                 spilling: bool = False, hostname: str | None = None,
+                 port: int | None = None, num_connections: int | None = None,
                  prefetch_size: int | None = None, name: str = "default",
                  fingerprint: str | None = None,
                  read_threads: int | None = None) -> None:
+        if session_id is None:
+            session_id = session_from_env()
         _check_int("session_id", session_id, 0, _MAX_UINT32)
         _check_int("size", size, 0, 2**63 - 1)
         if not isinstance(spilling, bool):
@@ -365,17 +305,17 @@ class DatasetCache:
         if hostname is not None and hostname not in LOCAL_HOSTS:
             raise RuntimeError(f"Only the local host is supported, got hostname "
                                f"{hostname!r}; use one of {', '.join(LOCAL_HOSTS)}.")
-        _check_int("port", port, 1025, 65535, allow_none=True)
+        _check_int("port", port, MIN_PORT, MAX_PORT, allow_none=True)
         _check_int("num_connections", num_connections, 1, _MAX_INT32, allow_none=True)
         _check_int("prefetch_size", prefetch_size, 1, _MAX_INT32, allow_none=True)
         if not isinstance(name, str):
             raise TypeError(f"Argument name must be str, got {type(name).__name__}.")
-        if not name or len(name.encode()) > 255:
-            raise ValueError("Argument name must have 1 to 255 bytes.")
+        if not name or len(name.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"Argument name must have 1 to {MAX_NAME_BYTES} bytes.")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise TypeError("Argument fingerprint must be str.")
-        if fingerprint is not None and len(fingerprint.encode()) > 255:
-            raise ValueError("Argument fingerprint must have at most 255 bytes.")
+        if fingerprint is not None and len(fingerprint.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"Argument fingerprint must have at most {MAX_NAME_BYTES} bytes.")
         self.session_id: int = int(session_id)
         self.size: int = int(size)
         self.spilling: bool = spilling
@@ -393,22 +333,22 @@ class DatasetCache:
 
     # ---- state that does not travel through pickle --------------------
 
+    _RUNTIME = ("_lock", "_lock_pid", "_client", "_cache", "_state", "_warned",
+                "_warned_row", "_bytes_read")
+
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
         self._client = None
         self._cache = None
-        self._dead = False        # nothing works: every call is a miss
-        self._no_puts = False     # daemon gone: reads still work
-        self._full = False        # puts are refused (and counted) by the cache
+        self._state = _State.SERVING
         self._warned = False
         self._warned_row = False  # a row the cache cannot take was dropped
         self._bytes_read = 0      # bytes of columns returned by get_columns
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_lock_pid", "_client", "_cache", "_dead", "_no_puts",
-                  "_full", "_warned", "_warned_row", "_bytes_read"):
+        for k in self._RUNTIME:
             state.pop(k, None)
         return state
 
@@ -424,20 +364,21 @@ class DatasetCache:
         other.fingerprint = fingerprint if fingerprint is not None else name
         if self._client is not None:
             other._client = self._client
-        other._dead = self._dead
+        if self._state is _State.BYPASSED:
+            other._state = _State.BYPASSED
         return other
 
-    def _warn(self, err: Error, what: str | None = None) -> None:
-        """One CacheWarning per object: `what` (default: the cause of err),
-        err's message, and what happens now (call it after setting _dead,
-        _no_puts or _full)."""
+    def _degrade(self, state: _State, err: Error, what: str | None = None) -> None:
+        """Moves to `state` (never back) and warns once per object: `what`
+        (default: the cause of err), err's message, and what happens now."""
+        self._state = max(self._state, state)
         if self._warned:
             return
         self._warned = True
         msg = f"shmcache: {what or _cause(err)} ({err})"
-        if self._dead:
+        if self._state is _State.BYPASSED:
             msg += "; the cache is bypassed and rows are read from the source"
-        elif self._no_puts or self._full:
+        else:
             msg += "; new rows are not cached, cached rows are still served"
         warnings.warn(msg, CacheWarning, stacklevel=3)
 
@@ -457,13 +398,12 @@ class DatasetCache:
         except InvalidArgumentError:
             raise
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
 
     def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
         c = self._cache
-        if c is not None or self._dead:
+        if c is not None or self._state is _State.BYPASSED:
             return c
         if self._lock_pid != os.getpid():
             # Forked while another thread held the lock: that thread is not
@@ -471,7 +411,7 @@ class DatasetCache:
             self._lock = threading.Lock()
             self._lock_pid = os.getpid()
         with self._lock:
-            if self._cache is not None or self._dead:
+            if self._cache is not None or self.bypassed:
                 return self._cache
             try:
                 self._cache = self._connect().open_cache(
@@ -488,17 +428,21 @@ class DatasetCache:
             except InvalidArgumentError as e:
                 if self.spilling:
                     raise
-                self._dead = True
-                self._warn(e, "the cache could not be opened")
+                self._degrade(_State.BYPASSED, e, "the cache could not be opened")
             except Error as e:
-                self._dead = True
-                self._warn(e)
+                self._degrade(_State.BYPASSED, e)
             return self._cache
 
     def open(self) -> DatasetCache:
         """Attaches now rather than on first use. Returns self."""
         self._open()
         return self
+
+    def _writable(self) -> _shmcache.Cache | None:
+        """The native cache when puts may go to it (the cache itself refuses
+        and counts the puts of a full cache)."""
+        c = self._open()
+        return c if self._state <= _State.FULL else None
 
     @staticmethod
     def _check_id(row_id: Any) -> int:
@@ -510,39 +454,41 @@ class DatasetCache:
 
     # ---- rows ----------------------------------------------------------
 
-    def put_columns(self, row_id: int, columns: Sequence[EncodedColumn]) -> bool:
-        """Stores already encoded columns [(name, array, dtype)]."""
+    def put_columns(self, row_id: int, columns: Sequence[Column]) -> bool:
+        """Stores a row given as columns [(name, dtype name, array)]
+        (shmcache.rows.encode's; dtype None: the array's own)."""
         row_id = self._check_id(row_id)
-        c = self._open()
-        if c is None or self._no_puts:
+        c = self._writable()
+        if c is None:
             return False
         try:
-            return c.put(row_id, columns)
+            return c.put(row_id, _as_columns(columns))
         except Error as e:
-            return self._put_failed(row_id, e)
+            return self._put_failed(row_id, e, strict=True)
 
-    def _put_failed(self, row_id: int, err: Error) -> bool:
+    def _put_failed(self, row_id: int, err: Error, strict: bool) -> bool:
         """What a put that raised `err` returns (False), after the warning
-        it deserves; raises for a row the caller got wrong."""
-        if isinstance(err, (TooLargeError, NotSupportedError)):
+        it deserves. A row the cache refuses by its limits (too many
+        columns, a name too long: InvalidArgument) raises ValueError when
+        `strict`, else is dropped alone like a row too large."""
+        if isinstance(err, (TooLargeError, NotSupportedError)) or \
+                (isinstance(err, InvalidArgumentError) and not strict):
             # This row only: the cache stays in use for the others.
             if not self._warned_row:
                 self._warned_row = True
-                warnings.warn(f"shmcache: {err}; rows like it are read from the "
-                              "source", CacheWarning, stacklevel=4)
+                warnings.warn(f"shmcache: row {row_id} cannot be cached ({err}); "
+                              "rows like it are read from the source",
+                              CacheWarning, stacklevel=4)
         elif isinstance(err, FullError):
             # Later puts still go to the cache, which refuses them without a
             # round trip and counts them (stats()["puts_full"], the metrics).
-            self._full = True
-            self._warn(err)
+            self._degrade(_State.FULL, err)
         elif isinstance(err, UnavailableError):
-            self._no_puts = True
-            self._warn(err)
+            self._degrade(_State.READ_ONLY, err)
         elif isinstance(err, InvalidArgumentError):
             raise ValueError(f"row {row_id} cannot be cached: {err}") from None
         else:
-            self._dead = True
-            self._warn(err)
+            self._degrade(_State.BYPASSED, err)
         return False
 
     def put(self, row_id: int, row: Any) -> bool:
@@ -552,7 +498,7 @@ class DatasetCache:
         first writer wins), the cache is bypassed (full, daemon gone), or the
         row cannot be cached: larger than what is left of the cache, or than
         a row spilled to disk may be (one warning; later rows go on)."""
-        return self.put_columns(row_id, encode_row(row))
+        return self.put_columns(row_id, encode(row))
 
     def put_batch(self, row_ids: Iterable[int], rows: Sequence[Any]) -> list[bool]:
         """put() of many rows: a list with, per row, what put would return
@@ -566,29 +512,35 @@ class DatasetCache:
                for i in row_ids]
         if len(ids) != len(rows):
             raise ValueError(f"put_batch: {len(ids)} ids but {len(rows)} rows")
-        encoded = [encode_row(r) for r in rows]
-        c = self._open()
-        if c is None or self._no_puts:
+        return self._put_encoded(ids, [encode(r) for r in rows], strict=True)
+
+    def _put_encoded(self, ids: list[int], rows: list[list[Column]],
+                     strict: bool) -> list[bool]:
+        """put_batch of checked ids and encoded rows; `strict` as
+        _put_failed's (CachedDataset's writer is not strict: a sample the
+        cache cannot hold is still delivered)."""
+        c = self._writable()
+        if c is None:
             return [False] * len(ids)
-        out, errors = c.put_batch(ids, encoded)
+        out, errors = c.put_batch(ids, rows)
         bad = None
         for i, err in errors:
-            if isinstance(err, InvalidArgumentError):
+            if isinstance(err, InvalidArgumentError) and strict:
                 bad = bad or (ids[i], err)
             else:
-                self._put_failed(ids[i], err)
+                self._put_failed(ids[i], err, strict)
         if bad is not None:
-            self._put_failed(*bad)  # raises ValueError
+            self._put_failed(*bad, strict=True)  # raises ValueError
         return out
 
     def get_columns(self, row_id: int, columns: ColumnSelection = None,
-                    copy: bool = True) -> list[StoredColumn] | None:
+                    copy: bool = True) -> list[Column] | None:
         """[(name, dtype, array)] of a hit, or None on a miss.
 
         With copy=False the arrays are zero-copy views (see the module
         docstring for how long they stay valid)."""
         row_id = self._check_id(row_id)
-        names = _column_names(columns)
+        names = column_names(columns)
         c = self._open()
         if c is None:
             return None
@@ -597,15 +549,14 @@ class DatasetCache:
         except KeyError:
             raise
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
             return None
         if cols is not None:
             self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
     def get_batch_columns(self, row_ids: Iterable[int],
-                          copy: bool = True) -> list[list[StoredColumn] | None]:
+                          copy: bool = True) -> list[list[Column] | None]:
         """get_columns of many rows: a list with, per id, [(name, dtype,
         array)] or None on a miss. With copy=True, rows the cache spilled to
         disk are fetched in one round trip to the daemon per batch."""
@@ -616,8 +567,7 @@ class DatasetCache:
         try:
             rows = c.get_batch(ids, copy)
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
             return [None] * len(ids)
         self._bytes_read += sum(a.nbytes for cols in rows if cols is not None
                                for _, _, a in cols)
@@ -626,21 +576,22 @@ class DatasetCache:
     def _read(self, row_id: Any, columns: ColumnSelection, copy: bool,
               torch: bool) -> Any:
         """The finished row (numpy arrays, or tensors when torch) or None;
-        what get and CachedDataset hand out."""
-        # The common case first: this is the per-sample path.
+        what get, view and CachedDataset hand out. The per-sample path: no
+        check beyond the id's type and range, one native call."""
+        c = self._cache
         if type(row_id) is not int or not 0 <= row_id <= MAX_ROW_ID:
             row_id = self._check_id(row_id)
-        c = self._cache or self._open()
         if c is None:
-            return None
+            c = self._open()
+            if c is None:
+                return None
         try:
             if columns is None:
-                return c.read(row_id, None, copy, torch)
-            return c.read(row_id, _column_names(columns), copy, torch,
-                          isinstance(columns, (str, int)))
+                return c.read(row_id, copy, torch)
+            return c.read_columns(row_id, column_names(columns) or [], copy, torch,
+                                  isinstance(columns, (str, int)))
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
             return None
 
     def _read_batch(self, row_ids: Iterable[int], copy: bool, torch: bool) -> list[Any]:
@@ -654,8 +605,7 @@ class DatasetCache:
         try:
             return c.read_batch(ids, copy, torch)
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
             return [None] * len(ids)
 
     @property
@@ -712,16 +662,18 @@ class DatasetCache:
         c = self._open()
         if c is None or n == 0:
             return hit
+        plan: list[tuple[Any, Any]] = []
+
+        def targets(stored: list[str | None] | None) -> list[Any]:
+            # The stored dtypes of the first cached row (None: no row is
+            # cached) decide which targets read a wider dtype via scratch.
+            plan[:] = [_plan_target(spec, None if stored is None else st, n)
+                       for spec, st in zip(specs, stored or [None] * len(specs))]
+            return [p[0] for p in plan]
         try:
-            stored = c.column_dtypes(ids, names)
-            if stored is None:
-                return hit
-            plan = [_plan_target(spec, st, n) for spec, st in zip(specs, stored)]
-            c.read_into(ids, [p[0] for p in plan], self.read_threads,
-                        hit.view(np.uint8))
+            c.read_into(ids, names, targets, self.read_threads, hit.view(np.uint8))
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
             hit[:] = False
             return hit
         for _, widen in plan:
@@ -745,18 +697,18 @@ class DatasetCache:
         try:
             return CacheStats.from_dict(c.stats())
         except Error as e:
-            self._warn(e)
+            self._degrade(self._state, e)
             return None
 
     @property
     def bypassed(self) -> bool:
         """True once the cache stopped serving (daemon gone at open, error)."""
-        return self._dead
+        return self._state is _State.BYPASSED
 
     @property
     def accepting(self) -> bool:
         """False once puts are dropped (full, daemon gone)."""
-        return not (self._dead or self._no_puts or self._full)
+        return self._state is _State.SERVING
 
     def close(self) -> None:
         """Returns unused space to the daemon; zero-copy arrays stay valid
@@ -774,29 +726,29 @@ class DatasetCache:
                  exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
-    # ---- streaming caches (shmcache.torch.CachedIterableDataset) ----------
+    # ---- streaming caches (shmcache.datasets.CachedIterableDataset) -------
 
     def _claim_build(self) -> bool:
         """True for the one caller, over all processes, that builds this
         streaming cache; False for the others and when the cache is
         bypassed (after the warning a put would give)."""
-        c = self._open()
-        if c is None or self._no_puts:
+        c = self._writable()
+        if c is None:
             return False
         try:
             return c.claim_build()
         except Error as e:
-            return self._put_failed(MAX_ROW_ID, e)
+            return self._put_failed(MAX_ROW_ID, e, strict=True)
 
     def _seal(self, num_rows: int) -> None:
         """Seals the cache as holding rows 0..num_rows-1 (first seal wins)."""
-        c = self._open()
-        if c is None or self._no_puts:
+        c = self._writable()
+        if c is None:
             return
         try:
             c.seal(num_rows)
         except Error as e:
-            self._put_failed(MAX_ROW_ID, e)
+            self._put_failed(MAX_ROW_ID, e, strict=True)
 
     def _sealed_rows(self) -> int | None:
         """The sealed row count, or None while unsealed or bypassed."""
@@ -806,10 +758,35 @@ class DatasetCache:
         try:
             return c.sealed_rows()
         except Error as e:
-            self._dead = True
-            self._warn(e)
+            self._degrade(_State.BYPASSED, e)
             return None
 
     def __repr__(self) -> str:
         return (f"DatasetCache(session_id={self.session_id}, size={self.size}, "
                 f"spilling={self.spilling}, name={self.name!r})")
+
+
+# ---- names kept for loader.py, miss_pool.py and batch_read.py ---------------
+# They predate shmcache.rows and take columns as (name, array, dtype);
+# remove these once those modules call shmcache.rows (encode, decode,
+# row_kind, torch_dtype) directly.
+EncodedColumn = tuple[str, Array, Union[str, None]]
+StoredColumn = Column
+_column_names = column_names
+
+
+def _as_columns(columns: Sequence[Any]) -> list[Column]:
+    """Columns in the one order, from either order."""
+    if columns and isinstance(columns[0][1], np.ndarray):   # encode_row's order
+        return [(n, d, a) for n, a, d in columns]
+    return list(columns)
+
+
+def encode_row(row: Any) -> list[EncodedColumn]:
+    """rows.encode(row) as [(name, array, dtype)]."""
+    return [(n, a, d) for n, d, a in encode(row)]
+
+
+def decode_row(columns: Sequence[Column], leaf: Any = None) -> Any:
+    """rows.decode: tensors when `leaf` is given (datasets._leaf_to_tensor)."""
+    return decode(list(columns), torch=leaf is not None)

@@ -26,14 +26,25 @@
 #include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
+#include "shmcache/options.h"
+#include "release_gil.h"
+#include "row_model.h"
 
 namespace py = pybind11;
 using shmcache::Cache;
+using shmcache::python::g_main_thread;
+using shmcache::python::ReleaseGil;
 using shmcache::Client;
 using shmcache::ColumnRef;
 using shmcache::ColumnView;
 using shmcache::DType;
 using shmcache::Status;
+using shmcache::python::FromNumpy;
+using shmcache::python::Leaf;
+using shmcache::python::ParsedColumns;
+using shmcache::python::ParseColumns;
+using shmcache::python::RowBuilder;
+using shmcache::python::ToNumpy;
 
 namespace {
 
@@ -57,125 +68,38 @@ struct PermissionDeniedError : Error {};
 // holds the types, so plain handles suffice.
 py::handle g_error_types[static_cast<size_t>(Status::Code::kTooLarge) + 1];
 
-// The main thread's ident: the thread that finalizes the interpreter.
-unsigned long g_main_thread = 0;
-
-bool InterpreterFinalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
-// py::gil_scoped_release for calls into the library. A call that may wait on
-// the server (up to its request timeout) can return on a daemon thread (a
-// background put) after the main thread began finalizing the interpreter,
-// at exit: reacquiring the GIL would then end the thread with
-// pthread_exit, whose unwinding through this destructor (noexcept) aborts
-// the whole process. Such a thread waits for the process to end instead.
-class ReleaseGil {
- public:
-  ReleaseGil() : state_(PyEval_SaveThread()) {}
-  ~ReleaseGil() {
-    while (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
-      pause();
-    }
-    PyEval_RestoreThread(state_);
-  }
-  ReleaseGil(const ReleaseGil&) = delete;
-  ReleaseGil& operator=(const ReleaseGil&) = delete;
-
- private:
-  PyThreadState* state_;
-};
-
 py::handle ErrorType(const Status& s) {
   py::handle t = g_error_types[static_cast<size_t>(s.code())];
   return t ? t : g_error_types[0];
 }
 
+// Why a cache is Full, as FullError.reason: "shm_filesystem" (no room in
+// the shared-memory filesystem), "server_cap" (the server's memory cap is
+// used up) or "budget" (the cache's own size). The daemon reports Full with
+// a message only, so its wording is read here, in this one place.
+const char* FullReason(const Status& s) {
+  std::string_view m = s.message();
+  if (m.find("no room in ") != std::string_view::npos) return "shm_filesystem";
+  if (m.find("memory cap") != std::string_view::npos) return "server_cap";
+  return "budget";
+}
+
 // The exception `s` raises, as an object: a batch reports a row's failure
 // with it rather than raising.
 py::object ExceptionOf(const Status& s) {
-  return ErrorType(s)(s.ToString());
+  py::object e = ErrorType(s)(s.ToString());
+  if (s.IsFull()) e.attr("reason") = FullReason(s);
+  return e;
 }
 
 [[noreturn]] void Throw(const Status& s) {
-  PyErr_SetString(ErrorType(s).ptr(), s.ToString().c_str());
+  py::object e = ExceptionOf(s);
+  PyErr_SetObject(ErrorType(s).ptr(), e.ptr());
   throw py::error_already_set();
 }
 
 void Check(const Status& s) {
   if (!s.ok()) Throw(s);
-}
-
-// numpy dtype <-> DType. bfloat16 and bytes have no numpy type of their
-// own: they travel as uint16 / uint8 arrays with the name given explicitly.
-DType FromNumpy(const py::dtype& dt) {
-  char kind = dt.kind();
-  size_t size = static_cast<size_t>(dt.itemsize());
-  switch (kind) {
-    case 'b':
-      return DType::kBool;
-    case 'u':
-      if (size == 1) return DType::kUInt8;
-      if (size == 2) return DType::kUInt16;
-      if (size == 4) return DType::kUInt32;
-      if (size == 8) return DType::kUInt64;
-      break;
-    case 'i':
-      if (size == 1) return DType::kInt8;
-      if (size == 2) return DType::kInt16;
-      if (size == 4) return DType::kInt32;
-      if (size == 8) return DType::kInt64;
-      break;
-    case 'f':
-      if (size == 2) return DType::kFloat16;
-      if (size == 4) return DType::kFloat32;
-      if (size == 8) return DType::kFloat64;
-      break;
-    default:
-      break;
-  }
-  throw py::type_error("unsupported array dtype: " +
-                       py::str(static_cast<py::object>(dt)).cast<std::string>());
-}
-
-py::dtype MakeNumpyType(DType t) {
-  switch (t) {
-    case DType::kUInt8: return py::dtype("uint8");
-    case DType::kInt8: return py::dtype("int8");
-    case DType::kUInt16: return py::dtype("uint16");
-    case DType::kInt16: return py::dtype("int16");
-    case DType::kUInt32: return py::dtype("uint32");
-    case DType::kInt32: return py::dtype("int32");
-    case DType::kUInt64: return py::dtype("uint64");
-    case DType::kInt64: return py::dtype("int64");
-    case DType::kFloat16: return py::dtype("float16");
-    case DType::kBFloat16: return py::dtype("uint16");
-    case DType::kFloat32: return py::dtype("float32");
-    case DType::kFloat64: return py::dtype("float64");
-    case DType::kBool: return py::dtype("bool");
-    case DType::kBytes: return py::dtype("uint8");
-  }
-  throw Error("row holds an unknown dtype");
-}
-
-// The numpy dtype of a column. Built once per type: parsing a dtype name
-// costs more than the rest of a small hit. (Leaked: never released after
-// the interpreter is gone.)
-py::dtype ToNumpy(DType t) {
-  static auto* types = [] {
-    auto* v = new std::vector<py::dtype>;
-    for (int i = 0; i < shmcache::kNumDTypes; ++i) {
-      v->push_back(MakeNumpyType(static_cast<DType>(i)));
-    }
-    return v;
-  }();
-  auto i = static_cast<size_t>(t);
-  if (i >= types->size()) throw Error("row holds an unknown dtype");
-  return (*types)[i];
 }
 
 void MakeReadOnly(py::array& a) {
@@ -248,66 +172,25 @@ py::capsule KeepAlive(const PyCachePtr& c) {
   return py::capsule(holder, [](void* p) { delete static_cast<PyCachePtr*>(p); });
 }
 
-// dtype.isnative without a Python attribute lookup (this is per column of
-// every put).
-bool IsNative(const py::dtype& dt) {
-  constexpr char kNative = std::endian::native == std::endian::little ? '<' : '>';
-  char b = dt.byteorder();
-  return b == '=' || b == '|' || b == kNative;
-}
 
-// One row to put: the ColumnRefs over the arrays of a Python column list,
-// and what keeps them valid. Built in place and never moved: `refs` point
-// into `names` and `shapes`.
+// One row to put: the ColumnRefs over parsed columns.
 struct PutRow {
-  std::vector<py::array> keep;
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
+  ParsedColumns columns;
   std::vector<ColumnRef> refs;
+
+  void Parse(const py::list& list) {
+    ParseColumns(list, &columns);
+    refs.reserve(columns.views.size());
+    for (const ColumnView& c : columns.views) {
+      refs.push_back(ColumnRef{c.name, c.dtype, c.shape, c.data, c.nbytes});
+    }
+  }
 };
 
-// Fills *row from [(name, array, dtype_name_or_None), ...]; raises on a
-// malformed column.
-void ParseColumns(const py::list& columns, PutRow* row) {
-  size_t n = columns.size();
-  row->refs.resize(n);
-  row->keep.reserve(n);
-  row->names.reserve(n);
-  row->shapes.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    py::tuple t = columns[i].cast<py::tuple>();
-    if (t.size() != 3) throw py::value_error("a column is (name, array, dtype)");
-    const std::string& name = row->names.emplace_back(t[0].cast<std::string>());
-    py::array a = py::array::ensure(t[1], py::array::c_style);
-    if (!a) throw py::type_error("column '" + name + "' is not an array");
-    // Rows hold native values: a foreign byte order would read back as
-    // other numbers.
-    if (!IsNative(a.dtype())) {
-      throw py::value_error("column '" + name +
-                            "': the array is not in native byte order; convert "
-                            "it first (a.astype(a.dtype.newbyteorder('=')))");
-    }
-    row->keep.push_back(a);
-    DType dt;
-    if (t[2].is_none()) {
-      dt = FromNumpy(a.dtype());
-    } else if (!shmcache::DTypeFromName(t[2].cast<std::string>(), &dt)) {
-      throw py::value_error("unknown dtype name: " + t[2].cast<std::string>());
-    }
-    const auto& shape = row->shapes.emplace_back(a.shape(), a.shape() + a.ndim());
-    if (shmcache::DTypeSize(dt) != static_cast<size_t>(a.itemsize())) {
-      throw py::value_error("column '" + name +
-                            "': array itemsize does not match its dtype");
-    }
-    row->refs[i] = ColumnRef{name, dt, shape, a.data(),
-                             static_cast<size_t>(a.nbytes())};
-  }
-}
-
-// put(id, [(name, array, dtype_name_or_None), ...]) -> inserted
+// put(id, [(name, dtype_name_or_None, array), ...]) -> inserted
 bool Put(PyCache& self, uint64_t id, const py::list& columns) {
   PutRow row;
-  ParseColumns(columns, &row);
+  row.Parse(columns);
   bool inserted = false;
   Status s;
   {
@@ -322,7 +205,7 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) {
 // a row that failed is False in the first list and has in the second the
 // exception put would have raised for it (an object, not raised). The
 // rows are copied into shared memory without the GIL; the arrays stay
-// alive meanwhile (PutRow::keep).
+// alive meanwhile (PutRow::columns).
 py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
                    const py::list& rows) {
   if (rows.size() != ids.size()) {
@@ -332,7 +215,7 @@ py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
   std::vector<PutRow> parsed(ids.size());
   std::vector<std::span<const ColumnRef>> refs(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    ParseColumns(rows[i].cast<py::list>(), &parsed[i]);
+    parsed[i].Parse(rows[i].cast<py::list>());
     refs[i] = parsed[i].refs;
   }
   std::vector<Status> statuses(ids.size());
@@ -462,195 +345,6 @@ py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
   return out;
 }
 
-// ---- rows as finished Python objects --------------------------------------
-//
-// read() / read_batch() return what DatasetCache.get / CachedDataset hand
-// out: a bare value, a tuple ("#0", "#1", ... columns) or a dict, of numpy
-// arrays or torch tensors, bytes columns as bytes, built here rather than in
-// Python.
-
-enum class Leaf { kNumpy, kTorch };
-
-// Copies smaller than this are made with the GIL held: releasing and taking
-// it back costs about as much as copying a few KB, and no other thread can
-// get anything done in that time.
-constexpr size_t kReleaseGilBytes = 64 << 10;
-
-// torch.from_numpy and torch.bfloat16, looked up once (leaked on purpose:
-// they must not be released after the interpreter is gone).
-struct TorchApi {
-  py::object from_numpy, bfloat16;
-};
-const TorchApi& Torch() {
-  static TorchApi* api = [] {
-    py::module_ torch = py::module_::import("torch");
-    return new TorchApi{torch.attr("from_numpy"), torch.attr("bfloat16")};
-  }();
-  return *api;
-}
-
-// The type a column is handed out as: torch has no uint16/32/64, so for
-// torch those widen to int32 / int64 (uint64 wraps above 2**63).
-DType OutType(DType t, Leaf leaf) {
-  if (leaf == Leaf::kTorch) {
-    if (t == DType::kUInt16) return DType::kInt32;
-    if (t == DType::kUInt32 || t == DType::kUInt64) return DType::kInt64;
-  }
-  return t;
-}
-
-template <typename From, typename To>
-void Widen(const std::byte* src, void* dst, size_t n) {
-  const auto* in = reinterpret_cast<const From*>(src);
-  auto* out = static_cast<To*>(dst);
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
-}
-
-// A column's bytes still to be copied into the object made for it.
-struct PendingCopy {
-  ColumnView src;
-  DType out_type;
-  void* dst;
-
-  void Run() const {
-    size_t n = src.nbytes / shmcache::DTypeSize(src.dtype);
-    switch (out_type == src.dtype ? DType::kBytes : src.dtype) {
-      case DType::kUInt16: return Widen<uint16_t, int32_t>(src.data, dst, n);
-      case DType::kUInt32: return Widen<uint32_t, int64_t>(src.data, dst, n);
-      case DType::kUInt64: return Widen<uint64_t, int64_t>(src.data, dst, n);
-      default: std::memcpy(dst, src.data, src.nbytes);
-    }
-  }
-};
-
-// A C-contiguous array of `dt` and `shape`: over `data` (kept alive by
-// `base`, writable only when `writable`) or, without data, newly allocated.
-// The numpy C API directly: this is most of the cost of a small hit.
-py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape,
-                   const void* data, py::handle base, bool writable) {
-  constexpr size_t kMaxDims = 32;  // numpy's limit
-  if (shape.size() > kMaxDims) throw Error("a column has more dimensions than numpy allows");
-  Py_intptr_t dims[kMaxDims];
-  for (size_t i = 0; i < shape.size(); ++i) dims[i] = static_cast<Py_intptr_t>(shape[i]);
-  auto& api = py::detail::npy_api::get();
-  int flags = data != nullptr && writable ? py::detail::npy_api::NPY_ARRAY_WRITEABLE_ : 0;
-  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, dt.inc_ref().ptr(),
-                                          static_cast<int>(shape.size()), dims, nullptr,
-                                          const_cast<void*>(data), flags, nullptr);
-  if (a == nullptr) throw py::error_already_set();
-  auto out = py::reinterpret_steal<py::array>(a);
-  if (data != nullptr && api.PyArray_SetBaseObject_(a, base.inc_ref().ptr()) != 0) {
-    throw py::error_already_set();
-  }
-  return out;
-}
-
-// Builds the objects of rows: objects are allocated with the GIL held and
-// filled by Copy() after, without it for large rows.
-class RowBuilder {
- public:
-  // owner: the Python Cache object. zero_copy: columns of rows in shared
-  // memory become arrays over it (read-only numpy arrays; tensors over
-  // memory this process maps PROT_READ, so an in-place write faults), which
-  // keep `owner` (and so the mappings) alive. Otherwise, and for rows not
-  // in shared memory, a copy.
-  RowBuilder(py::handle owner, Leaf leaf, bool zero_copy)
-      : owner_(owner), leaf_(leaf), zero_copy_(zero_copy) {}
-
-  // names: the columns wanted, in order (KeyError naming one the row
-  // lacks); null for all. single: the one column's value itself.
-  py::object Build(uint64_t id, const shmcache::RowView& row,
-                   const std::vector<std::string>* names, bool single) {
-    py::handle base = zero_copy_ && row.in_shared_memory() ? owner_ : py::handle();
-    size_t n = names ? names->size() : row.num_columns();
-    if (n == 1) {  // the common bare value: nothing to assemble
-      ColumnView c = Find(id, row, names, 0);
-      if (single || c.name == "#") return Value(c, base);
-    }
-    bool positional = true;
-    for (size_t i = 0; i < n && positional; ++i) {
-      std::string_view name = names ? std::string_view((*names)[i]) : row.column(i).name;
-      positional = !name.empty() && name[0] == '#';
-    }
-    if (positional) {
-      py::tuple t(n);
-      for (size_t i = 0; i < n; ++i) t[i] = Value(Find(id, row, names, i), base);
-      return t;
-    }
-    py::dict d;
-    for (size_t i = 0; i < n; ++i) {
-      ColumnView c = Find(id, row, names, i);
-      d[py::str(c.name.data(), c.name.size())] = Value(c, base);
-    }
-    return d;
-  }
-
-  // Fills what Build allocated. REQUIRES: the rows are still valid.
-  void Copy() {
-    if (copy_bytes_ < kReleaseGilBytes) return CopyNow();
-    ReleaseGil nogil;
-    CopyNow();
-  }
-  // Bytes of the columns handed out (the wider copy of a widened column
-  // counts as the stored bytes).
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  static ColumnView Find(uint64_t id, const shmcache::RowView& row,
-                         const std::vector<std::string>* names, size_t i) {
-    if (names == nullptr) return row.column(i);
-    std::optional<ColumnView> c = row.find((*names)[i]);
-    if (!c) {
-      throw py::key_error("row " + std::to_string(id) + " has no column '" +
-                          (*names)[i] + "'");
-    }
-    return *c;
-  }
-
-  void CopyNow() {
-    for (const PendingCopy& p : pending_) p.Run();
-    pending_.clear();
-    copy_bytes_ = 0;
-  }
-
-  void Later(const ColumnView& c, DType out, void* dst) {
-    pending_.push_back(PendingCopy{c, out, dst});
-    copy_bytes_ += c.nbytes;
-  }
-
-  py::object Value(const ColumnView& c, py::handle base) {
-    bytes_ += c.nbytes;
-    if (c.dtype == DType::kBytes) {
-      PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<py::ssize_t>(c.nbytes));
-      if (b == nullptr) throw py::error_already_set();
-      Later(c, c.dtype, PyBytes_AS_STRING(b));
-      return py::reinterpret_steal<py::object>(b);
-    }
-    DType out = OutType(c.dtype, leaf_);
-    bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
-    // torch reads a bfloat16 column through an int16 array.
-    py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
-    py::array a;
-    if (base && out == c.dtype) {
-      // Tensors need a writable-flagged array (torch warns otherwise); the
-      // memory itself is read-only.
-      a = NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch);
-    } else {
-      a = NewArray(dt, c.shape, nullptr, base, true);
-      Later(c, out, a.mutable_data());
-    }
-    if (leaf_ == Leaf::kNumpy) return a;
-    py::object t = Torch().from_numpy(a);
-    return torch_bf16 ? t.attr("view")(Torch().bfloat16) : t;
-  }
-
-  py::handle owner_;
-  Leaf leaf_;
-  bool zero_copy_;
-  std::vector<PendingCopy> pending_;
-  size_t copy_bytes_ = 0;
-  uint64_t bytes_ = 0;
-};
 
 // Views of rows ids[i]: memory rows from ViewBatch, with the GIL held (no
 // system call on a hit); rows on disk are fetched into *disk with one
@@ -682,24 +376,97 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
   }
 }
 
-// read(id, columns=None, copy=True, torch=False, single=False)
-//   -> row or None
-py::object Read(py::handle owner, uint64_t id,
-               std::optional<std::vector<std::string>> columns, bool copy,
-               bool torch, bool single) {
-  PyCache& self = owner.cast<PyCache&>();
-  shmcache::RowView view;
+// The view of row `id` into *view (a spilled row is fetched into *disk,
+// without the GIL); false on a miss.
+bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* disk) {
   Status status;
-  std::vector<shmcache::Row> disk;
-  ViewRows(*self.cache, std::span(&id, 1), std::span(&view, 1),
-           std::span(&status, 1), &disk);
-  if (status.IsNotFound()) return py::none();
+  Check(cache.ViewBatch(std::span(&id, 1), std::span(view, 1), std::span(&status, 1)));
+  if (status.IsNotSupported()) {
+    Status s;
+    {
+      ReleaseGil nogil;
+      s = cache.GetBatch(std::span(&id, 1), std::span(disk, 1), std::span(&status, 1));
+    }
+    Check(s);
+    *view = disk->view();
+  }
+  if (status.IsNotFound()) return false;
   Check(status);
-  RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
-  py::object row = b.Build(id, view, columns ? &*columns : nullptr, single);
+  return true;
+}
+
+// The sample of `cols`, as RowBuilder builds it; counts its bytes.
+py::object BuildRow(PyCache& self, py::handle owner, const shmcache::RowView& view,
+                    std::span<const ColumnView> cols, bool copy, bool torch, bool single) {
+  // Small rows (the per-sample path) build without a heap allocation.
+  constexpr size_t kInline = 8;
+  py::handle inline_bases[kInline];
+  std::vector<py::handle> many;
+  std::span<py::handle> bases(inline_bases, cols.size());
+  if (cols.size() > kInline) {
+    many.resize(cols.size());
+    bases = many;
+  }
+  std::fill(bases.begin(), bases.end(), view.in_shared_memory() ? owner : py::handle());
+  RowBuilder b(torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
+  py::object row = b.Build(cols, bases, single);
   b.Copy();
   self.bytes_read += b.bytes();
   return row;
+}
+
+// read(id, copy=True, torch=False) -> row or None
+py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) {
+  PyCache& self = owner.cast<PyCache&>();
+  shmcache::RowView view;
+  shmcache::Row disk;
+  if (!ViewOne(*self.cache, id, &view, &disk)) return py::none();
+  constexpr size_t kInline = 8;
+  size_t n = view.num_columns();
+  if (n > kInline) {
+    std::vector<ColumnView> cols = shmcache::python::SelectColumns(id, view, nullptr);
+    return BuildRow(self, owner, view, cols, copy, torch, false);
+  }
+  ColumnView cols[kInline];
+  for (size_t i = 0; i < n; ++i) cols[i] = view.column(i);
+  return BuildRow(self, owner, view, std::span(cols, n), copy, torch, false);
+}
+
+// read's entry point, without pybind11's dispatcher (most of the binding's
+// cost of a small hit): read(id, copy, torch), all positional.
+PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "read(id, copy, torch) takes 3 positional arguments");
+    return nullptr;
+  }
+  unsigned long long id = PyLong_AsUnsignedLongLong(args[0]);
+  if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  int copy = PyObject_IsTrue(args[1]);
+  int torch = PyObject_IsTrue(args[2]);
+  if (copy < 0 || torch < 0) return nullptr;
+  try {
+    return Read(py::handle(owner), id, copy != 0, torch != 0).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// read_columns(id, columns, copy=True, torch=False, single=False)
+//   -> the named columns of the row (single: the one column's value), or
+//   None on a miss; KeyError naming a column the row lacks.
+py::object ReadColumns(py::handle owner, uint64_t id, const std::vector<std::string>& columns,
+                       bool copy, bool torch, bool single) {
+  PyCache& self = owner.cast<PyCache&>();
+  shmcache::RowView view;
+  shmcache::Row disk;
+  if (!ViewOne(*self.cache, id, &view, &disk)) return py::none();
+  std::vector<ColumnView> cols = shmcache::python::SelectColumns(id, view, &columns);
+  return BuildRow(self, owner, view, cols, copy, torch, single);
 }
 
 // read_batch(ids, copy=True, torch=False) -> [row or None per id]
@@ -710,71 +477,118 @@ py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
   std::vector<Status> statuses(ids.size());
   std::vector<shmcache::Row> disk;
   ViewRows(*self.cache, ids, views, statuses, &disk);
-  RowBuilder b(owner, torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
+  RowBuilder b(torch ? Leaf::kTorch : Leaf::kNumpy, !copy);
   py::list out(ids.size());
+  std::vector<py::handle> bases;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (statuses[i].IsNotFound()) {
       out[i] = py::none();
       continue;
     }
     Check(statuses[i]);
-    out[i] = b.Build(ids[i], views[i], nullptr, false);
+    std::vector<ColumnView> cols = shmcache::python::SelectColumns(ids[i], views[i], nullptr);
+    bases.assign(cols.size(), views[i].in_shared_memory() ? owner : py::handle());
+    out[i] = b.Build(cols, bases, false);
   }
   b.Copy();
   self.bytes_read += b.bytes();
   return out;
 }
 
-// column_dtypes(ids, names) -> [dtype name or None per name] of the first
-// of ids that is cached, or None when none is.
-py::object ColumnDTypes(PyCache& self, const std::vector<uint64_t>& ids,
-                        const std::vector<std::string>& names) {
-  shmcache::RowView row;
-  Status s = Status::NotFound("no ids");
+// The targets of read_into: (name, dtype name, row shape, address, row
+// stride) over buffers the caller checked and keeps alive.
+struct Targets {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<shmcache::ColumnTarget> cols;
+
+  explicit Targets(const py::list& specs) {
+    size_t n = specs.size();
+    names.reserve(n);
+    shapes.reserve(n);
+    cols.resize(n);
+    for (size_t t = 0; t < n; ++t) {
+      py::tuple spec = specs[t].cast<py::tuple>();
+      names.push_back(spec[0].cast<std::string>());
+      DType dt;
+      if (!shmcache::DTypeFromName(spec[1].cast<std::string>(), &dt)) {
+        throw py::value_error("unknown dtype name: " + spec[1].cast<std::string>());
+      }
+      shapes.push_back(spec[2].cast<std::vector<int64_t>>());
+      cols[t] = shmcache::ColumnTarget{names.back(), dt, shapes.back(),
+                                       reinterpret_cast<void*>(spec[3].cast<uintptr_t>()),
+                                       spec[4].cast<size_t>()};
+    }
+  }
+
+  // Copies `row` into row `i` of the targets when every column matches
+  // (BatchReader's rule); whether it did.
+  bool CopyRow(const shmcache::RowView& row, size_t i) const {
+    std::vector<ColumnView> found;
+    for (const shmcache::ColumnTarget& t : cols) {
+      std::optional<ColumnView> c = row.find(t.name);
+      if (!c || c->dtype != t.dtype ||
+          !std::equal(c->shape.begin(), c->shape.end(), t.shape.begin(), t.shape.end())) {
+        return false;
+      }
+      found.push_back(*c);
+    }
+    for (size_t k = 0; k < cols.size(); ++k) {
+      std::memcpy(static_cast<std::byte*>(cols[k].base) + i * cols[k].row_stride_bytes,
+                  found[k].data, found[k].nbytes);
+    }
+    return true;
+  }
+
+  // The targets from row `from` on.
+  std::vector<shmcache::ColumnTarget> From(size_t from) const {
+    std::vector<shmcache::ColumnTarget> out = cols;
+    for (auto& t : out) t.base = static_cast<std::byte*>(t.base) + from * t.row_stride_bytes;
+    return out;
+  }
+};
+
+// read_into(ids, names, plan, threads, hit): copies rows ids[i] into row i
+// of the buffers plan(stored) describes (Targets), where stored is the
+// dtype name (or None) of each named column in the first cached row of ids
+// (None when no id is cached); hit (uint8, len(ids)) receives the hit
+// mask. Every id is counted once, as a hit or a miss: the row whose dtypes
+// were looked at is copied from that same view.
+void ReadInto(PyCache& self,
+              py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ids,
+              const std::vector<std::string>& names, const py::function& plan,
+              int threads, py::array_t<uint8_t, py::array::c_style> hit) {
+  size_t n = static_cast<size_t>(ids.size());
+  if (static_cast<size_t>(hit.size()) != n) throw py::value_error("hit has another length");
+  const uint64_t* id_data = ids.data();
+  uint8_t* hit_data = hit.mutable_data();
+  std::fill(hit_data, hit_data + n, 0);
+  size_t first = n;  // the first cached id, looked at without counting
+  shmcache::RowView probe;
+  Status s;
   {
     // A view of a spilled row asks the daemon.
     ReleaseGil nogil;
-    for (uint64_t id : ids) {
-      s = self.cache->View(id, &row);
-      if (!s.IsNotFound()) break;
+    for (size_t i = 0; i < n && first == n; ++i) {
+      if (self.cache->Contains(id_data[i])) first = i;
+    }
+    if (first < n) {
+      s = self.cache->View(id_data[first], &probe);
+      if (s.IsNotFound()) first = n;  // gone since (its session destroyed)
     }
   }
-  if (s.IsNotFound()) return py::none();
-  Check(s);
-  py::list out;
-  for (const std::string& n : names) {
-    std::optional<ColumnView> c = row.find(n);
-    out.append(c ? py::object(py::str(shmcache::DTypeName(c->dtype))) : py::none());
-  }
-  return out;
-}
-
-// read_into(ids, targets, threads, hit): targets are (name, dtype name,
-// row shape, address, row stride) over buffers the caller checked and keeps
-// alive; hit (uint8, len(ids)) receives the hit mask.
-void ReadInto(PyCache& self,
-              py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ids,
-              const py::list& targets, int threads,
-              py::array_t<uint8_t, py::array::c_style> hit) {
-  size_t n = static_cast<size_t>(ids.size());
-  if (static_cast<size_t>(hit.size()) != n) throw py::value_error("hit has another length");
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<shmcache::ColumnTarget> cols(targets.size());
-  names.reserve(targets.size());
-  shapes.reserve(targets.size());
-  for (size_t t = 0; t < cols.size(); ++t) {
-    py::tuple spec = targets[t].cast<py::tuple>();
-    names.push_back(spec[0].cast<std::string>());
-    DType dt;
-    if (!shmcache::DTypeFromName(spec[1].cast<std::string>(), &dt)) {
-      throw py::value_error("unknown dtype name: " + spec[1].cast<std::string>());
+  if (first < n && !s.IsNotFound()) Check(s);
+  py::object stored = py::none();
+  if (first < n) {
+    py::list dtypes;
+    for (const std::string& name : names) {
+      std::optional<ColumnView> c = probe.find(name);
+      dtypes.append(c ? py::object(py::str(shmcache::DTypeName(c->dtype))) : py::none());
     }
-    shapes.push_back(spec[2].cast<std::vector<int64_t>>());
-    cols[t] = shmcache::ColumnTarget{names.back(), dt, shapes.back(),
-                                     reinterpret_cast<void*>(spec[3].cast<uintptr_t>()),
-                                     spec[4].cast<size_t>()};
+    stored = dtypes;
   }
+  Targets targets(plan(stored).cast<py::list>());
+  if (first < n) hit_data[first] = targets.CopyRow(probe, first);
   std::unique_ptr<shmcache::BatchReader> reader;
   auto& idle = self.idle_readers;
   for (size_t k = 0; k < idle.size(); ++k) {
@@ -785,12 +599,18 @@ void ReadInto(PyCache& self,
     }
   }
   if (!reader) reader = std::make_unique<shmcache::BatchReader>(self.cache.get(), threads);
-  const uint64_t* id_data = ids.data();
-  uint8_t* hit_data = hit.mutable_data();
-  Status s;
+  std::vector<shmcache::ColumnTarget> rest = targets.From(first + 1);
   {
     ReleaseGil nogil;
-    s = reader->ReadInto(std::span(id_data, n), cols, std::span(hit_data, n));
+    // Rows before `first` are all misses; the rows after it are read.
+    if (first > 0) {
+      s = reader->ReadInto(std::span(id_data, std::min(first, n)), targets.cols,
+                           std::span(hit_data, std::min(first, n)));
+    }
+    if (s.ok() && first + 1 < n) {
+      s = reader->ReadInto(std::span(id_data + first + 1, n - first - 1), rest,
+                           std::span(hit_data + first + 1, n - first - 1));
+    }
   }
   idle.push_back(std::move(reader));
   Check(s);
@@ -802,6 +622,29 @@ PYBIND11_MODULE(_shmcache, m) {
   m.doc() = "Binding of libshmcache; use the `shmcache` package instead.";
   g_main_thread =
       py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  namespace rows = shmcache::python;
+  // The constants the package checks arguments against, from the C++
+  // headers that define them (Python copies none).
+  m.attr("MAX_ROW_ID") = shmcache::kMaxRowId;
+  m.attr("MIN_PORT") = shmcache::kMinPort;
+  m.attr("MAX_PORT") = shmcache::kMaxPort;
+  m.attr("MAX_NAME_BYTES") = shmcache::kMaxNameBytes;
+  m.attr("MAX_COLUMNS") = shmcache::kMaxColumnsPerRow;
+  m.attr("LOCAL_HOSTS") = py::make_tuple("127.0.0.1", "localhost", "::1");
+  m.attr("DTYPES") = rows::DTypeTable();
+  m.def("encode", &rows::Encode, py::arg("sample"),
+        "The columns [(name, dtype, array)] that store `sample`.");
+  m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
+        "The sample a hit of `columns` is (tensors when torch).");
+  m.def("split_name", [](const std::string& name) {
+          return py::make_tuple(std::string(rows::KeyOf(name)), std::string(rows::TagOf(name)));
+        }, py::arg("name"),
+        "(key, tag) of a stored column name: the tag is a PIL image's mode, else \"\".");
+  m.def("row_kind", [](const std::vector<std::string>& names) {
+          std::vector<std::string_view> keys;
+          for (const std::string& n : names) keys.push_back(rows::KeyOf(n));
+          return rows::KindName(rows::KindOf(keys));
+        }, py::arg("names"), "\"value\", \"tuple\" or \"dict\": what a row of these columns is.");
   // Translators run newest first: the base class is registered first.
   auto& error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   using Code = Status::Code;
@@ -827,7 +670,8 @@ PYBIND11_MODULE(_shmcache, m) {
        py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
                                                      error.ptr()));
 
-  py::class_<PyCache, PyCachePtr>(m, "Cache")
+  py::class_<PyCache, PyCachePtr> cache_class(m, "Cache");
+  cache_class
       .def("put", &Put, py::arg("id"), py::arg("columns"),
            "Stores a row; returns False when the id was already present.")
       .def("put_batch", &PutBatch, py::arg("ids"), py::arg("rows"),
@@ -839,19 +683,17 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("readonly") = true,
            "For each id, a list of (name, dtype, array) or None on a miss.")
-      .def("read", &Read, py::arg("id"), py::arg("columns") = py::none(),
+      .def("read_columns", &ReadColumns, py::arg("id"), py::arg("columns"),
            py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
-           "The row as put stored it, or None on a miss.")
+           "The named columns of the row (single: the one column's value), or None.")
       .def("read_batch", &ReadBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("torch") = false,
            "[row or None per id].")
       .def_property_readonly("bytes_read", [](PyCache& self) { return self.bytes_read; },
                              "Bytes of the columns read and read_batch returned.")
-      .def("column_dtypes", &ColumnDTypes, py::arg("ids"), py::arg("names"),
-           "Stored dtype names of the named columns in the first cached row of ids.")
-      .def("read_into", &ReadInto, py::arg("ids"), py::arg("targets"),
+      .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("plan"),
            py::arg("threads"), py::arg("hit"),
-           "Copies rows into caller-checked buffers; fills the hit mask.")
+           "Copies rows into the buffers plan(stored dtypes) describes; fills the hit mask.")
       .def("contains", [](PyCache& self, uint64_t id) {
         ReleaseGil nogil;
         return self.cache->Contains(id);
@@ -898,6 +740,14 @@ PYBIND11_MODULE(_shmcache, m) {
         ReleaseGil nogil;
         self.cache->Close();
       });
+
+  static PyMethodDef read_def = {
+      "read", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&ReadFast)),
+      METH_FASTCALL, "read(id, copy, torch): the row as put stored it, or None on a miss."};
+  py::object read = py::reinterpret_steal<py::object>(
+      PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cache_class.ptr()), &read_def));
+  if (!read) throw py::error_already_set();
+  cache_class.attr("read") = read;
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
       .def(py::init([](int port, const std::string& hostname,

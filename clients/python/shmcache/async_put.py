@@ -8,8 +8,8 @@ Contract:
   next time and is recomputed then. An empty queue always takes one row,
   however large.
 - The writer thread drains the queue as fast as the cache takes rows, in
-  batches (DatasetCache.put_batch when the cache has it, else put per row);
-  the native put releases the GIL while it copies.
+  batches (one call of its store function per batch); the native put
+  releases the GIL while it copies.
 - At exit (atexit, and multiprocessing's exit hooks, which also run in
   DataLoader workers before their os._exit), queued rows are written for
   at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
@@ -53,13 +53,9 @@ _exit_deadline: tuple[int, float] | None = None
 
 
 def put_rows(cache: Any, ids: Sequence[int], rows: Sequence[Any]) -> int:
-    """Stores rows in a DatasetCache: one put_batch when the cache has it
-    (it is newer than this module), else put per row. Returns the number of
-    rows stored now."""
-    put_batch = getattr(cache, "put_batch", None)
-    if put_batch is not None:
-        return sum(bool(x) for x in put_batch(ids, rows))
-    return sum(bool(cache.put(i, r)) for i, r in zip(ids, rows))
+    """Stores rows in a DatasetCache with one put_batch; the number of rows
+    stored now."""
+    return sum(bool(x) for x in cache.put_batch(ids, rows))
 
 
 class AsyncPutter:

@@ -1,16 +1,24 @@
 """Datasets that cache a map-style or a streaming dataset in shmcache
 (imported through shmcache.torch).
 
-    from shmcache import DatasetCache
     from shmcache.torch import CachedDataset
-    cache = DatasetCache(session_id=S)
-    ds = CachedDataset(decoded_dataset, cache, transform=RandomCrop(32, 4))
+    ds = CachedDataset(ImageFolder(root), transform=train_transforms)
     loader = DataLoader(ds, batch_size=64, num_workers=2)
 
-A sample is cached after the wrapped dataset produced it and is returned as
-tensors (a tuple stays a tuple, a dict a dict, numbers become 0-d tensors,
-bytes stay bytes), whether it was a hit or a miss, so every epoch sees the
-same types. torch 1.13 has no uint16/32/64: those become int32/int64.
+The cache is DatasetCache() by default: the session of
+$SHMCACHE_SESSION_ID. A sample is cached after the wrapped dataset produced
+it and is returned as tensors (a tuple stays a tuple, a dict a dict,
+numbers become 0-d tensors, bytes stay bytes, PIL images stay PIL images),
+whether it was a hit or a miss: both go through shmcache.rows.decode, so
+every epoch sees the same types. torch 1.13 has no uint16/32/64: those
+become int32/int64. A sample the cache cannot hold (a value with no column
+type, more columns or longer names than a row may have) is delivered as the
+dataset made it, after one CacheWarning.
+
+transform= and target_transform= work as torchvision's datasets': for a
+tuple sample (input, target, ...), transform applies to the input and
+target_transform to the target (for any other sample, transform applies to
+the whole of it); transforms= takes the whole sample instead.
 
 Random augmentation: caching after a random transform freezes the first
 epoch's random choices for every later epoch. Put only the deterministic
@@ -29,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -36,9 +45,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import (Array, CacheStats, ColumnSelection, DatasetCache, EncodedColumn,
-               _column_names, decode_row, encode_row)
-from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter, put_rows
+from . import CacheStats, CacheWarning, DatasetCache, _as_columns
+from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
+from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
            "cache_for_dataset"]
@@ -49,29 +58,17 @@ _RANDOM_TRANSFORM = re.compile(
 
 
 def _leaf_to_tensor(dtype: str, array: Array) -> Any:
-    if dtype == "bytes":
-        return array.tobytes()
-    if dtype == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    if array.dtype.kind == "u" and array.dtype.itemsize > 1:
-        # torch has no uint16/32/64: widen (uint64 wraps above 2**63).
-        wide = np.int32 if array.dtype.itemsize == 2 else np.int64
-        return torch.from_numpy(array.astype(wide))
-    return torch.from_numpy(array)
+    """One column as a hit returns it under torch (for batch_read, until it
+    calls shmcache.rows directly)."""
+    return decode([(POS, dtype, array)], torch=True)
 
 
-def _leaf_for_put(dtype: str, array: Array) -> Any:
-    """A leaf that encode_row turns back into exactly (array, dtype)."""
-    if dtype == "bytes":
-        return array.tobytes()
-    if dtype == "bfloat16":
-        return _leaf_to_tensor(dtype, array)
-    return array
-
-
-def _to_tensors(columns: Sequence[EncodedColumn]) -> Any:
-    """Tensors of encoded (name, array, dtype) columns, as a hit returns."""
-    return decode_row([(n, d or "", a) for n, a, d in columns], _leaf_to_tensor)
+def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
+    """(columns of the sample, None), or (None, why it has none)."""
+    try:
+        return encode(sample), None
+    except (TypeError, ValueError) as e:
+        return None, e
 
 
 def dataset_fingerprint(dataset: Any) -> str:
@@ -143,10 +140,14 @@ def _stable_repr(obj: object) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
-def cache_for_dataset(dataset: Any, cache: DatasetCache, name: str | None = None,
+def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
+                      name: str | None = None,
                       allow_random: bool = False) -> DatasetCache:
     """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
-    uses: cache's session and size, name default the fingerprint."""
+    uses: cache's session and size (default DatasetCache(): the session of
+    $SHMCACHE_SESSION_ID), name default the fingerprint."""
+    if cache is None:
+        cache = DatasetCache()
     if not isinstance(cache, DatasetCache):
         raise TypeError(f"cache must be a shmcache.DatasetCache, got "
                         f"{type(cache).__name__}")
@@ -163,23 +164,26 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache, name: str | None = None
     return cache.named(name or fp, fp)
 
 
-_cache_for = cache_for_dataset
-
-
 class CachedDataset(Dataset):
     """Wraps a map-style dataset: a hit returns the cached sample, a miss
-    computes dataset[i], caches it and returns it (both as tensors).
+    computes dataset[i], caches it and returns it (both as tensors, PIL
+    images as PIL images).
 
     cache: a shmcache.DatasetCache (its session and size are used; the name
-      is this dataset's). name: the cache name, default a fingerprint of the
-      dataset (class, length, root/path, transform repr).
-    transform: applied after the cache, on every access (the place for
-      random augmentation).
+      is this dataset's); default DatasetCache(), the session of
+      $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
+      the dataset (class, length, root/path, transform repr).
+    transform, target_transform: applied after the cache, on every access
+      (the place for random augmentation), torchvision's way: for a tuple
+      sample, transform to its first element and target_transform to its
+      second; for any other sample, transform to all of it.
+    transforms: a callable of the whole sample instead (not with transform
+      or target_transform).
     columns: read only these columns of each row (names of a dict sample or
       positions of a tuple sample).
     copy: whether a hit returns tensors over a private copy (True) or over
       the cache's shared memory, without a copy (False). The default (None)
-      is zero-copy inside a DataLoader worker when there is no `transform`:
+      is zero-copy inside a DataLoader worker when there is no transform:
       there the sample only goes to the collate function, whose batching
       (default_collate's stack, written straight into the shared memory
       that carries the batch to the trainer) is then the one copy of the
@@ -203,11 +207,14 @@ class CachedDataset(Dataset):
     come from the daemon in one round trip per batch.
     """
 
-    def __init__(self, dataset: Any, cache: DatasetCache, name: str | None = None,
+    def __init__(self, dataset: Any, cache: DatasetCache | None = None,
+                 name: str | None = None,
                  transform: Callable[[Any], Any] | None = None,
                  columns: ColumnSelection = None, allow_random: bool = False,
                  copy: bool | None = None, async_puts: bool = True,
-                 put_queue: int = DEFAULT_QUEUE_BYTES) -> None:
+                 put_queue: int = DEFAULT_QUEUE_BYTES, *,
+                 target_transform: Callable[[Any], Any] | None = None,
+                 transforms: Callable[[Any], Any] | None = None) -> None:
         if copy is not None and not isinstance(copy, bool):
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
         if not isinstance(async_puts, bool):
@@ -215,14 +222,21 @@ class CachedDataset(Dataset):
         if isinstance(put_queue, bool) or not isinstance(put_queue, int) \
                 or put_queue < 1:
             raise ValueError(f"put_queue is a size in bytes (>= 1), got {put_queue!r}")
-        _column_names(columns)   # a bad selection fails here, not per sample
+        if transforms is not None and (transform is not None
+                                       or target_transform is not None):
+            raise ValueError("pass transforms= (the whole sample) or "
+                             "transform= / target_transform=, not both")
+        column_names(columns)   # a bad selection fails here, not per sample
         self.dataset = dataset
-        self.cache = _cache_for(dataset, cache, name, allow_random)
+        self.cache = cache_for_dataset(dataset, cache, name, allow_random)
         self.transform = transform
+        self.target_transform = target_transform
+        self.transforms = transforms
         self.columns = columns
         self.copy = copy
         self.async_puts = async_puts
         self.put_queue = put_queue
+        self._warned_uncacheable = False
         self._putter = self._new_putter()
         self.cache.open()   # a wrong pipeline under this name fails here
 
@@ -241,58 +255,77 @@ class CachedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _zero_copy(self):
+    def _mode(self) -> tuple[bool, bool]:
+        """(whether hits are copied, whether samples go out as read: no
+        transform of any kind)."""
+        plain = (self.transform is None and self.target_transform is None
+                 and self.transforms is None)
         if self.copy is not None:
-            return not self.copy
-        return self.transform is None and get_worker_info() is not None
+            return self.copy, plain
+        return not (plain and get_worker_info() is not None), plain
 
-    def _miss(self, index):
-        encoded = encode_row(self.dataset[index])
-        self._store(index, encoded)
-        sample = _to_tensors(encoded)
-        if self.columns is not None:
-            sample = self._project(sample)
-        return sample
+    def _miss(self, index: int) -> Any:
+        sample = self.dataset[index]
+        cols, why = _cacheable(sample)
+        if cols is None:
+            self._uncacheable(index, why)
+            return self._project(sample)
+        self._store(index, cols)
+        return self._project(decode(cols, torch=True))
 
-    def _store(self, index, encoded):
-        """Caches a computed row [(name, array, dtype)]: queued for the
-        writer thread, or stored now without async puts."""
+    def _uncacheable(self, index: int, why: Exception | None) -> None:
+        if not self._warned_uncacheable:
+            self._warned_uncacheable = True
+            warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
+                          "samples like it are read from the dataset",
+                          CacheWarning, stacklevel=4)
+
+    def _store(self, index: int, cols: list[Column]) -> None:
+        """Caches a computed row: queued for the writer thread, or stored
+        now without async puts."""
         putter = self._putter
+        cols = _as_columns(cols)   # loader.py still hands encode_row's order
         if putter is None:
-            self.cache.put_columns(index, encoded)
+            self.cache._put_encoded([index], [cols], strict=False)
         elif self.cache.accepting:
-            self._queue_put(putter, index, encoded)
+            # The sample returned shares these arrays (and they may be the
+            # wrapped dataset's own): the queue keeps a copy that nothing
+            # can modify before the writer stores it.
+            copies = [(n, d, np.array(a, copy=True)) for n, d, a in cols]
+            putter.enqueue(index, copies, sum(a.nbytes for _, _, a in copies))
 
-    def _queue_put(self, putter: AsyncPutter, index: int,
-                   encoded: list[EncodedColumn]) -> None:
-        # The sample returned shares these arrays (and they may be the
-        # wrapped dataset's own): the queue keeps a copy that nothing can
-        # modify before the writer stores it.
-        copies = [(n, np.array(a, copy=True), d or "") for n, a, d in encoded]
-        row = decode_row([(n, d, a) for n, a, d in copies], _leaf_for_put)
-        putter.enqueue(index, row, sum(a.nbytes for _, a, _ in copies))
-
-    def _put_rows(self, ids: list[int], rows: list[Any]) -> int:
+    def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
         """The writer thread's put (self.cache is looked up each time)."""
-        return put_rows(self.cache, ids, rows)
+        return sum(self.cache._put_encoded(ids, rows, strict=False))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until this process's queued puts are stored; False when
         `timeout` seconds passed first. True at once without async puts."""
         return True if self._putter is None else self._putter.flush(timeout)
 
-    def _out(self, sample):
-        if self.transform is not None:
-            sample = self.transform(sample)
-        return sample
+    def apply_transforms(self, sample: Any) -> Any:
+        """`sample` after transforms, or transform and target_transform (the
+        class docstring's rule): what __getitem__ returns for a sample as
+        read or computed. A loader that reads samples itself calls this."""
+        if self.transforms is not None:
+            return self.transforms(sample)
+        if isinstance(sample, (tuple, list)) and sample:
+            first = sample[0] if self.transform is None else self.transform(sample[0])
+            rest = list(sample[1:])
+            if rest and self.target_transform is not None:
+                rest[0] = self.target_transform(rest[0])
+            return (first, *rest)
+        return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int | torch.Tensor) -> Any:
-        if isinstance(index, torch.Tensor):
+        # The per-sample path: the common case (an int, no transform) first.
+        if type(index) is not int and isinstance(index, torch.Tensor):
             index = int(index)
-        sample = self.cache._read(index, self.columns, not self._zero_copy(), True)
+        copy, plain = self._mode()
+        sample = self.cache._read(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
-        return self._out(sample)
+        return sample if plain else self.apply_transforms(sample)
 
     def __getitems__(self, indices: Iterable[int]) -> list[Any]:
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
@@ -302,8 +335,8 @@ class CachedDataset(Dataset):
         indices = [int(i) for i in indices]
         if self.columns is not None:
             return [self[i] for i in indices]
-        rows = self.cache._read_batch(indices, not self._zero_copy(), True)
-        return [self._out(row if row is not None else self._miss(i))
+        rows = self.cache._read_batch(indices, self._mode()[0], True)
+        return [self.apply_transforms(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
 
     def _project(self, sample: Any) -> Any:
@@ -338,15 +371,16 @@ class CachedIterableDataset(IterableDataset):
     Under DataLoader(num_workers=W), worker w yields samples w, w+W, ...
     A builder that dies before sealing leaves the cache unsealed: readers
     go on streaming from the source (drop the session to rebuild). If the
-    cache fills up during the build it is not sealed either.
+    cache fills up during the build, or a sample cannot be cached, it is
+    not sealed either. cache: default DatasetCache() ($SHMCACHE_SESSION_ID).
     """
 
-    def __init__(self, source: Iterable[Any], cache: DatasetCache,
+    def __init__(self, source: Iterable[Any], cache: DatasetCache | None = None,
                  name: str | None = None,
                  transform: Callable[[Any], Any] | None = None,
                  allow_random: bool = False) -> None:
         self.source = source
-        self.cache = _cache_for(source, cache, name, allow_random)
+        self.cache = cache_for_dataset(source, cache, name, allow_random)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
         self.cache.open()
@@ -361,11 +395,11 @@ class CachedIterableDataset(IterableDataset):
         n = self.sealed_count()
         if n is not None:
             for i in range(wid, n, nw):
-                cols = self.cache.get_columns(i)
-                if cols is None:        # cache gone: the source is the truth
+                row = self.cache._read(i, None, True, True)
+                if row is None:        # cache gone: the source is the truth
                     yield from self._stream(wid, nw, False, start=i)
                     return
-                yield self._out(decode_row(cols, _leaf_to_tensor))
+                yield self._out(row)
             return
         builder = self.cache._claim_build()
         if builder:
@@ -374,18 +408,18 @@ class CachedIterableDataset(IterableDataset):
 
     def _stream(self, wid: int, nw: int, builder: bool, start: int = 0) -> Iterator[Any]:
         count = 0
+        complete = True
         for i, sample in enumerate(self.source):
             count = i + 1
-            if builder:
-                encoded = encode_row(sample)
-                self.cache.put_columns(i, encoded)
-                if i >= start and i % nw == wid:
-                    yield self._out(_to_tensors(encoded))
-            elif i >= start and i % nw == wid:
-                yield self._out(_to_tensors(encode_row(sample)))
-        if builder and self.cache.accepting:
+            cols, _ = _cacheable(sample)
+            if cols is None:
+                complete = False
+            elif builder:
+                self.cache._put_encoded([i], [cols], strict=False)
+            if i >= start and i % nw == wid:
+                yield self._out(sample if cols is None else decode(cols, torch=True))
+        if builder and complete and self.cache.accepting:
             self.cache._seal(count)
 
     def _out(self, sample: Any) -> Any:
         return self.transform(sample) if self.transform is not None else sample
-

@@ -461,16 +461,15 @@ def prefill(dataset: Any, cache: DatasetCache, workers: int = 2,
 def session_lines(port: int | None, session_id: int, cache_id: int) -> list[str]:
     """The header and this cache's line of `shmcache --list_sessions`."""
     fmt = "{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}"
-    na = lambda v: str(v) if v else "n/a"  # noqa: E731 (the admin's OrNa)
     lines = [fmt.format("Session", "Cache Id", "Mem cached", "Disk cached",
                         "Avg cache size", "Numa hit", "Hits", "Misses", "Full")]
     for s in Client(port=port or 0).list_sessions():
         for c in s["caches"]:
             if s["session_id"] == session_id and c["cache_id"] == cache_id:
                 lines.append(fmt.format(
-                    session_id, cache_id, na(c["mem_rows"]), na(c["disk_rows"]),
-                    na(c["avg_row_bytes"]), na(c["numa_hits"]), na(c["hits"]),
-                    na(c["misses"]), "yes" if c["full"] else "no"))
+                    session_id, cache_id, c["mem_rows"], c["disk_rows"],
+                    c["avg_row_bytes"], c["numa_hits"], c["hits"], c["misses"],
+                    "yes" if c["full"] else "no"))
     return lines
 
 

@@ -28,12 +28,14 @@ enum class DType : uint8_t {
   kFloat64 = 11,
   kBool = 12,
   kBytes = 13,  // opaque bytes; shape is {nbytes}
+  kComplex64 = 14,   // two float32: real, imaginary
+  kComplex128 = 15,  // two float64
 };
-inline constexpr int kNumDTypes = 14;
+inline constexpr int kNumDTypes = 16;
 
 // Bytes per element, or 0 for an unknown type value.
 inline size_t DTypeSize(DType t) {
-  constexpr uint8_t kSizes[kNumDTypes] = {1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
+  constexpr uint8_t kSizes[kNumDTypes] = {1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1, 8, 16};
   auto i = static_cast<size_t>(t);
   return i < static_cast<size_t>(kNumDTypes) ? kSizes[i] : 0;
 }
@@ -41,6 +43,11 @@ inline size_t DTypeSize(DType t) {
 SHMCACHE_EXPORT const char* DTypeName(DType t);
 // Inverse of DTypeName; false (and *out unchanged) if the name is unknown.
 SHMCACHE_EXPORT bool DTypeFromName(std::string_view name, DType* out);
+
+// Limits of a row: columns per row, bytes of a column name (and of a cache
+// name or fingerprint).
+inline constexpr size_t kMaxColumnsPerRow = 1024;
+inline constexpr size_t kMaxNameBytes = 255;
 
 // One column of a row to be written. Nothing is owned: the pointers must
 // stay valid for the duration of the Put call only.

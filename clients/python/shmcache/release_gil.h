@@ -1,0 +1,44 @@
+// ReleaseGil: py::gil_scoped_release for calls into the library, safe at
+// interpreter exit (see the class). Shared by the extension's files.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <unistd.h>
+
+namespace shmcache::python {
+
+// The main thread's ident: the thread that finalizes the interpreter.
+// Set when the module is imported (_shmcache.cc).
+inline unsigned long g_main_thread = 0;
+
+inline bool InterpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// py::gil_scoped_release for calls into the library. A call that may wait on
+// the server (up to its request timeout) can return on a daemon thread (a
+// background put) after the main thread began finalizing the interpreter,
+// at exit: reacquiring the GIL would then end the thread with
+// pthread_exit, whose unwinding through this destructor (noexcept) aborts
+// the whole process. Such a thread waits for the process to end instead.
+class ReleaseGil {
+ public:
+  ReleaseGil() : state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() {
+    while (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
+      pause();
+    }
+    PyEval_RestoreThread(state_);
+  }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+}  // namespace shmcache::python

@@ -1,0 +1,472 @@
+#include "row_model.h"
+
+#include "release_gil.h"
+
+#include <bit>
+#include <cstring>
+#include <optional>
+
+namespace shmcache::python {
+namespace {
+
+// Copies smaller than this are made with the GIL held: releasing and taking
+// it back costs about as much as copying a few KB, and no other thread can
+// get anything done in that time.
+constexpr size_t kReleaseGilBytes = 64 << 10;
+
+// Python objects looked up once (leaked on purpose: they must not be
+// released after the interpreter is gone). torch and PIL are imported on
+// first use only: a numpy-only user never pays for them.
+struct NumpyApi {
+  py::object asarray, generic;
+};
+const NumpyApi& Numpy() {
+  static NumpyApi* api = [] {
+    py::module_ np = py::module_::import("numpy");
+    return new NumpyApi{np.attr("asarray"), np.attr("generic")};
+  }();
+  return *api;
+}
+struct TorchApi {
+  py::object tensor, from_numpy, bfloat16, int16;
+};
+const TorchApi& Torch() {
+  static TorchApi* api = [] {
+    py::module_ torch = py::module_::import("torch");
+    return new TorchApi{torch.attr("Tensor"), torch.attr("from_numpy"),
+                        torch.attr("bfloat16"), torch.attr("int16")};
+  }();
+  return *api;
+}
+struct PilApi {
+  py::object image, fromarray;
+};
+const PilApi& Pil() {
+  static PilApi* api = [] {
+    py::module_ image = py::module_::import("PIL.Image");
+    return new PilApi{image.attr("Image"), image.attr("fromarray")};
+  }();
+  return *api;
+}
+
+// PIL modes whose np.asarray PIL.Image.fromarray turns back into the same
+// image ("P" would lose its palette: convert it first).
+bool RoundTrips(std::string_view mode) {
+  for (std::string_view m : {"1", "L", "LA", "I", "I;16", "F", "RGB", "RGBA", "RGBX",
+                             "CMYK", "YCbCr", "LAB", "HSV"}) {
+    if (mode == m) return true;
+  }
+  return false;
+}
+
+bool ModuleStartsWith(py::handle v, std::string_view prefix) {
+  py::object mod = py::type::handle_of(v).attr("__module__");
+  if (!PyUnicode_Check(mod.ptr())) return false;
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(mod.ptr(), &n);
+  return s != nullptr && std::string_view(s, static_cast<size_t>(n)).starts_with(prefix);
+}
+
+bool IsNative(const py::dtype& dt) {
+  constexpr char kNative = std::endian::native == std::endian::little ? '<' : '>';
+  char b = dt.byteorder();
+  return b == '=' || b == '|' || b == kNative;
+}
+
+// `v` as a C-contiguous array in native byte order, values and shape
+// unchanged; an array already so is returned as it is.
+py::array Native(py::handle v) {
+  if (py::isinstance<py::array>(v)) {
+    auto a = py::reinterpret_borrow<py::array>(v);
+    if (IsNative(a.dtype()) && (a.flags() & py::array::c_style)) return a;
+    py::dtype dt = a.dtype().attr("newbyteorder")("=");
+    return Numpy().asarray(a, dt, "C");
+  }
+  py::array a = Numpy().asarray(v);
+  return Native(a);
+}
+
+py::tuple Column(std::string name, py::array a, DType dt) {
+  return py::make_tuple(std::move(name), DTypeName(dt), std::move(a));
+}
+
+// The column of one value of a sample.
+py::tuple EncodeLeaf(std::string name, py::handle v) {
+  if (py::isinstance<py::array>(v)) {
+    py::array a = Native(v);
+    DType dt = FromNumpy(a.dtype());
+    return Column(std::move(name), std::move(a), dt);
+  }
+  if (PyBytes_Check(v.ptr()) || PyByteArray_Check(v.ptr()) || PyMemoryView_Check(v.ptr())) {
+    py::buffer_info b = py::reinterpret_borrow<py::buffer>(v).request();
+    auto n = static_cast<py::ssize_t>(b.size * b.itemsize);
+    py::array_t<uint8_t> a(n);
+    if (n) std::memcpy(a.mutable_data(), b.ptr, static_cast<size_t>(n));
+    return Column(std::move(name), std::move(a), DType::kBytes);
+  }
+  if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
+    // Python ints are int64 columns on every platform.
+    py::array_t<int64_t> a(std::vector<py::ssize_t>{});
+    *a.mutable_data() = v.cast<int64_t>();
+    return Column(std::move(name), std::move(a), DType::kInt64);
+  }
+  if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr()) || PyComplex_Check(v.ptr()) ||
+      py::isinstance(v, Numpy().generic)) {
+    py::array a = Native(v);
+    DType dt = FromNumpy(a.dtype());
+    return Column(std::move(name), std::move(a), dt);
+  }
+  if (ModuleStartsWith(v, "torch") && py::isinstance(v, Torch().tensor)) {
+    py::object t = v.attr("detach")().attr("cpu")().attr("contiguous")();
+    if (py::object(t.attr("dtype")).is(Torch().bfloat16)) {
+      py::array a = t.attr("view")(Torch().int16).attr("numpy")().attr("view")("uint16");
+      return Column(std::move(name), std::move(a), DType::kBFloat16);
+    }
+    py::array a = t.attr("numpy")();
+    DType dt = FromNumpy(a.dtype());
+    return Column(std::move(name), std::move(a), dt);
+  }
+  if (ModuleStartsWith(v, "PIL.") && py::isinstance(v, Pil().image)) {
+    auto mode = v.attr("mode").cast<std::string>();
+    if (!RoundTrips(mode)) {
+      throw py::type_error("cannot cache a PIL image of mode " + mode +
+                           ": convert it first (e.g. image.convert(\"RGB\"))");
+    }
+    py::array a = Native(Numpy().asarray(v));
+    DType dt = FromNumpy(a.dtype());
+    return Column(name + kTagSep + mode, std::move(a), dt);
+  }
+  throw py::type_error("cannot cache a value of type " +
+                       py::type::handle_of(v).attr("__name__").cast<std::string>() +
+                       ": use numpy arrays, tensors, numbers, bytes or PIL images");
+}
+
+template <typename From, typename To>
+void Widen(const std::byte* src, void* dst, size_t n) {
+  const auto* in = reinterpret_cast<const From*>(src);
+  auto* out = static_cast<To*>(dst);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
+}
+
+// The type a column is handed out as (TorchName's rule).
+DType OutType(DType t, Leaf leaf) {
+  if (leaf == Leaf::kTorch) {
+    if (t == DType::kUInt16) return DType::kInt32;
+    if (t == DType::kUInt32 || t == DType::kUInt64) return DType::kInt64;
+  }
+  return t;
+}
+
+// A C-contiguous array of `dt` and `shape`: over `data` (kept alive by
+// `base`, writable only when `writable`) or, without data, newly allocated.
+// The numpy C API directly: this is most of the cost of a small hit.
+py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape,
+                   const void* data, py::handle base, bool writable) {
+  constexpr size_t kMaxDims = 32;  // numpy's limit
+  if (shape.size() > kMaxDims) {
+    throw py::value_error("a column has more dimensions than numpy allows");
+  }
+  Py_intptr_t dims[kMaxDims];
+  for (size_t i = 0; i < shape.size(); ++i) dims[i] = static_cast<Py_intptr_t>(shape[i]);
+  auto& api = py::detail::npy_api::get();
+  int flags = data != nullptr && writable ? py::detail::npy_api::NPY_ARRAY_WRITEABLE_ : 0;
+  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, dt.inc_ref().ptr(),
+                                          static_cast<int>(shape.size()), dims, nullptr,
+                                          const_cast<void*>(data), flags, nullptr);
+  if (a == nullptr) throw py::error_already_set();
+  auto out = py::reinterpret_steal<py::array>(a);
+  if (data != nullptr && api.PyArray_SetBaseObject_(a, base.inc_ref().ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return out;
+}
+
+py::dtype MakeNumpyType(DType t) {
+  switch (t) {
+    case DType::kBFloat16: return py::dtype("uint16");
+    case DType::kBytes: return py::dtype("uint8");
+    default: return py::dtype(DTypeName(t));
+  }
+}
+
+}  // namespace
+
+DType FromNumpy(const py::dtype& dt) {
+  char kind = dt.kind();
+  size_t size = static_cast<size_t>(dt.itemsize());
+  switch (kind) {
+    case 'b':
+      return DType::kBool;
+    case 'u':
+      if (size == 1) return DType::kUInt8;
+      if (size == 2) return DType::kUInt16;
+      if (size == 4) return DType::kUInt32;
+      if (size == 8) return DType::kUInt64;
+      break;
+    case 'i':
+      if (size == 1) return DType::kInt8;
+      if (size == 2) return DType::kInt16;
+      if (size == 4) return DType::kInt32;
+      if (size == 8) return DType::kInt64;
+      break;
+    case 'f':
+      if (size == 2) return DType::kFloat16;
+      if (size == 4) return DType::kFloat32;
+      if (size == 8) return DType::kFloat64;
+      break;
+    case 'c':
+      if (size == 8) return DType::kComplex64;
+      if (size == 16) return DType::kComplex128;
+      break;
+    default:
+      break;
+  }
+  throw py::type_error("unsupported array dtype: " +
+                       py::str(static_cast<py::object>(dt)).cast<std::string>());
+}
+
+// Built once per type: parsing a dtype name costs more than the rest of a
+// small hit. (Leaked: never released after the interpreter is gone.)
+py::dtype ToNumpy(DType t) {
+  static auto* types = [] {
+    auto* v = new std::vector<py::dtype>;
+    for (int i = 0; i < kNumDTypes; ++i) v->push_back(MakeNumpyType(static_cast<DType>(i)));
+    return v;
+  }();
+  auto i = static_cast<size_t>(t);
+  if (i >= types->size()) throw py::value_error("row holds an unknown dtype");
+  return (*types)[i];
+}
+
+const char* TorchName(DType t) {
+  if (t == DType::kBytes) return "";
+  return DTypeName(OutType(t, Leaf::kTorch));
+}
+
+py::dict DTypeTable() {
+  py::dict d;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    auto t = static_cast<DType>(i);
+    const char* torch = TorchName(t);
+    d[DTypeName(t)] = py::make_tuple(DTypeSize(t), ToNumpy(t).attr("name"),
+                                     *torch ? py::object(py::str(torch)) : py::object(py::none()));
+  }
+  return d;
+}
+
+std::string_view KeyOf(std::string_view stored) {
+  return stored.substr(0, stored.find(kTagSep));
+}
+
+std::string_view TagOf(std::string_view stored) {
+  size_t at = stored.find(kTagSep);
+  return at == std::string_view::npos ? std::string_view() : stored.substr(at + 1);
+}
+
+RowKind KindOf(std::span<const std::string_view> keys) {
+  if (keys.size() == 1 && keys[0].size() == 1 && keys[0][0] == kPos) return RowKind::kValue;
+  for (std::string_view k : keys) {
+    if (k.empty() || k[0] != kPos) return RowKind::kDict;
+  }
+  return RowKind::kTuple;
+}
+
+const char* KindName(RowKind k) {
+  switch (k) {
+    case RowKind::kValue: return "value";
+    case RowKind::kTuple: return "tuple";
+    case RowKind::kDict: return "dict";
+  }
+  return "dict";
+}
+
+py::list Encode(py::handle sample) {
+  py::list out;
+  if (PyDict_Check(sample.ptr())) {
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(sample)) {
+      if (!PyUnicode_Check(k.ptr())) {
+        throw py::type_error("column names must be str, got " +
+                             py::type::handle_of(k).attr("__name__").cast<std::string>());
+      }
+      auto name = k.cast<std::string>();
+      if (!name.empty() && name[0] == kPos) {
+        throw py::value_error("column names may not start with '#': '" + name + "'");
+      }
+      if (name.find(kTagSep) != std::string::npos) {
+        throw py::value_error("column names may not hold the character \\x1f");
+      }
+      out.append(EncodeLeaf(std::move(name), v));
+    }
+    return out;
+  }
+  if (PyTuple_Check(sample.ptr()) || PyList_Check(sample.ptr())) {
+    size_t i = 0;
+    for (py::handle v : sample) out.append(EncodeLeaf(kPos + std::to_string(i++), v));
+    return out;
+  }
+  out.append(EncodeLeaf(std::string(1, kPos), sample));
+  return out;
+}
+
+void ParseColumns(const py::list& columns, ParsedColumns* out) {
+  size_t n = columns.size();
+  out->arrays.reserve(n);
+  out->shapes.reserve(n);
+  out->views.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    py::handle t = columns[i];
+    if (!PyTuple_Check(t.ptr()) || PyTuple_GET_SIZE(t.ptr()) != 3) {
+      throw py::value_error("a column is (name, dtype name or None, array)");
+    }
+    py::handle name_obj = PyTuple_GET_ITEM(t.ptr(), 0);
+    py::handle dtype_obj = PyTuple_GET_ITEM(t.ptr(), 1);
+    Py_ssize_t len = 0;
+    const char* s = PyUnicode_Check(name_obj.ptr())
+                        ? PyUnicode_AsUTF8AndSize(name_obj.ptr(), &len) : nullptr;
+    if (s == nullptr) throw py::type_error("a column name is a str");
+    std::string_view name(s, static_cast<size_t>(len));
+    py::array a = py::array::ensure(PyTuple_GET_ITEM(t.ptr(), 2), py::array::c_style);
+    if (!a) throw py::type_error("column '" + std::string(name) + "' is not an array");
+    // Rows hold native values: a foreign byte order would read back as
+    // other numbers.
+    if (!IsNative(a.dtype())) {
+      throw py::value_error("column '" + std::string(name) +
+                            "': the array is not in native byte order; convert "
+                            "it first (a.astype(a.dtype.newbyteorder('=')))");
+    }
+    DType dt;
+    if (dtype_obj.is_none()) {
+      dt = FromNumpy(a.dtype());
+    } else if (!DTypeFromName(dtype_obj.cast<std::string>(), &dt)) {
+      throw py::value_error("unknown dtype name: " + dtype_obj.cast<std::string>());
+    }
+    if (DTypeSize(dt) != static_cast<size_t>(a.itemsize())) {
+      throw py::value_error("column '" + std::string(name) +
+                            "': array itemsize does not match its dtype");
+    }
+    const auto& shape = out->shapes.emplace_back(a.shape(), a.shape() + a.ndim());
+    out->views[i] = ColumnView{name, dt, shape, static_cast<const std::byte*>(a.data()),
+                               static_cast<size_t>(a.nbytes())};
+    out->arrays.push_back(std::move(a));
+  }
+}
+
+std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
+                                      const std::vector<std::string>* names) {
+  std::vector<ColumnView> out;
+  if (names == nullptr) {
+    out.reserve(row.num_columns());
+    for (size_t i = 0; i < row.num_columns(); ++i) out.push_back(row.column(i));
+    return out;
+  }
+  out.reserve(names->size());
+  for (const std::string& want : *names) {
+    std::optional<ColumnView> c = row.find(want);
+    for (size_t i = 0; !c && i < row.num_columns(); ++i) {
+      if (KeyOf(row.column(i).name) == want) c = row.column(i);
+    }
+    if (!c) {
+      throw py::key_error("row " + std::to_string(id) + " has no column '" + want + "'");
+    }
+    out.push_back(*c);
+  }
+  return out;
+}
+
+py::object Decode(const py::list& columns, bool torch) {
+  ParsedColumns parsed;
+  ParseColumns(columns, &parsed);
+  std::vector<py::handle> bases(parsed.arrays.begin(), parsed.arrays.end());
+  RowBuilder b(torch ? Leaf::kTorch : Leaf::kNumpy, /*zero_copy=*/true);
+  py::object row = b.Build(parsed.views, bases, false);
+  b.Copy();
+  return row;
+}
+
+void RowBuilder::PendingCopy::Run() const {
+  size_t n = src.nbytes / DTypeSize(src.dtype);
+  switch (out_type == src.dtype ? DType::kBytes : src.dtype) {
+    case DType::kUInt16: return Widen<uint16_t, int32_t>(src.data, dst, n);
+    case DType::kUInt32: return Widen<uint32_t, int64_t>(src.data, dst, n);
+    case DType::kUInt64: return Widen<uint64_t, int64_t>(src.data, dst, n);
+    default: std::memcpy(dst, src.data, src.nbytes);
+  }
+}
+
+py::object RowBuilder::Build(std::span<const ColumnView> cols,
+                             std::span<const py::handle> bases, bool single) {
+  size_t n = cols.size();
+  if (n == 1 && (single || KeyOf(cols[0].name) == std::string_view(&kPos, 1))) {
+    return Value(cols[0], bases[0]);  // the common bare value
+  }
+  bool positional = true;
+  for (size_t i = 0; i < n && positional; ++i) {
+    positional = !cols[i].name.empty() && cols[i].name[0] == kPos;
+  }
+  if (positional) {
+    py::tuple t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = Value(cols[i], bases[i]);
+    return t;
+  }
+  py::dict d;
+  for (size_t i = 0; i < n; ++i) {
+    std::string_view key = KeyOf(cols[i].name);
+    d[py::str(key.data(), key.size())] = Value(cols[i], bases[i]);
+  }
+  return d;
+}
+
+void RowBuilder::Copy() {
+  if (copy_bytes_ < kReleaseGilBytes) return CopyNow();
+  ReleaseGil nogil;
+  CopyNow();
+}
+
+void RowBuilder::CopyNow() {
+  for (const PendingCopy& p : pending_) p.Run();
+  pending_.clear();
+  copy_bytes_ = 0;
+}
+
+void RowBuilder::Later(const ColumnView& c, DType out, void* dst) {
+  pending_.push_back(PendingCopy{c, out, dst});
+  copy_bytes_ += c.nbytes;
+}
+
+py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
+  bytes_ += c.nbytes;
+  if (c.dtype == DType::kBytes) {
+    PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<py::ssize_t>(c.nbytes));
+    if (b == nullptr) throw py::error_already_set();
+    Later(c, c.dtype, PyBytes_AS_STRING(b));
+    return py::reinterpret_steal<py::object>(b);
+  }
+  std::string_view mode = TagOf(c.name);
+  if (!mode.empty()) {
+    // A PIL image owns its pixels: filled now, before PIL reads them.
+    py::array a = NewArray(ToNumpy(c.dtype), c.shape, nullptr, py::handle(), true);
+    if (c.nbytes) std::memcpy(a.mutable_data(), c.data, c.nbytes);
+    return Pil().fromarray(a, py::str(mode.data(), mode.size()));
+  }
+  if (!zero_copy_) base = py::handle();
+  DType out = OutType(c.dtype, leaf_);
+  bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
+  // torch reads a bfloat16 column through an int16 array.
+  py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
+  py::array a;
+  if (base && out == c.dtype) {
+    a = NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch);
+  } else {
+    a = NewArray(dt, c.shape, nullptr, base, true);
+    Later(c, out, a.mutable_data());
+  }
+  if (leaf_ == Leaf::kNumpy) return a;
+  // One vectorcall, without pybind11's argument tuple: this is a large
+  // part of a small hit's cost.
+  PyObject* made = PyObject_CallOneArg(Torch().from_numpy.ptr(), a.ptr());
+  if (made == nullptr) throw py::error_already_set();
+  auto t = py::reinterpret_steal<py::object>(made);
+  return torch_bf16 ? t.attr("view")(Torch().bfloat16) : t;
+}
+
+}  // namespace shmcache::python

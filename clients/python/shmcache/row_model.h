@@ -1,0 +1,127 @@
+// The row model of the Python package: the one place where a sample (a
+// bare value, a tuple or a dict of arrays, tensors, numbers, bytes or PIL
+// images) becomes stored columns and columns become a sample again. Hits
+// (columns in shared memory) and misses (columns just encoded) are decoded
+// by the same RowBuilder, so every epoch yields the same types.
+//
+// A column is (name, dtype name, array), in that order, everywhere.
+// The shape of a row is carried by its column names:
+//   "#"            one column: the sample is the bare value;
+//   "#0", "#1"...  every name starts with '#': a tuple, in stored order;
+//   anything else  a dict of name -> value.
+// A PIL image column carries its mode after kTagSep ("#0\x1fRGB"): the
+// array is np.asarray(image), decoded back with PIL.Image.fromarray. A
+// selection by name ("#0", "img") ignores the tag.
+//
+// Thread safety: every function here needs the GIL, except
+// RowBuilder::Copy, which releases it itself for large copies.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shmcache/row.h"
+#include "shmcache/types.h"
+
+namespace shmcache::python {
+
+namespace py = pybind11;
+
+inline constexpr char kPos = '#';
+inline constexpr char kTagSep = '\x1f';
+
+// numpy dtype <-> DType. bfloat16 and bytes have no numpy type of their
+// own: they travel as uint16 / uint8 arrays with the name given.
+// FromNumpy throws TypeError naming an unsupported dtype.
+DType FromNumpy(const py::dtype& dt);
+py::dtype ToNumpy(DType t);
+// The torch dtype name a stored dtype reads into ("" for bytes, which have
+// no torch type): torch 1.13 has no uint16/32/64, those widen to int32 /
+// int64 (uint64 wraps above 2**63).
+const char* TorchName(DType t);
+// {dtype name: (itemsize, numpy dtype name, torch dtype name or None)}.
+py::dict DTypeTable();
+
+// How names shape a row (the rule above); "value", "tuple" or "dict".
+enum class RowKind { kValue, kTuple, kDict };
+RowKind KindOf(std::span<const std::string_view> keys);
+const char* KindName(RowKind k);
+// The key of a stored name (the tag removed) and its tag ("" for none).
+std::string_view KeyOf(std::string_view stored);
+std::string_view TagOf(std::string_view stored);
+
+// sample -> [(name, dtype, array)]: C-contiguous arrays in native byte
+// order. Arrays already so are used as they are (no copy). TypeError for a
+// value that has no column type, ValueError for a dict key that would be
+// taken for a positional one. Protocol limits (columns per row, name
+// bytes) are the cache's to check: a put refuses such a row.
+py::list Encode(py::handle sample);
+
+enum class Leaf { kNumpy, kTorch };
+
+// Builds the Python objects of rows: objects are allocated with the GIL
+// held and filled by Copy() after, without it for large rows.
+class RowBuilder {
+ public:
+  // zero_copy: a column with a base (Build's) becomes an array over its
+  // bytes that keeps the base alive: a read-only numpy array, or a tensor
+  // (torch needs the writable flag; the memory of a hit is mapped
+  // read-only). Otherwise a copy. Widened columns and PIL images always
+  // copy.
+  RowBuilder(Leaf leaf, bool zero_copy) : leaf_(leaf), zero_copy_(zero_copy) {}
+
+  // The sample of `cols` (all, in order; bases[i] keeps cols[i] alive or
+  // is null). single: the one column's value itself, whatever its name.
+  py::object Build(std::span<const ColumnView> cols,
+                   std::span<const py::handle> bases, bool single);
+
+  // Fills what Build allocated. REQUIRES: the columns are still valid.
+  void Copy();
+  // Bytes of the columns handed out (a widened column counts its stored
+  // bytes).
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct PendingCopy {
+    ColumnView src;
+    DType out_type;
+    void* dst;
+    void Run() const;
+  };
+  void CopyNow();
+  void Later(const ColumnView& c, DType out, void* dst);
+  py::object Value(const ColumnView& c, py::handle base);
+
+  Leaf leaf_;
+  bool zero_copy_;
+  std::vector<PendingCopy> pending_;
+  size_t copy_bytes_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// The columns of `row` named by `names` (their keys), in that order
+// (KeyError naming one the row lacks), or all when names is null.
+std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
+                                      const std::vector<std::string>* names);
+
+// Columns parsed from [(name, dtype name or None, array)] (None: the
+// array's own dtype): views over the arrays, which `arrays` keeps alive;
+// the names point into the list's strings (keep the list alive too).
+// TypeError / ValueError for a malformed column (not an array, a foreign
+// byte order, an itemsize that is not the dtype's).
+struct ParsedColumns {
+  std::vector<py::array> arrays;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<ColumnView> views;
+};
+void ParseColumns(const py::list& columns, ParsedColumns* out);
+
+// decode(columns, torch): the sample a hit of these columns would be.
+py::object Decode(const py::list& columns, bool torch);
+
+}  // namespace shmcache::python

@@ -1,0 +1,67 @@
+"""The row model, from the native module (row_model.cc): the one encoding
+of a sample into stored columns and the one decoding of columns into a
+sample, for hits and misses alike.
+
+A column is (name, dtype name, array). A sample is a bare value (one column
+"#"), a tuple (columns "#0", "#1", ...) or a dict (named columns) of numpy
+arrays, tensors, numbers, bytes or PIL images (stored as their pixel array
+with their mode; decoded as PIL images again).
+
+    cols = encode((image, label))     # [("#0", "uint8", a), ("#1", "int64", b)]
+    decode(cols, torch=True)          # (tensor, tensor): what a hit returns
+    row_kind(["#0", "#1"])            # "tuple"
+    split_name("#0\x1fRGB")           # ("#0", "RGB"): a PIL image column
+    torch_dtype("uint16")             # "int32": the tensor a column reads into
+
+The limits and dtypes come from the C++ headers: MAX_ROW_ID, MIN_PORT,
+MAX_PORT, MAX_NAME_BYTES, MAX_COLUMNS, LOCAL_HOSTS and DTYPES ({name:
+(itemsize, numpy dtype name, torch dtype name or None)}).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Union
+
+import numpy.typing as npt
+
+from ._shmcache import (DTYPES, LOCAL_HOSTS, MAX_COLUMNS, MAX_NAME_BYTES, MAX_PORT,
+                        MAX_ROW_ID, MIN_PORT, decode, encode, row_kind, split_name)
+
+__all__ = ["Column", "Array", "ColumnSelection", "encode", "decode", "row_kind",
+           "split_name",
+           "torch_dtype", "column_names", "DTYPES", "LOCAL_HOSTS", "MAX_COLUMNS",
+           "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "POS"]
+
+Array = npt.NDArray[Any]
+# (name, dtype name, array): what encode returns, put stores and reads return.
+Column = tuple[str, str, Array]
+# columns= of the reads: a name or position, several, or None for all.
+ColumnSelection = Union[str, int, Sequence[Union[str, int]], None]
+
+# Column names of positional rows: "#0", "#1", ...; a bare value is "#".
+POS = "#"
+
+
+def torch_dtype(stored: str) -> str | None:
+    """The torch dtype name a column stored as `stored` reads into (None for
+    bytes, which stay bytes)."""
+    return DTYPES[stored][2]
+
+
+def column_names(columns: ColumnSelection) -> list[str] | None:
+    """The stored names a `columns=` selection names (positions become "#k");
+    None for None (all columns)."""
+    if columns is None:
+        return None
+    if isinstance(columns, (str, int)):
+        columns = [columns]
+    names = []
+    for c in columns:
+        if isinstance(c, bool) or not isinstance(c, (str, int)):
+            raise TypeError(f"a column is a name (str) or a position (int), got {c!r}")
+        names.append(f"{POS}{c}" if isinstance(c, int) else c)
+    if not names:
+        raise ValueError("columns selects no column: name at least one, or "
+                         "pass None for all")
+    return names

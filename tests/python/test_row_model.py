@@ -1,0 +1,184 @@
+"""The row model (shmcache.rows, one authority in the extension) and what
+rests on it: misses and hits of the same types, every column DataLoader
+takes cached or delivered, PIL images, counters that count each id once,
+the session from the environment, torchvision-style transforms."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import shmcache
+from shmcache import CacheWarning, DatasetCache, rows
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from shmcache.torch import CachedDataset  # noqa: E402
+
+Image = pytest.importorskip("PIL.Image")
+
+
+class Listed(Dataset):
+    def __init__(self, samples, root):
+        self.samples = samples
+        self.root = root
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def test_constants_and_dtypes_come_from_the_extension():
+    assert shmcache.MAX_ROW_ID == 2**64 - 17 == rows.MAX_ROW_ID
+    assert shmcache.LOCAL_HOSTS == ("127.0.0.1", "localhost", "::1")
+    assert (rows.MIN_PORT, rows.MAX_PORT, rows.MAX_NAME_BYTES) == (1025, 65535, 255)
+    assert rows.torch_dtype("uint16") == "int32"
+    assert rows.torch_dtype("uint64") == "int64"
+    assert rows.torch_dtype("bytes") is None
+    assert rows.DTYPES["complex64"][:2] == (8, "complex64")
+
+
+def test_row_kind_and_one_column_order():
+    assert rows.row_kind(["#"]) == "value"
+    assert rows.row_kind(["#0", "#1"]) == "tuple"
+    assert rows.row_kind(["x", "#1"]) == "dict"
+    cols = rows.encode((np.arange(3, dtype=np.uint16), 7, b"ab"))
+    assert [(n, d) for n, d, _ in cols] == [("#0", "uint16"), ("#1", "int64"),
+                                            ("#2", "bytes")]
+    back = rows.decode(cols, torch=True)
+    assert back[0].dtype == torch.int32 and back[1].dtype == torch.int64
+    assert back[2] == b"ab"
+
+
+def test_a_miss_and_a_hit_have_the_same_types(server, session):
+    sample = {"c": np.arange(4, dtype=np.complex64) * 1j, "u": np.arange(3, dtype=np.uint32),
+              "b": torch.ones(2, dtype=torch.bfloat16), "n": 5, "raw": b"xyz"}
+    ds = CachedDataset(Listed([sample] * 2, "same-types"), DatasetCache(session),
+                       async_puts=False)
+    miss, hit = ds[0], ds[0]
+    assert ds.stats().hits == 1
+    for k in sample:
+        assert type(miss[k]) is type(hit[k]), k
+        if isinstance(miss[k], torch.Tensor):
+            assert miss[k].dtype == hit[k].dtype, k
+            assert torch.equal(miss[k], hit[k]), k
+    assert hit["c"].dtype == torch.complex64 and hit["u"].dtype == torch.int64
+
+
+def test_complex_columns_are_cached(server, session):
+    c = DatasetCache(session)
+    z = np.arange(6, dtype=np.complex128).reshape(2, 3) * (1 + 2j)
+    assert c.put(1, (z, np.complex64(1j)))
+    got = c.get(1)
+    np.testing.assert_array_equal(got[0], z)
+    assert got[1].dtype == np.complex64 and got[1] == 1j
+
+
+@pytest.mark.parametrize("sample", [
+    {f"f{i}": np.float32(i) for i in range(1100)},          # too many columns
+    {"x" * 300: np.zeros(2, np.float32)},                   # name too long
+    ("text", np.zeros(2)),                                  # a str: no column type
+])
+def test_a_sample_the_cache_cannot_hold_is_delivered_with_one_warning(
+        server, session, sample):
+    ds = CachedDataset(Listed([sample] * 4, f"uncacheable-{len(str(sample))}"),
+                       DatasetCache(session), async_puts=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = [ds[i] for i in range(4)]
+    assert len([x for x in w if x.category is CacheWarning]) == 1, [str(x.message) for x in w]
+    assert len(got) == 4 and len(got[0]) == len(sample)
+    batch = next(iter(DataLoader(ds, batch_size=2, num_workers=0)))
+    assert len(batch) == len(sample)
+
+
+def test_pil_images_round_trip(server, session):
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (5, 7, 3), np.uint8))
+    gray = img.convert("L")
+    assert rows.split_name(rows.encode(img)[0][0]) == ("#", "RGB")
+    assert rows.split_name("label") == ("label", "")
+    c = DatasetCache(session)
+    assert c.put(3, (img, 1))
+    assert c.put(4, {"img": gray})
+    got, label = c.get(3)
+    assert isinstance(got, Image.Image) and got.mode == "RGB" and got.size == (7, 5)
+    assert np.array_equal(np.asarray(got), np.asarray(img)) and label == 1
+    assert c.get(3, columns=0).mode == "RGB"
+    assert c.get(4)["img"].mode == "L"
+    ds = CachedDataset(Listed([(img, 2)] * 2, "pil"), DatasetCache(session),
+                       async_puts=False, transform=np.asarray)
+    miss, hit = ds[0], ds[0]
+    assert np.array_equal(miss[0], hit[0]) and ds.stats().hits == 1
+
+
+def test_transform_and_target_transform_the_torchvision_way(server, session):
+    samples = [(np.full((2, 2), i, np.float32), i) for i in range(3)]
+    ds = CachedDataset(Listed(samples, "tv"), DatasetCache(session),
+                       transform=lambda x: x * 2, target_transform=lambda t: t + 100)
+    x, t = ds[1]
+    assert torch.equal(x, torch.full((2, 2), 2.0)) and int(t) == 101
+    whole = CachedDataset(Listed(samples, "tv"), DatasetCache(session),
+                          transforms=lambda s: (s[1], s[0]))
+    assert int(whole[2][0]) == 2
+    with pytest.raises(ValueError):
+        CachedDataset(Listed(samples, "tv"), DatasetCache(session),
+                      transform=abs, transforms=abs)
+
+
+def test_session_and_cache_from_the_environment(server, session, monkeypatch):
+    monkeypatch.delenv("SESSION_ID", raising=False)
+    monkeypatch.setenv("SHMCACHE_SESSION_ID", str(session))
+    assert DatasetCache().session_id == session
+    ds = CachedDataset(Listed([(np.zeros(2), 0)], "env"))
+    assert ds.cache.session_id == session
+    monkeypatch.delenv("SHMCACHE_SESSION_ID")
+    monkeypatch.setenv("SESSION_ID", str(session))
+    assert DatasetCache().session_id == session
+    monkeypatch.delenv("SESSION_ID")
+    with pytest.raises(ValueError, match="SHMCACHE_SESSION_ID"):
+        DatasetCache()
+
+
+def test_read_into_counts_each_id_once(server, session):
+    c = DatasetCache(session)
+    for i in range(10, 64):
+        assert c.put(i, (np.full(4, i, np.uint16), np.int64(i)))
+    before = c.stats()
+    out = (torch.zeros(64, 4, dtype=torch.int32), torch.zeros(64, dtype=torch.int64))
+    hit = c.read_into(np.arange(64), out)
+    after = c.stats()
+    assert hit.sum() == 54
+    assert after.hits - before.hits == 54
+    assert after.misses - before.misses == 10
+    assert torch.equal(out[0][20], torch.full((4,), 20, dtype=torch.int32))
+
+
+def test_full_error_carries_its_reason(start_server):
+    server = start_server("--memory_cap_mb", "64")
+    c = DatasetCache(server.new_session(), size=1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(64):
+            if not c.put(i, np.zeros(64 << 10, np.uint8)):
+                break
+    msgs = [str(x.message) for x in w if x.category is CacheWarning]
+    assert msgs and "the cache is full" in msgs[0]
+    native = c._open()
+    with pytest.raises(shmcache.FullError) as e:
+        native.put(10_000, rows.encode(np.zeros(64 << 10, np.uint8)))
+    assert e.value.reason == "budget"
+
+
+def test_list_sessions_text_and_json_agree_on_zero(server, session):
+    c = DatasetCache(session)
+    c.put(1, np.zeros(3))
+    text = server.admin("--list_sessions").stdout
+    line = [ln for ln in text.splitlines() if ln.split()[:1] == [str(session)]][0]
+    # Session, cache id, mem rows, disk rows, avg size, numa hits, hits, misses
+    assert line.split()[5:8] == ["0", "0", "0"], text   # as --json says
+    js = server.sessions()
+    cache = [s for s in js if s["session"] == session][0]["caches"][0]
+    assert cache["hits"] == 0 and cache["misses"] == 0
