@@ -43,7 +43,7 @@ import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
-from . import DatasetCache
+from . import DatasetCache, rows
 
 __all__ = ["RowOwners", "RowExchange", "pack_rows", "unpack_rows", "numpy_row"]
 
@@ -91,23 +91,10 @@ def _contiguous(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 def numpy_row(row: Any) -> Any:
-    """`row` with its leaves as numpy arrays (tensors, numbers) or bytes,
-    structure kept: what DatasetCache.get returns once the row is cached,
-    so a computed row and a cached one give the same sample."""
-    if isinstance(row, dict):
-        return {k: numpy_row(v) for k, v in row.items()}
-    if isinstance(row, (tuple, list)):
-        return tuple(numpy_row(v) for v in row)
-    if isinstance(row, (bytes, bytearray, memoryview)):
-        return bytes(row)
-    if isinstance(row, torch.Tensor):
-        return row.detach().cpu().contiguous().numpy()
-    if isinstance(row, np.ndarray):
-        return _contiguous(row)
-    a = np.asarray(row)
-    if a.dtype == np.int32 and isinstance(row, int):
-        a = a.astype(np.int64)   # as the cache stores a Python int
-    return a
+    """`row` as DatasetCache.get returns it once cached (numpy arrays or
+    bytes, structure kept): the row model's encoding read back, so a
+    computed row and a cached one give the same sample."""
+    return rows.decode(rows.encode(row))
 
 
 def _leaf_spec(v: Any, leaves: list[Any]) -> Any:

@@ -58,7 +58,7 @@ import torch.distributed as dist
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler,
                               Sampler, default_collate)
 
-from . import DatasetCache
+from . import DatasetCache, rows
 from .datasets import CachedDataset
 from .partition import RowExchange, RowOwners, numpy_row
 
@@ -68,20 +68,9 @@ Pushes = dict[int, tuple[list[int], list[Any]]]
 
 
 def _to_sample(row: Any) -> Any:
-    """Tensors of a numpy row, as CachedDataset returns a sample."""
-    if isinstance(row, dict):
-        return {k: _to_sample(v) for k, v in row.items()}
-    if isinstance(row, tuple):
-        return tuple(_to_sample(v) for v in row)
-    if isinstance(row, bytes):
-        return row
-    a = np.asarray(row)
-    if a.dtype.kind == "u" and a.dtype.itemsize > 1:
-        # torch has no uint16/32/64: widen, as CachedDataset does.
-        a = a.astype(np.int32 if a.dtype.itemsize == 2 else np.int64)
-    if not a.flags.writeable:
-        a = a.copy()
-    return torch.from_numpy(a)
+    """Tensors of a numpy row, as CachedDataset returns a sample (the row
+    model's torch decoding)."""
+    return rows.decode(rows.encode(row), torch=True)
 
 
 def _as_list(rows: list[Any]) -> list[Any]:
@@ -280,7 +269,6 @@ class PartitionedLoader:
         self.dataset = ds
         self.batch_sampler: Any = batch_sampler
         self.collate_fn = collate
-        self.transform = ds.transform
         owners = RowOwners(len(ds), dist.get_world_size() // local_world_size
                            if local_world_size > 0 else 0, seed)
         group = group if group is not None else RowExchange.new_group()
@@ -322,7 +310,7 @@ class PartitionedLoader:
 
     def _sample(self, row: Any) -> Any:
         s = _to_sample(row)
-        return self.transform(s) if self.transform is not None else s
+        return self.dataset.apply_transforms(s)
 
     def _epoch(self, epoch: int) -> Generator[Any, None, None]:
         try:
