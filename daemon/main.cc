@@ -26,6 +26,7 @@
 #include "instance.h"
 #include "instance_lock.h"
 #include "logger.h"
+#include "memory_bounds.h"
 #include "metrics_file.h"
 #include "numa_topology.h"
 #include "option_checks.h"
@@ -220,6 +221,15 @@ int Run(DaemonOptions& opts) {
   }
 
   Store store(opts, paths, nodes, workers, &log);
+  const MemoryBounds& bounds = store.memory_bounds();
+  if (bounds.shm_bytes < bounds.requested_bytes) {
+    std::string what = bounds.requested == std::string(kBoundCapMb)
+                           ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
+                           : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
+    notes.push_back(ShmTooSmallRemedy(paths.shm_dir, bounds.shm_bytes,
+                                      bounds.requested_bytes, what, ContainerKind()));
+    log.Warn("{}", notes.back());
+  }
   s = store.Init(&g_stop_requested);
   if (!s.ok()) {
     log.Info("not started: {}", s.message());
@@ -274,6 +284,12 @@ int Run(DaemonOptions& opts) {
            store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
            fd_limit);
   log.Info("{}", shm.log_line);
+  log.Info("memory cap bounds: {} {} MB, cgroup {} MB (limit {} MB in {}), shm "
+           "filesystem {} MB; {} applies",
+           bounds.requested, bounds.requested_bytes >> 20, bounds.cgroup_bytes >> 20,
+           bounds.cgroup_limit_bytes >> 20,
+           bounds.cgroup_file.empty() ? "none" : bounds.cgroup_file,
+           bounds.shm_bytes >> 20, bounds.bound);
   for (const std::string& note : store.startup_notes()) notes.push_back(note);
   if (!shm.note.empty()) notes.push_back(shm.note);
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()), notes);
