@@ -222,12 +222,19 @@ int Run(DaemonOptions& opts) {
 
   Store store(opts, paths, nodes, workers, &log);
   const MemoryBounds& bounds = store.memory_bounds();
-  if (bounds.shm_bytes < bounds.requested_bytes) {
+  // A host's /dev/shm is often half its memory, below the default 80%: that
+  // alone is not worth a warning. It is when the user asked for the memory
+  // (-r, --memory_cap_mb), in a container (64 MB by default in Docker), or
+  // when the room is too small for real work.
+  const std::string container = ContainerKind();
+  bool asked = opts.memory_cap_bytes != 0 || opts.memory_cap_ratio != kDefaultMemoryCapRatio;
+  if (bounds.shm_bytes < bounds.requested_bytes &&
+      (asked || !container.empty() || bounds.shm_bytes < (1ull << 30))) {
     std::string what = bounds.requested == std::string(kBoundCapMb)
                            ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
                            : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
     notes.push_back(ShmTooSmallRemedy(paths.shm_dir, bounds.shm_bytes,
-                                      bounds.requested_bytes, what, ContainerKind()));
+                                      bounds.requested_bytes, what, container));
     log.Warn("{}", notes.back());
   }
   s = store.Init(&g_stop_requested);
