@@ -164,6 +164,32 @@ std::string PrometheusText(const ServerInfo& info,
     Family(out, m.name, "gauge", m.help);
     Sample(out, m.name, port, m.value);
   }
+  // Each bound of the cap (a cgroup without a limit has none), and which
+  // one applies: 1 for it, 0 for the others.
+  struct Bound {
+    const std::string& name;
+    uint64_t bytes;
+  };
+  const std::string cgroup = "cgroup", shm = "shm_filesystem";
+  const Bound bounds[] = {{info.memory_requested_bound, info.memory_requested_bytes},
+                          {cgroup, info.memory_cgroup_bytes},
+                          {shm, info.memory_shm_bytes}};
+  Family(out, "shmcache_server_memory_cap_bound_bytes", "gauge",
+         "Each bound the memory cap is the smallest of, by name.");
+  for (const Bound& b : bounds) {
+    if (b.name.empty() || (b.bytes == 0 && &b.name == &cgroup)) continue;
+    Sample(out, "shmcache_server_memory_cap_bound_bytes",
+           fmt::format("{},bound=\"{}\"", port, PrometheusLabelValue(b.name)),
+           static_cast<double>(b.bytes));
+  }
+  Family(out, "shmcache_server_memory_cap_bound_applies", "gauge",
+         "1 for the bound that sets the memory cap, 0 for the others.");
+  for (const Bound& b : bounds) {
+    if (b.name.empty() || (b.bytes == 0 && &b.name == &cgroup)) continue;
+    Sample(out, "shmcache_server_memory_cap_bound_applies",
+           fmt::format("{},bound=\"{}\"", port, PrometheusLabelValue(b.name)),
+           uint64_t{b.name == info.memory_cap_bound ? 1u : 0u});
+  }
 
   // Label sets are built once; each family then repeats them.
   std::vector<std::string> labels;

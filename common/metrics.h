@@ -8,6 +8,11 @@
 //   shmcache_server_memory_used_bytes, shmcache_server_memory_cap_bytes,
 //   shmcache_server_memory_held_bytes (part of used: destroyed sessions'
 //   memory that processes still map),
+//   shmcache_server_memory_cap_bound_bytes{bound} (each bound the cap is
+//   the smallest of: physical_memory or memory_cap_mb, cgroup when the
+//   cgroup has a limit, shm_filesystem) and
+//   shmcache_server_memory_cap_bound_applies{bound} (1 for the one that
+//   sets the cap, 0 for the others),
 //   shmcache_server_sessions, shmcache_server_caches,
 //   shmcache_server_connections, shmcache_server_uptime_seconds,
 //   shmcache_server_start_time_seconds

@@ -26,6 +26,7 @@
 #include "instance.h"
 #include "instance_lock.h"
 #include "logger.h"
+#include "memory_bounds.h"
 #include "metrics_file.h"
 #include "numa_topology.h"
 #include "option_checks.h"
@@ -226,6 +227,22 @@ int Run(DaemonOptions& opts) {
   }
 
   Store store(opts, paths, nodes, workers, &log);
+  const MemoryBounds& bounds = store.memory_bounds();
+  // A host's /dev/shm is often half its memory, below the default 80%: that
+  // alone is not worth a warning. It is when the user asked for the memory
+  // (-r, --memory_cap_mb), in a container (64 MB by default in Docker), or
+  // when the room is too small for real work.
+  const std::string container = ContainerKind();
+  bool asked = opts.memory_cap_bytes != 0 || opts.memory_cap_ratio != kDefaultMemoryCapRatio;
+  if (bounds.shm_bytes < bounds.requested_bytes &&
+      (asked || !container.empty() || bounds.shm_bytes < (1ull << 30))) {
+    std::string what = bounds.requested == std::string(kBoundCapMb)
+                           ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
+                           : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
+    notes.push_back(ShmTooSmallRemedy(paths.shm_dir, bounds.shm_bytes,
+                                      bounds.requested_bytes, what, container));
+    log.Warn("{}", notes.back());
+  }
   s = store.Init(&g_stop_requested);
   if (!s.ok()) {
     log.Info("not started: {}", s.message());
@@ -283,6 +300,12 @@ int Run(DaemonOptions& opts) {
            store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
            fd_limit);
   log.Info("{}", shm.log_line);
+  log.Info("memory cap bounds: {} {} MB, cgroup {} MB (limit {} MB in {}), shm "
+           "filesystem {} MB; {} applies",
+           bounds.requested, bounds.requested_bytes >> 20, bounds.cgroup_bytes >> 20,
+           bounds.cgroup_limit_bytes >> 20,
+           bounds.cgroup_file.empty() ? "none" : bounds.cgroup_file,
+           bounds.shm_bytes >> 20, bounds.bound);
   for (const std::string& note : store.startup_notes()) notes.push_back(note);
   if (!shm.note.empty()) notes.push_back(shm.note);
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()), notes);

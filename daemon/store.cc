@@ -1,14 +1,37 @@
 #include "store.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <string_view>
 #include <fmt/format.h>
 
 #include "logger.h"
+#include "shm_file.h"
 #include "spill_record.h"
 
 namespace shmcache {
+
+// Bytes the instance's files in the shm dir take now: what an earlier
+// server left is adopted, so its room counts as the shm filesystem's.
+static uint64_t InstanceShmBytes(const InstancePaths& paths) {
+  std::string prefix = paths.shm_prefix.substr(paths.shm_prefix.rfind('/') + 1);
+  uint64_t total = 0;
+  DIR* d = opendir(paths.shm_dir.c_str());
+  if (!d) return 0;
+  while (dirent* e = readdir(d)) {
+    if (std::string_view(e->d_name).rfind(prefix, 0) != 0) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  closedir(d);
+  return total;
+}
 
 Store::Store(const DaemonOptions& options, const InstancePaths& paths,
              int num_nodes, int workers, Logger* log)
@@ -19,7 +42,9 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths,
       workers_(workers),
       log_(log),
       rng_(std::random_device{}()) {
-  account_.cap = MemoryCapBytes(options.memory_cap_ratio, options.memory_cap_bytes);
+  bounds_ = ComputeMemoryBounds(options.memory_cap_ratio, options.memory_cap_bytes,
+                                FreeBytes(paths.shm_dir) + InstanceShmBytes(paths));
+  account_.cap = bounds_.cap_bytes;
 }
 
 Store::~Store() { StopPreparer(); }
@@ -73,6 +98,12 @@ void Store::FillServerInfo(ServerInfo* out) {
   out->memory_cap_bytes = account_.cap;
   out->memory_used_bytes = account_.used;
   out->memory_held_bytes = held_.bytes();
+  out->memory_requested_bytes = bounds_.requested_bytes;
+  out->memory_requested_bound = bounds_.requested;
+  out->memory_cgroup_bytes = bounds_.cgroup_bytes;
+  out->memory_cgroup_limit_bytes = bounds_.cgroup_limit_bytes;
+  out->memory_shm_bytes = bounds_.shm_bytes;
+  out->memory_cap_bound = bounds_.bound;
   out->numa_nodes = num_nodes_;
   out->sessions.clear();
   for (const auto& [sid, cids] : sessions_) out->sessions.push_back(sid);

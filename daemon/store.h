@@ -33,6 +33,7 @@
 #include "held_memory.h"
 #include "instance.h"
 #include "memory_account.h"
+#include "memory_bounds.h"
 #include "process_state.h"
 #include "shm_pages.h"
 #include "spill_store.h"
@@ -100,6 +101,8 @@ class Store {
   void Shutdown();
 
   uint64_t memory_cap() const { return account_.cap; }
+  // What the cap was chosen from, at start.
+  const MemoryBounds& memory_bounds() const { return bounds_; }
   const InstancePaths& paths() const { return paths_; }
 
  private:
@@ -146,6 +149,7 @@ class Store {
   DaemonOptions options_;
   InstancePaths paths_;
   ShmPages shm_pages_;  // of paths_.shm_dir, at start
+  MemoryBounds bounds_;  // of account_.cap, at start
   int num_nodes_;
   int workers_;
   Logger* log_;

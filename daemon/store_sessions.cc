@@ -131,12 +131,10 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
     *cache_id = cid;
     return Status::OK();
   }
-  if (size_mb > (account_.cap >> 20)) {
-    return Status::InvalidArgument(fmt::format(
-        "cache size {} MB is more than the server's memory cap of {} MB",
-        size_mb, account_.cap >> 20));
-  }
-  uint64_t budget = size_mb ? size_mb << 20 : account_.cap;
+  // A size over the cap gets the cap: the cache holds what can be had and
+  // the client, which sees the cap and its bound in the server info, says
+  // so once at open (rows beyond it are read from the source).
+  uint64_t budget = size_mb ? std::min<uint64_t>(size_mb << 20, account_.cap) : account_.cap;
   // Random ids: nobody can take the name of the next cache's header ahead
   // of it; an id whose name is taken anyway is skipped.
   uint32_t id = 0;

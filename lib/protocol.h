@@ -24,7 +24,8 @@ namespace shmcache::protocol {
 
 inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
 // 3: a listing carries each cache's `spilling`.
-inline constexpr uint16_t kProtocolVersion = 3;
+// 4: server info carries the bounds of the memory cap.
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;

@@ -242,6 +242,12 @@ void ServerInfoResponse::Encode(WireWriter* w) const {
   w->U64(Millis(info.uptime_seconds));
   w->U32(info.shm_huge_pages ? 1 : 0);
   w->Str(info.shm_pages);
+  w->U64(info.memory_requested_bytes);
+  w->Str(info.memory_requested_bound);
+  w->U64(info.memory_cgroup_bytes);
+  w->U64(info.memory_cgroup_limit_bytes);
+  w->U64(info.memory_shm_bytes);
+  w->Str(info.memory_cap_bound);
 }
 
 bool ServerInfoResponse::Decode(WireReader* r, ServerInfoResponse* out) {
@@ -270,6 +276,12 @@ bool ServerInfoResponse::Decode(WireReader* r, ServerInfoResponse* out) {
   if (huge > 1) r->Fail();
   i.shm_huge_pages = huge == 1;
   i.shm_pages = r->Str();
+  i.memory_requested_bytes = r->U64();
+  i.memory_requested_bound = r->Str();
+  i.memory_cgroup_bytes = r->U64();
+  i.memory_cgroup_limit_bytes = r->U64();
+  i.memory_shm_bytes = r->U64();
+  i.memory_cap_bound = r->Str();
   return r->Done();
 }
 

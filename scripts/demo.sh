@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 source scripts/lib/common.sh
 ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}"
-build_project build
+build_demo build
 
 export PATH=$root/build/clients/admin:$root/build/daemon:$PATH
 export SHMCACHE_PORT=${SHMCACHE_PORT:-50099}

@@ -126,6 +126,12 @@ inline ServerInfoResponse Sample() {
   i.memory_cap_bytes = 1ULL << 40;
   i.memory_used_bytes = 12345;
   i.memory_held_bytes = 678;
+  i.memory_requested_bytes = 2ULL << 40;
+  i.memory_requested_bound = "physical_memory";
+  i.memory_cgroup_bytes = 3ULL << 30;
+  i.memory_cgroup_limit_bytes = 4ULL << 30;
+  i.memory_shm_bytes = 1ULL << 40;
+  i.memory_cap_bound = "shm_filesystem";
   i.numa_nodes = 2;
   i.sessions = {1, 2, 3};
   i.connections = 5;

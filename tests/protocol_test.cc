@@ -269,6 +269,12 @@ TEST(WireTest, ServerInfoRoundTrip) {
   EXPECT_EQ(out.memory_cap_bytes, in.memory_cap_bytes);
   EXPECT_EQ(out.memory_used_bytes, in.memory_used_bytes);
   EXPECT_EQ(out.memory_held_bytes, in.memory_held_bytes);
+  EXPECT_EQ(out.memory_requested_bytes, in.memory_requested_bytes);
+  EXPECT_EQ(out.memory_requested_bound, in.memory_requested_bound);
+  EXPECT_EQ(out.memory_cgroup_bytes, in.memory_cgroup_bytes);
+  EXPECT_EQ(out.memory_cgroup_limit_bytes, in.memory_cgroup_limit_bytes);
+  EXPECT_EQ(out.memory_shm_bytes, in.memory_shm_bytes);
+  EXPECT_EQ(out.memory_cap_bound, in.memory_cap_bound);
   EXPECT_EQ(out.numa_nodes, 2);
   EXPECT_EQ(out.sessions, in.sessions);
   EXPECT_EQ(out.connections, in.connections);

@@ -80,6 +80,18 @@ static std::string MemoryLine(const ServerInfo& i) {
                            static_cast<double>(i.memory_held_bytes) / (1 << 20));
 }
 
+// "physical_memory 19284 MB, cgroup none, shm_filesystem 24103 MB;
+// physical_memory applies": each bound of the cap and the one that applies.
+static std::string BoundsLine(const ServerInfo& i) {
+  std::string cgroup = i.memory_cgroup_bytes
+                           ? fmt::format("{} MB (of a {} MB limit)", i.memory_cgroup_bytes >> 20,
+                                         i.memory_cgroup_limit_bytes >> 20)
+                           : "none";
+  return fmt::format("{} {} MB, cgroup {}, shm_filesystem {} MB; {} applies",
+                     i.memory_requested_bound, i.memory_requested_bytes >> 20, cgroup,
+                     i.memory_shm_bytes >> 20, i.memory_cap_bound);
+}
+
 std::string ServerInfoTable(const ServerInfo& i) {
   std::string sessions;
   for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
@@ -87,12 +99,12 @@ std::string ServerInfoTable(const ServerInfo& i) {
       "Cache server configuration:\n"
       "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
       "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
-      "  {:<18}{}\n  {:<18}{} ({} pages: {})\n"
+      "  {:<18}{}\n  {:<18}{}\n  {:<18}{} ({} pages: {})\n"
       "Active sessions: {}\n",
       "Hostname:", "127.0.0.1", "Instance:", i.instance, "Socket:", i.socket_path,
       "Process id:", i.pid, "Workers:", i.workers, "Log level:", i.log_level,
       "Log file:", i.log_path, "Spill dir:", i.spill_dir.empty() ? "None" : i.spill_dir,
-      "Memory cap:", MemoryLine(i),
+      "Memory cap:", MemoryLine(i), "Memory bounds:", BoundsLine(i),
       "NUMA nodes:", i.numa_nodes, "Shm dir:", i.shm_dir,
       i.shm_huge_pages ? "huge" : "4 KB", i.shm_pages,
       sessions.empty() ? "none" : sessions);
@@ -114,6 +126,13 @@ std::string ServerInfoJson(const ServerInfo& i) {
                {"memory_cap_bytes", i.memory_cap_bytes},
                {"memory_used_bytes", i.memory_used_bytes},
                {"memory_held_bytes", i.memory_held_bytes},
+               {"memory_cap_bound", i.memory_cap_bound},
+               {"memory_bounds",
+                {{i.memory_requested_bound, i.memory_requested_bytes},
+                 {"cgroup", i.memory_cgroup_bytes ? Json(i.memory_cgroup_bytes) : Json(nullptr)},
+                 {"cgroup_limit",
+                  i.memory_cgroup_limit_bytes ? Json(i.memory_cgroup_limit_bytes) : Json(nullptr)},
+                 {"shm_filesystem", i.memory_shm_bytes}}},
                {"numa_nodes", i.numa_nodes},
                {"sessions", i.sessions},
                {"connections", i.connections},

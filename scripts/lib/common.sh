@@ -7,7 +7,8 @@ SHMCACHE_BUILD_PACKAGES=(
   libnuma-dev libgtest-dev libgmock-dev pybind11-dev python3-dev
   python3-numpy python3-pytest python3-torch python3-pil python3-tqdm
   python3-torchvision libsystemd-dev systemd python3-prometheus-client
-  python3-yaml libcli11-dev nlohmann-json3-dev mypy
+  python3-yaml libcli11-dev nlohmann-json3-dev mypy python3-mesonpy python3-venv
+  patchelf
 )
 
 # ensure_packages PKG...: installs those not installed, with apt-get (sudo
@@ -37,6 +38,22 @@ ensure_packages() {
 # build_project [BUILD_DIR]: configures and builds, with the tests and the
 # Python extension on (an existing build dir is reconfigured to match).
 # Uses /usr/bin/python3, where Debian's numpy, pybind11 and torch live.
+# build_demo [BUILD_DIR]: configures like build_project, then builds only
+# what the demo runs: the admin, the daemon, the C++ example worker and the
+# Python extension (not the test suites).
+build_demo() {
+  local dir=${1:-build}
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" -Dtests=true -Dpython=enabled >/dev/null || return 1
+  fi
+  # The extension's file name carries the interpreter's ABI tag.
+  local ext
+  ext=$(ninja -C "$dir" -t targets all |
+        sed -n 's|^\(clients/python/shmcache/_shmcache[^:/]*\.so\): .*|\1|p')
+  ninja -C "$dir" clients/admin/shmcache daemon/shmcached examples/shard_worker \
+    $ext || return 1
+}
+
 build_project() {
   local dir=${1:-build}
   local opts=(-Dtests=true -Dpython=enabled)

@@ -74,6 +74,27 @@ _MAX_UINT32 = 2**32 - 1
 SESSION_ENV = ("SHMCACHE_SESSION_ID", "SESSION_ID")
 
 
+# What bounds a server's memory cap (the server info's memory_cap_bound):
+# what it is, and how to raise it.
+_CAP_BOUNDS: dict[str, tuple[str, str]] = {
+    "shm_filesystem": (
+        "the room in the shm filesystem {shm_dir}",
+        "give the container a larger /dev/shm (docker run --shm-size=8g; in "
+        "Kubernetes an emptyDir with medium: Memory and a sizeLimit mounted at "
+        "/dev/shm), or restart the server with --shm_dir on a larger tmpfs"),
+    "cgroup": (
+        "-r of the memory limit of the server's cgroup, {cgroup_mb} MB",
+        "raise the container's memory limit (docker run --memory, Kubernetes "
+        "resources.limits.memory) or restart the server with a larger -r"),
+    "physical_memory": (
+        "-r of the physical memory",
+        "restart the server with a larger -r, or open a smaller cache"),
+    "memory_cap_mb": (
+        "the server's --memory_cap_mb",
+        "restart the server with a larger --memory_cap_mb, or open a smaller cache"),
+}
+
+
 class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""
 
@@ -417,6 +438,7 @@ class DatasetCache:
                 self._cache = self._connect().open_cache(
                     self.session_id, self.name, self.fingerprint, self.size,
                     self.spilling)
+                self._warn_size_over_cap()
             except FingerprintMismatchError as e:
                 raise FingerprintMismatchError(
                     f"Cache {self.name!r} of session {self.session_id} holds rows "
@@ -432,6 +454,31 @@ class DatasetCache:
             except Error as e:
                 self._degrade(_State.BYPASSED, e)
             return self._cache
+
+    def _warn_size_over_cap(self) -> None:
+        """One CacheWarning at open when `size` is more than the server's
+        memory cap can give (the server gives the cache the cap): names the
+        bound that set the cap and the fix."""
+        if self.size <= 0 or self._client is None:
+            return
+        try:
+            info = self._client.server_info()
+        except Error:
+            return  # the cache is open; its first put will tell what is wrong
+        cap = int(info["memory_cap_bytes"])
+        if self.size <= cap:
+            return
+        mb = 1 << 20
+        bound = str(info.get("memory_cap_bound", ""))
+        why, fix = _CAP_BOUNDS.get(bound, ("the server's memory cap", "open a smaller cache"))
+        where = why.format(shm_dir=info["shm_dir"],
+                           cgroup_mb=int(info.get("memory_cgroup_limit_bytes", 0)) // mb)
+        self._warned = True
+        warnings.warn(
+            f"shmcache: cache size {self.size // mb} MB is more than the {cap // mb} MB "
+            f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
+            f"and rows beyond it are read from the source. Fix: {fix}",
+            CacheWarning, stacklevel=4)
 
     def open(self) -> DatasetCache:
         """Attaches now rather than on first use. Returns self."""

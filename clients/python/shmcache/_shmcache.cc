@@ -827,6 +827,12 @@ PYBIND11_MODULE(_shmcache, m) {
         d["memory_cap_bytes"] = i.memory_cap_bytes;
         d["memory_used_bytes"] = i.memory_used_bytes;
         d["memory_held_bytes"] = i.memory_held_bytes;
+        d["memory_cap_bound"] = i.memory_cap_bound;
+        d["memory_requested_bound"] = i.memory_requested_bound;
+        d["memory_requested_bytes"] = i.memory_requested_bytes;
+        d["memory_cgroup_bytes"] = i.memory_cgroup_bytes;
+        d["memory_cgroup_limit_bytes"] = i.memory_cgroup_limit_bytes;
+        d["memory_shm_bytes"] = i.memory_shm_bytes;
         d["numa_nodes"] = i.numa_nodes;
         d["sessions"] = i.sessions;
         d["connections"] = i.connections;

@@ -52,6 +52,17 @@ struct ServerInfo {
   // Part of memory_used_bytes: memory of destroyed sessions that some
   // process still maps (tmpfs frees it only at the last unmap).
   uint64_t memory_held_bytes = 0;
+  // The bounds memory_cap_bytes is the smallest of (0: none): what -r of
+  // physical memory or --memory_cap_mb asks (memory_requested_bound names
+  // which), the same ratio of the cgroup's memory limit, and the room in
+  // the shm filesystem. memory_cap_bound names the one that applies:
+  // "physical_memory", "memory_cap_mb", "cgroup" or "shm_filesystem".
+  uint64_t memory_requested_bytes = 0;
+  std::string memory_requested_bound;
+  uint64_t memory_cgroup_bytes = 0;
+  uint64_t memory_cgroup_limit_bytes = 0;  // the cgroup's limit itself
+  uint64_t memory_shm_bytes = 0;
+  std::string memory_cap_bound;
   int numa_nodes = 1;
   std::vector<uint32_t> sessions;
   // Operations (metrics).
