@@ -54,22 +54,22 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler,
+                              default_collate)
 
-from . import CacheWarning, DatasetCache, encode_row
+from . import DatasetCache
 from .autotune import AutoTune
-from .datasets import CachedDataset
 from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_into,
                          read_rows)
-from .miss_pool import MissPool, encoded_sample, for_put
+from .datasets import CachedDataset
+from .misses import Closed, Columns, MissWorkers, Sample, Stored, compute_rows
 
 __all__ = ["CachedLoader"]
 
 DEFAULT_THREADS = 2
 DEFAULT_PREFETCH = 4
 DEFAULT_PREFETCH_BYTES = 1 << 30
-_JOIN_S = 10.0
+_JOIN_S = 0.5      # close() waits this long for idle threads, never for busy ones
 
 
 def _setting(name, value, default):
@@ -91,8 +91,9 @@ def _device(device, pin_memory):
         raise ValueError(f"device {str(dev)!r} is not supported: use 'cpu' or 'cuda'")
     if not torch.cuda.is_available():
         if pin_memory:
-            raise RuntimeError("CUDA is not available: pin_memory=True pins batches "
-                               "for copies to a GPU; pass pin_memory=False")
+            # As DataLoader: a warning, and batches in ordinary memory.
+            warnings.warn("'pin_memory' argument is set as true but CUDA is not "
+                          "available, so pinned memory won't be used", stacklevel=3)
         if dev is not None and dev.type == "cuda":
             raise RuntimeError(f"CUDA is not available: device={str(dev)!r} cannot "
                                "receive batches; pass device=None or 'cpu'")
@@ -169,8 +170,10 @@ class CachedLoader:
         self.multiprocessing_context = multiprocessing_context
         self.generator = generator
         self.batch_transform = batch_transform
-        self.transform = self._sample_transform(dataset.transform, transform)
+        self.transform = self._sample_transform(
+            None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = _device(device, pin_memory)
+        self.pin_memory = pin_memory and torch.cuda.is_available()
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._tuner = AutoTune(threads, depth, auto_t, auto_p,
@@ -230,6 +233,19 @@ class CachedLoader:
                 self._counts[k] += v
 
 
+def _plain(cds):
+    """True when the CachedDataset applies no transform of its own."""
+    return all(getattr(cds, a, None) is None
+               for a in ("transform", "target_transform", "transforms"))
+
+
+def _ids(indices):
+    """A batch sampler's batch (ints, 0-d tensors, an index tensor) as ints."""
+    if isinstance(indices, torch.Tensor):
+        return [int(i) for i in indices.reshape(-1).tolist()]
+    return [int(i) for i in indices]
+
+
 def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
                    drop_last, generator):
     """The batch sampler DataLoader builds from the same arguments."""
@@ -256,25 +272,34 @@ class _LoaderIter:
     this object, so dropping the iterator (early break) closes them."""
 
     def __init__(self, loader):
-        # As DataLoader: a seed from torch's generator, then the sampler.
-        base_seed = torch.empty((), dtype=torch.int64).random_(
+        # As DataLoader: the workers' seed from torch's generator at iter(),
+        # the sampler's own draws at the first next() (in this thread).
+        self._loader = loader
+        self._base_seed = torch.empty((), dtype=torch.int64).random_(
             generator=loader.generator).item()
-        batches = iter(loader.batch_sampler)
-        first = next(batches, None)
-        self._pipe = _Pipeline(loader, batches, first, base_seed)
+        self._batches = iter(loader.batch_sampler)
+        self._pipe = None
+        self._closed = False
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._pipe is None:
+            if self._closed:
+                raise StopIteration
+            first = next(self._batches, None)
+            self._pipe = _Pipeline(self._loader, self._batches, first, self._base_seed)
         return self._pipe.next()
 
     def __len__(self):
-        return len(self._pipe.loader)
+        return len(self._loader)
 
     def close(self):
         """Stops the threads and worker processes; later next() ends."""
-        self._pipe.close()
+        self._closed = True
+        if self._pipe is not None:
+            self._pipe.close()
 
     def __del__(self):
         pipe = getattr(self, "_pipe", None)
@@ -296,9 +321,9 @@ class _Pipeline:
         self.stage = _CudaStage(loader.device) if loader.device is not None else None
         self.pool = None
         if loader.num_workers > 0:
-            self.pool = MissPool(_worker_row, self.cds, loader.num_workers,
-                                 loader.multiprocessing_context, base_seed,
-                                 loader.worker_init_fn)
+            self.pool = MissWorkers(self.cds, loader.num_workers,
+                                    loader.multiprocessing_context, base_seed,
+                                    loader.worker_init_fn, loader.timeout)
         self._inline = threading.Lock()   # num_workers=0: one compute at a time
         self.buffers = loader._buffers
         self.cond = threading.Condition()
@@ -356,7 +381,7 @@ class _Pipeline:
                     return
             t0 = time.monotonic()
             try:
-                batch, nbytes = self._assemble(list(job[1]))
+                batch, nbytes = self._assemble(_ids(job[1]))
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 result = (False, e, 0)
@@ -411,13 +436,16 @@ class _Pipeline:
             self.stopped = True
             self.cond.notify_all()
             threads = list(self.threads)
-            pool, self.pool = self.pool, None
+            pool = self.pool    # kept: a thread reaching _compute() gets Closed
         if pool is not None:
             pool.close()
+        # Threads between rows end at once; one computing a row ends after
+        # it (nothing new starts: stopped is set), without holding us here.
         me = threading.current_thread()
+        deadline = time.monotonic() + _JOIN_S
         for t in threads:
             if t is not me:
-                t.join(_JOIN_S)
+                t.join(max(0.0, deadline - time.monotonic()))
         with self.cond:
             self.ready.clear()
 
@@ -436,10 +464,11 @@ class _Pipeline:
         rows = dict(zip(rest, self._rows([indices[p] for p in rest]))) if rest else {}
         self.loader._count(samples=n, hits=n - len(rest))
         if schema is None and rows:
-            schema = self._learn(rows[0])
+            schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
             bufs = schema.alloc(n, self.pin, self.buffers) if schema else None
         direct = False   # the batch is the buffers (pinned when asked)
-        if schema and all(schema.fits(r) for r in rows.values()):
+        if schema and all(not isinstance(r, Sample) and schema.fits(r)
+                          for r in rows.values()):
             for p, r in rows.items():
                 schema.fill(bufs, p, r)
             tensors = schema.tensors(bufs)
@@ -451,6 +480,7 @@ class _Pipeline:
                 self.loader._schema = False   # rows of several layouts: collate
             tensors = schema.tensors(bufs) if schema and filled.any() else None
             batch = self._collate([schema.sample(tensors, p) if filled[p]
+                                   else rows[p].sample if isinstance(rows[p], Sample)
                                    else decode_sample(rows[p], columns)
                                    for p in range(n)])
         if self.loader.batch_transform is not None:
@@ -469,51 +499,54 @@ class _Pipeline:
         return schema
 
     def _rows(self, ids):
-        """Per id the row's [(name, tag, array)]: from the cache (copies),
-        else computed (and queued for the cache)."""
-        rows = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
+        """Per id the row's [(name, dtype, array)] from the cache (copies),
+        else computed (and queued for the cache), or a Sample the cache
+        cannot hold."""
+        rows: list[Any] = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
         missing = [k for k, r in enumerate(rows) if r is None]
         self.loader._count(hits=len(ids) - len(missing), misses=len(missing))
         if missing:
             stored = []     # rows a worker put into the cache
-            for k, cols in zip(missing, self._compute([ids[k] for k in missing])):
-                if cols is None:
+            for k, row in zip(missing, self._compute([ids[k] for k in missing])):
+                if isinstance(row, Stored):
                     stored.append(k)
-                    continue
-                self.cds._store(ids[k], for_put(cols))
-                rows[k] = project(cols, self.cds.columns)
+                elif isinstance(row, Columns):
+                    self.cds._store(ids[k], row.cols)
+                    rows[k] = project(row.cols, self.cds.columns)
+                else:
+                    self.cds._uncacheable(ids[k], row.why)
+                    rows[k] = Sample(self.cds._project(row.sample), row.why)
             if stored:
                 again = read_rows(self.cds.cache, [ids[k] for k in stored],
                                   self.cds.columns, copy=True)
+                gone = [k for k, cols in zip(stored, again) if cols is None]
                 for k, cols in zip(stored, again):
-                    # A row gone since (its session dropped): computed here.
-                    rows[k] = cols if cols is not None else project(
-                        encoded_sample(self.cds.dataset, ids[k]), self.cds.columns)
+                    rows[k] = cols
+                if gone:
+                    # Rows gone since (their session dropped): computed again.
+                    for k, row in zip(gone, self._compute([ids[k] for k in gone],
+                                                          inline=True)):
+                        rows[k] = project(row.cols, self.cds.columns) \
+                            if isinstance(row, Columns) else \
+                            Sample(self.cds._project(row.sample), row.why)
         return rows
 
-    def _compute(self, ids):
-        if self.pool is not None:
+    def _compute(self, ids, inline=False):
+        """The rows of `ids` computed by the workers (or, with num_workers=0,
+        here); Closed once the pass is closed: nothing is computed in this
+        process after close()."""
+        stopped = lambda: self.stopped   # noqa: E731
+        if self.pool is not None and not inline:
             return self.pool.compute(ids)
+        if self.stopped:
+            raise Closed("the CachedLoader iterator was closed")
         with self._inline:
-            return [encoded_sample(self.cds.dataset, i) for i in ids]
+            return compute_rows(self.cds, ids, stopped)
 
     def _collate(self, samples):
         if self.loader.transform is not None:
             samples = [self.loader.transform(s) for s in samples]
         return (self.loader.collate_fn or default_collate)(samples)
-
-
-def _worker_row(cds, index):
-    """In a worker process: computes row `index` of the CachedDataset's
-    dataset and puts it into the cache. None when the cache holds the row
-    now (the loader reads it from there), else its [(name, tag, array)]."""
-    encoded = encode_row(cds.dataset[index])
-    with warnings.catch_warnings():
-        # The trainer's process warns, once, when it retries the put.
-        warnings.simplefilter("ignore", CacheWarning)
-        if cds.cache.put_columns(index, encoded) or cds.cache.contains(index):
-            return None
-    return [(n, d or a.dtype.name, a) for n, a, d in encoded]
 
 
 class _CudaStage:
