@@ -9,36 +9,41 @@ Contract:
 - Batches are what DataLoader(CachedDataset(...)) yields with the same
   arguments (default_collate or collate_fn: same types, shapes, dtypes and
   values), in the batch sampler's order; the sampler is iterated as
-  DataLoader iterates it (one seed drawn from torch's generator first, then
-  the sampler), so shuffles match under the same torch.manual_seed.
+  DataLoader iterates it (the workers' seed drawn from torch's generator at
+  iter(), the sampler started at the first next(), in the consumer's
+  thread), so shuffles match under the same torch.manual_seed.
 - Rows of one fixed layout (a tuple/dict/array of fixed-shape columns)
-  are read by DatasetCache.read_into (native threads, GIL released; a
-  Python fallback where the cache lacks it) into the batch's tensors,
-  `prefetch` batches ahead of the consumer, by `num_threads` threads. No
-  worker process and no pickling on a hit.
-- Misses are computed by the wrapped dataset in `num_workers` worker
-  processes (started at the first miss of an iteration), which put them
-  into the cache themselves; the loader then reads them like hits (no
-  pickling), and only rows the cache did not take travel back through a
-  pipe (and are queued for the cache once more by the trainer's process,
-  whose cache warns once when it stopped taking rows). With num_workers=0
-  misses are computed in the loader's threads, one at a time, and queued
-  like CachedDataset's misses. Either way they land in the same batch
-  positions.
-  Rows of another layout (variable shapes, bytes) go through collate of
-  the samples, as in DataLoader.
-- transform= runs per sample in the loader's threads (after
-  CachedDataset's own transform); batch_transform= on each whole batch.
+  are read by DatasetCache.read_into (native threads, GIL released) into
+  the batch's tensors, `prefetch` batches ahead of the consumer, by
+  `num_threads` threads. No worker process and no pickling on a hit.
+- Misses are computed by shmcache.misses: with num_workers > 0 by the
+  workers of a DataLoader over the missing indices (DataLoader's seeding
+  from the pass's seed, worker_init_fn, multiprocessing_context, timeout=,
+  errors), which put them into the cache themselves; the loader then reads
+  them like hits, and only rows the cache did not take come back pickled
+  (and are queued for the cache once more by the trainer's process, whose
+  cache warns once when it stopped taking rows). With num_workers=0 misses
+  are computed in the loader's threads, one at a time, and queued like
+  CachedDataset's misses. Either way they land in the same batch positions.
+  A sample with no column encoding is delivered as the dataset made it
+  (one CacheWarning). Rows of another layout (variable shapes, bytes) go
+  through collate of the samples, as in DataLoader.
+- Indices from the sampler may be ints or tensors (0-d, or a batch as one
+  index tensor).
+- CachedDataset's transforms (apply_transforms) and transform= run per
+  sample in the loader's threads; batch_transform= on each whole batch.
 - num_threads / prefetch "auto": tuned while running (shmcache.autotune),
   prefetch bounded by max_prefetch_bytes of batches; stats() reports.
 - pin_memory / device: pinned batch buffers and a copy to the device on a
-  side stream where CUDA is available; without CUDA they raise
-  RuntimeError ("CUDA is not available: ..."); device="cpu" is accepted.
+  side stream where CUDA is available; pin_memory=True without CUDA warns
+  once (as DataLoader) and goes on unpinned; device="cuda" without CUDA
+  raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
 - An iterator that is exhausted, closed (close()) or garbage-collected
   (early break) stops its threads and worker processes and drops its
-  prefetched batches. The loader keeps the buffers of at most
-  prefetch + num_threads + 2 batches for reuse by later batches and
-  passes (freed with the loader); a buffer is reused only once no tensor
+  prefetched batches, without waiting for a row in flight (the thread or
+  worker computing it ends after it; nothing new starts). The loader keeps
+  the buffers of at most prefetch + num_threads + 2 batches for reuse by
+  later batches and passes (freed with the loader); a buffer is reused only once no tensor
   over it is alive. A cache whose daemon dies degrades to misses (one
   CacheWarning from the cache), so the epoch finishes from the source.
 """
@@ -395,7 +400,11 @@ class _Pipeline:
 
     def next(self):
         t0 = time.monotonic()
-        item = self._wait_batch()
+        try:
+            item = self._wait_batch()
+        except RuntimeError:     # timed out: the pass ends here, promptly
+            self.close()
+            raise
         if item is None:
             self.close()   # the pass ended: workers and threads go now
             raise StopIteration
