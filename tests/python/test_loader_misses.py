@@ -60,15 +60,16 @@ from shmcache import DatasetCache
 from shmcache.torch import CachedDataset, CachedLoader
 
 class Small(Dataset):
-    def __len__(self): return 65536
+    def __len__(self): return 200000
     def __getitem__(self, i): return np.full(4, i, dtype=np.int64), i % 7
 
 warnings.simplefilter("ignore")
 cds = CachedDataset(Small(), DatasetCache(int(sys.argv[1])))
 print("opened", flush=True)
 sys.stdin.readline()                 # the test kills the daemon meanwhile
-(x, y), = list(CachedLoader(cds, batch_size=65536, num_workers=2))
-assert x.shape == (65536, 4) and int(x[12345, 0]) == 12345 and int(y[8]) == 1
+ids = range(100000, 165536)           # ids past 2**16: tasks over 64 KB
+(x, y), = list(CachedLoader(cds, batch_size=65536, sampler=ids, num_workers=2))
+assert x.shape == (65536, 4) and int(x[12345, 0]) == 112345 and int(y[8]) == 100008 % 7
 print("done", flush=True)
 """
 
@@ -144,14 +145,14 @@ class Recorded(Dataset):
 
     def __getitem__(self, i):
         Path(self.where, f"{i}.{os.getpid()}").touch()
-        return np.full(16, i, dtype=np.float32), i
+        return np.full(4096, i, dtype=np.float32), i
 
 
 def test_a_break_computes_nothing_in_the_trainer(server, session, tmp_path):
     where = tmp_path / "computed"
     where.mkdir()
     ds = Recorded(512, where)
-    for k in range(8):
+    for k in range(16):
         cds = CachedDataset(ds, DatasetCache(session), name=f"round-{k}")
         it = iter(CachedLoader(cds, batch_size=64, num_workers=2, num_threads=4,
                                prefetch=4))
