@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import BatchSampler, DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
@@ -145,14 +145,14 @@ class Recorded(Dataset):
 
     def __getitem__(self, i):
         Path(self.where, f"{i}.{os.getpid()}").touch()
-        return np.full(4096, i, dtype=np.float32), i
+        return np.full(16, i, dtype=np.float32), i
 
 
 def test_a_break_computes_nothing_in_the_trainer(server, session, tmp_path):
     where = tmp_path / "computed"
     where.mkdir()
     ds = Recorded(512, where)
-    for k in range(16):
+    for k in range(8):
         cds = CachedDataset(ds, DatasetCache(session), name=f"round-{k}")
         it = iter(CachedLoader(cds, batch_size=64, num_workers=2, num_threads=4,
                                prefetch=4))

@@ -216,8 +216,7 @@ class CachedLoader:
         (of batches delivered), bytes_per_s (over the consumer's steps),
         wait_s and wait_fraction (the consumer waiting for batches), busy_s
         (the loader threads assembling batches),
-        num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes,
-        read_path ("native" read_into or "python")."""
+        num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes."""
         with self._lock:
             c: dict[str, Any] = dict(self._counts)
         t = self._tuner
@@ -227,9 +226,7 @@ class CachedLoader:
                  wait_fraction=c["wait_s"] / c["step_s"] if c["step_s"] else 0.0,
                  num_threads=t.threads, prefetch=t.prefetch,
                  auto_threads=t.auto_threads, auto_prefetch=t.auto_prefetch,
-                 tuning_changes=t.changes,
-                 read_path="native" if hasattr(self.dataset.cache, "read_into")
-                 else "python")
+                 tuning_changes=t.changes)
         return c
 
     def _count(self, **delta):
