@@ -151,12 +151,16 @@ class Recorded(Dataset):
 def test_a_break_computes_nothing_in_the_trainer(server, session, tmp_path):
     where = tmp_path / "computed"
     where.mkdir()
-    ds = Recorded(512, where)
+    ds = Recorded(2048, where)
     for k in range(8):
         cds = CachedDataset(ds, DatasetCache(session), name=f"round-{k}")
-        it = iter(CachedLoader(cds, batch_size=64, num_workers=2, num_threads=4,
-                               prefetch=4))
+        it = iter(CachedLoader(cds, batch_size=8, num_workers=2, num_threads=8,
+                               prefetch=32))
         next(it)
+        # A training step while the threads cycle through batches of misses.
+        done = len(list(where.iterdir()))
+        wait_for(lambda: len(list(where.iterdir())) >= done + 96,
+                 what="the workers to compute more rows")
         it.close()
         del it
         wait_for(no_leftovers, what="loader threads and workers to end")
