@@ -29,8 +29,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from . import ColumnSelection, DatasetCache, StoredColumn, _column_names, decode_row
-from .datasets import _leaf_to_tensor
+from . import DatasetCache
+from .rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
+                   torch_dtype)
 
 __all__ = ["read_into", "read_rows", "RowSchema",
            "BufferPool", "decode_sample", "project"]
@@ -46,7 +47,7 @@ def read_into(cache: DatasetCache, ids: Sequence[int], out: Any,
 
 
 def read_rows(cache: DatasetCache, ids: Sequence[int], columns: ColumnSelection = None,
-              copy: bool = True) -> list[list[StoredColumn] | None]:
+              copy: bool = True) -> list[list[Column] | None]:
     """Per id, the cached row's [(name, tag, array)] or None on a miss;
     spilled rows come in one round trip per call when copy=True and no
     projection is asked."""
@@ -61,19 +62,19 @@ def _single(columns):
     return isinstance(columns, (str, int))
 
 
-def decode_sample(cols: Sequence[StoredColumn], columns: ColumnSelection = None) -> Any:
+def decode_sample(cols: Sequence[Column], columns: ColumnSelection = None) -> Any:
     """The sample CachedDataset returns for a row's [(name, tag, array)]
     (already projected to `columns`)."""
     if _single(columns):
-        return _leaf_to_tensor(cols[0][1], cols[0][2])
-    return decode_row(cols, _leaf_to_tensor)
+        return decode([(POS, cols[0][1], cols[0][2])], torch=True)
+    return decode(list(cols), torch=True)
 
 
-def project(cols: list[StoredColumn], columns: ColumnSelection) -> list[StoredColumn]:
+def project(cols: list[Column], columns: ColumnSelection) -> list[Column]:
     """The columns of a computed row that a `columns=` selection keeps, in
     its order (KeyError for a column the row does not have, as
     CachedDataset raises)."""
-    names = _column_names(columns)
+    names = column_names(columns)
     if names is None:
         return cols
     by_name = {c[0]: c for c in cols}
@@ -86,8 +87,10 @@ class _Column:
 
     def __init__(self, name, tag, dtype, shape):
         self.name, self.tag, self.dtype, self.shape = name, tag, dtype, shape
-        # torch has no uint16/32/64: such columns are widened after the read.
-        self.widen = tag != "bfloat16" and dtype.kind == "u" and dtype.itemsize > 1
+        # The row model's tensor dtype (rows.DTYPES): a column stored in a
+        # dtype torch lacks (uint16/32/64) is widened after the read.
+        self.torch = getattr(torch, torch_dtype(tag) or "")
+        self.widen = tag != "bfloat16" and DTYPES[tag][2] != DTYPES[tag][1]
 
     def key(self):
         return (self.name, self.tag, self.dtype, self.shape)
@@ -100,8 +103,7 @@ class _Column:
             return np.empty(shape, dtype=self.dtype), None
         bf16 = self.tag == "bfloat16"
         if pin:   # CUDA's host allocator recycles pinned memory
-            t = torch.empty(shape, dtype=torch.bfloat16 if bf16 else
-                            _torch_dtype(self.dtype), pin_memory=True)
+            t = torch.empty(shape, dtype=self.torch, pin_memory=True)
             return (t.view(torch.int16).numpy().view(np.uint16) if bf16
                     else t.numpy()), t
         if bf16:
@@ -113,11 +115,7 @@ class _Column:
     def tensor(self, target, t):
         if t is not None:
             return t
-        return _leaf_to_tensor(self.tag, target)
-
-
-def _torch_dtype(dtype):
-    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        return decode([(POS, self.tag, target)], torch=True)
 
 
 class RowSchema:
@@ -130,28 +128,19 @@ class RowSchema:
         self._keys = [c.key() for c in columns]
 
     @classmethod
-    def of(cls, cols: Sequence[StoredColumn],
+    def of(cls, cols: Sequence[Column],
            columns: ColumnSelection = None) -> RowSchema | None:
         """The schema of a row's [(name, tag, array)], or None when a column
         cannot go into a batch buffer (bytes, a dtype torch lacks)."""
         out = []
         for name, tag, a in cols:
-            if tag == "bytes" or a.dtype.hasobject:
-                return None
-            try:
-                _torch_dtype(a.dtype)
-            except TypeError:
+            if tag not in DTYPES or torch_dtype(tag) is None or a.dtype.hasobject:
                 return None
             out.append(_Column(name, tag, a.dtype, tuple(a.shape)))
-        if _single(columns) or (len(cols) == 1 and cols[0][0] == "#"):
-            kind = "leaf"
-        elif all(n.startswith("#") for n, _, _ in cols):
-            kind = "tuple"
-        else:
-            kind = "dict"
-        return cls(out, kind)
+        kind = "leaf" if _single(columns) else row_kind([n for n, _, _ in cols])
+        return cls(out, "leaf" if kind == "value" else kind)
 
-    def fits(self, cols: Sequence[StoredColumn] | None) -> bool:
+    def fits(self, cols: Sequence[Column] | None) -> bool:
         return cols is not None and len(cols) == len(self._keys) and all(
             (n, t, a.dtype, a.shape) == k for (n, t, a), k in zip(cols, self._keys))
 

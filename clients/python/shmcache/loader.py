@@ -9,36 +9,41 @@ Contract:
 - Batches are what DataLoader(CachedDataset(...)) yields with the same
   arguments (default_collate or collate_fn: same types, shapes, dtypes and
   values), in the batch sampler's order; the sampler is iterated as
-  DataLoader iterates it (one seed drawn from torch's generator first, then
-  the sampler), so shuffles match under the same torch.manual_seed.
+  DataLoader iterates it (the workers' seed drawn from torch's generator at
+  iter(), the sampler started at the first next(), in the consumer's
+  thread), so shuffles match under the same torch.manual_seed.
 - Rows of one fixed layout (a tuple/dict/array of fixed-shape columns)
-  are read by DatasetCache.read_into (native threads, GIL released; a
-  Python fallback where the cache lacks it) into the batch's tensors,
-  `prefetch` batches ahead of the consumer, by `num_threads` threads. No
-  worker process and no pickling on a hit.
-- Misses are computed by the wrapped dataset in `num_workers` worker
-  processes (started at the first miss of an iteration), which put them
-  into the cache themselves; the loader then reads them like hits (no
-  pickling), and only rows the cache did not take travel back through a
-  pipe (and are queued for the cache once more by the trainer's process,
-  whose cache warns once when it stopped taking rows). With num_workers=0
-  misses are computed in the loader's threads, one at a time, and queued
-  like CachedDataset's misses. Either way they land in the same batch
-  positions.
-  Rows of another layout (variable shapes, bytes) go through collate of
-  the samples, as in DataLoader.
-- transform= runs per sample in the loader's threads (after
-  CachedDataset's own transform); batch_transform= on each whole batch.
+  are read by DatasetCache.read_into (native threads, GIL released) into
+  the batch's tensors, `prefetch` batches ahead of the consumer, by
+  `num_threads` threads. No worker process and no pickling on a hit.
+- Misses are computed by shmcache.misses: with num_workers > 0 by the
+  workers of a DataLoader over the missing indices (DataLoader's seeding
+  from the pass's seed, worker_init_fn, multiprocessing_context, timeout=,
+  errors), which put them into the cache themselves; the loader then reads
+  them like hits, and only rows the cache did not take come back pickled
+  (and are queued for the cache once more by the trainer's process, whose
+  cache warns once when it stopped taking rows). With num_workers=0 misses
+  are computed in the loader's threads, one at a time, and queued like
+  CachedDataset's misses. Either way they land in the same batch positions.
+  A sample with no column encoding is delivered as the dataset made it
+  (one CacheWarning). Rows of another layout (variable shapes, bytes) go
+  through collate of the samples, as in DataLoader.
+- Indices from the sampler may be ints or tensors (0-d, or a batch as one
+  index tensor).
+- CachedDataset's transforms (apply_transforms) and transform= run per
+  sample in the loader's threads; batch_transform= on each whole batch.
 - num_threads / prefetch "auto": tuned while running (shmcache.autotune),
   prefetch bounded by max_prefetch_bytes of batches; stats() reports.
 - pin_memory / device: pinned batch buffers and a copy to the device on a
-  side stream where CUDA is available; without CUDA they raise
-  RuntimeError ("CUDA is not available: ..."); device="cpu" is accepted.
+  side stream where CUDA is available; pin_memory=True without CUDA warns
+  once (as DataLoader) and goes on unpinned; device="cuda" without CUDA
+  raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
 - An iterator that is exhausted, closed (close()) or garbage-collected
   (early break) stops its threads and worker processes and drops its
-  prefetched batches. The loader keeps the buffers of at most
-  prefetch + num_threads + 2 batches for reuse by later batches and
-  passes (freed with the loader); a buffer is reused only once no tensor
+  prefetched batches, without waiting for a row in flight (the thread or
+  worker computing it ends after it; nothing new starts). The loader keeps
+  the buffers of at most prefetch + num_threads + 2 batches for reuse by
+  later batches and passes (freed with the loader); a buffer is reused only once no tensor
   over it is alive. A cache whose daemon dies degrades to misses (one
   CacheWarning from the cache), so the epoch finishes from the source.
 """
@@ -54,22 +59,22 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler,
+                              default_collate)
 
-from . import CacheWarning, DatasetCache, encode_row
+from . import DatasetCache
 from .autotune import AutoTune
-from .datasets import CachedDataset
 from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_into,
                          read_rows)
-from .miss_pool import MissPool, encoded_sample, for_put
+from .datasets import CachedDataset
+from .misses import Closed, Columns, MissWorkers, Sample, Stored, compute_rows
 
 __all__ = ["CachedLoader"]
 
 DEFAULT_THREADS = 2
 DEFAULT_PREFETCH = 4
 DEFAULT_PREFETCH_BYTES = 1 << 30
-_JOIN_S = 10.0
+_JOIN_S = 0.5      # close() waits this long for idle threads, never for busy ones
 
 
 def _setting(name, value, default):
@@ -91,8 +96,9 @@ def _device(device, pin_memory):
         raise ValueError(f"device {str(dev)!r} is not supported: use 'cpu' or 'cuda'")
     if not torch.cuda.is_available():
         if pin_memory:
-            raise RuntimeError("CUDA is not available: pin_memory=True pins batches "
-                               "for copies to a GPU; pass pin_memory=False")
+            # As DataLoader: a warning, and batches in ordinary memory.
+            warnings.warn("'pin_memory' argument is set as true but CUDA is not "
+                          "available, so pinned memory won't be used", stacklevel=3)
         if dev is not None and dev.type == "cuda":
             raise RuntimeError(f"CUDA is not available: device={str(dev)!r} cannot "
                                "receive batches; pass device=None or 'cpu'")
@@ -169,8 +175,10 @@ class CachedLoader:
         self.multiprocessing_context = multiprocessing_context
         self.generator = generator
         self.batch_transform = batch_transform
-        self.transform = self._sample_transform(dataset.transform, transform)
+        self.transform = self._sample_transform(
+            None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = _device(device, pin_memory)
+        self.pin_memory = pin_memory and torch.cuda.is_available()
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._tuner = AutoTune(threads, depth, auto_t, auto_p,
@@ -208,8 +216,7 @@ class CachedLoader:
         (of batches delivered), bytes_per_s (over the consumer's steps),
         wait_s and wait_fraction (the consumer waiting for batches), busy_s
         (the loader threads assembling batches),
-        num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes,
-        read_path ("native" read_into or "python")."""
+        num_threads, prefetch, auto_threads, auto_prefetch, tuning_changes."""
         with self._lock:
             c: dict[str, Any] = dict(self._counts)
         t = self._tuner
@@ -219,15 +226,26 @@ class CachedLoader:
                  wait_fraction=c["wait_s"] / c["step_s"] if c["step_s"] else 0.0,
                  num_threads=t.threads, prefetch=t.prefetch,
                  auto_threads=t.auto_threads, auto_prefetch=t.auto_prefetch,
-                 tuning_changes=t.changes,
-                 read_path="native" if hasattr(self.dataset.cache, "read_into")
-                 else "python")
+                 tuning_changes=t.changes)
         return c
 
     def _count(self, **delta):
         with self._lock:
             for k, v in delta.items():
                 self._counts[k] += v
+
+
+def _plain(cds):
+    """True when the CachedDataset applies no transform of its own."""
+    return all(getattr(cds, a, None) is None
+               for a in ("transform", "target_transform", "transforms"))
+
+
+def _ids(indices):
+    """A batch sampler's batch (ints, 0-d tensors, an index tensor) as ints."""
+    if isinstance(indices, torch.Tensor):
+        return [int(i) for i in indices.reshape(-1).tolist()]
+    return [int(i) for i in indices]
 
 
 def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
@@ -256,25 +274,34 @@ class _LoaderIter:
     this object, so dropping the iterator (early break) closes them."""
 
     def __init__(self, loader):
-        # As DataLoader: a seed from torch's generator, then the sampler.
-        base_seed = torch.empty((), dtype=torch.int64).random_(
+        # As DataLoader: the workers' seed from torch's generator at iter(),
+        # the sampler's own draws at the first next() (in this thread).
+        self._loader = loader
+        self._base_seed = torch.empty((), dtype=torch.int64).random_(
             generator=loader.generator).item()
-        batches = iter(loader.batch_sampler)
-        first = next(batches, None)
-        self._pipe = _Pipeline(loader, batches, first, base_seed)
+        self._batches = iter(loader.batch_sampler)
+        self._pipe = None
+        self._closed = False
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._pipe is None:
+            if self._closed:
+                raise StopIteration
+            first = next(self._batches, None)
+            self._pipe = _Pipeline(self._loader, self._batches, first, self._base_seed)
         return self._pipe.next()
 
     def __len__(self):
-        return len(self._pipe.loader)
+        return len(self._loader)
 
     def close(self):
         """Stops the threads and worker processes; later next() ends."""
-        self._pipe.close()
+        self._closed = True
+        if self._pipe is not None:
+            self._pipe.close()
 
     def __del__(self):
         pipe = getattr(self, "_pipe", None)
@@ -296,9 +323,9 @@ class _Pipeline:
         self.stage = _CudaStage(loader.device) if loader.device is not None else None
         self.pool = None
         if loader.num_workers > 0:
-            self.pool = MissPool(_worker_row, self.cds, loader.num_workers,
-                                 loader.multiprocessing_context, base_seed,
-                                 loader.worker_init_fn)
+            self.pool = MissWorkers(self.cds, loader.num_workers,
+                                    loader.multiprocessing_context, base_seed,
+                                    loader.worker_init_fn, loader.timeout)
         self._inline = threading.Lock()   # num_workers=0: one compute at a time
         self.buffers = loader._buffers
         self.cond = threading.Condition()
@@ -356,7 +383,7 @@ class _Pipeline:
                     return
             t0 = time.monotonic()
             try:
-                batch, nbytes = self._assemble(list(job[1]))
+                batch, nbytes = self._assemble(_ids(job[1]))
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 result = (False, e, 0)
@@ -370,7 +397,11 @@ class _Pipeline:
 
     def next(self):
         t0 = time.monotonic()
-        item = self._wait_batch()
+        try:
+            item = self._wait_batch()
+        except RuntimeError:     # timed out: the pass ends here, promptly
+            self.close()
+            raise
         if item is None:
             self.close()   # the pass ended: workers and threads go now
             raise StopIteration
@@ -411,13 +442,16 @@ class _Pipeline:
             self.stopped = True
             self.cond.notify_all()
             threads = list(self.threads)
-            pool, self.pool = self.pool, None
+            pool = self.pool    # kept: a thread reaching _compute() gets Closed
         if pool is not None:
             pool.close()
+        # Threads between rows end at once; one computing a row ends after
+        # it (nothing new starts: stopped is set), without holding us here.
         me = threading.current_thread()
+        deadline = time.monotonic() + _JOIN_S
         for t in threads:
             if t is not me:
-                t.join(_JOIN_S)
+                t.join(max(0.0, deadline - time.monotonic()))
         with self.cond:
             self.ready.clear()
 
@@ -436,10 +470,11 @@ class _Pipeline:
         rows = dict(zip(rest, self._rows([indices[p] for p in rest]))) if rest else {}
         self.loader._count(samples=n, hits=n - len(rest))
         if schema is None and rows:
-            schema = self._learn(rows[0])
+            schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
             bufs = schema.alloc(n, self.pin, self.buffers) if schema else None
         direct = False   # the batch is the buffers (pinned when asked)
-        if schema and all(schema.fits(r) for r in rows.values()):
+        if schema and all(not isinstance(r, Sample) and schema.fits(r)
+                          for r in rows.values()):
             for p, r in rows.items():
                 schema.fill(bufs, p, r)
             tensors = schema.tensors(bufs)
@@ -451,6 +486,7 @@ class _Pipeline:
                 self.loader._schema = False   # rows of several layouts: collate
             tensors = schema.tensors(bufs) if schema and filled.any() else None
             batch = self._collate([schema.sample(tensors, p) if filled[p]
+                                   else rows[p].sample if isinstance(rows[p], Sample)
                                    else decode_sample(rows[p], columns)
                                    for p in range(n)])
         if self.loader.batch_transform is not None:
@@ -469,51 +505,54 @@ class _Pipeline:
         return schema
 
     def _rows(self, ids):
-        """Per id the row's [(name, tag, array)]: from the cache (copies),
-        else computed (and queued for the cache)."""
-        rows = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
+        """Per id the row's [(name, dtype, array)] from the cache (copies),
+        else computed (and queued for the cache), or a Sample the cache
+        cannot hold."""
+        rows: list[Any] = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
         missing = [k for k, r in enumerate(rows) if r is None]
         self.loader._count(hits=len(ids) - len(missing), misses=len(missing))
         if missing:
             stored = []     # rows a worker put into the cache
-            for k, cols in zip(missing, self._compute([ids[k] for k in missing])):
-                if cols is None:
+            for k, row in zip(missing, self._compute([ids[k] for k in missing])):
+                if isinstance(row, Stored):
                     stored.append(k)
-                    continue
-                self.cds._store(ids[k], for_put(cols))
-                rows[k] = project(cols, self.cds.columns)
+                elif isinstance(row, Columns):
+                    self.cds._store(ids[k], row.cols)
+                    rows[k] = project(row.cols, self.cds.columns)
+                else:
+                    self.cds._uncacheable(ids[k], row.why)
+                    rows[k] = Sample(self.cds._project(row.sample), row.why)
             if stored:
                 again = read_rows(self.cds.cache, [ids[k] for k in stored],
                                   self.cds.columns, copy=True)
+                gone = [k for k, cols in zip(stored, again) if cols is None]
                 for k, cols in zip(stored, again):
-                    # A row gone since (its session dropped): computed here.
-                    rows[k] = cols if cols is not None else project(
-                        encoded_sample(self.cds.dataset, ids[k]), self.cds.columns)
+                    rows[k] = cols
+                if gone:
+                    # Rows gone since (their session dropped): computed again.
+                    for k, row in zip(gone, self._compute([ids[k] for k in gone],
+                                                          inline=True)):
+                        rows[k] = project(row.cols, self.cds.columns) \
+                            if isinstance(row, Columns) else \
+                            Sample(self.cds._project(row.sample), row.why)
         return rows
 
-    def _compute(self, ids):
-        if self.pool is not None:
+    def _compute(self, ids, inline=False):
+        """The rows of `ids` computed by the workers (or, with num_workers=0,
+        here); Closed once the pass is closed: nothing is computed in this
+        process after close()."""
+        stopped = lambda: self.stopped   # noqa: E731
+        if self.pool is not None and not inline:
             return self.pool.compute(ids)
+        if self.stopped:
+            raise Closed("the CachedLoader iterator was closed")
         with self._inline:
-            return [encoded_sample(self.cds.dataset, i) for i in ids]
+            return compute_rows(self.cds, ids, stopped)
 
     def _collate(self, samples):
         if self.loader.transform is not None:
             samples = [self.loader.transform(s) for s in samples]
         return (self.loader.collate_fn or default_collate)(samples)
-
-
-def _worker_row(cds, index):
-    """In a worker process: computes row `index` of the CachedDataset's
-    dataset and puts it into the cache. None when the cache holds the row
-    now (the loader reads it from there), else its [(name, tag, array)]."""
-    encoded = encode_row(cds.dataset[index])
-    with warnings.catch_warnings():
-        # The trainer's process warns, once, when it retries the put.
-        warnings.simplefilter("ignore", CacheWarning)
-        if cds.cache.put_columns(index, encoded) or cds.cache.contains(index):
-            return None
-    return [(n, d or a.dtype.name, a) for n, a, d in encoded]
 
 
 class _CudaStage:

@@ -1,0 +1,318 @@
+"""CachedLoader's misses, computed on DataLoader's worker machinery: no
+deadlock when every row comes back from the workers, workers that end with
+their trainer (SIGKILL included), nothing computed in the trainer after a
+break, prompt timeout/break, tensor indices, DataLoader's seed order, and
+samples the cache cannot hold."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from conftest import PYTHONPATH, wait_for  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
+from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # noqa: E402
+                                no_leftovers, reference)
+
+HERE = Path(__file__).resolve().parent
+
+
+def child_env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHONPATH, str(HERE)]))
+
+
+def gone(pid):
+    """True once pid has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+# ---- no deadlock: every row of a 65536-row batch comes back from workers ---
+
+BIG_BATCH = """
+import sys, warnings
+import numpy as np
+from torch.utils.data import Dataset
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset, CachedLoader
+
+class Small(Dataset):
+    def __len__(self): return 200000
+    def __getitem__(self, i): return np.full(4, i, dtype=np.int64), i % 7
+
+warnings.simplefilter("ignore")
+cds = CachedDataset(Small(), DatasetCache(int(sys.argv[1])))
+print("opened", flush=True)
+sys.stdin.readline()                 # the test kills the daemon meanwhile
+ids = range(100000, 165536)           # ids past 2**16: tasks over 64 KB
+(x, y), = list(CachedLoader(cds, batch_size=65536, sampler=ids, num_workers=2))
+assert x.shape == (65536, 4) and int(x[12345, 0]) == 112345 and int(y[8]) == 100008 % 7
+print("done", flush=True)
+"""
+
+
+def test_no_deadlock_when_every_row_comes_back_from_the_workers(server, session):
+    proc = subprocess.Popen([sys.executable, "-c", BIG_BATCH, str(session)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env(), start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "opened"
+        server.kill()                      # every put fails: rows come back
+        out, _ = proc.communicate("go\n", timeout=120)
+        assert proc.returncode == 0 and "done" in out, out
+    except subprocess.TimeoutExpired:
+        pytest.fail("CachedLoader hung on a 65536-row batch of returned rows")
+    finally:
+        kill_group(proc)
+
+
+# ---- workers end with a SIGKILLed trainer -----------------------------------
+
+TRAINER = """
+import multiprocessing as mp, sys, time
+import numpy as np
+from torch.utils.data import Dataset
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset, CachedLoader
+
+class Slow(Dataset):
+    def __len__(self): return 4096
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return np.full(8, i, dtype=np.float32), i
+
+cds = CachedDataset(Slow(), DatasetCache(int(sys.argv[1])))
+it = iter(CachedLoader(cds, batch_size=16, num_workers=2))
+next(it)
+print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+sys.stdin.readline()                  # killed while the workers compute
+"""
+
+
+def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(session)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env())
+    pids = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: all(gone(p) for p in pids), timeout=5,
+                 what=f"workers {pids} to end after the trainer's SIGKILL")
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in pids:
+            if not gone(p):
+                os.kill(p, signal.SIGKILL)
+
+
+# ---- nothing is computed in the trainer after a break -------------------------
+
+class Recorded(Dataset):
+    """Rows that record, as files, which process computed them."""
+
+    def __init__(self, n, where):
+        self.n, self.where = n, str(where)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        Path(self.where, f"{i}.{os.getpid()}").touch()
+        return np.full(16, i, dtype=np.float32), i
+
+
+def test_a_break_computes_nothing_in_the_trainer(server, session, tmp_path):
+    where = tmp_path / "computed"
+    where.mkdir()
+    ds = Recorded(2048, where)
+    for k in range(8):
+        cds = CachedDataset(ds, DatasetCache(session), name=f"round-{k}")
+        it = iter(CachedLoader(cds, batch_size=8, num_workers=2, num_threads=8,
+                               prefetch=32))
+        next(it)
+        # A training step while the threads cycle through batches of misses.
+        done = len(list(where.iterdir()))
+        wait_for(lambda: len(list(where.iterdir())) >= done + 96,
+                 what="the workers to compute more rows")
+        it.close()
+        del it
+        wait_for(no_leftovers, what="loader threads and workers to end")
+    computed_by = {int(f.name.split(".")[1]) for f in where.iterdir()}
+    assert os.getpid() not in computed_by
+    putters = lambda: [t for t in threading.enumerate()  # noqa: E731
+                       if t.name.startswith("shmcache-put")]
+    assert not putters(), putters()
+
+
+# ---- timeout= and break return promptly ----------------------------------------
+
+class Hanging(Dataset):
+    """Row `slow` blocks until released; the others are quick."""
+
+    def __init__(self, n, slow):
+        self.n, self.slow, self.release = n, slow, threading.Event()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.slow:
+            self.release.wait(60)
+        return np.full(4, i, dtype=np.float32)
+
+
+def test_timeout_raises_on_time_and_leaving_is_prompt(server, session):
+    ds = Hanging(64, slow=8)
+    cds = CachedDataset(ds, DatasetCache(session))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="timed out"):
+            for _ in CachedLoader(cds, batch_size=8, timeout=2, num_threads=2):
+                pass
+        raised = time.monotonic() - t0
+        gc.collect()
+        left = time.monotonic() - t0 - raised
+        assert 2 <= raised < 4, raised
+        assert left < 1.0, f"leaving the except block took {left:.1f} s"
+    finally:
+        ds.release.set()
+        cds.flush(10)
+    wait_for(lambda: not loader_threads(), what="the loader threads to end")
+
+
+class SlowRows(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(1.0)       # the cost of one row
+        return np.full(4, i, dtype=np.float32)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_break_returns_within_the_slowest_row(server, session, num_workers):
+    cds = CachedDataset(SlowRows(), DatasetCache(session))
+    it = iter(CachedLoader(cds, batch_size=2, num_workers=num_workers,
+                           num_threads=4, prefetch=4))
+    next(it)
+    t0 = time.monotonic()
+    del it                                   # an early break
+    gc.collect()
+    took = time.monotonic() - t0
+    assert took < 1.0 + 2.0, f"the break took {took:.1f} s"
+    wait_for(no_leftovers, what="loader threads and workers to end")
+    cds.flush(10)
+
+
+# ---- tensor indices ----------------------------------------------------------------
+
+def test_tensor_indices_from_samplers(server, session):
+    ds = Rows(40, "tuple")
+    cds = CachedDataset(ds, DatasetCache(session))
+    perm = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    want = reference(ds, session, batch_size=8, sampler=perm)
+    assert_same_batches(list(CachedLoader(cds, batch_size=8, sampler=perm)), want)
+    tensors = [perm[k:k + 8] for k in range(0, 40, 8)]
+    want = reference(ds, session, batch_sampler=tensors)
+    assert_same_batches(list(CachedLoader(cds, batch_sampler=tensors)), want)
+    assert cds.flush(10)
+
+
+# ---- the shuffle seed drawn where DataLoader draws it --------------------------------
+
+def test_shuffles_match_dataloader_when_iterators_interleave(server, session):
+    ds = Rows(48, "tuple")
+    ref = CachedDataset(ds, DatasetCache(session), name="ref")
+    cds = CachedDataset(ds, DatasetCache(session), name="mine")
+    def zipped(loader):
+        torch.manual_seed(5)
+        return [b for pair in zip(loader, loader) for b in pair]
+
+    def rand_between(loader):
+        torch.manual_seed(6)
+        it = iter(loader)
+        torch.rand(3)
+        return list(it)
+
+    for run in (zipped, rand_between):
+        want = run(DataLoader(ref, batch_size=8, shuffle=True))
+        got = run(CachedLoader(cds, batch_size=8, shuffle=True))
+        assert_same_batches(got, want)
+    assert cds.flush(10) and ref.flush(10)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_pin_memory_without_cuda_warns_once_and_goes_on(server, session):
+    cds = CachedDataset(Rows(8, "tuple"), DatasetCache(session))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = CachedLoader(cds, batch_size=4, pin_memory=True)
+        got = list(loader) + list(loader)
+    pins = [w for w in caught if "pin_memory" in str(w.message)]
+    assert len(pins) == 1 and len(got) == 4
+    assert cds.flush(10)
+
+
+# ---- samples the cache cannot hold ------------------------------------------------
+
+class Awkward(Dataset):
+    """complex64 columns, 1,100 features, 300-byte feature names."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        if self.kind == "complex":
+            return np.full(3, i + 1j, dtype=np.complex64), i
+        if self.kind == "features":
+            return {f"f{k}": np.float32(i + k) for k in range(1100)}
+        return {"n" * 300: np.full(2, i, dtype=np.float32), "label": i}
+
+
+@pytest.mark.parametrize("kind", ["complex", "features", "long_names"])
+def test_every_sample_dataloader_delivers(server, session, kind):
+    ds = Awkward(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        want = reference(ds, session, batch_size=8, num_workers=2)
+    cds = CachedDataset(ds, DatasetCache(session))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = list(CachedLoader(cds, batch_size=8, num_workers=2))
+        again = list(CachedLoader(cds, batch_size=8, num_workers=2))
+        assert cds.flush(10)
+    assert_same_batches(got, want)
+    assert_same_batches(again, want)
+    cw = [w for w in caught if issubclass(w.category, CacheWarning)]
+    # complex64 is a column type; the others are delivered after one warning.
+    assert len(cw) == (0 if kind == "complex" else 1), [str(w.message) for w in cw]
