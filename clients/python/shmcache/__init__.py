@@ -509,7 +509,7 @@ class DatasetCache:
         if c is None:
             return False
         try:
-            return c.put(row_id, _as_columns(columns))
+            return c.put(row_id, list(columns))
         except Error as e:
             return self._put_failed(row_id, e, strict=True)
 
@@ -811,29 +811,3 @@ class DatasetCache:
     def __repr__(self) -> str:
         return (f"DatasetCache(session_id={self.session_id}, size={self.size}, "
                 f"spilling={self.spilling}, name={self.name!r})")
-
-
-# ---- names kept for loader.py, miss_pool.py and batch_read.py ---------------
-# They predate shmcache.rows and take columns as (name, array, dtype);
-# remove these once those modules call shmcache.rows (encode, decode,
-# row_kind, torch_dtype) directly.
-EncodedColumn = tuple[str, Array, Union[str, None]]
-StoredColumn = Column
-_column_names = column_names
-
-
-def _as_columns(columns: Sequence[Any]) -> list[Column]:
-    """Columns in the one order, from either order."""
-    if columns and isinstance(columns[0][1], np.ndarray):   # encode_row's order
-        return [(n, d, a) for n, a, d in columns]
-    return list(columns)
-
-
-def encode_row(row: Any) -> list[EncodedColumn]:
-    """rows.encode(row) as [(name, array, dtype)]."""
-    return [(n, a, d) for n, d, a in encode(row)]
-
-
-def decode_row(columns: Sequence[Column], leaf: Any = None) -> Any:
-    """rows.decode: tensors when `leaf` is given (datasets._leaf_to_tensor)."""
-    return decode(list(columns), torch=leaf is not None)

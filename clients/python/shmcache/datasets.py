@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import CacheStats, CacheWarning, DatasetCache, _as_columns
+from . import CacheStats, CacheWarning, DatasetCache
 from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
 
@@ -55,12 +55,6 @@ __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
 _RANDOM_TRANSFORM = re.compile(
     r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
     r"ElasticTransform)\s*\(")
-
-
-def _leaf_to_tensor(dtype: str, array: Array) -> Any:
-    """One column as a hit returns it under torch (for batch_read, until it
-    calls shmcache.rows directly)."""
-    return decode([(POS, dtype, array)], torch=True)
 
 
 def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
@@ -284,7 +278,6 @@ class CachedDataset(Dataset):
         """Caches a computed row: queued for the writer thread, or stored
         now without async puts."""
         putter = self._putter
-        cols = _as_columns(cols)   # loader.py still hands encode_row's order
         if putter is None:
             self.cache._put_encoded([index], [cols], strict=False)
         elif self.cache.accepting:
