@@ -56,8 +56,9 @@ done
 ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" || exit 1
 build_project build || { echo "build failed"; exit 1; }
 
-out=$root/build/stress-results
-rm -rf "$out" && mkdir -p "$out"
+# One dir per invocation: two stress runs of one tree do not share results.
+out=$root/build/stress-results/$(date +%Y%m%d-%H%M%S)-$$
+mkdir -p "$out"
 export SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-stress.XXXXXX)
 # Every server a test starts stops by itself when this script ends.
 export SHMCACHE_WATCH_PID=$$
@@ -72,7 +73,13 @@ stop_load() {
   busy=()
 }
 trap 'stop_load; rm -rf "$SHMCACHE_RUN_DIR"' EXIT
-trap 'echo "interrupted"; exit 130' INT TERM
+# A Ctrl-C reaches the running suite too; whether or not it dies of it,
+# stop after it.
+interrupted=0
+trap 'interrupted=1' INT TERM
+check_interrupt() {
+  if [ $interrupted -eq 1 ]; then echo "interrupted"; exit 130; fi
+}
 for ((i = 0; i < load; i++)); do
   ( trap - INT TERM; while :; do :; done ) &
   busy+=($!)
@@ -90,6 +97,7 @@ for ((run = 1; run <= repeat; run++)); do
     if [ "$suite" = python ]; then
       SHMCACHE_TEST_SEED=$s /usr/bin/python3 -m pytest -q tests/python \
         -p no:cacheprovider --junitxml="$dir/pytest.xml" >"$dir/pytest.log" 2>&1
+      check_interrupt
       echo "run $run python seed $s: $(tail -1 "$dir/pytest.log") ($((SECONDS - t0)) s)"
     else
       mapfile -t names < <(meson test -C build --list 2>/dev/null |
@@ -98,11 +106,17 @@ import random, sys
 names = sys.stdin.read().split()
 random.Random(int(sys.argv[1])).shuffle(names)
 print("\n".join(names))' "$s")
+      check_interrupt
+      if [ ${#names[@]} -eq 0 ]; then
+        echo '{"name": "meson test --list", "result": "FAIL", "why": "no tests listed"}' \
+          >>"$dir/cpp.jsonl"
+      fi
       fails=0
       for name in "${names[@]}"; do
         /usr/bin/python3 scripts/lib/leak_check_cpp.py "$dir/cpp.jsonl" "$name" -- \
           meson test -C build --no-rebuild --print-errorlogs "$name" \
           >>"$dir/cpp.log" 2>&1 || fails=$((fails + 1))
+        check_interrupt
       done
       echo "run $run cpp seed $s: ${#names[@]} tests, $fails failed ($((SECONDS - t0)) s)"
     fi

@@ -67,7 +67,12 @@ def main():
     cmd = sys.argv[sys.argv.index("--") + 1:]
     tag = uuid.uuid4().hex
     before = shm_entries()
-    rc = subprocess.call(cmd, env=dict(os.environ, SHMCACHE_LEAK_TAG=tag))
+    interrupted = False
+    try:
+        rc = subprocess.call(cmd, env=dict(os.environ, SHMCACHE_LEAK_TAG=tag))
+    except KeyboardInterrupt:
+        # Ctrl-C: still clean up after the test, then exit as interrupted.
+        interrupted, rc = True, 130
     marker = f"SHMCACHE_LEAK_TAG={tag}".encode()
     # A process may be on its way out: give the leftovers 5 s to go.
     deadline = time.monotonic() + 5
@@ -118,6 +123,8 @@ def main():
     reason = (["exit status %d" % rc] if rc else []) + (["leaked: " + "; ".join(why)] if why else [])
     with open(results, "a") as f:
         f.write(json.dumps({"name": name, "result": result, "why": ", ".join(reason)}) + "\n")
+    if interrupted:
+        return 130
     return 0 if result == "OK" else 1
 
 
