@@ -5,9 +5,9 @@
 Runs COMMAND with SHMCACHE_LEAK_TAG=<unique> in its environment, which
 every process it starts inherits. Afterwards, what counts as left behind:
 - a live process carrying that tag (a daemon or child the test forgot);
-- a /dev/shm entry with "shmcache" in its name that appeared while the test
-  ran and is not in use by a live server (its port or --shm_dir) that is
-  not the test's own.
+- a /dev/shm entry of the kinds the tests make (see _OURS) that appeared
+  while the test ran and is not in use by a live server (its port or
+  --shm_dir) that is not the test's own.
 Both are reported, then killed or removed. Appends one JSON line
 {"name", "result": "OK"|"FAIL", "why"} to RESULTS.jsonl and exits non-zero
 when the test failed or leaked. Used by scripts/stress-tests.sh.
@@ -58,8 +58,15 @@ def option(cmd, name):
     return ""
 
 
+# What the C++ tests' daemons and support code make in /dev/shm: instance
+# files and host locks (shmcache.<uid>.<port>.*, .shmcache.<uid>.<port>.lock)
+# and temporary shm dirs (tests/support). Other shmcache-* entries (a fuzz
+# run's, say) belong to other runs on the host.
+_OURS = re.compile(r"^(\.?shmcache\.\d+\.\d+\.|shmcache-rel\.|shmcache-test)")
+
+
 def shm_entries():
-    return {n for n in os.listdir(SHM) if "shmcache" in n}
+    return {n for n in os.listdir(SHM) if _OURS.match(n)}
 
 
 def main():
