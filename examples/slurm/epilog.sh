@@ -25,12 +25,10 @@ shm_dir=$(read_env SHMCACHE_SHM_DIR)
 # Whatever a process of the job's user says of itself, only that user's
 # processes are ever signalled.
 servers() {
-  local p
-  for p in /proc/[0-9]*; do
-    [ "$(stat -c %u "$p" 2>/dev/null)" = "$SLURM_JOB_UID" ] || continue
-    [ "$(cat "$p/comm" 2>/dev/null)" = shmcached ] || continue
-    tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -qx -- "--port=$port" || continue
-    echo "${p#/proc/}"
+  local pid
+  for pid in $(pgrep -x -U "$SLURM_JOB_UID" shmcached); do
+    tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qx -- "--port=$port" &&
+      echo "$pid"
   done
 }
 

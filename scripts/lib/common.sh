@@ -7,7 +7,7 @@ SHMCACHE_BUILD_PACKAGES=(
   libnuma-dev libgtest-dev libgmock-dev pybind11-dev python3-dev
   python3-numpy python3-pytest python3-torch python3-pil python3-tqdm
   python3-torchvision libsystemd-dev systemd python3-prometheus-client
-  python3-yaml libcli11-dev nlohmann-json3-dev mypy python3-mesonpy python3-venv
+  python3-yaml libcli11-dev nlohmann-json3-dev mypy procps python3-mesonpy python3-venv
   patchelf
 )
 

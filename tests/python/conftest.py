@@ -5,6 +5,16 @@ from the pid, skipping ports whose segments exist), with a private run dir
 and log dir, started by the built admin binary and stopped at teardown.
 SHMCACHE_PORT / SHMCACHE_RUN_DIR point at it for the test and for the
 processes it starts.
+
+Two run-wide hooks:
+- Leak check: after each test (its teardown included, and that of any
+  module fixture it was the last user of), nothing of this run that the test
+  made may be left: no process under pytest, no shmcached server, no
+  /dev/shm/shmcache.* entry, no mount (leak_check.py says what counts as
+  ours). A leftover is an error at the test's teardown naming it, and is
+  killed or removed so that later tests start clean.
+- Shuffle: SHMCACHE_TEST_SEED=N runs the modules, and the tests inside each
+  module, in an order drawn from N (scripts/stress-tests.sh sets it).
 """
 
 import glob
@@ -17,7 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+import random
+
 import pytest
+
+import leak_check
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("SHMCACHE_BUILD_DIR", ROOT / "build"))
@@ -58,6 +72,11 @@ def _segments(port, uid=None):
             glob.glob(f"{huge_dir(port, uid)}/shmcache.{uid}.{port}.*"))
 
 
+def host_lock(port, uid=None):
+    """The lock file that makes an instance one per (user, port) on a host."""
+    return f"/dev/shm/.shmcache.{os.getuid() if uid is None else uid}.{port}.lock"
+
+
 def release_huge_dir(port, uid=None):
     """Unmounts and removes what a killed server's huge-page tmpfs left."""
     d = huge_dir(port, uid)
@@ -75,6 +94,8 @@ def free_port():
         if p > 65535:
             break
         if not _segments(p):
+            if _owner is not None:
+                _owner.ports.add(p)
             return p
     raise RuntimeError("no free instance port")
 
@@ -128,7 +149,9 @@ class Server:
                 wait_for(lambda: not _alive(self.pid), timeout=10, what="stop")
             except AssertionError:
                 os.kill(self.pid, signal.SIGKILL)
-        for f in _segments(self.port):
+        # A killed daemon also leaves its host lock file (a stopped one
+        # removes it); nothing holds it once the daemon is gone.
+        for f in _segments(self.port) + [host_lock(self.port)]:
             try:
                 os.unlink(f)
             except OSError:
@@ -192,3 +215,94 @@ def spill_server(tmp_path, monkeypatch):
     s.start("-s", str(tmp_path / "spill"))
     yield s
     s.stop()
+
+
+# ---- Shuffled order --------------------------------------------------------
+
+def pytest_report_header(config):
+    seed = os.environ.get("SHMCACHE_TEST_SEED")
+    return f"shmcache test order: shuffled, SHMCACHE_TEST_SEED={seed}" if seed else None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """With SHMCACHE_TEST_SEED set, shuffles the modules and the tests in
+    each module (a module stays together, so its module-scoped fixtures are
+    made once)."""
+    seed = os.environ.get("SHMCACHE_TEST_SEED")
+    if not seed:
+        return
+    rng = random.Random(int(seed))
+    modules = {}
+    for item in items:
+        modules.setdefault(item.module.__name__ if item.module else "", []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for g in groups:
+        rng.shuffle(g)
+    items[:] = [item for g in groups for item in g]
+
+
+# ---- Leak check ------------------------------------------------------------
+
+_owner = None
+_before = pytest.StashKey[dict]()
+# Leftovers held by a higher-scoped fixture still in use when the test that
+# first showed them ended: {key: (description, fixture defs, test id)}.
+_held = {}
+
+
+def pytest_sessionstart(session):
+    global _owner
+    base = session.config._tmp_path_factory.getbasetemp()
+    _owner = leak_check.Owner([str(base), os.environ.get("SHMCACHE_RUN_DIR", "")],
+                              str(ROOT))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_before] = leak_check.snapshot(_owner)
+    yield
+
+
+def _live_wider_fixtures(item):
+    """The module/class/session-scoped fixture defs of item still set up
+    (pytest's own, like tmp_path_factory, hold nothing of ours)."""
+    live = []
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        for fd in defs:
+            if (fd.scope != "function" and fd.cached_result is not None and
+                    not getattr(fd.func, "__module__", "").startswith("_pytest")):
+                live.append(fd)
+    return live
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    before = item.stash.get(_before, None)
+    if before is None:
+        return
+    after = leak_check.snapshot(_owner)
+    new = leak_check.leftovers(before, after)
+    leaks = []
+    # What a wider fixture held: a leak once that fixture is torn down.
+    for key, (desc, fds, who) in list(_held.items()):
+        if all(fd.cached_result is None for fd in fds):
+            del _held[key]
+            if key in after:
+                names = ", ".join(sorted(fd.argname for fd in fds))
+                leaks.append((key, f"{desc} (made while {who} ran, kept by "
+                                   f"fixture {names} after its teardown)"))
+    if new:
+        live = _live_wider_fixtures(item)
+        new = leak_check.still_there(_owner, new)
+        for key, desc in new.items():
+            if live:
+                _held[key] = (desc, live, item.nodeid)
+            else:
+                leaks.append((key, desc))
+    if leaks:
+        leak_check.clean_up(dict(leaks))
+        raise AssertionError(
+            f"{item.nodeid} left behind (now removed):\n" +
+            "\n".join(f"  {d}" for _, d in leaks))

@@ -1,6 +1,9 @@
 #include "files.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -99,6 +102,14 @@ std::vector<std::string> InstanceFiles(const std::string& shm_dir,
     if (n.rfind(prefix, 0) == 0) mine.push_back(n);
   }
   return mine;
+}
+
+void RemoveUnheldLock(const std::string& path) {
+  int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  // Unlinked while we hold it: no daemon can take it in between.
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(path.c_str());
+  close(fd);
 }
 
 }  // namespace shmcache::test

@@ -40,6 +40,10 @@ std::string ReadFilesIn(const std::string& dir);
 // The names in shm_dir of an instance's files: those starting with the
 // prefix "shmcache.<uid>.<port>." (instance.h).
 std::string InstancePrefix(unsigned uid, int port);
+
+// Removes the lock file at `path` when no process holds its flock (what a
+// killed daemon leaves); one a live daemon holds stays.
+void RemoveUnheldLock(const std::string& path);
 std::vector<std::string> InstanceFiles(const std::string& shm_dir,
                                        const std::string& prefix);
 

@@ -56,6 +56,9 @@ TestDaemon::~TestDaemon() {
   if (Alive()) Kill();
   // Remove whatever this instance left, wherever its shm dir is.
   for (const std::string& f : ShmFiles()) unlink(f.c_str());
+  // A killed daemon also leaves its host lock (a stopped one removes it).
+  RemoveUnheldLock(fmt::format("/dev/shm/.shmcache.{}.{}.lock",
+                               opts_.uid != 0 ? opts_.uid : geteuid(), port_));
   if (own_shm_dir_) RemoveTree(shm_dir_);
   // A killed daemon's huge-page tmpfs (a stopped one removed its own).
   if (opts_.default_shm_dir && HugeMounted()) {

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "instance.h"
+
 namespace shmcache::test {
 
 namespace {
@@ -68,6 +70,8 @@ TestServer::~TestServer() {
   }
   if (killed_) {
     for (const std::string& f : ShmFiles()) unlink((shm_dir_ + "/" + f).c_str());
+    // The host lock a killed daemon leaves (a stopped one removes it).
+    RemoveUnheldLock(HostLockPath(port_));
   }
   if (own_shm_dir_) RemoveTree(shm_dir_);
   if (own_run_dir_) RemoveTree(run_dir_);

@@ -1,0 +1,139 @@
+"""Runs one meson test and checks that it left nothing behind.
+
+    leak_check_cpp.py RESULTS.jsonl NAME -- COMMAND...
+
+Runs COMMAND with SHMCACHE_LEAK_TAG=<unique> in its environment, which
+every process it starts inherits. Afterwards, what counts as left behind:
+- a live process carrying that tag (a daemon or child the test forgot);
+- a /dev/shm entry of the kinds the tests make (see _OURS) that appeared
+  while the test ran and is not in use by a live server (its port or
+  --shm_dir) that is not the test's own.
+Both are reported, then killed or removed. Appends one JSON line
+{"name", "result": "OK"|"FAIL", "why"} to RESULTS.jsonl and exits non-zero
+when the test failed or leaked. Used by scripts/stress-tests.sh.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+SHM = "/dev/shm"
+_PORT = re.compile(r"^\.?shmcache\.\d+\.(\d+)\.")
+
+
+def processes():
+    """{pid: (state, cmdline list, environ bytes)} of live processes."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+            if state == "Z":
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if cmd:
+            out[int(name)] = (state, cmd, env)
+    return out
+
+
+def option(cmd, name):
+    for i, a in enumerate(cmd):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+        if a == f"--{name}" and i + 1 < len(cmd):
+            return cmd[i + 1]
+    return ""
+
+
+# What the C++ tests' daemons and support code make in /dev/shm: instance
+# files and host locks (shmcache.<uid>.<port>.*, .shmcache.<uid>.<port>.lock)
+# and temporary shm dirs (tests/support). Other shmcache-* entries (a fuzz
+# run's, say) belong to other runs on the host.
+_OURS = re.compile(r"^(\.?shmcache\.\d+\.\d+\.|shmcache-rel\.|shmcache-test)")
+
+
+def shm_entries():
+    return {n for n in os.listdir(SHM) if _OURS.match(n)}
+
+
+def main():
+    results, name = sys.argv[1], sys.argv[2]
+    cmd = sys.argv[sys.argv.index("--") + 1:]
+    tag = uuid.uuid4().hex
+    before = shm_entries()
+    interrupted = False
+    try:
+        rc = subprocess.call(cmd, env=dict(os.environ, SHMCACHE_LEAK_TAG=tag))
+    except KeyboardInterrupt:
+        # Ctrl-C: still clean up after the test, then exit as interrupted.
+        interrupted, rc = True, 130
+    marker = f"SHMCACHE_LEAK_TAG={tag}".encode()
+    # A process may be on its way out: give the leftovers 5 s to go.
+    deadline = time.monotonic() + 5
+    while True:
+        procs = processes()
+        ours = {p: v for p, v in procs.items() if marker in v[2].split(b"\0")}
+        new = shm_entries() - before
+        if not ours and not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    # /dev/shm entries of servers that are not this test's stay (another
+    # user's, made while the test ran).
+    in_use_ports, in_use_dirs = set(), set()
+    for pid, (_, c, _) in procs.items():
+        if pid in ours or os.path.basename(c[0]) != "shmcached":
+            continue
+        if option(c, "port").isdigit():
+            in_use_ports.add(int(option(c, "port")))
+        if option(c, "shm_dir"):
+            in_use_dirs.add(os.path.realpath(option(c, "shm_dir")))
+    leaked_files = []
+    for n in sorted(new):
+        m = _PORT.match(n)
+        path = os.path.join(SHM, n)
+        if (m and int(m.group(1)) in in_use_ports) or os.path.realpath(path) in in_use_dirs:
+            continue
+        leaked_files.append(path)
+    why = [f"process {p} ({' '.join(v[1])[:200]})" for p, v in ours.items()]
+    why += [f"/dev/shm entry {f}" for f in leaked_files]
+    for p in ours:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    for f in leaked_files:
+        if os.path.ismount(f):
+            subprocess.run(["umount", "-l", f], capture_output=True)
+        if os.path.isdir(f) and not os.path.islink(f):
+            shutil.rmtree(f, ignore_errors=True)
+        else:
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+    if why:
+        print(f"LEAK: {name} left behind (now removed):\n  " + "\n  ".join(why))
+    result = "OK" if rc == 0 and not why else "FAIL"
+    reason = (["exit status %d" % rc] if rc else []) + (["leaked: " + "; ".join(why)] if why else [])
+    with open(results, "a") as f:
+        f.write(json.dumps({"name": name, "result": result, "why": ", ".join(reason)}) + "\n")
+    if interrupted:
+        return 130
+    return 0 if result == "OK" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

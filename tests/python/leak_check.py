@@ -1,0 +1,211 @@
+"""What this test run owns on the host, and what a test left behind.
+
+conftest.py takes a snapshot before each test and compares it with one
+taken after the test's teardown: anything of ours that appeared and is
+still there (a process under pytest, a shmcached server, a /dev/shm file
+or directory, a mount) leaked, and is killed or removed so that later
+tests do not inherit it.
+
+Other engineers and users run servers and tests on the same host at the
+same time, so only what this run made counts:
+- processes: descendants of the pytest process;
+- servers: shmcached processes that descend from pytest, or whose run, log
+  or shm dir lies under one of our roots (pytest's base temp dir, the
+  SHMCACHE_RUN_DIR this run was started with), or this tree's shmcached
+  serving a port this run handed out;
+- /dev/shm entries and mounts: those of an instance port this run handed out
+  (conftest.free_port) or that one of our servers serves, and the
+  shmcache-test-<pytest pid>-* directories tests make for --shm_dir.
+A snapshot is one /proc scan plus one /dev/shm listing: cheap per test.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from typing import Dict, Iterable, List, Set, Tuple
+
+# Key -> human description. Keys are ("proc", pid, start time),
+# ("file", path) or ("mount", path).
+Snapshot = Dict[tuple, str]
+
+# Helper processes multiprocessing starts once and keeps for the life of
+# the interpreter: not a test's leak.
+_INTERPRETER_HELPERS = ("multiprocessing.resource_tracker",
+                        "multiprocessing.forkserver",
+                        "multiprocessing.semaphore_tracker")
+
+_SHM_NAME = re.compile(r"^\.?shmcache\.\d+\.(\d+)\.")
+
+
+class Owner:
+    """What identifies this run's things: pytest's pid, root dirs, ports."""
+
+    def __init__(self, roots: Iterable[str], tree: str):
+        self.pid = os.getpid()
+        self.roots = [os.path.realpath(r) for r in roots if r]
+        self.tree = os.path.realpath(tree)
+        self.ports: Set[int] = set()
+
+    def under_roots(self, path: str) -> bool:
+        path = os.path.realpath(path)
+        return any(path == r or path.startswith(r + os.sep) for r in self.roots)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _procs() -> Dict[int, Tuple[int, str, str]]:
+    """{pid: (ppid, state, start time)} of every process on the host."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = _read(f"/proc/{name}/stat").decode(errors="replace")
+        if not stat:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        # fields[0] is field 3 (state); ppid is field 4, starttime field 22.
+        out[int(name)] = (int(fields[1]), fields[0], fields[19])
+    return out
+
+
+def _cmdline(pid: int) -> List[str]:
+    return [a.decode(errors="replace") for a in _read(f"/proc/{pid}/cmdline").split(b"\0") if a]
+
+
+def _environ(pid: int) -> Dict[str, str]:
+    env = {}
+    for kv in _read(f"/proc/{pid}/environ").split(b"\0"):
+        k, sep, v = kv.decode(errors="replace").partition("=")
+        if sep:
+            env[k] = v
+    return env
+
+
+def _option(cmd: List[str], name: str) -> str:
+    """The value of --name=V or --name V in a command line, or ""."""
+    for i, a in enumerate(cmd):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+        if a == f"--{name}" and i + 1 < len(cmd):
+            return cmd[i + 1]
+    return ""
+
+
+def snapshot(owner: Owner) -> Snapshot:
+    snap: Snapshot = {}
+    procs = _procs()
+    children: Dict[int, List[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    descendants: Set[int] = set()
+    todo = list(children.get(owner.pid, []))
+    while todo:
+        p = todo.pop()
+        descendants.add(p)
+        todo.extend(children.get(p, []))
+    shm_dirs: Set[str] = set()
+    for pid, (_, state, start) in procs.items():
+        if state == "Z":
+            continue        # exited; its parent's Popen reaps it
+        cmd = _cmdline(pid)
+        if not cmd:
+            continue        # gone, or a kernel thread
+        is_server = os.path.basename(cmd[0]) == "shmcached"
+        if pid in descendants:
+            if any(h in " ".join(cmd) for h in _INTERPRETER_HELPERS):
+                continue
+        elif is_server:
+            env = _environ(pid)
+            dirs = [env.get("SHMCACHE_RUN_DIR", ""), _option(cmd, "run_dir"),
+                    _option(cmd, "log_dir"), _option(cmd, "shm_dir")]
+            port = _option(cmd, "port")
+            # A server in a dir of its own (slurm's tests make theirs with
+            # mkdtemp) is ours by its port, when it is this tree's binary.
+            by_port = (port.isdigit() and int(port) in owner.ports and
+                       os.path.realpath(cmd[0]).startswith(owner.tree + os.sep))
+            if not by_port and not any(d and owner.under_roots(d) for d in dirs):
+                continue
+        else:
+            continue
+        if is_server:
+            port = _option(cmd, "port")
+            if port.isdigit():
+                owner.ports.add(int(port))
+            if _option(cmd, "shm_dir"):
+                shm_dirs.add(os.path.realpath(_option(cmd, "shm_dir")))
+        kind = "shmcached server" if is_server else "process"
+        snap[("proc", pid, start)] = f"{kind} {pid} ({' '.join(cmd)[:200]})"
+
+    test_prefix = f"shmcache-test-{owner.pid}-"
+    for name in os.listdir("/dev/shm"):
+        m = _SHM_NAME.match(name)
+        if (m and int(m.group(1)) in owner.ports) or name.startswith(test_prefix):
+            path = f"/dev/shm/{name}"
+            snap[("file", path)] = f"/dev/shm entry {path}"
+    for line in _read("/proc/self/mounts").decode(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        m = _SHM_NAME.match(os.path.basename(mnt))
+        if ((m and int(m.group(1)) in owner.ports) or
+                os.path.basename(mnt).startswith(test_prefix) or
+                os.path.realpath(mnt) in shm_dirs):
+            snap[("mount", mnt)] = f"mount {mnt}"
+    return snap
+
+
+def leftovers(before: Snapshot, after: Snapshot) -> Snapshot:
+    return {k: v for k, v in after.items() if k not in before}
+
+
+def still_there(owner: Owner, things: Snapshot, grace: float = 5.0) -> Snapshot:
+    """Those of `things` that are still there once `grace` seconds passed
+    without them going (a process may be on its way out after SIGTERM);
+    returns as soon as none is left."""
+    deadline = time.monotonic() + grace
+    while True:
+        now = snapshot(owner)
+        left = {k: v for k, v in things.items() if k in now}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def clean_up(things: Snapshot) -> None:
+    """Kills the processes, unmounts the mounts, removes the files."""
+    pids = [k[1] for k in things if k[0] == "proc"]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        procs = _procs()
+        if not any(p in procs and procs[p][1] != "Z" for p in pids):
+            break
+        time.sleep(0.02)
+    for k in things:
+        if k[0] == "mount":
+            subprocess.run(["umount", "-l", k[1]], capture_output=True)
+    for k in things:
+        if k[0] == "file":
+            path = k[1]
+            if os.path.isdir(path) and not os.path.islink(path):
+                if not os.path.ismount(path):
+                    shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass

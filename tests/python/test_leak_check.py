@@ -1,0 +1,66 @@
+"""The run-wide leak check (conftest.py, leak_check.py): a test that leaves a
+process, a server or its /dev/shm files behind errors at teardown, named
+with what it left, and the leftovers are gone before the next test."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+from conftest import BUILD, PYTHONPATH, ROOT
+
+INNER = '''
+import subprocess, sys
+from conftest import Server, _segments, host_lock
+import leak_check
+
+def test_leaks_a_child():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+def test_leaks_a_server(tmp_path):
+    s = Server(tmp_path)
+    s.start()
+    with open(tmp_path / "leaked", "w") as f:
+        f.write(f"{s.pid} {s.port}")
+
+def test_after_the_leaks_nothing_is_left(tmp_path_factory):
+    base = tmp_path_factory.getbasetemp()
+    pid, port = map(int, next(base.glob("test_leaks_a_server*/leaked")).read_text().split())
+    state = leak_check._procs().get(pid, (0, "gone", ""))[1]
+    assert state in ("gone", "Z")      # a zombie: init reaps it, or not, later
+    assert not _segments(port)
+    assert not leak_check.os.path.exists(host_lock(port))
+
+def test_clean(server):
+    server.kill()          # the fixture removes what a killed server left
+'''
+
+
+def test_a_test_that_leaks_errors_naming_what_it_left(tmp_path):
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))
+    env = dict(os.environ, SHMCACHE_BUILD_DIR=str(BUILD),
+               PYTHONPATH=os.pathsep.join([PYTHONPATH, str(ROOT / "tests" / "python")]),
+               SHMCACHE_RUN_DIR=str(tmp_path / "run"))
+    env.pop("SHMCACHE_TEST_SEED", None)     # the order above matters
+    (tmp_path / "run").mkdir()
+    # A short base temp dir: the servers' socket paths must fit in 107 bytes.
+    base = tempfile.mkdtemp(prefix="shmcache-lk.")
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest",
+                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                            "--basetemp", base + "/b", str(tmp_path / "test_inner.py")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "4 passed, 2 errors" in out, out
+    assert "ERROR at teardown of test_leaks_a_child" in out, out
+    assert "test_inner.py::test_leaks_a_child left behind" in out, out
+    assert "time.sleep(600)" in out, out
+    assert "test_inner.py::test_leaks_a_server left behind" in out, out
+    assert "shmcached server" in out and "/dev/shm entry" in out, out
+    assert "ERROR at teardown of test_clean" not in out, out
