@@ -108,7 +108,9 @@ const char* Golden<ServerInfoResponse>() {
          "002f7370696c6c00000000000100003930000000000000a6020000000000000200000003"
          "000000010000000200000003000000050000000000000000f1536500000000dc05000000"
          "000000010000001e000000746d706673206d6f756e74656420687567653d77697468696e"
-         "5f73697a65";
+         "5f73697a6500000000000200000f000000706879736963616c5f6d656d6f7279000000"
+         "c000000000000000000100000000000000000100000e00000073686d5f66696c657379"
+         "7374656d";
 }
 template <>
 const char* Golden<StopRequest>() {
@@ -142,7 +144,7 @@ using AllMessages = ::testing::Types<
     StopRequest, SpillPutRequest, SpillPutResponse, SpillGetRequest, SpillGetResponse>;
 TYPED_TEST_SUITE(MessageTest, AllMessages);
 
-TYPED_TEST(MessageTest, EncodesTheBytesOfProtocolVersion3) {
+TYPED_TEST(MessageTest, EncodesTheBytesOfProtocolVersion4) {
   EXPECT_EQ(Hex(EncodeBody(Sample<TypeParam>())), Golden<TypeParam>());
 }
 
