@@ -27,7 +27,7 @@ shm_dir=$(read_env SHMCACHE_SHM_DIR)
 servers() {
   local pid
   for pid in $(pgrep -x -U "$SLURM_JOB_UID" shmcached); do
-    tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qx -- "--port=$port" &&
+    tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qx -- "--port=$port" &&
       echo "$pid"
   done
 }

@@ -64,7 +64,7 @@ def test_non_contiguous_and_zero_d_arrays_keep_their_shape(server, session):
 def test_put_columns_refuses_a_foreign_byte_order(server, session):
     c = DatasetCache(session)
     with pytest.raises(ValueError, match="byte order"):
-        c.put_columns(1, [("x", np.array([1, 2], ">i4"), None)])
+        c.put_columns(1, [("x", None, np.array([1, 2], ">i4"))])
     assert c.get(1) is None and c.accepting
 
 

@@ -320,6 +320,6 @@ def test_reserved_row_ids_are_not_for_rows(server, session):
     c = DatasetCache(session)
     for row_id in (shmcache.MAX_ROW_ID + 1, 2**64 - 1, 2**64 - 2):
         with pytest.raises(ValueError):
-            c.put_columns(row_id, [("x", np.zeros(1), None)])
+            c.put_columns(row_id, [("x", None, np.zeros(1))])
         with pytest.raises(ValueError):
             c.get_columns(row_id)
