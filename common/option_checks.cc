@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <fmt/format.h>
 
 #include "parse_number.h"
@@ -102,8 +103,29 @@ Status CheckMetricsFile(const std::string& path) {
     return Status::InvalidArgument("metrics file directory " + dir +
                                    " is not writable by this user");
   }
-  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  struct stat file;
+  if (stat(path.c_str(), &file) == 0 && S_ISDIR(file.st_mode)) {
     return Status::InvalidArgument("metrics file " + path + " is a directory");
+  }
+  // Each rewrite goes through "<name>.tmp.XXXXXXXX" renamed over the file
+  // (daemon/replace_file.h): that name must fit too.
+  const size_t name_bytes = path.size() - slash - 1;
+  if (name_bytes + kMetricsTempSuffixBytes > NAME_MAX) {
+    return Status::InvalidArgument(fmt::format(
+        "metrics file name has {} bytes; the server writes it through a temporary "
+        "file of {} more, and a file name has at most {}: use a name of at most {} "
+        "bytes",
+        name_bytes, kMetricsTempSuffixBytes, NAME_MAX,
+        NAME_MAX - kMetricsTempSuffixBytes));
+  }
+  // In a sticky directory (/tmp) nobody but its owner (or the directory's)
+  // may replace a file: another user's file there would keep its values.
+  if (stat(path.c_str(), &file) == 0 && (st.st_mode & S_ISVTX) && geteuid() != 0 &&
+      file.st_uid != geteuid() && st.st_uid != geteuid()) {
+    return Status::InvalidArgument(fmt::format(
+        "metrics file {} belongs to uid {} in the sticky directory {}: this user "
+        "cannot replace it; have it removed or give another path",
+        path, file.st_uid, dir));
   }
   return Status::OK();
 }

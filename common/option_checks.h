@@ -6,6 +6,7 @@
 // (ParsePort, CheckHost in lib/instance.h), which every client uses too.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -42,8 +43,13 @@ Status CheckAbsolutePath(std::string_view what, std::string_view path);
 
 // Checks a spill dir: absolute, an existing directory, writable.
 Status CheckSpillDir(const std::string& dir);
+// The bytes the server's temporary metrics file adds to the file's name
+// (".tmp." and eight hex digits: daemon/replace_file.cc).
+inline constexpr size_t kMetricsTempSuffixBytes = 13;
 // Checks that `path` can be the metrics file (daemon/metrics_file.h):
-// absolute, not a directory, in an existing directory this user may write.
+// absolute, not a directory, in an existing directory this user may write,
+// a name whose temporary file's name fits in NAME_MAX, and not another
+// user's file in a sticky directory (which this user could not replace).
 Status CheckMetricsFile(const std::string& path);
 
 // The cap of all caches together: cap_bytes when not 0, else `ratio` of

@@ -4,11 +4,13 @@
 #include "option_checks.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "test_server.h"
@@ -126,6 +128,41 @@ TEST(OptionChecksTest, MetricsFileMustBeAFileInAnExistingDirectory) {
   EXPECT_EQ(Why(CheckMetricsFile(dir + "/no/shmcache.prom")),
             "metrics file directory " + dir + "/no does not exist; create it first");
   EXPECT_EQ(Why(CheckMetricsFile(dir)), "metrics file " + dir + " is a directory");
+  RemoveTree(dir);
+}
+
+TEST(OptionChecksTest, AMetricsFileNameLeavesRoomForItsTemporaryFile) {
+  std::string dir = MakeTempDir(TestTmpRoot(), "metrics");
+  EXPECT_EQ(Why(CheckMetricsFile(dir + "/" + std::string(242, 'm'))), "OK");
+  std::string why = Why(CheckMetricsFile(dir + "/" + std::string(250, 'm')));
+  EXPECT_NE(why.find("metrics file name has 250 bytes"), std::string::npos) << why;
+  EXPECT_NE(why.find("at most 242 bytes"), std::string::npos) << why;
+  RemoveTree(dir);
+}
+
+// Another user's file in a sticky directory cannot be replaced by rename:
+// the server would never write its metrics there.
+TEST(OptionChecksTest, AnotherUsersMetricsFileInAStickyDirectoryIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as two users";
+  // Under /tmp: the other user must reach it.
+  char tmpl[] = "/tmp/shmcache-sticky.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0);
+  std::string path = dir + "/shmcache.prom";
+  { std::ofstream(path) << "# root's\n"; }  // root's file, 0644
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    std::string why = CheckMetricsFile(path).message();
+    bool named = why.find("belongs to uid 0 in the sticky directory") != std::string::npos;
+    bool free_name = CheckMetricsFile(dir + "/other.prom").ok();
+    _exit(named && free_name ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   RemoveTree(dir);
 }
 
