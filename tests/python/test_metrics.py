@@ -157,6 +157,16 @@ def test_bad_metrics_file_options_fail_the_start(tmp_path, args, message):
     assert s.admin("--server_info", check=False).returncode == 1   # nothing runs
 
 
+def test_a_metrics_file_name_with_no_room_for_its_temporary_file_fails_the_start(tmp_path):
+    s = Server(tmp_path)
+    path = tmp_path / ("m" * 250)
+    r = s.admin("--start", "--metrics_file", str(path), check=False)
+    assert r.returncode == 1, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "metrics file name has 250 bytes" in r.stderr, r.stderr
+    assert s.admin("--server_info", check=False).returncode == 1   # nothing runs
+
+
 def test_memory_held_by_a_reader_of_a_destroyed_session_is_a_metric(server, session):
     c = DatasetCache(session, name="held")
     for i in range(4):
