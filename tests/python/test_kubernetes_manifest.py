@@ -4,8 +4,11 @@ directories at the same paths, the user, the port). The server's command
 line is then run for real, its paths moved under a temporary directory."""
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -111,3 +114,65 @@ def test_the_server_command_line_runs_and_the_probe_sees_it(manifests, tmp_path)
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=60) == 0
+
+
+def _reachable_by(uid, gid, path):
+    """Whether uid can read and run `path` (a parent may be closed to it)."""
+    r = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                        "--", "test", "-x", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+def test_the_pod_commands_run_as_the_pods_user_on_root_owned_host_dirs(manifests):
+    """What the kubelet does: hostPath dirs created root's (DirectoryOrCreate),
+    the init container's command as root, then the server's as runAsUser."""
+    spec, server, _, _ = manifests
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the kubelet creates hostPath dirs as root")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    uid = spec["securityContext"]["runAsUser"]
+    gid = spec["securityContext"]["runAsGroup"]
+    daemon_bin = BUILD / "daemon" / "shmcached"
+    if not _reachable_by(uid, gid, daemon_bin):
+        pytest.skip(f"{daemon_bin} is out of reach of uid {uid} (a parent directory "
+                    "is closed to other users)")
+    top = Path(tempfile.mkdtemp(prefix="shmcache-k8s-test."))
+    os.chmod(top, 0o755)
+    daemon = None
+    try:
+        host = {v["name"]: top / v["name"] for v in spec["volumes"] if "hostPath" in v}
+        for d in host.values():
+            d.mkdir(mode=0o755)                  # root's, as DirectoryOrCreate
+
+        def moved(arg, container):
+            for m in container["volumeMounts"]:
+                arg = arg.replace(m["mountPath"], str(host[m["name"]]))
+            return arg
+
+        (init,) = spec["initContainers"]
+        r = subprocess.run([moved(a, init) for a in init["command"]],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        port = free_port()
+        argv = [str(daemon_bin)] + [
+            moved(a, server).replace(f"--port={options(server['command'])['port']}",
+                                     f"--port={port}")
+            for a in server["command"][1:]]
+        env = {e["name"]: moved(e["value"], server) for e in server["env"]}
+        env = dict(PATH=os.environ["PATH"], **env)
+        if "SHMCACHE_WATCH_PID" in os.environ:
+            env["SHMCACHE_WATCH_PID"] = os.environ["SHMCACHE_WATCH_PID"]
+        daemon = subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] + argv,
+            env=env, stderr=subprocess.PIPE, text=True)
+        ready = daemon.stderr.readline()         # the daemon's readiness line
+        assert ready.startswith("OK "), ready + daemon.stderr.read()
+        metrics = moved(options(server["command"])["metrics_file"], server)
+        assert wait_for(lambda: os.path.exists(metrics), what="the metrics file")
+        assert os.stat(metrics).st_uid == uid
+    finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=60) == 0
+        shutil.rmtree(top, ignore_errors=True)
