@@ -39,9 +39,12 @@ def test_a_second_server_on_the_port_with_another_run_dir_is_refused(
         if r.returncode == 0:   # the old behaviour: do not let it delete ours
             other.admin("--stop", check=False)
 
-    # The first server and everything it cached are untouched.
+    # The first server and everything it cached are untouched. Its own
+    # segments may have grown meanwhile (the store maps its next segment in
+    # the background past its high-water mark), so none may have gone.
     assert _alive(server.pid)
-    assert sorted(_segments(server.port)) == files
+    missing = set(files) - set(_segments(server.port))
+    assert not missing, missing
     assert server.cache_rows(session)["default"]["mem_cached"] == 100
     again = DatasetCache(session_id=session)
     assert all(int(again.get(i)[0][0]) == i for i in range(100))
