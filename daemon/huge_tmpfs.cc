@@ -50,6 +50,7 @@ ShmDirChoice Fallback(const std::string& why, std::string note = "") {
   c.log_line = fmt::format("{}; no huge-page tmpfs of its own: {}",
                            ShmPagesNote(c.dir, ShmPagesOf(c.dir)), why);
   c.note = std::move(note);
+  c.why_not_huge = why;
   return c;
 }
 
@@ -74,7 +75,7 @@ ShmDirChoice Adopt(const std::string& dir, int fd, uint64_t bytes) {
                               "using it: unmount it",
                               dir, m.type, m.options));
   }
-  ShmDirChoice c{dir, true, true, "", ""};
+  ShmDirChoice c{dir, true, true, "", "", ""};
   std::string target = fmt::format("/proc/self/fd/{}", fd);
   std::string resized = "resized";
   if (mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC,
@@ -116,7 +117,7 @@ ShmDirChoice MountAt(const std::string& dir, uint64_t bytes) {
     if (made) rmdir(dir.c_str());
     c = Refuse(fmt::format("cannot mount a tmpfs at {}: {}", dir, std::strerror(err)));
   } else {
-    c = {dir, true, true, "", ""};
+    c = {dir, true, true, "", "", ""};
     c.log_line = fmt::format(
         "shm dir {}: huge pages (tmpfs mounted huge=within_size by this server, "
         "{} MB); a clean stop unmounts it, a killed server leaves it to the next",
@@ -145,7 +146,7 @@ uint64_t HugeTmpfsBytes(uint64_t memory_cap) {
 
 ShmDirChoice ChooseShmDir(int port, uint64_t tmpfs_bytes) {
   ShmPages dev_shm = ShmPagesOf(kDevShm);
-  if (dev_shm.huge) return {kDevShm, true, false, ShmPagesNote(kDevShm, dev_shm), ""};
+  if (dev_shm.huge) return {kDevShm, true, false, ShmPagesNote(kDevShm, dev_shm), "", ""};
   if (std::string why = NoShmemThp(); !why.empty()) return Fallback(why);
   if (!HasSysAdmin()) {
     return Fallback("mounting one needs root (CAP_SYS_ADMIN): start the server as root");

@@ -16,6 +16,8 @@
 //     (/sys/kernel/mm/transparent_hugepage/shmem_enabled present, not
 //     "deny"). A huge tmpfs already mounted there (left by a server that was
 //     killed) is adopted with its files, and resized to this server's cap;
+//     rows a killed server of the other mode left in /dev/shm are moved
+//     into it before adoption (shm_dir_switch.h);
 //  3. else /dev/shm (4 KB pages), with one log line saying why and how to
 //     get huge pages.
 //
@@ -29,7 +31,9 @@
 // SIGBUS; see ShmFile::Create).
 // A clean stop unmounts it (lazily when some process still maps a file in
 // it) and removes the directory. A killed server leaves the mount, and
-// its rows, to the next server of the port (or to the Slurm epilog).
+// its rows, to the next server of the port (or to the Slurm epilog); when
+// that one uses /dev/shm (not asked, or it cannot have its own), it moves
+// the rows out and unmounts the mount (shm_dir_switch.h).
 // Thread safety: call from one thread at start-up and shutdown.
 #pragma once
 
@@ -47,6 +51,7 @@ struct ShmDirChoice {
   std::string log_line;    // one line for the start-up log
   std::string note;        // non-empty: something is wrong at the mount
                            // path; also a NOTE for `shmcache --start`
+  std::string why_not_huge;  // asked for, but no huge tmpfs: the reason
 };
 
 // Whether the user named the shm dir (a non-empty --shm_dir or

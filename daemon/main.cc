@@ -32,6 +32,7 @@
 #include "option_checks.h"
 #include "process_state.h"
 #include "server.h"
+#include "shm_dir_switch.h"
 #include "shm_file.h"
 #include "shm_pages.h"
 #include "store.h"
@@ -199,12 +200,20 @@ int Run(DaemonOptions& opts) {
   // (it then holds no memory) or with rows the next start adopts.
   ShmDirChoice shm = PickShmDir(opts, paths);
   paths = MakeInstancePaths(opts.port, opts.run_dir, shm.dir);
+  // A killed server of the other huge-page mode left its rows in the other
+  // place: they move here, and adoption below finds them.
+  ShmDirSwitch moved;
+  if (!ShmDirGiven(opts.shm_dir)) {
+    moved = MoveEarlierShmFiles(paths.port, shm.dir, shm.huge, shm.why_not_huge,
+                                &g_stop_requested, &log);
+  }
 
   NumaTopology& topo = NumaTopology::Get();
   int nodes = topo.num_nodes();
   int workers = WorkerCount(opts.workers,
                             static_cast<int>(std::thread::hardware_concurrency()), nodes);
   std::vector<std::string> notes;
+  if (!moved.warning.empty()) notes.push_back(moved.warning);
   if (opts.workers > 0 && workers != opts.workers) {
     notes.push_back(fmt::format("worker count {} is not a multiple of the {} NUMA "
                                 "nodes; it is raised to {}.",

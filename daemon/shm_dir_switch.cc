@@ -1,0 +1,299 @@
+#include "shm_dir_switch.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fmt/format.h>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "huge_tmpfs.h"
+#include "instance.h"
+#include "layout.h"
+#include "logger.h"
+#include "numa_topology.h"
+#include "replace_file.h"
+#include "shm_file.h"
+
+namespace shmcache {
+namespace {
+
+constexpr const char* kDevShm = "/dev/shm";
+
+// The instance's files in one dir, by what they are. Names are relative
+// to the dir.
+struct Listing {
+  // cache id -> (kind order, number, name): header, tables, segments.
+  std::map<uint32_t, std::vector<std::tuple<int, uint32_t, std::string>>> caches;
+  std::vector<std::string> records;  // sessions list, spill record
+  std::vector<std::string> strays;   // names of the instance nobody writes
+};
+
+Listing ListInstance(const std::string& dir, const std::string& base) {
+  Listing l;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return l;
+  while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, base.c_str(), base.size()) != 0) continue;
+    std::string name = e->d_name;
+    ShmName n = ParseShmName(std::string_view(name).substr(base.size()));
+    using Kind = ShmName::Kind;
+    switch (n.kind) {
+      case Kind::kHugeDir:
+        break;  // the huge dir itself, in /dev/shm
+      case Kind::kSessions:
+      case Kind::kSpillRecord:
+        l.records.push_back(name);
+        break;
+      case Kind::kCache:
+        l.caches[n.cache_id].emplace_back(0, 0, name);
+        break;
+      case Kind::kTable:
+        l.caches[n.cache_id].emplace_back(1, n.number, name);
+        break;
+      case Kind::kSegment:
+        l.caches[n.cache_id].emplace_back(2, n.number, name);
+        break;
+      default:
+        l.strays.push_back(name);
+    }
+  }
+  closedir(d);
+  for (auto& [id, files] : l.caches) std::sort(files.begin(), files.end());
+  return l;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0;
+}
+
+Status ReadOwned(const std::string& path, std::string* text) {
+  int fd = -1;
+  size_t size = 0;
+  Status s = OpenOwnedFile(path, O_RDONLY, &fd, &size);
+  if (!s.ok()) return s;
+  text->resize(size);
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = pread(fd, text->data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  text->resize(done);
+  return Status::OK();
+}
+
+// The sessions list and the spill record: small text files. Two sessions
+// lists are merged (the reader takes every id it finds); of two spill
+// records, this server's place keeps its own.
+Status MoveRecord(const std::string& from, const std::string& to, bool sessions) {
+  std::string text, here;
+  Status s = ReadOwned(from, &text);
+  if (s.ok() && Exists(to)) {
+    if (!sessions) return ShmFile::Unlink(from);
+    s = ReadOwned(to, &here);
+    text = here + "\n" + text;
+  }
+  if (s.ok()) s = ReplaceFile(to, text, 0600);
+  if (!s.ok()) return s;
+  return ShmFile::Unlink(from);
+}
+
+// Copies `from` to `tmp` (reserved whole first: no room is an error here,
+// never a SIGBUS later; a segment's pages bound to its NUMA node) and
+// renames it to `to`, then removes `from`. A `to` that exists was moved
+// by a start that was killed after the rename.
+Status MoveFile(const std::string& from, const std::string& to, const std::string& tmp,
+                bool segment) {
+  if (Exists(to)) return ShmFile::Unlink(from);
+  int fd = -1;
+  size_t size = 0;
+  Status s = OpenOwnedFile(from, O_RDONLY, &fd, &size);
+  if (!s.ok()) return s;
+  int node = -1;
+  if (segment) {
+    alignas(layout::SegmentHeader) unsigned char buf[sizeof(layout::SegmentHeader)];
+    if (pread(fd, buf, sizeof(buf), 0) == static_cast<ssize_t>(sizeof(buf))) {
+      uint32_t n = reinterpret_cast<const layout::SegmentHeader*>(buf)->node;
+      if (n < static_cast<uint32_t>(NumaTopology::Get().num_nodes())) {
+        node = static_cast<int>(n);
+      }
+    }
+  }
+  unlink(tmp.c_str());  // a copy a killed start left
+  ShmFile out;
+  s = ShmFile::Create(tmp, size, node, &out);
+  for (size_t done = 0; s.ok() && done < size;) {
+    ssize_t n = pread(fd, out.data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      s = Status::FromErrno(fmt::format("cannot read {}", from), n < 0 ? errno : EIO);
+    } else {
+      done += static_cast<size_t>(n);
+    }
+  }
+  close(fd);
+  out.Unmap();
+  if (s.ok() && renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
+    s = Status::FromErrno(fmt::format("cannot rename {} to {}", tmp, to), errno);
+  }
+  if (!s.ok()) {
+    unlink(tmp.c_str());
+    return s;
+  }
+  return ShmFile::Unlink(from);
+}
+
+// The huge dir when it is a directory of this user, closed to others (what
+// ChooseShmDir would use): then it is this instance's. *mounted: whether a
+// file system is mounted there.
+bool OwnHugeDir(const std::string& dir, bool* mounted) {
+  struct stat st {}, shm {};
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+      (st.st_mode & 077) != 0 || stat(kDevShm, &shm) != 0) {
+    return false;
+  }
+  *mounted = st.st_dev != shm.st_dev;
+  return true;
+}
+
+// Unmounts (or removes) the emptied huge dir: "" or what is left and why.
+std::string ReleaseEarlierHugeDir(const std::string& dir, bool mounted) {
+  if (mounted) {
+    Status s = ReleaseHugeShmDir(dir);
+    if (s.ok()) return "";
+    return fmt::format("{} is still mounted, empty: {}; umount {} as root", dir,
+                       s.message(), dir);
+  }
+  if (rmdir(dir.c_str()) != 0) {
+    return fmt::format("cannot remove {}: {}", dir, std::strerror(errno));
+  }
+  return "";
+}
+
+// Why the two servers used different places, and how to keep one.
+std::string Reason(bool from_huge, bool huge, const std::string& why_not_huge) {
+  constexpr const char* kKeep =
+      "to keep one mode across restarts, give every start the same "
+      "SHMCACHE_HUGE_TMPFS (Environment=SHMCACHE_HUGE_TMPFS=1 in the systemd "
+      "unit, sudo -E or sudo SHMCACHE_HUGE_TMPFS=1 shmcache --start)";
+  if (!from_huge) {
+    return fmt::format("It ran without SHMCACHE_HUGE_TMPFS, this server with it; {}.",
+                       kKeep);
+  }
+  if (huge) return "This server uses /dev/shm, whose pages are huge.";
+  if (!why_not_huge.empty()) {
+    return fmt::format("This server has SHMCACHE_HUGE_TMPFS set but no huge-page tmpfs "
+                       "of its own: {}.", why_not_huge);
+  }
+  return fmt::format("It ran with SHMCACHE_HUGE_TMPFS, this server without; {}.", kKeep);
+}
+
+}  // namespace
+
+ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
+                                 const std::string& why_not_huge,
+                                 const std::atomic<bool>* stop_requested, Logger* log) {
+  ShmDirSwitch r;
+  const std::string huge_dir = HugeShmDir(port);
+  bool from_huge = dir == kDevShm;
+  if (!from_huge && dir != huge_dir) return r;
+  r.from = from_huge ? huge_dir : kDevShm;
+  bool mounted = false;
+  if (from_huge && !OwnHugeDir(huge_dir, &mounted)) return r;
+
+  const InstancePaths here = MakeInstancePaths(port, "", dir);
+  const std::string base = here.shm_prefix.substr(dir.size() + 1);
+  const std::string tmp = here.shm_prefix + "moving";
+  Listing found = ListInstance(r.from, base);
+  auto src = [&](const std::string& name) { return r.from + "/" + name; };
+  auto dst = [&](const std::string& name) { return dir + "/" + name; };
+  for (const std::string& name : found.strays) {
+    log->Warn("removing {}: not a file this server writes", src(name));
+    unlink(src(name).c_str());
+  }
+  if (found.caches.empty() && found.records.empty()) {
+    if (!from_huge) return r;
+    // An empty mount (a start that failed, a stopped move): holds nothing.
+    std::string left = ReleaseEarlierHugeDir(huge_dir, mounted);
+    if (left.empty()) {
+      log->Info("removed the empty huge-page tmpfs an earlier server left at {}", huge_dir);
+      return r;
+    }
+    r.warning = fmt::format("an earlier server of port {} left {}; {}", port, huge_dir, left);
+    log->Warn("{}", r.warning);
+    return r;
+  }
+
+  std::string first_error;
+  for (const std::string& name : found.records) {
+    Status s = MoveRecord(src(name), dst(name), name == base + "sessions");
+    if (!s.ok()) {
+      log->Warn("{} of the earlier server not moved: {}", src(name), s.message());
+      ShmFile::Unlink(src(name)).PermitUncheckedError();
+    }
+  }
+  bool stopped = false;
+  for (const auto& [id, files] : found.caches) {
+    if (stop_requested != nullptr && stop_requested->load()) {
+      stopped = true;
+      break;
+    }
+    Status s;
+    uint64_t bytes = 0;
+    for (const auto& [kind, number, name] : files) {
+      struct stat st {};
+      if (lstat(src(name).c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+      s = MoveFile(src(name), dst(name), tmp, kind == 2);
+      if (!s.ok()) break;
+    }
+    if (s.ok()) {
+      ++r.caches;
+      r.bytes += bytes;
+      continue;
+    }
+    // Half a cache is no cache: neither place keeps any of it.
+    ++r.discarded;
+    if (first_error.empty()) first_error = s.message();
+    log->Warn("cache {} of the earlier server not moved to {}, removed: {}", id, dir,
+              s.message());
+    for (const auto& [kind, number, name] : files) {
+      unlink(src(name).c_str());
+      unlink(dst(name).c_str());
+    }
+  }
+
+  std::string what =
+      found.caches.empty()
+          ? fmt::format("an earlier server of port {} left its sessions, no cache, in {}: "
+                        "moved them to {}",
+                        port, r.from, dir)
+          : fmt::format("an earlier server of port {} left {} cache(s) in {}: moved them "
+                        "({} MB) to {}",
+                        port, found.caches.size(), r.from, r.bytes >> 20, dir);
+  if (r.discarded > 0) {
+    what += fmt::format(" except {} that could not be moved and were removed ({})",
+                        r.discarded, first_error);
+  }
+  if (stopped) {
+    what += "; stopped before the rest: the next start moves it";
+  } else if (from_huge) {
+    std::string left = ReleaseEarlierHugeDir(huge_dir, mounted);
+    what += left.empty() ? fmt::format(" and unmounted {}", huge_dir) : "; " + left;
+  }
+  r.warning = fmt::format("{}. {}", what, Reason(from_huge, huge, why_not_huge));
+  log->Warn("{}", r.warning);
+  return r;
+}
+
+}  // namespace shmcache

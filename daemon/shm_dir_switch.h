@@ -1,0 +1,51 @@
+// ShmDirSwitch: a server of a port started without --shm_dir keeps its
+// files in one of two places: /dev/shm, or its own huge-page tmpfs at
+// HugeShmDir(port) when SHMCACHE_HUGE_TMPFS asks for one (huge_tmpfs.h).
+// The variable is easily lost between a killed server and the next start
+// (sudo without -E, a systemd unit without Environment=), and the earlier
+// server's rows then lie in the place this server does not use.
+//
+// MoveEarlierShmFiles, called after the instance's host lock is held (so no
+// live server of the port owns those files) and before adoption, moves the
+// instance's files from the other place into this server's shm dir, where
+// adoption finds them as after any kill. Rows stay readable and everything
+// is in the new mode afterwards; --stop then removes them from the one
+// place. The earlier huge tmpfs, emptied, is unmounted and removed.
+//
+// Each file is copied under a temporary name (a name of the instance that
+// adoption treats as a stray) and renamed into place, so a server killed
+// while moving leaves every file whole in one place or the other; the next
+// start goes on where it stopped. Per cache the header and tables move
+// before the segments: a row in a moved table was written whole before the
+// table was copied, so its bytes are in the segment copied after it, even
+// when a client of the dead server is still writing. A cache whose file
+// cannot be moved (no room) is discarded in both places.
+// Thread safety: call from one thread at start-up.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+namespace shmcache {
+
+class Logger;
+
+struct ShmDirSwitch {
+  std::string from;  // the other place, where the earlier server's files were
+  int caches = 0;    // caches moved
+  uint64_t bytes = 0;
+  int discarded = 0;  // caches that could not be moved: removed
+  std::string warning;  // for `shmcache --start` ("Warning: ..."); "" if
+                        // nothing of an earlier server was found
+};
+
+// `dir`: the shm dir this server picked (`huge`: whether its pages are
+// huge); `why_not_huge`: when SHMCACHE_HUGE_TMPFS asked for a huge tmpfs
+// that could not be had, the reason. Does nothing unless `dir` is /dev/shm
+// or HugeShmDir(port). Stops between files when *stop_requested turns
+// true; what is left stays for the next start.
+ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
+                                 const std::string& why_not_huge,
+                                 const std::atomic<bool>* stop_requested, Logger* log);
+
+}  // namespace shmcache

@@ -1,0 +1,203 @@
+"""A restart that switches huge-page mode (SHMCACHE_HUGE_TMPFS set for one
+server of a port and not for the next, as when sudo or a systemd unit drops
+the variable): the restarted server finds what the killed one left in the
+other place (its huge-page tmpfs or /dev/shm), moves the rows into its own
+shm dir with one `Warning:` line of --start saying so, and --stop then
+leaves no mount and no file in either place.
+
+Real servers, a real SIGKILL, rows put and read by other processes. The
+mounting needs root and shmem transparent huge pages: skipped with the
+reason otherwise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ADMIN, _alive, _segments, huge_dir, wait_for
+
+ROWS = 2000
+ROW_BYTES = 3072
+
+# Puts (argv[1] == "put") or reads back and checks (argv[1] == "get") ROWS
+# rows of a session in a process of its own, like a trainer would.
+_ROWS_SCRIPT = f"""
+import sys
+import numpy as np
+from shmcache import DatasetCache
+mode, session = sys.argv[1], int(sys.argv[2])
+cache = DatasetCache(session_id=session, name="switch")
+for i in range({ROWS}):
+    want = np.full({ROW_BYTES}, i % 251, dtype=np.uint8)
+    if mode == "put":
+        assert cache.put(i, (want,)), f"put {{i}} refused"
+    else:
+        got = cache.get(i)
+        assert got is not None, f"row {{i}} is not cached"
+        assert np.array_equal(got[0], want), f"row {{i}} differs"
+cache.close()
+"""
+
+
+def _cannot_mount():
+    if os.geteuid() != 0:
+        return "mounting a huge-page tmpfs needs root"
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            thp = f.read()
+    except OSError:
+        return "the kernel has no shmem transparent huge pages"
+    if "[deny]" in thp:
+        return "shmem huge pages are denied on this host"
+    if "[force]" in thp:
+        return "/dev/shm pages are huge already: there is no mode to switch"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_cannot_mount()), reason=_cannot_mount() or "-")
+
+
+def _mounted(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+def _rows(server, mode, session):
+    r = subprocess.run([sys.executable, "-c", _ROWS_SCRIPT, mode, str(session)],
+                       env=server.env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{mode} of the rows failed:\n{r.stderr}"
+
+
+def _in_huge(port):
+    return [f for f in _segments(port) if f.startswith(huge_dir(port) + "/")]
+
+
+def _in_dev_shm(port):
+    return [f for f in _segments(port) if f.startswith("/dev/shm/shmcache.")
+            and not f.startswith(huge_dir(port))]
+
+
+def _start(server, huge, *prefix):
+    """`shmcache --start` on server's port (with `prefix` before the admin,
+    e.g. setpriv), SHMCACHE_HUGE_TMPFS set or not; returns its stdout."""
+    env = dict(server.env)
+    env.pop("SHMCACHE_HUGE_TMPFS", None)
+    if huge:
+        env["SHMCACHE_HUGE_TMPFS"] = "1"
+    r = subprocess.run([*prefix, str(ADMIN), "-p", str(server.port), "--start",
+                        "--log_dir", str(server.log_dir)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    server.pid = json.loads(server.admin("--server_info", "--json").stdout)["pid"]
+    return r.stdout
+
+
+def _warnings(out):
+    return [line for line in out.splitlines() if line.startswith("Warning:")]
+
+
+def _stop_and_check_nothing_left(server):
+    pid = server.pid
+    server.admin("--stop")
+    wait_for(lambda: not _alive(pid), timeout=10, what="the server's exit")
+    assert _segments(server.port) == []
+    assert not _mounted(huge_dir(server.port)), "the huge-page tmpfs is still mounted"
+    assert not os.path.lexists(huge_dir(server.port))
+
+
+@pytest.fixture
+def huge_server(start_server, monkeypatch):
+    """A root server on its own huge-page tmpfs, with ROWS rows put by
+    another process; returns (server, session)."""
+    monkeypatch.setenv("SHMCACHE_HUGE_TMPFS", "1")
+    s = start_server("--memory_cap_mb", "256")
+    monkeypatch.delenv("SHMCACHE_HUGE_TMPFS")
+    s.env.pop("SHMCACHE_HUGE_TMPFS", None)
+    assert _mounted(huge_dir(s.port))
+    session = s.new_session()
+    _rows(s, "put", session)
+    assert _in_huge(s.port) and not _in_dev_shm(s.port)
+    return s, session
+
+
+def test_huge_then_plain_moves_the_rows_to_dev_shm_and_unmounts(huge_server):
+    s, session = huge_server
+    s.kill()
+    assert _mounted(huge_dir(s.port))  # a killed server leaves its mount
+
+    out = _start(s, huge=False)
+    warnings = _warnings(out)
+    assert len(warnings) == 1, out
+    w = warnings[0]
+    assert huge_dir(s.port) in w and "SHMCACHE_HUGE_TMPFS" in w, w
+    assert "moved" in w and "unmounted" in w, w
+    # The rows are served again, from /dev/shm: nothing of the instance is
+    # left in the old mount, which is gone.
+    assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
+    assert not _mounted(huge_dir(s.port))
+    assert not _in_huge(s.port) and _in_dev_shm(s.port)
+    _rows(s, "get", session)
+    # New rows go where this server's mode puts them.
+    other = s.new_session()
+    _rows(s, "put", other)
+    assert not _in_huge(s.port)
+    _stop_and_check_nothing_left(s)
+
+
+def test_plain_then_huge_moves_the_rows_into_the_new_mount(start_server):
+    s = start_server("--memory_cap_mb", "256")
+    assert not _mounted(huge_dir(s.port))
+    session = s.new_session()
+    _rows(s, "put", session)
+    assert _in_dev_shm(s.port)
+    s.kill()
+
+    out = _start(s, huge=True)
+    warnings = _warnings(out)
+    assert len(warnings) == 1, out
+    w = warnings[0]
+    assert "/dev/shm" in w and "SHMCACHE_HUGE_TMPFS" in w and "moved" in w, w
+    assert _mounted(huge_dir(s.port))
+    assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
+    assert not _in_dev_shm(s.port) and _in_huge(s.port)
+    _rows(s, "get", session)
+    _stop_and_check_nothing_left(s)
+
+
+def test_a_restart_without_a_switch_says_nothing(huge_server):
+    s, session = huge_server
+    s.kill()
+    out = _start(s, huge=True)
+    assert _warnings(out) == [], out
+    assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
+    _stop_and_check_nothing_left(s)
+
+
+def test_huge_asked_but_no_mount_possible_now_moves_the_rows_out(huge_server):
+    """The earlier mount exists but this server cannot mount or unmount
+    (no CAP_SYS_ADMIN, as for a non-root server): the rows still come to
+    /dev/shm, and the warning says the empty mount needs root's umount."""
+    s, session = huge_server
+    s.kill()
+    no_admin = ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"]
+    out = _start(s, True, *no_admin)
+    warnings = _warnings(out)
+    assert len(warnings) == 1, out
+    w = warnings[0]
+    assert huge_dir(s.port) in w and "moved" in w and f"umount {huge_dir(s.port)}" in w, w
+    assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
+    assert not _in_huge(s.port)
+    _rows(s, "get", session)
+    pid = s.pid
+    s.admin("--stop")
+    wait_for(lambda: not _alive(pid), timeout=10, what="the server's exit")
+    # Only the emptied mount is left (this server may not unmount it), and
+    # what the warning asks root to do removes it.
+    assert _segments(s.port) == [huge_dir(s.port)]
+    assert os.listdir(huge_dir(s.port)) == []
+    subprocess.run(["umount", huge_dir(s.port)], check=True)
+    os.rmdir(huge_dir(s.port))
+    assert not _mounted(huge_dir(s.port))
