@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,10 +111,43 @@ Status MoveRecord(const std::string& from, const std::string& to, bool sessions)
   return ShmFile::Unlink(from);
 }
 
-// Copies `from` to `tmp` (reserved whole first: no room is an error here,
-// never a SIGBUS later; a segment's pages bound to its NUMA node) and
-// renames it to `to`, then removes `from`. A `to` that exists was moved
-// by a start that was killed after the rename.
+// Creates `tmp` (0600, exclusively) with `size` bytes reserved (no room is
+// an error here, never a SIGBUS later; pages bound to `node` when >= 0, as
+// ShmFile::Create does) and fills it from `in` by sendfile: the kernel
+// copies page to page, with no page fault and no zeroing first.
+Status CopyTo(int in, const std::string& tmp, size_t size, int node) {
+  int out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (out < 0) return Status::FromErrno("cannot create " + tmp, errno);
+  Status s;
+  if (fchmod(out, 0600) != 0 || ftruncate(out, static_cast<off_t>(size)) != 0) {
+    s = Status::FromErrno("cannot size " + tmp, errno);
+  }
+  if (s.ok() && node >= 0 && size > 0) {
+    void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, out, 0);
+    if (p != MAP_FAILED) {
+      NumaTopology::Get().BindMemory(p, size, node);
+      munmap(p, size);
+    }
+  }
+  if (int err = s.ok() && size > 0 ? posix_fallocate(out, 0, static_cast<off_t>(size)) : 0;
+      err != 0) {
+    s = err == ENOSPC ? Status::Full(fmt::format("no room in {} for {} MB",
+                                                  tmp.substr(0, tmp.rfind('/')),
+                                                  (size + (1 << 20) - 1) >> 20))
+                      : Status::FromErrno("cannot reserve " + tmp, err);
+  }
+  off_t off = 0;
+  while (s.ok() && static_cast<size_t>(off) < size) {
+    ssize_t n = sendfile(out, in, &off, size - static_cast<size_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) s = Status::FromErrno("cannot copy into " + tmp, n < 0 ? errno : EIO);
+  }
+  close(out);
+  return s;
+}
+
+// Copies `from` to `tmp` and renames it to `to`, then removes `from`. A
+// `to` that exists was moved by a start that was killed after the rename.
 Status MoveFile(const std::string& from, const std::string& to, const std::string& tmp,
                 bool segment) {
   if (Exists(to)) return ShmFile::Unlink(from);
@@ -131,19 +166,8 @@ Status MoveFile(const std::string& from, const std::string& to, const std::strin
     }
   }
   unlink(tmp.c_str());  // a copy a killed start left
-  ShmFile out;
-  s = ShmFile::Create(tmp, size, node, &out);
-  for (size_t done = 0; s.ok() && done < size;) {
-    ssize_t n = pread(fd, out.data() + done, size - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      s = Status::FromErrno(fmt::format("cannot read {}", from), n < 0 ? errno : EIO);
-    } else {
-      done += static_cast<size_t>(n);
-    }
-  }
+  s = CopyTo(fd, tmp, size, node);
   close(fd);
-  out.Unmap();
   if (s.ok() && renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
     s = Status::FromErrno(fmt::format("cannot rename {} to {}", tmp, to), errno);
   }
