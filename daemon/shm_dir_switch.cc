@@ -297,17 +297,19 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
     }
   }
 
-  std::string what =
-      found.caches.empty()
-          ? fmt::format("an earlier server of port {} left its sessions, no cache, in {}: "
-                        "moved them to {}",
-                        port, r.from, dir)
-          : fmt::format("an earlier server of port {} left {} cache(s) in {}: moved them "
-                        "({} MB) to {}",
-                        port, found.caches.size(), r.from, r.bytes >> 20, dir);
-  if (r.discarded > 0) {
-    what += fmt::format(" except {} that could not be moved and were removed ({})",
-                        r.discarded, first_error);
+  std::string what = fmt::format("an earlier server of port {} left ", port);
+  if (found.caches.empty()) {
+    what += fmt::format("its sessions, no cache, in {}: moved them to {}", r.from, dir);
+  } else {
+    what += fmt::format("{} cache(s) in {}: ", found.caches.size(), r.from);
+    if (r.caches > 0) {
+      what += fmt::format("moved {} ({} MB) to {}", r.discarded > 0 ? "the others" : "them",
+                          r.bytes >> 20, dir);
+    }
+    if (r.discarded > 0) {
+      what += fmt::format("{}removed {} that could not be moved to {} ({})",
+                          r.caches > 0 ? "; " : "", r.discarded, dir, first_error);
+    }
   }
   if (stopped) {
     what += "; stopped before the rest: the next start moves it";

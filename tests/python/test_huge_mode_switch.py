@@ -201,3 +201,66 @@ def test_huge_asked_but_no_mount_possible_now_moves_the_rows_out(huge_server):
     subprocess.run(["umount", huge_dir(s.port)], check=True)
     os.rmdir(huge_dir(s.port))
     assert not _mounted(huge_dir(s.port))
+
+
+def test_a_cache_that_does_not_fit_the_new_mount_is_removed_from_both(start_server):
+    """The earlier server's rows need more room than the new server's tmpfs
+    (sized to its smaller cap) has: that cache is removed from both places,
+    the warning says so, and nothing is left after --stop."""
+    s = start_server("--memory_cap_mb", "256")
+    session = s.new_session()
+    r = subprocess.run([sys.executable, "-c", f"""
+import numpy as np
+from shmcache import DatasetCache
+cache = DatasetCache(session_id={session}, name="big")
+rows = [(np.zeros({ROW_BYTES}, dtype=np.uint8),)] * 1000
+for b in range(40):
+    assert all(cache.put_batch(range(b * 1000, (b + 1) * 1000), rows))
+cache.close()
+"""], env=s.env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sum(os.path.getsize(f) for f in _in_dev_shm(s.port)) > 100 << 20
+    s.kill()
+
+    # A 16 MB cap: the tmpfs holds 16 + 64 MB, less than the cache.
+    env_cap = ["env", "SHMCACHE_HUGE_TMPFS=1"]
+    out = subprocess.run([*env_cap, str(ADMIN), "-p", str(s.port), "--start",
+                          "--memory_cap_mb", "16", "--log_dir", str(s.log_dir)],
+                         env=s.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    s.pid = json.loads(s.admin("--server_info", "--json").stdout)["pid"]
+    warnings = _warnings(out.stdout)
+    assert len(warnings) == 1, out.stdout
+    assert "removed 1 that could not be moved" in warnings[0], warnings[0]
+    assert "no room" in warnings[0], warnings[0]
+    assert s.cache_rows(session) == {}
+    assert not _in_dev_shm(s.port)
+    _stop_and_check_nothing_left(s)
+
+
+def test_a_move_cut_short_by_a_kill_goes_on_at_the_next_start(huge_server):
+    """A start killed while moving leaves some files moved (renamed into
+    place, the originals not yet removed) and a half-written temporary
+    copy: the next start finishes the move and serves every row."""
+    s, session = huge_server
+    s.kill()
+    prefix = f"shmcache.{os.getuid()}.{s.port}."
+    segs = sorted(f for f in _in_huge(s.port) if ".seg." in f or ".cache." in f)
+    assert segs
+    # The header was moved (renamed into place) but not yet removed there.
+    header = next(f for f in segs if ".cache." in f)
+    with open(header, "rb") as src, open(f"/dev/shm/{os.path.basename(header)}", "wb") as dst:
+        dst.write(src.read())
+    os.chmod(f"/dev/shm/{os.path.basename(header)}", 0o600)
+    # A copy the kill cut short.
+    with open(f"/dev/shm/{prefix}moving", "wb") as f:
+        f.write(b"\0" * 4096)
+    os.chmod(f"/dev/shm/{prefix}moving", 0o600)
+
+    out = _start(s, huge=False)
+    assert len(_warnings(out)) == 1, out
+    assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
+    assert not os.path.exists(f"/dev/shm/{prefix}moving")
+    assert not _mounted(huge_dir(s.port))
+    _rows(s, "get", session)
+    _stop_and_check_nothing_left(s)
