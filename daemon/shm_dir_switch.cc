@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,7 +17,6 @@
 #include <tuple>
 #include <vector>
 
-#include "huge_tmpfs.h"
 #include "instance.h"
 #include "layout.h"
 #include "logger.h"
@@ -193,11 +193,10 @@ bool OwnHugeDir(const std::string& dir, bool* mounted) {
 
 // Unmounts (or removes) the emptied huge dir: "" or what is left and why.
 std::string ReleaseEarlierHugeDir(const std::string& dir, bool mounted) {
-  if (mounted) {
-    Status s = ReleaseHugeShmDir(dir);
-    if (s.ok()) return "";
-    return fmt::format("{} is still mounted, empty: {}; umount {} as root", dir,
-                       s.message(), dir);
+  if (mounted && umount2(dir.c_str(), UMOUNT_NOFOLLOW) != 0 &&
+      umount2(dir.c_str(), UMOUNT_NOFOLLOW | MNT_DETACH) != 0) {
+    return fmt::format("{} stays mounted, empty ({}): umount {} as root", dir,
+                       std::strerror(errno), dir);
   }
   if (rmdir(dir.c_str()) != 0) {
     return fmt::format("cannot remove {}: {}", dir, std::strerror(errno));
@@ -209,8 +208,9 @@ std::string ReleaseEarlierHugeDir(const std::string& dir, bool mounted) {
 std::string Reason(bool from_huge, bool huge, const std::string& why_not_huge) {
   constexpr const char* kKeep =
       "to keep one mode across restarts, give every start the same "
-      "SHMCACHE_HUGE_TMPFS (Environment=SHMCACHE_HUGE_TMPFS=1 in the systemd "
-      "unit, sudo -E or sudo SHMCACHE_HUGE_TMPFS=1 shmcache --start)";
+      "SHMCACHE_HUGE_TMPFS (SHMCACHE_HUGE_TMPFS=1 in the systemd unit's "
+      "shmcache/shmcached-PORT.conf or an Environment= line, sudo -E or sudo "
+      "SHMCACHE_HUGE_TMPFS=1 shmcache --start)";
   if (!from_huge) {
     return fmt::format("It ran without SHMCACHE_HUGE_TMPFS, this server with it; {}.",
                        kKeep);
