@@ -45,6 +45,10 @@ cache.close()
 def _cannot_mount():
     if os.geteuid() != 0:
         return "mounting a huge-page tmpfs needs root"
+    with open("/proc/self/status") as f:
+        cap_eff = next(int(l.split()[1], 16) for l in f if l.startswith("CapEff:"))
+    if not cap_eff >> 21 & 1:
+        return "mounting a huge-page tmpfs needs CAP_SYS_ADMIN, which this root lacks"
     try:
         with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
             thp = f.read()
