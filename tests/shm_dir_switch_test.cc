@@ -1,0 +1,211 @@
+// MoveEarlierShmFiles (daemon/shm_dir_switch.h): the files a killed server
+// of the other huge-page mode left move whole into this server's shm dir,
+// a move cut short goes on, and nothing is touched that is not the
+// instance's. The huge dir here is a plain 0700 directory (what a mount
+// point is before the mount), so no root is needed; mounting and the
+// warning of --start are tested end to end in
+// tests/python/test_huge_mode_switch.py.
+#include "shm_dir_switch.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "instance.h"
+#include "instance_lock.h"
+#include "logger.h"
+
+namespace shmcache {
+namespace {
+
+constexpr uint32_t kCache = 7;
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0;
+}
+
+void Write(const std::string& path, const std::string& bytes) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0) << path;
+  fchmod(fd, 0600);
+  ASSERT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  close(fd);
+}
+
+class ShmDirSwitchTest : public ::testing::Test {
+ protected:
+  // A port of this user that no server holds and no file names: the host
+  // lock keeps any server off it while the test plants and moves files.
+  void SetUp() override {
+    for (int p = 40000 + static_cast<int>(getpid() % 20000); p < 65536; ++p) {
+      port_ = p;
+      huge_ = HugeShmDir(port_);
+      if (Exists(huge_) || AnyPlanted("/dev/shm")) continue;
+      if (TakeHostLock(HostLockPath(port_), port_, "/tmp", &lock_fd_).ok()) return;
+    }
+    FAIL() << "no free port";
+  }
+  void TearDown() override {
+    Clean();
+    if (lock_fd_ >= 0) {
+      ReleaseHostLock(HostLockPath(port_), lock_fd_);
+      close(lock_fd_);
+    }
+  }
+
+  bool AnyPlanted(const std::string& dir) const {
+    for (const std::string& name : Names()) {
+      if (Exists(dir + "/" + name)) return true;
+    }
+    return false;
+  }
+
+  void Clean() {
+    for (const std::string& dir : {std::string("/dev/shm"), huge_}) {
+      for (const std::string& name : Names()) unlink((dir + "/" + name).c_str());
+      unlink(Paths(dir).shm_prefix.append("moving").c_str());
+    }
+    rmdir(huge_.c_str());
+  }
+
+  InstancePaths Paths(const std::string& dir) const {
+    return MakeInstancePaths(port_, "", dir);
+  }
+
+  // The instance's file names (relative): a header, a table, two segments
+  // and the sessions list.
+  std::vector<std::string> Names() const {
+    InstancePaths p = Paths("/x");
+    std::vector<std::string> names = {p.CacheFile(kCache), p.TableFile(kCache, 0, 0xabcdef01),
+                                      p.SegmentFile(kCache, 0), p.SegmentFile(kCache, 1),
+                                      p.SessionsFile()};
+    for (std::string& n : names) n = n.substr(3);
+    return names;
+  }
+
+  // Distinct bytes per file; a segment is larger than its header.
+  static std::string Bytes(size_t i) {
+    std::string b(8192 + i * 4096, '\0');
+    for (size_t k = 4096; k < b.size(); ++k) b[k] = static_cast<char>('a' + (k + i) % 26);
+    return b;
+  }
+
+  void Plant(const std::string& dir) {
+    std::vector<std::string> names = Names();
+    for (size_t i = 0; i < names.size(); ++i) Write(dir + "/" + names[i], Bytes(i));
+  }
+
+  void ExpectAllIn(const std::string& dir, const std::string& not_in) {
+    std::vector<std::string> names = Names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_EQ(Read(dir + "/" + names[i]), Bytes(i)) << names[i];
+      EXPECT_FALSE(Exists(not_in + "/" + names[i])) << names[i];
+    }
+  }
+
+  int port_ = 0;
+  int lock_fd_ = -1;
+  std::string huge_;
+  Logger log_;
+};
+
+TEST_F(ShmDirSwitchTest, HugeDirFilesMoveWholeToDevShmAndTheDirGoes) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 1);
+  EXPECT_EQ(r.discarded, 0);
+  ExpectAllIn("/dev/shm", huge_);
+  EXPECT_FALSE(Exists(huge_));
+  EXPECT_NE(r.warning.find(fmt::format("left 1 cache(s) in {}", huge_)), std::string::npos)
+      << r.warning;
+  EXPECT_NE(r.warning.find("It ran with SHMCACHE_HUGE_TMPFS, this server without"),
+            std::string::npos)
+      << r.warning;
+}
+
+TEST_F(ShmDirSwitchTest, DevShmFilesMoveIntoTheHugeDir) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant("/dev/shm");
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, huge_, true, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 1);
+  ExpectAllIn(huge_, "/dev/shm");
+  EXPECT_NE(r.warning.find("It ran without SHMCACHE_HUGE_TMPFS"), std::string::npos)
+      << r.warning;
+}
+
+TEST_F(ShmDirSwitchTest, AMoveCutShortGoesOn) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  // Killed after renaming the header into place, before removing it there,
+  // and while copying the next file.
+  std::vector<std::string> names = Names();
+  Write("/dev/shm/" + names[0], Bytes(0));
+  Write(Paths("/dev/shm").shm_prefix + "moving", "half");
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 1);
+  ExpectAllIn("/dev/shm", huge_);
+  EXPECT_FALSE(Exists(Paths("/dev/shm").shm_prefix + "moving"));
+  EXPECT_FALSE(Exists(huge_));
+}
+
+TEST_F(ShmDirSwitchTest, AStopRequestLeavesTheRestForTheNextStart) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  std::atomic<bool> stop{true};
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", &stop, &log_);
+  EXPECT_EQ(r.caches, 0);
+  EXPECT_TRUE(Exists(huge_ + "/" + Names()[2]));
+  EXPECT_NE(r.warning.find("the next start moves it"), std::string::npos) << r.warning;
+  r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 1);
+  ExpectAllIn("/dev/shm", huge_);
+}
+
+TEST_F(ShmDirSwitchTest, NothingOfAnEarlierServerSaysNothing) {
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.warning, "");
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  r = MoveEarlierShmFiles(port_, huge_, true, "", nullptr, &log_);
+  EXPECT_EQ(r.warning, "");
+  // An empty huge dir left by a start that failed is removed quietly.
+  r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.warning, "");
+  EXPECT_FALSE(Exists(huge_));
+}
+
+TEST_F(ShmDirSwitchTest, AHugeDirOpenToOthersIsNotTouched) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  ASSERT_EQ(chmod(huge_.c_str(), 0755), 0);
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.warning, "");
+  EXPECT_TRUE(Exists(huge_ + "/" + Names()[0]));
+  EXPECT_FALSE(Exists("/dev/shm/" + Names()[0]));
+}
+
+TEST_F(ShmDirSwitchTest, AnotherShmDirIsNotTouched) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/tmp", false, "", nullptr, &log_);
+  EXPECT_EQ(r.warning, "");
+  EXPECT_TRUE(Exists(huge_ + "/" + Names()[0]));
+}
+
+}  // namespace
+}  // namespace shmcache
