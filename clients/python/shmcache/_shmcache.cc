@@ -593,11 +593,12 @@ void ReadInto(PyCache& self,
   Targets targets(plan(stored).cast<py::list>());
   if (first < n) hit_data[first] = targets.CopyRow(probe, first);
   std::unique_ptr<shmcache::BatchReader> reader;
-  auto& idle = self.idle_readers;
-  for (size_t k = 0; k < idle.size(); ++k) {
-    if (idle[k]->num_threads() == std::max(threads, 1)) {
-      reader = std::move(idle[k]);
-      idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(k));
+  // self.idle_readers spelt out each time (no reference to it): the
+  // analysis checks every use against the GIL.
+  for (size_t k = 0; k < self.idle_readers.size(); ++k) {
+    if (self.idle_readers[k]->num_threads() == std::max(threads, 1)) {
+      reader = std::move(self.idle_readers[k]);
+      self.idle_readers.erase(self.idle_readers.begin() + static_cast<std::ptrdiff_t>(k));
       break;
     }
   }
@@ -615,7 +616,7 @@ void ReadInto(PyCache& self,
                            std::span(hit_data + first + 1, n - first - 1));
     }
   }
-  idle.push_back(std::move(reader));
+  self.idle_readers.push_back(std::move(reader));
   Check(s);
 }
 
