@@ -64,9 +64,11 @@ Status Logger::Open(const std::string& dir, int level, uint64_t rotate_bytes) {
   path_ = fmt::format("{}/shmcached.{}.{}.{}.{}.log", dir, host, user, getpid(),
                       date);
   int err = 0;
-  file_ = CreateLogFile(path_, &err);
-  if (file_ == nullptr) return Status::FromErrno("cannot create log file " + path_, err);
+  FILE* file = CreateLogFile(path_, &err);
+  if (file == nullptr) return Status::FromErrno("cannot create log file " + path_, err);
   level_ = level;
+  MutexLock lock(&mu_);
+  file_ = file;
   rotate_bytes_ = rotate_bytes;
   return Status::OK();
 }
@@ -105,7 +107,7 @@ void Logger::Log(LogLevel level, std::string_view msg) {
   static const char kLetters[] = "DIWEF";
   std::string line = fmt::format("{}.{:03d} {} {} {}\n", ts, tv.tv_usec / 1000,
                                  kLetters[static_cast<int>(level)], getpid(), msg);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (file_ == nullptr) return;
   fwrite(line.data(), 1, line.size(), file_);
   fflush(file_);

@@ -16,12 +16,12 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include <fmt/format.h>
 
+#include "mutex.h"
 #include "shmcache/status.h"
 
 namespace shmcache {
@@ -40,10 +40,10 @@ class Logger {
   // left as they are. A file of that name already there is an error, never
   // followed or reused. The file rotates once it holds `rotate_bytes`.
   Status Open(const std::string& dir, int level,
-              uint64_t rotate_bytes = kDefaultRotateBytes);
+              uint64_t rotate_bytes = kDefaultRotateBytes) EXCLUDES(mu_);
   const std::string& path() const { return path_; }
 
-  void Log(LogLevel level, std::string_view msg);
+  void Log(LogLevel level, std::string_view msg) EXCLUDES(mu_);
   template <typename... Args>
   void Info(fmt::format_string<Args...> f, Args&&... args) {
     Log(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
@@ -62,14 +62,16 @@ class Logger {
   }
 
  private:
-  void RotateLocked();
+  void RotateLocked() REQUIRES(mu_);
 
-  std::mutex mu_;
-  FILE* file_ = nullptr;  // GUARDED_BY(mu_) once open
+  Mutex mu_;
+  FILE* file_ GUARDED_BY(mu_) = nullptr;
+  // level_ and path_ are set by Open, before any other thread logs.
   int level_ = 1;
   std::string path_;
-  uint64_t rotate_bytes_ = kDefaultRotateBytes;
-  uint64_t written_ = 0;  // GUARDED_BY(mu_): bytes in the current file
+  // Rotation turns off (the maximum) when it fails.
+  uint64_t rotate_bytes_ GUARDED_BY(mu_) = kDefaultRotateBytes;
+  uint64_t written_ GUARDED_BY(mu_) = 0;  // bytes in the current file
 };
 
 }  // namespace shmcache

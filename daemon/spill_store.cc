@@ -65,7 +65,7 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
 Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
                        std::span<const std::byte> row) {
   if (failed_.load()) {
-    std::lock_guard lock(error_mu_);
+    MutexLock lock(&error_mu_);
     return Status::Full("spilling is off after an earlier error: " + error_);
   }
   // Room for the row in the WAL and for flushing a full memtable.
@@ -80,7 +80,7 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
   rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
   Status s = FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
   if (!s.ok()) {
-    std::lock_guard lock(error_mu_);
+    MutexLock lock(&error_mu_);
     error_ = s.message();
     failed_.store(true);
   }

@@ -10,12 +10,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "mutex.h"
 #include "shmcache/status.h"
 
 namespace rocksdb {
@@ -55,8 +55,8 @@ class SpillStore {
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
   std::atomic<bool> failed_{false};
-  std::mutex error_mu_;
-  std::string error_;  // GUARDED_BY(error_mu_): why writes stopped
+  Mutex error_mu_;
+  std::string error_ GUARDED_BY(error_mu_);  // why writes stopped
 };
 
 }  // namespace shmcache

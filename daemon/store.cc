@@ -61,19 +61,22 @@ Status Store::Init(const std::atomic<bool>* stop_requested) {
     Status s = SpillStore::Open(SpillDbPath(options_.spill_dir, paths_.port), &spill_);
     if (!s.ok()) return s;
   }
-  if (!AdoptExisting(stop_requested)) {
-    return Status::Unavailable(
-        "stopped by a signal while starting; what an earlier server left is "
-        "kept for the next start");
+  {
+    MutexLock lock(&mu_);
+    if (!AdoptExisting(stop_requested)) {
+      return Status::Unavailable(
+          "stopped by a signal while starting; what an earlier server left is "
+          "kept for the next start");
+    }
+    ReconcileSpill(recorded);
+    WriteSessionsFile();
   }
-  ReconcileSpill(recorded);
-  WriteSessionsFile();
   preparer_ = std::thread([this] { PrepareSegments(); });
   return Status::OK();
 }
 
 uint32_t Store::NewClientId() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return next_client_id_++;
 }
 
@@ -83,7 +86,7 @@ void Store::Note(const std::string& text) {
 }
 
 void Store::FillServerInfo(ServerInfo* out) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   out->instance = fmt::format("port {}", paths_.port);
   out->port = paths_.port;
   out->socket_path = paths_.socket_path;
@@ -115,7 +118,7 @@ void Store::FillServerInfo(ServerInfo* out) {
 
 void Store::Shutdown() {
   StopPreparer();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, c] : caches_) c->Destroy(&account_);
   caches_.clear();
   sessions_.clear();

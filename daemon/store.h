@@ -1,8 +1,10 @@
 // Store: every session and cache of this daemon, and the server-wide memory
 // account. The control plane's single source of truth.
 //
-// Thread safety: every public method locks the store's mutex; the data path
-// never comes here, so the mutex sees only control requests.
+// Thread safety: every public method locks the store's mutex (mu_; the
+// annotations say which state it guards); the data path never comes here,
+// so the mutex sees only control requests. The CacheStates in caches_ are
+// used only with mu_ held.
 //
 // Its work is split by concept: store.cc (start, server info, shutdown),
 // store_sessions.cc (the registry of sessions and caches, held memory),
@@ -15,13 +17,11 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <thread>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <span>
@@ -34,6 +34,7 @@
 #include "instance.h"
 #include "memory_account.h"
 #include "memory_bounds.h"
+#include "mutex.h"
 #include "process_state.h"
 #include "shm_pages.h"
 #include "spill_store.h"
@@ -58,80 +59,82 @@ class Store {
   // and that database is removed. When *stop_requested turns true meanwhile
   // (a signal), stops adopting and returns Unavailable, leaving the files
   // that are not adopted yet as they are, for the next start.
-  Status Init(const std::atomic<bool>* stop_requested = nullptr);
+  Status Init(const std::atomic<bool>* stop_requested = nullptr) EXCLUDES(mu_);
   // What a person starting the server should know about Init: caches and
   // rows that were discarded, and why. One line each.
   // REQUIRES: Init returned; not called concurrently with Init.
   const std::vector<std::string>& startup_notes() const { return notes_; }
 
-  uint32_t NewClientId();
-  Status CreateSession(uint32_t* id);
+  uint32_t NewClientId() EXCLUDES(mu_);
+  Status CreateSession(uint32_t* id) EXCLUDES(mu_);
   // Destroys the session's caches. Memory that processes still map stays
   // counted against the cap (held) until they unmap it; what nobody maps
   // is released before this returns.
-  Status DestroySession(uint32_t id);
-  Status CheckSession(uint32_t id);
+  Status DestroySession(uint32_t id) EXCLUDES(mu_);
+  Status CheckSession(uint32_t id) EXCLUDES(mu_);
   Status OpenCache(uint32_t session_id, const std::string& name,
                    const std::string& fingerprint, uint64_t size_mb,
-                   bool spilling, uint32_t* cache_id);
+                   bool spilling, uint32_t* cache_id) EXCLUDES(mu_);
   Status LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t need,
-                    ChunkLease* out);
+                    ChunkLease* out) EXCLUDES(mu_);
   Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
-                     uint64_t offset);
-  Status GrowIndex(uint32_t cache_id, uint32_t seen);
+                     uint64_t offset) EXCLUDES(mu_);
+  Status GrowIndex(uint32_t cache_id, uint32_t seen) EXCLUDES(mu_);
   // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by
   // RetryReleases); a process still alive after kReleaseGrace keeps them.
   // Held by a pidfd where the kernel has them, so that a pid reused after
   // the process died does not keep its chunks locked. A null `process`
   // counts as gone.
-  void ReleaseConnection(uint64_t conn, std::shared_ptr<const ProcessHandle> process);
+  void ReleaseConnection(uint64_t conn, std::shared_ptr<const ProcessHandle> process)
+      EXCLUDES(mu_);
   static constexpr std::chrono::seconds kReleaseGrace{10};
   // Writes a row that did not fit in memory to the spill store and
   // publishes it. Full when the cache does not spill (or stopped).
   Status SpillPut(uint32_t cache_id, uint64_t row_id,
-                  std::span<const std::byte> row, bool* inserted);
+                  std::span<const std::byte> row, bool* inserted) EXCLUDES(mu_);
   Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                  std::vector<std::string>* rows, std::vector<bool>* found);
-  void ListSessions(std::vector<SessionInfo>* out);
-  void FillServerInfo(ServerInfo* out);
+                  std::vector<std::string>* rows, std::vector<bool>* found)
+      EXCLUDES(mu_);
+  void ListSessions(std::vector<SessionInfo>* out) EXCLUDES(mu_);
+  void FillServerInfo(ServerInfo* out) EXCLUDES(mu_);
   // A client connection opened (+1) or ended (-1); for the statistics.
   void CountConnection(int delta) { connections_.fetch_add(delta); }
   // Destroys everything and removes every shared-memory file.
-  void Shutdown();
+  void Shutdown() EXCLUDES(mu_);
 
-  uint64_t memory_cap() const { return account_.cap; }
+  // Fixed at construction: account_.cap never changes.
+  uint64_t memory_cap() const { return bounds_.cap_bytes; }
   // What the cap was chosen from, at start.
   const MemoryBounds& memory_bounds() const { return bounds_; }
   const InstancePaths& paths() const { return paths_; }
 
  private:
-  Status CacheFor(uint32_t cache_id, CacheState** out);
-  void CountSpillReads(uint32_t cache_id, uint64_t n);
+  Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
+  void CountSpillReads(uint32_t cache_id, uint64_t n) EXCLUDES(mu_);
   // Background thread making caches' next segments (see SegmentJob), and
   // re-checking ended connections whose process was still running.
-  void PrepareSegments();
-  // REQUIRES: mu_ held. Settles pending releases whose process is gone or
-  // whose grace ran out.
-  void RetryReleasesLocked();
-  // REQUIRES: mu_ held. Logs, once per process, that the chunks of a live
-  // process's ended connections stay with it.
-  void WarnChunksStayLocked(int pid);
-  // REQUIRES: mu_ not held. Looks for processes that map held memory and
-  // releases what none maps any more.
-  void SettleHeldMemory();
-  // REQUIRES: mu_ held. Caches the cap made full take rows again when
-  // memory was freed.
-  void ResumeCachesLocked();
-  void StopPreparer();
-  // False when *stop_requested turned true before it finished.
-  bool AdoptExisting(const std::atomic<bool>* stop_requested);
-  void ReadSessionsFile();
+  void PrepareSegments() EXCLUDES(mu_);
+  // Settles pending releases whose process is gone or whose grace ran out.
+  void RetryReleasesLocked() REQUIRES(mu_);
+  // Logs, once per process, that the chunks of a live process's ended
+  // connections stay with it.
+  void WarnChunksStayLocked(int pid) REQUIRES(mu_);
+  // Looks for processes that map held memory (without mu_: it reads
+  // /proc) and releases what none maps any more.
+  void SettleHeldMemory() EXCLUDES(mu_);
+  // Caches the cap made full take rows again when memory was freed.
+  void ResumeCachesLocked() REQUIRES(mu_);
+  void StopPreparer() EXCLUDES(mu_);
+  // False when *stop_requested turned true before it finished. Init holds
+  // mu_ through adoption: nothing else runs yet, but the state is the same.
+  bool AdoptExisting(const std::atomic<bool>* stop_requested) REQUIRES(mu_);
+  void ReadSessionsFile() REQUIRES(mu_);
   // After AdoptExisting: drops the adopted spilled rows this server cannot
   // read (see Init), turns spilling off without a spill store, removes the
   // earlier server's spill database when it is not this server's, and
   // records this server's.
-  void ReconcileSpill(const std::string& recorded);
+  void ReconcileSpill(const std::string& recorded) REQUIRES(mu_);
   // For one adopted cache: drops its spilled rows when `why` (they cannot
   // be read here) is set, and their copies from this server's database
   // when `on_disk`; turns its spilling off without a spill store; notes it.
@@ -142,10 +145,10 @@ class Store {
   void Note(const std::string& text);
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                          const std::string& why);
-  void WriteSessionsFile();
-  void CheckHighWater();
+  void WriteSessionsFile() REQUIRES(mu_);
+  void CheckHighWater() REQUIRES(mu_);
 
-  std::mutex mu_;
+  Mutex mu_;
   DaemonOptions options_;
   InstancePaths paths_;
   ShmPages shm_pages_;  // of paths_.shm_dir, at start
@@ -153,30 +156,33 @@ class Store {
   int num_nodes_;
   int workers_;
   Logger* log_;
-  MemoryAccount account_;
-  bool warned_high_water_ = false;
-  std::mt19937 rng_;
-  uint32_t next_client_id_ = 1;
+  MemoryAccount account_ GUARDED_BY(mu_);
+  bool warned_high_water_ GUARDED_BY(mu_) = false;
+  std::mt19937 rng_ GUARDED_BY(mu_);
+  uint32_t next_client_id_ GUARDED_BY(mu_) = 1;
   static constexpr int kCacheIdTries = 8;
-  std::map<uint32_t, std::vector<uint32_t>> sessions_;  // id -> cache ids
-  std::map<uint32_t, std::unique_ptr<CacheState>> caches_;
+  // id -> cache ids
+  std::map<uint32_t, std::vector<uint32_t>> sessions_ GUARDED_BY(mu_);
+  std::map<uint32_t, std::unique_ptr<CacheState>> caches_ GUARDED_BY(mu_);
+  // Set by Init and reset by Shutdown, when no request runs; SpillStore is
+  // thread-safe, and SpillGet reads through it without mu_.
   std::unique_ptr<SpillStore> spill_;
   std::vector<std::string> notes_;  // written by Init only
-  std::deque<SegmentJob> jobs_;          // GUARDED_BY(mu_)
-  std::condition_variable jobs_cv_;
-  std::condition_variable job_done_cv_;  // a segment job finished
-  uint32_t running_job_cache_ = 0;       // GUARDED_BY(mu_): 0 = none
+  std::deque<SegmentJob> jobs_ GUARDED_BY(mu_);
+  CondVar jobs_cv_;
+  CondVar job_done_cv_;  // a segment job finished
+  uint32_t running_job_cache_ GUARDED_BY(mu_) = 0;  // 0 = none
   struct PendingRelease {
     uint64_t conn;
     std::shared_ptr<const ProcessHandle> process;
     std::chrono::steady_clock::time_point deadline;
   };
-  std::vector<PendingRelease> pending_releases_;  // GUARDED_BY(mu_)
+  std::vector<PendingRelease> pending_releases_ GUARDED_BY(mu_);
   // Processes told about by WarnChunksStayLocked; bounded.
-  std::set<int> warned_pids_;                     // GUARDED_BY(mu_)
+  std::set<int> warned_pids_ GUARDED_BY(mu_);
   static constexpr size_t kMaxWarnedPids = 1024;
-  HeldMemory held_;                      // GUARDED_BY(mu_)
-  bool stopping_ = false;                // GUARDED_BY(mu_)
+  HeldMemory held_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread preparer_;
   std::atomic<int64_t> connections_{0};
   const std::chrono::steady_clock::time_point started_ =

@@ -18,7 +18,7 @@ void Store::CheckHighWater() {
 
 Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
                          uint64_t need, ChunkLease* out) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   CacheState* c;
   Status s;
   for (;;) {
@@ -28,13 +28,13 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
     bool wait = false;
     s = c->Lease(conn, node, need, &account_, out, stopping_ ? nullptr : &wait);
     if (!wait) break;
-    job_done_cv_.wait(lock);
+    job_done_cv_.Wait(&mu_);
   }
   if (s.ok()) {
     int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
     if (std::optional<SegmentJob> job = c->TakeSegmentJob(n, &account_)) {
       jobs_.push_back(*job);
-      jobs_cv_.notify_one();
+      jobs_cv_.Signal();
     }
   }
   CheckHighWater();
@@ -43,7 +43,7 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
 
 Status Store::ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
                           uint64_t offset) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   CacheState* c;
   Status s = CacheFor(cache_id, &c);
   if (s.ok()) c->Return(conn, seg_no, offset);
@@ -51,7 +51,7 @@ Status Store::ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
 }
 
 Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   CacheState* c;
   Status s = CacheFor(cache_id, &c);
   if (!s.ok()) return s;

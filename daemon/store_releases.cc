@@ -11,7 +11,7 @@ namespace shmcache {
 
 void Store::ReleaseConnection(uint64_t conn,
                               std::shared_ptr<const ProcessHandle> process) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (process == nullptr || process->Gone()) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
     return;
@@ -20,12 +20,12 @@ void Store::ReleaseConnection(uint64_t conn,
   // while it lives on and may still write into its chunks.
   pending_releases_.push_back(
       {conn, std::move(process), std::chrono::steady_clock::now() + kReleaseGrace});
-  jobs_cv_.notify_one();
+  jobs_cv_.Signal();
 }
 
 void Store::RetryReleasesLocked() {
   auto now = std::chrono::steady_clock::now();
-  std::erase_if(pending_releases_, [&](const PendingRelease& p) {
+  std::erase_if(pending_releases_, [&](const PendingRelease& p) REQUIRES(mu_) {
     bool gone = p.process->Gone();
     if (!gone && now < p.deadline) return false;
     if (!gone) WarnChunksStayLocked(p.process->pid());

@@ -22,7 +22,7 @@ void Store::WriteSessionsFile() {
 }
 
 Status Store::CreateSession(uint32_t* id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (sessions_.size() >= layout::kMaxSessions) {
     return Status::Full("too many sessions; destroy some with 'shmcache -d ID'");
   }
@@ -45,38 +45,39 @@ static Status NoSession(uint32_t id) {
 }
 
 Status Store::DestroySession(uint32_t id) {
-  std::unique_lock lock(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return NoSession(id);
-  // No segment of the session may appear after destroy returns: let a
-  // running job for one of its caches finish first (holding the lock from
-  // then on, no other starts), and drop the queued ones.
-  const std::vector<uint32_t> cids = it->second;
-  auto ours = [&](uint32_t cid) {
-    return std::find(cids.begin(), cids.end(), cid) != cids.end();
-  };
-  job_done_cv_.wait(lock, [&] { return !ours(running_job_cache_); });
-  std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
-  it = sessions_.find(id);
-  if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
-  std::vector<HeldFile> held;
-  for (uint32_t cid : it->second) {
-    auto c = caches_.find(cid);
-    if (c == caches_.end()) continue;
-    c->second->Destroy(&account_, &held);
-    caches_.erase(c);
-    if (spill_) {
-      Status s = spill_->DropCache(cid);
-      if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
+  {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return NoSession(id);
+    // No segment of the session may appear after destroy returns: let a
+    // running job for one of its caches finish first (holding the lock from
+    // then on, no other starts), and drop the queued ones.
+    const std::vector<uint32_t> cids = it->second;
+    auto ours = [&](uint32_t cid) {
+      return std::find(cids.begin(), cids.end(), cid) != cids.end();
+    };
+    while (ours(running_job_cache_)) job_done_cv_.Wait(&mu_);
+    std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
+    it = sessions_.find(id);
+    if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
+    std::vector<HeldFile> held;
+    for (uint32_t cid : it->second) {
+      auto c = caches_.find(cid);
+      if (c == caches_.end()) continue;
+      c->second->Destroy(&account_, &held);
+      caches_.erase(c);
+      if (spill_) {
+        Status s = spill_->DropCache(cid);
+        if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
+      }
     }
+    sessions_.erase(it);
+    WriteSessionsFile();
+    log_->Info("session {} destroyed", id);
+    held_.Add(id, held, std::chrono::steady_clock::now());
+    ResumeCachesLocked();
   }
-  sessions_.erase(it);
-  WriteSessionsFile();
-  log_->Info("session {} destroyed", id);
-  held_.Add(id, held, std::chrono::steady_clock::now());
-  ResumeCachesLocked();
-  lock.unlock();
-  jobs_cv_.notify_one();  // the background thread re-checks what stays held
+  jobs_cv_.Signal();  // the background thread re-checks what stays held
   SettleHeldMemory();
   return Status::OK();
 }
@@ -85,13 +86,13 @@ void Store::SettleHeldMemory() {
   std::vector<FileId> wanted;
   std::vector<int> first;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (held_.empty()) return;
     wanted = held_.Wanted();
     first = held_.holders();
   }
   MappedScan scan = FindMappedDeleted(wanted, first);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (held_.Settle(wanted, scan, std::chrono::steady_clock::now(), &account_, log_) > 0) {
     ResumeCachesLocked();
   }
@@ -102,14 +103,14 @@ void Store::ResumeCachesLocked() {
 }
 
 Status Store::CheckSession(uint32_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return sessions_.count(id) ? Status::OK() : NoSession(id);
 }
 
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
                         const std::string& fingerprint, uint64_t size_mb,
                         bool spilling, uint32_t* cache_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
   Status s = CheckCacheName(name, fingerprint);
@@ -167,7 +168,7 @@ Status Store::CacheFor(uint32_t cache_id, CacheState** out) {
 }
 
 void Store::ListSessions(std::vector<SessionInfo>* out) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   out->clear();
   for (const auto& [sid, cids] : sessions_) {
     SessionInfo info;

@@ -17,7 +17,7 @@ namespace shmcache {
 Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,
                        std::span<const std::byte> row, bool* inserted) {
   *inserted = false;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   CacheState* c;
   Status s = CacheFor(cache_id, &c);
   if (!s.ok()) return s;
@@ -36,7 +36,7 @@ Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,
 Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
                        std::vector<std::string>* rows, std::vector<bool>* found) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     CacheState* c;
     Status s = CacheFor(cache_id, &c);
     if (!s.ok()) return s;
@@ -50,7 +50,7 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
 }
 
 void Store::CountSpillReads(uint32_t cache_id, uint64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   CacheState* c;
   if (n > 0 && CacheFor(cache_id, &c).ok()) c->CountSpillReads(n);
 }

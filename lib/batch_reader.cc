@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "fork_safety.h"
+#include "mutex.h"
 
 namespace shmcache {
 
@@ -98,64 +97,70 @@ class BatchReader::Pool {
   }
   ~Pool() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
     for (std::thread& t : threads_) t.join();
   }
   size_t size() const { return threads_.size() + 1; }
 
   // Runs fn(k) for every k in [0, shares), on the helpers and the caller;
   // returns when all are done.
-  void Run(size_t shares, const std::function<void(size_t)>& fn) {
+  void Run(size_t shares, const std::function<void(size_t)>& fn) EXCLUDES(mu_) {
     if (shares <= 1 || threads_.empty()) {  // no helper to wake and wait for
       for (size_t k = 0; k < shares; ++k) fn(k);
       return;
     }
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       fn_ = &fn;
       shares_ = shares;
       next_.store(0, std::memory_order_relaxed);
       busy_ = threads_.size();
       ++generation_;
     }
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
     Work();
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [this] { return busy_ == 0; });
+    MutexLock lock(&mu_);
+    while (busy_ != 0) done_cv_.Wait(&mu_);
     fn_ = nullptr;
   }
 
  private:
-  void Work() {
+  // Reads fn_ and shares_ without mu_: Run writes them under mu_ before it
+  // wakes the helpers and not again until every helper has checked out
+  // (busy_ == 0), so mu_'s hand-off orders those reads; taking it here would
+  // serialise the shares.
+  void Work() NO_THREAD_SAFETY_ANALYSIS {
     for (size_t k; (k = next_.fetch_add(1, std::memory_order_relaxed)) < shares_;) {
       (*fn_)(k);
     }
   }
-  void Loop() {
+  void Loop() EXCLUDES(mu_) {
     uint64_t seen = 0;
-    std::unique_lock lock(mu_);
+    mu_.Lock();  // let go around each share of work
     for (;;) {
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
+      while (!stop_ && generation_ == seen) work_cv_.Wait(&mu_);
+      if (stop_) break;
       seen = generation_;
-      lock.unlock();
+      mu_.Unlock();
       Work();
-      lock.lock();
-      if (--busy_ == 0) done_cv_.notify_one();
+      mu_.Lock();
+      if (--busy_ == 0) done_cv_.Signal();
     }
+    mu_.Unlock();
   }
 
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  const std::function<void(size_t)>* fn_ = nullptr;  // guarded by mu_ to publish
-  size_t shares_ = 0;
+  Mutex mu_;
+  CondVar work_cv_, done_cv_;
+  // The job: published under mu_ (see Work).
+  const std::function<void(size_t)>* fn_ GUARDED_BY(mu_) = nullptr;
+  size_t shares_ GUARDED_BY(mu_) = 0;
   std::atomic<size_t> next_{0};
-  size_t busy_ = 0;        // helpers still in the current job
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  size_t busy_ GUARDED_BY(mu_) = 0;  // helpers still in the current job
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

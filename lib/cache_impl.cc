@@ -40,9 +40,12 @@ Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
   c->stats_slot_.store(client->client_id() % layout::kStatsSlots);
   c->stats_fork_gen_.store(ForkGeneration());
   c->lane_.store(c->TakeLane(client->client_id()));
-  c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
   c->single_node_ = NumaTopology::Get().num_nodes() == 1;
-  c->chunk_fork_gen_ = ForkGeneration();
+  {
+    ForkSafeLock lock(&c->put_mu_);  // nobody else sees c yet; for the analysis
+    c->chunks_.resize(static_cast<size_t>(NumaTopology::Get().num_nodes()));
+    c->chunk_fork_gen_ = ForkGeneration();
+  }
   s = c->MapNewTables();
   if (!s.ok()) return s;
   *out = std::move(c);
@@ -61,7 +64,7 @@ Status CacheImpl::Usable() const {
 }
 
 Status CacheImpl::MapNewTables() {
-  std::lock_guard lock(map_mu_);
+  ForkSafeLock lock(&map_mu_);
   uint32_t have = num_tables_.load(std::memory_order_relaxed);
   uint32_t want = header_->num_tables.load(std::memory_order_acquire);
   if (want > layout::kMaxTables) return Status::Corruption("too many index tables");
@@ -106,7 +109,7 @@ Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {
     *out = m;
     return Status::OK();
   }
-  std::lock_guard lock(map_mu_);
+  ForkSafeLock lock(&map_mu_);
   if (const MappedSegment* m = segments_.Find(seg_no)) {
     *out = m;
     return Status::OK();
@@ -237,7 +240,7 @@ bool CacheImpl::IsFull() const {
 void CacheImpl::Close() {
   if (closed_.exchange(true)) return;
   ReleaseLane();
-  std::lock_guard lock(put_mu_);
+  ForkSafeLock lock(&put_mu_);
   ReturnChunksLocked();
 }
 

@@ -49,7 +49,7 @@ class CacheImpl {
   bool Contains(uint64_t id);
   Status GetStats(CacheStats* out);
   bool IsFull() const;
-  void Close();
+  void Close() EXCLUDES(put_mu_);
 
   uint32_t cache_id() const { return cache_id_; }
   uint32_t session_id() const { return session_id_; }
@@ -81,15 +81,15 @@ class CacheImpl {
   // slot is prefetched before any is probed, and every row's header before
   // any is read.
   void LookupBatch(std::span<const uint64_t> ids, uint64_t* locs);
-  Status MapNewTables();
+  Status MapNewTables() EXCLUDES(map_mu_);
   Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node);
   // The hit path: views row `id` when it is in memory, in a segment this
   // process has mapped, and the cache is usable; builds no Status and
   // counts nothing. False otherwise: the caller takes the full path, which
   // tells a miss, a spilled row and every error apart.
   bool FindInMemory(uint64_t id, RowView* view, int* node);
-  Status SegmentFor(uint32_t seg_no, const MappedSegment** out);
-  Status LeaseChunk(int node, size_t need, Chunk* out);
+  Status SegmentFor(uint32_t seg_no, const MappedSegment** out) EXCLUDES(map_mu_);
+  Status LeaseChunk(int node, size_t need, Chunk* out) REQUIRES(put_mu_);
   // Rows and bytes a batch added to memory, counted into the statistics
   // once per batch rather than once per row.
   struct PutTally {
@@ -102,15 +102,16 @@ class CacheImpl {
   Status PutRow(uint64_t id, std::span<const ColumnRef> columns, uint64_t loc,
                 PutLock* lock, PutTally* tally, bool* inserted);
   // Takes put_mu_ unless *lock holds it; a forked child first drops the
-  // chunks, which belong to its parent.
-  void LockForPut(PutLock* lock);
+  // chunks, which belong to its parent. On return put_mu_ is held (by
+  // *lock): a batch takes it on its first row that needs it, which the
+  // analysis cannot follow, so this asserts it.
+  void LockForPut(PutLock* lock) ASSERT_CAPABILITY(put_mu_);
   // Writes a row of `size` encoded bytes into this process's chunk (leasing
   // a new one when it does not fit) and publishes it in the index.
-  // REQUIRES: put_mu_ held.
   Status PutInMemory(uint64_t id, std::span<const ColumnRef> columns,
-                     size_t size, PutTally* tally, bool* inserted);
+                     size_t size, PutTally* tally, bool* inserted) REQUIRES(put_mu_);
   Status GrowIndex(uint32_t seen);
-  void ReturnChunksLocked();
+  void ReturnChunksLocked() REQUIRES(put_mu_);
   layout::StatsSlot* Stats();
   // The stats lane this thread may count in, or nullptr (another thread
   // of this process owns it, or the process has none).
@@ -154,15 +155,18 @@ class CacheImpl {
   std::atomic<bool> closed_{false};
   bool single_node_ = true;  // NUMA: every reader is on node 0
 
-  ForkSafeMutex map_mu_{LockRank::kCacheMap};  // guards mapping of tables and segments
+  // Mapping of tables and segments. tables_[i] and segments_ are written
+  // under map_mu_ and read without it once published (num_tables_, and
+  // SegmentMap's own atomics), so only the files are GUARDED_BY.
+  ForkSafeMutex map_mu_{LockRank::kCacheMap};
   std::atomic<uint32_t> num_tables_{0};
   IndexTable tables_[layout::kMaxTables];
-  ShmFile table_files_[layout::kMaxTables];
-  SegmentMap segments_;
+  ShmFile table_files_[layout::kMaxTables] GUARDED_BY(map_mu_);
+  SegmentMap segments_;  // Insert() with map_mu_ held
 
-  ForkSafeMutex put_mu_{LockRank::kCachePut};  // guards chunks_ and chunk_fork_gen_
-  std::vector<Chunk> chunks_;  // one per NUMA node
-  uint64_t chunk_fork_gen_ = 0;
+  ForkSafeMutex put_mu_{LockRank::kCachePut};
+  std::vector<Chunk> chunks_ GUARDED_BY(put_mu_);  // one per NUMA node
+  uint64_t chunk_fork_gen_ GUARDED_BY(put_mu_) = 0;
 };
 
 }  // namespace shmcache

@@ -108,8 +108,12 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
 }
 
 void CacheImpl::LockForPut(PutLock* lock) {
-  if (lock->owns_lock()) return;
+  if (lock->owns_lock()) {
+    put_mu_.AssertHeld();
+    return;
+  }
   lock->lock();
+  put_mu_.AssertHeld();
   if (chunk_fork_gen_ != ForkGeneration()) {
     // The chunks belong to the parent process: never write into them.
     for (Chunk& c : chunks_) c = Chunk{};

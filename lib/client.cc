@@ -22,8 +22,12 @@ Status ClientImpl::Create(const ClientOptions& options,
   if (!s.ok()) return s;
   std::shared_ptr<ClientImpl> impl(new ClientImpl());
   impl->options_ = options;
-  impl->paths_ = MakeInstancePaths(port, options.run_dir, "");
-  std::lock_guard lock(impl->mu_);
+  impl->port_ = port;
+  {
+    ForkSafeLock lock(&impl->paths_mu_);
+    impl->paths_ = MakeInstancePaths(port, options.run_dir, "");
+  }
+  ForkSafeLock lock(&impl->mu_);
   s = impl->ConnectLocked();
   if (!s.ok()) return s;
   *out = std::move(impl);
@@ -35,7 +39,7 @@ Status ClientImpl::ConnectLocked() {
   conn_.reset();
   fork_gen_ = ForkGeneration();
   std::unique_ptr<Connection> conn;
-  Status s = Connection::Open(paths_.socket_path, paths_.port,
+  Status s = Connection::Open(paths().socket_path, port_,
                               options_.request_timeout_ms, &conn);
   if (!s.ok()) return s;
   std::string body;
@@ -52,19 +56,22 @@ Status ClientImpl::ConnectLocked() {
           &hello)) {
     return Malformed(protocol::HelloRequest::kName);
   }
-  client_id_ = hello.client_id;
-  paths_.shm_prefix = hello.shm_prefix;
+  client_id_.store(hello.client_id, std::memory_order_relaxed);
+  {
+    ForkSafeLock lock(&paths_mu_);
+    paths_.shm_prefix = hello.shm_prefix;
+  }
   conn_ = std::move(conn);
   return Status::OK();
 }
 
 Status ClientImpl::Exchange(MsgType type, const std::string& request, std::string* body,
                             WireReader* reader, bool reconnect) {
-  std::lock_guard lock(mu_);
+  ForkSafeLock lock(&mu_);
   if (!conn_ || conn_->broken() || fork_gen_ != ForkGeneration()) {
     if (!reconnect) {
       return Status::Unavailable(fmt::format(
-          "not connected to the cache server on port {}", paths_.port));
+          "not connected to the cache server on port {}", port_));
     }
     Status s = ConnectLocked();
     if (!s.ok()) return s;

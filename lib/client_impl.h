@@ -2,11 +2,13 @@
 // the control connection and the instance's paths.
 //
 // Thread safety: Call() serialises requests under a mutex (fork-safe: a
-// fork waits for a call in flight). After fork() the child notices on its
+// fork waits for a call in flight). paths() and client_id() may be called
+// from any thread, also while a call (which may reconnect) is in flight. After fork() the child notices on its
 // next Call (the fork generation changed), drops the inherited connection
 // without shutting it down and opens its own.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,7 +33,7 @@ class ClientImpl {
   // fork().
   template <typename Request>
   Status Call(const Request& request, typename Request::Response* response,
-              std::string* body) {
+              std::string* body) EXCLUDES(mu_) {
     protocol::WireReader r({});
     Status s = Exchange(Request::kType, protocol::EncodeBody(request), body, &r);
     if (!s.ok()) return s;
@@ -55,33 +57,42 @@ class ClientImpl {
   // returned through another connection is ignored, and a reconnect to a
   // stopped server would wait out the request timeout for nothing).
   template <typename Request>
-  Status CallOnCurrentConnection(const Request& request) {
+  Status CallOnCurrentConnection(const Request& request) EXCLUDES(mu_) {
     std::string body;
     protocol::WireReader r({});
     return Exchange(Request::kType, protocol::EncodeBody(request), &body, &r,
                     /*reconnect=*/false);
   }
 
-  const InstancePaths& paths() const { return paths_; }
-  uint32_t client_id() const { return client_id_; }
-  int port() const { return paths_.port; }
+  // A copy: a reconnect changes the shm prefix to the server's.
+  InstancePaths paths() const EXCLUDES(paths_mu_) {
+    ForkSafeLock lock(&paths_mu_);
+    return paths_;
+  }
+  uint32_t client_id() const { return client_id_.load(std::memory_order_relaxed); }
+  int port() const { return port_; }
 
  private:
   ClientImpl() = default;
-  Status ConnectLocked();
+  Status ConnectLocked() REQUIRES(mu_);
   // Sends `request` as a body of `type`; on success *reader reads the
   // answer's payload (it points into *body). Reconnects first when needed
   // and `reconnect`, else fails with Unavailable.
   Status Exchange(protocol::MsgType type, const std::string& request, std::string* body,
-                  protocol::WireReader* reader, bool reconnect = true);
+                  protocol::WireReader* reader, bool reconnect = true) EXCLUDES(mu_);
   static Status Malformed(const char* request_name);
 
   ForkSafeMutex mu_{LockRank::kClient};
-  ClientOptions options_;
-  InstancePaths paths_;
-  std::unique_ptr<Connection> conn_;
-  uint64_t fork_gen_ = 0;
-  uint32_t client_id_ = 0;
+  ClientOptions options_;  // set by Create
+  int port_ = 0;           // set by Create
+  std::unique_ptr<Connection> conn_ GUARDED_BY(mu_);
+  uint64_t fork_gen_ GUARDED_BY(mu_) = 0;
+  // Set on every (re)connect, with mu_ held, and read without it: mu_ is
+  // held through a daemon round trip, which a reader mapping a segment
+  // must not wait for.
+  mutable ForkSafeMutex paths_mu_{LockRank::kClientPaths};
+  InstancePaths paths_ GUARDED_BY(paths_mu_);
+  std::atomic<uint32_t> client_id_{0};
 };
 
 }  // namespace shmcache

@@ -6,11 +6,13 @@
 #include <atomic>
 #include <vector>
 
+#include "mutex.h"
+
 namespace shmcache {
 
 namespace {
 
-constexpr int kRanks = 3;
+constexpr int kRanks = 4;
 
 std::atomic<uint64_t> g_fork_generation{0};
 
@@ -18,26 +20,28 @@ std::atomic<uint64_t> g_fork_generation{0};
 // that outlive static destruction (leaked caches, other libraries' statics)
 // still unregister safely.
 struct Registry {
-  std::mutex mu;
-  std::vector<ForkSafeMutex*> by_rank[kRanks];
+  Mutex mu;
+  std::vector<ForkSafeMutex*> by_rank[kRanks] GUARDED_BY(mu);
 };
 
 Registry& TheRegistry();
 
-void LockAll() {
+// The fork handlers lock and unlock every registered mutex, a set the
+// analysis cannot name; LockAll returns holding them all.
+void LockAll() NO_THREAD_SAFETY_ANALYSIS {
   Registry& r = TheRegistry();
-  r.mu.lock();
+  r.mu.Lock();
   for (auto& mutexes : r.by_rank) {
     for (ForkSafeMutex* m : mutexes) m->lock();
   }
 }
 
-void UnlockAll() {
+void UnlockAll() NO_THREAD_SAFETY_ANALYSIS {
   Registry& r = TheRegistry();
   for (int k = kRanks; k-- > 0;) {
     for (ForkSafeMutex* m : r.by_rank[k]) m->unlock();
   }
-  r.mu.unlock();
+  r.mu.Unlock();
 }
 
 void OnForkChild() {
@@ -66,13 +70,13 @@ uint64_t ForkGeneration() {
 
 ForkSafeMutex::ForkSafeMutex(LockRank rank) : rank_(rank) {
   Registry& r = TheRegistry();
-  std::lock_guard lock(r.mu);
+  MutexLock lock(&r.mu);
   r.by_rank[static_cast<int>(rank)].push_back(this);
 }
 
 ForkSafeMutex::~ForkSafeMutex() {
   Registry& r = TheRegistry();
-  std::lock_guard lock(r.mu);
+  MutexLock lock(&r.mu);
   auto& mutexes = r.by_rank[static_cast<int>(rank_)];
   auto it = std::find(mutexes.begin(), mutexes.end(), this);
   if (it != mutexes.end()) {

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "thread_annotations.h"
+
 namespace shmcache {
 
 // Incremented in every child process right after fork().
@@ -28,6 +30,7 @@ enum class LockRank : int {
   kCachePut = 0,  // CacheImpl::put_mu_ (Put then maps segments, calls the daemon)
   kCacheMap = 1,  // CacheImpl::map_mu_
   kClient = 2,    // ClientImpl::mu_ (one daemon round trip)
+  kClientPaths = 3,  // ClientImpl::paths_mu_ (a copy of the paths)
 };
 
 // A std::mutex (Lockable) that fork() never finds held.
@@ -35,22 +38,38 @@ enum class LockRank : int {
 // REQUIRES: not constructed or destroyed while the thread holds a
 // ForkSafeMutex (registration takes the registry's lock, which the prepare
 // handler holds while it waits for them).
-class ForkSafeMutex {
+class CAPABILITY("mutex") ForkSafeMutex {
  public:
   explicit ForkSafeMutex(LockRank rank);
   ~ForkSafeMutex();
   ForkSafeMutex(const ForkSafeMutex&) = delete;
   ForkSafeMutex& operator=(const ForkSafeMutex&) = delete;
 
-  void lock() { mu_.lock(); }
-  void unlock() { mu_.unlock(); }
-  bool try_lock() { return mu_.try_lock(); }
+  void lock() ACQUIRE() { mu_.lock(); }
+  void unlock() RELEASE() { mu_.unlock(); }
+  bool try_lock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  // Tells the analysis the caller holds the mutex, where it cannot see it
+  // (a lock taken through a std::unique_lock); checks nothing at run time.
+  void AssertHeld() ASSERT_CAPABILITY(this) {}
 
   LockRank rank() const { return rank_; }
 
  private:
   std::mutex mu_;
   const LockRank rank_;
+};
+
+// Holds a ForkSafeMutex for its scope (std::lock_guard, which the
+// analysis cannot see through).
+class SCOPED_CAPABILITY ForkSafeLock {
+ public:
+  explicit ForkSafeLock(ForkSafeMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->lock(); }
+  ~ForkSafeLock() RELEASE() { mu_->unlock(); }
+  ForkSafeLock(const ForkSafeLock&) = delete;
+  ForkSafeLock& operator=(const ForkSafeLock&) = delete;
+
+ private:
+  ForkSafeMutex* const mu_;
 };
 
 }  // namespace shmcache

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
 # suites through meson, then the Python suites through pytest, mypy over the
-# Python package, and the fuzz targets). The last
+# Python package, clang's thread-safety analysis, and the fuzz targets). The last
 # line is the summary over all suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
@@ -46,6 +46,36 @@ if [ ! -s "$mypy_xml" ]; then
   echo '<testsuite><testcase name="mypy"><failure message="mypy did not run"/></testcase></testsuite>' \
     >"$mypy_xml"
 fi
+
+# ---- Thread-safety analysis -------------------------------------------------
+# A clang build in build-tsa with -Wthread-safety -Werror=thread-safety: a
+# member read or written without the mutex its GUARDED_BY names, or a call
+# without the lock its REQUIRES names, fails it (port/thread_annotations.h).
+# It only compiles (no tests run there); counted as one check.
+echo "== Thread-safety analysis (clang -Wthread-safety)"
+tsa_xml=$results/thread-safety.xml
+tsa_opts=(-Dtests=false -Dpython=enabled "-Dcpp_args=-Wthread-safety -Werror=thread-safety")
+tsa_ok=0
+if ensure_packages clang; then
+  if [ -f build-tsa/build.ninja ]; then
+    meson configure build-tsa "${tsa_opts[@]}" >/dev/null
+  else
+    CXX=clang++ meson setup build-tsa "${tsa_opts[@]}" >/dev/null
+  fi
+  if [ -f build-tsa/build.ninja ] && ninja -C build-tsa >build-tsa/build.log 2>&1; then
+    tsa_ok=1
+  elif [ -f build-tsa/build.log ]; then
+    grep -E "error: " -A2 build-tsa/build.log | head -40
+  fi
+fi
+if [ $tsa_ok -eq 1 ]; then
+  echo '<testsuite><testcase name="thread-safety"/></testsuite>' >"$tsa_xml"
+else
+  echo "thread-safety build failed (build-tsa/build.log)"
+  echo '<testsuite><testcase name="thread-safety"><failure message="clang -Wthread-safety build failed: see build-tsa/build.log"/></testcase></testsuite>' \
+    >"$tsa_xml"
+fi
+# ---- end of thread-safety analysis -----------------------------------------
 
 # ---- Fuzz targets (issue 5) ------------------------------------------------
 # A bounded libFuzzer run per target ($SHMCACHE_FUZZ_SECONDS, default 20 s)

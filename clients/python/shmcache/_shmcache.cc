@@ -32,6 +32,7 @@
 
 namespace py = pybind11;
 using shmcache::Cache;
+using shmcache::python::g_gil;
 using shmcache::python::g_main_thread;
 using shmcache::python::ReleaseGil;
 using shmcache::Client;
@@ -160,9 +161,9 @@ struct PyCache {
   // makes one) and gives it back, so concurrent read_into calls never share
   // one, and fork() (which holds the GIL) never finds the list half-changed.
   // Declared after `cache`: destroyed (threads joined) before it.
-  std::vector<std::unique_ptr<shmcache::BatchReader>> idle_readers;
+  std::vector<std::unique_ptr<shmcache::BatchReader>> idle_readers GUARDED_BY(g_gil);
   // Bytes of the columns read() and read_batch() handed out.
-  uint64_t bytes_read = 0;
+  uint64_t bytes_read GUARDED_BY(g_gil) = 0;
 };
 using PyCachePtr = std::shared_ptr<PyCache>;
 
@@ -188,7 +189,7 @@ struct PutRow {
 };
 
 // put(id, [(name, dtype_name_or_None, array), ...]) -> inserted
-bool Put(PyCache& self, uint64_t id, const py::list& columns) {
+bool Put(PyCache& self, uint64_t id, const py::list& columns) REQUIRES(g_gil) {
   PutRow row;
   row.Parse(columns);
   bool inserted = false;
@@ -207,7 +208,7 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) {
 // rows are copied into shared memory without the GIL; the arrays stay
 // alive meanwhile (PutRow::columns).
 py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
-                   const py::list& rows) {
+                   const py::list& rows) REQUIRES(g_gil) {
   if (rows.size() != ids.size()) {
     throw py::value_error("put_batch: " + std::to_string(ids.size()) +
                           " ids but " + std::to_string(rows.size()) + " rows");
@@ -285,7 +286,7 @@ py::list ViewColumns(const PyCachePtr& self, uint64_t id,
 // readonly=False (for callers that wrap them in tensors and never write).
 py::object Get(const PyCachePtr& self, uint64_t id,
                std::optional<std::vector<std::string>> columns, bool copy,
-               bool readonly) {
+               bool readonly) REQUIRES(g_gil) {
   if (copy) {
     shmcache::Row row;
     Status s;
@@ -320,7 +321,7 @@ py::object Get(const PyCachePtr& self, uint64_t id,
 // round trip per batch. copy=False views rows in shared memory; spilled
 // rows are then copied one by one.
 py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
-                  bool copy, bool readonly) {
+                  bool copy, bool readonly) REQUIRES(g_gil) {
   py::list out;
   if (copy) {
     std::vector<shmcache::Row> rows(ids.size());
@@ -351,7 +352,7 @@ py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
 // GetBatch, without the GIL, and viewed there. statuses[i] as GetBatch's.
 void ViewRows(Cache& cache, std::span<const uint64_t> ids,
               std::span<shmcache::RowView> views, std::span<Status> statuses,
-              std::vector<shmcache::Row>* disk) {
+              std::vector<shmcache::Row>* disk) REQUIRES(g_gil) {
   Check(cache.ViewBatch(ids, views, statuses));
   std::vector<uint64_t> spilled;
   std::vector<size_t> where;
@@ -378,7 +379,7 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
 
 // The view of row `id` into *view (a spilled row is fetched into *disk,
 // without the GIL); false on a miss.
-bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* disk) {
+bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* disk) REQUIRES(g_gil) {
   Status status;
   Check(cache.ViewBatch(std::span(&id, 1), std::span(view, 1), std::span(&status, 1)));
   if (status.IsNotSupported()) {
@@ -397,7 +398,8 @@ bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* 
 
 // The sample of `cols`, as RowBuilder builds it; counts its bytes.
 py::object BuildRow(PyCache& self, py::handle owner, const shmcache::RowView& view,
-                    std::span<const ColumnView> cols, bool copy, bool torch, bool single) {
+                    std::span<const ColumnView> cols, bool copy, bool torch, bool single)
+    REQUIRES(g_gil) {
   // Small rows (the per-sample path) build without a heap allocation.
   constexpr size_t kInline = 8;
   py::handle inline_bases[kInline];
@@ -416,7 +418,7 @@ py::object BuildRow(PyCache& self, py::handle owner, const shmcache::RowView& vi
 }
 
 // read(id, copy=True, torch=False) -> row or None
-py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) {
+py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) REQUIRES(g_gil) {
   PyCache& self = owner.cast<PyCache&>();
   shmcache::RowView view;
   shmcache::Row disk;
@@ -434,7 +436,8 @@ py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) {
 
 // read's entry point, without pybind11's dispatcher (most of the binding's
 // cost of a small hit): read(id, copy, torch), all positional.
-PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs)
+    REQUIRES(g_gil) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "read(id, copy, torch) takes 3 positional arguments");
     return nullptr;
@@ -460,7 +463,7 @@ PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs) {
 //   -> the named columns of the row (single: the one column's value), or
 //   None on a miss; KeyError naming a column the row lacks.
 py::object ReadColumns(py::handle owner, uint64_t id, const std::vector<std::string>& columns,
-                       bool copy, bool torch, bool single) {
+                       bool copy, bool torch, bool single) REQUIRES(g_gil) {
   PyCache& self = owner.cast<PyCache&>();
   shmcache::RowView view;
   shmcache::Row disk;
@@ -471,7 +474,7 @@ py::object ReadColumns(py::handle owner, uint64_t id, const std::vector<std::str
 
 // read_batch(ids, copy=True, torch=False) -> [row or None per id]
 py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
-                    bool copy, bool torch) {
+                    bool copy, bool torch) REQUIRES(g_gil) {
   PyCache& self = owner.cast<PyCache&>();
   std::vector<shmcache::RowView> views(ids.size());
   std::vector<Status> statuses(ids.size());
@@ -557,7 +560,7 @@ struct Targets {
 void ReadInto(PyCache& self,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ids,
               const std::vector<std::string>& names, const py::function& plan,
-              int threads, py::array_t<uint8_t, py::array::c_style> hit) {
+              int threads, py::array_t<uint8_t, py::array::c_style> hit) REQUIRES(g_gil) {
   size_t n = static_cast<size_t>(ids.size());
   if (static_cast<size_t>(hit.size()) != n) throw py::value_error("hit has another length");
   const uint64_t* id_data = ids.data();
@@ -590,11 +593,12 @@ void ReadInto(PyCache& self,
   Targets targets(plan(stored).cast<py::list>());
   if (first < n) hit_data[first] = targets.CopyRow(probe, first);
   std::unique_ptr<shmcache::BatchReader> reader;
-  auto& idle = self.idle_readers;
-  for (size_t k = 0; k < idle.size(); ++k) {
-    if (idle[k]->num_threads() == std::max(threads, 1)) {
-      reader = std::move(idle[k]);
-      idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(k));
+  // self.idle_readers spelt out each time (no reference to it): the
+  // analysis checks every use against the GIL.
+  for (size_t k = 0; k < self.idle_readers.size(); ++k) {
+    if (self.idle_readers[k]->num_threads() == std::max(threads, 1)) {
+      reader = std::move(self.idle_readers[k]);
+      self.idle_readers.erase(self.idle_readers.begin() + static_cast<std::ptrdiff_t>(k));
       break;
     }
   }
@@ -612,7 +616,7 @@ void ReadInto(PyCache& self,
                            std::span(hit_data + first + 1, n - first - 1));
     }
   }
-  idle.push_back(std::move(reader));
+  self.idle_readers.push_back(std::move(reader));
   Check(s);
 }
 
@@ -689,12 +693,13 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("read_batch", &ReadBatch, py::arg("ids"), py::arg("copy") = true,
            py::arg("torch") = false,
            "[row or None per id].")
-      .def_property_readonly("bytes_read", [](PyCache& self) { return self.bytes_read; },
+      .def_property_readonly("bytes_read",
+                             [](PyCache& self) REQUIRES(g_gil) { return self.bytes_read; },
                              "Bytes of the columns read and read_batch returned.")
       .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("plan"),
            py::arg("threads"), py::arg("hit"),
            "Copies rows into the buffers plan(stored dtypes) describes; fills the hit mask.")
-      .def("contains", [](PyCache& self, uint64_t id) {
+      .def("contains", [](PyCache& self, uint64_t id) REQUIRES(g_gil) {
         ReleaseGil nogil;
         return self.cache->Contains(id);
       })
@@ -704,7 +709,7 @@ PYBIND11_MODULE(_shmcache, m) {
         return StatsDict(st);
       })
       .def("is_full", [](PyCache& self) { return self.cache->IsFull(); })
-      .def("claim_build", [](PyCache& self) {
+      .def("claim_build", [](PyCache& self) REQUIRES(g_gil) {
         bool claimed = false;
         Status s;
         {
@@ -714,7 +719,7 @@ PYBIND11_MODULE(_shmcache, m) {
         Check(s);
         return claimed;
       }, "Claims the build of a streaming cache: True for the first caller only.")
-      .def("seal", [](PyCache& self, uint64_t num_rows) {
+      .def("seal", [](PyCache& self, uint64_t num_rows) REQUIRES(g_gil) {
         Status s;
         {
           ReleaseGil nogil;
@@ -722,7 +727,7 @@ PYBIND11_MODULE(_shmcache, m) {
         }
         Check(s);
       }, py::arg("num_rows"), "Seals the cache as holding rows 0..num_rows-1 (the first seal wins).")
-      .def("sealed_rows", [](PyCache& self) -> std::optional<uint64_t> {
+      .def("sealed_rows", [](PyCache& self) REQUIRES(g_gil) -> std::optional<uint64_t> {
         uint64_t n = 0;
         Status s;
         {
@@ -736,7 +741,7 @@ PYBIND11_MODULE(_shmcache, m) {
       .def_property_readonly("cache_id", [](PyCache& self) { return self.cache->cache_id(); })
       .def_property_readonly("session_id",
                              [](PyCache& self) { return self.cache->session_id(); })
-      .def("close", [](PyCache& self) {
+      .def("close", [](PyCache& self) REQUIRES(g_gil) {
         ReleaseGil nogil;
         self.cache->Close();
       });
@@ -751,7 +756,7 @@ PYBIND11_MODULE(_shmcache, m) {
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
       .def(py::init([](int port, const std::string& hostname,
-                       const std::string& run_dir, int timeout_ms) {
+                       const std::string& run_dir, int timeout_ms) REQUIRES(g_gil) {
              shmcache::ClientOptions o;
              o.port = port;
              o.hostname = hostname;
@@ -777,7 +782,7 @@ PYBIND11_MODULE(_shmcache, m) {
       .def("check_session", [](Client& c, uint32_t id) { Check(c.CheckSession(id)); })
       .def("open_cache",
            [](Client& c, uint32_t session_id, const std::string& name,
-              const std::string& fingerprint, uint64_t size_mb, bool spilling) {
+              const std::string& fingerprint, uint64_t size_mb, bool spilling) REQUIRES(g_gil) {
              shmcache::CacheOptions o;
              o.session_id = session_id;
              o.name = name;

@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <unistd.h>
 
+#include "thread_annotations.h"
+
 namespace shmcache::python {
 
 // The main thread's ident: the thread that finalizes the interpreter.
@@ -19,16 +21,24 @@ inline bool InterpreterFinalizing() {
 #endif
 }
 
+// The GIL, as a capability the thread-safety analysis can name: state that
+// only the GIL guards is GUARDED_BY(g_gil), and the functions that touch it
+// (entered from Python, which holds the GIL) say REQUIRES(g_gil). Nothing
+// is locked through it; ReleaseGil lets it go for its scope.
+class CAPABILITY("GIL") Gil {};
+inline Gil g_gil;
+
 // py::gil_scoped_release for calls into the library. A call that may wait on
 // the server (up to its request timeout) can return on a daemon thread (a
 // background put) after the main thread began finalizing the interpreter,
 // at exit: reacquiring the GIL would then end the thread with
 // pthread_exit, whose unwinding through this destructor (noexcept) aborts
 // the whole process. Such a thread waits for the process to end instead.
-class ReleaseGil {
+class SCOPED_CAPABILITY ReleaseGil {
  public:
-  ReleaseGil() : state_(PyEval_SaveThread()) {}
-  ~ReleaseGil() {
+  ReleaseGil() RELEASE(g_gil) : state_(PyEval_SaveThread()) {}
+  // Takes the GIL back (RELEASE ends the scope, which gave it up).
+  ~ReleaseGil() RELEASE() {
     while (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
       pause();
     }

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "release_gil.h"
 #include "shmcache/row.h"
 #include "shmcache/types.h"
 
@@ -81,7 +82,7 @@ class RowBuilder {
                    std::span<const py::handle> bases, bool single);
 
   // Fills what Build allocated. REQUIRES: the columns are still valid.
-  void Copy();
+  void Copy() REQUIRES(g_gil);
   // Bytes of the columns handed out (a widened column counts its stored
   // bytes).
   uint64_t bytes() const { return bytes_; }
@@ -122,6 +123,6 @@ struct ParsedColumns {
 void ParseColumns(const py::list& columns, ParsedColumns* out);
 
 // decode(columns, torch): the sample a hit of these columns would be.
-py::object Decode(const py::list& columns, bool torch);
+py::object Decode(const py::list& columns, bool torch) REQUIRES(g_gil);
 
 }  // namespace shmcache::python
