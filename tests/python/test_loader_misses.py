@@ -5,6 +5,7 @@ break, prompt timeout/break, tensor indices, DataLoader's seed order, and
 samples the cache cannot hold."""
 
 import gc
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache.misses import Closed, MissWorkers  # noqa: E402
 from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # noqa: E402
                                 no_leftovers, reference)
@@ -169,6 +171,29 @@ def test_a_break_computes_nothing_in_the_trainer(server, session, tmp_path):
     putters = lambda: [t for t in threading.enumerate()  # noqa: E731
                        if t.name.startswith("shmcache-put")]
     assert not putters(), putters()
+
+
+def test_workers_end_when_the_thread_after_a_close_finds_it_closed(server, session):
+    """close() while a thread computes (here: holds the compute lock) leaves
+    the workers to the next thread that enters compute(); it must end them
+    then, with no garbage collection to help (the workers of a closed
+    CachedLoader lived on until one ran)."""
+    cds = CachedDataset(Rows(16, "tuple"), DatasetCache(session))
+    workers = MissWorkers(cds, 2)
+    assert len(workers.compute(range(4))) == 4
+    assert len(mp.active_children()) == 2
+    gc.disable()
+    try:
+        with workers._lock:          # a thread computing when close() comes
+            workers.close()          # returns at once, leaving the workers
+        with pytest.raises(Closed):
+            workers.compute([5])
+        wait_for(lambda: not mp.active_children(), timeout=30,
+                 what="the workers to end with no garbage collection")
+    finally:
+        gc.enable()
+    assert workers._loader is None
+    cds.flush(10)
 
 
 # ---- timeout= and break return promptly ----------------------------------------
