@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -69,18 +70,49 @@ def shm_entries():
     return {n for n in os.listdir(SHM) if _OURS.match(n)}
 
 
+class OthersServers(threading.Thread):
+    """Watches, while the test runs, which instance ports and shm dirs
+    servers that are not the test's use: another run on the host may start
+    and kill one meanwhile, whose files (a killed server's host lock) stay
+    until that run removes them, with no server left to name them at the
+    end."""
+
+    def __init__(self, marker):
+        super().__init__(daemon=True)
+        self.marker, self.ports, self.dirs = marker, set(), set()
+        self.done = threading.Event()
+
+    def look(self):
+        for _, (_, c, env) in processes().items():
+            if os.path.basename(c[0]) != "shmcached" or self.marker in env.split(b"\0"):
+                continue
+            if option(c, "port").isdigit():
+                self.ports.add(int(option(c, "port")))
+            if option(c, "shm_dir"):
+                self.dirs.add(os.path.realpath(option(c, "shm_dir")))
+
+    def run(self):
+        while not self.done.wait(0.2):
+            self.look()
+
+
 def main():
     results, name = sys.argv[1], sys.argv[2]
     cmd = sys.argv[sys.argv.index("--") + 1:]
     tag = uuid.uuid4().hex
+    marker = f"SHMCACHE_LEAK_TAG={tag}".encode()
     before = shm_entries()
+    others = OthersServers(marker)
+    others.look()
+    others.start()
     interrupted = False
     try:
         rc = subprocess.call(cmd, env=dict(os.environ, SHMCACHE_LEAK_TAG=tag))
     except KeyboardInterrupt:
         # Ctrl-C: still clean up after the test, then exit as interrupted.
         interrupted, rc = True, 130
-    marker = f"SHMCACHE_LEAK_TAG={tag}".encode()
+    others.done.set()
+    others.join()
     # A process may be on its way out: give the leftovers 5 s to go.
     deadline = time.monotonic() + 5
     while True:
@@ -91,8 +123,9 @@ def main():
             break
         time.sleep(0.1)
     # /dev/shm entries of servers that are not this test's stay (another
-    # user's, made while the test ran).
-    in_use_ports, in_use_dirs = set(), set()
+    # user's or run's, made while the test ran, live now or seen live then).
+    others.look()
+    in_use_ports, in_use_dirs = others.ports, others.dirs
     for pid, (_, c, _) in procs.items():
         if pid in ours or os.path.basename(c[0]) != "shmcached":
             continue

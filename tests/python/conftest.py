@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -90,14 +91,39 @@ def release_huge_dir(port, uid=None):
 
 
 def free_port():
+    """An instance port no live server of this user holds, as far as the
+    host shows now: no segments and no host lock file. Another test run on
+    the host may still take it before our server starts (Server.start
+    moves on to the next port then)."""
     for p in _ports:
         if p > 65535:
             break
-        if not _segments(p):
+        if not _segments(p) and not os.path.lexists(host_lock(p)):
             if _owner is not None:
                 _owner.ports.add(p)
             return p
     raise RuntimeError("no free instance port")
+
+
+def free_tcp_port():
+    """A TCP port, free now, for a rendezvous that a child process binds
+    later (torch.distributed's MASTER_PORT). Drawn below the kernel's
+    ephemeral range (ip_local_port_range), so that no connect() or bind(0)
+    on the host is handed it in between, as a port from bind(0) could be."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    first = 10000 if low > 11000 else 1024
+    rng = random.Random(f"{os.getpid()}-{time.monotonic_ns()}")
+    for _ in range(1000):
+        port = rng.randrange(first, max(first + 1, low))
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 class Server:
@@ -121,7 +147,18 @@ class Server:
         return r
 
     def start(self, *args):
-        self.admin("--start", "--log_dir", str(self.log_dir), *args)
+        """Starts the server. The port was free when free_port chose it, but
+        other test runs on the host pick ports too: when one of theirs took
+        it meanwhile, this server moves on to another port (self.port and
+        self.env follow)."""
+        for _ in range(20):
+            r = self.admin("--start", "--log_dir", str(self.log_dir), *args, check=False)
+            if r.returncode == 0 or "already running on port" not in r.stderr:
+                break
+            self.port = free_port()
+            self.env["SHMCACHE_PORT"] = str(self.port)
+        if r.returncode != 0:
+            raise AssertionError(f"shmcache --start failed: {r.stderr}")
         self.pid = json.loads(self.admin("--server_info", "--json").stdout)["pid"]
 
     def new_session(self):
@@ -184,9 +221,9 @@ def start_server(tmp_path, monkeypatch):
         d.mkdir()
         s = Server(d)
         servers.append(s)
+        s.start(*args)
         monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
         monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
-        s.start(*args)
         return s
 
     yield start
@@ -210,9 +247,13 @@ def spill_server(tmp_path, monkeypatch):
     (tmp_path / "srv").mkdir()
     (tmp_path / "spill").mkdir()
     s = Server(tmp_path / "srv")
+    try:
+        s.start("-s", str(tmp_path / "spill"))
+    except BaseException:
+        s.stop()
+        raise
     monkeypatch.setenv("SHMCACHE_PORT", str(s.port))
     monkeypatch.setenv("SHMCACHE_RUN_DIR", str(s.run_dir))
-    s.start("-s", str(tmp_path / "spill"))
     yield s
     s.stop()
 

@@ -67,6 +67,10 @@ def train(kind, cached, n, epochs):
             loss.backward()
             opt.step()
             loss_sum += loss.item()
+        if cached:
+            # Misses are stored by CachedDataset's background writer: the
+            # counters below must see every row this rank read.
+            assert ds.flush(120), "the queued puts were not written"
         dist.barrier()           # every rank of every node is done reading
         record = {"loss_sum": loss_sum, "indices": list(iter(sampler))}
         if cached and int(os.environ["LOCAL_RANK"]) == 0:

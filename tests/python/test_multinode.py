@@ -10,23 +10,16 @@ source; the tests below check what each sampler does to the nodes' caches.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Server
+from conftest import Server, free_tcp_port
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL, EPOCHS, N = 2, 2, 4, 401   # 401: partitions of 201 and 200 rows
-
-
-def _free_tcp_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_ranks(envs, out_dir, timeout=240):
@@ -56,7 +49,7 @@ def _run_ranks(envs, out_dir, timeout=240):
 def job(tmp_path_factory):
     """Runs the 2x2 job once; {rank: results of ddp_rank.py}."""
     tmp = tmp_path_factory.mktemp("multinode")
-    master_port = _free_tcp_port()
+    master_port = free_tcp_port()
     servers, envs = [], []
     try:
         for node in range(NODES):

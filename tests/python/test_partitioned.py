@@ -13,26 +13,19 @@ epoch early, and with one node's server dead.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Server
+from conftest import Server, free_tcp_port
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL = 2, 2
 WORLD = NODES * LOCAL
 # 100 rows: 25 per rank, batches of 8: three full batches and one of 1.
 N, EPOCHS, BATCH = 100, 3, 8
-
-
-def _free_tcp_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_ranks(envs, args, timeout=150):
@@ -62,7 +55,7 @@ def _run_ranks(envs, args, timeout=150):
 def _job(tmp, workers=0, brk=None, dead_node=None):
     """Starts a server per node, runs the ranks, stops the servers;
     {rank: results of partition_rank.py}."""
-    master_port = _free_tcp_port()
+    master_port = free_tcp_port()
     servers, envs = [], []
     try:
         for node in range(NODES):

@@ -357,9 +357,15 @@ TEST(HostileSocket, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
         return Client::Connect(d.client_options(), &c).ok() && c->CreateSession(&sid).ok();
       },
       std::chrono::seconds(30)));
+  // Each time accepting fails it says so once, and once when it works
+  // again (not once per failed attempt). It can be more than one episode:
+  // while the daemon closes the connections ended above, the ones still
+  // queued in the backlog may fill the freed descriptors again. Our client
+  // was queued last, so once it was served no episode is still open.
   std::string log = d.ReadLog();
-  EXPECT_EQ(Count(log, "cannot accept connections"), 1u) << log;
-  EXPECT_EQ(Count(log, "accepting connections again"), 1u) << log;
+  const size_t failing = Count(log, "cannot accept connections");
+  EXPECT_GE(failing, 1u) << log;
+  EXPECT_EQ(Count(log, "accepting connections again"), failing) << log;
   EXPECT_TRUE(d.Stop().ok());
 }
 

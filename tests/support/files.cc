@@ -112,4 +112,21 @@ void RemoveUnheldLock(const std::string& path) {
   close(fd);
 }
 
+bool PortTakenOnHost(int port) {
+  const std::string tail = "." + std::to_string(port) + ".";
+  for (const std::string& name : ListDir("/dev/shm")) {
+    // ".shmcache.<uid>.<port>.lock" or "shmcache.<uid>.<port>.<rest>"
+    size_t at = name.rfind(".shmcache.", 0) == 0 ? 10
+                : name.rfind("shmcache.", 0) == 0 ? 9
+                                                  : std::string::npos;
+    if (at == std::string::npos) continue;
+    size_t uid_end = name.find('.', at);
+    if (uid_end != std::string::npos && uid_end > at &&
+        name.compare(uid_end, tail.size(), tail) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace shmcache::test

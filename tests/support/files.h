@@ -44,6 +44,12 @@ std::string InstancePrefix(unsigned uid, int port);
 // Removes the lock file at `path` when no process holds its flock (what a
 // killed daemon leaves); one a live daemon holds stays.
 void RemoveUnheldLock(const std::string& path);
+// True when /dev/shm shows the instance port taken by any user: a host
+// lock file (".shmcache.<uid>.<port>.lock", live or left by a killed
+// daemon) or files named "shmcache.<uid>.<port>.*". Other test runs on the
+// host pick ports too; a port this says is free can still be taken before
+// a server starts on it.
+bool PortTakenOnHost(int port);
 std::vector<std::string> InstanceFiles(const std::string& shm_dir,
                                        const std::string& prefix);
 

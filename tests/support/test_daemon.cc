@@ -44,7 +44,10 @@ std::string ReadUntilClosed(int fd, std::chrono::milliseconds bound) {
 
 TestDaemon::TestDaemon() {
   std::random_device rd;
-  port_ = 20000 + static_cast<int>(rd() % 40000);
+  // Not one another test run on the host holds (its host lock or files).
+  do {
+    port_ = 20000 + static_cast<int>(rd() % 40000);
+  } while (PortTakenOnHost(port_));
   std::string tmpl = "/tmp/shmcache-reld.XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();
   base_dir_ = tmpl;

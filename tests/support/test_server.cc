@@ -21,8 +21,11 @@ int PickPort(const std::string& run_dir) {
   for (;;) {
     int n = next.fetch_add(1);
     int port = 20000 + static_cast<int>((getpid() * 37 + n) % 40000);
+    // The host lock makes a port one live instance per user on the host,
+    // whatever the run dir: skip ports other test runs hold.
     if (!PathExists(run_dir + "/shmcached-" + std::to_string(port) + ".sock") &&
-        !PathExists(run_dir + "/shmcached-" + std::to_string(port) + ".lock")) {
+        !PathExists(run_dir + "/shmcached-" + std::to_string(port) + ".lock") &&
+        !PortTakenOnHost(port)) {
       return port;
     }
   }
@@ -48,6 +51,14 @@ TestServer::TestServer(ServerOptions options) : options_(std::move(options)) {
   }
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   start_ = Admin(args);
+  // Another test run on the host may have started a server on the port
+  // after PickPort saw it free: move on to another port then.
+  for (int tries = 0; !options_.port && tries < 20 && start_.exit_code != 0 &&
+                      start_.err.find("already running on port") != std::string::npos;
+       ++tries) {
+    port_ = PickPort(run_dir_);
+    start_ = Admin(args);
+  }
   std::smatch m;
   static const std::regex kPid("process id ([0-9]+)");
   if (start_.exit_code == 0 && std::regex_search(start_.out, m, kPid)) {

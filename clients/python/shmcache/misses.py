@@ -178,9 +178,15 @@ class MissWorkers:
         if not ids:
             return []
         with self._lock:
-            loader = self._loader
-            if self._closed or loader is None:
+            if self._closed or self._loader is None:
+                # A close() that came while another thread computed left the
+                # workers to the next thread here: they end now. No local
+                # may hold the DataLoader on this path: the traceback of
+                # Closed can keep this frame, and the workers with it, alive
+                # until a garbage collection.
+                self._loader = None
                 raise Closed("the CachedLoader iterator was closed")
+            loader = self._loader
             size = min(_MAX_CHUNK, max(1, -(-len(ids) // (2 * self._num_workers))))
             self._chunks.chunks = [ids[k:k + size] for k in range(0, len(ids), size)]
             out: list[Computed] = []
