@@ -10,7 +10,7 @@ namespace shmcache {
 
 namespace {
 
-constexpr int kRanks = 3;
+constexpr int kRanks = 4;
 
 std::atomic<uint64_t> g_fork_generation{0};
 

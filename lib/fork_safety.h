@@ -28,6 +28,7 @@ enum class LockRank : int {
   kCachePut = 0,  // CacheImpl::put_mu_ (Put then maps segments, calls the daemon)
   kCacheMap = 1,  // CacheImpl::map_mu_
   kClient = 2,    // ClientImpl::mu_ (one daemon round trip)
+  kSpillReaders = 3,  // the process's spill readers (spill_reader.cc)
 };
 
 // A std::mutex (Lockable) that fork() never finds held.
