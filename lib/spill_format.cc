@@ -21,13 +21,10 @@ SpillKey::SpillKey(uint32_t cache_id, uint64_t row_id) {
 rocksdb::Options SpillDbOptions() {
   rocksdb::Options o;
   o.compression = rocksdb::kNoCompression;
-  o.enable_blob_files = true;
-  o.min_blob_size = kSpillBlobMinBytes;
-  o.blob_compression_type = rocksdb::kNoCompression;
-  // Blob files left holding only a dropped cache's rows go with the
-  // compaction that deletes its range (DropCache forces one); garbage
-  // collection moves the live rows out of older, partly dropped ones.
-  o.enable_blob_garbage_collection = true;
+  // No BlobDB: the clients read through secondary instances, which RocksDB
+  // does not support for blob files (7.8 crashes in BlobSource's cache key
+  // on a secondary's blob read; upstream marks the pair incompatible). A
+  // large row is one data block of its own in a table file instead.
   rocksdb::BlockBasedTableOptions t;
   t.block_cache = rocksdb::NewLRUCache(kSpillBlockCacheBytes);
   t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));

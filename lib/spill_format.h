@@ -21,13 +21,12 @@ struct SpillKey {
 };
 
 // Rows are written once and read many times at random, many of them large
-// and already dense (tensors): no compression, values of kSpillBlobMinBytes
-// and more in integrated BlobDB blob files (a point read of a large row is
-// one pread, and compactions move only the small keys), a bloom filter and
-// a block cache of kSpillBlockCacheBytes per process for the small rows
-// and the index. The benchmarks' RocksDB peer (benchmarks/bench_rocksdb.cc)
-// runs with these options too.
-inline constexpr uint64_t kSpillBlobMinBytes = 4096;
+// and already dense (tensors): no compression, a bloom filter, a hash index
+// inside data blocks, and a block cache of kSpillBlockCacheBytes per
+// process. Not integrated BlobDB, which would suit large rows, because
+// secondary instances cannot read blob files (spill_format.cc). The
+// benchmarks' RocksDB peer (benchmarks/bench_rocksdb.cc) runs with these
+// options too, beside BlobDB and RocksDB's defaults.
 inline constexpr size_t kSpillBlockCacheBytes = 64u << 20;
 rocksdb::Options SpillDbOptions();
 
