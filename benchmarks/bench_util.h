@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,8 @@ class Report {
 
 // Row sizes of the issue: 3 KB, 150 KB, 600 KB.
 inline constexpr size_t kRowSizes[] = {3 * 1024, 150 * 1024, 600 * 1024};
+// Spilled rows and their RocksDB peer: the sizes DESIGN.md's targets name.
+inline constexpr size_t kSpillRowSizes[] = {3 * 1024, 150 * 1024, 1024 * 1024};
 
 struct Config {
   double seconds = 0.4;             // per measurement
@@ -97,6 +100,13 @@ struct Config {
   std::string out = "-";
   bool Wants(const std::string& s) const;
   size_t RowsFor(size_t row_bytes) const { return working_set / row_bytes; }
+  // Processes for spilled-row reads and their peer: procs, and 4 (the
+  // scaling target's count).
+  std::vector<int> SpillProcs() const {
+    std::vector<int> p = procs;
+    if (std::find(p.begin(), p.end(), 4) == p.end()) p.push_back(4);
+    return p;
+  }
 };
 
 }  // namespace bench

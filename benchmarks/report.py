@@ -220,28 +220,36 @@ def targets(d):
         f"{fmt_rate(view)} vs {fmt_rate(lmdb_z)} rows/s",
         f"{r:.2f}x" if r else "—", ">= 2x", r and r >= 2)
     sp = d.rate("get", "shmcache", "spilled")
-    spb = d.rate("get", "shmcache", "spilled GetBatch 64")
     rk = d.rate("get", "rocksdb", "raw")
-    rkm = d.rate("get", "rocksdb", "raw MultiGet 64")
-    # DESIGN.md's spilled-row targets, against RocksDB's best of three
-    # configurations for the same rows (bench_rocksdb.cc).
-    for size, label in ((3 * KB, "3 KB"), (150 * KB, "150 KB")):
+    # DESIGN.md's spilled-row targets, against RocksDB's best of four
+    # configurations for the same rows (bench_rocksdb.cc): the reader
+    # process reads the spill database itself (docs/spill-reads.md).
+    for size, label in ((3 * KB, "3 KB"), (150 * KB, "150 KB"), (1024 * KB, "1 MB")):
         spb_s = d.rate("get", "shmcache", "spilled GetBatch 64", size=size)
         rkm_s = d.rate("get", "rocksdb", "raw MultiGet 64", size=size)
         r = ratio(spb_s, rkm_s)
         row(f"spilled-row read, GetBatch of 64 vs RocksDB MultiGet of 64 (best of "
-            f"default / no compression / BlobDB + 256 MB cache), {label}",
+            f"default / no compression / BlobDB + 256 MB cache / shmcache's spill "
+            f"options), {label}",
             f"{fmt_rate(spb_s)} vs {fmt_rate(rkm_s)} rows/s",
             f"{r:.2f}x" if r else "—", ">= 0.80x", r and r >= 0.8)
     r = ratio(sp, rk)
-    row("spilled-row read, one row per Get (a daemon round trip each) vs RocksDB Get "
+    row("spilled-row read, one row per Get (read in the process) vs RocksDB Get "
         "(best configuration), 3 KB", f"{fmt_rate(sp)} vs {fmt_rate(rk)} rows/s",
         f"{r:.2f}x" if r else "—", ">= 0.33x (within 3x)", r and r >= 1 / 3)
-    sp2 = d.rate("get", "shmcache", "spilled GetBatch 64", procs=2)
-    r = ratio(sp2, spb)
-    if sp2:
-        row("spilled-row GetBatch, 2 processes vs 1 (the target asks 4 vs 1 >= 1.6x)",
-            f"{fmt_rate(sp2)} vs {fmt_rate(spb)} rows/s",
+    spb = d.rate("get", "shmcache", "spilled GetBatch 64")
+    sp4 = d.rate("get", "shmcache", "spilled GetBatch 64", procs=4)
+    r = ratio(sp4, spb)
+    if sp4:
+        row("spilled-row GetBatch of 64, 3 KB, 4 processes vs 1 (total rows/s)",
+            f"{fmt_rate(sp4)} vs {fmt_rate(spb)} rows/s",
+            f"{r:.2f}x" if r else "—", ">= 1.6x", r and r >= 1.6)
+    rk4 = d.rate("get", "rocksdb", "raw MultiGet 64", procs=4)
+    rk1 = d.rate("get", "rocksdb", "raw MultiGet 64")
+    r = ratio(rk4, rk1)
+    if rk4:
+        row("RocksDB MultiGet of 64, 3 KB, 4 processes vs 1 (the peer's own scaling)",
+            f"{fmt_rate(rk4)} vs {fmt_rate(rk1)} rows/s",
             f"{r:.2f}x" if r else "—", "—", None)
     oh = v.get("mem.overhead_per_row.3072")
     if oh is not None:

@@ -8,26 +8,11 @@
 #include <fmt/format.h>
 
 #include "shm_file.h"
+#include "spill_format.h"
 
 namespace shmcache {
 
 namespace {
-
-void PutBigEndian(char* p, uint64_t v, int bytes) {
-  for (int i = bytes - 1; i >= 0; --i) {
-    p[i] = static_cast<char>(v & 0xFF);
-    v >>= 8;
-  }
-}
-
-struct Key {
-  char bytes[12];
-  Key(uint32_t cache_id, uint64_t row_id) {
-    PutBigEndian(bytes, cache_id, 4);
-    PutBigEndian(bytes + 4, row_id, 8);
-  }
-  rocksdb::Slice slice() const { return rocksdb::Slice(bytes, sizeof bytes); }
-};
 
 Status FromRocks(const rocksdb::Status& s, const std::string& where) {
   if (s.ok()) return Status::OK();
@@ -44,10 +29,8 @@ SpillStore::~SpillStore() = default;
 
 Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out,
                         bool create) {
-  rocksdb::Options opts;
+  rocksdb::Options opts = SpillDbOptions();
   opts.create_if_missing = create;
-  // Rows are written once and read many times at random.
-  opts.OptimizeForPointLookup(256);
   opts.IncreaseParallelism(2);
   // Small memtables: flushes need little free disk, and a nearly full disk
   // is noticed before a flush fails.
@@ -76,7 +59,7 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
         "spill disk full: {} MB free in {}, {} MB needed to go on spilling",
         free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
   }
-  Key k(cache_id, row_id);
+  SpillKey k(cache_id, row_id);
   rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
   Status s = FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
   if (!s.ok()) {
@@ -90,7 +73,7 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
 Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
                             std::vector<std::string>* values,
                             std::vector<bool>* found) {
-  std::vector<Key> keys;
+  std::vector<SpillKey> keys;
   keys.reserve(ids.size());
   std::vector<rocksdb::Slice> slices;
   slices.reserve(ids.size());
@@ -113,8 +96,8 @@ Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
 }
 
 Status SpillStore::DropCache(uint32_t cache_id) {
-  Key begin(cache_id, 0);
-  Key end(cache_id + 1, 0);  // cache ids never reach 2^32 - 1
+  SpillKey begin(cache_id, 0);
+  SpillKey end(cache_id + 1, 0);  // cache ids never reach 2^32 - 1
   rocksdb::Slice b = begin.slice(), e = end.slice();
   rocksdb::Status s = db_->DeleteRange(rocksdb::WriteOptions(),
                                        db_->DefaultColumnFamily(), b, e);
@@ -138,7 +121,7 @@ std::vector<uint32_t> SpillStore::CacheIds() {
     for (int i = 0; i < 4; ++i) id = id << 8 | static_cast<uint8_t>(k[i]);
     ids.push_back(id);
     if (id == UINT32_MAX) break;
-    Key next(id + 1, 0);
+    SpillKey next(id + 1, 0);
     it->Seek(next.slice());
   }
   return ids;

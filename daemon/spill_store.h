@@ -1,11 +1,12 @@
 // SpillStore: rows that do not fit in a cache's memory budget, in one
 // RocksDB database per instance (<spill dir>/shmcache.<uid>.<port>.spill).
-// Keys are cache id (4 bytes, big-endian) + row id (8 bytes, big-endian),
-// so one cache's rows form one contiguous range that DropCache deletes and
-// compacts away. Values are encoded rows (row_codec.h).
+// Keys and options: lib/spill_format.h (one cache's rows form one
+// contiguous range that DropCache deletes and compacts away).
 //
-// Only the daemon opens the database. Thread safety: all methods may be
-// called concurrently (RocksDB is thread-safe).
+// Only the daemon writes the database; clients read it themselves through
+// a RocksDB secondary instance (lib/spill_reader.h), which takes no lock.
+// Thread safety: all methods may be called concurrently (RocksDB is
+// thread-safe).
 #pragma once
 
 #include <atomic>

@@ -121,10 +121,14 @@ class CacheImpl {
   layout::StatsLane* TakeLane(uint32_t i);
   void ReleaseLane();
   void CountRead(bool hit, int node);
-  // Reads spilled rows through the daemon, one round trip per batch.
-  // statuses[i] is OK, NotFound, or the transport error.
+  // Reads spilled rows: from the spill database through this process's
+  // SpillReader, and the rows it cannot find (newer than its view) or read
+  // through the daemon. statuses[i] is OK, NotFound, or the transport error.
   void FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
                     Status* statuses);
+  // The same through the daemon alone, one round trip per batch.
+  void FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
+                              Status* statuses);
   Status PutRow(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);

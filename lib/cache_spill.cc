@@ -1,5 +1,6 @@
-// Rows on disk: puts and gets of spilled rows are requests to the daemon,
-// which holds the RocksDB spill store.
+// Rows on disk: puts of spilled rows are requests to the daemon, which
+// writes the RocksDB spill store; gets read the store in this process
+// (spill_reader.h), and ask the daemon only for what its view lacks.
 
 #include <algorithm>
 #include <cstring>
@@ -7,11 +8,63 @@
 
 #include "cache_impl.h"
 #include "row_codec.h"
+#include "spill_reader.h"
 
 namespace shmcache {
 
+namespace {
+
+// Fills *row from an encoded spilled row; false (the row is left to the
+// daemon) when it is not whole or is not row `id`'s.
+bool AdoptSpilled(uint64_t id, std::span<const std::byte> bytes, Row* row) {
+  std::memcpy(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size());
+  return RowCodec::Adopt(row, bytes.size()).ok() && RowCodec::KeyOf(row->view()) == id;
+}
+
+}  // namespace
+
 void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
                              Status* statuses) {
+  std::shared_ptr<SpillReader> reader = SpillReader::ForInstance(client_->paths());
+  if (!reader) return FetchSpilledFromDaemon(ids, rows, statuses);
+  std::unique_ptr<bool[]> got(new bool[ids.size()]);
+  // Positions still to read, and their ids.
+  std::vector<size_t> left(ids.size());
+  std::vector<uint64_t> left_ids(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size(); ++i) left[i] = i;
+  for (int attempt = 0; attempt < 2 && !left.empty(); ++attempt) {
+    reader->MultiGet(
+        cache_id_, left_ids,
+        [&](size_t k, std::span<const std::byte> bytes) {
+          if (AdoptSpilled(left_ids[k], bytes, rows[left[k]])) statuses[left[k]] = Status::OK();
+          else got[k] = false;
+        },
+        std::span(got.get(), left.size()));
+    size_t kept = 0;
+    for (size_t k = 0; k < left.size(); ++k) {
+      if (got[k]) continue;
+      left[kept] = left[k];
+      left_ids[kept++] = left_ids[k];
+    }
+    left.resize(kept);
+    left_ids.resize(kept);
+    // Rows spilled after the reader's last catch-up: catch up once and
+    // look again.
+    if (left.empty() || attempt > 0) break;
+    SpillReader::CatchUp c = reader->MaybeCatchUp();
+    if (c == SpillReader::CatchUp::kFailed) SpillReader::Forget(client_->paths(), reader.get());
+    if (c != SpillReader::CatchUp::kDone) break;
+  }
+  if (left.empty()) return;
+  std::vector<Row*> left_rows(left.size());
+  std::vector<Status> left_statuses(left.size());
+  for (size_t k = 0; k < left.size(); ++k) left_rows[k] = rows[left[k]];
+  FetchSpilledFromDaemon(left_ids, left_rows.data(), left_statuses.data());
+  for (size_t k = 0; k < left.size(); ++k) statuses[left[k]] = std::move(left_statuses[k]);
+}
+
+void CacheImpl::FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
+                                       Status* statuses) {
   size_t done = 0;
   while (done < ids.size()) {
     size_t n = std::min<size_t>(ids.size() - done, protocol::kMaxSpillBatch);

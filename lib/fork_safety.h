@@ -31,6 +31,7 @@ enum class LockRank : int {
   kCacheMap = 1,  // CacheImpl::map_mu_
   kClient = 2,    // ClientImpl::mu_ (one daemon round trip)
   kClientPaths = 3,  // ClientImpl::paths_mu_ (a copy of the paths)
+  kSpillReaders = 4,  // the process's spill readers (spill_reader.cc; a leaf)
 };
 
 // A std::mutex (Lockable) that fork() never finds held.

@@ -1,0 +1,176 @@
+#include "spill_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "fork_safety.h"
+#include "shm_file.h"
+#include "spill_format.h"
+
+namespace shmcache {
+
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A secondary instance logs nothing anywhere: with no log of its own it
+// needs no directory to keep one in.
+class NullLogger : public rocksdb::Logger {
+ public:
+  using rocksdb::Logger::Logv;
+  void Logv(const char*, va_list) override {}
+};
+
+// The database the daemon's spill record names; empty when none (no
+// record, or not the user's own file: such a record is never believed).
+std::string ReadRecord(const InstancePaths& paths) {
+  std::string text;
+  int fd = -1;
+  if (!OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd).ok()) return text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fd);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+struct Entry {
+  std::shared_ptr<SpillReader> reader;
+  int64_t retry_at_ms = 0;  // when reader is null: when to try again
+};
+
+// Readers by spill record path. After fork() the parent's readers are left
+// alone (never closed: RocksDB's state in the child is the parent's) and
+// the child opens its own.
+struct Readers {
+  ForkSafeMutex mu{LockRank::kSpillReaders};
+  uint64_t fork_gen = ForkGeneration();
+  std::map<std::string, Entry> by_record;  // GUARDED_BY(mu)
+};
+
+Readers& TheReaders() {
+  static Readers* readers = new Readers;  // never destroyed (see fork_safety.h)
+  return *readers;
+}
+
+void ForgetInheritedLocked(Readers& r) {
+  if (r.fork_gen == ForkGeneration()) return;
+  (void)new std::map<std::string, Entry>(std::move(r.by_record));
+  r.by_record.clear();
+  r.fork_gen = ForkGeneration();
+}
+
+constexpr int64_t kRetryOpenMs = 1000;
+
+}  // namespace
+
+std::shared_ptr<SpillReader> SpillReader::ForInstance(const InstancePaths& paths) {
+  Readers& r = TheReaders();
+  const std::string key = paths.SpillRecordFile();
+  {
+    std::lock_guard lock(r.mu);
+    ForgetInheritedLocked(r);
+    auto it = r.by_record.find(key);
+    if (it != r.by_record.end() &&
+        (it->second.reader || NowMs() < it->second.retry_at_ms)) {
+      return it->second.reader;
+    }
+    // Nobody else opens it meanwhile: they see a null reader until then.
+    r.by_record[key] = Entry{nullptr, NowMs() + kRetryOpenMs};
+  }
+  // Opened outside the lock: it reads the database's manifest (tens of ms).
+  std::unique_ptr<SpillReader> opened;
+  const std::string db_path = ReadRecord(paths);
+  if (!db_path.empty()) Open(db_path, &opened).PermitUncheckedError();
+  std::shared_ptr<SpillReader> reader(std::move(opened));
+  std::lock_guard lock(r.mu);
+  ForgetInheritedLocked(r);
+  if (reader) r.by_record[key] = Entry{reader, 0};
+  return reader;
+}
+
+void SpillReader::Forget(const InstancePaths& paths, const SpillReader* stale) {
+  Readers& r = TheReaders();
+  std::lock_guard lock(r.mu);
+  ForgetInheritedLocked(r);
+  auto it = r.by_record.find(paths.SpillRecordFile());
+  if (it != r.by_record.end() && it->second.reader.get() == stale) {
+    it->second = Entry{nullptr, NowMs() + kRetryOpenMs};
+  }
+}
+
+Status SpillReader::Open(const std::string& db_path, std::unique_ptr<SpillReader>* out) {
+  rocksdb::Options o = SpillDbOptions();
+  o.info_log = std::make_shared<NullLogger>();
+  // Every table file stays open: one the daemon compacts away after this
+  // reader's last catch-up is still readable through its descriptor.
+  o.max_open_files = -1;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenAsSecondary(o, db_path, /*secondary_path=*/"", &db);
+  if (!s.ok()) return Status::IOError("cannot read spill database " + db_path + ": " +
+                                      s.ToString());
+  std::unique_ptr<SpillReader> reader(new SpillReader());
+  reader->db_.reset(db);
+  reader->path_ = db_path;
+  reader->last_catch_up_ms_.store(NowMs());
+  *out = std::move(reader);
+  return Status::OK();
+}
+
+SpillReader::~SpillReader() = default;
+
+void SpillReader::MultiGet(
+    uint32_t cache_id, std::span<const uint64_t> ids,
+    const std::function<void(size_t, std::span<const std::byte>)>& found,
+    std::span<bool> got) {
+  constexpr size_t kChunk = 64;
+  std::vector<SpillKey> keys;
+  std::vector<rocksdb::Slice> slices(kChunk);
+  std::vector<rocksdb::PinnableSlice> values(kChunk);
+  std::vector<rocksdb::Status> statuses(kChunk);
+  keys.reserve(kChunk);
+  for (size_t base = 0; base < ids.size(); base += kChunk) {
+    const size_t n = std::min(kChunk, ids.size() - base);
+    keys.clear();
+    for (size_t k = 0; k < n; ++k) {
+      keys.emplace_back(cache_id, ids[base + k]);
+      slices[k] = keys[k].slice();
+      values[k].Reset();
+    }
+    db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), n, slices.data(),
+                  values.data(), statuses.data());
+    for (size_t k = 0; k < n; ++k) {
+      got[base + k] = statuses[k].ok();
+      if (statuses[k].ok()) {
+        found(base + k, std::span(reinterpret_cast<const std::byte*>(values[k].data()),
+                                  values[k].size()));
+      }
+    }
+  }
+}
+
+SpillReader::CatchUp SpillReader::MaybeCatchUp() {
+  if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) < kCatchUpIntervalMs) {
+    return CatchUp::kSkipped;
+  }
+  bool idle = false;
+  if (!catching_up_.compare_exchange_strong(idle, true)) return CatchUp::kSkipped;
+  rocksdb::Status s = db_->TryCatchUpWithPrimary();
+  last_catch_up_ms_.store(NowMs(), std::memory_order_relaxed);
+  catching_up_.store(false);
+  return s.ok() ? CatchUp::kDone : CatchUp::kFailed;
+}
+
+}  // namespace shmcache

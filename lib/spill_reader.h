@@ -1,0 +1,77 @@
+// SpillReader: a client's own reader of the instance's spill database, so
+// that a spilled row costs a RocksDB read in the reading process and no
+// daemon round trip (docs/spill-reads.md has the measurement that chose
+// this over rows handed over in shared memory).
+//
+// It is a RocksDB secondary instance: it takes no lock, writes nothing (its
+// info log is discarded, so it needs no directory of its own) and sees the
+// daemon's writes up to its last catch-up. A row the index shows spilled is
+// in the database before the index says so (the daemon writes it first),
+// so a row the reader cannot find is newer than its view: the caller
+// catches up (MaybeCatchUp) and, failing that, asks the daemon. Any other
+// failure is also answered by asking the daemon: the reader only ever
+// saves round trips, it never decides that a row is missing.
+//
+// Thread safety: all methods may be called concurrently. A reader belongs
+// to the process that opened it: after fork() the child opens its own
+// (ForInstance does).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "instance.h"
+#include "shmcache/status.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace shmcache {
+
+class SpillReader {
+ public:
+  // The process's reader of the instance's spill database (the one the
+  // daemon's spill record names), opened on first use; null when there is
+  // none or it cannot be opened, then tried again at most once a second.
+  static std::shared_ptr<SpillReader> ForInstance(const InstancePaths& paths);
+  // Forgets the instance's reader when it is `stale` (it failed to answer):
+  // the next ForInstance reads the spill record again.
+  static void Forget(const InstancePaths& paths, const SpillReader* stale);
+
+  static Status Open(const std::string& db_path, std::unique_ptr<SpillReader>* out);
+  ~SpillReader();
+
+  // Reads rows ids[i] of the cache. For each one found, calls
+  // found(i, bytes) with the encoded row (valid during the call) and sets
+  // got[i] true; got[i] is false for rows not found or not readable, which
+  // are left to the caller.
+  void MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                const std::function<void(size_t, std::span<const std::byte>)>& found,
+                std::span<bool> got);
+  // Catches up with the daemon's writes, unless another thread does now or
+  // one did less than kCatchUpIntervalMs ago (a catch-up replays the
+  // daemon's newest log: milliseconds). kFailed: the database cannot be
+  // followed any more (removed, replaced): Forget this reader.
+  enum class CatchUp { kDone, kSkipped, kFailed };
+  CatchUp MaybeCatchUp();
+
+  const std::string& path() const { return path_; }
+
+  static constexpr int64_t kCatchUpIntervalMs = 50;
+
+ private:
+  SpillReader() = default;
+
+  std::unique_ptr<rocksdb::DB> db_;
+  std::string path_;
+  std::atomic<bool> catching_up_{false};
+  std::atomic<int64_t> last_catch_up_ms_{0};
+};
+
+}  // namespace shmcache
