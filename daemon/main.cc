@@ -202,11 +202,15 @@ int Run(DaemonOptions& opts) {
   paths = MakeInstancePaths(opts.port, opts.run_dir, shm.dir);
   // A killed server of the other huge-page mode left its rows in the other
   // place: they move here, and adoption below finds them.
-  ShmDirSwitch moved;
-  if (!ShmDirGiven(opts.shm_dir)) {
-    moved = MoveEarlierShmFiles(paths.port, shm.dir, shm.huge, shm.why_not_huge,
-                                &g_stop_requested, &log);
+  // Also when the shm dir given is /dev/shm: a huge tmpfs of the port is
+  // still this instance's.
+  std::string why_not_huge = shm.why_not_huge;
+  if (ShmDirGiven(opts.shm_dir)) {
+    why_not_huge = fmt::format("its shm dir is given (--shm_dir or $SHMCACHE_SHM_DIR: {})",
+                               shm.dir);
   }
+  ShmDirSwitch moved = MoveEarlierShmFiles(paths.port, shm.dir, shm.huge, why_not_huge,
+                                           &g_stop_requested, &log);
 
   NumaTopology& topo = NumaTopology::Get();
   int nodes = topo.num_nodes();

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "huge_tmpfs.h"
 #include "instance.h"
 #include "layout.h"
 #include "logger.h"
@@ -116,14 +117,16 @@ Status MoveRecord(const std::string& from, const std::string& to, bool sessions)
 // ShmFile::Create does) and fills it from `in` by sendfile: the kernel
 // copies page to page, with no page fault and no zeroing first.
 Status CopyTo(int in, const std::string& tmp, size_t size, int node) {
-  int out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int out = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (out < 0) return Status::FromErrno("cannot create " + tmp, errno);
   Status s;
   if (fchmod(out, 0600) != 0 || ftruncate(out, static_cast<off_t>(size)) != 0) {
     s = Status::FromErrno("cannot size " + tmp, errno);
   }
   if (s.ok() && node >= 0 && size > 0) {
-    void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, out, 0);
+    // tmpfs allocates by the file's shared policy, which mbind on a shared
+    // mapping sets (and which stays after munmap).
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, out, 0);
     if (p != MAP_FAILED) {
       NumaTopology::Get().BindMemory(p, size, node);
       munmap(p, size);
@@ -217,8 +220,8 @@ std::string Reason(bool from_huge, bool huge, const std::string& why_not_huge) {
   }
   if (huge) return "This server uses /dev/shm, whose pages are huge.";
   if (!why_not_huge.empty()) {
-    return fmt::format("This server has SHMCACHE_HUGE_TMPFS set but no huge-page tmpfs "
-                       "of its own: {}.", why_not_huge);
+    return fmt::format("This server has {}no huge-page tmpfs of its own: {}.",
+                       HugeTmpfsAsked() ? "SHMCACHE_HUGE_TMPFS set but " : "", why_not_huge);
   }
   return fmt::format("It ran with SHMCACHE_HUGE_TMPFS, this server without; {}.", kKeep);
 }

@@ -39,11 +39,12 @@ struct ShmDirSwitch {
                         // nothing of an earlier server was found
 };
 
-// `dir`: the shm dir this server picked (`huge`: whether its pages are
-// huge); `why_not_huge`: when SHMCACHE_HUGE_TMPFS asked for a huge tmpfs
-// that could not be had, the reason. Does nothing unless `dir` is /dev/shm
-// or HugeShmDir(port). Stops between files when *stop_requested turns
-// true; what is left stays for the next start.
+// `dir`: the shm dir this server uses (`huge`: whether its pages are
+// huge); `why_not_huge`: why it is not its own huge tmpfs, when there is a
+// reason to give (asked for but not to be had, or a shm dir given). Does
+// nothing unless `dir` is /dev/shm or HugeShmDir(port). Stops between
+// files when *stop_requested turns true; what is left stays for the next
+// start.
 ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
                                  const std::string& why_not_huge,
                                  const std::atomic<bool>* stop_requested, Logger* log);

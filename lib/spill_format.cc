@@ -1,8 +1,5 @@
 #include "spill_format.h"
 
-#include <rocksdb/cache.h>
-#include <rocksdb/filter_policy.h>
-#include <rocksdb/table.h>
 
 namespace shmcache {
 
@@ -25,11 +22,12 @@ rocksdb::Options SpillDbOptions() {
   // does not support for blob files (7.8 crashes in BlobSource's cache key
   // on a secondary's blob read; upstream marks the pair incompatible). A
   // large row is one data block of its own in a table file instead.
-  rocksdb::BlockBasedTableOptions t;
-  t.block_cache = rocksdb::NewLRUCache(kSpillBlockCacheBytes);
-  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
-  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  //
+  // RocksDB's own table options otherwise: in interleaved runs here (3 KB
+  // rows, one process, docs/spill-reads.md) a 64 MB block cache with a
+  // bloom filter and a hash index in the data blocks read 1.5-5x slower
+  // than the defaults.
+  //
   // No periodic statistics dump: it needs a timer thread, which a forked
   // reader process does not have.
   o.stats_dump_period_sec = 0;

@@ -21,13 +21,10 @@ struct SpillKey {
 };
 
 // Rows are written once and read many times at random, many of them large
-// and already dense (tensors): no compression, a bloom filter, a hash index
-// inside data blocks, and a block cache of kSpillBlockCacheBytes per
-// process. Not integrated BlobDB, which would suit large rows, because
-// secondary instances cannot read blob files (spill_format.cc). The
-// benchmarks' RocksDB peer (benchmarks/bench_rocksdb.cc) runs with these
-// options too, beside BlobDB and RocksDB's defaults.
-inline constexpr size_t kSpillBlockCacheBytes = 64u << 20;
+// and already dense (tensors): RocksDB's defaults with no compression (why
+// not BlobDB or a larger block cache: spill_format.cc and
+// docs/spill-reads.md). The benchmarks' RocksDB peer
+// (benchmarks/bench_rocksdb.cc) runs with these options too.
 rocksdb::Options SpillDbOptions();
 
 }  // namespace shmcache

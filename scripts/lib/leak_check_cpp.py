@@ -6,8 +6,9 @@ Runs COMMAND with SHMCACHE_LEAK_TAG=<unique> in its environment, which
 every process it starts inherits. Afterwards, what counts as left behind:
 - a live process carrying that tag (a daemon or child the test forgot);
 - a /dev/shm entry of the kinds the tests make (see _OURS) that appeared
-  while the test ran and is not in use by a live server (its port or
-  --shm_dir) that is not the test's own.
+  while the test ran and is not in use by a server (its port or --shm_dir)
+  that is not the test's own, live at the end or seen while the test ran,
+  nor of a port whose host lock names a run dir the tests do not make.
 Both are reported, then killed or removed. Appends one JSON line
 {"name", "result": "OK"|"FAIL", "why"} to RESULTS.jsonl and exits non-zero
 when the test failed or leaked. Used by scripts/stress-tests.sh.
@@ -96,6 +97,30 @@ class OthersServers(threading.Thread):
             self.look()
 
 
+def lock_run_dir(port):
+    """The run dir that a host lock of `port` names (its second line), or
+    "" when there is no lock or it names none."""
+    for n in os.listdir(SHM):
+        m = _PORT.match(n)
+        if n.startswith(".") and n.endswith(".lock") and m and int(m.group(1)) == port:
+            try:
+                with open(os.path.join(SHM, n)) as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            if len(lines) > 1:
+                return lines[1]
+    return ""
+
+
+def made_by_the_tests(run_dir):
+    """Whether a server's run dir is one the C++ tests make: under this
+    run's SHMCACHE_RUN_DIR (TestServer) or a TestDaemon's
+    /tmp/shmcache-reld.* dir."""
+    roots = [r for r in (os.environ.get("SHMCACHE_RUN_DIR"), "/tmp/shmcache-reld.") if r]
+    return any(run_dir.startswith(r) for r in roots)
+
+
 def main():
     results, name = sys.argv[1], sys.argv[2]
     cmd = sys.argv[sys.argv.index("--") + 1:]
@@ -138,6 +163,10 @@ def main():
         m = _PORT.match(n)
         path = os.path.join(SHM, n)
         if (m and int(m.group(1)) in in_use_ports) or os.path.realpath(path) in in_use_dirs:
+            continue
+        # A server gone before anyone saw it: its lock names its run dir.
+        owner_dir = lock_run_dir(int(m.group(1))) if m else ""
+        if owner_dir and not made_by_the_tests(owner_dir):
             continue
         leaked_files.append(path)
     why = [f"process {p} ({' '.join(v[1])[:200]})" for p, v in ours.items()]

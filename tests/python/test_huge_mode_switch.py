@@ -84,15 +84,16 @@ def _in_dev_shm(port):
             and not f.startswith(huge_dir(port))]
 
 
-def _start(server, huge, *prefix):
+def _start(server, huge, *prefix, args=()):
     """`shmcache --start` on server's port (with `prefix` before the admin,
-    e.g. setpriv), SHMCACHE_HUGE_TMPFS set or not; returns its stdout."""
+    e.g. setpriv, and `args` after it), SHMCACHE_HUGE_TMPFS set or not;
+    returns its stdout."""
     env = dict(server.env)
     env.pop("SHMCACHE_HUGE_TMPFS", None)
     if huge:
         env["SHMCACHE_HUGE_TMPFS"] = "1"
     r = subprocess.run([*prefix, str(ADMIN), "-p", str(server.port), "--start",
-                        "--log_dir", str(server.log_dir)],
+                        "--log_dir", str(server.log_dir), *args],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     server.pid = json.loads(server.admin("--server_info", "--json").stdout)["pid"]
@@ -167,6 +168,21 @@ def test_plain_then_huge_moves_the_rows_into_the_new_mount(start_server):
     assert _mounted(huge_dir(s.port))
     assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
     assert not _in_dev_shm(s.port) and _in_huge(s.port)
+    _rows(s, "get", session)
+    _stop_and_check_nothing_left(s)
+
+
+def test_a_restart_with_shm_dir_dev_shm_also_moves_the_rows(huge_server):
+    """--shm_dir /dev/shm (as in a unit's SHMCACHED_OPTS) with the variable
+    still set: the port's huge tmpfs is emptied into /dev/shm all the same."""
+    s, session = huge_server
+    s.kill()
+    out = _start(s, True, args=("--shm_dir", "/dev/shm"))
+    warnings = _warnings(out)
+    assert len(warnings) == 1, out
+    assert "its shm dir is given" in warnings[0] and "unmounted" in warnings[0], warnings[0]
+    assert s.cache_rows(session)["switch"]["mem_cached"] == ROWS
+    assert not _mounted(huge_dir(s.port))
     _rows(s, "get", session)
     _stop_and_check_nothing_left(s)
 
