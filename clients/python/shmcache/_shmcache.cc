@@ -439,8 +439,17 @@ PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "read(id, copy, torch) takes 3 positional arguments");
     return nullptr;
   }
+  // The id's range is checked here, so that the Python callers need check
+  // only its type: ValueError as DatasetCache._check_id raises it.
   unsigned long long id = PyLong_AsUnsignedLongLong(args[0]);
-  if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  if ((id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) ||
+      id > shmcache::kMaxRowId) {
+    if (!PyLong_Check(args[0])) return nullptr;  // not an int: its TypeError
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError, "row id %S outside [0, %llu]", args[0],
+                 static_cast<unsigned long long>(shmcache::kMaxRowId));
+    return nullptr;
+  }
   int copy = PyObject_IsTrue(args[1]);
   int torch = PyObject_IsTrue(args[2]);
   if (copy < 0 || torch < 0) return nullptr;
