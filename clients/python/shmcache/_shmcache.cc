@@ -415,9 +415,21 @@ py::object BuildRow(PyCache& self, py::handle owner, const shmcache::RowView& vi
   return row;
 }
 
+// The PyCache of `owner`, a Cache instance (read's method descriptor has
+// checked its type). pybind11's cast looks the type up each time; an
+// instance of simple layout holds the value pointer itself.
+PyCache& SelfOf(py::handle owner) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(owner.ptr());
+  if (inst->simple_layout && inst->simple_holder_constructed &&
+      inst->simple_value_holder[0] != nullptr) {
+    return *static_cast<PyCache*>(inst->simple_value_holder[0]);
+  }
+  return owner.cast<PyCache&>();
+}
+
 // read(id, copy=True, torch=False) -> row or None
 py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) {
-  PyCache& self = owner.cast<PyCache&>();
+  PyCache& self = SelfOf(owner);
   shmcache::RowView view;
   shmcache::Row disk;
   if (!ViewOne(*self.cache, id, &view, &disk)) return py::none();
