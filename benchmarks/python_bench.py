@@ -8,7 +8,8 @@ Sections, each skipped with its reason when what it needs is missing:
              also py-lmdb get + np.frombuffer + copy of the same rows (a
              read transaction per get, and one long read transaction:
              py-lmdb's fastest use) and CachedDataset[i], with the ratios
-             of the targets against both;
+             of the targets against both, measured in interleaved rounds
+             (best round each: the machine may be shared and noisy);
   read_into  batches of 588 KB rows assembled by DatasetCache.read_into
              (2 threads) vs numpy copying the same rows with 2 threads;
   dataloader a PyTorch DataLoader (2 workers) over a generated folder of
@@ -156,11 +157,25 @@ def bench_python(args, out, shmcache):
             client.destroy_session(session)
 
 
+ROUNDS = 5
+
+
+def best_rates(seconds, ops):
+    """{name: rows/s} of ops {name: (op, ids)}, measured in ROUNDS
+    interleaved rounds (each op seconds / ROUNDS a round), the best round of
+    each kept: on a shared machine a burst of load then hits all of them
+    alike, and the best round is the one least disturbed."""
+    best = dict.fromkeys(ops, 0.0)
+    for _ in range(ROUNDS):
+        for name, (op, ids) in ops.items():
+            best[name] = max(best[name], timed_rate(seconds / ROUNDS, op, ids))
+    return best
+
+
 def bench_vs_lmdb(args, out, cache, src, ids):
-    """The Python targets at 3 KB: get and view vs py-lmdb, CachedDataset[i]."""
+    """The Python targets at 3 KB: get, view and CachedDataset[i] vs
+    py-lmdb's two uses, all measured in the same interleaved rounds."""
     size = src.shape[1]
-    get = out.results[-4]["rows_per_s"]       # DatasetCache.get, view above
-    view = out.results[-3]["rows_per_s"]
     try:
         import lmdb
     except ImportError as e:
@@ -176,16 +191,10 @@ def bench_vs_lmdb(args, out, cache, src, ids):
     def lmdb_get(k):          # a read transaction per get
         with env.begin(buffers=True) as txn:
             return np.frombuffer(txn.get(k), dtype=np.uint8).copy()
-    lm = timed_rate(args.seconds, lmdb_get, keys)
-    out.add("get", "py-lmdb", "get+frombuffer+copy, txn per get", size, 1, lm)
     long_txn = env.begin(buffers=True)   # py-lmdb's fastest use: one long txn
 
     def lmdb_long(k):
         return np.frombuffer(long_txn.get(k), dtype=np.uint8).copy()
-    ll = timed_rate(args.seconds, lmdb_long, keys)
-    out.add("get", "py-lmdb", "get+frombuffer+copy, one long txn", size, 1, ll)
-    long_txn.abort()
-    env.close()
     import torch  # noqa: F401
     from torch.utils.data import Dataset
     from shmcache.torch import CachedDataset
@@ -202,12 +211,22 @@ def bench_vs_lmdb(args, out, cache, src, ids):
     cds = CachedDataset(Rows(), cache, async_puts=False)
     for i in range(src.shape[0]):
         cds[i]                                   # misses: fill the cache
-    cd = timed_rate(args.seconds, cds.__getitem__, ids)
-    out.add("get", "python", "CachedDataset[i]", size, 1, cd)
-    for peer, rate in (("lmdb", lm), ("lmdb_long_txn", ll)):
-        out.value(f"python.get_vs_{peer}", get / rate)
-        out.value(f"python.view_vs_{peer}", view / rate)
-        out.value(f"python.cached_dataset_vs_{peer}", cd / rate)
+    r = best_rates(args.seconds * 2, {
+        "get": (cache.get, ids), "view": (cache.view, ids),
+        "cds": (cds.__getitem__, ids), "lmdb": (lmdb_get, keys),
+        "lmdb_long_txn": (lmdb_long, keys)})
+    long_txn.abort()
+    env.close()
+    out.add("get", "py-lmdb", "get+frombuffer+copy, txn per get", size, 1, r["lmdb"])
+    out.add("get", "py-lmdb", "get+frombuffer+copy, one long txn", size, 1,
+            r["lmdb_long_txn"])
+    out.add("get", "python", "CachedDataset[i]", size, 1, r["cds"])
+    out.add("get", "python", "DatasetCache.get, rounds with lmdb", size, 1, r["get"])
+    out.add("view", "python", "DatasetCache.view, rounds with lmdb", size, 1, r["view"])
+    for peer in ("lmdb", "lmdb_long_txn"):
+        out.value(f"python.get_vs_{peer}", r["get"] / r[peer])
+        out.value(f"python.view_vs_{peer}", r["view"] / r[peer])
+        out.value(f"python.cached_dataset_vs_{peer}", r["cds"] / r[peer])
 
 
 # ---- read_into: batches of decoded images ---------------------------------

@@ -308,11 +308,11 @@ def targets(d):
         row(f"CachedLoader ({path}): warm epoch vs no cache",
             f"{v['dataloader.epoch_no_cache_s']:.2f} s -> "
             f"{v['loader.steady_epoch_s']:.3f} s",
-            f"{lw:.1f}x faster", ">= 20x", lw >= 20)
+            f"{lw:.1f}x faster", ">= 50x", lw >= 50)
         lf = v["loader.speedup_vs_floor"]
         row("CachedLoader: warm epoch vs DataLoader's own floor",
             f"{v['dataloader.epoch_floor_s']:.2f} s -> {v['loader.steady_epoch_s']:.3f} s",
-            f"{lf:.1f}x faster", ">= 3x", lf >= 3)
+            f"{lf:.1f}x faster", ">= 5x", lf >= 5)
     l1 = v.get("loader.first_epoch_vs_dataloader")
     if l1 is not None:
         row("CachedLoader: first epoch vs DataLoader(CachedDataset), 2 workers each",

@@ -323,3 +323,17 @@ def test_reserved_row_ids_are_not_for_rows(server, session):
             c.put_columns(row_id, [("x", None, np.zeros(1))])
         with pytest.raises(ValueError):
             c.get_columns(row_id)
+
+
+def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
+    # get, view and CachedDataset[i] of an open cache hand the id to the
+    # native read unchecked: its range is checked there, as _check_id does.
+    c = DatasetCache(session, name="ids")
+    assert c.put(0, np.zeros(3, np.uint8))
+    torch_mod = pytest.importorskip("shmcache.torch")
+    ds = torch_mod.CachedDataset([np.zeros(3, np.uint8)], c, async_puts=False)
+    for row_id in (-1, shmcache.MAX_ROW_ID + 1, 2**64, -2**70):
+        for read in (c.get, c.view, ds.__getitem__):
+            with pytest.raises(ValueError, match=rf"row id {row_id} outside \[0, "):
+                read(row_id)
+    assert c.get(0).tolist() == [0, 0, 0] and ds[0].tolist() == [0, 0, 0]

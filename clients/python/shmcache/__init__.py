@@ -623,20 +623,22 @@ class DatasetCache:
     def _read(self, row_id: Any, columns: ColumnSelection, copy: bool,
               torch: bool) -> Any:
         """The finished row (numpy arrays, or tensors when torch) or None;
-        what get, view and CachedDataset hand out. The per-sample path: no
-        check beyond the id's type and range, one native call."""
+        what get, view and CachedDataset hand out. The per-sample path
+        (an int id, all columns, an open cache) is inlined by its callers:
+        the native read checks the id's range."""
         c = self._cache
-        if type(row_id) is not int or not 0 <= row_id <= MAX_ROW_ID:
+        if type(row_id) is not int:
             row_id = self._check_id(row_id)
         if c is None:
+            row_id = self._check_id(row_id)   # bypassed or not yet open
             c = self._open()
             if c is None:
                 return None
         try:
             if columns is None:
                 return c.read(row_id, copy, torch)
-            return c.read_columns(row_id, column_names(columns) or [], copy, torch,
-                                  isinstance(columns, (str, int)))
+            return c.read_columns(self._check_id(row_id), column_names(columns) or [],
+                                  copy, torch, isinstance(columns, (str, int)))
         except Error as e:
             self._degrade(_State.BYPASSED, e)
             return None
@@ -673,11 +675,25 @@ class DatasetCache:
         tuple rows); only those bytes are read. With copy=False the arrays
         are zero-copy, read-only views into shared memory (see the module
         docstring for how long they stay valid)."""
-        return self._read(row_id, columns, copy, False)
+        c = self._cache
+        if c is None or columns is not None or type(row_id) is not int:
+            return self._read(row_id, columns, copy, False)
+        try:     # _read's per-sample path, inlined: a frame less per row
+            return c.read(row_id, copy, False)
+        except Error as e:
+            self._degrade(_State.BYPASSED, e)
+            return None
 
     def view(self, row_id: int, columns: ColumnSelection = None) -> Any:
         """get(row_id, columns, copy=False)."""
-        return self._read(row_id, columns, False, False)
+        c = self._cache
+        if c is None or columns is not None or type(row_id) is not int:
+            return self._read(row_id, columns, False, False)
+        try:     # as get's
+            return c.read(row_id, False, False)
+        except Error as e:
+            self._degrade(_State.BYPASSED, e)
+            return None
 
     def read_into(self, ids: Any, out: Any,
                   columns: ColumnSelection = None) -> npt.NDArray[np.bool_]:

@@ -417,9 +417,21 @@ py::object BuildRow(PyCache& self, py::handle owner, const shmcache::RowView& vi
   return row;
 }
 
+// The PyCache of `owner`, a Cache instance (read's method descriptor has
+// checked its type). pybind11's cast looks the type up each time; an
+// instance of simple layout holds the value pointer itself.
+PyCache& SelfOf(py::handle owner) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(owner.ptr());
+  if (inst->simple_layout && inst->simple_holder_constructed &&
+      inst->simple_value_holder[0] != nullptr) {
+    return *static_cast<PyCache*>(inst->simple_value_holder[0]);
+  }
+  return owner.cast<PyCache&>();
+}
+
 // read(id, copy=True, torch=False) -> row or None
 py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) REQUIRES(g_gil) {
-  PyCache& self = owner.cast<PyCache&>();
+  PyCache& self = SelfOf(owner);
   shmcache::RowView view;
   shmcache::Row disk;
   if (!ViewOne(*self.cache, id, &view, &disk)) return py::none();
@@ -442,8 +454,17 @@ PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs)
     PyErr_SetString(PyExc_TypeError, "read(id, copy, torch) takes 3 positional arguments");
     return nullptr;
   }
+  // The id's range is checked here, so that the Python callers need check
+  // only its type: ValueError as DatasetCache._check_id raises it.
   unsigned long long id = PyLong_AsUnsignedLongLong(args[0]);
-  if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  if ((id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) ||
+      id > shmcache::kMaxRowId) {
+    if (!PyLong_Check(args[0])) return nullptr;  // not an int: its TypeError
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError, "row id %S outside [0, %llu]", args[0],
+                 static_cast<unsigned long long>(shmcache::kMaxRowId));
+    return nullptr;
+  }
   int copy = PyObject_IsTrue(args[1]);
   int torch = PyObject_IsTrue(args[2]);
   if (copy < 0 || torch < 0) return nullptr;

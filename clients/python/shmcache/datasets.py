@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import CacheStats, CacheWarning, DatasetCache
+from . import CacheStats, CacheWarning, DatasetCache, Error
 from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
 
@@ -55,6 +55,26 @@ __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
 _RANDOM_TRANSFORM = re.compile(
     r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
     r"ElasticTransform)\s*\(")
+
+
+# Whether this process is a DataLoader worker (None: not asked yet). Asked
+# once per process: a worker's info is set before it touches a dataset, and
+# a worker started by fork asks again (the flag is reset in every child).
+_in_worker: bool | None = None
+
+
+def _ask_in_worker() -> bool:
+    global _in_worker
+    _in_worker = get_worker_info() is not None
+    return _in_worker
+
+
+def _forget_in_worker() -> None:
+    global _in_worker
+    _in_worker = None
+
+
+os.register_at_fork(after_in_child=_forget_in_worker)
 
 
 def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
@@ -256,7 +276,8 @@ class CachedDataset(Dataset):
                  and self.transforms is None)
         if self.copy is not None:
             return self.copy, plain
-        return not (plain and get_worker_info() is not None), plain
+        in_worker = _in_worker
+        return not (plain and (_ask_in_worker() if in_worker is None else in_worker)), plain
 
     def _miss(self, index: int) -> Any:
         sample = self.dataset[index]
@@ -311,11 +332,24 @@ class CachedDataset(Dataset):
         return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int | torch.Tensor) -> Any:
-        # The per-sample path: the common case (an int, no transform) first.
+        # The per-sample path, written out (on a small hit a Python frame
+        # costs as much as the read): _mode and the cache's _read inlined.
         if type(index) is not int and isinstance(index, torch.Tensor):
             index = int(index)
-        copy, plain = self._mode()
-        sample = self.cache._read(index, self.columns, copy, True)
+        plain = (self.transform is None and self.target_transform is None
+                 and self.transforms is None)
+        copy = self.copy
+        if copy is None:
+            in_worker = _in_worker
+            copy = not (plain and (_ask_in_worker() if in_worker is None else in_worker))
+        c = self.cache._cache
+        if c is not None and self.columns is None and type(index) is int:
+            try:
+                sample = c.read(index, copy, True)
+            except Error:   # _read says so once and bypasses the cache
+                sample = self.cache._read(index, None, copy, True)
+        else:
+            sample = self.cache._read(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
         return sample if plain else self.apply_transforms(sample)

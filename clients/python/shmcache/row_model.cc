@@ -453,13 +453,12 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
   bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
   // torch reads a bfloat16 column through an int16 array.
   py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
-  py::array a;
-  if (base && out == c.dtype) {
-    a = NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch);
-  } else {
-    a = NewArray(dt, c.shape, nullptr, base, true);
-    Later(c, out, a.mutable_data());
-  }
+  // One array made, never a default one first (py::array() allocates an
+  // empty array: a third of a small view's cost).
+  bool view = base && out == c.dtype;
+  py::array a = view ? NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch)
+                     : NewArray(dt, c.shape, nullptr, py::handle(), true);
+  if (!view) Later(c, out, a.mutable_data());
   if (leaf_ == Leaf::kNumpy) return a;
   // One vectorcall, without pybind11's argument tuple: this is a large
   // part of a small hit's cost.
