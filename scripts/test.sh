@@ -35,7 +35,7 @@ if [ -d tests/python ]; then
     -p no:cacheprovider
 fi
 
-# ---- Types of the Python package (issue 12) --------------------------------
+# ---- Types of the Python package -------------------------------------------
 # mypy over clients/python/shmcache (clients/python/mypy.ini), counted as
 # one check: its JUnit report holds one case, failed with mypy's messages.
 echo "== mypy over the Python package"
@@ -77,7 +77,7 @@ else
 fi
 # ---- end of thread-safety analysis -----------------------------------------
 
-# ---- Fuzz targets (issue 5) ------------------------------------------------
+# ---- Fuzz targets ----------------------------------------------------------
 # A bounded libFuzzer run per target ($SHMCACHE_FUZZ_SECONDS, default 20 s)
 # in a separate clang build with ASan/UBSan; each run is a meson test of that
 # build, counted below. Longer runs: tests/fuzz/README.md.

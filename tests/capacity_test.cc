@@ -569,7 +569,7 @@ TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
 }
 
 
-// ---- Rows too large for the cache (issue 9, item 6) -----------------------
+// ---- Rows too large for the cache -----------------------------------------
 
 constexpr uint64_t kMB = 1 << 20;
 
@@ -674,7 +674,7 @@ TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
 }
 
 
-// ---- Memory of destroyed sessions that readers still map (item 9) --------
+// ---- Memory of destroyed sessions that readers still map ------------------
 
 ServerInfo GetInfo(const TestServer& server) {
   std::unique_ptr<Client> client;

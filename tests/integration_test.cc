@@ -571,8 +571,8 @@ TEST_F(IntegrationTest, ColumnProjection) {
   EXPECT_FALSE(cache->Contains(4));
 }
 
-// A missing column and a missing row are told apart (issue 12), and a read
-// that fails leaves its row empty (row.h).
+// A missing column and a missing row are told apart (a caller handles them
+// differently), and a read that fails leaves its row empty (row.h).
 TEST_F(IntegrationTest, MissingColumnIsColumnNotFoundAndAMissingRowIsNot) {
   std::unique_ptr<Client> client;
   std::unique_ptr<Cache> cache;

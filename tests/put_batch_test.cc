@@ -1,7 +1,7 @@
-// Cache::PutBatch (issue 11, item 2) and the page preparation behind every
-// put (item 1): rows of a batch are stored as Put would store them one by
-// one, each with its own status, and mapping leased chunks never turns a
-// full tmpfs into a SIGBUS. Every test runs its own daemon.
+// Cache::PutBatch and the page preparation behind every put: rows of a
+// batch are stored as Put would store them one by one, each with its own
+// status, and mapping leased chunks never turns a full tmpfs into a SIGBUS.
+// Every test runs its own daemon.
 #include <signal.h>
 #include <sys/mount.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// The start-up log's account of the pages behind the shm dir (issue 11):
+// The start-up log's account of the pages behind the shm dir:
 // huge only where the mount or the global setting gives tmpfs huge pages.
 #include "shm_pages.h"
 

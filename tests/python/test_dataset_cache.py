@@ -249,7 +249,7 @@ def test_dead_daemon_keeps_hits_and_warns_once(server, session):
     assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
 
 
-# ---- issue 12: typed errors, context manager, stats object, signatures ---
+# ---- Typed errors, context manager, stats object, signatures -------------
 
 def test_errors_keep_their_types_and_stay_runtime_errors(server, session):
     with pytest.raises(shmcache.NotFoundError, match="does not exist") as e:

@@ -1,5 +1,5 @@
 """DatasetCache.put_batch: the rows of put, many per call, with put's
-per-row rules and its warnings (issue 11, item 2)."""
+per-row rules and its warnings."""
 
 import multiprocessing
 import warnings

@@ -1,4 +1,4 @@
-"""The package's type information (issue 12): py.typed and the stub of the
+"""The package's type information: py.typed and the stub of the
 extension module ship with it, and the stub names what the module has.
 mypy itself runs over the package in scripts/test.sh."""
 
