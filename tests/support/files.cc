@@ -113,7 +113,11 @@ void RemoveUnheldLock(const std::string& path) {
 }
 
 bool PortTakenOnHost(int port) {
-  const std::string tail = "." + std::to_string(port) + ".";
+  // Built by appends: gcc 12 warns (-Wrestrict, a false positive) on
+  // "literal" + std::string&&.
+  std::string tail(1, '.');
+  tail += std::to_string(port);
+  tail += '.';
   for (const std::string& name : ListDir("/dev/shm")) {
     // ".shmcache.<uid>.<port>.lock" or "shmcache.<uid>.<port>.<rest>"
     size_t at = name.rfind(".shmcache.", 0) == 0 ? 10
