@@ -11,18 +11,17 @@
 //   LMDB    (with --lmdb_dir) mdb_get in one long read transaction of the
 //           same rows (integer keys), one byte of the value read
 // The caches are opened with size 0, as a trainer opens them by default.
+#include <lmdb.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <lmdb.h>
-#include <sys/mman.h>
-
-#include <filesystem>
 
 #include "sections.h"
 #include "shmcache/client.h"
@@ -121,8 +120,8 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
   for (const HitConfig& h : kHitConfigs) {
     const std::string v = std::string(" ") + h.label;
     const size_t bytes = h.rows * h.size;
-    char* buf = static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    char* buf = static_cast<char*>(
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (buf == MAP_FAILED) {
       r->Skip("hit" + v, "cannot map the reference buffer");
       continue;
@@ -164,38 +163,55 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
     // run of each kept: on a shared machine a neighbour's burst lowers some
     // runs, never raises one, and it hits limits and shmcache alike.
     LmdbRows lmdb;
-    const bool with_lmdb = !c.lmdb_dir.empty() &&
-                           lmdb.Open(c.lmdb_dir + "/hit-" + std::to_string(h.size), h, src);
+    const bool with_lmdb =
+        !c.lmdb_dir.empty() &&
+        lmdb.Open(c.lmdb_dir + "/hit-" + std::to_string(h.size), h, src);
     double chase = 0, copy = 0, views = 0, gets = 0, lmdb_views = 0;
     uint64_t next[5] = {0, 0, 0, 0, 0};
     const double slice = c.seconds / kRounds;
     for (int round = 0; round < kRounds; ++round) {
-      chase = std::max(chase, TimedRateOnce(slice, 1, [&](uint64_t) {
-        std::memcpy(&p, p, sizeof(p));
-      }, &next[0]));
-      copy = std::max(copy, TimedRateOnce(slice, 1, [&](uint64_t i) {
-        std::memcpy(dst.data(), buf + idx[i & mask] * h.size, h.size);
-        DoNotOptimize(dst.data());
-      }, &next[1]));
-      views = std::max(views, TimedRateOnce(slice, 1, [&](uint64_t i) {
-        ok &= cache->View(idx[i & mask], &view).ok();
-        sum += static_cast<uint64_t>(view.column(0).data[0]);
-      }, &next[2]));
-      gets = std::max(gets, TimedRateOnce(slice, 1, [&](uint64_t i) {
-        ok &= cache->Get(idx[i & mask], &row).ok();
-        DoNotOptimize(row.view().encoded().data());
-      }, &next[3]));
+      chase = std::max(
+          chase,
+          TimedRateOnce(
+              slice, 1, [&](uint64_t) { std::memcpy(&p, p, sizeof(p)); }, &next[0]));
+      copy = std::max(copy, TimedRateOnce(
+                                slice, 1,
+                                [&](uint64_t i) {
+                                  std::memcpy(dst.data(), buf + idx[i & mask] * h.size,
+                                              h.size);
+                                  DoNotOptimize(dst.data());
+                                },
+                                &next[1]));
+      views = std::max(views, TimedRateOnce(
+                                  slice, 1,
+                                  [&](uint64_t i) {
+                                    ok &= cache->View(idx[i & mask], &view).ok();
+                                    sum += static_cast<uint64_t>(view.column(0).data[0]);
+                                  },
+                                  &next[2]));
+      gets = std::max(gets, TimedRateOnce(
+                                slice, 1,
+                                [&](uint64_t i) {
+                                  ok &= cache->Get(idx[i & mask], &row).ok();
+                                  DoNotOptimize(row.view().encoded().data());
+                                },
+                                &next[3]));
       if (!with_lmdb) continue;
-      lmdb_views = std::max(lmdb_views, TimedRateOnce(slice, 1, [&](uint64_t i) {
-        uint64_t id = idx[i & mask];
-        MDB_val key{sizeof id, &id};
-        MDB_val val;
-        if (mdb_get(lmdb.txn, lmdb.dbi, &key, &val) == 0) {
-          sum += static_cast<uint64_t>(static_cast<const char*>(val.mv_data)[0]);
-        } else {
-          ok = false;
-        }
-      }, &next[4]));
+      lmdb_views =
+          std::max(lmdb_views, TimedRateOnce(
+                                   slice, 1,
+                                   [&](uint64_t i) {
+                                     uint64_t id = idx[i & mask];
+                                     MDB_val key{sizeof id, &id};
+                                     MDB_val val;
+                                     if (mdb_get(lmdb.txn, lmdb.dbi, &key, &val) == 0) {
+                                       sum += static_cast<uint64_t>(
+                                           static_cast<const char*>(val.mv_data)[0]);
+                                     } else {
+                                       ok = false;
+                                     }
+                                   },
+                                   &next[4]));
     }
     lmdb.Close();
     DoNotOptimize(sum);

@@ -52,8 +52,9 @@ void BenchLmdb(const Config& c, const Source& src, Report* r) {
     MDB_env* env = OpenEnv(dir, map_size, false, &err);
     MDB_txn* txn = nullptr;
     MDB_dbi dbi = 0;
-    bool ok = env && Check(mdb_txn_begin(env, nullptr, 0, &txn), "mdb_txn_begin", &err) &&
-              Check(mdb_dbi_open(txn, nullptr, MDB_INTEGERKEY, &dbi), "mdb_dbi_open", &err);
+    bool ok =
+        env && Check(mdb_txn_begin(env, nullptr, 0, &txn), "mdb_txn_begin", &err) &&
+        Check(mdb_dbi_open(txn, nullptr, MDB_INTEGERKEY, &dbi), "mdb_dbi_open", &err);
     double t0 = NowSec();
     for (uint64_t id = 0; ok && id < n; ++id) {
       MDB_val key{sizeof id, &id};

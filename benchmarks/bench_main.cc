@@ -115,8 +115,7 @@ int main(int argc, char** argv) {
   report.Value("config.working_set_mb", static_cast<double>(c.working_set >> 20));
 
   using Fn = void (*)(const bench::Config&, const bench::Source&, bench::Report*);
-  auto section = [&](const char* name, Fn fn, bool available,
-                     const std::string& why) {
+  auto section = [&](const char* name, Fn fn, bool available, const std::string& why) {
     if (!c.Wants(name)) return;
     std::fprintf(stderr, "== %s\n", name);
     double t0 = bench::NowSec();

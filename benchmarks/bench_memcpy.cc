@@ -28,8 +28,7 @@ void BenchMemcpy(const Config& c, const Source& src, Report* r) {
         std::vector<uint64_t> dst((size + 7) / 8);
         const uint64_t off = static_cast<uint64_t>(k) * 7919;
         return TimedRate(c.seconds, [&](uint64_t i) {
-          std::memcpy(dst.data(), src.Row(idx[(i + off) & (idx.size() - 1)], size),
-                      size);
+          std::memcpy(dst.data(), src.Row(idx[(i + off) & (idx.size() - 1)], size), size);
           DoNotOptimize(dst.data());
         });
       });

@@ -1,11 +1,11 @@
 // Redis (Debian's redis-server on a Unix socket, persistence off) through
 // hiredis: GET and SET of the same rows, one request at a time and
 // pipelined. Every process opens its own connection.
-#include <hiredis/hiredis.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <hiredis/hiredis.h>
 
 #include "sections.h"
 
@@ -50,8 +50,8 @@ void BenchRedis(const Config& c, const Source& src, Report* r) {
       uint32_t end = std::min<uint32_t>(n, id + static_cast<uint32_t>(depth));
       for (uint32_t j = id; j < end; ++j) {
         std::string key = Key(j);
-        redisAppendCommand(ctx, "SET %b %b", key.data(), key.size(),
-                           src.Row(j, size), size);
+        redisAppendCommand(ctx, "SET %b %b", key.data(), key.size(), src.Row(j, size),
+                           size);
       }
       for (uint32_t j = id; j < end; ++j) {
         void* rep = nullptr;

@@ -6,16 +6,16 @@
 // opened with, lib/spill_format.cc, compiled in from the same file); "raw"
 // and "raw MultiGet 64" are the best of them, the reference the
 // spilled-row targets compare against.
-#include <rocksdb/db.h>
-#include <rocksdb/cache.h>
-#include <rocksdb/options.h>
-#include <rocksdb/table.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
 
 #include "sections.h"
 #include "spill_format.h"
@@ -43,7 +43,8 @@ const RocksConfig kRocksConfigs[] = {
        t.block_cache = rocksdb::NewLRUCache(256u << 20);
        o->table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
      }},
-    {"shmcache spill options", [](rocksdb::Options* o) { *o = shmcache::SpillDbOptions(); }},
+    {"shmcache spill options",
+     [](rocksdb::Options* o) { *o = shmcache::SpillDbOptions(); }},
 };
 }  // namespace
 
@@ -63,8 +64,8 @@ void BenchRocksdbRows(const Config& c, const Source& src, size_t size, Report* r
     Report sub(/*quiet=*/true);
     BenchRocksdbConfig(c, src, size, cfg, r, &sub);
     for (const Result& x : sub.results()) {
-      r->Add(x.bench, x.system, x.variant + " (" + cfg.name + ")", x.row_bytes,
-             x.procs, x.rows_per_s);
+      r->Add(x.bench, x.system, x.variant + " (" + cfg.name + ")", x.row_bytes, x.procs,
+             x.rows_per_s);
       auto same = [&](const Result& b) {
         return b.variant == x.variant && b.procs == x.procs;
       };
@@ -126,9 +127,12 @@ void BenchRocksdbConfig(const Config& c, const Source& src, size_t size,
       const uint64_t off = static_cast<uint64_t>(child) * 7919;
       double rr = TimedRate(c.seconds, [&](uint64_t i) {
         uint64_t id = idx[(i + off) & (idx.size() - 1)];
-        good &= owned->Get(rocksdb::ReadOptions(),
-                           rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
-                           &value).ok() && value.size() == size;
+        good &= owned
+                    ->Get(rocksdb::ReadOptions(),
+                          rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
+                          &value)
+                    .ok() &&
+                value.size() == size;
       });
       return good ? rr : -1.0;
     });
@@ -163,7 +167,8 @@ void BenchRocksdbConfig(const Config& c, const Source& src, size_t size,
       return good ? rr : -1.0;
     });
     if (rate < 0) r->Skip("rocksdb multiget", "MultiGet failed");
-    else sub->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kBatch), size, p, rate);
+    else
+      sub->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kBatch), size, p, rate);
   }
   std::filesystem::remove_all(dir);
 }

@@ -1,13 +1,13 @@
 // shmcache through its C++ API: put (one row a call, and PutBatch), copy-out
 // get and zero-copy view of the same rows, in 1..P processes; the shared
 // memory a cached row costs; and reads of rows spilled to RocksDB.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <dirent.h>
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -52,8 +52,7 @@ std::string ShmDirOf(int port) {
 ShmFiles FilesOf(int port, uint32_t cache_id, const std::string& kind) {
   std::string dir = ShmDirOf(port);
   std::string prefix = "shmcache." + std::to_string(geteuid()) + "." +
-                       std::to_string(port) + "." + kind + "." +
-                       std::to_string(cache_id);
+                       std::to_string(port) + "." + kind + "." + std::to_string(cache_id);
   ShmFiles out;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return out;
@@ -79,8 +78,8 @@ int InstancePort(const Config& c) {
   return static_cast<int>(port);
 }
 
-Status Open(Client* client, uint32_t session, const std::string& name,
-            bool spilling, uint64_t size_mb, std::unique_ptr<Cache>* out) {
+Status Open(Client* client, uint32_t session, const std::string& name, bool spilling,
+            uint64_t size_mb, std::unique_ptr<Cache>* out) {
   CacheOptions o;
   o.session_id = session;
   o.name = name;
@@ -124,8 +123,7 @@ double PutRange(Cache* cache, const Source& src, size_t size, uint64_t begin,
   return static_cast<double>(end - begin) / (NowSec() - t0);
 }
 
-void Overhead(const Config& c, Cache* cache, size_t size, uint64_t rows,
-              Report* r) {
+void Overhead(const Config& c, Cache* cache, size_t size, uint64_t rows, Report* r) {
   shmcache::CacheStats st;
   Status s = cache->GetStats(&st);
   if (!s.ok() || st.mem_rows == 0) {
@@ -147,8 +145,7 @@ void Overhead(const Config& c, Cache* cache, size_t size, uint64_t rows,
   double shm = static_cast<double>(seg.allocated + table.allocated + head.allocated);
   r->Value("mem.shm_bytes_per_row." + k, shm / n);
   r->Value("mem.shm_overhead_per_row." + k, shm / n - static_cast<double>(size));
-  r->Value("mem.reserved_bytes_per_row." + k,
-           static_cast<double>(st.reserved_bytes) / n);
+  r->Value("mem.reserved_bytes_per_row." + k, static_cast<double>(st.reserved_bytes) / n);
   (void)rows;
 }
 
@@ -230,12 +227,13 @@ void BenchPut(const Config& c, const Source& src, Report* r) {
         const uint64_t per = n / static_cast<uint64_t>(p);
         double rate = RunProcs(p, [&](int child) {
           std::string err;
-          double rr = PutRange(cache.get(), src, size, per * child,
-                               per * (child + 1), &err, batch);
+          double rr = PutRange(cache.get(), src, size, per * child, per * (child + 1),
+                               &err, batch);
           if (rr < 0) std::fprintf(stderr, "put: %s\n", err.c_str());
           return rr;
         });
-        if (rate < 0) r->Skip(variant + " " + k + " P=" + std::to_string(p), "put failed");
+        if (rate < 0)
+          r->Skip(variant + " " + k + " P=" + std::to_string(p), "put failed");
         else r->Add("put", "shmcache", variant, size, p, rate);
         cache.reset();
         client->DestroySession(session).PermitUncheckedError();
@@ -378,15 +376,17 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
   uint32_t session = 0;
   s = client->CreateSession(&session);
   std::unique_ptr<Cache> cache;
-  if (s.ok()) s = Open(client.get(), session, "spill-" + std::to_string(size), true, 1, &cache);
+  if (s.ok())
+    s = Open(client.get(), session, "spill-" + std::to_string(size), true, 1, &cache);
   std::string err;
   if (s.ok()) {
     double t0 = NowSec();
     for (uint64_t id = 0; id < n && s.ok(); ++id) {
       s = cache->Put(id, src.Row(id, size), size);
     }
-    if (s.ok()) r->Add("put", "shmcache", "spilling", size, 1,
-                       static_cast<double>(n) / (NowSec() - t0));
+    if (s.ok())
+      r->Add("put", "shmcache", "spilling", size, 1,
+             static_cast<double>(n) / (NowSec() - t0));
   }
   shmcache::CacheStats st;
   if (s.ok()) s = cache->GetStats(&st);
@@ -430,8 +430,9 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
         return ok ? rr : -1;
       });
       if (rate < 0) r->Skip("spill get batch", "a batched get of spilled rows failed");
-      else r->Add("get", "shmcache", "spilled GetBatch " + std::to_string(kSpillBatch),
-                  size, p, rate);
+      else
+        r->Add("get", "shmcache", "spilled GetBatch " + std::to_string(kSpillBatch), size,
+               p, rate);
     }
   } else {
     r->Skip("spill", s.ToString());

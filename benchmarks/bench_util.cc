@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+
 #include <nlohmann/json.hpp>
 
 namespace bench {
@@ -91,8 +92,8 @@ double TimedRateBatched(double seconds, int batch,
   return runs[1];
 }
 
-double TimedRateOnce(double seconds, int batch,
-                     const std::function<void(uint64_t)>& op, uint64_t* next) {
+double TimedRateOnce(double seconds, int batch, const std::function<void(uint64_t)>& op,
+                     uint64_t* next) {
   // Warm-up: a tenth of the time, at most 0.05 s.
   double w_end = NowSec() + std::min(0.05, seconds / 10);
   uint64_t i = *next;
@@ -161,7 +162,12 @@ bool Config::Wants(const std::string& s) const {
 void Report::Add(const std::string& bench, const std::string& system,
                  const std::string& variant, size_t row_bytes, int procs,
                  double rows_per_s) {
-  Result r{bench, system, variant, row_bytes, procs, rows_per_s,
+  Result r{bench,
+           system,
+           variant,
+           row_bytes,
+           procs,
+           rows_per_s,
            rows_per_s * static_cast<double>(row_bytes) / 1e9};
   if (!quiet_) {
     std::fprintf(stderr, "  %-8s %-9s %-22s %7zu B  P=%d  %12.0f rows/s  %7.2f GB/s\n",

@@ -9,10 +9,10 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -44,8 +44,8 @@ double TimedRateBatched(double seconds, int batch,
                         const std::function<void(uint64_t)>& op);
 
 // One run; op indices continue from *next.
-double TimedRateOnce(double seconds, int batch,
-                     const std::function<void(uint64_t)>& op, uint64_t* next);
+double TimedRateOnce(double seconds, int batch, const std::function<void(uint64_t)>& op,
+                     uint64_t* next);
 
 // Forks `procs` children that start together; child k runs body(k) and
 // reports the rate it returns. Returns the sum of the children's rates, or
@@ -53,9 +53,9 @@ double TimedRateOnce(double seconds, int batch,
 double RunProcs(int procs, const std::function<double(int)>& body);
 
 struct Result {
-  std::string bench;   // "get", "view", "put", "memcpy", ...
-  std::string system;  // "shmcache", "redis", "lmdb", "rocksdb", "memcpy"
-  std::string variant; // "copy-out", "zero-copy", "pipelined", ...
+  std::string bench;    // "get", "view", "put", "memcpy", ...
+  std::string system;   // "shmcache", "redis", "lmdb", "rocksdb", "memcpy"
+  std::string variant;  // "copy-out", "zero-copy", "pipelined", ...
   size_t row_bytes = 0;
   int procs = 1;
   double rows_per_s = 0;
@@ -67,8 +67,7 @@ class Report {
   // quiet: Add does not print (a report gathered to be merged into another).
   explicit Report(bool quiet = false) : quiet_(quiet) {}
   void Add(const std::string& bench, const std::string& system,
-           const std::string& variant, size_t row_bytes, int procs,
-           double rows_per_s);
+           const std::string& variant, size_t row_bytes, int procs, double rows_per_s);
   void Skip(const std::string& what, const std::string& reason);
   void Value(const std::string& key, double v);  // free-form figures
   // Writes everything as one JSON object to `path` ("-" = stdout).
@@ -92,10 +91,10 @@ struct Config {
   size_t working_set = 512u << 20;  // bytes of rows per size (>> LLC)
   std::vector<int> procs = {1, 2};
   int pipeline_depth = 32;
-  int port = 0;                     // shmcache instance
-  std::string redis_socket;         // empty: skip Redis
-  std::string lmdb_dir;             // empty: skip LMDB
-  std::string rocksdb_dir;          // empty: skip raw RocksDB
+  int port = 0;                       // shmcache instance
+  std::string redis_socket;           // empty: skip Redis
+  std::string lmdb_dir;               // empty: skip LMDB
+  std::string rocksdb_dir;            // empty: skip raw RocksDB
   std::vector<std::string> sections;  // empty: all
   std::string out = "-";
   bool Wants(const std::string& s) const;

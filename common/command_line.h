@@ -12,11 +12,12 @@
 // Not thread-safe; one object per command line.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "shmcache/status.h"
 

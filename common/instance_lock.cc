@@ -1,14 +1,15 @@
 #include "instance_lock.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
-#include <fmt/format.h>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "parse_number.h"
 
@@ -75,8 +76,8 @@ Status NotOurs(const std::string& lock_path, const struct stat& st, int port) {
 
 }  // namespace
 
-Status TakeHostLock(const std::string& lock_path, int port,
-                    const std::string& run_dir, int* fd_out) {
+Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
+                    int* fd_out) {
   // A holder that stops unlinks the file while holding it: a lock taken on
   // a file that is no longer the one at the path is taken again.
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -123,7 +124,8 @@ Status TakeHostLock(const std::string& lock_path, int port,
 }
 
 void ReleaseHostLock(const std::string& lock_path, int fd) {
-  struct stat held {}, now {};
+  struct stat held {
+  }, now{};
   if (fd >= 0 && fstat(fd, &held) == 0 && lstat(lock_path.c_str(), &now) == 0 &&
       SameFile(held, now)) {
     unlink(lock_path.c_str());

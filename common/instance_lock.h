@@ -28,8 +28,8 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
 // is refused (PermissionDenied naming its owner and the fix). Another
 // server of this user on the port, whatever its run dir, is
 // AlreadyExists naming its process id and run dir.
-Status TakeHostLock(const std::string& lock_path, int port,
-                    const std::string& run_dir, int* fd_out);
+Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
+                    int* fd_out);
 // Removes the file of a host lock taken as `fd`, while still holding it
 // (a server that opened it meanwhile finds it unlinked and tries again).
 void ReleaseHostLock(const std::string& lock_path, int fd);

@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace shmcache {
 
@@ -42,7 +43,7 @@ uint64_t ReadLimit(const std::string& path) {
 }
 
 struct Hierarchy {
-  std::string mount_root;   // the cgroup path the mount shows at its top
+  std::string mount_root;  // the cgroup path the mount shows at its top
   std::string mount_point;
 };
 
@@ -104,13 +105,14 @@ uint64_t CgroupMemoryLimit(const std::string& root, std::string* file) {
     std::string controllers = line.substr(a + 1, b - a - 1);
     std::string path = line.substr(b + 1);
     bool v2 = line.substr(0, a) == "0" && controllers.empty();
-    bool v1_memory = std::ranges::count(Split(controllers, ','), std::string("memory")) > 0;
+    bool v1_memory =
+        std::ranges::count(Split(controllers, ','), std::string("memory")) > 0;
     if (!v2 && !v1_memory) continue;
     Hierarchy h;
     if (!FindMount(mountinfo, v2, &h)) continue;
     std::string f;
-    uint64_t v = SmallestUpwards(root, h, path, v2 ? "memory.max" : "memory.limit_in_bytes",
-                                 &f);
+    uint64_t v =
+        SmallestUpwards(root, h, path, v2 ? "memory.max" : "memory.limit_in_bytes", &f);
     if (v && (best == 0 || v < best)) {
       best = v;
       if (file) *file = f;
@@ -134,7 +136,8 @@ MemoryBounds ComputeMemoryBounds(double ratio, uint64_t cap_bytes, uint64_t shm_
   b.cgroup_limit_bytes = CgroupMemoryLimit(root, &b.cgroup_file);
   // The ratio applies to a cgroup limit even under --memory_cap_mb: the
   // server and its clients need the rest of the limit for their own pages.
-  b.cgroup_bytes = static_cast<uint64_t>(static_cast<double>(b.cgroup_limit_bytes) * ratio);
+  b.cgroup_bytes =
+      static_cast<uint64_t>(static_cast<double>(b.cgroup_limit_bytes) * ratio);
   b.shm_bytes = shm_room;
   b.cap_bytes = b.requested_bytes;
   b.bound = b.requested;
@@ -155,7 +158,8 @@ std::string ContainerKind(const std::string& root) {
   std::string cg = ReadFile(root + "/proc/1/cgroup");
   if (cg.find("kubepods") != std::string::npos) return "kubernetes";
   if (access((root + "/.dockerenv").c_str(), F_OK) == 0 ||
-      cg.find("/docker") != std::string::npos || cg.find("containerd") != std::string::npos) {
+      cg.find("/docker") != std::string::npos ||
+      cg.find("containerd") != std::string::npos) {
     return "docker";
   }
   return "";
@@ -170,22 +174,25 @@ std::string ShmTooSmallRemedy(const std::string& shm_dir, uint64_t room, uint64_
       "memory cap is {} MB. ",
       shm_dir, room >> 20, wanted >> 20, what, room >> 20);
   if (container == "kubernetes") {
-    return head + fmt::format(
-        "Mount an emptyDir volume with 'medium: Memory' and 'sizeLimit: {}Gi' at "
-        "/dev/shm in the pod spec (and raise the container's memory limit to match), "
-        "or start with --shm_dir on a larger tmpfs",
-        gb);
+    return head +
+           fmt::format(
+               "Mount an emptyDir volume with 'medium: Memory' and 'sizeLimit: {}Gi' at "
+               "/dev/shm in the pod spec (and raise the container's memory limit to "
+               "match), "
+               "or start with --shm_dir on a larger tmpfs",
+               gb);
   }
   if (container == "docker") {
     return head + fmt::format(
-        "Run the container with 'docker run --shm-size={}g ...' (compose: "
-        "shm_size: {}gb), or start with --shm_dir on a larger tmpfs",
-        gb, gb);
+                      "Run the container with 'docker run --shm-size={}g ...' (compose: "
+                      "shm_size: {}gb), or start with --shm_dir on a larger tmpfs",
+                      gb, gb);
   }
   return head + fmt::format(
-      "Start with --shm_dir DIR on a larger tmpfs (e.g. 'mount -t tmpfs -o size={}g "
-      "tmpfs DIR'), or give a smaller -r / --memory_cap_mb",
-      gb);
+                    "Start with --shm_dir DIR on a larger tmpfs (e.g. 'mount -t tmpfs -o "
+                    "size={}g "
+                    "tmpfs DIR'), or give a smaller -r / --memory_cap_mb",
+                    gb);
 }
 
 }  // namespace shmcache

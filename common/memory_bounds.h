@@ -17,14 +17,14 @@ inline constexpr const char* kBoundCgroup = "cgroup";
 inline constexpr const char* kBoundShm = "shm_filesystem";
 
 struct MemoryBounds {
-  uint64_t requested_bytes = 0;     // -r x physical memory, or --memory_cap_mb
+  uint64_t requested_bytes = 0;            // -r x physical memory, or --memory_cap_mb
   const char* requested = kBoundPhysical;  // which of the two
-  uint64_t cgroup_limit_bytes = 0;  // smallest limit up the hierarchy; 0: none
-  std::string cgroup_file;          // the file that set it
-  uint64_t cgroup_bytes = 0;        // ratio x cgroup_limit_bytes; 0: none
-  uint64_t shm_bytes = 0;           // room in the shm filesystem
-  uint64_t cap_bytes = 0;           // the smallest of the above
-  const char* bound = kBoundPhysical;  // the one that applies
+  uint64_t cgroup_limit_bytes = 0;         // smallest limit up the hierarchy; 0: none
+  std::string cgroup_file;                 // the file that set it
+  uint64_t cgroup_bytes = 0;               // ratio x cgroup_limit_bytes; 0: none
+  uint64_t shm_bytes = 0;                  // room in the shm filesystem
+  uint64_t cap_bytes = 0;                  // the smallest of the above
+  const char* bound = kBoundPhysical;      // the one that applies
 };
 
 // The memory limit of this process's cgroup: the smallest memory.max

@@ -1,10 +1,10 @@
 #include "metrics.h"
 
-#include <fmt/format.h>
-
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+
+#include <fmt/format.h>
 
 #include "shmcache/version.h"
 
@@ -54,8 +54,8 @@ constexpr CacheMetric kCacheMetrics[] = {
 
 void Family(std::string& out, std::string_view name, std::string_view type,
             std::string_view help) {
-  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name,
-                 help, name, type);
+  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, help,
+                 name, type);
 }
 
 void SampleStart(std::string& out, std::string_view name, std::string_view labels) {
@@ -86,15 +86,17 @@ size_t Utf8Length(std::string_view s, size_t i) {
   auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   unsigned char b = byte(i);
   if (b < 0x80) return 1;
-  size_t n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-           : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+  size_t n = b >= 0xC2 && b <= 0xDF   ? 2
+             : b >= 0xE0 && b <= 0xEF ? 3
+             : b >= 0xF0 && b <= 0xF4 ? 4
+                                      : 0;
   if (n == 0 || i + n > s.size()) return 0;
   for (size_t k = 1; k < n; ++k) {
     if ((byte(i + k) & 0xC0) != 0x80) return 0;
   }
   unsigned char c = byte(i + 1);  // no overlong forms, surrogates, > U+10FFFF
-  if ((b == 0xE0 && c < 0xA0) || (b == 0xED && c > 0x9F) ||
-      (b == 0xF0 && c < 0x90) || (b == 0xF4 && c > 0x8F)) {
+  if ((b == 0xE0 && c < 0xA0) || (b == 0xED && c > 0x9F) || (b == 0xF0 && c < 0x90) ||
+      (b == 0xF4 && c > 0x8F)) {
     return 0;
   }
   return n;
@@ -132,8 +134,8 @@ std::string PrometheusText(const ServerInfo& info,
   Family(out, "shmcache_server_info", "gauge",
          "The server's configuration, as labels; the value is always 1.");
   Sample(out, "shmcache_server_info",
-         fmt::format("{},version=\"{}.{}.{}\",shm_dir=\"{}\",spill_dir=\"{}\"",
-                     port, kMajorVersion, kMinorVersion, kPatchVersion,
+         fmt::format("{},version=\"{}.{}.{}\",shm_dir=\"{}\",spill_dir=\"{}\"", port,
+                     kMajorVersion, kMinorVersion, kPatchVersion,
                      PrometheusLabelValue(info.shm_dir),
                      PrometheusLabelValue(info.spill_dir)),
          uint64_t{1});
@@ -150,8 +152,10 @@ std::string PrometheusText(const ServerInfo& info,
       {"shmcache_server_memory_held_bytes",
        "Part of memory used: destroyed sessions' memory that processes still map.",
        static_cast<double>(info.memory_held_bytes)},
-      {"shmcache_server_sessions", "Sessions.", static_cast<double>(info.sessions.size())},
-      {"shmcache_server_caches", "Caches in all sessions.", static_cast<double>(num_caches)},
+      {"shmcache_server_sessions", "Sessions.",
+       static_cast<double>(info.sessions.size())},
+      {"shmcache_server_caches", "Caches in all sessions.",
+       static_cast<double>(num_caches)},
       {"shmcache_server_connections", "Client connections open now.",
        static_cast<double>(info.connections)},
       {"shmcache_server_uptime_seconds", "Seconds since the server started.",
@@ -199,8 +203,8 @@ std::string PrometheusText(const ServerInfo& info,
   size_t label_bytes = 0;
   for (const SessionInfo& s : sessions) {
     for (const CacheStats& c : s.caches) {
-      labels.push_back(fmt::format("{},session=\"{}\",cache=\"{}\",cache_id=\"{}\"",
-                                   port, s.session_id, PrometheusLabelValue(c.name),
+      labels.push_back(fmt::format("{},session=\"{}\",cache=\"{}\",cache_id=\"{}\"", port,
+                                   s.session_id, PrometheusLabelValue(c.name),
                                    c.cache_id));
       label_bytes += labels.back().size();
       caches.push_back(&c);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+
 #include <fmt/format.h>
 
 #include "parse_number.h"
@@ -62,8 +63,8 @@ Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes) {
 Status ParseMetricsInterval(std::string_view text, int* seconds) {
   long n = 0;
   if (!ParseDecimal(text, 1, 3600, &n)) {
-    return Status::InvalidArgument(fmt::format(
-        "metrics interval '{}' is not a number of seconds in 1..3600", text));
+    return Status::InvalidArgument(
+        fmt::format("metrics interval '{}' is not a number of seconds in 1..3600", text));
   }
   *seconds = static_cast<int>(n);
   return Status::OK();
@@ -146,15 +147,15 @@ Status CheckMemoryCap(double ratio, uint64_t cap_bytes) {
   uint64_t cap = MemoryCapBytes(ratio, cap_bytes);
   if (cap >= kMin) return Status::OK();
   if (cap_bytes) {
-    return Status::InvalidArgument(fmt::format(
-        "memory cap of {} MB is below one segment ({} MB); give "
-        "--memory_cap_mb {} or more",
-        cap_bytes >> 20, kMin >> 20, kMin >> 20));
+    return Status::InvalidArgument(
+        fmt::format("memory cap of {} MB is below one segment ({} MB); give "
+                    "--memory_cap_mb {} or more",
+                    cap_bytes >> 20, kMin >> 20, kMin >> 20));
   }
-  return Status::InvalidArgument(fmt::format(
-      "memory cap ratio {} of {} MB of memory gives {} MB, below one segment "
-      "({} MB); use a larger -r",
-      ratio, PhysicalMemory() >> 20, cap >> 20, kMin >> 20));
+  return Status::InvalidArgument(
+      fmt::format("memory cap ratio {} of {} MB of memory gives {} MB, below one segment "
+                  "({} MB); use a larger -r",
+                  ratio, PhysicalMemory() >> 20, cap >> 20, kMin >> 20));
 }
 
 int WorkerCount(int requested, int cpus, int nodes) {

@@ -9,9 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 #include <thread>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "parse_number.h"
 

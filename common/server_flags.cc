@@ -6,37 +6,42 @@ namespace shmcache {
 
 std::vector<CLI::Option*> AddServerFlags(CommandLine& cl, ServerFlags* f) {
   return {
-      cl.AddValue("-w,--workers", [f](const std::string& v) {
-        return ParseWorkers(v, &f->workers);
-      }),
-      cl.AddValue("-s,--spilldir", [f](const std::string& v) {
-        f->spill_dir = v;  // checked by CheckServerFlags
-        return Status::OK();
-      }),
-      cl.AddValue("-l,--loglevel", [f](const std::string& v) {
-        return ParseLogLevel(v, &f->log_level);
-      }),
-      cl.AddValue("-r,--memory_cap_ratio", [f](const std::string& v) {
-        return ParseMemoryCapRatio(v, &f->memory_cap_ratio);
-      }),
-      cl.AddValue("--memory_cap_mb", [f](const std::string& v) {
-        return ParseMemoryCapMb(v, &f->memory_cap_bytes);
-      }),
-      cl.AddValue("--shm_dir", [f](const std::string& v) {
-        f->shm_dir = v;
-        return CheckAbsolutePath("shared-memory directory", v);
-      }),
-      cl.AddValue("--log_dir", [f](const std::string& v) {
-        f->log_dir = v;
-        return CheckAbsolutePath("log directory", v);
-      }),
-      cl.AddValue("--metrics_file", [f](const std::string& v) {
-        f->metrics_file = v;
-        return CheckAbsolutePath("metrics file", v);
-      }),
-      cl.AddValue("--metrics_interval", [f](const std::string& v) {
-        return ParseMetricsInterval(v, &f->metrics_interval_s);
-      }),
+      cl.AddValue("-w,--workers",
+                  [f](const std::string& v) { return ParseWorkers(v, &f->workers); }),
+      cl.AddValue("-s,--spilldir",
+                  [f](const std::string& v) {
+                    f->spill_dir = v;  // checked by CheckServerFlags
+                    return Status::OK();
+                  }),
+      cl.AddValue("-l,--loglevel",
+                  [f](const std::string& v) { return ParseLogLevel(v, &f->log_level); }),
+      cl.AddValue("-r,--memory_cap_ratio",
+                  [f](const std::string& v) {
+                    return ParseMemoryCapRatio(v, &f->memory_cap_ratio);
+                  }),
+      cl.AddValue("--memory_cap_mb",
+                  [f](const std::string& v) {
+                    return ParseMemoryCapMb(v, &f->memory_cap_bytes);
+                  }),
+      cl.AddValue("--shm_dir",
+                  [f](const std::string& v) {
+                    f->shm_dir = v;
+                    return CheckAbsolutePath("shared-memory directory", v);
+                  }),
+      cl.AddValue("--log_dir",
+                  [f](const std::string& v) {
+                    f->log_dir = v;
+                    return CheckAbsolutePath("log directory", v);
+                  }),
+      cl.AddValue("--metrics_file",
+                  [f](const std::string& v) {
+                    f->metrics_file = v;
+                    return CheckAbsolutePath("metrics file", v);
+                  }),
+      cl.AddValue("--metrics_interval",
+                  [f](const std::string& v) {
+                    return ParseMetricsInterval(v, &f->metrics_interval_s);
+                  }),
   };
 }
 

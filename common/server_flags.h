@@ -22,11 +22,11 @@ class CommandLine;  // command_line.h
 struct ServerFlags {
   int workers = 0;  // 0: half the CPUs; rounded up to the NUMA nodes
   int log_level = 1;
-  std::string spill_dir;  // empty: no spilling
+  std::string spill_dir;                             // empty: no spilling
   double memory_cap_ratio = kDefaultMemoryCapRatio;  // of physical memory
-  uint64_t memory_cap_bytes = 0;  // absolute cap; 0: use the ratio
-  std::string shm_dir;    // "": $SHMCACHE_SHM_DIR, the server's huge tmpfs or /dev/shm
-  std::string log_dir;    // "": <run dir>/log, owner-only
+  uint64_t memory_cap_bytes = 0;                     // absolute cap; 0: use the ratio
+  std::string shm_dir;       // "": $SHMCACHE_SHM_DIR, the server's huge tmpfs or /dev/shm
+  std::string log_dir;       // "": <run dir>/log, owner-only
   std::string metrics_file;  // empty: none; else rewritten every interval
   int metrics_interval_s = 5;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+
 #include <fmt/format.h>
 
 #include "cache_stats.h"
@@ -43,8 +44,8 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   if (!account->Reserve(header_bytes)) {
     return Status::Full("the server's memory cap is used up");
   }
-  Status s = ShmFile::Create(paths.CacheFile(cache_id), header_bytes, -1,
-                             &c->header_file_);
+  Status s =
+      ShmFile::Create(paths.CacheFile(cache_id), header_bytes, -1, &c->header_file_);
   if (!s.ok()) {
     account->Release(header_bytes);
     return s;
@@ -65,9 +66,8 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   // Size the first table for rows of about 4 KB filling the budget; later
   // tables double.
   uint64_t rows = budget_bytes / 4096 * 4 / 3 + 1;
-  uint32_t log2 = std::clamp<uint32_t>(
-      static_cast<uint32_t>(std::bit_width(rows)), kMinTableLog2,
-      kMaxInitialTableLog2);
+  uint32_t log2 = std::clamp<uint32_t>(static_cast<uint32_t>(std::bit_width(rows)),
+                                       kMinTableLog2, kMaxInitialTableLog2);
   s = c->CreateTable(0, log2, account);
   if (!s.ok()) {
     c->Destroy(account);

@@ -64,11 +64,11 @@ class CacheState {
 
   // Creates the header file and the first index table, reserving both in
   // `account`.
-  static Status Create(const InstancePaths& paths, uint32_t cache_id,
-                       uint32_t session_id, const std::string& name,
-                       const std::string& fingerprint, uint64_t budget_bytes,
-                       bool spilling, int num_nodes, MemoryAccount* account,
-                       Logger* log, std::unique_ptr<CacheState>* out);
+  static Status Create(const InstancePaths& paths, uint32_t cache_id, uint32_t session_id,
+                       const std::string& name, const std::string& fingerprint,
+                       uint64_t budget_bytes, bool spilling, int num_nodes,
+                       MemoryAccount* account, Logger* log,
+                       std::unique_ptr<CacheState>* out);
   // Re-opens a cache a previous daemon left in shared memory: its header,
   // the index tables the header names and the segments `seg_nos` (the
   // numbers found in the shm dir). Each file is opened only if it is ours
@@ -140,8 +140,7 @@ class CacheState {
                         MemoryAccount* account);
   // Creates and formats a segment file. Thread-safe (touches no state).
   static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
-                                  uint32_t seg_no, int node, uint64_t size,
-                                  ShmFile* out);
+                                  uint32_t seg_no, int node, uint64_t size, ShmFile* out);
 
   // ReadCacheStats of the header, with the spill reads this daemon served.
   CacheStats Stats() const;
@@ -172,8 +171,7 @@ class CacheState {
     ShmFile file;
   };
 
-  CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
-             Logger* log);
+  CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes, Logger* log);
   // Size of the next segment, at least min_bytes; 0 when the budget or the
   // cap leaves less.
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
@@ -185,28 +183,28 @@ class CacheState {
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
-  static constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+  static constexpr uint64_t AlignUp(uint64_t n, uint64_t a) {
+    return (n + a - 1) / a * a;
+  }
   // Unlinks `path`; with `held`, records it there first. Returns the bytes
   // recorded.
   static uint64_t UnlinkFile(const std::string& path, uint64_t bytes,
                              std::vector<HeldFile>* held);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
-  Status NewSegment(int node, uint64_t need, MemoryAccount* account,
-                    Segment** out, bool* wait);
+  Status NewSegment(int node, uint64_t need, MemoryAccount* account, Segment** out,
+                    bool* wait);
   // Creates and formats a segment under the first free number from
   // next_seg_no_ on, and moves next_seg_no_ past it.
   Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);
-  static void FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
-                            int node, uint64_t size);
+  static void FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no, int node,
+                            uint64_t size);
   std::string TablePath(uint32_t gen) const;
   // Adopt's steps; each adds what it maps to reserved_bytes_.
   Status AdoptHeader();
   Status AdoptTable(uint32_t gen);
   Status AdoptSegment(uint32_t seg_no);
-  Status CreateTable(uint32_t gen, uint32_t capacity_log2,
-                     MemoryAccount* account);
-  layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset,
-                               uint64_t size);
+  Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account);
+  layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset, uint64_t size);
   void MarkFull(const std::string& why);
   void AddReserved(uint64_t n);
 
@@ -217,23 +215,23 @@ class CacheState {
   std::string name_;
   std::string fingerprint_;
   uint64_t budget_bytes_ = 0;
-  uint64_t data_bytes_ = 0;       // segments, counted against the budget
-  uint64_t reserved_bytes_ = 0;   // everything, counted against the cap
+  uint64_t data_bytes_ = 0;      // segments, counted against the budget
+  uint64_t reserved_bytes_ = 0;  // everything, counted against the cap
   int num_nodes_ = 1;
   bool destroyed_ = false;
-  uint32_t cap_full_bits_ = 0;    // state bits set because the cap ran out
+  uint32_t cap_full_bits_ = 0;  // state bits set because the cap ran out
   ShmFile header_file_;
   layout::CacheHeader* header_ = nullptr;
   std::vector<ShmFile> tables_;
-  std::vector<IndexTable> index_;          // over tables_
-  std::map<uint32_t, Segment> segments_;   // by seg_no
+  std::vector<IndexTable> index_;         // over tables_
+  std::map<uint32_t, Segment> segments_;  // by seg_no
   uint32_t next_seg_no_ = 0;
-  std::vector<std::optional<Prepared>> prepared_;  // per node: next segment
-  std::vector<bool> preparing_;                     // per node: job running
-  std::vector<int> current_;               // per node: seg_no or -1
-  std::vector<std::vector<Tail>> tails_;   // per node
+  std::vector<std::optional<Prepared>> prepared_;       // per node: next segment
+  std::vector<bool> preparing_;                         // per node: job running
+  std::vector<int> current_;                            // per node: seg_no or -1
+  std::vector<std::vector<Tail>> tails_;                // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
-  uint64_t spill_reads_ = 0;  // since this daemon started
+  uint64_t spill_reads_ = 0;                            // since this daemon started
 };
 
 }  // namespace shmcache

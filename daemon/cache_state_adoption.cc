@@ -42,9 +42,9 @@ Status CacheState::AdoptHeader() {
   std::string path = paths_.CacheFile(cache_id_);
   Status s = ShmFile::Open(path, &header_file_);
   if (!s.ok()) return s;
-  if (const char* bad = layout::CheckFileHeader(header_file_.data(), header_file_.size(),
-                                                layout::kCacheMagic,
-                                                sizeof(layout::CacheHeader))) {
+  if (const char* bad =
+          layout::CheckFileHeader(header_file_.data(), header_file_.size(),
+                                  layout::kCacheMagic, sizeof(layout::CacheHeader))) {
     return Status::Corruption(path + ": " + bad);
   }
   auto* h = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
@@ -66,8 +66,8 @@ Status CacheState::AdoptTable(uint32_t gen) {
   ShmFile f;
   Status s = ShmFile::Open(path, &f);
   if (!s.ok()) return s;
-  if (const char* bad = layout::CheckTableFile(f.data(), f.size(),
-                                               header_->tables[gen].capacity.load(), gen)) {
+  if (const char* bad = layout::CheckTableFile(
+          f.data(), f.size(), header_->tables[gen].capacity.load(), gen)) {
     return Status::Corruption(path + ": " + bad);
   }
   reserved_bytes_ += f.size();

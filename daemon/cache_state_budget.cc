@@ -3,6 +3,7 @@
 #include "cache_state.h"
 
 #include <algorithm>
+
 #include <fmt/format.h>
 
 #include "logger.h"
@@ -24,13 +25,13 @@ Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
   if (room >= kMinSegmentBytes) {
     // Room for ordinary rows is left: refusing them all for one big row
     // would waste it.
-    std::string where =
-        room < left ? fmt::format("{:.1f} MB are left under the server's memory cap "
+    std::string where = room < left
+                            ? fmt::format(
+                                  "{:.1f} MB are left under the server's memory cap "
                                   "of {} MB (the cache's budget is {} MB)",
-                                  Megabytes(room), account.cap >> 20,
-                                  budget_bytes_ >> 20)
-                    : fmt::format("{:.1f} MB are left of its budget of {} MB",
-                                  Megabytes(room), budget_bytes_ >> 20);
+                                  Megabytes(room), account.cap >> 20, budget_bytes_ >> 20)
+                            : fmt::format("{:.1f} MB are left of its budget of {} MB",
+                                          Megabytes(room), budget_bytes_ >> 20);
     return Status::TooLarge(fmt::format(
         "a row of {:.1f} MB does not fit in cache {}: {}; it is not cached, "
         "smaller rows still are",
@@ -40,9 +41,9 @@ Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
     return MemoryUsedUp(
         fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20), false);
   }
-  return MemoryUsedUp(fmt::format("the server's memory cap of {} MB is used up",
-                                  account.cap >> 20),
-                      true);
+  return MemoryUsedUp(
+      fmt::format("the server's memory cap of {} MB is used up", account.cap >> 20),
+      true);
 }
 
 Status CacheState::MemoryUsedUp(const std::string& why, bool by_cap) {
@@ -52,8 +53,8 @@ Status CacheState::MemoryUsedUp(const std::string& why, bool by_cap) {
       log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
     }
     if (by_cap) cap_full_bits_ |= layout::kStateMemFull;
-    return Status::Full(fmt::format("cache {} memory is full: {}; rows spill to disk",
-                                    cache_id_, why));
+    return Status::Full(
+        fmt::format("cache {} memory is full: {}; rows spill to disk", cache_id_, why));
   }
   MarkFull(why);
   if (by_cap) cap_full_bits_ |= layout::kStateFull;
@@ -67,9 +68,10 @@ bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
   header_->state.fetch_and(~cap_full_bits_);
   cap_full_bits_ = 0;
   if (log_) {
-    log_->Info("cache {} (session {}, '{}') takes rows again: {} MB are free under "
-               "the server's memory cap",
-               cache_id_, session_id_, name_, account.available() >> 20);
+    log_->Info(
+        "cache {} (session {}, '{}') takes rows again: {} MB are free under "
+        "the server's memory cap",
+        cache_id_, session_id_, name_, account.available() >> 20);
   }
   return true;
 }

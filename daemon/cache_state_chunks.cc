@@ -3,14 +3,15 @@
 #include "cache_state.h"
 
 #include <algorithm>
+
 #include <fmt/format.h>
 
 namespace shmcache {
 
 layout::ChunkHeader* CacheState::ChunkAt(uint32_t seg_no, uint64_t offset,
                                          uint64_t size) {
-  auto* h = reinterpret_cast<layout::ChunkHeader*>(
-      segments_.at(seg_no).file.data() + offset);
+  auto* h =
+      reinterpret_cast<layout::ChunkHeader*>(segments_.at(seg_no).file.data() + offset);
   h->cache_id = cache_id_;
   h->size = size;
   h->used.store(sizeof(layout::ChunkHeader));
@@ -18,8 +19,8 @@ layout::ChunkHeader* CacheState::ChunkAt(uint32_t seg_no, uint64_t offset,
   return h;
 }
 
-Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
-                         MemoryAccount* account, ChunkLease* out, bool* wait) {
+Status CacheState::Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
+                         ChunkLease* out, bool* wait) {
   if (wait != nullptr) *wait = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
   if (header_->state.load() & (layout::kStateFull | layout::kStateMemFull)) {
@@ -41,7 +42,8 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need,
   Segment* seg = nullptr;
   int cur = current_[static_cast<size_t>(node)];
   if (cur >= 0 && segments_.at(static_cast<uint32_t>(cur)).size -
-                         segments_.at(static_cast<uint32_t>(cur)).carved >= want) {
+                          segments_.at(static_cast<uint32_t>(cur)).carved >=
+                      want) {
     seg = &segments_.at(static_cast<uint32_t>(cur));
   } else {
     Status s = NewSegment(node, want, account, &seg, wait);

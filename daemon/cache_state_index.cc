@@ -3,8 +3,9 @@
 #include "cache_state.h"
 
 #include <bit>
-#include <fmt/format.h>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "index_table.h"
 #include "logger.h"
@@ -17,8 +18,7 @@ namespace {
 constexpr uint32_t kTableNameTries = 8;
 }  // namespace
 
-Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
-                               MemoryAccount* account) {
+Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* account) {
   uint64_t cap = 1ULL << log2;
   size_t bytes = layout::TableFileSize(cap);
   if (!account->Reserve(bytes)) {
@@ -37,8 +37,8 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2,
   ShmFile f;
   uint32_t chosen;
   std::string skipped;
-  Status s = ShmFile::CreateFresh(name, kTableNameTries, bytes, -1, &f, &chosen,
-                                  &skipped);
+  Status s =
+      ShmFile::CreateFresh(name, kTableNameTries, bytes, -1, &f, &chosen, &skipped);
   if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   if (!s.ok()) {
     account->Release(bytes);

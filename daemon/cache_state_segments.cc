@@ -58,8 +58,8 @@ Status CacheState::CreateNextSegment(int node, uint64_t size, uint32_t* seg_no,
   return Status::OK();
 }
 
-void CacheState::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
-                               int node, uint64_t size) {
+void CacheState::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no, int node,
+                               uint64_t size) {
   auto* h = reinterpret_cast<layout::SegmentHeader*>(f->data());
   h->seg_id = seg_no;
   h->cache_id = cache_id;
@@ -74,8 +74,8 @@ void CacheState::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
 }
 
 void CacheState::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file) {
-  segments_.emplace(seg_no, Segment{seg_no, node, size, layout::kSegmentHeaderSize,
-                                    std::move(file)});
+  segments_.emplace(
+      seg_no, Segment{seg_no, node, size, layout::kSegmentHeaderSize, std::move(file)});
   current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
 }
 
@@ -118,8 +118,7 @@ Status CacheState::NewSegment(int node, uint64_t need, MemoryAccount* account,
   return Status::OK();
 }
 
-std::optional<SegmentJob> CacheState::TakeSegmentJob(int node,
-                                                     MemoryAccount* account) {
+std::optional<SegmentJob> CacheState::TakeSegmentJob(int node, MemoryAccount* account) {
   size_t n = static_cast<size_t>(node);
   if (destroyed_ || preparing_[n] || prepared_[n] || current_[n] < 0) {
     return std::nullopt;
@@ -150,7 +149,8 @@ void CacheState::FinishSegmentJob(const SegmentJob& job, Status made, ShmFile fi
     data_bytes_ -= job.size;
     reserved_bytes_ -= job.size;
     header_->reserved_bytes.store(reserved_bytes_);
-    if (log_) log_->Warn("cache {}: preparing a segment failed: {}", cache_id_, made.message());
+    if (log_)
+      log_->Warn("cache {}: preparing a segment failed: {}", cache_id_, made.message());
     return;
   }
   prepared_[n] = Prepared{job.seg_no, job.size, std::move(file)};

@@ -35,8 +35,8 @@ uint64_t CacheState::DropSpilledRows() {
   return dropped;
 }
 
-Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
-                                  MemoryAccount* account, bool* inserted) {
+Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes, MemoryAccount* account,
+                                  bool* inserted) {
   *inserted = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
   for (const IndexTable& t : index_) {
@@ -49,8 +49,7 @@ Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes,
         header_->stats[0].disk_bytes.fetch_add(bytes, std::memory_order_relaxed);
         *inserted = true;
         return Status::OK();
-      case IndexTable::InsertResult::kExists:
-        return Status::OK();
+      case IndexTable::InsertResult::kExists: return Status::OK();
       case IndexTable::InsertResult::kTableFull: {
         Status s = GrowIndex(static_cast<uint32_t>(index_.size()), account);
         if (!s.ok()) return s;

@@ -24,7 +24,8 @@ std::function<Status(const std::string&)> Number(const char* name, long lo, long
 }  // namespace
 
 Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
-  CommandLine cl("shmcached", "start servers with 'shmcache --start' (see 'shmcache --help')");
+  CommandLine cl("shmcached",
+                 "start servers with 'shmcache --start' (see 'shmcache --help')");
   AddServerFlags(cl, o);
   cl.AddValue("--port", [o](const std::string& v) { return ParsePort(v, &o->port); });
   cl.AddValue("--run_dir", [o](const std::string& v) {
@@ -34,11 +35,11 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
   cl.AddValue("--ready_fd", Number("--ready_fd", 0, 1 << 20, &o->ready_fd));
   cl.AddValue("--watch_pid", Number("--watch_pid", 1, 1L << 30, &o->watch_pid));
   // Not in the admin CLI: for tests.
-  cl.AddValue("--stall_timeout_ms", Number("--stall_timeout_ms", 1, 1L << 30,
-                                           &o->stall_timeout_ms));
+  cl.AddValue("--stall_timeout_ms",
+              Number("--stall_timeout_ms", 1, 1L << 30, &o->stall_timeout_ms));
   uint64_t body_cap_mb = 0;
-  cl.AddValue("--body_bytes_cap_mb", Number("--body_bytes_cap_mb", 1, 1L << 20,
-                                            &body_cap_mb));
+  cl.AddValue("--body_bytes_cap_mb",
+              Number("--body_bytes_cap_mb", 1, 1L << 20, &body_cap_mb));
   CLI::Option* foreground = cl.AddFlag("--foreground");
   Status s = cl.Parse(std::vector<std::string>(argv, argv + argc));
   if (!s.ok()) return s;

@@ -14,9 +14,9 @@ namespace shmcache {
 
 struct DaemonOptions : ServerFlags {
   int port = 50052;
-  std::string run_dir;   // default: DefaultRunDir()
-  int ready_fd = -1;     // pipe to the admin: one line "OK ..."/"ERR ..."
-  int watch_pid = 0;     // > 0: stop (cleanly) once this process is gone
+  std::string run_dir;  // default: DefaultRunDir()
+  int ready_fd = -1;    // pipe to the admin: one line "OK ..."/"ERR ..."
+  int watch_pid = 0;    // > 0: stop (cleanly) once this process is gone
   bool foreground = false;
   // A connection that stops in the middle of a frame (part of a request
   // sent, or a response not taken) for this long is closed. Connections

@@ -8,8 +8,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "instance.h"
 #include "parse_number.h"
@@ -71,14 +72,16 @@ ShmDirChoice Adopt(const std::string& dir, int fd, uint64_t bytes) {
   MountEntry m = MountOf(dir, ReadTextFile(kMountsFile));
   std::string huge = MountOption(m.options, "huge");
   if (m.point != dir || m.type != "tmpfs" || !HugeOption(huge)) {
-    return Refuse(fmt::format("{} is a mount point of something else ({} {}); not "
-                              "using it: unmount it",
-                              dir, m.type, m.options));
+    return Refuse(
+        fmt::format("{} is a mount point of something else ({} {}); not "
+                    "using it: unmount it",
+                    dir, m.type, m.options));
   }
   ShmDirChoice c{dir, true, true, "", "", ""};
   std::string target = fmt::format("/proc/self/fd/{}", fd);
   std::string resized = "resized";
-  if (mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+  if (mount(nullptr, target.c_str(), nullptr,
+            MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC,
             MountData(bytes, false).c_str()) != 0) {
     resized = fmt::format("kept its size: {}", std::strerror(errno));
   }
@@ -96,23 +99,27 @@ ShmDirChoice MountAt(const std::string& dir, uint64_t bytes) {
   }
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
-    return Refuse(fmt::format("{} is not a directory (a symlink or a file someone "
-                              "put there: {}); not following it: remove it",
-                              dir, std::strerror(errno)));
+    return Refuse(
+        fmt::format("{} is not a directory (a symlink or a file someone "
+                    "put there: {}); not following it: remove it",
+                    dir, std::strerror(errno)));
   }
-  struct stat st {}, shm {};
+  struct stat st {
+  }, shm{};
   if (fstat(fd, &st) != 0 || stat(kDevShm, &shm) != 0 || st.st_uid != geteuid() ||
       (st.st_mode & 077) != 0) {
     close(fd);
-    return Refuse(fmt::format("{} belongs to uid {} with mode {:o}, not to this "
-                              "server's uid {} with mode 700; not using it: remove it",
-                              dir, st.st_uid, st.st_mode & 07777, geteuid()));
+    return Refuse(
+        fmt::format("{} belongs to uid {} with mode {:o}, not to this "
+                    "server's uid {} with mode 700; not using it: remove it",
+                    dir, st.st_uid, st.st_mode & 07777, geteuid()));
   }
   ShmDirChoice c;
   if (st.st_dev != shm.st_dev) {
     c = Adopt(dir, fd, bytes);
   } else if (mount("shmcache", fmt::format("/proc/self/fd/{}", fd).c_str(), "tmpfs",
-                   MS_NOSUID | MS_NODEV | MS_NOEXEC, MountData(bytes, true).c_str()) != 0) {
+                   MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   MountData(bytes, true).c_str()) != 0) {
     int err = errno;
     if (made) rmdir(dir.c_str());
     c = Refuse(fmt::format("cannot mount a tmpfs at {}: {}", dir, std::strerror(err)));

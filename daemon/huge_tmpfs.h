@@ -47,10 +47,10 @@ namespace shmcache {
 struct ShmDirChoice {
   std::string dir;
   bool huge = false;
-  bool own_mount = false;  // the server's tmpfs: unmount at a clean stop
-  std::string log_line;    // one line for the start-up log
-  std::string note;        // non-empty: something is wrong at the mount
-                           // path; also a NOTE for `shmcache --start`
+  bool own_mount = false;    // the server's tmpfs: unmount at a clean stop
+  std::string log_line;      // one line for the start-up log
+  std::string note;          // non-empty: something is wrong at the mount
+                             // path; also a NOTE for `shmcache --start`
   std::string why_not_huge;  // asked for, but no huge tmpfs: the reason
 };
 

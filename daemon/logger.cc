@@ -61,8 +61,7 @@ Status Logger::Open(const std::string& dir, int level, uint64_t rotate_bytes) {
   localtime_r(&now, &t);
   char date[32];
   strftime(date, sizeof date, "%Y%m%d-%H%M%S", &t);
-  path_ = fmt::format("{}/shmcached.{}.{}.{}.{}.log", dir, host, user, getpid(),
-                      date);
+  path_ = fmt::format("{}/shmcached.{}.{}.{}.{}.log", dir, host, user, getpid(), date);
   int err = 0;
   FILE* file = CreateLogFile(path_, &err);
   if (file == nullptr) return Status::FromErrno("cannot create log file " + path_, err);

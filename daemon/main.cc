@@ -7,8 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <utility>  // before Asio: 1.74 uses std::exchange without it
-#include <boost/asio.hpp>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -16,10 +14,13 @@
 #include <exception>
 #include <functional>
 #include <optional>
-#include <fmt/format.h>
 #include <string>
 #include <thread>
+#include <utility>  // before Asio: 1.74 uses std::exchange without it
 #include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
 
 #include "daemon_options.h"
 #include "huge_tmpfs.h"
@@ -47,8 +48,7 @@ constexpr size_t kMinShmRoom = 16u << 20;
 // The readiness report, on the pipe from `shmcache --start` (or stderr):
 // "NOTE <text>" lines, then one "OK <pid> <workers> <log path>" or
 // "ERR <why>" line. The log path runs to the end of its line.
-void Report(int fd, const std::string& line,
-            const std::vector<std::string>& notes = {}) {
+void Report(int fd, const std::string& line, const std::vector<std::string>& notes = {}) {
   std::string text;
   for (std::string note : notes) {
     std::replace(note.begin(), note.end(), '\n', ' ');
@@ -138,8 +138,8 @@ void DetachStdio() {
 
 // Starts `workers` threads running io. If one cannot be started, the
 // others are stopped and joined before the exception goes on.
-std::vector<std::thread> StartWorkers(boost::asio::io_context& io, int workers,
-                                      int nodes, Logger& log) {
+std::vector<std::thread> StartWorkers(boost::asio::io_context& io, int workers, int nodes,
+                                      Logger& log) {
   std::vector<std::thread> threads;
   try {
     for (int i = 0; i < workers; ++i) {
@@ -206,8 +206,8 @@ int Run(DaemonOptions& opts) {
   // still this instance's.
   std::string why_not_huge = shm.why_not_huge;
   if (ShmDirGiven(opts.shm_dir)) {
-    why_not_huge = fmt::format("its shm dir is given (--shm_dir or $SHMCACHE_SHM_DIR: {})",
-                               shm.dir);
+    why_not_huge =
+        fmt::format("its shm dir is given (--shm_dir or $SHMCACHE_SHM_DIR: {})", shm.dir);
   }
   ShmDirSwitch moved = MoveEarlierShmFiles(paths.port, shm.dir, shm.huge, why_not_huge,
                                            &g_stop_requested, &log);
@@ -219,9 +219,10 @@ int Run(DaemonOptions& opts) {
   std::vector<std::string> notes;
   if (!moved.warning.empty()) notes.push_back(moved.warning);
   if (opts.workers > 0 && workers != opts.workers) {
-    notes.push_back(fmt::format("worker count {} is not a multiple of the {} NUMA "
-                                "nodes; it is raised to {}.",
-                                opts.workers, nodes, workers));
+    notes.push_back(
+        fmt::format("worker count {} is not a multiple of the {} NUMA "
+                    "nodes; it is raised to {}.",
+                    opts.workers, nodes, workers));
     log.Warn("{}", notes.back());
   }
 
@@ -246,12 +247,14 @@ int Run(DaemonOptions& opts) {
   // (-r, --memory_cap_mb), in a container (64 MB by default in Docker), or
   // when the room is too small for real work.
   const std::string container = ContainerKind();
-  bool asked = opts.memory_cap_bytes != 0 || opts.memory_cap_ratio != kDefaultMemoryCapRatio;
+  bool asked =
+      opts.memory_cap_bytes != 0 || opts.memory_cap_ratio != kDefaultMemoryCapRatio;
   if (bounds.shm_bytes < bounds.requested_bytes &&
       (asked || !container.empty() || bounds.shm_bytes < (1ull << 30))) {
-    std::string what = bounds.requested == std::string(kBoundCapMb)
-                           ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
-                           : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
+    std::string what =
+        bounds.requested == std::string(kBoundCapMb)
+            ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
+            : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
     notes.push_back(ShmTooSmallRemedy(paths.shm_dir, bounds.shm_bytes,
                                       bounds.requested_bytes, what, container));
     log.Warn("{}", notes.back());
@@ -307,18 +310,20 @@ int Run(DaemonOptions& opts) {
     metrics->Start();
   }
   std::vector<std::thread> threads = StartWorkers(io, workers, nodes, log);
-  log.Info("started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
-           "memory cap {} MB, spill dir {}, open files limit {}",
-           paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
-           store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
-           fd_limit);
+  log.Info(
+      "started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
+      "memory cap {} MB, spill dir {}, open files limit {}",
+      paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
+      store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
+      fd_limit);
   log.Info("{}", shm.log_line);
-  log.Info("memory cap bounds: {} {} MB, cgroup {} MB (limit {} MB in {}), shm "
-           "filesystem {} MB; {} applies",
-           bounds.requested, bounds.requested_bytes >> 20, bounds.cgroup_bytes >> 20,
-           bounds.cgroup_limit_bytes >> 20,
-           bounds.cgroup_file.empty() ? "none" : bounds.cgroup_file,
-           bounds.shm_bytes >> 20, bounds.bound);
+  log.Info(
+      "memory cap bounds: {} {} MB, cgroup {} MB (limit {} MB in {}), shm "
+      "filesystem {} MB; {} applies",
+      bounds.requested, bounds.requested_bytes >> 20, bounds.cgroup_bytes >> 20,
+      bounds.cgroup_limit_bytes >> 20,
+      bounds.cgroup_file.empty() ? "none" : bounds.cgroup_file, bounds.shm_bytes >> 20,
+      bounds.bound);
   for (const std::string& note : store.startup_notes()) notes.push_back(note);
   if (!shm.note.empty()) notes.push_back(shm.note);
   Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()), notes);

@@ -13,8 +13,7 @@ namespace shmcache {
 
 MetricsFile::MetricsFile(boost::asio::io_context& io, Store* store, Logger* log,
                          std::string path, std::chrono::seconds interval)
-    : timer_(io), store_(store), log_(log), path_(std::move(path)),
-      interval_(interval) {}
+    : timer_(io), store_(store), log_(log), path_(std::move(path)), interval_(interval) {}
 
 void MetricsFile::Start() { Rewrite(); }
 

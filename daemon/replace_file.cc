@@ -5,8 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fmt/format.h>
 #include <random>
+
+#include <fmt/format.h>
 
 namespace shmcache {
 
@@ -22,8 +23,7 @@ static bool WriteAll(int fd, std::string_view text) {
 
 Status ReplaceFile(const std::string& path, std::string_view text, mode_t mode) {
   std::string tmp = fmt::format("{}.tmp.{:08x}", path, std::random_device{}());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                mode);
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
   // The umask may have narrowed the mode (readers may check it).
   bool ok = fchmod(fd, mode) == 0 && WriteAll(fd, text);

@@ -41,28 +41,29 @@ Status Server::Listen(const std::string& socket_path) {
 }
 
 void Server::Accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec,
-                                stream_protocol::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    // A client that gave up while queued: nothing is wrong here.
-    if (ec && ec != asio::error::connection_aborted) return AcceptLater(ec);
-    if (accept_failures_ > 0) {
-      log_->Info("accepting connections again, after {} failed attempts",
-                 accept_failures_);
-      accept_failures_ = 0;
-    }
-    if (!ec) OnAccepted(std::move(socket));
-    Accept();
-  });
+  acceptor_.async_accept(
+      [this](boost::system::error_code ec, stream_protocol::socket socket) {
+        if (ec == asio::error::operation_aborted) return;
+        // A client that gave up while queued: nothing is wrong here.
+        if (ec && ec != asio::error::connection_aborted) return AcceptLater(ec);
+        if (accept_failures_ > 0) {
+          log_->Info("accepting connections again, after {} failed attempts",
+                     accept_failures_);
+          accept_failures_ = 0;
+        }
+        if (!ec) OnAccepted(std::move(socket));
+        Accept();
+      });
 }
 
 void Server::AcceptLater(const boost::system::error_code& ec) {
   if (accept_failures_++ == 0) {
     rlimit fds{};
     getrlimit(RLIMIT_NOFILE, &fds);
-    log_->Warn("cannot accept connections: {} (open files limit {}); retrying "
-               "every {} ms, new clients wait meanwhile",
-               ec.message(), fds.rlim_cur, kAcceptRetry.count());
+    log_->Warn(
+        "cannot accept connections: {} (open files limit {}); retrying "
+        "every {} ms, new clients wait meanwhile",
+        ec.message(), fds.rlim_cur, kAcceptRetry.count());
   }
   accept_timer_.expires_after(kAcceptRetry);
   accept_timer_.async_wait([this](const boost::system::error_code& e) {
@@ -75,10 +76,11 @@ void Server::OnAccepted(stream_protocol::socket socket) {
   socklen_t len = sizeof cred;
   if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
       cred.uid != geteuid()) {
-    log_->Warn("refused a connection from uid {} pid {}: not the server's user",
-               cred.uid, cred.pid);
+    log_->Warn("refused a connection from uid {} pid {}: not the server's user", cred.uid,
+               cred.pid);
     // Answer it, so the other user reads why; it gets nothing else.
-    std::make_shared<ServerConnection>(env_, std::move(socket), 0, nullptr, true)->Start();
+    std::make_shared<ServerConnection>(env_, std::move(socket), 0, nullptr, true)
+        ->Start();
     return;
   }
   uint64_t id = next_conn_.fetch_add(1);

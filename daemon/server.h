@@ -14,10 +14,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <utility>  // before Asio: 1.74 uses std::exchange without it
-#include <boost/asio.hpp>
 #include <memory>
 #include <string>
+#include <utility>  // before Asio: 1.74 uses std::exchange without it
+
+#include <boost/asio.hpp>
 
 #include "daemon_options.h"
 #include "logger.h"

@@ -16,8 +16,7 @@ bool BodyBudget::TryTake(uint64_t n) {
 }
 
 ServerConnection::ServerConnection(std::shared_ptr<ConnectionEnv> env, Socket socket,
-                                   uint64_t id,
-                                   std::shared_ptr<const ProcessHandle> peer,
+                                   uint64_t id, std::shared_ptr<const ProcessHandle> peer,
                                    bool refused)
     : env_(std::move(env)),
       socket_(std::move(socket)),
@@ -48,11 +47,11 @@ void ServerConnection::ReadHeader() {
       [this](const error_code& ec, size_t done) {
         return Transfer(ec, done, header_.size());
       },
-      asio::bind_executor(strand_, [this, self = shared_from_this()](
-                                       const error_code& ec, size_t) {
-        if (ec) return Close();  // the peer closed: the destructor cleans up
-        OnHeader();
-      }));
+      asio::bind_executor(
+          strand_, [this, self = shared_from_this()](const error_code& ec, size_t) {
+            if (ec) return Close();  // the peer closed: the destructor cleans up
+            OnHeader();
+          }));
 }
 
 void ServerConnection::OnHeader() {
@@ -79,14 +78,16 @@ void ServerConnection::ReadBodyPiece() {
   if (!GrowBody(body_got_ + want)) return;
   asio::async_read(
       socket_, asio::buffer(body_.data() + body_got_, want),
-      [this, want](const error_code& ec, size_t done) { return Transfer(ec, done, want); },
-      asio::bind_executor(strand_, [this, self = shared_from_this()](
-                                       const error_code& ec, size_t n) {
-        if (ec) return Close();
-        body_got_ += n;
-        if (body_got_ < body_len_) return ReadBodyPiece();
-        Answer();
-      }));
+      [this, want](const error_code& ec, size_t done) {
+        return Transfer(ec, done, want);
+      },
+      asio::bind_executor(
+          strand_, [this, self = shared_from_this()](const error_code& ec, size_t n) {
+            if (ec) return Close();
+            body_got_ += n;
+            if (body_got_ < body_len_) return ReadBodyPiece();
+            Answer();
+          }));
 }
 
 void ServerConnection::Answer() {
@@ -114,17 +115,19 @@ void ServerConnection::Write(std::string body, bool stop) {
   NoteProgress();  // the handler may have taken long: the answer starts now
   asio::async_write(
       socket_, buffers,
-      [this, total](const error_code& ec, size_t done) { return Transfer(ec, done, total); },
-      asio::bind_executor(strand_, [this, stop, self = shared_from_this()](
-                                       const error_code& ec, size_t) {
-        if (stop) {
-          env_->request_stop();
-          return;
-        }
-        DropBuffers();
-        if (ec || refused_) return Close();
-        ReadHeader();
-      }));
+      [this, total](const error_code& ec, size_t done) {
+        return Transfer(ec, done, total);
+      },
+      asio::bind_executor(
+          strand_, [this, stop, self = shared_from_this()](const error_code& ec, size_t) {
+            if (stop) {
+              env_->request_stop();
+              return;
+            }
+            DropBuffers();
+            if (ec || refused_) return Close();
+            ReadHeader();
+          }));
 }
 
 size_t ServerConnection::Transfer(const error_code& ec, size_t done, size_t want) {

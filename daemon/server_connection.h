@@ -23,8 +23,9 @@
 #include <memory>
 #include <string>
 #include <utility>  // before Asio: 1.74 uses std::exchange without it
-#include <boost/asio.hpp>
 #include <vector>
+
+#include <boost/asio.hpp>
 
 #include "logger.h"
 #include "process_state.h"
@@ -54,8 +55,8 @@ class BodyBudget {
 // shared_ptr: the io_context, which destroys the last connections, may
 // outlive the Server.
 struct ConnectionEnv {
-  ConnectionEnv(Store* s, Logger* l, std::chrono::milliseconds stall,
-                uint64_t body_cap, std::function<void()> stop)
+  ConnectionEnv(Store* s, Logger* l, std::chrono::milliseconds stall, uint64_t body_cap,
+                std::function<void()> stop)
       : store(s),
         log(l),
         handler(s),
@@ -124,7 +125,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   bool refused_;
   // State below is touched only on strand_.
   bool closed_ = false;
-  bool in_frame_ = false;     // between a frame's first byte and its answer
+  bool in_frame_ = false;  // between a frame's first byte and its answer
   bool timer_armed_ = false;
   Clock::time_point last_progress_;
   std::array<std::byte, protocol::kFrameHeaderBytes> header_{};

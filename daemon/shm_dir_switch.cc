@@ -12,10 +12,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fmt/format.h>
 #include <map>
 #include <tuple>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "huge_tmpfs.h"
 #include "instance.h"
@@ -49,23 +50,13 @@ Listing ListInstance(const std::string& dir, const std::string& base) {
     ShmName n = ParseShmName(std::string_view(name).substr(base.size()));
     using Kind = ShmName::Kind;
     switch (n.kind) {
-      case Kind::kHugeDir:
-        break;  // the huge dir itself, in /dev/shm
+      case Kind::kHugeDir: break;  // the huge dir itself, in /dev/shm
       case Kind::kSessions:
-      case Kind::kSpillRecord:
-        l.records.push_back(name);
-        break;
-      case Kind::kCache:
-        l.caches[n.cache_id].emplace_back(0, 0, name);
-        break;
-      case Kind::kTable:
-        l.caches[n.cache_id].emplace_back(1, n.number, name);
-        break;
-      case Kind::kSegment:
-        l.caches[n.cache_id].emplace_back(2, n.number, name);
-        break;
-      default:
-        l.strays.push_back(name);
+      case Kind::kSpillRecord: l.records.push_back(name); break;
+      case Kind::kCache: l.caches[n.cache_id].emplace_back(0, 0, name); break;
+      case Kind::kTable: l.caches[n.cache_id].emplace_back(1, n.number, name); break;
+      case Kind::kSegment: l.caches[n.cache_id].emplace_back(2, n.number, name); break;
+      default: l.strays.push_back(name);
     }
   }
   closedir(d);
@@ -132,11 +123,12 @@ Status CopyTo(int in, const std::string& tmp, size_t size, int node) {
       munmap(p, size);
     }
   }
-  if (int err = s.ok() && size > 0 ? posix_fallocate(out, 0, static_cast<off_t>(size)) : 0;
+  if (int err =
+          s.ok() && size > 0 ? posix_fallocate(out, 0, static_cast<off_t>(size)) : 0;
       err != 0) {
     s = err == ENOSPC ? Status::Full(fmt::format("no room in {} for {} MB",
-                                                  tmp.substr(0, tmp.rfind('/')),
-                                                  (size + (1 << 20) - 1) >> 20))
+                                                 tmp.substr(0, tmp.rfind('/')),
+                                                 (size + (1 << 20) - 1) >> 20))
                       : Status::FromErrno("cannot reserve " + tmp, err);
   }
   off_t off = 0;
@@ -171,7 +163,8 @@ Status MoveFile(const std::string& from, const std::string& to, const std::strin
   unlink(tmp.c_str());  // a copy a killed start left
   s = CopyTo(fd, tmp, size, node);
   close(fd);
-  if (s.ok() && renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
+  if (s.ok() &&
+      renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
     s = Status::FromErrno(fmt::format("cannot rename {} to {}", tmp, to), errno);
   }
   if (!s.ok()) {
@@ -185,7 +178,8 @@ Status MoveFile(const std::string& from, const std::string& to, const std::strin
 // ChooseShmDir would use): then it is this instance's. *mounted: whether a
 // file system is mounted there.
 bool OwnHugeDir(const std::string& dir, bool* mounted) {
-  struct stat st {}, shm {};
+  struct stat st {
+  }, shm{};
   if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
       (st.st_mode & 077) != 0 || stat(kDevShm, &shm) != 0) {
     return false;
@@ -221,7 +215,8 @@ std::string Reason(bool from_huge, bool huge, const std::string& why_not_huge) {
   if (huge) return "This server uses /dev/shm, whose pages are huge.";
   if (!why_not_huge.empty()) {
     return fmt::format("This server has {}no huge-page tmpfs of its own: {}.",
-                       HugeTmpfsAsked() ? "SHMCACHE_HUGE_TMPFS set but " : "", why_not_huge);
+                       HugeTmpfsAsked() ? "SHMCACHE_HUGE_TMPFS set but " : "",
+                       why_not_huge);
   }
   return fmt::format("It ran with SHMCACHE_HUGE_TMPFS, this server without; {}.", kKeep);
 }
@@ -254,10 +249,12 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
     // An empty mount (a start that failed, a stopped move): holds nothing.
     std::string left = ReleaseEarlierHugeDir(huge_dir, mounted);
     if (left.empty()) {
-      log->Info("removed the empty huge-page tmpfs an earlier server left at {}", huge_dir);
+      log->Info("removed the empty huge-page tmpfs an earlier server left at {}",
+                huge_dir);
       return r;
     }
-    r.warning = fmt::format("an earlier server of port {} left {}; {}", port, huge_dir, left);
+    r.warning =
+        fmt::format("an earlier server of port {} left {}; {}", port, huge_dir, left);
     log->Warn("{}", r.warning);
     return r;
   }
@@ -306,8 +303,8 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
   } else {
     what += fmt::format("{} cache(s) in {}: ", found.caches.size(), r.from);
     if (r.caches > 0) {
-      what += fmt::format("moved {} ({} MB) to {}", r.discarded > 0 ? "the others" : "them",
-                          r.bytes >> 20, dir);
+      what += fmt::format("moved {} ({} MB) to {}",
+                          r.discarded > 0 ? "the others" : "them", r.bytes >> 20, dir);
     }
     if (r.discarded > 0) {
       what += fmt::format("{}removed {} that could not be moved to {} ({})",

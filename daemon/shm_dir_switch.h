@@ -34,7 +34,7 @@ struct ShmDirSwitch {
   std::string from;  // the other place, where the earlier server's files were
   int caches = 0;    // caches moved
   uint64_t bytes = 0;
-  int discarded = 0;  // caches that could not be moved: removed
+  int discarded = 0;    // caches that could not be moved: removed
   std::string warning;  // for `shmcache --start` ("Warning: ..."); "" if
                         // nothing of an earlier server was found
 };

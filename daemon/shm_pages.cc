@@ -2,9 +2,10 @@
 
 #include <climits>
 #include <cstdlib>
-#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
+
+#include <fmt/format.h>
 
 namespace shmcache {
 namespace {
@@ -30,8 +31,7 @@ std::string MountOption(std::string_view opts, std::string_view key) {
     size_t end = opts.find(',', pos);
     if (end == std::string_view::npos) end = opts.size();
     std::string_view o = opts.substr(pos, end - pos);
-    if (o.size() > key.size() && o.substr(0, key.size()) == key &&
-        o[key.size()] == '=') {
+    if (o.size() > key.size() && o.substr(0, key.size()) == key && o[key.size()] == '=') {
       return std::string(o.substr(key.size() + 1));
     }
     pos = end + 1;

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <filesystem>
+
 #include <fmt/format.h>
 
 #include "replace_file.h"

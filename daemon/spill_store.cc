@@ -1,11 +1,11 @@
 #include "spill_store.h"
 
+#include <filesystem>
+
+#include <fmt/format.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
-
-#include <filesystem>
-#include <fmt/format.h>
 
 #include "shm_file.h"
 #include "spill_format.h"
@@ -55,9 +55,9 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
   uint64_t need = row.size() + 2 * kWriteBufferBytes;
   uint64_t free_bytes = FreeBytes(path_);
   if (free_bytes < need) {
-    return Status::Full(fmt::format(
-        "spill disk full: {} MB free in {}, {} MB needed to go on spilling",
-        free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
+    return Status::Full(
+        fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",
+                    free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
   }
   SpillKey k(cache_id, row_id);
   rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
@@ -71,8 +71,7 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
 }
 
 Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                            std::vector<std::string>* values,
-                            std::vector<bool>* found) {
+                            std::vector<std::string>* values, std::vector<bool>* found) {
   std::vector<SpillKey> keys;
   keys.reserve(ids.size());
   std::vector<rocksdb::Slice> slices;
@@ -83,8 +82,7 @@ Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
   }
   values->assign(ids.size(), {});
   found->assign(ids.size(), false);
-  std::vector<rocksdb::Status> st =
-      db_->MultiGet(rocksdb::ReadOptions(), slices, values);
+  std::vector<rocksdb::Status> st = db_->MultiGet(rocksdb::ReadOptions(), slices, values);
   for (size_t i = 0; i < st.size(); ++i) {
     if (st[i].ok()) {
       (*found)[i] = true;
@@ -99,8 +97,8 @@ Status SpillStore::DropCache(uint32_t cache_id) {
   SpillKey begin(cache_id, 0);
   SpillKey end(cache_id + 1, 0);  // cache ids never reach 2^32 - 1
   rocksdb::Slice b = begin.slice(), e = end.slice();
-  rocksdb::Status s = db_->DeleteRange(rocksdb::WriteOptions(),
-                                       db_->DefaultColumnFamily(), b, e);
+  rocksdb::Status s =
+      db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), b, e);
   if (!s.ok()) return FromRocks(s, path_);
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;

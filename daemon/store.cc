@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string_view>
+
 #include <fmt/format.h>
 
 #include "logger.h"
@@ -25,7 +26,8 @@ static uint64_t InstanceShmBytes(const InstancePaths& paths) {
   while (dirent* e = readdir(d)) {
     if (std::string_view(e->d_name).rfind(prefix, 0) != 0) continue;
     struct stat st;
-    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode)) {
       total += static_cast<uint64_t>(st.st_blocks) * 512;
     }
   }
@@ -33,8 +35,8 @@ static uint64_t InstanceShmBytes(const InstancePaths& paths) {
   return total;
 }
 
-Store::Store(const DaemonOptions& options, const InstancePaths& paths,
-             int num_nodes, int workers, Logger* log)
+Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
+             int workers, Logger* log)
     : options_(options),
       paths_(paths),
       shm_pages_(ShmPagesOf(paths.shm_dir)),
@@ -112,8 +114,8 @@ void Store::FillServerInfo(ServerInfo* out) {
   for (const auto& [sid, cids] : sessions_) out->sessions.push_back(sid);
   out->connections = static_cast<uint64_t>(std::max<int64_t>(0, connections_.load()));
   out->start_time_unix = started_unix_;
-  out->uptime_seconds = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - started_).count();
+  out->uptime_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
 }
 
 void Store::Shutdown() {

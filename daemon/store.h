@@ -16,16 +16,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstdint>
+#include <ctime>
 #include <deque>
-#include <thread>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache_state.h"
@@ -37,9 +37,9 @@
 #include "mutex.h"
 #include "process_state.h"
 #include "shm_pages.h"
-#include "spill_store.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
+#include "spill_store.h"
 
 namespace shmcache {
 
@@ -47,8 +47,8 @@ class Logger;
 
 class Store {
  public:
-  Store(const DaemonOptions& options, const InstancePaths& paths,
-        int num_nodes, int workers, Logger* log);
+  Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
+        int workers, Logger* log);
   ~Store();
 
   // Opens the spill store and adopts what a previous daemon of this
@@ -73,12 +73,12 @@ class Store {
   Status DestroySession(uint32_t id) EXCLUDES(mu_);
   Status CheckSession(uint32_t id) EXCLUDES(mu_);
   Status OpenCache(uint32_t session_id, const std::string& name,
-                   const std::string& fingerprint, uint64_t size_mb,
-                   bool spilling, uint32_t* cache_id) EXCLUDES(mu_);
+                   const std::string& fingerprint, uint64_t size_mb, bool spilling,
+                   uint32_t* cache_id) EXCLUDES(mu_);
   Status LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t need,
                     ChunkLease* out) EXCLUDES(mu_);
-  Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
-                     uint64_t offset) EXCLUDES(mu_);
+  Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no, uint64_t offset)
+      EXCLUDES(mu_);
   Status GrowIndex(uint32_t cache_id, uint32_t seen) EXCLUDES(mu_);
   // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by
@@ -91,11 +91,10 @@ class Store {
   static constexpr std::chrono::seconds kReleaseGrace{10};
   // Writes a row that did not fit in memory to the spill store and
   // publishes it. Full when the cache does not spill (or stopped).
-  Status SpillPut(uint32_t cache_id, uint64_t row_id,
-                  std::span<const std::byte> row, bool* inserted) EXCLUDES(mu_);
+  Status SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
+                  bool* inserted) EXCLUDES(mu_);
   Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                  std::vector<std::string>* rows, std::vector<bool>* found)
-      EXCLUDES(mu_);
+                  std::vector<std::string>* rows, std::vector<bool>* found) EXCLUDES(mu_);
   void ListSessions(std::vector<SessionInfo>* out) EXCLUDES(mu_);
   void FillServerInfo(ServerInfo* out) EXCLUDES(mu_);
   // A client connection opened (+1) or ended (-1); for the statistics.
@@ -151,7 +150,7 @@ class Store {
   Mutex mu_;
   DaemonOptions options_;
   InstancePaths paths_;
-  ShmPages shm_pages_;  // of paths_.shm_dir, at start
+  ShmPages shm_pages_;   // of paths_.shm_dir, at start
   MemoryBounds bounds_;  // of account_.cap, at start
   int num_nodes_;
   int workers_;
@@ -170,7 +169,7 @@ class Store {
   std::vector<std::string> notes_;  // written by Init only
   std::deque<SegmentJob> jobs_ GUARDED_BY(mu_);
   CondVar jobs_cv_;
-  CondVar job_done_cv_;  // a segment job finished
+  CondVar job_done_cv_;                             // a segment job finished
   uint32_t running_job_cache_ GUARDED_BY(mu_) = 0;  // 0 = none
   struct PendingRelease {
     uint64_t conn;
@@ -185,8 +184,7 @@ class Store {
   bool stopping_ GUARDED_BY(mu_) = false;
   std::thread preparer_;
   std::atomic<int64_t> connections_{0};
-  const std::chrono::steady_clock::time_point started_ =
-      std::chrono::steady_clock::now();
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const uint64_t started_unix_ = static_cast<uint64_t>(std::time(nullptr));
 };
 

@@ -9,8 +9,9 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 #include <set>
+
+#include <fmt/format.h>
 
 #include "cache_name.h"
 #include "logger.h"
@@ -19,8 +20,7 @@
 
 namespace shmcache {
 
-void Store::DiscardCacheFiles(uint32_t cache_id,
-                              const std::vector<std::string>& files,
+void Store::DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                               const std::string& why) {
   Note(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
                    why));
@@ -82,8 +82,7 @@ std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
 // here while that file exists, so that a test can act on a server that is
 // still starting. A stop request, or the end of the process the server
 // watches (--watch_pid), ends the wait.
-void TEST_HoldStart(const std::atomic<bool>* stop_requested, int watch_pid,
-                    Logger* log) {
+void TEST_HoldStart(const std::atomic<bool>* stop_requested, int watch_pid, Logger* log) {
   const char* hold = std::getenv("SHMCACHE_TEST_HOLD_START");
   if (hold == nullptr || *hold == '\0' || access(hold, F_OK) != 0) return;
   log->Info("test hook SHMCACHE_TEST_HOLD_START: start-up held while {} exists", hold);
@@ -128,8 +127,7 @@ bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
       continue;
     }
     std::unique_ptr<CacheState> c;
-    Status s = CacheState::Adopt(paths_, id, f.segments, num_nodes_, &account_,
-                                 log_, &c);
+    Status s = CacheState::Adopt(paths_, id, f.segments, num_nodes_, &account_, log_, &c);
     if (!s.ok()) {
       DiscardCacheFiles(id, f.files, s.message());
       continue;
@@ -148,16 +146,19 @@ bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
   if (spill_) {
     for (uint32_t id : spill_->CacheIds()) {
       if (caches_.count(id) == 0) {
-        Note(fmt::format("the spilled rows of cache {} were dropped: its memory "
-                         "state is gone", id));
+        Note(
+            fmt::format("the spilled rows of cache {} were dropped: its memory "
+                        "state is gone",
+                        id));
         spill_->DropCache(id).PermitUncheckedError();
       }
     }
   }
   if (!caches_.empty() || !sessions_.empty()) {
-    log_->Info("adopted {} session(s) and {} cache(s) with {} rows from an earlier "
-               "server on port {}",
-               sessions_.size(), caches_.size(), rows, paths_.port);
+    log_->Info(
+        "adopted {} session(s) and {} cache(s) with {} rows from an earlier "
+        "server on port {}",
+        sessions_.size(), caches_.size(), rows, paths_.port);
   }
   return !(stop_requested && stop_requested->load());
 }

@@ -16,8 +16,8 @@ void Store::CheckHighWater() {
   warned_high_water_ = high;
 }
 
-Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node,
-                         uint64_t need, ChunkLease* out) {
+Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t need,
+                         ChunkLease* out) {
   MutexLock lock(&mu_);
   CacheState* c;
   Status s;

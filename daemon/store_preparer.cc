@@ -28,7 +28,8 @@ void Store::PrepareSegments() {
     if (!polling()) {
       while (!ready() && !polling()) jobs_cv_.Wait(&mu_);
     } else {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
       while (!ready() && jobs_cv_.WaitUntil(&mu_, deadline)) {
       }
       RetryReleasesLocked();
@@ -52,7 +53,8 @@ void Store::PrepareSegments() {
     auto it = caches_.find(job.cache_id);
     if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
       file.Unmap();
-      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no)).PermitUncheckedError();
+      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
+          .PermitUncheckedError();
       job_done_cv_.SignalAll();
       continue;
     }

@@ -43,9 +43,10 @@ void Store::WarnChunksStayLocked(int pid) {
     if (warned_pids_.size() >= kMaxWarnedPids) warned_pids_.clear();
   }
   warned_pids_.insert(pid);
-  log_->Warn("connections of process {} ended while it runs on; the chunks "
-             "they leased stay with it (said once per process)",
-             pid);
+  log_->Warn(
+      "connections of process {} ended while it runs on; the chunks "
+      "they leased stay with it (said once per process)",
+      pid);
 }
 
 }  // namespace shmcache

@@ -4,6 +4,7 @@
 #include "store.h"
 
 #include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cache_name.h"
@@ -68,7 +69,8 @@ Status Store::DestroySession(uint32_t id) {
       caches_.erase(c);
       if (spill_) {
         Status s = spill_->DropCache(cid);
-        if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
+        if (!s.ok())
+          log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
       }
     }
     sessions_.erase(it);
@@ -108,8 +110,8 @@ Status Store::CheckSession(uint32_t id) {
 }
 
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
-                        const std::string& fingerprint, uint64_t size_mb,
-                        bool spilling, uint32_t* cache_id) {
+                        const std::string& fingerprint, uint64_t size_mb, bool spilling,
+                        uint32_t* cache_id) {
   MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
@@ -135,7 +137,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   // A size over the cap gets the cap: the cache holds what can be had and
   // the client, which sees the cap and its bound in the server info, says
   // so once at open (rows beyond it are read from the source).
-  uint64_t budget = size_mb ? std::min<uint64_t>(size_mb << 20, account_.cap) : account_.cap;
+  uint64_t budget =
+      size_mb ? std::min<uint64_t>(size_mb << 20, account_.cap) : account_.cap;
   // Random ids: nobody can take the name of the next cache's header ahead
   // of it; an id whose name is taken anyway is skipped.
   uint32_t id = 0;
@@ -144,16 +147,16 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
     do {
       id = rng_();
     } while (id == 0 || caches_.count(id) != 0);
-    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
-                           spilling, num_nodes_, &account_, log_, &c);
+    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget, spilling,
+                           num_nodes_, &account_, log_, &c);
     if (!s.IsAlreadyExists()) break;
     log_->Warn("cache id {} skipped: {}", id, s.message());
   }
   if (!s.ok()) return s;
   caches_[id] = std::move(c);
   sit->second.push_back(id);
-  log_->Info("cache {} '{}' opened in session {} ({} MB{})", id, name,
-             session_id, size_mb, spilling ? ", spilling" : "");
+  log_->Info("cache {} '{}' opened in session {} ({} MB{})", id, name, session_id,
+             size_mb, spilling ? ", spilling" : "");
   *cache_id = id;
   return Status::OK();
 }

@@ -6,16 +6,17 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fmt/format.h>
 #include <set>
+
+#include <fmt/format.h>
 
 #include "logger.h"
 #include "spill_record.h"
 
 namespace shmcache {
 
-Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,
-                       std::span<const std::byte> row, bool* inserted) {
+Status Store::SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
+                       bool* inserted) {
   *inserted = false;
   MutexLock lock(&mu_);
   CacheState* c;
@@ -28,7 +29,8 @@ Status Store::SpillPut(uint32_t cache_id, uint64_t row_id,
   if (!s.ok()) {
     log_->Error("cache {}: spilling stopped: {}", cache_id, s.message());
     c->StopSpilling(s.message());
-    return Status::Full(fmt::format("cache {} stopped spilling: {}", cache_id, s.message()));
+    return Status::Full(
+        fmt::format("cache {} stopped spilling: {}", cache_id, s.message()));
   }
   return c->PublishSpilled(row_id, row.size(), &account_, inserted);
 }
@@ -87,18 +89,20 @@ void Store::ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& w
   std::vector<std::string> told;
   if (!why.empty()) {
     if (uint64_t n = c->DropSpilledRows()) {
-      told.push_back(fmt::format("{} spilled rows were dropped ({}); they read as "
-                                 "misses{}",
-                                 n, why, spill_ ? " and are cached again when put" : ""));
+      told.push_back(
+          fmt::format("{} spilled rows were dropped ({}); they read as "
+                      "misses{}",
+                      n, why, spill_ ? " and are cached again when put" : ""));
     }
     // Rows on disk the index no longer points to.
     if (on_disk) spill_->DropCache(id).PermitUncheckedError();
   }
   if (!spill_ && c->spill_enabled()) {
     c->StopSpilling("this server has no spill directory");
-    told.push_back(fmt::format("it no longer spills{} (start the server with -s DIR "
-                               "to spill)",
-                               c->Stats().full ? " and is full" : ""));
+    told.push_back(
+        fmt::format("it no longer spills{} (start the server with -s DIR "
+                    "to spill)",
+                    c->Stats().full ? " and is full" : ""));
   }
   if (told.empty()) return;
   std::string text = c->Label() + ": " + told[0];
@@ -110,8 +114,10 @@ void Store::RemoveEarlierSpillDb(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;
   if (!IsSpillDbOf(path, paths_.port)) {
-    Note(fmt::format("left {} in place: it is not named as a spill database of "
-                     "this server", path));
+    Note(
+        fmt::format("left {} in place: it is not named as a spill database of "
+                    "this server",
+                    path));
     return;
   }
   // Opening it first takes its lock: a database another process uses is
@@ -121,8 +127,10 @@ void Store::RemoveEarlierSpillDb(const std::string& path) {
   bool had_rows = s.ok() && !old->CacheIds().empty();
   if (s.ok()) s = old->DestroyAll();
   if (!s.ok()) {
-    Note(fmt::format("cannot remove {}, the earlier server's spill database: {}; "
-                     "remove it once no server uses it", path, s.message()));
+    Note(
+        fmt::format("cannot remove {}, the earlier server's spill database: {}; "
+                    "remove it once no server uses it",
+                    path, s.message()));
   } else if (had_rows) {
     Note(fmt::format("removed {}, the earlier server's spill database", path));
   } else {

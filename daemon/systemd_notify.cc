@@ -1,10 +1,10 @@
 #include "systemd_notify.h"
 
 #ifdef SHMCACHE_HAVE_SYSTEMD
-#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <systemd/sd-daemon.h>
 #endif
 
 namespace shmcache {

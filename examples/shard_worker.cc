@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
   long port = Arg(argc, argv, "--port", 0);
   long size_mb = Arg(argc, argv, "--size_mb", 0);
   long spilling = Arg(argc, argv, "--spilling", 0);
-  if (session < 0 || devices < 1 || size_mb < 0 || device < 0 || device >= devices || rows < 1 ||
-      row_bytes < 1 || epochs < 1) {
+  if (session < 0 || devices < 1 || size_mb < 0 || device < 0 || device >= devices ||
+      rows < 1 || row_bytes < 1 || epochs < 1) {
     std::fprintf(stderr,
                  "usage: shard_worker --session_id S [--device K --num_devices N] "
                  "[--rows R] [--row_bytes B] [--epochs E] [--port P]\n");
@@ -76,8 +76,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "device %ld: %s\n", device, s.ToString().c_str());
       return 1;
     }
-    std::fprintf(stderr, "device %ld: warning: cache unavailable (%s); reading "
-                 "from the source\n", device, s.ToString().c_str());
+    std::fprintf(stderr,
+                 "device %ld: warning: cache unavailable (%s); reading "
+                 "from the source\n",
+                 device, s.ToString().c_str());
   }
   std::vector<uint8_t> expect(static_cast<size_t>(row_bytes));
   shmcache::Row row;
@@ -98,17 +100,19 @@ int main(int argc, char** argv) {
       }
       ++misses;
       if (cache) {
-        shmcache::Status p = cache->Put(static_cast<uint64_t>(i), expect.data(), expect.size());
+        shmcache::Status p =
+            cache->Put(static_cast<uint64_t>(i), expect.data(), expect.size());
         if (!p.ok() && !p.IsFull()) {
           std::fprintf(stderr, "device %ld: warning: %s\n", device, p.ToString().c_str());
           cache.reset();
         }
       }
     }
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("device %ld epoch %ld: %.3f s\n", device, e + 1, secs);
   }
-  std::printf("device %ld: %ld hits, %ld misses, %ld wrong rows\n", device, hits,
-              misses, bad);
+  std::printf("device %ld: %ld hits, %ld misses, %ld wrong rows\n", device, hits, misses,
+              bad);
   return bad == 0 ? 0 : 2;
 }

@@ -24,8 +24,7 @@ constexpr size_t kWindow = 64;
 constexpr size_t kMinShareBytes = 256 << 10;
 
 // The row's column for each target, when every one matches exactly.
-bool Match(const RowView& row, std::span<const ColumnTarget> targets,
-           ColumnView* cols) {
+bool Match(const RowView& row, std::span<const ColumnTarget> targets, ColumnView* cols) {
   for (size_t t = 0; t < targets.size(); ++t) {
     std::optional<ColumnView> c = row.find(targets[t].name);
     if (!c || c->dtype != targets[t].dtype ||
@@ -37,10 +36,10 @@ bool Match(const RowView& row, std::span<const ColumnTarget> targets,
   return true;
 }
 
-void CopyRow(std::span<const ColumnTarget> targets, const ColumnView* cols,
-             size_t i) {
+void CopyRow(std::span<const ColumnTarget> targets, const ColumnView* cols, size_t i) {
   for (size_t t = 0; t < targets.size(); ++t) {
-    auto* dst = static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes;
+    auto* dst =
+        static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes;
     std::memcpy(dst, cols[t].data, cols[t].nbytes);
   }
 }
@@ -59,9 +58,8 @@ struct ShareResult {
 };
 
 // Reads ids [first, last) of the batch from memory.
-void ReadShare(Cache* cache, std::span<const uint64_t> ids, size_t first,
-               size_t last, std::span<const ColumnTarget> targets, uint8_t* hit,
-               ShareResult* out) {
+void ReadShare(Cache* cache, std::span<const uint64_t> ids, size_t first, size_t last,
+               std::span<const ColumnTarget> targets, uint8_t* hit, ShareResult* out) {
   RowView views[kWindow];
   Status statuses[kWindow];
   std::vector<ColumnView> cols(targets.size());
@@ -217,8 +215,7 @@ Status BatchReader::ReadInto(std::span<const uint64_t> ids,
 
 Status BatchReader::ReadSpilled(std::span<const uint64_t> ids,
                                 const std::vector<size_t>& where,
-                                std::span<const ColumnTarget> targets,
-                                uint8_t* hit) {
+                                std::span<const ColumnTarget> targets, uint8_t* hit) {
   std::vector<uint64_t> want(where.size());
   for (size_t k = 0; k < where.size(); ++k) want[k] = ids[where[k]];
   std::vector<Row> rows(where.size());

@@ -15,8 +15,7 @@ namespace {
 // InvalidArgument unless a batch's `what` holds one element per id.
 Status CheckBatchSize(const char* call, size_t ids, size_t n, const char* what) {
   if (n == ids) return Status::OK();
-  return Status::InvalidArgument(
-      fmt::format("{}: {} ids but {} {}", call, ids, n, what));
+  return Status::InvalidArgument(fmt::format("{}: {} ids but {} {}", call, ids, n, what));
 }
 
 }  // namespace
@@ -24,13 +23,11 @@ Status CheckBatchSize(const char* call, size_t ids, size_t n, const char* what) 
 Cache::Cache(std::shared_ptr<CacheImpl> impl) : impl_(std::move(impl)) {}
 Cache::~Cache() = default;
 
-Status Cache::Put(uint64_t id, std::span<const ColumnRef> columns,
-                  bool* inserted) {
+Status Cache::Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted) {
   return impl_->Put(id, columns, inserted);
 }
 
-Status Cache::Put(uint64_t id, const void* data, size_t nbytes,
-                  bool* inserted) {
+Status Cache::Put(uint64_t id, const void* data, size_t nbytes, bool* inserted) {
   int64_t shape[1] = {static_cast<int64_t>(nbytes)};
   ColumnRef col{"data", DType::kUInt8, shape, data, nbytes};
   return impl_->Put(id, std::span(&col, 1), inserted);
@@ -51,8 +48,7 @@ Status Cache::PutBatch(std::span<const uint64_t> ids,
 
 Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }
 
-Status Cache::Get(uint64_t id, std::span<const std::string_view> columns,
-                  Row* out) {
+Status Cache::Get(uint64_t id, std::span<const std::string_view> columns, Row* out) {
   return impl_->Get(id, columns, true, out);
 }
 
@@ -82,4 +78,3 @@ uint32_t Cache::session_id() const { return impl_->session_id(); }
 void Cache::Close() { impl_->Close(); }
 
 }  // namespace shmcache
-

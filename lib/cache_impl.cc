@@ -3,12 +3,12 @@
 
 #include "cache_impl.h"
 
-#include <fmt/format.h>
-
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include <fmt/format.h>
 
 #include "cache_stats.h"
 #include "numa_topology.h"
@@ -28,9 +28,9 @@ Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
   std::string path = client->paths().CacheFile(cache_id);
   Status s = ShmFile::Open(path, &c->header_file_);
   if (!s.ok()) return s;
-  if (const char* bad = layout::CheckFileHeader(
-          c->header_file_.data(), c->header_file_.size(), layout::kCacheMagic,
-          sizeof(layout::CacheHeader))) {
+  if (const char* bad =
+          layout::CheckFileHeader(c->header_file_.data(), c->header_file_.size(),
+                                  layout::kCacheMagic, sizeof(layout::CacheHeader))) {
     return Status::Corruption(path + ": " + bad);
   }
   c->header_ = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
@@ -57,8 +57,7 @@ Status CacheImpl::Usable() const {
     return Status::InvalidArgument("cache is closed");
   }
   if (header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed) {
-    return Status::NotFound(
-        fmt::format("session {} was destroyed", session_id_));
+    return Status::NotFound(fmt::format("session {} was destroyed", session_id_));
   }
   return Status::OK();
 }
@@ -150,9 +149,8 @@ layout::StatsSlot* CacheImpl::Stats() {
   // A forked child would share its parent's line and lane: give it its
   // own. One thread (the CAS's winner) re-picks them.
   uint64_t gen = stats_fork_gen_.load(std::memory_order_relaxed);
-  if (gen != ForkGeneration() &&
-      stats_fork_gen_.compare_exchange_strong(gen, ForkGeneration(),
-                                              std::memory_order_relaxed)) {
+  if (gen != ForkGeneration() && stats_fork_gen_.compare_exchange_strong(
+                                     gen, ForkGeneration(), std::memory_order_relaxed)) {
     const uint32_t pick = client_->client_id() + static_cast<uint32_t>(getpid());
     lane_.store(nullptr, std::memory_order_relaxed);
     lane_thread_.store(nullptr, std::memory_order_relaxed);
@@ -200,8 +198,7 @@ layout::StatsLane* CacheImpl::OwnLane() {
 void CacheImpl::CountRead(bool hit, int node) {
   // On a single-node host every hit is a Numa hit: the readers of the
   // statistics count them, and the hit path saves an add.
-  const bool numa =
-      hit && !single_node_ && node == NumaTopology::Get().CurrentNode();
+  const bool numa = hit && !single_node_ && node == NumaTopology::Get().CurrentNode();
   // The lane's one writer counts with a plain load and store: no locked
   // add, which would fence this hit's misses off from the next one's.
   auto bump = [](std::atomic<uint64_t>& c) {

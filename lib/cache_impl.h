@@ -39,10 +39,10 @@ class CacheImpl {
   // PutRow, counting a Full answer in this process's statistics line.
   Status Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
   Status PutBatch(std::span<const uint64_t> ids,
-                  std::span<const std::span<const ColumnRef>> rows,
-                  Status* statuses, bool* inserted);
-  Status Get(uint64_t id, std::span<const std::string_view> columns,
-             bool project, Row* out);
+                  std::span<const std::span<const ColumnRef>> rows, Status* statuses,
+                  bool* inserted);
+  Status Get(uint64_t id, std::span<const std::string_view> columns, bool project,
+             Row* out);
   Status View(uint64_t id, RowView* out);
   Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
   Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses);
@@ -57,8 +57,8 @@ class CacheImpl {
  private:
   struct Chunk {
     uint32_t seg_no = 0;
-    uint64_t offset = 0;  // of the chunk inside its segment
-    char* base = nullptr; // chunk start
+    uint64_t offset = 0;   // of the chunk inside its segment
+    char* base = nullptr;  // chunk start
     uint64_t size = 0;
     uint64_t used = 0;
     layout::ChunkHeader* header = nullptr;
@@ -68,8 +68,7 @@ class CacheImpl {
   // few enough that the prefetched lines are still in cache when used.
   static constexpr size_t kBatchWindow = 32;
 
-  CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
-            uint32_t session_id);
+  CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id, uint32_t session_id);
   // NotFound for a row that is not cached.
   static Status Miss(uint64_t id);
   Status Usable() const;
@@ -108,8 +107,8 @@ class CacheImpl {
   void LockForPut(PutLock* lock) ASSERT_CAPABILITY(put_mu_);
   // Writes a row of `size` encoded bytes into this process's chunk (leasing
   // a new one when it does not fit) and publishes it in the index.
-  Status PutInMemory(uint64_t id, std::span<const ColumnRef> columns,
-                     size_t size, PutTally* tally, bool* inserted) REQUIRES(put_mu_);
+  Status PutInMemory(uint64_t id, std::span<const ColumnRef> columns, size_t size,
+                     PutTally* tally, bool* inserted) REQUIRES(put_mu_);
   Status GrowIndex(uint32_t seen);
   void ReturnChunksLocked() REQUIRES(put_mu_);
   layout::StatsSlot* Stats();
@@ -124,8 +123,7 @@ class CacheImpl {
   // Reads spilled rows: from the spill database through this process's
   // SpillReader, and the rows it cannot find (newer than its view) or read
   // through the daemon. statuses[i] is OK, NotFound, or the transport error.
-  void FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
-                    Status* statuses);
+  void FetchSpilled(std::span<const uint64_t> ids, Row* const* rows, Status* statuses);
   // The same through the daemon alone, one round trip per batch.
   void FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
                               Status* statuses);
@@ -140,9 +138,8 @@ class CacheImpl {
   Status CheckRowFits(uint64_t id, size_t size) const;
   // Fills *out from a located row (memory or disk), copying all columns or
   // only `columns` when project.
-  Status Materialize(uint64_t id, uint64_t loc,
-                     std::span<const std::string_view> columns, bool project,
-                     Row* out);
+  Status Materialize(uint64_t id, uint64_t loc, std::span<const std::string_view> columns,
+                     bool project, Row* out);
 
   std::shared_ptr<ClientImpl> client_;
   const uint32_t cache_id_;

@@ -3,6 +3,7 @@
 // update per batch.
 
 #include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cache_impl.h"
@@ -34,8 +35,7 @@ Status CacheImpl::LeaseChunk(int node, size_t need, Chunk* c) {
     return Status::Corruption("leased chunk lies outside its segment");
   }
   auto* h = reinterpret_cast<layout::ChunkHeader*>(seg->base + offset);
-  if (h->magic != layout::kChunkMagic || h->cache_id != cache_id_ ||
-      h->size != size) {
+  if (h->magic != layout::kChunkMagic || h->cache_id != cache_id_ || h->size != size) {
     return Status::Corruption("leased chunk header does not match");
   }
   // This process writes the whole chunk: map its pages now, 16 per fault
@@ -58,8 +58,7 @@ Status CacheImpl::GrowIndex(uint32_t seen) {
   return MapNewTables();
 }
 
-Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns,
-                      bool* inserted) {
+Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted) {
   Status status;
   bool added = false;
   PutBatch(std::span(&id, 1), std::span(&columns, 1), &status, &added)
@@ -88,8 +87,7 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
     if (i % kBatchWindow == 0) {
       LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
     }
-    statuses[i] = PutRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally,
-                         &added);
+    statuses[i] = PutRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally, &added);
     if (inserted) inserted[i] = added;
     if (EndsBatch(statuses[i])) {
       std::fill(statuses + i + 1, statuses + ids.size(), statuses[i]);
@@ -121,9 +119,8 @@ void CacheImpl::LockForPut(PutLock* lock) {
   }
 }
 
-Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
-                         uint64_t loc, PutLock* lock, PutTally* tally,
-                         bool* inserted) {
+Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns, uint64_t loc,
+                         PutLock* lock, PutTally* tally, bool* inserted) {
   *inserted = false;
   if (IsFull()) {
     return Status::Full(fmt::format("cache {} is full", cache_id_));
@@ -141,8 +138,7 @@ Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns,
 
 Status CacheImpl::PutInMemory(uint64_t id, std::span<const ColumnRef> columns,
                               size_t size, PutTally* tally, bool* inserted) {
-  size_t node = static_cast<size_t>(NumaTopology::Get().CurrentNode()) %
-                chunks_.size();
+  size_t node = static_cast<size_t>(NumaTopology::Get().CurrentNode()) % chunks_.size();
   Chunk& c = chunks_[node];
   Status s;
   if (c.base == nullptr || c.size - c.used < size) {

@@ -2,6 +2,7 @@
 // windows with every index slot and row header prefetched first.
 
 #include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cache_impl.h"
@@ -14,8 +15,8 @@ Status CacheImpl::Miss(uint64_t id) {
 }
 
 Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
-                              std::span<const std::string_view> columns,
-                              bool project, Row* out) {
+                              std::span<const std::string_view> columns, bool project,
+                              Row* out) {
   if (loc & layout::kSpilledBit) {
     Row* target = out;
     Row disk_row;
@@ -139,8 +140,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
   return Status::OK();
 }
 
-Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows,
-                           Status* statuses) {
+Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses) {
   Status s = Usable();
   if (!s.ok()) {
     std::fill(statuses, statuses + ids.size(), s);

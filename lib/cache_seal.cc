@@ -2,6 +2,8 @@
 // cache, as rows above kMaxRowId. Their ids and columns are those the
 // Python package wrote before these existed (torch.py's CachedIterableDataset),
 // so caches sealed then read as sealed now, and the reverse.
+#include "shmcache/cache.h"
+
 #include <unistd.h>
 
 #include <cstring>
@@ -9,7 +11,6 @@
 #include <string>
 
 #include "cache_impl.h"
-#include "shmcache/cache.h"
 
 namespace shmcache {
 

@@ -36,7 +36,8 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
     reader->MultiGet(
         cache_id_, left_ids,
         [&](size_t k, std::span<const std::byte> bytes) {
-          if (AdoptSpilled(left_ids[k], bytes, rows[left[k]])) statuses[left[k]] = Status::OK();
+          if (AdoptSpilled(left_ids[k], bytes, rows[left[k]]))
+            statuses[left[k]] = Status::OK();
           else got[k] = false;
         },
         std::span(got.get(), left.size()));
@@ -52,7 +53,8 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
     // look again.
     if (left.empty() || attempt > 0) break;
     SpillReader::CatchUp c = reader->MaybeCatchUp();
-    if (c == SpillReader::CatchUp::kFailed) SpillReader::Forget(client_->paths(), reader.get());
+    if (c == SpillReader::CatchUp::kFailed)
+      SpillReader::Forget(client_->paths(), reader.get());
     if (c != SpillReader::CatchUp::kDone) break;
   }
   if (left.empty()) return;
@@ -60,7 +62,8 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
   std::vector<Status> left_statuses(left.size());
   for (size_t k = 0; k < left.size(); ++k) left_rows[k] = rows[left[k]];
   FetchSpilledFromDaemon(left_ids, left_rows.data(), left_statuses.data());
-  for (size_t k = 0; k < left.size(); ++k) statuses[left[k]] = std::move(left_statuses[k]);
+  for (size_t k = 0; k < left.size(); ++k)
+    statuses[left[k]] = std::move(left_statuses[k]);
 }
 
 void CacheImpl::FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
@@ -97,8 +100,9 @@ void CacheImpl::FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const
     }
     if (answered == 0) {  // the daemon answers a first row always; never spin
       for (size_t i = done; i < ids.size(); ++i) {
-        statuses[i] = Status::Corruption("the cache server answered none of the "
-                                         "spilled rows asked for");
+        statuses[i] = Status::Corruption(
+            "the cache server answered none of the "
+            "spilled rows asked for");
       }
       return;
     }
@@ -114,8 +118,8 @@ bool CacheImpl::SpillsNow() const {
   return layout::SpillsNow(header_->state.load(std::memory_order_relaxed));
 }
 
-Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns,
-                           size_t size, bool* inserted) {
+Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
+                           bool* inserted) {
   // Checked before anything is sent: a frame over the limit would make the
   // daemon drop the connection.
   if (size > protocol::kMaxSpilledRowBytes) {

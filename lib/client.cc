@@ -39,8 +39,8 @@ Status ClientImpl::ConnectLocked() {
   conn_.reset();
   fork_gen_ = ForkGeneration();
   std::unique_ptr<Connection> conn;
-  Status s = Connection::Open(paths().socket_path, port_,
-                              options_.request_timeout_ms, &conn);
+  Status s =
+      Connection::Open(paths().socket_path, port_, options_.request_timeout_ms, &conn);
   if (!s.ok()) return s;
   std::string body;
   size_t off = 0;
@@ -70,8 +70,8 @@ Status ClientImpl::Exchange(MsgType type, const std::string& request, std::strin
   ForkSafeLock lock(&mu_);
   if (!conn_ || conn_->broken() || fork_gen_ != ForkGeneration()) {
     if (!reconnect) {
-      return Status::Unavailable(fmt::format(
-          "not connected to the cache server on port {}", port_));
+      return Status::Unavailable(
+          fmt::format("not connected to the cache server on port {}", port_));
     }
     Status s = ConnectLocked();
     if (!s.ok()) return s;
@@ -79,8 +79,8 @@ Status ClientImpl::Exchange(MsgType type, const std::string& request, std::strin
   size_t off = 0;
   Status s = conn_->Call(type, request, body, &off);
   if (!s.ok()) return s;
-  *reader = WireReader(std::span(
-      reinterpret_cast<const std::byte*>(body->data()) + off, body->size() - off));
+  *reader = WireReader(std::span(reinterpret_cast<const std::byte*>(body->data()) + off,
+                                 body->size() - off));
   return s;
 }
 
@@ -94,8 +94,7 @@ Status ClientImpl::Malformed(const char* request_name) {
 Client::Client(std::shared_ptr<ClientImpl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
-Status Client::Connect(const ClientOptions& options,
-                       std::unique_ptr<Client>* out) {
+Status Client::Connect(const ClientOptions& options, std::unique_ptr<Client>* out) {
   std::shared_ptr<ClientImpl> impl;
   Status s = ClientImpl::Create(options, &impl);
   if (!s.ok()) return s;
@@ -118,8 +117,7 @@ Status Client::CheckSession(uint32_t session_id) {
   return impl_->Call(protocol::CheckSessionRequest{.session_id = session_id});
 }
 
-Status Client::OpenCache(const CacheOptions& options,
-                         std::unique_ptr<Cache>* out) {
+Status Client::OpenCache(const CacheOptions& options, std::unique_ptr<Cache>* out) {
   std::string name = options.name.empty() ? options.fingerprint : options.name;
   if (name.empty()) {
     return Status::InvalidArgument("a cache needs a name or a fingerprint");

@@ -3,9 +3,9 @@
 //
 // Thread safety: Call() serialises requests under a mutex (fork-safe: a
 // fork waits for a call in flight). paths() and client_id() may be called
-// from any thread, also while a call (which may reconnect) is in flight. After fork() the child notices on its
-// next Call (the fork generation changed), drops the inherited connection
-// without shutting it down and opens its own.
+// from any thread, also while a call (which may reconnect) is in flight. After fork() the
+// child notices on its next Call (the fork generation changed), drops the inherited
+// connection without shutting it down and opens its own.
 #pragma once
 
 #include <atomic>
@@ -24,8 +24,7 @@ namespace shmcache {
 
 class ClientImpl {
  public:
-  static Status Create(const ClientOptions& options,
-                       std::shared_ptr<ClientImpl>* out);
+  static Status Create(const ClientOptions& options, std::shared_ptr<ClientImpl>* out);
 
   // One request and its answer. On success *response holds the answer,
   // its views pointing into *body; Corruption when the answer is malformed.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
 #include <fmt/format.h>
 
 #include "instance.h"
@@ -29,8 +30,8 @@ void Connection::Abandon() {
   fd_ = -1;
 }
 
-Status Connection::Open(const std::string& socket_path, int port,
-                        int timeout_ms, std::unique_ptr<Connection>* out) {
+Status Connection::Open(const std::string& socket_path, int port, int timeout_ms,
+                        std::unique_ptr<Connection>* out) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   Status fits = CheckSocketPath(socket_path);
@@ -43,15 +44,15 @@ Status Connection::Open(const std::string& socket_path, int port,
     int e = errno;
     close(fd);
     if (e == EACCES || e == EPERM) {
-      return Status::PermissionDenied(fmt::format(
-          "permission denied connecting to the cache server on port {} ({}): "
-          "it belongs to another user",
-          port, socket_path));
+      return Status::PermissionDenied(
+          fmt::format("permission denied connecting to the cache server on port {} ({}): "
+                      "it belongs to another user",
+                      port, socket_path));
     }
-    return Status::Unavailable(fmt::format(
-        "cache server on port {} is not running ({}: {}); start it with "
-        "'shmcache --start -p {}'",
-        port, socket_path, std::strerror(e), port));
+    return Status::Unavailable(
+        fmt::format("cache server on port {} is not running ({}: {}); start it with "
+                    "'shmcache --start -p {}'",
+                    port, socket_path, std::strerror(e), port));
   }
   out->reset(new Connection(fd, port, timeout_ms));
   return Status::OK();
@@ -107,8 +108,7 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   h.body_len = static_cast<uint32_t>(request.size());
   std::byte hdr[protocol::kFrameHeaderBytes];
   protocol::EncodeFrameHeader(h, hdr);
-  if (!WriteAll(fd_, hdr, sizeof hdr) ||
-      !WriteAll(fd_, request.data(), request.size())) {
+  if (!WriteAll(fd_, hdr, sizeof hdr) || !WriteAll(fd_, request.data(), request.size())) {
     return Broken(std::strerror(errno));
   }
   if (!ReadAll(fd_, hdr, sizeof hdr)) {

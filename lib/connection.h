@@ -24,8 +24,8 @@ class Connection {
   // over *body. The wait is bounded by protocol::RequestTimeoutMs(type, the
   // timeout given to Open). The returned status is the daemon's answer, or Unavailable
   // when the transport failed (the connection is then broken()).
-  Status Call(protocol::MsgType type, const std::string& request,
-              std::string* body, size_t* payload_offset);
+  Status Call(protocol::MsgType type, const std::string& request, std::string* body,
+              size_t* payload_offset);
 
   bool broken() const { return fd_ < 0; }
   // Closes the descriptor without a shutdown, so a parent process that
@@ -36,8 +36,8 @@ class Connection {
   Connection(int fd, int port, int timeout_ms)
       : fd_(fd), port_(port), timeout_ms_(timeout_ms) {}
   Status Broken(const std::string& what);
-  Status Exchange(protocol::MsgType type, const std::string& request,
-                  std::string* body, size_t* payload_offset);
+  Status Exchange(protocol::MsgType type, const std::string& request, std::string* body,
+                  size_t* payload_offset);
   int fd_;
   int port_;
   int timeout_ms_;

@@ -64,9 +64,7 @@ const bool g_registered = (TheRegistry(), true);
 
 }  // namespace
 
-uint64_t ForkGeneration() {
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
+uint64_t ForkGeneration() { return g_fork_generation.load(std::memory_order_relaxed); }
 
 ForkSafeMutex::ForkSafeMutex(LockRank rank) : rank_(rank) {
   Registry& r = TheRegistry();

@@ -4,9 +4,8 @@
 
 namespace shmcache {
 
-void IndexTable::Format(layout::TableHeader* h, size_t file_size,
-                        uint32_t cache_id, uint32_t generation,
-                        uint32_t capacity_log2) {
+void IndexTable::Format(layout::TableHeader* h, size_t file_size, uint32_t cache_id,
+                        uint32_t generation, uint32_t capacity_log2) {
   h->file.magic = layout::kTableMagic;
   h->file.version = layout::kLayoutVersion;
   h->file.header_size = sizeof(layout::TableHeader);

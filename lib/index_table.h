@@ -35,9 +35,8 @@ class IndexTable {
   enum class InsertResult { kInserted, kExists, kTableFull };
 
   // Initialises a freshly created, zeroed table file.
-  static void Format(layout::TableHeader* header, size_t file_size,
-                     uint32_t cache_id, uint32_t generation,
-                     uint32_t capacity_log2);
+  static void Format(layout::TableHeader* header, size_t file_size, uint32_t cache_id,
+                     uint32_t generation, uint32_t capacity_log2);
 
   // The published location of `key`, or kEmpty.
   uint64_t Find(uint64_t key) const {
@@ -66,9 +65,7 @@ class IndexTable {
   uint64_t RetireSpilled();
 
   uint64_t capacity() const { return mask_ + 1; }
-  uint64_t claimed() const {
-    return header_->claimed.load(std::memory_order_relaxed);
-  }
+  uint64_t claimed() const { return header_->claimed.load(std::memory_order_relaxed); }
   // Claimed slots allowed before the table counts as full: 3/4.
   uint64_t limit() const { return capacity() - capacity() / 4; }
   bool valid() const { return header_ != nullptr; }

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "parse_number.h"
@@ -20,16 +21,11 @@ std::string InstancePaths::TableFile(uint32_t cache_id, uint32_t gen,
                                      uint32_t tag) const {
   return fmt::format("{}table.{}.{}.{:08x}", shm_prefix, cache_id, gen, tag);
 }
-std::string InstancePaths::SegmentFile(uint32_t cache_id,
-                                       uint32_t seg_no) const {
+std::string InstancePaths::SegmentFile(uint32_t cache_id, uint32_t seg_no) const {
   return fmt::format("{}seg.{}.{}", shm_prefix, cache_id, seg_no);
 }
-std::string InstancePaths::SessionsFile() const {
-  return shm_prefix + "sessions";
-}
-std::string InstancePaths::SpillRecordFile() const {
-  return shm_prefix + "spilldb";
-}
+std::string InstancePaths::SessionsFile() const { return shm_prefix + "sessions"; }
+std::string InstancePaths::SpillRecordFile() const { return shm_prefix + "spilldb"; }
 
 namespace {
 
@@ -71,8 +67,8 @@ bool TakeTag(std::string_view* s, uint32_t* out) {
 }
 
 // "<kind>.<first>[.<second>][.<tag>]", exactly.
-bool Matches(std::string_view s, std::string_view kind, uint32_t* first,
-             uint32_t* second, uint32_t* tag) {
+bool Matches(std::string_view s, std::string_view kind, uint32_t* first, uint32_t* second,
+             uint32_t* tag) {
   if (!Skip(&s, kind) || !Skip(&s, ".") || !TakeNumber(&s, first)) return false;
   if (second != nullptr && !(Skip(&s, ".") && TakeNumber(&s, second))) return false;
   if (tag != nullptr && !(Skip(&s, ".") && TakeTag(&s, tag))) return false;
@@ -105,8 +101,8 @@ ShmName ParseShmName(std::string_view rest) {
 Status ParsePort(const std::string& text, int* port) {
   long v = 0;
   if (!ParseDecimal(text, kMinPort, kMaxPort, &v)) {
-    return Status::InvalidArgument(fmt::format(
-        "port '{}' is not a number in {}..{}", text, kMinPort, kMaxPort));
+    return Status::InvalidArgument(
+        fmt::format("port '{}' is not a number in {}..{}", text, kMinPort, kMaxPort));
   }
   *port = static_cast<int>(v);
   return Status::OK();
@@ -115,8 +111,8 @@ Status ParsePort(const std::string& text, int* port) {
 Status ResolvePort(int requested, int* port) {
   if (requested != 0) {
     if (requested < kMinPort || requested > kMaxPort) {
-      return Status::InvalidArgument(fmt::format(
-          "port {} is outside {}..{}", requested, kMinPort, kMaxPort));
+      return Status::InvalidArgument(
+          fmt::format("port {} is outside {}..{}", requested, kMinPort, kMaxPort));
     }
     *port = requested;
     return Status::OK();
@@ -140,10 +136,10 @@ Status CheckHost(const std::string& host) {
   if (h.empty() || h == "127.0.0.1" || h == "localhost" || h == "::1") {
     return Status::OK();
   }
-  return Status::InvalidArgument(fmt::format(
-      "host '{}' is not this machine: shmcache serves the local host only "
-      "(use 127.0.0.1, localhost or ::1)",
-      h));
+  return Status::InvalidArgument(
+      fmt::format("host '{}' is not this machine: shmcache serves the local host only "
+                  "(use 127.0.0.1, localhost or ::1)",
+                  h));
 }
 
 std::string DefaultRunDir() {
@@ -200,8 +196,9 @@ Status EnsureRunDir(const std::string& dir) {
   }
   if (st.st_uid != geteuid()) {
     return Status::PermissionDenied(
-        dir + " belongs to another user; set SHMCACHE_RUN_DIR to a directory "
-              "of your own");
+        dir +
+        " belongs to another user; set SHMCACHE_RUN_DIR to a directory "
+        "of your own");
   }
   return Status::OK();
 }

@@ -47,9 +47,7 @@ struct InstancePaths {
 
 // A name in the shm dir, its instance prefix removed, read back.
 struct ShmName {
-  enum class Kind {
-    kCache, kTable, kSegment, kSessions, kSpillRecord, kHugeDir, kOther
-  };
+  enum class Kind { kCache, kTable, kSegment, kSessions, kSpillRecord, kHugeDir, kOther };
   Kind kind = Kind::kOther;
   uint32_t cache_id = 0;
   uint32_t number = 0;  // table generation or segment number

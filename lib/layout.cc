@@ -4,8 +4,8 @@
 
 namespace shmcache::layout {
 
-const char* CheckFileHeader(const void* base, size_t mapped_bytes,
-                            uint64_t magic, size_t header_size) {
+const char* CheckFileHeader(const void* base, size_t mapped_bytes, uint64_t magic,
+                            size_t header_size) {
   if (mapped_bytes < sizeof(FileHeader) || mapped_bytes < header_size) {
     return "file smaller than its header";
   }
@@ -33,8 +33,8 @@ const char* CheckTableFile(const void* base, size_t mapped_bytes, uint64_t cap,
   return nullptr;
 }
 
-const char* CheckSegmentFile(const void* base, size_t mapped_bytes,
-                             uint32_t cache_id, uint32_t seg_no) {
+const char* CheckSegmentFile(const void* base, size_t mapped_bytes, uint32_t cache_id,
+                             uint32_t seg_no) {
   if (const char* bad =
           CheckFileHeader(base, mapped_bytes, kSegmentMagic, sizeof(SegmentHeader))) {
     return bad;

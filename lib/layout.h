@@ -50,11 +50,11 @@ inline constexpr size_t kMaxSessions = 4096;
 // ---- Locations: where a row lives, as stored in an index slot ----------
 // bits 0..39 offset inside the segment, 40..62 segment id, 63 "on disk".
 // 0, 1 and 2 are never locations: an offset is always past the header.
-inline constexpr uint64_t kEmpty = 0;     // slot never used
-inline constexpr uint64_t kClaimed = 1;   // slot taken, row not yet published
-inline constexpr uint64_t kRetired = 2;   // row no longer served (its spill
-                                          // store is gone): a miss; only an
-                                          // insert of the same key reuses it
+inline constexpr uint64_t kEmpty = 0;    // slot never used
+inline constexpr uint64_t kClaimed = 1;  // slot taken, row not yet published
+inline constexpr uint64_t kRetired = 2;  // row no longer served (its spill
+                                         // store is gone): a miss; only an
+                                         // insert of the same key reuses it
 inline constexpr int kOffsetBits = 40;
 inline constexpr uint64_t kOffsetMask = (1ULL << kOffsetBits) - 1;
 inline constexpr uint64_t kSpilledBit = 1ULL << 63;
@@ -147,10 +147,10 @@ struct alignas(kCacheLine) CacheHeader {
   FileHeader file;
   uint32_t cache_id;
   uint32_t session_id;
-  uint64_t budget_bytes;               // (daemon)
+  uint64_t budget_bytes;                 // (daemon)
   std::atomic<uint64_t> reserved_bytes;  // (daemon) segments + tables
-  std::atomic<uint32_t> state;         // kState* bits
-  std::atomic<uint32_t> num_tables;    // (daemon) published after the file
+  std::atomic<uint32_t> state;           // kState* bits
+  std::atomic<uint32_t> num_tables;      // (daemon) published after the file
   uint8_t name_len;
   uint8_t fingerprint_len;
   char name[kMaxNameBytes];
@@ -177,7 +177,7 @@ struct alignas(kCacheLine) TableHeader {
   FileHeader file;
   uint32_t cache_id;
   uint32_t generation;
-  uint64_t capacity;            // power of two
+  uint64_t capacity;  // power of two
   uint32_t capacity_log2;
   uint32_t pad;
   alignas(kCacheLine) std::atomic<uint64_t> claimed;  // slots claimed
@@ -187,8 +187,7 @@ inline size_t TableFileSize(uint64_t capacity) {
   return sizeof(TableHeader) + capacity * sizeof(Slot);
 }
 inline Slot* TableSlots(TableHeader* t) {
-  return reinterpret_cast<Slot*>(reinterpret_cast<char*>(t) +
-                                 sizeof(TableHeader));
+  return reinterpret_cast<Slot*>(reinterpret_cast<char*>(t) + sizeof(TableHeader));
 }
 
 // ---- Data segments and chunks ---------------------------------------------
@@ -198,9 +197,9 @@ struct alignas(kCacheLine) SegmentHeader {
   FileHeader file;
   uint32_t seg_id;
   uint32_t cache_id;
-  uint32_t node;                  // NUMA node the memory is bound to
+  uint32_t node;  // NUMA node the memory is bound to
   uint32_t pad;
-  std::atomic<uint64_t> carved;   // (daemon) next chunk offset
+  std::atomic<uint64_t> carved;  // (daemon) next chunk offset
 };
 static_assert(sizeof(SegmentHeader) <= kSegmentHeaderSize);
 
@@ -208,9 +207,9 @@ static_assert(sizeof(SegmentHeader) <= kSegmentHeaderSize);
 // advances `used` before writing a row, so whatever lies at or past `used`
 // is free: the daemon may re-lease that tail when the client goes away.
 struct alignas(kCacheLine) ChunkHeader {
-  uint32_t magic;     // kChunkMagic
+  uint32_t magic;  // kChunkMagic
   uint32_t cache_id;
-  uint64_t size;      // bytes including this header
+  uint64_t size;               // bytes including this header
   std::atomic<uint64_t> used;  // bytes from chunk start in use (>= header)
 };
 static_assert(sizeof(ChunkHeader) == kCacheLine);
@@ -232,8 +231,8 @@ inline uint64_t SegmentBytesFor(uint64_t chunk_bytes) {
 // Validates a mapped file's common header: magic, version, header size and
 // file size against the mapping. Returns nullptr when valid, else what was
 // wrong.
-const char* CheckFileHeader(const void* base, size_t mapped_bytes,
-                            uint64_t magic, size_t header_size);
+const char* CheckFileHeader(const void* base, size_t mapped_bytes, uint64_t magic,
+                            size_t header_size);
 // The common header plus a table's geometry: generation `gen`, capacity
 // `cap` as the cache header records it, a power of two below 2^40 (so the
 // file size cannot overflow), and the file exactly that big.
@@ -241,7 +240,7 @@ const char* CheckTableFile(const void* base, size_t mapped_bytes, uint64_t cap,
                            uint32_t gen);
 // The common header plus a segment's identity: segment `seg_no` of cache
 // `cache_id`, with room past its header.
-const char* CheckSegmentFile(const void* base, size_t mapped_bytes,
-                             uint32_t cache_id, uint32_t seg_no);
+const char* CheckSegmentFile(const void* base, size_t mapped_bytes, uint32_t cache_id,
+                             uint32_t seg_no);
 
 }  // namespace shmcache::layout

@@ -26,8 +26,7 @@ Status DecodeFrameHeader(std::span<const std::byte> in, FrameHeader* h) {
   }
   if (h->version != kProtocolVersion) {
     return Status::NotSupported("protocol version " + std::to_string(h->version) +
-                                " differs from " +
-                                std::to_string(kProtocolVersion) +
+                                " differs from " + std::to_string(kProtocolVersion) +
                                 "; use matching client and server builds");
   }
   uint16_t t = h->type & ~kResponseBit;
@@ -54,12 +53,12 @@ std::span<const std::byte> WireReader::Bytes(size_t max_len) {
 
 Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes) {
   constexpr double kMiB = 1 << 20;
-  return Status::TooLarge(fmt::format(
-      "row {} is not cached: it is {} bytes ({:.1f} MB), more than the {} "
-      "bytes ({:.1f} MB) a row may have to spill to disk; give the cache a "
-      "larger size to keep rows this large in memory",
-      row_id, encoded_bytes, static_cast<double>(encoded_bytes) / kMiB,
-      kMaxSpilledRowBytes, kMaxSpilledRowBytes / kMiB));
+  return Status::TooLarge(
+      fmt::format("row {} is not cached: it is {} bytes ({:.1f} MB), more than the {} "
+                  "bytes ({:.1f} MB) a row may have to spill to disk; give the cache a "
+                  "larger size to keep rows this large in memory",
+                  row_id, encoded_bytes, static_cast<double>(encoded_bytes) / kMiB,
+                  kMaxSpilledRowBytes, kMaxSpilledRowBytes / kMiB));
 }
 
 void WriteStatus(WireWriter& w, const Status& s) {

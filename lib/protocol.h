@@ -125,9 +125,7 @@ class WireWriter {
     U32(static_cast<uint32_t>(b.size()));
     Put(b.data(), b.size());
   }
-  void Put(const void* p, size_t n) {
-    buf_.append(static_cast<const char*>(p), n);
-  }
+  void Put(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
   const std::string& body() const { return buf_; }
   std::string& body() { return buf_; }
 

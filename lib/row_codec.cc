@@ -64,12 +64,11 @@ bool ReadDesc(const std::byte* row, size_t off, size_t total, Desc* d) {
   if (off + d->desc_bytes > total) return false;
   d->data_offset = Load<uint32_t>(p + 4);
   d->shape = reinterpret_cast<const int64_t*>(p + kDescFixed);
-  d->name = std::string_view(
-      reinterpret_cast<const char*>(p + kDescFixed + d->ndim * 8), name_len);
+  d->name = std::string_view(reinterpret_cast<const char*>(p + kDescFixed + d->ndim * 8),
+                             name_len);
   d->nbytes = 0;
-  return ShapeBytes(d->dtype, d->shape, d->ndim, &d->nbytes) &&
-         d->data_offset % 8 == 0 && d->data_offset <= total &&
-         d->nbytes <= total - d->data_offset;
+  return ShapeBytes(d->dtype, d->shape, d->ndim, &d->nbytes) && d->data_offset % 8 == 0 &&
+         d->data_offset <= total && d->nbytes <= total - d->data_offset;
 }
 
 ColumnView ToView(const std::byte* row, const Desc& d) {
@@ -79,8 +78,7 @@ ColumnView ToView(const std::byte* row, const Desc& d) {
 
 }  // namespace
 
-Status RowCodec::EncodedSize(std::span<const ColumnRef> columns,
-                             size_t* size) {
+Status RowCodec::EncodedSize(std::span<const ColumnRef> columns, size_t* size) {
   if (columns.empty()) return Status::InvalidArgument("a row needs a column");
   if (columns.size() > kMaxColumns) {
     return Status::InvalidArgument("too many columns (max 1024)");
@@ -101,9 +99,8 @@ Status RowCodec::EncodedSize(std::span<const ColumnRef> columns,
     }
     if (expect != c.nbytes) {
       return Status::InvalidArgument(
-          "column '" + std::string(c.name) + "' has " +
-          std::to_string(c.nbytes) + " bytes but its dtype and shape need " +
-          std::to_string(expect));
+          "column '" + std::string(c.name) + "' has " + std::to_string(c.nbytes) +
+          " bytes but its dtype and shape need " + std::to_string(expect));
     }
     if (c.nbytes > 0 && c.data == nullptr) {
       return Status::InvalidArgument("column '" + std::string(c.name) +
@@ -118,8 +115,8 @@ Status RowCodec::EncodedSize(std::span<const ColumnRef> columns,
   return Status::OK();
 }
 
-void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns,
-                      std::byte* dst, size_t size) {
+void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
+                      size_t size) {
   Store<uint32_t>(dst, static_cast<uint32_t>(size));
   Store<uint16_t>(dst + 4, static_cast<uint16_t>(columns.size()));
   Store<uint8_t>(dst + 6, kRowVersion);
@@ -148,10 +145,7 @@ void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns,
   }
 }
 
-
-uint64_t RowCodec::KeyOf(const RowView& v) {
-  return Load<uint64_t>(v.bytes_.data() + 8);
-}
+uint64_t RowCodec::KeyOf(const RowView& v) { return Load<uint64_t>(v.bytes_.data() + 8); }
 
 bool RowCodec::DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
                             RowView* out) {
@@ -191,8 +185,8 @@ Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
     if (desc + db > total) return Status::Corruption("descriptor truncated");
     size_t nbytes;
     auto dtype = static_cast<DType>(Load<uint8_t>(p + desc));
-    if (!ShapeBytes(dtype, reinterpret_cast<const int64_t*>(p + desc + kDescFixed),
-                    ndim, &nbytes)) {
+    if (!ShapeBytes(dtype, reinterpret_cast<const int64_t*>(p + desc + kDescFixed), ndim,
+                    &nbytes)) {
       return Status::Corruption("column dtype or shape invalid");
     }
     uint32_t off = Load<uint32_t>(p + desc + 4);
@@ -214,8 +208,7 @@ std::byte* RowCodec::Reserve(Row* out, size_t bytes) {
 }
 
 Status RowCodec::Adopt(Row* out, size_t bytes) {
-  return Decode(reinterpret_cast<const std::byte*>(out->buf_.data()), bytes,
-                &out->view_);
+  return Decode(reinterpret_cast<const std::byte*>(out->buf_.data()), bytes, &out->view_);
 }
 
 void RowCodec::Copy(const RowView& in, Row* out) {
@@ -225,8 +218,8 @@ void RowCodec::Copy(const RowView& in, Row* out) {
   out->view_.num_columns_ = in.num_columns_;
 }
 
-Status RowCodec::Project(const RowView& in,
-                         std::span<const std::string_view> names, Row* out) {
+Status RowCodec::Project(const RowView& in, std::span<const std::string_view> names,
+                         Row* out) {
   // Gather the selected columns as ColumnRefs over the source bytes, then
   // encode them: only the selected data is copied.
   ColumnRef stack_refs[16];

@@ -37,8 +37,8 @@ class RowCodec {
   static Status EncodedSize(std::span<const ColumnRef> columns, size_t* size);
   // REQUIRES: EncodedSize(columns) returned OK with `size`; dst is 8-byte
   // aligned with `size` writable bytes.
-  static void Encode(uint64_t key, std::span<const ColumnRef> columns,
-                     std::byte* dst, size_t size);
+  static void Encode(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
+                     size_t size);
   // Validates the row at p (at most max_bytes readable) and views it.
   static Status Decode(const std::byte* p, size_t max_bytes, RowView* out);
   // The hit path's check of a row in shared memory: header fields in
@@ -51,8 +51,8 @@ class RowCodec {
   static void Copy(const RowView& in, Row* out);
   // Copies the named columns, in that order, into out. ColumnNotFound
   // naming the first absent column (out is then unchanged).
-  static Status Project(const RowView& in,
-                        std::span<const std::string_view> names, Row* out);
+  static Status Project(const RowView& in, std::span<const std::string_view> names,
+                        Row* out);
   // Rebuilds *out's view over its own buffer after the buffer was filled.
   static Status Adopt(Row* out, size_t bytes);
   // Resizes out's buffer to hold `bytes` and returns it.

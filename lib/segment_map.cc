@@ -10,8 +10,8 @@ SegmentMap::~SegmentMap() {
   for (uint32_t i = 0; i < kBlocks; ++i) delete blocks_[i].load();
 }
 
-const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file,
-                                        ShmFile read_only, int node) {
+const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file, ShmFile read_only,
+                                        int node) {
   uint32_t b = seg_no >> kBlockBits;
   if (b >= kBlocks) return nullptr;
   Block* block = blocks_[b].load(std::memory_order_acquire);

@@ -45,8 +45,7 @@ class SegmentMap {
   }
   // Takes ownership of both mappings of the file (read_only: the PROT_READ
   // one, same size). REQUIRES: owner's mutex held.
-  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, ShmFile read_only,
-                              int node);
+  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, ShmFile read_only, int node);
 
  private:
   struct Entry {

@@ -1,19 +1,20 @@
 #include "shm_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <linux/magic.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <fmt/format.h>
 #include <utility>
 #include <vector>
-#include <algorithm>
+
+#include <fmt/format.h>
 
 #include "numa_topology.h"
 
@@ -79,8 +80,8 @@ static void ZeroPages(int fd, size_t size) {
   static constexpr size_t kBlock = 1u << 20;
   static const std::vector<char> zeros(kBlock, 0);
   for (size_t off = 0; off < size;) {
-    ssize_t n = pwrite(fd, zeros.data(), std::min(kBlock, size - off),
-                       static_cast<off_t>(off));
+    ssize_t n =
+        pwrite(fd, zeros.data(), std::min(kBlock, size - off), static_cast<off_t>(off));
     if (n <= 0) return;
     off += static_cast<size_t>(n);
   }
@@ -112,8 +113,7 @@ static std::string Unsafe(const struct stat& st) {
   return "";
 }
 
-Status OpenOwnedFile(const std::string& path, int flags, int* fd_out,
-                     size_t* size) {
+Status OpenOwnedFile(const std::string& path, int flags, int* fd_out, size_t* size) {
   int fd = open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -152,16 +152,14 @@ static Status Taken(const std::string& path) {
                        S_ISLNK(st.st_mode) ? "a symbolic link, " : "",
                        OwnerName(st.st_uid), st.st_mode & 07777);
   }
-  return Status::AlreadyExists(fmt::format(
-      "{} {}; remove it (as its owner or root) or start the server with "
-      "another --shm_dir or port",
-      path, what));
+  return Status::AlreadyExists(
+      fmt::format("{} {}; remove it (as its owner or root) or start the server with "
+                  "another --shm_dir or port",
+                  path, what));
 }
 
-Status ShmFile::Create(const std::string& path, size_t size, int node,
-                       ShmFile* out) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                0600);
+Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* out) {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == EEXIST) return Taken(path);
     return Status::FromErrno("cannot create " + path, errno);
@@ -190,11 +188,11 @@ Status ShmFile::Create(const std::string& path, size_t size, int node,
     munmap(p, size);
     if (err == ENOSPC) {
       size_t free_bytes = FreeBytes(DirOf(path));
-      return fail(Status::Full(fmt::format(
-          "no room in {} for {} MB of shared memory ({} MB free); free some "
-          "space, give the container more (docker run --shm-size), or start "
-          "the server with a larger or another --shm_dir",
-          DirOf(path), (size + (1 << 20) - 1) >> 20, free_bytes >> 20)));
+      return fail(Status::Full(
+          fmt::format("no room in {} for {} MB of shared memory ({} MB free); free some "
+                      "space, give the container more (docker run --shm-size), or start "
+                      "the server with a larger or another --shm_dir",
+                      DirOf(path), (size + (1 << 20) - 1) >> 20, free_bytes >> 20)));
     }
     return fail(Status::FromErrno("cannot reserve " + path, err));
   }
@@ -223,8 +221,7 @@ Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
   return s;
 }
 
-Status ShmFile::Open(const std::string& path, ShmFile* out,
-                     ShmFile* read_only) {
+Status ShmFile::Open(const std::string& path, ShmFile* out, ShmFile* read_only) {
   int fd = -1;
   size_t size = 0;
   Status s = OpenOwnedFile(path, O_RDWR, &fd, &size);

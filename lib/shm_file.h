@@ -41,8 +41,7 @@ class ShmFile {
   // so they are allocated there). AlreadyExists if the name is taken, with
   // the file's owner and mode and the fix; Full with a message naming the
   // shortfall and the fix when there is no room.
-  static Status Create(const std::string& path, size_t size, int node,
-                       ShmFile* out);
+  static Status Create(const std::string& path, size_t size, int node, ShmFile* out);
   // Like Create, under the first name of name(0) .. name(tries - 1) that is
   // free: a taken name (another user may have put a file there) is skipped,
   // never opened. *chosen: the index of the name used (or that failed
@@ -56,8 +55,7 @@ class ShmFile {
   // read_only, the same file is also mapped a second time PROT_READ into
   // *read_only: pointers handed to readers come from there, so a stray
   // write through one faults instead of changing what other processes read.
-  static Status Open(const std::string& path, ShmFile* out,
-                     ShmFile* read_only = nullptr);
+  static Status Open(const std::string& path, ShmFile* out, ShmFile* read_only = nullptr);
   static Status Unlink(const std::string& path);
 
   char* data() const { return base_; }
@@ -77,8 +75,7 @@ class ShmFile {
 // file and what is wrong ("... has mode 0666 (not 0600): not ours,
 // refusing to map it") otherwise. On success the caller owns *fd, and
 // *size (when given) is the file's size.
-Status OpenOwnedFile(const std::string& path, int flags, int* fd,
-                     size_t* size = nullptr);
+Status OpenOwnedFile(const std::string& path, int flags, int* fd, size_t* size = nullptr);
 
 // Maps [p, p+size) of a shared mapping of a file made by Create, so that
 // writing it takes (almost) no page fault: 16 pages per fault where Create

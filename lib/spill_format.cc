@@ -1,6 +1,5 @@
 #include "spill_format.h"
 
-
 namespace shmcache {
 
 static void PutBigEndian(char* p, uint64_t v, int bytes) {

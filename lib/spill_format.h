@@ -7,10 +7,10 @@
 // (row_codec.h), which carry their row id.
 #pragma once
 
+#include <cstdint>
+
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
-
-#include <cstdint>
 
 namespace shmcache {
 

@@ -3,12 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <rocksdb/db.h>
-#include <rocksdb/env.h>
-
 #include <chrono>
 #include <map>
 #include <vector>
+
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
 
 #include "fork_safety.h"
 #include "shm_file.h"
@@ -118,9 +118,10 @@ Status SpillReader::Open(const std::string& db_path, std::unique_ptr<SpillReader
   // reader's last catch-up is still readable through its descriptor.
   o.max_open_files = -1;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::OpenAsSecondary(o, db_path, /*secondary_path=*/"", &db);
-  if (!s.ok()) return Status::IOError("cannot read spill database " + db_path + ": " +
-                                      s.ToString());
+  rocksdb::Status s =
+      rocksdb::DB::OpenAsSecondary(o, db_path, /*secondary_path=*/"", &db);
+  if (!s.ok())
+    return Status::IOError("cannot read spill database " + db_path + ": " + s.ToString());
   std::unique_ptr<SpillReader> reader(new SpillReader());
   reader->db_.reset(db);
   reader->path_ = db_path;

@@ -5,9 +5,9 @@
 namespace shmcache {
 namespace {
 constexpr const char* kNames[kNumDTypes] = {
-    "uint8",   "int8",     "uint16",  "int16",   "uint32",  "int32", "uint64",
-    "int64",   "float16",  "bfloat16", "float32", "float64", "bool",  "bytes",
-    "complex64", "complex128",
+    "uint8",  "int8",  "uint16",    "int16",      "uint32",  "int32",
+    "uint64", "int64", "float16",   "bfloat16",   "float32", "float64",
+    "bool",   "bytes", "complex64", "complex128",
 };
 }  // namespace
 

@@ -1,16 +1,17 @@
 // BatchReader: rows read straight into batch buffers by worker threads.
+#include "shmcache/batch_reader.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "shmcache/batch_reader.h"
 #include "shmcache/client.h"
 #include "test_server.h"
 
@@ -53,7 +54,8 @@ struct Batch {
     targets[1] = {"label", DType::kInt64, {}, label.data(), sizeof(int64_t)};
   }
   bool RowIs(size_t i, uint64_t id) const {
-    return std::memcmp(&img[i * kImgBytes], Pattern(id, 1, kImgBytes).data(), kImgBytes) == 0 &&
+    return std::memcmp(&img[i * kImgBytes], Pattern(id, 1, kImgBytes).data(),
+                       kImgBytes) == 0 &&
            label[i] == static_cast<int64_t>(id);
   }
   bool RowUntouched(size_t i) const {

@@ -32,16 +32,15 @@ class CacheStateTest : public ::testing::Test {
   void TearDown() override {
     if (cache_) cache_->Destroy(&account_);
     EXPECT_EQ(account_.used, 0u) << "destroy released everything";
-    EXPECT_TRUE(ListDir(shm_dir_).empty())
-        << testing::PrintToString(ListDir(shm_dir_));
+    EXPECT_TRUE(ListDir(shm_dir_).empty()) << testing::PrintToString(ListDir(shm_dir_));
     test::RemoveTree(shm_dir_);
     test::RemoveTree(run_dir_);
   }
 
   void Create(uint64_t budget, int nodes = 1, bool spilling = false) {
-    Status s = CacheState::Create(paths_, kCacheId, /*session_id=*/77, "train",
-                                  "fp-1", budget, spilling, nodes,
-                                  &account_, /*log=*/nullptr, &cache_);
+    Status s =
+        CacheState::Create(paths_, kCacheId, /*session_id=*/77, "train", "fp-1", budget,
+                           spilling, nodes, &account_, /*log=*/nullptr, &cache_);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
@@ -100,7 +99,8 @@ TEST_F(CacheStateTest, CreateMakesHeaderAndFirstTable) {
   EXPECT_EQ(h->budget_bytes, 64 * kMB);
   EXPECT_EQ(h->num_tables.load(), 1u);
   ShmFile table;
-  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &table).ok());
+  ASSERT_TRUE(
+      ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &table).ok());
   EXPECT_EQ(layout::CheckFileHeader(table.data(), table.size(), layout::kTableMagic,
                                     sizeof(layout::TableHeader)),
             nullptr);
@@ -279,8 +279,8 @@ TEST_F(CacheStateTest, ReturnOfAnotherConnectionsChunkIsIgnored) {
   Create(64 * kMB);
   ChunkLease a;
   ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
-  cache_->Return(2, a.seg_no, a.offset);           // not conn 2's
-  cache_->Return(1, a.seg_no, a.offset + 64);      // no such chunk
+  cache_->Return(2, a.seg_no, a.offset);       // not conn 2's
+  cache_->Return(1, a.seg_no, a.offset + 64);  // no such chunk
   ChunkLease b;
   ASSERT_TRUE(Lease(3, 0, 1000, &b).ok());
   bool overlaps = b.seg_no == a.seg_no && b.offset < a.offset + a.size &&
@@ -317,7 +317,8 @@ TEST_F(CacheStateTest, AdoptionRefusesASegmentCarvedOffACacheLine) {
   fresh.Release(fresh.used);
   layout::SegmentHeader* seg = Segment(a.seg_no);
   seg->carved.store(seg->carved.load() - 2);  // inside the file, off a line
-  Status s = CacheState::Adopt(paths_, kCacheId, {a.seg_no}, 1, &fresh, nullptr, &adopted);
+  Status s =
+      CacheState::Adopt(paths_, kCacheId, {a.seg_no}, 1, &fresh, nullptr, &adopted);
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_EQ(adopted, nullptr);
   seg->carved.store(seg->carved.load() + 2);
@@ -492,8 +493,8 @@ TEST_F(CacheStateTest, DestroyWithHeldKeepsEveryFileReservedAndNamesIt) {
 TEST_F(CacheStateTest, CreateFailsCleanlyWithoutRoomUnderTheCap) {
   account_.cap = 4096;  // not even the header fits
   std::unique_ptr<CacheState> c;
-  Status s = CacheState::Create(paths_, kCacheId, 77, "x", "x", kMB, false, 1,
-                                &account_, nullptr, &c);
+  Status s = CacheState::Create(paths_, kCacheId, 77, "x", "x", kMB, false, 1, &account_,
+                                nullptr, &c);
   EXPECT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_EQ(account_.used, 0u);
   account_.cap = 256 * kMB;

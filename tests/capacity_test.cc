@@ -1,12 +1,12 @@
 // Capacity: memory budgets, full caches, the server-wide cap, and spilling
 // to RocksDB (issue "Capacity"). Every test runs its own daemon.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -25,9 +25,6 @@ namespace shmcache::test {
 namespace {
 
 constexpr size_t kRowBytes = 3072;
-
-
-
 
 // Bytes of disk (allocated blocks) under `dir`, recursively.
 uint64_t DiskUsage(const std::string& dir) {
@@ -84,8 +81,8 @@ size_t PutRows(Cache* cache, size_t n, uint64_t salt = 7) {
 
 // Checks rows 0..n-1 in a forked child (another process); returns the
 // number it found byte-identical, or -1 on a wrong row.
-long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n,
-                      bool spilling, uint64_t salt = 7) {
+long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool spilling,
+                      uint64_t salt = 7) {
   int fds[2];
   if (pipe(fds) != 0) return -2;
   pid_t pid = ForkChild([&]() -> int {
@@ -387,7 +384,7 @@ TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
              sessions[0].caches[0].spilling;
     };
     EXPECT_EQ(PutRows(cache.get(), 1), 1u);
-    EXPECT_FALSE(listed_spilling());  // within its budget: rows in memory
+    EXPECT_FALSE(listed_spilling());             // within its budget: rows in memory
     const size_t rows = (4u << 20) / kRowBytes;  // 4 MB into a 1 MB budget
     EXPECT_EQ(PutRows(cache.get(), rows), rows);
     CacheStats st;
@@ -478,7 +475,8 @@ TEST(CapacityTest, CachesTogetherNeverPassTheServerCap) {
   uint64_t files = 0;
   for (const std::string& n : server.ShmFiles()) {
     struct stat st;
-    if (stat((server.shm_dir() + "/" + n).c_str(), &st) == 0 && n.find("sessions") == std::string::npos) {
+    if (stat((server.shm_dir() + "/" + n).c_str(), &st) == 0 &&
+        n.find("sessions") == std::string::npos) {
       files += static_cast<uint64_t>(st.st_size);
     }
   }
@@ -513,7 +511,8 @@ TEST(CapacityTest, SpillingWithoutSpillDirNamesTheFix) {
   std::unique_ptr<Cache> cache;
   Status s = client->OpenCache(CacheNamed(session, "c", 0, true), &cache);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
-  EXPECT_NE(s.message().find("shmcache --start -s DIR"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("shmcache --start -s DIR"), std::string::npos)
+      << s.message();
 }
 
 TEST(CapacityTest, DestroyReturnsDiskSpaceAndStopLeavesSpillDirAsFound) {
@@ -555,7 +554,7 @@ TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
     uint32_t session = server.NewSession();
     auto cache = OpenCache(server, session, 1, true);
     const size_t rows = (64u << 20) / kRowBytes;  // far more than 1 MB + 32 MB
-    size_t stored = PutRows(cache.get(), rows);  // fails the test on any non-Full error
+    size_t stored = PutRows(cache.get(), rows);   // fails the test on any non-Full error
     EXPECT_GT(stored, 0u);
     EXPECT_LT(stored, rows);
     EXPECT_TRUE(cache->IsFull());
@@ -567,7 +566,6 @@ TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
   umount2(spill.c_str(), MNT_DETACH);
   RemoveTree(spill);
 }
-
 
 // ---- Rows too large for the cache -----------------------------------------
 
@@ -672,7 +670,6 @@ TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
   }
   RemoveTree(spill);
 }
-
 
 // ---- Memory of destroyed sessions that readers still map ------------------
 

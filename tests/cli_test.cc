@@ -4,13 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_server.h"
 
@@ -39,7 +39,8 @@ class CliTest : public ::testing::Test {
     SCOPED_TRACE(testing::PrintToString(args));
     EXPECT_EQ(r.exit_code, 1) << r.Describe();
     EXPECT_NE(r.err.find(what), std::string::npos)
-        << "message should name '" << what << "'\n" << r.Describe();
+        << "message should name '" << what << "'\n"
+        << r.Describe();
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_EQ(r.err.rfind("shmcache: error: ", 0), 0u) << r.err;
   }
@@ -61,10 +62,10 @@ std::string LastToken(const std::string& out) {
 TEST_F(CliTest, HelpListsEveryCommand) {
   CommandResult r = Run({"--help"});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
-  for (const char* c : {"--start", "--stop", "--generate_session", "--destroy_session",
-                        "--list_sessions", "--server_info", "--json", "--port",
-                        "--hostname", "--workers", "--spilldir", "--loglevel",
-                        "--metrics", "--metrics_file", "--metrics_interval"}) {
+  for (const char* c :
+       {"--start", "--stop", "--generate_session", "--destroy_session", "--list_sessions",
+        "--server_info", "--json", "--port", "--hostname", "--workers", "--spilldir",
+        "--loglevel", "--metrics", "--metrics_file", "--metrics_interval"}) {
     EXPECT_NE(r.out.find(c), std::string::npos) << c;
   }
 }
@@ -147,7 +148,8 @@ TEST_F(CliTest, PortOutsideTheRange) {
 
 TEST_F(CliTest, NonLocalHost) {
   ExpectError({"--list_sessions", "-h", "10.0.0.7"}, "'10.0.0.7' is not this machine");
-  ExpectError({"--start", "--hostname", "example.com"}, "'example.com' is not this machine");
+  ExpectError({"--start", "--hostname", "example.com"},
+              "'example.com' is not this machine");
   ExpectError({"--list_sessions"}, "'192.168.1.1' is not this machine",
               {{"SHMCACHE_HOST", "192.168.1.1"}});
 }
@@ -179,8 +181,8 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
 }
 
 TEST_F(CliTest, ServerNotRunning) {
-  for (const char* cmd : {"--stop", "-g", "--list_sessions", "--server_info",
-                          "--metrics"}) {
+  for (const char* cmd :
+       {"--stop", "-g", "--list_sessions", "--server_info", "--metrics"}) {
     ExpectError({cmd, "-p", "31002"}, "not running");
   }
   ExpectError({"-d", "5", "-p", "31002"}, "not running");
@@ -193,7 +195,8 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_NE(start.out.find("successfully"), std::string::npos) << start.Describe();
   EXPECT_NE(start.out.find(std::to_string(server.port())), std::string::npos);
   EXPECT_NE(start.out.find("Logs: " + server.run_dir() + "/log/shmcached."),
-            std::string::npos) << start.out;
+            std::string::npos)
+      << start.out;
 
   // -g: the id is the last token.
   CommandResult g = server.Admin({"-g"});
@@ -216,7 +219,8 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   std::unique_ptr<Cache> cache;
   ASSERT_TRUE(client->OpenCache(o, &cache).ok());
   std::vector<uint8_t> row(3000, 7);
-  for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok());
+  for (uint64_t i = 0; i < 10; ++i)
+    ASSERT_TRUE(cache->Put(i, row.data(), row.size()).ok());
   Row out;
   ASSERT_TRUE(cache->Get(3, &out).ok());
   EXPECT_TRUE(cache->Get(99, &out).IsNotFound());
@@ -264,9 +268,9 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
 
   CommandResult info = server.Admin({"--server_info"});
   ASSERT_EQ(info.exit_code, 0) << info.Describe();
-  for (const char* field : {"Instance:", "Socket:", "Workers:", "Log level:",
-                            "Spill dir:", "Memory cap:", "NUMA nodes:", "Shm dir:",
-                            "Active sessions:"}) {
+  for (const char* field :
+       {"Instance:", "Socket:", "Workers:", "Log level:", "Spill dir:", "Memory cap:",
+        "NUMA nodes:", "Shm dir:", "Active sessions:"}) {
     EXPECT_NE(info.out.find(field), std::string::npos) << field << "\n" << info.out;
   }
   EXPECT_NE(info.out.find(server.socket_path()), std::string::npos);
@@ -324,7 +328,8 @@ TEST_F(CliTest, SessionThatDoesNotExist) {
   ASSERT_TRUE(server.ok());
   CommandResult r = server.Admin({"-d", "12345"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("session 12345 does not exist"), std::string::npos) << r.Describe();
+  EXPECT_NE(r.err.find("session 12345 does not exist"), std::string::npos)
+      << r.Describe();
 }
 
 TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {
@@ -345,7 +350,8 @@ TEST_F(CliTest, SecondStartOfTheSameInstance) {
   CommandResult r = server.Admin({"--start", "--shm_dir", server.shm_dir()});
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("already running on port " + std::to_string(server.port())),
-            std::string::npos) << r.Describe();
+            std::string::npos)
+      << r.Describe();
   EXPECT_NE(r.err.find(std::to_string(server.pid())), std::string::npos) << r.Describe();
   // The first server is unharmed.
   CommandResult g = server.Admin({"-g"});
@@ -416,7 +422,8 @@ void ExpectOwnerOnlyLog(const TestServer& server, const std::string& log_dir,
   const std::string log = si.at("log_file").get<std::string>();
   EXPECT_EQ(log.rfind(log_dir + "/shmcached.", 0), 0u) << log;
   EXPECT_EQ(Mode(log), 0600) << log;
-  for (std::string d = log_dir; d.size() > made_from.size(); d = d.substr(0, d.rfind('/'))) {
+  for (std::string d = log_dir; d.size() > made_from.size();
+       d = d.substr(0, d.rfind('/'))) {
     EXPECT_EQ(Mode(d), 0700) << d;
   }
 }
@@ -441,9 +448,9 @@ TEST_F(CliTest, LogsAreOwnerOnly) {
 TEST_F(CliTest, SocketPathTooLongIsRefusedBeforeAnythingIsMade) {
   const std::string run = run_dir_ + "/" + std::string(120, 'r');
   const std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
-  CommandResult r = RunCommand({AdminPath(), "--start", "--shm_dir", shm, "-p", "23456"},
-                               {{"SHMCACHE_RUN_DIR", run},
-                                {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  CommandResult r = RunCommand(
+      {AdminPath(), "--start", "--shm_dir", shm, "-p", "23456"},
+      {{"SHMCACHE_RUN_DIR", run}, {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("longer than the 107 the system allows; use a shorter "
                        "SHMCACHE_RUN_DIR"),

@@ -4,10 +4,10 @@
 // as the same values.
 #include "command_line.h"
 
-#include <gtest/gtest.h>
-
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "server_flags.h"
 
@@ -94,10 +94,9 @@ TEST(ServerFlagsTest, TheAdminHandsOnWhatTheDaemonReadsBack) {
   ServerFlags admin;
   CommandLine a("shmcache", "");
   std::vector<CLI::Option*> flags = AddServerFlags(a, &admin);
-  ASSERT_TRUE(a.Parse({"shmcache", "-w", "3", "-l", "2", "-s", "/spill dir",
-                       "-r", "0.25", "--memory_cap_mb", "64", "--shm_dir=/dev/shm",
-                       "--log_dir", "/logs", "--metrics_file", "/m/x.prom",
-                       "--metrics_interval", "7"})
+  ASSERT_TRUE(a.Parse({"shmcache", "-w", "3", "-l", "2", "-s", "/spill dir", "-r", "0.25",
+                       "--memory_cap_mb", "64", "--shm_dir=/dev/shm", "--log_dir",
+                       "/logs", "--metrics_file", "/m/x.prom", "--metrics_interval", "7"})
                   .ok());
   std::vector<std::string> args = ServerFlagArgs(flags);
   EXPECT_EQ(args.size(), 9u);

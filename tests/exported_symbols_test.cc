@@ -1,13 +1,13 @@
 // libshmcache.so exports its public API and nothing else: every defined
 // symbol of its dynamic symbol table is a member of a class, or a function,
 // that include/shmcache marks SHMCACHE_EXPORT (shmcache/export.h).
-#include <gtest/gtest.h>
-
 #include <cstdlib>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "test_server.h"
 
@@ -52,10 +52,9 @@ TEST(ExportedSymbolsTest, OnlyThePublicApiIsExported) {
   for (const std::string& name : DynamicSymbols(lib)) {
     if (!std::regex_search(name, kPublicApi)) internal.push_back(name);
   }
-  EXPECT_TRUE(internal.empty())
-      << lib << " exports " << internal.size()
-      << " symbols outside include/shmcache's API:\n"
-      << testing::PrintToString(internal);
+  EXPECT_TRUE(internal.empty()) << lib << " exports " << internal.size()
+                                << " symbols outside include/shmcache's API:\n"
+                                << testing::PrintToString(internal);
 }
 
 // The other half: the export macro does export (a library that exported
@@ -70,8 +69,8 @@ TEST(ExportedSymbolsTest, EveryPublicClassAndFunctionIsExported) {
        {"shmcache::Client::Connect(", "shmcache::Client::OpenCache(",
         "shmcache::Cache::Get(", "shmcache::Cache::PutBatch(",
         "shmcache::Cache::ViewBatch(", "shmcache::BatchReader::ReadInto(",
-        "shmcache::RowView::find(", "shmcache::Status::ToString",
-        "shmcache::CodeName(", "shmcache::DTypeName(", "shmcache::DTypeFromName("}) {
+        "shmcache::RowView::find(", "shmcache::Status::ToString", "shmcache::CodeName(",
+        "shmcache::DTypeName(", "shmcache::DTypeFromName("}) {
     bool found = false;
     for (const std::string& n : names) found = found || n.rfind(want, 0) == 0;
     EXPECT_TRUE(found) << want << " is not exported by " << lib;

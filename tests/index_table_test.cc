@@ -41,7 +41,9 @@ class TableMemory {
 };
 
 // Locations as the client makes them: segment 3, 8-aligned offsets.
-uint64_t Loc(uint64_t key) { return layout::MakeLocation(3, 4096 + key * 8 % (1ULL << 39)); }
+uint64_t Loc(uint64_t key) {
+  return layout::MakeLocation(3, 4096 + key * 8 % (1ULL << 39));
+}
 
 // Bound of every wait in these tests: a thread that never sees what it
 // waits for fails the test instead of hanging it.
@@ -230,7 +232,8 @@ TEST(IndexTableTest, RacingWritersOfOneKeyAgreeOnTheFirst) {
     };
     if (std::popcount(won) > 1) {
       ++copies;
-      EXPECT_TRUE(stalled[k].load()) << "key " << k << ": a second copy, no writer stalled";
+      EXPECT_TRUE(stalled[k].load())
+          << "key " << k << ": a second copy, no writer stalled";
       EXPECT_TRUE(a_winner(t.Find(k))) << "key " << k;
       for (int w = 0; w < kThreads; ++w) EXPECT_TRUE(a_winner(seen[w][k])) << "key " << k;
       continue;

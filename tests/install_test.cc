@@ -2,13 +2,13 @@
 // then a trainer (examples/shard_worker.cc) compiled against the installed
 // headers with `pkg-config --cflags --libs shmcache` only, linked to the
 // installed libshmcache.so, and run against a daemon.
-#include <gtest/gtest.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "test_server.h"
 
@@ -48,10 +48,10 @@ class InstallTest : public testing::Test {
 
 TEST_F(InstallTest, TrainerBuiltWithPkgConfigRunsOnTheInstalledLibrary) {
   const std::string destdir = root_ + "/dest";
-  CommandResult r = RunCommand({FromEnv("SHMCACHE_MESON"), "install", "-C",
-                                FromEnv("SHMCACHE_BUILD_ROOT"), "--no-rebuild",
-                                "--quiet", "--destdir", destdir},
-                               {}, 120);
+  CommandResult r = RunCommand(
+      {FromEnv("SHMCACHE_MESON"), "install", "-C", FromEnv("SHMCACHE_BUILD_ROOT"),
+       "--no-rebuild", "--quiet", "--destdir", destdir},
+      {}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   const std::string pc_dir = FindPkgConfigDir(destdir);
   ASSERT_FALSE(pc_dir.empty()) << "no shmcache.pc under " << destdir;
@@ -70,9 +70,14 @@ TEST_F(InstallTest, TrainerBuiltWithPkgConfigRunsOnTheInstalledLibrary) {
   }
 
   const std::string trainer = root_ + "/trainer";
-  std::vector<std::string> cc = {FromEnv("SHMCACHE_CXX"), "-Wall", "-Wextra",
-                                 "-Werror", FromEnv("SHMCACHE_TRAINER_SOURCE"),
-                                 "-o", trainer, "-Wl,-rpath," + libdir};
+  std::vector<std::string> cc = {FromEnv("SHMCACHE_CXX"),
+                                 "-Wall",
+                                 "-Wextra",
+                                 "-Werror",
+                                 FromEnv("SHMCACHE_TRAINER_SOURCE"),
+                                 "-o",
+                                 trainer,
+                                 "-Wl,-rpath," + libdir};
   cc.insert(cc.end(), flags.begin(), flags.end());
   r = RunCommand(cc, {}, 180);
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
@@ -81,7 +86,8 @@ TEST_F(InstallTest, TrainerBuiltWithPkgConfigRunsOnTheInstalledLibrary) {
   r = RunCommand({FromEnv("SHMCACHE_LDD"), trainer}, user);
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   EXPECT_NE(r.out.find(libdir + "/libshmcache.so"), std::string::npos)
-      << "the trainer does not load the installed library:\n" << r.out;
+      << "the trainer does not load the installed library:\n"
+      << r.out;
 
   TestServer server;
   ASSERT_TRUE(server.ok());
@@ -89,13 +95,12 @@ TEST_F(InstallTest, TrainerBuiltWithPkgConfigRunsOnTheInstalledLibrary) {
   Env env = server.AdminEnv();
   env.insert(env.end(), user.begin(), user.end());
   r = RunCommand({trainer, "--session_id", std::to_string(session), "--port",
-                  std::to_string(server.port()), "--rows", "200", "--row_bytes",
-                  "512", "--epochs", "2"},
+                  std::to_string(server.port()), "--rows", "200", "--row_bytes", "512",
+                  "--epochs", "2"},
                  env);
   EXPECT_EQ(r.exit_code, 0) << r.Describe();
   // Epoch 1 misses and puts every row; epoch 2 reads them all back.
-  EXPECT_NE(r.out.find("device 0: 200 hits, 200 misses, 0 wrong rows"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("device 0: 200 hits, 200 misses, 0 wrong rows"), std::string::npos)
       << r.Describe();
 }
 

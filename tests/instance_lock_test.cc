@@ -4,14 +4,14 @@
 #include "instance_lock.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "test_server.h"
 

@@ -14,10 +14,10 @@
 
 #include <gtest/gtest.h>
 
+#include "child_process.h"
 #include "layout.h"
 #include "shm_file.h"
 #include "shmcache/client.h"
-#include "child_process.h"
 #include "test_server.h"
 
 namespace shmcache::test {
@@ -106,7 +106,8 @@ TEST_F(IntegrationTest, PutGetViewContainsInOneProcess) {
   RowView view;
   ASSERT_TRUE(cache->View(1, &view).ok());
   ASSERT_EQ(view.num_columns(), 1u);
-  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(1, 0, kRowBytes).data(), kRowBytes), 0);
+  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(1, 0, kRowBytes).data(), kRowBytes),
+            0);
   CacheStats st;
   ASSERT_TRUE(cache->GetStats(&st).ok());
   EXPECT_EQ(st.mem_rows, 1u);
@@ -414,7 +415,8 @@ TEST_F(IntegrationTest, DestroyFreesTheMemory) {
   Row row;
   EXPECT_TRUE(cache->Get(5, &row).IsNotFound());
   EXPECT_TRUE(PutPattern(*cache, 9999, 0, 10).IsNotFound());
-  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(5, 0, kRowBytes).data(), kRowBytes), 0);
+  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(5, 0, kRowBytes).data(), kRowBytes),
+            0);
   EXPECT_TRUE(client->CheckSession(session_).IsNotFound());
   EXPECT_TRUE(client->DestroySession(session_).IsNotFound());
   // Other sessions are untouched.
@@ -518,7 +520,8 @@ TEST_F(IntegrationTest, FirstWriterWinsAcrossProcesses) {
     if (!c2->OpenCache(Options(session_), &k2).ok()) return 3;
     Row r;
     for (uint64_t id = 0; id < kRows; ++id) {
-      if (!k2->Get(id, &r).ok() || !RowMatches(r, id, winner[id] + 1, kRowBytes)) return 4;
+      if (!k2->Get(id, &r).ok() || !RowMatches(r, id, winner[id] + 1, kRowBytes))
+        return 4;
     }
     return 0;
   });
@@ -650,7 +653,8 @@ TEST_F(IntegrationTest, BatchOutputsOfAnotherLengthAreInvalidArguments) {
   ColumnRef col{"data", DType::kUInt8, shape, bytes.data(), bytes.size()};
   const uint64_t new_ids[] = {5, 6};
   std::span<const ColumnRef> one_row[] = {std::span(&col, 1)};
-  EXPECT_TRUE(cache->PutBatch(new_ids, one_row, std::span(statuses, 2)).IsInvalidArgument());
+  EXPECT_TRUE(
+      cache->PutBatch(new_ids, one_row, std::span(statuses, 2)).IsInvalidArgument());
   std::span<const ColumnRef> two_rows[] = {std::span(&col, 1), std::span(&col, 1)};
   bool inserted[1] = {true};
   EXPECT_TRUE(cache->PutBatch(new_ids, two_rows, std::span(statuses, 2), inserted)
@@ -674,7 +678,8 @@ TEST_F(IntegrationTest, ViewOfSharedMemoryOutlivesCloseAndTheSession) {
   cache->Close();
   ASSERT_TRUE(client->DestroySession(session_).ok());
   ASSERT_EQ(view.column(0).nbytes, kRowBytes);
-  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(0, 0, kRowBytes).data(), kRowBytes), 0);
+  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(0, 0, kRowBytes).data(), kRowBytes),
+            0);
 }
 
 // A view points into shared memory and stays valid while the cache is open,
@@ -700,7 +705,8 @@ TEST_F(IntegrationTest, ViewStaysValid) {
   ASSERT_TRUE(cache->GetStats(&st1).ok());
   EXPECT_GT(st1.reserved_bytes, st0.reserved_bytes + (8 << 20));
   ASSERT_EQ(view.column(0).data, where);
-  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(0, 0, kRowBytes).data(), kRowBytes), 0);
+  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(0, 0, kRowBytes).data(), kRowBytes),
+            0);
   RowView again;
   ASSERT_TRUE(cache->View(0, &again).ok());
   EXPECT_EQ(again.column(0).data, where) << "zero-copy: the same bytes";
@@ -780,7 +786,8 @@ TEST_F(IntegrationTest, IndexGrowsUnderConcurrentReaders) {
   munmap(published, 4096);
   size_t tables = 0;
   for (const std::string& f : server_->ShmFiles()) {
-    tables += f.find(".table." + std::to_string(cache->cache_id()) + ".") != std::string::npos;
+    tables +=
+        f.find(".table." + std::to_string(cache->cache_id()) + ".") != std::string::npos;
   }
   EXPECT_GE(tables, 3u) << "the index grew";
 }
@@ -847,11 +854,12 @@ TEST_F(IntegrationTest, FourShardWorkersHoldEachRowOnce) {
   std::vector<pid_t> kids;
   for (int d = 0; d < kDevices; ++d) {
     kids.push_back(ForkChild([&, d]() -> int {
-      CommandResult r = RunCommand(
-          {worker, "--session_id", std::to_string(session_), "--device", std::to_string(d),
-           "--num_devices", std::to_string(kDevices), "--rows", std::to_string(kRows),
-           "--epochs", "2", "--port", std::to_string(server_->port())},
-          server_->AdminEnv());
+      CommandResult r =
+          RunCommand({worker, "--session_id", std::to_string(session_), "--device",
+                      std::to_string(d), "--num_devices", std::to_string(kDevices),
+                      "--rows", std::to_string(kRows), "--epochs", "2", "--port",
+                      std::to_string(server_->port())},
+                     server_->AdminEnv());
       if (r.exit_code != 0 || r.out.find(" 0 wrong rows") == std::string::npos) {
         fprintf(stderr, "%s\n", r.Describe().c_str());
         return 2;

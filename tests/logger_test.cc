@@ -5,12 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "test_server.h"
 
@@ -48,7 +48,8 @@ TEST_F(LoggerTest, MakesOwnerOnlyDirectoriesAndFile) {
   std::vector<std::string> lines = Lines(log.path());
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find(" I " + std::to_string(getpid()) + " hello 42"),
-            std::string::npos) << lines[0];
+            std::string::npos)
+      << lines[0];
 }
 
 TEST_F(LoggerTest, ADirectoryInTheWayIsAnError) {
@@ -57,7 +58,8 @@ TEST_F(LoggerTest, ADirectoryInTheWayIsAnError) {
   Status s = log.Open(dir_ + "/file/log", 1);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("cannot create log directory " + dir_ + "/file"),
-            std::string::npos) << s.ToString();
+            std::string::npos)
+      << s.ToString();
 }
 
 TEST_F(LoggerTest, RotatesPastItsSizeLosingNothingRecent) {

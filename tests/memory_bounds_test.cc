@@ -1,12 +1,13 @@
 // The memory cap's bounds, on fake /proc and cgroup trees.
 #include "memory_bounds.h"
 
-#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace shmcache {
 namespace {
@@ -100,10 +101,11 @@ TEST(MemoryBoundsTest, SmallestBoundApplies) {
 }
 
 TEST(MemoryBoundsTest, RemedyFitsWhereItRuns) {
-  std::string docker = ShmTooSmallRemedy("/dev/shm", 64u << 20, 3ull << 30, "-r 0.8", "docker");
+  std::string docker =
+      ShmTooSmallRemedy("/dev/shm", 64u << 20, 3ull << 30, "-r 0.8", "docker");
   EXPECT_NE(docker.find("docker run --shm-size=4g"), std::string::npos) << docker;
-  std::string k8s = ShmTooSmallRemedy("/dev/shm", 64u << 20, 3ull << 30, "-r 0.8",
-                                      "kubernetes");
+  std::string k8s =
+      ShmTooSmallRemedy("/dev/shm", 64u << 20, 3ull << 30, "-r 0.8", "kubernetes");
   EXPECT_NE(k8s.find("medium: Memory"), std::string::npos) << k8s;
   EXPECT_NE(k8s.find("sizeLimit: 4Gi"), std::string::npos) << k8s;
   std::string host = ShmTooSmallRemedy("/dev/shm", 64u << 20, 3ull << 30, "-r 0.8", "");

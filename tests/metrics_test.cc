@@ -3,9 +3,9 @@
 // prometheus_client in tests/python/test_metrics.py.
 #include "metrics.h"
 
-#include <gtest/gtest.h>
-
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace shmcache {
 namespace {
@@ -20,9 +20,11 @@ TEST(MetricsTest, LabelValuesAreEscaped) {
 
 TEST(MetricsTest, BytesThatAreNotUtf8BecomeReplacementCharacters) {
   const std::string fffd = "\xEF\xBF\xBD";
-  EXPECT_EQ(PrometheusLabelValue("a\xFF" "b"), "a" + fffd + "b");
-  EXPECT_EQ(PrometheusLabelValue("\xC3"), fffd);                // truncated
-  EXPECT_EQ(PrometheusLabelValue("\xC0\xAF"), fffd + fffd);     // overlong
+  EXPECT_EQ(PrometheusLabelValue("a\xFF"
+                                 "b"),
+            "a" + fffd + "b");
+  EXPECT_EQ(PrometheusLabelValue("\xC3"), fffd);                        // truncated
+  EXPECT_EQ(PrometheusLabelValue("\xC0\xAF"), fffd + fffd);             // overlong
   EXPECT_EQ(PrometheusLabelValue("\xED\xA0\x80"), fffd + fffd + fffd);  // surrogate
   EXPECT_EQ(PrometheusLabelValue("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);
 }
@@ -59,12 +61,17 @@ TEST(MetricsTest, EachFamilyOnceWithEveryCache) {
   EXPECT_EQ(count("shmcache_server_caches{port=\"50052\"} 2\n"), 1u);
   EXPECT_EQ(count("shmcache_server_memory_used_bytes{port=\"50052\"} 1048576\n"), 1u);
   EXPECT_EQ(count("shmcache_server_memory_held_bytes{port=\"50052\"} 4096\n"), 1u);
-  EXPECT_EQ(count("shmcache_cache_hits_total{port=\"50052\",session=\"7\",cache=\"train\","
-                  "cache_id=\"1\"} 5\n"), 1u);
-  EXPECT_EQ(count("shmcache_cache_hits_total{port=\"50052\",session=\"8\",cache=\"val\\\"x\","
-                  "cache_id=\"2\"} 6\n"), 1u);
+  EXPECT_EQ(
+      count("shmcache_cache_hits_total{port=\"50052\",session=\"7\",cache=\"train\","
+            "cache_id=\"1\"} 5\n"),
+      1u);
+  EXPECT_EQ(
+      count("shmcache_cache_hits_total{port=\"50052\",session=\"8\",cache=\"val\\\"x\","
+            "cache_id=\"2\"} 6\n"),
+      1u);
   EXPECT_EQ(count("shmcache_cache_full{port=\"50052\",session=\"8\",cache=\"val\\\"x\","
-                  "cache_id=\"2\"} 1\n"), 1u);
+                  "cache_id=\"2\"} 1\n"),
+            1u);
   EXPECT_EQ(text.back(), '\n');
 }
 

@@ -3,7 +3,6 @@
 // client inherit it).
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "index_table.h"
 #include "instance.h"
@@ -47,7 +47,8 @@ std::map<uint32_t, uint32_t> SegmentNodes(const TestServer& server, uint32_t cac
     if (reinterpret_cast<layout::FileHeader*>(file.data())->magic == 0) continue;
     EXPECT_EQ(layout::CheckFileHeader(file.data(), file.size(), layout::kSegmentMagic,
                                       sizeof(layout::SegmentHeader)),
-              nullptr) << f;
+              nullptr)
+        << f;
     auto* h = reinterpret_cast<layout::SegmentHeader*>(file.data());
     EXPECT_EQ(h->cache_id, cache_id);
     EXPECT_EQ(std::to_string(h->seg_id), f.substr(prefix.size()));
@@ -58,7 +59,8 @@ std::map<uint32_t, uint32_t> SegmentNodes(const TestServer& server, uint32_t cac
 
 // The segment that holds row `id`, read from the index table files.
 int SegmentOfRow(const TestServer& server, uint32_t cache_id, uint64_t id) {
-  InstancePaths paths = MakeInstancePaths(server.port(), server.run_dir(), server.shm_dir());
+  InstancePaths paths =
+      MakeInstancePaths(server.port(), server.run_dir(), server.shm_dir());
   ShmFile header;
   if (!ShmFile::Open(paths.CacheFile(cache_id), &header).ok()) return -1;
   auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
@@ -73,8 +75,8 @@ int SegmentOfRow(const TestServer& server, uint32_t cache_id, uint64_t id) {
 }
 
 // In a child forced onto `node`: opens the cache and puts or reads rows.
-int OnNode(const TestServer& server, uint32_t session, int node, bool put,
-           uint64_t first, uint64_t count) {
+int OnNode(const TestServer& server, uint32_t session, int node, bool put, uint64_t first,
+           uint64_t count) {
   NumaTopology::Get().ForceCurrentNode(node);
   if (NumaTopology::Get().CurrentNode() != node) return 10;
   std::unique_ptr<Client> client;
@@ -114,9 +116,8 @@ class NumaTest : public ::testing::Test {
     server_.reset();
   }
   int Run(int node, bool put, uint64_t first, uint64_t count) {
-    return WaitChild(ForkChild([&] {
-      return OnNode(*server_, session_, node, put, first, count);
-    }));
+    return WaitChild(
+        ForkChild([&] { return OnNode(*server_, session_, node, put, first, count); }));
   }
   CacheStats Stats() {
     CacheStats st;
@@ -200,10 +201,10 @@ TEST_F(NumaTest, NodeForcedThroughTheEnvironment) {
   ASSERT_NE(worker, nullptr);
   Env env = server_->AdminEnv();
   env.emplace_back("SHMCACHE_NUMA_NODE", "1");
-  CommandResult r = RunCommand({worker, "--session_id", std::to_string(session_),
-                                "--rows", "500", "--epochs", "2", "--port",
-                                std::to_string(server_->port())},
-                               env);
+  CommandResult r =
+      RunCommand({worker, "--session_id", std::to_string(session_), "--rows", "500",
+                  "--epochs", "2", "--port", std::to_string(server_->port())},
+                 env);
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   EXPECT_NE(r.out.find("0 wrong rows"), std::string::npos) << r.out;
   std::vector<SessionInfo> sessions;

@@ -7,11 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "test_server.h"
 
@@ -90,8 +90,9 @@ TEST(OptionChecksTest, MemoryCapBelowOneSegmentNamesTheOption) {
   EXPECT_EQ(Why(CheckMemoryCap(0.8, 3u << 20)),
             "memory cap of 3 MB is below one segment (4 MB); give --memory_cap_mb 4 "
             "or more");
-  EXPECT_NE(Why(CheckMemoryCap(1e-300, 0)).find("below one segment (4 MB); use a larger -r"),
-            std::string::npos);
+  EXPECT_NE(
+      Why(CheckMemoryCap(1e-300, 0)).find("below one segment (4 MB); use a larger -r"),
+      std::string::npos);
   EXPECT_EQ(MemoryCapBytes(0.5, 123), 123u) << "an absolute cap wins over the ratio";
 }
 
@@ -156,7 +157,8 @@ TEST(OptionChecksTest, AnotherUsersMetricsFileInAStickyDirectoryIsRefused) {
   if (pid == 0) {
     if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
     std::string why = CheckMetricsFile(path).message();
-    bool named = why.find("belongs to uid 0 in the sticky directory") != std::string::npos;
+    bool named =
+        why.find("belongs to uid 0 in the sticky directory") != std::string::npos;
     bool free_name = CheckMetricsFile(dir + "/other.prom").ok();
     _exit(named && free_name ? 0 : 1);
   }

@@ -2,14 +2,14 @@
 // same inputs accepted with the same values, the same refused.
 #include "parse_number.h"
 
-#include <gtest/gtest.h>
-
 #include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace shmcache {
 namespace {
@@ -36,8 +36,8 @@ bool OldParse(const std::string& v, long lo, long hi, long* out) {
 
 TEST(ParseNumberTest, ParseDecimalAcceptsWhatStrtolAccepted) {
   for (const char* in : kInputs) {
-    for (auto [lo, hi] : {std::pair{LONG_MIN, LONG_MAX}, std::pair{1025L, 65535L},
-                          std::pair{0L, 4L}}) {
+    for (auto [lo, hi] :
+         {std::pair{LONG_MIN, LONG_MAX}, std::pair{1025L, 65535L}, std::pair{0L, 4L}}) {
       long want = -7, got = -7;
       EXPECT_EQ(ParseDecimal(in, lo, hi, &got), OldParse(in, lo, hi, &want))
           << "'" << in << "' in " << lo << ".." << hi;
@@ -65,8 +65,8 @@ TEST(ParseNumberTest, LeadingHexGivesWhatStrtoullGave) {
 }
 
 TEST(ParseNumberTest, ParseDoubleAcceptsWhatStrtodAcceptedInDecimal) {
-  for (const char* in : {"0.5", " 0.5", "+0.5", "-0.5", "1", "1e-300", ".25", "5.",
-                         "1E2", "0.5x", "", " ", "+-1", "x", "0.5 ", "nan", "inf"}) {
+  for (const char* in : {"0.5", " 0.5", "+0.5", "-0.5", "1", "1e-300", ".25", "5.", "1E2",
+                         "0.5x", "", " ", "+-1", "x", "0.5 ", "nan", "inf"}) {
     char* end = nullptr;
     double want = std::strtod(in, &end);
     bool want_ok = *in != '\0' && *end == '\0' && end != in;

@@ -5,9 +5,9 @@
 
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "test_server.h"
 

@@ -127,7 +127,7 @@ TEST(WireTest, ReadingPastTheEndFailsAndStaysFailed) {
   WireReader r(AsBytes(w.body()));
   EXPECT_EQ(r.U64(), 0u);  // 4 bytes left, 8 wanted
   EXPECT_FALSE(r.ok());
-  EXPECT_EQ(r.U8(), 0u);   // would fit, but the reader already failed
+  EXPECT_EQ(r.U8(), 0u);  // would fit, but the reader already failed
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(r.Done());
 }

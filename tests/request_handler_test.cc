@@ -45,9 +45,9 @@ class RequestHandlerTest : public ::testing::Test {
   // Sends a request; returns the status its response starts with.
   Status Call(MsgType type, const std::string& body, bool* stop = nullptr) {
     bool s = false;
-    last_ = handler_->Handle(1, type,
-                             {reinterpret_cast<const std::byte*>(body.data()), body.size()},
-                             stop ? stop : &s);
+    last_ = handler_->Handle(
+        1, type, {reinterpret_cast<const std::byte*>(body.data()), body.size()},
+        stop ? stop : &s);
     WireReader r({reinterpret_cast<const std::byte*>(last_.data()), last_.size()});
     return protocol::ReadStatus(r);
   }
@@ -171,7 +171,8 @@ TEST_F(RequestHandlerTest, SpilledRowOverTheLimitIsRefusedBeforeDecoding) {
   EXPECT_TRUE(s.IsTooLarge()) << s.ToString();
   EXPECT_NE(s.message().find("row 5 is not cached"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find(std::to_string(protocol::kMaxSpilledRowBytes)),
-            std::string::npos) << s.message();
+            std::string::npos)
+      << s.message();
 }
 
 // A client that skips the library must not plant a name that breaks the

@@ -28,8 +28,7 @@ bool HasWarning(const std::string& out, const std::string& text) {
     size_t line = out.rfind('\n', at);
     line = line == std::string::npos ? 0 : line + 1;
     std::string head = out.substr(line, at - line);
-    if (head.rfind("Warning: cache ", 0) == 0 &&
-        head.size() > 16 && head.back() == ' ' &&
+    if (head.rfind("Warning: cache ", 0) == 0 && head.size() > 16 && head.back() == ' ' &&
         head.find_first_not_of("0123456789", 15) == head.size() - 1) {
       return true;
     }
@@ -76,7 +75,8 @@ TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
     TestServer second(SameInstance(*first, {"-s", spill}));
     ASSERT_TRUE(second.ok()) << second.start_result().Describe();
     CommandResult list = second.Admin({"--list_sessions"});
-    EXPECT_NE(list.out.find(std::to_string(empty_session)), std::string::npos) << list.out;
+    EXPECT_NE(list.out.find(std::to_string(empty_session)), std::string::npos)
+        << list.out;
 
     // The same client object reconnects by itself and reads everything,
     // memory and disk rows alike.
@@ -86,7 +86,8 @@ TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
       ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
       auto col = got.find("data");
       ASSERT_TRUE(col.has_value());
-      ASSERT_EQ(0, std::memcmp(col->data, Pattern(i, 3, kRowBytes).data(), kRowBytes)) << i;
+      ASSERT_EQ(0, std::memcmp(col->data, Pattern(i, 3, kRowBytes).data(), kRowBytes))
+          << i;
       ++served;
     }
     EXPECT_EQ(served, rows);
@@ -165,9 +166,11 @@ void ExpectSpilledRowsDropped(const TestServer& server, uint32_t session, size_t
   EXPECT_EQ(cache->IsFull(), !spill);
   CommandResult list = server.Admin({"--list_sessions", "--json"});
   EXPECT_NE(list.out.find(fmt::format("\"disk_cached\": {},", spill ? n - in_memory : 0)),
-            std::string::npos) << list.out;
+            std::string::npos)
+      << list.out;
   EXPECT_NE(list.out.find(spill ? "\"full\": false" : "\"full\": true"),
-            std::string::npos) << list.out;
+            std::string::npos)
+      << list.out;
 }
 
 // A server that spilled part of a cache to `dir` and was killed: what the
@@ -302,8 +305,10 @@ TEST(RestartTest, CacheOverALowerMemoryCapIsDiscardedAndStartSaysSo) {
   EXPECT_TRUE(HasWarning(out, "left by the earlier server was discarded: it holds "))
       << out;
   EXPECT_NE(out.find(fmt::format("MB (session {}, 'big'), more than is left under the "
-                                 "memory cap of 32 MB", session)),
-            std::string::npos) << out;
+                                 "memory cap of 32 MB",
+                                 session)),
+            std::string::npos)
+      << out;
 }
 
 TEST(RestartTest, LayoutItCannotTrustIsDiscardedNotServed) {

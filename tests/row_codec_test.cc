@@ -16,7 +16,9 @@ struct Encoded {
   size_t size = 0;
   std::byte* data() { return reinterpret_cast<std::byte*>(words.data()); }
   template <typename T>
-  void Poke(size_t off, T v) { std::memcpy(data() + off, &v, sizeof v); }
+  void Poke(size_t off, T v) {
+    std::memcpy(data() + off, &v, sizeof v);
+  }
   template <typename T>
   T Peek(size_t off) {
     T v;
@@ -41,7 +43,7 @@ struct Sample {
   std::vector<uint16_t> half;
   int64_t image_shape[3] = {2, 3, 5};
   int64_t label_shape[1] = {1};
-  int64_t raw_shape[1] = {13};   // not a multiple of 8: padding
+  int64_t raw_shape[1] = {13};     // not a multiple of 8: padding
   int64_t half_shape[2] = {4, 0};  // an empty tensor
   std::vector<ColumnRef> cols;
 
@@ -148,8 +150,9 @@ TEST(RowCodecTest, ProjectionSelectsAndReordersColumns) {
   EXPECT_EQ(RowCodec::KeyOf(row.view()), 9u);
   // The projected row is itself a valid encoded row.
   RowView again;
-  EXPECT_TRUE(RowCodec::Decode(row.view().encoded().data(),
-                               row.view().encoded().size(), &again).ok());
+  EXPECT_TRUE(
+      RowCodec::Decode(row.view().encoded().data(), row.view().encoded().size(), &again)
+          .ok());
 }
 
 TEST(RowCodecTest, ProjectionOfAnAbsentColumnNamesIt) {
@@ -234,7 +237,8 @@ TEST(RowCodecTest, EncodedSizeRefusesMalformedColumns) {
   int64_t huge[2] = {int64_t{1} << 40, int64_t{1} << 40};
   ColumnRef overflow{"f", DType::kFloat64, huge, d, 8};
   EXPECT_TRUE(RowCodec::EncodedSize(std::span(&overflow, 1), &size).IsInvalidArgument());
-  std::vector<ColumnRef> too_many(kMaxColumns + 1, ColumnRef{"g", DType::kUInt8, shape4, d, 4});
+  std::vector<ColumnRef> too_many(kMaxColumns + 1,
+                                  ColumnRef{"g", DType::kUInt8, shape4, d, 4});
   EXPECT_TRUE(RowCodec::EncodedSize(too_many, &size).IsInvalidArgument());
 }
 

@@ -11,11 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "instance.h"
@@ -91,9 +91,9 @@ class ShmDirSwitchTest : public ::testing::Test {
   // and the sessions list.
   std::vector<std::string> Names() const {
     InstancePaths p = Paths("/x");
-    std::vector<std::string> names = {p.CacheFile(kCache), p.TableFile(kCache, 0, 0xabcdef01),
-                                      p.SegmentFile(kCache, 0), p.SegmentFile(kCache, 1),
-                                      p.SessionsFile()};
+    std::vector<std::string> names = {
+        p.CacheFile(kCache), p.TableFile(kCache, 0, 0xabcdef01), p.SegmentFile(kCache, 0),
+        p.SegmentFile(kCache, 1), p.SessionsFile()};
     for (std::string& n : names) n = n.substr(3);
     return names;
   }
@@ -132,7 +132,8 @@ TEST_F(ShmDirSwitchTest, HugeDirFilesMoveWholeToDevShmAndTheDirGoes) {
   EXPECT_EQ(r.discarded, 0);
   ExpectAllIn("/dev/shm", huge_);
   EXPECT_FALSE(Exists(huge_));
-  EXPECT_NE(r.warning.find(fmt::format("left 1 cache(s) in {}", huge_)), std::string::npos)
+  EXPECT_NE(r.warning.find(fmt::format("left 1 cache(s) in {}", huge_)),
+            std::string::npos)
       << r.warning;
   EXPECT_NE(r.warning.find("It ran with SHMCACHE_HUGE_TMPFS, this server without"),
             std::string::npos)

@@ -5,13 +5,14 @@
 #include "shm_file.h"
 
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "instance.h"
 #include "test_server.h"

@@ -43,7 +43,8 @@ Read ReadRow(Cache* cache, uint64_t id, std::string* error = nullptr) {
   }
   std::vector<uint8_t> want = Pattern(id, kSalt, RowBytes(id));
   std::optional<ColumnView> c = got.view().find("data");
-  if (!c || c->nbytes != want.size() || std::memcmp(c->data, want.data(), want.size()) != 0) {
+  if (!c || c->nbytes != want.size() ||
+      std::memcmp(c->data, want.data(), want.size()) != 0) {
     return Read::kWrong;
   }
   return Read::kRight;

@@ -49,8 +49,7 @@ TEST(StatusTest, EachFactorySetsItsCodeAndOnlyItsPredicate) {
     EXPECT_EQ(c.s.IsPermissionDenied(), c.code == Status::Code::kPermissionDenied);
     EXPECT_EQ(c.s.IsIOError(), c.code == Status::Code::kIOError);
     EXPECT_EQ(c.s.IsNotSupported(), c.code == Status::Code::kNotSupported);
-    EXPECT_EQ(c.s.IsFingerprintMismatch(),
-              c.code == Status::Code::kFingerprintMismatch);
+    EXPECT_EQ(c.s.IsFingerprintMismatch(), c.code == Status::Code::kFingerprintMismatch);
     EXPECT_EQ(c.s.IsTooLarge(), c.code == Status::Code::kTooLarge);
     EXPECT_FALSE(c.s.IsColumnNotFound());
   }

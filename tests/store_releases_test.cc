@@ -3,16 +3,17 @@
 // once; that of a process that runs on is not. Whether the process is gone
 // is asked of the process itself (ProcessHandle), so a new process given
 // its pid does not keep its chunks locked.
-#include <unistd.h>
+#include "store.h"
 
-#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "logger.h"
 #include "process_state.h"
-#include "store.h"
 #include "test_server.h"
 
 namespace shmcache {

@@ -1,10 +1,10 @@
 // shmcache/version.h states the version meson.build's project() declares.
 #include "shmcache/version.h"
 
-#include <gtest/gtest.h>
-
 #include <cstdlib>
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace shmcache {
 namespace {

@@ -1,7 +1,8 @@
 #include "cli_args.h"
 
-#include <fmt/format.h>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "command_line.h"
 #include "instance.h"
@@ -18,8 +19,9 @@ std::vector<CommandOption> AddCommands(CommandLine& cl, CliArgs* a) {
       {cl.AddFlag("--start"), Command::kStart},
       {cl.AddFlag("--stop"), Command::kStop},
       {cl.AddFlag("-g,--generate_session"), Command::kGenerate},
-      {cl.AddValue("-d,--destroy_session",
-                   [a](const std::string& v) { return ParseSessionId(v, &a->session_id); }),
+      {cl.AddValue(
+           "-d,--destroy_session",
+           [a](const std::string& v) { return ParseSessionId(v, &a->session_id); }),
        Command::kDestroy},
       {cl.AddFlag("--list_sessions"), Command::kList},
       {cl.AddFlag("--server_info"), Command::kInfo},
@@ -35,9 +37,9 @@ Status TakeCommand(const CommandLine& cl, const std::vector<CommandOption>& comm
     for (const auto& [option, c] : commands) {
       if (option != given) continue;
       if (*command != Command::kNone) {
-        return Status::InvalidArgument(fmt::format(
-            "only one command per call: {} comes after another command",
-            cl.AsWritten(*option)));
+        return Status::InvalidArgument(
+            fmt::format("only one command per call: {} comes after another command",
+                        cl.AsWritten(*option)));
       }
       *command = c;
     }

@@ -12,16 +12,24 @@
 namespace shmcache::admin {
 
 enum class Command {
-  kNone, kStart, kStop, kGenerate, kDestroy, kList, kInfo, kMetrics, kHelp
+  kNone,
+  kStart,
+  kStop,
+  kGenerate,
+  kDestroy,
+  kList,
+  kInfo,
+  kMetrics,
+  kHelp
 };
 
 struct CliArgs {
   Command command = Command::kNone;
-  uint32_t session_id = 0;       // -d
-  int port = 0;                  // 0: $SHMCACHE_PORT or the default
+  uint32_t session_id = 0;  // -d
+  int port = 0;             // 0: $SHMCACHE_PORT or the default
   std::string hostname;
   bool json = false;
-  ServerFlags server;            // --start: the server's options
+  ServerFlags server;  // --start: the server's options
   // The server options given, as shmcached takes them ("--workers=3").
   std::vector<std::string> server_args;
 };

@@ -4,9 +4,10 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fmt/format.h>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "cli_args.h"
 #include "instance.h"
@@ -32,11 +33,12 @@ int RunStart(const CliArgs& a, int port) {
   StartResult r;
   Status s = StartServer(a, port, &r);
   if (!s.ok()) return Fail(s.message());
-  fmt::print("Cache server startup completed successfully!\n"
-             "The cache server daemon has been created as process id {} and is "
-             "listening on port {}.\n"
-             "Workers: {}. Logs: {}\n",
-             r.pid, port, r.workers, r.log_path);
+  fmt::print(
+      "Cache server startup completed successfully!\n"
+      "The cache server daemon has been created as process id {} and is "
+      "listening on port {}.\n"
+      "Workers: {}. Logs: {}\n",
+      r.pid, port, r.workers, r.log_path);
   for (const std::string& note : r.notes) fmt::print("Warning: {}\n", note);
   return 0;
 }
@@ -56,9 +58,10 @@ int RunStop(const ClientOptions& co, int port) {
   Status s = StopServer(co, &r);
   if (!s.ok()) return Fail(s.message());
   if (r.was_starting) {
-    fmt::print("Cache server on port {} (process id {}) was still starting (not "
-               "answering yet); it has been stopped.\n",
-               port, r.pid);
+    fmt::print(
+        "Cache server on port {} (process id {}) was still starting (not "
+        "answering yet); it has been stopped.\n",
+        port, r.pid);
   } else {
     fmt::print("Cache server on port {} has been stopped.\n", port);
   }
@@ -128,7 +131,6 @@ int main(int argc, char** argv) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       return 0;
     }
-    default:
-      return Fail("unhandled command");
+    default: return Fail("unhandled command");
   }
 }

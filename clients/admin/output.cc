@@ -1,8 +1,8 @@
 #include "output.h"
 
-#include <fmt/format.h>
-
 #include <cmath>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace shmcache::admin {
@@ -25,14 +25,14 @@ std::string Dump(const Json& j) {
 std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
   if (sessions.empty()) return "No active sessions.\n";
   std::string out = fmt::format("Listing sessions for server on port {}\n\n", port);
-  out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
-                     "Session", "Cache Id", "Mem cached", "Disk cached",
-                     "Avg cache size", "Numa hit", "Hits", "Misses", "Full");
+  out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n", "Session",
+                     "Cache Id", "Mem cached", "Disk cached", "Avg cache size",
+                     "Numa hit", "Hits", "Misses", "Full");
   for (const SessionInfo& s : sessions) {
     if (s.caches.empty()) {
       out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
-                         s.session_id, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
-                         "n/a", "n/a");
+                         s.session_id, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
+                         "n/a");
     }
     for (const CacheStats& c : s.caches) {
       out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
@@ -83,10 +83,11 @@ static std::string MemoryLine(const ServerInfo& i) {
 // "physical_memory 19284 MB, cgroup none, shm_filesystem 24103 MB;
 // physical_memory applies": each bound of the cap and the one that applies.
 static std::string BoundsLine(const ServerInfo& i) {
-  std::string cgroup = i.memory_cgroup_bytes
-                           ? fmt::format("{} MB (of a {} MB limit)", i.memory_cgroup_bytes >> 20,
-                                         i.memory_cgroup_limit_bytes >> 20)
-                           : "none";
+  std::string cgroup =
+      i.memory_cgroup_bytes
+          ? fmt::format("{} MB (of a {} MB limit)", i.memory_cgroup_bytes >> 20,
+                        i.memory_cgroup_limit_bytes >> 20)
+          : "none";
   return fmt::format("{} {} MB, cgroup {}, shm_filesystem {} MB; {} applies",
                      i.memory_requested_bound, i.memory_requested_bytes >> 20, cgroup,
                      i.memory_shm_bytes >> 20, i.memory_cap_bound);
@@ -94,7 +95,8 @@ static std::string BoundsLine(const ServerInfo& i) {
 
 std::string ServerInfoTable(const ServerInfo& i) {
   std::string sessions;
-  for (uint32_t s : i.sessions) sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
+  for (uint32_t s : i.sessions)
+    sessions += (sessions.empty() ? "" : ", ") + std::to_string(s);
   return fmt::format(
       "Cache server configuration:\n"
       "  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n  {:<18}{}\n"
@@ -112,32 +114,33 @@ std::string ServerInfoTable(const ServerInfo& i) {
 
 std::string ServerInfoJson(const ServerInfo& i) {
   Json spill_dir = i.spill_dir.empty() ? Json(nullptr) : Json(i.spill_dir);
-  return Dump({{"hostname", "127.0.0.1"},
-               {"port", i.port},
-               {"socket", i.socket_path},
-               {"shm_dir", i.shm_dir},
-               {"shm_huge_pages", i.shm_huge_pages},
-               {"shm_pages", i.shm_pages},
-               {"pid", i.pid},
-               {"workers", i.workers},
-               {"log_level", i.log_level},
-               {"log_file", i.log_path},
-               {"spill_dir", spill_dir},
-               {"memory_cap_bytes", i.memory_cap_bytes},
-               {"memory_used_bytes", i.memory_used_bytes},
-               {"memory_held_bytes", i.memory_held_bytes},
-               {"memory_cap_bound", i.memory_cap_bound},
-               {"memory_bounds",
-                {{i.memory_requested_bound, i.memory_requested_bytes},
-                 {"cgroup", i.memory_cgroup_bytes ? Json(i.memory_cgroup_bytes) : Json(nullptr)},
-                 {"cgroup_limit",
-                  i.memory_cgroup_limit_bytes ? Json(i.memory_cgroup_limit_bytes) : Json(nullptr)},
-                 {"shm_filesystem", i.memory_shm_bytes}}},
-               {"numa_nodes", i.numa_nodes},
-               {"sessions", i.sessions},
-               {"connections", i.connections},
-               {"start_time_unix", i.start_time_unix},
-               {"uptime_seconds", std::round(i.uptime_seconds * 1000) / 1000}});
+  return Dump(
+      {{"hostname", "127.0.0.1"},
+       {"port", i.port},
+       {"socket", i.socket_path},
+       {"shm_dir", i.shm_dir},
+       {"shm_huge_pages", i.shm_huge_pages},
+       {"shm_pages", i.shm_pages},
+       {"pid", i.pid},
+       {"workers", i.workers},
+       {"log_level", i.log_level},
+       {"log_file", i.log_path},
+       {"spill_dir", spill_dir},
+       {"memory_cap_bytes", i.memory_cap_bytes},
+       {"memory_used_bytes", i.memory_used_bytes},
+       {"memory_held_bytes", i.memory_held_bytes},
+       {"memory_cap_bound", i.memory_cap_bound},
+       {"memory_bounds",
+        {{i.memory_requested_bound, i.memory_requested_bytes},
+         {"cgroup", i.memory_cgroup_bytes ? Json(i.memory_cgroup_bytes) : Json(nullptr)},
+         {"cgroup_limit", i.memory_cgroup_limit_bytes ? Json(i.memory_cgroup_limit_bytes)
+                                                      : Json(nullptr)},
+         {"shm_filesystem", i.memory_shm_bytes}}},
+       {"numa_nodes", i.numa_nodes},
+       {"sessions", i.sessions},
+       {"connections", i.connections},
+       {"start_time_unix", i.start_time_unix},
+       {"uptime_seconds", std::round(i.uptime_seconds * 1000) / 1000}});
 }
 
 }  // namespace shmcache::admin

@@ -9,9 +9,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 #include <sstream>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "server_flags.h"
 
@@ -66,7 +67,8 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
     for (std::string& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
     execvp(cargs[0], cargs.data());
-    std::string msg = fmt::format("ERR cannot run {}: {}\n", args[0], std::strerror(errno));
+    std::string msg =
+        fmt::format("ERR cannot run {}: {}\n", args[0], std::strerror(errno));
     ssize_t w = write(fds[1], msg.data(), msg.size());
     (void)w;
     _exit(127);

@@ -1,6 +1,5 @@
 #include "stop_server.h"
 
-#include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +8,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "instance.h"
 #include "instance_lock.h"

@@ -84,7 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if ((by_session || by_cache) && body.size() >= 4) {
       uint32_t idx;
       std::memcpy(&idx, body.data(), 4);
-      if (idx < 4 && idx < ids.size()) std::memcpy(body.data(), &ids[ids.size() - 1 - idx], 4);
+      if (idx < 4 && idx < ids.size())
+        std::memcpy(body.data(), &ids[ids.size() - 1 - idx], 4);
     }
     bool stop = false;
     std::string resp = handler.Handle(conn, type, body, &stop);

@@ -38,10 +38,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (copy.num_columns() != v.num_columns()) std::abort();
   Row proj;
   if (RowCodec::Project(v, std::span(names.data(), std::min<size_t>(names.size(), 3)),
-                        &proj).ok()) {
+                        &proj)
+          .ok()) {
     RowView again;
     if (!RowCodec::Decode(proj.view().encoded().data(), proj.view().encoded().size(),
-                          &again).ok()) {
+                          &again)
+             .ok()) {
       std::abort();
     }
   }

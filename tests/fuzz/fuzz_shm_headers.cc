@@ -57,8 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto& env = fuzz::Env();
   std::span<const uint8_t> in(data, size);
   uint32_t cache_len = TakeLen(in), table_len = TakeLen(in), seg_len = TakeLen(in);
-  auto cache = Take(in, cache_len), table = Take(in, table_len),
-       seg = Take(in, seg_len), sessions = in;
+  auto cache = Take(in, cache_len), table = Take(in, table_len), seg = Take(in, seg_len),
+       sessions = in;
 
   // The common header check on its own, for every kind of file.
   for (auto bytes : {cache, table, seg}) {
@@ -73,8 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const InstancePaths& p = env.paths;
-  const std::string files[] = {p.CacheFile(1), p.TableFile(1, 0, 0),
-                               p.SegmentFile(1, 0), p.SessionsFile()};
+  const std::string files[] = {p.CacheFile(1), p.TableFile(1, 0, 0), p.SegmentFile(1, 0),
+                               p.SessionsFile()};
   WriteFile(files[0], cache);
   WriteFile(files[1], table);
   WriteFile(files[2], seg);

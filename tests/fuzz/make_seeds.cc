@@ -126,8 +126,8 @@ int main(int argc, char** argv) {
     const char text[13] = "hello, world";
     Save(dir + "/fuzz_row_codec/three_columns",
          EncodeRow(77, {{"id", DType::kUInt64, one, &id, 8},
-                  {"image", DType::kFloat32, two_by_three, f, sizeof f},
-                  {"label", DType::kBytes, n, text, 13}}));
+                        {"image", DType::kFloat32, two_by_three, f, sizeof f},
+                        {"label", DType::kBytes, n, text, 13}}));
     Save(dir + "/fuzz_row_codec/one_column",
          EncodeRow(5, {{"data", DType::kUInt8, n, text, 13}}));
     Save(dir + "/fuzz_row_codec/empty_column",
@@ -141,8 +141,8 @@ int main(int argc, char** argv) {
     std::vector<char> cache(kCacheFile, 0), table(layout::TableFileSize(kCap), 0),
         seg(2 * layout::kSegmentHeaderSize, 0);
     auto* c = reinterpret_cast<layout::CacheHeader*>(cache.data());
-    c->file = {layout::kCacheMagic, layout::kLayoutVersion,
-               sizeof(layout::CacheHeader), kCacheFile};
+    c->file = {layout::kCacheMagic, layout::kLayoutVersion, sizeof(layout::CacheHeader),
+               kCacheFile};
     c->cache_id = 1;
     c->session_id = 7;
     c->budget_bytes = 1 << 20;
@@ -154,8 +154,8 @@ int main(int argc, char** argv) {
     c->tables[0].capacity.store(kCap);
     c->stats[0].rows.store(1);
     auto* t = reinterpret_cast<layout::TableHeader*>(table.data());
-    t->file = {layout::kTableMagic, layout::kLayoutVersion,
-               sizeof(layout::TableHeader), table.size()};
+    t->file = {layout::kTableMagic, layout::kLayoutVersion, sizeof(layout::TableHeader),
+               table.size()};
     t->cache_id = 1;
     t->generation = 0;
     t->capacity = kCap;
@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
     sh->seg_id = 0;
     sh->cache_id = 1;
     sh->carved.store(layout::kSegmentHeaderSize + 1024);
-    auto* chunk = reinterpret_cast<layout::ChunkHeader*>(seg.data() + layout::kSegmentHeaderSize);
+    auto* chunk =
+        reinterpret_cast<layout::ChunkHeader*>(seg.data() + layout::kSegmentHeaderSize);
     chunk->magic = layout::kChunkMagic;
     chunk->cache_id = 1;
     chunk->size = 1024;

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fmt/format.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -24,8 +24,7 @@ constexpr uint64_t kRows = 2000;
 struct Shared {
   std::atomic<int> ready{0};
   std::atomic<bool> killed{false};
-  std::atomic<uint64_t> hits_after_kill{0}, unavailable{0}, misses{0},
-      puts_after_kill{0};
+  std::atomic<uint64_t> hits_after_kill{0}, unavailable{0}, misses{0}, puts_after_kill{0};
   std::atomic<int64_t> slowest_call_ms{0};  // of the calls that need the daemon
   std::atomic<int> msg_taken{0};
   char msg[1024];
@@ -154,8 +153,8 @@ TEST(DaemonKill, ClientsGetUnavailableInBoundedTimeAndKeepTheirHits) {
   for (int k = 0; k < kClients; ++k) {
     kids.push_back(ForkChild([&, k] { return Worker(d, sid, m, sh, k); }));
   }
-  ASSERT_TRUE(WaitFor([&] { return sh->ready.load() == kClients; },
-                      std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      WaitFor([&] { return sh->ready.load() == kClients; }, std::chrono::seconds(30)));
   d.Kill();
   sh->killed.store(true);
   auto t0 = std::chrono::steady_clock::now();
@@ -170,15 +169,16 @@ TEST(DaemonKill, ClientsGetUnavailableInBoundedTimeAndKeepTheirHits) {
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
         << DescribeStatus(st) << ": " << sh->msg;
   }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t timeout_ms = d.client_options().request_timeout_ms;
-  fmt::print("daemon-kill figures: {} clients, {} hits from mapped memory after the "
-             "kill, {} misses, {} puts into chunks already leased, {} Unavailable "
-             "answers, slowest call needing the daemon {} ms (bound: the request "
-             "timeout, {} ms), all clients done {:.2f} s after the kill\n",
-             kClients, sh->hits_after_kill.load(), sh->misses.load(),
-             sh->puts_after_kill.load(), sh->unavailable.load(),
-             sh->slowest_call_ms.load(), timeout_ms, secs);
+  fmt::print(
+      "daemon-kill figures: {} clients, {} hits from mapped memory after the "
+      "kill, {} misses, {} puts into chunks already leased, {} Unavailable "
+      "answers, slowest call needing the daemon {} ms (bound: the request "
+      "timeout, {} ms), all clients done {:.2f} s after the kill\n",
+      kClients, sh->hits_after_kill.load(), sh->misses.load(), sh->puts_after_kill.load(),
+      sh->unavailable.load(), sh->slowest_call_ms.load(), timeout_ms, secs);
   EXPECT_EQ(sh->unavailable.load(), 3u * kClients);
   EXPECT_EQ(sh->misses.load(), uint64_t{kClients});
   EXPECT_EQ(sh->hits_after_kill.load(), 2 * kRows * kClients);

@@ -12,12 +12,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fmt/format.h>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -49,7 +49,8 @@ bool SendAll(int fd, const std::string& b) {
   return send(fd, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size());
 }
 
-std::string Header(uint16_t type, uint32_t body_len, uint32_t magic = protocol::kFrameMagic,
+std::string Header(uint16_t type, uint32_t body_len,
+                   uint32_t magic = protocol::kFrameMagic,
                    uint16_t version = protocol::kProtocolVersion) {
   protocol::FrameHeader h;
   h.magic = magic;
@@ -131,7 +132,8 @@ size_t OpenFds(pid_t pid) {
 
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
   return n;
 }
 
@@ -223,7 +225,8 @@ TEST(HostileSocket, GarbageAndSilenceNeverStallOthersNorCrashTheDaemon) {
     if (poll(&p, 1, 5000) == 1 && recv(fd, hdr, sizeof hdr, MSG_WAITALL) == sizeof hdr) {
       protocol::FrameHeader h;
       ASSERT_TRUE(protocol::DecodeFrameHeader(
-          std::span(reinterpret_cast<const std::byte*>(hdr), sizeof hdr), &h).ok());
+                      std::span(reinterpret_cast<const std::byte*>(hdr), sizeof hdr), &h)
+                      .ok());
       EXPECT_EQ(h.type, type | protocol::kResponseBit);
       ++answered;
     }
@@ -233,9 +236,10 @@ TEST(HostileSocket, GarbageAndSilenceNeverStallOthersNorCrashTheDaemon) {
 
   GoodClientWorks(d, m, 1000);
   EXPECT_TRUE(d.Alive()) << "the daemon died";
-  fmt::print("hostile-socket figures: {} silent connections held, {} bad frames "
-             "refused, {} malformed requests answered\n",
-             held.size(), bad.size(), answered);
+  fmt::print(
+      "hostile-socket figures: {} silent connections held, {} bad frames "
+      "refused, {} malformed requests answered\n",
+      held.size(), bad.size(), answered);
   for (int fd : held) close(fd);
   GoodClientWorks(d, m, 2000);
   EXPECT_TRUE(d.Stop().ok());
@@ -257,16 +261,18 @@ TEST(HostileSocket, FramesAnnouncingLargeBodiesHoldOnlyWhatWasSent) {
   // The daemon has read every header...
   ASSERT_TRUE(WaitFor(
       [&] {
-        return std::all_of(held.begin(), held.end(), [](int fd) { return Unread(fd) == 0; });
+        return std::all_of(held.begin(), held.end(),
+                           [](int fd) { return Unread(fd) == 0; });
       },
       std::chrono::seconds(20)));
   // ...and goes on serving others.
   RowMaker m(4096);
   GoodClientWorks(d, m, 0);
   const long rss = StatusKb(d.pid(), "VmRSS");
-  fmt::print("large-announcement figures: daemon RSS {} MB before, {} MB with {} "
-             "connections each announcing {} MB\n",
-             rss_before >> 10, rss >> 10, held.size(), protocol::kMaxBodyBytes >> 20);
+  fmt::print(
+      "large-announcement figures: daemon RSS {} MB before, {} MB with {} "
+      "connections each announcing {} MB\n",
+      rss_before >> 10, rss >> 10, held.size(), protocol::kMaxBodyBytes >> 20);
   EXPECT_LT(rss, 100L << 10) << "kB resident: the announced bodies were allocated";
   for (int fd : held) close(fd);
   EXPECT_TRUE(d.Stop().ok());
@@ -299,7 +305,8 @@ TEST(HostileSocket, BodiesBeingReadStayUnderTheDaemonsCap) {
   ASSERT_TRUE(d.Start(o).ok());
   // A holds 6 MB of a body and stops: its buffer has grown to 8 MB.
   int a = RawConnect(d);
-  ASSERT_TRUE(SendAll(a, Header(12, protocol::kMaxBodyBytes) + std::string(6 << 20, 'a')));
+  ASSERT_TRUE(
+      SendAll(a, Header(12, protocol::kMaxBodyBytes) + std::string(6 << 20, 'a')));
   // B's body would need 16 MB more: B is closed, A is not touched.
   int b = RawConnect(d);
   SendAll(b, Header(12, protocol::kMaxBodyBytes) + std::string(12 << 20, 'b'));
@@ -345,8 +352,8 @@ TEST(HostileSocket, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
   const double cpu = CpuSeconds(d.pid()) - cpu0;
   const double window =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("descriptor-exhaustion figures: {:.3f} s of CPU in a {:.2f} s window\n",
-             cpu, window);
+  fmt::print("descriptor-exhaustion figures: {:.3f} s of CPU in a {:.2f} s window\n", cpu,
+             window);
   EXPECT_LT(cpu, 0.3 * window) << "the daemon spins on failing accepts";
   for (int fd : held) close(fd);
   // Served again once descriptors are free.
@@ -354,7 +361,8 @@ TEST(HostileSocket, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
       [&] {
         std::unique_ptr<Client> c;
         uint32_t sid = 0;
-        return Client::Connect(d.client_options(), &c).ok() && c->CreateSession(&sid).ok();
+        return Client::Connect(d.client_options(), &c).ok() &&
+               c->CreateSession(&sid).ok();
       },
       std::chrono::seconds(30)));
   // Each time accepting fails it says so once, and once when it works

@@ -8,10 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -49,7 +49,8 @@ bool Exists(const std::string& path) {
 
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1))
+    ++n;
   return n;
 }
 
@@ -135,7 +136,8 @@ TEST(HugeTmpfs, AskedForAsRootItMountsHugePagesAndStopRemovesThem) {
   ASSERT_TRUE(sc.client->GetServerInfo(&info).ok());
   EXPECT_TRUE(info.shm_huge_pages) << info.shm_pages;
   EXPECT_EQ(info.shm_dir, dir);
-  EXPECT_NE(d.ReadLog().find("mounted huge=within_size by this server"), std::string::npos);
+  EXPECT_NE(d.ReadLog().find("mounted huge=within_size by this server"),
+            std::string::npos);
 
   sc = SessionCache{};
   ASSERT_TRUE(d.Stop().ok());
@@ -228,7 +230,8 @@ TEST(HugeTmpfs, PlantedSymlinkOrForeignDirectoryIsNeverUsed) {
     std::string log = d.ReadLog();
     EXPECT_EQ(Count(log, "no huge-page tmpfs of its own"), 1u) << log;
     EXPECT_NE(log.find(symlink_plant ? "not following it" : "belongs to uid 65534"),
-              std::string::npos) << log;
+              std::string::npos)
+        << log;
     SessionCache sc;
     PutRows(d, &sc);
     sc = SessionCache{};

@@ -13,8 +13,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fmt/format.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -28,8 +28,8 @@ class TempUser {
  public:
   TempUser() : name_(fmt::format("shmrel{}", getpid())) {
     std::string out;
-    rc_ = RunProgram({"/usr/sbin/useradd", "-M", "-r", "-s", "/usr/sbin/nologin",
-                      name_}, {}, &out);
+    rc_ = RunProgram({"/usr/sbin/useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name_},
+                     {}, &out);
     if (rc_ != 0) error_ = out;
     if (const passwd* pw = getpwnam(name_.c_str())) {
       uid_ = pw->pw_uid;
@@ -161,10 +161,12 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
   EXPECT_EQ(WEXITSTATUS(ws), 0) << "the daemon served another user";
   fmt::print("other user, socket opened up: connect -> {}\n", r->connect);
   EXPECT_NE(Lower(r->connect).find("permission denied"), std::string::npos) << r->connect;
-  EXPECT_TRUE(WaitFor([&] { return d.ReadLog().find("refused a connection from uid " +
-                                                    std::to_string(user.uid())) !=
-                                   std::string::npos; },
-                      std::chrono::seconds(5)))
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return d.ReadLog().find("refused a connection from uid " +
+                                std::to_string(user.uid())) != std::string::npos;
+      },
+      std::chrono::seconds(5)))
       << "no refusal in the daemon log";
 
   // The owner is unaffected.

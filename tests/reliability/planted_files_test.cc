@@ -5,8 +5,6 @@
 // opening and filling; a stray segment number does not stall a start.
 // Giving a file to another uid needs root; that case is skipped otherwise.
 #include <fcntl.h>
-#include <fmt/format.h>
-#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +12,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "checked_rows.h"
 #include "instance.h"
@@ -30,14 +31,10 @@ enum class Target { kSegment, kHeader };
 
 std::string Describe(Plant p) {
   switch (p) {
-    case Plant::kMode0666:
-      return "Mode0666";
-    case Plant::kOtherOwner:
-      return "OtherOwner";
-    case Plant::kSymlink:
-      return "Symlink";
-    case Plant::kHardLink:
-      return "HardLink";
+    case Plant::kMode0666: return "Mode0666";
+    case Plant::kOtherOwner: return "OtherOwner";
+    case Plant::kSymlink: return "Symlink";
+    case Plant::kHardLink: return "HardLink";
   }
   return "?";
 }
@@ -86,9 +83,7 @@ class Planted {
     if (bytes_.empty() || unlink(path.c_str()) != 0) return;
     std::string aside = aside_dir + "/planted";
     switch (how) {
-      case Plant::kMode0666:
-        fd_ = WriteNew(path, bytes_, 0666);
-        break;
+      case Plant::kMode0666: fd_ = WriteNew(path, bytes_, 0666); break;
       case Plant::kOtherOwner:
         fd_ = WriteNew(path, bytes_, 0600);
         if (fd_ >= 0 && fchown(fd_, 65534, 65534) != 0) Close();

@@ -8,8 +8,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fmt/format.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -22,8 +22,8 @@ class SmallTmpfs {
  public:
   explicit SmallTmpfs(int mb) {
     std::string opt = fmt::format("size={}m,mode=0700", mb);
-    if (mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
-              opt.c_str()) != 0) {
+    if (mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_NOSUID | MS_NODEV, opt.c_str()) !=
+        0) {
       error_ = std::strerror(errno);
     }
   }
@@ -38,10 +38,10 @@ class SmallTmpfs {
   std::string error_;
 };
 
-#define REQUIRE_ROOT_MOUNT(fs)                                                \
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";    \
-  if (!(fs).error().empty()) {                                                \
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << (fs).error();           \
+#define REQUIRE_ROOT_MOUNT(fs)                                             \
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs"; \
+  if (!(fs).error().empty()) {                                             \
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << (fs).error();         \
   }
 
 TEST(ShmLimits, TooLittleRoomIsRefusedAtStartWithTheNumbersAndTheFix) {
@@ -138,8 +138,8 @@ TEST(ShmLimits, FullFilesystemMeansFullNeverSigbusAndEarlierRowsStay) {
   // The daemon is fine and other caches get a clear answer too.
   EXPECT_TRUE(d.Alive());
   std::unique_ptr<Cache> other;
-  Status s = c->OpenCache({.session_id = sid, .fingerprint = "other", .size_mb = 64},
-                          &other);
+  Status s =
+      c->OpenCache({.session_id = sid, .fingerprint = "other", .size_mb = 64}, &other);
   if (s.ok()) {
     s = m.Put(*other, 1);
     EXPECT_TRUE(s.ok() || s.IsFull()) << s.ToString();

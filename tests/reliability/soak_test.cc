@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fmt/format.h>
 #include <random>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -20,16 +20,14 @@ namespace {
 constexpr int kMixers = 4;
 constexpr uint64_t kPool = 20000;        // ids every mixer may put (races)
 constexpr uint64_t kPrivateCap = 20000;  // own ids per mixer
-uint64_t PrivateId(int w, uint64_t i) {
-  return (static_cast<uint64_t>(w) + 1) << 32 | i;
-}
+uint64_t PrivateId(int w, uint64_t i) { return (static_cast<uint64_t>(w) + 1) << 32 | i; }
 
 struct Shared {
   std::atomic<bool> stop{false};
   std::atomic<uint32_t> churn_session{0};
   std::atomic<uint64_t> private_puts[kMixers];
-  std::atomic<uint64_t> pool_inserted{0}, verified{0}, wrong{0}, errors{0},
-      ops{0}, destroyed_seen{0}, sessions_churned{0}, stats_calls{0};
+  std::atomic<uint64_t> pool_inserted{0}, verified{0}, wrong{0}, errors{0}, ops{0},
+      destroyed_seen{0}, sessions_churned{0}, stats_calls{0};
   std::atomic<int> msg_taken{0};
   char msg[1024];
   void Fail(const std::string& m) {
@@ -217,14 +215,14 @@ TEST(Soak, MixedLoadVerifiesEveryByte) {
   }
   CacheStats st;
   ASSERT_TRUE(cache->GetStats(&st).ok());
-  fmt::print("soak figures: {:.0f} s, {} ops, {} reads verified, wrong {}, errors {}, "
-             "{} stats calls, {} sessions created and destroyed ({} destroyed "
-             "sessions met by readers); {} own rows + {} raced rows ({} inserts "
-             "won), cache holds {}\n",
-             seconds, sh->ops.load(), sh->verified.load(), sh->wrong.load(),
-             sh->errors.load(), sh->stats_calls.load(), sh->sessions_churned.load(),
-             sh->destroyed_seen.load(), private_rows, pool_rows,
-             sh->pool_inserted.load(), st.mem_rows);
+  fmt::print(
+      "soak figures: {:.0f} s, {} ops, {} reads verified, wrong {}, errors {}, "
+      "{} stats calls, {} sessions created and destroyed ({} destroyed "
+      "sessions met by readers); {} own rows + {} raced rows ({} inserts "
+      "won), cache holds {}\n",
+      seconds, sh->ops.load(), sh->verified.load(), sh->wrong.load(), sh->errors.load(),
+      sh->stats_calls.load(), sh->sessions_churned.load(), sh->destroyed_seen.load(),
+      private_rows, pool_rows, sh->pool_inserted.load(), st.mem_rows);
   EXPECT_EQ(sh->wrong.load(), 0u) << sh->msg;
   EXPECT_EQ(sh->errors.load(), 0u) << sh->msg;
   EXPECT_GT(sh->verified.load(), 1000u);

@@ -6,10 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
 #include <algorithm>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -19,8 +19,9 @@ namespace shmcache::test {
 namespace {
 
 std::vector<std::string> StartArgs(const TestDaemon& d) {
-  return {AdminPath(), "--start", "-p", std::to_string(d.port()),
-          "--shm_dir", d.shm_dir(), "--log_dir", d.log_dir(), "-w", "1"};
+  return {AdminPath(), "--start",   "-p",        std::to_string(d.port()),
+          "--shm_dir", d.shm_dir(), "--log_dir", d.log_dir(),
+          "-w",        "1"};
 }
 
 bool Exists(const std::string& p) {
@@ -71,8 +72,8 @@ TEST(StaleState, KilledDaemonLeavesNothingThatBlocksANewStart) {
   c2.reset();
 
   // The new daemon is not our child (the admin detached it): stop it.
-  rc = RunProgram({AdminPath(), "--stop", "-p", std::to_string(d.port())},
-                  d.AdminEnv(), &out);
+  rc = RunProgram({AdminPath(), "--stop", "-p", std::to_string(d.port())}, d.AdminEnv(),
+                  &out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_FALSE(Exists(sock));
   EXPECT_TRUE(d.ShmFiles().empty());
@@ -163,8 +164,9 @@ TEST(StaleState, StopEndsAServerThatIsStillStarting) {
     std::snprintf(started->out, sizeof started->out, "%s", out.c_str());
     return 0;
   });
-  ASSERT_TRUE(WaitFor([&] { return d.ReadLog().find("start-up held") != std::string::npos; },
-                      std::chrono::seconds(30)))
+  ASSERT_TRUE(
+      WaitFor([&] { return d.ReadLog().find("start-up held") != std::string::npos; },
+              std::chrono::seconds(30)))
       << d.ReadLog();
   const int pid = LockFilePid(d);
   ASSERT_GT(pid, 0);
@@ -173,7 +175,8 @@ TEST(StaleState, StopEndsAServerThatIsStillStarting) {
   int rc = RunProgram(StartArgs(d), d.AdminEnv(), &out);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("already running"), std::string::npos) << out;
-  EXPECT_NE(out.find("(process id " + std::to_string(pid) + ")"), std::string::npos) << out;
+  EXPECT_NE(out.find("(process id " + std::to_string(pid) + ")"), std::string::npos)
+      << out;
 
   rc = RunProgram({AdminPath(), "--stop", "-p", std::to_string(d.port())}, d.AdminEnv(),
                   &out);

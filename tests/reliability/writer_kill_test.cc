@@ -5,17 +5,17 @@
 // plus a chunk tail too small to recycle).
 //
 // Length: $SHMCACHE_KILL_SECONDS (default 20 s).
-#include <signal.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
-#include <fmt/format.h>
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "checked_rows.h"
@@ -35,9 +35,9 @@ constexpr uint64_t kMinRecycle = 16u << 10;  // CacheState::kMinRecycleBytes
 struct Shared {
   std::atomic<uint64_t> ranges{0};  // victim id ranges handed out
   std::atomic<bool> stop{false};
-  std::atomic<int> in_put{0};       // the current victim is inside Put
-  std::atomic<uint64_t> reads_verified{0}, wrong_reads{0}, misses{0},
-      read_errors{0}, steady_puts{0}, steady_errors{0}, victim_full{0};
+  std::atomic<int> in_put{0};  // the current victim is inside Put
+  std::atomic<uint64_t> reads_verified{0}, wrong_reads{0}, misses{0}, read_errors{0},
+      steady_puts{0}, steady_errors{0}, victim_full{0};
   std::atomic<int> msg_taken{0};
   char msg[512];
   void Report(const std::string& m) {
@@ -51,12 +51,10 @@ Status Open(const TestDaemon& d, uint32_t sid, std::unique_ptr<Client>* c,
             std::unique_ptr<Cache>* cache) {
   Status s = Client::Connect(d.client_options(), c);
   if (!s.ok()) return s;
-  return (*c)->OpenCache({.session_id = sid, .name = "kill", .fingerprint = "f"},
-                         cache);
+  return (*c)->OpenCache({.session_id = sid, .name = "kill", .fingerprint = "f"}, cache);
 }
 
-int Reader(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh,
-           int seed) {
+int Reader(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh, int seed) {
   std::unique_ptr<Client> c;
   std::unique_ptr<Cache> cache;
   Status s = Open(d, sid, &c, &cache);
@@ -114,8 +112,7 @@ int Steady(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh) {
     return 2;
   }
   Row row;
-  for (uint64_t i = 0; !sh->stop.load(std::memory_order_relaxed) && i < 100000;
-       ++i) {
+  for (uint64_t i = 0; !sh->stop.load(std::memory_order_relaxed) && i < 100000; ++i) {
     uint64_t id = kSteadyBase + i;
     s = m.Put(*cache, id);
     if (s.ok()) s = cache->Get(id, &row);
@@ -179,9 +176,13 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
   std::unique_ptr<Cache> cache;
   // The kill phase stops at half the budget; a filler spends the rest.
   constexpr uint64_t kBudgetMb = 1024;
-  ASSERT_TRUE(admin->OpenCache({.session_id = sid, .name = "kill",
-                                .fingerprint = "f", .size_mb = kBudgetMb},
-                               &cache).ok());
+  ASSERT_TRUE(admin
+                  ->OpenCache({.session_id = sid,
+                               .name = "kill",
+                               .fingerprint = "f",
+                               .size_mb = kBudgetMb},
+                              &cache)
+                  .ok());
   const RowMaker m(kMaxData);
   Shared* sh = SharedBlock<Shared>();
 
@@ -234,8 +235,9 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
       if (was_in_put) ++kills_in_put;
     } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
       ++completed;
-      double took = std::chrono::duration<double, std::micro>(
-                        std::chrono::steady_clock::now() - t0).count();
+      double took =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+              .count();
       ema_us = 0.8 * ema_us + 0.2 * took;
     } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 4)) {
       ADD_FAILURE() << "victim ended with " << DescribeStatus(st) << ": " << sh->msg;
@@ -312,8 +314,8 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
     if (f.find(fmt::format("seg.{}.", cache->cache_id())) != std::string::npos) ++segs;
   }
   const uint64_t data_reserved = after.reserved_bytes - header - tables;
-  const uint64_t lost = data_reserved - segs * layout::kSegmentHeaderSize -
-                        after.mem_bytes;
+  const uint64_t lost =
+      data_reserved - segs * layout::kSegmentHeaderSize - after.mem_bytes;
   const double per_kill = kills ? static_cast<double>(lost) / kills : 0;
   const uint64_t max_row = m.EncodedBytes(0) - m.DataBytes(0) + kMaxData + 8;
   // What ended writers may cost: a killed one the row it was writing; any
@@ -330,10 +332,9 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
       "of at most {} bytes per kill + a {} byte tail and chunk headers per "
       "ended writer)\n",
       kills, kills_in_put, completed, sh->reads_verified.load(), final_verified,
-      final_missing, sh->wrong_reads.load(), sh->read_errors.load(),
-      sh->misses.load(), sh->steady_puts.load(), sh->steady_errors.load(),
-      after.mem_bytes >> 20, data_reserved >> 20, lost, per_kill, lost_bound,
-      max_row, kMinRecycle);
+      final_missing, sh->wrong_reads.load(), sh->read_errors.load(), sh->misses.load(),
+      sh->steady_puts.load(), sh->steady_errors.load(), after.mem_bytes >> 20,
+      data_reserved >> 20, lost, per_kill, lost_bound, max_row, kMinRecycle);
   RecordProperty("kills", static_cast<int>(kills));
   RecordProperty("reads_verified", static_cast<int>(sh->reads_verified.load()));
   RecordProperty("bytes_lost_per_kill", static_cast<int>(per_kill));
@@ -348,7 +349,8 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
   EXPECT_EQ(sh->read_errors.load(), 0u) << sh->msg;
   EXPECT_EQ(sh->steady_errors.load(), 0u) << sh->msg;
   EXPECT_GT(sh->steady_puts.load(), 0u);
-  EXPECT_LE(lost, lost_bound) << "killed writers cost more than the rows they were writing";
+  EXPECT_LE(lost, lost_bound)
+      << "killed writers cost more than the rows they were writing";
   EXPECT_TRUE(d.Stop().ok());
   EXPECT_TRUE(d.ShmFiles().empty());
 }

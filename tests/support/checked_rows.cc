@@ -51,9 +51,7 @@ RowMaker::RowMaker(size_t max_data)
 }
 
 size_t RowMaker::DataBytes(uint64_t id) const { return length_[Slot(id)]; }
-const uint8_t* RowMaker::Data(uint64_t id) const {
-  return &pool_[offset_[Slot(id)]];
-}
+const uint8_t* RowMaker::Data(uint64_t id) const { return &pool_[offset_[Slot(id)]]; }
 uint64_t RowMaker::Sum(uint64_t id) const { return Mix(id) ^ slot_sum_[Slot(id)]; }
 
 size_t RowMaker::EncodedBytes(uint64_t id) const {
@@ -74,9 +72,8 @@ Status RowMaker::Put(Cache& cache, uint64_t id, bool* inserted) const {
   return cache.Put(id, cols, inserted);
 }
 
-static std::string CheckColumns(const RowMaker& m, uint64_t id,
-                                const ColumnView* idc, const ColumnView& data,
-                                const ColumnView& sum) {
+static std::string CheckColumns(const RowMaker& m, uint64_t id, const ColumnView* idc,
+                                const ColumnView& data, const ColumnView& sum) {
   if (idc) {
     if (idc->dtype != DType::kUInt64 || idc->nbytes != 8) {
       return "column 'id' has the wrong type or size";
@@ -86,8 +83,7 @@ static std::string CheckColumns(const RowMaker& m, uint64_t id,
     if (got != id) return fmt::format("column 'id' holds {}", got);
   }
   if (data.dtype != DType::kUInt8 || data.nbytes != m.DataBytes(id) ||
-      data.shape.size() != 1 ||
-      data.shape[0] != static_cast<int64_t>(m.DataBytes(id))) {
+      data.shape.size() != 1 || data.shape[0] != static_cast<int64_t>(m.DataBytes(id))) {
     return fmt::format("column 'data' has {} bytes, {} expected", data.nbytes,
                        m.DataBytes(id));
   }

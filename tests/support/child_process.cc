@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,14 +110,12 @@ int WaitChild(pid_t pid, int timeout_s) {
   if (pid <= 0) return -1;
   int st = 0;
   switch (AwaitExit(pid, &st, std::chrono::seconds(timeout_s))) {
-    case Wait::kNotAChild:
-      return -1;
+    case Wait::kNotAChild: return -1;
     case Wait::kRunning:
       kill(pid, SIGKILL);
       waitpid(pid, &st, 0);
       return -9;
-    case Wait::kEnded:
-      break;
+    case Wait::kEnded: break;
   }
   return ExitCode(st);
 }
@@ -131,7 +129,8 @@ int ExitCode(int st) {
 std::string DescribeStatus(int st) {
   if (WIFEXITED(st)) return "exit " + std::to_string(WEXITSTATUS(st));
   if (WIFSIGNALED(st)) {
-    return "signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+    return "signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) +
+           ")";
   }
   return "status " + std::to_string(st);
 }
@@ -139,8 +138,8 @@ std::string DescribeStatus(int st) {
 bool ProcessExited(pid_t pid) { return ProcessGone(pid); }
 
 void* MapShared(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* p =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) std::abort();
   return p;
 }

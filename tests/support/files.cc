@@ -120,7 +120,7 @@ bool PortTakenOnHost(int port) {
   tail += '.';
   for (const std::string& name : ListDir("/dev/shm")) {
     // ".shmcache.<uid>.<port>.lock" or "shmcache.<uid>.<port>.<rest>"
-    size_t at = name.rfind(".shmcache.", 0) == 0 ? 10
+    size_t at = name.rfind(".shmcache.", 0) == 0  ? 10
                 : name.rfind("shmcache.", 0) == 0 ? 9
                                                   : std::string::npos;
     if (at == std::string::npos) continue;

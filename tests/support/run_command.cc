@@ -60,8 +60,8 @@ bool ReadUntilClosed(int fds_in[2], std::string* sinks[2], Clock::time_point dea
   bool in_time = true;
   char buf[4096];
   while (open_fds > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       in_time = false;
       break;
@@ -90,8 +90,8 @@ bool ReadUntilClosed(int fds_in[2], std::string* sinks[2], Clock::time_point dea
 }  // namespace
 
 std::string CommandResult::Describe() const {
-  return "exit " + std::to_string(exit_code) + "\n--- stdout\n" + out +
-         "--- stderr\n" + err;
+  return "exit " + std::to_string(exit_code) + "\n--- stdout\n" + out + "--- stderr\n" +
+         err;
 }
 
 CommandResult RunCommand(const std::vector<std::string>& argv, const RunOptions& o) {
@@ -143,8 +143,8 @@ CommandResult RunCommand(const std::vector<std::string>& argv, const RunOptions&
     waitpid(pid, &st, 0);
     r.exit_code = -9;
     r.timed_out = true;
-    r.err += "\n[test: command timed out after " +
-             std::to_string(o.timeout.count()) + " ms]";
+    r.err +=
+        "\n[test: command timed out after " + std::to_string(o.timeout.count()) + " ms]";
     return r;
   }
   r.exit_code = ExitCode(st);
@@ -153,14 +153,13 @@ CommandResult RunCommand(const std::vector<std::string>& argv, const RunOptions&
 
 CommandResult RunCommand(const std::vector<std::string>& argv, const Env& env,
                          int timeout_s, int uid) {
-  return RunCommand(argv, RunOptions{.env = env,
-                                     .timeout = std::chrono::seconds(timeout_s),
-                                     .uid = uid});
+  return RunCommand(
+      argv,
+      RunOptions{.env = env, .timeout = std::chrono::seconds(timeout_s), .uid = uid});
 }
 
-int RunProgram(const std::vector<std::string>& argv,
-               const std::vector<std::string>& env, std::string* output,
-               std::chrono::milliseconds bound) {
+int RunProgram(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+               std::string* output, std::chrono::milliseconds bound) {
   RunOptions o{.timeout = bound, .merge_stderr = true};
   for (const std::string& e : env) {
     size_t eq = e.find('=');

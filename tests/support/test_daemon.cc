@@ -146,14 +146,13 @@ Status TestDaemon::Restart() {
 }
 
 Status TestDaemon::Spawn() {
-  std::vector<std::string> args = {
-      DaemonPath(),
-      fmt::format("--port={}", port_),
-      "--run_dir=" + run_dir_,
-      "--log_dir=" + log_dir_,
-      fmt::format("--workers={}", opts_.workers),
-      "--loglevel=1",
-      "--foreground"};
+  std::vector<std::string> args = {DaemonPath(),
+                                   fmt::format("--port={}", port_),
+                                   "--run_dir=" + run_dir_,
+                                   "--log_dir=" + log_dir_,
+                                   fmt::format("--workers={}", opts_.workers),
+                                   "--loglevel=1",
+                                   "--foreground"};
   if (!opts_.default_shm_dir) args.push_back("--shm_dir=" + shm_dir_);
   if (opts_.memory_cap_mb) {
     args.push_back(fmt::format("--memory_cap_mb={}", opts_.memory_cap_mb));
@@ -187,8 +186,8 @@ Status TestDaemon::Spawn() {
   // "NOTE ..." lines may come first; the verdict is the last line.
   std::string verdict = line;
   while (!verdict.empty() && verdict.back() == '\n') verdict.pop_back();
-  verdict = verdict.substr(verdict.rfind('\n') == std::string::npos
-                               ? 0 : verdict.rfind('\n') + 1);
+  verdict = verdict.substr(
+      verdict.rfind('\n') == std::string::npos ? 0 : verdict.rfind('\n') + 1);
   if (verdict.rfind("OK ", 0) != 0) {
     kill(pid, SIGKILL);
     int st;

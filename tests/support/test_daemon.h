@@ -32,14 +32,14 @@ namespace shmcache::test {
 class TestDaemon {
  public:
   struct Options {
-    std::string shm_dir;         // "": a private dir under /dev/shm
+    std::string shm_dir;  // "": a private dir under /dev/shm
     // No --shm_dir (and no $SHMCACHE_SHM_DIR): the daemon picks its own
     // (daemon/huge_tmpfs.h); shm_dir() is then the one it reports, or the
     // one it would mount.
     bool default_shm_dir = false;
-    uid_t uid = 0;  // != 0 (root only): the daemon runs as this uid
+    uid_t uid = 0;                       // != 0 (root only): the daemon runs as this uid
     std::vector<std::string> extra_env;  // NAME=value for the daemon
-    uint64_t memory_cap_mb = 0;  // 0: the daemon's default
+    uint64_t memory_cap_mb = 0;          // 0: the daemon's default
     int workers = 2;
     int fd_limit = 0;  // > 0: RLIMIT_NOFILE, soft and hard, of the daemon
     std::vector<std::string> extra_args;  // more --name=value options

@@ -29,12 +29,12 @@
 namespace shmcache::test {
 
 struct ServerOptions {
-  int port = 0;             // 0: pick a free one
-  std::string run_dir;      // "": a private temp dir (removed at the end)
-  std::string shm_dir;      // "": a private dir under /dev/shm (removed)
+  int port = 0;                         // 0: pick a free one
+  std::string run_dir;                  // "": a private temp dir (removed at the end)
+  std::string shm_dir;                  // "": a private dir under /dev/shm (removed)
   std::vector<std::string> extra_args;  // e.g. {"-w", "2"}
   bool default_log_dir = false;  // false: logs in <run dir>/log, given as --log_dir
-  Env env;                  // for the admin and the daemon it starts
+  Env env;                       // for the admin and the daemon it starts
 };
 
 class TestServer;

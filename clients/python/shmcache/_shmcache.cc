@@ -23,27 +23,27 @@
 #include <string>
 #include <vector>
 
+#include "release_gil.h"
+#include "row_model.h"
 #include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
 #include "shmcache/options.h"
-#include "release_gil.h"
-#include "row_model.h"
 
 namespace py = pybind11;
 using shmcache::Cache;
-using shmcache::python::g_gil;
-using shmcache::python::g_main_thread;
-using shmcache::python::ReleaseGil;
 using shmcache::Client;
 using shmcache::ColumnRef;
 using shmcache::ColumnView;
 using shmcache::DType;
 using shmcache::Status;
 using shmcache::python::FromNumpy;
+using shmcache::python::g_gil;
+using shmcache::python::g_main_thread;
 using shmcache::python::Leaf;
-using shmcache::python::ParsedColumns;
 using shmcache::python::ParseColumns;
+using shmcache::python::ParsedColumns;
+using shmcache::python::ReleaseGil;
 using shmcache::python::RowBuilder;
 using shmcache::python::ToNumpy;
 
@@ -104,14 +104,12 @@ void Check(const Status& s) {
 }
 
 void MakeReadOnly(py::array& a) {
-  py::detail::array_proxy(a.ptr())->flags &=
-      ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
 }
 
 // An array over `c`'s bytes. With `base` it is a view that keeps `base`
 // alive (read-only unless `writable`); without, a private writable copy.
-py::array ColumnToArray(const ColumnView& c, py::handle base,
-                        bool writable = false) {
+py::array ColumnToArray(const ColumnView& c, py::handle base, bool writable = false) {
   py::dtype dt = ToNumpy(c.dtype);
   std::vector<py::ssize_t> shape(c.shape.begin(), c.shape.end());
   if (base) {
@@ -124,11 +122,9 @@ py::array ColumnToArray(const ColumnView& c, py::handle base,
   return a;
 }
 
-py::tuple ColumnTuple(const ColumnView& c, py::handle base,
-                      bool writable = false) {
+py::tuple ColumnTuple(const ColumnView& c, py::handle base, bool writable = false) {
   return py::make_tuple(py::str(c.name.data(), c.name.size()),
-                        shmcache::DTypeName(c.dtype),
-                        ColumnToArray(c, base, writable));
+                        shmcache::DTypeName(c.dtype), ColumnToArray(c, base, writable));
 }
 
 py::dict StatsDict(const shmcache::CacheStats& st) {
@@ -173,7 +169,6 @@ py::capsule KeepAlive(const PyCachePtr& c) {
   return py::capsule(holder, [](void* p) { delete static_cast<PyCachePtr*>(p); });
 }
 
-
 // One row to put: the ColumnRefs over parsed columns.
 struct PutRow {
   ParsedColumns columns;
@@ -207,11 +202,11 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) REQUIRES(g_gil) {
 // exception put would have raised for it (an object, not raised). The
 // rows are copied into shared memory without the GIL; the arrays stay
 // alive meanwhile (PutRow::columns).
-py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids,
-                   const py::list& rows) REQUIRES(g_gil) {
+py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids, const py::list& rows)
+    REQUIRES(g_gil) {
   if (rows.size() != ids.size()) {
-    throw py::value_error("put_batch: " + std::to_string(ids.size()) +
-                          " ids but " + std::to_string(rows.size()) + " rows");
+    throw py::value_error("put_batch: " + std::to_string(ids.size()) + " ids but " +
+                          std::to_string(rows.size()) + " rows");
   }
   std::vector<PutRow> parsed(ids.size());
   std::vector<std::span<const ColumnRef>> refs(ids.size());
@@ -257,8 +252,7 @@ py::list RowColumns(shmcache::Row&& row) {
 // The columns of `view` (all, or the named ones in that order), as
 // zero-copy arrays over shared memory, or as copies when the view might
 // point into the per-thread spill buffer.
-py::list ViewColumns(const PyCachePtr& self, uint64_t id,
-                     const shmcache::RowView& view,
+py::list ViewColumns(const PyCachePtr& self, uint64_t id, const shmcache::RowView& view,
                      const std::optional<std::vector<std::string>>& columns,
                      bool readonly) {
   // A spilled row's view points into a per-thread buffer that the next view
@@ -269,7 +263,9 @@ py::list ViewColumns(const PyCachePtr& self, uint64_t id,
   if (columns) {
     for (const std::string& name : *columns) {
       std::optional<ColumnView> c = view.find(name);
-      if (!c) throw py::key_error("row " + std::to_string(id) + " has no column '" + name + "'");
+      if (!c)
+        throw py::key_error("row " + std::to_string(id) + " has no column '" + name +
+                            "'");
       out.append(ColumnTuple(*c, base, !readonly));
     }
   } else {
@@ -285,8 +281,8 @@ py::list ViewColumns(const PyCachePtr& self, uint64_t id,
 // copy=False: zero-copy arrays over shared memory, read-only unless
 // readonly=False (for callers that wrap them in tensors and never write).
 py::object Get(const PyCachePtr& self, uint64_t id,
-               std::optional<std::vector<std::string>> columns, bool copy,
-               bool readonly) REQUIRES(g_gil) {
+               std::optional<std::vector<std::string>> columns, bool copy, bool readonly)
+    REQUIRES(g_gil) {
   if (copy) {
     shmcache::Row row;
     Status s;
@@ -320,8 +316,8 @@ py::object Get(const PyCachePtr& self, uint64_t id,
 // copy=True uses Cache::GetBatch: spilled rows come from the daemon in one
 // round trip per batch. copy=False views rows in shared memory; spilled
 // rows are then copied one by one.
-py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
-                  bool copy, bool readonly) REQUIRES(g_gil) {
+py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids, bool copy,
+                  bool readonly) REQUIRES(g_gil) {
   py::list out;
   if (copy) {
     std::vector<shmcache::Row> rows(ids.size());
@@ -345,7 +341,6 @@ py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids,
   for (uint64_t id : ids) out.append(Get(self, id, std::nullopt, false, readonly));
   return out;
 }
-
 
 // Views of rows ids[i]: memory rows from ViewBatch, with the GIL held (no
 // system call on a hit); rows on disk are fetched into *disk with one
@@ -379,7 +374,8 @@ void ViewRows(Cache& cache, std::span<const uint64_t> ids,
 
 // The view of row `id` into *view (a spilled row is fetched into *disk,
 // without the GIL); false on a miss.
-bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* disk) REQUIRES(g_gil) {
+bool ViewOne(Cache& cache, uint64_t id, shmcache::RowView* view, shmcache::Row* disk)
+    REQUIRES(g_gil) {
   Status status;
   Check(cache.ViewBatch(std::span(&id, 1), std::span(view, 1), std::span(&status, 1)));
   if (status.IsNotSupported()) {
@@ -451,7 +447,8 @@ py::object Read(py::handle owner, uint64_t id, bool copy, bool torch) REQUIRES(g
 PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs)
     REQUIRES(g_gil) {
   if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "read(id, copy, torch) takes 3 positional arguments");
+    PyErr_SetString(PyExc_TypeError,
+                    "read(id, copy, torch) takes 3 positional arguments");
     return nullptr;
   }
   // The id's range is checked here, so that the Python callers need check
@@ -483,8 +480,9 @@ PyObject* ReadFast(PyObject* owner, PyObject* const* args, Py_ssize_t nargs)
 // read_columns(id, columns, copy=True, torch=False, single=False)
 //   -> the named columns of the row (single: the one column's value), or
 //   None on a miss; KeyError naming a column the row lacks.
-py::object ReadColumns(py::handle owner, uint64_t id, const std::vector<std::string>& columns,
-                       bool copy, bool torch, bool single) REQUIRES(g_gil) {
+py::object ReadColumns(py::handle owner, uint64_t id,
+                       const std::vector<std::string>& columns, bool copy, bool torch,
+                       bool single) REQUIRES(g_gil) {
   PyCache& self = owner.cast<PyCache&>();
   shmcache::RowView view;
   shmcache::Row disk;
@@ -494,8 +492,8 @@ py::object ReadColumns(py::handle owner, uint64_t id, const std::vector<std::str
 }
 
 // read_batch(ids, copy=True, torch=False) -> [row or None per id]
-py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
-                    bool copy, bool torch) REQUIRES(g_gil) {
+py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids, bool copy,
+                   bool torch) REQUIRES(g_gil) {
   PyCache& self = owner.cast<PyCache&>();
   std::vector<shmcache::RowView> views(ids.size());
   std::vector<Status> statuses(ids.size());
@@ -510,7 +508,8 @@ py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids,
       continue;
     }
     Check(statuses[i]);
-    std::vector<ColumnView> cols = shmcache::python::SelectColumns(ids[i], views[i], nullptr);
+    std::vector<ColumnView> cols =
+        shmcache::python::SelectColumns(ids[i], views[i], nullptr);
     bases.assign(cols.size(), views[i].in_shared_memory() ? owner : py::handle());
     out[i] = b.Build(cols, bases, false);
   }
@@ -567,7 +566,8 @@ struct Targets {
   // The targets from row `from` on.
   std::vector<shmcache::ColumnTarget> From(size_t from) const {
     std::vector<shmcache::ColumnTarget> out = cols;
-    for (auto& t : out) t.base = static_cast<std::byte*>(t.base) + from * t.row_stride_bytes;
+    for (auto& t : out)
+      t.base = static_cast<std::byte*>(t.base) + from * t.row_stride_bytes;
     return out;
   }
 };
@@ -583,7 +583,8 @@ void ReadInto(PyCache& self,
               const std::vector<std::string>& names, const py::function& plan,
               int threads, py::array_t<uint8_t, py::array::c_style> hit) REQUIRES(g_gil) {
   size_t n = static_cast<size_t>(ids.size());
-  if (static_cast<size_t>(hit.size()) != n) throw py::value_error("hit has another length");
+  if (static_cast<size_t>(hit.size()) != n)
+    throw py::value_error("hit has another length");
   const uint64_t* id_data = ids.data();
   uint8_t* hit_data = hit.mutable_data();
   std::fill(hit_data, hit_data + n, 0);
@@ -623,7 +624,8 @@ void ReadInto(PyCache& self,
       break;
     }
   }
-  if (!reader) reader = std::make_unique<shmcache::BatchReader>(self.cache.get(), threads);
+  if (!reader)
+    reader = std::make_unique<shmcache::BatchReader>(self.cache.get(), threads);
   std::vector<shmcache::ColumnTarget> rest = targets.From(first + 1);
   {
     ReleaseGil nogil;
@@ -645,8 +647,10 @@ void ReadInto(PyCache& self,
 
 PYBIND11_MODULE(_shmcache, m) {
   m.doc() = "Binding of libshmcache; use the `shmcache` package instead.";
-  g_main_thread =
-      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  g_main_thread = py::module_::import("threading")
+                      .attr("main_thread")()
+                      .attr("ident")
+                      .cast<unsigned long>();
   namespace rows = shmcache::python;
   // The constants the package checks arguments against, from the C++
   // headers that define them (Python copies none).
@@ -661,39 +665,45 @@ PYBIND11_MODULE(_shmcache, m) {
         "The columns [(name, dtype, array)] that store `sample`.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
         "The sample a hit of `columns` is (tensors when torch).");
-  m.def("split_name", [](const std::string& name) {
-          return py::make_tuple(std::string(rows::KeyOf(name)), std::string(rows::TagOf(name)));
-        }, py::arg("name"),
-        "(key, tag) of a stored column name: the tag is a PIL image's mode, else \"\".");
-  m.def("row_kind", [](const std::vector<std::string>& names) {
-          std::vector<std::string_view> keys;
-          for (const std::string& n : names) keys.push_back(rows::KeyOf(n));
-          return rows::KindName(rows::KindOf(keys));
-        }, py::arg("names"), "\"value\", \"tuple\" or \"dict\": what a row of these columns is.");
+  m.def(
+      "split_name",
+      [](const std::string& name) {
+        return py::make_tuple(std::string(rows::KeyOf(name)),
+                              std::string(rows::TagOf(name)));
+      },
+      py::arg("name"),
+      "(key, tag) of a stored column name: the tag is a PIL image's mode, else \"\".");
+  m.def(
+      "row_kind",
+      [](const std::vector<std::string>& names) {
+        std::vector<std::string_view> keys;
+        for (const std::string& n : names) keys.push_back(rows::KeyOf(n));
+        return rows::KindName(rows::KindOf(keys));
+      },
+      py::arg("names"),
+      "\"value\", \"tuple\" or \"dict\": what a row of these columns is.");
   // Translators run newest first: the base class is registered first.
   auto& error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   using Code = Status::Code;
   auto type = [&](Code c, py::handle t) { g_error_types[static_cast<size_t>(c)] = t; };
   type(Code::kOk, error);  // the fallback for the codes not named below
-  type(Code::kNotFound, py::register_exception<NotFoundError>(m, "NotFoundError", error.ptr()));
+  type(Code::kNotFound,
+       py::register_exception<NotFoundError>(m, "NotFoundError", error.ptr()));
   type(Code::kUnavailable,
        py::register_exception<UnavailableError>(m, "UnavailableError", error.ptr()));
   type(Code::kFull, py::register_exception<FullError>(m, "FullError", error.ptr()));
-  type(Code::kFingerprintMismatch,
-       py::register_exception<FingerprintMismatchError>(m, "FingerprintMismatchError",
-                                                        error.ptr()));
-  type(Code::kInvalidArgument,
-       py::register_exception<InvalidArgumentError>(m, "InvalidArgumentError",
-                                                    error.ptr()));
+  type(Code::kFingerprintMismatch, py::register_exception<FingerprintMismatchError>(
+                                       m, "FingerprintMismatchError", error.ptr()));
+  type(Code::kInvalidArgument, py::register_exception<InvalidArgumentError>(
+                                   m, "InvalidArgumentError", error.ptr()));
   type(Code::kNotSupported,
        py::register_exception<NotSupportedError>(m, "NotSupportedError", error.ptr()));
   type(Code::kTooLarge,
        py::register_exception<TooLargeError>(m, "TooLargeError", error.ptr()));
   type(Code::kAlreadyExists,
        py::register_exception<AlreadyExistsError>(m, "AlreadyExistsError", error.ptr()));
-  type(Code::kPermissionDenied,
-       py::register_exception<PermissionDeniedError>(m, "PermissionDeniedError",
-                                                     error.ptr()));
+  type(Code::kPermissionDenied, py::register_exception<PermissionDeniedError>(
+                                    m, "PermissionDeniedError", error.ptr()));
 
   py::class_<PyCache, PyCachePtr> cache_class(m, "Cache");
   cache_class
@@ -712,54 +722,67 @@ PYBIND11_MODULE(_shmcache, m) {
            py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
            "The named columns of the row (single: the one column's value), or None.")
       .def("read_batch", &ReadBatch, py::arg("ids"), py::arg("copy") = true,
-           py::arg("torch") = false,
-           "[row or None per id].")
-      .def_property_readonly("bytes_read",
-                             [](PyCache& self) REQUIRES(g_gil) { return self.bytes_read; },
-                             "Bytes of the columns read and read_batch returned.")
+           py::arg("torch") = false, "[row or None per id].")
+      .def_property_readonly(
+          "bytes_read", [](PyCache& self) REQUIRES(g_gil) { return self.bytes_read; },
+          "Bytes of the columns read and read_batch returned.")
       .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("plan"),
            py::arg("threads"), py::arg("hit"),
-           "Copies rows into the buffers plan(stored dtypes) describes; fills the hit mask.")
-      .def("contains", [](PyCache& self, uint64_t id) REQUIRES(g_gil) {
-        ReleaseGil nogil;
-        return self.cache->Contains(id);
-      })
-      .def("stats", [](PyCache& self) {
-        shmcache::CacheStats st;
-        Check(self.cache->GetStats(&st));
-        return StatsDict(st);
-      })
+           "Copies rows into the buffers plan(stored dtypes) describes; fills the hit "
+           "mask.")
+      .def("contains",
+           [](PyCache& self, uint64_t id) REQUIRES(g_gil) {
+             ReleaseGil nogil;
+             return self.cache->Contains(id);
+           })
+      .def("stats",
+           [](PyCache& self) {
+             shmcache::CacheStats st;
+             Check(self.cache->GetStats(&st));
+             return StatsDict(st);
+           })
       .def("is_full", [](PyCache& self) { return self.cache->IsFull(); })
-      .def("claim_build", [](PyCache& self) REQUIRES(g_gil) {
-        bool claimed = false;
-        Status s;
-        {
-          ReleaseGil nogil;
-          s = self.cache->ClaimBuild(&claimed);
-        }
-        Check(s);
-        return claimed;
-      }, "Claims the build of a streaming cache: True for the first caller only.")
-      .def("seal", [](PyCache& self, uint64_t num_rows) REQUIRES(g_gil) {
-        Status s;
-        {
-          ReleaseGil nogil;
-          s = self.cache->Seal(num_rows);
-        }
-        Check(s);
-      }, py::arg("num_rows"), "Seals the cache as holding rows 0..num_rows-1 (the first seal wins).")
-      .def("sealed_rows", [](PyCache& self) REQUIRES(g_gil) -> std::optional<uint64_t> {
-        uint64_t n = 0;
-        Status s;
-        {
-          ReleaseGil nogil;
-          s = self.cache->GetSealedRows(&n);
-        }
-        if (s.IsNotFound()) return std::nullopt;
-        Check(s);
-        return n;
-      }, "The row count the cache was sealed with, or None while it is not sealed.")
-      .def_property_readonly("cache_id", [](PyCache& self) { return self.cache->cache_id(); })
+      .def(
+          "claim_build",
+          [](PyCache& self) REQUIRES(g_gil) {
+            bool claimed = false;
+            Status s;
+            {
+              ReleaseGil nogil;
+              s = self.cache->ClaimBuild(&claimed);
+            }
+            Check(s);
+            return claimed;
+          },
+          "Claims the build of a streaming cache: True for the first caller only.")
+      .def(
+          "seal",
+          [](PyCache& self, uint64_t num_rows) REQUIRES(g_gil) {
+            Status s;
+            {
+              ReleaseGil nogil;
+              s = self.cache->Seal(num_rows);
+            }
+            Check(s);
+          },
+          py::arg("num_rows"),
+          "Seals the cache as holding rows 0..num_rows-1 (the first seal wins).")
+      .def(
+          "sealed_rows",
+          [](PyCache& self) REQUIRES(g_gil) -> std::optional<uint64_t> {
+            uint64_t n = 0;
+            Status s;
+            {
+              ReleaseGil nogil;
+              s = self.cache->GetSealedRows(&n);
+            }
+            if (s.IsNotFound()) return std::nullopt;
+            Check(s);
+            return n;
+          },
+          "The row count the cache was sealed with, or None while it is not sealed.")
+      .def_property_readonly("cache_id",
+                             [](PyCache& self) { return self.cache->cache_id(); })
       .def_property_readonly("session_id",
                              [](PyCache& self) { return self.cache->session_id(); })
       .def("close", [](PyCache& self) REQUIRES(g_gil) {
@@ -769,15 +792,16 @@ PYBIND11_MODULE(_shmcache, m) {
 
   static PyMethodDef read_def = {
       "read", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&ReadFast)),
-      METH_FASTCALL, "read(id, copy, torch): the row as put stored it, or None on a miss."};
+      METH_FASTCALL,
+      "read(id, copy, torch): the row as put stored it, or None on a miss."};
   py::object read = py::reinterpret_steal<py::object>(
       PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cache_class.ptr()), &read_def));
   if (!read) throw py::error_already_set();
   cache_class.attr("read") = read;
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
-      .def(py::init([](int port, const std::string& hostname,
-                       const std::string& run_dir, int timeout_ms) REQUIRES(g_gil) {
+      .def(py::init([](int port, const std::string& hostname, const std::string& run_dir,
+                       int timeout_ms) REQUIRES(g_gil) {
              shmcache::ClientOptions o;
              o.port = port;
              o.hostname = hostname;
@@ -794,77 +818,82 @@ PYBIND11_MODULE(_shmcache, m) {
            }),
            py::arg("port") = 0, py::arg("hostname") = "", py::arg("run_dir") = "",
            py::arg("timeout_ms") = 5000)
-      .def("create_session", [](Client& c) {
-        uint32_t id = 0;
-        Check(c.CreateSession(&id));
-        return id;
-      })
+      .def("create_session",
+           [](Client& c) {
+             uint32_t id = 0;
+             Check(c.CreateSession(&id));
+             return id;
+           })
       .def("destroy_session", [](Client& c, uint32_t id) { Check(c.DestroySession(id)); })
       .def("check_session", [](Client& c, uint32_t id) { Check(c.CheckSession(id)); })
-      .def("open_cache",
-           [](Client& c, uint32_t session_id, const std::string& name,
-              const std::string& fingerprint, uint64_t size_mb, bool spilling) REQUIRES(g_gil) {
-             shmcache::CacheOptions o;
-             o.session_id = session_id;
-             o.name = name;
-             o.fingerprint = fingerprint;
-             o.size_mb = size_mb;
-             o.spilling = spilling;
-             auto out = std::make_shared<PyCache>();
-             Status s;
-             {
-               ReleaseGil nogil;
-               s = c.OpenCache(o, &out->cache);
+      .def(
+          "open_cache",
+          [](Client& c, uint32_t session_id, const std::string& name,
+             const std::string& fingerprint, uint64_t size_mb, bool spilling)
+              REQUIRES(g_gil) {
+                shmcache::CacheOptions o;
+                o.session_id = session_id;
+                o.name = name;
+                o.fingerprint = fingerprint;
+                o.size_mb = size_mb;
+                o.spilling = spilling;
+                auto out = std::make_shared<PyCache>();
+                Status s;
+                {
+                  ReleaseGil nogil;
+                  s = c.OpenCache(o, &out->cache);
+                }
+                Check(s);
+                return out;
+              },
+          py::arg("session_id"), py::arg("name"), py::arg("fingerprint"),
+          py::arg("size_mb") = 0, py::arg("spilling") = false)
+      .def("list_sessions",
+           [](Client& c) {
+             std::vector<shmcache::SessionInfo> sessions;
+             Check(c.ListSessions(&sessions));
+             py::list out;
+             for (const auto& s : sessions) {
+               py::list caches;
+               for (const auto& st : s.caches) caches.append(StatsDict(st));
+               py::dict d;
+               d["session_id"] = s.session_id;
+               d["caches"] = caches;
+               out.append(d);
              }
-             Check(s);
              return out;
-           },
-           py::arg("session_id"), py::arg("name"), py::arg("fingerprint"),
-           py::arg("size_mb") = 0, py::arg("spilling") = false)
-      .def("list_sessions", [](Client& c) {
-        std::vector<shmcache::SessionInfo> sessions;
-        Check(c.ListSessions(&sessions));
-        py::list out;
-        for (const auto& s : sessions) {
-          py::list caches;
-          for (const auto& st : s.caches) caches.append(StatsDict(st));
-          py::dict d;
-          d["session_id"] = s.session_id;
-          d["caches"] = caches;
-          out.append(d);
-        }
-        return out;
-      })
-      .def("server_info", [](Client& c) {
-        shmcache::ServerInfo i;
-        Check(c.GetServerInfo(&i));
-        py::dict d;
-        d["instance"] = i.instance;
-        d["port"] = i.port;
-        d["socket_path"] = i.socket_path;
-        d["shm_dir"] = i.shm_dir;
-        d["shm_huge_pages"] = i.shm_huge_pages;
-        d["shm_pages"] = i.shm_pages;
-        d["pid"] = i.pid;
-        d["workers"] = i.workers;
-        d["log_level"] = i.log_level;
-        d["log_path"] = i.log_path;
-        d["spill_dir"] = i.spill_dir;
-        d["memory_cap_bytes"] = i.memory_cap_bytes;
-        d["memory_used_bytes"] = i.memory_used_bytes;
-        d["memory_held_bytes"] = i.memory_held_bytes;
-        d["memory_cap_bound"] = i.memory_cap_bound;
-        d["memory_requested_bound"] = i.memory_requested_bound;
-        d["memory_requested_bytes"] = i.memory_requested_bytes;
-        d["memory_cgroup_bytes"] = i.memory_cgroup_bytes;
-        d["memory_cgroup_limit_bytes"] = i.memory_cgroup_limit_bytes;
-        d["memory_shm_bytes"] = i.memory_shm_bytes;
-        d["numa_nodes"] = i.numa_nodes;
-        d["sessions"] = i.sessions;
-        d["connections"] = i.connections;
-        d["start_time_unix"] = i.start_time_unix;
-        d["uptime_seconds"] = i.uptime_seconds;
-        return d;
-      })
+           })
+      .def("server_info",
+           [](Client& c) {
+             shmcache::ServerInfo i;
+             Check(c.GetServerInfo(&i));
+             py::dict d;
+             d["instance"] = i.instance;
+             d["port"] = i.port;
+             d["socket_path"] = i.socket_path;
+             d["shm_dir"] = i.shm_dir;
+             d["shm_huge_pages"] = i.shm_huge_pages;
+             d["shm_pages"] = i.shm_pages;
+             d["pid"] = i.pid;
+             d["workers"] = i.workers;
+             d["log_level"] = i.log_level;
+             d["log_path"] = i.log_path;
+             d["spill_dir"] = i.spill_dir;
+             d["memory_cap_bytes"] = i.memory_cap_bytes;
+             d["memory_used_bytes"] = i.memory_used_bytes;
+             d["memory_held_bytes"] = i.memory_held_bytes;
+             d["memory_cap_bound"] = i.memory_cap_bound;
+             d["memory_requested_bound"] = i.memory_requested_bound;
+             d["memory_requested_bytes"] = i.memory_requested_bytes;
+             d["memory_cgroup_bytes"] = i.memory_cgroup_bytes;
+             d["memory_cgroup_limit_bytes"] = i.memory_cgroup_limit_bytes;
+             d["memory_shm_bytes"] = i.memory_shm_bytes;
+             d["numa_nodes"] = i.numa_nodes;
+             d["sessions"] = i.sessions;
+             d["connections"] = i.connections;
+             d["start_time_unix"] = i.start_time_unix;
+             d["uptime_seconds"] = i.uptime_seconds;
+             return d;
+           })
       .def("stop_server", [](Client& c) { Check(c.StopServer()); });
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+
 #include <unistd.h>
 
 #include "thread_annotations.h"

@@ -1,10 +1,10 @@
 #include "row_model.h"
 
-#include "release_gil.h"
-
 #include <bit>
 #include <cstring>
 #include <optional>
+
+#include "release_gil.h"
 
 namespace shmcache::python {
 namespace {
@@ -97,7 +97,8 @@ py::tuple EncodeLeaf(std::string name, py::handle v) {
     DType dt = FromNumpy(a.dtype());
     return Column(std::move(name), std::move(a), dt);
   }
-  if (PyBytes_Check(v.ptr()) || PyByteArray_Check(v.ptr()) || PyMemoryView_Check(v.ptr())) {
+  if (PyBytes_Check(v.ptr()) || PyByteArray_Check(v.ptr()) ||
+      PyMemoryView_Check(v.ptr())) {
     py::buffer_info b = py::reinterpret_borrow<py::buffer>(v).request();
     auto n = static_cast<py::ssize_t>(b.size * b.itemsize);
     py::array_t<uint8_t> a(n);
@@ -160,8 +161,8 @@ DType OutType(DType t, Leaf leaf) {
 // A C-contiguous array of `dt` and `shape`: over `data` (kept alive by
 // `base`, writable only when `writable`) or, without data, newly allocated.
 // The numpy C API directly: this is most of the cost of a small hit.
-py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape,
-                   const void* data, py::handle base, bool writable) {
+py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape, const void* data,
+                   py::handle base, bool writable) {
   constexpr size_t kMaxDims = 32;  // numpy's limit
   if (shape.size() > kMaxDims) {
     throw py::value_error("a column has more dimensions than numpy allows");
@@ -195,8 +196,7 @@ DType FromNumpy(const py::dtype& dt) {
   char kind = dt.kind();
   size_t size = static_cast<size_t>(dt.itemsize());
   switch (kind) {
-    case 'b':
-      return DType::kBool;
+    case 'b': return DType::kBool;
     case 'u':
       if (size == 1) return DType::kUInt8;
       if (size == 2) return DType::kUInt16;
@@ -218,8 +218,7 @@ DType FromNumpy(const py::dtype& dt) {
       if (size == 8) return DType::kComplex64;
       if (size == 16) return DType::kComplex128;
       break;
-    default:
-      break;
+    default: break;
   }
   throw py::type_error("unsupported array dtype: " +
                        py::str(static_cast<py::object>(dt)).cast<std::string>());
@@ -230,7 +229,8 @@ DType FromNumpy(const py::dtype& dt) {
 py::dtype ToNumpy(DType t) {
   static auto* types = [] {
     auto* v = new std::vector<py::dtype>;
-    for (int i = 0; i < kNumDTypes; ++i) v->push_back(MakeNumpyType(static_cast<DType>(i)));
+    for (int i = 0; i < kNumDTypes; ++i)
+      v->push_back(MakeNumpyType(static_cast<DType>(i)));
     return v;
   }();
   auto i = static_cast<size_t>(t);
@@ -248,8 +248,9 @@ py::dict DTypeTable() {
   for (int i = 0; i < kNumDTypes; ++i) {
     auto t = static_cast<DType>(i);
     const char* torch = TorchName(t);
-    d[DTypeName(t)] = py::make_tuple(DTypeSize(t), ToNumpy(t).attr("name"),
-                                     *torch ? py::object(py::str(torch)) : py::object(py::none()));
+    d[DTypeName(t)] =
+        py::make_tuple(DTypeSize(t), ToNumpy(t).attr("name"),
+                       *torch ? py::object(py::str(torch)) : py::object(py::none()));
   }
   return d;
 }
@@ -264,7 +265,8 @@ std::string_view TagOf(std::string_view stored) {
 }
 
 RowKind KindOf(std::span<const std::string_view> keys) {
-  if (keys.size() == 1 && keys[0].size() == 1 && keys[0][0] == kPos) return RowKind::kValue;
+  if (keys.size() == 1 && keys[0].size() == 1 && keys[0][0] == kPos)
+    return RowKind::kValue;
   for (std::string_view k : keys) {
     if (k.empty() || k[0] != kPos) return RowKind::kDict;
   }
@@ -322,7 +324,8 @@ void ParseColumns(const py::list& columns, ParsedColumns* out) {
     py::handle dtype_obj = PyTuple_GET_ITEM(t.ptr(), 1);
     Py_ssize_t len = 0;
     const char* s = PyUnicode_Check(name_obj.ptr())
-                        ? PyUnicode_AsUTF8AndSize(name_obj.ptr(), &len) : nullptr;
+                        ? PyUnicode_AsUTF8AndSize(name_obj.ptr(), &len)
+                        : nullptr;
     if (s == nullptr) throw py::type_error("a column name is a str");
     std::string_view name(s, static_cast<size_t>(len));
     py::array a = py::array::ensure(PyTuple_GET_ITEM(t.ptr(), 2), py::array::c_style);

@@ -78,8 +78,8 @@ class RowBuilder {
 
   // The sample of `cols` (all, in order; bases[i] keeps cols[i] alive or
   // is null). single: the one column's value itself, whatever its name.
-  py::object Build(std::span<const ColumnView> cols,
-                   std::span<const py::handle> bases, bool single);
+  py::object Build(std::span<const ColumnView> cols, std::span<const py::handle> bases,
+                   bool single);
 
   // Fills what Build allocated. REQUIRES: the columns are still valid.
   void Copy() REQUIRES(g_gil);

@@ -65,8 +65,8 @@ class SHMCACHE_EXPORT BatchReader {
   // written, when hit does not hold ids.size() elements.
   // REQUIRES: each target's buffer holds ids.size() rows of
   // row_stride_bytes >= its row's bytes.
-  Status ReadInto(std::span<const uint64_t> ids,
-                  std::span<const ColumnTarget> targets, std::span<uint8_t> hit);
+  Status ReadInto(std::span<const uint64_t> ids, std::span<const ColumnTarget> targets,
+                  std::span<uint8_t> hit);
 
   int num_threads() const;
 
@@ -76,8 +76,8 @@ class SHMCACHE_EXPORT BatchReader {
   SHMCACHE_LOCAL void AfterFork();
   // Reads the rows at positions `where` (on disk) with one GetBatch.
   SHMCACHE_LOCAL Status ReadSpilled(std::span<const uint64_t> ids,
-                     const std::vector<size_t>& where,
-                     std::span<const ColumnTarget> targets, uint8_t* hit);
+                                    const std::vector<size_t>& where,
+                                    std::span<const ColumnTarget> targets, uint8_t* hit);
 
   Cache* cache_;
   uint64_t fork_gen_;

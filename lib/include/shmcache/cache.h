@@ -57,11 +57,9 @@ class SHMCACHE_EXPORT Cache {
   // is TooLarge, nothing was sent, and smaller rows are still accepted.
   // Unavailable: the daemon is gone and a new chunk was needed.
   // InvalidArgument: a column is malformed (sizes, names, too many).
-  Status Put(uint64_t id, std::span<const ColumnRef> columns,
-             bool* inserted = nullptr);
+  Status Put(uint64_t id, std::span<const ColumnRef> columns, bool* inserted = nullptr);
   // A row of one uint8 column named "data".
-  Status Put(uint64_t id, const void* data, size_t nbytes,
-             bool* inserted = nullptr);
+  Status Put(uint64_t id, const void* data, size_t nbytes, bool* inserted = nullptr);
   // Stores rows[i] under ids[i] for every i, as Put would one by one, but
   // takes the put lock once, looks the ids up with their memory misses
   // overlapped, and fills one leased chunk with as many rows as fit.
@@ -90,8 +88,7 @@ class SHMCACHE_EXPORT Cache {
   // Copies only the named columns, in the order given. NotFound on a miss;
   // ColumnNotFound (IsNotFound() too) when the row is cached but lacks a
   // named column (the message names it).
-  Status Get(uint64_t id, std::span<const std::string_view> columns,
-             Row* out);
+  Status Get(uint64_t id, std::span<const std::string_view> columns, Row* out);
   // A read-only view of row `id`, no copy: into shared memory for a row in
   // memory, into a buffer of the calling thread for a spilled row (how long
   // each stays valid: row.h). NotFound on a miss; *out is empty after any

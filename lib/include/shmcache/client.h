@@ -31,8 +31,7 @@ class ClientImpl;
 
 class SHMCACHE_EXPORT Client {
  public:
-  static Status Connect(const ClientOptions& options,
-                        std::unique_ptr<Client>* out);
+  static Status Connect(const ClientOptions& options, std::unique_ptr<Client>* out);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -88,9 +88,7 @@ class SHMCACHE_EXPORT Row {
   const RowView& view() const { return view_; }
   size_t num_columns() const { return view_.num_columns(); }
   ColumnView column(size_t i) const { return view_.column(i); }
-  std::optional<ColumnView> find(std::string_view name) const {
-    return view_.find(name);
-  }
+  std::optional<ColumnView> find(std::string_view name) const { return view_.find(name); }
 
  private:
   friend class CacheImpl;

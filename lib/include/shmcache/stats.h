@@ -12,13 +12,13 @@ struct CacheStats {
   uint32_t session_id = 0;
   uint32_t cache_id = 0;
   std::string name;
-  uint64_t mem_rows = 0;     // rows held in shared memory
-  uint64_t mem_bytes = 0;    // encoded bytes of those rows
-  uint64_t disk_rows = 0;    // rows spilled to disk
-  uint64_t disk_bytes = 0;   // encoded bytes of those rows
+  uint64_t mem_rows = 0;    // rows held in shared memory
+  uint64_t mem_bytes = 0;   // encoded bytes of those rows
+  uint64_t disk_rows = 0;   // rows spilled to disk
+  uint64_t disk_bytes = 0;  // encoded bytes of those rows
   uint64_t hits = 0;
   uint64_t misses = 0;
-  uint64_t numa_hits = 0;    // hits served from the reader's own NUMA node
+  uint64_t numa_hits = 0;       // hits served from the reader's own NUMA node
   uint64_t reserved_bytes = 0;  // shared memory reserved for the cache
   uint64_t budget_bytes = 0;    // its limit (the server cap when size was 0)
   bool full = false;            // no longer accepts rows
@@ -36,7 +36,7 @@ struct SessionInfo {
 };
 
 struct ServerInfo {
-  std::string instance;    // "port 50052"
+  std::string instance;  // "port 50052"
   int port = 0;
   std::string socket_path;
   std::string shm_dir;
@@ -46,7 +46,7 @@ struct ServerInfo {
   int workers = 0;
   int log_level = 0;
   std::string log_path;
-  std::string spill_dir;   // empty = none
+  std::string spill_dir;  // empty = none
   uint64_t memory_cap_bytes = 0;
   uint64_t memory_used_bytes = 0;  // reserved under the cap, held included
   // Part of memory_used_bytes: memory of destroyed sessions that some

@@ -30,10 +30,10 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
     kUnavailable = 5,      // the daemon is not reachable
     kCorruption = 6,       // shared memory or a frame failed validation
     kPermissionDenied = 7,
-    kIOError = 8,          // a system call failed (errno in the message)
+    kIOError = 8,  // a system call failed (errno in the message)
     kNotSupported = 9,
     kFingerprintMismatch = 10,  // cache name reused for another pipeline
-    kTooLarge = 11,        // a row the cache has no room for; other rows fit
+    kTooLarge = 11,             // a row the cache has no room for; other rows fit
   };
 
   Status() = default;
@@ -64,25 +64,17 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   static Status InvalidArgument(std::string_view m) {
     return {Code::kInvalidArgument, m};
   }
-  static Status AlreadyExists(std::string_view m) {
-    return {Code::kAlreadyExists, m};
-  }
+  static Status AlreadyExists(std::string_view m) { return {Code::kAlreadyExists, m}; }
   static Status Full(std::string_view m) { return {Code::kFull, m}; }
-  static Status Unavailable(std::string_view m) {
-    return {Code::kUnavailable, m};
-  }
-  static Status Corruption(std::string_view m) {
-    return {Code::kCorruption, m};
-  }
+  static Status Unavailable(std::string_view m) { return {Code::kUnavailable, m}; }
+  static Status Corruption(std::string_view m) { return {Code::kCorruption, m}; }
   static Status PermissionDenied(std::string_view m) {
     return {Code::kPermissionDenied, m};
   }
   static Status IOError(std::string_view m) { return {Code::kIOError, m}; }
   // An IOError whose message ends with strerror(err).
   static Status FromErrno(std::string_view what, int err);
-  static Status NotSupported(std::string_view m) {
-    return {Code::kNotSupported, m};
-  }
+  static Status NotSupported(std::string_view m) { return {Code::kNotSupported, m}; }
   static Status FingerprintMismatch(std::string_view m) {
     return {Code::kFingerprintMismatch, m};
   }
@@ -102,9 +94,7 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   bool IsPermissionDenied() const { return code_ == Code::kPermissionDenied; }
   bool IsIOError() const { return code_ == Code::kIOError; }
   bool IsNotSupported() const { return code_ == Code::kNotSupported; }
-  bool IsFingerprintMismatch() const {
-    return code_ == Code::kFingerprintMismatch;
-  }
+  bool IsFingerprintMismatch() const { return code_ == Code::kFingerprintMismatch; }
   bool IsTooLarge() const { return code_ == Code::kTooLarge; }
 
   Code code() const { return code_; }
@@ -117,8 +107,7 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   void PermitUncheckedError() const {}
 
   friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.subcode_ == b.subcode_ &&
-           a.message() == b.message();
+    return a.code_ == b.code_ && a.subcode_ == b.subcode_ && a.message() == b.message();
   }
 
  private:

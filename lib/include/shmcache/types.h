@@ -27,7 +27,7 @@ enum class DType : uint8_t {
   kFloat32 = 10,
   kFloat64 = 11,
   kBool = 12,
-  kBytes = 13,  // opaque bytes; shape is {nbytes}
+  kBytes = 13,       // opaque bytes; shape is {nbytes}
   kComplex64 = 14,   // two float32: real, imaginary
   kComplex128 = 15,  // two float64
 };
@@ -35,7 +35,8 @@ inline constexpr int kNumDTypes = 16;
 
 // Bytes per element, or 0 for an unknown type value.
 inline size_t DTypeSize(DType t) {
-  constexpr uint8_t kSizes[kNumDTypes] = {1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1, 8, 16};
+  constexpr uint8_t kSizes[kNumDTypes] = {1, 1, 2, 2, 4, 4, 8, 8,
+                                          2, 2, 4, 8, 1, 1, 8, 16};
   auto i = static_cast<size_t>(t);
   return i < static_cast<size_t>(kNumDTypes) ? kSizes[i] : 0;
 }
