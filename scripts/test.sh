@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
 # suites through meson, then the Python suites through pytest, mypy over the
-# Python package, clang's thread-safety analysis, and the fuzz targets). The last
-# line is the summary over all suites: "N passed, N failed, N skipped".
+# Python package, clang's thread-safety analysis, the C++ format check and
+# the fuzz targets). The last line is the summary over all suites:
+# "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +77,20 @@ else
     >"$tsa_xml"
 fi
 # ---- end of thread-safety analysis -----------------------------------------
+
+# ---- C++ format --------------------------------------------------------------
+# scripts/format.sh --check: a C++ file that clang-format 14 (.clang-format)
+# would change fails it, listed; scripts/format.sh fixes it. One check.
+echo "== C++ format (scripts/format.sh --check)"
+fmt_xml=$results/format.xml
+fmt_log=$results/format.log
+if ensure_packages clang-format && scripts/format.sh --check >"$fmt_log" 2>&1; then
+  echo '<testsuite><testcase name="format"/></testsuite>' >"$fmt_xml"
+else
+  cat "$fmt_log"
+  echo '<testsuite><testcase name="format"><failure message="C++ files out of format: run scripts/format.sh"/></testcase></testsuite>' \
+    >"$fmt_xml"
+fi
 
 # ---- Fuzz targets ----------------------------------------------------------
 # A bounded libFuzzer run per target ($SHMCACHE_FUZZ_SECONDS, default 20 s)
