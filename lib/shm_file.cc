@@ -133,6 +133,12 @@ Status OpenOwnedFile(const std::string& path, int flags, int* fd_out, size_t* si
     close(fd);
     return Status::FromErrno("cannot stat " + path, e);
   }
+  if (st.st_nlink == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+    // Removed between the open and the fstat (its cache or session was
+    // just dropped): gone, as if the open had come a moment later.
+    close(fd);
+    return Status::NotFound(path + " was removed");
+  }
   if (std::string why = Unsafe(st); !why.empty()) {
     close(fd);
     return Status::PermissionDenied(
