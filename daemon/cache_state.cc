@@ -42,7 +42,7 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
 
   const uint64_t header_bytes = AlignUp(sizeof(layout::CacheHeader), 4096);
   if (!account->Reserve(header_bytes)) {
-    return Status::Full("the server's memory cap is used up");
+    return Status::FullServerCap("the server's memory cap is used up");
   }
   Status s =
       ShmFile::Create(paths.CacheFile(cache_id), header_bytes, -1, &c->header_file_);
@@ -141,7 +141,7 @@ CacheStats CacheState::Stats() const {
   CacheStats out;
   if (header_ != nullptr) {
     out = ReadCacheStats(*header_, num_nodes_ == 1);
-    out.spill_reads = spill_reads_;
+    out.spill_reads += spill_reads_;
     return out;
   }
   out.session_id = session_id_;  // destroyed: its header is gone

@@ -183,6 +183,9 @@ class CacheState {
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
+  // Records that the cap set `bits`: ResumeIfCapAllows clears them, and
+  // readers see kStateByCap (a refused put names the cap, not the budget).
+  void MarkByCap(uint32_t bits);
   static constexpr uint64_t AlignUp(uint64_t n, uint64_t a) {
     return (n + a - 1) / a * a;
   }

@@ -20,7 +20,7 @@ Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
   }
   if (!s.ok()) return s;
   if (!account->Reserve(c->reserved_bytes_)) {
-    return Status::Full(fmt::format(
+    return Status::FullServerCap(fmt::format(
         "it holds {} MB (session {}, '{}'), more than is left under the memory "
         "cap of {} MB",
         c->reserved_bytes_ >> 20, c->session_id_, c->name_, account->cap >> 20));

@@ -12,6 +12,10 @@ namespace shmcache {
 
 namespace {
 double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
+
+Status FullStatus(const std::string& msg, bool by_cap) {
+  return by_cap ? Status::FullServerCap(msg) : Status::Full(msg);
+}
 }  // namespace
 
 uint64_t CacheState::BudgetLeft() const {
@@ -52,20 +56,26 @@ Status CacheState::MemoryUsedUp(const std::string& why, bool by_cap) {
         log_) {
       log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
     }
-    if (by_cap) cap_full_bits_ |= layout::kStateMemFull;
-    return Status::Full(
-        fmt::format("cache {} memory is full: {}; rows spill to disk", cache_id_, why));
+    if (by_cap) MarkByCap(layout::kStateMemFull);
+    return FullStatus(
+        fmt::format("cache {} memory is full: {}; rows spill to disk", cache_id_, why),
+        by_cap);
   }
   MarkFull(why);
-  if (by_cap) cap_full_bits_ |= layout::kStateFull;
-  return Status::Full(fmt::format("cache {} is full: {}", cache_id_, why));
+  if (by_cap) MarkByCap(layout::kStateFull);
+  return FullStatus(fmt::format("cache {} is full: {}", cache_id_, why), by_cap);
+}
+
+void CacheState::MarkByCap(uint32_t bits) {
+  cap_full_bits_ |= bits;
+  header_->state.fetch_or(layout::kStateByCap);
 }
 
 bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
   if (cap_full_bits_ == 0 || destroyed_ || account.available() < kMinSegmentBytes) {
     return false;
   }
-  header_->state.fetch_and(~cap_full_bits_);
+  header_->state.fetch_and(~(cap_full_bits_ | layout::kStateByCap));
   cap_full_bits_ = 0;
   if (log_) {
     log_->Info(

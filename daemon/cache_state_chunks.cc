@@ -23,8 +23,10 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* 
                          ChunkLease* out, bool* wait) {
   if (wait != nullptr) *wait = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
-  if (header_->state.load() & (layout::kStateFull | layout::kStateMemFull)) {
-    return Status::Full(fmt::format("cache {} memory is full", cache_id_));
+  if (uint32_t state = header_->state.load();
+      state & (layout::kStateFull | layout::kStateMemFull)) {
+    std::string msg = fmt::format("cache {} memory is full", cache_id_);
+    return layout::FullByCap(state) ? Status::FullServerCap(msg) : Status::Full(msg);
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
   const uint64_t want = layout::ChunkBytesFor(need);

@@ -22,7 +22,7 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* accou
   uint64_t cap = 1ULL << log2;
   size_t bytes = layout::TableFileSize(cap);
   if (!account->Reserve(bytes)) {
-    return Status::Full(fmt::format(
+    return Status::FullServerCap(fmt::format(
         "cannot grow the index of cache {}: the server's memory cap is used up",
         cache_id_));
   }
@@ -69,7 +69,7 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
     MarkFull(s.message());
     // Full also reports a full shm dir; only the cap's shortage may pass.
     if (account->available() < layout::TableFileSize(prev * 2)) {
-      cap_full_bits_ |= layout::kStateFull;
+      MarkByCap(layout::kStateFull);
     }
   }
   return s;

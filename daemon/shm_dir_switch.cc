@@ -126,9 +126,9 @@ Status CopyTo(int in, const std::string& tmp, size_t size, int node) {
   if (int err =
           s.ok() && size > 0 ? posix_fallocate(out, 0, static_cast<off_t>(size)) : 0;
       err != 0) {
-    s = err == ENOSPC ? Status::Full(fmt::format("no room in {} for {} MB",
-                                                 tmp.substr(0, tmp.rfind('/')),
-                                                 (size + (1 << 20) - 1) >> 20))
+    s = err == ENOSPC ? Status::FullNoShmRoom(fmt::format("no room in {} for {} MB",
+                                                          tmp.substr(0, tmp.rfind('/')),
+                                                          (size + (1 << 20) - 1) >> 20))
                       : Status::FromErrno("cannot reserve " + tmp, err);
   }
   off_t off = 0;

@@ -223,6 +223,13 @@ void CacheImpl::CountRead(bool hit, int node) {
   if (numa) slot->numa_hits.fetch_add(1, std::memory_order_relaxed);
 }
 
+void CacheImpl::CountSpillReads(uint64_t n) {
+  if (n == 0) return;
+  Stats();  // re-picks the lane in a forked child
+  layout::StatsLane* lane = lane_.load(std::memory_order_relaxed);
+  if (lane != nullptr) lane->spill_reads.fetch_add(n, std::memory_order_relaxed);
+}
+
 Status CacheImpl::GetStats(CacheStats* out) {
   Status s = Usable();
   if (!s.ok()) return s;

@@ -120,6 +120,10 @@ class CacheImpl {
   layout::StatsLane* TakeLane(uint32_t i);
   void ReleaseLane();
   void CountRead(bool hit, int node);
+  // Counts `n` spilled rows read from the spill database in this process
+  // (in its stats lane; a process without one, e.g. the cache's second
+  // opening in one process, does not count them). Any thread.
+  void CountSpillReads(uint64_t n);
   // Reads spilled rows: from the spill database through this process's
   // SpillReader, and the rows it cannot find (newer than its view) or read
   // through the daemon. statuses[i] is OK, NotFound, or the transport error.

@@ -122,7 +122,12 @@ void CacheImpl::LockForPut(PutLock* lock) {
 Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns, uint64_t loc,
                          PutLock* lock, PutTally* tally, bool* inserted) {
   *inserted = false;
-  if (IsFull()) {
+  if (uint32_t state = header_->state.load(std::memory_order_relaxed);
+      layout::IsFull(state)) {
+    if (layout::FullByCap(state)) {
+      return Status::FullServerCap(
+          fmt::format("cache {} is full: the server's memory cap is used up", cache_id_));
+    }
     return Status::Full(fmt::format("cache {} is full", cache_id_));
   }
   if (loc != layout::kEmpty) return Status::OK();

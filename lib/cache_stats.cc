@@ -22,6 +22,7 @@ CacheStats ReadCacheStats(const layout::CacheHeader& header, bool single_node) {
     out.hits += lane.hits.load(kRelaxed);
     out.misses += lane.misses.load(kRelaxed);
     out.numa_hits += lane.numa_hits.load(kRelaxed);
+    out.spill_reads += lane.spill_reads.load(kRelaxed);
   }
   if (single_node) out.numa_hits = out.hits;
   out.reserved_bytes = header.reserved_bytes.load(kRelaxed);

@@ -128,7 +128,7 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
       std::span(reinterpret_cast<const std::byte*>(body->data()), body->size()));
   Status answer = protocol::ReadStatus(r);
   if (answer.IsCorruption() && !r.ok()) return Broken(answer.message());
-  *payload_offset = 5 + answer.message().size();  // code u8 + string
+  *payload_offset = r.consumed();
   return answer;
 }
 

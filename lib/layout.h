@@ -103,6 +103,10 @@ struct alignas(kCacheLine) StatsLane {
   std::atomic<uint64_t> hits;
   std::atomic<uint64_t> misses;
   std::atomic<uint64_t> numa_hits;
+  // Spilled rows the owning process read from the spill database itself,
+  // added by any of its threads (a locked add, once per batch read from
+  // disk; the owner thread's plain stores never touch this field).
+  std::atomic<uint64_t> spill_reads;
 };
 static_assert(sizeof(StatsLane) == kCacheLine);
 
@@ -114,6 +118,10 @@ inline constexpr uint32_t kStateSpilling = 4;   // rows beyond budget to disk
                                                 // (cleared when spilling stops)
 inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
                                                 // kStateSpilling, rows go to disk
+inline constexpr uint32_t kStateByCap = 16;     // kStateFull or kStateMemFull came
+                                                // from the server's memory cap,
+                                                // not the cache's budget; cleared
+                                                // with them when the cap frees up
 
 // The reading of the state bits, one for the library and the daemon. A
 // cache that is not destroyed is in one of three states: it takes rows in
@@ -122,6 +130,10 @@ inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
 //
 // The cache takes no more rows (CacheStats::full, Cache::IsFull): marked
 // full, or its memory is used up and it does not spill.
+// Full (or memory full) because the server's memory cap ran out: the
+// reason a put that is refused gives (Status::FullServerCap).
+inline bool FullByCap(uint32_t state) { return (state & kStateByCap) != 0; }
+
 inline bool IsFull(uint32_t state) {
   return (state & kStateFull) || ((state & kStateMemFull) && !(state & kStateSpilling));
 }

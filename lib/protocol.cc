@@ -63,6 +63,7 @@ Status SpilledRowTooLarge(uint64_t row_id, size_t encoded_bytes) {
 
 void WriteStatus(WireWriter& w, const Status& s) {
   w.U8(static_cast<uint8_t>(s.code()));
+  w.U8(static_cast<uint8_t>(s.subcode()));
   w.Str(s.message());
 }
 
@@ -74,11 +75,14 @@ std::string EncodeStatus(const Status& s) {
 
 Status ReadStatus(WireReader& r) {
   uint8_t code = r.U8();
+  uint8_t subcode = r.U8();
   std::string msg = r.Str();
-  if (!r.ok() || code > static_cast<uint8_t>(Status::Code::kTooLarge)) {
+  if (!r.ok() || code > static_cast<uint8_t>(Status::Code::kTooLarge) ||
+      subcode > static_cast<uint8_t>(Status::SubCode::kLast)) {
     return Status::Corruption("malformed response status");
   }
-  return Status(static_cast<Status::Code>(code), msg);
+  return Status(static_cast<Status::Code>(code), static_cast<Status::SubCode>(subcode),
+                msg);
 }
 
 }  // namespace shmcache::protocol

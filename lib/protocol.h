@@ -25,7 +25,8 @@ namespace shmcache::protocol {
 inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
 // 3: a listing carries each cache's `spilling`.
 // 4: server info carries the bounds of the memory cap.
-inline constexpr uint16_t kProtocolVersion = 4;
+// 5: a status carries its subcode (why a cache is Full) after its code.
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;
@@ -156,6 +157,8 @@ class WireReader {
   void Fail() { ok_ = false; }
   // True when every byte was consumed and nothing failed.
   bool Done() const { return ok_ && pos_ == in_.size(); }
+  // The bytes read so far.
+  size_t consumed() const { return pos_; }
 
  private:
   template <typename T>

@@ -194,7 +194,7 @@ Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* 
     munmap(p, size);
     if (err == ENOSPC) {
       size_t free_bytes = FreeBytes(DirOf(path));
-      return fail(Status::Full(
+      return fail(Status::FullNoShmRoom(
           fmt::format("no room in {} for {} MB of shared memory ({} MB free); free some "
                       "space, give the container more (docker run --shm-size), or start "
                       "the server with a larger or another --shm_dir",

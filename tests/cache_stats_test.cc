@@ -49,7 +49,7 @@ TEST(CacheStatsTest, CountersAreSummedOverEverySlot) {
   EXPECT_EQ(st.disk_rows, 4 * slots);
   EXPECT_EQ(st.disk_bytes, 400 * slots);
   EXPECT_EQ(st.puts_full, 5 * slots);
-  EXPECT_EQ(st.spill_reads, 0u) << "the daemon's own count";
+  EXPECT_EQ(st.spill_reads, 0u) << "slots hold none; lanes and the daemon do";
 }
 
 TEST(CacheStatsTest, ReadsCountedInLanesAreAddedToTheSlots) {
@@ -60,8 +60,11 @@ TEST(CacheStatsTest, ReadsCountedInLanesAreAddedToTheSlots) {
   h->lanes[5].hits.store(100);
   h->lanes[5].misses.store(10);
   h->lanes[5].numa_hits.store(60);
+  h->lanes[5].spill_reads.store(40);
   h->lanes[63].hits.store(3);  // a lane whose owner is gone keeps its counts
+  h->lanes[63].spill_reads.store(2);
   CacheStats st = ReadCacheStats(*h, /*single_node=*/false);
+  EXPECT_EQ(st.spill_reads, 42u);
   EXPECT_EQ(st.hits, 110u);
   EXPECT_EQ(st.misses, 11u);
   EXPECT_EQ(st.numa_hits, 60u);

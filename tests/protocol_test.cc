@@ -205,12 +205,39 @@ TEST(WireTest, StatusRoundTripAndBadCode) {
 
   WireWriter bad;
   bad.U8(200);
+  bad.U8(0);
   bad.Str("x");
   WireReader rb(AsBytes(bad.body()));
   EXPECT_TRUE(ReadStatus(rb).IsCorruption());
 
   WireReader empty({});
   EXPECT_TRUE(ReadStatus(empty).IsCorruption());
+}
+
+TEST(WireTest, StatusSubcodesTravel) {
+  for (const Status& sent :
+       {Status::FullNoShmRoom("no room"), Status::FullServerCap("cap"),
+        Status::Full("budget"), Status::ColumnNotFound("col")}) {
+    WireWriter w;
+    WriteStatus(w, sent);
+    WireReader r(AsBytes(w.body()));
+    Status got = ReadStatus(r);
+    EXPECT_EQ(got, sent) << sent.ToString();
+  }
+  WireWriter w;
+  WriteStatus(w, Status::FullServerCap("cap"));
+  WireReader r(AsBytes(w.body()));
+  Status got = ReadStatus(r);
+  EXPECT_TRUE(got.IsFull());
+  EXPECT_TRUE(got.IsFullServerCap());
+  EXPECT_FALSE(got.IsFullNoShmRoom());
+
+  WireWriter bad;
+  bad.U8(static_cast<uint8_t>(Status::Code::kFull));
+  bad.U8(static_cast<uint8_t>(Status::SubCode::kLast) + 1);
+  bad.Str("x");
+  WireReader rb(AsBytes(bad.body()));
+  EXPECT_TRUE(ReadStatus(rb).IsCorruption());
 }
 
 // (Every truncation: protocol_messages_test.cc.)

@@ -172,6 +172,33 @@ def test_full_error_carries_its_reason(start_server):
     assert e.value.reason == "budget"
 
 
+def test_full_error_names_the_server_cap_after_the_cache_is_marked_full(start_server):
+    """Two caches of 12 MB under a 16 MB cap: the second fills by the cap,
+    and every later refusal (decided by the client from the cache's state,
+    without asking the server) says so, not the cache's budget."""
+    server = start_server("--memory_cap_mb", "16")
+    session = server.new_session()
+    first = DatasetCache(session, name="first", size=12)
+    second = DatasetCache(session, name="second", size=12)
+
+    def fill(cache):
+        for i in range(64):
+            if not cache.put(i, np.zeros(1 << 20, np.uint8)):
+                return i
+        pytest.fail("64 MB went into a cache of 12 MB")
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        fill(first)
+        assert fill(second) < 8      # the cap, well before its own 12 MB
+    for cache, reason in ((first, "budget"), (second, "server_cap")):
+        native = cache._open()
+        assert native.is_full()
+        with pytest.raises(shmcache.FullError) as e:
+            native.put(10_000, rows.encode(np.zeros(64 << 10, np.uint8)))
+        assert e.value.reason == reason, e.value
+
+
 def test_list_sessions_text_and_json_agree_on_zero(server, session):
     c = DatasetCache(session)
     c.put(1, np.zeros(3))

@@ -76,12 +76,10 @@ py::handle ErrorType(const Status& s) {
 
 // Why a cache is Full, as FullError.reason: "shm_filesystem" (no room in
 // the shared-memory filesystem), "server_cap" (the server's memory cap is
-// used up) or "budget" (the cache's own size). The daemon reports Full with
-// a message only, so its wording is read here, in this one place.
+// used up) or "budget" (the cache's own size), from the status's subcode.
 const char* FullReason(const Status& s) {
-  std::string_view m = s.message();
-  if (m.find("no room in ") != std::string_view::npos) return "shm_filesystem";
-  if (m.find("memory cap") != std::string_view::npos) return "server_cap";
+  if (s.IsFullNoShmRoom()) return "shm_filesystem";
+  if (s.IsFullServerCap()) return "server_cap";
   return "budget";
 }
 

@@ -24,9 +24,10 @@ struct CacheStats {
   bool full = false;            // no longer accepts rows
   bool spilling = false;        // memory budget used up; new rows go to disk
   uint64_t puts_full = 0;       // puts refused because the cache was full
-  uint64_t spill_reads = 0;     // spilled rows read back through the daemon,
-                                // since it started; in listings only (a
-                                // Cache's GetStats cannot see it: 0)
+  uint64_t spill_reads = 0;     // spilled rows read back: by the readers
+                                // from the spill database (GetStats and
+                                // listings), plus, in listings only, those
+                                // the daemon read for them since it started
   uint64_t avg_row_bytes() const { return mem_rows ? mem_bytes / mem_rows : 0; }
 };
 

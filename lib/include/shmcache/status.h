@@ -66,6 +66,16 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   }
   static Status AlreadyExists(std::string_view m) { return {Code::kAlreadyExists, m}; }
   static Status Full(std::string_view m) { return {Code::kFull, m}; }
+  // Full because the shared-memory filesystem has no room left (not the
+  // cache's budget): IsFull() and IsFullNoShmRoom().
+  static Status FullNoShmRoom(std::string_view m) {
+    return {Code::kFull, SubCode::kNoShmRoom, m};
+  }
+  // Full because the server's memory cap is used up (not the cache's
+  // budget): IsFull() and IsFullServerCap().
+  static Status FullServerCap(std::string_view m) {
+    return {Code::kFull, SubCode::kServerCap, m};
+  }
   static Status Unavailable(std::string_view m) { return {Code::kUnavailable, m}; }
   static Status Corruption(std::string_view m) { return {Code::kCorruption, m}; }
   static Status PermissionDenied(std::string_view m) {
@@ -88,7 +98,15 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   }
   bool IsInvalidArgument() const { return code_ == Code::kInvalidArgument; }
   bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
+  // Also true for FullNoShmRoom and FullServerCap; a Full that is neither
+  // is the cache's own budget used up.
   bool IsFull() const { return code_ == Code::kFull; }
+  bool IsFullNoShmRoom() const {
+    return code_ == Code::kFull && subcode_ == SubCode::kNoShmRoom;
+  }
+  bool IsFullServerCap() const {
+    return code_ == Code::kFull && subcode_ == SubCode::kServerCap;
+  }
   bool IsUnavailable() const { return code_ == Code::kUnavailable; }
   bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsPermissionDenied() const { return code_ == Code::kPermissionDenied; }
@@ -103,6 +121,21 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   // "OK" or "<code name>: <message>".
   std::string ToString() const;
 
+  // Refines a code where callers must tell cases apart. Travels on the
+  // wire with the code (protocol.h's WriteStatus).
+  enum class SubCode : unsigned char {
+    kNone = 0,
+    kColumnNotFound = 1,  // of kNotFound
+    kNoShmRoom = 2,       // of kFull
+    kServerCap = 3,       // of kFull
+    kLast = kServerCap,
+  };
+  SubCode subcode() const { return subcode_; }
+  Status(Code code, SubCode subcode, std::string_view msg)
+      : code_(code),
+        subcode_(subcode),
+        msg_(code == Code::kOk ? nullptr : new std::string(msg)) {}
+
   // Spells out that a status is dropped on purpose.
   void PermitUncheckedError() const {}
 
@@ -111,18 +144,6 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   }
 
  private:
-  // Refines a code where callers must tell cases apart. Local to this
-  // process: never on the wire, where only the code travels.
-  enum class SubCode : unsigned char {
-    kNone = 0,
-    kColumnNotFound = 1,  // of kNotFound
-  };
-
-  Status(Code code, SubCode subcode, std::string_view msg)
-      : code_(code),
-        subcode_(subcode),
-        msg_(code == Code::kOk ? nullptr : new std::string(msg)) {}
-
   Code code_ = Code::kOk;
   SubCode subcode_ = SubCode::kNone;
   // Null for OK, so that the success path (every hit) costs one word.
