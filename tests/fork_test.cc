@@ -1,6 +1,7 @@
-// fork() while other threads are inside the library: the child must never
-// inherit a lock that no thread of its own will release (PyTorch forks
-// DataLoader workers while the trainer's threads run).
+// fork() and the library (fork_safety.cc): a child forked while other
+// threads are inside the library must never inherit a lock that no thread of
+// its own will release (PyTorch forks DataLoader workers while the trainer's
+// threads run), and a child forked after a cache was opened keeps using it.
 #include <unistd.h>
 
 #include <condition_variable>
@@ -12,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "integration_fixture.h"
 #include "shmcache/client.h"
 #include "test_server.h"
 
@@ -144,6 +146,51 @@ TEST(ForkTest, ChildrenForkedWhileThreadsPutAllFinish) {
   }
   EXPECT_TRUE(PutRow(*cache, 7, 0, 1u << 20).ok());
   EXPECT_TRUE(RowIs(*cache, 7, 0, 1u << 20));
+}
+
+TEST_F(IntegrationTest, ChildForkedAfterOpenKeepsWorking) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  for (uint64_t id = 0; id < 100; ++id) {
+    ASSERT_TRUE(PutPattern(*cache, id, 0, kRowBytes).ok());
+  }
+  pid_t kid = ForkChild([&]() -> int {
+    Row row;
+    for (uint64_t id = 0; id < 100; ++id) {  // the parent's rows
+      if (!cache->Get(id, &row).ok() || !RowMatches(row, id, 0, kRowBytes)) return 2;
+    }
+    for (uint64_t id = 100; id < 1600; ++id) {  // enough for new chunks
+      Status s = PutPattern(*cache, id, 0, kRowBytes);
+      if (!s.ok()) {
+        fprintf(stderr, "child put %lu: %s\n", id, s.ToString().c_str());
+        return 3;
+      }
+    }
+    for (uint64_t id = 0; id < 1600; ++id) {
+      if (!cache->Get(id, &row).ok() || !RowMatches(row, id, 0, kRowBytes)) return 4;
+    }
+    uint32_t s2 = 0;  // control calls work too (a fresh connection)
+    if (!client->CreateSession(&s2).ok() || !client->CheckSession(s2).ok()) return 5;
+    return 0;
+  });
+  ASSERT_EQ(WaitChild(kid), 0);
+  // The parent sees the child's rows and goes on writing in its own chunk.
+  Row row;
+  for (uint64_t id = 0; id < 1600; ++id) {
+    ASSERT_TRUE(cache->Get(id, &row).ok()) << id;
+    ASSERT_TRUE(RowMatches(row, id, 0, kRowBytes));
+  }
+  for (uint64_t id = 1600; id < 1700; ++id) {
+    ASSERT_TRUE(PutPattern(*cache, id, 0, kRowBytes).ok());
+  }
+  for (uint64_t id = 0; id < 1700; ++id) {
+    ASSERT_TRUE(cache->Get(id, &row).ok());
+    ASSERT_TRUE(RowMatches(row, id, 0, kRowBytes)) << id;
+  }
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 1700u);
 }
 
 }  // namespace

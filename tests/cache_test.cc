@@ -1,0 +1,184 @@
+// The calls of one Cache in one process (cache.h, row.h): put, get, view,
+// contains, column projection, and what each leaves in its outputs after
+// an error. A real daemon per test (integration_fixture.h).
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "integration_fixture.h"
+#include "row_pattern.h"
+
+namespace shmcache::test {
+namespace {
+
+TEST_F(IntegrationTest, PutGetViewContainsInOneProcess) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  Row row;
+  EXPECT_TRUE(cache->Get(1, &row).IsNotFound());
+  EXPECT_FALSE(cache->Contains(1));
+  bool inserted = false;
+  ASSERT_TRUE(PutPattern(*cache, 1, 0, kRowBytes, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  EXPECT_TRUE(cache->Contains(1));
+  ASSERT_TRUE(cache->Get(1, &row).ok());
+  EXPECT_TRUE(RowMatches(row, 1, 0, kRowBytes));
+  RowView view;
+  ASSERT_TRUE(cache->View(1, &view).ok());
+  ASSERT_EQ(view.num_columns(), 1u);
+  EXPECT_EQ(std::memcmp(view.column(0).data, Pattern(1, 0, kRowBytes).data(), kRowBytes),
+            0);
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 1u);
+  EXPECT_EQ(st.hits, 2u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_GE(st.avg_row_bytes(), kRowBytes);
+  EXPECT_LE(st.avg_row_bytes(), kRowBytes + 64) << "per-row overhead";
+  EXPECT_EQ(st.session_id, session_);
+  EXPECT_EQ(st.name, "train");
+}
+
+TEST_F(IntegrationTest, ColumnProjection) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  std::vector<float> image(3 * 8 * 8);
+  for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<float>(i) / 3;
+  int64_t label = 42;
+  std::vector<uint8_t> patch0 = Pattern(1, 10, 100), patch1 = Pattern(1, 11, 100);
+  int64_t img_shape[3] = {3, 8, 8}, one[1] = {1}, patch_shape[1] = {100};
+  ColumnRef cols[] = {
+      {"image", DType::kFloat32, img_shape, image.data(), image.size() * 4},
+      {"label", DType::kInt64, one, &label, 8},
+      {"patch0", DType::kUInt8, patch_shape, patch0.data(), 100},
+      {"patch1", DType::kUInt8, patch_shape, patch1.data(), 100},
+  };
+  ASSERT_TRUE(cache->Put(3, cols).ok());
+  Row row;
+  std::string_view want[] = {"patch1", "label"};
+  ASSERT_TRUE(cache->Get(3, want, &row).ok());
+  ASSERT_EQ(row.num_columns(), 2u);
+  EXPECT_EQ(row.column(0).name, "patch1");
+  EXPECT_EQ(std::memcmp(row.column(0).data, patch1.data(), 100), 0);
+  EXPECT_EQ(row.column(1).name, "label");
+  EXPECT_EQ(*reinterpret_cast<const int64_t*>(row.column(1).data), 42);
+  EXPECT_FALSE(row.find("image").has_value());
+  // The whole row still has every column.
+  ASSERT_TRUE(cache->Get(3, &row).ok());
+  ASSERT_EQ(row.num_columns(), 4u);
+  auto img = row.find("image");
+  ASSERT_TRUE(img.has_value());
+  EXPECT_EQ(img->dtype, DType::kFloat32);
+  ASSERT_EQ(img->shape.size(), 3u);
+  EXPECT_EQ(img->shape[1], 8);
+  EXPECT_EQ(std::memcmp(img->data, image.data(), image.size() * 4), 0);
+  // An absent column is NotFound, naming it.
+  std::string_view absent[] = {"label", "mask"};
+  Status s = cache->Get(3, absent, &row);
+  EXPECT_TRUE(s.IsNotFound());
+  EXPECT_NE(s.message().find("mask"), std::string::npos) << s.ToString();
+  // A malformed column is refused at Put.
+  ColumnRef bad{"x", DType::kInt32, one, &label, 3};
+  s = cache->Put(4, std::span(&bad, 1));
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_FALSE(cache->Contains(4));
+}
+
+// A missing column and a missing row are told apart (a caller handles them
+// differently), and a read that fails leaves its row empty (row.h).
+TEST_F(IntegrationTest, MissingColumnIsColumnNotFoundAndAMissingRowIsNot) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 3, 0, 100).ok());
+  std::string_view data[] = {"data"}, absent[] = {"data", "mask"};
+  Row row;
+  ASSERT_TRUE(cache->Get(3, data, &row).ok());
+  ASSERT_EQ(row.num_columns(), 1u);
+  Status s = cache->Get(3, absent, &row);
+  EXPECT_TRUE(s.IsColumnNotFound()) << s.ToString();
+  EXPECT_TRUE(s.IsNotFound()) << "still a NotFound for callers that take it as a miss";
+  EXPECT_NE(s.message().find("row 3 has no column 'mask'"), std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(row.num_columns(), 0u) << "a failed read leaves the row empty";
+  s = cache->Get(4, data, &row);
+  EXPECT_TRUE(s.IsNotFound()) << s.ToString();
+  EXPECT_FALSE(s.IsColumnNotFound()) << s.ToString();
+}
+
+// Out-parameters after an error (status.h): reads empty their row or view,
+// a batch fills every status, other calls leave their output unchanged.
+TEST_F(IntegrationTest, OutputsAfterAnErrorAreAsTheHeadersState) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 0, 0, 100).ok());
+  Row row;
+  RowView view;
+  CacheStats st;
+  ASSERT_TRUE(cache->Get(0, &row).ok());
+  ASSERT_TRUE(cache->View(0, &view).ok());
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  cache->Close();
+  EXPECT_TRUE(cache->Get(0, &row).IsInvalidArgument());
+  EXPECT_EQ(row.num_columns(), 0u);
+  EXPECT_TRUE(cache->View(0, &view).IsInvalidArgument());
+  EXPECT_TRUE(view.empty());
+  st.hits = 12345;
+  EXPECT_TRUE(cache->GetStats(&st).IsInvalidArgument());
+  EXPECT_EQ(st.hits, 12345u) << "GetStats left *out as it was";
+  const uint64_t ids[] = {0, 1};
+  Row rows[2];
+  Status statuses[2];
+  EXPECT_TRUE(cache->GetBatch(ids, rows, statuses).IsInvalidArgument());
+  RowView views[2];
+  Status view_statuses[2];
+  EXPECT_TRUE(cache->ViewBatch(ids, views, view_statuses).IsInvalidArgument());
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(statuses[i].IsInvalidArgument()) << i << ": " << statuses[i].ToString();
+    EXPECT_TRUE(view_statuses[i].IsInvalidArgument()) << i;
+  }
+}
+
+// Batch outputs are spans: one of another length than the ids is refused
+// before anything is read, stored or written.
+TEST_F(IntegrationTest, BatchOutputsOfAnotherLengthAreInvalidArguments) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 0, 0, 100).ok());
+  const uint64_t ids[] = {0, 1};
+  Row rows[2];
+  Status statuses[3] = {Status::Corruption("untouched"), Status::Corruption("untouched"),
+                        Status::Corruption("untouched")};
+  Status s = cache->GetBatch(ids, rows, statuses);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("2 ids but 3 statuses"), std::string::npos) << s.ToString();
+  EXPECT_EQ(statuses[0], Status::Corruption("untouched"));
+  EXPECT_EQ(rows[0].num_columns(), 0u);
+  RowView views[1];
+  EXPECT_TRUE(cache->ViewBatch(ids, views, std::span(statuses, 2)).IsInvalidArgument());
+  std::vector<uint8_t> bytes(10);
+  int64_t shape[1] = {10};
+  ColumnRef col{"data", DType::kUInt8, shape, bytes.data(), bytes.size()};
+  const uint64_t new_ids[] = {5, 6};
+  std::span<const ColumnRef> one_row[] = {std::span(&col, 1)};
+  EXPECT_TRUE(
+      cache->PutBatch(new_ids, one_row, std::span(statuses, 2)).IsInvalidArgument());
+  std::span<const ColumnRef> two_rows[] = {std::span(&col, 1), std::span(&col, 1)};
+  bool inserted[1] = {true};
+  EXPECT_TRUE(cache->PutBatch(new_ids, two_rows, std::span(statuses, 2), inserted)
+                  .IsInvalidArgument());
+  EXPECT_TRUE(inserted[0]);
+  EXPECT_FALSE(cache->Contains(5));
+  EXPECT_FALSE(cache->Contains(6));
+}
+
+}  // namespace
+}  // namespace shmcache::test

@@ -1,0 +1,112 @@
+// Client (client.h): connecting, opening a cache (fingerprints, names,
+// sessions), and calls once the daemon is gone. A real daemon per
+// IntegrationTest (integration_fixture.h); ClientTest needs none.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "files.h"
+#include "integration_fixture.h"
+
+namespace shmcache::test {
+namespace {
+
+TEST_F(IntegrationTest, OpeningWithAnotherFingerprintIsRefused) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  CacheOptions o = Options(session_);
+  o.fingerprint = "another-pipeline";
+  std::unique_ptr<Cache> other;
+  Status s = client->OpenCache(o, &other);
+  EXPECT_TRUE(s.IsFingerprintMismatch()) << s.ToString();
+  // The same name and fingerprint is the same cache.
+  std::unique_ptr<Cache> same = Open(*client, Options(session_));
+  ASSERT_TRUE(same);
+  EXPECT_EQ(same->cache_id(), cache->cache_id());
+  // A session that does not exist is NotFound, naming it.
+  s = client->OpenCache(Options(session_ + 1), &other);
+  EXPECT_TRUE(s.IsNotFound()) << s.ToString();
+  EXPECT_NE(s.message().find(std::to_string(session_ + 1)), std::string::npos);
+}
+
+// Names show up in listings and as Python str: the library refuses a name
+// or fingerprint that is not UTF-8 itself, without asking the daemon (here
+// gone, so asking would fail with Unavailable instead).
+TEST_F(IntegrationTest, OpeningANameThatIsNotUtf8IsRefusedByTheLibrary) {
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server_->Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(Options(session_, "caf\xc3\xa9"), &cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  server_->Kill();
+  for (std::string bad : {"\xff\xfe", "train\xe2\x82", "\xf4\x90\x80\x80"}) {
+    std::unique_ptr<Cache> other;
+    s = client->OpenCache(Options(session_, bad), &other);
+    EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+    EXPECT_NE(s.message().find("UTF-8"), std::string::npos) << s.message();
+  }
+  CacheOptions o = Options(session_);
+  o.fingerprint = "pipeline-\x80";
+  std::unique_ptr<Cache> other;
+  EXPECT_TRUE(client->OpenCache(o, &other).IsInvalidArgument());
+}
+
+// When the daemon is gone, calls fail with Unavailable instead of crashing
+// or hanging; rows already mapped may still be served.
+TEST_F(IntegrationTest, UnavailableWhenTheDaemonIsGone) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 1, 0, kRowBytes).ok());
+  server_->Kill();
+  uint32_t id = 0;
+  Status s = client->CreateSession(&id);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  std::vector<SessionInfo> sessions;
+  EXPECT_TRUE(client->ListSessions(&sessions).IsUnavailable());
+  // Puts that need a new chunk cannot get one.
+  std::vector<uint8_t> big(8 << 20);
+  s = cache->Put(2, big.data(), big.size());
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  Row row;
+  s = cache->Get(1, &row);
+  EXPECT_TRUE(s.ok() || s.IsUnavailable() || s.IsNotFound()) << s.ToString();
+  // A new client is told the server is not running.
+  std::unique_ptr<Client> other;
+  s = server_->Connect(&other);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_NE(s.message().find("not running"), std::string::npos) << s.ToString();
+  cache->Close();
+}
+
+TEST(ClientTest, ConnectWithoutADaemonIsUnavailable) {
+  std::string run = MakeTempDir(TestTmpRoot(), "nodaemon");
+  ClientOptions o;
+  o.port = 30999;
+  o.run_dir = run;
+  std::unique_ptr<Client> client;
+  Status s = Client::Connect(o, &client);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_NE(s.message().find("30999"), std::string::npos) << s.ToString();
+  RemoveTree(run);
+}
+
+TEST(ClientTest, NonLocalHostAndBadPortAreInvalidArguments) {
+  ClientOptions o;
+  o.hostname = "10.1.2.3";
+  std::unique_ptr<Client> client;
+  Status s = Client::Connect(o, &client);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("10.1.2.3"), std::string::npos);
+  ClientOptions p;
+  p.port = 80;
+  s = Client::Connect(p, &client);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("1025..65535"), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace shmcache::test

@@ -1,0 +1,72 @@
+// The index grows (new tables, cache_state_index.cc) while other processes
+// read through it (index_table.h): no reader misses a published row. A real
+// daemon per test (integration_fixture.h).
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "child_process.h"
+#include "integration_fixture.h"
+#include "row_pattern.h"
+
+namespace shmcache::test {
+namespace {
+
+// The index grows (new tables) while other processes read: no reader ever
+// misses a row that was published before it looked.
+TEST_F(IntegrationTest, IndexGrowsUnderConcurrentReaders) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache, "grow", /*size_mb=*/4);  // smallest first table
+  constexpr uint64_t kRows = 20000;
+  std::vector<uint8_t> v(16);
+  // Rows are published in id order; the count is shared with the readers.
+  auto* published = static_cast<std::atomic<uint64_t>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(published, MAP_FAILED);
+  new (published) std::atomic<uint64_t>(0);
+  std::vector<pid_t> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.push_back(ForkChild([&, r]() -> int {
+      std::unique_ptr<Client> c2;
+      if (!server_->Connect(&c2).ok()) return 2;
+      std::unique_ptr<Cache> k2;
+      if (!c2->OpenCache(Options(session_, "grow", 4), &k2).ok()) return 3;
+      Row row;
+      uint64_t x = r + 1;
+      for (;;) {
+        uint64_t n = published->load(std::memory_order_acquire);
+        if (n == 0) continue;
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint64_t id = (x >> 17) % n;
+        if (!k2->Get(id, &row).ok()) {
+          fprintf(stderr, "reader: row %lu of %lu missing\n", id, n);
+          return 4;
+        }
+        if (!RowMatches(row, id, 0, 16)) return 5;
+        if (n == kRows) return 0;
+      }
+    }));
+  }
+  for (uint64_t id = 0; id < kRows; ++id) {
+    FillPattern(id, 0, v.data(), v.size());
+    ASSERT_TRUE(cache->Put(id, v.data(), v.size()).ok()) << id;
+    published->store(id + 1, std::memory_order_release);
+  }
+  for (pid_t k : readers) EXPECT_EQ(WaitChild(k), 0);
+  munmap(published, 4096);
+  size_t tables = 0;
+  for (const std::string& f : server_->ShmFiles()) {
+    tables +=
+        f.find(".table." + std::to_string(cache->cache_id()) + ".") != std::string::npos;
+  }
+  EXPECT_GE(tables, 3u) << "the index grew";
+}
+
+}  // namespace
+}  // namespace shmcache::test

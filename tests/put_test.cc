@@ -1,0 +1,120 @@
+// Cache::Put (cache_put.cc): the first writer of an id wins, in one process
+// and across processes; a full cache refuses rows and keeps serving those
+// it holds. A real daemon per test (integration_fixture.h).
+#include <unistd.h>
+
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "child_process.h"
+#include "integration_fixture.h"
+
+namespace shmcache::test {
+namespace {
+
+TEST_F(IntegrationTest, FirstWriterWinsInOneProcess) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  bool inserted = false;
+  ASSERT_TRUE(PutPattern(*cache, 7, /*salt=*/1, kRowBytes, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  ASSERT_TRUE(PutPattern(*cache, 7, /*salt=*/2, kRowBytes / 2, &inserted).ok());
+  EXPECT_FALSE(inserted) << "the second copy is dropped without error";
+  Row row;
+  ASSERT_TRUE(cache->Get(7, &row).ok());
+  EXPECT_TRUE(RowMatches(row, 7, 1, kRowBytes));
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 1u);
+}
+
+// Processes race to put the same ids with different contents. Every reader
+// agrees on one whole copy per id, one of the written ones.
+TEST_F(IntegrationTest, FirstWriterWinsAcrossProcesses) {
+  constexpr int kProcs = 4;
+  constexpr uint64_t kRows = 1500;
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  std::vector<pid_t> kids;
+  for (int p = 0; p < kProcs; ++p) {
+    kids.push_back(ForkChild([&, p]() -> int {
+      close(ready[0]);
+      close(go[1]);
+      std::unique_ptr<Client> client;
+      if (!server_->Connect(&client).ok()) return 2;
+      std::unique_ptr<Cache> cache;
+      if (!client->OpenCache(Options(session_), &cache).ok()) return 3;
+      char c = 'r';
+      if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 0) return 4;
+      for (uint64_t id = 0; id < kRows; ++id) {
+        if (!PutPattern(*cache, id, /*salt=*/p + 1, kRowBytes).ok()) return 5;
+      }
+      return 0;
+    }));
+  }
+  close(ready[1]);
+  close(go[0]);
+  char c;
+  for (int p = 0; p < kProcs; ++p) ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(go[1]);  // EOF releases every child at once
+  for (pid_t k : kids) EXPECT_EQ(WaitChild(k), 0);
+  close(ready[0]);
+
+  std::vector<int> winner(kRows, -1);
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  Row row;
+  for (uint64_t id = 0; id < kRows; ++id) {
+    ASSERT_TRUE(cache->Get(id, &row).ok());
+    for (int p = 0; p < kProcs; ++p) {
+      if (RowMatches(row, id, p + 1, kRowBytes, true)) winner[id] = p;
+    }
+    ASSERT_NE(winner[id], -1) << "row " << id << " is nobody's whole copy";
+  }
+  // Other processes read the same winners.
+  pid_t kid = ForkChild([&]() -> int {
+    std::unique_ptr<Client> c2;
+    if (!server_->Connect(&c2).ok()) return 2;
+    std::unique_ptr<Cache> k2;
+    if (!c2->OpenCache(Options(session_), &k2).ok()) return 3;
+    Row r;
+    for (uint64_t id = 0; id < kRows; ++id) {
+      if (!k2->Get(id, &r).ok() || !RowMatches(r, id, winner[id] + 1, kRowBytes))
+        return 4;
+    }
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(kid), 0);
+}
+
+TEST_F(IntegrationTest, FullCacheRefusesRowsAndKeepsServing) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache, "small", /*size_mb=*/8);
+  Status s;
+  uint64_t id = 0;
+  for (; id < 10000; ++id) {
+    s = PutPattern(*cache, id, 0, kRowBytes);
+    if (!s.ok()) break;
+  }
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(cache->IsFull());
+  EXPECT_GT(id, 2000u) << "most of 8 MB holds 3 KB rows";
+  Row row;
+  for (uint64_t i = 0; i < id; ++i) {
+    ASSERT_TRUE(cache->Get(i, &row).ok()) << i;
+    ASSERT_TRUE(RowMatches(row, i, 0, kRowBytes));
+  }
+  EXPECT_TRUE(PutPattern(*cache, id + 1, 0, 10).IsFull());
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_TRUE(st.full);
+  EXPECT_LE(st.mem_bytes, st.budget_bytes);
+}
+
+}  // namespace
+}  // namespace shmcache::test

@@ -1,0 +1,421 @@
+// Spilling (spill_store.h, store_spill.cc, spill_reader.h): rows over a
+// cache's memory budget go to RocksDB in the spill dir and read back whole,
+// in this process and others; what cannot spill is refused alone. Every
+// test runs its own daemon.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "capacity_helpers.h"
+#include "protocol.h"
+#include "row_codec.h"
+#include "shmcache/client.h"
+#include "test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+// Bytes of disk (allocated blocks) under `dir`, recursively.
+uint64_t DiskUsage(const std::string& dir) {
+  uint64_t total = 0;
+  for (const std::string& n : ListDir(dir)) {
+    std::string p = dir + "/" + n;
+    struct stat st;
+    if (lstat(p.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      total += DiskUsage(p);
+    } else {
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  return total;
+}
+
+// Encoded bytes of the row Cache::Put(id, data, n) makes.
+size_t EncodedBytes(size_t n) {
+  int64_t shape[1] = {static_cast<int64_t>(n)};
+  ColumnRef col{"data", DType::kUInt8, shape, shape, n};  // data never read
+  size_t size = 0;
+  EXPECT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
+  return size;
+}
+
+// The largest payload whose row encodes to at most `limit` bytes.
+size_t PayloadFor(size_t limit) {
+  size_t n = limit - (EncodedBytes(0));
+  while (EncodedBytes(n) > limit) --n;
+  return n;
+}
+
+bool SameData(const Row& row, const std::vector<uint8_t>& want) {
+  auto col = row.find("data");
+  return col && col->nbytes == want.size() &&
+         std::memcmp(col->data, want.data(), want.size()) == 0;
+}
+
+TEST(CapacityTest, SpilledRowsUpToTheLimitReadBackWhole) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    auto cache = OpenCache(server, server.NewSession(), 1, true);
+    // 8 MB and the largest row that may spill go to disk (each is more
+    // than the 1 MB budget); a small row after them still fits memory.
+    const size_t largest = PayloadFor(protocol::kMaxSpilledRowBytes);
+    ASSERT_EQ(EncodedBytes(largest), protocol::kMaxSpilledRowBytes);
+    const std::vector<std::vector<uint8_t>> rows = {
+        Pattern(0, 1, 8u << 20), Pattern(1, 1, largest), Pattern(2, 1, kRowBytes)};
+    for (uint64_t id = 0; id < rows.size(); ++id) {
+      bool inserted = false;
+      Status s = cache->Put(id, rows[id].data(), rows[id].size(), &inserted);
+      ASSERT_TRUE(s.ok() && inserted) << id << ": " << s.ToString();
+    }
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_EQ(st.disk_rows, 2u);
+    EXPECT_EQ(st.mem_rows, 1u);
+    for (uint64_t id = 0; id < rows.size(); ++id) {
+      Row got;
+      Status s = cache->Get(id, &got);
+      ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+      EXPECT_TRUE(SameData(got, rows[id])) << id;
+      RowView view;
+      s = cache->View(id, &view);
+      ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+      auto col = view.find("data");
+      ASSERT_TRUE(col.has_value());
+      EXPECT_EQ(col->nbytes, rows[id].size());
+    }
+    // Two large rows never fit one response: each comes in its own.
+    const std::vector<uint64_t> ids = {0, 1, 2, 0};
+    std::vector<Row> got(ids.size());
+    std::vector<Status> statuses(ids.size());
+    ASSERT_TRUE(cache->GetBatch(ids, got, statuses).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+      EXPECT_TRUE(SameData(got[i], rows[ids[i]])) << i;
+    }
+  }
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    uint32_t session = 0;
+    ASSERT_TRUE(client->CreateSession(&session).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "big", 1, true), &cache).ok());
+    std::vector<uint8_t> huge(70u << 20, 7);
+    Status s = cache->Put(1, huge.data(), huge.size());
+    EXPECT_EQ(s.code(), Status::Code::kTooLarge) << s.ToString();
+    EXPECT_NE(s.message().find("(70.0 MB)"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("(64.0 MB)"), std::string::npos) << s.message();
+    EXPECT_FALSE(cache->Contains(1));
+    // One byte past the limit is refused too.
+    huge.resize(PayloadFor(protocol::kMaxSpilledRowBytes) + 1);
+    s = cache->Put(2, huge.data(), huge.size());
+    EXPECT_EQ(s.code(), Status::Code::kTooLarge) << s.ToString();
+    // The same client goes on: its connection was never cut.
+    std::vector<uint8_t> row = Pattern(3, 1, kRowBytes);
+    bool inserted = false;
+    s = cache->Put(3, row.data(), row.size(), &inserted);
+    EXPECT_TRUE(s.ok() && inserted) << s.ToString();
+    Row got;
+    ASSERT_TRUE(cache->Get(3, &got).ok());
+    EXPECT_TRUE(SameData(got, row));
+    uint32_t another = 0;
+    EXPECT_TRUE(client->CreateSession(&another).ok());
+    std::string log = server.ReadLog();
+    EXPECT_EQ(log.find("frame too large"), std::string::npos) << log;
+  }
+  RemoveTree(spill);
+}
+
+// SIGSTOPs `pid` and waits until every thread of it is stopped: kill()
+// returns before a thread running on another CPU has stopped, and such a
+// thread could still answer a request sent meanwhile.
+bool StopProcess(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  auto all_stopped = [pid] {
+    std::string dir = fmt::format("/proc/{}/task", pid);
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool stopped = true;
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string stat;
+      std::getline(std::ifstream(dir + "/" + e->d_name + "/stat"), stat);
+      size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() ||
+          stat[paren + 2] != 'T') {
+        stopped = false;
+      }
+    }
+    closedir(d);
+    return stopped;
+  };
+  return WaitFor(all_stopped, std::chrono::seconds(20));
+}
+
+// A spilled row waits on the daemon's disk: a server slower than the
+// request timeout (here: stopped for three of them) is waited for, up to the
+// disk timeout, rather than taken for gone.
+TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    ClientOptions options = server.client_options();
+    options.request_timeout_ms = 200;
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(Client::Connect(options, &client).ok());
+    uint32_t session = 0;
+    ASSERT_TRUE(client->CreateSession(&session).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "slow", 1, true), &cache).ok());
+    std::vector<uint8_t> row = Pattern(1, 1, 2u << 20);  // over the budget: spills
+    ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
+    ASSERT_TRUE(StopProcess(server.pid()));
+    pid_t waker = ForkChild([&] {
+      usleep(3 * 200 * 1000);  // the slowness under test, not a wait for a condition
+      return kill(server.pid(), SIGCONT) == 0 ? 0 : 1;
+    });
+    Row got;
+    Status s = cache->Get(1, &got);
+    EXPECT_EQ(WaitChild(waker), 0);
+    kill(server.pid(), SIGCONT);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(SameData(got, row));
+    // A request that does not wait on disk keeps the short timeout.
+    ASSERT_TRUE(StopProcess(server.pid()));
+    uint32_t another = 0;
+    s = client->CreateSession(&another);
+    kill(server.pid(), SIGCONT);
+    EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  }
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t rows = (20u << 20) / kRowBytes;  // 20 MB of rows
+    EXPECT_EQ(PutRows(cache.get(), rows), rows);
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_GT(st.disk_rows, 0u);
+    EXPECT_EQ(st.mem_rows + st.disk_rows, rows);
+    EXPECT_TRUE(st.spilling);
+    EXPECT_FALSE(st.full);
+    // Rows live in segments; those stay within the 1 MB budget. The header
+    // and index tables are the documented per-cache overhead.
+    EXPECT_LE(SegmentBytes(server), 1u << 20);
+    EXPECT_EQ(CheckRowsInChild(server, session, rows, true), static_cast<long>(rows));
+    // The same rows through the batched read.
+    std::vector<uint64_t> ids(rows);
+    for (size_t i = 0; i < rows; ++i) ids[i] = i;
+    std::vector<Row> out(rows);
+    std::vector<Status> statuses(rows);
+    ASSERT_TRUE(cache->GetBatch(ids, out, statuses).ok());
+    for (size_t i = 0; i < rows; ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+      auto col = out[i].find("data");
+      ASSERT_TRUE(col.has_value());
+      ASSERT_EQ(0, std::memcmp(col->data, Pattern(i, 7, kRowBytes).data(), kRowBytes));
+    }
+    CommandResult list = server.Admin({"--list_sessions", "--json"});
+    EXPECT_EQ(list.exit_code, 0);
+    EXPECT_NE(list.out.find("\"disk_cached\": " + std::to_string(st.disk_rows)),
+              std::string::npos)
+        << list.out;
+  }
+  RemoveTree(spill);
+}
+
+// A spilled row has no shared memory: View says so (in_shared_memory() is
+// false), ViewBatch answers IsNotSupported() with an empty view, and a
+// projection naming a column it lacks is ColumnNotFound, as in memory.
+TEST(CapacityTest, SpilledRowsViewsAndMissingColumns) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    auto cache = OpenCache(server, server.NewSession(), 1, true);
+    const size_t rows = (2u << 20) / kRowBytes;  // twice the budget
+    ASSERT_EQ(PutRows(cache.get(), rows), rows);
+    const uint64_t last = rows - 1;  // put once memory was used up: on disk
+    RowView view;
+    ASSERT_TRUE(cache->View(last, &view).ok());
+    EXPECT_FALSE(view.in_shared_memory());
+    ASSERT_TRUE(cache->View(0, &view).ok());
+    EXPECT_TRUE(view.in_shared_memory());
+    const uint64_t ids[] = {0, last};
+    RowView views[2];
+    Status statuses[2];
+    ASSERT_TRUE(cache->ViewBatch(ids, views, statuses).ok());
+    EXPECT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+    EXPECT_TRUE(statuses[1].IsNotSupported()) << statuses[1].ToString();
+    EXPECT_TRUE(views[1].empty());
+    std::string_view data[] = {"data"}, absent[] = {"mask"};
+    Row row;
+    ASSERT_TRUE(cache->Get(last, data, &row).ok());
+    Status s = cache->Get(last, absent, &row);
+    EXPECT_TRUE(s.IsColumnNotFound()) << s.ToString();
+    EXPECT_EQ(row.num_columns(), 0u);
+    s = cache->Get(rows, data, &row);
+    EXPECT_TRUE(s.IsNotFound() && !s.IsColumnNotFound()) << s.ToString();
+  }
+  RemoveTree(spill);
+}
+
+// The daemon's listing reads "spilling" as a cache's own GetStats does.
+TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    auto listed_spilling = [&] {
+      std::vector<SessionInfo> sessions;
+      EXPECT_TRUE(client->ListSessions(&sessions).ok());
+      EXPECT_EQ(sessions.size(), 1u);
+      EXPECT_EQ(sessions.empty() ? 0u : sessions[0].caches.size(), 1u);
+      return !sessions.empty() && !sessions[0].caches.empty() &&
+             sessions[0].caches[0].spilling;
+    };
+    EXPECT_EQ(PutRows(cache.get(), 1), 1u);
+    EXPECT_FALSE(listed_spilling());             // within its budget: rows in memory
+    const size_t rows = (4u << 20) / kRowBytes;  // 4 MB into a 1 MB budget
+    EXPECT_EQ(PutRows(cache.get(), rows), rows);
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    ASSERT_TRUE(st.spilling);
+    EXPECT_TRUE(listed_spilling());
+  }
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, SpillingWithoutSpillDirNamesTheFix) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  uint32_t session = server.NewSession();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(CacheNamed(session, "c", 0, true), &cache);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("shmcache --start -s DIR"), std::string::npos)
+      << s.message();
+}
+
+TEST(CapacityTest, DestroyReturnsDiskSpaceAndStopLeavesSpillDirAsFound) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  ASSERT_TRUE(ListDir(spill).empty());
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t rows = (24u << 20) / kRowBytes;
+    EXPECT_EQ(PutRows(cache.get(), rows), rows);
+    // Flushes of the memtable are asynchronous; wait for the rows to reach
+    // the sst files before measuring.
+    uint64_t before = 0;
+    EXPECT_TRUE(WaitFor([&] { return (before = DiskUsage(spill)) > (16u << 20); }));
+    cache.reset();
+    CommandResult d = server.Admin({"-d", std::to_string(session)});
+    ASSERT_EQ(d.exit_code, 0) << d.Describe();
+    uint64_t after = DiskUsage(spill);
+    EXPECT_LT(after, before / 2) << "before " << before << " after " << after;
+    CommandResult stop = server.Stop();
+    EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  }
+  EXPECT_TRUE(ListDir(spill).empty()) << testing::PrintToString(ListDir(spill));
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  std::string spill = MakeTempDir(TestTmpRoot(), "tinyspill");
+  if (mount("tmpfs", spill.c_str(), "tmpfs", 0, "size=32m") != 0) {
+    RemoveTree(spill);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t rows = (64u << 20) / kRowBytes;  // far more than 1 MB + 32 MB
+    size_t stored = PutRows(cache.get(), rows);   // fails the test on any non-Full error
+    EXPECT_GT(stored, 0u);
+    EXPECT_LT(stored, rows);
+    EXPECT_TRUE(cache->IsFull());
+    // Reads keep working and return exactly what was stored.
+    EXPECT_EQ(CheckRowsInChild(server, session, rows, true), static_cast<long>(stored));
+    std::vector<uint8_t> row(kRowBytes);
+    EXPECT_TRUE(cache->Put(rows + 5, row.data(), row.size()).IsFull());
+  }
+  umount2(spill.c_str(), MNT_DETACH);
+  RemoveTree(spill);
+}
+
+TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 8, true);
+    ASSERT_TRUE(PutBytes(cache.get(), 1000, kRowBytes).ok());
+    bool inserted = false;
+    Status s = PutBytes(cache.get(), 1001, 12 * kMB, &inserted);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(inserted);
+    // One row larger than a 16 MB budget's leftover, through the daemon.
+    auto roomy = OpenCache(server, session, 16, true, "roomy");
+    ASSERT_TRUE(PutBytes(roomy.get(), 1000, kRowBytes).ok());
+    ASSERT_TRUE(PutBytes(roomy.get(), 1001, 13 * kMB).ok());
+    for (Cache* c : {cache.get(), roomy.get()}) {
+      EXPECT_EQ(PutRows(c, 100), 100u);
+      CacheStats st;
+      ASSERT_TRUE(c->GetStats(&st).ok());
+      EXPECT_EQ(st.disk_rows, 1u) << "only the large row is on disk";
+      EXPECT_EQ(st.mem_rows, 101u);
+      EXPECT_FALSE(st.spilling);
+      EXPECT_FALSE(st.full);
+    }
+    Row row;
+    ASSERT_TRUE(cache->Get(1001, &row).ok());
+    auto col = row.find("data");
+    ASSERT_TRUE(col.has_value());
+    EXPECT_EQ(col->nbytes, 12 * kMB);
+    EXPECT_EQ(0, std::memcmp(col->data, Pattern(1001, 7, 12 * kMB).data(), 12 * kMB));
+  }
+  RemoveTree(spill);
+}
+
+}  // namespace
+}  // namespace shmcache::test
