@@ -36,24 +36,6 @@ bool SameSpillDb(const std::string& a, const std::string& b) {
   return a == b || fs::equivalent(a, b, ec);
 }
 
-std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused) {
-  std::string text;
-  int fd = -1;
-  // The record names a directory a restarted daemon may destroy: one that
-  // someone else wrote (or linked) is never believed.
-  Status s = OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd);
-  if (!s.ok()) {
-    if (!s.IsNotFound() && refused != nullptr) *refused = s.message();
-    return text;
-  }
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
-  close(fd);
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text;
-}
-
 Status WriteSpillRecord(const InstancePaths& paths, const std::string& db_path) {
   std::string path = paths.SpillRecordFile();
   if (db_path.empty()) {

@@ -10,6 +10,7 @@
 
 #include "instance.h"
 #include "shmcache/status.h"
+#include "spill_reader.h"
 
 namespace shmcache {
 
@@ -25,11 +26,7 @@ bool IsSpillDbOf(const std::string& path, int port);
 // True when a and b name one database: equal paths, or one directory.
 bool SameSpillDb(const std::string& a, const std::string& b);
 
-// The recorded database path; empty when there is no record (nothing
-// recorded, or an index left by a server from before the record) and when
-// the record is not this user's own file (see OpenOwnedFile), which
-// *refused (when given) then explains.
-std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused = nullptr);
+// ReadSpillRecord: spill_reader.h (the clients read the record too).
 
 // Records `db_path`, atomically (a temporary file renamed over the record);
 // an empty path removes the record.

@@ -16,6 +16,24 @@
 
 namespace shmcache {
 
+std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused) {
+  std::string text;
+  int fd = -1;
+  // The record names a directory a restarted daemon may destroy: one that
+  // someone else wrote (or linked) is never believed.
+  Status s = OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd);
+  if (!s.ok()) {
+    if (!s.IsNotFound() && refused != nullptr) *refused = s.message();
+    return text;
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fd);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
 namespace {
 
 int64_t NowMs() {
@@ -31,20 +49,6 @@ class NullLogger : public rocksdb::Logger {
   using rocksdb::Logger::Logv;
   void Logv(const char*, va_list) override {}
 };
-
-// The database the daemon's spill record names; empty when none (no
-// record, or not the user's own file: such a record is never believed).
-std::string ReadRecord(const InstancePaths& paths) {
-  std::string text;
-  int fd = -1;
-  if (!OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd).ok()) return text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
-  close(fd);
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text;
-}
 
 struct Entry {
   std::shared_ptr<SpillReader> reader;
@@ -92,7 +96,7 @@ std::shared_ptr<SpillReader> SpillReader::ForInstance(const InstancePaths& paths
   }
   // Opened outside the lock: it reads the database's manifest (tens of ms).
   std::unique_ptr<SpillReader> opened;
-  const std::string db_path = ReadRecord(paths);
+  const std::string db_path = ReadSpillRecord(paths);
   if (!db_path.empty()) Open(db_path, &opened).PermitUncheckedError();
   std::shared_ptr<SpillReader> reader(std::move(opened));
   std::lock_guard lock(r.mu);
