@@ -143,7 +143,7 @@ uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes) {
 }
 
 Status CheckMemoryCap(double ratio, uint64_t cap_bytes) {
-  constexpr uint64_t kMin = kMinSegmentBytes;
+  constexpr uint64_t kMin = layout::kMinSegmentBytes;
   uint64_t cap = MemoryCapBytes(ratio, cap_bytes);
   if (cap >= kMin) return Status::OK();
   if (cap_bytes) {

@@ -11,13 +11,11 @@
 #include <string>
 #include <string_view>
 
+#include "layout.h"
 #include "shmcache/status.h"
 
 namespace shmcache {
 
-// The smallest segment a cache can be given: a server cap below it leaves
-// no cache room for a row.
-inline constexpr uint64_t kMinSegmentBytes = 4u << 20;
 // The share of physical memory all caches may use when no cap is given.
 inline constexpr double kDefaultMemoryCapRatio = 0.8;
 
@@ -56,7 +54,7 @@ Status CheckMetricsFile(const std::string& path);
 // physical memory.
 uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes);
 // InvalidArgument, naming the option and its minimum, when that cap is
-// below one segment (kMinSegmentBytes): no cache could hold a row.
+// below one segment (layout::kMinSegmentBytes): no cache could hold a row.
 Status CheckMemoryCap(double ratio, uint64_t cap_bytes);
 
 // The worker threads a server runs: `requested`, or half of `cpus` (at

@@ -57,9 +57,6 @@ struct ChunkLease {
 class CacheState {
  public:
   static constexpr uint64_t kChunkBytes = 4u << 20;
-  // The server cap is checked against it (option_checks.h).
-  static constexpr uint64_t kMinSegmentBytes = ::shmcache::kMinSegmentBytes;
-  static constexpr uint64_t kMaxSegmentBytes = 256u << 20;
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
 
   // Creates the header file and the first index table, reserving both in
@@ -84,7 +81,7 @@ class CacheState {
   // A chunk of at least `need` bytes of row space for connection `conn`.
   // Full when the budget or the server cap is used up (the cache is then
   // marked full for every client). TooLarge when only this row does not
-  // fit: what is left still holds a segment of kMinSegmentBytes, so the
+  // fit: what is left still holds a segment of layout::kMinSegmentBytes, so the
   // cache is not marked and smaller rows go on being cached.
   // When the node's next segment is being prepared in the background and
   // `wait` is given, sets *wait instead of leasing: the caller waits for the

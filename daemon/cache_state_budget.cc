@@ -26,7 +26,7 @@ Status CacheState::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
                              const MemoryAccount& account) {
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
-  if (room >= kMinSegmentBytes) {
+  if (room >= layout::kMinSegmentBytes) {
     // Room for ordinary rows is left: refusing them all for one big row
     // would waste it.
     std::string where = room < left
@@ -72,7 +72,8 @@ void CacheState::MarkByCap(uint32_t bits) {
 }
 
 bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
-  if (cap_full_bits_ == 0 || destroyed_ || account.available() < kMinSegmentBytes) {
+  if (cap_full_bits_ == 0 || destroyed_ ||
+      account.available() < layout::kMinSegmentBytes) {
     return false;
   }
   header_->state.fetch_and(~(cap_full_bits_ | layout::kStateByCap));

@@ -18,8 +18,9 @@ uint64_t CacheState::NextSegmentSize(uint64_t min_bytes,
                                      const MemoryAccount& account) const {
   // Grow by a quarter of what the cache holds: few segments for big caches,
   // and at most ~25% reserved but unused at the end.
-  uint64_t want = std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20),
-                                       kMinSegmentBytes, kMaxSegmentBytes);
+  uint64_t want =
+      std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20), layout::kMinSegmentBytes,
+                           layout::kMaxSegmentBytes);
   want = std::max(want, min_bytes);
   // Whole 2 MB pages where possible, so that huge pages can back it.
   if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
@@ -125,7 +126,7 @@ std::optional<SegmentJob> CacheState::TakeSegmentJob(int node, MemoryAccount* ac
   }
   const Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
   if (cur.size - cur.carved > cur.size / 2) return std::nullopt;
-  uint64_t size = NextSegmentSize(kMinSegmentBytes, *account);
+  uint64_t size = NextSegmentSize(layout::kMinSegmentBytes, *account);
   if (size == 0 || next_seg_no_ > layout::kMaxSegmentId) return std::nullopt;
   // Reserved now, so that budgets and the cap hold while the file is made.
   account->Reserve(size);

@@ -46,6 +46,11 @@ inline constexpr size_t kMaxTables = 40;
 inline constexpr size_t kStatsSlots = 64;
 inline constexpr size_t kMaxNameBytes = 255;
 inline constexpr size_t kMaxSessions = 4096;
+// A cache's data segments grow from the smallest to the largest size. A
+// server cap below the smallest leaves no cache room for a row
+// (common/option_checks.h refuses it).
+inline constexpr uint64_t kMinSegmentBytes = 4u << 20;
+inline constexpr uint64_t kMaxSegmentBytes = 256u << 20;
 
 // ---- Locations: where a row lives, as stored in an index slot ----------
 // bits 0..39 offset inside the segment, 40..62 segment id, 63 "on disk".
