@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <vector>
 
 #include "mutex.h"
@@ -12,7 +13,7 @@ namespace shmcache {
 
 namespace {
 
-constexpr int kRanks = 4;
+constexpr int kRanks = kLockRanks;
 
 std::atomic<uint64_t> g_fork_generation{0};
 
@@ -67,6 +68,7 @@ const bool g_registered = (TheRegistry(), true);
 uint64_t ForkGeneration() { return g_fork_generation.load(std::memory_order_relaxed); }
 
 ForkSafeMutex::ForkSafeMutex(LockRank rank) : rank_(rank) {
+  assert(static_cast<int>(rank) >= 0 && static_cast<int>(rank) < kRanks);
   Registry& r = TheRegistry();
   MutexLock lock(&r.mu);
   r.by_rank[static_cast<int>(rank)].push_back(this);

@@ -33,6 +33,9 @@ enum class LockRank : int {
   kClientPaths = 3,   // ClientImpl::paths_mu_ (a copy of the paths)
   kSpillReaders = 4,  // the process's spill readers (spill_reader.cc; a leaf)
 };
+// The number of ranks: the last one's value + 1 (a rank added after the
+// last must move this along).
+inline constexpr int kLockRanks = static_cast<int>(LockRank::kSpillReaders) + 1;
 
 // A std::mutex (Lockable) that fork() never finds held.
 //
