@@ -20,8 +20,9 @@ Sections, each skipped with its reason when what it needs is missing:
              warm epochs, and a first epoch on a new session; then warm
              CachedLoader epochs over a cache that holds half the rows
              (the rest spilled to disk) interleaved with the all-in-memory
-             ones, with no training step and with a 20 ms step per batch
-             (a GPU step the trainer waits on: disk reads hide behind it);
+             ones, with no training step and with a 50 ms step per batch
+             (a GPU step the trainer waits on, longer than a half-spilled
+             batch's read: with read-ahead the disk reads hide behind it);
   prefill    shmcache.prefill (python3 -m shmcache.prefill's code) of the
              same JPEGs with 2 processes, next to an uncached DataLoader
              epoch (2 workers) measured just before it;
@@ -467,14 +468,16 @@ class _FromCache:
         return self.cds[i]
 
 
-def bench_half_spilled(args, out, shmcache, cds, plain, step_s=0.02, rounds=3):
+def bench_half_spilled(args, out, shmcache, cds, plain, step_s=0.05, rounds=3):
     """Warm CachedLoader epochs over a cache whose memory holds half the
     rows (the rest in the spill database, read by the loader's threads in
     this process, batches ahead of the trainer) against the same epochs
     over the all-in-memory cache `cds`, interleaved (best of `rounds`
     each), and against the uncached DataLoader epoch `plain` of the same
     run. Twice: the trainer doing nothing with a batch (the loader's own
-    speed), and the trainer waiting `step_s` per batch (a GPU step)."""
+    speed), and the trainer waiting `step_s` per batch (a GPU step, longer
+    than the loader takes for a half-spilled batch: the epoch stays at the
+    steps' floor only when the next batches are read during the step)."""
     import shmcache.torch as st
     n = len(cds)
     row = cds[0][0].numel() * cds[0][0].element_size()

@@ -491,9 +491,9 @@ def render(d, elapsed, command):
                          ("loader.half_spilled.epoch_s",
                           "CachedLoader, cache warm, half the rows spilled"),
                          ("loader.half_spilled.step_mem_epoch_s",
-                          "the same, all in memory, 20 ms step per batch"),
+                          "the same, all in memory, a step per batch (GPU wait)"),
                          ("loader.half_spilled.step_epoch_s",
-                          "the same, half spilled, 20 ms step per batch")):
+                          "the same, half spilled, a step per batch (GPU wait)")):
             key = k if k.startswith("loader.") else f"dataloader.{k}"
             if key in d.values:
                 t = d.values[key]

@@ -98,7 +98,11 @@ def test_half_spilled_epoch_survives_the_daemon_killed(spill_server):
                 spill_server.kill()
             got.append(batch)
         loader.flush(10)
-    assert_same_batches(got, want)
+        assert_same_batches(got, want)
+        # A whole epoch more with the daemon gone.
+        torch.manual_seed(3)
+        again = list(CachedLoader(half, batch_size=BATCH, shuffle=True, num_workers=2))
+        assert_same_batches(again, want)
     cw = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     # Rows come from memory or the spill database, read in this process
     # (no daemon needed), or else from the source: at most one warning.
