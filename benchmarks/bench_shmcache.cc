@@ -414,25 +414,39 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
       });
       if (rate < 0) r->Skip("spill get", "a get of a spilled row failed");
       else r->Add("get", "shmcache", "spilled", size, p, rate);
-      // The same random rows kSpillBatch at a time: one round trip to the
-      // daemon per batch (Cache::GetBatch).
-      rate = RunProcs(p, [&](int child) {
-        std::vector<shmcache::Row> rows(kSpillBatch);
-        std::vector<Status> sts(kSpillBatch);
-        std::vector<uint64_t> ids(kSpillBatch);
-        bool ok = cache->Get(idx[0], &rows[0]).ok();
-        const uint64_t off = static_cast<uint64_t>(child) * 7919;
-        double rr = TimedRateBatched(c.seconds, kSpillBatch, [&](uint64_t i) {
-          FillBatch(idx, i, off, &ids);
-          ok &= cache->GetBatch(ids, rows, sts).ok();
-          for (const Status& st : sts) ok &= st.ok();
+    }
+    // The same random rows kSpillBatch at a time (Cache::GetBatch), the
+    // process counts interleaved over three rounds, best of each: on a
+    // shared machine the 4-process / 1-process ratio is then same-time.
+    std::vector<int> procs = c.SpillProcs();
+    std::vector<double> best(procs.size(), 0);
+    bool failed = false;
+    for (int round = 0; round < 3 && !failed; ++round) {
+      for (size_t k = 0; k < procs.size() && !failed; ++k) {
+        double rate = RunProcs(procs[k], [&](int child) {
+          std::vector<shmcache::Row> rows(kSpillBatch);
+          std::vector<Status> sts(kSpillBatch);
+          std::vector<uint64_t> ids(kSpillBatch);
+          bool ok = cache->Get(idx[0], &rows[0]).ok();
+          const uint64_t off = static_cast<uint64_t>(child) * 7919;
+          double rr = TimedRateBatched(c.seconds, kSpillBatch, [&](uint64_t i) {
+            FillBatch(idx, i, off, &ids);
+            ok &= cache->GetBatch(ids, rows, sts).ok();
+            for (const Status& st : sts) ok &= st.ok();
+          });
+          return ok ? rr : -1;
         });
-        return ok ? rr : -1;
-      });
-      if (rate < 0) r->Skip("spill get batch", "a batched get of spilled rows failed");
-      else
+        failed = rate < 0;
+        best[k] = std::max(best[k], rate);
+      }
+    }
+    if (failed) {
+      r->Skip("spill get batch", "a batched get of spilled rows failed");
+    } else {
+      for (size_t k = 0; k < procs.size(); ++k) {
         r->Add("get", "shmcache", "spilled GetBatch " + std::to_string(kSpillBatch), size,
-               p, rate);
+               procs[k], best[k]);
+      }
     }
   } else {
     r->Skip("spill", s.ToString());

@@ -17,7 +17,12 @@ Sections, each skipped with its reason when what it needs is missing:
              cache, first epoch with cache (background puts, the default;
              then with every put waited for), later epochs; then the same
              through shmcache.torch.CachedLoader (2 workers for misses):
-             warm epochs, and a first epoch on a new session;
+             warm epochs, and a first epoch on a new session; then warm
+             CachedLoader epochs over a cache that holds half the rows
+             (the rest spilled to disk) interleaved with the all-in-memory
+             ones, with no training step and with a 50 ms step per batch
+             (a GPU step the trainer waits on, longer than a half-spilled
+             batch's read: with read-ahead the disk reads hide behind it);
   prefill    shmcache.prefill (python3 -m shmcache.prefill's code) of the
              same JPEGs with 2 processes, next to an uncached DataLoader
              epoch (2 workers) measured just before it;
@@ -360,8 +365,9 @@ def make_loader(dataset, batch_size=32, loader_class=None):
                                         num_workers=2)
 
 
-def run_epoch(dataset, batch_size=32, loader_class=None, loader=None):
-    """(seconds, images) of one pass over a new loader (or over `loader`)."""
+def run_epoch(dataset, batch_size=32, loader_class=None, loader=None, step_s=0.0):
+    """(seconds, images) of one pass over a new loader (or over `loader`),
+    the trainer waiting step_s per batch."""
     import torch
     loader = loader or make_loader(dataset, batch_size, loader_class)
     t0 = time.perf_counter()
@@ -369,6 +375,8 @@ def run_epoch(dataset, batch_size=32, loader_class=None, loader=None):
     for images, labels in loader:
         seen += images.shape[0]
         assert images.shape[1:] == (3, 224, 224) and images.dtype == torch.float32
+        if step_s:
+            time.sleep(step_s)
     return time.perf_counter() - t0, seen
 
 
@@ -409,6 +417,7 @@ def bench_dataloader(args, out, shmcache):
         stats = cds.cache.stats() or {}
         out.value("dataloader.cached_rows", stats.get("mem_rows", 0))
         bench_cached_loader(args, out, cds, plain, floor)
+        bench_half_spilled(args, out, shmcache, cds, plain)
     finally:
         client.destroy_session(session)
     bench_cached_loader_first(args, out, shmcache, JpegFolder(folder), first)
@@ -443,6 +452,88 @@ def bench_cached_loader(args, out, cds, plain, floor):
     out.value("loader.speedup_vs_floor", floor / steady)
     out.value("loader.images_per_s_steady", len(cds) / steady)
     out.value("loader.native_read_into", hasattr(cds.cache, "read_into"))
+
+
+class _FromCache:
+    """The warm cache's samples as a dataset: fills a second cache with the
+    same rows without decoding the JPEGs again."""
+
+    def __init__(self, cds):
+        self.cds = cds
+
+    def __len__(self):
+        return len(self.cds)
+
+    def __getitem__(self, i):
+        return self.cds[i]
+
+
+def bench_half_spilled(args, out, shmcache, cds, plain, step_s=0.05, rounds=3):
+    """Warm CachedLoader epochs over a cache whose memory holds half the
+    rows (the rest in the spill database, read by the loader's threads in
+    this process, batches ahead of the trainer) against the same epochs
+    over the all-in-memory cache `cds`, interleaved (best of `rounds`
+    each), and against the uncached DataLoader epoch `plain` of the same
+    run. Twice: the trainer doing nothing with a batch (the loader's own
+    speed), and the trainer waiting `step_s` per batch (a GPU step, longer
+    than the loader takes for a half-spilled batch: the epoch stays at the
+    steps' floor only when the next batches are read during the step)."""
+    import shmcache.torch as st
+    n = len(cds)
+    row = cds[0][0].numel() * cds[0][0].element_size()
+    size_mb = max(1, (n * row) // 2 >> 20)
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        cache = shmcache.DatasetCache(session, port=args.port, size=size_mb,
+                                      spilling=True)
+        # Every put waited for: the spill writes are slower than the warm
+        # cache's reads, and a background queue would drop rows.
+        half = st.CachedDataset(_FromCache(cds), cache, name="half-spilled",
+                                async_puts=False)
+        t0 = time.perf_counter()
+        for i in range(n):
+            half[i]
+        if not half.flush(600):
+            raise RuntimeError("the half-spilled cache did not take its rows in 600 s")
+        out.value("loader.half_spilled.fill_s", time.perf_counter() - t0)
+        stats = half.stats() or {}
+        if stats.get("mem_rows", 0) + stats.get("disk_rows", 0) != n \
+                or not stats.get("disk_rows"):
+            raise RuntimeError(f"the half-spilled cache holds {stats.get('mem_rows')} "
+                               f"rows in memory and {stats.get('disk_rows')} on "
+                               f"disk, not {n} rows half spilled")
+        out.value("loader.half_spilled.rows", n)
+        out.value("loader.half_spilled.mem_rows", stats.get("mem_rows", 0))
+        out.value("loader.half_spilled.disk_rows", stats.get("disk_rows", 0))
+        out.value("loader.half_spilled.cache_mb", size_mb)
+        loaders = {"mem": make_loader(cds, loader_class=st.CachedLoader),
+                   "half": make_loader(half, loader_class=st.CachedLoader)}
+        for step, tag in ((0.0, ""), (step_s, "step_")):
+            best = {}
+            for _ in range(1 + rounds):     # the first round warms buffers
+                for k, loader in loaders.items():
+                    t, seen = run_epoch(None, loader=loader, step_s=step)
+                    if seen != n:
+                        raise RuntimeError(f"CachedLoader ({k}) delivered {seen} of "
+                                           f"{n} images")
+                    best[k] = min(best.get(k, t), t)
+            out.value(f"loader.half_spilled.{tag}epoch_s", best["half"])
+            out.value(f"loader.half_spilled.{tag}mem_epoch_s", best["mem"])
+            out.value(f"loader.half_spilled.{tag}vs_memory", best["half"] / best["mem"])
+            if step:
+                batches = len(loaders["half"])
+                out.value("loader.half_spilled.step_s", step)
+                out.value("loader.half_spilled.step_floor_s", batches * step)
+        out.value("loader.half_spilled.speedup_vs_no_cache",
+                  plain / out.values["loader.half_spilled.epoch_s"])
+        out.value("loader.half_spilled.mem_speedup_vs_no_cache",
+                  plain / out.values["loader.half_spilled.mem_epoch_s"])
+        out.value("loader.half_spilled.no_cache_epoch_s", plain)
+        ls = loaders["half"].stats()
+        out.value("loader.half_spilled.hit_rate", ls["hit_rate"])
+    finally:
+        client.destroy_session(session)
 
 
 def bench_cached_loader_first(args, out, shmcache, dataset, dataloader_first):

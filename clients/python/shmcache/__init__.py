@@ -606,7 +606,8 @@ class DatasetCache:
                           copy: bool = True) -> list[list[Column] | None]:
         """get_columns of many rows: a list with, per id, [(name, dtype,
         array)] or None on a miss. With copy=True, rows the cache spilled to
-        disk are fetched in one round trip to the daemon per batch."""
+        disk are read in one batch per call, by this process from the spill
+        database."""
         ids = [self._check_id(i) for i in row_ids]
         c = self._open()
         if c is None:
@@ -711,8 +712,9 @@ class DatasetCache:
         uint32/uint64 into int64 tensors (widened); a bytes column has no
         torch dtype (TypeError naming it).
 
-        A row is a hit when it is cached (in memory, or spilled: those come
-        from the daemon in one round trip) and every column has exactly the
+        A row is a hit when it is cached (in memory, or spilled: those are
+        read from the spill database by this process, one RocksDB MultiGet
+        per call) and every column has exactly the
         target's dtype and shape; otherwise its rows in `out` are left
         untouched. Rows are copied by `read_threads` threads with the GIL
         released. A bypassed cache (daemon gone, error) returns all False

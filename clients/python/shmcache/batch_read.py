@@ -49,8 +49,8 @@ def read_into(cache: DatasetCache, ids: Sequence[int], out: Any,
 def read_rows(cache: DatasetCache, ids: Sequence[int], columns: ColumnSelection = None,
               copy: bool = True) -> list[list[Column] | None]:
     """Per id, the cached row's [(name, tag, array)] or None on a miss;
-    spilled rows come in one round trip per call when copy=True and no
-    projection is asked."""
+    spilled rows are read in one batch per call (from the spill database,
+    in this process) when copy=True and no projection is asked."""
     if columns is None:
         return cache.get_batch_columns(ids, copy=copy)
     return [cache.get_columns(i, columns, copy=copy) for i in ids]

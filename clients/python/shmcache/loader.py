@@ -16,6 +16,10 @@ Contract:
   are read by DatasetCache.read_into (native threads, GIL released) into
   the batch's tensors, `prefetch` batches ahead of the consumer, by
   `num_threads` threads. No worker process and no pickling on a hit.
+  Rows the cache spilled to disk are hits too: the same read_into reads
+  them from the spill database in this process (with the batch's
+  in-memory rows), so the next batches' disk reads overlap the trainer's
+  work on this one.
 - Misses are computed by shmcache.misses: with num_workers > 0 by the
   workers of a DataLoader over the missing indices (DataLoader's seeding
   from the pass's seed, worker_init_fn, multiprocessing_context, timeout=,

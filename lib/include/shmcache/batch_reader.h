@@ -49,7 +49,8 @@ class SHMCACHE_EXPORT BatchReader {
   BatchReader& operator=(const BatchReader&) = delete;
 
   // For each ids[i]: when the row is cached (in memory, or spilled: those
-  // rows are fetched from the daemon in one GetBatch round trip) and each
+  // rows are read with one Cache::GetBatch, from the spill database in this
+  // process, by the calling thread after the memory rows) and each
   // target's column exists with exactly its dtype and shape, the columns'
   // bytes are copied to their targets' row i and hit[i] = 1. Otherwise
   // hit[i] = 0 and row i of every target is left untouched (a column of
