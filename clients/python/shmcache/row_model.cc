@@ -86,8 +86,8 @@ py::array Native(py::handle v) {
   return Native(a);
 }
 
-py::tuple Column(std::string name, py::array a, DType dt) {
-  return py::make_tuple(std::move(name), DTypeName(dt), std::move(a));
+py::tuple Column(const std::string& name, const py::array& a, DType dt) {
+  return py::make_tuple(name, DTypeName(dt), a);
 }
 
 // The column of one value of a sample.
@@ -387,7 +387,10 @@ py::object Decode(const py::list& columns, bool torch) {
 }
 
 void RowBuilder::PendingCopy::Run() const {
-  size_t n = src.nbytes / DTypeSize(src.dtype);
+  // Columns reach here decoded, so their dtype is known; the guard keeps an
+  // unknown one from dividing by zero.
+  size_t elem = DTypeSize(src.dtype);
+  size_t n = elem == 0 ? 0 : src.nbytes / elem;
   switch (out_type == src.dtype ? DType::kBytes : src.dtype) {
     case DType::kUInt16: return Widen<uint16_t, int32_t>(src.data, dst, n);
     case DType::kUInt32: return Widen<uint32_t, int64_t>(src.data, dst, n);
