@@ -297,7 +297,7 @@ py::list Encode(py::handle sample) {
       if (name.find(kTagSep) != std::string::npos) {
         throw py::value_error("column names may not hold the character \\x1f");
       }
-      out.append(EncodeLeaf(std::move(name), v));
+      out.append(EncodeLeaf(name, v));
     }
     return out;
   }
