@@ -133,7 +133,7 @@ class CacheState {
   // A job when the current segment of `node` is half carved and nothing is
   // prepared yet.
   std::optional<SegmentJob> TakeSegmentJob(int node, MemoryAccount* account);
-  void FinishSegmentJob(const SegmentJob& job, Status made, ShmFile file,
+  void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                         MemoryAccount* account);
   // Creates and formats a segment file. Thread-safe (touches no state).
   static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,

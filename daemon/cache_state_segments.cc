@@ -136,7 +136,7 @@ std::optional<SegmentJob> CacheState::TakeSegmentJob(int node, MemoryAccount* ac
   return SegmentJob{cache_id_, next_seg_no_++, node, size};
 }
 
-void CacheState::FinishSegmentJob(const SegmentJob& job, Status made, ShmFile file,
+void CacheState::FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                                   MemoryAccount* account) {
   size_t n = static_cast<size_t>(job.node);
   if (destroyed_) {

@@ -19,7 +19,8 @@ namespace shmcache {
 struct FileId {
   uint64_t dev = 0;
   uint64_t ino = 0;
-  auto operator<=>(const FileId&) const = default;
+  // clang-tidy 14 takes the defaulted <=>'s comparison with 0 for a null pointer.
+  auto operator<=>(const FileId&) const = default;  // NOLINT(modernize-use-nullptr)
 };
 
 // The identity and size of the file at `path`; false when it cannot be

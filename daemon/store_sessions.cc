@@ -106,7 +106,8 @@ void Store::ResumeCachesLocked() {
 
 Status Store::CheckSession(uint32_t id) {
   MutexLock lock(&mu_);
-  return sessions_.count(id) ? Status::OK() : NoSession(id);
+  if (sessions_.count(id) == 0) return NoSession(id);
+  return Status::OK();
 }
 
 Status Store::OpenCache(uint32_t session_id, const std::string& name,

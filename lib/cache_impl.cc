@@ -22,7 +22,7 @@ CacheImpl::CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
 
 CacheImpl::~CacheImpl() { Close(); }
 
-Status CacheImpl::Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+Status CacheImpl::Attach(const std::shared_ptr<ClientImpl>& client, uint32_t cache_id,
                          uint32_t session_id, std::shared_ptr<CacheImpl>* out) {
   std::shared_ptr<CacheImpl> c(new CacheImpl(client, cache_id, session_id));
   std::string path = client->paths().CacheFile(cache_id);

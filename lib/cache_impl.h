@@ -32,7 +32,7 @@ namespace shmcache {
 
 class CacheImpl {
  public:
-  static Status Attach(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+  static Status Attach(const std::shared_ptr<ClientImpl>& client, uint32_t cache_id,
                        uint32_t session_id, std::shared_ptr<CacheImpl>* out);
   ~CacheImpl();
 

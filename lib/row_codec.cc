@@ -238,7 +238,7 @@ Status RowCodec::Project(const RowView& in, std::span<const std::string_view> na
     refs[i] = ColumnRef{c->name, c->dtype, c->shape, c->data, c->nbytes};
   }
   std::span<const ColumnRef> cols(refs, names.size());
-  size_t size;
+  size_t size = 0;
   Status s = EncodedSize(cols, &size);
   if (!s.ok()) return s;
   std::byte* dst = Reserve(out, size);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
 # suites through meson, then the Python suites through pytest, mypy over the
-# Python package, clang's thread-safety analysis, the C++ format check and
-# the fuzz targets). The last line is the summary over all suites:
-# "N passed, N failed, N skipped".
+# Python package, clang's thread-safety analysis, the C++ format check,
+# clang-tidy and the fuzz targets). The last line is the summary over all
+# suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -90,6 +90,23 @@ else
   cat "$fmt_log"
   echo '<testsuite><testcase name="format"><failure message="C++ files out of format: run scripts/format.sh"/></testcase></testsuite>' \
     >"$fmt_xml"
+fi
+
+# ---- clang-tidy ---------------------------------------------------------------
+# scripts/tidy.sh: clang-tidy 14 (.clang-tidy) over lib/, common/, daemon/
+# and clients/ with build's compile flags; any finding fails it, printed.
+# Sources unchanged since found clean are not checked again (build/tidy-cache).
+# One check.
+echo "== clang-tidy (scripts/tidy.sh)"
+tidy_xml=$results/tidy.xml
+tidy_log=$results/tidy.log
+if ensure_packages clang-tidy && scripts/tidy.sh >"$tidy_log" 2>&1; then
+  tail -1 "$tidy_log"
+  echo '<testsuite><testcase name="clang-tidy"/></testsuite>' >"$tidy_xml"
+else
+  cat "$tidy_log"
+  echo '<testsuite><testcase name="clang-tidy"><failure message="clang-tidy findings: see above, or run scripts/tidy.sh"/></testcase></testsuite>' \
+    >"$tidy_xml"
 fi
 
 # ---- Fuzz targets ----------------------------------------------------------

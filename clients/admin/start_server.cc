@@ -64,6 +64,7 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
     }
     fcntl(fds[1], F_SETFD, 0);  // the daemon inherits the write end only
     std::vector<char*> cargs;
+    cargs.reserve(args.size() + 1);
     for (std::string& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
     execvp(cargs[0], cargs.data());

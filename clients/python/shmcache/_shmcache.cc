@@ -536,9 +536,11 @@ struct Targets {
         throw py::value_error("unknown dtype name: " + spec[1].cast<std::string>());
       }
       shapes.push_back(spec[2].cast<std::vector<int64_t>>());
-      cols[t] = shmcache::ColumnTarget{names.back(), dt, shapes.back(),
-                                       reinterpret_cast<void*>(spec[3].cast<uintptr_t>()),
-                                       spec[4].cast<size_t>()};
+      cols[t] = shmcache::ColumnTarget{
+          names.back(), dt, shapes.back(),
+          // The caller's buffer (a tensor's data_ptr()) comes as an int.
+          // NOLINTNEXTLINE(performance-no-int-to-ptr)
+          reinterpret_cast<void*>(spec[3].cast<uintptr_t>()), spec[4].cast<size_t>()};
     }
   }
 
@@ -577,7 +579,7 @@ struct Targets {
 // mask. Every id is counted once, as a hit or a miss: the row whose dtypes
 // were looked at is copied from that same view.
 void ReadInto(PyCache& self,
-              py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ids,
+              const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& ids,
               const std::vector<std::string>& names, const py::function& plan,
               int threads, py::array_t<uint8_t, py::array::c_style> hit) REQUIRES(g_gil) {
   size_t n = static_cast<size_t>(ids.size());
@@ -675,6 +677,7 @@ PYBIND11_MODULE(_shmcache, m) {
       "row_kind",
       [](const std::vector<std::string>& names) {
         std::vector<std::string_view> keys;
+        keys.reserve(names.size());
         for (const std::string& n : names) keys.push_back(rows::KeyOf(n));
         return rows::KindName(rows::KindOf(keys));
       },

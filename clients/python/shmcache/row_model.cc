@@ -86,16 +86,16 @@ py::array Native(py::handle v) {
   return Native(a);
 }
 
-py::tuple Column(std::string name, py::array a, DType dt) {
-  return py::make_tuple(std::move(name), DTypeName(dt), std::move(a));
+py::tuple Column(const std::string& name, const py::array& a, DType dt) {
+  return py::make_tuple(name, DTypeName(dt), a);
 }
 
 // The column of one value of a sample.
-py::tuple EncodeLeaf(std::string name, py::handle v) {
+py::tuple EncodeLeaf(const std::string& name, py::handle v) {
   if (py::isinstance<py::array>(v)) {
     py::array a = Native(v);
     DType dt = FromNumpy(a.dtype());
-    return Column(std::move(name), std::move(a), dt);
+    return Column(name, a, dt);
   }
   if (PyBytes_Check(v.ptr()) || PyByteArray_Check(v.ptr()) ||
       PyMemoryView_Check(v.ptr())) {
@@ -103,29 +103,29 @@ py::tuple EncodeLeaf(std::string name, py::handle v) {
     auto n = static_cast<py::ssize_t>(b.size * b.itemsize);
     py::array_t<uint8_t> a(n);
     if (n) std::memcpy(a.mutable_data(), b.ptr, static_cast<size_t>(n));
-    return Column(std::move(name), std::move(a), DType::kBytes);
+    return Column(name, a, DType::kBytes);
   }
   if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
     // Python ints are int64 columns on every platform.
     py::array_t<int64_t> a(std::vector<py::ssize_t>{});
     *a.mutable_data() = v.cast<int64_t>();
-    return Column(std::move(name), std::move(a), DType::kInt64);
+    return Column(name, a, DType::kInt64);
   }
   if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr()) || PyComplex_Check(v.ptr()) ||
       py::isinstance(v, Numpy().generic)) {
     py::array a = Native(v);
     DType dt = FromNumpy(a.dtype());
-    return Column(std::move(name), std::move(a), dt);
+    return Column(name, a, dt);
   }
   if (ModuleStartsWith(v, "torch") && py::isinstance(v, Torch().tensor)) {
     py::object t = v.attr("detach")().attr("cpu")().attr("contiguous")();
     if (py::object(t.attr("dtype")).is(Torch().bfloat16)) {
       py::array a = t.attr("view")(Torch().int16).attr("numpy")().attr("view")("uint16");
-      return Column(std::move(name), std::move(a), DType::kBFloat16);
+      return Column(name, a, DType::kBFloat16);
     }
     py::array a = t.attr("numpy")();
     DType dt = FromNumpy(a.dtype());
-    return Column(std::move(name), std::move(a), dt);
+    return Column(name, a, dt);
   }
   if (ModuleStartsWith(v, "PIL.") && py::isinstance(v, Pil().image)) {
     auto mode = v.attr("mode").cast<std::string>();
@@ -135,7 +135,7 @@ py::tuple EncodeLeaf(std::string name, py::handle v) {
     }
     py::array a = Native(Numpy().asarray(v));
     DType dt = FromNumpy(a.dtype());
-    return Column(name + kTagSep + mode, std::move(a), dt);
+    return Column(name + kTagSep + mode, a, dt);
   }
   throw py::type_error("cannot cache a value of type " +
                        py::type::handle_of(v).attr("__name__").cast<std::string>() +
@@ -297,7 +297,7 @@ py::list Encode(py::handle sample) {
       if (name.find(kTagSep) != std::string::npos) {
         throw py::value_error("column names may not hold the character \\x1f");
       }
-      out.append(EncodeLeaf(std::move(name), v));
+      out.append(EncodeLeaf(name, v));
     }
     return out;
   }
@@ -387,7 +387,10 @@ py::object Decode(const py::list& columns, bool torch) {
 }
 
 void RowBuilder::PendingCopy::Run() const {
-  size_t n = src.nbytes / DTypeSize(src.dtype);
+  // Columns reach here decoded, so their dtype is known; the guard keeps an
+  // unknown one from dividing by zero.
+  size_t elem = DTypeSize(src.dtype);
+  size_t n = elem == 0 ? 0 : src.nbytes / elem;
   switch (out_type == src.dtype ? DType::kBytes : src.dtype) {
     case DType::kUInt16: return Widen<uint16_t, int32_t>(src.data, dst, n);
     case DType::kUInt32: return Widen<uint32_t, int64_t>(src.data, dst, n);
