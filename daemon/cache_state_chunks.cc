@@ -26,7 +26,8 @@ Status CacheState::Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* 
   if (uint32_t state = header_->state.load();
       state & (layout::kStateFull | layout::kStateMemFull)) {
     std::string msg = fmt::format("cache {} memory is full", cache_id_);
-    return layout::FullByCap(state) ? Status::FullServerCap(msg) : Status::Full(msg);
+    if (layout::FullByCap(state)) return Status::FullServerCap(msg);
+    return Status::Full(msg);
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
   const uint64_t want = layout::ChunkBytesFor(need);
