@@ -34,6 +34,11 @@ import pytest
 
 import leak_check
 
+# Every server a test starts (shmcache --start reads this) stops by itself
+# when this pytest process ends, even killed or crashed before its fixtures
+# could stop it; scripts/test.sh sets it to its own pid already.
+os.environ.setdefault("SHMCACHE_WATCH_PID", str(os.getpid()))
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("SHMCACHE_BUILD_DIR", ROOT / "build"))
 ADMIN = BUILD / "clients" / "admin" / "shmcache"
