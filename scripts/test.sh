@@ -78,19 +78,29 @@ else
 fi
 # ---- end of thread-safety analysis -----------------------------------------
 
+# counted_check NAME PACKAGE FAILURE COMMAND...: runs COMMAND (after
+# installing PACKAGE) as one counted case, $results/NAME.xml; on success
+# prints the last line of its output, on failure all of it and FAILURE.
+counted_check() {
+  local name=$1 package=$2 failure=$3
+  shift 3
+  local log=$results/$name.log
+  if ensure_packages "$package" && "$@" >"$log" 2>&1; then
+    tail -1 "$log"
+    echo "<testsuite><testcase name=\"$name\"/></testsuite>" >"$results/$name.xml"
+  else
+    cat "$log"
+    echo "<testsuite><testcase name=\"$name\"><failure message=\"$failure\"/></testcase></testsuite>" \
+      >"$results/$name.xml"
+  fi
+}
+
 # ---- C++ format --------------------------------------------------------------
 # scripts/format.sh --check: a C++ file that clang-format 14 (.clang-format)
 # would change fails it, listed; scripts/format.sh fixes it. One check.
 echo "== C++ format (scripts/format.sh --check)"
-fmt_xml=$results/format.xml
-fmt_log=$results/format.log
-if ensure_packages clang-format && scripts/format.sh --check >"$fmt_log" 2>&1; then
-  echo '<testsuite><testcase name="format"/></testsuite>' >"$fmt_xml"
-else
-  cat "$fmt_log"
-  echo '<testsuite><testcase name="format"><failure message="C++ files out of format: run scripts/format.sh"/></testcase></testsuite>' \
-    >"$fmt_xml"
-fi
+counted_check format clang-format "C++ files out of format: run scripts/format.sh" \
+  scripts/format.sh --check
 
 # ---- clang-tidy ---------------------------------------------------------------
 # scripts/tidy.sh: clang-tidy 14 (.clang-tidy) over lib/, common/, daemon/
@@ -98,16 +108,8 @@ fi
 # Sources unchanged since found clean are not checked again (build/tidy-cache).
 # One check.
 echo "== clang-tidy (scripts/tidy.sh)"
-tidy_xml=$results/tidy.xml
-tidy_log=$results/tidy.log
-if ensure_packages clang-tidy && scripts/tidy.sh >"$tidy_log" 2>&1; then
-  tail -1 "$tidy_log"
-  echo '<testsuite><testcase name="clang-tidy"/></testsuite>' >"$tidy_xml"
-else
-  cat "$tidy_log"
-  echo '<testsuite><testcase name="clang-tidy"><failure message="clang-tidy findings: see above, or run scripts/tidy.sh"/></testcase></testsuite>' \
-    >"$tidy_xml"
-fi
+counted_check clang-tidy clang-tidy "clang-tidy findings: see above, or run scripts/tidy.sh" \
+  scripts/tidy.sh
 
 # ---- Fuzz targets ----------------------------------------------------------
 # A bounded libFuzzer run per target ($SHMCACHE_FUZZ_SECONDS, default 20 s)
