@@ -105,7 +105,8 @@ counted_check format clang-format "C++ files out of format: run scripts/format.s
 # ---- clang-tidy ---------------------------------------------------------------
 # scripts/tidy.sh: clang-tidy 14 (.clang-tidy) over lib/, common/, daemon/
 # and clients/ with build's compile flags; any finding fails it, printed.
-# Sources unchanged since found clean are not checked again (build/tidy-cache).
+# Sources unchanged since found clean are not checked again (its cache is in
+# ~/.cache/shmcache/tidy, shared by every clone, as ccache's is).
 # One check.
 echo "== clang-tidy (scripts/tidy.sh)"
 counted_check clang-tidy clang-tidy "clang-tidy findings: see above, or run scripts/tidy.sh" \

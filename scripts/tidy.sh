@@ -8,10 +8,12 @@
 #
 # The compile flags come from build/compile_commands.json ($SHMCACHE_TIDY_BUILD
 # for another build dir; configured with meson if missing). A source found
-# clean is remembered in BUILD/tidy-cache under a key over clang-tidy's
-# version, .clang-tidy, its flags and its preprocessed text (headers and
-# comments included; scripts/lib/tidy_keys.py): an unchanged file is not
-# checked again. Two at a time ($SHMCACHE_TIDY_JOBS).
+# clean is remembered under a key over clang-tidy's version, .clang-tidy, its
+# flags and its preprocessed text (headers and comments included;
+# scripts/lib/tidy_keys.py): an unchanged file is not checked again, in this
+# tree or another clone (the keys hold no path of the tree). The cache is
+# $SHMCACHE_TIDY_CACHE, default ~/.cache/shmcache/tidy ($XDG_CACHE_HOME), as
+# ccache keeps its own. Two at a time ($SHMCACHE_TIDY_JOBS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
@@ -19,7 +21,7 @@ source scripts/lib/common.sh
 dirs=(lib common daemon clients)
 build=${SHMCACHE_TIDY_BUILD:-build}
 jobs=${SHMCACHE_TIDY_JOBS:-2}
-case "${1:-}" in -*) sed -n '2,14s/^# \{0,1\}//p' "$0"; exit 2 ;; esac
+case "${1:-}" in -*) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 2 ;; esac
 
 ct=${CLANG_TIDY:-}
 if [ -z "$ct" ]; then
@@ -43,7 +45,7 @@ else
 fi
 [ ${#files[@]} -gt 0 ] || { echo "tidy.sh: no C++ sources found" >&2; exit 2; }
 
-cache=$build/tidy-cache
+cache=${SHMCACHE_TIDY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shmcache/tidy}
 mkdir -p "$cache"
 salt="$("$ct" --version) $(sha256sum .clang-tidy)"
 todo=()
