@@ -36,48 +36,6 @@ if [ -d tests/python ]; then
     -p no:cacheprovider
 fi
 
-# ---- Types of the Python package -------------------------------------------
-# mypy over clients/python/shmcache (clients/python/mypy.ini), counted as
-# one check: its JUnit report holds one case, failed with mypy's messages.
-echo "== mypy over the Python package"
-mypy_xml=$results/mypy.xml
-(cd clients/python && mypy --config-file mypy.ini --cache-dir "$root/build/mypy-cache" \
-  --junit-xml "$mypy_xml" shmcache)
-if [ ! -s "$mypy_xml" ]; then
-  echo '<testsuite><testcase name="mypy"><failure message="mypy did not run"/></testcase></testsuite>' \
-    >"$mypy_xml"
-fi
-
-# ---- Thread-safety analysis -------------------------------------------------
-# A clang build in build-tsa with -Wthread-safety -Werror=thread-safety: a
-# member read or written without the mutex its GUARDED_BY names, or a call
-# without the lock its REQUIRES names, fails it (port/thread_annotations.h).
-# It only compiles (no tests run there); counted as one check.
-echo "== Thread-safety analysis (clang -Wthread-safety)"
-tsa_xml=$results/thread-safety.xml
-tsa_opts=(-Dtests=false -Dpython=enabled "-Dcpp_args=-Wthread-safety -Werror=thread-safety")
-tsa_ok=0
-if ensure_packages clang; then
-  if [ -f build-tsa/build.ninja ]; then
-    meson configure build-tsa "${tsa_opts[@]}" >/dev/null
-  else
-    CXX=clang++ meson setup build-tsa "${tsa_opts[@]}" >/dev/null
-  fi
-  if [ -f build-tsa/build.ninja ] && ninja -C build-tsa >build-tsa/build.log 2>&1; then
-    tsa_ok=1
-  elif [ -f build-tsa/build.log ]; then
-    grep -E "error: " -A2 build-tsa/build.log | head -40
-  fi
-fi
-if [ $tsa_ok -eq 1 ]; then
-  echo '<testsuite><testcase name="thread-safety"/></testsuite>' >"$tsa_xml"
-else
-  echo "thread-safety build failed (build-tsa/build.log)"
-  echo '<testsuite><testcase name="thread-safety"><failure message="clang -Wthread-safety build failed: see build-tsa/build.log"/></testcase></testsuite>' \
-    >"$tsa_xml"
-fi
-# ---- end of thread-safety analysis -----------------------------------------
-
 # counted_check NAME PACKAGE FAILURE COMMAND...: runs COMMAND (after
 # installing PACKAGE) as one counted case, $results/NAME.xml; on success
 # prints the last line of its output, on failure all of it and FAILURE.
@@ -94,6 +52,39 @@ counted_check() {
       >"$results/$name.xml"
   fi
 }
+
+# ---- Types of the Python package -------------------------------------------
+# mypy over clients/python/shmcache (clients/python/mypy.ini). One check.
+echo "== mypy over the Python package"
+mypy_check() {
+  (cd clients/python &&
+   mypy --config-file mypy.ini --cache-dir "$root/build/mypy-cache" shmcache)
+}
+counted_check mypy mypy "mypy found type errors: see above" mypy_check
+
+# ---- Thread-safety analysis -------------------------------------------------
+# A clang build in build-tsa with -Wthread-safety -Werror=thread-safety: a
+# member read or written without the mutex its GUARDED_BY names, or a call
+# without the lock its REQUIRES names, fails it (port/thread_annotations.h).
+# It only compiles (no tests run there). One check.
+echo "== Thread-safety analysis (clang -Wthread-safety)"
+tsa_build() {
+  local opts=(-Dtests=false -Dpython=enabled "-Dcpp_args=-Wthread-safety -Werror=thread-safety")
+  if [ -f build-tsa/build.ninja ]; then
+    meson configure build-tsa "${opts[@]}" >/dev/null
+  else
+    # meson's progress bars would share a line with this check's result.
+    CXX=clang++ meson setup build-tsa "${opts[@]}" >"$results/tsa-setup.log" 2>&1 ||
+      { cat "$results/tsa-setup.log"; return 1; }
+  fi
+  if ! ninja -C build-tsa >build-tsa/build.log 2>&1; then
+    grep -E "error: " -A2 build-tsa/build.log | head -40
+    return 1
+  fi
+  echo "thread-safety: build-tsa compiled with no warning"
+}
+counted_check thread-safety clang \
+  "clang -Wthread-safety build failed: see above, or build-tsa/build.log" tsa_build
 
 # ---- C++ format --------------------------------------------------------------
 # scripts/format.sh --check: a C++ file that clang-format 14 (.clang-format)
