@@ -223,3 +223,81 @@ def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():
     own = RowOwners(100, 2, seed=0)
     for rank in range(4):
         assert len({own.owner(i) for i in perm[rank::4]}) == 2
+
+
+# ---- one rank: how a pass ends ---------------------------------------------
+
+_ONE_RANK = r'''
+import datetime, os, sys, threading
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+import shmcache
+from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
+
+class Rows(Dataset):
+    fail = None
+    root = "one-rank"
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        if i == self.fail:
+            raise RuntimeError(f"row {i} failed")
+        return np.full(4, i, dtype=np.float32), i
+
+def exchange_threads():
+    return [t for t in threading.enumerate() if t.name == "shmcache-exchange"]
+
+dist.init_process_group("gloo", init_method="env://",
+                        timeout=datetime.timedelta(seconds=60))
+src = Rows()
+cds = CachedDataset(src, shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
+                    async_puts=False)
+sampler = DistributedSampler(cds, shuffle=False)
+make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=4, sampler=sampler), window=2,
+                           local_world_size=1)
+order = list(range(40))
+
+# A row that fails: raised to the caller, after the batches before its
+# own (CachedLoader) or before its window's (DataLoader: the exchange
+# thread computes a window's misses at once); the pass's thread is gone
+# once the loop has left.
+src.fail = 13
+seen = []
+try:
+    for x, i in loader:
+        seen += i.tolist()
+    sys.exit("no exception")
+except RuntimeError as e:
+    assert "row 13 failed" in str(e), e
+assert seen == order[:12 if sys.argv[1] == "cachedloader" else 8], seen
+assert not exchange_threads()
+src.fail = None
+
+# iter() without next(), then a whole epoch: every batch, in order.
+it = iter(loader)
+assert [j for _, i in loader for j in i.tolist()] == order
+assert not exchange_threads()
+
+# An early break: the thread ends with the loop.
+for x, i in loader:
+    break
+assert not exchange_threads()
+c = loader.counters
+assert c["misses"] >= 40 and c["local_hits"] > 0 and c["remote_hits"] == 0, c
+loader.close()
+assert not exchange_threads()
+dist.destroy_process_group()
+print("ok")
+'''
+
+
+def test_a_pass_that_raises_or_breaks_leaves_no_exchange_thread(session, tmp_path, kind):
+    env = dict(os.environ, SESSION_ID=str(session), RANK="0", WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_tcp_port()),
+               OMP_NUM_THREADS="1")
+    out = subprocess.run(["/usr/bin/python3", "-c", _ONE_RANK, kind], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
+        out.stdout + out.stderr
