@@ -24,18 +24,22 @@ in closing rounds (done, with nothing of its own but its last pushes) until
 every rank is done; then it ends. An exception of the sampler or of fill is
 handed to the consumer after the batches before it, and the thread still
 closes the epoch's rounds; a failed round (the ranks out of step, a rank
-gone) ends it at once, no round after it. close() stops and joins: it
-returns once every rank has finished the epoch.
+gone) ends it at once, no round after it; a failed closing round that
+no consumer will take (stopped, or an error already handed) is one
+CacheWarning. close() stops and joins: it returns once every rank has
+finished the epoch.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import CacheWarning
 from . import rows as row_model
 from .loader import batch_ids
 from .partitioned_rows import PartitionedRows
@@ -173,8 +177,14 @@ class WindowFeed:
                     break
         except BaseException as e:   # noqa: BLE001 -- a rank gone: reported
             with self._cond:
-                if self._error is None and not self._stopped:
+                handed = self._error is None and not self._stopped
+                if handed:
                     self._error = e
+            if not handed:   # nobody will take it: said once, here
+                warnings.warn(f"shmcache: PartitionedLoader's closing exchange round "
+                              f"failed ({type(e).__name__}: {e}); a rank is gone or "
+                              f"out of step, and the next epoch will fail",
+                              CacheWarning, stacklevel=1)
 
     def _windows(self) -> None:
         ex = self.rows.exchange
