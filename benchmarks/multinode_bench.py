@@ -14,15 +14,21 @@ Measures, in one run:
 - epoch time (loading only, no model, max over ranks) with
   DistributedSampler from the source (no cache), NodeAffineSampler over
   DataLoader(CachedDataset), and DistributedSampler through
-  PartitionedLoader: cold (first) and warm epochs.
+  PartitionedLoader over DataLoader(CachedDataset) and over CachedLoader
+  (each with a cache of its own): cold (first) and warm epochs, warm with
+  --window batches per exchange round and with one round per batch
+  (window 1), alternated --repeat times, the best of each kept, and the
+  rounds each took per epoch.
 
 The source's rows are uint8 images HxWx3 and a label, produced by a seeded
 generator plus --decode_us of busy work per row (a stand-in for decoding).
-Prints a table and writes JSON (--out). A benchmark, not a test: asserts
-nothing. Small by default (2,048 rows of 48 KiB): the machine is shared.
+Prints a table and the JSON (also written to --out). A benchmark, not a
+test: asserts nothing. Small by default (2,048 rows of 48 KiB): the machine
+is shared; --quick is smaller still (512 rows of 12 KiB, 1 repeat).
 
     benchmarks/multinode_bench.py [--build build] [--rows 2048] [--side 128]
-        [--batch 32] [--round 64] [--decode_us 500] [--repeat 3] [--out FILE]
+        [--batch 32] [--round 64] [--window 4] [--decode_us 500] [--repeat 3]
+        [--quick] [--out FILE]
 """
 
 import argparse
@@ -49,7 +55,8 @@ def rank_main(a):
     from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
     import shmcache
-    from shmcache.torch import CachedDataset, NodeAffineSampler, PartitionedLoader
+    from shmcache.torch import (CachedDataset, CachedLoader, NodeAffineSampler,
+                                PartitionedLoader)
 
     class Images(Dataset):
         def __init__(self, n, side, decode_us):
@@ -93,13 +100,40 @@ def rank_main(a):
     affine.set_epoch(1)
     out["affine_warm_s"] = epoch_time(aloader)
 
-    part_ds = CachedDataset(ds, cache, name="partitioned", async_puts=False)
-    psampler = DistributedSampler(part_ds, shuffle=True, seed=0)
-    ploader = PartitionedLoader(DataLoader(part_ds, batch_size=a.batch, sampler=psampler))
-    out["partitioned_cold_s"] = epoch_time(ploader)
-    ploader.set_epoch(1)
-    out["partitioned_warm_s"] = epoch_time(ploader)
-    out["partitioned_counters_2_epochs"] = ploader.counters
+    def partitioned(kind, make):
+        """Cold epoch with window --window, then warm epochs alternating
+        window --window and window 1 (best of --repeat each), with the
+        rounds of one warm epoch of each; returns the window-K loader."""
+        cds = CachedDataset(ds, cache, name=f"partitioned-{kind}", async_puts=False)
+        sampler = DistributedSampler(cds, shuffle=True, seed=0)
+        wide = PartitionedLoader(make(cds, batch_size=a.batch, sampler=sampler),
+                                 window=a.window)
+        narrow = PartitionedLoader(make(cds, batch_size=a.batch, sampler=sampler),
+                                   window=1)
+        out[f"{kind}_cold_s"] = epoch_time(wide)
+        best = {}
+        epoch = 1
+        for _ in range(a.repeat):
+            for w, loader in ((a.window, wide), (1, narrow)):
+                sampler.set_epoch(epoch)
+                epoch += 1
+                before = loader.counters
+                t = epoch_time(loader)
+                after = loader.counters
+                best[w] = min(best.get(w, float("inf")), t)
+                out[f"{kind}_rounds_w{'K' if w == a.window else 1}"] = \
+                    after["rounds"] - before["rounds"]
+                out[f"{kind}_warm_misses_w{'K' if w == a.window else 1}"] = \
+                    after["misses"] - before["misses"]
+        out[f"{kind}_warm_s"] = best[a.window]
+        out[f"{kind}_warm_w1_s"] = best[1]
+        out[f"{kind}_counters"] = wide.counters
+        narrow.close()
+        return wide
+
+    ploader = partitioned("partitioned", DataLoader)
+    partitioned("partitioned_cl", CachedLoader).close()
+    psampler = ploader.sampler
 
     # Remote fetch against bare all_to_all_single with the same bytes.
     ex = ploader.exchange
@@ -162,37 +196,52 @@ def free_tcp_port():
         return s.getsockname()[1]
 
 
-def summarize(ranks, a):
+KINDS = (("partitioned", "DataLoader(CachedDataset)"),
+         ("partitioned_cl", "CachedLoader"))
+
+
+def summarize(ranks, a, load):
     total_rows = sum(r["fetch_rows"] for r in ranks)
     total_bytes = sum(r["fetch_bytes"] for r in ranks)
     fetch_s = max(r["fetch_s"] for r in ranks)
     limit_s = max(r["limit_s"] for r in ranks)
     row_bytes = a.side * a.side * 3
+    per_rank = -(-a.rows // (NODES * LOCAL))
     res = {
         "config": {"nodes": NODES, "ranks_per_node": LOCAL, "rows": a.rows,
                    "row_bytes": row_bytes, "batch": a.batch, "round_rows": a.round,
-                   "decode_us": a.decode_us, "backend": "gloo over 127.0.0.1",
-                   "cpus": os.cpu_count()},
+                   "window": a.window, "batches_per_rank": -(-per_rank // a.batch),
+                   "decode_us": a.decode_us, "repeat": a.repeat, "quick": a.quick,
+                   "backend": "gloo over 127.0.0.1", "cpus": os.cpu_count(),
+                   "load_average": load},
         "remote_fetch": {
             "rows": total_rows, "bytes": total_bytes, "rounds": ranks[0]["rounds"],
             "rows_per_s": total_rows / fetch_s, "GB_per_s": total_bytes / fetch_s / 1e9,
             "limit_GB_per_s": total_bytes / limit_s / 1e9,
             "ratio_to_limit": limit_s / fetch_s},
         "epoch_s": {k: max(r[k] for r in ranks) for k in
-                    ("no_cache_s", "affine_cold_s", "affine_warm_s",
-                     "partitioned_cold_s", "partitioned_warm_s")},
-        "partitioned_counters_2_epochs": [r["partitioned_counters_2_epochs"] for r in ranks],
+                    ["no_cache_s", "affine_cold_s", "affine_warm_s"] +
+                    [f"{kind}_{x}" for kind, _ in KINDS
+                     for x in ("cold_s", "warm_s", "warm_w1_s")]},
+        "rounds_per_warm_epoch": {kind: {"window": ranks[0][f"{kind}_rounds_wK"],
+                                         "window_1": ranks[0][f"{kind}_rounds_w1"]}
+                                  for kind, _ in KINDS},
+        "warm_misses": sum(r[f"{kind}_warm_misses_w{w}"] for r in ranks
+                           for kind, _ in KINDS for w in ("K", "1")),
+        "counters": {kind: [r[f"{kind}_counters"] for r in ranks] for kind, _ in KINDS},
     }
     return res
 
 
 def table(res):
-    f, e = res["remote_fetch"], res["epoch_s"]
-    c = res["config"]
+    f, e, c = res["remote_fetch"], res["epoch_s"], res["config"]
+    r = res["rounds_per_warm_epoch"]
+    k = c["window"]
     lines = [
         f"2 nodes x 2 ranks, {c['rows']} rows of {c['row_bytes']} B, batch "
-        f"{c['batch']}, {c['decode_us']} us/row source, gloo over 127.0.0.1, "
-        f"{c['cpus']} CPUs",
+        f"{c['batch']} ({c['batches_per_rank']} batches per rank per epoch), "
+        f"{c['decode_us']} us/row source, gloo over 127.0.0.1, {c['cpus']} CPUs, "
+        f"load average {c['load_average'][0]:.1f} -> {c['load_average'][1]:.1f}",
         "",
         "| remote fetch | rows/s | GB/s |",
         "|---|---|---|",
@@ -202,14 +251,21 @@ def table(res):
         f"{f['rows_per_s'] / f['ratio_to_limit']:,.0f} | {f['limit_GB_per_s']:.3f} |",
         f"| ratio (target >= 0.5) | {f['ratio_to_limit']:.2f}x | |",
         "",
-        "| epoch (loading only, max over ranks) | first | warm |",
-        "|---|---|---|",
-        f"| DistributedSampler, no cache | {e['no_cache_s']:.2f} s | {e['no_cache_s']:.2f} s |",
-        f"| NodeAffineSampler + CachedDataset | {e['affine_cold_s']:.2f} s | "
-        f"{e['affine_warm_s']:.2f} s |",
-        f"| DistributedSampler + PartitionedLoader | {e['partitioned_cold_s']:.2f} s | "
-        f"{e['partitioned_warm_s']:.2f} s |",
+        f"| epoch (loading only, max over ranks) | first | warm, window {k} "
+        "(rounds) | warm, window 1 (rounds) |",
+        "|---|---|---|---|",
+        f"| DistributedSampler, no cache | {e['no_cache_s']:.2f} s | "
+        f"{e['no_cache_s']:.2f} s | |",
+        f"| NodeAffineSampler + DataLoader(CachedDataset) | {e['affine_cold_s']:.2f} s | "
+        f"{e['affine_warm_s']:.2f} s | |",
     ]
+    for kind, label in KINDS:
+        lines.append(f"| DistributedSampler + PartitionedLoader({label}) | "
+                     f"{e[kind + '_cold_s']:.2f} s | {e[kind + '_warm_s']:.2f} s "
+                     f"({r[kind]['window']}) | {e[kind + '_warm_w1_s']:.2f} s "
+                     f"({r[kind]['window_1']}) |")
+    lines.append("")
+    lines.append(f"Rows computed in warm epochs (all kinds, all ranks): {res['warm_misses']}")
     return "\n".join(lines)
 
 
@@ -221,11 +277,16 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--round", type=int, default=64)
     p.add_argument("--decode_us", type=int, default=500)
+    p.add_argument("--window", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--quick", action="store_true",
+                   help="512 rows of 64x64x3, 100 us per row, 1 repeat")
     p.add_argument("--out", default="")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out_rank", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.quick and not a.rank:
+        a.rows, a.side, a.decode_us, a.repeat = 512, 64, 100, 1
     if a.rank:
         rank_main(a)
         return 0
@@ -261,19 +322,20 @@ def main():
         argv = [sys.executable, str(HERE), "--rank", "--out_rank", str(out_rank),
                 "--rows", str(a.rows), "--side", str(a.side), "--batch", str(a.batch),
                 "--round", str(a.round), "--decode_us", str(a.decode_us),
-                "--repeat", str(a.repeat)]
+                "--repeat", str(a.repeat), "--window", str(a.window)]
+        load = [os.getloadavg()[0]]
         procs = [subprocess.Popen(argv, env=e) for e in envs]
         deadline = time.monotonic() + 900
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
                 raise SystemExit("a rank failed or the ranks did not finish")
             time.sleep(0.1)
-        res = summarize(json.loads(out_rank.read_text()), a)
+        load.append(os.getloadavg()[0])
+        res = summarize(json.loads(out_rank.read_text()), a, load)
         print(table(res))
+        print(json.dumps(res))
         if a.out:
             Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-        else:
-            print(json.dumps(res))
         return 0
     finally:
         for p in procs:

@@ -2,8 +2,9 @@
 with their ratios, a Markdown copy (benchmarks/RESULTS.md) and the plot
 (docs/bench.png). Run by scripts/bench.sh.
 
-  report.py --cpp cpp.json [--python python.json] --json latest.json
-            --markdown RESULTS.md --plot bench.png [--elapsed S] [--command C]
+  report.py --cpp cpp.json [--python python.json] [--multinode multinode.json]
+            --json latest.json --markdown RESULTS.md --plot bench.png
+            [--elapsed S] [--command C]
 """
 
 import argparse
@@ -38,7 +39,7 @@ def load(path):
 
 class Data:
     def __init__(self, cpp, py, extra=None, load=None, headline="/dev/shm (4 KB pages)",
-                 extra_label="huge pages", extra_how=""):
+                 extra_label="huge pages", extra_how="", multinode=None):
         self.results = cpp["results"] + py["results"]
         self.values = {**cpp["values"], **py["values"]}
         self.skipped = {**cpp["skipped"], **py["skipped"]}
@@ -56,6 +57,8 @@ class Data:
         self.skipped.update({k + self.suffix: v for k, v in extra["skipped"].items()})
         self.extra = bool(extra["results"])
         self.load = load or []     # [(stage, 1-minute load average)]
+        # benchmarks/multinode_bench.py's JSON (None: not run).
+        self.multinode = multinode
 
     def rate(self, bench, system, variant=None, size=3 * KB, procs=1):
         for r in self.results:
@@ -355,6 +358,16 @@ def targets(d):
             f"{pf:.2f}x", "<= 1.10x", pf <= 1.10)
     elif "prefill" in d.skipped:
         row("prefill", "skipped: " + d.skipped["prefill"], "—", "<= 1.10x", None)
+    mn = d.multinode
+    if mn:
+        f = mn["remote_fetch"]
+        row("remote-row fetch across nodes (2 simulated nodes x 2 ranks, gloo over "
+            "loopback) vs all_to_all_single of the same bytes",
+            f"{f['GB_per_s']:.3f} GB/s vs {f['limit_GB_per_s']:.3f} GB/s",
+            f"{f['ratio_to_limit']:.2f}x", ">= 0.5x", f["ratio_to_limit"] >= 0.5)
+    elif "multinode" in d.skipped:
+        row("remote-row fetch across nodes", "skipped: " + d.skipped["multinode"],
+            "—", ">= 0.5x", None)
     sh = v.get("shared.shm_vs_data")
     if sh is not None:
         rows_ok = v["shared.cached_rows"] == v["shared.rows"]
@@ -498,10 +511,40 @@ def render(d, elapsed, command):
             if key in d.values:
                 t = d.values[key]
                 lines.append(f"| {label} | {t:.{2 if t >= 0.1 else 3}f} | {n / t:.0f} |")
+    lines += multinode_lines(d.multinode)
     if d.skipped:
         lines.append("")
         lines.append("Skipped: " + "; ".join(f"{k} ({r})" for k, r in d.skipped.items()))
     return "\n".join(lines) + "\n"
+
+
+MULTINODE_KINDS = (("partitioned", "DataLoader(CachedDataset)"),
+                   ("partitioned_cl", "CachedLoader"))
+
+
+def multinode_lines(mn):
+    """The epochs of benchmarks/multinode_bench.py, as a Markdown table."""
+    if not mn:
+        return []
+    c, e, r = mn["config"], mn["epoch_s"], mn["rounds_per_warm_epoch"]
+    k = c["window"]
+    lines = ["", f"### More than one host: {c['nodes']} simulated nodes x "
+             f"{c['ranks_per_node']} ranks, {c['rows']} rows of {size_label(c['row_bytes'])}, "
+             f"batch {c['batch']} ({c['batches_per_rank']} per rank per epoch), "
+             f"{c['decode_us']} us/row source, {c['backend']}", "",
+             f"| epoch (loading only, max over ranks) | first | warm, window {k} (rounds) "
+             "| warm, window 1 (rounds) |", "|---|---|---|---|",
+             f"| DistributedSampler, no cache | {e['no_cache_s']:.2f} s | "
+             f"{e['no_cache_s']:.2f} s | |",
+             f"| NodeAffineSampler + DataLoader(CachedDataset) | {e['affine_cold_s']:.2f} s "
+             f"| {e['affine_warm_s']:.2f} s | |"]
+    for kind, label in MULTINODE_KINDS:
+        if f"{kind}_cold_s" in e:
+            lines.append(f"| DistributedSampler + PartitionedLoader({label}) | "
+                         f"{e[kind + '_cold_s']:.2f} s | {e[kind + '_warm_s']:.2f} s "
+                         f"({r[kind]['window']}) | {e[kind + '_warm_w1_s']:.2f} s "
+                         f"({r[kind]['window_1']}) |")
+    return lines
 
 
 EPOCH_BARS = (
@@ -594,14 +637,20 @@ def main():
     ap.add_argument("--headline", default="/dev/shm (4 KB pages)",
                     help="where the headline server keeps its segments")
     ap.add_argument("--load", help="'stage load' lines")
+    ap.add_argument("--multinode", help="benchmarks/multinode_bench.py's JSON")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
     ap.add_argument("--elapsed", type=float, default=0)
     ap.add_argument("--command", default="scripts/bench.sh")
     args = ap.parse_args()
+    multinode = None
+    if args.multinode and os.path.exists(args.multinode):
+        with open(args.multinode) as f:
+            multinode = json.load(f)
     d = Data(load(args.cpp), load(args.python), load(args.extra),
-             load_samples(args.load), args.headline, args.extra_label, args.extra_how)
+             load_samples(args.load), args.headline, args.extra_label, args.extra_how,
+             multinode)
     text = render(d, args.elapsed, args.command)
     print()
     print(text)
@@ -616,7 +665,8 @@ def main():
                            load=d.load,
                            targets=[dict(zip(("measure", "measured", "value", "target",
                                               "status"), t)) for t in targets(d)],
-                           results=d.results, values=d.values, skipped=d.skipped),
+                           results=d.results, values=d.values, skipped=d.skipped,
+                           multinode=d.multinode),
                       f, indent=1)
     if args.plot:
         try:

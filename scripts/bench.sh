@@ -3,7 +3,8 @@
 # what is missing (Debian packages), builds a release tree in build-bench/,
 # starts a private cache server (with a spill dir) and a private Redis on a
 # Unix socket, runs the C++ harness, the Python API measurement, the
-# PyTorch DataLoader end-to-end run and the shared-session check, then
+# PyTorch DataLoader end-to-end run, the shared-session check and the
+# multi-node run (benchmarks/multinode_bench.py: 2 simulated nodes), then
 # prints the table, writes benchmarks/results/latest.json,
 # benchmarks/RESULTS.md and docs/bench.png. Everything it starts is
 # stopped on exit.
@@ -135,10 +136,19 @@ export PYTHONPATH=$root/$build/clients/python${PYTHONPATH:+:$PYTHONPATH}
   echo "python_bench.py failed; its figures are missing from the table"
 load_sample "Python and DataLoader"
 
+# ---- more than one host: 2 simulated nodes (servers of their own) x 2 ranks ---
+echo "== multinode"
+rm -f "$results/multinode.json"
+/usr/bin/python3 benchmarks/multinode_bench.py --build "$build" ${BENCH_QUICK:+--quick} \
+  --out "$results/multinode.json" || \
+  echo "multinode_bench.py failed; its figures are missing from the table"
+load_sample "multinode"
+
 # ---- report -------------------------------------------------------------------
 elapsed=$(( $(date +%s) - started ))
 /usr/bin/python3 benchmarks/report.py --cpp "$results/cpp.json" \
   --python "$results/python.json" --extra "$results/extra.json" \
+  --multinode "$results/multinode.json" \
   --headline "$headline" --extra_label "$extra_label" --extra_how "$extra_how" \
   --load "$results/load.txt" --elapsed "$elapsed" \
   --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \

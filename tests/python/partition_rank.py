@@ -10,7 +10,10 @@ DistributedSampler(shuffle=True) batches twice: straight from the source
 digest of the values), its loss sum and the loader's counters to
 OUT_DIR/rank<RANK>.json.
 
-    partition_rank.py OUT_DIR NUM_SAMPLES EPOCHS BATCH WORKERS [BREAK]
+    partition_rank.py OUT_DIR NUM_SAMPLES EPOCHS BATCH WORKERS KIND WINDOW [BREAK]
+
+KIND: what PartitionedLoader wraps, "dataloader" (DataLoader(CachedDataset))
+or "cachedloader" (CachedLoader); WINDOW: its window= (batches per round).
 
 BREAK "rank:epoch:batches": that rank leaves that epoch of the partitioned
 run after that many batches (the other ranks go on to the end).
@@ -21,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -30,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import shmcache
-from shmcache.torch import CachedDataset, PartitionedLoader
+from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
 
 FEATURES, CLASSES = 16, 5
 
@@ -84,7 +88,8 @@ def train(loader, sampler_or_loader, epochs, brk):
 
 def main():
     out_dir, n, epochs, batch, workers = sys.argv[1], *map(int, sys.argv[2:6])
-    brk = tuple(map(int, sys.argv[6].split(":"))) if len(sys.argv) > 6 else None
+    kind, window = sys.argv[6], int(sys.argv[7])
+    brk = tuple(map(int, sys.argv[8].split(":"))) if len(sys.argv) > 8 else None
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=60))
@@ -97,8 +102,9 @@ def main():
         cache = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
         cds = CachedDataset(ds, cache, name="partitioned", async_puts=False)
         csampler = DistributedSampler(cds, shuffle=True, seed=0)
-        loader = PartitionedLoader(DataLoader(cds, batch_size=batch, sampler=csampler,
-                                              num_workers=workers))
+        make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[kind]
+        loader = PartitionedLoader(make(cds, batch_size=batch, sampler=csampler,
+                                        num_workers=workers), window=window)
         results["partitioned"] = train(loader, loader, epochs, brk)
         dist.barrier()           # every rank of every node is done
         st = cds.stats()
@@ -106,6 +112,8 @@ def main():
         results["len"] = len(loader)
         results["owned"] = loader.exchange.owners.owned(loader.exchange.node)
         loader.close()
+        results["threads"] = [t.name for t in threading.enumerate()
+                              if t.name.startswith("shmcache-")]
     results["warnings"] = [str(w.message) for w in caught
                            if issubclass(w.category, shmcache.CacheWarning)]
     dist.barrier()

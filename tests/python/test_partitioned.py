@@ -7,10 +7,13 @@ job's process group.
 partition_rank.py trains with DistributedSampler(shuffle=True) from the
 source and through PartitionedLoader; the tests compare the two and check
 what the caches hold, with everything working, with a rank that leaves an
-epoch early, and with one node's server dead.
+epoch early, and with one node's server dead; each case for both loader
+kinds PartitionedLoader wraps (DataLoader(CachedDataset) and CachedLoader),
+with windows of 1 and 3 batches per exchange round.
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -26,6 +29,10 @@ NODES, LOCAL = 2, 2
 WORLD = NODES * LOCAL
 # 100 rows: 25 per rank, batches of 8: three full batches and one of 1.
 N, EPOCHS, BATCH = 100, 3, 8
+BATCHES = 4
+# (what PartitionedLoader wraps, its window): one round per batch for the
+# DataLoader, one per 3 batches (2 rounds for 4 batches) for the CachedLoader.
+KINDS = {"dataloader": 1, "cachedloader": 3}
 
 
 def _run_ranks(envs, args, timeout=150):
@@ -52,7 +59,7 @@ def _run_ranks(envs, args, timeout=150):
         assert p.returncode == 0, f"rank {rank} failed (rc {p.returncode}):\n{out}"
 
 
-def _job(tmp, workers=0, brk=None, dead_node=None):
+def _job(tmp, kind, workers=0, brk=None, dead_node=None):
     """Starts a server per node, runs the ranks, stops the servers;
     {rank: results of partition_rank.py}."""
     master_port = free_tcp_port()
@@ -75,7 +82,7 @@ def _job(tmp, workers=0, brk=None, dead_node=None):
                     RANK=str(node * LOCAL + local), WORLD_SIZE=str(WORLD),
                     LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
-        args = [tmp, N, EPOCHS, BATCH, workers] + ([brk] if brk else [])
+        args = [tmp, N, EPOCHS, BATCH, workers, kind, KINDS[kind]] + ([brk] if brk else [])
         _run_ranks(envs, args)
         return {r: json.loads((tmp / f"rank{r}.json").read_text())
                 for r in range(WORLD)}
@@ -92,18 +99,35 @@ def _same_batches(res, rank, epochs=range(EPOCHS)):
         assert got == src, f"rank {rank}, epoch {e}: batches differ"
 
 
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def kind(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return _job(tmp_path_factory.mktemp("partitioned"), workers=1)
+def job(tmp_path_factory, kind):
+    return _job(tmp_path_factory.mktemp(f"partitioned-{kind}"), kind, workers=1)
 
 
 def test_batches_and_losses_are_distributed_samplers(job):
     for rank, res in job.items():
         _same_batches(res, rank)
         assert [len(b["indices"]) for b in res["source"][0]["batches"]] == [8, 8, 8, 1]
-        assert res["len"] == 4
+        assert res["len"] == BATCHES
         cached = [e["loss_sum"] for e in res["partitioned"]]
         assert cached == [e["loss_sum"] for e in res["source"]], f"rank {rank}"
+        assert res["threads"] == [], "threads outlived the loader"
+
+
+def test_one_exchange_round_per_window_of_batches(job, kind):
+    """An epoch of 4 batches takes ceil(4 / window) rounds that carry
+    batches, then (warm epochs: nothing left to push) one closing round
+    where every rank says done."""
+    rounds = math.ceil(BATCHES / KINDS[kind])
+    for rank, res in job.items():
+        per = [e["counters"] for e in res["partitioned"]]
+        assert [c["rounds"] for c in per] == [rounds] * EPOCHS, f"rank {rank}: {per}"
+        assert all(c["closing_rounds"] == 1 for c in per[1:]), f"rank {rank}: {per}"
 
 
 def test_first_epoch_misses_then_every_row_a_hit_local_or_remote(job):
@@ -132,10 +156,10 @@ def test_each_node_holds_its_half(job):
     assert all(not res["warnings"] for res in job.values())
 
 
-def test_a_rank_leaving_an_epoch_early_hangs_nobody(tmp_path):
+def test_a_rank_leaving_an_epoch_early_hangs_nobody(tmp_path, kind):
     """Rank 0 breaks out of epoch 1 after one batch; the others read the
     whole epoch (rank 0 keeps answering them), then all go on."""
-    res = _job(tmp_path, brk="0:1:1")
+    res = _job(tmp_path, kind, brk="0:1:1")
     for rank in range(WORLD):
         epochs = [0, 2] if rank == 0 else range(EPOCHS)
         _same_batches(res[rank], rank, epochs)
@@ -144,8 +168,8 @@ def test_a_rank_leaving_an_epoch_early_hangs_nobody(tmp_path):
     assert res[0]["partitioned"][1]["batches"] == res[0]["source"][1]["batches"][:1]
 
 
-def test_a_dead_server_on_one_node_its_rows_come_from_the_source(tmp_path):
-    res = _job(tmp_path, dead_node=1)
+def test_a_dead_server_on_one_node_its_rows_come_from_the_source(tmp_path, kind):
+    res = _job(tmp_path, kind, dead_node=1)
     for rank in range(WORLD):
         _same_batches(res[rank], rank)
         node = rank // LOCAL
@@ -199,3 +223,81 @@ def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():
     own = RowOwners(100, 2, seed=0)
     for rank in range(4):
         assert len({own.owner(i) for i in perm[rank::4]}) == 2
+
+
+# ---- one rank: how a pass ends ---------------------------------------------
+
+_ONE_RANK = r'''
+import datetime, os, sys, threading
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+import shmcache
+from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
+
+class Rows(Dataset):
+    fail = None
+    root = "one-rank"
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        if i == self.fail:
+            raise RuntimeError(f"row {i} failed")
+        return np.full(4, i, dtype=np.float32), i
+
+def exchange_threads():
+    return [t for t in threading.enumerate() if t.name == "shmcache-exchange"]
+
+dist.init_process_group("gloo", init_method="env://",
+                        timeout=datetime.timedelta(seconds=60))
+src = Rows()
+cds = CachedDataset(src, shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
+                    async_puts=False)
+sampler = DistributedSampler(cds, shuffle=False)
+make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=4, sampler=sampler), window=2,
+                           local_world_size=1)
+order = list(range(40))
+
+# A row that fails: raised to the caller, after the batches before its
+# own (CachedLoader) or before its window's (DataLoader: the exchange
+# thread computes a window's misses at once); the pass's thread is gone
+# once the loop has left.
+src.fail = 13
+seen = []
+try:
+    for x, i in loader:
+        seen += i.tolist()
+    sys.exit("no exception")
+except RuntimeError as e:
+    assert "row 13 failed" in str(e), e
+assert seen == order[:12 if sys.argv[1] == "cachedloader" else 8], seen
+assert not exchange_threads()
+src.fail = None
+
+# iter() without next(), then a whole epoch: every batch, in order.
+it = iter(loader)
+assert [j for _, i in loader for j in i.tolist()] == order
+assert not exchange_threads()
+
+# An early break: the thread ends with the loop.
+for x, i in loader:
+    break
+assert not exchange_threads()
+c = loader.counters
+assert c["misses"] >= 40 and c["local_hits"] > 0 and c["remote_hits"] == 0, c
+loader.close()
+assert not exchange_threads()
+dist.destroy_process_group()
+print("ok")
+'''
+
+
+def test_a_pass_that_raises_or_breaks_leaves_no_exchange_thread(session, tmp_path, kind):
+    env = dict(os.environ, SESSION_ID=str(session), RANK="0", WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_tcp_port()),
+               OMP_NUM_THREADS="1")
+    out = subprocess.run(["/usr/bin/python3", "-c", _ONE_RANK, kind], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
+        out.stdout + out.stderr

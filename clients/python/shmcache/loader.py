@@ -72,6 +72,7 @@ from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_int
                          read_rows)
 from .datasets import CachedDataset
 from .misses import Closed, Columns, MissWorkers, Sample, Stored, compute_rows
+from .rows import encode
 
 __all__ = ["CachedLoader"]
 
@@ -245,7 +246,7 @@ def _plain(cds):
                for a in ("transform", "target_transform", "transforms"))
 
 
-def _ids(indices):
+def batch_ids(indices):
     """A batch sampler's batch (ints, 0-d tensors, an index tensor) as ints."""
     if isinstance(indices, torch.Tensor):
         return [int(i) for i in indices.reshape(-1).tolist()]
@@ -275,15 +276,22 @@ def _cpus():
 
 class _LoaderIter:
     """One pass over the batch sampler. Its threads hold the _Pipeline, not
-    this object, so dropping the iterator (early break) closes them."""
+    this object, so dropping the iterator (early break) closes them.
 
-    def __init__(self, loader):
+    source: the pass's batches from a feed instead of the batch sampler
+    (PartitionedLoader's WindowFeed): items with `indices` and `rows`
+    ({index: row} to take where the cache misses), `owned(index)` (whether
+    a miss is put into this cache; if not, it goes back through `note`),
+    `note(...)` and `settle()`, called once per item taken, done or not."""
+
+    def __init__(self, loader, source=None):
         # As DataLoader: the workers' seed from torch's generator at iter(),
         # the sampler's own draws at the first next() (in this thread).
         self._loader = loader
         self._base_seed = torch.empty((), dtype=torch.int64).random_(
             generator=loader.generator).item()
-        self._batches = iter(loader.batch_sampler)
+        self._fed = source is not None
+        self._batches = iter(loader.batch_sampler) if source is None else source
         self._pipe = None
         self._closed = False
 
@@ -295,7 +303,8 @@ class _LoaderIter:
             if self._closed:
                 raise StopIteration
             first = next(self._batches, None)
-            self._pipe = _Pipeline(self._loader, self._batches, first, self._base_seed)
+            self._pipe = _Pipeline(self._loader, self._batches, first, self._base_seed,
+                                   self._fed)
         return self._pipe.next()
 
     def __len__(self):
@@ -319,8 +328,10 @@ class _Pipeline:
     consumer), assembles the batch, and files it under its number; the
     consumer takes batches in number order. `cond` guards the counters."""
 
-    def __init__(self, loader, batches, first, base_seed):
+    def __init__(self, loader, batches, first, base_seed, fed=False):
         self.loader = loader
+        self.fed = fed          # batches from a feed: items, drawn without `cond`
+        self._draw = threading.Lock()
         self.cds = loader.dataset
         self.tuner = loader._tuner
         self.pin = loader.pin_memory or loader.device is not None
@@ -355,17 +366,23 @@ class _Pipeline:
             self.threads.append(t)
             t.start()
 
+    def _slot_locked(self):
+        """Waits until this thread may take the next batch; False when it
+        should end instead."""
+        while True:
+            if self.stopped or self.live > self.tuner.threads:
+                return False
+            if self.end is not None and self.next_no >= self.end:
+                return False
+            if self.next_no < self.consumed + self.tuner.prefetch:
+                return True
+            self.cond.wait()
+
     def _take_locked(self):
         """(number, indices) of the next batch to assemble, or None when
         this thread should end."""
-        while True:
-            if self.stopped or self.live > self.tuner.threads:
-                return None
-            if self.end is not None and self.next_no >= self.end:
-                return None
-            if self.next_no < self.consumed + self.tuner.prefetch:
-                break
-            self.cond.wait()
+        if not self._slot_locked():
+            return None
         if self._first is not None:
             indices, self._first = self._first, None
         else:
@@ -377,20 +394,57 @@ class _Pipeline:
         self.next_no += 1
         return self.next_no - 1, indices
 
+    def _take_fed(self):
+        """As _take_locked, from a feed: the next item may wait for an
+        exchange round of all ranks, so it is drawn without holding `cond`
+        (the consumer and the other threads go on meanwhile; the other
+        ranks' rounds may need this rank's consumer to move), `_draw`
+        keeping draws and numbers in order. A feed's exception is the
+        batch's result."""
+        with self._draw:
+            with self.cond:
+                if not self._slot_locked():
+                    return None
+                first, self._first = self._first, None
+            try:
+                item = first if first is not None else next(self._batches, None)
+            except BaseException as e:   # noqa: BLE001 -- raised to the consumer
+                item = e
+            with self.cond:
+                if item is None:
+                    self.end = self.next_no
+                    self.cond.notify_all()
+                    return None
+                self.next_no += 1
+                if isinstance(item, BaseException):
+                    self.end = self.next_no
+                    self.ready[self.next_no - 1] = (False, item, 0)
+                    self.cond.notify_all()
+                    return None
+                return self.next_no - 1, item
+
     def _run(self):
         while True:
+            job = self._take_fed() if self.fed else None
             with self.cond:
-                job = self._take_locked()
+                if not self.fed:
+                    job = self._take_locked()
                 if job is None:
                     self.live -= 1
                     self.cond.notify_all()
                     return
             t0 = time.monotonic()
             try:
-                batch, nbytes = self._assemble(_ids(job[1]))
+                if self.fed:
+                    batch, nbytes = self._assemble(batch_ids(job[1].indices), job[1])
+                else:
+                    batch, nbytes = self._assemble(batch_ids(job[1]))
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 result = (False, e, 0)
+            finally:
+                if self.fed:
+                    job[1].settle()
             self.loader._count(busy_s=time.monotonic() - t0)
             with self.cond:
                 if not self.stopped:
@@ -461,8 +515,9 @@ class _Pipeline:
 
     # ---- one batch ------------------------------------------------------
 
-    def _assemble(self, indices):
-        """(batch, bytes): see the module's contract."""
+    def _assemble(self, indices, fed=None):
+        """(batch, bytes): see the module's contract; `fed`: the batch's
+        item from a feed (see _LoaderIter)."""
         n, columns = len(indices), self.cds.columns
         schema = self.loader._schema
         bufs, filled = None, np.zeros(n, dtype=bool)
@@ -471,7 +526,9 @@ class _Pipeline:
             filled = read_into(self.cds.cache, indices, schema.read_targets(bufs),
                                columns)
         rest = np.flatnonzero(~filled).tolist()
-        rows = dict(zip(rest, self._rows([indices[p] for p in rest]))) if rest else {}
+        if fed is not None:
+            fed.note(local_hits=n - len(rest))
+        rows = dict(zip(rest, self._rows([indices[p] for p in rest], fed))) if rest else {}
         self.loader._count(samples=n, hits=n - len(rest))
         if schema is None and rows:
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
@@ -508,24 +565,43 @@ class _Pipeline:
             self.loader._schema = schema
         return schema
 
-    def _rows(self, ids):
+    def _rows(self, ids, fed=None):
         """Per id the row's [(name, dtype, array)] from the cache (copies),
-        else computed (and queued for the cache), or a Sample the cache
-        cannot hold."""
+        else from `fed`'s rows, else computed (and queued for the cache, or
+        with `fed` handed back when another node owns it), or a Sample the
+        cache cannot hold."""
         rows: list[Any] = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
         missing = [k for k, r in enumerate(rows) if r is None]
+        owned = None
+        if fed is not None:
+            local = len(ids) - len(missing)
+            for k in missing:
+                r = fed.rows.get(ids[k])
+                if r is not None:
+                    rows[k] = project(encode(r), self.cds.columns)
+            missing = [k for k in missing if rows[k] is None]
+            owned = [fed.owned(ids[k]) for k in missing]
+            fed.note(local_hits=local, remote_hits=len(ids) - len(missing) - local,
+                     misses=len(missing))
         self.loader._count(hits=len(ids) - len(missing), misses=len(missing))
         if missing:
             stored = []     # rows a worker put into the cache
-            for k, row in zip(missing, self._compute([ids[k] for k in missing])):
+            pushes = []     # rows of another node (fed)
+            computed = self._compute([ids[k] for k in missing], owned=owned)
+            for j, (k, row) in enumerate(zip(missing, computed)):
                 if isinstance(row, Stored):
                     stored.append(k)
                 elif isinstance(row, Columns):
-                    self.cds._store(ids[k], row.cols)
+                    if owned is None or owned[j]:
+                        self.cds._store(ids[k], row.cols)
+                    else:
+                        pushes.append((ids[k], row.cols))
                     rows[k] = project(row.cols, self.cds.columns)
                 else:
                     self.cds._uncacheable(ids[k], row.why)
                     rows[k] = Sample(self.cds._project(row.sample), row.why)
+            if pushes:
+                fed.note(pushes=pushes)
             if stored:
                 again = read_rows(self.cds.cache, [ids[k] for k in stored],
                                   self.cds.columns, copy=True)
@@ -541,13 +617,13 @@ class _Pipeline:
                             Sample(self.cds._project(row.sample), row.why)
         return rows
 
-    def _compute(self, ids, inline=False):
+    def _compute(self, ids, inline=False, owned=None):
         """The rows of `ids` computed by the workers (or, with num_workers=0,
-        here); Closed once the pass is closed: nothing is computed in this
-        process after close()."""
+        here; `owned`: which rows the workers put); Closed once the pass is
+        closed: nothing is computed in this process after close()."""
         stopped = lambda: self.stopped   # noqa: E731
         if self.pool is not None and not inline:
-            return self.pool.compute(ids)
+            return self.pool.compute(ids, owned)
         if self.stopped:
             raise Closed("the CachedLoader iterator was closed")
         with self._inline:

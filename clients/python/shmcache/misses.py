@@ -16,7 +16,10 @@ controls: the workers are DataLoader's (its seeding, get_worker_info,
 worker_init_fn, timeout=, multiprocessing_context, its errors naming a dead
 worker's pid, its watchdog). Each worker also ends within
 PARENT_POLL_S of its parent's death (SIGKILL included). compute() runs one
-batch's misses at a time (chunks spread over all workers); close() stops
+batch's misses at a time (chunks spread over all workers); with owned=, a
+mask, the workers put only the rows it marks (the others come back as
+Columns: PartitionedLoader's rows of another node, which go to their
+owner instead); close() stops
 it: a compute in progress raises Closed after the chunk it waits for, and
 the workers are shut down by whichever thread drops the DataLoader last,
 never by the caller of close() waiting on a busy worker.
@@ -101,7 +104,8 @@ def compute_rows(cds: Any, ids: Sequence[int],
 
 
 class _Rows(Dataset[Computed]):
-    """What a worker computes: row i, put into the cache by the worker."""
+    """What a worker computes: row i, put into the cache by the worker
+    (key i), or put only when `put` says so (key (i, put))."""
 
     def __init__(self, cds: Any) -> None:
         self.cds = cds
@@ -109,8 +113,9 @@ class _Rows(Dataset[Computed]):
     def __len__(self) -> int:
         return len(self.cds)
 
-    def __getitem__(self, index: int) -> Computed:
-        return _compute(self.cds, index, put=True)
+    def __getitem__(self, key: int | tuple[int, bool]) -> Computed:
+        index, put = key if isinstance(key, tuple) else (key, True)
+        return _compute(self.cds, index, put=put)
 
 
 class _Chunks:
@@ -118,7 +123,7 @@ class _Chunks:
     compute in progress."""
 
     def __init__(self) -> None:
-        self.chunks: list[list[int]] = []
+        self.chunks: list[list[Any]] = []
 
     def __iter__(self) -> Any:
         return iter(self.chunks)
@@ -172,10 +177,13 @@ class MissWorkers:
             multiprocessing_context=context, persistent_workers=True,
             generator=torch.Generator().manual_seed(base_seed))
 
-    def compute(self, ids: Sequence[int]) -> list[Computed]:
-        """The rows of `ids`, in order (see the module)."""
-        ids = list(ids)
-        if not ids:
+    def compute(self, ids: Sequence[int],
+                owned: Sequence[bool] | None = None) -> list[Computed]:
+        """The rows of `ids`, in order; with `owned`, only the rows it marks
+        are put by the workers (see the module)."""
+        keys: list[Any] = list(ids) if owned is None else \
+            [(int(i), bool(o)) for i, o in zip(ids, owned)]
+        if not keys:
             return []
         with self._lock:
             if self._closed or self._loader is None:
@@ -187,8 +195,8 @@ class MissWorkers:
                 self._loader = None
                 raise Closed("the CachedLoader iterator was closed")
             loader = self._loader
-            size = min(_MAX_CHUNK, max(1, -(-len(ids) // (2 * self._num_workers))))
-            self._chunks.chunks = [ids[k:k + size] for k in range(0, len(ids), size)]
+            size = min(_MAX_CHUNK, max(1, -(-len(keys) // (2 * self._num_workers))))
+            self._chunks.chunks = [keys[k:k + size] for k in range(0, len(keys), size)]
             out: list[Computed] = []
             try:
                 for rows in loader:

@@ -5,6 +5,8 @@ partitioned over the nodes' caches (imported through shmcache.torch).
     sampler = DistributedSampler(ds, shuffle=True, seed=0)
     loader = PartitionedLoader(DataLoader(ds, batch_size=B, sampler=sampler,
                                           num_workers=2))
+    # or PartitionedLoader(CachedLoader(ds, batch_size=B, sampler=sampler,
+    #                                   num_workers=2), window=4)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for x, y in loader: ...
@@ -13,32 +15,45 @@ Each node's cache holds only the rows its node owns (shmcache.partition:
 a fixed seeded split of the indices, the same on every rank); a rank reads
 the rows of its batch that its node owns from its node's cache, and gets
 the others from their owner node over the job's torch.distributed group,
-one exchange round (four all_to_all_single calls) per batch. A row cached
-nowhere yet (first epoch) is computed by the rank that needs it and sent
-to its owner, which puts it in its cache with the next round.
+one exchange round (four all_to_all_single calls) per window of `window`
+batches (default 4; 1: a round per batch). A row cached nowhere yet (first
+epoch) is computed by the rank that needs it and sent to its owner, which
+puts it in its cache with the next round.
 
 The batches are DistributedSampler's, unchanged: the same indices in the
 same order (set_epoch, drop_last, the last shorter batch), the same values
-as DataLoader(CachedDataset) gives (transform and collate_fn run on the
-trainer in sample order).
+as the wrapped loader gives without partitioning.
 
-Who does what: the trainer process (the one that iterates the loader, where
-the process group lives) carries the exchange, in the iterating thread, on
-a gloo group of all ranks the loader makes when it is built (so every rank
-must build its loader at the same point, as for any torch.distributed
-group). DataLoader workers (num_workers > 0) take part only as a pool that
-computes rows from the wrapped dataset: the misses of each batch are split
-among them, the rows come back to the trainer, which puts them (its own
-node's) or sends them to their owner. Workers never touch the process
-group.
+Who carries the exchange: in both loader kinds, one thread of the trainer
+process (where the process group lives) per pass, shmcache-exchange
+(shmcache.partitioned_feed.WindowFeed), on a gloo group of all ranks the
+loader makes when it is built (so every rank must build its loader at the
+same point, as for any torch.distributed group). It draws the batch
+sampler a window ahead, runs the window's round, and hands the batches to
+the iterating side through a bounded queue (two windows).
+
+How workers take part:
+- DataLoader(CachedDataset): the exchange thread also reads this node's
+  rows from its cache and computes the window's misses with the
+  DataLoader's workers (num_workers > 0) as a pool (shmcache.misses'
+  MissWorkers, putting nothing: the exchange thread puts this node's rows
+  and pushes the others'); transform and collate_fn run in the iterating
+  thread, in sample order, as DataLoader(CachedDataset) gives them.
+- CachedLoader: the exchange thread hands each batch with the rows fetched
+  from other nodes; the CachedLoader's own threads read this node's rows
+  (read_into) and compute the misses with its miss workers, which put only
+  the rows this node owns (owned= mask); the computed rows of other nodes
+  come back to the trainer and go to their owner with the next round.
+In both, workers never touch the process group.
 
 Every rank must take part in every round, to the end of the epoch: when a
 rank's epoch ends first (it broke out of the loop, or iter() was called
-again, or close()), its iterator keeps answering the other ranks' requests,
-with nothing of its own, until every rank is done; the break returns then.
-With `for batch in loader: ... break` this happens when the loop's
-iterator is dropped; with an iterator kept in a variable, at the next
-iter(loader), close() or the iterator's close().
+again, or close(), or the pass raised), its exchange thread stops taking
+batches and keeps answering the other ranks' requests, with nothing of its
+own, until every rank is done; the break (or close, or the next iter())
+returns then. With `for batch in loader: ... break` this happens when the
+loop's iterator is dropped; with an iterator kept in a variable, at the
+next iter(loader), close() or the iterator's close().
 
 A node whose server is gone (the cache bypassed: one CacheWarning from
 DatasetCache) serves nothing: every rank computes that node's rows from the
@@ -49,22 +64,24 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Generator, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-import numpy as np
-import torch
 import torch.distributed as dist
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler,
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler,
                               Sampler, default_collate)
 
-from . import DatasetCache, rows
+from . import rows
 from .datasets import CachedDataset
-from .partition import RowExchange, RowOwners, numpy_row
+from .loader import CachedLoader, _LoaderIter
+from .partition import RowExchange, RowOwners
+from .partitioned_feed import WindowFeed
+from .partitioned_rows import PartitionedRows
 
 __all__ = ["PartitionedLoader", "PartitionedRows"]
 
-Pushes = dict[int, tuple[list[int], list[Any]]]
+DEFAULT_WINDOW = 4
 
 
 def _to_sample(row: Any) -> Any:
@@ -73,144 +90,9 @@ def _to_sample(row: Any) -> Any:
     return rows.decode(rows.encode(row), torch=True)
 
 
-def _as_list(rows: list[Any]) -> list[Any]:
-    return rows
-
-
-class _SourceRows(Dataset):
-    """The wrapped dataset's rows as numpy rows (what a worker computes)."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        return numpy_row(self.dataset[index])
-
-
-class _Chunks(Sampler[list[int]]):
-    """The batch sampler of the worker pool: the chunks set before each use."""
-
-    def __init__(self) -> None:
-        self.chunks: list[list[int]] = []
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.chunks)
-
-    def __len__(self) -> int:
-        return len(self.chunks)
-
-
-class PartitionedRows:
-    """The rows of a batch, wherever they are: this node's cache, the owner
-    node's cache (over the exchange), or computed from `source`.
-
-    This is the part a batch loader plugs in (PartitionedLoader does):
-    read(indices, epoch) in the trainer process, once per batch, on every
-    rank the same number of times, then finish(epoch) once per epoch.
-    Returns numpy rows (what DatasetCache.get returns).
-    """
-
-    def __init__(self, source: Any, cache: DatasetCache | None, exchange: RowExchange,
-                 num_workers: int = 0) -> None:
-        self.source = source
-        self.cache = cache
-        self.exchange = exchange
-        self.owners = exchange.owners
-        self.node = exchange.node
-        self._pending: Pushes = {}
-        self.num_workers = num_workers
-        self._chunks = _Chunks()
-        self._pool: DataLoader | None = None
-        if num_workers > 0:
-            self._pool = DataLoader(_SourceRows(source), batch_sampler=self._chunks,
-                                    num_workers=num_workers, collate_fn=_as_list,
-                                    persistent_workers=True)
-        # Counters of this rank, cumulative: rows read from this node's
-        # cache, rows fetched from another node's cache, rows computed.
-        self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0,
-                         "pushed": 0}
-
-    def _alive(self) -> bool:
-        return self.cache is not None and not self.cache.bypassed
-
-    def _compute(self, indices: list[int]) -> list[Any]:
-        if not indices:
-            return []
-        if self._pool is None or len(indices) == 1:
-            return [numpy_row(self.source[i]) for i in indices]
-        k = min(self.num_workers, len(indices))
-        self._chunks.chunks = [indices[j::k] for j in range(k)]
-        parts = list(self._pool)
-        out: list[Any] = [None] * len(indices)
-        for j, part in enumerate(parts):
-            out[j::k] = part
-        return out
-
-    def read(self, indices: Sequence[int], epoch: int) -> list[Any]:
-        """The numpy rows of `indices` (one exchange round)."""
-        idx = [int(i) for i in indices]
-        ex = self.exchange
-        owner = self.owners.owners[idx] if idx else np.empty(0, dtype=np.int32)
-        rows: list[Any] = [None] * len(idx)
-        mine = [k for k in range(len(idx)) if owner[k] == self.node]
-        if mine and self._alive():
-            assert self.cache is not None
-            got = self.cache.get_batch([idx[k] for k in mine])
-            for k, r in zip(mine, got):
-                rows[k] = r
-        self.counters["local_hits"] += sum(rows[k] is not None for k in mine)
-        requests: dict[int, list[int]] = {}
-        where: dict[int, list[int]] = {}
-        for k in range(len(idx)):
-            o = int(owner[k])
-            if o != self.node and o not in ex.dead_nodes:
-                dst = ex.server_of(o)
-                requests.setdefault(dst, []).append(idx[k])
-                where.setdefault(dst, []).append(k)
-        pending, self._pending = self._pending, {}
-        answers, _ = ex.round(requests, pending, False, epoch)
-        for dst, rs in answers.items():
-            for k, r in zip(where[dst], rs):
-                if r is not None:
-                    rows[k] = r
-                    self.counters["remote_hits"] += 1
-        missing = [k for k in range(len(idx)) if rows[k] is None]
-        computed = self._compute([idx[k] for k in missing])
-        self.counters["misses"] += len(missing)
-        put_ids: list[int] = []
-        put_rows: list[Any] = []
-        for k, r in zip(missing, computed):
-            rows[k] = r
-            o = int(owner[k])
-            if o == self.node:
-                put_ids.append(idx[k])
-                put_rows.append(r)
-            elif o not in ex.dead_nodes:
-                ids, rs = self._pending.setdefault(ex.server_of(o), ([], []))
-                ids.append(idx[k])
-                rs.append(r)
-                self.counters["pushed"] += 1
-        if put_ids and self._alive():
-            assert self.cache is not None
-            self.cache.put_batch(put_ids, put_rows)
-        return rows
-
-    def finish(self, epoch: int) -> None:
-        """Ends this rank's epoch: sends what is left to put and answers the
-        other ranks until every rank has finished (returns then)."""
-        if self.exchange.broken:
-            return   # out of step: another round would hang or mismatch
-        while True:
-            pending, self._pending = self._pending, {}
-            _, all_done = self.exchange.round({}, pending, True, epoch)
-            if all_done:
-                return
-
-    def close(self) -> None:
-        self._pool = None   # its persistent workers end with their iterator
+def _raising(e: BaseException) -> Iterator[Any]:
+    raise e
+    yield   # noqa: unreachable -- a generator
 
 
 class PartitionedLoader:
@@ -218,10 +100,12 @@ class PartitionedLoader:
     partitioned over the nodes' caches; see the module doc.
 
     data: a DataLoader over a CachedDataset (its sampler, batch size,
-      drop_last, collate_fn and num_workers are used), or the CachedDataset
+      drop_last, collate_fn and num_workers are used), a CachedLoader (all
+      of its options are used: it makes the batches), or the CachedDataset
       itself (then sampler default DistributedSampler(data, shuffle=True,
       seed=seed), and batch_size, drop_last, collate_fn, num_workers as
-      given).
+      given, as for a DataLoader).
+    window: batches per exchange round (>= 1). Default 4.
     seed: the seed of the ownership split (the same on every rank), and of
       the default DistributedSampler. Default 0.
     local_world_size: ranks per node, ranks numbered node by node; default
@@ -231,21 +115,32 @@ class PartitionedLoader:
       at the same point).
     """
 
-    def __init__(self, data: DataLoader | CachedDataset, batch_size: int = 1,
-                 sampler: Sampler[int] | None = None,
+    def __init__(self, data: DataLoader | CachedLoader | CachedDataset,
+                 batch_size: int = 1, sampler: Sampler[int] | None = None,
                  collate_fn: Callable[[list[Any]], Any] | None = None,
                  num_workers: int = 0, drop_last: bool = False, seed: int = 0,
-                 local_world_size: int | None = None, group: Any = None) -> None:
+                 local_world_size: int | None = None, group: Any = None,
+                 window: int = DEFAULT_WINDOW) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("PartitionedLoader needs torch.distributed: call "
                                "torch.distributed.init_process_group first")
-        if isinstance(data, DataLoader):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        self.cached_loader: CachedLoader | None = None
+        if isinstance(data, CachedLoader):
+            self.cached_loader = data
+            ds: Any = data.dataset
+            batch_sampler: Any = data.batch_sampler
+            self.sampler: Any = data.sampler
+            collate = default_collate
+            num_workers = 0        # the CachedLoader's miss workers compute
+        elif isinstance(data, DataLoader):
             ds = data.dataset
             batch_sampler = data.batch_sampler
             if batch_sampler is None:
                 raise ValueError("the DataLoader has no batch sampler "
                                  "(batch_size=None): give it a batch_size")
-            self.sampler: Any = data.sampler
+            self.sampler = data.sampler
             collate = data.collate_fn
             num_workers = data.num_workers
         else:
@@ -267,15 +162,17 @@ class PartitionedLoader:
                                  "local_world_size or set $LOCAL_WORLD_SIZE")
             local_world_size = int(v)
         self.dataset = ds
-        self.batch_sampler: Any = batch_sampler
+        self.batch_sampler = batch_sampler
         self.collate_fn = collate
+        self.window = window
         owners = RowOwners(len(ds), dist.get_world_size() // local_world_size
                            if local_world_size > 0 else 0, seed)
         group = group if group is not None else RowExchange.new_group()
         self.exchange = RowExchange(ds.cache, owners, group, local_world_size)
-        self.rows = PartitionedRows(ds.dataset, ds.cache, self.exchange, num_workers)
+        self.rows = PartitionedRows(ds, self.exchange, num_workers)
         self._epochs = 0
-        self._active: Generator[Any, None, None] | None = None
+        self._active: weakref.ref[Generator[Any, None, None]] | None = None
+        self._feed: WindowFeed | None = None
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -287,38 +184,62 @@ class PartitionedLoader:
     @property
     def counters(self) -> dict[str, int]:
         """This rank's cumulative counts: local_hits, remote_hits, misses
-        (rows computed), pushed (computed rows sent to their owner)."""
-        return dict(self.rows.counters)
+        (rows computed), pushed (computed rows sent to their owner), rounds
+        (exchange rounds that carried a window of batches: ceil(batches /
+        window) per epoch), closing_rounds (rounds after this rank's last
+        window, until every rank is done: one per epoch when the others
+        finish with it and nothing is left to push)."""
+        with self.rows._lock:
+            return dict(self.rows.counters)
 
     def __iter__(self) -> Iterator[Any]:
         self._end_active()
         self._epochs += 1
-        self._active = self._epoch(self._epochs)
-        return self._active
+        cl = self.cached_loader
+        self._feed = feed = WindowFeed(self.rows, self.window, self._epochs,
+                                       None if cl is not None else self.rows.fill)
+        # As DataLoader: CachedLoader's seed drawn at iter(), the sampler
+        # started at the first next() (in this thread; the exchange thread
+        # draws the rest).
+        it = _LoaderIter(cl, source=feed) if cl is not None else None
+        gen = self._epoch(feed, it)
+        # Weak: a loop's iterator dropped (break) closes its pass.
+        self._active = weakref.ref(gen)
+        return gen
 
     def _end_active(self) -> None:
-        gen, self._active = self._active, None
-        if gen is None:
-            return
-        if inspect.getgeneratorstate(gen) == inspect.GEN_CREATED:
-            # Never started: its finally would not run, but the other ranks
-            # count on this rank's rounds of that epoch.
-            gen.close()
-            self.rows.finish(self._epochs)
-        else:
-            gen.close()
+        gen = self._active() if self._active is not None else None
+        feed, self._feed, self._active = self._feed, None, None
+        if gen is not None and inspect.getgeneratorstate(gen) != inspect.GEN_CREATED:
+            gen.close()        # its finally closes the feed
+        if feed is not None:
+            feed.close()       # never started: still, every rank's rounds
 
     def _sample(self, row: Any) -> Any:
         s = _to_sample(row)
         return self.dataset.apply_transforms(s)
 
-    def _epoch(self, epoch: int) -> Generator[Any, None, None]:
+    def _epoch(self, feed: WindowFeed,
+               it: _LoaderIter | None) -> Generator[Any, None, None]:
         try:
-            for indices in self.batch_sampler:
-                rows = self.rows.read(indices, epoch)
-                yield self.collate_fn([self._sample(r) for r in rows])
+            batches: Iterator[Any] = iter(self.batch_sampler)
+            try:
+                first = next(batches, None)
+            except Exception as e:   # noqa: BLE001 -- raised by the pass
+                first, batches = None, _raising(e)
+            feed.start(first, batches)
+            if it is None:
+                for rows in feed:
+                    yield self.collate_fn([self._sample(r) for r in rows])
+                return
+            try:
+                for batch in it:   # not `yield from`: it would close `it` first
+                    yield batch
+            finally:
+                feed.stop()     # threads waiting for a batch go now
+                it.close()
         finally:
-            self.rows.finish(epoch)
+            feed.close()
 
     def close(self) -> None:
         """Ends the current epoch (see the module doc) and the worker pool."""
