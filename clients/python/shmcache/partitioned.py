@@ -189,8 +189,7 @@ class PartitionedLoader:
         window) per epoch), closing_rounds (rounds after this rank's last
         window, until every rank is done: one per epoch when the others
         finish with it and nothing is left to push)."""
-        with self.rows._lock:
-            return dict(self.rows.counters)
+        return self.rows.counts()
 
     def __iter__(self) -> Iterator[Any]:
         self._end_active()

@@ -57,9 +57,14 @@ class PartitionedRows:
             for k, v in delta.items():
                 self.counters[k] += v
 
+    def counts(self) -> dict[str, int]:
+        """A copy of the counters (the feed thread may be adding to them)."""
+        with self._lock:
+            return dict(self.counters)
+
     def owned(self, index: int) -> bool:
         """Whether this node owns row `index` (its cache is where it goes)."""
-        return int(self.owners.owners[index]) == self.node
+        return self.owners.owner(index) == self.node
 
     def _alive(self) -> bool:
         return self.cache is not None and not self.cache.bypassed
@@ -72,7 +77,7 @@ class PartitionedRows:
         ex, seen = self.exchange, set()
         out: dict[int, list[int]] = {}
         for i in ids:
-            o = int(self.owners.owners[i])
+            o = self.owners.owner(i)
             if o != self.node and o not in ex.dead_nodes and i not in seen:
                 seen.add(i)
                 out.setdefault(ex.server_of(o), []).append(i)
@@ -93,7 +98,7 @@ class PartitionedRows:
         """Queues a computed row of another node for its owner (sent with the
         next round); dropped when the owner's cache was dead at the last
         round."""
-        o = int(self.owners.owners[index])
+        o = self.owners.owner(index)
         if o == self.node or o in self.exchange.dead_nodes:
             return
         with self._lock:
