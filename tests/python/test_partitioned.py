@@ -301,3 +301,56 @@ def test_a_pass_that_raises_or_breaks_leaves_no_exchange_thread(session, tmp_pat
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
         out.stdout + out.stderr
+
+
+_UNCACHEABLE = r'''
+import datetime, os, sys, warnings
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+import shmcache
+from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
+
+class Named(Dataset):
+    root = "one-rank-named"
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):   # a str has no column type: never cached
+        return {"x": np.full(4, i, dtype=np.float32), "path": f"img{i}.jpg"}
+
+dist.init_process_group("gloo", init_method="env://",
+                        timeout=datetime.timedelta(seconds=60))
+cds = CachedDataset(Named(), shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
+                    async_puts=False)
+make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=4, sampler=DistributedSampler(cds, shuffle=False),
+                                num_workers=int(sys.argv[2])),
+                           window=2, local_world_size=1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for epoch in range(2):
+        paths, xs = [], []
+        for b in loader:
+            paths += b["path"]
+            xs += b["x"][:, 0].tolist()
+        assert paths == [f"img{i}.jpg" for i in range(24)], paths
+        assert xs == list(range(24)), xs
+said = [w for w in caught if issubclass(w.category, shmcache.CacheWarning)]
+assert len(said) == 1 and "cannot be cached" in str(said[0].message), \
+    [str(w.message) for w in caught]
+loader.close()
+dist.destroy_process_group()
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_the_cache_cannot_hold_are_delivered_with_one_warning(
+        session, kind, workers):
+    env = dict(os.environ, SESSION_ID=str(session), RANK="0", WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_tcp_port()),
+               OMP_NUM_THREADS="1")
+    out = subprocess.run(["/usr/bin/python3", "-c", _UNCACHEABLE, kind, str(workers)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
+        out.stdout + out.stderr

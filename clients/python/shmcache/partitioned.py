@@ -77,6 +77,7 @@ from .datasets import CachedDataset
 from .loader import CachedLoader, _LoaderIter
 from .partition import RowExchange, RowOwners
 from .partitioned_feed import WindowFeed
+from .misses import Sample
 from .partitioned_rows import PartitionedRows
 
 __all__ = ["PartitionedLoader", "PartitionedRows"]
@@ -215,8 +216,9 @@ class PartitionedLoader:
             feed.close()       # never started: still, every rank's rounds
 
     def _sample(self, row: Any) -> Any:
-        s = _to_sample(row)
-        return self.dataset.apply_transforms(s)
+        if isinstance(row, Sample):   # the cache cannot hold it: as made
+            return self.dataset.apply_transforms(row.sample)
+        return self.dataset.apply_transforms(_to_sample(row))
 
     def _epoch(self, feed: WindowFeed,
                it: _LoaderIter | None) -> Generator[Any, None, None]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import rows as row_model
 from .datasets import CachedDataset
-from .misses import Columns, MissWorkers, compute_rows
+from .misses import Columns, MissWorkers, Sample, compute_rows
 from .partition import RowExchange
 
 __all__ = ["PartitionedRows", "Pushes"]
@@ -117,7 +117,9 @@ class PartitionedRows:
     def compute(self, ids: list[int]) -> list[Any]:
         """Numpy rows of `ids` computed from the source, not put (the caller
         puts or pushes them): by the worker pool (MissWorkers, with no row
-        owned: the workers put nothing) or in this thread."""
+        owned: the workers put nothing) or in this thread. A sample the
+        cache cannot hold comes back as a misses.Sample (one CacheWarning),
+        delivered as CachedDataset delivers it and neither put nor sent."""
         if not ids:
             return []
         got = self._pool.compute(ids, owned=[False] * len(ids)) \
@@ -125,10 +127,13 @@ class PartitionedRows:
             else compute_rows(self.cds, ids, lambda: False)
         out: list[Any] = []
         for i, c in zip(ids, got):
-            if not isinstance(c, Columns):
-                raise TypeError(f"PartitionedLoader: sample {i} cannot be cached "
-                                f"({getattr(c, 'why', c)}); its rows cannot travel")
-            out.append(row_model.decode(c.cols))
+            if isinstance(c, Columns):
+                out.append(row_model.decode(c.cols))
+            elif isinstance(c, Sample):
+                self.cds._uncacheable(i, c.why)
+                out.append(c)
+            else:   # Stored: not asked for (no row is owned by the workers)
+                raise AssertionError(f"row {i} was put by a miss worker")
         return out
 
     def fill(self, batches: list[list[int]], remote: dict[int, Any]) -> list[list[Any]]:
@@ -153,6 +158,8 @@ class PartitionedRows:
         put_rows: list[Any] = []
         for k, r in zip(missing, self.compute([idx[k] for k in missing])):
             rows[k] = r
+            if isinstance(r, Sample):
+                continue
             if self.owned(idx[k]):
                 put_ids.append(idx[k])
                 put_rows.append(r)
