@@ -4,7 +4,7 @@
 # Packages every build and test needs (Debian 12 names).
 SHMCACHE_BUILD_PACKAGES=(
   meson ninja-build pkg-config g++ libboost-dev librocksdb-dev libfmt-dev
-  libnuma-dev libgtest-dev libgmock-dev pybind11-dev python3-dev
+  libnuma-dev libgtest-dev libgmock-dev pybind11-dev libdlpack-dev python3-dev
   python3-numpy python3-pytest python3-torch python3-pil python3-tqdm
   python3-torchvision libsystemd-dev systemd python3-prometheus-client
   python3-yaml libcli11-dev nlohmann-json3-dev mypy procps python3-mesonpy python3-venv

@@ -68,6 +68,55 @@ def test_a_miss_and_a_hit_have_the_same_types(server, session):
     assert hit["c"].dtype == torch.complex64 and hit["u"].dtype == torch.int64
 
 
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_copied_hits_own_their_memory_and_free_it(server, session):
+    # A copied hit is a tensor over a buffer of its own (dlpack_tensor.h):
+    # it outlives the cache, and dropping it frees the buffer.
+    row = np.arange(1 << 20, dtype=np.float32)           # 4 MiB
+    ds = CachedDataset(Listed([row, np.arange(3, dtype=np.uint16)], "owned"),
+                       DatasetCache(session), async_puts=False, copy=True)
+    ds[0], ds[1]                                          # cached
+    kept = ds[0]
+    assert ds.stats().hits == 1
+    before = _rss_bytes()
+    for _ in range(400):                                  # 1.6 GiB if never freed
+        t = ds[0]
+        assert t.dtype == torch.float32 and t.shape == (1 << 20,)
+    del t
+    assert _rss_bytes() - before < (256 << 20)
+    widened = ds[1]                                       # uint16 -> int32, copied
+    assert widened.dtype == torch.int32 and widened.tolist() == [0, 1, 2]
+    kept += 1                                             # writable, private
+    ds.cache.close()
+    assert torch.equal(kept, torch.from_numpy(row) + 1)
+    assert row[5] == 5                                    # the source, unchanged
+
+
+def test_settings_changed_after_a_hit_apply_to_the_next(server, session):
+    # __getitem__'s short path decides once per process; a setting changed
+    # afterwards is honoured at once.
+    ds = CachedDataset(Listed([np.arange(4, dtype=np.int64)], "settings"),
+                       DatasetCache(session), async_puts=False)
+    assert ds[0].tolist() == [0, 1, 2, 3] and ds[0].tolist() == [0, 1, 2, 3]
+    ds.transform = lambda t: t * 2
+    assert ds[0].tolist() == [0, 2, 4, 6]
+    ds.transform = None
+    ds.copy = False                      # a view of the cache's memory
+    view = ds[0]
+    ds.copy = True
+    copied = ds[0]
+    copied += 1
+    assert view.tolist() == [0, 1, 2, 3] and copied.tolist() == [1, 2, 3, 4]
+    assert ds.stats().hits == 4          # one miss, then hits only
+    ds.columns = 0                       # a bare value has no column "#0"
+    with pytest.raises(KeyError):
+        ds[0]
+
+
 def test_complex_columns_are_cached(server, session):
     c = DatasetCache(session)
     z = np.arange(6, dtype=np.complex128).reshape(2, 3) * (1 + 2j)

@@ -38,6 +38,7 @@ import hashlib
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -72,6 +73,16 @@ def _ask_in_worker() -> bool:
 def _forget_in_worker() -> None:
     global _in_worker
     _in_worker = None
+    for ds in list(_datasets):   # their copy decision was the parent's
+        ds._forget_hit_path()
+
+
+# Every CachedDataset of this process, for _forget_in_worker.
+_datasets: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
+
+# The attributes that decide how CachedDataset.__getitem__ reads a hit.
+_READ_SETTINGS = frozenset({"transform", "target_transform", "transforms", "columns",
+                            "copy", "cache"})
 
 
 os.register_at_fork(after_in_child=_forget_in_worker)
@@ -221,6 +232,12 @@ class CachedDataset(Dataset):
     come from the daemon in one round trip per batch.
     """
 
+    # How __getitem__'s short path reads a hit, decided by _get_general:
+    # whether it copies (None: not decided in this process) and whether the
+    # sample goes out without a transform.
+    _hit_copy: bool | None = None
+    _plain: bool = True
+
     def __init__(self, dataset: Any, cache: DatasetCache | None = None,
                  name: str | None = None,
                  transform: Callable[[Any], Any] | None = None,
@@ -252,7 +269,16 @@ class CachedDataset(Dataset):
         self.put_queue = put_queue
         self._warned_uncacheable = False
         self._putter = self._new_putter()
+        _datasets.add(self)
         self.cache.open()   # a wrong pipeline under this name fails here
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _READ_SETTINGS:
+            self._forget_hit_path()
+
+    def _forget_hit_path(self) -> None:
+        self.__dict__["_hit_copy"] = None
 
     def _new_putter(self) -> AsyncPutter | None:
         return AsyncPutter(self._put_rows, self.put_queue) if self.async_puts else None
@@ -265,6 +291,8 @@ class CachedDataset(Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._putter = self._new_putter()
+        self._forget_hit_path()
+        _datasets.add(self)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -332,24 +360,30 @@ class CachedDataset(Dataset):
         return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int | torch.Tensor) -> Any:
-        # The per-sample path, written out (on a small hit a Python frame
-        # costs as much as the read): _mode and the cache's _read inlined.
-        if type(index) is not int and isinstance(index, torch.Tensor):
-            index = int(index)
-        plain = (self.transform is None and self.target_transform is None
-                 and self.transforms is None)
-        copy = self.copy
-        if copy is None:
-            in_worker = _in_worker
-            copy = not (plain and (_ask_in_worker() if in_worker is None else in_worker))
+        # The short path of a hit (an int index, all columns, an open
+        # cache), written out: on a small hit a Python frame costs as much
+        # as the read. What it needs from the settings is decided once per
+        # process by _get_general and forgotten when a setting changes.
+        copy = self._hit_copy
         c = self.cache._cache
-        if c is not None and self.columns is None and type(index) is int:
+        if copy is not None and c is not None and type(index) is int:
             try:
                 sample = c.read(index, copy, True)
             except Error:   # _read says so once and bypasses the cache
                 sample = self.cache._read(index, None, copy, True)
-        else:
-            sample = self.cache._read(index, self.columns, copy, True)
+            if sample is None:
+                sample = self._miss(index)
+            return sample if self._plain else self.apply_transforms(sample)
+        return self._get_general(index)
+
+    def _get_general(self, index: int | torch.Tensor) -> Any:
+        if type(index) is not int and isinstance(index, torch.Tensor):
+            index = int(index)
+        copy, plain = self._mode()
+        self.__dict__["_plain"] = plain
+        if self.columns is None:
+            self.__dict__["_hit_copy"] = copy
+        sample = self.cache._read(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
         return sample if plain else self.apply_transforms(sample)

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 
+#include "dlpack_tensor.h"
 #include "release_gil.h"
 
 namespace shmcache::python {
@@ -456,12 +457,19 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
   }
   if (!zero_copy_) base = py::handle();
   DType out = OutType(c.dtype, leaf_);
+  bool view = base && out == c.dtype;
+  if (leaf_ == Leaf::kTorch && !view) {
+    size_t n = DTypeSize(c.dtype) == 0 ? 0 : c.nbytes / DTypeSize(c.dtype);
+    if (std::optional<OwnedTensor> t = NewTensor(out, c.shape, n * DTypeSize(out))) {
+      Later(c, out, t->data);
+      return std::move(t->tensor);
+    }
+  }
   bool torch_bf16 = leaf_ == Leaf::kTorch && c.dtype == DType::kBFloat16;
   // torch reads a bfloat16 column through an int16 array.
   py::dtype dt = ToNumpy(torch_bf16 ? DType::kInt16 : out);
   // One array made, never a default one first (py::array() allocates an
   // empty array: a third of a small view's cost).
-  bool view = base && out == c.dtype;
   py::array a = view ? NewArray(dt, c.shape, c.data, base, leaf_ == Leaf::kTorch)
                      : NewArray(dt, c.shape, nullptr, py::handle(), true);
   if (!view) Later(c, out, a.mutable_data());
