@@ -22,10 +22,7 @@ CacheState::CacheState(const InstancePaths& paths, uint32_t cache_id, int num_no
       log_(log),
       cache_id_(cache_id),
       num_nodes_(num_nodes),
-      prepared_(static_cast<size_t>(num_nodes)),
-      preparing_(static_cast<size_t>(num_nodes), false),
-      current_(static_cast<size_t>(num_nodes), -1),
-      tails_(static_cast<size_t>(num_nodes)) {}
+      alloc_(paths, cache_id, num_nodes, log) {}
 
 CacheState::~CacheState() = default;
 
@@ -38,7 +35,6 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   c->session_id_ = session_id;
   c->name_ = name;
   c->fingerprint_ = fingerprint;
-  c->budget_bytes_ = budget_bytes;
 
   const uint64_t header_bytes = AlignUp(sizeof(layout::CacheHeader), 4096);
   if (!account->Reserve(header_bytes)) {
@@ -62,6 +58,7 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   h->state.store(spilling ? layout::kStateSpilling : 0);
   h->reserved_bytes.store(header_bytes);
   c->header_ = h;
+  c->alloc_.Attach(h, c->Label(), budget_bytes);
 
   // Size the first table for rows of about 4 KB filling the budget; later
   // tables double.
@@ -83,54 +80,134 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
 }
 
 void CacheState::AddReserved(uint64_t n) {
-  reserved_bytes_ += n;
-  if (header_) header_->reserved_bytes.store(reserved_bytes_);
+  file_bytes_ += n;
+  PublishReserved();
 }
 
-void CacheState::MarkFull(const std::string& why) {
-  uint32_t old = header_->state.fetch_or(layout::kStateFull);
-  if (!(old & layout::kStateFull) && log_) {
-    log_->Warn("{} is full: {}; further rows are not cached", Label(), why);
-  }
-}
-
-uint64_t CacheState::UnlinkFile(const std::string& path, uint64_t bytes,
-                                std::vector<HeldFile>* held) {
-  HeldFile f;
-  uint64_t size = 0;
-  bool known = held != nullptr && StatFile(path, &f.id, &size);
-  ShmFile::Unlink(path).PermitUncheckedError();
-  if (!known) return 0;
-  f.bytes = std::min(bytes, size);
-  held->push_back(f);
-  return f.bytes;
+void CacheState::PublishReserved() {
+  if (header_) header_->reserved_bytes.store(reserved_bytes());
 }
 
 void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
   if (destroyed_) return;
   destroyed_ = true;
   if (header_) header_->state.fetch_or(layout::kStateDestroyed);
-  uint64_t kept = 0;
-  for (const auto& [seg_no, seg] : segments_) {
-    kept += UnlinkFile(paths_.SegmentFile(cache_id_, seg_no), seg.size, held);
-  }
-  for (auto& p : prepared_) {
-    if (p) kept += UnlinkFile(paths_.SegmentFile(cache_id_, p->seg_no), p->size, held);
-    p.reset();
-  }
+  // Reserved without a file (a segment job never run) is free at once.
+  const uint64_t reserved = reserved_bytes();
+  uint64_t kept = alloc_.Release(held);
   for (size_t g = 0; g < tables_.size(); ++g) {
-    kept += UnlinkFile(TablePath(static_cast<uint32_t>(g)), tables_[g].size(), held);
+    kept += UnlinkHeldFile(TablePath(static_cast<uint32_t>(g)), tables_[g].size(), held);
   }
-  kept += UnlinkFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
-  segments_.clear();
+  kept += UnlinkHeldFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
   index_.clear();
   tables_.clear();
   header_file_.Unmap();
   header_ = nullptr;
-  // Reserved without a file (a segment job never run) is free at once.
-  account->Release(reserved_bytes_ - std::min(kept, reserved_bytes_));
-  reserved_bytes_ = 0;
-  leases_.clear();
+  account->Release(reserved - std::min(kept, reserved));
+  file_bytes_ = 0;
+}
+
+Status CacheState::Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
+                         ChunkLease* out, bool* wait) {
+  Status s = alloc_.Lease(conn, node, need, account, out, wait);
+  PublishReserved();
+  return s;
+}
+
+void CacheState::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
+  alloc_.Return(conn, seg_no, offset);
+}
+
+void CacheState::ReleaseConnection(uint64_t conn, bool recycle) {
+  alloc_.ReleaseConnection(conn, recycle);
+}
+
+bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
+  return alloc_.ResumeIfCapAllows(account);
+}
+
+std::optional<SegmentJob> CacheState::TakeSegmentJob(int node, MemoryAccount* account) {
+  std::optional<SegmentJob> job = alloc_.TakeSegmentJob(node, account);
+  if (job) PublishReserved();
+  return job;
+}
+
+void CacheState::FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
+                                  MemoryAccount* account) {
+  alloc_.FinishSegmentJob(job, made, std::move(file), account);
+  PublishReserved();
+}
+
+// Adopting a cache a previous daemon of this instance left in shared
+// memory: its header, tables and segments, each checked before use.
+Status CacheState::Adopt(const InstancePaths& paths, uint32_t cache_id,
+                         const std::set<uint32_t>& seg_nos, int num_nodes,
+                         MemoryAccount* account, Logger* log,
+                         std::unique_ptr<CacheState>* out) {
+  std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
+  Status s = c->AdoptHeader();
+  for (uint32_t g = 0; s.ok() && g < c->header_->num_tables.load(); ++g) {
+    s = c->AdoptTable(g);
+  }
+  for (auto n = seg_nos.begin(); s.ok() && n != seg_nos.end(); ++n) {
+    s = c->alloc_.AdoptSegment(*n);
+  }
+  if (!s.ok()) return s;
+  if (!account->Reserve(c->reserved_bytes())) {
+    return Status::FullServerCap(fmt::format(
+        "it holds {} MB (session {}, '{}'), more than is left under the memory "
+        "cap of {} MB",
+        c->reserved_bytes() >> 20, c->session_id_, c->name_, account->cap >> 20));
+  }
+  c->header_->reserved_bytes.store(c->reserved_bytes());
+  *out = std::move(c);
+  return Status::OK();
+}
+
+bool CacheState::UsesTable(uint32_t gen, uint32_t tag) const {
+  return header_ != nullptr && gen < tables_.size() && header_->tables[gen].tag == tag;
+}
+
+std::string CacheState::TablePath(uint32_t gen) const {
+  return paths_.TableFile(cache_id_, gen, header_->tables[gen].tag);
+}
+
+Status CacheState::AdoptHeader() {
+  std::string path = paths_.CacheFile(cache_id_);
+  Status s = ShmFile::Open(path, &header_file_);
+  if (!s.ok()) return s;
+  if (const char* bad =
+          layout::CheckFileHeader(header_file_.data(), header_file_.size(),
+                                  layout::kCacheMagic, sizeof(layout::CacheHeader))) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+  if (h->cache_id != cache_id_ || h->num_tables.load() == 0 ||
+      h->num_tables.load() > layout::kMaxTables) {
+    return Status::Corruption(path + ": header fields out of range");
+  }
+  header_ = h;
+  session_id_ = h->session_id;
+  name_.assign(h->name, h->name_len);
+  fingerprint_.assign(h->fingerprint, h->fingerprint_len);
+  file_bytes_ = header_file_.size();
+  alloc_.Attach(h, Label(), h->budget_bytes);
+  return Status::OK();
+}
+
+Status CacheState::AdoptTable(uint32_t gen) {
+  std::string path = TablePath(gen);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (const char* bad = layout::CheckTableFile(
+          f.data(), f.size(), header_->tables[gen].capacity.load(), gen)) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  file_bytes_ += f.size();
+  index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
+  tables_.push_back(std::move(f));
+  return Status::OK();
 }
 
 std::string CacheState::Label() const {
@@ -147,8 +224,8 @@ CacheStats CacheState::Stats() const {
   out.session_id = session_id_;  // destroyed: its header is gone
   out.cache_id = cache_id_;
   out.name = name_;
-  out.reserved_bytes = reserved_bytes_;
-  out.budget_bytes = budget_bytes_;
+  out.reserved_bytes = reserved_bytes();
+  out.budget_bytes = alloc_.budget_bytes();
   return out;
 }
 

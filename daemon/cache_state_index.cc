@@ -60,16 +60,16 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
   uint32_t n = header_->num_tables.load();
   if (seen != n) return Status::OK();  // somebody grew it already
   if (n >= layout::kMaxTables) {
-    MarkFull("the index reached its largest size");
+    alloc_.MarkFull("the index reached its largest size");
     return Status::Full("the cache index reached its largest size");
   }
   uint64_t prev = header_->tables[n - 1].capacity.load();
   Status s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
   if (s.IsFull()) {
-    MarkFull(s.message());
+    alloc_.MarkFull(s.message());
     // Full also reports a full shm dir; only the cap's shortage may pass.
     if (account->available() < layout::TableFileSize(prev * 2)) {
-      MarkByCap(layout::kStateFull);
+      alloc_.MarkByCap(layout::kStateFull);
     }
   }
   return s;

@@ -13,7 +13,7 @@ bool CacheState::spilling() const {
 void CacheState::StopSpilling(const std::string& why) {
   if (header_ == nullptr) return;
   uint32_t old = header_->state.fetch_and(~layout::kStateSpilling);
-  if (old & layout::kStateMemFull) MarkFull("spilling stopped: " + why);
+  if (old & layout::kStateMemFull) alloc_.MarkFull("spilling stopped: " + why);
 }
 
 bool CacheState::spill_enabled() const {

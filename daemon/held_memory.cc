@@ -3,8 +3,21 @@
 #include <algorithm>
 
 #include "logger.h"
+#include "shm_file.h"
 
 namespace shmcache {
+
+uint64_t UnlinkHeldFile(const std::string& path, uint64_t bytes,
+                        std::vector<HeldFile>* held) {
+  HeldFile f;
+  uint64_t size = 0;
+  bool known = held != nullptr && StatFile(path, &f.id, &size);
+  ShmFile::Unlink(path).PermitUncheckedError();
+  if (!known) return 0;
+  f.bytes = std::min(bytes, size);
+  held->push_back(f);
+  return f.bytes;
+}
 
 void HeldMemory::Add(uint32_t session, const std::vector<HeldFile>& files,
                      Clock::time_point now) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "mapped_files.h"
@@ -27,6 +28,12 @@ struct HeldFile {
   FileId id;
   uint64_t bytes = 0;
 };
+
+// Unlinks `path` (a shared-memory file of `bytes`); with `held`, records
+// its identity and size there first, so that the bytes stay reserved while
+// processes map it. Returns the bytes recorded.
+uint64_t UnlinkHeldFile(const std::string& path, uint64_t bytes,
+                        std::vector<HeldFile>* held);
 
 class HeldMemory {
  public:

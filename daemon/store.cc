@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
+#include "adoption.h"
 #include "logger.h"
 #include "shm_file.h"
-#include "spill_record.h"
 
 namespace shmcache {
 
@@ -43,7 +43,8 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_n
       num_nodes_(num_nodes),
       workers_(workers),
       log_(log),
-      rng_(std::random_device{}()) {
+      rng_(std::random_device{}()),
+      spiller_(paths, log) {
   bounds_ = ComputeMemoryBounds(options.memory_cap_ratio, options.memory_cap_bytes,
                                 FreeBytes(paths.shm_dir) + InstanceShmBytes(paths));
   account_.cap = bounds_.cap_bytes;
@@ -52,25 +53,24 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_n
 Store::~Store() { StopPreparer(); }
 
 Status Store::Init(const std::atomic<bool>* stop_requested) {
-  std::string refused;
-  const std::string recorded = ReadSpillRecord(paths_, &refused);
-  if (!refused.empty()) {
-    // Without a record the adopted spilled rows count as unreadable.
-    Note("ignored the spill record: " + refused);
-    unlink(paths_.SpillRecordFile().c_str());
-  }
-  if (!options_.spill_dir.empty()) {
-    Status s = SpillStore::Open(SpillDbPath(options_.spill_dir, paths_.port), &spill_);
-    if (!s.ok()) return s;
-  }
+  auto note = [this](const std::string& text) { Note(text); };
+  Status s = spiller_.Open(options_.spill_dir, note);
+  if (!s.ok()) return s;
   {
+    // Nothing else runs yet, but the state adopted is the same that mu_
+    // guards from here on.
     MutexLock lock(&mu_);
-    if (!AdoptExisting(stop_requested)) {
+    Adoption adoption(paths_, num_nodes_, options_.watch_pid, &spiller_, log_, note);
+    Adopted adopted;
+    const bool done = adoption.Run(stop_requested, &account_, &adopted);
+    sessions_ = std::move(adopted.sessions);
+    caches_ = std::move(adopted.caches);
+    if (!done) {
       return Status::Unavailable(
           "stopped by a signal while starting; what an earlier server left is "
           "kept for the next start");
     }
-    ReconcileSpill(recorded);
+    spiller_.Reconcile(caches_, note);
     WriteSessionsFile();
   }
   preparer_ = std::thread([this] { PrepareSegments(); });
@@ -125,12 +125,7 @@ void Store::Shutdown() {
   caches_.clear();
   sessions_.clear();
   ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
-  WriteSpillRecord(paths_, "").PermitUncheckedError();
-  if (spill_) {
-    Status s = spill_->DestroyAll();
-    if (!s.ok()) log_->Warn("{}", s.message());
-    spill_.reset();
-  }
+  spiller_.Shutdown();
 }
 
 }  // namespace shmcache

@@ -6,12 +6,14 @@
 // so the mutex sees only control requests. The CacheStates in caches_ are
 // used only with mu_ held.
 //
-// Its work is split by concept: store.cc (start, server info, shutdown),
-// store_sessions.cc (the registry of sessions and caches, held memory),
-// store_adoption.cc (taking over an earlier server's files),
-// store_preparer.cc (the segment preparer thread), store_leases.cc (chunk
-// leases, index growth), store_releases.cc (chunks of ended connections)
-// and store_spill.cc (spilled rows and the spill database at start).
+// It holds the daemon's concepts as classes of their own: each cache's
+// CacheState (with its SegmentAllocator), the CacheSpiller (the spill
+// store), and at start an Adoption of what an earlier server left.
+// Its own work is split by concept: store.cc (start, server info,
+// shutdown), store_sessions.cc (the registry of sessions and caches, held
+// memory), store_preparer.cc (the segment preparer thread),
+// store_leases.cc (chunk leases, index growth, spilled rows) and
+// store_releases.cc (chunks of ended connections).
 #pragma once
 
 #include <atomic>
@@ -28,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache_spiller.h"
 #include "cache_state.h"
 #include "daemon_options.h"
 #include "held_memory.h"
@@ -39,7 +42,6 @@
 #include "shm_pages.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
-#include "spill_store.h"
 
 namespace shmcache {
 
@@ -125,25 +127,8 @@ class Store {
   // Caches the cap made full take rows again when memory was freed.
   void ResumeCachesLocked() REQUIRES(mu_);
   void StopPreparer() EXCLUDES(mu_);
-  // False when *stop_requested turned true before it finished. Init holds
-  // mu_ through adoption: nothing else runs yet, but the state is the same.
-  bool AdoptExisting(const std::atomic<bool>* stop_requested) REQUIRES(mu_);
-  void ReadSessionsFile() REQUIRES(mu_);
-  // After AdoptExisting: drops the adopted spilled rows this server cannot
-  // read (see Init), turns spilling off without a spill store, removes the
-  // earlier server's spill database when it is not this server's, and
-  // records this server's.
-  void ReconcileSpill(const std::string& recorded) REQUIRES(mu_);
-  // For one adopted cache: drops its spilled rows when `why` (they cannot
-  // be read here) is set, and their copies from this server's database
-  // when `on_disk`; turns its spilling off without a spill store; notes it.
-  void ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& why,
-                           bool on_disk);
-  void RemoveEarlierSpillDb(const std::string& path);
   // Logs `text` as a warning and keeps it for startup_notes().
   void Note(const std::string& text);
-  void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
-                         const std::string& why);
   void WriteSessionsFile() REQUIRES(mu_);
   void CheckHighWater() REQUIRES(mu_);
 
@@ -163,9 +148,9 @@ class Store {
   // id -> cache ids
   std::map<uint32_t, std::vector<uint32_t>> sessions_ GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<CacheState>> caches_ GUARDED_BY(mu_);
-  // Set by Init and reset by Shutdown, when no request runs; SpillStore is
-  // thread-safe, and SpillGet reads through it without mu_.
-  std::unique_ptr<SpillStore> spill_;
+  // Its store is opened by Init and closed by Shutdown, when no request
+  // runs; SpillGet reads through it without mu_ (see CacheSpiller).
+  CacheSpiller spiller_;
   std::vector<std::string> notes_;  // written by Init only
   std::deque<SegmentJob> jobs_ GUARDED_BY(mu_);
   CondVar jobs_cv_;

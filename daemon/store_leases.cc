@@ -1,7 +1,10 @@
-// Chunks leased to writers, returned, and index growth; the 85% high-water
-// warning on shared memory.
+// Room for rows: chunks leased to writers, returned, index growth, and rows
+// spilled to disk (CacheSpiller); the 85% high-water warning on shared
+// memory.
 
 #include "store.h"
+
+#include <algorithm>
 
 #include "logger.h"
 
@@ -58,6 +61,38 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   s = c->GrowIndex(seen, &account_);
   CheckHighWater();
   return s;
+}
+
+Status Store::SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
+                       bool* inserted) {
+  *inserted = false;
+  MutexLock lock(&mu_);
+  CacheState* c;
+  Status s = CacheFor(cache_id, &c);
+  if (!s.ok()) return s;
+  return spiller_.Put(cache_id, c, row_id, row, &account_, inserted);
+}
+
+Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                       std::vector<std::string>* rows, std::vector<bool>* found) {
+  {
+    MutexLock lock(&mu_);
+    CacheState* c;
+    Status s = CacheFor(cache_id, &c);
+    if (!s.ok()) return s;
+    if (!spiller_.enabled()) return Status::NotFound("this server does not spill");
+  }
+  // RocksDB is thread-safe; reads need not hold the store's lock. A cache
+  // destroyed meanwhile yields misses.
+  Status s = spiller_.Get(cache_id, ids, rows, found);
+  if (s.ok()) CountSpillReads(cache_id, std::count(found->begin(), found->end(), true));
+  return s;
+}
+
+void Store::CountSpillReads(uint32_t cache_id, uint64_t n) {
+  MutexLock lock(&mu_);
+  CacheState* c;
+  if (n > 0 && CacheFor(cache_id, &c).ok()) c->CountSpillReads(n);
 }
 
 }  // namespace shmcache

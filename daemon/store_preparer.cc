@@ -46,8 +46,8 @@ void Store::PrepareSegments() {
     running_job_cache_ = job.cache_id;
     mu_.Unlock();
     ShmFile file;
-    Status made = CacheState::CreateSegmentFile(paths_, job.cache_id, job.seg_no,
-                                                job.node, job.size, &file);
+    Status made = SegmentAllocator::CreateSegmentFile(paths_, job.cache_id, job.seg_no,
+                                                      job.node, job.size, &file);
     mu_.Lock();
     running_job_cache_ = 0;
     auto it = caches_.find(job.cache_id);

@@ -67,11 +67,8 @@ Status Store::DestroySession(uint32_t id) {
       if (c == caches_.end()) continue;
       c->second->Destroy(&account_, &held);
       caches_.erase(c);
-      if (spill_) {
-        Status s = spill_->DropCache(cid);
-        if (!s.ok())
-          log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
-      }
+      Status s = spiller_.DropCache(cid);
+      if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
     }
     sessions_.erase(it);
     WriteSessionsFile();

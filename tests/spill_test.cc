@@ -1,4 +1,4 @@
-// Spilling (spill_store.h, store_spill.cc, spill_reader.h): rows over a
+// Spilling (spill_store.h, cache_spiller.cc, spill_reader.h): rows over a
 // cache's memory budget go to RocksDB in the spill dir and read back whole,
 // in this process and others; what cannot spill is refused alone. Every
 // test runs its own daemon.

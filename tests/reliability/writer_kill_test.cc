@@ -30,7 +30,7 @@ constexpr uint64_t kRowsPerVictim = 64;
 constexpr uint64_t kSteadyBase = 1ULL << 40;
 constexpr size_t kMaxData = 8192;
 constexpr int kReaders = 2;
-constexpr uint64_t kMinRecycle = 16u << 10;  // CacheState::kMinRecycleBytes
+constexpr uint64_t kMinRecycle = 16u << 10;  // SegmentAllocator::kMinRecycleBytes
 
 struct Shared {
   std::atomic<uint64_t> ranges{0};  // victim id ranges handed out

@@ -1,5 +1,6 @@
-// CacheStateTest: the fixture of the CacheState suites (cache_state_test.cc
-// and cache_state_<concept>_test.cc, one per daemon/cache_state_<concept>.cc):
+// CacheStateTest: the fixture of the suites over one cache (cache_state_test.cc,
+// cache_state_<concept>_test.cc, segment_allocator_test.cc, adoption_test.cc,
+// cache_spiller_test.cc):
 // one cache, id 5, of session 77 in a fresh shm dir, under a 256 MB cap,
 // with no daemon. TearDown destroys it and checks that every byte and file
 // was given back.

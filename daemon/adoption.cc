@@ -1,31 +1,43 @@
 // Adoption: a starting server takes over the sessions and caches an earlier
 // server on the same port left in the shm dir, and removes what it cannot use.
-
-#include "store.h"
+#include "adoption.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "cache_name.h"
+#include "cache_spiller.h"
 #include "logger.h"
 #include "process_state.h"
-#include "spill_record.h"
+#include "shm_file.h"
 
 namespace shmcache {
 
-void Store::DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
-                              const std::string& why) {
-  Note(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
-                   why));
+Adoption::Adoption(const InstancePaths& paths, int num_nodes, int watch_pid,
+                   CacheSpiller* spiller, Logger* log, NoteFn note)
+    : paths_(paths),
+      num_nodes_(num_nodes),
+      watch_pid_(watch_pid),
+      spiller_(spiller),
+      log_(log),
+      note_(std::move(note)) {}
+
+void Adoption::DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
+                                 const std::string& why) {
+  note_(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
+                    why));
   for (const std::string& f : files) unlink(f.c_str());
-  if (spill_) spill_->DropCache(cache_id).PermitUncheckedError();
+  spiller_->DropCache(cache_id).PermitUncheckedError();
 }
 
 namespace {
@@ -94,7 +106,7 @@ void TEST_HoldStart(const std::atomic<bool>* stop_requested, int watch_pid, Logg
 
 }  // namespace
 
-void Store::ReadSessionsFile() {
+void Adoption::ReadSessionsFile(Adopted* out) {
   int fd = -1;
   Status s = OpenOwnedFile(paths_.SessionsFile(), O_RDONLY, &fd);
   if (s.IsNotFound()) return;
@@ -110,15 +122,16 @@ void Store::ReadSessionsFile() {
   }
   unsigned long id;
   while (std::fscanf(f, "%lu", &id) == 1) {
-    if (id != 0 && id <= UINT32_MAX) sessions_[static_cast<uint32_t>(id)];
+    if (id != 0 && id <= UINT32_MAX) out->sessions[static_cast<uint32_t>(id)];
   }
   fclose(f);
 }
 
-bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
+bool Adoption::Run(const std::atomic<bool>* stop_requested, MemoryAccount* account,
+                   Adopted* out) {
   std::map<uint32_t, FoundCache> found = ListInstanceFiles(paths_, log_);
-  ReadSessionsFile();  // sessions, including those without caches
-  TEST_HoldStart(stop_requested, options_.watch_pid, log_);
+  ReadSessionsFile(out);  // sessions, including those without caches
+  TEST_HoldStart(stop_requested, watch_pid_, log_);
   size_t rows = 0;
   for (auto& [id, f] : found) {
     if (stop_requested && stop_requested->load()) return false;
@@ -127,7 +140,7 @@ bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
       continue;
     }
     std::unique_ptr<CacheState> c;
-    Status s = CacheState::Adopt(paths_, id, f.segments, num_nodes_, &account_, log_, &c);
+    Status s = CacheState::Adopt(paths_, id, f.segments, num_nodes_, account, log_, &c);
     if (!s.ok()) {
       DiscardCacheFiles(id, f.files, s.message());
       continue;
@@ -140,25 +153,23 @@ bool Store::AdoptExisting(const std::atomic<bool>* stop_requested) {
     }
     CacheStats st = c->Stats();
     rows += st.mem_rows + st.disk_rows;
-    sessions_[c->session_id()].push_back(id);
-    caches_[id] = std::move(c);
+    out->sessions[c->session_id()].push_back(id);
+    out->caches[id] = std::move(c);
   }
-  if (spill_) {
-    for (uint32_t id : spill_->CacheIds()) {
-      if (caches_.count(id) == 0) {
-        Note(
-            fmt::format("the spilled rows of cache {} were dropped: its memory "
-                        "state is gone",
-                        id));
-        spill_->DropCache(id).PermitUncheckedError();
-      }
+  for (uint32_t id : spiller_->CacheIds()) {
+    if (out->caches.count(id) == 0) {
+      note_(
+          fmt::format("the spilled rows of cache {} were dropped: its memory "
+                      "state is gone",
+                      id));
+      spiller_->DropCache(id).PermitUncheckedError();
     }
   }
-  if (!caches_.empty() || !sessions_.empty()) {
+  if (!out->caches.empty() || !out->sessions.empty()) {
     log_->Info(
         "adopted {} session(s) and {} cache(s) with {} rows from an earlier "
         "server on port {}",
-        sessions_.size(), caches_.size(), rows, paths_.port);
+        out->sessions.size(), out->caches.size(), rows, paths_.port);
   }
   return !(stop_requested && stop_requested->load());
 }

@@ -1,91 +1,106 @@
-// Spilled rows: puts and gets against the RocksDB spill store, and at start
-// the reconciling of the adopted index with the spill database this server
-// uses.
+// The spill side: puts and gets against the RocksDB spill store, and at
+// start the reconciling of the adopted index with the spill database this
+// server uses.
+#include "cache_spiller.h"
 
-#include "store.h"
+#include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "cache_state.h"
 #include "logger.h"
 #include "spill_record.h"
 
 namespace shmcache {
 
-Status Store::SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
-                       bool* inserted) {
+CacheSpiller::CacheSpiller(const InstancePaths& paths, Logger* log)
+    : paths_(paths), log_(log) {}
+
+Status CacheSpiller::Open(const std::string& spill_dir, const NoteFn& note) {
+  std::string refused;
+  recorded_ = ReadSpillRecord(paths_, &refused);
+  if (!refused.empty()) {
+    // Without a record the adopted spilled rows count as unreadable.
+    note("ignored the spill record: " + refused);
+    unlink(paths_.SpillRecordFile().c_str());
+  }
+  if (spill_dir.empty()) return Status::OK();
+  return SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_);
+}
+
+void CacheSpiller::Shutdown() {
+  WriteSpillRecord(paths_, "").PermitUncheckedError();
+  if (spill_) {
+    Status s = spill_->DestroyAll();
+    if (!s.ok()) log_->Warn("{}", s.message());
+    spill_.reset();
+  }
+}
+
+Status CacheSpiller::Put(uint32_t cache_id, CacheState* c, uint64_t row_id,
+                         std::span<const std::byte> row, MemoryAccount* account,
+                         bool* inserted) {
   *inserted = false;
-  MutexLock lock(&mu_);
-  CacheState* c;
-  Status s = CacheFor(cache_id, &c);
-  if (!s.ok()) return s;
   if (!spill_ || !c->spilling()) {
     return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
   }
-  s = spill_->Put(cache_id, row_id, row);
+  Status s = spill_->Put(cache_id, row_id, row);
   if (!s.ok()) {
     log_->Error("cache {}: spilling stopped: {}", cache_id, s.message());
     c->StopSpilling(s.message());
     return Status::Full(
         fmt::format("cache {} stopped spilling: {}", cache_id, s.message()));
   }
-  return c->PublishSpilled(row_id, row.size(), &account_, inserted);
+  return c->PublishSpilled(row_id, row.size(), account, inserted);
 }
 
-Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                       std::vector<std::string>* rows, std::vector<bool>* found) {
-  {
-    MutexLock lock(&mu_);
-    CacheState* c;
-    Status s = CacheFor(cache_id, &c);
-    if (!s.ok()) return s;
-    if (!spill_) return Status::NotFound("this server does not spill");
-  }
-  // RocksDB is thread-safe; reads need not hold the store's lock. A cache
-  // destroyed meanwhile yields misses.
-  Status s = spill_->MultiGet(cache_id, ids, rows, found);
-  if (s.ok()) CountSpillReads(cache_id, std::count(found->begin(), found->end(), true));
-  return s;
+Status CacheSpiller::Get(uint32_t cache_id, std::span<const uint64_t> ids,
+                         std::vector<std::string>* rows, std::vector<bool>* found) {
+  if (!spill_) return Status::NotFound("this server does not spill");
+  return spill_->MultiGet(cache_id, ids, rows, found);
 }
 
-void Store::CountSpillReads(uint32_t cache_id, uint64_t n) {
-  MutexLock lock(&mu_);
-  CacheState* c;
-  if (n > 0 && CacheFor(cache_id, &c).ok()) c->CountSpillReads(n);
+Status CacheSpiller::DropCache(uint32_t cache_id) {
+  if (!spill_) return Status::OK();
+  return spill_->DropCache(cache_id);
 }
 
-void Store::ReconcileSpill(const std::string& recorded) {
+std::vector<uint32_t> CacheSpiller::CacheIds() const {
+  if (!spill_) return {};
+  return spill_->CacheIds();
+}
+
+void CacheSpiller::Reconcile(
+    const std::map<uint32_t, std::unique_ptr<CacheState>>& caches, const NoteFn& note) {
   const std::string current = spill_ ? spill_->path() : "";
   // No record: nothing spilled yet, or an index from a server before the
   // record; its rows are served where they are found, as they were then.
-  const bool same_db = spill_ && (recorded.empty() || SameSpillDb(recorded, current));
+  const bool same_db = spill_ && (recorded_.empty() || SameSpillDb(recorded_, current));
   std::set<uint32_t> on_disk;
-  if (spill_) {
-    for (uint32_t id : spill_->CacheIds()) on_disk.insert(id);
-  }
-  for (auto& [id, c] : caches_) {
+  for (uint32_t id : CacheIds()) on_disk.insert(id);
+  for (const auto& [id, c] : caches) {
     std::string why;  // why its spilled rows cannot be read here
     if (!spill_) {
       why = "this server has no spill directory";
     } else if (!same_db) {
-      why = fmt::format("this server spills to {}, not {}", current, recorded);
+      why = fmt::format("this server spills to {}, not {}", current, recorded_);
     } else if (on_disk.count(id) == 0) {
       why = fmt::format("{} holds none of them", current);
     }
-    ReconcileCacheSpill(id, c.get(), why, on_disk.count(id) != 0);
+    ReconcileCache(id, c.get(), why, on_disk.count(id) != 0, note);
   }
-  if (!recorded.empty() && !SameSpillDb(recorded, current)) {
-    RemoveEarlierSpillDb(recorded);
+  if (!recorded_.empty() && !SameSpillDb(recorded_, current)) {
+    RemoveEarlierSpillDb(recorded_, note);
   }
   Status s = WriteSpillRecord(paths_, current);
   if (!s.ok()) log_->Error("{}", s.message());
 }
 
-void Store::ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& why,
-                                bool on_disk) {
+void CacheSpiller::ReconcileCache(uint32_t id, CacheState* c, const std::string& why,
+                                  bool on_disk, const NoteFn& note) {
   std::vector<std::string> told;
   if (!why.empty()) {
     if (uint64_t n = c->DropSpilledRows()) {
@@ -107,14 +122,14 @@ void Store::ReconcileCacheSpill(uint32_t id, CacheState* c, const std::string& w
   if (told.empty()) return;
   std::string text = c->Label() + ": " + told[0];
   for (size_t i = 1; i < told.size(); ++i) text += "; " + told[i];
-  Note(text);
+  note(text);
 }
 
-void Store::RemoveEarlierSpillDb(const std::string& path) {
+void CacheSpiller::RemoveEarlierSpillDb(const std::string& path, const NoteFn& note) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;
   if (!IsSpillDbOf(path, paths_.port)) {
-    Note(
+    note(
         fmt::format("left {} in place: it is not named as a spill database of "
                     "this server",
                     path));
@@ -127,12 +142,12 @@ void Store::RemoveEarlierSpillDb(const std::string& path) {
   bool had_rows = s.ok() && !old->CacheIds().empty();
   if (s.ok()) s = old->DestroyAll();
   if (!s.ok()) {
-    Note(
+    note(
         fmt::format("cannot remove {}, the earlier server's spill database: {}; "
                     "remove it once no server uses it",
                     path, s.message()));
   } else if (had_rows) {
-    Note(fmt::format("removed {}, the earlier server's spill database", path));
+    note(fmt::format("removed {}, the earlier server's spill database", path));
   } else {
     log_->Info("removed {}, the earlier server's spill database (empty)", path);
   }

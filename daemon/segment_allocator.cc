@@ -1,0 +1,416 @@
+// One cache's row memory: segments (sized, created, formatted, adopted,
+// prepared ahead of need), chunks leased from them and tails recycled, and
+// the budget and cap that bound them.
+#include "segment_allocator.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include <fmt/format.h>
+
+#include "logger.h"
+
+namespace shmcache {
+
+namespace {
+// Names tried before giving up when another user took them: segment
+// numbers are skipped in order, and the next call goes on past them.
+constexpr uint32_t kSegmentNameTries = 1024;
+
+double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
+
+// if/return, not ?: (clang-analyzer reads a Status out of ?: as a leak).
+Status FullStatus(const std::string& msg, bool by_cap) {
+  if (by_cap) return Status::FullServerCap(msg);
+  return Status::Full(msg);
+}
+
+constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+SegmentAllocator::SegmentAllocator(const InstancePaths& paths, uint32_t cache_id,
+                                   int num_nodes, Logger* log)
+    : paths_(paths),
+      log_(log),
+      cache_id_(cache_id),
+      num_nodes_(num_nodes),
+      prepared_(static_cast<size_t>(num_nodes)),
+      preparing_(static_cast<size_t>(num_nodes), false),
+      current_(static_cast<size_t>(num_nodes), -1),
+      tails_(static_cast<size_t>(num_nodes)) {}
+
+void SegmentAllocator::Attach(layout::CacheHeader* header, const std::string& label,
+                              uint64_t budget_bytes) {
+  header_ = header;
+  label_ = label;
+  budget_bytes_ = budget_bytes;
+}
+
+uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
+  if (released_) return 0;
+  released_ = true;
+  uint64_t kept = 0;
+  for (const auto& [seg_no, seg] : segments_) {
+    kept += UnlinkHeldFile(paths_.SegmentFile(cache_id_, seg_no), seg.size, held);
+  }
+  for (auto& p : prepared_) {
+    if (p)
+      kept += UnlinkHeldFile(paths_.SegmentFile(cache_id_, p->seg_no), p->size, held);
+    p.reset();
+  }
+  segments_.clear();
+  leases_.clear();
+  data_bytes_ = 0;
+  header_ = nullptr;
+  return kept;
+}
+
+void SegmentAllocator::MarkFull(const std::string& why) {
+  uint32_t old = header_->state.fetch_or(layout::kStateFull);
+  if (!(old & layout::kStateFull) && log_) {
+    log_->Warn("{} is full: {}; further rows are not cached", label_, why);
+  }
+}
+
+// ---- Chunks: leased to a connection, given back, and the unused tails of a
+// finished connection's chunks recycled into new ones.
+layout::ChunkHeader* SegmentAllocator::ChunkAt(uint32_t seg_no, uint64_t offset,
+                                               uint64_t size) {
+  auto* h =
+      reinterpret_cast<layout::ChunkHeader*>(segments_.at(seg_no).file.data() + offset);
+  h->cache_id = cache_id_;
+  h->size = size;
+  h->used.store(sizeof(layout::ChunkHeader));
+  h->magic = layout::kChunkMagic;
+  return h;
+}
+
+Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
+                               MemoryAccount* account, ChunkLease* out, bool* wait) {
+  if (wait != nullptr) *wait = false;
+  if (released_) return Status::NotFound("cache was destroyed");
+  if (uint32_t state = header_->state.load();
+      state & (layout::kStateFull | layout::kStateMemFull)) {
+    std::string msg = fmt::format("cache {} memory is full", cache_id_);
+    if (layout::FullByCap(state)) return Status::FullServerCap(msg);
+    return Status::Full(msg);
+  }
+  node = (node % num_nodes_ + num_nodes_) % num_nodes_;
+  const uint64_t want = layout::ChunkBytesFor(need);
+  auto& tails = tails_[static_cast<size_t>(node)];
+  for (size_t i = 0; i < tails.size(); ++i) {
+    if (tails[i].size >= want) {
+      Tail t = tails[i];
+      tails.erase(tails.begin() + static_cast<long>(i));
+      ChunkAt(t.seg_no, t.offset, t.size);
+      *out = ChunkLease{t.seg_no, t.offset, t.size};
+      leases_[conn].push_back(*out);
+      return Status::OK();
+    }
+  }
+  Segment* seg = nullptr;
+  int cur = current_[static_cast<size_t>(node)];
+  if (cur >= 0 && segments_.at(static_cast<uint32_t>(cur)).size -
+                          segments_.at(static_cast<uint32_t>(cur)).carved >=
+                      want) {
+    seg = &segments_.at(static_cast<uint32_t>(cur));
+  } else {
+    Status s = NewSegment(node, want, account, &seg, wait);
+    if (!s.ok() || (wait != nullptr && *wait)) return s;
+  }
+  uint64_t avail = seg->size - seg->carved;
+  uint64_t size = std::min(avail, std::max(want, kChunkBytes));
+  if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
+  size = size / layout::kCacheLine * layout::kCacheLine;
+  uint64_t offset = seg->carved;
+  ChunkAt(seg->seg_no, offset, size);
+  seg->carved += size;
+  reinterpret_cast<layout::SegmentHeader*>(seg->file.data())->carved.store(seg->carved);
+  *out = ChunkLease{seg->seg_no, offset, size};
+  leases_[conn].push_back(*out);
+  return Status::OK();
+}
+
+void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
+  auto it = leases_.find(conn);
+  if (it == leases_.end() || released_) return;
+  auto& v = it->second;
+  auto l = std::find_if(v.begin(), v.end(), [&](const ChunkLease& c) {
+    return c.seg_no == seg_no && c.offset == offset;
+  });
+  if (l == v.end()) return;  // not this connection's: ignore
+  ChunkLease lease = *l;
+  v.erase(l);
+  auto* h = reinterpret_cast<layout::ChunkHeader*>(
+      segments_.at(lease.seg_no).file.data() + lease.offset);
+  // `used` was written by the client: trust it only within the chunk.
+  uint64_t used = h->used.load();
+  if (used < sizeof(layout::ChunkHeader) || used > lease.size) used = lease.size;
+  uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
+  uint64_t end = lease.offset + lease.size;
+  if (tail_off + kMinRecycleBytes <= end) {
+    const Segment& seg = segments_.at(lease.seg_no);
+    tails_[static_cast<size_t>(seg.node)].push_back(
+        Tail{lease.seg_no, tail_off, end - tail_off});
+  }
+}
+
+void SegmentAllocator::ReleaseConnection(uint64_t conn, bool recycle) {
+  auto it = leases_.find(conn);
+  if (it == leases_.end()) return;
+  std::vector<ChunkLease> held = it->second;
+  if (recycle) {
+    for (const ChunkLease& l : held) Return(conn, l.seg_no, l.offset);
+  }
+  leases_.erase(conn);
+}
+
+// ---- Segments: their sizes, their files (named, created, formatted,
+// adopted), and the jobs that make the next one ahead of need.
+uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
+                                           const MemoryAccount& account) const {
+  // Grow by a quarter of what the cache holds: few segments for big caches,
+  // and at most ~25% reserved but unused at the end.
+  uint64_t want =
+      std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20), layout::kMinSegmentBytes,
+                           layout::kMaxSegmentBytes);
+  want = std::max(want, min_bytes);
+  // Whole 2 MB pages where possible, so that huge pages can back it.
+  if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
+  want = std::min({want, BudgetLeft(), account.available()});
+  want = want / 4096 * 4096;
+  return want >= min_bytes ? want : 0;
+}
+
+Status SegmentAllocator::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
+                                           uint32_t seg_no, int node, uint64_t size,
+                                           ShmFile* out) {
+  ShmFile f;
+  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f);
+  if (!s.ok()) return s;
+  FormatSegment(&f, cache_id, seg_no, node, size);
+  *out = std::move(f);
+  return Status::OK();
+}
+
+Status SegmentAllocator::CreateNextSegment(int node, uint64_t size, uint32_t* seg_no,
+                                           ShmFile* out) {
+  // Locations need segment numbers unique, not dense: a number whose name
+  // another user took is skipped.
+  const uint32_t first = next_seg_no_;
+  const uint32_t tries = std::min(kSegmentNameTries, layout::kMaxSegmentId + 1 - first);
+  auto name = [&](uint32_t i) { return paths_.SegmentFile(cache_id_, first + i); };
+  uint32_t chosen;
+  std::string skipped;
+  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped);
+  if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
+  // A number that failed otherwise (no room) was removed and is free again.
+  next_seg_no_ = first + chosen + (s.ok() ? 1 : 0);
+  if (!s.ok()) return s;
+  FormatSegment(out, cache_id_, first + chosen, node, size);
+  *seg_no = first + chosen;
+  return Status::OK();
+}
+
+void SegmentAllocator::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no,
+                                     int node, uint64_t size) {
+  auto* h = reinterpret_cast<layout::SegmentHeader*>(f->data());
+  h->seg_id = seg_no;
+  h->cache_id = cache_id;
+  h->node = static_cast<uint32_t>(node);
+  h->carved.store(layout::kSegmentHeaderSize);
+  h->file.version = layout::kLayoutVersion;
+  h->file.header_size = sizeof(layout::SegmentHeader);
+  h->file.file_size = size;
+  // The magic goes last: a file without it was never finished.
+  std::atomic_thread_fence(std::memory_order_release);
+  h->file.magic = layout::kSegmentMagic;
+}
+
+void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size,
+                                  ShmFile file) {
+  segments_.emplace(
+      seg_no, Segment{seg_no, node, size, layout::kSegmentHeaderSize, std::move(file)});
+  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+}
+
+Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* account,
+                                    Segment** out, bool* wait) {
+  uint64_t min_bytes = layout::SegmentBytesFor(need);
+  if (wait != nullptr && preparing_[static_cast<size_t>(node)]) {
+    // Its memory is already reserved; making another would waste it, or
+    // find the budget spent.
+    *wait = true;
+    return Status::OK();
+  }
+  auto& ready = prepared_[static_cast<size_t>(node)];
+  if (ready && ready->size >= min_bytes) {
+    uint32_t seg_no = ready->seg_no;
+    AddSegment(seg_no, node, ready->size, std::move(ready->file));
+    ready.reset();
+    *out = &segments_.at(seg_no);
+    return Status::OK();
+  }
+  uint64_t want = NextSegmentSize(min_bytes, *account);
+  if (want == 0) return NoRoomFor(need, min_bytes, *account);
+  if (next_seg_no_ > layout::kMaxSegmentId) {
+    MarkFull("too many segments");
+    return Status::Full("cache has too many segments");
+  }
+  uint32_t seg_no = 0;
+  ShmFile f;
+  Status s = CreateNextSegment(node, want, &seg_no, &f);
+  if (!s.ok()) {
+    if (s.IsFull()) MarkFull(s.message());
+    if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
+    return s;
+  }
+  account->Reserve(want);
+  data_bytes_ += want;
+  AddSegment(seg_no, node, want, std::move(f));
+  *out = &segments_.at(seg_no);
+  return Status::OK();
+}
+
+std::optional<SegmentJob> SegmentAllocator::TakeSegmentJob(int node,
+                                                           MemoryAccount* account) {
+  size_t n = static_cast<size_t>(node);
+  if (released_ || preparing_[n] || prepared_[n] || current_[n] < 0) {
+    return std::nullopt;
+  }
+  const Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
+  if (cur.size - cur.carved > cur.size / 2) return std::nullopt;
+  uint64_t size = NextSegmentSize(layout::kMinSegmentBytes, *account);
+  if (size == 0 || next_seg_no_ > layout::kMaxSegmentId) return std::nullopt;
+  // Reserved now, so that budgets and the cap hold while the file is made.
+  account->Reserve(size);
+  data_bytes_ += size;
+  preparing_[n] = true;
+  return SegmentJob{cache_id_, next_seg_no_++, node, size};
+}
+
+void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& made,
+                                        ShmFile file, MemoryAccount* account) {
+  size_t n = static_cast<size_t>(job.node);
+  if (released_) {
+    // Release already released the reservation and unlinked what it knew.
+    ShmFile::Unlink(paths_.SegmentFile(cache_id_, job.seg_no)).PermitUncheckedError();
+    return;
+  }
+  preparing_[n] = false;
+  if (!made.ok()) {
+    account->Release(job.size);
+    data_bytes_ -= job.size;
+    if (log_)
+      log_->Warn("cache {}: preparing a segment failed: {}", cache_id_, made.message());
+    return;
+  }
+  prepared_[n] = Prepared{job.seg_no, job.size, std::move(file)};
+}
+
+Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
+  std::string path = paths_.SegmentFile(cache_id_, seg_no);
+  ShmFile f;
+  Status s = ShmFile::Open(path, &f);
+  if (!s.ok()) return s;
+  if (f.size() >= sizeof(layout::FileHeader) &&
+      reinterpret_cast<layout::FileHeader*>(f.data())->magic == 0) {
+    // Being prepared when the daemon died; nothing points into it.
+    f.Unmap();
+    ShmFile::Unlink(path).PermitUncheckedError();
+    return Status::OK();
+  }
+  if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
+    return Status::Corruption(path + ": " + bad);
+  }
+  auto* sh = reinterpret_cast<layout::SegmentHeader*>(f.data());
+  uint64_t carved = sh->carved.load();
+  // Chunks start on cache lines (their headers hold atomics): a carved mark
+  // off one would put the next chunk's header astride two.
+  if (sh->node >= static_cast<uint32_t>(num_nodes_) ||
+      carved < layout::kSegmentHeaderSize || carved > f.size() ||
+      carved % layout::kCacheLine != 0) {
+    return Status::Corruption(path + ": segment header fields out of range");
+  }
+  // Chunks leased by the previous daemon stay with whoever holds them;
+  // only the space never carved is handed out again.
+  uint64_t size = f.size();
+  data_bytes_ += size;
+  int node = static_cast<int>(sh->node);
+  segments_.emplace(seg_no, Segment{seg_no, node, size, carved, std::move(f)});
+  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+  next_seg_no_ = seg_no + 1;
+  return Status::OK();
+}
+
+// ---- The budget: what is left of it and of the server's cap, and what the
+// cache says when one of them is used up.
+
+uint64_t SegmentAllocator::BudgetLeft() const {
+  return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
+}
+
+Status SegmentAllocator::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                                   const MemoryAccount& account) {
+  const uint64_t left = BudgetLeft();
+  const uint64_t room = std::min(left, account.available());
+  if (room >= layout::kMinSegmentBytes) {
+    // Room for ordinary rows is left: refusing them all for one big row
+    // would waste it.
+    std::string where = room < left
+                            ? fmt::format(
+                                  "{:.1f} MB are left under the server's memory cap "
+                                  "of {} MB (the cache's budget is {} MB)",
+                                  Megabytes(room), account.cap >> 20, budget_bytes_ >> 20)
+                            : fmt::format("{:.1f} MB are left of its budget of {} MB",
+                                          Megabytes(room), budget_bytes_ >> 20);
+    return Status::TooLarge(fmt::format(
+        "a row of {:.1f} MB does not fit in cache {}: {}; it is not cached, "
+        "smaller rows still are",
+        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, where));
+  }
+  if (left < min_bytes) {
+    return MemoryUsedUp(
+        fmt::format("its budget of {} MB is used up", budget_bytes_ >> 20), false);
+  }
+  return MemoryUsedUp(
+      fmt::format("the server's memory cap of {} MB is used up", account.cap >> 20),
+      true);
+}
+
+Status SegmentAllocator::MemoryUsedUp(const std::string& why, bool by_cap) {
+  if (header_->state.load() & layout::kStateSpilling) {
+    if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
+        log_) {
+      log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);
+    }
+    if (by_cap) MarkByCap(layout::kStateMemFull);
+    return FullStatus(
+        fmt::format("cache {} memory is full: {}; rows spill to disk", cache_id_, why),
+        by_cap);
+  }
+  MarkFull(why);
+  if (by_cap) MarkByCap(layout::kStateFull);
+  return FullStatus(fmt::format("cache {} is full: {}", cache_id_, why), by_cap);
+}
+
+void SegmentAllocator::MarkByCap(uint32_t bits) {
+  cap_full_bits_ |= bits;
+  header_->state.fetch_or(layout::kStateByCap);
+}
+
+bool SegmentAllocator::ResumeIfCapAllows(const MemoryAccount& account) {
+  if (cap_full_bits_ == 0 || released_ ||
+      account.available() < layout::kMinSegmentBytes) {
+    return false;
+  }
+  header_->state.fetch_and(~(cap_full_bits_ | layout::kStateByCap));
+  cap_full_bits_ = 0;
+  if (log_) {
+    log_->Info("{} takes rows again: {} MB are free under the server's memory cap",
+               label_, account.available() >> 20);
+  }
+  return true;
+}
+
+}  // namespace shmcache

@@ -1,0 +1,185 @@
+// SegmentAllocator: one cache's row memory. It owns the cache's data
+// segments per NUMA node (their files: named, created, formatted, adopted
+// from an earlier server, made ahead of need by segment jobs), the chunks
+// leased from them to each connection, the free tails of chunks given
+// back, and the accounting of the cache's budget: what is left of it and
+// of the server's cap, and the cache's full state when one runs out.
+//
+// Chunk leasing is the only allocation: a client bump-allocates rows inside
+// its chunk without talking to anyone. When it closes or dies (its
+// connection ends), the part of each chunk past the chunk's `used` mark is
+// recycled into a new chunk; a row killed mid-write is inside `used` and is
+// the only space lost.
+//
+// The cache's header (its state word, read by every client) is the
+// CacheState's mapping; Attach lends it here, and Release takes it back.
+// Errors are Statuses: Full or FullServerCap when memory is used up,
+// TooLarge for one row that does not fit, NotFound once released.
+//
+// Thread safety: none; the Store's mutex guards every call (CacheState
+// calls it under that lock). CreateSegmentFile alone touches no state.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "held_memory.h"
+#include "instance.h"
+#include "layout.h"
+#include "memory_account.h"
+#include "option_checks.h"
+#include "shm_file.h"
+#include "shmcache/status.h"
+
+namespace shmcache {
+
+class Logger;
+
+// Making the next segment of a cache ahead of need, off the store's lock
+// (posix_fallocate of hundreds of MB takes a while): TakeSegmentJob
+// reserves the memory and names the file; the caller creates it with
+// CreateSegmentFile and hands it back with FinishSegmentJob.
+struct SegmentJob {
+  uint32_t cache_id;
+  uint32_t seg_no;
+  int node;
+  uint64_t size;
+};
+
+struct ChunkLease {
+  uint32_t seg_no = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+class SegmentAllocator {
+ public:
+  static constexpr uint64_t kChunkBytes = 4u << 20;
+  static constexpr uint64_t kMinRecycleBytes = 16u << 10;
+
+  SegmentAllocator(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
+                   Logger* log);
+  SegmentAllocator(const SegmentAllocator&) = delete;
+  SegmentAllocator& operator=(const SegmentAllocator&) = delete;
+
+  // Lends the cache's mapped header, the label its log lines name the cache
+  // by, and its budget; before any other call. The header stays the
+  // caller's and must stay mapped until Release.
+  void Attach(layout::CacheHeader* header, const std::string& label,
+              uint64_t budget_bytes);
+
+  // A chunk of at least `need` bytes of row space for connection `conn`.
+  // Full when the budget or the server cap is used up (the cache is then
+  // marked full for every client). TooLarge when only this row does not
+  // fit: what is left still holds a segment of layout::kMinSegmentBytes, so
+  // the cache is not marked and smaller rows go on being cached.
+  // When the node's next segment is being prepared in the background and
+  // `wait` is given, sets *wait instead of leasing: the caller waits for the
+  // job to finish (FinishSegmentJob) and asks again. Without `wait` a
+  // segment is made on the spot.
+  Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
+               ChunkLease* out, bool* wait = nullptr);
+  // Takes back the unused tail of a chunk leased to `conn`.
+  void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
+  // The connection ended. recycle: its process is gone, so the unused
+  // tails of its chunks are free again; otherwise (a live process whose
+  // connection broke may still write into them) they are only forgotten.
+  void ReleaseConnection(uint64_t conn, bool recycle = true);
+
+  // A job when the current segment of `node` is half carved and nothing is
+  // prepared yet.
+  std::optional<SegmentJob> TakeSegmentJob(int node, MemoryAccount* account);
+  void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
+                        MemoryAccount* account);
+  // Creates and formats a segment file. Thread-safe (touches no state).
+  static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
+                                  uint32_t seg_no, int node, uint64_t size, ShmFile* out);
+
+  // Takes over segment `seg_no` an earlier server left, once it is checked
+  // (ShmFile::Open, CheckSegmentFile, a carved mark on a cache line, a node
+  // this server has). Chunks it leased stay with whoever holds them; only
+  // the space never carved is handed out again. A segment never finished
+  // (no magic) is removed. Corruption names the file otherwise refused.
+  Status AdoptSegment(uint32_t seg_no);
+
+  // Marks the cache full for every client; logs it once.
+  void MarkFull(const std::string& why);
+  // Records that the cap set `bits`: ResumeIfCapAllows clears them, and
+  // readers see kStateByCap (a refused put names the cap, not the budget).
+  void MarkByCap(uint32_t bits);
+  // A cache that the server's cap (not its budget) made full takes rows
+  // again once the cap has room for a segment. True when it resumed.
+  bool ResumeIfCapAllows(const MemoryAccount& account);
+
+  // Unlinks every segment (prepared ones too) and forgets every lease and
+  // the header. With `held`, the files' identities and sizes are appended
+  // there (see CacheState::Destroy). Returns the bytes recorded in `held`.
+  uint64_t Release(std::vector<HeldFile>* held);
+
+  // Segments made, being made or adopted: counted against the budget.
+  uint64_t data_bytes() const { return data_bytes_; }
+  uint64_t budget_bytes() const { return budget_bytes_; }
+
+ private:
+  struct Segment {
+    uint32_t seg_no;
+    int node;
+    uint64_t size;
+    uint64_t carved;
+    ShmFile file;
+  };
+  struct Tail {
+    uint32_t seg_no;
+    uint64_t offset;
+    uint64_t size;
+  };
+  struct Prepared {
+    uint32_t seg_no;
+    uint64_t size;
+    ShmFile file;
+  };
+
+  // Size of the next segment, at least min_bytes; 0 when the budget or the
+  // cap leaves less.
+  uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
+  uint64_t BudgetLeft() const;
+  // No segment of min_bytes fits: TooLarge when an ordinary segment still
+  // would, else the cache's memory is used up (see MemoryUsedUp).
+  Status NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+                   const MemoryAccount& account);
+  // Spilling caches send further rows to disk, others stop taking rows.
+  // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
+  Status MemoryUsedUp(const std::string& why, bool by_cap);
+  void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
+  Status NewSegment(int node, uint64_t need, MemoryAccount* account, Segment** out,
+                    bool* wait);
+  // Creates and formats a segment under the first free number from
+  // next_seg_no_ on, and moves next_seg_no_ past it.
+  Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);
+  static void FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no, int node,
+                            uint64_t size);
+  layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset, uint64_t size);
+
+  InstancePaths paths_;
+  Logger* log_ = nullptr;
+  uint32_t cache_id_ = 0;
+  int num_nodes_ = 1;
+  layout::CacheHeader* header_ = nullptr;  // the CacheState's; see Attach
+  std::string label_;
+  bool released_ = false;
+  uint64_t budget_bytes_ = 0;
+  uint64_t data_bytes_ = 0;               // segments, counted against the budget
+  uint32_t cap_full_bits_ = 0;            // state bits set because the cap ran out
+  std::map<uint32_t, Segment> segments_;  // by seg_no
+  uint32_t next_seg_no_ = 0;
+  std::vector<std::optional<Prepared>> prepared_;       // per node: next segment
+  std::vector<bool> preparing_;                         // per node: job running
+  std::vector<int> current_;                            // per node: seg_no or -1
+  std::vector<std::vector<Tail>> tails_;                // per node
+  std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
+};
+
+}  // namespace shmcache

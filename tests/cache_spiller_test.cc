@@ -1,0 +1,130 @@
+// The spill side (cache_spiller.cc): rows put to the spill store are
+// published in the cache and read back; without a store nothing spills;
+// at start, adopted spilled rows this server cannot read are dropped.
+// (The daemon end to end: spill_test.cc, spill_read_test.cc.)
+#include "cache_spiller.h"
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cache_state.h"
+#include "cache_state_fixture.h"
+#include "logger.h"
+
+namespace shmcache {
+namespace {
+
+class CacheSpillerTest : public CacheStateTest {
+ protected:
+  void SetUp() override {
+    CacheStateTest::SetUp();
+    spill_dir_ = test::MakeTempDir(test::TestTmpRoot(), "spiller");
+  }
+  void TearDown() override {
+    spiller_.Shutdown();
+    test::RemoveTree(spill_dir_);
+    CacheStateTest::TearDown();
+  }
+  CacheSpiller::NoteFn Note() {
+    return [this](const std::string& text) { notes_.push_back(text); };
+  }
+  static std::span<const std::byte> Bytes(const std::string& s) {
+    return std::as_bytes(std::span<const char>(s.data(), s.size()));
+  }
+  // Leases 256 KB chunks until the cache's memory is used up.
+  void UseUpMemory() {
+    Status s;
+    for (int n = 0; n < 1000 && s.ok(); ++n) {
+      ChunkLease l;
+      s = Lease(1, 0, 256 * 1024, &l);
+    }
+    ASSERT_TRUE(s.IsFull()) << s.ToString();
+  }
+
+  Logger log_;  // not opened: lines go nowhere
+  CacheSpiller spiller_{paths_, &log_};
+  std::string spill_dir_;
+  std::vector<std::string> notes_;
+};
+
+TEST_F(CacheSpillerTest, WithoutAStoreNothingSpills) {
+  ASSERT_TRUE(spiller_.Open("", Note()).ok());
+  EXPECT_FALSE(spiller_.enabled());
+  Create(8 * kMB, 1, /*spilling=*/true);
+  bool inserted = true;
+  Status s = spiller_.Put(kCacheId, cache_.get(), 1, Bytes("row"), &account_, &inserted);
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(inserted);
+  std::vector<std::string> rows;
+  std::vector<bool> found;
+  const uint64_t ids[] = {1};
+  EXPECT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).IsNotFound());
+  EXPECT_TRUE(spiller_.DropCache(kCacheId).ok());
+  EXPECT_TRUE(spiller_.CacheIds().empty());
+}
+
+TEST_F(CacheSpillerTest, PutRowsArePublishedAndReadBack) {
+  ASSERT_TRUE(spiller_.Open(spill_dir_, Note()).ok());
+  ASSERT_TRUE(spiller_.enabled());
+  Create(8 * kMB, 1, /*spilling=*/true);
+  bool inserted = false;
+  ASSERT_TRUE(
+      spiller_.Put(kCacheId, cache_.get(), 42, Bytes("forty-two"), &account_, &inserted)
+          .ok());
+  EXPECT_TRUE(inserted);
+  EXPECT_EQ(cache_->Stats().disk_rows, 1u);
+  EXPECT_EQ(cache_->Stats().disk_bytes, 9u);
+  std::vector<std::string> rows;
+  std::vector<bool> found;
+  const uint64_t ids[] = {42, 43};
+  ASSERT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).ok());
+  EXPECT_EQ(found, (std::vector<bool>{true, false}));
+  EXPECT_EQ(rows[0], "forty-two");
+  EXPECT_EQ(spiller_.CacheIds(), std::vector<uint32_t>{kCacheId});
+  ASSERT_TRUE(spiller_.DropCache(kCacheId).ok());
+  ASSERT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).ok());
+  EXPECT_EQ(found, (std::vector<bool>{false, false}));
+  EXPECT_TRUE(notes_.empty()) << testing::PrintToString(notes_);
+}
+
+TEST_F(CacheSpillerTest, ACacheThatDoesNotSpillIsFull) {
+  ASSERT_TRUE(spiller_.Open(spill_dir_, Note()).ok());
+  Create(8 * kMB);
+  bool inserted = true;
+  Status s = spiller_.Put(kCacheId, cache_.get(), 1, Bytes("row"), &account_, &inserted);
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(inserted);
+  EXPECT_TRUE(spiller_.CacheIds().empty());
+}
+
+TEST_F(CacheSpillerTest, ReconcileWithoutAStoreDropsSpilledRowsAndStopsSpilling) {
+  ASSERT_TRUE(spiller_.Open("", Note()).ok());
+  Create(8 * kMB, 1, /*spilling=*/true);
+  UseUpMemory();
+  for (uint64_t id = 0; id < 3; ++id) {
+    bool inserted = false;
+    ASSERT_TRUE(cache_->PublishSpilled(id, 100, &account_, &inserted).ok());
+  }
+  std::map<uint32_t, std::unique_ptr<CacheState>> caches;
+  caches[kCacheId] = std::move(cache_);
+  spiller_.Reconcile(caches, Note());
+  cache_ = std::move(caches[kCacheId]);
+  EXPECT_EQ(cache_->Stats().disk_rows, 0u);
+  EXPECT_FALSE(cache_->spill_enabled());
+  EXPECT_TRUE(cache_->Stats().full) << "memory was used up and nothing spills";
+  ASSERT_EQ(notes_.size(), 1u);
+  EXPECT_NE(notes_[0].find("3 spilled rows were dropped (this server has no spill "
+                           "directory)"),
+            std::string::npos)
+      << notes_[0];
+  EXPECT_NE(notes_[0].find("it no longer spills and is full"), std::string::npos)
+      << notes_[0];
+}
+
+}  // namespace
+}  // namespace shmcache

@@ -1,0 +1,338 @@
+// The daemon's allocator (segment_allocator.cc): chunks leased from
+// per-node segments, formatted and disjoint, given back, and the unused
+// tails of chunks recycled; a cache's memory: what is left of its budget
+// and of the server's cap, when it is full, and when it takes rows again.
+// Through a CacheState (CacheStateTest), then SegmentAllocator alone.
+#include "segment_allocator.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cache_state.h"
+#include "cache_state_fixture.h"
+
+namespace shmcache {
+namespace {
+
+TEST_F(CacheStateTest, LeasedChunksAreFormattedAndDisjoint) {
+  Create(64 * kMB);
+  std::vector<ChunkLease> leases;
+  for (int i = 0; i < 6; ++i) {
+    ChunkLease l;
+    ASSERT_TRUE(Lease(1, 0, 3000, &l).ok());
+    leases.push_back(l);
+  }
+  for (const ChunkLease& l : leases) {
+    SCOPED_TRACE(testing::Message() << "seg " << l.seg_no << " off " << l.offset);
+    EXPECT_GE(l.offset, layout::kSegmentHeaderSize);
+    EXPECT_EQ(l.offset % layout::kCacheLine, 0u);
+    EXPECT_GE(l.size, sizeof(layout::ChunkHeader) + 3000);
+    EXPECT_LE(l.offset + l.size, SegmentSize(l.seg_no));
+    layout::ChunkHeader* c = Chunk(l);
+    EXPECT_EQ(c->magic, layout::kChunkMagic);
+    EXPECT_EQ(c->cache_id, kCacheId);
+    EXPECT_EQ(c->size, l.size);
+    EXPECT_EQ(c->used.load(), sizeof(layout::ChunkHeader));
+    layout::SegmentHeader* seg = Segment(l.seg_no);
+    EXPECT_EQ(seg->seg_id, l.seg_no);
+    EXPECT_EQ(seg->cache_id, kCacheId);
+    EXPECT_EQ(seg->node, 0u);
+    EXPECT_GE(seg->carved.load(), l.offset + l.size);
+  }
+  for (size_t i = 0; i < leases.size(); ++i) {
+    for (size_t j = i + 1; j < leases.size(); ++j) {
+      const ChunkLease &a = leases[i], &b = leases[j];
+      bool disjoint = a.seg_no != b.seg_no || a.offset + a.size <= b.offset ||
+                      b.offset + b.size <= a.offset;
+      EXPECT_TRUE(disjoint) << i << " overlaps " << j;
+    }
+  }
+  EXPECT_EQ(account_.used, cache_->reserved_bytes());
+}
+
+TEST_F(CacheStateTest, BigRowGetsABigEnoughChunk) {
+  Create(64 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(Lease(1, 0, 10 * kMB, &l).ok());
+  EXPECT_GE(l.size, sizeof(layout::ChunkHeader) + 10 * kMB);
+  EXPECT_LE(l.offset + l.size, SegmentSize(l.seg_no));
+}
+
+TEST_F(CacheStateTest, SegmentsBelongToTheRequestedNode) {
+  Create(64 * kMB, /*nodes=*/2);
+  ChunkLease n0, n1, n3;
+  ASSERT_TRUE(Lease(1, 0, 1000, &n0).ok());
+  ASSERT_TRUE(Lease(1, 1, 1000, &n1).ok());
+  ASSERT_TRUE(Lease(1, 3, 1000, &n3).ok());  // wraps to node 1
+  EXPECT_NE(n0.seg_no, n1.seg_no);
+  EXPECT_EQ(Segment(n0.seg_no)->node, 0u);
+  EXPECT_EQ(Segment(n1.seg_no)->node, 1u);
+  EXPECT_EQ(Segment(n3.seg_no)->node, 1u);
+}
+
+TEST_F(CacheStateTest, ReturnedTailIsLeasedAgain) {
+  Create(64 * kMB);
+  ChunkLease a;
+  ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
+  // The client wrote 5000 bytes of rows.
+  Chunk(a)->used.store(sizeof(layout::ChunkHeader) + 5000);
+  cache_->Return(1, a.seg_no, a.offset);
+  ChunkLease b;
+  ASSERT_TRUE(Lease(2, 0, 1000, &b).ok());
+  EXPECT_EQ(b.seg_no, a.seg_no);
+  uint64_t tail = (a.offset + sizeof(layout::ChunkHeader) + 5000 + 63) / 64 * 64;
+  EXPECT_EQ(b.offset, tail) << "the tail right after the rows";
+  EXPECT_EQ(b.offset + b.size, a.offset + a.size);
+  EXPECT_EQ(Chunk(b)->used.load(), sizeof(layout::ChunkHeader));
+  EXPECT_EQ(Chunk(b)->size, b.size);
+}
+
+TEST_F(CacheStateTest, ReturnOfAnotherConnectionsChunkIsIgnored) {
+  Create(64 * kMB);
+  ChunkLease a;
+  ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
+  cache_->Return(2, a.seg_no, a.offset);       // not conn 2's
+  cache_->Return(1, a.seg_no, a.offset + 64);  // no such chunk
+  ChunkLease b;
+  ASSERT_TRUE(Lease(3, 0, 1000, &b).ok());
+  bool overlaps = b.seg_no == a.seg_no && b.offset < a.offset + a.size &&
+                  a.offset < b.offset + b.size;
+  EXPECT_FALSE(overlaps) << "a chunk still leased was handed out again";
+}
+
+TEST_F(CacheStateTest, UsedMarkBeyondTheChunkRecyclesNothing) {
+  Create(64 * kMB);
+  ChunkLease a;
+  ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
+  Chunk(a)->used.store(a.size + 4096);  // a hostile or broken client
+  cache_->Return(1, a.seg_no, a.offset);
+  ChunkLease b;
+  ASSERT_TRUE(Lease(2, 0, 1000, &b).ok());
+  bool overlaps = b.seg_no == a.seg_no && b.offset < a.offset + a.size &&
+                  a.offset < b.offset + b.size;
+  EXPECT_FALSE(overlaps);
+}
+
+TEST_F(CacheStateTest, FullChunkLeavesNoTail) {
+  Create(64 * kMB);
+  ChunkLease a;
+  ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
+  Chunk(a)->used.store(a.size - 1024);  // less than the recycling minimum left
+  cache_->Return(1, a.seg_no, a.offset);
+  ChunkLease b;
+  ASSERT_TRUE(Lease(2, 0, 100, &b).ok());
+  EXPECT_FALSE(b.seg_no == a.seg_no && b.offset >= a.offset &&
+               b.offset < a.offset + a.size);
+}
+
+TEST_F(CacheStateTest, ReleaseConnectionRecyclesEveryChunkTail) {
+  Create(64 * kMB, /*nodes=*/2);
+  ChunkLease a0, a1;
+  ASSERT_TRUE(Lease(1, 0, 1000, &a0).ok());
+  ASSERT_TRUE(Lease(1, 1, 1000, &a1).ok());
+  Chunk(a0)->used.store(sizeof(layout::ChunkHeader) + 128);
+  Chunk(a1)->used.store(sizeof(layout::ChunkHeader) + 256);
+  cache_->ReleaseConnection(1);  // the client went away (or died)
+  ChunkLease b0, b1;
+  ASSERT_TRUE(Lease(2, 0, 1000, &b0).ok());
+  ASSERT_TRUE(Lease(2, 1, 1000, &b1).ok());
+  EXPECT_EQ(b0.seg_no, a0.seg_no);
+  EXPECT_EQ(b0.offset, a0.offset + sizeof(layout::ChunkHeader) + 128);
+  EXPECT_EQ(b1.seg_no, a1.seg_no);
+  EXPECT_EQ(b1.offset, a1.offset + sizeof(layout::ChunkHeader) + 256);
+  // Releasing twice, or an unknown connection, is harmless.
+  cache_->ReleaseConnection(1);
+  cache_->ReleaseConnection(999);
+}
+
+TEST_F(CacheStateTest, RecycledTailTooSmallIsSkipped) {
+  Create(64 * kMB);
+  ChunkLease a;
+  ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
+  uint64_t tail_bytes = 64 * 1024;
+  Chunk(a)->used.store(a.size - tail_bytes);
+  cache_->Return(1, a.seg_no, a.offset);
+  ChunkLease big;
+  ASSERT_TRUE(Lease(2, 0, 1 * kMB, &big).ok());  // does not fit the tail
+  EXPECT_FALSE(big.seg_no == a.seg_no && big.offset >= a.offset &&
+               big.offset < a.offset + a.size);
+  ChunkLease small;
+  ASSERT_TRUE(Lease(2, 0, 1000, &small).ok());  // fits
+  EXPECT_EQ(small.seg_no, a.seg_no);
+  EXPECT_EQ(small.offset, a.offset + a.size - tail_bytes);
+}
+
+// ---- A cache's memory: its budget and the server's cap.
+
+TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
+  Create(8 * kMB);
+  uint64_t leased = 0;
+  Status s;
+  int n = 0;
+  for (; n < 100; ++n) {
+    ChunkLease l;
+    s = Lease(1, 0, 256 * 1024, &l);
+    if (!s.ok()) break;
+    leased += l.size;
+  }
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_NE(s.message().find("budget"), std::string::npos) << s.ToString();
+  EXPECT_GT(n, 0);
+  EXPECT_LE(leased, 8 * kMB);
+  EXPECT_GT(leased, 6 * kMB) << "most of the budget was usable";
+  CacheStats st = cache_->Stats();
+  EXPECT_TRUE(st.full);
+  EXPECT_EQ(st.budget_bytes, 8 * kMB);
+  // Full stays full, for every connection.
+  ChunkLease l;
+  EXPECT_TRUE(Lease(2, 0, 64, &l).IsFull());
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  EXPECT_TRUE(reinterpret_cast<layout::CacheHeader*>(header.data())->state.load() &
+              layout::kStateFull);
+}
+
+TEST_F(CacheStateTest, ServerCapUsedUpMeansFull) {
+  Create(64 * kMB);
+  account_.cap = account_.used + 6 * kMB;  // room for about one segment
+  Status s;
+  for (int n = 0; n < 100 && s.ok(); ++n) {
+    ChunkLease l;
+    s = Lease(1, 0, 512 * 1024, &l);
+  }
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_NE(s.message().find("cap"), std::string::npos) << s.ToString();
+  EXPECT_LE(account_.used, account_.cap);
+  account_.cap = 256 * kMB;  // for TearDown's accounting check
+}
+
+TEST_F(CacheStateTest, RowLargerThanWhatIsLeftIsTooLargeAndTheCacheStaysOpen) {
+  Create(16 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(Lease(1, 0, 1000, &l).ok());
+  Status s = Lease(1, 0, 13 * kMB, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(2, 0, 1000, &l).ok()) << "other rows still fit";
+  // Rows that use up the budget make it full, as ever.
+  for (int n = 0; n < 100; ++n) {
+    s = Lease(1, 0, 5 * kMB, &l);
+    if (!s.ok()) break;
+  }
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(cache_->Stats().full);
+  EXPECT_LE(account_.used, cache_->reserved_bytes());
+}
+
+TEST_F(CacheStateTest, CacheTheCapMadeFullTakesRowsAgainWhenTheCapFrees) {
+  Create(64 * kMB);
+  account_.cap = account_.used + 6 * kMB;
+  Status s;
+  ChunkLease l;
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(cache_->ResumeIfCapAllows(account_)) << "nothing was freed";
+  account_.cap += 8 * kMB;  // as when another session's memory is released
+  EXPECT_TRUE(cache_->ResumeIfCapAllows(account_));
+  EXPECT_FALSE(cache_->Stats().full);
+  EXPECT_TRUE(Lease(1, 0, 512 * 1024, &l).ok());
+  account_.cap = 256 * kMB;
+}
+
+TEST_F(CacheStateTest, CacheItsBudgetMadeFullStaysFull) {
+  Create(4 * kMB);
+  Status s;
+  ChunkLease l;
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_FALSE(cache_->ResumeIfCapAllows(account_));
+  EXPECT_TRUE(cache_->Stats().full);
+}
+
+// ---- SegmentAllocator alone, over a header of its own (no cache files; the
+// fixture's cache is not created).
+
+class SegmentAllocatorTest : public CacheStateTest {
+ protected:
+  void SetUp() override {
+    CacheStateTest::SetUp();
+    header_ = std::make_unique<layout::CacheHeader>();
+    alloc_ = std::make_unique<SegmentAllocator>(paths_, kCacheId, 1, /*log=*/nullptr);
+    alloc_->Attach(header_.get(), kLabel, 8 * kMB);
+  }
+  void TearDown() override {
+    alloc_->Release(nullptr);
+    // What it reserved is the owning CacheState's to release.
+    account_.Release(account_.used);
+    CacheStateTest::TearDown();
+  }
+
+  static constexpr const char* kLabel = "cache 5 (session 77, 'train')";
+  std::unique_ptr<layout::CacheHeader> header_;
+  std::unique_ptr<SegmentAllocator> alloc_;
+};
+
+TEST_F(SegmentAllocatorTest, SegmentsCountAgainstTheBudgetUntilReleased) {
+  ChunkLease l;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3000, &account_, &l).ok());
+  EXPECT_GE(alloc_->data_bytes(), layout::kMinSegmentBytes);
+  EXPECT_LE(alloc_->data_bytes(), 8 * kMB);
+  EXPECT_EQ(account_.used, alloc_->data_bytes()) << "reserved in the account";
+  EXPECT_EQ(ListDir(shm_dir_).size(), 1u) << "one segment file";
+  EXPECT_EQ(alloc_->Release(nullptr), 0u) << "no held files asked for";
+  EXPECT_EQ(alloc_->data_bytes(), 0u);
+  EXPECT_TRUE(ListDir(shm_dir_).empty());
+  Status s = alloc_->Lease(1, 0, 3000, &account_, &l);
+  EXPECT_TRUE(s.IsNotFound()) << s.ToString();
+}
+
+TEST_F(SegmentAllocatorTest, TailsAreRecycledOnlyWhenTheProcessIsGone) {
+  const auto tail_of = [](const ChunkLease& l) {
+    return (l.offset + sizeof(layout::ChunkHeader) + layout::kCacheLine - 1) /
+           layout::kCacheLine * layout::kCacheLine;
+  };
+  ChunkLease a, c, d;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3000, &account_, &a).ok());
+  alloc_->ReleaseConnection(1, /*recycle=*/false);
+  ASSERT_TRUE(alloc_->Lease(2, 0, 3000, &account_, &c).ok());
+  EXPECT_FALSE(c.seg_no == a.seg_no && c.offset == tail_of(a))
+      << "a live process may still write into its chunk";
+  alloc_->ReleaseConnection(2, /*recycle=*/true);
+  ASSERT_TRUE(alloc_->Lease(3, 0, 3000, &account_, &d).ok());
+  EXPECT_EQ(d.seg_no, c.seg_no);
+  EXPECT_EQ(d.offset, tail_of(c));
+  EXPECT_EQ(d.offset + d.size, c.offset + c.size);
+}
+
+TEST_F(SegmentAllocatorTest, AdoptsAFinishedSegmentAndRemovesAnUnfinishedOne) {
+  const uint64_t size = layout::kMinSegmentBytes;
+  ShmFile done, unfinished;
+  ASSERT_TRUE(
+      SegmentAllocator::CreateSegmentFile(paths_, kCacheId, 0, 0, size, &done).ok());
+  ASSERT_TRUE(
+      SegmentAllocator::CreateSegmentFile(paths_, kCacheId, 1, 0, size, &unfinished)
+          .ok());
+  reinterpret_cast<layout::FileHeader*>(unfinished.data())->magic = 0;
+  done.Unmap();
+  unfinished.Unmap();
+  SegmentAllocator adopter(paths_, kCacheId, 1, /*log=*/nullptr);
+  adopter.Attach(header_.get(), kLabel, 8 * kMB);
+  ASSERT_TRUE(adopter.AdoptSegment(0).ok());
+  ASSERT_TRUE(adopter.AdoptSegment(1).ok());
+  EXPECT_EQ(adopter.data_bytes(), size) << "only the finished one counts";
+  EXPECT_EQ(ListDir(shm_dir_).size(), 1u) << testing::PrintToString(ListDir(shm_dir_));
+  // What the earlier server never carved is handed out again.
+  ChunkLease l;
+  ASSERT_TRUE(adopter.Lease(1, 0, 3000, &account_, &l).ok());
+  EXPECT_EQ(l.seg_no, 0u);
+  EXPECT_EQ(l.offset, layout::kSegmentHeaderSize);
+  adopter.Release(nullptr);
+}
+
+}  // namespace
+}  // namespace shmcache
