@@ -3,7 +3,7 @@
 // Each size is measured in four configurations (RocksDB's defaults; no
 // compression; integrated BlobDB for values of 4 KB and more, uncompressed,
 // with a 256 MB block cache; and the options shmcache's spill database is
-// opened with, lib/spill_format.cc, compiled in from the same file); "raw"
+// opened with, format/spill_format.cc, linked in); "raw"
 // and "raw MultiGet 64" are the best of them, the reference the
 // spilled-row targets compare against.
 #include <algorithm>

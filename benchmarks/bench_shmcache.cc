@@ -167,7 +167,7 @@ bool WarmUp(Cache* cache, uint64_t n) {
 // The machine's limit for puts into a fresh cache: how fast the server's shm
 // dir hands out fresh pages, made the way the daemon makes a segment
 // (sized, posix_fallocate, then zeros written in 1 MB blocks;
-// lib/shm_file.cc: sized first, so a huge=within_size tmpfs gives 2 MB pages), for
+// format/shm_file.cc: sized first, so a huge=within_size tmpfs gives 2 MB pages), for
 // as many bytes as n rows of `size`. In rows per second; -1 on error.
 double PageSupplyRate(const std::string& dir, uint64_t n, size_t size) {
   std::string path = dir + "/shmcache-bench-pages." + std::to_string(getpid());

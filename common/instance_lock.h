@@ -1,4 +1,4 @@
-// The instance lock: <run dir>/shmcached-<port>.lock (lib/instance.h). A
+// The instance lock: <run dir>/shmcached-<port>.lock (format/instance.h). A
 // server holds an exclusive flock on it for its whole life, so that one
 // server runs per instance, and writes its process id into it for
 // messages. The kernel drops the lock when the process dies, however it

@@ -2,8 +2,8 @@
 // shmcached itself) are read and checked, once for both binaries. Every
 // refusal is InvalidArgument with one line that names the value, what was
 // wrong and the valid range. Numbers are read by parse_number.h (decimal
-// only: "010" is ten). The port and host checks are the client library's
-// (ParsePort, CheckHost in lib/instance.h), which every client uses too.
+// only: "010" is ten). The port and host checks are the instance naming
+// (ParsePort, CheckHost in format/instance.h), which every client uses too.
 #pragma once
 
 #include <cstddef>

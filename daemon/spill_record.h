@@ -10,7 +10,7 @@
 
 #include "instance.h"
 #include "shmcache/status.h"
-#include "spill_reader.h"
+#include "spill_format.h"
 
 namespace shmcache {
 
@@ -26,7 +26,7 @@ bool IsSpillDbOf(const std::string& path, int port);
 // True when a and b name one database: equal paths, or one directory.
 bool SameSpillDb(const std::string& a, const std::string& b);
 
-// ReadSpillRecord: spill_reader.h (the clients read the record too).
+// ReadSpillRecord: format/spill_format.h (the clients read the record too).
 
 // Records `db_path`, atomically (a temporary file renamed over the record);
 // an empty path removes the record.

@@ -1,6 +1,6 @@
 // SpillStore: rows that do not fit in a cache's memory budget, in one
 // RocksDB database per instance (<spill dir>/shmcache.<uid>.<port>.spill).
-// Keys and options: lib/spill_format.h (one cache's rows form one
+// Keys and options: format/spill_format.h (one cache's rows form one
 // contiguous range that DropCache deletes and compacts away).
 //
 // Only the daemon writes the database; clients read it themselves through

@@ -1,8 +1,5 @@
 #include "spill_reader.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <map>
 #include <vector>
@@ -11,28 +8,9 @@
 #include <rocksdb/env.h>
 
 #include "fork_safety.h"
-#include "shm_file.h"
 #include "spill_format.h"
 
 namespace shmcache {
-
-std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused) {
-  std::string text;
-  int fd = -1;
-  // The record names a directory a restarted daemon may destroy: one that
-  // someone else wrote (or linked) is never believed.
-  Status s = OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd);
-  if (!s.ok()) {
-    if (!s.IsNotFound() && refused != nullptr) *refused = s.message();
-    return text;
-  }
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
-  close(fd);
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text;
-}
 
 namespace {
 

@@ -34,13 +34,6 @@ class DB;
 
 namespace shmcache {
 
-// The database the instance's spill record names (a one-line file beside
-// the shared-memory files; the daemon writes it, daemon/spill_record.h);
-// empty when there is no record (nothing recorded, or an index left by a
-// server from before the record) and when the record is not this user's
-// own file (see OpenOwnedFile), which *refused (when given) then explains.
-std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused = nullptr);
-
 class SpillReader {
  public:
   // The process's reader of the instance's spill database (the one the

@@ -94,8 +94,8 @@ counted_check format clang-format "C++ files out of format: run scripts/format.s
   scripts/format.sh --check
 
 # ---- clang-tidy ---------------------------------------------------------------
-# scripts/tidy.sh: clang-tidy 14 (.clang-tidy) over lib/, common/, daemon/
-# and clients/ with build's compile flags; any finding fails it, printed.
+# scripts/tidy.sh: clang-tidy 14 (.clang-tidy) over format/, lib/, common/,
+# daemon/ and clients/ with build's compile flags; any finding fails it, printed.
 # Sources unchanged since found clean are not checked again (its cache is in
 # ~/.cache/shmcache/tidy, shared by every clone, as ccache's is).
 # One check.

@@ -2,8 +2,9 @@
 # Runs clang-tidy 14 with the checked-in .clang-tidy over the project's C++
 # sources; prints every finding and exits 1 if there is any.
 #
-#   scripts/tidy.sh               checks every C++ source under lib/, common/,
-#                                 daemon/ and clients/ (headers through them)
+#   scripts/tidy.sh               checks every C++ source under format/, lib/,
+#                                 common/, daemon/ and clients/ (headers
+#                                 through them)
 #   scripts/tidy.sh FILE...       checks those sources only
 #
 # The compile flags come from build/compile_commands.json ($SHMCACHE_TIDY_BUILD
@@ -18,10 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
 
-dirs=(lib common daemon clients)
+dirs=(format lib common daemon clients)
 build=${SHMCACHE_TIDY_BUILD:-build}
 jobs=${SHMCACHE_TIDY_JOBS:-2}
-case "${1:-}" in -*) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 2 ;; esac
+case "${1:-}" in -*) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 2 ;; esac
 
 ct=${CLANG_TIDY:-}
 if [ -z "$ct" ]; then

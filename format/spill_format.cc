@@ -1,5 +1,10 @@
 #include "spill_format.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "shm_file.h"
+
 namespace shmcache {
 
 static void PutBigEndian(char* p, uint64_t v, int bytes) {
@@ -32,6 +37,24 @@ rocksdb::Options SpillDbOptions() {
   o.stats_dump_period_sec = 0;
   o.stats_persist_period_sec = 0;
   return o;
+}
+
+std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused) {
+  std::string text;
+  int fd = -1;
+  // The record names a directory a restarted daemon may destroy: one that
+  // someone else wrote (or linked) is never believed.
+  Status s = OpenOwnedFile(paths.SpillRecordFile(), O_RDONLY, &fd);
+  if (!s.ok()) {
+    if (!s.IsNotFound() && refused != nullptr) *refused = s.message();
+    return text;
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fd);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
 }
 
 }  // namespace shmcache

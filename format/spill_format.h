@@ -1,6 +1,8 @@
 // The spill database's format, shared by the daemon (which writes it) and
-// the clients (which read it themselves, spill_reader.h): the key of a row
-// and the RocksDB options both sides open it with.
+// the clients (which read it themselves, lib/spill_reader.h): the key of a
+// row, the RocksDB options both sides open it with, and the record that
+// names the database (read by both, written by the daemon:
+// daemon/spill_record.h).
 //
 // Keys are cache id (4 bytes, big-endian) + row id (8 bytes, big-endian),
 // so one cache's rows form one contiguous range. Values are encoded rows
@@ -8,9 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
+
+#include "instance.h"
 
 namespace shmcache {
 
@@ -26,5 +31,12 @@ struct SpillKey {
 // docs/spill-reads.md). The benchmarks' RocksDB peer
 // (benchmarks/bench_rocksdb.cc) runs with these options too.
 rocksdb::Options SpillDbOptions();
+
+// The database the instance's spill record names (a one-line file beside
+// the shared-memory files); empty when there is no record (nothing
+// recorded, or an index left by a server from before the record) and when
+// the record is not this user's own file (see OpenOwnedFile), which
+// *refused (when given) then explains.
+std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused = nullptr);
 
 }  // namespace shmcache
