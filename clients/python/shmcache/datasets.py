@@ -316,7 +316,7 @@ class CachedDataset(Dataset):
         self._store(index, cols)
         return self._project(decode(cols, torch=True))
 
-    def _uncacheable(self, index: int, why: Exception | None) -> None:
+    def _uncacheable(self, index: int, why: Exception | str | None) -> None:
         if not self._warned_uncacheable:
             self._warned_uncacheable = True
             warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
