@@ -546,6 +546,9 @@ def bench_cached_loader_first(args, out, shmcache, dataset, dataloader_first):
         cds = st.CachedDataset(dataset, shmcache.DatasetCache(session, port=args.port))
         first, _ = run_epoch(cds, loader_class=st.CachedLoader)
         out.value("loader.epoch1_s", first)
+        stats = cds.cache.stats() or {}
+        out.value("loader.epoch1_mem_rows", stats.get("mem_rows", 0))
+        out.value("loader.epoch1_disk_rows", stats.get("disk_rows", 0))
         out.value("loader.first_epoch_vs_dataloader", first / dataloader_first)
     finally:
         client.destroy_session(session)
