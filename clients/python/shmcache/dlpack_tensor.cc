@@ -18,7 +18,6 @@ namespace py = pybind11;
 // One allocation: the managed tensor, its shape and strides, then the
 // data at a 64-byte boundary, as torch's own allocator aligns it.
 constexpr size_t kAlign = 64;
-constexpr size_t kMaxDims = 32;  // numpy's limit, which rows keep to
 
 size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -75,7 +74,7 @@ PyObject* FromDLPack() {
 std::optional<OwnedTensor> NewTensor(DType t, std::span<const int64_t> shape,
                                      size_t nbytes) {
   DLDataType type;
-  if (!TypeOf(t, &type) || shape.size() > kMaxDims) return std::nullopt;
+  if (!TypeOf(t, &type)) return std::nullopt;
   size_t ndim = shape.size();
   size_t data_offset = RoundUp(sizeof(DLManagedTensor) + 2 * ndim * sizeof(int64_t));
   void* mem = std::aligned_alloc(kAlign, data_offset + RoundUp(nbytes));

@@ -75,9 +75,9 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler,
 from . import rows
 from .datasets import CachedDataset
 from .loader import CachedLoader, _LoaderIter
+from .misses import Sample
 from .partition import RowExchange, RowOwners
 from .partitioned_feed import WindowFeed
-from .misses import Sample
 from .partitioned_rows import PartitionedRows
 
 __all__ = ["PartitionedLoader", "PartitionedRows"]

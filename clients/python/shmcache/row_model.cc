@@ -159,12 +159,22 @@ DType OutType(DType t, Leaf leaf) {
   return t;
 }
 
+// The most dimensions a column handed out may have: numpy's limit, which
+// the tensors made without numpy (dlpack_tensor.h) keep to as well.
+constexpr size_t kMaxDims = 32;
+
+// Elements of a column. Columns reach here decoded, so their dtype is
+// known; the guard keeps an unknown one from dividing by zero.
+size_t Elements(const ColumnView& c) {
+  size_t elem = DTypeSize(c.dtype);
+  return elem == 0 ? 0 : c.nbytes / elem;
+}
+
 // A C-contiguous array of `dt` and `shape`: over `data` (kept alive by
 // `base`, writable only when `writable`) or, without data, newly allocated.
 // The numpy C API directly: this is most of the cost of a small hit.
 py::array NewArray(const py::dtype& dt, std::span<const int64_t> shape, const void* data,
                    py::handle base, bool writable) {
-  constexpr size_t kMaxDims = 32;  // numpy's limit
   if (shape.size() > kMaxDims) {
     throw py::value_error("a column has more dimensions than numpy allows");
   }
@@ -388,10 +398,7 @@ py::object Decode(const py::list& columns, bool torch) {
 }
 
 void RowBuilder::PendingCopy::Run() const {
-  // Columns reach here decoded, so their dtype is known; the guard keeps an
-  // unknown one from dividing by zero.
-  size_t elem = DTypeSize(src.dtype);
-  size_t n = elem == 0 ? 0 : src.nbytes / elem;
+  size_t n = Elements(src);
   switch (out_type == src.dtype ? DType::kBytes : src.dtype) {
     case DType::kUInt16: return Widen<uint16_t, int32_t>(src.data, dst, n);
     case DType::kUInt32: return Widen<uint32_t, int64_t>(src.data, dst, n);
@@ -458,9 +465,9 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
   if (!zero_copy_) base = py::handle();
   DType out = OutType(c.dtype, leaf_);
   bool view = base && out == c.dtype;
-  if (leaf_ == Leaf::kTorch && !view) {
-    size_t n = DTypeSize(c.dtype) == 0 ? 0 : c.nbytes / DTypeSize(c.dtype);
-    if (std::optional<OwnedTensor> t = NewTensor(out, c.shape, n * DTypeSize(out))) {
+  if (leaf_ == Leaf::kTorch && !view && c.shape.size() <= kMaxDims) {
+    if (std::optional<OwnedTensor> t =
+            NewTensor(out, c.shape, Elements(c) * DTypeSize(out))) {
       Later(c, out, t->data);
       return std::move(t->tensor);
     }
