@@ -5,6 +5,17 @@
 //           the same bytes and page size (a pointer chase): the one-DRAM-read
 //           limit
 //   memcpy  a copy of a random row of that buffer: the copy-out limit
+//   probe+memcpy, probe+pad+memcpy
+//           the same copy behind the least any hash index costs: one slot
+//           of an open-addressed table (16-byte slots, 4 KB pages, one
+//           probe) read for the row's offset, then the row's first word,
+//           then the copy; and the same with kHitPathInstructions
+//           independent additions between the lookup and the copy, the
+//           count of instructions our hit path runs besides the copy. The
+//           pair shows what Get's copy-out can reach on this CPU: a per-row
+//           lookup keeps the next row's misses from overlapping this copy
+//           once the hit path's instructions fill the out-of-order window
+//           (docs/hit-path.md)
 //   View    Cache::View of a random id, one byte of the row's data read
 //           (as a trainer reads what it views)
 //   Get     Cache::Get of a random id (copy-out)
@@ -15,6 +26,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -44,6 +56,65 @@ struct HitConfig {
 constexpr int kRounds = 9;
 constexpr HitConfig kHitConfigs[] = {{64u << 10, 3 * 1024, "64Ki x 3 KB"},
                                      {1u << 20, 1024, "1Mi x 1 KB"}};
+
+// Instructions of Cache::Get's hit path besides the copy (callgrind, 64 Ki
+// rows, one index table; docs/hit-path.md).
+constexpr int kHitPathInstructions = 120;
+
+// kHitPathInstructions additions in four independent chains: they occupy
+// the out-of-order window as the hit path's instructions do, without a
+// longer dependency chain than theirs.
+inline uint64_t Pad(uint64_t x) {
+  uint64_t a = x, b = x, c = x, d = x;
+  static_assert(kHitPathInstructions == 4 * 30);
+  asm volatile(".rept 30\n\tadd $1, %0\n\tadd $1, %1\n\tadd $1, %2\n\tadd $1, %3\n\t.endr"
+               : "+r"(a), "+r"(b), "+r"(c), "+r"(d));
+  return a ^ b ^ c ^ d;
+}
+
+// An open-addressed table of row offsets, as the cache's index is laid out
+// (16-byte slots: key, location) in shared memory with 4 KB pages, sized to
+// hold the rows at most 3/4 full, so a lookup is one probe.
+class ProbeTable {
+ public:
+  ProbeTable(uint64_t rows, size_t row_size) {
+    while (cap_ * 3 / 4 < rows) cap_ *= 2;
+    bytes_ = cap_ * sizeof(Slot);
+    void* m =
+        mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return;
+    slots_ = static_cast<Slot*>(m);
+    for (uint64_t id = 0; id < rows; ++id) {
+      uint64_t i = Home(id);
+      while (slots_[i].loc != 0) i = (i + 1) & (cap_ - 1);
+      slots_[i] = Slot{id, id * row_size + 1};
+    }
+  }
+  ~ProbeTable() {
+    if (slots_ != nullptr) munmap(slots_, bytes_);
+  }
+  ProbeTable(const ProbeTable&) = delete;
+  ProbeTable& operator=(const ProbeTable&) = delete;
+  bool ok() const { return slots_ != nullptr; }
+  // The offset of row `id` (present by construction).
+  uint64_t Find(uint64_t id) const {
+    for (uint64_t i = Home(id);; i = (i + 1) & (cap_ - 1)) {
+      if (slots_[i].key == id && slots_[i].loc != 0) return slots_[i].loc - 1;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t key;
+    uint64_t loc;  // offset + 1; 0: empty
+  };
+  uint64_t Home(uint64_t id) const {
+    return (id * 0x9E3779B97F4A7C15ULL) >> (64 - std::countr_zero(cap_)) & (cap_ - 1);
+  }
+  uint64_t cap_ = 1024;
+  size_t bytes_ = 0;
+  Slot* slots_ = nullptr;
+};
 
 // A random cyclic permutation of n elements of `stride` bytes in `buf`: the
 // first 8 bytes of each element hold the address of the next.
@@ -166,8 +237,20 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
     const bool with_lmdb =
         !c.lmdb_dir.empty() &&
         lmdb.Open(c.lmdb_dir + "/hit-" + std::to_string(h.size), h, src);
+    const ProbeTable probe(h.rows, h.size);
     double chase = 0, copy = 0, views = 0, gets = 0, lmdb_views = 0;
-    uint64_t next[5] = {0, 0, 0, 0, 0};
+    double probe_copy = 0, probe_pad_copy = 0;
+    uint64_t next[7] = {0, 0, 0, 0, 0, 0, 0};
+    // The probe+memcpy measurements: the row's first word is read before the
+    // copy, as the hit path checks the row's header.
+    auto probe_and_copy = [&](uint64_t i, bool pad) {
+      const char* row = buf + probe.Find(idx[i & mask]);
+      uint64_t first;
+      std::memcpy(&first, row, sizeof first);
+      sum += pad ? Pad(first) : first;
+      std::memcpy(dst.data(), row, h.size);
+      DoNotOptimize(dst.data());
+    };
     const double slice = c.seconds / kRounds;
     for (int round = 0; round < kRounds; ++round) {
       chase = std::max(
@@ -196,6 +279,16 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
                                   DoNotOptimize(row.view().encoded().data());
                                 },
                                 &next[3]));
+      if (probe.ok()) {
+        probe_copy = std::max(
+            probe_copy,
+            TimedRateOnce(
+                slice, 1, [&](uint64_t i) { probe_and_copy(i, false); }, &next[5]));
+        probe_pad_copy = std::max(
+            probe_pad_copy,
+            TimedRateOnce(
+                slice, 1, [&](uint64_t i) { probe_and_copy(i, true); }, &next[6]));
+      }
       if (!with_lmdb) continue;
       lmdb_views =
           std::max(lmdb_views, TimedRateOnce(
@@ -222,6 +315,18 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
     } else {
       r->Add("hit", "limit", "chase" + v, h.size, 1, chase);
       r->Add("hit", "limit", "memcpy" + v, h.size, 1, copy);
+      if (probe.ok()) {
+        r->Add("hit", "limit", "probe+memcpy" + v, h.size, 1, probe_copy);
+        r->Add("hit", "limit",
+               "probe+" + std::to_string(kHitPathInstructions) + " instr+memcpy" + v,
+               h.size, 1, probe_pad_copy);
+        r->Value("hit.probe_memcpy_vs_memcpy." + std::to_string(h.size),
+                 probe_copy / copy);
+        r->Value("hit.probe_pad_memcpy_vs_memcpy." + std::to_string(h.size),
+                 probe_pad_copy / copy);
+        r->Value("hit.get_vs_probe_pad_memcpy." + std::to_string(h.size),
+                 gets / probe_pad_copy);
+      }
       r->Add("hit", "shmcache", "View+touch" + v, h.size, 1, views);
       r->Add("hit", "shmcache", "Get" + v, h.size, 1, gets);
       if (with_lmdb) {

@@ -147,22 +147,6 @@ void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byt
 
 uint64_t RowCodec::KeyOf(const RowView& v) { return Load<uint64_t>(v.bytes_.data() + 8); }
 
-bool RowCodec::DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
-                            RowView* out) {
-  if (max_bytes < kRowHeaderBytes) return false;
-  uint32_t total = Load<uint32_t>(p);
-  uint16_t ncols = Load<uint16_t>(p + 4);
-  if (total < kRowHeaderBytes || total > max_bytes || total % 8 != 0 ||
-      Load<uint8_t>(p + 6) != kRowVersion || ncols == 0 || ncols > kMaxColumns ||
-      Load<uint64_t>(p + 8) != key) {
-    return false;
-  }
-  out->bytes_ = std::span<const std::byte>(p, total);
-  out->num_columns_ = ncols;
-  out->in_shared_memory_ = false;  // the cache says when it is
-  return true;
-}
-
 Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
   if (max_bytes < kRowHeaderBytes) return Status::Corruption("row truncated");
   uint32_t total = Load<uint32_t>(p);
@@ -201,21 +185,8 @@ Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
   return Status::OK();
 }
 
-std::byte* RowCodec::Reserve(Row* out, size_t bytes) {
-  size_t words = (bytes + 7) / 8;
-  if (out->buf_.size() < words) out->buf_.resize(words);
-  return reinterpret_cast<std::byte*>(out->buf_.data());
-}
-
 Status RowCodec::Adopt(Row* out, size_t bytes) {
   return Decode(reinterpret_cast<const std::byte*>(out->buf_.data()), bytes, &out->view_);
-}
-
-void RowCodec::Copy(const RowView& in, Row* out) {
-  std::byte* dst = Reserve(out, in.bytes_.size());
-  std::memcpy(dst, in.bytes_.data(), in.bytes_.size());
-  out->view_.bytes_ = std::span<const std::byte>(dst, in.bytes_.size());
-  out->view_.num_columns_ = in.num_columns_;
 }
 
 Status RowCodec::Project(const RowView& in, std::span<const std::string_view> names,

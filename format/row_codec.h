@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string_view>
 
@@ -44,11 +45,32 @@ class RowCodec {
   // The hit path's check of a row in shared memory: header fields in
   // bounds and the row's id equal to `key`. Descriptors are checked by the
   // RowView accessors as they are read. False on any mismatch.
+  // Inline, with Copy and Reserve: they are the single-row hit path, whose
+  // length decides whether the next hit's misses overlap this one's copy
+  // (docs/hit-path.md).
   static bool DecodeHeader(const std::byte* p, size_t max_bytes, uint64_t key,
-                           RowView* out);
+                           RowView* out) {
+    if (max_bytes < kRowHeaderBytes) return false;
+    const auto total = Field<uint32_t>(p);
+    const auto ncols = Field<uint16_t>(p + 4);
+    if (total < kRowHeaderBytes || total > max_bytes || total % 8 != 0 ||
+        Field<uint8_t>(p + 6) != kRowVersion || ncols == 0 || ncols > kMaxColumns ||
+        Field<uint64_t>(p + 8) != key) {
+      return false;
+    }
+    out->bytes_ = std::span<const std::byte>(p, total);
+    out->num_columns_ = ncols;
+    out->in_shared_memory_ = false;  // the cache says when it is
+    return true;
+  }
   static uint64_t KeyOf(const RowView& v);
   // Copies a whole row into out (reusing its buffer).
-  static void Copy(const RowView& in, Row* out);
+  static void Copy(const RowView& in, Row* out) {
+    std::byte* dst = Reserve(out, in.bytes_.size());
+    std::memcpy(dst, in.bytes_.data(), in.bytes_.size());
+    out->view_.bytes_ = std::span<const std::byte>(dst, in.bytes_.size());
+    out->view_.num_columns_ = in.num_columns_;
+  }
   // Copies the named columns, in that order, into out. ColumnNotFound
   // naming the first absent column (out is then unchanged).
   static Status Project(const RowView& in, std::span<const std::string_view> names,
@@ -56,7 +78,19 @@ class RowCodec {
   // Rebuilds *out's view over its own buffer after the buffer was filled.
   static Status Adopt(Row* out, size_t bytes);
   // Resizes out's buffer to hold `bytes` and returns it.
-  static std::byte* Reserve(Row* out, size_t bytes);
+  static std::byte* Reserve(Row* out, size_t bytes) {
+    const size_t words = (bytes + 7) / 8;
+    if (out->buf_.size() < words) out->buf_.resize(words);
+    return reinterpret_cast<std::byte*>(out->buf_.data());
+  }
+
+ private:
+  template <typename T>
+  static T Field(const std::byte* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
 };
 
 }  // namespace shmcache

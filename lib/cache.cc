@@ -1,6 +1,7 @@
 // Cache: the public handle; every call forwards to CacheImpl (cache_impl.h),
 // whose work lives in cache_impl.cc (attach, mapping), cache_read.cc,
-// cache_put.cc and cache_spill.cc.
+// cache_put.cc and cache_spill.cc. Get(id) and View(id) are defined in
+// cache_read.cc, where the hit path inlines into them.
 
 #include "shmcache/cache.h"
 
@@ -46,13 +47,9 @@ Status Cache::PutBatch(std::span<const uint64_t> ids,
                          inserted.empty() ? nullptr : inserted.data());
 }
 
-Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }
-
 Status Cache::Get(uint64_t id, std::span<const std::string_view> columns, Row* out) {
   return impl_->Get(id, columns, true, out);
 }
-
-Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
 
 Status Cache::GetBatch(std::span<const uint64_t> ids, std::span<Row> rows,
                        std::span<Status> statuses) {

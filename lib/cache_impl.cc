@@ -83,24 +83,9 @@ Status CacheImpl::MapNewTables() {
   return Status::OK();
 }
 
-uint64_t CacheImpl::Lookup(uint64_t id) {
-  uint32_t n = num_tables_.load(std::memory_order_acquire);
-  if (n < header_->num_tables.load(std::memory_order_acquire)) {
-    // A mapping failure leaves the tables we have; they are still right.
-    MapNewTables().PermitUncheckedError();
-    n = num_tables_.load(std::memory_order_acquire);
-  }
-  // Tables are probed newest first and a row sits in one of them: start
-  // every table's probe at once, so a row in an old table costs one memory
-  // latency, not one per newer table.
-  if (n > 1) {
-    for (uint32_t i = n; i-- > 0;) tables_[i].Prefetch(id);
-  }
-  for (uint32_t i = n; i-- > 0;) {
-    uint64_t loc = tables_[i].Find(id);
-    if (loc != layout::kEmpty) return loc;
-  }
-  return layout::kEmpty;
+uint32_t CacheImpl::MapTablesForLookup() {
+  MapNewTables().PermitUncheckedError();
+  return num_tables_.load(std::memory_order_acquire);
 }
 
 Status CacheImpl::SegmentFor(uint32_t seg_no, const MappedSegment** out) {

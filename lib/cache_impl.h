@@ -72,7 +72,28 @@ class CacheImpl {
   // NotFound for a row that is not cached.
   static Status Miss(uint64_t id);
   Status Usable() const;
-  uint64_t Lookup(uint64_t id);
+  // The published location of `id`, newest table first, or kEmpty. Inline,
+  // like the rest of the single-row hit path: the fewer instructions a hit
+  // takes, the sooner the next hit's misses start (docs/hit-path.md).
+  uint64_t Lookup(uint64_t id) {
+    uint32_t n = num_tables_.load(std::memory_order_acquire);
+    if (n < header_->num_tables.load(std::memory_order_acquire)) [[unlikely]] {
+      n = MapTablesForLookup();
+    }
+    // A row sits in one table: start every table's probe at once, so a row
+    // in an old table costs one memory latency, not one per newer table.
+    if (n > 1) {
+      for (uint32_t i = n; i-- > 0;) tables_[i].Prefetch(id);
+    }
+    for (uint32_t i = n; i-- > 0;) {
+      const uint64_t loc = tables_[i].Find(id);
+      if (loc != layout::kEmpty) return loc;
+    }
+    return layout::kEmpty;
+  }
+  // Maps the tables the daemon added; returns how many are mapped now (a
+  // mapping failure leaves the tables we have, which are still right).
+  uint32_t MapTablesForLookup();
   // Lookup for a read: the location, or NotFound (a counted miss), or why
   // the cache cannot be used.
   Status Locate(uint64_t id, uint64_t* loc);
@@ -87,6 +108,12 @@ class CacheImpl {
   // counts nothing. False otherwise: the caller takes the full path, which
   // tells a miss, a spilled row and every error apart.
   bool FindInMemory(uint64_t id, RowView* view, int* node);
+  // Get and View past the hit path: a projection, a miss, a spilled row, a
+  // segment not mapped yet, or an error. Out of line, so that the hit path
+  // saves no registers for them.
+  [[gnu::noinline]] Status GetSlow(uint64_t id, std::span<const std::string_view> columns,
+                                   bool project, Row* out);
+  [[gnu::noinline]] Status ViewSlow(uint64_t id, RowView* out);
   Status SegmentFor(uint32_t seg_no, const MappedSegment** out) EXCLUDES(map_mu_);
   Status LeaseChunk(int node, size_t need, Chunk* out) REQUIRES(put_mu_);
   // Rows and bytes a batch added to memory, counted into the statistics
@@ -120,6 +147,21 @@ class CacheImpl {
   layout::StatsLane* TakeLane(uint32_t i);
   void ReleaseLane();
   void CountRead(bool hit, int node);
+  // CountRead(true, node) for the hit path: inline where the calling thread
+  // owns this process's stats lane on a single-node host (a plain load and
+  // store), CountRead otherwise.
+  void CountHit(int node) {
+    if (single_node_ &&
+        lane_thread_.load(std::memory_order_relaxed) == __builtin_thread_pointer() &&
+        stats_fork_gen_.load(std::memory_order_relaxed) == ForkGeneration()) {
+      if (layout::StatsLane* lane = lane_.load(std::memory_order_relaxed)) {
+        lane->hits.store(lane->hits.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
+        return;
+      }
+    }
+    CountRead(true, node);
+  }
   // Counts `n` spilled rows read from the spill database in this process
   // (in its stats lane; a process without one, e.g. the cache's second
   // opening in one process, does not count them). Any thread.

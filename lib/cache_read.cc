@@ -1,6 +1,8 @@
 // The read path: Get, View and their batches. Batches look ids up in
 // windows with every index slot and row header prefetched first.
 
+#include "shmcache/cache.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -53,7 +55,9 @@ Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   return Status::OK();
 }
 
-bool CacheImpl::FindInMemory(uint64_t id, RowView* view, int* node) {
+// Always inlined into Get and View: see Lookup in cache_impl.h.
+[[gnu::always_inline]] inline bool CacheImpl::FindInMemory(uint64_t id, RowView* view,
+                                                           int* node) {
   if (closed_.load(std::memory_order_relaxed) ||
       (header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed)) {
     return false;
@@ -77,11 +81,16 @@ Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
                       bool project, Row* out) {
   int node = 0;
   RowView v;
-  if (!project && FindInMemory(id, &v, &node)) {
+  if (!project && FindInMemory(id, &v, &node)) [[likely]] {
     RowCodec::Copy(v, out);
-    CountRead(true, node);
+    CountHit(node);
     return Status::OK();
   }
+  return GetSlow(id, columns, project, out);
+}
+
+Status CacheImpl::GetSlow(uint64_t id, std::span<const std::string_view> columns,
+                          bool project, Row* out) {
   uint64_t loc;
   Status s = Locate(id, &loc);
   if (s.ok()) s = Materialize(id, loc, columns, project, out);
@@ -92,10 +101,7 @@ Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
 
 void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
   uint32_t n = num_tables_.load(std::memory_order_acquire);
-  if (n < header_->num_tables.load(std::memory_order_acquire)) {
-    MapNewTables().PermitUncheckedError();
-    n = num_tables_.load(std::memory_order_acquire);
-  }
+  if (n < header_->num_tables.load(std::memory_order_acquire)) n = MapTablesForLookup();
   for (uint64_t id : ids) {
     for (uint32_t t = 0; t < n; ++t) tables_[t].Prefetch(id);
   }
@@ -184,10 +190,14 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
 
 Status CacheImpl::View(uint64_t id, RowView* out) {
   int node = 0;
-  if (FindInMemory(id, out, &node)) {
-    CountRead(true, node);
+  if (FindInMemory(id, out, &node)) [[likely]] {
+    CountHit(node);
     return Status::OK();
   }
+  return ViewSlow(id, out);
+}
+
+Status CacheImpl::ViewSlow(uint64_t id, RowView* out) {
   uint64_t loc;
   Status s = Locate(id, &loc);
   if (s.ok() && (loc & layout::kSpilledBit)) {
@@ -208,5 +218,10 @@ Status CacheImpl::View(uint64_t id, RowView* out) {
 bool CacheImpl::Contains(uint64_t id) {
   return Usable().ok() && Lookup(id) != layout::kEmpty;
 }
+
+// Cache's single-row reads live here rather than in cache.cc so that the
+// hit path compiles into them: one call from the caller to the copy.
+Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }
+Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
 
 }  // namespace shmcache

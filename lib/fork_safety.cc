@@ -11,11 +11,15 @@
 
 namespace shmcache {
 
+namespace fork_internal {
+std::atomic<uint64_t> g_fork_generation{0};
+}  // namespace fork_internal
+
 namespace {
 
-constexpr int kRanks = kLockRanks;
+using fork_internal::g_fork_generation;
 
-std::atomic<uint64_t> g_fork_generation{0};
+constexpr int kRanks = kLockRanks;
 
 // Every live ForkSafeMutex, by rank. Never destroyed: mutexes in objects
 // that outlive static destruction (leaked caches, other libraries' statics)
@@ -64,8 +68,6 @@ Registry& TheRegistry() {
 const bool g_registered = (TheRegistry(), true);
 
 }  // namespace
-
-uint64_t ForkGeneration() { return g_fork_generation.load(std::memory_order_relaxed); }
 
 ForkSafeMutex::ForkSafeMutex(LockRank rank) : rank_(rank) {
   assert(static_cast<int>(rank) >= 0 && static_cast<int>(rank) < kRanks);

@@ -14,6 +14,7 @@
 // longest is one daemon round trip (bounded by the request timeout).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -21,8 +22,15 @@
 
 namespace shmcache {
 
-// Incremented in every child process right after fork().
-uint64_t ForkGeneration();
+namespace fork_internal {
+extern std::atomic<uint64_t> g_fork_generation;
+}  // namespace fork_internal
+
+// Incremented in every child process right after fork(). Inline: the
+// single-row hit path reads it on every hit.
+inline uint64_t ForkGeneration() {
+  return fork_internal::g_fork_generation.load(std::memory_order_relaxed);
+}
 
 // The library's lock order. A thread that holds a mutex of one rank takes
 // only mutexes of a later rank, and never two of the same rank.
