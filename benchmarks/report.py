@@ -152,6 +152,13 @@ def targets(d):
             row(f"hit, single Get (copy-out), {label} rows, vs memcpy of random rows",
                 f"{fmt_rate(hget)} vs {fmt_rate(hmc)} rows/s",
                 f"{r:.2f}x", ">= 0.80x", r >= 0.8)
+        probe = d.rate("hit", "limit", "probe+memcpy " + label, size)
+        if hmc and hget and probe:
+            row(f"reference: a copy behind a one-probe index (one 16-byte slot read, then "
+                f"the row), {label} rows, vs memcpy; single Get vs it (not a target: the "
+                "ceiling of any per-row lookup-then-copy here, docs/hit-path.md)",
+                f"{fmt_rate(probe)} rows/s, {probe / hmc:.2f}x memcpy",
+                f"{hget / probe:.2f}x", "—", None)
     getb = d.rate("get", "shmcache", "copy-out GetBatch 64")
     r = ratio(getb, mc)
     row("hit, copy-out, 3 KB, 1 process, batched (GetBatch of 64)",
