@@ -106,7 +106,9 @@ class CacheImpl {
   // The hit path: views row `id` when it is in memory, in a segment this
   // process has mapped, and the cache is usable; builds no Status and
   // counts nothing. False otherwise: the caller takes the full path, which
-  // tells a miss, a spilled row and every error apart.
+  // tells a miss, a spilled row and every error apart. Defined in
+  // cache_read.cc, always inlined into Get and View there; not callable
+  // from other files.
   bool FindInMemory(uint64_t id, RowView* view, int* node);
   // Get and View past the hit path: a projection, a miss, a spilled row, a
   // segment not mapped yet, or an error. Out of line, so that the hit path
