@@ -255,9 +255,9 @@ void BenchHit(const Config& c, const Source& src, Report* r) {
     const double slice = c.seconds / kRounds;
     for (int round = 0; round < kRounds; ++round) {
       chase = std::max(
-          chase,
-          TimedRateOnce(
-              slice, 1, [&](uint64_t) { std::memcpy(&p, p, sizeof(p)); }, &next[0]));
+          chase, TimedRateOnce(
+                     slice, 1, [&](uint64_t) { std::memcpy(&p, p, sizeof(const char*)); },
+                     &next[0]));
       copy = std::max(copy, TimedRateOnce(
                                 slice, 1,
                                 [&](uint64_t i) {

@@ -109,7 +109,7 @@ class CacheImpl {
   // tells a miss, a spilled row and every error apart. Defined in
   // cache_read.cc, always inlined into Get and View there; not callable
   // from other files.
-  bool FindInMemory(uint64_t id, RowView* view, int* node);
+  inline bool FindInMemory(uint64_t id, RowView* view, int* node);
   // Get and View past the hit path: a projection, a miss, a spilled row, a
   // segment not mapped yet, or an error. Out of line, so that the hit path
   // saves no registers for them.
