@@ -184,24 +184,15 @@ void CacheImpl::CountRead(bool hit, int node) {
   // On a single-node host every hit is a Numa hit: the readers of the
   // statistics count them, and the hit path saves an add.
   const bool numa = hit && !single_node_ && node == NumaTopology::Get().CurrentNode();
-  // The lane's one writer counts with a plain load and store: no locked
-  // add, which would fence this hit's misses off from the next one's.
-  auto bump = [](std::atomic<uint64_t>& c) {
-    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  };
-  layout::StatsLane* lane = nullptr;
-  if (lane_thread_.load(std::memory_order_relaxed) == __builtin_thread_pointer() &&
-      stats_fork_gen_.load(std::memory_order_relaxed) == ForkGeneration()) {
-    lane = lane_.load(std::memory_order_relaxed);
-  }
+  layout::StatsLane* lane = LaneOfThisThread();
   layout::StatsSlot* slot = nullptr;
   if (lane == nullptr) {
     slot = Stats();  // re-picks the line and the lane in a forked child
     lane = OwnLane();
   }
   if (lane != nullptr) {
-    bump(hit ? lane->hits : lane->misses);
-    if (numa) bump(lane->numa_hits);
+    BumpLane(hit ? lane->hits : lane->misses);
+    if (numa) BumpLane(lane->numa_hits);
     return;
   }
   (hit ? slot->hits : slot->misses).fetch_add(1, std::memory_order_relaxed);

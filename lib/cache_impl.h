@@ -76,15 +76,25 @@ class CacheImpl {
   // like the rest of the single-row hit path: the fewer instructions a hit
   // takes, the sooner the next hit's misses start (docs/hit-path.md).
   uint64_t Lookup(uint64_t id) {
-    uint32_t n = num_tables_.load(std::memory_order_acquire);
-    if (n < header_->num_tables.load(std::memory_order_acquire)) [[unlikely]] {
-      n = MapTablesForLookup();
-    }
+    const uint32_t n = MappedTables();
     // A row sits in one table: start every table's probe at once, so a row
     // in an old table costs one memory latency, not one per newer table.
     if (n > 1) {
       for (uint32_t i = n; i-- > 0;) tables_[i].Prefetch(id);
     }
+    return FindInTables(id, n);
+  }
+  // How many index tables are mapped, after mapping those the daemon added.
+  uint32_t MappedTables() {
+    const uint32_t n = num_tables_.load(std::memory_order_acquire);
+    if (n < header_->num_tables.load(std::memory_order_acquire)) [[unlikely]] {
+      return MapTablesForLookup();
+    }
+    return n;
+  }
+  // Lookup in the first n tables, newest first, without prefetching: for
+  // callers that prefetched the slots themselves (LookupBatch).
+  uint64_t FindInTables(uint64_t id, uint32_t n) const {
     for (uint32_t i = n; i-- > 0;) {
       const uint64_t loc = tables_[i].Find(id);
       if (loc != layout::kEmpty) return loc;
@@ -153,16 +163,27 @@ class CacheImpl {
   // owns this process's stats lane on a single-node host (a plain load and
   // store), CountRead otherwise.
   void CountHit(int node) {
-    if (single_node_ &&
-        lane_thread_.load(std::memory_order_relaxed) == __builtin_thread_pointer() &&
-        stats_fork_gen_.load(std::memory_order_relaxed) == ForkGeneration()) {
-      if (layout::StatsLane* lane = lane_.load(std::memory_order_relaxed)) {
-        lane->hits.store(lane->hits.load(std::memory_order_relaxed) + 1,
-                         std::memory_order_relaxed);
+    if (single_node_) {
+      if (layout::StatsLane* lane = LaneOfThisThread()) {
+        BumpLane(lane->hits);
         return;
       }
     }
     CountRead(true, node);
+  }
+  // This process's stats lane when the calling thread is the one counting
+  // in it and no fork happened since it was taken; nullptr otherwise.
+  layout::StatsLane* LaneOfThisThread() const {
+    if (lane_thread_.load(std::memory_order_relaxed) == __builtin_thread_pointer() &&
+        stats_fork_gen_.load(std::memory_order_relaxed) == ForkGeneration()) {
+      return lane_.load(std::memory_order_relaxed);
+    }
+    return nullptr;
+  }
+  // A lane's one writer counts with a plain load and store: no locked add,
+  // which would fence this hit's misses off from the next one's.
+  static void BumpLane(std::atomic<uint64_t>& c) {
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
   // Counts `n` spilled rows read from the spill database in this process
   // (in its stats lane; a process without one, e.g. the cache's second

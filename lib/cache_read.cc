@@ -100,13 +100,14 @@ Status CacheImpl::GetSlow(uint64_t id, std::span<const std::string_view> columns
 }
 
 void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
-  uint32_t n = num_tables_.load(std::memory_order_acquire);
-  if (n < header_->num_tables.load(std::memory_order_acquire)) n = MapTablesForLookup();
+  const uint32_t n = MappedTables();
   for (uint64_t id : ids) {
     for (uint32_t t = 0; t < n; ++t) tables_[t].Prefetch(id);
   }
+  // Each probe re-reads how many tables there are (a table the daemon adds
+  // during the window is probed too) but does not prefetch again.
   for (size_t i = 0; i < ids.size(); ++i) {
-    locs[i] = Lookup(ids[i]);
+    locs[i] = FindInTables(ids[i], MappedTables());
     if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
     if (const MappedSegment* seg = segments_.Find(layout::LocationSegment(locs[i]))) {
       uint64_t off = layout::LocationOffset(locs[i]);
