@@ -57,7 +57,7 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
       SpillReader::Forget(client_->paths(), reader.get());
     if (c != SpillReader::CatchUp::kDone) break;
   }
-  CountSpillReads(ids.size() - left.size());
+  stats_.CountSpillReads(ids.size() - left.size());
   if (left.empty()) return;
   std::vector<Row*> left_rows(left.size());
   std::vector<Status> left_statuses(left.size());
