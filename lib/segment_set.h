@@ -49,7 +49,8 @@ class SegmentSet {
   // node in *node. These are the checks every read of a row in memory
   // makes, the hit path's and the others' (Resolve); inline, as the hit
   // path is (docs/hit-path.md). It maps nothing.
-  RowCheck ReadRow(uint64_t id, uint64_t loc, RowView* view, int* node) const {
+  [[gnu::always_inline]] RowCheck ReadRow(uint64_t id, uint64_t loc, RowView* view,
+                                          int* node) const {
     const MappedSegment* seg = map_.Find(layout::LocationSegment(loc));
     if (seg == nullptr) return RowCheck::kNotMapped;
     const uint64_t off = layout::LocationOffset(loc);
