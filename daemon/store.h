@@ -75,7 +75,7 @@ class Store {
   Status DestroySession(uint32_t id) EXCLUDES(mu_);
   Status CheckSession(uint32_t id) EXCLUDES(mu_);
   Status OpenCache(uint32_t session_id, const std::string& name,
-                   const std::string& fingerprint, uint64_t size_mb, bool spilling,
+                   const std::string& fingerprint, uint64_t size_mb, bool spill_requested,
                    uint32_t* cache_id) EXCLUDES(mu_);
   Status LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t need,
                     ChunkLease* out) EXCLUDES(mu_);

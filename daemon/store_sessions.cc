@@ -108,14 +108,14 @@ Status Store::CheckSession(uint32_t id) {
 }
 
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
-                        const std::string& fingerprint, uint64_t size_mb, bool spilling,
-                        uint32_t* cache_id) {
+                        const std::string& fingerprint, uint64_t size_mb,
+                        bool spill_requested, uint32_t* cache_id) {
   MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
   Status s = CheckCacheName(name, fingerprint);
   if (!s.ok()) return s;
-  if (spilling && options_.spill_dir.empty()) {
+  if (spill_requested && options_.spill_dir.empty()) {
     return Status::InvalidArgument(
         "spilling was requested but the cache server has no spill directory; "
         "restart it with 'shmcache --start -s DIR'");
@@ -145,8 +145,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
     do {
       id = rng_();
     } while (id == 0 || caches_.count(id) != 0);
-    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget, spilling,
-                           num_nodes_, &account_, log_, &c);
+    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
+                           spill_requested, num_nodes_, &account_, log_, &c);
     if (!s.IsAlreadyExists()) break;
     log_->Warn("cache id {} skipped: {}", id, s.message());
   }
@@ -154,7 +154,7 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   caches_[id] = std::move(c);
   sit->second.push_back(id);
   log_->Info("cache {} '{}' opened in session {} ({} MB{})", id, name, session_id,
-             size_mb, spilling ? ", spilling" : "");
+             size_mb, spill_requested ? ", spilling" : "");
   *cache_id = id;
   return Status::OK();
 }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "lib/batch_window.h"
 #include "lib/fork_safety.h"
 #include "port/mutex.h"
 
@@ -16,9 +17,6 @@ namespace shmcache {
 
 namespace {
 
-// Rows are looked up in windows of this many ids (ViewBatch overlaps their
-// cache misses; the views fit on the stack).
-constexpr size_t kWindow = 64;
 // A helper thread is woken for at least this many bytes of rows: below,
 // the hand-off costs more than the copy it would share.
 constexpr size_t kMinShareBytes = 256 << 10;
@@ -60,11 +58,11 @@ struct ShareResult {
 // Reads ids [first, last) of the batch from memory.
 void ReadShare(Cache* cache, std::span<const uint64_t> ids, size_t first, size_t last,
                std::span<const ColumnTarget> targets, uint8_t* hit, ShareResult* out) {
-  RowView views[kWindow];
-  Status statuses[kWindow];
+  RowView views[kBatchWindow];
+  Status statuses[kBatchWindow];
   std::vector<ColumnView> cols(targets.size());
-  for (size_t base = first; base < last; base += kWindow) {
-    size_t n = std::min(kWindow, last - base);
+  for (size_t base = first; base < last; base += kBatchWindow) {
+    size_t n = std::min(kBatchWindow, last - base);
     Status s = cache->ViewBatch(ids.subspan(base, n), std::span(views, n),
                                 std::span(statuses, n));
     if (!s.ok()) {

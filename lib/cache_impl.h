@@ -21,6 +21,7 @@
 
 #include "format/layout.h"
 #include "format/shm_file.h"
+#include "lib/batch_window.h"
 #include "lib/chunk_writer.h"
 #include "lib/client_impl.h"
 #include "lib/segment_set.h"
@@ -57,10 +58,6 @@ class CacheImpl {
   uint32_t session_id() const { return session_id_; }
 
  private:
-  // Batches are looked up in windows: enough ids to overlap their misses,
-  // few enough that the prefetched lines are still in cache when used.
-  static constexpr size_t kBatchWindow = 32;
-
   // `header_file` is the cache's header, checked.
   CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id, uint32_t session_id,
             ShmFile header_file);

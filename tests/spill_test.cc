@@ -224,7 +224,7 @@ TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
     ASSERT_TRUE(cache->GetStats(&st).ok());
     EXPECT_GT(st.disk_rows, 0u);
     EXPECT_EQ(st.mem_rows + st.disk_rows, rows);
-    EXPECT_TRUE(st.spilling);
+    EXPECT_TRUE(st.spills_now);
     EXPECT_FALSE(st.full);
     // Rows live in segments; those stay within the 1 MB budget. The header
     // and index tables are the documented per-cache overhead.
@@ -303,7 +303,7 @@ TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
       EXPECT_EQ(sessions.size(), 1u);
       EXPECT_EQ(sessions.empty() ? 0u : sessions[0].caches.size(), 1u);
       return !sessions.empty() && !sessions[0].caches.empty() &&
-             sessions[0].caches[0].spilling;
+             sessions[0].caches[0].spills_now;
     };
     EXPECT_EQ(PutRows(cache.get(), 1), 1u);
     EXPECT_FALSE(listed_spilling());             // within its budget: rows in memory
@@ -311,7 +311,7 @@ TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
     EXPECT_EQ(PutRows(cache.get(), rows), rows);
     CacheStats st;
     ASSERT_TRUE(cache->GetStats(&st).ok());
-    ASSERT_TRUE(st.spilling);
+    ASSERT_TRUE(st.spills_now);
     EXPECT_TRUE(listed_spilling());
   }
   RemoveTree(spill);
@@ -404,7 +404,7 @@ TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
       ASSERT_TRUE(c->GetStats(&st).ok());
       EXPECT_EQ(st.disk_rows, 1u) << "only the large row is on disk";
       EXPECT_EQ(st.mem_rows, 101u);
-      EXPECT_FALSE(st.spilling);
+      EXPECT_FALSE(st.spills_now);
       EXPECT_FALSE(st.full);
     }
     Row row;

@@ -36,7 +36,8 @@ struct CacheOptions {
   // Memory budget in MB. 0 = as much as the server's cap allows.
   uint64_t size_mb = 0;
   // Rows beyond the budget go to disk (needs a server started with -s).
-  bool spilling = false;
+  // MindSpore's and DatasetCache's `spilling` argument.
+  bool spill_requested = false;
 };
 
 }  // namespace shmcache
