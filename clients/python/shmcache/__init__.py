@@ -791,7 +791,7 @@ class DatasetCache:
                  exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
-    # ---- streaming caches (shmcache.datasets.CachedIterableDataset) -------
+    # ---- streaming caches (shmcache.torch.CachedIterableDataset) -------
 
     def _claim_build(self) -> bool:
         """True for the one caller, over all processes, that builds this

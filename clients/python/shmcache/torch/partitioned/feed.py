@@ -39,11 +39,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import CacheWarning
-from . import rows as row_model
-from .loader import batch_ids
-from .partitioned_rows import PartitionedRows
-from .rows import Column
+from ... import CacheWarning
+from ... import rows as row_model
+from ..loader import batch_ids
+from .window_rows import PartitionedRows
+from ...rows import Column
 
 __all__ = ["WindowFeed", "FedBatch"]
 

@@ -46,9 +46,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import CacheStats, CacheWarning, DatasetCache, Error
-from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
-from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
+from .. import CacheStats, CacheWarning, DatasetCache, Error
+from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
+from ..rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
            "cache_for_dataset"]

@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from . import DatasetCache
-from .rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
+from .. import DatasetCache
+from ..rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
                    torch_dtype)
 
 __all__ = ["read_into", "read_rows", "RowSchema",

@@ -6,12 +6,16 @@
     ds = CachedDataset(decoded_dataset, cache, transform=RandomCrop(32, 4))
     loader = DataLoader(ds, batch_size=64, num_workers=2)
 
-This module gathers the PyTorch side of the package; each part lives in a
+This package gathers the PyTorch side of shmcache; each part lives in a
 module of its own:
-- shmcache.datasets: CachedDataset, CachedIterableDataset and the cache
-  name a dataset gets (dataset_fingerprint, cache_for_dataset);
-- shmcache.loader: CachedLoader, the batch loader over a CachedDataset;
-- shmcache.samplers: NodeAffineSampler for jobs over several hosts.
+- datasets.py: CachedDataset, CachedIterableDataset and the cache name a
+  dataset gets (dataset_fingerprint, cache_for_dataset);
+- loader.py: CachedLoader, the batch loader over a CachedDataset;
+- samplers.py: NodeAffineSampler for jobs over several hosts;
+- partitioned/: PartitionedLoader, rows partitioned over several nodes'
+  caches.
+Modules whose names start with "_" are the loaders' machinery, private to
+this package.
 """
 
 from __future__ import annotations

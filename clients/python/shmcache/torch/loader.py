@@ -20,7 +20,7 @@ Contract:
   them from the spill database in this process (with the batch's
   in-memory rows), so the next batches' disk reads overlap the trainer's
   work on this one.
-- Misses are computed by shmcache.misses: with num_workers > 0 by the
+- Misses are computed by _misses.py: with num_workers > 0 by the
   workers of a DataLoader over the missing indices (DataLoader's seeding
   from the pass's seed, worker_init_fn, multiprocessing_context, timeout=,
   errors), which put them into the cache themselves; the loader then reads
@@ -36,7 +36,7 @@ Contract:
   index tensor).
 - CachedDataset's transforms (apply_transforms) and transform= run per
   sample in the loader's threads; batch_transform= on each whole batch.
-- num_threads / prefetch "auto": tuned while running (shmcache.autotune),
+- num_threads / prefetch "auto": tuned while running (_autotune.py),
   prefetch bounded by max_prefetch_bytes of batches; stats() reports.
 - pin_memory / device: pinned batch buffers and a copy to the device on a
   side stream where CUDA is available; pin_memory=True without CUDA warns
@@ -66,13 +66,13 @@ import torch
 from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler,
                               default_collate)
 
-from . import DatasetCache
-from .autotune import AutoTune
-from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_into,
+from .. import DatasetCache
+from ._autotune import AutoTune
+from ._batch import (BufferPool, RowSchema, decode_sample, project, read_into,
                          read_rows)
 from .datasets import CachedDataset
-from .misses import Closed, Columns, MissWorkers, Sample, Stored, compute_rows
-from .rows import encode
+from ._misses import Closed, Columns, MissWorkers, Sample, Stored, compute_rows
+from ..rows import encode
 
 __all__ = ["CachedLoader"]
 

@@ -38,8 +38,8 @@ from typing import Any, Union
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import CacheWarning
-from .rows import Column, encode
+from .. import CacheWarning
+from ..rows import Column, encode
 
 __all__ = ["Stored", "Columns", "Sample", "Computed", "Closed", "compute_rows",
            "MissWorkers", "PARENT_POLL_S"]
