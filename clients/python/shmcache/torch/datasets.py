@@ -328,7 +328,7 @@ class CachedDataset(Dataset):
         now without async puts."""
         putter = self._putter
         if putter is None:
-            self.cache._put_encoded([index], [cols], strict=False)
+            self.cache.put_encoded([index], [cols], strict=False)
         elif self.cache.accepting:
             # The sample returned shares these arrays (and they may be the
             # wrapped dataset's own): the queue keeps a copy that nothing
@@ -338,7 +338,7 @@ class CachedDataset(Dataset):
 
     def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
         """The writer thread's put (self.cache is looked up each time)."""
-        return sum(self.cache._put_encoded(ids, rows, strict=False))
+        return sum(self.cache.put_encoded(ids, rows, strict=False))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until this process's queued puts are stored; False when
@@ -365,12 +365,12 @@ class CachedDataset(Dataset):
         # as the read. What it needs from the settings is decided once per
         # process by _get_general and forgotten when a setting changes.
         copy = self._hit_copy
-        c = self.cache._cache
+        c = self.cache.native
         if copy is not None and c is not None and type(index) is int:
             try:
                 sample = c.read(index, copy, True)
             except Error:   # _read says so once and bypasses the cache
-                sample = self.cache._read(index, None, copy, True)
+                sample = self.cache.read_row(index, None, copy, True)
             if sample is None:
                 sample = self._miss(index)
             return sample if self._plain else self.apply_transforms(sample)
@@ -383,7 +383,7 @@ class CachedDataset(Dataset):
         self.__dict__["_plain"] = plain
         if self.columns is None:
             self.__dict__["_hit_copy"] = copy
-        sample = self.cache._read(index, self.columns, copy, True)
+        sample = self.cache.read_row(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
         return sample if plain else self.apply_transforms(sample)
@@ -396,7 +396,7 @@ class CachedDataset(Dataset):
         indices = [int(i) for i in indices]
         if self.columns is not None:
             return [self[i] for i in indices]
-        rows = self.cache._read_batch(indices, self._mode()[0], True)
+        rows = self.cache.read_rows(indices, self._mode()[0], True)
         return [self.apply_transforms(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
 
@@ -448,7 +448,7 @@ class CachedIterableDataset(IterableDataset):
 
     def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""
-        return self.cache._sealed_rows()
+        return self.cache.sealed_rows()
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -456,13 +456,13 @@ class CachedIterableDataset(IterableDataset):
         n = self.sealed_count()
         if n is not None:
             for i in range(wid, n, nw):
-                row = self.cache._read(i, None, True, True)
+                row = self.cache.read_row(i, None, True, True)
                 if row is None:        # cache gone: the source is the truth
                     yield from self._stream(wid, nw, False, start=i)
                     return
                 yield self._out(row)
             return
-        builder = self.cache._claim_build()
+        builder = self.cache.claim_build()
         if builder:
             self.built = True
         yield from self._stream(wid, nw, builder)
@@ -476,11 +476,11 @@ class CachedIterableDataset(IterableDataset):
             if cols is None:
                 complete = False
             elif builder:
-                self.cache._put_encoded([i], [cols], strict=False)
+                self.cache.put_encoded([i], [cols], strict=False)
             if i >= start and i % nw == wid:
                 yield self._out(sample if cols is None else decode(cols, torch=True))
         if builder and complete and self.cache.accepting:
-            self.cache._seal(count)
+            self.cache.seal(count)
 
     def _out(self, sample: Any) -> Any:
         return self.transform(sample) if self.transform is not None else sample
