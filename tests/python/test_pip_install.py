@@ -50,7 +50,7 @@ def test_pip_install_into_a_venv_then_put_and_get(tmp_path):
             f"assert shmcache.__file__.startswith({str(venv)!r}), shmcache.__file__\n"
             # The subpackages are installed too (each meson.build lists its files).
             "from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader\n"
-            "import shmcache.torch.partitioned.exchange, shmcache.torch._misses\n"
+            "import shmcache.torch.partitioned.exchange, shmcache.torch._pipeline\n"
             "sid = int(subprocess.run(['shmcache', '-g'], capture_output=True, text=True,"
             " check=True).stdout.split()[-1])\n"
             "c = shmcache.DatasetCache(sid)\n"

@@ -8,9 +8,12 @@
 
 This package gathers the PyTorch side of shmcache; each part lives in a
 module of its own:
-- datasets.py: CachedDataset, CachedIterableDataset and the cache name a
-  dataset gets (dataset_fingerprint, cache_for_dataset);
+- datasets.py: CachedDataset, CachedIterableDataset;
+- fingerprint.py: the cache a dataset gets, named after a fingerprint of
+  it (dataset_fingerprint, cache_for_dataset);
 - loader.py: CachedLoader, the batch loader over a CachedDataset;
+- batch_source.py: BatchSource, what CachedLoader.iter_source takes
+  instead of its batch sampler (batches that bring rows of their own);
 - samplers.py: NodeAffineSampler for jobs over several hosts;
 - partitioned/: PartitionedLoader, rows partitioned over several nodes'
   caches.
@@ -20,13 +23,14 @@ this package.
 
 from __future__ import annotations
 
-from .datasets import (CachedDataset, CachedIterableDataset, cache_for_dataset,
-                       dataset_fingerprint)
+from .datasets import CachedDataset, CachedIterableDataset
+from .fingerprint import cache_for_dataset, dataset_fingerprint
+from .batch_source import BatchReport, BatchSource, SourcedBatch
 from .loader import CachedLoader
 from .samplers import NodeAffineSampler, node_partition
 from .partitioned import PartitionedLoader
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "CachedLoader",
            "dataset_fingerprint", "cache_for_dataset", "NodeAffineSampler",
-           "node_partition"]
-__all__ += ["PartitionedLoader"]   # rows partitioned over the nodes' caches
+           "node_partition", "PartitionedLoader", "BatchSource", "SourcedBatch",
+           "BatchReport"]

@@ -36,7 +36,8 @@ import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
-from ... import DatasetCache, rows
+from ... import DatasetCache
+from ... import rows as row_model
 from .ownership import RowOwners
 
 __all__ = ["RowExchange", "pack_rows", "unpack_rows", "numpy_row"]
@@ -54,7 +55,7 @@ def numpy_row(row: Any) -> Any:
     """`row` as DatasetCache.get returns it once cached (numpy arrays or
     bytes, structure kept): the row model's encoding read back, so a
     computed row and a cached one give the same sample."""
-    return rows.decode(rows.encode(row))
+    return row_model.decode(row_model.encode(row))
 
 
 def _leaf_spec(v: Any, leaves: list[Any]) -> Any:

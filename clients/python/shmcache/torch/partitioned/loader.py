@@ -72,9 +72,10 @@ import torch.distributed as dist
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler,
                               Sampler, default_collate)
 
-from ... import rows
+from ... import rows as row_model
 from ..datasets import CachedDataset
-from ..loader import CachedLoader, _LoaderIter
+from .._pipeline import LoaderIter
+from ..loader import CachedLoader
 from .._misses import Sample
 from .exchange import RowExchange
 from .ownership import RowOwners
@@ -89,7 +90,7 @@ DEFAULT_WINDOW = 4
 def _to_sample(row: Any) -> Any:
     """Tensors of a numpy row, as CachedDataset returns a sample (the row
     model's torch decoding)."""
-    return rows.decode(rows.encode(row), torch=True)
+    return row_model.decode(row_model.encode(row), torch=True)
 
 
 def _raising(e: BaseException) -> Iterator[Any]:
@@ -202,7 +203,7 @@ class PartitionedLoader:
         # As DataLoader: CachedLoader's seed drawn at iter(), the sampler
         # started at the first next() (in this thread; the exchange thread
         # draws the rest).
-        it = _LoaderIter(cl, source=feed) if cl is not None else None
+        it = cl.iter_source(feed) if cl is not None else None
         gen = self._epoch(feed, it)
         # Weak: a loop's iterator dropped (break) closes its pass.
         self._active = weakref.ref(gen)
@@ -222,7 +223,7 @@ class PartitionedLoader:
         return self.dataset.apply_transforms(_to_sample(row))
 
     def _epoch(self, feed: WindowFeed,
-               it: _LoaderIter | None) -> Generator[Any, None, None]:
+               it: LoaderIter | None) -> Generator[Any, None, None]:
         try:
             batches: Iterator[Any] = iter(self.batch_sampler)
             try:

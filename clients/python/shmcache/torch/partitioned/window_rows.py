@@ -130,7 +130,7 @@ class PartitionedRows:
             if isinstance(c, Columns):
                 out.append(row_model.decode(c.cols))
             elif isinstance(c, Sample):
-                self.cds._uncacheable(i, c.why)
+                self.cds.warn_uncacheable(i, c.why)
                 out.append(c)
             else:   # Stored: not asked for (no row is owned by the workers)
                 raise AssertionError(f"row {i} was put by a miss worker")
