@@ -11,8 +11,8 @@ In a page (README.md, docs/*.md, any tracked *.md):
   anchors: lower case, punctuation dropped, spaces as dashes);
 - every path of the repository the page names, in prose, code spans or
   code blocks: a token whose first directory is one of the repository's
-  (scripts/cache.sh, lib/include/shmcache/row.h, tests/python/...), a
-  header as it is included (shmcache/row.h: lib/include/shmcache/row.h), a
+  (scripts/cache.sh, include/shmcache/row.h, tests/python/...), a
+  header as it is included (shmcache/row.h: include/shmcache/row.h), a
   test named from tests/ (python/test_spill.py, reliability/..., fuzz/...),
   and a bare file name with a source extension (sessions_test.cc): it
   exists (the bare name somewhere in the tree).
@@ -145,8 +145,8 @@ class Checker:
                 if not self.exists(token):
                     self.report(where, f"{token}: no such file or directory")
             elif first == "shmcache" and token.endswith(".h"):
-                if not self.exists("lib/include/" + token):
-                    self.report(where, f"{token}: no such header in lib/include/")
+                if not self.exists("include/" + token):
+                    self.report(where, f"{token}: no such header in include/")
             elif token.startswith(TEST_DIRS) and token.endswith(SOURCE_EXT):
                 if not self.exists("tests/" + token):
                     self.report(where, f"{token}: no such file in tests/")

@@ -30,7 +30,7 @@ def test_each_kind_of_broken_reference_is_found(tmp_path):
         "link other.md#no-such-section: no section #no-such-section in other.md",
         "link gone.md: no such file",
         "scripts/no_such_script.sh: no such file or directory",
-        "shmcache/no_such.h: no such header in lib/include/",
+        "shmcache/no_such.h: no such header in include/",
         "python/test_no_such.py: no such file in tests/",
         "no_such_test.cc: no file of that name in the repository",
         "scripts/no_such_tool.sh: no such file or directory",

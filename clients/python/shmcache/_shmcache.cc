@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "release_gil.h"
-#include "row_model.h"
+#include "clients/python/shmcache/release_gil.h"
+#include "clients/python/shmcache/row_model.h"
 #include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
