@@ -28,7 +28,11 @@ Status CacheSpiller::Open(const std::string& spill_dir, const NoteFn& note) {
     unlink(paths_.SpillRecordFile().c_str());
   }
   if (spill_dir.empty()) return Status::OK();
-  return SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_);
+  std::string tightened;
+  Status s = SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_,
+                              /*create=*/true, &tightened);
+  if (!tightened.empty()) log_->Info("spill database: {}", tightened);
+  return s;
 }
 
 void CacheSpiller::Shutdown() {

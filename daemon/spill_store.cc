@@ -1,5 +1,9 @@
 #include "daemon/spill_store.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -7,6 +11,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 
+#include "format/owned_dir.h"
 #include "format/shm_file.h"
 #include "format/spill_format.h"
 
@@ -25,10 +30,25 @@ Status FromRocks(const rocksdb::Status& s, const std::string& where) {
 
 }  // namespace
 
-SpillStore::~SpillStore() = default;
+SpillStore::~SpillStore() {
+  if (dir_fd_ >= 0) close(dir_fd_);
+}
 
 Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out,
-                        bool create) {
+                        bool create, std::string* tightened) {
+  // Before RocksDB sees the path, which it opens, fills and (DestroyDB)
+  // empties by name: nobody else may be able to swap a directory on the way
+  // for a link, and the database's own name must hold a directory of ours
+  // (in a shared spill dir another user may have put hers there, or a link
+  // to a third user's directory).
+  Status s = CheckNoOtherUserCanReplace(path);
+  if (!s.ok()) return Status::PermissionDenied("spill database: " + s.message());
+  int dir_fd = -1;
+  s = OpenOwnedDir(path, create,
+                   "remove it (as its owner or root) or start the server with another "
+                   "-s DIR",
+                   &dir_fd, tightened);
+  if (!s.ok()) return s;
   rocksdb::Options opts = SpillDbOptions();
   opts.create_if_missing = create;
   opts.IncreaseParallelism(2);
@@ -36,11 +56,15 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   // is noticed before a flush fails.
   opts.write_buffer_size = kWriteBufferBytes;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(opts, path, &db);
-  if (!s.ok()) return FromRocks(s, path);
+  rocksdb::Status rs = rocksdb::DB::Open(opts, path, &db);
+  if (!rs.ok()) {
+    close(dir_fd);
+    return FromRocks(rs, path);
+  }
   std::unique_ptr<SpillStore> store(new SpillStore());
   store->db_.reset(db);
   store->path_ = path;
+  store->dir_fd_ = dir_fd;
   *out = std::move(store);
   return Status::OK();
 }
@@ -129,6 +153,17 @@ Status SpillStore::DestroyAll() {
   if (db_) {
     db_->Close();
     db_.reset();
+  }
+  // DestroyDB and remove_all go by name: remove only while the name still
+  // holds the directory Open checked and opened.
+  struct stat held {
+  }, now{};
+  if (lstat(path_.c_str(), &now) != 0 && errno == ENOENT) return Status::OK();
+  if (fstat(dir_fd_, &held) != 0 || !S_ISDIR(now.st_mode) || now.st_dev != held.st_dev ||
+      now.st_ino != held.st_ino) {
+    return Status::IOError(fmt::format(
+        "{} is no longer the spill database this server opened (it is {}): left in place",
+        path_, DescribeEntry(path_)));
   }
   rocksdb::Status s = rocksdb::DestroyDB(path_, rocksdb::Options());
   std::error_code ec;

@@ -27,9 +27,15 @@ namespace shmcache {
 
 class SpillStore {
  public:
-  // Opens the database in `path`, creating it if needed and `create`.
+  // Opens the database in `path`, creating it (mode 0700) if needed and
+  // `create`. Before RocksDB sees `path`: no directory on the way may be one
+  // another user could swap for a link (CheckNoOtherUserCanReplace), and
+  // `path` must be a directory of this user's, never a link
+  // (OpenOwnedDir, format/owned_dir.h); otherwise PermissionDenied naming
+  // what is there and the fix. *tightened (when given): a line saying a
+  // directory of ours that others could read was made 0700, else "".
   static Status Open(const std::string& path, std::unique_ptr<SpillStore>* out,
-                     bool create = true);
+                     bool create = true, std::string* tightened = nullptr);
   ~SpillStore();
 
   // Full, without touching RocksDB, when the disk lacks room for the row
@@ -44,7 +50,9 @@ class SpillStore {
   Status DropCache(uint32_t cache_id);
   // Ids of the caches that have rows on disk.
   std::vector<uint32_t> CacheIds();
-  // Closes the database and removes its directory.
+  // Closes the database and removes its directory, when its name still
+  // holds the directory Open opened (IOError, nothing removed, otherwise;
+  // OK when it is gone already).
   Status DestroyAll();
 
   const std::string& path() const { return path_; }
@@ -55,6 +63,7 @@ class SpillStore {
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
+  int dir_fd_ = -1;  // the database's directory, held from Open on
   std::atomic<bool> failed_{false};
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped
