@@ -1,9 +1,11 @@
 #include "daemon/spill_store.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -12,7 +14,6 @@
 #include <rocksdb/slice.h>
 
 #include "format/owned_dir.h"
-#include "format/shm_file.h"
 #include "format/spill_format.h"
 
 namespace shmcache {
@@ -32,6 +33,31 @@ Status FromRocks(const rocksdb::Status& s, const std::string& where) {
 
 SpillStore::~SpillStore() {
   if (dir_fd_ >= 0) close(dir_fd_);
+}
+
+Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
+  // Through the descriptor Open kept, not the name: a directory removed
+  // (rm -rf of the spill dir) and made again under the same name is still
+  // the one that was removed.
+  struct stat st {};
+  if (fstat(dir_fd_, &st) != 0) {
+    return Status::IOError(fmt::format("cannot look at the spill database {}: {}", path_,
+                                       std::strerror(errno)));
+  }
+  if (st.st_nlink == 0) {
+    return Status::IOError(fmt::format(
+        "the spill database {} was removed while this server used it (its directory "
+        "is gone); spilling stopped, rows in memory stay readable; restart the server "
+        "to spill again",
+        path_));
+  }
+  struct statvfs v {};
+  if (fstatvfs(dir_fd_, &v) != 0) {
+    return Status::IOError(
+        fmt::format("cannot read the free space of {}: {}", path_, std::strerror(errno)));
+  }
+  *free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  return Status::OK();
 }
 
 Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out,
@@ -77,7 +103,12 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
   }
   // Room for the row in the WAL and for flushing a full memtable.
   uint64_t need = row.size() + 2 * kWriteBufferBytes;
-  uint64_t free_bytes = FreeBytes(path_);
+  uint64_t free_bytes = 0;
+  if (Status gone = CheckDirectory(&free_bytes); !gone.ok()) {
+    MutexLock lock(&error_mu_);
+    if (!failed_.exchange(true)) error_ = gone.message();
+    return Status::IOError(error_);
+  }
   if (free_bytes < need) {
     return Status::Full(
         fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",

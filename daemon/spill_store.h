@@ -41,6 +41,9 @@ class SpillStore {
   // Full, without touching RocksDB, when the disk lacks room for the row
   // plus a memtable flush, or after any earlier write error: RocksDB must
   // not see another write once one failed (Debian's build asserts on it).
+  // IOError naming the cause when the database's directory was removed
+  // under the server or its free space cannot be read; no write is tried
+  // after that either.
   Status Put(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row);
   // Values of ids[i] into (*values)[i]; (*found)[i] false when absent.
   Status MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
@@ -60,6 +63,9 @@ class SpillStore {
  private:
   SpillStore() = default;
   static constexpr uint64_t kWriteBufferBytes = 8u << 20;
+  // OK and the free bytes of its file system while the database's directory
+  // is there; IOError naming the cause otherwise.
+  Status CheckDirectory(uint64_t* free_bytes) const;
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
