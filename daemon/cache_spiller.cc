@@ -36,7 +36,10 @@ Status CacheSpiller::Open(const std::string& spill_dir, const NoteFn& note) {
 }
 
 void CacheSpiller::Shutdown() {
-  WriteSpillRecord(paths_, "").PermitUncheckedError();
+  // A record left behind makes the next start look for this database (and
+  // remove it, if it is still there): say so.
+  Status r = WriteSpillRecord(paths_, "");
+  if (!r.ok()) log_->Warn("{}", r.message());
   if (spill_) {
     Status s = spill_->DestroyAll();
     if (!s.ok()) log_->Warn("{}", s.message());
@@ -114,7 +117,14 @@ void CacheSpiller::ReconcileCache(uint32_t id, CacheState* c, const std::string&
                       n, why, spill_ ? " and are cached again when put" : ""));
     }
     // Rows on disk the index no longer points to.
-    if (on_disk) spill_->DropCache(id).PermitUncheckedError();
+    if (on_disk) {
+      Status s = spill_->DropCache(id);
+      if (!s.ok()) {
+        log_->Warn(
+            "cache {}: cannot drop its spilled rows the index no longer points to: {}",
+            id, s.message());
+      }
+    }
   }
   if (!spill_ && c->spill_enabled()) {
     c->StopSpilling("this server has no spill directory");

@@ -4,7 +4,6 @@
 // symlink or someone else's directory planted at the mount path. The
 // mounting cases need root and shmem transparent huge pages; they skip
 // with the reason otherwise.
-#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,20 +61,6 @@ std::string CannotMount() {
   if (thp.find("[deny]") != std::string::npos) return "shmem huge pages are denied";
   if (thp.find("[force]") != std::string::npos) return "/dev/shm pages are huge already";
   return "";
-}
-
-// Whether `uid` can execute `path`: a build tree under a 0700 directory (a
-// private checkout, a clone made in mktemp -d) is out of another user's
-// reach, and then a server cannot run as that user from it.
-bool RunnableBy(uid_t uid, const std::string& path) {
-  pid_t p = ForkChild([&] {
-    bool ok = setgroups(0, nullptr) == 0 && setgid(uid) == 0 && setuid(uid) == 0 &&
-              access(path.c_str(), X_OK) == 0;
-    return ok ? 0 : 1;
-  });
-  int st = 0;
-  return WaitChild(p, &st, std::chrono::seconds(20)) && WIFEXITED(st) &&
-         WEXITSTATUS(st) == 0;
 }
 
 // A server without --shm_dir that asks for its own huge-page tmpfs.
