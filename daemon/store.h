@@ -49,6 +49,9 @@ class Logger;
 
 class Store {
  public:
+  // The largest cache size (MB) OpenCache accepts: INT64_MAX bytes.
+  static constexpr uint64_t kMaxCacheSizeMb = uint64_t{INT64_MAX} >> 20;
+
   Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
         int workers, Logger* log);
   ~Store();
@@ -84,6 +87,8 @@ class Store {
   // that a restart would list it again, empty.
   Status DestroySession(uint32_t id) EXCLUDES(mu_);
   Status CheckSession(uint32_t id) EXCLUDES(mu_);
+  // size_mb above kMaxCacheSizeMb is InvalidArgument: its bytes would not
+  // fit an off_t (and wrap as 64-bit bytes from 2^44 MB on).
   Status OpenCache(uint32_t session_id, const std::string& name,
                    const std::string& fingerprint, uint64_t size_mb, bool spilling,
                    uint32_t* cache_id) EXCLUDES(mu_);

@@ -142,6 +142,12 @@ Status Store::CheckSession(uint32_t id) {
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
                         const std::string& fingerprint, uint64_t size_mb, bool spilling,
                         uint32_t* cache_id) {
+  if (size_mb > kMaxCacheSizeMb) {
+    return Status::InvalidArgument(fmt::format(
+        "cache size {} MB is out of range: at most {} MB (the size is in MB, not bytes; "
+        "0 asks for as much as the server allows)",
+        size_mb, kMaxCacheSizeMb));
+  }
   MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);
