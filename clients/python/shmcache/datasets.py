@@ -48,6 +48,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from . import CacheStats, CacheWarning, DatasetCache, Error
 from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
+from .dataset_identity import content_identity
 from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
 
 __all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
@@ -170,12 +171,19 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                       allow_random: bool = False) -> DatasetCache:
     """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
     uses: cache's session and size (default DatasetCache(): the session of
-    $SHMCACHE_SESSION_ID), name default the fingerprint."""
+    $SHMCACHE_SESSION_ID). Without `name`, the cache is named by the
+    dataset's description (dataset_fingerprint) and its contents
+    (shmcache.dataset_identity: its files' sizes and mtimes, or a few
+    samples), so two datasets that differ in either never share a cache;
+    ValueError when the contents cannot be told (pass name=). With `name`,
+    nothing is read: the fingerprint checked at open is the description's."""
     if cache is None:
         cache = DatasetCache()
     if not isinstance(cache, DatasetCache):
         raise TypeError(f"cache must be a shmcache.DatasetCache, got "
                         f"{type(cache).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError("name must be a str")
     desc = dataset_fingerprint(dataset)
     if not allow_random and _RANDOM_TRANSFORM.search(desc):
         raise ValueError(
@@ -183,9 +191,9 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
             "the first epoch's random choices. Cache the deterministic part "
             "and pass the random transforms as transform=..., or pass "
             "allow_random=True")
+    if not name:
+        desc += "|content=" + content_identity(dataset)
     fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
-    if name is not None and not isinstance(name, str):
-        raise TypeError("name must be a str")
     return cache.named(name or fp, fp)
 
 
@@ -197,7 +205,10 @@ class CachedDataset(Dataset):
     cache: a shmcache.DatasetCache (its session and size are used; the name
       is this dataset's); default DatasetCache(), the session of
       $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
-      the dataset (class, length, root/path, transform repr).
+      the dataset (class, length, root/path, transform repr) and of its
+      contents (shmcache.dataset_identity: its files' sizes and mtimes, or
+      a few samples), taken once, here; ValueError when the contents
+      cannot be told (pass name=).
     transform, target_transform: applied after the cache, on every access
       (the place for random augmentation), torchvision's way: for a tuple
       sample, transform to its first element and target_transform to its
