@@ -544,7 +544,9 @@ class DatasetCache:
         Returns True when stored, False when the id was already cached (the
         first writer wins), the cache is bypassed (full, daemon gone), or the
         row cannot be cached: larger than what is left of the cache, or than
-        a row spilled to disk may be (one warning; later rows go on)."""
+        a row spilled to disk may be (one warning; later rows go on).
+        TypeError for a value with no column type (a Python int outside
+        int64 among them), naming it."""
         return self.put_columns(row_id, encode(row))
 
     def put_batch(self, row_ids: Iterable[int], rows: Sequence[Any]) -> list[bool]:
