@@ -517,7 +517,7 @@ def bench_half_spilled(args, out, shmcache, cds, plain, step_s=0.05, rounds=3):
     client = shmcache.Client(port=args.port)
     session = client.create_session()
     try:
-        cache = shmcache.DatasetCache(session, port=args.port, size=size_mb,
+        cache = shmcache.DatasetCache(session, port=args.port, size_mb=size_mb,
                                       spilling=True)
         # Every put waited for: the spill writes are slower than the warm
         # cache's reads, and a background queue would drop rows.

@@ -153,7 +153,7 @@ def test_spilled_rows_match_dataloader(spill_server):
     n = 200     # 12 KB rows in a 1 MB cache: most are spilled to disk
     session = spill_server.new_session()
     ds = Images(n, side=64)
-    cache = DatasetCache(session, size=1, spilling=True)
+    cache = DatasetCache(session, size_mb=1, spilling=True)
     want = reference(ds, session, batch_size=16, drop_last=True)
     cds = CachedDataset(ds, cache)
     fill(cds, range(n))

@@ -266,7 +266,7 @@ def test_read_into_counts_each_id_once(server, session):
 
 def test_full_error_carries_its_reason(start_server):
     server = start_server("--memory_cap_mb", "64")
-    c = DatasetCache(server.new_session(), size=1)
+    c = DatasetCache(server.new_session(), size_mb=1)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for i in range(64):
@@ -286,8 +286,8 @@ def test_full_error_names_the_server_cap_after_the_cache_is_marked_full(start_se
     without asking the server) says so, not the cache's budget."""
     server = start_server("--memory_cap_mb", "16")
     session = server.new_session()
-    first = DatasetCache(session, name="first", size=12)
-    second = DatasetCache(session, name="second", size=12)
+    first = DatasetCache(session, name="first", size_mb=12)
+    second = DatasetCache(session, name="second", size_mb=12)
 
     def fill(cache):
         for i in range(64):
