@@ -72,7 +72,6 @@ from .batch_read import (BufferPool, RowSchema, decode_sample, project, read_int
                          read_rows)
 from .datasets import CachedDataset
 from .misses import Closed, Columns, MissWorkers, Sample, Stored, compute_rows
-from .rows import encode
 
 __all__ = ["CachedLoader"]
 
@@ -280,8 +279,10 @@ class _LoaderIter:
 
     source: the pass's batches from a feed instead of the batch sampler
     (PartitionedLoader's WindowFeed): items with `indices` and `rows`
-    ({index: row} to take where the cache misses), `owned(index)` (whether
-    a miss is put into this cache; if not, it goes back through `note`),
+    ({index: columns} to take where the cache misses), `owned(index)`
+    (whether the row is in this node's cache: only those are looked up
+    there, and only those misses are put into it; the others go back
+    through `note`),
     `note(...)` and `settle()`, called once per item taken, done or not."""
 
     def __init__(self, loader, source=None):
@@ -523,8 +524,11 @@ class _Pipeline:
         bufs, filled = None, np.zeros(n, dtype=bool)
         if schema:
             bufs = schema.alloc(n, self.pin, self.buffers)
-            filled = read_into(self.cds.cache, indices, schema.read_targets(bufs),
-                               columns)
+            targets = schema.read_targets(bufs)
+            if fed is None:
+                filled = read_into(self.cds.cache, indices, targets, columns)
+            else:
+                filled = self._read_owned(indices, targets, fed)
         rest = np.flatnonzero(~filled).tolist()
         if fed is not None:
             fed.note(local_hits=n - len(rest))
@@ -559,6 +563,26 @@ class _Pipeline:
             batch = self.stage.stage(batch)
         return batch, nbytes
 
+    def _read_owned(self, indices, targets, fed):
+        """read_into of a fed batch's rows that this node owns, into their
+        positions; the hit mask. The others are never looked up in this
+        node's cache, which does not hold them: each lookup would count as
+        one of its misses."""
+        mine = np.flatnonzero([fed.owned(i) for i in indices])
+        filled = np.zeros(len(indices), dtype=bool)
+        if not len(mine):
+            return filled
+        # Read into rows 0..m-1, then move row j to mine[j] >= j, last
+        # first, so that no row is overwritten before it moved.
+        hit = read_into(self.cds.cache, [indices[p] for p in mine], targets,
+                        self.cds.columns)
+        for t in (targets.values() if isinstance(targets, dict) else targets):
+            for j in range(len(mine) - 1, -1, -1):
+                if mine[j] != j and hit[j]:
+                    t[mine[j]] = t[j]
+        filled[mine] = hit
+        return filled
+
     def _learn(self, cols):
         schema = RowSchema.of(cols, self.cds.columns) or False
         if self.loader._schema is None:
@@ -570,7 +594,17 @@ class _Pipeline:
         else from `fed`'s rows, else computed (and queued for the cache, or
         with `fed` handed back when another node owns it), or a Sample the
         cache cannot hold."""
-        rows: list[Any] = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
+        if fed is None:
+            rows: list[Any] = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
+        else:
+            # Only the rows this node owns are in its cache (_read_owned).
+            rows = [None] * len(ids)
+            mine = [k for k, i in enumerate(ids) if fed.owned(i)]
+            if mine:
+                got = read_rows(self.cds.cache, [ids[k] for k in mine],
+                                self.cds.columns, copy=True)
+                for k, r in zip(mine, got):
+                    rows[k] = r
         missing = [k for k, r in enumerate(rows) if r is None]
         owned = None
         if fed is not None:
@@ -578,7 +612,7 @@ class _Pipeline:
             for k in missing:
                 r = fed.rows.get(ids[k])
                 if r is not None:
-                    rows[k] = project(encode(r), self.cds.columns)
+                    rows[k] = project(r, self.cds.columns)
             missing = [k for k in missing if rows[k] is None]
             owned = [fed.owned(ids[k]) for k in missing]
             fed.note(local_hits=local, remote_hits=len(ids) - len(missing) - local,

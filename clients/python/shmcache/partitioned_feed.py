@@ -8,7 +8,8 @@ to them), then hands the window's batches, one by one, to the consumer
 through a bounded queue (2 windows). What a handed batch is depends on the
 loader:
 
-- fill given (DataLoader(CachedDataset)): the batch's numpy rows, complete:
+- fill given (DataLoader(CachedDataset)): the batch's rows (columns, the
+  cache's own encoding), complete:
   fill (PartitionedRows.fill) reads this node's rows from its cache and
   computes the misses on this thread (the DataLoader's workers as a pool);
 - fill None (CachedLoader): a FedBatch, the indices and the rows fetched
@@ -40,7 +41,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import CacheWarning
-from . import rows as row_model
 from .loader import batch_ids
 from .partitioned_rows import PartitionedRows
 from .rows import Column
@@ -52,7 +52,7 @@ Fill = Callable[[list[list[int]], dict[int, Any]], list[Any]]
 
 class FedBatch:
     """A batch handed to a CachedLoader pipeline: `indices`, `rows` ({index:
-    numpy row} fetched from other nodes). The pipeline notes what it read
+    columns} fetched from other nodes). The pipeline notes what it read
     and computed (note()) and settles the batch once, done or failed."""
 
     def __init__(self, feed: WindowFeed, indices: list[int], rows: dict[int, Any]) -> None:
@@ -151,7 +151,7 @@ class WindowFeed:
     def _settle(self, counts: dict[str, int], pushes: list[tuple[int, list[Column]]]) -> None:
         self.rows.count(**counts)
         for i, cols in pushes:
-            self.rows.push(i, row_model.decode(cols))
+            self.rows.push(i, cols)
         with self._cond:
             self._settled += 1
             self._cond.notify_all()
