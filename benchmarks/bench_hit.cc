@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "sections.h"
+#include "benchmarks/sections.h"
 #include "shmcache/client.h"
 
 namespace bench {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "sections.h"
+#include "benchmarks/sections.h"
 
 namespace bench {
 namespace {

@@ -16,9 +16,9 @@
 #include <sstream>
 #include <string>
 
-#include "command_line.h"
-#include "parse_number.h"
-#include "sections.h"
+#include "benchmarks/sections.h"
+#include "common/command_line.h"
+#include "format/parse_number.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "sections.h"
+#include "benchmarks/sections.h"
 
 namespace bench {
 

@@ -7,7 +7,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "sections.h"
+#include "benchmarks/sections.h"
 
 namespace bench {
 namespace {

@@ -17,8 +17,8 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 
-#include "sections.h"
-#include "spill_format.h"
+#include "benchmarks/sections.h"
+#include "format/spill_format.h"
 
 namespace bench {
 

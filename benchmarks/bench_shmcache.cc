@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "parse_number.h"
-#include "sections.h"
+#include "benchmarks/sections.h"
+#include "format/parse_number.h"
 #include "shmcache/client.h"
 
 namespace bench {

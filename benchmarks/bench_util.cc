@@ -1,4 +1,4 @@
-#include "bench_util.h"
+#include "benchmarks/bench_util.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

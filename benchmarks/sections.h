@@ -3,7 +3,7 @@
 // of size S is src + i * S, the same rows for every system.
 #pragma once
 
-#include "bench_util.h"
+#include "benchmarks/bench_util.h"
 
 namespace bench {
 

@@ -1,4 +1,4 @@
-#include "instance_lock.h"
+#include "common/instance_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "parse_number.h"
+#include "format/parse_number.h"
 
 namespace shmcache {
 

@@ -1,4 +1,4 @@
-#include "memory_bounds.h"
+#include "common/memory_bounds.h"
 
 #include <unistd.h>
 

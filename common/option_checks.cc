@@ -1,4 +1,4 @@
-#include "option_checks.h"
+#include "common/option_checks.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "parse_number.h"
+#include "format/parse_number.h"
 
 namespace shmcache {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "layout.h"
+#include "format/layout.h"
 #include "shmcache/status.h"
 
 namespace shmcache {

@@ -1,4 +1,4 @@
-#include "process_state.h"
+#include "common/process_state.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "parse_number.h"
+#include "format/parse_number.h"
 
 namespace shmcache {
 

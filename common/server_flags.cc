@@ -1,6 +1,6 @@
-#include "server_flags.h"
+#include "common/server_flags.h"
 
-#include "command_line.h"
+#include "common/command_line.h"
 
 namespace shmcache {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "option_checks.h"
+#include "common/option_checks.h"
 #include "shmcache/status.h"
 
 namespace CLI {

@@ -1,6 +1,6 @@
 // Adoption: a starting server takes over the sessions and caches an earlier
 // server on the same port left in the shm dir, and removes what it cannot use.
-#include "adoption.h"
+#include "daemon/adoption.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,11 +15,11 @@
 
 #include <fmt/format.h>
 
-#include "cache_name.h"
-#include "cache_spiller.h"
-#include "logger.h"
-#include "process_state.h"
-#include "shm_file.h"
+#include "common/process_state.h"
+#include "daemon/cache_spiller.h"
+#include "daemon/logger.h"
+#include "format/cache_name.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "cache_state.h"
-#include "instance.h"
-#include "memory_account.h"
+#include "daemon/cache_state.h"
+#include "daemon/memory_account.h"
+#include "format/instance.h"
 
 namespace shmcache {
 

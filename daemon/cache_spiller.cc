@@ -1,7 +1,7 @@
 // The spill side: puts and gets against the RocksDB spill store, and at
 // start the reconciling of the adopted index with the spill database this
 // server uses.
-#include "cache_spiller.h"
+#include "daemon/cache_spiller.h"
 
 #include <unistd.h>
 
@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
-#include "cache_state.h"
-#include "logger.h"
-#include "spill_record.h"
+#include "daemon/cache_state.h"
+#include "daemon/logger.h"
+#include "daemon/spill_record.h"
 
 namespace shmcache {
 

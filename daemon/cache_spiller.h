@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "instance.h"
-#include "memory_account.h"
+#include "daemon/memory_account.h"
+#include "daemon/spill_store.h"
+#include "format/instance.h"
 #include "shmcache/status.h"
-#include "spill_store.h"
 
 namespace shmcache {
 

@@ -1,4 +1,4 @@
-#include "cache_state.h"
+#include "daemon/cache_state.h"
 
 #include <algorithm>
 #include <bit>
@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "cache_stats.h"
-#include "logger.h"
+#include "daemon/logger.h"
+#include "format/cache_stats.h"
 
 namespace shmcache {
 

@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "held_memory.h"
-#include "index_table.h"
-#include "instance.h"
-#include "layout.h"
-#include "memory_account.h"
-#include "segment_allocator.h"
-#include "shm_file.h"
+#include "daemon/held_memory.h"
+#include "daemon/memory_account.h"
+#include "daemon/segment_allocator.h"
+#include "format/index_table.h"
+#include "format/instance.h"
+#include "format/layout.h"
+#include "format/shm_file.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
 

@@ -1,14 +1,14 @@
 // A cache's index tables: the first one, sized from the budget, and each
 // larger one a client asks for when the current one fills.
-#include "cache_state.h"
+#include "daemon/cache_state.h"
 
 #include <bit>
 #include <random>
 
 #include <fmt/format.h>
 
-#include "index_table.h"
-#include "logger.h"
+#include "daemon/logger.h"
+#include "format/index_table.h"
 
 namespace shmcache {
 

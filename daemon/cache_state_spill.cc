@@ -1,8 +1,8 @@
 // Spilling: whether this cache sends rows to disk, and the index entries
 // of rows that are there.
-#include "cache_state.h"
+#include "daemon/cache_state.h"
 
-#include "index_table.h"
+#include "format/index_table.h"
 
 namespace shmcache {
 

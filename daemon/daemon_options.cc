@@ -1,10 +1,10 @@
-#include "daemon_options.h"
+#include "daemon/daemon_options.h"
 
 #include <vector>
 
-#include "command_line.h"
-#include "instance.h"
-#include "option_checks.h"
+#include "common/command_line.h"
+#include "common/option_checks.h"
+#include "format/instance.h"
 
 namespace shmcache {
 namespace {

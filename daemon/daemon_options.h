@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server_flags.h"
+#include "common/server_flags.h"
 #include "shmcache/status.h"
 
 namespace shmcache {

@@ -1,9 +1,9 @@
-#include "held_memory.h"
+#include "daemon/held_memory.h"
 
 #include <algorithm>
 
-#include "logger.h"
-#include "shm_file.h"
+#include "daemon/logger.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "mapped_files.h"
-#include "memory_account.h"
+#include "daemon/mapped_files.h"
+#include "daemon/memory_account.h"
 
 namespace shmcache {
 

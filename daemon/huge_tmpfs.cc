@@ -1,4 +1,4 @@
-#include "huge_tmpfs.h"
+#include "daemon/huge_tmpfs.h"
 
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -12,9 +12,9 @@
 
 #include <fmt/format.h>
 
-#include "instance.h"
-#include "parse_number.h"
-#include "shm_pages.h"
+#include "daemon/shm_pages.h"
+#include "format/instance.h"
+#include "format/parse_number.h"
 
 namespace shmcache {
 namespace {

@@ -1,4 +1,4 @@
-#include "logger.h"
+#include "daemon/logger.h"
 
 #include <fcntl.h>
 #include <pwd.h>

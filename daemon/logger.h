@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include "mutex.h"
+#include "port/mutex.h"
 #include "shmcache/status.h"
 
 namespace shmcache {

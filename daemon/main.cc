@@ -22,22 +22,22 @@
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
-#include "daemon_options.h"
-#include "huge_tmpfs.h"
-#include "instance.h"
-#include "instance_lock.h"
-#include "logger.h"
-#include "memory_bounds.h"
-#include "metrics_file.h"
-#include "numa_topology.h"
-#include "option_checks.h"
-#include "process_state.h"
-#include "server.h"
-#include "shm_dir_switch.h"
-#include "shm_file.h"
-#include "shm_pages.h"
-#include "store.h"
-#include "systemd_notify.h"
+#include "common/instance_lock.h"
+#include "common/memory_bounds.h"
+#include "common/option_checks.h"
+#include "common/process_state.h"
+#include "daemon/daemon_options.h"
+#include "daemon/huge_tmpfs.h"
+#include "daemon/logger.h"
+#include "daemon/metrics_file.h"
+#include "daemon/server.h"
+#include "daemon/shm_dir_switch.h"
+#include "daemon/shm_pages.h"
+#include "daemon/store.h"
+#include "daemon/systemd_notify.h"
+#include "format/instance.h"
+#include "format/numa_topology.h"
+#include "format/shm_file.h"
 
 using namespace shmcache;
 

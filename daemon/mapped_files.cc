@@ -1,4 +1,4 @@
-#include "mapped_files.h"
+#include "daemon/mapped_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "parse_number.h"
+#include "format/parse_number.h"
 
 namespace shmcache {
 

@@ -1,13 +1,13 @@
-#include "metrics_file.h"
+#include "daemon/metrics_file.h"
 
 #include <unistd.h>
 
 #include <vector>
 
-#include "logger.h"
-#include "metrics.h"
-#include "replace_file.h"
-#include "store.h"
+#include "common/metrics.h"
+#include "daemon/logger.h"
+#include "daemon/replace_file.h"
+#include "daemon/store.h"
 
 namespace shmcache {
 

@@ -1,4 +1,4 @@
-#include "peer_processes.h"
+#include "daemon/peer_processes.h"
 
 #include <algorithm>
 

@@ -13,7 +13,7 @@
 #include <map>
 #include <memory>
 
-#include "process_state.h"
+#include "common/process_state.h"
 
 namespace shmcache {
 

@@ -1,8 +1,8 @@
-#include "request_handler.h"
+#include "daemon/request_handler.h"
 
 #include <algorithm>
 
-#include "row_codec.h"
+#include "format/row_codec.h"
 
 namespace shmcache {
 

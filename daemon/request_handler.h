@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "protocol_messages.h"
-#include "store.h"
+#include "daemon/store.h"
+#include "format/protocol_messages.h"
 
 namespace shmcache {
 

@@ -1,14 +1,14 @@
 // One cache's row memory: segments (sized, created, formatted, adopted,
 // prepared ahead of need), chunks leased from them and tails recycled, and
 // the budget and cap that bound them.
-#include "segment_allocator.h"
+#include "daemon/segment_allocator.h"
 
 #include <algorithm>
 #include <atomic>
 
 #include <fmt/format.h>
 
-#include "logger.h"
+#include "daemon/logger.h"
 
 namespace shmcache {
 

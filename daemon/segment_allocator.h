@@ -26,12 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "held_memory.h"
-#include "instance.h"
-#include "layout.h"
-#include "memory_account.h"
-#include "option_checks.h"
-#include "shm_file.h"
+#include "common/option_checks.h"
+#include "daemon/held_memory.h"
+#include "daemon/memory_account.h"
+#include "format/instance.h"
+#include "format/layout.h"
+#include "format/shm_file.h"
 #include "shmcache/status.h"
 
 namespace shmcache {

@@ -1,4 +1,4 @@
-#include "server.h"
+#include "daemon/server.h"
 
 #include <sys/resource.h>
 #include <sys/socket.h>

@@ -20,11 +20,11 @@
 
 #include <boost/asio.hpp>
 
-#include "daemon_options.h"
-#include "logger.h"
-#include "peer_processes.h"
-#include "server_connection.h"
-#include "store.h"
+#include "daemon/daemon_options.h"
+#include "daemon/logger.h"
+#include "daemon/peer_processes.h"
+#include "daemon/server_connection.h"
+#include "daemon/store.h"
 
 namespace shmcache {
 

@@ -1,4 +1,4 @@
-#include "server_connection.h"
+#include "daemon/server_connection.h"
 
 #include <algorithm>
 

@@ -27,11 +27,11 @@
 
 #include <boost/asio.hpp>
 
-#include "logger.h"
-#include "process_state.h"
-#include "protocol.h"
-#include "request_handler.h"
-#include "store.h"
+#include "common/process_state.h"
+#include "daemon/logger.h"
+#include "daemon/request_handler.h"
+#include "daemon/store.h"
+#include "format/protocol.h"
 
 namespace shmcache {
 

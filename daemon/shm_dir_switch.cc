@@ -1,4 +1,4 @@
-#include "shm_dir_switch.h"
+#include "daemon/shm_dir_switch.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,13 +18,13 @@
 
 #include <fmt/format.h>
 
-#include "huge_tmpfs.h"
-#include "instance.h"
-#include "layout.h"
-#include "logger.h"
-#include "numa_topology.h"
-#include "replace_file.h"
-#include "shm_file.h"
+#include "daemon/huge_tmpfs.h"
+#include "daemon/logger.h"
+#include "daemon/replace_file.h"
+#include "format/instance.h"
+#include "format/layout.h"
+#include "format/numa_topology.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 namespace {

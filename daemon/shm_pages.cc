@@ -1,4 +1,4 @@
-#include "shm_pages.h"
+#include "daemon/shm_pages.h"
 
 #include <climits>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "spill_record.h"
+#include "daemon/spill_record.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
-#include "replace_file.h"
-#include "shm_file.h"
+#include "daemon/replace_file.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 

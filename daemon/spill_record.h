@@ -8,9 +8,9 @@
 
 #include <string>
 
-#include "instance.h"
+#include "format/instance.h"
+#include "format/spill_format.h"
 #include "shmcache/status.h"
-#include "spill_format.h"
 
 namespace shmcache {
 

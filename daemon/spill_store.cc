@@ -1,4 +1,4 @@
-#include "spill_store.h"
+#include "daemon/spill_store.h"
 
 #include <filesystem>
 
@@ -7,8 +7,8 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 
-#include "shm_file.h"
-#include "spill_format.h"
+#include "format/shm_file.h"
+#include "format/spill_format.h"
 
 namespace shmcache {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "mutex.h"
+#include "port/mutex.h"
 #include "shmcache/status.h"
 
 namespace rocksdb {

@@ -1,4 +1,4 @@
-#include "store.h"
+#include "daemon/store.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
-#include "adoption.h"
-#include "logger.h"
-#include "shm_file.h"
+#include "daemon/adoption.h"
+#include "daemon/logger.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 

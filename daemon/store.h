@@ -30,16 +30,16 @@
 #include <thread>
 #include <vector>
 
-#include "cache_spiller.h"
-#include "cache_state.h"
-#include "daemon_options.h"
-#include "held_memory.h"
-#include "instance.h"
-#include "memory_account.h"
-#include "memory_bounds.h"
-#include "mutex.h"
-#include "process_state.h"
-#include "shm_pages.h"
+#include "common/memory_bounds.h"
+#include "common/process_state.h"
+#include "daemon/cache_spiller.h"
+#include "daemon/cache_state.h"
+#include "daemon/daemon_options.h"
+#include "daemon/held_memory.h"
+#include "daemon/memory_account.h"
+#include "daemon/shm_pages.h"
+#include "format/instance.h"
+#include "port/mutex.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
 

@@ -2,11 +2,11 @@
 // spilled to disk (CacheSpiller); the 85% high-water warning on shared
 // memory.
 
-#include "store.h"
+#include "daemon/store.h"
 
 #include <algorithm>
 
-#include "logger.h"
+#include "daemon/logger.h"
 
 namespace shmcache {
 

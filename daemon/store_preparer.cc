@@ -2,7 +2,7 @@
 // the segments caches will lease next, off the connections' threads, and
 // between jobs retries connection releases and settles held memory.
 
-#include "store.h"
+#include "daemon/store.h"
 
 namespace shmcache {
 

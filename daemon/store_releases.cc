@@ -2,10 +2,10 @@
 // is gone, else retried until it is or the grace period ends (a process that
 // lives on keeps writing into its chunks).
 
-#include "store.h"
+#include "daemon/store.h"
 
-#include "logger.h"
-#include "process_state.h"
+#include "common/process_state.h"
+#include "daemon/logger.h"
 
 namespace shmcache {
 

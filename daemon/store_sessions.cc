@@ -1,15 +1,15 @@
 // The registry: sessions, the caches in them, and the memory dropped
 // sessions leave held while readers still map it.
 
-#include "store.h"
+#include "daemon/store.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "cache_name.h"
-#include "logger.h"
-#include "replace_file.h"
+#include "daemon/logger.h"
+#include "daemon/replace_file.h"
+#include "format/cache_name.h"
 
 namespace shmcache {
 

@@ -1,4 +1,4 @@
-#include "systemd_notify.h"
+#include "daemon/systemd_notify.h"
 
 #ifdef SHMCACHE_HAVE_SYSTEMD
 #include <unistd.h>

@@ -1,8 +1,8 @@
-#include "cache_name.h"
+#include "format/cache_name.h"
 
 #include <cstdint>
 
-#include "layout.h"
+#include "format/layout.h"
 
 namespace shmcache {
 

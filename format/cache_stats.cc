@@ -1,4 +1,4 @@
-#include "cache_stats.h"
+#include "format/cache_stats.h"
 
 namespace shmcache {
 

@@ -2,7 +2,7 @@
 // the same way by the library (Cache::GetStats) and the daemon (listings).
 #pragma once
 
-#include "layout.h"
+#include "format/layout.h"
 #include "shmcache/stats.h"
 
 namespace shmcache {

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "layout.h"
+#include "format/layout.h"
 
 namespace shmcache {
 

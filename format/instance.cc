@@ -1,4 +1,4 @@
-#include "instance.h"
+#include "format/instance.h"
 
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "parse_number.h"
+#include "format/parse_number.h"
 #include "shmcache/options.h"
 
 namespace shmcache {

@@ -1,4 +1,4 @@
-#include "layout.h"
+#include "format/layout.h"
 
 #include <cstring>
 

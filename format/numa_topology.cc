@@ -1,4 +1,4 @@
-#include "numa_topology.h"
+#include "format/numa_topology.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "parse_number.h"
+#include "format/parse_number.h"
 
 #ifdef SHMCACHE_HAVE_NUMA
 #include <numa.h>

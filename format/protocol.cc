@@ -1,4 +1,4 @@
-#include "protocol.h"
+#include "format/protocol.h"
 
 #include <fmt/format.h>
 

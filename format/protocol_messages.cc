@@ -1,8 +1,8 @@
-#include "protocol_messages.h"
+#include "format/protocol_messages.h"
 
 #include <limits>
 
-#include "layout.h"
+#include "format/layout.h"
 
 namespace shmcache::protocol {
 

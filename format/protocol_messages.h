@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "protocol.h"
+#include "format/protocol.h"
 #include "shmcache/stats.h"
 
 namespace shmcache::protocol {

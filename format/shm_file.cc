@@ -1,4 +1,4 @@
-#include "shm_file.h"
+#include "format/shm_file.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "numa_topology.h"
+#include "format/numa_topology.h"
 
 namespace shmcache {
 

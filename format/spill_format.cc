@@ -1,9 +1,9 @@
-#include "spill_format.h"
+#include "format/spill_format.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "shm_file.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 

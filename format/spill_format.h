@@ -15,7 +15,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 
-#include "instance.h"
+#include "format/instance.h"
 
 namespace shmcache {
 

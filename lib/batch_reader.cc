@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "fork_safety.h"
-#include "mutex.h"
+#include "lib/fork_safety.h"
+#include "port/mutex.h"
 
 namespace shmcache {
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "cache_impl.h"
+#include "lib/cache_impl.h"
 
 namespace shmcache {
 

@@ -1,7 +1,7 @@
 // CacheImpl: attaching to a cache, mapping its index tables and segments
 // as they appear, and this process's statistics line.
 
-#include "cache_impl.h"
+#include "lib/cache_impl.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
-#include "cache_stats.h"
-#include "numa_topology.h"
-#include "row_codec.h"
+#include "format/cache_stats.h"
+#include "format/numa_topology.h"
+#include "format/row_codec.h"
 
 namespace shmcache {
 

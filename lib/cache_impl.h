@@ -18,12 +18,12 @@
 #include <string_view>
 #include <vector>
 
-#include "client_impl.h"
-#include "fork_safety.h"
-#include "index_table.h"
-#include "layout.h"
-#include "segment_map.h"
-#include "shm_file.h"
+#include "format/index_table.h"
+#include "format/layout.h"
+#include "format/shm_file.h"
+#include "lib/client_impl.h"
+#include "lib/fork_safety.h"
+#include "lib/segment_map.h"
 #include "shmcache/row.h"
 #include "shmcache/stats.h"
 #include "shmcache/types.h"

@@ -6,9 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "cache_impl.h"
-#include "numa_topology.h"
-#include "row_codec.h"
+#include "format/numa_topology.h"
+#include "format/row_codec.h"
+#include "lib/cache_impl.h"
 
 namespace shmcache {
 

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "cache_impl.h"
-#include "row_codec.h"
+#include "format/row_codec.h"
+#include "lib/cache_impl.h"
 
 namespace shmcache {
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "cache_impl.h"
+#include "lib/cache_impl.h"
 
 namespace shmcache {
 

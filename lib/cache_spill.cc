@@ -6,9 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "cache_impl.h"
-#include "row_codec.h"
-#include "spill_reader.h"
+#include "format/row_codec.h"
+#include "lib/cache_impl.h"
+#include "lib/spill_reader.h"
 
 namespace shmcache {
 

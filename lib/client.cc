@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "cache_impl.h"
-#include "cache_name.h"
-#include "client_impl.h"
+#include "format/cache_name.h"
+#include "lib/cache_impl.h"
+#include "lib/client_impl.h"
 
 namespace shmcache {
 

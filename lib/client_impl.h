@@ -13,10 +13,10 @@
 #include <memory>
 #include <string>
 
-#include "connection.h"
-#include "fork_safety.h"
-#include "instance.h"
-#include "protocol_messages.h"
+#include "format/instance.h"
+#include "format/protocol_messages.h"
+#include "lib/connection.h"
+#include "lib/fork_safety.h"
 #include "shmcache/options.h"
 #include "shmcache/status.h"
 

@@ -1,4 +1,4 @@
-#include "connection.h"
+#include "lib/connection.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "instance.h"
+#include "format/instance.h"
 
 namespace shmcache {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "protocol.h"
+#include "format/protocol.h"
 #include "shmcache/status.h"
 
 namespace shmcache {

@@ -1,4 +1,4 @@
-#include "fork_safety.h"
+#include "lib/fork_safety.h"
 
 #include <pthread.h>
 
@@ -7,7 +7,7 @@
 #include <cassert>
 #include <vector>
 
-#include "mutex.h"
+#include "port/mutex.h"
 
 namespace shmcache {
 

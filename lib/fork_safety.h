@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "thread_annotations.h"
+#include "port/thread_annotations.h"
 
 namespace shmcache {
 

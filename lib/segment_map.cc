@@ -1,4 +1,4 @@
-#include "segment_map.h"
+#include "lib/segment_map.h"
 
 namespace shmcache {
 

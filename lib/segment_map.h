@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "shm_file.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 

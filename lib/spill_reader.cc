@@ -1,4 +1,4 @@
-#include "spill_reader.h"
+#include "lib/spill_reader.h"
 
 #include <chrono>
 #include <map>
@@ -7,8 +7,8 @@
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 
-#include "fork_safety.h"
-#include "spill_format.h"
+#include "format/spill_format.h"
+#include "lib/fork_safety.h"
 
 namespace shmcache {
 

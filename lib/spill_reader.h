@@ -25,7 +25,7 @@
 #include <span>
 #include <string>
 
-#include "instance.h"
+#include "format/instance.h"
 #include "shmcache/status.h"
 
 namespace rocksdb {

@@ -9,7 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "thread_annotations.h"
+#include "port/thread_annotations.h"
 
 namespace shmcache {
 

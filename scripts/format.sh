@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dirs=(format lib common daemon clients tests benchmarks examples)
+dirs=(include util port format lib common daemon clients tests benchmarks examples)
 
 check=0
 if [ "${1:-}" = "--check" ]; then check=1; shift; fi

@@ -2,7 +2,7 @@
 # Runs clang-tidy 14 with the checked-in .clang-tidy over the project's C++
 # sources; prints every finding and exits 1 if there is any.
 #
-#   scripts/tidy.sh               checks every C++ source under format/, lib/,
+#   scripts/tidy.sh               checks every C++ source under util/, format/, lib/,
 #                                 common/, daemon/ and clients/ (headers
 #                                 through them)
 #   scripts/tidy.sh FILE...       checks those sources only
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
 
-dirs=(format lib common daemon clients)
+dirs=(include util format lib common daemon clients)
 build=${SHMCACHE_TIDY_BUILD:-build}
 jobs=${SHMCACHE_TIDY_JOBS:-2}
 case "${1:-}" in -*) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 2 ;; esac

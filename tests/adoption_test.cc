@@ -2,7 +2,7 @@
 // and CacheState::Adopt for each cache): what it cannot trust is refused,
 // what it can is handed over with its session. (A restarted daemon end to
 // end: restart_test.cc, reliability/planted_files_test.cc.)
-#include "adoption.h"
+#include "daemon/adoption.h"
 
 #include <atomic>
 #include <fstream>
@@ -11,10 +11,10 @@
 
 #include <gtest/gtest.h>
 
-#include "cache_spiller.h"
-#include "cache_state.h"
-#include "cache_state_fixture.h"
-#include "logger.h"
+#include "daemon/cache_spiller.h"
+#include "daemon/cache_state.h"
+#include "daemon/logger.h"
+#include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
 namespace {

@@ -1,6 +1,6 @@
 // The cache name rule: lengths, and UTF-8 as strict decoders (Python's)
 // accept it.
-#include "cache_name.h"
+#include "format/cache_name.h"
 
 #include <string>
 

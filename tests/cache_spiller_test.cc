@@ -2,7 +2,7 @@
 // published in the cache and read back; without a store nothing spills;
 // at start, adopted spilled rows this server cannot read are dropped.
 // (The daemon end to end: spill_test.cc, spill_read_test.cc.)
-#include "cache_spiller.h"
+#include "daemon/cache_spiller.h"
 
 #include <cstddef>
 #include <map>
@@ -12,9 +12,9 @@
 
 #include <gtest/gtest.h>
 
-#include "cache_state.h"
-#include "cache_state_fixture.h"
-#include "logger.h"
+#include "daemon/cache_state.h"
+#include "daemon/logger.h"
+#include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
 namespace {

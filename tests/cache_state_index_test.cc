@@ -1,11 +1,11 @@
 // A cache's index tables (cache_state_index.cc): the next table is twice the
 // last, and is added once however many clients that saw the last one ask.
-#include "cache_state.h"
+#include "daemon/cache_state.h"
 
 #include <gtest/gtest.h>
 
-#include "cache_state_fixture.h"
-#include "index_table.h"
+#include "format/index_table.h"
+#include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
 namespace {

@@ -1,10 +1,10 @@
 // A cache's spilling (cache_state_spill.cc): a cache that stops spilling
 // fills like any other, and the rows it had on disk become misses.
-#include "cache_state.h"
+#include "daemon/cache_state.h"
 
 #include <gtest/gtest.h>
 
-#include "cache_state_fixture.h"
+#include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
 namespace {

@@ -1,7 +1,7 @@
 // CacheState (cache_state.cc): a cache's header and first table made at
 // create, refused cleanly without room, and every file and byte given back
 // at destroy (or kept reserved while readers still map them).
-#include "cache_state.h"
+#include "daemon/cache_state.h"
 
 #include <set>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cache_state_fixture.h"
+#include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
 namespace {

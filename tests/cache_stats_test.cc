@@ -1,6 +1,6 @@
 // ReadCacheStats: the one reading of a cache header that Cache::GetStats
 // and the daemon's listings share.
-#include "cache_stats.h"
+#include "format/cache_stats.h"
 
 #include <cstring>
 #include <memory>

@@ -9,8 +9,8 @@
 
 #include <gtest/gtest.h>
 
-#include "integration_fixture.h"
-#include "row_pattern.h"
+#include "tests/support/integration_fixture.h"
+#include "tests/support/row_pattern.h"
 
 namespace shmcache::test {
 namespace {

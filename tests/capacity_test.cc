@@ -11,11 +11,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "capacity_helpers.h"
-#include "layout.h"
-#include "shm_file.h"
+#include "format/layout.h"
+#include "format/shm_file.h"
 #include "shmcache/client.h"
-#include "test_server.h"
+#include "tests/support/capacity_helpers.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

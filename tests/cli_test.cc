@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "files.h"
-#include "integration_fixture.h"
+#include "tests/support/files.h"
+#include "tests/support/integration_fixture.h"
 
 namespace shmcache::test {
 namespace {

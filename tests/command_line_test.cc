@@ -1,14 +1,14 @@
 // CommandLine (CLI11 in shmcache's words): every problem is one line in the
 // words the admin has always used. (The ServerFlags both binaries read with
 // it: server_flags_test.cc.)
-#include "command_line.h"
+#include "common/command_line.h"
 
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "option_checks.h"
+#include "common/option_checks.h"
 
 namespace shmcache {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

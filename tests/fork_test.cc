@@ -13,9 +13,9 @@
 
 #include <gtest/gtest.h>
 
-#include "integration_fixture.h"
 #include "shmcache/client.h"
-#include "test_server.h"
+#include "tests/support/integration_fixture.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

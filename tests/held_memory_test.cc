@@ -1,7 +1,7 @@
 // Memory of destroyed sessions that processes still map (HeldMemory): what
 // a scan of the mappings (mapped_files_test.cc) found unmapped is released,
 // and scans slow down while readers hold on.
-#include "held_memory.h"
+#include "daemon/held_memory.h"
 
 #include <chrono>
 #include <vector>

@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "integration_fixture.h"
-#include "row_pattern.h"
+#include "tests/support/child_process.h"
+#include "tests/support/integration_fixture.h"
+#include "tests/support/row_pattern.h"
 
 namespace shmcache::test {
 namespace {

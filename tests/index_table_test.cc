@@ -1,4 +1,4 @@
-#include "index_table.h"
+#include "format/index_table.h"
 
 #include <atomic>
 #include <bit>

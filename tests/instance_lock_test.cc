@@ -1,7 +1,7 @@
 // The instance lock (common/instance_lock.h): one server per instance, and
 // the pid in the file read one way by the server that finds it taken and
 // by the admin that stops a server still starting.
-#include "instance_lock.h"
+#include "common/instance_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

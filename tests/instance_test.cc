@@ -1,6 +1,6 @@
 // An instance's file names (instance.h): ParseShmName reads back exactly
 // the names InstancePaths writes, and nothing else.
-#include "instance.h"
+#include "format/instance.h"
 
 #include <string>
 

@@ -1,16 +1,16 @@
 // The shared-memory formats (layout.h) are checked when a process maps a
 // file: a damaged header is Corruption naming the file, never a crash. A
 // real daemon per test (integration_fixture.h).
-#include "layout.h"
+#include "format/layout.h"
 
 #include <cstdio>
 #include <string>
 
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "integration_fixture.h"
-#include "shm_file.h"
+#include "format/shm_file.h"
+#include "tests/support/child_process.h"
+#include "tests/support/integration_fixture.h"
 
 namespace shmcache::test {
 namespace {

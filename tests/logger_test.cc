@@ -1,6 +1,6 @@
 // The daemon's log file (daemon/logger.h): owner-only, made where asked,
 // and rotated past its size with nothing lost and no link followed.
-#include "logger.h"
+#include "daemon/logger.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

@@ -1,6 +1,6 @@
 // Which unlinked files processes still map (FindMappedDeleted), read from
 // /proc/<pid>/maps.
-#include "mapped_files.h"
+#include "daemon/mapped_files.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "files.h"
-#include "shm_file.h"
+#include "format/shm_file.h"
+#include "tests/support/child_process.h"
+#include "tests/support/files.h"
 
 namespace shmcache {
 namespace {

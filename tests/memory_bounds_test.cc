@@ -1,5 +1,5 @@
 // The memory cap's bounds, on fake /proc and cgroup trees.
-#include "memory_bounds.h"
+#include "common/memory_bounds.h"
 
 #include <unistd.h>
 

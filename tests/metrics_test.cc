@@ -1,7 +1,7 @@
 // PrometheusText: the exposition format's rules (families, label escaping,
 // UTF-8) for names a cache may have. The output is also parsed by Debian's
 // prometheus_client in tests/python/test_metrics.py.
-#include "metrics.h"
+#include "common/metrics.h"
 
 #include <string>
 

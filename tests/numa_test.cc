@@ -12,12 +12,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "index_table.h"
-#include "instance.h"
-#include "layout.h"
-#include "numa_topology.h"
-#include "shm_file.h"
-#include "test_server.h"
+#include "format/index_table.h"
+#include "format/instance.h"
+#include "format/layout.h"
+#include "format/numa_topology.h"
+#include "format/shm_file.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

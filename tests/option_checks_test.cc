@@ -1,7 +1,7 @@
 // option_checks.h: the one reading of the values the admin's --start and
 // shmcached share. Each value is taken or refused with one line naming the
 // value and the valid range, the same from both binaries.
-#include "option_checks.h"
+#include "common/option_checks.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

@@ -1,6 +1,6 @@
 // parse_number.h reads numbers as strtol did at the sites it replaced: the
 // same inputs accepted with the same values, the same refused.
-#include "parse_number.h"
+#include "format/parse_number.h"
 
 #include <cerrno>
 #include <climits>

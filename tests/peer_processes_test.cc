@@ -1,7 +1,7 @@
 // PeerProcesses (daemon/peer_processes.h): one handle per client process,
 // shared by its connections; a process that is gone is never handed out
 // for a new one with its pid.
-#include "peer_processes.h"
+#include "daemon/peer_processes.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

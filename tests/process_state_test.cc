@@ -1,7 +1,7 @@
 // Process liveness (common/process_state.h): ProcessGone by number, and
 // ProcessHandle, which holds the process itself and so is never fooled by
 // a new process given the same pid.
-#include "process_state.h"
+#include "common/process_state.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

@@ -2,7 +2,7 @@
 // hand-written encoders of protocol version 3 produced), the round trip
 // through Encode and Decode, and Decode's refusal of bodies that are cut
 // short, too long, out of range or random.
-#include "protocol_messages.h"
+#include "format/protocol_messages.h"
 
 #include <random>
 #include <string>
@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "protocol_samples.h"
+#include "tests/protocol_samples.h"
 
 namespace shmcache::protocol {
 namespace {

@@ -6,7 +6,7 @@
 #include <span>
 #include <string_view>
 
-#include "protocol_messages.h"
+#include "format/protocol_messages.h"
 
 namespace shmcache::protocol::samples {
 

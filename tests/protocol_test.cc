@@ -1,4 +1,4 @@
-#include "protocol.h"
+#include "format/protocol.h"
 
 #include <array>
 #include <cstring>
@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "protocol_messages.h"
-#include "protocol_samples.h"
+#include "format/protocol_messages.h"
+#include "tests/protocol_samples.h"
 
 namespace shmcache::protocol {
 namespace {

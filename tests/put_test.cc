@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "integration_fixture.h"
+#include "tests/support/child_process.h"
+#include "tests/support/integration_fixture.h"
 
 namespace shmcache::test {
 namespace {

@@ -1,16 +1,16 @@
 // The daemon's request handling without sockets: well-formed requests do
 // what they say, and any malformed body is answered with Corruption (never
 // a crash, never a half-done change).
-#include "request_handler.h"
+#include "daemon/request_handler.h"
 
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "logger.h"
-#include "protocol_messages.h"
-#include "test_server.h"
+#include "daemon/logger.h"
+#include "format/protocol_messages.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

@@ -12,9 +12,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "layout.h"
+#include "format/layout.h"
 #include "shmcache/client.h"
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

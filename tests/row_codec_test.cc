@@ -1,4 +1,4 @@
-#include "row_codec.h"
+#include "format/row_codec.h"
 
 #include <cstdio>
 #include <cstring>

@@ -13,7 +13,7 @@
 
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

@@ -3,7 +3,7 @@
 // tails of chunks recycled; a cache's memory: what is left of its budget
 // and of the server's cap, when it is full, and when it takes rows again.
 // Through a CacheState (CacheStateTest), then SegmentAllocator alone.
-#include "segment_allocator.h"
+#include "daemon/segment_allocator.h"
 
 #include <memory>
 #include <string>
@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "cache_state.h"
-#include "cache_state_fixture.h"
+#include "daemon/cache_state.h"
+#include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
 namespace {

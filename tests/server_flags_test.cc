@@ -1,13 +1,13 @@
 // ServerFlags (server_flags.h): the flags the admin hands on to the daemon
 // read back as the same values.
-#include "server_flags.h"
+#include "common/server_flags.h"
 
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "command_line.h"
+#include "common/command_line.h"
 
 namespace shmcache {
 namespace {

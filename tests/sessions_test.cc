@@ -7,10 +7,10 @@
 
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "integration_fixture.h"
-#include "row_pattern.h"
-#include "wait_for.h"
+#include "tests/support/child_process.h"
+#include "tests/support/integration_fixture.h"
+#include "tests/support/row_pattern.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 namespace {

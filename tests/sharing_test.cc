@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "integration_fixture.h"
-#include "run_command.h"
+#include "tests/support/child_process.h"
+#include "tests/support/integration_fixture.h"
+#include "tests/support/run_command.h"
 
 namespace shmcache::test {
 namespace {

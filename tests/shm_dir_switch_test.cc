@@ -5,7 +5,7 @@
 // point is before the mount), so no root is needed; mounting and the
 // warning of --start are tested end to end in
 // tests/python/test_huge_mode_switch.py.
-#include "shm_dir_switch.h"
+#include "daemon/shm_dir_switch.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,9 +18,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "instance.h"
-#include "instance_lock.h"
-#include "logger.h"
+#include "common/instance_lock.h"
+#include "daemon/logger.h"
+#include "format/instance.h"
 
 namespace shmcache {
 namespace {

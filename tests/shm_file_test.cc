@@ -2,7 +2,7 @@
 // file is opened only when it is ours (regular, our uid, 0600, one link),
 // and creation never opens a file someone else put under the name. (The
 // names themselves: instance_test.cc.)
-#include "shm_file.h"
+#include "format/shm_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

@@ -1,6 +1,6 @@
 // The start-up log's account of the pages behind the shm dir:
 // huge only where the mount or the global setting gives tmpfs huge pages.
-#include "shm_pages.h"
+#include "daemon/shm_pages.h"
 
 #include <gtest/gtest.h>
 

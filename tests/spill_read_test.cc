@@ -16,11 +16,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "child_process.h"
-#include "row_pattern.h"
 #include "shmcache/client.h"
-#include "test_server.h"
-#include "wait_for.h"
+#include "tests/support/child_process.h"
+#include "tests/support/row_pattern.h"
+#include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 namespace {

@@ -16,11 +16,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "capacity_helpers.h"
-#include "protocol.h"
-#include "row_codec.h"
+#include "format/protocol.h"
+#include "format/row_codec.h"
 #include "shmcache/client.h"
-#include "test_server.h"
+#include "tests/support/capacity_helpers.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {

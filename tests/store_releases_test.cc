@@ -3,7 +3,7 @@
 // once; that of a process that runs on is not. Whether the process is gone
 // is asked of the process itself (ProcessHandle), so a new process given
 // its pid does not keep its chunks locked.
-#include "store.h"
+#include "daemon/store.h"
 
 #include <unistd.h>
 
@@ -12,9 +12,9 @@
 
 #include <gtest/gtest.h>
 
-#include "logger.h"
-#include "process_state.h"
-#include "test_server.h"
+#include "common/process_state.h"
+#include "daemon/logger.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 namespace {

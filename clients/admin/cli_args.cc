@@ -1,12 +1,12 @@
-#include "cli_args.h"
+#include "clients/admin/cli_args.h"
 
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "command_line.h"
-#include "instance.h"
-#include "option_checks.h"
+#include "common/command_line.h"
+#include "common/option_checks.h"
+#include "format/instance.h"
 
 namespace shmcache::admin {
 namespace {

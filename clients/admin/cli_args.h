@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "server_flags.h"
+#include "common/server_flags.h"
 #include "shmcache/status.h"
 
 namespace shmcache::admin {

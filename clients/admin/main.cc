@@ -9,13 +9,13 @@
 
 #include <fmt/format.h>
 
-#include "cli_args.h"
-#include "instance.h"
-#include "metrics.h"
-#include "output.h"
+#include "clients/admin/cli_args.h"
+#include "clients/admin/output.h"
+#include "clients/admin/start_server.h"
+#include "clients/admin/stop_server.h"
+#include "common/metrics.h"
+#include "format/instance.h"
 #include "shmcache/client.h"
-#include "start_server.h"
-#include "stop_server.h"
 
 using namespace shmcache;
 using namespace shmcache::admin;

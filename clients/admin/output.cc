@@ -1,4 +1,4 @@
-#include "output.h"
+#include "clients/admin/output.h"
 
 #include <cmath>
 

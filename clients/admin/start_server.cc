@@ -1,4 +1,4 @@
-#include "start_server.h"
+#include "clients/admin/start_server.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "server_flags.h"
+#include "common/server_flags.h"
 
 namespace shmcache::admin {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_args.h"
+#include "clients/admin/cli_args.h"
 #include "shmcache/status.h"
 
 namespace shmcache::admin {

@@ -1,4 +1,4 @@
-#include "stop_server.h"
+#include "clients/admin/stop_server.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -11,9 +11,9 @@
 
 #include <fmt/format.h>
 
-#include "instance.h"
-#include "instance_lock.h"
-#include "process_state.h"
+#include "common/instance_lock.h"
+#include "common/process_state.h"
+#include "format/instance.h"
 #include "shmcache/client.h"
 
 namespace shmcache::admin {

@@ -10,10 +10,10 @@
 #include <memory>
 #include <string>
 
-#include "daemon_options.h"
-#include "instance.h"
-#include "logger.h"
-#include "store.h"
+#include "daemon/daemon_options.h"
+#include "daemon/logger.h"
+#include "daemon/store.h"
+#include "format/instance.h"
 
 namespace shmcache::fuzz {
 

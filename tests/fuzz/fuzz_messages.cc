@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-#include "protocol_messages.h"
+#include "format/protocol_messages.h"
 
 using namespace shmcache;
 using namespace shmcache::protocol;

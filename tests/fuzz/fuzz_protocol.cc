@@ -16,9 +16,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "fuzz_common.h"
-#include "protocol_messages.h"
-#include "request_handler.h"
+#include "daemon/request_handler.h"
+#include "format/protocol_messages.h"
+#include "tests/fuzz/fuzz_common.h"
 
 using namespace shmcache;
 using protocol::MsgType;

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "row_codec.h"
+#include "format/row_codec.h"
 
 using namespace shmcache;
 

@@ -16,8 +16,8 @@
 #include <span>
 #include <string>
 
-#include "fuzz_common.h"
-#include "layout.h"
+#include "format/layout.h"
+#include "tests/fuzz/fuzz_common.h"
 
 using namespace shmcache;
 

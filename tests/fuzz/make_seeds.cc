@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "layout.h"
-#include "protocol_messages.h"
-#include "protocol_samples.h"
-#include "row_codec.h"
+#include "format/layout.h"
+#include "format/protocol_messages.h"
+#include "format/row_codec.h"
+#include "tests/protocol_samples.h"
 
 using namespace shmcache;
 namespace pr = shmcache::protocol;

@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "checked_rows.h"
-#include "test_daemon.h"
+#include "tests/support/checked_rows.h"
+#include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
 namespace {

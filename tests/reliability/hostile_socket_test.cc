@@ -20,9 +20,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "checked_rows.h"
-#include "protocol.h"
-#include "test_daemon.h"
+#include "format/protocol.h"
+#include "tests/support/checked_rows.h"
+#include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
 namespace {

@@ -14,10 +14,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "checked_rows.h"
-#include "instance.h"
+#include "format/instance.h"
 #include "shmcache/stats.h"
-#include "test_daemon.h"
+#include "tests/support/checked_rows.h"
+#include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
 namespace {

@@ -17,9 +17,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "checked_rows.h"
-#include "shm_file.h"
-#include "test_daemon.h"
+#include "format/shm_file.h"
+#include "tests/support/checked_rows.h"
+#include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
 namespace {

@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "checked_rows.h"
-#include "instance.h"
-#include "test_daemon.h"
+#include "format/instance.h"
+#include "tests/support/checked_rows.h"
+#include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
 namespace {

@@ -18,10 +18,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "checked_rows.h"
-#include "layout.h"
-#include "shm_file.h"
-#include "test_daemon.h"
+#include "format/layout.h"
+#include "format/shm_file.h"
+#include "tests/support/checked_rows.h"
+#include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
 namespace {

@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "cache_state.h"
-#include "test_server.h"
+#include "daemon/cache_state.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache {
 

@@ -1,4 +1,4 @@
-#include "capacity_helpers.h"
+#include "tests/support/capacity_helpers.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

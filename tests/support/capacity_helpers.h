@@ -11,7 +11,7 @@
 #include <string>
 
 #include "shmcache/client.h"
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 

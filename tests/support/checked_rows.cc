@@ -1,4 +1,4 @@
-#include "checked_rows.h"
+#include "tests/support/checked_rows.h"
 
 #include <algorithm>
 #include <cstring>

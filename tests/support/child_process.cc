@@ -1,4 +1,4 @@
-#include "child_process.h"
+#include "tests/support/child_process.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -14,8 +14,8 @@
 #include <cstring>
 #include <string>
 
-#include "process_state.h"
-#include "wait_for.h"
+#include "common/process_state.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 

@@ -1,10 +1,10 @@
-#include "integration_fixture.h"
+#include "tests/support/integration_fixture.h"
 
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
-#include "row_pattern.h"
+#include "tests/support/row_pattern.h"
 
 namespace shmcache::test {
 

@@ -1,4 +1,4 @@
-#include "row_pattern.h"
+#include "tests/support/row_pattern.h"
 
 namespace shmcache::test {
 

@@ -1,4 +1,4 @@
-#include "run_command.h"
+#include "tests/support/run_command.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "child_process.h"
+#include "tests/support/child_process.h"
 
 extern char** environ;
 

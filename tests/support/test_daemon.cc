@@ -1,4 +1,4 @@
-#include "test_daemon.h"
+#include "tests/support/test_daemon.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "instance.h"
+#include "format/instance.h"
 #include "shmcache/stats.h"
 
 namespace shmcache::test {

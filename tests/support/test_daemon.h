@@ -16,15 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "child_process.h"
-#include "files.h"
-#include "run_command.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
 #include "shmcache/options.h"
 #include "shmcache/status.h"
-#include "test_env.h"
-#include "wait_for.h"
+#include "tests/support/child_process.h"
+#include "tests/support/files.h"
+#include "tests/support/run_command.h"
+#include "tests/support/test_env.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 

@@ -1,4 +1,4 @@
-#include "test_server.h"
+#include "tests/support/test_server.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "instance.h"
+#include "format/instance.h"
 
 namespace shmcache::test {
 

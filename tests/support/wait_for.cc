@@ -1,4 +1,4 @@
-#include "wait_for.h"
+#include "tests/support/wait_for.h"
 
 #include <thread>
 

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "file_stats.h"
-#include "release_gil.h"
-#include "row_model.h"
+#include "clients/python/shmcache/file_stats.h"
+#include "clients/python/shmcache/release_gil.h"
+#include "clients/python/shmcache/row_model.h"
 #include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"

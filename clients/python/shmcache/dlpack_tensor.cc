@@ -1,4 +1,4 @@
-#include "dlpack_tensor.h"
+#include "clients/python/shmcache/dlpack_tensor.h"
 
 #include <cstdlib>
 #include <cstring>

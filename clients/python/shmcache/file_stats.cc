@@ -1,4 +1,4 @@
-#include "file_stats.h"
+#include "clients/python/shmcache/file_stats.h"
 
 #include <sys/stat.h>
 

@@ -8,7 +8,7 @@
 
 #include <pybind11/pybind11.h>
 
-#include "release_gil.h"
+#include "clients/python/shmcache/release_gil.h"
 
 namespace shmcache::python {
 

@@ -6,7 +6,7 @@
 
 #include <unistd.h>
 
-#include "thread_annotations.h"
+#include "port/thread_annotations.h"
 
 namespace shmcache::python {
 

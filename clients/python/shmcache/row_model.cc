@@ -1,11 +1,11 @@
-#include "row_model.h"
+#include "clients/python/shmcache/row_model.h"
 
 #include <bit>
 #include <cstring>
 #include <optional>
 
-#include "dlpack_tensor.h"
-#include "release_gil.h"
+#include "clients/python/shmcache/dlpack_tensor.h"
+#include "clients/python/shmcache/release_gil.h"
 
 namespace shmcache::python {
 namespace {

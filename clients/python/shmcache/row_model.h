@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "release_gil.h"
+#include "clients/python/shmcache/release_gil.h"
 #include "shmcache/row.h"
 #include "shmcache/types.h"
 
