@@ -149,6 +149,37 @@ def test_files_are_stat_ed_not_read(tmp_path):
     assert content_identity(sub).startswith("files:")
 
 
+class Listing(Dataset):
+    """A dataset that lists its files (`files`), one row per file."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.files = sorted(str(p) for p in root.iterdir())
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        return np.frombuffer(open(self.files[i], "rb").read(), dtype=np.uint8)
+
+
+def test_a_change_to_any_one_of_many_files_is_seen(tmp_path):
+    from shmcache.dataset_identity import content_identity
+    root = tmp_path / "many"
+    root.mkdir()
+    for k in range(3000):           # stat'ed by several threads
+        (root / f"{k:05d}.bin").write_bytes(b"%d" % k)
+    _yesterday(root)
+    before = content_identity(Listing(root))
+    assert before == content_identity(Listing(root))
+    (root / "02345.bin").write_bytes(b"changed")      # a late thread's share
+    after = content_identity(Listing(root))
+    assert after != before
+    listed = Listing(root)
+    os.unlink(root / "01000.bin")   # listed, but gone since
+    assert content_identity(listed) != after
+
+
 class Tagged(Dataset):
     """A list of samples that start with a str: no file list."""
     root = "tagged"

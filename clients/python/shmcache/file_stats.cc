@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace {
 
 // Files per thread: below this, starting a thread costs more than it saves.
 constexpr size_t kFilesPerThread = 512;
-constexpr size_t kMaxThreads = 4;
+constexpr size_t kMaxThreads = 8;
 
 void StatRange(const std::vector<const char*>& paths, size_t from, size_t to,
                int64_t* out) {
@@ -59,14 +60,24 @@ py::object StatFiles(const py::handle& entries) {
   std::vector<int64_t> out(2 * n);
   {
     ReleaseGil nogil;
-    size_t threads = std::clamp<size_t>(n / kFilesPerThread, 1, kMaxThreads);
+    size_t cpus = std::max(1u, std::thread::hardware_concurrency());
+    size_t threads =
+        std::clamp<size_t>(n / kFilesPerThread, 1, std::min(kMaxThreads, cpus));
     std::vector<std::thread> pool;
+    pool.reserve(threads);  // no reallocation once threads run
     size_t per = (n + threads - 1) / threads;
-    for (size_t t = 1; t < threads; ++t) {
-      pool.emplace_back(StatRange, std::cref(paths), std::min(n, t * per),
-                        std::min(n, (t + 1) * per), out.data());
+    size_t taken = std::min(n, per);  // rows [0, taken) have a thread
+    for (size_t t = 1; t < threads && taken < n; ++t) {
+      try {
+        pool.emplace_back(StatRange, std::cref(paths), taken, std::min(n, taken + per),
+                          out.data());
+      } catch (const std::system_error&) {
+        break;  // no more threads: this one does the rest
+      }
+      taken = std::min(n, taken + per);
     }
     StatRange(paths, 0, std::min(n, per), out.data());
+    StatRange(paths, taken, n, out.data());
     for (std::thread& th : pool) th.join();
   }
   return py::bytes(reinterpret_cast<const char*>(out.data()),
