@@ -150,7 +150,7 @@ def bench_python(args, out, shmcache):
                     timed_rate(args.seconds, cache.get, ids))
             out.add("view", "python", "DatasetCache.view", size, 1,
                     timed_rate(args.seconds, cache.view, ids))
-            native = cache._open()
+            native = cache.open().native
             out.add("get", "python", "native Cache.get", size, 1,
                     timed_rate(args.seconds, lambda i: native.get(i, None, True), ids))
             out.add("view", "python", "native Cache.get view", size, 1,
@@ -457,7 +457,7 @@ def bench_cached_loader(args, out, cds, plain, floor):
 
 class _Unlisted:
     """The same pipeline with its file list hidden: the default cache name
-    then hashes samples (shmcache.dataset_identity's other path)."""
+    then hashes samples (shmcache.torch.dataset_identity's other path)."""
 
     def __init__(self, ds):
         self.ds, self.root = ds, ds.root
@@ -470,12 +470,12 @@ class _Unlisted:
 
 
 def bench_identity(out, dataset, warm_epoch_s, rounds=3):
-    """What the default cache name costs (shmcache.dataset_identity, once
+    """What the default cache name costs (shmcache.torch.dataset_identity, once
     per CachedDataset made, nothing per hit) against one warm CachedLoader
     epoch of the same pipeline, measured just before: the bench's dataset
     lists its files (one stat each); the same with the list hidden hashes
     9 computed samples (JPEG decodes)."""
-    from shmcache.dataset_identity import content_identity
+    from shmcache.torch.dataset_identity import content_identity
     for key, ds in (("identity", dataset), ("identity_samples", _Unlisted(dataset))):
         best = float("inf")
         for _ in range(rounds):

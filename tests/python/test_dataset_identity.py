@@ -1,5 +1,5 @@
 """The default cache name tells datasets apart by what they hold
-(shmcache.dataset_identity): two datasets of one class and length but other
+(shmcache.torch.dataset_identity): two datasets of one class and length but other
 contents never share a cache, the same data opened twice does, and a
 dataset whose contents cannot be told is refused with the fix (name=)."""
 
@@ -135,7 +135,7 @@ def test_an_image_folder_changed_between_runs_gets_another_cache(server, session
 
 
 def test_files_are_stat_ed_not_read(tmp_path):
-    from shmcache.dataset_identity import content_identity
+    from shmcache.torch.dataset_identity import content_identity
     datasets = pytest.importorskip("torchvision.datasets")
     _folder(tmp_path / "images", 4, seed=1)
 
@@ -164,7 +164,7 @@ class Listing(Dataset):
 
 
 def test_a_change_to_any_one_of_many_files_is_seen(tmp_path):
-    from shmcache.dataset_identity import content_identity
+    from shmcache.torch.dataset_identity import content_identity
     root = tmp_path / "many"
     root.mkdir()
     for k in range(3000):           # stat'ed by several threads
@@ -249,7 +249,7 @@ def test_random_augmentation_inside_the_dataset_names_one_cache(session):
 
 
 def test_only_a_few_samples_are_read(session):
-    from shmcache.dataset_identity import SAMPLES
+    from shmcache.torch.dataset_identity import SAMPLES
 
     class Counted(Images):
         def __getitem__(self, i):

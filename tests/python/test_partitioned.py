@@ -233,7 +233,7 @@ def test_rows_travel_whole_in_the_caches_own_encoding():
     import torch
     from PIL import Image
     from shmcache import rows as row_model
-    from shmcache.partition import pack_rows, unpack_rows
+    from shmcache.torch.partitioned.exchange import pack_rows, unpack_rows
     strided = np.arange(12, dtype=np.uint16).reshape(3, 4)[:, ::2]
     img = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "RGB")
     samples = [(np.arange(4, dtype=np.float32), 7), None,
@@ -265,7 +265,7 @@ def test_rows_travel_whole_in_the_caches_own_encoding():
 
 def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():
     import torch
-    from shmcache.partition import RowOwners
+    from shmcache.torch.partitioned.ownership import RowOwners
     a, b = RowOwners(1001, 3, seed=4), RowOwners(1001, 3, seed=4)
     assert (a.owners == b.owners).all()
     parts = [a.owned(k) for k in range(3)]

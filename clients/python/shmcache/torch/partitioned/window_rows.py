@@ -1,9 +1,9 @@
 """PartitionedRows: the rows of a window of batches, wherever they are: this
 node's cache, the owner node's cache (over the exchange), or computed from
-the source (shmcache.misses); and the rows this rank computed for another
+the source (shmcache.torch._misses); and the rows this rank computed for another
 node, waiting for the next round to travel to their owner.
 
-Used by shmcache.partitioned_feed (the exchange thread of a pass) and, for a
+Used by feed.py (the exchange thread of a pass) and, for a
 CachedLoader, by the loader's own pipeline, which reports what it computed
 through the feed. Rows are in the cache's own encoding, columns [(name,
 dtype name, array)] (what DatasetCache.get_columns returns): a row read
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .datasets import CachedDataset
-from .misses import Columns, MissWorkers, Sample, compute_rows
-from .partition import RowExchange
+from ..datasets import CachedDataset
+from .._misses import Columns, MissWorkers, Sample, compute_rows
+from .exchange import RowExchange
 
 __all__ = ["PartitionedRows", "Pushes"]
 
@@ -131,7 +131,7 @@ class PartitionedRows:
             if isinstance(c, Columns):
                 out.append(c.cols)
             elif isinstance(c, Sample):
-                self.cds._uncacheable(i, c.why)
+                self.cds.warn_uncacheable(i, c.why)
                 out.append(c)
             else:   # Stored: not asked for (no row is owned by the workers)
                 raise AssertionError(f"row {i} was put by a miss worker")
@@ -168,7 +168,7 @@ class PartitionedRows:
                 self.push(idx[k], r)
         if put_ids and self._alive():
             assert self.cache is not None
-            self.cache._put_encoded(put_ids, put_rows, strict=False)
+            self.cache.put_encoded(put_ids, put_rows, strict=False)
         self.count(local_hits=local, remote_hits=got_remote, misses=len(missing))
         ends = np.cumsum([len(b) for b in batches]).tolist()
         return [rows[e - len(b):e] for b, e in zip(batches, ends)]

@@ -1,7 +1,7 @@
 """What a dataset holds, in a few bytes: the part of a default cache name
 that tells apart two datasets of one class, length, root and transform
-(shmcache.datasets.cache_for_dataset adds it to dataset_fingerprint's
-description; an explicit name= skips it).
+(shmcache.torch.fingerprint.cache_for_dataset adds it to
+dataset_fingerprint's description; an explicit name= skips it).
 
     content_identity(ImageFolder("/data/train"))   # "files:5c0e..."
     content_identity(TensorDataset(x, y))          # "samples:91ab..."
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ._shmcache import stat_files
+from .._shmcache import stat_files
 
 __all__ = ["content_identity", "SAMPLES"]
 
