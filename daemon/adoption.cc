@@ -37,7 +37,14 @@ void Adoption::DiscardCacheFiles(uint32_t cache_id, const std::vector<std::strin
   note_(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
                     why));
   for (const std::string& f : files) unlink(f.c_str());
-  spiller_->DropCache(cache_id).PermitUncheckedError();
+  DropSpilledRows(cache_id);
+}
+
+void Adoption::DropSpilledRows(uint32_t cache_id) {
+  Status s = spiller_->DropCache(cache_id);
+  if (!s.ok()) {
+    log_->Warn("cache {}: cannot drop its spilled rows: {}", cache_id, s.message());
+  }
 }
 
 namespace {
@@ -162,7 +169,7 @@ bool Adoption::Run(const std::atomic<bool>* stop_requested, MemoryAccount* accou
           fmt::format("the spilled rows of cache {} were dropped: its memory "
                       "state is gone",
                       id));
-      spiller_->DropCache(id).PermitUncheckedError();
+      DropSpilledRows(id);
     }
   }
   if (!out->caches.empty() || !out->sessions.empty()) {

@@ -28,11 +28,18 @@ Status CacheSpiller::Open(const std::string& spill_dir, const NoteFn& note) {
     unlink(paths_.SpillRecordFile().c_str());
   }
   if (spill_dir.empty()) return Status::OK();
-  return SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_);
+  std::string tightened;
+  Status s = SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_,
+                              /*create=*/true, &tightened);
+  if (!tightened.empty()) log_->Info("spill database: {}", tightened);
+  return s;
 }
 
 void CacheSpiller::Shutdown() {
-  WriteSpillRecord(paths_, "").PermitUncheckedError();
+  // A record left behind makes the next start look for this database (and
+  // remove it, if it is still there): say so.
+  Status r = WriteSpillRecord(paths_, "");
+  if (!r.ok()) log_->Warn("{}", r.message());
   if (spill_) {
     Status s = spill_->DestroyAll();
     if (!s.ok()) log_->Warn("{}", s.message());
@@ -110,7 +117,14 @@ void CacheSpiller::ReconcileCache(uint32_t id, CacheState* c, const std::string&
                       n, why, spill_ ? " and are cached again when put" : ""));
     }
     // Rows on disk the index no longer points to.
-    if (on_disk) spill_->DropCache(id).PermitUncheckedError();
+    if (on_disk) {
+      Status s = spill_->DropCache(id);
+      if (!s.ok()) {
+        log_->Warn(
+            "cache {}: cannot drop its spilled rows the index no longer points to: {}",
+            id, s.message());
+      }
+    }
   }
   if (!spill_ && c->spill_enabled()) {
     c->StopSpilling("this server has no spill directory");

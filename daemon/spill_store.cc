@@ -1,5 +1,11 @@
 #include "daemon/spill_store.h"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -7,7 +13,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 
-#include "format/shm_file.h"
+#include "format/owned_dir.h"
 #include "format/spill_format.h"
 
 namespace shmcache {
@@ -25,10 +31,50 @@ Status FromRocks(const rocksdb::Status& s, const std::string& where) {
 
 }  // namespace
 
-SpillStore::~SpillStore() = default;
+SpillStore::~SpillStore() {
+  if (dir_fd_ >= 0) close(dir_fd_);
+}
+
+Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
+  // Through the descriptor Open kept, not the name: a directory removed
+  // (rm -rf of the spill dir) and made again under the same name is still
+  // the one that was removed.
+  struct stat st {};
+  if (fstat(dir_fd_, &st) != 0) {
+    return Status::IOError(fmt::format("cannot look at the spill database {}: {}", path_,
+                                       std::strerror(errno)));
+  }
+  if (st.st_nlink == 0) {
+    return Status::IOError(fmt::format(
+        "the spill database {} was removed while this server used it (its directory "
+        "is gone); spilling stopped, rows in memory stay readable; restart the server "
+        "to spill again",
+        path_));
+  }
+  struct statvfs v {};
+  if (fstatvfs(dir_fd_, &v) != 0) {
+    return Status::IOError(
+        fmt::format("cannot read the free space of {}: {}", path_, std::strerror(errno)));
+  }
+  *free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  return Status::OK();
+}
 
 Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out,
-                        bool create) {
+                        bool create, std::string* tightened) {
+  // Before RocksDB sees the path, which it opens, fills and (DestroyDB)
+  // empties by name: nobody else may be able to swap a directory on the way
+  // for a link, and the database's own name must hold a directory of ours
+  // (in a shared spill dir another user may have put hers there, or a link
+  // to a third user's directory).
+  Status s = CheckNoOtherUserCanReplace(path);
+  if (!s.ok()) return Status::PermissionDenied("spill database: " + s.message());
+  int dir_fd = -1;
+  s = OpenOwnedDir(path, create,
+                   "remove it (as its owner or root) or start the server with another "
+                   "-s DIR",
+                   &dir_fd, tightened);
+  if (!s.ok()) return s;
   rocksdb::Options opts = SpillDbOptions();
   opts.create_if_missing = create;
   opts.IncreaseParallelism(2);
@@ -36,11 +82,15 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   // is noticed before a flush fails.
   opts.write_buffer_size = kWriteBufferBytes;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(opts, path, &db);
-  if (!s.ok()) return FromRocks(s, path);
+  rocksdb::Status rs = rocksdb::DB::Open(opts, path, &db);
+  if (!rs.ok()) {
+    close(dir_fd);
+    return FromRocks(rs, path);
+  }
   std::unique_ptr<SpillStore> store(new SpillStore());
   store->db_.reset(db);
   store->path_ = path;
+  store->dir_fd_ = dir_fd;
   *out = std::move(store);
   return Status::OK();
 }
@@ -53,7 +103,12 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
   }
   // Room for the row in the WAL and for flushing a full memtable.
   uint64_t need = row.size() + 2 * kWriteBufferBytes;
-  uint64_t free_bytes = FreeBytes(path_);
+  uint64_t free_bytes = 0;
+  if (Status gone = CheckDirectory(&free_bytes); !gone.ok()) {
+    MutexLock lock(&error_mu_);
+    if (!failed_.exchange(true)) error_ = gone.message();
+    return Status::IOError(error_);
+  }
   if (free_bytes < need) {
     return Status::Full(
         fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",
@@ -129,6 +184,17 @@ Status SpillStore::DestroyAll() {
   if (db_) {
     db_->Close();
     db_.reset();
+  }
+  // DestroyDB and remove_all go by name: remove only while the name still
+  // holds the directory Open checked and opened.
+  struct stat held {
+  }, now{};
+  if (lstat(path_.c_str(), &now) != 0 && errno == ENOENT) return Status::OK();
+  if (fstat(dir_fd_, &held) != 0 || !S_ISDIR(now.st_mode) || now.st_dev != held.st_dev ||
+      now.st_ino != held.st_ino) {
+    return Status::IOError(fmt::format(
+        "{} is no longer the spill database this server opened (it is {}): left in place",
+        path_, DescribeEntry(path_)));
   }
   rocksdb::Status s = rocksdb::DestroyDB(path_, rocksdb::Options());
   std::error_code ec;

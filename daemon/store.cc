@@ -70,8 +70,11 @@ Status Store::Init(const std::atomic<bool>* stop_requested) {
           "stopped by a signal while starting; what an earlier server left is "
           "kept for the next start");
     }
+    s = ClaimFileNames();
+    if (!s.ok()) return s;
     spiller_.Reconcile(caches_, note);
-    WriteSessionsFile();
+    s = WriteSessionsFile();
+    if (!s.ok()) return s;
   }
   preparer_ = std::thread([this] { PrepareSegments(); });
   return Status::OK();
@@ -124,7 +127,11 @@ void Store::Shutdown() {
   for (auto& [id, c] : caches_) c->Destroy(&account_);
   caches_.clear();
   sessions_.clear();
-  ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+  // A list left behind would bring its sessions back (empty) at the next
+  // start: say so.
+  if (Status s = ShmFile::Unlink(paths_.SessionsFile()); !s.ok()) {
+    log_->Warn("{}; the next start lists its sessions again", s.message());
+  }
   spiller_.Shutdown();
 }
 

@@ -49,6 +49,9 @@ class Logger;
 
 class Store {
  public:
+  // The largest cache size (MB) OpenCache accepts: INT64_MAX bytes.
+  static constexpr uint64_t kMaxCacheSizeMb = uint64_t{INT64_MAX} >> 20;
+
   Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
         int workers, Logger* log);
   ~Store();
@@ -60,7 +63,12 @@ class Store {
   // server does not use (another -s, or none) are dropped from the index,
   // and that database is removed. When *stop_requested turns true meanwhile
   // (a signal), stops adopting and returns Unavailable, leaving the files
-  // that are not adopted yet as they are, for the next start.
+  // that are not adopted yet as they are, for the next start. Then it
+  // writes the sessions list and the spill record; whatever holds their
+  // names that is not theirs (a directory, a link, another user's file:
+  // what a restart would otherwise lose sessions to) is removed with a log
+  // line, or, when this user may not remove it, Init fails naming it and
+  // the fix.
   Status Init(const std::atomic<bool>* stop_requested = nullptr) EXCLUDES(mu_);
   // What a person starting the server should know about Init: caches and
   // rows that were discarded, and why. One line each.
@@ -68,12 +76,19 @@ class Store {
   const std::vector<std::string>& startup_notes() const { return notes_; }
 
   uint32_t NewClientId() EXCLUDES(mu_);
+  // A session exists once the sessions list names it (what a restarted
+  // server adopts): when the list cannot be written, no session is created
+  // and the IOError says why.
   Status CreateSession(uint32_t* id) EXCLUDES(mu_);
   // Destroys the session's caches. Memory that processes still map stays
   // counted against the cap (held) until they unmap it; what nobody maps
-  // is released before this returns.
+  // is released before this returns. When the sessions list cannot be
+  // rewritten, the session is destroyed all the same and the IOError says
+  // that a restart would list it again, empty.
   Status DestroySession(uint32_t id) EXCLUDES(mu_);
   Status CheckSession(uint32_t id) EXCLUDES(mu_);
+  // size_mb above kMaxCacheSizeMb is InvalidArgument: its bytes would not
+  // fit an off_t (and wrap as 64-bit bytes from 2^44 MB on).
   Status OpenCache(uint32_t session_id, const std::string& name,
                    const std::string& fingerprint, uint64_t size_mb, bool spilling,
                    uint32_t* cache_id) EXCLUDES(mu_);
@@ -129,7 +144,11 @@ class Store {
   void StopPreparer() EXCLUDES(mu_);
   // Logs `text` as a warning and keeps it for startup_notes().
   void Note(const std::string& text);
-  void WriteSessionsFile() REQUIRES(mu_);
+  // Rewrites the sessions list; an error is logged and returned.
+  Status WriteSessionsFile() REQUIRES(mu_);
+  // Frees the names of the sessions list and the spill record of what is
+  // not this server's (ClaimFileName, replace_file.h), with a log line.
+  Status ClaimFileNames() REQUIRES(mu_);
   void CheckHighWater() REQUIRES(mu_);
 
   Mutex mu_;

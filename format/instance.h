@@ -81,8 +81,11 @@ InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
 // InvalidArgument naming the path, its length and the fix when the socket
 // path does not fit in sockaddr_un::sun_path (107 bytes on Linux).
 Status CheckSocketPath(const std::string& socket_path);
-// Creates the run dir 0700 if missing; PermissionDenied if it exists and
-// belongs to someone else.
+// Creates the run dir 0700 if missing (OpenOwnedDir, owned_dir.h): a link
+// there (another user's in /tmp, which could later lead clients to her
+// socket), another user's directory, or one others may write is
+// PermissionDenied naming what is there and the fix; one of ours that
+// others may only read is made 0700.
 Status EnsureRunDir(const std::string& dir);
 
 }  // namespace shmcache
