@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +34,14 @@ static uint64_t InstanceShmBytes(const InstancePaths& paths) {
   }
   closedir(d);
   return total;
+}
+
+// The CPUs this process may run on (its affinity mask, which a cgroup's
+// cpuset or taskset narrows), or what the system says it has.
+static int CpusOfThisProcess() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
 }
 
 Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
@@ -73,7 +82,10 @@ Status Store::Init(const std::atomic<bool>* stop_requested) {
     spiller_.Reconcile(caches_, note);
     WriteSessionsFile();
   }
-  preparer_ = std::thread([this] { PrepareSegments(); });
+  preparer_threads_ = std::clamp(CpusOfThisProcess(), 1, SegmentAllocator::kMaxParallel);
+  for (int i = 0; i < preparer_threads_; ++i) {
+    preparers_.emplace_back([this, i] { PrepareSegments(/*polls=*/i == 0); });
+  }
   return Status::OK();
 }
 

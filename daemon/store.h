@@ -11,7 +11,7 @@
 // store), and at start an Adoption of what an earlier server left.
 // Its own work is split by concept: store.cc (start, server info,
 // shutdown), store_sessions.cc (the registry of sessions and caches, held
-// memory), store_preparer.cc (the segment preparer thread),
+// memory), store_preparer.cc (the segment preparers' threads),
 // store_leases.cc (chunk leases, index growth, spilled rows) and
 // store_releases.cc (chunks of ended connections).
 #pragma once
@@ -113,9 +113,10 @@ class Store {
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   void CountSpillReads(uint32_t cache_id, uint64_t n) EXCLUDES(mu_);
-  // Background thread making caches' next segments (see SegmentJob), and
-  // re-checking ended connections whose process was still running.
-  void PrepareSegments() EXCLUDES(mu_);
+  // Background threads making caches' next segments (see SegmentJob), one
+  // job each at a time; the first (`polls`) also re-checks ended
+  // connections whose process was still running, and held memory.
+  void PrepareSegments(bool polls) EXCLUDES(mu_);
   // Settles pending releases whose process is gone or whose grace ran out.
   void RetryReleasesLocked() REQUIRES(mu_);
   // Logs, once per process, that the chunks of a live process's ended
@@ -154,8 +155,9 @@ class Store {
   std::vector<std::string> notes_;  // written by Init only
   std::deque<SegmentJob> jobs_ GUARDED_BY(mu_);
   CondVar jobs_cv_;
-  CondVar job_done_cv_;                             // a segment job finished
-  uint32_t running_job_cache_ GUARDED_BY(mu_) = 0;  // 0 = none
+  CondVar job_done_cv_;  // a segment job finished
+  // The caches of the jobs running now, one entry per job.
+  std::multiset<uint32_t> running_jobs_ GUARDED_BY(mu_);
   struct PendingRelease {
     uint64_t conn;
     std::shared_ptr<const ProcessHandle> process;
@@ -167,7 +169,11 @@ class Store {
   static constexpr size_t kMaxWarnedPids = 1024;
   HeldMemory held_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::thread preparer_;
+  // As many as the CPUs this daemon may run on: one segment file is made
+  // by one thread (the kernel makes a file's pages under its lock), so the
+  // page supply of many writers needs as many files made at once.
+  std::vector<std::thread> preparers_;
+  int preparer_threads_ = 1;  // preparers_.size(), set by Init before requests
   std::atomic<int64_t> connections_{0};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const uint64_t started_unix_ = static_cast<uint64_t>(std::time(nullptr));

@@ -35,10 +35,10 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t ne
   }
   if (s.ok()) {
     int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
-    if (std::optional<SegmentJob> job = c->TakeSegmentJob(n, &account_)) {
-      jobs_.push_back(*job);
-      jobs_cv_.Signal();
-    }
+    std::vector<SegmentJob> jobs = c->TakeSegmentJobs(n, &account_, preparer_threads_);
+    jobs_.insert(jobs_.end(), jobs.begin(), jobs.end());
+    if (jobs.size() == 1) jobs_cv_.Signal();
+    if (jobs.size() > 1) jobs_cv_.SignalAll();
   }
   CheckHighWater();
   return s;

@@ -20,7 +20,7 @@ void Store::ReleaseConnection(uint64_t conn,
   // while it lives on and may still write into its chunks.
   pending_releases_.push_back(
       {conn, std::move(process), std::chrono::steady_clock::now() + kReleaseGrace});
-  jobs_cv_.Signal();
+  jobs_cv_.SignalAll();  // the first preparer retries it
 }
 
 void Store::RetryReleasesLocked() {

@@ -57,7 +57,9 @@ Status Store::DestroySession(uint32_t id) {
     auto ours = [&](uint32_t cid) {
       return std::find(cids.begin(), cids.end(), cid) != cids.end();
     };
-    while (ours(running_job_cache_)) job_done_cv_.Wait(&mu_);
+    while (std::any_of(running_jobs_.begin(), running_jobs_.end(), ours)) {
+      job_done_cv_.Wait(&mu_);
+    }
     std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
     it = sessions_.find(id);
     if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
@@ -76,7 +78,7 @@ Status Store::DestroySession(uint32_t id) {
     held_.Add(id, held, std::chrono::steady_clock::now());
     ResumeCachesLocked();
   }
-  jobs_cv_.Signal();  // the background thread re-checks what stays held
+  jobs_cv_.SignalAll();  // the first preparer re-checks what stays held
   SettleHeldMemory();
   return Status::OK();
 }
