@@ -53,7 +53,8 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_n
       workers_(workers),
       log_(log),
       rng_(std::random_device{}()),
-      spiller_(paths, log) {
+      spiller_(paths, log),
+      stages_(paths) {
   bounds_ = ComputeMemoryBounds(options.memory_cap_ratio, options.memory_cap_bytes,
                                 FreeBytes(paths.shm_dir) + InstanceShmBytes(paths));
   account_.cap = bounds_.cap_bytes;
@@ -133,6 +134,7 @@ void Store::FillServerInfo(ServerInfo* out) {
 void Store::Shutdown() {
   StopPreparer();
   MutexLock lock(&mu_);
+  stages_.ReleaseAll();
   for (auto& [id, c] : caches_) c->Destroy(&account_);
   caches_.clear();
   sessions_.clear();

@@ -38,6 +38,7 @@
 #include "daemon/held_memory.h"
 #include "daemon/memory_account.h"
 #include "daemon/shm_pages.h"
+#include "daemon/spill_stages.h"
 #include "format/instance.h"
 #include "port/mutex.h"
 #include "shmcache/stats.h"
@@ -97,6 +98,18 @@ class Store {
                   bool* inserted) EXCLUDES(mu_);
   Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
                   std::vector<std::string>* rows, std::vector<bool>* found) EXCLUDES(mu_);
+  // The staging file of connection `conn` for spilled rows of the cache
+  // (SpillStages::Get). Full when the cache does not spill.
+  Status SpillStage(uint64_t conn, uint32_t cache_id, uint64_t min_bytes, uint32_t* tag,
+                    uint64_t* size) EXCLUDES(mu_);
+  // Writes the rows `conn` staged in its stage `tag` (CacheSpiller::
+  // WriteStaged) without the store's lock, then publishes each;
+  // (*inserted)[i] is 1 for a row added, 0 for an id already cached. Full
+  // when the cache does not spill or stopped (a failed write stops it);
+  // NotFound when the stage is not this connection's current one.
+  Status SpillPutStaged(uint64_t conn, uint32_t cache_id, uint32_t tag,
+                        std::span<const uint64_t> ids, std::span<const uint32_t> sizes,
+                        std::vector<uint8_t>* inserted) EXCLUDES(mu_);
   void ListSessions(std::vector<SessionInfo>* out) EXCLUDES(mu_);
   void FillServerInfo(ServerInfo* out) EXCLUDES(mu_);
   // A client connection opened (+1) or ended (-1); for the statistics.
@@ -158,6 +171,10 @@ class Store {
   CondVar job_done_cv_;  // a segment job finished
   // The caches of the jobs running now, one entry per job.
   std::multiset<uint32_t> running_jobs_ GUARDED_BY(mu_);
+  // The caches of the staged spill writes running now (without mu_), one
+  // entry each: a cache is destroyed only once none runs (job_done_cv_).
+  std::multiset<uint32_t> spill_writes_ GUARDED_BY(mu_);
+  SpillStages stages_;
   struct PendingRelease {
     uint64_t conn;
     std::shared_ptr<const ProcessHandle> process;

@@ -11,6 +11,9 @@ namespace shmcache {
 
 void Store::ReleaseConnection(uint64_t conn,
                               std::shared_ptr<const ProcessHandle> process) {
+  // Its staging files go at once: what it staged and did not send is not
+  // in the index, live process or not.
+  stages_.Release(conn);
   MutexLock lock(&mu_);
   if (process == nullptr || process->Gone()) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);

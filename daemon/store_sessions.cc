@@ -52,12 +52,14 @@ Status Store::DestroySession(uint32_t id) {
     if (it == sessions_.end()) return NoSession(id);
     // No segment of the session may appear after destroy returns: let a
     // running job for one of its caches finish first (holding the lock from
-    // then on, no other starts), and drop the queued ones.
+    // then on, no other starts), and drop the queued ones. Nor a spilled row:
+    // staged writes of its caches finish first too.
     const std::vector<uint32_t> cids = it->second;
     auto ours = [&](uint32_t cid) {
       return std::find(cids.begin(), cids.end(), cid) != cids.end();
     };
-    while (std::any_of(running_jobs_.begin(), running_jobs_.end(), ours)) {
+    while (std::any_of(running_jobs_.begin(), running_jobs_.end(), ours) ||
+           std::any_of(spill_writes_.begin(), spill_writes_.end(), ours)) {
       job_done_cv_.Wait(&mu_);
     }
     std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
