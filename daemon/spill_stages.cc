@@ -1,6 +1,7 @@
 #include "daemon/spill_stages.h"
 
 #include <algorithm>
+#include <array>
 
 #include "format/protocol.h"
 
@@ -31,11 +32,11 @@ Status SpillStages::Get(uint64_t conn, uint32_t cache_id, uint64_t min_bytes,
   // A random tag, as index tables have: a name another user planted is
   // skipped, not trusted.
   uint32_t chosen = 0;
-  std::vector<uint32_t> tags;
-  for (int i = 0; i < 8; ++i) tags.push_back(static_cast<uint32_t>(rng_()));
+  std::array<uint32_t, kTagTries> tags;
+  for (uint32_t& t : tags) t = static_cast<uint32_t>(rng_());
   Status s = ShmFile::CreateFresh(
-      [&](uint32_t i) { return paths_.StageFile(cache_id, tags[i]); },
-      static_cast<uint32_t>(tags.size()), want, /*node=*/-1, &stage->file, &chosen);
+      [&](uint32_t i) { return paths_.StageFile(cache_id, tags[i]); }, kTagTries, want,
+      /*node=*/-1, &stage->file, &chosen);
   if (!s.ok()) return s;
   stage->tag = tags[chosen];
   *tag = stage->tag;

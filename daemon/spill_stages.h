@@ -56,6 +56,7 @@ class SpillStages {
 
  private:
   void Drop(uint32_t cache_id, const Stage& stage) REQUIRES(mu_);
+  static constexpr uint32_t kTagTries = 8;
 
   InstancePaths paths_;
   Mutex mu_;
