@@ -38,8 +38,8 @@ from typing import Any, Union
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import CacheWarning
-from .rows import Column, encode
+from .. import CacheWarning
+from ..rows import Column, encode
 
 __all__ = ["Stored", "Columns", "Sample", "Computed", "Closed", "compute_rows",
            "MissWorkers", "PARENT_POLL_S"]
@@ -84,7 +84,7 @@ def _compute(cds: Any, index: int, put: bool) -> Computed:
             # Not strict: a row past the cache's limits (columns, name
             # length) comes back as columns, delivered as CachedDataset
             # delivers it.
-            if cds.cache._put_encoded([index], [cols], strict=False)[0] or \
+            if cds.cache.put_encoded([index], [cols], strict=False)[0] or \
                     cds.cache.contains(index):
                 return Stored()
     return Columns(cols)
