@@ -68,6 +68,15 @@ void SpillStages::Release(uint64_t conn) {
   }
 }
 
+void SpillStages::ReleaseCache(uint32_t cache_id) {
+  MutexLock lock(&mu_);
+  std::erase_if(stages_, [&](const auto& entry) REQUIRES(mu_) {
+    if (entry.first.second != cache_id) return false;
+    Drop(cache_id, *entry.second);
+    return true;
+  });
+}
+
 void SpillStages::ReleaseAll() {
   MutexLock lock(&mu_);
   for (const auto& [key, stage] : stages_) Drop(key.second, *stage);

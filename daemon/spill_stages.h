@@ -4,8 +4,9 @@
 // the stage into one RocksDB write batch (CacheSpiller::PutStaged). Only the
 // daemon makes, sizes and removes these files, as every shm file.
 //
-// A stage lives as long as its connection: Release (the connection ended)
-// and ReleaseAll (the server stops) unlink its file. A stage in use by a
+// A stage lives as long as its connection and its cache: Release (the
+// connection ended), ReleaseCache (the cache was destroyed) and ReleaseAll
+// (the server stops) unlink its file. A stage in use by a
 // request stays mapped until that request lets go of it (shared_ptr), even
 // when its connection ends meanwhile. A restarted server removes the stages
 // of the earlier one (daemon/adoption.cc). Stages are not counted against
@@ -51,6 +52,8 @@ class SpillStages {
       EXCLUDES(mu_);
   // Removes the stages of a connection that ended.
   void Release(uint64_t conn) EXCLUDES(mu_);
+  // Removes every connection's stage of a cache that was destroyed.
+  void ReleaseCache(uint32_t cache_id) EXCLUDES(mu_);
   // Removes every stage (the server stops).
   void ReleaseAll() EXCLUDES(mu_);
 

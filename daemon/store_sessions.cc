@@ -71,6 +71,7 @@ Status Store::DestroySession(uint32_t id) {
       if (c == caches_.end()) continue;
       c->second->Destroy(&account_, &held);
       caches_.erase(c);
+      stages_.ReleaseCache(cid);
       Status s = spiller_.DropCache(cid);
       if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
     }

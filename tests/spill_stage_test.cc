@@ -108,6 +108,17 @@ TEST(SpillStageTest, BatchesOfSpilledRowsReadBackWholeEverywhere) {
     cache.reset();
     EXPECT_TRUE(WaitFor([&] { return Stages(server).empty(); }, std::chrono::seconds(10)))
         << testing::PrintToString(Stages(server));
+    // And with its cache, while the connection lives on.
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    uint32_t second = 0;
+    ASSERT_TRUE(client->CreateSession(&second).ok());
+    std::unique_ptr<Cache> again;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(second, "capacity", 1, true), &again).ok());
+    ASSERT_NO_FATAL_FAILURE(PutBatches(again.get(), 0, n));
+    ASSERT_EQ(Stages(server).size(), 1u);
+    ASSERT_TRUE(client->DestroySession(second).ok());
+    EXPECT_TRUE(Stages(server).empty()) << testing::PrintToString(Stages(server));
   }
   RemoveTree(spill);
 }
