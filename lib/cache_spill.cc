@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "format/row_codec.h"
+#include "format/row_copy.h"
 #include "lib/cache_impl.h"
 #include "lib/spill_reader.h"
 
@@ -19,7 +20,9 @@ namespace {
 // Fills *row from an encoded spilled row; false (the row is left to the
 // daemon) when it is not whole or is not row `id`'s.
 bool AdoptSpilled(uint64_t id, std::span<const std::byte> bytes, Row* row) {
-  std::memcpy(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size());
+  // Straight from the page cache (the table files are mapped): a large row
+  // with streaming stores, as a hit in memory.
+  CopyRowBytes(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size());
   return RowCodec::Adopt(row, bytes.size()).ok() && RowCodec::KeyOf(row->view()) == id;
 }
 
