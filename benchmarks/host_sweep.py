@@ -205,8 +205,8 @@ def bench_gpu(args, out, shmcache):
     from torch.utils.data import DataLoader
     from shmcache.torch import CachedDataset, CachedLoader
     dev = torch.device("cuda")
-    out.value("gpu.device", 0)
-    print(f"  GPU: {torch.cuda.get_device_name(0)}", flush=True)
+    out.values["gpu.name"] = torch.cuda.get_device_name(0)
+    print(f"  GPU: {out.values['gpu.name']}", flush=True)
     for size, bs, n in ((150 * KB, 64, args.rows_150), (12 * KB, 256, args.rows_12)):
         # The bus's limit: a pinned batch buffer copied to the device, batch
         # after batch, as many bytes as an epoch.

@@ -82,7 +82,8 @@ def sweep_targets(d, row):
         best = max(gbs)
         row(f"host-only warm CachedLoader epoch by num_threads {'/'.join(map(str, ts))}, "
             f"{label}{pinned} (auto within 10% of the best)",
-            " / ".join(f"{g:.1f}" for g in gbs) + f" GB/s; auto {auto:.1f}" if auto else "",
+            " / ".join(f"{g:.1f}" for g in gbs) + " GB/s" +
+            (f"; auto {auto:.1f}" if auto else ""),
             f"auto {auto / best:.2f}x best" if auto else "—",
             "non-decreasing up to the cores; auto >= 0.9x best",
             rising and auto is not None and auto >= 0.9 * best)
