@@ -222,7 +222,7 @@ class Hanging(Dataset):
 
 def test_timeout_raises_on_time_and_leaving_is_prompt(server, session):
     ds = Hanging(64, slow=8)
-    cds = CachedDataset(ds, DatasetCache(session))
+    cds = CachedDataset(ds, DatasetCache(session), name="hanging")   # as GatedRows
     try:
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="timed out"):
@@ -265,7 +265,9 @@ class GatedRows(Dataset):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_break_returns_while_rows_are_still_being_computed(server, session,
                                                              tmp_path, num_workers):
-    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session))
+    # Named: the default name would compute a few (held) rows to tell the
+    # dataset's contents.
+    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session), name="gated")
     it = iter(CachedLoader(cds, batch_size=2, num_workers=num_workers,
                            num_threads=4, prefetch=4))
     next(it)
