@@ -3,6 +3,7 @@ with their ratios, a Markdown copy (benchmarks/RESULTS.md) and the plot
 (docs/bench.png). Run by scripts/bench.sh.
 
   report.py --cpp cpp.json [--python python.json] [--multinode multinode.json]
+            [--sweep sweep.json]
             --json latest.json --markdown RESULTS.md --plot bench.png
             [--elapsed S] [--command C]
 """
@@ -13,6 +14,8 @@ import json
 import os
 import platform
 import subprocess
+
+from sweep_report import sweep_lines, sweep_targets
 
 KB = 1024
 SIZES = (3 * KB, 150 * KB, 600 * KB)
@@ -39,10 +42,11 @@ def load(path):
 
 class Data:
     def __init__(self, cpp, py, extra=None, load=None, headline="/dev/shm (4 KB pages)",
-                 extra_label="huge pages", extra_how="", multinode=None):
-        self.results = cpp["results"] + py["results"]
-        self.values = {**cpp["values"], **py["values"]}
-        self.skipped = {**cpp["skipped"], **py["skipped"]}
+                 extra_label="huge pages", extra_how="", multinode=None, sweep=None):
+        sweep = sweep or {"results": [], "values": {}, "skipped": {}}
+        self.results = cpp["results"] + py["results"] + sweep["results"]
+        self.values = {**cpp["values"], **py["values"], **sweep["values"]}
+        self.skipped = {**cpp["skipped"], **py["skipped"], **sweep["skipped"]}
         # Where the headline server kept its segments, e.g. its own tmpfs
         # mounted huge=within_size (root) or /dev/shm (4 KB pages).
         self.headline = headline
@@ -393,6 +397,7 @@ def targets(d):
     else:
         row("4 processes sharing one session", "skipped: " +
             d.skipped.get("shared", "?"), "—", "1x, not 4x", None)
+    sweep_targets(d, row)
     return out
 
 
@@ -526,6 +531,7 @@ def render(d, elapsed, command):
             if key in d.values:
                 t = d.values[key]
                 lines.append(f"| {label} | {t:.{2 if t >= 0.1 else 3}f} | {n / t:.0f} |")
+    lines += sweep_lines(d)
     lines += multinode_lines(d.multinode)
     if d.skipped:
         lines.append("")
@@ -653,6 +659,7 @@ def main():
                     help="where the headline server keeps its segments")
     ap.add_argument("--load", help="'stage load' lines")
     ap.add_argument("--multinode", help="benchmarks/multinode_bench.py's JSON")
+    ap.add_argument("--sweep", help="benchmarks/host_sweep.py's JSON")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
@@ -665,7 +672,7 @@ def main():
             multinode = json.load(f)
     d = Data(load(args.cpp), load(args.python), load(args.extra),
              load_samples(args.load), args.headline, args.extra_label, args.extra_how,
-             multinode)
+             multinode, load(args.sweep))
     text = render(d, args.elapsed, args.command)
     print()
     print(text)

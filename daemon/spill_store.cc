@@ -12,6 +12,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
 
 #include "format/owned_dir.h"
 #include "format/spill_format.h"
@@ -97,12 +98,20 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
 
 Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
                        std::span<const std::byte> row) {
+  rocksdb::WriteBatch batch;
+  SpillKey k(cache_id, row_id);
+  batch.Put(k.slice(),
+            rocksdb::Slice(reinterpret_cast<const char*>(row.data()), row.size()));
+  return Write(&batch, row.size());
+}
+
+Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
   if (failed_.load()) {
     MutexLock lock(&error_mu_);
     return Status::Full("spilling is off after an earlier error: " + error_);
   }
-  // Room for the row in the WAL and for flushing a full memtable.
-  uint64_t need = row.size() + 2 * kWriteBufferBytes;
+  // Room for the rows in the WAL and for flushing a full memtable.
+  uint64_t need = bytes + 2 * kWriteBufferBytes;
   uint64_t free_bytes = 0;
   if (Status gone = CheckDirectory(&free_bytes); !gone.ok()) {
     MutexLock lock(&error_mu_);
@@ -114,9 +123,7 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
         fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",
                     free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
   }
-  SpillKey k(cache_id, row_id);
-  rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
-  Status s = FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
+  Status s = FromRocks(db_->Write(rocksdb::WriteOptions(), batch), path_);
   if (!s.ok()) {
     MutexLock lock(&error_mu_);
     error_ = s.message();

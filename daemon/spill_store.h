@@ -21,7 +21,8 @@
 
 namespace rocksdb {
 class DB;
-}
+class WriteBatch;
+}  // namespace rocksdb
 
 namespace shmcache {
 
@@ -45,6 +46,9 @@ class SpillStore {
   // under the server or its free space cannot be read; no write is tried
   // after that either.
   Status Put(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row);
+  // Writes a batch of rows (`bytes` of them) at once, with the same checks
+  // and the same latch as Put.
+  Status Write(rocksdb::WriteBatch* batch, uint64_t bytes);
   // Values of ids[i] into (*values)[i]; (*found)[i] false when absent.
   Status MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
                   std::vector<std::string>* values, std::vector<bool>* found);

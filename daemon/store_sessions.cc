@@ -78,12 +78,16 @@ Status Store::DestroySession(uint32_t id) {
     if (it == sessions_.end()) return NoSession(id);
     // No segment of the session may appear after destroy returns: let a
     // running job for one of its caches finish first (holding the lock from
-    // then on, no other starts), and drop the queued ones.
+    // then on, no other starts), and drop the queued ones. Nor a spilled row:
+    // staged writes of its caches finish first too.
     const std::vector<uint32_t> cids = it->second;
     auto ours = [&](uint32_t cid) {
       return std::find(cids.begin(), cids.end(), cid) != cids.end();
     };
-    while (ours(running_job_cache_)) job_done_cv_.Wait(&mu_);
+    while (std::any_of(running_jobs_.begin(), running_jobs_.end(), ours) ||
+           std::any_of(spill_writes_.begin(), spill_writes_.end(), ours)) {
+      job_done_cv_.Wait(&mu_);
+    }
     std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
     it = sessions_.find(id);
     if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
@@ -93,6 +97,7 @@ Status Store::DestroySession(uint32_t id) {
       if (c == caches_.end()) continue;
       c->second->Destroy(&account_, &held);
       caches_.erase(c);
+      stages_.ReleaseCache(cid);
       Status s = spiller_.DropCache(cid);
       if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
     }
@@ -102,7 +107,7 @@ Status Store::DestroySession(uint32_t id) {
     held_.Add(id, held, std::chrono::steady_clock::now());
     ResumeCachesLocked();
   }
-  jobs_cv_.Signal();  // the background thread re-checks what stays held
+  jobs_cv_.SignalAll();  // the first preparer re-checks what stays held
   SettleHeldMemory();
   if (!written.ok()) {
     return Status::IOError(fmt::format(

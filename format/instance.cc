@@ -25,6 +25,9 @@ std::string InstancePaths::SegmentFile(uint32_t cache_id, uint32_t seg_no) const
 }
 std::string InstancePaths::SessionsFile() const { return shm_prefix + "sessions"; }
 std::string InstancePaths::SpillRecordFile() const { return shm_prefix + "spilldb"; }
+std::string InstancePaths::StageFile(uint32_t cache_id, uint32_t tag) const {
+  return fmt::format("{}stage.{}.{:08x}", shm_prefix, cache_id, tag);
+}
 
 namespace {
 
@@ -91,6 +94,8 @@ ShmName ParseShmName(std::string_view rest) {
     n.kind = Kind::kTable;
   } else if (Matches(rest, "seg", &n.cache_id, &n.number, nullptr)) {
     n.kind = Kind::kSegment;
+  } else if (Matches(rest, "stage", &n.cache_id, nullptr, &n.tag)) {
+    n.kind = Kind::kStage;
   } else {
     n = ShmName{};
   }

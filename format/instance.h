@@ -43,15 +43,27 @@ struct InstancePaths {
   std::string SessionsFile() const;
   // The daemon's record of the spill database the index points to.
   std::string SpillRecordFile() const;
+  // A connection's staging file for spilled rows of a cache (protocol.h,
+  // kSpillStage): the daemon's, removed when the connection ends.
+  std::string StageFile(uint32_t cache_id, uint32_t tag) const;
 };
 
 // A name in the shm dir, its instance prefix removed, read back.
 struct ShmName {
-  enum class Kind { kCache, kTable, kSegment, kSessions, kSpillRecord, kHugeDir, kOther };
+  enum class Kind {
+    kCache,
+    kTable,
+    kSegment,
+    kStage,
+    kSessions,
+    kSpillRecord,
+    kHugeDir,
+    kOther
+  };
   Kind kind = Kind::kOther;
   uint32_t cache_id = 0;
   uint32_t number = 0;  // table generation or segment number
-  uint32_t tag = 0;     // table tag
+  uint32_t tag = 0;     // table or stage tag
 };
 // kOther for anything InstancePaths would not have written (numbers out of
 // range, leading zeros, trailing bytes).
