@@ -54,17 +54,18 @@ Contract:
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
-from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler,
-                              default_collate)
+from torch.utils.data import DataLoader, Sampler, default_collate
 
 from . import DatasetCache
 from .autotune import AutoTune
@@ -80,6 +81,8 @@ DEFAULT_THREADS = 2
 DEFAULT_PREFETCH = 4
 DEFAULT_PREFETCH_BYTES = 1 << 30
 _JOIN_S = 0.5      # close() waits this long for idle threads, never for busy ones
+
+T_co = TypeVar("T_co", covariant=True)
 
 
 def _setting(name, value, default):
@@ -120,21 +123,42 @@ def _tree_map(fn, batch):
     return batch
 
 
-class CachedLoader:
-    """DataLoader's arguments, in its order (`cache` and the loader's own
-    options by keyword); see the module for the contract.
+class CachedLoader(DataLoader[T_co]):
+    """A torch DataLoader whose batches come from the cache: DataLoader's
+    arguments, in its order and with its defaults (checked as DataLoader
+    checks them, with its errors and warnings; fixed after construction as
+    DataLoader's are), then the loader's own options by keyword. See the
+    module for the contract.
 
     dataset: a shmcache.torch.CachedDataset, or a map-style dataset to wrap
       in CachedDataset(dataset, cache, name=name, allow_random=...).
-    num_workers: processes computing misses (0: in the loader's threads).
+    batch_size, shuffle, sampler, batch_sampler, drop_last, generator:
+      DataLoader's batches, drawn as DataLoader draws them; batch_size=None
+      delivers samples one by one (collate_fn default_convert).
+    collate_fn: as DataLoader's (rows of one fixed layout under
+      default_collate are read straight into the batch's tensors).
+    num_workers: DataLoader worker processes computing misses (0: in the
+      loader's threads, in batch order); batch k's misses go to worker
+      k mod num_workers. worker_init_fn, multiprocessing_context: as
+      DataLoader's, in those workers (get_worker_info().dataset is the
+      user's dataset, the one that computes samples).
+    prefetch_factor: batches of misses in flight per worker on a cold pass
+      (as DataLoader's); persistent_workers: keep the workers from one pass
+      to the next (started at the first miss, seeded once).
+    timeout: seconds next() waits for a batch before RuntimeError
+      ("DataLoader timed out after ... seconds").
+    pin_memory: pinned batches with CUDA (without it: one warning, as
+      DataLoader); pin_memory_device: accepted (pinned memory is CUDA's).
     num_threads, prefetch: threads assembling batches and batches kept
       ready ahead of the consumer; "auto" (default) tunes them at run time.
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
+    transform, batch_transform: run per sample after the cache, and per
+      batch. device: "cuda" copies batches to the GPU on a side stream.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1,
-                 shuffle: bool | None = None, sampler: Iterable[int] | None = None,
-                 batch_sampler: Iterable[list[int]] | None = None,
+                 shuffle: bool | None = None, sampler: Sampler[Any] | Iterable[Any] | None = None,
+                 batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None = None,
                  num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None,
                  pin_memory: bool = False, drop_last: bool = False,
@@ -142,6 +166,8 @@ class CachedLoader:
                  worker_init_fn: Callable[[int], None] | None = None,
                  multiprocessing_context: Any = None,
                  generator: torch.Generator | None = None, *,
+                 prefetch_factor: int = 2, persistent_workers: bool = False,
+                 pin_memory_device: str = "",
                  cache: DatasetCache | None = None,
                  prefetch: int | Literal["auto"] = "auto",
                  num_threads: int | Literal["auto"] = "auto",
@@ -158,38 +184,22 @@ class CachedLoader:
         elif cache is not None:
             raise ValueError("cache= is for a plain dataset; this CachedDataset "
                              "already has its cache")
-        if batch_size is None:
-            raise ValueError("batch_size=None (no batching) is not supported: use "
-                             "DataLoader(CachedDataset(...)) for single samples")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) \
-                or num_workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        self.dataset = dataset
-        self.batch_sampler = _batch_sampler(dataset, batch_size, shuffle, sampler,
-                                            batch_sampler, drop_last, generator)
-        self.sampler = getattr(self.batch_sampler, "sampler", None)
-        self.batch_size = None if batch_sampler is not None else batch_size
-        self.drop_last = drop_last
-        self.num_workers = num_workers
-        self.collate_fn = collate_fn
-        self.pin_memory = pin_memory
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.generator = generator
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                         collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                         multiprocessing_context, generator, prefetch_factor=prefetch_factor,
+                         persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device)
         self.batch_transform = batch_transform
         self.transform = self._sample_transform(
             None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = _device(device, pin_memory)
-        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self._pin = bool(pin_memory) and torch.cuda.is_available()
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._tuner = AutoTune(threads, depth, auto_t, auto_p,
                                max_threads=max(DEFAULT_THREADS, 2 * _cpus()),
                                max_bytes=max_prefetch_bytes)
-        self._schema = None          # RowSchema, None (not seen yet), False (none)
+        self._schema: Any = None     # RowSchema, None (not seen yet), False (none)
         # Buffers of batches in flight, prefetched, and held by the consumer,
         # reused across passes (fresh memory costs more than the copy).
         self._buffers = BufferPool(lambda: self._tuner.prefetch + self._tuner.threads + 2)
@@ -197,6 +207,12 @@ class CachedLoader:
         self._counts: dict[str, float] = dict(
             batches=0, samples=0, hits=0, misses=0, bytes=0, wait_s=0.0, step_s=0.0,
             busy_s=0.0)
+        # persistent_workers: the pool kept across passes, and the state of
+        # the generator its seed was drawn from (drawn at the first iter()
+        # only, as DataLoader's persistent iterator draws it).
+        self._pool: MissWorkers | None = None
+        self._seed_state: torch.Tensor | None = None
+        self._iters = 0
 
     @staticmethod
     def _sample_transform(first, second):
@@ -204,16 +220,38 @@ class CachedLoader:
             return first or second
         return lambda sample: second(first(sample))
 
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._get_iterator()
 
-    def __iter__(self) -> Iterator[Any]:
+    def _get_iterator(self) -> Any:
+        # As DataLoader: the warning about more workers than CPUs at every
+        # iter(), once with persistent workers.
+        if self.num_workers > 0 and not (self.persistent_workers and self._iters):
+            self.check_worker_number_rationality()
+        self._iters += 1
         return _LoaderIter(self)
+
+    def _workers_for_pass(self, seed_state: torch.Tensor) -> MissWorkers | None:
+        """The pool a pass computes misses with: its own, or with
+        persistent_workers the loader's (a failed one is replaced)."""
+        if self.num_workers == 0:
+            return None
+        if not self.persistent_workers:
+            return MissWorkers(self.dataset, self.num_workers, self.multiprocessing_context,
+                               seed_state, self.worker_init_fn)
+        with self._lock:
+            if self._pool is None or self._pool.broken:
+                self._pool = MissWorkers(self.dataset, self.num_workers,
+                                         self.multiprocessing_context, seed_state,
+                                         self.worker_init_fn)
+                weakref.finalize(self, self._pool.close)
+            return self._pool
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until the rows this process queued for the cache are stored
         (CachedDataset.flush)."""
-        return self.dataset.flush(timeout)
+        cds: Any = self.dataset
+        return cds.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters since the loader was made (all its iterators) and the
@@ -253,20 +291,14 @@ def batch_ids(indices):
     return [int(i) for i in indices]
 
 
-def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
-                   drop_last, generator):
-    """The batch sampler DataLoader builds from the same arguments."""
-    if batch_sampler is not None:
-        if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ValueError("batch_sampler option is mutually exclusive with "
-                             "batch_size, shuffle, sampler, and drop_last")
-        return batch_sampler
-    if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
-    if sampler is None:
-        sampler = RandomSampler(dataset, generator=generator) if shuffle \
-            else SequentialSampler(dataset)
-    return BatchSampler(sampler, batch_size, drop_last)
+def _row_id(index):
+    """A sampler's element as a row id (batch_size=None: one per batch)."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        raise TypeError(f"CachedLoader with batch_size=None reads one row per sampler "
+                        f"element, and rows are keyed by integer index: got "
+                        f"{type(index).__name__} {index!r}") from None
 
 
 def _cpus():
@@ -285,13 +317,22 @@ class _LoaderIter:
     `note(...)` and `settle()`, called once per item taken, done or not."""
 
     def __init__(self, loader, source=None):
-        # As DataLoader: the workers' seed from torch's generator at iter(),
-        # the sampler's own draws at the first next() (in this thread).
+        # As DataLoader: the workers' seed drawn from torch's generator at
+        # iter() (once, with persistent workers), the sampler's own draws at
+        # the first next() (in this thread). The pool draws the same seed
+        # again from the state the draw started from.
         self._loader = loader
-        self._base_seed = torch.empty((), dtype=torch.int64).random_(
-            generator=loader.generator).item()
+        if loader.persistent_workers and loader._seed_state is not None:
+            state = loader._seed_state
+        else:
+            gen = loader.generator
+            state = (gen if gen is not None else torch.default_generator).get_state()
+            torch.empty((), dtype=torch.int64).random_(generator=gen)
+            if loader.persistent_workers:
+                loader._seed_state = state
+        self._seed_state = state
         self._fed = source is not None
-        self._batches = iter(loader.batch_sampler) if source is None else source
+        self._batches = iter(loader._index_sampler) if source is None else source
         self._pipe = None
         self._closed = False
 
@@ -302,8 +343,9 @@ class _LoaderIter:
         if self._pipe is None:
             if self._closed:
                 raise StopIteration
-            first = next(self._batches, None)
-            self._pipe = _Pipeline(self._loader, self._batches, first, self._base_seed,
+            first = next(self._batches, _END)
+            self._pipe = _Pipeline(self._loader, self._batches, first,
+                                   self._loader._workers_for_pass(self._seed_state),
                                    self._fed)
         return self._pipe.next()
 
@@ -322,43 +364,63 @@ class _LoaderIter:
             pipe.close()
 
 
+_END = object()   # the sampler's end
+
+
 class _Pipeline:
     """The threads of one pass: each takes the next batch number and its
     indices from the sampler (at most `prefetch` batches ahead of the
-    consumer), assembles the batch, and files it under its number; the
-    consumer takes batches in number order. `cond` guards the counters."""
+    consumer), assembles the batch, and files it under its number (the
+    batch, or the exception that failed it); the consumer takes batches in
+    number order. `cond` guards the counters.
 
-    def __init__(self, loader, batches, first, base_seed, fed=False):
+    Misses leave in batch order (the miss turn): batch k hands its misses
+    to worker k mod num_workers (or computes them, num_workers=0) only
+    after every batch before it has, so each worker computes its batches in
+    DataLoader's order and the random draws of a dataset follow it. Once
+    misses went to workers, at least prefetch_factor * num_workers batches
+    are in flight (threads and depth), so that every worker computes at
+    once on a cold pass."""
+
+    def __init__(self, loader, batches, first, pool, fed=False):
         self.loader = loader
         self.fed = fed          # batches from a feed: items, drawn without `cond`
+        self.auto = loader._auto_collation
         self._draw = threading.Lock()
         self.cds = loader.dataset
         self.tuner = loader._tuner
-        self.pin = loader.pin_memory or loader.device is not None
+        self.pin = loader._pin or loader.device is not None
         self.stage = _CudaStage(loader.device) if loader.device is not None else None
-        self.pool = None
-        if loader.num_workers > 0:
-            self.pool = MissWorkers(self.cds, loader.num_workers,
-                                    loader.multiprocessing_context, base_seed,
-                                    loader.worker_init_fn, loader.timeout)
-        self._inline = threading.Lock()   # num_workers=0: one compute at a time
+        self.pool = pool
+        self._own_pool = pool is not None and not loader.persistent_workers
+        self._inline = threading.Lock()   # rows gone since a worker stored them
         self.buffers = loader._buffers
         self.cond = threading.Condition()
         self._batches, self._first = batches, first
-        self.end = 0 if first is None else None   # batches in the pass, once known
+        self.end = 0 if first is _END else None   # batches in the pass, once known
         self.next_no = self.consumed = 0
         self.ready = {}         # batch number -> (ok, batch or exception, bytes)
         self.live = 0
         self.threads = []
         self.stopped = False
+        self.floor = 0          # threads and depth while workers compute misses
+        self._tickets: weakref.WeakSet[Any] = weakref.WeakSet()   # sent to a shared pool
+        self._turn = 0          # the next batch whose misses may go out
+        self._passed = set()    # batches past the turn, ahead of it
         self._last = None       # when the previous batch was returned
         with self.cond:
             self._spawn_locked()
 
     # ---- threads --------------------------------------------------------
 
+    def _threads(self):
+        return max(self.tuner.threads, self.floor)
+
+    def _depth(self):
+        return max(self.tuner.prefetch, self.floor)
+
     def _spawn_locked(self):
-        while self.live < self.tuner.threads and not self.stopped and \
+        while self.live < self._threads() and not self.stopped and \
                 (self.end is None or self.next_no < self.end):
             self.live += 1
             t = threading.Thread(target=self._run, daemon=True,
@@ -370,29 +432,42 @@ class _Pipeline:
         """Waits until this thread may take the next batch; False when it
         should end instead."""
         while True:
-            if self.stopped or self.live > self.tuner.threads:
+            if self.stopped or self.live > self._threads():
                 return False
             if self.end is not None and self.next_no >= self.end:
                 return False
-            if self.next_no < self.consumed + self.tuner.prefetch:
+            if self.next_no < self.consumed + self._depth():
                 return True
             self.cond.wait()
 
     def _take_locked(self):
         """(number, indices) of the next batch to assemble, or None when
-        this thread should end."""
+        this thread should end. A sampler's exception is the batch's
+        result, and the pass's last."""
         if not self._slot_locked():
             return None
-        if self._first is not None:
+        if self._first is not _END and self._first is not None:
             indices, self._first = self._first, None
         else:
-            indices = next(self._batches, None)
-            if indices is None:
+            try:
+                indices = next(self._batches, _END)
+            except BaseException as e:   # noqa: BLE001 -- raised to the consumer
+                self._file_error_locked(e)
+                return None
+            if indices is _END:
                 self.end = self.next_no
                 self.cond.notify_all()
                 return None
         self.next_no += 1
         return self.next_no - 1, indices
+
+    def _file_error_locked(self, e):
+        self.next_no += 1
+        self.end = self.next_no
+        self.ready[self.next_no - 1] = (False, e, 0)
+        self._passed.add(self.next_no - 1)
+        self._advance_turn_locked()
+        self.cond.notify_all()
 
     def _take_fed(self):
         """As _take_locked, from a feed: the next item may wait for an
@@ -407,7 +482,8 @@ class _Pipeline:
                     return None
                 first, self._first = self._first, None
             try:
-                item = first if first is not None else next(self._batches, None)
+                item = first if first is not None and first is not _END \
+                    else next(self._batches, None)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 item = e
             with self.cond:
@@ -415,12 +491,10 @@ class _Pipeline:
                     self.end = self.next_no
                     self.cond.notify_all()
                     return None
-                self.next_no += 1
                 if isinstance(item, BaseException):
-                    self.end = self.next_no
-                    self.ready[self.next_no - 1] = (False, item, 0)
-                    self.cond.notify_all()
+                    self._file_error_locked(item)
                     return None
+                self.next_no += 1
                 return self.next_no - 1, item
 
     def _run(self):
@@ -433,23 +507,49 @@ class _Pipeline:
                     self.live -= 1
                     self.cond.notify_all()
                     return
+            no = job[0]
             t0 = time.monotonic()
             try:
                 if self.fed:
-                    batch, nbytes = self._assemble(batch_ids(job[1].indices), job[1])
+                    batch, nbytes = self._assemble(no, batch_ids(job[1].indices), job[1])
+                elif self.auto:
+                    batch, nbytes = self._assemble(no, batch_ids(job[1]))
                 else:
-                    batch, nbytes = self._assemble(batch_ids(job[1]))
+                    batch, nbytes = self._assemble(no, [_row_id(job[1])])
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 result = (False, e, 0)
             finally:
+                self._pass_turn(no)
                 if self.fed:
                     job[1].settle()
             self.loader._count(busy_s=time.monotonic() - t0)
             with self.cond:
                 if not self.stopped:
-                    self.ready[job[0]] = result
+                    self.ready[no] = result
                 self.cond.notify_all()
+
+    # ---- the miss turn --------------------------------------------------
+
+    def _advance_turn_locked(self):
+        while self._turn in self._passed:
+            self._passed.discard(self._turn)
+            self._turn += 1
+        self.cond.notify_all()
+
+    def _pass_turn(self, no):
+        """Batch `no` is past the turn (its misses left, or it had none)."""
+        with self.cond:
+            if no >= self._turn:
+                self._passed.add(no)
+                self._advance_turn_locked()
+
+    def _wait_turn(self, no):
+        with self.cond:
+            while self._turn != no and not self.stopped:
+                self.cond.wait()
+            if self.stopped:
+                raise Closed("the CachedLoader iterator was closed")
 
     # ---- consumer -------------------------------------------------------
 
@@ -468,7 +568,7 @@ class _Pipeline:
         waited, step = now - t0, now - (self._last or t0)
         self._last = now
         if not ok:
-            self.close()
+            # As DataLoader: this batch raises, the pass goes on.
             raise batch
         self.loader._count(batches=1, bytes=nbytes, wait_s=waited, step_s=step)
         if self.tuner.observe(waited, step, nbytes, self.loader._counts["busy_s"],
@@ -486,8 +586,9 @@ class _Pipeline:
                 if self.stopped or (self.end is not None and self.consumed >= self.end):
                     return None
                 if not self.cond.wait(timeout) and timeout:
-                    raise RuntimeError(f"CachedLoader timed out after {timeout} "
-                                       "seconds waiting for a batch")
+                    raise RuntimeError(f"DataLoader timed out after {self.loader.timeout} "
+                                       f"seconds (CachedLoader, waiting for batch "
+                                       f"{self.consumed})")
             item = self.ready.pop(self.consumed)
             self.consumed += 1
             self.cond.notify_all()
@@ -500,9 +601,11 @@ class _Pipeline:
             self.stopped = True
             self.cond.notify_all()
             threads = list(self.threads)
-            pool = self.pool    # kept: a thread reaching _compute() gets Closed
-        if pool is not None:
-            pool.close()
+        if self.pool is not None:
+            if self._own_pool:
+                self.pool.close()    # a thread waiting for its rows gets Closed
+            else:
+                self.pool.cancel(self._tickets)
         # Threads between rows end at once; one computing a row ends after
         # it (nothing new starts: stopped is set), without holding us here.
         me = threading.current_thread()
@@ -515,9 +618,9 @@ class _Pipeline:
 
     # ---- one batch ------------------------------------------------------
 
-    def _assemble(self, indices, fed=None):
-        """(batch, bytes): see the module's contract; `fed`: the batch's
-        item from a feed (see _LoaderIter)."""
+    def _assemble(self, no, indices, fed=None):
+        """(batch, bytes) of batch number `no`: see the module's contract;
+        `fed`: the batch's item from a feed (see _LoaderIter)."""
         n, columns = len(indices), self.cds.columns
         schema = self.loader._schema
         bufs, filled = None, np.zeros(n, dtype=bool)
@@ -526,9 +629,12 @@ class _Pipeline:
             filled = read_into(self.cds.cache, indices, schema.read_targets(bufs),
                                columns)
         rest = np.flatnonzero(~filled).tolist()
+        if not rest:
+            self._pass_turn(no)
         if fed is not None:
             fed.note(local_hits=n - len(rest))
-        rows = dict(zip(rest, self._rows([indices[p] for p in rest], fed))) if rest else {}
+        rows = dict(zip(rest, self._rows(no, [indices[p] for p in rest], fed))) \
+            if rest else {}
         self.loader._count(samples=n, hits=n - len(rest))
         if schema is None and rows:
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
@@ -539,7 +645,8 @@ class _Pipeline:
             for p, r in rows.items():
                 schema.fill(bufs, p, r)
             tensors = schema.tensors(bufs)
-            direct = self.loader.transform is None and self.loader.collate_fn is None
+            direct = self.auto and self.loader.transform is None and \
+                self.loader.collate_fn is default_collate
             batch = schema.batch(tensors) if direct else \
                 self._collate([schema.sample(tensors, p) for p in range(n)])
         else:
@@ -565,11 +672,11 @@ class _Pipeline:
             self.loader._schema = schema
         return schema
 
-    def _rows(self, ids, fed=None):
+    def _rows(self, no, ids, fed=None):
         """Per id the row's [(name, dtype, array)] from the cache (copies),
         else from `fed`'s rows, else computed (and queued for the cache, or
         with `fed` handed back when another node owns it), or a Sample the
-        cache cannot hold."""
+        cache cannot hold. Batch `no` computes in its miss turn."""
         rows: list[Any] = read_rows(self.cds.cache, ids, self.cds.columns, copy=True)
         missing = [k for k, r in enumerate(rows) if r is None]
         owned = None
@@ -584,55 +691,70 @@ class _Pipeline:
             fed.note(local_hits=local, remote_hits=len(ids) - len(missing) - local,
                      misses=len(missing))
         self.loader._count(hits=len(ids) - len(missing), misses=len(missing))
-        if missing:
-            stored = []     # rows a worker put into the cache
-            pushes = []     # rows of another node (fed)
-            computed = self._compute([ids[k] for k in missing], owned=owned)
-            for j, (k, row) in enumerate(zip(missing, computed)):
-                if isinstance(row, Stored):
-                    stored.append(k)
-                elif isinstance(row, Columns):
-                    if owned is None or owned[j]:
-                        self.cds._store(ids[k], row.cols)
-                    else:
-                        pushes.append((ids[k], row.cols))
-                    rows[k] = project(row.cols, self.cds.columns)
+        if not missing:
+            self._pass_turn(no)
+            return rows
+        computed = self._compute(no, [ids[k] for k in missing], owned)
+        stored = []     # rows a worker put into the cache
+        pushes = []     # rows of another node (fed)
+        for j, (k, row) in enumerate(zip(missing, computed)):
+            if isinstance(row, Stored):
+                stored.append(k)
+            elif isinstance(row, Columns):
+                if owned is None or owned[j]:
+                    self.cds._store(ids[k], row.cols)
                 else:
-                    self.cds._uncacheable(ids[k], row.why)
-                    rows[k] = Sample(self.cds._project(row.sample), row.why)
-            if pushes:
-                fed.note(pushes=pushes)
-            if stored:
-                again = read_rows(self.cds.cache, [ids[k] for k in stored],
-                                  self.cds.columns, copy=True)
-                gone = [k for k, cols in zip(stored, again) if cols is None]
-                for k, cols in zip(stored, again):
-                    rows[k] = cols
-                if gone:
-                    # Rows gone since (their session dropped): computed again.
-                    for k, row in zip(gone, self._compute([ids[k] for k in gone],
-                                                          inline=True)):
-                        rows[k] = project(row.cols, self.cds.columns) \
-                            if isinstance(row, Columns) else \
-                            Sample(self.cds._project(row.sample), row.why)
+                    pushes.append((ids[k], row.cols))
+                rows[k] = project(row.cols, self.cds.columns)
+            else:
+                self.cds._uncacheable(ids[k], row.why)
+                rows[k] = Sample(self.cds._project(row.sample), row.why)
+        if pushes:
+            fed.note(pushes=pushes)
+        if stored:
+            again = read_rows(self.cds.cache, [ids[k] for k in stored],
+                              self.cds.columns, copy=True)
+            gone = [k for k, cols in zip(stored, again) if cols is None]
+            for k, cols in zip(stored, again):
+                rows[k] = cols
+            if gone:
+                # Rows gone since (their session dropped): computed again.
+                with self._inline:
+                    redone = compute_rows(self.cds, [ids[k] for k in gone],
+                                          lambda: self.stopped)
+                for k, row in zip(gone, redone):
+                    rows[k] = project(row.cols, self.cds.columns) \
+                        if isinstance(row, Columns) else \
+                        Sample(self.cds._project(row.sample), row.why)
         return rows
 
-    def _compute(self, ids, inline=False, owned=None):
-        """The rows of `ids` computed by the workers (or, with num_workers=0,
-        here; `owned`: which rows the workers put); Closed once the pass is
-        closed: nothing is computed in this process after close()."""
-        stopped = lambda: self.stopped   # noqa: E731
-        if self.pool is not None and not inline:
-            return self.pool.compute(ids, owned)
-        if self.stopped:
-            raise Closed("the CachedLoader iterator was closed")
-        with self._inline:
-            return compute_rows(self.cds, ids, stopped)
+    def _compute(self, no, ids, owned=None):
+        """The rows of `ids`, batch `no`'s misses: sent to worker
+        no mod num_workers in the miss turn and waited for, or (no workers)
+        computed here in the miss turn. Closed once the pass is closed:
+        nothing is computed in this process after close()."""
+        self._wait_turn(no)
+        try:
+            if self.pool is None:
+                return compute_rows(self.cds, ids, lambda: self.stopped)
+            ticket = self.pool.submit(no, ids, owned)
+            if not self._own_pool:
+                self._tickets.add(ticket)
+        finally:
+            self._pass_turn(no)
+        if not self.floor:
+            with self.cond:
+                self.floor = self.loader.prefetch_factor * self.loader.num_workers
+                self._spawn_locked()
+                self.cond.notify_all()
+        return ticket.result()
 
     def _collate(self, samples):
         if self.loader.transform is not None:
             samples = [self.loader.transform(s) for s in samples]
-        return (self.loader.collate_fn or default_collate)(samples)
+        if not self.auto:
+            return self.loader.collate_fn(samples[0])
+        return self.loader.collate_fn(samples)
 
 
 class _CudaStage:
