@@ -357,7 +357,8 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
 // started with --spilldir.
 void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r);
 
-// Spilled rows of 3 KB, 150 KB and 1 MB (DESIGN.md's spilled-row targets).
+// Spilled rows of 3 KB, 150 KB and 1 MB (the spilled-row targets,
+// docs/performance.md#targets).
 void BenchSpill(const Config& c, const Source& src, Report* r) {
   for (size_t size : kSpillRowSizes) BenchSpillRows(c, src, size, r);
 }

@@ -83,7 +83,8 @@ class Report {
 
 // Row sizes of the issue: 3 KB, 150 KB, 600 KB.
 inline constexpr size_t kRowSizes[] = {3 * 1024, 150 * 1024, 600 * 1024};
-// Spilled rows and their RocksDB peer: the sizes DESIGN.md's targets name.
+// Spilled rows and their RocksDB peer: the sizes the targets name
+// (docs/performance.md#targets).
 inline constexpr size_t kSpillRowSizes[] = {3 * 1024, 150 * 1024, 1024 * 1024};
 
 struct Config {

@@ -150,7 +150,7 @@ def bench_python(args, out, shmcache):
                     timed_rate(args.seconds, cache.get, ids))
             out.add("view", "python", "DatasetCache.view", size, 1,
                     timed_rate(args.seconds, cache.view, ids))
-            native = cache._open()
+            native = cache.open().native
             out.add("get", "python", "native Cache.get", size, 1,
                     timed_rate(args.seconds, lambda i: native.get(i, None, True), ids))
             out.add("view", "python", "native Cache.get view", size, 1,

@@ -1,4 +1,4 @@
-"""Turns the JSON of one bench run into the table, the targets of DESIGN.md
+"""Turns the JSON of one bench run into the table, the targets of docs/performance.md
 with their ratios, a Markdown copy (benchmarks/RESULTS.md) and the plot
 (docs/bench.png). Run by scripts/bench.sh.
 
@@ -231,7 +231,7 @@ def targets(d):
         f"{r:.2f}x" if r else "—", ">= 2x", r and r >= 2)
     sp = d.rate("get", "shmcache", "spilled")
     rk = d.rate("get", "rocksdb", "raw")
-    # DESIGN.md's spilled-row targets, against RocksDB's best of four
+    # The spilled-row targets (docs/performance.md#targets), against RocksDB's best of four
     # configurations for the same rows (bench_rocksdb.cc): the reader
     # process reads the spill database itself (docs/spill-reads.md).
     for size, label in ((3 * KB, "3 KB"), (150 * KB, "150 KB"), (1024 * KB, "1 MB")):
@@ -461,7 +461,7 @@ def render(d, elapsed, command):
                  (f" Rows marked *{d.extra_label}* come from a second server: "
                   f"{d.extra_how}." if d.extra else ""))
     lines.append("")
-    lines.append("### Targets (DESIGN.md), as ratios measured in this run")
+    lines.append("### Targets (docs/performance.md#targets), as ratios measured in this run")
     lines.append("")
     lines.append("| measure | measured | value | target | |")
     lines.append("|---|---|---|---|---|")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
 # suites through meson, then the Python suites through pytest, mypy over the
-# Python package, clang's thread-safety analysis, the C++ format check,
-# clang-tidy and the fuzz targets). The last line is the summary over all
-# suites: "N passed, N failed, N skipped".
+# Python package, the docs' links and references, clang's thread-safety
+# analysis, the C++ format check, clang-tidy and the fuzz targets). The last
+# line is the summary over all suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +61,14 @@ mypy_check() {
    mypy --config-file mypy.ini --cache-dir "$root/build/mypy-cache" shmcache)
 }
 counted_check mypy mypy "mypy found type errors: see above" mypy_check
+
+# ---- Links and references of the docs ------------------------------------------
+# scripts/check_docs.py: every relative link of a page (README.md, docs/,
+# any *.md) and its #section exist, every file of the repository a page
+# names exists, and every docs/ page a source cites. One check.
+echo "== Links and references of the docs (scripts/check_docs.py)"
+counted_check docs python3 "broken links or references in the docs: see above" \
+  /usr/bin/python3 scripts/check_docs.py
 
 # ---- Thread-safety analysis -------------------------------------------------
 # A clang build in build-tsa with -Wthread-safety -Werror=thread-safety: a

@@ -44,7 +44,7 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
   if (!s.ok()) return s;
   std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port)};
   args.insert(args.end(), a.server_args.begin(), a.server_args.end());
-  // Test harnesses tie the server to their own process (see README).
+  // Test harnesses tie the server to their own process (docs/admin-cli.md).
   if (const char* w = std::getenv("SHMCACHE_WATCH_PID"); w && *w) {
     args.push_back(std::string("--watch_pid=") + w);
   }

@@ -81,9 +81,11 @@ class SHMCACHE_EXPORT Cache {
                   std::span<const std::span<const ColumnRef>> rows,
                   std::span<Status> statuses, std::span<bool> inserted = {});
 
-  // Copies row `id` into *out. NotFound on a miss. A spilled row is read
-  // from the daemon (Unavailable when it cannot be reached). *out is empty
-  // after any error (row.h).
+  // Copies row `id` into *out. NotFound on a miss. A spilled row is read by
+  // this process from the spill database; only a row spilled after this
+  // process's last look at the database (or one it cannot read there) is
+  // asked of the daemon (Unavailable when it cannot be reached). *out is
+  // empty after any error (row.h).
   Status Get(uint64_t id, Row* out);
   // Copies only the named columns, in the order given. NotFound on a miss;
   // ColumnNotFound (IsNotFound() too) when the row is cached but lacks a
@@ -95,8 +97,10 @@ class SHMCACHE_EXPORT Cache {
   // error.
   Status View(uint64_t id, RowView* out);
   // Copies rows ids[i] into rows[i], with statuses[i] as Get would return
-  // (rows[i] is empty where statuses[i] is not OK). Spilled rows are
-  // fetched from the daemon in one round trip per batch. Memory rows of a
+  // (rows[i] is empty where statuses[i] is not OK). Spilled rows are read
+  // by this process from the spill database, one RocksDB MultiGet per batch
+  // (rows spilled after its last look at the database: one round trip to
+  // the daemon for them all). Memory rows of a
   // batch are looked up with their cache misses overlapped (prefetching),
   // which is what a data loader's batch wants.
   // The returned Status is not OK only when the cache itself is unusable:

@@ -44,10 +44,12 @@ class SHMCACHE_EXPORT Client {
   Status CheckSession(uint32_t session_id);
   // Opens (creating if needed) a cache. The Cache keeps the connection's
   // state alive: it may outlive this Client object.
+  // A size_mb above the server's memory cap is not an error: the cache gets
+  // the cap (options.h).
   // Errors: NotFound when the session does not exist. InvalidArgument when
   // the options are wrong: no name and no fingerprint, either longer than
-  // 255 bytes or not UTF-8, size_mb above the server's memory cap, or
-  // spilling asked of a server started without a spill directory.
+  // 255 bytes or not UTF-8, or spilling asked of a server started without
+  // a spill directory.
   // FingerprintMismatch when the session has a cache of this name with
   // another fingerprint. Full when the server's memory cap (or its shm
   // filesystem) has no room for a new cache. Unavailable when the daemon

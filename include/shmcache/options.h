@@ -33,7 +33,8 @@ struct CacheOptions {
   // with another fingerprint fails with FingerprintMismatch. At most 255
   // bytes; name likewise.
   std::string fingerprint;
-  // Memory budget in MB. 0 = as much as the server's cap allows.
+  // Memory budget in MB. 0 = as much as the server's cap allows; more than
+  // the cap gets the cap.
   uint64_t size_mb = 0;
   // Rows beyond the budget go to disk (needs a server started with -s).
   bool spilling = false;

@@ -32,12 +32,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def block_puts(ds, event):
     """Makes ds's writer wait on `event` before each batch it stores."""
-    real = ds.cache._put_encoded
+    real = ds.cache.put_encoded
 
     def put(ids, rows, strict):
         assert event.wait(60), "the test never released the writer"
         return real(ids, rows, strict)
-    ds.cache._put_encoded = put
+    ds.cache.put_encoded = put
 
 
 def assert_cached_rows_whole(session, name, n):
@@ -136,7 +136,7 @@ from shmcache.torch import CachedDataset
 mode, session, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 shmcache.async_put.EXIT_FLUSH_S = 60 if mode == "exit" else 0.5
 ds = CachedDataset(Images(n), DatasetCache(session), name="exit")
-real, go, written = ds.cache._put_encoded, threading.Event(), []
+real, go, written = ds.cache.put_encoded, threading.Event(), []
 def put(ids, rows, strict):
     out = []
     for i, row in zip(ids, rows):   # row by row, gated
@@ -147,7 +147,7 @@ def put(ids, rows, strict):
         written.append(i)
         out += real([i], [row], strict)
     return out
-ds.cache._put_encoded = put
+ds.cache.put_encoded = put
 for i in range(n):
     ds[i]
 # atexit runs last-registered first: the writer is released only once the

@@ -327,7 +327,7 @@ def test_reserved_row_ids_are_not_for_rows(server, session):
 
 def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
     # get, view and CachedDataset[i] of an open cache hand the id to the
-    # native read unchecked: its range is checked there, as _check_id does.
+    # native read unchecked: its range is checked there, as check_id does.
     c = DatasetCache(session, name="ids")
     assert c.put(0, np.zeros(3, np.uint8))
     torch_mod = pytest.importorskip("shmcache.torch")

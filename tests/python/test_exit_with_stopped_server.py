@@ -1,6 +1,6 @@
 """A process that used the cache exits promptly when the server is stopped
-(SIGSTOP: alive, listening, answering nothing): the README promises that at
-exit queued rows are written for at most 2 s, then dropped.
+(SIGSTOP: alive, listening, answering nothing): docs/python.md promises
+that at exit queued rows are written for at most 2 s, then dropped.
 
 The cause of a 5-10 s exit was twofold: closing a cache returns its chunks
 to the server and waited the whole request timeout (5 s) for the answer,

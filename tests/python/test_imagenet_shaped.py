@@ -1,5 +1,5 @@
 """A real training script switches to the cache with the 3-line change of
-imagenet_shaped/switch.patch (README shows it): an ImageFolder of JPEGs
+imagenet_shaped/switch.patch (README.md shows it): an ImageFolder of JPEGs
 with its PIL transforms passed to CachedDataset unchanged, the session from
 $SHMCACHE_SESSION_ID, a DataLoader with pin_memory=True on a CPU."""
 

@@ -1,5 +1,5 @@
 """examples/kubernetes: the DaemonSet and the training pod parse, and agree
-on what README.md says they share (host IPC and pids, the shm and socket
+on what docs/operations.md#kubernetes says they share (host IPC and pids, the shm and socket
 directories at the same paths, the user, the port). The server's command
 line is then run for real, its paths moved under a temporary directory."""
 

@@ -190,7 +190,7 @@ def test_a_dead_server_on_one_node_its_rows_come_from_the_source(tmp_path, kind)
 
 def test_rows_travel_whole_in_their_shape():
     import numpy as np
-    from shmcache.partition import numpy_row, pack_rows, unpack_rows
+    from shmcache.torch.partitioned.exchange import numpy_row, pack_rows, unpack_rows
     strided = np.arange(12, dtype=np.uint16).reshape(3, 4)[:, ::2]
     rows = [numpy_row((np.arange(4, dtype=np.float32), 7)), None,
             {"img": strided, "raw": b"\x00ab", "y": np.float64(2.5)},
@@ -207,7 +207,7 @@ def test_rows_travel_whole_in_their_shape():
 
 def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():
     import torch
-    from shmcache.partition import RowOwners
+    from shmcache.torch.partitioned.ownership import RowOwners
     a, b = RowOwners(1001, 3, seed=4), RowOwners(1001, 3, seed=4)
     assert (a.owners == b.owners).all()
     parts = [a.owned(k) for k in range(3)]

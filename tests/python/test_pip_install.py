@@ -48,6 +48,9 @@ def test_pip_install_into_a_venv_then_put_and_get(tmp_path):
         code = (
             "import subprocess, numpy as np, shmcache\n"
             f"assert shmcache.__file__.startswith({str(venv)!r}), shmcache.__file__\n"
+            # The subpackages are installed too (each meson.build lists its files).
+            "from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader\n"
+            "import shmcache.torch.partitioned.exchange, shmcache.torch._pipeline\n"
             "sid = int(subprocess.run(['shmcache', '-g'], capture_output=True, text=True,"
             " check=True).stdout.split()[-1])\n"
             "c = shmcache.DatasetCache(sid)\n"

@@ -66,7 +66,7 @@ def test_dict_rows_and_torch_tensors_with_the_package_dtypes(server, session):
         assert out["u"][i].tolist() == [60000 + i + k for k in range(5)]
     # The same rows as CachedDataset would hand them out.
     for i in range(8):
-        assert torch.equal(c._read(i, None, True, True)["u"], out["u"][i])
+        assert torch.equal(c.read_row(i, None, True, True)["u"], out["u"][i])
     # Numpy can take the bfloat16 bits as uint16.
     raw = np.zeros((8, 2, 3), np.uint16)
     assert c.read_into(range(8), [raw], columns=["b"]).all()

@@ -215,7 +215,7 @@ def test_full_error_carries_its_reason(start_server):
                 break
     msgs = [str(x.message) for x in w if x.category is CacheWarning]
     assert msgs and "the cache is full" in msgs[0]
-    native = c._open()
+    native = c.open().native
     with pytest.raises(shmcache.FullError) as e:
         native.put(10_000, rows.encode(np.zeros(64 << 10, np.uint8)))
     assert e.value.reason == "budget"
@@ -241,7 +241,7 @@ def test_full_error_names_the_server_cap_after_the_cache_is_marked_full(start_se
         fill(first)
         assert fill(second) < 8      # the cap, well before its own 12 MB
     for cache, reason in ((first, "budget"), (second, "server_cap")):
-        native = cache._open()
+        native = cache.open().native
         assert native.is_full()
         with pytest.raises(shmcache.FullError) as e:
             native.put(10_000, rows.encode(np.zeros(64 << 10, np.uint8)))

@@ -71,13 +71,13 @@ def test_unsealed_cache_streams_and_workers_split_the_rows(server, session):
 def test_the_library_seals_and_caches_sealed_before_still_read(server, session):
     # Sealed by the library (Cache::Seal) after one pass.
     ds = CachedIterableDataset(Stream(N), DatasetCache(session))
-    assert ds.cache._open().sealed_rows() is None
+    assert ds.cache.open().native.sealed_rows() is None
     assert labels_ok(list(ds)) and ds.built
-    assert ds.cache._open().sealed_rows() == N == ds.sealed_count()
+    assert ds.cache.open().native.sealed_rows() == N == ds.sealed_count()
     # A cache sealed as the package did before the library could: the rows,
     # a builder mark and a seal mark under the ids above MAX_ROW_ID.
     old = CachedIterableDataset(Stream(N, path="sealed-before"), DatasetCache(session))
-    native = old.cache._open()
+    native = old.cache.open().native
     for i, s in enumerate(Stream(N)):
         native.put(i, shmcache.rows.encode(s))
     native.put(2**64 - 1, [("builder", None, np.array([1], dtype=np.int64))])

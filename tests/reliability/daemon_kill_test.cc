@@ -1,8 +1,9 @@
 // The daemon SIGKILLed under load, seen from the clients: hits from memory
 // already mapped keep working, misses are told without the daemon, every
 // call that needs the daemon answers Unavailable within the client's
-// request timeout (the bound the README promises), and nothing hangs or
-// crashes. (A restarted daemon adopting the state is restart_test's.)
+// request timeout (the bound docs/crashes-and-other-users.md promises), and
+// nothing hangs or crashes. (A restarted daemon adopting the state is
+// restart_test's.)
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

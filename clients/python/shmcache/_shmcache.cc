@@ -311,9 +311,9 @@ py::object Get(const PyCachePtr& self, uint64_t id,
 }
 
 // get_batch(ids, copy=True, readonly=True) -> [columns or None per id].
-// copy=True uses Cache::GetBatch: spilled rows come from the daemon in one
-// round trip per batch. copy=False views rows in shared memory; spilled
-// rows are then copied one by one.
+// copy=True uses Cache::GetBatch: spilled rows are read by this process
+// from the spill database, one MultiGet per batch (cache.h). copy=False
+// views rows in shared memory; spilled rows are then copied one by one.
 py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids, bool copy,
                   bool readonly) REQUIRES(g_gil) {
   py::list out;
@@ -592,7 +592,7 @@ void ReadInto(PyCache& self,
   shmcache::RowView probe;
   Status s;
   {
-    // A view of a spilled row asks the daemon.
+    // A view of a spilled row reads the spill database (or asks the daemon).
     ReleaseGil nogil;
     for (size_t i = 0; i < n && first == n; ++i) {
       if (self.cache->Contains(id_data[i])) first = i;

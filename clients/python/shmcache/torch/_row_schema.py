@@ -1,21 +1,13 @@
-"""Batches of cached rows read into preallocated tensors (CachedLoader's
-read path).
+"""The layout of a CachedLoader batch: RowSchema, the layout of fixed-shape
+rows learned from a first row, which allocates a batch's buffers (from a
+BufferPool, which reuses them once no tensor over them is alive), fills the
+rows that came another way (misses, supplied rows), and hands out the batch
+as default_collate over CachedDataset samples would build it.
 
-read_into(cache, ids, out, columns) calls DatasetCache.read_into (native:
-C++ threads, GIL released), whose contract is:
-- `out` is a tuple/list (the row's columns by position, in stored or
-  selected order) or a dict (by column name) of C-contiguous writable
-  arrays whose first dimension is >= len(ids) and whose remaining
-  shape/dtype is the per-row shape/dtype of the column as put stored it;
-- a row cached with exactly those columns, shapes and dtypes is copied
-  into out[...][i] and mask[i] is True; otherwise mask[i] is False and
-  out[...][i] is untouched (a miss, a row of another layout, a dead or
-  bypassed cache).
-
-RowSchema is the layout of fixed-shape rows learned from a first sample:
-it allocates a batch's buffers, fills rows that came another way (misses,
-spilled rows), and hands out the batch as default_collate over
-CachedDataset samples would build it.
+The rows a schema's buffers receive are read by DatasetCache.read_into
+(`read_targets` is its `out`); rows read one by one come from
+read_columns; decode_sample and project turn rows that do not fit into
+what CachedDataset would return.
 """
 
 from __future__ import annotations
@@ -29,26 +21,17 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from . import DatasetCache
-from .rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
+from .. import DatasetCache
+from ..rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
                    torch_dtype)
 
-__all__ = ["read_into", "read_rows", "RowSchema",
-           "BufferPool", "decode_sample", "project"]
+__all__ = ["read_columns", "RowSchema", "BufferPool", "decode_sample", "project"]
 
 
-def read_into(cache: DatasetCache, ids: Sequence[int], out: Any,
-              columns: ColumnSelection = None) -> npt.NDArray[np.bool_]:
-    """The hit mask of reading rows `ids` into `out` (see the module)."""
-    # A dict out names its columns by its keys: the projection is in it.
-    if isinstance(out, dict):
-        columns = None
-    return np.asarray(cache.read_into(ids, out, columns), dtype=bool)
-
-
-def read_rows(cache: DatasetCache, ids: Sequence[int], columns: ColumnSelection = None,
-              copy: bool = True) -> list[list[Column] | None]:
-    """Per id, the cached row's [(name, tag, array)] or None on a miss;
+def read_columns(cache: DatasetCache, ids: Sequence[int],
+                 columns: ColumnSelection = None,
+                 copy: bool = True) -> list[list[Column] | None]:
+    """Per id, the cached row's [(name, dtype, array)] or None on a miss;
     spilled rows are read in one batch per call (from the spill database,
     in this process) when copy=True and no projection is asked."""
     if columns is None:
@@ -63,7 +46,7 @@ def _single(columns):
 
 
 def decode_sample(cols: Sequence[Column], columns: ColumnSelection = None) -> Any:
-    """The sample CachedDataset returns for a row's [(name, tag, array)]
+    """The sample CachedDataset returns for a row's [(name, dtype, array)]
     (already projected to `columns`)."""
     if _single(columns):
         return decode([(POS, cols[0][1], cols[0][2])], torch=True)
@@ -130,7 +113,7 @@ class RowSchema:
     @classmethod
     def of(cls, cols: Sequence[Column],
            columns: ColumnSelection = None) -> RowSchema | None:
-        """The schema of a row's [(name, tag, array)], or None when a column
+        """The schema of a row's [(name, dtype, array)], or None when a column
         cannot go into a batch buffer (bytes, a dtype torch lacks)."""
         out = []
         for name, tag, a in cols:

@@ -1,13 +1,6 @@
-"""A dataset partitioned over the caches of several nodes, and the exchange
-that fetches a row from the node that owns it (imported through
-shmcache.torch; the loader is shmcache.partitioned.PartitionedLoader).
-
-Ownership: row i belongs to node RowOwners(n, num_nodes, seed).owner(i), a
-fixed function of the index that every rank computes alone: a permutation
-of range(n) drawn from `seed` (through a mixing function, so that it is
-unrelated to the shuffles of samplers seeded with the same number), dealt
-to the nodes in turn. Each node's server caches the rows its node owns, so
-the nodes' caches add up.
+"""The exchange that fetches a row from the node that owns it
+(shmcache.torch.partitioned.ownership says which node that is) and hands a
+computed row to its owner; PartitionedLoader (loader.py) runs it.
 
 The exchange (RowExchange.round) runs over the job's own torch.distributed
 process group: a gloo group of all ranks made for it (CPU tensors; the
@@ -43,46 +36,14 @@ import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
-from . import DatasetCache, rows
+from ... import DatasetCache
+from ... import rows as row_model
+from .ownership import RowOwners
 
-__all__ = ["RowOwners", "RowExchange", "pack_rows", "unpack_rows", "numpy_row"]
+__all__ = ["RowExchange", "pack_rows", "unpack_rows", "numpy_row"]
 
 _HEADER = 6          # int64 per (sender, receiver) in step 1
 _LEN = 8             # bytes of the description's length
-
-
-def _mix(seed: int) -> int:
-    """A seed unrelated to `seed` (splitmix64's finalizer), >= 0."""
-    z = (seed + 0x9E3779B97F4A7C15) & (2**64 - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-    return (z ^ (z >> 31)) >> 1
-
-
-class RowOwners:
-    """Which node owns each row of range(n): a seeded permutation of the
-    rows dealt to num_nodes nodes in turn (sizes differ by at most one).
-    The same on every rank for the same (n, num_nodes, seed)."""
-
-    def __init__(self, n: int, num_nodes: int, seed: int = 0) -> None:
-        if num_nodes < 1 or n < num_nodes:
-            raise ValueError(f"{n} rows cannot be split among {num_nodes} nodes")
-        self.n, self.num_nodes, self.seed = n, num_nodes, seed
-        g = torch.Generator()
-        # Not `seed` itself: DistributedSampler(seed=s) shuffles epoch 0 with
-        # randperm seeded s, and dealing the same permutation would hand
-        # rank r exactly the rows of node r % N in that epoch.
-        g.manual_seed(_mix(seed))
-        perm = torch.randperm(n, generator=g).numpy()
-        self.owners: npt.NDArray[np.int32] = np.empty(n, dtype=np.int32)
-        self.owners[perm] = np.arange(n, dtype=np.int32) % num_nodes
-
-    def owner(self, index: int) -> int:
-        return int(self.owners[index])
-
-    def owned(self, node: int) -> list[int]:
-        """The rows `node` owns, ascending."""
-        return np.flatnonzero(self.owners == node).tolist()
 
 
 def _contiguous(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -94,7 +55,7 @@ def numpy_row(row: Any) -> Any:
     """`row` as DatasetCache.get returns it once cached (numpy arrays or
     bytes, structure kept): the row model's encoding read back, so a
     computed row and a cached one give the same sample."""
-    return rows.decode(rows.encode(row))
+    return row_model.decode(row_model.encode(row))
 
 
 def _leaf_spec(v: Any, leaves: list[Any]) -> Any:

@@ -1,9 +1,9 @@
 """PartitionedRows: the rows of a window of batches, wherever they are: this
 node's cache, the owner node's cache (over the exchange), or computed from
-the source (shmcache.misses); and the rows this rank computed for another
+the source (shmcache.torch._misses); and the rows this rank computed for another
 node, waiting for the next round to travel to their owner.
 
-Used by shmcache.partitioned_feed (the exchange thread of a pass) and, for a
+Used by feed.py (the exchange thread of a pass) and, for a
 CachedLoader, by the loader's own pipeline, which reports what it computed
 through the feed. Rows are numpy rows (what DatasetCache.get returns).
 Thread safety: counters and pending pushes are guarded by a lock; fill()
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from . import rows as row_model
-from .datasets import CachedDataset
-from .misses import Columns, MissWorkers, Sample, compute_rows
-from .partition import RowExchange
+from ... import rows as row_model
+from ..datasets import CachedDataset
+from .._misses import Columns, MissWorkers, Sample, compute_rows
+from .exchange import RowExchange
 
 __all__ = ["PartitionedRows", "Pushes"]
 
@@ -130,7 +130,7 @@ class PartitionedRows:
             if isinstance(c, Columns):
                 out.append(row_model.decode(c.cols))
             elif isinstance(c, Sample):
-                self.cds._uncacheable(i, c.why)
+                self.cds.warn_uncacheable(i, c.why)
                 out.append(c)
             else:   # Stored: not asked for (no row is owned by the workers)
                 raise AssertionError(f"row {i} was put by a miss worker")

@@ -61,11 +61,11 @@ import torch
 import torch.multiprocessing
 from torch.utils.data import DataLoader, get_worker_info
 
-from . import CacheWarning
-from .rows import Column, encode
+from .. import CacheWarning
+from ..rows import Column, encode
 
 __all__ = ["Stored", "Columns", "Sample", "Computed", "Closed", "WorkerError",
-           "compute_rows", "MissWorkers", "Ticket", "PARENT_POLL_S", "POLL_S"]
+           "compute_rows", "MissWorkers", "MissTurn", "Ticket", "PARENT_POLL_S", "POLL_S"]
 
 PARENT_POLL_S = 0.2      # a worker checks this often that its trainer lives
 POLL_S = 0.1             # the trainer checks this often that its workers live
@@ -132,7 +132,7 @@ def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
             # Not strict: a row past the cache's limits (columns, name
             # length) comes back as columns, delivered as CachedDataset
             # delivers it.
-            if cds.cache._put_encoded([index], [cols], strict=False)[0] or \
+            if cds.cache.put_encoded([index], [cols], strict=False)[0] or \
                     cds.cache.contains(index):
                 return Stored()
     return Columns(cols)
@@ -149,6 +149,44 @@ def compute_rows(cds: Any, ids: Sequence[int],
             raise Closed("the CachedLoader iterator was closed")
         out.append(_compute(cds.dataset, cds, i, put=False))
     return out
+
+
+class MissTurn:
+    """The batch order of a pass's misses: batch k's misses go out (to its
+    worker, or computed in the caller's thread) only once every batch
+    before it has passed the turn (sent its misses, had none, or failed),
+    so that a worker computes its batches, and num_workers=0 computes all
+    of them, in DataLoader's order, and the random draws of a dataset
+    follow it. Every batch drawn must pass (passed() once it is past;
+    again is harmless). close() releases the waiters with Closed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._turn = 0
+        self._passed: set[int] = set()
+        self._closed = False
+
+    def wait(self, number: int) -> None:
+        """Returns when batch `number` has the turn."""
+        with self._cond:
+            while self._turn != number and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise Closed("the CachedLoader iterator was closed")
+
+    def passed(self, number: int) -> None:
+        with self._cond:
+            if number >= self._turn:
+                self._passed.add(number)
+                while self._turn in self._passed:
+                    self._passed.discard(self._turn)
+                    self._turn += 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 # ---- the worker side ------------------------------------------------------

@@ -11,7 +11,7 @@ partitioned over the nodes' caches (imported through shmcache.torch).
         loader.set_epoch(epoch)
         for x, y in loader: ...
 
-Each node's cache holds only the rows its node owns (shmcache.partition:
+Each node's cache holds only the rows its node owns (ownership.py:
 a fixed seeded split of the indices, the same on every rank); a rank reads
 the rows of its batch that its node owns from its node's cache, and gets
 the others from their owner node over the job's torch.distributed group,
@@ -26,7 +26,7 @@ as the wrapped loader gives without partitioning.
 
 Who carries the exchange: in both loader kinds, one thread of the trainer
 process (where the process group lives) per pass, shmcache-exchange
-(shmcache.partitioned_feed.WindowFeed), on a gloo group of all ranks the
+(feed.py's WindowFeed), on a gloo group of all ranks the
 loader makes when it is built (so every rank must build its loader at the
 same point, as for any torch.distributed group). It draws the batch
 sampler a window ahead, runs the window's round, and hands the batches to
@@ -35,7 +35,7 @@ the iterating side through a bounded queue (two windows).
 How workers take part:
 - DataLoader(CachedDataset): the exchange thread also reads this node's
   rows from its cache and computes the window's misses with the
-  DataLoader's workers (num_workers > 0) as a pool (shmcache.misses'
+  DataLoader's workers (num_workers > 0) as a pool (shmcache.torch._misses'
   MissWorkers, putting nothing: the exchange thread puts this node's rows
   and pushes the others'); transform and collate_fn run in the iterating
   thread, in sample order, as DataLoader(CachedDataset) gives them.
@@ -72,13 +72,15 @@ import torch.distributed as dist
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler,
                               Sampler, default_collate)
 
-from . import rows
-from .datasets import CachedDataset
-from .loader import CachedLoader, _LoaderIter
-from .misses import Sample
-from .partition import RowExchange, RowOwners
-from .partitioned_feed import WindowFeed
-from .partitioned_rows import PartitionedRows
+from ... import rows as row_model
+from ..datasets import CachedDataset
+from .._pipeline import LoaderIter
+from ..loader import CachedLoader
+from .._misses import Sample
+from .exchange import RowExchange
+from .ownership import RowOwners
+from .feed import WindowFeed
+from .window_rows import PartitionedRows
 
 __all__ = ["PartitionedLoader", "PartitionedRows"]
 
@@ -88,7 +90,7 @@ DEFAULT_WINDOW = 4
 def _to_sample(row: Any) -> Any:
     """Tensors of a numpy row, as CachedDataset returns a sample (the row
     model's torch decoding)."""
-    return rows.decode(rows.encode(row), torch=True)
+    return row_model.decode(row_model.encode(row), torch=True)
 
 
 def _raising(e: BaseException) -> Iterator[Any]:
@@ -201,7 +203,7 @@ class PartitionedLoader:
         # As DataLoader: CachedLoader's seed drawn at iter(), the sampler
         # started at the first next() (in this thread; the exchange thread
         # draws the rest).
-        it = _LoaderIter(cl, source=feed) if cl is not None else None
+        it = cl.iter_source(feed) if cl is not None else None
         gen = self._epoch(feed, it)
         # Weak: a loop's iterator dropped (break) closes its pass.
         self._active = weakref.ref(gen)
@@ -221,7 +223,7 @@ class PartitionedLoader:
         return self.dataset.apply_transforms(_to_sample(row))
 
     def _epoch(self, feed: WindowFeed,
-               it: _LoaderIter | None) -> Generator[Any, None, None]:
+               it: LoaderIter | None) -> Generator[Any, None, None]:
         try:
             batches: Iterator[Any] = iter(self.batch_sampler)
             try:

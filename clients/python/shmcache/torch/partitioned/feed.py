@@ -11,11 +11,13 @@ loader:
 - fill given (DataLoader(CachedDataset)): the batch's numpy rows, complete:
   fill (PartitionedRows.fill) reads this node's rows from its cache and
   computes the misses on this thread (the DataLoader's workers as a pool);
-- fill None (CachedLoader): a FedBatch, the indices and the rows fetched
-  from other nodes; the CachedLoader's pipeline reads this node's rows,
-  computes the misses with its own miss workers (only rows this node owns
-  are put; the others come back to be pushed) and settles the batch
-  (FedBatch.settle), which queues its pushes for the next round.
+- fill None (CachedLoader): the feed is the pass's BatchSource
+  (CachedLoader.iter_source) and each batch a FedBatch, the indices and
+  the rows fetched from other nodes; the CachedLoader's pipeline reads
+  this node's rows, computes the misses with its own miss workers (only
+  rows this node owns are put; the others come back in the BatchReport)
+  and settles the batch (FedBatch.settle), which queues those rows for the
+  next round.
 
 After the last window (the sampler exhausted), or once stop() is called
 (close, early break, an exception), the thread stops taking batches, waits
@@ -39,11 +41,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import CacheWarning
-from . import rows as row_model
-from .loader import batch_ids
-from .partitioned_rows import PartitionedRows
-from .rows import Column
+from ... import CacheWarning
+from ... import rows as row_model
+from ..batch_source import BatchReport, batch_ids
+from .window_rows import PartitionedRows
 
 __all__ = ["WindowFeed", "FedBatch"]
 
@@ -51,36 +52,30 @@ Fill = Callable[[list[list[int]], dict[int, Any]], list[Any]]
 
 
 class FedBatch:
-    """A batch handed to a CachedLoader pipeline: `indices`, `rows` ({index:
-    numpy row} fetched from other nodes). The pipeline notes what it read
-    and computed (note()) and settles the batch once, done or failed."""
+    """A batch handed to a CachedLoader pass, a SourcedBatch
+    (shmcache.torch.batch_source): `indices`, the rows fetched from other
+    nodes (supplied where this node's cache misses), kept rows: those this
+    node owns. settle() counts the batch and queues the computed rows of
+    other nodes for their owners."""
 
     def __init__(self, feed: WindowFeed, indices: list[int], rows: dict[int, Any]) -> None:
         self.indices = indices
         self.rows = rows
         self._feed = feed
-        self._counts = {"local_hits": 0, "remote_hits": 0, "misses": 0}
-        self._pushes: list[tuple[int, list[Column]]] = []
         self._settled = False
 
-    def owned(self, index: int) -> bool:
+    def supplied(self, index: int) -> Any | None:
+        return self.rows.get(index)
+
+    def keeps(self, index: int) -> bool:
         """Whether this node owns row `index` (misses of other nodes' rows
         are not put here: they go to their owner)."""
         return self._feed.rows.owned(index)
 
-    def note(self, local_hits: int = 0, remote_hits: int = 0, misses: int = 0,
-             pushes: list[tuple[int, list[Column]]] | None = None) -> None:
-        """Counts rows read here, rows taken from `rows`, rows computed, and
-        keeps the computed rows of other nodes (index, columns)."""
-        self._counts["local_hits"] += local_hits
-        self._counts["remote_hits"] += remote_hits
-        self._counts["misses"] += misses
-        self._pushes += pushes or []
-
-    def settle(self) -> None:
+    def settle(self, report: BatchReport) -> None:
         if not self._settled:
             self._settled = True
-            self._feed._settle(self._counts, self._pushes)
+            self._feed._settle(report)
 
 
 class WindowFeed:
@@ -148,9 +143,10 @@ class WindowFeed:
             self.start(None, iter(()))   # are owed all the same
         self._thread.join()
 
-    def _settle(self, counts: dict[str, int], pushes: list[tuple[int, list[Column]]]) -> None:
-        self.rows.count(**counts)
-        for i, cols in pushes:
+    def _settle(self, report: BatchReport) -> None:
+        self.rows.count(local_hits=report.cache_hits, remote_hits=report.supplied,
+                        misses=report.computed)
+        for i, cols in report.not_kept:
             self.rows.push(i, row_model.decode(cols))
         with self._cond:
             self._settled += 1

@@ -34,29 +34,22 @@ the row (see shmcache.async_put for the queue bound, drops and exit).
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import CacheStats, CacheWarning, DatasetCache, Error
-from .async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
-from .rows import POS, Array, Column, ColumnSelection, column_names, decode, encode
+from .. import CacheStats, CacheWarning, DatasetCache, Error
+from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
+from ..rows import Column, ColumnSelection, column_names, decode, encode
+from .fingerprint import cache_for_dataset
 
-__all__ = ["CachedDataset", "CachedIterableDataset", "dataset_fingerprint",
-           "cache_for_dataset"]
-
-_RANDOM_TRANSFORM = re.compile(
-    r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
-    r"ElasticTransform)\s*\(")
-
+__all__ = ["CachedDataset", "CachedIterableDataset"]
 
 # Whether this process is a DataLoader worker (None: not asked yet). Asked
 # once per process: a worker's info is set before it touches a dataset, and
@@ -94,99 +87,6 @@ def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
         return encode(sample), None
     except (TypeError, ValueError) as e:
         return None, e
-
-
-def dataset_fingerprint(dataset: Any) -> str:
-    """A stable description of a dataset: its class, length, root/path and
-    the repr of its transforms. Two datasets that differ in any of these get
-    different caches. A root/path that names an existing file or directory
-    counts as its resolved path (absolute, normalized, symlinks followed),
-    so `images/`, `./images` and `/data/images` give one cache."""
-    parts = [f"{type(dataset).__module__}.{type(dataset).__qualname__}"]
-    try:
-        parts.append(f"len={len(dataset)}")
-    except TypeError:
-        pass
-    for attr in ("root", "path", "root_dir", "data_dir", "dataset_path", "files"):
-        if hasattr(dataset, attr):
-            parts.append(f"{attr}={_resolved(getattr(dataset, attr))!r}")
-    for attr in ("transform", "target_transform", "transforms"):
-        if getattr(dataset, attr, None) is not None:
-            parts.append(f"{attr}={_stable_repr(getattr(dataset, attr))}")
-    inner = getattr(dataset, "dataset", None)   # Subset and friends
-    if isinstance(inner, Dataset) and inner is not dataset:
-        parts.append("of=" + dataset_fingerprint(inner))
-        if hasattr(dataset, "indices"):
-            parts.append("indices=" + hashlib.sha1(
-                np.asarray(dataset.indices, dtype=np.int64).tobytes()).hexdigest())
-    return "|".join(parts)
-
-
-def _resolved(value: Any) -> Any:
-    """`value` with the paths in it that exist resolved: a str or PathLike
-    naming an existing file or directory becomes its realpath; in a
-    list/tuple of paths (thousands of files) each entry's directory is
-    resolved, once per directory. Anything else is unchanged: a root that is
-    only a label ("synthetic") must not depend on the working directory."""
-    if type(value) in (list, tuple):
-        dirs: dict[str, str | None] = {}
-        return type(value)(_resolved_entry(v, dirs) for v in value)
-    path = _as_str_path(value)
-    if path is not None and os.path.exists(path):
-        return os.path.realpath(path)
-    return value
-
-
-def _resolved_entry(value: Any, dirs: dict[str, str | None]) -> Any:
-    """One path of a list, its directory resolved through `dirs` (a memo);
-    a bare name (no directory) is left as it is."""
-    path = _as_str_path(value)
-    if path is None:
-        return value
-    head, tail = os.path.split(path)
-    if head not in dirs:
-        dirs[head] = os.path.realpath(head) if head and os.path.isdir(head) else None
-    real = dirs[head]
-    return value if real is None else os.path.join(real, tail)
-
-
-def _as_str_path(value: Any) -> str | None:
-    """The str path of a str or PathLike without NULs, else None."""
-    if not isinstance(value, (str, os.PathLike)):
-        return None
-    path = os.fspath(value)
-    return path if isinstance(path, str) and "\0" not in path else None
-
-
-def _stable_repr(obj: object) -> str:
-    """repr without the addresses of default reprs ("<function f at 0x..>"),
-    which differ between processes: a trainer and a prefill process must
-    compute the same fingerprint."""
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
-
-
-def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
-                      name: str | None = None,
-                      allow_random: bool = False) -> DatasetCache:
-    """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
-    uses: cache's session and size (default DatasetCache(): the session of
-    $SHMCACHE_SESSION_ID), name default the fingerprint."""
-    if cache is None:
-        cache = DatasetCache()
-    if not isinstance(cache, DatasetCache):
-        raise TypeError(f"cache must be a shmcache.DatasetCache, got "
-                        f"{type(cache).__name__}")
-    desc = dataset_fingerprint(dataset)
-    if not allow_random and _RANDOM_TRANSFORM.search(desc):
-        raise ValueError(
-            "the dataset applies a random transform; caching it would freeze "
-            "the first epoch's random choices. Cache the deterministic part "
-            "and pass the random transforms as transform=..., or pass "
-            "allow_random=True")
-    fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
-    if name is not None and not isinstance(name, str):
-        raise TypeError("name must be a str")
-    return cache.named(name or fp, fp)
 
 
 class CachedDataset(Dataset):
@@ -228,8 +128,8 @@ class CachedDataset(Dataset):
       the queue. async_puts=False stores every miss before returning it.
     Works under DataLoader(num_workers>0) with fork or spawn, and with
     DistributedSampler. Under a DataLoader with batching, a batch of hits is
-    read with one call (__getitems__); rows the cache spilled to disk then
-    come from the daemon in one round trip per batch.
+    read with one call (__getitems__); rows the cache spilled to disk are
+    then read from the spill database by this process, in one batch.
     """
 
     # How __getitem__'s short path reads a hit, decided by _get_general:
@@ -311,34 +211,14 @@ class CachedDataset(Dataset):
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
-            self._uncacheable(index, why)
-            return self._project(sample)
-        self._store(index, cols)
-        return self._project(decode(cols, torch=True))
-
-    def _uncacheable(self, index: int, why: Exception | str | None) -> None:
-        if not self._warned_uncacheable:
-            self._warned_uncacheable = True
-            warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
-                          "samples like it are read from the dataset",
-                          CacheWarning, stacklevel=4)
-
-    def _store(self, index: int, cols: list[Column]) -> None:
-        """Caches a computed row: queued for the writer thread, or stored
-        now without async puts."""
-        putter = self._putter
-        if putter is None:
-            self.cache._put_encoded([index], [cols], strict=False)
-        elif self.cache.accepting:
-            # The sample returned shares these arrays (and they may be the
-            # wrapped dataset's own): the queue keeps a copy that nothing
-            # can modify before the writer stores it.
-            copies = [(n, d, np.array(a, copy=True)) for n, d, a in cols]
-            putter.enqueue(index, copies, sum(a.nbytes for _, _, a in copies))
+            self.warn_uncacheable(index, why)
+            return self.project(sample)
+        self.store_row(index, cols)
+        return self.project(decode(cols, torch=True))
 
     def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
         """The writer thread's put (self.cache is looked up each time)."""
-        return sum(self.cache._put_encoded(ids, rows, strict=False))
+        return sum(self.cache.put_encoded(ids, rows, strict=False))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until this process's queued puts are stored; False when
@@ -365,12 +245,12 @@ class CachedDataset(Dataset):
         # as the read. What it needs from the settings is decided once per
         # process by _get_general and forgotten when a setting changes.
         copy = self._hit_copy
-        c = self.cache._cache
+        c = self.cache.native
         if copy is not None and c is not None and type(index) is int:
             try:
                 sample = c.read(index, copy, True)
-            except Error:   # _read says so once and bypasses the cache
-                sample = self.cache._read(index, None, copy, True)
+            except Error:   # read_row says so once and bypasses the cache
+                sample = self.cache.read_row(index, None, copy, True)
             if sample is None:
                 sample = self._miss(index)
             return sample if self._plain else self.apply_transforms(sample)
@@ -383,7 +263,7 @@ class CachedDataset(Dataset):
         self.__dict__["_plain"] = plain
         if self.columns is None:
             self.__dict__["_hit_copy"] = copy
-        sample = self.cache._read(index, self.columns, copy, True)
+        sample = self.cache.read_row(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)
         return sample if plain else self.apply_transforms(sample)
@@ -391,24 +271,14 @@ class CachedDataset(Dataset):
     def __getitems__(self, indices: Iterable[int]) -> list[Any]:
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
         all columns are read with one batched call (rows spilled to disk
-        come from the daemon in one round trip); projections go row by
-        row."""
+        are read from the spill database by this process, in one batch);
+        projections go row by row."""
         indices = [int(i) for i in indices]
         if self.columns is not None:
             return [self[i] for i in indices]
-        rows = self.cache._read_batch(indices, self._mode()[0], True)
+        rows = self.cache.read_rows(indices, self._mode()[0], True)
         return [self.apply_transforms(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
-
-    def _project(self, sample: Any) -> Any:
-        cols = self.columns
-        if cols is None:
-            return sample
-        if isinstance(cols, (str, int)):
-            return sample[cols]
-        if isinstance(sample, dict):
-            return {c: sample[c] for c in cols}
-        return tuple(sample[c] for c in cols)
 
     def stats(self) -> CacheStats | None:
         """The cache's counters (all processes), plus `async_puts`: this
@@ -418,6 +288,41 @@ class CachedDataset(Dataset):
         if st is not None and self._putter is not None:
             st = st.with_async_puts(self._putter.stats())
         return st
+
+    # ---- package-internal ------------------------------------------------
+    # What CachedLoader and PartitionedLoader (other modules of
+    # shmcache.torch) call to treat a sample as __getitem__ would; not part
+    # of the user's API.
+
+    def store_row(self, index: int, cols: list[Column]) -> None:
+        """Caches a computed row: queued for the writer thread, or stored
+        now without async puts."""
+        putter = self._putter
+        if putter is None:
+            self.cache.put_encoded([index], [cols], strict=False)
+        elif self.cache.accepting:
+            # The sample returned shares these arrays (and they may be the
+            # wrapped dataset's own): the queue keeps a copy that nothing
+            # can modify before the writer stores it.
+            copies = [(n, d, np.array(a, copy=True)) for n, d, a in cols]
+            putter.enqueue(index, copies, sum(a.nbytes for _, _, a in copies))
+
+    def warn_uncacheable(self, index: int, why: Exception | str | None) -> None:
+        if not self._warned_uncacheable:
+            self._warned_uncacheable = True
+            warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
+                          "samples like it are read from the dataset",
+                          CacheWarning, stacklevel=4)
+
+    def project(self, sample: Any) -> Any:
+        cols = self.columns
+        if cols is None:
+            return sample
+        if isinstance(cols, (str, int)):
+            return sample[cols]
+        if isinstance(sample, dict):
+            return {c: sample[c] for c in cols}
+        return tuple(sample[c] for c in cols)
 
 
 class CachedIterableDataset(IterableDataset):
@@ -448,7 +353,7 @@ class CachedIterableDataset(IterableDataset):
 
     def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""
-        return self.cache._sealed_rows()
+        return self.cache.sealed_rows()
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -456,13 +361,13 @@ class CachedIterableDataset(IterableDataset):
         n = self.sealed_count()
         if n is not None:
             for i in range(wid, n, nw):
-                row = self.cache._read(i, None, True, True)
+                row = self.cache.read_row(i, None, True, True)
                 if row is None:        # cache gone: the source is the truth
                     yield from self._stream(wid, nw, False, start=i)
                     return
                 yield self._out(row)
             return
-        builder = self.cache._claim_build()
+        builder = self.cache.claim_build()
         if builder:
             self.built = True
         yield from self._stream(wid, nw, builder)
@@ -476,11 +381,11 @@ class CachedIterableDataset(IterableDataset):
             if cols is None:
                 complete = False
             elif builder:
-                self.cache._put_encoded([i], [cols], strict=False)
+                self.cache.put_encoded([i], [cols], strict=False)
             if i >= start and i % nw == wid:
                 yield self._out(sample if cols is None else decode(cols, torch=True))
         if builder and complete and self.cache.accepting:
-            self.cache._seal(count)
+            self.cache.seal(count)
 
     def _out(self, sample: Any) -> Any:
         return self.transform(sample) if self.transform is not None else sample

@@ -1,0 +1,584 @@
+"""DatasetCache: a cache inside a session of a running shmcache server, the
+class every other part of the package builds on (the user's API is in
+the shmcache package's docstring and the class's).
+
+Its methods under "package-internal" at the end of the class are the
+contract the rest of the package uses (shmcache.torch reads finished
+samples with read_row / read_rows and stores encoded rows with
+put_encoded); the degradation rules (never break training) live here and in
+_degrade.py, the argument checks in _checks.py, read_into's target
+planning in _read_into.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _shmcache
+from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, ids_array,
+                      session_from_env)
+from ._degrade import CAP_BOUNDS, CacheWarning, State, cause
+from ._read_into import check_targets, read_targets
+from ._shmcache import (Error, FingerprintMismatchError, FullError,
+                        InvalidArgumentError, NotFoundError, NotSupportedError,
+                        TooLargeError, UnavailableError)
+from .rows import (LOCAL_HOSTS, MAX_NAME_BYTES, MAX_PORT, MAX_ROW_ID, MIN_PORT,
+                   Column, ColumnSelection, column_names, encode)
+from .stats import CacheStats
+
+__all__ = ["DatasetCache"]
+
+
+class DatasetCache:
+    """A cache inside a session of a running shmcache server.
+
+    Mirrors MindSpore's DatasetCache(session_id, size=0, spilling=False,
+    hostname=None, port=None, num_connections=None, prefetch_size=None).
+    `session_id` defaults to $SHMCACHE_SESSION_ID (else $SESSION_ID).
+    `size` is in MB (0: as much as the server allows). `num_connections` and
+    `prefetch_size` are accepted and checked for compatibility; a hit needs
+    no connection here. `name` selects the cache inside the session
+    (default "default"); `fingerprint` describes what produces the rows and
+    defaults to the name. Re-opening a name with another fingerprint raises
+    FingerprintMismatchError (a RuntimeError).
+
+    `read_threads`: how many threads read_into copies rows with, the
+    calling thread included (default min(4, CPUs); 0 or 1: the calling
+    thread alone).
+
+    Which call for what: put / get (a row at a time; `view` for zero-copy),
+    put_batch / get_batch (a batch of rows in one call), read_into (a batch
+    straight into preallocated arrays or tensors); put_columns /
+    get_columns for rows already as columns (shmcache.rows).
+
+    The object pickles (for DataLoader workers started with spawn) and
+    survives fork; a worker re-attaches on first use. As a context manager
+    it closes the cache when the block ends (close()).
+    """
+
+    # State that does not travel through pickle (_init_runtime).
+    _lock: threading.Lock
+    _lock_pid: int
+    _client: _shmcache.Client | None
+    native: _shmcache.Cache | None   # the open native cache (package-internal)
+    _state: State
+    _warned: bool
+    _warned_row: bool
+    _bytes_read: int
+
+    def __init__(self, session_id: int | None = None, size: int = 0,
+                 spilling: bool = False, hostname: str | None = None,
+                 port: int | None = None, num_connections: int | None = None,
+                 prefetch_size: int | None = None, name: str = "default",
+                 fingerprint: str | None = None,
+                 read_threads: int | None = None) -> None:
+        if session_id is None:
+            session_id = session_from_env()
+        check_int("session_id", session_id, 0, MAX_UINT32)
+        check_int("size", size, 0, 2**63 - 1)
+        if not isinstance(spilling, bool):
+            raise TypeError(f"Argument spilling with value {spilling!r} is not "
+                            f"of type bool, but got {type(spilling).__name__}.")
+        if hostname is not None and not isinstance(hostname, str):
+            raise TypeError(f"Argument hostname with value {hostname!r} is not "
+                            f"of type str, but got {type(hostname).__name__}.")
+        if hostname is not None and hostname not in LOCAL_HOSTS:
+            raise RuntimeError(f"Only the local host is supported, got hostname "
+                               f"{hostname!r}; use one of {', '.join(LOCAL_HOSTS)}.")
+        check_int("port", port, MIN_PORT, MAX_PORT, allow_none=True)
+        check_int("num_connections", num_connections, 1, MAX_INT32, allow_none=True)
+        check_int("prefetch_size", prefetch_size, 1, MAX_INT32, allow_none=True)
+        if not isinstance(name, str):
+            raise TypeError(f"Argument name must be str, got {type(name).__name__}.")
+        if not name or len(name.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"Argument name must have 1 to {MAX_NAME_BYTES} bytes.")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise TypeError("Argument fingerprint must be str.")
+        if fingerprint is not None and len(fingerprint.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"Argument fingerprint must have at most {MAX_NAME_BYTES} bytes.")
+        self.session_id: int = int(session_id)
+        self.size: int = int(size)
+        self.spilling: bool = spilling
+        self.hostname: str | None = hostname
+        self.port: int | None = None if port is None else int(port)
+        self.num_connections: int | None = num_connections
+        self.prefetch_size: int | None = prefetch_size
+        self.name: str = name
+        self.fingerprint: str = fingerprint if fingerprint is not None else name
+        check_int("read_threads", read_threads, 0, 256, allow_none=True)
+        self.read_threads: int = (min(4, os.cpu_count() or 1) if read_threads is None
+                                  else int(read_threads))
+        self._init_runtime()
+        self._check_session()
+
+    # ---- state that does not travel through pickle --------------------
+
+    _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
+                "_warned_row", "_bytes_read")
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
+        self._client = None
+        self.native = None
+        self._state = State.SERVING
+        self._warned = False
+        self._warned_row = False  # a row the cache cannot take was dropped
+        self._bytes_read = 0      # bytes of columns returned by get_columns
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in self._RUNTIME:
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def named(self, name: str, fingerprint: str | None = None) -> DatasetCache:
+        """A DatasetCache for another cache name in the same session."""
+        other = DatasetCache.__new__(DatasetCache)
+        other.__setstate__(self.__getstate__())
+        other.name = name
+        other.fingerprint = fingerprint if fingerprint is not None else name
+        if self._client is not None:
+            other._client = self._client
+        if self._state is State.BYPASSED:
+            other._state = State.BYPASSED
+        return other
+
+    def _degrade(self, state: State, err: Error, what: str | None = None) -> None:
+        """Moves to `state` (never back) and warns once per object: `what`
+        (default: the cause of err), err's message, and what happens now."""
+        self._state = max(self._state, state)
+        if self._warned:
+            return
+        self._warned = True
+        msg = f"shmcache: {what or cause(err)} ({err})"
+        if self._state is State.BYPASSED:
+            msg += "; the cache is bypassed and rows are read from the source"
+        else:
+            msg += "; new rows are not cached, cached rows are still served"
+        warnings.warn(msg, CacheWarning, stacklevel=3)
+
+    def _connect(self) -> _shmcache.Client:
+        if self._client is None:
+            self._client = _shmcache.Client(port=self.port or 0,
+                                            hostname=self.hostname or "")
+        return self._client
+
+    def _check_session(self) -> None:
+        try:
+            self._connect().check_session(self.session_id)
+        except NotFoundError:
+            raise NotFoundError(
+                f"Session {self.session_id} does not exist on the cache server; "
+                "create one with `shmcache -g`.") from None
+        except InvalidArgumentError:
+            raise
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+
+    def _open(self) -> _shmcache.Cache | None:
+        """The native cache, or None when the cache is bypassed."""
+        c = self.native
+        if c is not None or self._state is State.BYPASSED:
+            return c
+        if self._lock_pid != os.getpid():
+            # Forked while another thread held the lock: that thread is not
+            # in this process to release it.
+            self._lock = threading.Lock()
+            self._lock_pid = os.getpid()
+        with self._lock:
+            if self.native is not None or self.bypassed:
+                return self.native
+            try:
+                self.native = self._connect().open_cache(
+                    self.session_id, self.name, self.fingerprint, self.size,
+                    self.spilling)
+                self._warn_size_over_cap()
+            except FingerprintMismatchError as e:
+                raise FingerprintMismatchError(
+                    f"Cache {self.name!r} of session {self.session_id} holds rows "
+                    f"of a different pipeline: {e}") from None
+            except NotFoundError as e:
+                raise NotFoundError(
+                    f"Session {self.session_id} does not exist on the cache "
+                    f"server: {e}") from None
+            except InvalidArgumentError as e:
+                if self.spilling:
+                    raise
+                self._degrade(State.BYPASSED, e, "the cache could not be opened")
+            except Error as e:
+                self._degrade(State.BYPASSED, e)
+            return self.native
+
+    def _warn_size_over_cap(self) -> None:
+        """One CacheWarning at open when `size` is more than the server's
+        memory cap can give (the server gives the cache the cap): names the
+        bound that set the cap and the fix."""
+        if self.size <= 0 or self._client is None:
+            return
+        try:
+            info = self._client.server_info()
+        except Error:
+            return  # the cache is open; its first put will tell what is wrong
+        cap = int(info["memory_cap_bytes"])
+        if self.size <= cap:
+            return
+        mb = 1 << 20
+        bound = str(info.get("memory_cap_bound", ""))
+        why, fix = CAP_BOUNDS.get(bound, ("the server's memory cap", "open a smaller cache"))
+        where = why.format(shm_dir=info["shm_dir"],
+                           cgroup_mb=int(info.get("memory_cgroup_limit_bytes", 0)) // mb)
+        self._warned = True
+        warnings.warn(
+            f"shmcache: cache size {self.size // mb} MB is more than the {cap // mb} MB "
+            f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
+            f"and rows beyond it are read from the source. Fix: {fix}",
+            CacheWarning, stacklevel=4)
+
+    def open(self) -> DatasetCache:
+        """Attaches now rather than on first use. Returns self."""
+        self._open()
+        return self
+
+    def _writable(self) -> _shmcache.Cache | None:
+        """The native cache when puts may go to it (the cache itself refuses
+        and counts the puts of a full cache)."""
+        c = self._open()
+        return c if self._state <= State.FULL else None
+
+    # ---- rows ----------------------------------------------------------
+
+    def put_columns(self, row_id: int, columns: Sequence[Column]) -> bool:
+        """Stores a row given as columns [(name, dtype name, array)]
+        (shmcache.rows.encode's; dtype None: the array's own)."""
+        row_id = check_id(row_id)
+        c = self._writable()
+        if c is None:
+            return False
+        try:
+            return c.put(row_id, list(columns))
+        except Error as e:
+            return self._put_failed(row_id, e, strict=True)
+
+    def _put_failed(self, row_id: int, err: Error, strict: bool) -> bool:
+        """What a put that raised `err` returns (False), after the warning
+        it deserves. A row the cache refuses by its limits (too many
+        columns, a name too long: InvalidArgument) raises ValueError when
+        `strict`, else is dropped alone like a row too large."""
+        if isinstance(err, (TooLargeError, NotSupportedError)) or \
+                (isinstance(err, InvalidArgumentError) and not strict):
+            # This row only: the cache stays in use for the others.
+            if not self._warned_row:
+                self._warned_row = True
+                warnings.warn(f"shmcache: row {row_id} cannot be cached ({err}); "
+                              "rows like it are read from the source",
+                              CacheWarning, stacklevel=4)
+        elif isinstance(err, FullError):
+            # Later puts still go to the cache, which refuses them without a
+            # round trip and counts them (stats()["puts_full"], the metrics).
+            self._degrade(State.FULL, err)
+        elif isinstance(err, UnavailableError):
+            self._degrade(State.READ_ONLY, err)
+        elif isinstance(err, InvalidArgumentError):
+            raise ValueError(f"row {row_id} cannot be cached: {err}") from None
+        else:
+            self._degrade(State.BYPASSED, err)
+        return False
+
+    def put(self, row_id: int, row: Any) -> bool:
+        """Stores `row` under `row_id` (an int in [0, MAX_ROW_ID]).
+
+        Returns True when stored, False when the id was already cached (the
+        first writer wins), the cache is bypassed (full, daemon gone), or the
+        row cannot be cached: larger than what is left of the cache, or than
+        a row spilled to disk may be (one warning; later rows go on)."""
+        return self.put_columns(row_id, encode(row))
+
+    def put_batch(self, row_ids: Iterable[int], rows: Sequence[Any]) -> list[bool]:
+        """put() of many rows: a list with, per row, what put would return
+        (True = stored now). The rows are copied into shared memory in one
+        call with the GIL released, under one lock. Of two rows with one id,
+        the first wins. A full cache or a lost server stores the rows before
+        it and returns False for the rest (one warning, as put); a row too
+        large is refused alone; a malformed row raises ValueError after the
+        others were stored."""
+        ids = [i if type(i) is int and 0 <= i <= MAX_ROW_ID else check_id(i)
+               for i in row_ids]
+        if len(ids) != len(rows):
+            raise ValueError(f"put_batch: {len(ids)} ids but {len(rows)} rows")
+        return self.put_encoded(ids, [encode(r) for r in rows], strict=True)
+
+    def get_columns(self, row_id: int, columns: ColumnSelection = None,
+                    copy: bool = True) -> list[Column] | None:
+        """[(name, dtype, array)] of a hit, or None on a miss.
+
+        With copy=False the arrays are zero-copy views (see the module
+        docstring for how long they stay valid)."""
+        row_id = check_id(row_id)
+        names = column_names(columns)
+        c = self._open()
+        if c is None:
+            return None
+        try:
+            cols = c.get(row_id, names, copy)
+        except KeyError:
+            raise
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return None
+        if cols is not None:
+            self._bytes_read += sum(a.nbytes for _, _, a in cols)
+        return cols
+
+    def get_batch_columns(self, row_ids: Iterable[int],
+                          copy: bool = True) -> list[list[Column] | None]:
+        """get_columns of many rows: a list with, per id, [(name, dtype,
+        array)] or None on a miss. With copy=True, rows the cache spilled to
+        disk are read in one batch per call, by this process from the spill
+        database."""
+        ids = [check_id(i) for i in row_ids]
+        c = self._open()
+        if c is None:
+            return [None] * len(ids)
+        try:
+            rows = c.get_batch(ids, copy)
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return [None] * len(ids)
+        self._bytes_read += sum(a.nbytes for cols in rows if cols is not None
+                               for _, _, a in cols)
+        return rows
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of the columns this object's reads returned (get, view,
+        get_batch, get_columns, CachedDataset hits)."""
+        c = self.native
+        return self._bytes_read + (c.bytes_read if c is not None else 0)
+
+    def get_batch(self, row_ids: Iterable[int], copy: bool = True) -> list[Any]:
+        """get() of many rows: a list with the row or None per id."""
+        return self.read_rows(row_ids, copy, False)
+
+    def get(self, row_id: int, columns: ColumnSelection = None, copy: bool = True) -> Any:
+        """The cached row, or None on a miss.
+
+        `columns` selects some columns (names for dict rows, positions for
+        tuple rows); only those bytes are read. With copy=False the arrays
+        are zero-copy, read-only views into shared memory (see the module
+        docstring for how long they stay valid)."""
+        c = self.native
+        if c is None or columns is not None or type(row_id) is not int:
+            return self.read_row(row_id, columns, copy, False)
+        try:     # _read's per-sample path, inlined: a frame less per row
+            return c.read(row_id, copy, False)
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return None
+
+    def view(self, row_id: int, columns: ColumnSelection = None) -> Any:
+        """get(row_id, columns, copy=False)."""
+        c = self.native
+        if c is None or columns is not None or type(row_id) is not int:
+            return self.read_row(row_id, columns, False, False)
+        try:     # as get's
+            return c.read(row_id, False, False)
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return None
+
+    def read_into(self, ids: Any, out: Any,
+                  columns: ColumnSelection = None) -> npt.NDArray[np.bool_]:
+        """Copies cached rows ids[i] into row i of the arrays of `out`;
+        returns the hit mask (numpy bool array, len(ids)).
+
+        out: a tuple/list (columns 0..k-1 of tuple rows), a dict (columns
+        of dict rows by name) or a single array (rows put as one array), of
+        numpy arrays or torch tensors (CPU, C-contiguous, writable), whose
+        first dimension is >= len(ids) and whose remaining shape and dtype
+        are those of the column as put stored it. `columns` names the
+        stored columns of a tuple/list `out` instead (positions or names,
+        as get's columns=). Torch tensors follow the dtypes hits have as
+        tensors: bfloat16 stays bfloat16, uint16 reads into int32 and
+        uint32/uint64 into int64 tensors (widened); a bytes column has no
+        torch dtype (TypeError naming it).
+
+        A row is a hit when it is cached (in memory, or spilled: those are
+        read from the spill database by this process, one RocksDB MultiGet
+        per call) and every column has exactly the
+        target's dtype and shape; otherwise its rows in `out` are left
+        untouched. Rows are copied by `read_threads` threads with the GIL
+        released. A bypassed cache (daemon gone, error) returns all False
+        after one CacheWarning; it never raises for a missing server."""
+        ids = ids_array(ids)
+        n = len(ids)
+        names, specs = check_targets(out, columns, n)
+        hit = np.zeros(n, dtype=np.bool_)
+        c = self._open()
+        if c is None or n == 0:
+            return hit
+        try:
+            read_targets(c, ids, names, specs, self.read_threads, hit)
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            hit[:] = False
+        return hit
+
+    def contains(self, row_id: int) -> bool:
+        c = self._open()
+        return bool(c is not None and c.contains(check_id(row_id)))
+
+    __contains__ = contains
+
+    def stats(self) -> CacheStats | None:
+        """Counters of this cache, summed over all its processes (a
+        CacheStats: s.hits, or s["hits"] as from the dict this returned
+        before); None when the cache is bypassed."""
+        c = self._open()
+        if c is None:
+            return None
+        try:
+            return CacheStats.from_dict(c.stats())
+        except Error as e:
+            self._degrade(self._state, e)
+            return None
+
+    @property
+    def bypassed(self) -> bool:
+        """True once the cache stopped serving (daemon gone at open, error)."""
+        return self._state is State.BYPASSED
+
+    @property
+    def accepting(self) -> bool:
+        """False once puts are dropped (full, daemon gone)."""
+        return self._state is State.SERVING
+
+    def close(self) -> None:
+        """Returns unused space to the daemon; zero-copy arrays stay valid
+        (module docstring)."""
+        if self.native is not None:
+            try:
+                self.native.close()
+            except Error:
+                pass
+
+    def __enter__(self) -> DatasetCache:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # ---- package-internal ----------------------------------------------
+    # What shmcache.torch (and prefill) build on: named without an
+    # underscore because other modules of the package call them, but not
+    # part of the user's API (no compatibility promise). `native` (above)
+    # belongs here too.
+
+    def put_encoded(self, ids: list[int], rows: list[list[Column]],
+                    strict: bool) -> list[bool]:
+        """put_batch of checked ids and encoded rows; `strict` as
+        _put_failed's (CachedDataset's writer is not strict: a sample the
+        cache cannot hold is still delivered)."""
+        c = self._writable()
+        if c is None:
+            return [False] * len(ids)
+        out, errors = c.put_batch(ids, rows)
+        bad = None
+        for i, err in errors:
+            if isinstance(err, InvalidArgumentError) and strict:
+                bad = bad or (ids[i], err)
+            else:
+                self._put_failed(ids[i], err, strict)
+        if bad is not None:
+            self._put_failed(*bad, strict=True)  # raises ValueError
+        return out
+
+    def read_row(self, row_id: Any, columns: ColumnSelection, copy: bool,
+                 torch: bool) -> Any:
+        """The finished row (numpy arrays, or tensors when torch) or None;
+        what get, view and CachedDataset hand out. The per-sample path
+        (an int id, all columns, an open cache) is inlined by its callers:
+        the native read checks the id's range."""
+        c = self.native
+        if type(row_id) is not int:
+            row_id = check_id(row_id)
+        if c is None:
+            row_id = check_id(row_id)   # bypassed or not yet open
+            c = self._open()
+            if c is None:
+                return None
+        try:
+            if columns is None:
+                return c.read(row_id, copy, torch)
+            return c.read_columns(check_id(row_id), column_names(columns) or [],
+                                  copy, torch, isinstance(columns, (str, int)))
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return None
+
+    def read_rows(self, row_ids: Iterable[int], copy: bool, torch: bool) -> list[Any]:
+        """read_row of many rows: a list with the row or None per id. Memory
+        rows are found with one batched lookup; rows the cache spilled to
+        disk are read from the spill database by this process, in one
+        batch."""
+        ids = [check_id(i) for i in row_ids]
+        c = self._open()
+        if c is None:
+            return [None] * len(ids)
+        try:
+            return c.read_batch(ids, copy, torch)
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return [None] * len(ids)
+
+    # Streaming caches (shmcache.torch.CachedIterableDataset).
+
+    def claim_build(self) -> bool:
+        """True for the one caller, over all processes, that builds this
+        streaming cache; False for the others and when the cache is
+        bypassed (after the warning a put would give)."""
+        c = self._writable()
+        if c is None:
+            return False
+        try:
+            return c.claim_build()
+        except Error as e:
+            return self._put_failed(MAX_ROW_ID, e, strict=True)
+
+    def seal(self, num_rows: int) -> None:
+        """Seals the cache as holding rows 0..num_rows-1 (first seal wins)."""
+        c = self._writable()
+        if c is None:
+            return
+        try:
+            c.seal(num_rows)
+        except Error as e:
+            self._put_failed(MAX_ROW_ID, e, strict=True)
+
+    def sealed_rows(self) -> int | None:
+        """The sealed row count, or None while unsealed or bypassed."""
+        c = self._open()
+        if c is None:
+            return None
+        try:
+            return c.sealed_rows()
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return None
+
+    def __repr__(self) -> str:
+        return (f"DatasetCache(session_id={self.session_id}, size={self.size}, "
+                f"spilling={self.spilling}, name={self.name!r})")

@@ -1,0 +1,78 @@
+"""Argument checks of DatasetCache: what a wrong argument raises (TypeError
+for a wrong type, ValueError for a value out of range, in MindSpore's
+words), and where a cache finds its session when none is given.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .rows import MAX_ROW_ID
+
+__all__ = ["MAX_INT32", "MAX_UINT32", "SESSION_ENV", "check_int", "check_id",
+           "ids_array", "session_from_env"]
+
+MAX_INT32 = 2**31 - 1
+MAX_UINT32 = 2**32 - 1
+# Where DatasetCache() finds its session: the first of these that is set
+# (SESSION_ID is what scripts/cache.sh exported first).
+SESSION_ENV = ("SHMCACHE_SESSION_ID", "SESSION_ID")
+
+
+def check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Argument {name} with value {value!r} is not of type "
+                        f"int, but got {type(value).__name__}.")
+    if not lo <= value <= hi:
+        raise ValueError(f"Input {name} is not within the required interval "
+                         f"of [{lo}, {hi}].")
+
+
+def check_id(row_id: Any) -> int:
+    """`row_id` as an int, checked as a row id."""
+    if isinstance(row_id, bool) or not isinstance(row_id, (int, np.integer)):
+        raise TypeError(f"a row id is an int, got {type(row_id).__name__}")
+    if not 0 <= row_id <= MAX_ROW_ID:
+        raise ValueError(f"row id {row_id} outside [0, {MAX_ROW_ID}]")
+    return int(row_id)
+
+
+def ids_array(ids: Any) -> npt.NDArray[np.uint64]:
+    """ids as a C-contiguous uint64 array, each checked as a row id."""
+    a = np.asarray(ids)
+    if a.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if a.ndim != 1:
+        raise ValueError(f"ids must be one-dimensional, got shape {a.shape}")
+    if a.dtype == object:
+        return np.array([check_id(v) for v in a], dtype=np.uint64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"row ids are ints, got an array of {a.dtype}")
+    if a.dtype.kind == "i" and a.min() < 0:
+        raise ValueError(f"row id {int(a.min())} outside [0, {MAX_ROW_ID}]")
+    if a.max() > MAX_ROW_ID:
+        raise ValueError(f"row id {int(a.max())} outside [0, {MAX_ROW_ID}]")
+    return np.ascontiguousarray(a, dtype=np.uint64)
+
+
+def session_from_env() -> int:
+    """The session id of $SHMCACHE_SESSION_ID (or $SESSION_ID, which
+    scripts/cache.sh exported first); ValueError naming both when neither
+    is set or the value is not a number."""
+    for var in SESSION_ENV:
+        value = os.environ.get(var)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"${var}={value!r} is not a session id (a "
+                                 "number from `shmcache -g`)") from None
+    raise ValueError("no session: pass session_id=, or set $SHMCACHE_SESSION_ID "
+                     "(scripts/cache.sh start exports it; or `shmcache -g` "
+                     "prints one)")

@@ -1,0 +1,71 @@
+"""How a DatasetCache stops helping without breaking training: the states
+it degrades through (only ever worse), the one CacheWarning that says so,
+and the words of that warning (what stopped the cache; for a size over the
+server's cap, which bound set the cap and how to raise it).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
+                        PermissionDeniedError, UnavailableError)
+
+__all__ = ["CacheWarning", "State", "cause", "CAP_BOUNDS"]
+
+
+class CacheWarning(UserWarning):
+    """The cache stopped helping (daemon gone, full, error); training goes on."""
+
+
+class State(enum.IntEnum):
+    """How far a DatasetCache degraded; it only ever gets worse."""
+    SERVING = 0     # hits and puts go to the cache
+    FULL = 1        # puts are refused (and counted) by the cache; hits served
+    READ_ONLY = 2   # the daemon is gone: hits still served, puts dropped
+    BYPASSED = 3    # nothing works: every read is a miss, every put dropped
+
+
+# FullError.reason (set by the native module) -> the CacheWarning's words.
+_FULL_CAUSES = {
+    "shm_filesystem": "no room left in the shared-memory filesystem",
+    "server_cap": "the cache server's memory cap is used up",
+    "budget": "the cache is full",
+}
+
+
+def cause(err: Error) -> str:
+    """What stopped the cache, in a few words, for the CacheWarning; the
+    library's message that follows it has the numbers and the fix."""
+    if isinstance(err, UnavailableError):
+        return "the cache server is unreachable"
+    if isinstance(err, FullError):
+        return _FULL_CAUSES.get(getattr(err, "reason", ""), "the cache is full")
+    if isinstance(err, AlreadyExistsError):
+        return "a shared-memory file of the cache already exists"
+    if isinstance(err, PermissionDeniedError):
+        return "permission denied"
+    if isinstance(err, NotFoundError):
+        return "the cache or its session no longer exists"
+    return "the cache failed"
+
+
+# What bounds a server's memory cap (the server info's memory_cap_bound):
+# what it is, and how to raise it.
+CAP_BOUNDS: dict[str, tuple[str, str]] = {
+    "shm_filesystem": (
+        "the room in the shm filesystem {shm_dir}",
+        "give the container a larger /dev/shm (docker run --shm-size=8g; in "
+        "Kubernetes an emptyDir with medium: Memory and a sizeLimit mounted at "
+        "/dev/shm), or restart the server with --shm_dir on a larger tmpfs"),
+    "cgroup": (
+        "-r of the memory limit of the server's cgroup, {cgroup_mb} MB",
+        "raise the container's memory limit (docker run --memory, Kubernetes "
+        "resources.limits.memory) or restart the server with a larger -r"),
+    "physical_memory": (
+        "-r of the physical memory",
+        "restart the server with a larger -r, or open a smaller cache"),
+    "memory_cap_mb": (
+        "the server's --memory_cap_mb",
+        "restart the server with a larger --memory_cap_mb, or open a smaller cache"),
+}

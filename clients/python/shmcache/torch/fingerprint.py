@@ -1,0 +1,122 @@
+"""The cache a dataset gets: its name is a fingerprint of the dataset
+(class, length, root/path resolved, the repr of its transforms), so that two
+pipelines that differ never share a cache by accident, and a trainer and
+`python3 -m shmcache.prefill` over the same dataset find the same one.
+
+    cache_for_dataset(ImageFolder(root, transform=decode), DatasetCache(S))
+
+A dataset whose transform looks random (torchvision's Random*, ColorJitter,
+*Augment*...) is refused unless allow_random=True: caching it would freeze
+the first epoch's random choices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from .. import DatasetCache
+
+__all__ = ["dataset_fingerprint", "cache_for_dataset"]
+
+_RANDOM_TRANSFORM = re.compile(
+    r"\b(Random\w*|ColorJitter|\w*Augment\w*|AugMix|GaussianBlur|"
+    r"ElasticTransform)\s*\(")
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """A stable description of a dataset: its class, length, root/path and
+    the repr of its transforms. Two datasets that differ in any of these get
+    different caches. A root/path that names an existing file or directory
+    counts as its resolved path (absolute, normalized, symlinks followed),
+    so `images/`, `./images` and `/data/images` give one cache."""
+    parts = [f"{type(dataset).__module__}.{type(dataset).__qualname__}"]
+    try:
+        parts.append(f"len={len(dataset)}")
+    except TypeError:
+        pass
+    for attr in ("root", "path", "root_dir", "data_dir", "dataset_path", "files"):
+        if hasattr(dataset, attr):
+            parts.append(f"{attr}={_resolved(getattr(dataset, attr))!r}")
+    for attr in ("transform", "target_transform", "transforms"):
+        if getattr(dataset, attr, None) is not None:
+            parts.append(f"{attr}={_stable_repr(getattr(dataset, attr))}")
+    inner = getattr(dataset, "dataset", None)   # Subset and friends
+    if isinstance(inner, Dataset) and inner is not dataset:
+        parts.append("of=" + dataset_fingerprint(inner))
+        if hasattr(dataset, "indices"):
+            parts.append("indices=" + hashlib.sha1(
+                np.asarray(dataset.indices, dtype=np.int64).tobytes()).hexdigest())
+    return "|".join(parts)
+
+
+def _resolved(value: Any) -> Any:
+    """`value` with the paths in it that exist resolved: a str or PathLike
+    naming an existing file or directory becomes its realpath; in a
+    list/tuple of paths (thousands of files) each entry's directory is
+    resolved, once per directory. Anything else is unchanged: a root that is
+    only a label ("synthetic") must not depend on the working directory."""
+    if type(value) in (list, tuple):
+        dirs: dict[str, str | None] = {}
+        return type(value)(_resolved_entry(v, dirs) for v in value)
+    path = _as_str_path(value)
+    if path is not None and os.path.exists(path):
+        return os.path.realpath(path)
+    return value
+
+
+def _resolved_entry(value: Any, dirs: dict[str, str | None]) -> Any:
+    """One path of a list, its directory resolved through `dirs` (a memo);
+    a bare name (no directory) is left as it is."""
+    path = _as_str_path(value)
+    if path is None:
+        return value
+    head, tail = os.path.split(path)
+    if head not in dirs:
+        dirs[head] = os.path.realpath(head) if head and os.path.isdir(head) else None
+    real = dirs[head]
+    return value if real is None else os.path.join(real, tail)
+
+
+def _as_str_path(value: Any) -> str | None:
+    """The str path of a str or PathLike without NULs, else None."""
+    if not isinstance(value, (str, os.PathLike)):
+        return None
+    path = os.fspath(value)
+    return path if isinstance(path, str) and "\0" not in path else None
+
+
+def _stable_repr(obj: object) -> str:
+    """repr without the addresses of default reprs ("<function f at 0x..>"),
+    which differ between processes: a trainer and a prefill process must
+    compute the same fingerprint."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
+
+
+def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
+                      name: str | None = None,
+                      allow_random: bool = False) -> DatasetCache:
+    """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
+    uses: cache's session and size (default DatasetCache(): the session of
+    $SHMCACHE_SESSION_ID), name default the fingerprint."""
+    if cache is None:
+        cache = DatasetCache()
+    if not isinstance(cache, DatasetCache):
+        raise TypeError(f"cache must be a shmcache.DatasetCache, got "
+                        f"{type(cache).__name__}")
+    desc = dataset_fingerprint(dataset)
+    if not allow_random and _RANDOM_TRANSFORM.search(desc):
+        raise ValueError(
+            "the dataset applies a random transform; caching it would freeze "
+            "the first epoch's random choices. Cache the deterministic part "
+            "and pass the random transforms as transform=..., or pass "
+            "allow_random=True")
+    fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
+    if name is not None and not isinstance(name, str):
+        raise TypeError("name must be a str")
+    return cache.named(name or fp, fp)
