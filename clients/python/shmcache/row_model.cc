@@ -473,7 +473,8 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
       // (widening them to its 4-byte pixels): it reads them where they are,
       // through a read-only array it does not keep.
       return Pil().fromarray(
-          NewArray(ToNumpy(c.dtype), c.shape, c.data, base ? base : py::none(), false), m);
+          NewArray(ToNumpy(c.dtype), c.shape, c.data, base ? base : py::none(), false),
+          m);
     }
     // Modes PIL may map instead of copying: an array of the image's own,
     // filled now, before PIL reads it.
