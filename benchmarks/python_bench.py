@@ -458,6 +458,38 @@ def bench_cached_loader(args, out, cds, plain, floor):
     out.value("loader.speedup_vs_floor", floor / steady)
     out.value("loader.images_per_s_steady", len(cds) / steady)
     out.value("loader.native_read_into", hasattr(cds.cache, "read_into"))
+    bench_identity(out, cds.dataset, steady)
+
+
+class _Unlisted:
+    """The same pipeline with its file list hidden: the default cache name
+    then hashes samples (shmcache.torch.dataset_identity's other path)."""
+
+    def __init__(self, ds):
+        self.ds, self.root = ds, ds.root
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+
+def bench_identity(out, dataset, warm_epoch_s, rounds=3):
+    """What the default cache name costs (shmcache.torch.dataset_identity, once
+    per CachedDataset made, nothing per hit) against one warm CachedLoader
+    epoch of the same pipeline, measured just before: the bench's dataset
+    lists its files (one stat each); the same with the list hidden hashes
+    9 computed samples (JPEG decodes)."""
+    from shmcache.torch.dataset_identity import content_identity
+    for key, ds in (("identity", dataset), ("identity_samples", _Unlisted(dataset))):
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            content_identity(ds)
+            best = min(best, time.perf_counter() - t0)
+        out.value(f"loader.{key}_s", best)
+        out.value(f"loader.{key}_fraction", best / warm_epoch_s)
 
 
 class _FromCache:
@@ -491,7 +523,7 @@ def bench_half_spilled(args, out, shmcache, cds, plain, step_s=0.05, rounds=3):
     client = shmcache.Client(port=args.port)
     session = client.create_session()
     try:
-        cache = shmcache.DatasetCache(session, port=args.port, size=size_mb,
+        cache = shmcache.DatasetCache(session, port=args.port, size_mb=size_mb,
                                       spilling=True)
         # Every put waited for: the spill writes are slower than the warm
         # cache's reads, and a background queue would drop rows.

@@ -203,7 +203,7 @@ def test_close_while_a_worker_computes_returns_and_ends_the_workers(server, sess
     waiting raises Closed, nothing more is computed, and the workers end
     with no garbage collection to help (the workers of a closed CachedLoader
     once lived on until one ran)."""
-    cds = CachedDataset(Held(tmp_path), DatasetCache(session))
+    cds = CachedDataset(Held(tmp_path), DatasetCache(session), name="held")
     workers = MissWorkers(cds, 2)
     assert len(workers.compute(range(4))) == 4
     wait_for(lambda: len(workers.pids) == 2, what="both workers to start")
@@ -247,7 +247,7 @@ class Hanging(Dataset):
 
 def test_timeout_raises_on_time_and_leaving_is_prompt(server, session):
     ds = Hanging(64, slow=8)
-    cds = CachedDataset(ds, DatasetCache(session))
+    cds = CachedDataset(ds, DatasetCache(session), name="hanging")   # as GatedRows
     try:
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="timed out"):
@@ -290,7 +290,9 @@ class GatedRows(Dataset):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_break_returns_while_rows_are_still_being_computed(server, session,
                                                              tmp_path, num_workers):
-    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session))
+    # Named: the default name would compute a few (held) rows to tell the
+    # dataset's contents.
+    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session), name="gated")
     it = iter(CachedLoader(cds, batch_size=2, num_workers=num_workers,
                            num_threads=4, prefetch=4))
     next(it)

@@ -39,7 +39,7 @@ def fill(session, port):
         plain.put(i, (np.arange(100),))
     for i in range(15):
         plain.get(i)
-    spilled = DatasetCache(session, port=port, size=1, spilling=True, name="spilled")
+    spilled = DatasetCache(session, port=port, size_mb=1, spilling=True, name="spilled")
     for i in range(48):
         assert spilled.put(i, ROW)
     for i in range(48):
@@ -49,7 +49,7 @@ def fill(session, port):
 
 def fill_until_full(session, port):
     """A 1 MB cache offered 3 MB: (the cache, what each put returned)."""
-    full = DatasetCache(session, port=port, size=1, name="full")
+    full = DatasetCache(session, port=port, size_mb=1, name="full")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stored = [full.put(i, ROW) for i in range(48)]

@@ -47,7 +47,7 @@ def test_every_mode_round_trips_through_every_read(server, session):
 
 
 def test_every_mode_round_trips_from_spilled_rows(spill_server):
-    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="pil")
+    c = DatasetCache(spill_server.new_session(), size_mb=1, spilling=True, name="pil")
     filler = np.zeros(200 << 10, np.uint8)
     for k in range(100, 106):          # fill the 1 MB: the images spill
         c.put(k, filler)

@@ -117,9 +117,20 @@ py::tuple EncodeLeaf(const std::string& name, py::handle v) {
     return Column(name, a, DType::kBytes);
   }
   if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
-    // Python ints are int64 columns on every platform.
+    // Python ints are int64 columns on every platform. One outside int64
+    // (a 64-bit hash label) has no column: stored as uint64 it would come
+    // back as another number (torch has no uint64).
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (overflow != 0) {
+      throw py::type_error("cannot cache the int " + py::str(v).cast<std::string>() +
+                           " in column '" + name +
+                           "': it is outside int64 [-2**63, 2**63-1] (a numpy "
+                           "uint64 holds 0..2**64-1)");
+    }
     py::array_t<int64_t> a(std::vector<py::ssize_t>{});
-    *a.mutable_data() = v.cast<int64_t>();
+    *a.mutable_data() = static_cast<int64_t>(value);
     return Column(name, a, DType::kInt64);
   }
   if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr()) || PyComplex_Check(v.ptr()) ||

@@ -3,13 +3,16 @@ loader.py's contract, applied to a batch's indices.
 
 1. Rows of the learned layout (a RowSchema) are read by
    DatasetCache.read_into into the batch's buffers, all at once.
+   A batch whose source says a row cannot be in this cache (in_cache:
+   another node's row) never looks that row up here: it would count as
+   one of the cache's misses.
 2. The rest are read from the cache row by row (read_columns: another
    layout, a projection), then taken from the batch's supplied rows (a
-   BatchSource's), then computed in the batch's miss turn (_misses.py:
-   sent to worker number mod num_workers, or computed in this thread with
-   num_workers=0). A computed row goes into the cache (the workers put it,
-   or CachedDataset's writer queues it) when the batch keeps it; else it
-   goes back in the BatchReport.
+   BatchSource's, as columns), then computed in the batch's miss turn
+   (_misses.py: sent to worker number mod num_workers, or computed in this
+   thread with num_workers=0). A computed row goes into the cache (the
+   workers put it, or CachedDataset's writer queues it) when the batch
+   keeps it; else it goes back in the BatchReport.
 3. Rows that fit the layout are written into the buffers, which become the
    batch as default_collate would make it; otherwise the samples are
    collated (collate_fn, transform=), as DataLoader would (batch_size=None:
@@ -30,7 +33,6 @@ from typing import Any
 import numpy as np
 from torch.utils.data import default_collate
 
-from ..rows import encode
 from ._device import CudaStage, tree_map
 from ._misses import (Closed, Columns, Computed, MissTurn, MissWorkers, Sample, Stored,
                       compute_rows)
@@ -38,6 +40,12 @@ from ._row_schema import RowSchema, decode_sample, project, read_columns
 from .batch_source import BatchReport, SourcedBatch
 
 __all__ = ["BatchAssembler"]
+
+
+def _in_cache(source: SourcedBatch) -> Any:
+    """The batch's in_cache(index), or None when it has none (every row
+    may be in this cache)."""
+    return getattr(source, "in_cache", None)
 
 
 class BatchAssembler:
@@ -88,8 +96,8 @@ class BatchAssembler:
             bufs = schema.alloc(n, self.pin, state.buffers)
             out = schema.read_targets(bufs)
             # A dict out names its columns by its keys: the projection is in it.
-            filled = np.asarray(self.cds.cache.read_into(
-                indices, out, None if isinstance(out, dict) else columns), dtype=bool)
+            filled = self._read_into(indices, out, None if isinstance(out, dict)
+                                     else columns, _in_cache(source))
         rest = np.flatnonzero(~filled).tolist()
         if not rest:
             self.turn.passed(number)
@@ -128,6 +136,29 @@ class BatchAssembler:
             batch = self.stage.stage(batch)
         return batch, nbytes
 
+    def _read_into(self, indices: list[int], out: Any, columns: Any,
+                   in_cache: Any) -> Any:
+        """The hit mask of reading the batch's rows into `out`: all of them,
+        or only those in_cache says may be here, read into the first rows
+        of `out` and moved to their positions."""
+        cache = self.cds.cache
+        if in_cache is None:
+            return np.asarray(cache.read_into(indices, out, columns), dtype=bool)
+        filled = np.zeros(len(indices), dtype=bool)
+        mine = np.flatnonzero([in_cache(i) for i in indices])
+        if not len(mine):
+            return filled
+        hit = np.asarray(cache.read_into([indices[p] for p in mine], out, columns),
+                         dtype=bool)
+        # Row j moves to mine[j] >= j, the last first: no row is overwritten
+        # before it moved.
+        for t in (out.values() if isinstance(out, dict) else out):
+            for j in range(len(mine) - 1, -1, -1):
+                if mine[j] != j and hit[j]:
+                    t[mine[j]] = t[j]
+        filled[mine] = hit
+        return filled
+
     def _learn(self, cols: Any) -> Any:
         schema = RowSchema.of(cols, self.cds.columns) or False
         if self.state.schema is None:
@@ -141,14 +172,22 @@ class BatchAssembler:
         miss turn (and queued for the cache, or left in the report when the
         source does not keep it), or a Sample the cache cannot hold."""
         cds = self.cds
-        rows: list[Any] = read_columns(cds.cache, ids, cds.columns, copy=True)
+        in_cache = _in_cache(source)
+        if in_cache is None:
+            rows: list[Any] = read_columns(cds.cache, ids, cds.columns, copy=True)
+        else:
+            rows = [None] * len(ids)
+            mine = [k for k, i in enumerate(ids) if in_cache(i)]
+            for k, r in zip(mine, read_columns(cds.cache, [ids[k] for k in mine],
+                                               cds.columns, copy=True) if mine else []):
+                rows[k] = r
         missing = [k for k, r in enumerate(rows) if r is None]
         report.cache_hits += len(ids) - len(missing)
         supplied = 0
         for k in missing:
             r = source.supplied(ids[k])
             if r is not None:
-                rows[k] = project(encode(r), cds.columns)
+                rows[k] = project(r, cds.columns)
                 supplied += 1
         if supplied:
             missing = [k for k in missing if rows[k] is None]

@@ -12,8 +12,8 @@ numbers become 0-d tensors, bytes stay bytes, PIL images stay PIL images),
 whether it was a hit or a miss: both go through shmcache.rows.decode, so
 every epoch sees the same types. torch 1.13 has no uint16/32/64: those
 become int32/int64. A sample the cache cannot hold (a value with no column
-type, more columns or longer names than a row may have) is delivered as the
-dataset made it, after one CacheWarning.
+type, a Python int outside int64, more columns or longer names than a row
+may have) is delivered as the dataset made it, after one CacheWarning.
 
 transform= and target_transform= work as torchvision's datasets': for a
 tuple sample (input, target, ...), transform applies to the input and
@@ -98,7 +98,10 @@ class CachedDataset(Dataset):
     cache: a shmcache.DatasetCache (its session and size are used; the name
       is this dataset's); default DatasetCache(), the session of
       $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
-      the dataset (class, length, root/path, transform repr).
+      the dataset (class, length, root/path, transform repr) and of its
+      contents (shmcache.torch.dataset_identity: its files' sizes and
+      mtimes, or a few samples), taken once, here; ValueError when the
+      contents cannot be told (pass name=).
     transform, target_transform: applied after the cache, on every access
       (the place for random augmentation), torchvision's way: for a tuple
       sample, transform to its first element and target_transform to its
