@@ -35,12 +35,18 @@ after, with DataLoader's words ("DataLoader worker (pid N) is killed by
 signal: Killed."), found within POLL_S for workers that are this process's
 children, else within DataLoader's own 5 s check; each worker ends within
 PARENT_POLL_S of its trainer's death (SIGKILL included; under forkserver,
-of its forkserver's). close() returns at once: batches waiting raise
+of its forkserver's). close() returns promptly: batches waiting raise
 Closed, a worker stops before its next row, and the DataLoader shuts its
-workers down in the pool's own thread, never in the caller's.
+workers down in the pool's own thread (close() waits JOIN_S at most for
+it, never for a busy worker). compute(ids) spreads rows over all workers
+and waits (PartitionedLoader's windows).
 
-Thread safety: submit(), Ticket.result() and close() may be called from
-any thread of the trainer.
+MissTurn orders a pass's misses by batch: batch k sends (or computes) its
+misses only after the batches before it, so that each worker sees its
+batches in DataLoader's order.
+
+Thread safety: submit(), compute(), Ticket.result(), cancel() and close()
+may be called from any thread of the trainer.
 """
 
 from __future__ import annotations
