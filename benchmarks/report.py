@@ -366,6 +366,16 @@ def targets(d):
         row("CachedLoader: first epoch vs DataLoader(CachedDataset), 2 workers each",
             f"{v['loader.epoch1_s']:.2f} s vs {v['dataloader.epoch1_cache_s']:.2f} s",
             f"{l1:.2f}x", "<= 1.00x", l1 <= 1.0)
+    sw = v.get("switch.warm_vs_uncached")
+    if sw is not None:
+        row(f"imagenet/main.py with the 3-line switch, its loop on the CPU: Data time at "
+            f"-j 0, warm vs uncached ({v['switch.images']:.0f} JPEGs 500x375, batches of "
+            f"{v['switch.batch']:.0f}, interleaved, best of each)",
+            f"{v['switch.warm_data_ms']:.1f} ms vs {v['switch.uncached_data_ms']:.1f} ms "
+            "per batch", f"{sw:.2f}x", "<= 0.6x", sw <= 0.6)
+    elif "switch" in d.skipped:
+        row("imagenet/main.py with the 3-line switch: Data time at -j 0, warm vs uncached",
+            "skipped: " + d.skipped["switch"], "—", "<= 0.6x", None)
     if speed is None:
         row("DataLoader steady / first epoch", "skipped: " +
             d.skipped.get("dataloader", "?"), "—", ">= 5x / <= 1.05x", None)
@@ -531,6 +541,27 @@ def render(d, elapsed, command):
             if key in d.values:
                 t = d.values[key]
                 lines.append(f"| {label} | {t:.{2 if t >= 0.1 else 3}f} | {n / t:.0f} |")
+    sw = {k: x for k, x in d.values.items() if k.startswith("switch.")}
+    if sw:
+        lines.append("")
+        lines.append("### The 3-line switch of imagenet/main.py, in main.py's loop "
+                     "(mobilenet_v3_small on the CPU): its Data time, "
+                     f"{sw.get('switch.images', 0):.0f} JPEGs 500x375, batches of "
+                     f"{sw.get('switch.batch', 0):.0f}, main.py's train transform")
+        lines.append("")
+        lines.append("| loader | Data time per batch (ms) | vs uncached |")
+        lines.append("|---|---|---|")
+        unc = sw.get("switch.uncached_data_ms")
+        for k, label in (("uncached_data_ms", "-j 0, uncached (ImageFolder)"),
+                         ("first_data_ms", "-j 0, first epoch (cache cold)"),
+                         ("warm_data_ms", "-j 0, cache warm")):
+            t = sw.get(f"switch.{k}")
+            if t is not None and unc:
+                lines.append(f"| {label} | {t:.1f} | {t / unc:.2f}x |")
+        j2u, j2w = sw.get("switch.j2_uncached_data_ms"), sw.get("switch.j2_warm_data_ms")
+        if j2u and j2w:
+            lines.append(f"| -j 2, uncached | {j2u:.1f} | 1.00x |")
+            lines.append(f"| -j 2, cache warm | {j2w:.1f} | {j2w / j2u:.2f}x |")
     lines += sweep_lines(d)
     lines += multinode_lines(d.multinode)
     if d.skipped:

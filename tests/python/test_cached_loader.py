@@ -92,7 +92,8 @@ def fill(cds, ids):
 
 
 def loader_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("shmcache-loader")]
+    return [t for t in threading.enumerate()
+            if t.name.startswith(("shmcache-loader", "shmcache-miss"))]
 
 
 def no_leftovers():

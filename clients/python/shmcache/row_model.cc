@@ -60,6 +60,16 @@ bool RoundTrips(std::string_view mode) {
   return false;
 }
 
+// PIL modes whose pixels are 3 or 2 bytes in an array and 4 in a PIL
+// image: PIL.Image.frombuffer always copies them (it maps a buffer only
+// where the two layouts are one).
+bool PilUnpacks(std::string_view mode) {
+  for (std::string_view m : {"RGB", "YCbCr", "LAB", "HSV", "LA"}) {
+    if (mode == m) return true;
+  }
+  return false;
+}
+
 bool ModuleStartsWith(py::handle v, std::string_view prefix) {
   py::object mod = py::type::handle_of(v).attr("__module__");
   if (!PyUnicode_Check(mod.ptr())) return false;
@@ -468,10 +478,24 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
   }
   std::string_view mode = TagOf(c.name);
   if (!mode.empty()) {
-    // A PIL image owns its pixels: filled now, before PIL reads them.
+    py::str m(mode.data(), mode.size());
+    if (PilUnpacks(mode)) {
+      // PIL copies these pixels into an image of its own as it makes it
+      // (widening them to its 4-byte pixels): it reads them where they are,
+      // through a read-only array it does not keep.
+      return Pil().fromarray(
+          NewArray(ToNumpy(c.dtype), c.shape, c.data, base ? base : py::none(), false),
+          m);
+    }
+    // Modes PIL may map instead of copying: an array of the image's own,
+    // filled now, before PIL reads it.
     py::array a = NewArray(ToNumpy(c.dtype), c.shape, nullptr, py::handle(), true);
     if (c.nbytes) std::memcpy(a.mutable_data(), c.data, c.nbytes);
-    return Pil().fromarray(a, py::str(mode.data(), mode.size()));
+    // A "1" image's array has a byte per pixel, which PIL reads as such
+    // only when it picks the mode from the array's dtype (with mode="1" it
+    // reads packed bits).
+    if (mode == "1") return Pil().fromarray(a);
+    return Pil().fromarray(a, m);
   }
   if (!zero_copy_) base = py::handle();
   DType out = OutType(c.dtype, leaf_);
