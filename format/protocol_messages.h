@@ -335,6 +335,69 @@ struct SpillGetRequest {
   }
 };
 
+// The connection's staging file for cache_id, of at least min_bytes
+// (1..kMaxSpilledRowBytes): made, or the one it has when large enough.
+struct SpillStageResponse {
+  uint32_t tag = 0;   // names the file: InstancePaths::StageFile(cache_id, tag)
+  uint64_t size = 0;  // its bytes
+  template <typename M, typename IO>
+  static void Fields(M& m, IO& io) {
+    io.U32(m.tag);
+    io.U64(m.size);
+  }
+};
+
+struct SpillStageRequest {
+  static constexpr MsgType kType = MsgType::kSpillStage;
+  static constexpr const char* kName = "SpillStage";
+  using Response = SpillStageResponse;
+  uint32_t cache_id = 0;
+  uint64_t min_bytes = 0;
+  template <typename M, typename IO>
+  static void Fields(M& m, IO& io) {
+    io.U32(m.cache_id);
+    io.U64(m.min_bytes);
+    io.Check(m.min_bytes != 0 && m.min_bytes <= kMaxSpilledRowBytes);
+  }
+};
+
+// One byte per row, in order: 1 when the row was added, 0 when its id was
+// already cached.
+struct SpillPutStagedResponse {
+  std::vector<uint8_t> inserted;  // at most kMaxSpillBatch
+  template <typename M, typename IO>
+  static void Fields(M& m, IO& io) {
+    // A count and a byte each: the bytes of a length-prefixed byte string.
+    io.List(m.inserted, kMaxSpillBatch, [&io](auto& b) {
+      io.U8(b);
+      io.Check(b <= 1);
+    });
+  }
+};
+
+// Rows ids[i] of sizes[i] bytes each, encoded (RowCodec) back to back from
+// the start of the staging file `tag` (1..kMaxSpillBatch rows; ids and
+// sizes of the same length).
+struct SpillPutStagedRequest {
+  static constexpr MsgType kType = MsgType::kSpillPutStaged;
+  static constexpr const char* kName = "SpillPutStaged";
+  using Response = SpillPutStagedResponse;
+  uint32_t cache_id = 0;
+  uint32_t tag = 0;
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> sizes;
+  template <typename M, typename IO>
+  static void Fields(M& m, IO& io) {
+    io.U32(m.cache_id);
+    io.U32(m.tag);
+    // One count for both lists: the ids, then as many sizes.
+    io.List(
+        m.ids, kMaxSpillBatch, [&io](auto& id) { io.U64(id); }, /*min=*/1);
+    if constexpr (IO::kReading) m.sizes.resize(m.ids.size());
+    for (auto& n : m.sizes) io.U32(n);
+  }
+};
+
 template <typename... M>
 struct TypeList {};
 
@@ -343,7 +406,7 @@ using Requests =
     TypeList<HelloRequest, CreateSessionRequest, DestroySessionRequest,
              CheckSessionRequest, OpenCacheRequest, LeaseChunkRequest, ReturnChunkRequest,
              GrowIndexRequest, ListSessionsRequest, ServerInfoRequest, StopRequest,
-             SpillPutRequest, SpillGetRequest>;
+             SpillPutRequest, SpillGetRequest, SpillStageRequest, SpillPutStagedRequest>;
 
 template <typename... R>
 constexpr bool CoversEveryType(TypeList<R...>) {

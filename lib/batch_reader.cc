@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "format/row_copy.h"
 #include "lib/batch_window.h"
 #include "lib/fork_safety.h"
 #include "port/mutex.h"
@@ -38,7 +39,7 @@ void CopyRow(std::span<const ColumnTarget> targets, const ColumnView* cols, size
   for (size_t t = 0; t < targets.size(); ++t) {
     auto* dst =
         static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes;
-    std::memcpy(dst, cols[t].data, cols[t].nbytes);
+    CopyRowBytes(dst, cols[t].data, cols[t].nbytes);
   }
 }
 

@@ -10,7 +10,8 @@
 // holds it) and calls the daemon only to lease a new chunk or grow the index.
 //
 // Implemented in cache_impl.cc (attach, statistics, close), cache_read.cc,
-// cache_put.cc and cache_spill.cc (the rows on disk).
+// cache_put.cc and cache_spill.cc (the rows on disk: their puts go through
+// the SpillStage, spill_stage.h).
 #pragma once
 
 #include <atomic>
@@ -25,6 +26,7 @@
 #include "lib/chunk_writer.h"
 #include "lib/client_impl.h"
 #include "lib/segment_set.h"
+#include "lib/spill_stage.h"
 #include "lib/stats_lanes.h"
 #include "lib/table_set.h"
 #include "shmcache/row.h"
@@ -99,10 +101,12 @@ class CacheImpl {
 
   // ---- puts (cache_put.cc) ----
   // One row of a batch; `loc` is where the index had the id before the
-  // batch (kEmpty: absent). Goes to memory, to disk, or nowhere (Full).
+  // batch (kEmpty: absent). Goes to memory (written here), to disk (left
+  // for SpillRows: *disk_bytes is its encoded size, 0 for every other
+  // row), or nowhere (Full).
   Status PutBatchRow(uint64_t id, std::span<const ColumnRef> columns, uint64_t loc,
                      ChunkWriter::BatchLock* lock, ChunkWriter::Tally* tally,
-                     bool* inserted);
+                     bool* inserted, size_t* disk_bytes);
   // TooLarge for a row no segment within the budget could hold: the
   // daemon need not be asked.
   Status CheckRowFits(uint64_t id, size_t size) const;
@@ -115,6 +119,13 @@ class CacheImpl {
   // The same through the daemon alone, one round trip per batch.
   void FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
                               Status* statuses);
+  // A row of `size` encoded bytes goes to disk: OK with *disk_bytes = size
+  // (the batch stages its rows for disk together once the rest are in:
+  // SpillRows), or TooLarge when no spilled row may be that large.
+  static Status ToDisk(uint64_t id, size_t size, size_t* disk_bytes);
+  // Puts a batch's rows that go to disk: through the stage, and one by one
+  // over the socket (SpillPut) when no stage can be had.
+  void SpillRows(std::span<const SpillStage::Row> rows, Status* statuses, bool* inserted);
   // Sends one row to the daemon, which writes it to the spill store.
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);
@@ -133,6 +144,7 @@ class CacheImpl {
   SegmentSet segments_;
   StatsLanes stats_;
   ChunkWriter writer_;  // writes into segments_ and tables_
+  SpillStage stage_;    // rows to disk
 };
 
 }  // namespace shmcache

@@ -1,6 +1,7 @@
 // The write path: where each row of a batch goes (memory through the
-// ChunkWriter, disk through the daemon, or nowhere when the cache is full);
-// one lock and one statistics update per batch.
+// ChunkWriter, disk through the SpillStage once the batch's memory rows are
+// in, or nowhere when the cache is full); one lock and one statistics update
+// per batch.
 
 #include <algorithm>
 
@@ -36,12 +37,18 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
   ChunkWriter::Tally tally;
   uint64_t locs[kBatchWindow];
   bool added = false;
+  std::vector<SpillStage::Row> to_disk;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % kBatchWindow == 0) {
       LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
     }
-    statuses[i] =
-        PutBatchRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally, &added);
+    size_t disk_bytes = 0;
+    statuses[i] = PutBatchRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally,
+                              &added, &disk_bytes);
+    if (disk_bytes > 0) {
+      to_disk.push_back({ids[i], rows[i], disk_bytes, i});
+      continue;
+    }
     if (inserted) inserted[i] = added;
     if (EndsBatch(statuses[i])) {
       std::fill(statuses + i + 1, statuses + ids.size(), statuses[i]);
@@ -50,13 +57,19 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
     }
   }
   if (tally.rows > 0) stats_.CountPuts(tally.rows, tally.bytes);
+  if (!to_disk.empty()) {
+    lock.Unlock();  // disk writes hold no put lock
+    SpillRows(to_disk, statuses, inserted);
+  }
   return Status::OK();
 }
 
 Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
                               uint64_t loc, ChunkWriter::BatchLock* lock,
-                              ChunkWriter::Tally* tally, bool* inserted) {
+                              ChunkWriter::Tally* tally, bool* inserted,
+                              size_t* disk_bytes) {
   *inserted = false;
+  *disk_bytes = 0;
   if (uint32_t state = header_->state.load(std::memory_order_relaxed);
       layout::IsFull(state)) {
     if (layout::FullByCap(state)) {
@@ -69,16 +82,16 @@ Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
   size_t size;
   Status s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;
-  if (SpillsNow()) return SpillPut(id, columns, size, inserted);
+  if (SpillsNow()) return ToDisk(id, size, disk_bytes);
   s = CheckRowFits(id, size);
-  if (!s.ok()) return SpillingOn() ? SpillPut(id, columns, size, inserted) : s;
+  if (!s.ok()) return SpillingOn() ? ToDisk(id, size, disk_bytes) : s;
   bool lease_failed = false;
   s = writer_.Write(id, columns, size, lock, tally, inserted, &lease_failed);
   if (s.ok() || !lease_failed) return s;
-  if (s.IsFull() && SpillsNow()) return SpillPut(id, columns, size, inserted);
+  if (s.IsFull() && SpillsNow()) return ToDisk(id, size, disk_bytes);
   if (s.IsTooLarge()) {
     // Only this row: the cache goes on taking smaller ones in memory.
-    if (SpillingOn()) return SpillPut(id, columns, size, inserted);
+    if (SpillingOn()) return ToDisk(id, size, disk_bytes);
     return Status::TooLarge(fmt::format("row {}: {}", id, s.message()));
   }
   return s;

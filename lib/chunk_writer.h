@@ -55,6 +55,11 @@ class ChunkWriter {
   class BatchLock {
    public:
     explicit BatchLock(ChunkWriter* writer) : lock_(writer->mu_, std::defer_lock) {}
+    // Lets the mutex go before the batch ends (its rows to disk are put
+    // without it); a later Write takes it again.
+    void Unlock() {
+      if (lock_.owns_lock()) lock_.unlock();
+    }
 
    private:
     friend class ChunkWriter;
