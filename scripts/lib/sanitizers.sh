@@ -44,6 +44,12 @@ san_configure() {
   fi
 }
 
+# TSan's die_after_fork=0: a child forked from a process with threads
+# starting threads of its own is what the library supports and the suites
+# test (a DataLoader worker forked mid-epoch opens its spill reader, whose
+# RocksDB starts threads); TSan would kill that child instead. Its runtime
+# after such a fork is best-effort, its reports there too.
+#
 # san_run MODE LOGDIR [meson test args...]: runs the C++ suites in that
 # build (built already), sanitizer reports into LOGDIR (emptied first); the
 # meson verdicts are in <build>/meson-logs/testlog.json. Fails when a test
@@ -60,7 +66,7 @@ san_run() {
   ASAN_OPTIONS=${ASAN_OPTIONS:-$common:detect_leaks=1:abort_on_error=1} \
   LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$supp/lsan.supp} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-$common:print_stacktrace=1:halt_on_error=1} \
-  TSAN_OPTIONS=${TSAN_OPTIONS:-$common:halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp} \
+  TSAN_OPTIONS=${TSAN_OPTIONS:-$common:halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$supp/tsan.supp} \
     meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 \
       --timeout-multiplier 4 --no-suite library --no-suite fuzz "$@"
 }
