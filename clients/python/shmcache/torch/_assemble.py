@@ -1,10 +1,13 @@
 """One CachedLoader batch, assembled (BatchAssembler.assemble): the rule of
 loader.py's contract, applied to a batch's indices.
 
-1. Rows of the learned layout (a RowSchema) are read by
-   DatasetCache.read_into into the batch's buffers, all at once.
-2. The rest are read from the cache row by row (read_columns: another
-   layout, a projection), then taken from the batch's supplied rows (a
+1. Rows of the learned layout (a RowSchema) are read into the batch's
+   buffers, all at once, by one native call (DatasetCache.fill_batch, with
+   copy_threads threads), which says of each row whether it was read, is
+   not cached, or is cached in another layout.
+2. Rows of another layout are read from the cache row by row
+   (read_columns: another layout, a projection); rows not cached are not
+   looked up again. Then rows are taken from the batch's supplied rows (a
    BatchSource's), then computed (_misses.py: the miss workers, or this
    thread with num_workers=0). A computed row goes into the cache (the
    workers put it, or CachedDataset's writer queues it) when the batch
@@ -26,7 +29,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import default_collate
 
+from .._read_into import ROW_MISSING, ROW_READ
 from ..rows import encode
+from ._autotune import usable_cpus
 from ._device import CudaStage, tree_map
 from ._misses import Closed, Columns, Computed, MissWorkers, Sample, Stored, compute_rows
 from ._row_schema import RowSchema, decode_sample, project, read_columns
@@ -52,6 +57,8 @@ class BatchAssembler:
             self.pool = MissWorkers(self.cds, loader.num_workers,
                                     loader.multiprocessing_context, base_seed,
                                     loader.worker_init_fn, loader.timeout)
+        self.tuner = state.tuner
+        self.cpus = usable_cpus()
         self._inline = threading.Lock()   # num_workers=0: one compute at a time
         self.closed = False
 
@@ -70,16 +77,20 @@ class BatchAssembler:
         state = self.state
         schema = state.schema
         bufs, filled = None, np.zeros(n, dtype=bool)
+        absent = filled    # rows the read found not cached
         if schema:
             bufs = schema.alloc(n, self.pin, state.buffers)
             out = schema.read_targets(bufs)
             # A dict out names its columns by its keys: the projection is in it.
-            filled = np.asarray(self.cds.cache.read_into(
-                indices, out, None if isinstance(out, dict) else columns), dtype=bool)
+            codes = self.cds.cache.fill_batch(
+                indices, out, None if isinstance(out, dict) else columns,
+                self.copy_threads(), codes=True)
+            filled = codes == ROW_READ
+            absent = codes == ROW_MISSING
         rest = np.flatnonzero(~filled).tolist()
         report.cache_hits += n - len(rest)
-        rows = dict(zip(rest, self._rows([indices[p] for p in rest], source, report))) \
-            if rest else {}
+        rows = dict(zip(rest, self._rows([indices[p] for p in rest], source, report,
+                                         absent[rest].tolist()))) if rest else {}
         state.count(samples=n, hits=n - len(rest))
         if schema is None and rows:
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
@@ -111,19 +122,33 @@ class BatchAssembler:
             batch = self.stage.stage(batch)
         return batch, nbytes
 
+    def copy_threads(self) -> int:
+        """Threads to copy one batch's rows with: the cache's read_threads,
+        fewer while the loader's threads already copy batches side by side,
+        so that all of them together stay within the CPUs (more would only
+        take turns: oversubscribed copies wait on the slowest share)."""
+        return max(1, min(self.cds.cache.read_threads, self.cpus // max(1, self.tuner.threads)))
+
     def _learn(self, cols: Any) -> Any:
         schema = RowSchema.of(cols, self.cds.columns) or False
         if self.state.schema is None:
             self.state.schema = schema
         return schema
 
-    def _rows(self, ids: list[int], source: SourcedBatch, report: BatchReport) -> list[Any]:
-        """Per id the row's [(name, dtype, array)] from the cache (copies),
-        else the source's supplied row, else computed (and queued for the
-        cache, or left in the report when the source does not keep it), or
-        a Sample the cache cannot hold."""
+    def _rows(self, ids: list[int], source: SourcedBatch, report: BatchReport,
+              absent: list[bool]) -> list[Any]:
+        """Per id the row's [(name, dtype, array)] from the cache (copies;
+        not looked up again where `absent` says the batch's read found no
+        row: each read is counted once), else the source's supplied row,
+        else computed (and queued for the cache, or left in the report when
+        the source does not keep it), or a Sample the cache cannot hold."""
         cds = self.cds
-        rows: list[Any] = read_columns(cds.cache, ids, cds.columns, copy=True)
+        look = [k for k, gone in enumerate(absent) if not gone]
+        rows: list[Any] = [None] * len(ids)
+        if look:
+            found = read_columns(cds.cache, [ids[k] for k in look], cds.columns, copy=True)
+            for k, r in zip(look, found):
+                rows[k] = r
         missing = [k for k, r in enumerate(rows) if r is None]
         report.cache_hits += len(ids) - len(missing)
         supplied = 0

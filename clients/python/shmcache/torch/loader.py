@@ -63,7 +63,6 @@ the device), _autotune.py (num_threads / prefetch "auto").
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -71,7 +70,7 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from .. import DatasetCache
-from ._autotune import AutoTune
+from ._autotune import AutoTune, usable_cpus
 from ._device import batch_device
 from ._pipeline import LoaderIter, LoaderState
 from .batch_source import BatchSource, SamplerSource
@@ -160,7 +159,7 @@ class CachedLoader:
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._state = LoaderState(AutoTune(threads, depth, auto_t, auto_p,
-                                           max_threads=max(DEFAULT_THREADS, 2 * _cpus()),
+                                           max_threads=max(DEFAULT_THREADS, 2 * usable_cpus()),
                                            max_bytes=max_prefetch_bytes))
 
     @staticmethod
@@ -227,7 +226,3 @@ def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
             else SequentialSampler(dataset)
     return BatchSampler(sampler, batch_size, drop_last)
 
-
-def _cpus():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
