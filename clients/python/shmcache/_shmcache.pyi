@@ -1,6 +1,6 @@
 # Types of the native module (_shmcache.cc). Use the `shmcache` package;
 # this module is its implementation.
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
