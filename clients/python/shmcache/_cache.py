@@ -141,7 +141,12 @@ class DatasetCache:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        # One attribute at a time, not __dict__.update: reading __dict__
+        # makes CPython 3.11 keep the attributes in a dict, and then no load
+        # of them is specialized (CachedDataset's per-sample path reads
+        # `native` of a cache made here, by named()).
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
         self._init_runtime()
 
     def named(self, name: str, fingerprint: str | None = None) -> DatasetCache:
