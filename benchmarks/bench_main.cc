@@ -2,8 +2,9 @@
 // references (the memcpy limit, Redis, LMDB, RocksDB) measured in the same
 // run. Prints progress to stderr and writes JSON.
 //
-//   shmcache_bench [--sections memcpy,put,shmcache,hit,spill,redis,lmdb,rocksdb]
-//                  [--seconds S] [--working_set_mb M] [--procs 1,2]
+//   shmcache_bench [--sections memcpy,put,shmcache,hit,spill,redis,lmdb,rocksdb,
+//                              spillcheck,sweep]
+//                  [--seconds S] [--working_set_mb M] [--procs 1,2] [--sweep 1,2,4]
 //                  [--port P] [--redis_socket PATH] [--lmdb_dir DIR]
 //                  [--rocksdb_dir DIR] [--out FILE]
 //
@@ -63,6 +64,15 @@ void AddOptions(shmcache::CommandLine& cl, bench::Config* c) {
     }
     return c->procs.empty() ? Bad("--procs", v) : Status::OK();
   });
+  cl.AddValue("--sweep", [c](const std::string& v) {
+    c->sweep.clear();
+    for (const std::string& p : Split(v)) {
+      long n = 0;
+      if (!shmcache::ParseDecimal(p, 1, 4096, &n)) return Bad("--sweep", v);
+      c->sweep.push_back(static_cast<int>(n));
+    }
+    return c->sweep.empty() ? Bad("--sweep", v) : Status::OK();
+  });
   cl.AddValue("--port", [c](const std::string& v) {
     long port = 0;
     if (!shmcache::ParseDecimal(v, 0, 65535, &port)) return Bad("--port", v);
@@ -85,7 +95,7 @@ int Usage(const Status& why) {
   std::fprintf(stderr,
                "shmcache_bench: %s\n"
                "usage: shmcache_bench [--sections LIST] [--seconds S] "
-               "[--working_set_mb M] [--procs 1,2] [--port P] "
+               "[--working_set_mb M] [--procs 1,2] [--sweep 1,2,4] [--port P] "
                "[--redis_socket PATH] [--lmdb_dir DIR] [--rocksdb_dir DIR] "
                "[--out FILE]\n",
                why.message().c_str());
@@ -131,6 +141,9 @@ int main(int argc, char** argv) {
   section("redis", bench::BenchRedis, !c.redis_socket.empty(), "no --redis_socket");
   section("lmdb", bench::BenchLmdb, !c.lmdb_dir.empty(), "no --lmdb_dir");
   section("rocksdb", bench::BenchRocksdb, !c.rocksdb_dir.empty(), "no --rocksdb_dir");
+  section("spillcheck", bench::BenchSpillCheck, !c.rocksdb_dir.empty(),
+          "no --rocksdb_dir");
+  section("sweep", bench::BenchSweep, true, "");
   if (!report.Write(c.out)) {
     std::perror(c.out.c_str());
     return 1;

@@ -2,8 +2,8 @@
 // directory's file system, the reference for shmcache's spilled-row get.
 // Each size is measured in four configurations (RocksDB's defaults; no
 // compression; integrated BlobDB for values of 4 KB and more, uncompressed,
-// with a 256 MB block cache; and the options shmcache's spill database is
-// opened with, format/spill_format.cc, linked in); "raw"
+// with a 256 MB block cache; and the options shmcache's clients read the
+// spill database with, format/spill_format.cc, linked in); "raw"
 // and "raw MultiGet 64" are the best of them, the reference the
 // spilled-row targets compare against.
 #include <algorithm>
@@ -43,8 +43,8 @@ const RocksConfig kRocksConfigs[] = {
        t.block_cache = rocksdb::NewLRUCache(256u << 20);
        o->table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
      }},
-    {"shmcache spill options",
-     [](rocksdb::Options* o) { *o = shmcache::SpillDbOptions(); }},
+    {"shmcache spill reader options",
+     [](rocksdb::Options* o) { *o = shmcache::SpillReaderOptions(); }},
 };
 }  // namespace
 

@@ -36,18 +36,6 @@ struct ShmFiles {
   uint64_t allocated = 0;  // st_blocks * 512
 };
 
-// The server's shm dir (its own huge-page tmpfs when it mounted one).
-std::string ShmDirOf(int port) {
-  ClientOptions co;
-  co.port = port;
-  std::unique_ptr<Client> client;
-  shmcache::ServerInfo info;
-  if (!Client::Connect(co, &client).ok() || !client->GetServerInfo(&info).ok()) {
-    return "/dev/shm";
-  }
-  return info.shm_dir;
-}
-
 // Sums the shm files of one cache whose kind is "cache", "table" or "seg".
 ShmFiles FilesOf(int port, uint32_t cache_id, const std::string& kind) {
   std::string dir = ShmDirOf(port);
@@ -78,8 +66,48 @@ int InstancePort(const Config& c) {
   return static_cast<int>(port);
 }
 
-Status Open(Client* client, uint32_t session, const std::string& name, bool spilling,
-            uint64_t size_mb, std::unique_ptr<Cache>* out) {
+void Overhead(const Config& c, Cache* cache, size_t size, uint64_t rows, Report* r) {
+  shmcache::CacheStats st;
+  Status s = cache->GetStats(&st);
+  if (!s.ok() || st.mem_rows == 0) {
+    r->Skip("memory " + std::to_string(size), s.ToString());
+    return;
+  }
+  int port = InstancePort(c);
+  ShmFiles table = FilesOf(port, cache->cache_id(), "table");
+  ShmFiles seg = FilesOf(port, cache->cache_id(), "seg");
+  ShmFiles head = FilesOf(port, cache->cache_id(), "cache");
+  double n = static_cast<double>(st.mem_rows);
+  std::string k = std::to_string(size);
+  double encoded = static_cast<double>(st.mem_bytes) / n - static_cast<double>(size);
+  double index = static_cast<double>(table.apparent) / n;
+  r->Value("mem.rows." + k, n);
+  r->Value("mem.encoding_overhead_per_row." + k, encoded);
+  r->Value("mem.index_bytes_per_row." + k, index);
+  r->Value("mem.overhead_per_row." + k, encoded + index);
+  double shm = static_cast<double>(seg.allocated + table.allocated + head.allocated);
+  r->Value("mem.shm_bytes_per_row." + k, shm / n);
+  r->Value("mem.shm_overhead_per_row." + k, shm / n - static_cast<double>(size));
+  r->Value("mem.reserved_bytes_per_row." + k, static_cast<double>(st.reserved_bytes) / n);
+  (void)rows;
+}
+
+}  // namespace
+
+// The server's shm dir (its own huge-page tmpfs when it mounted one).
+std::string ShmDirOf(int port) {
+  ClientOptions co;
+  co.port = port;
+  std::unique_ptr<Client> client;
+  shmcache::ServerInfo info;
+  if (!Client::Connect(co, &client).ok() || !client->GetServerInfo(&info).ok()) {
+    return "/dev/shm";
+  }
+  return info.shm_dir;
+}
+
+Status OpenBenchCache(Client* client, uint32_t session, const std::string& name,
+                      bool spilling, uint64_t size_mb, std::unique_ptr<Cache>* out) {
   CacheOptions o;
   o.session_id = session;
   o.name = name;
@@ -92,7 +120,7 @@ Status Open(Client* client, uint32_t session, const std::string& name, bool spil
 // Puts rows [begin, end) and returns rows/s, or -1 after an error. With
 // batch > 1 the rows go through PutBatch, `batch` at a time.
 double PutRange(Cache* cache, const Source& src, size_t size, uint64_t begin,
-                uint64_t end, std::string* err, size_t batch = 1) {
+                uint64_t end, std::string* err, size_t batch) {
   std::vector<uint64_t> ids(batch);
   std::vector<shmcache::ColumnRef> cols(batch);
   std::vector<std::span<const shmcache::ColumnRef>> rows(batch);
@@ -121,32 +149,6 @@ double PutRange(Cache* cache, const Source& src, size_t size, uint64_t begin,
     }
   }
   return static_cast<double>(end - begin) / (NowSec() - t0);
-}
-
-void Overhead(const Config& c, Cache* cache, size_t size, uint64_t rows, Report* r) {
-  shmcache::CacheStats st;
-  Status s = cache->GetStats(&st);
-  if (!s.ok() || st.mem_rows == 0) {
-    r->Skip("memory " + std::to_string(size), s.ToString());
-    return;
-  }
-  int port = InstancePort(c);
-  ShmFiles table = FilesOf(port, cache->cache_id(), "table");
-  ShmFiles seg = FilesOf(port, cache->cache_id(), "seg");
-  ShmFiles head = FilesOf(port, cache->cache_id(), "cache");
-  double n = static_cast<double>(st.mem_rows);
-  std::string k = std::to_string(size);
-  double encoded = static_cast<double>(st.mem_bytes) / n - static_cast<double>(size);
-  double index = static_cast<double>(table.apparent) / n;
-  r->Value("mem.rows." + k, n);
-  r->Value("mem.encoding_overhead_per_row." + k, encoded);
-  r->Value("mem.index_bytes_per_row." + k, index);
-  r->Value("mem.overhead_per_row." + k, encoded + index);
-  double shm = static_cast<double>(seg.allocated + table.allocated + head.allocated);
-  r->Value("mem.shm_bytes_per_row." + k, shm / n);
-  r->Value("mem.shm_overhead_per_row." + k, shm / n - static_cast<double>(size));
-  r->Value("mem.reserved_bytes_per_row." + k, static_cast<double>(st.reserved_bytes) / n);
-  (void)rows;
 }
 
 // Reads every row once, touching each of its pages: a process that forked
@@ -190,8 +192,6 @@ double PageSupplyRate(const std::string& dir, uint64_t n, size_t size) {
   return ok ? static_cast<double>(n) / t : -1;
 }
 
-}  // namespace
-
 // Puts: every process writes its own rows into one fresh cache, one row
 // per Put, then kPutBatch rows per PutBatch. First the machine's limit:
 // the page supply of the shm dir for the same bytes.
@@ -218,7 +218,8 @@ void BenchPut(const Config& c, const Source& src, Report* r) {
         uint32_t session = 0;
         std::unique_ptr<Cache> cache;
         s = client->CreateSession(&session);
-        if (s.ok()) s = Open(client.get(), session, "put-" + k, false, 0, &cache);
+        if (s.ok())
+          s = OpenBenchCache(client.get(), session, "put-" + k, false, 0, &cache);
         if (!s.ok()) {
           r->Skip(variant + " " + k, s.ToString());
           if (session) client->DestroySession(session).PermitUncheckedError();
@@ -258,7 +259,7 @@ void BenchShmcache(const Config& c, const Source& src, Report* r) {
     uint32_t session = 0;
     s = client->CreateSession(&session);
     std::unique_ptr<Cache> cache;
-    if (s.ok()) s = Open(client.get(), session, "get-" + k, false, 0, &cache);
+    if (s.ok()) s = OpenBenchCache(client.get(), session, "get-" + k, false, 0, &cache);
     std::string err;
     if (s.ok() && PutRange(cache.get(), src, size, 0, n, &err) < 0) {
       s = Status::IOError(err);
@@ -378,7 +379,8 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
   s = client->CreateSession(&session);
   std::unique_ptr<Cache> cache;
   if (s.ok())
-    s = Open(client.get(), session, "spill-" + std::to_string(size), true, 1, &cache);
+    s = OpenBenchCache(client.get(), session, "spill-" + std::to_string(size), true, 1,
+                       &cache);
   std::string err;
   if (s.ok()) {
     double t0 = NowSec();
@@ -388,6 +390,19 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
     if (s.ok())
       r->Add("put", "shmcache", "spilling", size, 1,
              static_cast<double>(n) / (NowSec() - t0));
+  }
+  // The same rows kPutBatch at a time into a second spilling cache: staged
+  // in shared memory and written by the daemon a batch at a time.
+  {
+    std::unique_ptr<Cache> batched;
+    Status b = OpenBenchCache(client.get(), session,
+                              "spill-batch-" + std::to_string(size), true, 1, &batched);
+    double rate = b.ok() ? PutRange(batched.get(), src, size, 0, n, &err, kPutBatch) : -1;
+    if (rate < 0)
+      r->Skip("spilling PutBatch " + std::to_string(size), b.ToString() + err);
+    else
+      r->Add("put", "shmcache", "spilling PutBatch " + std::to_string(kPutBatch), size, 1,
+             rate);
   }
   shmcache::CacheStats st;
   if (s.ok()) s = cache->GetStats(&st);

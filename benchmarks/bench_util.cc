@@ -154,6 +154,14 @@ double RunProcs(int procs, const std::function<double(int)>& body) {
   return ok ? sum : -1;
 }
 
+std::vector<int> DefaultSweep() {
+  const int cpus = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  std::vector<int> out;
+  for (int n = 1; n < cpus; n *= 2) out.push_back(n);
+  out.push_back(cpus);
+  return out;
+}
+
 bool Config::Wants(const std::string& s) const {
   return sections.empty() ||
          std::find(sections.begin(), sections.end(), s) != sections.end();

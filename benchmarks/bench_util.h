@@ -87,10 +87,15 @@ inline constexpr size_t kRowSizes[] = {3 * 1024, 150 * 1024, 600 * 1024};
 // (docs/performance.md#targets).
 inline constexpr size_t kSpillRowSizes[] = {3 * 1024, 150 * 1024, 1024 * 1024};
 
+// 1, 2, 4, ... below the CPUs of this machine, then the CPUs.
+std::vector<int> DefaultSweep();
+
 struct Config {
   double seconds = 0.4;             // per measurement
   size_t working_set = 512u << 20;  // bytes of rows per size (>> LLC)
   std::vector<int> procs = {1, 2};
+  // Counts of the host sweep (bench_sweep.cc): 1, 2, 4, ... and the CPUs.
+  std::vector<int> sweep = DefaultSweep();
   int pipeline_depth = 32;
   int port = 0;                       // shmcache instance
   std::string redis_socket;           // empty: skip Redis

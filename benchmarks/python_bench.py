@@ -25,6 +25,12 @@ Sections, each skipped with its reason when what it needs is missing:
              ones, with no training step and with a 50 ms step per batch
              (a GPU step the trainer waits on, longer than a half-spilled
              batch's read: with read-ahead the disk reads hide behind it);
+  switch     README's three-line switch of pytorch/examples imagenet/main.py
+             (ImageFolder of 160 generated JPEGs wrapped in CachedDataset,
+             main.py's transform as transform=) in main.py's training loop
+             (mobilenet_v3_small on the CPU, batches of 8): its Data time
+             per batch at -j 0, uncached vs warm, interleaved (target: warm
+             <= 0.6x), the cold first epoch, and at -j 2;
   prefill    shmcache.prefill (python3 -m shmcache.prefill's code) of the
              same JPEGs with 2 processes, next to an uncached DataLoader
              epoch (2 workers) measured just before it;
@@ -467,6 +473,38 @@ def bench_cached_loader(args, out, cds, plain, floor):
     out.value("loader.speedup_vs_floor", floor / steady)
     out.value("loader.images_per_s_steady", len(cds) / steady)
     out.value("loader.native_read_into", hasattr(cds.cache, "read_into"))
+    bench_identity(out, cds.dataset, steady)
+
+
+class _Unlisted:
+    """The same pipeline with its file list hidden: the default cache name
+    then hashes samples (shmcache.torch.dataset_identity's other path)."""
+
+    def __init__(self, ds):
+        self.ds, self.root = ds, ds.root
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+
+def bench_identity(out, dataset, warm_epoch_s, rounds=3):
+    """What the default cache name costs (shmcache.torch.dataset_identity, once
+    per CachedDataset made, nothing per hit) against one warm CachedLoader
+    epoch of the same pipeline, measured just before: the bench's dataset
+    lists its files (one stat each); the same with the list hidden hashes
+    9 computed samples (JPEG decodes)."""
+    from shmcache.torch.dataset_identity import content_identity
+    for key, ds in (("identity", dataset), ("identity_samples", _Unlisted(dataset))):
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            content_identity(ds)
+            best = min(best, time.perf_counter() - t0)
+        out.value(f"loader.{key}_s", best)
+        out.value(f"loader.{key}_fraction", best / warm_epoch_s)
 
 
 class _FromCache:
@@ -500,7 +538,7 @@ def bench_half_spilled(args, out, shmcache, cds, plain, step_s=0.05, rounds=3):
     client = shmcache.Client(port=args.port)
     session = client.create_session()
     try:
-        cache = shmcache.DatasetCache(session, port=args.port, size=size_mb,
+        cache = shmcache.DatasetCache(session, port=args.port, size_mb=size_mb,
                                       spilling=True)
         # Every put waited for: the spill writes are slower than the warm
         # cache's reads, and a background queue would drop rows.
@@ -565,6 +603,99 @@ def bench_cached_loader_first(args, out, shmcache, dataset, dataloader_first):
         out.value("loader.epoch1_mem_rows", stats.get("mem_rows", 0))
         out.value("loader.epoch1_disk_rows", stats.get("disk_rows", 0))
         out.value("loader.first_epoch_vs_dataloader", first / dataloader_first)
+    finally:
+        client.destroy_session(session)
+
+
+# ---- the switch: README's three lines in imagenet/main.py's loop ----------
+
+SWITCH_IMAGES = 160
+SWITCH_BATCH = 8
+
+
+def switch_transform():
+    """pytorch/examples imagenet/main.py's train transform."""
+    from torchvision import transforms
+    return transforms.Compose([
+        transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+
+
+class MainLoop:
+    """imagenet/main.py's training loop on the CPU (mobilenet_v3_small,
+    CrossEntropyLoss, SGD with momentum, DataLoader(batch_size,
+    shuffle=True, pin_memory=True)), with its Data meter: the wait for
+    each batch."""
+
+    def __init__(self):
+        import torch
+        import torchvision
+        torch.manual_seed(0)
+        self.model = torchvision.models.mobilenet_v3_small()
+        self.opt = torch.optim.SGD(self.model.parameters(), 0.1, momentum=0.9)
+        self.crit = torch.nn.CrossEntropyLoss()
+
+    def epoch(self, dataset, workers=0, batch=SWITCH_BATCH):
+        """(mean Data time per batch in ms, the epoch's seconds)."""
+        import warnings
+        from torch.utils.data import DataLoader
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # pin_memory=True, no CUDA
+            loader = DataLoader(dataset, batch_size=batch, shuffle=True,
+                                num_workers=workers, pin_memory=True)
+            t0 = end = time.perf_counter()
+            waited, batches = 0.0, 0
+            for images, target in loader:
+                waited += time.perf_counter() - end
+                batches += 1
+                loss = self.crit(self.model(images), target)
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                end = time.perf_counter()
+        return 1e3 * waited / batches, time.perf_counter() - t0
+
+
+def bench_switch(args, out, shmcache, rounds=2):
+    """README's three-line switch of pytorch/examples imagenet/main.py: its
+    train ImageFolder wrapped in CachedDataset, its transform passed as
+    transform=, on SWITCH_IMAGES generated 500x375 JPEGs, in main.py's
+    loop (MainLoop); main.py's Data time at -j 0 (loading in the trainer):
+    uncached epochs (ImageFolder(root, transform)) and warm ones
+    interleaved, best of `rounds` each; the first (cold) epoch; and the
+    Data time at -j 2 (one epoch each)."""
+    from torchvision import datasets
+    import shmcache.torch as st
+    root = os.path.join(args.workdir, "switch", "train")
+    for c in range(2):
+        make_images(os.path.join(root, f"class{c}"), SWITCH_IMAGES // 2)
+    tf = switch_transform()
+    plain = datasets.ImageFolder(root, tf)
+    loop = MainLoop()
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    try:
+        cached = st.CachedDataset(datasets.ImageFolder(root),
+                                  shmcache.DatasetCache(session, port=args.port),
+                                  transform=tf)
+        first, _ = loop.epoch(cached)
+        if not cached.flush(60):
+            raise RuntimeError("the first epoch's rows were not stored in 60 s")
+        out.value("switch.images", len(plain))
+        out.value("switch.batch", SWITCH_BATCH)
+        out.value("switch.first_data_ms", first)
+        for workers, tag in ((0, ""), (2, "j2_")):
+            best: dict[str, float] = {}
+            for _ in range(rounds if workers == 0 else 1):
+                for k, ds in (("uncached", plain), ("warm", cached)):
+                    best[k] = min(best.get(k, 1e9), loop.epoch(ds, workers)[0])
+            out.value(f"switch.{tag}uncached_data_ms", best["uncached"])
+            out.value(f"switch.{tag}warm_data_ms", best["warm"])
+            out.value(f"switch.{tag}warm_vs_uncached", best["warm"] / best["uncached"])
+        out.value("switch.first_vs_uncached", first / out.values["switch.uncached_data_ms"])
+        stats = cached.cache.stats() or {}
+        out.value("switch.cached_rows", stats.get("mem_rows", 0))
     finally:
         client.destroy_session(session)
 
@@ -679,7 +810,8 @@ def main():
     ap.add_argument("--later_epochs", type=int, default=2)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--python_build", default="yes")
-    ap.add_argument("--sections", default="python,read_into,dataloader,prefill,shared")
+    ap.add_argument("--sections",
+                    default="python,read_into,dataloader,switch,prefill,shared")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Out()
@@ -692,7 +824,7 @@ def main():
         shmcache = None
         reason = f"the Python package is not available ({e})"
     for name, fn in (("python", bench_python), ("read_into", bench_read_into),
-                     ("dataloader", bench_dataloader),
+                     ("dataloader", bench_dataloader), ("switch", bench_switch),
                      ("prefill", bench_prefill), ("shared", bench_shared)):
         if name not in args.sections.split(","):
             continue

@@ -3,6 +3,7 @@ with their ratios, a Markdown copy (benchmarks/RESULTS.md) and the plot
 (docs/bench.png). Run by scripts/bench.sh.
 
   report.py --cpp cpp.json [--python python.json] [--multinode multinode.json]
+            [--sweep sweep.json]
             --json latest.json --markdown RESULTS.md --plot bench.png
             [--elapsed S] [--command C]
 """
@@ -13,6 +14,8 @@ import json
 import os
 import platform
 import subprocess
+
+from sweep_report import sweep_lines, sweep_targets
 
 KB = 1024
 SIZES = (3 * KB, 150 * KB, 600 * KB)
@@ -39,10 +42,11 @@ def load(path):
 
 class Data:
     def __init__(self, cpp, py, extra=None, load=None, headline="/dev/shm (4 KB pages)",
-                 extra_label="huge pages", extra_how="", multinode=None):
-        self.results = cpp["results"] + py["results"]
-        self.values = {**cpp["values"], **py["values"]}
-        self.skipped = {**cpp["skipped"], **py["skipped"]}
+                 extra_label="huge pages", extra_how="", multinode=None, sweep=None):
+        sweep = sweep or {"results": [], "values": {}, "skipped": {}}
+        self.results = cpp["results"] + py["results"] + sweep["results"]
+        self.values = {**cpp["values"], **py["values"], **sweep["values"]}
+        self.skipped = {**cpp["skipped"], **py["skipped"], **sweep["skipped"]}
         # Where the headline server kept its segments, e.g. its own tmpfs
         # mounted huge=within_size (root) or /dev/shm (4 KB pages).
         self.headline = headline
@@ -323,6 +327,14 @@ def targets(d):
         row("CachedLoader: warm epoch vs DataLoader's own floor",
             f"{v['dataloader.epoch_floor_s']:.2f} s -> {v['loader.steady_epoch_s']:.3f} s",
             f"{lf:.1f}x faster", ">= 5x", lf >= 5)
+    idf = v.get("loader.identity_fraction")
+    if idf is not None:
+        row("default cache name (content identity) vs a warm CachedLoader epoch",
+            f"{v['loader.identity_s'] * 1e3:.2f} ms (stat of {v['dataloader.images']:.0f} "
+            f"files) vs {v['loader.steady_epoch_s']:.3f} s; 9 decoded samples "
+            f"instead: {v['loader.identity_samples_s'] * 1e3:.1f} ms "
+            f"({v['loader.identity_samples_fraction'] * 100:.1f}%)",
+            f"{idf * 100:.2f}%", "< 1%", idf < 0.01)
     hs = v.get("loader.half_spilled.vs_memory")
     if hs is not None:
         # A cache whose memory holds half the rows, the rest spilled: the
@@ -354,6 +366,16 @@ def targets(d):
         row("CachedLoader: first epoch vs DataLoader(CachedDataset), 2 workers each",
             f"{v['loader.epoch1_s']:.2f} s vs {v['dataloader.epoch1_cache_s']:.2f} s",
             f"{l1:.2f}x", "<= 1.00x", l1 <= 1.0)
+    sw = v.get("switch.warm_vs_uncached")
+    if sw is not None:
+        row(f"imagenet/main.py with the 3-line switch, its loop on the CPU: Data time at "
+            f"-j 0, warm vs uncached ({v['switch.images']:.0f} JPEGs 500x375, batches of "
+            f"{v['switch.batch']:.0f}, interleaved, best of each)",
+            f"{v['switch.warm_data_ms']:.1f} ms vs {v['switch.uncached_data_ms']:.1f} ms "
+            "per batch", f"{sw:.2f}x", "<= 0.6x", sw <= 0.6)
+    elif "switch" in d.skipped:
+        row("imagenet/main.py with the 3-line switch: Data time at -j 0, warm vs uncached",
+            "skipped: " + d.skipped["switch"], "—", "<= 0.6x", None)
     if speed is None:
         row("DataLoader steady / first epoch", "skipped: " +
             d.skipped.get("dataloader", "?"), "—", ">= 5x / <= 1.05x", None)
@@ -385,6 +407,7 @@ def targets(d):
     else:
         row("4 processes sharing one session", "skipped: " +
             d.skipped.get("shared", "?"), "—", "1x, not 4x", None)
+    sweep_targets(d, row)
     return out
 
 
@@ -518,6 +541,28 @@ def render(d, elapsed, command):
             if key in d.values:
                 t = d.values[key]
                 lines.append(f"| {label} | {t:.{2 if t >= 0.1 else 3}f} | {n / t:.0f} |")
+    sw = {k: x for k, x in d.values.items() if k.startswith("switch.")}
+    if sw:
+        lines.append("")
+        lines.append("### The 3-line switch of imagenet/main.py, in main.py's loop "
+                     "(mobilenet_v3_small on the CPU): its Data time, "
+                     f"{sw.get('switch.images', 0):.0f} JPEGs 500x375, batches of "
+                     f"{sw.get('switch.batch', 0):.0f}, main.py's train transform")
+        lines.append("")
+        lines.append("| loader | Data time per batch (ms) | vs uncached |")
+        lines.append("|---|---|---|")
+        unc = sw.get("switch.uncached_data_ms")
+        for k, label in (("uncached_data_ms", "-j 0, uncached (ImageFolder)"),
+                         ("first_data_ms", "-j 0, first epoch (cache cold)"),
+                         ("warm_data_ms", "-j 0, cache warm")):
+            t = sw.get(f"switch.{k}")
+            if t is not None and unc:
+                lines.append(f"| {label} | {t:.1f} | {t / unc:.2f}x |")
+        j2u, j2w = sw.get("switch.j2_uncached_data_ms"), sw.get("switch.j2_warm_data_ms")
+        if j2u and j2w:
+            lines.append(f"| -j 2, uncached | {j2u:.1f} | 1.00x |")
+            lines.append(f"| -j 2, cache warm | {j2w:.1f} | {j2w / j2u:.2f}x |")
+    lines += sweep_lines(d)
     lines += multinode_lines(d.multinode)
     if d.skipped:
         lines.append("")
@@ -645,6 +690,7 @@ def main():
                     help="where the headline server keeps its segments")
     ap.add_argument("--load", help="'stage load' lines")
     ap.add_argument("--multinode", help="benchmarks/multinode_bench.py's JSON")
+    ap.add_argument("--sweep", help="benchmarks/host_sweep.py's JSON")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
@@ -657,7 +703,7 @@ def main():
             multinode = json.load(f)
     d = Data(load(args.cpp), load(args.python), load(args.extra),
              load_samples(args.load), args.headline, args.extra_label, args.extra_how,
-             multinode)
+             multinode, load(args.sweep))
     text = render(d, args.elapsed, args.command)
     print()
     print(text)

@@ -3,7 +3,17 @@
 // of size S is src + i * S, the same rows for every system.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <string>
+
 #include "benchmarks/bench_util.h"
+#include "shmcache/status.h"
+
+namespace shmcache {
+class Cache;
+class Client;
+}  // namespace shmcache
 
 namespace bench {
 
@@ -23,6 +33,26 @@ void BenchSpill(const Config& c, const Source& src, Report* r);
 void BenchRedis(const Config& c, const Source& src, Report* r);
 void BenchLmdb(const Config& c, const Source& src, Report* r);
 void BenchRocksdb(const Config& c, const Source& src, Report* r);
+void BenchSpillCheck(const Config& c, const Source& src, Report* r);
+void BenchSweep(const Config& c, const Source& src, Report* r);
+
+// Shared by the sections (bench_shmcache.cc).
+// The server's shm dir (its own huge-page tmpfs when it mounted one).
+std::string ShmDirOf(int port);
+// Opens cache `name` of `session` (fingerprint "bench:<name>").
+shmcache::Status OpenBenchCache(shmcache::Client* client, uint32_t session,
+                                const std::string& name, bool spilling, uint64_t size_mb,
+                                std::unique_ptr<shmcache::Cache>* out);
+// Puts rows [begin, end) of `size` bytes and returns rows/s, or -1 after an
+// error (*err says which). With batch > 1 the rows go through PutBatch,
+// `batch` at a time.
+double PutRange(shmcache::Cache* cache, const Source& src, size_t size, uint64_t begin,
+                uint64_t end, std::string* err, size_t batch = 1);
+// Reads every row 0..n-1 once, touching each of its pages.
+bool WarmUp(shmcache::Cache* cache, uint64_t n);
+// Rows of `size` per second that fresh pages of `dir` are made at by one
+// thread, made as the daemon makes a segment; -1 on error.
+double PageSupplyRate(const std::string& dir, uint64_t n, size_t size);
 
 // Keeps the compiler from dropping a computation whose result is unused.
 template <typename T>

@@ -37,7 +37,14 @@ void Adoption::DiscardCacheFiles(uint32_t cache_id, const std::vector<std::strin
   note_(fmt::format("cache {} left by the earlier server was discarded: {}", cache_id,
                     why));
   for (const std::string& f : files) unlink(f.c_str());
-  spiller_->DropCache(cache_id).PermitUncheckedError();
+  DropSpilledRows(cache_id);
+}
+
+void Adoption::DropSpilledRows(uint32_t cache_id) {
+  Status s = spiller_->DropCache(cache_id);
+  if (!s.ok()) {
+    log_->Warn("cache {}: cannot drop its spilled rows: {}", cache_id, s.message());
+  }
 }
 
 namespace {
@@ -53,7 +60,9 @@ struct FoundCache {
 // This instance's files, by cache, from one listing of the shm dir. Names
 // no server of this layout writes (other layouts, cache id 0, segment
 // numbers no location can hold, leftovers) are strays: removed here, never
-// opened.
+// opened. So are the staging files of the earlier server's connections
+// (protocol.h, kSpillStage), which ended with it: what a client staged and
+// never saw written is not in the index, and it puts those rows again.
 std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
                                                  Logger* log) {
   std::map<uint32_t, FoundCache> found;
@@ -61,7 +70,7 @@ std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
   std::string base = paths.shm_prefix.substr(dir.size() + 1);
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return found;
-  std::vector<std::string> strays;
+  std::vector<std::string> strays, stages;
   while (dirent* e = readdir(d)) {
     if (std::strncmp(e->d_name, base.c_str(), base.size()) != 0) continue;
     std::string path = dir + "/" + e->d_name;
@@ -70,6 +79,10 @@ std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
     if (n.kind == Kind::kSessions || n.kind == Kind::kSpillRecord ||
         n.kind == Kind::kHugeDir) {
       continue;  // not a cache's; the huge dir is another server's shm dir
+    }
+    if (n.kind == Kind::kStage) {
+      stages.push_back(path);
+      continue;
     }
     if (n.kind == Kind::kOther || n.cache_id == 0 ||
         (n.kind == Kind::kSegment && n.number > layout::kMaxSegmentId)) {
@@ -85,6 +98,10 @@ std::map<uint32_t, FoundCache> ListInstanceFiles(const InstancePaths& paths,
   closedir(d);
   for (const std::string& f : strays) {
     log->Warn("removing {}: not a file this server writes", f);
+    ShmFile::Unlink(f).PermitUncheckedError();
+  }
+  for (const std::string& f : stages) {
+    log->Info("removing {}: staging file of a connection to the earlier server", f);
     ShmFile::Unlink(f).PermitUncheckedError();
   }
   return found;
@@ -162,7 +179,7 @@ bool Adoption::Run(const std::atomic<bool>* stop_requested, MemoryAccount* accou
           fmt::format("the spilled rows of cache {} were dropped: its memory "
                       "state is gone",
                       id));
-      spiller_->DropCache(id).PermitUncheckedError();
+      DropSpilledRows(id);
     }
   }
   if (!out->caches.empty() || !out->sessions.empty()) {

@@ -57,6 +57,8 @@ class Adoption {
   void ReadSessionsFile(Adopted* out);
   void DiscardCacheFiles(uint32_t cache_id, const std::vector<std::string>& files,
                          const std::string& why);
+  // Drops a cache's rows from the spill store; a failure is logged.
+  void DropSpilledRows(uint32_t cache_id);
 
   InstancePaths paths_;
   int num_nodes_;

@@ -9,10 +9,13 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <rocksdb/write_batch.h>
 
 #include "daemon/cache_state.h"
 #include "daemon/logger.h"
 #include "daemon/spill_record.h"
+#include "format/row_codec.h"
+#include "format/spill_format.h"
 
 namespace shmcache {
 
@@ -28,11 +31,18 @@ Status CacheSpiller::Open(const std::string& spill_dir, const NoteFn& note) {
     unlink(paths_.SpillRecordFile().c_str());
   }
   if (spill_dir.empty()) return Status::OK();
-  return SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_);
+  std::string tightened;
+  Status s = SpillStore::Open(SpillDbPath(spill_dir, paths_.port), &spill_,
+                              /*create=*/true, &tightened);
+  if (!tightened.empty()) log_->Info("spill database: {}", tightened);
+  return s;
 }
 
 void CacheSpiller::Shutdown() {
-  WriteSpillRecord(paths_, "").PermitUncheckedError();
+  // A record left behind makes the next start look for this database (and
+  // remove it, if it is still there): say so.
+  Status r = WriteSpillRecord(paths_, "");
+  if (!r.ok()) log_->Warn("{}", r.message());
   if (spill_) {
     Status s = spill_->DestroyAll();
     if (!s.ok()) log_->Warn("{}", s.message());
@@ -55,6 +65,71 @@ Status CacheSpiller::Put(uint32_t cache_id, CacheState* c, uint64_t row_id,
         fmt::format("cache {} stopped spilling: {}", cache_id, s.message()));
   }
   return c->PublishSpilled(row_id, row.size(), account, inserted);
+}
+
+namespace {
+
+// Checks the rows of a write batch (its own copy) against the ids and sizes
+// they were put under: each must decode whole and carry its id.
+class StagedRowCheck : public rocksdb::WriteBatch::Handler {
+ public:
+  StagedRowCheck(std::span<const uint64_t> ids, std::span<const uint32_t> sizes)
+      : ids_(ids), sizes_(sizes) {}
+  rocksdb::Status PutCF(uint32_t, const rocksdb::Slice&,
+                        const rocksdb::Slice& value) override {
+    const size_t i = next_++;
+    RowView view;
+    if (i >= ids_.size() || value.size() != sizes_[i] ||
+        !RowCodec::Decode(reinterpret_cast<const std::byte*>(value.data()), value.size(),
+                          &view)
+             .ok() ||
+        view.encoded().size() != value.size() || RowCodec::KeyOf(view) != ids_[i]) {
+      bad_ = i;
+      return rocksdb::Status::Corruption("staged row");
+    }
+    return rocksdb::Status::OK();
+  }
+  size_t bad() const { return bad_; }
+
+ private:
+  std::span<const uint64_t> ids_;
+  std::span<const uint32_t> sizes_;
+  size_t next_ = 0;
+  size_t bad_ = 0;
+};
+
+}  // namespace
+
+Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> stage,
+                                 std::span<const uint64_t> ids,
+                                 std::span<const uint32_t> sizes) {
+  if (!spill_) return Status::NotFound("this server does not spill");
+  if (ids.size() != sizes.size()) {
+    return Status::Corruption("staged rows: as many ids as sizes are needed");
+  }
+  rocksdb::WriteBatch batch;
+  uint64_t off = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // Whole rows (RowCodec sizes are multiples of 8) inside the stage.
+    if (sizes[i] < kRowHeaderBytes || sizes[i] % 8 != 0 ||
+        sizes[i] > stage.size() - off) {
+      return Status::Corruption(fmt::format(
+          "staged row {} (id {}) of {} bytes at offset {} does not fit a stage of {} "
+          "bytes",
+          i, ids[i], sizes[i], off, stage.size()));
+    }
+    SpillKey k(cache_id, ids[i]);
+    batch.Put(k.slice(), rocksdb::Slice(reinterpret_cast<const char*>(stage.data() + off),
+                                        sizes[i]));
+    off += sizes[i];
+  }
+  StagedRowCheck check(ids, sizes);
+  if (!batch.Iterate(&check).ok()) {
+    return Status::Corruption(
+        fmt::format("staged row {} (id {}) is not a whole row of that id", check.bad(),
+                    ids[check.bad()]));
+  }
+  return spill_->Write(&batch, off);
 }
 
 Status CacheSpiller::Get(uint32_t cache_id, std::span<const uint64_t> ids,
@@ -110,7 +185,14 @@ void CacheSpiller::ReconcileCache(uint32_t id, CacheState* c, const std::string&
                       n, why, spill_ ? " and are cached again when put" : ""));
     }
     // Rows on disk the index no longer points to.
-    if (on_disk) spill_->DropCache(id).PermitUncheckedError();
+    if (on_disk) {
+      Status s = spill_->DropCache(id);
+      if (!s.ok()) {
+        log_->Warn(
+            "cache {}: cannot drop its spilled rows the index no longer points to: {}",
+            id, s.message());
+      }
+    }
   }
   if (!spill_ && c->spill_enabled()) {
     c->StopSpilling("this server has no spill directory");

@@ -126,10 +126,11 @@ bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
   return alloc_.ResumeIfCapAllows(account);
 }
 
-std::optional<SegmentJob> CacheState::TakeSegmentJob(int node, MemoryAccount* account) {
-  std::optional<SegmentJob> job = alloc_.TakeSegmentJob(node, account);
-  if (job) PublishReserved();
-  return job;
+std::vector<SegmentJob> CacheState::TakeSegmentJobs(int node, MemoryAccount* account,
+                                                    int max_jobs) {
+  std::vector<SegmentJob> jobs = alloc_.TakeSegmentJobs(node, account, max_jobs);
+  if (!jobs.empty()) PublishReserved();
+  return jobs;
 }
 
 void CacheState::FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,

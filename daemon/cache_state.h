@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -93,7 +92,7 @@ class CacheState {
   std::string Label() const;
   bool destroyed() const { return destroyed_; }
 
-  std::optional<SegmentJob> TakeSegmentJob(int node, MemoryAccount* account);
+  std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                         MemoryAccount* account);
 

@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <random>
 
 #include <fmt/format.h>
+
+#include "format/owned_dir.h"
 
 namespace shmcache {
 
@@ -22,8 +25,14 @@ static bool WriteAll(int fd, std::string_view text) {
 }
 
 Status ReplaceFile(const std::string& path, std::string_view text, mode_t mode) {
-  std::string tmp = fmt::format("{}.tmp.{:08x}", path, std::random_device{}());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  std::string tmp;
+  int fd = -1;
+  // A name someone else took (they would have to guess it) is skipped.
+  for (int attempt = 0; attempt < 4 && fd < 0; ++attempt) {
+    tmp = fmt::format("{}.tmp.{:08x}", path, std::random_device{}());
+    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
   // The umask may have narrowed the mode (readers may check it).
   bool ok = fchmod(fd, mode) == 0 && WriteAll(fd, text);
@@ -33,6 +42,29 @@ Status ReplaceFile(const std::string& path, std::string_view text, mode_t mode) 
   if (ok) err = errno;
   unlink(tmp.c_str());
   return Status::FromErrno("cannot write " + path, err);
+}
+
+Status ClaimFileName(const std::string& path, const std::string& what,
+                     std::string* removed) {
+  removed->clear();
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::OK();
+    return Status::FromErrno("cannot look at " + path, errno);
+  }
+  if (S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 07777) == 0600 &&
+      st.st_nlink == 1) {
+    return Status::OK();
+  }
+  const std::string there = DescribeEntry(path);
+  if ((S_ISDIR(st.st_mode) ? rmdir(path.c_str()) : unlink(path.c_str())) != 0) {
+    return Status::PermissionDenied(fmt::format(
+        "{} {} cannot be written: {} is there ({}); have it removed (as its owner or "
+        "root) or start the server with another --shm_dir or port",
+        what, path, there, std::strerror(errno)));
+  }
+  *removed = there;
+  return Status::OK();
 }
 
 }  // namespace shmcache

@@ -19,4 +19,15 @@ namespace shmcache {
 
 Status ReplaceFile(const std::string& path, std::string_view text, mode_t mode);
 
+// Makes sure ReplaceFile can write `path` (a fixed name in a directory
+// others may write: the sessions list and spill record in /dev/shm): OK
+// when nothing is there or a file of ours (regular, this uid, mode 0600,
+// one link) is. Anything else (a directory, which a rename cannot replace;
+// a link; another user's file) is removed, a directory only when empty,
+// and *removed says what it was ("" otherwise); when this user may not
+// remove it (another user's, in a sticky dir), PermissionDenied naming it,
+// `what` the file is, and the fix.
+Status ClaimFileName(const std::string& path, const std::string& what,
+                     std::string* removed);
+
 }  // namespace shmcache

@@ -126,6 +126,17 @@ Status RequestHandler::On(Context*, const pr::SpillPutRequest& in,
   return store_->SpillPut(in.cache_id, in.row_id, in.row, &out->inserted);
 }
 
+Status RequestHandler::On(Context* ctx, const pr::SpillStageRequest& in,
+                          pr::SpillStageResponse* out) {
+  return store_->SpillStage(ctx->conn, in.cache_id, in.min_bytes, &out->tag, &out->size);
+}
+
+Status RequestHandler::On(Context* ctx, const pr::SpillPutStagedRequest& in,
+                          pr::SpillPutStagedResponse* out) {
+  return store_->SpillPutStaged(ctx->conn, in.cache_id, in.tag, in.ids, in.sizes,
+                                &out->inserted);
+}
+
 Status RequestHandler::On(Context* ctx, const pr::SpillGetRequest& in,
                           pr::SpillGetResponse* out) {
   const std::span<const uint64_t> ids = in.ids;

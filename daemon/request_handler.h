@@ -78,6 +78,10 @@ class RequestHandler {
   // kSpillAskAgain, and alone in the next response.
   Status On(Context* ctx, const protocol::SpillGetRequest& in,
             protocol::SpillGetResponse* out);
+  Status On(Context* ctx, const protocol::SpillStageRequest& in,
+            protocol::SpillStageResponse* out);
+  Status On(Context* ctx, const protocol::SpillPutStagedRequest& in,
+            protocol::SpillPutStagedResponse* out);
 
   Store* store_;
 };

@@ -35,7 +35,9 @@ SegmentAllocator::SegmentAllocator(const InstancePaths& paths, uint32_t cache_id
       cache_id_(cache_id),
       num_nodes_(num_nodes),
       prepared_(static_cast<size_t>(num_nodes)),
-      preparing_(static_cast<size_t>(num_nodes), false),
+      preparing_(static_cast<size_t>(num_nodes), 0),
+      parallel_(static_cast<size_t>(num_nodes), 1),
+      batch_bytes_(static_cast<size_t>(num_nodes), 0),
       current_(static_cast<size_t>(num_nodes), -1),
       tails_(static_cast<size_t>(num_nodes)) {}
 
@@ -53,10 +55,11 @@ uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
   for (const auto& [seg_no, seg] : segments_) {
     kept += UnlinkHeldFile(paths_.SegmentFile(cache_id_, seg_no), seg.size, held);
   }
-  for (auto& p : prepared_) {
-    if (p)
-      kept += UnlinkHeldFile(paths_.SegmentFile(cache_id_, p->seg_no), p->size, held);
-    p.reset();
+  for (auto& node : prepared_) {
+    for (const Prepared& p : node) {
+      kept += UnlinkHeldFile(paths_.SegmentFile(cache_id_, p.seg_no), p.size, held);
+    }
+    node.clear();
   }
   segments_.clear();
   leases_.clear();
@@ -168,12 +171,12 @@ void SegmentAllocator::ReleaseConnection(uint64_t conn, bool recycle) {
 // ---- Segments: their sizes, their files (named, created, formatted,
 // adopted), and the jobs that make the next one ahead of need.
 uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
-                                           const MemoryAccount& account) const {
+                                           const MemoryAccount& account,
+                                           uint64_t max_bytes) const {
   // Grow by a quarter of what the cache holds: few segments for big caches,
   // and at most ~25% reserved but unused at the end.
-  uint64_t want =
-      std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20), layout::kMinSegmentBytes,
-                           layout::kMaxSegmentBytes);
+  uint64_t want = std::clamp<uint64_t>(AlignUp(data_bytes_ / 4, 1 << 20),
+                                       layout::kMinSegmentBytes, max_bytes);
   want = std::max(want, min_bytes);
   // Whole 2 MB pages where possible, so that huge pages can back it.
   if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
@@ -236,19 +239,24 @@ void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size,
 
 Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* account,
                                     Segment** out, bool* wait) {
+  const size_t n = static_cast<size_t>(node);
   uint64_t min_bytes = layout::SegmentBytesFor(need);
-  if (wait != nullptr && preparing_[static_cast<size_t>(node)]) {
-    // Its memory is already reserved; making another would waste it, or
-    // find the budget spent.
-    *wait = true;
+  auto& ready = prepared_[n];
+  auto fits = std::find_if(ready.begin(), ready.end(),
+                           [&](const Prepared& p) { return p.size >= min_bytes; });
+  if (fits != ready.end()) {
+    uint32_t seg_no = fits->seg_no;
+    AddSegment(seg_no, node, fits->size, std::move(fits->file));
+    ready.erase(fits);
+    *out = &segments_.at(seg_no);
     return Status::OK();
   }
-  auto& ready = prepared_[static_cast<size_t>(node)];
-  if (ready && ready->size >= min_bytes) {
-    uint32_t seg_no = ready->seg_no;
-    AddSegment(seg_no, node, ready->size, std::move(ready->file));
-    ready.reset();
-    *out = &segments_.at(seg_no);
+  if (wait != nullptr && preparing_[n] > 0) {
+    // Its memory is already reserved; making another would waste it, or
+    // find the budget spent. The writers outran the supply: the next batch
+    // is made by more threads.
+    parallel_[n] = std::min(parallel_[n] * 2, kMaxParallel);
+    *wait = true;
     return Status::OK();
   }
   uint64_t want = NextSegmentSize(min_bytes, *account);
@@ -272,21 +280,36 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
   return Status::OK();
 }
 
-std::optional<SegmentJob> SegmentAllocator::TakeSegmentJob(int node,
-                                                           MemoryAccount* account) {
-  size_t n = static_cast<size_t>(node);
-  if (released_ || preparing_[n] || prepared_[n] || current_[n] < 0) {
-    return std::nullopt;
-  }
+std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
+                                                          MemoryAccount* account,
+                                                          int max_jobs) {
+  const size_t n = static_cast<size_t>(node);
+  std::vector<SegmentJob> jobs;
+  if (released_ || preparing_[n] > 0 || current_[n] < 0) return jobs;
   const Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
-  if (cur.size - cur.carved > cur.size / 2) return std::nullopt;
-  uint64_t size = NextSegmentSize(layout::kMinSegmentBytes, *account);
-  if (size == 0 || next_seg_no_ > layout::kMaxSegmentId) return std::nullopt;
-  // Reserved now, so that budgets and the cap hold while the file is made.
-  account->Reserve(size);
-  data_bytes_ += size;
-  preparing_[n] = true;
-  return SegmentJob{cache_id_, next_seg_no_++, node, size};
+  uint64_t ahead = cur.size - cur.carved;
+  for (const Prepared& p : prepared_[n]) ahead += p.size;
+  if (ahead > std::max(cur.size, batch_bytes_[n]) / 2) return jobs;
+  const uint64_t k_max = static_cast<uint64_t>(
+      std::clamp(std::min(parallel_[n], max_jobs), 1, kMaxParallel));
+  const uint64_t total = NextSegmentSize(layout::kMinSegmentBytes, *account,
+                                         k_max * layout::kMaxSegmentBytes);
+  if (total == 0) return jobs;
+  const uint64_t k = std::clamp<uint64_t>(total / layout::kMinSegmentBytes, 1, k_max);
+  // Whole 2 MB pages where possible (as NextSegmentSize), and whole 4 KB
+  // ones always; the last segment takes the rest.
+  const uint64_t align = total / k >= (4u << 20) ? (2u << 20) : 4096;
+  const uint64_t each = total / k / align * align;
+  batch_bytes_[n] = total;
+  for (uint64_t i = 0; i < k && next_seg_no_ <= layout::kMaxSegmentId; ++i) {
+    const uint64_t size = i + 1 < k ? each : total - each * (k - 1);
+    // Reserved now, so that budgets and the cap hold while the file is made.
+    account->Reserve(size);
+    data_bytes_ += size;
+    ++preparing_[n];
+    jobs.push_back(SegmentJob{cache_id_, next_seg_no_++, node, size});
+  }
+  return jobs;
 }
 
 void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& made,
@@ -297,7 +320,7 @@ void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& mad
     ShmFile::Unlink(paths_.SegmentFile(cache_id_, job.seg_no)).PermitUncheckedError();
     return;
   }
-  preparing_[n] = false;
+  --preparing_[n];
   if (!made.ok()) {
     account->Release(job.size);
     data_bytes_ -= job.size;
@@ -305,7 +328,11 @@ void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& mad
       log_->Warn("cache {}: preparing a segment failed: {}", cache_id_, made.message());
     return;
   }
-  prepared_[n] = Prepared{job.seg_no, job.size, std::move(file)};
+  // Handed out in the order they were named, whichever finished first.
+  auto& ready = prepared_[n];
+  auto at = std::find_if(ready.begin(), ready.end(),
+                         [&](const Prepared& p) { return p.seg_no > job.seg_no; });
+  ready.insert(at, Prepared{job.seg_no, job.size, std::move(file)});
 }
 
 Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
@@ -333,13 +360,21 @@ Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
     return Status::Corruption(path + ": segment header fields out of range");
   }
   // Chunks leased by the previous daemon stay with whoever holds them;
-  // only the space never carved is handed out again.
+  // only the space never carved is handed out again, from the last segment
+  // carved (segments come in order).
   uint64_t size = f.size();
   data_bytes_ += size;
-  int node = static_cast<int>(sh->node);
+  const int node = static_cast<int>(sh->node);
+  const size_t n = static_cast<size_t>(node);
+  next_seg_no_ = std::max(next_seg_no_, seg_no + 1);
+  if (carved == layout::kSegmentHeaderSize) {
+    // Made ahead of need and never used: handed out when the node's
+    // current segment is used up, as it would have been.
+    prepared_[n].push_back(Prepared{seg_no, size, std::move(f)});
+    return Status::OK();
+  }
   segments_.emplace(seg_no, Segment{seg_no, node, size, carved, std::move(f)});
-  current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
-  next_seg_no_ = seg_no + 1;
+  current_[n] = static_cast<int>(seg_no);
   return Status::OK();
 }
 

@@ -21,8 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,10 +38,12 @@ namespace shmcache {
 
 class Logger;
 
-// Making the next segment of a cache ahead of need, off the store's lock
-// (posix_fallocate of hundreds of MB takes a while): TakeSegmentJob
-// reserves the memory and names the file; the caller creates it with
-// CreateSegmentFile and hands it back with FinishSegmentJob.
+// Making the next segments of a cache ahead of need, off the store's lock
+// (posix_fallocate and clearing of hundreds of MB take a while):
+// TakeSegmentJobs reserves the memory and names the files; the caller
+// creates each with CreateSegmentFile (several at once on as many threads:
+// the kernel makes one file's pages under that file's lock, so one file is
+// one thread's page supply) and hands each back with FinishSegmentJob.
 struct SegmentJob {
   uint32_t cache_id;
   uint32_t seg_no;
@@ -59,6 +61,8 @@ class SegmentAllocator {
  public:
   static constexpr uint64_t kChunkBytes = 4u << 20;
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
+  // At most this many segments are made at once for one node of a cache.
+  static constexpr int kMaxParallel = 64;
 
   SegmentAllocator(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
                    Logger* log);
@@ -89,9 +93,19 @@ class SegmentAllocator {
   // connection broke may still write into them) they are only forgotten.
   void ReleaseConnection(uint64_t conn, bool recycle = true);
 
-  // A job when the current segment of `node` is half carved and nothing is
-  // prepared yet.
-  std::optional<SegmentJob> TakeSegmentJob(int node, MemoryAccount* account);
+  // The next segments of `node`, to be made ahead of need, when nothing is
+  // being made for it and what is left uncarved (of the current segment and
+  // the prepared ones) is at most half of the last batch. One batch holds
+  // the bytes one segment would (a quarter of what the cache holds; see
+  // NextSegmentSize), split into as many segments of kMinSegmentBytes or
+  // more as writers showed they need, up to `max_jobs`: each lease that
+  // had to wait for a prepared segment doubles that count (from 1), so a
+  // cache filled by one writer that the supply keeps up with has one
+  // segment per batch, as before, and a cache filled by many is supplied by
+  // many threads. For a cache past kMaxSegmentBytes per segment, the batch
+  // grows instead (up to max_jobs segments of kMaxSegmentBytes), so that
+  // the number of segments stays what it was.
+  std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                         MemoryAccount* account);
   // Creates and formats a segment file. Thread-safe (touches no state).
@@ -101,8 +115,10 @@ class SegmentAllocator {
   // Takes over segment `seg_no` an earlier server left, once it is checked
   // (ShmFile::Open, CheckSegmentFile, a carved mark on a cache line, a node
   // this server has). Chunks it leased stay with whoever holds them; only
-  // the space never carved is handed out again. A segment never finished
-  // (no magic) is removed. Corruption names the file otherwise refused.
+  // the space never carved is handed out again: a segment never carved (one
+  // made ahead of need) is handed out after the node's current one. A
+  // segment never finished (no magic) is removed. Corruption names the file
+  // otherwise refused.
   Status AdoptSegment(uint32_t seg_no);
 
   // Marks the cache full for every client; logs it once.
@@ -142,9 +158,11 @@ class SegmentAllocator {
     ShmFile file;
   };
 
-  // Size of the next segment, at least min_bytes; 0 when the budget or the
-  // cap leaves less.
-  uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account) const;
+  // Size of the next segment, at least min_bytes and at most max_bytes
+  // unless min_bytes asks for more; 0 when the budget or the cap leaves
+  // less.
+  uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account,
+                           uint64_t max_bytes = layout::kMaxSegmentBytes) const;
   uint64_t BudgetLeft() const;
   // No segment of min_bytes fits: TooLarge when an ordinary segment still
   // would, else the cache's memory is used up (see MemoryUsedUp).
@@ -175,8 +193,10 @@ class SegmentAllocator {
   uint32_t cap_full_bits_ = 0;            // state bits set because the cap ran out
   std::map<uint32_t, Segment> segments_;  // by seg_no
   uint32_t next_seg_no_ = 0;
-  std::vector<std::optional<Prepared>> prepared_;       // per node: next segment
-  std::vector<bool> preparing_;                         // per node: job running
+  std::vector<std::deque<Prepared>> prepared_;          // per node: made ahead
+  std::vector<int> preparing_;                          // per node: jobs running
+  std::vector<int> parallel_;                           // per node: segments a batch
+  std::vector<uint64_t> batch_bytes_;                   // per node: the last batch
   std::vector<int> current_;                            // per node: seg_no or -1
   std::vector<std::vector<Tail>> tails_;                // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection

@@ -24,6 +24,7 @@
 #include "format/instance.h"
 #include "format/layout.h"
 #include "format/numa_topology.h"
+#include "format/owned_dir.h"
 #include "format/shm_file.h"
 
 namespace shmcache {
@@ -89,7 +90,8 @@ Status ReadOwned(const std::string& path, std::string* text) {
 
 // The sessions list and the spill record: small text files. Two sessions
 // lists are merged (the reader takes every id it finds); of two spill
-// records, this server's place keeps its own.
+// records, this server's place keeps its own. The earlier one is removed
+// only once its text is in place here.
 Status MoveRecord(const std::string& from, const std::string& to, bool sessions) {
   std::string text, here;
   Status s = ReadOwned(from, &text);
@@ -103,16 +105,30 @@ Status MoveRecord(const std::string& from, const std::string& to, bool sessions)
   return ShmFile::Unlink(from);
 }
 
-// Creates `tmp` (0600, exclusively) with `size` bytes reserved (no room is
-// an error here, never a SIGBUS later; pages bound to `node` when >= 0, as
-// ShmFile::Create does) and fills it from `in` by sendfile: the kernel
-// copies page to page, with no page fault and no zeroing first.
-Status CopyTo(int in, const std::string& tmp, size_t size, int node) {
-  int out = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (out < 0) return Status::FromErrno("cannot create " + tmp, errno);
+// Whether `to` is a whole copy of `from` that a start killed after linking
+// it left: a file of ours as Create makes them, of the same size.
+bool IsCopyOf(const std::string& to, size_t size) {
+  struct stat st {};
+  return lstat(to.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+         (st.st_mode & 07777) == 0600 && st.st_nlink == 1 &&
+         static_cast<size_t>(st.st_size) == size;
+}
+
+// Copies the open file `in` (`size` bytes) to the new name `to` in `dir`.
+// The copy is made as a file with no name (O_TMPFILE), so that no
+// temporary name exists for anyone to take ahead of it or to find half
+// written; it gets its name only once whole, by linkat, which never
+// replaces what is there. Its room is reserved first (no room is an error
+// here, never a SIGBUS later; pages bound to `node` when >= 0, as
+// ShmFile::Create does), then filled by sendfile: the kernel copies page to
+// page, with no page fault and no zeroing first.
+Status CopyTo(int in, const std::string& dir, const std::string& to, size_t size,
+              int node) {
+  int out = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (out < 0) return Status::FromErrno("cannot create a file in " + dir, errno);
   Status s;
   if (fchmod(out, 0600) != 0 || ftruncate(out, static_cast<off_t>(size)) != 0) {
-    s = Status::FromErrno("cannot size " + tmp, errno);
+    s = Status::FromErrno("cannot size a copy for " + to, errno);
   }
   if (s.ok() && node >= 0 && size > 0) {
     // tmpfs allocates by the file's shared policy, which mbind on a shared
@@ -126,30 +142,45 @@ Status CopyTo(int in, const std::string& tmp, size_t size, int node) {
   if (int err =
           s.ok() && size > 0 ? posix_fallocate(out, 0, static_cast<off_t>(size)) : 0;
       err != 0) {
-    s = err == ENOSPC ? Status::FullNoShmRoom(fmt::format("no room in {} for {} MB",
-                                                          tmp.substr(0, tmp.rfind('/')),
+    s = err == ENOSPC ? Status::FullNoShmRoom(fmt::format("no room in {} for {} MB", dir,
                                                           (size + (1 << 20) - 1) >> 20))
-                      : Status::FromErrno("cannot reserve " + tmp, err);
+                      : Status::FromErrno("cannot reserve a copy for " + to, err);
   }
   off_t off = 0;
   while (s.ok() && static_cast<size_t>(off) < size) {
     ssize_t n = sendfile(out, in, &off, size - static_cast<size_t>(off));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) s = Status::FromErrno("cannot copy into " + tmp, n < 0 ? errno : EIO);
+    if (n <= 0) s = Status::FromErrno("cannot copy into " + to, n < 0 ? errno : EIO);
+  }
+  // Linking a descriptor by /proc/self/fd asks for no privilege (linkat's
+  // AT_EMPTY_PATH does).
+  if (s.ok() && linkat(AT_FDCWD, fmt::format("/proc/self/fd/{}", out).c_str(), AT_FDCWD,
+                       to.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+    int e = errno;
+    s = e == EEXIST
+            ? Status::AlreadyExists(fmt::format(
+                  "{} exists and is not a copy of the earlier server's file ({}): "
+                  "not replaced",
+                  to, DescribeEntry(to)))
+            : Status::FromErrno("cannot name the copy " + to, e);
   }
   close(out);
   return s;
 }
 
-// Copies `from` to `tmp` and renames it to `to`, then removes `from`. A
-// `to` that exists was moved by a start that was killed after the rename.
-Status MoveFile(const std::string& from, const std::string& to, const std::string& tmp,
+// Copies `from` to `to` (in `dir`), unless a killed start copied it whole
+// already. `from` stays: the caller removes the sources once every file of
+// their cache is copied.
+Status CopyFile(const std::string& from, const std::string& dir, const std::string& to,
                 bool segment) {
-  if (Exists(to)) return ShmFile::Unlink(from);
   int fd = -1;
   size_t size = 0;
   Status s = OpenOwnedFile(from, O_RDONLY, &fd, &size);
   if (!s.ok()) return s;
+  if (IsCopyOf(to, size)) {
+    close(fd);
+    return Status::OK();
+  }
   int node = -1;
   if (segment) {
     alignas(layout::SegmentHeader) unsigned char buf[sizeof(layout::SegmentHeader)];
@@ -160,18 +191,9 @@ Status MoveFile(const std::string& from, const std::string& to, const std::strin
       }
     }
   }
-  unlink(tmp.c_str());  // a copy a killed start left
-  s = CopyTo(fd, tmp, size, node);
+  s = CopyTo(fd, dir, to, size, node);
   close(fd);
-  if (s.ok() &&
-      renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
-    s = Status::FromErrno(fmt::format("cannot rename {} to {}", tmp, to), errno);
-  }
-  if (!s.ok()) {
-    unlink(tmp.c_str());
-    return s;
-  }
-  return ShmFile::Unlink(from);
+  return s;
 }
 
 // The huge dir when it is a directory of this user, closed to others (what
@@ -236,7 +258,6 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
 
   const InstancePaths here = MakeInstancePaths(port, "", dir);
   const std::string base = here.shm_prefix.substr(dir.size() + 1);
-  const std::string tmp = here.shm_prefix + "moving";
   Listing found = ListInstance(r.from, base);
   auto src = [&](const std::string& name) { return r.from + "/" + name; };
   auto dst = [&](const std::string& name) { return dir + "/" + name; };
@@ -263,8 +284,8 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
   for (const std::string& name : found.records) {
     Status s = MoveRecord(src(name), dst(name), name == base + "sessions");
     if (!s.ok()) {
-      log->Warn("{} of the earlier server not moved: {}", src(name), s.message());
-      ShmFile::Unlink(src(name)).PermitUncheckedError();
+      log->Warn("{} of the earlier server not moved (it stays there): {}", src(name),
+                s.message());
     }
   }
   bool stopped = false;
@@ -278,22 +299,28 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
     for (const auto& [kind, number, name] : files) {
       struct stat st {};
       if (lstat(src(name).c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
-      s = MoveFile(src(name), dst(name), tmp, kind == 2);
+      s = CopyFile(src(name), dir, dst(name), kind == 2);
       if (!s.ok()) break;
     }
     if (s.ok()) {
+      // Every file is whole in both places: the earlier ones go.
+      for (const auto& [kind, number, name] : files) unlink(src(name).c_str());
       ++r.caches;
       r.bytes += bytes;
       continue;
     }
-    // Half a cache is no cache: neither place keeps any of it.
-    ++r.discarded;
+    // Half a cache is no cache: the copies made go, and the earlier files,
+    // the only whole copy, stay where they are for a later start.
+    ++r.not_moved;
     if (first_error.empty()) first_error = s.message();
-    log->Warn("cache {} of the earlier server not moved to {}, removed: {}", id, dir,
-              s.message());
+    log->Warn("cache {} of the earlier server not moved to {}, left in {}: {}", id, dir,
+              r.from, s.message());
     for (const auto& [kind, number, name] : files) {
-      unlink(src(name).c_str());
-      unlink(dst(name).c_str());
+      struct stat st {};
+      if (lstat(src(name).c_str(), &st) == 0 &&
+          IsCopyOf(dst(name), static_cast<size_t>(st.st_size))) {
+        unlink(dst(name).c_str());
+      }
     }
   }
 
@@ -304,16 +331,18 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
     what += fmt::format("{} cache(s) in {}: ", found.caches.size(), r.from);
     if (r.caches > 0) {
       what += fmt::format("moved {} ({} MB) to {}",
-                          r.discarded > 0 ? "the others" : "them", r.bytes >> 20, dir);
+                          r.not_moved > 0 ? "the others" : "them", r.bytes >> 20, dir);
     }
-    if (r.discarded > 0) {
-      what += fmt::format("{}removed {} that could not be moved to {} ({})",
-                          r.caches > 0 ? "; " : "", r.discarded, dir, first_error);
+    if (r.not_moved > 0) {
+      what += fmt::format(
+          "{}left {} that could not be moved to {} ({}) where they are: a start in the "
+          "earlier mode serves them, a later start in this one moves them once it can",
+          r.caches > 0 ? "; " : "", r.not_moved, dir, first_error);
     }
   }
   if (stopped) {
     what += "; stopped before the rest: the next start moves it";
-  } else if (from_huge) {
+  } else if (from_huge && r.not_moved == 0) {
     std::string left = ReleaseEarlierHugeDir(huge_dir, mounted);
     what += left.empty() ? fmt::format(" and unmounted {}", huge_dir) : "; " + left;
   }

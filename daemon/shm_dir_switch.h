@@ -12,14 +12,19 @@
 // is in the new mode afterwards; --stop then removes them from the one
 // place. The earlier huge tmpfs, emptied, is unmounted and removed.
 //
-// Each file is copied under a temporary name (a name of the instance that
-// adoption treats as a stray) and renamed into place, so a server killed
-// while moving leaves every file whole in one place or the other; the next
-// start goes on where it stopped. Per cache the header and tables move
-// before the segments: a row in a moved table was written whole before the
-// table was copied, so its bytes are in the segment copied after it, even
-// when a client of the dead server is still writing. A cache whose file
-// cannot be moved (no room) is discarded in both places.
+// Each file is copied as a file with no name (O_TMPFILE: there is no
+// temporary name another user could take ahead of it, as a fixed one in
+// /dev/shm could be) and linked in under its own name once whole, never
+// over something already there; the earlier files of a cache are removed
+// only once every one of them is copied. So a server killed while moving
+// leaves each file whole in the earlier place, and the next start goes on
+// where it stopped. Per cache the header and tables move before the
+// segments: a row in a moved table was written whole before the table was
+// copied, so its bytes are in the segment copied after it, even when a
+// client of the dead server is still writing. A cache that cannot be moved
+// (no room, a name taken by something not ours) loses only the copies made:
+// it stays whole where it was (a huge tmpfs holding one stays mounted), for
+// a start in the earlier mode or a later one that can move it.
 // Thread safety: call from one thread at start-up.
 #pragma once
 
@@ -34,7 +39,7 @@ struct ShmDirSwitch {
   std::string from;  // the other place, where the earlier server's files were
   int caches = 0;    // caches moved
   uint64_t bytes = 0;
-  int discarded = 0;    // caches that could not be moved: removed
+  int not_moved = 0;    // caches that could not be moved: left where they were
   std::string warning;  // for `shmcache --start` ("Warning: ..."); "" if
                         // nothing of an earlier server was found
 };

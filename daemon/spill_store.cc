@@ -1,13 +1,20 @@
 #include "daemon/spill_store.h"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
 
-#include "format/shm_file.h"
+#include "format/owned_dir.h"
 #include "format/spill_format.h"
 
 namespace shmcache {
@@ -25,10 +32,50 @@ Status FromRocks(const rocksdb::Status& s, const std::string& where) {
 
 }  // namespace
 
-SpillStore::~SpillStore() = default;
+SpillStore::~SpillStore() {
+  if (dir_fd_ >= 0) close(dir_fd_);
+}
+
+Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
+  // Through the descriptor Open kept, not the name: a directory removed
+  // (rm -rf of the spill dir) and made again under the same name is still
+  // the one that was removed.
+  struct stat st {};
+  if (fstat(dir_fd_, &st) != 0) {
+    return Status::IOError(fmt::format("cannot look at the spill database {}: {}", path_,
+                                       std::strerror(errno)));
+  }
+  if (st.st_nlink == 0) {
+    return Status::IOError(fmt::format(
+        "the spill database {} was removed while this server used it (its directory "
+        "is gone); spilling stopped, rows in memory stay readable; restart the server "
+        "to spill again",
+        path_));
+  }
+  struct statvfs v {};
+  if (fstatvfs(dir_fd_, &v) != 0) {
+    return Status::IOError(
+        fmt::format("cannot read the free space of {}: {}", path_, std::strerror(errno)));
+  }
+  *free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  return Status::OK();
+}
 
 Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* out,
-                        bool create) {
+                        bool create, std::string* tightened) {
+  // Before RocksDB sees the path, which it opens, fills and (DestroyDB)
+  // empties by name: nobody else may be able to swap a directory on the way
+  // for a link, and the database's own name must hold a directory of ours
+  // (in a shared spill dir another user may have put hers there, or a link
+  // to a third user's directory).
+  Status s = CheckNoOtherUserCanReplace(path);
+  if (!s.ok()) return Status::PermissionDenied("spill database: " + s.message());
+  int dir_fd = -1;
+  s = OpenOwnedDir(path, create,
+                   "remove it (as its owner or root) or start the server with another "
+                   "-s DIR",
+                   &dir_fd, tightened);
+  if (!s.ok()) return s;
   rocksdb::Options opts = SpillDbOptions();
   opts.create_if_missing = create;
   opts.IncreaseParallelism(2);
@@ -36,32 +83,47 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   // is noticed before a flush fails.
   opts.write_buffer_size = kWriteBufferBytes;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(opts, path, &db);
-  if (!s.ok()) return FromRocks(s, path);
+  rocksdb::Status rs = rocksdb::DB::Open(opts, path, &db);
+  if (!rs.ok()) {
+    close(dir_fd);
+    return FromRocks(rs, path);
+  }
   std::unique_ptr<SpillStore> store(new SpillStore());
   store->db_.reset(db);
   store->path_ = path;
+  store->dir_fd_ = dir_fd;
   *out = std::move(store);
   return Status::OK();
 }
 
 Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
                        std::span<const std::byte> row) {
+  rocksdb::WriteBatch batch;
+  SpillKey k(cache_id, row_id);
+  batch.Put(k.slice(),
+            rocksdb::Slice(reinterpret_cast<const char*>(row.data()), row.size()));
+  return Write(&batch, row.size());
+}
+
+Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
   if (failed_.load()) {
     MutexLock lock(&error_mu_);
     return Status::Full("spilling is off after an earlier error: " + error_);
   }
-  // Room for the row in the WAL and for flushing a full memtable.
-  uint64_t need = row.size() + 2 * kWriteBufferBytes;
-  uint64_t free_bytes = FreeBytes(path_);
+  // Room for the rows in the WAL and for flushing a full memtable.
+  uint64_t need = bytes + 2 * kWriteBufferBytes;
+  uint64_t free_bytes = 0;
+  if (Status gone = CheckDirectory(&free_bytes); !gone.ok()) {
+    MutexLock lock(&error_mu_);
+    if (!failed_.exchange(true)) error_ = gone.message();
+    return Status::IOError(error_);
+  }
   if (free_bytes < need) {
     return Status::Full(
         fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",
                     free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
   }
-  SpillKey k(cache_id, row_id);
-  rocksdb::Slice v(reinterpret_cast<const char*>(row.data()), row.size());
-  Status s = FromRocks(db_->Put(rocksdb::WriteOptions(), k.slice(), v), path_);
+  Status s = FromRocks(db_->Write(rocksdb::WriteOptions(), batch), path_);
   if (!s.ok()) {
     MutexLock lock(&error_mu_);
     error_ = s.message();
@@ -129,6 +191,17 @@ Status SpillStore::DestroyAll() {
   if (db_) {
     db_->Close();
     db_.reset();
+  }
+  // DestroyDB and remove_all go by name: remove only while the name still
+  // holds the directory Open checked and opened.
+  struct stat held {
+  }, now{};
+  if (lstat(path_.c_str(), &now) != 0 && errno == ENOENT) return Status::OK();
+  if (fstat(dir_fd_, &held) != 0 || !S_ISDIR(now.st_mode) || now.st_dev != held.st_dev ||
+      now.st_ino != held.st_ino) {
+    return Status::IOError(fmt::format(
+        "{} is no longer the spill database this server opened (it is {}): left in place",
+        path_, DescribeEntry(path_)));
   }
   rocksdb::Status s = rocksdb::DestroyDB(path_, rocksdb::Options());
   std::error_code ec;

@@ -21,21 +21,34 @@
 
 namespace rocksdb {
 class DB;
-}
+class WriteBatch;
+}  // namespace rocksdb
 
 namespace shmcache {
 
 class SpillStore {
  public:
-  // Opens the database in `path`, creating it if needed and `create`.
+  // Opens the database in `path`, creating it (mode 0700) if needed and
+  // `create`. Before RocksDB sees `path`: no directory on the way may be one
+  // another user could swap for a link (CheckNoOtherUserCanReplace), and
+  // `path` must be a directory of this user's, never a link
+  // (OpenOwnedDir, format/owned_dir.h); otherwise PermissionDenied naming
+  // what is there and the fix. *tightened (when given): a line saying a
+  // directory of ours that others could read was made 0700, else "".
   static Status Open(const std::string& path, std::unique_ptr<SpillStore>* out,
-                     bool create = true);
+                     bool create = true, std::string* tightened = nullptr);
   ~SpillStore();
 
   // Full, without touching RocksDB, when the disk lacks room for the row
   // plus a memtable flush, or after any earlier write error: RocksDB must
   // not see another write once one failed (Debian's build asserts on it).
+  // IOError naming the cause when the database's directory was removed
+  // under the server or its free space cannot be read; no write is tried
+  // after that either.
   Status Put(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row);
+  // Writes a batch of rows (`bytes` of them) at once, with the same checks
+  // and the same latch as Put.
+  Status Write(rocksdb::WriteBatch* batch, uint64_t bytes);
   // Values of ids[i] into (*values)[i]; (*found)[i] false when absent.
   Status MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
                   std::vector<std::string>* values, std::vector<bool>* found);
@@ -44,7 +57,9 @@ class SpillStore {
   Status DropCache(uint32_t cache_id);
   // Ids of the caches that have rows on disk.
   std::vector<uint32_t> CacheIds();
-  // Closes the database and removes its directory.
+  // Closes the database and removes its directory, when its name still
+  // holds the directory Open opened (IOError, nothing removed, otherwise;
+  // OK when it is gone already).
   Status DestroyAll();
 
   const std::string& path() const { return path_; }
@@ -52,9 +67,13 @@ class SpillStore {
  private:
   SpillStore() = default;
   static constexpr uint64_t kWriteBufferBytes = 8u << 20;
+  // OK and the free bytes of its file system while the database's directory
+  // is there; IOError naming the cause otherwise.
+  Status CheckDirectory(uint64_t* free_bytes) const;
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
+  int dir_fd_ = -1;  // the database's directory, held from Open on
   std::atomic<bool> failed_{false};
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped

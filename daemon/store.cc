@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +36,14 @@ static uint64_t InstanceShmBytes(const InstancePaths& paths) {
   return total;
 }
 
+// The CPUs this process may run on (its affinity mask, which a cgroup's
+// cpuset or taskset narrows), or what the system says it has.
+static int CpusOfThisProcess() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
 Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
              int workers, Logger* log)
     : options_(options),
@@ -44,7 +53,8 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_n
       workers_(workers),
       log_(log),
       rng_(std::random_device{}()),
-      spiller_(paths, log) {
+      spiller_(paths, log),
+      stages_(paths) {
   bounds_ = ComputeMemoryBounds(options.memory_cap_ratio, options.memory_cap_bytes,
                                 FreeBytes(paths.shm_dir) + InstanceShmBytes(paths));
   account_.cap = bounds_.cap_bytes;
@@ -70,10 +80,16 @@ Status Store::Init(const std::atomic<bool>* stop_requested) {
           "stopped by a signal while starting; what an earlier server left is "
           "kept for the next start");
     }
+    s = ClaimFileNames();
+    if (!s.ok()) return s;
     spiller_.Reconcile(caches_, note);
-    WriteSessionsFile();
+    s = WriteSessionsFile();
+    if (!s.ok()) return s;
   }
-  preparer_ = std::thread([this] { PrepareSegments(); });
+  preparer_threads_ = std::clamp(CpusOfThisProcess(), 1, SegmentAllocator::kMaxParallel);
+  for (int i = 0; i < preparer_threads_; ++i) {
+    preparers_.emplace_back([this, i] { PrepareSegments(/*polls=*/i == 0); });
+  }
   return Status::OK();
 }
 
@@ -121,10 +137,15 @@ void Store::FillServerInfo(ServerInfo* out) {
 void Store::Shutdown() {
   StopPreparer();
   MutexLock lock(&mu_);
+  stages_.ReleaseAll();
   for (auto& [id, c] : caches_) c->Destroy(&account_);
   caches_.clear();
   sessions_.clear();
-  ShmFile::Unlink(paths_.SessionsFile()).PermitUncheckedError();
+  // A list left behind would bring its sessions back (empty) at the next
+  // start: say so.
+  if (Status s = ShmFile::Unlink(paths_.SessionsFile()); !s.ok()) {
+    log_->Warn("{}; the next start lists its sessions again", s.message());
+  }
   spiller_.Shutdown();
 }
 

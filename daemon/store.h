@@ -11,7 +11,7 @@
 // store), and at start an Adoption of what an earlier server left.
 // Its own work is split by concept: store.cc (start, server info,
 // shutdown), store_sessions.cc (the registry of sessions and caches, held
-// memory), store_preparer.cc (the segment preparer thread),
+// memory), store_preparer.cc (the segment preparers' threads),
 // store_leases.cc (chunk leases, index growth, spilled rows) and
 // store_releases.cc (chunks of ended connections).
 #pragma once
@@ -38,6 +38,7 @@
 #include "daemon/held_memory.h"
 #include "daemon/memory_account.h"
 #include "daemon/shm_pages.h"
+#include "daemon/spill_stages.h"
 #include "format/instance.h"
 #include "port/mutex.h"
 #include "shmcache/stats.h"
@@ -49,6 +50,9 @@ class Logger;
 
 class Store {
  public:
+  // The largest cache size (MB) OpenCache accepts: INT64_MAX bytes.
+  static constexpr uint64_t kMaxCacheSizeMb = uint64_t{INT64_MAX} >> 20;
+
   Store(const DaemonOptions& options, const InstancePaths& paths, int num_nodes,
         int workers, Logger* log);
   ~Store();
@@ -60,7 +64,12 @@ class Store {
   // server does not use (another -s, or none) are dropped from the index,
   // and that database is removed. When *stop_requested turns true meanwhile
   // (a signal), stops adopting and returns Unavailable, leaving the files
-  // that are not adopted yet as they are, for the next start.
+  // that are not adopted yet as they are, for the next start. Then it
+  // writes the sessions list and the spill record; whatever holds their
+  // names that is not theirs (a directory, a link, another user's file:
+  // what a restart would otherwise lose sessions to) is removed with a log
+  // line, or, when this user may not remove it, Init fails naming it and
+  // the fix.
   Status Init(const std::atomic<bool>* stop_requested = nullptr) EXCLUDES(mu_);
   // What a person starting the server should know about Init: caches and
   // rows that were discarded, and why. One line each.
@@ -68,12 +77,19 @@ class Store {
   const std::vector<std::string>& startup_notes() const { return notes_; }
 
   uint32_t NewClientId() EXCLUDES(mu_);
+  // A session exists once the sessions list names it (what a restarted
+  // server adopts): when the list cannot be written, no session is created
+  // and the IOError says why.
   Status CreateSession(uint32_t* id) EXCLUDES(mu_);
   // Destroys the session's caches. Memory that processes still map stays
   // counted against the cap (held) until they unmap it; what nobody maps
-  // is released before this returns.
+  // is released before this returns. When the sessions list cannot be
+  // rewritten, the session is destroyed all the same and the IOError says
+  // that a restart would list it again, empty.
   Status DestroySession(uint32_t id) EXCLUDES(mu_);
   Status CheckSession(uint32_t id) EXCLUDES(mu_);
+  // size_mb above kMaxCacheSizeMb is InvalidArgument: its bytes would not
+  // fit an off_t (and wrap as 64-bit bytes from 2^44 MB on).
   Status OpenCache(uint32_t session_id, const std::string& name,
                    const std::string& fingerprint, uint64_t size_mb, bool spilling,
                    uint32_t* cache_id) EXCLUDES(mu_);
@@ -97,6 +113,18 @@ class Store {
                   bool* inserted) EXCLUDES(mu_);
   Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
                   std::vector<std::string>* rows, std::vector<bool>* found) EXCLUDES(mu_);
+  // The staging file of connection `conn` for spilled rows of the cache
+  // (SpillStages::Get). Full when the cache does not spill.
+  Status SpillStage(uint64_t conn, uint32_t cache_id, uint64_t min_bytes, uint32_t* tag,
+                    uint64_t* size) EXCLUDES(mu_);
+  // Writes the rows `conn` staged in its stage `tag` (CacheSpiller::
+  // WriteStaged) without the store's lock, then publishes each;
+  // (*inserted)[i] is 1 for a row added, 0 for an id already cached. Full
+  // when the cache does not spill or stopped (a failed write stops it);
+  // NotFound when the stage is not this connection's current one.
+  Status SpillPutStaged(uint64_t conn, uint32_t cache_id, uint32_t tag,
+                        std::span<const uint64_t> ids, std::span<const uint32_t> sizes,
+                        std::vector<uint8_t>* inserted) EXCLUDES(mu_);
   void ListSessions(std::vector<SessionInfo>* out) EXCLUDES(mu_);
   void FillServerInfo(ServerInfo* out) EXCLUDES(mu_);
   // A client connection opened (+1) or ended (-1); for the statistics.
@@ -113,9 +141,10 @@ class Store {
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   void CountSpillReads(uint32_t cache_id, uint64_t n) EXCLUDES(mu_);
-  // Background thread making caches' next segments (see SegmentJob), and
-  // re-checking ended connections whose process was still running.
-  void PrepareSegments() EXCLUDES(mu_);
+  // Background threads making caches' next segments (see SegmentJob), one
+  // job each at a time; the first (`polls`) also re-checks ended
+  // connections whose process was still running, and held memory.
+  void PrepareSegments(bool polls) EXCLUDES(mu_);
   // Settles pending releases whose process is gone or whose grace ran out.
   void RetryReleasesLocked() REQUIRES(mu_);
   // Logs, once per process, that the chunks of a live process's ended
@@ -129,7 +158,11 @@ class Store {
   void StopPreparer() EXCLUDES(mu_);
   // Logs `text` as a warning and keeps it for startup_notes().
   void Note(const std::string& text);
-  void WriteSessionsFile() REQUIRES(mu_);
+  // Rewrites the sessions list; an error is logged and returned.
+  Status WriteSessionsFile() REQUIRES(mu_);
+  // Frees the names of the sessions list and the spill record of what is
+  // not this server's (ClaimFileName, replace_file.h), with a log line.
+  Status ClaimFileNames() REQUIRES(mu_);
   void CheckHighWater() REQUIRES(mu_);
 
   Mutex mu_;
@@ -154,8 +187,13 @@ class Store {
   std::vector<std::string> notes_;  // written by Init only
   std::deque<SegmentJob> jobs_ GUARDED_BY(mu_);
   CondVar jobs_cv_;
-  CondVar job_done_cv_;                             // a segment job finished
-  uint32_t running_job_cache_ GUARDED_BY(mu_) = 0;  // 0 = none
+  CondVar job_done_cv_;  // a segment job finished
+  // The caches of the jobs running now, one entry per job.
+  std::multiset<uint32_t> running_jobs_ GUARDED_BY(mu_);
+  // The caches of the staged spill writes running now (without mu_), one
+  // entry each: a cache is destroyed only once none runs (job_done_cv_).
+  std::multiset<uint32_t> spill_writes_ GUARDED_BY(mu_);
+  SpillStages stages_;
   struct PendingRelease {
     uint64_t conn;
     std::shared_ptr<const ProcessHandle> process;
@@ -167,7 +205,11 @@ class Store {
   static constexpr size_t kMaxWarnedPids = 1024;
   HeldMemory held_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::thread preparer_;
+  // As many as the CPUs this daemon may run on: one segment file is made
+  // by one thread (the kernel makes a file's pages under its lock), so the
+  // page supply of many writers needs as many files made at once.
+  std::vector<std::thread> preparers_;
+  int preparer_threads_ = 1;  // preparers_.size(), set by Init before requests
   std::atomic<int64_t> connections_{0};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const uint64_t started_unix_ = static_cast<uint64_t>(std::time(nullptr));

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "daemon/logger.h"
 
 namespace shmcache {
@@ -35,10 +37,10 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t ne
   }
   if (s.ok()) {
     int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
-    if (std::optional<SegmentJob> job = c->TakeSegmentJob(n, &account_)) {
-      jobs_.push_back(*job);
-      jobs_cv_.Signal();
-    }
+    std::vector<SegmentJob> jobs = c->TakeSegmentJobs(n, &account_, preparer_threads_);
+    jobs_.insert(jobs_.end(), jobs.begin(), jobs.end());
+    if (jobs.size() == 1) jobs_cv_.Signal();
+    if (jobs.size() > 1) jobs_cv_.SignalAll();
   }
   CheckHighWater();
   return s;
@@ -87,6 +89,72 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
   Status s = spiller_.Get(cache_id, ids, rows, found);
   if (s.ok()) CountSpillReads(cache_id, std::count(found->begin(), found->end(), true));
   return s;
+}
+
+Status Store::SpillStage(uint64_t conn, uint32_t cache_id, uint64_t min_bytes,
+                         uint32_t* tag, uint64_t* size) {
+  {
+    MutexLock lock(&mu_);
+    CacheState* c;
+    Status s = CacheFor(cache_id, &c);
+    if (!s.ok()) return s;
+    if (!spiller_.enabled() || !c->spilling()) {
+      return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
+    }
+  }
+  return stages_.Get(conn, cache_id, min_bytes, tag, size);
+}
+
+Status Store::SpillPutStaged(uint64_t conn, uint32_t cache_id, uint32_t tag,
+                             std::span<const uint64_t> ids,
+                             std::span<const uint32_t> sizes,
+                             std::vector<uint8_t>* inserted) {
+  inserted->clear();
+  {
+    MutexLock lock(&mu_);
+    CacheState* c;
+    Status s = CacheFor(cache_id, &c);
+    if (!s.ok()) return s;
+    if (!spiller_.enabled() || !c->spilling()) {
+      return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
+    }
+    spill_writes_.insert(cache_id);
+  }
+  // The disk write runs without the lock: leases, opens and other caches'
+  // writes go on meanwhile (RocksDB is thread-safe).
+  Status written;
+  if (std::shared_ptr<const SpillStages::Stage> stage =
+          stages_.Find(conn, cache_id, tag)) {
+    written = spiller_.WriteStaged(
+        cache_id,
+        std::span(reinterpret_cast<const std::byte*>(stage->file.data()),
+                  stage->file.size()),
+        ids, sizes);
+  } else {
+    written = Status::NotFound(fmt::format(
+        "staging file {:08x} of cache {} is not this connection's", tag, cache_id));
+  }
+  MutexLock lock(&mu_);
+  spill_writes_.erase(spill_writes_.find(cache_id));
+  job_done_cv_.SignalAll();
+  CacheState* c;
+  Status s = CacheFor(cache_id, &c);
+  if (!s.ok()) return s;
+  if (!written.ok()) {
+    if (written.IsCorruption() || written.IsNotFound()) return written;
+    log_->Error("cache {}: spilling stopped: {}", cache_id, written.message());
+    c->StopSpilling(written.message());
+    return Status::Full(
+        fmt::format("cache {} stopped spilling: {}", cache_id, written.message()));
+  }
+  inserted->assign(ids.size(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    bool added = false;
+    s = c->PublishSpilled(ids[i], sizes[i], &account_, &added);
+    if (!s.ok()) return s;
+    (*inserted)[i] = added ? 1 : 0;
+  }
+  return Status::OK();
 }
 
 void Store::CountSpillReads(uint32_t cache_id, uint64_t n) {

@@ -1,8 +1,12 @@
-// The segment preparer: one thread that creates (allocates and clears)
-// the segments caches will lease next, off the connections' threads, and
-// between jobs retries connection releases and settles held memory.
+// The segment preparers: threads that create (allocate and clear) the
+// segments caches will lease next, off the connections' threads, several
+// at once when writers need them faster than one thread makes them
+// (SegmentAllocator::TakeSegmentJobs); the first one also retries
+// connection releases and settles held memory between jobs.
 
 #include "daemon/store.h"
+
+#include <algorithm>
 
 namespace shmcache {
 
@@ -13,17 +17,19 @@ void Store::StopPreparer() {
   }
   jobs_cv_.SignalAll();
   job_done_cv_.SignalAll();
-  if (preparer_.joinable()) preparer_.join();
+  for (std::thread& t : preparers_) {
+    if (t.joinable()) t.join();
+  }
 }
 
-void Store::PrepareSegments() {
+void Store::PrepareSegments(bool polls) {
   // Locked and unlocked by hand: the lock is let go around each job and
   // each scan of held memory.
   mu_.Lock();
   for (;;) {
     auto ready = [&]() REQUIRES(mu_) { return stopping_ || !jobs_.empty(); };
     auto polling = [&]() REQUIRES(mu_) {
-      return !pending_releases_.empty() || !held_.empty();
+      return polls && (!pending_releases_.empty() || !held_.empty());
     };
     if (!polling()) {
       while (!ready() && !polling()) jobs_cv_.Wait(&mu_);
@@ -43,13 +49,13 @@ void Store::PrepareSegments() {
     if (jobs_.empty()) continue;
     SegmentJob job = jobs_.front();
     jobs_.pop_front();
-    running_job_cache_ = job.cache_id;
+    running_jobs_.insert(job.cache_id);
     mu_.Unlock();
     ShmFile file;
     Status made = SegmentAllocator::CreateSegmentFile(paths_, job.cache_id, job.seg_no,
                                                       job.node, job.size, &file);
     mu_.Lock();
-    running_job_cache_ = 0;
+    running_jobs_.erase(running_jobs_.find(job.cache_id));
     auto it = caches_.find(job.cache_id);
     if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
       file.Unmap();

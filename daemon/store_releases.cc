@@ -11,6 +11,9 @@ namespace shmcache {
 
 void Store::ReleaseConnection(uint64_t conn,
                               std::shared_ptr<const ProcessHandle> process) {
+  // Its staging files go at once: what it staged and did not send is not
+  // in the index, live process or not.
+  stages_.Release(conn);
   MutexLock lock(&mu_);
   if (process == nullptr || process->Gone()) {
     for (auto& [id, c] : caches_) c->ReleaseConnection(conn, true);
@@ -20,7 +23,7 @@ void Store::ReleaseConnection(uint64_t conn,
   // while it lives on and may still write into its chunks.
   pending_releases_.push_back(
       {conn, std::move(process), std::chrono::steady_clock::now() + kReleaseGrace});
-  jobs_cv_.Signal();
+  jobs_cv_.SignalAll();  // the first preparer retries it
 }
 
 void Store::RetryReleasesLocked() {

@@ -4,6 +4,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -13,13 +14,31 @@
 
 namespace shmcache {
 
-void Store::WriteSessionsFile() {
+Status Store::WriteSessionsFile() {
   // A plain file beside the segments: lists live sessions for a restarted
   // daemon and for people looking at /dev/shm; 0600, the only mode the next
   // server reads.
   std::string text;
   for (const auto& [id, caches] : sessions_) text += fmt::format("{}\n", id);
-  ReplaceFile(paths_.SessionsFile(), text, 0600).PermitUncheckedError();
+  Status s = ReplaceFile(paths_.SessionsFile(), text, 0600);
+  if (!s.ok()) log_->Error("the list of sessions is not written: {}", s.message());
+  return s;
+}
+
+Status Store::ClaimFileNames() {
+  // Adoption read (or ignored) what was there. A rename cannot replace a
+  // directory, and a list must not go through someone else's file.
+  for (const auto& [path, what] :
+       {std::pair{paths_.SessionsFile(), "the list of sessions"},
+        std::pair{paths_.SpillRecordFile(), "the spill record"}}) {
+    std::string removed;
+    Status s = ClaimFileName(path, what, &removed);
+    if (!s.ok()) return s;
+    if (!removed.empty()) {
+      log_->Warn("removed {}, {}: it was not {} of this server", path, removed, what);
+    }
+  }
+  return Status::OK();
 }
 
 Status Store::CreateSession(uint32_t* id) {
@@ -32,7 +51,13 @@ Status Store::CreateSession(uint32_t* id) {
     s = rng_();
   } while (s == 0 || sessions_.count(s) != 0);
   sessions_[s] = {};
-  WriteSessionsFile();
+  if (Status w = WriteSessionsFile(); !w.ok()) {
+    sessions_.erase(s);
+    return Status::IOError(fmt::format(
+        "no session was created: it would not survive a restart of the server, whose "
+        "list of sessions cannot be written ({})",
+        w.message()));
+  }
   log_->Info("session {} created", s);
   *id = s;
   return Status::OK();
@@ -46,18 +71,23 @@ static Status NoSession(uint32_t id) {
 }
 
 Status Store::DestroySession(uint32_t id) {
+  Status written;
   {
     MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return NoSession(id);
     // No segment of the session may appear after destroy returns: let a
     // running job for one of its caches finish first (holding the lock from
-    // then on, no other starts), and drop the queued ones.
+    // then on, no other starts), and drop the queued ones. Nor a spilled row:
+    // staged writes of its caches finish first too.
     const std::vector<uint32_t> cids = it->second;
     auto ours = [&](uint32_t cid) {
       return std::find(cids.begin(), cids.end(), cid) != cids.end();
     };
-    while (ours(running_job_cache_)) job_done_cv_.Wait(&mu_);
+    while (std::any_of(running_jobs_.begin(), running_jobs_.end(), ours) ||
+           std::any_of(spill_writes_.begin(), spill_writes_.end(), ours)) {
+      job_done_cv_.Wait(&mu_);
+    }
     std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
     it = sessions_.find(id);
     if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
@@ -67,17 +97,24 @@ Status Store::DestroySession(uint32_t id) {
       if (c == caches_.end()) continue;
       c->second->Destroy(&account_, &held);
       caches_.erase(c);
+      stages_.ReleaseCache(cid);
       Status s = spiller_.DropCache(cid);
       if (!s.ok()) log_->Warn("cache {}: cannot drop spilled rows: {}", cid, s.message());
     }
     sessions_.erase(it);
-    WriteSessionsFile();
+    written = WriteSessionsFile();
     log_->Info("session {} destroyed", id);
     held_.Add(id, held, std::chrono::steady_clock::now());
     ResumeCachesLocked();
   }
-  jobs_cv_.Signal();  // the background thread re-checks what stays held
+  jobs_cv_.SignalAll();  // the first preparer re-checks what stays held
   SettleHeldMemory();
+  if (!written.ok()) {
+    return Status::IOError(fmt::format(
+        "session {} was destroyed, but the list of sessions cannot be rewritten ({}): "
+        "a restarted server would list it again, empty",
+        id, written.message()));
+  }
   return Status::OK();
 }
 
@@ -110,6 +147,12 @@ Status Store::CheckSession(uint32_t id) {
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
                         const std::string& fingerprint, uint64_t size_mb, bool spilling,
                         uint32_t* cache_id) {
+  if (size_mb > kMaxCacheSizeMb) {
+    return Status::InvalidArgument(fmt::format(
+        "cache size {} MB is out of range: at most {} MB (the size is in MB, not bytes; "
+        "0 asks for as much as the server allows)",
+        size_mb, kMaxCacheSizeMb));
+  }
   MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
   if (sit == sessions_.end()) return NoSession(session_id);

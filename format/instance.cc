@@ -1,14 +1,13 @@
 #include "format/instance.h"
 
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 
 #include <fmt/format.h>
 
+#include "format/owned_dir.h"
 #include "format/parse_number.h"
 #include "shmcache/options.h"
 
@@ -26,6 +25,9 @@ std::string InstancePaths::SegmentFile(uint32_t cache_id, uint32_t seg_no) const
 }
 std::string InstancePaths::SessionsFile() const { return shm_prefix + "sessions"; }
 std::string InstancePaths::SpillRecordFile() const { return shm_prefix + "spilldb"; }
+std::string InstancePaths::StageFile(uint32_t cache_id, uint32_t tag) const {
+  return fmt::format("{}stage.{}.{:08x}", shm_prefix, cache_id, tag);
+}
 
 namespace {
 
@@ -92,6 +94,8 @@ ShmName ParseShmName(std::string_view rest) {
     n.kind = Kind::kTable;
   } else if (Matches(rest, "seg", &n.cache_id, &n.number, nullptr)) {
     n.kind = Kind::kSegment;
+  } else if (Matches(rest, "stage", &n.cache_id, nullptr, &n.tag)) {
+    n.kind = Kind::kStage;
   } else {
     n = ShmName{};
   }
@@ -184,23 +188,14 @@ Status CheckSocketPath(const std::string& socket_path) {
 }
 
 Status EnsureRunDir(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Status::FromErrno("cannot create " + dir, errno);
-  }
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) {
-    return Status::FromErrno("cannot stat " + dir, errno);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument(dir + " is not a directory");
-  }
-  if (st.st_uid != geteuid()) {
-    return Status::PermissionDenied(
-        dir +
-        " belongs to another user; set SHMCACHE_RUN_DIR to a directory "
-        "of your own");
-  }
-  return Status::OK();
+  int fd = -1;
+  Status s =
+      OpenOwnedDir(dir, /*create=*/true,
+                   "remove it (as its owner or root), or set SHMCACHE_RUN_DIR to a "
+                   "directory of your own, mode 0700",
+                   &fd);
+  if (s.ok()) close(fd);
+  return s;
 }
 
 }  // namespace shmcache

@@ -43,15 +43,27 @@ struct InstancePaths {
   std::string SessionsFile() const;
   // The daemon's record of the spill database the index points to.
   std::string SpillRecordFile() const;
+  // A connection's staging file for spilled rows of a cache (protocol.h,
+  // kSpillStage): the daemon's, removed when the connection ends.
+  std::string StageFile(uint32_t cache_id, uint32_t tag) const;
 };
 
 // A name in the shm dir, its instance prefix removed, read back.
 struct ShmName {
-  enum class Kind { kCache, kTable, kSegment, kSessions, kSpillRecord, kHugeDir, kOther };
+  enum class Kind {
+    kCache,
+    kTable,
+    kSegment,
+    kStage,
+    kSessions,
+    kSpillRecord,
+    kHugeDir,
+    kOther
+  };
   Kind kind = Kind::kOther;
   uint32_t cache_id = 0;
   uint32_t number = 0;  // table generation or segment number
-  uint32_t tag = 0;     // table tag
+  uint32_t tag = 0;     // table or stage tag
 };
 // kOther for anything InstancePaths would not have written (numbers out of
 // range, leading zeros, trailing bytes).
@@ -81,8 +93,11 @@ InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
 // InvalidArgument naming the path, its length and the fix when the socket
 // path does not fit in sockaddr_un::sun_path (107 bytes on Linux).
 Status CheckSocketPath(const std::string& socket_path);
-// Creates the run dir 0700 if missing; PermissionDenied if it exists and
-// belongs to someone else.
+// Creates the run dir 0700 if missing (OpenOwnedDir, owned_dir.h): a link
+// there (another user's in /tmp, which could later lead clients to her
+// socket), another user's directory, or one others may write is
+// PermissionDenied naming what is there and the fix; one of ours that
+// others may only read is made 0700.
 Status EnsureRunDir(const std::string& dir);
 
 }  // namespace shmcache

@@ -26,7 +26,8 @@ inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
 // 3: a listing carries each cache's `spilling`.
 // 4: server info carries the bounds of the memory cap.
 // 5: a status carries its subcode (why a cache is Full) after its code.
-inline constexpr uint16_t kProtocolVersion = 5;
+// 6: spilled rows are staged in shared memory (kSpillStage, kSpillPutStaged).
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;
@@ -64,8 +65,19 @@ enum class MsgType : uint16_t {
   kStop = 11,
   kSpillPut = 12,
   kSpillGet = 13,
+  kSpillStage = 14,
+  kSpillPutStaged = 15,
 };
-inline constexpr uint16_t kMaxMsgType = 13;
+inline constexpr uint16_t kMaxMsgType = 15;
+
+// Spilled rows written in batches without crossing the socket: the daemon
+// makes a staging file in the shm dir for one connection and cache
+// (kSpillStage); the client encodes rows into it back to back and sends
+// only their ids and sizes (kSpillPutStaged, at most kMaxSpillBatch rows);
+// the daemon copies them into one RocksDB write batch, checks the copy and
+// writes it. A stage is kSpillStageBytes, or larger for a row that needs it
+// (up to kMaxSpilledRowBytes), and lives as long as its connection.
+inline constexpr uint64_t kSpillStageBytes = 8u << 20;
 
 // Requests whose answer waits on the daemon's spill disk (RocksDB reads and
 // writes of rows up to kMaxSpilledRowBytes). A client waits up to
@@ -73,7 +85,8 @@ inline constexpr uint16_t kMaxMsgType = 13;
 // dead server: a slow or busy disk must not look like a server gone.
 inline constexpr int kDiskRequestTimeoutMs = 60000;
 constexpr bool WaitsOnDisk(MsgType type) {
-  return type == MsgType::kSpillPut || type == MsgType::kSpillGet;
+  return type == MsgType::kSpillPut || type == MsgType::kSpillGet ||
+         type == MsgType::kSpillPutStaged;
 }
 
 // Returning a chunk only hands its unused tail back early: the daemon takes

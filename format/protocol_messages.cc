@@ -307,6 +307,63 @@ bool SpillPutResponse::Decode(WireReader* r, SpillPutResponse* out) {
   return r->Done();
 }
 
+void SpillStageRequest::Encode(WireWriter* w) const {
+  w->U32(cache_id);
+  w->U64(min_bytes);
+}
+
+bool SpillStageRequest::Decode(WireReader* r, SpillStageRequest* out) {
+  out->cache_id = r->U32();
+  out->min_bytes = r->U64();
+  if (out->min_bytes == 0 || out->min_bytes > kMaxSpilledRowBytes) r->Fail();
+  return r->Done();
+}
+
+void SpillStageResponse::Encode(WireWriter* w) const {
+  w->U32(tag);
+  w->U64(size);
+}
+
+bool SpillStageResponse::Decode(WireReader* r, SpillStageResponse* out) {
+  out->tag = r->U32();
+  out->size = r->U64();
+  return r->Done();
+}
+
+void SpillPutStagedRequest::Encode(WireWriter* w) const {
+  w->U32(cache_id);
+  w->U32(tag);
+  w->U32(static_cast<uint32_t>(ids.size()));
+  for (uint64_t id : ids) w->U64(id);
+  for (uint32_t n : sizes) w->U32(n);
+}
+
+bool SpillPutStagedRequest::Decode(WireReader* r, SpillPutStagedRequest* out) {
+  out->cache_id = r->U32();
+  out->tag = r->U32();
+  uint32_t n = r->U32();
+  if (n == 0 || n > kMaxSpillBatch) r->Fail();
+  out->ids.clear();
+  out->sizes.clear();
+  for (uint32_t i = 0; i < n && r->ok(); ++i) out->ids.push_back(r->U64());
+  for (uint32_t i = 0; i < n && r->ok(); ++i) out->sizes.push_back(r->U32());
+  return r->Done();
+}
+
+void SpillPutStagedResponse::Encode(WireWriter* w) const {
+  w->Bytes(std::as_bytes(std::span(inserted)));
+}
+
+bool SpillPutStagedResponse::Decode(WireReader* r, SpillPutStagedResponse* out) {
+  std::span<const std::byte> b = r->Bytes(kMaxSpillBatch);
+  out->inserted.resize(b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    out->inserted[i] = static_cast<uint8_t>(b[i]);
+    if (out->inserted[i] > 1) r->Fail();
+  }
+  return r->Done();
+}
+
 void SpillGetRequest::Encode(WireWriter* w) const {
   w->U32(cache_id);
   w->U32(static_cast<uint32_t>(ids.size()));

@@ -231,6 +231,48 @@ struct SpillGetRequest {
   static bool Decode(WireReader* r, SpillGetRequest* out);
 };
 
+// The connection's staging file for cache_id, of at least min_bytes
+// (1..kMaxSpilledRowBytes): made, or the one it has when large enough.
+struct SpillStageResponse {
+  uint32_t tag = 0;   // names the file: InstancePaths::StageFile(cache_id, tag)
+  uint64_t size = 0;  // its bytes
+  void Encode(WireWriter* w) const;
+  static bool Decode(WireReader* r, SpillStageResponse* out);
+};
+
+struct SpillStageRequest {
+  static constexpr MsgType kType = MsgType::kSpillStage;
+  static constexpr const char* kName = "SpillStage";
+  using Response = SpillStageResponse;
+  uint32_t cache_id = 0;
+  uint64_t min_bytes = 0;
+  void Encode(WireWriter* w) const;
+  static bool Decode(WireReader* r, SpillStageRequest* out);
+};
+
+// One byte per row, in order: 1 when the row was added, 0 when its id was
+// already cached.
+struct SpillPutStagedResponse {
+  std::vector<uint8_t> inserted;
+  void Encode(WireWriter* w) const;
+  static bool Decode(WireReader* r, SpillPutStagedResponse* out);
+};
+
+// Rows ids[i] of sizes[i] bytes each, encoded (RowCodec) back to back from
+// the start of the staging file `tag` (1..kMaxSpillBatch rows; ids and
+// sizes of the same length).
+struct SpillPutStagedRequest {
+  static constexpr MsgType kType = MsgType::kSpillPutStaged;
+  static constexpr const char* kName = "SpillPutStaged";
+  using Response = SpillPutStagedResponse;
+  uint32_t cache_id = 0;
+  uint32_t tag = 0;
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> sizes;
+  void Encode(WireWriter* w) const;
+  static bool Decode(WireReader* r, SpillPutStagedRequest* out);
+};
+
 template <typename... M>
 struct TypeList {};
 
@@ -239,7 +281,7 @@ using Requests =
     TypeList<HelloRequest, CreateSessionRequest, DestroySessionRequest,
              CheckSessionRequest, OpenCacheRequest, LeaseChunkRequest, ReturnChunkRequest,
              GrowIndexRequest, ListSessionsRequest, ServerInfoRequest, StopRequest,
-             SpillPutRequest, SpillGetRequest>;
+             SpillPutRequest, SpillGetRequest, SpillStageRequest, SpillPutStagedRequest>;
 
 template <typename... R>
 constexpr bool CoversEveryType(TypeList<R...>) {

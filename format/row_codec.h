@@ -21,6 +21,7 @@
 #include <span>
 #include <string_view>
 
+#include "format/row_copy.h"
 #include "shmcache/row.h"
 #include "shmcache/status.h"
 #include "shmcache/types.h"
@@ -64,10 +65,11 @@ class RowCodec {
     return true;
   }
   static uint64_t KeyOf(const RowView& v);
-  // Copies a whole row into out (reusing its buffer).
+  // Copies a whole row into out (reusing its buffer); a large one with
+  // streaming stores (row_copy.h).
   static void Copy(const RowView& in, Row* out) {
     std::byte* dst = Reserve(out, in.bytes_.size());
-    std::memcpy(dst, in.bytes_.data(), in.bytes_.size());
+    CopyRowBytes(dst, in.bytes_.data(), in.bytes_.size());
     out->view_.bytes_ = std::span<const std::byte>(dst, in.bytes_.size());
     out->view_.num_columns_ = in.num_columns_;
   }

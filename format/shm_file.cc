@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
-#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -17,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "format/numa_topology.h"
+#include "format/owned_dir.h"
 
 namespace shmcache {
 
@@ -90,16 +90,6 @@ static void ZeroPages(int fd, size_t size) {
 static std::string DirOf(const std::string& path) {
   auto slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
-static std::string OwnerName(uid_t uid) {
-  passwd pw;
-  passwd* found = nullptr;
-  char buf[1024];
-  if (getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) {
-    return fmt::format("{} (uid {})", found->pw_name, uid);
-  }
-  return fmt::format("uid {}", uid);
 }
 
 // Why a file is not one this process may map, or "" when it may.

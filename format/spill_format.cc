@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <rocksdb/table.h>
+
 #include "format/shm_file.h"
 
 namespace shmcache {
@@ -36,6 +38,15 @@ rocksdb::Options SpillDbOptions() {
   // reader process does not have.
   o.stats_dump_period_sec = 0;
   o.stats_persist_period_sec = 0;
+  return o;
+}
+
+rocksdb::Options SpillReaderOptions() {
+  rocksdb::Options o = SpillDbOptions();
+  o.allow_mmap_reads = true;
+  rocksdb::BlockBasedTableOptions t;
+  t.no_block_cache = true;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
   return o;
 }
 

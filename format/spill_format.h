@@ -32,6 +32,17 @@ struct SpillKey {
 // (benchmarks/bench_rocksdb.cc) runs with these options too.
 rocksdb::Options SpillDbOptions();
 
+// What a client's reader (lib/spill_reader.h) opens the database with:
+// SpillDbOptions, with the table files memory-mapped and no block cache. A
+// spilled row is then read in place from the OS page cache, which every
+// process on the host shares: no pread and no copy into a per-process
+// block cache (RocksDB's default one, 8 MB, holds little of a spill
+// database; one large enough would be a copy of it in every trainer).
+// Measured against RocksDB at its best (docs/spill-reads.md). The cost: a
+// table file that cannot be read (a failing disk) raises SIGBUS in the
+// reader where pread would have returned an error.
+rocksdb::Options SpillReaderOptions();
+
 // The database the instance's spill record names (a one-line file beside
 // the shared-memory files); empty when there is no record (nothing
 // recorded, or an index left by a server from before the record) and when

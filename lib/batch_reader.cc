@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "format/row_copy.h"
 #include "lib/fork_safety.h"
 #include "port/mutex.h"
 
@@ -40,7 +41,7 @@ void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst) {
   } else if (c.dtype == DType::kUInt32 && t.dtype == DType::kInt64) {
     Convert<int64_t, uint32_t>(c.data, dst, c.nbytes / sizeof(uint32_t));
   } else {  // the same bytes (uint64 into int64: its bits)
-    std::memcpy(dst, c.data, c.nbytes);
+    CopyRowBytes(dst, c.data, c.nbytes);
   }
 }
 

@@ -7,7 +7,8 @@
 // and calls the daemon only to lease a new chunk or grow the index.
 //
 // Implemented in cache_impl.cc (attach, mapping, statistics), cache_read.cc,
-// cache_put.cc (the chunk writer) and cache_spill.cc (the spill requests).
+// cache_put.cc (the chunk writer) and cache_spill.cc (the spill requests;
+// rows to disk go through spill_stage.h).
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include "lib/client_impl.h"
 #include "lib/fork_safety.h"
 #include "lib/segment_map.h"
+#include "lib/spill_stage.h"
 #include "shmcache/row.h"
 #include "shmcache/stats.h"
 #include "shmcache/types.h"
@@ -129,10 +131,14 @@ class CacheImpl {
   Status SegmentFor(uint32_t seg_no, const MappedSegment** out) EXCLUDES(map_mu_);
   Status LeaseChunk(int node, size_t need, Chunk* out) REQUIRES(put_mu_);
   // Rows and bytes a batch added to memory, counted into the statistics
-  // once per batch rather than once per row.
+  // once per batch rather than once per row. A row that goes to disk is not
+  // put by PutRow: it sets to_disk (and its encoded size), and the batch
+  // stages its rows for disk together once the rest are in (SpillRows).
   struct PutTally {
     uint64_t rows = 0;
     uint64_t bytes = 0;
+    bool to_disk = false;
+    size_t disk_bytes = 0;
   };
   using PutLock = std::unique_lock<ForkSafeMutex>;
   // One row of a batch; `loc` is where the index had the id before the
@@ -197,6 +203,12 @@ class CacheImpl {
   void FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
                               Status* statuses);
   Status PutRow(uint64_t id, std::span<const ColumnRef> columns, bool* inserted);
+  // A row of `size` encoded bytes goes to disk: left for SpillRows
+  // (tally->to_disk), or TooLarge when no spilled row may be that large.
+  Status ToDisk(uint64_t id, size_t size, PutTally* tally);
+  // Puts a batch's rows that go to disk: through the stage, and one by one
+  // over the socket (SpillPut) when no stage can be had.
+  void SpillRows(std::span<const SpillStage::Row> rows, Status* statuses, bool* inserted);
   Status SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                   bool* inserted);
   // layout::SpillingOn and SpillsNow of the cache's state.
@@ -237,6 +249,7 @@ class CacheImpl {
   ForkSafeMutex put_mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(put_mu_);  // one per NUMA node
   uint64_t chunk_fork_gen_ GUARDED_BY(put_mu_) = 0;
+  SpillStage stage_;  // rows to disk
 };
 
 }  // namespace shmcache

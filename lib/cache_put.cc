@@ -83,11 +83,17 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
   PutTally tally;
   uint64_t locs[kBatchWindow];
   bool added = false;
+  std::vector<SpillStage::Row> to_disk;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % kBatchWindow == 0) {
       LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
     }
     statuses[i] = PutRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally, &added);
+    if (tally.to_disk) {
+      tally.to_disk = false;
+      to_disk.push_back({ids[i], rows[i], tally.disk_bytes, i});
+      continue;
+    }
     if (inserted) inserted[i] = added;
     if (EndsBatch(statuses[i])) {
       std::fill(statuses + i + 1, statuses + ids.size(), statuses[i]);
@@ -101,6 +107,10 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
     layout::StatsSlot* slot = Stats();
     slot->rows.fetch_add(tally.rows, std::memory_order_relaxed);
     slot->bytes.fetch_add(tally.bytes, std::memory_order_relaxed);
+  }
+  if (!to_disk.empty()) {
+    if (lock.owns_lock()) lock.unlock();  // disk writes hold no put lock
+    SpillRows(to_disk, statuses, inserted);
   }
   return Status::OK();
 }
@@ -134,9 +144,9 @@ Status CacheImpl::PutRow(uint64_t id, std::span<const ColumnRef> columns, uint64
   size_t size;
   Status s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;
-  if (SpillsNow()) return SpillPut(id, columns, size, inserted);
+  if (SpillsNow()) return ToDisk(id, size, tally);
   s = CheckRowFits(id, size);
-  if (!s.ok()) return SpillingOn() ? SpillPut(id, columns, size, inserted) : s;
+  if (!s.ok()) return SpillingOn() ? ToDisk(id, size, tally) : s;
   LockForPut(lock);
   return PutInMemory(id, columns, size, tally, inserted);
 }
@@ -148,10 +158,10 @@ Status CacheImpl::PutInMemory(uint64_t id, std::span<const ColumnRef> columns,
   Status s;
   if (c.base == nullptr || c.size - c.used < size) {
     s = LeaseChunk(static_cast<int>(node), size, &c);
-    if (s.IsFull() && SpillsNow()) return SpillPut(id, columns, size, inserted);
+    if (s.IsFull() && SpillsNow()) return ToDisk(id, size, tally);
     if (s.IsTooLarge()) {
       // Only this row: the cache goes on taking smaller ones in memory.
-      if (SpillingOn()) return SpillPut(id, columns, size, inserted);
+      if (SpillingOn()) return ToDisk(id, size, tally);
       return Status::TooLarge(fmt::format("row {}: {}", id, s.message()));
     }
     if (!s.ok()) return s;

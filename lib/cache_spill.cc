@@ -1,12 +1,15 @@
-// Rows on disk: puts of spilled rows are requests to the daemon, which
-// writes the RocksDB spill store; gets read the store in this process
-// (spill_reader.h), and ask the daemon only for what its view lacks.
+// Rows on disk: puts of spilled rows are staged in shared memory for the
+// daemon, which writes the RocksDB spill store (spill_stage.h; one request
+// per row, with the row in it, only when no stage can be had); gets read the
+// store in this process (spill_reader.h), and ask the daemon only for what
+// its view lacks.
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "format/row_codec.h"
+#include "format/row_copy.h"
 #include "lib/cache_impl.h"
 #include "lib/spill_reader.h"
 
@@ -17,7 +20,9 @@ namespace {
 // Fills *row from an encoded spilled row; false (the row is left to the
 // daemon) when it is not whole or is not row `id`'s.
 bool AdoptSpilled(uint64_t id, std::span<const std::byte> bytes, Row* row) {
-  std::memcpy(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size());
+  // Straight from the page cache (the table files are mapped): a large row
+  // with streaming stores, as a hit in memory.
+  CopyRowBytes(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size());
   return RowCodec::Adopt(row, bytes.size()).ok() && RowCodec::KeyOf(row->view()) == id;
 }
 
@@ -117,6 +122,39 @@ bool CacheImpl::SpillingOn() const {
 
 bool CacheImpl::SpillsNow() const {
   return layout::SpillsNow(header_->state.load(std::memory_order_relaxed));
+}
+
+Status CacheImpl::ToDisk(uint64_t id, size_t size, PutTally* tally) {
+  // Checked before anything is staged or sent: a row the daemon could not
+  // read back whole in one answer (kSpillGet) is not spilled.
+  if (size > protocol::kMaxSpilledRowBytes) {
+    return protocol::SpilledRowTooLarge(id, size);
+  }
+  tally->to_disk = true;
+  tally->disk_bytes = size;
+  return Status::OK();
+}
+
+void CacheImpl::SpillRows(std::span<const SpillStage::Row> rows, Status* statuses,
+                          bool* inserted) {
+  size_t done = 0;
+  Status s = stage_.Put(client_.get(), cache_id_, rows, statuses, inserted, &done);
+  // No stage could be had (no room in the shm dir for one, say): a request
+  // per row, until the cache takes no more.
+  bool stop = s.IsUnavailable();
+  for (size_t k = done; k < rows.size(); ++k) {
+    const SpillStage::Row& r = rows[k];
+    bool added = false;
+    if (!stop) {
+      s = SpillPut(r.id, r.columns, r.size, &added);
+      stop = s.IsFull() || s.IsUnavailable();
+    }
+    statuses[r.index] = s;
+    if (inserted) inserted[r.index] = added;
+  }
+  uint64_t full = 0;
+  for (const SpillStage::Row& r : rows) full += statuses[r.index].IsFull() ? 1 : 0;
+  if (full > 0) Stats()->puts_full.fetch_add(full, std::memory_order_relaxed);
 }
 
 Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "format/instance.h"
+#include "format/owned_dir.h"
 
 namespace shmcache {
 
@@ -53,6 +54,24 @@ Status Connection::Open(const std::string& socket_path, int port, int timeout_ms
         fmt::format("cache server on port {} is not running ({}: {}); start it with "
                     "'shmcache --start -p {}'",
                     port, socket_path, std::strerror(e), port));
+  }
+  // The socket's place is only as safe as the run dir: whoever listens there
+  // must be a server of this user before it is told anything (the first
+  // request names sessions and caches; every answer is trusted). A server
+  // answers only its own uid, so a listener of another uid, root included,
+  // is never one this process could use.
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+      cred.uid != geteuid()) {
+    close(fd);
+    const std::string dir = socket_path.substr(0, socket_path.rfind('/'));
+    return Status::PermissionDenied(fmt::format(
+        "the process listening at {} runs as {}, not as this user ({}): refusing to talk "
+        "to it as the cache server of port {}; a server serves only its own user, so "
+        "someone else's process took the socket's place: check that {} is a directory "
+        "of yours, mode 0700, or set SHMCACHE_RUN_DIR to one",
+        socket_path, OwnerName(cred.uid), OwnerName(geteuid()), port, dir));
   }
   out->reset(new Connection(fd, port, timeout_ms));
   return Status::OK();

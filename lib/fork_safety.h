@@ -36,10 +36,11 @@ inline uint64_t ForkGeneration() {
 // only mutexes of a later rank, and never two of the same rank.
 enum class LockRank : int {
   kCachePut = 0,      // CacheImpl::put_mu_ (Put then maps segments, calls the daemon)
-  kCacheMap = 1,      // CacheImpl::map_mu_
-  kClient = 2,        // ClientImpl::mu_ (one daemon round trip)
-  kClientPaths = 3,   // ClientImpl::paths_mu_ (a copy of the paths)
-  kSpillReaders = 4,  // the process's spill readers (spill_reader.cc; a leaf)
+  kSpillStage = 1,    // SpillStage::mu_ (stages rows, calls the daemon)
+  kCacheMap = 2,      // CacheImpl::map_mu_
+  kClient = 3,        // ClientImpl::mu_ (one daemon round trip)
+  kClientPaths = 4,   // ClientImpl::paths_mu_ (a copy of the paths)
+  kSpillReaders = 5,  // the process's spill readers (spill_reader.cc; a leaf)
 };
 // The number of ranks: the last one's value + 1 (a rank added after the
 // last must move this along).

@@ -94,7 +94,7 @@ void SpillReader::Forget(const InstancePaths& paths, const SpillReader* stale) {
 }
 
 Status SpillReader::Open(const std::string& db_path, std::unique_ptr<SpillReader>* out) {
-  rocksdb::Options o = SpillDbOptions();
+  rocksdb::Options o = SpillReaderOptions();
   o.info_log = std::make_shared<NullLogger>();
   // Every table file stays open: one the daemon compacts away after this
   // reader's last catch-up is still readable through its descriptor.

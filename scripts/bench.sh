@@ -3,8 +3,12 @@
 # what is missing (Debian packages), builds a release tree in build-bench/,
 # starts a private cache server (with a spill dir) and a private Redis on a
 # Unix socket, runs the C++ harness, the Python API measurement, the
-# PyTorch DataLoader end-to-end run, the shared-session check and the
-# multi-node run (benchmarks/multinode_bench.py: 2 simulated nodes), then
+# PyTorch DataLoader end-to-end run, the shared-session check, the host
+# sweep (processes and threads 1, 2, 4, ... up to the CPUs, for puts, page
+# supply, GetBatch and CachedLoader warm and cold, and the GPU feed where
+# CUDA is available: the C++ harness's sweep section and
+# benchmarks/host_sweep.py) and the multi-node run
+# (benchmarks/multinode_bench.py: 2 simulated nodes), then
 # prints the table, writes benchmarks/results/latest.json,
 # benchmarks/RESULTS.md and docs/bench.png. Everything it starts is
 # stopped on exit.
@@ -157,6 +161,14 @@ if [ -n "${BENCH_AB:-}" ]; then
   load_sample "A/B"
 fi
 
+# ---- the host sweep, Python half: CachedLoader by workers and threads, GPU ----
+echo "== host sweep (CachedLoader by workers and threads; GPU where CUDA is)"
+rm -f "$results/sweep.json"
+/usr/bin/python3 benchmarks/host_sweep.py --port "$SHMCACHE_PORT" ${BENCH_QUICK:+--quick} \
+  --out "$results/sweep.json" || \
+  echo "host_sweep.py failed; its figures are missing from the table"
+load_sample "host sweep"
+
 # ---- more than one host: 2 simulated nodes (servers of their own) x 2 ranks ---
 echo "== multinode"
 rm -f "$results/multinode.json"
@@ -169,7 +181,7 @@ load_sample "multinode"
 elapsed=$(( $(date +%s) - started ))
 /usr/bin/python3 benchmarks/report.py --cpp "$results/cpp.json" \
   --python "$results/python.json" --extra "$results/extra.json" \
-  --multinode "$results/multinode.json" \
+  --multinode "$results/multinode.json" --sweep "$results/sweep.json" \
   --headline "$headline" --extra_label "$extra_label" --extra_how "$extra_how" \
   --load "$results/load.txt" --elapsed "$elapsed" \
   --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "shmcache/batch_reader.h"
 #include "tests/support/integration_fixture.h"
 #include "tests/support/row_pattern.h"
 
@@ -42,6 +43,47 @@ TEST_F(IntegrationTest, PutGetViewContainsInOneProcess) {
   EXPECT_LE(st.avg_row_bytes(), kRowBytes + 64) << "per-row overhead";
   EXPECT_EQ(st.session_id, session_);
   EXPECT_EQ(st.name, "train");
+}
+
+// Rows of the streaming copy's sizes (format/row_copy.h) read back whole
+// through each way a row is copied out: Get, GetBatch, a BatchReader into a
+// batch whose rows are not 16-byte aligned.
+TEST_F(IntegrationTest, LargeRowsReadBackWholeThroughEveryCopy) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  const std::vector<size_t> sizes = {150 * 1024, 600 * 1024 + 24, 1024 * 1024};
+  for (uint64_t id = 0; id < sizes.size(); ++id) {
+    ASSERT_TRUE(PutPattern(*cache, id, 3, sizes[id]).ok());
+  }
+  for (uint64_t id = 0; id < sizes.size(); ++id) {
+    Row row;
+    ASSERT_TRUE(cache->Get(id, &row).ok());
+    EXPECT_TRUE(RowMatches(row, id, 3, sizes[id])) << sizes[id];
+  }
+  std::vector<uint64_t> ids = {2, 0, 1, 0};
+  std::vector<Row> rows(ids.size());
+  std::vector<Status> st(ids.size());
+  ASSERT_TRUE(cache->GetBatch(ids, rows, st).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_TRUE(st[i].ok()) << st[i].ToString();
+    EXPECT_TRUE(RowMatches(rows[i], ids[i], 3, sizes[ids[i]])) << i;
+  }
+  // Two rows of the 600 KB + 24 size into one batch: the second lands 8
+  // bytes past a 16-byte boundary.
+  BatchReader reader(cache.get(), 2);
+  const size_t n = sizes[1];
+  const int64_t shape[1] = {static_cast<int64_t>(n)};
+  std::vector<uint8_t> batch(2 * n + 8, 0xEE);
+  ColumnTarget target{"data", DType::kUInt8, shape, batch.data() + 8, n};
+  std::vector<uint8_t> hit(2);
+  const std::vector<uint64_t> same = {1, 1};
+  ASSERT_TRUE(reader.ReadInto(same, std::span(&target, 1), hit).ok());
+  EXPECT_EQ(hit, (std::vector<uint8_t>{1, 1}));
+  const std::vector<uint8_t> want = Pattern(1, 3, n);
+  EXPECT_EQ(std::memcmp(batch.data() + 8, want.data(), n), 0);
+  EXPECT_EQ(std::memcmp(batch.data() + 8 + n, want.data(), n), 0);
+  EXPECT_EQ(batch[7], 0xEE);
 }
 
 TEST_F(IntegrationTest, ColumnProjection) {

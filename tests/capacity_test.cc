@@ -127,6 +127,32 @@ TEST(CapacityTest, CacheLargerThanTheCapGetsTheCap) {
   EXPECT_EQ(stats.budget_bytes, uint64_t{32} << 20);
 }
 
+// The size is in MB, shifted into bytes by the daemon: from 2^44 MB on, the
+// bytes wrapped (2^44 + 1 MB opened a 1 MB cache). Issue 32, item 9.
+TEST(CapacityTest, ASizeWhoseBytesDoNotFitIsRefused) {
+  TestServer server(WithArgs({"--memory_cap_mb", "32"}));
+  ASSERT_TRUE(server.ok());
+  uint32_t session = server.NewSession();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  const uint64_t kLargest = uint64_t{INT64_MAX} >> 20;  // bytes fit an off_t
+  for (uint64_t mb :
+       {kLargest + 1, uint64_t{1} << 44, (uint64_t{1} << 44) + 1, uint64_t{UINT64_MAX}}) {
+    std::unique_ptr<Cache> cache;
+    Status s = client->OpenCache(CacheNamed(session, "wraps", mb, false), &cache);
+    EXPECT_TRUE(s.IsInvalidArgument()) << mb << ": " << s.ToString();
+    EXPECT_NE(s.message().find(fmt::format("cache size {} MB is out of range", mb)),
+              std::string::npos)
+        << s.message();
+  }
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(CacheNamed(session, "largest", kLargest, false), &cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  CacheStats stats;
+  ASSERT_TRUE(cache->GetStats(&stats).ok());
+  EXPECT_EQ(stats.budget_bytes, uint64_t{32} << 20);
+}
+
 // ---- Rows too large for the cache -----------------------------------------
 
 // Puts one small row from a forked process; 0 when it was stored.

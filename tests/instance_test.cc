@@ -24,9 +24,14 @@ TEST(ShmNameTest, ReadsBackExactlyTheNamesPathsWrite) {
   EXPECT_EQ(n.kind, ShmName::Kind::kSegment);
   EXPECT_EQ(n.number, 12u);
   EXPECT_EQ(ParseShmName(rest(p.SessionsFile())).kind, ShmName::Kind::kSessions);
-  for (const char* other : {"seg.1.01", "seg.1.4294967296", "seg.1.99999999999", "seg.1",
-                            "seg.1.2.3", "cache.1x", "cache.", "table.1.0",
-                            "table.1.0.DEADBEEF", "table.1.0.123", "sessions.tmp.1"}) {
+  n = ParseShmName(rest(p.StageFile(9, 0x0a0b0c0d)));
+  EXPECT_EQ(n.kind, ShmName::Kind::kStage);
+  EXPECT_EQ(n.cache_id, 9u);
+  EXPECT_EQ(n.tag, 0x0a0b0c0du);
+  for (const char* other :
+       {"seg.1.01", "seg.1.4294967296", "seg.1.99999999999", "seg.1", "seg.1.2.3",
+        "cache.1x", "cache.", "table.1.0", "table.1.0.DEADBEEF", "table.1.0.123",
+        "sessions.tmp.1", "stage.1", "stage.1.0a0b0c0", "stage.1.2.0a0b0c0d"}) {
     EXPECT_EQ(ParseShmName(other).kind, ShmName::Kind::kOther) << other;
   }
 }

@@ -2,14 +2,17 @@
 // and rotated past its size with nothing lost and no link followed.
 #include "daemon/logger.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tests/support/test_server.h"
@@ -60,6 +63,38 @@ TEST_F(LoggerTest, ADirectoryInTheWayIsAnError) {
   EXPECT_NE(s.message().find("cannot create log directory " + dir_ + "/file"),
             std::string::npos)
       << s.ToString();
+}
+
+// A link (or anything) at the name a log file is about to take, in a log
+// dir others may write: never opened, never followed; the open fails.
+TEST_F(LoggerTest, ALogFileNameTakenIsNeverOpened) {
+  const std::string target = dir_ + "/target";
+  { std::ofstream(target) << "theirs\n"; }
+  // The name holds the host, the user, the pid and the start second: take
+  // it for the seconds the open may fall in.
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  const passwd* pw = getpwuid(geteuid());
+  const std::string user = pw != nullptr ? pw->pw_name : std::to_string(geteuid());
+  std::vector<std::string> planted;
+  const time_t now = time(nullptr);
+  for (time_t t = now; t < now + 5; ++t) {
+    tm local;
+    localtime_r(&t, &local);
+    char date[32];
+    strftime(date, sizeof date, "%Y%m%d-%H%M%S", &local);
+    planted.push_back(
+        fmt::format("{}/shmcached.{}.{}.{}.{}.log", dir_, host, user, getpid(), date));
+    ASSERT_EQ(symlink(target.c_str(), planted.back().c_str()), 0);
+  }
+  Logger log;
+  Status s = log.Open(dir_, 1);
+  ASSERT_LT(time(nullptr), now + 5) << "the open took longer than the names planted";
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot create log file"), std::string::npos)
+      << s.ToString();
+  log.Info("not written anywhere");
+  EXPECT_EQ(Lines(target), std::vector<std::string>{"theirs"});
 }
 
 TEST_F(LoggerTest, RotatesPastItsSizeLosingNothingRecent) {

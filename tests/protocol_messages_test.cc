@@ -133,6 +133,24 @@ const char* Golden<SpillGetResponse>() {
   return "030000000104000000726f77350002";
 }
 
+// Protocol version 6's.
+template <>
+const char* Golden<SpillStageRequest>() {
+  return "030000000010000000000000";
+}
+template <>
+const char* Golden<SpillStageResponse>() {
+  return "0d0c0b0a0000800000000000";
+}
+template <>
+const char* Golden<SpillPutStagedRequest>() {
+  return "030000000d0c0b0a02000000050000000000000006000000000000001800000020000000";
+}
+template <>
+const char* Golden<SpillPutStagedResponse>() {
+  return "020000000100";
+}
+
 template <typename M>
 class MessageTest : public ::testing::Test {};
 
@@ -141,7 +159,8 @@ using AllMessages = ::testing::Types<
     DestroySessionRequest, CheckSessionRequest, OpenCacheRequest, OpenCacheResponse,
     LeaseChunkRequest, LeaseChunkResponse, ReturnChunkRequest, GrowIndexRequest,
     ListSessionsRequest, ListSessionsResponse, ServerInfoRequest, ServerInfoResponse,
-    StopRequest, SpillPutRequest, SpillPutResponse, SpillGetRequest, SpillGetResponse>;
+    StopRequest, SpillPutRequest, SpillPutResponse, SpillGetRequest, SpillGetResponse,
+    SpillStageRequest, SpillStageResponse, SpillPutStagedRequest, SpillPutStagedResponse>;
 TYPED_TEST_SUITE(MessageTest, AllMessages);
 
 TYPED_TEST(MessageTest, EncodesTheBytesOfProtocolVersion4) {

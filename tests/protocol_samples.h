@@ -160,5 +160,21 @@ inline SpillGetResponse Sample() {
   return {.answers = {
               {kSpillFound, Bytes("row5")}, {kSpillAbsent, {}}, {kSpillAskAgain, {}}}};
 }
+template <>
+inline SpillStageRequest Sample() {
+  return {.cache_id = 3, .min_bytes = 4096};
+}
+template <>
+inline SpillStageResponse Sample() {
+  return {.tag = 0x0a0b0c0d, .size = 8 << 20};
+}
+template <>
+inline SpillPutStagedRequest Sample() {
+  return {.cache_id = 3, .tag = 0x0a0b0c0d, .ids = {5, 6}, .sizes = {24, 32}};
+}
+template <>
+inline SpillPutStagedResponse Sample() {
+  return {.inserted = {1, 0}};
+}
 
 }  // namespace shmcache::protocol::samples

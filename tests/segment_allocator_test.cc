@@ -334,5 +334,95 @@ TEST_F(SegmentAllocatorTest, AdoptsAFinishedSegmentAndRemovesAnUnfinishedOne) {
   adopter.Release(nullptr);
 }
 
+// Makes and hands back a job as a preparer thread does.
+void RunJob(const InstancePaths& paths, SegmentAllocator* alloc, const SegmentJob& job,
+            MemoryAccount* account) {
+  ShmFile f;
+  Status made = SegmentAllocator::CreateSegmentFile(paths, job.cache_id, job.seg_no,
+                                                    job.node, job.size, &f);
+  ASSERT_TRUE(made.ok()) << made.ToString();
+  alloc->FinishSegmentJob(job, made, std::move(f), account);
+}
+
+TEST_F(SegmentAllocatorTest, SegmentsAreMadeByMoreThreadsOnceAWriterWaitedForOne) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 512 * kMB);
+  // A first segment of 32 MB, made on the spot and carved whole.
+  ChunkLease big;
+  ASSERT_TRUE(alloc.Lease(1, 0, 30 * kMB, &account_, &big).ok());
+  const uint64_t held = alloc.data_bytes();
+  // One writer so far: one segment ahead, a quarter of what the cache holds.
+  std::vector<SegmentJob> first = alloc.TakeSegmentJobs(0, &account_, 4);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].size, held / 4);
+  EXPECT_TRUE(alloc.TakeSegmentJobs(0, &account_, 4).empty()) << "one batch at a time";
+  // The writer needs it before it is made (once the first segment's tail
+  // is leased too): it waits.
+  ChunkLease l;
+  bool wait = false;
+  for (int i = 0; i < 4 && !wait; ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+  }
+  ASSERT_TRUE(wait);
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, first[0], &account_));
+  ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_EQ(l.seg_no, first[0].seg_no);
+  // The next batch: the same bytes, in two segments made at once.
+  const uint64_t before = account_.used;
+  std::vector<SegmentJob> second = alloc.TakeSegmentJobs(0, &account_, 4);
+  ASSERT_EQ(second.size(), 2u);
+  uint64_t total = 0;
+  for (const SegmentJob& j : second) {
+    EXPECT_GE(j.size, layout::kMinSegmentBytes);
+    EXPECT_EQ(j.size % 4096, 0u);
+    total += j.size;
+  }
+  EXPECT_EQ(total, (alloc.data_bytes() - total) / 4 / kMB * kMB)
+      << "a quarter of what the cache held, as one segment would be";
+  EXPECT_EQ(account_.used - before, total) << "reserved as soon as named";
+  // Finished in the other order, handed out in the order named.
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, second[1], &account_));
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, second[0], &account_));
+  std::vector<uint32_t> segs;
+  for (int i = 0; i < 16 && segs.size() < 3; ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l).ok());
+    if (segs.empty() || segs.back() != l.seg_no) segs.push_back(l.seg_no);
+  }
+  EXPECT_EQ(segs,
+            (std::vector<uint32_t>{first[0].seg_no, second[0].seg_no, second[1].seg_no}));
+  // Never more jobs than threads to run them.
+  EXPECT_LE(alloc.TakeSegmentJobs(0, &account_, 1).size(), 1u);
+  alloc.Release(nullptr);
+}
+
+TEST_F(SegmentAllocatorTest, AdoptedSegmentMadeAheadIsHandedOutAfterTheCurrentOne) {
+  const uint64_t size = layout::kMinSegmentBytes;
+  ShmFile used, ahead;
+  ASSERT_TRUE(
+      SegmentAllocator::CreateSegmentFile(paths_, kCacheId, 0, 0, size, &used).ok());
+  ASSERT_TRUE(
+      SegmentAllocator::CreateSegmentFile(paths_, kCacheId, 1, 0, size, &ahead).ok());
+  // The earlier server carved half of segment 0 and made segment 1 ahead.
+  const uint64_t carved = size / 2;
+  reinterpret_cast<layout::SegmentHeader*>(used.data())->carved.store(carved);
+  used.Unmap();
+  ahead.Unmap();
+  SegmentAllocator adopter(paths_, kCacheId, 1, /*log=*/nullptr);
+  adopter.Attach(header_.get(), kLabel, 8 * kMB);
+  ASSERT_TRUE(adopter.AdoptSegment(0).ok());
+  ASSERT_TRUE(adopter.AdoptSegment(1).ok());
+  EXPECT_EQ(adopter.data_bytes(), 2 * size);
+  ChunkLease a, b;
+  ASSERT_TRUE(adopter.Lease(1, 0, 3000, &account_, &a).ok());
+  EXPECT_EQ(a.seg_no, 0u) << "the rest of the segment the earlier server carved";
+  EXPECT_EQ(a.offset, carved);
+  ASSERT_TRUE(adopter.Lease(1, 0, 3000, &account_, &b).ok());
+  EXPECT_EQ(b.seg_no, 1u) << "then the one it made ahead, not a new one";
+  EXPECT_EQ(b.offset, layout::kSegmentHeaderSize);
+  EXPECT_EQ(ListDir(shm_dir_).size(), 2u) << testing::PrintToString(ListDir(shm_dir_));
+  adopter.Release(nullptr);
+}
+
 }  // namespace
 }  // namespace shmcache

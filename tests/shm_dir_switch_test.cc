@@ -129,7 +129,7 @@ TEST_F(ShmDirSwitchTest, HugeDirFilesMoveWholeToDevShmAndTheDirGoes) {
   Plant(huge_);
   ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
   EXPECT_EQ(r.caches, 1);
-  EXPECT_EQ(r.discarded, 0);
+  EXPECT_EQ(r.not_moved, 0);
   ExpectAllIn("/dev/shm", huge_);
   EXPECT_FALSE(Exists(huge_));
   EXPECT_NE(r.warning.find(fmt::format("left 1 cache(s) in {}", huge_)),
@@ -153,15 +153,74 @@ TEST_F(ShmDirSwitchTest, DevShmFilesMoveIntoTheHugeDir) {
 TEST_F(ShmDirSwitchTest, AMoveCutShortGoesOn) {
   ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
   Plant(huge_);
-  // Killed after renaming the header into place, before removing it there,
-  // and while copying the next file.
+  // Killed after copying the header and a table into place (a copy being
+  // made has no name: it went with the process).
   std::vector<std::string> names = Names();
   Write("/dev/shm/" + names[0], Bytes(0));
-  Write(Paths("/dev/shm").shm_prefix + "moving", "half");
+  Write("/dev/shm/" + names[1], Bytes(1));
   ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
   EXPECT_EQ(r.caches, 1);
   ExpectAllIn("/dev/shm", huge_);
-  EXPECT_FALSE(Exists(Paths("/dev/shm").shm_prefix + "moving"));
+  EXPECT_FALSE(Exists(huge_));
+}
+
+// Issue 32, item 6: the move once copied every file through one fixed name,
+// <prefix>moving in /dev/shm; a directory another user made there failed
+// every copy, and each cache was then removed from both places. Copies have
+// no name now: nothing planted anywhere stops them.
+TEST_F(ShmDirSwitchTest, APlantedDirectoryAtTheOldTemporaryNameStopsNothing) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  const std::string planted = Paths("/dev/shm").shm_prefix + "moving";
+  ASSERT_EQ(mkdir(planted.c_str(), 0777), 0);
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(planted.c_str(), 65534, 65534), 0);
+  }
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  struct stat st {};
+  EXPECT_EQ(lstat(planted.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  rmdir(planted.c_str());
+  EXPECT_EQ(r.caches, 1) << r.warning;
+  EXPECT_EQ(r.not_moved, 0);
+  ExpectAllIn("/dev/shm", huge_);
+  EXPECT_FALSE(Exists(huge_));
+}
+
+// A copy that cannot be made (here a name in /dev/shm that something not
+// ours holds; no room does the same) never costs the earlier files: they
+// are the only whole copy, and stay, the huge dir with them; the copies
+// made are removed, and the warning says where the cache is.
+TEST_F(ShmDirSwitchTest, AFailedMoveKeepsTheOnlyCopy) {
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant(huge_);
+  std::vector<std::string> names = Names();
+  const std::string taken = "/dev/shm/" + names[3];  // the second segment's name
+  ASSERT_EQ(mkdir(taken.c_str(), 0777), 0);
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(taken.c_str(), 65534, 65534), 0);
+  }
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  rmdir(taken.c_str());
+  EXPECT_EQ(r.caches, 0);
+  EXPECT_EQ(r.not_moved, 1);
+  for (size_t i = 0; i < names.size(); ++i) {
+    // The cache's files whole where they were; the sessions list moved.
+    if (i + 1 < names.size()) {
+      EXPECT_EQ(Read(huge_ + "/" + names[i]), Bytes(i)) << names[i];
+      EXPECT_FALSE(Exists("/dev/shm/" + names[i])) << names[i];
+    } else {
+      EXPECT_EQ(Read("/dev/shm/" + names[i]), Bytes(i)) << names[i];
+    }
+  }
+  EXPECT_NE(r.warning.find(fmt::format("left 1 that could not be moved to /dev/shm")),
+            std::string::npos)
+      << r.warning;
+  EXPECT_NE(r.warning.find(taken + " exists"), std::string::npos) << r.warning;
+  // A later start that can copy it moves it whole.
+  r = MoveEarlierShmFiles(port_, "/dev/shm", false, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 1) << r.warning;
+  ExpectAllIn("/dev/shm", huge_);
   EXPECT_FALSE(Exists(huge_));
 }
 

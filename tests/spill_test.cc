@@ -19,6 +19,7 @@
 #include "format/protocol.h"
 #include "format/row_codec.h"
 #include "shmcache/client.h"
+#include "shmcache/stats.h"
 #include "tests/support/capacity_helpers.h"
 #include "tests/support/test_server.h"
 
@@ -380,6 +381,41 @@ TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
   }
   umount2(spill.c_str(), MNT_DETACH);
   RemoveTree(spill);
+}
+
+// A spill dir removed under the server (rm -rf of a scratch dir) used to
+// read "spill disk full: 0 MB free": a failed statvfs counted as no room.
+// The put, the warning built from it and the log now name the cause, and
+// spilling stops; rows in memory stay. Issue 32, item 10.
+TEST(CapacityTest, ARemovedSpillDirIsNamedAsSuchAndSpillingStops) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TestServer server(WithArgs({"-s", spill}));
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 1, true);
+  const size_t rows = (2u << 20) / kRowBytes;
+  EXPECT_EQ(PutRows(cache.get(), rows), rows);
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  ASSERT_GT(st.disk_rows, 0u);
+  RemoveTree(spill);
+  // The first put told the cause; the cache is full from then on.
+  Status s = PutBytes(cache.get(), rows, kRowBytes);
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_NE(s.message().find("was removed while this server used it"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find("disk full"), std::string::npos) << s.message();
+  EXPECT_TRUE(PutBytes(cache.get(), rows + 1, kRowBytes).IsFull());
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_FALSE(st.spilling);
+  std::string log = server.ReadLog();
+  EXPECT_NE(log.find("spilling stopped: the spill database"), std::string::npos) << log;
+  EXPECT_EQ(log.find("disk full"), std::string::npos) << log;
+  // Rows in memory are still served.
+  EXPECT_EQ(CheckRowsInChild(server, session, 100, true), 100);
+  cache.reset();
+  CommandResult stop = server.Stop();
+  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
 }
 
 TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {

@@ -11,8 +11,10 @@
 // keep using a Client (and its Caches) created before the fork; it opens its
 // own connection on first need.
 // Errors: Unavailable when the daemon cannot be reached; InvalidArgument for
-// a non-local host or a bad port; otherwise what the daemon answered. After
-// an error every out-parameter is unchanged (status.h).
+// a non-local host or a bad port; PermissionDenied when the process
+// listening at the instance's socket runs as another uid (it is told
+// nothing); otherwise what the daemon answered. After an error every
+// out-parameter is unchanged (status.h).
 #pragma once
 
 #include <cstdint>
@@ -36,9 +38,13 @@ class SHMCACHE_EXPORT Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // A new session with a random, unique, non-zero 32-bit id.
+  // A new session with a random, unique, non-zero 32-bit id. IOError, and
+  // no session, when the server cannot record it in its sessions list (it
+  // would not survive a restart).
   Status CreateSession(uint32_t* session_id);
-  // Drops the session, its caches and their memory. NotFound if absent.
+  // Drops the session, its caches and their memory. NotFound if absent;
+  // IOError when it was dropped but the sessions list could not be
+  // rewritten (a restarted server would list it again, empty).
   Status DestroySession(uint32_t session_id);
   // NotFound if absent.
   Status CheckSession(uint32_t session_id);
@@ -48,8 +54,9 @@ class SHMCACHE_EXPORT Client {
   // the cap (options.h).
   // Errors: NotFound when the session does not exist. InvalidArgument when
   // the options are wrong: no name and no fingerprint, either longer than
-  // 255 bytes or not UTF-8, or spilling asked of a server started without
-  // a spill directory.
+  // 255 bytes or not UTF-8, a size_mb whose bytes do not fit an int64 (over
+  // 2^43 - 1 MB), or spilling asked of a server started without a spill
+  // directory.
   // FingerprintMismatch when the session has a cache of this name with
   // another fingerprint. Full when the server's memory cap (or its shm
   // filesystem) has no room for a new cache. Unavailable when the daemon

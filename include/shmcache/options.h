@@ -34,7 +34,8 @@ struct CacheOptions {
   // bytes; name likewise.
   std::string fingerprint;
   // Memory budget in MB. 0 = as much as the server's cap allows; more than
-  // the cap gets the cap.
+  // the cap gets the cap; more than 2^43 - 1 MB (bytes past an int64) is
+  // InvalidArgument.
   uint64_t size_mb = 0;
   // Rows beyond the budget go to disk (needs a server started with -s).
   bool spilling = false;

@@ -7,8 +7,8 @@ session (SESSION_ID). Trains a tiny model with gloo DDP over
 DistributedSampler(shuffle=True) batches twice: straight from the source
 ("source") and through PartitionedLoader over the nodes' caches
 ("partitioned"), and writes per epoch the batches it saw (indices and a
-digest of the values), its loss sum and the loader's counters to
-OUT_DIR/rank<RANK>.json.
+digest of the values), its loss sum, the loader's counters and its node's
+cache's own misses counter at the epoch's end to OUT_DIR/rank<RANK>.json.
 
     partition_rank.py OUT_DIR NUM_SAMPLES EPOCHS BATCH WORKERS KIND WINDOW [BREAK]
 
@@ -57,7 +57,7 @@ def digest(x):
     return hashlib.sha1(x.contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def train(loader, sampler_or_loader, epochs, brk):
+def train(loader, sampler_or_loader, epochs, brk, cds=None):
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(FEATURES, CLASSES))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -82,6 +82,9 @@ def train(loader, sampler_or_loader, epochs, brk):
         after = getattr(loader, "counters", {})
         record = {"loss_sum": loss_sum, "batches": batches,
                   "counters": {k: after[k] - before.get(k, 0) for k in after}}
+        st = cds.stats() if cds is not None else None
+        # The node's cache (both its ranks): lookups that found nothing.
+        record["cache_misses"] = None if st is None else st["misses"]
         out.append(record)
     return out
 
@@ -105,7 +108,7 @@ def main():
         make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[kind]
         loader = PartitionedLoader(make(cds, batch_size=batch, sampler=csampler,
                                         num_workers=workers), window=window)
-        results["partitioned"] = train(loader, loader, epochs, brk)
+        results["partitioned"] = train(loader, loader, epochs, brk, cds)
         dist.barrier()           # every rank of every node is done
         st = cds.stats()
         results["mem_rows"] = None if st is None else st["mem_rows"]

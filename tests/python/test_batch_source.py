@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from conftest import wait_for  # noqa: E402
 from helpers import Images  # noqa: E402
-from shmcache import DatasetCache  # noqa: E402
+from shmcache import DatasetCache, rows  # noqa: E402
 from shmcache.torch import BatchReport, CachedDataset, CachedLoader  # noqa: E402
 
 
@@ -73,10 +73,11 @@ class Batch:
 
 class Source:
     """Batches of 8 over 24 rows; rows 8..11 supplied (as a row of another
-    node would be: the dataset's row with 100 added), only even rows kept."""
+    node would be, in the cache's encoding: the dataset's row with 100
+    added), only even rows kept."""
 
     def __init__(self, ds):
-        self.rows = {i: (ds[i][0] + 100, ds[i][1]) for i in range(8, 12)}
+        self.rows = {i: rows.encode((ds[i][0] + 100, ds[i][1])) for i in range(8, 12)}
         self.batches = iter([list(range(k, k + 8)) for k in range(0, 24, 8)])
         self.lock = threading.Lock()
         self.reports = []
@@ -86,6 +87,36 @@ class Source:
 
     def __next__(self):
         return Batch(self, next(self.batches))
+
+
+class Elsewhere(Batch):
+    """Only the rows this cache keeps can be in it: odd and supplied rows
+    are not looked up there."""
+
+    def in_cache(self, index):
+        return self.keeps(index) and index not in self.source.rows
+
+
+class ElsewhereSource(Source):
+    def __next__(self):
+        return Elsewhere(self, next(self.batches))
+
+
+def test_rows_a_batch_says_are_elsewhere_are_not_looked_up(server, session):
+    ds = Images(24, side=4)
+    cds = CachedDataset(ds, DatasetCache(session), name="elsewhere", async_puts=False)
+    loader = CachedLoader(cds, batch_size=8, num_threads=2)
+    misses = []
+    for source in (ElsewhereSource, ElsewhereSource, Source):   # cold, warm, warm
+        before = cds.stats()["misses"]
+        batches = list(loader.iter_source(source(ds)))
+        imgs = torch.cat([b[0] for b in batches])
+        for i in range(24):
+            assert np.array_equal(imgs[i].numpy(), ds[i][0] + (100 if 8 <= i < 12 else 0))
+        misses.append(cds.stats()["misses"] - before)
+    # Warm, the even rows hit and the odd ones are not asked for; a source
+    # without in_cache has them looked up, and missed, every pass.
+    assert misses[0] > 0 and misses[1] == 0 and misses[2] >= 12, misses
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

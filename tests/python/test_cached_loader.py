@@ -92,7 +92,8 @@ def fill(cds, ids):
 
 
 def loader_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("shmcache-loader")]
+    return [t for t in threading.enumerate()
+            if t.name.startswith(("shmcache-loader", "shmcache-miss"))]
 
 
 def no_leftovers():
@@ -149,11 +150,41 @@ def test_ragged_rows_with_a_collate_fn(server, session):
         list(CachedLoader(cds, batch_size=5))    # as default_collate fails
 
 
+class Pictures(Dataset):
+    """(PIL image, label): a row CachedLoader cannot read into a buffer."""
+    root = "pictures"
+
+    def __init__(self, modes):
+        self.modes = modes
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        from PIL import Image
+        rng = np.random.default_rng(i)
+        mode = self.modes[i % len(self.modes)]
+        size = len(Image.new(mode, (4, 3)).tobytes())
+        return Image.frombytes(mode, (4, 3), rng.bytes(size)), i
+
+
+@pytest.mark.parametrize("modes", [("RGB",), ("RGB", "L", "I;16")])
+def test_pil_images_come_as_images_as_from_dataloader(server, session, modes):
+    def keep(samples):
+        return samples
+    cds = CachedDataset(Pictures(modes), DatasetCache(session), async_puts=False)
+    want = [s for b in DataLoader(cds, batch_size=5, collate_fn=keep) for s in b]
+    for _ in range(2):      # cold, then warm
+        got = [s for b in CachedLoader(cds, batch_size=5, collate_fn=keep) for s in b]
+        assert [(im.mode, im.tobytes(), int(y)) for im, y in got] == \
+            [(im.mode, im.tobytes(), int(y)) for im, y in want]
+
+
 def test_spilled_rows_match_dataloader(spill_server):
     n = 200     # 12 KB rows in a 1 MB cache: most are spilled to disk
     session = spill_server.new_session()
     ds = Images(n, side=64)
-    cache = DatasetCache(session, size=1, spilling=True)
+    cache = DatasetCache(session, size_mb=1, spilling=True)
     want = reference(ds, session, batch_size=16, drop_last=True)
     cds = CachedDataset(ds, cache)
     fill(cds, range(n))

@@ -105,7 +105,7 @@ def test_small_shm_filesystem_caps_memory_warns_and_training_goes_on(tmpfs_64m, 
         info["memory_cap_bytes"]
 
     # A cache asked for 1 GB is told at open, once, with the bound and the fix.
-    cache = DatasetCache(s.new_session(), size=1024 * MB)
+    cache = DatasetCache(s.new_session(), size_mb=1024)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         cache.open()

@@ -14,6 +14,7 @@ from shmcache import CacheWarning, DatasetCache
 
 @pytest.mark.parametrize("kwargs", [
     dict(session_id="1"), dict(session_id=1.0), dict(session_id=True),
+    dict(session_id=1, size_mb="0"), dict(session_id=1, size_mb=1.5),
     dict(session_id=1, size="0"), dict(session_id=1, size=1.5),
     dict(session_id=1, spilling=1), dict(session_id=1, spilling="yes"),
     dict(session_id=1, hostname=127), dict(session_id=1, port="50052"),
@@ -27,7 +28,7 @@ def test_wrong_types_raise_type_error(kwargs):
 
 @pytest.mark.parametrize("kwargs", [
     dict(session_id=-1), dict(session_id=2**32),
-    dict(session_id=1, size=-1),
+    dict(session_id=1, size_mb=-1), dict(session_id=1, size=-1),
     dict(session_id=1, port=1024), dict(session_id=1, port=65536),
     dict(session_id=1, port=0),
     dict(session_id=1, num_connections=0), dict(session_id=1, num_connections=-3),
@@ -51,7 +52,7 @@ def test_missing_session_raises_runtime_error(server, session):
 
 def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
-        c = DatasetCache(session, size=0, spilling=False, hostname=host,
+        c = DatasetCache(session, size_mb=0, spilling=False, hostname=host,
                          port=server.port, num_connections=12, prefetch_size=20)
         # The first host stores the row; the others find it there.
         assert c.put(1, (np.zeros(3),)) is (host == shmcache.LOCAL_HOSTS[0])
@@ -190,7 +191,7 @@ def test_zero_copy_views_are_read_only_and_outlive_the_cache_object(server, sess
 # ---- never break training --------------------------------------------------
 
 def test_full_cache_warns_once_and_keeps_going(server, session):
-    c = DatasetCache(session, size=1, name="small")
+    c = DatasetCache(session, size_mb=1, name="small")
     row = (np.zeros(64 * 1024, dtype=np.uint8),)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -204,7 +205,7 @@ def test_full_cache_warns_once_and_keeps_going(server, session):
 
 
 def test_too_large_row_is_dropped_alone_with_one_warning(server, session):
-    c = DatasetCache(session, size=8, name="small")
+    c = DatasetCache(session, size_mb=8, name="small")
     big = (np.zeros(10 << 20, dtype=np.uint8),)
     small = (np.ones(3072, dtype=np.uint8),)
     with warnings.catch_warnings(record=True) as w:

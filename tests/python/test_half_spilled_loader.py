@@ -30,7 +30,7 @@ def fill(cds):
 
 
 def half_spilled(session, ds, name="half"):
-    cds = CachedDataset(ds, DatasetCache(session, size=1, spilling=True), name=name)
+    cds = CachedDataset(ds, DatasetCache(session, size_mb=1, spilling=True), name=name)
     fill(cds)
     st = cds.stats()
     assert st["mem_rows"] + st["disk_rows"] == N, st

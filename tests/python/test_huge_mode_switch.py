@@ -223,10 +223,12 @@ def test_huge_asked_but_no_mount_possible_now_moves_the_rows_out(huge_server):
     assert not _mounted(huge_dir(s.port))
 
 
-def test_a_cache_that_does_not_fit_the_new_mount_is_removed_from_both(start_server):
+def test_a_cache_that_does_not_fit_the_new_mount_stays_where_it_was(start_server):
     """The earlier server's rows need more room than the new server's tmpfs
-    (sized to its smaller cap) has: that cache is removed from both places,
-    the warning says so, and nothing is left after --stop."""
+    (sized to its smaller cap) has: the warning says so, and that cache
+    stays whole in /dev/shm (it used to be removed from both places, the
+    only copy with it), where a start in the earlier mode serves every
+    row; nothing is left after --stop."""
     s = start_server("--memory_cap_mb", "256")
     session = s.new_session()
     r = subprocess.run([sys.executable, "-c", f"""
@@ -239,40 +241,45 @@ for b in range(40):
 cache.close()
 """], env=s.env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert sum(os.path.getsize(f) for f in _in_dev_shm(s.port)) > 100 << 20
+    before = {f: os.path.getsize(f) for f in _in_dev_shm(s.port)}
+    assert sum(before.values()) > 100 << 20
     s.kill()
 
     # A 16 MB cap: the tmpfs holds 16 + 64 MB, less than the cache.
-    env_cap = ["env", "SHMCACHE_HUGE_TMPFS=1"]
-    out = subprocess.run([*env_cap, str(ADMIN), "-p", str(s.port), "--start",
-                          "--memory_cap_mb", "16", "--log_dir", str(s.log_dir)],
-                         env=s.env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    s.pid = json.loads(s.admin("--server_info", "--json").stdout)["pid"]
-    warnings = _warnings(out.stdout)
-    assert len(warnings) == 1, out.stdout
-    assert "removed 1 that could not be moved" in warnings[0], warnings[0]
+    out = _start(s, True, args=("--memory_cap_mb", "16"))
+    warnings = _warnings(out)
+    assert len(warnings) == 1, out
+    assert "left 1 that could not be moved" in warnings[0], warnings[0]
     assert "no room" in warnings[0], warnings[0]
     assert s.cache_rows(session) == {}
-    assert not _in_dev_shm(s.port)
+    # Untouched where it was, but for the sessions list, which moved.
+    assert {f: os.path.getsize(f) for f in _in_dev_shm(s.port)} == {
+        f: n for f, n in before.items() if not f.endswith(".sessions")}
+    s.admin("--stop")
+    wait_for(lambda: not _alive(s.pid), timeout=10, what="the server's exit")
+
+    _start(s, False, args=("--memory_cap_mb", "256"))
+    assert s.cache_rows(session)["big"]["mem_cached"] == 40000
     _stop_and_check_nothing_left(s)
 
 
 def test_a_move_cut_short_by_a_kill_goes_on_at_the_next_start(huge_server):
-    """A start killed while moving leaves some files moved (renamed into
-    place, the originals not yet removed) and a half-written temporary
-    copy: the next start finishes the move and serves every row."""
+    """A start killed while moving leaves some files copied into place, the
+    originals not yet removed (a copy it was making has no name: it went
+    with the process); an older server also left a half-written copy under
+    its fixed temporary name: the next start finishes the move, removes
+    that stray and serves every row."""
     s, session = huge_server
     s.kill()
     prefix = f"shmcache.{os.getuid()}.{s.port}."
     segs = sorted(f for f in _in_huge(s.port) if ".seg." in f or ".cache." in f)
     assert segs
-    # The header was moved (renamed into place) but not yet removed there.
+    # The header was copied into place but not yet removed there.
     header = next(f for f in segs if ".cache." in f)
     with open(header, "rb") as src, open(f"/dev/shm/{os.path.basename(header)}", "wb") as dst:
         dst.write(src.read())
     os.chmod(f"/dev/shm/{os.path.basename(header)}", 0o600)
-    # A copy the kill cut short.
+    # A copy an older server's kill cut short.
     with open(f"/dev/shm/{prefix}moving", "wb") as f:
         f.write(b"\0" * 4096)
     os.chmod(f"/dev/shm/{prefix}moving", 0o600)

@@ -30,6 +30,12 @@ from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # no
 
 HERE = Path(__file__).resolve().parent
 
+# A row held back for HOLD_S (until the test releases it) stands for a slow
+# one. Nothing but a wait on that row can make leaving take HOLD_S, so the
+# bounds below are far under it and far over what a loaded machine needs.
+HOLD_S = 90
+PROMPT_S = 30
+
 
 def child_env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHONPATH, str(HERE)]))
@@ -173,36 +179,55 @@ def test_a_break_computes_nothing_in_the_trainer(server, session, tmp_path):
     assert not putters(), putters()
 
 
-def test_workers_end_when_the_thread_after_a_close_finds_it_closed(server, session):
-    """close() while a thread computes (here: holds the compute lock) leaves
-    the workers to the next thread that enters compute(); it must end them
-    then, with no garbage collection to help (the workers of a closed
-    CachedLoader lived on until one ran)."""
-    cds = CachedDataset(Rows(16, "tuple"), DatasetCache(session))
+class Held(Dataset):
+    """Row i waits until the file `open` exists in `where` (at most
+    HOLD_S) for i >= 8; files, not events: rows are computed in workers."""
+
+    def __init__(self, where):
+        self.where = str(where)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        deadline = time.monotonic() + HOLD_S
+        while i >= 8 and not os.path.exists(os.path.join(self.where, "open")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        return np.full(4, i, dtype=np.float32)
+
+
+def test_close_while_a_worker_computes_returns_and_ends_the_workers(server, session,
+                                                                     tmp_path):
+    """close() while a worker computes a batch returns at once, the batch
+    waiting raises Closed, nothing more is computed, and the workers end
+    with no garbage collection to help (the workers of a closed CachedLoader
+    once lived on until one ran)."""
+    cds = CachedDataset(Held(tmp_path), DatasetCache(session), name="held")
     workers = MissWorkers(cds, 2)
     assert len(workers.compute(range(4))) == 4
-    assert len(mp.active_children()) == 2
+    wait_for(lambda: len(workers.pids) == 2, what="both workers to start")
+    assert {p.pid for p in mp.active_children()} == set(workers.pids)
     gc.disable()
     try:
-        with workers._lock:          # a thread computing when close() comes
-            workers.close()          # returns at once, leaving the workers
+        held = workers.submit(0, [9])            # held until `open` exists
+        t0 = time.monotonic()
+        workers.close()
+        assert time.monotonic() - t0 < PROMPT_S
+        with pytest.raises(Closed):
+            held.result(PROMPT_S)
         with pytest.raises(Closed):
             workers.compute([5])
+        (tmp_path / "open").touch()
         wait_for(lambda: not mp.active_children(), timeout=30,
                  what="the workers to end with no garbage collection")
     finally:
         gc.enable()
-    assert workers._loader is None
+        (tmp_path / "open").touch()
     cds.flush(10)
 
 
 # ---- timeout= and break return promptly ----------------------------------------
-
-# A row held back for HOLD_S (until the test releases it) stands for a slow
-# one. Nothing but a wait on that row can make leaving take HOLD_S, so the
-# bounds below are far under it and far over what a loaded machine needs.
-HOLD_S = 90
-PROMPT_S = 30
 
 
 class Hanging(Dataset):
@@ -222,7 +247,7 @@ class Hanging(Dataset):
 
 def test_timeout_raises_on_time_and_leaving_is_prompt(server, session):
     ds = Hanging(64, slow=8)
-    cds = CachedDataset(ds, DatasetCache(session))
+    cds = CachedDataset(ds, DatasetCache(session), name="hanging")   # as GatedRows
     try:
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="timed out"):
@@ -265,7 +290,9 @@ class GatedRows(Dataset):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_break_returns_while_rows_are_still_being_computed(server, session,
                                                              tmp_path, num_workers):
-    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session))
+    # Named: the default name would compute a few (held) rows to tell the
+    # dataset's contents.
+    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session), name="gated")
     it = iter(CachedLoader(cds, batch_size=2, num_workers=num_workers,
                            num_threads=4, prefetch=4))
     next(it)

@@ -39,7 +39,7 @@ def fill(session, port):
         plain.put(i, (np.arange(100),))
     for i in range(15):
         plain.get(i)
-    spilled = DatasetCache(session, port=port, size=1, spilling=True, name="spilled")
+    spilled = DatasetCache(session, port=port, size_mb=1, spilling=True, name="spilled")
     for i in range(48):
         assert spilled.put(i, ROW)
     for i in range(48):
@@ -49,7 +49,7 @@ def fill(session, port):
 
 def fill_until_full(session, port):
     """A 1 MB cache offered 3 MB: (the cache, what each put returned)."""
-    full = DatasetCache(session, port=port, size=1, name="full")
+    full = DatasetCache(session, port=port, size_mb=1, name="full")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stored = [full.put(i, ROW) for i in range(48)]
@@ -143,6 +143,26 @@ def test_metrics_file_is_replaced_whole_and_removed_at_stop(tmp_path, start_serv
     assert sorted(os.listdir(textfile_dir)) == ["shmcache.prom"]
     s.stop()
     assert os.listdir(textfile_dir) == []
+
+
+def test_a_link_at_the_metrics_file_path_is_replaced_not_followed(tmp_path, start_server):
+    # The textfile dir is often shared (node_exporter's): whoever put a link
+    # at the name gets it replaced by the server's own file, 0644 so that
+    # node_exporter can read it; what the link pointed to is never written.
+    textfile_dir = tmp_path / "textfile"
+    textfile_dir.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("theirs\n")
+    path = textfile_dir / "shmcache.prom"
+    path.symlink_to(elsewhere)
+    s = start_server("--metrics_file", str(path), "--metrics_interval", "1")
+    assert not path.is_symlink() and path.is_file()
+    assert os.stat(path).st_mode & 0o7777 == 0o644
+    assert os.stat(path).st_uid == os.geteuid()
+    assert "shmcache_" in path.read_text()
+    assert elsewhere.read_text() == "theirs\n"
+    s.stop()
+    assert elsewhere.read_text() == "theirs\n"
 
 
 @pytest.mark.parametrize("args, message", [

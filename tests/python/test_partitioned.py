@@ -35,10 +35,10 @@ BATCHES = 4
 KINDS = {"dataloader": 1, "cachedloader": 3}
 
 
-def _run_ranks(envs, args, timeout=150):
-    """Runs one partition_rank.py per env; fails (killing the others) when
-    one fails or when they are not all done within `timeout` s."""
-    procs = [subprocess.Popen(["/usr/bin/python3", str(HERE / "partition_rank.py"),
+def _run_ranks(envs, args, timeout=150, script="partition_rank.py"):
+    """Runs one `script` per env; fails (killing the others) when one fails
+    or when they are not all done within `timeout` s."""
+    procs = [subprocess.Popen(["/usr/bin/python3", str(HERE / script),
                                *map(str, args)],
                               env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
@@ -59,9 +59,11 @@ def _run_ranks(envs, args, timeout=150):
         assert p.returncode == 0, f"rank {rank} failed (rc {p.returncode}):\n{out}"
 
 
-def _job(tmp, kind, workers=0, brk=None, dead_node=None):
+def _job(tmp, kind, workers=0, brk=None, dead_node=None, script="partition_rank.py",
+         args=None):
     """Starts a server per node, runs the ranks, stops the servers;
-    {rank: results of partition_rank.py}."""
+    {rank: results of `script`} (partition_rank.py with the module's sizes
+    unless `args`)."""
     master_port = free_tcp_port()
     servers, envs = [], []
     try:
@@ -82,8 +84,9 @@ def _job(tmp, kind, workers=0, brk=None, dead_node=None):
                     RANK=str(node * LOCAL + local), WORLD_SIZE=str(WORLD),
                     LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
-        args = [tmp, N, EPOCHS, BATCH, workers, kind, KINDS[kind]] + ([brk] if brk else [])
-        _run_ranks(envs, args)
+        if args is None:
+            args = [N, EPOCHS, BATCH, workers, kind, KINDS[kind]] + ([brk] if brk else [])
+        _run_ranks(envs, [tmp] + args, script=script)
         return {r: json.loads((tmp / f"rank{r}.json").read_text())
                 for r in range(WORLD)}
     finally:
@@ -145,6 +148,15 @@ def test_first_epoch_misses_then_every_row_a_hit_local_or_remote(job):
             assert c["remote_hits"] > 0 and c["local_hits"] > 0
 
 
+def test_warm_epochs_look_up_nothing_the_cache_lacks(job):
+    """The caches' own misses counters stay flat after the first epoch: a
+    rank never looks up, in its node's cache, a row another node owns."""
+    for rank, res in job.items():
+        misses = [e["cache_misses"] for e in res["partitioned"]]
+        assert misses[0] > 0 and misses[1:] == [misses[0]] * (EPOCHS - 1), \
+            f"rank {rank}: the node's cache misses at each epoch's end: {misses}"
+
+
 def test_each_node_holds_its_half(job):
     owned = []
     for node in range(NODES):
@@ -186,23 +198,69 @@ def test_a_dead_server_on_one_node_its_rows_come_from_the_source(tmp_path, kind)
     assert res[2]["mem_rows"] is None
 
 
+def test_every_column_type_arrives_as_a_local_hit_decodes(tmp_path, kind):
+    """PIL images of every mode, bfloat16, float16, bool, widened uints,
+    complex, 0-d, bytes, and samples the cache cannot hold (strings, nested
+    tuples and dicts), from this node's cache, another node's or the
+    source: each sample of each batch, in DistributedSampler's order, is
+    what a cache hit of it decodes to (partition_types_rank.py); warm
+    epochs of cacheable rows look up nothing their node's cache lacks."""
+    epochs = 3
+    res = _job(tmp_path, kind, script="partition_types_rank.py",
+               args=[48, epochs, 4, kind, KINDS[kind]])
+    for rank, r in res.items():
+        for name in ("fixed", "mixed"):
+            per = r[name]
+            for e, ep in enumerate(per):
+                assert len(ep["got"]) == 3, (rank, name, e)
+                for b, (got, want) in enumerate(zip(ep["got"], ep["want"])):
+                    assert got == want, f"rank {rank}, {name}, epoch {e}, batch {b}"
+            c = per[-1]["counters"]
+            assert c["remote_hits"] > 0 and c["local_hits"] > 0, (rank, name, c)
+        # Every fixed row is cached: no lookup misses after the first epoch
+        # (the mixed set's strings and nested samples are never cached).
+        misses = [ep["cache_misses"] for ep in r["fixed"]]
+        assert misses[1:] == [misses[0]] * (epochs - 1), (rank, misses)
+        # One warning: the mixed set's samples with no column encoding.
+        assert len(r["warnings"]) == 1 and "cannot be cached" in r["warnings"][0], \
+            r["warnings"]
+
+
 # ---- without servers: the row codec and the ownership split ---------------
 
-def test_rows_travel_whole_in_their_shape():
+def test_rows_travel_whole_in_the_caches_own_encoding():
     import numpy as np
-    from shmcache.torch.partitioned.exchange import numpy_row, pack_rows, unpack_rows
+    import torch
+    from PIL import Image
+    from shmcache import rows as row_model
+    from shmcache.torch.partitioned.exchange import pack_rows, unpack_rows
     strided = np.arange(12, dtype=np.uint16).reshape(3, 4)[:, ::2]
-    rows = [numpy_row((np.arange(4, dtype=np.float32), 7)), None,
-            {"img": strided, "raw": b"\x00ab", "y": np.float64(2.5)},
-            np.zeros((0, 3), dtype=np.int8)]
-    ids, back = unpack_rows(pack_rows([5, 6, 7, 8], rows))
+    img = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "RGB")
+    samples = [(np.arange(4, dtype=np.float32), 7), None,
+               {"img": strided, "raw": b"\x00ab", "y": np.float64(2.5),
+                "bf": torch.tensor([12.5, -1.0], dtype=torch.bfloat16), "pil": img},
+               np.zeros((0, 3), dtype=np.int8)]
+    rows = [None if x is None else row_model.encode(x) for x in samples]
+    buf = pack_rows([5, 6, 7, 8], rows)
+    ids, back = unpack_rows(buf[:])
     assert ids == [5, 6, 7, 8] and back[1] is None
-    x, y = back[0]
-    assert x.dtype == np.float32 and x.tolist() == [0, 1, 2, 3]
-    assert y.shape == () and y.dtype == np.int64 and int(y) == 7
-    assert back[2]["img"].tolist() == strided.tolist() and back[2]["raw"] == b"\x00ab"
-    assert back[2]["y"].shape == () and float(back[2]["y"]) == 2.5
-    assert back[3].shape == (0, 3) and back[3].dtype == np.int8
+    for sent, got in zip(rows, back):
+        if sent is None:
+            continue
+        # The same columns: names (a PIL mode in its name), dtype names, bytes.
+        assert [(n, d, a.shape) for n, d, a in got] == \
+            [(n, d, a.shape) for n, d, a in sent]
+        for (_, _, a), (_, _, b) in zip(got, sent):
+            assert a.tobytes() == np.ascontiguousarray(b).tobytes()
+            assert a.ctypes.data % 8 == 0    # aligned in the buffer
+    # Decoded, a row that travelled is what a hit of it is.
+    x, y = row_model.decode(back[0], torch=True)
+    assert x.dtype == torch.float32 and x.tolist() == [0, 1, 2, 3] and int(y) == 7
+    d = row_model.decode(back[2], torch=True)
+    assert d["bf"].dtype == torch.bfloat16 and d["bf"].tolist() == [12.5, -1.0]
+    assert d["raw"] == b"\x00ab" and d["img"].dtype == torch.int32
+    assert d["pil"].mode == "RGB" and d["pil"].tobytes() == img.tobytes()
+    assert row_model.decode(back[3], torch=True).shape == (0, 3)
 
 
 def test_ownership_is_a_fixed_even_split_unrelated_to_the_sampler():

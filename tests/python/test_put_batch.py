@@ -82,7 +82,7 @@ def test_first_row_of_an_id_wins_and_cached_ids_are_false(server, session):
 
 
 def test_full_part_way_keeps_what_was_stored_with_one_warning(server, session):
-    c = DatasetCache(session, size=8)
+    c = DatasetCache(session, size_mb=8)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         stored = c.put_batch(range(16), [MB] * 16)       # 16 MB into 8 MB
@@ -99,7 +99,7 @@ def test_full_part_way_keeps_what_was_stored_with_one_warning(server, session):
 
 
 def test_row_too_large_is_refused_alone_with_one_warning(server, session):
-    c = DatasetCache(session, size=8)
+    c = DatasetCache(session, size_mb=8)
     big = np.zeros(12 << 20, dtype=np.uint8)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

@@ -94,7 +94,7 @@ def test_bytes_have_no_torch_dtype_and_bad_targets_are_named(server, session):
 
 
 def test_spilled_rows_are_hits(spill_server):
-    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="s")
+    c = DatasetCache(spill_server.new_session(), size_mb=1, spilling=True, name="s")
     n = 600                                  # 600 x 3 KB: most go to disk
     rows = np.random.default_rng(0).integers(0, 256, (n, 3072), dtype=np.uint8)
     for i in range(n):

@@ -144,6 +144,65 @@ def test_a_sample_the_cache_cannot_hold_is_delivered_with_one_warning(
     assert len(batch) == len(sample)
 
 
+class HashLabels(Dataset):
+    """(float32[3], a Python int outside int64: a 64-bit hash label)."""
+    root = "hash-labels"
+
+    def __init__(self, sign):
+        self.sign = sign
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        label = 2**63 + i if self.sign > 0 else -2**63 - 1 - i
+        return np.full(3, i, dtype=np.float32), label
+
+
+def _as_made(batch):
+    """A collate_fn that keeps the samples (default_collate cannot hold
+    such an int either)."""
+    return batch
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_an_int_outside_int64_is_delivered_as_made_after_one_warning(
+        server, session, sign):
+    from shmcache.torch import CachedLoader
+    src = HashLabels(sign)
+    ds = CachedDataset(src, DatasetCache(session), async_puts=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = [ds[i] for i in range(8)]
+        by_dataloader = [s for b in DataLoader(ds, batch_size=3, collate_fn=_as_made)
+                         for s in b]
+        by_loader = [s for b in CachedLoader(ds, batch_size=3, collate_fn=_as_made,
+                                             num_workers=1) for s in b]
+    said = [str(x.message) for x in w if x.category is CacheWarning]
+    assert len(said) == 1, said
+    assert str(src[0][1]) in said[0] and "outside int64" in said[0], said
+    for out in (got, by_dataloader, by_loader):
+        assert len(out) == 8
+        for i, (x, y) in enumerate(out):
+            assert type(y) is int and y == src[i][1]
+            assert np.asarray(x).tolist() == [i] * 3
+    assert ds.stats()["mem_rows"] == 0
+
+
+def test_put_of_an_int_outside_int64_raises_a_type_error_naming_it(server, session):
+    c = DatasetCache(session)
+    with pytest.raises(TypeError, match=str(2**64 - 1)):
+        c.put(1, (np.zeros(2), 2**64 - 1))
+    with pytest.raises(TypeError, match=r"-9223372036854775809.*outside int64"):
+        c.put_batch([2], [-2**63 - 1])
+    with pytest.raises(TypeError, match="outside int64"):
+        rows.encode({"label": 2**70})
+    assert c.get(1) is None and c.get(2) is None
+    # The ends of int64 are columns as before.
+    assert c.put(3, (2**63 - 1, -2**63))
+    assert [int(v) for v in c.get(3)] == [2**63 - 1, -2**63]
+
+
 def test_pil_images_round_trip(server, session):
     img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (5, 7, 3), np.uint8))
     gray = img.convert("L")
@@ -207,7 +266,7 @@ def test_read_into_counts_each_id_once(server, session):
 
 def test_full_error_carries_its_reason(start_server):
     server = start_server("--memory_cap_mb", "64")
-    c = DatasetCache(server.new_session(), size=1)
+    c = DatasetCache(server.new_session(), size_mb=1)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for i in range(64):
@@ -227,8 +286,8 @@ def test_full_error_names_the_server_cap_after_the_cache_is_marked_full(start_se
     without asking the server) says so, not the cache's budget."""
     server = start_server("--memory_cap_mb", "16")
     session = server.new_session()
-    first = DatasetCache(session, name="first", size=12)
-    second = DatasetCache(session, name="second", size=12)
+    first = DatasetCache(session, name="first", size_mb=12)
+    second = DatasetCache(session, name="second", size_mb=12)
 
     def fill(cache):
         for i in range(64):

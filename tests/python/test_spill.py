@@ -11,7 +11,7 @@ MB = 1 << 20
 
 
 def test_large_spilled_rows_read_back_whole(spill_server):
-    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="big")
+    c = DatasetCache(spill_server.new_session(), size_mb=1, spilling=True, name="big")
     rows = {0: np.arange(40 * MB, dtype=np.uint8),   # 40 MB: spills
             1: np.full(3072, 7, dtype=np.uint8)}     # still fits memory
     for i, a in rows.items():
@@ -28,7 +28,7 @@ def test_large_spilled_rows_read_back_whole(spill_server):
 
 
 def test_row_too_large_to_spill_is_refused_with_one_warning(spill_server):
-    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="huge")
+    c = DatasetCache(spill_server.new_session(), size_mb=1, spilling=True, name="huge")
     huge = np.zeros(70 * MB, dtype=np.uint8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

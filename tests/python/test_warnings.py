@@ -37,6 +37,36 @@ def test_server_memory_cap_used_up_at_open_is_named(start_server):
     assert first.get(0) is not None
 
 
+def test_a_size_over_the_server_cap_is_compared_in_mb(start_server):
+    s = start_server("--memory_cap_mb", "64")
+    sid = s.new_session()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        DatasetCache(sid, size_mb=32, name="fits").open()
+        big = DatasetCache(sid, size_mb=1000, name="big").open()
+    msgs = cache_warnings(w)
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("shmcache: cache size 1000 MB is more than the 64 MB "
+                              "the server can have (memory_cap_mb: "), msgs[0]
+    assert "--memory_cap_mb" in msgs[0]
+    assert big.size_mb == 1000 and not big.bypassed
+
+
+def test_size_is_a_deprecated_name_of_size_mb(start_server):
+    s = start_server("--memory_cap_mb", "64")
+    sid = s.new_session()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(sid, size=1000, name="old").open()   # MindSpore's keyword
+    (dep,) = [str(x.message) for x in w if x.category is DeprecationWarning]
+    assert "size_mb=" in dep and "MB" in dep
+    assert [m.split(" is more")[0] for m in cache_warnings(w)] == \
+        ["shmcache: cache size 1000 MB"]
+    assert c.size_mb == c.size == 1000
+    with pytest.raises(TypeError, match="size_mb"):
+        DatasetCache(sid, size_mb=8, size=8)
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     if os.geteuid() != 0:

@@ -111,7 +111,7 @@ def test_get_batch_hits_misses_and_private_copies(server, session):
 
 def test_spilled_rows_read_right_through_views_and_batches(spill_server):
     session = spill_server.new_session()
-    c = DatasetCache(session, size=1, spilling=True, name="spill")
+    c = DatasetCache(session, size_mb=1, spilling=True, name="spill")
     rng = np.random.default_rng(5)
     rows = [rng.integers(0, 255, 64 * 1024, dtype=np.uint8) for _ in range(40)]
     for i, a in enumerate(rows):
@@ -127,7 +127,7 @@ def test_spilled_rows_read_right_through_views_and_batches(spill_server):
         got = c.get_batch(list(range(40)), copy=copy)
         for i, g in enumerate(got):
             np.testing.assert_array_equal(g, rows[i])
-    ds = CachedDataset(Images(40, side=128), DatasetCache(session, size=1, spilling=True),
+    ds = CachedDataset(Images(40, side=128), DatasetCache(session, size_mb=1, spilling=True),
                        copy=False, name="imgs")
     [ds[i] for i in range(40)]                      # misses: 40 x 48 KB into 1 MB
     assert ds.flush(60)
@@ -167,7 +167,7 @@ def test_in_place_write_to_a_zero_copy_hit_faults_and_changes_nothing(server, se
 
 
 def test_memory_rows_of_a_spilling_cache_are_still_zero_copy(spill_server):
-    c = DatasetCache(spill_server.new_session(), size=1, spilling=True, name="z")
+    c = DatasetCache(spill_server.new_session(), size_mb=1, spilling=True, name="z")
     rows = np.random.default_rng(0).integers(0, 256, (600, 3072), dtype=np.uint8)
     for i in range(600):
         assert c.put(i, rows[i])

@@ -4,7 +4,6 @@
 // symlink or someone else's directory planted at the mount path. The
 // mounting cases need root and shmem transparent huge pages; they skip
 // with the reason otherwise.
-#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,20 +63,6 @@ std::string CannotMount() {
   return "";
 }
 
-// Whether `uid` can execute `path`: a build tree under a 0700 directory (a
-// private checkout, a clone made in mktemp -d) is out of another user's
-// reach, and then a server cannot run as that user from it.
-bool RunnableBy(uid_t uid, const std::string& path) {
-  pid_t p = ForkChild([&] {
-    bool ok = setgroups(0, nullptr) == 0 && setgid(uid) == 0 && setuid(uid) == 0 &&
-              access(path.c_str(), X_OK) == 0;
-    return ok ? 0 : 1;
-  });
-  int st = 0;
-  return WaitChild(p, &st, std::chrono::seconds(20)) && WIFEXITED(st) &&
-         WEXITSTATUS(st) == 0;
-}
-
 // A server without --shm_dir that asks for its own huge-page tmpfs.
 TestDaemon::Options HugeAsked() {
   TestDaemon::Options o;
@@ -87,14 +72,14 @@ TestDaemon::Options HugeAsked() {
   return o;
 }
 
-void PutRows(const TestDaemon& d, SessionCache* sc) {
+void PutRows(const TestDaemon& d, SessionCache* sc, uint64_t rows = kRows) {
   ASSERT_TRUE(OpenSessionCache(d, "huge", sc).ok());
   RowMaker m(3072);
-  for (uint64_t id = 0; id < kRows; ++id) ASSERT_TRUE(m.Put(*sc->cache, id).ok());
+  for (uint64_t id = 0; id < rows; ++id) ASSERT_TRUE(m.Put(*sc->cache, id).ok());
 }
 
 // Reads every row back in another process; 0 when all are right.
-int ReadRowsElsewhere(const TestDaemon& d, uint32_t session) {
+int ReadRowsElsewhere(const TestDaemon& d, uint32_t session, uint64_t rows = kRows) {
   pid_t p = ForkChild([&] {
     std::unique_ptr<Client> c;
     std::unique_ptr<Cache> cache;
@@ -103,7 +88,7 @@ int ReadRowsElsewhere(const TestDaemon& d, uint32_t session) {
     if (s.ok()) s = c->OpenCache({.session_id = session, .fingerprint = "huge"}, &cache);
     if (!s.ok()) return 2;
     Row row;
-    for (uint64_t id = 0; id < kRows; ++id) {
+    for (uint64_t id = 0; id < rows; ++id) {
       if (!cache->Get(id, &row).ok() || !m.Verify(id, row.view()).empty()) return 3;
     }
     return 0;
@@ -243,6 +228,65 @@ TEST(HugeTmpfs, PlantedSymlinkOrForeignDirectoryIsNeverUsed) {
     unlink(dir.c_str());
     rmdir(dir.c_str());
   }
+}
+
+// ---- A restart in the other mode (issue 32, item 6) -------------------------
+
+// The move of a killed huge-mode server's rows to /dev/shm once copied every
+// file through one fixed name there, <prefix>moving: another user's
+// directory at that name made a root restart remove every cache from both
+// places. Copies have no name now.
+TEST(HugeTmpfs, APlantedDirectoryAtTheOldMovingNameCostsNoRow) {
+  if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
+  TestDaemon d;
+  ASSERT_TRUE(d.Start(HugeAsked()).ok());
+  SessionCache sc;
+  PutRows(d, &sc);
+  const uint32_t session = sc.session;
+  sc = SessionCache{};
+  d.Kill();
+  const std::string planted =
+      fmt::format("/dev/shm/{}moving", InstancePrefix(geteuid(), d.port()));
+  ASSERT_EQ(mkdir(planted.c_str(), 0777), 0);
+  ASSERT_EQ(chown(planted.c_str(), kNobody, kNobody), 0);
+  TestDaemon::Options plain = HugeAsked();
+  plain.extra_env = {};
+  Status s = d.Start(plain);
+  rmdir(planted.c_str());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(d.shm_dir(), "/dev/shm");
+  EXPECT_EQ(ReadRowsElsewhere(d, session), 0) << d.ReadLog();
+  EXPECT_FALSE(d.HugeMounted());
+  ASSERT_TRUE(d.Stop().ok());
+}
+
+// A cache that does not fit in the new place (a huge tmpfs sized to a lower
+// cap) loses nothing: it stays whole in /dev/shm, where a start in the
+// earlier mode serves every row. (It used to be removed from both places.)
+TEST(HugeTmpfs, ACacheThatDoesNotFitTheNewPlaceStaysWhereItWas) {
+  if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
+  constexpr uint64_t kMany = 60000;  // ~100 MB of segments, past 8 + 64 MB
+  TestDaemon d;
+  TestDaemon::Options plain = HugeAsked();
+  plain.extra_env = {};
+  ASSERT_TRUE(d.Start(plain).ok());
+  ASSERT_EQ(d.shm_dir(), "/dev/shm");
+  SessionCache sc;
+  PutRows(d, &sc, kMany);
+  const uint32_t session = sc.session;
+  sc = SessionCache{};
+  d.Kill();
+  TestDaemon::Options small = HugeAsked();
+  small.memory_cap_mb = 8;  // a tmpfs of 72 MB
+  ASSERT_TRUE(d.Start(small).ok());
+  std::string log = d.ReadLog();
+  EXPECT_NE(log.find("not moved to " + HugeShmDir(d.port()) + ", left in /dev/shm"),
+            std::string::npos)
+      << log;
+  ASSERT_TRUE(d.Stop().ok());
+  ASSERT_TRUE(d.Start(plain).ok());
+  EXPECT_EQ(ReadRowsElsewhere(d, session, kMany), 0) << d.ReadLog();
+  ASSERT_TRUE(d.Stop().ok());
 }
 
 }  // namespace

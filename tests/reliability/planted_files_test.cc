@@ -2,7 +2,8 @@
 // a planted copy of a segment or header file under one of a cache's names
 // is never adopted by a restarted server, never mapped by a client, and
 // never written; names taken ahead of the server do not stop caches from
-// opening and filling; a stray segment number does not stall a start.
+// opening and filling; a stray segment number does not stall a start; the
+// sessions list's one fixed name cannot be blocked unseen.
 // Giving a file to another uid needs root; that case is skipped otherwise.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "format/instance.h"
+#include "shmcache/stats.h"
 #include "tests/support/checked_rows.h"
 #include "tests/support/test_daemon.h"
 
@@ -370,6 +372,125 @@ TEST(StraySegmentNumber, StartIsNotStalledAndAdoptsTheRest) {
   cache.reset();
   client.reset();
   EXPECT_TRUE(d.Stop().ok());
+}
+
+// ---- The sessions list: one fixed name in the shm dir (issue 32, item 7) --
+//
+// A rename cannot replace a directory, so a directory at the list's name
+// used to make every rewrite of it fail unseen: `-g` said "Session
+// created", and after a kill -9 the session was gone.
+
+std::string SessionsList(const TestDaemon& d) {
+  return d.shm_dir() + "/" + d.shm_prefix() + "sessions";
+}
+
+// The list's place taken while the server runs (where a sticky shm dir
+// keeps others out, only by the user's own doing): the session is not
+// created, the admin says why, the log too.
+TEST(PlantedSessionsList, ASessionThatCannotBeRecordedIsNotCreated) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  const std::string list = SessionsList(d);
+  ASSERT_EQ(unlink(list.c_str()), 0);
+  ASSERT_EQ(mkdir(list.c_str(), 0755), 0);
+  std::string out;
+  int rc =
+      RunProgram({AdminPath(), "-g", "-p", std::to_string(d.port())}, d.AdminEnv(), &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_EQ(out.find("Session created"), std::string::npos) << out;
+  EXPECT_NE(out.find("no session was created"), std::string::npos) << out;
+  EXPECT_NE(out.find(list), std::string::npos) << out;
+  EXPECT_NE(d.ReadLog().find("the list of sessions is not written"), std::string::npos);
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &client).ok());
+  std::vector<SessionInfo> sessions;
+  ASSERT_TRUE(client->ListSessions(&sessions).ok());
+  EXPECT_TRUE(sessions.empty());
+  // Destroying a session still destroys it, and says what a restart would do.
+  ASSERT_EQ(rmdir(list.c_str()), 0);
+  uint32_t session = 0;
+  ASSERT_TRUE(client->CreateSession(&session).ok());
+  ASSERT_EQ(unlink(list.c_str()), 0);
+  ASSERT_EQ(mkdir(list.c_str(), 0755), 0);
+  Status s = client->DestroySession(session);
+  EXPECT_TRUE(s.IsIOError()) << s.ToString();
+  EXPECT_NE(s.message().find("would list it again"), std::string::npos) << s.message();
+  EXPECT_TRUE(client->CheckSession(session).IsNotFound());
+  ASSERT_EQ(rmdir(list.c_str()), 0);
+  client.reset();
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+// Planted while no server runs (another user's directory, as root): the
+// next start removes it with a log line (the start of a server that may
+// not: below), and sessions created from then on survive a kill -9.
+TEST(PlantedSessionsList, APlantedEntryIsSetAsideAtStartAndSessionsSurviveAKill) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  ASSERT_EQ(chmod(d.shm_dir().c_str(), 01777), 0);  // as /dev/shm
+  d.Kill();
+  // The spill record's name too: the other fixed name the server writes.
+  const std::string list = SessionsList(d);
+  const std::string record = d.shm_dir() + "/" + d.shm_prefix() + "spilldb";
+  unlink(list.c_str());
+  for (const std::string& p : {list, record}) {
+    ASSERT_EQ(mkdir(p.c_str(), 0777), 0);
+    if (geteuid() == 0) {
+      ASSERT_EQ(chown(p.c_str(), 65534, 65534), 0);
+    }
+  }
+  ASSERT_TRUE(d.Restart().ok());
+  std::string log = d.ReadLog();
+  for (const std::string& p : {list, record}) {
+    EXPECT_NE(log.find("removed " + p + ", a directory owned by"), std::string::npos)
+        << log;
+  }
+  EXPECT_FALSE(PathExists(record));
+  uint32_t session = 0;
+  {
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(Client::Connect(d.client_options(), &client).ok());
+    ASSERT_TRUE(client->CreateSession(&session).ok());
+  }
+  d.Kill();
+  ASSERT_TRUE(d.Restart().ok());
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(Client::Connect(d.client_options(), &client).ok());
+  Status s = client->CheckSession(session);
+  EXPECT_TRUE(s.ok()) << "the session did not survive a kill: " << s.ToString();
+  client.reset();
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+// A server that may not remove what holds the name (a server of another
+// user; the entry root's, in a sticky dir) does not start, and says why:
+// every session it made would be lost at a restart.
+TEST(PlantedSessionsList, AServerThatCannotSetItAsideDoesNotStart) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a server as another uid";
+  constexpr uid_t kNobody = 65534;
+  if (!RunnableBy(kNobody, DaemonPath())) {
+    GTEST_SKIP() << DaemonPath() << " is out of reach of uid " << kNobody
+                 << " (a parent directory is closed to other users)";
+  }
+  TempDir shm("/dev/shm");
+  ASSERT_EQ(chmod(shm.path().c_str(), 01777), 0);
+  TestDaemon d;
+  const std::string list =
+      shm.path() + "/" + InstancePrefix(kNobody, d.port()) + "sessions";
+  ASSERT_EQ(mkdir(list.c_str(), 0755), 0);  // root's
+  TestDaemon::Options o;
+  o.uid = kNobody;
+  o.shm_dir = shm.path();
+  Status s = d.Start(o);
+  EXPECT_FALSE(s.ok()) << "the server started without a list of sessions";
+  EXPECT_NE(s.message().find("the list of sessions " + list + " cannot be written"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("another --shm_dir or port"), std::string::npos)
+      << s.message();
+  struct stat st {};
+  EXPECT_EQ(lstat(list.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode) && st.st_uid == 0) << "root's directory was touched";
 }
 
 }  // namespace

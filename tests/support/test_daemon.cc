@@ -243,4 +243,15 @@ Status OpenSessionCache(const TestDaemon& d, const std::string& fingerprint,
   return out->client->OpenCache(o, &out->cache);
 }
 
+bool RunnableBy(uid_t uid, const std::string& path) {
+  pid_t p = ForkChild([&] {
+    bool ok = setgroups(0, nullptr) == 0 && setgid(uid) == 0 && setuid(uid) == 0 &&
+              access(path.c_str(), X_OK) == 0;
+    return ok ? 0 : 1;
+  });
+  int st = 0;
+  return WaitChild(p, &st, std::chrono::seconds(20)) && WIFEXITED(st) &&
+         WEXITSTATUS(st) == 0;
+}
+
 }  // namespace shmcache::test

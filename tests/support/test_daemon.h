@@ -94,4 +94,9 @@ struct SessionCache {
 Status OpenSessionCache(const TestDaemon& d, const std::string& fingerprint,
                         SessionCache* out);
 
+// Whether `uid` can execute `path`: a build tree under a 0700 directory (a
+// private checkout, a clone made in mktemp -d) is out of another user's
+// reach, and then a server cannot run as that user from it.
+bool RunnableBy(uid_t uid, const std::string& path);
+
 }  // namespace shmcache::test

@@ -41,9 +41,13 @@ class DatasetCache:
     """A cache inside a session of a running shmcache server.
 
     Mirrors MindSpore's DatasetCache(session_id, size=0, spilling=False,
-    hostname=None, port=None, num_connections=None, prefetch_size=None).
+    hostname=None, port=None, num_connections=None, prefetch_size=None),
+    with the size's unit in its name: `size_mb`, the cache's memory budget
+    in MB (0: as much as the server allows; one CacheWarning at open when
+    it is more than the server's memory cap). MindSpore's keyword `size=`
+    (also MB) is still accepted, with a DeprecationWarning.
     `session_id` defaults to $SHMCACHE_SESSION_ID (else $SESSION_ID).
-    `size` is in MB (0: as much as the server allows). `num_connections` and
+    `num_connections` and
     `prefetch_size` are accepted and checked for compatibility; a hit needs
     no connection here. `name` selects the cache inside the session
     (default "default"); `fingerprint` describes what produces the rows and
@@ -74,16 +78,25 @@ class DatasetCache:
     _warned_row: bool
     _bytes_read: int
 
-    def __init__(self, session_id: int | None = None, size: int = 0,
+    def __init__(self, session_id: int | None = None, size_mb: int = 0,
                  spilling: bool = False, hostname: str | None = None,
                  port: int | None = None, num_connections: int | None = None,
                  prefetch_size: int | None = None, name: str = "default",
                  fingerprint: str | None = None,
-                 read_threads: int | None = None) -> None:
+                 read_threads: int | None = None, *,
+                 size: int | None = None) -> None:
         if session_id is None:
             session_id = session_from_env()
         check_int("session_id", session_id, 0, MAX_UINT32)
-        check_int("size", size, 0, 2**63 - 1)
+        if size is not None:
+            if size_mb != 0:
+                raise TypeError("pass size_mb= (the cache size in MB) alone; size= "
+                                "is its deprecated name")
+            check_int("size", size, 0, 2**63 - 1)
+            warnings.warn("DatasetCache(size=...) is deprecated: the size is in MB, "
+                          "pass it as size_mb=", DeprecationWarning, stacklevel=2)
+            size_mb = size
+        check_int("size_mb", size_mb, 0, 2**63 - 1)
         if not isinstance(spilling, bool):
             raise TypeError(f"Argument spilling with value {spilling!r} is not "
                             f"of type bool, but got {type(spilling).__name__}.")
@@ -105,7 +118,7 @@ class DatasetCache:
         if fingerprint is not None and len(fingerprint.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"Argument fingerprint must have at most {MAX_NAME_BYTES} bytes.")
         self.session_id: int = int(session_id)
-        self.size: int = int(size)
+        self.size_mb: int = int(size_mb)
         self.spilling: bool = spilling
         self.hostname: str | None = hostname
         self.port: int | None = None if port is None else int(port)
@@ -208,7 +221,7 @@ class DatasetCache:
                 return self.native
             try:
                 self.native = self._connect().open_cache(
-                    self.session_id, self.name, self.fingerprint, self.size,
+                    self.session_id, self.name, self.fingerprint, self.size_mb,
                     self.spilling)
                 self._warn_size_over_cap()
             except FingerprintMismatchError as e:
@@ -228,29 +241,34 @@ class DatasetCache:
             return self.native
 
     def _warn_size_over_cap(self) -> None:
-        """One CacheWarning at open when `size` is more than the server's
+        """One CacheWarning at open when `size_mb` is more than the server's
         memory cap can give (the server gives the cache the cap): names the
         bound that set the cap and the fix."""
-        if self.size <= 0 or self._client is None:
+        if self.size_mb <= 0 or self._client is None:
             return
         try:
             info = self._client.server_info()
         except Error:
             return  # the cache is open; its first put will tell what is wrong
         cap = int(info["memory_cap_bytes"])
-        if self.size <= cap:
-            return
         mb = 1 << 20
+        if self.size_mb * mb <= cap:
+            return
         bound = str(info.get("memory_cap_bound", ""))
         why, fix = CAP_BOUNDS.get(bound, ("the server's memory cap", "open a smaller cache"))
         where = why.format(shm_dir=info["shm_dir"],
                            cgroup_mb=int(info.get("memory_cgroup_limit_bytes", 0)) // mb)
         self._warned = True
         warnings.warn(
-            f"shmcache: cache size {self.size // mb} MB is more than the {cap // mb} MB "
+            f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
             f"and rows beyond it are read from the source. Fix: {fix}",
             CacheWarning, stacklevel=4)
+
+    @property
+    def size(self) -> int:
+        """size_mb, by its deprecated name (MindSpore's)."""
+        return self.size_mb
 
     def open(self) -> DatasetCache:
         """Attaches now rather than on first use. Returns self."""
@@ -308,7 +326,9 @@ class DatasetCache:
         Returns True when stored, False when the id was already cached (the
         first writer wins), the cache is bypassed (full, daemon gone), or the
         row cannot be cached: larger than what is left of the cache, or than
-        a row spilled to disk may be (one warning; later rows go on)."""
+        a row spilled to disk may be (one warning; later rows go on).
+        TypeError for a value with no column type (a Python int outside
+        int64 among them), naming it."""
         return self.put_columns(row_id, encode(row))
 
     def put_batch(self, row_ids: Iterable[int], rows: Sequence[Any]) -> list[bool]:
@@ -596,5 +616,5 @@ class DatasetCache:
             return None
 
     def __repr__(self) -> str:
-        return (f"DatasetCache(session_id={self.session_id}, size={self.size}, "
+        return (f"DatasetCache(session_id={self.session_id}, size_mb={self.size_mb}, "
                 f"spilling={self.spilling}, name={self.name!r})")

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "clients/python/shmcache/batch_targets.h"
+#include "clients/python/shmcache/file_stats.h"
 #include "clients/python/shmcache/release_gil.h"
 #include "clients/python/shmcache/row_model.h"
 #include "shmcache/batch_reader.h"
@@ -589,6 +590,9 @@ PYBIND11_MODULE(_shmcache, m) {
         "The columns [(name, dtype, array)] that store `sample`.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
         "The sample a hit of `columns` is (tensors when torch).");
+  m.def("stat_files", &shmcache::python::StatFiles, py::arg("entries"),
+        "Per path (or (path, ...) entry): st_size and st_mtime_ns as native "
+        "int64 pairs in bytes, -1 where stat fails; None for no file list.");
   m.def(
       "split_name",
       [](const std::string& name) {

@@ -516,7 +516,7 @@ def _open_cache(a, dataset):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CacheWarning)
         try:
-            base = DatasetCache(a.session_id, size=a.size, spilling=a.spilling,
+            base = DatasetCache(a.session_id, size_mb=a.size, spilling=a.spilling,
                                 port=a.port)
             cache = cache_for_dataset(dataset, base, a.cache_name).open()
         except (TypeError, ValueError, RuntimeError) as e:

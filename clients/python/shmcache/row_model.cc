@@ -60,6 +60,16 @@ bool RoundTrips(std::string_view mode) {
   return false;
 }
 
+// PIL modes whose pixels are 3 or 2 bytes in an array and 4 in a PIL
+// image: PIL.Image.frombuffer always copies them (it maps a buffer only
+// where the two layouts are one).
+bool PilUnpacks(std::string_view mode) {
+  for (std::string_view m : {"RGB", "YCbCr", "LAB", "HSV", "LA"}) {
+    if (mode == m) return true;
+  }
+  return false;
+}
+
 bool ModuleStartsWith(py::handle v, std::string_view prefix) {
   py::object mod = py::type::handle_of(v).attr("__module__");
   if (!PyUnicode_Check(mod.ptr())) return false;
@@ -107,9 +117,20 @@ py::tuple EncodeLeaf(const std::string& name, py::handle v) {
     return Column(name, a, DType::kBytes);
   }
   if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
-    // Python ints are int64 columns on every platform.
+    // Python ints are int64 columns on every platform. One outside int64
+    // (a 64-bit hash label) has no column: stored as uint64 it would come
+    // back as another number (torch has no uint64).
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (overflow != 0) {
+      throw py::type_error("cannot cache the int " + py::str(v).cast<std::string>() +
+                           " in column '" + name +
+                           "': it is outside int64 [-2**63, 2**63-1] (a numpy "
+                           "uint64 holds 0..2**64-1)");
+    }
     py::array_t<int64_t> a(std::vector<py::ssize_t>{});
-    *a.mutable_data() = v.cast<int64_t>();
+    *a.mutable_data() = static_cast<int64_t>(value);
     return Column(name, a, DType::kInt64);
   }
   if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr()) || PyComplex_Check(v.ptr()) ||
@@ -475,10 +496,24 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
   }
   std::string_view mode = TagOf(c.name);
   if (!mode.empty()) {
-    // A PIL image owns its pixels: filled now, before PIL reads them.
+    py::str m(mode.data(), mode.size());
+    if (PilUnpacks(mode)) {
+      // PIL copies these pixels into an image of its own as it makes it
+      // (widening them to its 4-byte pixels): it reads them where they are,
+      // through a read-only array it does not keep.
+      return Pil().fromarray(
+          NewArray(ToNumpy(c.dtype), c.shape, c.data, base ? base : py::none(), false),
+          m);
+    }
+    // Modes PIL may map instead of copying: an array of the image's own,
+    // filled now, before PIL reads it.
     py::array a = NewArray(ToNumpy(c.dtype), c.shape, nullptr, py::handle(), true);
     if (c.nbytes) std::memcpy(a.mutable_data(), c.data, c.nbytes);
-    return Pil().fromarray(a, py::str(mode.data(), mode.size()));
+    // A "1" image's array has a byte per pixel, which PIL reads as such
+    // only when it picks the mode from the array's dtype (with mode="1" it
+    // reads packed bits).
+    if (mode == "1") return Pil().fromarray(a);
+    return Pil().fromarray(a, m);
   }
   if (!zero_copy_) base = py::handle();
   DType out = OutType(c.dtype, leaf_);

@@ -58,7 +58,8 @@ std::string_view TagOf(std::string_view stored);
 
 // sample -> [(name, dtype, array)]: C-contiguous arrays in native byte
 // order. Arrays already so are used as they are (no copy). TypeError for a
-// value that has no column type, ValueError for a dict key that would be
+// value that has no column type (a Python int outside int64 included:
+// torch has no uint64 to give it back as), ValueError for a dict key that would be
 // taken for a positional one. Protocol limits (columns per row, name
 // bytes) are the cache's to check: a put refuses such a row.
 py::list Encode(py::handle sample);

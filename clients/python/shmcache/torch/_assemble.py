@@ -4,17 +4,22 @@ loader.py's contract, applied to a batch's indices.
 1. Rows of the learned layout (a RowSchema) are read into the batch's
    buffers, all at once, by one native call (DatasetCache.fill_batch, with
    copy_threads threads), which says of each row whether it was read, is
-   not cached, or is cached in another layout.
+   not cached, or is cached in another layout. A batch whose source says a
+   row cannot be in this cache (in_cache: another node's row) never looks
+   that row up here: it would count as one of the cache's misses.
 2. Rows of another layout are read from the cache row by row
    (read_columns: another layout, a projection); rows not cached are not
-   looked up again. Then rows are taken from the batch's supplied rows (a
-   BatchSource's), then computed (_misses.py: the miss workers, or this
+   looked up again (each read is counted once). Then rows are taken from
+   the batch's supplied rows (a
+   BatchSource's, as columns), then computed in the batch's miss turn
+   (_misses.py: sent to worker number mod num_workers, or computed in this
    thread with num_workers=0). A computed row goes into the cache (the
    workers put it, or CachedDataset's writer queues it) when the batch
    keeps it; else it goes back in the BatchReport.
 3. Rows that fit the layout are written into the buffers, which become the
    batch as default_collate would make it; otherwise the samples are
-   collated (collate_fn, transform=), as DataLoader would.
+   collated (collate_fn, transform=), as DataLoader would (batch_size=None:
+   collate_fn, default_convert, of the one sample).
 4. batch_transform, pinning and the copy to the device (CudaStage) follow.
 
 Several loader threads assemble batches at once; the layout learned from
@@ -24,54 +29,71 @@ the first row is shared by the loader's passes (LoaderState).
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from torch.utils.data import default_collate
 
 from .._read_into import ROW_MISSING, ROW_READ
-from ..rows import encode
 from ._autotune import usable_cpus
 from ._device import CudaStage, tree_map
-from ._misses import Closed, Columns, Computed, MissWorkers, Sample, Stored, compute_rows
+from ._misses import (Closed, Columns, Computed, MissTurn, MissWorkers, Sample, Stored,
+                      compute_rows)
 from ._row_schema import RowSchema, decode_sample, project, read_columns
 from .batch_source import BatchReport, SourcedBatch
 
 __all__ = ["BatchAssembler"]
 
 
+def _in_cache(source: SourcedBatch) -> Any:
+    """The batch's in_cache(index), or None when it has none (every row
+    may be in this cache)."""
+    return getattr(source, "in_cache", None)
+
+
 class BatchAssembler:
     """Assembles the batches of one pass (see the module). `loader`: the
-    CachedLoader (its options); `state`: its LoaderState; the miss workers
-    (num_workers > 0) start here, seeded from `base_seed`. close() stops
-    computing: a compute in progress or asked for later raises Closed."""
+    CachedLoader (its options); `state`: its LoaderState; `pool`: the miss
+    workers (None: num_workers=0), the pass's own or the loader's
+    persistent ones; `turn`: the pass's MissTurn; `workers_busy()` is
+    called when misses go to the workers. close() stops computing: a
+    compute in progress or asked for later raises Closed (a pool of the
+    pass's own closes; the persistent one goes on, without this pass's
+    batches)."""
 
-    def __init__(self, loader: Any, state: Any, base_seed: int) -> None:
+    def __init__(self, loader: Any, state: Any, pool: MissWorkers | None,
+                 turn: MissTurn, workers_busy: Callable[[], None]) -> None:
         self.loader = loader
         self.state = state
         self.cds = loader.dataset
-        self.pin = loader.pin_memory or loader.device is not None
+        self.auto = loader._auto_collation
+        self.pin = loader._pinned or loader.device is not None
         self.stage = CudaStage(loader.device) if loader.device is not None else None
-        self.pool = None
-        if loader.num_workers > 0:
-            self.pool = MissWorkers(self.cds, loader.num_workers,
-                                    loader.multiprocessing_context, base_seed,
-                                    loader.worker_init_fn, loader.timeout)
+        self.pool = pool
+        self._own_pool = pool is not None and not loader.persistent_workers
+        self._tickets: weakref.WeakSet[Any] = weakref.WeakSet()   # sent to a shared pool
+        self.turn = turn
+        self._workers_busy = workers_busy
+        self._inline = threading.Lock()   # rows gone since a worker stored them
         self.tuner = state.tuner
         self.cpus = usable_cpus()
-        self._inline = threading.Lock()   # num_workers=0: one compute at a time
         self.closed = False
 
     def close(self) -> None:
-        """Stops computing; returns at once (the workers end after the chunk
+        """Stops computing; returns at once (the workers end after the row
         they compute)."""
         self.closed = True
         if self.pool is not None:
-            self.pool.close()
+            if self._own_pool:
+                self.pool.close()
+            else:
+                self.pool.cancel(self._tickets)
 
-    def assemble(self, indices: list[int], source: SourcedBatch,
+    def assemble(self, number: int, indices: list[int], source: SourcedBatch,
                  report: BatchReport) -> tuple[Any, int]:
-        """(batch, bytes) of the batch of `indices` (see the module);
+        """(batch, bytes) of batch `number`, of `indices` (see the module);
         `report` is filled with what became of its rows."""
         n, columns = len(indices), self.cds.columns
         state = self.state
@@ -82,15 +104,14 @@ class BatchAssembler:
             bufs = schema.alloc(n, self.pin, state.buffers)
             out = schema.read_targets(bufs)
             # A dict out names its columns by its keys: the projection is in it.
-            codes = self.cds.cache.fill_batch(
-                indices, out, None if isinstance(out, dict) else columns,
-                self.copy_threads(), codes=True)
-            filled = codes == ROW_READ
-            absent = codes == ROW_MISSING
+            filled, absent = self._read_into(indices, out, None if isinstance(out, dict)
+                                             else columns, _in_cache(source))
         rest = np.flatnonzero(~filled).tolist()
+        if not rest:
+            self.turn.passed(number)
         report.cache_hits += n - len(rest)
-        rows = dict(zip(rest, self._rows([indices[p] for p in rest], source, report,
-                                         absent[rest].tolist()))) if rest else {}
+        rows = dict(zip(rest, self._rows(number, [indices[p] for p in rest], source,
+                                         report, absent[rest].tolist()))) if rest else {}
         state.count(samples=n, hits=n - len(rest))
         if schema is None and rows:
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
@@ -102,7 +123,8 @@ class BatchAssembler:
             for p, r in rows.items():
                 schema.fill(bufs, p, r)
             tensors = schema.tensors(bufs)
-            direct = loader.transform is None and loader.collate_fn is None
+            direct = self.auto and loader.transform is None and \
+                loader.collate_fn is default_collate
             batch = schema.batch(tensors) if direct else \
                 self._collate([schema.sample(tensors, p) for p in range(n)])
         else:
@@ -129,33 +151,62 @@ class BatchAssembler:
         take turns: oversubscribed copies wait on the slowest share)."""
         return max(1, min(self.cds.cache.read_threads, self.cpus // max(1, self.tuner.threads)))
 
+    def _read_into(self, indices: list[int], out: Any, columns: Any,
+                   in_cache: Any) -> tuple[Any, Any]:
+        """The masks (read, not cached) of reading the batch's rows into
+        `out`: all of them, or only those in_cache says may be here, read
+        into the first rows of `out` and moved to their positions."""
+        cache = self.cds.cache
+        if in_cache is None:
+            codes = cache.fill_batch(indices, out, columns, self.copy_threads(), codes=True)
+            return codes == ROW_READ, codes == ROW_MISSING
+        filled = np.zeros(len(indices), dtype=bool)
+        absent = np.zeros(len(indices), dtype=bool)
+        mine = np.flatnonzero([in_cache(i) for i in indices])
+        if not len(mine):
+            return filled, absent
+        codes = cache.fill_batch([indices[p] for p in mine], out, columns,
+                                 self.copy_threads(), codes=True)
+        hit = codes == ROW_READ
+        # Row j moves to mine[j] >= j, the last first: no row is overwritten
+        # before it moved.
+        for t in (out.values() if isinstance(out, dict) else out):
+            for j in range(len(mine) - 1, -1, -1):
+                if mine[j] != j and hit[j]:
+                    t[mine[j]] = t[j]
+        filled[mine] = hit
+        absent[mine] = codes == ROW_MISSING
+        return filled, absent
+
     def _learn(self, cols: Any) -> Any:
         schema = RowSchema.of(cols, self.cds.columns) or False
         if self.state.schema is None:
             self.state.schema = schema
         return schema
 
-    def _rows(self, ids: list[int], source: SourcedBatch, report: BatchReport,
-              absent: list[bool]) -> list[Any]:
+    def _rows(self, number: int, ids: list[int], source: SourcedBatch,
+              report: BatchReport, absent: list[bool]) -> list[Any]:
         """Per id the row's [(name, dtype, array)] from the cache (copies;
-        not looked up again where `absent` says the batch's read found no
-        row: each read is counted once), else the source's supplied row,
-        else computed (and queued for the cache, or left in the report when
-        the source does not keep it), or a Sample the cache cannot hold."""
+        not looked up where `absent` says the batch's read found no row, or
+        where the source says it cannot be here: each read is counted once),
+        else the source's supplied row, else computed in batch `number`'s
+        miss turn (and queued for the cache, or left in the report when the
+        source does not keep it), or a Sample the cache cannot hold."""
         cds = self.cds
-        look = [k for k, gone in enumerate(absent) if not gone]
+        in_cache = _in_cache(source)
+        look = [k for k, i in enumerate(ids)
+                if not absent[k] and (in_cache is None or in_cache(i))]
         rows: list[Any] = [None] * len(ids)
-        if look:
-            found = read_columns(cds.cache, [ids[k] for k in look], cds.columns, copy=True)
-            for k, r in zip(look, found):
-                rows[k] = r
+        for k, r in zip(look, read_columns(cds.cache, [ids[k] for k in look],
+                                           cds.columns, copy=True) if look else []):
+            rows[k] = r
         missing = [k for k, r in enumerate(rows) if r is None]
         report.cache_hits += len(ids) - len(missing)
         supplied = 0
         for k in missing:
             r = source.supplied(ids[k])
             if r is not None:
-                rows[k] = project(encode(r), cds.columns)
+                rows[k] = project(r, cds.columns)
                 supplied += 1
         if supplied:
             missing = [k for k in missing if rows[k] is None]
@@ -163,11 +214,12 @@ class BatchAssembler:
         report.computed += len(missing)
         self.state.count(hits=len(ids) - len(missing), misses=len(missing))
         if not missing:
+            self.turn.passed(number)
             return rows
         kept = [source.keeps(ids[k]) for k in missing]
         owned = None if all(kept) else kept   # the rows the workers put
         stored = []     # rows a worker put into the cache
-        computed = self._compute([ids[k] for k in missing], owned=owned)
+        computed = self._compute(number, [ids[k] for k in missing], owned)
         for j, (k, row) in enumerate(zip(missing, computed)):
             if isinstance(row, Stored):
                 stored.append(k)
@@ -188,8 +240,12 @@ class BatchAssembler:
                 rows[k] = cols
             if gone:
                 # Rows gone since (their session dropped): computed again.
-                for k, row in zip(gone, self._compute([ids[k] for k in gone],
-                                                      inline=True)):
+                if self.closed:
+                    raise Closed("the CachedLoader iterator was closed")
+                with self._inline:
+                    redone = compute_rows(cds, [ids[k] for k in gone],
+                                          lambda: self.closed)
+                for k, row in zip(gone, redone):
                     if isinstance(row, Columns):
                         rows[k] = project(row.cols, cds.columns)
                     else:
@@ -197,19 +253,27 @@ class BatchAssembler:
                         rows[k] = Sample(cds.project(row.sample), row.why)
         return rows
 
-    def _compute(self, ids: list[int], inline: bool = False,
-                 owned: list[bool] | None = None) -> list[Computed]:
-        """The rows of `ids` computed by the workers (or, with num_workers=0,
-        here; `owned`: which rows the workers put); Closed once closed:
-        nothing is computed in this process after close()."""
-        if self.pool is not None and not inline:
-            return self.pool.compute(ids, owned)
-        if self.closed:
-            raise Closed("the CachedLoader iterator was closed")
-        with self._inline:
-            return compute_rows(self.cds, ids, lambda: self.closed)
+    def _compute(self, number: int, ids: list[int],
+                 owned: list[bool] | None) -> list[Computed]:
+        """The rows of `ids`, batch `number`'s misses: in its miss turn,
+        sent to worker number mod num_workers (`owned`: the rows the worker
+        puts) and waited for, or (num_workers=0) computed here. Closed once
+        closed: nothing is computed in this process after close()."""
+        self.turn.wait(number)
+        try:
+            if self.pool is None:
+                return compute_rows(self.cds, ids, lambda: self.closed)
+            ticket = self.pool.submit(number, ids, owned)
+            if not self._own_pool:
+                self._tickets.add(ticket)
+        finally:
+            self.turn.passed(number)
+        self._workers_busy()
+        return ticket.result()
 
     def _collate(self, samples: list[Any]) -> Any:
         if self.loader.transform is not None:
             samples = [self.loader.transform(s) for s in samples]
-        return (self.loader.collate_fn or default_collate)(samples)
+        if not self.auto:
+            return self.loader.collate_fn(samples[0])
+        return self.loader.collate_fn(samples)

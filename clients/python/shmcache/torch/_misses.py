@@ -1,5 +1,6 @@
-"""The rows a CachedLoader did not find in the cache, computed on torch's
-own worker machinery (MissWorkers) or in the calling thread (compute_rows).
+"""The rows a CachedLoader did not find in the cache, computed by a pool of
+torch DataLoader workers (MissWorkers) or in the calling thread
+(compute_rows).
 
 A computed row is one of:
 - Stored(): a worker put it into the cache (the loader reads it from there,
@@ -10,42 +11,72 @@ A computed row is one of:
   column encoding (too many columns, a name too long, a value of no column
   type); it is delivered as is, as CachedDataset delivers it.
 
-MissWorkers(cds, num_workers, ...) is a torch DataLoader with persistent
-workers over the missing indices, fed through a batch sampler this module
-controls: the workers are DataLoader's (its seeding, get_worker_info,
-worker_init_fn, timeout=, multiprocessing_context, its errors naming a dead
-worker's pid, its watchdog). Each worker also ends within
-PARENT_POLL_S of its parent's death (SIGKILL included). compute() runs one
-batch's misses at a time (chunks spread over all workers); with owned=, a
-mask, the workers put only the rows it marks (the others come back as
-Columns: PartitionedLoader's rows of another node, which go to their
-owner instead); close() stops
-it: a compute in progress raises Closed after the chunk it waits for, and
-the workers are shut down by whichever thread drops the DataLoader last,
-never by the caller of close() waiting on a busy worker.
+MissWorkers(cds, num_workers, ...) starts, on the first submit(), the
+workers of a torch DataLoader over the user's dataset (cds.dataset): they
+are DataLoader's in everything a script sees (worker_init_fn,
+get_worker_info() with .dataset the user's dataset, torch/random/numpy
+seeds base_seed + id, the seed drawn from the generator state the loader
+gives, multiprocessing_context, torch.set_num_threads(1), SIGSEGV/SIGBUS
+reports). The DataLoader hands each worker one task, which is this module's
+serve loop (the collate_fn of an empty batch): the worker then takes
+batches from a queue of its own, in order, until the pool closes. So
+submit(worker, ids) sends a batch's misses to the worker the caller names
+(CachedLoader: batch k to worker k mod num_workers, as DataLoader deals its
+batches), and every worker computes at once. A worker computes the rows of
+a batch, puts them into the cache itself (with owned=, only the rows it
+marks; the others come back as Columns: PartitionedLoader's rows of
+another node) and answers with the batch's Computed rows, or with the
+exception that failed the batch (re-raised in the trainer as DataLoader
+re-raises a worker's, naming the worker). A worker_init_fn that raises
+fails the worker's first batch, and the worker goes on, as in DataLoader.
+
+Failures: a worker that dies fails every batch waiting for it or sent
+after, with DataLoader's words ("DataLoader worker (pid N) is killed by
+signal: Killed."), found within POLL_S for workers that are this process's
+children, else within DataLoader's own 5 s check; each worker ends within
+PARENT_POLL_S of its trainer's death (SIGKILL included; under forkserver,
+of its forkserver's). close() returns promptly: batches waiting raise
+Closed, a worker stops before its next row, and the DataLoader shuts its
+workers down in the pool's own thread (close() waits JOIN_S at most for
+it, never for a busy worker). compute(ids) spreads rows over all workers
+and waits (PartitionedLoader's windows).
+
+MissTurn orders a pass's misses by batch: batch k sends (or computes) its
+misses only after the batches before it, so that each worker sees its
+batches in DataLoader's order.
+
+Thread safety: submit(), compute(), Ticket.result(), cancel() and close()
+may be called from any thread of the trainer.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+import torch.multiprocessing
+from torch.utils.data import DataLoader, get_worker_info
 
 from .. import CacheWarning
 from ..rows import Column, encode
 
-__all__ = ["Stored", "Columns", "Sample", "Computed", "Closed", "compute_rows",
-           "MissWorkers", "PARENT_POLL_S"]
+__all__ = ["Stored", "Columns", "Sample", "Computed", "Closed", "WorkerError",
+           "compute_rows", "MissWorkers", "MissTurn", "Ticket", "PARENT_POLL_S", "POLL_S"]
 
 PARENT_POLL_S = 0.2      # a worker checks this often that its trainer lives
-_MAX_CHUNK = 1024        # rows per task sent to a worker
+POLL_S = 0.1             # the trainer checks this often that its workers live
+JOIN_S = 0.5             # close() waits this long for idle workers, never for busy ones
+_MAX_CHUNK = 1024        # rows per task of compute()
 
 
 @dataclass
@@ -71,8 +102,31 @@ class Closed(RuntimeError):
     """The loader's iterator was closed while misses were being computed."""
 
 
-def _compute(cds: Any, index: int, put: bool) -> Computed:
-    sample = cds.dataset[index]
+class WorkerError:
+    """An exception of a worker, carried to the trainer and raised there
+    as DataLoader raises a worker's: same type, the worker's traceback in
+    the message."""
+
+    def __init__(self, where: str) -> None:
+        exc_type, exc, _ = sys.exc_info()
+        self.exc_type = exc_type or RuntimeError
+        self.message = f"Caught {self.exc_type.__name__} {where}.\nOriginal " + \
+            "".join(traceback.format_exception(exc_type, exc, exc.__traceback__
+                                               if exc is not None else None))
+
+    def exception(self) -> BaseException:
+        msg: Any = self.message
+        if self.exc_type is KeyError:    # KeyError quotes its argument
+            msg = KeyError(msg)
+        try:
+            return self.exc_type(msg)
+        except Exception:   # noqa: BLE001 -- a type that wants other arguments
+            return RuntimeError(self.message)
+
+
+def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
+    """Row `index` of `ds` (the dataset cds wraps), put when `put`."""
+    sample = ds[index]
     try:
         cols = encode(sample)
     except (TypeError, ValueError) as e:
@@ -99,41 +153,52 @@ def compute_rows(cds: Any, ids: Sequence[int],
     for i in ids:
         if stopped():
             raise Closed("the CachedLoader iterator was closed")
-        out.append(_compute(cds, i, put=False))
+        out.append(_compute(cds.dataset, cds, i, put=False))
     return out
 
 
-class _Rows(Dataset[Computed]):
-    """What a worker computes: row i, put into the cache by the worker
-    (key i), or put only when `put` says so (key (i, put))."""
-
-    def __init__(self, cds: Any) -> None:
-        self.cds = cds
-
-    def __len__(self) -> int:
-        return len(self.cds)
-
-    def __getitem__(self, key: int | tuple[int, bool]) -> Computed:
-        index, put = key if isinstance(key, tuple) else (key, True)
-        return _compute(self.cds, index, put=put)
-
-
-class _Chunks:
-    """The batch sampler of the workers' DataLoader: the chunks of the
-    compute in progress."""
+class MissTurn:
+    """The batch order of a pass's misses: batch k's misses go out (to its
+    worker, or computed in the caller's thread) only once every batch
+    before it has passed the turn (sent its misses, had none, or failed),
+    so that a worker computes its batches, and num_workers=0 computes all
+    of them, in DataLoader's order, and the random draws of a dataset
+    follow it. Every batch drawn must pass (passed() once it is past;
+    again is harmless). close() releases the waiters with Closed."""
 
     def __init__(self) -> None:
-        self.chunks: list[list[Any]] = []
+        self._cond = threading.Condition()
+        self._turn = 0
+        self._passed: set[int] = set()
+        self._closed = False
 
-    def __iter__(self) -> Any:
-        return iter(self.chunks)
+    def wait(self, number: int) -> None:
+        """Returns when batch `number` has the turn."""
+        with self._cond:
+            while self._turn != number and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise Closed("the CachedLoader iterator was closed")
 
-    def __len__(self) -> int:
-        return len(self.chunks)
+    def passed(self, number: int) -> None:
+        with self._cond:
+            if number >= self._turn:
+                self._passed.add(number)
+                while self._turn in self._passed:
+                    self._passed.discard(self._turn)
+                    self._turn += 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
-def _as_list(rows: list[Computed]) -> list[Computed]:
-    return rows
+# ---- the worker side ------------------------------------------------------
+
+# The exception of this worker's worker_init_fn, for its first batch.
+_init_error: WorkerError | None = None
 
 
 def _watch_parent(parent: int) -> None:
@@ -143,77 +208,321 @@ def _watch_parent(parent: int) -> None:
 
 
 class _WorkerInit:
-    """worker_init_fn of the workers: a thread that ends the worker when its
-    trainer is gone (DataLoader's own watchdog looks every 5 s, and not
-    while the worker computes), then the user's worker_init_fn."""
+    """worker_init_fn of the workers: the worker's pid into `pids` (shared
+    memory: the trainer sees it even if the worker dies at once), a thread
+    that ends the worker when its parent is gone (DataLoader's own watchdog
+    looks only between tasks, and a worker's one task lasts the pool's
+    life), then the user's worker_init_fn, whose exception fails the
+    worker's first batch."""
 
-    def __init__(self, parent: int, user: Callable[[int], None] | None) -> None:
-        self.parent, self.user = parent, user
+    def __init__(self, pids: Any, user: Callable[[int], None] | None) -> None:
+        self.pids, self.user = pids, user
 
     def __call__(self, worker_id: int) -> None:
-        threading.Thread(target=_watch_parent, args=(self.parent,), daemon=True,
+        global _init_error
+        self.pids[worker_id] = os.getpid()
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True,
                          name="shmcache-parent-watch").start()
         if self.user is not None:
-            self.user(worker_id)
+            try:
+                self.user(worker_id)
+            except Exception:   # noqa: BLE001 -- the first batch raises it
+                _init_error = WorkerError(f"in CachedLoader worker process {worker_id}")
+
+
+class _ServeTasks:
+    """The batch sampler of the workers' DataLoader: one empty batch per
+    worker, which DataLoader deals to workers 0..n-1 in order."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return iter([[] for _ in range(self.n)])
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _Serve:
+    """The collate_fn of the workers' DataLoader: the empty batch a worker
+    gets runs its serve loop (see the module)."""
+
+    def __init__(self, cds: Any, tasks: list[Any], results: Any, stop: Any) -> None:
+        self.cds, self.tasks, self.results, self.stop = cds, tasks, results, stop
+
+    def __call__(self, _batch: list[Any]) -> list[Any]:
+        global _init_error
+        info = get_worker_info()
+        assert info is not None, "the serve loop runs in a DataLoader worker"
+        wid, ds = info.id, info.dataset
+        tasks = self.tasks[wid]
+        while not self.stop.is_set():
+            try:
+                task = tasks.get(timeout=PARENT_POLL_S)
+            except queue.Empty:
+                continue
+            if task is None:
+                break
+            key, ids, owned = task
+            if _init_error is not None:
+                error, _init_error = _init_error, None
+                self.results.put(("error", key, error))
+                continue
+            try:
+                rows = []
+                for k, i in enumerate(ids):
+                    if self.stop.is_set():
+                        return []
+                    rows.append(_compute(ds, self.cds, i, owned is None or owned[k]))
+            except Exception:   # noqa: BLE001 -- the batch's result
+                self.results.put(("error", key, WorkerError(
+                    f"in CachedLoader worker process {wid}")))
+                continue
+            self.results.put(("done", key, rows))
+        return []
+
+
+class _WorkerLoader(DataLoader[Any]):
+    """The pool's DataLoader: the CachedLoader already warned, as
+    DataLoader does, about more workers than CPUs."""
+
+    def check_worker_number_rationality(self) -> None:
+        pass
+
+
+# ---- the trainer side -----------------------------------------------------
+
+class Ticket:
+    """A submitted batch: result() waits for its rows."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._rows: list[Computed] | None = None
+        self._error: BaseException | WorkerError | None = None
+
+    def _set(self, rows: list[Computed] | None = None,
+             error: BaseException | WorkerError | None = None) -> None:
+        if not self._done.is_set():
+            self._rows, self._error = rows, error
+            self._done.set()
+
+    def result(self, timeout: float | None = None) -> list[Computed]:
+        """The batch's rows, in order; raises the batch's exception, the
+        pool's failure, or Closed; TimeoutError after `timeout` s."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("the worker has not answered")
+        err = self._error
+        if isinstance(err, WorkerError):
+            raise err.exception()
+        if err is not None:
+            raise err
+        assert self._rows is not None
+        return self._rows
+
+
+def _exit_status(pid: int) -> str | None:
+    """How worker `pid` ended, in DataLoader's words; None while it runs."""
+    try:
+        st = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:   # not our child (forkserver), or reaped
+        try:
+            os.kill(pid, 0)
+            return None
+        except ProcessLookupError:
+            return f"DataLoader worker (pid(s) {pid}) exited unexpectedly"
+    if st is None:
+        return None
+    if st.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return f"DataLoader worker (pid {pid}) is killed by signal: " \
+            f"{signal.strsignal(st.si_status)}. "
+    return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code "
+            f"{st.si_status}. Details are lost due to multiprocessing. Rerunning "
+            "with num_workers=0 may give better error trace.")
 
 
 class MissWorkers:
-    """See the module. base_seed seeds the workers (DataLoader's seeding
-    from a generator of that seed, so the trainer's torch RNG is not
-    drawn from)."""
+    """See the module. seed_state: the torch generator state the workers'
+    base seed is drawn from (as DataLoader draws it at iter(): the
+    CachedLoader passes the state its own draw started from, so the seeds
+    are the ones it drew); None: a fresh generator."""
 
     def __init__(self, cds: Any, num_workers: int, context: Any = None,
-                 base_seed: int = 0,
-                 worker_init_fn: Callable[[int], None] | None = None,
-                 timeout: float = 0) -> None:
-        self._num_workers = num_workers
-        self._chunks = _Chunks()
-        self._lock = threading.Lock()      # one compute at a time
+                 seed_state: torch.Tensor | None = None,
+                 worker_init_fn: Callable[[int], None] | None = None) -> None:
+        self.cds = cds
+        self.num_workers = num_workers
+        self._context = context
+        self._seed_state = seed_state
+        self._init_fn = worker_init_fn
+        self._lock = threading.Lock()
+        self._tickets: dict[int, Ticket] = {}
+        self._keys = 0
+        self._pids: Any = None       # worker id -> pid (0 until it started)
+        self._failed: BaseException | None = None
         self._closed = False
-        self._loader: DataLoader[Computed] | None = DataLoader(
-            _Rows(cds), batch_sampler=self._chunks, num_workers=num_workers,
-            collate_fn=_as_list, timeout=timeout,
-            worker_init_fn=_WorkerInit(os.getpid(), worker_init_fn),
-            multiprocessing_context=context, persistent_workers=True,
-            generator=torch.Generator().manual_seed(base_seed))
+        self._started = False
+        self._tasks: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        self._results: Any = None
+        self._stop: Any = None
+
+    @property
+    def pids(self) -> list[int]:
+        """The pids of the workers that have started."""
+        return [] if self._pids is None else [p for p in self._pids[:] if p]
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def broken(self) -> bool:
+        """Closed, or failed: a pool that computes nothing more."""
+        return self._closed or self._failed is not None
+
+    def submit(self, worker: int, ids: Sequence[int],
+               owned: Sequence[bool] | None = None) -> Ticket:
+        """Sends rows `ids` to worker `worker` (mod num_workers), after the
+        batches sent to it before; with `owned`, only the rows it marks
+        are put (see the module). Returns at once."""
+        ticket = Ticket()
+        with self._lock:
+            if self._failed is not None:
+                ticket._set(error=RuntimeError(str(self._failed)))
+                return ticket
+            if self._closed:
+                ticket._set(error=Closed("the CachedLoader iterator was closed"))
+                return ticket
+            if not self._started:
+                self._start_locked()
+            self._keys += 1
+            key = self._keys
+            self._tickets[key] = ticket
+            self._tasks[worker % self.num_workers].put(
+                (key, [int(i) for i in ids], None if owned is None else
+                 [bool(o) for o in owned]))
+        return ticket
 
     def compute(self, ids: Sequence[int],
                 owned: Sequence[bool] | None = None) -> list[Computed]:
-        """The rows of `ids`, in order; with `owned`, only the rows it marks
-        are put by the workers (see the module)."""
-        keys: list[Any] = list(ids) if owned is None else \
-            [(int(i), bool(o)) for i, o in zip(ids, owned)]
-        if not keys:
+        """The rows of `ids`, in order, spread over all workers (chunks of
+        at most _MAX_CHUNK rows, two per worker)."""
+        if not ids:
             return []
+        size = min(_MAX_CHUNK, max(1, -(-len(ids) // (2 * self.num_workers))))
+        tickets = [self.submit(k // size, ids[k:k + size],
+                               None if owned is None else owned[k:k + size])
+                   for k in range(0, len(ids), size)]
+        return [row for t in tickets for row in t.result()]
+
+    def cancel(self, tickets: Any) -> None:
+        """Gives up waiting for `tickets` (a closed pass of a pool that
+        lives on): they raise Closed; their workers still compute them."""
         with self._lock:
-            if self._closed or self._loader is None:
-                # A close() that came while another thread computed left the
-                # workers to the next thread here: they end now. No local
-                # may hold the DataLoader on this path: the traceback of
-                # Closed can keep this frame, and the workers with it, alive
-                # until a garbage collection.
-                self._loader = None
-                raise Closed("the CachedLoader iterator was closed")
-            loader = self._loader
-            size = min(_MAX_CHUNK, max(1, -(-len(keys) // (2 * self._num_workers))))
-            self._chunks.chunks = [keys[k:k + size] for k in range(0, len(keys), size)]
-            out: list[Computed] = []
-            try:
-                for rows in loader:
-                    if self._closed:
-                        raise Closed("the CachedLoader iterator was closed")
-                    out.extend(rows)
-            finally:
-                del loader
-                if self._closed:
-                    self._loader = None    # the workers end here, not in close()
-            return out
+            for key, t in list(self._tickets.items()):
+                if t in tickets:
+                    del self._tickets[key]
+        for t in list(tickets):
+            t._set(error=Closed("the CachedLoader iterator was closed"))
 
     def close(self) -> None:
-        """Stops computing (see the module); returns at once."""
-        self._closed = True
-        if self._lock.acquire(blocking=False):
+        """Stops computing (see the module). Idle workers and the pool's
+        threads have ended when it returns; a busy worker ends after its
+        row, without holding the caller (it waits JOIN_S at most)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            tickets, self._tickets = self._tickets, {}
+            started = self._started
+        for ticket in tickets.values():
+            ticket._set(error=Closed("the CachedLoader iterator was closed"))
+        if not started:
+            return
+        self._stop.set()
+        for q in self._tasks:
+            q.put(None)
+        me = threading.current_thread()
+        deadline = time.monotonic() + JOIN_S
+        for t in self._threads:
+            if t is not me:
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    # ---- inside ---------------------------------------------------------
+
+    def _start_locked(self) -> None:
+        ctx = self._context if self._context is not None else torch.multiprocessing
+        self._tasks = [ctx.Queue() for _ in range(self.num_workers)]
+        self._results = ctx.Queue()
+        self._stop = ctx.Event()
+        self._pids = ctx.Array("q", self.num_workers, lock=False)
+        gen = torch.Generator()
+        if self._seed_state is not None:
+            gen.set_state(self._seed_state)
+        else:
+            gen.seed()
+        loader = _WorkerLoader(
+            self.cds.dataset, batch_sampler=_ServeTasks(self.num_workers),
+            num_workers=self.num_workers,
+            collate_fn=_Serve(self.cds, self._tasks, self._results, self._stop),
+            worker_init_fn=_WorkerInit(self._pids, self._init_fn),
+            multiprocessing_context=self._context,
+            generator=gen, prefetch_factor=1)
+        self._started = True
+        self._threads = [
+            threading.Thread(target=self._run_loader, args=(loader,), daemon=True,
+                             name="shmcache-miss-workers"),
+            threading.Thread(target=self._read_results, daemon=True,
+                             name="shmcache-miss-results")]
+        for t in self._threads:
+            t.start()
+
+    def _run_loader(self, loader: DataLoader[Any]) -> None:
+        """Starts the workers and waits for their serve loops to end; a
+        failure DataLoader finds (a worker gone, found by its own check)
+        fails the pool. The DataLoader shuts its workers down here."""
+        try:
+            for _ in loader:
+                pass
+        except BaseException as e:   # noqa: BLE001 -- fails the pool
+            self._fail(e)
+
+    def _read_results(self) -> None:
+        results = self._results
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
             try:
-                self._loader = None        # idle workers: they exit now
-            finally:
-                self._lock.release()
+                msg = results.get(timeout=POLL_S)
+            except queue.Empty:
+                self._check_workers()
+                continue
+            except (EOFError, OSError) as e:
+                self._fail(RuntimeError(f"the CachedLoader's workers are gone: {e}"))
+                return
+            with self._lock:
+                ticket = self._tickets.pop(msg[1], None)
+            if ticket is not None:
+                if msg[0] == "done":
+                    ticket._set(rows=msg[2])
+                else:
+                    ticket._set(error=msg[2])
+
+    def _check_workers(self) -> None:
+        for pid in self.pids:
+            why = _exit_status(pid)
+            if why is not None:
+                self._fail(RuntimeError(why))
+                return
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._closed or self._failed is not None:
+                return
+            self._failed = error
+            tickets, self._tickets = self._tickets, {}
+        for t in tickets.values():
+            t._set(error=RuntimeError(str(error)))
+        self.close()

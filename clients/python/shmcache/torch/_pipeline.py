@@ -6,17 +6,23 @@ Each of the pass's threads takes the next batch number and its batch from
 the pass's BatchSource (at most `prefetch` batches ahead of the consumer),
 assembles it (BatchAssembler), settles it with the source, and files the
 result under its number; the consumer takes the results in number order
-and raises a failed batch's exception in its place. The tuner
-(_autotune.py) may add threads between batches.
+and raises a failed batch's exception in its place, then goes on with the
+next batch, as DataLoader does. The tuner (_autotune.py) may add threads
+between batches; once the pass's misses went to worker processes, at
+least prefetch_factor * num_workers threads assemble and as many batches
+are in flight (as DataLoader keeps its workers' queues full), so that
+every worker computes at once.
 
-Ending: an exhausted source, a failed batch, a timeout, close() or the
-iterator's garbage collection (an early break) stop the threads and the
-miss workers without waiting for a row in flight: a thread between batches
-ends at once; one computing a row ends after it (nothing new starts).
+Ending: an exhausted source, a source's exception, a timeout, close() or
+the iterator's garbage collection (an early break) stop the threads and
+the pass's miss workers without waiting for a row in flight: a thread
+between batches ends at once; one computing a row ends after it (nothing
+new starts).
 """
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from typing import Any
@@ -25,6 +31,7 @@ import torch
 
 from ._assemble import BatchAssembler
 from ._autotune import AutoTune
+from ._misses import MissTurn
 from ._row_schema import BufferPool
 from .batch_source import BatchReport, BatchSource, batch_ids
 
@@ -37,7 +44,9 @@ class LoaderState:
     """What a CachedLoader keeps across its passes: the tuner, the row
     layout learned from the first row (a RowSchema; None: not seen yet;
     False: rows go through collate), the batch buffers reused by later
-    batches and passes, and the counters (guarded by a lock)."""
+    batches and passes, the counters (guarded by a lock), and with
+    persistent_workers the miss workers and the generator state their seed
+    was drawn from."""
 
     def __init__(self, tuner: AutoTune) -> None:
         self.tuner = tuner
@@ -49,6 +58,8 @@ class LoaderState:
         self.counts: dict[str, float] = dict(
             batches=0, samples=0, hits=0, misses=0, bytes=0, wait_s=0.0, step_s=0.0,
             busy_s=0.0)
+        self.pool: Any = None
+        self.seed_state: torch.Tensor | None = None
 
     def count(self, **delta: float) -> None:
         with self.lock:
@@ -66,12 +77,21 @@ class LoaderIter:
     closes them."""
 
     def __init__(self, loader: Any, state: LoaderState, source: BatchSource) -> None:
-        # As DataLoader: the workers' seed from torch's generator at iter(),
-        # the sampler's own draws at the first next() (in this thread).
+        # As DataLoader: the workers' seed drawn from torch's generator at
+        # iter() (once, with persistent workers), the sampler's own draws at
+        # the first next() (in this thread). The workers draw the same seed
+        # again from the state this draw started from.
         self._loader = loader
         self._state = state
-        self._base_seed = int(torch.empty((), dtype=torch.int64).random_(
-            generator=loader.generator).item())
+        if loader.persistent_workers and state.seed_state is not None:
+            seed_state = state.seed_state
+        else:
+            gen = loader.generator
+            seed_state = (gen if gen is not None else torch.default_generator).get_state()
+            torch.empty((), dtype=torch.int64).random_(generator=gen)
+            if loader.persistent_workers:
+                state.seed_state = seed_state
+        self._seed_state = seed_state
         self._source = source
         self._pipe: Pipeline | None = None
         self._closed = False
@@ -85,7 +105,7 @@ class LoaderIter:
                 raise StopIteration
             first = next(self._source, None)
             self._pipe = Pipeline(self._loader, self._state, self._source, first,
-                                  self._base_seed)
+                                  self._loader.workers_for_pass(self._seed_state))
         return self._pipe.next()
 
     def __len__(self) -> int:
@@ -110,11 +130,13 @@ class Pipeline:
     round of all ranks, which may need this rank's consumer to move)."""
 
     def __init__(self, loader: Any, state: LoaderState, source: BatchSource,
-                 first: Any, base_seed: int) -> None:
+                 first: Any, pool: Any) -> None:
         self.loader = loader
         self.state = state
         self.tuner = state.tuner
-        self.assembler = BatchAssembler(loader, state, base_seed)
+        self.auto = loader._auto_collation     # batches, not samples one by one
+        self.turn = MissTurn()
+        self.assembler = BatchAssembler(loader, state, pool, self.turn, self._workers_busy)
         self._draw = threading.Lock()
         self.cond = threading.Condition()
         self._source, self._first = source, first
@@ -124,14 +146,29 @@ class Pipeline:
         self.live = 0
         self.threads: list[threading.Thread] = []
         self.stopped = False
+        self.floor = 0     # threads and batches in flight once workers compute
         self._last: float | None = None       # when the previous batch was returned
         with self.cond:
             self._spawn_locked()
 
     # ---- threads --------------------------------------------------------
 
+    def _threads(self) -> int:
+        return max(self.tuner.threads, self.floor)
+
+    def _depth(self) -> int:
+        return max(self.tuner.prefetch, self.floor)
+
+    def _workers_busy(self) -> None:
+        """Misses went to worker processes: keep every worker computing."""
+        with self.cond:
+            if not self.floor:
+                self.floor = self.loader.prefetch_factor * self.loader.num_workers
+                self._spawn_locked()
+                self.cond.notify_all()
+
     def _spawn_locked(self) -> None:
-        while self.live < self.tuner.threads and not self.stopped and \
+        while self.live < self._threads() and not self.stopped and \
                 (self.end is None or self.next_no < self.end):
             self.live += 1
             t = threading.Thread(target=self._run, daemon=True,
@@ -143,11 +180,11 @@ class Pipeline:
         """Waits until this thread may take the next batch; False when it
         should end instead."""
         while True:
-            if self.stopped or self.live > self.tuner.threads:
+            if self.stopped or self.live > self._threads():
                 return False
             if self.end is not None and self.next_no >= self.end:
                 return False
-            if self.next_no < self.consumed + self.tuner.prefetch:
+            if self.next_no < self.consumed + self._depth():
                 return True
             self.cond.wait()
 
@@ -174,6 +211,7 @@ class Pipeline:
                     self.end = self.next_no
                     self.ready[self.next_no - 1] = (False, item, 0)
                     self.cond.notify_all()
+                    self.turn.passed(self.next_no - 1)
                     return None
                 return self.next_no - 1, item
 
@@ -190,12 +228,13 @@ class Pipeline:
             report = BatchReport()
             result: tuple[bool, Any, int]
             try:
-                batch, nbytes = self.assembler.assemble(batch_ids(item.indices), item,
-                                                        report)
+                ids = batch_ids(item.indices) if self.auto else [_row_id(item.indices)]
+                batch, nbytes = self.assembler.assemble(number, ids, item, report)
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer
                 result = (False, e, 0)
             finally:
+                self.turn.passed(number)
                 item.settle(report)
             self.state.count(busy_s=time.monotonic() - t0)
             with self.cond:
@@ -220,7 +259,7 @@ class Pipeline:
         waited, step = now - t0, now - (self._last or t0)
         self._last = now
         if not ok:
-            self.close()
+            # As DataLoader: this batch raises, the pass goes on.
             raise batch
         self.state.count(batches=1, bytes=nbytes, wait_s=waited, step_s=step)
         if self.tuner.observe(waited, step, nbytes, self.state.counts["busy_s"],
@@ -239,8 +278,9 @@ class Pipeline:
                 if self.stopped or (self.end is not None and self.consumed >= self.end):
                     return None
                 if not self.cond.wait(timeout) and timeout:
-                    raise RuntimeError(f"CachedLoader timed out after {timeout} "
-                                       "seconds waiting for a batch")
+                    raise RuntimeError(f"DataLoader timed out after {self.loader.timeout} "
+                                       f"seconds (CachedLoader, waiting for batch "
+                                       f"{self.consumed})")
             item = self.ready.pop(self.consumed)
             self.consumed += 1
             self.cond.notify_all()
@@ -254,6 +294,7 @@ class Pipeline:
             self.cond.notify_all()
             threads = list(self.threads)
         # A thread reaching a compute after this gets Closed.
+        self.turn.close()
         self.assembler.close()
         # Threads between rows end at once; one computing a row ends after
         # it (nothing new starts: stopped is set), without holding us here.
@@ -264,3 +305,13 @@ class Pipeline:
                 t.join(max(0.0, deadline - time.monotonic()))
         with self.cond:
             self.ready.clear()
+
+
+def _row_id(index: Any) -> int:
+    """A sampler's element as a row id (batch_size=None: one per batch)."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        raise TypeError(f"CachedLoader with batch_size=None reads one row per sampler "
+                        f"element, and rows are keyed by integer index: got "
+                        f"{type(index).__name__} {index!r}") from None

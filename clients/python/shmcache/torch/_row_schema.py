@@ -24,7 +24,7 @@ import torch
 
 from .. import DatasetCache
 from ..rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
-                   torch_dtype)
+                   split_name, torch_dtype)
 
 __all__ = ["read_columns", "RowSchema", "BufferPool", "decode_sample", "project"]
 
@@ -117,10 +117,12 @@ class RowSchema:
     def of(cls, cols: Sequence[Column],
            columns: ColumnSelection = None) -> RowSchema | None:
         """The schema of a row's [(name, dtype, array)], or None when a column
-        cannot go into a batch buffer (bytes, a dtype torch lacks)."""
+        cannot go into a batch buffer (bytes, a dtype torch lacks, a PIL
+        image: a sample holds it as an image, not as a tensor)."""
         out = []
         for name, tag, a in cols:
-            if tag not in DTYPES or torch_dtype(tag) is None or a.dtype.hasobject:
+            if tag not in DTYPES or torch_dtype(tag) is None or a.dtype.hasobject \
+                    or split_name(name)[1]:
                 return None
             out.append(_Column(name, tag, a.dtype, tuple(a.shape)))
         kind = "leaf" if _single(columns) else row_kind([n for n, _, _ in cols])

@@ -19,10 +19,16 @@ A source is an iterator of batches (SourcedBatch):
 
 A batch:
 - indices: its dataset indices (ints, 0-d tensors, or one index tensor);
-- supplied(index): the row to use where this cache misses (a row as
-  DatasetCache.get returns it), or None;
+- supplied(index): the row to use where this cache misses, in the cache's
+  own encoding (its columns [(name, dtype name, array)], as
+  DatasetCache.get_columns returns them and shmcache.rows.encode makes
+  them: it decodes as a hit of it would), or None;
 - keeps(index): whether a row computed for a miss goes into this process's
   cache; the ones it does not keep come back in the report;
+- in_cache(index), optional: False for a row that cannot be in this
+  process's cache (another node's), which is then not looked up there (a
+  lookup would count as one of the cache's misses); without it, every row
+  is looked up;
 - settle(report): called once for every batch drawn, from the thread that
   assembled it, when it is assembled or failed (a BatchReport).
 """

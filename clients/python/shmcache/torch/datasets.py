@@ -12,8 +12,8 @@ numbers become 0-d tensors, bytes stay bytes, PIL images stay PIL images),
 whether it was a hit or a miss: both go through shmcache.rows.decode, so
 every epoch sees the same types. torch 1.13 has no uint16/32/64: those
 become int32/int64. A sample the cache cannot hold (a value with no column
-type, more columns or longer names than a row may have) is delivered as the
-dataset made it, after one CacheWarning.
+type, a Python int outside int64, more columns or longer names than a row
+may have) is delivered as the dataset made it, after one CacheWarning.
 
 transform= and target_transform= work as torchvision's datasets': for a
 tuple sample (input, target, ...), transform applies to the input and
@@ -35,6 +35,7 @@ the row (see shmcache.async_put for the queue bound, drops and exit).
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -97,7 +98,10 @@ class CachedDataset(Dataset):
     cache: a shmcache.DatasetCache (its session and size are used; the name
       is this dataset's); default DatasetCache(), the session of
       $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
-      the dataset (class, length, root/path, transform repr).
+      the dataset (class, length, root/path, transform repr) and of its
+      contents (shmcache.torch.dataset_identity: its files' sizes and
+      mtimes, or a few samples), taken once, here; ValueError when the
+      contents cannot be told (pass name=).
     transform, target_transform: applied after the cache, on every access
       (the place for random augmentation), torchvision's way: for a tuple
       sample, transform to its first element and target_transform to its
@@ -137,6 +141,9 @@ class CachedDataset(Dataset):
     # sample goes out without a transform.
     _hit_copy: bool | None = None
     _plain: bool = True
+    # Whether a batch's samples are read and transformed one at a time
+    # (rows of PIL images under a transform; see __getitems__).
+    _one_by_one: bool = False
 
     def __init__(self, dataset: Any, cache: DatasetCache | None = None,
                  name: str | None = None,
@@ -183,6 +190,7 @@ class CachedDataset(Dataset):
         # after which no attribute load of this object is specialized (the
         # short path's three loads cost a sixth of a small hit then).
         object.__setattr__(self, "_hit_copy", None)
+        object.__setattr__(self, "_one_by_one", False)
 
     def _new_putter(self) -> AsyncPutter | None:
         return AsyncPutter(self._put_rows, self.put_queue) if self.async_puts else None
@@ -277,11 +285,20 @@ class CachedDataset(Dataset):
         """The samples of a batch (DataLoader's fetcher calls this). Hits of
         all columns are read with one batched call (rows spilled to disk
         are read from the spill database by this process, in one batch);
-        projections go row by row."""
+        projections go row by row. Rows of PIL images that a transform
+        turns into something else go row by row too, once seen: each image
+        made, transformed and freed before the next, as an uncached
+        ImageFolder makes them (a batch of images alive at once costs its
+        memory's page faults again every batch, more than the batched
+        lookup saves)."""
         indices = [int(i) for i in indices]
-        if self.columns is not None:
+        if self.columns is not None or self._one_by_one:
             return [self[i] for i in indices]
         rows = self.cache.read_rows(indices, self._mode()[0], True)
+        plain = self.transform is None and self.target_transform is None and \
+            self.transforms is None
+        if not plain and any(_has_pil(row) for row in rows):
+            self.__dict__["_one_by_one"] = True
         return [self.apply_transforms(row if row is not None else self._miss(i))
                 for i, row in zip(indices, rows)]
 
@@ -328,6 +345,16 @@ class CachedDataset(Dataset):
         if isinstance(sample, dict):
             return {c: sample[c] for c in cols}
         return tuple(sample[c] for c in cols)
+
+
+def _has_pil(row: Any) -> bool:
+    """Whether a row read from the cache holds a PIL image."""
+    pil = sys.modules.get("PIL.Image")
+    if pil is None or row is None:
+        return False
+    values = row.values() if isinstance(row, dict) else \
+        row if isinstance(row, tuple) else (row,)
+    return any(isinstance(v, pil.Image) for v in values)
 
 
 class CachedIterableDataset(IterableDataset):

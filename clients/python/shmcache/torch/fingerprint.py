@@ -1,7 +1,9 @@
 """The cache a dataset gets: its name is a fingerprint of the dataset
-(class, length, root/path resolved, the repr of its transforms), so that two
-pipelines that differ never share a cache by accident, and a trainer and
-`python3 -m shmcache.prefill` over the same dataset find the same one.
+(class, length, root/path resolved, the repr of its transforms) and of its
+contents (shmcache.torch.dataset_identity: its files' sizes and mtimes, or
+a few samples), so that two pipelines or two datasets that differ never
+share a cache by accident, and a trainer and `python3 -m shmcache.prefill`
+over the same dataset find the same one.
 
     cache_for_dataset(ImageFolder(root, transform=decode), DatasetCache(S))
 
@@ -21,6 +23,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .. import DatasetCache
+from .dataset_identity import content_identity
 
 __all__ = ["dataset_fingerprint", "cache_for_dataset"]
 
@@ -103,12 +106,19 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                       allow_random: bool = False) -> DatasetCache:
     """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
     uses: cache's session and size (default DatasetCache(): the session of
-    $SHMCACHE_SESSION_ID), name default the fingerprint."""
+    $SHMCACHE_SESSION_ID). Without `name`, the cache is named by the
+    dataset's description (dataset_fingerprint) and its contents
+    (shmcache.torch.dataset_identity: its files' sizes and mtimes, or a few
+    samples), so two datasets that differ in either never share a cache;
+    ValueError when the contents cannot be told (pass name=). With `name`,
+    nothing is read: the fingerprint checked at open is the description's."""
     if cache is None:
         cache = DatasetCache()
     if not isinstance(cache, DatasetCache):
         raise TypeError(f"cache must be a shmcache.DatasetCache, got "
                         f"{type(cache).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError("name must be a str")
     desc = dataset_fingerprint(dataset)
     if not allow_random and _RANDOM_TRANSFORM.search(desc):
         raise ValueError(
@@ -116,7 +126,7 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
             "the first epoch's random choices. Cache the deterministic part "
             "and pass the random transforms as transform=..., or pass "
             "allow_random=True")
+    if not name:
+        desc += "|content=" + content_identity(dataset)
     fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
-    if name is not None and not isinstance(name, str):
-        raise TypeError("name must be a str")
     return cache.named(name or fp, fp)

@@ -1,17 +1,32 @@
-"""CachedLoader: a batch loader that reads hits straight from the cache into
-preallocated batch tensors, in threads of the trainer's process.
+"""CachedLoader: a torch DataLoader whose batches come from the cache: hits
+are read straight into preallocated batch tensors, in threads of the
+trainer's process; misses are computed by DataLoader workers.
 
     from shmcache.torch import CachedDataset, CachedLoader
     loader = CachedLoader(CachedDataset(ds, cache), batch_size=64, shuffle=True,
                           num_workers=2)      # was: DataLoader(CachedDataset(...))
 
 Contract:
+- It is a DataLoader (a subclass): DataLoader's arguments, in its order and
+  with its defaults, checked as DataLoader checks them (same errors and
+  warnings, the too-many-workers one included) and fixed after
+  construction as DataLoader's are; len(); CachedLoader[T] as
+  DataLoader[T]. The loader's own options follow by keyword.
 - Batches are what DataLoader(CachedDataset(...)) yields with the same
   arguments (default_collate or collate_fn: same types, shapes, dtypes and
-  values), in the batch sampler's order; the sampler is iterated as
-  DataLoader iterates it (the workers' seed drawn from torch's generator at
-  iter(), the sampler started at the first next(), in the consumer's
-  thread), so shuffles match under the same torch.manual_seed.
+  values; batch_size=None: samples one by one through collate_fn,
+  default_convert by default), in the sampler's order; the sampler is
+  iterated as DataLoader iterates it (the workers' seed drawn from torch's
+  generator at iter(), once with persistent_workers; the sampler started at
+  the first next(), in the consumer's thread), so shuffles match under the
+  same torch.manual_seed.
+- A batch that fails (its dataset raised, a worker died) raises its
+  exception at its next(), as DataLoader's does (a worker's exception
+  re-raised with its type, naming the worker), and the pass goes on with
+  the batches after it. A sampler's exception is raised by the next() that
+  would have returned its batch, and ends the pass. timeout=: next()
+  raises RuntimeError("DataLoader timed out after N seconds ...") and the
+  pass ends.
 - Rows of one fixed layout (a tuple/dict/array of fixed-shape columns)
   are read by DatasetCache.read_into (native threads, GIL released) into
   the batch's tensors, `prefetch` batches ahead of the consumer, by
@@ -20,17 +35,23 @@ Contract:
   them from the spill database in this process (with the batch's
   in-memory rows), so the next batches' disk reads overlap the trainer's
   work on this one.
-- Misses are computed by _misses.py: with num_workers > 0 by the
-  workers of a DataLoader over the missing indices (DataLoader's seeding
-  from the pass's seed, worker_init_fn, multiprocessing_context, timeout=,
-  errors), which put them into the cache themselves; the loader then reads
-  them like hits, and only rows the cache did not take come back pickled
-  (and are queued for the cache once more by the trainer's process, whose
-  cache warns once when it stopped taking rows). With num_workers=0 misses
-  are computed in the loader's threads, one at a time, and queued like
-  CachedDataset's misses. Either way they land in the same batch positions.
-  A sample with no column encoding is delivered as the dataset made it
-  (one CacheWarning). Rows of another layout (variable shapes, bytes) go
+- Misses (_misses.py) leave in batch order: with num_workers > 0, batch k's
+  misses go to worker k mod num_workers, as DataLoader deals batches, and
+  prefetch_factor * num_workers batches are in flight once misses went
+  out, so every worker computes at once on a cold pass. The workers are a
+  DataLoader's (started at the pass's first miss; with persistent_workers
+  kept for the loader's life): worker_init_fn, get_worker_info() (its
+  .dataset the user's dataset, the one computing samples), seeds
+  base_seed + worker id for torch, random and numpy as DataLoader seeds
+  them, multiprocessing_context. Each worker puts the rows it computes
+  into the cache; the loader reads them like hits, and only rows the cache
+  did not take come back pickled (and are queued for the cache once more
+  by the trainer's process, whose cache warns once when it stopped taking
+  rows). With num_workers=0 misses are computed in the loader's threads,
+  one batch at a time in batch order, and queued like CachedDataset's
+  misses. Either way they land in the same batch positions. A sample with
+  no column encoding is delivered as the dataset made it (one
+  CacheWarning). Rows of another layout (variable shapes, bytes) go
   through collate of the samples, as in DataLoader.
 - Indices from the sampler may be ints or tensors (0-d, or a batch as one
   index tensor).
@@ -42,36 +63,39 @@ Contract:
   side stream where CUDA is available; pin_memory=True without CUDA warns
   once (as DataLoader) and goes on unpinned; device="cuda" without CUDA
   raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
+  pin_memory_device is accepted (pinned memory is CUDA's).
 - An iterator that is exhausted, closed (close()) or garbage-collected
-  (early break) stops its threads and worker processes and drops its
-  prefetched batches, without waiting for a row in flight (the thread or
-  worker computing it ends after it; nothing new starts). The loader keeps
-  the buffers of at most prefetch + num_threads + 2 batches for reuse by
-  later batches and passes (freed with the loader); a buffer is reused
-  only once no tensor over it is alive. A cache whose daemon dies degrades to misses (one
-  CacheWarning from the cache), so the epoch finishes from the source.
-- A sampler's exception is raised by the next() that would have returned
-  its batch, after the batches before it, and ends the pass.
+  (early break) stops its threads and worker processes (not persistent
+  ones) and drops its prefetched batches, without waiting for a row in
+  flight (the thread or worker computing it ends after it; nothing new
+  starts). The loader keeps the buffers of at most prefetch + num_threads
+  + 2 batches for reuse by later batches and passes (freed with the
+  loader); a buffer is reused only once no tensor over it is alive. A
+  cache whose daemon dies degrades to misses (one CacheWarning from the
+  cache), so the epoch finishes from the source.
 - iter_source(source) runs a pass over a BatchSource (batch_source.py)
   instead of the batch sampler: PartitionedLoader's passes.
 
 Where the parts are: _pipeline.py (a pass: its threads, order, prefetch,
 close), _assemble.py (one batch), _row_schema.py (the batch's buffers and
-layout), _misses.py (the miss workers), _device.py (pinning, the copy to
-the device), _autotune.py (num_threads / prefetch "auto").
+layout), _misses.py (the miss workers, the batch order of misses),
+_device.py (pinning, the copy to the device), _autotune.py (num_threads /
+prefetch "auto").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Literal
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, Sampler
 
 from .. import DatasetCache
 from ._autotune import AutoTune, usable_cpus
 from ._device import batch_device
+from ._misses import MissWorkers
 from ._pipeline import LoaderIter, LoaderState
 from .batch_source import BatchSource, SamplerSource
 from .datasets import CachedDataset
@@ -81,6 +105,8 @@ __all__ = ["CachedLoader"]
 DEFAULT_THREADS = 2
 DEFAULT_PREFETCH = 4
 DEFAULT_PREFETCH_BYTES = 1 << 30
+
+T_co = TypeVar("T_co", covariant=True)
 
 
 def _setting(name, value, default):
@@ -92,21 +118,42 @@ def _setting(name, value, default):
     return value, False
 
 
-class CachedLoader:
-    """DataLoader's arguments, in its order (`cache` and the loader's own
-    options by keyword); see the module for the contract.
+class CachedLoader(DataLoader[T_co]):
+    """A torch DataLoader whose batches come from the cache: DataLoader's
+    arguments, in its order and with its defaults (checked as DataLoader
+    checks them; fixed after construction as DataLoader's are), then the
+    loader's own options by keyword. See the module for the contract.
 
     dataset: a shmcache.torch.CachedDataset, or a map-style dataset to wrap
       in CachedDataset(dataset, cache, name=name, allow_random=...).
-    num_workers: processes computing misses (0: in the loader's threads).
+    batch_size, shuffle, sampler, batch_sampler, drop_last, generator:
+      DataLoader's batches, drawn as DataLoader draws them; batch_size=None
+      delivers samples one by one (collate_fn default_convert).
+    collate_fn: as DataLoader's (rows of one fixed layout under
+      default_collate are read straight into the batch's tensors).
+    num_workers: DataLoader worker processes computing misses (0: in the
+      loader's threads, in batch order); batch k's misses go to worker
+      k mod num_workers. worker_init_fn, multiprocessing_context: as
+      DataLoader's, in those workers (get_worker_info().dataset is the
+      user's dataset, the one that computes samples).
+    prefetch_factor: batches of misses in flight per worker on a cold pass
+      (as DataLoader's); persistent_workers: keep the workers from one pass
+      to the next (started at the first miss, seeded once).
+    timeout: seconds next() waits for a batch before RuntimeError
+      ("DataLoader timed out after ... seconds").
+    pin_memory: pinned batches with CUDA (without it: one warning, as
+      DataLoader); pin_memory_device: accepted (pinned memory is CUDA's).
     num_threads, prefetch: threads assembling batches and batches kept
       ready ahead of the consumer; "auto" (default) tunes them at run time.
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
+    transform, batch_transform: run per sample after the cache, and per
+      batch. device: "cuda" copies batches to the GPU on a side stream.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1,
-                 shuffle: bool | None = None, sampler: Iterable[int] | None = None,
-                 batch_sampler: Iterable[list[int]] | None = None,
+                 shuffle: bool | None = None,
+                 sampler: Sampler[Any] | Iterable[Any] | None = None,
+                 batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None = None,
                  num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None,
                  pin_memory: bool = False, drop_last: bool = False,
@@ -114,6 +161,8 @@ class CachedLoader:
                  worker_init_fn: Callable[[int], None] | None = None,
                  multiprocessing_context: Any = None,
                  generator: torch.Generator | None = None, *,
+                 prefetch_factor: int = 2, persistent_workers: bool = False,
+                 pin_memory_device: str = "",
                  cache: DatasetCache | None = None,
                  prefetch: int | Literal["auto"] = "auto",
                  num_threads: int | Literal["auto"] = "auto",
@@ -130,37 +179,22 @@ class CachedLoader:
         elif cache is not None:
             raise ValueError("cache= is for a plain dataset; this CachedDataset "
                              "already has its cache")
-        if batch_size is None:
-            raise ValueError("batch_size=None (no batching) is not supported: use "
-                             "DataLoader(CachedDataset(...)) for single samples")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) \
-                or num_workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        self.dataset = dataset
-        self.batch_sampler = _batch_sampler(dataset, batch_size, shuffle, sampler,
-                                            batch_sampler, drop_last, generator)
-        self.sampler = getattr(self.batch_sampler, "sampler", None)
-        self.batch_size = None if batch_sampler is not None else batch_size
-        self.drop_last = drop_last
-        self.num_workers = num_workers
-        self.collate_fn = collate_fn
-        self.pin_memory = pin_memory
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.generator = generator
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                         collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                         multiprocessing_context, generator, prefetch_factor=prefetch_factor,
+                         persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device)
         self.batch_transform = batch_transform
         self.transform = self._sample_transform(
             None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = batch_device(device, pin_memory)
-        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self._pinned = bool(pin_memory) and torch.cuda.is_available()
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._state = LoaderState(AutoTune(threads, depth, auto_t, auto_p,
                                            max_threads=max(DEFAULT_THREADS, 2 * usable_cpus()),
                                            max_bytes=max_prefetch_bytes))
+        self._iters = 0
 
     @staticmethod
     def _sample_transform(first, second):
@@ -168,23 +202,47 @@ class CachedLoader:
             return first or second
         return lambda sample: second(first(sample))
 
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._get_iterator()
 
-    def __iter__(self) -> LoaderIter:
-        return LoaderIter(self, self._state, SamplerSource(self.batch_sampler))
+    def _get_iterator(self) -> LoaderIter:  # type: ignore[override]
+        return self.iter_source(SamplerSource(self._index_sampler))
 
     def iter_source(self, source: BatchSource) -> LoaderIter:
         """A pass whose batches come from `source` instead of the batch
         sampler (shmcache.torch.batch_source: its rows supplied where the
         cache misses, the computed rows it keeps, a report per batch);
         otherwise as iter(self). PartitionedLoader runs its passes so."""
+        # As DataLoader: the warning about more workers than CPUs at every
+        # iter(), once with persistent workers.
+        if self.num_workers > 0 and not (self.persistent_workers and self._iters):
+            self.check_worker_number_rationality()
+        self._iters += 1
         return LoaderIter(self, self._state, source)
+
+    def workers_for_pass(self, seed_state: torch.Tensor) -> MissWorkers | None:
+        """The pool a pass computes misses with (None: num_workers=0): its
+        own, seeded from `seed_state`, or with persistent_workers the
+        loader's, kept in its state (a failed one is replaced)."""
+        if self.num_workers == 0:
+            return None
+        if not self.persistent_workers:
+            return MissWorkers(self.dataset, self.num_workers, self.multiprocessing_context,
+                               seed_state, self.worker_init_fn)
+        state = self._state
+        with state.lock:
+            if state.pool is None or state.pool.broken:
+                state.pool = MissWorkers(self.dataset, self.num_workers,
+                                         self.multiprocessing_context, seed_state,
+                                         self.worker_init_fn)
+                weakref.finalize(self, state.pool.close)
+            return state.pool
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until the rows this process queued for the cache are stored
         (CachedDataset.flush)."""
-        return self.dataset.flush(timeout)
+        cds: Any = self.dataset
+        return cds.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters since the loader was made (all its iterators) and the
@@ -210,19 +268,4 @@ def _plain(cds):
     return all(getattr(cds, a, None) is None
                for a in ("transform", "target_transform", "transforms"))
 
-
-def _batch_sampler(dataset, batch_size, shuffle, sampler, batch_sampler,
-                   drop_last, generator):
-    """The batch sampler DataLoader builds from the same arguments."""
-    if batch_sampler is not None:
-        if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ValueError("batch_sampler option is mutually exclusive with "
-                             "batch_size, shuffle, sampler, and drop_last")
-        return batch_sampler
-    if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
-    if sampler is None:
-        sampler = RandomSampler(dataset, generator=generator) if shuffle \
-            else SequentialSampler(dataset)
-    return BatchSampler(sampler, batch_size, drop_last)
 

@@ -19,9 +19,14 @@ that has nothing to ask calls it with done=True and still answers; the
 round in which every rank says done (everyone knows it after step 1) is the
 last, and it moves no bytes.
 
-Rows travel as numpy arrays and bytes (what DatasetCache.get returns) in
-one buffer per pair of ranks: a pickled description (structure, dtypes,
-shapes) followed by the arrays' bytes.
+Rows travel in the cache's own row encoding, the columns [(name, dtype
+name, array)] that DatasetCache.get_columns returns and put_columns takes
+(shmcache.rows): the stored names (a PIL image's mode in its column name),
+the row model's dtype names (bfloat16, bytes) and the bytes, so a row from
+another node decodes (shmcache.rows.decode) exactly as a local hit does. One
+buffer per pair of ranks: a pickled description (ids; per row its columns'
+names, dtype names, numpy dtypes and shapes) followed by the arrays' bytes,
+each 8-byte aligned.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ from ... import DatasetCache
 from ... import rows as row_model
 from .ownership import RowOwners
 
-__all__ = ["RowExchange", "pack_rows", "unpack_rows", "numpy_row"]
+__all__ = ["RowExchange", "pack_rows", "unpack_rows"]
 
 _HEADER = 6          # int64 per (sender, receiver) in step 1
 _LEN = 8             # bytes of the description's length
+_ALIGN = 8           # every array starts at a multiple of this in a buffer
 
 
 def _contiguous(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -51,56 +57,48 @@ def _contiguous(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return a if a.flags.c_contiguous else np.array(a, order="C")
 
 
-def numpy_row(row: Any) -> Any:
-    """`row` as DatasetCache.get returns it once cached (numpy arrays or
-    bytes, structure kept): the row model's encoding read back, so a
-    computed row and a cached one give the same sample."""
-    return row_model.decode(row_model.encode(row))
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
-def _leaf_spec(v: Any, leaves: list[Any]) -> Any:
-    if isinstance(v, bytes):
-        leaves.append(v)
-        return ("b", len(v))
-    a = _contiguous(np.asarray(v))
-    leaves.append(a)
-    return ("a", a.dtype.str, a.shape, a.nbytes)
-
-
-def _row_spec(row: Any, leaves: list[Any]) -> Any:
-    if isinstance(row, dict):
-        return ("d", [(k, _leaf_spec(v, leaves)) for k, v in row.items()])
-    if isinstance(row, (tuple, list)):
-        return ("t", [_leaf_spec(v, leaves) for v in row])
-    return ("x", _leaf_spec(row, leaves))
+def _row_spec(cols: Sequence[row_model.Column], leaves: list[Any]) -> Any:
+    """[(name, dtype name, numpy dtype, shape)] of a row's columns; their
+    arrays are appended to `leaves`."""
+    spec = []
+    for name, dtype, a in cols:
+        a = _contiguous(np.asarray(a))
+        leaves.append(a)
+        spec.append((name, dtype, a.dtype.str, a.shape))
+    return spec
 
 
 class _Packed:
-    """Rows described and sized, to be written into a buffer (pack_rows)."""
+    """Rows (columns, or None for a miss) described and sized, to be
+    written into a buffer (pack_rows)."""
 
     def __init__(self, ids: Sequence[int], rows: Sequence[Any]) -> None:
-        self.leaves: list[Any] = []
+        self.leaves: list[npt.NDArray[Any]] = []
         specs = [None if r is None else _row_spec(r, self.leaves) for r in rows]
         self.meta = pickle.dumps((list(ids), specs), protocol=pickle.HIGHEST_PROTOCOL)
-        self.sizes = [len(x) if isinstance(x, bytes) else x.nbytes for x in self.leaves]
-        self.nbytes = _LEN + len(self.meta) + sum(self.sizes)
+        self.nbytes = _aligned(_LEN + len(self.meta)) + \
+            sum(_aligned(x.nbytes) for x in self.leaves)
 
     def write(self, out: npt.NDArray[np.uint8]) -> None:
-        """Writes the rows into out[:self.nbytes] (one copy of each leaf)."""
+        """Writes the rows into out[:self.nbytes] (one copy of each array)."""
         out[:_LEN] = np.array([len(self.meta)], dtype="<u8").view(np.uint8)
         o = _LEN
         out[o:o + len(self.meta)] = np.frombuffer(self.meta, dtype=np.uint8)
-        o += len(self.meta)
-        for x, n in zip(self.leaves, self.sizes):
+        o = _aligned(o + len(self.meta))
+        for x in self.leaves:
+            n = x.nbytes
             if n:
-                src = np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes) \
-                    else x.reshape(-1).view(np.uint8)
-                out[o:o + n] = src
-            o += n
+                out[o:o + n] = x.reshape(-1).view(np.uint8)
+            o += _aligned(n)
 
 
 def pack_rows(ids: Sequence[int], rows: Sequence[Any]) -> npt.NDArray[np.uint8]:
-    """One buffer holding rows (None: a miss) under their ids."""
+    """One buffer holding rows (columns [(name, dtype name, array)], as
+    DatasetCache.get_columns returns them; None: a miss) under their ids."""
     p = _Packed(ids, rows)
     out = np.empty(p.nbytes, dtype=np.uint8)
     p.write(out)
@@ -108,36 +106,26 @@ def pack_rows(ids: Sequence[int], rows: Sequence[Any]) -> npt.NDArray[np.uint8]:
 
 
 def unpack_rows(buf: npt.NDArray[np.uint8]) -> tuple[list[int], list[Any]]:
-    """(ids, rows) of a pack_rows buffer; the arrays are views into buf."""
+    """(ids, rows) of a pack_rows buffer: each row its columns, as packed
+    (None for a miss); the arrays are views into buf."""
     if len(buf) == 0:
         return [], []
     mlen = int(buf[:_LEN].view("<u8")[0])
-    o = _LEN
-    ids, specs = pickle.loads(buf[o:o + mlen].tobytes())
-    o += mlen
-
-    def leaf(spec: Any) -> Any:
-        nonlocal o
-        if spec[0] == "b":
-            v: Any = buf[o:o + spec[1]].tobytes()
-            o += spec[1]
-            return v
-        _, dt, shape, n = spec
-        a = buf[o:o + n].view(np.dtype(dt)).reshape(shape)
-        o += n
-        return a
-
-    rows: list[Any] = []
+    ids, specs = pickle.loads(buf[_LEN:_LEN + mlen].tobytes())
+    o = _aligned(_LEN + mlen)
+    out: list[Any] = []
     for spec in specs:
         if spec is None:
-            rows.append(None)
-        elif spec[0] == "d":
-            rows.append({k: leaf(s) for k, s in spec[1]})
-        elif spec[0] == "t":
-            rows.append(tuple(leaf(s) for s in spec[1]))
-        else:
-            rows.append(leaf(spec[1]))
-    return ids, rows
+            out.append(None)
+            continue
+        cols = []
+        for name, dtype, np_dtype, shape in spec:
+            dt = np.dtype(np_dtype)
+            n = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+            cols.append((name, dtype, buf[o:o + n].view(dt).reshape(shape)))
+            o += _aligned(n)
+        out.append(cols)
+    return ids, out
 
 
 def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
@@ -224,7 +212,8 @@ class RowExchange:
                epoch: int) -> tuple[dict[int, list[Any]], bool]:
         """One round: asks rank r for the rows requests[r] (ids its node
         owns), hands rank r the computed rows pushes[r] to put, answers the
-        others from this node's cache. Returns ({rank: rows in the order
+        others from this node's cache. Rows are columns (see the module).
+        Returns ({rank: rows in the order
         asked, None for a miss}, whether every rank said done: then this
         was the last round of the epoch). `epoch` must be the same on every
         rank (a mismatch raises: ranks iterate different epochs)."""
@@ -295,10 +284,12 @@ class RowExchange:
                 put_rows += rows
             o += pb
         if put_ids and self.cache is not None:
-            self.rows_put_for_others += sum(self.cache.put_batch(put_ids, put_rows))
+            # Not strict: a row this cache refuses is the sender's to deliver.
+            self.rows_put_for_others += sum(
+                self.cache.put_encoded(put_ids, put_rows, strict=False))
         flat = [i for ids in asked for i in ids]
         # Zero-copy reads: each row is copied once, into the send buffer.
-        found = (self.cache.get_batch(flat, copy=False)
+        found = (self.cache.get_batch_columns(flat, copy=False)
                  if self.cache is not None and flat else [None] * len(flat))
         answers: list[_Packed | None] = []
         o = 0

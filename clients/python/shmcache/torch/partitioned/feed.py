@@ -8,7 +8,8 @@ to them), then hands the window's batches, one by one, to the consumer
 through a bounded queue (2 windows). What a handed batch is depends on the
 loader:
 
-- fill given (DataLoader(CachedDataset)): the batch's numpy rows, complete:
+- fill given (DataLoader(CachedDataset)): the batch's rows (columns, the
+  cache's own encoding), complete:
   fill (PartitionedRows.fill) reads this node's rows from its cache and
   computes the misses on this thread (the DataLoader's workers as a pool);
 - fill None (CachedLoader): the feed is the pass's BatchSource
@@ -42,7 +43,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import CacheWarning
-from ... import rows as row_model
 from ..batch_source import BatchReport, batch_ids
 from .window_rows import PartitionedRows
 
@@ -54,9 +54,9 @@ Fill = Callable[[list[list[int]], dict[int, Any]], list[Any]]
 class FedBatch:
     """A batch handed to a CachedLoader pass, a SourcedBatch
     (shmcache.torch.batch_source): `indices`, the rows fetched from other
-    nodes (supplied where this node's cache misses), kept rows: those this
-    node owns. settle() counts the batch and queues the computed rows of
-    other nodes for their owners."""
+    nodes (columns, supplied where this node's cache misses), kept rows and
+    rows in this node's cache: those this node owns. settle() counts the
+    batch and queues the computed rows of other nodes for their owners."""
 
     def __init__(self, feed: WindowFeed, indices: list[int], rows: dict[int, Any]) -> None:
         self.indices = indices
@@ -70,6 +70,11 @@ class FedBatch:
     def keeps(self, index: int) -> bool:
         """Whether this node owns row `index` (misses of other nodes' rows
         are not put here: they go to their owner)."""
+        return self._feed.rows.owned(index)
+
+    def in_cache(self, index: int) -> bool:
+        """Whether row `index` can be in this node's cache: only the rows it
+        owns are (the others are not looked up there)."""
         return self._feed.rows.owned(index)
 
     def settle(self, report: BatchReport) -> None:
@@ -147,7 +152,7 @@ class WindowFeed:
         self.rows.count(local_hits=report.cache_hits, remote_hits=report.supplied,
                         misses=report.computed)
         for i, cols in report.not_kept:
-            self.rows.push(i, row_model.decode(cols))
+            self.rows.push(i, cols)
         with self._cond:
             self._settled += 1
             self._cond.notify_all()

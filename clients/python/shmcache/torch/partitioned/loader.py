@@ -32,6 +32,10 @@ same point, as for any torch.distributed group). It draws the batch
 sampler a window ahead, runs the window's round, and hands the batches to
 the iterating side through a bounded queue (two windows).
 
+Rows travel, and are handed between the exchange thread and the loader,
+in the cache's own encoding (columns, shmcache.partition), and only rows
+this node owns are looked up in its cache.
+
 How workers take part:
 - DataLoader(CachedDataset): the exchange thread also reads this node's
   rows from its cache and computes the window's misses with the
@@ -87,10 +91,10 @@ __all__ = ["PartitionedLoader", "PartitionedRows"]
 DEFAULT_WINDOW = 4
 
 
-def _to_sample(row: Any) -> Any:
-    """Tensors of a numpy row, as CachedDataset returns a sample (the row
-    model's torch decoding)."""
-    return row_model.decode(row_model.encode(row), torch=True)
+def _to_sample(cols: Any) -> Any:
+    """The sample of a row's columns, as a hit of CachedDataset returns it
+    (the row model's torch decoding, over the row's arrays)."""
+    return row_model.decode(cols, torch=True)
 
 
 def _raising(e: BaseException) -> Iterator[Any]:

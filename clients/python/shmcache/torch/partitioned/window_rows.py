@@ -5,7 +5,9 @@ node, waiting for the next round to travel to their owner.
 
 Used by feed.py (the exchange thread of a pass) and, for a
 CachedLoader, by the loader's own pipeline, which reports what it computed
-through the feed. Rows are numpy rows (what DatasetCache.get returns).
+through the feed. Rows are in the cache's own encoding, columns [(name,
+dtype name, array)] (what DatasetCache.get_columns returns): a row read
+here, fetched from its owner or computed decodes the same way.
 Thread safety: counters and pending pushes are guarded by a lock; fill()
 and compute() run on the exchange thread only.
 """
@@ -18,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ... import rows as row_model
 from ..datasets import CachedDataset
 from .._misses import Columns, MissWorkers, Sample, compute_rows
 from .exchange import RowExchange
@@ -115,7 +116,7 @@ class PartitionedRows:
     # ---- DataLoader(CachedDataset): the whole window on the feed thread ----
 
     def compute(self, ids: list[int]) -> list[Any]:
-        """Numpy rows of `ids` computed from the source, not put (the caller
+        """The rows (columns) of `ids` computed from the source, not put (the caller
         puts or pushes them): by the worker pool (MissWorkers, with no row
         owned: the workers put nothing) or in this thread. A sample the
         cache cannot hold comes back as a misses.Sample (one CacheWarning),
@@ -128,7 +129,7 @@ class PartitionedRows:
         out: list[Any] = []
         for i, c in zip(ids, got):
             if isinstance(c, Columns):
-                out.append(row_model.decode(c.cols))
+                out.append(c.cols)
             elif isinstance(c, Sample):
                 self.cds.warn_uncacheable(i, c.why)
                 out.append(c)
@@ -145,7 +146,7 @@ class PartitionedRows:
         mine = [k for k, i in enumerate(idx) if self.owned(i)]
         if mine and self._alive():
             assert self.cache is not None
-            for k, r in zip(mine, self.cache.get_batch([idx[k] for k in mine])):
+            for k, r in zip(mine, self.cache.get_batch_columns([idx[k] for k in mine])):
                 rows[k] = r
         local = sum(rows[k] is not None for k in mine)
         got_remote = 0
@@ -167,7 +168,7 @@ class PartitionedRows:
                 self.push(idx[k], r)
         if put_ids and self._alive():
             assert self.cache is not None
-            self.cache.put_batch(put_ids, put_rows)
+            self.cache.put_encoded(put_ids, put_rows, strict=False)
         self.count(local_hits=local, remote_hits=got_remote, misses=len(missing))
         ends = np.cumsum([len(b) for b in batches]).tolist()
         return [rows[e - len(b):e] for b, e in zip(batches, ends)]

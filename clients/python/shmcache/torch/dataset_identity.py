@@ -1,0 +1,288 @@
+"""What a dataset holds, in a few bytes: the part of a default cache name
+that tells apart two datasets of one class, length, root and transform
+(shmcache.torch.fingerprint.cache_for_dataset adds it to
+dataset_fingerprint's description; an explicit name= skips it).
+
+    content_identity(ImageFolder("/data/train"))   # "files:5c0e..."
+    content_identity(TensorDataset(x, y))          # "samples:91ab..."
+
+It comes from whichever of these the dataset has:
+
+- Its files, when it lists them (`samples` or `imgs` of torchvision's
+  DatasetFolder/ImageFolder, a `files` or `paths` list; through Subset's
+  `dataset` and ConcatDataset's `datasets`): the size and modification
+  time of every listed file, rsync's and make's quick check. A file written
+  again, added or removed gives another cache. A copy that keeps both size
+  and mtime (cp -p, rsync -t of a same-size file) is not seen: drop the
+  session (`shmcache -d`) after such a change. Costs one stat per file; no
+  file is read.
+- Otherwise its contents: SAMPLES samples at fixed spread indices (the
+  first, the last, evenly between), hashed with their structure, types,
+  dtypes, shapes and bytes (PIL images with their mode). Each is computed
+  with torch's CPU generator, numpy's and Python's global RNGs seeded by
+  its index (and restored after), so a dataset with random augmentation
+  gives the same identity in every process; the first is computed twice,
+  and a dataset whose sample differs between the two reads has no identity
+  here (ValueError: pass name=). A dataset that has no length, raises on
+  one of these samples, or is a one-shot iterator (a generator) has none
+  either. A streaming (iterable) source gives its first SAMPLES items of a
+  fresh iteration.
+- And, in both cases, the size and mtime of a root/path that names a file.
+
+Taken once per CachedDataset (or CachedIterableDataset) made, in the
+process that makes it: DataLoader workers receive the cache name with the
+pickled dataset. Nothing is read on a hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import pickle
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from .._shmcache import stat_files
+
+__all__ = ["content_identity", "SAMPLES"]
+
+SAMPLES = 8                      # samples hashed when a dataset lists no files
+_FILE_LISTS = ("samples", "imgs", "files", "paths")
+_ROOTS = ("root", "path", "root_dir", "data_dir", "dataset_path")
+_MAX_DEPTH = 64                  # nesting levels hashed in one sample
+
+
+def content_identity(dataset: Any) -> str:
+    """See the module: "files:<hex>" or "samples:<hex>" (plus the root
+    file's stat); ValueError naming why when the dataset has none."""
+    parts = []
+    files = _listed_files(dataset, 0)
+    if files is not None:
+        parts.append("files:" + _digest(files))
+    elif _is_map_style(dataset):
+        parts.append("samples:" + _samples_digest(dataset))
+    else:
+        parts.append("stream:" + _stream_digest(dataset))
+    for attr in _ROOTS:
+        path = _str_path(getattr(dataset, attr, None))
+        if path is not None and os.path.isfile(path):
+            parts.append(f"{attr}:" + _digest(stat_files([path]) or b""))
+    return "|".join(parts)
+
+
+# ---- files ------------------------------------------------------------------
+
+def _str_path(value: Any) -> str | None:
+    if not isinstance(value, (str, os.PathLike)):
+        return None
+    path = os.fspath(value)
+    return path if isinstance(path, str) and "\0" not in path else None
+
+
+def _first_path(value: Any) -> str | None:
+    entry = value[0]
+    if type(entry) in (list, tuple) and entry:
+        entry = entry[0]
+    return _str_path(entry)
+
+
+def _file_stats(value: Any) -> bytes | None:
+    """(size, mtime) of every file of a file list (paths, or tuples whose
+    first item is a path, as DatasetFolder.samples; the first of them a
+    file), else None: a list of samples that start with a str is no file
+    list."""
+    if type(value) not in (list, tuple) or not value:
+        return None
+    first = _first_path(value)
+    if first is None or not os.path.isfile(first):
+        return None
+    stats = stat_files(value)
+    if stats is None:     # PathLike entries: as str
+        paths = [_str_path(e[0] if type(e) in (list, tuple) and e else e) for e in value]
+        if any(p is None for p in paths):
+            return None
+        stats = stat_files(paths)
+    return stats
+
+
+def _listed_files(ds: Any, depth: int) -> bytes | None:
+    """The stats of every file the dataset lists (see the module), or None
+    when it lists none."""
+    if depth > 8:
+        return None
+    for attr in _FILE_LISTS:
+        stats = _file_stats(getattr(ds, attr, None))
+        if stats is not None:
+            return stats
+    inner = getattr(ds, "dataset", None)        # Subset and friends
+    if inner is not None and inner is not ds:
+        return _listed_files(inner, depth + 1)
+    parts = getattr(ds, "datasets", None)       # ConcatDataset
+    if type(parts) in (list, tuple) and parts:
+        out = []
+        for p in parts:
+            got = _listed_files(p, depth + 1)
+            if got is None:
+                return None
+            out.append(got)
+        return b"".join(out)
+    return None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=20).hexdigest()
+
+
+# ---- samples ----------------------------------------------------------------
+
+def _is_map_style(ds: Any) -> bool:
+    from torch.utils.data import IterableDataset
+    return not isinstance(ds, IterableDataset) and hasattr(ds, "__getitem__")
+
+
+def positions(n: int, k: int = SAMPLES) -> list[int]:
+    """k indices spread over range(n): the first, the last, evenly between
+    (all of them when n <= k)."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)})
+
+
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """torch's CPU generator, numpy's and Python's global RNGs seeded with
+    `seed` inside, restored after (CUDA generators are left alone)."""
+    import torch
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def _no_identity(why: str) -> ValueError:
+    return ValueError(
+        f"CachedDataset cannot tell this dataset's contents from another's "
+        f"({why}), so it cannot name its cache by them: pass name= (a name "
+        "that differs for different data), as prefill's --cache_name")
+
+
+def _sample_digest(ds: Any, i: int) -> bytes:
+    try:
+        with _seeded(i):
+            sample = ds[i]
+    except Exception as e:   # noqa: BLE001 -- reported with the fix
+        raise _no_identity(f"sample {i} raised {type(e).__name__}: {e}") from e
+    h = hashlib.blake2b(digest_size=20)
+    _feed(h, sample, 0)
+    return h.digest()
+
+
+def _samples_digest(ds: Any) -> str:
+    try:
+        n = len(ds)
+    except TypeError:
+        raise _no_identity("it has no length") from None
+    at = positions(n)
+    digests = [_sample_digest(ds, i) for i in at]
+    if at and _sample_digest(ds, at[0]) != digests[0]:
+        raise _no_identity(f"sample {at[0]} differs between two reads with the "
+                           "same seeds")
+    return hashlib.blake2b(b"".join(digests), digest_size=20).hexdigest()
+
+
+def _stream_digest(source: Any) -> str:
+    def first(k: int) -> bytes:
+        it = iter(source)
+        if it is source:
+            raise _no_identity("it is a one-shot iterator, which reading ahead "
+                               "would consume")
+        h = hashlib.blake2b(digest_size=20)
+        try:
+            with _seeded(0):
+                for item in itertools.islice(it, k):
+                    _feed(h, item, 0)
+        except Exception as e:   # noqa: BLE001 -- reported with the fix
+            raise _no_identity(f"iterating it raised {type(e).__name__}: {e}") from e
+        return h.digest()
+    digest = first(SAMPLES)
+    if first(1) != first(1):
+        raise _no_identity("its first item differs between two iterations "
+                           "with the same seeds")
+    return digest.hex()
+
+
+def _feed(h: Any, v: Any, depth: int) -> None:
+    """Hashes `v` with its structure and types (the bytes of arrays,
+    tensors and PIL images)."""
+    if depth > _MAX_DEPTH:
+        h.update(b"<deep>")
+        return
+    t = type(v)
+    if v is None or t in (bool, int, float, complex, str):
+        h.update(f"{t.__name__}:{v!r};".encode())
+    elif t in (bytes, bytearray):
+        h.update(b"bytes:%d;" % len(v))
+        h.update(v)
+    elif isinstance(v, (np.ndarray, np.generic)):
+        _feed_array(h, np.asarray(v), depth)
+    elif t.__module__.startswith("torch") and hasattr(v, "detach"):
+        _feed_tensor(h, v, depth)
+    elif t.__module__.startswith("PIL.") and hasattr(v, "tobytes"):
+        h.update(f"PIL:{v.mode}:{v.size};".encode())
+        h.update(v.tobytes())
+    elif isinstance(v, dict):
+        h.update(f"{t.__name__}:{len(v)};".encode())
+        for k, x in v.items():
+            _feed(h, k, depth + 1)
+            _feed(h, x, depth + 1)
+    elif isinstance(v, (tuple, list)):
+        h.update(f"{t.__name__}:{len(v)};".encode())
+        for x in v:
+            _feed(h, x, depth + 1)
+    elif isinstance(v, (set, frozenset)):
+        # Iteration order depends on the process's hash seed: sort digests.
+        subs = []
+        for x in v:
+            s = hashlib.blake2b(digest_size=20)
+            _feed(s, x, depth + 1)
+            subs.append(s.digest())
+        h.update(f"{t.__name__}:{len(v)};".encode() + b"".join(sorted(subs)))
+    else:
+        h.update(f"{t.__module__}.{t.__qualname__};".encode())
+        try:
+            h.update(pickle.dumps(v, protocol=4))
+        except Exception:   # noqa: BLE001 -- unpicklable: its type alone
+            pass
+
+
+def _feed_array(h: Any, a: np.ndarray, depth: int) -> None:
+    h.update(f"nd:{a.dtype.str}:{a.shape};".encode())
+    if a.dtype.hasobject:
+        for x in a.flat:
+            _feed(h, x, depth + 1)
+    elif a.size:
+        h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
+def _feed_tensor(h: Any, v: Any, depth: int) -> None:
+    import torch
+    t = v.detach().cpu().contiguous()
+    h.update(f"tensor:{t.dtype}:{tuple(t.shape)};".encode())
+    if t.numel():
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        try:
+            h.update(t.reshape(-1).numpy().view(np.uint8))
+        except (TypeError, RuntimeError):   # no numpy view (sparse, quantized)
+            _feed(h, t.tolist(), depth + 1)

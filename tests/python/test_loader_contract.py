@@ -1,0 +1,294 @@
+"""CachedLoader keeps DataLoader's contract where a script can see it, each
+test side by side with torch.utils.data.DataLoader over the same dataset:
+a failed batch does not end the epoch, every DataLoader argument is
+accepted and checked alike, get_worker_info().dataset is the user's
+dataset, a cold epoch computes on every worker at once, worker seeds and
+the batch-to-worker order are DataLoader's, the guards and messages
+scripts match on, CachedLoader[T], and persistent workers."""
+
+import contextlib
+import gc
+import inspect
+import multiprocessing as mp
+import os
+import random
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import contract_datasets as cd  # noqa: E402
+from conftest import wait_for  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
+from test_cached_loader import assert_same, assert_same_batches  # noqa: E402
+
+CPUS = len(os.sched_getaffinity(0))
+
+
+def cached(ds, session, name, **kw):
+    """What the README tells a user to write, in a cache of its own."""
+    return CachedLoader(CachedDataset(ds, DatasetCache(session), name=name), **kw)
+
+
+def outcomes(loader, seed=0):
+    """Every next() of one epoch: ("batch", batch) or ("error", exception),
+    until StopIteration (which must come); the process's RNGs seeded
+    first."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    it = iter(loader)
+    out = []
+    for _ in range(len(loader) + 3):
+        try:
+            out.append(("batch", next(it)))
+        except StopIteration:
+            return out
+        except Exception as e:   # noqa: BLE001 -- what the script would see
+            out.append(("error", e))
+    raise AssertionError("the epoch did not end after len(loader) batches")
+
+
+def no_children():
+    gc.collect()
+    return not mp.active_children()
+
+
+@contextlib.contextmanager
+def quiet():
+    """DataLoader's warning about more workers than CPUs, and the cache's
+    about samples it cannot hold, are not what these tests look at."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", CacheWarning)
+        yield
+
+
+# ---- 1. a failed batch raises, and the epoch goes on ----------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failed_batch_raises_and_the_epoch_goes_on(server, session, num_workers):
+    ds = cd.Flaky(30, bad=[3, 4, 17, 29])
+    kw = dict(batch_size=4, shuffle=True, num_workers=num_workers)
+    want = outcomes(DataLoader(ds, **kw), seed=5)
+    got = outcomes(cached(ds, session, f"flaky{num_workers}", **kw), seed=5)
+    assert [k for k, _ in got] == [k for k, _ in want]
+    errors = [k for k, (kind, _) in enumerate(want) if kind == "error"]
+    assert errors and errors[0] < len(want) - 1, "some batch after a failure"
+    for k, ((_, a), (_, b)) in enumerate(zip(got, want)):
+        if k in errors:
+            assert type(a) is type(b) is ValueError
+            assert re.findall(r"bad sample \d+", str(a)) == \
+                re.findall(r"bad sample \d+", str(b))
+        else:
+            assert_same(a, b, f"batch {k}")
+    assert wait_for(no_children, what="workers to end")
+
+
+# ---- 2. every DataLoader argument, checked as DataLoader checks it ------
+
+def test_every_dataloader_argument_is_in_the_signature_with_its_default():
+    dl = inspect.signature(DataLoader.__init__).parameters
+    cl = inspect.signature(CachedLoader.__init__).parameters
+    positional = [n for n, p in dl.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [n for n, p in cl.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == positional
+    for name, p in dl.items():
+        assert name in cl, name
+        assert (cl[name].kind, cl[name].default) == (p.kind, p.default), name
+
+
+ARGUMENTS = [
+    dict(prefetch_factor=2), dict(persistent_workers=False), dict(pin_memory_device=""),
+    dict(num_workers=2, prefetch_factor=3, persistent_workers=True),
+    dict(num_workers=1, multiprocessing_context="spawn"),
+    dict(num_workers=1, multiprocessing_context=mp.get_context("fork")),
+    dict(num_workers=-1), dict(timeout=-1), dict(prefetch_factor=3),
+    dict(persistent_workers=True), dict(multiprocessing_context="fork"),
+    dict(num_workers=1, multiprocessing_context="bad"),
+    dict(num_workers=1, multiprocessing_context=object()),
+    dict(shuffle=True, sampler=range(4)), dict(batch_size=3, batch_sampler=[[0, 1]]),
+    dict(drop_last=True, batch_sampler=[[0, 1]]), dict(batch_size=None, drop_last=True),
+]
+
+
+@pytest.mark.parametrize("kw", ARGUMENTS, ids=lambda kw: ",".join(sorted(kw)) + str(
+    sorted(str(v) for v in kw.values())))
+def test_arguments_are_accepted_or_refused_as_dataloader_does(server, session, kw):
+    cds = CachedDataset(cd.Flaky(8, []), DatasetCache(session))
+
+    def build(cls):
+        try:
+            cls(cds, **kw)
+        except Exception as e:   # noqa: BLE001 -- compared below
+            return type(e), str(e)
+        return None
+    assert build(CachedLoader) == build(DataLoader)
+
+
+# ---- 3. get_worker_info().dataset is the user's dataset ------------------
+
+def test_worker_init_fn_configures_the_dataset_that_computes(server, session):
+    ds = cd.Configured(12)
+    kw = dict(batch_size=3, num_workers=2, worker_init_fn=cd.configure)
+    want = list(DataLoader(ds, **kw))
+    got = list(cached(ds, session, "configured", **kw))
+    assert_same_batches(got, want)
+    assert {int(v) // 1000 for b in got for v in b[0]} == {1, 2}
+
+
+# ---- 4. a cold epoch computes on every worker at once --------------------
+
+def test_a_cold_epoch_computes_on_every_worker_at_once(server, session):
+    workers = 3
+    barrier = mp.get_context("fork").Barrier(workers, timeout=30)
+    ds = cd.Barrier(2 * workers, barrier)
+
+    def kw():
+        return dict(batch_size=1, num_workers=workers, multiprocessing_context="fork",
+                    generator=torch.Generator().manual_seed(11))
+    with quiet():
+        want = sorted(int(b) for b in DataLoader(ds, **kw()))
+        got = sorted(int(b) for b in cached(ds, session, "barrier", **kw()))
+    assert got == want and len(set(got)) == workers
+
+
+# ---- 5. worker seeds and the order of batches ----------------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("seeded", ["generator", "manual_seed"])
+def test_seeds_draws_and_worker_order_match_dataloader(server, session, num_workers,
+                                                        seeded):
+    ds = cd.Draws(23)
+
+    def kw():
+        gen = torch.Generator().manual_seed(7) if seeded == "generator" else None
+        return dict(batch_size=3, shuffle=True, num_workers=num_workers, generator=gen)
+    with quiet():
+        want = outcomes(DataLoader(ds, **kw()), seed=9)
+        got = outcomes(cached(ds, session, f"draws{num_workers}{seeded}", **kw()), seed=9)
+    assert_same_batches([b for _, b in got], [b for _, b in want])
+    for k, (_, b) in enumerate(got):
+        # Batch k from worker k mod num_workers, its seed base_seed + worker.
+        assert set(b["worker"].tolist()) == {k % num_workers if num_workers else -1}
+    if num_workers:
+        seeds = {int(b["worker"][0]): int(b["seed"][0]) for _, b in got}
+        assert seeds[1] == seeds[0] + 1
+
+
+# ---- 6. guards and the messages scripts match ----------------------------
+
+@pytest.mark.parametrize("attr", ["batch_size", "sampler", "batch_sampler", "drop_last",
+                                  "dataset", "persistent_workers"])
+def test_arguments_cannot_change_after_construction(server, session, attr):
+    ds = cd.Flaky(8, [])
+    messages = []
+    for loader in (DataLoader(ds), cached(ds, session, "frozen")):
+        with pytest.raises(ValueError) as e:
+            setattr(loader, attr, 3)
+        messages.append(str(e.value).replace(type(loader).__name__, "LOADER"))
+    assert messages[0] == messages[1]
+
+
+def test_more_workers_than_cpus_warns_as_dataloader(server, session):
+    ds = cd.Flaky(8, [])
+    found = []
+    for make in (lambda: DataLoader(ds, num_workers=CPUS + 1),
+                 lambda: cached(ds, session, "many", num_workers=CPUS + 1)):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            make()
+        found.append([str(x.message) for x in w if "excessive worker creation" in
+                      str(x.message)])
+    assert len(found[0]) == 1 and found[1] == found[0]
+
+
+def test_a_timeout_says_what_dataloader_says(server, session):
+    ds = cd.Sleepy(10, 3)
+    kw = dict(batch_size=2, num_workers=2, timeout=1)
+    for make in (DataLoader, lambda ds, **kw: cached(ds, session, "sleepy", **kw)):
+        it = iter(make(ds, **kw))
+        with pytest.raises(RuntimeError, match=r"DataLoader timed out after 1 seconds"):
+            next(it)
+        del it
+        assert wait_for(no_children, timeout=30, what="workers to end")
+
+
+def children_end_despite_sigchld_reports():
+    """Waits for the workers to end. A DataLoader that ran in this (main)
+    thread left torch's SIGCHLD handler, which raises the dead worker's
+    report in the main thread at every child's exit until its DataLoader
+    unregisters it: CachedLoader's workers are DataLoader workers, reported
+    so too; the test waits on through those reports."""
+    for _ in range(100):
+        try:
+            return wait_for(no_children, timeout=30, what="workers to end")
+        except RuntimeError as e:
+            assert "DataLoader worker" in str(e), e
+    raise AssertionError("workers did not end")
+
+
+def test_a_worker_killed_by_a_signal_is_named(server, session):
+    """Both raise RuntimeError naming the dead worker; DataLoader's own
+    words are a race (its SIGCHLD handler's "is killed by signal" is
+    swallowed when the main thread is inside its queue read, which then
+    says "exited unexpectedly"): CachedLoader names the signal always."""
+    ds = cd.Killer(8, at=5, sig=cd.KILLED)
+    kw = dict(batch_size=2, num_workers=2)
+    errors = []
+    for make in (DataLoader, lambda ds, **kw: cached(ds, session, "killer", **kw)):
+        with pytest.raises(RuntimeError) as e:
+            list(make(ds, **kw))
+        errors.append(str(e.value))
+        del e
+        assert children_end_despite_sigchld_reports()
+    assert re.search(r"DataLoader worker \(pid(\(s\))? \d+\) (is killed by signal: Killed|"
+                     r"exited unexpectedly)", errors[0]), errors[0]
+    assert re.search(r"DataLoader worker \(pid \d+\) is killed by signal: Killed",
+                     errors[1]), errors[1]
+
+
+# ---- 7. CachedLoader[T] ---------------------------------------------------
+
+def test_cachedloader_is_a_generic_dataloader(server, session):
+    alias = CachedLoader[torch.Tensor]
+    assert alias.__origin__ is CachedLoader and DataLoader[torch.Tensor].__origin__ is DataLoader
+    loader = alias(CachedDataset(cd.Flaky(4, []), DatasetCache(session)), batch_size=2)
+    assert isinstance(loader, DataLoader) and len(list(loader)) == 2
+
+
+# ---- persistent workers ---------------------------------------------------
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_persistent_workers_live_across_epochs(server, session, persistent):
+    ds = cd.Uncacheable(12)
+    kw = dict(batch_size=2, num_workers=2, persistent_workers=persistent)
+    with quiet():
+        for make in (DataLoader, lambda ds, **kw: cached(ds, session, f"p{persistent}", **kw)):
+            loader = make(ds, **kw)
+            epochs = [list(loader) for _ in range(2)]
+            pids = [{int(p) for b in e for p in b[1]} for e in epochs]
+            assert len(pids[0]) == 2
+            assert (pids[0] == pids[1]) if persistent else not (pids[0] & pids[1])
+            assert [[b[0].tolist(), list(b[2])] for b in epochs[0]] == \
+                [[[i, i + 1], [f"row {i}", f"row {i + 1}"]] for i in range(0, 12, 2)]
+            del loader
+            assert wait_for(no_children, what="workers to end")
+
+
+def test_persistent_workers_keep_their_copy_of_the_dataset(server, session):
+    ds = cd.Started(8)
+    kw = dict(batch_size=2, num_workers=2, persistent_workers=True)
+    with quiet():
+        for make in (DataLoader, lambda ds, **kw: cached(ds, session, "started", **kw)):
+            loader = make(ds, **kw)
+            ds.start = 0
+            for epoch in range(3):
+                assert len(list(loader)) == 4
+                ds.start = epoch + 1
+            del loader
+            assert wait_for(no_children, what="workers to end")

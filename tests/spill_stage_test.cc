@@ -1,0 +1,344 @@
+// Spilled puts through a staging file (lib/spill_stage.h, daemon/
+// spill_stages.h, CacheSpiller::WriteStaged): rows encoded into shared
+// memory and written by the daemon in one batch read back whole, in this
+// process and others; a stage goes with its connection, and with a writer
+// killed in the middle of staging; staged bytes that are not whole rows of
+// their ids are refused and nothing of them is written; a full spill disk
+// stops spilling and training goes on; a restarted server serves what was
+// written and removes the stages of the killed one. Every test runs its own
+// daemon.
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "format/instance.h"
+#include "format/protocol_messages.h"
+#include "format/row_codec.h"
+#include "format/shm_file.h"
+#include "lib/connection.h"
+#include "shmcache/client.h"
+#include "tests/support/capacity_helpers.h"
+#include "tests/support/child_process.h"
+#include "tests/support/files.h"
+#include "tests/support/row_pattern.h"
+#include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
+
+namespace shmcache::test {
+namespace {
+
+constexpr size_t kBatch = 64;
+constexpr uint64_t kSalt = 7;  // PutRows's, so CheckRowsInChild reads them
+
+// The staging files of this server's instance.
+std::vector<std::string> Stages(const TestServer& server) {
+  std::vector<std::string> out;
+  for (const std::string& f : server.ShmFiles()) {
+    if (f.find(".stage.") != std::string::npos) out.push_back(f);
+  }
+  return out;
+}
+
+// PutBatch of rows [first, first + n) of kRowBytes, kBatch at a time; every
+// status must be OK.
+void PutBatches(Cache* cache, uint64_t first, size_t n) {
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<int64_t> shapes;
+  std::vector<ColumnRef> cols;
+  std::vector<std::span<const ColumnRef>> rows;
+  std::vector<uint64_t> ids;
+  for (uint64_t b = first; b < first + n; b += kBatch) {
+    const size_t k = std::min<size_t>(kBatch, first + n - b);
+    data.clear();
+    ids.clear();
+    shapes.assign(k, static_cast<int64_t>(kRowBytes));
+    cols.resize(k);
+    rows.resize(k);
+    for (size_t i = 0; i < k; ++i) {
+      ids.push_back(b + i);
+      data.push_back(Pattern(b + i, kSalt, kRowBytes));
+    }
+    for (size_t i = 0; i < k; ++i) {
+      cols[i] = {"data", DType::kUInt8, std::span(&shapes[i], 1), data[i].data(),
+                 kRowBytes};
+      rows[i] = std::span(&cols[i], 1);
+    }
+    std::vector<Status> st(k);
+    std::unique_ptr<bool[]> inserted(new bool[k]);
+    ASSERT_TRUE(cache->PutBatch(ids, rows, st, std::span(inserted.get(), k)).ok());
+    for (size_t i = 0; i < k; ++i) {
+      ASSERT_TRUE(st[i].ok()) << ids[i] << ": " << st[i].ToString();
+      EXPECT_TRUE(inserted[i]) << ids[i];
+    }
+  }
+}
+
+TEST(SpillStageTest, BatchesOfSpilledRowsReadBackWholeEverywhere) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    const size_t n = (8u << 20) / kRowBytes;  // 8 MB of rows, a 1 MB budget
+    ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), 0, n));
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    EXPECT_GT(st.disk_rows, n / 2);
+    EXPECT_EQ(st.mem_rows + st.disk_rows, n);
+    EXPECT_EQ(Stages(server).size(), 1u) << "the rows went through one staging file";
+    // A second batch of the same ids adds nothing: the first writer won.
+    std::vector<uint8_t> other(kRowBytes, 0xAB);
+    bool inserted = true;
+    ASSERT_TRUE(cache->Put(n - 1, other.data(), other.size(), &inserted).ok());
+    EXPECT_FALSE(inserted);
+    EXPECT_EQ(CheckRowsInChild(server, session, n, true, kSalt), static_cast<long>(n));
+    // Single puts of spilled rows go through the stage too.
+    ASSERT_TRUE(PutBytes(cache.get(), n, kRowBytes, &inserted).ok());
+    EXPECT_TRUE(inserted);
+    EXPECT_EQ(CheckRowsInChild(server, session, n + 1, true, kSalt),
+              static_cast<long>(n + 1));
+    // The stage goes with the connection that asked for it.
+    cache.reset();
+    EXPECT_TRUE(WaitFor([&] { return Stages(server).empty(); }, std::chrono::seconds(10)))
+        << testing::PrintToString(Stages(server));
+    // And with its cache, while the connection lives on.
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    uint32_t second = 0;
+    ASSERT_TRUE(client->CreateSession(&second).ok());
+    std::unique_ptr<Cache> again;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(second, "capacity", 1, true), &again).ok());
+    ASSERT_NO_FATAL_FAILURE(PutBatches(again.get(), 0, n));
+    ASSERT_EQ(Stages(server).size(), 1u);
+    ASSERT_TRUE(client->DestroySession(second).ok());
+    EXPECT_TRUE(Stages(server).empty()) << testing::PrintToString(Stages(server));
+  }
+  RemoveTree(spill);
+}
+
+TEST(SpillStageTest, WriterKilledWhileStagingLeavesWholeRowsAndNoStage) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    // The writer stages batch after batch of new rows until it is killed.
+    pid_t writer = ForkChild([&] {
+      std::unique_ptr<Client> client;
+      std::unique_ptr<Cache> c;
+      if (!server.Connect(&client).ok() ||
+          !client->OpenCache(CacheNamed(session, "capacity", 1, true), &c).ok()) {
+        return 1;
+      }
+      for (uint64_t b = 0;; b += kBatch) {
+        PutBatches(c.get(), b, kBatch);
+        if (testing::Test::HasFailure()) return 2;
+      }
+    });
+    CacheStats st;
+    ASSERT_TRUE(WaitFor([&] { return cache->GetStats(&st).ok() && st.disk_rows > 2000; },
+                        std::chrono::seconds(60)));
+    ASSERT_EQ(kill(writer, SIGKILL), 0);
+    int status = 0;
+    ASSERT_TRUE(WaitChild(writer, &status, std::chrono::seconds(30)));
+    EXPECT_TRUE(WIFSIGNALED(status)) << status;
+    // Its stage went with its connection.
+    EXPECT_TRUE(WaitFor([&] { return Stages(server).empty(); }, std::chrono::seconds(10)))
+        << testing::PrintToString(Stages(server));
+    // Every row the index holds is whole; the rows it held are rows 0..k-1
+    // of whole batches, in order.
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    const uint64_t held = st.mem_rows + st.disk_rows;
+    EXPECT_EQ(CheckRowsInChild(server, session, held, true, kSalt),
+              static_cast<long>(held));
+    Row row;
+    EXPECT_TRUE(cache->Get(held + kBatch, &row).IsNotFound());
+    // The server goes on spilling for others.
+    ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), held + 2 * kBatch, kBatch));
+  }
+  RemoveTree(spill);
+}
+
+// A client of the protocol itself: the rows it stages are not whole rows
+// of the ids it names.
+TEST(SpillStageTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWritten) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    ASSERT_EQ(PutRows(cache.get(), 1000), 1000u);  // memory used up: rows spill now
+    std::unique_ptr<Connection> conn;
+    ASSERT_TRUE(Connection::Open(server.socket_path(), server.port(), 5000, &conn).ok());
+    auto call = [&](const auto& request, auto* response) {
+      std::string body;
+      size_t off = 0;
+      Status s = conn->Call(std::decay_t<decltype(request)>::kType,
+                            protocol::EncodeBody(request), &body, &off);
+      if (!s.ok()) return s;
+      protocol::WireReader r(
+          std::as_bytes(std::span(body.data(), body.size())).subspan(off));
+      EXPECT_TRUE(std::decay_t<decltype(*response)>::Decode(&r, response));
+      return s;
+    };
+    protocol::HelloResponse hello;
+    ASSERT_TRUE(call(protocol::HelloRequest{}, &hello).ok());
+    protocol::SpillStageResponse stage;
+    ASSERT_TRUE(call(protocol::SpillStageRequest{.cache_id = cache->cache_id(),
+                                                 .min_bytes = 4096},
+                     &stage)
+                    .ok());
+    InstancePaths paths =
+        MakeInstancePaths(server.port(), server.run_dir(), server.shm_dir());
+    ShmFile file;
+    ASSERT_TRUE(ShmFile::Open(paths.StageFile(cache->cache_id(), stage.tag), &file).ok());
+    // Row 5000 encoded whole, staged as row 5001; then as itself but one
+    // byte short; then bytes past the stage.
+    std::vector<uint8_t> data = Pattern(5000, kSalt, kRowBytes);
+    int64_t shape[1] = {static_cast<int64_t>(kRowBytes)};
+    ColumnRef col{"data", DType::kUInt8, shape, data.data(), kRowBytes};
+    size_t size = 0;
+    ASSERT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
+    RowCodec::Encode(5000, std::span(&col, 1), reinterpret_cast<std::byte*>(file.data()),
+                     size);
+    protocol::SpillPutStagedResponse answer;
+    const std::vector<protocol::SpillPutStagedRequest> bad = {
+        {.cache_id = cache->cache_id(),
+         .tag = stage.tag,
+         .ids = {5001},
+         .sizes = {static_cast<uint32_t>(size)}},
+        {.cache_id = cache->cache_id(),
+         .tag = stage.tag,
+         .ids = {5000},
+         .sizes = {static_cast<uint32_t>(size - 8)}},
+        {.cache_id = cache->cache_id(),
+         .tag = stage.tag,
+         .ids = {5000, 5002},
+         .sizes = {static_cast<uint32_t>(size), static_cast<uint32_t>(stage.size)}},
+        {.cache_id = cache->cache_id(),
+         .tag = stage.tag + 1,
+         .ids = {5000},
+         .sizes = {static_cast<uint32_t>(size)}}};
+    for (const auto& request : bad) {
+      Status s = call(request, &answer);
+      EXPECT_TRUE(s.IsCorruption() || s.IsNotFound()) << s.ToString();
+    }
+    Row row;
+    for (uint64_t id : {5000, 5001, 5002}) {
+      EXPECT_TRUE(cache->Get(id, &row).IsNotFound()) << id;
+    }
+    // The same stage with the row named right is written and served.
+    ASSERT_TRUE(
+        call(protocol::SpillPutStagedRequest{.cache_id = cache->cache_id(),
+                                             .tag = stage.tag,
+                                             .ids = {5000},
+                                             .sizes = {static_cast<uint32_t>(size)}},
+             &answer)
+            .ok());
+    EXPECT_EQ(answer.inserted, std::vector<uint8_t>{1});
+    ASSERT_TRUE(cache->Get(5000, &row).ok());
+    auto got = row.find("data");
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(0, std::memcmp(got->data, data.data(), kRowBytes));
+    // The connection ends: its stage is removed (the cache's own stays).
+    const std::string path = paths.StageFile(cache->cache_id(), stage.tag);
+    file.Unmap();
+    conn.reset();
+    EXPECT_TRUE(WaitFor([&] { return access(path.c_str(), F_OK) != 0; },
+                        std::chrono::seconds(10)))
+        << path;
+    EXPECT_EQ(Stages(server).size(), 1u) << testing::PrintToString(Stages(server));
+  }
+  RemoveTree(spill);
+}
+
+TEST(SpillStageTest, FullSpillDiskStopsSpillingAndWhatWasStoredStaysWhole) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  std::string spill = MakeTempDir(TestTmpRoot(), "tinyspill");
+  if (mount("tmpfs", spill.c_str(), "tmpfs", 0, "size=32m") != 0) {
+    RemoveTree(spill);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, 1, true);
+    // Batches until the disk is full: far more than 1 MB + 32 MB.
+    const size_t n = (64u << 20) / kRowBytes;
+    std::vector<std::vector<uint8_t>> data(kBatch);
+    std::vector<int64_t> shapes(kBatch, static_cast<int64_t>(kRowBytes));
+    std::vector<ColumnRef> cols(kBatch);
+    std::vector<std::span<const ColumnRef>> rows(kBatch);
+    std::vector<uint64_t> ids(kBatch);
+    std::vector<Status> st(kBatch);
+    uint64_t stored = 0;
+    bool full = false;
+    for (uint64_t b = 0; b < n && !full; b += kBatch) {
+      for (size_t i = 0; i < kBatch; ++i) {
+        ids[i] = b + i;
+        data[i] = Pattern(b + i, kSalt, kRowBytes);
+        cols[i] = {"data", DType::kUInt8, std::span(&shapes[i], 1), data[i].data(),
+                   kRowBytes};
+        rows[i] = std::span(&cols[i], 1);
+      }
+      ASSERT_TRUE(cache->PutBatch(ids, rows, st).ok());
+      for (size_t i = 0; i < kBatch; ++i) {
+        if (st[i].IsFull()) {
+          full = true;
+        } else {
+          ASSERT_TRUE(st[i].ok()) << st[i].ToString();
+          ASSERT_FALSE(full) << "a row stored after one was refused";
+          ++stored;
+        }
+      }
+    }
+    EXPECT_TRUE(full);
+    EXPECT_GT(stored, 0u);
+    EXPECT_TRUE(cache->IsFull());
+    // Reads keep working and return exactly what was stored.
+    EXPECT_EQ(CheckRowsInChild(server, session, n, true, kSalt),
+              static_cast<long>(stored));
+  }
+  umount2(spill.c_str(), MNT_DETACH);
+  RemoveTree(spill);
+}
+
+TEST(SpillStageTest, RestartedServerServesStagedRowsAndRemovesOldStages) {
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    auto first = std::make_unique<TestServer>(WithArgs({"-s", spill}));
+    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+    uint32_t session = first->NewSession();
+    const size_t n = (4u << 20) / kRowBytes;
+    {
+      auto cache = OpenCache(*first, session, 1, true);
+      ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), 0, n));
+      ASSERT_EQ(Stages(*first).size(), 1u);
+      first->Kill();  // while the client still holds its stage
+    }
+    ASSERT_EQ(Stages(*first).size(), 1u) << "a killed server removes nothing";
+    TestServer second(SameInstance(*first, {"-s", spill}));
+    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+    EXPECT_TRUE(Stages(second).empty()) << testing::PrintToString(Stages(second));
+    EXPECT_EQ(CheckRowsInChild(second, session, n, true, kSalt), static_cast<long>(n));
+    // And takes staged rows again.
+    auto cache = OpenCache(second, session, 1, true);
+    ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), n, kBatch));
+    EXPECT_EQ(CheckRowsInChild(second, session, n + kBatch, true, kSalt),
+              static_cast<long>(n + kBatch));
+  }
+  RemoveTree(spill);
+}
+
+}  // namespace
+}  // namespace shmcache::test
