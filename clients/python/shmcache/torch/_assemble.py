@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import default_collate
 
 from .._read_into import ROW_MISSING, ROW_READ
@@ -68,8 +69,9 @@ class BatchAssembler:
         self.loader = loader
         self.state = state
         self.cds = loader.dataset
-        self.auto = loader._auto_collation
-        self.pin = loader._pinned or loader.device is not None
+        self.auto = loader.batch_sampler is not None   # DataLoader's auto-collation
+        self.pin = (bool(loader.pin_memory) and torch.cuda.is_available()) \
+            or loader.device is not None
         self.stage = CudaStage(loader.device) if loader.device is not None else None
         self.pool = pool
         self._own_pool = pool is not None and not loader.persistent_workers

@@ -134,7 +134,7 @@ class Pipeline:
         self.loader = loader
         self.state = state
         self.tuner = state.tuner
-        self.auto = loader._auto_collation     # batches, not samples one by one
+        self.auto = loader.batch_sampler is not None   # batches, not samples one by one
         self.turn = MissTurn()
         self.assembler = BatchAssembler(loader, state, pool, self.turn, self._workers_busy)
         self._draw = threading.Lock()

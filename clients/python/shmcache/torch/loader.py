@@ -188,7 +188,6 @@ class CachedLoader(DataLoader[T_co]):
         self.transform = self._sample_transform(
             None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = batch_device(device, pin_memory)
-        self._pinned = bool(pin_memory) and torch.cuda.is_available()
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._state = LoaderState(AutoTune(threads, depth, auto_t, auto_p,
@@ -206,7 +205,9 @@ class CachedLoader(DataLoader[T_co]):
         return self._get_iterator()
 
     def _get_iterator(self) -> LoaderIter:  # type: ignore[override]
-        return self.iter_source(SamplerSource(self._index_sampler))
+        # DataLoader's index sampler: batches, or samples one by one.
+        return self.iter_source(SamplerSource(
+            self.batch_sampler if self.batch_sampler is not None else self.sampler))
 
     def iter_source(self, source: BatchSource) -> LoaderIter:
         """A pass whose batches come from `source` instead of the batch
