@@ -367,18 +367,20 @@ class DatasetCache:
             self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
-    def get_batch_columns(self, row_ids: Iterable[int],
-                          copy: bool = True) -> list[list[Column] | None]:
+    def get_batch_columns(self, row_ids: Iterable[int], copy: bool = True,
+                          count: bool = True) -> list[list[Column] | None]:
         """get_columns of many rows: a list with, per id, [(name, dtype,
         array)] or None on a miss. With copy=True, rows the cache spilled to
         disk are read in one batch per call, by this process from the spill
-        database."""
+        database. count=False (package-internal, with copy=True): the reads
+        count neither as hits nor as misses (the caller counted them
+        already: Cache::GetBatchUncounted)."""
         ids = [check_id(i) for i in row_ids]
         c = self._open()
         if c is None:
             return [None] * len(ids)
         try:
-            rows = c.get_batch(ids, copy)
+            rows = c.get_batch(ids, copy, True, count)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return [None] * len(ids)

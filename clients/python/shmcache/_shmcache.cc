@@ -312,20 +312,23 @@ py::object Get(const PyCachePtr& self, uint64_t id,
   return ViewColumns(self, id, view, columns, readonly);
 }
 
-// get_batch(ids, copy=True, readonly=True) -> [columns or None per id].
-// copy=True uses Cache::GetBatch: spilled rows are read by this process
-// from the spill database, one MultiGet per batch (cache.h). copy=False
+// get_batch(ids, copy=True, readonly=True, count=True) -> [columns or None
+// per id]. copy=True uses Cache::GetBatch: spilled rows are read by this
+// process from the spill database, one MultiGet per batch (cache.h);
+// count=False uses GetBatchUncounted (reads counted already). copy=False
 // views rows in shared memory; spilled rows are then copied one by one.
 py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids, bool copy,
-                  bool readonly) REQUIRES(g_gil) {
+                  bool readonly, bool count) REQUIRES(g_gil) {
   py::list out;
+  if (!count && !copy) throw py::value_error("get_batch: count=False needs copy=True");
   if (copy) {
     std::vector<shmcache::Row> rows(ids.size());
     std::vector<Status> statuses(ids.size());
     Status s;
     {
       ReleaseGil nogil;
-      s = self->cache->GetBatch(ids, rows, statuses);
+      s = count ? self->cache->GetBatch(ids, rows, statuses)
+                : self->cache->GetBatchUncounted(ids, rows, statuses);
     }
     Check(s);
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -645,8 +648,9 @@ PYBIND11_MODULE(_shmcache, m) {
            py::arg("copy") = true, py::arg("readonly") = true,
            "A list of (name, dtype, array), or None on a miss.")
       .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
-           py::arg("readonly") = true,
-           "For each id, a list of (name, dtype, array) or None on a miss.")
+           py::arg("readonly") = true, py::arg("count") = true,
+           "For each id, a list of (name, dtype, array) or None on a miss; "
+           "count=False (with copy=True): counted neither as hits nor misses.")
       .def("read_columns", &ReadColumns, py::arg("id"), py::arg("columns"),
            py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
            "The named columns of the row (single: the one column's value), or None.")

@@ -235,11 +235,12 @@ class BatchAssembler:
                 cds.warn_uncacheable(ids[k], row.why)
                 rows[k] = Sample(cds.project(row.sample), row.why)
         if stored:
-            again = read_columns(cds.cache, [ids[k] for k in stored], cds.columns,
-                                 copy=True)
+            # Read back uncounted: this batch's read of them counted the miss.
+            again = cds.cache.get_batch_columns([ids[k] for k in stored], copy=True,
+                                                count=False)
             gone = [k for k, cols in zip(stored, again) if cols is None]
             for k, cols in zip(stored, again):
-                rows[k] = cols
+                rows[k] = None if cols is None else project(cols, cds.columns)
             if gone:
                 # Rows gone since (their session dropped): computed again.
                 if self.closed:
