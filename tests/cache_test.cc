@@ -70,8 +70,8 @@ TEST_F(IntegrationTest, GetBatchUncountedReadsAsGetBatchAndCountsNothing) {
   ASSERT_TRUE(cache->GetStats(&st).ok());
   EXPECT_EQ(st.hits, 2u);
   EXPECT_EQ(st.misses, 1u);
-  EXPECT_TRUE(cache->GetBatchUncounted(ids, std::span(rows, 2), statuses)
-                  .IsInvalidArgument());
+  EXPECT_TRUE(
+      cache->GetBatchUncounted(ids, std::span(rows, 2), statuses).IsInvalidArgument());
 }
 
 // Rows of the streaming copy's sizes (format/row_copy.h) read back whole
