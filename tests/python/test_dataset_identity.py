@@ -1,7 +1,9 @@
 """The default cache name tells datasets apart by what they hold
 (shmcache.torch.dataset_identity): two datasets of one class and length but other
 contents never share a cache, the same data opened twice does, and a
-dataset whose contents cannot be told is refused with the fix (name=)."""
+dataset whose contents cannot be told gets no cache (CachedDataset: rows
+from the source after one CacheWarning naming the fix, name=;
+cache_for_dataset and prefill: refused with it)."""
 
 import os
 import time
@@ -14,9 +16,9 @@ from torch.utils.data import (DataLoader, Dataset, IterableDataset, Subset,  # n
                               TensorDataset)
 
 from helpers import Images, RandomFlip, sample  # noqa: E402
-from shmcache import DatasetCache  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
 from shmcache.torch import (CachedDataset, CachedIterableDataset,  # noqa: E402
-                            cache_for_dataset)
+                            CachedLoader, cache_for_dataset)
 
 
 def name_of(ds, session, **kw):
@@ -231,6 +233,45 @@ def test_a_dataset_whose_contents_cannot_be_told_needs_a_name(session, ds, why):
     assert why in str(e.value)
     # With a name nothing is read.
     assert cache_for_dataset(ds, DatasetCache(session), name="mine").name == "mine"
+
+
+class CorruptFirst(Dataset):
+    """Row 0 is corrupt (raises), as a bad file among good ones."""
+    root = "corrupt-first"
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == 0:
+            raise KeyError("row 0 is corrupt")
+        return np.full(4, i, dtype=np.float32)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_whose_contents_cannot_be_told_is_read_from_the_source(
+        server, session, num_workers):
+    with pytest.warns(CacheWarning) as caught:
+        cds = CachedDataset(CorruptFirst(), DatasetCache(session))
+    assert len(caught) == 1
+    assert "pass name=" in str(caught[0].message) and "KeyError" in str(caught[0].message)
+    assert cds.cache.bypassed and cds.stats() is None
+    # As DataLoader: the batch with the corrupt row raises, the epoch goes on.
+    got, errors = [], 0
+    it = iter(CachedLoader(cds, batch_size=3, num_workers=num_workers))
+    while True:
+        try:
+            got.append(next(it))
+        except StopIteration:
+            break
+        except KeyError:
+            errors += 1
+    assert errors == 1
+    assert torch.cat(got)[:, 0].tolist() == list(range(3, 10))
+    # Nothing went into the session under the name it would have had.
+    probe = DatasetCache(session).named(cds.cache.name, cds.cache.fingerprint).open()
+    st = probe.stats()
+    assert st.mem_rows == 0 and st.disk_rows == 0
 
 
 def test_random_augmentation_inside_the_dataset_names_one_cache(session):

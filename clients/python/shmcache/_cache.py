@@ -137,13 +137,18 @@ class DatasetCache:
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
                 "_warned_row", "_bytes_read")
 
+    # Set by bypass(): travels with the object (pickled to DataLoader
+    # workers), so that no process of it uses the cache.
+    bypass_reason: str | None = None
+
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
         self._client = None
         self.native = None
-        self._state = State.SERVING
-        self._warned = False
+        # A bypassed cache was warned about once, where bypass() was called.
+        self._state = State.SERVING if self.bypass_reason is None else State.BYPASSED
+        self._warned = self.bypass_reason is not None
         self._warned_row = False  # a row the cache cannot take was dropped
         self._bytes_read = 0      # bytes of columns returned by get_columns
 
@@ -173,6 +178,18 @@ class DatasetCache:
         if self._state is State.BYPASSED:
             other._state = State.BYPASSED
         return other
+
+    def bypass(self, why: str) -> None:
+        """Package-internal: this cache is never opened, here or in any
+        process this object is pickled to (DataLoader workers); every read
+        is a miss, every put dropped. Warns once, here: `why` (what is
+        wrong and what to do)."""
+        self.bypass_reason = why
+        self._state = State.BYPASSED
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"shmcache: {why}; the cache is bypassed and rows are "
+                          "read from the source", CacheWarning, stacklevel=3)
 
     def _degrade(self, state: State, err: Error, what: str | None = None) -> None:
         """Moves to `state` (never back) and warns once per object: `what`

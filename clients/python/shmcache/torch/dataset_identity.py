@@ -23,9 +23,9 @@ It comes from whichever of these the dataset has:
   its index (and restored after), so a dataset with random augmentation
   gives the same identity in every process; the first is computed twice,
   and a dataset whose sample differs between the two reads has no identity
-  here (ValueError: pass name=). A dataset that has no length, raises on
-  one of these samples, or is a one-shot iterator (a generator) has none
-  either. A streaming (iterable) source gives its first SAMPLES items of a
+  here (UnknownContents, a ValueError: pass name=). A dataset that has no
+  length, raises on one of these samples, or is a one-shot iterator (a
+  generator) has none either. A streaming (iterable) source gives its first SAMPLES items of a
   fresh iteration.
 - And, in both cases, the size and mtime of a root/path that names a file.
 
@@ -49,7 +49,7 @@ import numpy as np
 
 from .._shmcache import stat_files
 
-__all__ = ["content_identity", "SAMPLES"]
+__all__ = ["content_identity", "SAMPLES", "UnknownContents"]
 
 SAMPLES = 8                      # samples hashed when a dataset lists no files
 _FILE_LISTS = ("samples", "imgs", "files", "paths")
@@ -170,8 +170,14 @@ def _seeded(seed: int) -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-def _no_identity(why: str) -> ValueError:
-    return ValueError(
+class UnknownContents(ValueError):
+    """The dataset's contents cannot be told apart from another's: a cache
+    name must be given (cache_for_dataset raises it; CachedDataset bypasses
+    its cache instead, with one CacheWarning)."""
+
+
+def _no_identity(why: str) -> UnknownContents:
+    return UnknownContents(
         f"CachedDataset cannot tell this dataset's contents from another's "
         f"({why}), so it cannot name its cache by them: pass name= (a name "
         "that differs for different data), as prefill's --cache_name")

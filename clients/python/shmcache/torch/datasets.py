@@ -100,8 +100,10 @@ class CachedDataset(Dataset):
       $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
       the dataset (class, length, root/path, transform repr) and of its
       contents (shmcache.torch.dataset_identity: its files' sizes and
-      mtimes, or a few samples), taken once, here; ValueError when the
-      contents cannot be told (pass name=).
+      mtimes, or a few samples), taken once, here. When the contents
+      cannot be told (a sampled row raises, or differs between two reads),
+      the cache is bypassed (rows read from the dataset) with one
+      CacheWarning: pass name= to cache it.
     transform, target_transform: applied after the cache, on every access
       (the place for random augmentation), torchvision's way: for a tuple
       sample, transform to its first element and target_transform to its
@@ -166,7 +168,8 @@ class CachedDataset(Dataset):
                              "transform= / target_transform=, not both")
         column_names(columns)   # a bad selection fails here, not per sample
         self.dataset = dataset
-        self.cache = cache_for_dataset(dataset, cache, name, allow_random)
+        self.cache = cache_for_dataset(dataset, cache, name, allow_random,
+                                       bypass_unknown=True)
         self.transform = transform
         self.target_transform = target_transform
         self.transforms = transforms
@@ -378,7 +381,8 @@ class CachedIterableDataset(IterableDataset):
                  transform: Callable[[Any], Any] | None = None,
                  allow_random: bool = False) -> None:
         self.source = source
-        self.cache = cache_for_dataset(source, cache, name, allow_random)
+        self.cache = cache_for_dataset(source, cache, name, allow_random,
+                                       bypass_unknown=True)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
         self.cache.open()

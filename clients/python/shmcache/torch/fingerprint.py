@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .. import DatasetCache
-from .dataset_identity import content_identity
+from .dataset_identity import UnknownContents, content_identity
 
 __all__ = ["dataset_fingerprint", "cache_for_dataset"]
 
@@ -103,15 +103,19 @@ def _stable_repr(obj: object) -> str:
 
 def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                       name: str | None = None,
-                      allow_random: bool = False) -> DatasetCache:
+                      allow_random: bool = False,
+                      bypass_unknown: bool = False) -> DatasetCache:
     """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
     uses: cache's session and size (default DatasetCache(): the session of
     $SHMCACHE_SESSION_ID). Without `name`, the cache is named by the
     dataset's description (dataset_fingerprint) and its contents
     (shmcache.torch.dataset_identity: its files' sizes and mtimes, or a few
     samples), so two datasets that differ in either never share a cache;
-    ValueError when the contents cannot be told (pass name=). With `name`,
-    nothing is read: the fingerprint checked at open is the description's."""
+    UnknownContents (a ValueError) when the contents cannot be told (pass
+    name=), or, with `bypass_unknown` (CachedDataset's choice: training goes
+    on), a cache that is bypassed, with one CacheWarning saying why. With
+    `name`, nothing is read: the fingerprint checked at open is the
+    description's."""
     if cache is None:
         cache = DatasetCache()
     if not isinstance(cache, DatasetCache):
@@ -126,7 +130,17 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
             "the first epoch's random choices. Cache the deterministic part "
             "and pass the random transforms as transform=..., or pass "
             "allow_random=True")
+    unknown = None
     if not name:
-        desc += "|content=" + content_identity(dataset)
+        try:
+            desc += "|content=" + content_identity(dataset)
+        except UnknownContents as e:
+            if not bypass_unknown:
+                raise
+            # No name of it could be trusted not to alias another dataset's.
+            unknown, desc = str(e), desc + "|content=unknown"
     fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
-    return cache.named(name or fp, fp)
+    out = cache.named(name or fp, fp)
+    if unknown is not None:
+        out.bypass(unknown)
+    return out
