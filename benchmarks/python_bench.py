@@ -7,8 +7,10 @@ Sections, each skipped with its reason when what it needs is missing:
              numpy random-row copy (the Python-side memcpy limit); at 3 KB
              also py-lmdb get + np.frombuffer + copy of the same rows (a
              read transaction per get, and one long read transaction:
-             py-lmdb's fastest use) and CachedDataset[i], with the ratios
-             of the targets against both, measured in interleaved rounds
+             py-lmdb's fastest use) and CachedDataset[i], of a sample that
+             is the row alone and of one that is a (row, int64 label)
+             tuple, as most datasets' are, with the ratios of the targets
+             against both, measured in interleaved rounds
              (best round each: the machine may be shared and noisy);
   read_into  batches of 588 KB rows assembled by DatasetCache.read_into
              (2 threads) vs numpy copying the same rows with 2 threads;
@@ -197,25 +199,38 @@ def bench_vs_lmdb(args, out, cache, src, ids):
 
         def __repr__(self):
             return f"Rows({src.shape})"
+
+    class Labelled(Rows):       # the (image bytes, label) sample of most datasets
+        def __getitem__(self, i):
+            return src[i], i % 1000
+
+        def __repr__(self):
+            return f"Labelled({src.shape})"
     cds = CachedDataset(Rows(), cache, async_puts=False)
+    cds_tuple = CachedDataset(Labelled(), cache.named(f"{cache.name}-tuple"),
+                              async_puts=False)
     for i in range(src.shape[0]):
         cds[i]                                   # misses: fill the cache
+        cds_tuple[i]
     r = best_rates(args.seconds * 2, {
         "get": (cache.get, ids), "view": (cache.view, ids),
-        "cds": (cds.__getitem__, ids), "lmdb": (lmdb_get, keys),
-        "lmdb_long_txn": (lmdb_long, keys)})
+        "cds": (cds.__getitem__, ids), "cds_tuple": (cds_tuple.__getitem__, ids),
+        "lmdb": (lmdb_get, keys), "lmdb_long_txn": (lmdb_long, keys)})
     long_txn.abort()
     env.close()
     out.add("get", "py-lmdb", "get+frombuffer+copy, txn per get", size, 1, r["lmdb"])
     out.add("get", "py-lmdb", "get+frombuffer+copy, one long txn", size, 1,
             r["lmdb_long_txn"])
     out.add("get", "python", "CachedDataset[i]", size, 1, r["cds"])
+    out.add("get", "python", "CachedDataset[i], (row, label) tuple", size, 1,
+            r["cds_tuple"])
     out.add("get", "python", "DatasetCache.get, rounds with lmdb", size, 1, r["get"])
     out.add("view", "python", "DatasetCache.view, rounds with lmdb", size, 1, r["view"])
     for peer in ("lmdb", "lmdb_long_txn"):
         out.value(f"python.get_vs_{peer}", r["get"] / r[peer])
         out.value(f"python.view_vs_{peer}", r["view"] / r[peer])
         out.value(f"python.cached_dataset_vs_{peer}", r["cds"] / r[peer])
+        out.value(f"python.cached_dataset_tuple_vs_{peer}", r["cds_tuple"] / r[peer])
 
 
 # ---- read_into: batches of decoded images ---------------------------------

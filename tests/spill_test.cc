@@ -284,6 +284,16 @@ TEST(CapacityTest, SpilledRowsViewsAndMissingColumns) {
     EXPECT_EQ(row.num_columns(), 0u);
     s = cache->Get(rows, data, &row);
     EXPECT_TRUE(s.IsNotFound() && !s.IsColumnNotFound()) << s.ToString();
+    // A spilled row read uncounted: read whole, the counters unchanged.
+    CacheStats before, after;
+    ASSERT_TRUE(cache->GetStats(&before).ok());
+    Row got[2];
+    ASSERT_TRUE(cache->GetBatchUncounted(ids, got, statuses).ok());
+    EXPECT_TRUE(statuses[0].ok() && statuses[1].ok()) << statuses[1].ToString();
+    EXPECT_EQ(got[1].column(0).nbytes, kRowBytes);
+    ASSERT_TRUE(cache->GetStats(&after).ok());
+    EXPECT_EQ(after.hits, before.hits);
+    EXPECT_EQ(after.misses, before.misses);
   }
   RemoveTree(spill);
 }
