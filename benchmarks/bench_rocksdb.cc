@@ -12,11 +12,10 @@
 #include <string>
 #include <vector>
 
-#include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
-#include <rocksdb/table.h>
 
+#include "benchmarks/rocksdb_peer.h"
 #include "benchmarks/sections.h"
 #include "format/spill_format.h"
 
@@ -31,18 +30,8 @@ struct RocksConfig {
 };
 const RocksConfig kRocksConfigs[] = {
     {"default", [](rocksdb::Options*) {}},
-    {"no compression",
-     [](rocksdb::Options* o) { o->compression = rocksdb::kNoCompression; }},
-    {"BlobDB + 256 MB cache",
-     [](rocksdb::Options* o) {
-       o->compression = rocksdb::kNoCompression;
-       o->enable_blob_files = true;
-       o->min_blob_size = 4096;
-       o->blob_compression_type = rocksdb::kNoCompression;
-       rocksdb::BlockBasedTableOptions t;
-       t.block_cache = rocksdb::NewLRUCache(256u << 20);
-       o->table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
-     }},
+    {"no compression", TuneNoCompression},
+    {"BlobDB + 256 MB cache", TuneBlobDb},
     {"shmcache spill reader options",
      [](rocksdb::Options* o) { *o = shmcache::SpillReaderOptions(); }},
 };
@@ -142,38 +131,19 @@ void BenchRocksdbConfig(const Config& c, const Source& src, size_t size,
     // copied out of RocksDB's pinned memory into a buffer of the caller's
     // (kept between calls), as GetBatch delivers rows and as the Get above
     // copies into its string: a loader needs the bytes in its batch.
-    constexpr size_t kBatch = 64;
     rate = RunProcs(p, [&](int child) {
       rocksdb::DB* d = nullptr;
       rocksdb::Options ro;
       cfg.tune(&ro);
       if (!rocksdb::DB::OpenForReadOnly(ro, dir, &d).ok()) return -1.0;
       std::unique_ptr<rocksdb::DB> owned(d);
-      std::vector<uint64_t> ids(kBatch);
-      std::vector<rocksdb::Slice> keys(kBatch);
-      std::vector<rocksdb::PinnableSlice> values(kBatch);
-      std::vector<rocksdb::Status> sts(kBatch);
-      std::vector<std::string> out(kBatch);
-      bool good = true;
-      const uint64_t off = static_cast<uint64_t>(child) * 7919;
-      double rr = TimedRateBatched(c.seconds, kBatch, [&](uint64_t i) {
-        for (size_t k = 0; k < kBatch; ++k) {
-          ids[k] = idx[(i * kBatch + k + off) & (idx.size() - 1)];
-          keys[k] = rocksdb::Slice(reinterpret_cast<const char*>(&ids[k]), sizeof ids[k]);
-          values[k].Reset();
-        }
-        owned->MultiGet(rocksdb::ReadOptions(), owned->DefaultColumnFamily(), kBatch,
-                        keys.data(), values.data(), sts.data());
-        for (size_t k = 0; k < kBatch; ++k) {
-          good &= sts[k].ok() && values[k].size() == size;
-          out[k].assign(values[k].data(), values[k].size());
-        }
-      });
-      return good ? rr : -1.0;
+      return MultiGetRate(c.seconds, owned.get(), idx,
+                          static_cast<uint64_t>(child) * 7919, size);
     });
     if (rate < 0) r->Skip("rocksdb multiget", "MultiGet failed");
     else
-      sub->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kBatch), size, p, rate);
+      sub->Add("get", "rocksdb", "raw MultiGet " + std::to_string(kMultiGetBatch), size,
+               p, rate);
   }
   std::filesystem::remove_all(dir);
 }

@@ -19,11 +19,10 @@
 #include <string>
 #include <vector>
 
-#include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
-#include <rocksdb/table.h>
 
+#include "benchmarks/rocksdb_peer.h"
 #include "benchmarks/sections.h"
 #include "shmcache/client.h"
 
@@ -40,7 +39,7 @@ struct CheckRows {
   uint64_t count;
 };
 constexpr CheckRows kCheckRows[] = {
-    {3 * 1024, 20000}, {150 * 1024, 1500}, {1024 * 1024, 256}};
+    {size_t{3} * 1024, 20000}, {size_t{150} * 1024, 1500}, {size_t{1024} * 1024, 256}};
 
 struct Peer {
   const char* name;
@@ -48,18 +47,8 @@ struct Peer {
 };
 const Peer kPeers[] = {
     {"default", [](rocksdb::Options*) {}},
-    {"no compression",
-     [](rocksdb::Options* o) { o->compression = rocksdb::kNoCompression; }},
-    {"BlobDB + no compression + 256 MB block cache",
-     [](rocksdb::Options* o) {
-       o->compression = rocksdb::kNoCompression;
-       o->enable_blob_files = true;
-       o->min_blob_size = 4096;
-       o->blob_compression_type = rocksdb::kNoCompression;
-       rocksdb::BlockBasedTableOptions t;
-       t.block_cache = rocksdb::NewLRUCache(256u << 20);
-       o->table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
-     }},
+    {"no compression", TuneNoCompression},
+    {"BlobDB + no compression + 256 MB block cache", TuneBlobDb},
 };
 
 // A RocksDB database of the rows, open for reads, every row read once.
@@ -96,30 +85,6 @@ bool MakePeer(const Config& c, const Source& src, const CheckRows& rows, const P
   }
   if (!s.ok()) *err = s.ToString();
   return s.ok();
-}
-
-double PeerRate(const Config& c, PeerDb* p, const std::vector<uint32_t>& idx,
-                size_t size) {
-  std::vector<uint64_t> ids(kBatch);
-  std::vector<rocksdb::Slice> keys(kBatch);
-  std::vector<rocksdb::PinnableSlice> values(kBatch);
-  std::vector<rocksdb::Status> sts(kBatch);
-  std::vector<std::string> out(kBatch);
-  bool good = true;
-  double rate = TimedRateBatched(c.seconds, kBatch, [&](uint64_t i) {
-    for (size_t k = 0; k < kBatch; ++k) {
-      ids[k] = idx[(i * kBatch + k) & (idx.size() - 1)];
-      keys[k] = rocksdb::Slice(reinterpret_cast<const char*>(&ids[k]), sizeof ids[k]);
-      values[k].Reset();
-    }
-    p->db->MultiGet(rocksdb::ReadOptions(), p->db->DefaultColumnFamily(), kBatch,
-                    keys.data(), values.data(), sts.data());
-    for (size_t k = 0; k < kBatch; ++k) {
-      good &= sts[k].ok() && values[k].size() == size;
-      out[k].assign(values[k].data(), values[k].size());
-    }
-  });
-  return good ? rate : -1;
 }
 
 double ShmcacheRate(const Config& c, shmcache::Cache* cache,
@@ -189,7 +154,8 @@ void CheckSize(const Config& c, const Source& src, const CheckRows& rows,
     best_shm = std::max(best_shm, ShmcacheRate(c, cache.get(), idx));
     for (size_t p = 0; p < std::size(kPeers); ++p) {
       if (usable[p])
-        best_peer[p] = std::max(best_peer[p], PeerRate(c, &peers[p], idx, rows.size));
+        best_peer[p] = std::max(
+            best_peer[p], MultiGetRate(c.seconds, peers[p].db.get(), idx, 0, rows.size));
     }
   }
   if (best_shm > 0)

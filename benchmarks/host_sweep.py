@@ -29,11 +29,11 @@ Every figure is from this run; the ratios are same-run. Measures only.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
+
+from bench_sections import Out, run_sections
 
 KB = 1024
 
@@ -45,28 +45,6 @@ def default_sweep():
         out.append(k)
         k *= 2
     return out + [n]
-
-
-class Out:
-    def __init__(self):
-        self.results, self.values, self.skipped = [], {}, {}
-
-    def add(self, bench, system, variant, row_bytes, procs, rate):
-        gb = rate * row_bytes / 1e9
-        print(f"  {bench:<8} {system:<12} {variant:<34} {row_bytes:7d} B  P={procs:<3}"
-              f"  {rate:12.0f} rows/s  {gb:7.2f} GB/s", flush=True)
-        self.results.append(dict(bench=bench, system=system, variant=variant,
-                                 row_bytes=row_bytes, procs=procs, rows_per_s=rate,
-                                 gb_per_s=gb))
-
-    def value(self, key, v):
-        v = float(v)
-        print(f"  {key:<48} {v:.3f}", flush=True)
-        self.values[key] = v
-
-    def skip(self, what, reason):
-        print(f"  skipped {what}: {reason}", flush=True)
-        self.skipped[what] = reason
 
 
 class Rows:
@@ -307,32 +285,18 @@ def main():
     scale = 4 if args.quick else 1
     args.rows_150, args.rows_12 = 2000 // scale, 20000 // scale
     args.first_rows_150, args.first_rows_12 = 2000 // scale, 20000 // scale
-    out = Out()
+    out = Out(system_width=12, variant_width=34, procs_width=3, key_width=48)
+    reason = ""
     try:
         import shmcache
         import shmcache.torch  # noqa: F401
     except ImportError as e:
         shmcache = None
         reason = f"the Python package is not available ({e})"
-    for name, fn in (("cold", bench_cold_warm), ("first", bench_first), ("gpu", bench_gpu)):
-        if name not in args.sections.split(","):
-            continue
-        print(f"== {name}", flush=True)
-        t0 = time.perf_counter()
-        if shmcache is None:
-            out.skip(name, reason)
-            continue
-        try:
-            fn(args, out, shmcache)
-        except _Skip as e:
-            out.skip(name, str(e))
-        except Exception as e:
-            traceback.print_exc()
-            out.skip(name, f"{type(e).__name__}: {e}")
-        out.values[f"time.sweep_{name}"] = time.perf_counter() - t0
-    with open(args.out, "w") as f:
-        json.dump(dict(results=out.results, values=out.values, skipped=out.skipped), f,
-                  indent=1)
+    sections = (("cold", bench_cold_warm), ("first", bench_first), ("gpu", bench_gpu))
+    timings = run_sections(args, out, shmcache, reason, sections, quiet=_Skip)
+    out.values.update({f"time.sweep_{k}": v for k, v in timings.items()})
+    out.dump(args.out)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ Sections, each skipped with its reason when what it needs is missing:
              numpy random-row copy (the Python-side memcpy limit); at 3 KB
              also py-lmdb get + np.frombuffer + copy of the same rows (a
              read transaction per get, and one long read transaction:
-             py-lmdb's fastest use) and CachedDataset[i], with the ratios
-             of the targets against both, measured in interleaved rounds
+             py-lmdb's fastest use) and CachedDataset[i], of a sample that
+             is the row alone and of one that is a (row, int64 label)
+             tuple, as most datasets' are, with the ratios of the targets
+             against both, measured in interleaved rounds
              (best round each: the machine may be shared and noisy);
   read_into  batches of 588 KB rows assembled by DatasetCache.read_into
              (2 threads) vs numpy copying the same rows with 2 threads;
@@ -38,14 +40,14 @@ Writes one JSON object. Measures only; asserts nothing.
 """
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
+
+from bench_sections import Out, run_sections
 
 SIZES = (3 * 1024, 150 * 1024, 600 * 1024)
 
@@ -84,28 +86,6 @@ def timed_rate(seconds, op, ids):
         t1 = time.perf_counter()
         if t1 - t0 >= seconds:
             return count / (t1 - t0)
-
-
-class Out:
-    def __init__(self):
-        self.results, self.values, self.skipped = [], {}, {}
-
-    def add(self, bench, system, variant, row_bytes, procs, rate):
-        gb = rate * row_bytes / 1e9
-        print(f"  {bench:<8} {system:<9} {variant:<22} {row_bytes:7d} B  P={procs}"
-              f"  {rate:12.0f} rows/s  {gb:7.2f} GB/s", flush=True)
-        self.results.append(dict(bench=bench, system=system, variant=variant,
-                                 row_bytes=row_bytes, procs=procs,
-                                 rows_per_s=rate, gb_per_s=gb))
-
-    def value(self, key, v):
-        v = float(v)
-        print(f"  {key:<40} {v:.3f}", flush=True)
-        self.values[key] = v
-
-    def skip(self, what, reason):
-        print(f"  skipped {what}: {reason}", flush=True)
-        self.skipped[what] = reason
 
 
 # ---- python: the API's get / view / put ---------------------------------
@@ -219,25 +199,38 @@ def bench_vs_lmdb(args, out, cache, src, ids):
 
         def __repr__(self):
             return f"Rows({src.shape})"
+
+    class Labelled(Rows):       # the (image bytes, label) sample of most datasets
+        def __getitem__(self, i):
+            return src[i], i % 1000
+
+        def __repr__(self):
+            return f"Labelled({src.shape})"
     cds = CachedDataset(Rows(), cache, async_puts=False)
+    cds_tuple = CachedDataset(Labelled(), cache.named(f"{cache.name}-tuple"),
+                              async_puts=False)
     for i in range(src.shape[0]):
         cds[i]                                   # misses: fill the cache
+        cds_tuple[i]
     r = best_rates(args.seconds * 2, {
         "get": (cache.get, ids), "view": (cache.view, ids),
-        "cds": (cds.__getitem__, ids), "lmdb": (lmdb_get, keys),
-        "lmdb_long_txn": (lmdb_long, keys)})
+        "cds": (cds.__getitem__, ids), "cds_tuple": (cds_tuple.__getitem__, ids),
+        "lmdb": (lmdb_get, keys), "lmdb_long_txn": (lmdb_long, keys)})
     long_txn.abort()
     env.close()
     out.add("get", "py-lmdb", "get+frombuffer+copy, txn per get", size, 1, r["lmdb"])
     out.add("get", "py-lmdb", "get+frombuffer+copy, one long txn", size, 1,
             r["lmdb_long_txn"])
     out.add("get", "python", "CachedDataset[i]", size, 1, r["cds"])
+    out.add("get", "python", "CachedDataset[i], (row, label) tuple", size, 1,
+            r["cds_tuple"])
     out.add("get", "python", "DatasetCache.get, rounds with lmdb", size, 1, r["get"])
     out.add("view", "python", "DatasetCache.view, rounds with lmdb", size, 1, r["view"])
     for peer in ("lmdb", "lmdb_long_txn"):
         out.value(f"python.get_vs_{peer}", r["get"] / r[peer])
         out.value(f"python.view_vs_{peer}", r["view"] / r[peer])
         out.value(f"python.cached_dataset_vs_{peer}", r["cds"] / r[peer])
+        out.value(f"python.cached_dataset_tuple_vs_{peer}", r["cds_tuple"] / r[peer])
 
 
 # ---- read_into: batches of decoded images ---------------------------------
@@ -799,8 +792,8 @@ def main():
                     default="python,read_into,dataloader,switch,prefill,shared")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    out = Out()
-    timings = {}
+    out = Out(system_width=9, variant_width=22, procs_width=0, key_width=40)
+    reason = ""
     try:
         if args.python_build != "yes":
             raise ImportError(args.python_build)
@@ -808,26 +801,12 @@ def main():
     except ImportError as e:
         shmcache = None
         reason = f"the Python package is not available ({e})"
-    for name, fn in (("python", bench_python), ("read_into", bench_read_into),
-                     ("dataloader", bench_dataloader), ("switch", bench_switch),
-                     ("prefill", bench_prefill), ("shared", bench_shared)):
-        if name not in args.sections.split(","):
-            continue
-        print(f"== {name}", flush=True)
-        t0 = time.perf_counter()
-        if shmcache is None:
-            out.skip(name, reason)
-            continue
-        try:
-            fn(args, out, shmcache)
-        except Exception as e:
-            traceback.print_exc()
-            out.skip(name, f"{type(e).__name__}: {e}")
-        timings[f"time.py_{name}"] = time.perf_counter() - t0
-    out.values.update(timings)
-    with open(args.out, "w") as f:
-        json.dump(dict(results=out.results, values=out.values, skipped=out.skipped),
-                  f, indent=1)
+    sections = (("python", bench_python), ("read_into", bench_read_into),
+                ("dataloader", bench_dataloader), ("switch", bench_switch),
+                ("prefill", bench_prefill), ("shared", bench_shared))
+    timings = run_sections(args, out, shmcache, reason, sections)
+    out.values.update({f"time.py_{k}": v for k, v in timings.items()})
+    out.dump(args.out)
 
 
 if __name__ == "__main__":

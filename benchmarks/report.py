@@ -281,6 +281,9 @@ def targets(d):
              "use (one long read txn), 3 KB", ">= 2x", 2.0),
             ("python.cached_dataset_vs_lmdb_long_txn", "CachedDataset[i] vs py-lmdb's "
              "fastest use (one long read txn), 3 KB", ">= 1.0x", 1.0),
+            ("python.cached_dataset_tuple_vs_lmdb_long_txn", "CachedDataset[i] of a "
+             "(3 KB row, int label) tuple vs py-lmdb's fastest use (one long read txn) "
+             "of the same 3 KB", ">= 1.0x", 1.0),
             ("python.get_vs_lmdb", "Python DatasetCache.get vs py-lmdb, a read txn per "
              "get (+frombuffer+copy), 3 KB", ">= 1.0x", 1.0),
             ("python.view_vs_lmdb", "Python DatasetCache.view vs py-lmdb, a read txn per "

@@ -140,6 +140,9 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
+  // CacheFor's cache when it may spill now; Full when it does not (or this
+  // server does not spill): what a staged spill asks first.
+  Status SpillingCacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   void CountSpillReads(uint32_t cache_id, uint64_t n) EXCLUDES(mu_);
   // Background threads making caches' next segments (see SegmentJob), one
   // job each at a time; the first (`polls`) also re-checks ended

@@ -91,16 +91,22 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
   return s;
 }
 
+Status Store::SpillingCacheFor(uint32_t cache_id, CacheState** out) {
+  Status s = CacheFor(cache_id, out);
+  if (!s.ok()) return s;
+  if (!spiller_.enabled() || !(*out)->spilling_on()) {
+    return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
+  }
+  return Status::OK();
+}
+
 Status Store::SpillStage(uint64_t conn, uint32_t cache_id, uint64_t min_bytes,
                          uint32_t* tag, uint64_t* size) {
   {
     MutexLock lock(&mu_);
     CacheState* c;
-    Status s = CacheFor(cache_id, &c);
+    Status s = SpillingCacheFor(cache_id, &c);
     if (!s.ok()) return s;
-    if (!spiller_.enabled() || !c->spilling_on()) {
-      return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
-    }
   }
   return stages_.Get(conn, cache_id, min_bytes, tag, size);
 }
@@ -113,11 +119,8 @@ Status Store::SpillPutStaged(uint64_t conn, uint32_t cache_id, uint32_t tag,
   {
     MutexLock lock(&mu_);
     CacheState* c;
-    Status s = CacheFor(cache_id, &c);
+    Status s = SpillingCacheFor(cache_id, &c);
     if (!s.ok()) return s;
-    if (!spiller_.enabled() || !c->spilling_on()) {
-      return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
-    }
     spill_writes_.insert(cache_id);
   }
   // The disk write runs without the lock: leases, opens and other caches'

@@ -22,11 +22,32 @@ namespace {
 // the hand-off costs more than the copy it would share.
 constexpr size_t kMinShareBytes = 256 << 10;
 
-// The row's column for each target, when every one matches exactly.
+template <typename To, typename From>
+void Convert(const std::byte* src, std::byte* dst, size_t n) {
+  for (size_t k = 0; k < n; ++k) {
+    From v;
+    std::memcpy(&v, src + k * sizeof(From), sizeof(From));
+    auto w = static_cast<To>(v);
+    std::memcpy(dst + k * sizeof(To), &w, sizeof(To));
+  }
+}
+
+// Copies one column into its target's row (widening where the target does).
+void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst) {
+  if (c.dtype == DType::kUInt16 && t.dtype == DType::kInt32) {
+    Convert<int32_t, uint16_t>(c.data, dst, c.nbytes / sizeof(uint16_t));
+  } else if (c.dtype == DType::kUInt32 && t.dtype == DType::kInt64) {
+    Convert<int64_t, uint32_t>(c.data, dst, c.nbytes / sizeof(uint32_t));
+  } else {  // the same bytes (uint64 into int64: its bits)
+    CopyRowBytes(dst, c.data, c.nbytes);
+  }
+}
+
+// The row's column for each target, when every one matches (Takes, shape).
 bool Match(const RowView& row, std::span<const ColumnTarget> targets, ColumnView* cols) {
   for (size_t t = 0; t < targets.size(); ++t) {
     std::optional<ColumnView> c = row.find(targets[t].name);
-    if (!c || c->dtype != targets[t].dtype ||
+    if (!c || !Takes(targets[t].dtype, targets[t].accept, c->dtype) ||
         !std::ranges::equal(c->shape, targets[t].shape)) {
       return false;
     }
@@ -35,56 +56,96 @@ bool Match(const RowView& row, std::span<const ColumnTarget> targets, ColumnView
   return true;
 }
 
-void CopyRow(std::span<const ColumnTarget> targets, const ColumnView* cols, size_t i) {
-  for (size_t t = 0; t < targets.size(); ++t) {
-    auto* dst =
-        static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes;
-    CopyRowBytes(dst, cols[t].data, cols[t].nbytes);
+}  // namespace
+
+bool Takes(DType target, Accept accept, DType stored) {
+  if (stored == target) return true;
+  switch (accept) {
+    case Accept::kExact: return false;
+    case Accept::kSameBytes:
+      return (stored == DType::kBFloat16 && target == DType::kUInt16) ||
+             (stored == DType::kBytes && target == DType::kUInt8);
+    case Accept::kTorch:
+      return (stored == DType::kUInt16 && target == DType::kInt32) ||
+             (stored == DType::kUInt32 && target == DType::kInt64) ||
+             (stored == DType::kUInt64 && target == DType::kInt64);
   }
+  return false;
 }
 
-// Copies row i when it matches; its hit flag says whether it did.
-void Deliver(const RowView& row, std::span<const ColumnTarget> targets,
-             std::vector<ColumnView>& cols, size_t i, uint8_t* hit) {
-  hit[i] = Match(row, targets, cols.data()) ? 1 : 0;
-  if (hit[i]) CopyRow(targets, cols.data(), i);
-}
-
-// What one share of a batch leaves for the calling thread.
-struct ShareResult {
+// What one share of a batch (a range of its rows) leaves for the calling
+// thread, and how it saw the targets' columns stored.
+struct BatchReader::Share {
   std::vector<size_t> spilled;  // positions of rows on disk
   Status error;
-};
+  std::span<StoredColumn> stored;  // empty: not asked
+  size_t unseen = 0;               // targets whose column no row showed yet
 
-// Reads ids [first, last) of the batch from memory.
-void ReadShare(Cache* cache, std::span<const uint64_t> ids, size_t first, size_t last,
-               std::span<const ColumnTarget> targets, uint8_t* hit, ShareResult* out) {
-  RowView views[kBatchWindow];
-  Status statuses[kBatchWindow];
-  std::vector<ColumnView> cols(targets.size());
-  for (size_t base = first; base < last; base += kBatchWindow) {
-    size_t n = std::min(kBatchWindow, last - base);
-    Status s = cache->ViewBatch(ids.subspan(base, n), std::span(views, n),
-                                std::span(statuses, n));
-    if (!s.ok()) {
-      out->error = s;
+  // Notes how row i stores the targets' columns, for those not seen yet.
+  void Saw(const RowView& row, std::span<const ColumnTarget> targets, size_t i) {
+    if (unseen == 0) return;
+    for (size_t t = 0; t < targets.size(); ++t) {
+      if (stored[t].row <= i) continue;
+      std::optional<ColumnView> c = row.find(targets[t].name);
+      if (!c) continue;
+      if (stored[t].row == StoredColumn::kNoRow) --unseen;
+      stored[t].row = i;
+      stored[t].dtype = c->dtype;
+      stored[t].shape.assign(c->shape.begin(), c->shape.end());
+    }
+  }
+
+  // Copies row i when it matches; hit[i] says what became of it.
+  void Deliver(const RowView& row, std::span<const ColumnTarget> targets,
+               ColumnView* cols, size_t i, uint8_t* hit) {
+    Saw(row, targets, i);
+    if (!Match(row, targets, cols)) {
+      hit[i] = kRowOtherLayout;
       return;
     }
-    for (size_t k = 0; k < n; ++k) {
-      size_t i = base + k;
-      hit[i] = 0;
-      if (statuses[k].ok()) {
-        Deliver(views[k], targets, cols, i, hit);
-      } else if (statuses[k].IsNotSupported()) {
-        out->spilled.push_back(i);
-      } else if (!statuses[k].IsNotFound()) {
-        out->error = statuses[k];
+    for (size_t t = 0; t < targets.size(); ++t) {
+      CopyColumn(
+          targets[t], cols[t],
+          static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes);
+    }
+    hit[i] = kRowRead;
+  }
+
+  // Reads ids [first, last) of the batch from memory.
+  void Read(Cache* cache, std::span<const uint64_t> ids, size_t first, size_t last,
+            std::span<const ColumnTarget> targets, uint8_t* hit) {
+    RowView views[kBatchWindow];
+    Status statuses[kBatchWindow];
+    constexpr size_t kInlineColumns = 8;
+    ColumnView inline_cols[kInlineColumns];
+    std::vector<ColumnView> more;
+    ColumnView* cols = inline_cols;
+    if (targets.size() > kInlineColumns) {
+      more.resize(targets.size());
+      cols = more.data();
+    }
+    for (size_t base = first; base < last; base += kBatchWindow) {
+      size_t n = std::min(kBatchWindow, last - base);
+      Status s = cache->ViewBatch(ids.subspan(base, n), std::span(views, n),
+                                  std::span(statuses, n));
+      if (!s.ok()) {
+        error = s;
+        return;
+      }
+      for (size_t k = 0; k < n; ++k) {
+        size_t i = base + k;
+        hit[i] = kRowMissing;
+        if (statuses[k].ok()) {
+          Deliver(views[k], targets, cols, i, hit);
+        } else if (statuses[k].IsNotSupported()) {
+          spilled.push_back(i);
+        } else if (!statuses[k].IsNotFound()) {
+          error = statuses[k];
+        }
       }
     }
   }
-}
-
-}  // namespace
+};
 
 // num_threads - 1 helper threads; the caller of Run works too.
 class BatchReader::Pool {
@@ -184,11 +245,17 @@ void BatchReader::AfterFork() {
 
 Status BatchReader::ReadInto(std::span<const uint64_t> ids,
                              std::span<const ColumnTarget> targets,
-                             std::span<uint8_t> hit_flags) {
+                             std::span<uint8_t> hit_flags,
+                             std::span<StoredColumn> stored) {
   const size_t n = ids.size();
   if (hit_flags.size() != n) {
     return Status::InvalidArgument("ReadInto: " + std::to_string(n) + " ids but " +
                                    std::to_string(hit_flags.size()) + " hit flags");
+  }
+  if (!stored.empty() && stored.size() != targets.size()) {
+    return Status::InvalidArgument("ReadInto: " + std::to_string(targets.size()) +
+                                   " targets but " + std::to_string(stored.size()) +
+                                   " stored columns");
   }
   uint8_t* hit = hit_flags.data();
   AfterFork();
@@ -196,25 +263,45 @@ Status BatchReader::ReadInto(std::span<const uint64_t> ids,
   for (const ColumnTarget& t : targets) row_bytes += t.row_stride_bytes;
   size_t shares = std::clamp<size_t>(n * row_bytes / kMinShareBytes, 1, pool_->size());
   shares = std::min(shares, n);
-  std::vector<ShareResult> results(shares);
+  // Each share notes the columns of its own rows; the first share that
+  // saw a column saw it in the batch's first row that has it.
+  std::vector<std::vector<StoredColumn>> seen(stored.empty() ? 0 : shares);
+  std::vector<Share> results(shares);
+  for (size_t k = 0; k < seen.size(); ++k) {
+    seen[k].resize(targets.size());
+    results[k].stored = seen[k];
+    results[k].unseen = targets.size();
+  }
   pool_->Run(shares, [&](size_t k) {
-    ReadShare(cache_, ids, n * k / shares, n * (k + 1) / shares, targets, hit,
-              &results[k]);
+    results[k].Read(cache_, ids, n * k / shares, n * (k + 1) / shares, targets, hit);
   });
   Status error;
-  std::vector<size_t> spilled;
-  for (ShareResult& r : results) {
+  Share disk;
+  for (Share& r : results) {
     if (!r.error.ok()) error = r.error;
-    spilled.insert(spilled.end(), r.spilled.begin(), r.spilled.end());
+    disk.spilled.insert(disk.spilled.end(), r.spilled.begin(), r.spilled.end());
   }
-  if (error.ok() && !spilled.empty()) error = ReadSpilled(ids, spilled, targets, hit);
-  if (!error.ok()) std::fill(hit, hit + n, 0);
+  std::vector<StoredColumn> on_disk(seen.empty() ? 0 : targets.size());
+  disk.stored = on_disk;
+  disk.unseen = on_disk.size();
+  if (error.ok() && !disk.spilled.empty()) {
+    error = ReadSpilled(ids, disk.spilled, targets, hit, &disk);
+  }
+  if (!error.ok()) std::fill(hit, hit + n, kRowMissing);
+  for (size_t t = 0; t < stored.size(); ++t) {
+    stored[t] = StoredColumn();
+    for (size_t k = 0; k <= seen.size(); ++k) {
+      StoredColumn& c = k < seen.size() ? seen[k][t] : on_disk[t];
+      if (c.row < stored[t].row) stored[t] = std::move(c);
+    }
+  }
   return error;
 }
 
 Status BatchReader::ReadSpilled(std::span<const uint64_t> ids,
                                 const std::vector<size_t>& where,
-                                std::span<const ColumnTarget> targets, uint8_t* hit) {
+                                std::span<const ColumnTarget> targets, uint8_t* hit,
+                                Share* seen) {
   std::vector<uint64_t> want(where.size());
   for (size_t k = 0; k < where.size(); ++k) want[k] = ids[where[k]];
   std::vector<Row> rows(where.size());
@@ -224,7 +311,7 @@ Status BatchReader::ReadSpilled(std::span<const uint64_t> ids,
   std::vector<ColumnView> cols(targets.size());
   for (size_t k = 0; k < where.size(); ++k) {
     if (statuses[k].ok()) {
-      Deliver(rows[k].view(), targets, cols, where[k], hit);
+      seen->Deliver(rows[k].view(), targets, cols.data(), where[k], hit);
     } else if (!statuses[k].IsNotFound()) {
       return statuses[k];
     }

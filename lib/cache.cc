@@ -59,6 +59,16 @@ Status Cache::GetBatch(std::span<const uint64_t> ids, std::span<Row> rows,
   return impl_->GetBatch(ids, rows.data(), statuses.data());
 }
 
+Status Cache::GetBatchUncounted(std::span<const uint64_t> ids, std::span<Row> rows,
+                                std::span<Status> statuses) {
+  Status s = CheckBatchSize("GetBatchUncounted", ids.size(), rows.size(), "rows");
+  if (s.ok()) {
+    s = CheckBatchSize("GetBatchUncounted", ids.size(), statuses.size(), "statuses");
+  }
+  if (!s.ok()) return s;
+  return impl_->GetBatch(ids, rows.data(), statuses.data(), false);
+}
+
 Status Cache::ViewBatch(std::span<const uint64_t> ids, std::span<RowView> views,
                         std::span<Status> statuses) {
   Status s = CheckBatchSize("ViewBatch", ids.size(), views.size(), "views");

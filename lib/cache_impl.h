@@ -49,7 +49,9 @@ class CacheImpl {
   Status Get(uint64_t id, std::span<const std::string_view> columns, bool project,
              Row* out);
   Status View(uint64_t id, RowView* out);
-  Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses);
+  // count=false: GetBatchUncounted (cache.h).
+  Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,
+                  bool count = true);
   Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses);
   bool Contains(uint64_t id);
   Status GetStats(CacheStats* out);
@@ -95,9 +97,9 @@ class CacheImpl {
                                    bool project, Row* out);
   [[gnu::noinline]] Status ViewSlow(uint64_t id, RowView* out);
   // Fills *out from a located row (memory or disk), copying all columns or
-  // only `columns` when project.
+  // only `columns` when project; counts the hit when count.
   Status Materialize(uint64_t id, uint64_t loc, std::span<const std::string_view> columns,
-                     bool project, Row* out);
+                     bool project, Row* out, bool count = true);
 
   // ---- puts (cache_put.cc) ----
   // One row of a batch; `loc` is where the index had the id before the

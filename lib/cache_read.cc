@@ -18,7 +18,7 @@ Status CacheImpl::Miss(uint64_t id) {
 
 Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
                               std::span<const std::string_view> columns, bool project,
-                              Row* out) {
+                              Row* out, bool count) {
   if (loc & layout::kSpilledBit) {
     Row* target = out;
     Row disk_row;
@@ -27,7 +27,7 @@ Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
     FetchSpilled(std::span(&id, 1), &target, &s);
     if (!s.ok()) return s;
     if (project) s = RowCodec::Project(disk_row.view(), columns, out);
-    if (s.ok()) stats_.CountRead(true, -1);
+    if (s.ok() && count) stats_.CountRead(true, -1);
     return s;
   }
   RowView v;
@@ -40,7 +40,7 @@ Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
   } else {
     RowCodec::Copy(v, out);
   }
-  stats_.CountRead(true, node);
+  if (count) stats_.CountRead(true, node);
   return Status::OK();
 }
 
@@ -100,6 +100,14 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
 
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
                             Status* statuses) {
+  // One id in memory (the Python package's per-sample read): View's hit
+  // path; a window's prefetching has nothing to overlap.
+  int node = 0;
+  if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
+    CountHit(node);
+    statuses[0] = Status::OK();
+    return Status::OK();
+  }
   Status s = Usable();
   if (!s.ok()) {
     std::fill(statuses, statuses + ids.size(), s);
@@ -129,7 +137,8 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
   return Status::OK();
 }
 
-Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses) {
+Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,
+                           bool count) {
   Status s = Usable();
   if (!s.ok()) {
     std::fill(statuses, statuses + ids.size(), s);
@@ -146,14 +155,14 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
     }
     uint64_t loc = locs[i % kBatchWindow];
     if (loc == layout::kEmpty) {
-      stats_.CountRead(false, 0);
+      if (count) stats_.CountRead(false, 0);
       statuses[i] = Miss(ids[i]);
     } else if (loc & layout::kSpilledBit) {
       spilled.push_back(ids[i]);
       targets.push_back(&rows[i]);
       where.push_back(i);
     } else {
-      statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i]);
+      statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i], count);
     }
     if (!statuses[i].ok()) rows[i].view_ = RowView();
   }
@@ -162,7 +171,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
   FetchSpilled(spilled, targets.data(), got.data());
   for (size_t k = 0; k < spilled.size(); ++k) {
     if (got[k].ok()) {
-      stats_.CountRead(true, -1);
+      if (count) stats_.CountRead(true, -1);
     } else {
       rows[where[k]].view_ = RowView();
     }

@@ -24,6 +24,7 @@
 #
 #   scripts/bench.sh            # full run (about 5 minutes)
 #   BENCH_QUICK=1 scripts/bench.sh   # shorter timings, smaller data
+#   BENCH_AB=main scripts/bench.sh   # and the read path against main's build
 #
 # Benchmarks measure; they assert nothing.
 set -euo pipefail
@@ -139,6 +140,26 @@ export PYTHONPATH=$root/$build/clients/python${PYTHONPATH:+:$PYTHONPATH}
   --python_build "$python_build" --out "$results/python.json" || \
   echo "python_bench.py failed; its figures are missing from the table"
 load_sample "Python and DataLoader"
+
+# ---- the read path against an older build: BENCH_AB=<git rev> -------------
+# That revision's tree is built (release) under the run's temporary dir
+# and its Python package measured against this one in interleaved rounds
+# (benchmarks/ab_bench.py): read_into and warm CachedLoader epochs.
+if [ -n "${BENCH_AB:-}" ]; then
+  echo "== A/B: $BENCH_AB (A) against this tree (B)"
+  ab_src=$tmp/ab-src
+  mkdir -p "$ab_src"
+  if git archive "$BENCH_AB" | tar -x -C "$ab_src" &&
+     (cd "$ab_src" && meson setup build --buildtype=release -Db_ndebug=true \
+        -Dtests=false -Dpython=enabled >/dev/null && ninja -C build >/dev/null); then
+    /usr/bin/python3 benchmarks/ab_bench.py --port "$SHMCACHE_PORT" --a "$ab_src/build" \
+      --b "$build" ${BENCH_QUICK:+--rounds 2} --out "$results/ab.json" ||
+      echo "ab_bench.py failed"
+  else
+    echo "could not build $BENCH_AB; no A/B"
+  fi
+  load_sample "A/B"
+fi
 
 # ---- the host sweep, Python half: CachedLoader by workers and threads, GPU ----
 echo "== host sweep (CachedLoader by workers and threads; GPU where CUDA is)"

@@ -38,7 +38,7 @@ USER_FILES = {"train.py", "train.cc", "main.py", "mypipe.py", "prolog.sh",
 SOURCE_EXT = (".cc", ".h", ".py", ".pyi", ".sh", ".md", ".yaml", ".patch",
               ".build", ".map", ".in", ".png", ".json", ".toml", ".ini")
 # Files a run writes (scripts/bench.sh), not in a fresh clone.
-GENERATED = {"benchmarks/results/latest.json"}
+GENERATED = {"benchmarks/results/latest.json", "benchmarks/results/ab.json"}
 # Directories of tests/ that pages name without the "tests/" in front.
 TEST_DIRS = ("python/", "reliability/", "fuzz/", "support/")
 

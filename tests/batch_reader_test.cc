@@ -95,7 +95,8 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   for (size_t i = 0; i < ids.size(); ++i) {
     bool want = ids[i] % 7 != 0 && ids[i] != 50 && ids[i] != 60;
-    ASSERT_EQ(b.hit[i], want ? 1 : 0) << "id " << ids[i];
+    uint8_t code = want ? kRowRead : ids[i] % 7 == 0 ? kRowMissing : kRowOtherLayout;
+    ASSERT_EQ(b.hit[i], code) << "id " << ids[i];
     if (want) {
       EXPECT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
     } else {
@@ -111,6 +112,154 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, BatchReaderTest, ::testing::Values(0, 1, 3));
+
+// Each stored dtype a target takes (Takes): its own; the same bytes for a
+// kSameBytes target; uint16 / uint32 widened and uint64's bits for a kTorch
+// target. A kExact target takes none of the others.
+TEST(BatchReaderDTypeTest, TargetsTakeTheirDTypesAndWidenTorchOnes) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const int64_t three[] = {3};
+  const uint64_t big = (uint64_t{1} << 63) + 5;
+  for (uint64_t id = 0; id < 4; ++id) {
+    uint16_t u16[3] = {static_cast<uint16_t>(60000 + id), 1, 2};
+    uint32_t u32[3] = {static_cast<uint32_t>(4000000000u + id), 3, 4};
+    uint64_t u64[3] = {big + id, 5, 6};
+    uint16_t bf16[3] = {0x3f80, 0x4000, static_cast<uint16_t>(id)};
+    const char blob[3] = {'a', 'b', static_cast<char>('0' + id)};
+    ColumnRef cols[] = {
+        {"u16", DType::kUInt16, three, u16, sizeof(u16)},
+        {"u32", DType::kUInt32, three, u32, sizeof(u32)},
+        {"u64", DType::kUInt64, three, u64, sizeof(u64)},
+        {"bf16", DType::kBFloat16, three, bf16, sizeof(bf16)},
+        {"blob", DType::kBytes, three, blob, sizeof(blob)},
+    };
+    ASSERT_TRUE(cache->Put(id, cols).ok());
+  }
+  std::vector<uint64_t> ids = {3, 0, 2, 1};
+  std::vector<int32_t> i32(12, -1);
+  std::vector<int64_t> i64a(12, -1), i64b(12, -1);
+  std::vector<uint16_t> raw(12, 0);
+  std::vector<uint8_t> bytes(12, 0);
+  ColumnTarget targets[] = {
+      {"u16", DType::kInt32, three, i32.data(), 12, Accept::kTorch},
+      {"u32", DType::kInt64, three, i64a.data(), 24, Accept::kTorch},
+      {"u64", DType::kInt64, three, i64b.data(), 24, Accept::kTorch},
+      {"bf16", DType::kUInt16, three, raw.data(), 6, Accept::kSameBytes},
+      {"blob", DType::kUInt8, three, bytes.data(), 3, Accept::kSameBytes},
+  };
+  BatchReader reader(cache.get(), 2);
+  std::vector<uint8_t> hit(ids.size());
+  ASSERT_TRUE(reader.ReadInto(ids, targets, hit).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_EQ(hit[i], kRowRead) << i;
+    EXPECT_EQ(i32[3 * i], static_cast<int32_t>(60000 + ids[i]));
+    EXPECT_EQ(i32[3 * i + 2], 2);
+    EXPECT_EQ(i64a[3 * i], static_cast<int64_t>(4000000000u + ids[i]));
+    EXPECT_EQ(i64b[3 * i], static_cast<int64_t>(big + ids[i]));  // its bits: wraps
+    EXPECT_EQ(raw[3 * i + 2], ids[i]);
+    EXPECT_EQ(bytes[3 * i + 2], '0' + ids[i]);
+  }
+  // One target each that takes nothing but its own dtype: every row is
+  // cached but not taken, and nothing is written.
+  std::fill(i32.begin(), i32.end(), -1);
+  std::fill(i64a.begin(), i64a.end(), -1);
+  std::fill(i64b.begin(), i64b.end(), -1);
+  std::fill(raw.begin(), raw.end(), 0);
+  std::fill(bytes.begin(), bytes.end(), 0);
+  for (int t = 0; t < 5; ++t) {
+    ColumnTarget other = targets[t];
+    other.accept = t < 3 ? Accept::kSameBytes : Accept::kTorch;
+    std::fill(hit.begin(), hit.end(), 9);
+    ASSERT_TRUE(reader.ReadInto(ids, std::span(&other, 1), hit).ok());
+    EXPECT_EQ(hit, std::vector<uint8_t>(ids.size(), kRowOtherLayout)) << t;
+  }
+  EXPECT_EQ(i32, std::vector<int32_t>(12, -1));
+  EXPECT_EQ(i64a, std::vector<int64_t>(12, -1));
+  EXPECT_EQ(i64b, std::vector<int64_t>(12, -1));
+  EXPECT_EQ(raw, std::vector<uint16_t>(12, 0));
+  EXPECT_EQ(bytes, std::vector<uint8_t>(12, 0));
+  EXPECT_TRUE(Takes(DType::kFloat32, Accept::kExact, DType::kFloat32));
+  EXPECT_FALSE(Takes(DType::kInt32, Accept::kExact, DType::kUInt16));
+  EXPECT_FALSE(Takes(DType::kInt64, Accept::kTorch, DType::kUInt16));
+  EXPECT_FALSE(Takes(DType::kUInt8, Accept::kTorch, DType::kBytes));
+}
+
+// `stored` says how the first cached row that has each target's column
+// stores it, whether or not the row matched; a column no row has: kNoRow.
+TEST(BatchReaderStoredTest, ReportsHowTheFirstCachedRowStoresEachColumn) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const int64_t wide[] = {32, 128};
+  for (uint64_t id = 1; id < 400; ++id) {
+    ASSERT_TRUE(
+        (id == 7 ? PutRow(cache.get(), id, wide, DType::kInt32) : PutRow(cache.get(), id))
+            .ok());
+  }
+  // Position 0 is a miss, 1 holds row 7 (another layout), the rest match;
+  // 400 rows of 4 KB: several threads share the batch.
+  std::vector<uint64_t> ids = {0, 7};
+  for (uint64_t id = 1; id < 400; ++id) ids.push_back(id);
+  Batch b(ids.size());
+  ColumnTarget with_extra[3] = {
+      b.targets[0], b.targets[1], {"none", DType::kUInt8, {}, b.img.data(), 1}};
+  BatchReader reader(cache.get(), 3);
+  std::vector<StoredColumn> stored(3);
+  ASSERT_TRUE(
+      reader.ReadInto(ids, std::span(with_extra, 2), b.hit, std::span(stored.data(), 2))
+          .ok());
+  EXPECT_EQ(b.hit[0], kRowMissing);
+  EXPECT_EQ(b.hit[1], kRowOtherLayout);
+  EXPECT_EQ(stored[0].row, 1u);
+  EXPECT_EQ(stored[0].dtype, DType::kUInt8);
+  EXPECT_EQ(stored[0].shape, std::vector<int64_t>(std::begin(wide), std::end(wide)));
+  EXPECT_EQ(stored[1].row, 1u);
+  EXPECT_EQ(stored[1].dtype, DType::kInt32);
+  EXPECT_TRUE(stored[1].shape.empty());
+  // Without the odd row, and with a column no row has (nothing hits).
+  std::vector<uint64_t> rest(ids.begin() + 2, ids.end());
+  Batch c(rest.size());
+  ASSERT_TRUE(reader.ReadInto(rest, with_extra, c.hit, stored).ok());
+  EXPECT_EQ(c.hit, std::vector<uint8_t>(rest.size(), kRowOtherLayout));
+  EXPECT_EQ(stored[0].row, 0u);
+  EXPECT_EQ(stored[0].shape,
+            std::vector<int64_t>(std::begin(kImgShape), std::end(kImgShape)));
+  EXPECT_EQ(stored[1].dtype, DType::kInt64);
+  EXPECT_EQ(stored[2].row, StoredColumn::kNoRow);
+  // A stored span of another length is refused, with nothing read.
+  EXPECT_TRUE(reader.ReadInto(rest, with_extra, c.hit, std::span(stored.data(), 1))
+                  .IsInvalidArgument());
+}
+
+// Every id of a batch is counted once: a hit for each cached row (matched
+// or not), a miss for each absent one.
+TEST(BatchReaderStatsTest, EachRowIsCountedOnce) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const int64_t wide[] = {32, 128};
+  for (uint64_t id = 0; id < 300; ++id) {
+    if (id % 3 == 0) continue;
+    ASSERT_TRUE((id == 4 ? PutRow(cache.get(), id, wide) : PutRow(cache.get(), id)).ok());
+  }
+  CacheStats before;
+  ASSERT_TRUE(cache->GetStats(&before).ok());
+  std::vector<uint64_t> ids(300);
+  for (uint64_t id = 0; id < 300; ++id) ids[id] = id;
+  BatchReader reader(cache.get(), 3);
+  Batch b(ids.size());
+  std::vector<StoredColumn> stored(2);
+  ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit, stored).ok());
+  CacheStats after;
+  ASSERT_TRUE(cache->GetStats(&after).ok());
+  EXPECT_EQ(after.hits - before.hits, 200u);
+  EXPECT_EQ(after.misses - before.misses, 100u);
+}
 
 // Readers of their own in several threads, while a writer adds rows: every
 // hit is a whole, right row; rows written before the reads began are hits.

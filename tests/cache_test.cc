@@ -45,6 +45,35 @@ TEST_F(IntegrationTest, PutGetViewContainsInOneProcess) {
   EXPECT_EQ(st.name, "train");
 }
 
+// GetBatchUncounted reads as GetBatch does and leaves the counters alone
+// (a loader's read-back of rows its workers stored: counted once already).
+TEST_F(IntegrationTest, GetBatchUncountedReadsAsGetBatchAndCountsNothing) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  ASSERT_TRUE(PutPattern(*cache, 3, 0, kRowBytes).ok());
+  ASSERT_TRUE(PutPattern(*cache, 4, 0, kRowBytes).ok());
+  const uint64_t ids[] = {3, 9, 4};
+  Row rows[3];
+  Status statuses[3];
+  ASSERT_TRUE(cache->GetBatchUncounted(ids, rows, statuses).ok());
+  EXPECT_TRUE(statuses[0].ok() && statuses[2].ok());
+  EXPECT_TRUE(statuses[1].IsNotFound()) << statuses[1].ToString();
+  EXPECT_TRUE(RowMatches(rows[0], 3, 0, kRowBytes));
+  EXPECT_TRUE(RowMatches(rows[2], 4, 0, kRowBytes));
+  EXPECT_EQ(rows[1].num_columns(), 0u);
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.hits, 0u);
+  EXPECT_EQ(st.misses, 0u);
+  ASSERT_TRUE(cache->GetBatch(ids, rows, statuses).ok());  // the counted read
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.hits, 2u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_TRUE(
+      cache->GetBatchUncounted(ids, std::span(rows, 2), statuses).IsInvalidArgument());
+}
+
 // Rows of the streaming copy's sizes (format/row_copy.h) read back whole
 // through each way a row is copied out: Get, GetBatch, a BatchReader into a
 // batch whose rows are not 16-byte aligned.

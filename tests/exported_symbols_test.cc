@@ -18,7 +18,7 @@ namespace {
 // `nm -C` spells them (a name may carry an ABI tag: message[abi:cxx11]()).
 const std::regex kPublicApi(
     R"(^shmcache::((Cache|Client|BatchReader|Status|RowView|Row)::~?\w+|)"
-    R"(CodeName|DTypeName|DTypeFromName)(\[abi:\w+\])?\()");
+    R"(CodeName|DTypeName|DTypeFromName|Takes)(\[abi:\w+\])?\()");
 
 // The defined dynamic symbols of `lib`, demangled; empty on failure.
 std::vector<std::string> DynamicSymbols(const std::string& lib) {
@@ -70,7 +70,7 @@ TEST(ExportedSymbolsTest, EveryPublicClassAndFunctionIsExported) {
         "shmcache::Cache::Get(", "shmcache::Cache::PutBatch(",
         "shmcache::Cache::ViewBatch(", "shmcache::BatchReader::ReadInto(",
         "shmcache::RowView::find(", "shmcache::Status::ToString", "shmcache::CodeName(",
-        "shmcache::DTypeName(", "shmcache::DTypeFromName("}) {
+        "shmcache::DTypeName(", "shmcache::DTypeFromName(", "shmcache::Takes("}) {
     bool found = false;
     for (const std::string& n : names) found = found || n.rfind(want, 0) == 0;
     EXPECT_TRUE(found) << want << " is not exported by " << lib;

@@ -8,7 +8,6 @@
 // written and removes the stages of the killed one. Every test runs its own
 // daemon.
 #include <signal.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -28,6 +27,7 @@
 #include "tests/support/files.h"
 #include "tests/support/row_pattern.h"
 #include "tests/support/test_server.h"
+#include "tests/support/tmpfs_mount.h"
 #include "tests/support/wait_for.h"
 
 namespace shmcache::test {
@@ -48,33 +48,14 @@ std::vector<std::string> Stages(const TestServer& server) {
 // PutBatch of rows [first, first + n) of kRowBytes, kBatch at a time; every
 // status must be OK.
 void PutBatches(Cache* cache, uint64_t first, size_t n) {
-  std::vector<std::vector<uint8_t>> data;
-  std::vector<int64_t> shapes;
-  std::vector<ColumnRef> cols;
-  std::vector<std::span<const ColumnRef>> rows;
-  std::vector<uint64_t> ids;
   for (uint64_t b = first; b < first + n; b += kBatch) {
     const size_t k = std::min<size_t>(kBatch, first + n - b);
-    data.clear();
-    ids.clear();
-    shapes.assign(k, static_cast<int64_t>(kRowBytes));
-    cols.resize(k);
-    rows.resize(k);
-    for (size_t i = 0; i < k; ++i) {
-      ids.push_back(b + i);
-      data.push_back(Pattern(b + i, kSalt, kRowBytes));
-    }
-    for (size_t i = 0; i < k; ++i) {
-      cols[i] = {"data", DType::kUInt8, std::span(&shapes[i], 1), data[i].data(),
-                 kRowBytes};
-      rows[i] = std::span(&cols[i], 1);
-    }
     std::vector<Status> st(k);
     std::unique_ptr<bool[]> inserted(new bool[k]);
-    ASSERT_TRUE(cache->PutBatch(ids, rows, st, std::span(inserted.get(), k)).ok());
+    ASSERT_TRUE(PutRowBatch(cache, b, st, std::span(inserted.get(), k), kSalt).ok());
     for (size_t i = 0; i < k; ++i) {
-      ASSERT_TRUE(st[i].ok()) << ids[i] << ": " << st[i].ToString();
-      EXPECT_TRUE(inserted[i]) << ids[i];
+      ASSERT_TRUE(st[i].ok()) << b + i << ": " << st[i].ToString();
+      EXPECT_TRUE(inserted[i]) << b + i;
     }
   }
 }
@@ -262,36 +243,20 @@ TEST(SpillStageTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWritten
 }
 
 TEST(SpillStageTest, FullSpillDiskStopsSpillingAndWhatWasStoredStaysWhole) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
-  std::string spill = MakeTempDir(TestTmpRoot(), "tinyspill");
-  if (mount("tmpfs", spill.c_str(), "tmpfs", 0, "size=32m") != 0) {
-    RemoveTree(spill);
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
-  }
+  TmpfsMount spill("32m");
+  if (!spill.mounted()) GTEST_SKIP() << spill.skip_reason();
   {
-    TestServer server(WithArgs({"-s", spill}));
+    TestServer server(WithArgs({"-s", spill.path()}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
     uint32_t session = server.NewSession();
     auto cache = OpenCache(server, session, 1, true);
     // Batches until the disk is full: far more than 1 MB + 32 MB.
     const size_t n = (64u << 20) / kRowBytes;
-    std::vector<std::vector<uint8_t>> data(kBatch);
-    std::vector<int64_t> shapes(kBatch, static_cast<int64_t>(kRowBytes));
-    std::vector<ColumnRef> cols(kBatch);
-    std::vector<std::span<const ColumnRef>> rows(kBatch);
-    std::vector<uint64_t> ids(kBatch);
     std::vector<Status> st(kBatch);
     uint64_t stored = 0;
     bool full = false;
     for (uint64_t b = 0; b < n && !full; b += kBatch) {
-      for (size_t i = 0; i < kBatch; ++i) {
-        ids[i] = b + i;
-        data[i] = Pattern(b + i, kSalt, kRowBytes);
-        cols[i] = {"data", DType::kUInt8, std::span(&shapes[i], 1), data[i].data(),
-                   kRowBytes};
-        rows[i] = std::span(&cols[i], 1);
-      }
-      ASSERT_TRUE(cache->PutBatch(ids, rows, st).ok());
+      ASSERT_TRUE(PutRowBatch(cache.get(), b, st, {}, kSalt).ok());
       for (size_t i = 0; i < kBatch; ++i) {
         if (st[i].IsFull()) {
           full = true;
@@ -309,8 +274,6 @@ TEST(SpillStageTest, FullSpillDiskStopsSpillingAndWhatWasStoredStaysWhole) {
     EXPECT_EQ(CheckRowsInChild(server, session, n, true, kSalt),
               static_cast<long>(stored));
   }
-  umount2(spill.c_str(), MNT_DETACH);
-  RemoveTree(spill);
 }
 
 TEST(SpillStageTest, RestartedServerServesStagedRowsAndRemovesOldStages) {

@@ -26,9 +26,25 @@
 
 namespace shmcache {
 
-// Where one column of a batch goes: row i's bytes land at
-// base + i * row_stride_bytes. A row matches only when its column `name`
-// has exactly this dtype and this shape (per row, without the batch dim).
+// Which stored dtypes a target takes besides its own. The shape always
+// has to match exactly.
+enum class Accept : uint8_t {
+  // Only a column of the target's dtype.
+  kExact = 0,
+  // Also the same bytes under another name, as numpy holds them (it has
+  // neither type): bfloat16 into a uint16 target, bytes into uint8.
+  kSameBytes = 1,
+  // Also the unsigned types PyTorch 1.13 lacks, converted as the Python
+  // package hands them out: uint16 widened into an int32 target, uint32
+  // widened into int64, uint64's bits into int64 (values above 2**63 wrap).
+  kTorch = 2,
+};
+
+// Where one column of a batch goes: row i lands at
+// base + i * row_stride_bytes, as `dtype` (converted when `accept` takes a
+// narrower stored type). A row matches only when its column `name` has
+// this shape (per row, without the batch dim) and a dtype the target
+// takes (Takes below).
 // Nothing is owned; everything must outlive the ReadInto call.
 struct ColumnTarget {
   std::string_view name;
@@ -36,6 +52,27 @@ struct ColumnTarget {
   std::span<const int64_t> shape;
   void* base = nullptr;
   size_t row_stride_bytes = 0;
+  Accept accept = Accept::kExact;
+};
+
+// Whether a column stored as `stored` fills a target of dtype `target`
+// that accepts `accept`: the one statement of the dtype rule.
+SHMCACHE_EXPORT bool Takes(DType target, Accept accept, DType stored);
+
+// ReadInto's verdict on each row of a batch (hit[i]).
+inline constexpr uint8_t kRowMissing = 0;      // not cached (a miss)
+inline constexpr uint8_t kRowRead = 1;         // copied into the targets (a hit)
+inline constexpr uint8_t kRowOtherLayout = 2;  // cached, but a target's column is
+                                               // absent or of another dtype/shape
+
+// How one target's column is stored, as ReadInto saw it.
+struct StoredColumn {
+  static constexpr size_t kNoRow = ~size_t{0};
+  // The batch position of the first cached row (lowest position) that has
+  // the column; kNoRow when none has it (dtype and shape then mean nothing).
+  size_t row = kNoRow;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
 };
 
 class SHMCACHE_EXPORT BatchReader {
@@ -51,34 +88,41 @@ class SHMCACHE_EXPORT BatchReader {
   // For each ids[i]: when the row is cached (in memory, or spilled: those
   // rows are read with one Cache::GetBatch, from the spill database in this
   // process, by the calling thread after the memory rows) and each
-  // target's column exists with exactly its dtype and shape, the columns'
-  // bytes are copied to their targets' row i and hit[i] = 1. Otherwise
-  // hit[i] = 0 and row i of every target is left untouched (a column of
-  // another dtype or shape makes the row a miss for this call, never a
-  // partial write). Rows are split among the threads, each copying whole
-  // rows (one thread per 256 KB of target rows at most: a smaller batch is
-  // copied by the calling thread alone); memory rows are found with
-  // ViewBatch. In a forked child the reader starts its own threads.
+  // target's column exists with its shape and a dtype it takes, the
+  // columns are copied (converted where the target widens them) to their
+  // targets' row i and hit[i] = kRowRead. Otherwise hit[i] is kRowMissing
+  // (not cached) or kRowOtherLayout (cached, not matching), and row i of
+  // every target is left untouched: never a partial write. Every id is
+  // looked up once, and counted once, as a hit or a miss (CacheStats).
+  // `stored`, when not empty (one per target), receives how each target's
+  // column is stored (StoredColumn), so a caller can say why rows did not
+  // match. Rows are split among the threads, each copying whole rows (one
+  // thread per 256 KB of target rows at most: a smaller batch is copied by
+  // the calling thread alone); memory rows are found with ViewBatch. In a
+  // forked child the reader starts its own threads.
   // Errors: what the Cache returns when it cannot be used (e.g. InvalidArgument
   // once closed, NotFound for a destroyed session) or when a spilled row
-  // cannot be fetched (Unavailable); then every hit[i] = 0 and rows already
-  // copied may have been written. InvalidArgument, with nothing read or
-  // written, when hit does not hold ids.size() elements.
+  // cannot be fetched (Unavailable); then every hit[i] = kRowMissing and
+  // rows already copied may have been written. InvalidArgument, with
+  // nothing read or written, when hit does not hold ids.size() elements or
+  // a non-empty stored does not hold targets.size().
   // REQUIRES: each target's buffer holds ids.size() rows of
-  // row_stride_bytes >= its row's bytes.
+  // row_stride_bytes >= its row's bytes (in the target's dtype).
   Status ReadInto(std::span<const uint64_t> ids, std::span<const ColumnTarget> targets,
-                  std::span<uint8_t> hit);
+                  std::span<uint8_t> hit, std::span<StoredColumn> stored = {});
 
   int num_threads() const;
 
  private:
   class Pool;
+  struct Share;
   // In a forked child: new helper threads (the parent's are not there).
   SHMCACHE_LOCAL void AfterFork();
   // Reads the rows at positions `where` (on disk) with one GetBatch.
   SHMCACHE_LOCAL Status ReadSpilled(std::span<const uint64_t> ids,
                                     const std::vector<size_t>& where,
-                                    std::span<const ColumnTarget> targets, uint8_t* hit);
+                                    std::span<const ColumnTarget> targets, uint8_t* hit,
+                                    Share* seen);
 
   Cache* cache_;
   uint64_t fork_gen_;

@@ -109,6 +109,12 @@ class SHMCACHE_EXPORT Cache {
   // hold ids.size() elements.
   Status GetBatch(std::span<const uint64_t> ids, std::span<Row> rows,
                   std::span<Status> statuses);
+  // As GetBatch, but counts neither hits nor misses: for a reader whose
+  // reads of these rows were counted already, as a loader reading back the
+  // rows its worker processes computed and stored after its own read of
+  // them missed (each read of a row is counted once).
+  Status GetBatchUncounted(std::span<const uint64_t> ids, std::span<Row> rows,
+                           std::span<Status> statuses);
   // Views of a batch, as View for each id, misses overlapped likewise, and
   // the returned Status as GetBatch's. Every view is of shared memory: a
   // spilled row gets statuses[i].IsNotSupported() and an empty views[i]

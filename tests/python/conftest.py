@@ -304,6 +304,29 @@ def pytest_sessionstart(session):
                               str(ROOT))
 
 
+def _drop_torch_sigchld_handler():
+    """torch's DataLoader installs, once per process, a SIGCHLD handler that
+    raises a dead worker's report in the main thread at whatever runs there
+    until its loader unregisters the worker. In one pytest process that may
+    be the next test, or pytest's own report of a failure (an INTERNALERROR
+    that ends the whole suite). Each test starts and leaves with the default
+    handler; a DataLoader in the test installs torch's again, as in a
+    process of its own."""
+    sh = sys.modules.get("torch.utils.data._utils.signal_handling")
+    if sh is not None and getattr(sh, "_SIGCHLD_handler_set", False):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sh._SIGCHLD_handler_set = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _drop_torch_sigchld_handler()
+    try:
+        yield
+    finally:
+        _drop_torch_sigchld_handler()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     item.stash[_before] = leak_check.snapshot(_owner)

@@ -12,8 +12,6 @@ epoch (all ranks stopped reading) to OUT_DIR/rank<RANK>.json.
     ddp_rank.py OUT_DIR NUM_SAMPLES EPOCHS
 """
 
-import datetime
-import json
 import os
 import sys
 
@@ -21,22 +19,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 import shmcache
 from shmcache.torch import CachedDataset, NodeAffineSampler
 
+from rank_job import IndexDataset, join, leave
+
 FEATURES, CLASSES, BATCH = 32, 10, 10
 
 
-class Features(Dataset):
+class Features(IndexDataset):
     """Deterministic synthetic rows: (float32[FEATURES], label)."""
 
     def __init__(self, n):
-        self.n, self.root = n, "synthetic-features"
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, "synthetic-features")
 
     def __getitem__(self, i):
         x = np.random.default_rng(i).standard_normal(FEATURES).astype(np.float32)
@@ -83,14 +80,10 @@ def train(kind, cached, n, epochs):
 
 def main():
     out_dir, n, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://",
-                            timeout=datetime.timedelta(seconds=120))
+    join(120)
     results = {f"{kind}-{'cache' if cached else 'source'}": train(kind, cached, n, epochs)
                for kind in ("affine", "global") for cached in (True, False)}
-    dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(results, f)
+    leave(out_dir, results, barrier=False)
     return 0
 
 

@@ -19,9 +19,7 @@ BREAK "rank:epoch:batches": that rank leaves that epoch of the partitioned
 run after that many batches (the other ranks go on to the end).
 """
 
-import datetime
 import hashlib
-import json
 import os
 import sys
 import threading
@@ -31,22 +29,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 import shmcache
 from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
 
+from rank_job import IndexDataset, cache_warnings, join, leave
+
 FEATURES, CLASSES = 16, 5
 
 
-class Features(Dataset):
+class Features(IndexDataset):
     """Deterministic synthetic rows: (float32[FEATURES], label, index)."""
 
     def __init__(self, n):
-        self.n, self.root = n, "synthetic-partitioned"
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, "synthetic-partitioned")
 
     def __getitem__(self, i):
         x = np.random.default_rng(i).standard_normal(FEATURES).astype(np.float32)
@@ -93,9 +90,7 @@ def main():
     out_dir, n, epochs, batch, workers = sys.argv[1], *map(int, sys.argv[2:6])
     kind, window = sys.argv[6], int(sys.argv[7])
     brk = tuple(map(int, sys.argv[8].split(":"))) if len(sys.argv) > 8 else None
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://",
-                            timeout=datetime.timedelta(seconds=60))
+    join(60)
     ds = Features(n)
     sampler = DistributedSampler(ds, shuffle=True, seed=0)
     results = {"source": train(DataLoader(ds, batch_size=batch, sampler=sampler),
@@ -117,12 +112,8 @@ def main():
         loader.close()
         results["threads"] = [t.name for t in threading.enumerate()
                               if t.name.startswith("shmcache-")]
-    results["warnings"] = [str(w.message) for w in caught
-                           if issubclass(w.category, shmcache.CacheWarning)]
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(results, f)
+    results["warnings"] = cache_warnings(caught)
+    leave(out_dir, results)
     return 0
 
 

@@ -17,7 +17,6 @@ DistributedSampler's order, and the node's cache's misses counter.
     partition_types_rank.py OUT_DIR NUM_SAMPLES EPOCHS BATCH KIND WINDOW
 """
 
-import datetime
 import hashlib
 import json
 import os
@@ -26,13 +25,14 @@ import warnings
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from PIL import Image
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import shmcache
 from shmcache import rows
 from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
+
+from rank_job import IndexDataset, cache_warnings, join, leave
 
 # The PIL modes the row model stores (row_model.cc RoundTrips).
 MODES = ["1", "L", "LA", "I", "I;16", "F", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr",
@@ -46,14 +46,11 @@ def _image(mode, seed):
     return Image.frombytes(mode, size, data)
 
 
-class Fixed(Dataset):
+class Fixed(IndexDataset):
     """Fixed-shape rows of every array dtype torch reads differently."""
 
     def __init__(self, n):
-        self.n, self.root = n, "partition-types-fixed"
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, "partition-types-fixed")
 
     def __getitem__(self, i):
         rng = np.random.default_rng(i)
@@ -68,15 +65,12 @@ class Fixed(Dataset):
                 "f": float(i) / 3, "y": i}
 
 
-class Mixed(Dataset):
+class Mixed(IndexDataset):
     """A layout per index: PIL images of each mode, bytes and bfloat16 in a
     tuple, and samples with no column encoding (delivered as made)."""
 
     def __init__(self, n):
-        self.n, self.root = n, "partition-types-mixed"
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, "partition-types-mixed")
 
     def __getitem__(self, i):
         k = i % 4
@@ -154,19 +148,13 @@ def run(ds, name, kind, epochs, batch, window):
 def main():
     out_dir, n, epochs, batch = sys.argv[1], *map(int, sys.argv[2:5])
     kind, window = sys.argv[5], int(sys.argv[6])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://",
-                            timeout=datetime.timedelta(seconds=60))
+    join(60)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = {"fixed": run(Fixed(n), "fixed", kind, epochs, batch, window),
                    "mixed": run(Mixed(n), "mixed", kind, epochs, batch, window)}
-    results["warnings"] = [str(w.message) for w in caught
-                           if issubclass(w.category, shmcache.CacheWarning)]
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(results, f)
+    results["warnings"] = cache_warnings(caught)
+    leave(out_dir, results)
     return 0
 
 

@@ -399,3 +399,29 @@ def test_every_sample_dataloader_delivers(server, session, kind):
     cw = [w for w in caught if issubclass(w.category, CacheWarning)]
     # complex64 is a column type; the others are delivered after one warning.
     assert len(cw) == (0 if kind == "complex" else 1), [str(w.message) for w in cw]
+
+
+# ---- counters: each read counted once (issue 36) ----------------------------
+
+@pytest.mark.parametrize("kind,workers", [("CachedLoader", 0), ("CachedLoader", 2),
+                                          ("DataLoader", 2)])
+def test_a_cold_epoch_counts_n_misses_and_no_hit_and_a_warm_one_n_hits(
+        server, session, kind, workers):
+    # CachedLoader's workers put the rows they compute; the trainer reads
+    # them back without counting that read again: a cold epoch over n rows
+    # is n misses, 0 hits, in the cache's counters (all processes) as in
+    # the loader's; a warm epoch n hits, 0 misses. DataLoader(CachedDataset)
+    # likewise.
+    n = 96
+    cds = CachedDataset(Rows(n, "tuple"), DatasetCache(session), async_puts=False)
+    loader = (CachedLoader if kind == "CachedLoader" else DataLoader)(
+        cds, batch_size=16, num_workers=workers)
+    got = [b for b in loader]
+    assert sum(len(y) for _, y in got) == n
+    st = cds.stats()
+    assert (st.misses, st.hits) == (n, 0), (kind, workers, st)
+    if kind == "CachedLoader":
+        assert (loader.stats()["misses"], loader.stats()["hits"]) == (n, 0)
+    assert_same_batches(list(loader), got)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (n, n), (kind, workers, st)

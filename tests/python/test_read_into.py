@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from shmcache import CacheWarning, DatasetCache
+from shmcache._read_into import ROW_MISSING, ROW_OTHER_LAYOUT, ROW_READ
 
 torch = pytest.importorskip("torch")
 
@@ -120,3 +121,81 @@ def test_dead_server_gives_all_false_with_one_warning(server, session):
         assert not fresh.read_into(range(4), out).any()
         assert not fresh.read_into(range(4), out).any()
     assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
+
+
+def test_each_row_is_matched_on_its_own_and_widened_natively(server, session):
+    # Rows of one column stored as uint16 and as int32: both fill an int32
+    # tensor (the first widened by the read), whichever comes first; a numpy
+    # int32 array takes only the int32 rows. Codes say why a row missed.
+    c = DatasetCache(session)
+    for i in range(6):
+        dt = np.uint16 if i % 2 else np.int32
+        assert c.put(i, np.arange(3, dtype=dt) + 60000 + i)
+    ids = [1, 0, 3, 2, 5, 4, 9]
+    t = torch.full((7, 3), -1, dtype=torch.int32)
+    hit = c.read_into(ids, t)
+    assert hit.tolist() == [True] * 6 + [False]
+    for k, i in enumerate(ids[:6]):
+        assert t[k].tolist() == [60000 + i + j for j in range(3)]
+    assert t[6].tolist() == [-1] * 3
+    a = np.full((7, 3), -1, np.int32)
+    codes = c.fill_batch(ids, a, None, 2, codes=True)
+    assert codes.dtype == np.uint8
+    assert codes.tolist() == [ROW_OTHER_LAYOUT, ROW_READ] * 3 + [ROW_MISSING]
+    assert (a[0] == -1).all() and a[1].tolist() == [60000, 60001, 60002]
+
+
+def test_one_native_call_per_batch_and_each_row_counted_once(server, session):
+    # The batch crosses into C++ once: no Python code runs inside the native
+    # call (it used to call back for a plan and widen after). Every id is
+    # counted once, a hit or a miss.
+    import sys
+    c = DatasetCache(session)
+    put_rows(c, range(10))
+    c.put(10, (img(10), np.float32(1)))                  # another layout
+    ids = np.arange(14)
+    out = (torch.zeros(14, 4, 8, dtype=torch.uint8), torch.zeros(14, dtype=torch.int64))
+    c.read_into(ids, out)                                 # opened, warmed
+    before = c.stats()
+    events, depth = [], [0]
+
+    def prof(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") == "read_into":
+            depth[0] += 1
+            events.append("native")
+        elif event in ("c_return", "c_exception") and \
+                getattr(arg, "__name__", "") == "read_into":
+            depth[0] -= 1
+        elif event == "call" and depth[0]:
+            events.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        hit = c.read_into(ids, out)
+    finally:
+        sys.setprofile(None)
+    assert events == ["native"]
+    assert hit.tolist() == [True] * 10 + [False] * 4
+    after = c.stats()
+    assert after["hits"] - before["hits"] == 11
+    assert after["misses"] - before["misses"] == 3
+
+
+def test_ids_are_checked(server, session):
+    c = DatasetCache(session)
+    put_rows(c, range(2))
+    out = (np.zeros((2, 4, 8), np.uint8), np.zeros(2, np.int64))
+    assert c.read_into([np.int64(1), 0], out).all()           # numpy ints in a list
+    assert c.read_into(np.array([1, 0], np.uint32), out).all()
+    assert c.read_into(torch.tensor([0, 1]), out).all()       # converted first
+    with pytest.raises(ValueError, match="outside"):
+        c.read_into([0, -1], out)
+    with pytest.raises(ValueError, match="outside"):
+        c.read_into(np.array([0, -1]), out)
+    with pytest.raises(ValueError, match="outside"):
+        c.read_into([1 << 64], out)
+    with pytest.raises(TypeError, match="row id"):
+        c.read_into([True, 0], out)
+    with pytest.raises(TypeError, match="row ids are ints"):
+        c.read_into(np.array([0.0, 1.0]), out)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        c.read_into(np.zeros((1, 2), np.int64), out)

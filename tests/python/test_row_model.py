@@ -317,3 +317,15 @@ def test_list_sessions_text_and_json_agree_on_zero(server, session):
     js = server.sessions()
     cache = [s for s in js if s["session"] == session][0]["caches"][0]
     assert cache["hits"] == 0 and cache["misses"] == 0
+
+
+def test_a_row_of_more_columns_than_copied_inline_comes_back_whole(server, session):
+    # RowBuilder keeps its first few copies inline and the rest in a vector:
+    # every column of a wider row is copied, as numpy arrays and as tensors.
+    sample = {f"c{i}": np.full((3, i + 1), i, np.int32) for i in range(9)}
+    c = DatasetCache(session)
+    assert c.put(2, sample)
+    for got in (c.get(2), c.open().native.read(2, True, True)):
+        assert sorted(got) == sorted(sample)
+        for k, v in sample.items():
+            np.testing.assert_array_equal(np.asarray(got[k]), v)

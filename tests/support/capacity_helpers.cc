@@ -82,6 +82,24 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool
   return r == sizeof found ? found : -4;
 }
 
+Status PutRowBatch(Cache* cache, uint64_t first, std::span<Status> statuses,
+                   std::span<bool> inserted, uint64_t salt) {
+  const size_t n = statuses.size();
+  std::vector<uint64_t> ids(n);
+  std::vector<std::vector<uint8_t>> data(n);
+  std::vector<int64_t> shapes(n, static_cast<int64_t>(kRowBytes));
+  std::vector<ColumnRef> cols(n);
+  std::vector<std::span<const ColumnRef>> rows(n);
+  for (size_t i = 0; i < n; ++i) {
+    ids[i] = first + i;
+    data[i] = Pattern(first + i, salt, kRowBytes);
+    cols[i] = {"data", DType::kUInt8, std::span(&shapes[i], 1), data[i].data(),
+               kRowBytes};
+    rows[i] = std::span(&cols[i], 1);
+  }
+  return cache->PutBatch(ids, rows, statuses, inserted);
+}
+
 Status PutBytes(Cache* cache, uint64_t id, size_t nbytes, bool* inserted) {
   std::vector<uint8_t> row(nbytes);
   FillPattern(id, 7, row.data(), row.size());

@@ -1,6 +1,7 @@
-// What the capacity suites (capacity_test.cc, spill_test.cc) share: caches
-// opened with a budget and spilling or not, rows of kRowBytes put and
-// checked from another process, and the memory the rows take.
+// What the capacity suites (capacity_test.cc, spill_test.cc,
+// spill_stage_test.cc) share: caches opened with a budget and spilling or
+// not, rows of kRowBytes put (one by one or in batches) and checked from
+// another process, and the memory the rows take.
 #pragma once
 
 #include <sys/types.h>
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "shmcache/client.h"
@@ -35,6 +37,12 @@ size_t PutRows(Cache* cache, size_t n, uint64_t salt = 7);
 // number it found byte-identical, or -1 on a wrong row.
 long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool spilling,
                       uint64_t salt = 7);
+
+// PutBatch of rows [first, first + statuses.size()) of kRowBytes pattern
+// bytes (as PutRows makes them), each a uint8 column "data"; returns
+// PutBatch's status, each row's in statuses (and inserted, when not empty).
+Status PutRowBatch(Cache* cache, uint64_t first, std::span<Status> statuses,
+                   std::span<bool> inserted = {}, uint64_t salt = 7);
 
 // Puts row `id` of `nbytes` pattern bytes (salt 7, as PutRows).
 Status PutBytes(Cache* cache, uint64_t id, size_t nbytes, bool* inserted = nullptr);

@@ -6,8 +6,8 @@ Its methods under "package-internal" at the end of the class are the
 contract the rest of the package uses (shmcache.torch reads finished
 samples with read_row / read_rows and stores encoded rows with
 put_encoded); the degradation rules (never break training) live here and in
-_degrade.py, the argument checks in _checks.py, read_into's target
-planning in _read_into.py.
+_degrade.py, the argument checks in _checks.py, which stored column each of
+read_into's targets receives in _read_into.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from . import _shmcache
 from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, ids_array,
                       session_from_env)
 from ._degrade import CAP_BOUNDS, CacheWarning, State, cause
-from ._read_into import check_targets, read_targets
+from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
                         TooLargeError, UnavailableError)
@@ -159,7 +159,12 @@ class DatasetCache:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        # One attribute at a time, not __dict__.update: reading __dict__
+        # makes CPython 3.11 keep the attributes in a dict, and then no load
+        # of them is specialized (CachedDataset's per-sample path reads
+        # `native` of a cache made here, by named()).
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
         self._init_runtime()
 
     def named(self, name: str, fingerprint: str | None = None) -> DatasetCache:
@@ -379,18 +384,20 @@ class DatasetCache:
             self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
-    def get_batch_columns(self, row_ids: Iterable[int],
-                          copy: bool = True) -> list[list[Column] | None]:
+    def get_batch_columns(self, row_ids: Iterable[int], copy: bool = True,
+                          count: bool = True) -> list[list[Column] | None]:
         """get_columns of many rows: a list with, per id, [(name, dtype,
         array)] or None on a miss. With copy=True, rows the cache spilled to
         disk are read in one batch per call, by this process from the spill
-        database."""
+        database. count=False (package-internal, with copy=True): the reads
+        count neither as hits nor as misses (the caller counted them
+        already: Cache::GetBatchUncounted)."""
         ids = [check_id(i) for i in row_ids]
         c = self._open()
         if c is None:
             return [None] * len(ids)
         try:
-            rows = c.get_batch(ids, copy)
+            rows = c.get_batch(ids, copy, True, count)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return [None] * len(ids)
@@ -454,24 +461,15 @@ class DatasetCache:
 
         A row is a hit when it is cached (in memory, or spilled: those are
         read from the spill database by this process, one RocksDB MultiGet
-        per call) and every column has exactly the
-        target's dtype and shape; otherwise its rows in `out` are left
-        untouched. Rows are copied by `read_threads` threads with the GIL
-        released. A bypassed cache (daemon gone, error) returns all False
+        per call) and every column has exactly the target's shape and its
+        dtype (or one it takes: the same bytes into numpy, bfloat16 as
+        uint16 and bytes as uint8; widened into a tensor, as above; the rule
+        is BatchReader's, batch_reader.h); otherwise its rows in `out` are
+        left untouched. Each row is decided on its own, and counted once
+        (a hit or a miss). One native call per batch: rows are copied by
+        `read_threads` threads with the GIL released. A bypassed cache (daemon gone, error) returns all False
         after one CacheWarning; it never raises for a missing server."""
-        ids = ids_array(ids)
-        n = len(ids)
-        names, specs = check_targets(out, columns, n)
-        hit = np.zeros(n, dtype=np.bool_)
-        c = self._open()
-        if c is None or n == 0:
-            return hit
-        try:
-            read_targets(c, ids, names, specs, self.read_threads, hit)
-        except Error as e:
-            self._degrade(State.BYPASSED, e)
-            hit[:] = False
-        return hit
+        return self.fill_batch(ids, out, columns, self.read_threads, codes=False)
 
     def contains(self, row_id: int) -> bool:
         c = self._open()
@@ -542,6 +540,26 @@ class DatasetCache:
         if bad is not None:
             self._put_failed(*bad, strict=True)  # raises ValueError
         return out
+
+    def fill_batch(self, ids: Any, out: Any, columns: ColumnSelection, threads: int,
+                   codes: bool) -> npt.NDArray[Any]:
+        """read_into with `threads` copying; with codes, per row what became
+        of it (uint8: 1 read, 0 not cached, 2 cached in another layout:
+        batch_reader.h's kRowRead / kRowMissing / kRowOtherLayout) instead
+        of the hit mask. One native call: the ids and targets are checked
+        there (a list of ints or an integer array is handed over as it is)."""
+        if type(ids) is not list and not (type(ids) is np.ndarray
+                                          and ids.dtype.kind in "iu"):
+            ids = ids_array(ids)
+        names, bufs = batch_targets(out, columns)
+        c = self._open()
+        if c is None:
+            return np.zeros(len(ids), dtype=np.uint8 if codes else np.bool_)
+        try:
+            return c.read_into(ids, names, bufs, threads, codes)
+        except Error as e:
+            self._degrade(State.BYPASSED, e)
+            return np.zeros(len(ids), dtype=np.uint8 if codes else np.bool_)
 
     def read_row(self, row_id: Any, columns: ColumnSelection, copy: bool,
                  torch: bool) -> Any:

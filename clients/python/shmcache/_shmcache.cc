@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "clients/python/shmcache/batch_targets.h"
 #include "clients/python/shmcache/file_stats.h"
 #include "clients/python/shmcache/release_gil.h"
 #include "clients/python/shmcache/row_model.h"
@@ -308,20 +309,23 @@ py::object Get(const PyCachePtr& self, uint64_t id,
   return ViewColumns(self, id, view, columns, readonly);
 }
 
-// get_batch(ids, copy=True, readonly=True) -> [columns or None per id].
-// copy=True uses Cache::GetBatch: spilled rows are read by this process
-// from the spill database, one MultiGet per batch (cache.h). copy=False
+// get_batch(ids, copy=True, readonly=True, count=True) -> [columns or None
+// per id]. copy=True uses Cache::GetBatch: spilled rows are read by this
+// process from the spill database, one MultiGet per batch (cache.h);
+// count=False uses GetBatchUncounted (reads counted already). copy=False
 // views rows in shared memory; spilled rows are then copied one by one.
 py::list GetBatch(const PyCachePtr& self, const std::vector<uint64_t>& ids, bool copy,
-                  bool readonly) REQUIRES(g_gil) {
+                  bool readonly, bool count) REQUIRES(g_gil) {
   py::list out;
+  if (!count && !copy) throw py::value_error("get_batch: count=False needs copy=True");
   if (copy) {
     std::vector<shmcache::Row> rows(ids.size());
     std::vector<Status> statuses(ids.size());
     Status s;
     {
       ReleaseGil nogil;
-      s = self->cache->GetBatch(ids, rows, statuses);
+      s = count ? self->cache->GetBatch(ids, rows, statuses)
+                : self->cache->GetBatchUncounted(ids, rows, statuses);
     }
     Check(s);
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -514,109 +518,30 @@ py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids, bool copy
   return out;
 }
 
-// The targets of read_into: (name, dtype name, row shape, address, row
-// stride) over buffers the caller checked and keeps alive.
-struct Targets {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<shmcache::ColumnTarget> cols;
-
-  explicit Targets(const py::list& specs) {
-    size_t n = specs.size();
-    names.reserve(n);
-    shapes.reserve(n);
-    cols.resize(n);
-    for (size_t t = 0; t < n; ++t) {
-      py::tuple spec = specs[t].cast<py::tuple>();
-      names.push_back(spec[0].cast<std::string>());
-      DType dt;
-      if (!shmcache::DTypeFromName(spec[1].cast<std::string>(), &dt)) {
-        throw py::value_error("unknown dtype name: " + spec[1].cast<std::string>());
-      }
-      shapes.push_back(spec[2].cast<std::vector<int64_t>>());
-      cols[t] = shmcache::ColumnTarget{
-          names.back(), dt, shapes.back(),
-          // The caller's buffer (a tensor's data_ptr()) comes as an int.
-          // NOLINTNEXTLINE(performance-no-int-to-ptr)
-          reinterpret_cast<void*>(spec[3].cast<uintptr_t>()), spec[4].cast<size_t>()};
-    }
-  }
-
-  // Copies `row` into row `i` of the targets when every column matches
-  // (BatchReader's rule); whether it did.
-  bool CopyRow(const shmcache::RowView& row, size_t i) const {
-    std::vector<ColumnView> found;
-    for (const shmcache::ColumnTarget& t : cols) {
-      std::optional<ColumnView> c = row.find(t.name);
-      if (!c || c->dtype != t.dtype ||
-          !std::equal(c->shape.begin(), c->shape.end(), t.shape.begin(), t.shape.end())) {
-        return false;
-      }
-      found.push_back(*c);
-    }
-    for (size_t k = 0; k < cols.size(); ++k) {
-      std::memcpy(static_cast<std::byte*>(cols[k].base) + i * cols[k].row_stride_bytes,
-                  found[k].data, found[k].nbytes);
-    }
-    return true;
-  }
-
-  // The targets from row `from` on.
-  std::vector<shmcache::ColumnTarget> From(size_t from) const {
-    std::vector<shmcache::ColumnTarget> out = cols;
-    for (auto& t : out)
-      t.base = static_cast<std::byte*>(t.base) + from * t.row_stride_bytes;
-    return out;
-  }
-};
-
-// read_into(ids, names, plan, threads, hit): copies rows ids[i] into row i
-// of the buffers plan(stored) describes (Targets), where stored is the
-// dtype name (or None) of each named column in the first cached row of ids
-// (None when no id is cached); hit (uint8, len(ids)) receives the hit
-// mask. Every id is counted once, as a hit or a miss: the row whose dtypes
-// were looked at is copied from that same view.
-void ReadInto(PyCache& self,
-              const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& ids,
-              const std::vector<std::string>& names, const py::function& plan,
-              int threads, py::array_t<uint8_t, py::array::c_style> hit) REQUIRES(g_gil) {
-  size_t n = static_cast<size_t>(ids.size());
-  if (static_cast<size_t>(hit.size()) != n)
-    throw py::value_error("hit has another length");
-  const uint64_t* id_data = ids.data();
-  uint8_t* hit_data = hit.mutable_data();
-  std::fill(hit_data, hit_data + n, 0);
-  size_t first = n;  // the first cached id, looked at without counting
-  shmcache::RowView probe;
-  Status s;
-  {
-    // A view of a spilled row reads the spill database (or asks the daemon).
-    ReleaseGil nogil;
-    for (size_t i = 0; i < n && first == n; ++i) {
-      if (self.cache->Contains(id_data[i])) first = i;
-    }
-    if (first < n) {
-      s = self.cache->View(id_data[first], &probe);
-      if (s.IsNotFound()) first = n;  // gone since (its session destroyed)
-    }
-  }
-  if (first < n && !s.IsNotFound()) Check(s);
-  py::object stored = py::none();
-  if (first < n) {
-    py::list dtypes;
-    for (const std::string& name : names) {
-      std::optional<ColumnView> c = probe.find(name);
-      dtypes.append(c ? py::object(py::str(shmcache::DTypeName(c->dtype))) : py::none());
-    }
-    stored = dtypes;
-  }
-  Targets targets(plan(stored).cast<py::list>());
-  if (first < n) hit_data[first] = targets.CopyRow(probe, first);
+// read_into(ids, names, bufs, threads, codes): copies rows ids[i] into row
+// i of bufs[t] (numpy arrays or torch tensors; column names[t]), with
+// BatchReader's rule (batch_targets.h); returns the hit mask (bool), or
+// with codes the per-row kRowMissing / kRowRead / kRowOtherLayout (uint8).
+// One call per batch: the targets are checked, the rows found, matched,
+// copied (widened where a tensor's dtype is wider) and counted, once each,
+// with the GIL released from the lookup to the last copy.
+py::array ReadInto(PyCache& self, py::handle ids, const std::vector<std::string>& names,
+                   const py::list& bufs, int threads, bool codes) REQUIRES(g_gil) {
+  std::vector<uint64_t> id_list = shmcache::python::BatchIds(ids);
+  const size_t n = id_list.size();
+  shmcache::python::BatchTargets targets(names, bufs, n);
+  // The codes are written into the array returned: as bool, each is made
+  // 0 or 1 after the read.
+  py::array hit(codes ? py::dtype::of<uint8_t>() : py::dtype::of<bool>(),
+                std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+  if (n == 0) return hit;
+  auto* h = static_cast<uint8_t*>(hit.mutable_data());
   std::unique_ptr<shmcache::BatchReader> reader;
+  threads = std::max(threads, 1);
   // self.idle_readers spelt out each time (no reference to it): the
   // analysis checks every use against the GIL.
-  for (size_t k = 0; k < self.idle_readers.size(); ++k) {
-    if (self.idle_readers[k]->num_threads() == std::max(threads, 1)) {
+  for (size_t k = self.idle_readers.size(); k-- > 0;) {
+    if (self.idle_readers[k]->num_threads() == threads) {
       reader = std::move(self.idle_readers[k]);
       self.idle_readers.erase(self.idle_readers.begin() + static_cast<std::ptrdiff_t>(k));
       break;
@@ -624,21 +549,19 @@ void ReadInto(PyCache& self,
   }
   if (!reader)
     reader = std::make_unique<shmcache::BatchReader>(self.cache.get(), threads);
-  std::vector<shmcache::ColumnTarget> rest = targets.From(first + 1);
+  std::vector<shmcache::StoredColumn> stored(names.size());
+  Status s;
   {
     ReleaseGil nogil;
-    // Rows before `first` are all misses; the rows after it are read.
-    if (first > 0) {
-      s = reader->ReadInto(std::span(id_data, std::min(first, n)), targets.cols,
-                           std::span(hit_data, std::min(first, n)));
-    }
-    if (s.ok() && first + 1 < n) {
-      s = reader->ReadInto(std::span(id_data + first + 1, n - first - 1), rest,
-                           std::span(hit_data + first + 1, n - first - 1));
-    }
+    s = reader->ReadInto(id_list, targets.columns(), std::span(h, n), stored);
   }
   self.idle_readers.push_back(std::move(reader));
   Check(s);
+  targets.CheckStored(stored);
+  if (!codes) {
+    for (size_t i = 0; i < n; ++i) h[i] = h[i] == shmcache::kRowRead ? 1 : 0;
+  }
+  return hit;
 }
 
 }  // namespace
@@ -666,6 +589,10 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("MAX_COLUMNS") = shmcache::kMaxColumnsPerRow;
   m.attr("LOCAL_HOSTS") = py::make_tuple("127.0.0.1", "localhost", "::1");
   m.attr("DTYPES") = rows::DTypeTable();
+  // What read_into(codes=True) says of each row (batch_reader.h).
+  m.attr("ROW_MISSING") = shmcache::kRowMissing;
+  m.attr("ROW_READ") = shmcache::kRowRead;
+  m.attr("ROW_OTHER_LAYOUT") = shmcache::kRowOtherLayout;
   m.def("encode", &rows::Encode, py::arg("sample"),
         "The columns [(name, dtype, array)] that store `sample`.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
@@ -725,8 +652,9 @@ PYBIND11_MODULE(_shmcache, m) {
            py::arg("copy") = true, py::arg("readonly") = true,
            "A list of (name, dtype, array), or None on a miss.")
       .def("get_batch", &GetBatch, py::arg("ids"), py::arg("copy") = true,
-           py::arg("readonly") = true,
-           "For each id, a list of (name, dtype, array) or None on a miss.")
+           py::arg("readonly") = true, py::arg("count") = true,
+           "For each id, a list of (name, dtype, array) or None on a miss; "
+           "count=False (with copy=True): counted neither as hits nor misses.")
       .def("read_columns", &ReadColumns, py::arg("id"), py::arg("columns"),
            py::arg("copy") = true, py::arg("torch") = false, py::arg("single") = false,
            "The named columns of the row (single: the one column's value), or None.")
@@ -735,10 +663,10 @@ PYBIND11_MODULE(_shmcache, m) {
       .def_property_readonly(
           "bytes_read", [](PyCache& self) REQUIRES(g_gil) { return self.bytes_read; },
           "Bytes of the columns read and read_batch returned.")
-      .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("plan"),
-           py::arg("threads"), py::arg("hit"),
-           "Copies rows into the buffers plan(stored dtypes) describes; fills the hit "
-           "mask.")
+      .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("bufs"),
+           py::arg("threads"), py::arg("codes") = false,
+           "Copies rows ids[i] into row i of bufs (arrays or tensors of columns "
+           "names); the hit mask, or with codes each row's ReadInto code.")
       .def("contains",
            [](PyCache& self, uint64_t id) REQUIRES(g_gil) {
              ReleaseGil nogil;

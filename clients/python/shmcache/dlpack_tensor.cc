@@ -1,5 +1,6 @@
 #include "clients/python/shmcache/dlpack_tensor.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -16,10 +17,12 @@ namespace {
 namespace py = pybind11;
 
 // One allocation: the managed tensor, its shape and strides, then the
-// data at a 64-byte boundary, as torch's own allocator aligns it.
+// data at a 64-byte boundary, as torch's own allocator aligns it. The
+// block comes from malloc and is aligned here: aligned_alloc costs five
+// times malloc in glibc (it carves the aligned chunk out of a larger one),
+// as much as the rest of a small tensor's making (callgrind: 630 of about
+// 2,700 instructions per tensor of a 3 KB hit).
 constexpr size_t kAlign = 64;
-
-size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 void FreeBlock(DLManagedTensor* m) { std::free(m->manager_ctx); }
 
@@ -76,8 +79,8 @@ std::optional<OwnedTensor> NewTensor(DType t, std::span<const int64_t> shape,
   DLDataType type;
   if (!TypeOf(t, &type)) return std::nullopt;
   size_t ndim = shape.size();
-  size_t data_offset = RoundUp(sizeof(DLManagedTensor) + 2 * ndim * sizeof(int64_t));
-  void* mem = std::aligned_alloc(kAlign, data_offset + RoundUp(nbytes));
+  size_t head = sizeof(DLManagedTensor) + 2 * ndim * sizeof(int64_t);
+  void* mem = std::malloc(head + kAlign - 1 + nbytes);
   if (mem == nullptr) throw std::bad_alloc();
   auto* m = new (mem) DLManagedTensor;
   auto* dims = reinterpret_cast<int64_t*>(m + 1);
@@ -88,7 +91,9 @@ std::optional<OwnedTensor> NewTensor(DType t, std::span<const int64_t> shape,
     strides[i] = stride;
     stride *= shape[i];
   }
-  void* data = static_cast<char*>(mem) + data_offset;
+  auto at = reinterpret_cast<uintptr_t>(mem) + head;
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the aligned address in the block
+  void* data = reinterpret_cast<void*>((at + kAlign - 1) / kAlign * kAlign);
   m->dl_tensor = DLTensor{
       data, DLDevice{kDLCPU, 0}, static_cast<int32_t>(ndim), type, dims, strides, 0};
   m->manager_ctx = mem;

@@ -91,8 +91,8 @@ class RowBuilder {
  private:
   struct PendingCopy {
     ColumnView src;
-    DType out_type;
-    void* dst;
+    DType out_type = DType::kUInt8;
+    void* dst = nullptr;
     void Run() const;
   };
   void CopyNow();
@@ -101,7 +101,13 @@ class RowBuilder {
 
   Leaf leaf_;
   bool zero_copy_;
-  std::vector<PendingCopy> pending_;
+  // The copies Copy() makes: the first kInline without a heap allocation
+  // (a small hit's row has a column or two; a vector's malloc and free
+  // were a tenth of its cost besides torch).
+  static constexpr size_t kInline = 4;
+  PendingCopy inline_[kInline];
+  size_t num_pending_ = 0;
+  std::vector<PendingCopy> more_;
   size_t copy_bytes_ = 0;
   uint64_t bytes_ = 0;
 };

@@ -1,13 +1,16 @@
 """One CachedLoader batch, assembled (BatchAssembler.assemble): the rule of
 loader.py's contract, applied to a batch's indices.
 
-1. Rows of the learned layout (a RowSchema) are read by
-   DatasetCache.read_into into the batch's buffers, all at once.
-   A batch whose source says a row cannot be in this cache (in_cache:
-   another node's row) never looks that row up here: it would count as
-   one of the cache's misses.
-2. The rest are read from the cache row by row (read_columns: another
-   layout, a projection), then taken from the batch's supplied rows (a
+1. Rows of the learned layout (a RowSchema) are read into the batch's
+   buffers, all at once, by one native call (DatasetCache.fill_batch, with
+   copy_threads threads), which says of each row whether it was read, is
+   not cached, or is cached in another layout. A batch whose source says a
+   row cannot be in this cache (in_cache: another node's row) never looks
+   that row up here: it would count as one of the cache's misses.
+2. Rows of another layout are read from the cache row by row
+   (read_columns: another layout, a projection); rows not cached are not
+   looked up again (each read is counted once). Then rows are taken from
+   the batch's supplied rows (a
    BatchSource's, as columns), then computed in the batch's miss turn
    (_misses.py: sent to worker number mod num_workers, or computed in this
    thread with num_workers=0). A computed row goes into the cache (the
@@ -34,6 +37,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from .._read_into import ROW_MISSING, ROW_READ
+from ._autotune import usable_cpus
 from ._device import CudaStage, tree_map
 from ._misses import (Closed, Columns, Computed, MissTurn, MissWorkers, Sample, Stored,
                       compute_rows)
@@ -74,6 +79,8 @@ class BatchAssembler:
         self.turn = turn
         self._workers_busy = workers_busy
         self._inline = threading.Lock()   # rows gone since a worker stored them
+        self.tuner = state.tuner
+        self.cpus = usable_cpus()
         self.closed = False
 
     def close(self) -> None:
@@ -94,18 +101,19 @@ class BatchAssembler:
         state = self.state
         schema = state.schema
         bufs, filled = None, np.zeros(n, dtype=bool)
+        absent = filled    # rows the read found not cached
         if schema:
             bufs = schema.alloc(n, self.pin, state.buffers)
             out = schema.read_targets(bufs)
             # A dict out names its columns by its keys: the projection is in it.
-            filled = self._read_into(indices, out, None if isinstance(out, dict)
-                                     else columns, _in_cache(source))
+            filled, absent = self._read_into(indices, out, None if isinstance(out, dict)
+                                             else columns, _in_cache(source))
         rest = np.flatnonzero(~filled).tolist()
         if not rest:
             self.turn.passed(number)
         report.cache_hits += n - len(rest)
         rows = dict(zip(rest, self._rows(number, [indices[p] for p in rest], source,
-                                         report))) if rest else {}
+                                         report, absent[rest].tolist()))) if rest else {}
         state.count(samples=n, hits=n - len(rest))
         if schema is None and rows:
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
@@ -138,20 +146,30 @@ class BatchAssembler:
             batch = self.stage.stage(batch)
         return batch, nbytes
 
+    def copy_threads(self) -> int:
+        """Threads to copy one batch's rows with: the cache's read_threads,
+        fewer while the loader's threads already copy batches side by side,
+        so that all of them together stay within the CPUs (more would only
+        take turns: oversubscribed copies wait on the slowest share)."""
+        return max(1, min(self.cds.cache.read_threads, self.cpus // max(1, self.tuner.threads)))
+
     def _read_into(self, indices: list[int], out: Any, columns: Any,
-                   in_cache: Any) -> Any:
-        """The hit mask of reading the batch's rows into `out`: all of them,
-        or only those in_cache says may be here, read into the first rows
-        of `out` and moved to their positions."""
+                   in_cache: Any) -> tuple[Any, Any]:
+        """The masks (read, not cached) of reading the batch's rows into
+        `out`: all of them, or only those in_cache says may be here, read
+        into the first rows of `out` and moved to their positions."""
         cache = self.cds.cache
         if in_cache is None:
-            return np.asarray(cache.read_into(indices, out, columns), dtype=bool)
+            codes = cache.fill_batch(indices, out, columns, self.copy_threads(), codes=True)
+            return codes == ROW_READ, codes == ROW_MISSING
         filled = np.zeros(len(indices), dtype=bool)
+        absent = np.zeros(len(indices), dtype=bool)
         mine = np.flatnonzero([in_cache(i) for i in indices])
         if not len(mine):
-            return filled
-        hit = np.asarray(cache.read_into([indices[p] for p in mine], out, columns),
-                         dtype=bool)
+            return filled, absent
+        codes = cache.fill_batch([indices[p] for p in mine], out, columns,
+                                 self.copy_threads(), codes=True)
+        hit = codes == ROW_READ
         # Row j moves to mine[j] >= j, the last first: no row is overwritten
         # before it moved.
         for t in (out.values() if isinstance(out, dict) else out):
@@ -159,7 +177,8 @@ class BatchAssembler:
                 if mine[j] != j and hit[j]:
                     t[mine[j]] = t[j]
         filled[mine] = hit
-        return filled
+        absent[mine] = codes == ROW_MISSING
+        return filled, absent
 
     def _learn(self, cols: Any) -> Any:
         schema = RowSchema.of(cols, self.cds.columns) or False
@@ -168,21 +187,21 @@ class BatchAssembler:
         return schema
 
     def _rows(self, number: int, ids: list[int], source: SourcedBatch,
-              report: BatchReport) -> list[Any]:
-        """Per id the row's [(name, dtype, array)] from the cache (copies),
+              report: BatchReport, absent: list[bool]) -> list[Any]:
+        """Per id the row's [(name, dtype, array)] from the cache (copies;
+        not looked up where `absent` says the batch's read found no row, or
+        where the source says it cannot be here: each read is counted once),
         else the source's supplied row, else computed in batch `number`'s
         miss turn (and queued for the cache, or left in the report when the
         source does not keep it), or a Sample the cache cannot hold."""
         cds = self.cds
         in_cache = _in_cache(source)
-        if in_cache is None:
-            rows: list[Any] = read_columns(cds.cache, ids, cds.columns, copy=True)
-        else:
-            rows = [None] * len(ids)
-            mine = [k for k, i in enumerate(ids) if in_cache(i)]
-            for k, r in zip(mine, read_columns(cds.cache, [ids[k] for k in mine],
-                                               cds.columns, copy=True) if mine else []):
-                rows[k] = r
+        look = [k for k, i in enumerate(ids)
+                if not absent[k] and (in_cache is None or in_cache(i))]
+        rows: list[Any] = [None] * len(ids)
+        for k, r in zip(look, read_columns(cds.cache, [ids[k] for k in look],
+                                           cds.columns, copy=True) if look else []):
+            rows[k] = r
         missing = [k for k, r in enumerate(rows) if r is None]
         report.cache_hits += len(ids) - len(missing)
         supplied = 0
@@ -216,11 +235,12 @@ class BatchAssembler:
                 cds.warn_uncacheable(ids[k], row.why)
                 rows[k] = Sample(cds.project(row.sample), row.why)
         if stored:
-            again = read_columns(cds.cache, [ids[k] for k in stored], cds.columns,
-                                 copy=True)
+            # Read back uncounted: this batch's read of them counted the miss.
+            again = cds.cache.get_batch_columns([ids[k] for k in stored], copy=True,
+                                                count=False)
             gone = [k for k, cols in zip(stored, again) if cols is None]
             for k, cols in zip(stored, again):
-                rows[k] = cols
+                rows[k] = None if cols is None else project(cols, cds.columns)
             if gone:
                 # Rows gone since (their session dropped): computed again.
                 if self.closed:

@@ -15,10 +15,11 @@ once, in one line, on the "shmcache" logger.
 """
 
 import logging
+import os
 import threading
 import time
 
-__all__ = ["AutoTune"]
+__all__ = ["AutoTune", "usable_cpus"]
 
 log = logging.getLogger("shmcache")
 
@@ -91,3 +92,9 @@ class AutoTune:
         self.threads, self.prefetch = threads, prefetch
         self.changes += 1
         return True
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)

@@ -4,8 +4,9 @@ BufferPool, which reuses them once no tensor over them is alive), fills the
 rows that came another way (misses, supplied rows), and hands out the batch
 as default_collate over CachedDataset samples would build it.
 
-The rows a schema's buffers receive are read by DatasetCache.read_into
-(`read_targets` is its `out`); rows read one by one come from
+The rows a schema's buffers receive are read by DatasetCache.fill_batch
+(read_into's one native call; `read_targets` is its `out`, and the read
+widens the columns torch has no dtype for); rows read one by one come from
 read_columns; decode_sample and project turn rows that do not fit into
 what CachedDataset would return.
 """
@@ -66,39 +67,41 @@ def project(cols: list[Column], columns: ColumnSelection) -> list[Column]:
 
 class _Column:
     """One fixed-shape column: name, tag, stored dtype, per-row shape, and
-    how a batch buffer of it becomes the tensor CachedDataset returns."""
+    the batch buffer of it: the tensor CachedDataset's samples stack into."""
 
     def __init__(self, name, tag, dtype, shape):
         self.name, self.tag, self.dtype, self.shape = name, tag, dtype, shape
         # The row model's tensor dtype (rows.DTYPES): a column stored in a
-        # dtype torch lacks (uint16/32/64) is widened after the read.
+        # dtype torch lacks (uint16/32/64) is widened into it by the read.
         self.torch = getattr(torch, torch_dtype(tag) or "")
         self.widen = tag != "bfloat16" and DTYPES[tag][2] != DTYPES[tag][1]
+        self.out = np.dtype(DTYPES[tag][2]) if self.widen else dtype
 
     def key(self):
         return (self.name, self.tag, self.dtype, self.shape)
 
     def alloc(self, n, pin, pool):
-        """(read target ndarray, tensor or None): the tensor shares the
-        target's memory; None when the target is widened later."""
+        """(read target, array, tensor) of a batch of n rows: the tensor is
+        the batch's; the array is over the same memory (what rows that come
+        another way are written into: uint16 bits for bfloat16); the target
+        is what read_into reads into: the tensor where the read widens the
+        stored dtype, else the array."""
         shape = (n,) + self.shape
-        if self.widen:
-            return np.empty(shape, dtype=self.dtype), None
         bf16 = self.tag == "bfloat16"
         if pin:   # CUDA's host allocator recycles pinned memory
             t = torch.empty(shape, dtype=self.torch, pin_memory=True)
-            return (t.view(torch.int16).numpy().view(np.uint16) if bf16
-                    else t.numpy()), t
-        if bf16:
-            a = pool.empty(shape, np.dtype(np.int16))
-            return a.view(np.uint16), torch.from_numpy(a).view(torch.bfloat16)
-        a = pool.empty(shape, self.dtype)
-        return a, torch.from_numpy(a)
+            a = t.view(torch.int16).numpy().view(np.uint16) if bf16 else t.numpy()
+        elif bf16:
+            a = pool.empty(shape, np.dtype(np.int16)).view(np.uint16)
+            t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        else:
+            a = pool.empty(shape, self.out)
+            t = torch.from_numpy(a)
+        return (t if self.widen else a), a, t
 
-    def tensor(self, target, t):
-        if t is not None:
-            return t
-        return decode([(POS, self.tag, target)], torch=True)
+    def fill(self, buf, i, a):
+        """Row i of the batch from a row's array (widened as the read does)."""
+        np.copyto(buf[1][i, ...], a, casting="unsafe" if self.widen else "no")
 
 
 class RowSchema:
@@ -140,11 +143,11 @@ class RowSchema:
         return tuple(b[0] for b in bufs)
 
     def fill(self, bufs, i, cols):
-        for (target, _), (_, _, a) in zip(bufs, cols):
-            np.copyto(target[i, ...], a, casting="no")
+        for c, buf, (_, _, a) in zip(self.columns, bufs, cols):
+            c.fill(buf, i, a)
 
     def tensors(self, bufs):
-        return [c.tensor(target, t) for c, (target, t) in zip(self.columns, bufs)]
+        return [b[2] for b in bufs]
 
     def batch(self, tensors):
         """What default_collate makes of the samples: a tensor, a list of

@@ -188,8 +188,12 @@ class CachedDataset(Dataset):
             self._forget_hit_path()
 
     def _forget_hit_path(self) -> None:
-        self.__dict__["_hit_copy"] = None
-        self.__dict__["_one_by_one"] = False
+        # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
+        # CPython 3.11 turn the instance's attribute values into a dict,
+        # after which no attribute load of this object is specialized (the
+        # short path's three loads cost a sixth of a small hit then).
+        object.__setattr__(self, "_hit_copy", None)
+        object.__setattr__(self, "_one_by_one", False)
 
     def _new_putter(self) -> AsyncPutter | None:
         return AsyncPutter(self._put_rows, self.put_queue) if self.async_puts else None
@@ -200,7 +204,8 @@ class CachedDataset(Dataset):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        for k, v in state.items():    # not __dict__.update: see _forget_hit_path
+            object.__setattr__(self, k, v)
         self._putter = self._new_putter()
         self._forget_hit_path()
         _datasets.add(self)
@@ -271,9 +276,9 @@ class CachedDataset(Dataset):
         if type(index) is not int and isinstance(index, torch.Tensor):
             index = int(index)
         copy, plain = self._mode()
-        self.__dict__["_plain"] = plain
+        object.__setattr__(self, "_plain", plain)
         if self.columns is None:
-            self.__dict__["_hit_copy"] = copy
+            object.__setattr__(self, "_hit_copy", copy)
         sample = self.cache.read_row(index, self.columns, copy, True)
         if sample is None:
             sample = self._miss(index)

@@ -85,7 +85,6 @@ prefetch "auto").
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
@@ -94,7 +93,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from .. import DatasetCache
-from ._autotune import AutoTune
+from ._autotune import AutoTune, usable_cpus
 from ._device import batch_device
 from ._misses import MissWorkers
 from ._pipeline import LoaderIter, LoaderState
@@ -192,7 +191,7 @@ class CachedLoader(DataLoader[T_co]):
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._state = LoaderState(AutoTune(threads, depth, auto_t, auto_p,
-                                           max_threads=max(DEFAULT_THREADS, 2 * _cpus()),
+                                           max_threads=max(DEFAULT_THREADS, 2 * usable_cpus()),
                                            max_bytes=max_prefetch_bytes))
         self._iters = 0
 
@@ -271,6 +270,3 @@ def _plain(cds):
                for a in ("transform", "target_transform", "transforms"))
 
 
-def _cpus():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
