@@ -104,7 +104,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
   // path; a window's prefetching has nothing to overlap.
   int node = 0;
   if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
-    CountHit(node);
+    stats_.CountHit(node);
     statuses[0] = Status::OK();
     return Status::OK();
   }
