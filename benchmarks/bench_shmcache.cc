@@ -112,7 +112,7 @@ Status OpenBenchCache(Client* client, uint32_t session, const std::string& name,
   o.session_id = session;
   o.name = name;
   o.fingerprint = "bench:" + name;
-  o.spilling = spilling;
+  o.spill_requested = spilling;
   o.size_mb = size_mb;
   return client->OpenCache(o, out);
 }

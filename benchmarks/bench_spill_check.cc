@@ -112,7 +112,7 @@ void CheckSize(const Config& c, const Source& src, const CheckRows& rows,
     o.session_id = session;
     o.name = "spill-check-" + k;
     o.fingerprint = "bench:" + o.name;
-    o.spilling = true;
+    o.spill_requested = true;
     o.size_mb = 1;
     s = client->OpenCache(o, &cache);
   }

@@ -123,6 +123,35 @@ Status TakeHostLock(const std::string& lock_path, int port, const std::string& r
                              ": it keeps being replaced; try again");
 }
 
+Status InstanceLocks::Take(const std::string& lock_path,
+                           const std::string& host_lock_path, int port,
+                           const std::string& run_dir,
+                           std::unique_ptr<InstanceLocks>* out) {
+  int fd = -1;
+  Status s = TakeInstanceLock(lock_path, port, &fd);
+  if (!s.ok()) return s;
+  // The shm files carry only the user and the port: a second server of
+  // them with another run dir would adopt, then delete, this one's.
+  int host_fd = -1;
+  s = TakeHostLock(host_lock_path, port, run_dir, &host_fd);
+  if (!s.ok()) {
+    close(fd);
+    return s;
+  }
+  out->reset(new InstanceLocks(lock_path, host_lock_path, fd, host_fd));
+  return Status::OK();
+}
+
+InstanceLocks::~InstanceLocks() {
+  close(host_fd_);
+  close(fd_);
+}
+
+void InstanceLocks::RemoveFiles() {
+  unlink(lock_path_.c_str());
+  ReleaseHostLock(host_lock_path_, host_fd_);
+}
+
 void ReleaseHostLock(const std::string& lock_path, int fd) {
   struct stat held {
   }, now{};

@@ -5,7 +5,9 @@
 // dies; the pid in the file is never trusted by itself.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "shmcache/status.h"
 
@@ -33,6 +35,39 @@ Status TakeHostLock(const std::string& lock_path, int port, const std::string& r
 // Removes the file of a host lock taken as `fd`, while still holding it
 // (a server that opened it meanwhile finds it unlinked and tries again).
 void ReleaseHostLock(const std::string& lock_path, int fd);
+
+// Both locks of a running server, its instance's and the host's, held for
+// as long as the object lives: destroyed, it closes them (the kernel drops
+// the flocks). A server that stops removes their files first
+// (RemoveFiles), while it still holds them; one that fails to start leaves
+// them, as a killed one would: the next start takes them again.
+class InstanceLocks {
+ public:
+  // Takes the lock at `lock_path` (TakeInstanceLock), then the host lock at
+  // `host_lock_path` (TakeHostLock) naming `run_dir`; the first's errors,
+  // or the second's (the first then released).
+  static Status Take(const std::string& lock_path, const std::string& host_lock_path,
+                     int port, const std::string& run_dir,
+                     std::unique_ptr<InstanceLocks>* out);
+  ~InstanceLocks();
+  InstanceLocks(const InstanceLocks&) = delete;
+  InstanceLocks& operator=(const InstanceLocks&) = delete;
+
+  // Unlinks both files while holding them (ReleaseHostLock for the host's).
+  void RemoveFiles();
+
+ private:
+  InstanceLocks(std::string lock_path, std::string host_lock_path, int fd, int host_fd)
+      : lock_path_(std::move(lock_path)),
+        host_lock_path_(std::move(host_lock_path)),
+        fd_(fd),
+        host_fd_(host_fd) {}
+
+  const std::string lock_path_;
+  const std::string host_lock_path_;
+  const int fd_;
+  const int host_fd_;
+};
 
 // Whether a process holds the lock: *held, and *pid the id it wrote (0 when
 // none is readable yet: it has only just taken the lock). A missing file

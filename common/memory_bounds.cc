@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "common/option_checks.h"
+
 namespace shmcache {
 
 namespace {
@@ -124,15 +126,8 @@ uint64_t CgroupMemoryLimit(const std::string& root, std::string* file) {
 MemoryBounds ComputeMemoryBounds(double ratio, uint64_t cap_bytes, uint64_t shm_room,
                                  const std::string& root) {
   MemoryBounds b;
-  if (cap_bytes) {
-    b.requested_bytes = cap_bytes;
-    b.requested = kBoundCapMb;
-  } else {
-    long pages = sysconf(_SC_PHYS_PAGES);
-    long page = sysconf(_SC_PAGESIZE);
-    uint64_t physical = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
-    b.requested_bytes = static_cast<uint64_t>(static_cast<double>(physical) * ratio);
-  }
+  b.requested_bytes = MemoryCapBytes(ratio, cap_bytes);
+  b.requested = cap_bytes ? kBoundCapMb : kBoundPhysical;
   b.cgroup_limit_bytes = CgroupMemoryLimit(root, &b.cgroup_file);
   // The ratio applies to a cgroup limit even under --memory_cap_mb: the
   // server and its clients need the rest of the limit for their own pages.

@@ -1,56 +1,15 @@
 #include "common/metrics.h"
 
 #include <cstdint>
-#include <cstring>
 #include <iterator>
 
 #include <fmt/format.h>
 
+#include "format/stats_fields.h"
 #include "shmcache/version.h"
 
 namespace shmcache {
 namespace {
-
-struct CacheMetric {
-  const char* name;
-  const char* type;
-  const char* help;
-  uint64_t (*value)(const CacheStats&);
-};
-
-// One family per entry, in this order; --list_sessions shows the same
-// counters (Mem cached, Disk cached, Hits, Misses, Numa hit, Full).
-constexpr CacheMetric kCacheMetrics[] = {
-    {"shmcache_cache_memory_rows", "gauge", "Rows held in shared memory.",
-     [](const CacheStats& c) { return c.mem_rows; }},
-    {"shmcache_cache_memory_bytes", "gauge",
-     "Encoded bytes of the rows held in shared memory.",
-     [](const CacheStats& c) { return c.mem_bytes; }},
-    {"shmcache_cache_disk_rows", "gauge", "Rows spilled to disk.",
-     [](const CacheStats& c) { return c.disk_rows; }},
-    {"shmcache_cache_disk_bytes", "gauge", "Encoded bytes of the rows spilled to disk.",
-     [](const CacheStats& c) { return c.disk_bytes; }},
-    {"shmcache_cache_hits_total", "counter", "Reads that found their row.",
-     [](const CacheStats& c) { return c.hits; }},
-    {"shmcache_cache_misses_total", "counter", "Reads that did not find their row.",
-     [](const CacheStats& c) { return c.misses; }},
-    {"shmcache_cache_numa_hits_total", "counter",
-     "Hits served from the reader's own NUMA node.",
-     [](const CacheStats& c) { return c.numa_hits; }},
-    {"shmcache_cache_puts_full_total", "counter",
-     "Puts dropped because the cache was full.",
-     [](const CacheStats& c) { return c.puts_full; }},
-    {"shmcache_cache_spill_reads_total", "counter",
-     "Spilled rows read back from disk (since the server started).",
-     [](const CacheStats& c) { return c.spill_reads; }},
-    {"shmcache_cache_reserved_bytes", "gauge",
-     "Shared memory reserved for the cache (segments and index).",
-     [](const CacheStats& c) { return c.reserved_bytes; }},
-    {"shmcache_cache_budget_bytes", "gauge", "The cache's memory budget.",
-     [](const CacheStats& c) { return c.budget_bytes; }},
-    {"shmcache_cache_full", "gauge", "1 when the cache no longer accepts rows.",
-     [](const CacheStats& c) { return static_cast<uint64_t>(c.full); }},
-};
 
 void Family(std::string& out, std::string_view name, std::string_view type,
             std::string_view help) {
@@ -213,14 +172,18 @@ std::string PrometheusText(const ServerInfo& info,
   // One allocation for the text (megabytes with 1,000 caches): growing
   // it would copy and fault in several times that.
   size_t size = out.size();
-  for (const CacheMetric& m : kCacheMetrics) {
-    size += 256 + label_bytes + num_caches * (std::strlen(m.name) + 4 + 20);
+  // One family per field of kStatFields that has a metric, in its order;
+  // --list_sessions shows the same fields.
+  for (const StatField& f : kStatFields) {
+    if (!f.metric.empty())
+      size += 256 + label_bytes + num_caches * (f.metric.size() + 4 + 20);
   }
   out.reserve(size);
-  for (const CacheMetric& m : kCacheMetrics) {
-    Family(out, m.name, m.type, m.help);
+  for (const StatField& f : kStatFields) {
+    if (f.metric.empty()) continue;
+    Family(out, f.metric, f.counter ? "counter" : "gauge", f.help);
     for (size_t i = 0; i < caches.size(); ++i) {
-      Sample(out, m.name, labels[i], m.value(*caches[i]));
+      Sample(out, f.metric, labels[i], f.Number(*caches[i]));
     }
   }
   return out;

@@ -16,11 +16,13 @@
 //   shmcache_server_sessions, shmcache_server_caches,
 //   shmcache_server_connections, shmcache_server_uptime_seconds,
 //   shmcache_server_start_time_seconds
-// Per-cache series (see kCacheMetrics in metrics.cc for their help text):
+// Per-cache series: one per field of kStatFields (format/stats_fields.h,
+// with their help text) that names a metric:
 //   shmcache_cache_{memory,disk}_{rows,bytes}, shmcache_cache_hits_total,
 //   shmcache_cache_misses_total, shmcache_cache_numa_hits_total,
 //   shmcache_cache_puts_full_total, shmcache_cache_spill_reads_total,
-//   shmcache_cache_{reserved,budget}_bytes, shmcache_cache_full
+//   shmcache_cache_{reserved,budget}_bytes, shmcache_cache_full,
+//   shmcache_cache_spills_now
 #pragma once
 
 #include <string>

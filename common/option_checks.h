@@ -50,8 +50,9 @@ inline constexpr size_t kMetricsTempSuffixBytes = 13;
 // user's file in a sticky directory (which this user could not replace).
 Status CheckMetricsFile(const std::string& path);
 
-// The cap of all caches together: cap_bytes when not 0, else `ratio` of
-// physical memory.
+// The cap of all caches together as asked: cap_bytes when not 0, else
+// `ratio` of physical memory. The server's cap is the smallest of this and
+// the other bounds (ComputeMemoryBounds, memory_bounds.h, starts from it).
 uint64_t MemoryCapBytes(double ratio, uint64_t cap_bytes);
 // InvalidArgument, naming the option and its minimum, when that cap is
 // below one segment (layout::kMinSegmentBytes): no cache could hold a row.

@@ -54,7 +54,7 @@ Status CacheSpiller::Put(uint32_t cache_id, CacheState* c, uint64_t row_id,
                          std::span<const std::byte> row, MemoryAccount* account,
                          bool* inserted) {
   *inserted = false;
-  if (!spill_ || !c->spilling()) {
+  if (!spill_ || !c->spilling_on()) {
     return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
   }
   Status s = spill_->Put(cache_id, row_id, row);

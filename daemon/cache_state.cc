@@ -29,7 +29,7 @@ CacheState::~CacheState() = default;
 Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
                           uint32_t session_id, const std::string& name,
                           const std::string& fingerprint, uint64_t budget_bytes,
-                          bool spilling, int num_nodes, MemoryAccount* account,
+                          bool spill_requested, int num_nodes, MemoryAccount* account,
                           Logger* log, std::unique_ptr<CacheState>* out) {
   std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
   c->session_id_ = session_id;
@@ -55,7 +55,7 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   std::memcpy(h->name, name.data(), name.size());
   h->fingerprint_len = static_cast<uint8_t>(fingerprint.size());
   std::memcpy(h->fingerprint, fingerprint.data(), fingerprint.size());
-  h->state.store(spilling ? layout::kStateSpilling : 0);
+  h->state.store(spill_requested ? layout::kStateSpillEnabled : 0);
   h->reserved_bytes.store(header_bytes);
   c->header_ = h;
   c->alloc_.Attach(h, c->Label(), budget_bytes);

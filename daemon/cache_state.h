@@ -37,7 +37,7 @@ class CacheState {
   // `account`.
   static Status Create(const InstancePaths& paths, uint32_t cache_id, uint32_t session_id,
                        const std::string& name, const std::string& fingerprint,
-                       uint64_t budget_bytes, bool spilling, int num_nodes,
+                       uint64_t budget_bytes, bool spill_requested, int num_nodes,
                        MemoryAccount* account, Logger* log,
                        std::unique_ptr<CacheState>* out);
   // Re-opens a cache a previous daemon left in shared memory: its header,
@@ -68,10 +68,10 @@ class CacheState {
   void Destroy(MemoryAccount* account, std::vector<HeldFile>* held = nullptr);
   bool ResumeIfCapAllows(const MemoryAccount& account);
 
-  // True when the cache takes rows on disk (layout::SpillingOn). Clients
-  // send rows there once memory is used up, and a row too large for the
-  // memory left at any time.
-  bool spilling() const;
+  // True when the cache takes rows on disk (layout::SpillingOn: spilling
+  // enabled and the cache not full). Clients send rows there once memory is
+  // used up, and a row too large for the memory left at any time.
+  bool spilling_on() const;
   // Publishes row `row_id` (`bytes` encoded) as spilled, after it was
   // written to disk. *inserted false when the id was already present.
   Status PublishSpilled(uint64_t row_id, uint64_t bytes, MemoryAccount* account,
@@ -86,7 +86,8 @@ class CacheState {
   // serve them): they read as misses and can be put again. Returns how many;
   // the disk_rows statistic starts again from 0.
   uint64_t DropSpilledRows();
-  // True when rows go to disk once memory is used up.
+  // True when spilling was requested and has not stopped
+  // (layout::kStateSpillEnabled), full or not.
   bool spill_enabled() const;
   // "cache 3 (session 7, 'name')", for messages.
   std::string Label() const;

@@ -6,18 +6,18 @@
 
 namespace shmcache {
 
-bool CacheState::spilling() const {
+bool CacheState::spilling_on() const {
   return header_ && layout::SpillingOn(header_->state.load());
 }
 
 void CacheState::StopSpilling(const std::string& why) {
   if (header_ == nullptr) return;
-  uint32_t old = header_->state.fetch_and(~layout::kStateSpilling);
+  uint32_t old = header_->state.fetch_and(~layout::kStateSpillEnabled);
   if (old & layout::kStateMemFull) alloc_.MarkFull("spilling stopped: " + why);
 }
 
 bool CacheState::spill_enabled() const {
-  return header_ && (header_->state.load() & layout::kStateSpilling);
+  return header_ && (header_->state.load() & layout::kStateSpillEnabled);
 }
 
 uint64_t CacheState::DropSpilledRows() {

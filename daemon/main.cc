@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -168,6 +168,168 @@ ShmDirChoice PickShmDir(const DaemonOptions& opts, const InstancePaths& paths) {
   return ChooseShmDir(paths.port, HugeTmpfsBytes(cap));
 }
 
+// What start-up decided before the Store exists, for the rest of Run.
+struct Startup {
+  ShmDirChoice shm;
+  int nodes = 1;
+  int workers = 1;
+  rlim_t fd_limit = 0;
+  std::vector<std::string> notes;  // NOTE lines of the readiness report
+};
+
+// Picks the shm dir (moving a killed server's files of the other huge-page
+// mode there), sets *paths to it, counts the workers and checks the dir is
+// usable. InvalidArgument saying what to change when it is not.
+Status PrepareShm(const DaemonOptions& opts, InstancePaths* paths, Logger* log,
+                  Startup* up) {
+  up->fd_limit = RaiseFileLimit();
+  // A failed start leaves a mounted tmpfs as a killed server would: empty
+  // (it then holds no memory) or with rows the next start adopts.
+  up->shm = PickShmDir(opts, *paths);
+  *paths = MakeInstancePaths(opts.port, opts.run_dir, up->shm.dir);
+  // A killed server of the other huge-page mode left its rows in the other
+  // place: they move here, and adoption finds them. Also when the shm dir
+  // given is /dev/shm: a huge tmpfs of the port is still this instance's.
+  std::string why_not_huge = up->shm.why_not_huge;
+  if (ShmDirGiven(opts.shm_dir)) {
+    why_not_huge = fmt::format(
+        "its shm dir is given (--shm_dir or $SHMCACHE_SHM_DIR: {})", up->shm.dir);
+  }
+  ShmDirSwitch moved = MoveEarlierShmFiles(paths->port, up->shm.dir, up->shm.huge,
+                                           why_not_huge, &g_stop_requested, log);
+  if (!moved.warning.empty()) up->notes.push_back(moved.warning);
+
+  up->nodes = NumaTopology::Get().num_nodes();
+  up->workers = WorkerCount(
+      opts.workers, static_cast<int>(std::thread::hardware_concurrency()), up->nodes);
+  if (opts.workers > 0 && up->workers != opts.workers) {
+    up->notes.push_back(fmt::format(
+        "worker count {} is not a multiple of the {} NUMA nodes; it is raised to {}.",
+        opts.workers, up->nodes, up->workers));
+    log->Warn("{}", up->notes.back());
+  }
+  if (access(paths->shm_dir.c_str(), W_OK | X_OK) != 0) {
+    return Status::InvalidArgument(
+        fmt::format("shared-memory directory {} is not writable: {}", paths->shm_dir,
+                    std::strerror(errno)));
+  }
+  const size_t room = FreeBytes(paths->shm_dir);
+  if (room < kMinShmRoom) {
+    return Status::InvalidArgument(fmt::format(
+        "no room in {}: {} MB free, at least {} MB needed; free space there, give "
+        "the container a larger --shm-size, or start with --shm_dir DIR",
+        paths->shm_dir, room >> 20, kMinShmRoom >> 20));
+  }
+  return Status::OK();
+}
+
+// A host's /dev/shm is often half its memory, below the default 80%: that
+// alone is not worth a warning. It is when the user asked for the memory
+// (-r, --memory_cap_mb), in a container (64 MB by default in Docker), or
+// when the room is too small for real work.
+void WarnIfShmTooSmall(const DaemonOptions& opts, const InstancePaths& paths,
+                       const MemoryBounds& bounds, Logger* log,
+                       std::vector<std::string>* notes) {
+  const std::string container = ContainerKind();
+  const bool asked =
+      opts.memory_cap_bytes != 0 || opts.memory_cap_ratio != kDefaultMemoryCapRatio;
+  if (bounds.shm_bytes >= bounds.requested_bytes ||
+      !(asked || !container.empty() || bounds.shm_bytes < (1ull << 30))) {
+    return;
+  }
+  const std::string what =
+      bounds.requested == std::string(kBoundCapMb)
+          ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
+          : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
+  notes->push_back(ShmTooSmallRemedy(paths.shm_dir, bounds.shm_bytes,
+                                     bounds.requested_bytes, what, container));
+  log->Warn("{}", notes->back());
+}
+
+// Tests (and scripts) may tie the server's life to theirs, so that a
+// crashed test run does not leave servers and their memory behind: every
+// 200 ms, the watched process gone stops the server.
+class WatchedProcess {
+ public:
+  WatchedProcess(boost::asio::io_context& io, const ProcessHandle& watched, int pid,
+                 Server* server, Logger* log)
+      : timer_(io), watched_(watched), pid_(pid), server_(server), log_(log) {}
+  void Start() {
+    timer_.expires_after(std::chrono::milliseconds(200));
+    timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (!watched_.Gone()) return Start();
+      log_->Warn("process {} that this server watches is gone: shutting down", pid_);
+      server_->RequestStop();
+    });
+  }
+
+ private:
+  boost::asio::steady_timer timer_;
+  const ProcessHandle& watched_;
+  const int pid_;
+  Server* const server_;
+  Logger* const log_;
+};
+
+// Serves until the server is asked to stop and its workers are done:
+// listens, reports ready (opts.ready_fd is -1 afterwards: the report
+// closed it) and runs the workers.
+Status Serve(DaemonOptions& opts, const InstancePaths& paths,
+             const ProcessHandle& watched, Store* store, Logger* log, Startup* up) {
+  boost::asio::io_context io(up->workers);
+  Server server(io, store, log, opts);
+  Status s = server.Listen(paths.socket_path);
+  if (!s.ok()) return s;
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    log->Info("signal {}: shutting down", sig);
+    server.RequestStop();
+  });
+  if (g_stop_requested.load()) {  // after adoption, before signal_set: a plain stop
+    log->Info("stop signal during start-up: shutting down");
+    server.RequestStop();
+  }
+  signal(SIGPIPE, SIG_IGN);
+  WatchedProcess watch(io, watched, opts.watch_pid, &server, log);
+  if (opts.watch_pid > 0) watch.Start();
+  std::optional<MetricsFile> metrics;
+  if (!opts.metrics_file.empty()) {
+    metrics.emplace(io, store, log, opts.metrics_file,
+                    std::chrono::seconds(opts.metrics_interval_s));
+    metrics->Start();
+  }
+  std::vector<std::thread> threads = StartWorkers(io, up->workers, up->nodes, *log);
+  const MemoryBounds& bounds = store->memory_bounds();
+  log->Info(
+      "started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
+      "memory cap {} MB, spill dir {}, open files limit {}",
+      paths.port, paths.socket_path, paths.shm_dir, up->workers, up->nodes,
+      store->memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
+      up->fd_limit);
+  log->Info("{}", up->shm.log_line);
+  log->Info(
+      "memory cap bounds: {} {} MB, cgroup {} MB (limit {} MB in {}), shm "
+      "filesystem {} MB; {} applies",
+      bounds.requested, bounds.requested_bytes >> 20, bounds.cgroup_bytes >> 20,
+      bounds.cgroup_limit_bytes >> 20,
+      bounds.cgroup_file.empty() ? "none" : bounds.cgroup_file, bounds.shm_bytes >> 20,
+      bounds.bound);
+  for (const std::string& note : store->startup_notes()) up->notes.push_back(note);
+  if (!up->shm.note.empty()) up->notes.push_back(up->shm.note);
+  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), up->workers, log->path()),
+         up->notes);
+  opts.ready_fd = -1;  // Report closed it
+  NotifyReady(fmt::format("serving port {}", paths.port));
+  if (!opts.foreground) DetachStdio();
+
+  for (std::thread& t : threads) t.join();
+  NotifyStopping();
+  if (metrics) metrics->Remove();
+  return Status::OK();
+}
+
 // Everything of main() after the options: set-up, serving, shutdown.
 // opts.ready_fd is set to -1 once the readiness line went out.
 int Run(DaemonOptions& opts) {
@@ -178,173 +340,38 @@ int Run(DaemonOptions& opts) {
   // Before anything is created: a socket path that cannot be bound would
   // otherwise be found only after the shared memory is set up.
   Status s = CheckSocketPath(paths.socket_path);
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
-  s = EnsureRunDir(paths.run_dir);
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
-  int lock_fd = -1;
-  s = TakeInstanceLock(paths.lock_path, paths.port, &lock_fd);
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
-  // The shm files carry only the user and the port: a second server of
-  // them with another run dir would adopt, then delete, this one's.
-  const std::string host_lock_path = HostLockPath(paths.port);
-  int host_lock_fd = -1;
-  s = TakeHostLock(host_lock_path, paths.port, paths.run_dir, &host_lock_fd);
+  if (s.ok()) s = EnsureRunDir(paths.run_dir);
+  std::unique_ptr<InstanceLocks> locks;
+  if (s.ok()) {
+    s = InstanceLocks::Take(paths.lock_path, HostLockPath(paths.port), paths.port,
+                            paths.run_dir, &locks);
+  }
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   CatchStopSignals();
 
   Logger log;
+  Startup up;
   s = OpenLog(opts, paths, &log);
+  if (s.ok()) s = PrepareShm(opts, &paths, &log, &up);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
-  rlim_t fd_limit = RaiseFileLimit();
-  // A failed start leaves a mounted tmpfs as a killed server would: empty
-  // (it then holds no memory) or with rows the next start adopts.
-  ShmDirChoice shm = PickShmDir(opts, paths);
-  paths = MakeInstancePaths(opts.port, opts.run_dir, shm.dir);
-  // A killed server of the other huge-page mode left its rows in the other
-  // place: they move here, and adoption below finds them.
-  // Also when the shm dir given is /dev/shm: a huge tmpfs of the port is
-  // still this instance's.
-  std::string why_not_huge = shm.why_not_huge;
-  if (ShmDirGiven(opts.shm_dir)) {
-    why_not_huge =
-        fmt::format("its shm dir is given (--shm_dir or $SHMCACHE_SHM_DIR: {})", shm.dir);
-  }
-  ShmDirSwitch moved = MoveEarlierShmFiles(paths.port, shm.dir, shm.huge, why_not_huge,
-                                           &g_stop_requested, &log);
-
-  NumaTopology& topo = NumaTopology::Get();
-  int nodes = topo.num_nodes();
-  int workers = WorkerCount(opts.workers,
-                            static_cast<int>(std::thread::hardware_concurrency()), nodes);
-  std::vector<std::string> notes;
-  if (!moved.warning.empty()) notes.push_back(moved.warning);
-  if (opts.workers > 0 && workers != opts.workers) {
-    notes.push_back(
-        fmt::format("worker count {} is not a multiple of the {} NUMA "
-                    "nodes; it is raised to {}.",
-                    opts.workers, nodes, workers));
-    log.Warn("{}", notes.back());
-  }
-
-  if (access(paths.shm_dir.c_str(), W_OK | X_OK) != 0) {
-    return Fail(opts.ready_fd,
-                fmt::format("shared-memory directory {} is not writable: {}",
-                            paths.shm_dir, std::strerror(errno)));
-  }
-  size_t room = FreeBytes(paths.shm_dir);
-  if (room < kMinShmRoom) {
-    return Fail(opts.ready_fd,
-                fmt::format("no room in {}: {} MB free, at least {} MB needed; "
-                            "free space there, give the container a larger "
-                            "--shm-size, or start with --shm_dir DIR",
-                            paths.shm_dir, room >> 20, kMinShmRoom >> 20));
-  }
-
-  Store store(opts, paths, nodes, workers, &log);
-  const MemoryBounds& bounds = store.memory_bounds();
-  // A host's /dev/shm is often half its memory, below the default 80%: that
-  // alone is not worth a warning. It is when the user asked for the memory
-  // (-r, --memory_cap_mb), in a container (64 MB by default in Docker), or
-  // when the room is too small for real work.
-  const std::string container = ContainerKind();
-  bool asked =
-      opts.memory_cap_bytes != 0 || opts.memory_cap_ratio != kDefaultMemoryCapRatio;
-  if (bounds.shm_bytes < bounds.requested_bytes &&
-      (asked || !container.empty() || bounds.shm_bytes < (1ull << 30))) {
-    std::string what =
-        bounds.requested == std::string(kBoundCapMb)
-            ? fmt::format("--memory_cap_mb {}", bounds.requested_bytes >> 20)
-            : fmt::format("-r {} of physical memory", opts.memory_cap_ratio);
-    notes.push_back(ShmTooSmallRemedy(paths.shm_dir, bounds.shm_bytes,
-                                      bounds.requested_bytes, what, container));
-    log.Warn("{}", notes.back());
-  }
+  Store store(opts, paths, up.nodes, up.workers, &log);
+  WarnIfShmTooSmall(opts, paths, store.memory_bounds(), &log, &up.notes);
   s = store.Init(&g_stop_requested);
   if (!s.ok()) {
     log.Info("not started: {}", s.message());
-    if (g_stop_requested.load()) {
-      unlink(paths.lock_path.c_str());
-      ReleaseHostLock(host_lock_path, host_lock_fd);
-    }
+    if (g_stop_requested.load()) locks->RemoveFiles();
     return Fail(opts.ready_fd, s.message());
   }
-
-  boost::asio::io_context io(workers);
-  Server server(io, &store, &log, opts);
-  s = server.Listen(paths.socket_path);
+  s = Serve(opts, paths, watched, &store, &log, &up);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-    if (!ec) {
-      log.Info("signal {}: shutting down", sig);
-      server.RequestStop();
-    }
-  });
-  if (g_stop_requested.load()) {  // after adoption, before signal_set: a plain stop
-    log.Info("stop signal during start-up: shutting down");
-    server.RequestStop();
-  }
-  signal(SIGPIPE, SIG_IGN);
-
-  // Tests (and scripts) may tie the server's life to theirs, so that a
-  // crashed test run does not leave servers and their memory behind.
-  boost::asio::steady_timer watch(io);
-  std::function<void()> watch_next = [&] {
-    watch.expires_after(std::chrono::milliseconds(200));
-    watch.async_wait([&](const boost::system::error_code& ec) {
-      if (ec) return;
-      if (watched.Gone()) {
-        log.Warn("process {} that this server watches is gone: shutting down",
-                 opts.watch_pid);
-        server.RequestStop();
-        return;
-      }
-      watch_next();
-    });
-  };
-  if (opts.watch_pid > 0) watch_next();
-  std::optional<MetricsFile> metrics;
-  if (!opts.metrics_file.empty()) {
-    metrics.emplace(io, &store, &log, opts.metrics_file,
-                    std::chrono::seconds(opts.metrics_interval_s));
-    metrics->Start();
-  }
-  std::vector<std::thread> threads = StartWorkers(io, workers, nodes, log);
-  log.Info(
-      "started: port {}, socket {}, shm dir {}, {} workers, {} NUMA node(s), "
-      "memory cap {} MB, spill dir {}, open files limit {}",
-      paths.port, paths.socket_path, paths.shm_dir, workers, nodes,
-      store.memory_cap() >> 20, opts.spill_dir.empty() ? "none" : opts.spill_dir,
-      fd_limit);
-  log.Info("{}", shm.log_line);
-  log.Info(
-      "memory cap bounds: {} {} MB, cgroup {} MB (limit {} MB in {}), shm "
-      "filesystem {} MB; {} applies",
-      bounds.requested, bounds.requested_bytes >> 20, bounds.cgroup_bytes >> 20,
-      bounds.cgroup_limit_bytes >> 20,
-      bounds.cgroup_file.empty() ? "none" : bounds.cgroup_file, bounds.shm_bytes >> 20,
-      bounds.bound);
-  for (const std::string& note : store.startup_notes()) notes.push_back(note);
-  if (!shm.note.empty()) notes.push_back(shm.note);
-  Report(opts.ready_fd, fmt::format("OK {} {} {}", getpid(), workers, log.path()), notes);
-  opts.ready_fd = -1;  // Report closed it
-  NotifyReady(fmt::format("serving port {}", paths.port));
-  if (!opts.foreground) DetachStdio();
-
-  for (std::thread& t : threads) t.join();
-  NotifyStopping();
-  if (metrics) metrics->Remove();
   log.Info("stopping: removing shared memory and socket");
   store.Shutdown();
-  if (shm.own_mount) {
-    Status r = ReleaseHugeShmDir(shm.dir);
+  if (up.shm.own_mount) {
+    Status r = ReleaseHugeShmDir(up.shm.dir);
     if (!r.ok()) log.Warn("{}", r.message());
   }
   unlink(paths.socket_path.c_str());
-  unlink(paths.lock_path.c_str());
-  ReleaseHostLock(host_lock_path, host_lock_fd);
-  close(host_lock_fd);
-  close(lock_fd);
+  locks->RemoveFiles();
   log.Info("stopped");
   return 0;
 }

@@ -41,7 +41,7 @@ std::string RequestHandler::Serve(uint64_t conn, std::span<const std::byte> body
   if (ctx.stop) *stop = true;
   pr::WireWriter w;
   pr::WriteStatus(w, s);
-  out.Encode(&w);
+  pr::EncodeMessage(out, &w);
   return std::move(w.body());
 }
 
@@ -67,7 +67,7 @@ Status RequestHandler::On(Context*, const pr::CheckSessionRequest& in, pr::NoPay
 Status RequestHandler::On(Context*, const pr::OpenCacheRequest& in,
                           pr::OpenCacheResponse* out) {
   return store_->OpenCache(in.session_id, in.name, in.fingerprint, in.size_mb,
-                           in.spilling, &out->cache_id);
+                           in.spill_requested, &out->cache_id);
 }
 
 Status RequestHandler::On(Context* ctx, const pr::LeaseChunkRequest& in,

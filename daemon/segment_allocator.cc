@@ -414,7 +414,7 @@ Status SegmentAllocator::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
 }
 
 Status SegmentAllocator::MemoryUsedUp(const std::string& why, bool by_cap) {
-  if (header_->state.load() & layout::kStateSpilling) {
+  if (header_->state.load() & layout::kStateSpillEnabled) {
     if (!(header_->state.fetch_or(layout::kStateMemFull) & layout::kStateMemFull) &&
         log_) {
       log_->Info("cache {}: {}; further rows spill to disk", cache_id_, why);

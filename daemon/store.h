@@ -91,7 +91,7 @@ class Store {
   // size_mb above kMaxCacheSizeMb is InvalidArgument: its bytes would not
   // fit an off_t (and wrap as 64-bit bytes from 2^44 MB on).
   Status OpenCache(uint32_t session_id, const std::string& name,
-                   const std::string& fingerprint, uint64_t size_mb, bool spilling,
+                   const std::string& fingerprint, uint64_t size_mb, bool spill_requested,
                    uint32_t* cache_id) EXCLUDES(mu_);
   Status LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t need,
                     ChunkLease* out) EXCLUDES(mu_);

@@ -94,7 +94,7 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
 Status Store::SpillingCacheFor(uint32_t cache_id, CacheState** out) {
   Status s = CacheFor(cache_id, out);
   if (!s.ok()) return s;
-  if (!spiller_.enabled() || !(*out)->spilling()) {
+  if (!spiller_.enabled() || !(*out)->spilling_on()) {
     return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
   }
   return Status::OK();

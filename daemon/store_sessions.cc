@@ -145,8 +145,8 @@ Status Store::CheckSession(uint32_t id) {
 }
 
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
-                        const std::string& fingerprint, uint64_t size_mb, bool spilling,
-                        uint32_t* cache_id) {
+                        const std::string& fingerprint, uint64_t size_mb,
+                        bool spill_requested, uint32_t* cache_id) {
   if (size_mb > kMaxCacheSizeMb) {
     return Status::InvalidArgument(fmt::format(
         "cache size {} MB is out of range: at most {} MB (the size is in MB, not bytes; "
@@ -158,7 +158,7 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   if (sit == sessions_.end()) return NoSession(session_id);
   Status s = CheckCacheName(name, fingerprint);
   if (!s.ok()) return s;
-  if (spilling && options_.spill_dir.empty()) {
+  if (spill_requested && options_.spill_dir.empty()) {
     return Status::InvalidArgument(
         "spilling was requested but the cache server has no spill directory; "
         "restart it with 'shmcache --start -s DIR'");
@@ -188,8 +188,8 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
     do {
       id = rng_();
     } while (id == 0 || caches_.count(id) != 0);
-    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget, spilling,
-                           num_nodes_, &account_, log_, &c);
+    s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
+                           spill_requested, num_nodes_, &account_, log_, &c);
     if (!s.IsAlreadyExists()) break;
     log_->Warn("cache id {} skipped: {}", id, s.message());
   }
@@ -197,7 +197,7 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   caches_[id] = std::move(c);
   sit->second.push_back(id);
   log_->Info("cache {} '{}' opened in session {} ({} MB{})", id, name, session_id,
-             size_mb, spilling ? ", spilling" : "");
+             size_mb, spill_requested ? ", spilling" : "");
   *cache_id = id;
   return Status::OK();
 }

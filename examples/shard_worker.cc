@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     opts.session_id = static_cast<uint32_t>(session);
     opts.name = "shard-example";
     opts.size_mb = static_cast<uint64_t>(size_mb < 0 ? 0 : size_mb);
-    opts.spilling = spilling != 0;
+    opts.spill_requested = spilling != 0;
     opts.fingerprint = "shard-example:rows=" + std::to_string(rows) +
                        ":bytes=" + std::to_string(row_bytes);
     s = client->OpenCache(opts, &cache);

@@ -38,8 +38,7 @@ bool IsValidUtf8(std::string_view s) {
 }
 
 Status CheckCacheName(std::string_view name, std::string_view fingerprint) {
-  if (name.empty() || name.size() > layout::kMaxNameBytes ||
-      fingerprint.size() > layout::kMaxNameBytes) {
+  if (name.empty() || name.size() > kMaxNameBytes || fingerprint.size() > kMaxNameBytes) {
     return Status::InvalidArgument(
         "a cache name must have 1..255 bytes and a fingerprint at most 255");
   }

@@ -29,7 +29,7 @@ CacheStats ReadCacheStats(const layout::CacheHeader& header, bool single_node) {
   out.budget_bytes = header.budget_bytes;
   const uint32_t state = header.state.load(kRelaxed);
   out.full = layout::IsFull(state);
-  out.spilling = layout::SpillsNow(state);
+  out.spills_now = layout::SpillsNow(state);
   return out;
 }
 

@@ -8,7 +8,7 @@
 namespace shmcache {
 
 // Identity, budget and reservation from `header`, the counters summed over
-// its stats slots, and `full` / `spilling` by layout::IsFull / SpillsNow.
+// its stats slots, and `full` / `spills_now` by layout::IsFull / SpillsNow.
 // single_node: the host has one NUMA node, where every hit is a NUMA hit
 // (readers do not count those there). spill_reads holds the spilled rows
 // readers read from the spill database themselves; the daemon adds those

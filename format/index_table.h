@@ -39,8 +39,9 @@ class IndexTable {
                      uint32_t generation, uint32_t capacity_log2);
 
   // The published location of `key`, or kEmpty.
-  uint64_t Find(uint64_t key) const {
-    uint64_t i = Home(key);
+  uint64_t Find(uint64_t key) const { return FindFrom(key, Home(key)); }
+  // Find, its probe starting at i = Home(key), which the caller computed.
+  uint64_t FindFrom(uint64_t key, uint64_t i) const {
     for (uint64_t probes = 0; probes <= mask_; ++probes, i = (i + 1) & mask_) {
       const layout::Slot& s = slots_[i];
       uint64_t loc = s.loc.load(std::memory_order_acquire);
@@ -54,7 +55,12 @@ class IndexTable {
   }
 
   // Starts loading the slot where a probe for `key` begins.
-  void Prefetch(uint64_t key) const { __builtin_prefetch(&slots_[Home(key)]); }
+  void Prefetch(uint64_t key) const { PrefetchSlot(Home(key)); }
+  // The slot where a probe for `key` begins, and its prefetch.
+  uint64_t Home(uint64_t key) const {
+    return (key * 0x9E3779B97F4A7C15ULL) >> shift_ & mask_;
+  }
+  void PrefetchSlot(uint64_t i) const { __builtin_prefetch(&slots_[i]); }
 
   // Publishes key -> loc. kTableFull when the table passed its load limit
   // (the caller grows the index and retries in the next table).
@@ -73,9 +79,6 @@ class IndexTable {
  private:
   // Waits for a claimed slot to be published; kClaimed if it never is.
   static uint64_t AwaitPublished(const layout::Slot& s);
-  uint64_t Home(uint64_t key) const {
-    return (key * 0x9E3779B97F4A7C15ULL) >> shift_ & mask_;
-  }
   layout::TableHeader* header_;
   layout::Slot* slots_;
   uint64_t mask_;

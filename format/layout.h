@@ -29,6 +29,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "shmcache/types.h"  // kMaxNameBytes: CacheHeader's name and fingerprint
+
 namespace shmcache::layout {
 
 // 2: table file names carry a random tag (TableInfo::tag).
@@ -44,7 +46,6 @@ inline constexpr uint32_t kChunkMagic = 0x4B4E4843;               // CHNK
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kMaxTables = 40;
 inline constexpr size_t kStatsSlots = 64;
-inline constexpr size_t kMaxNameBytes = 255;
 inline constexpr size_t kMaxSessions = 4096;
 // A cache's data segments grow from the smallest to the largest size. A
 // server cap below the smallest leaves no cache room for a row
@@ -116,39 +117,49 @@ struct alignas(kCacheLine) StatsLane {
 static_assert(sizeof(StatsLane) == kCacheLine);
 
 // Cache state bits.
-inline constexpr uint32_t kStateFull = 1;       // takes no more rows, not
-                                                // even on disk
-inline constexpr uint32_t kStateDestroyed = 2;  // session dropped
-inline constexpr uint32_t kStateSpilling = 4;   // rows beyond budget to disk
-                                                // (cleared when spilling stops)
-inline constexpr uint32_t kStateMemFull = 8;    // memory budget used up; with
-                                                // kStateSpilling, rows go to disk
-inline constexpr uint32_t kStateByCap = 16;     // kStateFull or kStateMemFull came
-                                                // from the server's memory cap,
-                                                // not the cache's budget; cleared
-                                                // with them when the cap frees up
+inline constexpr uint32_t kStateFull = 1;          // takes no more rows, not
+                                                   // even on disk
+inline constexpr uint32_t kStateDestroyed = 2;     // session dropped
+inline constexpr uint32_t kStateSpillEnabled = 4;  // spilling was requested
+                                                   // (spill_requested) and has
+                                                   // not stopped (a disk error,
+                                                   // no spill store): cleared
+                                                   // when it stops
+inline constexpr uint32_t kStateMemFull = 8;       // memory budget used up; with
+                                                   // kStateSpillEnabled, rows go
+                                                   // to disk
+inline constexpr uint32_t kStateByCap = 16;        // kStateFull or kStateMemFull
+                                                   // came from the server's
+                                                   // memory cap, not the cache's
+                                                   // budget; cleared with them
+                                                   // when the cap frees up
 
-// The reading of the state bits, one for the library and the daemon. A
-// cache that is not destroyed is in one of three states: it takes rows in
+// The reading of the state bits, one for the library and the daemon.
+// "Spilling" names four things, each with its own name everywhere:
+//   spill_requested  what the cache was opened with (CacheOptions,
+//                    OpenCacheRequest; MindSpore's and DatasetCache's
+//                    `spilling=` argument)
+//   spill enabled    requested and not stopped: kStateSpillEnabled
+//   SpillingOn       enabled and the cache not full: a row memory cannot
+//                    take goes to disk
+//   SpillsNow        on, and memory is used up: every new row goes to disk
+//                    (CacheStats::spills_now)
+// A cache that is not destroyed is in one of three states: it takes rows in
 // memory (and, when SpillingOn, sends to disk a row memory cannot take), it
 // SpillsNow, or it IsFull.
 //
-// The cache takes no more rows (CacheStats::full, Cache::IsFull): marked
-// full, or its memory is used up and it does not spill.
 // Full (or memory full) because the server's memory cap ran out: the
 // reason a put that is refused gives (Status::FullServerCap).
 inline bool FullByCap(uint32_t state) { return (state & kStateByCap) != 0; }
-
+// The cache takes no more rows (CacheStats::full, Cache::IsFull): marked
+// full, or its memory is used up and spilling is not enabled.
 inline bool IsFull(uint32_t state) {
-  return (state & kStateFull) || ((state & kStateMemFull) && !(state & kStateSpilling));
+  return (state & kStateFull) ||
+         ((state & kStateMemFull) && !(state & kStateSpillEnabled));
 }
-// Rows memory cannot take go to disk: spilling was asked for, did not stop,
-// and the cache is not full.
 inline bool SpillingOn(uint32_t state) {
-  return (state & kStateSpilling) && !(state & kStateFull);
+  return (state & kStateSpillEnabled) && !(state & kStateFull);
 }
-// Every new row goes to disk: spilling is on and memory is used up
-// (CacheStats::spilling).
 inline bool SpillsNow(uint32_t state) {
   return SpillingOn(state) && (state & kStateMemFull);
 }

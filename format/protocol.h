@@ -23,7 +23,7 @@
 namespace shmcache::protocol {
 
 inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
-// 3: a listing carries each cache's `spilling`.
+// 3: a listing carries each cache's `spills_now` (CacheStats).
 // 4: server info carries the bounds of the memory cap.
 // 5: a status carries its subcode (why a cache is Full) after its code.
 // 6: spilled rows are staged in shared memory (kSpillStage, kSpillPutStaged).

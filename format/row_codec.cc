@@ -181,7 +181,7 @@ Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
   }
   out->bytes_ = std::span<const std::byte>(p, total);
   out->num_columns_ = ncols;
-  out->in_shared_memory_ = false;  // the cache says when it is
+  out->in_shared_memory_ = false;  // DecodeHeader views shared memory
   return Status::OK();
 }
 

@@ -43,9 +43,10 @@ class RowCodec {
                      size_t size);
   // Validates the row at p (at most max_bytes readable) and views it.
   static Status Decode(const std::byte* p, size_t max_bytes, RowView* out);
-  // The hit path's check of a row in shared memory: header fields in
-  // bounds and the row's id equal to `key`. Descriptors are checked by the
-  // RowView accessors as they are read. False on any mismatch.
+  // The hit path's check of a row in the cache's shared memory: header
+  // fields in bounds and the row's id equal to `key`. Descriptors are
+  // checked by the RowView accessors as they are read. False on any
+  // mismatch; *out views the row (in_shared_memory) otherwise.
   // Inline, with Copy and Reserve: they are the single-row hit path, whose
   // length decides whether the next hit's misses overlap this one's copy
   // (docs/hit-path.md).
@@ -61,7 +62,7 @@ class RowCodec {
     }
     out->bytes_ = std::span<const std::byte>(p, total);
     out->num_columns_ = ncols;
-    out->in_shared_memory_ = false;  // the cache says when it is
+    out->in_shared_memory_ = true;
     return true;
   }
   static uint64_t KeyOf(const RowView& v);

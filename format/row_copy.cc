@@ -16,7 +16,8 @@ void StreamCopy(void* dst, const void* src, size_t n) {
   // after it must be aligned (SSE2, which every x86-64 CPU has).
   size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
   if (head > n) head = n;
-  std::memcpy(d, s, head);
+  // memcpy's pointers must be valid even for 0 bytes (a null row of 0 bytes).
+  if (head > 0) std::memcpy(d, s, head);
   d += head;
   s += head;
   n -= head;
@@ -31,7 +32,7 @@ void StreamCopy(void* dst, const void* src, size_t n) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + k + 32), c);
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + k + 48), e);
   }
-  std::memcpy(d + k, s + k, n - k);
+  if (n > k) std::memcpy(d + k, s + k, n - k);
   // Streaming stores are weakly ordered: fence them before the row is
   // handed to the caller (or to another thread).
   _mm_sfence();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "format/row_copy.h"
+#include "lib/batch_window.h"
 #include "lib/fork_safety.h"
 #include "port/mutex.h"
 
@@ -17,9 +18,6 @@ namespace shmcache {
 
 namespace {
 
-// Rows are looked up in windows of this many ids (ViewBatch overlaps their
-// cache misses; the views fit on the stack).
-constexpr size_t kWindow = 64;
 // A helper thread is woken for at least this many bytes of rows: below,
 // the hand-off costs more than the copy it would share.
 constexpr size_t kMinShareBytes = 256 << 10;
@@ -116,8 +114,8 @@ struct BatchReader::Share {
   // Reads ids [first, last) of the batch from memory.
   void Read(Cache* cache, std::span<const uint64_t> ids, size_t first, size_t last,
             std::span<const ColumnTarget> targets, uint8_t* hit) {
-    RowView views[kWindow];
-    Status statuses[kWindow];
+    RowView views[kBatchWindow];
+    Status statuses[kBatchWindow];
     constexpr size_t kInlineColumns = 8;
     ColumnView inline_cols[kInlineColumns];
     std::vector<ColumnView> more;
@@ -126,8 +124,8 @@ struct BatchReader::Share {
       more.resize(targets.size());
       cols = more.data();
     }
-    for (size_t base = first; base < last; base += kWindow) {
-      size_t n = std::min(kWindow, last - base);
+    for (size_t base = first; base < last; base += kBatchWindow) {
+      size_t n = std::min(kBatchWindow, last - base);
       Status s = cache->ViewBatch(ids.subspan(base, n), std::span(views, n),
                                   std::span(statuses, n));
       if (!s.ok()) {

@@ -1,5 +1,5 @@
 // Cache: the public handle; every call forwards to CacheImpl (cache_impl.h),
-// whose work lives in cache_impl.cc (attach, mapping), cache_read.cc,
+// whose work lives in cache_impl.cc (attach, statistics), cache_read.cc,
 // cache_put.cc and cache_spill.cc. Get(id) and View(id) are defined in
 // cache_read.cc, where the hit path inlines into them.
 

@@ -27,12 +27,12 @@ Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
     FetchSpilled(std::span(&id, 1), &target, &s);
     if (!s.ok()) return s;
     if (project) s = RowCodec::Project(disk_row.view(), columns, out);
-    if (s.ok() && count) CountRead(true, -1);
+    if (s.ok() && count) stats_.CountRead(true, -1);
     return s;
   }
   RowView v;
   int node = 0;
-  Status s = Resolve(id, loc, &v, &node);
+  Status s = segments_.Resolve(id, loc, &v, &node);
   if (!s.ok()) return s;
   if (project) {
     s = RowCodec::Project(v, columns, out);
@@ -40,41 +40,28 @@ Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
   } else {
     RowCodec::Copy(v, out);
   }
-  if (count) CountRead(true, node);
+  if (count) stats_.CountRead(true, node);
   return Status::OK();
 }
 
 Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   Status s = Usable();
   if (!s.ok()) return s;
-  *loc = Lookup(id);
+  *loc = tables_.Lookup(id);
   if (*loc == layout::kEmpty) {
-    CountRead(false, 0);
+    stats_.CountRead(false, 0);
     return Miss(id);
   }
   return Status::OK();
 }
 
-// Always inlined into Get and View: see Lookup in cache_impl.h.
+// Always inlined into Get and View: see TableSet::Lookup.
 [[gnu::always_inline]] inline bool CacheImpl::FindInMemory(uint64_t id, RowView* view,
                                                            int* node) {
-  if (closed_.load(std::memory_order_relaxed) ||
-      (header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed)) {
-    return false;
-  }
-  const uint64_t loc = Lookup(id);
+  if (!usable()) return false;
+  const uint64_t loc = tables_.LookupMapped(id);
   if (loc <= layout::kRetired || (loc & layout::kSpilledBit)) return false;
-  const MappedSegment* seg = segments_.Find(layout::LocationSegment(loc));
-  if (seg == nullptr) return false;
-  const uint64_t off = layout::LocationOffset(loc);
-  if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0 ||
-      !RowCodec::DecodeHeader(reinterpret_cast<const std::byte*>(seg->read_base + off),
-                              seg->size - off, id, view)) {
-    return false;
-  }
-  view->in_shared_memory_ = true;
-  *node = seg->node;
-  return true;
+  return segments_.ReadRow(id, loc, view, node) == SegmentSet::RowCheck::kOk;
 }
 
 Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
@@ -83,7 +70,7 @@ Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
   RowView v;
   if (!project && FindInMemory(id, &v, &node)) [[likely]] {
     RowCodec::Copy(v, out);
-    CountHit(node);
+    stats_.CountHit(node);
     return Status::OK();
   }
   return GetSlow(id, columns, project, out);
@@ -100,19 +87,14 @@ Status CacheImpl::GetSlow(uint64_t id, std::span<const std::string_view> columns
 }
 
 void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
-  const uint32_t n = MappedTables();
-  for (uint64_t id : ids) {
-    for (uint32_t t = 0; t < n; ++t) tables_[t].Prefetch(id);
-  }
+  const uint32_t n = tables_.Mapped();
+  for (uint64_t id : ids) tables_.Prefetch(id, n);
   // Each probe re-reads how many tables there are (a table the daemon adds
   // during the window is probed too) but does not prefetch again.
   for (size_t i = 0; i < ids.size(); ++i) {
-    locs[i] = FindInTables(ids[i], MappedTables());
+    locs[i] = tables_.FindIn(ids[i], tables_.Mapped());
     if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
-    if (const MappedSegment* seg = segments_.Find(layout::LocationSegment(locs[i]))) {
-      uint64_t off = layout::LocationOffset(locs[i]);
-      if (off < seg->size) __builtin_prefetch(seg->read_base + off);
-    }
+    segments_.Prefetch(locs[i]);
   }
 }
 
@@ -122,7 +104,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
   // path; a window's prefetching has nothing to overlap.
   int node = 0;
   if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
-    CountHit(node);
+    stats_.CountHit(node);
     statuses[0] = Status::OK();
     return Status::OK();
   }
@@ -139,15 +121,15 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
     for (size_t k = 0; k < window.size(); ++k) {
       size_t i = base + k;
       if (locs[k] == layout::kEmpty) {
-        CountRead(false, 0);
+        stats_.CountRead(false, 0);
         statuses[i] = Miss(ids[i]);
       } else if (locs[k] & layout::kSpilledBit) {
         statuses[i] = Status::NotSupported(
             "a spilled row has no shared memory to view; use GetBatch");
       } else {
         int node = 0;
-        statuses[i] = Resolve(ids[i], locs[k], &views[i], &node);
-        if (statuses[i].ok()) CountRead(true, node);
+        statuses[i] = segments_.Resolve(ids[i], locs[k], &views[i], &node);
+        if (statuses[i].ok()) stats_.CountRead(true, node);
       }
       if (!statuses[i].ok()) views[i] = RowView();
     }
@@ -173,7 +155,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
     }
     uint64_t loc = locs[i % kBatchWindow];
     if (loc == layout::kEmpty) {
-      if (count) CountRead(false, 0);
+      if (count) stats_.CountRead(false, 0);
       statuses[i] = Miss(ids[i]);
     } else if (loc & layout::kSpilledBit) {
       spilled.push_back(ids[i]);
@@ -189,7 +171,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
   FetchSpilled(spilled, targets.data(), got.data());
   for (size_t k = 0; k < spilled.size(); ++k) {
     if (got[k].ok()) {
-      if (count) CountRead(true, -1);
+      if (count) stats_.CountRead(true, -1);
     } else {
       rows[where[k]].view_ = RowView();
     }
@@ -201,7 +183,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
 Status CacheImpl::View(uint64_t id, RowView* out) {
   int node = 0;
   if (FindInMemory(id, out, &node)) [[likely]] {
-    CountHit(node);
+    stats_.CountHit(node);
     return Status::OK();
   }
   return ViewSlow(id, out);
@@ -218,15 +200,15 @@ Status CacheImpl::ViewSlow(uint64_t id, RowView* out) {
     if (s.ok()) *out = disk_row.view();
   } else if (s.ok()) {
     int node = 0;
-    s = Resolve(id, loc, out, &node);
-    if (s.ok()) CountRead(true, node);
+    s = segments_.Resolve(id, loc, out, &node);
+    if (s.ok()) stats_.CountRead(true, node);
   }
   if (!s.ok()) *out = RowView();
   return s;
 }
 
 bool CacheImpl::Contains(uint64_t id) {
-  return Usable().ok() && Lookup(id) != layout::kEmpty;
+  return usable() && tables_.Lookup(id) != layout::kEmpty;
 }
 
 // Cache's single-row reads live here rather than in cache.cc so that the

@@ -62,7 +62,7 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
       SpillReader::Forget(client_->paths(), reader.get());
     if (c != SpillReader::CatchUp::kDone) break;
   }
-  CountSpillReads(ids.size() - left.size());
+  stats_.CountSpillReads(ids.size() - left.size());
   if (left.empty()) return;
   std::vector<Row*> left_rows(left.size());
   std::vector<Status> left_statuses(left.size());
@@ -124,14 +124,13 @@ bool CacheImpl::SpillsNow() const {
   return layout::SpillsNow(header_->state.load(std::memory_order_relaxed));
 }
 
-Status CacheImpl::ToDisk(uint64_t id, size_t size, PutTally* tally) {
+Status CacheImpl::ToDisk(uint64_t id, size_t size, size_t* disk_bytes) {
   // Checked before anything is staged or sent: a row the daemon could not
   // read back whole in one answer (kSpillGet) is not spilled.
   if (size > protocol::kMaxSpilledRowBytes) {
     return protocol::SpilledRowTooLarge(id, size);
   }
-  tally->to_disk = true;
-  tally->disk_bytes = size;
+  *disk_bytes = size;
   return Status::OK();
 }
 
@@ -154,7 +153,7 @@ void CacheImpl::SpillRows(std::span<const SpillStage::Row> rows, Status* statuse
   }
   uint64_t full = 0;
   for (const SpillStage::Row& r : rows) full += statuses[r.index].IsFull() ? 1 : 0;
-  if (full > 0) Stats()->puts_full.fetch_add(full, std::memory_order_relaxed);
+  if (full > 0) stats_.CountPutsFull(full);
 }
 
 Status CacheImpl::SpillPut(uint64_t id, std::span<const ColumnRef> columns, size_t size,

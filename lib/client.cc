@@ -129,7 +129,7 @@ Status Client::OpenCache(const CacheOptions& options, std::unique_ptr<Cache>* ou
                                              .name = name,
                                              .fingerprint = options.fingerprint,
                                              .size_mb = options.size_mb,
-                                             .spilling = options.spilling},
+                                             .spill_requested = options.spill_requested},
                   &opened);
   if (!s.ok()) return s;
   std::shared_ptr<CacheImpl> cache;

@@ -36,7 +36,7 @@ class ClientImpl {
     protocol::WireReader r({});
     Status s = Exchange(Request::kType, protocol::EncodeBody(request), body, &r);
     if (!s.ok()) return s;
-    if (!Request::Response::Decode(&r, response)) return Malformed(Request::kName);
+    if (!protocol::DecodeMessage(&r, response)) return Malformed(Request::kName);
     return Status::OK();
   }
   template <typename Request>

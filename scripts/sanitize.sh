@@ -1,34 +1,25 @@
 #!/usr/bin/env bash
 # scripts/sanitize.sh address|thread [meson test args...]
-# Builds the project with AddressSanitizer+UBSan (address) or
-# ThreadSanitizer (thread) in build-san-<mode> and runs the concurrency
-# suites there: the reliability suites (killed writers, killed daemon,
-# hostile sockets, soak, ...) plus any suite named in SHMCACHE_SAN_SUITES.
-# Stress lengths are shortened (sanitizers are slow); override with
-# SHMCACHE_KILL_SECONDS / SHMCACHE_SOAK_SECONDS.
+# Builds the project with AddressSanitizer + UBSan (address: build-fuzz, the
+# fuzz targets' clang build) or ThreadSanitizer (thread: build-tsa, the
+# thread-safety analysis' clang build) and runs the C++ suites there, as
+# scripts/test.sh does (scripts/lib/sanitizers.sh): every sanitizer report,
+# a daemon's included, is printed from build-<dir>/san-logs and fails the
+# run. Stress lengths are short; override with SHMCACHE_KILL_SECONDS /
+# SHMCACHE_SOAK_SECONDS. Extra arguments go to meson test, e.g. one suite:
+#   scripts/sanitize.sh thread fork_test
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
+source scripts/lib/sanitizers.sh
 mode=${1:-}
-case $mode in
-  address) sanitize=address,undefined ;;
-  thread) sanitize=thread ;;
-  *) echo "usage: scripts/sanitize.sh address|thread [meson test args]" >&2; exit 2 ;;
-esac
+dir=$(san_dir "$mode") ||
+  { echo "usage: scripts/sanitize.sh address|thread [meson test args]" >&2; exit 2; }
 shift
-dir=build-san-$mode
-ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" || exit 1
-if [ ! -f "$dir/build.ninja" ]; then
-  meson setup "$dir" -Db_sanitize=$sanitize -Db_lundef=false -Dpython=disabled \
-    -Dbuildtype=debugoptimized -Db_ndebug=false >/dev/null || exit 1
-fi
+ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" clang libclang-rt-14-dev || exit 1
+san_configure "$mode" || exit 1
 ninja -C "$dir" || exit 1
-export SHMCACHE_KILL_SECONDS=${SHMCACHE_KILL_SECONDS:-8}
-export SHMCACHE_SOAK_SECONDS=${SHMCACHE_SOAK_SECONDS:-10}
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
-suites=(--suite reliability)
-for s in ${SHMCACHE_SAN_SUITES:-}; do suites+=(--suite "$s"); done
-meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 \
-  --timeout-multiplier 4 "${suites[@]}" "$@"
+rc=0
+san_run "$mode" "$PWD/$dir/san-logs" "$@" || rc=1
+san_reports "$PWD/$dir/san-logs" || rc=1
+exit $rc

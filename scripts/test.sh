@@ -2,13 +2,15 @@
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
 # suites through meson, then the Python suites through pytest, mypy over the
 # Python package, the docs' links and references, clang's thread-safety
-# analysis, the C++ format check, clang-tidy and the fuzz targets). The last
-# line is the summary over all suites: "N passed, N failed, N skipped".
+# analysis, the C++ format check, clang-tidy, the fuzz targets, and the C++
+# suites again under ThreadSanitizer and under AddressSanitizer + UBSan). The
+# last line is the summary over all suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 source scripts/lib/common.sh
+source scripts/lib/sanitizers.sh
 
 ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 build_project build || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
@@ -70,21 +72,18 @@ echo "== Links and references of the docs (scripts/check_docs.py)"
 counted_check docs python3 "broken links or references in the docs: see above" \
   /usr/bin/python3 scripts/check_docs.py
 
-# ---- Thread-safety analysis -------------------------------------------------
+# ---- Thread-safety analysis, and ThreadSanitizer ---------------------------
 # A clang build in build-tsa with -Wthread-safety -Werror=thread-safety: a
 # member read or written without the mutex its GUARDED_BY names, or a call
 # without the lock its REQUIRES names, fails it (port/thread_annotations.h).
-# It only compiles (no tests run there). One check.
-echo "== Thread-safety analysis (clang -Wthread-safety)"
+# One check. The same build is ThreadSanitizer's (scripts/lib/sanitizers.sh):
+# the C++ suites run there, each a counted case, and any report (a daemon's
+# too) fails one more check.
+echo "== Thread-safety analysis (clang -Wthread-safety), ThreadSanitizer build"
 tsa_build() {
-  local opts=(-Dtests=false -Dpython=enabled "-Dcpp_args=-Wthread-safety -Werror=thread-safety")
-  if [ -f build-tsa/build.ninja ]; then
-    meson configure build-tsa "${opts[@]}" >/dev/null
-  else
-    # meson's progress bars would share a line with this check's result.
-    CXX=clang++ meson setup build-tsa "${opts[@]}" >"$results/tsa-setup.log" 2>&1 ||
-      { cat "$results/tsa-setup.log"; return 1; }
-  fi
+  # meson's progress bars would share a line with this check's result.
+  san_configure thread >"$results/tsa-setup.log" 2>&1 ||
+    { cat "$results/tsa-setup.log"; return 1; }
   if ! ninja -C build-tsa >build-tsa/build.log 2>&1; then
     grep -E "error: " -A2 build-tsa/build.log | head -40
     return 1
@@ -93,6 +92,16 @@ tsa_build() {
 }
 counted_check thread-safety clang \
   "clang -Wthread-safety build failed: see above, or build-tsa/build.log" tsa_build
+san_logs=()
+if ! grep -q "<failure" "$results/thread-safety.xml"; then
+  echo "== C++ suites under ThreadSanitizer"
+  rm -f build-tsa/meson-logs/testlog.json
+  san_run thread "$results/tsan" >"$results/tsan-run.log" 2>&1
+  grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)|^(Ok|Fail|Timeout):" "$results/tsan-run.log"
+  san_logs+=("cases:$root/build-tsa/meson-logs/testlog.json")
+  counted_check tsan-reports clang "ThreadSanitizer reported: see above" \
+    san_reports "$results/tsan"
+fi
 
 # ---- C++ format --------------------------------------------------------------
 # scripts/format.sh --check: a C++ file that clang-format 14 (.clang-format)
@@ -111,24 +120,25 @@ echo "== clang-tidy (scripts/tidy.sh)"
 counted_check clang-tidy clang-tidy "clang-tidy findings: see above, or run scripts/tidy.sh" \
   scripts/tidy.sh
 
-# ---- Fuzz targets ----------------------------------------------------------
+# ---- Fuzz targets, and AddressSanitizer + UBSan --------------------------
 # A bounded libFuzzer run per target ($SHMCACHE_FUZZ_SECONDS, default 20 s)
-# in a separate clang build with ASan/UBSan; each run is a meson test of that
-# build, counted below. Longer runs: tests/fuzz/README.md.
+# in a separate clang build with ASan/UBSan (build-fuzz); each run is a meson
+# test of that build, counted below. Longer runs: tests/fuzz/README.md. The
+# same build is AddressSanitizer's and UBSan's (scripts/lib/sanitizers.sh):
+# the C++ suites run there, each a counted case, and any report fails one
+# more check.
 echo "== Fuzz targets (${SHMCACHE_FUZZ_SECONDS:-20} s each)"
-fuzz_log=$root/build-fuzz/meson-logs/testlog.json
+fuzz_log=$root/build-fuzz/meson-logs/fuzz-testlog.json
 rm -f "$fuzz_log"
 fuzz_ok=0
 if ensure_packages clang libclang-rt-14-dev; then
-  if [ ! -f build-fuzz/build.ninja ]; then
-    CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false \
-      -Dpython=disabled -Ddefault_library=static -Db_lundef=false >/dev/null
-  fi
-  if ninja -C build-fuzz fuzz >build-fuzz/build.log 2>&1 ||
+  if { san_configure address && ninja -C build-fuzz >build-fuzz/build.log 2>&1; } ||
      { grep -E "error|FAILED" -A3 build-fuzz/build.log | head -40; false; }; then
     fuzz_ok=1
+    rm -f build-fuzz/meson-logs/testlog.json
     meson test -C build-fuzz --no-rebuild --suite fuzz --num-processes 2 \
       --print-errorlogs
+    cp build-fuzz/meson-logs/testlog.json "$fuzz_log"
     grep -ho 'fuzz fuzz_[a-z_]*: [0-9]* executions in [0-9]* s' \
       build-fuzz/meson-logs/testlog.txt
   fi
@@ -137,8 +147,16 @@ if [ $fuzz_ok -eq 0 ]; then
   echo "fuzz build failed"
   mkdir -p "$(dirname "$fuzz_log")"
   echo '{"name": "fuzz build", "result": "FAIL", "cmd": ["fuzz-build"]}' >"$fuzz_log"
+else
+  echo "== C++ suites under AddressSanitizer + UBSan"
+  rm -f build-fuzz/meson-logs/testlog.json
+  san_run address "$results/asan" >"$results/asan-run.log" 2>&1
+  grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)|^(Ok|Fail|Timeout):" "$results/asan-run.log"
+  san_logs+=("cases:$root/build-fuzz/meson-logs/testlog.json")
+  counted_check asan-reports clang "AddressSanitizer or UBSan reported: see above" \
+    san_reports "$results/asan"
 fi
-# ---- end of fuzz targets ---------------------------------------------------
+# ---- end of fuzz targets and sanitizers ----------------------------------
 
 /usr/bin/python3 scripts/lib/count_results.py "$results" \
-  "$root/build/meson-logs/testlog.json" "$fuzz_log"
+  "$root/build/meson-logs/testlog.json" "$fuzz_log" "${san_logs[@]}"

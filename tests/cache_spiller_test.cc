@@ -55,7 +55,7 @@ class CacheSpillerTest : public CacheStateTest {
 TEST_F(CacheSpillerTest, WithoutAStoreNothingSpills) {
   ASSERT_TRUE(spiller_.Open("", Note()).ok());
   EXPECT_FALSE(spiller_.enabled());
-  Create(8 * kMB, 1, /*spilling=*/true);
+  Create(8 * kMB, 1, /*spill_requested=*/true);
   bool inserted = true;
   Status s = spiller_.Put(kCacheId, cache_.get(), 1, Bytes("row"), &account_, &inserted);
   EXPECT_TRUE(s.IsFull()) << s.ToString();
@@ -71,7 +71,7 @@ TEST_F(CacheSpillerTest, WithoutAStoreNothingSpills) {
 TEST_F(CacheSpillerTest, PutRowsArePublishedAndReadBack) {
   ASSERT_TRUE(spiller_.Open(spill_dir_, Note()).ok());
   ASSERT_TRUE(spiller_.enabled());
-  Create(8 * kMB, 1, /*spilling=*/true);
+  Create(8 * kMB, 1, /*spill_requested=*/true);
   bool inserted = false;
   ASSERT_TRUE(
       spiller_.Put(kCacheId, cache_.get(), 42, Bytes("forty-two"), &account_, &inserted)
@@ -104,7 +104,7 @@ TEST_F(CacheSpillerTest, ACacheThatDoesNotSpillIsFull) {
 
 TEST_F(CacheSpillerTest, ReconcileWithoutAStoreDropsSpilledRowsAndStopsSpilling) {
   ASSERT_TRUE(spiller_.Open("", Note()).ok());
-  Create(8 * kMB, 1, /*spilling=*/true);
+  Create(8 * kMB, 1, /*spill_requested=*/true);
   UseUpMemory();
   for (uint64_t id = 0; id < 3; ++id) {
     bool inserted = false;

@@ -20,20 +20,20 @@ Status LeaseUntilRefused(CacheState* c, MemoryAccount* account) {
 }
 
 TEST_F(CacheStateTest, SpillingStoppedBeforeMemoryIsUsedUpFillsLikeAnyCache) {
-  Create(8 * kMB, 1, /*spilling=*/true);
+  Create(8 * kMB, 1, /*spill_requested=*/true);
   cache_->StopSpilling("no spill store");
   EXPECT_FALSE(cache_->spill_enabled());
   EXPECT_FALSE(cache_->Stats().full) << "memory is still free";
   EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
   EXPECT_TRUE(cache_->Stats().full);
-  EXPECT_FALSE(cache_->spilling());
+  EXPECT_FALSE(cache_->spilling_on());
 }
 
 TEST_F(CacheStateTest, DroppedSpilledRowsAreMissesAndTheCacheIsFullWithoutSpilling) {
-  Create(8 * kMB, 1, /*spilling=*/true);
+  Create(8 * kMB, 1, /*spill_requested=*/true);
   EXPECT_EQ(cache_->DropSpilledRows(), 0u) << "nothing spilled yet";
   EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
-  ASSERT_TRUE(cache_->spilling());
+  ASSERT_TRUE(cache_->spilling_on());
   for (uint64_t id = 0; id < 10; ++id) {
     bool inserted = false;
     ASSERT_TRUE(cache_->PublishSpilled(id, 100, &account_, &inserted).ok());

@@ -85,19 +85,19 @@ TEST(CacheStatsTest, EveryStateIsFullOrSpillingOrNeither) {
   using namespace layout;
   struct Case {
     uint32_t state;
-    bool full, spilling, spilling_on;
+    bool full, spills_now, spilling_on;
   };
   const Case cases[] = {
       {0, false, false, false},
-      {kStateSpilling, false, false, true},
-      {kStateSpilling | kStateMemFull, false, true, true},
+      {kStateSpillEnabled, false, false, true},
+      {kStateSpillEnabled | kStateMemFull, false, true, true},
       {kStateMemFull, true, false, false},  // memory used up, no spilling
       {kStateFull, true, false, false},
-      {kStateFull | kStateSpilling, true, false, false},
+      {kStateFull | kStateSpillEnabled, true, false, false},
       {kStateFull | kStateMemFull, true, false, false},
       // Marked full after it spilled (its index reached its largest size):
       // rows go nowhere.
-      {kStateFull | kStateSpilling | kStateMemFull, true, false, false},
+      {kStateFull | kStateSpillEnabled | kStateMemFull, true, false, false},
   };
   auto h = NewHeader();
   for (const Case& c : cases) {
@@ -107,11 +107,11 @@ TEST(CacheStatsTest, EveryStateIsFullOrSpillingOrNeither) {
       h->state.store(state);
       CacheStats st = ReadCacheStats(*h, true);
       EXPECT_EQ(st.full, c.full);
-      EXPECT_EQ(st.spilling, c.spilling);
+      EXPECT_EQ(st.spills_now, c.spills_now);
       EXPECT_EQ(IsFull(state), c.full);
-      EXPECT_EQ(SpillsNow(state), c.spilling);
+      EXPECT_EQ(SpillsNow(state), c.spills_now);
       EXPECT_EQ(SpillingOn(state), c.spilling_on);
-      EXPECT_FALSE(st.full && st.spilling);
+      EXPECT_FALSE(st.full && st.spills_now);
     }
   }
 }

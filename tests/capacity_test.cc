@@ -38,9 +38,9 @@ TEST(CapacityTest, LibraryAndListingReadEveryCacheStateAlike) {
   const uint32_t original = state.load();
   using namespace layout;
   for (uint32_t bits :
-       {0u, kStateFull, kStateSpilling, kStateMemFull, kStateSpilling | kStateMemFull,
-        kStateFull | kStateSpilling, kStateFull | kStateMemFull,
-        kStateFull | kStateSpilling | kStateMemFull}) {
+       {0u, kStateFull, kStateSpillEnabled, kStateMemFull,
+        kStateSpillEnabled | kStateMemFull, kStateFull | kStateSpillEnabled,
+        kStateFull | kStateMemFull, kStateFull | kStateSpillEnabled | kStateMemFull}) {
     SCOPED_TRACE(bits);
     state.store(bits);
     CacheStats mine;
@@ -51,7 +51,7 @@ TEST(CapacityTest, LibraryAndListingReadEveryCacheStateAlike) {
     ASSERT_EQ(sessions[0].caches.size(), 1u);
     const CacheStats& listed = sessions[0].caches[0];
     EXPECT_EQ(mine.full, listed.full);
-    EXPECT_EQ(mine.spilling, listed.spilling);
+    EXPECT_EQ(mine.spills_now, listed.spills_now);
     EXPECT_EQ(cache->IsFull(), listed.full);
     EXPECT_EQ(mine.reserved_bytes, listed.reserved_bytes);
   }

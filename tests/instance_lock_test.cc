@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -144,6 +145,32 @@ TEST_F(InstanceLockTest, AHostLockOfAnotherUserIsRefusedByName) {
   EXPECT_TRUE(s.IsPermissionDenied()) << s.ToString();
   EXPECT_NE(s.message().find("uid 65534"), std::string::npos) << s.message();
   EXPECT_EQ(fd, -1);
+}
+
+// InstanceLocks: both locks for the object's life; RemoveFiles, as a
+// server that stops, removes both files while holding them.
+TEST_F(InstanceLockTest, InstanceLocksHoldBothUntilDestroyed) {
+  const std::string host = dir_ + "/.shmcache.lock";
+  std::unique_ptr<InstanceLocks> first;
+  ASSERT_TRUE(InstanceLocks::Take(path_, host, 31000, "/run/a", &first).ok());
+  std::unique_ptr<InstanceLocks> second;
+  EXPECT_TRUE(
+      InstanceLocks::Take(path_, host, 31000, "/run/b", &second).IsAlreadyExists());
+  // The host lock alone taken elsewhere: the instance lock is given back.
+  const std::string other = dir_ + "/shmcached-31001.lock";
+  EXPECT_TRUE(
+      InstanceLocks::Take(other, host, 31000, "/run/b", &second).IsAlreadyExists());
+  int fd = -1;
+  ASSERT_TRUE(TakeInstanceLock(other, 31001, &fd).ok()) << "released on failure";
+  close(fd);
+  EXPECT_EQ(second, nullptr);
+  first.reset();  // a failed start: files stay, locks go
+  EXPECT_TRUE(test::PathExists(path_));
+  EXPECT_TRUE(test::PathExists(host));
+  ASSERT_TRUE(InstanceLocks::Take(path_, host, 31000, "/run/b", &second).ok());
+  second->RemoveFiles();  // a server that stops
+  EXPECT_FALSE(test::PathExists(path_));
+  EXPECT_FALSE(test::PathExists(host));
 }
 
 }  // namespace

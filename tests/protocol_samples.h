@@ -51,7 +51,7 @@ inline OpenCacheRequest Sample() {
           .name = "train",
           .fingerprint = "fp-1",
           .size_mb = 16,
-          .spilling = true};
+          .spill_requested = true};
 }
 template <>
 inline OpenCacheResponse Sample() {
@@ -100,7 +100,7 @@ inline ListSessionsResponse Sample() {
   c.disk_bytes = 100;
   c.puts_full = 2;
   c.spill_reads = 9;
-  c.spilling = true;
+  c.spills_now = true;
   ListSessionsResponse r;
   r.sessions = {{.session_id = 11, .caches = {c}}, {.session_id = 22, .caches = {}}};
   return r;

@@ -267,7 +267,7 @@ TEST(WireTest, SessionsRoundTrip) {
   EXPECT_EQ(o.puts_full, 2u);
   EXPECT_EQ(o.spill_reads, 9u);
   EXPECT_TRUE(o.full);
-  EXPECT_TRUE(o.spilling);
+  EXPECT_TRUE(o.spills_now);
 }
 
 TEST(WireTest, SessionCountBeyondLimitIsRefused) {

@@ -60,7 +60,7 @@ class RequestHandlerTest : public ::testing::Test {
     WireReader r({reinterpret_cast<const std::byte*>(last_.data()), last_.size()});
     EXPECT_TRUE(protocol::ReadStatus(r).ok());
     pr::CreateSessionResponse created;
-    EXPECT_TRUE(pr::CreateSessionResponse::Decode(&r, &created));
+    EXPECT_TRUE(pr::DecodeMessage(&r, &created));
     return created.session_id;
   }
   static pr::OpenCacheRequest OpenCache(uint32_t session, const std::string& name) {

@@ -143,7 +143,6 @@ TEST(SpillReadTest, SpilledRowsReadWhileAnotherProcessSpillsRows) {
     });
     ASSERT_GT(writer, 0);
     // Each row is a miss until its put returns, then the writer's bytes.
-    uint64_t right = 0;
     bool writing = true;
     while (writing) {
       writing = !ProcessExited(writer);
@@ -151,7 +150,6 @@ TEST(SpillReadTest, SpilledRowsReadWhileAnotherProcessSpillsRows) {
         std::string error;
         Read r = ReadRow(cache.get(), id, &error);
         ASSERT_TRUE(r == Read::kRight || r == Read::kMiss) << id << " " << error;
-        right += r == Read::kRight;
       }
     }
     EXPECT_EQ(WaitChild(writer), 0);

@@ -168,7 +168,7 @@ TEST(SpillStageTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWritten
       if (!s.ok()) return s;
       protocol::WireReader r(
           std::as_bytes(std::span(body.data(), body.size())).subspan(off));
-      EXPECT_TRUE(std::decay_t<decltype(*response)>::Decode(&r, response));
+      EXPECT_TRUE(protocol::DecodeMessage(&r, response));
       return s;
     };
     protocol::HelloResponse hello;

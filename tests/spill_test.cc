@@ -225,7 +225,7 @@ TEST(CapacityTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
     ASSERT_TRUE(cache->GetStats(&st).ok());
     EXPECT_GT(st.disk_rows, 0u);
     EXPECT_EQ(st.mem_rows + st.disk_rows, rows);
-    EXPECT_TRUE(st.spilling);
+    EXPECT_TRUE(st.spills_now);
     EXPECT_FALSE(st.full);
     // Rows live in segments; those stay within the 1 MB budget. The header
     // and index tables are the documented per-cache overhead.
@@ -314,7 +314,7 @@ TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
       EXPECT_EQ(sessions.size(), 1u);
       EXPECT_EQ(sessions.empty() ? 0u : sessions[0].caches.size(), 1u);
       return !sessions.empty() && !sessions[0].caches.empty() &&
-             sessions[0].caches[0].spilling;
+             sessions[0].caches[0].spills_now;
     };
     EXPECT_EQ(PutRows(cache.get(), 1), 1u);
     EXPECT_FALSE(listed_spilling());             // within its budget: rows in memory
@@ -322,7 +322,7 @@ TEST(CapacityTest, ListingReportsWhetherACacheSpillsNow) {
     EXPECT_EQ(PutRows(cache.get(), rows), rows);
     CacheStats st;
     ASSERT_TRUE(cache->GetStats(&st).ok());
-    ASSERT_TRUE(st.spilling);
+    ASSERT_TRUE(st.spills_now);
     EXPECT_TRUE(listed_spilling());
   }
   RemoveTree(spill);
@@ -411,7 +411,7 @@ TEST(CapacityTest, ARemovedSpillDirIsNamedAsSuchAndSpillingStops) {
   EXPECT_EQ(s.message().find("disk full"), std::string::npos) << s.message();
   EXPECT_TRUE(PutBytes(cache.get(), rows + 1, kRowBytes).IsFull());
   ASSERT_TRUE(cache->GetStats(&st).ok());
-  EXPECT_FALSE(st.spilling);
+  EXPECT_FALSE(st.spills_now);
   std::string log = server.ReadLog();
   EXPECT_NE(log.find("spilling stopped: the spill database"), std::string::npos) << log;
   EXPECT_EQ(log.find("disk full"), std::string::npos) << log;
@@ -444,7 +444,7 @@ TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
       ASSERT_TRUE(c->GetStats(&st).ok());
       EXPECT_EQ(st.disk_rows, 1u) << "only the large row is on disk";
       EXPECT_EQ(st.mem_rows, 101u);
-      EXPECT_FALSE(st.spilling);
+      EXPECT_FALSE(st.spills_now);
       EXPECT_FALSE(st.full);
     }
     Row row;

@@ -1,14 +1,19 @@
 #include "clients/admin/output.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "format/stats_fields.h"
+
 namespace shmcache::admin {
 namespace {
 
-// Keys in the order written here, as before.
+// Keys in the order they are added: kStatFields' for a cache.
 using Json = nlohmann::ordered_json;
 
 // Indented by two; a cache name that is not UTF-8 has U+FFFD for its bad
@@ -19,26 +24,44 @@ std::string Dump(const Json& j) {
 
 }  // namespace
 
+// The fields of kStatFields that are columns of the table, in column order.
+static std::vector<const StatField*> TableColumns() {
+  std::vector<const StatField*> columns;
+  for (const StatField& f : kStatFields) {
+    if (f.column > 0) columns.push_back(&f);
+  }
+  std::sort(columns.begin(), columns.end(),
+            [](const StatField* a, const StatField* b) { return a->column < b->column; });
+  return columns;
+}
+
+// A field's cell: a counter prints as the number it is, 0 included, as
+// --json does; a flag as yes or no.
+static std::string Cell(const StatField& f, const CacheStats& c) {
+  if (f.type == StatType::kFlag) return c.*f.flag ? "yes" : "no";
+  if (f.type == StatType::kId) return std::to_string(c.*f.id);
+  return std::to_string(f.Number(c));
+}
+
 // Session and cache ids are random 32-bit numbers: 10 digits and a gap.
-// A counter prints as the number it is, 0 included, as --json does; "n/a"
-// fills the row of a session that has no cache (no counters at all).
+// "n/a" fills the row of a session that has no cache (no counters at all).
 std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
   if (sessions.empty()) return "No active sessions.\n";
+  constexpr int kSessionWidth = 12;
+  const std::vector<const StatField*> columns = TableColumns();
+  auto line = [&](const std::string& session, auto&& cell) {
+    std::string out = fmt::format("{:>{}}", session, kSessionWidth);
+    for (const StatField* f : columns) out += fmt::format("{:>{}}", cell(*f), f->width);
+    return out + "\n";
+  };
   std::string out = fmt::format("Listing sessions for server on port {}\n\n", port);
-  out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n", "Session",
-                     "Cache Id", "Mem cached", "Disk cached", "Avg cache size",
-                     "Numa hit", "Hits", "Misses", "Full");
+  out += line("Session", [](const StatField& f) { return std::string(f.title); });
   for (const SessionInfo& s : sessions) {
-    if (s.caches.empty()) {
-      out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
-                         s.session_id, "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a",
-                         "n/a");
-    }
+    const std::string id = std::to_string(s.session_id);
+    if (s.caches.empty())
+      out += line(id, [](const StatField&) { return std::string("n/a"); });
     for (const CacheStats& c : s.caches) {
-      out += fmt::format("{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}\n",
-                         s.session_id, c.cache_id, c.mem_rows, c.disk_rows,
-                         c.avg_row_bytes(), c.numa_hits, c.hits, c.misses,
-                         c.full ? "yes" : "no");
+      out += line(id, [&c](const StatField& f) { return Cell(f, c); });
     }
   }
   return out;
@@ -49,21 +72,19 @@ std::string SessionsJson(const std::vector<SessionInfo>& sessions) {
   for (const SessionInfo& s : sessions) {
     Json caches = Json::array();
     for (const CacheStats& c : s.caches) {
-      caches.push_back({{"cache_id", c.cache_id},
-                        {"name", c.name},
-                        {"mem_cached", c.mem_rows},
-                        {"mem_bytes", c.mem_bytes},
-                        {"disk_cached", c.disk_rows},
-                        {"avg_cache_size", c.avg_row_bytes()},
-                        {"numa_hit", c.numa_hits},
-                        {"hits", c.hits},
-                        {"misses", c.misses},
-                        {"reserved_bytes", c.reserved_bytes},
-                        {"budget_bytes", c.budget_bytes},
-                        {"full", c.full},
-                        {"disk_bytes", c.disk_bytes},
-                        {"puts_full", c.puts_full},
-                        {"spill_reads", c.spill_reads}});
+      Json cache = Json::object();
+      for (const StatField& f : kStatFields) {
+        if (f.json.empty()) continue;
+        const std::string key(f.json);
+        switch (f.type) {
+          case StatType::kId: cache[key] = c.*f.id; break;
+          case StatType::kText: cache[key] = c.*f.text; break;
+          case StatType::kFlag: cache[key] = c.*f.flag; break;
+          case StatType::kCount:
+          case StatType::kDerived: cache[key] = f.Number(c); break;
+        }
+      }
+      caches.push_back(std::move(cache));
     }
     out.push_back({{"session", s.session_id}, {"caches", std::move(caches)}});
   }

@@ -38,7 +38,8 @@ struct CacheOptions {
   // InvalidArgument.
   uint64_t size_mb = 0;
   // Rows beyond the budget go to disk (needs a server started with -s).
-  bool spilling = false;
+  // MindSpore's and DatasetCache's `spilling` argument.
+  bool spill_requested = false;
 };
 
 }  // namespace shmcache

@@ -22,7 +22,7 @@ struct CacheStats {
   uint64_t reserved_bytes = 0;  // shared memory reserved for the cache
   uint64_t budget_bytes = 0;    // its limit (the server cap when size was 0)
   bool full = false;            // no longer accepts rows
-  bool spilling = false;        // memory budget used up; new rows go to disk
+  bool spills_now = false;      // memory budget used up; new rows go to disk
   uint64_t puts_full = 0;       // puts refused because the cache was full
   uint64_t spill_reads = 0;     // spilled rows read back: by the readers
                                 // from the spill database (GetStats and

@@ -29,7 +29,7 @@ namespace {
 template <typename R>
 bool ResponseReads(protocol::WireReader* r, uint32_t* id) {
   typename R::Response out;
-  if (!R::Response::Decode(r, &out)) return false;
+  if (!protocol::DecodeMessage(r, &out)) return false;
   if constexpr (std::is_same_v<R, protocol::CreateSessionRequest>) *id = out.session_id;
   if constexpr (std::is_same_v<R, protocol::OpenCacheRequest>) *id = out.cache_id;
   return true;

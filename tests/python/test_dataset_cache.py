@@ -296,11 +296,22 @@ def test_stats_is_a_typed_object_with_the_dict_view(server, session):
     keys = {"session_id", "cache_id", "name", "mem_rows", "mem_bytes",
             "disk_rows", "disk_bytes", "puts_full", "spill_reads", "hits",
             "misses", "numa_hits", "reserved_bytes", "budget_bytes",
-            "avg_row_bytes", "full", "spilling"}
+            "avg_row_bytes", "full", "spills_now"}
     assert set(st) == keys and dict(st) == st.as_dict() and len(st) == len(keys)
+    # The dataclass's fields are the native table's (format/stats_fields.h).
+    assert set(shmcache._shmcache.STAT_FIELDS) == keys
     assert "async_puts" not in st
     with pytest.raises(KeyError):
         st["nothing"]
+
+
+def test_stats_read_the_old_name_of_spills_now_for_one_release(server, session):
+    st = DatasetCache(session).stats()
+    assert "spilling" not in st and "spilling" not in list(st)
+    with pytest.warns(DeprecationWarning, match="spills_now"):
+        assert st["spilling"] is st.spills_now is False
+    with pytest.warns(DeprecationWarning, match="spills_now"):
+        assert st.spilling is False
 
 
 def test_public_methods_have_no_private_parameters():

@@ -50,7 +50,7 @@ uint64_t SpillSome(const TestDaemon& d) {
     s = sc.client->OpenCache({.session_id = sc.session,
                               .fingerprint = "spill",
                               .size_mb = 1,
-                              .spilling = true},
+                              .spill_requested = true},
                              &sc.cache);
   }
   EXPECT_TRUE(s.ok()) << s.ToString();

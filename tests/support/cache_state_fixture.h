@@ -38,10 +38,10 @@ class CacheStateTest : public ::testing::Test {
     test::RemoveTree(run_dir_);
   }
 
-  void Create(uint64_t budget, int nodes = 1, bool spilling = false) {
+  void Create(uint64_t budget, int nodes = 1, bool spill_requested = false) {
     Status s =
         CacheState::Create(paths_, kCacheId, /*session_id=*/77, "train", "fp-1", budget,
-                           spilling, nodes, &account_, /*log=*/nullptr, &cache_);
+                           spill_requested, nodes, &account_, /*log=*/nullptr, &cache_);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 

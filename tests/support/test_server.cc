@@ -177,7 +177,7 @@ CacheOptions CacheNamed(uint32_t session, const std::string& name, uint64_t size
   o.name = name;
   o.fingerprint = name + "-fp";
   o.size_mb = size_mb;
-  o.spilling = spilling;
+  o.spill_requested = spilling;
   return o;
 }
 

@@ -27,6 +27,7 @@
 #include "clients/python/shmcache/file_stats.h"
 #include "clients/python/shmcache/release_gil.h"
 #include "clients/python/shmcache/row_model.h"
+#include "format/stats_fields.h"
 #include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
@@ -127,25 +128,21 @@ py::tuple ColumnTuple(const ColumnView& c, py::handle base, bool writable = fals
                         shmcache::DTypeName(c.dtype), ColumnToArray(c, base, writable));
 }
 
+// Every field of kStatFields by its name: ids and counters as int, flags
+// as bool, the name as str (stats.py's CacheStats has the same fields).
 py::dict StatsDict(const shmcache::CacheStats& st) {
+  using shmcache::StatType;
   py::dict d;
-  d["session_id"] = st.session_id;
-  d["cache_id"] = st.cache_id;
-  d["name"] = st.name;
-  d["mem_rows"] = st.mem_rows;
-  d["mem_bytes"] = st.mem_bytes;
-  d["disk_rows"] = st.disk_rows;
-  d["disk_bytes"] = st.disk_bytes;
-  d["puts_full"] = st.puts_full;
-  d["spill_reads"] = st.spill_reads;
-  d["hits"] = st.hits;
-  d["misses"] = st.misses;
-  d["numa_hits"] = st.numa_hits;
-  d["reserved_bytes"] = st.reserved_bytes;
-  d["budget_bytes"] = st.budget_bytes;
-  d["avg_row_bytes"] = st.avg_row_bytes();
-  d["full"] = st.full;
-  d["spilling"] = st.spilling;
+  for (const shmcache::StatField& f : shmcache::kStatFields) {
+    py::str key(f.name.data(), f.name.size());
+    switch (f.type) {
+      case StatType::kId: d[key] = st.*f.id; break;
+      case StatType::kText: d[key] = st.*f.text; break;
+      case StatType::kFlag: d[key] = st.*f.flag; break;
+      case StatType::kCount:
+      case StatType::kDerived: d[key] = f.Number(st); break;
+    }
+  }
   return d;
 }
 
@@ -582,6 +579,13 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("MIN_PORT") = shmcache::kMinPort;
   m.attr("MAX_PORT") = shmcache::kMaxPort;
   m.attr("MAX_NAME_BYTES") = shmcache::kMaxNameBytes;
+  {
+    py::list names;
+    for (const shmcache::StatField& f : shmcache::kStatFields) {
+      names.append(py::str(f.name.data(), f.name.size()));
+    }
+    m.attr("STAT_FIELDS") = py::tuple(names);
+  }
   m.attr("MAX_COLUMNS") = shmcache::kMaxColumnsPerRow;
   m.attr("LOCAL_HOSTS") = py::make_tuple("127.0.0.1", "localhost", "::1");
   m.attr("DTYPES") = rows::DTypeTable();
@@ -762,14 +766,14 @@ PYBIND11_MODULE(_shmcache, m) {
       .def(
           "open_cache",
           [](Client& c, uint32_t session_id, const std::string& name,
-             const std::string& fingerprint, uint64_t size_mb, bool spilling)
+             const std::string& fingerprint, uint64_t size_mb, bool spill_requested)
               REQUIRES(g_gil) {
                 shmcache::CacheOptions o;
                 o.session_id = session_id;
                 o.name = name;
                 o.fingerprint = fingerprint;
                 o.size_mb = size_mb;
-                o.spilling = spilling;
+                o.spill_requested = spill_requested;
                 auto out = std::make_shared<PyCache>();
                 Status s;
                 {
@@ -780,7 +784,7 @@ PYBIND11_MODULE(_shmcache, m) {
                 return out;
               },
           py::arg("session_id"), py::arg("name"), py::arg("fingerprint"),
-          py::arg("size_mb") = 0, py::arg("spilling") = false)
+          py::arg("size_mb") = 0, py::arg("spill_requested") = false)
       .def("list_sessions",
            [](Client& c) {
              std::vector<shmcache::SessionInfo> sessions;

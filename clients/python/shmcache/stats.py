@@ -8,10 +8,14 @@ as stats() returned a dict before.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["CacheStats"]
+
+# Keys renamed, still read for one release: old -> new.
+_OLD_KEYS = {"spilling": "spills_now"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -34,7 +38,7 @@ class CacheStats(Mapping[str, Any]):
     budget_bytes: int      # its limit (the server cap when size was 0)
     avg_row_bytes: int     # mem_bytes / mem_rows
     full: bool             # no longer accepts rows
-    spilling: bool = False  # memory budget used up: new rows go to disk
+    spills_now: bool = False  # memory budget used up: new rows go to disk
     # CachedDataset.stats(): this process's queued puts (AsyncPutter.stats);
     # None (and not a key of the mapping) without async puts.
     async_puts: dict[str, int] | None = None
@@ -53,10 +57,25 @@ class CacheStats(Mapping[str, Any]):
         """The counters as a plain dict (what stats() returned before)."""
         return dict(self)
 
+    @property
+    def spilling(self) -> bool:
+        """spills_now, by its name in version 0.1 (read for one release more)."""
+        warnings.warn("CacheStats.spilling is spills_now; the old name goes "
+                      "in the next release", DeprecationWarning, stacklevel=2)
+        return self.spills_now
+
     def __getitem__(self, key: str) -> Any:
         if key in self._keys():
             return getattr(self, key)
+        if key in _OLD_KEYS:  # not listed by iteration
+            warnings.warn(f"stats()[{key!r}] is stats()[{_OLD_KEYS[key]!r}]; the "
+                          "old key goes in the next release", DeprecationWarning,
+                          stacklevel=2)
+            return getattr(self, _OLD_KEYS[key])
         raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys())

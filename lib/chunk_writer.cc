@@ -1,0 +1,141 @@
+#include "lib/chunk_writer.h"
+
+#include <utility>
+
+#include "format/numa_topology.h"
+#include "format/row_codec.h"
+#include "format/shm_file.h"
+
+namespace shmcache {
+
+ChunkWriter::ChunkWriter(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
+                         int num_nodes, SegmentSet* segments, TableSet* tables)
+    : client_(std::move(client)),
+      cache_id_(cache_id),
+      segments_(segments),
+      tables_(tables) {
+  ForkSafeLock lock(&mu_);  // nobody else sees the writer yet; for the analysis
+  chunks_.resize(static_cast<size_t>(num_nodes));
+  fork_gen_ = ForkGeneration();
+}
+
+void ChunkWriter::Lock(BatchLock* lock) {
+  if (lock->lock_.owns_lock()) {
+    mu_.AssertHeld();
+    return;
+  }
+  lock->lock_.lock();
+  mu_.AssertHeld();
+  if (fork_gen_ != ForkGeneration()) {
+    // The chunks belong to the parent process: never write into them.
+    for (Chunk& c : chunks_) c = Chunk{};
+    fork_gen_ = ForkGeneration();
+  }
+}
+
+Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
+  protocol::LeaseChunkResponse lease;
+  Status s = client_->Call(
+      protocol::LeaseChunkRequest{.cache_id = cache_id_,
+                                  .node = static_cast<uint32_t>(node),
+                                  .need = need,
+                                  .has_old = c->base != nullptr,  // its tail comes back
+                                  .old_seg_no = c->seg_no,
+                                  .old_offset = c->offset},
+      &lease);
+  // On failure the daemon kept nothing of the old chunk: it stays ours.
+  if (!s.ok()) return s;
+  *c = Chunk{};
+  const uint32_t seg_no = lease.seg_no;
+  const uint64_t offset = lease.offset, size = lease.size;
+  const MappedSegment* seg;
+  s = segments_->Map(seg_no, &seg);
+  if (!s.ok()) return s;
+  if (offset < layout::kSegmentHeaderSize || offset % layout::kCacheLine != 0 ||
+      size < sizeof(layout::ChunkHeader) + need || offset + size > seg->size) {
+    return Status::Corruption("leased chunk lies outside its segment");
+  }
+  auto* h = reinterpret_cast<layout::ChunkHeader*>(seg->base + offset);
+  if (h->magic != layout::kChunkMagic || h->cache_id != cache_id_ || h->size != size) {
+    return Status::Corruption("leased chunk header does not match");
+  }
+  // This process writes the whole chunk: map its pages now, 16 per fault
+  // (the daemon allocated and cleared them). Readers map segments lazily
+  // instead: a fault maps a 64 KB window.
+  PopulateForWrite(seg->base + offset, size);
+  c->seg_no = seg_no;
+  c->offset = offset;
+  c->base = seg->base + offset;
+  c->size = size;
+  c->used = h->used.load(std::memory_order_relaxed);
+  c->header = h;
+  return Status::OK();
+}
+
+Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
+                          BatchLock* lock, Tally* tally, bool* inserted,
+                          bool* lease_failed) {
+  *inserted = false;
+  *lease_failed = false;
+  Lock(lock);
+  const size_t node =
+      static_cast<size_t>(NumaTopology::Get().CurrentNode()) % chunks_.size();
+  Chunk& c = chunks_[node];
+  Status s;
+  if (c.base == nullptr || c.size - c.used < size) {
+    s = Lease(static_cast<int>(node), size, &c);
+    if (!s.ok()) {
+      *lease_failed = true;
+      return s;
+    }
+  }
+  // Reserve before writing: whatever lies past `used` may be re-leased by
+  // the daemon if this process dies, so the row must be inside it first.
+  const uint64_t off = c.used;
+  c.used += size;
+  c.header->used.store(c.used, std::memory_order_relaxed);
+  RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
+  const uint64_t loc = layout::MakeLocation(c.seg_no, c.offset + off);
+  for (;;) {
+    uint32_t tables = 0;
+    IndexTable::InsertResult r = tables_->InsertNewest(id, loc, &tables);
+    if (r == IndexTable::InsertResult::kInserted) {
+      ++tally->rows;
+      tally->bytes += size;
+      *inserted = true;
+      return Status::OK();
+    }
+    if (r == IndexTable::InsertResult::kExists) break;
+    s = GrowIndex(tables);
+    if (!s.ok()) break;
+  }
+  // Not published: the space is still ours alone, take it back.
+  c.used = off;
+  c.header->used.store(off, std::memory_order_relaxed);
+  return s;
+}
+
+Status ChunkWriter::GrowIndex(uint32_t seen) {
+  Status s = client_->Call(
+      protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = seen});
+  if (!s.ok()) return s;
+  return tables_->MapNew();
+}
+
+void ChunkWriter::ReturnChunks() {
+  ForkSafeLock lock(&mu_);
+  if (fork_gen_ != ForkGeneration()) return;  // the parent's chunks
+  for (Chunk& c : chunks_) {
+    if (c.base == nullptr) continue;
+    // The daemon reclaims the tail on disconnect anyway; the wait for the
+    // answer is short (protocol::kReturnChunkTimeoutMs), and a lost
+    // connection is not reopened for it.
+    client_
+        ->CallOnCurrentConnection(protocol::ReturnChunkRequest{
+            .cache_id = cache_id_, .seg_no = c.seg_no, .offset = c.offset})
+        .PermitUncheckedError();
+    c = Chunk{};
+  }
+}
+
+}  // namespace shmcache

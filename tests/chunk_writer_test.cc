@@ -1,0 +1,217 @@
+// ChunkWriter: a process's writes of rows into leased chunks, against a
+// real daemon: rows published whole and found by a reader's TableSet and
+// SegmentSet, the first row of an id kept, a chunk that is full replaced, a
+// full index grown, a lease the daemon refuses reported as such, and a
+// forked child that never writes into its parent's chunks.
+#include "lib/chunk_writer.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "format/row_codec.h"
+#include "tests/support/test_server.h"
+
+namespace shmcache {
+namespace {
+
+class ChunkWriterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<test::TestServer>();
+    ASSERT_TRUE(server_->ok());
+    session_ = server_->NewSession();
+    ASSERT_NE(session_, 0u);
+  }
+  void TearDown() override {
+    writer_.reset();
+    segments_.reset();
+    tables_.reset();
+    header_file_ = ShmFile();
+    client_.reset();
+    server_.reset();
+  }
+  // Opens cache `name` (size_mb: its budget) and the parts a writer needs.
+  void Open(uint64_t size_mb = 0) {
+    ASSERT_TRUE(ClientImpl::Create(server_->client_options(), &client_).ok());
+    protocol::OpenCacheResponse opened;
+    ASSERT_TRUE(client_
+                    ->Call(protocol::OpenCacheRequest{.session_id = session_,
+                                                      .name = "w",
+                                                      .fingerprint = "w-fp",
+                                                      .size_mb = size_mb},
+                           &opened)
+                    .ok());
+    cache_id_ = opened.cache_id;
+    ASSERT_TRUE(ShmFile::Open(client_->paths().CacheFile(cache_id_), &header_file_).ok());
+    auto* header = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+    auto paths = [c = client_.get()] { return c->paths(); };
+    tables_ = std::make_unique<TableSet>(header, cache_id_, paths);
+    ASSERT_TRUE(tables_->MapNew().ok());
+    segments_ = std::make_unique<SegmentSet>(cache_id_, paths);
+    writer_ = std::make_unique<ChunkWriter>(client_, cache_id_, 1, segments_.get(),
+                                            tables_.get());
+  }
+  // Writes row `id` of `bytes` bytes, each (id + i) & 0xff, as one batch.
+  Status Write(uint64_t id, size_t bytes, bool* inserted = nullptr,
+               bool* lease_failed = nullptr) {
+    std::vector<uint8_t> data(bytes);
+    for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(id + i);
+    const int64_t shape[1] = {static_cast<int64_t>(bytes)};
+    const ColumnRef col{"d", DType::kUInt8, shape, data.data(), bytes};
+    size_t size = 0;
+    Status s = RowCodec::EncodedSize(std::span(&col, 1), &size);
+    if (!s.ok()) return s;
+    ChunkWriter::BatchLock lock(writer_.get());
+    bool added = false, failed = false;
+    s = writer_->Write(id, std::span(&col, 1), size, &lock, &tally_, &added, &failed);
+    if (inserted) *inserted = added;
+    if (lease_failed) *lease_failed = failed;
+    return s;
+  }
+  // True when row `id` of `bytes` bytes reads back whole; *loc: where.
+  bool ReadsBack(uint64_t id, size_t bytes, uint64_t* loc = nullptr) {
+    const uint64_t at = tables_->Lookup(id);
+    if (loc) *loc = at;
+    RowView view;
+    int node = 0;
+    if (at == layout::kEmpty || !segments_->Resolve(id, at, &view, &node).ok()) {
+      return false;
+    }
+    const ColumnView c = view.column(0);
+    if (c.nbytes != bytes) return false;
+    for (size_t i = 0; i < bytes; ++i) {
+      if (std::to_integer<uint8_t>(c.data[i]) != static_cast<uint8_t>(id + i)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::unique_ptr<test::TestServer> server_;
+  uint32_t session_ = 0;
+  std::shared_ptr<ClientImpl> client_;
+  uint32_t cache_id_ = 0;
+  ShmFile header_file_;
+  std::unique_ptr<TableSet> tables_;
+  std::unique_ptr<SegmentSet> segments_;
+  std::unique_ptr<ChunkWriter> writer_;
+  ChunkWriter::Tally tally_;
+};
+
+TEST_F(ChunkWriterTest, RowsArePublishedWholeOneAfterAnotherInTheChunk) {
+  Open();
+  bool inserted = false;
+  ASSERT_TRUE(Write(1, 100, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  ASSERT_TRUE(Write(2, 100, &inserted).ok());
+  uint64_t loc1 = 0, loc2 = 0;
+  EXPECT_TRUE(ReadsBack(1, 100, &loc1));
+  EXPECT_TRUE(ReadsBack(2, 100, &loc2));
+  EXPECT_EQ(layout::LocationSegment(loc1), layout::LocationSegment(loc2));
+  EXPECT_GT(layout::LocationOffset(loc2), layout::LocationOffset(loc1));
+  EXPECT_EQ(tally_.rows, 2u);
+  EXPECT_EQ(tally_.bytes, 2 * (loc2 - loc1)) << "two rows of one size, back to back";
+}
+
+TEST_F(ChunkWriterTest, TheFirstRowOfAnIdWinsAndTheSecondsSpaceIsTakenBack) {
+  Open();
+  bool inserted = true;
+  ASSERT_TRUE(Write(1, 100).ok());
+  ASSERT_TRUE(Write(1, 100, &inserted).ok());
+  EXPECT_FALSE(inserted);
+  ASSERT_TRUE(Write(2, 100).ok());
+  uint64_t loc1 = 0, loc2 = 0;
+  ASSERT_TRUE(ReadsBack(1, 100, &loc1));
+  ASSERT_TRUE(ReadsBack(2, 100, &loc2));
+  EXPECT_EQ(tally_.rows, 2u);
+  EXPECT_EQ(layout::LocationOffset(loc2) - layout::LocationOffset(loc1), tally_.bytes / 2)
+      << "row 2 sits where the dropped copy of row 1 was written";
+}
+
+TEST_F(ChunkWriterTest, ARowThatDoesNotFitLeasesANewChunk) {
+  Open();
+  constexpr size_t kRow = 1536 << 10;  // a few per 4 MB chunk
+  std::vector<uint64_t> offsets;
+  for (uint64_t id = 0; id < 8; ++id) ASSERT_TRUE(Write(id, kRow).ok()) << id;
+  uint64_t first = 0, last = 0;
+  for (uint64_t id = 0; id < 8; ++id) {
+    uint64_t loc = 0;
+    EXPECT_TRUE(ReadsBack(id, kRow, &loc)) << id;
+    if (id == 0) first = loc;
+    last = loc;
+  }
+  EXPECT_NE(first, last);
+  EXPECT_EQ(tally_.rows, 8u);
+}
+
+TEST_F(ChunkWriterTest, AFullIndexTableIsGrown) {
+  Open();
+  const uint32_t before = tables_->Mapped();
+  const uint64_t rows = (1u << 18) * 3 / 4 + 10;  // past the first table's limit
+  for (uint64_t id = 0; id < rows; ++id) ASSERT_TRUE(Write(id, 8).ok()) << id;
+  EXPECT_GT(tables_->Mapped(), before);
+  for (uint64_t id = 0; id < rows; id += 997) EXPECT_TRUE(ReadsBack(id, 8)) << id;
+  EXPECT_TRUE(ReadsBack(rows - 1, 8));
+}
+
+TEST_F(ChunkWriterTest, ALeaseTheDaemonRefusesIsReportedAndTheRowsBeforeStay) {
+  Open(/*size_mb=*/8);
+  constexpr size_t kRow = 1 << 20;
+  Status s;
+  bool lease_failed = false;
+  uint64_t id = 0;
+  for (; id < 64 && s.ok(); ++id) s = Write(id, kRow, nullptr, &lease_failed);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(lease_failed);
+  for (uint64_t k = 0; k + 1 < id; ++k) EXPECT_TRUE(ReadsBack(k, kRow)) << k;
+  EXPECT_EQ(tables_->Lookup(id - 1), layout::kEmpty) << "the refused row";
+}
+
+TEST_F(ChunkWriterTest, AForkedChildLeasesItsOwnChunk) {
+  Open();
+  ASSERT_TRUE(Write(1, 100).ok());
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    tally_ = {};
+    bool ok = Write(2, 100).ok() && ReadsBack(2, 100);
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(Write(3, 100).ok());
+  uint64_t loc1 = 0, loc2 = 0, loc3 = 0;
+  ASSERT_TRUE(ReadsBack(1, 100, &loc1));
+  ASSERT_TRUE(ReadsBack(2, 100, &loc2));
+  ASSERT_TRUE(ReadsBack(3, 100, &loc3));
+  EXPECT_EQ(loc3 - loc1, tally_.bytes / 2) << "the parent's chunk goes on after row 1";
+  EXPECT_TRUE(loc2 < loc1 || loc2 > loc3) << "the child's row is in a chunk of its own";
+}
+
+TEST_F(ChunkWriterTest, AReturnedChunksTailIsLeasedToTheNextWriter) {
+  Open();
+  ASSERT_TRUE(Write(1, 100).ok());
+  writer_->ReturnChunks();
+  // Another connection of this process writes next.
+  std::shared_ptr<ClientImpl> other;
+  ASSERT_TRUE(ClientImpl::Create(server_->client_options(), &other).ok());
+  writer_ =
+      std::make_unique<ChunkWriter>(other, cache_id_, 1, segments_.get(), tables_.get());
+  ASSERT_TRUE(Write(2, 100).ok());
+  uint64_t loc1 = 0, loc2 = 0;
+  ASSERT_TRUE(ReadsBack(1, 100, &loc1));
+  ASSERT_TRUE(ReadsBack(2, 100, &loc2));
+  EXPECT_EQ(layout::LocationSegment(loc1), layout::LocationSegment(loc2));
+  EXPECT_GT(loc2, loc1);
+  EXPECT_LT(loc2 - loc1, 4096u) << "in the first chunk's tail, not a chunk of its own";
+}
+
+}  // namespace
+}  // namespace shmcache

@@ -1,0 +1,126 @@
+// TableSet: a client's view of a cache's index tables, over a real cache
+// the daemon's CacheState made (no daemon process): tables mapped as the
+// daemon adds them, rows found in whichever table holds them, and the hit
+// path's lookup that maps nothing.
+#include "lib/table_set.h"
+
+#include <gtest/gtest.h>
+
+#include "format/index_table.h"
+#include "tests/support/cache_state_fixture.h"
+
+namespace shmcache {
+namespace {
+
+class TableSetTest : public CacheStateTest {
+ protected:
+  void SetUp() override {
+    CacheStateTest::SetUp();
+    Create(64 * kMB);
+    ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header_file_).ok());
+    header_ = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+    tables_ = std::make_unique<TableSet>(header_, kCacheId, [this] { return paths_; });
+    ASSERT_TRUE(tables_->MapNew().ok());
+  }
+  void TearDown() override {
+    tables_.reset();
+    CacheStateTest::TearDown();
+  }
+  // Table `gen` as another process would write into it.
+  IndexTable Table(uint32_t gen) {
+    ShmFile f;
+    EXPECT_TRUE(
+        ShmFile::Open(paths_.TableFile(kCacheId, gen, header_->tables[gen].tag), &f)
+            .ok());
+    maps_.push_back(std::move(f));
+    return IndexTable(reinterpret_cast<layout::TableHeader*>(maps_.back().data()));
+  }
+  static uint64_t Loc(uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); }
+
+  ShmFile header_file_;
+  layout::CacheHeader* header_ = nullptr;
+  std::unique_ptr<TableSet> tables_;
+};
+
+TEST_F(TableSetTest, InsertNewestIsFoundByEveryLookup) {
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->InsertNewest(7, Loc(7), &tables),
+            IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(tables, 1u);
+  EXPECT_EQ(tables_->Lookup(7), Loc(7));
+  EXPECT_EQ(tables_->LookupMapped(7), Loc(7));
+  EXPECT_EQ(tables_->FindIn(7, 1), Loc(7));
+  EXPECT_EQ(tables_->Lookup(8), layout::kEmpty);
+  EXPECT_EQ(tables_->InsertNewest(7, Loc(8), &tables), IndexTable::InsertResult::kExists);
+  EXPECT_EQ(tables_->Lookup(7), Loc(7)) << "the first row of an id wins";
+}
+
+TEST_F(TableSetTest, ATableTheDaemonAddsIsMappedByLookupNotByTheHitPath) {
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  Table(1).Insert(42, Loc(42));  // another process, which mapped table 1
+  EXPECT_EQ(tables_->LookupMapped(42), layout::kEmpty)
+      << "the hit path looks in the tables mapped already";
+  EXPECT_EQ(tables_->Lookup(42), Loc(42));
+  EXPECT_EQ(tables_->Mapped(), 2u);
+  EXPECT_EQ(tables_->LookupMapped(42), Loc(42));
+}
+
+TEST_F(TableSetTest, ARowInAnOlderTableIsFoundBehindNewerOnes) {
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->InsertNewest(3, Loc(3), &tables),
+            IndexTable::InsertResult::kInserted);
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  ASSERT_TRUE(cache_->GrowIndex(2, &account_).ok());
+  ASSERT_EQ(tables_->Mapped(), 3u);
+  ASSERT_EQ(tables_->InsertNewest(4, Loc(4), &tables),
+            IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(tables, 3u);
+  EXPECT_EQ(Table(2).Find(4), Loc(4)) << "inserted into the newest table";
+  EXPECT_EQ(Table(2).Find(3), layout::kEmpty);
+  for (uint64_t id : {3, 4}) {
+    EXPECT_EQ(tables_->Lookup(id), Loc(id)) << id;
+    EXPECT_EQ(tables_->LookupMapped(id), Loc(id)) << id;
+    tables_->Prefetch(id, 3);
+    EXPECT_EQ(tables_->FindIn(id, 3), Loc(id)) << id;
+  }
+  EXPECT_EQ(tables_->FindIn(4, 2), layout::kEmpty) << "the first n tables only";
+  EXPECT_EQ(tables_->Lookup(5), layout::kEmpty);
+}
+
+TEST_F(TableSetTest, AFullTableAsksForGrowthPastTheTablesSeen) {
+  IndexTable t0 = Table(0);
+  uint32_t tables = 0;
+  uint64_t id = 0;
+  IndexTable::InsertResult r = IndexTable::InsertResult::kInserted;
+  for (; id <= t0.limit() && r == IndexTable::InsertResult::kInserted; ++id) {
+    r = tables_->InsertNewest(id, Loc(id), &tables);
+  }
+  ASSERT_EQ(r, IndexTable::InsertResult::kTableFull);
+  EXPECT_EQ(tables, 1u);
+  ASSERT_TRUE(cache_->GrowIndex(tables, &account_).ok());
+  ASSERT_TRUE(tables_->MapNew().ok());
+  EXPECT_EQ(tables_->InsertNewest(id, Loc(id), &tables),
+            IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(tables, 2u);
+  EXPECT_EQ(tables_->Lookup(0), Loc(0));
+  EXPECT_EQ(tables_->Lookup(id), Loc(id));
+}
+
+TEST_F(TableSetTest, ATableThatDoesNotMatchItsHeaderEntryIsRefusedAndTheOthersStay) {
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->InsertNewest(1, Loc(1), &tables),
+            IndexTable::InsertResult::kInserted);
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  const uint64_t cap = header_->tables[1].capacity.load();
+  header_->tables[1].capacity.store(cap * 2);  // not the file's
+  Status s = tables_->MapNew();
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_EQ(tables_->Mapped(), 1u);
+  EXPECT_EQ(tables_->Lookup(1), Loc(1));
+  header_->tables[1].capacity.store(cap);
+  EXPECT_TRUE(tables_->MapNew().ok());
+  EXPECT_EQ(tables_->Mapped(), 2u);
+}
+
+}  // namespace
+}  // namespace shmcache
