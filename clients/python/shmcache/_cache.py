@@ -186,24 +186,26 @@ class DatasetCache:
         wrong and what to do)."""
         self.bypass_reason = why
         self._state = State.BYPASSED
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"shmcache: {why}; the cache is bypassed and rows are "
-                          "read from the source", CacheWarning, stacklevel=3)
+        self._warn_once(why)
 
     def _degrade(self, state: State, err: Error, what: str | None = None) -> None:
         """Moves to `state` (never back) and warns once per object: `what`
         (default: the cause of err), err's message, and what happens now."""
         self._state = max(self._state, state)
+        self._warn_once(f"{what or cause(err)} ({err})")
+
+    def _warn_once(self, what: str) -> None:
+        """The object's one CacheWarning: `what` stopped the cache, and what
+        happens now (by the state it is in); nothing after the first."""
         if self._warned:
             return
         self._warned = True
-        msg = f"shmcache: {what or cause(err)} ({err})"
         if self._state is State.BYPASSED:
-            msg += "; the cache is bypassed and rows are read from the source"
+            now = "the cache is bypassed and rows are read from the source"
         else:
-            msg += "; new rows are not cached, cached rows are still served"
-        warnings.warn(msg, CacheWarning, stacklevel=3)
+            now = "new rows are not cached, cached rows are still served"
+        # The caller of bypass() or _degrade()'s caller.
+        warnings.warn(f"shmcache: {what}; {now}", CacheWarning, stacklevel=4)
 
     def _connect(self) -> _shmcache.Client:
         if self._client is None:
