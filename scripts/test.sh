@@ -93,14 +93,23 @@ tsa_build() {
 counted_check thread-safety clang \
   "clang -Wthread-safety build failed: see above, or build-tsa/build.log" tsa_build
 san_logs=()
+# san_suites MODE LABEL WHO: the C++ suites under a sanitizer in its build
+# (scripts/lib/sanitizers.sh), their failures printed, their verdicts
+# counted with the other suites (san_logs), and one counted check that no
+# report was written.
+san_suites() {
+  local mode=$1 label=$2 who=$3 dir
+  dir=$(san_dir "$mode")
+  rm -f "$dir/meson-logs/testlog.json"
+  san_run "$mode" "$results/$label" >"$results/$label-run.log" 2>&1
+  grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)|^(Ok|Fail|Timeout):" "$results/$label-run.log"
+  san_logs+=("cases:$root/$dir/meson-logs/testlog.json")
+  counted_check "$label-reports" clang "$who reported: see above" \
+    san_reports "$results/$label"
+}
 if ! grep -q "<failure" "$results/thread-safety.xml"; then
   echo "== C++ suites under ThreadSanitizer"
-  rm -f build-tsa/meson-logs/testlog.json
-  san_run thread "$results/tsan" >"$results/tsan-run.log" 2>&1
-  grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)|^(Ok|Fail|Timeout):" "$results/tsan-run.log"
-  san_logs+=("cases:$root/build-tsa/meson-logs/testlog.json")
-  counted_check tsan-reports clang "ThreadSanitizer reported: see above" \
-    san_reports "$results/tsan"
+  san_suites thread tsan "ThreadSanitizer"
 fi
 
 # ---- C++ format --------------------------------------------------------------
@@ -149,12 +158,7 @@ if [ $fuzz_ok -eq 0 ]; then
   echo '{"name": "fuzz build", "result": "FAIL", "cmd": ["fuzz-build"]}' >"$fuzz_log"
 else
   echo "== C++ suites under AddressSanitizer + UBSan"
-  rm -f build-fuzz/meson-logs/testlog.json
-  san_run address "$results/asan" >"$results/asan-run.log" 2>&1
-  grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)|^(Ok|Fail|Timeout):" "$results/asan-run.log"
-  san_logs+=("cases:$root/build-fuzz/meson-logs/testlog.json")
-  counted_check asan-reports clang "AddressSanitizer or UBSan reported: see above" \
-    san_reports "$results/asan"
+  san_suites address asan "AddressSanitizer or UBSan"
 fi
 # ---- end of fuzz targets and sanitizers ----------------------------------
 
