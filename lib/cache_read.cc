@@ -99,12 +99,12 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
 }
 
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
-                            Status* statuses) {
+                            Status* statuses, bool count) {
   // One id in memory (the Python package's per-sample read): View's hit
   // path; a window's prefetching has nothing to overlap.
   int node = 0;
   if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
-    stats_.CountHit(node);
+    if (count) stats_.CountHit(node);
     statuses[0] = Status::OK();
     return Status::OK();
   }
@@ -121,7 +121,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
     for (size_t k = 0; k < window.size(); ++k) {
       size_t i = base + k;
       if (locs[k] == layout::kEmpty) {
-        stats_.CountRead(false, 0);
+        if (count) stats_.CountRead(false, 0);
         statuses[i] = Miss(ids[i]);
       } else if (locs[k] & layout::kSpilledBit) {
         statuses[i] = Status::NotSupported(
@@ -129,7 +129,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
       } else {
         int node = 0;
         statuses[i] = segments_.Resolve(ids[i], locs[k], &views[i], &node);
-        if (statuses[i].ok()) stats_.CountRead(true, node);
+        if (statuses[i].ok() && count) stats_.CountRead(true, node);
       }
       if (!statuses[i].ok()) views[i] = RowView();
     }

@@ -403,6 +403,32 @@ def test_every_sample_dataloader_delivers(server, session, kind):
 
 # ---- counters: each read counted once (issue 36) ----------------------------
 
+def test_a_cold_epoch_reads_the_rows_workers_stored_into_the_batch_uncounted(
+        server, session, monkeypatch):
+    # Once the row layout is known, the rows a worker stored are read from
+    # the cache straight into the batch's buffers: one uncounted native read
+    # per run of batch positions (not row by row as columns). The batches
+    # are DataLoader(CachedDataset)'s; the counters say n misses, 0 hits.
+    n, bs = 192, 16
+    uncounted = []
+    real = DatasetCache.fill_batch
+
+    def spy(self, ids, out, columns, threads, codes, count=True):
+        if not count:
+            uncounted.append(len(ids))
+        return real(self, ids, out, columns, threads, codes, count)
+    monkeypatch.setattr(DatasetCache, "fill_batch", spy)
+    want = reference(Rows(n, "tuple"), session, batch_size=bs)
+    cds = CachedDataset(Rows(n, "tuple"), DatasetCache(session), async_puts=False)
+    got = list(CachedLoader(cds, batch_size=bs, num_workers=2))
+    assert_same_batches(got, want)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (n, 0), st
+    # The batches assembled before the first one taught the layout (at
+    # most the 2 x 2 in flight then) read back as columns; the rest so.
+    assert sum(uncounted) >= n - 4 * bs, uncounted
+
+
 @pytest.mark.parametrize("kind,workers", [("CachedLoader", 0), ("CachedLoader", 2),
                                           ("DataLoader", 2)])
 def test_a_cold_epoch_counts_n_misses_and_no_hit_and_a_warm_one_n_hits(
