@@ -203,12 +203,14 @@ class BatchAssembler:
             return None
         self.turn.passed(number)
         n = len(views)
-        with torch.cuda.stream(stage.stream):
+        # The device current in this thread is the stream's (the runtime's
+        # copies run on the current device).
+        with torch.cuda.device(stage.device), torch.cuda.stream(stage.stream):
             dsts = [torch.empty((n,) + c.shape, dtype=c.torch, device=stage.device)
                     for c in schema.columns]
-        event = torch.cuda.Event()
-        gather.gather(views, row_bytes, dsts, addrs, stage.stream, stage.stream.cuda_stream,
-                      event)
+            event = torch.cuda.Event()
+            gather.gather(views, row_bytes, dsts, addrs, stage.stream,
+                          stage.stream.cuda_stream, event)
         return schema.batch(dsts), event
 
     def copy_threads(self) -> int:
