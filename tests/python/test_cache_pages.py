@@ -214,6 +214,68 @@ def test_a_row_outside_registered_pages_sends_the_batch_to_the_staging_copy(serv
     assert gather.sources(views[:2] + [heap], [ROW, 8]) is None
 
 
+def test_the_loader_copies_whole_batches_from_registered_pages(server, session, monkeypatch):
+    # CachedLoader's own path with CUDA's calls made on the host: the
+    # device is the CPU, a copy is a memmove, streams and events do nothing.
+    import contextlib
+
+    import shmcache.torch._assemble as assemble
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+    class Stage:
+        device = torch.device("cpu")
+
+        class stream:   # noqa: N801 -- torch.cuda.Stream's attribute
+            cuda_stream = 0
+
+        def finish(self, staged):
+            return staged[0]
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    class Rows:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return torch.full((2 * DIRECT_MIN_BYTES,), i % 251, dtype=torch.uint8), i
+
+        def __repr__(self):
+            return "Rows(64)"
+    cds = CachedDataset(Rows(), DatasetCache(session), async_puts=False)
+    loader = CachedLoader(cds, batch_size=16, shuffle=True)
+    for _ in loader:
+        pass
+    calls, copies = Calls(), []
+    loader._state.pages = CachePages(calls.register, calls.unregister)
+    made = assemble.BatchAssembler.__init__
+
+    def on_host(self, *args):
+        made(self, *args)
+        self.stage = Stage()
+
+        def copy(dst, src, nbytes, stream):
+            copies.append(nbytes)
+            ctypes.memmove(dst, src, nbytes)
+        self.gather = DeviceGather(self.state.pages, copy=copy, done=lambda e: True)
+    monkeypatch.setattr(assemble.BatchAssembler, "__init__", on_host)
+    hits = loader.stats()["hits"]
+    seen = []
+    for x, y in loader:
+        for k in range(len(y)):
+            assert torch.equal(x[k], torch.full((2 * DIRECT_MIN_BYTES,), int(y[k]) % 251,
+                                                dtype=torch.uint8))
+        seen += y.tolist()
+    assert sorted(seen) == list(range(64))
+    assert copies == [2 * DIRECT_MIN_BYTES] * 64     # every row from the cache's pages
+    assert calls.registered
+    assert loader.stats()["hits"] == hits + 64
+
+
 def test_register_cache_pages_is_checked(server, session):
     cds = CachedDataset(list(range(4)), DatasetCache(session))
     with pytest.raises(TypeError, match="register_cache_pages"):
