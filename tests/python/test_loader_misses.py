@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache._read_into import ROW_OTHER_LAYOUT  # noqa: E402
 from shmcache.torch._misses import Closed, MissWorkers  # noqa: E402
 from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # noqa: E402
@@ -399,6 +400,47 @@ def test_every_sample_dataloader_delivers(server, session, kind):
     cw = [w for w in caught if issubclass(w.category, CacheWarning)]
     # complex64 is a column type; the others are delivered after one warning.
     assert len(cw) == (0 if kind == "complex" else 1), [str(w.message) for w in cw]
+
+
+class TwoShapes(Dataset):
+    """Rows 0..63 of one shape, the rest of another."""
+    root = "two-shapes"
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((4 if i < 64 else 6, 2), i, dtype=np.float32), i
+
+
+def test_a_stored_row_of_another_layout_is_read_back_as_columns(
+        server, session, monkeypatch):
+    # The layout is learned from the first batch (rows of 4 x 2); batch 4
+    # (rows 64.., 6 x 2) starts once batch 0 was taken, so its rows, stored
+    # by a worker, are read back into the buffers of the learned layout,
+    # which they do not fit: they come back as columns and the batch is
+    # collated sample by sample, as DataLoader(CachedDataset) makes it.
+    def as_list(samples):
+        return [list(s) for s in samples]
+    uncounted = []
+    real = DatasetCache.fill_batch
+
+    def spy(self, ids, out, columns, threads, codes, count=True):
+        got = real(self, ids, out, columns, threads, codes, count)
+        if not count:
+            uncounted.append((list(ids), got.tolist()))
+        return got
+    monkeypatch.setattr(DatasetCache, "fill_batch", spy)
+    want = reference(TwoShapes(96), session, batch_size=16, collate_fn=as_list)
+    cds = CachedDataset(TwoShapes(96), DatasetCache(session), async_puts=False)
+    got = list(CachedLoader(cds, batch_size=16, num_workers=2, collate_fn=as_list))
+    assert_same_batches(got, want)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (96, 0), st
+    assert [codes for ids, codes in uncounted if ids[0] == 64] == [[ROW_OTHER_LAYOUT] * 16]
 
 
 # ---- counters: each read counted once (issue 36) ----------------------------
