@@ -7,12 +7,9 @@ Contract:
   CacheWarning per process when drops start). A dropped row is a miss again
   next time and is recomputed then. An empty queue always takes one row,
   however large.
-- The writer thread drains the queue in batches (one call of its store
-  function per batch); the native put releases the GIL while it copies.
-  It is woken by the first row of an empty queue and by a full batch, and
-  waits _LINGER_S at most for a batch to fill (not while flush() waits):
-  woken for every row, its hand-offs cost a DataLoader worker more CPU
-  than its puts (issue 36).
+- The writer thread drains the queue as fast as the cache takes rows, in
+  batches (one call of its store function per batch); the native put
+  releases the GIL while it copies.
 - At exit (atexit, and multiprocessing's exit hooks, which also run in
   DataLoader workers before their os._exit), queued rows are written for
   at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
@@ -44,8 +41,6 @@ DEFAULT_QUEUE_BYTES = 64 << 20
 # Below DataLoader's 5 s wait for a worker to exit before it terminates it.
 EXIT_FLUSH_S = 2.0
 _BATCH_ROWS = 64
-# How long the writer waits for a batch to fill once a row is queued.
-_LINGER_S = 0.02
 # A writer idle this long ends (the next enqueue starts another), so that a
 # CachedDataset that is no longer used does not keep a thread.
 _IDLE_EXIT_S = 10.0
@@ -84,7 +79,6 @@ class AsyncPutter:
         self._queue: deque[tuple[int, Any, int]] = deque()  # (row_id, row, nbytes)
         self._bytes = 0            # queued + being written
         self._busy = 0             # rows being written now
-        self._flushing = 0         # flush() calls waiting: no lingering
         self._stop = False
         self._thread: threading.Thread | None = None
         self.queued = self.written = self.dropped = self.not_stored = 0
@@ -111,8 +105,7 @@ class AsyncPutter:
                 self._bytes += nbytes
                 self.queued += 1
                 self._start_locked()
-                if len(self._queue) == 1 or len(self._queue) >= _BATCH_ROWS:
-                    self._cond.notify()
+                self._cond.notify()
                 return True
         if full:
             _warn_drops(self.limit_bytes)
@@ -123,13 +116,8 @@ class AsyncPutter:
         if self._pid != os.getpid():
             return True
         with self._cond:
-            self._flushing += 1
-            self._cond.notify_all()
-            try:
-                return self._cond.wait_for(lambda: not self._queue and not self._busy,
-                                           timeout)
-            finally:
-                self._flushing -= 1
+            return self._cond.wait_for(lambda: not self._queue and not self._busy,
+                                       timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
@@ -164,9 +152,6 @@ class AsyncPutter:
                                            _IDLE_EXIT_S):
                     self._thread = None
                     return
-                # A batch's worth, or what came within _LINGER_S.
-                self._cond.wait_for(lambda: len(self._queue) >= _BATCH_ROWS or
-                                    self._stop or self._flushing, _LINGER_S)
                 if self._stop:
                     return
                 n = min(len(self._queue), _BATCH_ROWS)
