@@ -166,6 +166,10 @@ class RowSchema:
             return tuple(t[i] for t in tensors)
         return {c.name: t[i] for c, t in zip(self.columns, tensors)}
 
+    def row_bytes(self):
+        """Bytes of one row of each column, as the batch's tensors hold it."""
+        return [int(np.prod(c.shape, dtype=np.int64)) * c.out.itemsize for c in self.columns]
+
     def nbytes(self, n):
         return n * sum(int(np.prod(c.shape, dtype=np.int64)) * c.dtype.itemsize
                        for c in self.columns)
