@@ -43,10 +43,24 @@ void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst) {
   }
 }
 
+// The row's column a target named `name` reads: stored under that name, or
+// under it with kNumberSuffix (a Python number's column).
+std::optional<ColumnView> FindColumn(const RowView& row, std::string_view name) {
+  if (std::optional<ColumnView> c = row.find(name)) return c;
+  for (size_t i = 0; i < row.num_columns(); ++i) {
+    ColumnView c = row.column(i);
+    if (c.name.size() == name.size() + kNumberSuffix.size() && c.name.starts_with(name) &&
+        c.name.ends_with(kNumberSuffix)) {
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
 // The row's column for each target, when every one matches (Takes, shape).
 bool Match(const RowView& row, std::span<const ColumnTarget> targets, ColumnView* cols) {
   for (size_t t = 0; t < targets.size(); ++t) {
-    std::optional<ColumnView> c = row.find(targets[t].name);
+    std::optional<ColumnView> c = FindColumn(row, targets[t].name);
     if (!c || !Takes(targets[t].dtype, targets[t].accept, c->dtype) ||
         !std::ranges::equal(c->shape, targets[t].shape)) {
       return false;
@@ -86,7 +100,7 @@ struct BatchReader::Share {
     if (unseen == 0) return;
     for (size_t t = 0; t < targets.size(); ++t) {
       if (stored[t].row <= i) continue;
-      std::optional<ColumnView> c = row.find(targets[t].name);
+      std::optional<ColumnView> c = FindColumn(row, targets[t].name);
       if (!c) continue;
       if (stored[t].row == StoredColumn::kNoRow) --unseen;
       stored[t].row = i;
