@@ -14,7 +14,9 @@ falls on both alike. Cases:
                   copy (rows/s);
   loader_t1/t2    warm CachedLoader epochs (150 KB float32 rows and an int
                   label, batch 64, num_threads 1 and 2): GB/s;
-  loader_auto     the same with num_threads / prefetch "auto".
+  loader_auto     the same with num_threads / prefetch "auto";
+  loader12k_t1/t2/auto  the same over 12 KB uint8 rows in batches of 256
+                  (the issue 36 sweep's small rows).
 For each case: the best and the median round of each build, B/A of both,
 and the CPU seconds each spent per unit (B/A): on a machine shared with
 others the CPU time is the steadier figure. Measures; asserts nothing.
@@ -28,7 +30,8 @@ import subprocess
 import sys
 import time
 
-CASES = ("read_into_3k", "read_into_588k", "loader_t1", "loader_t2", "loader_auto")
+CASES = ("read_into_3k", "read_into_588k", "loader_t1", "loader_t2", "loader_auto",
+         "loader12k_t1", "loader12k_t2", "loader12k_auto")
 
 
 # ---- the worker (runs under one build) ---------------------------------------
@@ -71,6 +74,22 @@ def _worker(port, seconds):
     loaders = {f"loader_t{t}": CachedLoader(cds, batch_size=64, shuffle=True,
                                             num_threads=t, prefetch=4) for t in (1, 2)}
     loaders["loader_auto"] = CachedLoader(cds, batch_size=64, shuffle=True)
+
+    class Small(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8192
+
+        def __getitem__(self, i):
+            return torch.full((12288,), i % 251, dtype=torch.uint8), i
+
+        def __repr__(self):
+            return "Small(8192)"
+    small_ds = CachedDataset(Small(), shmcache.DatasetCache(session, port=port, name="ab-12k"),
+                             async_puts=False)
+    for t in (1, 2, "auto"):
+        loaders[f"loader12k_{'t' if t != 'auto' else ''}{t}"] = CachedLoader(
+            small_ds, batch_size=256, shuffle=True, num_threads=t,
+            prefetch=4 if t != "auto" else "auto")
     for loader in loaders.values():
         for _ in loader:       # the first epoch fills the cache; buffers warm
             pass

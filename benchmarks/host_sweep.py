@@ -20,7 +20,9 @@ Sections (each skipped with its reason when what it needs is missing):
             DataLoader(CachedDataset)'s first epoch;
   gpu       (CUDA only) warm CachedLoader(device='cuda', pin_memory=True) in
             GB/s against a pinned-buffer host-to-device copy of the same
-            bytes (batch by batch, measured in the same run), by num_threads;
+            bytes (batch by batch, measured in the same run), by num_threads,
+            through the staging copy and from the cache's pages registered
+            with CUDA (register_cache_pages=True), interleaved;
             the GPU waiting for data: a warm epoch with a fixed 2.5 ms GPU
             step per batch against batches x 2.5 ms; first epochs with
             device='cuda' against DataLoader(pin_memory=True) + .cuda() over
@@ -207,16 +209,30 @@ def bench_gpu(args, out, shmcache):
             t, _ = epoch(CachedLoader(cds, batch_size=bs, shuffle=True, device=dev,
                                       pin_memory=True, num_workers=args.sweep[-1]))
             out.value(f"gpu.cold.{size}_s", t)
+            def sync(x):
+                torch.cuda.current_stream().synchronize()
+            # The staging copy (pinned buffers, the default) and the cache's
+            # pages registered with CUDA (register_cache_pages), interleaved.
             for threads in list(args.sweep) + ["auto"]:
-                loader = CachedLoader(cds, batch_size=bs, shuffle=True, device=dev,
-                                      pin_memory=True, num_threads=threads)
-
-                def sync(x):
-                    torch.cuda.current_stream().synchronize()
-                best = min(epoch(loader, step=sync)[0] for _ in range(3))
-                out.add("gpu", "CachedLoader", "warm, device=cuda, num_threads"
-                        if threads != "auto" else "warm, device=cuda, num_threads auto",
-                        size, threads if threads != "auto" else 0, n / best)
+                loaders = {reg: CachedLoader(cds, batch_size=bs, shuffle=True, device=dev,
+                                             pin_memory=True, num_threads=threads,
+                                             register_cache_pages=reg)
+                           for reg in (False, True)}
+                best = {reg: None for reg in loaders}
+                for _ in range(3):
+                    for reg, loader in loaders.items():
+                        t = epoch(loader, step=sync)[0]
+                        best[reg] = t if best[reg] is None else min(best[reg], t)
+                for reg, t in best.items():
+                    what = "warm, device=cuda" + (", registered pages" if reg else "")
+                    out.add("gpu", "CachedLoader", what + (", num_threads" if threads != "auto"
+                                                           else ", num_threads auto"),
+                            size, threads if threads != "auto" else 0, n / t)
+                failed = loaders[True]._state.pages.failed
+                if failed:
+                    out.values[f"gpu.registered_pages.{size}.failed"] = failed
+                out.value(f"gpu.warm.{size}.t{threads}.registered_vs_staging",
+                          best[False] / best[True])
             # The GPU waiting for data: a fixed 2.5 ms step per batch.
             step_s = 2.5e-3
             cycles = _cycles_for(step_s)

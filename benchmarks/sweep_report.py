@@ -145,6 +145,14 @@ def gpu_targets(d, row):
             "vs a pinned-buffer H2D copy of the same bytes",
             f"{best:.1f} vs {h2d:.1f} GB/s", _x(best / h2d), f">= {want:.1f}x",
             best / h2d >= want)
+        reg = "warm, device=cuda, registered pages, num_threads"
+        rts = _counts(d, "gpu", "CachedLoader", reg, size)
+        if rts:
+            rbest = max(_gb(d, "gpu", "CachedLoader", reg, size, t) for t in rts)
+            row(f"the same from the cache's pages registered with CUDA "
+                f"(register_cache_pages=True), {label}, vs the staging copy's best",
+                f"{rbest:.1f} vs {best:.1f} GB/s", _x(rbest / best),
+                "> 1x to make it the default", None)
         vf = d.values.get(f"gpu.step.{size}.vs_floor")
         if vf is not None:
             row(f"GPU waiting for data, {label}: warm epoch / (batches x 2.5 ms step)",

@@ -115,13 +115,16 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
     return s;
   }
   uint64_t locs[kBatchWindow];
+  // Counted once for the call (StatsLanes::CountReads): the batch's other
+  // copy threads count beside this one.
+  uint64_t hits = 0, local_hits = 0, misses = 0;
   for (size_t base = 0; base < ids.size(); base += kBatchWindow) {
     auto window = ids.subspan(base, std::min(kBatchWindow, ids.size() - base));
     LookupBatch(window, locs);
     for (size_t k = 0; k < window.size(); ++k) {
       size_t i = base + k;
       if (locs[k] == layout::kEmpty) {
-        stats_.CountRead(false, 0);
+        ++misses;
         statuses[i] = Miss(ids[i]);
       } else if (locs[k] & layout::kSpilledBit) {
         statuses[i] = Status::NotSupported(
@@ -129,11 +132,15 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
       } else {
         int node = 0;
         statuses[i] = segments_.Resolve(ids[i], locs[k], &views[i], &node);
-        if (statuses[i].ok()) stats_.CountRead(true, node);
+        if (statuses[i].ok()) {
+          ++hits;
+          if (stats_.LocalHit(node)) ++local_hits;
+        }
       }
       if (!statuses[i].ok()) views[i] = RowView();
     }
   }
+  stats_.CountReads(hits, local_hits, misses);
   return Status::OK();
 }
 

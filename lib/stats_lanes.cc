@@ -69,7 +69,7 @@ layout::StatsLane* StatsLanes::OwnLane() {
 void StatsLanes::CountRead(bool hit, int node) {
   // On a single-node host every hit is a Numa hit: the readers of the
   // statistics count them, and the hit path saves an add.
-  const bool numa = hit && !single_node_ && node == NumaTopology::Get().CurrentNode();
+  const bool numa = hit && LocalHit(node);
   layout::StatsLane* lane = LaneOfThisThread();
   layout::StatsSlot* slot = nullptr;
   if (lane == nullptr) {
@@ -83,6 +83,36 @@ void StatsLanes::CountRead(bool hit, int node) {
   }
   (hit ? slot->hits : slot->misses).fetch_add(1, std::memory_order_relaxed);
   if (numa) slot->numa_hits.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool StatsLanes::LocalHit(int node) const {
+  return !single_node_ && node == NumaTopology::Get().CurrentNode();
+}
+
+void StatsLanes::CountReads(uint64_t hits, uint64_t local_hits, uint64_t misses) {
+  layout::StatsLane* lane = LaneOfThisThread();
+  layout::StatsSlot* slot = nullptr;
+  if (lane == nullptr) {
+    slot = Slot();  // re-picks the slot and the lane in a forked child
+    lane = OwnLane();
+  }
+  auto add = [](std::atomic<uint64_t>& c, uint64_t n, bool one_writer) {
+    if (n == 0) return;
+    if (one_writer) {
+      c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    } else {
+      c.fetch_add(n, std::memory_order_relaxed);
+    }
+  };
+  if (lane != nullptr) {
+    add(lane->hits, hits, true);
+    add(lane->misses, misses, true);
+    add(lane->numa_hits, local_hits, true);
+    return;
+  }
+  add(slot->hits, hits, false);
+  add(slot->misses, misses, false);
+  add(slot->numa_hits, local_hits, false);
 }
 
 void StatsLanes::CountSpillReads(uint64_t n) {

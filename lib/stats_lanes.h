@@ -49,6 +49,15 @@ class StatsLanes {
   // A read that found its row (hit; `node`: its segment's NUMA node, -1
   // for a row read from disk) or did not.
   void CountRead(bool hit, int node);
+  // A batch's reads counted at once: `hits` (of them `local_hits` in a
+  // segment on this thread's NUMA node, LocalHit) and `misses`. One add
+  // per counter and call: the copy threads of one batch read side by side,
+  // and an add per row from each of them onto the process's one slot moves
+  // its cache line between their cores on every row (issue 36).
+  void CountReads(uint64_t hits, uint64_t local_hits, uint64_t misses);
+  // Whether a hit in a segment of NUMA node `node` counts as a local one
+  // (never on a single-node host: the readers of the statistics add those).
+  bool LocalHit(int node) const;
   // `n` spilled rows read from the spill database in this process (in its
   // lane; a process without one, e.g. the cache's second opening in one
   // process, does not count them).

@@ -55,6 +55,26 @@ TEST_F(StatsLanesTest, TheFirstThreadCountsInTheLaneOthersInTheSlot) {
   EXPECT_EQ(st.numa_hits, 7u) << "one node: every hit";
 }
 
+TEST_F(StatsLanesTest, ABatchOfReadsIsCountedAtOnceInTheLaneOrTheSlot) {
+  StatsLanes lanes(header_, 3, /*single_node=*/false);
+  EXPECT_TRUE(lanes.LocalHit(0)) << "this host's one node is the reader's";
+  EXPECT_FALSE(lanes.LocalHit(-1)) << "a row from disk";
+  lanes.CountReads(/*hits=*/30, /*local_hits=*/20, /*misses=*/2);
+  EXPECT_EQ(header_->lanes[3].hits.load(), 30u);
+  EXPECT_EQ(header_->lanes[3].numa_hits.load(), 20u);
+  EXPECT_EQ(header_->lanes[3].misses.load(), 2u);
+  std::thread([&] { lanes.CountReads(5, 4, 1); }).join();
+  EXPECT_EQ(header_->stats[3].hits.load(), 5u) << "another thread: the slot";
+  EXPECT_EQ(header_->stats[3].numa_hits.load(), 4u);
+  EXPECT_EQ(header_->stats[3].misses.load(), 1u);
+  const CacheStats st = Read(/*single_node=*/false);
+  EXPECT_EQ(st.hits, 35u);
+  EXPECT_EQ(st.numa_hits, 24u);
+  EXPECT_EQ(st.misses, 3u);
+  StatsLanes one_node(header_, 4, /*single_node=*/true);
+  EXPECT_FALSE(one_node.LocalHit(0)) << "one node: the readers count them";
+}
+
 TEST_F(StatsLanesTest, ASecondOpeningInOneProcessHasNoLane) {
   StatsLanes first(header_, 3, true);
   StatsLanes second(header_, 3 + layout::kStatsSlots, true);  // the same lane

@@ -487,3 +487,29 @@ def test_spawned_workers_compute_misses(server, session):
     assert_same_batches(list(loader), want)
     assert loader.stats()["misses"] == 24 and cds.stats()["mem_rows"] == 24
     assert wait_for(no_leftovers, what="spawned workers to end")
+
+
+def test_each_thread_assembles_a_batch_and_the_cpus_are_shared_by_those_batches(
+        server, session, monkeypatch):
+    # Issue 36: with prefetch below num_threads the threads beyond it only
+    # waited, while each batch's copy threads were counted as if all of
+    # them read at once (a 16-CPU host ran 4 copy threads at num_threads=16).
+    import shmcache.torch._assemble as assemble
+    monkeypatch.setattr(assemble, "usable_cpus", lambda: 8)
+    cds = CachedDataset(Images(16), DatasetCache(session, read_threads=8), async_puts=False)
+    loader = CachedLoader(cds, batch_size=2, num_threads=4, prefetch=1)
+    for _ in loader:     # fills the cache; the loader learns the rows' layout
+        pass
+    assert cds.flush(60)
+    together = threading.Barrier(4, timeout=30)
+    given = []
+    fill_batch = DatasetCache.fill_batch
+
+    def fill(self, ids, out, columns, threads, codes):
+        given.append(threads)
+        together.wait()   # BrokenBarrierError unless 4 batches are read at once
+        return fill_batch(self, ids, out, columns, threads, codes)
+    monkeypatch.setattr(DatasetCache, "fill_batch", fill)
+    batches = list(loader)
+    assert given == [2] * 8    # 8 CPUs for 4 batches at once
+    assert [int(i) for _, b in batches for i in b] == [i % 10 for i in range(16)]

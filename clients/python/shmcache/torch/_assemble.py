@@ -39,6 +39,7 @@ from torch.utils.data import default_collate
 
 from .._read_into import ROW_MISSING, ROW_READ
 from ._autotune import usable_cpus
+from ._cache_pages import DeviceGather
 from ._device import CudaStage, tree_map
 from ._misses import (Closed, Columns, Computed, MissTurn, MissWorkers, Sample, Stored,
                       compute_rows)
@@ -54,6 +55,22 @@ def _in_cache(source: SourcedBatch) -> Any:
     return getattr(source, "in_cache", None)
 
 
+def _fill_from_views(schema: RowSchema, bufs: Any,
+                     views: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The masks (read, not cached) of copying the rows read as views into
+    the batch's buffers (those of the layout; the others are read again as
+    rows of another layout are)."""
+    filled = np.zeros(len(views), dtype=bool)
+    absent = np.zeros(len(views), dtype=bool)
+    for p, v in enumerate(views):
+        if v is None:
+            absent[p] = True
+        elif schema.fits(v):
+            schema.fill(bufs, p, v)
+            filled[p] = True
+    return filled, absent
+
+
 class BatchAssembler:
     """Assembles the batches of one pass (see the module). `loader`: the
     CachedLoader (its options); `state`: its LoaderState; `pool`: the miss
@@ -65,7 +82,8 @@ class BatchAssembler:
     batches)."""
 
     def __init__(self, loader: Any, state: Any, pool: MissWorkers | None,
-                 turn: MissTurn, workers_busy: Callable[[], None]) -> None:
+                 turn: MissTurn, workers_busy: Callable[[], None],
+                 batches_at_once: Callable[[], int]) -> None:
         self.loader = loader
         self.state = state
         self.cds = loader.dataset
@@ -73,6 +91,8 @@ class BatchAssembler:
         self.pin = (bool(loader.pin_memory) and torch.cuda.is_available()) \
             or loader.device is not None
         self.stage = CudaStage(loader.device) if loader.device is not None else None
+        pages = state.pages   # CachePages when register_cache_pages
+        self.gather = DeviceGather(pages) if pages is not None and self.stage else None
         self.pool = pool
         self._own_pool = pool is not None and not loader.persistent_workers
         self._tickets: weakref.WeakSet[Any] = weakref.WeakSet()   # sent to a shared pool
@@ -80,6 +100,7 @@ class BatchAssembler:
         self._workers_busy = workers_busy
         self._inline = threading.Lock()   # rows gone since a worker stored them
         self.tuner = state.tuner
+        self._batches_at_once = batches_at_once
         self.cpus = usable_cpus()
         self.closed = False
 
@@ -102,12 +123,23 @@ class BatchAssembler:
         schema = state.schema
         bufs, filled = None, np.zeros(n, dtype=bool)
         absent = filled    # rows the read found not cached
+        views = None    # the rows as zero-copy views (register_cache_pages)
+        if schema and self._gatherable(schema, source):
+            views = self.cds.cache.get_batch_columns(indices, copy=False)
+            staged = self._from_pages(number, views, schema)
+            if staged is not None:
+                report.cache_hits += n
+                state.count(samples=n, hits=n)
+                return staged, schema.nbytes(n)
         if schema:
             bufs = schema.alloc(n, self.pin, state.buffers)
-            out = schema.read_targets(bufs)
-            # A dict out names its columns by its keys: the projection is in it.
-            filled, absent = self._read_into(indices, out, None if isinstance(out, dict)
-                                             else columns, _in_cache(source))
+            if views is not None:
+                filled, absent = _fill_from_views(schema, bufs, views)
+            else:
+                out = schema.read_targets(bufs)
+                # A dict out names its columns by its keys: the projection is in it.
+                filled, absent = self._read_into(indices, out, None if isinstance(out, dict)
+                                                 else columns, _in_cache(source))
         rest = np.flatnonzero(~filled).tolist()
         if not rest:
             self.turn.passed(number)
@@ -146,12 +178,48 @@ class BatchAssembler:
             batch = self.stage.stage(batch)
         return batch, nbytes
 
+    def _gatherable(self, schema: RowSchema, source: SourcedBatch) -> bool:
+        """Whether the batch may be copied to the device straight from the
+        cache's pages: registered pages asked for, the batch as the buffers
+        would be (default_collate, no transform), no widened column, and
+        every row possibly in this cache."""
+        loader = self.loader
+        return self.gather is not None and self.auto and loader.transform is None \
+            and loader.collate_fn is default_collate and loader.batch_transform is None \
+            and _in_cache(source) is None and not any(c.widen for c in schema.columns)
+
+    def _from_pages(self, number: int, views: list[Any], schema: RowSchema) -> Any:
+        """The staged batch (device tensors, event) copied from the cache's
+        registered pages, or None when a row is not cached, not of the
+        layout, or not in registered pages (then the views go through the
+        staging buffers)."""
+        gather, stage = self.gather, self.stage
+        assert gather is not None and stage is not None
+        if not all(v is not None and schema.fits(v) for v in views):
+            return None
+        row_bytes = schema.row_bytes()
+        addrs = gather.sources(views, row_bytes)
+        if addrs is None:
+            return None
+        self.turn.passed(number)
+        n = len(views)
+        # The device current in this thread is the stream's (the runtime's
+        # copies run on the current device).
+        with torch.cuda.device(stage.device), torch.cuda.stream(stage.stream):
+            dsts = [torch.empty((n,) + c.shape, dtype=c.torch, device=stage.device)
+                    for c in schema.columns]
+            event = torch.cuda.Event()
+            gather.gather(views, row_bytes, dsts, addrs, stage.stream,
+                          stage.stream.cuda_stream, event)
+        return schema.batch(dsts), event
+
     def copy_threads(self) -> int:
         """Threads to copy one batch's rows with: the cache's read_threads,
         fewer while the loader's threads already copy batches side by side,
         so that all of them together stay within the CPUs (more would only
         take turns: oversubscribed copies wait on the slowest share)."""
-        return max(1, min(self.cds.cache.read_threads, self.cpus // max(1, self.tuner.threads)))
+        return max(1, min(self.cds.cache.read_threads,
+                          self.cpus // max(1, self._batches_at_once())))
 
     def _read_into(self, indices: list[int], out: Any, columns: Any,
                    in_cache: Any) -> tuple[Any, Any]:

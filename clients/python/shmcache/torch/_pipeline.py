@@ -3,11 +3,11 @@ returns) and Pipeline (its threads), with LoaderState, what the loader keeps
 across passes.
 
 Each of the pass's threads takes the next batch number and its batch from
-the pass's BatchSource (at most `prefetch` batches ahead of the consumer),
-assembles it (BatchAssembler), settles it with the source, and files the
-result under its number; the consumer takes the results in number order
-and raises a failed batch's exception in its place, then goes on with the
-next batch, as DataLoader does. The tuner (_autotune.py) may add threads
+the pass's BatchSource (at most `prefetch` batches ahead of the consumer,
+and at least one per thread), assembles it (BatchAssembler), settles it
+with the source, and files the result under its number; the consumer
+takes the results in number order and raises a failed batch's exception
+in its place, then goes on with the next batch, as DataLoader does. The tuner (_autotune.py) may add threads
 between batches; once the pass's misses went to worker processes, at
 least prefetch_factor * num_workers threads assemble and as many batches
 are in flight (as DataLoader keeps its workers' queues full), so that
@@ -60,6 +60,9 @@ class LoaderState:
             busy_s=0.0)
         self.pool: Any = None
         self.seed_state: torch.Tensor | None = None
+        # register_cache_pages: the cache's segments registered with CUDA
+        # (_cache_pages.CachePages), for all the loader's passes.
+        self.pages: Any = None
 
     def count(self, **delta: float) -> None:
         with self.lock:
@@ -136,7 +139,8 @@ class Pipeline:
         self.tuner = state.tuner
         self.auto = loader.batch_sampler is not None   # batches, not samples one by one
         self.turn = MissTurn()
-        self.assembler = BatchAssembler(loader, state, pool, self.turn, self._workers_busy)
+        self.assembler = BatchAssembler(loader, state, pool, self.turn, self._workers_busy,
+                                        self._threads)
         self._draw = threading.Lock()
         self.cond = threading.Condition()
         self._source, self._first = source, first
@@ -157,7 +161,10 @@ class Pipeline:
         return max(self.tuner.threads, self.floor)
 
     def _depth(self) -> int:
-        return max(self.tuner.prefetch, self.floor)
+        # At least a batch per thread: a thread beyond the depth would only
+        # wait, and the copy threads each batch gets (copy_threads) are
+        # shared out by the threads, so it would leave CPUs unused.
+        return max(self.tuner.prefetch, self.floor, self.tuner.threads)
 
     def _workers_busy(self) -> None:
         """Misses went to worker processes: keep every worker computing."""

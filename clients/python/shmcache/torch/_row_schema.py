@@ -179,6 +179,10 @@ class RowSchema:
             return tuple(values)
         return {c.key_name: v for c, v in zip(self.columns, values)}
 
+    def row_bytes(self):
+        """Bytes of one row of each column, as the batch's tensors hold it."""
+        return [int(np.prod(c.shape, dtype=np.int64)) * c.out.itemsize for c in self.columns]
+
     def nbytes(self, n):
         return n * sum(int(np.prod(c.shape, dtype=np.int64)) * c.dtype.itemsize
                        for c in self.columns)

@@ -29,8 +29,8 @@ Contract:
   pass ends.
 - Rows of one fixed layout (a tuple/dict/array of fixed-shape columns)
   are read by DatasetCache.read_into (native threads, GIL released) into
-  the batch's tensors, `prefetch` batches ahead of the consumer, by
-  `num_threads` threads. No worker process and no pickling on a hit.
+  the batch's tensors, `prefetch` batches ahead of the consumer (at least
+  one per thread), by `num_threads` threads. No worker process and no pickling on a hit.
   Rows the cache spilled to disk are hits too: the same read_into reads
   them from the spill database in this process (with the batch's
   in-memory rows), so the next batches' disk reads overlap the trainer's
@@ -60,7 +60,9 @@ Contract:
 - num_threads / prefetch "auto": tuned while running (_autotune.py),
   prefetch bounded by max_prefetch_bytes of batches; stats() reports.
 - pin_memory / device: pinned batch buffers and a copy to the device on a
-  side stream where CUDA is available; pin_memory=True without CUDA warns
+  side stream where CUDA is available (register_cache_pages=True: copied
+  to the device straight from the cache's pages registered with CUDA,
+  _cache_pages.py); pin_memory=True without CUDA warns
   once (as DataLoader) and goes on unpinned; device="cuda" without CUDA
   raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
   pin_memory_device is accepted (pinned memory is CUDA's).
@@ -79,7 +81,8 @@ Contract:
 Where the parts are: _pipeline.py (a pass: its threads, order, prefetch,
 close), _assemble.py (one batch), _row_schema.py (the batch's buffers and
 layout), _misses.py (the miss workers, the batch order of misses),
-_device.py (pinning, the copy to the device), _autotune.py (num_threads /
+_device.py (pinning, the copy to the device), _cache_pages.py (the
+cache's pages registered with CUDA), _autotune.py (num_threads /
 prefetch "auto").
 """
 
@@ -94,6 +97,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from .. import DatasetCache
 from ._autotune import AutoTune, usable_cpus
+from ._cache_pages import CachePages, cuda_calls
 from ._device import batch_device
 from ._misses import MissWorkers
 from ._pipeline import LoaderIter, LoaderState
@@ -148,6 +152,12 @@ class CachedLoader(DataLoader[T_co]):
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
     transform, batch_transform: run per sample after the cache, and per
       batch. device: "cuda" copies batches to the GPU on a side stream.
+    register_cache_pages: with device="cuda", the cache's segments are
+      registered with CUDA (cudaHostRegister) as rows in them are first
+      read, and batches are copied to the device straight from them, with
+      no pinned staging copy (unregister_cache_pages(), the loader's
+      collection and exit release them); default False: the staging copy,
+      until a GPU host measured which is faster (docs/python.md).
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1,
@@ -170,7 +180,8 @@ class CachedLoader(DataLoader[T_co]):
                  batch_transform: Callable[[Any], Any] | None = None,
                  device: str | torch.device | None = None,
                  max_prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-                 name: str | None = None, allow_random: bool = False) -> None:
+                 name: str | None = None, allow_random: bool = False,
+                 register_cache_pages: bool = False) -> None:
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
                 raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "
@@ -194,6 +205,25 @@ class CachedLoader(DataLoader[T_co]):
                                            max_threads=max(DEFAULT_THREADS, 2 * usable_cpus()),
                                            max_bytes=max_prefetch_bytes))
         self._iters = 0
+        if not isinstance(register_cache_pages, bool):
+            raise TypeError(f"register_cache_pages must be True or False, got "
+                            f"{register_cache_pages!r}")
+        if register_cache_pages:
+            if self.device is None:
+                raise ValueError("register_cache_pages=True copies rows to a CUDA device "
+                                 "straight from the cache's pages: pass device='cuda' too")
+            pages = CachePages(*cuda_calls())
+            self._state.pages = pages
+            weakref.finalize(self, pages.close)
+
+    def unregister_cache_pages(self) -> None:
+        """Unregisters the cache's pages this loader registered with CUDA
+        (register_cache_pages=True); later batches go through the pinned
+        staging copy. Done anyway when the loader is collected, and at
+        exit."""
+        pages = self._state.pages
+        if pages is not None:
+            pages.close()
 
     @staticmethod
     def _sample_transform(first, second):
