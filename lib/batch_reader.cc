@@ -1,6 +1,7 @@
 #include "shmcache/batch_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -44,17 +45,16 @@ void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst) {
 }
 
 // The row's column a target named `name` reads: stored under that name, or
-// under it with kNumberSuffix (a Python number's column).
+// under it with kNumberSuffix (a Python number's column). Two lookups, the
+// second only for a name the row lacks; no allocation (names are at most
+// kMaxNameBytes).
 std::optional<ColumnView> FindColumn(const RowView& row, std::string_view name) {
   if (std::optional<ColumnView> c = row.find(name)) return c;
-  for (size_t i = 0; i < row.num_columns(); ++i) {
-    ColumnView c = row.column(i);
-    if (c.name.size() == name.size() + kNumberSuffix.size() && c.name.starts_with(name) &&
-        c.name.ends_with(kNumberSuffix)) {
-      return c;
-    }
-  }
-  return std::nullopt;
+  std::array<char, kMaxNameBytes + kNumberSuffix.size()> tagged;
+  if (name.size() > kMaxNameBytes) return std::nullopt;
+  std::memcpy(tagged.data(), name.data(), name.size());
+  std::memcpy(tagged.data() + name.size(), kNumberSuffix.data(), kNumberSuffix.size());
+  return row.find(std::string_view(tagged.data(), name.size() + kNumberSuffix.size()));
 }
 
 // The row's column for each target, when every one matches (Takes, shape).
