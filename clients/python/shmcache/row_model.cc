@@ -527,9 +527,12 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
   }
   std::string_view mode = TagOf(c.name);
   if (mode == kNumberTag) {
-    // A number's column decodes to the number, for both leaves: an int,
-    // not a 0-d tensor made for it (most of a small tuple hit's cost).
-    if (py::object number = Number(c)) return number;
+    // A sample's number is the number again (an int, not a 0-d tensor made
+    // for it: that was most of a small tuple hit's cost); numpy rows keep
+    // their 0-d arrays.
+    if (leaf_ == Leaf::kTorch) {
+      if (py::object number = Number(c)) return number;
+    }
     mode = std::string_view();
   }
   if (!mode.empty()) {

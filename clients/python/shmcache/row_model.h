@@ -13,10 +13,12 @@
 // array is np.asarray(image), decoded back with PIL.Image.fromarray. A
 // Python int, float or bool (the builtin types, not a numpy scalar or a
 // tensor) is a 0-d int64 / float64 / bool column tagged kNumberTag
-// ("#1\x1fpy"), decoded back as that Python number: a sample comes back
-// with the types the dataset gave it (default_collate batches a number
-// as it would the 0-d tensor). A selection by name ("#0", "img") and
-// read_into's targets (batch_reader.h) ignore the tag.
+// ("#1\x1fpy"), decoded by the torch leaf (CachedDataset's samples) as
+// that Python number: a sample comes back with the types the dataset gave
+// it (default_collate batches a number as it would the 0-d tensor); the
+// numpy leaf (DatasetCache.get) gives its 0-d array, as for any number. A
+// selection by name ("#0", "img") and read_into's targets
+// (batch_reader.h) ignore the tag.
 //
 // Thread safety: every function here needs the GIL, except
 // RowBuilder::Copy, which releases it itself for large copies.

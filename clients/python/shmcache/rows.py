@@ -6,8 +6,10 @@ A column is (name, dtype name, array). A sample is a bare value (one column
 "#"), a tuple (columns "#0", "#1", ...) or a dict (named columns) of numpy
 arrays, tensors, numbers, bytes or PIL images (stored as their pixel array
 with their mode; decoded as PIL images again). A Python int, float or bool
-is a 0-d column tagged NUMBER_TAG and comes back as that Python number (a
-numpy scalar or a 0-d tensor comes back as a 0-d array or tensor).
+is a 0-d column tagged NUMBER_TAG ("label\x1fpy": get_columns shows stored
+names, split_name splits them) and decode(..., torch=True) gives that
+Python number back, as CachedDataset's samples hold it (torch=False: its
+0-d array; a numpy scalar or a 0-d tensor: a 0-d array or tensor).
 
     cols = encode((image, label))     # [("#0", "uint8", a), ("#1\x1fpy", "int64", b)]
     decode(cols, torch=True)          # (tensor, int): what a hit returns
