@@ -68,11 +68,15 @@ class RowCodec {
   static uint64_t KeyOf(const RowView& v);
   // Copies a whole row into out (reusing its buffer); a large one with
   // streaming stores (row_copy.h).
+  // The view is set before the bytes are copied: on the hit path nothing
+  // then stays live across the copy's call but the caller's own state.
   static void Copy(const RowView& in, Row* out) {
-    std::byte* dst = Reserve(out, in.bytes_.size());
-    CopyRowBytes(dst, in.bytes_.data(), in.bytes_.size());
-    out->view_.bytes_ = std::span<const std::byte>(dst, in.bytes_.size());
+    const std::byte* src = in.bytes_.data();
+    const size_t n = in.bytes_.size();
+    std::byte* dst = Reserve(out, n);
+    out->view_.bytes_ = std::span<const std::byte>(dst, n);
     out->view_.num_columns_ = in.num_columns_;
+    CopyRowBytes(dst, src, n);
   }
   // Copies the named columns, in that order, into out. ColumnNotFound
   // naming the first absent column (out is then unchanged).
@@ -82,8 +86,8 @@ class RowCodec {
   static Status Adopt(Row* out, size_t bytes);
   // Resizes out's buffer to hold `bytes` and returns it.
   static std::byte* Reserve(Row* out, size_t bytes) {
-    const size_t words = (bytes + 7) / 8;
-    if (out->buf_.size() < words) out->buf_.resize(words);
+    // In bytes: the buffer's byte size is its two pointers' difference.
+    if (out->buf_.size() * sizeof(uint64_t) < bytes) out->buf_.resize((bytes + 7) / 8);
     return reinterpret_cast<std::byte*>(out->buf_.data());
   }
 

@@ -46,9 +46,16 @@ class CacheImpl {
   Status PutBatch(std::span<const uint64_t> ids,
                   std::span<const std::span<const ColumnRef>> rows, Status* statuses,
                   bool* inserted);
+  // The whole row (project false) or the named columns of row `id`.
   Status Get(uint64_t id, std::span<const std::string_view> columns, bool project,
              Row* out);
-  Status View(uint64_t id, RowView* out);
+  // Get of the whole row, and View: the hit path (FindInMemory) in line,
+  // everything else in GetSlow and ViewSlow. Defined in cache_read.cc and
+  // always inlined there into Cache::Get(id) and Cache::View(id), so that a
+  // hit is one call from the caller (docs/hit-path.md); not callable from
+  // other files.
+  inline Status GetWhole(uint64_t id, Row* out);
+  inline Status View(uint64_t id, RowView* out);
   // count=false: GetBatchUncounted (cache.h).
   Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,
                   bool count = true);

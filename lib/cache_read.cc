@@ -64,16 +64,23 @@ Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   return segments_.ReadRow(id, loc, view, node) == SegmentSet::RowCheck::kOk;
 }
 
-Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
-                      bool project, Row* out) {
+[[gnu::always_inline]] inline Status CacheImpl::GetWhole(uint64_t id, Row* out) {
   int node = 0;
   RowView v;
-  if (!project && FindInMemory(id, &v, &node)) [[likely]] {
-    RowCodec::Copy(v, out);
+  if (FindInMemory(id, &v, &node)) [[likely]] {
+    // Counted before the copy, which cannot fail: nothing of the count is
+    // live across the copy's call.
     stats_.CountHit(node);
+    RowCodec::Copy(v, out);
     return Status::OK();
   }
-  return GetSlow(id, columns, project, out);
+  return GetSlow(id, {}, false, out);
+}
+
+Status CacheImpl::Get(uint64_t id, std::span<const std::string_view> columns,
+                      bool project, Row* out) {
+  if (project) return GetSlow(id, columns, true, out);
+  return GetWhole(id, out);
 }
 
 Status CacheImpl::GetSlow(uint64_t id, std::span<const std::string_view> columns,
@@ -187,7 +194,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
   return Status::OK();
 }
 
-Status CacheImpl::View(uint64_t id, RowView* out) {
+[[gnu::always_inline]] inline Status CacheImpl::View(uint64_t id, RowView* out) {
   int node = 0;
   if (FindInMemory(id, out, &node)) [[likely]] {
     stats_.CountHit(node);
@@ -220,7 +227,7 @@ bool CacheImpl::Contains(uint64_t id) {
 
 // Cache's single-row reads live here rather than in cache.cc so that the
 // hit path compiles into them: one call from the caller to the copy.
-Status Cache::Get(uint64_t id, Row* out) { return impl_->Get(id, {}, false, out); }
+Status Cache::Get(uint64_t id, Row* out) { return impl_->GetWhole(id, out); }
 Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
 
 }  // namespace shmcache

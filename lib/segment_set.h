@@ -69,7 +69,9 @@ class SegmentSet {
   Status Resolve(uint64_t id, uint64_t loc, RowView* view, int* node) EXCLUDES(mu_);
   // Starts loading the first line of the row at in-memory location `loc`
   // when its segment is mapped and the offset lies inside it.
-  void Prefetch(uint64_t loc) const {
+  // Always inlined, as IndexTable::PrefetchSlot is (gcc may drop a call of
+  // a function that only prefetches).
+  [[gnu::always_inline]] void Prefetch(uint64_t loc) const {
     if (const MappedSegment* seg = map_.Find(layout::LocationSegment(loc))) {
       const uint64_t off = layout::LocationOffset(loc);
       if (off < seg->size) __builtin_prefetch(seg->read_base + off);

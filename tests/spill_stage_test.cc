@@ -26,12 +26,17 @@
 #include "tests/support/child_process.h"
 #include "tests/support/files.h"
 #include "tests/support/row_pattern.h"
+#include "tests/support/spilling_cache_test.h"
 #include "tests/support/test_server.h"
 #include "tests/support/tmpfs_mount.h"
 #include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 namespace {
+
+// The staged-spill tests that begin as most spill tests do: a spill dir, a daemon, a
+// session and a 1 MB spilling cache of their own (spilling_cache_test.h).
+using StagedSpillTest = SpillingCacheTest;
 
 constexpr size_t kBatch = 64;
 constexpr uint64_t kSalt = 7;  // PutRows's, so CheckRowsInChild reads them
@@ -60,186 +65,162 @@ void PutBatches(Cache* cache, uint64_t first, size_t n) {
   }
 }
 
-TEST(SpillStageTest, BatchesOfSpilledRowsReadBackWholeEverywhere) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
-  {
-    TestServer server(WithArgs({"-s", spill}));
-    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
-    uint32_t session = server.NewSession();
-    auto cache = OpenCache(server, session, 1, true);
-    const size_t n = (8u << 20) / kRowBytes;  // 8 MB of rows, a 1 MB budget
-    ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), 0, n));
-    CacheStats st;
-    ASSERT_TRUE(cache->GetStats(&st).ok());
-    EXPECT_GT(st.disk_rows, n / 2);
-    EXPECT_EQ(st.mem_rows + st.disk_rows, n);
-    EXPECT_EQ(Stages(server).size(), 1u) << "the rows went through one staging file";
-    // A second batch of the same ids adds nothing: the first writer won.
-    std::vector<uint8_t> other(kRowBytes, 0xAB);
-    bool inserted = true;
-    ASSERT_TRUE(cache->Put(n - 1, other.data(), other.size(), &inserted).ok());
-    EXPECT_FALSE(inserted);
-    EXPECT_EQ(CheckRowsInChild(server, session, n, true, kSalt), static_cast<long>(n));
-    // Single puts of spilled rows go through the stage too.
-    ASSERT_TRUE(PutBytes(cache.get(), n, kRowBytes, &inserted).ok());
-    EXPECT_TRUE(inserted);
-    EXPECT_EQ(CheckRowsInChild(server, session, n + 1, true, kSalt),
-              static_cast<long>(n + 1));
-    // The stage goes with the connection that asked for it.
-    cache.reset();
-    EXPECT_TRUE(WaitFor([&] { return Stages(server).empty(); }, std::chrono::seconds(10)))
-        << testing::PrintToString(Stages(server));
-    // And with its cache, while the connection lives on.
-    std::unique_ptr<Client> client;
-    ASSERT_TRUE(server.Connect(&client).ok());
-    uint32_t second = 0;
-    ASSERT_TRUE(client->CreateSession(&second).ok());
-    std::unique_ptr<Cache> again;
-    ASSERT_TRUE(client->OpenCache(CacheNamed(second, "capacity", 1, true), &again).ok());
-    ASSERT_NO_FATAL_FAILURE(PutBatches(again.get(), 0, n));
-    ASSERT_EQ(Stages(server).size(), 1u);
-    ASSERT_TRUE(client->DestroySession(second).ok());
-    EXPECT_TRUE(Stages(server).empty()) << testing::PrintToString(Stages(server));
-  }
-  RemoveTree(spill);
+TEST_F(StagedSpillTest, BatchesOfSpilledRowsReadBackWholeEverywhere) {
+  const size_t n = (8u << 20) / kRowBytes;  // 8 MB of rows, a 1 MB budget
+  ASSERT_NO_FATAL_FAILURE(PutBatches(cache_.get(), 0, n));
+  CacheStats st;
+  ASSERT_TRUE(cache_->GetStats(&st).ok());
+  EXPECT_GT(st.disk_rows, n / 2);
+  EXPECT_EQ(st.mem_rows + st.disk_rows, n);
+  EXPECT_EQ(Stages(server_).size(), 1u) << "the rows went through one staging file";
+  // A second batch of the same ids adds nothing: the first writer won.
+  std::vector<uint8_t> other(kRowBytes, 0xAB);
+  bool inserted = true;
+  ASSERT_TRUE(cache_->Put(n - 1, other.data(), other.size(), &inserted).ok());
+  EXPECT_FALSE(inserted);
+  EXPECT_EQ(CheckRowsInChild(server_, session_, n, true, kSalt), static_cast<long>(n));
+  // Single puts of spilled rows go through the stage too.
+  ASSERT_TRUE(PutBytes(cache_.get(), n, kRowBytes, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  EXPECT_EQ(CheckRowsInChild(server_, session_, n + 1, true, kSalt),
+            static_cast<long>(n + 1));
+  // The stage goes with the connection that asked for it.
+  cache_.reset();
+  EXPECT_TRUE(WaitFor([&] { return Stages(server_).empty(); }, std::chrono::seconds(10)))
+      << testing::PrintToString(Stages(server_));
+  // And with its cache, while the connection lives on.
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server_.Connect(&client).ok());
+  uint32_t second = 0;
+  ASSERT_TRUE(client->CreateSession(&second).ok());
+  std::unique_ptr<Cache> again;
+  ASSERT_TRUE(client->OpenCache(CacheNamed(second, "capacity", 1, true), &again).ok());
+  ASSERT_NO_FATAL_FAILURE(PutBatches(again.get(), 0, n));
+  ASSERT_EQ(Stages(server_).size(), 1u);
+  ASSERT_TRUE(client->DestroySession(second).ok());
+  EXPECT_TRUE(Stages(server_).empty()) << testing::PrintToString(Stages(server_));
 }
 
-TEST(SpillStageTest, WriterKilledWhileStagingLeavesWholeRowsAndNoStage) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
-  {
-    TestServer server(WithArgs({"-s", spill}));
-    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
-    uint32_t session = server.NewSession();
-    auto cache = OpenCache(server, session, 1, true);
-    // The writer stages batch after batch of new rows until it is killed.
-    pid_t writer = ForkChild([&] {
-      std::unique_ptr<Client> client;
-      std::unique_ptr<Cache> c;
-      if (!server.Connect(&client).ok() ||
-          !client->OpenCache(CacheNamed(session, "capacity", 1, true), &c).ok()) {
-        return 1;
-      }
-      for (uint64_t b = 0;; b += kBatch) {
-        PutBatches(c.get(), b, kBatch);
-        if (testing::Test::HasFailure()) return 2;
-      }
-    });
-    CacheStats st;
-    ASSERT_TRUE(WaitFor([&] { return cache->GetStats(&st).ok() && st.disk_rows > 2000; },
-                        std::chrono::seconds(60)));
-    ASSERT_EQ(kill(writer, SIGKILL), 0);
-    int status = 0;
-    ASSERT_TRUE(WaitChild(writer, &status, std::chrono::seconds(30)));
-    EXPECT_TRUE(WIFSIGNALED(status)) << status;
-    // Its stage went with its connection.
-    EXPECT_TRUE(WaitFor([&] { return Stages(server).empty(); }, std::chrono::seconds(10)))
-        << testing::PrintToString(Stages(server));
-    // Every row the index holds is whole; the rows it held are rows 0..k-1
-    // of whole batches, in order.
-    ASSERT_TRUE(cache->GetStats(&st).ok());
-    const uint64_t held = st.mem_rows + st.disk_rows;
-    EXPECT_EQ(CheckRowsInChild(server, session, held, true, kSalt),
-              static_cast<long>(held));
-    Row row;
-    EXPECT_TRUE(cache->Get(held + kBatch, &row).IsNotFound());
-    // The server goes on spilling for others.
-    ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), held + 2 * kBatch, kBatch));
-  }
-  RemoveTree(spill);
+TEST_F(StagedSpillTest, WriterKilledWhileStagingLeavesWholeRowsAndNoStage) {
+  // The writer stages batch after batch of new rows until it is killed.
+  pid_t writer = ForkChild([&] {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Cache> c;
+    if (!server_.Connect(&client).ok() ||
+        !client->OpenCache(CacheNamed(session_, "capacity", 1, true), &c).ok()) {
+      return 1;
+    }
+    for (uint64_t b = 0;; b += kBatch) {
+      PutBatches(c.get(), b, kBatch);
+      if (testing::Test::HasFailure()) return 2;
+    }
+  });
+  CacheStats st;
+  ASSERT_TRUE(WaitFor([&] { return cache_->GetStats(&st).ok() && st.disk_rows > 2000; },
+                      std::chrono::seconds(60)));
+  ASSERT_EQ(kill(writer, SIGKILL), 0);
+  int status = 0;
+  ASSERT_TRUE(WaitChild(writer, &status, std::chrono::seconds(30)));
+  EXPECT_TRUE(WIFSIGNALED(status)) << status;
+  // Its stage went with its connection.
+  EXPECT_TRUE(WaitFor([&] { return Stages(server_).empty(); }, std::chrono::seconds(10)))
+      << testing::PrintToString(Stages(server_));
+  // Every row the index holds is whole; the rows it held are rows 0..k-1
+  // of whole batches, in order.
+  ASSERT_TRUE(cache_->GetStats(&st).ok());
+  const uint64_t held = st.mem_rows + st.disk_rows;
+  EXPECT_EQ(CheckRowsInChild(server_, session_, held, true, kSalt),
+            static_cast<long>(held));
+  Row row;
+  EXPECT_TRUE(cache_->Get(held + kBatch, &row).IsNotFound());
+  // The server goes on spilling for others.
+  ASSERT_NO_FATAL_FAILURE(PutBatches(cache_.get(), held + 2 * kBatch, kBatch));
 }
 
 // A client of the protocol itself: the rows it stages are not whole rows
 // of the ids it names.
-TEST(SpillStageTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWritten) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
-  {
-    TestServer server(WithArgs({"-s", spill}));
-    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
-    uint32_t session = server.NewSession();
-    auto cache = OpenCache(server, session, 1, true);
-    ASSERT_EQ(PutRows(cache.get(), 1000), 1000u);  // memory used up: rows spill now
-    std::unique_ptr<Connection> conn;
-    ASSERT_TRUE(Connection::Open(server.socket_path(), server.port(), 5000, &conn).ok());
-    auto call = [&](const auto& request, auto* response) {
-      std::string body;
-      size_t off = 0;
-      Status s = conn->Call(std::decay_t<decltype(request)>::kType,
-                            protocol::EncodeBody(request), &body, &off);
-      if (!s.ok()) return s;
-      protocol::WireReader r(
-          std::as_bytes(std::span(body.data(), body.size())).subspan(off));
-      EXPECT_TRUE(protocol::DecodeMessage(&r, response));
-      return s;
-    };
-    protocol::HelloResponse hello;
-    ASSERT_TRUE(call(protocol::HelloRequest{}, &hello).ok());
-    protocol::SpillStageResponse stage;
-    ASSERT_TRUE(call(protocol::SpillStageRequest{.cache_id = cache->cache_id(),
-                                                 .min_bytes = 4096},
-                     &stage)
-                    .ok());
-    InstancePaths paths =
-        MakeInstancePaths(server.port(), server.run_dir(), server.shm_dir());
-    ShmFile file;
-    ASSERT_TRUE(ShmFile::Open(paths.StageFile(cache->cache_id(), stage.tag), &file).ok());
-    // Row 5000 encoded whole, staged as row 5001; then as itself but one
-    // byte short; then bytes past the stage.
-    std::vector<uint8_t> data = Pattern(5000, kSalt, kRowBytes);
-    int64_t shape[1] = {static_cast<int64_t>(kRowBytes)};
-    ColumnRef col{"data", DType::kUInt8, shape, data.data(), kRowBytes};
-    size_t size = 0;
-    ASSERT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
-    RowCodec::Encode(5000, std::span(&col, 1), reinterpret_cast<std::byte*>(file.data()),
-                     size);
-    protocol::SpillPutStagedResponse answer;
-    const std::vector<protocol::SpillPutStagedRequest> bad = {
-        {.cache_id = cache->cache_id(),
-         .tag = stage.tag,
-         .ids = {5001},
-         .sizes = {static_cast<uint32_t>(size)}},
-        {.cache_id = cache->cache_id(),
-         .tag = stage.tag,
-         .ids = {5000},
-         .sizes = {static_cast<uint32_t>(size - 8)}},
-        {.cache_id = cache->cache_id(),
-         .tag = stage.tag,
-         .ids = {5000, 5002},
-         .sizes = {static_cast<uint32_t>(size), static_cast<uint32_t>(stage.size)}},
-        {.cache_id = cache->cache_id(),
-         .tag = stage.tag + 1,
-         .ids = {5000},
-         .sizes = {static_cast<uint32_t>(size)}}};
-    for (const auto& request : bad) {
-      Status s = call(request, &answer);
-      EXPECT_TRUE(s.IsCorruption() || s.IsNotFound()) << s.ToString();
-    }
-    Row row;
-    for (uint64_t id : {5000, 5001, 5002}) {
-      EXPECT_TRUE(cache->Get(id, &row).IsNotFound()) << id;
-    }
-    // The same stage with the row named right is written and served.
-    ASSERT_TRUE(
-        call(protocol::SpillPutStagedRequest{.cache_id = cache->cache_id(),
-                                             .tag = stage.tag,
-                                             .ids = {5000},
-                                             .sizes = {static_cast<uint32_t>(size)}},
-             &answer)
-            .ok());
-    EXPECT_EQ(answer.inserted, std::vector<uint8_t>{1});
-    ASSERT_TRUE(cache->Get(5000, &row).ok());
-    auto got = row.find("data");
-    ASSERT_TRUE(got.has_value());
-    EXPECT_EQ(0, std::memcmp(got->data, data.data(), kRowBytes));
-    // The connection ends: its stage is removed (the cache's own stays).
-    const std::string path = paths.StageFile(cache->cache_id(), stage.tag);
-    file.Unmap();
-    conn.reset();
-    EXPECT_TRUE(WaitFor([&] { return access(path.c_str(), F_OK) != 0; },
-                        std::chrono::seconds(10)))
-        << path;
-    EXPECT_EQ(Stages(server).size(), 1u) << testing::PrintToString(Stages(server));
+TEST_F(StagedSpillTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWritten) {
+  ASSERT_EQ(PutRows(cache_.get(), 1000), 1000u);  // memory used up: rows spill now
+  std::unique_ptr<Connection> conn;
+  ASSERT_TRUE(Connection::Open(server_.socket_path(), server_.port(), 5000, &conn).ok());
+  auto call = [&](const auto& request, auto* response) {
+    std::string body;
+    size_t off = 0;
+    Status s = conn->Call(std::decay_t<decltype(request)>::kType,
+                          protocol::EncodeBody(request), &body, &off);
+    if (!s.ok()) return s;
+    protocol::WireReader r(
+        std::as_bytes(std::span(body.data(), body.size())).subspan(off));
+    EXPECT_TRUE(protocol::DecodeMessage(&r, response));
+    return s;
+  };
+  protocol::HelloResponse hello;
+  ASSERT_TRUE(call(protocol::HelloRequest{}, &hello).ok());
+  protocol::SpillStageResponse stage;
+  ASSERT_TRUE(
+      call(protocol::SpillStageRequest{.cache_id = cache_->cache_id(), .min_bytes = 4096},
+           &stage)
+          .ok());
+  InstancePaths paths =
+      MakeInstancePaths(server_.port(), server_.run_dir(), server_.shm_dir());
+  ShmFile file;
+  ASSERT_TRUE(ShmFile::Open(paths.StageFile(cache_->cache_id(), stage.tag), &file).ok());
+  // Row 5000 encoded whole, staged as row 5001; then as itself but one
+  // byte short; then bytes past the stage.
+  std::vector<uint8_t> data = Pattern(5000, kSalt, kRowBytes);
+  int64_t shape[1] = {static_cast<int64_t>(kRowBytes)};
+  ColumnRef col{"data", DType::kUInt8, shape, data.data(), kRowBytes};
+  size_t size = 0;
+  ASSERT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
+  RowCodec::Encode(5000, std::span(&col, 1), reinterpret_cast<std::byte*>(file.data()),
+                   size);
+  protocol::SpillPutStagedResponse answer;
+  const std::vector<protocol::SpillPutStagedRequest> bad = {
+      {.cache_id = cache_->cache_id(),
+       .tag = stage.tag,
+       .ids = {5001},
+       .sizes = {static_cast<uint32_t>(size)}},
+      {.cache_id = cache_->cache_id(),
+       .tag = stage.tag,
+       .ids = {5000},
+       .sizes = {static_cast<uint32_t>(size - 8)}},
+      {.cache_id = cache_->cache_id(),
+       .tag = stage.tag,
+       .ids = {5000, 5002},
+       .sizes = {static_cast<uint32_t>(size), static_cast<uint32_t>(stage.size)}},
+      {.cache_id = cache_->cache_id(),
+       .tag = stage.tag + 1,
+       .ids = {5000},
+       .sizes = {static_cast<uint32_t>(size)}}};
+  for (const auto& request : bad) {
+    Status s = call(request, &answer);
+    EXPECT_TRUE(s.IsCorruption() || s.IsNotFound()) << s.ToString();
   }
-  RemoveTree(spill);
+  Row row;
+  for (uint64_t id : {5000, 5001, 5002}) {
+    EXPECT_TRUE(cache_->Get(id, &row).IsNotFound()) << id;
+  }
+  // The same stage with the row named right is written and served.
+  ASSERT_TRUE(
+      call(protocol::SpillPutStagedRequest{.cache_id = cache_->cache_id(),
+                                           .tag = stage.tag,
+                                           .ids = {5000},
+                                           .sizes = {static_cast<uint32_t>(size)}},
+           &answer)
+          .ok());
+  EXPECT_EQ(answer.inserted, std::vector<uint8_t>{1});
+  ASSERT_TRUE(cache_->Get(5000, &row).ok());
+  auto got = row.find("data");
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(0, std::memcmp(got->data, data.data(), kRowBytes));
+  // The connection ends: its stage is removed (the cache's own stays).
+  const std::string path = paths.StageFile(cache_->cache_id(), stage.tag);
+  file.Unmap();
+  conn.reset();
+  EXPECT_TRUE(
+      WaitFor([&] { return access(path.c_str(), F_OK) != 0; }, std::chrono::seconds(10)))
+      << path;
+  EXPECT_EQ(Stages(server_).size(), 1u) << testing::PrintToString(Stages(server_));
 }
 
 TEST(SpillStageTest, FullSpillDiskStopsSpillingAndWhatWasStoredStaysWhole) {
