@@ -7,10 +7,12 @@ Sections, each skipped with its reason when what it needs is missing:
              numpy random-row copy (the Python-side memcpy limit); at 3 KB
              also py-lmdb get + np.frombuffer + copy of the same rows (a
              read transaction per get, and one long read transaction:
-             py-lmdb's fastest use) and CachedDataset[i], of a sample that
-             is the row alone and of one that is a (row, int64 label)
-             tuple, as most datasets' are, with the ratios of the targets
-             against both, measured in interleaved rounds
+             py-lmdb's fastest use; and that use returning the (row,
+             label) sample: the label's 8 bytes stored after the row) and
+             CachedDataset[i], of a sample that is the row alone and of one
+             that is a (row, int label) tuple, as most datasets' are, with
+             the ratios of the targets against them, measured in
+             interleaved rounds
              (best round each: the machine may be shared and noisy);
   read_into  batches of 588 KB rows assembled by DatasetCache.read_into
              (2 threads) vs numpy copying the same rows with 2 threads;
@@ -42,6 +44,7 @@ Writes one JSON object. Measures only; asserts nothing.
 import argparse
 import multiprocessing as mp
 import os
+import struct
 import sys
 import time
 
@@ -172,11 +175,18 @@ def bench_vs_lmdb(args, out, cache, src, ids):
     except ImportError as e:
         out.skip("python.lmdb", f"py-lmdb is not installed ({e})")
         return
-    path = os.path.join(args.workdir, f"lmdb-{size}")
-    env = lmdb.open(path, map_size=4 * src.nbytes + (64 << 20), readahead=False)
-    with env.begin(write=True) as txn:
-        for i in range(src.shape[0]):
-            txn.put(i.to_bytes(8, "big"), src[i].tobytes())
+    def lmdb_env(name, value):
+        env = lmdb.open(os.path.join(args.workdir, name),
+                        map_size=4 * src.nbytes + (64 << 20), readahead=False)
+        with env.begin(write=True) as txn:
+            for i in range(src.shape[0]):
+                txn.put(i.to_bytes(8, "big"), value(i))
+        return env
+    env = lmdb_env(f"lmdb-{size}", lambda i: src[i].tobytes())
+    # The (row, label) sample as a py-lmdb dataset stores it: the label's 8
+    # bytes after the row's, in the same value (one get reads both).
+    env_labelled = lmdb_env(f"lmdb-{size}-labelled",
+                            lambda i: src[i].tobytes() + (i % 1000).to_bytes(8, "little"))
     keys = [int(i).to_bytes(8, "big") for i in ids]
 
     def lmdb_get(k):          # a read transaction per get
@@ -186,6 +196,12 @@ def bench_vs_lmdb(args, out, cache, src, ids):
 
     def lmdb_long(k):
         return np.frombuffer(long_txn.get(k), dtype=np.uint8).copy()
+    labelled_txn = env_labelled.begin(buffers=True)
+    label_at = struct.Struct("<q").unpack_from   # the fastest int of 8 bytes tried
+
+    def lmdb_long_labelled(k):   # the same, and the label: the tuple's peer
+        v = labelled_txn.get(k)
+        return np.frombuffer(v, dtype=np.uint8, count=size).copy(), label_at(v, size)[0]
     import torch  # noqa: F401
     from torch.utils.data import Dataset
     from shmcache.torch import CachedDataset
@@ -215,12 +231,17 @@ def bench_vs_lmdb(args, out, cache, src, ids):
     r = best_rates(args.seconds * 2, {
         "get": (cache.get, ids), "view": (cache.view, ids),
         "cds": (cds.__getitem__, ids), "cds_tuple": (cds_tuple.__getitem__, ids),
-        "lmdb": (lmdb_get, keys), "lmdb_long_txn": (lmdb_long, keys)})
+        "lmdb": (lmdb_get, keys), "lmdb_long_txn": (lmdb_long, keys),
+        "lmdb_long_txn_labelled": (lmdb_long_labelled, keys)})
     long_txn.abort()
+    labelled_txn.abort()
     env.close()
+    env_labelled.close()
     out.add("get", "py-lmdb", "get+frombuffer+copy, txn per get", size, 1, r["lmdb"])
     out.add("get", "py-lmdb", "get+frombuffer+copy, one long txn", size, 1,
             r["lmdb_long_txn"])
+    out.add("get", "py-lmdb", "(row, label): get+frombuffer+copy+label, one long txn",
+            size, 1, r["lmdb_long_txn_labelled"])
     out.add("get", "python", "CachedDataset[i]", size, 1, r["cds"])
     out.add("get", "python", "CachedDataset[i], (row, label) tuple", size, 1,
             r["cds_tuple"])
@@ -231,6 +252,9 @@ def bench_vs_lmdb(args, out, cache, src, ids):
         out.value(f"python.view_vs_{peer}", r["view"] / r[peer])
         out.value(f"python.cached_dataset_vs_{peer}", r["cds"] / r[peer])
         out.value(f"python.cached_dataset_tuple_vs_{peer}", r["cds_tuple"] / r[peer])
+    # The tuple's target: py-lmdb's fastest use returning the same sample.
+    out.value("python.cached_dataset_tuple_vs_lmdb_long_txn_labelled",
+              r["cds_tuple"] / r["lmdb_long_txn_labelled"])
 
 
 # ---- read_into: batches of decoded images ---------------------------------

@@ -63,6 +63,8 @@ class Data:
         self.load = load or []     # [(stage, 1-minute load average)]
         # benchmarks/multinode_bench.py's JSON (None: not run).
         self.multinode = multinode
+        # benchmarks/ab_bench.py's JSON and A's revision (BENCH_AB; None: not run).
+        self.ab, self.ab_label = None, ""
 
     def rate(self, bench, system, variant=None, size=3 * KB, procs=1):
         for r in self.results:
@@ -281,9 +283,12 @@ def targets(d):
              "use (one long read txn), 3 KB", ">= 2x", 2.0),
             ("python.cached_dataset_vs_lmdb_long_txn", "CachedDataset[i] vs py-lmdb's "
              "fastest use (one long read txn), 3 KB", ">= 1.0x", 1.0),
-            ("python.cached_dataset_tuple_vs_lmdb_long_txn", "CachedDataset[i] of a "
-             "(3 KB row, int label) tuple vs py-lmdb's fastest use (one long read txn) "
-             "of the same 3 KB", ">= 1.0x", 1.0),
+            ("python.cached_dataset_tuple_vs_lmdb_long_txn_labelled", "CachedDataset[i] "
+             "of a (3 KB row, int label) tuple vs py-lmdb's fastest use (one long read "
+             "txn) returning the same sample (frombuffer+copy of the row, the label)",
+             ">= 1.0x", 1.0),
+            ("python.cached_dataset_tuple_vs_lmdb_long_txn", "CachedDataset[i] of the "
+             "same tuple vs py-lmdb's fastest use reading the 3 KB row alone", "—", None),
             ("python.get_vs_lmdb", "Python DatasetCache.get vs py-lmdb, a read txn per "
              "get (+frombuffer+copy), 3 KB", ">= 1.0x", 1.0),
             ("python.view_vs_lmdb", "Python DatasetCache.view vs py-lmdb, a read txn per "
@@ -294,7 +299,8 @@ def targets(d):
              "of the same bytes (2 threads)", ">= 0.7x", 0.7)):
         r = v.get(key)
         row(label, "measured in one run" if r is not None else "not measured",
-            f"{r:.2f}x" if r is not None else "—", target, r is not None and r >= want)
+            f"{r:.2f}x" if r is not None else "—", target,
+            None if want is None else r is not None and r >= want)
     speed = v.get("dataloader.steady_speedup")
     first = v.get("dataloader.first_epoch_ratio")
     if speed is not None:
@@ -567,10 +573,26 @@ def render(d, elapsed, command):
             lines.append(f"| -j 2, cache warm | {j2w:.1f} | {j2w / j2u:.2f}x |")
     lines += sweep_lines(d)
     lines += multinode_lines(d.multinode)
+    lines += ab_lines(d.ab, d.ab_label)
     if d.skipped:
         lines.append("")
         lines.append("Skipped: " + "; ".join(f"{k} ({r})" for k, r in d.skipped.items()))
     return "\n".join(lines) + "\n"
+
+
+def ab_lines(ab, label):
+    """benchmarks/ab_bench.py's same-run A/B (BENCH_AB=<rev>), as a table."""
+    if not ab or "cases" not in ab:
+        return []
+    lines = ["", f"### A/B: the read path, {label or ab['a']} (A) against this tree (B), "
+             f"{ab['rounds']} interleaved rounds (benchmarks/ab_bench.py)", "",
+             "| case | A best | B best | B/A best round | B/A median round "
+             "| B/A CPU s per unit |", "|---|---|---|---|---|---|"]
+    for case, r in ab["cases"].items():
+        lines.append(f"| {case} | {r['a_best']:.4g} | {r['b_best']:.4g} | "
+                     f"{r['best_ratio']:.2f} | {r['median_ratio']:.2f} | "
+                     f"{r['cpu_per_unit_ratio']:.2f} |")
+    return lines
 
 
 MULTINODE_KINDS = (("partitioned", "DataLoader(CachedDataset)"),
@@ -694,6 +716,8 @@ def main():
     ap.add_argument("--load", help="'stage load' lines")
     ap.add_argument("--multinode", help="benchmarks/multinode_bench.py's JSON")
     ap.add_argument("--sweep", help="benchmarks/host_sweep.py's JSON")
+    ap.add_argument("--ab", help="benchmarks/ab_bench.py's JSON (BENCH_AB)")
+    ap.add_argument("--ab_label", default="", help="the revision A was built from")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
@@ -707,6 +731,7 @@ def main():
     d = Data(load(args.cpp), load(args.python), load(args.extra),
              load_samples(args.load), args.headline, args.extra_label, args.extra_how,
              multinode, load(args.sweep))
+    d.ab, d.ab_label = load(args.ab), args.ab_label
     text = render(d, args.elapsed, args.command)
     print()
     print(text)

@@ -1,6 +1,7 @@
 #include "shmcache/batch_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -43,10 +44,23 @@ void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst) {
   }
 }
 
+// The row's column a target named `name` reads: stored under that name, or
+// under it with kNumberSuffix (a Python number's column). Two lookups, the
+// second only for a name the row lacks; no allocation (names are at most
+// kMaxNameBytes).
+std::optional<ColumnView> FindColumn(const RowView& row, std::string_view name) {
+  if (std::optional<ColumnView> c = row.find(name)) return c;
+  std::array<char, kMaxNameBytes + kNumberSuffix.size()> tagged;
+  if (name.size() > kMaxNameBytes) return std::nullopt;
+  std::memcpy(tagged.data(), name.data(), name.size());
+  std::memcpy(tagged.data() + name.size(), kNumberSuffix.data(), kNumberSuffix.size());
+  return row.find(std::string_view(tagged.data(), name.size() + kNumberSuffix.size()));
+}
+
 // The row's column for each target, when every one matches (Takes, shape).
 bool Match(const RowView& row, std::span<const ColumnTarget> targets, ColumnView* cols) {
   for (size_t t = 0; t < targets.size(); ++t) {
-    std::optional<ColumnView> c = row.find(targets[t].name);
+    std::optional<ColumnView> c = FindColumn(row, targets[t].name);
     if (!c || !Takes(targets[t].dtype, targets[t].accept, c->dtype) ||
         !std::ranges::equal(c->shape, targets[t].shape)) {
       return false;
@@ -86,7 +100,7 @@ struct BatchReader::Share {
     if (unseen == 0) return;
     for (size_t t = 0; t < targets.size(); ++t) {
       if (stored[t].row <= i) continue;
-      std::optional<ColumnView> c = row.find(targets[t].name);
+      std::optional<ColumnView> c = FindColumn(row, targets[t].name);
       if (!c) continue;
       if (stored[t].row == StoredColumn::kNoRow) --unseen;
       stored[t].row = i;

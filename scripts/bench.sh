@@ -145,6 +145,7 @@ load_sample "Python and DataLoader"
 # That revision's tree is built (release) under the run's temporary dir
 # and its Python package measured against this one in interleaved rounds
 # (benchmarks/ab_bench.py): read_into and warm CachedLoader epochs.
+rm -f "$results/ab.json"   # the table shows an A/B of this run only
 if [ -n "${BENCH_AB:-}" ]; then
   echo "== A/B: $BENCH_AB (A) against this tree (B)"
   ab_src=$tmp/ab-src
@@ -182,6 +183,7 @@ elapsed=$(( $(date +%s) - started ))
 /usr/bin/python3 benchmarks/report.py --cpp "$results/cpp.json" \
   --python "$results/python.json" --extra "$results/extra.json" \
   --multinode "$results/multinode.json" --sweep "$results/sweep.json" \
+  --ab "$results/ab.json" --ab_label "${BENCH_AB:-}" \
   --headline "$headline" --extra_label "$extra_label" --extra_how "$extra_how" \
   --load "$results/load.txt" --elapsed "$elapsed" \
   --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -112,6 +113,34 @@ TEST_P(BatchReaderTest, HitsMissesAndMismatchedRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, BatchReaderTest, ::testing::Values(0, 1, 3));
+
+// A column stored as "label" + kNumberSuffix (the Python package's Python
+// int) is read into the target "label"; one with another suffix is not.
+TEST(BatchReaderNameTest, ANumberColumnAnswersItsPlainName) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  const std::string number = "label" + std::string(kNumberSuffix);
+  const std::string other = "label\x1fRGB";
+  for (uint64_t id = 1; id <= 2; ++id) {
+    std::vector<uint8_t> img = Pattern(id, 1, kImgBytes);
+    auto label = static_cast<int64_t>(id);
+    ColumnRef cols[2] = {
+        {"img", DType::kUInt8, kImgShape, img.data(), img.size()},
+        {id == 1 ? number : other, DType::kInt64, {}, &label, sizeof label},
+    };
+    ASSERT_TRUE(cache->Put(id, cols).ok());
+  }
+  BatchReader reader(cache.get(), 0);
+  Batch b(2);
+  std::vector<uint64_t> ids = {1, 2};
+  ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit).ok());
+  EXPECT_EQ(b.hit[0], kRowRead);
+  EXPECT_TRUE(b.RowIs(0, 1));
+  EXPECT_EQ(b.hit[1], kRowOtherLayout);
+  EXPECT_TRUE(b.RowUntouched(1));
+}
 
 // Each stored dtype a target takes (Takes): its own; the same bytes for a
 // kSameBytes target; uint16 / uint32 widened and uint64's bits for a kTorch

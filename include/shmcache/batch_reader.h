@@ -40,11 +40,16 @@ enum class Accept : uint8_t {
   kTorch = 2,
 };
 
+// How the Python package names the column of a Python number (an int
+// label): the name, then this suffix (clients/python/shmcache/row_model.h).
+// Such a column is read into a target of the plain name like any other.
+inline constexpr std::string_view kNumberSuffix = "\x1fpy";
+
 // Where one column of a batch goes: row i lands at
 // base + i * row_stride_bytes, as `dtype` (converted when `accept` takes a
-// narrower stored type). A row matches only when its column `name` has
-// this shape (per row, without the batch dim) and a dtype the target
-// takes (Takes below).
+// narrower stored type). A row matches only when its column `name` (or
+// `name` + kNumberSuffix) has this shape (per row, without the batch dim)
+// and a dtype the target takes (Takes below).
 // Nothing is owned; everything must outlive the ReadInto call.
 struct ColumnTarget {
   std::string_view name;

@@ -150,6 +150,27 @@ def test_ragged_rows_with_a_collate_fn(server, session):
         list(CachedLoader(cds, batch_size=5))    # as default_collate fails
 
 
+@pytest.mark.parametrize("kind", ["tuple", "dict"])
+def test_samples_for_a_collate_fn_keep_their_python_numbers(server, session, kind):
+    """Warm rows read into batch buffers, then handed to a collate_fn one
+    sample at a time: an int / float / bool label is that Python number in
+    them, as CachedDataset (and the dataset) gives it."""
+    def as_list(samples):
+        return list(samples)
+    ds = Rows(12, kind)
+    want = reference(ds, session, batch_size=4, collate_fn=as_list)
+    cds = CachedDataset(ds, DatasetCache(session))
+    fill(cds, range(12))
+    got = cached_batches(cds, batch_size=4, collate_fn=as_list)
+    assert_same_batches(got, want)
+    assert cds.stats()["hits"] >= 12
+    first = got[0][1]
+    if kind == "tuple":
+        assert type(first[1]) is int and first[1] == ds[1][1]
+    else:
+        assert (type(first["flag"]), type(first["score"])) == (bool, float)
+
+
 class Pictures(Dataset):
     """(PIL image, label): a row CachedLoader cannot read into a buffer."""
     root = "pictures"

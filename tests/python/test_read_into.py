@@ -220,3 +220,20 @@ def test_ids_are_checked(server, session):
         c.read_into(np.array([0.0, 1.0]), out)
     with pytest.raises(ValueError, match="one-dimensional"):
         c.read_into(np.zeros((1, 2), np.int64), out)
+
+
+def test_rows_with_python_number_labels_read_into_their_targets(server, session):
+    """A Python int or float is stored as a tagged number column; read_into
+    reads it into the target of its plain name (tuple position or dict key)
+    like any 0-d column."""
+    cache = DatasetCache(session)
+    assert cache.put_batch([0, 1], [(np.full(3, 7, np.uint8), 5),
+                                    (np.full(3, 8, np.uint8), 6)])
+    assert cache.put_batch([10, 11], [{"x": np.full(2, 1.5), "y": 0.25},
+                                      {"x": np.full(2, 2.5), "y": 0.75}])
+    rows_out, labels = np.zeros((2, 3), np.uint8), torch.zeros(2, dtype=torch.int64)
+    assert cache.read_into([1, 0], (rows_out, labels)).tolist() == [True, True]
+    assert rows_out[:, 0].tolist() == [8, 7] and labels.tolist() == [6, 5]
+    out = {"x": np.zeros((2, 2)), "y": np.zeros(2)}
+    assert cache.read_into([10, 11], out).tolist() == [True, True]
+    assert out["y"].tolist() == [0.25, 0.75] and out["x"][:, 0].tolist() == [1.5, 2.5]

@@ -46,10 +46,10 @@ def test_row_kind_and_one_column_order():
     assert rows.row_kind(["#0", "#1"]) == "tuple"
     assert rows.row_kind(["x", "#1"]) == "dict"
     cols = rows.encode((np.arange(3, dtype=np.uint16), 7, b"ab"))
-    assert [(n, d) for n, d, _ in cols] == [("#0", "uint16"), ("#1", "int64"),
+    assert [(n, d) for n, d, _ in cols] == [("#0", "uint16"), ("#1\x1fpy", "int64"),
                                             ("#2", "bytes")]
     back = rows.decode(cols, torch=True)
-    assert back[0].dtype == torch.int32 and back[1].dtype == torch.int64
+    assert back[0].dtype == torch.int32 and type(back[1]) is int and back[1] == 7
     assert back[2] == b"ab"
 
 
@@ -329,3 +329,50 @@ def test_a_row_of_more_columns_than_copied_inline_comes_back_whole(server, sessi
         assert sorted(got) == sorted(sample)
         for k, v in sample.items():
             np.testing.assert_array_equal(np.asarray(got[k]), v)
+
+
+def test_python_numbers_come_back_as_the_numbers_they_were():
+    """A Python int, float or bool is stored tagged as a number and decodes
+    to that Python number as a sample (torch); numpy scalars, 0-d arrays and
+    0-d tensors stay tensors; numpy rows keep 0-d arrays."""
+    sample = (np.arange(3, dtype=np.uint8), 7, 2.5, True, np.int64(3), np.array(4),
+              torch.tensor(5))
+    cols = rows.encode(sample)
+    tagged = [rows.split_name(n)[1] == rows.NUMBER_TAG for n, _, _ in cols]
+    assert tagged == [False, True, True, True, False, False, False]
+    assert [d for _, d, _ in cols][1:4] == ["int64", "float64", "bool"]
+    got = rows.decode(cols, torch=True)
+    assert [type(v) for v in got[1:4]] == [int, float, bool]
+    assert got[1:4] == (7, 2.5, True)
+    assert all(isinstance(v, torch.Tensor) and v.shape == () for v in got[4:])
+    assert [int(v) for v in got[4:]] == [3, 4, 5]
+    # numpy rows (DatasetCache.get) keep 0-d arrays for every number.
+    got = rows.decode(cols, torch=False)
+    assert all(isinstance(v, np.ndarray) and v.shape == () for v in got[1:])
+    assert [v.item() for v in got[1:4]] == [7, 2.5, True]
+    # A bare number and a dict's number are numbers again too.
+    assert rows.decode(rows.encode(9), torch=True) == 9
+    assert type(rows.decode(rows.encode({"y": 9}), torch=True)["y"]) is int
+
+
+def test_cached_samples_keep_the_label_types_default_collate_batches(server, session):
+    """CachedDataset gives back an int label as an int and a tensor label as
+    a 0-d tensor, on a miss and on a hit; the batches DataLoader collates
+    of them are the uncached dataset's."""
+    images = np.arange(6 * 4, dtype=np.uint8).reshape(6, 4)
+    for label, kind in ((lambda i: i, int), (lambda i: float(i) / 2, float),
+                        (lambda i: torch.tensor(i), torch.Tensor),
+                        (lambda i: np.int64(i), torch.Tensor)):
+        ds = Listed([(images[i], label(i)) for i in range(6)], root=f"labels-{kind}")
+        cds = CachedDataset(ds, DatasetCache(session), name=f"labels-{kind.__name__}-"
+                            f"{type(label(0)).__name__}", async_puts=False)
+        for _ in ("miss", "hit"):
+            got = [cds[i] for i in range(6)]
+            assert all(type(s[1]) is kind or isinstance(s[1], kind) for s in got)
+            if kind is torch.Tensor:
+                assert all(s[1].shape == () and s[1].dtype == torch.int64 for s in got)
+        assert cds.stats()["hits"] == 6
+        want = next(iter(DataLoader(ds, batch_size=6)))
+        batch = next(iter(DataLoader(cds, batch_size=6)))
+        for a, b in zip(batch, want):
+            assert a.dtype == b.dtype and torch.equal(a, b)

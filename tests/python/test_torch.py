@@ -49,8 +49,10 @@ def test_hit_and_miss_return_the_same_types(server, session):
     assert ds.flush(60)   # the background put is done
     hit = ds[2]
     assert type(miss) is tuple and type(hit) is tuple
-    for a, b in zip(miss, hit):
-        assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    a, b = miss[0], hit[0]
+    assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    # The int label stays the int the dataset gave.
+    assert type(miss[1]) is int and type(hit[1]) is int and miss[1] == hit[1]
     assert ds.stats()["hits"] == 1
 
 

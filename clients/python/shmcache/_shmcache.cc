@@ -235,13 +235,16 @@ py::capsule OwnRow(shmcache::Row&& row) {
 }
 
 // [(name, dtype, array)] over a private Row (writable arrays, no copy).
-py::list RowColumns(shmcache::Row&& row) {
+// The columns of row `id` (all, or the ones `names` names by key, in that
+// order: KeyError for one it lacks), as arrays over the row they own.
+py::list RowColumns(shmcache::Row&& row, uint64_t id = 0,
+                    const std::vector<std::string>* names = nullptr) {
   py::list out;
-  if (row.num_columns() == 0) return out;
+  if (row.num_columns() == 0 && names == nullptr) return out;
   py::capsule base = OwnRow(std::move(row));
   const auto* keep = static_cast<const shmcache::Row*>(base.get_pointer());
-  for (size_t i = 0; i < keep->num_columns(); ++i) {
-    out.append(ColumnTuple(keep->column(i), base, /*writable=*/true));
+  for (const ColumnView& c : shmcache::python::SelectColumns(id, keep->view(), names)) {
+    out.append(ColumnTuple(c, base, /*writable=*/true));
   }
   return out;
 }
@@ -258,12 +261,9 @@ py::list ViewColumns(const PyCachePtr& self, uint64_t id, const shmcache::RowVie
   py::object base = zero_copy ? py::object(KeepAlive(self)) : py::object();
   py::list out;
   if (columns) {
-    for (const std::string& name : *columns) {
-      std::optional<ColumnView> c = view.find(name);
-      if (!c)
-        throw py::key_error("row " + std::to_string(id) + " has no column '" + name +
-                            "'");
-      out.append(ColumnTuple(*c, base, !readonly));
+    // By key: a tagged column (a PIL image's, a number's) answers its name.
+    for (const ColumnView& c : shmcache::python::SelectColumns(id, view, &*columns)) {
+      out.append(ColumnTuple(c, base, !readonly));
     }
   } else {
     for (size_t i = 0; i < view.num_columns(); ++i) {
@@ -292,8 +292,19 @@ py::object Get(const PyCachePtr& self, uint64_t id,
         s = self->cache->Get(id, &row);
       }
     }
-    // A missing column of a present row is the caller's mistake.
-    if (s.IsColumnNotFound()) throw py::key_error(s.message());
+    if (s.IsColumnNotFound()) {
+      // A tagged column (a Python number's, a PIL image's) answers its
+      // plain name, which the library's projection does not know: the
+      // whole row, then its columns by key (KeyError for one it lacks: a
+      // missing column of a present row is the caller's mistake).
+      {
+        ReleaseGil nogil;
+        s = self->cache->Get(id, &row);
+      }
+      if (s.IsNotFound()) return py::none();
+      Check(s);
+      return RowColumns(std::move(row), id, &*columns);
+    }
     if (s.IsNotFound()) return py::none();
     Check(s);
     return RowColumns(std::move(row));
@@ -590,6 +601,7 @@ PYBIND11_MODULE(_shmcache, m) {
   }
   m.attr("MAX_COLUMNS") = shmcache::kMaxColumnsPerRow;
   m.attr("LOCAL_HOSTS") = py::make_tuple("127.0.0.1", "localhost", "::1");
+  m.attr("NUMBER_TAG") = std::string(shmcache::python::kNumberTag);
   m.attr("DTYPES") = rows::DTypeTable();
   // What read_into(codes=True) says of each row (batch_reader.h).
   m.attr("ROW_MISSING") = shmcache::kRowMissing;

@@ -18,6 +18,7 @@ MAX_NAME_BYTES: int
 STAT_FIELDS: tuple[str, ...]
 MAX_COLUMNS: int
 LOCAL_HOSTS: tuple[str, ...]
+NUMBER_TAG: str
 ROW_MISSING: int
 ROW_READ: int
 ROW_OTHER_LAYOUT: int

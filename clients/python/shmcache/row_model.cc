@@ -101,6 +101,33 @@ py::tuple Column(const std::string& name, const py::array& a, DType dt) {
   return py::make_tuple(name, DTypeName(dt), a);
 }
 
+// The stored name of a Python number's column (row_model.h).
+std::string NumberName(const std::string& name) {
+  return name + kTagSep + std::string(kNumberTag);
+}
+
+// The Python number of a kNumberTag column; empty when the column is not
+// one a number made (it is then decoded as an array).
+py::object Number(const ColumnView& c) {
+  PyObject* made = nullptr;
+  if (!c.shape.empty()) return {};
+  if (c.dtype == DType::kInt64 && c.nbytes == sizeof(int64_t)) {
+    int64_t v = 0;
+    std::memcpy(&v, c.data, sizeof v);
+    made = PyLong_FromLongLong(v);
+  } else if (c.dtype == DType::kFloat64 && c.nbytes == sizeof(double)) {
+    double v = 0;
+    std::memcpy(&v, c.data, sizeof v);
+    made = PyFloat_FromDouble(v);
+  } else if (c.dtype == DType::kBool && c.nbytes == 1) {
+    made = PyBool_FromLong(std::to_integer<int>(c.data[0]) != 0 ? 1 : 0);
+  } else {
+    return {};
+  }
+  if (made == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(made);
+}
+
 // The column of one value of a sample.
 py::tuple EncodeLeaf(const std::string& name, py::handle v) {
   if (py::isinstance<py::array>(v)) {
@@ -131,10 +158,14 @@ py::tuple EncodeLeaf(const std::string& name, py::handle v) {
     }
     py::array_t<int64_t> a(std::vector<py::ssize_t>{});
     *a.mutable_data() = static_cast<int64_t>(value);
-    return Column(name, a, DType::kInt64);
+    return Column(NumberName(name), a, DType::kInt64);
   }
-  if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr()) || PyComplex_Check(v.ptr()) ||
-      py::isinstance(v, Numpy().generic)) {
+  if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr())) {
+    py::array a = Native(v);
+    DType dt = FromNumpy(a.dtype());
+    return Column(NumberName(name), a, dt);
+  }
+  if (PyComplex_Check(v.ptr()) || py::isinstance(v, Numpy().generic)) {
     py::array a = Native(v);
     DType dt = FromNumpy(a.dtype());
     return Column(name, a, dt);
@@ -495,6 +526,15 @@ py::object RowBuilder::Value(const ColumnView& c, py::handle base) {
     return py::reinterpret_steal<py::object>(b);
   }
   std::string_view mode = TagOf(c.name);
+  if (mode == kNumberTag) {
+    // A sample's number is the number again (an int, not a 0-d tensor made
+    // for it: that was most of a small tuple hit's cost); numpy rows keep
+    // their 0-d arrays.
+    if (leaf_ == Leaf::kTorch) {
+      if (py::object number = Number(c)) return number;
+    }
+    mode = std::string_view();
+  }
   if (!mode.empty()) {
     py::str m(mode.data(), mode.size());
     if (PilUnpacks(mode)) {

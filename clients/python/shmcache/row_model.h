@@ -11,7 +11,14 @@
 //   anything else  a dict of name -> value.
 // A PIL image column carries its mode after kTagSep ("#0\x1fRGB"): the
 // array is np.asarray(image), decoded back with PIL.Image.fromarray. A
-// selection by name ("#0", "img") ignores the tag.
+// Python int, float or bool (the builtin types, not a numpy scalar or a
+// tensor) is a 0-d int64 / float64 / bool column tagged kNumberTag
+// ("#1\x1fpy"), decoded by the torch leaf (CachedDataset's samples) as
+// that Python number: a sample comes back with the types the dataset gave
+// it (default_collate batches a number as it would the 0-d tensor); the
+// numpy leaf (DatasetCache.get) gives its 0-d array, as for any number. A
+// selection by name ("#0", "img") and read_into's targets
+// (batch_reader.h) ignore the tag.
 //
 // Thread safety: every function here needs the GIL, except
 // RowBuilder::Copy, which releases it itself for large copies.
@@ -26,6 +33,7 @@
 #include <vector>
 
 #include "clients/python/shmcache/release_gil.h"
+#include "shmcache/batch_reader.h"
 #include "shmcache/row.h"
 #include "shmcache/types.h"
 
@@ -35,6 +43,7 @@ namespace py = pybind11;
 
 inline constexpr char kPos = '#';
 inline constexpr char kTagSep = '\x1f';
+inline constexpr std::string_view kNumberTag = kNumberSuffix.substr(1);
 
 // numpy dtype <-> DType. bfloat16 and bytes have no numpy type of their
 // own: they travel as uint16 / uint8 arrays with the name given.

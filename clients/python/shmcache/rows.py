@@ -5,16 +5,20 @@ sample, for hits and misses alike.
 A column is (name, dtype name, array). A sample is a bare value (one column
 "#"), a tuple (columns "#0", "#1", ...) or a dict (named columns) of numpy
 arrays, tensors, numbers, bytes or PIL images (stored as their pixel array
-with their mode; decoded as PIL images again).
+with their mode; decoded as PIL images again). A Python int, float or bool
+is a 0-d column tagged NUMBER_TAG ("label\x1fpy": get_columns shows stored
+names, split_name splits them) and decode(..., torch=True) gives that
+Python number back, as CachedDataset's samples hold it (torch=False: its
+0-d array; a numpy scalar or a 0-d tensor: a 0-d array or tensor).
 
-    cols = encode((image, label))     # [("#0", "uint8", a), ("#1", "int64", b)]
-    decode(cols, torch=True)          # (tensor, tensor): what a hit returns
+    cols = encode((image, label))     # [("#0", "uint8", a), ("#1\x1fpy", "int64", b)]
+    decode(cols, torch=True)          # (tensor, int): what a hit returns
     row_kind(["#0", "#1"])            # "tuple"
     split_name("#0\x1fRGB")           # ("#0", "RGB"): a PIL image column
     torch_dtype("uint16")             # "int32": the tensor a column reads into
 
 The limits and dtypes come from the C++ headers: MAX_ROW_ID, MIN_PORT,
-MAX_PORT, MAX_NAME_BYTES, MAX_COLUMNS, LOCAL_HOSTS and DTYPES ({name:
+MAX_PORT, MAX_NAME_BYTES, MAX_COLUMNS, LOCAL_HOSTS, NUMBER_TAG and DTYPES ({name:
 (itemsize, numpy dtype name, torch dtype name or None)}).
 """
 
@@ -26,12 +30,13 @@ from typing import Any, Union
 import numpy.typing as npt
 
 from ._shmcache import (DTYPES, LOCAL_HOSTS, MAX_COLUMNS, MAX_NAME_BYTES, MAX_PORT,
-                        MAX_ROW_ID, MIN_PORT, decode, encode, row_kind, split_name)
+                        MAX_ROW_ID, MIN_PORT, NUMBER_TAG, decode, encode, row_kind,
+                        split_name)
 
 __all__ = ["Column", "Array", "ColumnSelection", "encode", "decode", "row_kind",
            "split_name",
            "torch_dtype", "column_names", "DTYPES", "LOCAL_HOSTS", "MAX_COLUMNS",
-           "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "POS"]
+           "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "NUMBER_TAG", "POS"]
 
 Array = npt.NDArray[Any]
 # (name, dtype name, array): what encode returns, put stores and reads return.

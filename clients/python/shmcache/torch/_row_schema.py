@@ -23,8 +23,8 @@ import numpy.typing as npt
 import torch
 
 from .. import DatasetCache
-from ..rows import (DTYPES, POS, Column, ColumnSelection, column_names, decode, row_kind,
-                   split_name, torch_dtype)
+from ..rows import (DTYPES, NUMBER_TAG, POS, Column, ColumnSelection, column_names,
+                   decode, row_kind, split_name, torch_dtype)
 
 __all__ = ["read_columns", "RowSchema", "BufferPool", "decode_sample", "project"]
 
@@ -50,7 +50,10 @@ def decode_sample(cols: Sequence[Column], columns: ColumnSelection = None) -> An
     """The sample CachedDataset returns for a row's [(name, dtype, array)]
     (already projected to `columns`)."""
     if _single(columns):
-        return decode([(POS, cols[0][1], cols[0][2])], torch=True)
+        # The one column as a bare value: named POS, its tag kept.
+        name = cols[0][0]
+        return decode([(POS + name[len(split_name(name)[0]):], cols[0][1], cols[0][2])],
+                      torch=True)
     return decode(list(cols), torch=True)
 
 
@@ -61,16 +64,21 @@ def project(cols: list[Column], columns: ColumnSelection) -> list[Column]:
     names = column_names(columns)
     if names is None:
         return cols
-    by_name = {c[0]: c for c in cols}
+    by_name = {split_name(c[0])[0]: c for c in cols}   # by key: tags ignored
     return [by_name[n] for n in names]
 
 
 class _Column:
-    """One fixed-shape column: name, tag, stored dtype, per-row shape, and
-    the batch buffer of it: the tensor CachedDataset's samples stack into."""
+    """One fixed-shape column: stored name, tag (its dtype name), stored
+    dtype, per-row shape, and the batch buffer of it: the tensor
+    CachedDataset's samples stack into. `key` is its name in a sample (the
+    stored name without a NUMBER_TAG); `number`: a Python number's column,
+    which a sample holds as that number."""
 
     def __init__(self, name, tag, dtype, shape):
         self.name, self.tag, self.dtype, self.shape = name, tag, dtype, shape
+        self.key_name, mark = split_name(name)
+        self.number = mark == NUMBER_TAG
         # The row model's tensor dtype (rows.DTYPES): a column stored in a
         # dtype torch lacks (uint16/32/64) is widened into it by the read.
         self.torch = getattr(torch, torch_dtype(tag) or "")
@@ -118,11 +126,13 @@ class RowSchema:
            columns: ColumnSelection = None) -> RowSchema | None:
         """The schema of a row's [(name, dtype, array)], or None when a column
         cannot go into a batch buffer (bytes, a dtype torch lacks, a PIL
-        image: a sample holds it as an image, not as a tensor)."""
+        image: a sample holds it as an image, not as a tensor). A Python
+        number's column goes in as its 0-d array: default_collate batches
+        numbers into the same tensor."""
         out = []
         for name, tag, a in cols:
             if tag not in DTYPES or torch_dtype(tag) is None or a.dtype.hasobject \
-                    or split_name(name)[1]:
+                    or split_name(name)[1] not in ("", NUMBER_TAG):
                 return None
             out.append(_Column(name, tag, a.dtype, tuple(a.shape)))
         kind = "leaf" if _single(columns) else row_kind([n for n, _, _ in cols])
@@ -139,7 +149,7 @@ class RowSchema:
     def read_targets(self, bufs):
         """`out` for read_into: by name for dict rows, else by position."""
         if self.kind == "dict":
-            return {c.name: b[0] for c, b in zip(self.columns, bufs)}
+            return {c.key_name: b[0] for c, b in zip(self.columns, bufs)}
         return tuple(b[0] for b in bufs)
 
     def fill(self, bufs, i, cols):
@@ -156,15 +166,18 @@ class RowSchema:
             return tensors[0]
         if self.kind == "tuple":
             return list(tensors)
-        return {c.name: t for c, t in zip(self.columns, tensors)}
+        return {c.key_name: t for c, t in zip(self.columns, tensors)}
 
     def sample(self, tensors, i):
-        """Sample i of a batch, as CachedDataset returns it (views)."""
+        """Sample i of a batch, as CachedDataset returns it (views; a Python
+        number's column as the number)."""
+        values = [t[i].item() if c.number else t[i]
+                  for c, t in zip(self.columns, tensors)]
         if self.kind == "leaf":
-            return tensors[0][i]
+            return values[0]
         if self.kind == "tuple":
-            return tuple(t[i] for t in tensors)
-        return {c.name: t[i] for c, t in zip(self.columns, tensors)}
+            return tuple(values)
+        return {c.key_name: v for c, v in zip(self.columns, values)}
 
     def row_bytes(self):
         """Bytes of one row of each column, as the batch's tensors hold it."""

@@ -7,8 +7,9 @@
 
 The cache is DatasetCache() by default: the session of
 $SHMCACHE_SESSION_ID. A sample is cached after the wrapped dataset produced
-it and is returned as tensors (a tuple stays a tuple, a dict a dict,
-numbers become 0-d tensors, bytes stay bytes, PIL images stay PIL images),
+it and is returned as tensors (a tuple stays a tuple, a dict a dict, a
+Python int, float or bool stays that number, numpy scalars become 0-d
+tensors, bytes stay bytes, PIL images stay PIL images),
 whether it was a hit or a miss: both go through shmcache.rows.decode, so
 every epoch sees the same types. torch 1.13 has no uint16/32/64: those
 become int32/int64. A sample the cache cannot hold (a value with no column
