@@ -127,7 +127,7 @@ struct BatchReader::Share {
 
   // Reads ids [first, last) of the batch from memory.
   void Read(Cache* cache, std::span<const uint64_t> ids, size_t first, size_t last,
-            std::span<const ColumnTarget> targets, uint8_t* hit) {
+            std::span<const ColumnTarget> targets, uint8_t* hit, bool count) {
     RowView views[kBatchWindow];
     Status statuses[kBatchWindow];
     constexpr size_t kInlineColumns = 8;
@@ -140,8 +140,11 @@ struct BatchReader::Share {
     }
     for (size_t base = first; base < last; base += kBatchWindow) {
       size_t n = std::min(kBatchWindow, last - base);
-      Status s = cache->ViewBatch(ids.subspan(base, n), std::span(views, n),
-                                  std::span(statuses, n));
+      auto window = ids.subspan(base, n);
+      Status s =
+          count ? cache->ViewBatch(window, std::span(views, n), std::span(statuses, n))
+                : cache->ViewBatchUncounted(window, std::span(views, n),
+                                            std::span(statuses, n));
       if (!s.ok()) {
         error = s;
         return;
@@ -259,8 +262,8 @@ void BatchReader::AfterFork() {
 
 Status BatchReader::ReadInto(std::span<const uint64_t> ids,
                              std::span<const ColumnTarget> targets,
-                             std::span<uint8_t> hit_flags,
-                             std::span<StoredColumn> stored) {
+                             std::span<uint8_t> hit_flags, std::span<StoredColumn> stored,
+                             bool count) {
   const size_t n = ids.size();
   if (hit_flags.size() != n) {
     return Status::InvalidArgument("ReadInto: " + std::to_string(n) + " ids but " +
@@ -287,7 +290,8 @@ Status BatchReader::ReadInto(std::span<const uint64_t> ids,
     results[k].unseen = targets.size();
   }
   pool_->Run(shares, [&](size_t k) {
-    results[k].Read(cache_, ids, n * k / shares, n * (k + 1) / shares, targets, hit);
+    results[k].Read(cache_, ids, n * k / shares, n * (k + 1) / shares, targets, hit,
+                    count);
   });
   Status error;
   Share disk;
@@ -299,7 +303,7 @@ Status BatchReader::ReadInto(std::span<const uint64_t> ids,
   disk.stored = on_disk;
   disk.unseen = on_disk.size();
   if (error.ok() && !disk.spilled.empty()) {
-    error = ReadSpilled(ids, disk.spilled, targets, hit, &disk);
+    error = ReadSpilled(ids, disk.spilled, targets, hit, &disk, count);
   }
   if (!error.ok()) std::fill(hit, hit + n, kRowMissing);
   for (size_t t = 0; t < stored.size(); ++t) {
@@ -315,12 +319,13 @@ Status BatchReader::ReadInto(std::span<const uint64_t> ids,
 Status BatchReader::ReadSpilled(std::span<const uint64_t> ids,
                                 const std::vector<size_t>& where,
                                 std::span<const ColumnTarget> targets, uint8_t* hit,
-                                Share* seen) {
+                                Share* seen, bool count) {
   std::vector<uint64_t> want(where.size());
   for (size_t k = 0; k < where.size(); ++k) want[k] = ids[where[k]];
   std::vector<Row> rows(where.size());
   std::vector<Status> statuses(where.size());
-  Status s = cache_->GetBatch(want, rows, statuses);
+  Status s = count ? cache_->GetBatch(want, rows, statuses)
+                   : cache_->GetBatchUncounted(want, rows, statuses);
   if (!s.ok()) return s;
   std::vector<ColumnView> cols(targets.size());
   for (size_t k = 0; k < where.size(); ++k) {

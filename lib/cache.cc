@@ -77,6 +77,16 @@ Status Cache::ViewBatch(std::span<const uint64_t> ids, std::span<RowView> views,
   return impl_->ViewBatch(ids, views.data(), statuses.data());
 }
 
+Status Cache::ViewBatchUncounted(std::span<const uint64_t> ids, std::span<RowView> views,
+                                 std::span<Status> statuses) {
+  Status s = CheckBatchSize("ViewBatchUncounted", ids.size(), views.size(), "views");
+  if (s.ok()) {
+    s = CheckBatchSize("ViewBatchUncounted", ids.size(), statuses.size(), "statuses");
+  }
+  if (!s.ok()) return s;
+  return impl_->ViewBatch(ids, views.data(), statuses.data(), false);
+}
+
 bool Cache::Contains(uint64_t id) { return impl_->Contains(id); }
 Status Cache::GetStats(CacheStats* out) { return impl_->GetStats(out); }
 bool Cache::IsFull() const { return impl_->IsFull(); }

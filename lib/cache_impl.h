@@ -59,7 +59,9 @@ class CacheImpl {
   // count=false: GetBatchUncounted (cache.h).
   Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,
                   bool count = true);
-  Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses);
+  // count=false: ViewBatchUncounted (cache.h).
+  Status ViewBatch(std::span<const uint64_t> ids, RowView* views, Status* statuses,
+                   bool count = true);
   bool Contains(uint64_t id);
   Status GetStats(CacheStats* out);
   bool IsFull() const;

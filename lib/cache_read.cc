@@ -106,12 +106,12 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
 }
 
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
-                            Status* statuses) {
+                            Status* statuses, bool count) {
   // One id in memory (the Python package's per-sample read): View's hit
   // path; a window's prefetching has nothing to overlap.
   int node = 0;
   if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
-    stats_.CountHit(node);
+    if (count) stats_.CountHit(node);
     statuses[0] = Status::OK();
     return Status::OK();
   }
@@ -147,7 +147,7 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
       if (!statuses[i].ok()) views[i] = RowView();
     }
   }
-  stats_.CountReads(hits, local_hits, misses);
+  if (count) stats_.CountReads(hits, local_hits, misses);
   return Status::OK();
 }
 

@@ -105,6 +105,10 @@ class SHMCACHE_EXPORT BatchReader {
   // thread per 256 KB of target rows at most: a smaller batch is copied by
   // the calling thread alone); memory rows are found with ViewBatch. In a
   // forked child the reader starts its own threads.
+  // count=false: nothing is counted (Cache::ViewBatchUncounted and
+  // GetBatchUncounted): for a reader whose reads of these rows were
+  // counted already, as a loader reading back the rows its workers
+  // computed and stored after its own read of them missed.
   // Errors: what the Cache returns when it cannot be used (e.g. InvalidArgument
   // once closed, NotFound for a destroyed session) or when a spilled row
   // cannot be fetched (Unavailable); then every hit[i] = kRowMissing and
@@ -114,7 +118,8 @@ class SHMCACHE_EXPORT BatchReader {
   // REQUIRES: each target's buffer holds ids.size() rows of
   // row_stride_bytes >= its row's bytes (in the target's dtype).
   Status ReadInto(std::span<const uint64_t> ids, std::span<const ColumnTarget> targets,
-                  std::span<uint8_t> hit, std::span<StoredColumn> stored = {});
+                  std::span<uint8_t> hit, std::span<StoredColumn> stored = {},
+                  bool count = true);
 
   int num_threads() const;
 
@@ -127,7 +132,7 @@ class SHMCACHE_EXPORT BatchReader {
   SHMCACHE_LOCAL Status ReadSpilled(std::span<const uint64_t> ids,
                                     const std::vector<size_t>& where,
                                     std::span<const ColumnTarget> targets, uint8_t* hit,
-                                    Share* seen);
+                                    Share* seen, bool count);
 
   Cache* cache_;
   uint64_t fork_gen_;

@@ -121,6 +121,10 @@ class SHMCACHE_EXPORT Cache {
   // (read it with GetBatch or View).
   Status ViewBatch(std::span<const uint64_t> ids, std::span<RowView> views,
                    std::span<Status> statuses);
+  // As ViewBatch, but counts neither hits nor misses (as GetBatchUncounted:
+  // BatchReader's uncounted reads).
+  Status ViewBatchUncounted(std::span<const uint64_t> ids, std::span<RowView> views,
+                            std::span<Status> statuses);
   // Whether row `id` is cached, in memory or spilled. Counts neither a hit
   // nor a miss. False also when the cache is unusable (closed, its session
   // destroyed): it has no way to report an error; GetStats has.

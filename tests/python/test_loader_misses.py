@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache._read_into import ROW_OTHER_LAYOUT  # noqa: E402
 from shmcache.torch._misses import Closed, MissWorkers  # noqa: E402
 from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # noqa: E402
@@ -401,7 +402,74 @@ def test_every_sample_dataloader_delivers(server, session, kind):
     assert len(cw) == (0 if kind == "complex" else 1), [str(w.message) for w in cw]
 
 
+class TwoShapes(Dataset):
+    """Rows 0..63 of one shape, the rest of another."""
+    root = "two-shapes"
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((4 if i < 64 else 6, 2), i, dtype=np.float32), i
+
+
+def test_a_stored_row_of_another_layout_is_read_back_as_columns(
+        server, session, monkeypatch):
+    # The layout is learned from the first batch (rows of 4 x 2); batch 4
+    # (rows 64.., 6 x 2) starts once batch 0 was taken, so its rows, stored
+    # by a worker, are read back into the buffers of the learned layout,
+    # which they do not fit: they come back as columns and the batch is
+    # collated sample by sample, as DataLoader(CachedDataset) makes it.
+    def as_list(samples):
+        return [list(s) for s in samples]
+    uncounted = []
+    real = DatasetCache.fill_batch
+
+    def spy(self, ids, out, columns, threads, codes, count=True):
+        got = real(self, ids, out, columns, threads, codes, count)
+        if not count:
+            uncounted.append((list(ids), got.tolist()))
+        return got
+    monkeypatch.setattr(DatasetCache, "fill_batch", spy)
+    want = reference(TwoShapes(96), session, batch_size=16, collate_fn=as_list)
+    cds = CachedDataset(TwoShapes(96), DatasetCache(session), async_puts=False)
+    got = list(CachedLoader(cds, batch_size=16, num_workers=2, collate_fn=as_list))
+    assert_same_batches(got, want)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (96, 0), st
+    assert [codes for ids, codes in uncounted if ids[0] == 64] == [[ROW_OTHER_LAYOUT] * 16]
+
+
 # ---- counters: each read counted once (issue 36) ----------------------------
+
+def test_a_cold_epoch_reads_the_rows_workers_stored_into_the_batch_uncounted(
+        server, session, monkeypatch):
+    # Once the row layout is known, the rows a worker stored are read from
+    # the cache straight into the batch's buffers: one uncounted native read
+    # per run of batch positions (not row by row as columns). The batches
+    # are DataLoader(CachedDataset)'s; the counters say n misses, 0 hits.
+    n, bs = 192, 16
+    uncounted = []
+    real = DatasetCache.fill_batch
+
+    def spy(self, ids, out, columns, threads, codes, count=True):
+        if not count:
+            uncounted.append(len(ids))
+        return real(self, ids, out, columns, threads, codes, count)
+    monkeypatch.setattr(DatasetCache, "fill_batch", spy)
+    want = reference(Rows(n, "tuple"), session, batch_size=bs)
+    cds = CachedDataset(Rows(n, "tuple"), DatasetCache(session), async_puts=False)
+    got = list(CachedLoader(cds, batch_size=bs, num_workers=2))
+    assert_same_batches(got, want)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (n, 0), st
+    # The batches assembled before the first one taught the layout (at
+    # most the 2 x 2 in flight then) read back as columns; the rest so.
+    assert sum(uncounted) >= n - 4 * bs, uncounted
+
 
 @pytest.mark.parametrize("kind,workers", [("CachedLoader", 0), ("CachedLoader", 2),
                                           ("DataLoader", 2)])

@@ -180,6 +180,27 @@ def test_one_native_call_per_batch_and_each_row_counted_once(server, session):
     assert after["misses"] - before["misses"] == 3
 
 
+def test_an_uncounted_fill_reads_the_same_rows_and_counts_nothing(server, session):
+    # fill_batch(count=False): a loader's read-back of the rows its workers
+    # stored after its own read of them missed (each read counted once).
+    c = DatasetCache(session)
+    put_rows(c, range(10))
+    ids = np.arange(12)
+    out = (torch.zeros(12, 4, 8, dtype=torch.uint8), torch.zeros(12, dtype=torch.int64))
+    c.read_into(ids[:1], tuple(t[:1] for t in out))       # opened
+    before = c.stats()
+    codes = c.fill_batch(ids, out, None, 1, codes=True, count=False)
+    assert codes.tolist() == [ROW_READ] * 10 + [ROW_MISSING] * 2
+    after = c.stats()
+    assert (after["hits"], after["misses"]) == (before["hits"], before["misses"])
+    counted = (torch.zeros_like(out[0]), torch.zeros_like(out[1]))
+    assert c.read_into(ids, counted).tolist() == [True] * 10 + [False] * 2
+    assert all(torch.equal(a, b) for a, b in zip(out, counted))
+    after = c.stats()
+    assert after["hits"] - before["hits"] == 10
+    assert after["misses"] - before["misses"] == 2
+
+
 def test_ids_are_checked(server, session):
     c = DatasetCache(session)
     put_rows(c, range(2))

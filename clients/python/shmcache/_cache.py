@@ -544,12 +544,14 @@ class DatasetCache:
         return out
 
     def fill_batch(self, ids: Any, out: Any, columns: ColumnSelection, threads: int,
-                   codes: bool) -> npt.NDArray[Any]:
+                   codes: bool, count: bool = True) -> npt.NDArray[Any]:
         """read_into with `threads` copying; with codes, per row what became
         of it (uint8: 1 read, 0 not cached, 2 cached in another layout:
         batch_reader.h's kRowRead / kRowMissing / kRowOtherLayout) instead
         of the hit mask. One native call: the ids and targets are checked
-        there (a list of ints or an integer array is handed over as it is)."""
+        there (a list of ints or an integer array is handed over as it is).
+        count=False: the reads count neither as hits nor misses (a loader
+        reading back the rows its workers stored after its read missed)."""
         if type(ids) is not list and not (type(ids) is np.ndarray
                                           and ids.dtype.kind in "iu"):
             ids = ids_array(ids)
@@ -558,7 +560,7 @@ class DatasetCache:
         if c is None:
             return np.zeros(len(ids), dtype=np.uint8 if codes else np.bool_)
         try:
-            return c.read_into(ids, names, bufs, threads, codes)
+            return c.read_into(ids, names, bufs, threads, codes, count)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return np.zeros(len(ids), dtype=np.uint8 if codes else np.bool_)

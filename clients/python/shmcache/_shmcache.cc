@@ -529,15 +529,17 @@ py::list ReadBatch(py::handle owner, const std::vector<uint64_t>& ids, bool copy
   return out;
 }
 
-// read_into(ids, names, bufs, threads, codes): copies rows ids[i] into row
+// read_into(ids, names, bufs, threads, codes, count): copies rows ids[i] into row
 // i of bufs[t] (numpy arrays or torch tensors; column names[t]), with
 // BatchReader's rule (batch_targets.h); returns the hit mask (bool), or
 // with codes the per-row kRowMissing / kRowRead / kRowOtherLayout (uint8).
 // One call per batch: the targets are checked, the rows found, matched,
 // copied (widened where a tensor's dtype is wider) and counted, once each,
-// with the GIL released from the lookup to the last copy.
+// with the GIL released from the lookup to the last copy; count=false
+// counts nothing (a loader's read-back of rows its workers stored).
 py::array ReadInto(PyCache& self, py::handle ids, const std::vector<std::string>& names,
-                   const py::list& bufs, int threads, bool codes) REQUIRES(g_gil) {
+                   const py::list& bufs, int threads, bool codes, bool count)
+    REQUIRES(g_gil) {
   std::vector<uint64_t> id_list = shmcache::python::BatchIds(ids);
   const size_t n = id_list.size();
   shmcache::python::BatchTargets targets(names, bufs, n);
@@ -564,7 +566,7 @@ py::array ReadInto(PyCache& self, py::handle ids, const std::vector<std::string>
   Status s;
   {
     ReleaseGil nogil;
-    s = reader->ReadInto(id_list, targets.columns(), std::span(h, n), stored);
+    s = reader->ReadInto(id_list, targets.columns(), std::span(h, n), stored, count);
   }
   self.idle_readers.push_back(std::move(reader));
   Check(s);
@@ -676,9 +678,10 @@ PYBIND11_MODULE(_shmcache, m) {
           "bytes_read", [](PyCache& self) REQUIRES(g_gil) { return self.bytes_read; },
           "Bytes of the columns read and read_batch returned.")
       .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("bufs"),
-           py::arg("threads"), py::arg("codes") = false,
+           py::arg("threads"), py::arg("codes") = false, py::arg("count") = true,
            "Copies rows ids[i] into row i of bufs (arrays or tensors of columns "
-           "names); the hit mask, or with codes each row's ReadInto code.")
+           "names); the hit mask, or with codes each row's ReadInto code. "
+           "count=False: counted neither as hits nor misses.")
       .def("contains",
            [](PyCache& self, uint64_t id) REQUIRES(g_gil) {
              ReleaseGil nogil;

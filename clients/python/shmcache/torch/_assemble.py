@@ -41,8 +41,8 @@ from .._read_into import ROW_MISSING, ROW_READ
 from ._autotune import usable_cpus
 from ._cache_pages import DeviceGather
 from ._device import CudaStage, tree_map
-from ._misses import (Closed, Columns, Computed, MissTurn, MissWorkers, Sample, Stored,
-                      compute_rows)
+from ._misses import (STORED, Closed, Columns, Computed, MissTurn, MissWorkers, Sample,
+                      Stored, compute_rows)
 from ._row_schema import RowSchema, decode_sample, project, read_columns
 from .batch_source import BatchReport, SourcedBatch
 
@@ -145,8 +145,11 @@ class BatchAssembler:
             self.turn.passed(number)
         report.cache_hits += n - len(rest)
         rows = dict(zip(rest, self._rows(number, [indices[p] for p in rest], source,
-                                         report, absent[rest].tolist()))) if rest else {}
+                                         report, absent[rest].tolist(),
+                                         bool(schema)))) if rest else {}
         state.count(samples=n, hits=n - len(rest))
+        if schema and any(r is STORED for r in rows.values()):
+            self._read_back(schema, indices, rows, bufs, filled)
         if schema is None and rows:
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
             bufs = schema.alloc(n, self.pin, state.buffers) if schema else None
@@ -254,14 +257,65 @@ class BatchAssembler:
             self.state.schema = schema
         return schema
 
+    def _read_back(self, schema: RowSchema, indices: list[int], rows: dict[int, Any],
+                   bufs: Any, filled: Any) -> None:
+        """The rows a worker stored (STORED in `rows`, by batch position)
+        read from the cache straight into the batch's buffers, uncounted
+        (the batch's read of them counted their misses), one native read
+        per run of consecutive positions: a read row leaves `rows` and is
+        marked in `filled`. A row not read so (gone since, or stored in
+        another layout) becomes what _stored_rows makes of it."""
+        out = schema.read_targets(bufs)
+        columns = None if isinstance(out, dict) else self.cds.columns
+        cache = self.cds.cache
+        left = []
+        for a, b in _runs(sorted(p for p, r in rows.items() if r is STORED)):
+            part = {k: t[a:b] for k, t in out.items()} if isinstance(out, dict) \
+                else [t[a:b] for t in out]
+            codes = cache.fill_batch(indices[a:b], part, columns, self.copy_threads(),
+                                     codes=True, count=False)
+            for p, code in zip(range(a, b), codes.tolist()):
+                if code == ROW_READ:
+                    filled[p] = True
+                    del rows[p]
+                else:
+                    left.append(p)
+        if left:
+            for p, r in zip(left, self._stored_rows([indices[p] for p in left])):
+                rows[p] = r
+
+    def _stored_rows(self, ids: list[int]) -> list[Any]:
+        """The rows `ids`, which workers stored, as columns read from the
+        cache (uncounted: their misses were counted); a row gone since
+        (its session dropped) is computed again in this thread."""
+        cds = self.cds
+        again = cds.cache.get_batch_columns(ids, copy=True, count=False)
+        rows: list[Any] = [None if cols is None else project(cols, cds.columns)
+                           for cols in again]
+        gone = [k for k, r in enumerate(rows) if r is None]
+        if gone:
+            if self.closed:
+                raise Closed("the CachedLoader iterator was closed")
+            with self._inline:
+                redone = compute_rows(cds, [ids[k] for k in gone], lambda: self.closed)
+            for k, row in zip(gone, redone):
+                if isinstance(row, Columns):
+                    rows[k] = project(row.cols, cds.columns)
+                else:
+                    assert isinstance(row, Sample)   # this thread puts nothing
+                    rows[k] = Sample(cds.project(row.sample), row.why)
+        return rows
+
     def _rows(self, number: int, ids: list[int], source: SourcedBatch,
-              report: BatchReport, absent: list[bool]) -> list[Any]:
+              report: BatchReport, absent: list[bool], direct: bool) -> list[Any]:
         """Per id the row's [(name, dtype, array)] from the cache (copies;
         not looked up where `absent` says the batch's read found no row, or
         where the source says it cannot be here: each read is counted once),
         else the source's supplied row, else computed in batch `number`'s
         miss turn (and queued for the cache, or left in the report when the
-        source does not keep it), or a Sample the cache cannot hold."""
+        source does not keep it), or a Sample the cache cannot hold. A row
+        a worker stored is STORED when `direct` (the caller reads it into
+        the batch's buffers), else read back as columns."""
         cds = self.cds
         in_cache = _in_cache(source)
         look = [k for k, i in enumerate(ids)
@@ -293,6 +347,7 @@ class BatchAssembler:
         for j, (k, row) in enumerate(zip(missing, computed)):
             if isinstance(row, Stored):
                 stored.append(k)
+                rows[k] = STORED
             elif isinstance(row, Columns):
                 if kept[j]:
                     cds.store_row(ids[k], row.cols)
@@ -302,26 +357,9 @@ class BatchAssembler:
             else:
                 cds.warn_uncacheable(ids[k], row.why)
                 rows[k] = Sample(cds.project(row.sample), row.why)
-        if stored:
-            # Read back uncounted: this batch's read of them counted the miss.
-            again = cds.cache.get_batch_columns([ids[k] for k in stored], copy=True,
-                                                count=False)
-            gone = [k for k, cols in zip(stored, again) if cols is None]
-            for k, cols in zip(stored, again):
-                rows[k] = None if cols is None else project(cols, cds.columns)
-            if gone:
-                # Rows gone since (their session dropped): computed again.
-                if self.closed:
-                    raise Closed("the CachedLoader iterator was closed")
-                with self._inline:
-                    redone = compute_rows(cds, [ids[k] for k in gone],
-                                          lambda: self.closed)
-                for k, row in zip(gone, redone):
-                    if isinstance(row, Columns):
-                        rows[k] = project(row.cols, cds.columns)
-                    else:
-                        assert isinstance(row, Sample)   # this thread puts nothing
-                        rows[k] = Sample(cds.project(row.sample), row.why)
+        if stored and not direct:
+            for k, r in zip(stored, self._stored_rows([ids[k] for k in stored])):
+                rows[k] = r
         return rows
 
     def _compute(self, number: int, ids: list[int],
@@ -348,3 +386,14 @@ class BatchAssembler:
         if not self.auto:
             return self.loader.collate_fn(samples[0])
         return self.loader.collate_fn(samples)
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """[a, b) of each run of consecutive numbers in sorted `positions`."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs

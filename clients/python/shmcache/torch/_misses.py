@@ -25,10 +25,11 @@ submit(worker, ids) sends a batch's misses to the worker the caller names
 batches), and every worker computes at once. A worker computes the rows of
 a batch, puts them into the cache itself (with owned=, only the rows it
 marks; the others come back as Columns: PartitionedLoader's rows of
-another node) and answers with the batch's Computed rows, or with the
-exception that failed the batch (re-raised in the trainer as DataLoader
-re-raises a worker's, naming the worker). A worker_init_fn that raises
-fails the worker's first batch, and the worker goes on, as in DataLoader.
+another node) and answers with the batch's Computed rows (a stored row
+travels as None: nothing of it is pickled), or with the exception that
+failed the batch (re-raised in the trainer as DataLoader re-raises a
+worker's, naming the worker). A worker_init_fn that raises fails the
+worker's first batch, and the worker goes on, as in DataLoader.
 
 Failures: a worker that dies fails every batch waiting for it or sent
 after, with DataLoader's words ("DataLoader worker (pid N) is killed by
@@ -70,7 +71,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from .. import CacheWarning
 from ..rows import Column, encode
 
-__all__ = ["Stored", "Columns", "Sample", "Computed", "Closed", "WorkerError",
+__all__ = ["Stored", "STORED", "Columns", "Sample", "Computed", "Closed", "WorkerError",
            "compute_rows", "MissWorkers", "MissTurn", "Ticket", "PARENT_POLL_S", "POLL_S"]
 
 PARENT_POLL_S = 0.2      # a worker checks this often that its trainer lives
@@ -82,6 +83,9 @@ _MAX_CHUNK = 1024        # rows per task of compute()
 @dataclass
 class Stored:
     """The row is in the cache now."""
+
+
+STORED = Stored()
 
 
 @dataclass
@@ -125,7 +129,10 @@ class WorkerError:
 
 
 def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
-    """Row `index` of `ds` (the dataset cds wraps), put when `put`."""
+    """Row `index` of `ds` (the dataset cds wraps), put when `put`. Put
+    row by row, not per batch: a batch's rows alive at once would leave
+    the allocator fresh memory to fault in for every batch, which costs
+    more than the puts' calls."""
     sample = ds[index]
     try:
         cols = encode(sample)
@@ -140,7 +147,7 @@ def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
             # delivers it.
             if cds.cache.put_encoded([index], [cols], strict=False)[0] or \
                     cds.cache.contains(index):
-                return Stored()
+                return STORED
     return Columns(cols)
 
 
@@ -270,7 +277,7 @@ class _Serve:
                 self.results.put(("error", key, error))
                 continue
             try:
-                rows = []
+                rows: list[Computed] = []
                 for k, i in enumerate(ids):
                     if self.stop.is_set():
                         return []
@@ -279,7 +286,9 @@ class _Serve:
                 self.results.put(("error", key, WorkerError(
                     f"in CachedLoader worker process {wid}")))
                 continue
-            self.results.put(("done", key, rows))
+            # A stored row goes back as None: only the rows the cache did
+            # not take are pickled.
+            self.results.put(("done", key, [None if r is STORED else r for r in rows]))
         return []
 
 
@@ -506,7 +515,7 @@ class MissWorkers:
                 ticket = self._tickets.pop(msg[1], None)
             if ticket is not None:
                 if msg[0] == "done":
-                    ticket._set(rows=msg[2])
+                    ticket._set(rows=[STORED if r is None else r for r in msg[2]])
                 else:
                     ticket._set(error=msg[2])
 

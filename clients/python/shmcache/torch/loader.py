@@ -44,8 +44,9 @@ Contract:
   .dataset the user's dataset, the one computing samples), seeds
   base_seed + worker id for torch, random and numpy as DataLoader seeds
   them, multiprocessing_context. Each worker puts the rows it computes
-  into the cache; the loader reads them like hits, and only rows the cache
-  did not take come back pickled (and are queued for the cache once more
+  into the cache; the loader reads them like hits (straight into the
+  batch's buffers, uncounted: the batch's own read counted their misses),
+  and only rows the cache did not take come back pickled (and are queued for the cache once more
   by the trainer's process, whose cache warns once when it stopped taking
   rows). With num_workers=0 misses are computed in the loader's threads,
   one batch at a time in batch order, and queued like CachedDataset's
