@@ -12,6 +12,11 @@ mkdir -p "$work/corpus"
 SHMCACHE_FUZZ_TMPDIR=$(mktemp -d /dev/shm/shmcache-fuzz-run.XXXXXX) || exit 1
 export SHMCACHE_FUZZ_TMPDIR
 trap 'rm -rf "$SHMCACHE_FUZZ_TMPDIR"' EXIT
+# sh runs the EXIT trap on a signal only when the signal has a trap: a run
+# stopped (meson's timeout, a CI job cancelled) must not leave the dir.
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 name=$(basename "$exe")
 log="$work/$name.log"
 "$exe" -max_total_time="$secs" -max_len=20000 -timeout=10 -rss_limit_mb=4096 \
