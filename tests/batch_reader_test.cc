@@ -290,52 +290,71 @@ TEST(BatchReaderStatsTest, EachRowIsCountedOnce) {
   EXPECT_EQ(after.misses - before.misses, 100u);
 }
 
-// count=false reads as a counted read does and counts nothing, memory and
-// spilled rows alike (a loader's read-back of rows its workers stored after
-// its own counted read missed them); ViewBatchUncounted likewise.
-TEST(BatchReaderStatsTest, AnUncountedReadReadsTheSameRowsAndCountsNothing) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
-  {
-    TestServer server(WithArgs({"-s", spill}));
-    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
-    auto cache = OpenCache(server, server.NewSession(), 1, true);
+// A 1 MB spilling cache holding rows 0..kRows-1, ~4 MB of them: most spill,
+// some stay in memory; `ids` asks for kRows (a miss) and then every row.
+class BatchReaderSpillTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kRows = 1000;
+
+  void SetUp() override {
+    spill_ = MakeTempDir(TestTmpRoot(), "spill");
+    server_ = std::make_unique<TestServer>(WithArgs({"-s", spill_}));
+    ASSERT_TRUE(server_->ok()) << server_->start_result().Describe();
+    cache = OpenCache(*server_, server_->NewSession(), 1, true);
     ASSERT_TRUE(cache);
-    const size_t n = 1000;  // ~4 MB of rows in a 1 MB cache: most spill
-    for (uint64_t id = 0; id < n; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
+    for (uint64_t id = 0; id < kRows; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
     CacheStats st;
     ASSERT_TRUE(cache->GetStats(&st).ok());
     ASSERT_GT(st.disk_rows, 0u);
     ASSERT_GT(st.mem_rows, 0u);
-    std::vector<uint64_t> ids(n + 1);
-    for (uint64_t id = 0; id < n + 1; ++id) ids[id] = n - id;  // n: a miss
-    BatchReader reader(cache.get(), 2);
-    Batch b(ids.size());
-    CacheStats before;
-    ASSERT_TRUE(cache->GetStats(&before).ok());
-    ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit, {}, false).ok());
-    EXPECT_EQ(b.hit[0], kRowMissing);
-    EXPECT_TRUE(b.RowUntouched(0));
-    for (size_t i = 1; i < ids.size(); ++i) {
-      ASSERT_EQ(b.hit[i], kRowRead) << "id " << ids[i];
-      ASSERT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
-    }
-    std::vector<RowView> views(ids.size());
-    std::vector<Status> statuses(ids.size());
-    ASSERT_TRUE(cache->ViewBatchUncounted(ids, views, statuses).ok());
-    EXPECT_TRUE(statuses[0].IsNotFound());
-    CacheStats after;
-    ASSERT_TRUE(cache->GetStats(&after).ok());
-    EXPECT_EQ(after.hits, before.hits);
-    EXPECT_EQ(after.misses, before.misses);
-    Batch counted(ids.size());
-    ASSERT_TRUE(reader.ReadInto(ids, counted.targets, counted.hit).ok());
-    ASSERT_TRUE(cache->GetStats(&after).ok());
-    EXPECT_EQ(after.hits - before.hits, n);
-    EXPECT_EQ(after.misses - before.misses, 1u);
-    EXPECT_TRUE(cache->ViewBatchUncounted(ids, std::span(views).first(2), statuses)
-                    .IsInvalidArgument());
+    ids.resize(kRows + 1);
+    for (uint64_t id = 0; id < kRows + 1; ++id) ids[id] = kRows - id;
   }
-  RemoveTree(spill);
+
+  void TearDown() override {
+    cache.reset();
+    server_.reset();
+    if (!spill_.empty()) RemoveTree(spill_);
+  }
+
+  std::unique_ptr<Cache> cache;
+  std::vector<uint64_t> ids;
+
+ private:
+  std::string spill_;
+  std::unique_ptr<TestServer> server_;
+};
+
+// count=false reads as a counted read does and counts nothing, memory and
+// spilled rows alike (a loader's read-back of rows its workers stored after
+// its own counted read missed them); ViewBatchUncounted likewise.
+TEST_F(BatchReaderSpillTest, AnUncountedReadReadsTheSameRowsAndCountsNothing) {
+  BatchReader reader(cache.get(), 2);
+  Batch b(ids.size());
+  CacheStats before;
+  ASSERT_TRUE(cache->GetStats(&before).ok());
+  ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit, {}, false).ok());
+  EXPECT_EQ(b.hit[0], kRowMissing);
+  EXPECT_TRUE(b.RowUntouched(0));
+  for (size_t i = 1; i < ids.size(); ++i) {
+    ASSERT_EQ(b.hit[i], kRowRead) << "id " << ids[i];
+    ASSERT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
+  }
+  std::vector<RowView> views(ids.size());
+  std::vector<Status> statuses(ids.size());
+  ASSERT_TRUE(cache->ViewBatchUncounted(ids, views, statuses).ok());
+  EXPECT_TRUE(statuses[0].IsNotFound());
+  CacheStats after;
+  ASSERT_TRUE(cache->GetStats(&after).ok());
+  EXPECT_EQ(after.hits, before.hits);
+  EXPECT_EQ(after.misses, before.misses);
+  Batch counted(ids.size());
+  ASSERT_TRUE(reader.ReadInto(ids, counted.targets, counted.hit).ok());
+  ASSERT_TRUE(cache->GetStats(&after).ok());
+  EXPECT_EQ(after.hits - before.hits, kRows);
+  EXPECT_EQ(after.misses - before.misses, 1u);
+  EXPECT_TRUE(cache->ViewBatchUncounted(ids, std::span(views).first(2), statuses)
+                  .IsInvalidArgument());
 }
 
 // Readers of their own in several threads, while a writer adds rows: every
@@ -375,32 +394,16 @@ TEST(BatchReaderConcurrencyTest, ReadersInThreadsWhileAWriterPuts) {
   EXPECT_FALSE(bad.load());
 }
 
-TEST(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
-  {
-    TestServer server(WithArgs({"-s", spill}));
-    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
-    auto cache = OpenCache(server, server.NewSession(), 1, true);
-    ASSERT_TRUE(cache);
-    const size_t n = 1000;  // ~4 MB of rows in a 1 MB cache: most spill
-    for (uint64_t id = 0; id < n; ++id) ASSERT_TRUE(PutRow(cache.get(), id).ok());
-    CacheStats st;
-    ASSERT_TRUE(cache->GetStats(&st).ok());
-    ASSERT_GT(st.disk_rows, 0u);
-    ASSERT_GT(st.mem_rows, 0u);
-    std::vector<uint64_t> ids(n + 1);
-    for (uint64_t id = 0; id < n + 1; ++id) ids[id] = n - id;  // n: a miss
-    BatchReader reader(cache.get(), 2);
-    Batch b(ids.size());
-    ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit).ok());
-    EXPECT_EQ(b.hit[0], 0);
-    EXPECT_TRUE(b.RowUntouched(0));
-    for (size_t i = 1; i < ids.size(); ++i) {
-      ASSERT_EQ(b.hit[i], 1) << "id " << ids[i];
-      ASSERT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
-    }
+TEST_F(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
+  BatchReader reader(cache.get(), 2);
+  Batch b(ids.size());
+  ASSERT_TRUE(reader.ReadInto(ids, b.targets, b.hit).ok());
+  EXPECT_EQ(b.hit[0], 0);
+  EXPECT_TRUE(b.RowUntouched(0));
+  for (size_t i = 1; i < ids.size(); ++i) {
+    ASSERT_EQ(b.hit[i], 1) << "id " << ids[i];
+    ASSERT_TRUE(b.RowIs(i, ids[i])) << "id " << ids[i];
   }
-  RemoveTree(spill);
 }
 
 TEST(BatchReaderErrorTest, AClosedCacheIsAnErrorWithNoHits) {
