@@ -19,6 +19,14 @@ Status CheckBatchSize(const char* call, size_t ids, size_t n, const char* what) 
   return Status::InvalidArgument(fmt::format("{}: {} ids but {} {}", call, ids, n, what));
 }
 
+// CheckBatchSize of a read's two outputs: its rows or views, then statuses.
+Status CheckReadBatch(const char* call, size_t ids, size_t out, const char* what,
+                      size_t statuses) {
+  Status s = CheckBatchSize(call, ids, out, what);
+  if (s.ok()) s = CheckBatchSize(call, ids, statuses, "statuses");
+  return s;
+}
+
 }  // namespace
 
 Cache::Cache(std::shared_ptr<CacheImpl> impl) : impl_(std::move(impl)) {}
@@ -53,36 +61,31 @@ Status Cache::Get(uint64_t id, std::span<const std::string_view> columns, Row* o
 
 Status Cache::GetBatch(std::span<const uint64_t> ids, std::span<Row> rows,
                        std::span<Status> statuses) {
-  Status s = CheckBatchSize("GetBatch", ids.size(), rows.size(), "rows");
-  if (s.ok()) s = CheckBatchSize("GetBatch", ids.size(), statuses.size(), "statuses");
+  Status s = CheckReadBatch("GetBatch", ids.size(), rows.size(), "rows", statuses.size());
   if (!s.ok()) return s;
   return impl_->GetBatch(ids, rows.data(), statuses.data());
 }
 
 Status Cache::GetBatchUncounted(std::span<const uint64_t> ids, std::span<Row> rows,
                                 std::span<Status> statuses) {
-  Status s = CheckBatchSize("GetBatchUncounted", ids.size(), rows.size(), "rows");
-  if (s.ok()) {
-    s = CheckBatchSize("GetBatchUncounted", ids.size(), statuses.size(), "statuses");
-  }
+  Status s = CheckReadBatch("GetBatchUncounted", ids.size(), rows.size(), "rows",
+                            statuses.size());
   if (!s.ok()) return s;
   return impl_->GetBatch(ids, rows.data(), statuses.data(), false);
 }
 
 Status Cache::ViewBatch(std::span<const uint64_t> ids, std::span<RowView> views,
                         std::span<Status> statuses) {
-  Status s = CheckBatchSize("ViewBatch", ids.size(), views.size(), "views");
-  if (s.ok()) s = CheckBatchSize("ViewBatch", ids.size(), statuses.size(), "statuses");
+  Status s =
+      CheckReadBatch("ViewBatch", ids.size(), views.size(), "views", statuses.size());
   if (!s.ok()) return s;
   return impl_->ViewBatch(ids, views.data(), statuses.data());
 }
 
 Status Cache::ViewBatchUncounted(std::span<const uint64_t> ids, std::span<RowView> views,
                                  std::span<Status> statuses) {
-  Status s = CheckBatchSize("ViewBatchUncounted", ids.size(), views.size(), "views");
-  if (s.ok()) {
-    s = CheckBatchSize("ViewBatchUncounted", ids.size(), statuses.size(), "statuses");
-  }
+  Status s = CheckReadBatch("ViewBatchUncounted", ids.size(), views.size(), "views",
+                            statuses.size());
   if (!s.ok()) return s;
   return impl_->ViewBatch(ids, views.data(), statuses.data(), false);
 }
