@@ -76,22 +76,22 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
                    "-s DIR",
                    &dir_fd, tightened);
   if (!s.ok()) return s;
+  std::unique_ptr<SpillStore> store(new SpillStore());
+  store->path_ = path;
+  store->dir_fd_ = dir_fd;  // closed by ~SpillStore from here on
+  uint64_t free_bytes = 0;
+  s = store->CheckDirectory(&free_bytes);
+  if (!s.ok()) return s;
+  store->memtables_ = MemtablesFor(free_bytes);
   rocksdb::Options opts = SpillDbOptions();
   opts.create_if_missing = create;
   opts.IncreaseParallelism(2);
-  // Small memtables: flushes need little free disk, and a nearly full disk
-  // is noticed before a flush fails.
-  opts.write_buffer_size = kWriteBufferBytes;
+  opts.write_buffer_size = store->memtables_.bytes;
+  opts.max_write_buffer_number = store->memtables_.count;
   rocksdb::DB* db = nullptr;
   rocksdb::Status rs = rocksdb::DB::Open(opts, path, &db);
-  if (!rs.ok()) {
-    close(dir_fd);
-    return FromRocks(rs, path);
-  }
-  std::unique_ptr<SpillStore> store(new SpillStore());
+  if (!rs.ok()) return FromRocks(rs, path);
   store->db_.reset(db);
-  store->path_ = path;
-  store->dir_fd_ = dir_fd;
   *out = std::move(store);
   return Status::OK();
 }
@@ -110,8 +110,8 @@ Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
     MutexLock lock(&error_mu_);
     return Status::Full("spilling is off after an earlier error: " + error_);
   }
-  // Room for the rows in the WAL and for flushing a full memtable.
-  uint64_t need = bytes + 2 * kWriteBufferBytes;
+  // Room for the rows in the WAL and for flushing every memtable.
+  uint64_t need = bytes + memtables_.total();
   uint64_t free_bytes = 0;
   if (Status gone = CheckDirectory(&free_bytes); !gone.ok()) {
     MutexLock lock(&error_mu_);

@@ -40,7 +40,7 @@ class SpillStore {
   ~SpillStore();
 
   // Full, without touching RocksDB, when the disk lacks room for the row
-  // plus a memtable flush, or after any earlier write error: RocksDB must
+  // plus flushing every memtable, or after any earlier write error: RocksDB must
   // not see another write once one failed (Debian's build asserts on it).
   // IOError naming the cause when the database's directory was removed
   // under the server or its free space cannot be read; no write is tried
@@ -64,9 +64,32 @@ class SpillStore {
 
   const std::string& path() const { return path_; }
 
+  // The memtables RocksDB writes into: their size and how many may be full
+  // at once. Rows not yet flushed are held there (and, replayed from the
+  // write-ahead log, in every reader's secondary instance) and need this
+  // much free disk to be flushed.
+  struct Memtables {
+    uint64_t bytes;
+    int count;
+    constexpr uint64_t total() const { return bytes * static_cast<uint64_t>(count); }
+  };
+  // Where the disk had at least kRoomyDiskBytes free at open: 4 memtables of
+  // 32 MB, the 128 MB of unflushed rows RocksDB's defaults (2 x 64 MB) hold,
+  // so that writes go on while one flushes (with 2 of 8 MB, a fill of large
+  // rows stopped at every flush: docs/spill-reads.md). On a smaller disk 2
+  // of 8 MB: flushes need little room, and a nearly full disk is noticed
+  // before a flush fails.
+  static constexpr Memtables kRoomyMemtables{32u << 20, 4};
+  static constexpr Memtables kSmallMemtables{8u << 20, 2};
+  static constexpr uint64_t kRoomyDiskBytes =
+      16 * kRoomyMemtables.bytes * static_cast<uint64_t>(kRoomyMemtables.count);
+  static Memtables MemtablesFor(uint64_t free_bytes) {
+    return free_bytes >= kRoomyDiskBytes ? kRoomyMemtables : kSmallMemtables;
+  }
+  Memtables memtables() const { return memtables_; }
+
  private:
   SpillStore() = default;
-  static constexpr uint64_t kWriteBufferBytes = 8u << 20;
   // OK and the free bytes of its file system while the database's directory
   // is there; IOError naming the cause otherwise.
   Status CheckDirectory(uint64_t* free_bytes) const;
@@ -74,6 +97,7 @@ class SpillStore {
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
   int dir_fd_ = -1;  // the database's directory, held from Open on
+  Memtables memtables_ = kSmallMemtables;
   std::atomic<bool> failed_{false};
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped

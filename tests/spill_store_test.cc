@@ -1,0 +1,134 @@
+// The spill database's memtables (daemon/spill_store.h): sized to the room
+// on the disk at open (4 of 32 MB on a roomy disk, 2 of 8 MB on a small
+// one), and rows written in batches across more than one memtable, the
+// newest of them not flushed, read back whole by another process through
+// its own secondary instance, as the daemon's readers do. A full disk with
+// the small memtables: spill_stage_test.cc, spill_test.cc.
+#include "daemon/spill_store.h"
+
+#include <sys/statvfs.h>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <rocksdb/write_batch.h>
+
+#include "format/spill_format.h"
+#include "lib/spill_reader.h"
+#include "tests/support/child_process.h"
+#include "tests/support/files.h"
+#include "tests/support/tmpfs_mount.h"
+
+namespace shmcache {
+namespace {
+
+constexpr uint64_t kMB = 1u << 20;
+constexpr uint32_t kCache = 3;
+
+uint64_t FreeBytes(const std::string& dir) {
+  struct statvfs v {};
+  if (statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+// Row `id`'s bytes: distinct per id and per position, so a row read back
+// torn, short or under another id does not match.
+std::string RowOf(uint64_t id, size_t bytes) {
+  std::string row(bytes, '\0');
+  for (size_t i = 0; i < bytes; i += 8) row[i] = static_cast<char>(id * 31 + i / 8);
+  row[bytes - 1] = static_cast<char>(id);
+  return row;
+}
+
+TEST(SpillStoreTest, MemtablesFollowTheRoomOnTheDisk) {
+  using M = SpillStore::Memtables;
+  const M small = SpillStore::MemtablesFor(SpillStore::kRoomyDiskBytes - 1);
+  const M roomy = SpillStore::MemtablesFor(SpillStore::kRoomyDiskBytes);
+  EXPECT_EQ(small.bytes, 8 * kMB);
+  EXPECT_EQ(small.count, 2);
+  EXPECT_EQ(roomy.bytes, 32 * kMB);
+  EXPECT_EQ(roomy.count, 4);
+  // As many unflushed rows as RocksDB's defaults hold (2 x 64 MB), and a
+  // disk of 16 times that before they are used.
+  EXPECT_EQ(roomy.total(), 128 * kMB);
+  EXPECT_EQ(SpillStore::kRoomyDiskBytes, 16 * roomy.total());
+}
+
+TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
+  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  const uint64_t free_bytes = FreeBytes(dir);
+  // Near the threshold the disk's use may cross it between the two looks.
+  if (free_bytes / 16 * 15 < SpillStore::kRoomyDiskBytes &&
+      free_bytes / 16 * 17 > SpillStore::kRoomyDiskBytes) {
+    test::RemoveTree(dir);
+    GTEST_SKIP() << "the test dir's disk has about kRoomyDiskBytes free";
+  }
+  {
+    std::unique_ptr<SpillStore> store;
+    ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
+    EXPECT_EQ(store->memtables().bytes, SpillStore::MemtablesFor(free_bytes).bytes);
+    EXPECT_EQ(store->memtables().count, SpillStore::MemtablesFor(free_bytes).count);
+  }
+  test::RemoveTree(dir);
+  test::TmpfsMount small("32m");
+  if (!small.mounted()) GTEST_SKIP() << small.skip_reason();
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(small.path() + "/db", &store).ok());
+  EXPECT_EQ(store->memtables().bytes, 8 * kMB);
+  EXPECT_EQ(store->memtables().count, 2);
+}
+
+TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
+  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
+  // More rows than one memtable holds: some are flushed to a table file,
+  // the last ones are only in the write-ahead log when the reader opens.
+  const size_t row_bytes = kMB / 2;
+  const uint64_t n = (store->memtables().bytes + 16 * kMB) / row_bytes;
+  const uint64_t batch_rows = 16;
+  for (uint64_t b = 0; b < n; b += batch_rows) {
+    rocksdb::WriteBatch batch;
+    uint64_t bytes = 0;
+    for (uint64_t id = b; id < std::min(n, b + batch_rows); ++id) {
+      const std::string row = RowOf(id, row_bytes);
+      SpillKey k(kCache, id);
+      ASSERT_TRUE(batch.Put(k.slice(), row).ok());
+      bytes += row.size();
+    }
+    Status s = store->Write(&batch, bytes);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // Another process, as a client reads: a secondary instance of its own.
+  pid_t child = test::ForkChild([&] {
+    std::unique_ptr<SpillReader> reader;
+    if (!SpillReader::Open(store->path(), &reader).ok()) return 2;
+    std::vector<uint64_t> ids(n);
+    for (uint64_t id = 0; id < n; ++id) ids[id] = id;
+    std::unique_ptr<bool[]> got(new bool[n]());
+    uint64_t whole = 0;
+    reader->MultiGet(
+        kCache, ids,
+        [&](size_t i, std::span<const std::byte> bytes) {
+          const std::string want = RowOf(ids[i], row_bytes);
+          if (bytes.size() == want.size() &&
+              std::equal(bytes.begin(), bytes.end(),
+                         reinterpret_cast<const std::byte*>(want.data()))) {
+            ++whole;
+          }
+        },
+        std::span(got.get(), n));
+    return whole == n ? 0 : 3;
+  });
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(test::WaitChild(child), 0) << "2: no reader; 3: a row not read back whole";
+  store.reset();
+  test::RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace shmcache
