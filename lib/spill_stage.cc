@@ -45,13 +45,15 @@ Status SpillStage::Put(ClientImpl* client, uint32_t cache_id, std::span<const Ro
       Status s = Acquire(client, cache_id, std::max<uint64_t>(rows[i].size, 1));
       if (!s.ok()) return s;
     }
-    // As many rows as the stage and one request hold, back to back.
+    // As many rows as the stage and one request hold, back to back, up to
+    // kRequestBytes (one row at least).
     request.tag = tag_;
     request.ids.clear();
     request.sizes.clear();
     size_t off = 0, end = i;
     while (end < rows.size() && request.ids.size() < protocol::kMaxSpillBatch &&
-           rows[end].size <= file_.size() - off) {
+           rows[end].size <= file_.size() - off &&
+           (end == i || off + rows[end].size <= kRequestBytes)) {
       RowCodec::Encode(rows[end].id, rows[end].columns,
                        reinterpret_cast<std::byte*>(file_.data() + off), rows[end].size);
       request.ids.push_back(rows[end].id);
