@@ -4,8 +4,8 @@
 // only their ids and sizes (kSpillPutStaged); the daemon copies them into
 // one RocksDB write batch, checks the copy and writes it, and publishes each
 // row in the index. No row crosses the socket, and a batch of rows costs one
-// round trip and one disk write, not one per row. Only the daemon writes
-// RocksDB.
+// round trip and one disk write per kRequestBytes of rows, not one per row.
+// Only the daemon writes RocksDB.
 //
 // A row is visible whole or not at all: the index points to it only after
 // the batch holding it was written. A writer killed while staging sent
