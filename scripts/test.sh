@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite (C++ GoogleTest
 # suites through meson, checked for what they left behind, then the Python
-# suites through pytest, mypy over the Python package, the docs' links and references, clang's thread-safety
-# analysis, the C++ format check, clang-tidy, the fuzz targets, and the C++
-# suites again under ThreadSanitizer and under AddressSanitizer + UBSan). The
-# last line is the summary over all suites: "N passed, N failed, N skipped".
+# suites through pytest, mypy over the Python package, the docs' links and
+# references, clang's thread-safety analysis, the C++ format check,
+# clang-tidy, the fuzz targets, and the C++ suites again under
+# ThreadSanitizer and under AddressSanitizer + UBSan). The last line is the
+# summary over all suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
