@@ -393,8 +393,8 @@ void BenchSpillRows(const Config& c, const Source& src, size_t size, Report* r) 
     Status b = client->CreateSession(&batch_session);
     std::unique_ptr<Cache> batched;
     if (b.ok())
-      b = OpenBenchCache(client.get(), batch_session, "spill-batch-" + std::to_string(size),
-                         true, 1, &batched);
+      b = OpenBenchCache(client.get(), batch_session,
+                         "spill-batch-" + std::to_string(size), true, 1, &batched);
     double rate = b.ok() ? PutRange(batched.get(), src, size, 0, n, &err, kPutBatch) : -1;
     if (rate < 0)
       r->Skip("spilling PutBatch " + std::to_string(size), b.ToString() + err);
