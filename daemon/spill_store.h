@@ -74,12 +74,14 @@ class SpillStore {
     constexpr uint64_t total() const { return bytes * static_cast<uint64_t>(count); }
   };
   // Where the disk had at least kRoomyDiskBytes free at open: 4 memtables of
-  // 32 MB, the 128 MB of unflushed rows RocksDB's defaults (2 x 64 MB) hold,
-  // so that writes go on while one flushes (with 2 of 8 MB, a fill of large
-  // rows stopped at every flush: docs/spill-reads.md). On a smaller disk 2
-  // of 8 MB: flushes need little room, and a nearly full disk is noticed
-  // before a flush fails.
-  static constexpr Memtables kRoomyMemtables{32u << 20, 4};
+  // 16 MB, so that writes go on while one flushes (with 2 of 8 MB, a fill of
+  // large rows stopped at every flush: docs/spill-reads.md). 4 of 16 MB
+  // filled as fast as 4 of 32 MB and 2 of 64 MB (RocksDB's defaults) and
+  // bound the unflushed rows every reader's secondary instance replays into
+  // its own memory at 64 MB; 4 of 8 MB were 0.7x at 150 KB and 1 MB rows.
+  // On a smaller disk 2 of 8 MB: flushes need little room, and a nearly full
+  // disk is noticed before a flush fails.
+  static constexpr Memtables kRoomyMemtables{16u << 20, 4};
   static constexpr Memtables kSmallMemtables{8u << 20, 2};
   static constexpr uint64_t kRoomyDiskBytes =
       16 * kRoomyMemtables.bytes * static_cast<uint64_t>(kRoomyMemtables.count);

@@ -1,5 +1,5 @@
 // The spill database's memtables (daemon/spill_store.h): sized to the room
-// on the disk at open (4 of 32 MB on a roomy disk, 2 of 8 MB on a small
+// on the disk at open (4 of 16 MB on a roomy disk, 2 of 8 MB on a small
 // one), and rows written in batches across more than one memtable, the
 // newest of them not flushed, read back whole by another process through
 // its own secondary instance, as the daemon's readers do. A full disk with
@@ -50,11 +50,11 @@ TEST(SpillStoreTest, MemtablesFollowTheRoomOnTheDisk) {
   const M roomy = SpillStore::MemtablesFor(SpillStore::kRoomyDiskBytes);
   EXPECT_EQ(small.bytes, 8 * kMB);
   EXPECT_EQ(small.count, 2);
-  EXPECT_EQ(roomy.bytes, 32 * kMB);
+  EXPECT_EQ(roomy.bytes, 16 * kMB);
   EXPECT_EQ(roomy.count, 4);
-  // As many unflushed rows as RocksDB's defaults hold (2 x 64 MB), and a
-  // disk of 16 times that before they are used.
-  EXPECT_EQ(roomy.total(), 128 * kMB);
+  // At most 64 MB unflushed (what each reader's secondary instance may
+  // replay), and a disk of 16 times that before they are used.
+  EXPECT_EQ(roomy.total(), 64 * kMB);
   EXPECT_EQ(SpillStore::kRoomyDiskBytes, 16 * roomy.total());
 }
 
