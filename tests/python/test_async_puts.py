@@ -99,6 +99,49 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
+def test_the_writer_is_woken_by_a_full_batch_not_by_every_row(monkeypatch):
+    # A wake-up per row cost a DataLoader worker more CPU than the put (the
+    # writer takes the GIL from the decoding thread each time).
+    monkeypatch.setattr(shmcache.async_put, "_HOLD_S", 60.0)  # no look by time
+    stored = []
+    done = threading.Event()
+
+    def store(ids, rows):
+        stored.append(list(ids))
+        done.set()
+        return len(ids)
+    p = shmcache.async_put.AsyncPutter(store)
+    wakes = []
+    real_notify = p._cond.notify
+    p._cond.notify = lambda n=1: (wakes.append(n), real_notify(n))[1]
+    batch = shmcache.async_put._BATCH_ROWS
+    try:
+        for i in range(batch - 1):
+            assert p.enqueue(i, [i], 8)
+        assert wakes == [] and stored == []
+        assert p.enqueue(batch - 1, [batch - 1], 8)
+        assert wakes                 # (the writer's own notify_all come later)
+        assert done.wait(60)
+        assert stored == [list(range(batch))]
+        for i in range(3):           # below a batch: flush writes them now
+            p.enqueue(100 + i, [i], 8)
+        assert p.flush(60)
+        assert stored[1:] == [[100, 101, 102]]
+        assert p.stats() == dict(queued=batch + 3, written=batch + 3, dropped=0,
+                                 not_stored=0, pending=0)
+    finally:
+        p.close(10)
+    assert p._thread is None or not p._thread.is_alive()
+
+
+def test_a_row_below_a_batch_is_stored_without_flush(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session), name="held")
+    ds[2]                           # one row: the writer looks within _HOLD_S
+    other = CachedDataset(Images(4), DatasetCache(session), name="held").cache
+    wait_for(lambda: other.contains(2), timeout=30, what="the held row stored")
+    assert ds.stats()["async_puts"]["written"] == 1
+
+
 def test_async_and_sync_puts_return_and_store_the_same(server, session):
     on = CachedDataset(Mixed(), DatasetCache(session), name="on")
     off = CachedDataset(Mixed(), DatasetCache(session), name="off", async_puts=False)
