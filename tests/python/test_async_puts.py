@@ -25,7 +25,7 @@ from helpers import Images, sample  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
 import shmcache.async_put  # noqa: E402
 from shmcache.torch import CachedDataset  # noqa: E402
-from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -110,7 +110,7 @@ def test_the_writer_is_woken_by_a_full_batch_not_by_every_row(monkeypatch):
         stored.append(list(ids))
         done.set()
         return len(ids)
-    p = shmcache.async_put.AsyncPutter(store)
+    p = shmcache.async_put.AsyncPutter(store, batch_wakes=lambda: True)
     wakes = []
     real_notify = p._cond.notify
     p._cond.notify = lambda n=1: (wakes.append(n), real_notify(n))[1]
@@ -134,12 +134,18 @@ def test_the_writer_is_woken_by_a_full_batch_not_by_every_row(monkeypatch):
     assert p._thread is None or not p._thread.is_alive()
 
 
-def test_a_row_below_a_batch_is_stored_without_flush(server, session):
-    ds = CachedDataset(Images(4), DatasetCache(session), name="held")
-    ds[2]                           # one row: the writer looks within _HOLD_S
-    other = CachedDataset(Images(4), DatasetCache(session), name="held").cache
-    wait_for(lambda: other.contains(2), timeout=30, what="the held row stored")
-    assert ds.stats()["async_puts"]["written"] == 1
+def test_a_dataloader_workers_rows_are_stored_while_it_lives_and_at_its_exit(
+        server, session):
+    # A worker's writer wakes by batch: a row short of a batch is stored
+    # within _HOLD_S all the same, and an epoch's rows by the workers' exit.
+    ds = CachedDataset(Images(40), DatasetCache(session), name="workers")
+    it = iter(DataLoader(ds, batch_size=1, num_workers=1, persistent_workers=True))
+    next(it)                        # the worker lives on, rows 0.. queued
+    wait_for(lambda: ds.cache.contains(0), timeout=30, what="row 0 stored")
+    del it
+    epoch = DataLoader(ds, batch_size=8, num_workers=2)
+    assert sum(len(b[1]) for b in epoch) == 40
+    assert assert_cached_rows_whole(session, "workers", 40) == list(range(40))
 
 
 def test_async_and_sync_puts_return_and_store_the_same(server, session):

@@ -9,12 +9,16 @@ Contract:
   however large.
 - The writer thread stores the queue in batches (one call of its store
   function per batch; the native put releases the GIL while it copies).
-  It is woken when a batch is ready (_BATCH_ROWS rows or _WAKE_BYTES
-  bytes queued), by flush() and close(), and otherwise looks every
-  _HOLD_S: a row waits at most about _HOLD_S before its put starts. Not
-  woken per row: each wake-up of the writer takes the GIL from the
-  decoding thread (thread switches, and IPIs on a VM), which cost a
-  DataLoader worker more CPU than the put itself.
+  It is woken for every row, or, where batch_wakes() says so when the
+  process's thread starts (CachedDataset: in a DataLoader worker), only
+  when a batch is ready (_BATCH_ROWS rows or _WAKE_BYTES bytes queued),
+  by flush() and close(), and otherwise looks every _HOLD_S: a row then
+  waits at most about _HOLD_S before its put starts. Each wake-up of the
+  writer takes the GIL from the decoding thread (thread switches, and
+  IPIs on a VM): woken per row, that cost a DataLoader worker more CPU
+  than the put itself. A worker's queued rows are written at its exit
+  (below); the trainer's process keeps the wake per row, so that its
+  rows are stored as soon as the cache takes them.
 - At exit (atexit, and multiprocessing's exit hooks, which also run in
   DataLoader workers before their os._exit), queued rows are written for
   at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
@@ -49,7 +53,7 @@ _BATCH_ROWS = 64
 # A batch of large rows is ready at this many bytes (150 KB rows: 7).
 _WAKE_BYTES = 1 << 20
 # The longest a queued row waits for its batch to fill.
-_HOLD_S = 0.05
+_HOLD_S = 0.02
 # A writer idle this long ends (the next enqueue starts another), so that a
 # CachedDataset that is no longer used does not keep a thread.
 _IDLE_EXIT_S = 10.0
@@ -74,9 +78,11 @@ class AsyncPutter:
     on the writer thread only."""
 
     def __init__(self, store: Callable[[list[int], list[Any]], int],
-                 limit_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+                 limit_bytes: int = DEFAULT_QUEUE_BYTES,
+                 batch_wakes: Callable[[], bool] | None = None) -> None:
         self._store = store
         self.limit_bytes = limit_bytes
+        self._batch_wakes = batch_wakes
         self._reset()
         _putters.add(self)
 
@@ -89,6 +95,7 @@ class AsyncPutter:
         self._bytes = 0            # queued + being written
         self._queued_bytes = 0     # queued only
         self._flushing = 0         # flush() calls waiting
+        self._batched = False      # wakes by batch (decided at the thread's start)
         self._busy = 0             # rows being written now
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -117,7 +124,7 @@ class AsyncPutter:
                 self._queued_bytes += nbytes
                 self.queued += 1
                 self._start_locked()
-                if self._ready_locked():
+                if not self._batched or self._ready_locked():
                     self._cond.notify()
                 return True
         if full:
@@ -159,6 +166,7 @@ class AsyncPutter:
 
     def _start_locked(self):
         if self._thread is None:
+            self._batched = self._batch_wakes is not None and self._batch_wakes()
             _hook_exit()
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name="shmcache-put")
@@ -173,7 +181,9 @@ class AsyncPutter:
         idle_since = time.monotonic()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._ready_locked(), _HOLD_S)
+                self._cond.wait_for(lambda: self._stop or self._ready_locked()
+                                    or (not self._batched and bool(self._queue)),
+                                    _HOLD_S if self._batched else _IDLE_EXIT_S)
                 if self._stop:
                     return
                 if not self._queue:
