@@ -139,6 +139,7 @@ def main():
     ap.add_argument("--decode-ms", type=float, default=0.3)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--loaders", default="cl,dl")
+    ap.add_argument("--seed", type=int, default=0, help="of the rounds' orders")
     ap.add_argument("--out")
     ap.add_argument("--one", action="store_true")
     ap.add_argument("--loader")
@@ -153,7 +154,7 @@ def main():
     builds = args.builds.split(",")
     runs = [(None, "plain")] + [(b, ld) for b in builds for ld in args.loaders.split(",")]
     got = {(b, ld): [] for b, ld in runs}
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     for r in range(args.rounds):
         order = runs[:]
         rng.shuffle(order)
