@@ -1,6 +1,7 @@
 """Runs one meson test and checks that it left nothing behind.
 
     leak_check_cpp.py RESULTS.jsonl NAME -- COMMAND...
+    leak_check_cpp.py --junit RESULTS.xml NAME -- COMMAND...
 
 Runs COMMAND with SHMCACHE_LEAK_TAG=<unique> in its environment, which
 every process it starts inherits. Afterwards, what counts as left behind:
@@ -11,7 +12,13 @@ every process it starts inherits. Afterwards, what counts as left behind:
   nor of a port whose host lock names a run dir the tests do not make.
 Both are reported, then killed or removed. Appends one JSON line
 {"name", "result": "OK"|"FAIL", "why"} to RESULTS.jsonl and exits non-zero
-when the test failed or leaked. Used by scripts/stress-tests.sh.
+when the test failed or leaked. Used by scripts/stress-tests.sh, a test at
+a time.
+
+With --junit, COMMAND is a whole run whose cases are counted elsewhere
+(scripts/test.sh wraps the C++ suites in it): RESULTS.xml gets one JUnit
+case NAME that fails only when something was left behind, and the exit
+status is COMMAND's.
 """
 
 import json
@@ -24,6 +31,7 @@ import sys
 import threading
 import time
 import uuid
+import xml.etree.ElementTree as ET
 
 SHM = "/dev/shm"
 _PORT = re.compile(r"^\.?shmcache\.\d+\.(\d+)\.")
@@ -121,8 +129,20 @@ def made_by_the_tests(run_dir):
     return any(run_dir.startswith(r) for r in roots)
 
 
+def write_junit(path, name, why):
+    suite = ET.Element("testsuite")
+    case = ET.SubElement(suite, "testcase", name=name)
+    if why:
+        ET.SubElement(case, "failure", message="left behind: " + "; ".join(why))
+    ET.ElementTree(suite).write(path)
+
+
 def main():
-    results, name = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    junit = args[0] == "--junit"
+    if junit:
+        args = args[1:]
+    results, name = args[0], args[1]
     cmd = sys.argv[sys.argv.index("--") + 1:]
     tag = uuid.uuid4().hex
     marker = f"SHMCACHE_LEAK_TAG={tag}".encode()
@@ -188,6 +208,9 @@ def main():
                 pass
     if why:
         print(f"LEAK: {name} left behind (now removed):\n  " + "\n  ".join(why))
+    if junit:
+        write_junit(results, name, why)
+        return 130 if interrupted else rc
     result = "OK" if rc == 0 and not why else "FAIL"
     reason = (["exit status %d" % rc] if rc else []) + (["leaked: " + "; ".join(why)] if why else [])
     with open(results, "a") as f:

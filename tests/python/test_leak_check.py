@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+import xml.etree.ElementTree as ET
 
 from conftest import BUILD, PYTHONPATH, ROOT
 
@@ -64,3 +66,55 @@ def test_a_test_that_leaks_errors_naming_what_it_left(tmp_path):
     assert "test_inner.py::test_leaks_a_server left behind" in out, out
     assert "shmcached server" in out and "/dev/shm entry" in out, out
     assert "ERROR at teardown of test_clean" not in out, out
+
+
+def _gone(pid, within=10.0):
+    """Whether process `pid` is dead (gone or a zombie) within `within` s: a
+    SIGKILL takes effect when the process is next scheduled."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _cpp_run_check(tmp_path, script):
+    """scripts/lib/leak_check_cpp.py --junit around `bash -c script`, as
+    scripts/test.sh wraps the C++ suites: (exit status, the JUnit case)."""
+    xml = tmp_path / "leftovers.xml"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "lib" / "leak_check_cpp.py"),
+                        "--junit", str(xml), "the run left nothing behind", "--",
+                        "bash", "-c", script],
+                       capture_output=True, text=True, timeout=120)
+    case = ET.parse(xml).getroot().find("testcase")
+    assert case is not None and case.get("name") == "the run left nothing behind"
+    return r.returncode, case, r.stdout
+
+
+def test_the_cpp_run_check_passes_a_clean_run_with_its_exit_status(tmp_path):
+    rc, case, out = _cpp_run_check(tmp_path, "exit 3")
+    assert rc == 3, out                       # the suites' own verdicts count elsewhere
+    assert case.find("failure") is None, out
+
+
+def test_the_cpp_run_check_fails_on_a_process_or_shm_dir_left_and_removes_them(tmp_path):
+    shm = f"/dev/shm/shmcache-test-lkcpp.{os.getpid()}.{tmp_path.name}"
+    pid_file = tmp_path / "pid"
+    try:
+        rc, case, out = _cpp_run_check(
+            tmp_path, f"mkdir {shm}; sleep 600 >/dev/null 2>&1 & echo $! >{pid_file}; exit 0")
+        assert rc == 0, out
+        failure = case.find("failure")
+        assert failure is not None, out
+        assert "sleep 600" in failure.get("message") and shm in failure.get("message"), out
+        assert not os.path.exists(shm)
+        pid = int(pid_file.read_text())
+        assert _gone(pid), f"process {pid} still runs"
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
