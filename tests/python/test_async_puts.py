@@ -25,7 +25,7 @@ from helpers import Images, sample  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
 import shmcache.async_put  # noqa: E402
 from shmcache.torch import CachedDataset  # noqa: E402
-from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -97,6 +97,55 @@ def same(a, b):
     if isinstance(a, torch.Tensor):
         return a.dtype == b.dtype and torch.equal(a, b)
     return type(a) is type(b) and a == b
+
+
+def test_the_writer_is_woken_by_a_full_batch_not_by_every_row(monkeypatch):
+    # A wake-up per row cost a DataLoader worker more CPU than the put (the
+    # writer takes the GIL from the decoding thread each time).
+    monkeypatch.setattr(shmcache.async_put, "_HOLD_S", 60.0)  # no look by time
+    stored = []
+    done = threading.Event()
+
+    def store(ids, rows):
+        stored.append(list(ids))
+        done.set()
+        return len(ids)
+    p = shmcache.async_put.AsyncPutter(store, batch_wakes=lambda: True)
+    wakes = []
+    real_notify = p._cond.notify
+    p._cond.notify = lambda n=1: (wakes.append(n), real_notify(n))[1]
+    batch = shmcache.async_put._BATCH_ROWS
+    try:
+        for i in range(batch - 1):
+            assert p.enqueue(i, [i], 8)
+        assert wakes == [] and stored == []
+        assert p.enqueue(batch - 1, [batch - 1], 8)
+        assert wakes                 # (the writer's own notify_all come later)
+        assert done.wait(60)
+        assert stored == [list(range(batch))]
+        for i in range(3):           # below a batch: flush writes them now
+            p.enqueue(100 + i, [i], 8)
+        assert p.flush(60)
+        assert stored[1:] == [[100, 101, 102]]
+        assert p.stats() == dict(queued=batch + 3, written=batch + 3, dropped=0,
+                                 not_stored=0, pending=0)
+    finally:
+        p.close(10)
+    assert p._thread is None or not p._thread.is_alive()
+
+
+def test_a_dataloader_workers_rows_are_stored_while_it_lives_and_at_its_exit(
+        server, session):
+    # A worker's writer wakes by batch: a row short of a batch is stored
+    # within _HOLD_S all the same, and an epoch's rows by the workers' exit.
+    ds = CachedDataset(Images(40), DatasetCache(session), name="workers")
+    it = iter(DataLoader(ds, batch_size=1, num_workers=1, persistent_workers=True))
+    next(it)                        # the worker lives on, rows 0.. queued
+    wait_for(lambda: ds.cache.contains(0), timeout=30, what="row 0 stored")
+    del it
+    epoch = DataLoader(ds, batch_size=8, num_workers=2)
+    assert sum(len(b[1]) for b in epoch) == 40
+    assert assert_cached_rows_whole(session, "workers", 40) == list(range(40))
 
 
 def test_async_and_sync_puts_return_and_store_the_same(server, session):

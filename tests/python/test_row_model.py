@@ -117,6 +117,44 @@ def test_settings_changed_after_a_hit_apply_to_the_next(server, session):
         ds[0]
 
 
+def _tensors():
+    grad = torch.arange(6, dtype=torch.float32).requires_grad_()
+    return {
+        "uint8": torch.arange(12, dtype=torch.uint8).reshape(3, 4),
+        "transposed": torch.arange(12, dtype=torch.int32).reshape(3, 4).t(),
+        "sliced": torch.arange(20, dtype=torch.float64)[::3],
+        "0-d": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.zeros(0, 5, dtype=torch.int16),
+        "requires_grad": grad * 2,
+        "bfloat16": torch.arange(5, dtype=torch.bfloat16),
+        "bool": torch.tensor([True, False, True]),
+        "parameter": torch.nn.Parameter(torch.ones(2, 3)),
+        "conj": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj(),
+        "neg": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex128).conj().imag,
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_tensors()))
+def test_every_kind_of_tensor_encodes_as_its_values(kind):
+    # Plain CPU tensors take a short path (one numpy() call); the rest
+    # (grad, bfloat16, conjugate views, subclasses) the general one: the
+    # columns must not tell them apart.
+    t = _tensors()[kind]
+    for _ in range(2):              # the first tensor imports torch's API
+        (name, dtype, a), = rows.encode(t)
+        want = t.detach().resolve_conj().resolve_neg().contiguous()
+        if want.dtype == torch.bfloat16:
+            assert dtype == "bfloat16"
+            want_a = want.view(torch.int16).numpy().view(np.uint16)
+        else:
+            want_a = want.numpy()
+            assert dtype == str(want_a.dtype)
+        assert name == "#" and a.flags.c_contiguous and a.shape == tuple(t.shape)
+        np.testing.assert_array_equal(a, want_a)
+        got = rows.decode([(name, dtype, a)], torch=True)
+        assert got.dtype == t.dtype and torch.equal(got, want)
+
+
 def test_complex_columns_are_cached(server, session):
     c = DatasetCache(session)
     z = np.arange(6, dtype=np.complex128).reshape(2, 3) * (1 + 2j)

@@ -12,10 +12,11 @@ read_into's targets receives in _read_into.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,6 +36,13 @@ from .rows import (LOCAL_HOSTS, MAX_NAME_BYTES, MAX_PORT, MAX_ROW_ID, MIN_PORT,
 from .stats import CacheStats
 
 __all__ = ["DatasetCache"]
+
+
+@contextlib.contextmanager
+def _no_cache_warnings() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        yield
 
 
 class DatasetCache:
@@ -525,14 +533,32 @@ class DatasetCache:
     # belongs here too.
 
     def put_encoded(self, ids: list[int], rows: list[list[Column]],
-                    strict: bool) -> list[bool]:
+                    strict: bool, quiet: bool = False) -> list[bool]:
         """put_batch of checked ids and encoded rows; `strict` as
         _put_failed's (CachedDataset's writer is not strict: a sample the
-        cache cannot hold is still delivered)."""
-        c = self._writable()
+        cache cannot hold is still delivered). quiet: the CacheWarnings of
+        an open or a failure are not shown (a loader's worker, whose
+        trainer warns once for the row); a put that succeeds enters no
+        warnings filter (catch_warnings costs as much as a small put)."""
+        c = self.native if self._state <= State.FULL else None
         if c is None:
-            return [False] * len(ids)
+            if quiet:
+                with _no_cache_warnings():
+                    c = self._writable()
+            else:
+                c = self._writable()
+            if c is None:
+                return [False] * len(ids)
         out, errors = c.put_batch(ids, rows)
+        if errors and quiet:
+            with _no_cache_warnings():
+                self._put_errors(ids, errors, strict)
+        elif errors:
+            self._put_errors(ids, errors, strict)
+        return out
+
+    def _put_errors(self, ids: list[int], errors: list[tuple[int, Error]],
+                    strict: bool) -> None:
         bad = None
         for i, err in errors:
             if isinstance(err, InvalidArgumentError) and strict:
@@ -541,7 +567,6 @@ class DatasetCache:
                 self._put_failed(ids[i], err, strict)
         if bad is not None:
             self._put_failed(*bad, strict=True)  # raises ValueError
-        return out
 
     def fill_batch(self, ids: Any, out: Any, columns: ColumnSelection, threads: int,
                    codes: bool, count: bool = True) -> npt.NDArray[Any]:

@@ -7,9 +7,18 @@ Contract:
   CacheWarning per process when drops start). A dropped row is a miss again
   next time and is recomputed then. An empty queue always takes one row,
   however large.
-- The writer thread drains the queue as fast as the cache takes rows, in
-  batches (one call of its store function per batch); the native put
-  releases the GIL while it copies.
+- The writer thread stores the queue in batches (one call of its store
+  function per batch; the native put releases the GIL while it copies).
+  It is woken for every row, or, where batch_wakes() says so when the
+  process's thread starts (CachedDataset: in a DataLoader worker), only
+  when a batch is ready (_BATCH_ROWS rows or _WAKE_BYTES bytes queued),
+  by flush() and close(), and otherwise looks every _HOLD_S: a row then
+  waits at most about _HOLD_S before its put starts. Each wake-up of the
+  writer takes the GIL from the decoding thread (thread switches, and
+  IPIs on a VM): woken per row, that cost a DataLoader worker more CPU
+  than the put itself. A worker's queued rows are written at its exit
+  (below); the trainer's process keeps the wake per row, so that its
+  rows are stored as soon as the cache takes them.
 - At exit (atexit, and multiprocessing's exit hooks, which also run in
   DataLoader workers before their os._exit), queued rows are written for
   at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
@@ -41,6 +50,10 @@ DEFAULT_QUEUE_BYTES = 64 << 20
 # Below DataLoader's 5 s wait for a worker to exit before it terminates it.
 EXIT_FLUSH_S = 2.0
 _BATCH_ROWS = 64
+# A batch of large rows is ready at this many bytes (150 KB rows: 7).
+_WAKE_BYTES = 1 << 20
+# The longest a queued row waits for its batch to fill.
+_HOLD_S = 0.02
 # A writer idle this long ends (the next enqueue starts another), so that a
 # CachedDataset that is no longer used does not keep a thread.
 _IDLE_EXIT_S = 10.0
@@ -65,9 +78,11 @@ class AsyncPutter:
     on the writer thread only."""
 
     def __init__(self, store: Callable[[list[int], list[Any]], int],
-                 limit_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+                 limit_bytes: int = DEFAULT_QUEUE_BYTES,
+                 batch_wakes: Callable[[], bool] | None = None) -> None:
         self._store = store
         self.limit_bytes = limit_bytes
+        self._batch_wakes = batch_wakes
         self._reset()
         _putters.add(self)
 
@@ -78,6 +93,9 @@ class AsyncPutter:
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[tuple[int, Any, int]] = deque()  # (row_id, row, nbytes)
         self._bytes = 0            # queued + being written
+        self._queued_bytes = 0     # queued only
+        self._flushing = 0         # flush() calls waiting
+        self._batched = False      # wakes by batch (decided at the thread's start)
         self._busy = 0             # rows being written now
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -103,9 +121,11 @@ class AsyncPutter:
             else:
                 self._queue.append((row_id, row, nbytes))
                 self._bytes += nbytes
+                self._queued_bytes += nbytes
                 self.queued += 1
                 self._start_locked()
-                self._cond.notify()
+                if not self._batched or self._ready_locked():
+                    self._cond.notify()
                 return True
         if full:
             _warn_drops(self.limit_bytes)
@@ -116,8 +136,13 @@ class AsyncPutter:
         if self._pid != os.getpid():
             return True
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy,
-                                       timeout)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(lambda: not self._queue and not self._busy,
+                                           timeout)
+            finally:
+                self._flushing -= 1
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
@@ -133,6 +158,7 @@ class AsyncPutter:
             self._stop = True
             self.dropped += len(self._queue)
             self._queue.clear()
+            self._queued_bytes = 0
             self._cond.notify_all()
             thread = self._thread
         if thread is not None:
@@ -140,24 +166,37 @@ class AsyncPutter:
 
     def _start_locked(self):
         if self._thread is None:
+            self._batched = self._batch_wakes is not None and self._batch_wakes()
             _hook_exit()
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name="shmcache-put")
             self._thread.start()
 
+    def _ready_locked(self):
+        """Whether the writer should store now, not at its next look."""
+        return bool(self._queue) and (len(self._queue) >= _BATCH_ROWS or self._flushing > 0
+                                      or self._queued_bytes >= _WAKE_BYTES)
+
     def _run(self):
+        idle_since = time.monotonic()
         while True:
             with self._cond:
-                if not self._cond.wait_for(lambda: self._queue or self._stop,
-                                           _IDLE_EXIT_S):
-                    self._thread = None
-                    return
+                self._cond.wait_for(lambda: self._stop or self._ready_locked()
+                                    or (not self._batched and bool(self._queue)),
+                                    _HOLD_S if self._batched else _IDLE_EXIT_S)
                 if self._stop:
                     return
+                if not self._queue:
+                    if time.monotonic() - idle_since >= _IDLE_EXIT_S:
+                        self._thread = None
+                        return
+                    continue
                 n = min(len(self._queue), _BATCH_ROWS)
                 batch = [self._queue.popleft() for _ in range(n)]
+                self._queued_bytes -= sum(b[2] for b in batch)
                 self._busy = n
             ok = self._write(batch)
+            idle_since = time.monotonic()
             with self._cond:
                 self._busy = 0
                 self._bytes -= sum(b[2] for b in batch)

@@ -31,13 +31,39 @@ const NumpyApi& Numpy() {
 struct TorchApi {
   py::object tensor, from_numpy, bfloat16, int16;
 };
+// torch.Tensor's type once TorchApi exists (null before): an exact tensor
+// is recognised with one pointer compare, without importing torch for it.
+PyTypeObject* g_tensor_type = nullptr;
 const TorchApi& Torch() {
   static TorchApi* api = [] {
     py::module_ torch = py::module_::import("torch");
-    return new TorchApi{torch.attr("Tensor"), torch.attr("from_numpy"),
-                        torch.attr("bfloat16"), torch.attr("int16")};
+    auto* made = new TorchApi{torch.attr("Tensor"), torch.attr("from_numpy"),
+                              torch.attr("bfloat16"), torch.attr("int16")};
+    g_tensor_type = reinterpret_cast<PyTypeObject*>(made->tensor.ptr());
+    return made;
   }();
   return *api;
+}
+
+// The array of a plain CPU tensor, which Tensor.numpy() gives sharing its
+// memory (strided as the tensor is: Native makes it C-contiguous), or
+// nothing. One call instead of detach().cpu().contiguous().numpy(): those
+// were most of encoding a small row. numpy() refuses what the slow path
+// must handle (a tensor that requires grad, one on a device, bfloat16, a
+// conjugate or negative view): then it returns nothing and the error is
+// cleared.
+std::optional<py::array> PlainTensorArray(py::handle v) {
+  if (g_tensor_type == nullptr || Py_TYPE(v.ptr()) != g_tensor_type) return std::nullopt;
+  static PyObject* numpy_name = PyUnicode_InternFromString("numpy");
+  if (numpy_name == nullptr) throw py::error_already_set();
+  PyObject* a = PyObject_CallMethodNoArgs(v.ptr(), numpy_name);
+  if (a == nullptr) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  auto out = py::reinterpret_steal<py::object>(a);
+  if (!py::isinstance<py::array>(out)) return std::nullopt;
+  return py::reinterpret_borrow<py::array>(out);
 }
 struct PilApi {
   py::object image, fromarray;
@@ -170,8 +196,19 @@ py::tuple EncodeLeaf(const std::string& name, py::handle v) {
     DType dt = FromNumpy(a.dtype());
     return Column(name, a, dt);
   }
+  if (std::optional<py::array> plain = PlainTensorArray(v)) {
+    py::array a = Native(*plain);
+    DType dt = FromNumpy(a.dtype());
+    return Column(name, a, dt);
+  }
   if (ModuleStartsWith(v, "torch") && py::isinstance(v, Torch().tensor)) {
-    py::object t = v.attr("detach")().attr("cpu")().attr("contiguous")();
+    // A conjugate or negative view holds other numbers than it shows:
+    // resolved (copied) first.
+    py::object t = v.attr("detach")()
+                       .attr("cpu")()
+                       .attr("resolve_conj")()
+                       .attr("resolve_neg")()
+                       .attr("contiguous")();
     if (py::object(t.attr("dtype")).is(Torch().bfloat16)) {
       py::array a = t.attr("view")(Torch().int16).attr("numpy")().attr("view")("uint16");
       return Column(name, a, DType::kBFloat16);

@@ -138,15 +138,15 @@ def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
         cols = encode(sample)
     except (TypeError, ValueError) as e:
         return Sample(sample, str(e))
+    # Quiet: the trainer's process warns, once, when it stores the row
+    # again. Not strict: a row past the cache's limits (columns, name
+    # length) comes back as columns, delivered as CachedDataset delivers it.
     if put:
+        if cds.cache.put_encoded([index], [cols], strict=False, quiet=True)[0]:
+            return STORED
         with warnings.catch_warnings():
-            # The trainer's process warns, once, when it stores the row again.
             warnings.simplefilter("ignore", CacheWarning)
-            # Not strict: a row past the cache's limits (columns, name
-            # length) comes back as columns, delivered as CachedDataset
-            # delivers it.
-            if cds.cache.put_encoded([index], [cols], strict=False)[0] or \
-                    cds.cache.contains(index):
+            if cds.cache.contains(index):   # another process stored it
                 return STORED
     return Columns(cols)
 

@@ -197,7 +197,9 @@ class CachedDataset(Dataset):
         object.__setattr__(self, "_one_by_one", False)
 
     def _new_putter(self) -> AsyncPutter | None:
-        return AsyncPutter(self._put_rows, self.put_queue) if self.async_puts else None
+        # Batched wakes in a DataLoader worker (see shmcache.async_put).
+        return AsyncPutter(self._put_rows, self.put_queue, batch_wakes=_ask_in_worker) \
+            if self.async_puts else None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -1,0 +1,203 @@
+"""The CPU a first (cold) epoch costs, summed over the whole system, and its
+wall time against a plain DataLoader: interleaved rounds of two builds of
+the Python package (issue 36's first-epoch row).
+
+  first_epoch_cpu.py --port P --builds OLD,NEW [--rounds N] [--size 12|150]
+                     [--decode-ms D] [--workers W] [--out FILE]
+
+Each run is a fresh process (PYTHONPATH=BUILD/clients/python) that makes a
+fresh session on the server at port P and runs one first epoch of one
+loader over the host sweep's rows (20,000 x 12 KB in batches of 256, or
+2,000 x 150 KB in batches of 64, and an int label):
+  plain   DataLoader over the source (no cache);
+  cl      CachedLoader(CachedDataset(source)), num_workers W;
+  dl      DataLoader(CachedDataset(source)), num_workers W (background puts;
+          the epoch ends when the DataLoader has joined its workers, whose
+          exit flush writes what is still queued);
+  dls     the same with async_puts=False (every put waited for).
+Its CPU is the trainer's and its workers' (os.times, children included once
+they are joined: the loaders and the session are closed before the second
+reading) plus the server's (/proc/PID/stat of the daemon, read around the
+epoch). The decode is D ms of the worker's own CPU (time.thread_time), so
+that a worker descheduled in the middle of it still spends it all: CPU per
+row is then steady on a machine shared with others, where wall times move
+up to 2x. A round runs plain once and each build's cl and dl, in an order
+that alternates between rounds; ratios are to the round's plain run.
+Prints per-run lines and, per (build, loader), the median and range of
+CPU per row beyond plain's (us) and of the wall ratio. Measures; asserts
+nothing but that every row arrived and the counters say N misses, 0 hits.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+KB = 1024
+SHAPES = {12: (12 * KB, 256, 20000), 150: (150 * KB, 64, 2000)}
+
+
+class Rows:
+    """n rows of `size` uint8 bytes and an int label, each after
+    `decode_s` seconds of this thread's CPU."""
+
+    def __init__(self, n, size, decode_s):
+        self.n, self.size, self.decode_s = n, size, decode_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        if self.decode_s:
+            end = time.thread_time() + self.decode_s
+            while time.thread_time() < end:
+                pass
+        return torch.full((self.size,), i % 251, dtype=torch.uint8), i % 10
+
+    def __repr__(self):
+        return f"Rows({self.n}, {self.size}, {self.decode_s})"
+
+
+def _daemon_cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _one(args):
+    import gc
+    import torch
+    from torch.utils.data import DataLoader
+    import shmcache
+    from shmcache.torch import CachedDataset, CachedLoader
+    size, bs, n = SHAPES[args.size]
+    src = Rows(n, size, args.decode_ms / 1e3)
+    torch.manual_seed(0)
+    client = shmcache.Client(port=args.port)
+    session = client.create_session()
+    ds = None
+    try:
+        if args.loader == "plain":
+            loader = DataLoader(src, batch_size=bs, shuffle=True, num_workers=args.workers)
+        else:
+            ds = CachedDataset(src, shmcache.DatasetCache(session, port=args.port),
+                               async_puts=args.loader != "dls")
+            cls = CachedLoader if args.loader == "cl" else DataLoader
+            loader = cls(ds, batch_size=bs, shuffle=True, num_workers=args.workers)
+        t0, d0, c0 = time.perf_counter(), _daemon_cpu(args.daemon_pid), os.times()
+        seen = 0
+        for x, _ in loader:
+            seen += x.shape[0]
+        wall = time.perf_counter() - t0
+        if ds is not None:
+            ds.flush(600)
+        del loader
+        gc.collect()
+        st = ds.cache.stats() if ds is not None else {}
+        if ds is not None:
+            ds.cache.close()
+        c1, d1 = os.times(), _daemon_cpu(args.daemon_pid)
+    finally:
+        client.destroy_session(session)
+    if seen != n:
+        raise RuntimeError(f"{seen} of {n} rows")
+    if ds is not None and (st.get("misses") != n or st.get("hits")):
+        raise RuntimeError(f"counters: {st.get('misses')} misses, {st.get('hits')} hits")
+    print(json.dumps(dict(
+        wall=wall, rows=n,
+        trainer=(c1.user - c0.user) + (c1.system - c0.system),
+        workers=(c1.children_user - c0.children_user)
+        + (c1.children_system - c0.children_system),
+        daemon=d1 - d0)))
+
+
+def _run(build, loader, args):
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.abspath(build), "clients",
+                                                   "python"))
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", "--loader", loader,
+           "--port", str(args.port), "--daemon-pid", str(args.daemon_pid),
+           "--size", str(args.size), "--decode-ms", str(args.decode_ms),
+           "--workers", str(args.workers)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"{build} {loader}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--daemon-pid", type=int)
+    ap.add_argument("--builds", help="OLD,NEW build dirs")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--size", type=int, default=12, choices=sorted(SHAPES))
+    ap.add_argument("--decode-ms", type=float, default=0.3)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--loaders", default="cl,dl")
+    ap.add_argument("--seed", type=int, default=0, help="of the rounds' orders")
+    ap.add_argument("--out")
+    ap.add_argument("--one", action="store_true")
+    ap.add_argument("--loader")
+    args = ap.parse_args()
+    if args.daemon_pid is None:
+        admin = os.path.join(args.builds.split(",")[-1], "clients", "admin", "shmcache")
+        info = subprocess.run([admin, "-p", str(args.port), "--server_info", "--json"],
+                              capture_output=True, text=True, check=True)
+        args.daemon_pid = json.loads(info.stdout)["pid"]
+    if args.one:
+        return _one(args)
+    builds = args.builds.split(",")
+    runs = [(None, "plain")] + [(b, ld) for b in builds for ld in args.loaders.split(",")]
+    got = {(b, ld): [] for b, ld in runs}
+    rng = random.Random(args.seed)
+    for r in range(args.rounds):
+        order = runs[:]
+        rng.shuffle(order)
+        plain = None
+        results = {}
+        for b, ld in order:
+            res = _run(b or builds[-1], ld, args)
+            results[(b, ld)] = res
+            cpu = res["trainer"] + res["workers"] + res["daemon"]
+            print(f"round {r} {b or '-'} {ld:<5} wall {res['wall']:6.2f} s  cpu "
+                  f"{cpu:6.2f} s (trainer {res['trainer']:.2f}, workers "
+                  f"{res['workers']:.2f}, daemon {res['daemon']:.2f})", flush=True)
+        plain = results[(None, "plain")]
+        pcpu = plain["trainer"] + plain["workers"] + plain["daemon"]
+        for key, res in results.items():
+            cpu = res["trainer"] + res["workers"] + res["daemon"]
+            got[key].append(dict(res, ratio=res["wall"] / plain["wall"],
+                                 extra_us=(cpu - pcpu) / res["rows"] * 1e6,
+                                 cpu_us=cpu / res["rows"] * 1e6))
+    summary = {}
+    print(f"\n{args.rounds} rounds, {args.size} KB rows, decode {args.decode_ms} ms CPU, "
+          f"{args.workers} workers")
+    print(f"{'build':<28} {'loader':<6} {'CPU us/row':>22} {'extra us/row':>22} "
+          f"{'wall / plain':>20}")
+
+    def med(xs):
+        return f"{statistics.median(xs):7.2f} ({min(xs):.2f}-{max(xs):.2f})"
+    for (b, ld), xs in got.items():
+        cpu = [x["cpu_us"] for x in xs]
+        extra = [x["extra_us"] for x in xs]
+        ratio = [x["ratio"] for x in xs]
+        parts = {k: statistics.median(x[k] / x["rows"] * 1e6 for x in xs)
+                 for k in ("trainer", "workers", "daemon")}
+        summary[f"{b or '-'}:{ld}"] = dict(cpu_us=cpu, extra_us=extra, ratio=ratio,
+                                           parts_us=parts)
+        print(f"{(b or '-')[-28:]:<28} {ld:<6} {med(cpu):>22} {med(extra):>22} "
+              f"{med(ratio):>20}   (median us/row: trainer {parts['trainer']:.1f}, "
+              f"workers {parts['workers']:.1f}, daemon {parts['daemon']:.1f})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(args=vars(args), runs=summary), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
