@@ -37,6 +37,32 @@ const RocksConfig kRocksConfigs[] = {
     {"shmcache spill reader options",
      [](rocksdb::Options* o) { *o = shmcache::SpillReaderOptions(); }},
 };
+
+// A new database in `dir` (whatever was there removed) with `cfg`'s options.
+rocksdb::Status OpenFresh(const RocksConfig& cfg, const std::string& dir,
+                          std::unique_ptr<rocksdb::DB>* db) {
+  std::filesystem::remove_all(dir);
+  rocksdb::Options o;
+  cfg.tune(&o);
+  o.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  db->reset(raw);
+  return s;
+}
+
+// Puts rows 0..n-1 of `size` bytes one Put each, keyed by their 8-byte id.
+rocksdb::Status PutRows(rocksdb::DB* db, const Source& src, size_t size, uint64_t n,
+                        bool wal) {
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = !wal;
+  rocksdb::Status s;
+  for (uint64_t id = 0; id < n && s.ok(); ++id) {
+    s = db->Put(wo, rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
+                rocksdb::Slice(src.Row(id, size), size));
+  }
+  return s;
+}
 }  // namespace
 
 // Raw RocksDB, the reference for spilled rows, at the same sizes.
@@ -96,24 +122,15 @@ double RawPutRate(const Config& c, const Source& src, size_t size, const RocksCo
                   bool wal) {
   const uint64_t n = std::min<uint64_t>(c.RowsFor(size), 65536);
   const std::string dir = c.rocksdb_dir + "/raw-wal-" + std::to_string(size);
-  std::filesystem::remove_all(dir);
-  rocksdb::Options o;
-  cfg.tune(&o);
-  o.create_if_missing = true;
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  std::unique_ptr<rocksdb::DB> db;
   double rate = -1;
-  if (s.ok()) {
-    std::unique_ptr<rocksdb::DB> db(raw);
-    rocksdb::WriteOptions wo;
-    wo.disableWAL = !wal;
+  if (OpenFresh(cfg, dir, &db).ok()) {
     double t0 = NowSec();
-    for (uint64_t id = 0; id < n && s.ok(); ++id) {
-      s = db->Put(wo, rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
-                  rocksdb::Slice(src.Row(id, size), size));
+    if (PutRows(db.get(), src, size, n, wal).ok()) {
+      rate = static_cast<double>(n) / (NowSec() - t0);
     }
-    if (s.ok()) rate = static_cast<double>(n) / (NowSec() - t0);
   }
+  db.reset();
   std::filesystem::remove_all(dir);
   return rate;
 }
@@ -122,24 +139,14 @@ void BenchRocksdbConfig(const Config& c, const Source& src, size_t size,
                         const RocksConfig& cfg, Report* r, Report* sub) {
   const uint64_t n = std::min<uint64_t>(c.RowsFor(size), 65536);
   const std::string dir = c.rocksdb_dir + "/raw-" + std::to_string(size);
-  std::filesystem::remove_all(dir);
-  rocksdb::Options o;
-  cfg.tune(&o);
-  o.create_if_missing = true;
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  std::unique_ptr<rocksdb::DB> db;
+  rocksdb::Status s = OpenFresh(cfg, dir, &db);
   if (!s.ok()) {
     r->Skip("rocksdb", s.ToString());
     return;
   }
-  std::unique_ptr<rocksdb::DB> db(raw);
-  rocksdb::WriteOptions wo;
-  wo.disableWAL = true;
   double t0 = NowSec();
-  for (uint64_t id = 0; id < n && s.ok(); ++id) {
-    s = db->Put(wo, rocksdb::Slice(reinterpret_cast<const char*>(&id), sizeof id),
-                rocksdb::Slice(src.Row(id, size), size));
-  }
+  s = PutRows(db.get(), src, size, n, /*wal=*/false);
   if (s.ok()) {
     r->Add("put", "rocksdb", std::string("raw (") + cfg.name + ")", size, 1,
            n / (NowSec() - t0));
