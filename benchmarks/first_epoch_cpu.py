@@ -37,30 +37,10 @@ import subprocess
 import sys
 import time
 
+from host_sweep import Rows
+
 KB = 1024
 SHAPES = {12: (12 * KB, 256, 20000), 150: (150 * KB, 64, 2000)}
-
-
-class Rows:
-    """n rows of `size` uint8 bytes and an int label, each after
-    `decode_s` seconds of this thread's CPU."""
-
-    def __init__(self, n, size, decode_s):
-        self.n, self.size, self.decode_s = n, size, decode_s
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        import torch
-        if self.decode_s:
-            end = time.thread_time() + self.decode_s
-            while time.thread_time() < end:
-                pass
-        return torch.full((self.size,), i % 251, dtype=torch.uint8), i % 10
-
-    def __repr__(self):
-        return f"Rows({self.n}, {self.size}, {self.decode_s})"
 
 
 def _daemon_cpu(pid):
@@ -76,7 +56,7 @@ def _one(args):
     import shmcache
     from shmcache.torch import CachedDataset, CachedLoader
     size, bs, n = SHAPES[args.size]
-    src = Rows(n, size, args.decode_ms / 1e3)
+    src = Rows(n, size, args.decode_ms / 1e3, clock=time.thread_time)
     torch.manual_seed(0)
     client = shmcache.Client(port=args.port)
     session = client.create_session()

@@ -51,10 +51,12 @@ def default_sweep():
 
 class Rows:
     """n rows of `size` uint8 bytes and an int label; row i is filled with
-    i % 251 after `decode_s` seconds of work (a decoder's CPU time)."""
+    i % 251 after `decode_s` seconds of work (a decoder's CPU time), timed
+    by `clock` (wall time here; first_epoch_cpu.py passes time.thread_time,
+    so that a descheduled worker still spends all of it)."""
 
-    def __init__(self, n, size, decode_s=0.0):
-        self.n, self.size, self.decode_s = n, size, decode_s
+    def __init__(self, n, size, decode_s=0.0, clock=time.perf_counter):
+        self.n, self.size, self.decode_s, self.clock = n, size, decode_s, clock
 
     def __len__(self):
         return self.n
@@ -62,8 +64,8 @@ class Rows:
     def __getitem__(self, i):
         import torch
         if self.decode_s:
-            end = time.perf_counter() + self.decode_s
-            while time.perf_counter() < end:
+            end = self.clock() + self.decode_s
+            while self.clock() < end:
                 pass
         return torch.full((self.size,), i % 251, dtype=torch.uint8), i % 10
 
