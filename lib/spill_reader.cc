@@ -1,7 +1,9 @@
 #include "lib/spill_reader.h"
 
 #include <chrono>
+#include <algorithm>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <rocksdb/db.h>
@@ -55,6 +57,42 @@ void ForgetInheritedLocked(Readers& r) {
 }
 
 constexpr int64_t kRetryOpenMs = 1000;
+
+// Keys are read kReadChunk at a time (a chunk bounds what one call holds).
+constexpr size_t kReadChunk = 64;
+
+// What one thread's MultiGet calls read into, kept from call to call.
+// With no block cache RocksDB pins no value: it copies each into its
+// PinnableSlice's own string. Made per call, those strings were a malloc
+// and a free per row, and a batch of 64 x 3 KB rows freed more than glibc
+// keeps at the heap's top, so every call gave the pages back to the kernel
+// and faulted them in again: a fifth of a 3 KB spilled GetBatch's time
+// (docs/performance.md, issue 36). A buffer is kept up to
+// SpillReader::kKeptValueBytes (a thread keeps at most kReadChunk of them:
+// 1 MB); larger rows, whose copy costs far more than their allocation, are
+// freed after each call.
+struct ValueBuffers {
+  std::vector<SpillKey> keys;
+  std::vector<rocksdb::Slice> slices{kReadChunk};
+  std::vector<rocksdb::PinnableSlice> values{kReadChunk};
+  std::vector<rocksdb::Status> statuses{kReadChunk};
+
+  ValueBuffers() { keys.reserve(kReadChunk); }
+  // Drops every pin (none outlives the call, nor the database it came
+  // from) and the buffers over the bound.
+  void Release() {
+    for (rocksdb::PinnableSlice& v : values) {
+      v.Reset();
+      if (v.GetSelf()->capacity() > SpillReader::kKeptValueBytes)
+        std::string().swap(*v.GetSelf());
+    }
+  }
+};
+
+ValueBuffers& TheValueBuffers() {
+  static thread_local ValueBuffers buffers;
+  return buffers;
+}
 
 }  // namespace
 
@@ -118,14 +156,13 @@ void SpillReader::MultiGet(
     uint32_t cache_id, std::span<const uint64_t> ids,
     const std::function<void(size_t, std::span<const std::byte>)>& found,
     std::span<bool> got) {
-  constexpr size_t kChunk = 64;
-  std::vector<SpillKey> keys;
-  std::vector<rocksdb::Slice> slices(kChunk);
-  std::vector<rocksdb::PinnableSlice> values(kChunk);
-  std::vector<rocksdb::Status> statuses(kChunk);
-  keys.reserve(kChunk);
-  for (size_t base = 0; base < ids.size(); base += kChunk) {
-    const size_t n = std::min(kChunk, ids.size() - base);
+  ValueBuffers& buffers = TheValueBuffers();
+  std::vector<SpillKey>& keys = buffers.keys;
+  std::vector<rocksdb::Slice>& slices = buffers.slices;
+  std::vector<rocksdb::PinnableSlice>& values = buffers.values;
+  std::vector<rocksdb::Status>& statuses = buffers.statuses;
+  for (size_t base = 0; base < ids.size(); base += kReadChunk) {
+    const size_t n = std::min(kReadChunk, ids.size() - base);
     keys.clear();
     for (size_t k = 0; k < n; ++k) {
       keys.emplace_back(cache_id, ids[base + k]);
@@ -142,6 +179,7 @@ void SpillReader::MultiGet(
       }
     }
   }
+  buffers.Release();
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {

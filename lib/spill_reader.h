@@ -50,7 +50,9 @@ class SpillReader {
   // Reads rows ids[i] of the cache. For each one found, calls
   // found(i, bytes) with the encoded row (valid during the call) and sets
   // got[i] true; got[i] is false for rows not found or not readable, which
-  // are left to the caller.
+  // are left to the caller. The calling thread keeps the buffers RocksDB
+  // copies values into for its next call (spill_reader.cc), so `found`
+  // must not call MultiGet itself.
   void MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
                 const std::function<void(size_t, std::span<const std::byte>)>& found,
                 std::span<bool> got);
@@ -64,6 +66,9 @@ class SpillReader {
   const std::string& path() const { return path_; }
 
   static constexpr int64_t kCatchUpIntervalMs = 50;
+  // A thread's MultiGet keeps the buffers RocksDB copies values into from
+  // call to call, each up to this size (spill_reader.cc says why).
+  static constexpr size_t kKeptValueBytes = 16 << 10;
 
  private:
   SpillReader() = default;

@@ -1,0 +1,182 @@
+// A client's reader of the spill database (lib/spill_reader.h) reads a
+// batch of rows into buffers its thread keeps from call to call: a batch of
+// small rows read again allocates no buffer per row (RocksDB copies every
+// value it cannot pin, and with no block cache it pins none), rows over the
+// kept size are read whole as well, and a kept buffer never shows a former
+// row's bytes: rows of other sizes, ids asked twice and ids that are not
+// there, in one batch, each read right.
+#include "lib/spill_reader.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <rocksdb/write_batch.h>
+
+#include "daemon/spill_store.h"
+#include "format/spill_format.h"
+#include "tests/support/files.h"
+
+// Allocations through operator new made by the thread that counts (RocksDB
+// calls it for the strings it copies values into; its own background
+// threads are not counted).
+namespace {
+thread_local bool counting = false;
+thread_local uint64_t allocations = 0;
+}  // namespace
+
+void* operator new(size_t n) {
+  if (counting) ++allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace shmcache {
+namespace {
+
+constexpr uint64_t kMB = 1u << 20;
+constexpr uint32_t kCache = 5;
+constexpr size_t kBatch = 64;
+
+// Row `id`'s bytes, of `bytes` bytes: distinct per id and position, so a
+// row read back short, torn or with another row's bytes does not match.
+std::string RowOf(uint64_t id, size_t bytes) {
+  std::string row(bytes, '\0');
+  for (size_t i = 0; i < bytes; i += 8) row[i] = static_cast<char>(id * 31 + i / 8);
+  row[bytes - 1] = static_cast<char>(id);
+  return row;
+}
+
+class SpillReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::MakeTempDir(test::TestTmpRoot(), "spillreader");
+    ASSERT_TRUE(SpillStore::Open(dir_ + "/db", &store_).ok());
+  }
+  void TearDown() override {
+    reader_.reset();
+    store_.reset();
+    test::RemoveTree(dir_);
+  }
+  // Rows first..first+n-1 of size(id) bytes.
+  template <typename Size>
+  void WriteRows(uint64_t first, uint64_t n, Size size) {
+    for (uint64_t b = first; b < first + n; b += 64) {
+      rocksdb::WriteBatch batch;
+      uint64_t bytes = 0;
+      for (uint64_t id = b; id < std::min(first + n, b + 64); ++id) {
+        const std::string row = RowOf(id, size(id));
+        SpillKey k(kCache, id);
+        ASSERT_TRUE(batch.Put(k.slice(), row).ok());
+        bytes += row.size();
+      }
+      Status s = store_->Write(&batch, bytes);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+  void OpenReader() { ASSERT_TRUE(SpillReader::Open(store_->path(), &reader_).ok()); }
+  // Reads ids; (*whole)[i]: row ids[i] was found and equal to want(ids[i]).
+  template <typename Size>
+  void Read(const std::vector<uint64_t>& ids, Size size, std::vector<bool>* whole,
+            std::vector<bool>* found) {
+    whole->assign(ids.size(), false);
+    std::unique_ptr<bool[]> got(new bool[ids.size()]());
+    reader_->MultiGet(
+        kCache, ids,
+        [&](size_t i, std::span<const std::byte> bytes) {
+          const bool counted = counting;  // the check's own row is not counted
+          counting = false;
+          const std::string want = RowOf(ids[i], size(ids[i]));
+          counting = counted;
+          (*whole)[i] = bytes.size() == want.size() &&
+                        std::equal(bytes.begin(), bytes.end(),
+                                   reinterpret_cast<const std::byte*>(want.data()));
+        },
+        std::span(got.get(), ids.size()));
+    found->assign(got.get(), got.get() + ids.size());
+  }
+
+  std::string dir_;
+  std::unique_ptr<SpillStore> store_;
+  std::unique_ptr<SpillReader> reader_;
+};
+
+TEST_F(SpillReaderTest, RereadingSmallRowsAllocatesNoBufferPerRow) {
+  // 3 KB rows, more than a memtable holds: most in table files, the newest
+  // in the write-ahead log the reader replays into its memtable.
+  const auto size = [](uint64_t) { return size_t{3} << 10; };
+  const uint64_t n = (store_->memtables().bytes + 4 * kMB) / size(0);
+  WriteRows(0, n, size);
+  OpenReader();
+  std::vector<uint64_t> ids(kBatch);
+  std::vector<bool> whole, found;
+  constexpr int kCalls = 20;
+  uint64_t counted = 0;
+  for (int call = 0; call <= kCalls; ++call) {
+    // Spread over the whole range: table files and the memtable.
+    for (size_t k = 0; k < kBatch; ++k) ids[k] = (call * 7919 + k * (n / kBatch)) % n;
+    allocations = 0;
+    counting = call > 0;  // the first call makes the thread's buffers
+    Read(ids, size, &whole, &found);
+    counting = false;
+    counted += allocations;
+    for (size_t k = 0; k < kBatch; ++k) {
+      ASSERT_TRUE(found[k]) << "row " << ids[k];
+      ASSERT_TRUE(whole[k]) << "row " << ids[k] << " not read back whole";
+    }
+  }
+  // A buffer per row would be at least kBatch per call (as before the
+  // buffers were kept); what remains is RocksDB's own bookkeeping per call.
+  const double per_call = static_cast<double>(counted) / kCalls;
+  EXPECT_LT(per_call, kBatch / 4.0)
+      << "allocations per call of " << kBatch << " rows of 3 KB: " << per_call;
+}
+
+TEST_F(SpillReaderTest, KeptBuffersNeverShowAFormerRowsBytes) {
+  // Sizes that change from row to row: under, at and over the kept size,
+  // and tiny, so each kept buffer is reused for rows shorter and longer
+  // than the one before.
+  const auto size = [](uint64_t id) -> size_t {
+    switch (id % 4) {
+      case 0: return 24;
+      case 1: return size_t{3} << 10;
+      case 2: return SpillReader::kKeptValueBytes;
+      default: return SpillReader::kKeptValueBytes * 4 + 8;
+    }
+  };
+  constexpr uint64_t kRows = 400;
+  WriteRows(0, kRows, size);
+  OpenReader();
+  std::vector<bool> whole, found;
+  for (int round = 0; round < 8; ++round) {
+    // A batch over two chunks: ids asked twice, ids never written, rows of
+    // every size at positions that differ from round to round.
+    std::vector<uint64_t> ids;
+    for (size_t k = 0; k < 2 * kBatch + 9; ++k) {
+      if (k % 11 == 3) ids.push_back(kRows + 1000 + k);  // not there
+      else if (k % 13 == 5 && !ids.empty()) ids.push_back(ids[k / 2]);  // again
+      else ids.push_back((round * 37 + k * 5 + round * k) % kRows);
+    }
+    Read(ids, size, &whole, &found);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (ids[k] >= kRows) {
+        EXPECT_FALSE(found[k]) << "id " << ids[k] << " was never written";
+        continue;
+      }
+      ASSERT_TRUE(found[k]) << "row " << ids[k] << ", round " << round;
+      EXPECT_TRUE(whole[k]) << "row " << ids[k] << " (" << size(ids[k])
+                            << " bytes) not read back whole, round " << round;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shmcache
