@@ -33,7 +33,71 @@ Status FromRocks(const rocksdb::Status& s, const std::string& where) {
 }  // namespace
 
 SpillStore::~SpillStore() {
+  StopFlusher();
+  db_.reset();
   if (dir_fd_ >= 0) close(dir_fd_);
+}
+
+void SpillStore::StopFlusher() {
+  {
+    MutexLock lock(&flush_mu_);
+    closing_ = true;
+    flush_cv_.SignalAll();
+  }
+  if (flusher_.joinable()) flusher_.join();
+}
+
+void SpillStore::FlushWhenIdle() {
+  const auto idle = std::chrono::milliseconds(kIdleFlushMs);
+  flush_mu_.Lock();
+  while (!closing_) {
+    if (!unflushed_) {
+      flush_cv_.Wait(&flush_mu_);
+      continue;
+    }
+    const auto due = last_write_ + idle;
+    if (std::chrono::steady_clock::now() < due) {
+      flush_cv_.WaitUntil(&flush_mu_, due);
+      continue;
+    }
+    unflushed_ = false;
+    flush_mu_.Unlock();
+    // Not after a failed write (RocksDB must see nothing more then), nor
+    // without the room a flush needs: the next write reports why.
+    uint64_t free_bytes = 0;
+    if (!failed_.load() && CheckDirectory(&free_bytes).ok() &&
+        free_bytes >= memtables_.total()) {
+      rocksdb::FlushOptions fo;
+      fo.allow_write_stall = true;
+      if (db_->Flush(fo).ok()) WriteFlushMarker();
+    }
+    flush_mu_.Lock();
+  }
+  flush_mu_.Unlock();
+}
+
+void SpillStore::WriteFlushMarker() {
+  // A secondary instance seals the memtable it replayed from a log, and
+  // drops it once the rows are in a table file, only when it replays a
+  // write from a newer log (RocksDB 7.8, DBImplSecondary::RecoverLogFiles);
+  // the flush leaves the new log empty. The marker is that write: one key
+  // of another length than a row's, which no reader asks for, CacheIds
+  // skips and no cache's range holds.
+  static constexpr char kMarker[] = {'\xff'};
+  rocksdb::Status rs = db_->Put(
+      rocksdb::WriteOptions(), rocksdb::Slice(kMarker, sizeof kMarker), rocksdb::Slice());
+  if (!rs.ok()) {
+    MutexLock lock(&error_mu_);
+    error_ = FromRocks(rs, path_).message();
+    failed_.store(true);
+  }
+}
+
+uint64_t SpillStore::UnflushedRows() const {
+  uint64_t active = 0, immutable = 0;
+  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesActiveMemTable, &active);
+  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesImmMemTables, &immutable);
+  return active + immutable;
 }
 
 Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
@@ -92,6 +156,8 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   rocksdb::Status rs = rocksdb::DB::Open(opts, path, &db);
   if (!rs.ok()) return FromRocks(rs, path);
   store->db_.reset(db);
+  SpillStore* raw = store.get();
+  store->flusher_ = std::thread([raw] { raw->FlushWhenIdle(); });
   *out = std::move(store);
   return Status::OK();
 }
@@ -128,6 +194,13 @@ Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
     MutexLock lock(&error_mu_);
     error_ = s.message();
     failed_.store(true);
+    return s;
+  }
+  MutexLock lock(&flush_mu_);
+  last_write_ = std::chrono::steady_clock::now();
+  if (!unflushed_) {
+    unflushed_ = true;
+    flush_cv_.Signal();
   }
   return s;
 }
@@ -188,6 +261,7 @@ std::vector<uint32_t> SpillStore::CacheIds() {
 }
 
 Status SpillStore::DestroyAll() {
+  StopFlusher();
   if (db_) {
     db_->Close();
     db_.reset();

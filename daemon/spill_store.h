@@ -5,15 +5,27 @@
 //
 // Only the daemon writes the database; clients read it themselves through
 // a RocksDB secondary instance (lib/spill_reader.h), which takes no lock.
+// Once writes stop for kIdleFlushMs, a thread of the store flushes the
+// memtables to a table file: rows left in them would stay, for as long as
+// nothing more is spilled, in every reader's memtable (which a secondary
+// instance fills from the write-ahead log), and every key a reader looks up
+// would be searched there first (a fifth of a 3 KB spilled read's time:
+// docs/performance.md, issue 36). Readers drop theirs at their next
+// catch-up (lib/spill_reader.h), once the store wrote one key after the
+// flush (WriteFlushMarker says why).
+//
 // Thread safety: all methods may be called concurrently (RocksDB is
-// thread-safe).
+// thread-safe). The flushing thread ends in DestroyAll or the destructor,
+// before the database closes.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "port/mutex.h"
@@ -64,6 +76,11 @@ class SpillStore {
 
   const std::string& path() const { return path_; }
 
+  // Rows written and in no table file yet (the memtables' entries; after
+  // an idle flush, the one key written to let readers drop their copies).
+  uint64_t UnflushedRows() const;
+  static constexpr int kIdleFlushMs = 300;
+
   // The memtables RocksDB writes into: their size and how many may be full
   // at once. Rows not yet flushed are held there (and, replayed from the
   // write-ahead log, in every reader's secondary instance) and need this
@@ -95,6 +112,12 @@ class SpillStore {
   // OK and the free bytes of its file system while the database's directory
   // is there; IOError naming the cause otherwise.
   Status CheckDirectory(uint64_t* free_bytes) const;
+  // The flushing thread: flushes the memtables once no write came for
+  // kIdleFlushMs after the last one, until StopFlusher.
+  void FlushWhenIdle();
+  void StopFlusher();
+  // Writes the key that lets readers drop what a flush wrote out.
+  void WriteFlushMarker();
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
@@ -103,6 +126,12 @@ class SpillStore {
   std::atomic<bool> failed_{false};
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped
+  Mutex flush_mu_;
+  CondVar flush_cv_;
+  bool unflushed_ GUARDED_BY(flush_mu_) = false;  // a write since the last flush
+  bool closing_ GUARDED_BY(flush_mu_) = false;
+  std::chrono::steady_clock::time_point last_write_ GUARDED_BY(flush_mu_);
+  std::thread flusher_;
 };
 
 }  // namespace shmcache

@@ -1,7 +1,7 @@
 #include "lib/spill_reader.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -156,6 +156,11 @@ void SpillReader::MultiGet(
     uint32_t cache_id, std::span<const uint64_t> ids,
     const std::function<void(size_t, std::span<const std::byte>)>& found,
     std::span<bool> got) {
+  if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) >= kRefreshIntervalMs) {
+    // A failure here is met again, and answered, by the caller's catch-up
+    // for a row this view lacks.
+    CatchUpUnlessWithin(kRefreshIntervalMs);
+  }
   ValueBuffers& buffers = TheValueBuffers();
   std::vector<SpillKey>& keys = buffers.keys;
   std::vector<rocksdb::Slice>& slices = buffers.slices;
@@ -183,7 +188,18 @@ void SpillReader::MultiGet(
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {
-  if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) < kCatchUpIntervalMs) {
+  return CatchUpUnlessWithin(kCatchUpIntervalMs);
+}
+
+uint64_t SpillReader::MemtableRows() {
+  uint64_t active = 0, immutable = 0;
+  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesActiveMemTable, &active);
+  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesImmMemTables, &immutable);
+  return active + immutable;
+}
+
+SpillReader::CatchUp SpillReader::CatchUpUnlessWithin(int64_t interval_ms) {
+  if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) < interval_ms) {
     return CatchUp::kSkipped;
   }
   bool idle = false;

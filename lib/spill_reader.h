@@ -50,9 +50,10 @@ class SpillReader {
   // Reads rows ids[i] of the cache. For each one found, calls
   // found(i, bytes) with the encoded row (valid during the call) and sets
   // got[i] true; got[i] is false for rows not found or not readable, which
-  // are left to the caller. The calling thread keeps the buffers RocksDB
-  // copies values into for its next call (spill_reader.cc), so `found`
-  // must not call MultiGet itself.
+  // are left to the caller. It catches up first when kRefreshIntervalMs
+  // passed since the last catch-up. The calling thread keeps the buffers
+  // RocksDB copies values into for its next call (spill_reader.cc), so
+  // `found` must not call MultiGet itself.
   void MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
                 const std::function<void(size_t, std::span<const std::byte>)>& found,
                 std::span<bool> got);
@@ -62,16 +63,25 @@ class SpillReader {
   // followed any more (removed, replaced): Forget this reader.
   enum class CatchUp { kDone, kSkipped, kFailed };
   CatchUp MaybeCatchUp();
+  // Rows this reader holds in its own memtables (replayed from the daemon's
+  // write-ahead log), which it searches before its table files.
+  uint64_t MemtableRows();
 
   const std::string& path() const { return path_; }
 
   static constexpr int64_t kCatchUpIntervalMs = 50;
+  // MultiGet catches up first when the last catch-up is older than this: a
+  // reader that finds every row it asks for would otherwise never see the
+  // daemon flush its memtables (SpillStore flushes once writes stop), and
+  // would go on searching, and holding, the rows it replayed from the log.
+  static constexpr int64_t kRefreshIntervalMs = 1000;
   // A thread's MultiGet keeps the buffers RocksDB copies values into from
   // call to call, each up to this size (spill_reader.cc says why).
   static constexpr size_t kKeptValueBytes = 16 << 10;
 
  private:
   SpillReader() = default;
+  CatchUp CatchUpUnlessWithin(int64_t interval_ms);
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;

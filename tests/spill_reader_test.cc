@@ -161,7 +161,7 @@ TEST_F(SpillReaderTest, KeptBuffersNeverShowAFormerRowsBytes) {
     // every size at positions that differ from round to round.
     std::vector<uint64_t> ids;
     for (size_t k = 0; k < 2 * kBatch + 9; ++k) {
-      if (k % 11 == 3) ids.push_back(kRows + 1000 + k);  // not there
+      if (k % 11 == 3) ids.push_back(kRows + 1000 + k);                 // not there
       else if (k % 13 == 5 && !ids.empty()) ids.push_back(ids[k / 2]);  // again
       else ids.push_back((round * 37 + k * 5 + round * k) % kRows);
     }

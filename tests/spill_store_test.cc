@@ -2,8 +2,10 @@
 // on the disk at open (4 of 16 MB on a roomy disk, 2 of 8 MB on a small
 // one), and rows written in batches across more than one memtable, the
 // newest of them not flushed, read back whole by another process through
-// its own secondary instance, as the daemon's readers do. A full disk with
-// the small memtables: spill_stage_test.cc, spill_test.cc.
+// its own secondary instance, as the daemon's readers do; rows flushed to
+// a table file once writes stop, and a reader that reads them lets go of
+// the copies it replayed from the log. A full disk with the small
+// memtables: spill_stage_test.cc, spill_test.cc.
 #include "daemon/spill_store.h"
 
 #include <sys/statvfs.h>
@@ -22,6 +24,7 @@
 #include "tests/support/child_process.h"
 #include "tests/support/files.h"
 #include "tests/support/tmpfs_mount.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache {
 namespace {
@@ -126,6 +129,57 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
   });
   ASSERT_GT(child, 0);
   EXPECT_EQ(test::WaitChild(child), 0) << "2: no reader; 3: a row not read back whole";
+  store.reset();
+  test::RemoveTree(dir);
+}
+
+TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
+  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
+  // Far fewer rows than a memtable holds: RocksDB would keep them there.
+  constexpr uint64_t kRows = 200;
+  constexpr size_t kRowBytes = 3 << 10;
+  rocksdb::WriteBatch batch;
+  for (uint64_t id = 0; id < kRows; ++id) {
+    SpillKey k(kCache, id);
+    ASSERT_TRUE(batch.Put(k.slice(), RowOf(id, kRowBytes)).ok());
+  }
+  ASSERT_TRUE(store->Write(&batch, kRows * kRowBytes).ok());
+  // A reader opened now replays them from the log into its memtable.
+  std::unique_ptr<SpillReader> reader;
+  ASSERT_TRUE(SpillReader::Open(store->path(), &reader).ok());
+  ASSERT_EQ(reader->MemtableRows(), kRows);
+  // Writes stopped: the store flushes them (what stays is the one key it
+  // writes after a flush so that readers drop their copies).
+  EXPECT_TRUE(test::WaitFor([&] { return store->UnflushedRows() <= 1; }))
+      << store->UnflushedRows() << " rows still in the daemon's memtables";
+  // The reader, reading, catches up and keeps no copy; every row still
+  // reads back whole, now from the table file.
+  std::vector<uint64_t> ids(kRows);
+  for (uint64_t id = 0; id < kRows; ++id) ids[id] = id;
+  std::unique_ptr<bool[]> got(new bool[kRows]());
+  uint64_t whole = 0;
+  auto read_all = [&] {
+    whole = 0;
+    reader->MultiGet(
+        kCache, ids,
+        [&](size_t i, std::span<const std::byte> bytes) {
+          const std::string want = RowOf(ids[i], kRowBytes);
+          whole += bytes.size() == want.size() &&
+                   std::equal(bytes.begin(), bytes.end(),
+                              reinterpret_cast<const std::byte*>(want.data()));
+        },
+        std::span(got.get(), kRows));
+  };
+  EXPECT_TRUE(test::WaitFor([&] {
+    read_all();
+    return reader->MemtableRows() <= 1;
+  })) << reader->MemtableRows()
+      << " rows still in the reader's memtables";
+  read_all();
+  EXPECT_EQ(whole, kRows);
+  reader.reset();
   store.reset();
   test::RemoveTree(dir);
 }
