@@ -88,6 +88,18 @@ layout::ChunkHeader* SegmentAllocator::ChunkAt(uint32_t seg_no, uint64_t offset,
   return h;
 }
 
+uint64_t SegmentAllocator::ChunkSizeFor(uint64_t need) {
+  const uint64_t want = layout::ChunkBytesFor(need);
+  if (need == 0) return kChunkBytes;
+  if (want >= kChunkBytes) return want;
+  // Rows of one shape (decoded tensors) come one after another: a chunk of
+  // whole rows of the asking one's size leaves no tail that the next row
+  // cannot use (4 MB held six 588 KB rows and a 0.55 MB tail, 14%, that
+  // only a smaller row could take).
+  const uint64_t rows = (kChunkBytes - sizeof(layout::ChunkHeader)) / need;
+  return layout::ChunkBytesFor(rows * need);
+}
+
 Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
                                MemoryAccount* account, ChunkLease* out, bool* wait) {
   if (wait != nullptr) *wait = false;
@@ -122,7 +134,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
     if (!s.ok() || (wait != nullptr && *wait)) return s;
   }
   uint64_t avail = seg->size - seg->carved;
-  uint64_t size = std::min(avail, std::max(want, kChunkBytes));
+  uint64_t size = std::min(avail, ChunkSizeFor(need));
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
   size = size / layout::kCacheLine * layout::kCacheLine;
   uint64_t offset = seg->carved;

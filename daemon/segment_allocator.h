@@ -86,6 +86,10 @@ class SegmentAllocator {
   // segment is made on the spot.
   Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
                ChunkLease* out, bool* wait = nullptr);
+  // The size of a new chunk carved for a row of `need` bytes: the row
+  // alone when it is kChunkBytes or more, else as many rows of that size as
+  // kChunkBytes holds (a chunk of whole rows: no tail when rows are alike).
+  static uint64_t ChunkSizeFor(uint64_t need);
   // Takes back the unused tail of a chunk leased to `conn`.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   // The connection ended. recycle: its process is gone, so the unused
