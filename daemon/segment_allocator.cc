@@ -26,6 +26,13 @@ Status FullStatus(const std::string& msg, bool by_cap) {
 }
 
 constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+// Pages are supplied in whole 2 MB pages (huge pages where the shm dir has
+// them), up to the segment's end.
+constexpr uint64_t kSupplyAlign = 2u << 20;
+uint64_t SupplyEnd(uint64_t end, uint64_t seg_size) {
+  return std::min(seg_size, AlignUp(end, kSupplyAlign));
+}
 }  // namespace
 
 SegmentAllocator::SegmentAllocator(const InstancePaths& paths, uint32_t cache_id,
@@ -125,6 +132,9 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   uint64_t size = std::min(avail, std::max(want, kChunkBytes));
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
   size = size / layout::kCacheLine * layout::kCacheLine;
+  // Only supplied pages are handed out (see SegmentJob).
+  Status supplied = SupplyFor(seg, seg->carved + size, wait);
+  if (!supplied.ok() || (wait != nullptr && *wait)) return supplied;
   uint64_t offset = seg->carved;
   ChunkAt(seg->seg_no, offset, size);
   seg->carved += size;
@@ -185,11 +195,15 @@ uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
   return want >= min_bytes ? want : 0;
 }
 
+uint64_t SegmentAllocator::FirstSupply(uint64_t size) {
+  return SupplyEnd(layout::kSegmentHeaderSize + kChunkBytes, size);
+}
+
 Status SegmentAllocator::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
                                            uint32_t seg_no, int node, uint64_t size,
-                                           ShmFile* out) {
+                                           ShmFile* out, uint64_t supply) {
   ShmFile f;
-  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f);
+  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f, supply);
   if (!s.ok()) return s;
   FormatSegment(&f, cache_id, seg_no, node, size);
   *out = std::move(f);
@@ -205,7 +219,8 @@ Status SegmentAllocator::CreateNextSegment(int node, uint64_t size, uint32_t* se
   auto name = [&](uint32_t i) { return paths_.SegmentFile(cache_id_, first + i); };
   uint32_t chosen;
   std::string skipped;
-  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped);
+  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped,
+                                  FirstSupply(size));
   if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   // A number that failed otherwise (no room) was removed and is free again.
   next_seg_no_ = first + chosen + (s.ok() ? 1 : 0);
@@ -230,11 +245,46 @@ void SegmentAllocator::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg
   h->file.magic = layout::kSegmentMagic;
 }
 
-void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size,
-                                  ShmFile file) {
-  segments_.emplace(
-      seg_no, Segment{seg_no, node, size, layout::kSegmentHeaderSize, std::move(file)});
+void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
+                                  uint64_t supplied) {
+  Segment seg{seg_no, node, size, layout::kSegmentHeaderSize, std::move(file)};
+  seg.supplied = supplied;
+  segments_.emplace(seg_no, std::move(seg));
   current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+}
+
+Status SegmentAllocator::SupplyFor(Segment* seg, uint64_t end, bool* wait) {
+  if (!seg->supply_error.ok()) {
+    // The last job found no room (or failed otherwise): this lease says so.
+    Status s = std::move(seg->supply_error);
+    seg->supply_error = Status::OK();
+    if (s.IsFull()) MarkFull(s.message());
+    if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
+    return s;
+  }
+  if (end <= seg->supplied) return Status::OK();
+  if (wait != nullptr) {
+    seg->supply_need = std::max(seg->supply_need, end);
+    *wait = true;
+    return Status::OK();
+  }
+  if (seg->supplying) {
+    // Clearing pages a job may still be clearing would clear rows written
+    // meanwhile; only a stopping server leases without waiting.
+    return Status::Unavailable(
+        fmt::format("cache {}: the pages of segment {} are still being supplied",
+                    cache_id_, seg->seg_no));
+  }
+  const uint64_t to = SupplyEnd(std::max(end, seg->supplied + kSupplyStep), seg->size);
+  Status s =
+      ShmFile::Supply(paths_.SegmentFile(cache_id_, seg->seg_no), seg->supplied, to);
+  if (!s.ok()) {
+    if (s.IsFull()) MarkFull(s.message());
+    if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
+    return s;
+  }
+  seg->supplied = to;
+  return Status::OK();
 }
 
 Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* account,
@@ -246,7 +296,7 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
                            [&](const Prepared& p) { return p.size >= min_bytes; });
   if (fits != ready.end()) {
     uint32_t seg_no = fits->seg_no;
-    AddSegment(seg_no, node, fits->size, std::move(fits->file));
+    AddSegment(seg_no, node, fits->size, std::move(fits->file), fits->supplied);
     ready.erase(fits);
     *out = &segments_.at(seg_no);
     return Status::OK();
@@ -275,7 +325,7 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
   }
   account->Reserve(want);
   data_bytes_ += want;
-  AddSegment(seg_no, node, want, std::move(f));
+  AddSegment(seg_no, node, want, std::move(f), FirstSupply(want));
   *out = &segments_.at(seg_no);
   return Status::OK();
 }
@@ -307,14 +357,54 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
     account->Reserve(size);
     data_bytes_ += size;
     ++preparing_[n];
-    jobs.push_back(SegmentJob{cache_id_, next_seg_no_++, node, size});
+    jobs.push_back(
+        SegmentJob{cache_id_, next_seg_no_++, node, size, true, 0, FirstSupply(size)});
   }
   return jobs;
+}
+
+std::vector<SegmentJob> SegmentAllocator::TakeSupplyJobs(int node) {
+  const size_t n = static_cast<size_t>(node);
+  std::vector<SegmentJob> jobs;
+  if (released_ || current_[n] < 0) return jobs;
+  Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
+  if (cur.supplying || cur.supplied >= cur.size || !cur.supply_error.ok()) return jobs;
+  if (cur.supplied - cur.carved >= kSupplyStep && cur.supply_need <= cur.supplied) {
+    return jobs;
+  }
+  const uint64_t to =
+      SupplyEnd(std::max(cur.supplied + kSupplyStep, cur.supply_need), cur.size);
+  cur.supplying = true;
+  jobs.push_back(
+      SegmentJob{cache_id_, cur.seg_no, cur.node, cur.size, false, cur.supplied, to});
+  return jobs;
+}
+
+Status SegmentAllocator::RunSegmentJob(const InstancePaths& paths, const SegmentJob& job,
+                                       ShmFile* file) {
+  if (job.create) {
+    return CreateSegmentFile(paths, job.cache_id, job.seg_no, job.node, job.size, file,
+                             job.supply_to);
+  }
+  return ShmFile::Supply(paths.SegmentFile(job.cache_id, job.seg_no), job.supply_from,
+                         job.supply_to);
 }
 
 void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& made,
                                         ShmFile file, MemoryAccount* account) {
   size_t n = static_cast<size_t>(job.node);
+  if (!job.create) {
+    auto it = segments_.find(job.seg_no);
+    if (released_ || it == segments_.end()) return;
+    Segment& seg = it->second;
+    seg.supplying = false;
+    if (made.ok()) {
+      seg.supplied = std::max(seg.supplied, job.supply_to);
+    } else {
+      seg.supply_error = made;
+    }
+    return;
+  }
   if (released_) {
     // Release already released the reservation and unlinked what it knew.
     ShmFile::Unlink(paths_.SegmentFile(cache_id_, job.seg_no)).PermitUncheckedError();
@@ -332,7 +422,7 @@ void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& mad
   auto& ready = prepared_[n];
   auto at = std::find_if(ready.begin(), ready.end(),
                          [&](const Prepared& p) { return p.seg_no > job.seg_no; });
-  ready.insert(at, Prepared{job.seg_no, job.size, std::move(file)});
+  ready.insert(at, Prepared{job.seg_no, job.size, std::move(file), job.supply_to});
 }
 
 Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
@@ -370,10 +460,13 @@ Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
   if (carved == layout::kSegmentHeaderSize) {
     // Made ahead of need and never used: handed out when the node's
     // current segment is used up, as it would have been.
-    prepared_[n].push_back(Prepared{seg_no, size, std::move(f)});
+    prepared_[n].push_back(
+        Prepared{seg_no, size, std::move(f), layout::kSegmentHeaderSize});
     return Status::OK();
   }
-  segments_.emplace(seg_no, Segment{seg_no, node, size, carved, std::move(f)});
+  Segment seg{seg_no, node, size, carved, std::move(f)};
+  seg.supplied = carved;
+  segments_.emplace(seg_no, std::move(seg));
   current_[n] = static_cast<int>(seg_no);
   return Status::OK();
 }
