@@ -196,7 +196,7 @@ uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
 }
 
 uint64_t SegmentAllocator::FirstSupply(uint64_t size) {
-  return SupplyEnd(layout::kSegmentHeaderSize + kChunkBytes, size);
+  return SupplyEnd(layout::kSegmentHeaderSize + kSupplyAhead, size);
 }
 
 Status SegmentAllocator::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
@@ -369,7 +369,7 @@ std::vector<SegmentJob> SegmentAllocator::TakeSupplyJobs(int node) {
   if (released_ || current_[n] < 0) return jobs;
   Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
   if (cur.supplying || cur.supplied >= cur.size || !cur.supply_error.ok()) return jobs;
-  if (cur.supplied - cur.carved >= kSupplyStep && cur.supply_need <= cur.supplied) {
+  if (cur.supplied - cur.carved >= kSupplyAhead && cur.supply_need <= cur.supplied) {
     return jobs;
   }
   const uint64_t to =

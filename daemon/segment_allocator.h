@@ -49,12 +49,11 @@ class Logger;
 // A segment file is created at its full size but sparse: only the pages a
 // writer may be handed next are supplied (allocated and cleared), in steps
 // of kSupplyStep ahead of the segment's carve mark, so that pages made
-// ahead of need are bounded (two steps for the segment being carved, and
-// the first chunk's pages of each segment made ahead) whatever the cache's
-// size, while the segments keep their sizes (a quarter of the cache each:
-// few segments for readers to map). A chunk is leased only from supplied
-// pages: a writer never touches a hole, so a full /dev/shm is a Full
-// status from the supply, never a SIGBUS.
+// ahead of need are bounded (about 26 MB for the segment being carved, and
+// the first 18 MB of each segment made ahead) whatever the cache's size, while the
+// segments keep their sizes (a quarter of the cache each: few segments for readers to
+// map). A chunk is leased only from supplied pages: a writer never touches a hole, so a
+// full /dev/shm is a Full status from the supply, never a SIGBUS.
 struct SegmentJob {
   uint32_t cache_id;
   uint32_t seg_no;
@@ -79,10 +78,13 @@ class SegmentAllocator {
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
   // At most this many segments are made at once for one node of a cache.
   static constexpr int kMaxParallel = 64;
-  // The pages of a segment are supplied this many bytes at a time, when
-  // fewer than this many are left supplied past its carve mark (2 MB
-  // aligned, for huge pages).
+  // The pages of a segment are supplied kSupplyStep bytes at a time, when
+  // fewer than kSupplyAhead are left supplied past its carve mark (2 MB
+  // aligned, for huge pages): at most kSupplyAhead + kSupplyStep (+ 2 MB)
+  // ahead. A segment made ahead of need comes with kSupplyAhead supplied,
+  // so that a writer moving into it goes on without waiting for a step.
   static constexpr uint64_t kSupplyStep = 8u << 20;
+  static constexpr uint64_t kSupplyAhead = 16u << 20;
 
   SegmentAllocator(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
                    Logger* log);
@@ -131,7 +133,7 @@ class SegmentAllocator {
   // the number of segments stays what it was.
   std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
   // The next pages of the node's current segment: one job when fewer than
-  // kSupplyStep are supplied past its carve mark (or a waiting lease needs
+  // kSupplyAhead are supplied past its carve mark (or a waiting lease needs
   // more) and none is out for it; kSupplyStep more, or what the lease needs.
   std::vector<SegmentJob> TakeSupplyJobs(int node);
   // Runs a job (either kind): *file is the new segment's mapping for a
@@ -145,8 +147,8 @@ class SegmentAllocator {
   static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
                                   uint32_t seg_no, int node, uint64_t size, ShmFile* out,
                                   uint64_t supply = UINT64_MAX);
-  // Bytes of a new segment of `size` supplied with it: its header and a
-  // first chunk, in whole 2 MB pages.
+  // Bytes of a new segment of `size` supplied with it: its header and
+  // kSupplyAhead, in whole 2 MB pages.
   static uint64_t FirstSupply(uint64_t size);
 
   // Takes over segment `seg_no` an earlier server left, once it is checked
