@@ -9,7 +9,7 @@ every case against each server in turn, the order alternating between
 rounds, each in a fresh process under that build's Python package and a
 fresh session (destroyed after):
   fill_150k / fill_588k  one writer, put_batch of 8, 2,000 x 150 KB and
-          1,200 x 588 KB rows (float32 for 588 KB, as the JPEG rows) into a
+          1,200 x 588 KB rows (fill_588k_nN: N rows) (float32 for 588 KB, as the JPEG rows) into a
           2 GB cache: the segment files' allocated bytes (st_blocks) against
           the rows' bytes, the number of segments, and the daemon's CPU per
           row (/proc/PID/stat around the puts);
@@ -93,9 +93,9 @@ def run_case(srv, case):
     sid = int(srv.admin("-g").split()[-1])
     kind, size_s, *rest = case.split("_")
     size = {"3k": 3 * KB, "150k": 150 * KB, "588k": 588 * KB}[size_s]
-    procs = int(rest[0][1:]) if rest else 1
+    procs = int(rest[0][1:]) if rest and rest[0][0] == "p" else 1
     if kind == "fill":
-        n = 2000 if size == 150 * KB else 1200
+        n = int(rest[0][1:]) if rest else 2000 if size == 150 * KB else 1200
         bs, batches = 8, n // 8
     else:
         bs, batches = 64, 400 if size == 3 * KB else 40
@@ -165,7 +165,8 @@ def main():
     print("\ncase          key                 " +
           "  ".join(f"build{b} median [range]" for b in range(len(builds))) + "  new/old")
     for c in cases:
-        for k in ("rows_per_s", "daemon_us_per_row", "allocated_mb", "rows_mb", "segments"):
+        for k in ("rows_per_s", "daemon_us_per_row", "allocated_mb", "segment_mb", "rows_mb",
+                  "segments"):
             meds = []
             cols = []
             for b in range(len(builds)):

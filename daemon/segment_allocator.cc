@@ -46,6 +46,7 @@ SegmentAllocator::SegmentAllocator(const InstancePaths& paths, uint32_t cache_id
       parallel_(static_cast<size_t>(num_nodes), 1),
       batch_bytes_(static_cast<size_t>(num_nodes), 0),
       current_(static_cast<size_t>(num_nodes), -1),
+      open_(static_cast<size_t>(num_nodes)),
       tails_(static_cast<size_t>(num_nodes)) {}
 
 void SegmentAllocator::Attach(layout::CacheHeader* header, const std::string& label,
@@ -69,6 +70,7 @@ uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
     node.clear();
   }
   segments_.clear();
+  for (auto& node : open_) node.clear();
   leases_.clear();
   data_bytes_ = 0;
   header_ = nullptr;
@@ -118,20 +120,40 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
       return Status::OK();
     }
   }
+  // The oldest open segment whose supplied pages hold the chunk; else one
+  // with room whose pages are still to come.
+  const size_t n = static_cast<size_t>(node);
   Segment* seg = nullptr;
-  int cur = current_[static_cast<size_t>(node)];
-  if (cur >= 0 && segments_.at(static_cast<uint32_t>(cur)).size -
-                          segments_.at(static_cast<uint32_t>(cur)).carved >=
-                      want) {
-    seg = &segments_.at(static_cast<uint32_t>(cur));
-  } else {
+  Segment* filling = nullptr;
+  for (uint32_t no : open_[n]) {
+    Segment& s = segments_.at(no);
+    if (s.size - s.carved < want) continue;
+    if (!s.supply_error.ok() || s.carved + ChunkSize(s, want) <= s.supplied) {
+      seg = &s;
+      break;
+    }
+    if (filling == nullptr) filling = &s;
+  }
+  if (seg == nullptr && filling != nullptr && wait != nullptr &&
+      PreparedFits(node, want)) {
+    // The writers outran the open segments' page supply: the next segment
+    // made ahead, whose first pages are ready, is opened beside them rather
+    // than waited for, so that their pages are supplied by as many threads
+    // as there are open segments (one file is one thread's supply).
+    filling = nullptr;
+  }
+  if (seg == nullptr) seg = filling;
+  if (seg == nullptr) {
+    // What is left of the open segments does not hold this row: left, as
+    // the rest of a segment always was.
+    std::erase_if(open_[n], [&](uint32_t no) {
+      const Segment& s = segments_.at(no);
+      return s.size - s.carved < want;
+    });
     Status s = NewSegment(node, want, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
   }
-  uint64_t avail = seg->size - seg->carved;
-  uint64_t size = std::min(avail, std::max(want, kChunkBytes));
-  if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
-  size = size / layout::kCacheLine * layout::kCacheLine;
+  const uint64_t size = ChunkSize(*seg, want);
   // Only supplied pages are handed out (see SegmentJob).
   Status supplied = SupplyFor(seg, seg->carved + size, wait);
   if (!supplied.ok() || (wait != nullptr && *wait)) return supplied;
@@ -142,6 +164,20 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   *out = ChunkLease{seg->seg_no, offset, size};
   leases_[conn].push_back(*out);
   return Status::OK();
+}
+
+uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t want) {
+  const uint64_t avail = seg.size - seg.carved;
+  uint64_t size = std::min(avail, std::max(want, kChunkBytes));
+  if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
+  return size / layout::kCacheLine * layout::kCacheLine;
+}
+
+bool SegmentAllocator::PreparedFits(int node, uint64_t want) const {
+  const uint64_t min_bytes = layout::SegmentBytesFor(want);
+  const auto& ready = prepared_[static_cast<size_t>(node)];
+  return std::any_of(ready.begin(), ready.end(),
+                     [&](const Prepared& p) { return p.size >= min_bytes; });
 }
 
 void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
@@ -251,6 +287,7 @@ void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmF
   seg.supplied = supplied;
   segments_.emplace(seg_no, std::move(seg));
   current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+  open_[static_cast<size_t>(node)].push_back(seg_no);
 }
 
 Status SegmentAllocator::SupplyFor(Segment* seg, uint64_t end, bool* wait) {
@@ -337,7 +374,8 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
   std::vector<SegmentJob> jobs;
   if (released_ || preparing_[n] > 0 || current_[n] < 0) return jobs;
   const Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
-  uint64_t ahead = cur.size - cur.carved;
+  uint64_t ahead = 0;
+  for (uint32_t no : open_[n]) ahead += segments_.at(no).size - segments_.at(no).carved;
   for (const Prepared& p : prepared_[n]) ahead += p.size;
   if (ahead > std::max(cur.size, batch_bytes_[n]) / 2) return jobs;
   const uint64_t k_max = static_cast<uint64_t>(
@@ -364,19 +402,20 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
 }
 
 std::vector<SegmentJob> SegmentAllocator::TakeSupplyJobs(int node) {
-  const size_t n = static_cast<size_t>(node);
   std::vector<SegmentJob> jobs;
-  if (released_ || current_[n] < 0) return jobs;
-  Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
-  if (cur.supplying || cur.supplied >= cur.size || !cur.supply_error.ok()) return jobs;
-  if (cur.supplied - cur.carved >= kSupplyAhead && cur.supply_need <= cur.supplied) {
-    return jobs;
+  if (released_) return jobs;
+  for (uint32_t no : open_[static_cast<size_t>(node)]) {
+    Segment& seg = segments_.at(no);
+    if (seg.supplying || seg.supplied >= seg.size || !seg.supply_error.ok()) continue;
+    if (seg.supplied - seg.carved >= kSupplyAhead && seg.supply_need <= seg.supplied) {
+      continue;
+    }
+    const uint64_t to =
+        SupplyEnd(std::max(seg.supplied + kSupplyStep, seg.supply_need), seg.size);
+    seg.supplying = true;
+    jobs.push_back(
+        SegmentJob{cache_id_, seg.seg_no, seg.node, seg.size, false, seg.supplied, to});
   }
-  const uint64_t to =
-      SupplyEnd(std::max(cur.supplied + kSupplyStep, cur.supply_need), cur.size);
-  cur.supplying = true;
-  jobs.push_back(
-      SegmentJob{cache_id_, cur.seg_no, cur.node, cur.size, false, cur.supplied, to});
   return jobs;
 }
 
@@ -468,6 +507,7 @@ Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
   seg.supplied = carved;
   segments_.emplace(seg_no, std::move(seg));
   current_[n] = static_cast<int>(seg_no);
+  open_[n].push_back(seg_no);
   return Status::OK();
 }
 

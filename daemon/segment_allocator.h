@@ -220,6 +220,10 @@ class SegmentAllocator {
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
+  // The chunk Lease carves from `seg` for a row needing `want` bytes.
+  static uint64_t ChunkSize(const Segment& seg, uint64_t want);
+  // A segment made ahead of need holds a chunk of `want`.
+  bool PreparedFits(int node, uint64_t want) const;
   // Makes sure the pages of `seg` below `end` are supplied before a chunk
   // is carved there: at once without `wait`, else by a job (*wait set).
   Status SupplyFor(Segment* seg, uint64_t end, bool* wait);
@@ -249,6 +253,9 @@ class SegmentAllocator {
   std::vector<int> parallel_;                           // per node: segments a batch
   std::vector<uint64_t> batch_bytes_;                   // per node: the last batch
   std::vector<int> current_;                            // per node: seg_no or -1
+  // Per node: the segments chunks are carved from, oldest first (see
+  // Lease); the newest is current_.
+  std::vector<std::vector<uint32_t>> open_;
   std::vector<std::vector<Tail>> tails_;                // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
 };
