@@ -17,8 +17,9 @@ fresh session (destroyed after):
           rows (3 KB: 400 batches each; 150 KB: 40 each) into one cache:
           rows/s from the first put to the last (the processes start
           together on a pipe).
-Prints a line per run and, per case, each build's median and range and
-NEW/OLD of the medians. Measures; asserts nothing but that every put was
+Prints a line per run and, per case, each build's median and range,
+NEW/OLD of the medians, and the median and range of NEW/OLD within each
+round (the two runs of a round are adjacent in time). Measures; asserts nothing but that every put was
 stored.
 """
 
@@ -174,8 +175,14 @@ def main():
                 meds.append(statistics.median(v))
                 cols.append(f"{meds[-1]:10.1f} [{min(v):.1f}-{max(v):.1f}]")
             ratio = meds[-1] / meds[0] if meds[0] else float("nan")
-            summary[f"{c}.{k}"] = dict(medians=meds, ratio=ratio)
-            print(f"{c:<13} {k:<18} " + "  ".join(cols) + f"  {ratio:.3f}")
+            # The same round's runs are adjacent in time: their ratio is
+            # steadier than the ratio of medians on a machine shared with others.
+            paired = [rb[k] / ra[k] for ra, rb in zip(results[(0, c)], results[(len(builds) - 1, c)])
+                      if ra[k]]
+            pm = statistics.median(paired) if paired else float("nan")
+            summary[f"{c}.{k}"] = dict(medians=meds, ratio=ratio, paired=paired)
+            print(f"{c:<13} {k:<18} " + "  ".join(cols) + f"  {ratio:.3f}  paired "
+                  f"{pm:.3f} [{min(paired, default=0):.2f}-{max(paired, default=0):.2f}]")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(builds=builds, results={f"{b}:{c}": v for (b, c), v in

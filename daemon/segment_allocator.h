@@ -97,7 +97,13 @@ class SegmentAllocator {
   void Attach(layout::CacheHeader* header, const std::string& label,
               uint64_t budget_bytes);
 
-  // A chunk of at least `need` bytes of row space for connection `conn`.
+  // A chunk of at least `need` bytes of row space for connection `conn`:
+  // a recycled tail, or carved from the node's open segments, the oldest
+  // whose supplied pages hold it. With `wait`, when none does but a segment
+  // made ahead of need fits, that one is opened beside them (the writers
+  // outran their page supply: each open segment is supplied by its own
+  // thread); the rest of an open segment that no longer holds the row is
+  // left when the next one is opened, as it always was.
   // Full when the budget or the server cap is used up (the cache is then
   // marked full for every client). TooLarge when only this row does not
   // fit: what is left still holds a segment of layout::kMinSegmentBytes, so
@@ -248,11 +254,11 @@ class SegmentAllocator {
   uint32_t cap_full_bits_ = 0;            // state bits set because the cap ran out
   std::map<uint32_t, Segment> segments_;  // by seg_no
   uint32_t next_seg_no_ = 0;
-  std::vector<std::deque<Prepared>> prepared_;          // per node: made ahead
-  std::vector<int> preparing_;                          // per node: jobs running
-  std::vector<int> parallel_;                           // per node: segments a batch
-  std::vector<uint64_t> batch_bytes_;                   // per node: the last batch
-  std::vector<int> current_;                            // per node: seg_no or -1
+  std::vector<std::deque<Prepared>> prepared_;  // per node: made ahead
+  std::vector<int> preparing_;                  // per node: jobs running
+  std::vector<int> parallel_;                   // per node: segments a batch
+  std::vector<uint64_t> batch_bytes_;           // per node: the last batch
+  std::vector<int> current_;                    // per node: seg_no or -1
   // Per node: the segments chunks are carved from, oldest first (see
   // Lease); the newest is current_.
   std::vector<std::vector<uint32_t>> open_;

@@ -477,6 +477,56 @@ TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarve
   alloc.Release(nullptr);
 }
 
+TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideIt) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 250 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &l).ok());
+  std::vector<SegmentJob> b = alloc.TakeSegmentJobs(0, &account_, 1);
+  ASSERT_EQ(b.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, b[0], &account_));
+  // A writer fills segment b; its supply jobs run when it waits for them,
+  // until the segment after it is named (and made).
+  std::vector<SegmentJob> held, c;
+  bool wait = false;
+  for (int i = 0; i < 64 && c.empty(); ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+    for (const SegmentJob& j : alloc.TakeSupplyJobs(0)) held.push_back(j);
+    if (wait) {
+      for (const SegmentJob& j : held) {
+        ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+      }
+      held.clear();
+      continue;
+    }
+    c = alloc.TakeSegmentJobs(0, &account_, 1);
+  }
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, c[0], &account_));
+  // Now b's supply lags (its jobs are held back): rather than wait for it,
+  // the writer goes on in c, opened beside b, whose pages a job of its own
+  // supplies meanwhile.
+  bool in_c = false;
+  for (int i = 0; i < 16 && !in_c; ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+    ASSERT_FALSE(wait) << "lease " << i << " waited for b's pages";
+    for (const SegmentJob& j : alloc.TakeSupplyJobs(0)) held.push_back(j);
+    in_c = l.seg_no == c[0].seg_no;
+  }
+  ASSERT_TRUE(in_c);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].seg_no, b[0].seg_no);
+  EXPECT_EQ(held[1].seg_no, c[0].seg_no);
+  for (const SegmentJob& j : held) {
+    ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+  }
+  // b's pages supplied again, its rest is leased before c's.
+  ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_EQ(l.seg_no, b[0].seg_no);
+  alloc.Release(nullptr);
+}
+
 TEST_F(SegmentAllocatorTest, AdoptedSegmentMadeAheadIsHandedOutAfterTheCurrentOne) {
   const uint64_t size = layout::kMinSegmentBytes;
   ShmFile used, ahead;
