@@ -97,6 +97,18 @@ layout::ChunkHeader* SegmentAllocator::ChunkAt(uint32_t seg_no, uint64_t offset,
   return h;
 }
 
+uint64_t SegmentAllocator::ChunkSizeFor(uint64_t need) {
+  const uint64_t want = layout::ChunkBytesFor(need);
+  if (need == 0) return kChunkBytes;
+  if (want >= kChunkBytes) return want;
+  // Rows of one shape (decoded tensors) come one after another: a chunk of
+  // whole rows of the asking one's size leaves no tail that the next row
+  // cannot use (4 MB held six 588 KB rows and a 0.55 MB tail, 14%, that
+  // only a smaller row could take).
+  const uint64_t rows = (kChunkBytes - sizeof(layout::ChunkHeader)) / need;
+  return layout::ChunkBytesFor(rows * need);
+}
+
 Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
                                MemoryAccount* account, ChunkLease* out, bool* wait) {
   if (wait != nullptr) *wait = false;
@@ -128,7 +140,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   for (uint32_t no : open_[n]) {
     Segment& s = segments_.at(no);
     if (s.size - s.carved < want) continue;
-    if (!s.supply_error.ok() || s.carved + ChunkSize(s, want) <= s.supplied) {
+    if (!s.supply_error.ok() || s.carved + ChunkSize(s, need) <= s.supplied) {
       seg = &s;
       break;
     }
@@ -153,7 +165,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
     Status s = NewSegment(node, want, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
   }
-  const uint64_t size = ChunkSize(*seg, want);
+  const uint64_t size = ChunkSize(*seg, need);
   // Only supplied pages are handed out (see SegmentJob).
   Status supplied = SupplyFor(seg, seg->carved + size, wait);
   if (!supplied.ok() || (wait != nullptr && *wait)) return supplied;
@@ -166,9 +178,9 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   return Status::OK();
 }
 
-uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t want) {
+uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
   const uint64_t avail = seg.size - seg.carved;
-  uint64_t size = std::min(avail, std::max(want, kChunkBytes));
+  uint64_t size = std::min(avail, ChunkSizeFor(need));
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
   return size / layout::kCacheLine * layout::kCacheLine;
 }

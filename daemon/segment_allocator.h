@@ -118,6 +118,10 @@ class SegmentAllocator {
   // full with one warning, as for a segment that could not be made.
   Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
                ChunkLease* out, bool* wait = nullptr);
+  // The size of a new chunk carved for a row of `need` bytes: the row
+  // alone when it is kChunkBytes or more, else as many rows of that size as
+  // kChunkBytes holds (a chunk of whole rows: no tail when rows are alike).
+  static uint64_t ChunkSizeFor(uint64_t need);
   // Takes back the unused tail of a chunk leased to `conn`.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   // The connection ended. recycle: its process is gone, so the unused
@@ -226,8 +230,9 @@ class SegmentAllocator {
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
-  // The chunk Lease carves from `seg` for a row needing `want` bytes.
-  static uint64_t ChunkSize(const Segment& seg, uint64_t want);
+  // The chunk Lease carves from `seg` for a row of `need` bytes (of
+  // ChunkSizeFor, or the segment's rest).
+  static uint64_t ChunkSize(const Segment& seg, uint64_t need);
   // A segment made ahead of need holds a chunk of `want`.
   bool PreparedFits(int node, uint64_t want) const;
   // Makes sure the pages of `seg` below `end` are supplied before a chunk

@@ -167,6 +167,52 @@ TEST_F(CacheStateTest, RecycledTailTooSmallIsSkipped) {
   EXPECT_EQ(small.offset, a.offset + a.size - tail_bytes);
 }
 
+TEST_F(CacheStateTest, ChunksForAlikeRowsHoldWholeRowsWithNoTail) {
+  // A decoded 224x224x3 float image, encoded: the rows of a first epoch.
+  const uint64_t row = 602176;
+  Create(256 * kMB);
+  ChunkLease c;
+  ASSERT_TRUE(Lease(1, 0, row, &c).ok());
+  int whole = 0;
+  for (int i = 0; i < 40; ++i) {
+    SCOPED_TRACE(testing::Message() << "chunk " << i << " of " << c.size << " bytes");
+    // The client's writes: rows while they fit.
+    uint64_t used = sizeof(layout::ChunkHeader);
+    while (c.size - used >= row) used += row;
+    EXPECT_LE(c.size, SegmentAllocator::kChunkBytes);
+    // A segment's last chunk is what was left of it; its tail is recycled
+    // for a smaller row. Every other chunk is six rows.
+    if (c.offset + c.size < SegmentSize(c.seg_no)) {
+      EXPECT_EQ(used, sizeof(layout::ChunkHeader) + 6 * row);
+      EXPECT_LT(c.size - used, layout::kCacheLine) << "a tail no row of this size fits";
+      ++whole;
+    }
+    Chunk(c)->used.store(used);
+    cache_->Return(1, c.seg_no, c.offset);
+    ASSERT_TRUE(Lease(1, 0, row, &c).ok());
+  }
+  EXPECT_GE(whole, 30) << "few chunks end a segment";
+}
+
+TEST(SegmentAllocatorChunkSize, IsWholeRowsUpToTheChunkSizeAndOneRowPastIt) {
+  const uint64_t header = sizeof(layout::ChunkHeader);
+  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(602176), layout::ChunkBytesFor(6 * 602176));
+  EXPECT_EQ(
+      SegmentAllocator::ChunkSizeFor(3072),
+      layout::ChunkBytesFor((SegmentAllocator::kChunkBytes - header) / 3072 * 3072));
+  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(SegmentAllocator::kChunkBytes - header),
+            SegmentAllocator::kChunkBytes);
+  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(10 * kMB), layout::ChunkBytesFor(10 * kMB));
+  for (uint64_t need : {1ull, 100ull, 4096ull, 150000ull, 2100000ull}) {
+    SCOPED_TRACE(need);
+    uint64_t size = SegmentAllocator::ChunkSizeFor(need);
+    EXPECT_GE(size, header + need);
+    EXPECT_LE(size, SegmentAllocator::kChunkBytes);
+    EXPECT_EQ(size % layout::kCacheLine, 0u);
+    EXPECT_LT((size - header) % need, layout::kCacheLine);
+  }
+}
+
 // ---- A cache's memory: its budget and the server's cap.
 
 TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
