@@ -27,6 +27,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,7 +145,6 @@ def main():
     if "put" in args.cases.split(","):
         cases += [f"put_{s}_p{p}" for s in ("3k", "150k") for p in (1, 2)]
     tmp = tempfile.mkdtemp(prefix="supply_ab.")
-    print("tmp", tmp)
     servers = [Server(os.path.abspath(b), args.port + i, tmp) for i, b in enumerate(builds)]
     results = {(b, c): [] for b in range(len(builds)) for c in cases}
     try:
@@ -162,6 +162,7 @@ def main():
     finally:
         for s in servers:
             s.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     summary = {}
     print("\ncase          key                 " +
           "  ".join(f"build{b} median [range]" for b in range(len(builds))) + "  new/old")
