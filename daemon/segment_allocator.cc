@@ -415,7 +415,10 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
 
 std::vector<SegmentJob> SegmentAllocator::TakeSupplyJobs(int node) {
   std::vector<SegmentJob> jobs;
-  if (released_) return jobs;
+  // A full cache leases nothing more: its pages would be made for nobody.
+  if (released_ || header_->state.load() & (layout::kStateFull | layout::kStateMemFull)) {
+    return jobs;
+  }
   for (uint32_t no : open_[static_cast<size_t>(node)]) {
     Segment& seg = segments_.at(no);
     if (seg.supplying || seg.supplied >= seg.size || !seg.supply_error.ok()) continue;
@@ -518,8 +521,10 @@ Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
   Segment seg{seg_no, node, size, carved, std::move(f)};
   seg.supplied = carved;
   segments_.emplace(seg_no, std::move(seg));
+  // The last one carved is where carving goes on (segments come in order);
+  // the rest of the others is left, as it was when they were carved.
   current_[n] = static_cast<int>(seg_no);
-  open_[n].push_back(seg_no);
+  open_[n].assign(1, seg_no);
   return Status::OK();
 }
 
