@@ -94,6 +94,7 @@ class CacheState {
   bool destroyed() const { return destroyed_; }
 
   std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
+  std::vector<SegmentJob> TakeSupplyJobs(int node) { return alloc_.TakeSupplyJobs(node); }
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                         MemoryAccount* account);
 

@@ -26,6 +26,13 @@ Status FullStatus(const std::string& msg, bool by_cap) {
 }
 
 constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+// Pages are supplied in whole 2 MB pages (huge pages where the shm dir has
+// them), up to the segment's end.
+constexpr uint64_t kSupplyAlign = 2u << 20;
+uint64_t SupplyEnd(uint64_t end, uint64_t seg_size) {
+  return std::min(seg_size, AlignUp(end, kSupplyAlign));
+}
 }  // namespace
 
 SegmentAllocator::SegmentAllocator(const InstancePaths& paths, uint32_t cache_id,
@@ -39,6 +46,7 @@ SegmentAllocator::SegmentAllocator(const InstancePaths& paths, uint32_t cache_id
       parallel_(static_cast<size_t>(num_nodes), 1),
       batch_bytes_(static_cast<size_t>(num_nodes), 0),
       current_(static_cast<size_t>(num_nodes), -1),
+      open_(static_cast<size_t>(num_nodes)),
       tails_(static_cast<size_t>(num_nodes)) {}
 
 void SegmentAllocator::Attach(layout::CacheHeader* header, const std::string& label,
@@ -62,6 +70,7 @@ uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
     node.clear();
   }
   segments_.clear();
+  for (auto& node : open_) node.clear();
   leases_.clear();
   data_bytes_ = 0;
   header_ = nullptr;
@@ -123,20 +132,43 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
       return Status::OK();
     }
   }
+  // The oldest open segment whose supplied pages hold the chunk; else one
+  // with room whose pages are still to come.
+  const size_t n = static_cast<size_t>(node);
   Segment* seg = nullptr;
-  int cur = current_[static_cast<size_t>(node)];
-  if (cur >= 0 && segments_.at(static_cast<uint32_t>(cur)).size -
-                          segments_.at(static_cast<uint32_t>(cur)).carved >=
-                      want) {
-    seg = &segments_.at(static_cast<uint32_t>(cur));
-  } else {
+  Segment* filling = nullptr;
+  for (uint32_t no : open_[n]) {
+    Segment& s = segments_.at(no);
+    if (s.size - s.carved < want) continue;
+    if (!s.supply_error.ok() || s.carved + ChunkSize(s, need) <= s.supplied) {
+      seg = &s;
+      break;
+    }
+    if (filling == nullptr) filling = &s;
+  }
+  if (seg == nullptr && filling != nullptr && wait != nullptr &&
+      PreparedFits(node, want)) {
+    // The writers outran the open segments' page supply: the next segment
+    // made ahead, whose first pages are ready, is opened beside them rather
+    // than waited for, so that their pages are supplied by as many threads
+    // as there are open segments (one file is one thread's supply).
+    filling = nullptr;
+  }
+  if (seg == nullptr) seg = filling;
+  if (seg == nullptr) {
+    // What is left of the open segments does not hold this row: left, as
+    // the rest of a segment always was.
+    std::erase_if(open_[n], [&](uint32_t no) {
+      const Segment& s = segments_.at(no);
+      return s.size - s.carved < want;
+    });
     Status s = NewSegment(node, want, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
   }
-  uint64_t avail = seg->size - seg->carved;
-  uint64_t size = std::min(avail, ChunkSizeFor(need));
-  if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
-  size = size / layout::kCacheLine * layout::kCacheLine;
+  const uint64_t size = ChunkSize(*seg, need);
+  // Only supplied pages are handed out (see SegmentJob).
+  Status supplied = SupplyFor(seg, seg->carved + size, wait);
+  if (!supplied.ok() || (wait != nullptr && *wait)) return supplied;
   uint64_t offset = seg->carved;
   ChunkAt(seg->seg_no, offset, size);
   seg->carved += size;
@@ -144,6 +176,20 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   *out = ChunkLease{seg->seg_no, offset, size};
   leases_[conn].push_back(*out);
   return Status::OK();
+}
+
+uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
+  const uint64_t avail = seg.size - seg.carved;
+  uint64_t size = std::min(avail, ChunkSizeFor(need));
+  if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
+  return size / layout::kCacheLine * layout::kCacheLine;
+}
+
+bool SegmentAllocator::PreparedFits(int node, uint64_t want) const {
+  const uint64_t min_bytes = layout::SegmentBytesFor(want);
+  const auto& ready = prepared_[static_cast<size_t>(node)];
+  return std::any_of(ready.begin(), ready.end(),
+                     [&](const Prepared& p) { return p.size >= min_bytes; });
 }
 
 void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
@@ -197,11 +243,15 @@ uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
   return want >= min_bytes ? want : 0;
 }
 
+uint64_t SegmentAllocator::FirstSupply(uint64_t size) {
+  return SupplyEnd(layout::kSegmentHeaderSize + kSupplyAhead, size);
+}
+
 Status SegmentAllocator::CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
                                            uint32_t seg_no, int node, uint64_t size,
-                                           ShmFile* out) {
+                                           ShmFile* out, uint64_t supply) {
   ShmFile f;
-  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f);
+  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f, supply);
   if (!s.ok()) return s;
   FormatSegment(&f, cache_id, seg_no, node, size);
   *out = std::move(f);
@@ -217,7 +267,8 @@ Status SegmentAllocator::CreateNextSegment(int node, uint64_t size, uint32_t* se
   auto name = [&](uint32_t i) { return paths_.SegmentFile(cache_id_, first + i); };
   uint32_t chosen;
   std::string skipped;
-  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped);
+  Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped,
+                                  FirstSupply(size));
   if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   // A number that failed otherwise (no room) was removed and is free again.
   next_seg_no_ = first + chosen + (s.ok() ? 1 : 0);
@@ -242,11 +293,47 @@ void SegmentAllocator::FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg
   h->file.magic = layout::kSegmentMagic;
 }
 
-void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size,
-                                  ShmFile file) {
-  segments_.emplace(
-      seg_no, Segment{seg_no, node, size, layout::kSegmentHeaderSize, std::move(file)});
+void SegmentAllocator::AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
+                                  uint64_t supplied) {
+  Segment seg{seg_no, node, size, layout::kSegmentHeaderSize, std::move(file)};
+  seg.supplied = supplied;
+  segments_.emplace(seg_no, std::move(seg));
   current_[static_cast<size_t>(node)] = static_cast<int>(seg_no);
+  open_[static_cast<size_t>(node)].push_back(seg_no);
+}
+
+Status SegmentAllocator::SupplyFor(Segment* seg, uint64_t end, bool* wait) {
+  if (!seg->supply_error.ok()) {
+    // The last job found no room (or failed otherwise): this lease says so.
+    Status s = std::move(seg->supply_error);
+    seg->supply_error = Status::OK();
+    if (s.IsFull()) MarkFull(s.message());
+    if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
+    return s;
+  }
+  if (end <= seg->supplied) return Status::OK();
+  if (wait != nullptr) {
+    seg->supply_need = std::max(seg->supply_need, end);
+    *wait = true;
+    return Status::OK();
+  }
+  if (seg->supplying) {
+    // Clearing pages a job may still be clearing would clear rows written
+    // meanwhile; only a stopping server leases without waiting.
+    return Status::Unavailable(
+        fmt::format("cache {}: the pages of segment {} are still being supplied",
+                    cache_id_, seg->seg_no));
+  }
+  const uint64_t to = SupplyEnd(std::max(end, seg->supplied + kSupplyStep), seg->size);
+  Status s =
+      ShmFile::Supply(paths_.SegmentFile(cache_id_, seg->seg_no), seg->supplied, to);
+  if (!s.ok()) {
+    if (s.IsFull()) MarkFull(s.message());
+    if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
+    return s;
+  }
+  seg->supplied = to;
+  return Status::OK();
 }
 
 Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* account,
@@ -258,7 +345,7 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
                            [&](const Prepared& p) { return p.size >= min_bytes; });
   if (fits != ready.end()) {
     uint32_t seg_no = fits->seg_no;
-    AddSegment(seg_no, node, fits->size, std::move(fits->file));
+    AddSegment(seg_no, node, fits->size, std::move(fits->file), fits->supplied);
     ready.erase(fits);
     *out = &segments_.at(seg_no);
     return Status::OK();
@@ -287,7 +374,7 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
   }
   account->Reserve(want);
   data_bytes_ += want;
-  AddSegment(seg_no, node, want, std::move(f));
+  AddSegment(seg_no, node, want, std::move(f), FirstSupply(want));
   *out = &segments_.at(seg_no);
   return Status::OK();
 }
@@ -299,7 +386,8 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
   std::vector<SegmentJob> jobs;
   if (released_ || preparing_[n] > 0 || current_[n] < 0) return jobs;
   const Segment& cur = segments_.at(static_cast<uint32_t>(current_[n]));
-  uint64_t ahead = cur.size - cur.carved;
+  uint64_t ahead = 0;
+  for (uint32_t no : open_[n]) ahead += segments_.at(no).size - segments_.at(no).carved;
   for (const Prepared& p : prepared_[n]) ahead += p.size;
   if (ahead > std::max(cur.size, batch_bytes_[n]) / 2) return jobs;
   const uint64_t k_max = static_cast<uint64_t>(
@@ -319,14 +407,58 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
     account->Reserve(size);
     data_bytes_ += size;
     ++preparing_[n];
-    jobs.push_back(SegmentJob{cache_id_, next_seg_no_++, node, size});
+    jobs.push_back(
+        SegmentJob{cache_id_, next_seg_no_++, node, size, true, 0, FirstSupply(size)});
   }
   return jobs;
+}
+
+std::vector<SegmentJob> SegmentAllocator::TakeSupplyJobs(int node) {
+  std::vector<SegmentJob> jobs;
+  // A full cache leases nothing more: its pages would be made for nobody.
+  if (released_ || header_->state.load() & (layout::kStateFull | layout::kStateMemFull)) {
+    return jobs;
+  }
+  for (uint32_t no : open_[static_cast<size_t>(node)]) {
+    Segment& seg = segments_.at(no);
+    if (seg.supplying || seg.supplied >= seg.size || !seg.supply_error.ok()) continue;
+    if (seg.supplied - seg.carved >= kSupplyAhead && seg.supply_need <= seg.supplied) {
+      continue;
+    }
+    const uint64_t to =
+        SupplyEnd(std::max(seg.supplied + kSupplyStep, seg.supply_need), seg.size);
+    seg.supplying = true;
+    jobs.push_back(
+        SegmentJob{cache_id_, seg.seg_no, seg.node, seg.size, false, seg.supplied, to});
+  }
+  return jobs;
+}
+
+Status SegmentAllocator::RunSegmentJob(const InstancePaths& paths, const SegmentJob& job,
+                                       ShmFile* file) {
+  if (job.create) {
+    return CreateSegmentFile(paths, job.cache_id, job.seg_no, job.node, job.size, file,
+                             job.supply_to);
+  }
+  return ShmFile::Supply(paths.SegmentFile(job.cache_id, job.seg_no), job.supply_from,
+                         job.supply_to);
 }
 
 void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& made,
                                         ShmFile file, MemoryAccount* account) {
   size_t n = static_cast<size_t>(job.node);
+  if (!job.create) {
+    auto it = segments_.find(job.seg_no);
+    if (released_ || it == segments_.end()) return;
+    Segment& seg = it->second;
+    seg.supplying = false;
+    if (made.ok()) {
+      seg.supplied = std::max(seg.supplied, job.supply_to);
+    } else {
+      seg.supply_error = made;
+    }
+    return;
+  }
   if (released_) {
     // Release already released the reservation and unlinked what it knew.
     ShmFile::Unlink(paths_.SegmentFile(cache_id_, job.seg_no)).PermitUncheckedError();
@@ -344,7 +476,7 @@ void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& mad
   auto& ready = prepared_[n];
   auto at = std::find_if(ready.begin(), ready.end(),
                          [&](const Prepared& p) { return p.seg_no > job.seg_no; });
-  ready.insert(at, Prepared{job.seg_no, job.size, std::move(file)});
+  ready.insert(at, Prepared{job.seg_no, job.size, std::move(file), job.supply_to});
 }
 
 Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
@@ -382,11 +514,17 @@ Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
   if (carved == layout::kSegmentHeaderSize) {
     // Made ahead of need and never used: handed out when the node's
     // current segment is used up, as it would have been.
-    prepared_[n].push_back(Prepared{seg_no, size, std::move(f)});
+    prepared_[n].push_back(
+        Prepared{seg_no, size, std::move(f), layout::kSegmentHeaderSize});
     return Status::OK();
   }
-  segments_.emplace(seg_no, Segment{seg_no, node, size, carved, std::move(f)});
+  Segment seg{seg_no, node, size, carved, std::move(f)};
+  seg.supplied = carved;
+  segments_.emplace(seg_no, std::move(seg));
+  // The last one carved is where carving goes on (segments come in order);
+  // the rest of the others is left, as it was when they were carved.
   current_[n] = static_cast<int>(seg_no);
+  open_[n].assign(1, seg_no);
   return Status::OK();
 }
 

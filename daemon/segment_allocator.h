@@ -38,17 +38,32 @@ namespace shmcache {
 
 class Logger;
 
-// Making the next segments of a cache ahead of need, off the store's lock
-// (posix_fallocate and clearing of hundreds of MB take a while):
-// TakeSegmentJobs reserves the memory and names the files; the caller
-// creates each with CreateSegmentFile (several at once on as many threads:
-// the kernel makes one file's pages under that file's lock, so one file is
-// one thread's page supply) and hands each back with FinishSegmentJob.
+// Making the next segments of a cache ahead of need, and their pages, off
+// the store's lock (posix_fallocate and clearing take a while):
+// TakeSegmentJobs reserves the memory and names the files, TakeSupplyJobs
+// names the next pages of the segments being carved; the caller runs each
+// job with RunSegmentJob (several at once on as many threads: the kernel
+// makes one file's pages under that file's lock, so one file is one
+// thread's page supply) and hands it back with FinishSegmentJob.
+//
+// A segment file is created at its full size but sparse: only the pages a
+// writer may be handed next are supplied (allocated and cleared), in steps
+// of kSupplyStep ahead of the segment's carve mark, so that pages made
+// ahead of need are bounded (about 26 MB for the segment being carved, and
+// the first 18 MB of each segment made ahead) whatever the cache's size, while the
+// segments keep their sizes (a quarter of the cache each: few segments for readers to
+// map). A chunk is leased only from supplied pages: a writer never touches a hole, so a
+// full /dev/shm is a Full status from the supply, never a SIGBUS.
 struct SegmentJob {
   uint32_t cache_id;
   uint32_t seg_no;
   int node;
-  uint64_t size;
+  uint64_t size;  // the segment's
+  // A new segment's file (create) with its first supply_to bytes supplied,
+  // or the pages of [supply_from, supply_to) of an existing one.
+  bool create = true;
+  uint64_t supply_from = 0;
+  uint64_t supply_to = 0;
 };
 
 struct ChunkLease {
@@ -63,6 +78,13 @@ class SegmentAllocator {
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
   // At most this many segments are made at once for one node of a cache.
   static constexpr int kMaxParallel = 64;
+  // The pages of a segment are supplied kSupplyStep bytes at a time, when
+  // fewer than kSupplyAhead are left supplied past its carve mark (2 MB
+  // aligned, for huge pages): at most kSupplyAhead + kSupplyStep (+ 2 MB)
+  // ahead. A segment made ahead of need comes with kSupplyAhead supplied,
+  // so that a writer moving into it goes on without waiting for a step.
+  static constexpr uint64_t kSupplyStep = 8u << 20;
+  static constexpr uint64_t kSupplyAhead = 16u << 20;
 
   SegmentAllocator(const InstancePaths& paths, uint32_t cache_id, int num_nodes,
                    Logger* log);
@@ -75,15 +97,25 @@ class SegmentAllocator {
   void Attach(layout::CacheHeader* header, const std::string& label,
               uint64_t budget_bytes);
 
-  // A chunk of at least `need` bytes of row space for connection `conn`.
+  // A chunk of at least `need` bytes of row space for connection `conn`:
+  // a recycled tail, or carved from the node's open segments, the oldest
+  // whose supplied pages hold it. With `wait`, when none does but a segment
+  // made ahead of need fits, that one is opened beside them (the writers
+  // outran their page supply: each open segment is supplied by its own
+  // thread); the rest of an open segment that no longer holds the row is
+  // left when the next one is opened, as it always was.
   // Full when the budget or the server cap is used up (the cache is then
   // marked full for every client). TooLarge when only this row does not
   // fit: what is left still holds a segment of layout::kMinSegmentBytes, so
   // the cache is not marked and smaller rows go on being cached.
-  // When the node's next segment is being prepared in the background and
-  // `wait` is given, sets *wait instead of leasing: the caller waits for the
-  // job to finish (FinishSegmentJob) and asks again. Without `wait` a
-  // segment is made on the spot.
+  // When the node's next segment, or the pages of the chunk, are being
+  // prepared in the background (or are to be: TakeSupplyJobs names them)
+  // and `wait` is given, sets *wait instead of leasing: the caller takes
+  // the jobs, waits for them to finish (FinishSegmentJob) and asks again.
+  // Without `wait` a segment and its pages are made on the spot
+  // (Unavailable when a job supplying them is still out). A shm filesystem
+  // without room for the pages is Full (FullNoShmRoom), the cache marked
+  // full with one warning, as for a segment that could not be made.
   Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
                ChunkLease* out, bool* wait = nullptr);
   // The size of a new chunk carved for a row of `need` bytes: the row
@@ -110,17 +142,32 @@ class SegmentAllocator {
   // grows instead (up to max_jobs segments of kMaxSegmentBytes), so that
   // the number of segments stays what it was.
   std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
+  // The next pages of the node's current segment: one job when fewer than
+  // kSupplyAhead are supplied past its carve mark (or a waiting lease needs
+  // more) and none is out for it; kSupplyStep more, or what the lease needs.
+  std::vector<SegmentJob> TakeSupplyJobs(int node);
+  // Runs a job (either kind): *file is the new segment's mapping for a
+  // create job. Thread-safe (touches no state).
+  static Status RunSegmentJob(const InstancePaths& paths, const SegmentJob& job,
+                              ShmFile* file);
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                         MemoryAccount* account);
-  // Creates and formats a segment file. Thread-safe (touches no state).
+  // Creates and formats a segment file of `size` bytes, the first `supply`
+  // of them supplied (all by default). Thread-safe (touches no state).
   static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,
-                                  uint32_t seg_no, int node, uint64_t size, ShmFile* out);
+                                  uint32_t seg_no, int node, uint64_t size, ShmFile* out,
+                                  uint64_t supply = UINT64_MAX);
+  // Bytes of a new segment of `size` supplied with it: its header and
+  // kSupplyAhead, in whole 2 MB pages.
+  static uint64_t FirstSupply(uint64_t size);
 
   // Takes over segment `seg_no` an earlier server left, once it is checked
   // (ShmFile::Open, CheckSegmentFile, a carved mark on a cache line, a node
   // this server has). Chunks it leased stay with whoever holds them; only
   // the space never carved is handed out again: a segment never carved (one
-  // made ahead of need) is handed out after the node's current one. A
+  // made ahead of need) is handed out after the node's current one. What
+  // lies past the carve mark counts as not supplied (the earlier server may
+  // have left a hole there): it is supplied again before it is leased. A
   // segment never finished (no magic) is removed. Corruption names the file
   // otherwise refused.
   Status AdoptSegment(uint32_t seg_no);
@@ -139,7 +186,8 @@ class SegmentAllocator {
   // there (see CacheState::Destroy). Returns the bytes recorded in `held`.
   uint64_t Release(std::vector<HeldFile>* held);
 
-  // Segments made, being made or adopted: counted against the budget.
+  // Segments made, being made or adopted: counted against the budget (at
+  // their full sizes, supplied or not).
   uint64_t data_bytes() const { return data_bytes_; }
   uint64_t budget_bytes() const { return budget_bytes_; }
 
@@ -150,6 +198,10 @@ class SegmentAllocator {
     uint64_t size;
     uint64_t carved;
     ShmFile file;
+    uint64_t supplied = 0;     // pages below this are allocated and cleared
+    bool supplying = false;    // a supply job is out for it
+    uint64_t supply_need = 0;  // what a waiting lease needs supplied
+    Status supply_error;       // of the last job, told to the next lease
   };
   struct Tail {
     uint32_t seg_no;
@@ -160,6 +212,7 @@ class SegmentAllocator {
     uint32_t seg_no;
     uint64_t size;
     ShmFile file;
+    uint64_t supplied;
   };
 
   // Size of the next segment, at least min_bytes and at most max_bytes
@@ -175,7 +228,16 @@ class SegmentAllocator {
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
-  void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file);
+  void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
+                  uint64_t supplied);
+  // The chunk Lease carves from `seg` for a row of `need` bytes (of
+  // ChunkSizeFor, or the segment's rest).
+  static uint64_t ChunkSize(const Segment& seg, uint64_t need);
+  // A segment made ahead of need holds a chunk of `want`.
+  bool PreparedFits(int node, uint64_t want) const;
+  // Makes sure the pages of `seg` below `end` are supplied before a chunk
+  // is carved there: at once without `wait`, else by a job (*wait set).
+  Status SupplyFor(Segment* seg, uint64_t end, bool* wait);
   Status NewSegment(int node, uint64_t need, MemoryAccount* account, Segment** out,
                     bool* wait);
   // Creates and formats a segment under the first free number from
@@ -197,11 +259,14 @@ class SegmentAllocator {
   uint32_t cap_full_bits_ = 0;            // state bits set because the cap ran out
   std::map<uint32_t, Segment> segments_;  // by seg_no
   uint32_t next_seg_no_ = 0;
-  std::vector<std::deque<Prepared>> prepared_;          // per node: made ahead
-  std::vector<int> preparing_;                          // per node: jobs running
-  std::vector<int> parallel_;                           // per node: segments a batch
-  std::vector<uint64_t> batch_bytes_;                   // per node: the last batch
-  std::vector<int> current_;                            // per node: seg_no or -1
+  std::vector<std::deque<Prepared>> prepared_;  // per node: made ahead
+  std::vector<int> preparing_;                  // per node: jobs running
+  std::vector<int> parallel_;                   // per node: segments a batch
+  std::vector<uint64_t> batch_bytes_;           // per node: the last batch
+  std::vector<int> current_;                    // per node: seg_no or -1
+  // Per node: the segments chunks are carved from, oldest first (see
+  // Lease); the newest is current_.
+  std::vector<std::vector<uint32_t>> open_;
   std::vector<std::vector<Tail>> tails_;                // per node
   std::map<uint64_t, std::vector<ChunkLease>> leases_;  // by connection
 };

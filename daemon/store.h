@@ -144,9 +144,10 @@ class Store {
   // server does not spill): what a staged spill asks first.
   Status SpillingCacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   void CountSpillReads(uint32_t cache_id, uint64_t n) EXCLUDES(mu_);
-  // Background threads making caches' next segments (see SegmentJob), one
-  // job each at a time; the first (`polls`) also re-checks ended
-  // connections whose process was still running, and held memory.
+  // Background threads making caches' next segments and supplying their
+  // pages ahead of need (see SegmentJob), one job each at a time; the first
+  // (`polls`) also re-checks ended connections whose process was still
+  // running, and held memory.
   void PrepareSegments(bool polls) EXCLUDES(mu_);
   // Settles pending releases whose process is gone or whose grace ran out.
   void RetryReleasesLocked() REQUIRES(mu_);
@@ -208,9 +209,10 @@ class Store {
   static constexpr size_t kMaxWarnedPids = 1024;
   HeldMemory held_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  // As many as the CPUs this daemon may run on: one segment file is made
-  // by one thread (the kernel makes a file's pages under its lock), so the
-  // page supply of many writers needs as many files made at once.
+  // As many as the CPUs this daemon may run on: one segment file's pages
+  // are made by one thread at a time (the kernel makes a file's pages under
+  // its lock), so the page supply of many writers needs as many segments
+  // open and supplied at once (SegmentAllocator::Lease).
   std::vector<std::thread> preparers_;
   int preparer_threads_ = 1;  // preparers_.size(), set by Init before requests
   std::atomic<int64_t> connections_{0};

@@ -32,15 +32,18 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t ne
     if (!s.ok()) return s;
     bool wait = false;
     s = c->Lease(conn, node, need, &account_, out, stopping_ ? nullptr : &wait);
-    if (!wait) break;
-    job_done_cv_.Wait(&mu_);
-  }
-  if (s.ok()) {
-    int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
-    std::vector<SegmentJob> jobs = c->TakeSegmentJobs(n, &account_, preparer_threads_);
+    // The pages the next leases need (and, when it waits, this one).
+    const int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
+    std::vector<SegmentJob> jobs = c->TakeSupplyJobs(n);
+    if (s.ok() && !wait) {
+      std::vector<SegmentJob> more = c->TakeSegmentJobs(n, &account_, preparer_threads_);
+      jobs.insert(jobs.end(), more.begin(), more.end());
+    }
     jobs_.insert(jobs_.end(), jobs.begin(), jobs.end());
     if (jobs.size() == 1) jobs_cv_.Signal();
     if (jobs.size() > 1) jobs_cv_.SignalAll();
+    if (!wait) break;
+    job_done_cv_.Wait(&mu_);
   }
   CheckHighWater();
   return s;

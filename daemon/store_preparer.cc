@@ -1,8 +1,9 @@
-// The segment preparers: threads that create (allocate and clear) the
-// segments caches will lease next, off the connections' threads, several
-// at once when writers need them faster than one thread makes them
-// (SegmentAllocator::TakeSegmentJobs); the first one also retries
-// connection releases and settles held memory between jobs.
+// The segment preparers: threads that create the segments caches will
+// lease next and supply (allocate and clear) their pages a step ahead of
+// need, off the connections' threads, several at once when writers need
+// them faster than one thread makes them (SegmentAllocator::
+// TakeSegmentJobs, TakeSupplyJobs); the first one also retries connection
+// releases and settles held memory between jobs.
 
 #include "daemon/store.h"
 
@@ -52,15 +53,18 @@ void Store::PrepareSegments(bool polls) {
     running_jobs_.insert(job.cache_id);
     mu_.Unlock();
     ShmFile file;
-    Status made = SegmentAllocator::CreateSegmentFile(paths_, job.cache_id, job.seg_no,
-                                                      job.node, job.size, &file);
+    Status made = SegmentAllocator::RunSegmentJob(paths_, job, &file);
     mu_.Lock();
     running_jobs_.erase(running_jobs_.find(job.cache_id));
     auto it = caches_.find(job.cache_id);
     if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
       file.Unmap();
-      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
-          .PermitUncheckedError();
+      // A new file is this job's to remove; a supplied one was the cache's,
+      // removed with it (its id may be a new cache's by now).
+      if (job.create) {
+        ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
+            .PermitUncheckedError();
+      }
       job_done_cv_.SignalAll();
       continue;
     }

@@ -68,28 +68,46 @@ void PopulateForWrite(void* p, size_t size) {
   (void)b[size - 1];
 }
 
+static std::string DirOf(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
 // tmpfs's fallocate allocates pages but leaves each to be cleared at its
 // first fault, one page per fault, in whichever process touches it first:
 // the trainer. Writing zeros through the descriptor clears them here, in
 // large blocks, about 4x cheaper than faulting them. Best effort: on error
 // the pages are cleared at their first fault as before. Other file systems
 // (a --shm_dir on disk) are left alone: zeros there would be disk writes.
-static void ZeroPages(int fd, size_t size) {
+static void ZeroPages(int fd, size_t from, size_t to) {
   struct statfs fs;
   if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) return;
   static constexpr size_t kBlock = 1u << 20;
   static const std::vector<char> zeros(kBlock, 0);
-  for (size_t off = 0; off < size;) {
+  for (size_t off = from; off < to;) {
     ssize_t n =
-        pwrite(fd, zeros.data(), std::min(kBlock, size - off), static_cast<off_t>(off));
+        pwrite(fd, zeros.data(), std::min(kBlock, to - off), static_cast<off_t>(off));
     if (n <= 0) return;
     off += static_cast<size_t>(n);
   }
 }
 
-static std::string DirOf(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
+// Reserves and clears [from, to) of fd: Full naming the shortfall when the
+// shm filesystem has no room (tmpfs then gives back what this call took).
+static Status ReservePages(int fd, const std::string& path, size_t from, size_t to) {
+  if (to <= from) return Status::OK();
+  int err = posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(to - from));
+  if (err == ENOSPC) {
+    size_t free_bytes = FreeBytes(DirOf(path));
+    return Status::FullNoShmRoom(
+        fmt::format("no room in {} for {} MB of shared memory ({} MB free); free some "
+                    "space, give the container more (docker run --shm-size), or start "
+                    "the server with a larger or another --shm_dir",
+                    DirOf(path), (to - from + (1 << 20) - 1) >> 20, free_bytes >> 20));
+  }
+  if (err != 0) return Status::FromErrno("cannot reserve " + path, err);
+  ZeroPages(fd, from, to);
+  return Status::OK();
 }
 
 // Why a file is not one this process may map, or "" when it may.
@@ -154,7 +172,8 @@ static Status Taken(const std::string& path) {
                   path, what));
 }
 
-Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* out) {
+Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* out,
+                       size_t supply) {
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == EEXIST) return Taken(path);
@@ -179,20 +198,11 @@ Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* 
   // on a shared mapping sets: bind first, then reserve.
   if (node >= 0) NumaTopology::Get().BindMemory(p, size, node);
   AdviseHugePages(p, size);
-  int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
-  if (err != 0) {
+  Status reserved = ReservePages(fd, path, 0, std::min(size, supply));
+  if (!reserved.ok()) {
     munmap(p, size);
-    if (err == ENOSPC) {
-      size_t free_bytes = FreeBytes(DirOf(path));
-      return fail(Status::FullNoShmRoom(
-          fmt::format("no room in {} for {} MB of shared memory ({} MB free); free some "
-                      "space, give the container more (docker run --shm-size), or start "
-                      "the server with a larger or another --shm_dir",
-                      DirOf(path), (size + (1 << 20) - 1) >> 20, free_bytes >> 20)));
-    }
-    return fail(Status::FromErrno("cannot reserve " + path, err));
+    return fail(reserved);
   }
-  ZeroPages(fd, size);
   close(fd);
   out->Unmap();
   out->base_ = static_cast<char*>(p);
@@ -202,11 +212,11 @@ Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* 
 
 Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
                             uint32_t tries, size_t size, int node, ShmFile* out,
-                            uint32_t* chosen, std::string* skipped) {
+                            uint32_t* chosen, std::string* skipped, size_t supply) {
   if (skipped != nullptr) skipped->clear();
   Status s = Status::AlreadyExists("no name to create a file under");
   for (uint32_t i = 0; i < tries; ++i) {
-    s = Create(name(i), size, node, out);
+    s = Create(name(i), size, node, out, supply);
     if (!s.IsAlreadyExists()) {
       *chosen = i;
       return s;
@@ -214,6 +224,21 @@ Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
     if (skipped != nullptr && skipped->empty()) *skipped = s.message();
   }
   *chosen = tries;
+  return s;
+}
+
+Status ShmFile::Supply(const std::string& path, size_t from, size_t to) {
+  int fd = -1;
+  size_t size = 0;
+  Status s = OpenOwnedFile(path, O_RDWR, &fd, &size);
+  if (!s.ok()) return s;
+  if (to > size) {
+    close(fd);
+    return Status::InvalidArgument(
+        fmt::format("{}: pages up to {} asked of a file of {} bytes", path, to, size));
+  }
+  s = ReservePages(fd, path, from, to);
+  close(fd);
   return s;
 }
 

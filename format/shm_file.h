@@ -1,8 +1,12 @@
 // ShmFile: a file in the shm directory (tmpfs), mapped shared.
 //
-// Create() reserves the whole size up front (posix_fallocate), so a full
-// /dev/shm is reported here, with the numbers, and never becomes a SIGBUS
-// when a page is first touched. Files are created 0600.
+// Create() sizes the file and reserves (posix_fallocate) the pages of its
+// first `supply` bytes, the whole file unless told otherwise; Supply()
+// reserves a further range later. Only reserved pages are ever handed out,
+// so a full /dev/shm is reported by the call that reserves, with the
+// numbers, and never becomes a SIGBUS when a page is first touched. The
+// rest of a file is a hole until then: nobody reads or writes it. Files are
+// created 0600.
 //
 // The shm dir is shared with every user of the host (/dev/shm is
 // world-writable), so a name of ours may hold a file someone else put
@@ -34,14 +38,23 @@ class ShmFile {
   ShmFile& operator=(const ShmFile&) = delete;
 
   // Creates `path` exclusively (never following a symbolic link), mode
-  // 0600 whatever the umask, with `size` bytes reserved and zeroed (on
+  // 0600 whatever the umask, of `size` bytes, the first `supply` of them
+  // (all when supply >= size) reserved and zeroed (on
   // tmpfs the pages are cleared here, by the creator, rather than at their
   // first fault in whichever process touches them first). When
   // node >= 0 the pages are bound to that NUMA node (before reservation,
   // so they are allocated there). AlreadyExists if the name is taken, with
   // the file's owner and mode and the fix; Full with a message naming the
   // shortfall and the fix when there is no room.
-  static Status Create(const std::string& path, size_t size, int node, ShmFile* out);
+  static Status Create(const std::string& path, size_t size, int node, ShmFile* out,
+                       size_t supply = SIZE_MAX);
+  // Reserves and zeroes the pages of [from, to) of an existing file of ours
+  // (opened through OpenOwnedFile), as Create does for its first bytes.
+  // The pages go to the NUMA node Create bound the file to (a tmpfs file's
+  // shared policy lasts as long as the file). REQUIRES: nothing lives in
+  // [from, to) yet: it is cleared. Full with Create's message when there
+  // is no room; then nothing of the range is kept.
+  static Status Supply(const std::string& path, size_t from, size_t to);
   // Like Create, under the first name of name(0) .. name(tries - 1) that is
   // free: a taken name (another user may have put a file there) is skipped,
   // never opened. *chosen: the index of the name used (or that failed
@@ -50,7 +63,8 @@ class ShmFile {
   // first name skipped, "" when none was.
   static Status CreateFresh(const std::function<std::string(uint32_t)>& name,
                             uint32_t tries, size_t size, int node, ShmFile* out,
-                            uint32_t* chosen, std::string* skipped = nullptr);
+                            uint32_t* chosen, std::string* skipped = nullptr,
+                            size_t supply = SIZE_MAX);
   // Maps an existing file read-write, through OpenOwnedFile. With
   // read_only, the same file is also mapped a second time PROT_READ into
   // *read_only: pointers handed to readers come from there, so a stray

@@ -5,6 +5,8 @@
 // Through a CacheState (CacheStateTest), then SegmentAllocator alone.
 #include "daemon/segment_allocator.h"
 
+#include <sys/stat.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -439,6 +441,135 @@ TEST_F(SegmentAllocatorTest, SegmentsAreMadeByMoreThreadsOnceAWriterWaitedForOne
             (std::vector<uint32_t>{first[0].seg_no, second[0].seg_no, second[1].seg_no}));
   // Never more jobs than threads to run them.
   EXPECT_LE(alloc.TakeSegmentJobs(0, &account_, 1).size(), 1u);
+  alloc.Release(nullptr);
+}
+
+// Bytes of the file's pages that are allocated (st_blocks).
+uint64_t AllocatedBytes(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// Runs a job of either kind as a preparer thread does, and hands it back.
+void RunAnyJob(const InstancePaths& paths, SegmentAllocator* alloc, const SegmentJob& job,
+               MemoryAccount* account) {
+  ShmFile f;
+  Status made = SegmentAllocator::RunSegmentJob(paths, job, &f);
+  ASSERT_TRUE(made.ok()) << made.ToString();
+  alloc->FinishSegmentJob(job, made, std::move(f), account);
+}
+
+TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarveMark) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 250 * kMB);
+  ChunkLease big;
+  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &big).ok());
+  // The next segment, a quarter of what the cache holds, is made sparse:
+  // only its header and kSupplyAhead are supplied.
+  std::vector<SegmentJob> made = alloc.TakeSegmentJobs(0, &account_, 1);
+  ASSERT_EQ(made.size(), 1u);
+  const SegmentJob next = made[0];
+  ASSERT_GT(next.size, 2 * SegmentAllocator::kSupplyAhead);
+  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, next, &account_));
+  const std::string path = paths_.SegmentFile(kCacheId, next.seg_no);
+  const uint64_t first = SegmentAllocator::FirstSupply(next.size);
+  EXPECT_EQ(first, 18 * kMB);
+  EXPECT_EQ(AllocatedBytes(path), first);
+  // Writers lease 4 MB chunks from it until the supplied pages run out;
+  // the lease that would go past them waits for the supply job instead.
+  std::vector<SegmentJob> supply;
+  ChunkLease l;
+  bool wait = false;
+  for (int i = 0; i < 32 && !wait; ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+    if (!wait && l.seg_no == next.seg_no) {
+      EXPECT_LE(l.offset + l.size, first) << "only supplied pages are leased";
+    }
+    // The first segment's rest is supplied at once; the next one's kept.
+    for (const SegmentJob& j : alloc.TakeSupplyJobs(0)) {
+      if (j.seg_no == next.seg_no) {
+        supply.push_back(j);
+      } else {
+        ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+      }
+    }
+  }
+  ASSERT_TRUE(wait);
+  ASSERT_EQ(supply.size(), 1u) << "one supply job at a time per segment";
+  EXPECT_FALSE(supply[0].create);
+  EXPECT_EQ(supply[0].supply_from, first);
+  EXPECT_EQ(supply[0].supply_to, first + SegmentAllocator::kSupplyStep);
+  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, supply[0], &account_));
+  EXPECT_EQ(AllocatedBytes(path), supply[0].supply_to);
+  ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_EQ(l.seg_no, next.seg_no);
+  EXPECT_LE(l.offset + l.size, supply[0].supply_to);
+  // A supply job that finds no room in the shm dir (another user filled it)
+  // fails the lease that needs its pages as Full, and the cache is full for
+  // every client; what was leased stays.
+  std::vector<SegmentJob> more = alloc.TakeSupplyJobs(0);
+  ASSERT_EQ(more.size(), 1u);
+  alloc.FinishSegmentJob(more[0], Status::FullNoShmRoom("no room in the test's shm dir"),
+                         ShmFile(), &account_);
+  Status s = Status::OK();
+  for (int i = 0; i < 16 && s.ok(); ++i)
+    s = alloc.Lease(1, 0, 3000, &account_, &l, &wait);
+  EXPECT_TRUE(s.IsFullNoShmRoom()) << s.ToString();
+  EXPECT_TRUE(header_->state.load() & layout::kStateFull);
+  EXPECT_TRUE(alloc.Lease(2, 0, 3000, &account_, &l, &wait).IsFull());
+  EXPECT_LE(AllocatedBytes(path), supply[0].supply_to);
+  alloc.Release(nullptr);
+}
+
+TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideIt) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 250 * kMB);
+  ChunkLease l;
+  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &l).ok());
+  std::vector<SegmentJob> b = alloc.TakeSegmentJobs(0, &account_, 1);
+  ASSERT_EQ(b.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, b[0], &account_));
+  // A writer fills segment b; its supply jobs run when it waits for them,
+  // until the segment after it is named (and made).
+  std::vector<SegmentJob> held, c;
+  bool wait = false;
+  for (int i = 0; i < 64 && c.empty(); ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+    for (const SegmentJob& j : alloc.TakeSupplyJobs(0)) held.push_back(j);
+    if (wait) {
+      for (const SegmentJob& j : held) {
+        ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+      }
+      held.clear();
+      continue;
+    }
+    c = alloc.TakeSegmentJobs(0, &account_, 1);
+  }
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, c[0], &account_));
+  // Now b's supply lags (its jobs are held back): rather than wait for it,
+  // the writer goes on in c, opened beside b, whose pages a job of its own
+  // supplies meanwhile.
+  bool in_c = false;
+  for (int i = 0; i < 16 && !in_c; ++i) {
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+    ASSERT_FALSE(wait) << "lease " << i << " waited for b's pages";
+    for (const SegmentJob& j : alloc.TakeSupplyJobs(0)) held.push_back(j);
+    in_c = l.seg_no == c[0].seg_no;
+  }
+  ASSERT_TRUE(in_c);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].seg_no, b[0].seg_no);
+  EXPECT_EQ(held[1].seg_no, c[0].seg_no);
+  for (const SegmentJob& j : held) {
+    ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+  }
+  // b's pages supplied again, its rest is leased before c's.
+  ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_EQ(l.seg_no, b[0].seg_no);
   alloc.Release(nullptr);
 }
 
