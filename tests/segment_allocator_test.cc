@@ -382,12 +382,11 @@ TEST_F(SegmentAllocatorTest, AdoptsAFinishedSegmentAndRemovesAnUnfinishedOne) {
   adopter.Release(nullptr);
 }
 
-// Makes and hands back a job as a preparer thread does.
+// Runs a job of either kind as a preparer thread does, and hands it back.
 void RunJob(const InstancePaths& paths, SegmentAllocator* alloc, const SegmentJob& job,
             MemoryAccount* account) {
   ShmFile f;
-  Status made = SegmentAllocator::CreateSegmentFile(paths, job.cache_id, job.seg_no,
-                                                    job.node, job.size, &f);
+  Status made = SegmentAllocator::RunSegmentJob(paths, job, &f);
   ASSERT_TRUE(made.ok()) << made.ToString();
   alloc->FinishSegmentJob(job, made, std::move(f), account);
 }
@@ -451,15 +450,6 @@ uint64_t AllocatedBytes(const std::string& path) {
   return static_cast<uint64_t>(st.st_blocks) * 512;
 }
 
-// Runs a job of either kind as a preparer thread does, and hands it back.
-void RunAnyJob(const InstancePaths& paths, SegmentAllocator* alloc, const SegmentJob& job,
-               MemoryAccount* account) {
-  ShmFile f;
-  Status made = SegmentAllocator::RunSegmentJob(paths, job, &f);
-  ASSERT_TRUE(made.ok()) << made.ToString();
-  alloc->FinishSegmentJob(job, made, std::move(f), account);
-}
-
 TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarveMark) {
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 250 * kMB);
@@ -471,7 +461,7 @@ TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarve
   ASSERT_EQ(made.size(), 1u);
   const SegmentJob next = made[0];
   ASSERT_GT(next.size, 2 * SegmentAllocator::kSupplyAhead);
-  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, next, &account_));
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, next, &account_));
   const std::string path = paths_.SegmentFile(kCacheId, next.seg_no);
   const uint64_t first = SegmentAllocator::FirstSupply(next.size);
   EXPECT_EQ(first, 18 * kMB);
@@ -491,7 +481,7 @@ TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarve
       if (j.seg_no == next.seg_no) {
         supply.push_back(j);
       } else {
-        ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+        ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, j, &account_));
       }
     }
   }
@@ -500,7 +490,7 @@ TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarve
   EXPECT_FALSE(supply[0].create);
   EXPECT_EQ(supply[0].supply_from, first);
   EXPECT_EQ(supply[0].supply_to, first + SegmentAllocator::kSupplyStep);
-  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, supply[0], &account_));
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, supply[0], &account_));
   EXPECT_EQ(AllocatedBytes(path), supply[0].supply_to);
   ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
   ASSERT_FALSE(wait);
@@ -530,7 +520,7 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &l).ok());
   std::vector<SegmentJob> b = alloc.TakeSegmentJobs(0, &account_, 1);
   ASSERT_EQ(b.size(), 1u);
-  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, b[0], &account_));
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, b[0], &account_));
   // A writer fills segment b; its supply jobs run when it waits for them,
   // until the segment after it is named (and made).
   std::vector<SegmentJob> held, c;
@@ -540,7 +530,7 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
     for (const SegmentJob& j : alloc.TakeSupplyJobs(0)) held.push_back(j);
     if (wait) {
       for (const SegmentJob& j : held) {
-        ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+        ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, j, &account_));
       }
       held.clear();
       continue;
@@ -548,7 +538,7 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
     c = alloc.TakeSegmentJobs(0, &account_, 1);
   }
   ASSERT_EQ(c.size(), 1u);
-  ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, c[0], &account_));
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, c[0], &account_));
   // Now b's supply lags (its jobs are held back): rather than wait for it,
   // the writer goes on in c, opened beside b, whose pages a job of its own
   // supplies meanwhile.
@@ -564,7 +554,7 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   EXPECT_EQ(held[0].seg_no, b[0].seg_no);
   EXPECT_EQ(held[1].seg_no, c[0].seg_no);
   for (const SegmentJob& j : held) {
-    ASSERT_NO_FATAL_FAILURE(RunAnyJob(paths_, &alloc, j, &account_));
+    ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, j, &account_));
   }
   // b's pages supplied again, its rest is leased before c's.
   ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());

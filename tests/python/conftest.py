@@ -263,6 +263,30 @@ def spill_server(tmp_path, monkeypatch):
     s.stop()
 
 
+
+@pytest.fixture
+def small_tmpfs_of(tmp_path):
+    """small_tmpfs_of(size) mounts a tmpfs of `size` (mount's size=, e.g.
+    "24m") at a fresh dir under tmp_path and returns the dir; unmounted
+    after the test. Skips without root or where mounting is refused."""
+    mounted = []
+
+    def mount(size):
+        if os.geteuid() != 0:
+            pytest.skip("needs root to mount a small tmpfs")
+        d = tmp_path / f"shm{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700",
+                            "tmpfs", str(d)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
 # ---- Shuffled order --------------------------------------------------------
 
 def pytest_report_header(config):

@@ -10,7 +10,6 @@ before it leases it."""
 import glob
 import os
 import struct
-import subprocess
 import warnings
 
 import numpy as np
@@ -88,17 +87,8 @@ def test_a_fill_leaves_at_most_a_bounded_step_of_pages_it_never_wrote(start_serv
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    d = tmp_path / "shm"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640m,mode=0700",
-                        "tmpfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield d
-    subprocess.run(["umount", "-l", str(d)], check=False)
+def small_tmpfs(small_tmpfs_of):
+    return small_tmpfs_of("640m")
 
 
 def fill_up(path):

@@ -3,8 +3,6 @@ filesystem, or an unreachable server. (A file planted under a cache's name
 no longer stops a cache from opening: names are random and a taken one is
 skipped; tests/reliability/planted_files_test.cc covers it.)"""
 
-import os
-import subprocess
 import warnings
 
 import numpy as np
@@ -68,17 +66,8 @@ def test_size_is_a_deprecated_name_of_size_mb(start_server):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    d = tmp_path / "shm"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700",
-                        "tmpfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield d
-    subprocess.run(["umount", "-l", str(d)], check=False)
+def small_tmpfs(small_tmpfs_of):
+    return small_tmpfs_of("24m")
 
 
 def test_full_shm_filesystem_is_named_not_cache_full(start_server, small_tmpfs):
