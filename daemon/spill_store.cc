@@ -84,8 +84,12 @@ void SpillStore::WriteFlushMarker() {
   // of another length than a row's, which no reader asks for, CacheIds
   // skips and no cache's range holds.
   static constexpr char kMarker[] = {'\xff'};
-  rocksdb::Status rs = db_->Put(
-      rocksdb::WriteOptions(), rocksdb::Slice(kMarker, sizeof kMarker), rocksdb::Slice());
+  rocksdb::Status rs;
+  {
+    MutexLock lock(&write_mu_);
+    rs = db_->Put(rocksdb::WriteOptions(), rocksdb::Slice(kMarker, sizeof kMarker),
+                  rocksdb::Slice());
+  }
   if (!rs.ok()) {
     MutexLock lock(&error_mu_);
     error_ = FromRocks(rs, path_).message();
@@ -189,7 +193,11 @@ Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
         fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",
                     free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
   }
-  Status s = FromRocks(db_->Write(rocksdb::WriteOptions(), batch), path_);
+  Status s;
+  {
+    MutexLock lock(&write_mu_);
+    s = FromRocks(db_->Write(rocksdb::WriteOptions(), batch), path_);
+  }
   if (!s.ok()) {
     MutexLock lock(&error_mu_);
     error_ = s.message();
