@@ -159,8 +159,10 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
   ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"}, "does not exist");
   // Not writable: a directory of root's seen by another user, or a
   // read-only directory of ours.
-  // (Under /tmp so that every user can reach it.)
-  std::string ro = MakeTempDir("/tmp", "shmcache-ro");
+  // (Under /tmp so that every user can reach it; removed however the test
+  // ends, a skip included.)
+  TempDir ro_dir("/tmp");
+  const std::string& ro = ro_dir.path();
   if (geteuid() == 0) {
     ASSERT_EQ(chmod(ro.c_str(), 0755), 0);
     CommandResult r = RunCommand({AdminPath(), "--start", "-s", ro, "-p", "31001"},
@@ -177,7 +179,6 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
   }
   EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
   chmod(ro.c_str(), 0755);
-  RemoveTree(ro);
 }
 
 TEST_F(CliTest, ServerNotRunning) {
