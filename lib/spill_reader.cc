@@ -162,6 +162,12 @@ void SpillReader::MultiGet(
     CatchUpUnlessWithin(kRefreshIntervalMs);
   }
   ValueBuffers& buffers = TheValueBuffers();
+  // Released however the call ends (`found` may throw): no pin may wait in
+  // the thread's buffers for a later call, or outlive the database.
+  struct ReleaseAtEnd {
+    ValueBuffers& b;
+    ~ReleaseAtEnd() { b.Release(); }
+  } release_at_end{buffers};
   std::vector<SpillKey>& keys = buffers.keys;
   std::vector<rocksdb::Slice>& slices = buffers.slices;
   std::vector<rocksdb::PinnableSlice>& values = buffers.values;
@@ -184,7 +190,6 @@ void SpillReader::MultiGet(
       }
     }
   }
-  buffers.Release();
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {
