@@ -147,7 +147,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
     if (filling == nullptr) filling = &s;
   }
   if (seg == nullptr && filling != nullptr && wait != nullptr &&
-      PreparedFits(node, want)) {
+      FirstPreparedFor(node, want) != prepared_[n].end()) {
     // The writers outran the open segments' page supply: the next segment
     // made ahead, whose first pages are ready, is opened beside them rather
     // than waited for, so that their pages are supplied by as many threads
@@ -185,11 +185,12 @@ uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
   return size / layout::kCacheLine * layout::kCacheLine;
 }
 
-bool SegmentAllocator::PreparedFits(int node, uint64_t want) const {
+std::deque<SegmentAllocator::Prepared>::iterator SegmentAllocator::FirstPreparedFor(
+    int node, uint64_t want) {
   const uint64_t min_bytes = layout::SegmentBytesFor(want);
-  const auto& ready = prepared_[static_cast<size_t>(node)];
-  return std::any_of(ready.begin(), ready.end(),
-                     [&](const Prepared& p) { return p.size >= min_bytes; });
+  auto& ready = prepared_[static_cast<size_t>(node)];
+  return std::find_if(ready.begin(), ready.end(),
+                      [&](const Prepared& p) { return p.size >= min_bytes; });
 }
 
 void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
@@ -341,8 +342,7 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
   const size_t n = static_cast<size_t>(node);
   uint64_t min_bytes = layout::SegmentBytesFor(need);
   auto& ready = prepared_[n];
-  auto fits = std::find_if(ready.begin(), ready.end(),
-                           [&](const Prepared& p) { return p.size >= min_bytes; });
+  auto fits = FirstPreparedFor(node, need);
   if (fits != ready.end()) {
     uint32_t seg_no = fits->seg_no;
     AddSegment(seg_no, node, fits->size, std::move(fits->file), fits->supplied);

@@ -142,9 +142,10 @@ class SegmentAllocator {
   // grows instead (up to max_jobs segments of kMaxSegmentBytes), so that
   // the number of segments stays what it was.
   std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
-  // The next pages of the node's current segment: one job when fewer than
-  // kSupplyAhead are supplied past its carve mark (or a waiting lease needs
-  // more) and none is out for it; kSupplyStep more, or what the lease needs.
+  // The next pages of the node's open segments: for each, one job when
+  // fewer than kSupplyAhead are supplied past its carve mark (or a waiting
+  // lease needs more) and none is out for it; kSupplyStep more, or what the
+  // lease needs. None for a full cache.
   std::vector<SegmentJob> TakeSupplyJobs(int node);
   // Runs a job (either kind): *file is the new segment's mapping for a
   // create job. Thread-safe (touches no state).
@@ -233,8 +234,9 @@ class SegmentAllocator {
   // The chunk Lease carves from `seg` for a row of `need` bytes (of
   // ChunkSizeFor, or the segment's rest).
   static uint64_t ChunkSize(const Segment& seg, uint64_t need);
-  // A segment made ahead of need holds a chunk of `want`.
-  bool PreparedFits(int node, uint64_t want) const;
+  // The first segment made ahead of need for `node` that holds a chunk of
+  // `want` (the order they were named in), or prepared_[node].end().
+  std::deque<Prepared>::iterator FirstPreparedFor(int node, uint64_t want);
   // Makes sure the pages of `seg` below `end` are supplied before a chunk
   // is carved there: at once without `wait`, else by a job (*wait set).
   Status SupplyFor(Segment* seg, uint64_t end, bool* wait);
