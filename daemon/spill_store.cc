@@ -97,12 +97,7 @@ void SpillStore::WriteFlushMarker() {
   }
 }
 
-uint64_t SpillStore::UnflushedRows() const {
-  uint64_t active = 0, immutable = 0;
-  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesActiveMemTable, &active);
-  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesImmMemTables, &immutable);
-  return active + immutable;
-}
+uint64_t SpillStore::UnflushedRows() const { return MemtableEntries(*db_); }
 
 Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
   // Through the descriptor Open kept, not the name: a directory removed

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <rocksdb/db.h>
 #include <rocksdb/table.h>
 
 #include "format/shm_file.h"
@@ -66,6 +67,13 @@ std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused) {
   close(fd);
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
+}
+
+uint64_t MemtableEntries(rocksdb::DB& db) {
+  uint64_t active = 0, immutable = 0;
+  db.GetIntProperty(rocksdb::DB::Properties::kNumEntriesActiveMemTable, &active);
+  db.GetIntProperty(rocksdb::DB::Properties::kNumEntriesImmMemTables, &immutable);
+  return active + immutable;
 }
 
 }  // namespace shmcache

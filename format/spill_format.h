@@ -17,6 +17,10 @@
 
 #include "format/instance.h"
 
+namespace rocksdb {
+class DB;
+}  // namespace rocksdb
+
 namespace shmcache {
 
 struct SpillKey {
@@ -49,5 +53,10 @@ rocksdb::Options SpillReaderOptions();
 // the record is not this user's own file (see OpenOwnedFile), which
 // *refused (when given) then explains.
 std::string ReadSpillRecord(const InstancePaths& paths, std::string* refused = nullptr);
+
+// Entries in the memtables of `db` (active and immutable): the daemon's
+// rows not yet in a table file, or those a reader's secondary instance
+// replayed from the write-ahead log.
+uint64_t MemtableEntries(rocksdb::DB& db);
 
 }  // namespace shmcache

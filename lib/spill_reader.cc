@@ -196,12 +196,7 @@ SpillReader::CatchUp SpillReader::MaybeCatchUp() {
   return CatchUpUnlessWithin(kCatchUpIntervalMs);
 }
 
-uint64_t SpillReader::MemtableRows() {
-  uint64_t active = 0, immutable = 0;
-  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesActiveMemTable, &active);
-  db_->GetIntProperty(rocksdb::DB::Properties::kNumEntriesImmMemTables, &immutable);
-  return active + immutable;
-}
+uint64_t SpillReader::MemtableRows() { return MemtableEntries(*db_); }
 
 SpillReader::CatchUp SpillReader::CatchUpUnlessWithin(int64_t interval_ms) {
   if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) < interval_ms) {
