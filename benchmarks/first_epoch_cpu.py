@@ -43,7 +43,8 @@ KB = 1024
 SHAPES = {12: (12 * KB, 256, 20000), 150: (150 * KB, 64, 2000)}
 
 
-def _daemon_cpu(pid):
+def daemon_cpu(pid):
+    """CPU seconds (user + system) process `pid` has used so far."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -69,7 +70,7 @@ def _one(args):
                                async_puts=args.loader != "dls")
             cls = CachedLoader if args.loader == "cl" else DataLoader
             loader = cls(ds, batch_size=bs, shuffle=True, num_workers=args.workers)
-        t0, d0, c0 = time.perf_counter(), _daemon_cpu(args.daemon_pid), os.times()
+        t0, d0, c0 = time.perf_counter(), daemon_cpu(args.daemon_pid), os.times()
         seen = 0
         for x, _ in loader:
             seen += x.shape[0]
@@ -81,7 +82,7 @@ def _one(args):
         st = ds.cache.stats() if ds is not None else {}
         if ds is not None:
             ds.cache.close()
-        c1, d1 = os.times(), _daemon_cpu(args.daemon_pid)
+        c1, d1 = os.times(), daemon_cpu(args.daemon_pid)
     finally:
         client.destroy_session(session)
     if seen != n:

@@ -34,13 +34,9 @@ import sys
 import tempfile
 import time
 
+from first_epoch_cpu import daemon_cpu
+
 KB = 1024
-
-
-def daemon_cpu(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Server:
