@@ -77,11 +77,15 @@ def test_a_fill_leaves_at_most_a_bounded_step_of_pages_it_never_wrote(start_serv
     put_all(cache, 0, n, size)
     segs = assert_bounded("/dev/shm", s.port)
     allocated = sum(b for _, b, _ in segs)
-    # The rows, their chunks' tails and the step ahead: not a quarter of the
-    # cache made ahead as before (+51 MB, 17%, for this fill).
+    # The rows, their chunks' tails and the step ahead of each segment still
+    # open, one a row still fits in (writers that outran one segment's supply
+    # open the next beside it, so a loaded machine can end a fill with two or
+    # more open): not a quarter of the cache made ahead as before (+51 MB,
+    # 17%, for this fill).
     made_ahead = sum(1 for _, _, c in segs if c <= 4096)
-    assert allocated <= n * size * 1.04 + PAST_CARVED + MADE_AHEAD * made_ahead, \
-        (allocated >> 20, len(segs), made_ahead)
+    still_open = sum(1 for p, _, c in segs if c > 4096 and os.stat(p).st_size - c >= size)
+    assert allocated <= n * size * 1.04 + PAST_CARVED * still_open + MADE_AHEAD * made_ahead, \
+        (allocated >> 20, len(segs), still_open, made_ahead)
     assert_intact(cache, 0, n, size)
     cache.close()
 
