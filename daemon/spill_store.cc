@@ -235,8 +235,11 @@ Status SpillStore::DropCache(uint32_t cache_id) {
   SpillKey begin(cache_id, 0);
   SpillKey end(cache_id + 1, 0);  // cache ids never reach 2^32 - 1
   rocksdb::Slice b = begin.slice(), e = end.slice();
-  rocksdb::Status s =
-      db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), b, e);
+  rocksdb::Status s;
+  {
+    MutexLock lock(&write_mu_);
+    s = db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), b, e);
+  }
   if (!s.ok()) return FromRocks(s, path_);
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;

@@ -126,9 +126,10 @@ class SpillStore {
   std::atomic<bool> failed_{false};
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped
-  // Held around every write to the database (the rows' and the flush
-  // marker's): RocksDB takes concurrent writes, but the rows' writers were
-  // one at a time (the Store's lock) and the marker comes from the flusher;
+  // Held around every write to the database (the rows', a dropped cache's
+  // range deletion and the flush marker's): RocksDB takes concurrent
+  // writes, but the rows' writers were one at a time (the Store's lock) and
+  // the marker comes from the flusher;
   // one at a time keeps the log's writes ordered by a lock that
   // ThreadSanitizer sees (Debian's RocksDB is not instrumented).
   Mutex write_mu_;
