@@ -142,11 +142,28 @@ def test_each_segment_a_row_lies_in_is_registered_up_to_its_carve_mark_when_firs
     assert len(calls.unregistered) == len(want)
 
 
-def test_a_segment_that_grows_gets_one_more_range_adjoining_the_last(server, session):
+def _one_preparer_server(start_server):
+    """A server started on one CPU: it has one preparer thread, so each
+    batch of segments made ahead is one segment of a quarter of what the
+    cache holds (on more CPUs a batch is split over as many segments as
+    writers showed they need: small segments, one chunk and few holes
+    each)."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        s = start_server()
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert len(os.sched_getaffinity(s.pid)) == 1, "the server runs on the CPU it was given"
+    return s
+
+
+def test_a_segment_that_grows_gets_one_more_range_adjoining_the_last(start_server):
     # A reader that reads rows while they are written (a first epoch): each
     # row is made direct as soon as it is read, so the segment being carved
     # is registered chunk by chunk, never past its carve mark.
-    cache = DatasetCache(session, size_mb=512, name="pages-growing")
+    s = _one_preparer_server(start_server)
+    cache = DatasetCache(s.new_session(), size_mb=512, name="pages-growing")
     calls = Calls()
     pages = CachePages(calls.register, calls.unregister)
     gather = DeviceGather(pages, copy=lambda *a: None, done=lambda e: True)
@@ -176,15 +193,8 @@ def test_registering_allocates_no_page_of_a_sparse_segment(start_server):
     # Registering pins a range's pages, which faults in (allocates) every
     # hole of a sparse segment file: the register given here first checks
     # that the range holds no hole (SEEK_HOLE), then reads a byte of every
-    # page, as pinning would. A server on one CPU has one preparer thread,
-    # so each batch of segments made ahead is one segment of a quarter of
-    # the cache (on more CPUs a batch is split: small segments, few holes).
-    cpus = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(cpus)})
-    try:
-        s = start_server()
-    finally:
-        os.sched_setaffinity(0, cpus)
+    # page, as pinning would.
+    s = _one_preparer_server(start_server)
     cache = DatasetCache(s.new_session(), size_mb=1024, name="pages-sparse")
     size, n = 1 << 20, 0
     while True:   # until a row lies in a segment with a hole past two steps

@@ -19,7 +19,8 @@ CachePages' contract:
 - A row of that segment past the registered end (the carve mark moved on
   since: the cache grew) registers one more range, from the old end to
   the carve mark now. The ranges of a segment adjoin, and a row lies in
-  one of them: a row lies in one chunk, chunks lie between carve marks,
+  one of them: a row lies in one chunk (a recycled tail of one
+  included), chunks lie between carve marks,
   and carve marks lie on 4 KB pages (SegmentAllocator::ChunkSize), so a
   range ends where a chunk does. A row across two ranges (a segment an
   older build carved, off a page) is not direct: its batch goes through
