@@ -27,6 +27,8 @@ Status FullStatus(const std::string& msg, bool by_cap) {
 
 constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
+constexpr uint64_t kPageBytes = 4096;
+
 // Pages are supplied in whole 2 MB pages (huge pages where the shm dir has
 // them), up to the segment's end.
 constexpr uint64_t kSupplyAlign = 2u << 20;
@@ -180,7 +182,16 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
 
 uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
   const uint64_t avail = seg.size - seg.carved;
-  uint64_t size = std::min(avail, ChunkSizeFor(need));
+  // A chunk ends on a 4 KB page boundary, so every carve mark lies on one:
+  // a reader that registers a segment with CUDA up to its carve mark (in
+  // whole pages; shmcache/torch/_cache_pages.py) ends each range where a
+  // chunk ends, and no row lies across two ranges. At most a page less one
+  // cache line is left per chunk (< 0.1% of kChunkBytes). A carve mark off
+  // a page (an adopted segment of an older build) is brought onto one by
+  // the next chunk.
+  const uint64_t to_page =
+      AlignUp(seg.carved + ChunkSizeFor(need), kPageBytes) - seg.carved;
+  uint64_t size = std::min(avail, to_page);
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
   return size / layout::kCacheLine * layout::kCacheLine;
 }

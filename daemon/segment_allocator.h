@@ -231,8 +231,9 @@ class SegmentAllocator {
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
-  // The chunk Lease carves from `seg` for a row of `need` bytes (of
-  // ChunkSizeFor, or the segment's rest).
+  // The chunk Lease carves from `seg` for a row of `need` bytes: of
+  // ChunkSizeFor, up to the next 4 KB page boundary (so that carve marks
+  // lie on pages), or the segment's rest.
   static uint64_t ChunkSize(const Segment& seg, uint64_t need);
   // The first segment made ahead of need for `node` that holds a chunk of
   // `want` (the order they were named in), or prepared_[node].end().

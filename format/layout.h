@@ -230,7 +230,11 @@ struct alignas(kCacheLine) SegmentHeader {
   uint32_t cache_id;
   uint32_t node;  // NUMA node the memory is bound to
   uint32_t pad;
-  std::atomic<uint64_t> carved;  // (daemon) next chunk offset
+  // (daemon) next chunk offset: every chunk below it is carved, and never
+  // moves back. A multiple of 4 KB (SegmentAllocator::ChunkSize; a segment
+  // adopted from an older build may hold one off a page until its next
+  // chunk); its pages are supplied (allocated) up to it and past it.
+  std::atomic<uint64_t> carved;
 };
 static_assert(sizeof(SegmentHeader) <= kSegmentHeaderSize);
 

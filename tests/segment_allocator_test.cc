@@ -184,7 +184,8 @@ TEST_F(CacheStateTest, ChunksForAlikeRowsHoldWholeRowsWithNoTail) {
     // for a smaller row. Every other chunk is six rows.
     if (c.offset + c.size < SegmentSize(c.seg_no)) {
       EXPECT_EQ(used, sizeof(layout::ChunkHeader) + 6 * row);
-      EXPECT_LT(c.size - used, layout::kCacheLine) << "a tail no row of this size fits";
+      // Less than a page: a chunk ends on one (see CarveMarksLieOnPageBoundaries).
+      EXPECT_LT(c.size - used, 4096u) << "a tail no row of this size fits";
       ++whole;
     }
     Chunk(c)->used.store(used);
@@ -192,6 +193,31 @@ TEST_F(CacheStateTest, ChunksForAlikeRowsHoldWholeRowsWithNoTail) {
     ASSERT_TRUE(Lease(1, 0, row, &c).ok());
   }
   EXPECT_GE(whole, 30) << "few chunks end a segment";
+}
+
+TEST_F(CacheStateTest, CarveMarksLieOnPageBoundaries) {
+  // A reader registers a segment with CUDA up to its carve mark, in whole
+  // 4 KB pages (shmcache/torch/_cache_pages.py): a chunk that ended inside
+  // a page would put its rows across two registered ranges.
+  Create(256 * kMB);
+  uint64_t carved = 0;
+  for (uint64_t need : std::vector<uint64_t>{3000, 602176, 150000, 100, 5 * kMB, 3072}) {
+    for (int i = 0; i < 5; ++i) {
+      SCOPED_TRACE(testing::Message() << "row of " << need << ", chunk " << i);
+      ChunkLease c;
+      ASSERT_TRUE(Lease(1, 0, need, &c).ok());
+      if (c.offset + c.size < SegmentSize(c.seg_no)) {  // else the segment's rest
+        EXPECT_GE(c.size, SegmentAllocator::ChunkSizeFor(need));
+        EXPECT_LT(c.size, SegmentAllocator::ChunkSizeFor(need) + 4096)
+            << "at most a page less a line past the rows";
+      }
+      const uint64_t mark = Segment(c.seg_no)->carved.load();
+      EXPECT_EQ(mark, c.offset + c.size);
+      EXPECT_EQ(mark % 4096, 0u);
+      carved += c.size;
+    }
+  }
+  EXPECT_GT(carved, 20 * kMB);
 }
 
 TEST(SegmentAllocatorChunkSize, IsWholeRowsUpToTheChunkSizeAndOneRowPastIt) {
@@ -588,6 +614,29 @@ TEST_F(SegmentAllocatorTest, AdoptedSegmentMadeAheadIsHandedOutAfterTheCurrentOn
   EXPECT_EQ(b.seg_no, 1u) << "then the one it made ahead, not a new one";
   EXPECT_EQ(b.offset, layout::kSegmentHeaderSize);
   EXPECT_EQ(ListDir(shm_dir_).size(), 2u) << testing::PrintToString(ListDir(shm_dir_));
+  adopter.Release(nullptr);
+}
+
+TEST_F(SegmentAllocatorTest, AnAdoptedCarveMarkOffAPageIsBroughtOntoOneByTheNextChunk) {
+  const uint64_t size = 4 * layout::kMinSegmentBytes;
+  ShmFile used;
+  ASSERT_TRUE(
+      SegmentAllocator::CreateSegmentFile(paths_, kCacheId, 0, 0, size, &used).ok());
+  // An older build carved chunks that ended on cache lines, not pages.
+  const uint64_t carved = size / 4 + 5 * layout::kCacheLine;
+  auto* sh = reinterpret_cast<layout::SegmentHeader*>(used.data());
+  sh->carved.store(carved);
+  SegmentAllocator adopter(paths_, kCacheId, 1, /*log=*/nullptr);
+  adopter.Attach(header_.get(), kLabel, 32 * kMB);
+  ASSERT_TRUE(adopter.AdoptSegment(0).ok());
+  ChunkLease a;
+  ASSERT_TRUE(adopter.Lease(1, 0, 3000, &account_, &a).ok());
+  EXPECT_EQ(a.seg_no, 0u);
+  EXPECT_EQ(a.offset, carved);
+  EXPECT_GE(a.size, SegmentAllocator::ChunkSizeFor(3000));
+  EXPECT_EQ(sh->carved.load(), a.offset + a.size);
+  EXPECT_EQ(sh->carved.load() % 4096, 0u);
+  used.Unmap();
   adopter.Release(nullptr);
 }
 

@@ -3,9 +3,14 @@ register_cache_pages, shmcache/torch/_cache_pages.py): the registration
 bookkeeping over real shared memory, with the register / unregister calls
 recorded instead of made (what is registered, once, released on close, in
 a forked child and at exit), the device gather with its copy made on the
-host, and, where CUDA is, the loader's batches from registered pages."""
+host, and, where CUDA is, the loader's batches from registered pages. Segment
+files are sparse: only the pages up to each segment's carve mark are
+registered (registering a page pins it, which would allocate a hole), one
+more range each time a segment grew past what was registered."""
 
 import ctypes
+import glob
+import mmap
 import os
 import subprocess
 import sys
@@ -22,6 +27,14 @@ from shmcache.torch._cache_pages import (DIRECT_MIN_BYTES, CachePages,  # noqa: 
                                          DeviceGather, mapping_of)
 
 ROW = 150 * 1024
+PAGE = 4096
+# layout::SegmentHeader: the magic first, the carve mark at byte 40 (as
+# tests/python/test_page_supply.py reads it).
+SEGMENT_MAGIC = 0x31474553434D4853
+CARVED_AT = 40
+# SegmentAllocator::kSupplyStep and a 2 MB page: what the daemon may still
+# be supplying past a segment's carve mark after a fill.
+STEP = (8 + 2) << 20
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="CUDA is not available (torch.cuda.is_available() "
                                        "is False): registering pages needs a CUDA device")
@@ -64,20 +77,60 @@ def _segment_of(addr):
     return lo, hi - lo
 
 
-def test_each_segment_a_row_lies_in_is_registered_once_when_first_used(server, session):
+def _carved(lo):
+    """The carve mark in the header of the segment mapped at lo."""
+    return ctypes.c_uint64.from_address(lo + CARVED_AT).value
+
+
+def _up_to_carve_mark(addr):
+    """(start, length) of the mapped segment holding addr, up to its carve
+    mark rounded up to a page."""
+    lo, _ = _segment_of(addr)
+    return lo, -(-_carved(lo) // PAGE) * PAGE
+
+
+def _ranges_by_segment(ranges):
+    """The registered ranges grouped by segment, each segment's adjoining
+    from its mapping's start and ending at most at its carve mark (rounded
+    up to a page): {mapping start: [(start, length)]}."""
+    by_seg = {}
+    for start, length in ranges:
+        by_seg.setdefault(_segment_of(start)[0], []).append((start, length))
+    for lo, rs in by_seg.items():
+        rs.sort()
+        assert rs[0][0] == lo, "a segment's first range starts at its header"
+        for (a, n), (b, _) in zip(rs, rs[1:]):
+            assert a + n == b, f"ranges of a segment adjoin: {rs}"
+        end = rs[-1][0] + rs[-1][1]
+        assert (end - lo) % PAGE == 0
+        assert end - lo <= -(-_carved(lo) // PAGE) * PAGE, \
+            f"registered past the carve mark: {end - lo} > {_carved(lo)}"
+        _, mapped = _segment_of(lo)
+        assert end - lo < mapped or _carved(lo) == mapped
+    return by_seg
+
+
+def _in_one_range(addr, nbytes, ranges):
+    return any(s <= addr and addr + nbytes <= s + n for s, n in ranges)
+
+
+def test_each_segment_a_row_lies_in_is_registered_up_to_its_carve_mark_when_first_used(
+        server, session):
     _, views = _filled(session, 100)     # 15 MB of rows: several 4 MB+ segments
     calls = Calls()
     pages = CachePages(calls.register, calls.unregister)
     first = views[0][0][2]
     assert pages.ensure(_addr(first), first.nbytes, first)
-    assert calls.registered == [_segment_of(_addr(first))]
+    assert calls.registered == [_up_to_carve_mark(_addr(first))]
     want = set()
     for v in views:
         a = v[0][2]
         assert pages.ensure(_addr(a), a.nbytes, a)
-        want.add(_segment_of(_addr(a)))
-        want.add(_segment_of(_addr(a) + a.nbytes - 1))
+        want.add(_up_to_carve_mark(_addr(a)))
+        want.add(_up_to_carve_mark(_addr(a) + a.nbytes - 1))
+        assert _in_one_range(_addr(a), a.nbytes, pages.registered())
     assert len(want) > 1, "the rows should span several segments"
+    _ranges_by_segment(calls.registered)
     # Segments met later were registered when first used, each once.
     assert sorted(calls.registered) == sorted(want)
     assert pages.registered() == sorted(want)
@@ -87,6 +140,158 @@ def test_each_segment_a_row_lies_in_is_registered_once_when_first_used(server, s
     assert not pages.ensure(_addr(first), first.nbytes, first)   # closed
     pages.close()                                                 # idempotent
     assert len(calls.unregistered) == len(want)
+
+
+def _one_preparer_server(start_server):
+    """A server started on one CPU: it has one preparer thread, so each
+    batch of segments made ahead is one segment of a quarter of what the
+    cache holds (on more CPUs a batch is split over as many segments as
+    writers showed they need: small segments, one chunk and few holes
+    each)."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        s = start_server()
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert len(os.sched_getaffinity(s.pid)) == 1, "the server runs on the CPU it was given"
+    return s
+
+
+def test_a_segment_that_grows_gets_one_more_range_adjoining_the_last(start_server):
+    # A reader that reads rows while they are written (a first epoch): each
+    # row is made direct as soon as it is read, so the segment being carved
+    # is registered chunk by chunk, never past its carve mark.
+    s = _one_preparer_server(start_server)
+    cache = DatasetCache(s.new_session(), size_mb=512, name="pages-growing")
+    calls = Calls()
+    pages = CachePages(calls.register, calls.unregister)
+    gather = DeviceGather(pages, copy=lambda *a: None, done=lambda e: True)
+    for i in range(400):                  # 59 MB: segments of up to 15 MB
+        assert cache.put(i, (np.full(ROW, i % 251, np.uint8), np.int64(i)))
+        row = cache.get_batch_columns([i], copy=False)[0]
+        addrs = gather.sources([row], [ROW, 8])
+        assert addrs is not None, f"row {i} was not made direct"
+        assert _in_one_range(int(addrs[0][0]), ROW, pages.registered())
+        assert int(addrs[0][0]) == _addr(row[0][2])
+    by_seg = _ranges_by_segment(calls.registered)
+    grown = {lo: rs for lo, rs in by_seg.items() if len(rs) > 1}
+    assert grown, f"no segment grew while it was read: {by_seg}"
+    # Each range was registered once, and every row read lies in one.
+    assert len(set(calls.registered)) == len(calls.registered)
+    views = cache.get_batch_columns(list(range(400)), copy=False)
+    assert all(_in_one_range(_addr(v[0][2]), ROW, calls.registered) for v in views)
+    pages.close()
+    assert sorted(calls.unregistered) == sorted(s for s, _ in calls.registered)
+
+
+def _segment_files(port):
+    return sorted(glob.glob(f"/dev/shm/shmcache.{os.getuid()}.{port}.seg.*"))
+
+
+def test_registering_allocates_no_page_of_a_sparse_segment(start_server):
+    # Registering pins a range's pages, which faults in (allocates) every
+    # hole of a sparse segment file: the register given here first checks
+    # that the range holds no hole (SEEK_HOLE), then reads a byte of every
+    # page, as pinning would.
+    s = _one_preparer_server(start_server)
+    cache = DatasetCache(s.new_session(), size_mb=1024, name="pages-sparse")
+    size, n = 1 << 20, 0
+    while True:   # until a row lies in a segment with a hole past two steps
+        assert n < 600, "no segment with a hole was made"
+        assert cache.put(n, np.full(size, n % 251, np.uint8))
+        v = cache.get_batch_columns([n], copy=False)[0][0][2]
+        n += 1
+        path = mapping_of(_addr(v))[2].removesuffix(" (deleted)")
+        if os.stat(path).st_size - os.stat(path).st_blocks * 512 > 2 * STEP:
+            break
+    views = cache.get_batch_columns(list(range(n)), copy=False)
+    files = _segment_files(s.port)
+    before = {p: os.stat(p).st_blocks * 512 for p in files}
+    touched, holes_in_ranges = [], []
+
+    def register(start, length):
+        lo, _, path = mapping_of(start)
+        fd = os.open(path.removesuffix(" (deleted)"), os.O_RDONLY)
+        try:
+            hole = os.lseek(fd, start - lo, os.SEEK_HOLE)
+        finally:
+            os.close(fd)
+        if hole < start - lo + length:
+            holes_in_ranges.append((path, start - lo, length, hole))
+        touched.append(length)
+        for off in range(0, length, PAGE):
+            ctypes.c_char.from_address(start + off).value   # faults the page in
+    pages = CachePages(register, lambda start: None)
+    for v in views:
+        a = v[0][2]
+        assert pages.ensure(_addr(a), a.nbytes, a)
+    assert sum(touched) >= n * size
+    assert holes_in_ranges == [], "registered ranges held holes (path, offset, " \
+                                  f"length, first hole): {holes_in_ranges}"
+    # Files grew by no more than the daemon's own supply may still add (a
+    # step ahead of a segment's carve mark, off the store's lock): a whole
+    # segment registered would have allocated each one whole.
+    after = {p: os.stat(p).st_blocks * 512 for p in files}
+    grew = {os.path.basename(p): (before[p] >> 20, after[p] >> 20)
+            for p in files if after[p] > before[p] + STEP}
+    assert not grew, f"registering allocated pages (MB before, after): {grew}"
+    _ranges_by_segment(pages.registered())
+    pages.close()
+
+
+class FakeSegment:
+    """A file named as a cache segment, mapped here, whose header the test
+    writes: what CachePages finds when a mapping is named like a segment
+    but its header is not one this build wrote."""
+
+    def __init__(self, tmp_path, size=1 << 20):
+        self.path = str(tmp_path / f"shmcache.{os.getuid()}.1.seg.0.0")
+        with open(self.path, "wb") as f:
+            f.truncate(size)
+        with open(self.path, "r+b") as f:
+            self.map = mmap.mmap(f.fileno(), size)
+        self.lo = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.hi = self.lo + size
+        self.header(SEGMENT_MAGIC, 0)
+
+    def header(self, magic, carved):
+        ctypes.c_uint64.from_address(self.lo).value = magic
+        ctypes.c_uint64.from_address(self.lo + CARVED_AT).value = carved
+
+    def find(self, addr):
+        return (self.lo, self.hi, self.path) if self.lo <= addr < self.hi else None
+
+
+def test_a_header_that_does_not_hold_the_row_registers_nothing(tmp_path):
+    seg = FakeSegment(tmp_path)
+    calls = Calls()
+    pages = CachePages(calls.register, calls.unregister, find_mapping=seg.find)
+    row, nbytes = seg.lo + 8192 + 64, 3 * PAGE      # a row at [8 KB + 64, 20 KB + 64)
+    for magic, carved in [(SEGMENT_MAGIC, 0),                  # never carved
+                          (SEGMENT_MAGIC, 8192 + 64),          # below the row's end
+                          (SEGMENT_MAGIC, (1 << 20) + PAGE),   # past the mapping
+                          (0, 6 * PAGE)]:                      # not a segment header
+        seg.header(magic, carved)
+        assert not pages.ensure(row, nbytes, None), (magic, carved)
+        assert calls.registered == [] and pages.failed is None
+    # A header that holds it: registered up to its carve mark, in whole pages.
+    pages = CachePages(calls.register, calls.unregister, find_mapping=seg.find)
+    seg.header(SEGMENT_MAGIC, 6 * PAGE + 64)                   # off a page (an older build)
+    assert pages.ensure(row, nbytes, None)
+    assert calls.registered == [(seg.lo, 7 * PAGE)]
+    # The segment grew: a row past the registered end gets one more range;
+    # a row across the old end (carved off a page) is not made direct.
+    seg.header(SEGMENT_MAGIC, 12 * PAGE)
+    assert not pages.ensure(seg.lo + 7 * PAGE - 64, 2 * PAGE, None)
+    assert pages.ensure(seg.lo + 7 * PAGE, 2 * PAGE, None)
+    assert calls.registered == [(seg.lo, 7 * PAGE), (seg.lo + 7 * PAGE, 5 * PAGE)]
+    assert pages.ensure(seg.lo + 9 * PAGE, PAGE, None)         # within it: no call
+    assert not pages.ensure(seg.lo + 11 * PAGE, 2 * PAGE, None)   # past the mark
+    assert len(calls.registered) == 2
+    pages.close()
+    assert calls.unregistered == [seg.lo, seg.lo + 7 * PAGE]
+    seg.map.close()
 
 
 def test_memory_outside_the_cache_segments_is_never_registered(server, session):
@@ -204,6 +409,8 @@ def test_the_gather_copies_each_row_into_its_place_from_the_cache_pages(server, 
     # 8-byte labels through the host.
     assert copies == [(_addr(views[i][0][2]), 3 * DIRECT_MIN_BYTES) for i in order]
     assert calls.registered
+    assert all(_in_one_range(src, nbytes, calls.registered) for src, nbytes in copies)
+    _ranges_by_segment(calls.registered)
 
 
 def test_a_row_outside_registered_pages_sends_the_batch_to_the_staging_copy(server, session):

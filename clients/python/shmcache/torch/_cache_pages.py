@@ -5,13 +5,36 @@ that the device copies rows straight out of them (DeviceGather), with no
 copy into a pinned staging buffer on the host.
 
 CachePages' contract:
-- A segment is registered when a row in it is first used (ensure): the
-  mapping that holds the row, as the kernel lists it (/proc/self/maps),
-  and only a cache segment's (a file named shmcache.<uid>.<port>.seg.*):
-  rows read from anywhere else (a spilled row's copy) are not registered
-  and go through the staging copy. Segments the cache maps later (it grew)
-  are registered when a row in them is first used.
-- While registered, a segment stays mapped: the registry holds a
+- Only what holds rows is registered. Segment files are sparse (the daemon
+  supplies a segment's pages a bounded step ahead of its carve mark, the
+  end of its last chunk carved: daemon/segment_allocator.h), and
+  registering a page pins it, so registering a whole segment would
+  allocate every hole of it in /dev/shm. When a row in a segment is first
+  used (ensure), its mapping (the one that holds the row, as the kernel
+  lists it in /proc/self/maps: a cache segment's alone, a file named
+  shmcache.<uid>.<port>.seg.*, whose first bytes are a segment header) is
+  registered from its start up to the carve mark read from that header,
+  rounded up to a 4 KB page. Those pages are allocated already: supplied
+  pages reach past the carve mark in whole 2 MB pages.
+- A row of that segment past the registered end (the carve mark moved on
+  since: the cache grew) registers one more range, from the old end to
+  the carve mark now. The ranges of a segment adjoin, and a row lies in
+  one of them: a row lies in one chunk (a recycled tail of one
+  included), chunks lie between carve marks,
+  and carve marks lie on 4 KB pages (SegmentAllocator::ChunkSize), so a
+  range ends where a chunk does. A row across two ranges (a segment an
+  older build carved, off a page) is not direct: its batch goes through
+  the staging copy.
+- A row that exists lies below its segment's carve mark as this process
+  reads it: the daemon moved the mark past the row's chunk before it
+  leased the chunk to the row's writer, which wrote the row before it
+  published it in the index this process found the row through, and a
+  mark never moves back. A header that says otherwise (a mark below the
+  row's end, 0, or past the mapping) is not a segment as this build
+  knows it: the row is refused (staging copy), nothing registered.
+  Rows read from anywhere else (a spilled row's copy) are not registered
+  either and go through the staging copy.
+- While registered, a segment stays mapped: each range holds a
   zero-copy view of a row in it, which holds the native cache (the
   mapping lives as long as it does).
 - close() unregisters every range (the loader's finalizer calls it when
@@ -55,6 +78,14 @@ _CUDA_MEMCPY_HOST_TO_DEVICE = 1
 # copy even with registered pages: one device copy per row costs more
 # than copying it on the host (an int label, a few floats).
 DIRECT_MIN_BYTES = 4096
+
+# format/layout.h: a segment file starts with its SegmentHeader (4 KB):
+# FileHeader's magic first, the carve mark (SegmentHeader::carved, the end
+# of the last chunk carved; a multiple of 4 KB) at byte 40.
+_SEGMENT_MAGIC = 0x31474553434D4853   # layout::kSegmentMagic, "SHMCSEG1"
+_SEGMENT_HEADER_BYTES = 4096
+_CARVED_AT = 40
+_PAGE = 4096   # registrations are in whole pages
 
 _SEGMENT = re.compile(r"/shmcache\.\d+\.\d+\.seg\.\d+\.\d+( \(deleted\))?$")
 
@@ -118,8 +149,8 @@ def cuda_calls() -> tuple[Callable[[int, int], None], Callable[[int], None]]:
 
 
 class CachePages:
-    """The cache segments registered with CUDA in this process (see the
-    module)."""
+    """The cache segments registered with CUDA in this process, each up to
+    its carve mark (see the module)."""
 
     def __init__(self, register: Callable[[int, int], None],
                  unregister: Callable[[int], None],
@@ -131,6 +162,9 @@ class CachePages:
         self._pid = os.getpid()
         self._starts: list[int] = []                    # sorted
         self._ranges: dict[int, tuple[int, Any]] = {}   # start -> (end, keeper)
+        self._seg_starts: list[int] = []                # sorted mapping starts
+        # Segments with ranges: mapping start -> (mapping end, registered end).
+        self._segments: dict[int, tuple[int, int]] = {}
         self._refused: set[tuple[int, int]] = set()     # mappings not a segment
         self.failed: str | None = None                  # why registering stopped
         self.closed = False
@@ -148,38 +182,75 @@ class CachePages:
         return None
 
     def ensure(self, addr: int, nbytes: int, keeper: Any) -> bool:
-        """Whether bytes [addr, addr + nbytes) lie in registered cache
-        segments, registering the segments that hold them when not yet.
-        `keeper`: an object that keeps that memory mapped (a zero-copy view
-        of the row), held while its segment is registered."""
+        """Whether bytes [addr, addr + nbytes) lie in one registered range of
+        a cache segment, registering the segment's pages up to its carve
+        mark when they do not yet. `keeper`: an object that keeps that
+        memory mapped (a zero-copy view of the row), held while a range it
+        made is registered."""
         if nbytes <= 0:
             return False
         with self._lock:
             if self.closed or self.failed is not None or os.getpid() != self._pid:
                 return False
-            for a in (addr, addr + nbytes - 1):
-                if self._covering(a) is None and not self._add_locked(a, keeper):
+            start = self._covering(addr)
+            if start is None:
+                start = self._add_locked(addr, addr + nbytes, keeper)
+                if start is None:
                     return False
-            return True
+            return addr + nbytes <= self._ranges[start][0]
 
-    def _add_locked(self, addr: int, keeper: Any) -> bool:
+    def _segment_locked(self, addr: int) -> tuple[int, int, int] | None:
+        """(mapping start, mapping end, registered end) of the cache segment
+        that holds `addr`, one with ranges registered or one found now
+        (registered end: its start); None when the mapping is not a cache
+        segment's."""
+        k = bisect.bisect_right(self._seg_starts, addr) - 1
+        if k >= 0:
+            lo = self._seg_starts[k]
+            hi, end = self._segments[lo]
+            if addr < hi:
+                return lo, hi, end
         m = self._find(addr)
         if m is None:
-            return False
+            return None
         lo, hi, path = m
         if (lo, hi) in self._refused:
-            return False
-        if not _SEGMENT.search(path):
+            return None
+        # A mapping holding a row is readable: its first page, the header,
+        # too (one mapping, one protection).
+        if not _SEGMENT.search(path) or hi - lo < _SEGMENT_HEADER_BYTES or \
+                ctypes.c_uint64.from_address(lo).value != _SEGMENT_MAGIC:
             self._refused.add((lo, hi))
-            return False
+            return None
+        return lo, hi, lo
+
+    def _add_locked(self, addr: int, row_end: int, keeper: Any) -> int | None:
+        """Registers the pages of addr's segment from its registered end up
+        to its carve mark; the new range's start, or None."""
+        found = self._segment_locked(addr)
+        if found is None:
+            return None
+        lo, hi, start = found
+        # The daemon's store of the mark happened before the row was
+        # published (see the module); an aligned 8-byte load is whole.
+        carved = ctypes.c_uint64.from_address(lo + _CARVED_AT).value
+        if not row_end - lo <= carved <= hi - lo:
+            return None   # not a header this build knows: the staging copy
+        end = min(hi, lo + (carved + _PAGE - 1) // _PAGE * _PAGE)
+        if addr < start or end <= start:
+            return None   # a row across the last range's end (an off-page mark)
         try:
-            self._register(lo, hi - lo)
+            self._register(start, end - start)
         except Exception as e:   # noqa: BLE001 -- said in `failed`, staging goes on
             self.failed = str(e)
-            return False
-        bisect.insort(self._starts, lo)
-        self._ranges[lo] = (hi, keeper)
-        return True
+            return None
+        bisect.insort(self._starts, start)
+        self._ranges[start] = (end, keeper)
+        # Known from now on (mapped while its ranges' keepers are held).
+        if lo not in self._segments:
+            bisect.insort(self._seg_starts, lo)
+        self._segments[lo] = (hi, end)
+        return start
 
     def close(self) -> None:
         """Unregisters every range (in the process that registered them);
@@ -191,6 +262,7 @@ class CachePages:
             self.closed = True
             starts, self._starts = self._starts, []
             ranges, self._ranges = self._ranges, {}
+            self._seg_starts, self._segments = [], {}
             if os.getpid() != self._pid:
                 return   # a forked child owns none of them
         error: Exception | None = None
@@ -207,6 +279,7 @@ class CachePages:
         """After fork, in the child: the ranges are the parent's."""
         self._lock = threading.Lock()
         self._starts, self._ranges = [], {}
+        self._seg_starts, self._segments = [], {}
         self.closed = True
 
 

@@ -153,9 +153,10 @@ class CachedLoader(DataLoader[T_co]):
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
     transform, batch_transform: run per sample after the cache, and per
       batch. device: "cuda" copies batches to the GPU on a side stream.
-    register_cache_pages: with device="cuda", the cache's segments are
-      registered with CUDA (cudaHostRegister) as rows in them are first
-      read, and batches are copied to the device straight from them, with
+    register_cache_pages: with device="cuda", the cache's segments, up to
+      their carve marks (the pages that hold rows, not the holes of a
+      sparse segment), are registered with CUDA (cudaHostRegister) as rows
+      in them are first read, and batches are copied to the device straight from them, with
       no pinned staging copy (unregister_cache_pages(), the loader's
       collection and exit release them); default False: the staging copy,
       until a GPU host measured which is faster (docs/python.md).
