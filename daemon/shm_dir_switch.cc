@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -219,6 +220,38 @@ Status CopyFile(const std::string& from, const std::string& dir, const std::stri
   return s;
 }
 
+// Whether `dir` has room for a cache's files at their full sizes: what
+// adoption reserves for them and the supply may allocate there (segments
+// are copied sparse, but their holes are theirs). A cache that does not
+// fit stays whole where it was, as when its copy found no room: moved, it
+// would be over the cap that this room bounds, and adoption would discard
+// it. `holes`: those of the caches moved before it, still to be supplied
+// out of the free room. *need: the pages this cache still takes there,
+// holes included.
+Status RoomForCache(const std::vector<std::tuple<int, uint32_t, std::string>>& files,
+                    const std::function<std::string(const std::string&)>& src,
+                    const std::function<std::string(const std::string&)>& dst,
+                    const std::string& dir, uint64_t holes, uint64_t* need) {
+  *need = 0;
+  for (const auto& [kind, number, name] : files) {
+    struct stat from {
+    }, to{};
+    if (lstat(src(name).c_str(), &from) != 0) continue;
+    const auto size = static_cast<uint64_t>(from.st_size);
+    const uint64_t there = lstat(dst(name).c_str(), &to) == 0 && IsCopyOf(dst(name), size)
+                               ? static_cast<uint64_t>(to.st_blocks) * 512
+                               : 0;
+    *need += size - std::min(size, there);
+  }
+  const uint64_t free_bytes = FreeBytes(dir);
+  const uint64_t room = free_bytes - std::min(free_bytes, holes);
+  if (*need > room) {
+    return Status::FullNoShmRoom(fmt::format("no room in {} for {} MB ({} MB free)", dir,
+                                             (*need + (1 << 20) - 1) >> 20, room >> 20));
+  }
+  return Status::OK();
+}
+
 // The huge dir when it is a directory of this user, closed to others (what
 // ChooseShmDir would use): then it is this instance's. *mounted: whether a
 // file system is mounted there.
@@ -312,22 +345,24 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
     }
   }
   bool stopped = false;
+  uint64_t holes = 0;  // of the caches moved so far (see RoomForCache)
   for (const auto& [id, files] : found.caches) {
     if (stop_requested != nullptr && stop_requested->load()) {
       stopped = true;
       break;
     }
-    Status s;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, need = 0;
+    Status s = RoomForCache(files, src, dst, dir, holes, &need);
     for (const auto& [kind, number, name] : files) {
-      s = CopyFile(src(name), dir, dst(name), kind == 2, &bytes);
       if (!s.ok()) break;
+      s = CopyFile(src(name), dir, dst(name), kind == 2, &bytes);
     }
     if (s.ok()) {
       // Every file is whole in both places: the earlier ones go.
       for (const auto& [kind, number, name] : files) unlink(src(name).c_str());
       ++r.caches;
       r.bytes += bytes;
+      holes += need - std::min(need, bytes);
       continue;
     }
     // Half a cache is no cache: the copies made go, and the earlier files,

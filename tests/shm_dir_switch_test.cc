@@ -8,6 +8,7 @@
 #include "daemon/shm_dir_switch.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -293,6 +294,36 @@ TEST_F(ShmDirSwitchTest, SegmentsMoveWithTheirCarvedPartOnlyTheRestLeftAHole) {
   EXPECT_GE(AllocatedBytes(seg0), kCarved);
   EXPECT_LE(AllocatedBytes(seg1), 2 * kMB);
   EXPECT_LT(r.bytes, 9 * kMB) << "what the move copied: the carved parts and the rest";
+}
+
+// A segment copied sparse still needs its full size in the new place:
+// adoption reserves it so under a cap that place's room bounds, and the
+// supply allocates its holes there. A cache whose files at their sizes do
+// not fit stays whole where it was, as when a whole copy found no room
+// (moved for its carved part alone, it would be over the new cap, and
+// adoption would discard it). Mounting the small tmpfs needs root.
+TEST_F(ShmDirSwitchTest, ACacheWhoseSegmentsDoNotFitAtTheirSizesStaysWhereItWas) {
+  constexpr uint64_t kMB = 1u << 20;
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  if (mount("tmpfs", huge_.c_str(), "tmpfs", 0, "size=32m,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a 32 MB tmpfs (needs root): " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{huge_};
+  Plant("/dev/shm");
+  std::vector<std::string> names = Names();
+  // 5 MB carved (it would fit), 64 MB in all (it does not).
+  PlantSegment("/dev/shm/" + names[2], 0, 64 * kMB, 5 * kMB, 8 * kMB);
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, huge_, true, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 0) << r.warning;
+  EXPECT_EQ(r.not_moved, 1) << r.warning;
+  EXPECT_NE(r.warning.find("no room in " + huge_), std::string::npos) << r.warning;
+  for (size_t i = 0; i + 1 < names.size(); ++i) {
+    EXPECT_TRUE(Exists("/dev/shm/" + names[i])) << names[i];
+    EXPECT_FALSE(Exists(huge_ + "/" + names[i])) << names[i];
+  }
 }
 
 TEST_F(ShmDirSwitchTest, AStopRequestLeavesTheRestForTheNextStart) {
