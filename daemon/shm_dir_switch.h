@@ -22,7 +22,8 @@
 // segments: a row in a moved table was written whole before the table was
 // copied, so its bytes are in the segment copied after it, even when a
 // client of the dead server is still writing. A cache that cannot be moved
-// (no room, a name taken by something not ours) loses only the copies made:
+// (no room for its files at their full sizes, which adoption reserves; a
+// name taken by something not ours) loses only the copies made:
 // it stays whole where it was (a huge tmpfs holding one stays mounted), for
 // a start in the earlier mode or a later one that can move it.
 //
