@@ -179,9 +179,10 @@ def test_a_restart_computes_the_cap_and_budget_a_server_never_restarted_has(
     may allocate there). So a server killed mid-fill and restarted reports
     the cap, the memory in use and the budget it had, and a server never
     restarted has the same; the cache then takes rows up to the same
-    capacity, less what a restart cannot hand out again (the unused tail of
-    a chunk the killed server had taken back, and the rest of a segment open
-    beside the one it carved last)."""
+    capacity, less what a restart cannot hand out again: the unused tail of
+    a chunk the killed server had taken back (a segment open beside the one
+    it carved last is carved on, segment_allocator_test's
+    AdoptedSegmentsOpenBesideTheLastKeepTheirRestsInUse)."""
     size = 150 * KB
     shm = small_tmpfs_of("640m")
     s = start_server("--shm_dir", str(shm))
@@ -197,11 +198,6 @@ def test_a_restart_computes_the_cap_and_budget_a_server_never_restarted_has(
     segs = segment_pages(shm, s.port)
     assert any(b < os.stat(p).st_size for p, b, _ in segs), \
         "a segment is partly supplied when the server is killed"
-    # Left unhanded after a restart: the rest of each segment carved but not
-    # the last carved (adoption carves on from that one only).
-    carved = sorted((int(p.rsplit(".", 1)[1]), os.stat(p).st_size - c)
-                    for p, _, c in segs if c > 4096)
-    left = sum(rest for _, rest in carved[:-1] if rest >= size)
     s.kill()
 
     s.start("--shm_dir", str(shm))
@@ -220,6 +216,7 @@ def test_a_restart_computes_the_cap_and_budget_a_server_never_restarted_has(
     assert cache.stats().budget_bytes == budget
     n_restarted = _fill_to_full(cache, 1600, size)
     assert_intact(cache, 0, n_restarted, size)
+    reserved_restarted = cache.stats().reserved_bytes
     cache.close()
 
     never = start_server("--shm_dir", str(small_tmpfs_of("640m")))
@@ -229,11 +226,12 @@ def test_a_restart_computes_the_cap_and_budget_a_server_never_restarted_has(
         cache = DatasetCache(never.new_session(), size_mb=1024, name="cap")
     assert cache.stats().budget_bytes == budget
     n_never = _fill_to_full(cache, 0, size)
+    reserved_never = cache.stats().reserved_bytes
     cache.close()
-    # Lost to the restart: one chunk's tail (one writer) and the rests
-    # above; and each fill ends short of its budget by up to a chunk (where
-    # the segments made in parallel end depends on timing: two fills of a
-    # never-restarted server differed by 27 rows, one chunk).
-    per_chunk = (4 * MB) // size + 1
-    assert n_restarted >= n_never - 3 * per_chunk - left // size, \
-        (n_restarted, n_never, left >> 20)
+    # Both fills end with the whole budget in segments (a restarted cap or
+    # budget below the first would end lower), and hold the same rows but
+    # for one chunk's tail lost to the restart and the rests at the ends of
+    # segments, whose number depends on how many were made in parallel, so
+    # on timing: fills of a never-restarted server held 4,186-4,253 rows.
+    assert reserved_restarted >= reserved_never - 4 * MB, (reserved_restarted, reserved_never)
+    assert n_restarted >= n_never * 0.97, (n_restarted, n_never)
