@@ -532,10 +532,18 @@ Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {
   Segment seg{seg_no, node, size, carved, std::move(f)};
   seg.supplied = carved;
   segments_.emplace(seg_no, std::move(seg));
-  // The last one carved is where carving goes on (segments come in order);
-  // the rest of the others is left, as it was when they were carved.
+  // The last one carved is where carving goes on (segments come in order).
+  // An earlier one whose rest still holds a whole chunk stays open beside
+  // it, as it was for the earlier server (writers that outran a segment's
+  // supply opened the next beside it): that rest is carved again, oldest
+  // first, rather than lost to the restart while the budget counts it. A
+  // smaller rest is left, as it was when the next segment was opened.
   current_[n] = static_cast<int>(seg_no);
-  open_[n].assign(1, seg_no);
+  std::erase_if(open_[n], [&](uint32_t no) {
+    const Segment& s = segments_.at(no);
+    return s.size - s.carved < kChunkBytes;
+  });
+  open_[n].push_back(seg_no);
   return Status::OK();
 }
 

@@ -166,7 +166,9 @@ class SegmentAllocator {
   // (ShmFile::Open, CheckSegmentFile, a carved mark on a cache line, a node
   // this server has). Chunks it leased stay with whoever holds them; only
   // the space never carved is handed out again: a segment never carved (one
-  // made ahead of need) is handed out after the node's current one. What
+  // made ahead of need) is handed out after the node's current one (the
+  // last carved, adopted in order), and one carved before that whose rest
+  // holds a chunk (kChunkBytes) stays open beside it. What
   // lies past the carve mark counts as not supplied (the earlier server may
   // have left a hole there): it is supplied again before it is leased. A
   // segment never finished (no magic) is removed. Corruption names the file

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -114,16 +115,19 @@ bool IsCopyOf(const std::string& to, size_t size) {
          static_cast<size_t>(st.st_size) == size;
 }
 
-// Copies the open file `in` (`size` bytes) to the new name `to` in `dir`.
+// Copies the open file `in` (`size` bytes) to the new name `to` in `dir`:
+// its first `copy` bytes, the rest left a hole (a segment's pages past its
+// carve mark, which the earlier server may not have supplied and no row
+// lies in; see SuppliedPart).
 // The copy is made as a file with no name (O_TMPFILE), so that no
 // temporary name exists for anyone to take ahead of it or to find half
 // written; it gets its name only once whole, by linkat, which never
-// replaces what is there. Its room is reserved first (no room is an error
-// here, never a SIGBUS later; pages bound to `node` when >= 0, as
-// ShmFile::Create does), then filled by sendfile: the kernel copies page to
-// page, with no page fault and no zeroing first.
+// replaces what is there. The room of what is copied is reserved first (no
+// room is an error here, never a SIGBUS later; pages bound to `node` when
+// >= 0, as ShmFile::Create does), then filled by sendfile: the kernel
+// copies page to page, with no page fault and no zeroing first.
 Status CopyTo(int in, const std::string& dir, const std::string& to, size_t size,
-              int node) {
+              size_t copy, int node) {
   int out = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (out < 0) return Status::FromErrno("cannot create a file in " + dir, errno);
   Status s;
@@ -140,15 +144,15 @@ Status CopyTo(int in, const std::string& dir, const std::string& to, size_t size
     }
   }
   if (int err =
-          s.ok() && size > 0 ? posix_fallocate(out, 0, static_cast<off_t>(size)) : 0;
+          s.ok() && copy > 0 ? posix_fallocate(out, 0, static_cast<off_t>(copy)) : 0;
       err != 0) {
     s = err == ENOSPC ? Status::FullNoShmRoom(fmt::format("no room in {} for {} MB", dir,
-                                                          (size + (1 << 20) - 1) >> 20))
+                                                          (copy + (1 << 20) - 1) >> 20))
                       : Status::FromErrno("cannot reserve a copy for " + to, err);
   }
   off_t off = 0;
-  while (s.ok() && static_cast<size_t>(off) < size) {
-    ssize_t n = sendfile(out, in, &off, size - static_cast<size_t>(off));
+  while (s.ok() && static_cast<size_t>(off) < copy) {
+    ssize_t n = sendfile(out, in, &off, copy - static_cast<size_t>(off));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) s = Status::FromErrno("cannot copy into " + to, n < 0 ? errno : EIO);
   }
@@ -168,32 +172,84 @@ Status CopyTo(int in, const std::string& dir, const std::string& to, size_t size
   return s;
 }
 
+// The part of a segment file of `size` bytes whose header `h` (its first
+// bytes) says is carved, in whole 2 MB pages (huge ones on a huge tmpfs):
+// every row lies below the carve mark, and the pages past it are the
+// earlier server's supply ahead (or its holes), which the adopting server
+// counts as not supplied and supplies again before it leases them
+// (SegmentAllocator::AdoptSegment). A header that is not a finished
+// segment's, or a carve mark out of range, gives the whole file: adoption
+// then judges it (removes a segment never finished, refuses one whose
+// header is bad) as it would where it was.
+size_t SuppliedPart(const layout::SegmentHeader& h, size_t size) {
+  constexpr uint64_t kPage = 2u << 20;
+  const uint64_t carved = h.carved.load();
+  if (h.file.magic != layout::kSegmentMagic || carved < layout::kSegmentHeaderSize ||
+      carved > size) {
+    return size;
+  }
+  return static_cast<size_t>(
+      std::min<uint64_t>(size, (carved + kPage - 1) / kPage * kPage));
+}
+
 // Copies `from` to `to` (in `dir`), unless a killed start copied it whole
-// already. `from` stays: the caller removes the sources once every file of
-// their cache is copied.
+// already; *copied: the bytes copied (a segment's carved part, see
+// SuppliedPart; a whole file otherwise). `from` stays: the caller removes
+// the sources once every file of their cache is copied.
 Status CopyFile(const std::string& from, const std::string& dir, const std::string& to,
-                bool segment) {
+                bool segment, uint64_t* copied) {
   int fd = -1;
   size_t size = 0;
   Status s = OpenOwnedFile(from, O_RDONLY, &fd, &size);
   if (!s.ok()) return s;
-  if (IsCopyOf(to, size)) {
-    close(fd);
-    return Status::OK();
-  }
   int node = -1;
+  size_t copy = size;
   if (segment) {
     alignas(layout::SegmentHeader) unsigned char buf[sizeof(layout::SegmentHeader)];
     if (pread(fd, buf, sizeof(buf), 0) == static_cast<ssize_t>(sizeof(buf))) {
-      uint32_t n = reinterpret_cast<const layout::SegmentHeader*>(buf)->node;
-      if (n < static_cast<uint32_t>(NumaTopology::Get().num_nodes())) {
-        node = static_cast<int>(n);
+      const auto* h = reinterpret_cast<const layout::SegmentHeader*>(buf);
+      if (h->node < static_cast<uint32_t>(NumaTopology::Get().num_nodes())) {
+        node = static_cast<int>(h->node);
       }
+      copy = SuppliedPart(*h, size);
     }
   }
-  s = CopyTo(fd, dir, to, size, node);
+  if (!IsCopyOf(to, size)) s = CopyTo(fd, dir, to, size, copy, node);
   close(fd);
+  if (s.ok()) *copied += copy;
   return s;
+}
+
+// Whether `dir` has room for a cache's files at their full sizes: what
+// adoption reserves for them and the supply may allocate there (segments
+// are copied sparse, but their holes are theirs). A cache that does not
+// fit stays whole where it was, as when its copy found no room: moved, it
+// would be over the cap that this room bounds, and adoption would discard
+// it. `holes`: those of the caches moved before it, still to be supplied
+// out of the free room. *need: the pages this cache still takes there,
+// holes included.
+Status RoomForCache(const std::vector<std::tuple<int, uint32_t, std::string>>& files,
+                    const std::function<std::string(const std::string&)>& src,
+                    const std::function<std::string(const std::string&)>& dst,
+                    const std::string& dir, uint64_t holes, uint64_t* need) {
+  *need = 0;
+  for (const auto& [kind, number, name] : files) {
+    struct stat from {
+    }, to{};
+    if (lstat(src(name).c_str(), &from) != 0) continue;
+    const auto size = static_cast<uint64_t>(from.st_size);
+    const uint64_t there = lstat(dst(name).c_str(), &to) == 0 && IsCopyOf(dst(name), size)
+                               ? static_cast<uint64_t>(to.st_blocks) * 512
+                               : 0;
+    *need += size - std::min(size, there);
+  }
+  const uint64_t free_bytes = FreeBytes(dir);
+  const uint64_t room = free_bytes - std::min(free_bytes, holes);
+  if (*need > room) {
+    return Status::FullNoShmRoom(fmt::format("no room in {} for {} MB ({} MB free)", dir,
+                                             (*need + (1 << 20) - 1) >> 20, room >> 20));
+  }
+  return Status::OK();
 }
 
 // The huge dir when it is a directory of this user, closed to others (what
@@ -289,24 +345,24 @@ ShmDirSwitch MoveEarlierShmFiles(int port, const std::string& dir, bool huge,
     }
   }
   bool stopped = false;
+  uint64_t holes = 0;  // of the caches moved so far (see RoomForCache)
   for (const auto& [id, files] : found.caches) {
     if (stop_requested != nullptr && stop_requested->load()) {
       stopped = true;
       break;
     }
-    Status s;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, need = 0;
+    Status s = RoomForCache(files, src, dst, dir, holes, &need);
     for (const auto& [kind, number, name] : files) {
-      struct stat st {};
-      if (lstat(src(name).c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
-      s = CopyFile(src(name), dir, dst(name), kind == 2);
       if (!s.ok()) break;
+      s = CopyFile(src(name), dir, dst(name), kind == 2, &bytes);
     }
     if (s.ok()) {
       // Every file is whole in both places: the earlier ones go.
       for (const auto& [kind, number, name] : files) unlink(src(name).c_str());
       ++r.caches;
       r.bytes += bytes;
+      holes += need - std::min(need, bytes);
       continue;
     }
     // Half a cache is no cache: the copies made go, and the earlier files,

@@ -22,9 +22,17 @@
 // segments: a row in a moved table was written whole before the table was
 // copied, so its bytes are in the segment copied after it, even when a
 // client of the dead server is still writing. A cache that cannot be moved
-// (no room, a name taken by something not ours) loses only the copies made:
+// (no room for its files at their full sizes, which adoption reserves; a
+// name taken by something not ours) loses only the copies made:
 // it stays whole where it was (a huge tmpfs holding one stays mounted), for
 // a start in the earlier mode or a later one that can move it.
+//
+// Of a segment only the carved part is copied (in whole 2 MB pages): the
+// rest stays a hole, as the earlier server may have left it (pages are
+// supplied a step ahead of the carve mark, segment_allocator.h), and
+// adoption counts it as not supplied, so it is supplied again before a
+// chunk is leased there: a move allocates what the rows take, not the
+// segments' sizes, and no process touches a hole.
 // Thread safety: call from one thread at start-up.
 #pragma once
 
@@ -36,9 +44,9 @@ namespace shmcache {
 class Logger;
 
 struct ShmDirSwitch {
-  std::string from;  // the other place, where the earlier server's files were
-  int caches = 0;    // caches moved
-  uint64_t bytes = 0;
+  std::string from;     // the other place, where the earlier server's files were
+  int caches = 0;       // caches moved
+  uint64_t bytes = 0;   // copied (of a segment, its carved part; see below)
   int not_moved = 0;    // caches that could not be moved: left where they were
   std::string warning;  // for `shmcache --start` ("Warning: ..."); "" if
                         // nothing of an earlier server was found

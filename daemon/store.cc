@@ -19,6 +19,13 @@ namespace shmcache {
 
 // Bytes the instance's files in the shm dir take now: what an earlier
 // server left is adopted, so its room counts as the shm filesystem's.
+// Their allocated pages (st_blocks), not their sizes: segments are sparse
+// (pages are supplied a step ahead of the carve mark) and the free room
+// leaves their holes out already, so free room + this is the room the
+// earlier server had at its start, however much it supplied; sizes would
+// count the holes twice and let the cap pass the filesystem. Adoption
+// reserves the segments at their full sizes against that cap, as their
+// maker did: a restart comes back with the cap and the use it had.
 static uint64_t InstanceShmBytes(const InstancePaths& paths) {
   std::string prefix = paths.shm_prefix.substr(paths.shm_prefix.rfind('/') + 1);
   uint64_t total = 0;

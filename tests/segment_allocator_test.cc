@@ -640,5 +640,44 @@ TEST_F(SegmentAllocatorTest, AnAdoptedCarveMarkOffAPageIsBroughtOntoOneByTheNext
   adopter.Release(nullptr);
 }
 
+// A server killed while two segments were open (its writers outran the
+// first one's page supply and went on in the next beside it): the restarted
+// server carves the rest of both, oldest first, as the killed one would
+// have; it used to carve on from the last one only, and the budget went on
+// counting the first one's rest. A rest that holds no chunk is left, as it
+// was when the next segment was opened.
+TEST_F(SegmentAllocatorTest, AdoptedSegmentsOpenBesideTheLastKeepTheirRestsInUse) {
+  const uint64_t size = 32 * kMB;
+  ShmFile files[3];
+  for (uint32_t no = 0; no < 3; ++no) {
+    ASSERT_TRUE(SegmentAllocator::CreateSegmentFile(paths_, kCacheId, no, 0, size,
+                                                    &files[no], 2 * kMB)
+                    .ok());
+  }
+  // 0: carved up to a rest under a chunk; 1: half carved (open beside 2);
+  // 2: carved a quarter, the last carved.
+  const uint64_t carved[3] = {size - 2 * kMB, size / 2, size / 4};
+  for (uint32_t no = 0; no < 3; ++no) {
+    reinterpret_cast<layout::SegmentHeader*>(files[no].data())->carved.store(carved[no]);
+    files[no].Unmap();
+  }
+  SegmentAllocator adopter(paths_, kCacheId, 1, /*log=*/nullptr);
+  adopter.Attach(header_.get(), kLabel, 128 * kMB);
+  for (uint32_t no = 0; no < 3; ++no) ASSERT_TRUE(adopter.AdoptSegment(no).ok());
+  ChunkLease l;
+  uint64_t from_1 = 0;
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(adopter.Lease(1, 0, 100 * 1024, &account_, &l).ok());
+    EXPECT_NE(l.seg_no, 0u) << "a rest that holds no chunk is left";
+    if (l.seg_no != 1) break;
+    EXPECT_EQ(l.offset, carved[1] + from_1);
+    from_1 += l.size;
+  }
+  EXPECT_EQ(from_1, size - carved[1]) << "segment 1's rest, carved whole before 2's";
+  EXPECT_EQ(l.seg_no, 2u);
+  EXPECT_EQ(l.offset, carved[2]);
+  adopter.Release(nullptr);
+}
+
 }  // namespace
 }  // namespace shmcache

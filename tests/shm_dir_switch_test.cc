@@ -8,9 +8,12 @@
 #include "daemon/shm_dir_switch.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "common/instance_lock.h"
 #include "daemon/logger.h"
 #include "format/instance.h"
+#include "format/layout.h"
 
 namespace shmcache {
 namespace {
@@ -222,6 +226,104 @@ TEST_F(ShmDirSwitchTest, AFailedMoveKeepsTheOnlyCopy) {
   EXPECT_EQ(r.caches, 1) << r.warning;
   ExpectAllIn("/dev/shm", huge_);
   EXPECT_FALSE(Exists(huge_));
+}
+
+// A sparse segment as the allocator leaves it (segment_allocator.h): `size`
+// bytes, its header saying `carved`, rows below the carve mark and pages
+// supplied up to `supplied`, a hole past that.
+void PlantSegment(const std::string& path, uint32_t seg_no, uint64_t size,
+                  uint64_t carved, uint64_t supplied) {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0) << path;
+  fchmod(fd, 0600);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+  ASSERT_EQ(posix_fallocate(fd, 0, static_cast<off_t>(supplied)), 0);
+  std::string bytes(carved, '\0');
+  for (size_t k = layout::kSegmentHeaderSize; k < bytes.size(); ++k) {
+    bytes[k] = static_cast<char>('a' + k % 26);
+  }
+  layout::SegmentHeader h{};
+  h.file.magic = layout::kSegmentMagic;
+  h.file.version = layout::kLayoutVersion;
+  h.file.header_size = sizeof(layout::SegmentHeader);
+  h.file.file_size = size;
+  h.seg_id = seg_no;
+  h.cache_id = kCache;
+  h.carved.store(carved);
+  std::memcpy(bytes.data(), &h, sizeof(h));
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), 0),
+            static_cast<ssize_t>(bytes.size()));
+  close(fd);
+}
+
+uint64_t AllocatedBytes(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// The move copied whole files: a segment's supply ahead and its holes came
+// out allocated, up to the segment's size (64 MB here for 5 MB of rows).
+// Now only the carved part is copied, in whole 2 MB pages; the rest stays a
+// hole, which adoption counts as not supplied. The rows below the carve
+// mark come over byte for byte.
+TEST_F(ShmDirSwitchTest, SegmentsMoveWithTheirCarvedPartOnlyTheRestLeftAHole) {
+  constexpr uint64_t kMB = 1u << 20;
+  constexpr uint64_t kSize = 64 * kMB, kCarved = 5 * kMB + 4096;
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  Plant("/dev/shm");
+  std::vector<std::string> names = Names();
+  // Segment 0 carved to 5 MB with 24 MB supplied ahead of that; segment 1
+  // made ahead of need (carved to its header) with its first 18 MB.
+  PlantSegment("/dev/shm/" + names[2], 0, kSize, kCarved, kCarved + 24 * kMB);
+  PlantSegment("/dev/shm/" + names[3], 1, kSize, layout::kSegmentHeaderSize, 18 * kMB);
+  const std::string rows = Read("/dev/shm/" + names[2]).substr(0, kCarved);
+  ASSERT_GE(AllocatedBytes("/dev/shm/" + names[2]), kCarved + 24 * kMB);
+
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, huge_, true, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 1) << r.warning;
+  EXPECT_FALSE(Exists("/dev/shm/" + names[2]));
+  const std::string seg0 = huge_ + "/" + names[2], seg1 = huge_ + "/" + names[3];
+  const std::string moved = Read(seg0);
+  ASSERT_EQ(moved.size(), kSize);
+  EXPECT_EQ(Read(seg1).size(), kSize);
+  EXPECT_TRUE(moved.compare(0, kCarved, rows) == 0);
+  EXPECT_EQ(moved.find_first_not_of('\0', kCarved), std::string::npos);
+  // Reading the holes above allocated nothing.
+  EXPECT_LE(AllocatedBytes(seg0), 6 * kMB) << "carved " << kCarved;
+  EXPECT_GE(AllocatedBytes(seg0), kCarved);
+  EXPECT_LE(AllocatedBytes(seg1), 2 * kMB);
+  EXPECT_LT(r.bytes, 9 * kMB) << "what the move copied: the carved parts and the rest";
+}
+
+// A segment copied sparse still needs its full size in the new place:
+// adoption reserves it so under a cap that place's room bounds, and the
+// supply allocates its holes there. A cache whose files at their sizes do
+// not fit stays whole where it was, as when a whole copy found no room
+// (moved for its carved part alone, it would be over the new cap, and
+// adoption would discard it). Mounting the small tmpfs needs root.
+TEST_F(ShmDirSwitchTest, ACacheWhoseSegmentsDoNotFitAtTheirSizesStaysWhereItWas) {
+  constexpr uint64_t kMB = 1u << 20;
+  ASSERT_EQ(mkdir(huge_.c_str(), 0700), 0);
+  if (mount("tmpfs", huge_.c_str(), "tmpfs", 0, "size=32m,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a 32 MB tmpfs (needs root): " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{huge_};
+  Plant("/dev/shm");
+  std::vector<std::string> names = Names();
+  // 5 MB carved (it would fit), 64 MB in all (it does not).
+  PlantSegment("/dev/shm/" + names[2], 0, 64 * kMB, 5 * kMB, 8 * kMB);
+  ShmDirSwitch r = MoveEarlierShmFiles(port_, huge_, true, "", nullptr, &log_);
+  EXPECT_EQ(r.caches, 0) << r.warning;
+  EXPECT_EQ(r.not_moved, 1) << r.warning;
+  EXPECT_NE(r.warning.find("no room in " + huge_), std::string::npos) << r.warning;
+  for (size_t i = 0; i + 1 < names.size(); ++i) {
+    EXPECT_TRUE(Exists("/dev/shm/" + names[i])) << names[i];
+    EXPECT_FALSE(Exists(huge_ + "/" + names[i])) << names[i];
+  }
 }
 
 TEST_F(ShmDirSwitchTest, AStopRequestLeavesTheRestForTheNextStart) {

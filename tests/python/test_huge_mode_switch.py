@@ -10,6 +10,7 @@ mounting needs root and shmem transparent huge pages: skipped with the
 reason otherwise.
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -18,6 +19,9 @@ import sys
 import pytest
 
 from conftest import ADMIN, _alive, _segments, huge_dir, wait_for
+from shmcache import DatasetCache
+from test_page_supply import (KB, PAST_CARVED, assert_bounded, assert_intact, put_all,
+                              segment_pages)
 
 ROWS = 2000
 ROW_BYTES = 3072
@@ -291,3 +295,50 @@ def test_a_move_cut_short_by_a_kill_goes_on_at_the_next_start(huge_server):
     assert not _mounted(huge_dir(s.port))
     _rows(s, "get", session)
     _stop_and_check_nothing_left(s)
+
+
+def test_a_switch_moves_a_segments_rows_and_leaves_its_unsupplied_rest_a_hole(start_server):
+    """Segments are sparse (pages are supplied a step ahead of the carve
+    mark): the move copies each segment's carved part only, so the moved
+    segments hold no more pages than the earlier server had supplied (and a
+    step ahead of the one this server carves on), and the adopting server
+    supplies the rest before it leases it (a writer never touches a hole):
+    every row reads back and more puts succeed."""
+    s = start_server("--memory_cap_mb", "1024")
+    sid = s.new_session()
+    size = 150 * KB
+    cache = DatasetCache(sid, size_mb=1024, name="sparse")
+    # Until the segments' holes (made ahead of need, or past the supply
+    # ahead) are more than the step the next server supplies: segments grow
+    # with the cache, so this comes by 500 MB of rows.
+    rows, holes = 0, 0
+    while holes <= 2 * PAST_CARVED and rows < 3600:
+        put_all(cache, rows, 200, size)
+        rows += 200
+        before = segment_pages("/dev/shm", s.port)
+        supplied = sum(b for _, b, _ in before)
+        holes = sum(os.stat(p).st_size for p, _, _ in before) - supplied
+    cache.close()
+    assert holes > 2 * PAST_CARVED, f"segments with holes at the kill: {holes >> 20} MB"
+    s.kill()
+
+    _start(s, huge=True)
+    assert _mounted(huge_dir(s.port)) and not _in_dev_shm(s.port)
+    after = assert_bounded(huge_dir(s.port), s.port)
+    moved = sum(b for _, b, _ in after)
+    # What the earlier server supplied, and at most a step ahead of the one
+    # segment per NUMA node this server carves on (supplied before leasing).
+    assert moved <= supplied + PAST_CARVED * _numa_nodes(), \
+        f"{moved >> 20} MB allocated after the move, {supplied >> 20} MB supplied " \
+        f"before it, {(supplied + holes) >> 20} MB of segments"
+    cache = DatasetCache(sid, size_mb=1024, name="sparse")
+    assert_intact(cache, 0, rows, size)
+    put_all(cache, rows, 800, size)           # into the moved segments' holes
+    assert_intact(cache, 0, rows + 800, size)
+    assert_bounded(huge_dir(s.port), s.port)
+    cache.close()
+    _stop_and_check_nothing_left(s)
+
+
+def _numa_nodes():
+    return max(1, len(glob.glob("/sys/devices/system/node/node[0-9]*")))
