@@ -48,7 +48,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
-from ..rows import Column, ColumnSelection, column_names, decode, encode
+from ..rows import NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode
 from .fingerprint import cache_for_dataset
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
@@ -74,6 +74,9 @@ def _forget_in_worker() -> None:
 
 # Every CachedDataset of this process, for _forget_in_worker.
 _datasets: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
+
+# How encode's column of a Python number (int, float, bool) ends.
+_NUMBER_SUFFIX = "\x1f" + NUMBER_TAG
 
 # The attributes that decide how CachedDataset.__getitem__ reads a hit.
 _READ_SETTINGS = frozenset({"transform", "target_transform", "transforms", "columns",
@@ -226,13 +229,19 @@ class CachedDataset(Dataset):
         in_worker = _in_worker
         return not (plain and (_ask_in_worker() if in_worker is None else in_worker)), plain
 
-    def _miss(self, index: int) -> Any:
+    def _miss(self, index: int, computed: list[tuple[int, list[Column]]] | None = None) -> Any:
+        """dataset[index] as a hit would return it, stored in the cache, or
+        (computed given) appended to `computed` for the caller's
+        store_rows."""
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
             self.warn_uncacheable(index, why)
             return self.project(sample)
-        self.store_row(index, cols)
+        if computed is None:
+            self.store_row(index, cols)
+        else:
+            computed.append((index, cols))
         return self.project(decode(cols, torch=True))
 
     def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
@@ -305,8 +314,15 @@ class CachedDataset(Dataset):
             self.transforms is None
         if not plain and any(_has_pil(row) for row in rows):
             self.__dict__["_one_by_one"] = True
-        return [self.apply_transforms(row if row is not None else self._miss(i))
-                for i, row in zip(indices, rows)]
+        # The batch's misses are stored together (one enqueue), also when a
+        # later row of the batch raises: rows computed are not lost.
+        computed: list[tuple[int, list[Column]]] = []
+        try:
+            return [self.apply_transforms(row if row is not None else self._miss(i, computed))
+                    for i, row in zip(indices, rows)]
+        finally:
+            if computed:
+                self.store_rows(computed)
 
     def stats(self) -> CacheStats | None:
         """The cache's counters (all processes), plus `async_puts`: this
@@ -325,15 +341,27 @@ class CachedDataset(Dataset):
     def store_row(self, index: int, cols: list[Column]) -> None:
         """Caches a computed row: queued for the writer thread, or stored
         now without async puts."""
+        self.store_rows([(index, cols)])
+
+    def store_rows(self, computed: list[tuple[int, list[Column]]]) -> None:
+        """store_row of (index, cols) rows, with one put (without async
+        puts) or one enqueue."""
         putter = self._putter
         if putter is None:
-            self.cache.put_encoded([index], [cols], strict=False)
+            self.cache.put_encoded([i for i, _ in computed], [c for _, c in computed],
+                                   strict=False)
         elif self.cache.accepting:
-            # The sample returned shares these arrays (and they may be the
+            # The samples returned share these arrays (and they may be the
             # wrapped dataset's own): the queue keeps a copy that nothing
             # can modify before the writer stores it.
-            copies = [(n, d, np.array(a, copy=True)) for n, d, a in cols]
-            putter.enqueue(index, copies, sum(a.nbytes for _, _, a in copies))
+            # A Python number's column is encode's own array, and its
+            # sample holds the number, not the array: it is queued as is.
+            items = []
+            for index, cols in computed:
+                copies = [(n, d, a if n.endswith(_NUMBER_SUFFIX) else np.array(a, copy=True))
+                          for n, d, a in cols]
+                items.append((index, copies, sum(a.nbytes for _, _, a in copies)))
+            putter.enqueue_many(items)
 
     def warn_uncacheable(self, index: int, why: Exception | str | None) -> None:
         if not self._warned_uncacheable:
