@@ -701,6 +701,27 @@ def plot(d, path):
     fig.savefig(path, dpi=110)
 
 
+HAND_WRITTEN = "(by hand, not by report.py"
+
+
+def hand_written_sections(path):
+    """The sections of an earlier RESULTS.md whose heading says they were
+    written by hand (same-run A/Bs of one change), kept after a new run's
+    table: a run of scripts/bench.sh replaces only what it measured."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines(keepends=True)
+    except OSError:
+        return ""
+    out, keep = [], False
+    for line in lines:
+        if line.startswith("#"):
+            keep = line.startswith("### ") and HAND_WRITTEN in line
+        if keep:
+            out.append(line)
+    return "".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpp", required=True)
@@ -736,9 +757,12 @@ def main():
     print()
     print(text)
     if args.markdown:
+        kept = hand_written_sections(args.markdown)
         with open(args.markdown, "w") as f:
             f.write("# Benchmark results\n\nLatest run of `scripts/bench.sh` "
                     "(written by benchmarks/report.py).\n\n" + text)
+            if kept:
+                f.write("\n" + kept)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=machine(), command=args.command,
