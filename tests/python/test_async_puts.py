@@ -244,6 +244,22 @@ def test_sample_modified_in_place_does_not_change_the_queued_row(server, session
     assert np.array_equal(ds.cache.get(1)[0], sample(1)[0])
 
 
+@pytest.mark.parametrize("async_puts", [True, False])
+def test_a_batch_modified_in_place_does_not_change_the_stored_rows(server, session,
+                                                                  async_puts):
+    # The batch's misses are queued after its transforms ran: the queue's
+    # copies must be taken before them.
+    def zero_in_place(s):
+        s[0].zero_()
+        return s
+    ds = CachedDataset(Images(6), DatasetCache(session), transforms=zero_in_place,
+                       name=f"inplace{async_puts}", async_puts=async_puts)
+    assert all(not img.any() for img, _ in ds.__getitems__([4, 0, 2]))
+    assert ds.flush(60)
+    for i in (4, 0, 2):
+        assert np.array_equal(ds.cache.get(i)[0], sample(i)[0]), i
+
+
 # ---- exit, os._exit after multiprocessing's hooks, SIGKILL, fork ----------
 
 CHILD = r"""
