@@ -134,6 +134,77 @@ def test_the_writer_is_woken_by_a_full_batch_not_by_every_row(monkeypatch):
     assert p._thread is None or not p._thread.is_alive()
 
 
+def test_a_batchs_misses_are_queued_at_once_with_one_wake(server, session):
+    # DataLoader's fetcher asks for a batch (__getitems__): its misses take
+    # the queue's lock and wake the writer once, not once per row (each
+    # wake-up takes the GIL from the thread computing the next row).
+    ds = CachedDataset(Images(24), DatasetCache(session), name="batched")
+    ds[0]                          # the writer thread exists, per-row wakes
+    assert ds.flush(60)
+    p = ds._putter
+    wakes = []
+    real_notify = p._cond.notify
+    p._cond.notify = lambda n=1: (wakes.append(n), real_notify(n))[1]
+    got = ds.__getitems__(list(range(1, 17)))
+    assert len(wakes) == 1
+    assert ds.flush(60)
+    for i, (img, label) in zip(range(1, 17), got):
+        assert torch.equal(img, torch.from_numpy(sample(i)[0])) and label == i % 10
+    assert assert_cached_rows_whole(session, "batched", 24) == list(range(17))
+
+
+class FailsAt(Dataset):
+    """Images whose row `bad` raises."""
+
+    def __init__(self, n, bad):
+        self.images, self.bad = Images(n), bad
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"row {i} is unreadable")
+        return self.images[i]
+
+
+def test_rows_computed_before_a_row_that_raises_are_still_stored(server, session):
+    ds = CachedDataset(FailsAt(10, bad=5), DatasetCache(session), name="fails")
+    with pytest.raises(KeyError, match="row 5"):
+        ds.__getitems__([7, 1, 5, 3])
+    assert ds.flush(60)
+    assert [i for i in range(10) if ds.cache.contains(i)] == [1, 7]
+    img, label = ds.__getitems__([1])[0]            # a hit, whole
+    assert torch.equal(img, torch.from_numpy(sample(1)[0])) and label == 1
+
+
+def test_enqueue_many_drops_only_the_rows_that_do_not_fit(monkeypatch):
+    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    release = threading.Event()
+    stored = []
+
+    def store(ids, rows):
+        assert release.wait(60), "the test never released the writer"
+        stored.extend(ids)
+        return len(ids)
+    p = shmcache.async_put.AsyncPutter(store, limit_bytes=100)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # The first row is taken into an empty queue however large; then
+            # 80 bytes do not fit beside it, 20 and 30 do, 60 does not.
+            assert p.enqueue_many([(1, "a", 50), (2, "b", 80), (3, "c", 20),
+                                   (4, "d", 30), (5, "e", 60)]) == 3
+        assert sum(w.category is CacheWarning for w in caught) == 1
+        release.set()
+        assert p.flush(60)
+        assert stored == [1, 3, 4]
+        assert p.stats() == dict(queued=3, written=3, dropped=2, not_stored=0, pending=0)
+    finally:
+        release.set()
+        p.close(10)
+
+
 def test_a_dataloader_workers_rows_are_stored_while_it_lives_and_at_its_exit(
         server, session):
     # A worker's writer wakes by batch: a row short of a batch is stored
@@ -171,6 +242,22 @@ def test_sample_modified_in_place_does_not_change_the_queued_row(server, session
     assert not ds[1][0].any()
     assert ds.flush(60)
     assert np.array_equal(ds.cache.get(1)[0], sample(1)[0])
+
+
+@pytest.mark.parametrize("async_puts", [True, False])
+def test_a_batch_modified_in_place_does_not_change_the_stored_rows(server, session,
+                                                                  async_puts):
+    # The batch's misses are queued after its transforms ran: the queue's
+    # copies must be taken before them.
+    def zero_in_place(s):
+        s[0].zero_()
+        return s
+    ds = CachedDataset(Images(6), DatasetCache(session), transforms=zero_in_place,
+                       name=f"inplace{async_puts}", async_puts=async_puts)
+    assert all(not img.any() for img, _ in ds.__getitems__([4, 0, 2]))
+    assert ds.flush(60)
+    for i in (4, 0, 2):
+        assert np.array_equal(ds.cache.get(i)[0], sample(i)[0]), i
 
 
 # ---- exit, os._exit after multiprocessing's hooks, SIGKILL, fork ----------

@@ -17,8 +17,10 @@ Contract:
   writer takes the GIL from the decoding thread (thread switches, and
   IPIs on a VM): woken per row, that cost a DataLoader worker more CPU
   than the put itself. A worker's queued rows are written at its exit
-  (below); the trainer's process keeps the wake per row, so that its
-  rows are stored as soon as the cache takes them.
+  (below); the trainer's process keeps the wake per enqueue, so that its
+  rows are stored as soon as the cache takes them. enqueue_many() queues
+  several rows (CachedDataset: a batch's misses) under one lock with at
+  most one wake-up.
 - At exit (atexit, and multiprocessing's exit hooks, which also run in
   DataLoader workers before their os._exit), queued rows are written for
   at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
@@ -112,24 +114,36 @@ class AsyncPutter:
 
     def enqueue(self, row_id: int, row: Any, nbytes: int) -> bool:
         """Queues a row for the writer; False when it was dropped."""
+        return self.enqueue_many([(row_id, row, nbytes)]) == 1
+
+    def enqueue_many(self, items: Sequence[tuple[int, Any, int]]) -> int:
+        """Queues (row_id, row, nbytes) rows in order, each as enqueue()
+        would (a row that does not fit is dropped, the rows after it are
+        still offered); the number queued. One lock, one fork check and at
+        most one wake-up for all of them: CachedDataset queues a batch's
+        misses at once."""
         if self._pid != os.getpid():
             self._reset()          # a fork that bypassed os.fork's hooks
+        queued = 0
+        full = False
         with self._cond:
-            if self._stop or (self._bytes and self._bytes + nbytes > self.limit_bytes):
-                self.dropped += 1
-                full = not self._stop
-            else:
+            for row_id, row, nbytes in items:
+                if self._stop or (self._bytes and self._bytes + nbytes > self.limit_bytes):
+                    self.dropped += 1
+                    full = full or not self._stop
+                    continue
                 self._queue.append((row_id, row, nbytes))
                 self._bytes += nbytes
                 self._queued_bytes += nbytes
-                self.queued += 1
+                queued += 1
+            if queued:
+                self.queued += queued
                 self._start_locked()
                 if not self._batched or self._ready_locked():
                     self._cond.notify()
-                return True
         if full:
             _warn_drops(self.limit_bytes)
-        return False
+        return queued
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every queued row is written; False on timeout."""

@@ -48,7 +48,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
-from ..rows import Column, ColumnSelection, column_names, decode, encode
+from ..rows import NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode
 from .fingerprint import cache_for_dataset
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
@@ -74,6 +74,9 @@ def _forget_in_worker() -> None:
 
 # Every CachedDataset of this process, for _forget_in_worker.
 _datasets: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
+
+# How encode's column of a Python number (int, float, bool) ends.
+_NUMBER_SUFFIX = "\x1f" + NUMBER_TAG
 
 # The attributes that decide how CachedDataset.__getitem__ reads a hit.
 _READ_SETTINGS = frozenset({"transform", "target_transform", "transforms", "columns",
@@ -226,13 +229,21 @@ class CachedDataset(Dataset):
         in_worker = _in_worker
         return not (plain and (_ask_in_worker() if in_worker is None else in_worker)), plain
 
-    def _miss(self, index: int) -> Any:
+    def _miss(self, index: int, queued: list[tuple[int, list[Column], int]] | None = None
+              ) -> Any:
+        """dataset[index] as a hit would return it, stored in the cache; with
+        async puts and `queued` given, its queue entry (a copy, taken before
+        any transform can change the sample) is appended there for the
+        caller's one enqueue_many instead."""
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
             self.warn_uncacheable(index, why)
             return self.project(sample)
-        self.store_row(index, cols)
+        if queued is None or self._putter is None:
+            self.store_row(index, cols)
+        elif self.cache.accepting:
+            queued.append(_queue_entry(index, cols))
         return self.project(decode(cols, torch=True))
 
     def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
@@ -305,8 +316,16 @@ class CachedDataset(Dataset):
             self.transforms is None
         if not plain and any(_has_pil(row) for row in rows):
             self.__dict__["_one_by_one"] = True
-        return [self.apply_transforms(row if row is not None else self._miss(i))
-                for i, row in zip(indices, rows)]
+        # With async puts, the batch's misses are queued together (one lock,
+        # at most one wake-up of the writer), also when a later row of the
+        # batch raises: rows computed are not lost.
+        queued: list[tuple[int, list[Column], int]] = []
+        try:
+            return [self.apply_transforms(row if row is not None else self._miss(i, queued))
+                    for i, row in zip(indices, rows)]
+        finally:
+            if queued and self._putter is not None:
+                self._putter.enqueue_many(queued)
 
     def stats(self) -> CacheStats | None:
         """The cache's counters (all processes), plus `async_puts`: this
@@ -329,11 +348,7 @@ class CachedDataset(Dataset):
         if putter is None:
             self.cache.put_encoded([index], [cols], strict=False)
         elif self.cache.accepting:
-            # The sample returned shares these arrays (and they may be the
-            # wrapped dataset's own): the queue keeps a copy that nothing
-            # can modify before the writer stores it.
-            copies = [(n, d, np.array(a, copy=True)) for n, d, a in cols]
-            putter.enqueue(index, copies, sum(a.nbytes for _, _, a in copies))
+            putter.enqueue(*_queue_entry(index, cols))
 
     def warn_uncacheable(self, index: int, why: Exception | str | None) -> None:
         if not self._warned_uncacheable:
@@ -351,6 +366,17 @@ class CachedDataset(Dataset):
         if isinstance(sample, dict):
             return {c: sample[c] for c in cols}
         return tuple(sample[c] for c in cols)
+
+
+def _queue_entry(index: int, cols: list[Column]) -> tuple[int, list[Column], int]:
+    """(index, columns, bytes) for AsyncPutter. The sample returned shares
+    the encoded arrays (and they may be the wrapped dataset's own): the
+    queue keeps a copy that nothing can modify before the writer stores
+    it. A Python number's column is encode's own array, and its sample
+    holds the number, not the array: it is queued as is."""
+    copies = [(n, d, a if n.endswith(_NUMBER_SUFFIX) else np.array(a, copy=True))
+              for n, d, a in cols]
+    return index, copies, sum(a.nbytes for _, _, a in copies)
 
 
 def _has_pil(row: Any) -> bool:
