@@ -168,6 +168,9 @@ def _fill_to_full(cache, first, size):
     return i
 
 
+# The 1024 MB asked for is capped at the 640 MB tmpfs on purpose: the
+# warning that says so comes again wherever the cache is first written.
+@pytest.mark.filterwarnings("ignore::shmcache.CacheWarning")
 def test_a_restart_computes_the_cap_and_budget_a_server_never_restarted_has(
         start_server, small_tmpfs_of):
     """The cap bounded by the shm filesystem is its free room plus what the
