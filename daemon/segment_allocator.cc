@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "daemon/logger.h"
+#include "daemon/shm_pages.h"
 
 namespace shmcache {
 
@@ -31,9 +32,8 @@ constexpr uint64_t kPageBytes = 4096;
 
 // Pages are supplied in whole 2 MB pages (huge pages where the shm dir has
 // them), up to the segment's end.
-constexpr uint64_t kSupplyAlign = 2u << 20;
 uint64_t SupplyEnd(uint64_t end, uint64_t seg_size) {
-  return std::min(seg_size, AlignUp(end, kSupplyAlign));
+  return std::min(seg_size, AlignUp(end, kHugePageBytes));
 }
 }  // namespace
 
@@ -193,7 +193,9 @@ uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
       AlignUp(seg.carved + ChunkSizeFor(need), kPageBytes) - seg.carved;
   uint64_t size = std::min(avail, to_page);
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
-  return size / layout::kCacheLine * layout::kCacheLine;
+  // Whole cache lines without rounding: carve marks lie on lines and
+  // segment sizes on pages.
+  return size;
 }
 
 std::deque<SegmentAllocator::Prepared>::iterator SegmentAllocator::FirstPreparedFor(

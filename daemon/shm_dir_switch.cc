@@ -22,6 +22,7 @@
 #include "daemon/huge_tmpfs.h"
 #include "daemon/logger.h"
 #include "daemon/replace_file.h"
+#include "daemon/shm_pages.h"
 #include "format/instance.h"
 #include "format/layout.h"
 #include "format/numa_topology.h"
@@ -182,14 +183,13 @@ Status CopyTo(int in, const std::string& dir, const std::string& to, size_t size
 // then judges it (removes a segment never finished, refuses one whose
 // header is bad) as it would where it was.
 size_t SuppliedPart(const layout::SegmentHeader& h, size_t size) {
-  constexpr uint64_t kPage = 2u << 20;
   const uint64_t carved = h.carved.load();
   if (h.file.magic != layout::kSegmentMagic || carved < layout::kSegmentHeaderSize ||
       carved > size) {
     return size;
   }
   return static_cast<size_t>(
-      std::min<uint64_t>(size, (carved + kPage - 1) / kPage * kPage));
+      std::min<uint64_t>(size, (carved + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes));
 }
 
 // Copies `from` to `to` (in `dir`), unless a killed start copied it whole

@@ -6,10 +6,16 @@
 // Thread safety: stateless.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace shmcache {
+
+// The size of a huge page of tmpfs. Segment pages are supplied, and a
+// segment's carved part copied, in whole units of it, so that a tmpfs with
+// huge pages never backs a row with a part of one.
+inline constexpr uint64_t kHugePageBytes = 2u << 20;
 
 inline constexpr const char* kMountsFile = "/proc/self/mounts";
 inline constexpr const char* kShmemEnabledFile =

@@ -48,7 +48,8 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
-from ..rows import NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode
+from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
+                    split_name)
 from .fingerprint import cache_for_dataset
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
@@ -74,9 +75,6 @@ def _forget_in_worker() -> None:
 
 # Every CachedDataset of this process, for _forget_in_worker.
 _datasets: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
-
-# How encode's column of a Python number (int, float, bool) ends.
-_NUMBER_SUFFIX = "\x1f" + NUMBER_TAG
 
 # The attributes that decide how CachedDataset.__getitem__ reads a hit.
 _READ_SETTINGS = frozenset({"transform", "target_transform", "transforms", "columns",
@@ -374,7 +372,7 @@ def _queue_entry(index: int, cols: list[Column]) -> tuple[int, list[Column], int
     queue keeps a copy that nothing can modify before the writer stores
     it. A Python number's column is encode's own array, and its sample
     holds the number, not the array: it is queued as is."""
-    copies = [(n, d, a if n.endswith(_NUMBER_SUFFIX) else np.array(a, copy=True))
+    copies = [(n, d, a if split_name(n)[1] == NUMBER_TAG else np.array(a, copy=True))
               for n, d, a in cols]
     return index, copies, sum(a.nbytes for _, _, a in copies)
 
