@@ -1,7 +1,11 @@
 // Ways the daemon could write a batch of spilled rows into RocksDB, timed
 // against each other in one process, interleaved (issue 36: spilling
-// PutBatch against the WAL-off peer). Not part of shmcache_bench: a
-// prototype's measurement, run by hand (docs/spill-reads.md quotes it).
+// PutBatch against the WAL-off peer): the daemon's write batches through
+// the write-ahead log, with the log's options tried; batches written as a
+// table file (SstFileWriter) and ingested (IngestExternalFile); and the
+// peer's one Put per row. Not part of shmcache_bench: a prototype's
+// measurement, run by hand; docs/spill-reads.md ("Large batches as table
+// files, tried") has its figures and why the daemon does not ingest.
 //
 //   spill_put_designs DIR [rounds] [MB per size] [name filter] [shuffled]
 //
@@ -170,10 +174,9 @@ std::vector<Design> Designs() {
   std::vector<Design> d;
   auto none = [](rocksdb::Options*) {};
   auto put_each = [](bool wal) {
-    return [wal](rocksdb::DB* db, const Rows& r, uint64_t f, uint64_t n,
-                 const std::string&, const rocksdb::Options&) {
-      return PutEach(db, r, f, n, wal);
-    };
+    return
+        [wal](rocksdb::DB* db, const Rows& r, uint64_t f, uint64_t n, const std::string&,
+              const rocksdb::Options&) { return PutEach(db, r, f, n, wal); };
   };
   auto batch = [](bool wal, bool flush) {
     return [wal, flush](rocksdb::DB* db, const Rows& r, uint64_t f, uint64_t n,
@@ -187,8 +190,8 @@ std::vector<Design> Designs() {
   d.push_back({"daemon now: WriteBatch <= 64 rows, <= 1 MB, WAL on", none,
                batch(true, false), 64, 1u << 20});
   d.push_back({"WriteBatch 64 rows, WAL on", none, batch(true, false), 64, kAny});
-  d.push_back({"WriteBatch <= 1 MB, WAL off (not readable)", none, batch(false, false), 64,
-               1u << 20});
+  d.push_back({"WriteBatch <= 1 MB, WAL off (not readable)", none, batch(false, false),
+               64, 1u << 20});
   d.push_back({"WriteBatch <= 1 MB, WAL on, manual_wal_flush + FlushWAL",
                [](rocksdb::Options* o) { o->manual_wal_flush = true; }, batch(true, true),
                64, 1u << 20});
@@ -218,6 +221,9 @@ std::vector<Design> Designs() {
   d.push_back({"kept: ingest <= 4 MB", none, IngestKept, kAny, 4u << 20});
   d.push_back({"kept: ingest <= 8 MB", none, IngestKept, kAny, 8u << 20});
   d.push_back({"kept: ingest 64 rows", none, IngestKept, 64, kAny});
+  d.push_back({"kept: ingest <= 8 MB, no syncs",
+               [](rocksdb::Options* o) { o->env = g_nosync_env.get(); }, IngestKept, kAny,
+               8u << 20});
   return d;
 }
 

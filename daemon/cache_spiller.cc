@@ -69,13 +69,6 @@ Status CacheSpiller::Put(uint32_t cache_id, CacheState* c, uint64_t row_id,
 
 namespace {
 
-// Whether `row` decodes whole, `size` bytes, and carries id `id`.
-bool WholeRowOf(std::span<const std::byte> row, uint32_t size, uint64_t id) {
-  RowView view;
-  return row.size() == size && RowCodec::Decode(row.data(), row.size(), &view).ok() &&
-         view.encoded().size() == row.size() && RowCodec::KeyOf(view) == id;
-}
-
 // Checks the rows of a write batch (its own copy) against the ids and sizes
 // they were put under: each must decode whole and carry its id.
 class StagedRowCheck : public rocksdb::WriteBatch::Handler {
@@ -85,10 +78,12 @@ class StagedRowCheck : public rocksdb::WriteBatch::Handler {
   rocksdb::Status PutCF(uint32_t, const rocksdb::Slice&,
                         const rocksdb::Slice& value) override {
     const size_t i = next_++;
-    if (i >= ids_.size() ||
-        !WholeRowOf(std::span(reinterpret_cast<const std::byte*>(value.data()),
-                              value.size()),
-                    sizes_[i], ids_[i])) {
+    RowView view;
+    if (i >= ids_.size() || value.size() != sizes_[i] ||
+        !RowCodec::Decode(reinterpret_cast<const std::byte*>(value.data()), value.size(),
+                          &view)
+             .ok() ||
+        view.encoded().size() != value.size() || RowCodec::KeyOf(view) != ids_[i]) {
       bad_ = i;
       return rocksdb::Status::Corruption("staged row");
     }
@@ -112,9 +107,9 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
   if (ids.size() != sizes.size()) {
     return Status::Corruption("staged rows: as many ids as sizes are needed");
   }
-  uint64_t off = 0, max_id = 0;
+  rocksdb::WriteBatch batch;
+  uint64_t off = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    max_id = std::max(max_id, ids[i]);
     // Whole rows (RowCodec sizes are multiples of 8) inside the stage.
     if (sizes[i] < kRowHeaderBytes || sizes[i] % 8 != 0 ||
         sizes[i] > stage.size() - off) {
@@ -123,12 +118,6 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
           "bytes",
           i, ids[i], sizes[i], off, stage.size()));
     }
-    off += sizes[i];
-  }
-  if (off >= SpillStore::kIngestBytes) return WriteStagedRows(cache_id, stage, ids, sizes, off);
-  rocksdb::WriteBatch batch;
-  off = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
     SpillKey k(cache_id, ids[i]);
     batch.Put(k.slice(), rocksdb::Slice(reinterpret_cast<const char*>(stage.data() + off),
                                         sizes[i]));
@@ -140,27 +129,7 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
         fmt::format("staged row {} (id {}) is not a whole row of that id", check.bad(),
                     ids[check.bad()]));
   }
-  return spill_->Write(&batch, off, cache_id, max_id);
-}
-
-Status CacheSpiller::WriteStagedRows(uint32_t cache_id, std::span<const std::byte> stage,
-                                  std::span<const uint64_t> ids,
-                                  std::span<const uint32_t> sizes, uint64_t bytes) {
-  // Copied out first, as a write batch copies them: the client may write
-  // into its stage meanwhile, and what is checked is what is written.
-  std::vector<std::byte> copy(stage.begin(),
-                              stage.begin() + static_cast<std::ptrdiff_t>(bytes));
-  std::vector<SpillStore::Row> rows(ids.size());
-  uint64_t off = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    rows[i] = {ids[i], std::span<const std::byte>(copy).subspan(off, sizes[i])};
-    if (!WholeRowOf(rows[i].bytes, sizes[i], ids[i])) {
-      return Status::Corruption(
-          fmt::format("staged row {} (id {}) is not a whole row of that id", i, ids[i]));
-    }
-    off += sizes[i];
-  }
-  return spill_->WriteRows(cache_id, rows, bytes);
+  return spill_->Write(&batch, off);
 }
 
 Status CacheSpiller::Get(uint32_t cache_id, std::span<const uint64_t> ids,

@@ -61,15 +61,12 @@ class CacheSpiller {
   Status Put(uint32_t cache_id, CacheState* c, uint64_t row_id,
              std::span<const std::byte> row, MemoryAccount* account, bool* inserted);
   // Writes rows ids[i] of sizes[i] bytes, encoded back to back from the
-  // start of `stage` (a client's staging file), to the spill store at once:
-  // one write batch, or SpillStore::WriteRows (maybe one ingested table
-  // file) when they hold at least SpillStore::kIngestBytes; the caller
-  // publishes them. The rows are
-  // copied out of the stage first and checked in the copy (each decodes
-  // whole and carries its id): the client may write into its stage
-  // meanwhile. Corruption (nothing written) when one is not; NotFound
-  // without a store; otherwise what SpillStore::Write or WriteRows says.
-  // Touches no CacheState: needs no lock.
+  // start of `stage` (a client's staging file), to the spill store in one
+  // batch; the caller publishes them. The rows are copied out of the stage
+  // first and checked in the copy (each decodes whole and carries its id):
+  // the client may write into its stage meanwhile. Corruption (nothing
+  // written) when one is not; NotFound without a store; otherwise what
+  // SpillStore::Write says. Touches no CacheState: needs no lock.
   Status WriteStaged(uint32_t cache_id, std::span<const std::byte> stage,
                      std::span<const uint64_t> ids, std::span<const uint32_t> sizes);
   // Rows ids[i] of cache `cache_id` into (*rows)[i]; (*found)[i] false when
@@ -88,12 +85,6 @@ class CacheSpiller {
   void ReconcileCache(uint32_t id, CacheState* c, const std::string& why, bool on_disk,
                       const NoteFn& note);
   void RemoveEarlierSpillDb(const std::string& path, const NoteFn& note);
-  // WriteStaged's rows of at least SpillStore::kIngestBytes (`bytes` of
-  // them, their sizes checked to fit the stage), through
-  // SpillStore::WriteRows.
-  Status WriteStagedRows(uint32_t cache_id, std::span<const std::byte> stage,
-                      std::span<const uint64_t> ids, std::span<const uint32_t> sizes,
-                      uint64_t bytes);
 
   InstancePaths paths_;
   Logger* log_;

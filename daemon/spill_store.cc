@@ -4,17 +4,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
-#include <rocksdb/sst_file_writer.h>
 #include <rocksdb/write_batch.h>
 
 #include "format/owned_dir.h"
@@ -86,18 +83,18 @@ void SpillStore::WriteFlushMarker() {
   // the flush leaves the new log empty. The marker is that write: one key
   // of another length than a row's, which no reader asks for, CacheIds
   // skips and no cache's range holds.
+  static constexpr char kMarker[] = {'\xff'};
   rocksdb::Status rs;
   {
     MutexLock lock(&write_mu_);
-    rs = PutFlushMarker();
-  }
-  if (!rs.ok()) Fail(FromRocks(rs, path_)).PermitUncheckedError();
-}
-
-rocksdb::Status SpillStore::PutFlushMarker() {
-  static constexpr char kMarker[] = {'\xff'};
-  return db_->Put(rocksdb::WriteOptions(), rocksdb::Slice(kMarker, sizeof kMarker),
+    rs = db_->Put(rocksdb::WriteOptions(), rocksdb::Slice(kMarker, sizeof kMarker),
                   rocksdb::Slice());
+  }
+  if (!rs.ok()) {
+    MutexLock lock(&error_mu_);
+    error_ = FromRocks(rs, path_).message();
+    failed_.store(true);
+  }
 }
 
 uint64_t SpillStore::UnflushedRows() const { return MemtableEntries(*db_); }
@@ -149,7 +146,6 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   s = store->CheckDirectory(&free_bytes);
   if (!s.ok()) return s;
   store->memtables_ = MemtablesFor(free_bytes);
-  store->RemoveIngestLeftovers();
   rocksdb::Options opts = SpillDbOptions();
   opts.create_if_missing = create;
   opts.IncreaseParallelism(2);
@@ -165,28 +161,16 @@ Status SpillStore::Open(const std::string& path, std::unique_ptr<SpillStore>* ou
   return Status::OK();
 }
 
-void SpillStore::RemoveIngestLeftovers() {
-  // A server killed while writing a table file for Ingest left it here;
-  // RocksDB does not know it. Unlinked through the directory Open checked,
-  // by name within it (a link is removed, not followed).
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(path_, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind(kIngestPrefix, 0) == 0) unlinkat(dir_fd_, name.c_str(), 0);
-  }
-}
-
 Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
                        std::span<const std::byte> row) {
   rocksdb::WriteBatch batch;
   SpillKey k(cache_id, row_id);
   batch.Put(k.slice(),
             rocksdb::Slice(reinterpret_cast<const char*>(row.data()), row.size()));
-  return Write(&batch, row.size(), cache_id, row_id);
+  return Write(&batch, row.size());
 }
 
-Status SpillStore::CheckWritable(uint64_t bytes) {
+Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
   if (failed_.load()) {
     MutexLock lock(&error_mu_);
     return Status::Full("spilling is off after an earlier error: " + error_);
@@ -204,130 +188,24 @@ Status SpillStore::CheckWritable(uint64_t bytes) {
         fmt::format("spill disk full: {} MB free in {}, {} MB needed to go on spilling",
                     free_bytes >> 20, path_, (need + (1 << 20) - 1) >> 20));
   }
-  return Status::OK();
-}
-
-Status SpillStore::Fail(Status s) {
-  MutexLock lock(&error_mu_);
-  error_ = s.message();
-  failed_.store(true);
-  return s;
-}
-
-void SpillStore::NoteWrite() {
+  Status s;
+  {
+    MutexLock lock(&write_mu_);
+    s = FromRocks(db_->Write(rocksdb::WriteOptions(), batch), path_);
+  }
+  if (!s.ok()) {
+    MutexLock lock(&error_mu_);
+    error_ = s.message();
+    failed_.store(true);
+    return s;
+  }
   MutexLock lock(&flush_mu_);
   last_write_ = std::chrono::steady_clock::now();
   if (!unflushed_) {
     unflushed_ = true;
     flush_cv_.Signal();
   }
-}
-
-Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes, uint32_t cache_id,
-                         uint64_t max_id) {
-  if (Status s = CheckWritable(bytes); !s.ok()) return s;
-  Status s;
-  {
-    MutexLock lock(&write_mu_);
-    s = FromRocks(db_->Write(rocksdb::WriteOptions(), batch), path_);
-    if (s.ok() && cache_id != kNoCache) NoteRowsLocked(cache_id, max_id);
-  }
-  if (!s.ok()) return Fail(s);
-  NoteWrite();
   return s;
-}
-
-void SpillStore::NoteRowsLocked(uint32_t cache_id, uint64_t max_id) {
-  auto [it, added] = highest_.emplace(cache_id, max_id);
-  if (!added) it->second = std::max(it->second, max_id);
-}
-
-bool SpillStore::MayIngest(uint32_t cache_id, uint64_t min_id) {
-  MutexLock lock(&write_mu_);
-  auto it = highest_.find(cache_id);
-  return it == highest_.end() || min_id > it->second;
-}
-
-Status SpillStore::WriteRows(uint32_t cache_id, std::span<const Row> rows, uint64_t bytes) {
-  uint64_t min_id = UINT64_MAX, max_id = 0;
-  for (const Row& row : rows) {
-    min_id = std::min(min_id, row.id);
-    max_id = std::max(max_id, row.id);
-  }
-  if (bytes >= kIngestBytes && !rows.empty() && MayIngest(cache_id, min_id)) {
-    bool refused = false;
-    Status s = Ingest(cache_id, rows, bytes, max_id, &refused);
-    if (!refused) return s;
-  }
-  rocksdb::WriteBatch batch;
-  for (const Row& row : rows) {
-    SpillKey key(cache_id, row.id);
-    batch.Put(key.slice(), rocksdb::Slice(reinterpret_cast<const char*>(row.bytes.data()),
-                                          row.bytes.size()));
-  }
-  return Write(&batch, bytes, cache_id, max_id);
-}
-
-Status SpillStore::Ingest(uint32_t cache_id, std::span<const Row> rows, uint64_t bytes,
-                          uint64_t max_id, bool* refused) {
-  if (Status s = CheckWritable(bytes); !s.ok()) return s;
-  // A table file takes keys in ascending order, each once; of rows with
-  // the same id the last one is kept, as a write batch would.
-  std::vector<size_t> order(rows.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return rows[a].id < rows[b].id; });
-  const std::string file =
-      fmt::format("{}/{}{}.tmp", path_, kIngestPrefix, next_ingest_.fetch_add(1));
-  // Written without the write latch: other writes go on meanwhile. Its
-  // pages stay in the page cache (RocksDB's default drops them every MB
-  // written), where readers will look for them.
-  rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), SpillDbOptions(),
-                                /*column_family=*/nullptr,
-                                /*invalidate_page_cache=*/false);
-  rocksdb::Status rs = writer.Open(file);
-  for (size_t k = 0; k < order.size() && rs.ok(); ++k) {
-    const Row& row = rows[order[k]];
-    if (k + 1 < order.size() && rows[order[k + 1]].id == row.id) continue;
-    SpillKey key(cache_id, row.id);
-    rs = writer.Put(key.slice(), rocksdb::Slice(reinterpret_cast<const char*>(row.bytes.data()),
-                                                row.bytes.size()));
-  }
-  if (rs.ok()) rs = writer.Finish();
-  if (!rs.ok()) {
-    // RocksDB has not seen the file: the store goes on.
-    unlink(file.c_str());
-    return FromRocks(rs, "writing " + file);
-  }
-  rocksdb::IngestExternalFileOptions io;
-  io.move_files = true;
-  // Refused (InvalidArgument) when the file's key range holds any key or
-  // range deletion the database has, in its memtables or its files: the
-  // file then holds every version of its rows there is. A row already
-  // there (a cache adopted from a killed server, two writers of one id)
-  // would otherwise be older in the daemon but, in a reader's secondary
-  // instance, could still sit in a memtable it replayed from the log, which
-  // it searches before any table file and drops only after a later
-  // catch-up: it would go on answering with the older value.
-  io.allow_global_seqno = false;
-  io.allow_blocking_flush = false;
-  io.write_global_seqno = false;
-  {
-    MutexLock lock(&write_mu_);
-    rs = db_->IngestExternalFile({file}, io);
-    if (rs.ok()) {
-      NoteRowsLocked(cache_id, max_id);
-    } else if (rs.IsInvalidArgument()) {
-      // Not this cache's again in this store's life: its rows go through
-      // the log from now on.
-      highest_[cache_id] = UINT64_MAX;
-    }
-  }
-  // Moved in (gone already) or, after a failure, ours to remove.
-  unlink(file.c_str());
-  *refused = rs.IsInvalidArgument();
-  if (!rs.ok() && !*refused) return Fail(FromRocks(rs, path_));
-  return Status::OK();
 }
 
 Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
@@ -361,9 +239,6 @@ Status SpillStore::DropCache(uint32_t cache_id) {
   {
     MutexLock lock(&write_mu_);
     s = db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), b, e);
-    // Readers may still hold its rows replayed from the log: an id that
-    // comes again (ids are random) takes no ingested file (WriteRows).
-    highest_[cache_id] = UINT64_MAX;
   }
   if (!s.ok()) return FromRocks(s, path_);
   rocksdb::CompactRangeOptions co;

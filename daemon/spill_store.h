@@ -26,16 +26,13 @@
 #include <span>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
-#include "format/protocol.h"
 #include "port/mutex.h"
 #include "shmcache/status.h"
 
 namespace rocksdb {
 class DB;
-class Status;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -63,40 +60,7 @@ class SpillStore {
   Status Put(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row);
   // Writes a batch of rows (`bytes` of them) at once, with the same checks
   // and the same latch as Put.
-  // `max_id`, when a cache is named, is the highest row id of that cache
-  // in the batch (WriteRows's ingestion goes by it).
-  static constexpr uint32_t kNoCache = 0;  // cache ids are never 0
-  Status Write(rocksdb::WriteBatch* batch, uint64_t bytes, uint32_t cache_id = kNoCache,
-               uint64_t max_id = 0);
-
-  // A row for WriteRows: its id and encoded bytes, which the caller keeps
-  // until WriteRows returns.
-  struct Row {
-    uint64_t id;
-    std::span<const std::byte> bytes;
-  };
-  // Writes rows of cache `cache_id` (`bytes` of them) at once, with the
-  // same checks and latch as Write; of rows with the same id the last one
-  // wins. At least kIngestBytes of them, whose ids all lie past every row
-  // of the cache in the database (as a fill in id order writes them), go
-  // in as one table file that the database takes in whole
-  // (IngestExternalFile, the file moved in), past the write-ahead log and
-  // the memtables: the log's checksum and write, the memtable insert and
-  // the later flush cost a large row far more than the file does, and each
-  // file costs a fixed part that small batches do not earn back
-  // (docs/spill-reads.md, "Large batches as table files"). Others go
-  // through the log as Write. What Write promises holds for a file:
-  // readers' secondary instances see its rows at their next catch-up (it
-  // is in the MANIFEST they replay), the rows are in the database before
-  // WriteRows returns (a SIGKILL after loses none), DropCache's range
-  // deletion covers it, and a file never holds a row the database has in
-  // any version (Ingest says why), so the newest value wins in readers too.
-  Status WriteRows(uint32_t cache_id, std::span<const Row> rows, uint64_t bytes);
-  static constexpr uint64_t kIngestBytes = protocol::kSpillIngestBytes;
-  // Files Ingest writes before the database takes them in, in its
-  // directory: "<kIngestPrefix><n>.tmp". Open removes those a killed
-  // server left.
-  static constexpr char kIngestPrefix[] = "shmcache-ingest-";
+  Status Write(rocksdb::WriteBatch* batch, uint64_t bytes);
   // Values of ids[i] into (*values)[i]; (*found)[i] false when absent.
   Status MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
                   std::vector<std::string>* values, std::vector<bool>* found);
@@ -154,31 +118,12 @@ class SpillStore {
   void StopFlusher();
   // Writes the key that lets readers drop what a flush wrote out.
   void WriteFlushMarker();
-  rocksdb::Status PutFlushMarker() REQUIRES(write_mu_);
-  // A write went in: the flushing thread waits for the next idle spell.
-  void NoteWrite();
-  // WriteRows's table file: OK; *refused (nothing written) when the
-  // database holds keys in its range; another error otherwise.
-  Status Ingest(uint32_t cache_id, std::span<const Row> rows, uint64_t bytes,
-                uint64_t max_id, bool* refused);
-  // Whether rows of `cache_id` from `min_id` on may go in as a file: every
-  // row of it this store wrote has a lower id, it was not dropped, and no
-  // file of it was refused.
-  bool MayIngest(uint32_t cache_id, uint64_t min_id);
-  void NoteRowsLocked(uint32_t cache_id, uint64_t max_id) REQUIRES(write_mu_);
-  // The checks every write passes first (see Put): OK, or why the rows
-  // cannot be written.
-  Status CheckWritable(uint64_t bytes);
-  // Marks the store failed with `s` (not OK); returns it.
-  Status Fail(Status s);
-  void RemoveIngestLeftovers();
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
   int dir_fd_ = -1;  // the database's directory, held from Open on
   Memtables memtables_ = kSmallMemtables;
   std::atomic<bool> failed_{false};
-  std::atomic<uint64_t> next_ingest_{0};  // names Ingest's files
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped
   // Held around every write to the database (the rows', a dropped cache's
@@ -188,9 +133,6 @@ class SpillStore {
   // one at a time keeps the log's writes ordered by a lock that
   // ThreadSanitizer sees (Debian's RocksDB is not instrumented).
   Mutex write_mu_;
-  // Per cache written since Open: the highest row id written (UINT64_MAX:
-  // no more files for it).
-  std::unordered_map<uint32_t, uint64_t> highest_ GUARDED_BY(write_mu_);
   Mutex flush_mu_;
   CondVar flush_cv_;
   bool unflushed_ GUARDED_BY(flush_mu_) = false;  // a write since the last flush

@@ -74,14 +74,10 @@ inline constexpr uint16_t kMaxMsgType = 15;
 // makes a staging file in the shm dir for one connection and cache
 // (kSpillStage); the client encodes rows into it back to back and sends
 // only their ids and sizes (kSpillPutStaged, at most kMaxSpillBatch rows);
-// the daemon copies them out, checks the copy and writes it: as one RocksDB
-// write batch, or, for at least kSpillIngestBytes of rows, as one table file
-// the database takes in (daemon/spill_store.h, SpillStore::Ingest). A stage
-// is kSpillStageBytes, or larger for a row that needs it (up to
-// kMaxSpilledRowBytes), and lives as long as its connection.
+// the daemon copies them into one RocksDB write batch, checks the copy and
+// writes it. A stage is kSpillStageBytes, or larger for a row that needs it
+// (up to kMaxSpilledRowBytes), and lives as long as its connection.
 inline constexpr uint64_t kSpillStageBytes = 8u << 20;
-inline constexpr uint64_t kSpillIngestBytes = 4u << 20;
-static_assert(kSpillIngestBytes <= kSpillStageBytes / 2);
 
 // Requests whose answer waits on the daemon's spill disk (RocksDB reads and
 // writes of rows up to kMaxSpilledRowBytes). A client waits up to

@@ -39,8 +39,6 @@ Status SpillStage::Put(ClientImpl* client, uint32_t cache_id, std::span<const Ro
   // One stage that the daemon no longer knows (a reconnect, a restarted
   // server) is asked for again once per call.
   bool asked_again = false;
-  uint64_t left = 0;  // bytes of rows[i..]
-  for (const Row& row : rows) left += row.size;
   size_t i = 0;
   while (i < rows.size()) {
     if (file_.data() == nullptr || file_.size() < rows[i].size) {
@@ -48,17 +46,14 @@ Status SpillStage::Put(ClientImpl* client, uint32_t cache_id, std::span<const Ro
       if (!s.ok()) return s;
     }
     // As many rows as the stage and one request hold, back to back, up to
-    // kRequestBytes (one row at least); up to the whole stage while the
-    // rows left would fill a request the daemon ingests as a table file.
-    const uint64_t most =
-        left >= protocol::kSpillIngestBytes ? file_.size() : kRequestBytes;
+    // kRequestBytes (one row at least).
     request.tag = tag_;
     request.ids.clear();
     request.sizes.clear();
     size_t off = 0, end = i;
     while (end < rows.size() && request.ids.size() < protocol::kMaxSpillBatch &&
            rows[end].size <= file_.size() - off &&
-           (end == i || off + rows[end].size <= most)) {
+           (end == i || off + rows[end].size <= kRequestBytes)) {
       RowCodec::Encode(rows[end].id, rows[end].columns,
                        reinterpret_cast<std::byte*>(file_.data() + off), rows[end].size);
       request.ids.push_back(rows[end].id);
@@ -79,7 +74,6 @@ Status SpillStage::Put(ClientImpl* client, uint32_t cache_id, std::span<const Ro
       statuses[rows[k].index] = s;
       if (inserted) inserted[rows[k].index] = s.ok() && answer.inserted[k - i] != 0;
     }
-    left -= off;
     i = end;
     *done = i;
     if (s.IsFull() || s.IsUnavailable()) {

@@ -1,10 +1,9 @@
 // SpillStage: how this process puts rows that go to disk. The rows are
 // encoded straight into a staging file the daemon made for this
 // connection and cache (protocol.h, kSpillStage), and one request carries
-// only their ids and sizes (kSpillPutStaged); the daemon copies them out,
-// checks the copy and writes it (one RocksDB write batch, or one table file
-// for a request of at least protocol::kSpillIngestBytes), and publishes
-// each row in the index. No row crosses the socket, and a batch of rows costs one
+// only their ids and sizes (kSpillPutStaged); the daemon copies them into
+// one RocksDB write batch, checks the copy and writes it, and publishes each
+// row in the index. No row crosses the socket, and a batch of rows costs one
 // round trip and one disk write per kRequestBytes of rows, not one per row.
 // Only the daemon writes RocksDB.
 //
@@ -51,11 +50,8 @@ class SpillStage {
              Status* statuses, bool* inserted, size_t* done) EXCLUDES(mu_);
 
  private:
-  // The most bytes of rows one request carries (a larger row goes alone),
-  // unless the rows left to put hold protocol::kSpillIngestBytes: then a
-  // request fills the stage, and the daemon writes the rows as one table
-  // file (daemon/spill_store.h, SpillStore::Ingest), which costs it a
-  // fixed part per file that a larger file earns back. The daemon passes a request's rows four times (copy out of the stage,
+  // The most bytes of rows one request carries (a larger row goes alone).
+  // The daemon passes a request's rows four times (copy out of the stage,
   // check, write-ahead log, memtable): rows of 1 MB a request stay in the
   // CPU's caches through those, rows of a whole 8 MB stage do not. Measured
   // here, batches of 64 rows of 150 KB and 1 MB went 1.2-1.5x faster with

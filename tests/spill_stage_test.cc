@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -281,59 +280,6 @@ TEST(SpillStageTest, RestartedServerServesStagedRowsAndRemovesOldStages) {
     ASSERT_NO_FATAL_FAILURE(PutBatches(cache.get(), n, kBatch));
     EXPECT_EQ(CheckRowsInChild(second, session, n + kBatch, true, kSalt),
               static_cast<long>(n + kBatch));
-  }
-  RemoveTree(spill);
-}
-
-// Bytes of the spill database's write-ahead logs under `spill`.
-uint64_t SpillLogBytes(const std::string& spill) {
-  uint64_t bytes = 0;
-  std::error_code ec;
-  for (std::filesystem::recursive_directory_iterator it(spill, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    if (it->path().extension() == ".log") bytes += it->file_size(ec);
-  }
-  return bytes;
-}
-
-TEST(SpillStageTest, LargeBatchesGoInAsTableFilesAndSurviveASigkill) {
-  // A PutBatch of 64 rows of 150 KB (9.6 MB): the first stageful (8 MB) is
-  // one request the daemon writes as a table file (SpillStore::Ingest),
-  // past the write-ahead log; the rest (under kSpillIngestBytes) goes
-  // through the log. Acknowledged, the rows are in the database: a server
-  // killed right after, and started again, serves every one.
-  constexpr size_t kLarge = 150 << 10;
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
-  {
-    auto first = std::make_unique<TestServer>(WithArgs({"-s", spill}));
-    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
-    uint32_t session = first->NewSession();
-    {
-      auto cache = OpenCache(*first, session, 1, true);
-      std::vector<Status> st(kBatch);
-      std::unique_ptr<bool[]> inserted(new bool[kBatch]);
-      ASSERT_TRUE(PutRowBatch(cache.get(), 0, st, std::span(inserted.get(), kBatch), kSalt,
-                              kLarge)
-                      .ok());
-      size_t spilled = 0;
-      for (size_t i = 0; i < kBatch; ++i) {
-        ASSERT_TRUE(st[i].ok()) << i << ": " << st[i].ToString();
-        ASSERT_TRUE(inserted[i]) << i;
-      }
-      CacheStats cs;
-      ASSERT_TRUE(cache->GetStats(&cs).ok());
-      spilled = cs.disk_rows;
-      ASSERT_GT(spilled * kLarge, protocol::kSpillIngestBytes) << "too few rows spilled";
-      // Through the log alone (as before), every spilled row's bytes would
-      // be in it: no memtable filled up to be flushed.
-      EXPECT_LT(SpillLogBytes(spill), spilled * kLarge - protocol::kSpillIngestBytes)
-          << "the rows went through the write-ahead log";
-      first->Kill();
-    }
-    TestServer second(SameInstance(*first, {"-s", spill}));
-    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
-    EXPECT_EQ(CheckRowsInChild(second, session, kBatch, true, kSalt, kLarge),
-              static_cast<long>(kBatch));
   }
   RemoveTree(spill);
 }

@@ -45,7 +45,7 @@ size_t PutRows(Cache* cache, size_t n, uint64_t salt) {
 }
 
 long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool spilling,
-                      uint64_t salt, size_t row_bytes) {
+                      uint64_t salt) {
   int fds[2];
   if (pipe(fds) != 0) return -2;
   pid_t pid = ForkChild([&]() -> int {
@@ -63,7 +63,7 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool
       if (s.IsNotFound()) continue;
       if (!s.ok()) return 5;
       auto col = row.find("data");
-      std::vector<uint8_t> want = Pattern(i, salt, row_bytes);
+      std::vector<uint8_t> want = Pattern(i, salt, kRowBytes);
       if (!col || col->nbytes != want.size() ||
           std::memcmp(col->data, want.data(), want.size()) != 0) {
         found = -1;
@@ -83,18 +83,18 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool
 }
 
 Status PutRowBatch(Cache* cache, uint64_t first, std::span<Status> statuses,
-                   std::span<bool> inserted, uint64_t salt, size_t row_bytes) {
+                   std::span<bool> inserted, uint64_t salt) {
   const size_t n = statuses.size();
   std::vector<uint64_t> ids(n);
   std::vector<std::vector<uint8_t>> data(n);
-  std::vector<int64_t> shapes(n, static_cast<int64_t>(row_bytes));
+  std::vector<int64_t> shapes(n, static_cast<int64_t>(kRowBytes));
   std::vector<ColumnRef> cols(n);
   std::vector<std::span<const ColumnRef>> rows(n);
   for (size_t i = 0; i < n; ++i) {
     ids[i] = first + i;
-    data[i] = Pattern(first + i, salt, row_bytes);
+    data[i] = Pattern(first + i, salt, kRowBytes);
     cols[i] = {"data", DType::kUInt8, std::span(&shapes[i], 1), data[i].data(),
-               row_bytes};
+               kRowBytes};
     rows[i] = std::span(&cols[i], 1);
   }
   return cache->PutBatch(ids, rows, statuses, inserted);

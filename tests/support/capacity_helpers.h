@@ -33,17 +33,16 @@ std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
 // the first Full. Any other status fails the test.
 size_t PutRows(Cache* cache, size_t n, uint64_t salt = 7);
 
-// Checks rows 0..n-1 (of row_bytes) in a forked child (another process);
-// returns the number it found byte-identical, or -1 on a wrong row.
+// Checks rows 0..n-1 in a forked child (another process); returns the
+// number it found byte-identical, or -1 on a wrong row.
 long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool spilling,
-                      uint64_t salt = 7, size_t row_bytes = kRowBytes);
+                      uint64_t salt = 7);
 
-// PutBatch of rows [first, first + statuses.size()) of row_bytes pattern
+// PutBatch of rows [first, first + statuses.size()) of kRowBytes pattern
 // bytes (as PutRows makes them), each a uint8 column "data"; returns
 // PutBatch's status, each row's in statuses (and inserted, when not empty).
 Status PutRowBatch(Cache* cache, uint64_t first, std::span<Status> statuses,
-                   std::span<bool> inserted = {}, uint64_t salt = 7,
-                   size_t row_bytes = kRowBytes);
+                   std::span<bool> inserted = {}, uint64_t salt = 7);
 
 // Puts row `id` of `nbytes` pattern bytes (salt 7, as PutRows).
 Status PutBytes(Cache* cache, uint64_t id, size_t nbytes, bool* inserted = nullptr);
