@@ -330,12 +330,17 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\nmedians (rows/s; us CPU per row to ack / with the final flush)\n");
-  for (auto& [key, v] : figs) {
+  for (const auto& entry : figs) {
+    const auto& key = entry.first;
+    const std::vector<Figure>& v = entry.second;
+    // Each figure's median over the rounds (of two, the mean).
     auto med = [&](auto get) {
       std::vector<double> x;
+      x.reserve(v.size());
       for (const Figure& f : v) x.push_back(get(f));
       std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
+      const size_t m = x.size() / 2;
+      return x.size() % 2 == 1 ? x[m] : (x[m - 1] + x[m]) / 2;
     };
     std::printf("%4zu KB  %-62s %9.0f  %6.1f / %6.1f\n", key.first >> 10,
                 key.second.c_str(), med([](const Figure& f) { return f.rate; }),
