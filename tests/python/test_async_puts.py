@@ -403,7 +403,9 @@ def test_sample_modified_in_place_does_not_change_the_queued_row(server, session
 def test_a_batch_modified_in_place_does_not_change_the_stored_rows(server, session,
                                                                   async_puts):
     # The batch's misses are queued after its transforms ran: the queue's
-    # copies must be taken before them.
+    # copies must be taken before them. Without async puts, the batch's
+    # one put comes after the transforms too: the rows must be put (or
+    # copied) before them.
     def zero_in_place(s):
         s[0].zero_()
         return s

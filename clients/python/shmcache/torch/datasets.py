@@ -31,6 +31,8 @@ Random*, ColorJitter, *Augment*...) unless allow_random=True.
 Puts of misses are asynchronous by default (async_puts=True): the miss
 returns its sample at once and a background thread of the process stores
 the row (see shmcache.async_put for the queue bound, drops and exit).
+With async_puts=False a batch's misses are put with one call before the
+batch is returned (under a transform, row by row before their transforms).
 """
 
 from __future__ import annotations
@@ -133,7 +135,15 @@ class CachedDataset(Dataset):
       epoch. At exit, queued rows are written for at most 2 s
       (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
       DataLoader worker's exit at the end of an epoch. flush() waits for
-      the queue. async_puts=False stores every miss before returning it.
+      the queue. async_puts=False stores every miss before returning it,
+      in the calling thread, without a copy: a batch's misses
+      (DataLoader's __getitems__) with one put after its last sample,
+      before the batch is returned; under a transform (which may change a
+      sample in place) each row as it is computed, before its transform.
+      That costs less CPU than the queue (its copy of each row, the writer
+      thread), but a worker waits for its puts: a server that stopped
+      answering holds it once for the request timeout (5 s) before the
+      cache is bypassed.
     Works under DataLoader(num_workers>0) with fork or spawn, and with
     DistributedSampler. Under a DataLoader with batching, a batch of hits is
     read with one call (__getitems__); rows the cache spilled to disk are
@@ -232,18 +242,19 @@ class CachedDataset(Dataset):
         """dataset[index] as a hit would return it, stored in the cache; with
         `batch` given, its row is appended there for the caller's one store
         of the batch (_store_batch) instead: with async puts, its queue
-        entry (a copy); without, its columns, copied only when `transformed`
-        (a transform will see the sample before the store and may change it
-        in place: the sample shares the columns' memory)."""
+        entry (a copy); without, its columns as they are, unless
+        `transformed`: a transform will see the sample before the batch's
+        put and may change it in place (the sample shares the columns'
+        memory), so the row is put now rather than copied to be put later."""
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
             self.warn_uncacheable(index, why)
             return self.project(sample)
-        if batch is None:
+        if batch is None or (self._putter is None and transformed):
             self.store_row(index, cols)
         elif self._putter is None:
-            batch.append(_queue_entry(index, cols) if transformed else (index, cols, 0))
+            batch.append((index, cols, 0))
         elif self.cache.accepting:
             batch.append(_queue_entry(index, cols))
         return self.project(decode(cols, torch=True))
@@ -330,7 +341,8 @@ class CachedDataset(Dataset):
         # The batch's misses are stored together, also when a later row of
         # the batch raises (rows computed are not lost): with async puts
         # queued at once (one lock, at most one wake-up of the writer),
-        # without them put with one call before the batch is returned.
+        # without them put with one call before the batch is returned (under
+        # a transform, _miss puts each row before its transform instead).
         # Each sample is made and transformed before the next, as an
         # uncached dataset's are (a seeded augmentation in the dataset and in
         # the transform then draws what it draws under a plain DataLoader).
