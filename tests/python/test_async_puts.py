@@ -306,7 +306,7 @@ def test_batches_go_on_from_the_source_with_one_warning_when_the_cache_fails(
         server, session, async_puts, how):
     # 12 KB rows: a few 4 MB chunks, so puts need the daemon again after
     # it is killed; a 1 MB cache is full after some 80 rows.
-    n = 600
+    n = 1000
     cache = DatasetCache(session, size_mb=1) if how == "full" else DatasetCache(session)
     ds = CachedDataset(Images(n, side=64), cache, name=f"fails{how}{async_puts}",
                        async_puts=async_puts)
