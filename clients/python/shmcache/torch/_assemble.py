@@ -15,8 +15,13 @@ loader.py's contract, applied to a batch's indices.
    (_misses.py: sent to worker number mod num_workers, or computed in this
    thread with num_workers=0). A computed row goes into the cache (the
    workers put it, or CachedDataset's writer queues it) when the batch
-   keeps it; else it goes back in the BatchReport.
-3. Rows that fit the layout are written into the buffers, which become the
+   keeps it; else it goes back in the BatchReport. A batch none of whose
+   rows was read lets its buffers go while its rows are computed, and
+   takes buffers again when they are back.
+3. The rows a worker stored are read from the cache straight into the
+   buffers (uncounted), also in a batch sent before the layout was known:
+   its first row, read as columns, teaches it. Rows that fit the layout
+   are written into the buffers, which become the
    batch as default_collate would make it; otherwise the samples are
    collated (collate_fn, transform=), as DataLoader would (batch_size=None:
    collate_fn, default_convert, of the one sample).
