@@ -583,31 +583,6 @@ def test_a_batch_holds_no_buffer_while_its_missed_rows_are_computed(
     cds.flush(10)
 
 
-def test_a_pass_with_workers_keeps_the_buffers_of_its_batches_in_flight_then_lets_go(
-        server, session):
-    # prefetch=1, num_threads=1: the loader keeps 1 + 1 + 2 buffers per
-    # column. A cold pass with 2 workers and prefetch_factor 4 has 8 more
-    # batches in flight, and keeps their buffers too while it runs (else
-    # each would be fresh memory, faulted in and cleared, for every batch
-    # past the 4); the pass's end lets them go. The consumer holds every
-    # batch, so every batch has buffers of its own.
-    cds = CachedDataset(Rows(64, "tuple"), DatasetCache(session), name="in-flight")
-    loader = CachedLoader(cds, batch_size=4, num_workers=2, prefetch_factor=4,
-                          num_threads=1, prefetch=1)
-    pool = loader._state.buffers
-    it = iter(loader)
-    held = [next(it) for _ in range(16)]
-    assert pool.kept() == 2 * (4 + 8)          # two columns: image, label
-    with pytest.raises(StopIteration):
-        next(it)
-    assert pool.kept() == 2 * 4
-    assert [int(y[0]) for _, y in held] == [(4 * k) % 10 for k in range(16)]
-    st = cds.stats()
-    assert (st.misses, st.hits) == (64, 0), st
-    del held, it
-    wait_for(no_leftovers, what="loader threads and workers to end")
-
-
 @pytest.mark.parametrize("kind,workers", [("CachedLoader", 0), ("CachedLoader", 2),
                                           ("DataLoader", 2)])
 def test_a_cold_epoch_counts_n_misses_and_no_hit_and_a_warm_one_n_hits(

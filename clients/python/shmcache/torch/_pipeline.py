@@ -44,9 +44,7 @@ class LoaderState:
     """What a CachedLoader keeps across its passes: the tuner, the row
     layout learned from the first row (a RowSchema; None: not seen yet;
     False: rows go through collate), the batch buffers reused by later
-    batches and passes (also those of the batches that passes whose misses
-    went to workers keep in flight, while they run), the counters (guarded
-    by a lock), and with
+    batches and passes, the counters (guarded by a lock), and with
     persistent_workers the miss workers and the generator state their seed
     was drawn from."""
 
@@ -54,10 +52,8 @@ class LoaderState:
         self.tuner = tuner
         self.schema: Any = None
         # Buffers of batches in flight, prefetched, and held by the
-        # consumer (fresh memory costs more than the copy); while a pass's
-        # misses go to workers, of the batches it keeps in flight too.
-        self.in_flight = 0
-        self.buffers = BufferPool(lambda: tuner.prefetch + tuner.threads + 2 + self.in_flight)
+        # consumer (fresh memory costs more than the copy).
+        self.buffers = BufferPool(lambda: tuner.prefetch + tuner.threads + 2)
         self.lock = threading.Lock()
         self.counts: dict[str, float] = dict(
             batches=0, samples=0, hits=0, misses=0, bytes=0, wait_s=0.0, step_s=0.0,
@@ -67,15 +63,6 @@ class LoaderState:
         # register_cache_pages: the cache's segments registered with CUDA
         # (_cache_pages.CachePages), for all the loader's passes.
         self.pages: Any = None
-
-    def add_in_flight(self, batches: int) -> None:
-        """A pass starts (batches > 0) or stops (< 0) keeping `batches`
-        batches in flight for its workers; once none does, the buffers kept
-        for them are let go."""
-        with self.lock:
-            self.in_flight += batches
-        if batches < 0:
-            self.buffers.trim()
 
     def count(self, **delta: float) -> None:
         with self.lock:
@@ -182,9 +169,8 @@ class Pipeline:
     def _workers_busy(self) -> None:
         """Misses went to worker processes: keep every worker computing."""
         with self.cond:
-            if not self.floor and not self.stopped:
+            if not self.floor:
                 self.floor = self.loader.prefetch_factor * self.loader.num_workers
-                self.state.add_in_flight(self.floor)
                 self._spawn_locked()
                 self.cond.notify_all()
 
@@ -314,9 +300,6 @@ class Pipeline:
             self.stopped = True
             self.cond.notify_all()
             threads = list(self.threads)
-            floor = self.floor
-        if floor:
-            self.state.add_in_flight(-floor)
         # A thread reaching a compute after this gets Closed.
         self.turn.close()
         self.assembler.close()

@@ -215,19 +215,6 @@ class BufferPool:
                 kept.append(a)
             return a
 
-    def trim(self) -> None:
-        """Lets go of the buffers kept beyond the limit (it went down):
-        they are freed once no tensor over them is alive."""
-        with self._lock:
-            limit = self._limit()
-            for kept in self._kept.values():
-                del kept[limit:]
-
-    def kept(self) -> int:
-        """How many buffers the pool keeps (in use or not)."""
-        with self._lock:
-            return sum(len(kept) for kept in self._kept.values())
-
     def in_use(self) -> int:
         """How many of the kept buffers a batch (or a tensor over one) still
         holds."""

@@ -73,9 +73,7 @@ Contract:
   flight (the thread or worker computing it ends after it; nothing new
   starts). The loader keeps the buffers of at most prefetch + num_threads
   + 2 batches for reuse by later batches and passes (freed with the
-  loader), and while a pass's misses go to workers those of its
-  prefetch_factor * num_workers batches in flight too (let go when it
-  ends); a buffer is reused only once no tensor over it is alive, and a
+  loader); a buffer is reused only once no tensor over it is alive, and a
   batch none of whose rows was read holds none while its misses are
   computed. A
   cache whose daemon dies degrades to misses (one CacheWarning from the
