@@ -14,7 +14,9 @@ loader over the host sweep's rows (20,000 x 12 KB in batches of 256, or
   dl      DataLoader(CachedDataset(source)), num_workers W (background puts;
           the epoch ends when the DataLoader has joined its workers, whose
           exit flush writes what is still queued);
-  dls     the same with async_puts=False (every put waited for).
+  dls     the same with async_puts=False (every put waited for: each
+          batch's misses in one put, or one row at a time in builds before
+          that change).
 Its CPU is the trainer's and its workers' (os.times, children included once
 they are joined: the loaders and the session are closed before the second
 reading) plus the server's (/proc/PID/stat of the daemon, read around the
@@ -26,6 +28,10 @@ that alternates between rounds; ratios are to the round's plain run.
 Prints per-run lines and, per (build, loader), the median and range of
 CPU per row beyond plain's (us) and of the wall ratio. Measures; asserts
 nothing but that every row arrived and the counters say N misses, 0 hits.
+Also the wall of a worker's batch (its fetch: __getitems__, or plain's
+dataset[i] for each index, timed in the worker; mean over the epoch's
+batches, in ms): what a synchronous put adds to a worker's latency, which
+W workers overlap.
 """
 
 import argparse
@@ -35,6 +41,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from host_sweep import Rows
@@ -50,24 +57,66 @@ def daemon_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _timed(fetch, walls_dir):
+    """fetch(indices), its wall appended to this process's file in
+    walls_dir (one small write per batch)."""
+    t0 = time.perf_counter()
+    try:
+        return fetch()
+    finally:
+        with open(os.path.join(walls_dir, str(os.getpid())), "a") as f:
+            f.write(f"{time.perf_counter() - t0}\n")
+
+
+class _Plain:
+    """The source, with the fetch a DataLoader makes of it timed."""
+
+    def __init__(self, src, walls_dir):
+        self.src, self.walls_dir = src, walls_dir
+
+    def __len__(self):
+        return len(self.src)
+
+    def __getitem__(self, i):
+        return self.src[i]
+
+    def __getitems__(self, indices):   # what DataLoader's fetcher does without it
+        return _timed(lambda: [self.src[i] for i in indices], self.walls_dir)
+
+
+def _batch_walls(walls_dir):
+    walls = []
+    for name in os.listdir(walls_dir):
+        with open(os.path.join(walls_dir, name)) as f:
+            walls += [float(x) for x in f.read().split()]
+    return walls
+
+
 def _one(args):
     import gc
     import torch
     from torch.utils.data import DataLoader
     import shmcache
     from shmcache.torch import CachedDataset, CachedLoader
+
+    class Timed(CachedDataset):
+        def __getitems__(self, indices):
+            return _timed(lambda: super(Timed, self).__getitems__(indices), walls_dir)
     size, bs, n = SHAPES[args.size]
     src = Rows(n, size, args.decode_ms / 1e3, clock=time.thread_time)
+    walls_dir = tempfile.mkdtemp(prefix="first-epoch-walls-")
     torch.manual_seed(0)
     client = shmcache.Client(port=args.port)
     session = client.create_session()
     ds = None
     try:
         if args.loader == "plain":
-            loader = DataLoader(src, batch_size=bs, shuffle=True, num_workers=args.workers)
+            loader = DataLoader(_Plain(src, walls_dir), batch_size=bs, shuffle=True,
+                                num_workers=args.workers)
         else:
-            ds = CachedDataset(src, shmcache.DatasetCache(session, port=args.port),
-                               async_puts=args.loader != "dls")
+            cds = Timed if args.loader in ("dl", "dls") else CachedDataset
+            ds = cds(src, shmcache.DatasetCache(session, port=args.port),
+                     async_puts=args.loader != "dls")
             cls = CachedLoader if args.loader == "cl" else DataLoader
             loader = cls(ds, batch_size=bs, shuffle=True, num_workers=args.workers)
         t0, d0, c0 = time.perf_counter(), daemon_cpu(args.daemon_pid), os.times()
@@ -85,6 +134,10 @@ def _one(args):
         c1, d1 = os.times(), daemon_cpu(args.daemon_pid)
     finally:
         client.destroy_session(session)
+        walls = _batch_walls(walls_dir)
+        for name in os.listdir(walls_dir):
+            os.unlink(os.path.join(walls_dir, name))
+        os.rmdir(walls_dir)
     if seen != n:
         raise RuntimeError(f"{seen} of {n} rows")
     if ds is not None and (st.get("misses") != n or st.get("hits")):
@@ -94,7 +147,8 @@ def _one(args):
         trainer=(c1.user - c0.user) + (c1.system - c0.system),
         workers=(c1.children_user - c0.children_user)
         + (c1.children_system - c0.children_system),
-        daemon=d1 - d0)))
+        daemon=d1 - d0,
+        batch_ms=statistics.fmean(walls) * 1e3 if walls else None)))
 
 
 def _run(build, loader, args):
@@ -145,21 +199,26 @@ def main():
             res = _run(b or builds[-1], ld, args)
             results[(b, ld)] = res
             cpu = res["trainer"] + res["workers"] + res["daemon"]
+            bms = "-" if res.get("batch_ms") is None else f"{res['batch_ms']:.1f} ms"
             print(f"round {r} {b or '-'} {ld:<5} wall {res['wall']:6.2f} s  cpu "
                   f"{cpu:6.2f} s (trainer {res['trainer']:.2f}, workers "
-                  f"{res['workers']:.2f}, daemon {res['daemon']:.2f})", flush=True)
+                  f"{res['workers']:.2f}, daemon {res['daemon']:.2f})  worker batch "
+                  f"{bms}", flush=True)
         plain = results[(None, "plain")]
         pcpu = plain["trainer"] + plain["workers"] + plain["daemon"]
         for key, res in results.items():
             cpu = res["trainer"] + res["workers"] + res["daemon"]
             got[key].append(dict(res, ratio=res["wall"] / plain["wall"],
                                  extra_us=(cpu - pcpu) / res["rows"] * 1e6,
-                                 cpu_us=cpu / res["rows"] * 1e6))
+                                 cpu_us=cpu / res["rows"] * 1e6,
+                                 batch_ratio=None if res.get("batch_ms") is None
+                                 or plain.get("batch_ms") is None
+                                 else res["batch_ms"] / plain["batch_ms"]))
     summary = {}
     print(f"\n{args.rounds} rounds, {args.size} KB rows, decode {args.decode_ms} ms CPU, "
           f"{args.workers} workers")
     print(f"{'build':<28} {'loader':<6} {'CPU us/row':>22} {'extra us/row':>22} "
-          f"{'wall / plain':>20}")
+          f"{'wall / plain':>20} {'worker batch / plain':>22}")
 
     def med(xs):
         return f"{statistics.median(xs):7.2f} ({min(xs):.2f}-{max(xs):.2f})"
@@ -169,11 +228,16 @@ def main():
         ratio = [x["ratio"] for x in xs]
         parts = {k: statistics.median(x[k] / x["rows"] * 1e6 for x in xs)
                  for k in ("trainer", "workers", "daemon")}
+        batch = [x["batch_ratio"] for x in xs if x["batch_ratio"] is not None]
+        batch_ms = [x["batch_ms"] for x in xs if x.get("batch_ms") is not None]
         summary[f"{b or '-'}:{ld}"] = dict(cpu_us=cpu, extra_us=extra, ratio=ratio,
-                                           parts_us=parts)
+                                           parts_us=parts, batch_ratio=batch,
+                                           batch_ms=batch_ms)
         print(f"{(b or '-')[-28:]:<28} {ld:<6} {med(cpu):>22} {med(extra):>22} "
-              f"{med(ratio):>20}   (median us/row: trainer {parts['trainer']:.1f}, "
-              f"workers {parts['workers']:.1f}, daemon {parts['daemon']:.1f})")
+              f"{med(ratio):>20} {med(batch) if batch else '-':>22}   (median us/row: "
+              f"trainer {parts['trainer']:.1f}, workers {parts['workers']:.1f}, daemon "
+              f"{parts['daemon']:.1f}; worker batch "
+              f"{statistics.median(batch_ms) if batch_ms else 0:.1f} ms)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(args=vars(args), runs=summary), f, indent=1)

@@ -188,8 +188,8 @@ size_t SuppliedPart(const layout::SegmentHeader& h, size_t size) {
       carved > size) {
     return size;
   }
-  return static_cast<size_t>(
-      std::min<uint64_t>(size, (carved + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes));
+  return static_cast<size_t>(std::min<uint64_t>(
+      size, (carved + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes));
 }
 
 // Copies `from` to `to` (in `dir`), unless a killed start copied it whole

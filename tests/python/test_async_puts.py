@@ -168,14 +168,169 @@ class FailsAt(Dataset):
         return self.images[i]
 
 
-def test_rows_computed_before_a_row_that_raises_are_still_stored(server, session):
-    ds = CachedDataset(FailsAt(10, bad=5), DatasetCache(session), name="fails")
+@pytest.mark.parametrize("async_puts", [True, False])
+def test_rows_computed_before_a_row_that_raises_are_still_stored(server, session,
+                                                                 async_puts):
+    ds = CachedDataset(FailsAt(10, bad=5), DatasetCache(session), name=f"fails{async_puts}",
+                       async_puts=async_puts)
     with pytest.raises(KeyError, match="row 5"):
         ds.__getitems__([7, 1, 5, 3])
     assert ds.flush(60)
     assert [i for i in range(10) if ds.cache.contains(i)] == [1, 7]
     img, label = ds.__getitems__([1])[0]            # a hit, whole
     assert torch.equal(img, torch.from_numpy(sample(1)[0])) and label == 1
+
+
+READER = r"""
+import sys
+sys.path.insert(0, {here!r})
+import numpy as np
+from helpers import Images, sample
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset
+n = int(sys.argv[3])
+c = CachedDataset(Images(n), DatasetCache(int(sys.argv[1])), name=sys.argv[2]).cache
+whole = []
+for i in range(n):
+    row = c.get(i)
+    if row is not None:
+        assert np.array_equal(row[0], sample(i)[0]) and int(row[1]) == i % 10, i
+        whole.append(i)
+print(*whole)
+"""
+
+
+def cached_elsewhere(server, session, name, n):
+    """The ids of Images(n) that another process reads from the cache
+    `name`, each checked whole against its source."""
+    r = subprocess.run([sys.executable, "-c", READER.format(here=HERE), str(session),
+                        name, str(n)], env=server.env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [int(i) for i in r.stdout.split()]
+
+
+def test_without_async_puts_a_batchs_misses_are_stored_by_one_put_before_it_returns(
+        server, session):
+    ds = CachedDataset(Images(24), DatasetCache(session), name="syncbatch",
+                       async_puts=False)
+    ds[0]                           # a miss stored alone; a hit in the batch
+    puts = []
+    real = ds.cache.put_encoded
+
+    def put(ids, rows, strict):
+        puts.append((list(ids), rows))
+        return real(ids, rows, strict)
+    ds.cache.put_encoded = put
+    got = ds.__getitems__([5, 0, 9, 2, 17])
+    # One put of the four misses, in the batch's order, and all four are in
+    # the cache for another process as soon as the batch is returned.
+    assert [ids for ids, _ in puts] == [[5, 9, 2, 17]]
+    assert cached_elsewhere(server, session, "syncbatch", 24) == [0, 2, 5, 9, 17]
+    for i, (img, label) in zip([5, 0, 9, 2, 17], got):
+        assert torch.equal(img, torch.from_numpy(sample(i)[0])) and label == i % 10
+    # No transform: nothing changes a sample before the put, which takes
+    # the columns the samples are made of (no copy of the rows).
+    for (img, _), cols in zip([got[0], *got[2:]], puts[0][1]):
+        assert np.shares_memory(img.numpy(), cols[0][2])
+
+
+class Augmented(Dataset):
+    """Images whose sample takes a draw of torch's RNG (a seeded
+    augmentation inside the dataset)."""
+
+    def __init__(self, n):
+        self.images = Images(n)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        img, label = self.images[i]
+        return torch.from_numpy(img).float() + torch.rand(1), label
+
+
+def jitter(img):
+    """A transform drawing from torch's RNG that changes its input in place."""
+    return img.mul_(torch.rand(img.shape[0], 1, 1))
+
+
+class Transformed(Dataset):
+    """What a plain DataLoader script writes: the transform in __getitem__.
+    Keeps each sample as the dataset made it (in the process that made it)
+    in `made`."""
+
+    def __init__(self, ds, transform):
+        self.ds, self.transform, self.made = ds, transform, {}
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        img, label = self.ds[i]
+        self.made[i] = img.clone()
+        return self.transform(img), label
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("async_puts", [True, False])
+def test_a_cold_epoch_draws_what_dataloader_draws_and_stores_the_untransformed_rows(
+        server, session, num_workers, async_puts):
+    # Each sample is made and then transformed before the next, as by a
+    # plain DataLoader: seeded draws in the dataset and in the transform
+    # land on the same samples. The transform works in place on a sample
+    # that shares the memory of the row to store: the row stored is the
+    # dataset's, not the transformed one.
+    kw = dict(batch_size=4, shuffle=True, num_workers=num_workers)
+    plain = Transformed(Augmented(14), jitter)
+    torch.manual_seed(11)
+    want = list(DataLoader(plain, **kw))
+    name = f"augmented{num_workers}{async_puts}"
+    cds = CachedDataset(Augmented(14), DatasetCache(session), name=name,
+                        transform=jitter, async_puts=async_puts)
+    torch.manual_seed(11)
+    got = list(DataLoader(cds, **kw))
+    assert len(got) == len(want)
+    for (g, gl), (w, wl) in zip(got, want):
+        assert torch.equal(g, w) and torch.equal(gl, wl)
+    assert cds.flush(60)
+    if num_workers == 0:            # plain.made was filled in this process
+        assert sorted(plain.made) == list(range(14))
+        for i, img in plain.made.items():
+            assert torch.equal(torch.from_numpy(cds.cache.get(i)[0]), img), i
+
+
+@pytest.mark.parametrize("async_puts", [True, False])
+@pytest.mark.parametrize("how", ["killed", "full"])
+def test_batches_go_on_from_the_source_with_one_warning_when_the_cache_fails(
+        server, session, async_puts, how):
+    # 12 KB rows: a few 4 MB chunks, so puts need the daemon again after
+    # it is killed; a 1 MB cache is full after some 80 rows.
+    n = 1000
+    cache = DatasetCache(session, size_mb=1) if how == "full" else DatasetCache(session)
+    ds = CachedDataset(Images(n, side=64), cache, name=f"fails{how}{async_puts}",
+                       async_puts=async_puts)
+    labels = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for start in range(0, n, 50):
+            if start == 100 and how == "killed":
+                assert ds.flush(60)
+                server.kill()
+            for i, (img, label) in zip(range(start, start + 50),
+                                       ds.__getitems__(range(start, start + 50))):
+                assert torch.equal(img, torch.from_numpy(sample(i, 64)[0]))
+                labels.append(label)
+        assert ds.flush(60)
+    assert labels == [i % 10 for i in range(n)]
+    cw = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
+    assert len(cw) == 1, cw
+    assert ("full" in cw[0]) if how == "full" else \
+        ("gone" in cw[0] or "unreachable" in cw[0]), cw[0]
+    stored = [i for i in range(n) if ds.cache.contains(i)]
+    assert 0 < len(stored) < n
+    if how == "killed":     # the rows stored before the kill are still hits
+        assert stored[:100] == list(range(100))
 
 
 def test_enqueue_many_drops_only_the_rows_that_do_not_fit(monkeypatch):
@@ -248,7 +403,9 @@ def test_sample_modified_in_place_does_not_change_the_queued_row(server, session
 def test_a_batch_modified_in_place_does_not_change_the_stored_rows(server, session,
                                                                   async_puts):
     # The batch's misses are queued after its transforms ran: the queue's
-    # copies must be taken before them.
+    # copies must be taken before them. Without async puts, the batch's
+    # one put comes after the transforms too: the rows must be put (or
+    # copied) before them.
     def zero_in_place(s):
         s[0].zero_()
         return s

@@ -31,6 +31,8 @@ Random*, ColorJitter, *Augment*...) unless allow_random=True.
 Puts of misses are asynchronous by default (async_puts=True): the miss
 returns its sample at once and a background thread of the process stores
 the row (see shmcache.async_put for the queue bound, drops and exit).
+With async_puts=False a batch's misses are put with one call before the
+batch is returned (under a transform, row by row before their transforms).
 """
 
 from __future__ import annotations
@@ -133,7 +135,15 @@ class CachedDataset(Dataset):
       epoch. At exit, queued rows are written for at most 2 s
       (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
       DataLoader worker's exit at the end of an epoch. flush() waits for
-      the queue. async_puts=False stores every miss before returning it.
+      the queue. async_puts=False stores every miss before returning it,
+      in the calling thread, without a copy: a batch's misses
+      (DataLoader's __getitems__) with one put after its last sample,
+      before the batch is returned; under a transform (which may change a
+      sample in place) each row as it is computed, before its transform.
+      That costs less CPU than the queue (its copy of each row, the writer
+      thread), but a worker waits for its puts: a server that stopped
+      answering holds it once for the request timeout (5 s) before the
+      cache is bypassed.
     Works under DataLoader(num_workers>0) with fork or spawn, and with
     DistributedSampler. Under a DataLoader with batching, a batch of hits is
     read with one call (__getitems__); rows the cache spilled to disk are
@@ -227,22 +237,36 @@ class CachedDataset(Dataset):
         in_worker = _in_worker
         return not (plain and (_ask_in_worker() if in_worker is None else in_worker)), plain
 
-    def _miss(self, index: int, queued: list[tuple[int, list[Column], int]] | None = None
-              ) -> Any:
+    def _miss(self, index: int, batch: list[tuple[int, list[Column], int]] | None = None,
+              transformed: bool = True) -> Any:
         """dataset[index] as a hit would return it, stored in the cache; with
-        async puts and `queued` given, its queue entry (a copy, taken before
-        any transform can change the sample) is appended there for the
-        caller's one enqueue_many instead."""
+        `batch` given, its row is appended there for the caller's one store
+        of the batch (_store_batch) instead: with async puts, its queue
+        entry (a copy); without, its columns as they are, unless
+        `transformed`: a transform will see the sample before the batch's
+        put and may change it in place (the sample shares the columns'
+        memory), so the row is put now rather than copied to be put later."""
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
             self.warn_uncacheable(index, why)
             return self.project(sample)
-        if queued is None or self._putter is None:
+        if batch is None or (self._putter is None and transformed):
             self.store_row(index, cols)
+        elif self._putter is None:
+            batch.append((index, cols, 0))
         elif self.cache.accepting:
-            queued.append(_queue_entry(index, cols))
+            batch.append(_queue_entry(index, cols))
         return self.project(decode(cols, torch=True))
+
+    def _store_batch(self, batch: list[tuple[int, list[Column], int]]) -> None:
+        """Stores the rows _miss collected: queued for the writer with one
+        enqueue_many, or, without async puts, put now with one put_batch."""
+        if self._putter is not None:
+            self._putter.enqueue_many(batch)
+        else:
+            self.cache.put_encoded([b[0] for b in batch], [b[1] for b in batch],
+                                   strict=False)
 
     def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
         """The writer thread's put (self.cache is looked up each time)."""
@@ -314,16 +338,22 @@ class CachedDataset(Dataset):
             self.transforms is None
         if not plain and any(_has_pil(row) for row in rows):
             self.__dict__["_one_by_one"] = True
-        # With async puts, the batch's misses are queued together (one lock,
-        # at most one wake-up of the writer), also when a later row of the
-        # batch raises: rows computed are not lost.
-        queued: list[tuple[int, list[Column], int]] = []
+        # The batch's misses are stored together, also when a later row of
+        # the batch raises (rows computed are not lost): with async puts
+        # queued at once (one lock, at most one wake-up of the writer),
+        # without them put with one call before the batch is returned (under
+        # a transform, _miss puts each row before its transform instead).
+        # Each sample is made and transformed before the next, as an
+        # uncached dataset's are (a seeded augmentation in the dataset and in
+        # the transform then draws what it draws under a plain DataLoader).
+        misses: list[tuple[int, list[Column], int]] = []
         try:
-            return [self.apply_transforms(row if row is not None else self._miss(i, queued))
+            return [self.apply_transforms(row if row is not None
+                                          else self._miss(i, misses, not plain))
                     for i, row in zip(indices, rows)]
         finally:
-            if queued and self._putter is not None:
-                self._putter.enqueue_many(queued)
+            if misses:
+                self._store_batch(misses)
 
     def stats(self) -> CacheStats | None:
         """The cache's counters (all processes), plus `async_puts`: this
