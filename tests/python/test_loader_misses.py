@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
-from shmcache._read_into import ROW_OTHER_LAYOUT  # noqa: E402
+from shmcache._read_into import ROW_OTHER_LAYOUT, ROW_READ  # noqa: E402
 from shmcache.torch._misses import Closed, MissWorkers  # noqa: E402
 from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # noqa: E402
@@ -469,6 +469,118 @@ def test_a_cold_epoch_reads_the_rows_workers_stored_into_the_batch_uncounted(
     # The batches assembled before the first one taught the layout (at
     # most the 2 x 2 in flight then) read back as columns; the rest so.
     assert sum(uncounted) >= n - 4 * bs, uncounted
+
+
+def test_batches_sent_before_the_layout_was_known_read_their_rows_into_the_buffers(
+        server, session, monkeypatch):
+    # prefetch_factor * num_workers = 8 batches go to the workers before
+    # the first comes back with the row layout. Each of them reads one row
+    # back as columns to learn the layout and the rest straight into its
+    # buffers (issue 36: on a 16-worker host every batch of a 2,000-row
+    # epoch was sent before the layout was known, and every row was read
+    # back as columns, into fresh memory, and copied again). Counters and
+    # batches as DataLoader(CachedDataset)'s.
+    n, bs = 192, 8
+    into, as_columns = [], []
+    real_fill, real_columns = DatasetCache.fill_batch, DatasetCache.get_batch_columns
+
+    def fill_spy(self, ids, out, columns, threads, codes, count=True):
+        got = real_fill(self, ids, out, columns, threads, codes, count)
+        if not count:
+            into.append(int((got == ROW_READ).sum()))
+        return got
+
+    def columns_spy(self, ids, copy=True, count=True):
+        ids = list(ids)
+        if not count:
+            as_columns.append(len(ids))
+        return real_columns(self, ids, copy, count)
+    monkeypatch.setattr(DatasetCache, "fill_batch", fill_spy)
+    monkeypatch.setattr(DatasetCache, "get_batch_columns", columns_spy)
+    want = reference(Rows(n, "tuple"), session, batch_size=bs)
+    cds = CachedDataset(Rows(n, "tuple"), DatasetCache(session), async_puts=False)
+    got = list(CachedLoader(cds, batch_size=bs, num_workers=2, prefetch_factor=4))
+    assert_same_batches(got, want)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (n, 0), st
+    assert as_columns and set(as_columns) == {1}, as_columns
+    assert sum(into) + len(as_columns) == n, (into, as_columns)
+
+
+class HeldPastHalf(Dataset):
+    """64 rows; row i >= 32 records that it started (a file `started.<i>`)
+    and is held until the file `open` exists in `where`, for at most
+    HOLD_S (files: rows are computed in workers)."""
+
+    def __init__(self, where):
+        self.where = str(where)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i >= 32:
+            Path(self.where, f"started.{i}").touch()
+            deadline = time.monotonic() + HOLD_S
+            while not os.path.exists(os.path.join(self.where, "open")) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.01)
+        return np.full((3, 8, 8), i, dtype=np.float32), i % 10
+
+
+class Halves:
+    """A batch sampler: batches of 8 of rows 0..31 on its first pass, of
+    rows 32..63 on the next ones."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def __iter__(self):
+        start = 0 if self.passes == 0 else 32
+        self.passes += 1
+        return iter([list(range(a, a + 8)) for a in range(start, start + 32, 8)])
+
+    def __len__(self):
+        return 4
+
+
+def test_a_batch_holds_no_buffer_while_its_missed_rows_are_computed(
+        server, session, tmp_path):
+    # The first pass teaches the layout (the loader keeps it) and leaves
+    # buffers in the loader's pool; the second pass's rows are all misses,
+    # held in the workers. A batch none of whose rows were read holds no
+    # buffer while its rows are computed: a cold pass has
+    # prefetch_factor * num_workers batches waiting at once, more than the
+    # pool keeps, and each buffer held so was fresh memory for the next
+    # batch (issue 36). On the old code the waiting batches held theirs.
+    cds = CachedDataset(HeldPastHalf(tmp_path), DatasetCache(session), name="held-half")
+    loader = CachedLoader(cds, batch_sampler=Halves(), num_workers=2, num_threads=1,
+                          prefetch=1)
+    first = list(loader)
+    assert [int(y[0]) for _, y in first] == [0, 8 % 10, 16 % 10, 24 % 10]
+    del first
+    pool = loader._state.buffers
+    assert pool.in_use() == 0
+    it = iter(loader)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(next(it)), daemon=True)
+    consumer.start()
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("started.*"))) >= 2,
+                 what="both workers to hold a row of the second pass")
+        wait_for(lambda: pool.in_use() == 0, timeout=PROMPT_S,
+                 what="no batch buffer held while the workers compute")
+    finally:
+        (tmp_path / "open").touch()
+    consumer.join(PROMPT_S)
+    assert got and int(got[0][0][0, 0, 0, 0]) == 32
+    rest = list(it)
+    assert [int(x[0, 0, 0, 0]) for x, _ in rest] == [40, 48, 56]
+    st = cds.stats()
+    assert (st.misses, st.hits) == (64, 0), st
+    del got, rest, it
+    wait_for(no_leftovers, what="loader threads and workers to end")
+    cds.flush(10)
 
 
 @pytest.mark.parametrize("kind,workers", [("CachedLoader", 0), ("CachedLoader", 2),

@@ -15,8 +15,13 @@ loader.py's contract, applied to a batch's indices.
    (_misses.py: sent to worker number mod num_workers, or computed in this
    thread with num_workers=0). A computed row goes into the cache (the
    workers put it, or CachedDataset's writer queues it) when the batch
-   keeps it; else it goes back in the BatchReport.
-3. Rows that fit the layout are written into the buffers, which become the
+   keeps it; else it goes back in the BatchReport. A batch none of whose
+   rows was read lets its buffers go while its rows are computed, and
+   takes buffers again when they are back.
+3. The rows a worker stored are read from the cache straight into the
+   buffers (uncounted), also in a batch sent before the layout was known:
+   its first row, read as columns, teaches it. Rows that fit the layout
+   are written into the buffers, which become the
    batch as default_collate would make it; otherwise the samples are
    collated (collate_fn, transform=), as DataLoader would (batch_size=None:
    collate_fn, default_convert, of the one sample).
@@ -121,7 +126,7 @@ class BatchAssembler:
         n, columns = len(indices), self.cds.columns
         state = self.state
         schema = state.schema
-        bufs, filled = None, np.zeros(n, dtype=bool)
+        bufs, out, filled = None, None, np.zeros(n, dtype=bool)
         absent = filled    # rows the read found not cached
         views = None    # the rows as zero-copy views (register_cache_pages)
         if schema and self._gatherable(schema, source):
@@ -144,15 +149,32 @@ class BatchAssembler:
         if not rest:
             self.turn.passed(number)
         report.cache_hits += n - len(rest)
+        if not filled.any():
+            # Nothing read into the buffers: they are not held while the
+            # rows are computed (a cold pass has prefetch_factor *
+            # num_workers batches waiting for workers, more than the pool
+            # keeps: each would be fresh memory to fault in and clear).
+            bufs = out = None
+        # A row a worker stored stays STORED unless the rows go through
+        # collate (schema False), so that it is read straight into the
+        # buffers: also while the layout is not known yet, which on a cold
+        # pass it is not for every batch sent before the first came back.
         rows = dict(zip(rest, self._rows(number, [indices[p] for p in rest], source,
                                          report, absent[rest].tolist(),
-                                         bool(schema)))) if rest else {}
+                                         schema is not False))) if rest else {}
         state.count(samples=n, hits=n - len(rest))
-        if schema and any(r is STORED for r in rows.values()):
-            self._read_back(schema, indices, rows, bufs, filled)
         if schema is None and rows:
+            if rows[0] is STORED:
+                rows[0] = self._stored_rows([indices[0]])[0]
             schema = False if isinstance(rows[0], Sample) else self._learn(rows[0])
-            bufs = schema.alloc(n, self.pin, state.buffers) if schema else None
+        stored = [p for p, r in rows.items() if r is STORED]
+        if stored and not schema:
+            for p, r in zip(stored, self._stored_rows([indices[p] for p in stored])):
+                rows[p] = r
+        if schema and bufs is None:
+            bufs = schema.alloc(n, self.pin, state.buffers)
+        if schema and stored:
+            self._read_back(schema, indices, rows, bufs, filled)
         loader = self.loader
         direct = False   # the batch is the buffers (pinned when asked)
         if schema and all(not isinstance(r, Sample) and schema.fits(r)
@@ -315,7 +337,8 @@ class BatchAssembler:
         miss turn (and queued for the cache, or left in the report when the
         source does not keep it), or a Sample the cache cannot hold. A row
         a worker stored is STORED when `direct` (the caller reads it into
-        the batch's buffers), else read back as columns."""
+        the batch's buffers, or as columns once it knows the rows go
+        through collate), else read back as columns."""
         cds = self.cds
         in_cache = _in_cache(source)
         look = [k for k, i in enumerate(ids)

@@ -214,3 +214,10 @@ class BufferPool:
             if len(kept) < self._limit():
                 kept.append(a)
             return a
+
+    def in_use(self) -> int:
+        """How many of the kept buffers a batch (or a tensor over one) still
+        holds."""
+        with self._lock:
+            return sum(sys.getrefcount(a) > 3 for kept in self._kept.values()
+                       for a in kept)

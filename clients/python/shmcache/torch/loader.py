@@ -73,7 +73,9 @@ Contract:
   flight (the thread or worker computing it ends after it; nothing new
   starts). The loader keeps the buffers of at most prefetch + num_threads
   + 2 batches for reuse by later batches and passes (freed with the
-  loader); a buffer is reused only once no tensor over it is alive. A
+  loader); a buffer is reused only once no tensor over it is alive, and a
+  batch none of whose rows was read holds none while its misses are
+  computed. A
   cache whose daemon dies degrades to misses (one CacheWarning from the
   cache), so the epoch finishes from the source.
 - iter_source(source) runs a pass over a BatchSource (batch_source.py)
