@@ -46,12 +46,13 @@ build_demo() {
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" -Dtests=true -Dpython=enabled >/dev/null || return 1
   fi
-  # The extension's file name carries the interpreter's ABI tag.
-  local ext
-  ext=$(ninja -C "$dir" -t targets all |
-        sed -n 's|^\(clients/python/shmcache/_shmcache[^:/]*\.so\): .*|\1|p')
+  # The Python package: the extension (its file name carries the
+  # interpreter's ABI tag) and the sources copied into the build tree.
+  local pkg
+  pkg=$(ninja -C "$dir" -t targets all |
+        sed -n -E 's#^(clients/python/shmcache/[^:]*): (cpp_LINKER|CUSTOM_COMMAND)$#\1#p')
   ninja -C "$dir" clients/admin/shmcache daemon/shmcached examples/shard_worker \
-    $ext || return 1
+    $pkg || return 1
 }
 
 build_project() {
