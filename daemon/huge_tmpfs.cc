@@ -147,8 +147,8 @@ bool HugeTmpfsAsked() {
 }
 
 uint64_t HugeTmpfsBytes(uint64_t memory_cap) {
-  constexpr uint64_t kHuge = 2u << 20;
-  return (memory_cap + (64u << 20) + kHuge - 1) / kHuge * kHuge;
+  return (memory_cap + (64u << 20) + kHugePageBytes - 1) / kHugePageBytes *
+         kHugePageBytes;
 }
 
 ShmDirChoice ChooseShmDir(int port, uint64_t tmpfs_bytes) {

@@ -251,7 +251,7 @@ uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
                                        layout::kMinSegmentBytes, max_bytes);
   want = std::max(want, min_bytes);
   // Whole 2 MB pages where possible, so that huge pages can back it.
-  if (want >= (4u << 20)) want = AlignUp(want, 2u << 20);
+  if (want >= 2 * kHugePageBytes) want = AlignUp(want, kHugePageBytes);
   want = std::min({want, BudgetLeft(), account.available()});
   want = want / 4096 * 4096;
   return want >= min_bytes ? want : 0;
@@ -411,7 +411,7 @@ std::vector<SegmentJob> SegmentAllocator::TakeSegmentJobs(int node,
   const uint64_t k = std::clamp<uint64_t>(total / layout::kMinSegmentBytes, 1, k_max);
   // Whole 2 MB pages where possible (as NextSegmentSize), and whole 4 KB
   // ones always; the last segment takes the rest.
-  const uint64_t align = total / k >= (4u << 20) ? (2u << 20) : 4096;
+  const uint64_t align = total / k >= 2 * kHugePageBytes ? kHugePageBytes : kPageBytes;
   const uint64_t each = total / k / align * align;
   batch_bytes_[n] = total;
   for (uint64_t i = 0; i < k && next_seg_no_ <= layout::kMaxSegmentId; ++i) {

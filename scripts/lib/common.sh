@@ -48,9 +48,13 @@ build_demo() {
   fi
   # The Python package: the extension (its file name carries the
   # interpreter's ABI tag) and the sources copied into the build tree.
+  # build.ninja first: `-t targets` reads it as it is, and one older than
+  # the meson.build files lacks the sources added (or, from a build made
+  # before they were build targets, all of them).
   local pkg
+  ninja -C "$dir" build.ninja >/dev/null || return 1
   pkg=$(ninja -C "$dir" -t targets all |
-        sed -n -E 's#^(clients/python/shmcache/[^:]*): (cpp_LINKER|CUSTOM_COMMAND)$#\1#p')
+        sed -n -E 's#^(clients/python/shmcache/[^:]*): (cpp_LINKER[A-Z_]*|CUSTOM_COMMAND)$#\1#p')
   ninja -C "$dir" clients/admin/shmcache daemon/shmcached examples/shard_worker \
     $pkg || return 1
 }

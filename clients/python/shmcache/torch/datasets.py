@@ -31,8 +31,9 @@ Random*, ColorJitter, *Augment*...) unless allow_random=True.
 Puts of misses are asynchronous by default (async_puts=True): the miss
 returns its sample at once and a background thread of the process stores
 the row (see shmcache.async_put for the queue bound, drops and exit).
-With async_puts=False a batch's misses are put with one call before the
-batch is returned (under a transform, row by row before their transforms).
+With async_puts=False a batch's misses (all columns) are put with one call
+before the batch is returned (under a transform, row by row before their
+transforms).
 """
 
 from __future__ import annotations
