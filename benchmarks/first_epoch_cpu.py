@@ -57,6 +57,21 @@ def daemon_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def server_pid(builds, port):
+    """The pid of the server at `port`, asked with the last build's admin."""
+    admin = os.path.join(builds.split(",")[-1], "clients", "admin", "shmcache")
+    info = subprocess.run([admin, "-p", str(port), "--server_info", "--json"],
+                          capture_output=True, text=True, check=True)
+    return json.loads(info.stdout)["pid"]
+
+
+def write_out(args, summary):
+    """The runs' summary as JSON into --out, when it was given."""
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(args=vars(args), runs=summary), f, indent=1)
+
+
 def _timed(fetch, walls_dir):
     """fetch(indices), its wall appended to this process's file in
     walls_dir (one small write per batch)."""
@@ -180,10 +195,7 @@ def main():
     ap.add_argument("--loader")
     args = ap.parse_args()
     if args.daemon_pid is None:
-        admin = os.path.join(args.builds.split(",")[-1], "clients", "admin", "shmcache")
-        info = subprocess.run([admin, "-p", str(args.port), "--server_info", "--json"],
-                              capture_output=True, text=True, check=True)
-        args.daemon_pid = json.loads(info.stdout)["pid"]
+        args.daemon_pid = server_pid(args.builds, args.port)
     if args.one:
         return _one(args)
     builds = args.builds.split(",")
@@ -238,9 +250,7 @@ def main():
               f"trainer {parts['trainer']:.1f}, workers {parts['workers']:.1f}, daemon "
               f"{parts['daemon']:.1f}; worker batch "
               f"{statistics.median(batch_ms) if batch_ms else 0:.1f} ms)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(args=vars(args), runs=summary), f, indent=1)
+    write_out(args, summary)
     return 0
 
 

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from first_epoch_cpu import SHAPES, daemon_cpu
+from first_epoch_cpu import SHAPES, daemon_cpu, server_pid, write_out
 from host_sweep import Rows
 
 MODES = ("async", "sync")
@@ -81,10 +81,7 @@ def main():
     ap.add_argument("--mode", choices=MODES)
     args = ap.parse_args()
     if args.daemon_pid is None:
-        admin = os.path.join(args.builds.split(",")[-1], "clients", "admin", "shmcache")
-        info = subprocess.run([admin, "-p", str(args.port), "--server_info", "--json"],
-                              capture_output=True, text=True, check=True)
-        args.daemon_pid = json.loads(info.stdout)["pid"]
+        args.daemon_pid = server_pid(args.builds, args.port)
     if args.one:
         return _one(args)
     builds = args.builds.split(",")
@@ -126,9 +123,7 @@ def main():
               f" {med(x['batch_ms'] for x in xs):>9.2f} {med(ratio):>8.3f} "
               f"({min(ratio):.3f}-{max(ratio):.3f}, lower in "
               f"{sum(v < 1 for v in ratio)}/{len(ratio)})")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(args=vars(args), runs=summary), f, indent=1)
+    write_out(args, summary)
     return 0
 
 
