@@ -22,16 +22,13 @@ import pytest
 from shmcache import DatasetCache
 
 torch = pytest.importorskip("torch")
+from shmcache._shmcache import SEGMENT_CARVED_AT, SEGMENT_MAGIC  # noqa: E402
 from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from shmcache.torch._cache_pages import (DIRECT_MIN_BYTES, CachePages,  # noqa: E402
                                          DeviceGather, mapping_of)
 
 ROW = 150 * 1024
 PAGE = 4096
-# layout::SegmentHeader: the magic first, the carve mark at byte 40 (as
-# tests/python/test_page_supply.py reads it).
-SEGMENT_MAGIC = 0x31474553434D4853
-CARVED_AT = 40
 # SegmentAllocator::kSupplyStep and a 2 MB page: what the daemon may still
 # be supplying past a segment's carve mark after a fill.
 STEP = (8 + 2) << 20
@@ -79,7 +76,7 @@ def _segment_of(addr):
 
 def _carved(lo):
     """The carve mark in the header of the segment mapped at lo."""
-    return ctypes.c_uint64.from_address(lo + CARVED_AT).value
+    return ctypes.c_uint64.from_address(lo + SEGMENT_CARVED_AT).value
 
 
 def _up_to_carve_mark(addr):
@@ -257,7 +254,7 @@ class FakeSegment:
 
     def header(self, magic, carved):
         ctypes.c_uint64.from_address(self.lo).value = magic
-        ctypes.c_uint64.from_address(self.lo + CARVED_AT).value = carved
+        ctypes.c_uint64.from_address(self.lo + SEGMENT_CARVED_AT).value = carved
 
     def find(self, addr):
         return (self.lo, self.hi, self.path) if self.lo <= addr < self.hi else None

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from shmcache import CacheWarning, DatasetCache
+from shmcache._shmcache import SEGMENT_CARVED_AT
 
 KB, MB = 1024, 1 << 20
 # SegmentAllocator::kSupplyAhead and kSupplyStep: at most their sum (and a
@@ -26,9 +27,6 @@ KB, MB = 1024, 1 << 20
 MB_AHEAD, MB_STEP = 16 * MB, 8 * MB
 PAST_CARVED = MB_AHEAD + MB_STEP + 2 * MB
 MADE_AHEAD = 18 * MB
-# layout::SegmentHeader: FileHeader (24 bytes), seg_id, cache_id, node, pad,
-# then the carve mark.
-CARVED_AT = 40
 
 
 def segment_pages(shm_dir, port):
@@ -36,7 +34,8 @@ def segment_pages(shm_dir, port):
     out = []
     for path in sorted(glob.glob(f"{shm_dir}/shmcache.{os.getuid()}.{port}.seg.*")):
         with open(path, "rb") as f:
-            carved = struct.unpack_from("<Q", f.read(CARVED_AT + 8), CARVED_AT)[0]
+            carved = struct.unpack_from("<Q", f.read(SEGMENT_CARVED_AT + 8),
+                                        SEGMENT_CARVED_AT)[0]
         out.append((path, os.stat(path).st_blocks * 512, carved))
     return out
 

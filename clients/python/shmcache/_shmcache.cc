@@ -16,17 +16,20 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "clients/python/shmcache/batch_targets.h"
 #include "clients/python/shmcache/file_stats.h"
 #include "clients/python/shmcache/release_gil.h"
 #include "clients/python/shmcache/row_model.h"
+#include "format/layout.h"
 #include "format/stats_fields.h"
 #include "shmcache/batch_reader.h"
 #include "shmcache/cache.h"
@@ -607,6 +610,15 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("ROW_MISSING") = shmcache::kRowMissing;
   m.attr("ROW_READ") = shmcache::kRowRead;
   m.attr("ROW_OTHER_LAYOUT") = shmcache::kRowOtherLayout;
+  // A segment file's header, which CachePages reads in the mapping
+  // (torch/_cache_pages.py): its magic first, and where its carve mark is.
+  namespace layout = shmcache::layout;
+  static_assert(std::is_standard_layout_v<layout::SegmentHeader>);
+  static_assert(offsetof(layout::SegmentHeader, file) == 0 &&
+                offsetof(layout::FileHeader, magic) == 0);
+  m.attr("SEGMENT_MAGIC") = layout::kSegmentMagic;
+  m.attr("SEGMENT_HEADER_BYTES") = layout::kSegmentHeaderSize;
+  m.attr("SEGMENT_CARVED_AT") = offsetof(layout::SegmentHeader, carved);
   m.def("encode", &rows::Encode, py::arg("sample"),
         "The columns [(name, dtype, array)] that store `sample`.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,

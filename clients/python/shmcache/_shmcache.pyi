@@ -22,6 +22,9 @@ NUMBER_TAG: str
 ROW_MISSING: int
 ROW_READ: int
 ROW_OTHER_LAYOUT: int
+SEGMENT_MAGIC: int
+SEGMENT_HEADER_BYTES: int
+SEGMENT_CARVED_AT: int
 # {dtype name: (itemsize, numpy dtype name, torch dtype name or None)}
 DTYPES: dict[str, tuple[int, str, str | None]]
 

@@ -66,6 +66,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._shmcache import SEGMENT_CARVED_AT, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC
+
 __all__ = ["CachePages", "DeviceGather", "cuda_calls", "mapping_of", "DIRECT_MIN_BYTES"]
 
 # cudaHostRegisterPortable | cudaHostRegisterReadOnly: visible to every
@@ -79,12 +81,9 @@ _CUDA_MEMCPY_HOST_TO_DEVICE = 1
 # than copying it on the host (an int label, a few floats).
 DIRECT_MIN_BYTES = 4096
 
-# format/layout.h: a segment file starts with its SegmentHeader (4 KB):
-# FileHeader's magic first, the carve mark (SegmentHeader::carved, the end
-# of the last chunk carved; a multiple of 4 KB) at byte 40.
-_SEGMENT_MAGIC = 0x31474553434D4853   # layout::kSegmentMagic, "SHMCSEG1"
-_SEGMENT_HEADER_BYTES = 4096
-_CARVED_AT = 40
+# A segment file starts with its header (format/layout.h's SegmentHeader,
+# SEGMENT_HEADER_BYTES): its magic first, and at SEGMENT_CARVED_AT its
+# carve mark (the end of the last chunk carved; a multiple of 4 KB).
 _PAGE = 4096   # registrations are in whole pages
 
 _SEGMENT = re.compile(r"/shmcache\.\d+\.\d+\.seg\.\d+\.\d+( \(deleted\))?$")
@@ -218,8 +217,8 @@ class CachePages:
             return None
         # A mapping holding a row is readable: its first page, the header,
         # too (one mapping, one protection).
-        if not _SEGMENT.search(path) or hi - lo < _SEGMENT_HEADER_BYTES or \
-                ctypes.c_uint64.from_address(lo).value != _SEGMENT_MAGIC:
+        if not _SEGMENT.search(path) or hi - lo < SEGMENT_HEADER_BYTES or \
+                ctypes.c_uint64.from_address(lo).value != SEGMENT_MAGIC:
             self._refused.add((lo, hi))
             return None
         return lo, hi, lo
@@ -233,7 +232,7 @@ class CachePages:
         lo, hi, start = found
         # The daemon's store of the mark happened before the row was
         # published (see the module); an aligned 8-byte load is whole.
-        carved = ctypes.c_uint64.from_address(lo + _CARVED_AT).value
+        carved = ctypes.c_uint64.from_address(lo + SEGMENT_CARVED_AT).value
         if not row_end - lo <= carved <= hi - lo:
             return None   # not a header this build knows: the staging copy
         end = min(hi, lo + (carved + _PAGE - 1) // _PAGE * _PAGE)
