@@ -253,7 +253,7 @@ uint64_t SegmentAllocator::NextSegmentSize(uint64_t min_bytes,
   // Whole 2 MB pages where possible, so that huge pages can back it.
   if (want >= 2 * kHugePageBytes) want = AlignUp(want, kHugePageBytes);
   want = std::min({want, BudgetLeft(), account.available()});
-  want = want / 4096 * 4096;
+  want = want / kPageBytes * kPageBytes;
   return want >= min_bytes ? want : 0;
 }
 
