@@ -339,7 +339,9 @@ int Run(DaemonOptions& opts) {
   InstancePaths paths = MakeInstancePaths(opts.port, opts.run_dir, opts.shm_dir);
   // Before anything is created: a socket path that cannot be bound would
   // otherwise be found only after the shared memory is set up.
-  Status s = CheckSocketPath(paths.socket_path);
+  Status s = CheckRunDir(paths.run_dir);
+  if (s.ok() && opts.shm_dir.empty()) s = CheckShmDirFromEnv(paths.shm_dir);
+  if (s.ok()) s = CheckSocketPath(paths.socket_path);
   if (s.ok()) s = EnsureRunDir(paths.run_dir);
   std::unique_ptr<InstanceLocks> locks;
   if (s.ok()) {

@@ -187,6 +187,24 @@ Status CheckSocketPath(const std::string& socket_path) {
       socket_path, socket_path.size(), kMax));
 }
 
+Status CheckRunDir(const std::string& run_dir) {
+  if (!run_dir.empty() && run_dir[0] == '/') return Status::OK();
+  return Status::InvalidArgument(fmt::format(
+      "run dir '{}' (SHMCACHE_RUN_DIR) is not an absolute path: the server's socket "
+      "there would be found only from the directory it was started in; set "
+      "SHMCACHE_RUN_DIR to an absolute directory, or unset it for /tmp/shmcache-{}",
+      run_dir, geteuid()));
+}
+
+Status CheckShmDirFromEnv(const std::string& shm_dir) {
+  if (!shm_dir.empty() && shm_dir[0] == '/') return Status::OK();
+  return Status::InvalidArgument(fmt::format(
+      "shared-memory directory '{}' (SHMCACHE_SHM_DIR) is not an absolute path: "
+      "clients in other directories would not find the cache's files; set "
+      "SHMCACHE_SHM_DIR to an absolute directory, or unset it for /dev/shm",
+      shm_dir));
+}
+
 Status EnsureRunDir(const std::string& dir) {
   int fd = -1;
   Status s =

@@ -93,6 +93,14 @@ InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
 // InvalidArgument naming the path, its length and the fix when the socket
 // path does not fit in sockaddr_un::sun_path (107 bytes on Linux).
 Status CheckSocketPath(const std::string& socket_path);
+// InvalidArgument naming the dir and the fix when a run dir (from
+// $SHMCACHE_RUN_DIR or the options) is not an absolute path: the socket in
+// it would be found only from the working directory the server was started
+// in, and every client elsewhere would call the server not running.
+Status CheckRunDir(const std::string& run_dir);
+// The same for the shm dir of $SHMCACHE_SHM_DIR: the server hands clients
+// its files' paths, which would not resolve from another directory.
+Status CheckShmDirFromEnv(const std::string& shm_dir);
 // Creates the run dir 0700 if missing (OpenOwnedDir, owned_dir.h): a link
 // there (another user's in /tmp, which could later lead clients to her
 // socket), another user's directory, or one others may write is

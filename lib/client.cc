@@ -20,12 +20,15 @@ Status ClientImpl::Create(const ClientOptions& options,
   int port;
   s = ResolvePort(options.port, &port);
   if (!s.ok()) return s;
+  InstancePaths paths = MakeInstancePaths(port, options.run_dir, "");
+  s = CheckRunDir(paths.run_dir);
+  if (!s.ok()) return s;
   std::shared_ptr<ClientImpl> impl(new ClientImpl());
   impl->options_ = options;
   impl->port_ = port;
   {
     ForkSafeLock lock(&impl->paths_mu_);
-    impl->paths_ = MakeInstancePaths(port, options.run_dir, "");
+    impl->paths_ = std::move(paths);
   }
   ForkSafeLock lock(&impl->mu_);
   s = impl->ConnectLocked();

@@ -463,6 +463,53 @@ TEST_F(CliTest, SocketPathTooLongIsRefusedBeforeAnythingIsMade) {
   RemoveTree(shm);
 }
 
+// A relative SHMCACHE_RUN_DIR would put the socket under the directory the
+// server was started in, where no client elsewhere looks ("not running");
+// a relative SHMCACHE_SHM_DIR would hand clients file paths that resolve
+// only there ("session does not exist"). Both are refused, naming the
+// variable, before anything is made; clients refuse the run dir too.
+TEST_F(CliTest, RelativeRunOrShmDirIsRefusedBeforeAnythingIsMade) {
+  const std::string cwd = MakeTempDir(run_dir_, "cwd");
+  ASSERT_EQ(mkdir((cwd + "/shm").c_str(), 0700), 0);
+  const std::string watch = std::to_string(getpid());
+  // The admin run from `cwd`, as a user in another directory would run it.
+  auto run_in_cwd = [&](const std::vector<std::string>& args, const Env& env) {
+    std::string cmd = "cd '" + cwd + "' && exec '" + AdminPath() + "'";
+    for (const std::string& a : args) cmd += " " + a;
+    return RunCommand({"/bin/sh", "-c", cmd}, env);
+  };
+  struct Case {
+    Env env;
+    std::string what;
+  };
+  const Case cases[] = {
+      {{{"SHMCACHE_RUN_DIR", "run"}, {"SHMCACHE_WATCH_PID", watch}},
+       "run dir 'run' (SHMCACHE_RUN_DIR) is not an absolute path"},
+      {{{"SHMCACHE_RUN_DIR", run_dir_},
+        {"SHMCACHE_SHM_DIR", "shm"},
+        {"SHMCACHE_WATCH_PID", watch}},
+       "shared-memory directory 'shm' (SHMCACHE_SHM_DIR) is not an absolute path"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    CommandResult r = run_in_cwd({"--start", "-p", "23457"}, c.env);
+    if (r.exit_code == 0) run_in_cwd({"--stop", "-p", "23457"}, c.env);  // old code
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find(c.what), std::string::npos) << r.Describe();
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("shmcache: error: ", 0), 0u) << r.err;
+  }
+  EXPECT_FALSE(PathExists(cwd + "/run"));
+  EXPECT_TRUE(ListDir(cwd + "/shm").empty()) << testing::PrintToString(ListDir(cwd + "/shm"));
+  for (const char* cmd : {"-g", "--list_sessions", "--stop"}) {
+    CommandResult r = run_in_cwd({cmd, "-p", "23457"}, {{"SHMCACHE_RUN_DIR", "run"}});
+    EXPECT_EQ(r.exit_code, 1) << cmd << r.Describe();
+    EXPECT_NE(r.err.find("run dir 'run' (SHMCACHE_RUN_DIR) is not an absolute path"),
+              std::string::npos)
+        << cmd << r.Describe();
+  }
+}
+
 TEST_F(CliTest, StartWithOptionsIsReported) {
   std::string spill = MakeTempDir(run_dir_, "spill");
   ServerOptions o;

@@ -17,7 +17,9 @@ struct ClientOptions {
   // $SHMCACHE_HOST, else 127.0.0.1. Anything else is InvalidArgument.
   std::string hostname;
   // Directory of the control socket. Default "": $SHMCACHE_RUN_DIR, else
-  // /tmp/shmcache-<uid>. Must match the daemon's.
+  // /tmp/shmcache-<uid>. Must match the daemon's, and be an absolute path
+  // (Connect: InvalidArgument otherwise; a relative one would name another
+  // socket in every working directory).
   std::string run_dir;
   // How long one control request may take before the daemon is declared
   // unavailable. Default 5000 ms.
