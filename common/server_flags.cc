@@ -40,6 +40,7 @@ std::vector<CLI::Option*> AddServerFlags(CommandLine& cl, ServerFlags* f) {
                   }),
       cl.AddValue("--metrics_interval",
                   [f](const std::string& v) {
+                    f->metrics_interval_given = true;
                     return ParseMetricsInterval(v, &f->metrics_interval_s);
                   }),
   };
@@ -55,6 +56,12 @@ std::vector<std::string> ServerFlagArgs(const std::vector<CLI::Option*>& given) 
 }
 
 Status CheckServerFlags(const ServerFlags& f) {
+  if (f.metrics_interval_given && f.metrics_file.empty()) {
+    return Status::InvalidArgument(
+        "--metrics_interval sets how often --metrics_file is rewritten, and no "
+        "--metrics_file is given: add --metrics_file PATH, or leave --metrics_interval "
+        "out");
+  }
   Status s = CheckMemoryCap(f.memory_cap_ratio, f.memory_cap_bytes);
   if (s.ok() && !f.spill_dir.empty()) s = CheckSpillDir(f.spill_dir);
   if (s.ok() && !f.metrics_file.empty()) s = CheckMetricsFile(f.metrics_file);

@@ -29,6 +29,7 @@ struct ServerFlags {
   std::string log_dir;       // "": <run dir>/log, owner-only
   std::string metrics_file;  // empty: none; else rewritten every interval
   int metrics_interval_s = 5;
+  bool metrics_interval_given = false;  // without metrics_file: refused
 };
 
 // Adds the flags to `cl`, each stored in *flags as it is read:
@@ -41,9 +42,11 @@ std::vector<CLI::Option*> AddServerFlags(CommandLine& cl, ServerFlags* flags);
 // "--name=value" for the daemon, with the value as written.
 std::vector<std::string> ServerFlagArgs(const std::vector<CLI::Option*>& given);
 
-// The checks of flags that look at the machine: memory cap at least one
-// segment, spill dir and metrics file usable. Run by the admin before it
-// starts a server, and by the server before it makes anything.
+// The checks of flags that look at the machine or at each other: memory
+// cap at least one segment, spill dir and metrics file usable, no
+// --metrics_interval without a --metrics_file (it would be ignored). Run by
+// the admin before it starts a server, and by the server before it makes
+// anything.
 Status CheckServerFlags(const ServerFlags& flags);
 
 }  // namespace shmcache

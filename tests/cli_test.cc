@@ -134,6 +134,16 @@ TEST_F(CliTest, MetricsFileOptions) {
   ExpectError({"--start", "--metrics_file", "shmcache.prom"}, "not an absolute path");
   ExpectError({"--start", "--metrics_interval", "0"}, "1..3600");
   ExpectError({"--start", "--metrics_interval", "often"}, "1..3600");
+  // An interval alone would be ignored: no file is written. (A server the
+  // old code started anyway ends with this test.)
+  ExpectError({"--start", "--metrics_interval", "10", "-p", "23458"},
+              "no --metrics_file is given",
+              {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  CommandResult r = RunCommand(
+      {DaemonPath(), "--metrics_interval=10", "--run_dir=" + run_dir_ + "/never"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("no --metrics_file is given"), std::string::npos) << r.Describe();
+  EXPECT_FALSE(PathExists(run_dir_ + "/never"));
   ExpectError({"--start", "--metrics_file", "/no-such-dir/shmcache.prom"},
               "/no-such-dir does not exist");
 }

@@ -90,7 +90,8 @@ Options of --start:
   --metrics_file PATH        rewrite --metrics output there every few seconds,
                              atomically (for node_exporter's textfile collector:
                              name it *.prom); removed when the server stops
-  --metrics_interval S       seconds between rewrites, 1..3600 (default 5)
+  --metrics_interval S       seconds between rewrites of --metrics_file,
+                             1..3600 (default 5)
 
 Exit status: 0 on success, 1 with a one-line message on stderr otherwise.
 )";
