@@ -54,7 +54,9 @@ Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes) {
   long mb = 0;
   if (!ParseDecimal(text, 1, 1L << 40, &mb)) {
     return Status::InvalidArgument(
-        fmt::format("memory cap '{}' is not a positive number of MB", text));
+        fmt::format("memory cap '{}' is not a positive number of MB: give a whole "
+                    "number of MB, without a unit (--memory_cap_mb 4096 for 4 GB)",
+                    text));
   }
   *bytes = static_cast<uint64_t>(mb) << 20;
   return Status::OK();

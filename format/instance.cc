@@ -133,17 +133,19 @@ Status ResolvePort(int requested, int* port) {
 
 Status CheckHost(const std::string& host) {
   std::string h = host;
+  const char* from = "";
   if (h.empty()) {
     const char* env = std::getenv("SHMCACHE_HOST");
     if (env != nullptr) h = env;
+    from = "SHMCACHE_HOST: ";  // as ResolvePort names SHMCACHE_PORT
   }
   if (h.empty() || h == "127.0.0.1" || h == "localhost" || h == "::1") {
     return Status::OK();
   }
   return Status::InvalidArgument(
-      fmt::format("host '{}' is not this machine: shmcache serves the local host only "
+      fmt::format("{}host '{}' is not this machine: shmcache serves the local host only "
                   "(use 127.0.0.1, localhost or ::1)",
-                  h));
+                  from, h));
 }
 
 std::string DefaultRunDir() {

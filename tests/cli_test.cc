@@ -96,6 +96,10 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--start", "-l", "info"}, "log level 'info'");
   ExpectError({"--start", "-r", "1.5"}, "memory cap ratio '1.5'");
   ExpectError({"--start", "--memory_cap_mb", "0"}, "memory cap '0'");
+  // A size with a unit: the message says how to write it.
+  ExpectError({"--start", "--memory_cap_mb", "4G"},
+              "memory cap '4G' is not a positive number of MB: give a whole number of "
+              "MB, without a unit (--memory_cap_mb 4096 for 4 GB)");
 }
 
 TEST_F(CliTest, MemoryCapBelowOneSegment) {
@@ -126,6 +130,12 @@ TEST_F(CliTest, TwoCommands) {
 
 TEST_F(CliTest, StartOptionWithAnotherCommand) {
   ExpectError({"--list_sessions", "-w", "2"}, "-w applies to --start only");
+  // --json would be ignored: -g and the others print text.
+  for (const char* cmd : {"-g", "--stop", "--metrics", "--start"}) {
+    ExpectError({cmd, "--json", "-p", "31003"},
+                "--json applies to --list_sessions and --server_info only",
+                {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  }
 }
 
 TEST_F(CliTest, MetricsFileOptions) {
@@ -160,7 +170,7 @@ TEST_F(CliTest, NonLocalHost) {
   ExpectError({"--list_sessions", "-h", "10.0.0.7"}, "'10.0.0.7' is not this machine");
   ExpectError({"--start", "--hostname", "example.com"},
               "'example.com' is not this machine");
-  ExpectError({"--list_sessions"}, "'192.168.1.1' is not this machine",
+  ExpectError({"--list_sessions"}, "SHMCACHE_HOST: host '192.168.1.1' is not this machine",
               {{"SHMCACHE_HOST", "192.168.1.1"}});
 }
 

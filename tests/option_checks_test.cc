@@ -66,7 +66,8 @@ TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
   EXPECT_EQ(n, 7);
   uint64_t bytes = 0;
   EXPECT_EQ(Why(ParseMemoryCapMb("0", &bytes)),
-            "memory cap '0' is not a positive number of MB");
+            "memory cap '0' is not a positive number of MB: give a whole number of MB, "
+            "without a unit (--memory_cap_mb 4096 for 4 GB)");
   long v = 0;
   EXPECT_EQ(Why(ParseInRange("--ready_fd", "x", 0, 9, &v)),
             "--ready_fd 'x' is not a number in 0..9");

@@ -111,6 +111,12 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
   if (s.ok()) s = TakeCommand(cl, commands, &a->command);
   if (!s.ok()) return s;
   a->json = json->count() > 0;
+  if (a->json && a->command != Command::kList && a->command != Command::kInfo &&
+      a->command != Command::kHelp) {
+    return Status::InvalidArgument(
+        "--json applies to --list_sessions and --server_info only (--metrics is "
+        "Prometheus text)");
+  }
   a->server_args = ServerFlagArgs(start_only);
   for (const CLI::Option* o : start_only) {
     if (o->count() > 0 && a->command != Command::kStart) {
