@@ -87,13 +87,19 @@ rlim_t RaiseFileLimit() {
 
 // Opens the log in the configured directory (default <run dir>/log). A log
 // dir another user owns must not stop the server: it then logs in the run
-// dir, which is its own.
-Status OpenLog(const DaemonOptions& opts, const InstancePaths& paths, Logger* log) {
+// dir, which is its own, and says why in a note for --start's user (who
+// would otherwise look for the log where they asked for it).
+Status OpenLog(const DaemonOptions& opts, const InstancePaths& paths, Logger* log,
+               std::vector<std::string>* notes) {
   std::string own = paths.run_dir + "/log";
   std::string dir = opts.log_dir.empty() ? own : opts.log_dir;
   Status s = log->Open(dir, opts.log_level);
   if (s.ok() || dir == own) return s;
-  return log->Open(own, opts.log_level).ok() ? Status::OK() : s;
+  if (!log->Open(own, opts.log_level).ok()) return s;
+  notes->push_back(fmt::format("log directory {} cannot be used ({}); logging in {} instead",
+                               dir, s.message(), own));
+  log->Warn("{}", notes->back());
+  return Status::OK();
 }
 
 // Runs the io_context in a worker thread. A handler that throws ends only
@@ -353,7 +359,7 @@ int Run(DaemonOptions& opts) {
 
   Logger log;
   Startup up;
-  s = OpenLog(opts, paths, &log);
+  s = OpenLog(opts, paths, &log, &up.notes);
   if (s.ok()) s = PrepareShm(opts, &paths, &log, &up);
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   Store store(opts, paths, up.nodes, up.workers, &log);

@@ -1,6 +1,7 @@
 // The admin CLI, run as a program: every command, every class of invalid
 // argument (exit code 1 and a one-line message naming the problem), JSON
 // output, and two instances side by side.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -455,6 +456,24 @@ TEST_F(CliTest, LogsAreOwnerOnly) {
     o.default_log_dir = true;
     TestServer server(o);
     ASSERT_TRUE(server.ok());
+    ExpectOwnerOnlyLog(server, server.run_dir() + "/log", server.run_dir());
+  }
+  {  // A --log_dir that cannot be made: the server logs in its run dir, and
+     // --start says so rather than leave the user looking in the wrong place.
+    const std::string file = run_dir_ + "/a-file";
+    close(open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    ServerOptions o;
+    o.default_log_dir = true;
+    o.extra_args = {"--log_dir", file + "/log"};
+    TestServer server(o);
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    const std::string& out = server.start_result().out;
+    EXPECT_NE(out.find("Warning: log directory " + file + "/log cannot be used ("),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("); logging in " + server.run_dir() + "/log instead"),
+              std::string::npos)
+        << out;
     ExpectOwnerOnlyLog(server, server.run_dir() + "/log", server.run_dir());
   }
   {  // A --log_dir that does not exist yet is made owner-only.
