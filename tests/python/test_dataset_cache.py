@@ -50,6 +50,33 @@ def test_missing_session_raises_runtime_error(server, session):
         DatasetCache(session + 1 if session < 2**32 - 1 else 1)
 
 
+@pytest.mark.parametrize("from_env", [True, False])
+def test_session_0_is_no_session_one_warning_and_rows_from_the_source(
+        server, session, monkeypatch, from_env):
+    # What the Slurm task prolog exports when the prolog could not make a
+    # session: training goes on, even with a server of this user answering.
+    DatasetCache(session).put(1, (np.zeros(3),))
+    for var in ("SHMCACHE_SESSION_ID", "SESSION_ID"):
+        monkeypatch.setenv(var, "0")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache() if from_env else DatasetCache(0)
+        assert c.put(2, (np.zeros(3),)) is False
+        assert c.get(1) is None
+    warned = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
+    assert len(warned) == 1 and "session 0 is no session" in warned[0], warned
+    assert c.bypassed
+    assert DatasetCache(session).get(2) is None
+
+
+def test_no_session_says_where_one_comes_from(monkeypatch):
+    for var in ("SHMCACHE_SESSION_ID", "SESSION_ID"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match=r"set \$SHMCACHE_SESSION_ID \(scripts/cache.sh "
+                       r"and the Slurm prolog export it; `shmcache -g` prints one\)"):
+        DatasetCache()
+
+
 def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
         c = DatasetCache(session, size_mb=0, spilling=False, hostname=host,

@@ -222,6 +222,14 @@ class DatasetCache:
         return self._client
 
     def _check_session(self) -> None:
+        if self.session_id == 0:
+            # Sessions are non-zero: 0 is what a launcher that could not make
+            # one exports (the Slurm prolog), and a job must train on from
+            # its source, even when some server of this user answers here.
+            self.bypass("session 0 is no session (sessions are non-zero; a launcher "
+                        "that could not create one, such as the Slurm prolog, "
+                        "exports 0): create one with `shmcache -g`")
+            return
         try:
             self._connect().check_session(self.session_id)
         except NotFoundError:

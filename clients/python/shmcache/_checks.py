@@ -74,5 +74,5 @@ def session_from_env() -> int:
                 raise ValueError(f"${var}={value!r} is not a session id (a "
                                  "number from `shmcache -g`)") from None
     raise ValueError("no session: pass session_id=, or set $SHMCACHE_SESSION_ID "
-                     "(scripts/cache.sh start exports it; or `shmcache -g` "
-                     "prints one)")
+                     "(scripts/cache.sh and the Slurm prolog export it; "
+                     "`shmcache -g` prints one)")
