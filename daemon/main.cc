@@ -96,8 +96,9 @@ Status OpenLog(const DaemonOptions& opts, const InstancePaths& paths, Logger* lo
   Status s = log->Open(dir, opts.log_level);
   if (s.ok() || dir == own) return s;
   if (!log->Open(own, opts.log_level).ok()) return s;
-  notes->push_back(fmt::format("log directory {} cannot be used ({}); logging in {} instead",
-                               dir, s.message(), own));
+  notes->push_back(
+      fmt::format("log directory {} cannot be used ({}); logging in {} instead", dir,
+                  s.message(), own));
   log->Warn("{}", notes->back());
   return Status::OK();
 }

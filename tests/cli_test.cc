@@ -171,7 +171,8 @@ TEST_F(CliTest, NonLocalHost) {
   ExpectError({"--list_sessions", "-h", "10.0.0.7"}, "'10.0.0.7' is not this machine");
   ExpectError({"--start", "--hostname", "example.com"},
               "'example.com' is not this machine");
-  ExpectError({"--list_sessions"}, "SHMCACHE_HOST: host '192.168.1.1' is not this machine",
+  ExpectError({"--list_sessions"},
+              "SHMCACHE_HOST: host '192.168.1.1' is not this machine",
               {{"SHMCACHE_HOST", "192.168.1.1"}});
 }
 
@@ -539,7 +540,8 @@ TEST_F(CliTest, RelativeRunOrShmDirIsRefusedBeforeAnythingIsMade) {
     EXPECT_EQ(r.err.rfind("shmcache: error: ", 0), 0u) << r.err;
   }
   EXPECT_FALSE(PathExists(cwd + "/run"));
-  EXPECT_TRUE(ListDir(cwd + "/shm").empty()) << testing::PrintToString(ListDir(cwd + "/shm"));
+  EXPECT_TRUE(ListDir(cwd + "/shm").empty())
+      << testing::PrintToString(ListDir(cwd + "/shm"));
   for (const char* cmd : {"-g", "--list_sessions", "--stop"}) {
     CommandResult r = run_in_cwd({cmd, "-p", "23457"}, {{"SHMCACHE_RUN_DIR", "run"}});
     EXPECT_EQ(r.exit_code, 1) << cmd << r.Describe();
