@@ -57,12 +57,18 @@ Status CommandLine::CheckFlagsHaveNoValue() const {
 }
 
 // CLI11 finds an option short of its value only when the line ends there.
+// A short name is told with its long one: `shmcache -h` is the host, not
+// help, and the user should see which option took the word.
 Status CommandLine::MissingValue(const CLI::ParseError& e) const {
   std::string name = argv_.size() > 1 ? NamePart(argv_.back()) : "";
-  if (!name.empty() && app_.get_option_no_throw(name) != nullptr) {
-    return Status::InvalidArgument(fmt::format("{} needs a value", name));
+  const CLI::Option* o = name.empty() ? nullptr : app_.get_option_no_throw(name);
+  if (o == nullptr) return Status::InvalidArgument(e.what());
+  std::string shown = name;
+  if (const std::string full = o->get_name(); full != name) {
+    shown = fmt::format("{} ({})", name, full);
   }
-  return Status::InvalidArgument(e.what());
+  return Status::InvalidArgument(
+      fmt::format("{} needs a value{}{}", shown, hint_.empty() ? "" : "; ", hint_));
 }
 
 Status CommandLine::Parse(const std::vector<std::string>& argv) {

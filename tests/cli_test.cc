@@ -80,10 +80,14 @@ TEST_F(CliTest, UnknownOption) {
 }
 
 TEST_F(CliTest, MissingValue) {
-  ExpectError({"--list_sessions", "-p"}, "-p needs a value");
-  ExpectError({"-d"}, "-d needs a value");
-  ExpectError({"--start", "-w"}, "-w needs a value");
-  ExpectError({"--start", "--spilldir"}, "--spilldir needs a value");
+  ExpectError({"--list_sessions", "-p"},
+              "-p (--port) needs a value; see 'shmcache --help'");
+  ExpectError({"-d"}, "-d (--destroy_session) needs a value");
+  ExpectError({"--start", "-w"}, "-w (--workers) needs a value");
+  ExpectError({"--start", "--spilldir"},
+              "--spilldir needs a value; see 'shmcache --help'");
+  // -h is the host (as in MindSpore's cache_admin), not help: say so.
+  ExpectError({"-h"}, "-h (--hostname) needs a value; see 'shmcache --help'");
   ExpectError({"--list_sessions", "--json=yes"}, "--json takes no value");
 }
 

@@ -66,8 +66,8 @@ TEST(CommandLineTest, ProblemsInTheProgramsWords) {
   EXPECT_EQ(why({"--bogus"}), "unknown option '--bogus'; see 'prog --help'");
   EXPECT_EQ(why({"-x"}), "unknown option '-x'; see 'prog --help'");
   EXPECT_EQ(why({"--json", "stray"}), "unexpected argument 'stray'; see 'prog --help'");
-  EXPECT_EQ(why({"--json", "-n"}), "-n needs a value");
-  EXPECT_EQ(why({"--number"}), "--number needs a value");
+  EXPECT_EQ(why({"--json", "-n"}), "-n (--number) needs a value; see 'prog --help'");
+  EXPECT_EQ(why({"--number"}), "--number needs a value; see 'prog --help'");
   EXPECT_EQ(why({"--json=yes"}), "--json takes no value");
   EXPECT_EQ(why({"--generate=1"}), "--generate takes no value");
   EXPECT_EQ(why({"-n", "0"}), "number '0' is not a number in 1..9");
