@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
 
 from conftest import wait_for  # noqa: E402
-from helpers import Images, Normalize  # noqa: E402
+from helpers import Images, Normalize, Stream  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
-from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
+from shmcache.torch import CachedDataset, CachedIterableDataset, CachedLoader  # noqa: E402
 
 
 class Rows(Dataset):
@@ -238,6 +238,21 @@ def test_len_samplers_batch_sampler_and_arguments(server, session):
                                                     batch_size=30).dataset,
                                        batch_size=30),
                         reference(ds, session, batch_size=30))
+
+
+def test_an_iterable_dataset_is_refused_saying_what_streams_it(server, session):
+    """DataLoader takes an IterableDataset; batches read by index cannot:
+    CachedLoader and CachedDataset refuse one when made, naming
+    CachedIterableDataset (not a len() error at the first batch)."""
+    cache = DatasetCache(session)
+    for make in (lambda: CachedLoader(Stream(10), cache=cache, batch_size=3),
+                 lambda: CachedLoader(CachedIterableDataset(Stream(10), cache)),
+                 lambda: CachedDataset(Stream(10), cache)):
+        with pytest.raises(TypeError, match=r"IterableDataset: use .*CachedIterableDataset"):
+            make()
+    # What the message asks for streams the source.
+    assert [len(b["label"]) for b in DataLoader(CachedIterableDataset(Stream(5), cache),
+                                                batch_size=3)] == [3, 2]
 
 
 def _rank(rank, world, session, port, run_dir, q):

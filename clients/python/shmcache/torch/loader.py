@@ -96,7 +96,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from .. import DatasetCache
 from ._autotune import AutoTune, usable_cpus
@@ -132,7 +132,9 @@ class CachedLoader(DataLoader[T_co]):
     loader's own options by keyword. See the module for the contract.
 
     dataset: a shmcache.torch.CachedDataset, or a map-style dataset to wrap
-      in CachedDataset(dataset, cache, name=name, allow_random=...).
+      in CachedDataset(dataset, cache, name=name, allow_random=...); an
+      IterableDataset is refused (TypeError): DataLoader(
+      CachedIterableDataset(source, cache)) streams one.
     batch_size, shuffle, sampler, batch_sampler, drop_last, generator:
       DataLoader's batches, drawn as DataLoader draws them; batch_size=None
       delivers samples one by one (collate_fn default_convert).
@@ -186,6 +188,11 @@ class CachedLoader(DataLoader[T_co]):
                  max_prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  name: str | None = None, allow_random: bool = False,
                  register_cache_pages: bool = False) -> None:
+        if isinstance(dataset, IterableDataset):
+            # DataLoader takes one; batches read by index cannot.
+            raise TypeError(f"CachedLoader reads batches by index from a map-style "
+                            f"dataset; {type(dataset).__name__} is an IterableDataset: use "
+                            f"DataLoader(CachedIterableDataset(source, cache), ...)")
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
                 raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "
