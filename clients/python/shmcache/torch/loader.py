@@ -58,6 +58,9 @@ Contract:
   index tensor).
 - CachedDataset's transforms (apply_transforms) and transform= run per
   sample in the loader's threads; batch_transform= on each whole batch.
+  A random transform draws from the process's global generators, as the
+  threads and the training loop interleave: not DataLoader's seeded
+  workers' draws, nor the same ones run to run (docs/python.md).
 - num_threads / prefetch "auto": tuned while running (_autotune.py),
   prefetch bounded by max_prefetch_bytes of batches; stats() reports.
 - pin_memory / device: pinned batch buffers and a copy to the device on a
