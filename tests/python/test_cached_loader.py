@@ -171,6 +171,33 @@ def test_samples_for_a_collate_fn_keep_their_python_numbers(server, session, kin
         assert (type(first["flag"]), type(first["score"])) == (bool, float)
 
 
+class Scalars(Dataset):
+    """Numpy scalars (numpy.float64 is a Python float too), a 0-d tensor
+    and Python numbers."""
+    root = "scalars"
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return (np.float64(i / 2), np.float32(i), np.int8(i), torch.tensor(i), float(i),
+                i)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_numpy_scalars_come_as_from_dataloader(server, session, batch_size):
+    """A numpy scalar comes back as DataLoader converts it (a 0-d tensor
+    of its dtype, batch_size=None), not as a Python number; cold and
+    warm, under DataLoader(CachedDataset) and CachedLoader."""
+    want = list(DataLoader(Scalars(), batch_size=batch_size))
+    assert isinstance(want[0][0], torch.Tensor)
+    for cls in (DataLoader, CachedLoader):
+        cds = CachedDataset(Scalars(), DatasetCache(session), name=cls.__name__,
+                            async_puts=False)
+        for _ in range(2):      # cold, then warm
+            assert_same_batches(list(cls(cds, batch_size=batch_size)), want)
+
+
 class Pictures(Dataset):
     """(PIL image, label): a row CachedLoader cannot read into a buffer."""
     root = "pictures"
