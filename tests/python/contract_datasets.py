@@ -158,6 +158,16 @@ class TwoArgs(Exception):
         super().__init__(f"{what} at {where}")
 
 
+class WithMessage(Exception):
+    """An exception with a `message` field, which DataLoader fills by
+    keyword."""
+    message = "unset"
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
 class Raising(Dataset):
     """Sample `at` raises `exc` (a KeyError, or an exception type made
     from (message) or, for TwoArgs, two arguments)."""

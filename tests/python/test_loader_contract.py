@@ -91,7 +91,7 @@ def test_a_failed_batch_raises_and_the_epoch_goes_on(server, session, num_worker
     assert wait_for(no_children, what="workers to end")
 
 
-@pytest.mark.parametrize("exc", [KeyError, ValueError, cd.TwoArgs])
+@pytest.mark.parametrize("exc", [KeyError, ValueError, cd.TwoArgs, cd.WithMessage])
 def test_a_workers_exception_reads_as_dataloaders(server, session, exc):
     """Same type, the same message ("Caught KeyError in ... worker process
     0.", readable, not a KeyError's quoted repr) with the worker's

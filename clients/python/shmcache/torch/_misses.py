@@ -124,15 +124,16 @@ class WorkerError:
         as a quoted key), a type with a `message` field gets it by keyword,
         a type that takes other arguments becomes a RuntimeError."""
         msg: Any = self.message
-        if self.exc_type is KeyError:
+        make: Any = self.exc_type
+        if make is KeyError:
             msg = _KeyErrorMessage(msg)
-        elif getattr(self.exc_type, "message", None):
+        elif getattr(make, "message", None):
             try:
-                return self.exc_type(message=msg)
+                return make(message=msg)
             except Exception:   # noqa: BLE001 -- as below
                 return RuntimeError(self.message)
         try:
-            return self.exc_type(msg)
+            return make(msg)
         except Exception:   # noqa: BLE001 -- a type that wants other arguments
             return RuntimeError(self.message)
 
