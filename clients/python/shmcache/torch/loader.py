@@ -66,8 +66,9 @@ Contract:
 - pin_memory / device: pinned batch buffers and a copy to the device on a
   side stream where CUDA is available (register_cache_pages=True: copied
   to the device straight from the cache's pages registered with CUDA,
-  _cache_pages.py); pin_memory=True without CUDA warns
-  once (as DataLoader) and goes on unpinned; device="cuda" without CUDA
+  _cache_pages.py); pin_memory=True without CUDA goes on unpinned, with
+  the warning the installed torch's DataLoader gives (1.13: none), once
+  per loader; device="cuda" without CUDA
   raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
   pin_memory_device is accepted (pinned memory is CUDA's).
 - An iterator that is exhausted, closed (close()) or garbage-collected
@@ -153,8 +154,9 @@ class CachedLoader(DataLoader[T_co]):
       to the next (started at the first miss, seeded once).
     timeout: seconds next() waits for a batch before RuntimeError
       ("DataLoader timed out after ... seconds").
-    pin_memory: pinned batches with CUDA (without it: one warning, as
-      DataLoader); pin_memory_device: accepted (pinned memory is CUDA's).
+    pin_memory: pinned batches with CUDA (without it: unpinned, with
+      DataLoader's warning if this torch's gives one); pin_memory_device:
+      accepted (pinned memory is CUDA's).
     num_threads, prefetch: threads assembling batches and batches kept
       ready ahead of the consumer; "auto" (default) tunes them at run time.
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
