@@ -79,7 +79,10 @@ Contract:
   + 2 batches for reuse by later batches and passes (freed with the
   loader); a buffer is reused only once no tensor over it is alive, and a
   batch none of whose rows was read holds none while its misses are
-  computed. A
+  computed. The loader and its passes form no reference cycle (a failed
+  batch's exception included), so a loader dropped by the script ends its
+  persistent workers and frees its buffers at once, as DataLoader's, not
+  when the cyclic collector runs. A
   cache whose daemon dies degrades to misses (one CacheWarning from the
   cache), so the epoch finishes from the source.
 - iter_source(source) runs a pass over a BatchSource (batch_source.py)
