@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ADMIN, PYTHONPATH, ROOT, free_port, wait_for, _alive, _segments
+from conftest import (ADMIN, PYTHONPATH, ROOT, free_port, huge_dir, release_huge_dir,
+                      wait_for, _alive, _segments)
 
 SLURM = ROOT / "examples" / "slurm"
 JOB_ID = 4242
@@ -279,6 +280,40 @@ def test_prolog_refuses_a_state_dir_others_can_write_and_writes_through_no_link(
     assert _segments(job.port, nobody) == []
     _, exports = job.task_env()              # the tasks read from the source
     assert exports["SESSION_ID"] == "0"
+
+
+def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(open_top):
+    """The huge-page tmpfs path is in /dev/shm, where the job's user can put
+    a directory and, once the epilog has checked it, swap in a link to any
+    mount (umount follows links); the shm dir in the env file is what the
+    user's server answered. Here the user's server says the huge path and
+    the check is passed by a directory of the user's holding a mount of
+    root's: what umount reaches after a swap won. A server of a user who is
+    not root cannot have mounted anything, so the epilog unmounts nothing."""
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state", uid=nobody)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    job.user_stops_the_server(exports)
+    huge = Path(huge_dir(job.port, nobody))
+    env_file = job.state_dir / f"job{job.job_id}.env"
+    env_file.write_text("".join(
+        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
+        for line in env_file.read_text().splitlines()))
+    r = subprocess.run(job.as_user(["mkdir", "-m", "0755", str(huge)]),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "roots", str(huge)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(huge), f"the epilog unmounted root's mount: {r.stderr}"
+    finally:
+        release_huge_dir(job.port, nobody)
+    assert job.leftovers() == []
 
 
 def test_a_state_dir_anyone_can_write_is_refused(state_dir):
