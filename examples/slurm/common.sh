@@ -49,11 +49,12 @@ state_dir_ok() {
 }
 
 # read_env NAME: NAME's value in the job's env file, a regular file of the
-# script's user (never a link or a FIFO), read in bounded time.
+# script's user (never a link or a FIFO), read in bounded time; the first
+# line that sets it, should there be more.
 read_env() {
   [ -f "$env_file" ] && [ ! -L "$env_file" ] &&
     [ "$(stat -c %u "$env_file")" = "$(id -u)" ] || return 1
-  timeout 5 sed -n "s/^$1=//p" "$env_file"
+  timeout 5 sed -n "s/^$1=//p" "$env_file" | head -n 1
 }
 
 # Runs a command as the job's user: the server talks to its own user only.

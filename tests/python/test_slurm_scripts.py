@@ -316,6 +316,44 @@ def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(op
     assert job.leftovers() == []
 
 
+def test_a_forged_shm_dir_adds_no_line_to_the_env_file_and_the_server_stops(state_dir, tmp_path):
+    """The prolog records the shm dir the job's server reports. The job's
+    user owns the run dir and can answer on its socket instead (a process of
+    another of their jobs on the node); an answer naming two shm dirs, the
+    second "SHMCACHE_PORT=1", once put a second port line in root's env
+    file, and the epilog, finding no one port there, left the server
+    running after the job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    forged = bin_dir / "shmcache"
+    forged.write_text(
+        "#!/bin/sh\n"
+        "for a in \"$@\"; do\n"
+        "  [ \"$a\" = --server_info ] && printf '{\\n  \"shm_dir\": \"/dev/shm\",\\n"
+        "  \"shm_dir\": \"SHMCACHE_PORT=1\"\\n}\\n' && exit 0\n"
+        "done\n"
+        f'exec {ADMIN} "$@"\n')
+    forged.chmod(0o755)
+    job = FakeJob(state_dir)
+    job.env["SHMCACHE_BIN"] = str(bin_dir)
+    try:
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+        env_file = job.state_dir / f"job{job.job_id}.env"
+        assert [line for line in env_file.read_text().splitlines()
+                if line.startswith("SHMCACHE_PORT=")] == [f"SHMCACHE_PORT={job.port}"]
+        _, exports = job.task_env()
+        assert exports["SHMCACHE_PORT"] == str(job.port)
+        pid = job.server_pid(exports)
+        r = job.run("epilog.sh")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert not _alive(pid), "the server outlived the job"
+        assert job.leftovers() == []
+    finally:
+        subprocess.run([str(ADMIN), "-p", str(job.port), "--stop"], capture_output=True,
+                       env=dict(job.env, SHMCACHE_RUN_DIR=str(job.job_dir())), timeout=60)
+
+
 def test_a_state_dir_anyone_can_write_is_refused(state_dir):
     state_dir.mkdir(mode=0o777)
     os.chmod(state_dir, 0o777)
