@@ -40,8 +40,10 @@ if [ -n "$(servers)" ]; then
   out=$(admin --stop 2>&1)
   if [ -n "$(servers)" ]; then
     say "the server did not stop (${out:-no answer}); terminating it"
+    # Signalled as the job's user: should a listed server end and its pid
+    # go to another user's process before the kill, the kill is refused.
     for sig in TERM KILL; do
-      for pid in $(servers); do kill -"$sig" "$pid" 2>/dev/null; done
+      for pid in $(servers); do as_user kill -"$sig" "$pid" 2>/dev/null; done
       for _ in $(seq 100); do [ -z "$(servers)" ] && break; sleep 0.1; done
     done
   fi

@@ -243,6 +243,39 @@ def test_epilog_never_kills_another_users_process_named_in_the_lock_file(open_to
         victim.wait()
 
 
+def test_epilog_terminates_a_server_that_does_not_answer(open_top):
+    """A server that answers no --stop (here an admin that gets no answer:
+    a hung server costs the admin's timeouts, a minute) is signalled by the
+    epilog, as the job's user (a listed pid that went to another user's
+    process meanwhile is refused the signal), and its segments removed."""
+    nobody = _nobody_job_possible()
+    bin_dir = open_top / "bin"
+    bin_dir.mkdir(mode=0o755)
+    no_answer = bin_dir / "shmcache"
+    no_answer.write_text(
+        "#!/bin/sh\n"
+        "for a in \"$@\"; do\n"
+        "  case $a in --stop|-d) echo 'no answer' >&2; exit 1;; esac\n"
+        "done\n"
+        f'exec {ADMIN} "$@"\n')
+    no_answer.chmod(0o755)
+    job = FakeJob(open_top / "state", uid=nobody)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    pid = job.server_pid(exports)
+    assert job.task()[0] == "5"
+    job.env["SHMCACHE_BIN"] = str(bin_dir)
+    try:
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert "did not stop (no answer); terminating it" in r.stderr, r.stderr
+        assert not _alive(pid)
+        assert job.leftovers() == []
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_epilog_does_not_block_on_a_fifo_in_the_run_dir(state_dir):
     job = FakeJob(state_dir)
     assert job.run("prolog.sh").returncode == 0
