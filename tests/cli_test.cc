@@ -36,7 +36,7 @@ class CliTest : public ::testing::Test {
   // Exit code 1, nothing on stdout, one line on stderr containing `what`.
   void ExpectError(const std::vector<std::string>& args, const std::string& what,
                    Env env = {}) {
-    CommandResult r = Run(args, env);
+    CommandResult r = Run(args, std::move(env));
     SCOPED_TRACE(testing::PrintToString(args));
     EXPECT_EQ(r.exit_code, 1) << r.Describe();
     EXPECT_NE(r.err.find(what), std::string::npos)

@@ -48,7 +48,10 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
   if (watch != nullptr && *watch != '\0') {
     long pid = 0;
     s = ParseInRange("SHMCACHE_WATCH_PID", watch, 1, 1L << 30, &pid);
-    if (!s.ok()) return Status::InvalidArgument(s.message() + "; unset it or set it to the pid of a live process");
+    if (!s.ok()) {
+      return Status::InvalidArgument(s.message() +
+                                     "; unset it or set it to the pid of a live process");
+    }
   }
 
   int fds[2];
