@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "daemon/logger.h"
+#include "format/align.h"
 #include "format/cache_stats.h"
 
 namespace shmcache {

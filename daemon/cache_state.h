@@ -110,9 +110,6 @@ class CacheState {
 
  private:
   CacheState(const InstancePaths& paths, uint32_t cache_id, int num_nodes, Logger* log);
-  static constexpr uint64_t AlignUp(uint64_t n, uint64_t a) {
-    return (n + a - 1) / a * a;
-  }
   std::string TablePath(uint32_t gen) const;
   // Adopt's steps; each adds what it maps to file_bytes_.
   Status AdoptHeader();

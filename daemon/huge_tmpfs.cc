@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "daemon/shm_pages.h"
+#include "format/align.h"
 #include "format/instance.h"
 #include "format/parse_number.h"
 
@@ -147,8 +148,7 @@ bool HugeTmpfsAsked() {
 }
 
 uint64_t HugeTmpfsBytes(uint64_t memory_cap) {
-  return (memory_cap + (64u << 20) + kHugePageBytes - 1) / kHugePageBytes *
-         kHugePageBytes;
+  return AlignUp(memory_cap + (64u << 20), kHugePageBytes);
 }
 
 ShmDirChoice ChooseShmDir(int port, uint64_t tmpfs_bytes) {

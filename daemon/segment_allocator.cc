@@ -10,6 +10,7 @@
 
 #include "daemon/logger.h"
 #include "daemon/shm_pages.h"
+#include "format/align.h"
 
 namespace shmcache {
 
@@ -25,8 +26,6 @@ Status FullStatus(const std::string& msg, bool by_cap) {
   if (by_cap) return Status::FullServerCap(msg);
   return Status::Full(msg);
 }
-
-constexpr uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 constexpr uint64_t kPageBytes = 4096;
 

@@ -23,6 +23,7 @@
 #include "daemon/logger.h"
 #include "daemon/replace_file.h"
 #include "daemon/shm_pages.h"
+#include "format/align.h"
 #include "format/instance.h"
 #include "format/layout.h"
 #include "format/numa_topology.h"
@@ -188,8 +189,7 @@ size_t SuppliedPart(const layout::SegmentHeader& h, size_t size) {
       carved > size) {
     return size;
   }
-  return static_cast<size_t>(std::min<uint64_t>(
-      size, (carved + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes));
+  return static_cast<size_t>(std::min<uint64_t>(size, AlignUp(carved, kHugePageBytes)));
 }
 
 // Copies `from` to `to` (in `dir`), unless a killed start copied it whole

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "format/align.h"
 #include "format/protocol.h"
 
 namespace shmcache {
@@ -26,8 +27,7 @@ Status SpillStages::Get(uint64_t conn, uint32_t cache_id, uint64_t min_bytes,
     Drop(cache_id, *it->second);
     stages_.erase(it);
   }
-  const uint64_t want =
-      (std::max(protocol::kSpillStageBytes, min_bytes) + 4095) / 4096 * 4096;
+  const uint64_t want = AlignUp(std::max(protocol::kSpillStageBytes, min_bytes), 4096);
   auto stage = std::make_shared<Stage>();
   // A random tag, as index tables have: a name another user planted is
   // skipped, not trusted.
