@@ -387,6 +387,35 @@ def test_a_forged_shm_dir_adds_no_line_to_the_env_file_and_the_server_stops(stat
                        env=dict(job.env, SHMCACHE_RUN_DIR=str(job.job_dir())), timeout=60)
 
 
+def test_a_state_dir_under_a_directory_others_may_write_is_refused(open_top):
+    """Root's own state dir is no better than the directory it is in: where
+    the job's user may write that (no sticky bit), they can rename root's
+    state dir away and put their own, or a link, at its name between the
+    prolog's checks and its writes."""
+    shared = open_top / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = shared / "state"
+    state.mkdir(mode=0o755)
+    job = FakeJob(state)
+    r = job.run("prolog.sh")
+    assert r.returncode == 0, r.stderr       # never drain the node
+    assert f"the state dir {state} is under {shared}, which another user" in r.stderr, r.stderr
+    assert "training goes on without the cache" in r.stderr
+    assert os.listdir(state) == []
+    assert _segments(job.port) == []
+    _, exports = job.task_env()              # the tasks read from the source
+    assert exports["SESSION_ID"] == "0"
+    os.chmod(shared, 0o1777)                 # sticky: names there stay their owner's
+    try:
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+    finally:
+        r = job.run("epilog.sh")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert job.leftovers() == []
+
+
 def test_a_state_dir_anyone_can_write_is_refused(state_dir):
     state_dir.mkdir(mode=0o777)
     os.chmod(state_dir, 0o777)
