@@ -10,8 +10,11 @@ std::vector<CLI::Option*> AddServerFlags(CommandLine& cl, ServerFlags* f) {
                   [f](const std::string& v) { return ParseWorkers(v, &f->workers); }),
       cl.AddValue("-s,--spilldir",
                   [f](const std::string& v) {
-                    f->spill_dir = v;  // checked by CheckServerFlags
-                    return Status::OK();
+                    // Absolute here (an empty value too, which would
+                    // otherwise mean "no spill dir" to one reader and a
+                    // missing value to another); the rest in CheckServerFlags.
+                    f->spill_dir = v;
+                    return CheckAbsolutePath("spill directory", v);
                   }),
       cl.AddValue("-l,--loglevel",
                   [f](const std::string& v) { return ParseLogLevel(v, &f->log_level); }),

@@ -37,6 +37,11 @@ fi
 python=${PYTHON:-/usr/bin/python3}
 
 if [ -n "${SESSION_ID:-}" ]; then
+  # Checked once here, not as one traceback per device.
+  if ! [[ $SESSION_ID =~ ^[0-9]{1,10}$ ]] || (( 10#$SESSION_ID > 4294967295 )); then
+    echo "cache.sh: SESSION_ID must be a session id from 'shmcache -g' (a number in 0..4294967295), got '$SESSION_ID'; unset it to create a session" >&2
+    exit 1
+  fi
   session_id=$SESSION_ID
 else
   result=$(shmcache -g)

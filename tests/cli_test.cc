@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -36,7 +37,7 @@ class CliTest : public ::testing::Test {
   // Exit code 1, nothing on stdout, one line on stderr containing `what`.
   void ExpectError(const std::vector<std::string>& args, const std::string& what,
                    Env env = {}) {
-    CommandResult r = Run(args, env);
+    CommandResult r = Run(args, std::move(env));
     SCOPED_TRACE(testing::PrintToString(args));
     EXPECT_EQ(r.exit_code, 1) << r.Describe();
     EXPECT_NE(r.err.find(what), std::string::npos)
@@ -182,6 +183,10 @@ TEST_F(CliTest, NonLocalHost) {
 
 TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
   ExpectError({"--start", "-s", "relative/dir"}, "not an absolute path");
+  // Empty: once "no spill dir" to the admin and a missing value to the
+  // daemon, which exited without a word the admin could pass on.
+  ExpectError({"--start", "-s", ""}, "spill directory '' is not an absolute path");
+  ExpectError({"--start", "--spilldir="}, "--spilldir needs a value");
   ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"}, "does not exist");
   // Not writable: a directory of root's seen by another user, or a
   // read-only directory of ours.
@@ -205,6 +210,18 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
   }
   EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
   chmod(ro.c_str(), 0755);
+}
+
+// SHMCACHE_WATCH_PID becomes the daemon's --watch_pid: a value the daemon
+// would refuse is named by the admin, never "exited before reporting
+// readiness".
+TEST_F(CliTest, AWatchPidThatIsNoPidIsNamed) {
+  for (const char* bad : {"abc", "0", "-5", "99999999999"}) {
+    ExpectError({"--start", "-p", "31003"},
+                fmt::format("SHMCACHE_WATCH_PID '{}' is not a number in 1..", bad),
+                {{"SHMCACHE_WATCH_PID", bad}});
+  }
+  EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
 }
 
 TEST_F(CliTest, ServerNotRunning) {

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "common/option_checks.h"
 #include "common/server_flags.h"
 
 namespace shmcache::admin {
@@ -42,16 +43,27 @@ std::string FindDaemon() {
 Status StartServer(const CliArgs& a, int port, StartResult* out) {
   Status s = CheckServerFlags(a.server);
   if (!s.ok()) return s;
-  std::vector<std::string> args = {FindDaemon(), fmt::format("--port={}", port)};
-  args.insert(args.end(), a.server_args.begin(), a.server_args.end());
   // Test harnesses tie the server to their own process (docs/admin-cli.md).
-  if (const char* w = std::getenv("SHMCACHE_WATCH_PID"); w && *w) {
-    args.push_back(std::string("--watch_pid=") + w);
+  const char* watch = std::getenv("SHMCACHE_WATCH_PID");
+  if (watch != nullptr && *watch != '\0') {
+    long pid = 0;
+    s = ParseInRange("SHMCACHE_WATCH_PID", watch, 1, 1L << 30, &pid);
+    if (!s.ok()) {
+      return Status::InvalidArgument(s.message() +
+                                     "; unset it or set it to the pid of a live process");
+    }
   }
 
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
-  args.push_back(fmt::format("--ready_fd={}", fds[1]));
+  // --ready_fd first: the daemon reads its line in order, so an argument it
+  // refuses is reported on the pipe, not to the /dev/null of its stderr.
+  std::vector<std::string> args = {FindDaemon(), fmt::format("--ready_fd={}", fds[1]),
+                                   fmt::format("--port={}", port)};
+  args.insert(args.end(), a.server_args.begin(), a.server_args.end());
+  if (watch != nullptr && *watch != '\0') {
+    args.push_back(std::string("--watch_pid=") + watch);
+  }
   pid_t pid = fork();
   if (pid < 0) return Status::FromErrno("fork", errno);
   if (pid == 0) {

@@ -4,9 +4,11 @@
 #   job<ID>/       run dir (socket, lock, log) of the job's server, 0700, the job user's
 #   job<ID>.env    what task_prolog.sh exports to the job's tasks (root's, 0644)
 # The state dir must be the script user's (root's, under slurmd) and
-# writable by nobody else (0700 or 0755): the scripts create and remove
-# files in it as root, and refuse to run on any other (a job user who could
-# write there could plant links for root to write through). Everything in
+# writable by nobody else (0700 or 0755), under directories nobody else
+# may write unless sticky: the scripts create and remove files in it as
+# root, and refuse to run on any other (a job user who could write there,
+# or put their own directory in its place, could plant links for root to
+# write through). Everything in
 # job<ID>/ is the job user's to write: the scripts never read it as root.
 # Settings (slurmd's environment, or edit here):
 #   SHMCACHE_SLURM_STATE      state dir (default /run/shmcache-slurm)
@@ -28,10 +30,48 @@ say() { echo "shmcache-slurm: job $SLURM_JOB_ID: $*" >&2; }
 [[ $SLURM_JOB_ID =~ ^[0-9]+$ && $SLURM_JOB_UID =~ ^[0-9]+$ ]] ||
   { say "SLURM_JOB_ID and SLURM_JOB_UID must be numbers"; exit 0; }
 
+# unsafe_dir_on_the_way DIR: prints the first directory from / to DIR
+# (the links on the way as written, then the directories they lead to)
+# that another user owns or may write without the sticky bit, where that
+# user could swap a name below it for a link or a directory of their own;
+# prints nothing and succeeds when there is none.
+unsafe_dir_on_the_way() {
+  local p=$1 owner mode me
+  me=$(id -u)
+  while [ "$p" != / ] && [ "$p" != . ]; do
+    if [ -L "$p" ]; then
+      owner=$(stat -c %u "$p")
+      [ "$owner" = 0 ] || [ "$owner" = "$me" ] || { echo "$p"; return 1; }
+    fi
+    p=$(dirname "$p")
+  done
+  p=$(realpath -e -- "$1") || { echo "$1"; return 1; }
+  while :; do
+    owner=$(stat -c %u "$p") mode=$(stat -c %a "$p")
+    if { [ "$owner" != 0 ] && [ "$owner" != "$me" ]; } ||
+       (( (8#$mode & 8#022) && !(8#$mode & 8#1000) )); then
+      echo "$p"
+      return 1
+    fi
+    [ "$p" = / ] && return 0
+    p=$(dirname "$p")
+  done
+}
+
 # state_dir_ok: creates the state dir if missing (0755) and checks that it
-# is a directory of the script's user that no one else can write; says
-# what is wrong otherwise. Never follows a link.
+# is a directory of the script's user that no one else can write, under
+# directories no one else can swap it in; says what is wrong otherwise.
+# Never follows a link.
 state_dir_ok() {
+  local bad
+  if [[ $state_dir != /* ]]; then
+    say "the state dir $state_dir is not an absolute path; set SHMCACHE_SLURM_STATE to one"
+    return 1
+  fi
+  if ! bad=$(unsafe_dir_on_the_way "$(dirname "$state_dir")"); then
+    say "the state dir $state_dir is under $bad, which another user owns or may write (they could put a directory of their own in its place); put it under directories only $(id -un) may write (default /run/shmcache-slurm), or make $bad sticky (chmod +t)"
+    return 1
+  fi
   if [ ! -e "$state_dir" ] && [ ! -L "$state_dir" ]; then
     mkdir -m 0755 "$state_dir" 2>/dev/null ||
       { say "cannot create the state dir $state_dir"; return 1; }
@@ -49,11 +89,12 @@ state_dir_ok() {
 }
 
 # read_env NAME: NAME's value in the job's env file, a regular file of the
-# script's user (never a link or a FIFO), read in bounded time.
+# script's user (never a link or a FIFO), read in bounded time; the first
+# line that sets it, should there be more.
 read_env() {
   [ -f "$env_file" ] && [ ! -L "$env_file" ] &&
     [ "$(stat -c %u "$env_file")" = "$(id -u)" ] || return 1
-  timeout 5 sed -n "s/^$1=//p" "$env_file"
+  timeout 5 sed -n "s/^$1=//p" "$env_file" | head -n 1
 }
 
 # Runs a command as the job's user: the server talks to its own user only.

@@ -40,8 +40,10 @@ if [ -n "$(servers)" ]; then
   out=$(admin --stop 2>&1)
   if [ -n "$(servers)" ]; then
     say "the server did not stop (${out:-no answer}); terminating it"
+    # Signalled as the job's user: should a listed server end and its pid
+    # go to another user's process before the kill, the kill is refused.
     for sig in TERM KILL; do
-      for pid in $(servers); do kill -"$sig" "$pid" 2>/dev/null; done
+      for pid in $(servers); do as_user kill -"$sig" "$pid" 2>/dev/null; done
       for _ in $(seq 100); do [ -z "$(servers)" ] && break; sleep 0.1; done
     done
   fi
@@ -49,13 +51,18 @@ fi
 # A server that died or was killed leaves its segments: they are this job's
 # user's, removed as that user. Started as root without a shm dir, it kept
 # them in a huge-page tmpfs of its own, left mounted: unmount it (never
-# through a link).
+# through a link). Only a root job's server can have mounted one: for any
+# other job nothing is unmounted, since the path is in /dev/shm, where the
+# job's user could swap it for a link to another mount between the checks
+# and umount (which follows links), and the shm dir in the env file is what
+# the user's server said.
 if [ -z "$(servers)" ]; then
   as_user find "${shm_dir:-/dev/shm}" /dev/shm -maxdepth 1 \
     \( -name "shmcache.$SLURM_JOB_UID.$port.*" -o -name ".shmcache.$SLURM_JOB_UID.$port.lock" \) \
     ! -type d -delete 2>/dev/null
   huge=/dev/shm/shmcache.$SLURM_JOB_UID.$port.huge
-  if [ "$shm_dir" = "$huge" ] && [ -d "$huge" ] && [ ! -L "$huge" ]; then
+  if [ "$SLURM_JOB_UID" = 0 ] && [ "$shm_dir" = "$huge" ] && [ -d "$huge" ] &&
+     [ ! -L "$huge" ]; then
     if mountpoint -q "$huge"; then
       umount "$huge" 2>/dev/null || umount -l "$huge" || say "cannot unmount $huge"
     fi

@@ -36,8 +36,12 @@ ports_in_use() {
 write_env() {  # write_env SESSION_ID
   local tmp shm_dir
   # Where the segments are, for epilog.sh should the server not answer then.
+  # The answer comes through the job user's run dir, so it is the user's to
+  # forge: one absolute path on one line, else /dev/shm (a second line would
+  # be a second entry in root's env file).
   shm_dir=$(admin --server_info --json 2>/dev/null |
-            sed -n 's/.*"shm_dir": "\([^"]*\)".*/\1/p')
+            sed -n 's/.*"shm_dir": "\([^"]*\)".*/\1/p' | head -n 1)
+  [[ $shm_dir == /* ]] || shm_dir=/dev/shm
   tmp=$(mktemp "$state_dir/.job$SLURM_JOB_ID.env.XXXXXX") || return 1
   {
     echo "SHMCACHE_PORT=$port"

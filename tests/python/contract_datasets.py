@@ -149,3 +149,36 @@ class Started(Dataset):
 
 
 KILLED = signal.SIGKILL
+
+
+class TwoArgs(Exception):
+    """An exception that cannot be made from a message alone."""
+
+    def __init__(self, what, where):
+        super().__init__(f"{what} at {where}")
+
+
+class WithMessage(Exception):
+    """An exception with a `message` field, which DataLoader fills by
+    keyword."""
+    message = "unset"
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+class Raising(Dataset):
+    """Sample `at` raises `exc` (a KeyError, or an exception type made
+    from (message) or, for TwoArgs, two arguments)."""
+
+    def __init__(self, n, at, exc):
+        self.n, self.at, self.exc, self.root = n, at, exc, f"raising-{n}-{exc.__name__}"
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.at:
+            raise self.exc("row", i) if self.exc is TwoArgs else self.exc(f"no row {i}")
+        return i

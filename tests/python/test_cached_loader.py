@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
 
 from conftest import wait_for  # noqa: E402
-from helpers import Images, Normalize  # noqa: E402
+from helpers import Images, Normalize, Stream  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
-from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
+from shmcache.torch import CachedDataset, CachedIterableDataset, CachedLoader  # noqa: E402
 
 
 class Rows(Dataset):
@@ -171,6 +171,33 @@ def test_samples_for_a_collate_fn_keep_their_python_numbers(server, session, kin
         assert (type(first["flag"]), type(first["score"])) == (bool, float)
 
 
+class Scalars(Dataset):
+    """Numpy scalars (numpy.float64 is a Python float too), a 0-d tensor
+    and Python numbers."""
+    root = "scalars"
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return (np.float64(i / 2), np.float32(i), np.int8(i), torch.tensor(i), float(i),
+                i)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_numpy_scalars_come_as_from_dataloader(server, session, batch_size):
+    """A numpy scalar comes back as DataLoader converts it (a 0-d tensor
+    of its dtype, batch_size=None), not as a Python number; cold and
+    warm, under DataLoader(CachedDataset) and CachedLoader."""
+    want = list(DataLoader(Scalars(), batch_size=batch_size))
+    assert isinstance(want[0][0], torch.Tensor)
+    for cls in (DataLoader, CachedLoader):
+        cds = CachedDataset(Scalars(), DatasetCache(session), name=cls.__name__,
+                            async_puts=False)
+        for _ in range(2):      # cold, then warm
+            assert_same_batches(list(cls(cds, batch_size=batch_size)), want)
+
+
 class Pictures(Dataset):
     """(PIL image, label): a row CachedLoader cannot read into a buffer."""
     root = "pictures"
@@ -238,6 +265,21 @@ def test_len_samplers_batch_sampler_and_arguments(server, session):
                                                     batch_size=30).dataset,
                                        batch_size=30),
                         reference(ds, session, batch_size=30))
+
+
+def test_an_iterable_dataset_is_refused_saying_what_streams_it(server, session):
+    """DataLoader takes an IterableDataset; batches read by index cannot:
+    CachedLoader and CachedDataset refuse one when made, naming
+    CachedIterableDataset (not a len() error at the first batch)."""
+    cache = DatasetCache(session)
+    for make in (lambda: CachedLoader(Stream(10), cache=cache, batch_size=3),
+                 lambda: CachedLoader(CachedIterableDataset(Stream(10), cache)),
+                 lambda: CachedDataset(Stream(10), cache)):
+        with pytest.raises(TypeError, match=r"IterableDataset: use .*CachedIterableDataset"):
+            make()
+    # What the message asks for streams the source.
+    assert [len(b["label"]) for b in DataLoader(CachedIterableDataset(Stream(5), cache),
+                                                batch_size=3)] == [3, 2]
 
 
 def _rank(rank, world, session, port, run_dir, q):

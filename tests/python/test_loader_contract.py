@@ -14,6 +14,7 @@ import os
 import random
 import re
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -88,6 +89,30 @@ def test_a_failed_batch_raises_and_the_epoch_goes_on(server, session, num_worker
         else:
             assert_same(a, b, f"batch {k}")
     assert wait_for(no_children, what="workers to end")
+
+
+@pytest.mark.parametrize("exc", [KeyError, ValueError, cd.TwoArgs, cd.WithMessage])
+def test_a_workers_exception_reads_as_dataloaders(server, session, exc):
+    """Same type, the same message ("Caught KeyError in ... worker process
+    0.", readable, not a KeyError's quoted repr) with the worker's
+    traceback, as torch's ExceptionWrapper re-raises it; an exception type
+    that is not made from a message becomes a RuntimeError, as there."""
+    ds = cd.Raising(6, at=3, exc=exc)
+    kw = dict(batch_size=2, num_workers=1)
+    raised = []
+    for make in (DataLoader, lambda ds, **kw: cached(ds, session, f"r{exc.__name__}", **kw)):
+        with pytest.raises(Exception) as e:
+            list(make(ds, **kw))
+        raised.append((type(e.value), str(e.value)))
+        del e
+        assert children_end_despite_sigchld_reports()
+    (want_type, want), (got_type, got) = raised
+    assert got_type is want_type is (RuntimeError if exc is cd.TwoArgs else exc)
+    assert got.splitlines()[0] == want.splitlines()[0].replace("DataLoader", "CachedLoader")
+    assert got.splitlines()[1] == want.splitlines()[1] == "Original Traceback (most recent call last):"
+    # The dataset's own line, and its exception last, as in DataLoader's.
+    assert "in __getitem__" in got and got.rstrip().splitlines()[-1] == \
+        want.rstrip().splitlines()[-1]
 
 
 # ---- 2. every DataLoader argument, checked as DataLoader checks it ------
@@ -292,3 +317,62 @@ def test_persistent_workers_keep_their_copy_of_the_dataset(server, session):
                 ds.start = epoch + 1
             del loader
             assert wait_for(no_children, what="workers to end")
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_dropped_loader_ends_its_workers_without_the_cycle_collector(server, session,
+                                                                       persistent):
+    """`del loader` ends persistent workers, as DataLoader's, by reference
+    counting alone: the loader and its passes form no cycle that would keep
+    them (and the batch buffers) until the cyclic collector runs, which a
+    script that makes a loader per epoch may not reach for a long time."""
+    ds = cd.Uncacheable(12)
+    kw = dict(batch_size=2, num_workers=2, persistent_workers=persistent)
+    gc.collect()
+    gc.disable()
+    try:
+        with quiet():
+            for make in (DataLoader, lambda ds, **kw: cached(ds, session, f"d{persistent}", **kw)):
+                loader = make(ds, **kw)
+                assert len(list(loader)) == 6
+                it = iter(loader)
+                next(it)
+                del it
+                gone = weakref.ref(loader)
+                del loader
+                # A thread of the broken-off pass ends after the row it
+                # waits for (close() does not wait for it), then lets go.
+                assert wait_for(lambda: gone() is None, what="the dropped loader to be freed")
+                assert wait_for(lambda: not mp.active_children(), what="workers to end")
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_whose_batches_failed_is_freed_when_dropped(server, session, num_workers):
+    """A failed batch's exception, once the script let go of it, keeps
+    nothing of the pass (no cycle through its traceback)."""
+    ds = cd.Flaky(12, bad=[3, 9])
+    gc.collect()
+    gc.disable()
+    try:
+        for make in (DataLoader, lambda ds, **kw: cached(ds, session, f"f{num_workers}", **kw)):
+            loader = make(ds, batch_size=2, num_workers=num_workers)
+            # outcomes() would keep the exceptions, whose tracebacks hold
+            # its frame: a cycle of the test's own.
+            kinds, it = [], iter(loader)
+            for _ in range(8):
+                try:
+                    kinds.append(type(next(it)).__name__)
+                except StopIteration:
+                    break
+                except ValueError as e:
+                    kinds.append(re.findall(r"bad sample", str(e))[-1])
+            assert kinds.count("bad sample") == 2 and len(kinds) == 6, kinds
+            del it
+            gone = weakref.ref(loader)
+            del loader
+            assert wait_for(lambda: gone() is None, what="the dropped loader to be freed")
+            assert wait_for(lambda: not mp.active_children(), what="workers to end")
+    finally:
+        gc.enable()

@@ -373,17 +373,20 @@ def test_python_numbers_come_back_as_the_numbers_they_were():
     """A Python int, float or bool is stored tagged as a number and decodes
     to that Python number as a sample (torch); numpy scalars, 0-d arrays and
     0-d tensors stay tensors; numpy rows keep 0-d arrays."""
+    # numpy.float64 and complex128 are Python numbers too (subclasses):
+    # still numpy scalars, as default_convert sees them.
     sample = (np.arange(3, dtype=np.uint8), 7, 2.5, True, np.int64(3), np.array(4),
-              torch.tensor(5))
+              torch.tensor(5), np.float64(6), np.complex128(7))
     cols = rows.encode(sample)
     tagged = [rows.split_name(n)[1] == rows.NUMBER_TAG for n, _, _ in cols]
-    assert tagged == [False, True, True, True, False, False, False]
+    assert tagged == [False, True, True, True, False, False, False, False, False]
     assert [d for _, d, _ in cols][1:4] == ["int64", "float64", "bool"]
     got = rows.decode(cols, torch=True)
     assert [type(v) for v in got[1:4]] == [int, float, bool]
     assert got[1:4] == (7, 2.5, True)
     assert all(isinstance(v, torch.Tensor) and v.shape == () for v in got[4:])
-    assert [int(v) for v in got[4:]] == [3, 4, 5]
+    assert [int(v.real) for v in got[4:]] == [3, 4, 5, 6, 7]
+    assert [got[7].dtype, got[8].dtype] == [torch.float64, torch.complex128]
     # numpy rows (DatasetCache.get) keep 0-d arrays for every number.
     got = rows.decode(cols, torch=False)
     assert all(isinstance(v, np.ndarray) and v.shape == () for v in got[1:])

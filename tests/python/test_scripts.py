@@ -64,3 +64,17 @@ def test_cache_sh_usage_errors(tmp_path):
     r = subprocess.run([str(CACHE_SH), str(tmp_path), "zero"], capture_output=True,
                        text=True)
     assert r.returncode != 0 and "NUM_DEVICES" in r.stderr
+
+
+def test_cache_sh_refuses_a_session_id_that_is_no_number_before_any_device(tmp_path):
+    """Once one traceback or usage text per device; now one line naming the
+    value and the fix, and no device is started."""
+    for bad in ("abc", "-1", "1 2", "4294967296", "99999999999"):
+        r = subprocess.run([str(CACHE_SH), str(tmp_path), "3"],
+                           env=dict(os.environ, SESSION_ID=bad),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, (bad, r.stderr)
+        assert r.stderr == ("cache.sh: SESSION_ID must be a session id from 'shmcache -g' "
+                            f"(a number in 0..4294967295), got '{bad}'; unset it to create "
+                            "a session\n"), (bad, r.stderr)
+        assert r.stdout == "", (bad, r.stdout)

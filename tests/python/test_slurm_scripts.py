@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ADMIN, PYTHONPATH, ROOT, free_port, wait_for, _alive, _segments
+from conftest import (ADMIN, PYTHONPATH, ROOT, free_port, huge_dir, release_huge_dir,
+                      wait_for, _alive, _segments)
 
 SLURM = ROOT / "examples" / "slurm"
 JOB_ID = 4242
@@ -242,6 +243,39 @@ def test_epilog_never_kills_another_users_process_named_in_the_lock_file(open_to
         victim.wait()
 
 
+def test_epilog_terminates_a_server_that_does_not_answer(open_top):
+    """A server that answers no --stop (here an admin that gets no answer:
+    a hung server costs the admin's timeouts, a minute) is signalled by the
+    epilog, as the job's user (a listed pid that went to another user's
+    process meanwhile is refused the signal), and its segments removed."""
+    nobody = _nobody_job_possible()
+    bin_dir = open_top / "bin"
+    bin_dir.mkdir(mode=0o755)
+    no_answer = bin_dir / "shmcache"
+    no_answer.write_text(
+        "#!/bin/sh\n"
+        "for a in \"$@\"; do\n"
+        "  case $a in --stop|-d) echo 'no answer' >&2; exit 1;; esac\n"
+        "done\n"
+        f'exec {ADMIN} "$@"\n')
+    no_answer.chmod(0o755)
+    job = FakeJob(open_top / "state", uid=nobody)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    pid = job.server_pid(exports)
+    assert job.task()[0] == "5"
+    job.env["SHMCACHE_BIN"] = str(bin_dir)
+    try:
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert "did not stop (no answer); terminating it" in r.stderr, r.stderr
+        assert not _alive(pid)
+        assert job.leftovers() == []
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_epilog_does_not_block_on_a_fifo_in_the_run_dir(state_dir):
     job = FakeJob(state_dir)
     assert job.run("prolog.sh").returncode == 0
@@ -279,6 +313,107 @@ def test_prolog_refuses_a_state_dir_others_can_write_and_writes_through_no_link(
     assert _segments(job.port, nobody) == []
     _, exports = job.task_env()              # the tasks read from the source
     assert exports["SESSION_ID"] == "0"
+
+
+def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(open_top):
+    """The huge-page tmpfs path is in /dev/shm, where the job's user can put
+    a directory and, once the epilog has checked it, swap in a link to any
+    mount (umount follows links); the shm dir in the env file is what the
+    user's server answered. Here the user's server says the huge path and
+    the check is passed by a directory of the user's holding a mount of
+    root's: what umount reaches after a swap won. A server of a user who is
+    not root cannot have mounted anything, so the epilog unmounts nothing."""
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state", uid=nobody)
+    assert job.run("prolog.sh").returncode == 0
+    _, exports = job.task_env()
+    job.user_stops_the_server(exports)
+    huge = Path(huge_dir(job.port, nobody))
+    env_file = job.state_dir / f"job{job.job_id}.env"
+    env_file.write_text("".join(
+        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
+        for line in env_file.read_text().splitlines()))
+    r = subprocess.run(job.as_user(["mkdir", "-m", "0755", str(huge)]),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "roots", str(huge)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(huge), f"the epilog unmounted root's mount: {r.stderr}"
+    finally:
+        release_huge_dir(job.port, nobody)
+    assert job.leftovers() == []
+
+
+def test_a_forged_shm_dir_adds_no_line_to_the_env_file_and_the_server_stops(state_dir, tmp_path):
+    """The prolog records the shm dir the job's server reports. The job's
+    user owns the run dir and can answer on its socket instead (a process of
+    another of their jobs on the node); an answer naming two shm dirs, the
+    second "SHMCACHE_PORT=1", once put a second port line in root's env
+    file, and the epilog, finding no one port there, left the server
+    running after the job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    forged = bin_dir / "shmcache"
+    forged.write_text(
+        "#!/bin/sh\n"
+        "for a in \"$@\"; do\n"
+        "  [ \"$a\" = --server_info ] && printf '{\\n  \"shm_dir\": \"/dev/shm\",\\n"
+        "  \"shm_dir\": \"SHMCACHE_PORT=1\"\\n}\\n' && exit 0\n"
+        "done\n"
+        f'exec {ADMIN} "$@"\n')
+    forged.chmod(0o755)
+    job = FakeJob(state_dir)
+    job.env["SHMCACHE_BIN"] = str(bin_dir)
+    try:
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+        env_file = job.state_dir / f"job{job.job_id}.env"
+        assert [line for line in env_file.read_text().splitlines()
+                if line.startswith("SHMCACHE_PORT=")] == [f"SHMCACHE_PORT={job.port}"]
+        _, exports = job.task_env()
+        assert exports["SHMCACHE_PORT"] == str(job.port)
+        pid = job.server_pid(exports)
+        r = job.run("epilog.sh")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert not _alive(pid), "the server outlived the job"
+        assert job.leftovers() == []
+    finally:
+        subprocess.run([str(ADMIN), "-p", str(job.port), "--stop"], capture_output=True,
+                       env=dict(job.env, SHMCACHE_RUN_DIR=str(job.job_dir())), timeout=60)
+
+
+def test_a_state_dir_under_a_directory_others_may_write_is_refused(open_top):
+    """Root's own state dir is no better than the directory it is in: where
+    the job's user may write that (no sticky bit), they can rename root's
+    state dir away and put their own, or a link, at its name between the
+    prolog's checks and its writes."""
+    shared = open_top / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = shared / "state"
+    state.mkdir(mode=0o755)
+    job = FakeJob(state)
+    r = job.run("prolog.sh")
+    assert r.returncode == 0, r.stderr       # never drain the node
+    assert f"the state dir {state} is under {shared}, which another user" in r.stderr, r.stderr
+    assert "training goes on without the cache" in r.stderr
+    assert os.listdir(state) == []
+    assert _segments(job.port) == []
+    _, exports = job.task_env()              # the tasks read from the source
+    assert exports["SESSION_ID"] == "0"
+    os.chmod(shared, 0o1777)                 # sticky: names there stay their owner's
+    try:
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+    finally:
+        r = job.run("epilog.sh")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert job.leftovers() == []
 
 
 def test_a_state_dir_anyone_can_write_is_refused(state_dir):

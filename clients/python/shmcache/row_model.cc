@@ -186,15 +186,17 @@ py::tuple EncodeLeaf(const std::string& name, py::handle v) {
     *a.mutable_data() = static_cast<int64_t>(value);
     return Column(NumberName(name), a, DType::kInt64);
   }
-  if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr())) {
-    py::array a = Native(v);
-    DType dt = FromNumpy(a.dtype());
-    return Column(NumberName(name), a, dt);
-  }
+  // Before the float check: numpy.float64 is a Python float too, and a
+  // numpy scalar comes back as a 0-d tensor, as DataLoader converts it.
   if (PyComplex_Check(v.ptr()) || py::isinstance(v, Numpy().generic)) {
     py::array a = Native(v);
     DType dt = FromNumpy(a.dtype());
     return Column(name, a, dt);
+  }
+  if (PyBool_Check(v.ptr()) || PyFloat_Check(v.ptr())) {
+    py::array a = Native(v);
+    DType dt = FromNumpy(a.dtype());
+    return Column(NumberName(name), a, dt);
   }
   if (std::optional<py::array> plain = PlainTensorArray(v)) {
     py::array a = Native(*plain);

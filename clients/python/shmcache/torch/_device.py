@@ -5,11 +5,13 @@ of each batch to a CUDA device on a side stream (data sinking).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 __all__ = ["batch_device", "tree_map", "CudaStage"]
 
@@ -24,13 +26,25 @@ def batch_device(device: Any, pin_memory: Any) -> torch.device | None:
         raise ValueError(f"device {str(dev)!r} is not supported: use 'cpu' or 'cuda'")
     if not torch.cuda.is_available():
         if pin_memory:
-            # As DataLoader: a warning, and batches in ordinary memory.
-            warnings.warn("'pin_memory' argument is set as true but CUDA is not "
-                          "available, so pinned memory won't be used", stacklevel=3)
+            # As DataLoader: batches in ordinary memory, and what the
+            # installed torch's DataLoader warns (1.13: nothing).
+            for message, category in _dataloader_pin_warnings():
+                warnings.warn(message, category, stacklevel=3)
         if dev is not None and dev.type == "cuda":
             raise RuntimeError(f"CUDA is not available: device={str(dev)!r} cannot "
                                "receive batches; pass device=None or 'cpu'")
     return None if dev is None or dev.type == "cpu" else dev
+
+
+@functools.lru_cache(maxsize=None)
+def _dataloader_pin_warnings() -> tuple[tuple[str, type[Warning]], ...]:
+    """The warnings the installed torch's DataLoader gives a pass with
+    pin_memory=True where CUDA is not available (torch 1.13 gives none,
+    later versions one), found once by starting such a pass."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        iter(DataLoader(TensorDataset(torch.zeros(1)), pin_memory=True))
+    return tuple((str(w.message), w.category) for w in caught)
 
 
 def tree_map(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:

@@ -119,13 +119,31 @@ class WorkerError:
                                                if exc is not None else None))
 
     def exception(self) -> BaseException:
+        """The exception to raise, made as torch's ExceptionWrapper.reraise
+        makes DataLoader's: a KeyError's message reads as a message (not
+        as a quoted key), a type with a `message` field gets it by keyword,
+        a type that takes other arguments becomes a RuntimeError."""
         msg: Any = self.message
-        if self.exc_type is KeyError:    # KeyError quotes its argument
-            msg = KeyError(msg)
+        make: Any = self.exc_type
+        if make is KeyError:
+            msg = _KeyErrorMessage(msg)
+        elif getattr(make, "message", None):
+            try:
+                return make(message=msg)
+            except Exception:   # noqa: BLE001 -- as below
+                return RuntimeError(self.message)
         try:
-            return self.exc_type(msg)
+            return make(msg)
         except Exception:   # noqa: BLE001 -- a type that wants other arguments
             return RuntimeError(self.message)
+
+
+class _KeyErrorMessage(str):
+    """KeyError shows its argument's repr(): this str's is itself, so a
+    worker's KeyError reads as DataLoader's does."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
@@ -318,15 +336,22 @@ class Ticket:
 
     def result(self, timeout: float | None = None) -> list[Computed]:
         """The batch's rows, in order; raises the batch's exception, the
-        pool's failure, or Closed; TimeoutError after `timeout` s."""
+        pool's failure, or Closed (once: the ticket lets go of it);
+        TimeoutError after `timeout` s."""
         if not self._done.wait(timeout):
             raise TimeoutError("the worker has not answered")
-        err = self._error
-        if isinstance(err, WorkerError):
-            raise err.exception()
-        if err is not None:
-            raise err
-        assert self._rows is not None
+        # The exception is handed over, not kept: its traceback holds this
+        # frame and the caller's, a cycle through the ticket that would
+        # keep a closed pass and its loader until the cyclic collector ran.
+        err, self._error = self._error, None
+        try:
+            if isinstance(err, WorkerError):
+                raise err.exception()
+            if err is not None:
+                raise err
+        finally:
+            del err
+        assert self._rows is not None, "Ticket.result() after it raised"
         return self._rows
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import operator
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -139,8 +141,13 @@ class Pipeline:
         self.tuner = state.tuner
         self.auto = loader.batch_sampler is not None   # batches, not samples one by one
         self.turn = MissTurn()
-        self.assembler = BatchAssembler(loader, state, pool, self.turn, self._workers_busy,
-                                        self._threads)
+        # The assembler calls back weakly: a cycle through it would keep the
+        # pass, the loader, its buffers and persistent workers alive after
+        # `del loader` until the cyclic collector ran, where DataLoader's
+        # end at once.
+        self.assembler = BatchAssembler(loader, state, pool, self.turn,
+                                        _weakly(self._workers_busy, None),
+                                        _weakly(self._threads, 1))
         self._draw = threading.Lock()
         self.cond = threading.Condition()
         self._source, self._first = source, first
@@ -219,6 +226,8 @@ class Pipeline:
                     self.ready[self.next_no - 1] = (False, item, 0)
                     self.cond.notify_all()
                     self.turn.passed(self.next_no - 1)
+                    # Its traceback holds this frame: no cycle through `item`.
+                    del item
                     return None
                 return self.next_no - 1, item
 
@@ -248,6 +257,10 @@ class Pipeline:
                 if not self.stopped:
                     self.ready[number] = result
                 self.cond.notify_all()
+            # A failed batch's traceback holds this frame: a cycle through
+            # `result` would keep the pass and the loader until the cyclic
+            # collector runs.
+            del result
 
     # ---- consumer -------------------------------------------------------
 
@@ -266,8 +279,12 @@ class Pipeline:
         waited, step = now - t0, now - (self._last or t0)
         self._last = now
         if not ok:
-            # As DataLoader: this batch raises, the pass goes on.
-            raise batch
+            # As DataLoader: this batch raises, the pass goes on (without a
+            # cycle through this frame, which its traceback holds).
+            try:
+                raise batch
+            finally:
+                del batch, item
         self.state.count(batches=1, bytes=nbytes, wait_s=waited, step_s=step)
         if self.tuner.observe(waited, step, nbytes, self.state.counts["busy_s"],
                               self.live):
@@ -312,6 +329,17 @@ class Pipeline:
                 t.join(max(0.0, deadline - time.monotonic()))
         with self.cond:
             self.ready.clear()
+
+
+def _weakly(method: Callable[[], Any], gone: Any) -> Callable[[], Any]:
+    """`method` of an object not kept alive by the callable (`gone` once
+    the object is)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> Any:
+        bound = ref()
+        return gone if bound is None else bound()
+    return call
 
 
 def _row_id(index: Any) -> int:

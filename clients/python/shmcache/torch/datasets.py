@@ -180,6 +180,10 @@ class CachedDataset(Dataset):
             raise ValueError("pass transforms= (the whole sample) or "
                              "transform= / target_transform=, not both")
         column_names(columns)   # a bad selection fails here, not per sample
+        if isinstance(dataset, IterableDataset):
+            raise TypeError(f"CachedDataset caches a map-style dataset (rows by index); "
+                            f"{type(dataset).__name__} is an IterableDataset: use "
+                            f"CachedIterableDataset(source, cache) under a DataLoader")
         self.dataset = dataset
         self.cache = cache_for_dataset(dataset, cache, name, allow_random,
                                        bypass_unknown=True)

@@ -58,13 +58,17 @@ Contract:
   index tensor).
 - CachedDataset's transforms (apply_transforms) and transform= run per
   sample in the loader's threads; batch_transform= on each whole batch.
+  A random transform draws from the process's global generators, as the
+  threads and the training loop interleave: not DataLoader's seeded
+  workers' draws, nor the same ones run to run (docs/python.md).
 - num_threads / prefetch "auto": tuned while running (_autotune.py),
   prefetch bounded by max_prefetch_bytes of batches; stats() reports.
 - pin_memory / device: pinned batch buffers and a copy to the device on a
   side stream where CUDA is available (register_cache_pages=True: copied
   to the device straight from the cache's pages registered with CUDA,
-  _cache_pages.py); pin_memory=True without CUDA warns
-  once (as DataLoader) and goes on unpinned; device="cuda" without CUDA
+  _cache_pages.py); pin_memory=True without CUDA goes on unpinned, with
+  the warning the installed torch's DataLoader gives (1.13: none), once
+  per loader; device="cuda" without CUDA
   raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
   pin_memory_device is accepted (pinned memory is CUDA's).
 - An iterator that is exhausted, closed (close()) or garbage-collected
@@ -75,7 +79,10 @@ Contract:
   + 2 batches for reuse by later batches and passes (freed with the
   loader); a buffer is reused only once no tensor over it is alive, and a
   batch none of whose rows was read holds none while its misses are
-  computed. A
+  computed. The loader and its passes form no reference cycle (a failed
+  batch's exception included), so a loader dropped by the script ends its
+  persistent workers and frees its buffers at once, as DataLoader's, not
+  when the cyclic collector runs. A
   cache whose daemon dies degrades to misses (one CacheWarning from the
   cache), so the epoch finishes from the source.
 - iter_source(source) runs a pass over a BatchSource (batch_source.py)
@@ -96,7 +103,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from .. import DatasetCache
 from ._autotune import AutoTune, usable_cpus
@@ -132,7 +139,9 @@ class CachedLoader(DataLoader[T_co]):
     loader's own options by keyword. See the module for the contract.
 
     dataset: a shmcache.torch.CachedDataset, or a map-style dataset to wrap
-      in CachedDataset(dataset, cache, name=name, allow_random=...).
+      in CachedDataset(dataset, cache, name=name, allow_random=...); an
+      IterableDataset is refused (TypeError): DataLoader(
+      CachedIterableDataset(source, cache)) streams one.
     batch_size, shuffle, sampler, batch_sampler, drop_last, generator:
       DataLoader's batches, drawn as DataLoader draws them; batch_size=None
       delivers samples one by one (collate_fn default_convert).
@@ -148,8 +157,9 @@ class CachedLoader(DataLoader[T_co]):
       to the next (started at the first miss, seeded once).
     timeout: seconds next() waits for a batch before RuntimeError
       ("DataLoader timed out after ... seconds").
-    pin_memory: pinned batches with CUDA (without it: one warning, as
-      DataLoader); pin_memory_device: accepted (pinned memory is CUDA's).
+    pin_memory: pinned batches with CUDA (without it: unpinned, with
+      DataLoader's warning if this torch's gives one); pin_memory_device:
+      accepted (pinned memory is CUDA's).
     num_threads, prefetch: threads assembling batches and batches kept
       ready ahead of the consumer; "auto" (default) tunes them at run time.
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
@@ -186,6 +196,11 @@ class CachedLoader(DataLoader[T_co]):
                  max_prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  name: str | None = None, allow_random: bool = False,
                  register_cache_pages: bool = False) -> None:
+        if isinstance(dataset, IterableDataset):
+            # DataLoader takes one; batches read by index cannot.
+            raise TypeError(f"CachedLoader reads batches by index from a map-style "
+                            f"dataset; {type(dataset).__name__} is an IterableDataset: use "
+                            f"DataLoader(CachedIterableDataset(source, cache), ...)")
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
                 raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "
