@@ -343,6 +343,16 @@ int Run(DaemonOptions& opts) {
   // Held from the start, so that a process given the watched pid after it
   // is gone is not taken for it.
   ProcessHandle watched(opts.watch_pid);
+  // One already gone would stop the server 200 ms after --start reported
+  // success.
+  if (opts.watch_pid > 0 && watched.Gone()) {
+    return Fail(
+        opts.ready_fd,
+        fmt::format("the process to watch (SHMCACHE_WATCH_PID, --watch_pid) {} is "
+                    "not running: the server would stop at once; unset it or set "
+                    "it to the pid of a live process",
+                    opts.watch_pid));
+  }
   InstancePaths paths = MakeInstancePaths(opts.port, opts.run_dir, opts.shm_dir);
   // Before anything is created: a socket path that cannot be bound would
   // otherwise be found only after the shared memory is set up.

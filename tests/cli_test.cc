@@ -3,6 +3,7 @@
 // output, and two instances side by side.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <regex>
@@ -570,6 +571,22 @@ TEST_F(CliTest, RelativeRunOrShmDirIsRefusedBeforeAnythingIsMade) {
               std::string::npos)
         << cmd << r.Describe();
   }
+}
+
+// A watched process already gone: the start is refused, rather than
+// reported a success by a server that stops 200 ms later.
+TEST_F(CliTest, AWatchedProcessAlreadyGoneIsRefused) {
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its pid names no process
+  const std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
+  ExpectError({"--start", "-p", "23459", "--shm_dir", shm},
+              "the process to watch (SHMCACHE_WATCH_PID, --watch_pid) " +
+                  std::to_string(child) + " is not running",
+              {{"SHMCACHE_WATCH_PID", std::to_string(child)}});
+  EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
+  RemoveTree(shm);
 }
 
 TEST_F(CliTest, StartWithOptionsIsReported) {
