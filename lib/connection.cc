@@ -47,7 +47,9 @@ Status Connection::Open(const std::string& socket_path, int port, int timeout_ms
     if (e == EACCES || e == EPERM) {
       return Status::PermissionDenied(
           fmt::format("permission denied connecting to the cache server on port {} ({}): "
-                      "it belongs to another user",
+                      "it belongs to another user, and a server serves only its own; "
+                      "start one of yours with 'shmcache --start', with SHMCACHE_RUN_DIR "
+                      "unset or a directory of your own",
                       port, socket_path));
     }
     return Status::Unavailable(

@@ -368,6 +368,27 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_NE(again.err.find("not running"), std::string::npos) << again.Describe();
 }
 
+// Another user's server (its run dir, 0700, given as SHMCACHE_RUN_DIR): the
+// message says whose it is and what to do instead.
+TEST_F(CliTest, AnotherUsersServerIsRefusedWithTheFix) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the admin as another user";
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  CommandResult r =
+      RunCommand({AdminPath(), "--list_sessions", "-p", std::to_string(server.port())},
+                 {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
+  if (r.exit_code == 126 || r.exit_code == 127) {
+    GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
+  }
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("it belongs to another user, and a server serves only its own; "
+                       "start one of yours with 'shmcache --start', with "
+                       "SHMCACHE_RUN_DIR unset or a directory of your own"),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 TEST_F(CliTest, SessionThatDoesNotExist) {
   TestServer server;
   ASSERT_TRUE(server.ok());
