@@ -182,3 +182,9 @@ class Raising(Dataset):
         if i == self.at:
             raise self.exc("row", i) if self.exc is TwoArgs else self.exc(f"no row {i}")
         return i
+
+
+def failing_init(wid):
+    """worker_init_fn that raises in every worker (before it configures
+    its dataset)."""
+    raise ValueError(f"worker_init_fn failed in worker {wid}")

@@ -376,3 +376,29 @@ def test_a_loader_whose_batches_failed_is_freed_when_dropped(server, session, nu
             assert wait_for(lambda: not mp.active_children(), what="workers to end")
     finally:
         gc.enable()
+
+
+# ---- a worker_init_fn that raises ---------------------------------------
+
+def test_a_failing_worker_init_fn_fails_every_batch_of_its_worker(server, session):
+    """DataLoader raises at every next() of a pass whose workers' init
+    failed (torch 1.13: the user's exception, then an UnboundLocalError of
+    its own). CachedLoader, cold (every row a miss, computed by the
+    workers), raises the user's exception at each next(), with its type,
+    message and the worker's traceback, computes nothing with a worker
+    never set up, ends the pass, and leaves no worker."""
+    ds = cd.Configured(12)
+    kw = dict(batch_size=2, num_workers=2, worker_init_fn=cd.failing_init)
+    with quiet():
+        want = outcomes(DataLoader(ds, **kw))
+        assert wait_for(no_children, timeout=30, what="workers to end")
+        got = outcomes(cached(ds, session, "initfail", **kw))
+        assert wait_for(no_children, timeout=30, what="workers to end")
+    assert [k for k, _ in want] == ["error"] * 6
+    assert [k for k, _ in got] == ["error"] * 6
+    for n, (_, e) in enumerate(got):
+        text = str(e)
+        assert type(e) is ValueError, text
+        assert f"worker_init_fn failed in worker {n % 2}" in text, text
+        assert f"Caught ValueError in CachedLoader worker process {n % 2}" in text, text
+        assert "Traceback" in text and "in failing_init" in text, text

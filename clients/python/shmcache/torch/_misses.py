@@ -28,8 +28,12 @@ marks; the others come back as Columns: PartitionedLoader's rows of
 another node) and answers with the batch's Computed rows (a stored row
 travels as None: nothing of it is pickled), or with the exception that
 failed the batch (re-raised in the trainer as DataLoader re-raises a
-worker's, naming the worker). A worker_init_fn that raises fails the
-worker's first batch, and the worker goes on, as in DataLoader.
+worker's, naming the worker). A worker whose worker_init_fn raised fails
+every batch it gets with that exception (its type, message and the
+worker's traceback), and computes none: its dataset was never set up. As
+in DataLoader, whose batches from such a worker all raise too (torch 1.13
+raises the user's exception for the first, then an UnboundLocalError of
+its own); the pass goes on to its end and the workers end with it.
 
 Failures: a worker that dies fails every batch waiting for it or sent
 after, with DataLoader's words ("DataLoader worker (pid N) is killed by
@@ -222,7 +226,7 @@ class MissTurn:
 
 # ---- the worker side ------------------------------------------------------
 
-# The exception of this worker's worker_init_fn, for its first batch.
+# The exception of this worker's worker_init_fn, for each of its batches.
 _init_error: WorkerError | None = None
 
 
@@ -237,8 +241,8 @@ class _WorkerInit:
     memory: the trainer sees it even if the worker dies at once), a thread
     that ends the worker when its parent is gone (DataLoader's own watchdog
     looks only between tasks, and a worker's one task lasts the pool's
-    life), then the user's worker_init_fn, whose exception fails the
-    worker's first batch."""
+    life), then the user's worker_init_fn, whose exception fails every
+    batch of the worker."""
 
     def __init__(self, pids: Any, user: Callable[[int], None] | None) -> None:
         self.pids, self.user = pids, user
@@ -251,7 +255,7 @@ class _WorkerInit:
         if self.user is not None:
             try:
                 self.user(worker_id)
-            except Exception:   # noqa: BLE001 -- the first batch raises it
+            except Exception:   # noqa: BLE001 -- each batch raises it
                 _init_error = WorkerError(f"in CachedLoader worker process {worker_id}")
 
 
@@ -277,7 +281,6 @@ class _Serve:
         self.cds, self.tasks, self.results, self.stop = cds, tasks, results, stop
 
     def __call__(self, _batch: list[Any]) -> list[Any]:
-        global _init_error
         info = get_worker_info()
         assert info is not None, "the serve loop runs in a DataLoader worker"
         wid, ds = info.id, info.dataset
@@ -290,9 +293,8 @@ class _Serve:
             if task is None:
                 break
             key, ids, owned = task
-            if _init_error is not None:
-                error, _init_error = _init_error, None
-                self.results.put(("error", key, error))
+            if _init_error is not None:   # a worker never set up computes nothing
+                self.results.put(("error", key, _init_error))
                 continue
             try:
                 rows: list[Computed] = []
