@@ -188,3 +188,21 @@ def failing_init(wid):
     """worker_init_fn that raises in every worker (before it configures
     its dataset)."""
     raise ValueError(f"worker_init_fn failed in worker {wid}")
+
+
+class Gated(Dataset):
+    """Sample i (an int) is computed once gates[i] is set; sample 0 waits
+    on `block` (which the test sets to let its worker end). Bounded waits:
+    a test that fails does not leave a worker waiting for ever."""
+
+    def __init__(self, n, ctx):
+        self.n, self.root = n, f"gated-{n}"
+        self.block = ctx.Event()
+        self.gates = [ctx.Event() for _ in range(n)]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        (self.block if i == 0 else self.gates[i]).wait(120)
+        return i

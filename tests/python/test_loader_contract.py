@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import threading
 import warnings
 import weakref
 
@@ -241,6 +242,44 @@ def test_a_timeout_says_what_dataloader_says(server, session):
             next(it)
         del it
         assert wait_for(no_children, timeout=30, what="workers to end")
+
+
+def test_a_timeout_is_one_deadline_for_the_whole_next(server, session):
+    """timeout= bounds next() as DataLoader's bounds its queue read, even
+    while other batches keep being filed (each wakes the waiting next()):
+    batch 0 never comes (nor the batches after it on its worker), the
+    batches after it are released one by one, T/4 apart (each of the
+    other worker's then wakes the waiter), for 4 T in all. next() raises
+    while they are still coming; a wait that restarted at each wake-up
+    would raise only once they stopped."""
+    T = 3
+    n = 17   # batch 0, then 16 released over 4 T
+    ds = cd.Gated(n, mp.get_context("fork"))
+    loader = cached(ds, session, "gated", batch_size=1, num_workers=2, prefetch_factor=8,
+                    timeout=T, multiprocessing_context="fork")
+    returned, released_all = threading.Event(), threading.Event()
+
+    def release():
+        for k in range(1, n):
+            if returned.wait(T / 4):
+                return
+            ds.gates[k].set()
+        released_all.set()
+    releaser = threading.Thread(target=release)
+    it = iter(loader)
+    releaser.start()
+    try:
+        with pytest.raises(RuntimeError, match=rf"DataLoader timed out after {T} seconds"):
+            next(it)
+        assert not released_all.is_set(), "next() waited until the wake-ups stopped"
+    finally:
+        returned.set()
+        releaser.join()
+        ds.block.set()
+        for g in ds.gates:
+            g.set()
+        del it, loader
+    assert wait_for(no_children, timeout=30, what="workers to end")
 
 
 def children_end_despite_sigchld_reports():

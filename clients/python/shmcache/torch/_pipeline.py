@@ -295,13 +295,23 @@ class Pipeline:
         return stage.finish(batch) if stage is not None else batch
 
     def _wait_batch(self) -> tuple[bool, Any, int] | None:
-        """The next batch's (ok, batch or exception, bytes); None at the end."""
+        """The next batch's (ok, batch or exception, bytes); None at the end.
+        With a timeout, one deadline for the whole wait: the condition
+        wakes whenever any batch is filed, and a wait restarted at each
+        wake-up could last far beyond it."""
         timeout = self.loader.timeout or None
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
             while self.consumed not in self.ready:
                 if self.stopped or (self.end is not None and self.consumed >= self.end):
                     return None
-                if not self.cond.wait(timeout) and timeout:
+                if deadline is None:
+                    self.cond.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                else:
                     raise RuntimeError(f"DataLoader timed out after {self.loader.timeout} "
                                        f"seconds (CachedLoader, waiting for batch "
                                        f"{self.consumed})")
