@@ -92,7 +92,7 @@ def test_full_part_way_keeps_what_was_stored_with_one_warning(server, session):
     assert stored == [True] * k + [False] * (16 - k)
     assert later == [False] * 4
     (msg,) = cache_warnings(w)
-    assert msg.startswith("shmcache: the cache is full ("), msg
+    assert msg.startswith("shmcache: cache ") and " is full: " in msg, msg
     assert "cached rows are still served" in msg
     assert all(c.get(i) is not None for i in range(k))
     assert not c.accepting
@@ -135,3 +135,42 @@ def test_unreachable_server_drops_the_batch_with_one_warning(server, session):
     (msg,) = cache_warnings(w)
     assert msg.startswith("shmcache: the cache server is unreachable ("), msg
     assert c.get(0) is not None                 # reads of shared memory go on
+
+
+def _one_cache_warning(record):
+    (w,) = [x for x in record if x.category is CacheWarning]
+    return w
+
+
+@pytest.mark.parametrize("entry", ["put", "put_batch"])
+def test_the_full_warning_names_the_callers_line_and_says_it_once(server, session, entry):
+    """The CacheWarning of a full cache points at the user's put (not at
+    the package's own line: put and put_batch reach it through different
+    depths) and says "full" once, with the library's numbers and the fix."""
+    c = DatasetCache(session, size_mb=8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        if entry == "put":
+            for i in range(16):
+                c.put(i, MB)
+        else:
+            c.put_batch(range(16), [MB] * 16)
+    w = _one_cache_warning(w)
+    assert w.filename == __file__, (w.filename, w.lineno)
+    msg = str(w.message)
+    assert msg.count("full") == 1, msg
+    assert "is full: its budget of 8 MB is used up" in msg, msg
+    assert "size_mb" in msg and "cached rows are still served" in msg, msg
+
+
+def test_other_warnings_name_the_callers_line(server, session):
+    """A row too large (put's own path) and a bypassed cache (the
+    constructor's) warn at the user's line too."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        DatasetCache(session, size_mb=8).put(0, np.zeros(12 << 20, dtype=np.uint8))
+    assert _one_cache_warning(w).filename == __file__
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        DatasetCache(0)
+    assert _one_cache_warning(w).filename == __file__

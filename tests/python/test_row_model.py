@@ -311,7 +311,7 @@ def test_full_error_carries_its_reason(start_server):
             if not c.put(i, np.zeros(64 << 10, np.uint8)):
                 break
     msgs = [str(x.message) for x in w if x.category is CacheWarning]
-    assert msgs and "the cache is full" in msgs[0]
+    assert msgs and "is full: its budget of 1 MB is used up" in msgs[0], msgs
     native = c.open().native
     with pytest.raises(shmcache.FullError) as e:
         native.put(10_000, rows.encode(np.zeros(64 << 10, np.uint8)))

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from . import _shmcache
 from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, ids_array,
                       session_from_env)
-from ._degrade import CAP_BOUNDS, CacheWarning, State, cause
+from ._degrade import CAP_BOUNDS, CacheWarning, State, describe, user_stacklevel
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
@@ -198,9 +198,9 @@ class DatasetCache:
 
     def _degrade(self, state: State, err: Error, what: str | None = None) -> None:
         """Moves to `state` (never back) and warns once per object: `what`
-        (default: the cause of err), err's message, and what happens now."""
+        (default: describe(err)), err's message, and what happens now."""
         self._state = max(self._state, state)
-        self._warn_once(f"{what or cause(err)} ({err})")
+        self._warn_once(f"{what} ({err})" if what else describe(err))
 
     def _warn_once(self, what: str) -> None:
         """The object's one CacheWarning: `what` stopped the cache, and what
@@ -212,8 +212,8 @@ class DatasetCache:
             now = "the cache is bypassed and rows are read from the source"
         else:
             now = "new rows are not cached, cached rows are still served"
-        # The caller of bypass() or _degrade()'s caller.
-        warnings.warn(f"shmcache: {what}; {now}", CacheWarning, stacklevel=4)
+        warnings.warn(f"shmcache: {what}; {now}", CacheWarning,
+                      stacklevel=user_stacklevel())
 
     def _connect(self) -> _shmcache.Client:
         if self._client is None:
@@ -298,7 +298,7 @@ class DatasetCache:
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
             f"and rows beyond it are read from the source. Fix: {fix}",
-            CacheWarning, stacklevel=4)
+            CacheWarning, stacklevel=user_stacklevel())
 
     @property
     def size(self) -> int:
@@ -342,7 +342,7 @@ class DatasetCache:
                 self._warned_row = True
                 warnings.warn(f"shmcache: row {row_id} cannot be cached ({err}); "
                               "rows like it are read from the source",
-                              CacheWarning, stacklevel=4)
+                              CacheWarning, stacklevel=user_stacklevel())
         elif isinstance(err, FullError):
             # Later puts still go to the cache, which refuses them without a
             # round trip and counts them (stats()["puts_full"], the metrics).

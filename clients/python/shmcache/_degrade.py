@@ -7,11 +7,28 @@ server's cap, which bound set the cap and how to raise it).
 from __future__ import annotations
 
 import enum
+import os
+import sys
 
 from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
                         PermissionDeniedError, UnavailableError)
 
-__all__ = ["CacheWarning", "State", "cause", "CAP_BOUNDS"]
+__all__ = ["CacheWarning", "State", "cause", "describe", "user_stacklevel", "CAP_BOUNDS"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The stacklevel that makes a warnings.warn() called by this
+    function's caller point at the first frame outside this package (the
+    user's put, get, loader...): entry points reach a warning through
+    different depths, so a fixed stacklevel named the package's own line."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 class CacheWarning(UserWarning):
@@ -48,6 +65,30 @@ def cause(err: Error) -> str:
     if isinstance(err, NotFoundError):
         return "the cache or its session no longer exists"
     return "the cache failed"
+
+
+# FullError.reason -> what to do about it.
+_FULL_FIXES = {
+    "budget": "open the cache with a larger size_mb, or with spilling=True",
+    "server_cap": "restart the server with a larger memory cap (-r, --memory_cap_mb), "
+                  "or destroy sessions no longer used (shmcache -d)",
+}
+
+
+def describe(err: Error) -> str:
+    """cause(err) and the library's message, said once: a FullError's
+    message already says the cache is full, with its numbers (the cache,
+    its budget or the cap), so it stands alone, followed by the fix."""
+    msg = str(err)
+    if not isinstance(err, FullError):
+        return f"{cause(err)} ({msg})"
+    msg = msg.removeprefix("Cache full: ")
+    if "is full" not in msg:
+        msg = f"{cause(err)} ({msg})"
+    reason = getattr(err, "reason", "")
+    fix = CAP_BOUNDS["shm_filesystem"][1] if reason == "shm_filesystem" \
+        else _FULL_FIXES.get(reason)
+    return f"{msg} (fix: {fix})" if fix else msg
 
 
 # What bounds a server's memory cap (the server info's memory_cap_bound):
