@@ -155,3 +155,19 @@ def test_missing_session_is_one_line_and_exit_1(server):
     r = run_prefill(server, 4242, "helpers:counted_images")
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1
     assert "does not exist" in r.stderr
+
+
+def test_help_explains_every_option():
+    """--help gives each option what it is and its default (argparse lists
+    an option without help= bare: its name alone)."""
+    r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "--help"],
+                       env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())   # argparse wraps to the terminal's width
+    for option, says in [("--session_id SESSION_ID", "shmcache -g"),
+                         ("-j WORKERS, --workers WORKERS", "default: min(4, CPUs)"),
+                         ("-p PORT, --port PORT", "default: $SHMCACHE_PORT, else 50052"),
+                         ("--spilling", "default: off")]:
+        at = out.find(f" {option} ", out.find("options:"))
+        assert at >= 0, (option, out)
+        assert says in out[at:at + len(option) + 200], (option, out[at:at + 300])

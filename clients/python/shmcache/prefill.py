@@ -489,15 +489,25 @@ def _parse(argv):
         description="Fill a shmcache cache from a dataset before training.")
     p.add_argument("dataset", help="CIFAR-10 binary directory, image folder, "
                    "or MODULE:FACTORY")
-    p.add_argument("--session_id", type=int, required=True)
-    p.add_argument("-j", "--workers", type=int, default=min(4, os.cpu_count() or 1))
-    p.add_argument("-p", "--port", type=int, default=None)
+    workers = min(4, os.cpu_count() or 1)
+    p.add_argument("--session_id", type=int, required=True,
+                   help="the session whose cache is filled (a number from "
+                   "`shmcache -g`; required)")
+    p.add_argument("-j", "--workers", type=int, default=workers,
+                   help="worker processes that compute the rows (default: "
+                   f"min(4, CPUs), here {workers})")
+    p.add_argument("-p", "--port", type=int, default=None,
+                   help="port of the cache server (default: $SHMCACHE_PORT, "
+                   "else 50052, as the client's)")
     p.add_argument("--transform", help="MODULE:FUNCTION for an image folder")
     p.add_argument("--cache_name", help="the cache's name (default: the "
                    "dataset's fingerprint, as CachedDataset names it)")
     p.add_argument("--size", type=int, default=0, help="cache size in MB (0: "
                    "as much as the server allows)")
-    p.add_argument("--spilling", action="store_true")
+    p.add_argument("--spilling", action="store_true",
+                   help="rows that do not fit in memory spill to the server's "
+                   "spill directory (`shmcache --start -s DIR`) instead of being "
+                   "left out (default: off, as DatasetCache(spilling=False))")
     p.add_argument("--progress_interval", type=float, default=5.0,
                    help="seconds between progress lines when not on a terminal")
     a = p.parse_args(argv)
