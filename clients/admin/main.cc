@@ -57,6 +57,12 @@ int RunStop(const ClientOptions& co, int port) {
   StopResult r;
   Status s = StopServer(co, &r);
   if (!s.ok()) return Fail(s.message());
+  if (r.not_running) {
+    // What the caller wanted holds (cleanup scripts run --stop blindly):
+    // success, said plainly, rather than an error that tells to start one.
+    fmt::print("No cache server is running on port {}; nothing to stop.\n", port);
+    return 0;
+  }
   if (r.was_starting) {
     fmt::print(
         "Cache server on port {} (process id {}) was still starting (not "

@@ -92,7 +92,10 @@ Status StopServer(const ClientOptions& co, StopResult* out) {
   int pid = 0;
   Status probe = ProbeInstanceLock(paths.lock_path, &held, &pid);
   if (!probe.ok()) return probe;
-  if (!held) return s;  // nobody holds the lock: not running
+  if (!held) {  // nobody holds the lock: not running
+    out->not_running = true;
+    return Status::OK();
+  }
   return StopStartingServer(pid, paths.lock_path, out);
 }
 

@@ -13,11 +13,14 @@ namespace shmcache::admin {
 struct StopResult {
   int pid = 0;
   bool was_starting = false;  // stopped by a signal before it answered
+  bool not_running = false;   // no server held the instance: nothing to stop
 };
 
 // Stops the server `co` names (port resolved) and waits, bounded, until
-// its process is gone. Unavailable ("not running") when no process holds
-// the instance lock.
+// its process is gone. OK with not_running when no process holds the
+// instance lock (what --stop is for already holds: a cleanup script's stop
+// succeeds). Errors: a server this user cannot stop or reach (another
+// user's, a bad run dir), or one that did not exit.
 Status StopServer(const ClientOptions& co, StopResult* out);
 
 }  // namespace shmcache::admin
