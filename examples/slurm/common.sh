@@ -68,6 +68,12 @@ state_dir_ok() {
     say "the state dir $state_dir is not an absolute path; set SHMCACHE_SLURM_STATE to one"
     return 1
   fi
+  # Not created here (nor its parents): a missing one is a typo more often
+  # than not, and the ancestry check below would call it another user's.
+  if [ ! -d "$(dirname "$state_dir")" ]; then
+    say "the state dir $state_dir cannot be made: $(dirname "$state_dir") does not exist; create it (root's, mode 0755), or set SHMCACHE_SLURM_STATE to a directory under one that exists (default /run/shmcache-slurm)"
+    return 1
+  fi
   if ! bad=$(unsafe_dir_on_the_way "$(dirname "$state_dir")"); then
     say "the state dir $state_dir is under $bad, which another user owns or may write (they could put a directory of their own in its place); put it under directories only $(id -un) may write (default /run/shmcache-slurm), or make $bad sticky (chmod +t)"
     return 1

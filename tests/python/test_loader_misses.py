@@ -374,6 +374,25 @@ def test_pin_memory_without_cuda_warns_as_dataloader_and_goes_on(server, session
     assert cds.flush(10)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_pin_memory_without_cuda_leaves_the_seeded_shuffle_as_dataloader_s(server, session):
+    """Finding the warnings DataLoader gives there starts a DataLoader pass,
+    which draws its base seed from torch's global generator: the first
+    CachedLoader(pin_memory=True) of a process once moved the trainer's
+    torch.manual_seed stream by one draw, so its shuffled order (and every
+    later random number) was not DataLoader's."""
+    from shmcache.torch import _device
+    cds = CachedDataset(Rows(32, "tuple"), DatasetCache(session))
+    orders = []
+    for make in (DataLoader, CachedLoader):
+        _device._dataloader_pin_warnings.cache_clear()   # as a process's first loader
+        torch.manual_seed(7)
+        loader = make(cds, batch_size=4, shuffle=True, pin_memory=True)
+        orders.append([b[1].tolist() for b in loader] + [torch.rand(2).tolist()])
+    assert orders[1] == orders[0]
+    assert cds.flush(10)
+
+
 # ---- samples the cache cannot hold ------------------------------------------------
 
 class Awkward(Dataset):

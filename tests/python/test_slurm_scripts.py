@@ -416,6 +416,23 @@ def test_a_state_dir_under_a_directory_others_may_write_is_refused(open_top):
     assert job.leftovers() == []
 
 
+def test_a_state_dir_whose_parent_is_missing_is_refused_saying_so(tmp_path):
+    """A state dir under a directory that does not exist cannot be made:
+    the scripts say so, not that another user owns or may write the
+    missing directory (the ancestry check once read it so, with
+    realpath's error line above), and the job runs from the source."""
+    state = tmp_path / "missing" / "state"
+    job = FakeJob(state)
+    for script in ("prolog.sh", "epilog.sh"):
+        r = job.run(script)
+        assert r.returncode == 0, r.stderr       # never drain the node
+        assert f"{state.parent} does not exist" in r.stderr, r.stderr
+        assert "another user" not in r.stderr and "realpath" not in r.stderr, r.stderr
+    assert not state.parent.exists()
+    _, exports = job.task_env()
+    assert exports["SESSION_ID"] == "0"
+
+
 def test_a_state_dir_anyone_can_write_is_refused(state_dir):
     state_dir.mkdir(mode=0o777)
     os.chmod(state_dir, 0o777)

@@ -40,10 +40,14 @@ def batch_device(device: Any, pin_memory: Any) -> torch.device | None:
 def _dataloader_pin_warnings() -> tuple[tuple[str, type[Warning]], ...]:
     """The warnings the installed torch's DataLoader gives a pass with
     pin_memory=True where CUDA is not available (torch 1.13 gives none,
-    later versions one), found once by starting such a pass."""
+    later versions one), found once by starting such a pass. The pass
+    draws its base seed from a generator of its own: from torch's global
+    one it would move the trainer's seeded stream (shuffle, augmentation)
+    off DataLoader's."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        iter(DataLoader(TensorDataset(torch.zeros(1)), pin_memory=True))
+        iter(DataLoader(TensorDataset(torch.zeros(1)), pin_memory=True,
+                        generator=torch.Generator()))
     return tuple((str(w.message), w.category) for w in caught)
 
 
