@@ -230,12 +230,15 @@ TEST_F(CliTest, ServerNotRunning) {
     ExpectError({cmd, "-p", "31002"}, "not running");
   }
   ExpectError({"-d", "5", "-p", "31002"}, "not running");
-  // --stop wanted no server, and there is none: exit 0, said on stdout.
+  // --stop with no server: an error (as cache_admin's), said as a stop
+  // finds it, not with the hint to start one.
   CommandResult stop = Run({"--stop", "-p", "31002"});
-  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
-  EXPECT_EQ(stop.out, "No cache server is running on port 31002; nothing to stop.\n")
+  EXPECT_EQ(stop.exit_code, 1) << stop.Describe();
+  EXPECT_EQ(
+      stop.err,
+      "shmcache: error: no cache server is running on port 31002; nothing to stop\n")
       << stop.Describe();
-  EXPECT_TRUE(stop.err.empty()) << stop.Describe();
+  EXPECT_TRUE(stop.out.empty()) << stop.Describe();
 }
 
 TEST_F(CliTest, EveryCommandAgainstARunningServer) {
@@ -368,14 +371,13 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_NE(stop.out.find("stopped"), std::string::npos);
   EXPECT_FALSE(PathExists(server.socket_path()));
   EXPECT_TRUE(server.ShmFiles().empty());
-  // A stop that finds no server succeeds (cleanup scripts run --stop
-  // blindly), saying so, not telling to start one.
+  // A stop that finds no server is an error that says so, not one telling
+  // to start a server.
   CommandResult again = server.Admin({"--stop"});
-  EXPECT_EQ(again.exit_code, 0) << again.Describe();
-  EXPECT_NE(again.out.find("No cache server is running on port"), std::string::npos)
+  EXPECT_EQ(again.exit_code, 1) << again.Describe();
+  EXPECT_NE(again.err.find("no cache server is running on port"), std::string::npos)
       << again.Describe();
-  EXPECT_EQ(again.out.find("--start"), std::string::npos) << again.Describe();
-  EXPECT_TRUE(again.err.empty()) << again.Describe();
+  EXPECT_EQ(again.err.find("--start"), std::string::npos) << again.Describe();
 }
 
 // Another user's server (its run dir, 0700, given as SHMCACHE_RUN_DIR): the

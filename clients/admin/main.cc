@@ -58,10 +58,12 @@ int RunStop(const ClientOptions& co, int port) {
   Status s = StopServer(co, &r);
   if (!s.ok()) return Fail(s.message());
   if (r.not_running) {
-    // What the caller wanted holds (cleanup scripts run --stop blindly):
-    // success, said plainly, rather than an error that tells to start one.
-    fmt::print("No cache server is running on port {}; nothing to stop.\n", port);
-    return 0;
+    // An error, as MindSpore's cache_admin --stop gives one ("not up or has
+    // been shutdown already"): a script that stops a server it believes
+    // running learns that it was not. Cleanup scripts write `|| true`.
+    // Said as a stop finds it, not with the hint to start one.
+    return Fail(
+        fmt::format("no cache server is running on port {}; nothing to stop", port));
   }
   if (r.was_starting) {
     fmt::print(

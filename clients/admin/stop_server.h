@@ -18,9 +18,8 @@ struct StopResult {
 
 // Stops the server `co` names (port resolved) and waits, bounded, until
 // its process is gone. OK with not_running when no process holds the
-// instance lock (what --stop is for already holds: a cleanup script's stop
-// succeeds). Errors: a server this user cannot stop or reach (another
-// user's, a bad run dir), or one that did not exit.
+// instance lock (the caller says so as it sees fit). Errors: a server this user cannot
+// stop or reach (another user's, a bad run dir), or one that did not exit.
 Status StopServer(const ClientOptions& co, StopResult* out);
 
 }  // namespace shmcache::admin
