@@ -7,8 +7,8 @@ server's cap, which bound set the cap and how to raise it).
 from __future__ import annotations
 
 import enum
+import inspect
 import os
-import sys
 
 from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
                         PermissionDeniedError, UnavailableError)
@@ -23,7 +23,10 @@ def user_stacklevel() -> int:
     function's caller point at the first frame outside this package (the
     user's put, get, loader...): entry points reach a warning through
     different depths, so a fixed stacklevel named the package's own line."""
-    frame = sys._getframe(1)
+    here = inspect.currentframe()
+    frame = here.f_back if here is not None else None
+    if frame is None:   # an interpreter without frames: the caller's caller
+        return 2
     level = 1
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
