@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -189,22 +190,32 @@ Status CheckSocketPath(const std::string& socket_path) {
       socket_path, socket_path.size(), kMax));
 }
 
-Status CheckRunDir(const std::string& run_dir) {
-  if (!run_dir.empty() && run_dir[0] == '/') return Status::OK();
+namespace {
+
+// InvalidArgument unless `dir` (from `var` or an option) is absolute,
+// saying why it must be and what `var` falls back to unset.
+Status AbsoluteDir(std::string_view what, std::string_view var, const std::string& dir,
+                   std::string_view why, std::string_view fallback) {
+  if (!dir.empty() && dir[0] == '/') return Status::OK();
   return Status::InvalidArgument(fmt::format(
-      "run dir '{}' (SHMCACHE_RUN_DIR) is not an absolute path: the server's socket "
-      "there would be found only from the directory it was started in; set "
-      "SHMCACHE_RUN_DIR to an absolute directory, or unset it for /tmp/shmcache-{}",
-      run_dir, geteuid()));
+      "{} '{}' ({}) is not an absolute path: {}; set {} to an absolute directory, or "
+      "unset it for {}",
+      what, dir, var, why, var, fallback));
+}
+
+}  // namespace
+
+Status CheckRunDir(const std::string& run_dir) {
+  return AbsoluteDir("run dir", "SHMCACHE_RUN_DIR", run_dir,
+                     "the server's socket there would be found only from the directory "
+                     "it was started in",
+                     fmt::format("/tmp/shmcache-{}", geteuid()));
 }
 
 Status CheckShmDirFromEnv(const std::string& shm_dir) {
-  if (!shm_dir.empty() && shm_dir[0] == '/') return Status::OK();
-  return Status::InvalidArgument(fmt::format(
-      "shared-memory directory '{}' (SHMCACHE_SHM_DIR) is not an absolute path: "
-      "clients in other directories would not find the cache's files; set "
-      "SHMCACHE_SHM_DIR to an absolute directory, or unset it for /dev/shm",
-      shm_dir));
+  return AbsoluteDir("shared-memory directory", "SHMCACHE_SHM_DIR", shm_dir,
+                     "clients in other directories would not find the cache's files",
+                     "/dev/shm");
 }
 
 Status EnsureRunDir(const std::string& dir) {
