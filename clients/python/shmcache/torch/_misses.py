@@ -127,17 +127,11 @@ class WorkerError:
         makes DataLoader's: a KeyError's message reads as a message (not
         as a quoted key), a type with a `message` field gets it by keyword,
         a type that takes other arguments becomes a RuntimeError."""
-        msg: Any = self.message
         make: Any = self.exc_type
-        if make is KeyError:
-            msg = _KeyErrorMessage(msg)
-        elif getattr(make, "message", None):
-            try:
-                return make(message=msg)
-            except Exception:   # noqa: BLE001 -- as below
-                return RuntimeError(self.message)
+        msg: Any = _KeyErrorMessage(self.message) if make is KeyError else self.message
+        by_keyword = make is not KeyError and getattr(make, "message", None)
         try:
-            return make(msg)
+            return make(message=msg) if by_keyword else make(msg)
         except Exception:   # noqa: BLE001 -- a type that wants other arguments
             return RuntimeError(self.message)
 

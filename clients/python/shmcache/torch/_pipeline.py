@@ -305,16 +305,12 @@ class Pipeline:
             while self.consumed not in self.ready:
                 if self.stopped or (self.end is not None and self.consumed >= self.end):
                     return None
-                if deadline is None:
-                    self.cond.wait()
-                    continue
-                left = deadline - time.monotonic()
-                if left > 0:
-                    self.cond.wait(left)
-                else:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise RuntimeError(f"DataLoader timed out after {self.loader.timeout} "
                                        f"seconds (CachedLoader, waiting for batch "
                                        f"{self.consumed})")
+                self.cond.wait(left)
             item = self.ready.pop(self.consumed)
             self.consumed += 1
             self.cond.notify_all()
