@@ -44,8 +44,9 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
   Status s = CheckServerFlags(a.server);
   if (!s.ok()) return s;
   // Test harnesses tie the server to their own process (docs/admin-cli.md).
-  const char* watch = std::getenv("SHMCACHE_WATCH_PID");
-  if (watch != nullptr && *watch != '\0') {
+  const char* env = std::getenv("SHMCACHE_WATCH_PID");
+  const std::string watch = env != nullptr ? env : "";
+  if (!watch.empty()) {
     long pid = 0;
     s = ParseInRange("SHMCACHE_WATCH_PID", watch, 1, 1L << 30, &pid);
     if (!s.ok()) {
@@ -61,9 +62,7 @@ Status StartServer(const CliArgs& a, int port, StartResult* out) {
   std::vector<std::string> args = {FindDaemon(), fmt::format("--ready_fd={}", fds[1]),
                                    fmt::format("--port={}", port)};
   args.insert(args.end(), a.server_args.begin(), a.server_args.end());
-  if (watch != nullptr && *watch != '\0') {
-    args.push_back(std::string("--watch_pid=") + watch);
-  }
+  if (!watch.empty()) args.push_back("--watch_pid=" + watch);
   pid_t pid = fork();
   if (pid < 0) return Status::FromErrno("fork", errno);
   if (pid == 0) {
