@@ -53,7 +53,7 @@ from .. import CacheStats, CacheWarning, DatasetCache, Error
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
                     split_name)
-from .fingerprint import cache_for_dataset
+from .fingerprint import cache_for_dataset, open_dataset_cache
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
 
@@ -197,7 +197,7 @@ class CachedDataset(Dataset):
         self._warned_uncacheable = False
         self._putter = self._new_putter()
         _datasets.add(self)
-        self.cache.open()   # a wrong pipeline under this name fails here
+        open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
@@ -447,7 +447,7 @@ class CachedIterableDataset(IterableDataset):
                                        bypass_unknown=True)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
-        self.cache.open()
+        open_dataset_cache(self.cache)
 
     def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""
