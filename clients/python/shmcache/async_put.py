@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import CacheWarning
+from ._degrade import user_stacklevel
 
 __all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "put_rows"]
 
@@ -241,6 +242,8 @@ class AsyncPutter:
         try:
             return self._store([b[0] for b in batch], [b[1] for b in batch])
         except Exception as e:  # the writer thread must outlive a bad row
+            # No frame of the user's on the writer thread: the warning names
+            # this loop (shown once per process by the default filter).
             warnings.warn(f"shmcache: a background put failed ({type(e).__name__}: "
                           f"{e}); these rows are read from the source",
                           CacheWarning, stacklevel=2)
@@ -257,7 +260,7 @@ def _warn_drops(limit_bytes):
                   "source again next epoch; the cache takes rows slower than "
                   "the dataset makes them (raise put_queue= or use "
                   "async_puts=False to wait for every put)", CacheWarning,
-                  stacklevel=4)
+                  stacklevel=user_stacklevel())
 
 
 def _close_all():

@@ -51,6 +51,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
+from .._degrade import user_stacklevel
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
                     split_name)
@@ -400,7 +401,7 @@ class CachedDataset(Dataset):
             self._warned_uncacheable = True
             warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
                           "samples like it are read from the dataset",
-                          CacheWarning, stacklevel=4)
+                          CacheWarning, stacklevel=user_stacklevel())
 
     def project(self, sample: Any) -> Any:
         cols = self.columns
