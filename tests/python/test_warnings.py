@@ -32,9 +32,32 @@ def test_server_memory_cap_used_up_at_open_is_named(start_server):
     assert msgs[0].startswith("shmcache: cache ") and msgs[0].count("full") == 1, msgs[0]
     assert "is full: its budget of 16 MB is used up" in msgs[0] and "size_mb" in msgs[0]
     assert "cached rows are still served" in msgs[0]
-    assert msgs[1].startswith("shmcache: the cache server's memory cap is used up (")
+    assert msgs[1].startswith("shmcache: the server's memory cap is used up (fix: ")
     assert "unreachable" not in msgs[1] and "bypassed" in msgs[1]
     assert first.get(0) is not None
+
+
+def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_server):
+    """size_mb=0 asks for all the server allows: a cache that filled the
+    whole cap is not told to ask for a larger size_mb, and a cache that
+    finds the cap used up by others is told how much of it, which sessions
+    hold it and how to free or raise it."""
+    s = start_server("--memory_cap_mb", "16")
+    sid = s.new_session()
+    first, second = DatasetCache(sid, name="a"), DatasetCache(sid, name="b")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(32):
+            first.put(i, MB)
+        second.put(0, MB)
+    whole, none_left = cache_warnings(w)
+    assert "larger size_mb" not in whole, whole
+    assert "size_mb=0" in whole and "memory cap of 16 MB" in whole, whole
+    assert "spilling=True" in whole and "--memory_cap_mb" in whole, whole
+    assert none_left.count("used up") == 1, none_left
+    assert f"of the 16 MB cap" in none_left and f"session {sid}" in none_left, none_left
+    assert "shmcache --list_sessions" in none_left and "shmcache -d" in none_left
+    assert "a larger --memory_cap_mb" in none_left, none_left
 
 
 def test_a_size_over_the_server_cap_is_compared_in_mb(start_server):

@@ -26,7 +26,8 @@ import numpy.typing as npt
 from . import _shmcache
 from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, ids_array,
                       session_from_env)
-from ._degrade import CAP_BOUNDS, CacheWarning, State, describe, user_stacklevel
+from ._degrade import (CacheWarning, ServerInfo, State, cap_bound, describe,
+                       user_stacklevel)
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
@@ -200,7 +201,9 @@ class DatasetCache:
         """Moves to `state` (never back) and warns once per object: `what`
         (default: describe(err)), err's message, and what happens now."""
         self._state = max(self._state, state)
-        self._warn_once(f"{what} ({err})" if what else describe(err))
+        if not self._warned:   # (a full cap's figures cost a round trip)
+            self._warn_once(f"{what} ({err})" if what
+                            else describe(err, self.size_mb, self._server_info))
 
     def _warn_once(self, what: str) -> None:
         """The object's one CacheWarning: `what` stopped the cache, and what
@@ -281,24 +284,29 @@ class DatasetCache:
         bound that set the cap and the fix."""
         if self.size_mb <= 0 or self._client is None:
             return
-        try:
-            info = self._client.server_info()
-        except Error:
+        info = self._server_info()
+        if info is None:
             return  # the cache is open; its first put will tell what is wrong
         cap = int(info["memory_cap_bytes"])
         mb = 1 << 20
         if self.size_mb * mb <= cap:
             return
-        bound = str(info.get("memory_cap_bound", ""))
-        why, fix = CAP_BOUNDS.get(bound, ("the server's memory cap", "open a smaller cache"))
-        where = why.format(shm_dir=info["shm_dir"],
-                           cgroup_mb=int(info.get("memory_cgroup_limit_bytes", 0)) // mb)
+        bound, where, fix = cap_bound(info)
         self._warned = True
         warnings.warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
-            f"and rows beyond it are read from the source. Fix: {fix}",
+            f"and rows beyond it are read from the source. Fix: {fix}, or open a "
+            f"smaller cache",
             CacheWarning, stacklevel=user_stacklevel())
+
+    def _server_info(self) -> ServerInfo | None:
+        """The server's info (its memory cap and what holds it), or None when
+        it cannot be had."""
+        try:
+            return self._connect().server_info()
+        except Error:
+            return None
 
     @property
     def size(self) -> int:
