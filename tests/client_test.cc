@@ -108,5 +108,20 @@ TEST(ClientTest, NonLocalHostAndBadPortAreInvalidArguments) {
   EXPECT_NE(s.message().find("1025..65535"), std::string::npos) << s.ToString();
 }
 
+// A request timeout of 0 or less would be no timeout at all (the socket's
+// SO_RCVTIMEO of 0 waits forever, a negative one is not set): a hung server
+// would hold every call, Close() included. Connect refuses it, naming it.
+TEST(ClientTest, ARequestTimeoutThatIsNotPositiveIsAnInvalidArgument) {
+  for (int ms : {0, -1, -5000}) {
+    ClientOptions o;
+    o.request_timeout_ms = ms;
+    std::unique_ptr<Client> client;
+    Status s = Client::Connect(o, &client);
+    EXPECT_TRUE(s.IsInvalidArgument()) << ms << ": " << s.ToString();
+    EXPECT_NE(s.message().find("request_timeout_ms"), std::string::npos) << s.ToString();
+    EXPECT_EQ(client, nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace shmcache::test
