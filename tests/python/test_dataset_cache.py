@@ -378,3 +378,17 @@ def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
             with pytest.raises(ValueError, match=rf"row id {row_id} outside \[0, "):
                 read(row_id)
     assert c.get(0).tolist() == [0, 0, 0] and ds[0].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("columns", [3.5, object(), b"image"])
+def test_a_columns_selection_of_another_type_is_a_type_error_naming_it(
+        server, session, columns):
+    c = DatasetCache(session, name="cols")
+    assert c.put(0, {"image": np.arange(4), "label": 3})
+    for read in (lambda: c.get(0, columns=columns), lambda: c.view(0, columns=columns),
+                 lambda: c.get_columns(0, columns=columns),
+                 lambda: c.read_into([0], (np.zeros((1, 4), np.int64),), columns=columns)):
+        with pytest.raises(TypeError, match="columns") as e:
+            read()
+        assert "not iterable" not in str(e.value)
+
