@@ -392,3 +392,17 @@ def test_a_columns_selection_of_another_type_is_a_type_error_naming_it(
             read()
         assert "not iterable" not in str(e.value)
 
+
+def test_copy_is_a_flag_on_every_read_as_on_get(server, session):
+    # get() takes copy= by its truth value; get_batch and get_columns did not
+    # (pybind11's "incompatible function arguments" for anything but a bool).
+    c = DatasetCache(session, name="copyflag")
+    assert c.put(0, (np.arange(4), 1))
+    for copy in (1, 0, np.bool_(True), None):
+        assert c.get(0, copy=copy)[0].tolist() == [0, 1, 2, 3]
+        assert c.get_batch([0], copy=copy)[0][0].tolist() == [0, 1, 2, 3]
+        assert c.get_columns(0, copy=copy)[0][2].tolist() == [0, 1, 2, 3]
+        assert c.get_batch_columns([0], copy=copy)[0][0][2].tolist() == [0, 1, 2, 3]
+    assert not c.get_batch([0], copy=0)[0][0].flags.writeable    # a view
+    assert not c.get_columns(0, copy=0)[0][2].flags.writeable
+

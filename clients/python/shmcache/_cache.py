@@ -392,7 +392,7 @@ class DatasetCache:
         if c is None:
             return None
         try:
-            cols = c.get(row_id, names, copy)
+            cols = c.get(row_id, names, bool(copy))
         except KeyError:
             raise
         except Error as e:
@@ -415,7 +415,7 @@ class DatasetCache:
         if c is None:
             return [None] * len(ids)
         try:
-            rows = c.get_batch(ids, copy, True, count)
+            rows = c.get_batch(ids, bool(copy), True, count)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return [None] * len(ids)
@@ -432,7 +432,7 @@ class DatasetCache:
 
     def get_batch(self, row_ids: Iterable[int], copy: bool = True) -> list[Any]:
         """get() of many rows: a list with the row or None per id."""
-        return self.read_rows(row_ids, copy, False)
+        return self.read_rows(row_ids, bool(copy), False)
 
     def get(self, row_id: int, columns: ColumnSelection = None, copy: bool = True) -> Any:
         """The cached row, or None on a miss.
@@ -616,7 +616,7 @@ class DatasetCache:
             if columns is None:
                 return c.read(row_id, copy, torch)
             return c.read_columns(check_id(row_id), column_names(columns) or [],
-                                  copy, torch, isinstance(columns, (str, int)))
+                                  bool(copy), torch, isinstance(columns, (str, int)))
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return None
