@@ -406,3 +406,19 @@ def test_copy_is_a_flag_on_every_read_as_on_get(server, session):
     assert not c.get_batch([0], copy=0)[0][0].flags.writeable    # a view
     assert not c.get_columns(0, copy=0)[0][2].flags.writeable
 
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(name=3), TypeError), (dict(name=""), ValueError), (dict(name="x" * 300), ValueError),
+    (dict(name="ok", fingerprint=3), TypeError),
+    (dict(name="ok", fingerprint="x" * 300), ValueError),
+])
+def test_named_checks_its_name_as_the_constructor(server, session, kwargs, error):
+    c = DatasetCache(session)
+    with pytest.raises(error, match="name|fingerprint"):
+        c.named(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(name="caf\udce9"), dict(fingerprint="\ud800")])
+def test_a_name_that_is_not_utf8_is_a_value_error_naming_it(kwargs):
+    with pytest.raises(ValueError, match=f"Argument {next(iter(kwargs))} must be UTF-8"):
+        DatasetCache(1, **kwargs)

@@ -24,14 +24,14 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _shmcache
-from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, ids_array,
-                      session_from_env)
+from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_names,
+                      ids_array, session_from_env)
 from ._degrade import CAP_BOUNDS, CacheWarning, State, describe, user_stacklevel
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
                         TooLargeError, UnavailableError)
-from .rows import (LOCAL_HOSTS, MAX_NAME_BYTES, MAX_PORT, MAX_ROW_ID, MIN_PORT,
+from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
 
@@ -117,14 +117,7 @@ class DatasetCache:
         check_int("port", port, MIN_PORT, MAX_PORT, allow_none=True)
         check_int("num_connections", num_connections, 1, MAX_INT32, allow_none=True)
         check_int("prefetch_size", prefetch_size, 1, MAX_INT32, allow_none=True)
-        if not isinstance(name, str):
-            raise TypeError(f"Argument name must be str, got {type(name).__name__}.")
-        if not name or len(name.encode()) > MAX_NAME_BYTES:
-            raise ValueError(f"Argument name must have 1 to {MAX_NAME_BYTES} bytes.")
-        if fingerprint is not None and not isinstance(fingerprint, str):
-            raise TypeError("Argument fingerprint must be str.")
-        if fingerprint is not None and len(fingerprint.encode()) > MAX_NAME_BYTES:
-            raise ValueError(f"Argument fingerprint must have at most {MAX_NAME_BYTES} bytes.")
+        check_names(name, fingerprint)
         self.session_id: int = int(session_id)
         self.size_mb: int = int(size_mb)
         self.spilling: bool = spilling
@@ -176,7 +169,9 @@ class DatasetCache:
         self._init_runtime()
 
     def named(self, name: str, fingerprint: str | None = None) -> DatasetCache:
-        """A DatasetCache for another cache name in the same session."""
+        """A DatasetCache for another cache name in the same session (name
+        and fingerprint checked as the constructor checks them)."""
+        check_names(name, fingerprint)
         other = DatasetCache.__new__(DatasetCache)
         other.__setstate__(self.__getstate__())
         other.name = name
