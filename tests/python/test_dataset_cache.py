@@ -422,3 +422,26 @@ def test_named_checks_its_name_as_the_constructor(server, session, kwargs, error
 def test_a_name_that_is_not_utf8_is_a_value_error_naming_it(kwargs):
     with pytest.raises(ValueError, match=f"Argument {next(iter(kwargs))} must be UTF-8"):
         DatasetCache(1, **kwargs)
+
+
+def test_batch_calls_name_an_argument_of_another_type(server, session):
+    c = DatasetCache(session, name="batchargs")
+    for call, args, name in [
+            (c.put_batch, (5, [1]), "row_ids"), (c.put_batch, ([1], (x for x in [1])), "rows"),
+            (c.put_batch, ([1], None), "rows"), (c.get_batch, (5,), "row_ids"),
+            (c.get_batch_columns, (None,), "row_ids")]:
+        with pytest.raises(TypeError, match=name) as e:
+            call(*args)
+        assert "not iterable" not in str(e.value) and "has no len" not in str(e.value)
+
+
+def test_contains_checks_the_id_of_a_bypassed_cache_too(monkeypatch):
+    # As get does: a wrong id is the caller's mistake whatever the cache's state.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        c = DatasetCache(0)
+    assert c.bypassed and 1 not in c
+    with pytest.raises(TypeError):
+        c.contains("1")
+    with pytest.raises(ValueError):
+        c.contains(-1)

@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _shmcache
-from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_names,
-                      ids_array, session_from_env)
+from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_iterable,
+                      check_names, ids_array, session_from_env)
 from ._degrade import CAP_BOUNDS, CacheWarning, State, describe, user_stacklevel
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
@@ -369,6 +369,8 @@ class DatasetCache:
         it and returns False for the rest (one warning, as put); a row too
         large is refused alone; a malformed row raises ValueError after the
         others were stored."""
+        check_iterable("row_ids", row_ids)
+        check_iterable("rows", rows, sized=True)
         ids = [i if type(i) is int and 0 <= i <= MAX_ROW_ID else check_id(i)
                for i in row_ids]
         if len(ids) != len(rows):
@@ -405,6 +407,7 @@ class DatasetCache:
         database. count=False (package-internal, with copy=True): the reads
         count neither as hits nor as misses (the caller counted them
         already: Cache::GetBatchUncounted)."""
+        check_iterable("row_ids", row_ids)
         ids = [check_id(i) for i in row_ids]
         c = self._open()
         if c is None:
@@ -427,6 +430,7 @@ class DatasetCache:
 
     def get_batch(self, row_ids: Iterable[int], copy: bool = True) -> list[Any]:
         """get() of many rows: a list with the row or None per id."""
+        check_iterable("row_ids", row_ids)
         return self.read_rows(row_ids, bool(copy), False)
 
     def get(self, row_id: int, columns: ColumnSelection = None, copy: bool = True) -> Any:
@@ -485,8 +489,9 @@ class DatasetCache:
         return self.fill_batch(ids, out, columns, self.read_threads, codes=False)
 
     def contains(self, row_id: int) -> bool:
+        row_id = check_id(row_id)
         c = self._open()
-        return bool(c is not None and c.contains(check_id(row_id)))
+        return bool(c is not None and c.contains(row_id))
 
     __contains__ = contains
 
