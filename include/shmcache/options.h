@@ -22,7 +22,8 @@ struct ClientOptions {
   // socket in every working directory).
   std::string run_dir;
   // How long one control request may take before the daemon is declared
-  // unavailable. Default 5000 ms.
+  // unavailable. Default 5000 ms. Must be positive (Connect:
+  // InvalidArgument otherwise; 0 would wait for a hung daemon forever).
   int request_timeout_ms = 5000;
 };
 

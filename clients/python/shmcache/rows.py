@@ -29,7 +29,7 @@ MAX_PORT, MAX_NAME_BYTES, MAX_COLUMNS, LOCAL_HOSTS, NUMBER_TAG and DTYPES ({name
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 import numpy.typing as npt
@@ -67,6 +67,9 @@ def column_names(columns: ColumnSelection) -> list[str] | None:
         return None
     if isinstance(columns, (str, int)):
         columns = [columns]
+    elif isinstance(columns, (bytes, bytearray)) or not isinstance(columns, Iterable):
+        raise TypeError("columns is a column name (str), a position (int), a list of "
+                        f"them, or None for all; got {type(columns).__name__}")
     names = []
     for c in columns:
         if isinstance(c, bool) or not isinstance(c, (str, int)):
