@@ -3,11 +3,13 @@ filesystem, or an unreachable server. (A file planted under a cache's name
 no longer stops a cache from opening: names are random and a taken one is
 skipped; tests/reliability/planted_files_test.cc covers it.)"""
 
+import json
 import warnings
 
 import numpy as np
 import pytest
 
+from conftest import wait_for
 from shmcache import CacheWarning, DatasetCache
 
 MB = np.zeros(1 << 20, dtype=np.uint8)
@@ -208,3 +210,29 @@ def test_dataloaders_pin_memory_warning_names_the_users_line(server, session,
     w = _ours(w, UserWarning)
     assert str(w.message) == "pin_memory needs CUDA"
     assert w.filename == __file__, (w.filename, w.lineno)
+
+
+def test_a_cap_held_by_destroyed_sessions_is_not_blamed_on_live_ones(start_server):
+    """Memory of a destroyed session that a process still maps counts
+    against the cap: the warning says that this is what holds it, not that
+    the live sessions' caches do (they hold nothing), and does not tell the
+    user to destroy sessions, which frees nothing; what it names does
+    (the mapping process lets go of the cache)."""
+    s = start_server("--memory_cap_mb", "16")
+    old = s.new_session()
+    first = DatasetCache(old, name="a")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(32):
+            first.put(i, MB)
+        s.admin("-d", str(old))
+        sid = s.new_session()
+        assert DatasetCache(sid, name="b").put(0, MB) is False
+    held = cache_warnings(w)[-1]
+    assert "16.0 MB of the 16 MB cap" in held, held
+    assert f"session {sid}" not in held and "shmcache -d" not in held, held
+    assert "destroyed sessions" in held and "exit" in held, held
+    del first   # as the mapping process's exit would
+    wait_for(lambda: json.loads(s.admin("--server_info", "--json").stdout)
+             ["memory_held_bytes"] == 0, what="the held memory released")
+    assert DatasetCache(sid, name="c").put(0, MB) is True

@@ -141,16 +141,21 @@ def _cap_fix(reason: str, info: ServerInfo) -> str:
     if reason == "whole_cap":
         return (f"size_mb=0 gave the cache all the server allows, its memory cap of "
                 f"{cap} MB ({bound}: {where}): open it with spilling=True, or {raise_it}")
+    used = int(info["memory_used_bytes"]) / mb
+    held = int(info.get("memory_held_bytes", 0)) / mb   # part of used
+    if held >= 0.1 and used - held < 0.1:
+        # Destroying a session frees none of it: the live ones hold nothing.
+        return (f"destroyed sessions that processes still map hold {held:.1f} MB of "
+                f"the {cap} MB cap ({bound}: {where}), freed when those processes "
+                f"exit: end them, or {raise_it}")
     sessions = [str(s) for s in info.get("sessions", ())]
-    holders = ("no session (destroyed ones still mapped by their processes)"
-               if not sessions else
+    holders = ("no session" if not sessions else
                ("session " if len(sessions) == 1 else "sessions ") + ", ".join(sessions[:8])
                + (f" and {len(sessions) - 8} more" if len(sessions) > 8 else ""))
-    held = int(info.get("memory_held_bytes", 0)) / mb
-    still = (f", {held:.1f} MB of it by destroyed sessions that processes still map "
-             f"(freed when they exit)" if held >= 0.1 else "")
+    still = (f", destroyed sessions that processes still map {held:.1f} MB (freed "
+             f"when they exit)" if held >= 0.1 else "")
     return (f"the caches of {holders} hold "
-            f"{int(info['memory_used_bytes']) / mb:.1f} MB of the {cap} MB cap "
+            f"{used - held:.1f} MB of the {cap} MB cap "
             f"({bound}: {where}){still}: see what each session holds with "
             f"`shmcache --list_sessions` and destroy those no longer used "
             f"(`shmcache -d ID`), or {raise_it}")
