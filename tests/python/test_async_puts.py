@@ -444,6 +444,23 @@ def test_a_cache_set_later_takes_the_rows_queued_after(server, session):
     assert [i for i in range(4) if other.contains(i)] == [1]
 
 
+
+def test_a_replaced_cache_is_let_go_once_its_rows_are_written(server, session):
+    """ds.cache = other: once the rows queued for the old cache are stored,
+    nothing of the dataset keeps that cache (its connection and mapped
+    segments) alive, as before the writer stored through the dataset."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="replaced")
+    ds[0]
+    old = weakref.ref(ds.cache)
+    ds.cache = CachedDataset(Images(4), DatasetCache(session), name="new").cache
+    ds[1]
+    assert ds.flush(60)
+    gc.collect()
+    assert wait_for(lambda: old() is None, what="the old cache freed")
+    assert CachedDataset(Images(4), DatasetCache(session), name="replaced") \
+        .cache.contains(0)
+
+
 def test_async_and_sync_puts_return_and_store_the_same(server, session):
     on = CachedDataset(Mixed(), DatasetCache(session), name="on")
     off = CachedDataset(Mixed(), DatasetCache(session), name="off", async_puts=False)

@@ -227,11 +227,15 @@ class CachedDataset(Dataset):
         # The writer stores into the cache, not through the dataset: a
         # cycle through its store would keep the dataset, its thread and
         # queue after `del ds` until the cyclic collector ran. Retired when
-        # the dataset is freed (not at exit: the exit flush writes first).
+        # the dataset is freed (not at exit: the exit flush writes first),
+        # through a weak reference: a putter replaced with the cache (and
+        # that cache) must not live as long as the dataset. While its
+        # writer runs, the thread holds it; without one there is nothing
+        # to retire.
         # Batched wakes in a DataLoader worker (see shmcache.async_put).
         putter = AsyncPutter(functools.partial(_store_rows, self.cache), self.put_queue,
                              batch_wakes=_ask_in_worker)
-        weakref.finalize(self, putter.retire).atexit = False
+        weakref.finalize(self, _retire, weakref.ref(putter)).atexit = False
         return putter
 
     def __getstate__(self) -> dict[str, Any]:
@@ -412,6 +416,13 @@ class CachedDataset(Dataset):
         if isinstance(sample, dict):
             return {c: sample[c] for c in cols}
         return tuple(sample[c] for c in cols)
+
+
+def _retire(putter: weakref.ref[AsyncPutter]) -> None:
+    """A freed dataset's finalizer: its writer ends once its queue is written."""
+    p = putter()
+    if p is not None:
+        p.retire()
 
 
 def _store_rows(cache: DatasetCache, ids: list[int], rows: list[list[Column]]) -> int:
