@@ -43,8 +43,15 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
                                   .old_seg_no = c->seg_no,
                                   .old_offset = c->offset},
       &lease);
-  // On failure the daemon kept nothing of the old chunk: it stays ours.
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // A refusal the daemon answered kept nothing of the old chunk: it stays
+    // ours. No answer (Unavailable: a timeout, a broken connection) or one
+    // that could not be read (Corruption) may hide a lease granted, and
+    // with it the old chunk's tail taken back for the next writer: the old
+    // chunk is never written again (what is lost is its tail's space).
+    if (c->base != nullptr && (s.IsUnavailable() || s.IsCorruption())) *c = Chunk{};
+    return s;
+  }
   *c = Chunk{};
   const uint32_t seg_no = lease.seg_no;
   const uint64_t offset = lease.offset, size = lease.size;

@@ -71,7 +71,9 @@ class ChunkWriter {
   // published already (by this process or another): the first row wins.
   // Errors: the daemon's answer to a lease (Full, FullServerCap, TooLarge,
   // Unavailable...: *lease_failed is then true and the chunks are as they
-  // were), or to growing the index.
+  // were, but for a chunk traded in for a lease that got no readable
+  // answer: Unavailable or Corruption, after which it is never written
+  // again), or to growing the index.
   Status Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed);
   // Asks the daemon for an index table past the `seen` ones mapped, and
