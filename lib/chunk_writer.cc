@@ -24,6 +24,7 @@ void ChunkWriter::Lock(BatchLock* lock) {
     mu_.AssertHeld();
     return;
   }
+  lock->asked_ = std::chrono::steady_clock::now();
   lock->lock_.lock();
   mu_.AssertHeld();
   if (fork_gen_ != ForkGeneration()) {
@@ -90,8 +91,15 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Chunk& c = chunks_[node];
   Status s;
   if (c.base == nullptr || c.size - c.used < size) {
+    if (unanswered_at_ > lock->asked_) {
+      *lease_failed = true;
+      return Status::Unavailable(
+          "the cache server did not answer a lease asked by another thread while this "
+          "one waited to put");
+    }
     s = Lease(static_cast<int>(node), size, &c);
     if (!s.ok()) {
+      if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
       *lease_failed = true;
       return s;
     }

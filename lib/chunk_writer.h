@@ -16,6 +16,7 @@
 // Thread safety: every method from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -64,6 +65,7 @@ class ChunkWriter {
    private:
     friend class ChunkWriter;
     std::unique_lock<ForkSafeMutex> lock_;
+    std::chrono::steady_clock::time_point asked_;  // when the batch asked for it
   };
 
   // Writes row `id` (`columns`, `size` bytes encoded: RowCodec::
@@ -108,6 +110,11 @@ class ChunkWriter {
   ForkSafeMutex mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
   uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for
+  // When a lease last got no answer (Unavailable). A batch that asked for
+  // mu_ before then gets that answer too rather than asking again: the put
+  // lock is held through a lease, and each put is to wait the request
+  // timeout once, not once for every batch queued before it.
+  std::chrono::steady_clock::time_point unanswered_at_ GUARDED_BY(mu_);
 };
 
 }  // namespace shmcache

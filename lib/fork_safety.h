@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 
@@ -63,6 +64,10 @@ class CAPABILITY("mutex") ForkSafeMutex {
   void lock() ACQUIRE() { mu_.lock(); }
   void unlock() RELEASE() { mu_.unlock(); }
   bool try_lock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  // False when `deadline` passed before the mutex was free.
+  bool try_lock_until(std::chrono::steady_clock::time_point deadline) TRY_ACQUIRE(true) {
+    return mu_.try_lock_until(deadline);
+  }
   // Tells the analysis the caller holds the mutex, where it cannot see it
   // (a lock taken through a std::unique_lock); checks nothing at run time.
   void AssertHeld() ASSERT_CAPABILITY(this) {}
@@ -70,7 +75,7 @@ class CAPABILITY("mutex") ForkSafeMutex {
   LockRank rank() const { return rank_; }
 
  private:
-  std::mutex mu_;
+  std::timed_mutex mu_;
   const LockRank rank_;
 };
 
@@ -79,6 +84,8 @@ class CAPABILITY("mutex") ForkSafeMutex {
 class SCOPED_CAPABILITY ForkSafeLock {
  public:
   explicit ForkSafeLock(ForkSafeMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->lock(); }
+  // Takes over a mutex the caller locked (try_lock_until).
+  ForkSafeLock(ForkSafeMutex* mu, std::adopt_lock_t) REQUIRES(mu) : mu_(mu) {}
   ~ForkSafeLock() RELEASE() { mu_->unlock(); }
   ForkSafeLock(const ForkSafeLock&) = delete;
   ForkSafeLock& operator=(const ForkSafeLock&) = delete;

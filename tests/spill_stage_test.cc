@@ -146,8 +146,9 @@ TEST_F(StagedSpillTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWrit
   auto call = [&](const auto& request, auto* response) {
     std::string body;
     size_t off = 0;
-    Status s = conn->Call(std::decay_t<decltype(request)>::kType,
-                          protocol::EncodeBody(request), &body, &off);
+    Status s =
+        conn->Call(std::decay_t<decltype(request)>::kType, protocol::EncodeBody(request),
+                   &body, &off, protocol::kDiskRequestTimeoutMs);
     if (!s.ok()) return s;
     protocol::WireReader r(
         std::as_bytes(std::span(body.data(), body.size())).subspan(off));

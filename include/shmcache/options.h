@@ -22,7 +22,9 @@ struct ClientOptions {
   // socket in every working directory).
   std::string run_dir;
   // How long one control request may take before the daemon is declared
-  // unavailable. Default 5000 ms.
+  // unavailable, counted from the call: a wait for other threads' requests
+  // (or puts) of this process to the same daemon is part of it. Default
+  // 5000 ms.
   int request_timeout_ms = 5000;
 };
 
