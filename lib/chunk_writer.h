@@ -44,8 +44,8 @@ class ChunkWriter {
   ChunkWriter(const ChunkWriter&) = delete;
   ChunkWriter& operator=(const ChunkWriter&) = delete;
 
-  // Rows a batch published and their encoded bytes, counted into the
-  // statistics once per batch rather than once per row.
+  // Rows a Write published and their encoded bytes, for the caller to count
+  // into the statistics.
   struct Tally {
     uint64_t rows = 0;
     uint64_t bytes = 0;
