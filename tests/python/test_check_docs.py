@@ -37,3 +37,17 @@ def test_each_kind_of_broken_reference_is_found(tmp_path):
     ], r.stdout
     assert r.stdout.splitlines()[-1].endswith("7 broken references")
 
+
+
+def test_a_program_a_meson_build_declares_passes_whether_or_not_it_was_built(tmp_path):
+    # shmcache_bench is built only where hiredis and liblmdb are installed,
+    # which a fresh machine's test.sh does not install; a page that shows
+    # how to build it still names a real target.
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n```sh\nninja -C build-bench benchmarks/shmcache_bench\n"
+                    "ninja -C build-bench benchmarks/no_such_bench\n```\n")
+    r = subprocess.run([sys.executable, str(CHECK), str(page)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [line.split(": ", 1)[1] for line in r.stdout.splitlines()[:-1]] == [
+        "benchmarks/no_such_bench: no such file or directory"], r.stdout
