@@ -191,7 +191,7 @@ TEST(BrokenConnectionTest, AChunkTradedForALeaseWhoseAnswerWasLostIsNotWrittenAg
   // A row too big for the chunk's rest: a new lease, trading the old chunk
   // in, sent to a stopped daemon and given up on.
   std::vector<uint8_t> big(5u << 20, 7);
-  ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopProcess(server.pid()));
   Status s = a->Put(1, big.data(), big.size());
   ASSERT_EQ(kill(server.pid(), SIGCONT), 0);
   ASSERT_TRUE(s.IsUnavailable()) << s.ToString();

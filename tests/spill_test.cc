@@ -2,17 +2,14 @@
 // cache's memory budget go to RocksDB in the spill dir and read back whole,
 // in this process and others; what cannot spill is refused alone. Every
 // test runs its own daemon.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "format/protocol.h"
@@ -143,32 +140,6 @@ TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
     EXPECT_EQ(log.find("frame too large"), std::string::npos) << log;
   }
   RemoveTree(spill);
-}
-
-// SIGSTOPs `pid` and waits until every thread of it is stopped: kill()
-// returns before a thread running on another CPU has stopped, and such a
-// thread could still answer a request sent meanwhile.
-bool StopProcess(pid_t pid) {
-  if (kill(pid, SIGSTOP) != 0) return false;
-  auto all_stopped = [pid] {
-    std::string dir = fmt::format("/proc/{}/task", pid);
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return false;
-    bool stopped = true;
-    while (dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      std::string stat;
-      std::getline(std::ifstream(dir + "/" + e->d_name + "/stat"), stat);
-      size_t paren = stat.rfind(')');
-      if (paren == std::string::npos || paren + 2 >= stat.size() ||
-          stat[paren + 2] != 'T') {
-        stopped = false;
-      }
-    }
-    closedir(d);
-    return stopped;
-  };
-  return WaitFor(all_stopped, std::chrono::seconds(20));
 }
 
 // A spilled row waits on the daemon's disk: a server slower than the

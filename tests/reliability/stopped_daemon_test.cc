@@ -4,9 +4,7 @@
 // it too, and the clients go on once it runs again.
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
-#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -22,20 +20,6 @@ int64_t MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now() - t0)
       .count();
-}
-
-// Whether every thread of `pid` is stopped (state T in /proc).
-bool Stopped(pid_t pid) {
-  for (const std::string& tid : ListDir(fmt::format("/proc/{}/task", pid))) {
-    std::ifstream in(fmt::format("/proc/{}/task/{}/stat", pid, tid));
-    std::string stat((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
-    size_t paren = stat.rfind(')');
-    if (paren == std::string::npos || stat.size() < paren + 3 || stat[paren + 2] != 'T') {
-      return false;
-    }
-  }
-  return true;
 }
 
 // Threads of one process that need the stopped daemon at once: each call
@@ -55,8 +39,7 @@ TEST(StoppedDaemon, EveryThreadsCallEndsWithinItsRequestTimeout) {
   const RowMaker m(4096);
   ASSERT_TRUE(m.Put(*cache, 0).ok());
 
-  ASSERT_EQ(kill(d.pid(), SIGSTOP), 0);
-  ASSERT_TRUE(WaitFor([&] { return Stopped(d.pid()); }, std::chrono::seconds(10)));
+  ASSERT_TRUE(StopProcess(d.pid()));
   // Control requests, and puts that need a new chunk (rows bigger than
   // what the first chunk has left).
   constexpr int kThreads = 8;
