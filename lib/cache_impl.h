@@ -69,6 +69,9 @@ class CacheImpl {
 
   uint32_t cache_id() const { return cache_id_; }
   uint32_t session_id() const { return session_id_; }
+  // OK, or why the cache cannot be used: InvalidArgument once closed,
+  // NotFound once its session was destroyed (cache.h).
+  Status Usable() const;
 
  private:
   // `header_file` is the cache's header, checked.
@@ -82,7 +85,6 @@ class CacheImpl {
     return !closed_.load(std::memory_order_relaxed) &&
            !(header_->state.load(std::memory_order_relaxed) & layout::kStateDestroyed);
   }
-  Status Usable() const;
 
   // ---- reads (cache_read.cc) ----
   // Lookup for a read: the location, or NotFound (a counted miss), or why

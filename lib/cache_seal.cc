@@ -48,8 +48,10 @@ Status Cache::GetSealedRows(uint64_t* num_rows) {
   Row row;
   Status s = impl_->Get(kSealedRowId, {}, false, &row);
   if (!s.ok()) {
-    if (s.IsNotFound()) return Status::NotFound("the cache is not sealed");
-    return s;
+    if (!s.IsNotFound()) return s;
+    // A destroyed session is NotFound too: that, not "not sealed", is why.
+    Status usable = impl_->Usable();
+    return usable.ok() ? Status::NotFound("the cache is not sealed") : usable;
   }
   std::optional<ColumnView> c = row.find(kCountColumn);
   if (!c || c->dtype != DType::kInt64 || c->nbytes != sizeof(int64_t)) {

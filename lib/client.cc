@@ -35,6 +35,12 @@ Status ClientImpl::Create(const ClientOptions& options,
   int port;
   s = ResolvePort(options.port, &port);
   if (!s.ok()) return s;
+  if (options.request_timeout_ms <= 0) {
+    return Status::InvalidArgument(
+        fmt::format("request_timeout_ms {} is not a positive number of milliseconds (the "
+                    "default is 5000)",
+                    options.request_timeout_ms));
+  }
   InstancePaths paths = MakeInstancePaths(port, options.run_dir, "");
   s = CheckRunDir(paths.run_dir);
   if (!s.ok()) return s;

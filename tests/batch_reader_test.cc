@@ -406,19 +406,66 @@ TEST_F(BatchReaderSpillTest, SpilledRowsAreReadWithTheMemoryRows) {
   }
 }
 
-TEST(BatchReaderErrorTest, AClosedCacheIsAnErrorWithNoHits) {
+// A cache closed (InvalidArgument) or whose session was destroyed
+// (NotFound): the error, and no hits (cache.h's common errors).
+TEST(BatchReaderErrorTest, AnUnusableCacheIsAnErrorWithNoHits) {
+  for (bool close : {true, false}) {
+    TestServer server;
+    ASSERT_TRUE(server.ok());
+    const uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session);
+    ASSERT_TRUE(cache);
+    ASSERT_TRUE(PutRow(cache.get(), 1).ok());
+    BatchReader reader(cache.get(), 2);
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    if (close) {
+      cache->Close();
+    } else {
+      ASSERT_TRUE(client->DestroySession(session).ok());
+    }
+    Batch b(3);
+    std::vector<uint64_t> ids = {1, 1, 1};
+    Status s = reader.ReadInto(ids, b.targets, b.hit);
+    EXPECT_TRUE(close ? s.IsInvalidArgument() : s.IsNotFound()) << s.ToString();
+    EXPECT_EQ(b.hit, std::vector<uint8_t>(3, 0));
+  }
+}
+
+// Outputs of another length than the ids (hit) or the targets (stored) are
+// refused before anything is read, written or counted.
+TEST(BatchReaderErrorTest, OutputsOfAnotherLengthAreInvalidArgumentsAndNothingIsRead) {
   TestServer server;
   ASSERT_TRUE(server.ok());
   auto cache = OpenCache(server, server.NewSession());
   ASSERT_TRUE(cache);
   ASSERT_TRUE(PutRow(cache.get(), 1).ok());
   BatchReader reader(cache.get(), 2);
-  cache->Close();
-  Batch b(3);
   std::vector<uint64_t> ids = {1, 1, 1};
-  Status s = reader.ReadInto(ids, b.targets, b.hit);
+  Batch b(3);
+  std::vector<uint8_t> short_hit(2, 7);
+  Status s = reader.ReadInto(ids, b.targets, short_hit);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
-  EXPECT_EQ(b.hit, std::vector<uint8_t>(3, 0));
+  EXPECT_EQ(short_hit, std::vector<uint8_t>(2, 7));
+  std::vector<StoredColumn> one(1);
+  s = reader.ReadInto(ids, b.targets, b.hit, one);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_EQ(one[0].row, StoredColumn::kNoRow);
+  EXPECT_EQ(b.hit, std::vector<uint8_t>(3, 7));
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(b.RowUntouched(i)) << i;
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.hits + st.misses, 0u) << "nothing was read";
+}
+
+// num_threads counts the calling thread: 0 or 1 (or less) is it alone.
+TEST(BatchReaderThreadsTest, NumThreadsCountsTheCaller) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  for (int n : {-3, 0, 1}) EXPECT_EQ(BatchReader(cache.get(), n).num_threads(), 1) << n;
+  EXPECT_EQ(BatchReader(cache.get(), 4).num_threads(), 4);
 }
 
 TEST(BatchReaderForkTest, AForkedChildReadsWithItsOwnThreads) {

@@ -82,6 +82,54 @@ TEST_F(IntegrationTest, UnavailableWhenTheDaemonIsGone) {
   cache->Close();
 }
 
+// A Cache may outlive the Client that opened it (client.h): it keeps the
+// connection's state, and puts that lease chunks still reach the daemon.
+TEST_F(IntegrationTest, ACacheOutlivesItsClient) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  client.reset();
+  for (uint64_t id = 0; id < 200; ++id) {  // more than one chunk
+    ASSERT_TRUE(PutPattern(*cache, id, 0, RowBytes(id)).ok()) << id;
+  }
+  Row row;
+  ASSERT_TRUE(cache->Get(199, &row).ok());
+  EXPECT_TRUE(RowMatches(row, 199, 0, RowBytes(199)));
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, 200u);
+}
+
+// After an error every out-parameter of a Client call is as it was
+// (client.h, status.h).
+TEST_F(IntegrationTest, AFailedClientCallLeavesItsOutputsAsTheyWere) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  Cache* const opened = cache.get();
+  Status s = client->OpenCache(Options(session_ + 1), &cache);
+  EXPECT_TRUE(s.IsNotFound()) << s.ToString();
+  EXPECT_EQ(cache.get(), opened) << "OpenCache left *out as it was";
+  server_->Kill();
+  uint32_t id = 77;
+  s = client->CreateSession(&id);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_EQ(id, 77u);
+  std::vector<SessionInfo> sessions(1);
+  sessions[0].session_id = 5;
+  EXPECT_TRUE(client->ListSessions(&sessions).IsUnavailable());
+  ASSERT_EQ(sessions.size(), 1u);
+  EXPECT_EQ(sessions[0].session_id, 5u);
+  ServerInfo info;
+  info.pid = 1234;
+  EXPECT_TRUE(client->GetServerInfo(&info).IsUnavailable());
+  EXPECT_EQ(info.pid, 1234);
+  s = client->OpenCache(Options(session_, "other"), &cache);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_EQ(cache.get(), opened);
+  cache->Close();
+}
+
 TEST(ClientTest, ConnectWithoutADaemonIsUnavailable) {
   std::string run = MakeTempDir(TestTmpRoot(), "nodaemon");
   ClientOptions o;
@@ -106,6 +154,21 @@ TEST(ClientTest, NonLocalHostAndBadPortAreInvalidArguments) {
   s = Client::Connect(p, &client);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
   EXPECT_NE(s.message().find("1025..65535"), std::string::npos) << s.ToString();
+}
+
+// A request timeout of 0 or less would be no timeout at all (the socket's
+// SO_RCVTIMEO of 0 waits forever, a negative one is not set): a hung server
+// would hold every call, Close() included. Connect refuses it, naming it.
+TEST(ClientTest, ARequestTimeoutThatIsNotPositiveIsAnInvalidArgument) {
+  for (int ms : {0, -1, -5000}) {
+    ClientOptions o;
+    o.request_timeout_ms = ms;
+    std::unique_ptr<Client> client;
+    Status s = Client::Connect(o, &client);
+    EXPECT_TRUE(s.IsInvalidArgument()) << ms << ": " << s.ToString();
+    EXPECT_NE(s.message().find("request_timeout_ms"), std::string::npos) << s.ToString();
+    EXPECT_EQ(client, nullptr);
+  }
 }
 
 }  // namespace

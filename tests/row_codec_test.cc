@@ -72,6 +72,12 @@ void ExpectColumn(const ColumnView& v, const ColumnRef& want) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 8, 0u) << "column data aligned";
 }
 
+// `row` holds the columns of `s`.
+void ExpectSample(const Row& row, const Sample& s) {
+  ASSERT_EQ(row.num_columns(), s.cols.size());
+  for (size_t i = 0; i < s.cols.size(); ++i) ExpectColumn(row.column(i), s.cols[i]);
+}
+
 TEST(RowCodecTest, RoundTripOfSeveralDtypesAndShapes) {
   Sample s;
   Encoded e = EncodeRow(42, s.cols);
@@ -131,8 +137,34 @@ TEST(RowCodecTest, CopyMakesAnIndependentRow) {
   Row row;
   RowCodec::Copy(v, &row);
   std::memset(e.data(), 0, e.size);  // the source goes away
-  ASSERT_EQ(row.num_columns(), s.cols.size());
-  for (size_t i = 0; i < s.cols.size(); ++i) ExpectColumn(row.column(i), s.cols[i]);
+  ExpectSample(row, s);
+}
+
+// A Row moved from is empty (no columns, no view): it does not go on
+// describing the buffer it handed over, which the Row moved into reuses or
+// frees. The moved-to Row reads as the original did, and the moved-from one
+// can be read into again.
+TEST(RowCodecTest, AMovedFromRowIsEmpty) {
+  Sample s;
+  Encoded e = EncodeRow(1, s.cols);
+  RowView v;
+  ASSERT_TRUE(RowCodec::Decode(e.data(), e.size, &v).ok());
+  // Reading a Row moved from is what this test is about.
+  // NOLINTBEGIN(bugprone-use-after-move,clang-analyzer-cplusplus.Move)
+  Row a;
+  RowCodec::Copy(v, &a);
+  Row b(std::move(a));
+  EXPECT_EQ(a.num_columns(), 0u);
+  EXPECT_TRUE(a.view().empty());
+  ExpectSample(b, s);
+  Row c;
+  c = std::move(b);
+  EXPECT_EQ(b.num_columns(), 0u);
+  EXPECT_TRUE(b.view().empty());
+  ExpectSample(c, s);
+  RowCodec::Copy(v, &a);
+  ExpectSample(a, s);
+  // NOLINTEND(bugprone-use-after-move,clang-analyzer-cplusplus.Move)
 }
 
 TEST(RowCodecTest, ProjectionSelectsAndReordersColumns) {

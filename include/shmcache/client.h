@@ -11,7 +11,8 @@
 // keep using a Client (and its Caches) created before the fork; it opens its
 // own connection on first need.
 // Errors: Unavailable when the daemon cannot be reached; InvalidArgument for
-// a non-local host or a bad port; PermissionDenied when the process
+// a non-local host, a bad port or run dir, or a request timeout that is not
+// positive (options.h); PermissionDenied when the process
 // listening at the instance's socket runs as another uid (it is told
 // nothing); otherwise what the daemon answered. After an error every
 // out-parameter is unchanged (status.h).

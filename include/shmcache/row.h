@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shmcache/export.h"
@@ -82,8 +83,16 @@ class SHMCACHE_EXPORT Row {
   Row() = default;
   Row(const Row&) = delete;
   Row& operator=(const Row&) = delete;
-  Row(Row&&) = default;
-  Row& operator=(Row&&) = default;
+  // The buffer moves with its view; the Row moved from is empty (no
+  // columns), not a view of the buffer it handed over.
+  Row(Row&& o) noexcept : buf_(std::move(o.buf_)), view_(std::exchange(o.view_, {})) {}
+  Row& operator=(Row&& o) noexcept {
+    if (this != &o) {
+      buf_ = std::move(o.buf_);
+      view_ = std::exchange(o.view_, {});
+    }
+    return *this;
+  }
 
   const RowView& view() const { return view_; }
   size_t num_columns() const { return view_.num_columns(); }

@@ -6,6 +6,7 @@ A slow cache is simulated deterministically: the cache's put (the writer
 thread's fallback path) or put_batch is replaced by one that waits on an
 Event the test controls."""
 
+import gc
 import multiprocessing
 import multiprocessing.util
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -383,6 +385,63 @@ def test_a_dataloader_workers_rows_are_stored_while_it_lives_and_at_its_exit(
     epoch = DataLoader(ds, batch_size=8, num_workers=2)
     assert sum(len(b[1]) for b in epoch) == 40
     assert assert_cached_rows_whole(session, "workers", 40) == list(range(40))
+
+
+def writer_of(ds, before):
+    """The writer thread ds started (not one of `before`)."""
+    (t,) = [t for t in threading.enumerate()
+            if t.name == "shmcache-put" and t not in before]
+    return t
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_dropped_dataset_ends_its_writer_without_the_cycle_collector(
+        server, session, monkeypatch, queued):
+    """`del ds` frees a CachedDataset with async puts by reference counting
+    alone: no cycle through its writer keeps it (a script that makes a
+    dataset per epoch may not reach the cyclic collector for a long time).
+    Its writer thread stores the rows still queued, then ends (not after
+    its idle time) and lets go of its queue."""
+    monkeypatch.setattr(shmcache.async_put, "_IDLE_EXIT_S", 3600.0)
+    gc.collect()
+    gc.disable()
+    try:
+        before = set(threading.enumerate())
+        ds = CachedDataset(Images(6), DatasetCache(session), name=f"drop{queued}")
+        release = threading.Event()
+        block_puts(ds, release)
+        if not queued:
+            release.set()
+        for i in range(6):
+            ds[i]
+        writer = writer_of(ds, before)
+        if not queued:
+            assert ds.flush(60)
+        gone, putter = weakref.ref(ds), weakref.ref(ds._putter)
+        cache = ds.cache
+        del ds
+        assert gone() is None
+        release.set()
+        assert wait_for(lambda: not writer.is_alive(), what="its writer to end")
+        assert putter() is None
+        assert [i for i in range(6) if cache.contains(i)] == list(range(6))
+    finally:
+        gc.enable()
+
+
+def test_a_cache_set_later_takes_the_rows_queued_after(server, session):
+    """ds.cache = other: rows queued before go to the cache they were
+    queued for, later ones to the new cache."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="before")
+    other = CachedDataset(Images(4), DatasetCache(session), name="after").cache
+    ds[0]
+    ds.cache = other
+    ds[1]
+    assert ds.flush(60)
+    first = CachedDataset(Images(4), DatasetCache(session), name="before").cache
+    assert wait_for(lambda: first.contains(0), what="row 0 in the first cache")
+    assert [i for i in range(4) if first.contains(i)] == [0]
+    assert [i for i in range(4) if other.contains(i)] == [1]
 
 
 def test_async_and_sync_puts_return_and_store_the_same(server, session):

@@ -378,3 +378,70 @@ def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
             with pytest.raises(ValueError, match=rf"row id {row_id} outside \[0, "):
                 read(row_id)
     assert c.get(0).tolist() == [0, 0, 0] and ds[0].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("columns", [3.5, object(), b"image"])
+def test_a_columns_selection_of_another_type_is_a_type_error_naming_it(
+        server, session, columns):
+    c = DatasetCache(session, name="cols")
+    assert c.put(0, {"image": np.arange(4), "label": 3})
+    for read in (lambda: c.get(0, columns=columns), lambda: c.view(0, columns=columns),
+                 lambda: c.get_columns(0, columns=columns),
+                 lambda: c.read_into([0], (np.zeros((1, 4), np.int64),), columns=columns)):
+        with pytest.raises(TypeError, match="columns") as e:
+            read()
+        assert "not iterable" not in str(e.value)
+
+
+def test_copy_is_a_flag_on_every_read_as_on_get(server, session):
+    # get() takes copy= by its truth value; get_batch and get_columns did not
+    # (pybind11's "incompatible function arguments" for anything but a bool).
+    c = DatasetCache(session, name="copyflag")
+    assert c.put(0, (np.arange(4), 1))
+    for copy in (1, 0, np.bool_(True), None):
+        assert c.get(0, copy=copy)[0].tolist() == [0, 1, 2, 3]
+        assert c.get_batch([0], copy=copy)[0][0].tolist() == [0, 1, 2, 3]
+        assert c.get_columns(0, copy=copy)[0][2].tolist() == [0, 1, 2, 3]
+        assert c.get_batch_columns([0], copy=copy)[0][0][2].tolist() == [0, 1, 2, 3]
+    assert not c.get_batch([0], copy=0)[0][0].flags.writeable    # a view
+    assert not c.get_columns(0, copy=0)[0][2].flags.writeable
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(name=3), TypeError), (dict(name=""), ValueError), (dict(name="x" * 300), ValueError),
+    (dict(name="ok", fingerprint=3), TypeError),
+    (dict(name="ok", fingerprint="x" * 300), ValueError),
+])
+def test_named_checks_its_name_as_the_constructor(server, session, kwargs, error):
+    c = DatasetCache(session)
+    with pytest.raises(error, match="name|fingerprint"):
+        c.named(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(name="caf\udce9"), dict(fingerprint="\ud800")])
+def test_a_name_that_is_not_utf8_is_a_value_error_naming_it(kwargs):
+    with pytest.raises(ValueError, match=f"Argument {next(iter(kwargs))} must be UTF-8"):
+        DatasetCache(1, **kwargs)
+
+
+def test_batch_calls_name_an_argument_of_another_type(server, session):
+    c = DatasetCache(session, name="batchargs")
+    for call, args, name in [
+            (c.put_batch, (5, [1]), "row_ids"), (c.put_batch, ([1], (x for x in [1])), "rows"),
+            (c.put_batch, ([1], None), "rows"), (c.get_batch, (5,), "row_ids"),
+            (c.get_batch_columns, (None,), "row_ids")]:
+        with pytest.raises(TypeError, match=name) as e:
+            call(*args)
+        assert "not iterable" not in str(e.value) and "has no len" not in str(e.value)
+
+
+def test_contains_checks_the_id_of_a_bypassed_cache_too(monkeypatch):
+    # As get does: a wrong id is the caller's mistake whatever the cache's state.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        c = DatasetCache(0)
+    assert c.bypassed and 1 not in c
+    with pytest.raises(TypeError):
+        c.contains("1")
+    with pytest.raises(ValueError):
+        c.contains(-1)

@@ -5,6 +5,7 @@ dataset whose contents cannot be told gets no cache (CachedDataset: rows
 from the source after one CacheWarning naming the fix, name=;
 cache_for_dataset and prefill: refused with it)."""
 
+import hashlib
 import os
 import time
 
@@ -16,9 +17,11 @@ from torch.utils.data import (DataLoader, Dataset, IterableDataset, Subset,  # n
                               TensorDataset)
 
 from helpers import Images, RandomFlip, sample  # noqa: E402
-from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache import CacheWarning, DatasetCache, FingerprintMismatchError  # noqa: E402
+from shmcache.rows import NUMBER_TAG  # noqa: E402
 from shmcache.torch import (CachedDataset, CachedIterableDataset,  # noqa: E402
-                            CachedLoader, cache_for_dataset)
+                            CachedLoader, cache_for_dataset, dataset_fingerprint)
+from shmcache.torch.dataset_identity import content_identity  # noqa: E402
 
 
 def name_of(ds, session, **kw):
@@ -326,3 +329,67 @@ def test_streams_of_other_contents_do_not_share(server, session):
     assert np.array_equal(np.asarray(first["image"]), sample(0, 8)[0] + 1)
     assert CachedIterableDataset(Offset(20, 0), DatasetCache(session)).cache.name \
         == a.cache.name
+
+
+class Halves(Dataset):
+    """(numpy.float64, int) samples: a numpy.float64 was stored as a Python
+    float by row format 1 (shmcache before 6caecb3), as a numpy scalar
+    since."""
+    root = "halves"
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.float64(i / 2), i
+
+
+def format_1_cache(ds, session, name=None):
+    """The cache that a shmcache of row format 1 opened for CachedDataset(ds,
+    name=name): named and fingerprinted as that version did (a row format
+    was no part of it), holding the rows it stored for Halves (both fields
+    tagged as Python numbers)."""
+    desc = dataset_fingerprint(ds)
+    if name is None:
+        desc += "|content=" + content_identity(ds)
+    fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
+    old = DatasetCache(session).named(name or fp, fp).open()
+    for i in range(0, len(ds), 2):   # half of them: its batches would mix
+        assert old.put_columns(i, [(f"#0\x1f{NUMBER_TAG}", "float64", np.array(i / 2)),
+                                   (f"#1\x1f{NUMBER_TAG}", "int64", np.array(i))])
+    return old
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_rows_of_another_row_format_are_never_read(server, session, batch_size):
+    """Rows that an older shmcache stored in another row format (the spill
+    database survives restarts; two package versions share a daemon) are
+    not this version's hits: batches come out as DataLoader's, not with a
+    Python float in some rows and a 0-d tensor in others."""
+    format_1_cache(Halves(), session)
+    want = list(DataLoader(Halves(), batch_size=batch_size))
+    cds = CachedDataset(Halves(), DatasetCache(session), async_puts=False)
+    for loader in (DataLoader, CachedLoader):
+        got = list(loader(cds, batch_size=batch_size))
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert type(a[0]) is type(b[0]) and a[0].dtype == b[0].dtype
+            assert torch.equal(a[0], b[0])
+            assert type(a[1]) is type(b[1]) and torch.equal(torch.as_tensor(a[1]),
+                                                             torch.as_tensor(b[1]))
+    st = cds.stats()
+    assert (st.hits, st.misses) == (8, 8)   # the second pass read the first's
+
+
+def test_a_named_cache_of_another_row_format_is_another_cache(server, session):
+    """name= keeps the user's name; a cache of that name filled in another
+    row format is refused as another pipeline's is, saying so and what to do."""
+    format_1_cache(Halves(), session, name="halves")
+    with pytest.raises(FingerprintMismatchError) as e:
+        CachedDataset(Halves(), DatasetCache(session), name="halves")
+    assert "row format" in str(e.value) and "name=" in str(e.value)
+    assert f"shmcache -d {session}" in str(e.value)
+    cds = CachedDataset(Halves(), DatasetCache(session), name="halves-2",
+                        async_puts=False)
+    assert cds.cache.name == "halves-2"
+    assert [type(v) for v in cds[2]] == [torch.Tensor, int]

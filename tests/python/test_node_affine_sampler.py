@@ -89,3 +89,32 @@ def test_out_of_range_arguments_are_refused(kw):
     args = dict(num_nodes=2, node_rank=0, local_world_size=2, local_rank=0)
     with pytest.raises(ValueError):
         NodeAffineSampler(range(10), **{**args, **kw})
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(num_nodes="2"), "num_nodes"), (dict(node_rank="0"), "node_rank"),
+    (dict(local_world_size=2.0), "local_world_size"), (dict(local_rank=True), "local_rank"),
+    (dict(rotate_every="1"), "rotate_every"), (dict(seed="x"), "seed"),
+])
+def test_wrong_types_are_type_errors_naming_the_argument(kw, name):
+    args = dict(num_nodes=2, node_rank=0, local_world_size=2, local_rank=0)
+    with pytest.raises(TypeError, match=name):
+        NodeAffineSampler(range(10), **{**args, **kw})
+
+
+@pytest.mark.parametrize("args, error, name", [
+    ((10, 2, 2), ValueError, "part"), ((10, 2, -1), ValueError, "part"),
+    ((10, 0, 0), ValueError, "num_nodes"), ((-1, 2, 0), ValueError, "n"),
+    ((10.0, 2, 0), TypeError, "n"), ((10, "2", 0), TypeError, "num_nodes"),
+    ((10, 2, 0.0), TypeError, "part"),
+])
+def test_node_partition_refuses_what_names_no_partition(args, error, name):
+    # Partition 2 of 2 nodes, or of 0 nodes, is none: not some other rows.
+    for shuffle in (True, False):
+        with pytest.raises(error, match=rf"\b{name}\b"):
+            node_partition(*args, shuffle=shuffle)
+
+
+def test_node_partition_seed_is_an_int():
+    with pytest.raises(TypeError, match="seed"):
+        node_partition(10, 2, 0, seed="x")

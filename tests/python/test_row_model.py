@@ -417,3 +417,28 @@ def test_cached_samples_keep_the_label_types_default_collate_batches(server, ses
         batch = next(iter(DataLoader(cds, batch_size=6)))
         for a, b in zip(batch, want):
             assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+# What encode makes of each kind of value, per row format: a change to it
+# must raise ROW_FORMAT (row_model.h), which keeps rows stored by another
+# version of the package out of this one's caches (the cache identity
+# includes it). Add the new format's table here when you raise it.
+ENCODED = {
+    2: [("img", "uint8", (2, 3)), ("i\x1fpy", "int64", ()), ("f\x1fpy", "float64", ()),
+        ("b\x1fpy", "bool", ()), ("i64", "int64", ()), ("f64", "float64", ()),
+        ("c128", "complex128", ()), ("f32", "float32", ()), ("a0", "int64", ()),
+        ("t", "bfloat16", (2,)), ("t0", "int64", ()), ("raw", "bytes", (2,)),
+        ("pil\x1fRGB", "uint8", (2, 2, 3))],
+}
+
+
+def test_a_change_to_what_encode_stores_raises_the_row_format():
+    sample = {"img": np.zeros((2, 3), np.uint8), "i": 7, "f": 2.5, "b": True,
+              "i64": np.int64(3), "f64": np.float64(0.5), "c128": np.complex128(1j),
+              "f32": np.float32(1), "a0": np.array(4),
+              "t": torch.ones(2, dtype=torch.bfloat16), "t0": torch.tensor(5),
+              "raw": b"ab", "pil": Image.new("RGB", (2, 2))}
+    got = [(n, d, a.shape) for n, d, a in rows.encode(sample)]
+    assert rows.ROW_FORMAT in ENCODED, "ROW_FORMAT was raised: add its table"
+    assert got == ENCODED[rows.ROW_FORMAT], \
+        "encode stores a value otherwise: raise kRowFormat (row_model.h)"

@@ -50,3 +50,63 @@ def test_error_classes_of_the_stub_are_runtime_errors():
         if name.endswith("Error"):
             assert issubclass(obj, RuntimeError), name
             assert name == "Error" or issubclass(obj, _shmcache.Error), name
+
+
+def _stub_signatures():
+    """{(class or "", function): [(name or None when positional-only,
+    has a default)]} of the stub's functions, self left out."""
+    tree = ast.parse((PACKAGE / "_shmcache.pyi").read_text())
+    out = {}
+
+    def params(fn):
+        a = fn.args
+        plain = a.posonlyargs + a.args
+        first_default = len(plain) - len(a.defaults)
+        got = [(None if i < len(a.posonlyargs) else p.arg, i >= first_default)
+               for i, p in enumerate(plain)]
+        return [g for g, p in zip(got, plain) if p.arg != "self"]
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            out["", node.name] = params(node)
+        elif isinstance(node, ast.ClassDef):
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and not any(
+                        isinstance(d, ast.Name) and d.id == "property"
+                        for d in fn.decorator_list):
+                    out[node.name, fn.name] = params(fn)
+    return out
+
+
+def _runtime_params(doc):
+    """[(name, has a default)] of the first line of a native function's
+    docstring, "f(self: T, a: int, b: bool = True) -> R", self left out."""
+    inside = doc.splitlines()[0].split("(", 1)[1].rsplit(")", 1)[0]
+    out, depth, cur = [], 0, ""
+    for ch in inside + ",":
+        depth += ch in "[(" and 1 or (ch in "])" and -1 or 0)
+        if ch == "," and depth == 0:
+            if cur.strip():
+                name = cur.split(":")[0].split("=")[0].strip()
+                out.append((name, "=" in cur))
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in out if p[0] != "self"]
+
+
+def test_the_stub_gives_each_function_its_real_parameters():
+    # Names, order and defaults: a call written from the stub (keywords
+    # included) is one the extension takes. Positional-only parameters of
+    # the stub are the native ones pybind11 names arg0, arg1, ...
+    for (cls, name), stub in sorted(_stub_signatures().items()):
+        owner = getattr(_shmcache, cls) if cls else _shmcache
+        real = _runtime_params(getattr(owner, name).__doc__)
+        assert len(real) == len(stub), (cls, name, real, stub)
+        for (r_name, r_default), (s_name, s_default) in zip(real, stub):
+            assert r_default == s_default, (cls, name, r_name)
+            if s_name is None:
+                assert r_name.startswith("arg") or cls == "Cache" and name == "read", \
+                    (cls, name, r_name)
+            else:
+                assert r_name == s_name, (cls, name, r_name, s_name)

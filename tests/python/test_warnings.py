@@ -32,9 +32,32 @@ def test_server_memory_cap_used_up_at_open_is_named(start_server):
     assert msgs[0].startswith("shmcache: cache ") and msgs[0].count("full") == 1, msgs[0]
     assert "is full: its budget of 16 MB is used up" in msgs[0] and "size_mb" in msgs[0]
     assert "cached rows are still served" in msgs[0]
-    assert msgs[1].startswith("shmcache: the cache server's memory cap is used up (")
+    assert msgs[1].startswith("shmcache: the server's memory cap is used up (fix: ")
     assert "unreachable" not in msgs[1] and "bypassed" in msgs[1]
     assert first.get(0) is not None
+
+
+def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_server):
+    """size_mb=0 asks for all the server allows: a cache that filled the
+    whole cap is not told to ask for a larger size_mb, and a cache that
+    finds the cap used up by others is told how much of it, which sessions
+    hold it and how to free or raise it."""
+    s = start_server("--memory_cap_mb", "16")
+    sid = s.new_session()
+    first, second = DatasetCache(sid, name="a"), DatasetCache(sid, name="b")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(32):
+            first.put(i, MB)
+        second.put(0, MB)
+    whole, none_left = cache_warnings(w)
+    assert "larger size_mb" not in whole, whole
+    assert "size_mb=0" in whole and "memory cap of 16 MB" in whole, whole
+    assert "spilling=True" in whole and "--memory_cap_mb" in whole, whole
+    assert none_left.count("used up") == 1, none_left
+    assert f"of the 16 MB cap" in none_left and f"session {sid}" in none_left, none_left
+    assert "shmcache --list_sessions" in none_left and "shmcache -d" in none_left
+    assert "a larger --memory_cap_mb" in none_left, none_left
 
 
 def test_a_size_over_the_server_cap_is_compared_in_mb(start_server):
@@ -92,3 +115,96 @@ def test_unreachable_server_is_named(server, session):
         assert DatasetCache(session).get(1) is None
     (msg,) = cache_warnings(w)
     assert msg.startswith("shmcache: the cache server is unreachable ("), msg
+
+
+# ---- CachedDataset's warnings name the user's line ----------------------
+
+def _ours(record, category=CacheWarning):
+    (w,) = [x for x in record if x.category is category]
+    return w
+
+
+class _Uncacheable:
+    """Samples with a str (a file name, say): no column type."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return np.zeros(2, dtype=np.float32), f"file-{i}"
+
+
+@pytest.mark.parametrize("via", ["index", "DataLoader"])
+def test_an_uncacheable_sample_is_warned_about_at_the_users_line(server, session, via):
+    """Reached by ds[i] or through DataLoader(num_workers=0) (whose fetcher
+    asks for a batch): the warning names the script's line, not the
+    package's nor torch's."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+    from shmcache.torch import CachedDataset
+    ds = CachedDataset(_Uncacheable(), DatasetCache(session), name=f"u-{via}")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        if via == "index":
+            ds[1]
+        else:
+            list(DataLoader(ds, batch_size=2, num_workers=0))
+    w = _ours(w)
+    assert "cannot be cached" in str(w.message)
+    assert w.filename == __file__, (w.filename, w.lineno)
+
+
+@pytest.mark.parametrize("via", ["index", "DataLoader"])
+def test_a_full_put_queue_is_warned_about_at_the_users_line(server, session,
+                                                             monkeypatch, via):
+    pytest.importorskip("torch")
+    import threading
+
+    import shmcache.async_put
+    from torch.utils.data import DataLoader
+    from shmcache.torch import CachedDataset
+    from helpers import Images
+    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    ds = CachedDataset(Images(6), DatasetCache(session), name=f"q-{via}", put_queue=1)
+    release = threading.Event()
+    real = ds.cache.put_encoded
+
+    def stuck(ids, rows, strict):       # the writer holds row 0: the queue is full
+        assert release.wait(60)
+        return real(ids, rows, strict)
+    ds.cache.put_encoded = stuck
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            if via == "index":
+                for i in range(6):
+                    ds[i]
+            else:
+                list(DataLoader(ds, batch_size=3, num_workers=0))
+    finally:
+        release.set()
+    w = _ours(w)
+    assert "put queue is full" in str(w.message)
+    assert w.filename == __file__, (w.filename, w.lineno)
+    assert ds.flush(60)
+
+
+def test_dataloaders_pin_memory_warning_names_the_users_line(server, session,
+                                                              monkeypatch):
+    """pin_memory=True without CUDA: CachedLoader gives what the installed
+    torch's DataLoader warns (torch 1.13: nothing; a later one's warning
+    stands in), at the script's line."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("pinning works here: nothing to warn about")
+    from helpers import Images
+    from shmcache.torch import CachedDataset, CachedLoader, _device
+    monkeypatch.setattr(_device, "_dataloader_pin_warnings",
+                        lambda: (("pin_memory needs CUDA", UserWarning),))
+    ds = CachedDataset(Images(4), DatasetCache(session), name="pinned")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        CachedLoader(ds, batch_size=2, pin_memory=True)
+    w = _ours(w, UserWarning)
+    assert str(w.message) == "pin_memory needs CUDA"
+    assert w.filename == __file__, (w.filename, w.lineno)

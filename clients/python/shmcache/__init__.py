@@ -34,8 +34,9 @@ copy.
 
 The package: _cache.py holds DatasetCache (with _checks.py, _degrade.py and
 _read_into.py, its argument checks, degradation rules and read_into
-targets); rows.py the row model; stats.py CacheStats; async_put.py the
-background writer of CachedDataset; shards.py shards and patches;
+targets); _client.py Client, the admin API (sessions, server info, stop);
+rows.py the row model; stats.py CacheStats; async_put.py the background
+writer of CachedDataset; shards.py shards and patches;
 prefill.py `python3 -m shmcache.prefill` (cifar10.py its CIFAR-10 reader);
 _shmcache the native module (_shmcache.cc, row_model.cc, dlpack_tensor.cc
 over libshmcache). The PyTorch side is the shmcache.torch subpackage.
@@ -46,6 +47,7 @@ from __future__ import annotations
 from . import _shmcache
 from ._cache import DatasetCache
 from ._checks import SESSION_ENV, session_from_env
+from ._client import Client
 from ._degrade import CacheWarning
 from ._shmcache import (AlreadyExistsError, Error, FingerprintMismatchError,
                         FullError, InvalidArgumentError, NotFoundError,
@@ -61,6 +63,3 @@ __all__ = [
     "NotSupportedError", "TooLargeError", "LOCAL_HOSTS", "MAX_ROW_ID",
     "SESSION_ENV", "session_from_env",
 ]
-
-# The admin API (sessions, server info, stop) of the native module.
-Client = _shmcache.Client

@@ -24,14 +24,15 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _shmcache
-from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, ids_array,
-                      session_from_env)
-from ._degrade import CAP_BOUNDS, CacheWarning, State, describe, user_stacklevel
+from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_iterable,
+                      check_names, ids_array, session_from_env)
+from ._degrade import (CacheWarning, ServerInfo, State, cap_bound, describe,
+                       user_stacklevel)
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
                         TooLargeError, UnavailableError)
-from .rows import (LOCAL_HOSTS, MAX_NAME_BYTES, MAX_PORT, MAX_ROW_ID, MIN_PORT,
+from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
 
@@ -117,14 +118,7 @@ class DatasetCache:
         check_int("port", port, MIN_PORT, MAX_PORT, allow_none=True)
         check_int("num_connections", num_connections, 1, MAX_INT32, allow_none=True)
         check_int("prefetch_size", prefetch_size, 1, MAX_INT32, allow_none=True)
-        if not isinstance(name, str):
-            raise TypeError(f"Argument name must be str, got {type(name).__name__}.")
-        if not name or len(name.encode()) > MAX_NAME_BYTES:
-            raise ValueError(f"Argument name must have 1 to {MAX_NAME_BYTES} bytes.")
-        if fingerprint is not None and not isinstance(fingerprint, str):
-            raise TypeError("Argument fingerprint must be str.")
-        if fingerprint is not None and len(fingerprint.encode()) > MAX_NAME_BYTES:
-            raise ValueError(f"Argument fingerprint must have at most {MAX_NAME_BYTES} bytes.")
+        check_names(name, fingerprint)
         self.session_id: int = int(session_id)
         self.size_mb: int = int(size_mb)
         self.spilling: bool = spilling
@@ -176,7 +170,9 @@ class DatasetCache:
         self._init_runtime()
 
     def named(self, name: str, fingerprint: str | None = None) -> DatasetCache:
-        """A DatasetCache for another cache name in the same session."""
+        """A DatasetCache for another cache name in the same session (name
+        and fingerprint checked as the constructor checks them)."""
+        check_names(name, fingerprint)
         other = DatasetCache.__new__(DatasetCache)
         other.__setstate__(self.__getstate__())
         other.name = name
@@ -200,7 +196,9 @@ class DatasetCache:
         """Moves to `state` (never back) and warns once per object: `what`
         (default: describe(err)), err's message, and what happens now."""
         self._state = max(self._state, state)
-        self._warn_once(f"{what} ({err})" if what else describe(err))
+        if not self._warned:   # (a full cap's figures cost a round trip)
+            self._warn_once(f"{what} ({err})" if what
+                            else describe(err, self.size_mb, self._server_info))
 
     def _warn_once(self, what: str) -> None:
         """The object's one CacheWarning: `what` stopped the cache, and what
@@ -281,24 +279,29 @@ class DatasetCache:
         bound that set the cap and the fix."""
         if self.size_mb <= 0 or self._client is None:
             return
-        try:
-            info = self._client.server_info()
-        except Error:
+        info = self._server_info()
+        if info is None:
             return  # the cache is open; its first put will tell what is wrong
         cap = int(info["memory_cap_bytes"])
         mb = 1 << 20
         if self.size_mb * mb <= cap:
             return
-        bound = str(info.get("memory_cap_bound", ""))
-        why, fix = CAP_BOUNDS.get(bound, ("the server's memory cap", "open a smaller cache"))
-        where = why.format(shm_dir=info["shm_dir"],
-                           cgroup_mb=int(info.get("memory_cgroup_limit_bytes", 0)) // mb)
+        bound, where, fix = cap_bound(info)
         self._warned = True
         warnings.warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
-            f"and rows beyond it are read from the source. Fix: {fix}",
+            f"and rows beyond it are read from the source. Fix: {fix}, or open a "
+            f"smaller cache",
             CacheWarning, stacklevel=user_stacklevel())
+
+    def _server_info(self) -> ServerInfo | None:
+        """The server's info (its memory cap and what holds it), or None when
+        it cannot be had."""
+        try:
+            return self._connect().server_info()
+        except Error:
+            return None
 
     @property
     def size(self) -> int:
@@ -374,6 +377,8 @@ class DatasetCache:
         it and returns False for the rest (one warning, as put); a row too
         large is refused alone; a malformed row raises ValueError after the
         others were stored."""
+        check_iterable("row_ids", row_ids)
+        check_iterable("rows", rows, sized=True)
         ids = [i if type(i) is int and 0 <= i <= MAX_ROW_ID else check_id(i)
                for i in row_ids]
         if len(ids) != len(rows):
@@ -392,7 +397,7 @@ class DatasetCache:
         if c is None:
             return None
         try:
-            cols = c.get(row_id, names, copy)
+            cols = c.get(row_id, names, bool(copy))
         except KeyError:
             raise
         except Error as e:
@@ -410,12 +415,13 @@ class DatasetCache:
         database. count=False (package-internal, with copy=True): the reads
         count neither as hits nor as misses (the caller counted them
         already: Cache::GetBatchUncounted)."""
+        check_iterable("row_ids", row_ids)
         ids = [check_id(i) for i in row_ids]
         c = self._open()
         if c is None:
             return [None] * len(ids)
         try:
-            rows = c.get_batch(ids, copy, True, count)
+            rows = c.get_batch(ids, bool(copy), True, count)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return [None] * len(ids)
@@ -432,7 +438,8 @@ class DatasetCache:
 
     def get_batch(self, row_ids: Iterable[int], copy: bool = True) -> list[Any]:
         """get() of many rows: a list with the row or None per id."""
-        return self.read_rows(row_ids, copy, False)
+        check_iterable("row_ids", row_ids)
+        return self.read_rows(row_ids, bool(copy), False)
 
     def get(self, row_id: int, columns: ColumnSelection = None, copy: bool = True) -> Any:
         """The cached row, or None on a miss.
@@ -490,8 +497,9 @@ class DatasetCache:
         return self.fill_batch(ids, out, columns, self.read_threads, codes=False)
 
     def contains(self, row_id: int) -> bool:
+        row_id = check_id(row_id)
         c = self._open()
-        return bool(c is not None and c.contains(check_id(row_id)))
+        return bool(c is not None and c.contains(row_id))
 
     __contains__ = contains
 
@@ -616,7 +624,7 @@ class DatasetCache:
             if columns is None:
                 return c.read(row_id, copy, torch)
             return c.read_columns(check_id(row_id), column_names(columns) or [],
-                                  copy, torch, isinstance(columns, (str, int)))
+                                  bool(copy), torch, isinstance(columns, (str, int)))
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return None

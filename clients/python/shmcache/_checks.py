@@ -6,15 +6,16 @@ words), and where a cache finds its session when none is given.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sized
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .rows import MAX_ROW_ID
+from .rows import MAX_NAME_BYTES, MAX_ROW_ID
 
 __all__ = ["MAX_INT32", "MAX_UINT32", "SESSION_ENV", "check_int", "check_id",
-           "ids_array", "session_from_env"]
+           "check_iterable", "check_names", "ids_array", "session_from_env"]
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT32 = 2**32 - 1
@@ -32,6 +33,33 @@ def check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False)
     if not lo <= value <= hi:
         raise ValueError(f"Input {name} is not within the required interval "
                          f"of [{lo}, {hi}].")
+
+
+def check_names(name: Any, fingerprint: Any) -> None:
+    """A cache's name (1 to MAX_NAME_BYTES bytes of UTF-8) and fingerprint
+    (None, or at most MAX_NAME_BYTES bytes)."""
+    for arg, value in (("name", name), ("fingerprint", fingerprint)):
+        if value is None and arg == "fingerprint":
+            continue
+        if not isinstance(value, str):
+            raise TypeError(f"Argument {arg} must be str, got {type(value).__name__}.")
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            raise ValueError(f"Argument {arg} must be UTF-8 text, got {value!r}.") from None
+        if size > MAX_NAME_BYTES or (arg == "name" and size == 0):
+            bound = "1 to" if arg == "name" else "at most"
+            raise ValueError(f"Argument {arg} must have {bound} {MAX_NAME_BYTES} bytes.")
+
+
+def check_iterable(name: str, value: Any, sized: bool = False) -> None:
+    """TypeError naming `name` unless `value` can be iterated (and, with
+    `sized`, has a length: a list or tuple rather than a generator)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or (
+            sized and not isinstance(value, Sized)):
+        what = "a list" if sized else "an iterable (a list)"
+        raise TypeError(f"{name} is {what} with one element per row, got "
+                        f"{type(value).__name__}")
 
 
 def check_id(row_id: Any) -> int:

@@ -9,29 +9,48 @@ from __future__ import annotations
 import enum
 import inspect
 import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
                         PermissionDeniedError, UnavailableError)
 
-__all__ = ["CacheWarning", "State", "cause", "describe", "user_stacklevel", "CAP_BOUNDS"]
+__all__ = ["CacheWarning", "State", "cause", "describe", "user_stacklevel", "cap_bound",
+           "CAP_BOUNDS", "ServerInfo"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def user_stacklevel() -> int:
     """The stacklevel that makes a warnings.warn() called by this
-    function's caller point at the first frame outside this package (the
-    user's put, get, loader...): entry points reach a warning through
-    different depths, so a fixed stacklevel named the package's own line."""
+    function's caller point at the first frame outside this package and
+    torch's DataLoader (the user's put, get, loader, or the loop over a
+    DataLoader that fetched a CachedDataset's samples): entry points reach
+    a warning through different depths, so a fixed stacklevel named the
+    package's own line, or DataLoader's fetcher."""
     here = inspect.currentframe()
     frame = here.f_back if here is not None else None
+    # This frame holds itself in `here`: a cycle that would keep every
+    # caller's frame and locals (a dropped loader, its dataset) until the
+    # cyclic collector ran.
+    del here
     if frame is None:   # an interpreter without frames: the caller's caller
         return 2
+    machinery = _machinery()
     level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(machinery):
         frame = frame.f_back
         level += 1
     return level
+
+
+def _machinery() -> tuple[str, ...]:
+    """The directories of frames that are not the user's: this package, and
+    torch.utils.data once imported (no frame of it runs before)."""
+    data = sys.modules.get("torch.utils.data")
+    where = getattr(data, "__file__", None)
+    return (_PACKAGE,) if where is None else (_PACKAGE, os.path.dirname(where) + os.sep)
 
 
 class CacheWarning(UserWarning):
@@ -70,32 +89,87 @@ def cause(err: Error) -> str:
     return "the cache failed"
 
 
-# FullError.reason -> what to do about it.
+# FullError.reason -> what to do about it, when the server's figures are
+# not at hand (_cap_fix says it with them).
 _FULL_FIXES = {
     "budget": "open the cache with a larger size_mb, or with spilling=True",
-    "server_cap": "restart the server with a larger memory cap (-r, --memory_cap_mb), "
-                  "or destroy sessions no longer used (shmcache -d)",
+    "server_cap": "see what each session holds with `shmcache --list_sessions` and "
+                  "destroy those no longer used (`shmcache -d ID`), or restart the "
+                  "server with a larger memory cap (-r, --memory_cap_mb)",
+    "whole_cap": "size_mb=0 gave the cache all the server allows: open it with "
+                 "spilling=True, or restart the server with a larger memory cap "
+                 "(-r, --memory_cap_mb)",
 }
 
+ServerInfo = Mapping[str, Any]
 
-def describe(err: Error) -> str:
+
+def describe(err: Error, size_mb: int = -1,
+             server_info: Callable[[], ServerInfo | None] = lambda: None) -> str:
     """cause(err) and the library's message, said once: a FullError's
-    message already says the cache is full, with its numbers (the cache,
-    its budget or the cap), so it stands alone, followed by the fix."""
+    message already says what is full or used up, with its numbers (the
+    cache, its budget or the cap), so it stands alone, followed by the
+    fix. size_mb is the cache's (0: all the server allows, its budget is
+    the cap); server_info, asked only for a full cap, gives the figures of
+    what holds it (None: the fix is said without them)."""
     msg = str(err)
     if not isinstance(err, FullError):
         return f"{cause(err)} ({msg})"
     msg = msg.removeprefix("Cache full: ")
-    if "is full" not in msg:
+    if "is full" not in msg and "used up" not in msg:
         msg = f"{cause(err)} ({msg})"
     reason = getattr(err, "reason", "")
-    fix = CAP_BOUNDS["shm_filesystem"][1] if reason == "shm_filesystem" \
-        else _FULL_FIXES.get(reason)
+    if reason == "budget" and size_mb == 0:
+        reason = "whole_cap"
+    fix: str | None
+    if reason == "shm_filesystem":
+        fix = CAP_BOUNDS["shm_filesystem"][1]
+    elif reason in ("server_cap", "whole_cap"):
+        info = server_info()
+        fix = _FULL_FIXES[reason] if info is None else _cap_fix(reason, info)
+    else:
+        fix = _FULL_FIXES.get(reason)
     return f"{msg} (fix: {fix})" if fix else msg
 
 
+def _cap_fix(reason: str, info: ServerInfo) -> str:
+    """The fix of a used-up cap, with the server's figures: the cap and
+    its bound, and (server_cap) how much the caches of which sessions hold."""
+    mb = 1 << 20
+    cap = int(info["memory_cap_bytes"]) // mb
+    bound, where, raise_it = cap_bound(info)
+    if reason == "whole_cap":
+        return (f"size_mb=0 gave the cache all the server allows, its memory cap of "
+                f"{cap} MB ({bound}: {where}): open it with spilling=True, or {raise_it}")
+    sessions = [str(s) for s in info.get("sessions", ())]
+    holders = ("no session (destroyed ones still mapped by their processes)"
+               if not sessions else
+               ("session " if len(sessions) == 1 else "sessions ") + ", ".join(sessions[:8])
+               + (f" and {len(sessions) - 8} more" if len(sessions) > 8 else ""))
+    held = int(info.get("memory_held_bytes", 0)) / mb
+    still = (f", {held:.1f} MB of it by destroyed sessions that processes still map "
+             f"(freed when they exit)" if held >= 0.1 else "")
+    return (f"the caches of {holders} hold "
+            f"{int(info['memory_used_bytes']) / mb:.1f} MB of the {cap} MB cap "
+            f"({bound}: {where}){still}: see what each session holds with "
+            f"`shmcache --list_sessions` and destroy those no longer used "
+            f"(`shmcache -d ID`), or {raise_it}")
+
+
+def cap_bound(info: ServerInfo) -> tuple[str, str, str]:
+    """(the bound that sets the server's memory cap, what it is, how to
+    raise it), from its server info."""
+    bound = str(info.get("memory_cap_bound", ""))
+    why, raise_it = CAP_BOUNDS.get(bound, ("the server's memory cap",
+                                           "restart the server with a larger memory "
+                                           "cap (-r, --memory_cap_mb)"))
+    where = why.format(shm_dir=info.get("shm_dir", ""),
+                       cgroup_mb=int(info.get("memory_cgroup_limit_bytes", 0)) >> 20)
+    return bound, where, raise_it
+
+
 # What bounds a server's memory cap (the server info's memory_cap_bound):
-# what it is, and how to raise it.
+# what it is, and how to raise it (cap_bound).
 CAP_BOUNDS: dict[str, tuple[str, str]] = {
     "shm_filesystem": (
         "the room in the shm filesystem {shm_dir}",
@@ -108,8 +182,8 @@ CAP_BOUNDS: dict[str, tuple[str, str]] = {
         "resources.limits.memory) or restart the server with a larger -r"),
     "physical_memory": (
         "-r of the physical memory",
-        "restart the server with a larger -r, or open a smaller cache"),
+        "restart the server with a larger -r"),
     "memory_cap_mb": (
         "the server's --memory_cap_mb",
-        "restart the server with a larger --memory_cap_mb, or open a smaller cache"),
+        "restart the server with a larger --memory_cap_mb"),
 }

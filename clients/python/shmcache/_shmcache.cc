@@ -605,6 +605,7 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("MAX_COLUMNS") = shmcache::kMaxColumnsPerRow;
   m.attr("LOCAL_HOSTS") = py::make_tuple("127.0.0.1", "localhost", "::1");
   m.attr("NUMBER_TAG") = std::string(shmcache::python::kNumberTag);
+  m.attr("ROW_FORMAT") = shmcache::python::kRowFormat;
   m.attr("DTYPES") = rows::DTypeTable();
   // What read_into(codes=True) says of each row (batch_reader.h).
   m.attr("ROW_MISSING") = shmcache::kRowMissing;

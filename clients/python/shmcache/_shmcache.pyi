@@ -19,6 +19,7 @@ STAT_FIELDS: tuple[str, ...]
 MAX_COLUMNS: int
 LOCAL_HOSTS: tuple[str, ...]
 NUMBER_TAG: str
+ROW_FORMAT: int
 ROW_MISSING: int
 ROW_READ: int
 ROW_OTHER_LAYOUT: int

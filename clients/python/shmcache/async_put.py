@@ -26,7 +26,9 @@ Contract:
   at most EXIT_FLUSH_S seconds, then the rest is dropped and the process
   exits. A process killed (SIGKILL) loses its queue; the cache's publish
   protocol never shows a half-written row.
-- The thread ends after _IDLE_EXIT_S seconds without rows.
+- The thread ends after _IDLE_EXIT_S seconds without rows, or, once
+  retire() was called (CachedDataset: the dataset was freed), as soon as
+  the queue is written.
 - Fork: a child starts with an empty queue, fresh locks and no thread; its
   thread starts at its first enqueue.
 """
@@ -45,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import CacheWarning
+from ._degrade import user_stacklevel
 
 __all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "put_rows"]
 
@@ -100,6 +103,7 @@ class AsyncPutter:
         self._batched = False      # wakes by batch (decided at the thread's start)
         self._busy = 0             # rows being written now
         self._stop = False
+        self._retired = False      # retire() was called: end once written
         self._thread: threading.Thread | None = None
         self.queued = self.written = self.dropped = self.not_stored = 0
 
@@ -178,6 +182,19 @@ class AsyncPutter:
         if thread is not None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
+    def retire(self) -> None:
+        """The owner is gone: the thread writes what is queued and ends
+        then, rather than waiting _IDLE_EXIT_S for more. Never blocks: it
+        may run in the cyclic collector on any thread, the writer's with
+        the lock held included; a busy lock's holder (the writer, between
+        two waits) sees the flag before it waits again."""
+        self._retired = True
+        if self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
+
     def _start_locked(self):
         if self._thread is None:
             self._batched = self._batch_wakes is not None and self._batch_wakes()
@@ -195,13 +212,14 @@ class AsyncPutter:
         idle_since = time.monotonic()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._ready_locked()
+                self._cond.wait_for(lambda: self._stop or self._retired
+                                    or self._ready_locked()
                                     or (not self._batched and bool(self._queue)),
                                     _HOLD_S if self._batched else _IDLE_EXIT_S)
                 if self._stop:
                     return
                 if not self._queue:
-                    if time.monotonic() - idle_since >= _IDLE_EXIT_S:
+                    if self._retired or time.monotonic() - idle_since >= _IDLE_EXIT_S:
                         self._thread = None
                         return
                     continue
@@ -224,6 +242,8 @@ class AsyncPutter:
         try:
             return self._store([b[0] for b in batch], [b[1] for b in batch])
         except Exception as e:  # the writer thread must outlive a bad row
+            # No frame of the user's on the writer thread: the warning names
+            # this loop (shown once per process by the default filter).
             warnings.warn(f"shmcache: a background put failed ({type(e).__name__}: "
                           f"{e}); these rows are read from the source",
                           CacheWarning, stacklevel=2)
@@ -240,7 +260,7 @@ def _warn_drops(limit_bytes):
                   "source again next epoch; the cache takes rows slower than "
                   "the dataset makes them (raise put_queue= or use "
                   "async_puts=False to wait for every put)", CacheWarning,
-                  stacklevel=4)
+                  stacklevel=user_stacklevel())
 
 
 def _close_all():

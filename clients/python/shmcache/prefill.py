@@ -522,13 +522,13 @@ def _parse(argv):
 
 
 def _open_cache(a, dataset):
-    from .torch import cache_for_dataset
+    from .torch.fingerprint import cache_for_dataset, open_dataset_cache
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CacheWarning)
         try:
             base = DatasetCache(a.session_id, size_mb=a.size, spilling=a.spilling,
                                 port=a.port)
-            cache = cache_for_dataset(dataset, base, a.cache_name).open()
+            cache = open_dataset_cache(cache_for_dataset(dataset, base, a.cache_name))
         except (TypeError, ValueError, RuntimeError) as e:
             raise BadInput(str(e).splitlines()[0]) from None
     if cache.bypassed:

@@ -45,6 +45,14 @@ inline constexpr char kPos = '#';
 inline constexpr char kTagSep = '\x1f';
 inline constexpr std::string_view kNumberTag = kNumberSuffix.substr(1);
 
+// The version of the columns Encode makes of a sample. It is part of the
+// identity of a dataset's cache (shmcache.torch.fingerprint), so that rows
+// stored by a package of another version, which decode to other types,
+// are another cache's and never this one's hits. Raise it with any change
+// to the columns Encode makes of some value. 1: numpy.float64 and
+// complex128 stored as Python numbers (tagged); 2: as numpy scalars.
+inline constexpr int kRowFormat = 2;
+
 // numpy dtype <-> DType. bfloat16 and bytes have no numpy type of their
 // own: they travel as uint16 / uint8 arrays with the name given.
 // FromNumpy throws TypeError naming an unsupported dtype.

@@ -17,6 +17,11 @@ Python number back, as CachedDataset's samples hold it (torch=False: its
     split_name("#0\x1fRGB")           # ("#0", "RGB"): a PIL image column
     torch_dtype("uint16")             # "int32": the tensor a column reads into
 
+ROW_FORMAT is the version of what encode makes of a sample (row_model.h):
+a dataset's cache identity includes it (shmcache.torch.fingerprint), so
+rows another version of the package stored in another format are never
+read as this one's.
+
 The limits and dtypes come from the C++ headers: MAX_ROW_ID, MIN_PORT,
 MAX_PORT, MAX_NAME_BYTES, MAX_COLUMNS, LOCAL_HOSTS, NUMBER_TAG and DTYPES ({name:
 (itemsize, numpy dtype name, torch dtype name or None)}).
@@ -24,19 +29,20 @@ MAX_PORT, MAX_NAME_BYTES, MAX_COLUMNS, LOCAL_HOSTS, NUMBER_TAG and DTYPES ({name
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 import numpy.typing as npt
 
 from ._shmcache import (DTYPES, LOCAL_HOSTS, MAX_COLUMNS, MAX_NAME_BYTES, MAX_PORT,
-                        MAX_ROW_ID, MIN_PORT, NUMBER_TAG, decode, encode, row_kind,
-                        split_name)
+                        MAX_ROW_ID, MIN_PORT, NUMBER_TAG, ROW_FORMAT, decode, encode,
+                        row_kind, split_name)
 
 __all__ = ["Column", "Array", "ColumnSelection", "encode", "decode", "row_kind",
            "split_name",
            "torch_dtype", "column_names", "DTYPES", "LOCAL_HOSTS", "MAX_COLUMNS",
-           "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "NUMBER_TAG", "POS"]
+           "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "NUMBER_TAG", "POS",
+           "ROW_FORMAT"]
 
 Array = npt.NDArray[Any]
 # (name, dtype name, array): what encode returns, put stores and reads return.
@@ -61,6 +67,9 @@ def column_names(columns: ColumnSelection) -> list[str] | None:
         return None
     if isinstance(columns, (str, int)):
         columns = [columns]
+    elif isinstance(columns, (bytes, bytearray)) or not isinstance(columns, Iterable):
+        raise TypeError("columns is a column name (str), a position (int), a list of "
+                        f"them, or None for all; got {type(columns).__name__}")
     names = []
     for c in columns:
         if isinstance(c, bool) or not isinstance(c, (str, int)):

@@ -38,6 +38,7 @@ transforms).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -50,10 +51,11 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
+from .._degrade import user_stacklevel
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
                     split_name)
-from .fingerprint import cache_for_dataset
+from .fingerprint import cache_for_dataset, open_dataset_cache
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
 
@@ -136,7 +138,9 @@ class CachedDataset(Dataset):
       epoch. At exit, queued rows are written for at most 2 s
       (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
       DataLoader worker's exit at the end of an epoch. flush() waits for
-      the queue. async_puts=False stores every miss before returning it,
+      the queue. A dataset the script drops is freed at once (the thread
+      does not hold it): its thread writes the rows queued, then ends.
+      async_puts=False stores every miss before returning it,
       in the calling thread, without a copy: a batch's misses
       (DataLoader's __getitems__) with one put after its last sample,
       before the batch is returned; under a transform (which may change a
@@ -197,12 +201,17 @@ class CachedDataset(Dataset):
         self._warned_uncacheable = False
         self._putter = self._new_putter()
         _datasets.add(self)
-        self.cache.open()   # a wrong pipeline under this name fails here
+        open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if name in _READ_SETTINGS:
             self._forget_hit_path()
+        old = getattr(self, "_putter", None) if name == "cache" else None
+        if old is not None:
+            # Later rows go to the new cache; queued ones to the old.
+            self._putter = self._new_putter()
+            old.retire()
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
@@ -213,9 +222,17 @@ class CachedDataset(Dataset):
         object.__setattr__(self, "_one_by_one", False)
 
     def _new_putter(self) -> AsyncPutter | None:
+        if not self.async_puts:
+            return None
+        # The writer stores into the cache, not through the dataset: a
+        # cycle through its store would keep the dataset, its thread and
+        # queue after `del ds` until the cyclic collector ran. Retired when
+        # the dataset is freed (not at exit: the exit flush writes first).
         # Batched wakes in a DataLoader worker (see shmcache.async_put).
-        return AsyncPutter(self._put_rows, self.put_queue, batch_wakes=_ask_in_worker) \
-            if self.async_puts else None
+        putter = AsyncPutter(functools.partial(_store_rows, self.cache), self.put_queue,
+                             batch_wakes=_ask_in_worker)
+        weakref.finalize(self, putter.retire).atexit = False
+        return putter
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -272,10 +289,6 @@ class CachedDataset(Dataset):
         else:
             self.cache.put_encoded([b[0] for b in batch], [b[1] for b in batch],
                                    strict=False)
-
-    def _put_rows(self, ids: list[int], rows: list[list[Column]]) -> int:
-        """The writer thread's put (self.cache is looked up each time)."""
-        return sum(self.cache.put_encoded(ids, rows, strict=False))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until this process's queued puts are stored; False when
@@ -388,7 +401,7 @@ class CachedDataset(Dataset):
             self._warned_uncacheable = True
             warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
                           "samples like it are read from the dataset",
-                          CacheWarning, stacklevel=4)
+                          CacheWarning, stacklevel=user_stacklevel())
 
     def project(self, sample: Any) -> Any:
         cols = self.columns
@@ -399,6 +412,11 @@ class CachedDataset(Dataset):
         if isinstance(sample, dict):
             return {c: sample[c] for c in cols}
         return tuple(sample[c] for c in cols)
+
+
+def _store_rows(cache: DatasetCache, ids: list[int], rows: list[list[Column]]) -> int:
+    """The writer thread's put."""
+    return sum(cache.put_encoded(ids, rows, strict=False))
 
 
 def _queue_entry(index: int, cols: list[Column]) -> tuple[int, list[Column], int]:
@@ -447,7 +465,7 @@ class CachedIterableDataset(IterableDataset):
                                        bypass_unknown=True)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
-        self.cache.open()
+        open_dataset_cache(self.cache)
 
     def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""

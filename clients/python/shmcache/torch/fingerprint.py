@@ -1,9 +1,11 @@
 """The cache a dataset gets: its name is a fingerprint of the dataset
-(class, length, root/path resolved, the repr of its transforms) and of its
+(class, length, root/path resolved, the repr of its transforms), of its
 contents (shmcache.torch.dataset_identity: its files' sizes and mtimes, or
-a few samples), so that two pipelines or two datasets that differ never
-share a cache by accident, and a trainer and `python3 -m shmcache.prefill`
-over the same dataset find the same one.
+a few samples) and of the format rows are stored in (shmcache.rows.
+ROW_FORMAT), so that two pipelines, two datasets or two package versions
+that store a sample differently never share a cache by accident, and a
+trainer and `python3 -m shmcache.prefill` over the same dataset find the
+same one.
 
     cache_for_dataset(ImageFolder(root, transform=decode), DatasetCache(S))
 
@@ -22,7 +24,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from .. import DatasetCache
+from .. import DatasetCache, FingerprintMismatchError
+from ..rows import ROW_FORMAT
 from .dataset_identity import UnknownContents, content_identity
 
 __all__ = ["dataset_fingerprint", "cache_for_dataset"]
@@ -115,7 +118,9 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
     name=), or, with `bypass_unknown` (CachedDataset's choice: training goes
     on), a cache that is bypassed, with one CacheWarning saying why. With
     `name`, nothing is read: the fingerprint checked at open is the
-    description's."""
+    description's. Both include ROW_FORMAT: rows that a package of another
+    row format stored are another cache's (without `name`, another name;
+    with it, a FingerprintMismatchError at open: open_dataset_cache)."""
     if cache is None:
         cache = DatasetCache()
     if not isinstance(cache, DatasetCache):
@@ -139,8 +144,27 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                 raise
             # No name of it could be trusted not to alias another dataset's.
             unknown, desc = str(e), desc + "|content=unknown"
+    desc += f"|rows={ROW_FORMAT}"
     fp = "fp-" + hashlib.sha256(desc.encode()).hexdigest()[:40]
     out = cache.named(name or fp, fp)
     if unknown is not None:
         out.bypass(unknown)
     return out
+
+
+def open_dataset_cache(cache: DatasetCache) -> DatasetCache:
+    """cache.open() of a cache_for_dataset cache (package-internal: what
+    CachedDataset, CachedIterableDataset and prefill call). A name that
+    holds rows of another fingerprint is refused with what a fingerprint
+    covers and what to do."""
+    try:
+        return cache.open()
+    except FingerprintMismatchError as e:
+        raise FingerprintMismatchError(
+            f"cache {cache.name!r} of session {cache.session_id} holds the rows of "
+            f"another dataset (its class, length, root or transforms differ) or "
+            f"rows that another shmcache version stored in another row format "
+            f"(this one's is {ROW_FORMAT}; they must not be read as its own): "
+            f"pass another name= (prefill: --cache_name), or destroy the session "
+            f"to refill it "
+            f"(`shmcache -d {cache.session_id}`). {e}") from None

@@ -21,6 +21,7 @@ dataset/nodes rows until it holds the whole dataset.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterator, Sized
 
@@ -30,6 +31,19 @@ from torch.utils.data import Sampler
 __all__ = ["NodeAffineSampler", "node_partition"]
 
 
+def _check_int(name: str, value: object, lo: int | None = None,
+               hi: int | None = None) -> None:
+    """TypeError unless `value` is an int (numpy's too, not a bool),
+    ValueError unless lo <= value < hi; both name the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v}")
+    if hi is not None and v >= hi:
+        raise ValueError(f"{name} {v} is not in [{lo}, {hi})")
+
+
 def node_partition(n: int, num_nodes: int, part: int, shuffle: bool = True,
                    seed: int = 0) -> list[int]:
     """Indices of partition `part` of range(n) split into num_nodes parts.
@@ -37,7 +51,13 @@ def node_partition(n: int, num_nodes: int, part: int, shuffle: bool = True,
     shuffle: a random split fixed by `seed` (the same on every node), so
     that an ordered dataset (sorted by class, by source) is not cut into
     unlike parts; sizes differ by at most one. Otherwise contiguous blocks.
+    TypeError for an argument that is not an int, ValueError for n < 0,
+    num_nodes < 1 or a part outside [0, num_nodes).
     """
+    _check_int("n", n, 0)
+    _check_int("num_nodes", num_nodes, 1)
+    _check_int("part", part, 0, num_nodes)
+    _check_int("seed", seed)
     if not shuffle:
         return list(range(n * part // num_nodes, n * (part + 1) // num_nodes))
     g = torch.Generator()
@@ -102,16 +122,12 @@ class NodeAffineSampler(Sampler[int]):
                 num_nodes = world // local_world_size
             if node_rank is None:
                 node_rank = rank // local_world_size
-        for name, v, lo in (("num_nodes", num_nodes, 1),
-                            ("local_world_size", local_world_size, 1),
-                            ("rotate_every", rotate_every, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-        if not 0 <= node_rank < num_nodes:
-            raise ValueError(f"node_rank {node_rank} is not in [0, {num_nodes})")
-        if not 0 <= local_rank < local_world_size:
-            raise ValueError(f"local_rank {local_rank} is not in "
-                             f"[0, {local_world_size})")
+        _check_int("num_nodes", num_nodes, 1)
+        _check_int("local_world_size", local_world_size, 1)
+        _check_int("rotate_every", rotate_every, 0)
+        _check_int("node_rank", node_rank, 0, num_nodes)
+        _check_int("local_rank", local_rank, 0, local_world_size)
+        _check_int("seed", seed)
         self.n = len(dataset)
         if self.n < num_nodes:
             raise ValueError(f"{self.n} samples cannot be split among "

@@ -1,0 +1,64 @@
+"""shmcache.Client: the admin API of the native module (sessions, caches,
+listings, server info, stop), with its arguments checked as DatasetCache
+checks its own (_checks.py): TypeError for a wrong type, ValueError for a
+value out of range, each naming the argument, where the native module would
+raise pybind11's "incompatible function arguments" or a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _shmcache
+from ._checks import MAX_INT32, MAX_UINT32, check_int
+from .rows import MAX_PORT, MIN_PORT
+
+__all__ = ["Client"]
+
+
+def _check_type(name: str, value: Any, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"Argument {name} with value {value!r} is not of type "
+                        f"{kind.__name__}, but got {type(value).__name__}.")
+
+
+class Client(_shmcache.Client):
+    """A connection to this host's cache server.
+
+    port: the instance, MIN_PORT..MAX_PORT (0: $SHMCACHE_PORT, else 50052);
+    hostname: this host ("": $SHMCACHE_HOST, else 127.0.0.1; another host
+    is a RuntimeError, InvalidArgumentError); run_dir: the directory of the
+    server's socket, absolute ("": $SHMCACHE_RUN_DIR, else
+    /tmp/shmcache-<uid>); timeout_ms: how long one request may take before
+    the server is declared unavailable (UnavailableError), > 0. The errors
+    of the calls are the package's (shmcache.Error subclasses:
+    NotFoundError for a session that does not exist, ...)."""
+
+    def __init__(self, port: int = 0, hostname: str = "", run_dir: str = "",
+                 timeout_ms: int = 5000) -> None:
+        if not (type(port) is int and port == 0):  # 0: $SHMCACHE_PORT, else 50052
+            check_int("port", port, MIN_PORT, MAX_PORT)
+        _check_type("hostname", hostname, str)
+        run_dir = os.fspath(run_dir) if isinstance(run_dir, os.PathLike) else run_dir
+        _check_type("run_dir", run_dir, str)
+        check_int("timeout_ms", timeout_ms, 1, MAX_INT32)
+        super().__init__(int(port), hostname, run_dir, int(timeout_ms))
+
+    def destroy_session(self, id: int, /) -> None:
+        check_int("session_id", id, 0, MAX_UINT32)
+        super().destroy_session(int(id))
+
+    def check_session(self, id: int, /) -> None:
+        check_int("session_id", id, 0, MAX_UINT32)
+        super().check_session(int(id))
+
+    def open_cache(self, session_id: int, name: str, fingerprint: str,
+                   size_mb: int = 0, spill_requested: bool = False) -> _shmcache.Cache:
+        check_int("session_id", session_id, 0, MAX_UINT32)
+        _check_type("name", name, str)
+        _check_type("fingerprint", fingerprint, str)
+        check_int("size_mb", size_mb, 0, 2**64 - 1)
+        _check_type("spill_requested", spill_requested, bool)
+        return super().open_cache(int(session_id), name, fingerprint, int(size_mb),
+                                  spill_requested)

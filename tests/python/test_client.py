@@ -1,0 +1,88 @@
+"""shmcache.Client, the admin API of the package (sessions, server info,
+stop): its calls against a real server, and its argument checks, which
+raise as DatasetCache's do (TypeError for a wrong type, ValueError for a
+value out of range, naming the argument) instead of the native module's
+"incompatible function arguments" dump."""
+
+import pytest
+
+import shmcache
+
+
+def test_sessions_caches_listing_and_server_info(server, session):
+    c = shmcache.Client()
+    s = c.create_session()
+    assert isinstance(s, int) and s != 0
+    c.check_session(s)
+    cache = c.open_cache(s, "train", "fp", size_mb=8)
+    assert cache.session_id == s
+    listed = {x["session_id"]: x["caches"] for x in c.list_sessions()}
+    assert [st["name"] for st in listed[s]] == ["train"]
+    assert session in listed
+    info = c.server_info()
+    assert info["pid"] == server.pid and info["port"] == server.port
+    assert s in info["sessions"]
+    cache.close()
+    c.destroy_session(s)
+    with pytest.raises(shmcache.NotFoundError, match=f"session {s} does not exist"):
+        c.check_session(s)
+    with pytest.raises(shmcache.NotFoundError):
+        c.destroy_session(s)
+    assert isinstance(c, shmcache.Client)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(port="50052"), "port"), (dict(port=5.0), "port"), (dict(port=True), "port"),
+    (dict(hostname=None), "hostname"), (dict(hostname=127), "hostname"),
+    (dict(run_dir=3), "run_dir"), (dict(timeout_ms="5000"), "timeout_ms"),
+    (dict(timeout_ms=1.5), "timeout_ms"),
+])
+def test_wrong_types_raise_type_error_naming_the_argument(kwargs, name):
+    with pytest.raises(TypeError, match=name) as e:
+        shmcache.Client(**kwargs)
+    assert "incompatible" not in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(port=1), "port"), (dict(port=-5), "port"), (dict(port=65536), "port"),
+    (dict(timeout_ms=0), "timeout_ms"), (dict(timeout_ms=-1), "timeout_ms"),
+])
+def test_values_out_of_range_raise_value_error_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        shmcache.Client(**kwargs)
+
+
+def test_a_non_local_host_is_a_runtime_error_as_for_dataset_cache():
+    with pytest.raises(RuntimeError, match="local host"):
+        shmcache.Client(hostname="example.com")
+
+
+@pytest.mark.parametrize("call", ["destroy_session", "check_session"])
+def test_session_ids_are_checked(server, call):
+    c = shmcache.Client()
+    f = getattr(c, call)
+    for bad in ("1", 1.0, None, True):
+        with pytest.raises(TypeError, match="session_id") as e:
+            f(bad)
+        assert "incompatible" not in str(e.value)
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError, match="session_id"):
+            f(bad)
+
+
+def test_open_cache_arguments_are_checked(server, session):
+    c = shmcache.Client()
+    for kwargs, name in [(dict(name=3), "name"), (dict(fingerprint=None), "fingerprint"),
+                         (dict(size_mb="8"), "size_mb"),
+                         (dict(spill_requested=1), "spill_requested"),
+                         (dict(session_id="1"), "session_id")]:
+        args = dict(session_id=session, name="n", fingerprint="f", **{})
+        args.update(kwargs)
+        with pytest.raises(TypeError, match=name) as e:
+            c.open_cache(**args)
+        assert "incompatible" not in str(e.value)
+    for kwargs, name in [(dict(size_mb=-1), "size_mb"), (dict(session_id=-1), "session_id")]:
+        args = dict(session_id=session, name="n", fingerprint="f")
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=name):
+            c.open_cache(**args)
