@@ -36,18 +36,22 @@ inline uint64_t ForkGeneration() {
 // The library's lock order. A thread that holds a mutex of one rank takes
 // only mutexes of a later rank, and never two of the same rank.
 enum class LockRank : int {
-  kCachePut = 0,       // ChunkWriter::mu_ (a put then maps segments and tables,
-                       // calls the daemon)
-  kSpillStage = 1,     // SpillStage::mu_ (stages rows, calls the daemon)
-  kCacheTables = 2,    // TableSet::mu_
-  kCacheSegments = 3,  // SegmentSet::mu_
-  kClient = 4,         // ClientImpl::mu_ (one daemon round trip)
-  kClientPaths = 5,    // ClientImpl::paths_mu_ (a copy of the paths)
-  kSpillReaders = 6,   // the process's spill readers (spill_reader.cc; a leaf)
+  kCachePut = 0,         // ChunkWriter::mu_ (a put then maps segments and tables,
+                         // calls the daemon)
+  kSpillStage = 1,       // SpillStage::mu_ (stages rows, calls the daemon)
+  kCacheTables = 2,      // TableSet::mu_
+  kCacheSegments = 3,    // SegmentSet::mu_
+  kClient = 4,           // ClientImpl::mu_ (one daemon round trip)
+  kClientPaths = 5,      // ClientImpl::paths_mu_ (a copy of the paths)
+  kSpillReaders = 6,     // the process's spill readers (spill_reader.cc)
+  kSpillReaderOpen = 7,  // held while a spill reader (RocksDB) is opened or
+                         // closed: a child forked then would inherit
+                         // RocksDB's global state half made (spill_reader.cc;
+                         // a leaf)
 };
 // The number of ranks: the last one's value + 1 (a rank added after the
 // last must move this along).
-inline constexpr int kLockRanks = static_cast<int>(LockRank::kSpillReaders) + 1;
+inline constexpr int kLockRanks = static_cast<int>(LockRank::kSpillReaderOpen) + 1;
 
 // A std::mutex (Lockable) that fork() never finds held.
 //
