@@ -23,9 +23,52 @@ int ReadLockPid(int fd) {
   return pid > 0 && pid <= INT_MAX ? static_cast<int>(pid) : 0;
 }
 
+namespace {
+
+// Why a lock file that is not this user's own regular file is refused.
+Status NotOurs(const std::string& lock_path, const struct stat& st, int port) {
+  if (st.st_uid != geteuid()) {
+    return Status::PermissionDenied(fmt::format(
+        "{} belongs to uid {}, not to this user: another user created it to take "
+        "port {}; have it removed (as root) or use another port",
+        lock_path, st.st_uid, port));
+  }
+  return Status::PermissionDenied(fmt::format(
+      "{} is not a regular file (a link or a directory was put there); have it "
+      "removed or use another port",
+      lock_path));
+}
+
+// Opens (creating it) the lock file at lock_path: a regular file of this
+// user, never reached through a link (the file is truncated and written: as
+// root, a link could name any file of the system). *held: its fstat.
+Status OpenLockFile(const std::string& lock_path, int port, int* fd_out,
+                    struct stat* held) {
+  int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int err = errno;
+    struct stat st {};
+    if (lstat(lock_path.c_str(), &st) == 0 &&
+        (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+      return NotOurs(lock_path, st, port);
+    }
+    return Status::FromErrno("cannot open " + lock_path, err);
+  }
+  if (fstat(fd, held) != 0 || !S_ISREG(held->st_mode) || held->st_uid != geteuid()) {
+    close(fd);
+    return NotOurs(lock_path, *held, port);
+  }
+  *fd_out = fd;
+  return Status::OK();
+}
+
+}  // namespace
+
 Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
-  int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno("cannot open " + lock_path, errno);
+  int fd = -1;
+  struct stat held {};
+  Status opened = OpenLockFile(lock_path, port, &fd, &held);
+  if (!opened.ok()) return opened;
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int pid = ReadLockPid(fd);
     close(fd);
@@ -60,20 +103,6 @@ bool SameFile(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-// Why a host lock file that is not this user's own regular file is refused.
-Status NotOurs(const std::string& lock_path, const struct stat& st, int port) {
-  if (st.st_uid != geteuid()) {
-    return Status::PermissionDenied(fmt::format(
-        "{} belongs to uid {}, not to this user: another user created it to take "
-        "port {}; have it removed (as root) or use another port",
-        lock_path, st.st_uid, port));
-  }
-  return Status::PermissionDenied(fmt::format(
-      "{} is not a regular file (a link or a directory was put there); have it "
-      "removed or use another port",
-      lock_path));
-}
-
 }  // namespace
 
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
@@ -81,21 +110,10 @@ Status TakeHostLock(const std::string& lock_path, int port, const std::string& r
   // A holder that stops unlinks the file while holding it: a lock taken on
   // a file that is no longer the one at the path is taken again.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      int err = errno;
-      struct stat st {};
-      if (lstat(lock_path.c_str(), &st) == 0 &&
-          (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
-        return NotOurs(lock_path, st, port);
-      }
-      return Status::FromErrno("cannot open " + lock_path, err);
-    }
+    int fd = -1;
     struct stat held {};
-    if (fstat(fd, &held) != 0 || !S_ISREG(held.st_mode) || held.st_uid != geteuid()) {
-      close(fd);
-      return NotOurs(lock_path, held, port);
-    }
+    Status opened = OpenLockFile(lock_path, port, &fd, &held);
+    if (!opened.ok()) return opened;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int pid = ReadLockPid(fd);
       std::string dir = ReadLockRunDir(fd);

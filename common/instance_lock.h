@@ -19,7 +19,9 @@ int ReadLockPid(int fd);
 
 // Takes the lock for the life of the process and writes this process's id
 // into it; *fd_out is the open file, to be closed last. AlreadyExists,
-// naming the port and the holder's pid, when another server holds it.
+// naming the port and the holder's pid, when another server holds it. A
+// link is never followed: it, or anything that is not a regular file of
+// this user, is refused (PermissionDenied naming it and the fix).
 Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
 
 // Takes the host-wide lock of (this user, port) at `lock_path` (instance.h

@@ -5,6 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
 namespace shmcache {
 
 namespace asio = boost::asio;
@@ -23,11 +28,22 @@ Server::Server(asio::io_context& io, Store* store, Logger* log,
 Status Server::Listen(const std::string& socket_path) {
   Status fits = CheckSocketPath(socket_path);
   if (!fits.ok()) return fits;
-  // The caller holds the instance lock, so an existing socket is stale.
-  unlink(socket_path.c_str());
+  // The caller holds the instance lock, so an existing socket is stale. A
+  // link there is removed, never followed.
+  if (unlink(socket_path.c_str()) != 0 && errno != ENOENT) {
+    const int err = errno;
+    struct stat st {};
+    const bool socket = lstat(socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+    return Status::IOError(fmt::format(
+        "cannot remove {} to listen there ({}){}; remove it, or use another port",
+        socket_path, std::strerror(err),
+        socket ? "" : fmt::format(": {} is not a socket", socket_path)));
+  }
   boost::system::error_code ec;
   stream_protocol::endpoint ep(socket_path);
-  mode_t old = umask(0077);  // the socket is created owner-only
+  // The socket is made owner-only (0600) as it is bound: no chmod by name
+  // afterwards, which would follow a link put there meanwhile.
+  mode_t old = umask(0177);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.bind(ep, ec);
   umask(old);
@@ -35,7 +51,6 @@ Status Server::Listen(const std::string& socket_path) {
   if (ec) {
     return Status::IOError("cannot listen on " + socket_path + ": " + ec.message());
   }
-  chmod(socket_path.c_str(), 0600);
   Accept();
   return Status::OK();
 }

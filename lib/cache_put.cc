@@ -1,7 +1,7 @@
 // The write path: where each row of a batch goes (memory through the
 // ChunkWriter, disk through the SpillStage once the batch's memory rows are
-// in, or nowhere when the cache is full); one lock and one statistics update
-// per batch.
+// in, or nowhere when the cache is full); one lock per batch, and each row
+// counted as it is published.
 
 #include <algorithm>
 
@@ -45,6 +45,12 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
     size_t disk_bytes = 0;
     statuses[i] = PutBatchRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally,
                               &added, &disk_bytes);
+    if (tally.rows > 0) {
+      // Counted as published, not once the batch ends: a writer killed in
+      // the middle of a batch leaves at most this row uncounted.
+      stats_.CountPuts(tally.rows, tally.bytes);
+      tally = {};
+    }
     if (disk_bytes > 0) {
       to_disk.push_back({ids[i], rows[i], disk_bytes, i});
       continue;
@@ -56,7 +62,6 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
       break;
     }
   }
-  if (tally.rows > 0) stats_.CountPuts(tally.rows, tally.bytes);
   if (!to_disk.empty()) {
     lock.Unlock();  // disk writes hold no put lock
     SpillRows(to_disk, statuses, inserted);

@@ -24,6 +24,7 @@ void ChunkWriter::Lock(BatchLock* lock) {
     mu_.AssertHeld();
     return;
   }
+  lock->asked_ = std::chrono::steady_clock::now();
   lock->lock_.lock();
   mu_.AssertHeld();
   if (fork_gen_ != ForkGeneration()) {
@@ -43,8 +44,15 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
                                   .old_seg_no = c->seg_no,
                                   .old_offset = c->offset},
       &lease);
-  // On failure the daemon kept nothing of the old chunk: it stays ours.
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // A refusal the daemon answered kept nothing of the old chunk: it stays
+    // ours. No answer (Unavailable: a timeout, a broken connection) or one
+    // that could not be read (Corruption) may hide a lease granted, and
+    // with it the old chunk's tail taken back for the next writer: the old
+    // chunk is never written again (what is lost is its tail's space).
+    if (c->base != nullptr && (s.IsUnavailable() || s.IsCorruption())) *c = Chunk{};
+    return s;
+  }
   *c = Chunk{};
   const uint32_t seg_no = lease.seg_no;
   const uint64_t offset = lease.offset, size = lease.size;
@@ -83,8 +91,15 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Chunk& c = chunks_[node];
   Status s;
   if (c.base == nullptr || c.size - c.used < size) {
+    if (unanswered_at_ > lock->asked_) {
+      *lease_failed = true;
+      return Status::Unavailable(
+          "the cache server did not answer a lease asked by another thread while this "
+          "one waited to put");
+    }
     s = Lease(static_cast<int>(node), size, &c);
     if (!s.ok()) {
+      if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
       *lease_failed = true;
       return s;
     }

@@ -16,6 +16,7 @@
 // Thread safety: every method from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,8 +44,8 @@ class ChunkWriter {
   ChunkWriter(const ChunkWriter&) = delete;
   ChunkWriter& operator=(const ChunkWriter&) = delete;
 
-  // Rows a batch published and their encoded bytes, counted into the
-  // statistics once per batch rather than once per row.
+  // Rows a Write published and their encoded bytes, for the caller to count
+  // into the statistics.
   struct Tally {
     uint64_t rows = 0;
     uint64_t bytes = 0;
@@ -64,6 +65,7 @@ class ChunkWriter {
    private:
     friend class ChunkWriter;
     std::unique_lock<ForkSafeMutex> lock_;
+    std::chrono::steady_clock::time_point asked_;  // when the batch asked for it
   };
 
   // Writes row `id` (`columns`, `size` bytes encoded: RowCodec::
@@ -71,7 +73,9 @@ class ChunkWriter {
   // published already (by this process or another): the first row wins.
   // Errors: the daemon's answer to a lease (Full, FullServerCap, TooLarge,
   // Unavailable...: *lease_failed is then true and the chunks are as they
-  // were), or to growing the index.
+  // were, but for a chunk traded in for a lease that got no readable
+  // answer: Unavailable or Corruption, after which it is never written
+  // again), or to growing the index.
   Status Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed);
   // Asks the daemon for an index table past the `seen` ones mapped, and
@@ -106,6 +110,11 @@ class ChunkWriter {
   ForkSafeMutex mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
   uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for
+  // When a lease last got no answer (Unavailable). A batch that asked for
+  // mu_ before then gets that answer too rather than asking again: the put
+  // lock is held through a lease, and each put is to wait the request
+  // timeout once, not once for every batch queued before it.
+  std::chrono::steady_clock::time_point unanswered_at_ GUARDED_BY(mu_);
 };
 
 }  // namespace shmcache

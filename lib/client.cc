@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include <fmt/format.h>
 
 #include "format/cache_name.h"
@@ -12,6 +15,18 @@ namespace shmcache {
 
 using protocol::MsgType;
 using protocol::WireReader;
+
+// The milliseconds left until `deadline`, rounded up (a call made at once
+// gets its whole timeout), at least 1 (0 would be no timeout at all).
+static int MsLeft(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 1));
+}
+
+static std::chrono::steady_clock::time_point DeadlineIn(int ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+}
 
 Status ClientImpl::Create(const ClientOptions& options,
                           std::shared_ptr<ClientImpl>* out) {
@@ -37,26 +52,25 @@ Status ClientImpl::Create(const ClientOptions& options,
     impl->paths_ = std::move(paths);
   }
   ForkSafeLock lock(&impl->mu_);
-  s = impl->ConnectLocked();
+  s = impl->ConnectLocked(DeadlineIn(options.request_timeout_ms));
   if (!s.ok()) return s;
   *out = std::move(impl);
   return Status::OK();
 }
 
-Status ClientImpl::ConnectLocked() {
+Status ClientImpl::ConnectLocked(Deadline deadline) {
   if (conn_) conn_->Abandon();
   conn_.reset();
   fork_gen_ = ForkGeneration();
   std::unique_ptr<Connection> conn;
-  Status s =
-      Connection::Open(paths().socket_path, port_, options_.request_timeout_ms, &conn);
+  Status s = Connection::Open(paths().socket_path, port_, MsLeft(deadline), &conn);
   if (!s.ok()) return s;
   std::string body;
   size_t off = 0;
   s = conn->Call(protocol::HelloRequest::kType,
                  protocol::EncodeBody(
                      protocol::HelloRequest{.pid = static_cast<uint32_t>(getpid())}),
-                 &body, &off);
+                 &body, &off, MsLeft(deadline));
   if (!s.ok()) return s;
   protocol::HelloResponse hello;
   if (!protocol::DecodeBody(
@@ -76,17 +90,25 @@ Status ClientImpl::ConnectLocked() {
 
 Status ClientImpl::Exchange(MsgType type, const std::string& request, std::string* body,
                             WireReader* reader, bool reconnect) {
-  ForkSafeLock lock(&mu_);
+  const int timeout_ms = protocol::RequestTimeoutMs(type, options_.request_timeout_ms);
+  const Deadline deadline = DeadlineIn(timeout_ms);
+  if (!mu_.try_lock_until(deadline)) {
+    return Status::Unavailable(fmt::format(
+        "cache server on port {} is unreachable (timed out: {} ms went by while other "
+        "threads' requests to it waited for answers)",
+        port_, timeout_ms));
+  }
+  ForkSafeLock lock(&mu_, std::adopt_lock);
   if (!conn_ || conn_->broken() || fork_gen_ != ForkGeneration()) {
     if (!reconnect) {
       return Status::Unavailable(
           fmt::format("not connected to the cache server on port {}", port_));
     }
-    Status s = ConnectLocked();
+    Status s = ConnectLocked(deadline);
     if (!s.ok()) return s;
   }
   size_t off = 0;
-  Status s = conn_->Call(type, request, body, &off);
+  Status s = conn_->Call(type, request, body, &off, MsLeft(deadline));
   if (!s.ok()) return s;
   *reader = WireReader(std::span(reinterpret_cast<const std::byte*>(body->data()) + off,
                                  body->size() - off));

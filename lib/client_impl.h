@@ -2,13 +2,17 @@
 // the control connection and the instance's paths.
 //
 // Thread safety: Call() serialises requests under a mutex (fork-safe: a
-// fork waits for a call in flight). paths() and client_id() may be called
+// fork waits for a call in flight). A call's request timeout counts from
+// when it is made, its wait for other threads' calls included: a daemon that
+// stopped answering costs each caller the timeout once, however many
+// threads wait on it. paths() and client_id() may be called
 // from any thread, also while a call (which may reconnect) is in flight. After fork() the
 // child notices on its next Call (the fork generation changed), drops the inherited
 // connection without shutting it down and opens its own.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,8 +76,10 @@ class ClientImpl {
   int port() const { return port_; }
 
  private:
+  using Deadline = std::chrono::steady_clock::time_point;
   ClientImpl() = default;
-  Status ConnectLocked() REQUIRES(mu_);
+  // Opens the connection and says hello, both by `deadline`.
+  Status ConnectLocked(Deadline deadline) REQUIRES(mu_);
   // Sends `request` as a body of `type`; on success *reader reads the
   // answer's payload (it points into *body). Reconnects first when needed
   // and `reconnect`, else fails with Unavailable.

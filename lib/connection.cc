@@ -110,16 +110,16 @@ static bool ReadAll(int fd, void* p, size_t n) {
 }
 
 Status Connection::Call(protocol::MsgType type, const std::string& request,
-                        std::string* body, size_t* payload_offset) {
+                        std::string* body, size_t* payload_offset, int timeout_ms) {
   if (fd_ < 0) return Broken("connection closed");
-  int timeout_ms = protocol::RequestTimeoutMs(type, timeout_ms_);
-  if (timeout_ms == timeout_ms_) return Exchange(type, request, body, payload_offset);
-  // Two system calls around a rare request (spill disk, chunk return) cost
-  // nothing beside it.
-  SetTimeouts(fd_, timeout_ms);
-  Status s = Exchange(type, request, body, payload_offset);
-  if (fd_ >= 0) SetTimeouts(fd_, timeout_ms_);
-  return s;
+  // Set again only when it changes: for a rare request (spill disk, chunk
+  // return) or one that waited for another thread's; two system calls cost
+  // nothing beside those.
+  if (timeout_ms != timeout_ms_) {
+    SetTimeouts(fd_, timeout_ms);
+    timeout_ms_ = timeout_ms;
+  }
+  return Exchange(type, request, body, payload_offset);
 }
 
 Status Connection::Exchange(protocol::MsgType type, const std::string& request,

@@ -23,11 +23,11 @@ class Connection {
                      std::unique_ptr<Connection>* out);
 
   // Sends a request, waits for the response and returns its payload reader
-  // over *body. The wait is bounded by protocol::RequestTimeoutMs(type, the
-  // timeout given to Open). The returned status is the daemon's answer, or Unavailable
-  // when the transport failed (the connection is then broken()).
+  // over *body. Each send and receive waits at most timeout_ms. The returned
+  // status is the daemon's answer, or Unavailable when the transport failed
+  // (the connection is then broken()).
   Status Call(protocol::MsgType type, const std::string& request, std::string* body,
-              size_t* payload_offset);
+              size_t* payload_offset, int timeout_ms);
 
   bool broken() const { return fd_ < 0; }
   // Closes the descriptor without a shutdown, so a parent process that
@@ -42,7 +42,7 @@ class Connection {
                   size_t* payload_offset);
   int fd_;
   int port_;
-  int timeout_ms_;
+  int timeout_ms_;  // the socket's send and receive timeouts now
 };
 
 }  // namespace shmcache

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 
@@ -35,18 +36,22 @@ inline uint64_t ForkGeneration() {
 // The library's lock order. A thread that holds a mutex of one rank takes
 // only mutexes of a later rank, and never two of the same rank.
 enum class LockRank : int {
-  kCachePut = 0,       // ChunkWriter::mu_ (a put then maps segments and tables,
-                       // calls the daemon)
-  kSpillStage = 1,     // SpillStage::mu_ (stages rows, calls the daemon)
-  kCacheTables = 2,    // TableSet::mu_
-  kCacheSegments = 3,  // SegmentSet::mu_
-  kClient = 4,         // ClientImpl::mu_ (one daemon round trip)
-  kClientPaths = 5,    // ClientImpl::paths_mu_ (a copy of the paths)
-  kSpillReaders = 6,   // the process's spill readers (spill_reader.cc; a leaf)
+  kCachePut = 0,         // ChunkWriter::mu_ (a put then maps segments and tables,
+                         // calls the daemon)
+  kSpillStage = 1,       // SpillStage::mu_ (stages rows, calls the daemon)
+  kCacheTables = 2,      // TableSet::mu_
+  kCacheSegments = 3,    // SegmentSet::mu_
+  kClient = 4,           // ClientImpl::mu_ (one daemon round trip)
+  kClientPaths = 5,      // ClientImpl::paths_mu_ (a copy of the paths)
+  kSpillReaders = 6,     // the process's spill readers (spill_reader.cc)
+  kSpillReaderOpen = 7,  // held while a spill reader (RocksDB) is opened or
+                         // closed: a child forked then would inherit
+                         // RocksDB's global state half made (spill_reader.cc;
+                         // a leaf)
 };
 // The number of ranks: the last one's value + 1 (a rank added after the
 // last must move this along).
-inline constexpr int kLockRanks = static_cast<int>(LockRank::kSpillReaders) + 1;
+inline constexpr int kLockRanks = static_cast<int>(LockRank::kSpillReaderOpen) + 1;
 
 // A std::mutex (Lockable) that fork() never finds held.
 //
@@ -63,6 +68,10 @@ class CAPABILITY("mutex") ForkSafeMutex {
   void lock() ACQUIRE() { mu_.lock(); }
   void unlock() RELEASE() { mu_.unlock(); }
   bool try_lock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  // False when `deadline` passed before the mutex was free.
+  bool try_lock_until(std::chrono::steady_clock::time_point deadline) TRY_ACQUIRE(true) {
+    return mu_.try_lock_until(deadline);
+  }
   // Tells the analysis the caller holds the mutex, where it cannot see it
   // (a lock taken through a std::unique_lock); checks nothing at run time.
   void AssertHeld() ASSERT_CAPABILITY(this) {}
@@ -70,7 +79,7 @@ class CAPABILITY("mutex") ForkSafeMutex {
   LockRank rank() const { return rank_; }
 
  private:
-  std::mutex mu_;
+  std::timed_mutex mu_;
   const LockRank rank_;
 };
 
@@ -79,6 +88,8 @@ class CAPABILITY("mutex") ForkSafeMutex {
 class SCOPED_CAPABILITY ForkSafeLock {
  public:
   explicit ForkSafeLock(ForkSafeMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->lock(); }
+  // Takes over a mutex the caller locked (try_lock_until).
+  ForkSafeLock(ForkSafeMutex* mu, std::adopt_lock_t) REQUIRES(mu) : mu_(mu) {}
   ~ForkSafeLock() RELEASE() { mu_->unlock(); }
   ForkSafeLock(const ForkSafeLock&) = delete;
   ForkSafeLock& operator=(const ForkSafeLock&) = delete;

@@ -40,6 +40,13 @@ struct Entry {
 // the child opens its own.
 struct Readers {
   ForkSafeMutex mu{LockRank::kSpillReaders};
+  // Held while a reader is opened or closed (after mu, if with it; nothing is
+  // taken while it is held): RocksDB builds
+  // process-wide state then (function-local statics, its thread-local
+  // registry), and a child forked in the middle would wait forever for the
+  // parent's thread to finish it (seen: a child stuck in
+  // DBImpl::GenerateDbSessionId's static). fork() waits for it instead.
+  ForkSafeMutex opening{LockRank::kSpillReaderOpen};
   uint64_t fork_gen = ForkGeneration();
   std::map<std::string, Entry> by_record;  // GUARDED_BY(mu)
 };
@@ -48,6 +55,11 @@ Readers& TheReaders() {
   static Readers* readers = new Readers;  // never destroyed (see fork_safety.h)
   return *readers;
 }
+
+// Made when the library is loaded, before any thread: a thread making it
+// later registers its mutexes, which waits while a fork() takes them all,
+// and a child forked meanwhile would wait forever on the half-made static.
+const bool g_readers_made = (TheReaders(), true);
 
 void ForgetInheritedLocked(Readers& r) {
   if (r.fork_gen == ForkGeneration()) return;
@@ -132,6 +144,8 @@ void SpillReader::Forget(const InstancePaths& paths, const SpillReader* stale) {
 }
 
 Status SpillReader::Open(const std::string& db_path, std::unique_ptr<SpillReader>* out) {
+  // Options made under it too: their defaults reach RocksDB's statics.
+  std::lock_guard opening(TheReaders().opening);  // see Readers
   rocksdb::Options o = SpillReaderOptions();
   o.info_log = std::make_shared<NullLogger>();
   // Every table file stays open: one the daemon compacts away after this
@@ -150,7 +164,10 @@ Status SpillReader::Open(const std::string& db_path, std::unique_ptr<SpillReader
   return Status::OK();
 }
 
-SpillReader::~SpillReader() = default;
+SpillReader::~SpillReader() {
+  std::lock_guard closing(TheReaders().opening);  // as an open (Readers)
+  db_.reset();
+}
 
 void SpillReader::MultiGet(
     uint32_t cache_id, std::span<const uint64_t> ids,

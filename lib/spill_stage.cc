@@ -62,6 +62,13 @@ Status SpillStage::Put(ClientImpl* client, uint32_t cache_id, std::span<const Ro
       ++end;
     }
     Status s = client->Call(request, &answer);
+    if (s.IsUnavailable() || s.IsCorruption()) {
+      // No answer (a timeout, a broken connection) or none that could be
+      // read: the daemon may still copy these rows out of the stage when it
+      // gets to the request, so no row is staged there again (one
+      // overwritten meanwhile would be stored torn).
+      file_.Unmap();
+    }
     if (s.IsNotFound() && !asked_again) {
       asked_again = true;
       file_.Unmap();

@@ -9,7 +9,8 @@
 //
 // A row is visible whole or not at all: the index points to it only after
 // the batch holding it was written. A writer killed while staging sent
-// nothing; its stage goes with its connection.
+// nothing; its stage goes with its connection. A stage whose request got no
+// answer is never written again (the daemon may be reading it still).
 //
 // Thread safety: Put may be called from any thread; the stage is used by
 // one at a time (a mutex, fork-safe). After fork() the child asks for a

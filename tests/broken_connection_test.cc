@@ -3,6 +3,7 @@
 // unused tails to anyone else. (A dead process's tails are recycled; see
 // the writer-kill test.)
 #include <dirent.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -169,6 +170,53 @@ TEST(BrokenConnectionTest, ALiveProcessDroppingManyConnectionsIsLoggedOnce) {
   EXPECT_EQ(WaitChild(a), 0);
   EXPECT_EQ(WaitChild(b), 0);
   for (int fd : {hold[0], hold[1], done[0], done[1]}) close(fd);
+}
+
+// A lease whose answer never came (the daemon was stopped past the request
+// timeout, then went on): the daemon granted it and took the old chunk's
+// tail back, so the writer must not write there again, or the next writer
+// given that tail shares its bytes.
+TEST(BrokenConnectionTest, AChunkTradedForALeaseWhoseAnswerWasLostIsNotWrittenAgain) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  ClientOptions short_wait = server.client_options();
+  short_wait.request_timeout_ms = 300;
+  std::unique_ptr<Client> client_a;
+  ASSERT_TRUE(Client::Connect(short_wait, &client_a).ok());
+  std::unique_ptr<Cache> a;
+  ASSERT_TRUE(client_a->OpenCache(CacheNamed(session, "c", 0, false), &a).ok());
+  ASSERT_EQ(PutRange(a.get(), 0, 1, 1), 0);  // leases a 4 MB chunk
+
+  // A row too big for the chunk's rest: a new lease, trading the old chunk
+  // in, sent to a stopped daemon and given up on.
+  std::vector<uint8_t> big(5u << 20, 7);
+  ASSERT_TRUE(StopProcess(server.pid()));
+  Status s = a->Put(1, big.data(), big.size());
+  ASSERT_EQ(kill(server.pid(), SIGCONT), 0);
+  ASSERT_TRUE(s.IsUnavailable()) << s.ToString();
+  // The daemon answered the lease into a closed connection, then saw it end.
+  const std::string settled = "process " + std::to_string(getpid()) + " ended";
+  ASSERT_TRUE(WaitFor([&] { return ReadLogs(server).find(settled) != std::string::npos; },
+                      std::chrono::seconds(60)))
+      << ReadLogs(server);
+
+  // B takes a chunk, then A puts more rows: each keeps to its own bytes.
+  std::unique_ptr<Client> client_b;
+  ASSERT_TRUE(server.Connect(&client_b).ok());
+  std::unique_ptr<Cache> b;
+  ASSERT_TRUE(client_b->OpenCache(CacheNamed(session, "c", 0, false), &b).ok());
+  ASSERT_EQ(PutRange(b.get(), 100, 20, 2), 0);
+  ASSERT_EQ(PutRange(a.get(), 2, 20, 1), 0);
+  Row row;
+  for (uint64_t i : std::vector<uint64_t>{0, 2, 10, 21, 100, 110, 119}) {
+    Status got = b->Get(i, &row);
+    ASSERT_TRUE(got.ok()) << "row " << i << ": " << got.ToString();
+    auto col = row.find("data");
+    ASSERT_TRUE(col.has_value());
+    std::vector<uint8_t> want = Pattern(i, i < 100 ? 1 : 2, kRowBytes);
+    ASSERT_EQ(0, std::memcmp(col->data, want.data(), kRowBytes)) << "row " << i;
+  }
 }
 
 }  // namespace

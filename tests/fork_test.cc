@@ -4,6 +4,7 @@
 // threads run), and a child forked after a cache was opened keeps using it.
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -191,6 +192,104 @@ TEST_F(IntegrationTest, ChildForkedAfterOpenKeepsWorking) {
   CacheStats st;
   ASSERT_TRUE(cache->GetStats(&st).ok());
   EXPECT_EQ(st.mem_rows, 1700u);
+}
+
+// Threads of the parent inside every kind of call while it forks: GetBatch
+// of rows in memory and on disk (the first opens the process's spill
+// reader), PutBatch, and requests on the socket. Each child then uses the
+// inherited client and cache, and a client of its own: no hang, no answer
+// read by the wrong process, every row right.
+TEST(ForkTest, ChildrenForkedWhileThreadsReadPutAndAskTheDaemonAllWork) {
+  const std::string spill = MakeTempDir(TestTmpRoot(), "fork-spill");
+  {
+    TestServer server(WithArgs({"-s", spill}));
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    std::unique_ptr<Client> client;
+    ASSERT_TRUE(server.Connect(&client).ok());
+    std::unique_ptr<Cache> cache;
+    ASSERT_TRUE(client->OpenCache(CacheNamed(session, "s", 1, true), &cache).ok());
+    constexpr size_t kBytes = 3072;
+    constexpr uint64_t kRows = 1000;  // 3 MB: most of them spill
+    for (uint64_t id = 0; id < kRows; ++id)
+      ASSERT_TRUE(PutRow(*cache, id, 0, kBytes).ok());
+    CacheStats st;
+    ASSERT_TRUE(cache->GetStats(&st).ok());
+    ASSERT_GT(st.disk_rows, 0u);
+
+    std::atomic<bool> stop{false};
+    std::atomic<int> errors{0};
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] {  // GetBatch over memory and disk
+      std::vector<uint64_t> ids(64);
+      std::vector<Row> rows(ids.size());
+      std::vector<Status> sts(ids.size());
+      for (uint64_t n = 0; !stop.load(); ++n) {
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = (n * 64 + i * 15) % kRows;
+        if (!cache->GetBatch(ids, rows, sts).ok()) errors.fetch_add(1);
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (!sts[i].ok()) errors.fetch_add(1);
+        }
+      }
+    });
+    threads.emplace_back([&] {  // PutBatch of new rows
+      std::vector<uint8_t> data(kBytes, 5);
+      ColumnRef col{"data", DType::kUInt8, {}, data.data(), kBytes};
+      const int64_t shape[] = {kBytes};
+      col.shape = shape;
+      std::vector<std::span<const ColumnRef>> rows(16, std::span(&col, 1));
+      std::vector<Status> sts(rows.size());
+      std::vector<uint64_t> ids(rows.size());
+      for (uint64_t n = 0; !stop.load(); ++n) {
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = (uint64_t{1} << 41) + n * 16 + i;
+        if (!cache->PutBatch(ids, rows, sts).ok()) errors.fetch_add(1);
+      }
+    });
+    threads.emplace_back([&] {  // requests on the socket
+      while (!stop.load()) {
+        if (!client->CheckSession(session).ok()) errors.fetch_add(1);
+      }
+    });
+
+    constexpr int kForks = 40;
+    std::string failure;
+    for (int i = 0; i < kForks && failure.empty(); ++i) {
+      pid_t kid = ForkChild([&]() -> int {
+        std::vector<uint64_t> ids = {0, 1, kRows / 2, kRows - 2, kRows - 1};
+        std::vector<Row> rows(ids.size());
+        std::vector<Status> sts(ids.size());
+        if (!cache->GetBatch(ids, rows, sts).ok()) return 2;
+        for (size_t k = 0; k < ids.size(); ++k) {
+          if (!sts[k].ok() || !RowMatches(rows[k], ids[k], 0, kBytes)) return 3;
+        }
+        uint64_t mine = (uint64_t{1} << 42) + static_cast<uint64_t>(i);
+        if (!PutRow(*cache, mine, 0, kBytes).ok()) return 4;
+        if (!RowIs(*cache, mine, 0, kBytes)) return 5;
+        uint32_t fresh = 0;
+        if (!client->CreateSession(&fresh).ok() || !client->CheckSession(fresh).ok()) {
+          return 6;
+        }
+        std::unique_ptr<Client> own;
+        std::vector<SessionInfo> listed;
+        if (!server.Connect(&own).ok() || !own->ListSessions(&listed).ok()) return 7;
+        return own->DestroySession(fresh).ok() ? 0 : 8;
+      });
+      ASSERT_GT(kid, 0);
+      int rc = WaitChild(kid, 30);
+      if (rc != 0)
+        failure = "child " + std::to_string(i) + " ended with " + std::to_string(rc);
+    }
+    stop.store(true);
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(failure, "");
+    EXPECT_EQ(errors.load(), 0);
+    for (int i = 0; i < kForks; ++i) {
+      EXPECT_TRUE(RowIs(*cache, (uint64_t{1} << 42) + i, 0, kBytes)) << i;
+    }
+    for (uint64_t id = 0; id < kRows; ++id)
+      EXPECT_TRUE(RowIs(*cache, id, 0, kBytes)) << id;
+  }
+  RemoveTree(spill);
 }
 
 }  // namespace

@@ -134,6 +134,24 @@ TEST_F(InstanceLockTest, TheHostLockNeverFollowsALink) {
   EXPECT_EQ(text, "precious") << "the link's target was written";
 }
 
+// The run dir is the user's own, but whatever a link there points to (as
+// root: any file of the system) is not the server's to truncate.
+TEST_F(InstanceLockTest, TheInstanceLockNeverFollowsALink) {
+  std::string target = dir_ + "/victim";
+  { std::ofstream(target) << "precious\n"; }
+  ASSERT_EQ(symlink(target.c_str(), path_.c_str()), 0);
+  int fd = -1;
+  Status s = TakeInstanceLock(path_, 31000, &fd);
+  EXPECT_TRUE(s.IsPermissionDenied()) << s.ToString();
+  EXPECT_NE(s.message().find("not a regular file"), std::string::npos) << s.message();
+  EXPECT_EQ(fd, -1);
+  if (fd >= 0) close(fd);
+  std::ifstream in(target);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "precious") << "the link's target was written";
+}
+
 TEST_F(InstanceLockTest, AHostLockOfAnotherUserIsRefusedByName) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
   std::string host = dir_ + "/.shmcache.lock";

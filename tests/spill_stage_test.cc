@@ -7,11 +7,17 @@
 // stops spilling and training goes on; a restarted server serves what was
 // written and removes the stages of the killed one. Every test runs its own
 // daemon.
+#include <linux/sockios.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -137,6 +143,59 @@ TEST_F(StagedSpillTest, WriterKilledWhileStagingLeavesWholeRowsAndNoStage) {
   ASSERT_NO_FATAL_FAILURE(PutBatches(cache_.get(), held + 2 * kBatch, kBatch));
 }
 
+// Shuts down this process's sockets that hold a request the peer has not
+// read yet (SIOCOUTQ), once there is one: the caller waiting for its answer
+// sees its connection end, while the request stays for the peer to read.
+bool BreakUnreadConnection() {
+  std::vector<int> unread;
+  auto find = [&] {
+    for (const std::string& name : ListDir("/proc/self/fd")) {
+      const int fd = std::atoi(name.c_str());
+      int queued = 0;
+      struct stat st;
+      if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+          ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) {
+        unread.push_back(fd);
+      }
+    }
+    return !unread.empty();
+  };
+  if (!WaitFor(find, std::chrono::seconds(30))) return false;
+  for (int fd : unread) shutdown(fd, SHUT_RDWR);
+  return true;
+}
+
+// Spilled rows whose answer never came (the connection broke while the
+// daemon, stopped, had not read the request): the daemon copies them out of
+// the stage once it runs again, so the writer never stages rows there again
+// (a row overwritten while the daemon copies it would be stored torn).
+TEST_F(StagedSpillTest, AStageWhoseAnswerWasLostIsNotWrittenAgain) {
+  ASSERT_NO_FATAL_FAILURE(PutBatches(cache_.get(), 0, 1000));  // spills through a stage
+  const std::vector<std::string> stages = Stages(server_);
+  ASSERT_EQ(stages.size(), 1u);
+  ShmFile stage;  // this test's own view of it
+  Status opened = ShmFile::Open(server_.shm_dir() + "/" + stages[0], &stage);
+  ASSERT_TRUE(opened.ok()) << opened.ToString();
+
+  ASSERT_TRUE(StopProcess(server_.pid()));
+  bool broke = false;
+  std::thread breaker([&] { broke = BreakUnreadConnection(); });
+  std::vector<Status> st(kBatch);
+  Status s = PutRowBatch(cache_.get(), 1000, st, {}, kSalt);
+  breaker.join();
+  const std::string after_lost(stage.data(), stage.size());
+  ASSERT_EQ(kill(server_.pid(), SIGCONT), 0);
+  ASSERT_TRUE(broke);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(st[0].IsUnavailable()) << st[0].ToString();
+
+  ASSERT_NO_FATAL_FAILURE(PutBatches(cache_.get(), 2000, kBatch));
+  EXPECT_EQ(std::memcmp(stage.data(), after_lost.data(), after_lost.size()), 0)
+      << "rows were staged into the stage of the request that got no answer";
+  // What the daemon read from it is whole; the rest reads back right.
+  EXPECT_EQ(CheckRowsInChild(server_, session_, 1000, true, kSalt), 1000);
+}
+
 // A client of the protocol itself: the rows it stages are not whole rows
 // of the ids it names.
 TEST_F(StagedSpillTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWritten) {
@@ -146,8 +205,9 @@ TEST_F(StagedSpillTest, StagedBytesThatAreNotWholeRowsAreRefusedAndNothingIsWrit
   auto call = [&](const auto& request, auto* response) {
     std::string body;
     size_t off = 0;
-    Status s = conn->Call(std::decay_t<decltype(request)>::kType,
-                          protocol::EncodeBody(request), &body, &off);
+    Status s =
+        conn->Call(std::decay_t<decltype(request)>::kType, protocol::EncodeBody(request),
+                   &body, &off, protocol::kDiskRequestTimeoutMs);
     if (!s.ok()) return s;
     protocol::WireReader r(
         std::as_bytes(std::span(body.data(), body.size())).subspan(off));

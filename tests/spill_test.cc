@@ -2,17 +2,14 @@
 // cache's memory budget go to RocksDB in the spill dir and read back whole,
 // in this process and others; what cannot spill is refused alone. Every
 // test runs its own daemon.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "format/protocol.h"
@@ -143,32 +140,6 @@ TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
     EXPECT_EQ(log.find("frame too large"), std::string::npos) << log;
   }
   RemoveTree(spill);
-}
-
-// SIGSTOPs `pid` and waits until every thread of it is stopped: kill()
-// returns before a thread running on another CPU has stopped, and such a
-// thread could still answer a request sent meanwhile.
-bool StopProcess(pid_t pid) {
-  if (kill(pid, SIGSTOP) != 0) return false;
-  auto all_stopped = [pid] {
-    std::string dir = fmt::format("/proc/{}/task", pid);
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return false;
-    bool stopped = true;
-    while (dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      std::string stat;
-      std::getline(std::ifstream(dir + "/" + e->d_name + "/stat"), stat);
-      size_t paren = stat.rfind(')');
-      if (paren == std::string::npos || paren + 2 >= stat.size() ||
-          stat[paren + 2] != 'T') {
-        stopped = false;
-      }
-    }
-    closedir(d);
-    return stopped;
-  };
-  return WaitFor(all_stopped, std::chrono::seconds(20));
 }
 
 // A spilled row waits on the daemon's disk: a server slower than the
@@ -327,8 +298,11 @@ TEST_F(SpillTest, DestroyReturnsDiskSpaceAndStopLeavesSpillDirAsFound) {
   cache_.reset();
   CommandResult d = server_.Admin({"-d", std::to_string(session_)});
   ASSERT_EQ(d.exit_code, 0) << d.Describe();
-  uint64_t after = DiskUsage(spill_);
-  EXPECT_LT(after, before / 2) << "before " << before << " after " << after;
+  // RocksDB removes the files the compaction made obsolete (and the WAL the
+  // flush retired) from its own threads, which a loaded machine runs late.
+  uint64_t after = 0;
+  EXPECT_TRUE(WaitFor([&] { return (after = DiskUsage(spill_)) < before / 2; }))
+      << "before " << before << " after " << after;
   CommandResult stop = server_.Stop();
   EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
   EXPECT_TRUE(ListDir(spill_).empty()) << testing::PrintToString(ListDir(spill_));

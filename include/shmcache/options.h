@@ -22,8 +22,10 @@ struct ClientOptions {
   // socket in every working directory).
   std::string run_dir;
   // How long one control request may take before the daemon is declared
-  // unavailable. Default 5000 ms. Must be positive (Connect:
-  // InvalidArgument otherwise; 0 would wait for a hung daemon forever).
+  // unavailable, counted from the call: a wait for other threads' requests
+  // (or puts) of this process to the same daemon is part of it. Default
+  // 5000 ms. Must be positive (Connect: InvalidArgument otherwise; 0 would
+  // wait for a hung daemon forever).
   int request_timeout_ms = 5000;
 };
 

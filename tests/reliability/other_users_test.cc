@@ -100,6 +100,8 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
     char connect[1024];
     char open[1024];
     int raw_open_errno;
+    int truncate_errno;
+    int unlink_errno;
     int connect_code;
     int open_code;
     int peercred_refused;
@@ -124,6 +126,9 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
     s = ShmFile::Open(files[0], &f);
     r->open_code = static_cast<int>(s.code());
     std::snprintf(r->open, sizeof r->open, "%s", s.ToString().c_str());
+    // A truncated file would be a SIGBUS in every process that maps it.
+    r->truncate_errno = truncate(files[0].c_str(), 0) != 0 ? errno : 0;
+    r->unlink_errno = unlink(files[0].c_str()) != 0 ? errno : 0;
     int fd = open(files[0].c_str(), O_RDONLY);
     r->raw_open_errno = fd < 0 ? errno : 0;
     if (fd >= 0) {
@@ -141,6 +146,8 @@ TEST(OtherUsers, CannotConnectNorMapAndAreToldPermissionDenied) {
   EXPECT_EQ(r->open_code, static_cast<int>(Status::Code::kPermissionDenied));
   EXPECT_NE(Lower(r->open).find("permission denied"), std::string::npos);
   EXPECT_EQ(r->raw_open_errno, EACCES);
+  EXPECT_EQ(r->truncate_errno, EACCES);
+  EXPECT_EQ(r->unlink_errno, EPERM);
 
   // Even with the socket opened up by mistake, the daemon checks the peer's
   // credentials (SO_PEERCRED) and refuses the connection.

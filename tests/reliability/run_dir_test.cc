@@ -76,6 +76,21 @@ TEST(RunDir, OneOfOursOthersMayReadIsMadeOwnerOnly) {
   EXPECT_TRUE(d.Stop().ok());
 }
 
+// What the server cannot remove at the socket's name (a directory: a dead
+// server leaves a socket) is named, not told as an address in use.
+TEST(RunDir, WhatCannotBeRemovedAtTheSocketsNameIsNamed) {
+  TestDaemon d;
+  ASSERT_EQ(mkdir(d.run_dir().c_str(), 0700), 0);
+  const std::string sock = d.run_dir() + fmt::format("/shmcached-{}.sock", d.port());
+  ASSERT_EQ(mkdir(sock.c_str(), 0700), 0);
+  Status s = d.Start();
+  ASSERT_FALSE(s.ok()) << "the server started";
+  EXPECT_NE(s.message().find(sock + " is not a socket"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("remove it"), std::string::npos) << s.message();
+  EXPECT_EQ(rmdir(sock.c_str()), 0);
+}
+
 // A process of another uid listening at the socket's place (what a
 // repointed link leads to) is refused before the client sends it a byte.
 TEST(RunDir, TheClientRefusesAListenerOfAnotherUser) {

@@ -355,5 +355,69 @@ TEST(WriterKill, KilledWritersNeverTearRowsAndLeakLittle) {
   EXPECT_TRUE(d.ShmFiles().empty());
 }
 
+// Writers killed in the middle of PutBatch: the rows a batch published
+// before the kill are counted (mem_rows), all but at most the one being
+// published at that moment.
+TEST(WriterKill, AWriterKilledInAPutBatchLeavesTheRowCountRight) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  SessionCache sc;
+  ASSERT_TRUE(OpenSessionCache(d, "f", &sc).ok());
+  constexpr uint64_t kBatch = 4096;
+  constexpr int kKills = 5;
+  std::mt19937_64 rng(std::random_device{}());
+  for (int k = 0; k < kKills; ++k) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t v = ForkChild([&] {
+      close(fds[0]);
+      std::unique_ptr<Client> c;
+      std::unique_ptr<Cache> cache;
+      if (!Client::Connect(d.client_options(), &c).ok() ||
+          !c->OpenCache({.session_id = sc.session, .fingerprint = "f"}, &cache).ok()) {
+        return 2;
+      }
+      // Small rows: a batch is mostly publishing, not copying.
+      std::vector<uint8_t> data(64, 1);
+      ColumnRef col{"data", DType::kUInt8, {}, data.data(), data.size()};
+      const int64_t shape[] = {64};
+      col.shape = shape;
+      std::vector<std::span<const ColumnRef>> rows(kBatch, std::span(&col, 1));
+      std::vector<Status> st(kBatch);
+      std::vector<uint64_t> ids(kBatch);
+      for (uint64_t b = 0;; ++b) {
+        for (uint64_t i = 0; i < kBatch; ++i) {
+          ids[i] = (static_cast<uint64_t>(k) << 32) + b * kBatch + i;
+        }
+        if (!cache->PutBatch(ids, rows, st).ok() || !st.back().ok()) return 3;
+        if (b == 0 && write(fds[1], "R", 1) != 1) return 4;
+      }
+    });
+    close(fds[1]);
+    char ready = 0;
+    ASSERT_EQ(read(fds[0], &ready, 1), 1) << "the writer did not finish a batch";
+    close(fds[0]);
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    kill(v, SIGKILL);
+    int st = 0;
+    ASSERT_TRUE(WaitChild(v, &st, std::chrono::seconds(10)));
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << DescribeStatus(st);
+  }
+  // Each writer published its ids in order: they end at its first miss.
+  uint64_t present = 0;
+  for (int k = 0; k < kKills; ++k) {
+    for (uint64_t id = static_cast<uint64_t>(k) << 32;
+         sc.cache->Contains(id) || sc.cache->Contains(id + 1); ++id) {
+      if (sc.cache->Contains(id)) ++present;
+    }
+  }
+  CacheStats stats;
+  ASSERT_TRUE(sc.cache->GetStats(&stats).ok());
+  EXPECT_GE(present, kKills * kBatch);
+  EXPECT_LE(stats.mem_rows, present);
+  EXPECT_GE(stats.mem_rows + kKills, present)
+      << "rows the killed writers published are not counted";
+}
+
 }  // namespace
 }  // namespace shmcache::test

@@ -1,5 +1,6 @@
 #include "tests/support/child_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,7 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "common/process_state.h"
 #include "tests/support/wait_for.h"
@@ -136,6 +140,29 @@ std::string DescribeStatus(int st) {
 }
 
 bool ProcessExited(pid_t pid) { return ProcessGone(pid); }
+
+bool StopProcess(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  auto all_stopped = [pid] {
+    std::string dir = fmt::format("/proc/{}/task", pid);
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool stopped = true;
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string stat;
+      std::getline(std::ifstream(dir + "/" + e->d_name + "/stat"), stat);
+      size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() ||
+          stat[paren + 2] != 'T') {
+        stopped = false;
+      }
+    }
+    closedir(d);
+    return stopped;
+  };
+  return WaitFor(all_stopped, std::chrono::seconds(20));
+}
 
 void* MapShared(size_t bytes) {
   void* p =

@@ -32,6 +32,12 @@ std::string DescribeStatus(int wstatus);
 // True once pid is gone or a zombie (it exited; the reaper may be slow).
 bool ProcessExited(pid_t pid);
 
+// SIGSTOPs `pid` and waits (at most 20 s) until every thread of it is
+// stopped: kill() returns before a thread running on another CPU has
+// stopped, and such a thread could still answer a request sent meanwhile.
+// False when it could not be stopped.
+bool StopProcess(pid_t pid);
+
 // Forks a child that waits until it is killed (KillAndReap).
 pid_t Sleeper();
 // SIGKILLs child `pid` and reaps it: its pid is free to be given again.
