@@ -1,4 +1,5 @@
-// kBatchWindow: how many ids a batched read or put looks up at once
+// kBatchWindow: how many ids a batched read or put looks up at once, and
+// how many rows a PutBatch publishes between two counts of its puts
 // (CacheImpl's GetBatch, ViewBatch and PutBatch, and the windows BatchReader
 // hands to ViewBatch): enough ids to overlap their memory misses (every
 // index slot is prefetched before any is probed, every row header before

@@ -120,6 +120,8 @@ class CacheImpl {
   Status PutBatchRow(uint64_t id, std::span<const ColumnRef> columns, uint64_t loc,
                      ChunkWriter::BatchLock* lock, ChunkWriter::Tally* tally,
                      bool* inserted, size_t* disk_bytes);
+  // Adds the rows and bytes `tally` holds to the statistics and empties it.
+  void CountPuts(ChunkWriter::Tally* tally);
   // TooLarge for a row no segment within the budget could hold: the
   // daemon need not be asked.
   Status CheckRowFits(uint64_t id, size_t size) const;

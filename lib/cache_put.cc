@@ -1,7 +1,7 @@
 // The write path: where each row of a batch goes (memory through the
 // ChunkWriter, disk through the SpillStage once the batch's memory rows are
-// in, or nowhere when the cache is full); one lock per batch, and each row
-// counted as it is published.
+// in, or nowhere when the cache is full); one lock per batch, and the rows
+// counted once per window of the batch.
 
 #include <algorithm>
 
@@ -24,6 +24,18 @@ Status CacheImpl::Put(uint64_t id, std::span<const ColumnRef> columns, bool* ins
 // A row that meets one of these ends its batch: the cache takes no more.
 static bool EndsBatch(const Status& s) { return s.IsFull() || s.IsUnavailable(); }
 
+// Counts the rows published since the last call. PutBatch counts once per
+// window of kBatchWindow rows, not once per batch: a writer killed in the
+// middle of a batch leaves at most one window's rows uncounted. Not once per
+// row: two atomic adds to a line of shared memory for each row (a line
+// another process can share: slots are picked by pid) on the path whose
+// scaling across writer processes issue 36 measures.
+void CacheImpl::CountPuts(ChunkWriter::Tally* tally) {
+  if (tally->rows == 0) return;
+  stats_.CountPuts(tally->rows, tally->bytes);
+  *tally = {};
+}
+
 Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
                            std::span<const std::span<const ColumnRef>> rows,
                            Status* statuses, bool* inserted) {
@@ -41,16 +53,11 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % kBatchWindow == 0) {
       LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
+      CountPuts(&tally);
     }
     size_t disk_bytes = 0;
     statuses[i] = PutBatchRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally,
                               &added, &disk_bytes);
-    if (tally.rows > 0) {
-      // Counted as published, not once the batch ends: a writer killed in
-      // the middle of a batch leaves at most this row uncounted.
-      stats_.CountPuts(tally.rows, tally.bytes);
-      tally = {};
-    }
     if (disk_bytes > 0) {
       to_disk.push_back({ids[i], rows[i], disk_bytes, i});
       continue;
@@ -62,6 +69,7 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
       break;
     }
   }
+  CountPuts(&tally);
   if (!to_disk.empty()) {
     lock.Unlock();  // disk writes hold no put lock
     SpillRows(to_disk, statuses, inserted);
