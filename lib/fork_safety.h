@@ -68,9 +68,14 @@ class CAPABILITY("mutex") ForkSafeMutex {
   void lock() ACQUIRE() { mu_.lock(); }
   void unlock() RELEASE() { mu_.unlock(); }
   bool try_lock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
-  // False when `deadline` passed before the mutex was free.
+  // False when `deadline` passed before the mutex was free. The wait is
+  // on the system clock: libstdc++ waits for a steady_clock deadline with
+  // pthread_mutex_clocklock, which ThreadSanitizer (clang 14) does not
+  // intercept, so each later unlock read as an unlock of an unlocked mutex.
+  // A wall-clock step during the wait only moves this one wait's end.
   bool try_lock_until(std::chrono::steady_clock::time_point deadline) TRY_ACQUIRE(true) {
-    return mu_.try_lock_until(deadline);
+    return mu_.try_lock_until(std::chrono::system_clock::now() +
+                              (deadline - std::chrono::steady_clock::now()));
   }
   // Tells the analysis the caller holds the mutex, where it cannot see it
   // (a lock taken through a std::unique_lock); checks nothing at run time.
