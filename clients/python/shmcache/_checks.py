@@ -15,7 +15,7 @@ import numpy.typing as npt
 from .rows import MAX_NAME_BYTES, MAX_ROW_ID
 
 __all__ = ["MAX_INT32", "MAX_UINT32", "SESSION_ENV", "check_int", "check_id",
-           "check_iterable", "check_names", "ids_array", "session_from_env"]
+           "check_iterable", "check_names", "check_type", "ids_array", "session_from_env"]
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT32 = 2**32 - 1
@@ -24,12 +24,22 @@ MAX_UINT32 = 2**32 - 1
 SESSION_ENV = ("SHMCACHE_SESSION_ID", "SESSION_ID")
 
 
+def _not_of_type(name: str, value: Any, kind: str) -> TypeError:
+    return TypeError(f"Argument {name} with value {value!r} is not of type "
+                     f"{kind}, but got {type(value).__name__}.")
+
+
+def check_type(name: str, value: Any, kind: type) -> None:
+    """TypeError naming `name` unless `value` is a `kind`."""
+    if not isinstance(value, kind):
+        raise _not_of_type(name, value, kind.__name__)
+
+
 def check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"Argument {name} with value {value!r} is not of type "
-                        f"int, but got {type(value).__name__}.")
+        raise _not_of_type(name, value, "int")
     if not lo <= value <= hi:
         raise ValueError(f"Input {name} is not within the required interval "
                          f"of [{lo}, {hi}].")

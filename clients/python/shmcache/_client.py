@@ -8,19 +8,12 @@ raise pybind11's "incompatible function arguments" or a RuntimeError.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from . import _shmcache
-from ._checks import MAX_INT32, MAX_UINT32, check_int
+from ._checks import MAX_INT32, MAX_UINT32, check_int, check_type
 from .rows import MAX_PORT, MIN_PORT
 
 __all__ = ["Client"]
-
-
-def _check_type(name: str, value: Any, kind: type) -> None:
-    if not isinstance(value, kind):
-        raise TypeError(f"Argument {name} with value {value!r} is not of type "
-                        f"{kind.__name__}, but got {type(value).__name__}.")
 
 
 class Client(_shmcache.Client):
@@ -39,9 +32,9 @@ class Client(_shmcache.Client):
                  timeout_ms: int = 5000) -> None:
         if not (type(port) is int and port == 0):  # 0: $SHMCACHE_PORT, else 50052
             check_int("port", port, MIN_PORT, MAX_PORT)
-        _check_type("hostname", hostname, str)
+        check_type("hostname", hostname, str)
         run_dir = os.fspath(run_dir) if isinstance(run_dir, os.PathLike) else run_dir
-        _check_type("run_dir", run_dir, str)
+        check_type("run_dir", run_dir, str)
         check_int("timeout_ms", timeout_ms, 1, MAX_INT32)
         super().__init__(int(port), hostname, run_dir, int(timeout_ms))
 
@@ -56,9 +49,9 @@ class Client(_shmcache.Client):
     def open_cache(self, session_id: int, name: str, fingerprint: str,
                    size_mb: int = 0, spill_requested: bool = False) -> _shmcache.Cache:
         check_int("session_id", session_id, 0, MAX_UINT32)
-        _check_type("name", name, str)
-        _check_type("fingerprint", fingerprint, str)
+        check_type("name", name, str)
+        check_type("fingerprint", fingerprint, str)
         check_int("size_mb", size_mb, 0, 2**64 - 1)
-        _check_type("spill_requested", spill_requested, bool)
+        check_type("spill_requested", spill_requested, bool)
         return super().open_cache(int(session_id), name, fingerprint, int(size_mb),
                                   spill_requested)
