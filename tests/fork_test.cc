@@ -16,20 +16,8 @@
 
 #include "shmcache/client.h"
 #include "tests/support/integration_fixture.h"
+#include "tests/support/sanitizer.h"
 #include "tests/support/test_server.h"
-
-// AddressSanitizer's allocator (clang 14) takes no lock around fork: a child
-// forked while another thread of its parent was inside it waits forever in
-// its first allocation (seen: SizeClassAllocator64::GetFromAllocator, from
-// RocksDB's OpenAsSecondary in the child). glibc's malloc, which the
-// library meets outside the sanitizer, is made safe by fork itself.
-#if defined(__SANITIZE_ADDRESS__)
-#define SHMCACHE_TEST_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SHMCACHE_TEST_UNDER_ASAN 1
-#endif
-#endif
 
 namespace shmcache::test {
 namespace {
@@ -214,8 +202,14 @@ TEST_F(IntegrationTest, ChildForkedAfterOpenKeepsWorking) {
 // read by the wrong process, every row right.
 TEST(ForkTest, ChildrenForkedWhileThreadsReadPutAndAskTheDaemonAllWork) {
 #ifdef SHMCACHE_TEST_UNDER_ASAN
+  // AddressSanitizer's allocator (clang 14) takes no lock around fork: a
+  // child forked while another thread of its parent was inside it waits
+  // forever in its first allocation (seen: SizeClassAllocator64::
+  // GetFromAllocator, from RocksDB's OpenAsSecondary in the child). glibc's
+  // malloc, which the library meets outside the sanitizer, is made safe by
+  // fork itself.
   GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe while other threads "
-                  "allocate (see the top of this file); the plain and TSan builds run it";
+                  "allocate; the plain and TSan builds run it";
 #endif
   const std::string spill = MakeTempDir(TestTmpRoot(), "fork-spill");
   {

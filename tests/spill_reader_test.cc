@@ -22,19 +22,13 @@
 #include "daemon/spill_store.h"
 #include "format/spill_format.h"
 #include "tests/support/files.h"
+#include "tests/support/sanitizer.h"
 
 // Allocations through operator new made by the thread that counts (RocksDB
 // calls it for the strings it copies values into; its own background
 // threads are not counted). ThreadSanitizer's runtime defines operator new
 // itself (a second definition does not link): there nothing is counted and
 // the test that counts is skipped.
-#if defined(__SANITIZE_THREAD__)
-#define SHMCACHE_TEST_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SHMCACHE_TEST_UNDER_TSAN 1
-#endif
-#endif
 
 namespace {
 thread_local bool counting = false;
