@@ -1,13 +1,14 @@
-// A TestDaemon ends with the process that started it: a test that crashes,
-// or that meson kills on timeout, leaves no shmcached behind (one would
-// keep meson's output pipe open, and the run would never end). Also when
-// the test dies while its daemon is stopped (SIGSTOP, as the suites that
-// simulate a hung daemon do). And not earlier: a daemon started from a
-// thread outlives the thread.
+// A server a test starts ends with the test's process: a test that
+// crashes, or that meson kills on timeout, leaves no shmcached behind (a
+// TestDaemon's would keep meson's output pipe open, and the run would
+// never end). Also when the test dies while its server is stopped
+// (SIGSTOP, as the suites that simulate a hung server do). And not
+// earlier: a TestDaemon started from a thread outlives the thread.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,94 +16,134 @@
 
 #include "common/process_state.h"
 #include "tests/support/test_daemon.h"
+#include "tests/support/test_server.h"
 
 namespace shmcache::test {
 namespace {
 
-// What the owner (a forked child) tells the test about its daemon.
+// What the owner (a forked child) tells the test about its server.
 struct Owned {
-  std::atomic<int> state{0};  // 1: its daemon serves; -1: it could not start one
-  pid_t daemon = 0;
+  std::atomic<int> state{0};  // 1: its server serves; -1: it could not start one
+  pid_t server = 0;
   int port = 0;
   char shm_dir[256] = {};
-  char run_dir[256] = {};
+  char tmp_dir[256] = {};  // its run and log dirs are in it
 };
 
-class OwnerKilled : public ::testing::Test {
+// Its own port, paths and files, as TestDaemon and TestServer have them.
+template <typename Server>
+void Tell(const Server& s, const std::string& tmp_dir, Owned* o) {
+  o->server = s.pid();
+  o->port = s.port();
+  std::snprintf(o->shm_dir, sizeof o->shm_dir, "%s", s.shm_dir().c_str());
+  std::snprintf(o->tmp_dir, sizeof o->tmp_dir, "%s", tmp_dir.c_str());
+}
+
+// A TestDaemon (a child of the test) or a TestServer (started by the
+// admin, as users do); running, or stopped when its owner is killed.
+struct Case {
+  bool test_daemon;
+  bool stopped;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << (c.test_daemon ? "TestDaemon" : "TestServer") << (c.stopped ? " stopped" : "");
+}
+
+// What the owner holds until it is killed: its server, and, for a
+// TestServer it stopped, what a test that stops one holds.
+struct Owner {
+  std::optional<TestDaemon> d;
+  std::optional<TestServer> s;
+  std::optional<ContinuedAfter> continued;
+
+  // Starts the server (and stops it, if asked) and tells the test.
+  bool Start(const Case& c, Owned* o) {
+    if (c.test_daemon) {
+      d.emplace();
+      if (!d->Start().ok()) return false;
+      const std::string& run = d->run_dir();
+      Tell(*d, run.substr(0, run.rfind('/')), o);
+    } else {
+      s.emplace();
+      if (!s->ok()) return false;
+      Tell(*s, s->run_dir(), o);
+      if (c.stopped) continued.emplace(s->pid());
+    }
+    return !c.stopped || StopProcess(o->server);
+  }
+};
+
+class OwnerKilled : public ::testing::TestWithParam<Case> {
  protected:
-  // Forks the owner, which starts a TestDaemon and waits to be killed.
+  // Forks the owner, which starts a server (and stops it, if asked) and
+  // waits to be killed.
   void StartOwner() {
     owned_ = SharedBlock<Owned>();
     Owned* o = owned_;
-    owner_ = ForkChild([o] {
-      TestDaemon d;
-      if (!d.Start().ok()) {
-        o->state = -1;
-        return 1;
-      }
-      o->daemon = d.pid();
-      o->port = d.port();
-      std::snprintf(o->shm_dir, sizeof o->shm_dir, "%s", d.shm_dir().c_str());
-      std::snprintf(o->run_dir, sizeof o->run_dir, "%s", d.run_dir().c_str());
-      o->state = 1;
+    const Case c = GetParam();
+    owner_ = ForkChild([o, c]() -> int {
+      Owner owner;
+      o->state = owner.Start(c, o) ? 1 : -1;
       for (;;) pause();
     });
     ASSERT_GT(owner_, 0);
     ASSERT_TRUE(WaitFor([o] { return o->state != 0; }, std::chrono::seconds(60)));
-    ASSERT_EQ(o->state, 1) << "the owner could not start its daemon";
-    // Held while the daemon surely runs: the cleanup never signals
+    ASSERT_EQ(o->state, 1) << "the owner could not start (or stop) its server";
+    // Held while the server surely runs: the cleanup never signals
     // another process given its pid.
-    daemon_ = std::make_unique<ProcessHandle>(o->daemon);
+    server_ = std::make_unique<ProcessHandle>(o->server);
   }
 
-  // Whether the owner's daemon ended within a bound long enough for any
+  // Whether the owner's server ended within a bound long enough for any
   // loaded host (its watch looks every 200 ms).
-  bool DaemonEnds() const { return daemon_->WaitGone(std::chrono::seconds(30)); }
+  bool ServerEnds() const { return server_->WaitGone(std::chrono::seconds(30)); }
 
-  // Whatever the outcome: the owner and its daemon killed, and what the
-  // owner's TestDaemon could not remove (it was killed) removed.
+  std::vector<std::string> ServerFiles() const {
+    return InstanceFiles(owned_->shm_dir, InstancePrefix(geteuid(), owned_->port));
+  }
+
+  // Whatever the outcome: the owner and its server killed, and what the
+  // owner could not remove (it was killed) removed.
   void TearDown() override {
     if (owner_ > 0) KillAndReap(owner_);
-    if (daemon_ != nullptr && !daemon_->Gone()) {
-      daemon_->Signal(SIGKILL);
-      daemon_->WaitGone(std::chrono::seconds(20));
+    if (server_ != nullptr && !server_->Gone()) {
+      server_->Signal(SIGKILL);
+      server_->WaitGone(std::chrono::seconds(20));
     }
     if (owned_ == nullptr || owned_->state != 1) return;
     const std::string shm_dir = owned_->shm_dir;
-    for (const std::string& f :
-         InstanceFiles(shm_dir, InstancePrefix(geteuid(), owned_->port))) {
+    for (const std::string& f : ServerFiles()) {
       unlink(fmt::format("{}/{}", shm_dir, f).c_str());
     }
     RemoveUnheldLock(
         fmt::format("/dev/shm/.shmcache.{}.{}.lock", geteuid(), owned_->port));
     RemoveTree(shm_dir);
-    const std::string run_dir = owned_->run_dir;
-    RemoveTree(run_dir.substr(0, run_dir.rfind('/')));  // the TestDaemon's base dir
+    RemoveTree(owned_->tmp_dir);
   }
 
   Owned* owned_ = nullptr;
   pid_t owner_ = -1;
-  std::unique_ptr<ProcessHandle> daemon_;
+  std::unique_ptr<ProcessHandle> server_;
 };
 
-TEST_F(OwnerKilled, TheDaemonEndsAndRemovesItsSegments) {
+TEST_P(OwnerKilled, TheServerEndsAndRemovesItsSegments) {
   ASSERT_NO_FATAL_FAILURE(StartOwner());
   KillAndReap(owner_);
   owner_ = -1;
-  EXPECT_TRUE(DaemonEnds()) << "daemon " << owned_->daemon << " outlived its owner";
+  EXPECT_TRUE(ServerEnds()) << "server " << owned_->server << " outlived its owner";
   // It stopped as a stopped server does, not killed: nothing of it is left.
-  EXPECT_EQ(InstanceFiles(owned_->shm_dir, InstancePrefix(geteuid(), owned_->port)),
-            std::vector<std::string>{});
+  EXPECT_EQ(ServerFiles(), std::vector<std::string>{});
 }
 
-TEST_F(OwnerKilled, AStoppedDaemonEndsToo) {
-  ASSERT_NO_FATAL_FAILURE(StartOwner());
-  ASSERT_TRUE(StopProcess(owned_->daemon));
-  KillAndReap(owner_);
-  owner_ = -1;
-  EXPECT_TRUE(DaemonEnds()) << "stopped daemon " << owned_->daemon
-                            << " outlived its owner";
-}
+INSTANTIATE_TEST_SUITE_P(Each, OwnerKilled,
+                         ::testing::Values(Case{true, false}, Case{true, true},
+                                           Case{false, false}, Case{false, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.test_daemon ? "TestDaemon"
+                                                                  : "TestServer") +
+                                  (i.param.stopped ? "Stopped" : "Running");
+                         });
 
 // The daemon's parent is the thread that forked it; that thread's end is
 // not its owner's.
