@@ -213,7 +213,9 @@ def continued_after(pid):
     """Whatever stops process `pid` (SIGSTOP) in the block, it runs again
     (SIGCONT) when the block ends, or when this pytest dies in it: a stopped
     server cannot see that the process it watches is gone. A guard of its
-    own session waits for the end of a pipe only this process holds."""
+    own session (a group kill of pytest spares it) waits for the end of a
+    pipe this process holds; children forked meanwhile hold it too, until
+    they end."""
     guard = subprocess.Popen(
         ["sh", "-c", 'cat >/dev/null; kill -CONT "$1" 2>/dev/null; exit 0', "sh", str(pid)],
         stdin=subprocess.PIPE, start_new_session=True)
