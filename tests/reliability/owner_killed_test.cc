@@ -30,28 +30,35 @@ struct Owned {
   char tmp_dir[256] = {};  // its run and log dirs are in it
 };
 
-// Its own port, paths and files, as TestDaemon and TestServer have them.
+// Its port, paths and files, as TestDaemon and TestServer have them.
 template <typename Server>
-void Tell(const Server& s, const std::string& tmp_dir, Owned* o) {
-  o->server = s.pid();
+void Tell(const Server& s, pid_t pid, const std::string& tmp_dir, Owned* o) {
+  o->server = pid;
   o->port = s.port();
   std::snprintf(o->shm_dir, sizeof o->shm_dir, "%s", s.shm_dir().c_str());
   std::snprintf(o->tmp_dir, sizeof o->tmp_dir, "%s", tmp_dir.c_str());
 }
 
-// A TestDaemon (a child of the test) or a TestServer (started by the
-// admin, as users do); running, or stopped when its owner is killed.
+// The server: a TestDaemon (a child of the test), a TestServer (started by
+// the admin, as users do), or one the test starts with the admin on a
+// TestDaemon's instance (AdminEnv), as stale_state_test does; running, or
+// stopped when its owner is killed.
+enum class Kind { kTestDaemon, kTestServer, kAdminStart };
 struct Case {
-  bool test_daemon;
+  Kind kind;
   bool stopped;
 };
 
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << (c.test_daemon ? "TestDaemon" : "TestServer") << (c.stopped ? " stopped" : "");
+std::string Name(const Case& c) {
+  static const char* const kNames[] = {"TestDaemon", "TestServer", "AdminStart"};
+  return std::string(kNames[static_cast<int>(c.kind)]) +
+         (c.stopped ? "Stopped" : "Running");
 }
 
-// What the owner holds until it is killed: its server, and, for a
-// TestServer it stopped, what a test that stops one holds.
+void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
+
+// What the owner holds until it is killed: its server, and, for one
+// started by the admin that it stopped, what a test that stops one holds.
 struct Owner {
   std::optional<TestDaemon> d;
   std::optional<TestServer> s;
@@ -59,18 +66,38 @@ struct Owner {
 
   // Starts the server (and stops it, if asked) and tells the test.
   bool Start(const Case& c, Owned* o) {
-    if (c.test_daemon) {
+    if (c.kind == Kind::kTestServer) {
+      s.emplace();
+      if (!s->ok()) return false;
+      Tell(*s, s->pid(), s->run_dir(), o);
+    } else {
       d.emplace();
       if (!d->Start().ok()) return false;
       const std::string& run = d->run_dir();
-      Tell(*d, run.substr(0, run.rfind('/')), o);
-    } else {
-      s.emplace();
-      if (!s->ok()) return false;
-      Tell(*s, s->run_dir(), o);
-      if (c.stopped) continued.emplace(s->pid());
+      Tell(*d, d->pid(), run.substr(0, run.rfind('/')), o);
     }
+    if (c.kind == Kind::kAdminStart && !AdminStart(o)) return false;
+    if (c.kind != Kind::kTestDaemon && c.stopped) continued.emplace(o->server);
     return !c.stopped || StopProcess(o->server);
+  }
+
+  // The TestDaemon killed, and a server started on its instance by the
+  // admin in its place.
+  bool AdminStart(Owned* o) {
+    d->Kill();
+    std::string out;
+    if (RunProgram({AdminPath(), "--start", "-p", std::to_string(d->port()), "--shm_dir",
+                    d->shm_dir(), "--log_dir", d->log_dir(), "-w", "1"},
+                   d->AdminEnv(), &out) != 0) {
+      return false;
+    }
+    std::unique_ptr<Client> c;
+    ServerInfo info;
+    if (!Client::Connect(d->client_options(), &c).ok() || !c->GetServerInfo(&info).ok()) {
+      return false;
+    }
+    o->server = static_cast<pid_t>(info.pid);
+    return true;
   }
 };
 
@@ -136,14 +163,12 @@ TEST_P(OwnerKilled, TheServerEndsAndRemovesItsSegments) {
   EXPECT_EQ(ServerFiles(), std::vector<std::string>{});
 }
 
-INSTANTIATE_TEST_SUITE_P(Each, OwnerKilled,
-                         ::testing::Values(Case{true, false}, Case{true, true},
-                                           Case{false, false}, Case{false, true}),
-                         [](const ::testing::TestParamInfo<Case>& i) {
-                           return std::string(i.param.test_daemon ? "TestDaemon"
-                                                                  : "TestServer") +
-                                  (i.param.stopped ? "Stopped" : "Running");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Each, OwnerKilled,
+    ::testing::Values(Case{Kind::kTestDaemon, false}, Case{Kind::kTestDaemon, true},
+                      Case{Kind::kTestServer, false}, Case{Kind::kTestServer, true},
+                      Case{Kind::kAdminStart, false}, Case{Kind::kAdminStart, true}),
+    [](const ::testing::TestParamInfo<Case>& i) { return Name(i.param); });
 
 // The daemon's parent is the thread that forked it; that thread's end is
 // not its owner's.

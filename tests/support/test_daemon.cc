@@ -105,7 +105,10 @@ std::vector<std::string> TestDaemon::ShmFiles() const {
 std::string TestDaemon::ReadLog() const { return ReadFilesIn(log_dir_); }
 
 std::vector<std::string> TestDaemon::AdminEnv() const {
-  return {"SHMCACHE_RUN_DIR=" + run_dir_, "SHMCACHE_DAEMON=" + DaemonPath()};
+  // A server the admin starts with it watches this process, as the
+  // TestDaemon does.
+  return {"SHMCACHE_RUN_DIR=" + run_dir_, "SHMCACHE_DAEMON=" + DaemonPath(),
+          fmt::format("SHMCACHE_WATCH_PID={}", getpid())};
 }
 
 Status TestDaemon::Start(const Options& o) {

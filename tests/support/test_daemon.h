@@ -74,7 +74,8 @@ class TestDaemon {
   std::vector<std::string> ShmFiles() const;
   // The daemon's log (all files in its log dir, concatenated).
   std::string ReadLog() const;
-  // Environment assignments for the admin CLI to reach this instance.
+  // Environment assignments for the admin CLI to reach this instance; a
+  // server it starts with them watches this process too.
   std::vector<std::string> AdminEnv() const;
 
  private:
