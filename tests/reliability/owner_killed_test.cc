@@ -5,6 +5,7 @@
 // (SIGSTOP, as the suites that simulate a hung server do). And not
 // earlier: a TestDaemon started from a thread outlives the thread.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,7 @@ namespace {
 struct Owned {
   std::atomic<int> state{0};  // 1: its server serves; -1: it could not start one
   pid_t server = 0;
+  uid_t uid = 0;  // the server's
   int port = 0;
   char shm_dir[256] = {};
   char tmp_dir[256] = {};  // its run and log dirs are in it
@@ -34,23 +36,27 @@ struct Owned {
 template <typename Server>
 void Tell(const Server& s, pid_t pid, const std::string& tmp_dir, Owned* o) {
   o->server = pid;
+  o->uid = geteuid();
   o->port = s.port();
   std::snprintf(o->shm_dir, sizeof o->shm_dir, "%s", s.shm_dir().c_str());
   std::snprintf(o->tmp_dir, sizeof o->tmp_dir, "%s", tmp_dir.c_str());
 }
 
-// The server: a TestDaemon (a child of the test), a TestServer (started by
-// the admin, as users do), or one the test starts with the admin on a
+// The server: a TestDaemon (a child of the test), one run as another user
+// (a death signal is cleared by setuid), a TestServer (started by the
+// admin, as users do), or one the test starts with the admin on a
 // TestDaemon's instance (AdminEnv), as stale_state_test does; running, or
 // stopped when its owner is killed.
-enum class Kind { kTestDaemon, kTestServer, kAdminStart };
+enum class Kind { kTestDaemon, kTestDaemonAsNobody, kTestServer, kAdminStart };
+constexpr uid_t kNobody = 65534;
 struct Case {
   Kind kind;
   bool stopped;
 };
 
 std::string Name(const Case& c) {
-  static const char* const kNames[] = {"TestDaemon", "TestServer", "AdminStart"};
+  static const char* const kNames[] = {"TestDaemon", "TestDaemonAsNobody", "TestServer",
+                                       "AdminStart"};
   return std::string(kNames[static_cast<int>(c.kind)]) +
          (c.stopped ? "Stopped" : "Running");
 }
@@ -72,12 +78,21 @@ struct Owner {
       Tell(*s, s->pid(), s->run_dir(), o);
     } else {
       d.emplace();
-      if (!d->Start().ok()) return false;
+      TestDaemon::Options opts;
+      if (c.kind == Kind::kTestDaemonAsNobody) {
+        opts.uid = kNobody;
+        opts.shm_dir = MakeTempDir("/dev/shm", "shmcache-rel");  // one it may write
+        if (opts.shm_dir.empty() || chmod(opts.shm_dir.c_str(), 01777) != 0) return false;
+      }
+      if (!d->Start(opts).ok()) return false;
       const std::string& run = d->run_dir();
       Tell(*d, d->pid(), run.substr(0, run.rfind('/')), o);
+      if (opts.uid != 0) o->uid = opts.uid;
     }
     if (c.kind == Kind::kAdminStart && !AdminStart(o)) return false;
-    if (c.kind != Kind::kTestDaemon && c.stopped) continued.emplace(o->server);
+    if (c.kind == Kind::kTestServer || c.kind == Kind::kAdminStart) {
+      if (c.stopped) continued.emplace(o->server);
+    }
     return !c.stopped || StopProcess(o->server);
   }
 
@@ -127,7 +142,7 @@ class OwnerKilled : public ::testing::TestWithParam<Case> {
   bool ServerEnds() const { return server_->WaitGone(std::chrono::seconds(30)); }
 
   std::vector<std::string> ServerFiles() const {
-    return InstanceFiles(owned_->shm_dir, InstancePrefix(geteuid(), owned_->port));
+    return InstanceFiles(owned_->shm_dir, InstancePrefix(owned_->uid, owned_->port));
   }
 
   // Whatever the outcome: the owner and its server killed, and what the
@@ -144,7 +159,7 @@ class OwnerKilled : public ::testing::TestWithParam<Case> {
       unlink(fmt::format("{}/{}", shm_dir, f).c_str());
     }
     RemoveUnheldLock(
-        fmt::format("/dev/shm/.shmcache.{}.{}.lock", geteuid(), owned_->port));
+        fmt::format("/dev/shm/.shmcache.{}.{}.lock", owned_->uid, owned_->port));
     RemoveTree(shm_dir);
     RemoveTree(owned_->tmp_dir);
   }
@@ -155,6 +170,13 @@ class OwnerKilled : public ::testing::TestWithParam<Case> {
 };
 
 TEST_P(OwnerKilled, TheServerEndsAndRemovesItsSegments) {
+  if (GetParam().kind == Kind::kTestDaemonAsNobody) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run a server as another uid";
+    if (!RunnableBy(kNobody, DaemonPath())) {
+      GTEST_SKIP() << DaemonPath() << " is out of reach of uid " << kNobody
+                   << " (a parent directory is closed to other users)";
+    }
+  }
   ASSERT_NO_FATAL_FAILURE(StartOwner());
   KillAndReap(owner_);
   owner_ = -1;
@@ -166,6 +188,8 @@ TEST_P(OwnerKilled, TheServerEndsAndRemovesItsSegments) {
 INSTANTIATE_TEST_SUITE_P(
     Each, OwnerKilled,
     ::testing::Values(Case{Kind::kTestDaemon, false}, Case{Kind::kTestDaemon, true},
+                      Case{Kind::kTestDaemonAsNobody, false},
+                      Case{Kind::kTestDaemonAsNobody, true},
                       Case{Kind::kTestServer, false}, Case{Kind::kTestServer, true},
                       Case{Kind::kAdminStart, false}, Case{Kind::kAdminStart, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return Name(i.param); });
