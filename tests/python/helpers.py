@@ -61,6 +61,24 @@ class Stream(IterableDataset):
             yield {"image": img, "label": label}
 
 
+class GuardedStream(IterableDataset):
+    """A streaming source of n samples, sample(i + offset, 8) as dicts
+    (another offset: another dataset, of the same class and path), that
+    raises once the file `guard` exists: a pass that should read only the
+    cache by then proves it did."""
+
+    def __init__(self, n, offset, guard, path="stream"):
+        self.n, self.offset, self.guard, self.path = n, offset, guard, path
+
+    def __iter__(self):
+        import os
+        if os.path.exists(self.guard):
+            raise RuntimeError("the source was read after the cache was sealed")
+        for i in range(self.n):
+            img, _ = sample(i + self.offset, 8)
+            yield {"image": img, "label": i + self.offset}
+
+
 class CountedImages(Dataset):
     """Images(n) whose every computed sample is logged (one line, the id)
     to the file $PREFILL_COUNTER; ids >= $PREFILL_GATE_AT wait until the
