@@ -55,8 +55,7 @@ def test_two_ranks_share_one_session_and_the_host_holds_one_copy(server, tmp_pat
     session = int(re.search(r"^cache.sh: session (\d+),", r.stdout, re.M).group(1))
     (cache,) = server.cache_rows(session).values()
     assert cache["mem_cached"] == N and cache["misses"] == N   # one copy, not two
-    (info,) = [s for s in server.sessions() if s["session"] == session]
-    assert len(server.sessions()) == 1
+    assert [s["session"] for s in server.sessions()] == [session]
 
 
 def test_one_rank_killed_fails_the_run_and_names_it(server, tmp_path):
