@@ -61,6 +61,7 @@ pids=()
 # Stopped (a scheduler's SIGTERM, Ctrl-C, a closed terminal), cache.sh stops
 # its devices: nothing else would, and a device started with & ignores the
 # terminal's SIGINT.
+# shellcheck disable=SC2317  # called by the traps below
 stop() {
   trap - TERM INT HUP
   echo "cache.sh: stopped by SIG$1; stopping the ${#pids[@]} devices" >&2
