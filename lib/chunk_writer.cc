@@ -86,6 +86,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   *inserted = false;
   *lease_failed = false;
   Lock(lock);
+  if (closed_) return Status::InvalidArgument("cache is closed");
   const size_t node =
       static_cast<size_t>(NumaTopology::Get().CurrentNode()) % chunks_.size();
   Chunk& c = chunks_[node];
@@ -139,6 +140,7 @@ Status ChunkWriter::GrowIndex(uint32_t seen) {
 
 void ChunkWriter::ReturnChunks() {
   ForkSafeLock lock(&mu_);
+  closed_ = true;
   if (fork_gen_ != ForkGeneration()) return;  // the parent's chunks
   for (Chunk& c : chunks_) {
     if (c.base == nullptr) continue;

@@ -71,6 +71,8 @@ class ChunkWriter {
   // Writes row `id` (`columns`, `size` bytes encoded: RowCodec::
   // EncodedSize) and publishes it. OK with *inserted false when the id was
   // published already (by this process or another): the first row wins.
+  // InvalidArgument once ReturnChunks ran (the cache was closed while the
+  // caller's batch was on its way here): nothing is leased or written.
   // Errors: the daemon's answer to a lease (Full, FullServerCap, TooLarge,
   // Unavailable...: *lease_failed is then true and the chunks are as they
   // were, but for a chunk traded in for a lease that got no readable
@@ -83,7 +85,9 @@ class ChunkWriter {
   Status GrowIndex(uint32_t seen);
   // Hands the chunks' unused tails back to the daemon (the cache is being
   // closed); a forked child has none of its own. Waits at most
-  // protocol::kReturnChunkTimeoutMs for each answer.
+  // protocol::kReturnChunkTimeoutMs for each answer. No Write leases or
+  // writes after it: a put that checked the cache before the close and
+  // reaches the writer after it would lease a chunk nobody returns.
   void ReturnChunks() EXCLUDES(mu_);
 
  private:
@@ -110,6 +114,7 @@ class ChunkWriter {
   ForkSafeMutex mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
   uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for
+  bool closed_ GUARDED_BY(mu_) = false;        // ReturnChunks ran
   // When a lease last got no answer (Unavailable). A batch that asked for
   // mu_ before then gets that answer too rather than asking again: the put
   // lock is held through a lease, and each put is to wait the request
