@@ -698,7 +698,8 @@ class DatasetCache:
             self._put_failed(MAX_ROW_ID, e, strict=True)
 
     def sealed_rows(self) -> int | None:
-        """The sealed row count, or None while unsealed or bypassed."""
+        """The sealed row count, or None while unsealed or bypassed (its
+        session destroyed: after one CacheWarning, as every call)."""
         c = self._open()
         if c is None:
             return None
