@@ -9,11 +9,13 @@
 namespace shmcache {
 
 ChunkWriter::ChunkWriter(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
-                         int num_nodes, SegmentSet* segments, TableSet* tables)
+                         int num_nodes, SegmentSet* segments, TableSet* tables,
+                         StatsLanes* stats)
     : client_(std::move(client)),
       cache_id_(cache_id),
       segments_(segments),
-      tables_(tables) {
+      tables_(tables),
+      stats_(stats) {
   ForkSafeLock lock(&mu_);  // nobody else sees the writer yet; for the analysis
   chunks_.resize(static_cast<size_t>(num_nodes));
   fork_gen_ = ForkGeneration();
@@ -97,6 +99,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
       return Status::Unavailable(
           "the cache server did not answer a lease asked by another thread while this "
           "one waited to put");
+    }
+    if (stats_ != nullptr && tally->rows > 0) {
+      stats_->CountPuts(tally->rows, tally->bytes);
+      *tally = {};
     }
     s = Lease(static_cast<int>(node), size, &c);
     if (!s.ok()) {

@@ -28,6 +28,7 @@
 #include "lib/client_impl.h"
 #include "lib/fork_safety.h"
 #include "lib/segment_set.h"
+#include "lib/stats_lanes.h"
 #include "lib/table_set.h"
 #include "shmcache/status.h"
 #include "shmcache/types.h"
@@ -38,9 +39,12 @@ class ChunkWriter {
  public:
   // Writes for cache `cache_id` through `client`, into segments mapped in
   // `segments` and an index mapped in `tables` (both outlive the writer),
-  // with one chunk per NUMA node of `num_nodes`.
+  // with one chunk per NUMA node of `num_nodes`. With `stats` (outlives
+  // the writer too), the rows a Tally holds are counted there before a
+  // lease: the daemon weighs a row it has no room for against the size of
+  // the rows counted (SegmentAllocator::NoRoomFor).
   ChunkWriter(std::shared_ptr<ClientImpl> client, uint32_t cache_id, int num_nodes,
-              SegmentSet* segments, TableSet* tables);
+              SegmentSet* segments, TableSet* tables, StatsLanes* stats = nullptr);
   ChunkWriter(const ChunkWriter&) = delete;
   ChunkWriter& operator=(const ChunkWriter&) = delete;
 
@@ -111,6 +115,7 @@ class ChunkWriter {
   const uint32_t cache_id_;
   SegmentSet* const segments_;
   TableSet* const tables_;
+  StatsLanes* const stats_;
   ForkSafeMutex mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
   uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for

@@ -214,6 +214,48 @@ TEST(CapacityTest, RowLargerThanWhatIsLeftIsRefusedAloneUntilTheCacheIsFull) {
   EXPECT_TRUE(cache->IsFull());
 }
 
+// A row larger than any room the cache can still give one row, in a cache
+// whose rows, of the size it took so far, still fit: TooLarge for that row
+// alone, naming the most one row can take and what to do, never Full (a
+// Full cache refuses every later row). 8 MB that took a small row: its
+// budget is all in two 4 MB segments (the one leased from and the one made
+// ahead), and no 5 MB row fits.
+TEST(CapacityTest, ARowLargerThanAnyRoomLeftIsTooLargeNotFull) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 8, false);
+  ASSERT_TRUE(PutBytes(cache.get(), 0, kRowBytes).ok());
+  Status s = PutBytes(cache.get(), 1, 5 * kMB);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("a row of 5.0 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("the most one row can take in it now is 4.0 MB"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("a larger size_mb"), std::string::npos) << s.message();
+  EXPECT_FALSE(cache->IsFull());
+  // Smaller rows, from this process and another, still go in.
+  ASSERT_TRUE(PutBytes(cache.get(), 2, kRowBytes).ok());
+  EXPECT_EQ(PutSmallRowInChild(server, session, 3, false), 0);
+  EXPECT_FALSE(cache->Contains(1));
+  EXPECT_TRUE(cache->Contains(3));
+}
+
+// The other side: a cache of large rows is full once a row of their size no
+// longer fits (not TooLarge for each of them, which would keep the cache
+// asking the daemon for room on every put). 8 MB: a 5 MB row takes a 6 MB
+// segment, and 2 MB are left.
+TEST(CapacityTest, ACacheOfLargeRowsIsFullOnceNoneFits) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 8, false);
+  ASSERT_TRUE(PutBytes(cache.get(), 0, 5 * kMB).ok());
+  Status s = PutBytes(cache.get(), 1, 5 * kMB);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(cache->IsFull());
+}
+
 // ---- Memory of destroyed sessions that readers still map ------------------
 
 ServerInfo GetInfo(const TestServer& server) {
