@@ -129,6 +129,39 @@ def test_row_larger_than_any_room_left_is_too_large_not_full(server, session):
     assert c.accepting and c.get(1) is None and c.get(4) is not None
 
 
+class _OneBigSample:
+    """Small samples, and at index 3 one of 5 MB: more than an 8 MB cache
+    that took small rows can give one row."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full(5 << 20 if i == 3 else 16, i, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("async_puts", [False, True])
+def test_a_sample_larger_than_the_room_left_never_breaks_training(server, session,
+                                                                  async_puts):
+    """CachedDataset over an 8 MB cache: the 5 MB sample is delivered every
+    epoch from the source, after one CacheWarning; the others are cached
+    and hits in the next epoch."""
+    torch = pytest.importorskip("torch")
+    from shmcache.torch import CachedDataset
+    ds = CachedDataset(_OneBigSample(), DatasetCache(session, size_mb=8), name="big",
+                       async_puts=async_puts)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for epoch in range(2):
+            for i in range(len(ds)):
+                assert torch.equal(ds[i], torch.from_numpy(_OneBigSample()[i])), i
+            assert ds.flush(60)
+    (msg,) = cache_warnings(w)
+    assert "row 3 cannot be cached" in msg and "size_mb" in msg, msg
+    assert [i for i in range(8) if ds.cache.contains(i)] == [0, 1, 2, 4, 5, 6, 7]
+    assert ds.stats().hits == 7 and not ds.stats().full
+
+
 def test_malformed_row_raises_after_the_others_are_stored(server, session):
     c = DatasetCache(session)
     bad = {"x" * 300: np.zeros(2)}            # a column name the codec refuses
