@@ -98,33 +98,22 @@ def test_full_part_way_keeps_what_was_stored_with_one_warning(server, session):
     assert not c.accepting
 
 
-def test_row_too_large_is_refused_alone_with_one_warning(server, session):
-    c = DatasetCache(session, size_mb=8)
-    big = np.zeros(12 << 20, dtype=np.uint8)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        assert c.put_batch([0, 1, 2], [MB, big, MB]) == [True, False, True]
-        assert c.put_batch([3, 4], [big, MB]) == [False, True]
-    (msg,) = cache_warnings(w)
-    assert "row 1" in msg and "rows like it are read from the source" in msg, msg
-    assert c.accepting and c.get(1) is None and c.get(4) is not None
-
-
-def test_row_larger_than_any_room_left_is_too_large_not_full(server, session):
-    """A row within the budget but larger than any room the cache can still
-    give one row (8 MB after small rows: its budget is in two 4 MB
-    segments) is refused alone, with one warning that names the most a row
-    can take and the fix; the cache is not full and smaller rows are still
-    cached."""
+@pytest.mark.parametrize("big_mb, why", [(12, "whole memory budget of 8 MB"),
+                                         (5, "the most one row can take")])
+def test_row_too_large_is_refused_alone_with_one_warning(server, session, big_mb, why):
+    """A row larger than the budget, or within it but larger than any room
+    the cache can still give one row (8 MB after small rows: its budget is
+    in two 4 MB segments), is refused alone, with one warning that says why
+    and the fix; the cache is not full and smaller rows are still cached."""
     c = DatasetCache(session, size_mb=8)
     small = np.zeros(16, dtype=np.uint8)
-    big = np.zeros(5 << 20, dtype=np.uint8)
+    big = np.zeros(big_mb << 20, dtype=np.uint8)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert c.put_batch([0, 1, 2], [small, big, small]) == [True, False, True]
         assert c.put_batch([3, 4], [big, small]) == [False, True]
     (msg,) = cache_warnings(w)
-    assert "row 1 cannot be cached" in msg and "the most one row can take" in msg, msg
+    assert "row 1 cannot be cached" in msg and why in msg, msg
     assert "size_mb" in msg and "rows like it are read from the source" in msg, msg
     assert c.accepting and c.get(1) is None and c.get(4) is not None
 
