@@ -11,6 +11,7 @@
 #include "daemon/logger.h"
 #include "daemon/shm_pages.h"
 #include "format/align.h"
+#include "format/cache_stats.h"
 
 namespace shmcache {
 
@@ -371,7 +372,7 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
     return Status::OK();
   }
   uint64_t want = NextSegmentSize(min_bytes, *account);
-  if (want == 0) return NoRoomFor(need, min_bytes, *account);
+  if (want == 0) return NoRoomFor(node, need, min_bytes, *account);
   if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
@@ -555,24 +556,32 @@ uint64_t SegmentAllocator::BudgetLeft() const {
   return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
 }
 
-Status SegmentAllocator::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_bytes,
                                    const MemoryAccount& account) {
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
-  if (room >= layout::kMinSegmentBytes) {
-    // Room for ordinary rows is left: refusing them all for one big row
-    // would waste it.
-    std::string where = room < left
-                            ? fmt::format(
-                                  "{:.1f} MB are left under the server's memory cap "
-                                  "of {} MB (the cache's budget is {} MB)",
-                                  Megabytes(room), account.cap >> 20, budget_bytes_ >> 20)
-                            : fmt::format("{:.1f} MB are left of its budget of {} MB",
-                                          Megabytes(room), budget_bytes_ >> 20);
+  const uint64_t largest = LargestRowNow(node, room);
+  // The rows the writers counted so far (none: this one is all we know).
+  const CacheStats cached = ReadCacheStats(*header_, true);
+  if (room >= layout::kMinSegmentBytes ||
+      (cached.mem_rows > 0 && largest > 0 && largest >= cached.avg_row_bytes())) {
+    // Room for ordinary rows is left: a new segment, or room where a row
+    // of the size the cache took so far still fits. Refusing them all for
+    // one big row would waste it; the first of them that finds none makes
+    // the cache full.
+    std::string where =
+        room < left
+            ? fmt::format("{:.1f} MB are left under the server's memory cap of {} MB",
+                          Megabytes(room), account.cap >> 20)
+            : fmt::format("{:.1f} MB of its budget of {} MB are left for new segments",
+                          Megabytes(room), budget_bytes_ >> 20);
     return Status::TooLarge(fmt::format(
-        "a row of {:.1f} MB does not fit in cache {}: {}; it is not cached, "
-        "smaller rows still are",
-        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, where));
+        "a row of {:.1f} MB does not fit in cache {}: the most one row can take in it "
+        "now is {:.1f} MB (its memory is made in segments: {}); it is not cached, "
+        "smaller rows still are; to cache rows this large, open the cache with a "
+        "larger size_mb",
+        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_,
+        Megabytes(largest), where));
   }
   if (left < min_bytes) {
     return MemoryUsedUp(
@@ -581,6 +590,23 @@ Status SegmentAllocator::NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
   return MemoryUsedUp(
       fmt::format("the server's memory cap of {} MB is used up", account.cap >> 20),
       true);
+}
+
+uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room) const {
+  const size_t n = static_cast<size_t>(node);
+  uint64_t chunk = room > layout::kSegmentHeaderSize
+                       ? (room - layout::kSegmentHeaderSize) / layout::kSegmentGrain *
+                             layout::kSegmentGrain
+                       : 0;
+  for (const Tail& t : tails_[n]) chunk = std::max(chunk, t.size);
+  for (uint32_t no : open_[n]) {
+    const Segment& seg = segments_.at(no);
+    chunk = std::max(chunk, seg.size - seg.carved);
+  }
+  for (const Prepared& p : prepared_[n]) {
+    chunk = std::max(chunk, p.size - layout::kSegmentHeaderSize);
+  }
+  return chunk > sizeof(layout::ChunkHeader) ? chunk - sizeof(layout::ChunkHeader) : 0;
 }
 
 Status SegmentAllocator::MemoryUsedUp(const std::string& why, bool by_cap) {

@@ -224,10 +224,17 @@ class SegmentAllocator {
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account,
                            uint64_t max_bytes = layout::kMaxSegmentBytes) const;
   uint64_t BudgetLeft() const;
-  // No segment of min_bytes fits: TooLarge when an ordinary segment still
-  // would, else the cache's memory is used up (see MemoryUsedUp).
-  Status NoRoomFor(uint64_t chunk_bytes, uint64_t min_bytes,
+  // No segment of min_bytes fits a chunk of chunk_bytes on `node`:
+  // TooLarge when an ordinary segment still would, or a row of the
+  // cache's average size so far still fits (LargestRowNow), naming the
+  // most one row can take now and the fix; else the cache's memory is
+  // used up (see MemoryUsedUp).
+  Status NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_bytes,
                    const MemoryAccount& account);
+  // The largest row a lease on `node` could hold now: in a free tail, the
+  // rest of an open segment, a segment made ahead, or a new segment of
+  // `room` bytes.
+  uint64_t LargestRowNow(int node, uint64_t room) const;
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);

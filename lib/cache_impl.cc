@@ -22,7 +22,8 @@ CacheImpl::CacheImpl(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
       tables_(header_, cache_id, [c = client_.get()] { return c->paths(); }),
       segments_(cache_id, [c = client_.get()] { return c->paths(); }),
       stats_(header_, client_->client_id(), NumaTopology::Get().num_nodes() == 1),
-      writer_(client_, cache_id, NumaTopology::Get().num_nodes(), &segments_, &tables_) {}
+      writer_(client_, cache_id, NumaTopology::Get().num_nodes(), &segments_, &tables_,
+              &stats_) {}
 
 CacheImpl::~CacheImpl() { Close(); }
 

@@ -158,7 +158,7 @@ class CacheImpl {
   TableSet tables_;
   SegmentSet segments_;
   StatsLanes stats_;
-  ChunkWriter writer_;  // writes into segments_ and tables_
+  ChunkWriter writer_;  // writes into segments_ and tables_, counts into stats_
   SpillStage stage_;    // rows to disk
 };
 

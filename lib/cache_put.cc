@@ -118,7 +118,8 @@ Status CacheImpl::CheckRowFits(uint64_t id, size_t size) const {
   }
   return Status::TooLarge(fmt::format(
       "row {} of {:.1f} MB needs more than cache {}'s whole memory budget of {} MB; "
-      "it is not cached, smaller rows still are",
+      "it is not cached, smaller rows still are; to cache rows this large, open the "
+      "cache with a larger size_mb",
       id, static_cast<double>(size) / (1 << 20), cache_id_, budget >> 20));
 }
 

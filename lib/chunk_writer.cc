@@ -9,11 +9,13 @@
 namespace shmcache {
 
 ChunkWriter::ChunkWriter(std::shared_ptr<ClientImpl> client, uint32_t cache_id,
-                         int num_nodes, SegmentSet* segments, TableSet* tables)
+                         int num_nodes, SegmentSet* segments, TableSet* tables,
+                         StatsLanes* stats)
     : client_(std::move(client)),
       cache_id_(cache_id),
       segments_(segments),
-      tables_(tables) {
+      tables_(tables),
+      stats_(stats) {
   ForkSafeLock lock(&mu_);  // nobody else sees the writer yet; for the analysis
   chunks_.resize(static_cast<size_t>(num_nodes));
   fork_gen_ = ForkGeneration();
@@ -86,6 +88,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   *inserted = false;
   *lease_failed = false;
   Lock(lock);
+  if (closed_) return Status::InvalidArgument("cache is closed");
   const size_t node =
       static_cast<size_t>(NumaTopology::Get().CurrentNode()) % chunks_.size();
   Chunk& c = chunks_[node];
@@ -96,6 +99,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
       return Status::Unavailable(
           "the cache server did not answer a lease asked by another thread while this "
           "one waited to put");
+    }
+    if (stats_ != nullptr && tally->rows > 0) {
+      stats_->CountPuts(tally->rows, tally->bytes);
+      *tally = {};
     }
     s = Lease(static_cast<int>(node), size, &c);
     if (!s.ok()) {
@@ -139,6 +146,7 @@ Status ChunkWriter::GrowIndex(uint32_t seen) {
 
 void ChunkWriter::ReturnChunks() {
   ForkSafeLock lock(&mu_);
+  closed_ = true;
   if (fork_gen_ != ForkGeneration()) return;  // the parent's chunks
   for (Chunk& c : chunks_) {
     if (c.base == nullptr) continue;

@@ -28,6 +28,7 @@
 #include "lib/client_impl.h"
 #include "lib/fork_safety.h"
 #include "lib/segment_set.h"
+#include "lib/stats_lanes.h"
 #include "lib/table_set.h"
 #include "shmcache/status.h"
 #include "shmcache/types.h"
@@ -38,9 +39,12 @@ class ChunkWriter {
  public:
   // Writes for cache `cache_id` through `client`, into segments mapped in
   // `segments` and an index mapped in `tables` (both outlive the writer),
-  // with one chunk per NUMA node of `num_nodes`.
+  // with one chunk per NUMA node of `num_nodes`. With `stats` (outlives
+  // the writer too), the rows a Tally holds are counted there before a
+  // lease: the daemon weighs a row it has no room for against the size of
+  // the rows counted (SegmentAllocator::NoRoomFor).
   ChunkWriter(std::shared_ptr<ClientImpl> client, uint32_t cache_id, int num_nodes,
-              SegmentSet* segments, TableSet* tables);
+              SegmentSet* segments, TableSet* tables, StatsLanes* stats = nullptr);
   ChunkWriter(const ChunkWriter&) = delete;
   ChunkWriter& operator=(const ChunkWriter&) = delete;
 
@@ -71,6 +75,8 @@ class ChunkWriter {
   // Writes row `id` (`columns`, `size` bytes encoded: RowCodec::
   // EncodedSize) and publishes it. OK with *inserted false when the id was
   // published already (by this process or another): the first row wins.
+  // InvalidArgument once ReturnChunks ran (the cache was closed while the
+  // caller's batch was on its way here): nothing is leased or written.
   // Errors: the daemon's answer to a lease (Full, FullServerCap, TooLarge,
   // Unavailable...: *lease_failed is then true and the chunks are as they
   // were, but for a chunk traded in for a lease that got no readable
@@ -83,7 +89,9 @@ class ChunkWriter {
   Status GrowIndex(uint32_t seen);
   // Hands the chunks' unused tails back to the daemon (the cache is being
   // closed); a forked child has none of its own. Waits at most
-  // protocol::kReturnChunkTimeoutMs for each answer.
+  // protocol::kReturnChunkTimeoutMs for each answer. No Write leases or
+  // writes after it: a put that checked the cache before the close and
+  // reaches the writer after it would lease a chunk nobody returns.
   void ReturnChunks() EXCLUDES(mu_);
 
  private:
@@ -107,9 +115,11 @@ class ChunkWriter {
   const uint32_t cache_id_;
   SegmentSet* const segments_;
   TableSet* const tables_;
+  StatsLanes* const stats_;
   ForkSafeMutex mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
   uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for
+  bool closed_ GUARDED_BY(mu_) = false;        // ReturnChunks ran
   // When a lease last got no answer (Unavailable). A batch that asked for
   // mu_ before then gets that answer too rather than asking again: the put
   // lock is held through a lease, and each put is to wait the request

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -192,25 +193,55 @@ TEST(CapacityTest, RowLargerThanTheBudgetIsRefusedAloneAndTheCacheGoesOn) {
   EXPECT_FALSE(st.full);
 }
 
+// Within the budget, but more than any room the cache can still give one
+// row: the daemon refuses it, and only it (TooLarge, not Full: a full cache
+// refuses every later row), naming the most one row can take and the fix.
+// 16 MB: 8 MB are left for segments once the first two are made; 8 MB: all
+// of its budget is in two 4 MB segments (the one leased from and the one
+// made ahead).
 TEST(CapacityTest, RowLargerThanWhatIsLeftIsRefusedAloneUntilTheCacheIsFull) {
+  for (auto [size_mb, big_mb, most] : {std::tuple{16, 13, "7.9"}, {8, 5, "4.0"}}) {
+    SCOPED_TRACE(fmt::format("{} MB row into {} MB", big_mb, size_mb));
+    TestServer server;
+    ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+    uint32_t session = server.NewSession();
+    auto cache = OpenCache(server, session, size_mb, false);
+    ASSERT_TRUE(PutBytes(cache.get(), 0, kRowBytes).ok());
+    Status s = PutBytes(cache.get(), 1, big_mb * kMB);
+    ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+    for (const std::string& said :
+         {fmt::format("a row of {}.0 MB", big_mb),
+          fmt::format("budget of {} MB", size_mb),
+          fmt::format("the most one row can take in it now is {} MB", most),
+          std::string("a larger size_mb")}) {
+      EXPECT_NE(s.message().find(said), std::string::npos) << said << ": " << s.message();
+    }
+    EXPECT_FALSE(cache->IsFull());
+    // Smaller rows, from this process and another, still go in.
+    ASSERT_TRUE(PutBytes(cache.get(), 2, kRowBytes).ok());
+    EXPECT_EQ(PutSmallRowInChild(server, session, 3, false), 0);
+    EXPECT_FALSE(cache->Contains(1));
+    // Small rows then use up the budget: that cache is full, as ever.
+    const size_t rows = (24u << 20) / kRowBytes;
+    size_t stored = PutRows(cache.get(), rows);
+    EXPECT_GT(stored, (static_cast<size_t>(size_mb) << 19) / kRowBytes);
+    EXPECT_LT(stored, rows);
+    EXPECT_TRUE(cache->IsFull());
+  }
+}
+
+// The other side: a cache of large rows is full once a row of their size no
+// longer fits (not TooLarge for each of them, which would keep the cache
+// asking the daemon for room on every put). 8 MB: a 5 MB row takes a 6 MB
+// segment, and 2 MB are left.
+TEST(CapacityTest, ACacheOfLargeRowsIsFullOnceNoneFits) {
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.start_result().Describe();
   uint32_t session = server.NewSession();
-  auto cache = OpenCache(server, session, 16, false);
-  ASSERT_TRUE(PutBytes(cache.get(), 0, kRowBytes).ok());
-  // Within the budget, but more than is left once the first segment is
-  // made: the daemon refuses it, and only it.
-  Status s = PutBytes(cache.get(), 1, 13 * kMB);
-  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
-  EXPECT_NE(s.message().find("13.0 MB"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
-  EXPECT_FALSE(cache->IsFull());
-  EXPECT_EQ(PutSmallRowInChild(server, session, 2, false), 0);
-  // Small rows then use up the budget: that cache is full, as ever.
-  const size_t rows = (24u << 20) / kRowBytes;
-  size_t stored = PutRows(cache.get(), rows);
-  EXPECT_GT(stored, (8u << 20) / kRowBytes);
-  EXPECT_LT(stored, rows);
+  auto cache = OpenCache(server, session, 8, false);
+  ASSERT_TRUE(PutBytes(cache.get(), 0, 5 * kMB).ok());
+  Status s = PutBytes(cache.get(), 1, 5 * kMB);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_TRUE(cache->IsFull());
 }
 

@@ -307,9 +307,49 @@ def test_context_manager_closes_the_cache_at_the_end_of_the_block(server, sessio
     with pytest.raises(KeyError):
         with DatasetCache(session).open() as c2:
             raise KeyError("from the block")
-    with pytest.warns(CacheWarning, match="cache is closed"):
+    with pytest.warns(CacheWarning, match="was closed .* and then used"):
         assert c2.get(1) is None
     assert c2.bypassed
+
+
+# Each call after close(), the first after it: what it returns (a miss,
+# nothing stored), as a bypassed cache's.
+_AFTER_CLOSE = {
+    "get": (lambda c: c.get(1), None),
+    "view": (lambda c: c.view(1), None),
+    "put": (lambda c: c.put(2, np.arange(4)), False),
+    "put_batch": (lambda c: c.put_batch([2], [np.arange(4)]), [False]),
+    "contains": (lambda c: c.contains(1), False),
+    "stats": (lambda c: c.stats(), None),
+    "read_into": (lambda c: c.read_into([1], np.zeros((1, 4), np.int64)).tolist(),
+                  [False]),
+}
+
+
+@pytest.mark.parametrize("call", sorted(_AFTER_CLOSE))
+def test_a_closed_cache_says_it_was_closed_and_what_to_do(server, session, call):
+    """Any call of a closed DatasetCache, a put too, degrades as a bypassed
+    cache does (never raises: training goes on from the source) with one
+    CacheWarning that says the cache was closed and used after, and what
+    to do; the rows stay cached for a new DatasetCache."""
+    c = DatasetCache(session, name="closed")
+    assert c.put(1, np.arange(4))
+    c.close()
+    fn, miss = _AFTER_CLOSE[call]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert fn(c) == miss
+        for again in _AFTER_CLOSE.values():
+            assert again[0](c) == again[1]
+    said = [str(x.message) for x in w if x.category is CacheWarning]
+    assert len(said) == 1, said
+    assert f"cache 'closed' of session {session} was closed (close(), or the end " \
+        "of its `with` block) and then used" in said[0], said[0]
+    assert "open a new DatasetCache" in said[0], said[0]
+    assert c.bypassed
+    np.testing.assert_array_equal(DatasetCache(session, name="closed").get(1),
+                                  np.arange(4))
+    assert not DatasetCache(session, name="closed").contains(2)
 
 
 def test_stats_is_a_typed_object_with_the_dict_view(server, session):

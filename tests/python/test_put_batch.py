@@ -98,16 +98,57 @@ def test_full_part_way_keeps_what_was_stored_with_one_warning(server, session):
     assert not c.accepting
 
 
-def test_row_too_large_is_refused_alone_with_one_warning(server, session):
+@pytest.mark.parametrize("big_mb, why", [(12, "whole memory budget of 8 MB"),
+                                         (5, "the most one row can take")])
+def test_row_too_large_is_refused_alone_with_one_warning(server, session, big_mb, why):
+    """A row larger than the budget, or within it but larger than any room
+    the cache can still give one row (8 MB after small rows: its budget is
+    in two 4 MB segments), is refused alone, with one warning that says why
+    and the fix; the cache is not full and smaller rows are still cached."""
     c = DatasetCache(session, size_mb=8)
-    big = np.zeros(12 << 20, dtype=np.uint8)
+    small = np.zeros(16, dtype=np.uint8)
+    big = np.zeros(big_mb << 20, dtype=np.uint8)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        assert c.put_batch([0, 1, 2], [MB, big, MB]) == [True, False, True]
-        assert c.put_batch([3, 4], [big, MB]) == [False, True]
+        assert c.put_batch([0, 1, 2], [small, big, small]) == [True, False, True]
+        assert c.put_batch([3, 4], [big, small]) == [False, True]
     (msg,) = cache_warnings(w)
-    assert "row 1" in msg and "rows like it are read from the source" in msg, msg
+    assert "row 1 cannot be cached" in msg and why in msg, msg
+    assert "size_mb" in msg and "rows like it are read from the source" in msg, msg
     assert c.accepting and c.get(1) is None and c.get(4) is not None
+
+
+class _OneBigSample:
+    """Small samples, and at index 3 one of 5 MB: more than an 8 MB cache
+    that took small rows can give one row."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full(5 << 20 if i == 3 else 16, i, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("async_puts", [False, True])
+def test_a_sample_larger_than_the_room_left_never_breaks_training(server, session,
+                                                                  async_puts):
+    """CachedDataset over an 8 MB cache: the 5 MB sample is delivered every
+    epoch from the source, after one CacheWarning; the others are cached
+    and hits in the next epoch."""
+    torch = pytest.importorskip("torch")
+    from shmcache.torch import CachedDataset
+    ds = CachedDataset(_OneBigSample(), DatasetCache(session, size_mb=8), name="big",
+                       async_puts=async_puts)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for epoch in range(2):
+            for i in range(len(ds)):
+                assert torch.equal(ds[i], torch.from_numpy(_OneBigSample()[i])), i
+            assert ds.flush(60)
+    (msg,) = cache_warnings(w)
+    assert "row 3 cannot be cached" in msg and "size_mb" in msg, msg
+    assert [i for i in range(8) if ds.cache.contains(i)] == [0, 1, 2, 4, 5, 6, 7]
+    assert ds.stats().hits == 7 and not ds.stats().full
 
 
 def test_malformed_row_raises_after_the_others_are_stored(server, session):

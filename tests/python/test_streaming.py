@@ -1,6 +1,7 @@
 """CachedIterableDataset: one builder, sealing, reads after sealing."""
 
 import multiprocessing as mp
+import warnings
 
 import numpy as np
 import pytest
@@ -88,3 +89,23 @@ def test_the_library_seals_and_caches_sealed_before_still_read(server, session):
     assert old.sealed_count() == N
     rows = list(old)
     assert labels_ok(rows) and old.source.reads == named and not old.built
+
+
+def test_a_destroyed_session_is_no_unsealed_cache(server, session):
+    """Once the session is destroyed, sealed_rows() is not None-for-unsealed
+    in silence: the native call raises NotFoundError naming the destroyed
+    session (as Cache::GetSealedRows says), and DatasetCache.sealed_rows()
+    returns None after the one CacheWarning a destroyed session gives every
+    call. The dataset then streams from its source."""
+    ds = CachedIterableDataset(Stream(N), DatasetCache(session))
+    native = ds.cache.open().native
+    assert native.sealed_rows() is None
+    shmcache.Client().destroy_session(session)
+    with pytest.raises(shmcache.NotFoundError, match=f"session {session} was destroyed"):
+        native.sealed_rows()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert ds.sealed_count() is None
+        assert labels_ok(list(ds)) and not ds.built
+    said = [str(x.message) for x in w if x.category is shmcache.CacheWarning]
+    assert len(said) == 1 and f"session {session} was destroyed" in said[0], said

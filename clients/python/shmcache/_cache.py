@@ -79,6 +79,7 @@ class DatasetCache:
     _told: WarnedFlag
     _warned_row: bool
     _bytes_read: int
+    _closed: bool
 
     def __init__(self, session_id: int | None = None, size_mb: int = 0,
                  spilling: bool = False, hostname: str | None = None,
@@ -133,7 +134,7 @@ class DatasetCache:
     # ---- state that does not travel through pickle --------------------
 
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
-                "_told", "_warned_row", "_bytes_read")
+                "_told", "_warned_row", "_bytes_read", "_closed")
 
     # Set by bypass(): travels with the object (pickled to DataLoader
     # workers), so that no process of it uses the cache.
@@ -154,6 +155,7 @@ class DatasetCache:
         self._told = WarnedFlag()
         self._warned_row = False  # a row the cache cannot take was dropped
         self._bytes_read = 0      # bytes of columns returned by get_columns
+        self._closed = False      # close() closed `native`
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -197,22 +199,26 @@ class DatasetCache:
     def _degrade(self, state: State, err: Error, what: str | None = None) -> None:
         """Moves to `state` (never back) and warns once per object: `what`
         (default: describe(err)), err's message, and what happens now."""
+        if self._closed:   # the error is the close's, whatever the call
+            self._used_after_close()
+            return
         self._state = max(self._state, state)
         if not self._warned and not self._told:   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
                             else describe(err, self.size_mb, self._server_info))
 
-    def _warn_once(self, what: str) -> None:
-        """The object's one CacheWarning: `what` stopped the cache, and what
-        happens now (by the state it is in); nothing after the first, here
-        or in a process forked from here."""
+    def _warn_once(self, what: str, fix: str | None = None) -> None:
+        """The object's one CacheWarning: `what` stopped the cache, what
+        happens now (by the state it is in), and `fix`; nothing after the
+        first, here or in a process forked from here."""
         if not self._claim_warning():
             return
         if self._state is State.BYPASSED:
             now = "the cache is bypassed and rows are read from the source"
         else:
             now = "new rows are not cached, cached rows are still served"
-        warn(f"shmcache: {what}; {now}", CacheWarning, self.origin)
+        warn(f"shmcache: {what}; {now}" + (f". Fix: {fix}" if fix else ""), CacheWarning,
+             self.origin)
 
     def _claim_warning(self) -> bool:
         """True the first time only, for this object and its copies in
@@ -222,6 +228,20 @@ class DatasetCache:
         if not said_quietly():
             self._told.set()
         return first
+
+    def _used_after_close(self) -> None:
+        """A call of this object after close(): bypassed from now on (no
+        call reaches the closed native cache again), with the warning that
+        says so. Zero-copy arrays keep the native cache they view."""
+        c = self.native
+        if c is not None:
+            self._bytes_read += c.bytes_read
+            self.native = None
+        self._state = State.BYPASSED
+        self._warn_once(f"cache {self.name!r} of session {self.session_id} was closed "
+                        "(close(), or the end of its `with` block) and then used",
+                        "open a new DatasetCache to use the cache again (its rows "
+                        "stay cached), or close this one only once done with it")
 
     def _connect(self) -> _shmcache.Client:
         if self._client is None:
@@ -252,6 +272,9 @@ class DatasetCache:
     def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
         c = self.native
+        if c is not None and self._closed:
+            self._used_after_close()
+            return None
         if c is not None or self._state is State.BYPASSED:
             return c
         if self._lock_pid != os.getpid():
@@ -349,6 +372,9 @@ class DatasetCache:
         it deserves. A row the cache refuses by its limits (too many
         columns, a name too long: InvalidArgument) raises ValueError when
         `strict`, else is dropped alone like a row too large."""
+        if self._closed:   # the cache refused the row for the close
+            self._used_after_close()
+            return False
         if isinstance(err, (TooLargeError, NotSupportedError)) or \
                 (isinstance(err, InvalidArgumentError) and not strict):
             # This row only: the cache stays in use for the others.
@@ -538,8 +564,11 @@ class DatasetCache:
 
     def close(self) -> None:
         """Returns unused space to the daemon; zero-copy arrays stay valid
-        (module docstring)."""
+        (module docstring). A later call of this object is a bypassed
+        cache's (a miss, a put not stored) after one CacheWarning that says
+        so: open a new DatasetCache to use the cache again."""
         if self.native is not None:
+            self._closed = True
             try:
                 self.native.close()
             except Error:
@@ -679,7 +708,8 @@ class DatasetCache:
             self._put_failed(MAX_ROW_ID, e, strict=True)
 
     def sealed_rows(self) -> int | None:
-        """The sealed row count, or None while unsealed or bypassed."""
+        """The sealed row count, or None while unsealed or bypassed (its
+        session destroyed: after one CacheWarning, as every call)."""
         c = self._open()
         if c is None:
             return None

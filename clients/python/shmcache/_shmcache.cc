@@ -737,15 +737,25 @@ PYBIND11_MODULE(_shmcache, m) {
           [](PyCache& self) REQUIRES(g_gil) -> std::optional<uint64_t> {
             uint64_t n = 0;
             Status s;
+            bool unsealed = false;
             {
               ReleaseGil nogil;
               s = self.cache->GetSealedRows(&n);
+              if (s.IsNotFound()) {
+                // Not sealed, or its session destroyed (NotFound too, which
+                // GetStats tells apart): only the first is None.
+                shmcache::CacheStats unused;
+                Status usable = self.cache->GetStats(&unused);
+                unsealed = usable.ok();
+                if (!unsealed) s = usable;
+              }
             }
-            if (s.IsNotFound()) return std::nullopt;
+            if (unsealed) return std::nullopt;
             Check(s);
             return n;
           },
-          "The row count the cache was sealed with, or None while it is not sealed.")
+          "The row count the cache was sealed with, or None while it is not sealed; "
+          "NotFoundError once its session was destroyed.")
       .def_property_readonly("cache_id",
                              [](PyCache& self) { return self.cache->cache_id(); })
       .def_property_readonly("session_id",

@@ -29,6 +29,9 @@ Contract:
 - The thread ends after _IDLE_EXIT_S seconds without rows, or, once
   retire() was called (CachedDataset: the dataset was freed), as soon as
   the queue is written.
+- redirect() (CachedDataset: its cache was replaced) waits until the
+  queue is written, then stores later rows elsewhere: one queue, one
+  thread and one set of counters for the dataset's life.
 - Fork: a child starts with an empty queue, fresh locks and no thread; its
   thread starts at its first enqueue.
 """
@@ -161,6 +164,22 @@ class AsyncPutter:
             try:
                 return self._cond.wait_for(lambda: not self._queue and not self._busy,
                                            timeout)
+            finally:
+                self._flushing -= 1
+
+    def redirect(self, store: Callable[[list[int], list[Any]], int]) -> None:
+        """Later rows are stored with `store`: waits until every row queued
+        now is written with the old one, as flush() does, and switches under
+        the same lock, so that each row goes to the store it was queued for
+        and the counters go on (CachedDataset: its cache was replaced)."""
+        if self._pid != os.getpid():
+            self._reset()          # the parent's queue and thread are not here
+        with self._cond:
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                self._cond.wait_for(lambda: not self._queue and not self._busy)
+                self._store = store
             finally:
                 self._flushing -= 1
 

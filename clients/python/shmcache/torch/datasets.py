@@ -137,7 +137,10 @@ class CachedDataset(Dataset):
       epoch. At exit, queued rows are written for at most 2 s
       (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
       DataLoader worker's exit at the end of an epoch. flush() waits for
-      the queue. A dataset the script drops is freed at once (the thread
+      the queue. Assigning `ds.cache = other` first waits, as flush()
+      does, until the rows queued are stored in the cache they were
+      queued for; later rows go to `other`, and stats()["async_puts"]
+      goes on counting. A dataset the script drops is freed at once (the thread
       does not hold it): its thread writes the rows queued, then ends.
       async_puts=False stores every miss before returning it,
       in the calling thread, without a copy: a batch's misses
@@ -207,11 +210,11 @@ class CachedDataset(Dataset):
         super().__setattr__(name, value)
         if name in _READ_SETTINGS:
             self._forget_hit_path()
-        old = getattr(self, "_putter", None) if name == "cache" else None
-        if old is not None:
-            # Later rows go to the new cache; queued ones to the old.
-            self._putter = self._new_putter()
-            old.retire()
+        putter = getattr(self, "_putter", None) if name == "cache" else None
+        if putter is not None:
+            # Queued rows are stored in the old cache first (flush() and
+            # stats() know only one writer), later ones in the new.
+            putter.redirect(functools.partial(_store_rows, value))
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
@@ -228,10 +231,10 @@ class CachedDataset(Dataset):
         # cycle through its store would keep the dataset, its thread and
         # queue after `del ds` until the cyclic collector ran. Retired when
         # the dataset is freed (not at exit: the exit flush writes first),
-        # through a weak reference: a putter replaced with the cache (and
-        # that cache) must not live as long as the dataset. While its
-        # writer runs, the thread holds it; without one there is nothing
-        # to retire.
+        # through a weak reference: the dataset holds the putter, the
+        # finalizer need not. While its writer runs, the thread holds it;
+        # without one there is nothing to retire. A new cache (ds.cache =
+        # other) keeps the putter and redirects it (__setattr__).
         # Batched wakes in a DataLoader worker (see shmcache.async_put).
         putter = AsyncPutter(functools.partial(_store_rows, self.cache), self.put_queue,
                              batch_wakes=_ask_in_worker, origin=self.cache.origin)
