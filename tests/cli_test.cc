@@ -401,6 +401,34 @@ TEST_F(CliTest, AnotherUsersServerIsRefusedWithTheFix) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
+// --start as another user with that server's run dir (0700, which the
+// user cannot open): refused naming whose it is and the fix, as for any
+// run dir not the user's own; the server and its sessions are untouched.
+TEST_F(CliTest, AnotherUsersRunDirAtStartIsRefusedWithTheFix) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the admin as another user";
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  CommandResult g = server.Admin({"-g"});
+  ASSERT_EQ(g.exit_code, 0) << g.Describe();
+  CommandResult r =
+      RunCommand({AdminPath(), "--start", "-p", std::to_string(server.port())},
+                 {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
+  if (r.exit_code == 126 || r.exit_code == 127) {
+    GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
+  }
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(server.run_dir() + " is a directory owned by root (uid 0), mode "
+                                          "0700: not this user's own directory"),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find("set SHMCACHE_RUN_DIR to a directory of your own"),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  CommandResult list = server.Admin({"--list_sessions"});
+  EXPECT_NE(list.out.find(LastToken(g.out)), std::string::npos) << list.Describe();
+}
+
 TEST_F(CliTest, SessionThatDoesNotExist) {
   TestServer server;
   ASSERT_TRUE(server.ok());
