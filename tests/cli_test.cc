@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -631,6 +632,22 @@ TEST_F(CliTest, RelativeRunOrShmDirIsRefusedBeforeAnythingIsMade) {
     EXPECT_NE(r.err.find("run dir 'run' (SHMCACHE_RUN_DIR) is not an absolute path"),
               std::string::npos)
         << cmd << r.Describe();
+  }
+}
+
+// A file given as the shm dir is named as what it is ("not writable:
+// Permission denied" before; one root may execute passed that check).
+TEST_F(CliTest, AShmDirThatIsAFileIsNamedSo) {
+  const std::string file = run_dir_ + "/segments";
+  { std::ofstream(file) << "x"; }
+  for (mode_t mode : {0644, 0755}) {
+    ASSERT_EQ(chmod(file.c_str(), mode), 0);
+    ExpectError(
+        {"--start", "-p", "23461", "--shm_dir", file},
+        "shared-memory directory " + file +
+            " is not a directory; give --shm_dir (or SHMCACHE_SHM_DIR) a directory, "
+            "on a tmpfs",
+        {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
   }
 }
 
