@@ -381,18 +381,27 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_EQ(again.err.find("--start"), std::string::npos) << again.Describe();
 }
 
+// `command` of the admin run as nobody (uid 65534; root only) against
+// `server`, its run dir given as SHMCACHE_RUN_DIR.
+CommandResult AdminAsNobody(const TestServer& server, const std::string& command) {
+  return RunCommand({AdminPath(), command, "-p", std::to_string(server.port())},
+                    {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
+}
+
+// False when the admin could not be run as nobody at all (a build tree
+// nobody cannot reach).
+bool RanAsNobody(const CommandResult& r) {
+  return r.exit_code != 126 && r.exit_code != 127;
+}
+
 // Another user's server (its run dir, 0700, given as SHMCACHE_RUN_DIR): the
 // message says whose it is and what to do instead.
 TEST_F(CliTest, AnotherUsersServerIsRefusedWithTheFix) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the admin as another user";
   TestServer server;
   ASSERT_TRUE(server.ok());
-  CommandResult r =
-      RunCommand({AdminPath(), "--list_sessions", "-p", std::to_string(server.port())},
-                 {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
-  if (r.exit_code == 126 || r.exit_code == 127) {
-    GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
-  }
+  CommandResult r = AdminAsNobody(server, "--list_sessions");
+  if (!RanAsNobody(r)) GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("it belongs to another user, and a server serves only its own; "
                        "start one of yours with 'shmcache --start', with "
@@ -411,12 +420,8 @@ TEST_F(CliTest, AnotherUsersRunDirAtStartIsRefusedWithTheFix) {
   ASSERT_TRUE(server.ok());
   CommandResult g = server.Admin({"-g"});
   ASSERT_EQ(g.exit_code, 0) << g.Describe();
-  CommandResult r =
-      RunCommand({AdminPath(), "--start", "-p", std::to_string(server.port())},
-                 {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
-  if (r.exit_code == 126 || r.exit_code == 127) {
-    GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
-  }
+  CommandResult r = AdminAsNobody(server, "--start");
+  if (!RanAsNobody(r)) GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find(server.run_dir() + " is a directory owned by root (uid 0), mode "
                                           "0700: not this user's own directory"),
