@@ -47,7 +47,8 @@ class CommandLine {
   std::string AsWritten(const CLI::Option& option) const;
 
  private:
-  Status CheckFlagsHaveNoValue() const;
+  Status CheckEqualsForms() const;
+  Status NeedsValue(const std::string& name, const CLI::Option& option) const;
   Status MissingValue(const CLI::ParseError& e) const;
 
   CLI::App app_;

@@ -68,6 +68,11 @@ TEST(CommandLineTest, ProblemsInTheProgramsWords) {
   EXPECT_EQ(why({"--json", "stray"}), "unexpected argument 'stray'; see 'prog --help'");
   EXPECT_EQ(why({"--json", "-n"}), "-n (--number) needs a value; see 'prog --help'");
   EXPECT_EQ(why({"--number"}), "--number needs a value; see 'prog --help'");
+  // "--name=" is no value, wherever it stands: CLI11 took the next word
+  // for it ("spill directory '-p' is not an absolute path").
+  EXPECT_EQ(why({"--number="}), "--number needs a value; see 'prog --help'");
+  EXPECT_EQ(why({"--number=", "--json"}), "--number needs a value; see 'prog --help'");
+  EXPECT_EQ(why({"--text=", "-n", "3"}), "--text needs a value; see 'prog --help'");
   EXPECT_EQ(why({"--json=yes"}), "--json takes no value");
   EXPECT_EQ(why({"--generate=1"}), "--generate takes no value");
   EXPECT_EQ(why({"-n", "0"}), "number '0' is not a number in 1..9");
