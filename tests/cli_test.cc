@@ -242,6 +242,41 @@ TEST_F(CliTest, ServerNotRunning) {
   EXPECT_TRUE(stop.out.empty()) << stop.Describe();
 }
 
+// A killed server leaves its memory for the next start to adopt. --stop
+// then finds no server: it says what is left where and how to free it,
+// where it said only "nothing to stop", and what it says works.
+TEST_F(CliTest, StopWithNoServerNamesWhatAKilledOneLeft) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.NewSession();  // the sessions list: a file of the instance
+  server.Kill();
+  const size_t left = server.ShmFiles().size();
+  ASSERT_GT(left, 0u);
+  Env env = server.AdminEnv();
+  env.emplace_back("SHMCACHE_SHM_DIR", server.shm_dir());
+  const std::string port = std::to_string(server.port());
+  CommandResult r = RunCommand({AdminPath(), "--stop", "-p", port}, env);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err.rfind(fmt::format("shmcache: error: no cache server is running on port "
+                                    "{}; nothing to stop, but one that ended without "
+                                    "--stop left {} file{}",
+                                    port, left, left == 1 ? "" : "s"),
+                        0),
+            0u)
+      << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("in {}: 'shmcache --start -p {}' serves them again, "
+                                   "and --stop after it removes them",
+                                   server.shm_dir(), port)),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  CommandResult start = RunCommand({AdminPath(), "--start", "-p", port}, env);
+  ASSERT_EQ(start.exit_code, 0) << start.Describe();
+  CommandResult stop = RunCommand({AdminPath(), "--stop", "-p", port}, env);
+  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  EXPECT_TRUE(server.ShmFiles().empty()) << testing::PrintToString(server.ShmFiles());
+}
+
 TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   TestServer server;
   ASSERT_TRUE(server.ok());
