@@ -5,7 +5,8 @@
 # session: creates the session with `shmcache -g` (or reuses $SESSION_ID,
 # a session the server holds, so that a second run starts warm), launches
 #   my_training_script.py --num_devices N --device k --session_id S --dataset_path P
-# for every k in parallel, waits for all, and fails if any failed.
+# for every k in parallel, waits for all, and fails if any failed. Stopped
+# by SIGTERM, SIGINT or SIGHUP, it stops the devices and exits 128+signal.
 # The server must be running (`shmcache --start`). Extra arguments for the
 # training script go in $TRAIN_ARGS (e.g. "--epochs 2").
 set -uo pipefail
@@ -67,6 +68,20 @@ echo "cache.sh: session $session_id, $num_devices devices, dataset $dataset_path
 export SHMCACHE_SESSION_ID=$session_id
 
 pids=()
+# Stopped (a scheduler's SIGTERM, Ctrl-C, a closed terminal), cache.sh stops
+# its devices: nothing else would, and a device started with & ignores the
+# terminal's SIGINT.
+# shellcheck disable=SC2317  # called by the traps below
+stop() {
+  trap - TERM INT HUP
+  echo "cache.sh: stopped by SIG$1; stopping the ${#pids[@]} devices" >&2
+  [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  wait
+  exit $((128 + $2))
+}
+trap 'stop TERM 15' TERM
+trap 'stop INT 2' INT
+trap 'stop HUP 1' HUP
 for ((k = 0; k < num_devices; k++)); do
   # shellcheck disable=SC2086
   "$python" "$here/my_training_script.py" --num_devices "$num_devices" \

@@ -61,6 +61,51 @@ class Stream(IterableDataset):
             yield {"image": img, "label": label}
 
 
+class GuardedStream(IterableDataset):
+    """A streaming source of n samples, sample(i + offset, 8) as dicts
+    (another offset: another dataset, of the same class and path), that
+    raises once the file `guard` exists: a pass that should read only the
+    cache by then proves it did."""
+
+    def __init__(self, n, offset, guard, path="stream"):
+        self.n, self.offset, self.guard, self.path = n, offset, guard, path
+
+    def __iter__(self):
+        import os
+        if os.path.exists(self.guard):
+            raise RuntimeError("the source was read after the cache was sealed")
+        for i in range(self.n):
+            img, _ = sample(i + self.offset, 8)
+            yield {"image": img, "label": i + self.offset}
+
+
+class MiBRows(Dataset):
+    """n rows of 1 MiB (uint8, filled with i % 251) and label i: a cache
+    capped below n MiB fills."""
+
+    def __init__(self, n):
+        self.n, self.root = n, "mib-rows"
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full(1 << 20, i % 251, dtype=np.uint8), i
+
+
+class StrLabels(Dataset):
+    """Samples with a str label (a file name, say): no column type."""
+
+    def __init__(self, n):
+        self.n, self.root = n, "str-labels"
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.zeros(2, dtype=np.float32), f"file-{i}"
+
+
 class CountedImages(Dataset):
     """Images(n) whose every computed sample is logged (one line, the id)
     to the file $PREFILL_COUNTER; ids >= $PREFILL_GATE_AT wait until the

@@ -12,11 +12,10 @@ read_into's targets receives in _read_into.py.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,24 +25,17 @@ import numpy.typing as npt
 from . import _shmcache
 from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_iterable,
                       check_names, ids_array, session_from_env)
-from ._degrade import (CacheWarning, ServerInfo, State, cap_bound, describe,
-                       user_stacklevel)
+from ._degrade import CacheWarning, ServerInfo, State, cap_bound, describe
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
                         TooLargeError, UnavailableError)
+from ._user_line import Origin, WarnedFlag, quietly, said_quietly, user_line, warn
 from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
 
 __all__ = ["DatasetCache"]
-
-
-@contextlib.contextmanager
-def _no_cache_warnings() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CacheWarning)
-        yield
 
 
 class DatasetCache:
@@ -84,6 +76,7 @@ class DatasetCache:
     native: _shmcache.Cache | None   # the open native cache (package-internal)
     _state: State
     _warned: bool
+    _told: WarnedFlag
     _warned_row: bool
     _bytes_read: int
 
@@ -128,6 +121,9 @@ class DatasetCache:
         self.prefetch_size: int | None = prefetch_size
         self.name: str = name
         self.fingerprint: str = fingerprint if fingerprint is not None else name
+        # The line its warnings name where no frame of the user's is on the
+        # stack (shmcache._user_line).
+        self.origin = user_line()
         check_int("read_threads", read_threads, 0, 256, allow_none=True)
         self.read_threads: int = (min(4, os.cpu_count() or 1) if read_threads is None
                                   else int(read_threads))
@@ -137,11 +133,13 @@ class DatasetCache:
     # ---- state that does not travel through pickle --------------------
 
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
-                "_warned_row", "_bytes_read")
+                "_told", "_warned_row", "_bytes_read")
 
     # Set by bypass(): travels with the object (pickled to DataLoader
     # workers), so that no process of it uses the cache.
     bypass_reason: str | None = None
+    # Where it was made (set by __init__ and named(); travels with it).
+    origin: Origin | None = None
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
@@ -151,6 +149,9 @@ class DatasetCache:
         # A bypassed cache was warned about once, where bypass() was called.
         self._state = State.SERVING if self.bypass_reason is None else State.BYPASSED
         self._warned = self.bypass_reason is not None
+        # Set once this object, or its copy in a process forked from here
+        # (a DataLoader worker), warned: the others then need not.
+        self._told = WarnedFlag()
         self._warned_row = False  # a row the cache cannot take was dropped
         self._bytes_read = 0      # bytes of columns returned by get_columns
 
@@ -177,6 +178,7 @@ class DatasetCache:
         other.__setstate__(self.__getstate__())
         other.name = name
         other.fingerprint = fingerprint if fingerprint is not None else name
+        other.origin = user_line()
         if self._client is not None:
             other._client = self._client
         if self._state is State.BYPASSED:
@@ -196,22 +198,30 @@ class DatasetCache:
         """Moves to `state` (never back) and warns once per object: `what`
         (default: describe(err)), err's message, and what happens now."""
         self._state = max(self._state, state)
-        if not self._warned:   # (a full cap's figures cost a round trip)
+        if not self._warned and not self._told:   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
                             else describe(err, self.size_mb, self._server_info))
 
     def _warn_once(self, what: str) -> None:
         """The object's one CacheWarning: `what` stopped the cache, and what
-        happens now (by the state it is in); nothing after the first."""
-        if self._warned:
+        happens now (by the state it is in); nothing after the first, here
+        or in a process forked from here."""
+        if not self._claim_warning():
             return
-        self._warned = True
         if self._state is State.BYPASSED:
             now = "the cache is bypassed and rows are read from the source"
         else:
             now = "new rows are not cached, cached rows are still served"
-        warnings.warn(f"shmcache: {what}; {now}", CacheWarning,
-                      stacklevel=user_stacklevel())
+        warn(f"shmcache: {what}; {now}", CacheWarning, self.origin)
+
+    def _claim_warning(self) -> bool:
+        """True the first time only, for this object and its copies in
+        the processes forked from here: the one warning is to be shown."""
+        first = not self._warned and not self._told
+        self._warned = True
+        if not said_quietly():
+            self._told.set()
+        return first
 
     def _connect(self) -> _shmcache.Client:
         if self._client is None:
@@ -287,13 +297,14 @@ class DatasetCache:
         if self.size_mb * mb <= cap:
             return
         bound, where, fix = cap_bound(info)
-        self._warned = True
-        warnings.warn(
+        if not self._claim_warning():
+            return
+        warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
             f"and rows beyond it are read from the source. Fix: {fix}, or open a "
             f"smaller cache",
-            CacheWarning, stacklevel=user_stacklevel())
+            CacheWarning, self.origin)
 
     def _server_info(self) -> ServerInfo | None:
         """The server's info (its memory cap and what holds it), or None when
@@ -343,9 +354,8 @@ class DatasetCache:
             # This row only: the cache stays in use for the others.
             if not self._warned_row:
                 self._warned_row = True
-                warnings.warn(f"shmcache: row {row_id} cannot be cached ({err}); "
-                              "rows like it are read from the source",
-                              CacheWarning, stacklevel=user_stacklevel())
+                warn(f"shmcache: row {row_id} cannot be cached ({err}); "
+                     "rows like it are read from the source", CacheWarning, self.origin)
         elif isinstance(err, FullError):
             # Later puts still go to the cache, which refuses them without a
             # round trip and counts them (stats()["puts_full"], the metrics).
@@ -559,7 +569,7 @@ class DatasetCache:
         c = self.native if self._state <= State.FULL else None
         if c is None:
             if quiet:
-                with _no_cache_warnings():
+                with quietly(CacheWarning):
                     c = self._writable()
             else:
                 c = self._writable()
@@ -567,7 +577,7 @@ class DatasetCache:
                 return [False] * len(ids)
         out, errors = c.put_batch(ids, rows)
         if errors and quiet:
-            with _no_cache_warnings():
+            with quietly(CacheWarning):
                 self._put_errors(ids, errors, strict)
         elif errors:
             self._put_errors(ids, errors, strict)

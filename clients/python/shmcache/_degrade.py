@@ -7,51 +7,14 @@ server's cap, which bound set the cap and how to raise it).
 from __future__ import annotations
 
 import enum
-import inspect
-import os
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
                         PermissionDeniedError, UnavailableError)
 
-__all__ = ["CacheWarning", "State", "cause", "describe", "user_stacklevel", "cap_bound",
+__all__ = ["CacheWarning", "State", "cause", "describe", "cap_bound",
            "CAP_BOUNDS", "ServerInfo"]
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def user_stacklevel() -> int:
-    """The stacklevel that makes a warnings.warn() called by this
-    function's caller point at the first frame outside this package and
-    torch's DataLoader (the user's put, get, loader, or the loop over a
-    DataLoader that fetched a CachedDataset's samples): entry points reach
-    a warning through different depths, so a fixed stacklevel named the
-    package's own line, or DataLoader's fetcher."""
-    here = inspect.currentframe()
-    frame = here.f_back if here is not None else None
-    # This frame holds itself in `here`: a cycle that would keep every
-    # caller's frame and locals (a dropped loader, its dataset) until the
-    # cyclic collector ran.
-    del here
-    if frame is None:   # an interpreter without frames: the caller's caller
-        return 2
-    machinery = _machinery()
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(machinery):
-        frame = frame.f_back
-        level += 1
-    return level
-
-
-def _machinery() -> tuple[str, ...]:
-    """The directories of frames that are not the user's: this package, and
-    torch.utils.data once imported (no frame of it runs before)."""
-    data = sys.modules.get("torch.utils.data")
-    where = getattr(data, "__file__", None)
-    return (_PACKAGE,) if where is None else (_PACKAGE, os.path.dirname(where) + os.sep)
-
 
 class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""

@@ -40,14 +40,13 @@ import multiprocessing.util
 import os
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import CacheWarning
-from ._degrade import user_stacklevel
+from ._user_line import Origin, warn
 
 __all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "put_rows"]
 
@@ -80,12 +79,15 @@ class AsyncPutter:
     """The queue and writer thread of one CachedDataset in one process.
 
     store(ids, rows) stores rows and returns how many it stored; it runs
-    on the writer thread only."""
+    on the writer thread only. Its warnings name `origin` where no frame of
+    the user's is on the stack (the writer thread's are never)."""
 
     def __init__(self, store: Callable[[list[int], list[Any]], int],
                  limit_bytes: int = DEFAULT_QUEUE_BYTES,
-                 batch_wakes: Callable[[], bool] | None = None) -> None:
+                 batch_wakes: Callable[[], bool] | None = None,
+                 origin: Origin | None = None) -> None:
         self._store = store
+        self.origin = origin
         self.limit_bytes = limit_bytes
         self._batch_wakes = batch_wakes
         self._reset()
@@ -146,7 +148,7 @@ class AsyncPutter:
                 if not self._batched or self._ready_locked():
                     self._cond.notify()
         if full:
-            _warn_drops(self.limit_bytes)
+            _warn_drops(self.limit_bytes, self.origin)
         return queued
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -242,25 +244,22 @@ class AsyncPutter:
         try:
             return self._store([b[0] for b in batch], [b[1] for b in batch])
         except Exception as e:  # the writer thread must outlive a bad row
-            # No frame of the user's on the writer thread: the warning names
-            # this loop (shown once per process by the default filter).
-            warnings.warn(f"shmcache: a background put failed ({type(e).__name__}: "
-                          f"{e}); these rows are read from the source",
-                          CacheWarning, stacklevel=2)
+            # Shown once per process and origin by the default filter.
+            warn(f"shmcache: a background put failed ({type(e).__name__}: "
+                 f"{e}); these rows are read from the source", CacheWarning, self.origin)
             return 0
 
 
-def _warn_drops(limit_bytes):
+def _warn_drops(limit_bytes, origin):
     global _warned_pid
     if _warned_pid == os.getpid():
         return
     _warned_pid = os.getpid()
-    warnings.warn(f"shmcache: the background put queue is full ({limit_bytes} "
-                  "bytes of rows waiting): rows are dropped and read from the "
-                  "source again next epoch; the cache takes rows slower than "
-                  "the dataset makes them (raise put_queue= or use "
-                  "async_puts=False to wait for every put)", CacheWarning,
-                  stacklevel=user_stacklevel())
+    warn(f"shmcache: the background put queue is full ({limit_bytes} "
+         "bytes of rows waiting): rows are dropped and read from the "
+         "source again next epoch; the cache takes rows slower than "
+         "the dataset makes them (raise put_queue= or use "
+         "async_puts=False to wait for every put)", CacheWarning, origin)
 
 
 def _close_all():

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from .._degrade import user_stacklevel
+from .._user_line import warn
 
 __all__ = ["batch_device", "tree_map", "CudaStage"]
 
@@ -31,7 +31,7 @@ def batch_device(device: Any, pin_memory: Any) -> torch.device | None:
             # As DataLoader: batches in ordinary memory, and what the
             # installed torch's DataLoader warns (1.13: nothing).
             for message, category in _dataloader_pin_warnings():
-                warnings.warn(message, category, stacklevel=user_stacklevel())
+                warn(message, category)
         if dev is not None and dev.type == "cuda":
             raise RuntimeError(f"CUDA is not available: device={str(dev)!r} cannot "
                                "receive batches; pass device=None or 'cpu'")

@@ -63,7 +63,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -73,6 +72,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader, get_worker_info
 
 from .. import CacheWarning
+from .._user_line import quietly
 from ..rows import Column, encode
 
 __all__ = ["Stored", "STORED", "Columns", "Sample", "Computed", "Closed", "WorkerError",
@@ -160,8 +160,7 @@ def _compute(ds: Any, cds: Any, index: int, put: bool) -> Computed:
     if put:
         if cds.cache.put_encoded([index], [cols], strict=False, quiet=True)[0]:
             return STORED
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CacheWarning)
+        with quietly(CacheWarning):
             if cds.cache.contains(index):   # another process stored it
                 return STORED
     return Columns(cols)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -51,7 +50,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
-from .._degrade import user_stacklevel
+from .._user_line import WarnedFlag, warn
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
                     split_name)
@@ -198,7 +197,8 @@ class CachedDataset(Dataset):
         self.copy = copy
         self.async_puts = async_puts
         self.put_queue = put_queue
-        self._warned_uncacheable = False
+        # Shared with the DataLoader workers forked from here: one warning.
+        self._warned_uncacheable = WarnedFlag()
         self._putter = self._new_putter()
         _datasets.add(self)
         open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
@@ -234,7 +234,7 @@ class CachedDataset(Dataset):
         # to retire.
         # Batched wakes in a DataLoader worker (see shmcache.async_put).
         putter = AsyncPutter(functools.partial(_store_rows, self.cache), self.put_queue,
-                             batch_wakes=_ask_in_worker)
+                             batch_wakes=_ask_in_worker, origin=self.cache.origin)
         weakref.finalize(self, _retire, weakref.ref(putter)).atexit = False
         return putter
 
@@ -402,10 +402,10 @@ class CachedDataset(Dataset):
 
     def warn_uncacheable(self, index: int, why: Exception | str | None) -> None:
         if not self._warned_uncacheable:
-            self._warned_uncacheable = True
-            warnings.warn(f"shmcache: sample {index} cannot be cached ({why}); "
-                          "samples like it are read from the dataset",
-                          CacheWarning, stacklevel=user_stacklevel())
+            self._warned_uncacheable.set()
+            warn(f"shmcache: sample {index} cannot be cached ({why}); "
+                 "samples like it are read from the dataset", CacheWarning,
+                 self.cache.origin)
 
     def project(self, sample: Any) -> Any:
         cols = self.columns

@@ -1,0 +1,111 @@
+"""End to end: scripts/cache.sh with 2 ranks, as README shows it, on a tiny
+generated dataset and a server of its own run dir. Both ranks run on one
+session and the host holds one copy; the script exits 0 and leaves no
+process behind (conftest's leak check: no rank, no server, no shm file once
+the fixture stopped the server). One rank that fails (killed, as the
+out-of-memory killer does): non-zero exit naming it, the other rank
+finishes. cache.sh stopped by a signal (a scheduler's SIGTERM, Ctrl-C, a
+closed terminal): its ranks end with it."""
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import threading
+
+import pytest
+
+from conftest import ROOT, _alive, wait_for
+
+CACHE_SH = ROOT / "scripts" / "cache.sh"
+TRAIN = ROOT / "scripts" / "my_training_script.py"
+N = 64
+
+
+def dataset(server, tmp_path):
+    data = tmp_path / "cifar10"
+    subprocess.run(["/usr/bin/python3", str(TRAIN), "--generate", str(N),
+                    "--dataset_path", str(data)], check=True, env=server.env,
+                   capture_output=True, timeout=60)
+    return data
+
+
+def python_that_kills_rank(tmp_path, rank):
+    """A $PYTHON for cache.sh that runs the training script, but SIGKILLs
+    itself in rank `rank`."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'for a in "$@"; do [ "$prev" = --device ] && [ "$a" = {rank} ] && kill -9 $$; '
+        'prev=$a; done\n'
+        'exec /usr/bin/python3 "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper
+
+
+def test_two_ranks_share_one_session_and_the_host_holds_one_copy(server, tmp_path):
+    data = dataset(server, tmp_path)
+    r = subprocess.run([str(CACHE_SH), str(data), "2"], env=server.env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = dict((int(k), int(v)) for v, k in
+               re.findall(r"^Got (\d+) samples on device (\d+)$", r.stdout, re.M))
+    assert got == {0: N // 2, 1: N // 2}, r.stdout
+    session = int(re.search(r"^cache.sh: session (\d+),", r.stdout, re.M).group(1))
+    (cache,) = server.cache_rows(session).values()
+    assert cache["mem_cached"] == N and cache["misses"] == N   # one copy, not two
+    assert [s["session"] for s in server.sessions()] == [session]
+
+
+def test_one_rank_killed_fails_the_run_and_names_it(server, tmp_path):
+    data = dataset(server, tmp_path)
+    r = subprocess.run([str(CACHE_SH), str(data), "2"],
+                       env=dict(server.env, PYTHON=str(python_that_kills_rank(tmp_path, 1))),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cache.sh: device 1 failed" in r.stderr
+    assert "device 0 failed" not in r.stderr
+    assert f"Got {N // 2} samples on device 0" in r.stdout
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False),   # a scheduler, `kill`
+                                       (signal.SIGINT, True),     # Ctrl-C: the terminal's group
+                                       (signal.SIGHUP, True)])    # the terminal closed
+def test_cache_sh_stopped_by_a_signal_stops_its_ranks(server, tmp_path, sig, group):
+    """Once a stopped cache.sh left its ranks training: they ignore the
+    terminal's SIGINT (started with & by a shell without job control), and
+    nothing sent them the SIGTERM."""
+    data = dataset(server, tmp_path)
+    p = subprocess.Popen([str(CACHE_SH), str(data), "2"],
+                         env=dict(server.env, TRAIN_ARGS="--epochs 100000"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
+    reader.start()
+    ranks = []
+    try:
+        wait_for(lambda: {"device 0 epoch 1", "device 1 epoch 1"} <=
+                 {ln[:16] for ln in out}, timeout=120, what="both ranks training")
+        ranks = _children(p.pid)
+        assert len(ranks) == 2, ranks
+        if group:
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+        assert p.wait(timeout=60) == 128 + sig
+        wait_for(lambda: not any(_alive(r) for r in ranks), timeout=30,
+                 what="the ranks to end with cache.sh")
+        assert f"cache.sh: stopped by {sig.name}; stopping the 2 devices" in p.stderr.read()
+    finally:
+        p.kill()
+        p.wait()
+        for r in ranks:
+            if _alive(r):
+                os.kill(r, signal.SIGKILL)
