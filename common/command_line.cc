@@ -1,5 +1,7 @@
 #include "common/command_line.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace shmcache {
@@ -99,8 +101,19 @@ Status CommandLine::Parse(const std::vector<std::string>& argv) {
   if (extras.empty()) return Status::OK();
   const std::string& arg = extras.front();
   bool option = arg.size() > 1 && arg[0] == '-';
-  return Status::InvalidArgument(fmt::format(
-      "{} '{}'; {}", option ? "unknown option" : "unexpected argument", arg, hint_));
+  return Status::InvalidArgument(
+      fmt::format("{} '{}'{}; {}", option ? "unknown option" : "unexpected argument", arg,
+                  option ? DidYouMean(arg) : "", hint_));
+}
+
+// " (did you mean --list_sessions?)" for "--list-sessions": the names
+// have underscores, as MindSpore's cache_admin's; "" when no name is near.
+std::string CommandLine::DidYouMean(const std::string& arg) const {
+  std::string name = NamePart(arg);
+  if (name.rfind("--", 0) != 0) return "";
+  std::replace(name.begin() + 2, name.end(), '-', '_');
+  if (name == NamePart(arg) || app_.get_option_no_throw(name) == nullptr) return "";
+  return fmt::format(" (did you mean {}?)", name);
 }
 
 std::string CommandLine::AsWritten(const CLI::Option& option) const {
