@@ -225,6 +225,9 @@ def test_a_dataset_error_names_the_row_and_the_exception(server, session, kind, 
     (["-j", "x"], "argument -j/--workers: invalid int value: 'x'"),
     (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
     (["--cache_name", ""], "--cache_name must not be empty"),
+    # Named as written: it said "Input size_mb is not within ...".
+    (["--size", "-3"], "--size is a number of MB (0: as much as the server allows), "
+                       "got -3"),
 ])
 def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     r = run_prefill(server, session, *args)

@@ -513,6 +513,9 @@ def _parse(argv):
     a = p.parse_args(argv)
     if a.workers < 1:
         raise BadInput(f"-j/--workers must be at least 1, got {a.workers}")
+    if a.size < 0:
+        raise BadInput(f"--size is a number of MB (0: as much as the server allows), "
+                       f"got {a.size}")
     if a.progress_interval <= 0:
         raise BadInput("--progress_interval must be positive")
     if a.cache_name is not None and not a.cache_name:
