@@ -237,6 +237,28 @@ def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     assert server.cache_rows(session) == {}
 
 
+def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
+    """Session 0, or no server: prefill has nothing to fill. It said the
+    trainer's words ("the cache is bypassed and rows are read from the
+    source") and asked whether the server was started, also for session 0."""
+    r = run_prefill(server, 0)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("prefill: no row can be cached: session 0 is no session"), \
+        r.stderr
+    assert "create one with `shmcache -g`" in r.stderr
+    assert "read from the source" not in r.stderr and "started?" not in r.stderr
+    session = server.new_session()
+    server.stop()
+    r = run_prefill(server, session)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("prefill: no row can be cached: the cache server is "
+                               "unreachable"), r.stderr
+    assert f"start it with 'shmcache --start -p {server.port}'" in r.stderr
+    assert "read from the source" not in r.stderr and "started?" not in r.stderr
+
+
 def test_a_missing_required_argument_is_one_line_and_exit_1(server):
     r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows"],
                        env=env(server), capture_output=True, text=True, timeout=120)

@@ -535,8 +535,11 @@ def _open_cache(a, dataset):
         except (TypeError, ValueError, RuntimeError) as e:
             raise BadInput(str(e).splitlines()[0]) from None
     if cache.bypassed:
-        why = caught[0].message if caught else "the cache could not be opened"
-        raise BadInput(f"{why} (is the server started? shmcache --start)")
+        # The warning's cause and fix, without what it tells a trainer
+        # ("... rows are read from the source"): prefill has nothing to do.
+        why = str(caught[0].message) if caught else "the cache could not be opened"
+        why = why.removeprefix("shmcache: ").split("; the cache is bypassed")[0]
+        raise BadInput(f"no row can be cached: {why}")
     return cache
 
 
