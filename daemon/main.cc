@@ -380,7 +380,12 @@ int Run(DaemonOptions& opts) {
   Startup up;
   s = OpenLog(opts, paths, &log, &up.notes);
   if (s.ok()) s = PrepareShm(opts, &paths, &log, &up);
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  if (!s.ok()) {
+    // Refused at set-up (a shm dir that is a file, no room): its lock
+    // files go too; what an earlier server left stays for the next start.
+    locks->RemoveFiles();
+    return Fail(opts.ready_fd, s.message());
+  }
   Store store(opts, paths, up.nodes, up.workers, &log);
   WarnIfShmTooSmall(opts, paths, store.memory_bounds(), &log, &up.notes);
   s = store.Init(&g_stop_requested);

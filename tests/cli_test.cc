@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "format/instance.h"
 #include "tests/support/test_server.h"
 
 namespace shmcache::test {
@@ -688,6 +689,9 @@ TEST_F(CliTest, AShmDirThatIsAFileIsNamedSo) {
             " is not a directory; give --shm_dir (or SHMCACHE_SHM_DIR) a directory, "
             "on a tmpfs",
         {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+    // A start refused leaves no lock file behind, here or in /dev/shm.
+    EXPECT_FALSE(PathExists(run_dir_ + "/shmcached-23461.lock"));
+    EXPECT_FALSE(PathExists(HostLockPath(23461)));
   }
 }
 
