@@ -191,6 +191,7 @@ TEST(BrokenConnectionTest, AChunkTradedForALeaseWhoseAnswerWasLostIsNotWrittenAg
   // A row too big for the chunk's rest: a new lease, trading the old chunk
   // in, sent to a stopped daemon and given up on.
   std::vector<uint8_t> big(5u << 20, 7);
+  const ContinuedAfter continued(server.pid());  // however the test ends
   ASSERT_TRUE(StopProcess(server.pid()));
   Status s = a->Put(1, big.data(), big.size());
   ASSERT_EQ(kill(server.pid(), SIGCONT), 0);

@@ -177,6 +177,7 @@ TEST_F(StagedSpillTest, AStageWhoseAnswerWasLostIsNotWrittenAgain) {
   Status opened = ShmFile::Open(server_.shm_dir() + "/" + stages[0], &stage);
   ASSERT_TRUE(opened.ok()) << opened.ToString();
 
+  const ContinuedAfter continued(server_.pid());  // however the test ends
   ASSERT_TRUE(StopProcess(server_.pid()));
   bool broke = false;
   std::thread breaker([&] { broke = BreakUnreadConnection(); });

@@ -32,7 +32,7 @@ using SpillTest = SpillingCacheTest;
 uint64_t DiskUsage(const std::string& dir) {
   uint64_t total = 0;
   for (const std::string& n : ListDir(dir)) {
-    std::string p = dir + "/" + n;
+    const std::string p = std::string(dir).append("/").append(n);
     struct stat st;
     if (lstat(p.c_str(), &st) != 0) continue;
     if (S_ISDIR(st.st_mode)) {
@@ -160,6 +160,7 @@ TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
     ASSERT_TRUE(client->OpenCache(CacheNamed(session, "slow", 1, true), &cache).ok());
     std::vector<uint8_t> row = Pattern(1, 1, 2u << 20);  // over the budget: spills
     ASSERT_TRUE(cache->Put(1, row.data(), row.size()).ok());
+    const ContinuedAfter continued(server.pid());  // however the test ends
     ASSERT_TRUE(StopProcess(server.pid()));
     pid_t waker = ForkChild([&] {
       usleep(3 * 200 * 1000);  // the slowness under test, not a wait for a condition

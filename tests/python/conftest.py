@@ -17,6 +17,7 @@ Two run-wide hooks:
   module, in an order drawn from N (scripts/stress-tests.sh sets it).
 """
 
+import contextlib
 import glob
 import itertools
 import json
@@ -36,8 +37,9 @@ import leak_check
 
 # Every server a test starts (shmcache --start reads this) stops by itself
 # when this pytest process ends, even killed or crashed before its fixtures
-# could stop it; scripts/test.sh sets it to its own pid already.
-os.environ.setdefault("SHMCACHE_WATCH_PID", str(os.getpid()))
+# could stop it. This pytest's own pid, whatever the caller set: the pid of
+# scripts/test.sh, or of a pytest that runs this one, outlives it.
+os.environ["SHMCACHE_WATCH_PID"] = str(os.getpid())
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("SHMCACHE_BUILD_DIR", ROOT / "build"))
@@ -93,6 +95,18 @@ def release_huge_dir(port, uid=None):
             os.rmdir(d)
         except OSError:
             pass
+
+
+def remove_killed_instance(port):
+    """Removes what a killed server of `port` left: its segments, its
+    huge-page tmpfs and its host lock file (a stopped server removes the
+    lock; nothing holds it once the server is gone)."""
+    for f in _segments(port) + [host_lock(port)]:
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
+    release_huge_dir(port)
 
 
 def free_port():
@@ -191,14 +205,25 @@ class Server:
                 wait_for(lambda: not _alive(self.pid), timeout=10, what="stop")
             except AssertionError:
                 os.kill(self.pid, signal.SIGKILL)
-        # A killed daemon also leaves its host lock file (a stopped one
-        # removes it); nothing holds it once the daemon is gone.
-        for f in _segments(self.port) + [host_lock(self.port)]:
-            try:
-                os.unlink(f)
-            except OSError:
-                pass
-        release_huge_dir(self.port)
+        remove_killed_instance(self.port)
+
+
+@contextlib.contextmanager
+def continued_after(pid):
+    """Whatever stops process `pid` (SIGSTOP) in the block, it runs again
+    (SIGCONT) when the block ends, or when this pytest dies in it: a stopped
+    server cannot see that the process it watches is gone. A guard of its
+    own session (a group kill of pytest spares it) waits for the end of a
+    pipe this process holds; children forked meanwhile hold it too, until
+    they end."""
+    guard = subprocess.Popen(
+        ["sh", "-c", 'cat >/dev/null; kill -CONT "$1" 2>/dev/null; exit 0', "sh", str(pid)],
+        stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        yield
+    finally:
+        guard.stdin.close()
+        guard.wait(timeout=60)
 
 
 def _alive(pid):

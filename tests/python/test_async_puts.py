@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import wait_for  # noqa: E402
+from conftest import continued_after, wait_for  # noqa: E402
 from helpers import Images, sample  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
 import shmcache.async_put  # noqa: E402
@@ -315,8 +315,7 @@ def test_batches_go_on_from_the_source_with_one_warning_when_the_cache_fails(
     ds = CachedDataset(Images(n, side=64), cache, name=f"fails{how}{async_puts}",
                        async_puts=async_puts)
     labels = []
-    stopped = False
-    try:
+    with continued_after(server.pid):
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             for start in range(0, n, 50):
@@ -326,16 +325,12 @@ def test_batches_go_on_from_the_source_with_one_warning_when_the_cache_fails(
                         server.kill()
                     else:
                         os.kill(server.pid, signal.SIGSTOP)
-                        stopped = True
                 for i, (img, label) in zip(range(start, start + 50),
                                            ds.__getitems__(range(start, start + 50))):
                     assert torch.equal(img, torch.from_numpy(sample(i, 64)[0]))
                     labels.append(label)
             assert ds.flush(60)
         stored = [i for i in range(n) if ds.cache.contains(i)]
-    finally:
-        if stopped:
-            os.kill(server.pid, signal.SIGCONT)
     assert labels == [i % 10 for i in range(n)]
     cw = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
     assert len(cw) == 1, cw

@@ -11,13 +11,14 @@ checked too: a writer whose put returns while the interpreter finalizes
 must not abort the process."""
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+
+from conftest import continued_after
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND_S = 4.0   # the promise is 2 s; the rest is slack for a loaded machine
@@ -62,18 +63,18 @@ def test_process_exits_promptly_with_a_stopped_server(server, session, tmp_path,
     script = tmp_path / "client.py"
     script.write_text(textwrap.dedent(SCRIPTS[case]))
     env = dict(server.env, PYTHONPATH=HERE + os.pathsep + server.env["PYTHONPATH"])
-    p = subprocess.Popen([sys.executable, str(script), str(session), str(server.pid)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        line = p.stdout.readline()
-        last = time.monotonic()
-        assert line.startswith("last statement"), p.communicate(timeout=60)[1]
-        p.wait(timeout=60)
-        took = time.monotonic() - last
-        assert p.returncode == 0, p.stderr.read()
-        assert took <= BOUND_S, f"exit took {took:.1f} s after the last statement"
-    finally:
-        p.kill()
-        p.wait()
-        os.kill(server.pid, signal.SIGCONT)
+    with continued_after(server.pid):
+        p = subprocess.Popen([sys.executable, str(script), str(session), str(server.pid)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            line = p.stdout.readline()
+            last = time.monotonic()
+            assert line.startswith("last statement"), p.communicate(timeout=60)[1]
+            p.wait(timeout=60)
+            took = time.monotonic() - last
+            assert p.returncode == 0, p.stderr.read()
+            assert took <= BOUND_S, f"exit took {took:.1f} s after the last statement"
+        finally:
+            p.kill()
+            p.wait()

@@ -97,6 +97,8 @@ def test_the_server_command_line_runs_and_the_probe_sees_it(manifests, tmp_path)
         return arg.replace(f"--port={options(server['command'])['port']}", f"--port={port}")
 
     argv = [str(BUILD / "daemon" / "shmcached")] + [move(a) for a in server["command"][1:]]
+    # Ends with this pytest however it ends (it writes to pytest's stdout).
+    argv.append(f"--watch_pid={os.getpid()}")
     env = dict(os.environ, PYTHONPATH=PYTHONPATH,
                **{e["name"]: move(e["value"]) for e in server["env"]})
     env.pop("NOTIFY_SOCKET", None)
@@ -158,11 +160,9 @@ def test_the_pod_commands_run_as_the_pods_user_on_root_owned_host_dirs(manifests
         argv = [str(daemon_bin)] + [
             moved(a, server).replace(f"--port={options(server['command'])['port']}",
                                      f"--port={port}")
-            for a in server["command"][1:]]
+            for a in server["command"][1:]] + [f"--watch_pid={os.getpid()}"]
         env = {e["name"]: moved(e["value"], server) for e in server["env"]}
         env = dict(PATH=os.environ["PATH"], **env)
-        if "SHMCACHE_WATCH_PID" in os.environ:
-            env["SHMCACHE_WATCH_PID"] = os.environ["SHMCACHE_WATCH_PID"]
         daemon = subprocess.Popen(
             ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] + argv,
             env=env, stderr=subprocess.PIPE, text=True)

@@ -164,6 +164,34 @@ bool StopProcess(pid_t pid) {
   return WaitFor(all_stopped, std::chrono::seconds(20));
 }
 
+ContinuedAfter::ContinuedAfter(pid_t pid) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) std::abort();
+  guard_ = fork();
+  if (guard_ < 0) std::abort();
+  if (guard_ == 0) {
+    // Only the read end: a copy of the test's sockets or of meson's output
+    // pipe would change what the test, or meson, sees.
+    setsid();
+    dup2(fds[0], 0);
+    close_range(1, ~0U, 0);
+    char c;
+    ssize_t n;
+    do {
+      n = read(0, &c, 1);
+    } while (n > 0 || (n < 0 && errno == EINTR));
+    kill(pid, SIGCONT);
+    _exit(0);
+  }
+  close(fds[0]);
+  pipe_ = fds[1];
+}
+
+ContinuedAfter::~ContinuedAfter() {
+  close(pipe_);
+  WaitChild(guard_, 20);
+}
+
 void* MapShared(size_t bytes) {
   void* p =
       mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -38,6 +38,24 @@ bool ProcessExited(pid_t pid);
 // False when it could not be stopped.
 bool StopProcess(pid_t pid);
 
+// Whatever stops process `pid` (StopProcess) while a ContinuedAfter lives
+// runs again (SIGCONT) when it ends, or when this process dies first (a
+// crash, a kill on timeout): a stopped daemon cannot see that the test it
+// watches is gone, and would outlive it. A guard process in a session of
+// its own (a group kill spares it) waits for the end of a pipe this
+// process holds; children forked meanwhile hold it too, until they end.
+class ContinuedAfter {
+ public:
+  explicit ContinuedAfter(pid_t pid);
+  ~ContinuedAfter();  // the SIGCONT sent, the guard reaped
+  ContinuedAfter(const ContinuedAfter&) = delete;
+  ContinuedAfter& operator=(const ContinuedAfter&) = delete;
+
+ private:
+  int pipe_ = -1;
+  pid_t guard_ = -1;
+};
+
 // Forks a child that waits until it is killed (KillAndReap).
 pid_t Sleeper();
 // SIGKILLs child `pid` and reaps it: its pid is free to be given again.

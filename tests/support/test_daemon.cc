@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,7 +105,10 @@ std::vector<std::string> TestDaemon::ShmFiles() const {
 std::string TestDaemon::ReadLog() const { return ReadFilesIn(log_dir_); }
 
 std::vector<std::string> TestDaemon::AdminEnv() const {
-  return {"SHMCACHE_RUN_DIR=" + run_dir_, "SHMCACHE_DAEMON=" + DaemonPath()};
+  // A server the admin starts with it watches this process, as the
+  // TestDaemon does.
+  return {"SHMCACHE_RUN_DIR=" + run_dir_, "SHMCACHE_DAEMON=" + DaemonPath(),
+          fmt::format("SHMCACHE_WATCH_PID={}", getpid())};
 }
 
 Status TestDaemon::Start(const Options& o) {
@@ -160,6 +164,10 @@ Status TestDaemon::Spawn() {
   args.insert(args.end(), opts_.extra_args.begin(), opts_.extra_args.end());
   const rlimit fd_limit{static_cast<rlim_t>(opts_.fd_limit),
                         static_cast<rlim_t>(opts_.fd_limit)};
+  // Ends with this process, however it ends: a crashed test, or one meson
+  // killed on timeout, would leave it holding meson's output pipe.
+  const pid_t owner = getpid();
+  args.push_back(fmt::format("--watch_pid={}", owner));
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
   args.push_back(fmt::format("--ready_fd={}", fds[1]));
@@ -174,7 +182,15 @@ Status TestDaemon::Spawn() {
                            setuid(opts_.uid) != 0)) {
       _exit(125);
     }
+    // A daemon stopped (SIGSTOP) when its owner dies cannot see its watch:
+    // the owner's death sends it SIGCONT, and its watch then stops it
+    // cleanly. SIGCONT, not SIGKILL: the "parent" whose death sends it is
+    // the forking thread, whose end alone must not end the daemon. Set
+    // after setuid, which clears it; an owner dead before it was set is
+    // seen by getppid().
+    if (prctl(PR_SET_PDEATHSIG, SIGCONT) != 0 || getppid() != owner) _exit(124);
     std::vector<char*> cargs;
+    cargs.reserve(args.size() + 1);
     for (std::string& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
     execv(cargs[0], cargs.data());

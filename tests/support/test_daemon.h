@@ -6,7 +6,9 @@
 //
 // Every daemon started here has its own port, run dir, shm dir and log dir,
 // and is stopped (or killed) and its files removed when the TestDaemon is
-// destroyed.
+// destroyed. It watches the process that started it (--watch_pid), and
+// stops by itself when that process dies without destroying it (a crash, a
+// kill on timeout), even if it was stopped (SIGSTOP) then.
 #pragma once
 
 #include <sys/types.h>
@@ -72,7 +74,8 @@ class TestDaemon {
   std::vector<std::string> ShmFiles() const;
   // The daemon's log (all files in its log dir, concatenated).
   std::string ReadLog() const;
-  // Environment assignments for the admin CLI to reach this instance.
+  // Environment assignments for the admin CLI to reach this instance; a
+  // server it starts with them watches this process too.
   std::vector<std::string> AdminEnv() const;
 
  private:

@@ -73,6 +73,9 @@ TestServer::~TestServer() {
   if (ok() && !stopped_ && !killed_) {
     CommandResult r = Stop();
     EXPECT_EQ(r.exit_code, 0) << r.Describe();
+    // One that did not stop (left stopped by SIGSTOP, or hung) must not
+    // outlive the test either.
+    if (!ProcessExited(pid_)) Kill();
   }
   if (ok() && !killed_) {
     EXPECT_TRUE(ShmFiles().empty())

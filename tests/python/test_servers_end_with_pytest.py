@@ -1,0 +1,80 @@
+"""A server a test starts ends with the pytest that runs it, even when that
+pytest is SIGKILLed before its fixtures can stop it, and even when the test
+had stopped the server (SIGSTOP) then. Here a pytest run inside this one
+starts the server and is killed; the server must be gone within a bound."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from conftest import BUILD, PYTHONPATH, ROOT, _alive, remove_killed_instance, wait_for
+
+INNER = '''
+import os, signal
+from pathlib import Path
+from conftest import continued_after
+
+def test_holds_a_server(server):
+    with continued_after(server.pid):
+        if os.environ["STOP_SERVER"] == "1":
+            os.kill(server.pid, signal.SIGSTOP)
+        Path(os.environ["SERVER_FILE"]).write_text(f"{server.pid} {server.port}")
+        while True:
+            signal.pause()      # until killed
+'''
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return "gone"
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_a_server_ends_with_the_pytest_that_started_it(tmp_path, stopped):
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))
+    server_file = tmp_path / "server"
+    env = dict(os.environ, SHMCACHE_BUILD_DIR=str(BUILD),
+               PYTHONPATH=os.pathsep.join([PYTHONPATH, str(ROOT / "tests" / "python")]),
+               SERVER_FILE=str(server_file), STOP_SERVER="1" if stopped else "0")
+    env.pop("SHMCACHE_TEST_SEED", None)
+    # A short base temp dir: the server's socket path must fit in 107 bytes.
+    base = tempfile.mkdtemp(prefix="shmcache-we.")
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "--basetemp", base + "/b",
+         str(tmp_path / "test_inner.py")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pidfd = None
+    port = None
+    try:
+        wait_for(lambda: server_file.exists() or inner.poll() is not None, timeout=120,
+                 what="the inner pytest's server")
+        assert server_file.exists(), inner.communicate(timeout=60)[0]
+        pid, port = map(int, server_file.read_text().split())
+        pidfd = os.pidfd_open(pid)      # while it surely runs: the cleanup's
+        if stopped:
+            wait_for(lambda: _state(pid) == "T", what="the server stopped")
+        inner.kill()
+        inner.wait(timeout=60)
+        wait_for(lambda: not _alive(pid), timeout=30,
+                 what=f"the end of server {pid}, whose pytest was killed")
+    finally:
+        inner.kill()
+        inner.communicate(timeout=60)
+        if pidfd is not None:
+            if _alive(pid):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                wait_for(lambda: not _alive(pid), what="the killed server's end")
+            os.close(pidfd)
+        if port is not None:
+            remove_killed_instance(port)
+        shutil.rmtree(base, ignore_errors=True)
