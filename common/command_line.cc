@@ -1,5 +1,7 @@
 #include "common/command_line.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace shmcache {
@@ -44,36 +46,44 @@ CLI::Option* CommandLine::AddFlag(const std::string& names) {
 }
 
 // "--flag=value": refused, where CLI11 would read the value as true/false.
-Status CommandLine::CheckFlagsHaveNoValue() const {
+// "--option=" (nothing after '='): no value, where CLI11 would take the
+// next word for it (`--spilldir= -p 5` read "-p" as the directory).
+Status CommandLine::CheckEqualsForms() const {
   for (size_t i = 1; i < argv_.size(); ++i) {
     if (argv_[i].rfind("--", 0) != 0 || argv_[i].find('=') == std::string::npos) continue;
     std::string name = NamePart(argv_[i]);
     const CLI::Option* o = app_.get_option_no_throw(name);
-    if (o != nullptr && o->get_expected_max() == 0) {
+    if (o == nullptr) continue;
+    if (o->get_expected_max() == 0) {
       return Status::InvalidArgument(fmt::format("{} takes no value", name));
     }
+    if (argv_[i].back() == '=') return NeedsValue(name, *o);
   }
   return Status::OK();
 }
 
-// CLI11 finds an option short of its value only when the line ends there.
 // A short name is told with its long one: `shmcache -h` is the host, not
 // help, and the user should see which option took the word.
-Status CommandLine::MissingValue(const CLI::ParseError& e) const {
-  std::string name = argv_.size() > 1 ? NamePart(argv_.back()) : "";
-  const CLI::Option* o = name.empty() ? nullptr : app_.get_option_no_throw(name);
-  if (o == nullptr) return Status::InvalidArgument(e.what());
+Status CommandLine::NeedsValue(const std::string& name, const CLI::Option& o) const {
   std::string shown = name;
-  if (const std::string full = o->get_name(); full != name) {
+  if (const std::string full = o.get_name(); full != name) {
     shown = fmt::format("{} ({})", name, full);
   }
   return Status::InvalidArgument(
       fmt::format("{} needs a value{}{}", shown, hint_.empty() ? "" : "; ", hint_));
 }
 
+// CLI11 finds an option short of its value only when the line ends there.
+Status CommandLine::MissingValue(const CLI::ParseError& e) const {
+  std::string name = argv_.size() > 1 ? NamePart(argv_.back()) : "";
+  const CLI::Option* o = name.empty() ? nullptr : app_.get_option_no_throw(name);
+  if (o == nullptr) return Status::InvalidArgument(e.what());
+  return NeedsValue(name, *o);
+}
+
 Status CommandLine::Parse(const std::vector<std::string>& argv) {
   argv_ = argv;
-  Status s = CheckFlagsHaveNoValue();
+  Status s = CheckEqualsForms();
   if (!s.ok()) return s;
   // CLI11 takes the arguments last first, without the program.
   std::vector<std::string> args(argv.rbegin(), argv.rend());
@@ -91,8 +101,19 @@ Status CommandLine::Parse(const std::vector<std::string>& argv) {
   if (extras.empty()) return Status::OK();
   const std::string& arg = extras.front();
   bool option = arg.size() > 1 && arg[0] == '-';
-  return Status::InvalidArgument(fmt::format(
-      "{} '{}'; {}", option ? "unknown option" : "unexpected argument", arg, hint_));
+  return Status::InvalidArgument(
+      fmt::format("{} '{}'{}; {}", option ? "unknown option" : "unexpected argument", arg,
+                  option ? DidYouMean(arg) : "", hint_));
+}
+
+// " (did you mean --list_sessions?)" for "--list-sessions": the names
+// have underscores, as MindSpore's cache_admin's; "" when no name is near.
+std::string CommandLine::DidYouMean(const std::string& arg) const {
+  std::string name = NamePart(arg);
+  if (name.rfind("--", 0) != 0) return "";
+  std::replace(name.begin() + 2, name.end(), '-', '_');
+  if (name == NamePart(arg) || app_.get_option_no_throw(name) == nullptr) return "";
+  return fmt::format(" (did you mean {}?)", name);
 }
 
 std::string CommandLine::AsWritten(const CLI::Option& option) const {

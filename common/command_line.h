@@ -47,8 +47,10 @@ class CommandLine {
   std::string AsWritten(const CLI::Option& option) const;
 
  private:
-  Status CheckFlagsHaveNoValue() const;
+  Status CheckEqualsForms() const;
+  Status NeedsValue(const std::string& name, const CLI::Option& option) const;
   Status MissingValue(const CLI::ParseError& e) const;
+  std::string DidYouMean(const std::string& arg) const;
 
   CLI::App app_;
   std::string hint_;

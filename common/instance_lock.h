@@ -41,8 +41,9 @@ void ReleaseHostLock(const std::string& lock_path, int fd);
 // Both locks of a running server, its instance's and the host's, held for
 // as long as the object lives: destroyed, it closes them (the kernel drops
 // the flocks). A server that stops removes their files first
-// (RemoveFiles), while it still holds them; one that fails to start leaves
-// them, as a killed one would: the next start takes them again.
+// (RemoveFiles), while it still holds them, and so does one refused at
+// set-up (daemon/main.cc: its shm dir); one that fails later leaves them,
+// as a killed one would: the next start takes them again.
 class InstanceLocks {
  public:
   // Takes the lock at `lock_path` (TakeInstanceLock), then the host lock at

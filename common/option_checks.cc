@@ -81,8 +81,13 @@ Status CheckAbsolutePath(std::string_view what, std::string_view path) {
 Status CheckSpillDir(const std::string& dir) {
   Status s = CheckAbsolutePath("spill directory", dir);
   if (!s.ok()) return s;
-  if (access(dir.c_str(), F_OK) != 0) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
     return Status::InvalidArgument("spill directory " + dir + " does not exist");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("spill directory " + dir +
+                                   " is not a directory; give -s a directory");
   }
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return Status::InvalidArgument("spill directory " + dir + " is not writable");

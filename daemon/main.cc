@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -194,6 +195,13 @@ Status PrepareShm(const DaemonOptions& opts, InstancePaths* paths, Logger* log,
   // (it then holds no memory) or with rows the next start adopts.
   up->shm = PickShmDir(opts, *paths);
   *paths = MakeInstancePaths(opts.port, opts.run_dir, up->shm.dir);
+  struct stat dir {};
+  if (stat(paths->shm_dir.c_str(), &dir) == 0 && !S_ISDIR(dir.st_mode)) {
+    return Status::InvalidArgument(
+        fmt::format("shared-memory directory {} is not a directory; give --shm_dir (or "
+                    "SHMCACHE_SHM_DIR) a directory, on a tmpfs",
+                    paths->shm_dir));
+  }
   // A killed server of the other huge-page mode left its rows in the other
   // place: they move here, and adoption finds them. Also when the shm dir
   // given is /dev/shm: a huge tmpfs of the port is still this instance's.
@@ -372,7 +380,12 @@ int Run(DaemonOptions& opts) {
   Startup up;
   s = OpenLog(opts, paths, &log, &up.notes);
   if (s.ok()) s = PrepareShm(opts, &paths, &log, &up);
-  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  if (!s.ok()) {
+    // Refused at set-up (a shm dir that is a file, no room): its lock
+    // files go too; what an earlier server left stays for the next start.
+    locks->RemoveFiles();
+    return Fail(opts.ready_fd, s.message());
+  }
   Store store(opts, paths, up.nodes, up.workers, &log);
   WarnIfShmTooSmall(opts, paths, store.memory_bounds(), &log, &up.notes);
   s = store.Init(&g_stop_requested);

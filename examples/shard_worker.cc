@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   for (long e = 0; e < epochs; ++e) {
     auto t0 = std::chrono::steady_clock::now();
     long first = e == 0 ? device : 0, step = e == 0 ? devices : 1;
+    const long hits_before = hits, misses_before = misses;
     for (long i = first; i < rows; i += step) {
       FillRow(static_cast<uint64_t>(i), &expect);
       if (cache && cache->Get(static_cast<uint64_t>(i), &row).ok()) {
@@ -110,7 +111,12 @@ int main(int argc, char** argv) {
     }
     double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("device %ld epoch %ld: %.3f s\n", device, e + 1, secs);
+    std::printf(
+        "device %ld epoch %ld: %ld rows (%s): %ld hits, %ld misses (loaded and put), "
+        "%.3f s\n",
+        device, e + 1, hits - hits_before + misses - misses_before,
+        e == 0 ? "its shard" : "every device's", hits - hits_before,
+        misses - misses_before, secs);
   }
   std::printf("device %ld: %ld hits, %ld misses, %ld wrong rows\n", device, hits, misses,
               bad);

@@ -64,7 +64,12 @@ Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT) return Status::NotFound(path + " does not exist");
-    if (e == ELOOP || e == ENOTDIR) return NotOurs(path, DescribeEntry(path), fix);
+    // EACCES: another user's directory closed to us; told as one we may
+    // open, with the fix, not as a bare "Permission denied".
+    struct stat st {};
+    if (e == ELOOP || e == ENOTDIR || (e == EACCES && lstat(path.c_str(), &st) == 0)) {
+      return NotOurs(path, DescribeEntry(path), fix);
+    }
     return Status::FromErrno("cannot open " + path, e);
   }
   struct stat st {};

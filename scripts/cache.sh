@@ -3,7 +3,7 @@
 #
 # Runs NUM_DEVICES (default 4) training processes that share one shmcache
 # session: creates the session with `shmcache -g` (or reuses $SESSION_ID,
-# so that a second run starts warm), launches
+# a session the server holds, so that a second run starts warm), launches
 #   my_training_script.py --num_devices N --device k --session_id S --dataset_path P
 # for every k in parallel, waits for all, and fails if any failed. Stopped
 # by SIGTERM, SIGINT or SIGHUP, it stops the devices and exits 128+signal.
@@ -44,6 +44,16 @@ if [ -n "${SESSION_ID:-}" ]; then
     exit 1
   fi
   session_id=$SESSION_ID
+  # A session the server does not hold is refused here too (each device's
+  # DatasetCache would raise NotFoundError). 0 is no session, and a server
+  # that does not answer is left to the devices: both read from the source.
+  if (( 10#$session_id != 0 )) && listing=$(shmcache --list_sessions --json 2>/dev/null) &&
+     ! "$python" -c 'import json, sys
+sys.exit(int(sys.argv[1]) not in {s["session"] for s in json.load(sys.stdin)})' \
+       "$session_id" <<<"$listing"; then
+    echo "cache.sh: session $session_id does not exist on the cache server (port ${SHMCACHE_PORT:-50052}); list them with 'shmcache --list_sessions', or unset SESSION_ID to create one" >&2
+    exit 1
+  fi
 else
   result=$(shmcache -g)
   rc=$?

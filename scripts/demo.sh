@@ -19,7 +19,25 @@ trap 'shmcache --stop >/dev/null 2>&1 || true' EXIT
 session=$(shmcache -g | awk '{print $NF}')
 echo "session: $session"
 
-echo "== $devices C++ device processes share session $session (20000 rows of 3 KB)"
+# held SESSION DATASET_ROWS: what the session's caches hold and counted, in
+# words, from --list_sessions --json.
+held() {
+  shmcache --list_sessions --json | /usr/bin/python3 -c '
+import json, sys
+session, rows, devices = map(int, sys.argv[1:])
+caches = [c for s in json.load(sys.stdin) if s["session"] == session for c in s["caches"]]
+held = sum(c["mem_cached"] for c in caches)
+mb = sum(c["mem_bytes"] for c in caches) / 2**20
+hits = sum(c["hits"] for c in caches)
+misses = sum(c["misses"] for c in caches)
+print(f"The host holds {held} rows ({mb:.1f} MB) for {devices} devices reading a "
+      f"{rows}-row dataset: one copy, not {devices}. Reads over all devices: {hits} "
+      f"hits (served from shared memory), {misses} misses (loaded and put).")
+' "$1" "$2" "$devices"
+}
+
+echo "== $devices C++ device processes share session $session (20000 rows of 3 KB):"
+echo "   epoch 1 reads each device's shard (misses: loaded, put), epoch 2 every row (hits)"
 pids=()
 for ((k = 0; k < devices; k++)); do
   build/examples/shard_worker --session_id "$session" --device $k \
@@ -30,6 +48,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 
 echo "== shmcache --list_sessions (the rows are held once, however many readers)"
 shmcache --list_sessions
+held "$session" 20000
 shmcache --server_info
 
 echo "== shmcache -d $session && shmcache --stop"
@@ -57,12 +76,14 @@ SESSION_ID=$session scripts/cache.sh "$data_dir/cifar10" $devices | tee "$data_d
 t2=$(now)
 cold=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}')
 warm=$(awk -v a="$t1" -v b="$t2" 'BEGIN {printf "%.2f", b - a}')
-echo "cache.sh cold run: $cold s; warm run (same session $session): $warm s"
+echo "cache.sh cold run (samples decoded and put): $cold s; warm run (same session $session, samples read from the cache): $warm s"
+echo "(each run includes starting $devices Python processes that import torch)"
 epochs() { awk '/epoch 1:/ {printf "%s ", $(NF-1)}' "$1"; }
-echo "per-device epoch seconds: cold $(epochs "$data_dir/cold.log")| warm $(epochs "$data_dir/warm.log")"
+echo "per-device epoch seconds, the data loop alone: cold $(epochs "$data_dir/cold.log")| warm $(epochs "$data_dir/warm.log")"
 
 echo "== shmcache --list_sessions (20000 rows: one copy for $devices devices)"
 shmcache --list_sessions
+held "$session" 20000
 shmcache --stop
 trap - EXIT
 rm -rf "$data_dir"

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "format/instance.h"
 #include "tests/support/test_server.h"
 
 namespace shmcache::test {
@@ -241,6 +243,41 @@ TEST_F(CliTest, ServerNotRunning) {
   EXPECT_TRUE(stop.out.empty()) << stop.Describe();
 }
 
+// A killed server leaves its memory for the next start to adopt. --stop
+// then finds no server: it says what is left where and how to free it,
+// where it said only "nothing to stop", and what it says works.
+TEST_F(CliTest, StopWithNoServerNamesWhatAKilledOneLeft) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.NewSession();  // the sessions list: a file of the instance
+  server.Kill();
+  const size_t left = server.ShmFiles().size();
+  ASSERT_GT(left, 0u);
+  Env env = server.AdminEnv();
+  env.emplace_back("SHMCACHE_SHM_DIR", server.shm_dir());
+  const std::string port = std::to_string(server.port());
+  CommandResult r = RunCommand({AdminPath(), "--stop", "-p", port}, env);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err.rfind(fmt::format("shmcache: error: no cache server is running on port "
+                                    "{}; nothing to stop, but one that ended without "
+                                    "--stop left {} file{}",
+                                    port, left, left == 1 ? "" : "s"),
+                        0),
+            0u)
+      << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("in {}: 'shmcache --start -p {}' serves them again, "
+                                   "and --stop after it removes them",
+                                   server.shm_dir(), port)),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  CommandResult start = RunCommand({AdminPath(), "--start", "-p", port}, env);
+  ASSERT_EQ(start.exit_code, 0) << start.Describe();
+  CommandResult stop = RunCommand({AdminPath(), "--stop", "-p", port}, env);
+  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  EXPECT_TRUE(server.ShmFiles().empty()) << testing::PrintToString(server.ShmFiles());
+}
+
 TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   TestServer server;
   ASSERT_TRUE(server.ok());
@@ -380,18 +417,27 @@ TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   EXPECT_EQ(again.err.find("--start"), std::string::npos) << again.Describe();
 }
 
+// `command` of the admin run as nobody (uid 65534; root only) against
+// `server`, its run dir given as SHMCACHE_RUN_DIR.
+CommandResult AdminAsNobody(const TestServer& server, const std::string& command) {
+  return RunCommand({AdminPath(), command, "-p", std::to_string(server.port())},
+                    {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
+}
+
+// False when the admin could not be run as nobody at all (a build tree
+// nobody cannot reach).
+bool RanAsNobody(const CommandResult& r) {
+  return r.exit_code != 126 && r.exit_code != 127;
+}
+
 // Another user's server (its run dir, 0700, given as SHMCACHE_RUN_DIR): the
 // message says whose it is and what to do instead.
 TEST_F(CliTest, AnotherUsersServerIsRefusedWithTheFix) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the admin as another user";
   TestServer server;
   ASSERT_TRUE(server.ok());
-  CommandResult r =
-      RunCommand({AdminPath(), "--list_sessions", "-p", std::to_string(server.port())},
-                 {{"SHMCACHE_RUN_DIR", server.run_dir()}}, 60, /*uid=*/65534);
-  if (r.exit_code == 126 || r.exit_code == 127) {
-    GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
-  }
+  CommandResult r = AdminAsNobody(server, "--list_sessions");
+  if (!RanAsNobody(r)) GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("it belongs to another user, and a server serves only its own; "
                        "start one of yours with 'shmcache --start', with "
@@ -399,6 +445,30 @@ TEST_F(CliTest, AnotherUsersServerIsRefusedWithTheFix) {
             std::string::npos)
       << r.Describe();
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// --start as another user with that server's run dir (0700, which the
+// user cannot open): refused naming whose it is and the fix, as for any
+// run dir not the user's own; the server and its sessions are untouched.
+TEST_F(CliTest, AnotherUsersRunDirAtStartIsRefusedWithTheFix) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the admin as another user";
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  CommandResult g = server.Admin({"-g"});
+  ASSERT_EQ(g.exit_code, 0) << g.Describe();
+  CommandResult r = AdminAsNobody(server, "--start");
+  if (!RanAsNobody(r)) GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(server.run_dir() + " is a directory owned by root (uid 0), mode "
+                                          "0700: not this user's own directory"),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find("set SHMCACHE_RUN_DIR to a directory of your own"),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  CommandResult list = server.Admin({"--list_sessions"});
+  EXPECT_NE(list.out.find(LastToken(g.out)), std::string::npos) << list.Describe();
 }
 
 TEST_F(CliTest, SessionThatDoesNotExist) {
@@ -603,6 +673,25 @@ TEST_F(CliTest, RelativeRunOrShmDirIsRefusedBeforeAnythingIsMade) {
     EXPECT_NE(r.err.find("run dir 'run' (SHMCACHE_RUN_DIR) is not an absolute path"),
               std::string::npos)
         << cmd << r.Describe();
+  }
+}
+
+// A file given as the shm dir is named as what it is ("not writable:
+// Permission denied" before; one root may execute passed that check).
+TEST_F(CliTest, AShmDirThatIsAFileIsNamedSo) {
+  const std::string file = run_dir_ + "/segments";
+  { std::ofstream(file) << "x"; }
+  for (mode_t mode : {0644, 0755}) {
+    ASSERT_EQ(chmod(file.c_str(), mode), 0);
+    ExpectError(
+        {"--start", "-p", "23461", "--shm_dir", file},
+        "shared-memory directory " + file +
+            " is not a directory; give --shm_dir (or SHMCACHE_SHM_DIR) a directory, "
+            "on a tmpfs",
+        {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+    // A start refused leaves no lock file behind, here or in /dev/shm.
+    EXPECT_FALSE(PathExists(run_dir_ + "/shmcached-23461.lock"));
+    EXPECT_FALSE(PathExists(HostLockPath(23461)));
   }
 }
 

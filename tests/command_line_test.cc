@@ -13,11 +13,13 @@
 namespace shmcache {
 namespace {
 
-// A program with a flag (--json, -g), a checked number (-n) and a text.
+// A program with flags (--json, -g, --dry_run), a checked number (-n) and a
+// text.
 struct Program {
   Program() : cl("prog", "see 'prog --help'") {
     json = cl.AddFlag("--json");
     gen = cl.AddFlag("-g,--generate");
+    cl.AddFlag("--dry_run");
     number = cl.AddValue("-n,--number", [this](const std::string& v) {
       return ParseInRange("number", v, 1, 9, &n);
     });
@@ -65,9 +67,20 @@ TEST(CommandLineTest, ProblemsInTheProgramsWords) {
   auto why = [](std::vector<std::string> args) { return Why(Program().Parse(args)); };
   EXPECT_EQ(why({"--bogus"}), "unknown option '--bogus'; see 'prog --help'");
   EXPECT_EQ(why({"-x"}), "unknown option '-x'; see 'prog --help'");
+  // Hyphens for the underscores of the names (--list-sessions for
+  // --list_sessions): the name meant is said.
+  EXPECT_EQ(why({"--dry-run"}),
+            "unknown option '--dry-run' (did you mean --dry_run?); see 'prog --help'");
+  EXPECT_EQ(why({"--dry-run=3"}),
+            "unknown option '--dry-run=3' (did you mean --dry_run?); see 'prog --help'");
   EXPECT_EQ(why({"--json", "stray"}), "unexpected argument 'stray'; see 'prog --help'");
   EXPECT_EQ(why({"--json", "-n"}), "-n (--number) needs a value; see 'prog --help'");
   EXPECT_EQ(why({"--number"}), "--number needs a value; see 'prog --help'");
+  // "--name=" is no value, wherever it stands: CLI11 took the next word
+  // for it ("spill directory '-p' is not an absolute path").
+  EXPECT_EQ(why({"--number="}), "--number needs a value; see 'prog --help'");
+  EXPECT_EQ(why({"--number=", "--json"}), "--number needs a value; see 'prog --help'");
+  EXPECT_EQ(why({"--text=", "-n", "3"}), "--text needs a value; see 'prog --help'");
   EXPECT_EQ(why({"--json=yes"}), "--json takes no value");
   EXPECT_EQ(why({"--generate=1"}), "--generate takes no value");
   EXPECT_EQ(why({"-n", "0"}), "number '0' is not a number in 1..9");

@@ -112,6 +112,12 @@ TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
             "spill directory 'relative/dir' is not an absolute path");
   EXPECT_EQ(Why(CheckSpillDir(dir + "/missing")),
             "spill directory " + dir + "/missing does not exist");
+  // A file given as the directory: named as what it is (root, who may
+  // write it, was told "not writable").
+  const std::string file = dir + "/rows.bin";
+  { std::ofstream(file) << "x"; }
+  EXPECT_EQ(Why(CheckSpillDir(file)),
+            "spill directory " + file + " is not a directory; give -s a directory");
   if (geteuid() != 0) {  // root writes anywhere
     ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
     EXPECT_EQ(Why(CheckSpillDir(dir)), "spill directory " + dir + " is not writable");

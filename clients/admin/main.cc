@@ -62,8 +62,16 @@ int RunStop(const ClientOptions& co, int port) {
     // been shutdown already"): a script that stops a server it believes
     // running learns that it was not. Cleanup scripts write `|| true`.
     // Said as a stop finds it, not with the hint to start one.
-    return Fail(
-        fmt::format("no cache server is running on port {}; nothing to stop", port));
+    std::string msg =
+        fmt::format("no cache server is running on port {}; nothing to stop", port);
+    if (r.left_files > 0) {
+      msg += fmt::format(
+          ", but one that ended without --stop left {} file{} ({:.1f} MB) in {}: "
+          "'shmcache --start -p {}' serves them again, and --stop after it removes them",
+          r.left_files, r.left_files == 1 ? "" : "s",
+          static_cast<double>(r.left_bytes) / (1 << 20), r.left_in, port);
+    }
+    return Fail(msg);
   }
   if (r.was_starting) {
     fmt::print(

@@ -1,6 +1,9 @@
 #include "clients/admin/stop_server.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -8,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -67,6 +71,28 @@ Status StopStartingServer(int pid, const std::string& lock_path, StopResult* out
   return WaitForExit(server);
 }
 
+// Adds to *out the regular files of this user named with `prefix` in
+// `dir` (never through a link) and the bytes they hold.
+void CountLeftFiles(const std::string& dir, const std::string& prefix, StopResult* out) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  int files = 0;
+  for (dirent* e = readdir(d); e != nullptr; e = readdir(d)) {
+    struct stat st {};
+    if (std::string_view(e->d_name).rfind(prefix, 0) != 0 ||
+        fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+      continue;
+    }
+    ++files;
+    out->left_bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  closedir(d);
+  if (files == 0) return;
+  out->left_files += files;
+  out->left_in += (out->left_in.empty() ? "" : " and ") + dir;
+}
+
 }  // namespace
 
 Status StopServer(const ClientOptions& co, StopResult* out) {
@@ -94,6 +120,11 @@ Status StopServer(const ClientOptions& co, StopResult* out) {
   if (!probe.ok()) return probe;
   if (!held) {  // nobody holds the lock: not running
     out->not_running = true;
+    const std::string name = fmt::format("shmcache.{}.{}.", geteuid(), co.port);
+    CountLeftFiles(DefaultShmDir(), name, out);
+    if (HugeShmDir(co.port) != DefaultShmDir()) {
+      CountLeftFiles(HugeShmDir(co.port), name, out);
+    }
     return Status::OK();
   }
   return StopStartingServer(pid, paths.lock_path, out);

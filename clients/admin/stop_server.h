@@ -5,6 +5,9 @@
 // keeps the shared memory for the next start.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "shmcache/options.h"
 #include "shmcache/status.h"
 
@@ -14,6 +17,13 @@ struct StopResult {
   int pid = 0;
   bool was_starting = false;  // stopped by a signal before it answered
   bool not_running = false;   // no server held the instance: nothing to stop
+  // When not_running: the instance's files that a server which ended
+  // without --stop (killed, crashed) left for the next start to adopt, in
+  // the shm dir ($SHMCACHE_SHM_DIR or /dev/shm) and the instance's
+  // huge-page tmpfs; `left_in` names the directories that hold them.
+  int left_files = 0;
+  uint64_t left_bytes = 0;
+  std::string left_in;
 };
 
 // Stops the server `co` names (port resolved) and waits, bounded, until

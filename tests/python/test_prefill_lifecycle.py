@@ -225,6 +225,9 @@ def test_a_dataset_error_names_the_row_and_the_exception(server, session, kind, 
     (["-j", "x"], "argument -j/--workers: invalid int value: 'x'"),
     (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
     (["--cache_name", ""], "--cache_name must not be empty"),
+    # Named as written: it said "Input size_mb is not within ...".
+    (["--size", "-3"], "--size is a number of MB (0: as much as the server allows), "
+                       "got -3"),
 ])
 def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     r = run_prefill(server, session, *args)
@@ -232,6 +235,28 @@ def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("prefill: "), r.stderr
     assert says in r.stderr
     assert server.cache_rows(session) == {}
+
+
+def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
+    """Session 0, or no server: prefill has nothing to fill. It said the
+    trainer's words ("the cache is bypassed and rows are read from the
+    source") and asked whether the server was started, also for session 0."""
+    r = run_prefill(server, 0)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("prefill: no row can be cached: session 0 is no session"), \
+        r.stderr
+    assert "create one with `shmcache -g`" in r.stderr
+    assert "read from the source" not in r.stderr and "started?" not in r.stderr
+    session = server.new_session()
+    server.stop()
+    r = run_prefill(server, session)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("prefill: no row can be cached: the cache server is "
+                               "unreachable"), r.stderr
+    assert f"start it with 'shmcache --start -p {server.port}'" in r.stderr
+    assert "read from the source" not in r.stderr and "started?" not in r.stderr
 
 
 def test_a_missing_required_argument_is_one_line_and_exit_1(server):

@@ -78,3 +78,22 @@ def test_cache_sh_refuses_a_session_id_that_is_no_number_before_any_device(tmp_p
                             f"(a number in 0..4294967295), got '{bad}'; unset it to create "
                             "a session\n"), (bad, r.stderr)
         assert r.stdout == "", (bad, r.stdout)
+
+
+def test_cache_sh_refuses_a_session_the_server_does_not_hold_before_any_device(server,
+                                                                               tmp_path):
+    """A destroyed (or mistyped) session: once a NotFoundError traceback per
+    device; now one line naming the session and the fix, and no device is
+    started. What the server holds is untouched."""
+    kept = server.new_session()
+    gone = server.new_session()
+    server.admin("-d", str(gone))
+    r = subprocess.run([str(CACHE_SH), str(tmp_path), "3"],
+                       env=dict(server.env, SESSION_ID=str(gone)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr == (f"cache.sh: session {gone} does not exist on the cache server "
+                        f"(port {server.port}); list them with 'shmcache --list_sessions', "
+                        "or unset SESSION_ID to create one\n"), r.stderr
+    assert r.stdout == ""
+    assert [s["session"] for s in server.sessions()] == [kept]

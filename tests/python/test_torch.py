@@ -107,6 +107,17 @@ def test_empty_column_selection_is_refused_at_construction(server, session):
     assert [int(x) for x in ds[3]] == [3] == [int(x) for x in ds[3]]   # miss, hit
 
 
+def test_what_is_no_dataset_is_refused_by_name(server, session):
+    """A value that is no dataset at all (neither indexed nor iterated):
+    once "'int' object is not iterable" from deep in the cache naming."""
+    for not_a_dataset in (42, None, 3.5):
+        with pytest.raises(TypeError, match=r"CachedDataset wraps a map-style dataset "
+                                            r"\(dataset\[i\], len\(dataset\)\); got "
+                                            + type(not_a_dataset).__name__):
+            CachedDataset(not_a_dataset, DatasetCache(session))
+    assert CachedDataset([(1, 2), (3, 4)], DatasetCache(session))[1] == (3, 4)
+
+
 def test_different_pipelines_get_different_caches(server, session):
     cache = DatasetCache(session)
     a = CachedDataset(Images(8, transform=Normalize(1.0)), cache)

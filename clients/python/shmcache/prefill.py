@@ -513,6 +513,9 @@ def _parse(argv):
     a = p.parse_args(argv)
     if a.workers < 1:
         raise BadInput(f"-j/--workers must be at least 1, got {a.workers}")
+    if a.size < 0:
+        raise BadInput(f"--size is a number of MB (0: as much as the server allows), "
+                       f"got {a.size}")
     if a.progress_interval <= 0:
         raise BadInput("--progress_interval must be positive")
     if a.cache_name is not None and not a.cache_name:
@@ -532,8 +535,11 @@ def _open_cache(a, dataset):
         except (TypeError, ValueError, RuntimeError) as e:
             raise BadInput(str(e).splitlines()[0]) from None
     if cache.bypassed:
-        why = caught[0].message if caught else "the cache could not be opened"
-        raise BadInput(f"{why} (is the server started? shmcache --start)")
+        # The warning's cause and fix, without what it tells a trainer
+        # ("... rows are read from the source"): prefill has nothing to do.
+        why = str(caught[0].message) if caught else "the cache could not be opened"
+        why = why.removeprefix("shmcache: ").split("; the cache is bypassed")[0]
+        raise BadInput(f"no row can be cached: {why}")
     return cache
 
 

@@ -186,6 +186,12 @@ class CachedDataset(Dataset):
             raise ValueError("pass transforms= (the whole sample) or "
                              "transform= / target_transform=, not both")
         column_names(columns)   # a bad selection fails here, not per sample
+        if not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__iter__"):
+            # Not a dataset at all (a generator, which has __iter__, gets
+            # no cache and one warning instead: see cache_for_dataset).
+            raise TypeError(f"CachedDataset wraps a map-style dataset (dataset[i], "
+                            f"len(dataset)); got {type(dataset).__name__} "
+                            f"{dataset!r:.80}")
         if isinstance(dataset, IterableDataset):
             raise TypeError(f"CachedDataset caches a map-style dataset (rows by index); "
                             f"{type(dataset).__name__} is an IterableDataset: use "
