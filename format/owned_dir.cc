@@ -58,6 +58,13 @@ Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix
                     int* fd_out, std::string* tightened) {
   if (tightened != nullptr) tightened->clear();
   if (create && mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    // EACCES: a parent closed to this user (another user's run dir tree);
+    // the fix says where to go instead.
+    if (errno == EACCES) {
+      return Status::PermissionDenied(
+          fmt::format("cannot create {}: a directory above it is closed to this user; {}",
+                      path, fix));
+    }
     return Status::FromErrno("cannot create " + path, errno);
   }
   int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -447,28 +447,43 @@ TEST_F(CliTest, AnotherUsersServerIsRefusedWithTheFix) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
-// --start as another user with that server's run dir (0700, which the
-// user cannot open): refused naming whose it is and the fix, as for any
-// run dir not the user's own; the server and its sessions are untouched.
+// --start as another user with that server's run dir: refused naming whose
+// it is and the fix, as for any run dir not the user's own (its parent
+// open to all, the run dir 0700), or, its parent closed to that user too,
+// with the same fix; the server and its sessions are untouched either way.
+// Each server's run dir is under a parent the test makes, so that what the
+// user can see does not depend on the SHMCACHE_RUN_DIR the suite runs in.
 TEST_F(CliTest, AnotherUsersRunDirAtStartIsRefusedWithTheFix) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the admin as another user";
-  TestServer server;
-  ASSERT_TRUE(server.ok());
-  CommandResult g = server.Admin({"-g"});
-  ASSERT_EQ(g.exit_code, 0) << g.Describe();
-  CommandResult r = AdminAsNobody(server, "--start");
-  if (!RanAsNobody(r)) GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
-  EXPECT_EQ(r.exit_code, 1) << r.Describe();
-  EXPECT_NE(r.err.find(server.run_dir() + " is a directory owned by root (uid 0), mode "
-                                          "0700: not this user's own directory"),
-            std::string::npos)
-      << r.Describe();
-  EXPECT_NE(r.err.find("set SHMCACHE_RUN_DIR to a directory of your own"),
-            std::string::npos)
-      << r.Describe();
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  CommandResult list = server.Admin({"--list_sessions"});
-  EXPECT_NE(list.out.find(LastToken(g.out)), std::string::npos) << list.Describe();
+  for (const mode_t parent_mode : {0755, 0700}) {
+    SCOPED_TRACE(fmt::format("the run dir's parent has mode {:04o}", parent_mode));
+    TempDir parent;
+    ASSERT_EQ(chmod(parent.path().c_str(), parent_mode), 0);
+    ServerOptions options;
+    options.run_dir = parent.path() + "/srv";
+    TestServer server(options);
+    ASSERT_TRUE(server.ok());
+    CommandResult g = server.Admin({"-g"});
+    ASSERT_EQ(g.exit_code, 0) << g.Describe();
+    CommandResult r = AdminAsNobody(server, "--start");
+    if (!RanAsNobody(r))
+      GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    const std::string why =
+        parent_mode == 0755
+            ? server.run_dir() +
+                  " is a directory owned by root (uid 0), mode 0700: not this user's own "
+                  "directory"
+            : "cannot create " + server.run_dir() +
+                  ": a directory above it is closed to this user";
+    EXPECT_NE(r.err.find(why), std::string::npos) << r.Describe();
+    EXPECT_NE(r.err.find("set SHMCACHE_RUN_DIR to a directory of your own"),
+              std::string::npos)
+        << r.Describe();
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    CommandResult list = server.Admin({"--list_sessions"});
+    EXPECT_NE(list.out.find(LastToken(g.out)), std::string::npos) << list.Describe();
+  }
 }
 
 TEST_F(CliTest, SessionThatDoesNotExist) {
