@@ -47,10 +47,18 @@ if [ -n "${SESSION_ID:-}" ]; then
   # A session the server does not hold is refused here too (each device's
   # DatasetCache would raise NotFoundError). 0 is no session, and a server
   # that does not answer is left to the devices: both read from the source.
-  if (( 10#$session_id != 0 )) && listing=$(shmcache --list_sessions --json 2>/dev/null) &&
-     ! "$python" -c 'import json, sys
-sys.exit(int(sys.argv[1]) not in {s["session"] for s in json.load(sys.stdin)})' \
-       "$session_id" <<<"$listing"; then
+  # So is a listing this check does not understand (or a Python that does
+  # not run): only exit code 3, "not in the listing", refuses.
+  held=0
+  if (( 10#$session_id != 0 )) && listing=$(shmcache --list_sessions --json 2>/dev/null); then
+    "$python" -c 'import json, sys
+try:
+    held = {s["session"] for s in json.load(sys.stdin)}
+except Exception:
+    sys.exit(0)
+sys.exit(0 if int(sys.argv[1]) in held else 3)' "$session_id" <<<"$listing" || held=$?
+  fi
+  if [ "$held" -eq 3 ]; then
     echo "cache.sh: session $session_id does not exist on the cache server (port ${SHMCACHE_PORT:-50052}); list them with 'shmcache --list_sessions', or unset SESSION_ID to create one" >&2
     exit 1
   fi

@@ -97,3 +97,25 @@ def test_cache_sh_refuses_a_session_the_server_does_not_hold_before_any_device(s
                         "or unset SESSION_ID to create one\n"), r.stderr
     assert r.stdout == ""
     assert [s["session"] for s in server.sessions()] == [kept]
+
+
+def test_cache_sh_leaves_a_session_listing_it_cannot_read_to_the_devices(server, tmp_path):
+    """Only a session missing from the listing is refused: a listing the
+    check cannot parse (another version's shape, a wrapper's output) once
+    read as "does not exist" and stopped the run, where the devices would
+    have trained (from the source at worst)."""
+    session = server.new_session()
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    fake = fake_bin / "shmcache"
+    fake.write_text("#!/bin/sh\necho 'sessions: not json'\n")
+    fake.chmod(0o755)
+    data = tmp_path / "data"
+    data.mkdir()
+    env = dict(server.env, SESSION_ID=str(session),
+               PATH=f"{fake_bin}:{server.env.get('PATH', os.environ['PATH'])}")
+    r = subprocess.run([str(CACHE_SH), str(data), "1"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "does not exist on the cache server" not in r.stderr, r.stderr
+    assert r.stdout.startswith(f"cache.sh: session {session}, 1 devices"), \
+        r.stdout + r.stderr
