@@ -278,6 +278,28 @@ TEST_F(CliTest, StopWithNoServerNamesWhatAKilledOneLeft) {
   EXPECT_TRUE(server.ShmFiles().empty()) << testing::PrintToString(server.ShmFiles());
 }
 
+// The instance's huge-page dir is a name in /dev/shm, where anyone may
+// plant a link: --stop's count of what a killed server left never follows
+// one (here, to a dir of this user's files named as the instance's).
+TEST_F(CliTest, StopWithNoServerCountsNothingThroughALinkAtTheHugePageDir) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  ASSERT_EQ(server.Stop().exit_code, 0);
+  const std::string port = std::to_string(server.port());
+  TempDir target;
+  const std::string planted = target.path() + "/" + server.shm_prefix() + "seg.1";
+  std::ofstream(planted) << std::string(8192, 'x');
+  const std::string link = HugeShmDir(server.port());
+  ASSERT_EQ(symlink(target.path().c_str(), link.c_str()), 0) << link;
+  Env env = server.AdminEnv();
+  env.emplace_back("SHMCACHE_SHM_DIR", server.shm_dir());
+  CommandResult r = RunCommand({AdminPath(), "--stop", "-p", port}, env);
+  unlink(link.c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("nothing to stop"), std::string::npos) << r.Describe();
+  EXPECT_EQ(r.err.find("left"), std::string::npos) << r.Describe();
+}
+
 TEST_F(CliTest, EveryCommandAgainstARunningServer) {
   TestServer server;
   ASSERT_TRUE(server.ok());

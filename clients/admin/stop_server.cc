@@ -74,8 +74,14 @@ Status StopStartingServer(int pid, const std::string& lock_path, StopResult* out
 // Adds to *out the regular files of this user named with `prefix` in
 // `dir` (never through a link) and the bytes they hold.
 void CountLeftFiles(const std::string& dir, const std::string& prefix, StopResult* out) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return;
+  // O_NOFOLLOW: the huge-page dir is a name in /dev/shm, open to all.
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return;
+  }
   int files = 0;
   for (dirent* e = readdir(d); e != nullptr; e = readdir(d)) {
     struct stat st {};
