@@ -126,9 +126,11 @@ Status StopServer(const ClientOptions& co, StopResult* out) {
   if (!probe.ok()) return probe;
   if (!held) {  // nobody holds the lock: not running
     out->not_running = true;
-    const std::string name = fmt::format("shmcache.{}.{}.", geteuid(), co.port);
-    CountLeftFiles(DefaultShmDir(), name, out);
-    if (HugeShmDir(co.port) != DefaultShmDir()) {
+    // The instance's names, as MakeInstancePaths makes them: its prefix
+    // without the directory.
+    const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
+    CountLeftFiles(paths.shm_dir, name, out);
+    if (HugeShmDir(co.port) != paths.shm_dir) {
       CountLeftFiles(HugeShmDir(co.port), name, out);
     }
     return Status::OK();
