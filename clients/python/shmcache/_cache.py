@@ -203,7 +203,7 @@ class DatasetCache:
             self._used_after_close()
             return
         self._state = max(self._state, state)
-        if not self._warned and not self._told:   # (a full cap's figures cost a round trip)
+        if not self._warning_said():   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
                             else describe(err, self.size_mb, self._server_info))
 
@@ -220,10 +220,15 @@ class DatasetCache:
         warn(f"shmcache: {what}; {now}" + (f". Fix: {fix}" if fix else ""), CacheWarning,
              self.origin)
 
+    def _warning_said(self) -> bool:
+        """Whether the one warning was said, by this object or its copy in
+        a process forked from here (its trainer, or a sibling worker)."""
+        return self._warned or bool(self._told)
+
     def _claim_warning(self) -> bool:
         """True the first time only, for this object and its copies in
         the processes forked from here: the one warning is to be shown."""
-        first = not self._warned and not self._told
+        first = not self._warning_said()
         self._warned = True
         if not said_quietly():
             self._told.set()
