@@ -49,16 +49,16 @@ if [ -n "${SESSION_ID:-}" ]; then
   # that does not answer is left to the devices: both read from the source.
   # So is a listing this check does not understand (or a Python that does
   # not run): only exit code 3, "not in the listing", refuses.
-  held=0
+  listed_rc=0
   if (( 10#$session_id != 0 )) && listing=$(shmcache --list_sessions --json 2>/dev/null); then
     "$python" -c 'import json, sys
 try:
     held = {s["session"] for s in json.load(sys.stdin)}
 except Exception:
     sys.exit(0)
-sys.exit(0 if int(sys.argv[1]) in held else 3)' "$session_id" <<<"$listing" || held=$?
+sys.exit(0 if int(sys.argv[1]) in held else 3)' "$session_id" <<<"$listing" || listed_rc=$?
   fi
-  if [ "$held" -eq 3 ]; then
+  if [ "$listed_rc" -eq 3 ]; then
     echo "cache.sh: session $session_id does not exist on the cache server (port ${SHMCACHE_PORT:-50052}); list them with 'shmcache --list_sessions', or unset SESSION_ID to create one" >&2
     exit 1
   fi
