@@ -30,13 +30,22 @@ MADE_AHEAD = 18 * MB
 
 
 def segment_pages(shm_dir, port):
-    """[(path, bytes allocated, carve mark)] of the instance's segment files."""
+    """[(path, bytes allocated, carve mark)] of the instance's segment files.
+
+    A preparer thread makes a segment ahead of need under its final name and
+    sizes it after (store_preparer.cc): a file still shorter than its header
+    is one being made, holding no rows and no pages yet, and is left out
+    rather than read as a header of zeros or a short read."""
     out = []
+    header = SEGMENT_CARVED_AT + 8
     for path in sorted(glob.glob(f"{shm_dir}/shmcache.{os.getuid()}.{port}.seg.*")):
         with open(path, "rb") as f:
-            carved = struct.unpack_from("<Q", f.read(SEGMENT_CARVED_AT + 8),
-                                        SEGMENT_CARVED_AT)[0]
-        out.append((path, os.stat(path).st_blocks * 512, carved))
+            head = f.read(header)
+            blocks = os.fstat(f.fileno()).st_blocks
+        if len(head) < header:
+            continue
+        carved = struct.unpack_from("<Q", head, SEGMENT_CARVED_AT)[0]
+        out.append((path, blocks * 512, carved))
     return out
 
 
