@@ -6,7 +6,9 @@
 # a session the server holds, so that a second run starts warm), launches
 #   my_training_script.py --num_devices N --device k --session_id S --dataset_path P
 # for every k in parallel, waits for all, and fails if any failed. Stopped
-# by SIGTERM, SIGINT or SIGHUP, it stops the devices and exits 128+signal.
+# by SIGTERM, SIGINT or SIGHUP, it stops the devices (SIGTERM, then SIGKILL
+# for a device still running $SHMCACHE_STOP_GRACE seconds later, default 10)
+# and exits 128+signal.
 # The server must be running (`shmcache --start`). Extra arguments for the
 # training script go in $TRAIN_ARGS (e.g. "--epochs 2").
 set -uo pipefail
@@ -19,6 +21,11 @@ dataset_path=$1
 num_devices=${2:-4}
 if ! [[ $num_devices =~ ^[1-9][0-9]*$ ]]; then
   echo "cache.sh: NUM_DEVICES must be a positive integer, got '$num_devices'" >&2
+  exit 1
+fi
+stop_grace=${SHMCACHE_STOP_GRACE:-10}
+if ! [[ $stop_grace =~ ^[0-9]{1,6}$ ]]; then
+  echo "cache.sh: SHMCACHE_STOP_GRACE must be a whole number of seconds, got '$stop_grace'" >&2
   exit 1
 fi
 if [ ! -d "$dataset_path" ]; then
@@ -84,6 +91,19 @@ stop() {
   trap - TERM INT HUP
   echo "cache.sh: stopped by SIG$1; stopping the ${#pids[@]} devices" >&2
   [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  # A device that ignores SIGTERM (or hangs in its handler) must not keep
+  # cache.sh, and the job it belongs to, alive for good.
+  local deadline=$((SECONDS + stop_grace)) running k
+  while running=$(jobs -rp) && [ -n "$running" ] && ((SECONDS < deadline)); do
+    sleep 0.1
+  done
+  running=" $(jobs -rp | tr '\n' ' ')"
+  for k in "${!pids[@]}"; do
+    if [[ $running == *" ${pids[$k]} "* ]]; then
+      echo "cache.sh: device $k (pid ${pids[$k]}) still ran ${stop_grace}s after SIGTERM; killing it" >&2
+      kill -KILL "${pids[$k]}" 2>/dev/null
+    fi
+  done
   wait
   exit $((128 + $2))
 }

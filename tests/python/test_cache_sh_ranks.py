@@ -69,6 +69,19 @@ def test_one_rank_killed_fails_the_run_and_names_it(server, tmp_path):
     assert f"Got {N // 2} samples on device 0" in r.stdout
 
 
+def python_that_ignores_sigterm_in_rank(tmp_path, rank):
+    """A $PYTHON for cache.sh whose rank `rank` ignores SIGTERM (a handler
+    that hangs, a library that masks it): SIG_IGN outlives the exec."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'for a in "$@"; do [ "$prev" = --device ] && [ "$a" = {rank} ] && trap "" TERM; '
+        'prev=$a; done\n'
+        'exec /usr/bin/python3 "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper
+
+
 def _children(pid):
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(c) for c in f.read().split()]
@@ -109,3 +122,47 @@ def test_cache_sh_stopped_by_a_signal_stops_its_ranks(server, tmp_path, sig, gro
         for r in ranks:
             if _alive(r):
                 os.kill(r, signal.SIGKILL)
+
+
+def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace(server, tmp_path):
+    """Once cache.sh waited for good on a rank that ignored its SIGTERM, and
+    with it the job its scheduler was stopping."""
+    data = dataset(server, tmp_path)
+    p = subprocess.Popen([str(CACHE_SH), str(data), "2"],
+                         env=dict(server.env, TRAIN_ARGS="--epochs 100000",
+                                  SHMCACHE_STOP_GRACE="1",
+                                  PYTHON=str(python_that_ignores_sigterm_in_rank(tmp_path, 1))),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
+    reader.start()
+    ranks = []
+    try:
+        wait_for(lambda: {"device 0 epoch 1", "device 1 epoch 1"} <=
+                 {ln[:16] for ln in out}, timeout=120, what="both ranks training")
+        ranks = _children(p.pid)
+        assert len(ranks) == 2, ranks
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 128 + signal.SIGTERM
+        wait_for(lambda: not any(_alive(r) for r in ranks), timeout=30,
+                 what="the ranks to end with cache.sh")
+        err = p.stderr.read()
+        assert "cache.sh: device 1 (pid " in err and \
+            "still ran 1s after SIGTERM; killing it" in err, err
+        assert "cache.sh: device 0 (pid" not in err, err
+    finally:
+        p.kill()
+        p.wait()
+        for r in ranks:
+            if _alive(r):
+                os.kill(r, signal.SIGKILL)
+
+
+def test_a_stop_grace_that_is_not_a_number_is_refused(server, tmp_path):
+    data = dataset(server, tmp_path)
+    r = subprocess.run([str(CACHE_SH), str(data), "2"],
+                       env=dict(server.env, SHMCACHE_STOP_GRACE="10s"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "SHMCACHE_STOP_GRACE must be a whole number of seconds, got '10s'" in r.stderr
