@@ -62,14 +62,47 @@ Status OpenLockFile(const std::string& lock_path, int port, int* fd_out,
   return Status::OK();
 }
 
+bool SameFile(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// Opens and flocks the lock file at lock_path. A holder that stops unlinks
+// the file while holding it: a lock taken on a file that is no longer the
+// one at the path guards nothing (the next server makes a new file and
+// locks that), so it is taken again. *busy: another holder has it; *fd_out
+// is then the open file, for its pid, for the caller to close.
+Status LockFileAtPath(const std::string& lock_path, int port, int* fd_out, bool* busy) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = -1;
+    struct stat held {};
+    Status opened = OpenLockFile(lock_path, port, &fd, &held);
+    if (!opened.ok()) return opened;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      *busy = true;
+      *fd_out = fd;
+      return Status::OK();
+    }
+    struct stat now {};
+    if (lstat(lock_path.c_str(), &now) != 0 || !SameFile(now, held)) {
+      close(fd);  // unlinked by the server that held it: take the new file
+      continue;
+    }
+    *busy = false;
+    *fd_out = fd;
+    return Status::OK();
+  }
+  return Status::Unavailable("cannot take " + lock_path +
+                             ": it keeps being replaced; try again");
+}
+
 }  // namespace
 
 Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
   int fd = -1;
-  struct stat held {};
-  Status opened = OpenLockFile(lock_path, port, &fd, &held);
-  if (!opened.ok()) return opened;
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  bool busy = false;
+  Status locked = LockFileAtPath(lock_path, port, &fd, &busy);
+  if (!locked.ok()) return locked;
+  if (busy) {
     int pid = ReadLockPid(fd);
     close(fd);
     return Status::AlreadyExists(fmt::format(
@@ -99,46 +132,31 @@ std::string ReadLockRunDir(int fd) {
   return text.substr(start + 1, end == std::string::npos ? end : end - start - 1);
 }
 
-bool SameFile(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
-
 }  // namespace
 
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
                     int* fd_out) {
-  // A holder that stops unlinks the file while holding it: a lock taken on
-  // a file that is no longer the one at the path is taken again.
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = -1;
-    struct stat held {};
-    Status opened = OpenLockFile(lock_path, port, &fd, &held);
-    if (!opened.ok()) return opened;
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      int pid = ReadLockPid(fd);
-      std::string dir = ReadLockRunDir(fd);
-      close(fd);
-      return Status::AlreadyExists(fmt::format(
-          "a cache server of this user is already running on port {} (process id "
-          "{}, run dir {}); stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' "
-          "or use another port",
-          port, pid > 0 ? std::to_string(pid) : "?", dir.empty() ? "?" : dir,
-          dir.empty() ? "?" : dir, port));
-    }
-    struct stat now {};
-    if (stat(lock_path.c_str(), &now) != 0 || !SameFile(now, held)) {
-      close(fd);  // unlinked by the server that held it: take the new file
-      continue;
-    }
-    std::string text = fmt::format("{}\n{}\n", getpid(), run_dir);
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) < 0) {
-      // The lock is what matters; the text is only for messages.
-    }
-    *fd_out = fd;
-    return Status::OK();
+  int fd = -1;
+  bool busy = false;
+  Status locked = LockFileAtPath(lock_path, port, &fd, &busy);
+  if (!locked.ok()) return locked;
+  if (busy) {
+    int pid = ReadLockPid(fd);
+    std::string dir = ReadLockRunDir(fd);
+    close(fd);
+    return Status::AlreadyExists(fmt::format(
+        "a cache server of this user is already running on port {} (process id "
+        "{}, run dir {}); stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' "
+        "or use another port",
+        port, pid > 0 ? std::to_string(pid) : "?", dir.empty() ? "?" : dir,
+        dir.empty() ? "?" : dir, port));
   }
-  return Status::Unavailable("cannot take " + lock_path +
-                             ": it keeps being replaced; try again");
+  std::string text = fmt::format("{}\n{}\n", getpid(), run_dir);
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) < 0) {
+    // The lock is what matters; the text is only for messages.
+  }
+  *fd_out = fd;
+  return Status::OK();
 }
 
 Status InstanceLocks::Take(const std::string& lock_path,
@@ -166,11 +184,11 @@ InstanceLocks::~InstanceLocks() {
 }
 
 void InstanceLocks::RemoveFiles() {
-  unlink(lock_path_.c_str());
-  ReleaseHostLock(host_lock_path_, host_fd_);
+  ReleaseLockFile(lock_path_, fd_);
+  ReleaseLockFile(host_lock_path_, host_fd_);
 }
 
-void ReleaseHostLock(const std::string& lock_path, int fd) {
+void ReleaseLockFile(const std::string& lock_path, int fd) {
   struct stat held {
   }, now{};
   if (fd >= 0 && fstat(fd, &held) == 0 && lstat(lock_path.c_str(), &now) == 0 &&

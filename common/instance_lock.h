@@ -27,16 +27,19 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
 // Takes the host-wide lock of (this user, port) at `lock_path` (instance.h
 // HostLockPath) for the life of the process and writes this process's id
 // and `run_dir` into it; *fd_out is the open file, to be closed last,
-// after ReleaseHostLock. The directory is shared with other users: a link
+// after ReleaseLockFile. The directory is shared with other users: a link
 // is never followed, and a file that is not a regular file of this user
 // is refused (PermissionDenied naming its owner and the fix). Another
 // server of this user on the port, whatever its run dir, is
 // AlreadyExists naming its process id and run dir.
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
                     int* fd_out);
-// Removes the file of a host lock taken as `fd`, while still holding it
-// (a server that opened it meanwhile finds it unlinked and tries again).
-void ReleaseHostLock(const std::string& lock_path, int fd);
+// Removes the file of a lock taken as `fd` (either lock), while still
+// holding it, and only while it is still the file at `lock_path`: a server
+// that opened it meanwhile finds it unlinked and tries again (both Take
+// functions re-check, after their flock, that the file they locked is the
+// one at the path).
+void ReleaseLockFile(const std::string& lock_path, int fd);
 
 // Both locks of a running server, its instance's and the host's, held for
 // as long as the object lives: destroyed, it closes them (the kernel drops
@@ -56,7 +59,7 @@ class InstanceLocks {
   InstanceLocks(const InstanceLocks&) = delete;
   InstanceLocks& operator=(const InstanceLocks&) = delete;
 
-  // Unlinks both files while holding them (ReleaseHostLock for the host's).
+  // Unlinks both files while holding them (ReleaseLockFile).
   void RemoveFiles();
 
  private:

@@ -6,15 +6,32 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "tests/support/test_server.h"
+
+namespace shmcache {
+namespace {
+std::function<void()>* before_next_flock = nullptr;
+}  // namespace
+}  // namespace shmcache
+
+// The interposed flock (see ReplacedBeforeTheFlock): runs the hook once.
+extern "C" int flock(int fd, int operation) {
+  if (std::function<void()>* hook = shmcache::before_next_flock) {
+    shmcache::before_next_flock = nullptr;
+    (*hook)();
+  }
+  return static_cast<int>(syscall(SYS_flock, fd, operation));
+}
 
 namespace shmcache {
 namespace {
@@ -96,6 +113,44 @@ TEST_F(InstanceLockTest, ALockTakenBeforeItsPidIsWrittenNamesNone) {
   close(fd);
 }
 
+// A server that stops unlinks its lock file while holding it. A starter
+// that opened the file just before flocks it once it is released: a file no
+// longer at the path, that guards nothing, while the next starter makes a
+// new file at the path and locks that. flock is interposed here (this
+// binary's definition wins over libc's) to run that stop and that next
+// start between the starter's open and its flock.
+void ReplacedBeforeTheFlock(const std::string& path, bool host) {
+  int stopping = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(stopping, 0);
+  ASSERT_EQ(flock(stopping, LOCK_EX | LOCK_NB), 0);
+  int next = -1;
+  std::function<void()> stop_then_start = [&] {
+    ReleaseLockFile(path, stopping);  // the stopping server: unlink, then exit
+    close(stopping);
+    next = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);  // the next one
+    ASSERT_EQ(flock(next, LOCK_EX | LOCK_NB), 0);
+  };
+  before_next_flock = &stop_then_start;
+  int fd = -1;
+  Status s = host ? TakeHostLock(path, 31000, "/run/x", &fd)
+                  : TakeInstanceLock(path, 31000, &fd);
+  before_next_flock = nullptr;
+  EXPECT_GE(next, 0) << "the hook ran";
+  EXPECT_TRUE(s.IsAlreadyExists()) << "a lock taken on the unlinked file while the "
+                                      "next server holds the one at the path: "
+                                   << s.ToString();
+  if (fd >= 0) close(fd);
+  close(next);
+}
+
+TEST_F(InstanceLockTest, ALockFileUnlinkedBeforeTheFlockIsNotTakenTheInstanceLock) {
+  ReplacedBeforeTheFlock(path_, false);
+}
+
+TEST_F(InstanceLockTest, ALockFileUnlinkedBeforeTheFlockIsNotTakenTheHostLock) {
+  ReplacedBeforeTheFlock(dir_ + "/.shmcache.lock", true);
+}
+
 // The host lock (HostLockPath): one server of a user and port, whatever
 // its run dir, in a directory other users can write.
 TEST_F(InstanceLockTest, TheHostLockNamesTheHolderAndItsRunDir) {
@@ -110,7 +165,7 @@ TEST_F(InstanceLockTest, TheHostLockNamesTheHolderAndItsRunDir) {
             std::string::npos)
       << s.message();
   EXPECT_EQ(second, -1);
-  ReleaseHostLock(host, fd);
+  ReleaseLockFile(host, fd);
   close(fd);
   EXPECT_NE(access(host.c_str(), F_OK), 0) << "a stopped server removes its host lock";
   ASSERT_TRUE(TakeHostLock(host, 31000, "/run/b", &fd).ok());

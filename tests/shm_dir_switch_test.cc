@@ -67,7 +67,7 @@ class ShmDirSwitchTest : public ::testing::Test {
   void TearDown() override {
     Clean();
     if (lock_fd_ >= 0) {
-      ReleaseHostLock(HostLockPath(port_), lock_fd_);
+      ReleaseLockFile(HostLockPath(port_), lock_fd_);
       close(lock_fd_);
     }
   }
