@@ -197,9 +197,14 @@ void ReleaseLockFile(const std::string& lock_path, int fd) {
   }
 }
 
-Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid) {
+namespace {
+
+// ProbeInstanceLock, and the holder's run dir when `run_dir` is not null.
+Status ProbeLock(const std::string& lock_path, bool* held, int* pid,
+                 std::string* run_dir) {
   *held = false;
   *pid = 0;
+  if (run_dir != nullptr) run_dir->clear();
   int fd = open(lock_path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return Status::OK();
@@ -210,9 +215,21 @@ Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid) {
   if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
     *held = true;
     *pid = ReadLockPid(fd);
+    if (run_dir != nullptr) *run_dir = ReadLockRunDir(fd);
   }
   close(fd);
   return Status::OK();
+}
+
+}  // namespace
+
+Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid) {
+  return ProbeLock(lock_path, held, pid, nullptr);
+}
+
+Status ProbeHostLock(const std::string& lock_path, bool* held, int* pid,
+                     std::string* run_dir) {
+  return ProbeLock(lock_path, held, pid, run_dir);
 }
 
 }  // namespace shmcache

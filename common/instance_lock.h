@@ -79,5 +79,9 @@ class InstanceLocks {
 // none is readable yet: it has only just taken the lock). A missing file
 // is a lock nobody holds.
 Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid);
+// The same for the host lock (TakeHostLock), with *run_dir the run dir its
+// holder wrote ("" when none is readable yet).
+Status ProbeHostLock(const std::string& lock_path, bool* held, int* pid,
+                     std::string* run_dir);
 
 }  // namespace shmcache

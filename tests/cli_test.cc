@@ -278,6 +278,58 @@ TEST_F(CliTest, StopWithNoServerNamesWhatAKilledOneLeft) {
   EXPECT_TRUE(server.ShmFiles().empty()) << testing::PrintToString(server.ShmFiles());
 }
 
+// A server started with --shm_dir and killed: --stop given the same
+// --shm_dir counts what it left there (without it, it looks where a server
+// started without one puts its files: nothing of this server's is there).
+TEST_F(CliTest, StopWithNoServerCountsWhatAKilledOneLeftInTheShmDirGivenByFlag) {
+  TestServer server;  // started with --shm_dir (TestServer)
+  ASSERT_TRUE(server.ok());
+  server.NewSession();
+  server.Kill();
+  const size_t left = server.ShmFiles().size();
+  ASSERT_GT(left, 0u);
+  const std::string port = std::to_string(server.port());
+  CommandResult r =
+      RunCommand({AdminPath(), "--stop", "-p", port, "--shm_dir", server.shm_dir()},
+                 server.AdminEnv());
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("--stop left {} file{}", left, left == 1 ? "" : "s")),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find("in " + server.shm_dir() + ":"), std::string::npos)
+      << r.Describe();
+  CommandResult start =
+      RunCommand({AdminPath(), "--start", "-p", port, "--shm_dir", server.shm_dir()},
+                 server.AdminEnv());
+  ASSERT_EQ(start.exit_code, 0) << start.Describe();
+  CommandResult stop = RunCommand({AdminPath(), "--stop", "-p", port}, server.AdminEnv());
+  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  EXPECT_TRUE(server.ShmFiles().empty()) << testing::PrintToString(server.ShmFiles());
+}
+
+// A server of this user on the port, running under another run dir: --stop
+// in this run dir has nothing to stop, names that server and how to stop
+// it, and never counts its files as left by a killed one.
+TEST_F(CliTest, StopInAnotherRunDirNamesTheServerOfThePortAndCountsNothingLeft) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.NewSession();
+  ASSERT_FALSE(server.ShmFiles().empty());
+  const std::string port = std::to_string(server.port());
+  CommandResult r = Run({"--stop", "-p", port, "--shm_dir", server.shm_dir()});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, fmt::format("shmcache: error: no cache server is running on port {} "
+                               "with run dir {}; nothing to stop. A server of yours on "
+                               "port {} runs with run dir {} (process id {}): stop it "
+                               "with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}'\n",
+                               port, run_dir_, port, server.run_dir(), server.pid(),
+                               server.run_dir(), port))
+      << r.Describe();
+  EXPECT_FALSE(server.ShmFiles().empty()) << "the running server keeps its files";
+  CommandResult g = server.Admin({"-g"});
+  EXPECT_EQ(g.exit_code, 0) << g.Describe();
+}
+
 // The instance's huge-page dir is a name in /dev/shm, where anyone may
 // plant a link: --stop's count of what a killed server left never follows
 // one (here, to a dir of this user's files named as the instance's).

@@ -84,7 +84,9 @@ Options of --start:
                              SHMCACHE_SHM_DIR). With SHMCACHE_HUGE_TMPFS=1
                              and as root, a huge-page tmpfs the server mounts
                              at /dev/shm/shmcache.<uid>.<port>.huge (unmounted
-                             by --stop); the log says which pages it got
+                             by --stop); the log says which pages it got.
+                             Also taken by --stop: where a killed server
+                             started with it left its files
   --log_dir DIR              where logs go, owner-only (default <run dir>/log:
                              /tmp/shmcache-<uid>/log or $SHMCACHE_RUN_DIR/log)
   --metrics_file PATH        rewrite --metrics output there every few seconds,
@@ -119,7 +121,9 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
   }
   a->server_args = ServerFlagArgs(start_only);
   for (const CLI::Option* o : start_only) {
-    if (o->count() > 0 && a->command != Command::kStart) {
+    // --shm_dir with --stop: where a server started with it left its files.
+    if (o->count() > 0 && a->command != Command::kStart &&
+        !(a->command == Command::kStop && o->get_name() == "--shm_dir")) {
       return Status::InvalidArgument(
           fmt::format("{} applies to --start only", cl.AsWritten(*o)));
     }

@@ -53,9 +53,9 @@ Status CollectMetrics(Client& client, std::string* out) {
   return s;
 }
 
-int RunStop(const ClientOptions& co, int port) {
+int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
   StopResult r;
-  Status s = StopServer(co, &r);
+  Status s = StopServer(co, shm_dir, &r);
   if (!s.ok()) return Fail(s.message());
   if (r.not_running) {
     // An error, as MindSpore's cache_admin --stop gives one ("not up or has
@@ -64,7 +64,15 @@ int RunStop(const ClientOptions& co, int port) {
     // Said as a stop finds it, not with the hint to start one.
     std::string msg =
         fmt::format("no cache server is running on port {}; nothing to stop", port);
-    if (r.left_files > 0) {
+    if (r.runs_elsewhere) {
+      const std::string dir = r.other_run_dir.empty() ? "?" : r.other_run_dir;
+      msg = fmt::format(
+          "no cache server is running on port {} with run dir {}; nothing to stop. A "
+          "server of yours on port {} runs with run dir {} (process id {}): stop it "
+          "with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}'",
+          port, co.run_dir.empty() ? DefaultRunDir() : co.run_dir, port, dir,
+          r.other_pid > 0 ? std::to_string(r.other_pid) : "?", dir, port);
+    } else if (r.left_files > 0) {
       msg += fmt::format(
           ", but one that ended without --stop left {} file{} ({:.1f} MB) in {}: "
           "'shmcache --start -p {}' serves them again, and --stop after it removes them",
@@ -105,7 +113,7 @@ int main(int argc, char** argv) {
   ClientOptions co;
   co.port = port;
   co.hostname = a.hostname;
-  if (a.command == Command::kStop) return RunStop(co, port);
+  if (a.command == Command::kStop) return RunStop(co, port, a.server.shm_dir);
   std::unique_ptr<Client> client;
   s = Client::Connect(co, &client);
   if (!s.ok()) return Fail(s.message());

@@ -101,7 +101,7 @@ void CountLeftFiles(const std::string& dir, const std::string& prefix, StopResul
 
 }  // namespace
 
-Status StopServer(const ClientOptions& co, StopResult* out) {
+Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResult* out) {
   std::unique_ptr<Client> client;
   Status s = Client::Connect(co, &client);
   if (s.ok()) {
@@ -119,13 +119,18 @@ Status StopServer(const ClientOptions& co, StopResult* out) {
   }
   if (!s.IsUnavailable()) return s;
   // Not answering: maybe still starting.
-  InstancePaths paths = MakeInstancePaths(co.port, co.run_dir, "");
+  InstancePaths paths = MakeInstancePaths(co.port, co.run_dir, shm_dir);
   bool held = false;
   int pid = 0;
   Status probe = ProbeInstanceLock(paths.lock_path, &held, &pid);
   if (!probe.ok()) return probe;
   if (!held) {  // nobody holds the lock: not running
     out->not_running = true;
+    probe = ProbeHostLock(HostLockPath(co.port), &out->runs_elsewhere, &out->other_pid,
+                          &out->other_run_dir);
+    // Running under another run dir: what is in the shm dir is its own.
+    if (probe.ok() && out->runs_elsewhere) return Status::OK();
+    out->runs_elsewhere = false;
     // The instance's names, as MakeInstancePaths makes them: its prefix
     // without the directory.
     const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);

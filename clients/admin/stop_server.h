@@ -24,12 +24,22 @@ struct StopResult {
   int left_files = 0;
   uint64_t left_bytes = 0;
   std::string left_in;
+  // When not_running: a server of this user on the port that runs under
+  // another run dir (it holds the host lock; the shm files it uses carry
+  // the names a server of this run dir would leave, so none is counted as
+  // left). Its pid is 0 and its run dir "" when they are not readable yet.
+  bool runs_elsewhere = false;
+  int other_pid = 0;
+  std::string other_run_dir;
 };
 
 // Stops the server `co` names (port resolved) and waits, bounded, until
 // its process is gone. OK with not_running when no process holds the
-// instance lock (the caller says so as it sees fit). Errors: a server this user cannot
-// stop or reach (another user's, a bad run dir), or one that did not exit.
-Status StopServer(const ClientOptions& co, StopResult* out);
+// instance lock (the caller says so as it sees fit); what a killed server
+// left is then counted in `shm_dir` ("": $SHMCACHE_SHM_DIR or /dev/shm, as
+// a server started without --shm_dir uses) and the instance's huge-page
+// dir. Errors: a server this user cannot stop or reach (another user's, a
+// bad run dir), or one that did not exit.
+Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResult* out);
 
 }  // namespace shmcache::admin
