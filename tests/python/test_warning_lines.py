@@ -57,14 +57,34 @@ def test_a_warning_off_the_users_thread_names_the_users_line_once(
     assert says in message, message
 
 
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
 @pytest.mark.parametrize("problem", ["full", "uncacheable"])
-def test_spawned_workers_name_the_line_that_made_the_dataset(start_server, problem):
+def test_spawned_workers_name_the_line_that_made_the_dataset(start_server, problem,
+                                                             context):
     """A spawned worker has no frame of the user's: its warning names the
     line that made the CachedDataset, once for all the workers (each said
     it once, before they shared the flag)."""
     server = start_server("--memory_cap_mb", "16")
-    r = run(server, server.new_session(), "DataLoader", 3, "spawn", problem)
+    r = run(server, server.new_session(), "DataLoader", 3, context, problem)
     found = WARNING.findall(r.stderr)
     assert len(found) == 1, r.stderr
+    for where, line, _ in found:
+        assert where == TRAINER and int(line) in user_lines(), r.stderr
+
+
+@pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
+                                            ("DataLoader", "spawn"),
+                                            ("CachedLoader", "spawn")])
+def test_a_full_cache_is_said_after_the_size_over_cap_note(start_server, loader,
+                                                            context):
+    """The note at open that size_mb is over the cap is said once, and the
+    cache filling up later is still said, once, by whichever process meets
+    it: the note is not the degrade's one warning (it swallowed it)."""
+    server = start_server("--memory_cap_mb", "16")
+    r = run(server, server.new_session(), loader, 3, context, "over_cap")
+    found = WARNING.findall(r.stderr)
+    assert len(found) == 2, r.stderr
+    assert "is more than the 16 MB" in found[0][2], r.stderr
+    assert "full" in found[1][2] and "new rows are not cached" in found[1][2], r.stderr
     for where, line, _ in found:
         assert where == TRAINER and int(line) in user_lines(), r.stderr

@@ -236,3 +236,22 @@ def test_a_cap_held_by_destroyed_sessions_is_not_blamed_on_live_ones(start_serve
     wait_for(lambda: json.loads(s.admin("--server_info", "--json").stdout)
              ["memory_held_bytes"] == 0, what="the held memory released")
     assert DatasetCache(sid, name="c").put(0, MB) is True
+
+
+def test_a_cache_full_after_the_size_over_cap_note_still_says_it_is_full(start_server):
+    """The note at open that size_mb is more than the cap is no degrade: the
+    one warning of the degrade (full here: new rows are not cached) is still
+    said after it, once. Once the note took the object's one warning and the
+    cache filled up in silence."""
+    s = start_server("--memory_cap_mb", "16")
+    sid = s.new_session()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(sid, size_mb=64, name="big").open()
+        stored = [c.put(i, MB) for i in range(32)]
+        c.put(99, MB)
+    assert stored[0] and not stored[-1]
+    msgs = cache_warnings(w)
+    assert len(msgs) == 2, msgs
+    assert msgs[0].startswith("shmcache: cache size 64 MB is more than the 16 MB"), msgs
+    assert "full" in msgs[1] and "new rows are not cached" in msgs[1], msgs

@@ -1,7 +1,9 @@
 """A trainer process of the warning-location tests: one pass of LOADER
 (CachedLoader or DataLoader) with W workers (start method CTX) over a
 CachedDataset whose rows the cache cannot take: PROBLEM "full" (64 rows of
-1 MiB, for a server capped below that) or "uncacheable" (a str label).
+1 MiB, for a server capped below that), "over_cap" (full too, in a cache
+whose size_mb is over the cap: a note at open, then the degrade) or
+"uncacheable" (a str label).
 The lines marked `made` and `loop` are the user's lines a CacheWarning may
 name.
 
@@ -13,12 +15,16 @@ import sys
 from torch.utils.data import DataLoader
 
 from helpers import MiBRows, StrLabels
+from shmcache import DatasetCache
 from shmcache.torch import CachedDataset, CachedLoader
 
 
 def main(kind, workers, context, problem):
-    source = MiBRows(64) if problem == "full" else StrLabels(8)
-    ds = CachedDataset(source, name=problem)  # made
+    source = StrLabels(8) if problem == "uncacheable" else MiBRows(64)
+    if problem == "over_cap":
+        ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem))  # made
+    else:
+        ds = CachedDataset(source, name=problem)  # made
     loader_class = CachedLoader if kind == "CachedLoader" else DataLoader
     extra = dict(multiprocessing_context=context) if workers else {}
     loader = loader_class(ds, batch_size=4, num_workers=workers, **extra)

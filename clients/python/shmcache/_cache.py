@@ -37,6 +37,10 @@ from .stats import CacheStats
 
 __all__ = ["DatasetCache"]
 
+# The WarnedFlag mark of the note at open that size_mb is over the cap (the
+# flag itself, mark 0, is the one warning of the degrade).
+_OVER_CAP = 1
+
 
 class DatasetCache:
     """A cache inside a session of a running shmcache server.
@@ -335,8 +339,12 @@ class DatasetCache:
         if self.size_mb * mb <= cap:
             return
         bound, where, fix = cap_bound(info)
-        if not self._claim_warning():
+        # Said once, by its own mark: not the degrade's one warning, which
+        # a cache that then fills up or fails still says.
+        if self._told.is_set(_OVER_CAP):
             return
+        if not said_quietly():
+            self._told.set(_OVER_CAP)
         warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
