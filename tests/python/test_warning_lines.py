@@ -88,3 +88,24 @@ def test_a_full_cache_is_said_after_the_size_over_cap_note(start_server, loader,
     assert "full" in found[1][2] and "new rows are not cached" in found[1][2], r.stderr
     for where, line, _ in found:
         assert where == TRAINER and int(line) in user_lines(), r.stderr
+
+
+@pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
+                                            ("DataLoader", "spawn"),
+                                            ("DataLoader", "forkserver"),
+                                            ("CachedLoader", "spawn")])
+def test_a_cache_closed_before_the_loop_is_said_once_and_not_reopened(
+        start_server, loader, context):
+    """A cache the user closed, handed to workers, is read from the source
+    in each (never reopened), and its use after close() is said once for
+    the trainer and all its workers, as with no worker: a spawned worker
+    shares the trainer's flag. Every sample is delivered."""
+    server = start_server("--memory_cap_mb", "16")
+    session = server.new_session()
+    r = run(server, session, loader, 3, context, "closed")
+    assert r.stdout.split() == ["64"], r.stdout
+    found = WARNING.findall(r.stderr)
+    assert len(found) == 1, r.stderr
+    ((where, line, message),) = found
+    assert where == TRAINER and int(line) in user_lines(), r.stderr
+    assert "was closed" in message and "and then used" in message, message

@@ -2,8 +2,9 @@
 (CachedLoader or DataLoader) with W workers (start method CTX) over a
 CachedDataset whose rows the cache cannot take: PROBLEM "full" (64 rows of
 1 MiB, for a server capped below that), "over_cap" (full too, in a cache
-whose size_mb is over the cap: a note at open, then the degrade) or
-"uncacheable" (a str label).
+whose size_mb is over the cap: a note at open, then the degrade),
+"closed" (the user closed the cache before the loop) or "uncacheable" (a
+str label).
 The lines marked `made` and `loop` are the user's lines a CacheWarning may
 name.
 
@@ -25,6 +26,8 @@ def main(kind, workers, context, problem):
         ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem))  # made
     else:
         ds = CachedDataset(source, name=problem)  # made
+    if problem == "closed":
+        ds.cache.close()
     loader_class = CachedLoader if kind == "CachedLoader" else DataLoader
     extra = dict(multiprocessing_context=context) if workers else {}
     loader = loader_class(ds, batch_size=4, num_workers=workers, **extra)
