@@ -255,3 +255,33 @@ def test_a_cache_full_after_the_size_over_cap_note_still_says_it_is_full(start_s
     assert len(msgs) == 2, msgs
     assert msgs[0].startswith("shmcache: cache size 64 MB is more than the 16 MB"), msgs
     assert "full" in msgs[1] and "new rows are not cached" in msgs[1], msgs
+
+
+def test_warnings_as_errors_do_not_stop_the_background_writer(start_server):
+    """Under warnings.simplefilter("error") (python -W error), the cache
+    filling up on CachedDataset's background writer has nobody to raise
+    to: the writer reports it as a thread's uncaught error and goes on,
+    and flush() returns once the rows are handled. (The warning, raised,
+    was caught by the writer's own guard, whose warning was raised in turn
+    and ended the writer: flush() then waited for good.)"""
+    pytest.importorskip("torch")
+    import threading
+    from torch.utils.data import DataLoader
+    from helpers import MiBRows
+    from shmcache.torch import CachedDataset
+    s = start_server("--memory_cap_mb", "16")
+    ds = CachedDataset(MiBRows(64), DatasetCache(s.new_session(), name="errors"))
+    reported = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: reported.append(args.exc_value)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            n = sum(len(b[1]) for b in DataLoader(ds, batch_size=4, num_workers=0))
+            assert n == 64
+            assert ds.flush(60)
+    finally:
+        threading.excepthook = hook
+    assert ds.cache.stats().full
+    assert [type(e) for e in reported] == [CacheWarning], reported
+    assert "full" in str(reported[0])

@@ -261,12 +261,22 @@ class AsyncPutter:
         """Rows stored; a failing batch is warned about once (per process)
         and counted, never raised: training already has its samples."""
         try:
-            return self._store([b[0] for b in batch], [b[1] for b in batch])
-        except Exception as e:  # the writer thread must outlive a bad row
-            # Shown once per process and origin by the default filter.
-            warn(f"shmcache: a background put failed ({type(e).__name__}: "
-                 f"{e}); these rows are read from the source", CacheWarning, self.origin)
-            return 0
+            try:
+                return self._store([b[0] for b in batch], [b[1] for b in batch])
+            except Warning:
+                raise
+            except Exception as e:  # the writer thread must outlive a bad row
+                # Shown once per process and origin by the default filter.
+                warn(f"shmcache: a background put failed ({type(e).__name__}: "
+                     f"{e}); these rows are read from the source", CacheWarning,
+                     self.origin)
+        except Warning as w:
+            # A warning the filters made an error (python -W error): this
+            # thread has nobody to raise it to, and must go on (flush()
+            # waits for it); reported as a thread's uncaught error is.
+            threading.excepthook(threading.ExceptHookArgs(
+                (type(w), w, w.__traceback__, threading.current_thread())))
+        return 0
 
 
 def _warn_drops(limit_bytes, origin):
