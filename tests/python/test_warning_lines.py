@@ -109,3 +109,36 @@ def test_a_cache_closed_before_the_loop_is_said_once_and_not_reopened(
     ((where, line, message),) = found
     assert where == TRAINER and int(line) in user_lines(), r.stderr
     assert "was closed" in message and "and then used" in message, message
+
+
+def test_quietly_on_other_threads_never_quiets_this_one():
+    """quietly() (a loader's thread or worker whose trainer says the
+    warning) quiets its own thread only, however threads enter and leave
+    it: it swapped the process's warning filters, so that a warning of the
+    user's thread was lost while another thread was quiet, and two threads
+    leaving in turn left CacheWarning ignored for good."""
+    import threading
+    import warnings
+    from shmcache import CacheWarning
+    from shmcache._user_line import quietly, warn
+    entered = [threading.Event(), threading.Event()]
+    leave = [threading.Event(), threading.Event()]
+
+    def quiet(k):
+        with quietly(CacheWarning):
+            warn(f"quiet {k}", CacheWarning)
+            entered[k].set()
+            assert leave[k].wait(60)
+
+    threads = [threading.Thread(target=quiet, args=(k,)) for k in (0, 1)]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for t, e in zip(threads, entered):
+            t.start()
+            assert e.wait(60)
+        warn("while others are quiet", CacheWarning)
+        for t, e in zip(threads, leave):
+            e.set()
+            t.join()
+        warn("after", CacheWarning)
+    assert [str(x.message) for x in w] == ["while others are quiet", "after"]

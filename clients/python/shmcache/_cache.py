@@ -616,8 +616,7 @@ class DatasetCache:
         _put_failed's (CachedDataset's writer is not strict: a sample the
         cache cannot hold is still delivered). quiet: the CacheWarnings of
         an open or a failure are not shown (a loader's worker, whose
-        trainer warns once for the row); a put that succeeds enters no
-        warnings filter (catch_warnings costs as much as a small put)."""
+        trainer warns once for the row)."""
         c = self.native if self._state <= State.FULL else None
         if c is None:
             if quiet:

@@ -40,7 +40,8 @@ _THREADING = os.path.abspath(threading.__file__)
 _MULTIPROCESSING = os.path.dirname(os.path.abspath(multiprocessing.__file__)) + os.sep
 # A process started there has no frame of its user's beneath them.
 _PROCESS_STARTS = (_MULTIPROCESSING + "spawn.py", _MULTIPROCESSING + "forkserver.py")
-# .on: this thread's warnings are not shown now (quietly()).
+# .categories: the warnings of the package this thread does not show now
+# (quietly()); per thread, not the process's warning filters.
 _quiet = threading.local()
 # The registries of warnings shown at an origin (Python's default filter
 # shows a warning once per registry and line).
@@ -99,7 +100,9 @@ def user_line() -> Origin | None:
 
 def warn(message: str, category: type[Warning], origin: Origin | None = None) -> None:
     """warnings.warn(message, category) at the user's line (see the module):
-    on this thread's stack, else at `origin`."""
+    on this thread's stack, else at `origin`. Nothing inside quietly()."""
+    if issubclass(category, getattr(_quiet, "categories", ())):
+        return
     frame, hops = _user_frame(_callers_frame())
     if frame is None and origin is not None:
         filename, lineno, module = origin
@@ -112,22 +115,24 @@ def warn(message: str, category: type[Warning], origin: Origin | None = None) ->
 
 @contextlib.contextmanager
 def quietly(category: type[Warning]) -> Iterator[None]:
-    """Warnings of `category` are not shown in the block (a loader's
-    worker, whose trainer says it), and what this thread says in it does
-    not count as said for a WarnedFlag (said_quietly())."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category)
-        _quiet.on = True
-        try:
-            yield
-        finally:
-            _quiet.on = False
+    """The package's warnings (warn()) of `category` are not shown on this
+    thread in the block (a loader's thread or worker, whose trainer says
+    it), and what it says in it does not count as said for a WarnedFlag
+    (said_quietly()). Not warnings.catch_warnings: the filters it swaps
+    are the process's, and would quiet the user's thread too, and for good
+    when two threads leave in turn."""
+    outer = getattr(_quiet, "categories", ())
+    _quiet.categories = outer + (category,)
+    try:
+        yield
+    finally:
+        _quiet.categories = outer
 
 
 def said_quietly() -> bool:
     """Whether this thread is inside quietly(): a warning it raises now
     is not shown."""
-    return bool(getattr(_quiet, "on", False))
+    return bool(getattr(_quiet, "categories", ()))
 
 
 class WarnedFlag:
