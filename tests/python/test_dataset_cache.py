@@ -352,6 +352,19 @@ def test_a_closed_cache_says_it_was_closed_and_what_to_do(server, session, call)
     assert not DatasetCache(session, name="closed").contains(2)
 
 
+def test_a_cache_closed_before_its_first_use_stays_closed(server, session):
+    """close() before any call opened the cache (a `with` block that used
+    nothing, a trainer closing a cache it then hands to workers) closes it
+    all the same: it was a no-op, and the next call opened the cache and
+    stored what the user had closed it against, unannounced."""
+    c = DatasetCache(session, name="never-opened")
+    c.close()
+    with pytest.warns(CacheWarning, match="was closed .* and then used"):
+        assert not c.put(1, np.arange(4))
+    assert c.bypassed
+    assert not DatasetCache(session, name="never-opened").contains(1)
+
+
 def _put_in_a_spawned_process(cache, q):
     q.put((cache.put(7, np.arange(4)), cache.get(1) is None, cache.bypassed))
 

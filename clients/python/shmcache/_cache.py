@@ -590,8 +590,9 @@ class DatasetCache:
         (module docstring). A later call of this object is a bypassed
         cache's (a miss, a put not stored) after one CacheWarning that says
         so: open a new DatasetCache to use the cache again."""
+        # Closed even where no call opened it yet: nothing opens it later.
+        self._closed = True
         if self.native is not None:
-            self._closed = True
             try:
                 self.native.close()
             except Error:
