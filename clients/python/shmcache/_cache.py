@@ -38,6 +38,10 @@ from .stats import CacheStats
 __all__ = ["DatasetCache"]
 
 
+# WarnedFlag's slot for the note that size_mb is more than the server's cap.
+_CAP_NOTE = 1
+
+
 class DatasetCache:
     """A cache inside a session of a running shmcache server.
 
@@ -212,6 +216,8 @@ class DatasetCache:
             self._used_after_close()
             return
         self._state = max(self._state, state)
+        if state is State.FULL and self._told.said(_CAP_NOTE):
+            return   # the note on the size over the cap said it would fill
         if not self._warning_said():   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
                             else describe(err, self.size_mb, self._server_info))
@@ -335,8 +341,12 @@ class DatasetCache:
         if self.size_mb * mb <= cap:
             return
         bound, where, fix = cap_bound(info)
-        if not self._claim_warning():
+        # A note of its own: the one warning of a degrade (the server gone,
+        # failing) is still said after it.
+        if self._told.said(_CAP_NOTE):
             return
+        if not said_quietly():
+            self._told.set(_CAP_NOTE)
         warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "

@@ -142,15 +142,19 @@ class WarnedFlag:
 
     __slots__ = ("_byte", "_fd", "__weakref__")
 
+    # Bytes of the flag: set(slot) and said(slot) for a second warning of
+    # the same object (the flag itself is slot 0).
+    SLOTS = 2
+
     def __init__(self, fd: int | None = None) -> None:
         # A descriptor of its own, closed when the flag goes, so that the
         # flag can be handed to a spawned process.
         self._fd = -1
         if fd is None:
             fd = os.memfd_create("shmcache-warned", os.MFD_CLOEXEC)
-            os.ftruncate(fd, 1)
+            os.ftruncate(fd, self.SLOTS)
         self._fd = fd
-        self._byte = mmap.mmap(fd, 1)
+        self._byte = mmap.mmap(fd, self.SLOTS)
 
     def __del__(self) -> None:
         if self._fd >= 0:
@@ -160,8 +164,11 @@ class WarnedFlag:
     def __bool__(self) -> bool:
         return self._byte[0] != 0
 
-    def set(self) -> None:
-        self._byte[0] = 1
+    def said(self, slot: int) -> bool:
+        return self._byte[slot] != 0
+
+    def set(self, slot: int = 0) -> None:
+        self._byte[slot] = 1
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         popen = multiprocessing.context.get_spawning_popen()
