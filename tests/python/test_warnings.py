@@ -77,6 +77,37 @@ def test_a_size_over_the_server_cap_is_compared_in_mb(start_server):
     assert big.size_mb == 1000 and not big.bypassed
 
 
+def test_a_size_over_the_cap_is_noted_once_and_filling_up_is_not_said_again(start_server):
+    """The note on a size over the cap says that rows beyond the cap are
+    read from the source: the cache filling up is not said again."""
+    s = start_server("--memory_cap_mb", "16")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(s.new_session(), size_mb=1000, name="big").open()
+        stored = [c.put(i, MB) for i in range(32)]
+    assert stored[0] and not stored[-1]
+    (note,) = cache_warnings(w)
+    assert note.startswith("shmcache: cache size 1000 MB is more than the 16 MB"), note
+
+
+def test_a_size_over_the_cap_is_noted_and_the_server_gone_is_still_said(start_server):
+    """The note is not the cache's one warning: the server gone later is
+    still said (the note took the warning's place, and training went on
+    without a word of it)."""
+    s = start_server("--memory_cap_mb", "16")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(s.new_session(), size_mb=1000, name="big").open()
+        assert c.put(0, MB)
+        s.kill()
+        stored = [c.put(i, MB) for i in range(1, 17)]
+    assert not stored[-1]
+    note, gone = cache_warnings(w)
+    assert note.startswith("shmcache: cache size 1000 MB is more than the 16 MB"), note
+    assert "unreachable" in gone and "more than" not in gone, gone
+    assert c.get(0) is not None
+
+
 def test_size_is_a_deprecated_name_of_size_mb(start_server):
     s = start_server("--memory_cap_mb", "64")
     sid = s.new_session()
@@ -236,25 +267,6 @@ def test_a_cap_held_by_destroyed_sessions_is_not_blamed_on_live_ones(start_serve
     wait_for(lambda: json.loads(s.admin("--server_info", "--json").stdout)
              ["memory_held_bytes"] == 0, what="the held memory released")
     assert DatasetCache(sid, name="c").put(0, MB) is True
-
-
-def test_a_cache_full_after_the_size_over_cap_note_still_says_it_is_full(start_server):
-    """The note at open that size_mb is more than the cap is no degrade: the
-    one warning of the degrade (full here: new rows are not cached) is still
-    said after it, once. Once the note took the object's one warning and the
-    cache filled up in silence."""
-    s = start_server("--memory_cap_mb", "16")
-    sid = s.new_session()
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        c = DatasetCache(sid, size_mb=64, name="big").open()
-        stored = [c.put(i, MB) for i in range(32)]
-        c.put(99, MB)
-    assert stored[0] and not stored[-1]
-    msgs = cache_warnings(w)
-    assert len(msgs) == 2, msgs
-    assert msgs[0].startswith("shmcache: cache size 64 MB is more than the 16 MB"), msgs
-    assert "full" in msgs[1] and "new rows are not cached" in msgs[1], msgs
 
 
 def test_warnings_as_errors_do_not_stop_the_background_writer(start_server):

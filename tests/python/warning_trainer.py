@@ -2,7 +2,7 @@
 (CachedLoader or DataLoader) with W workers (start method CTX) over a
 CachedDataset whose rows the cache cannot take: PROBLEM "full" (64 rows of
 1 MiB, for a server capped below that), "over_cap" (full too, in a cache
-whose size_mb is over the cap: a note at open, then the degrade),
+whose size_mb is over the cap, which the note at open foretells),
 "closed" (the user closed the cache before the loop) or "uncacheable" (a
 str label).
 The lines marked `made` and `loop` are the user's lines a CacheWarning may

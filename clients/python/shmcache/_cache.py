@@ -37,9 +37,9 @@ from .stats import CacheStats
 
 __all__ = ["DatasetCache"]
 
-# The WarnedFlag mark of the note at open that size_mb is over the cap (the
-# flag itself, mark 0, is the one warning of the degrade).
-_OVER_CAP = 1
+
+# WarnedFlag's slot for the note that size_mb is more than the server's cap.
+_CAP_NOTE = 1
 
 
 class DatasetCache:
@@ -216,6 +216,8 @@ class DatasetCache:
             self._used_after_close()
             return
         self._state = max(self._state, state)
+        if state is State.FULL and self._told.said(_CAP_NOTE):
+            return   # the note on the size over the cap said it would fill
         if not self._warning_said():   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
                             else describe(err, self.size_mb, self._server_info))
@@ -339,12 +341,12 @@ class DatasetCache:
         if self.size_mb * mb <= cap:
             return
         bound, where, fix = cap_bound(info)
-        # Said once, by its own mark: not the degrade's one warning, which
-        # a cache that then fills up or fails still says.
-        if self._told.is_set(_OVER_CAP):
+        # A note of its own: the one warning of a degrade (the server gone,
+        # failing) is still said after it.
+        if self._told.said(_CAP_NOTE):
             return
         if not said_quietly():
-            self._told.set(_OVER_CAP)
+            self._told.set(_CAP_NOTE)
         warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "

@@ -138,9 +138,8 @@ def said_quietly() -> bool:
 class WarnedFlag:
     """Whether this process, or one started from it after the flag was made
     (a DataLoader worker, forked or spawned), showed the warning the flag
-    stands for (bool(flag), set()), or another of the same object's
-    (is_set(which), set(which); which < WarnedFlag.KINDS): a byte of shared
-    memory each, so that N workers meeting one cause show it once. A forked process shares the mapping; a process
+    stands for: one byte of shared memory, so that N workers meeting one
+    cause show it once. A forked process shares the mapping; a process
     started by multiprocessing's spawn or forkserver gets the memory's file
     descriptor with its pickled arguments (the way multiprocessing passes a
     descriptor to a child) and maps it. Pickled anywhere else (to a file, a
@@ -148,9 +147,9 @@ class WarnedFlag:
 
     __slots__ = ("_byte", "_fd", "__weakref__")
 
-    # Bytes of the memory: the warnings one flag can stand for (a cache's
-    # degrade, and the note at open that its size is over the cap).
-    KINDS = 2
+    # Bytes of the flag: set(slot) and said(slot) for a second warning of
+    # the same object (the flag itself is slot 0).
+    SLOTS = 2
 
     def __init__(self, fd: int | None = None) -> None:
         # A descriptor of its own, closed when the flag goes, so that the
@@ -158,9 +157,9 @@ class WarnedFlag:
         self._fd = -1
         if fd is None:
             fd = os.memfd_create("shmcache-warned", os.MFD_CLOEXEC)
-            os.ftruncate(fd, self.KINDS)
+            os.ftruncate(fd, self.SLOTS)
         self._fd = fd
-        self._byte = mmap.mmap(fd, self.KINDS)
+        self._byte = mmap.mmap(fd, self.SLOTS)
 
     def __del__(self) -> None:
         if self._fd >= 0:
@@ -168,13 +167,13 @@ class WarnedFlag:
             self._fd = -1
 
     def __bool__(self) -> bool:
-        return self.is_set(0)
+        return self._byte[0] != 0
 
-    def is_set(self, which: int) -> bool:
-        return self._byte[which] != 0
+    def said(self, slot: int) -> bool:
+        return self._byte[slot] != 0
 
-    def set(self, which: int = 0) -> None:
-        self._byte[which] = 1
+    def set(self, slot: int = 0) -> None:
+        self._byte[slot] = 1
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         popen = multiprocessing.context.get_spawning_popen()
