@@ -352,6 +352,41 @@ def test_a_closed_cache_says_it_was_closed_and_what_to_do(server, session, call)
     assert not DatasetCache(session, name="closed").contains(2)
 
 
+def _put_in_a_spawned_process(cache, q):
+    q.put((cache.put(7, np.arange(4)), cache.get(1) is None, cache.bypassed))
+
+
+def test_a_closed_cache_stays_closed_where_it_is_unpickled(server, session):
+    """A closed cache handed to a spawned process (a DataLoader worker with
+    multiprocessing_context='spawn'), or pickled, is closed there too: once
+    it reopened the cache in the worker, and stored what the user had
+    closed it against. named() of it is another cache, open."""
+    import multiprocessing as mp
+    import pickle
+    c = DatasetCache(session, name="closed")
+    assert c.put(1, np.arange(4))
+    c.close()
+    copy = pickle.loads(pickle.dumps(c))
+    with pytest.warns(CacheWarning, match="was closed .* and then used"):
+        assert copy.get(1) is None
+    assert copy.bypassed and not copy.put(7, np.arange(4))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_put_in_a_spawned_process, args=(c, q))
+    p.start()
+    try:
+        assert q.get(timeout=120) == (False, True, True)
+    finally:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert p.exitcode == 0
+    assert not DatasetCache(session, name="closed").contains(7)
+    other = c.named("other")
+    assert other.put(2, np.arange(4)) and not other.bypassed
+
+
 def test_stats_is_a_typed_object_with_the_dict_view(server, session):
     c = DatasetCache(session)
     c.put(1, np.zeros(8))

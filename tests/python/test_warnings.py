@@ -77,6 +77,37 @@ def test_a_size_over_the_server_cap_is_compared_in_mb(start_server):
     assert big.size_mb == 1000 and not big.bypassed
 
 
+def test_a_size_over_the_cap_is_noted_once_and_filling_up_is_not_said_again(start_server):
+    """The note on a size over the cap says that rows beyond the cap are
+    read from the source: the cache filling up is not said again."""
+    s = start_server("--memory_cap_mb", "16")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(s.new_session(), size_mb=1000, name="big").open()
+        stored = [c.put(i, MB) for i in range(32)]
+    assert stored[0] and not stored[-1]
+    (note,) = cache_warnings(w)
+    assert note.startswith("shmcache: cache size 1000 MB is more than the 16 MB"), note
+
+
+def test_a_size_over_the_cap_is_noted_and_the_server_gone_is_still_said(start_server):
+    """The note is not the cache's one warning: the server gone later is
+    still said (the note took the warning's place, and training went on
+    without a word of it)."""
+    s = start_server("--memory_cap_mb", "16")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(s.new_session(), size_mb=1000, name="big").open()
+        assert c.put(0, MB)
+        s.kill()
+        stored = [c.put(i, MB) for i in range(1, 17)]
+    assert not stored[-1]
+    note, gone = cache_warnings(w)
+    assert note.startswith("shmcache: cache size 1000 MB is more than the 16 MB"), note
+    assert "unreachable" in gone and "more than" not in gone, gone
+    assert c.get(0) is not None
+
+
 def test_size_is_a_deprecated_name_of_size_mb(start_server):
     s = start_server("--memory_cap_mb", "64")
     sid = s.new_session()

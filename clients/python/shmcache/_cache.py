@@ -38,6 +38,10 @@ from .stats import CacheStats
 __all__ = ["DatasetCache"]
 
 
+# WarnedFlag's slot for the note that size_mb is more than the server's cap.
+_CAP_NOTE = 1
+
+
 class DatasetCache:
     """A cache inside a session of a running shmcache server.
 
@@ -133,8 +137,11 @@ class DatasetCache:
 
     # ---- state that does not travel through pickle --------------------
 
+    # Not pickled. `_told` and `_closed` are: a spawned DataLoader worker
+    # shares the flag with its trainer (WarnedFlag), and never opens a cache
+    # its trainer closed, as a forked one does.
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
-                "_told", "_warned_row", "_bytes_read", "_closed")
+                "_warned_row", "_bytes_read")
 
     # Set by bypass(): travels with the object (pickled to DataLoader
     # workers), so that no process of it uses the cache.
@@ -150,12 +157,15 @@ class DatasetCache:
         # A bypassed cache was warned about once, where bypass() was called.
         self._state = State.SERVING if self.bypass_reason is None else State.BYPASSED
         self._warned = self.bypass_reason is not None
-        # Set once this object, or its copy in a process forked from here
-        # (a DataLoader worker), warned: the others then need not.
-        self._told = WarnedFlag()
+        # Set once this object, or its copy in a process started from here
+        # (a DataLoader worker), warned: the others then need not. Kept
+        # when the object was unpickled with its trainer's (spawn).
+        if not isinstance(getattr(self, "_told", None), WarnedFlag):
+            self._told = WarnedFlag()
         self._warned_row = False  # a row the cache cannot take was dropped
         self._bytes_read = 0      # bytes of columns returned by get_columns
-        self._closed = False      # close() closed `native`
+        # close() closed `native` (here, or where this was unpickled from).
+        self._closed = bool(getattr(self, "_closed", False))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -177,7 +187,10 @@ class DatasetCache:
         and fingerprint checked as the constructor checks them)."""
         check_names(name, fingerprint)
         other = DatasetCache.__new__(DatasetCache)
-        other.__setstate__(self.__getstate__())
+        state = self.__getstate__()
+        state.pop("_told", None)   # another cache: warned about on its own,
+        state.pop("_closed", None)  # and not closed
+        other.__setstate__(state)
         other.name = name
         other.fingerprint = fingerprint if fingerprint is not None else name
         other.origin = user_line()
@@ -203,6 +216,8 @@ class DatasetCache:
             self._used_after_close()
             return
         self._state = max(self._state, state)
+        if state is State.FULL and self._told.said(_CAP_NOTE):
+            return   # the note on the size over the cap said it would fill
         if not self._warning_said():   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
                             else describe(err, self.size_mb, self._server_info))
@@ -277,8 +292,9 @@ class DatasetCache:
     def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
         c = self.native
-        if c is not None and self._closed:
-            self._used_after_close()
+        if self._closed:
+            if self._state is not State.BYPASSED:
+                self._used_after_close()
             return None
         if c is not None or self._state is State.BYPASSED:
             return c
@@ -325,8 +341,12 @@ class DatasetCache:
         if self.size_mb * mb <= cap:
             return
         bound, where, fix = cap_bound(info)
-        if not self._claim_warning():
+        # A note of its own: the one warning of a degrade (the server gone,
+        # failing) is still said after it.
+        if self._told.said(_CAP_NOTE):
             return
+        if not said_quietly():
+            self._told.set(_CAP_NOTE)
         warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "

@@ -131,22 +131,54 @@ def said_quietly() -> bool:
 
 
 class WarnedFlag:
-    """Whether this process, or one forked from it after the flag was made
-    (a DataLoader worker), showed the warning the flag stands for: one byte
-    of shared anonymous memory, so that N workers meeting one cause show it
-    once. Pickled (a spawned worker), it is a fresh flag: such a process
-    shares no memory with the others, and says it at most once itself."""
+    """Whether this process, or one started from it after the flag was made
+    (a DataLoader worker, forked or spawned), showed the warning the flag
+    stands for: one byte of shared memory, so that N workers meeting one
+    cause show it once. A forked process shares the mapping; a process
+    started by multiprocessing's spawn or forkserver gets the memory's file
+    descriptor with its pickled arguments (the way multiprocessing passes a
+    descriptor to a child) and maps it. Pickled anywhere else (to a file, a
+    queue), it is a fresh flag: nothing shares memory with the reader."""
 
-    __slots__ = ("_byte",)
+    __slots__ = ("_byte", "_fd", "__weakref__")
 
-    def __init__(self) -> None:
-        self._byte = mmap.mmap(-1, 1)
+    # Bytes of the flag: set(slot) and said(slot) for a second warning of
+    # the same object (the flag itself is slot 0).
+    SLOTS = 2
+
+    def __init__(self, fd: int | None = None) -> None:
+        # A descriptor of its own, closed when the flag goes, so that the
+        # flag can be handed to a spawned process.
+        self._fd = -1
+        if fd is None:
+            fd = os.memfd_create("shmcache-warned", os.MFD_CLOEXEC)
+            os.ftruncate(fd, self.SLOTS)
+        self._fd = fd
+        self._byte = mmap.mmap(fd, self.SLOTS)
+
+    def __del__(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __bool__(self) -> bool:
         return self._byte[0] != 0
 
-    def set(self) -> None:
-        self._byte[0] = 1
+    def said(self, slot: int) -> bool:
+        return self._byte[slot] != 0
 
-    def __reduce__(self) -> tuple[type[WarnedFlag], tuple[()]]:
-        return WarnedFlag, ()
+    def set(self, slot: int = 0) -> None:
+        self._byte[slot] = 1
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        popen = multiprocessing.context.get_spawning_popen()
+        if popen is None:
+            return WarnedFlag, ()
+        # Being pickled to start a process (spawn, forkserver): the child
+        # gets a copy of the descriptor, as multiprocessing hands one over.
+        return _shared_flag, (popen.DupFd(popen.duplicate_for_child(self._fd)),)
+
+
+def _shared_flag(dup: Any) -> WarnedFlag:
+    """The WarnedFlag of the process that started this one (__reduce__)."""
+    return WarnedFlag(dup.detach())

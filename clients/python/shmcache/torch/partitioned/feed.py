@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import CacheWarning
+from ..._user_line import user_line, warn
 from ..batch_source import BatchReport, batch_ids
 from .window_rows import PartitionedRows
 
@@ -94,6 +94,9 @@ class WindowFeed:
         self.window = window
         self.epoch = epoch
         self._fill = fill
+        # The user's line that started the epoch (the loop over the loader):
+        # what a warning of the exchange thread names.
+        self._origin = user_line()
         self._batches: Iterator[Any] = iter(())
         self._cond = threading.Condition()
         self._items: deque[Any] = deque()
@@ -182,10 +185,9 @@ class WindowFeed:
                 if handed:
                     self._error = e
             if not handed:   # nobody will take it: said once, here
-                warnings.warn(f"shmcache: PartitionedLoader's closing exchange round "
-                              f"failed ({type(e).__name__}: {e}); a rank is gone or "
-                              f"out of step, and the next epoch will fail",
-                              CacheWarning, stacklevel=1)
+                warn(f"shmcache: PartitionedLoader's closing exchange round failed "
+                     f"({type(e).__name__}: {e}); a rank is gone or out of step, and "
+                     f"the next epoch will fail", CacheWarning, self._origin)
 
     def _windows(self) -> None:
         ex = self.rows.exchange
