@@ -22,6 +22,18 @@ SpillKey::SpillKey(uint32_t cache_id, uint64_t row_id) {
   PutBigEndian(bytes + 4, row_id, 8);
 }
 
+// The index names each data block's first key too: a reader's iterator
+// seek (lib/spill_reader.cc, for large rows) then loads only the block that
+// holds the key, not the first block at or after it in every level-0 file
+// (each of which spans to the flush marker, daemon/spill_store.cc, at the
+// end of the key space): at 1 MB rows that was 0.45 more checksummed blocks
+// per row read.
+static rocksdb::BlockBasedTableOptions SpillTableOptions() {
+  rocksdb::BlockBasedTableOptions t;
+  t.index_type = rocksdb::BlockBasedTableOptions::kBinarySearchWithFirstKey;
+  return t;
+}
+
 rocksdb::Options SpillDbOptions() {
   rocksdb::Options o;
   o.compression = rocksdb::kNoCompression;
@@ -39,13 +51,14 @@ rocksdb::Options SpillDbOptions() {
   // reader process does not have.
   o.stats_dump_period_sec = 0;
   o.stats_persist_period_sec = 0;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(SpillTableOptions()));
   return o;
 }
 
 rocksdb::Options SpillReaderOptions() {
   rocksdb::Options o = SpillDbOptions();
   o.allow_mmap_reads = true;
-  rocksdb::BlockBasedTableOptions t;
+  rocksdb::BlockBasedTableOptions t = SpillTableOptions();
   t.no_block_cache = true;
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
   return o;

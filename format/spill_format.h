@@ -30,10 +30,10 @@ struct SpillKey {
 };
 
 // Rows are written once and read many times at random, many of them large
-// and already dense (tensors): RocksDB's defaults with no compression (why
-// not BlobDB or a larger block cache: spill_format.cc and
-// docs/spill-reads.md). The benchmarks' RocksDB peer
-// (benchmarks/bench_rocksdb.cc) runs with these options too.
+// and already dense (tensors): RocksDB's defaults with no compression and
+// an index that names each block's first key (why not BlobDB or a larger
+// block cache, and why the index: spill_format.cc and docs/spill-reads.md). The
+// benchmarks' RocksDB peer (benchmarks/bench_rocksdb.cc) runs with these options too.
 rocksdb::Options SpillDbOptions();
 
 // What a client's reader (lib/spill_reader.h) opens the database with:

@@ -8,6 +8,7 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <rocksdb/iterator.h>
 
 #include "format/spill_format.h"
 #include "lib/fork_safety.h"
@@ -178,6 +179,23 @@ void SpillReader::MultiGet(
     // for a row this view lacks.
     CatchUpUnlessWithin(kRefreshIntervalMs);
   }
+  size_t bytes = 0;
+  if (large_rows_.load(std::memory_order_relaxed)) {
+    bytes = ReadBySeek(cache_id, ids, found, got);
+  } else {
+    bytes = ReadByMultiGet(cache_id, ids, found, got);
+  }
+  size_t read = 0;
+  for (bool g : got) read += g ? 1 : 0;
+  if (read > 0)
+    large_rows_.store(bytes / read >= kSeekRowBytes, std::memory_order_relaxed);
+}
+
+size_t SpillReader::ReadByMultiGet(
+    uint32_t cache_id, std::span<const uint64_t> ids,
+    const std::function<void(size_t, std::span<const std::byte>)>& found,
+    std::span<bool> got) {
+  size_t bytes = 0;
   ValueBuffers& buffers = TheValueBuffers();
   // Released however the call ends (`found` may throw): no pin may wait in
   // the thread's buffers for a later call, or outlive the database.
@@ -204,9 +222,41 @@ void SpillReader::MultiGet(
       if (statuses[k].ok()) {
         found(base + k, std::span(reinterpret_cast<const std::byte*>(values[k].data()),
                                   values[k].size()));
+        bytes += values[k].size();
       }
     }
   }
+  return bytes;
+}
+
+// Large rows. With no block cache, MultiGet copies each value out of the
+// mapped table file into its PinnableSlice's string (RocksDB pins a value
+// only in a cached block), and the caller copies it again into the row: at
+// 1 MB, the two copies were 62% of a GetBatch's samples, the block's
+// checksum 8% (perf, docs/spill-reads.md). An iterator's value is a slice
+// of the block itself, here the mapped file: the row is copied once. Each
+// Seek searches every level where MultiGet stops at the first that has
+// the key, a cost that only rows far larger than a key are worth.
+size_t SpillReader::ReadBySeek(
+    uint32_t cache_id, std::span<const uint64_t> ids,
+    const std::function<void(size_t, std::span<const std::byte>)>& found,
+    std::span<bool> got) {
+  // Every level-0 file spans to the daemon's flush marker: a seek positions
+  // each of them, and the spill tables' first-key index (spill_format.cc)
+  // keeps those not holding the key from reading their block.
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  size_t bytes = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const SpillKey key(cache_id, ids[k]);
+    it->Seek(key.slice());
+    got[k] = it->Valid() && it->key() == key.slice();
+    if (got[k]) {
+      const rocksdb::Slice v = it->value();
+      found(k, std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()));
+      bytes += v.size();
+    }
+  }
+  return bytes;
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {

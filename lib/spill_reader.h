@@ -78,15 +78,30 @@ class SpillReader {
   // A thread's MultiGet keeps the buffers RocksDB copies values into from
   // call to call, each up to this size (spill_reader.cc says why).
   static constexpr size_t kKeptValueBytes = 16 << 10;
+  // Once the rows a call read averaged this size or more, the next calls
+  // read by iterator seeks (their values point into the mapped table file)
+  // instead of MultiGet (which copies each value once more): see
+  // spill_reader.cc.
+  static constexpr size_t kSeekRowBytes = 64 << 10;
 
  private:
   SpillReader() = default;
   CatchUp CatchUpUnlessWithin(int64_t interval_ms);
+  // MultiGet's two ways; each returns the bytes of the rows it found.
+  size_t ReadByMultiGet(
+      uint32_t cache_id, std::span<const uint64_t> ids,
+      const std::function<void(size_t, std::span<const std::byte>)>& found,
+      std::span<bool> got);
+  size_t ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids,
+                    const std::function<void(size_t, std::span<const std::byte>)>& found,
+                    std::span<bool> got);
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
   std::atomic<bool> catching_up_{false};
   std::atomic<int64_t> last_catch_up_ms_{0};
+  // The last call's rows averaged kSeekRowBytes or more.
+  std::atomic<bool> large_rows_{false};
 };
 
 }  // namespace shmcache

@@ -4,12 +4,17 @@
 // value it cannot pin, and with no block cache it pins none), rows over the
 // kept size are read whole as well, and a kept buffer never shows a former
 // row's bytes: rows of other sizes, ids asked twice and ids that are not
-// there, in one batch, each read right.
+// there, in one batch, each read right. Large rows are read in place from
+// the mapped table files (no buffer per row either), and an id between two
+// rows, past the last, or another cache's is not found.
 #include "lib/spill_reader.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <new>
 #include <span>
@@ -23,6 +28,7 @@
 #include "format/spill_format.h"
 #include "tests/support/files.h"
 #include "tests/support/sanitizer.h"
+#include "tests/support/wait_for.h"
 
 // Allocations through operator new made by the thread that counts (RocksDB
 // calls it for the strings it copies values into; its own background
@@ -59,6 +65,18 @@ std::string RowOf(uint64_t id, size_t bytes) {
   for (size_t i = 0; i < bytes; i += 8) row[i] = static_cast<char>(id * 31 + i / 8);
   row[bytes - 1] = static_cast<char>(id);
   return row;
+}
+
+// Whether p lies in a mapping of one of the database's table files.
+bool InTableFileMapping(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) != 2) continue;
+    if (a >= lo && a < hi) return line.ends_with(".sst");
+  }
+  return false;
 }
 
 class SpillReaderTest : public ::testing::Test {
@@ -131,7 +149,8 @@ TEST_F(SpillReaderTest, RereadingSmallRowsAllocatesNoBufferPerRow) {
   uint64_t counted = 0;
   for (int call = 0; call <= kCalls; ++call) {
     // Spread over the whole range: table files and the memtable.
-    for (size_t k = 0; k < kBatch; ++k) ids[k] = (call * 7919 + k * (n / kBatch)) % n;
+    for (size_t k = 0; k < kBatch; ++k)
+      ids[k] = (static_cast<uint64_t>(call) * 7919 + k * (n / kBatch)) % n;
     allocations = 0;
     counting = call > 0;  // the first call makes the thread's buffers
     Read(ids, size, &whole, &found);
@@ -172,7 +191,7 @@ TEST_F(SpillReaderTest, KeptBuffersNeverShowAFormerRowsBytes) {
     for (size_t k = 0; k < 2 * kBatch + 9; ++k) {
       if (k % 11 == 3) ids.push_back(kRows + 1000 + k);                 // not there
       else if (k % 13 == 5 && !ids.empty()) ids.push_back(ids[k / 2]);  // again
-      else ids.push_back((round * 37 + k * 5 + round * k) % kRows);
+      else ids.push_back((static_cast<uint64_t>(round) * 37 + k * 5 + round * k) % kRows);
     }
     Read(ids, size, &whole, &found);
     for (size_t k = 0; k < ids.size(); ++k) {
@@ -183,6 +202,64 @@ TEST_F(SpillReaderTest, KeptBuffersNeverShowAFormerRowsBytes) {
       ASSERT_TRUE(found[k]) << "row " << ids[k] << ", round " << round;
       EXPECT_TRUE(whole[k]) << "row " << ids[k] << " (" << size(ids[k])
                             << " bytes) not read back whole, round " << round;
+    }
+  }
+}
+
+TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
+  // Rows of twice the size from which the reader seeks, even ids only, in
+  // more than one table file. A row of another cache after them.
+  const auto size = [](uint64_t) { return SpillReader::kSeekRowBytes * 2; };
+  const uint64_t n = 2 * ((store_->memtables().bytes + 4 * kMB) / size(0));
+  for (uint64_t id = 0; id < n; id += 2) WriteRows(id, 1, size);
+  {
+    rocksdb::WriteBatch other;
+    SpillKey k(kCache + 1, 1);
+    ASSERT_TRUE(other.Put(k.slice(), RowOf(1, size(1))).ok());
+    ASSERT_TRUE(store_->Write(&other, size(1)).ok());
+  }
+  OpenReader();
+  // The store flushes once writes stop; the reader, catching up, then
+  // holds no row in its own memtable (only the store's flush marker):
+  // every row is in a table file.
+  ASSERT_TRUE(test::WaitFor([&] {
+    reader_->MaybeCatchUp();
+    return reader_->MemtableRows() <= 1;
+  })) << reader_->MemtableRows()
+      << " rows still in the reader's memtables";
+  std::vector<uint64_t> ids(kBatch);
+  for (int call = 0; call < 4; ++call) {
+    // Rows there, ids between two rows (odd), ids past the last row (where
+    // a seek lands on the other cache's row).
+    for (size_t k = 0; k < kBatch; ++k)
+      ids[k] = (static_cast<uint64_t>(call) * 7919 + k * (n / kBatch)) % n;
+    ids[5] = 1;
+    ids[9] = n + 1;
+    ids[17] = n + 2;
+    std::vector<bool> whole(kBatch, false), in_place(kBatch, false);
+    std::unique_ptr<bool[]> got(new bool[kBatch]());
+    reader_->MultiGet(
+        kCache, ids,
+        [&](size_t i, std::span<const std::byte> bytes) {
+          const std::string want = RowOf(ids[i], size(ids[i]));
+          whole[i] = bytes.size() == want.size() &&
+                     std::equal(bytes.begin(), bytes.end(),
+                                reinterpret_cast<const std::byte*>(want.data()));
+          in_place[i] = InTableFileMapping(bytes.data());
+        },
+        std::span(got.get(), kBatch));
+    for (size_t k = 0; k < kBatch; ++k) {
+      if (ids[k] % 2 == 1 || ids[k] >= n) {
+        EXPECT_FALSE(got[k]) << "id " << ids[k] << " was never written to this cache";
+        continue;
+      }
+      ASSERT_TRUE(got[k]) << "row " << ids[k] << ", call " << call;
+      ASSERT_TRUE(whole[k]) << "row " << ids[k] << " not read back whole, call " << call;
+      // The first call learns the rows' size; the later ones read in place.
+      if (call > 0) {
+        EXPECT_TRUE(in_place[k])
+            << "row " << ids[k] << " was copied out of the table file";
+      }
     }
   }
 }
