@@ -20,7 +20,17 @@ namespace {
 // numbers are skipped in order, and the next call goes on past them.
 constexpr uint32_t kSegmentNameTries = 1024;
 
-double Megabytes(uint64_t n) { return static_cast<double>(n) / (1 << 20); }
+// `n` bytes as a user reads them: in MB, or in KB or bytes where MB would
+// show a size that is not nothing as "0.0 MB". Tenths rounded down: a
+// row of the most a cache can take, as written, still fits.
+std::string SizeText(uint64_t n) {
+  const auto tenths = [n](uint64_t unit) { return n * 10 / unit; };
+  if (n >= (1u << 20))
+    return fmt::format("{}.{} MB", tenths(1 << 20) / 10, tenths(1 << 20) % 10);
+  if (n >= (1u << 10))
+    return fmt::format("{}.{} KB", tenths(1 << 10) / 10, tenths(1 << 10) % 10);
+  return fmt::format("{} bytes", n);
+}
 
 // if/return, not ?: (clang-analyzer reads a Status out of ?: as a leak).
 Status FullStatus(const std::string& msg, bool by_cap) {
@@ -158,14 +168,16 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   }
   if (seg == nullptr) seg = filling;
   if (seg == nullptr) {
-    // What is left of the open segments does not hold this row: left, as
-    // the rest of a segment always was.
-    std::erase_if(open_[n], [&](uint32_t no) {
-      const Segment& s = segments_.at(no);
-      return s.size - s.carved < want;
-    });
     Status s = NewSegment(node, want, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
+    // What is left of the open segments does not hold this row: left, as
+    // the rest of a segment always was, once a new one takes the rows.
+    // Not before: a row that gets none (TooLarge) leaves those rests to
+    // the smaller rows they still hold.
+    std::erase_if(open_[n], [&](uint32_t no) {
+      const Segment& o = segments_.at(no);
+      return o.size - o.carved < want;
+    });
   }
   const uint64_t size = ChunkSize(*seg, need);
   // Only supplied pages are handed out (see SegmentJob).
@@ -570,18 +582,17 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
     // one big row would waste it; the first of them that finds none makes
     // the cache full.
     std::string where =
-        room < left
-            ? fmt::format("{:.1f} MB are left under the server's memory cap of {} MB",
-                          Megabytes(room), account.cap >> 20)
-            : fmt::format("{:.1f} MB of its budget of {} MB are left for new segments",
-                          Megabytes(room), budget_bytes_ >> 20);
+        room < left ? fmt::format("{} are left under the server's memory cap of {} MB",
+                                  SizeText(room), account.cap >> 20)
+                    : fmt::format("{} of its budget of {} MB are left for new segments",
+                                  SizeText(room), budget_bytes_ >> 20);
     return Status::TooLarge(fmt::format(
-        "a row of {:.1f} MB does not fit in cache {}: the most one row can take in it "
-        "now is {:.1f} MB (its memory is made in segments: {}); it is not cached, "
+        "a row of {} does not fit in cache {}: the most one row can take in it "
+        "now is {} (its memory is made in segments: {}); it is not cached, "
         "smaller rows still are; to cache rows this large, open the cache with a "
         "larger size_mb",
-        Megabytes(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_,
-        Megabytes(largest), where));
+        SizeText(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, SizeText(largest),
+        where));
   }
   if (left < min_bytes) {
     return MemoryUsedUp(
@@ -594,18 +605,21 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
 
 uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room) const {
   const size_t n = static_cast<size_t>(node);
-  uint64_t chunk = room > layout::kSegmentHeaderSize
-                       ? (room - layout::kSegmentHeaderSize) / layout::kSegmentGrain *
-                             layout::kSegmentGrain
-                       : 0;
+  // A segment of `bytes` holds the chunks that SegmentBytesFor fits in it:
+  // its whole grains less its header.
+  const auto in_segment = [](uint64_t bytes) -> uint64_t {
+    const uint64_t whole = bytes / layout::kSegmentGrain * layout::kSegmentGrain;
+    return whole > layout::kSegmentHeaderSize ? whole - layout::kSegmentHeaderSize : 0;
+  };
+  uint64_t chunk = in_segment(room / kPageBytes * kPageBytes);
   for (const Tail& t : tails_[n]) chunk = std::max(chunk, t.size);
   for (uint32_t no : open_[n]) {
     const Segment& seg = segments_.at(no);
     chunk = std::max(chunk, seg.size - seg.carved);
   }
-  for (const Prepared& p : prepared_[n]) {
-    chunk = std::max(chunk, p.size - layout::kSegmentHeaderSize);
-  }
+  for (const Prepared& p : prepared_[n]) chunk = std::max(chunk, in_segment(p.size));
+  // ChunkBytesFor's whole cache lines, the header among them.
+  chunk = chunk / layout::kCacheLine * layout::kCacheLine;
   return chunk > sizeof(layout::ChunkHeader) ? chunk - sizeof(layout::ChunkHeader) : 0;
 }
 

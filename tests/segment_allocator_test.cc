@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "daemon/cache_state.h"
@@ -18,6 +19,8 @@
 
 namespace shmcache {
 namespace {
+
+constexpr uint64_t kKB = 1 << 10;
 
 TEST_F(CacheStateTest, LeasedChunksAreFormattedAndDisjoint) {
   Create(64 * kMB);
@@ -154,7 +157,7 @@ TEST_F(CacheStateTest, RecycledTailTooSmallIsSkipped) {
   Create(64 * kMB);
   ChunkLease a;
   ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
-  uint64_t tail_bytes = 64 * 1024;
+  uint64_t tail_bytes = 64 * kKB;
   Chunk(a)->used.store(a.size - tail_bytes);
   cache_->Return(1, a.seg_no, a.offset);
   ChunkLease big;
@@ -222,7 +225,8 @@ TEST_F(CacheStateTest, CarveMarksLieOnPageBoundaries) {
 
 TEST(SegmentAllocatorChunkSize, IsWholeRowsUpToTheChunkSizeAndOneRowPastIt) {
   const uint64_t header = sizeof(layout::ChunkHeader);
-  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(602176), layout::ChunkBytesFor(6 * 602176));
+  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(602176),
+            layout::ChunkBytesFor(6 * uint64_t{602176}));
   EXPECT_EQ(
       SegmentAllocator::ChunkSizeFor(3072),
       layout::ChunkBytesFor((SegmentAllocator::kChunkBytes - header) / 3072 * 3072));
@@ -248,7 +252,7 @@ TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
   int n = 0;
   for (; n < 100; ++n) {
     ChunkLease l;
-    s = Lease(1, 0, 256 * 1024, &l);
+    s = Lease(1, 0, 256 * kKB, &l);
     if (!s.ok()) break;
     leased += l.size;
   }
@@ -275,7 +279,7 @@ TEST_F(CacheStateTest, ServerCapUsedUpMeansFull) {
   Status s;
   for (int n = 0; n < 100 && s.ok(); ++n) {
     ChunkLease l;
-    s = Lease(1, 0, 512 * 1024, &l);
+    s = Lease(1, 0, 512 * kKB, &l);
   }
   ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_NE(s.message().find("cap"), std::string::npos) << s.ToString();
@@ -308,13 +312,13 @@ TEST_F(CacheStateTest, CacheTheCapMadeFullTakesRowsAgainWhenTheCapFrees) {
   account_.cap = account_.used + 6 * kMB;
   Status s;
   ChunkLease l;
-  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * kKB, &l);
   ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_FALSE(cache_->ResumeIfCapAllows(account_)) << "nothing was freed";
   account_.cap += 8 * kMB;  // as when another session's memory is released
   EXPECT_TRUE(cache_->ResumeIfCapAllows(account_));
   EXPECT_FALSE(cache_->Stats().full);
-  EXPECT_TRUE(Lease(1, 0, 512 * 1024, &l).ok());
+  EXPECT_TRUE(Lease(1, 0, 512 * kKB, &l).ok());
   account_.cap = 256 * kMB;
 }
 
@@ -322,7 +326,7 @@ TEST_F(CacheStateTest, CacheItsBudgetMadeFullStaysFull) {
   Create(4 * kMB);
   Status s;
   ChunkLease l;
-  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * kKB, &l);
   ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_FALSE(cache_->ResumeIfCapAllows(account_));
   EXPECT_TRUE(cache_->Stats().full);
@@ -667,7 +671,7 @@ TEST_F(SegmentAllocatorTest, AdoptedSegmentsOpenBesideTheLastKeepTheirRestsInUse
   ChunkLease l;
   uint64_t from_1 = 0;
   for (int i = 0; i < 64; ++i) {
-    ASSERT_TRUE(adopter.Lease(1, 0, 100 * 1024, &account_, &l).ok());
+    ASSERT_TRUE(adopter.Lease(1, 0, 100 * kKB, &account_, &l).ok());
     EXPECT_NE(l.seg_no, 0u) << "a rest that holds no chunk is left";
     if (l.seg_no != 1) break;
     EXPECT_EQ(l.offset, carved[1] + from_1);
@@ -677,6 +681,69 @@ TEST_F(SegmentAllocatorTest, AdoptedSegmentsOpenBesideTheLastKeepTheirRestsInUse
   EXPECT_EQ(l.seg_no, 2u);
   EXPECT_EQ(l.offset, carved[2]);
   adopter.Release(nullptr);
+}
+
+// ---- A row no room left holds: TooLarge while rows of the size the cache
+// took still fit (its writers' counts in the header's stats), else Full.
+
+// Rows of `row_bytes` each, as the writers counted them.
+void CountRows(layout::CacheHeader* header, uint64_t rows, uint64_t row_bytes) {
+  header->stats[0].rows.store(rows);
+  header->stats[0].bytes.store(rows * row_bytes);
+}
+
+// Releases an allocator's segments however its test ends.
+struct ReleasedAtEnd {
+  SegmentAllocator* alloc;
+  ~ReleasedAtEnd() { alloc->Release(nullptr); }
+};
+
+// The budget (4 MB) is one segment, leased whole to one chunk, whose rows
+// left 20 KB unused: given back, that tail is all the room a row has. The
+// most one row can take (the tail less its chunk header) is named as it is,
+// not as '0.0 MB'.
+TEST_F(SegmentAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 4 * kMB);
+  ReleasedAtEnd released{&alloc};
+  ChunkLease l;
+  ASSERT_TRUE(alloc.Lease(1, 0, 1000, &account_, &l).ok());
+  Chunk(l)->used.store(l.size - 20 * kKB);
+  alloc.Return(1, l.seg_no, l.offset);
+  CountRows(header_.get(), 100, 1000);
+  Status s = alloc.Lease(2, 0, 100 * kKB, &account_, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("a row of 100.0 KB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("the most one row can take in it now is 19.9 KB"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find("0.0 MB"), std::string::npos) << s.message();
+  ASSERT_TRUE(alloc.Lease(2, 0, 1000, &account_, &l).ok()) << "the tail holds rows";
+}
+
+// A 4 MB budget in one segment whose first chunk (two 1.5 MB rows) left
+// about 1 MB uncarved. A 2 MB row finds no room; the 100 KB rows the cache
+// took still fit in that rest: TooLarge, and the rest still takes them (it
+// was dropped from the open segments first, so the cache was Full).
+TEST_F(SegmentAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerRows) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 4 * kMB);
+  ReleasedAtEnd released{&alloc};
+  ChunkLease l;
+  ASSERT_TRUE(alloc.Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  const uint64_t rest = alloc.data_bytes() - (l.offset + l.size);
+  ASSERT_GE(rest, 512 * 1024u) << "the segment has room left past the chunk";
+  CountRows(header_.get(), 10, 100 * kKB);
+  Status s = alloc.Lease(1, 0, 2 * kMB, &account_, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  const uint64_t tenths = (rest - sizeof(layout::ChunkHeader)) * 10 / 1024;
+  EXPECT_NE(
+      s.message().find(fmt::format("the most one row can take in it now is {}.{} KB",
+                                   tenths / 10, tenths % 10)),
+      std::string::npos)
+      << s.message();
+  EXPECT_FALSE(header_->state.load() & layout::kStateFull);
+  EXPECT_TRUE(alloc.Lease(2, 0, 100 * kKB, &account_, &l).ok());
 }
 
 }  // namespace
