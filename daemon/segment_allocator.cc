@@ -573,10 +573,13 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
   const uint64_t largest = LargestRowNow(node, room);
-  // The rows the writers counted so far (none: this one is all we know).
+  // The rows the writers counted so far. None counted says nothing of
+  // their size (a writer counts once per window of rows, and before its
+  // next lease: another's first row finds the rows of a batch in flight
+  // uncounted): any room a row still has is room enough.
   const CacheStats cached = ReadCacheStats(*header_, true);
   if (room >= layout::kMinSegmentBytes ||
-      (cached.mem_rows > 0 && largest > 0 && largest >= cached.avg_row_bytes())) {
+      (largest > 0 && (cached.mem_rows == 0 || largest >= cached.avg_row_bytes()))) {
     // Room for ordinary rows is left: a new segment, or room where a row
     // of the size the cache took so far still fits. Refusing them all for
     // one big row would waste it; the first of them that finds none makes

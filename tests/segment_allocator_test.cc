@@ -297,11 +297,15 @@ TEST_F(CacheStateTest, RowLargerThanWhatIsLeftIsTooLargeAndTheCacheStaysOpen) {
   EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
   EXPECT_FALSE(cache_->Stats().full);
   EXPECT_TRUE(Lease(2, 0, 1000, &l).ok()) << "other rows still fit";
-  // Rows that use up the budget make it full, as ever.
+  // Rows that use up the budget make it full, as ever: 5 MB ones until
+  // none fits (each then refused alone while the rows of the cache's
+  // average size still fit), then the small ones until they fill it.
   for (int n = 0; n < 100; ++n) {
     s = Lease(1, 0, 5 * kMB, &l);
     if (!s.ok()) break;
   }
+  EXPECT_TRUE(s.IsTooLarge()) << s.ToString();
+  s = LeaseUntilRefused(1000);
   EXPECT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_TRUE(cache_->Stats().full);
   EXPECT_LE(account_.used, cache_->reserved_bytes());
@@ -744,6 +748,28 @@ TEST_F(SegmentAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmaller
       << s.message();
   EXPECT_FALSE(header_->state.load() & layout::kStateFull);
   EXPECT_TRUE(alloc.Lease(2, 0, 100 * kKB, &account_, &l).ok());
+}
+
+// No row counted yet (a writer counts once per window of rows, or before
+// its next lease: the rows of another's batch in flight are not): a row
+// that finds no room where a smaller one would is refused alone, not what
+// makes the cache refuse every row after it. A cache whose rows leave no
+// room at all is full all the same.
+TEST_F(SegmentAllocatorTest, ARowTooLargeBeforeAnyRowWasCountedIsTooLargeNotFull) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 4 * kMB);
+  ReleasedAtEnd released{&alloc};
+  ChunkLease l;
+  ASSERT_TRUE(alloc.Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  Status s = alloc.Lease(2, 0, 2 * kMB, &account_, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_FALSE(header_->state.load() & layout::kStateFull);
+  EXPECT_TRUE(alloc.Lease(2, 0, 100 * kKB, &account_, &l).ok());
+  Status full;
+  for (int i = 0; i < 100 && full.ok(); ++i) {
+    full = alloc.Lease(2, 0, 100 * kKB, &account_, &l);
+  }
+  EXPECT_TRUE(full.IsFull()) << full.ToString();
 }
 
 }  // namespace
