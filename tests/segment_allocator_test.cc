@@ -345,7 +345,7 @@ class SegmentAllocatorTest : public CacheStateTest {
     CacheStateTest::SetUp();
     header_ = std::make_unique<layout::CacheHeader>();
     alloc_ = std::make_unique<SegmentAllocator>(paths_, kCacheId, 1, /*log=*/nullptr);
-    alloc_->Attach(header_.get(), kLabel, 8 * kMB);
+    alloc_->Attach(header_.get(), kLabel, budget_);
   }
   void TearDown() override {
     alloc_->Release(nullptr);
@@ -355,6 +355,7 @@ class SegmentAllocatorTest : public CacheStateTest {
   }
 
   static constexpr const char* kLabel = "cache 5 (session 77, 'train')";
+  uint64_t budget_ = 8 * kMB;  // alloc_'s, set before SetUp
   std::unique_ptr<layout::CacheHeader> header_;
   std::unique_ptr<SegmentAllocator> alloc_;
 };
@@ -696,49 +697,43 @@ void CountRows(layout::CacheHeader* header, uint64_t rows, uint64_t row_bytes) {
   header->stats[0].bytes.store(rows * row_bytes);
 }
 
-// Releases an allocator's segments however its test ends.
-struct ReleasedAtEnd {
-  SegmentAllocator* alloc;
-  ~ReleasedAtEnd() { alloc->Release(nullptr); }
+// A cache of 4 MB: its whole budget is one segment.
+class FourMBAllocatorTest : public SegmentAllocatorTest {
+ protected:
+  FourMBAllocatorTest() { budget_ = 4 * kMB; }
 };
 
 // The budget (4 MB) is one segment, leased whole to one chunk, whose rows
 // left 20 KB unused: given back, that tail is all the room a row has. The
 // most one row can take (the tail less its chunk header) is named as it is,
 // not as '0.0 MB'.
-TEST_F(SegmentAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway) {
-  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
-  alloc.Attach(header_.get(), kLabel, 4 * kMB);
-  ReleasedAtEnd released{&alloc};
+TEST_F(FourMBAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway) {
   ChunkLease l;
-  ASSERT_TRUE(alloc.Lease(1, 0, 1000, &account_, &l).ok());
+  ASSERT_TRUE(alloc_->Lease(1, 0, 1000, &account_, &l).ok());
   Chunk(l)->used.store(l.size - 20 * kKB);
-  alloc.Return(1, l.seg_no, l.offset);
+  alloc_->Return(1, l.seg_no, l.offset);
   CountRows(header_.get(), 100, 1000);
-  Status s = alloc.Lease(2, 0, 100 * kKB, &account_, &l);
+  Status s = alloc_->Lease(2, 0, 100 * kKB, &account_, &l);
   ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
   EXPECT_NE(s.message().find("a row of 100.0 KB"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("the most one row can take in it now is 19.9 KB"),
             std::string::npos)
       << s.message();
   EXPECT_EQ(s.message().find("0.0 MB"), std::string::npos) << s.message();
-  ASSERT_TRUE(alloc.Lease(2, 0, 1000, &account_, &l).ok()) << "the tail holds rows";
+  ASSERT_TRUE(alloc_->Lease(2, 0, 1000, &account_, &l).ok()) << "the tail holds rows";
 }
 
 // A 4 MB budget in one segment whose first chunk (two 1.5 MB rows) left
 // about 1 MB uncarved. A 2 MB row finds no room; the 100 KB rows the cache
 // took still fit in that rest: TooLarge, and the rest still takes them (it
 // was dropped from the open segments first, so the cache was Full).
-TEST_F(SegmentAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerRows) {
-  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
-  alloc.Attach(header_.get(), kLabel, 4 * kMB);
-  ReleasedAtEnd released{&alloc};
+TEST_F(FourMBAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerRows) {
   ChunkLease l;
-  ASSERT_TRUE(alloc.Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
-  const uint64_t rest = alloc.data_bytes() - (l.offset + l.size);
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  const uint64_t rest = alloc_->data_bytes() - (l.offset + l.size);
   ASSERT_GE(rest, 512 * 1024u) << "the segment has room left past the chunk";
   CountRows(header_.get(), 10, 100 * kKB);
-  Status s = alloc.Lease(1, 0, 2 * kMB, &account_, &l);
+  Status s = alloc_->Lease(1, 0, 2 * kMB, &account_, &l);
   ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
   const uint64_t tenths = (rest - sizeof(layout::ChunkHeader)) * 10 / 1024;
   EXPECT_NE(
@@ -747,7 +742,7 @@ TEST_F(SegmentAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmaller
       std::string::npos)
       << s.message();
   EXPECT_FALSE(header_->state.load() & layout::kStateFull);
-  EXPECT_TRUE(alloc.Lease(2, 0, 100 * kKB, &account_, &l).ok());
+  EXPECT_TRUE(alloc_->Lease(2, 0, 100 * kKB, &account_, &l).ok());
 }
 
 // No row counted yet (a writer counts once per window of rows, or before
@@ -755,19 +750,16 @@ TEST_F(SegmentAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmaller
 // that finds no room where a smaller one would is refused alone, not what
 // makes the cache refuse every row after it. A cache whose rows leave no
 // room at all is full all the same.
-TEST_F(SegmentAllocatorTest, ARowTooLargeBeforeAnyRowWasCountedIsTooLargeNotFull) {
-  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
-  alloc.Attach(header_.get(), kLabel, 4 * kMB);
-  ReleasedAtEnd released{&alloc};
+TEST_F(FourMBAllocatorTest, ARowTooLargeBeforeAnyRowWasCountedIsTooLargeNotFull) {
   ChunkLease l;
-  ASSERT_TRUE(alloc.Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
-  Status s = alloc.Lease(2, 0, 2 * kMB, &account_, &l);
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  Status s = alloc_->Lease(2, 0, 2 * kMB, &account_, &l);
   ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
   EXPECT_FALSE(header_->state.load() & layout::kStateFull);
-  EXPECT_TRUE(alloc.Lease(2, 0, 100 * kKB, &account_, &l).ok());
+  EXPECT_TRUE(alloc_->Lease(2, 0, 100 * kKB, &account_, &l).ok());
   Status full;
   for (int i = 0; i < 100 && full.ok(); ++i) {
-    full = alloc.Lease(2, 0, 100 * kKB, &account_, &l);
+    full = alloc_->Lease(2, 0, 100 * kKB, &account_, &l);
   }
   EXPECT_TRUE(full.IsFull()) << full.ToString();
 }
