@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -20,16 +22,26 @@ namespace {
 // numbers are skipped in order, and the next call goes on past them.
 constexpr uint32_t kSegmentNameTries = 1024;
 
-// `n` bytes as a user reads them: in MB, or in KB or bytes where MB would
-// show a size that is not nothing as "0.0 MB". Tenths rounded down: a
-// row of the most a cache can take, as written, still fits.
+// A size for a message: MB to a tenth from 1 MB up, KB below, bytes below
+// that (room of a few KB never reads as "0.0 MB").
 std::string SizeText(uint64_t n) {
-  const auto tenths = [n](uint64_t unit) { return n * 10 / unit; };
-  if (n >= (1u << 20))
-    return fmt::format("{}.{} MB", tenths(1 << 20) / 10, tenths(1 << 20) % 10);
-  if (n >= (1u << 10))
-    return fmt::format("{}.{} KB", tenths(1 << 10) / 10, tenths(1 << 10) % 10);
+  if (n >= (uint64_t{1} << 20)) {
+    return fmt::format("{:.1f} MB", static_cast<double>(n) / (1 << 20));
+  }
+  if (n >= 1024) return fmt::format("{} KB", (n + 512) / 1024);
   return fmt::format("{} bytes", n);
+}
+
+// A refused row's size and the most a row can take (less), said so that
+// the row never reads as no larger: in KB, else in bytes, where the two
+// round to the same text.
+std::pair<std::string, std::string> RowAndMost(uint64_t row, uint64_t most) {
+  std::pair<std::string, std::string> said{SizeText(row), SizeText(most)};
+  if (said.first != said.second) return said;
+  if ((row + 1023) / 1024 > most / 1024) {
+    return {fmt::format("{} KB", (row + 1023) / 1024), fmt::format("{} KB", most / 1024)};
+  }
+  return {fmt::format("{} bytes", row), fmt::format("{} bytes", most)};
 }
 
 // if/return, not ?: (clang-analyzer reads a Status out of ?: as a leak).
@@ -585,17 +597,17 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
     // one big row would waste it; the first of them that finds none makes
     // the cache full.
     std::string where =
-        room < left ? fmt::format("{} are left under the server's memory cap of {} MB",
+        room < left ? fmt::format("{} left under the server's memory cap of {} MB",
                                   SizeText(room), account.cap >> 20)
-                    : fmt::format("{} of its budget of {} MB are left for new segments",
+                    : fmt::format("{} of its budget of {} MB left for new segments",
                                   SizeText(room), budget_bytes_ >> 20);
+    const auto [row, most] =
+        RowAndMost(chunk_bytes - sizeof(layout::ChunkHeader), largest);
     return Status::TooLarge(fmt::format(
-        "a row of {} does not fit in cache {}: the most one row can take in it "
-        "now is {} (its memory is made in segments: {}); it is not cached, "
-        "smaller rows still are; to cache rows this large, open the cache with a "
-        "larger size_mb",
-        SizeText(chunk_bytes - sizeof(layout::ChunkHeader)), cache_id_, SizeText(largest),
-        where));
+        "a row of {} does not fit in cache {}: the most one row can take in it now is "
+        "{} (its memory is made in segments: {}); it is not cached, smaller rows "
+        "still are; to cache rows this large, open the cache with a larger size_mb",
+        row, cache_id_, most, where));
   }
   if (left < min_bytes) {
     return MemoryUsedUp(

@@ -168,7 +168,7 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
     if (c->name() != name) continue;
     if (c->fingerprint() != fingerprint) {
       return Status::FingerprintMismatch(fmt::format(
-          "cache '{}' in session {} holds rows of another pipeline (fingerprint "
+          "cache '{}' in session {} holds rows of a different pipeline (fingerprint "
           "'{}', this one is '{}'); use another cache name or session",
           name, session_id, c->fingerprint(), fingerprint));
     }

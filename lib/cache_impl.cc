@@ -56,7 +56,11 @@ Status CacheImpl::Usable() const {
   if (closed_.load(std::memory_order_relaxed)) {
     return Status::InvalidArgument("cache is closed");
   }
-  return Status::NotFound(fmt::format("session {} was destroyed", session_id_));
+  // A stopping server destroys every cache as it goes (Store::Shutdown): the
+  // header cannot tell `shmcache -d` from `shmcache --stop`, so say both.
+  return Status::NotFound(fmt::format(
+      "session {} was destroyed (shmcache -d), or its server stopped (shmcache --stop)",
+      session_id_));
 }
 
 Status CacheImpl::GetStats(CacheStats* out) {

@@ -92,9 +92,15 @@ stop() {
   echo "cache.sh: stopped by SIG$1; stopping the ${#pids[@]} devices" >&2
   [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
   # A device that ignores SIGTERM (or hangs in its handler) must not keep
-  # cache.sh, and the job it belongs to, alive for good.
-  local deadline=$((SECONDS + stop_grace)) running k
-  while running=$(jobs -rp) && [ -n "$running" ] && ((SECONDS < deadline)); do
+  # cache.sh, and the job it belongs to, alive for good. The grace is
+  # counted in sleeps, so it is never shorter than said: $SECONDS ticks on
+  # whole seconds, and a deadline taken from it came anywhere from 0 to 1 s
+  # early (a device that was exiting was SIGKILLed and named); EPOCHREALTIME
+  # needs bash 5, and clusters still run 4.4.
+  local running i k
+  for ((i = 0; i < stop_grace * 10; i++)); do
+    running=$(jobs -rp)
+    [ -n "$running" ] || break
     sleep 0.1
   done
   running=" $(jobs -rp | tr '\n' ' ')"

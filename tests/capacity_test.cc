@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -198,10 +199,10 @@ TEST(CapacityTest, RowLargerThanTheBudgetIsRefusedAloneAndTheCacheGoesOn) {
 // refuses every later row), naming the most one row can take and the fix.
 // 16 MB: 8 MB are left for segments once the first two are made; 8 MB: all
 // of its budget is in two 4 MB segments (the one leased from and the one
-// made ahead). The most is rounded down: 8 MB less a segment header and a
-// chunk header is 7.9, not 8.0; 4 MB less them 3.9, not 4.0.
+// made ahead). The most is 8 MB (4 MB) less a segment header and a chunk
+// header: 8.0 (4.0) to a tenth.
 TEST(CapacityTest, RowLargerThanWhatIsLeftIsRefusedAloneUntilTheCacheIsFull) {
-  for (auto [size_mb, big_mb, most] : {std::tuple{16, 13, "7.9"}, {8, 5, "3.9"}}) {
+  for (auto [size_mb, big_mb, most] : {std::tuple{16, 13, "8.0"}, {8, 5, "4.0"}}) {
     SCOPED_TRACE(fmt::format("{} MB row into {} MB", big_mb, size_mb));
     TestServer server;
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -229,6 +230,35 @@ TEST(CapacityTest, RowLargerThanWhatIsLeftIsRefusedAloneUntilTheCacheIsFull) {
     EXPECT_LT(stored, rows);
     EXPECT_TRUE(cache->IsFull());
   }
+}
+
+// Near the end of a cache's memory the most one row can take is small: the
+// TooLarge message says it in KB (once "0.0 MB", which reads as "nothing";
+// a figure is what tells the user which rows still fit), and never as the
+// refused row's own size (once "a row of 1.0 MB does not fit: the most one
+// row can take is 1.0 MB"). A 1 MB row is tried after each small row,
+// until the cache is full.
+TEST(CapacityTest, TheMostOneRowCanTakeIsSaidInKBWhenItIsUnderAMegabyte) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  auto cache = OpenCache(server, server.NewSession(), 8, false);
+  std::vector<std::string> small;  // the messages naming less than 1 MB
+  for (uint64_t id = 0; id < 8 * kMB / kRowBytes && !cache->IsFull(); ++id) {
+    if (!PutBytes(cache.get(), 2 * id, kRowBytes).ok()) break;
+    Status s = PutBytes(cache.get(), 2 * id + 1, kMB);
+    if (!s.IsTooLarge()) continue;
+    EXPECT_EQ(s.message().find(" 0.0 MB"), std::string::npos) << s.message();
+    std::smatch m;
+    const std::string& msg = s.message();
+    // Never "a row of 1.0 MB does not fit ...: the most ... is 1.0 MB".
+    static const std::regex kBoth("a row of (.+) does not fit .* now is (.+) \\(its");
+    ASSERT_TRUE(std::regex_search(msg, m, kBoth)) << msg;
+    EXPECT_NE(m[1].str(), m[2].str()) << msg;
+    static const std::regex kMost("the most one row can take in it now is ([0-9]+) KB");
+    if (std::regex_search(msg, m, kMost)) small.push_back(msg);
+  }
+  EXPECT_FALSE(small.empty()) << "no TooLarge named less than 1 MB before the cache "
+                                 "was full";
 }
 
 // The other side: a cache of large rows is full once a row of their size no

@@ -65,13 +65,23 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
     std::string msg =
         fmt::format("no cache server is running on port {}; nothing to stop", port);
     if (r.runs_elsewhere) {
-      const std::string dir = r.other_run_dir.empty() ? "?" : r.other_run_dir;
       msg = fmt::format(
           "no cache server is running on port {} with run dir {}; nothing to stop. A "
-          "server of yours on port {} runs with run dir {} (process id {}): stop it "
-          "with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}'",
-          port, co.run_dir.empty() ? DefaultRunDir() : co.run_dir, port, dir,
-          r.other_pid > 0 ? std::to_string(r.other_pid) : "?", dir, port);
+          "server of yours on port {} ",
+          port, co.run_dir.empty() ? DefaultRunDir() : co.run_dir, port);
+      // Its run dir is written just after it takes the host lock: until
+      // then there is no command to give.
+      if (r.other_run_dir.empty()) {
+        msg +=
+            "is starting with another run dir (it has not written which yet): try "
+            "again in a moment";
+      } else {
+        msg += fmt::format(
+            "runs with run dir {} (process id {}): stop it with "
+            "'SHMCACHE_RUN_DIR={} shmcache --stop -p {}'",
+            r.other_run_dir, r.other_pid > 0 ? std::to_string(r.other_pid) : "?",
+            r.other_run_dir, port);
+      }
     } else if (r.left_files > 0) {
       msg += fmt::format(
           ", but one that ended without --stop left {} file{} ({:.1f} MB) in {}: "

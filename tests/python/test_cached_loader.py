@@ -282,6 +282,31 @@ def test_an_iterable_dataset_is_refused_saying_what_streams_it(server, session):
                                                 batch_size=3)] == [3, 2]
 
 
+def test_a_split_of_a_cached_dataset_is_refused_saying_how_to_load_it(server, session):
+    """random_split (a Subset) of a CachedDataset goes under DataLoader; a
+    CachedLoader reads rows by the CachedDataset's own index, so it refuses
+    the Subset when made, with or without cache= (which would have cached
+    the cached rows again, under the split's positions), naming the sampler
+    that loads the split: what the message asks for gives DataLoader's
+    samples of the split."""
+    cds = CachedDataset(Images(20, side=4), DatasetCache(session))
+    train, _ = torch.utils.data.random_split(
+        cds, [12, 8], generator=torch.Generator().manual_seed(0))
+    for make in (lambda: CachedLoader(train, batch_size=4),
+                 lambda: CachedLoader(train, cache=DatasetCache(session), batch_size=4)):
+        with pytest.raises(TypeError, match=r"Subset of a CachedDataset.*"
+                                            r"sampler=SubsetRandomSampler\(subset.indices\)"):
+            make()
+    sampler = torch.utils.data.SubsetRandomSampler(
+        train.indices, generator=torch.Generator().manual_seed(1))
+    got = list(CachedLoader(cds, batch_size=4, sampler=sampler))
+    sampler.generator.manual_seed(1)
+    want = list(DataLoader(cds, batch_size=4, sampler=sampler))
+    assert_same_batches(got, want)
+    assert sorted(int(y) for b in got for y in b[1]) == sorted(
+        int(cds[i][1]) for i in train.indices)
+
+
 def _rank(rank, world, session, port, run_dir, q):
     import os
     os.environ["SHMCACHE_PORT"], os.environ["SHMCACHE_RUN_DIR"] = str(port), run_dir

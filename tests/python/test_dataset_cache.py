@@ -88,8 +88,15 @@ def test_local_hosts_and_all_arguments_accepted(server, session):
 
 def test_fingerprint_mismatch_raises_runtime_error(server, session):
     DatasetCache(session, name="train", fingerprint="decode+resize").open()
-    with pytest.raises(RuntimeError, match="different pipeline"):
+    with pytest.raises(RuntimeError, match="different pipeline") as e:
         DatasetCache(session, name="train", fingerprint="decode+crop").open()
+    # One sentence: the cache, both fingerprints and the fix, said once
+    # (it read "...holds rows of a different pipeline: Fingerprint mismatch:
+    # cache 'train' ... holds rows of another pipeline ...").
+    assert str(e.value) == (
+        f"Cache 'train' in session {session} holds rows of a different pipeline "
+        "(fingerprint 'decode+resize', this one is 'decode+crop'); use another cache "
+        "name or session"), str(e.value)
 
 
 def test_bad_row_ids(server, session):

@@ -150,6 +150,23 @@ def test_unreachable_server_is_named(server, session):
     assert msg.startswith("shmcache: the cache server is unreachable ("), msg
 
 
+def test_a_server_stopped_under_an_open_cache_is_named(server, session):
+    """`shmcache --stop` destroys every session as it goes: a trainer's
+    cache then finds its session destroyed, and the warning says that this
+    is also what a stopped server looks like (told only "session S was
+    destroyed", the user who stopped the server looks for a `shmcache -d`)."""
+    cache = DatasetCache(session)
+    assert cache.put(1, np.zeros(4, dtype=np.float32))
+    server.stop()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert not cache.put(2, np.zeros(4, dtype=np.float32))
+        assert cache.get(3) is None
+    (msg,) = cache_warnings(w)
+    assert f"session {session} was destroyed" in msg, msg
+    assert "server stopped (shmcache --stop)" in msg, msg
+
+
 # ---- CachedDataset's warnings name the user's line ----------------------
 
 def _ours(record, category=CacheWarning):

@@ -56,6 +56,9 @@ from ._shmcache import (AlreadyExistsError, Error, FingerprintMismatchError,
 from .rows import LOCAL_HOSTS, MAX_ROW_ID
 from .stats import CacheStats
 
+# The library's and tools' version (include/shmcache/version.h, meson.build).
+__version__: str = _shmcache.__version__
+
 __all__ = [
     "DatasetCache", "CacheWarning", "CacheStats", "Client", "Error", "NotFoundError",
     "UnavailableError", "FullError", "FingerprintMismatchError",

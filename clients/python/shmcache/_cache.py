@@ -312,9 +312,10 @@ class DatasetCache:
                     self.spilling)
                 self._warn_size_over_cap()
             except FingerprintMismatchError as e:
-                raise FingerprintMismatchError(
-                    f"Cache {self.name!r} of session {self.session_id} holds rows "
-                    f"of a different pipeline: {e}") from None
+                # The server's sentence names the cache, both fingerprints
+                # and the fix; said once, without the status code's words.
+                said = str(e).removeprefix("Fingerprint mismatch: ")
+                raise FingerprintMismatchError(said[:1].upper() + said[1:]) from None
             except NotFoundError as e:
                 raise NotFoundError(
                     f"Session {self.session_id} does not exist on the cache "

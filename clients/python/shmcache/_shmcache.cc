@@ -35,6 +35,7 @@
 #include "shmcache/cache.h"
 #include "shmcache/client.h"
 #include "shmcache/options.h"
+#include "shmcache/version.h"
 
 namespace py = pybind11;
 using shmcache::Cache;
@@ -591,6 +592,9 @@ PYBIND11_MODULE(_shmcache, m) {
   namespace rows = shmcache::python;
   // The constants the package checks arguments against, from the C++
   // headers that define them (Python copies none).
+  m.attr("__version__") = std::to_string(shmcache::kMajorVersion) + "." +
+                          std::to_string(shmcache::kMinorVersion) + "." +
+                          std::to_string(shmcache::kPatchVersion);
   m.attr("MAX_ROW_ID") = shmcache::kMaxRowId;
   m.attr("MIN_PORT") = shmcache::kMinPort;
   m.attr("MAX_PORT") = shmcache::kMaxPort;

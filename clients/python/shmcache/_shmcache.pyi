@@ -11,6 +11,7 @@ _Array = npt.NDArray[Any]
 _Column = tuple[str, str, _Array]
 _PutColumn = tuple[str, str | None, _Array]
 
+__version__: str
 MAX_ROW_ID: int
 MIN_PORT: int
 MAX_PORT: int

@@ -103,7 +103,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler, Subset
 
 from .. import DatasetCache
 from ._autotune import AutoTune, usable_cpus
@@ -141,7 +141,10 @@ class CachedLoader(DataLoader[T_co]):
     dataset: a shmcache.torch.CachedDataset, or a map-style dataset to wrap
       in CachedDataset(dataset, cache, name=name, allow_random=...); an
       IterableDataset is refused (TypeError): DataLoader(
-      CachedIterableDataset(source, cache)) streams one.
+      CachedIterableDataset(source, cache)) streams one. A Subset of a
+      CachedDataset (random_split) is refused too (TypeError): rows are read
+      by the CachedDataset's index, so pass it with
+      sampler=SubsetRandomSampler(subset.indices).
     batch_size, shuffle, sampler, batch_sampler, drop_last, generator:
       DataLoader's batches, drawn as DataLoader draws them; batch_size=None
       delivers samples one by one (collate_fn default_convert).
@@ -201,6 +204,14 @@ class CachedLoader(DataLoader[T_co]):
             raise TypeError(f"CachedLoader reads batches by index from a map-style "
                             f"dataset; {type(dataset).__name__} is an IterableDataset: use "
                             f"DataLoader(CachedIterableDataset(source, cache), ...)")
+        if isinstance(dataset, Subset) and isinstance(dataset.dataset, CachedDataset):
+            # Rows are keyed by the CachedDataset's index; wrapped again
+            # (cache=) they would be cached twice, under the split's positions.
+            raise TypeError("CachedLoader reads rows by the CachedDataset's own index, "
+                            "not through a Subset of a CachedDataset (random_split): "
+                            "load the split with CachedLoader(subset.dataset, "
+                            "sampler=SubsetRandomSampler(subset.indices)), or "
+                            "sampler=subset.indices for its order")
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
                 raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "
