@@ -180,14 +180,16 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   }
   if (seg == nullptr) seg = filling;
   if (seg == nullptr) {
-    // What is left of the open segments does not hold this row: left, as
-    // the rest of a segment always was.
-    std::erase_if(open_[n], [&](uint32_t no) {
-      const Segment& s = segments_.at(no);
-      return s.size - s.carved < want;
-    });
     Status s = NewSegment(node, want, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
+    // What is left of the open segments does not hold this row: left, as
+    // the rest of a segment always was, once a new one takes the rows.
+    // Not before: a row that gets none (TooLarge) leaves those rests to
+    // the smaller rows they still hold.
+    std::erase_if(open_[n], [&](uint32_t no) {
+      const Segment& o = segments_.at(no);
+      return o.size - o.carved < want;
+    });
   }
   const uint64_t size = ChunkSize(*seg, need);
   // Only supplied pages are handed out (see SegmentJob).
@@ -583,10 +585,13 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
   const uint64_t largest = LargestRowNow(node, room);
-  // The rows the writers counted so far (none: this one is all we know).
+  // The rows the writers counted so far. None counted says nothing of
+  // their size (a writer counts once per window of rows, and before its
+  // next lease: another's first row finds the rows of a batch in flight
+  // uncounted): any room a row still has is room enough.
   const CacheStats cached = ReadCacheStats(*header_, true);
   if (room >= layout::kMinSegmentBytes ||
-      (cached.mem_rows > 0 && largest > 0 && largest >= cached.avg_row_bytes())) {
+      (largest > 0 && (cached.mem_rows == 0 || largest >= cached.avg_row_bytes()))) {
     // Room for ordinary rows is left: a new segment, or room where a row
     // of the size the cache took so far still fits. Refusing them all for
     // one big row would waste it; the first of them that finds none makes
@@ -615,18 +620,21 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
 
 uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room) const {
   const size_t n = static_cast<size_t>(node);
-  uint64_t chunk = room > layout::kSegmentHeaderSize
-                       ? (room - layout::kSegmentHeaderSize) / layout::kSegmentGrain *
-                             layout::kSegmentGrain
-                       : 0;
+  // A segment of `bytes` holds the chunks that SegmentBytesFor fits in it:
+  // its whole grains less its header.
+  const auto in_segment = [](uint64_t bytes) -> uint64_t {
+    const uint64_t whole = bytes / layout::kSegmentGrain * layout::kSegmentGrain;
+    return whole > layout::kSegmentHeaderSize ? whole - layout::kSegmentHeaderSize : 0;
+  };
+  uint64_t chunk = in_segment(room / kPageBytes * kPageBytes);
   for (const Tail& t : tails_[n]) chunk = std::max(chunk, t.size);
   for (uint32_t no : open_[n]) {
     const Segment& seg = segments_.at(no);
     chunk = std::max(chunk, seg.size - seg.carved);
   }
-  for (const Prepared& p : prepared_[n]) {
-    chunk = std::max(chunk, p.size - layout::kSegmentHeaderSize);
-  }
+  for (const Prepared& p : prepared_[n]) chunk = std::max(chunk, in_segment(p.size));
+  // ChunkBytesFor's whole cache lines, the header among them.
+  chunk = chunk / layout::kCacheLine * layout::kCacheLine;
   return chunk > sizeof(layout::ChunkHeader) ? chunk - sizeof(layout::ChunkHeader) : 0;
 }
 

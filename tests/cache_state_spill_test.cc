@@ -10,21 +10,13 @@ namespace shmcache {
 namespace {
 
 // Leases 256 KB chunks until the lease fails; returns that status.
-Status LeaseUntilRefused(CacheState* c, MemoryAccount* account) {
-  Status s;
-  for (int n = 0; n < 1000 && s.ok(); ++n) {
-    ChunkLease l;
-    s = c->Lease(1, 0, 256 * 1024, account, &l);
-  }
-  return s;
-}
 
 TEST_F(CacheStateTest, SpillingStoppedBeforeMemoryIsUsedUpFillsLikeAnyCache) {
   Create(8 * kMB, 1, /*spill_requested=*/true);
   cache_->StopSpilling("no spill store");
   EXPECT_FALSE(cache_->spill_enabled());
   EXPECT_FALSE(cache_->Stats().full) << "memory is still free";
-  EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
+  EXPECT_TRUE(LeaseUntilRefused(kMB / 4).IsFull());
   EXPECT_TRUE(cache_->Stats().full);
   EXPECT_FALSE(cache_->spilling_on());
 }
@@ -32,7 +24,7 @@ TEST_F(CacheStateTest, SpillingStoppedBeforeMemoryIsUsedUpFillsLikeAnyCache) {
 TEST_F(CacheStateTest, DroppedSpilledRowsAreMissesAndTheCacheIsFullWithoutSpilling) {
   Create(8 * kMB, 1, /*spill_requested=*/true);
   EXPECT_EQ(cache_->DropSpilledRows(), 0u) << "nothing spilled yet";
-  EXPECT_TRUE(LeaseUntilRefused(cache_.get(), &account_).IsFull());
+  EXPECT_TRUE(LeaseUntilRefused(kMB / 4).IsFull());
   ASSERT_TRUE(cache_->spilling_on());
   for (uint64_t id = 0; id < 10; ++id) {
     bool inserted = false;

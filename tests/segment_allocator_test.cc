@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "daemon/cache_state.h"
@@ -18,6 +19,8 @@
 
 namespace shmcache {
 namespace {
+
+constexpr uint64_t kKB = 1 << 10;
 
 TEST_F(CacheStateTest, LeasedChunksAreFormattedAndDisjoint) {
   Create(64 * kMB);
@@ -154,7 +157,7 @@ TEST_F(CacheStateTest, RecycledTailTooSmallIsSkipped) {
   Create(64 * kMB);
   ChunkLease a;
   ASSERT_TRUE(Lease(1, 0, 1000, &a).ok());
-  uint64_t tail_bytes = 64 * 1024;
+  uint64_t tail_bytes = 64 * kKB;
   Chunk(a)->used.store(a.size - tail_bytes);
   cache_->Return(1, a.seg_no, a.offset);
   ChunkLease big;
@@ -222,7 +225,8 @@ TEST_F(CacheStateTest, CarveMarksLieOnPageBoundaries) {
 
 TEST(SegmentAllocatorChunkSize, IsWholeRowsUpToTheChunkSizeAndOneRowPastIt) {
   const uint64_t header = sizeof(layout::ChunkHeader);
-  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(602176), layout::ChunkBytesFor(6 * 602176));
+  EXPECT_EQ(SegmentAllocator::ChunkSizeFor(602176),
+            layout::ChunkBytesFor(6 * uint64_t{602176}));
   EXPECT_EQ(
       SegmentAllocator::ChunkSizeFor(3072),
       layout::ChunkBytesFor((SegmentAllocator::kChunkBytes - header) / 3072 * 3072));
@@ -248,7 +252,7 @@ TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
   int n = 0;
   for (; n < 100; ++n) {
     ChunkLease l;
-    s = Lease(1, 0, 256 * 1024, &l);
+    s = Lease(1, 0, 256 * kKB, &l);
     if (!s.ok()) break;
     leased += l.size;
   }
@@ -275,7 +279,7 @@ TEST_F(CacheStateTest, ServerCapUsedUpMeansFull) {
   Status s;
   for (int n = 0; n < 100 && s.ok(); ++n) {
     ChunkLease l;
-    s = Lease(1, 0, 512 * 1024, &l);
+    s = Lease(1, 0, 512 * kKB, &l);
   }
   ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_NE(s.message().find("cap"), std::string::npos) << s.ToString();
@@ -293,11 +297,15 @@ TEST_F(CacheStateTest, RowLargerThanWhatIsLeftIsTooLargeAndTheCacheStaysOpen) {
   EXPECT_NE(s.message().find("16 MB"), std::string::npos) << s.message();
   EXPECT_FALSE(cache_->Stats().full);
   EXPECT_TRUE(Lease(2, 0, 1000, &l).ok()) << "other rows still fit";
-  // Rows that use up the budget make it full, as ever.
+  // Rows that use up the budget make it full, as ever: 5 MB ones until
+  // none fits (each then refused alone while the rows of the cache's
+  // average size still fit), then the small ones until they fill it.
   for (int n = 0; n < 100; ++n) {
     s = Lease(1, 0, 5 * kMB, &l);
     if (!s.ok()) break;
   }
+  EXPECT_TRUE(s.IsTooLarge()) << s.ToString();
+  s = LeaseUntilRefused(1000);
   EXPECT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_TRUE(cache_->Stats().full);
   EXPECT_LE(account_.used, cache_->reserved_bytes());
@@ -308,13 +316,13 @@ TEST_F(CacheStateTest, CacheTheCapMadeFullTakesRowsAgainWhenTheCapFrees) {
   account_.cap = account_.used + 6 * kMB;
   Status s;
   ChunkLease l;
-  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * kKB, &l);
   ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_FALSE(cache_->ResumeIfCapAllows(account_)) << "nothing was freed";
   account_.cap += 8 * kMB;  // as when another session's memory is released
   EXPECT_TRUE(cache_->ResumeIfCapAllows(account_));
   EXPECT_FALSE(cache_->Stats().full);
-  EXPECT_TRUE(Lease(1, 0, 512 * 1024, &l).ok());
+  EXPECT_TRUE(Lease(1, 0, 512 * kKB, &l).ok());
   account_.cap = 256 * kMB;
 }
 
@@ -322,7 +330,7 @@ TEST_F(CacheStateTest, CacheItsBudgetMadeFullStaysFull) {
   Create(4 * kMB);
   Status s;
   ChunkLease l;
-  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * 1024, &l);
+  for (int n = 0; n < 100 && s.ok(); ++n) s = Lease(1, 0, 512 * kKB, &l);
   ASSERT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_FALSE(cache_->ResumeIfCapAllows(account_));
   EXPECT_TRUE(cache_->Stats().full);
@@ -337,7 +345,7 @@ class SegmentAllocatorTest : public CacheStateTest {
     CacheStateTest::SetUp();
     header_ = std::make_unique<layout::CacheHeader>();
     alloc_ = std::make_unique<SegmentAllocator>(paths_, kCacheId, 1, /*log=*/nullptr);
-    alloc_->Attach(header_.get(), kLabel, 8 * kMB);
+    alloc_->Attach(header_.get(), kLabel, budget_);
   }
   void TearDown() override {
     alloc_->Release(nullptr);
@@ -347,6 +355,7 @@ class SegmentAllocatorTest : public CacheStateTest {
   }
 
   static constexpr const char* kLabel = "cache 5 (session 77, 'train')";
+  uint64_t budget_ = 8 * kMB;  // alloc_'s, set before SetUp
   std::unique_ptr<layout::CacheHeader> header_;
   std::unique_ptr<SegmentAllocator> alloc_;
 };
@@ -667,7 +676,7 @@ TEST_F(SegmentAllocatorTest, AdoptedSegmentsOpenBesideTheLastKeepTheirRestsInUse
   ChunkLease l;
   uint64_t from_1 = 0;
   for (int i = 0; i < 64; ++i) {
-    ASSERT_TRUE(adopter.Lease(1, 0, 100 * 1024, &account_, &l).ok());
+    ASSERT_TRUE(adopter.Lease(1, 0, 100 * kKB, &account_, &l).ok());
     EXPECT_NE(l.seg_no, 0u) << "a rest that holds no chunk is left";
     if (l.seg_no != 1) break;
     EXPECT_EQ(l.offset, carved[1] + from_1);
@@ -677,6 +686,81 @@ TEST_F(SegmentAllocatorTest, AdoptedSegmentsOpenBesideTheLastKeepTheirRestsInUse
   EXPECT_EQ(l.seg_no, 2u);
   EXPECT_EQ(l.offset, carved[2]);
   adopter.Release(nullptr);
+}
+
+// ---- A row no room left holds: TooLarge while rows of the size the cache
+// took still fit (its writers' counts in the header's stats), else Full.
+
+// Rows of `row_bytes` each, as the writers counted them.
+void CountRows(layout::CacheHeader* header, uint64_t rows, uint64_t row_bytes) {
+  header->stats[0].rows.store(rows);
+  header->stats[0].bytes.store(rows * row_bytes);
+}
+
+// A cache of 4 MB: its whole budget is one segment.
+class FourMBAllocatorTest : public SegmentAllocatorTest {
+ protected:
+  FourMBAllocatorTest() { budget_ = 4 * kMB; }
+};
+
+// The budget (4 MB) is one segment, leased whole to one chunk, whose rows
+// left 20 KB unused: given back, that tail is all the room a row has. The
+// most one row can take (the tail less its chunk header) is named as it is,
+// not as '0.0 MB'.
+TEST_F(FourMBAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway) {
+  ChunkLease l;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 1000, &account_, &l).ok());
+  Chunk(l)->used.store(l.size - 20 * kKB);
+  alloc_->Return(1, l.seg_no, l.offset);
+  CountRows(header_.get(), 100, 1000);
+  Status s = alloc_->Lease(2, 0, 100 * kKB, &account_, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(s.message().find("a row of 100 KB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("the most one row can take in it now is 20 KB"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find("0.0 MB"), std::string::npos) << s.message();
+  ASSERT_TRUE(alloc_->Lease(2, 0, 1000, &account_, &l).ok()) << "the tail holds rows";
+}
+
+// A 4 MB budget in one segment whose first chunk (two 1.5 MB rows) left
+// about 1 MB uncarved. A 2 MB row finds no room; the 100 KB rows the cache
+// took still fit in that rest: TooLarge, and the rest still takes them (it
+// was dropped from the open segments first, so the cache was Full).
+TEST_F(FourMBAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerRows) {
+  ChunkLease l;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  const uint64_t rest = alloc_->data_bytes() - (l.offset + l.size);
+  ASSERT_GE(rest, 512 * 1024u) << "the segment has room left past the chunk";
+  CountRows(header_.get(), 10, 100 * kKB);
+  Status s = alloc_->Lease(1, 0, 2 * kMB, &account_, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_NE(
+      s.message().find(fmt::format("the most one row can take in it now is {} KB",
+                                   (rest - sizeof(layout::ChunkHeader) + 512) / 1024)),
+      std::string::npos)
+      << s.message();
+  EXPECT_FALSE(header_->state.load() & layout::kStateFull);
+  EXPECT_TRUE(alloc_->Lease(2, 0, 100 * kKB, &account_, &l).ok());
+}
+
+// No row counted yet (a writer counts once per window of rows, or before
+// its next lease: the rows of another's batch in flight are not): a row
+// that finds no room where a smaller one would is refused alone, not what
+// makes the cache refuse every row after it. A cache whose rows leave no
+// room at all is full all the same.
+TEST_F(FourMBAllocatorTest, ARowTooLargeBeforeAnyRowWasCountedIsTooLargeNotFull) {
+  ChunkLease l;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  Status s = alloc_->Lease(2, 0, 2 * kMB, &account_, &l);
+  ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
+  EXPECT_FALSE(header_->state.load() & layout::kStateFull);
+  EXPECT_TRUE(alloc_->Lease(2, 0, 100 * kKB, &account_, &l).ok());
+  Status full;
+  for (int i = 0; i < 100 && full.ok(); ++i) {
+    full = alloc_->Lease(2, 0, 100 * kKB, &account_, &l);
+  }
+  EXPECT_TRUE(full.IsFull()) << full.ToString();
 }
 
 }  // namespace

@@ -65,8 +65,29 @@ class CacheStateTest : public ::testing::Test {
     auto* seg = reinterpret_cast<char*>(Segment(l.seg_no));
     return reinterpret_cast<layout::ChunkHeader*>(seg + l.offset);
   }
+  // A lease for a row of `need` bytes, which is then counted in the cache's
+  // stats as a writer counts the rows it wrote before its next lease (the
+  // allocator weighs a row it has no room for against them).
   Status Lease(uint64_t conn, int node, uint64_t need, ChunkLease* out) {
-    return cache_->Lease(conn, node, need, &account_, out);
+    Status s = cache_->Lease(conn, node, need, &account_, out);
+    if (s.ok()) {
+      if (header_map_.data() == nullptr) {
+        EXPECT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header_map_).ok());
+      }
+      auto* header = reinterpret_cast<layout::CacheHeader*>(header_map_.data());
+      header->stats[0].rows.fetch_add(1);
+      header->stats[0].bytes.fetch_add(need);
+    }
+    return s;
+  }
+  // Leases for rows of `need` bytes until one is refused; its answer.
+  Status LeaseUntilRefused(uint64_t need) {
+    Status s;
+    for (int n = 0; n < 1000 && s.ok(); ++n) {
+      ChunkLease l;
+      s = Lease(1, 0, need, &l);
+    }
+    return s;
   }
   size_t SegmentFiles() {
     std::string prefix = paths_.SegmentFile(kCacheId, 0);
@@ -83,6 +104,7 @@ class CacheStateTest : public ::testing::Test {
   MemoryAccount account_;
   std::unique_ptr<CacheState> cache_;
   std::vector<ShmFile> maps_;
+  ShmFile header_map_;  // the cache's header, where Lease counts rows
 };
 
 }  // namespace shmcache
