@@ -1,6 +1,7 @@
 // NUMA placement and "Numa hit" counting with an injected two-node topology
 // (meson runs this suite with SHMCACHE_NUMA_NODES=2; the daemon and every
 // client inherit it).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -38,12 +39,16 @@ std::map<uint32_t, uint32_t> SegmentNodes(const TestServer& server, uint32_t cac
   std::string prefix = server.shm_prefix() + "seg." + std::to_string(cache_id) + ".";
   for (const std::string& f : server.ShmFiles()) {
     if (f.rfind(prefix, 0) != 0) continue;
+    // The daemon prepares spare segments in the background, under their
+    // final names: one not sized yet (ShmFile::Create sizes a file after
+    // creating it), or whose header is not published yet, holds no rows.
+    const std::string path = server.shm_dir() + "/" + f;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && st.st_size == 0) continue;
     ShmFile file;
-    Status s = ShmFile::Open(server.shm_dir() + "/" + f, &file);
+    Status s = ShmFile::Open(path, &file);
     EXPECT_TRUE(s.ok()) << s.ToString();
     if (!s.ok()) continue;
-    // The daemon prepares spare segments in the background; one whose
-    // header is not published yet holds no rows.
     if (reinterpret_cast<layout::FileHeader*>(file.data())->magic == 0) continue;
     EXPECT_EQ(layout::CheckFileHeader(file.data(), file.size(), layout::kSegmentMagic,
                                       sizeof(layout::SegmentHeader)),

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -143,26 +144,39 @@ TEST_F(StagedSpillTest, WriterKilledWhileStagingLeavesWholeRowsAndNoStage) {
   ASSERT_NO_FATAL_FAILURE(PutBatches(cache_.get(), held + 2 * kBatch, kBatch));
 }
 
-// Shuts down this process's sockets that hold a request the peer has not
-// read yet (SIOCOUTQ), once there is one: the caller waiting for its answer
-// sees its connection end, while the request stays for the peer to read.
-bool BreakUnreadConnection() {
-  std::vector<int> unread;
-  auto find = [&] {
-    for (const std::string& name : ListDir("/proc/self/fd")) {
-      const int fd = std::atoi(name.c_str());
-      int queued = 0;
-      struct stat st;
-      if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
-          ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) {
-        unread.push_back(fd);
+// Forks a child that shuts down the sockets this process holds now once
+// one holds a request the peer has not read yet (SIOCOUTQ): the caller
+// waiting for its answer sees its connection end, while the request stays
+// for the peer to read. The child exits 0 once it shut one down, 1 if none
+// came within 30 s. A child, not a thread: the socket is the same one in
+// both processes, and a thread scanning this process's descriptors races
+// the library's close of them (the kernel orders the shutdown before the
+// close it causes, which ThreadSanitizer cannot see; and a descriptor
+// closed and given again mid-scan is another one).
+pid_t BreakUnreadConnection() {
+  std::vector<int> sockets;
+  for (const std::string& name : ListDir("/proc/self/fd")) {
+    const int fd = std::atoi(name.c_str());
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) sockets.push_back(fd);
+  }
+  return ForkChild([sockets] {
+    // System calls only: a child of a process that may have threads.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool broke = false;
+      for (int fd : sockets) {
+        int queued = 0;
+        if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) {
+          shutdown(fd, SHUT_RDWR);
+          broke = true;
+        }
       }
+      if (broke) return 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    return !unread.empty();
-  };
-  if (!WaitFor(find, std::chrono::seconds(30))) return false;
-  for (int fd : unread) shutdown(fd, SHUT_RDWR);
-  return true;
+    return 1;
+  });
 }
 
 // Spilled rows whose answer never came (the connection broke while the
@@ -179,11 +193,11 @@ TEST_F(StagedSpillTest, AStageWhoseAnswerWasLostIsNotWrittenAgain) {
 
   const ContinuedAfter continued(server_.pid());  // however the test ends
   ASSERT_TRUE(StopProcess(server_.pid()));
-  bool broke = false;
-  std::thread breaker([&] { broke = BreakUnreadConnection(); });
+  const pid_t breaker = BreakUnreadConnection();
+  ASSERT_GT(breaker, 0);
   std::vector<Status> st(kBatch);
   Status s = PutRowBatch(cache_.get(), 1000, st, {}, kSalt);
-  breaker.join();
+  const bool broke = WaitChild(breaker) == 0;
   const std::string after_lost(stage.data(), stage.size());
   ASSERT_EQ(kill(server_.pid(), SIGCONT), 0);
   ASSERT_TRUE(broke);

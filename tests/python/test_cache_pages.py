@@ -19,6 +19,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import wait_for
 from shmcache import DatasetCache
 
 torch = pytest.importorskip("torch")
@@ -182,8 +183,24 @@ def test_a_segment_that_grows_gets_one_more_range_adjoining_the_last(start_serve
     assert sorted(calls.unregistered) == sorted(s for s, _ in calls.registered)
 
 
-def _segment_files(port):
-    return sorted(glob.glob(f"/dev/shm/shmcache.{os.getuid()}.{port}.seg.*"))
+def _whole_segment_files(port):
+    """The instance's segment files once each is whole (its magic written,
+    which the daemon does last): a preparer makes a segment under its final
+    name, then sizes it and supplies its first pages (format/shm_file.cc,
+    SegmentAllocator::FormatSegment), so a file listed mid-way would count
+    that supply as pages the test's own calls allocated."""
+    def listed():
+        files = sorted(glob.glob(f"/dev/shm/shmcache.{os.getuid()}.{port}.seg.*"))
+        for path in files:
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(8)
+            except FileNotFoundError:   # a failed one removed: list again
+                return None
+            if len(head) < 8 or int.from_bytes(head, "little") != SEGMENT_MAGIC:
+                return None
+        return files
+    return wait_for(listed, what="the segments being made to be whole")
 
 
 def test_registering_allocates_no_page_of_a_sparse_segment(start_server):
@@ -203,7 +220,7 @@ def test_registering_allocates_no_page_of_a_sparse_segment(start_server):
         if os.stat(path).st_size - os.stat(path).st_blocks * 512 > 2 * STEP:
             break
     views = cache.get_batch_columns(list(range(n)), copy=False)
-    files = _segment_files(s.port)
+    files = _whole_segment_files(s.port)
     before = {p: os.stat(p).st_blocks * 512 for p in files}
     touched, holes_in_ranges = [], []
 

@@ -24,7 +24,10 @@ def test_holds_a_server(server):
     with continued_after(server.pid):
         if os.environ["STOP_SERVER"] == "1":
             os.kill(server.pid, signal.SIGSTOP)
-        Path(os.environ["SERVER_FILE"]).write_text(f"{server.pid} {server.port}")
+        # Whole or not there: the outer test reads it once it exists.
+        written = Path(os.environ["SERVER_FILE"] + ".part")
+        written.write_text(f"{server.pid} {server.port}")
+        written.replace(os.environ["SERVER_FILE"])
         while True:
             signal.pause()      # until killed
 '''
