@@ -7,6 +7,7 @@ out-of-memory killer does): non-zero exit naming it, the other rank
 finishes. cache.sh stopped by a signal (a scheduler's SIGTERM, Ctrl-C, a
 closed terminal): its ranks end with it."""
 
+import contextlib
 import os
 import re
 import signal
@@ -87,6 +88,42 @@ def _children(pid):
         return [int(c) for c in f.read().split()]
 
 
+@contextlib.contextmanager
+def training(server, tmp_path, **env):
+    """cache.sh with 2 ranks training for good, in a session of its own:
+    yields (the cache.sh process, its 2 ranks) once both train; whatever
+    the test did, ends them all."""
+    data = dataset(server, tmp_path)
+    p = subprocess.Popen([str(CACHE_SH), str(data), "2"],
+                         env=dict(server.env, TRAIN_ARGS="--epochs 100000", **env),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
+    reader.start()
+    ranks = []
+    try:
+        wait_for(lambda: {"device 0 epoch 1", "device 1 epoch 1"} <=
+                 {ln[:16] for ln in out}, timeout=120, what="both ranks training")
+        ranks = _children(p.pid)
+        assert len(ranks) == 2, ranks
+        yield p, ranks
+    finally:
+        p.kill()
+        p.wait()
+        for r in ranks:
+            if _alive(r):
+                os.kill(r, signal.SIGKILL)
+
+
+def _ended_with(p, ranks, sig):
+    """cache.sh exited 128+sig and its ranks ended: its stderr."""
+    assert p.wait(timeout=60) == 128 + sig
+    wait_for(lambda: not any(_alive(r) for r in ranks), timeout=30,
+             what="the ranks to end with cache.sh")
+    return p.stderr.read()
+
+
 @pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False),   # a scheduler, `kill`
                                        (signal.SIGINT, True),     # Ctrl-C: the terminal's group
                                        (signal.SIGHUP, True)])    # the terminal closed
@@ -94,69 +131,26 @@ def test_cache_sh_stopped_by_a_signal_stops_its_ranks(server, tmp_path, sig, gro
     """Once a stopped cache.sh left its ranks training: they ignore the
     terminal's SIGINT (started with & by a shell without job control), and
     nothing sent them the SIGTERM."""
-    data = dataset(server, tmp_path)
-    p = subprocess.Popen([str(CACHE_SH), str(data), "2"],
-                         env=dict(server.env, TRAIN_ARGS="--epochs 100000"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    out = []
-    reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
-    reader.start()
-    ranks = []
-    try:
-        wait_for(lambda: {"device 0 epoch 1", "device 1 epoch 1"} <=
-                 {ln[:16] for ln in out}, timeout=120, what="both ranks training")
-        ranks = _children(p.pid)
-        assert len(ranks) == 2, ranks
+    with training(server, tmp_path) as (p, ranks):
         if group:
             os.killpg(p.pid, sig)
         else:
             p.send_signal(sig)
-        assert p.wait(timeout=60) == 128 + sig
-        wait_for(lambda: not any(_alive(r) for r in ranks), timeout=30,
-                 what="the ranks to end with cache.sh")
-        assert f"cache.sh: stopped by {sig.name}; stopping the 2 devices" in p.stderr.read()
-    finally:
-        p.kill()
-        p.wait()
-        for r in ranks:
-            if _alive(r):
-                os.kill(r, signal.SIGKILL)
+        err = _ended_with(p, ranks, sig)
+        assert f"cache.sh: stopped by {sig.name}; stopping the 2 devices" in err
 
 
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace(server, tmp_path):
     """Once cache.sh waited for good on a rank that ignored its SIGTERM, and
     with it the job its scheduler was stopping."""
-    data = dataset(server, tmp_path)
-    p = subprocess.Popen([str(CACHE_SH), str(data), "2"],
-                         env=dict(server.env, TRAIN_ARGS="--epochs 100000",
-                                  SHMCACHE_STOP_GRACE="1",
-                                  PYTHON=str(python_that_ignores_sigterm_in_rank(tmp_path, 1))),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    out = []
-    reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
-    reader.start()
-    ranks = []
-    try:
-        wait_for(lambda: {"device 0 epoch 1", "device 1 epoch 1"} <=
-                 {ln[:16] for ln in out}, timeout=120, what="both ranks training")
-        ranks = _children(p.pid)
-        assert len(ranks) == 2, ranks
+    python = python_that_ignores_sigterm_in_rank(tmp_path, 1)
+    with training(server, tmp_path, SHMCACHE_STOP_GRACE="1", PYTHON=str(python)) \
+            as (p, ranks):
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60) == 128 + signal.SIGTERM
-        wait_for(lambda: not any(_alive(r) for r in ranks), timeout=30,
-                 what="the ranks to end with cache.sh")
-        err = p.stderr.read()
+        err = _ended_with(p, ranks, signal.SIGTERM)
         assert "cache.sh: device 1 (pid " in err and \
             "still ran 1s after SIGTERM; killing it" in err, err
         assert "cache.sh: device 0 (pid" not in err, err
-    finally:
-        p.kill()
-        p.wait()
-        for r in ranks:
-            if _alive(r):
-                os.kill(r, signal.SIGKILL)
 
 
 def test_a_stop_grace_that_is_not_a_number_is_refused(server, tmp_path):
