@@ -32,17 +32,22 @@ def dataset(server, tmp_path):
     return data
 
 
-def python_that_kills_rank(tmp_path, rank):
-    """A $PYTHON for cache.sh that runs the training script, but SIGKILLs
-    itself in rank `rank`."""
+def python_that_in_rank(tmp_path, rank, command):
+    """A $PYTHON for cache.sh that runs the training script, after running
+    the bash `command` in rank `rank`."""
     wrapper = tmp_path / "python"
     wrapper.write_text(
         "#!/bin/bash\n"
-        f'for a in "$@"; do [ "$prev" = --device ] && [ "$a" = {rank} ] && kill -9 $$; '
+        f'for a in "$@"; do [ "$prev" = --device ] && [ "$a" = {rank} ] && {command}; '
         'prev=$a; done\n'
         'exec /usr/bin/python3 "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     return wrapper
+
+
+def python_that_kills_rank(tmp_path, rank):
+    """Rank `rank` SIGKILLs itself (as the out-of-memory killer would)."""
+    return python_that_in_rank(tmp_path, rank, "kill -9 $$")
 
 
 def test_two_ranks_share_one_session_and_the_host_holds_one_copy(server, tmp_path):
@@ -71,16 +76,9 @@ def test_one_rank_killed_fails_the_run_and_names_it(server, tmp_path):
 
 
 def python_that_ignores_sigterm_in_rank(tmp_path, rank):
-    """A $PYTHON for cache.sh whose rank `rank` ignores SIGTERM (a handler
-    that hangs, a library that masks it): SIG_IGN outlives the exec."""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        f'for a in "$@"; do [ "$prev" = --device ] && [ "$a" = {rank} ] && trap "" TERM; '
-        'prev=$a; done\n'
-        'exec /usr/bin/python3 "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return wrapper
+    """Rank `rank` ignores SIGTERM (a handler that hangs, a library that
+    masks it): SIG_IGN outlives the exec."""
+    return python_that_in_rank(tmp_path, rank, 'trap "" TERM')
 
 
 def _children(pid):
