@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <functional>
 #include <string>
 
 #include <fmt/format.h>
@@ -66,28 +67,32 @@ bool SameFile(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-// Opens and flocks the lock file at lock_path. A holder that stops unlinks
+// Opens and flocks the lock file at lock_path and writes `text` into it
+// (for messages; the lock is what matters). A holder that stops unlinks
 // the file while holding it: a lock taken on a file that is no longer the
 // one at the path guards nothing (the next server makes a new file and
-// locks that), so it is taken again. *busy: another holder has it; *fd_out
-// is then the open file, for its pid, for the caller to close.
-Status LockFileAtPath(const std::string& lock_path, int port, int* fd_out, bool* busy) {
+// locks that), so it is taken again. Another holder: busy(its open file),
+// the AlreadyExists naming it.
+Status LockFileAtPath(const std::string& lock_path, int port, const std::string& text,
+                      const std::function<Status(int)>& busy, int* fd_out) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     int fd = -1;
     struct stat held {};
     Status opened = OpenLockFile(lock_path, port, &fd, &held);
     if (!opened.ok()) return opened;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      *busy = true;
-      *fd_out = fd;
-      return Status::OK();
+      Status taken = busy(fd);
+      close(fd);
+      return taken;
     }
     struct stat now {};
     if (lstat(lock_path.c_str(), &now) != 0 || !SameFile(now, held)) {
       close(fd);  // unlinked by the server that held it: take the new file
       continue;
     }
-    *busy = false;
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) < 0) {
+      // The lock is what matters; the text is only for messages.
+    }
     *fd_out = fd;
     return Status::OK();
   }
@@ -98,24 +103,16 @@ Status LockFileAtPath(const std::string& lock_path, int port, int* fd_out, bool*
 }  // namespace
 
 Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
-  int fd = -1;
-  bool busy = false;
-  Status locked = LockFileAtPath(lock_path, port, &fd, &busy);
-  if (!locked.ok()) return locked;
-  if (busy) {
-    int pid = ReadLockPid(fd);
-    close(fd);
-    return Status::AlreadyExists(fmt::format(
-        "a cache server is already running on port {} (process id {}); stop it "
-        "with 'shmcache --stop -p {}' or use another port",
-        port, pid > 0 ? std::to_string(pid) : "?", port));
-  }
-  std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    // The lock is what matters; the pid is only for messages.
-  }
-  *fd_out = fd;
-  return Status::OK();
+  return LockFileAtPath(
+      lock_path, port, std::to_string(getpid()) + "\n",
+      [port](int held) {
+        const int pid = ReadLockPid(held);
+        return Status::AlreadyExists(fmt::format(
+            "a cache server is already running on port {} (process id {}); stop it "
+            "with 'shmcache --stop -p {}' or use another port",
+            port, pid > 0 ? std::to_string(pid) : "?", port));
+      },
+      fd_out);
 }
 
 namespace {
@@ -136,27 +133,19 @@ std::string ReadLockRunDir(int fd) {
 
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
                     int* fd_out) {
-  int fd = -1;
-  bool busy = false;
-  Status locked = LockFileAtPath(lock_path, port, &fd, &busy);
-  if (!locked.ok()) return locked;
-  if (busy) {
-    int pid = ReadLockPid(fd);
-    std::string dir = ReadLockRunDir(fd);
-    close(fd);
-    return Status::AlreadyExists(fmt::format(
-        "a cache server of this user is already running on port {} (process id "
-        "{}, run dir {}); stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' "
-        "or use another port",
-        port, pid > 0 ? std::to_string(pid) : "?", dir.empty() ? "?" : dir,
-        dir.empty() ? "?" : dir, port));
-  }
-  std::string text = fmt::format("{}\n{}\n", getpid(), run_dir);
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) < 0) {
-    // The lock is what matters; the text is only for messages.
-  }
-  *fd_out = fd;
-  return Status::OK();
+  return LockFileAtPath(
+      lock_path, port, fmt::format("{}\n{}\n", getpid(), run_dir),
+      [port](int held) {
+        const int pid = ReadLockPid(held);
+        const std::string read = ReadLockRunDir(held);
+        const char* dir = read.empty() ? "?" : read.c_str();
+        return Status::AlreadyExists(fmt::format(
+            "a cache server of this user is already running on port {} (process id "
+            "{}, run dir {}); stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' "
+            "or use another port",
+            port, pid > 0 ? std::to_string(pid) : "?", dir, dir, port));
+      },
+      fd_out);
 }
 
 Status InstanceLocks::Take(const std::string& lock_path,
