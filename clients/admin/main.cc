@@ -68,7 +68,7 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
       msg = fmt::format(
           "no cache server is running on port {} with run dir {}; nothing to stop. A "
           "server of yours on port {} ",
-          port, co.run_dir.empty() ? DefaultRunDir() : co.run_dir, port);
+          port, r.run_dir, port);
       // Its run dir is written just after it takes the host lock: until
       // then there is no command to give.
       if (r.other_run_dir.empty()) {

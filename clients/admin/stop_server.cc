@@ -126,11 +126,12 @@ Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResul
   if (!probe.ok()) return probe;
   if (!held) {  // nobody holds the lock: not running
     out->not_running = true;
+    out->run_dir = paths.run_dir;
     probe = ProbeHostLock(HostLockPath(co.port), &out->runs_elsewhere, &out->other_pid,
                           &out->other_run_dir);
-    // Running under another run dir: what is in the shm dir is its own.
+    // Running under another run dir: what is in the shm dir is its own. (A
+    // probe that failed found no holder: runs_elsewhere stays false.)
     if (probe.ok() && out->runs_elsewhere) return Status::OK();
-    out->runs_elsewhere = false;
     // The instance's names, as MakeInstancePaths makes them: its prefix
     // without the directory.
     const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);

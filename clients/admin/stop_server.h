@@ -31,6 +31,9 @@ struct StopResult {
   bool runs_elsewhere = false;
   int other_pid = 0;
   std::string other_run_dir;
+  // When not_running: the run dir looked in (ClientOptions::run_dir, or
+  // the default MakeInstancePaths gives).
+  std::string run_dir;
 };
 
 // Stops the server `co` names (port resolved) and waits, bounded, until

@@ -167,9 +167,9 @@ class WarnedFlag:
             self._fd = -1
 
     def __bool__(self) -> bool:
-        return self._byte[0] != 0
+        return self.said()
 
-    def said(self, slot: int) -> bool:
+    def said(self, slot: int = 0) -> bool:
         return self._byte[slot] != 0
 
     def set(self, slot: int = 0) -> None:
