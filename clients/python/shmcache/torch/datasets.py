@@ -137,11 +137,14 @@ class CachedDataset(Dataset):
       epoch. At exit, queued rows are written for at most 2 s
       (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
       DataLoader worker's exit at the end of an epoch. flush() waits for
-      the queue. Assigning `ds.cache = other` first waits, as flush()
-      does, until the rows queued are stored in the cache they were
-      queued for; later rows go to `other`, and stats()["async_puts"]
-      goes on counting. A dataset the script drops is freed at once (the thread
-      does not hold it): its thread writes the rows queued, then ends.
+      the queue. Assigning `ds.cache = other` moves the queue: every row
+      not yet being written (queued before or after) goes to `other`,
+      where it is as much this dataset's row; the one batch being written
+      ends in the old cache before the assignment returns, and nothing of
+      the dataset uses the old cache afterwards (it may be closed at once);
+      stats()["async_puts"] goes on counting. A dataset the script drops
+      is freed at once (the thread does not hold it): its thread writes
+      the rows queued, then ends.
       async_puts=False stores every miss before returning it,
       in the calling thread, without a copy: a batch's misses
       (DataLoader's __getitems__) with one put after its last sample,
@@ -213,14 +216,18 @@ class CachedDataset(Dataset):
         open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
 
     def __setattr__(self, name: str, value: Any) -> None:
+        putter = None
+        if name == "cache":
+            putter = getattr(self, "_putter", None)   # None in __init__
+            if putter is not None:
+                # Before the new cache is seen: a row computed for it is
+                # never stored in the old one.
+                putter.redirect(functools.partial(_store_rows, value), value.origin)
         super().__setattr__(name, value)
         if name in _READ_SETTINGS:
             self._forget_hit_path()
-        putter = getattr(self, "_putter", None) if name == "cache" else None
         if putter is not None:
-            # Queued rows are stored in the old cache first (flush() and
-            # stats() know only one writer), later ones in the new.
-            putter.redirect(functools.partial(_store_rows, value))
+            putter.wait_redirected()
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes

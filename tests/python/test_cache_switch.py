@@ -1,0 +1,141 @@
+"""`ds.cache = other` on a CachedDataset: every row not yet being written
+moves to the new cache, the batch being written ends in the old one before
+the assignment returns, and the writer's warnings name the new cache's
+line.
+
+The writer is held at a known point: inside the old cache's put, on an
+Event the test releases."""
+
+import gc
+import threading
+import warnings
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import wait_for  # noqa: E402
+from helpers import Images  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache.torch import CachedDataset  # noqa: E402
+
+
+def cache_named(session, name):
+    """A fresh handle on the cache CachedDataset(Images(4), name=name) uses."""
+    return CachedDataset(Images(4), DatasetCache(session), name=name).cache
+
+
+def cached_ids(session, name):
+    cache = cache_named(session, name)
+    return [i for i in range(4) if cache.contains(i)]
+
+
+def hold_puts(cache):
+    """Makes every put of `cache` (the writer's) wait on `release`, after
+    setting `entered`: the writer is then inside a batch of the old cache.
+    By its class, not an attribute: a copy of the cache (named(), caching
+    turned off) is not held."""
+    entered, release = threading.Event(), threading.Event()
+
+    def put(self, ids, rows, strict, quiet=False):
+        entered.set()
+        assert release.wait(60), "the test never released the writer"
+        return DatasetCache.put_encoded(self, ids, rows, strict, quiet)
+    cache.__class__ = type("HeldCache", (DatasetCache,), {"put_encoded": put})
+    return entered, release
+
+
+def set_cache_on_a_thread(ds, value):
+    """Starts `ds.cache = value` on a thread and waits until the dataset
+    shows the new cache (the assignment may still wait for the batch being
+    written); the thread."""
+    before = ds.cache
+    swap = threading.Thread(target=setattr, args=(ds, "cache", value))
+    swap.start()
+    assert wait_for(lambda: ds.cache is not before, what="the new cache set")
+    return swap
+
+
+def cache_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+
+
+def test_a_row_computed_for_the_new_cache_is_never_stored_in_the_old(server, session):
+    """A miss of the new cache, queued once ds.cache shows it, while the
+    writer is still inside a batch of the old cache (the assignment waits
+    for that batch), is stored in the new cache, not in the old one."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="old")
+    other = cache_named(session, "new")
+    entered, release = hold_puts(ds.cache)
+    ds[0]
+    assert entered.wait(60)
+    swap = set_cache_on_a_thread(ds, other)
+    ds[1]
+    release.set()
+    swap.join(60)
+    assert not swap.is_alive()
+    assert ds.flush(60)
+    assert cached_ids(session, "old") == [0]
+    assert cached_ids(session, "new") == [1]
+
+
+def test_queued_rows_move_to_the_new_cache_and_the_old_is_let_go(server, session):
+    """Rows queued before the switch and not yet being written go to the new
+    cache; the batch being written ends in the old one before the
+    assignment returns, so that the old cache can be closed at once (no
+    'closed and then used' warning from a late put). Counters go on."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="old")
+    old, other = ds.cache, cache_named(session, "new")
+    entered, release = hold_puts(old)
+    ds[0]
+    assert entered.wait(60)
+    ds[1], ds[2]           # queued behind row 0
+    swap = set_cache_on_a_thread(ds, other)
+    assert swap.is_alive(), "the switch returned while the old cache's put ran"
+    release.set()
+    swap.join(60)
+    assert not swap.is_alive()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old.close()
+        assert ds.flush(60)
+    assert cache_warnings(caught) == []
+    assert cached_ids(session, "old") == [0]
+    assert cached_ids(session, "new") == [1, 2]
+    st = ds.stats()["async_puts"]
+    assert (st["queued"], st["written"], st["pending"]) == (3, 3, 0), st
+
+
+def test_a_replaced_cache_is_let_go_once_its_rows_are_written(server, session):
+    """ds.cache = other: nothing of the dataset keeps the old cache (its
+    connection and mapped segments) alive afterwards."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="replaced")
+    ds[0]
+    assert ds.flush(60)
+    old = weakref.ref(ds.cache)
+    ds.cache = cache_named(session, "new")
+    ds[1]
+    assert ds.flush(60)
+    gc.collect()
+    assert wait_for(lambda: old() is None, what="the old cache freed")
+    assert cached_ids(session, "replaced") == [0]
+    assert cached_ids(session, "new") == [1]
+
+
+def test_the_writers_warnings_name_the_line_of_the_new_cache(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session), name="old")
+    made_old = ds.cache.origin
+    other = cache_named(session, "new")
+
+    def failing(ids, rows, strict):
+        raise RuntimeError("the disk is on fire")
+    other.put_encoded = failing
+    ds.cache = other
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds[1]
+        assert ds.flush(60)
+    (w,) = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert "background put failed" in str(w.message) and "on fire" in str(w.message)
+    assert (w.filename, w.lineno) == other.origin[:2] != made_old[:2]
