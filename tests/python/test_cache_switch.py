@@ -1,24 +1,28 @@
-"""`ds.cache = other` on a CachedDataset: every row not yet being written
-moves to the new cache, the batch being written ends in the old one before
-the assignment returns, and the writer's warnings name the new cache's
-line.
+"""`ds.cache = other` and `ds.cache = None` on a CachedDataset: every row
+not yet being written moves to the new cache (None: caching off, quietly),
+the batch being written ends in the old one before the assignment returns,
+the writer's warnings name the new cache's line, and DataLoader workers
+started later get the new cache.
 
 The writer is held at a known point: inside the old cache's put, on an
 Event the test releases."""
 
 import gc
+import logging
 import threading
 import warnings
 import weakref
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from conftest import wait_for  # noqa: E402
-from helpers import Images  # noqa: E402
+from helpers import Images, sample  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
-from shmcache.torch import CachedDataset  # noqa: E402
+from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 
 def cache_named(session, name):
@@ -139,3 +143,66 @@ def test_the_writers_warnings_name_the_line_of_the_new_cache(server, session):
     (w,) = [w for w in caught if issubclass(w.category, CacheWarning)]
     assert "background put failed" in str(w.message) and "on fire" in str(w.message)
     assert (w.filename, w.lineno) == other.origin[:2] != made_old[:2]
+
+
+def test_cache_none_turns_caching_off_quietly(server, session, caplog):
+    """ds.cache = None while a row is being written and another is queued:
+    the queued row is not stored, nothing warns (one INFO line on the
+    "shmcache" logger says caching is off), every sample comes from the
+    dataset, as the cache would have returned it."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="off")
+    entered, release = hold_puts(ds.cache)
+    ds[0]
+    assert entered.wait(60)
+    ds[1]
+    with warnings.catch_warnings(record=True) as caught, \
+            caplog.at_level(logging.INFO, logger="shmcache"):
+        warnings.simplefilter("always")
+        swap = set_cache_on_a_thread(ds, None)
+        release.set()
+        swap.join(60)
+        assert not swap.is_alive()
+        got = [ds[i] for i in range(4)] + ds.__getitems__([2, 3])
+        got += [s for a, b in DataLoader(ds, batch_size=2) for s in zip(a, b)]
+        assert ds.flush(60)
+        assert ds.stats() is None
+    assert cache_warnings(caught) == []
+    assert [r.getMessage() for r in caplog.records
+            if "caching turned off" in r.getMessage()], caplog.text
+    for (img, label), i in zip(got, [0, 1, 2, 3, 2, 3, 0, 1, 2, 3]):
+        assert isinstance(img, torch.Tensor)
+        assert np.array_equal(img.numpy(), sample(i)[0]) and int(label) == i % 10
+    assert cached_ids(session, "off") == [0]
+
+
+@pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
+                                            ("DataLoader", "spawn"),
+                                            ("CachedLoader", "fork")])
+def test_workers_of_a_dataset_with_caching_off_read_the_dataset_quietly(
+        server, session, capfd, loader, context):
+    ds = CachedDataset(Images(4), DatasetCache(session), name="off")
+    ds.cache = None
+    make = DataLoader if loader == "DataLoader" else CachedLoader
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [s for a, b in make(ds, batch_size=2, num_workers=2,
+                                  multiprocessing_context=context)
+               for s in zip(a, b)]
+        assert ds.flush(60)
+    assert cache_warnings(caught) == []
+    assert "CacheWarning" not in capfd.readouterr().err
+    assert sorted(int(label) for _, label in got) == [i % 10 for i in range(4)]
+    for img, label in got:
+        assert np.array_equal(img.numpy(), sample(int(label))[0])
+    assert cached_ids(session, "off") == []
+
+
+def test_a_cache_that_is_not_one_is_refused_and_the_old_kept(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session), name="kept")
+    old = ds.cache
+    with pytest.raises(TypeError, match="shmcache.DatasetCache, or None.*got str"):
+        ds.cache = "kept"
+    assert ds.cache is old
+    ds[1]
+    assert ds.flush(60)
+    assert cached_ids(session, "kept") == [1]

@@ -39,6 +39,7 @@ transforms).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import weakref
@@ -57,6 +58,8 @@ from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, e
 from .fingerprint import cache_for_dataset, open_dataset_cache
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
+
+_log = logging.getLogger("shmcache")
 
 # Whether this process is a DataLoader worker (None: not asked yet). Asked
 # once per process: a worker's info is set before it touches a dataset, and
@@ -103,7 +106,12 @@ class CachedDataset(Dataset):
 
     cache: a shmcache.DatasetCache (its session and size are used; the name
       is this dataset's); default DatasetCache(), the session of
-      $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
+      $SHMCACHE_SESSION_ID. `ds.cache = None` turns caching off: every
+      sample is read from the dataset, nothing is stored, no CacheWarning
+      (an INFO line on the "shmcache" logger); ds.cache is then this cache
+      turned off (a bypassed DatasetCache, which DataLoader workers
+      started later get too).
+      name: the cache name, default a fingerprint of
       the dataset (class, length, root/path, transform repr) and of its
       contents (shmcache.torch.dataset_identity: its files' sizes and
       mtimes, or a few samples), taken once, here. When the contents
@@ -218,6 +226,7 @@ class CachedDataset(Dataset):
     def __setattr__(self, name: str, value: Any) -> None:
         putter = None
         if name == "cache":
+            value = self._replacing_cache(value)
             putter = getattr(self, "_putter", None)   # None in __init__
             if putter is not None:
                 # Before the new cache is seen: a row computed for it is
@@ -228,6 +237,20 @@ class CachedDataset(Dataset):
             self._forget_hit_path()
         if putter is not None:
             putter.wait_redirected()
+
+    def _replacing_cache(self, value: Any) -> DatasetCache:
+        """The cache that `ds.cache = value` sets: value, or for None (the
+        user turns caching off) this cache's settings bypassed, quietly:
+        every later read goes to the dataset, nothing is stored, here and
+        in the DataLoader workers started from now on."""
+        if value is None:
+            _log.info("CachedDataset: caching turned off (cache = None): samples are "
+                      "read from the dataset and not stored")
+            return self.cache.turned_off()
+        if not isinstance(value, DatasetCache):
+            raise TypeError(f"cache must be a shmcache.DatasetCache, or None to turn "
+                            f"caching off; got {type(value).__name__}")
+        return value
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
