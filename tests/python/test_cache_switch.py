@@ -8,6 +8,7 @@ The writer is held at a known point: inside the old cache's put, on an
 Event the test releases."""
 
 import gc
+import linecache
 import logging
 import threading
 import warnings
@@ -25,13 +26,9 @@ from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 
-def cache_named(session, name):
-    """A fresh handle on the cache CachedDataset(Images(4), name=name) uses."""
-    return CachedDataset(Images(4), DatasetCache(session), name=name).cache
-
-
-def cached_ids(session, name):
-    cache = cache_named(session, name)
+def cached_ids(session, name="rows"):
+    """The ids cached for CachedDataset(Images(4), name=name) in `session`."""
+    cache = CachedDataset(Images(4), DatasetCache(session), name=name).cache
     return [i for i in range(4) if cache.contains(i)]
 
 
@@ -69,8 +66,9 @@ def test_a_row_computed_for_the_new_cache_is_never_stored_in_the_old(server, ses
     """A miss of the new cache, queued once ds.cache shows it, while the
     writer is still inside a batch of the old cache (the assignment waits
     for that batch), is stored in the new cache, not in the old one."""
-    ds = CachedDataset(Images(4), DatasetCache(session), name="old")
-    other = cache_named(session, "new")
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    new_session = server.new_session()
+    other = DatasetCache(new_session)
     entered, release = hold_puts(ds.cache)
     ds[0]
     assert entered.wait(60)
@@ -80,8 +78,8 @@ def test_a_row_computed_for_the_new_cache_is_never_stored_in_the_old(server, ses
     swap.join(60)
     assert not swap.is_alive()
     assert ds.flush(60)
-    assert cached_ids(session, "old") == [0]
-    assert cached_ids(session, "new") == [1]
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1]
 
 
 def test_queued_rows_move_to_the_new_cache_and_the_old_is_let_go(server, session):
@@ -89,8 +87,9 @@ def test_queued_rows_move_to_the_new_cache_and_the_old_is_let_go(server, session
     cache; the batch being written ends in the old one before the
     assignment returns, so that the old cache can be closed at once (no
     'closed and then used' warning from a late put). Counters go on."""
-    ds = CachedDataset(Images(4), DatasetCache(session), name="old")
-    old, other = ds.cache, cache_named(session, "new")
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    new_session = server.new_session()
+    old, other = ds.cache, DatasetCache(new_session)
     entered, release = hold_puts(old)
     ds[0]
     assert entered.wait(60)
@@ -105,8 +104,8 @@ def test_queued_rows_move_to_the_new_cache_and_the_old_is_let_go(server, session
         old.close()
         assert ds.flush(60)
     assert cache_warnings(caught) == []
-    assert cached_ids(session, "old") == [0]
-    assert cached_ids(session, "new") == [1, 2]
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1, 2]
     st = ds.stats()["async_puts"]
     assert (st["queued"], st["written"], st["pending"]) == (3, 3, 0), st
 
@@ -114,35 +113,36 @@ def test_queued_rows_move_to_the_new_cache_and_the_old_is_let_go(server, session
 def test_a_replaced_cache_is_let_go_once_its_rows_are_written(server, session):
     """ds.cache = other: nothing of the dataset keeps the old cache (its
     connection and mapped segments) alive afterwards."""
-    ds = CachedDataset(Images(4), DatasetCache(session), name="replaced")
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
     ds[0]
     assert ds.flush(60)
     old = weakref.ref(ds.cache)
-    ds.cache = cache_named(session, "new")
+    new_session = server.new_session()
+    ds.cache = DatasetCache(new_session)
     ds[1]
     assert ds.flush(60)
     gc.collect()
     assert wait_for(lambda: old() is None, what="the old cache freed")
-    assert cached_ids(session, "replaced") == [0]
-    assert cached_ids(session, "new") == [1]
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1]
 
 
-def test_the_writers_warnings_name_the_line_of_the_new_cache(server, session):
-    ds = CachedDataset(Images(4), DatasetCache(session), name="old")
+def test_the_writers_warnings_name_the_line_that_set_the_new_cache(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session))
     made_old = ds.cache.origin
-    other = cache_named(session, "new")
+    ds.cache = DatasetCache(server.new_session())   # the line named
 
     def failing(ids, rows, strict):
         raise RuntimeError("the disk is on fire")
-    other.put_encoded = failing
-    ds.cache = other
+    ds.cache.put_encoded = failing
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds[1]
         assert ds.flush(60)
     (w,) = [w for w in caught if issubclass(w.category, CacheWarning)]
     assert "background put failed" in str(w.message) and "on fire" in str(w.message)
-    assert (w.filename, w.lineno) == other.origin[:2] != made_old[:2]
+    assert (w.filename, w.lineno) == ds.cache.origin[:2] != made_old[:2]
+    assert linecache.getline(w.filename, w.lineno).endswith("# the line named\n")
 
 
 def test_cache_none_turns_caching_off_quietly(server, session, caplog):
@@ -173,6 +173,10 @@ def test_cache_none_turns_caching_off_quietly(server, session, caplog):
         assert isinstance(img, torch.Tensor)
         assert np.array_equal(img.numpy(), sample(i)[0]) and int(label) == i % 10
     assert cached_ids(session, "off") == [0]
+    ds.cache = DatasetCache(session)      # and on again
+    ds[2]
+    assert ds.flush(60)
+    assert cached_ids(session, "off") == [0, 2]
 
 
 @pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
@@ -206,3 +210,24 @@ def test_a_cache_that_is_not_one_is_refused_and_the_old_kept(server, session):
     ds[1]
     assert ds.flush(60)
     assert cached_ids(session, "kept") == [1]
+
+
+def test_a_cache_set_later_is_named_for_the_dataset_as_the_constructors(server, session):
+    """ds.cache = DatasetCache(other_session) takes that session and size
+    and this dataset's name, as CachedDataset(dataset, cache) does: two
+    datasets switched to one session never read each other's rows. With
+    name=, the name given."""
+    new_session = server.new_session()
+    big = CachedDataset(Images(4), DatasetCache(session))
+    small = CachedDataset(Images(4, side=16), DatasetCache(session))
+    mine = CachedDataset(Images(4), DatasetCache(session), name="mine")
+    for ds in (big, small, mine):
+        ds.cache = DatasetCache(new_session)
+    big[0]
+    assert big.flush(60)
+    img, _ = small[0]
+    assert img.shape == (3, 16, 16) and np.array_equal(img.numpy(), sample(0, 16)[0])
+    assert small.flush(60)
+    fresh = CachedDataset(Images(4), DatasetCache(new_session)).cache
+    assert (big.cache.session_id, big.cache.name) == (new_session, fresh.name)
+    assert (mine.cache.session_id, mine.cache.name) == (new_session, "mine")

@@ -106,7 +106,9 @@ class CachedDataset(Dataset):
 
     cache: a shmcache.DatasetCache (its session and size are used; the name
       is this dataset's); default DatasetCache(), the session of
-      $SHMCACHE_SESSION_ID. `ds.cache = None` turns caching off: every
+      $SHMCACHE_SESSION_ID. `ds.cache = other` later is taken the same
+      way (other's session and size, this dataset's name, checked at the
+      assignment); `ds.cache = None` turns caching off: every
       sample is read from the dataset, nothing is stored, no CacheWarning
       (an INFO line on the "shmcache" logger); ds.cache is then this cache
       turned off (a bypassed DatasetCache, which DataLoader workers
@@ -208,6 +210,7 @@ class CachedDataset(Dataset):
                             f"{type(dataset).__name__} is an IterableDataset: use "
                             f"CachedIterableDataset(source, cache) under a DataLoader")
         self.dataset = dataset
+        self._name = name   # for a cache set later (_replacing_cache)
         self.cache = cache_for_dataset(dataset, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform
@@ -239,10 +242,14 @@ class CachedDataset(Dataset):
             putter.wait_redirected()
 
     def _replacing_cache(self, value: Any) -> DatasetCache:
-        """The cache that `ds.cache = value` sets: value, or for None (the
-        user turns caching off) this cache's settings bypassed, quietly:
-        every later read goes to the dataset, nothing is stored, here and
-        in the DataLoader workers started from now on."""
+        """The cache that `ds.cache = value` sets: as the constructor takes
+        its cache= (value's session and size, this dataset's name, checked
+        at open here), or for None (the user turns caching off) this
+        cache's settings bypassed, quietly: every later read goes to the
+        dataset, nothing is stored, here and in the DataLoader workers
+        started from now on."""
+        if getattr(self, "cache", None) is None:
+            return value      # the constructor's, made by cache_for_dataset
         if value is None:
             _log.info("CachedDataset: caching turned off (cache = None): samples are "
                       "read from the dataset and not stored")
@@ -250,7 +257,10 @@ class CachedDataset(Dataset):
         if not isinstance(value, DatasetCache):
             raise TypeError(f"cache must be a shmcache.DatasetCache, or None to turn "
                             f"caching off; got {type(value).__name__}")
-        return value
+        # The random transform was refused or allowed by the constructor.
+        return open_dataset_cache(cache_for_dataset(self.dataset, value, self._name,
+                                                    allow_random=True,
+                                                    bypass_unknown=True))
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
