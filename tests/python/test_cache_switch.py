@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import wait_for  # noqa: E402
-from helpers import Images, sample  # noqa: E402
+from helpers import Images, Stream, sample  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
-from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
+from shmcache.torch import CachedDataset, CachedIterableDataset, CachedLoader  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 
@@ -231,3 +231,23 @@ def test_a_cache_set_later_is_named_for_the_dataset_as_the_constructors(server, 
     fresh = CachedDataset(Images(4), DatasetCache(new_session)).cache
     assert (big.cache.session_id, big.cache.name) == (new_session, fresh.name)
     assert (mine.cache.session_id, mine.cache.name) == (new_session, "mine")
+
+
+def test_a_streaming_dataset_takes_a_later_cache_and_none_as_cached_dataset(
+        server, session, caplog):
+    ds = CachedIterableDataset(Stream(6), DatasetCache(session))
+    with pytest.raises(TypeError, match="shmcache.DatasetCache, or None.*got int"):
+        ds.cache = 3
+    new_session = server.new_session()
+    ds.cache = DatasetCache(new_session)
+    fresh = CachedIterableDataset(Stream(6), DatasetCache(new_session))
+    assert (ds.cache.session_id, ds.cache.name) == (new_session, fresh.cache.name)
+    with warnings.catch_warnings(record=True) as caught, \
+            caplog.at_level(logging.INFO, logger="shmcache"):
+        warnings.simplefilter("always")
+        ds.cache = None
+        got = list(ds)
+    assert cache_warnings(caught) == []
+    assert "caching turned off" in caplog.text
+    assert [int(s["label"]) for s in got] == [i % 10 for i in range(6)]
+    assert not ds.built and fresh.sealed_count() is None

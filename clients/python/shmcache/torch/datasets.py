@@ -91,6 +91,29 @@ _READ_SETTINGS = frozenset({"transform", "target_transform", "transforms", "colu
 os.register_at_fork(after_in_child=_forget_in_worker)
 
 
+def _cache_to_set(ds: CachedDataset | CachedIterableDataset, value: Any) -> DatasetCache:
+    """The cache that `ds.cache = value` sets: as the constructor takes its
+    cache= (value's session and size, the dataset's name, checked at open
+    here), or for None (the user turns caching off) the cache's settings
+    bypassed, quietly: every later read goes to the source, nothing is
+    stored, here and in the DataLoader workers started from now on. The
+    constructor's own assignment (no cache yet) is value as it is."""
+    current = getattr(ds, "cache", None)
+    if current is None:
+        return value      # made by cache_for_dataset
+    if value is None:
+        _log.info("%s: caching turned off (cache = None): samples are read from "
+                  "the source and not stored", type(ds).__name__)
+        return current.turned_off()
+    if not isinstance(value, DatasetCache):
+        raise TypeError(f"cache must be a shmcache.DatasetCache, or None to turn "
+                        f"caching off; got {type(value).__name__}")
+    source = ds.dataset if isinstance(ds, CachedDataset) else ds.source
+    # The random transform was refused or allowed by the constructor.
+    return open_dataset_cache(cache_for_dataset(source, value, ds._name, allow_random=True,
+                                                bypass_unknown=True))
+
+
 def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
     """(columns of the sample, None), or (None, why it has none)."""
     try:
@@ -210,7 +233,7 @@ class CachedDataset(Dataset):
                             f"{type(dataset).__name__} is an IterableDataset: use "
                             f"CachedIterableDataset(source, cache) under a DataLoader")
         self.dataset = dataset
-        self._name = name   # for a cache set later (_replacing_cache)
+        self._name = name   # for a cache set later (_cache_to_set)
         self.cache = cache_for_dataset(dataset, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform
@@ -229,7 +252,7 @@ class CachedDataset(Dataset):
     def __setattr__(self, name: str, value: Any) -> None:
         putter = None
         if name == "cache":
-            value = self._replacing_cache(value)
+            value = _cache_to_set(self, value)
             putter = getattr(self, "_putter", None)   # None in __init__
             if putter is not None:
                 # Before the new cache is seen: a row computed for it is
@@ -240,27 +263,6 @@ class CachedDataset(Dataset):
             self._forget_hit_path()
         if putter is not None:
             putter.wait_redirected()
-
-    def _replacing_cache(self, value: Any) -> DatasetCache:
-        """The cache that `ds.cache = value` sets: as the constructor takes
-        its cache= (value's session and size, this dataset's name, checked
-        at open here), or for None (the user turns caching off) this
-        cache's settings bypassed, quietly: every later read goes to the
-        dataset, nothing is stored, here and in the DataLoader workers
-        started from now on."""
-        if getattr(self, "cache", None) is None:
-            return value      # the constructor's, made by cache_for_dataset
-        if value is None:
-            _log.info("CachedDataset: caching turned off (cache = None): samples are "
-                      "read from the dataset and not stored")
-            return self.cache.turned_off()
-        if not isinstance(value, DatasetCache):
-            raise TypeError(f"cache must be a shmcache.DatasetCache, or None to turn "
-                            f"caching off; got {type(value).__name__}")
-        # The random transform was refused or allowed by the constructor.
-        return open_dataset_cache(cache_for_dataset(self.dataset, value, self._name,
-                                                    allow_random=True,
-                                                    bypass_unknown=True))
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
@@ -514,6 +516,7 @@ class CachedIterableDataset(IterableDataset):
     go on streaming from the source (drop the session to rebuild). If the
     cache fills up during the build, or a sample cannot be cached, it is
     not sealed either. cache: default DatasetCache() ($SHMCACHE_SESSION_ID).
+    `ds.cache = other` and `ds.cache = None` (caching off) as CachedDataset's.
     """
 
     def __init__(self, source: Iterable[Any], cache: DatasetCache | None = None,
@@ -521,11 +524,15 @@ class CachedIterableDataset(IterableDataset):
                  transform: Callable[[Any], Any] | None = None,
                  allow_random: bool = False) -> None:
         self.source = source
+        self._name = name   # for a cache set later (_cache_to_set)
         self.cache = cache_for_dataset(source, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
         open_dataset_cache(self.cache)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, _cache_to_set(self, value) if name == "cache" else value)
 
     def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""
