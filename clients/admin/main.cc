@@ -14,6 +14,7 @@
 #include "clients/admin/start_server.h"
 #include "clients/admin/stop_server.h"
 #include "common/metrics.h"
+#include "common/size_text.h"
 #include "format/instance.h"
 #include "shmcache/client.h"
 
@@ -57,10 +58,9 @@ Status CollectMetrics(Client& client, std::string* out) {
 // commands that serve and then remove it.
 std::string LeftFilesText(const StopResult& r, int port, const std::string& shm_dir) {
   return fmt::format(
-      "one that ended without --stop left {} file{} ({:.1f} MB) in {}: {}'shmcache "
+      "one that ended without --stop left {} file{} ({}) in {}: {}'shmcache "
       "--start -p {}{}' serves them again, and --stop after it removes them",
-      r.left_files, r.left_files == 1 ? "" : "s",
-      static_cast<double>(r.left_bytes) / (1 << 20), r.left_in,
+      r.left_files, r.left_files == 1 ? "" : "s", SizeText(r.left_bytes), r.left_in,
       r.runs_elsewhere ? "once that one is stopped, " : "", port,
       shm_dir.empty() ? "" : " --shm_dir " + shm_dir);
 }
