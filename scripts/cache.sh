@@ -28,6 +28,7 @@ if ! [[ $stop_grace =~ ^[0-9]{1,6}$ ]]; then
   echo "cache.sh: SHMCACHE_STOP_GRACE must be a whole number of seconds, got '$stop_grace'" >&2
   exit 1
 fi
+stop_grace=$((10#$stop_grace))  # "08" is 8 s, not bash's octal (an error)
 if [ ! -d "$dataset_path" ]; then
   echo "cache.sh: no dataset directory at '$dataset_path'" >&2
   exit 1

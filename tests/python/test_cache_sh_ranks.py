@@ -138,17 +138,23 @@ def test_cache_sh_stopped_by_a_signal_stops_its_ranks(server, tmp_path, sig, gro
         assert f"cache.sh: stopped by {sig.name}; stopping the 2 devices" in err
 
 
-def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace(server, tmp_path):
+# "08": a grace written with a leading zero is decimal, as written; bash
+# read it as octal ("010" was 8 s) and "08" failed its arithmetic, which
+# SIGKILLed at once.
+@pytest.mark.parametrize("grace,said", [("1", "1"), ("08", "8")])
+def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace(server, tmp_path, grace,
+                                                                said):
     """Once cache.sh waited for good on a rank that ignored its SIGTERM, and
     with it the job its scheduler was stopping."""
     python = python_that_ignores_sigterm_in_rank(tmp_path, 1)
-    with training(server, tmp_path, SHMCACHE_STOP_GRACE="1", PYTHON=str(python)) \
+    with training(server, tmp_path, SHMCACHE_STOP_GRACE=grace, PYTHON=str(python)) \
             as (p, ranks):
         p.send_signal(signal.SIGTERM)
         err = _ended_with(p, ranks, signal.SIGTERM)
         assert "cache.sh: device 1 (pid " in err and \
-            "still ran 1s after SIGTERM; killing it" in err, err
+            f"still ran {said}s after SIGTERM; killing it" in err, err
         assert "cache.sh: device 0 (pid" not in err, err
+        assert "value too great" not in err, err
 
 
 def test_a_stop_grace_that_is_not_a_number_is_refused(server, tmp_path):
