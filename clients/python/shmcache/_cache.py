@@ -30,7 +30,8 @@ from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
                         TooLargeError, UnavailableError)
-from ._user_line import Origin, WarnedFlag, quietly, said_quietly, user_line, warn
+from ._user_line import Origin, quietly, said_quietly, user_line, warn
+from ._warned_flag import WarnedFlag
 from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
@@ -242,12 +243,12 @@ class DatasetCache:
 
     def _claim_warning(self) -> bool:
         """True the first time only, for this object and its copies in
-        the processes forked from here: the one warning is to be shown."""
-        first = not self._warning_said()
+        the processes started from here: the one warning is to be shown.
+        Inside quietly() nothing is shown, and nothing claimed."""
+        if self._warned:
+            return False
         self._warned = True
-        if not said_quietly():
-            self._told.set()
-        return first
+        return not said_quietly() and self._told.claim()
 
     def _used_after_close(self) -> None:
         """A call of this object after close(): bypassed from now on (no
@@ -344,10 +345,8 @@ class DatasetCache:
         bound, where, fix = cap_bound(info)
         # A note of its own: the one warning of a degrade (the server gone,
         # failing) is still said after it.
-        if self._told.said(_CAP_NOTE):
+        if said_quietly() or not self._told.claim(_CAP_NOTE):
             return
-        if not said_quietly():
-            self._told.set(_CAP_NOTE)
         warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
