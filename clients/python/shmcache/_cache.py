@@ -39,8 +39,11 @@ from .stats import CacheStats
 __all__ = ["DatasetCache"]
 
 
-# WarnedFlag's slot for the note that size_mb is more than the server's cap.
+# WarnedFlag's slot for the note that size_mb is more than the server's cap,
+# and the one set by close(), which workers already running (persistent
+# DataLoader workers) read.
 _CAP_NOTE = 1
+_CLOSED = 2
 
 
 class DatasetCache:
@@ -251,13 +254,22 @@ class DatasetCache:
         return not said_quietly() and self._told.claim()
 
     def _used_after_close(self) -> None:
-        """A call of this object after close(): bypassed from now on (no
-        call reaches the closed native cache again), with the warning that
-        says so. Zero-copy arrays keep the native cache they view."""
+        """A call of this object after close(), here or by the process this
+        object was handed to a worker from (a persistent worker sees its
+        trainer's close: the flag's _CLOSED): bypassed from now on (no call
+        reaches the native cache again; closed here too, so that its unused
+        space goes back), with the warning that says so. Zero-copy arrays
+        keep the native cache they view."""
         c = self.native
         if c is not None:
             self._bytes_read += c.bytes_read
             self.native = None
+            if not self._closed:
+                try:
+                    c.close()
+                except Error:
+                    pass
+        self._closed = True
         self._state = State.BYPASSED
         self._warn_once(f"cache {self.name!r} of session {self.session_id} was closed "
                         "(close(), or the end of its `with` block) and then used",
@@ -293,7 +305,7 @@ class DatasetCache:
     def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
         c = self.native
-        if self._closed:
+        if self._closed or self._told.said(_CLOSED):
             if self._state is not State.BYPASSED:
                 self._used_after_close()
             return None
@@ -592,8 +604,10 @@ class DatasetCache:
         (module docstring). A later call of this object is a bypassed
         cache's (a miss, a put not stored) after one CacheWarning that says
         so: open a new DatasetCache to use the cache again."""
-        # Closed even where no call opened it yet: nothing opens it later.
+        # Closed even where no call opened it yet: nothing opens it later,
+        # here or in a worker already running (_open reads the flag).
         self._closed = True
+        self._told.set(_CLOSED)
         if self.native is not None:
             try:
                 self.native.close()
@@ -620,7 +634,10 @@ class DatasetCache:
         cache cannot hold is still delivered). quiet: the CacheWarnings of
         an open or a failure are not shown (a loader's worker, whose
         trainer warns once for the row)."""
-        c = self.native if self._state <= State.FULL else None
+        # A put of a worker still running after its trainer's close() (a
+        # persistent one) reaches _open, which sees the close.
+        c = self.native if self._state <= State.FULL and not self._told.said(_CLOSED) \
+            else None
         if c is None:
             if quiet:
                 with quietly(CacheWarning):

@@ -107,7 +107,7 @@ class WarnedFlag:
 
     __slots__ = ("_page", "_at", "__weakref__")
 
-    SLOTS = 2
+    SLOTS = 3
 
     def __init__(self, page: _Page | None = None, at: int = 0) -> None:
         if page is None:
