@@ -86,6 +86,7 @@ class DatasetCache:
     _warned: bool
     _told: WarnedFlag
     _warned_row: bool
+    cause: str | None   # package-internal: see _init_runtime
     _bytes_read: int
     _closed: bool
 
@@ -145,7 +146,7 @@ class DatasetCache:
     # shares the flag with its trainer (WarnedFlag), and never opens a cache
     # its trainer closed, as a forked one does.
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
-                "_warned_row", "_bytes_read")
+                "_warned_row", "_bytes_read", "cause")
 
     # Set by bypass(): travels with the object (pickled to DataLoader
     # workers), so that no process of it uses the cache.
@@ -167,6 +168,10 @@ class DatasetCache:
         if not isinstance(getattr(self, "_told", None), WarnedFlag):
             self._told = WarnedFlag()
         self._warned_row = False  # a row the cache cannot take was dropped
+        # What stopped the cache: the cause its one warning names, shown or
+        # not (inside quietly(), or said by another process). Its callers
+        # read it instead of catching the warning (prefill).
+        self.cause = self.bypass_reason
         self._bytes_read = 0      # bytes of columns returned by get_columns
         # close() closed `native` (here, or where this was unpickled from).
         self._closed = bool(getattr(self, "_closed", False))
@@ -202,6 +207,7 @@ class DatasetCache:
             other._client = self._client
         if self._state is State.BYPASSED:
             other._state = State.BYPASSED
+            other.cause = self.cause
         return other
 
     def bypass(self, why: str) -> None:
@@ -230,6 +236,8 @@ class DatasetCache:
         """The object's one CacheWarning: `what` stopped the cache, what
         happens now (by the state it is in), and `fix`; nothing after the
         first, here or in a process forked from here."""
+        if self.cause is None:
+            self.cause = what
         if not self._claim_warning():
             return
         if self._state is State.BYPASSED:
