@@ -611,7 +611,9 @@ class DatasetCache:
         """Returns unused space to the daemon; zero-copy arrays stay valid
         (module docstring). A later call of this object is a bypassed
         cache's (a miss, a put not stored) after one CacheWarning that says
-        so: open a new DatasetCache to use the cache again."""
+        so: open a new DatasetCache to use the cache again. Its copies in
+        DataLoader workers already running (persistent ones) are closed at
+        their next batched read or put."""
         # Closed even where no call opened it yet: nothing opens it later,
         # here or in a worker already running (_open reads the flag).
         self._closed = True
