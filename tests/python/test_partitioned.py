@@ -15,7 +15,9 @@ with windows of 1 and 3 batches per exchange round.
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -412,3 +414,75 @@ def test_samples_the_cache_cannot_hold_are_delivered_with_one_warning(
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
         out.stdout + out.stderr
+
+
+# ---- two ranks: a rank gone while another closes its epoch -----------------
+
+_LEFT_EARLY = r'''
+import datetime, os, signal, sys
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+import shmcache
+from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
+
+class Rows(Dataset):
+    root = "left-early"
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return np.full(4, i, dtype=np.float32), i
+
+dist.init_process_group("gloo", init_method="env://",
+                        timeout=datetime.timedelta(seconds=60))
+cds = CachedDataset(Rows(), shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
+                    async_puts=False)
+make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=4, sampler=DistributedSampler(cds, shuffle=False)),
+                           window=1, local_world_size=1)
+for x, i in loader:  # loop
+    if dist.get_rank() == 1:   # gone before its epoch's end, as SIGKILLed ranks go
+        os.kill(os.getpid(), signal.SIGKILL)
+    # rank 0: leaves; its exchange thread goes on to the closing rounds
+    break  # left
+loader.close()
+print("ok", flush=True)
+# Not a normal exit: torch 1.13's gloo thread may free the failed round's
+# numpy-backed tensor while the interpreter finalizes, and abort (rc -6).
+os._exit(0)
+'''
+
+
+def test_a_round_that_fails_after_the_loop_left_is_said_once(session, tmp_path, kind):
+    """Rank 0 leaves its epoch after a batch, so that nobody takes what its
+    exchange thread meets next; rank 1 is killed before the end of the
+    epoch. The round that fails (a window's or a closing one, as the kill
+    falls) is said once, as a CacheWarning at rank 0's loop or the line
+    that left it, under Python's default filters. (A window's round that
+    failed once the loop had left was said nowhere.)"""
+    script = tmp_path / "rank.py"
+    script.write_text(_LEFT_EARLY)
+    lines = {k + 1 for k, line in enumerate(_LEFT_EARLY.splitlines())
+             if line.endswith(("# loop", "# left"))}
+    port = str(free_tcp_port())
+    ranks = [subprocess.Popen(["/usr/bin/python3", str(script), kind],
+                              env=dict(os.environ, SESSION_ID=str(session), RANK=str(r),
+                                       WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, OMP_NUM_THREADS="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        out, err = ranks[0].communicate(timeout=120)
+        ranks[1].wait(timeout=60)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert ranks[1].returncode == -signal.SIGKILL
+    assert ranks[0].returncode == 0 and out.strip() == "ok", out + err
+    said = re.findall(r"^(.*):(\d+): CacheWarning: (.*)$", err, re.M)
+    assert len(said) == 1, err
+    ((where, line, message),) = said
+    assert where == str(script) and int(line) in lines, err
+    assert "exchange round of PartitionedLoader failed after the loop" in message, message

@@ -259,6 +259,47 @@ def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
     assert "read from the source" not in r.stderr and "started?" not in r.stderr
 
 
+def test_main_called_in_a_thread_keeps_the_programs_other_warnings(server, capsys):
+    """prefill.main() called by a program, in a thread of it, refused
+    (session 0): it says its own cause, and every warning of the program's
+    other threads meanwhile is shown. (It caught the warnings of its open
+    with warnings.catch_warnings: the process's, those of the other
+    threads among them, which were then lost, or named as its cause.)"""
+    import warnings
+    from shmcache import prefill
+    calls, codes, done = 300, [], threading.Event()
+
+    def refused():
+        try:
+            for _ in range(calls):
+                codes.append(prefill.main(["prefill_helpers:rows", "--session_id", "0",
+                                           "-p", str(server.port)]))
+        finally:
+            done.set()
+
+    shown = [0]
+
+    def show(message, category, *where):
+        if category is UserWarning and str(message).startswith("mine"):
+            shown[0] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show    # counted, not kept: they are many
+        t = threading.Thread(target=refused)
+        t.start()
+        mine = 0
+        while not done.is_set():
+            warnings.warn("mine", UserWarning)
+            mine += 1
+        t.join()
+    assert codes == [1] * calls
+    said = set(capsys.readouterr().err.splitlines())
+    assert len(said) == 1 and said.pop().startswith(
+        "prefill: no row can be cached: session 0 is no session"), said
+    assert shown[0] == mine
+
+
 def test_a_missing_required_argument_is_one_line_and_exit_1(server):
     r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows"],
                        env=env(server), capture_output=True, text=True, timeout=120)

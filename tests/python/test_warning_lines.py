@@ -141,3 +141,26 @@ def test_quietly_on_other_threads_never_quiets_this_one():
             t.join()
         warn("after", CacheWarning)
     assert [str(x.message) for x in w] == ["while others are quiet", "after"]
+
+
+@pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
+                                            ("DataLoader", "spawn"),
+                                            ("CachedLoader", "fork")])
+def test_persistent_workers_see_a_close_made_after_they_started(
+        start_server, loader, context):
+    """close() between two passes of persistent workers: the workers of the
+    second pass neither read the cache (no hit) nor store the rows the
+    first pass did not reach, and its use after close() is said once.
+    (They kept the cache they had opened: every row of the first pass a
+    hit, the others stored.)"""
+    server = start_server()
+    r = run(server, server.new_session(), loader, 2, context, "closed_later")
+    first, second = [list(map(int, line.split())) for line in r.stdout.splitlines()]
+    rows, hits, cached = first
+    assert rows == 32 and cached == 32, r.stdout
+    assert second == [64, hits, 32], r.stdout
+    found = WARNING.findall(r.stderr)
+    assert len(found) == 1, r.stderr
+    ((where, line, message),) = found
+    assert where == TRAINER and int(line) in user_lines(), r.stderr
+    assert "was closed" in message and "and then used" in message, message

@@ -314,3 +314,73 @@ def test_warnings_as_errors_do_not_stop_the_background_writer(start_server):
     assert ds.cache.stats().full
     assert [type(e) for e in reported] == [CacheWarning], reported
     assert "full" in str(reported[0])
+
+
+# ---- the one warning, over processes --------------------------------------
+
+def _said_in_children(children, act):
+    """Forks `children` processes that spin until all are running, then run
+    act() at once; the number of CacheWarnings they said, all together."""
+    import mmap
+    import os
+    go = mmap.mmap(-1, 1 + children)     # shared with the children
+    pids = []
+    for k in range(children):
+        pid = os.fork()
+        if pid == 0:
+            said = 99
+            try:
+                go[1 + k] = 1
+                while go[0] == 0:
+                    pass
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    act()
+                said = len(cache_warnings(w))
+            finally:
+                os._exit(said)
+        pids.append(pid)
+    try:
+        wait_for(lambda: all(go[1:]), what="the children spinning")
+    finally:
+        go[0] = 1     # (a child that never started spinning acts late)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+    assert all(0 <= c <= children for c in codes), codes
+    return sum(codes)
+
+
+def test_processes_meeting_the_cause_at_once_say_it_once(server, session):
+    """Workers that use a closed cache at the same instant claim the one
+    warning together: exactly one says it. (The claim was a read of the
+    shared byte, then a write: two processes between the two both said
+    it.)"""
+    said = []
+    for _ in range(40):
+        cache = DatasetCache(session)
+        cache.close()
+        said.append(_said_in_children(8, lambda: cache.get(1)))
+    assert said == [1] * len(said), said
+
+
+def test_a_cache_costs_no_file_descriptor_for_its_flags(server, session):
+    """Many caches in one process (a CachedDataset per file of a dataset,
+    say) share the descriptor of their warning flags' memory: each cache
+    and each CachedDataset held one (two with its mapping's), and a
+    program under ulimit -n 1024 failed at a few hundred."""
+    import os
+    import resource
+    pytest.importorskip("torch")
+    from helpers import Images
+    from shmcache.torch import CachedDataset
+    base = DatasetCache(session)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (before + 64, hard))
+    try:
+        shards = [CachedDataset(Images(2), base, name=f"shard-{k}", async_puts=False)
+                  for k in range(300)]
+        held = len(os.listdir("/proc/self/fd")) - before
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert held <= 4, held
+    assert shards[299][1] is not None

@@ -3,8 +3,11 @@
 CachedDataset whose rows the cache cannot take: PROBLEM "full" (64 rows of
 1 MiB, for a server capped below that), "over_cap" (full too, in a cache
 whose size_mb is over the cap, which the note at open foretells),
-"closed" (the user closed the cache before the loop) or "uncacheable" (a
-str label).
+"closed" (the user closed the cache before the loop), "closed_later"
+(persistent workers: a pass over the first 32 rows, then the user closes
+the cache, then a pass over all 64; after each pass it prints the rows
+seen and the cache's hits and rows, as another handle reads them) or
+"uncacheable" (a str label).
 The lines marked `made` and `loop` are the user's lines a CacheWarning may
 name.
 
@@ -13,29 +16,55 @@ name.
 
 import sys
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from helpers import MiBRows, StrLabels
 from shmcache import DatasetCache
 from shmcache.torch import CachedDataset, CachedLoader
 
 
+class FirstRows(Sampler):
+    """range(n), n set by the trainer between passes."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
 def main(kind, workers, context, problem):
     source = StrLabels(8) if problem == "uncacheable" else MiBRows(64)
+    extra = dict(multiprocessing_context=context) if workers else {}
+    passes = [None]
     if problem == "over_cap":
         ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem))  # made
+    elif problem == "closed_later":
+        ds = CachedDataset(source, name=problem, async_puts=False)  # made
+        passes = [32, 64]
+        extra.update(persistent_workers=True, sampler=FirstRows(32))
     else:
         ds = CachedDataset(source, name=problem)  # made
     if problem == "closed":
         ds.cache.close()
     loader_class = CachedLoader if kind == "CachedLoader" else DataLoader
-    extra = dict(multiprocessing_context=context) if workers else {}
     loader = loader_class(ds, batch_size=4, num_workers=workers, **extra)
-    n = 0
-    for batch in loader:  # loop
-        n += len(batch[1])
-    assert ds.flush(30)
-    print(n)
+    for rows in passes:
+        if rows == 64:
+            ds.cache.close()
+            loader.sampler.n = rows
+        n = 0
+        for batch in loader:  # loop
+            n += len(batch[1])
+        assert ds.flush(30)
+        if rows is None:
+            print(n)
+        else:
+            st = DatasetCache(name=ds.cache.name, fingerprint=ds.cache.fingerprint).stats()
+            print(n, st.hits, st.mem_rows)
 
 
 if __name__ == "__main__":

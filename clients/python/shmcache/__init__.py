@@ -33,8 +33,9 @@ cache spilled to disk has no shared memory and always comes back as a
 copy.
 
 The package: _cache.py holds DatasetCache (with _checks.py, _degrade.py,
-_user_line.py and _read_into.py, its argument checks, degradation rules,
-where its warnings point and read_into targets); _client.py Client, the admin API (sessions, server info, stop);
+_user_line.py, _warned_flag.py and _read_into.py, its argument checks,
+degradation rules, where its warnings point, the flag that says one once
+over processes, and read_into targets); _client.py Client, the admin API (sessions, server info, stop);
 rows.py the row model; stats.py CacheStats; async_put.py the background
 writer of CachedDataset; shards.py shards and patches;
 prefill.py `python3 -m shmcache.prefill` (cifar10.py its CIFAR-10 reader);

@@ -30,7 +30,8 @@ from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
                         TooLargeError, UnavailableError)
-from ._user_line import Origin, WarnedFlag, quietly, said_quietly, user_line, warn
+from ._user_line import Origin, quietly, said_quietly, user_line, warn
+from ._warned_flag import WarnedFlag
 from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
@@ -38,8 +39,11 @@ from .stats import CacheStats
 __all__ = ["DatasetCache"]
 
 
-# WarnedFlag's slot for the note that size_mb is more than the server's cap.
+# WarnedFlag's slot for the note that size_mb is more than the server's cap,
+# and the one set by close(), which workers already running (persistent
+# DataLoader workers) read.
 _CAP_NOTE = 1
+_CLOSED = 2
 
 
 class DatasetCache:
@@ -82,6 +86,7 @@ class DatasetCache:
     _warned: bool
     _told: WarnedFlag
     _warned_row: bool
+    cause: str | None   # package-internal: see _init_runtime
     _bytes_read: int
     _closed: bool
 
@@ -141,7 +146,7 @@ class DatasetCache:
     # shares the flag with its trainer (WarnedFlag), and never opens a cache
     # its trainer closed, as a forked one does.
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
-                "_warned_row", "_bytes_read")
+                "_warned_row", "_bytes_read", "cause")
 
     # Set by bypass(): travels with the object (pickled to DataLoader
     # workers), so that no process of it uses the cache.
@@ -163,6 +168,10 @@ class DatasetCache:
         if not isinstance(getattr(self, "_told", None), WarnedFlag):
             self._told = WarnedFlag()
         self._warned_row = False  # a row the cache cannot take was dropped
+        # What stopped the cache: the cause its one warning names, shown or
+        # not (inside quietly(), or said by another process). Its callers
+        # read it instead of catching the warning (prefill).
+        self.cause = self.bypass_reason
         self._bytes_read = 0      # bytes of columns returned by get_columns
         # close() closed `native` (here, or where this was unpickled from).
         self._closed = bool(getattr(self, "_closed", False))
@@ -198,6 +207,7 @@ class DatasetCache:
             other._client = self._client
         if self._state is State.BYPASSED:
             other._state = State.BYPASSED
+            other.cause = self.cause
         return other
 
     def bypass(self, why: str) -> None:
@@ -237,6 +247,8 @@ class DatasetCache:
         """The object's one CacheWarning: `what` stopped the cache, what
         happens now (by the state it is in), and `fix`; nothing after the
         first, here or in a process forked from here."""
+        if self.cause is None:
+            self.cause = what
         if not self._claim_warning():
             return
         if self._state is State.BYPASSED:
@@ -253,21 +265,30 @@ class DatasetCache:
 
     def _claim_warning(self) -> bool:
         """True the first time only, for this object and its copies in
-        the processes forked from here: the one warning is to be shown."""
-        first = not self._warning_said()
+        the processes started from here: the one warning is to be shown.
+        Inside quietly() nothing is shown, and nothing claimed."""
+        if self._warned:
+            return False
         self._warned = True
-        if not said_quietly():
-            self._told.set()
-        return first
+        return not said_quietly() and self._told.claim()
 
     def _used_after_close(self) -> None:
-        """A call of this object after close(): bypassed from now on (no
-        call reaches the closed native cache again), with the warning that
-        says so. Zero-copy arrays keep the native cache they view."""
+        """A call of this object after close(), here or by the process this
+        object was handed to a worker from (a persistent worker sees its
+        trainer's close: the flag's _CLOSED): bypassed from now on (no call
+        reaches the native cache again; closed here too, so that its unused
+        space goes back), with the warning that says so. Zero-copy arrays
+        keep the native cache they view."""
         c = self.native
         if c is not None:
             self._bytes_read += c.bytes_read
             self.native = None
+            if not self._closed:
+                try:
+                    c.close()
+                except Error:
+                    pass
+        self._closed = True
         self._state = State.BYPASSED
         self._warn_once(f"cache {self.name!r} of session {self.session_id} was closed "
                         "(close(), or the end of its `with` block) and then used",
@@ -303,7 +324,7 @@ class DatasetCache:
     def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
         c = self.native
-        if self._closed:
+        if self._closed or self._told.said(_CLOSED):
             if self._state is not State.BYPASSED:
                 self._used_after_close()
             return None
@@ -355,10 +376,8 @@ class DatasetCache:
         bound, where, fix = cap_bound(info)
         # A note of its own: the one warning of a degrade (the server gone,
         # failing) is still said after it.
-        if self._told.said(_CAP_NOTE):
+        if said_quietly() or not self._told.claim(_CAP_NOTE):
             return
-        if not said_quietly():
-            self._told.set(_CAP_NOTE)
         warn(
             f"shmcache: cache size {self.size_mb} MB is more than the {cap // mb} MB "
             f"the server can have ({bound}: {where}); the cache holds {cap // mb} MB "
@@ -603,9 +622,13 @@ class DatasetCache:
         """Returns unused space to the daemon; zero-copy arrays stay valid
         (module docstring). A later call of this object is a bypassed
         cache's (a miss, a put not stored) after one CacheWarning that says
-        so: open a new DatasetCache to use the cache again."""
-        # Closed even where no call opened it yet: nothing opens it later.
+        so: open a new DatasetCache to use the cache again. Its copies in
+        DataLoader workers already running (persistent ones) are closed at
+        their next batched read or put."""
+        # Closed even where no call opened it yet: nothing opens it later,
+        # here or in a worker already running (_open reads the flag).
         self._closed = True
+        self._told.set(_CLOSED)
         if self.native is not None:
             try:
                 self.native.close()
@@ -632,7 +655,10 @@ class DatasetCache:
         cache cannot hold is still delivered). quiet: the CacheWarnings of
         an open or a failure are not shown (a loader's worker, whose
         trainer warns once for the row)."""
-        c = self.native if self._state <= State.FULL else None
+        # A put of a worker still running after its trainer's close() (a
+        # persistent one) reaches _open, which sees the close.
+        c = self.native if self._state <= State.FULL and not self._told.said(_CLOSED) \
+            else None
         if c is None:
             if quiet:
                 with quietly(CacheWarning):

@@ -30,6 +30,7 @@
 #include "clients/python/shmcache/file_stats.h"
 #include "clients/python/shmcache/release_gil.h"
 #include "clients/python/shmcache/row_model.h"
+#include "clients/python/shmcache/shared_byte.h"
 #include "format/layout.h"
 #include "format/stats_fields.h"
 #include "shmcache/batch_reader.h"
@@ -635,6 +636,9 @@ PYBIND11_MODULE(_shmcache, m) {
   m.def("stat_files", &shmcache::python::StatFiles, py::arg("entries"),
         "Per path (or (path, ...) entry): st_size and st_mtime_ns as native "
         "int64 pairs in bytes, -1 where stat fails; None for no file list.");
+  m.def("claim_byte", &shmcache::python::ClaimByte, py::arg("mapping"), py::arg("offset"),
+        "Sets byte `offset` of a writable buffer from 0 to 1 atomically (compare-"
+        "and-swap); True for the call that set it.");
   m.def(
       "split_name",
       [](const std::string& name) {

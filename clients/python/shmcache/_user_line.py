@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import mmap
 import multiprocessing
 import os
 import sys
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["Origin", "WarnedFlag", "quietly", "said_quietly", "user_line", "warn"]
+__all__ = ["Origin", "quietly", "said_quietly", "user_line", "warn"]
 
 # (file, line, module name) of a line of the user's.
 Origin = tuple[str, int, str]
@@ -133,57 +132,3 @@ def said_quietly() -> bool:
     """Whether this thread is inside quietly(): a warning it raises now
     is not shown."""
     return bool(getattr(_quiet, "categories", ()))
-
-
-class WarnedFlag:
-    """Whether this process, or one started from it after the flag was made
-    (a DataLoader worker, forked or spawned), showed the warning the flag
-    stands for: one byte of shared memory, so that N workers meeting one
-    cause show it once. A forked process shares the mapping; a process
-    started by multiprocessing's spawn or forkserver gets the memory's file
-    descriptor with its pickled arguments (the way multiprocessing passes a
-    descriptor to a child) and maps it. Pickled anywhere else (to a file, a
-    queue), it is a fresh flag: nothing shares memory with the reader."""
-
-    __slots__ = ("_byte", "_fd", "__weakref__")
-
-    # Bytes of the flag: set(slot) and said(slot) for a second warning of
-    # the same object (the flag itself is slot 0).
-    SLOTS = 2
-
-    def __init__(self, fd: int | None = None) -> None:
-        # A descriptor of its own, closed when the flag goes, so that the
-        # flag can be handed to a spawned process.
-        self._fd = -1
-        if fd is None:
-            fd = os.memfd_create("shmcache-warned", os.MFD_CLOEXEC)
-            os.ftruncate(fd, self.SLOTS)
-        self._fd = fd
-        self._byte = mmap.mmap(fd, self.SLOTS)
-
-    def __del__(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __bool__(self) -> bool:
-        return self.said()
-
-    def said(self, slot: int = 0) -> bool:
-        return self._byte[slot] != 0
-
-    def set(self, slot: int = 0) -> None:
-        self._byte[slot] = 1
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        popen = multiprocessing.context.get_spawning_popen()
-        if popen is None:
-            return WarnedFlag, ()
-        # Being pickled to start a process (spawn, forkserver): the child
-        # gets a copy of the descriptor, as multiprocessing hands one over.
-        return _shared_flag, (popen.DupFd(popen.duplicate_for_child(self._fd)),)
-
-
-def _shared_flag(dup: Any) -> WarnedFlag:
-    """The WarnedFlag of the process that started this one (__reduce__)."""
-    return WarnedFlag(dup.detach())

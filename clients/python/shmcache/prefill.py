@@ -50,10 +50,10 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from typing import Any, NoReturn, TextIO
 
 from . import CacheWarning, Client, DatasetCache
+from ._user_line import quietly
 from .async_put import put_rows
 from .cifar10 import Cifar10Bin, Normalize, is_cifar10_dir
 
@@ -526,8 +526,11 @@ def _parse(argv):
 
 def _open_cache(a, dataset):
     from .torch.fingerprint import cache_for_dataset, open_dataset_cache
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CacheWarning)
+    # Its warnings are not shown: a bypassed cache is said below, as a
+    # prefill's error (quietly(): not warnings.catch_warnings, which swaps
+    # the process's filters under the other threads of a program calling
+    # main(), and recorded their warnings as the cache's).
+    with quietly(CacheWarning):
         try:
             base = DatasetCache(a.session_id, size_mb=a.size, spilling=a.spilling,
                                 port=a.port)
@@ -535,11 +538,10 @@ def _open_cache(a, dataset):
         except (TypeError, ValueError, RuntimeError) as e:
             raise BadInput(str(e).splitlines()[0]) from None
     if cache.bypassed:
-        # The warning's cause and fix, without what it tells a trainer
-        # ("... rows are read from the source"): prefill has nothing to do.
-        why = str(caught[0].message) if caught else "the cache could not be opened"
-        why = why.removeprefix("shmcache: ").split("; the cache is bypassed")[0]
-        raise BadInput(f"no row can be cached: {why}")
+        # The warning's cause, without what it tells a trainer ("... rows
+        # are read from the source"): prefill has nothing to do.
+        raise BadInput("no row can be cached: "
+                       f"{cache.cause or 'the cache could not be opened'}")
     return cache
 
 

@@ -45,7 +45,13 @@ def _dataloader_pin_warnings() -> tuple[tuple[str, type[Warning]], ...]:
     later versions one), found once by starting such a pass. The pass
     draws its base seed from a generator of its own: from torch's global
     one it would move the trainer's seeded stream (shuffle, augmentation)
-    off DataLoader's."""
+    off DataLoader's.
+
+    warnings.catch_warnings, not quietly(): these are torch's warnings,
+    which quietly() (the package's own warn()) does not reach, and Python
+    before 3.14 (context-aware warnings) has no way to catch a warning of
+    one thread only. The pass swaps the process's filters for a moment:
+    a warning another thread raises in it is taken for DataLoader's."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         iter(DataLoader(TensorDataset(torch.zeros(1)), pin_memory=True,

@@ -51,7 +51,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .. import CacheStats, CacheWarning, DatasetCache, Error
-from .._user_line import WarnedFlag, warn
+from .._user_line import warn
+from .._warned_flag import WarnedFlag
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
                     split_name)
@@ -452,8 +453,7 @@ class CachedDataset(Dataset):
             putter.enqueue(*_queue_entry(index, cols))
 
     def warn_uncacheable(self, index: int, why: Exception | str | None) -> None:
-        if not self._warned_uncacheable:
-            self._warned_uncacheable.set()
+        if self._warned_uncacheable.claim():
             warn(f"shmcache: sample {index} cannot be cached ({why}); "
                  "samples like it are read from the dataset", CacheWarning,
                  self.cache.origin)

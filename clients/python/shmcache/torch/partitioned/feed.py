@@ -27,10 +27,10 @@ in closing rounds (done, with nothing of its own but its last pushes) until
 every rank is done; then it ends. An exception of the sampler or of fill is
 handed to the consumer after the batches before it, and the thread still
 closes the epoch's rounds; a failed round (the ranks out of step, a rank
-gone) ends it at once, no round after it; a failed closing round that
-no consumer will take (stopped, or an error already handed) is one
-CacheWarning. close() stops and joins: it returns once every rank has
-finished the epoch.
+gone) ends it at once, no round after it; a failed round that no consumer
+takes (a window's, the loop left before it; a closing one, stopped or
+after an error handed) is one CacheWarning. close() stops and joins: it
+returns once every rank has finished the epoch.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class WindowFeed:
         self._depth = 2 * window
         self._ended = False          # no item will come after those queued
         self._error: BaseException | None = None
+        self._round_failed = False   # _error is a failed round's
         self._stopped = False
         self._handed = self._settled = 0   # FedBatches
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -150,6 +151,11 @@ class WindowFeed:
         if self._thread.ident is None:   # never started: the epoch's rounds
             self.start(None, iter(()))   # are owed all the same
         self._thread.join()
+        with self._cond:
+            e, self._error = self._error, None
+        if e is not None and self._round_failed:
+            # A window's round failed, and the loop left before taking it.
+            self._said_failed(e)
 
     def _settle(self, report: BatchReport) -> None:
         self.rows.count(local_hits=report.cache_hits, remote_hits=report.supplied,
@@ -169,6 +175,7 @@ class WindowFeed:
         except BaseException as e:   # noqa: BLE001 -- handed to the consumer
             with self._cond:
                 self._error = e
+                self._round_failed = ex.broken
         with self._cond:
             self._ended = True
             self._cond.notify_all()
@@ -183,11 +190,14 @@ class WindowFeed:
             with self._cond:
                 handed = self._error is None and not self._stopped
                 if handed:
-                    self._error = e
+                    self._error, self._round_failed = e, True
             if not handed:   # nobody will take it: said once, here
-                warn(f"shmcache: PartitionedLoader's closing exchange round failed "
-                     f"({type(e).__name__}: {e}); a rank is gone or out of step, and "
-                     f"the next epoch will fail", CacheWarning, self._origin)
+                self._said_failed(e)
+
+    def _said_failed(self, e: BaseException) -> None:
+        warn(f"shmcache: an exchange round of PartitionedLoader failed after the "
+             f"loop over it left ({type(e).__name__}: {e}); a rank is gone or out "
+             f"of step, and the next epoch will fail", CacheWarning, self._origin)
 
     def _windows(self) -> None:
         ex = self.rows.exchange
