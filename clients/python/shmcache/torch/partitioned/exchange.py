@@ -252,7 +252,12 @@ class RowExchange:
         # 2. ids asked, then the pushed rows.
         send_sizes = [int(header[r, 0]) * 8 + int(header[r, 1]) for r in range(w)]
         recv_sizes = [int(got[r, 0]) * 8 + int(got[r, 1]) for r in range(w)]
-        sendbuf = np.empty(sum(send_sizes), dtype=np.uint8)
+        # Buffers gloo sends from are torch's own: a numpy-backed tensor's
+        # deleter takes the GIL, and gloo's thread may drop the last
+        # reference as the interpreter finalizes, which aborts the process
+        # ("terminate called without an active exception").
+        send_t = torch.empty(sum(send_sizes), dtype=torch.uint8)
+        sendbuf = send_t.numpy()
         o = 0
         for r in range(w):
             ids = requests.get(r, [])
@@ -265,7 +270,7 @@ class RowExchange:
                 sendbuf[o:o + len(b)] = b
                 o += len(b)
         recvbuf = torch.empty(sum(recv_sizes), dtype=torch.uint8)
-        _a2a(recvbuf, torch.from_numpy(sendbuf), recv_sizes, send_sizes, self.group)
+        _a2a(recvbuf, send_t, recv_sizes, send_sizes, self.group)
         recv = recvbuf.numpy()
 
         # Puts first (rows others computed for this node), then answers.
@@ -302,8 +307,9 @@ class RowExchange:
             else:
                 answers.append(None)
             o += n
-        send_np = np.empty(sum(a.nbytes for a in answers if a is not None),
-                           dtype=np.uint8)
+        send = torch.empty(sum(a.nbytes for a in answers if a is not None),
+                           dtype=torch.uint8)
+        send_np = send.numpy()
         o = 0
         for a in answers:
             if a is not None:
@@ -317,7 +323,6 @@ class RowExchange:
         rsz = torch.empty_like(asz)
         _a2a(rsz, asz, None, None, self.group)
         out_sizes = rsz.tolist()
-        send = torch.from_numpy(send_np)
         back = torch.empty(sum(out_sizes), dtype=torch.uint8)
         _a2a(back, send, out_sizes, asz.tolist(), self.group)
         self.last_sizes = (asz.tolist(), out_sizes)
