@@ -5,7 +5,8 @@
 // kept size are read whole as well, and a kept buffer never shows a former
 // row's bytes: rows of other sizes, ids asked twice and ids that are not
 // there, in one batch, each read right. Large rows are read in place from
-// the mapped table files (no buffer per row either), and an id between two
+// the mapped table files (no buffer per row either), whatever the calls
+// before read (smaller rows, another cache's), and an id between two
 // rows, past the last, or another cache's is not found.
 #include "lib/spill_reader.h"
 
@@ -107,14 +108,15 @@ class SpillReaderTest : public ::testing::Test {
     }
   }
   void OpenReader() { ASSERT_TRUE(SpillReader::Open(store_->path(), &reader_).ok()); }
-  // Reads ids; (*whole)[i]: row ids[i] was found and equal to want(ids[i]).
+  // Reads ids, of the size given as the rows' expected one;
+  // (*whole)[i]: row ids[i] was found and equal to want(ids[i]).
   template <typename Size>
-  void Read(const std::vector<uint64_t>& ids, Size size, std::vector<bool>* whole,
-            std::vector<bool>* found) {
+  void Read(const std::vector<uint64_t>& ids, size_t row_bytes, Size size,
+            std::vector<bool>* whole, std::vector<bool>* found) {
     whole->assign(ids.size(), false);
     std::unique_ptr<bool[]> got(new bool[ids.size()]());
     reader_->MultiGet(
-        kCache, ids,
+        kCache, ids, row_bytes,
         [&](size_t i, std::span<const std::byte> bytes) {
           const bool counted = counting;  // the check's own row is not counted
           counting = false;
@@ -153,7 +155,7 @@ TEST_F(SpillReaderTest, RereadingSmallRowsAllocatesNoBufferPerRow) {
       ids[k] = (static_cast<uint64_t>(call) * 7919 + k * (n / kBatch)) % n;
     allocations = 0;
     counting = call > 0;  // the first call makes the thread's buffers
-    Read(ids, size, &whole, &found);
+    Read(ids, size(0), size, &whole, &found);
     counting = false;
     counted += allocations;
     for (size_t k = 0; k < kBatch; ++k) {
@@ -193,7 +195,8 @@ TEST_F(SpillReaderTest, KeptBuffersNeverShowAFormerRowsBytes) {
       else if (k % 13 == 5 && !ids.empty()) ids.push_back(ids[k / 2]);  // again
       else ids.push_back((static_cast<uint64_t>(round) * 37 + k * 5 + round * k) % kRows);
     }
-    Read(ids, size, &whole, &found);
+    // Read as small rows (MultiGet), whose buffers are kept.
+    Read(ids, size(1), size, &whole, &found);
     for (size_t k = 0; k < ids.size(); ++k) {
       if (ids[k] >= kRows) {
         EXPECT_FALSE(found[k]) << "id " << ids[k] << " was never written";
@@ -239,7 +242,7 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
     std::vector<bool> whole(kBatch, false), in_place(kBatch, false);
     std::unique_ptr<bool[]> got(new bool[kBatch]());
     reader_->MultiGet(
-        kCache, ids,
+        kCache, ids, size(0),
         [&](size_t i, std::span<const std::byte> bytes) {
           const std::string want = RowOf(ids[i], size(ids[i]));
           whole[i] = bytes.size() == want.size() &&
@@ -255,11 +258,71 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
       }
       ASSERT_TRUE(got[k]) << "row " << ids[k] << ", call " << call;
       ASSERT_TRUE(whole[k]) << "row " << ids[k] << " not read back whole, call " << call;
-      // The first call learns the rows' size; the later ones read in place.
-      if (call > 0) {
-        EXPECT_TRUE(in_place[k])
-            << "row " << ids[k] << " was copied out of the table file";
-      }
+      EXPECT_TRUE(in_place[k]) << "row " << ids[k] << " was copied out of the table file";
+    }
+  }
+}
+
+TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceWhateverTheCallsBeforeRead) {
+  // A cache of rows about kSeekRowBytes: 48 KB and 96 KB in turn (72 KB on
+  // average), read in batches of mostly the smaller rows (54 KB on
+  // average) or mostly the larger, and between them a batch of another
+  // cache's 3 KB rows through the same reader, as another thread reads.
+  constexpr size_t kSmall = 48 << 10, kLarge = 96 << 10, kOther = 3 << 10;
+  const auto size = [](uint64_t id) { return id % 2 == 0 ? kSmall : kLarge; };
+  constexpr size_t kMean = (kSmall + kLarge) / 2;
+  static_assert((kBatch * 7 / 8 * kSmall + kBatch / 8 * kLarge) / kBatch <
+                SpillReader::kSeekRowBytes);
+  const uint64_t n = 2 * ((store_->memtables().bytes + 4 * kMB) / kMean);
+  WriteRows(0, n, size);
+  rocksdb::WriteBatch other;
+  for (uint64_t id = 0; id < kBatch; ++id) {
+    SpillKey k(kCache + 1, id);
+    ASSERT_TRUE(other.Put(k.slice(), RowOf(id, kOther)).ok());
+  }
+  ASSERT_TRUE(store_->Write(&other, kBatch * kOther).ok());
+  OpenReader();
+  ASSERT_TRUE(test::WaitFor([&] {
+    reader_->MaybeCatchUp();
+    return reader_->MemtableRows() <= 1;
+  })) << reader_->MemtableRows()
+      << " rows still in the reader's memtables";
+  std::vector<uint64_t> ids(kBatch);
+  for (int call = 0; call < 9; ++call) {
+    const bool others = call % 3 == 2;
+    const uint32_t cache = others ? kCache + 1 : kCache;
+    for (size_t k = 0; k < kBatch; ++k) {
+      // Mostly even (small) ids in the first of each three calls, mostly
+      // odd in the second; 7 in 8 of them.
+      const uint64_t odd = (k % 8 == 0) == (call % 3 == 0) ? 1 : 0;
+      ids[k] = others
+                   ? k
+                   : ((static_cast<uint64_t>(call) * 7919 + k * 97) % (n / 2)) * 2 + odd;
+    }
+    std::vector<bool> whole(kBatch, false), in_place(kBatch, false);
+    std::unique_ptr<bool[]> got(new bool[kBatch]());
+    reader_->MultiGet(
+        cache, ids, others ? kOther : kMean,
+        [&](size_t i, std::span<const std::byte> bytes) {
+          const std::string want = RowOf(ids[i], others ? kOther : size(ids[i]));
+          whole[i] = bytes.size() == want.size() &&
+                     std::equal(bytes.begin(), bytes.end(),
+                                reinterpret_cast<const std::byte*>(want.data()));
+          in_place[i] = InTableFileMapping(bytes.data());
+        },
+        std::span(got.get(), kBatch));
+    size_t copied = 0;
+    for (size_t k = 0; k < kBatch; ++k) {
+      ASSERT_TRUE(got[k]) << "row " << ids[k] << " of cache " << cache << ", call "
+                          << call;
+      ASSERT_TRUE(whole[k]) << "row " << ids[k] << " not read back whole, call " << call;
+      copied += in_place[k] ? 0 : 1;
+    }
+    if (!others) {
+      EXPECT_EQ(copied, 0u) << "call " << call
+                            << ": rows copied out of the table files after a call of "
+                            << (call % 3 == 0 ? "the other cache's rows"
+                                              : "smaller rows");
     }
   }
 }

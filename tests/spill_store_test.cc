@@ -116,7 +116,7 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
     auto read = [&] {  // reads ids, leaves in it those not found
       std::unique_ptr<bool[]> got(new bool[ids.size()]());
       reader->MultiGet(
-          kCache, ids,
+          kCache, ids, row_bytes,
           [&](size_t i, std::span<const std::byte> bytes) {
             const std::string want = RowOf(ids[i], row_bytes);
             torn |= bytes.size() != want.size() ||
@@ -179,7 +179,7 @@ TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
   auto read_all = [&] {
     whole = 0;
     reader->MultiGet(
-        kCache, ids,
+        kCache, ids, kRowBytes,
         [&](size_t i, std::span<const std::byte> bytes) {
           const std::string want = RowOf(ids[i], kRowBytes);
           whole += bytes.size() == want.size() &&
