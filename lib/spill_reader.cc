@@ -240,6 +240,9 @@ void SpillReader::ReadBySeek(
   for (size_t k = 0; k < ids.size(); ++k) {
     const SpillKey key(cache_id, ids[k]);
     it->Seek(key.slice());
+    // Not valid with an error status (a block failing its checksum, a table
+    // file that cannot be read): the row is left to the caller, as after
+    // MultiGet's error, and the next Seek starts from a clean status.
     got[k] = it->Valid() && it->key() == key.slice();
     if (got[k]) {
       const rocksdb::Slice v = it->value();
