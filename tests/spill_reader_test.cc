@@ -112,23 +112,40 @@ class SpillReaderTest : public ::testing::Test {
     }
   }
   void OpenReader() { ASSERT_TRUE(SpillReader::Open(store_->path(), &reader_).ok()); }
-  // Reads ids, of the size given as the rows' expected one;
-  // (*whole)[i]: row ids[i] was found and equal to want(ids[i]).
+  // Opens the reader once the store has flushed (it does once writes
+  // stop): catching up, the reader then holds no row in its own memtable
+  // (only the store's flush marker), and every row is read from a table
+  // file.
+  void OpenReaderOnTableFiles() {
+    OpenReader();
+    ASSERT_TRUE(test::WaitFor([&] {
+      reader_->MaybeCatchUp();
+      return reader_->MemtableRows() <= 1;
+    })) << reader_->MemtableRows()
+        << " rows still in the reader's memtables";
+  }
+  // Reads ids of `cache`, of the size given as the rows' expected one;
+  // (*whole)[i]: row ids[i] was found and equal to want(ids[i]);
+  // (*in_place)[i], when asked: it was handed over inside a mapping of a
+  // table file.
   template <typename Size>
   void Read(const std::vector<uint64_t>& ids, size_t row_bytes, Size size,
-            std::vector<bool>* whole, std::vector<bool>* found) {
+            std::vector<bool>* whole, std::vector<bool>* found,
+            std::vector<bool>* in_place = nullptr, uint32_t cache = kCache) {
     whole->assign(ids.size(), false);
+    if (in_place) in_place->assign(ids.size(), false);
     std::unique_ptr<bool[]> got(new bool[ids.size()]());
     reader_->MultiGet(
-        kCache, ids, row_bytes,
+        cache, ids, row_bytes,
         [&](size_t i, std::span<const std::byte> bytes) {
-          const bool counted = counting;  // the check's own row is not counted
+          const bool counted = counting;  // the check's own work is not counted
           counting = false;
           const std::string want = RowOf(ids[i], size(ids[i]));
-          counting = counted;
           (*whole)[i] = bytes.size() == want.size() &&
                         std::equal(bytes.begin(), bytes.end(),
                                    reinterpret_cast<const std::byte*>(want.data()));
+          if (in_place) (*in_place)[i] = InTableFileMapping(bytes.data());
+          counting = counted;
         },
         std::span(got.get(), ids.size()));
     found->assign(got.get(), got.get() + ids.size());
@@ -225,15 +242,7 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
     ASSERT_TRUE(other.Put(k.slice(), RowOf(1, size(1))).ok());
     ASSERT_TRUE(store_->Write(&other, size(1)).ok());
   }
-  OpenReader();
-  // The store flushes once writes stop; the reader, catching up, then
-  // holds no row in its own memtable (only the store's flush marker):
-  // every row is in a table file.
-  ASSERT_TRUE(test::WaitFor([&] {
-    reader_->MaybeCatchUp();
-    return reader_->MemtableRows() <= 1;
-  })) << reader_->MemtableRows()
-      << " rows still in the reader's memtables";
+  OpenReaderOnTableFiles();
   std::vector<uint64_t> ids(kBatch);
   for (int call = 0; call < 4; ++call) {
     // Rows there, ids between two rows (odd), ids past the last row (where
@@ -243,18 +252,8 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
     ids[5] = 1;
     ids[9] = n + 1;
     ids[17] = n + 2;
-    std::vector<bool> whole(kBatch, false), in_place(kBatch, false);
-    std::unique_ptr<bool[]> got(new bool[kBatch]());
-    reader_->MultiGet(
-        kCache, ids, size(0),
-        [&](size_t i, std::span<const std::byte> bytes) {
-          const std::string want = RowOf(ids[i], size(ids[i]));
-          whole[i] = bytes.size() == want.size() &&
-                     std::equal(bytes.begin(), bytes.end(),
-                                reinterpret_cast<const std::byte*>(want.data()));
-          in_place[i] = InTableFileMapping(bytes.data());
-        },
-        std::span(got.get(), kBatch));
+    std::vector<bool> whole, got, in_place;
+    Read(ids, size(0), size, &whole, &got, &in_place);
     for (size_t k = 0; k < kBatch; ++k) {
       if (ids[k] % 2 == 1 || ids[k] >= n) {
         EXPECT_FALSE(got[k]) << "id " << ids[k] << " was never written to this cache";
@@ -285,12 +284,7 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceWhateverTheCallsBeforeRead) {
     ASSERT_TRUE(other.Put(k.slice(), RowOf(id, kOther)).ok());
   }
   ASSERT_TRUE(store_->Write(&other, kBatch * kOther).ok());
-  OpenReader();
-  ASSERT_TRUE(test::WaitFor([&] {
-    reader_->MaybeCatchUp();
-    return reader_->MemtableRows() <= 1;
-  })) << reader_->MemtableRows()
-      << " rows still in the reader's memtables";
+  OpenReaderOnTableFiles();
   std::vector<uint64_t> ids(kBatch);
   for (int call = 0; call < 9; ++call) {
     const bool others = call % 3 == 2;
@@ -303,18 +297,9 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceWhateverTheCallsBeforeRead) {
                    ? k
                    : ((static_cast<uint64_t>(call) * 7919 + k * 97) % (n / 2)) * 2 + odd;
     }
-    std::vector<bool> whole(kBatch, false), in_place(kBatch, false);
-    std::unique_ptr<bool[]> got(new bool[kBatch]());
-    reader_->MultiGet(
-        cache, ids, others ? kOther : kMean,
-        [&](size_t i, std::span<const std::byte> bytes) {
-          const std::string want = RowOf(ids[i], others ? kOther : size(ids[i]));
-          whole[i] = bytes.size() == want.size() &&
-                     std::equal(bytes.begin(), bytes.end(),
-                                reinterpret_cast<const std::byte*>(want.data()));
-          in_place[i] = InTableFileMapping(bytes.data());
-        },
-        std::span(got.get(), kBatch));
+    const auto sized = [&](uint64_t id) { return others ? kOther : size(id); };
+    std::vector<bool> whole, got, in_place;
+    Read(ids, others ? kOther : kMean, sized, &whole, &got, &in_place, cache);
     size_t copied = 0;
     for (size_t k = 0; k < kBatch; ++k) {
       ASSERT_TRUE(got[k]) << "row " << ids[k] << " of cache " << cache << ", call "
@@ -323,10 +308,7 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceWhateverTheCallsBeforeRead) {
       copied += in_place[k] ? 0 : 1;
     }
     if (!others) {
-      EXPECT_EQ(copied, 0u) << "call " << call
-                            << ": rows copied out of the table files after a call of "
-                            << (call % 3 == 0 ? "the other cache's rows"
-                                              : "smaller rows");
+      EXPECT_EQ(copied, 0u) << "rows copied out of the table files, call " << call;
     }
   }
 }
@@ -337,12 +319,7 @@ TEST_F(SpillReaderTest, ACorruptRowIsLeftToTheCallerByBothPathsAndTheOthersRead)
   const auto size = [](uint64_t) { return SpillReader::kSeekRowBytes * 2; };
   const uint64_t n = 2 * ((store_->memtables().bytes + 4 * kMB) / size(0));
   WriteRows(0, n, size);
-  OpenReader();
-  ASSERT_TRUE(test::WaitFor([&] {
-    reader_->MaybeCatchUp();
-    return reader_->MemtableRows() <= 1;
-  })) << reader_->MemtableRows()
-      << " rows still in the reader's memtables";
+  OpenReaderOnTableFiles();
   std::vector<uint64_t> ids(kBatch);
   for (size_t k = 0; k < kBatch; ++k) ids[k] = k * (n / kBatch);
   const uint64_t bad = ids[kBatch / 2];
