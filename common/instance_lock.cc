@@ -117,17 +117,27 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
 
 namespace {
 
-// What the lock file says after the pid: the holder's run dir.
-std::string ReadLockRunDir(int fd) {
-  char buf[4096] = {};
+// Line `index` (0: the pid) of what the lock file says; "" when it has not
+// been written whole yet (no newline after it).
+std::string ReadLockLine(int fd, int index) {
+  char buf[8192] = {};
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
   if (n <= 0) return "";
-  std::string text(buf, static_cast<size_t>(n));
-  size_t start = text.find('\n');
-  if (start == std::string::npos) return "";
-  size_t end = text.find('\n', start + 1);
-  return text.substr(start + 1, end == std::string::npos ? end : end - start - 1);
+  const std::string text(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (int i = 0; i < index; ++i) {
+    start = text.find('\n', start);
+    if (start == std::string::npos) return "";
+    ++start;
+  }
+  const size_t end = text.find('\n', start);
+  return end == std::string::npos ? "" : text.substr(start, end - start);
 }
+
+// The host lock's text: the holder's pid, run dir and, once it has chosen
+// it, shm dir (NoteShmDir), a line each.
+constexpr int kRunDirLine = 1;
+constexpr int kShmDirLine = 2;
 
 }  // namespace
 
@@ -137,7 +147,7 @@ Status TakeHostLock(const std::string& lock_path, int port, const std::string& r
       lock_path, port, fmt::format("{}\n{}\n", getpid(), run_dir),
       [port](int held) {
         const int pid = ReadLockPid(held);
-        const std::string read = ReadLockRunDir(held);
+        const std::string read = ReadLockLine(held, kRunDirLine);
         const char* dir = read.empty() ? "?" : read.c_str();
         return Status::AlreadyExists(fmt::format(
             "a cache server of this user is already running on port {} (process id "
@@ -163,8 +173,18 @@ Status InstanceLocks::Take(const std::string& lock_path,
     close(fd);
     return s;
   }
-  out->reset(new InstanceLocks(lock_path, host_lock_path, fd, host_fd));
+  out->reset(new InstanceLocks(lock_path, host_lock_path, fd, host_fd, run_dir));
   return Status::OK();
+}
+
+void InstanceLocks::NoteShmDir(const std::string& shm_dir) {
+  // Written over the text TakeHostLock wrote, which it begins with: a probe
+  // reads the old text or the new, never a truncated one.
+  const std::string text = fmt::format("{}\n{}\n{}\n", getpid(), run_dir_, shm_dir);
+  if (pwrite(host_fd_, text.data(), text.size(), 0) < 0) {
+    // Only for --stop's count of what a killed server left: without it,
+    // nothing is counted while this server runs.
+  }
 }
 
 InstanceLocks::~InstanceLocks() {
@@ -188,23 +208,30 @@ void ReleaseLockFile(const std::string& lock_path, int fd) {
 
 namespace {
 
-// ProbeInstanceLock, and the holder's run dir when `run_dir` is not null.
+// ProbeInstanceLock, and the holder's run dir and shm dir when `host` is
+// not null. A file that is not a regular file of this user is no lock of
+// its servers (the host lock's dir is open to all): never held. Opened
+// without blocking: a FIFO planted there would hold the open for good.
 Status ProbeLock(const std::string& lock_path, bool* held, int* pid,
-                 std::string* run_dir) {
+                 HostLockHolder* host) {
   *held = false;
   *pid = 0;
-  if (run_dir != nullptr) run_dir->clear();
-  int fd = open(lock_path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = open(lock_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return Status::OK();
     return Status::FromErrno("cannot open " + lock_path, errno);
   }
+  struct stat st {};
   // A shared lock is granted only while no server holds the exclusive one;
   // closing the file drops it again.
-  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+      flock(fd, LOCK_SH | LOCK_NB) != 0) {
     *held = true;
     *pid = ReadLockPid(fd);
-    if (run_dir != nullptr) *run_dir = ReadLockRunDir(fd);
+    if (host != nullptr) {
+      host->run_dir = ReadLockLine(fd, kRunDirLine);
+      host->shm_dir = ReadLockLine(fd, kShmDirLine);
+    }
   }
   close(fd);
   return Status::OK();
@@ -216,9 +243,9 @@ Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid) {
   return ProbeLock(lock_path, held, pid, nullptr);
 }
 
-Status ProbeHostLock(const std::string& lock_path, bool* held, int* pid,
-                     std::string* run_dir) {
-  return ProbeLock(lock_path, held, pid, run_dir);
+Status ProbeHostLock(const std::string& lock_path, HostLockHolder* out) {
+  *out = HostLockHolder{};
+  return ProbeLock(lock_path, &out->held, &out->pid, out);
 }
 
 }  // namespace shmcache

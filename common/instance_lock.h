@@ -59,29 +59,44 @@ class InstanceLocks {
   InstanceLocks(const InstanceLocks&) = delete;
   InstanceLocks& operator=(const InstanceLocks&) = delete;
 
+  // Adds the shm dir the server chose (its huge-page dir, or the one it was
+  // given) to the host lock's text, for ProbeHostLock.
+  void NoteShmDir(const std::string& shm_dir);
   // Unlinks both files while holding them (ReleaseLockFile).
   void RemoveFiles();
 
  private:
-  InstanceLocks(std::string lock_path, std::string host_lock_path, int fd, int host_fd)
+  InstanceLocks(std::string lock_path, std::string host_lock_path, int fd, int host_fd,
+                std::string run_dir)
       : lock_path_(std::move(lock_path)),
         host_lock_path_(std::move(host_lock_path)),
         fd_(fd),
-        host_fd_(host_fd) {}
+        host_fd_(host_fd),
+        run_dir_(std::move(run_dir)) {}
 
   const std::string lock_path_;
   const std::string host_lock_path_;
   const int fd_;
   const int host_fd_;
+  const std::string run_dir_;
 };
 
-// Whether a process holds the lock: *held, and *pid the id it wrote (0 when
-// none is readable yet: it has only just taken the lock). A missing file
-// is a lock nobody holds.
+// Whether a process of this user holds the lock: *held, and *pid the id it
+// wrote (0 when none is readable yet: it has only just taken the lock). A
+// missing file, or one that is not a regular file of this user (planted:
+// no server of this user can take it), is a lock nobody holds. Never
+// blocks.
 Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid);
-// The same for the host lock (TakeHostLock), with *run_dir the run dir its
-// holder wrote ("" when none is readable yet).
-Status ProbeHostLock(const std::string& lock_path, bool* held, int* pid,
-                     std::string* run_dir);
+// The same for the host lock (TakeHostLock): its holder, with the run dir
+// and shm dir it wrote ("" when not readable yet: the run dir is written
+// as the lock is taken, the shm dir once the server has chosen it,
+// InstanceLocks::NoteShmDir).
+struct HostLockHolder {
+  bool held = false;
+  int pid = 0;
+  std::string run_dir;
+  std::string shm_dir;
+};
+Status ProbeHostLock(const std::string& lock_path, HostLockHolder* out);
 
 }  // namespace shmcache

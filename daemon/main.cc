@@ -386,6 +386,8 @@ int Run(DaemonOptions& opts) {
     locks->RemoveFiles();
     return Fail(opts.ready_fd, s.message());
   }
+  // For --stop in another run dir: which shm dir is this server's.
+  locks->NoteShmDir(paths.shm_dir);
   Store store(opts, paths, up.nodes, up.workers, &log);
   WarnIfShmTooSmall(opts, paths, store.memory_bounds(), &log, &up.notes);
   s = store.Init(&g_stop_requested);

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/size_text.h"
 #include "daemon/logger.h"
 #include "daemon/shm_pages.h"
 #include "format/align.h"
@@ -21,16 +22,6 @@ namespace {
 // Names tried before giving up when another user took them: segment
 // numbers are skipped in order, and the next call goes on past them.
 constexpr uint32_t kSegmentNameTries = 1024;
-
-// A size for a message: MB to a tenth from 1 MB up, KB below, bytes below
-// that (room of a few KB never reads as "0.0 MB").
-std::string SizeText(uint64_t n) {
-  if (n >= (uint64_t{1} << 20)) {
-    return fmt::format("{:.1f} MB", static_cast<double>(n) / (1 << 20));
-  }
-  if (n >= 1024) return fmt::format("{} KB", (n + 512) / 1024);
-  return fmt::format("{} bytes", n);
-}
 
 // A refused row's size and the most a row can take (less), said so that
 // the row never reads as no larger: in KB, else in bytes, where the two

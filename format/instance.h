@@ -7,7 +7,8 @@
 //   lock        <run dir>/shmcached-<port>.lock  (flock: one daemon)
 //   host lock   /dev/shm/.shmcache.<uid>.<port>.lock (flock: one daemon of
 //               a (user, port) on the host, whatever its run dir; the shm
-//               files of two would carry the same names)
+//               files of two would carry the same names). It names the
+//               holder's pid, run dir and shm dir (common/instance_lock.h)
 //   shm files   <shm dir>/shmcache.<uid>.<port>.*               (0600)
 //   shm dir     --shm_dir, $SHMCACHE_SHM_DIR, else the server's own
 //               huge-page tmpfs <huge dir> when it can mount one

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -164,11 +165,22 @@ struct BatchReader::Share {
   }
 };
 
-// num_threads - 1 helper threads; the caller of Run works too.
+// num_threads - 1 helper threads, or as many as the system would start;
+// the caller of Run works too.
 class BatchReader::Pool {
  public:
   explicit Pool(int helpers) {
-    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Loop(); });
+    threads_.reserve(static_cast<size_t>(std::max(helpers, 0)));
+    for (int i = 0; i < helpers; ++i) {
+      // A refused thread (EAGAIN: a process or memory limit) is one helper
+      // less: its exception leaving the constructor would destroy the
+      // helpers started, joinable, which ends the process (std::terminate).
+      try {
+        threads_.emplace_back([this] { Loop(); });
+      } catch (const std::system_error&) {
+        break;
+      }
+    }
   }
   ~Pool() {
     {

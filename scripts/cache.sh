@@ -28,6 +28,7 @@ if ! [[ $stop_grace =~ ^[0-9]{1,6}$ ]]; then
   echo "cache.sh: SHMCACHE_STOP_GRACE must be a whole number of seconds, got '$stop_grace'" >&2
   exit 1
 fi
+stop_grace=$((10#$stop_grace))  # "08" is 8 s, not bash's octal (an error)
 if [ ! -d "$dataset_path" ]; then
   echo "cache.sh: no dataset directory at '$dataset_path'" >&2
   exit 1
@@ -89,8 +90,14 @@ pids=()
 # shellcheck disable=SC2317  # called by the traps below
 stop() {
   trap - TERM INT HUP
-  echo "cache.sh: stopped by SIG$1; stopping the ${#pids[@]} devices" >&2
-  [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  # Only devices still running: the pid of one that ended was freed when
+  # bash reaped it, and may be another process's now.
+  local -a live
+  mapfile -t live < <(jobs -rp)
+  local s=s
+  [ ${#live[@]} -eq 1 ] && s=
+  echo "cache.sh: stopped by SIG$1; stopping the ${#live[@]} device$s still running" >&2
+  [ ${#live[@]} -gt 0 ] && kill -TERM "${live[@]}" 2>/dev/null
   # A device that ignores SIGTERM (or hangs in its handler) must not keep
   # cache.sh, and the job it belongs to, alive for good. The grace is
   # counted in sleeps, so it is never shorter than said: $SECONDS ticks on

@@ -55,7 +55,7 @@ echo "== shmcache -d $session && shmcache --stop"
 shmcache -d "$session"
 shmcache --stop
 trap - EXIT
-left=$(ls /dev/shm | grep -c "^shmcache\.$(id -u)\.$SHMCACHE_PORT\." || true)
+left=$(find /dev/shm -maxdepth 1 -name "shmcache.$(id -u).$SHMCACHE_PORT.*" | wc -l)
 echo "shared-memory files left in /dev/shm: $left"
 
 echo

@@ -9,7 +9,7 @@
 # SHMCACHE_SOAK_SECONDS. Extra arguments go to meson test, e.g. one suite:
 #   scripts/sanitize.sh thread fork_test
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 source scripts/lib/common.sh
 source scripts/lib/sanitizers.sh
 mode=${1:-}

@@ -21,7 +21,7 @@
 # Prints each run's seed and wall time, then every failing test with how
 # many runs it failed in; exits non-zero when anything failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 source scripts/lib/common.sh
 
@@ -51,7 +51,7 @@ for v in "$repeat" "$load" ${seed:+"$seed"}; do
     exit 2 ;;
   esac
 done
-[ -n "$seed" ] || seed=$(( (RANDOM << 15 | RANDOM) ))
+[ -n "$seed" ] || seed=$(( RANDOM << 15 | RANDOM ))
 
 ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" || exit 1
 build_project build || { echo "build failed"; exit 1; }
@@ -59,7 +59,8 @@ build_project build || { echo "build failed"; exit 1; }
 # One dir per invocation: two stress runs of one tree do not share results.
 out=$root/build/stress-results/$(date +%Y%m%d-%H%M%S)-$$
 mkdir -p "$out"
-export SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-stress.XXXXXX)
+SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-stress.XXXXXX) || exit 1
+export SHMCACHE_RUN_DIR
 # Every server a test starts stops by itself when this script ends.
 export SHMCACHE_WATCH_PID=$$
 export PYTHONPATH=$root/build/clients/python${PYTHONPATH:+:$PYTHONPATH}

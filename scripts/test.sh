@@ -8,7 +8,7 @@
 # summary over all suites: "N passed, N failed, N skipped".
 # Exits non-zero when anything failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || { echo "0 passed, 1 failed"; exit 1; }
 root=$PWD
 source scripts/lib/common.sh
 source scripts/lib/sanitizers.sh
@@ -20,19 +20,22 @@ results=$root/build/test-results
 rm -rf "$results" && mkdir -p "$results"
 # Tests make their own daemons, sockets and segments; keep them apart from
 # any server the user runs.
-export SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-test.XXXXXX)
+SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-test.XXXXXX) || { echo "0 passed, 1 failed"; exit 1; }
+export SHMCACHE_RUN_DIR
 trap 'rm -rf "$SHMCACHE_RUN_DIR"' EXIT
 # Every server a test starts stops by itself when this script ends, even if
 # the test that started it crashed.
 export SHMCACHE_WATCH_PID=$$
 
 echo "== C++ suites"
+# SHMCACHE_TEST_ARGS: extra meson test arguments, split at blanks.
+read -ra test_args <<<"${SHMCACHE_TEST_ARGS:-}"
 # One more counted case: the suites left no process and no /dev/shm entry
 # behind (scripts/lib/leak_check_cpp.py; the Python suites check that per
 # test in tests/python/conftest.py).
 GTEST_OUTPUT="json:$results/" /usr/bin/python3 scripts/lib/leak_check_cpp.py \
   --junit "$results/cpp-leftovers.xml" "the C++ suites left nothing behind" -- \
-  meson test -C build --print-errorlogs --num-processes 2 ${SHMCACHE_TEST_ARGS:-}
+  meson test -C build --print-errorlogs --num-processes 2 "${test_args[@]}"
 
 echo "== Python suites"
 export PYTHONPATH=$root/build/clients/python${PYTHONPATH:+:$PYTHONPATH}
@@ -75,6 +78,17 @@ counted_check mypy mypy "mypy found type errors: see above" mypy_check
 echo "== Links and references of the docs (scripts/check_docs.py)"
 counted_check docs python3 "broken links or references in the docs: see above" \
   /usr/bin/python3 scripts/check_docs.py
+
+# ---- Shell scripts -------------------------------------------------------------
+# Every shell script, through shellcheck: the user's commands, CI's entry point,
+# the libraries they source and the Slurm scripts root runs. Any finding,
+# style included, fails it. One check.
+echo "== Shell scripts (shellcheck)"
+shell_check() {
+  shellcheck -x .ci/run scripts/*.sh scripts/lib/*.sh examples/slurm/*.sh \
+    tests/fuzz/*.sh && echo "shellcheck: no finding"
+}
+counted_check shellcheck shellcheck "shellcheck findings: see above" shell_check
 
 # ---- Thread-safety analysis, and ThreadSanitizer ---------------------------
 # A clang build in build-tsa with -Wthread-safety -Werror=thread-safety: a

@@ -1,11 +1,14 @@
 // BatchReader: rows read straight into batch buffers by worker threads.
 #include "shmcache/batch_reader.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -466,6 +469,53 @@ TEST(BatchReaderThreadsTest, NumThreadsCountsTheCaller) {
   ASSERT_TRUE(cache);
   for (int n : {-3, 0, 1}) EXPECT_EQ(BatchReader(cache.get(), n).num_threads(), 1) << n;
   EXPECT_EQ(BatchReader(cache.get(), 4).num_threads(), 4);
+}
+
+// The bytes of this process's address space (VmSize).
+size_t AddressSpaceBytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("VmSize:")) return std::stoull(line.substr(7)) << 10;
+  }
+  return 0;
+}
+
+// A system that refuses threads (here an address space limit with room for
+// two of the fifteen helper stacks asked; elsewhere a process limit) gets a
+// reader with the helpers it could start, which reads as any other. The
+// refusal used to end the process: the constructor's exception destroyed
+// the helpers already started while joinable ("terminate called without an
+// active exception").
+TEST(BatchReaderThreadsTest, HelpersTheSystemRefusesAreDoneWithout) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  auto cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(cache);
+  std::vector<uint64_t> ids(300);
+  for (uint64_t id = 0; id < ids.size(); ++id) {
+    ASSERT_TRUE(PutRow(cache.get(), id).ok());
+    ids[id] = id;
+  }
+  pid_t pid = ForkChild([&] {
+    Batch b(ids.size());
+    pthread_attr_t attr;
+    size_t stack = 0;
+    if (pthread_getattr_default_np(&attr) != 0 ||
+        pthread_attr_getstacksize(&attr, &stack) != 0 || stack == 0) {
+      return 2;
+    }
+    rlim_t room = AddressSpaceBytes() + 2 * stack + stack / 2;
+    rlimit limit{room, room};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
+    BatchReader reader(cache.get(), 16);
+    if (reader.num_threads() < 1 || reader.num_threads() >= 16) return 3;
+    if (!reader.ReadInto(ids, b.targets, b.hit).ok()) return 4;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (b.hit[i] != kRowRead || !b.RowIs(i, ids[i])) return 5;
+    }
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(pid), 0);
 }
 
 TEST(BatchReaderForkTest, AForkedChildReadsWithItsOwnThreads) {

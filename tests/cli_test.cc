@@ -2,6 +2,7 @@
 // argument (exit code 1 and a one-line message naming the problem), JSON
 // output, and two instances side by side.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -287,6 +288,11 @@ TEST_F(CliTest, StopWithNoServerNamesWhatAKilledOneLeft) {
             std::string::npos)
       << r.Describe();
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // A few KB read "(0.0 MB)", as if nothing were held.
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex(R"(left \d+ files? \((\d+\.\d MB|\d+ KB|\d+ bytes)\) in)")))
+      << r.Describe();
+  EXPECT_EQ(r.err.find("(0.0 MB)"), std::string::npos) << r.Describe();
   CommandResult start = RunCommand({AdminPath(), "--start", "-p", port}, env);
   ASSERT_EQ(start.exit_code, 0) << start.Describe();
   CommandResult stop = RunCommand({AdminPath(), "--stop", "-p", port}, env);
@@ -312,7 +318,12 @@ TEST_F(CliTest, StopWithNoServerCountsWhatAKilledOneLeftInTheShmDirGivenByFlag) 
   EXPECT_NE(r.err.find(fmt::format("--stop left {} file{}", left, left == 1 ? "" : "s")),
             std::string::npos)
       << r.Describe();
-  EXPECT_NE(r.err.find("in " + server.shm_dir() + ":"), std::string::npos)
+  // The command it gives starts a server that serves them (one without
+  // --shm_dir would look in /dev/shm, and find none of them).
+  EXPECT_NE(r.err.find(fmt::format("in {}: 'shmcache --start -p {} --shm_dir {}' serves "
+                                   "them again",
+                                   server.shm_dir(), port, server.shm_dir())),
+            std::string::npos)
       << r.Describe();
   CommandResult start =
       RunCommand({AdminPath(), "--start", "-p", port, "--shm_dir", server.shm_dir()},
@@ -351,6 +362,114 @@ TEST_F(CliTest, StopInAnotherRunDirWhileThatServerIsStartingSaysToTryAgain) {
   EXPECT_EQ(StopFromAnotherRunDir(server),
             "is starting with another run dir (it has not written which yet): try "
             "again in a moment\n");
+}
+
+// A killed server left its files in this run dir's shm dir; a server of
+// this user now runs on the port under another run dir AND another shm
+// dir: --stop names it, and still counts what the killed one left here
+// (its own files are elsewhere), where it counted nothing.
+TEST_F(CliTest, StopInAnotherRunDirAndShmDirStillCountsWhatAKilledOneLeftHere) {
+  TestServer killed;
+  ASSERT_TRUE(killed.ok());
+  killed.NewSession();
+  killed.Kill();
+  const size_t left = killed.ShmFiles().size();
+  ASSERT_GT(left, 0u);
+  ServerOptions elsewhere;
+  elsewhere.port = killed.port();
+  TestServer running(elsewhere);  // its own run dir and shm dir
+  ASSERT_TRUE(running.ok()) << running.start_result().Describe();
+  running.NewSession();
+  const std::string port = std::to_string(killed.port());
+  CommandResult r =
+      RunCommand({AdminPath(), "--stop", "-p", port, "--shm_dir", killed.shm_dir()},
+                 killed.AdminEnv());
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("runs with run dir {} (process id {})",
+                                   running.run_dir(), running.pid())),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("one that ended without --stop left {} file{}", left,
+                                   left == 1 ? "" : "s")),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("in {}: once that one is stopped, 'shmcache --start "
+                                   "-p {} --shm_dir {}' serves them again",
+                                   killed.shm_dir(), port, killed.shm_dir())),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(killed.ShmFiles().size(), left) << "--stop removes nothing";
+  EXPECT_FALSE(running.ShmFiles().empty()) << "nor the running server's files";
+}
+
+// The socket and lock file of a running server were removed from its run
+// dir (by hand, or a clean-up of /tmp): --stop in that run dir finds it
+// through the host lock, which names the same run dir, and stops it. It
+// said there was no server with that run dir, and to stop the one with
+// that run dir with the very command just given.
+TEST_F(CliTest, StopStopsAServerWhoseSocketAndLockFileWereRemoved) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.NewSession();
+  const std::string port = std::to_string(server.port());
+  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+  ASSERT_EQ(unlink(fmt::format("{}/shmcached-{}.lock", server.run_dir(), port).c_str()),
+            0);
+  CommandResult r = server.Stop();
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.out,
+            fmt::format("Cache server on port {} (process id {}) has been stopped; its "
+                        "socket and lock file in {} had been removed.\n",
+                        port, server.pid(), server.run_dir()))
+      << r.Describe();
+  if (!ProcessExited(server.pid()))
+    server.Kill();  // not stopped: never outlives the test
+}
+
+// A host lock file another user planted, held, naming a run dir: no
+// server of this user's. --stop says there is nothing to stop, where it
+// named "a server of yours" and a command with the planted run dir.
+TEST_F(CliTest, StopIgnoresAHostLockOfAnotherUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  ASSERT_EQ(server.Stop().exit_code, 0);
+  const std::string port = std::to_string(server.port());
+  const std::string host = HostLockPath(server.port());
+  const int fd = open(host.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0) << host;
+  const std::string text = "1\n/run/planted\n";
+  EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  EXPECT_EQ(fchown(fd, 65534, 65534), 0);
+  EXPECT_EQ(flock(fd, LOCK_EX), 0);
+  CommandResult r = server.Admin({"--stop"});
+  unlink(host.c_str());
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err,
+            fmt::format("shmcache: error: no cache server is running on port {}; nothing "
+                        "to stop\n",
+                        port))
+      << r.Describe();
+}
+
+// A FIFO planted at the host lock's name (in /dev/shm, open to all): --stop
+// says there is nothing to stop, where its probe's open waited for a
+// writer for good.
+TEST_F(CliTest, StopIsNotHeldByAFifoAtTheHostLock) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  ASSERT_EQ(server.Stop().exit_code, 0);
+  const std::string host = HostLockPath(server.port());
+  ASSERT_EQ(mkfifo(host.c_str(), 0666), 0) << host;
+  CommandResult r =
+      RunCommand({AdminPath(), "--stop", "-p", std::to_string(server.port())},
+                 server.AdminEnv(), /*timeout_s=*/20);
+  unlink(host.c_str());
+  EXPECT_FALSE(r.timed_out) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("nothing to stop"), std::string::npos) << r.Describe();
 }
 
 // The instance's huge-page dir is a name in /dev/shm, where anyone may

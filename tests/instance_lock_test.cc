@@ -220,6 +220,48 @@ TEST_F(InstanceLockTest, AHostLockOfAnotherUserIsRefusedByName) {
   EXPECT_EQ(fd, -1);
 }
 
+// A host lock file another user planted (the directory is open to all)
+// is no server of this user's, held or not, whatever it says: --stop once
+// named "a server of yours" with the run dir written in it.
+TEST_F(InstanceLockTest, AHostLockOfAnotherUserNamesNoHolder) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  const std::string host = dir_ + "/.shmcache.lock";
+  const int fd = open(host.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  const std::string text = "4242\n/run/planted\n/dev/shm/planted\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  ASSERT_EQ(fchown(fd, 65534, 65534), 0);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  HostLockHolder holder;
+  EXPECT_TRUE(ProbeHostLock(host, &holder).ok());
+  EXPECT_FALSE(holder.held);
+  EXPECT_EQ(holder.pid, 0);
+  EXPECT_EQ(holder.run_dir, "");
+  EXPECT_EQ(holder.shm_dir, "");
+  close(fd);
+}
+
+// The host lock names its holder's run dir from the start, and its shm dir
+// once the server has chosen it (NoteShmDir).
+TEST_F(InstanceLockTest, TheHostLockNamesTheShmDirOnceNoted) {
+  const std::string host = dir_ + "/.shmcache.lock";
+  std::unique_ptr<InstanceLocks> locks;
+  ASSERT_TRUE(InstanceLocks::Take(path_, host, 31000, "/run/a", &locks).ok());
+  HostLockHolder holder;
+  ASSERT_TRUE(ProbeHostLock(host, &holder).ok());
+  EXPECT_TRUE(holder.held);
+  EXPECT_EQ(holder.pid, getpid());
+  EXPECT_EQ(holder.run_dir, "/run/a");
+  EXPECT_EQ(holder.shm_dir, "") << "not chosen yet";
+  locks->NoteShmDir("/dev/shm/x");
+  ASSERT_TRUE(ProbeHostLock(host, &holder).ok());
+  EXPECT_TRUE(holder.held);
+  EXPECT_EQ(holder.pid, getpid());
+  EXPECT_EQ(holder.run_dir, "/run/a");
+  EXPECT_EQ(holder.shm_dir, "/dev/shm/x");
+  locks->RemoveFiles();
+}
+
 // InstanceLocks: both locks for the object's life; RemoveFiles, as a
 // server that stops, removes both files while holding them.
 TEST_F(InstanceLockTest, InstanceLocksHoldBothUntilDestroyed) {

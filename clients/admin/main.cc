@@ -14,6 +14,7 @@
 #include "clients/admin/start_server.h"
 #include "clients/admin/stop_server.h"
 #include "common/metrics.h"
+#include "common/size_text.h"
 #include "format/instance.h"
 #include "shmcache/client.h"
 
@@ -53,6 +54,17 @@ Status CollectMetrics(Client& client, std::string* out) {
   return s;
 }
 
+// What a server that ended without --stop left (r.left_*), and the
+// commands that serve and then remove it.
+std::string LeftFilesText(const StopResult& r, int port, const std::string& shm_dir) {
+  return fmt::format(
+      "one that ended without --stop left {} file{} ({}) in {}: {}'shmcache "
+      "--start -p {}{}' serves them again, and --stop after it removes them",
+      r.left_files, r.left_files == 1 ? "" : "s", SizeText(r.left_bytes), r.left_in,
+      r.runs_elsewhere ? "once that one is stopped, " : "", port,
+      shm_dir.empty() ? "" : " --shm_dir " + shm_dir);
+}
+
 int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
   StopResult r;
   Status s = StopServer(co, shm_dir, &r);
@@ -82,12 +94,9 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
             r.other_run_dir, r.other_pid > 0 ? std::to_string(r.other_pid) : "?",
             r.other_run_dir, port);
       }
+      if (r.left_files > 0) msg += "; " + LeftFilesText(r, port, shm_dir);
     } else if (r.left_files > 0) {
-      msg += fmt::format(
-          ", but one that ended without --stop left {} file{} ({:.1f} MB) in {}: "
-          "'shmcache --start -p {}' serves them again, and --stop after it removes them",
-          r.left_files, r.left_files == 1 ? "" : "s",
-          static_cast<double>(r.left_bytes) / (1 << 20), r.left_in, port);
+      msg += ", but " + LeftFilesText(r, port, shm_dir);
     }
     return Fail(msg);
   }
@@ -96,6 +105,11 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
         "Cache server on port {} (process id {}) was still starting (not "
         "answering yet); it has been stopped.\n",
         port, r.pid);
+  } else if (r.run_files_gone) {
+    fmt::print(
+        "Cache server on port {} (process id {}) has been stopped; its socket and lock "
+        "file in {} had been removed.\n",
+        port, r.pid, r.run_dir);
   } else {
     fmt::print("Cache server on port {} has been stopped.\n", port);
   }

@@ -52,8 +52,9 @@ bool IsOurDaemon(int pid) {
   return false;
 }
 
-// Stops a server that holds the instance lock but does not answer yet.
-Status StopStartingServer(int pid, const std::string& lock_path, StopResult* out) {
+// Stops a server that holds the lock at `lock_path` but does not answer
+// (yet, or ever: its socket is gone).
+Status StopUnansweringServer(int pid, const std::string& lock_path, StopResult* out) {
   // Opened before the process is looked at, and checked alive after: what
   // /proc said was about this process, not one given its pid later.
   ProcessHandle server(pid);
@@ -67,8 +68,16 @@ Status StopStartingServer(int pid, const std::string& lock_path, StopResult* out
     return Status::FromErrno(fmt::format("cannot signal process {}", pid), err);
   }
   out->pid = pid;
-  out->was_starting = true;
   return WaitForExit(server);
+}
+
+// Whether two paths name one directory (the same text where either is
+// gone).
+bool SameDir(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  if (stat(a.c_str(), &sa) != 0 || stat(b.c_str(), &sb) != 0) return a == b;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 // Adds to *out the regular files of this user named with `prefix` in
@@ -124,24 +133,42 @@ Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResul
   int pid = 0;
   Status probe = ProbeInstanceLock(paths.lock_path, &held, &pid);
   if (!probe.ok()) return probe;
-  if (!held) {  // nobody holds the lock: not running
-    out->not_running = true;
-    out->run_dir = paths.run_dir;
-    probe = ProbeHostLock(HostLockPath(co.port), &out->runs_elsewhere, &out->other_pid,
-                          &out->other_run_dir);
-    // Running under another run dir: what is in the shm dir is its own. (A
-    // probe that failed found no holder: runs_elsewhere stays false.)
-    if (probe.ok() && out->runs_elsewhere) return Status::OK();
-    // The instance's names, as MakeInstancePaths makes them: its prefix
-    // without the directory.
-    const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
-    CountLeftFiles(paths.shm_dir, name, out);
-    if (HugeShmDir(co.port) != paths.shm_dir) {
-      CountLeftFiles(HugeShmDir(co.port), name, out);
-    }
-    return Status::OK();
+  if (held) {
+    out->was_starting = true;
+    return StopUnansweringServer(pid, paths.lock_path, out);
   }
-  return StopStartingServer(pid, paths.lock_path, out);
+  // A probe that failed finds no holder.
+  HostLockHolder other;
+  const std::string host_lock = HostLockPath(co.port);
+  probe = ProbeHostLock(host_lock, &other);
+  if (other.held && !other.run_dir.empty() && SameDir(other.run_dir, paths.run_dir)) {
+    // This run dir's server, its socket and lock file removed (by hand, a
+    // clean-up of /tmp): only its host lock still names it. Unless one
+    // started here after the probe above: then that one is starting.
+    probe = ProbeInstanceLock(paths.lock_path, &held, &pid);
+    if (!probe.ok()) return probe;
+    out->was_starting = held;
+    out->run_files_gone = !held;
+    out->run_dir = paths.run_dir;
+    return held ? StopUnansweringServer(pid, paths.lock_path, out)
+                : StopUnansweringServer(other.pid, host_lock, out);
+  }
+  out->not_running = true;
+  out->run_dir = paths.run_dir;
+  out->runs_elsewhere = other.held;
+  out->other_pid = other.pid;
+  out->other_run_dir = other.run_dir;
+  // Until it has written its shm dir, any of the files there may be its.
+  if (other.held && other.shm_dir.empty()) return Status::OK();
+  // The instance's names, as MakeInstancePaths makes them: its prefix
+  // without the directory. What is in the running one's shm dir is its own.
+  const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
+  const auto count = [&](const std::string& dir) {
+    if (!other.held || !SameDir(dir, other.shm_dir)) CountLeftFiles(dir, name, out);
+  };
+  count(paths.shm_dir);
+  if (HugeShmDir(co.port) != paths.shm_dir) count(HugeShmDir(co.port));
+  return Status::OK();
 }
 
 }  // namespace shmcache::admin

@@ -2,7 +2,10 @@
 // One that holds its instance lock but does not answer yet (still
 // starting: adopting what an earlier server left) is sent SIGTERM, once it
 // is known to be this user's shmcached; it stops at its next check and
-// keeps the shared memory for the next start.
+// keeps the shared memory for the next start. One whose socket and lock
+// file were removed from its run dir while it ran is found by its host
+// lock (which names the run dir) and sent SIGTERM too: it stops as asked
+// through its socket would, its shared memory removed.
 #pragma once
 
 #include <cstdint>
@@ -26,23 +29,30 @@ struct StopResult {
   std::string left_in;
   // When not_running: a server of this user on the port that runs under
   // another run dir (it holds the host lock; the shm files it uses carry
-  // the names a server of this run dir would leave, so none is counted as
-  // left). Its pid is 0 and its run dir "" when they are not readable yet.
+  // the names a server of this run dir would leave, so none in its shm dir
+  // is counted as left, and none at all before it has written which that
+  // is). Its pid is 0 and its run dir "" when they are not readable yet.
   bool runs_elsewhere = false;
   int other_pid = 0;
   std::string other_run_dir;
-  // When not_running: the run dir looked in (ClientOptions::run_dir, or
-  // the default MakeInstancePaths gives).
+  // When stopped: the server was found by its host lock alone, its socket
+  // and lock file in run_dir removed while it ran.
+  bool run_files_gone = false;
+  // When not_running or run_files_gone: the run dir looked in
+  // (ClientOptions::run_dir, or the default MakeInstancePaths gives).
   std::string run_dir;
 };
 
 // Stops the server `co` names (port resolved) and waits, bounded, until
-// its process is gone. OK with not_running when no process holds the
-// instance lock (the caller says so as it sees fit); what a killed server
-// left is then counted in `shm_dir` ("": $SHMCACHE_SHM_DIR or /dev/shm, as
-// a server started without --shm_dir uses) and the instance's huge-page
-// dir. Errors: a server this user cannot stop or reach (another user's, a
-// bad run dir), or one that did not exit.
+// its process is gone: the one that answers on the run dir's socket, else
+// the one that holds its instance lock (starting), else the one whose host
+// lock names the run dir (its socket and lock file removed). OK with
+// not_running when there is none (the caller says so as it sees fit);
+// what a killed server left is then counted in `shm_dir` ("":
+// $SHMCACHE_SHM_DIR or /dev/shm, as a server started without --shm_dir
+// uses) and the instance's huge-page dir. Errors: a server this user
+// cannot stop or reach (another user's, a bad run dir), or one that did
+// not exit.
 Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResult* out);
 
 }  // namespace shmcache::admin

@@ -12,6 +12,7 @@
 # and every step that waits is bounded in time.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=examples/slurm/common.sh
 source "$here/common.sh"
 state_dir_ok || exit 0
 port=$(read_env SHMCACHE_PORT)

@@ -20,6 +20,7 @@
 # replaces them by rename, so a link planted anywhere is never followed.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=examples/slurm/common.sh
 source "$here/common.sh"
 first_port=$(( ${SHMCACHE_SLURM_PORT_BASE:-40000} + SLURM_JOB_ID % 20000 ))
 port=$first_port
@@ -43,14 +44,16 @@ write_env() {  # write_env SESSION_ID
             sed -n 's/.*"shm_dir": "\([^"]*\)".*/\1/p' | head -n 1)
   [[ $shm_dir == /* ]] || shm_dir=/dev/shm
   tmp=$(mktemp "$state_dir/.job$SLURM_JOB_ID.env.XXXXXX") || return 1
-  {
+  if ! {
     echo "SHMCACHE_PORT=$port"
     echo "SHMCACHE_RUN_DIR=$job_dir"
     echo "SESSION_ID=$1"
     echo "SHMCACHE_SESSION_ID=$1"
     echo "SHMCACHE_SHM_DIR=${shm_dir:-/dev/shm}"
-  } >"$tmp" && chmod 0644 "$tmp" && mv -fT "$tmp" "$env_file" ||
-    { rm -f "$tmp"; return 1; }
+  } >"$tmp" || ! chmod 0644 "$tmp" || ! mv -fT "$tmp" "$env_file"; then
+    rm -f "$tmp"
+    return 1
+  fi
 }
 
 # make_job_dir: job<ID>/ anew, 0700, the job user's (a stale one of an

@@ -83,8 +83,9 @@ struct StoredColumn {
 class SHMCACHE_EXPORT BatchReader {
  public:
   // num_threads: how many threads copy rows, the calling thread included
-  // (num_threads - 1 are started here and kept until destruction); 0 or 1:
-  // all on the calling thread. REQUIRES: cache outlives the reader.
+  // (num_threads - 1 are started here and kept until destruction; fewer
+  // when the system refuses to start more, see num_threads()); 0 or 1: all
+  // on the calling thread. REQUIRES: cache outlives the reader.
   BatchReader(Cache* cache, int num_threads);
   ~BatchReader();
   BatchReader(const BatchReader&) = delete;
@@ -121,6 +122,8 @@ class SHMCACHE_EXPORT BatchReader {
                   std::span<uint8_t> hit, std::span<StoredColumn> stored = {},
                   bool count = true);
 
+  // How many threads copy rows: as asked, or fewer when the system refused
+  // a thread (each refused helper is one less; the caller always copies).
   int num_threads() const;
 
  private:

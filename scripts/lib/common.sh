@@ -1,7 +1,9 @@
+# shellcheck shell=bash
 # Shared by scripts/*.sh: install missing Debian packages, build with meson.
 # Source it; it defines functions only.
 
 # Packages every build and test needs (Debian 12 names).
+# shellcheck disable=SC2034  # used by the scripts that source this file
 SHMCACHE_BUILD_PACKAGES=(
   meson ninja-build pkg-config g++ libboost-dev librocksdb-dev libfmt-dev
   libnuma-dev libgtest-dev libgmock-dev pybind11-dev libdlpack-dev python3-dev
@@ -51,12 +53,12 @@ build_demo() {
   # build.ninja first: `-t targets` reads it as it is, and one older than
   # the meson.build files lacks the sources added (or, from a build made
   # before they were build targets, all of them).
-  local pkg
+  local -a pkg
   ninja -C "$dir" build.ninja >/dev/null || return 1
-  pkg=$(ninja -C "$dir" -t targets all |
+  mapfile -t pkg < <(ninja -C "$dir" -t targets all |
         sed -n -E 's#^(clients/python/shmcache/[^:]*): (cpp_LINKER[A-Z_]*|CUSTOM_COMMAND)$#\1#p')
   ninja -C "$dir" clients/admin/shmcache daemon/shmcached examples/shard_worker \
-    $pkg || return 1
+    "${pkg[@]}" || return 1
 }
 
 build_project() {

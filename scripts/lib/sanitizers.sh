@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The sanitizer builds and runs, shared by scripts/test.sh and
 # scripts/sanitize.sh. Source it after common.sh; it defines functions only.
 #

@@ -424,53 +424,6 @@ def test_a_dropped_dataset_ends_its_writer_without_the_cycle_collector(
         gc.enable()
 
 
-def test_a_cache_set_later_takes_the_rows_queued_after(server, session):
-    """ds.cache = other: rows queued before go to the cache they were
-    queued for, and are stored there when the assignment returns; later
-    ones go to the new cache. flush() and stats()["async_puts"] count
-    both: no row queued before the swap is left unflushed or uncounted."""
-    ds = CachedDataset(Images(4), DatasetCache(session), name="before")
-    other = CachedDataset(Images(4), DatasetCache(session), name="after").cache
-    release, entered = threading.Event(), threading.Event()
-    real = ds.cache.put_encoded
-
-    def put(ids, rows, strict):
-        entered.set()
-        assert release.wait(60), "the test never released the writer"
-        return real(ids, rows, strict)
-    ds.cache.put_encoded = put
-    ds[0]
-    # The old cache's writer holds row 0 until the swap waits on it.
-    releaser = threading.Thread(target=lambda: entered.wait(60) and release.set())
-    releaser.start()
-    ds.cache = other
-    releaser.join()
-    first = CachedDataset(Images(4), DatasetCache(session), name="before").cache
-    assert first.contains(0), "the swap returned before the old cache's rows were stored"
-    ds[1]
-    assert ds.flush(60)
-    assert [i for i in range(4) if first.contains(i)] == [0]
-    assert [i for i in range(4) if other.contains(i)] == [1]
-    st = ds.stats()["async_puts"]
-    assert (st["queued"], st["written"], st["pending"]) == (2, 2, 0), st
-
-
-def test_a_replaced_cache_is_let_go_once_its_rows_are_written(server, session):
-    """ds.cache = other: once the rows queued for the old cache are stored,
-    nothing of the dataset keeps that cache (its connection and mapped
-    segments) alive, as before the writer stored through the dataset."""
-    ds = CachedDataset(Images(4), DatasetCache(session), name="replaced")
-    ds[0]
-    old = weakref.ref(ds.cache)
-    ds.cache = CachedDataset(Images(4), DatasetCache(session), name="new").cache
-    ds[1]
-    assert ds.flush(60)
-    gc.collect()
-    assert wait_for(lambda: old() is None, what="the old cache freed")
-    assert CachedDataset(Images(4), DatasetCache(session), name="replaced") \
-        .cache.contains(0)
-
-
 def test_async_and_sync_puts_return_and_store_the_same(server, session):
     on = CachedDataset(Mixed(), DatasetCache(session), name="on")
     off = CachedDataset(Mixed(), DatasetCache(session), name="off", async_puts=False)

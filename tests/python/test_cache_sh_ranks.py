@@ -87,10 +87,11 @@ def _children(pid):
 
 
 @contextlib.contextmanager
-def training(server, tmp_path, **env):
-    """cache.sh with 2 ranks training for good, in a session of its own:
-    yields (the cache.sh process, its 2 ranks) once both train; whatever
-    the test did, ends them all."""
+def training(server, tmp_path, trainers=(0, 1), **env):
+    """cache.sh with 2 ranks, those of `trainers` training for good (the
+    others end as their $PYTHON makes them), in a session of its own: yields
+    (the cache.sh process, its ranks still running) once those train and
+    only those run; whatever the test did, ends them all."""
     data = dataset(server, tmp_path)
     p = subprocess.Popen([str(CACHE_SH), str(data), "2"],
                          env=dict(server.env, TRAIN_ARGS="--epochs 100000", **env),
@@ -101,10 +102,10 @@ def training(server, tmp_path, **env):
     reader.start()
     ranks = []
     try:
-        wait_for(lambda: {"device 0 epoch 1", "device 1 epoch 1"} <=
-                 {ln[:16] for ln in out}, timeout=120, what="both ranks training")
+        wait_for(lambda: {f"device {k} epoch 1" for k in trainers} <=
+                 {ln[:16] for ln in out} and len(_children(p.pid)) == len(trainers),
+                 timeout=120, what=f"ranks {trainers} training, and only they running")
         ranks = _children(p.pid)
-        assert len(ranks) == 2, ranks
         yield p, ranks
     finally:
         p.kill()
@@ -135,20 +136,39 @@ def test_cache_sh_stopped_by_a_signal_stops_its_ranks(server, tmp_path, sig, gro
         else:
             p.send_signal(sig)
         err = _ended_with(p, ranks, sig)
-        assert f"cache.sh: stopped by {sig.name}; stopping the 2 devices" in err
+        assert f"cache.sh: stopped by {sig.name}; stopping the 2 devices still running" \
+            in err
 
 
-def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace(server, tmp_path):
+def test_a_stopped_cache_sh_signals_only_the_ranks_still_running(server, tmp_path):
+    """Once cache.sh sent its SIGTERM to every rank's pid, those of ranks
+    that had ended too: bash had reaped them, so the pid could be another
+    process's by then."""
+    python = python_that_in_rank(tmp_path, 1, "exit 0")
+    with training(server, tmp_path, trainers=(0,), PYTHON=str(python)) as (p, ranks):
+        p.send_signal(signal.SIGTERM)
+        err = _ended_with(p, ranks, signal.SIGTERM)
+        assert "cache.sh: stopped by SIGTERM; stopping the 1 device still running" \
+            in err, err
+
+
+# "08": a grace written with a leading zero is decimal, as written; bash
+# read it as octal ("010" was 8 s) and "08" failed its arithmetic, which
+# SIGKILLed at once.
+@pytest.mark.parametrize("grace,said", [("1", "1"), ("08", "8")])
+def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace(server, tmp_path, grace,
+                                                                said):
     """Once cache.sh waited for good on a rank that ignored its SIGTERM, and
     with it the job its scheduler was stopping."""
     python = python_that_ignores_sigterm_in_rank(tmp_path, 1)
-    with training(server, tmp_path, SHMCACHE_STOP_GRACE="1", PYTHON=str(python)) \
+    with training(server, tmp_path, SHMCACHE_STOP_GRACE=grace, PYTHON=str(python)) \
             as (p, ranks):
         p.send_signal(signal.SIGTERM)
         err = _ended_with(p, ranks, signal.SIGTERM)
         assert "cache.sh: device 1 (pid " in err and \
-            "still ran 1s after SIGTERM; killing it" in err, err
+            f"still ran {said}s after SIGTERM; killing it" in err, err
         assert "cache.sh: device 0 (pid" not in err, err
+        assert "value too great" not in err, err
 
 
 def test_a_stop_grace_that_is_not_a_number_is_refused(server, tmp_path):

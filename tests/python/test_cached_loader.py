@@ -297,6 +297,16 @@ def test_a_split_of_a_cached_dataset_is_refused_saying_how_to_load_it(server, se
         with pytest.raises(TypeError, match=r"Subset of a CachedDataset.*"
                                             r"sampler=SubsetRandomSampler\(subset.indices\)"):
             make()
+    # A split of the split (a validation part of the training part): the
+    # same, and the message says how to reach the CachedDataset's indices.
+    part, _ = torch.utils.data.random_split(train, [6, 6])
+    with pytest.raises(TypeError, match=r"Subset of a CachedDataset.*a split of a split: "
+                                        r"the CachedDataset's indices are \["
+                                        r"outer.dataset.indices\[i\] for i in outer.indices\]"):
+        CachedLoader(part, batch_size=4)
+    outer = part
+    assert [cds[i][1] for i in [outer.dataset.indices[i] for i in outer.indices]] == \
+        [part[k][1] for k in range(len(part))]
     sampler = torch.utils.data.SubsetRandomSampler(
         train.indices, generator=torch.Generator().manual_seed(1))
     got = list(CachedLoader(cds, batch_size=4, sampler=sampler))

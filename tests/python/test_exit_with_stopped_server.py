@@ -11,6 +11,7 @@ checked too: a writer whose put returns while the interpreter finalizes
 must not abort the process."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import continued_after
+from conftest import continued_after, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND_S = 4.0   # the promise is 2 s; the rest is slack for a loaded machine
@@ -76,5 +77,77 @@ def test_process_exits_promptly_with_a_stopped_server(server, session, tmp_path,
             assert p.returncode == 0, p.stderr.read()
             assert took <= BOUND_S, f"exit took {took:.1f} s after the last statement"
         finally:
+            p.kill()
+            p.wait()
+
+
+# The last moment: the put returns just before the interpreter starts
+# finalizing, and its thread is still waiting for the GIL when it does
+# (CPython then ends the thread with pthread_exit). The script's first
+# atexit hook, run last, holds the GIL (a PyDLL call, no Python code after
+# it) until the test writes to a pipe; the test continues the server once
+# the main thread is in that read, and writes once the writer thread waits
+# for the GIL (a futex): then finalization begins under the waiting thread.
+RACE_SCRIPT = """
+    import atexit, ctypes, os, sys
+    hold = ctypes.create_string_buffer(1)
+    atexit.register(ctypes.PyDLL(None).read, int(sys.argv[3]), hold, 1)
+    import signal, threading, time
+    import numpy as np
+    from shmcache import DatasetCache
+    cache = DatasetCache(int(sys.argv[1]))
+    cache.put(0, np.zeros(16, dtype=np.uint8))
+    os.kill(int(sys.argv[2]), signal.SIGSTOP)
+    writer = threading.Thread(target=cache.put, daemon=True,
+                              args=(1, np.zeros(64 << 20, dtype=np.uint8)))
+    writer.start()
+    def syscall(tid):
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            return f.read().split()[0]
+    while syscall(writer.native_id) != sys.argv[4]:   # waiting on the server
+        time.sleep(0.001)
+    print(writer.native_id, flush=True)
+"""
+
+# System call numbers: (read, recvfrom, futex).
+SYSCALLS = {"x86_64": ("0", "45", "202"), "aarch64": ("63", "207", "98")}
+
+
+def _syscall(pid, tid):
+    """The number of the system call thread `tid` of `pid` is in, or None."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+            return f.read().split()[0]
+    except OSError:
+        return None
+
+
+def test_a_put_that_returns_as_the_interpreter_finalizes_does_not_abort(
+        server, session, tmp_path):
+    if os.uname().machine not in SYSCALLS:
+        pytest.skip(f"system call numbers of {os.uname().machine} not known here")
+    read, recv, futex = SYSCALLS[os.uname().machine]
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(RACE_SCRIPT))
+    r, w = os.pipe()
+    with continued_after(server.pid):
+        p = subprocess.Popen([sys.executable, str(script), str(session), str(server.pid),
+                              str(r), recv], env=server.env, pass_fds=(r,),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.close(r)
+        try:
+            line = p.stdout.readline()
+            assert line.strip().isdigit(), p.communicate(timeout=60)[1]
+            writer = int(line)
+            wait_for(lambda: _syscall(p.pid, p.pid) == read, what="the exit hook's read")
+            os.kill(server.pid, signal.SIGCONT)
+            wait_for(lambda: _syscall(p.pid, writer) == futex,
+                     what="the writer to wait for the GIL")
+            os.write(w, b"x")
+            p.wait(timeout=60)
+            err = p.stderr.read()
+            assert p.returncode == 0, f"exit status {p.returncode}: {err}"
+        finally:
+            os.close(w)
             p.kill()
             p.wait()

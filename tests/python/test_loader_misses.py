@@ -634,3 +634,44 @@ def test_a_cold_epoch_counts_n_misses_and_no_hit_and_a_warm_one_n_hits(
     assert_same_batches(list(loader), got)
     st = cds.stats()
     assert (st.misses, st.hits) == (n, n), (kind, workers, st)
+
+
+# ---- a trainer that exits with a pass open: its threads end first ----------
+
+# The first atexit hook, run last, names the loader's threads still alive;
+# the interpreter finalizes right after it. The gate hook, registered once
+# the pass runs, runs first: the rows the spawned workers compute at exit
+# end then (CountedImages waits for the gate from id 4 on).
+EXIT_WITH_A_PASS_OPEN = """
+import atexit, threading
+atexit.register(lambda: print("at exit", sorted(
+    t.name for t in threading.enumerate() if t.name.startswith("shmcache-")), flush=True))
+import os, pathlib, sys
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset, CachedLoader
+from helpers import CountedImages
+cds = CachedDataset(CountedImages(200), DatasetCache(int(sys.argv[1])), name="gated")
+it = iter(CachedLoader(cds, batch_size=4, num_workers=2, multiprocessing_context="spawn"))
+next(it)
+atexit.register(pathlib.Path(os.environ["PREFILL_GATE"]).touch)
+print("last statement", flush=True)
+"""
+
+
+def test_the_loaders_threads_end_before_the_interpreter_finalizes(server, session,
+                                                                  tmp_path):
+    # A daemon thread still in a torch call as the interpreter finalizes
+    # aborts the process (the miss pool's thread shuts the spawned
+    # workers' DataLoader down: "terminate called without an active
+    # exception", now and then, after a trainer's last line).
+    env = dict(child_env(), PREFILL_GATE=str(tmp_path / "gate"), PREFILL_GATE_AT="4",
+               PREFILL_COUNTER=str(tmp_path / "counter"))
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_WITH_A_PASS_OPEN, str(session)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+        assert "last statement\nat exit []\n" in out, out + err
+        assert proc.returncode == 0, err
+    finally:
+        kill_group(proc)

@@ -209,6 +209,17 @@ class DatasetCache:
         self._state = State.BYPASSED
         self._warn_once(why)
 
+    def turned_off(self) -> DatasetCache:
+        """Package-internal: a copy of this cache (session, name, settings)
+        that the user turned off (CachedDataset's `ds.cache = None`):
+        bypassed as bypass() makes it, here and wherever it is pickled to,
+        but without a warning: nothing failed."""
+        off = self.named(self.name, self.fingerprint)
+        off.bypass_reason = "caching was turned off"
+        off._state = State.BYPASSED
+        off._warned = True
+        return off
+
     def _degrade(self, state: State, err: Error, what: str | None = None) -> None:
         """Moves to `state` (never back) and warns once per object: `what`
         (default: describe(err)), err's message, and what happens now."""

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "clients/python/shmcache/batch_targets.h"
@@ -154,11 +155,14 @@ py::dict StatsDict(const shmcache::CacheStats& st) {
 // alive after the Python object is gone.
 struct PyCache {
   std::unique_ptr<Cache> cache;
-  // BatchReaders not in use, guarded by the GIL: a caller takes one (or
-  // makes one) and gives it back, so concurrent read_into calls never share
-  // one, and fork() (which holds the GIL) never finds the list half-changed.
-  // Declared after `cache`: destroyed (threads joined) before it.
-  std::vector<std::unique_ptr<shmcache::BatchReader>> idle_readers GUARDED_BY(g_gil);
+  // BatchReaders not in use, each with the threads it was asked for (it
+  // has fewer where the system refused some), guarded by the GIL: a caller
+  // takes one (or makes one) and gives it back, so concurrent read_into
+  // calls never share one, and fork() (which holds the GIL) never finds the
+  // list half-changed. Declared after `cache`: destroyed (threads joined)
+  // before it.
+  std::vector<std::pair<int, std::unique_ptr<shmcache::BatchReader>>> idle_readers
+      GUARDED_BY(g_gil);
   // Bytes of the columns read() and read_batch() handed out.
   uint64_t bytes_read GUARDED_BY(g_gil) = 0;
 };
@@ -558,8 +562,8 @@ py::array ReadInto(PyCache& self, py::handle ids, const std::vector<std::string>
   // self.idle_readers spelt out each time (no reference to it): the
   // analysis checks every use against the GIL.
   for (size_t k = self.idle_readers.size(); k-- > 0;) {
-    if (self.idle_readers[k]->num_threads() == threads) {
-      reader = std::move(self.idle_readers[k]);
+    if (self.idle_readers[k].first == threads) {
+      reader = std::move(self.idle_readers[k].second);
       self.idle_readers.erase(self.idle_readers.begin() + static_cast<std::ptrdiff_t>(k));
       break;
     }
@@ -572,7 +576,7 @@ py::array ReadInto(PyCache& self, py::handle ids, const std::vector<std::string>
     ReleaseGil nogil;
     s = reader->ReadInto(id_list, targets.columns(), std::span(h, n), stored, count);
   }
-  self.idle_readers.push_back(std::move(reader));
+  self.idle_readers.emplace_back(threads, std::move(reader));
   Check(s);
   targets.CheckStored(stored);
   if (!codes) {

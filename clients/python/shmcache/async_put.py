@@ -29,8 +29,12 @@ Contract:
 - The thread ends after _IDLE_EXIT_S seconds without rows, or, once
   retire() was called (CachedDataset: the dataset was freed), as soon as
   the queue is written.
-- redirect() (CachedDataset: its cache was replaced) waits until the
-  queue is written, then stores later rows elsewhere: one queue, one
+- redirect() (CachedDataset: its cache was replaced, or turned off) moves
+  the queue: from then on every row not yet being written, queued before
+  or after, goes to the new store, and warnings name the new origin; the
+  batch being written at that moment ends in the old store, and
+  wait_redirected() waits for it, so that nothing of the putter touches
+  the old store afterwards (its owner may close it). One queue, one
   thread and one set of counters for the dataset's life.
 - Fork: a child starts with an empty queue, fresh locks and no thread; its
   thread starts at its first enqueue.
@@ -107,6 +111,9 @@ class AsyncPutter:
         self._flushing = 0         # flush() calls waiting
         self._batched = False      # wakes by batch (decided at the thread's start)
         self._busy = 0             # rows being written now
+        # The store of the batch being written (None: none is), for
+        # wait_redirected().
+        self._writing: Callable[[list[int], list[Any]], int] | None = None
         self._stop = False
         self._retired = False      # retire() was called: end once written
         self._thread: threading.Thread | None = None
@@ -167,21 +174,30 @@ class AsyncPutter:
             finally:
                 self._flushing -= 1
 
-    def redirect(self, store: Callable[[list[int], list[Any]], int]) -> None:
-        """Later rows are stored with `store`: waits until every row queued
-        now is written with the old one, as flush() does, and switches under
-        the same lock, so that each row goes to the store it was queued for
-        and the counters go on (CachedDataset: its cache was replaced)."""
+    def redirect(self, store: Callable[[list[int], list[Any]], int],
+                 origin: Origin | None) -> None:
+        """Every row not yet being written, queued now or later, is stored
+        with `store`, and the putter's warnings name `origin` (CachedDataset:
+        its cache was replaced or turned off). Returns at once: the batch
+        being written now ends in the old store (wait_redirected()). One
+        lock with enqueue and the writer's pick of a batch: no row picked
+        after it goes to the old store."""
         if self._pid != os.getpid():
             self._reset()          # the parent's queue and thread are not here
         with self._cond:
-            self._flushing += 1
-            self._cond.notify_all()
-            try:
-                self._cond.wait_for(lambda: not self._queue and not self._busy)
-                self._store = store
-            finally:
-                self._flushing -= 1
+            self._store = store
+            self.origin = origin
+
+    def wait_redirected(self) -> None:
+        """Waits until no batch is being written with a store that
+        redirect() replaced: then nothing of this putter uses an old store
+        again. At most one put of the old store's (bounded by its server's
+        request timeout), never the queue."""
+        if self._pid != os.getpid():
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self._writing is None
+                                or self._writing is self._store)
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
@@ -248,28 +264,33 @@ class AsyncPutter:
                 batch = [self._queue.popleft() for _ in range(n)]
                 self._queued_bytes -= sum(b[2] for b in batch)
                 self._busy = n
-            ok = self._write(batch)
+                # Picked with the batch, under the lock redirect() takes.
+                store, origin = self._store, self.origin
+                self._writing = store
+            ok = self._write(batch, store, origin)
             idle_since = time.monotonic()
             with self._cond:
                 self._busy = 0
+                self._writing = None
                 self._bytes -= sum(b[2] for b in batch)
                 self.written += ok
                 self.not_stored += n - ok
                 self._cond.notify_all()
 
-    def _write(self, batch):
-        """Rows stored; a failing batch is warned about once (per process)
-        and counted, never raised: training already has its samples."""
+    def _write(self, batch, store, origin):
+        """Rows stored with `store`; a failing batch is warned about once
+        (per process and origin) and counted, never raised: training
+        already has its samples."""
         try:
             try:
-                return self._store([b[0] for b in batch], [b[1] for b in batch])
+                return store([b[0] for b in batch], [b[1] for b in batch])
             except Warning:
                 raise
             except Exception as e:  # the writer thread must outlive a bad row
                 # Shown once per process and origin by the default filter.
                 warn(f"shmcache: a background put failed ({type(e).__name__}: "
                      f"{e}); these rows are read from the source", CacheWarning,
-                     self.origin)
+                     origin)
         except Warning as w:
             # A warning the filters made an error (python -W error): this
             # thread has nobody to raise it to, and must go on (flush()

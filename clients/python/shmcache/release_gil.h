@@ -4,6 +4,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include "port/thread_annotations.h"
@@ -34,7 +35,11 @@ inline Gil g_gil;
 // background put) after the main thread began finalizing the interpreter,
 // at exit: reacquiring the GIL would then end the thread with
 // pthread_exit, whose unwinding through this destructor (noexcept) aborts
-// the whole process. Such a thread waits for the process to end instead.
+// the whole process ("terminate called without an active exception").
+// Such a thread waits for the process to end instead: when it sees the
+// finalization before it asks for the GIL, and when the finalization
+// begins while it waits for the GIL (the check cannot close that window:
+// the unwinding is caught, and a caught forced unwinding must never end).
 class SCOPED_CAPABILITY ReleaseGil {
  public:
   ReleaseGil() RELEASE(g_gil) : state_(PyEval_SaveThread()) {}
@@ -43,7 +48,11 @@ class SCOPED_CAPABILITY ReleaseGil {
     while (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
       pause();
     }
-    PyEval_RestoreThread(state_);
+    try {
+      PyEval_RestoreThread(state_);
+    } catch (abi::__forced_unwind&) {
+      for (;;) pause();
+    }
   }
   ReleaseGil(const ReleaseGil&) = delete;
   ReleaseGil& operator=(const ReleaseGil&) = delete;

@@ -74,6 +74,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from .. import CacheWarning
 from .._user_line import quietly
 from ..rows import Column, encode
+from ._exit_threads import end_at_exit
 
 __all__ = ["Stored", "STORED", "Columns", "Sample", "Computed", "Closed", "WorkerError",
            "compute_rows", "MissWorkers", "MissTurn", "Ticket", "PARENT_POLL_S", "POLL_S"]
@@ -405,6 +406,10 @@ class MissWorkers:
     def started(self) -> bool:
         return self._started
 
+    def started_threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return list(self._threads)
+
     @property
     def broken(self) -> bool:
         """Closed, or failed: a pool that computes nothing more."""
@@ -504,6 +509,7 @@ class MissWorkers:
                              name="shmcache-miss-workers"),
             threading.Thread(target=self._read_results, daemon=True,
                              name="shmcache-miss-results")]
+        end_at_exit(self)
         for t in self._threads:
             t.start()
 

@@ -33,6 +33,7 @@ import torch
 
 from ._assemble import BatchAssembler
 from ._autotune import AutoTune
+from ._exit_threads import end_at_exit
 from ._misses import MissTurn
 from ._row_schema import BufferPool
 from .batch_source import BatchReport, BatchSource, batch_ids
@@ -159,6 +160,7 @@ class Pipeline:
         self.stopped = False
         self.floor = 0     # threads and batches in flight once workers compute
         self._last: float | None = None       # when the previous batch was returned
+        end_at_exit(self)
         with self.cond:
             self._spawn_locked()
 
@@ -166,6 +168,10 @@ class Pipeline:
 
     def _threads(self) -> int:
         return max(self.tuner.threads, self.floor)
+
+    def started_threads(self) -> list[threading.Thread]:
+        with self.cond:
+            return list(self.threads)
 
     def _depth(self) -> int:
         # At least a batch per thread: a thread beyond the depth would only

@@ -39,6 +39,7 @@ transforms).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import weakref
@@ -57,6 +58,8 @@ from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, e
 from .fingerprint import cache_for_dataset, open_dataset_cache
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
+
+_log = logging.getLogger("shmcache")
 
 # Whether this process is a DataLoader worker (None: not asked yet). Asked
 # once per process: a worker's info is set before it touches a dataset, and
@@ -88,6 +91,29 @@ _READ_SETTINGS = frozenset({"transform", "target_transform", "transforms", "colu
 os.register_at_fork(after_in_child=_forget_in_worker)
 
 
+def _cache_to_set(ds: CachedDataset | CachedIterableDataset, value: Any) -> DatasetCache:
+    """The cache that `ds.cache = value` sets: as the constructor takes its
+    cache= (value's session and size, the dataset's name, checked at open
+    here), or for None (the user turns caching off) the cache's settings
+    bypassed, quietly: every later read goes to the source, nothing is
+    stored, here and in the DataLoader workers started from now on. The
+    constructor's own assignment (no cache yet) is value as it is."""
+    current = getattr(ds, "cache", None)
+    if current is None:
+        return value      # made by cache_for_dataset
+    if value is None:
+        _log.info("%s: caching turned off (cache = None): samples are read from "
+                  "the source and not stored", type(ds).__name__)
+        return current.turned_off()
+    if not isinstance(value, DatasetCache):
+        raise TypeError(f"cache must be a shmcache.DatasetCache, or None to turn "
+                        f"caching off; got {type(value).__name__}")
+    source = ds.dataset if isinstance(ds, CachedDataset) else ds.source
+    # The random transform was refused or allowed by the constructor.
+    return open_dataset_cache(cache_for_dataset(source, value, ds._name, allow_random=True,
+                                                bypass_unknown=True))
+
+
 def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
     """(columns of the sample, None), or (None, why it has none)."""
     try:
@@ -103,7 +129,14 @@ class CachedDataset(Dataset):
 
     cache: a shmcache.DatasetCache (its session and size are used; the name
       is this dataset's); default DatasetCache(), the session of
-      $SHMCACHE_SESSION_ID. name: the cache name, default a fingerprint of
+      $SHMCACHE_SESSION_ID. `ds.cache = other` later is taken the same
+      way (other's session and size, this dataset's name, checked at the
+      assignment); `ds.cache = None` turns caching off: every
+      sample is read from the dataset, nothing is stored, no CacheWarning
+      (an INFO line on the "shmcache" logger); ds.cache is then this cache
+      turned off (a bypassed DatasetCache, which DataLoader workers
+      started later get too).
+      name: the cache name, default a fingerprint of
       the dataset (class, length, root/path, transform repr) and of its
       contents (shmcache.torch.dataset_identity: its files' sizes and
       mtimes, or a few samples), taken once, here. When the contents
@@ -137,11 +170,14 @@ class CachedDataset(Dataset):
       epoch. At exit, queued rows are written for at most 2 s
       (shmcache.async_put.EXIT_FLUSH_S), then dropped; that includes a
       DataLoader worker's exit at the end of an epoch. flush() waits for
-      the queue. Assigning `ds.cache = other` first waits, as flush()
-      does, until the rows queued are stored in the cache they were
-      queued for; later rows go to `other`, and stats()["async_puts"]
-      goes on counting. A dataset the script drops is freed at once (the thread
-      does not hold it): its thread writes the rows queued, then ends.
+      the queue. Assigning `ds.cache = other` moves the queue: every row
+      not yet being written (queued before or after) goes to `other`,
+      where it is as much this dataset's row; the one batch being written
+      ends in the old cache before the assignment returns, and nothing of
+      the dataset uses the old cache afterwards (it may be closed at once);
+      stats()["async_puts"] goes on counting. A dataset the script drops
+      is freed at once (the thread does not hold it): its thread writes
+      the rows queued, then ends.
       async_puts=False stores every miss before returning it,
       in the calling thread, without a copy: a batch's misses
       (DataLoader's __getitems__) with one put after its last sample,
@@ -197,6 +233,7 @@ class CachedDataset(Dataset):
                             f"{type(dataset).__name__} is an IterableDataset: use "
                             f"CachedIterableDataset(source, cache) under a DataLoader")
         self.dataset = dataset
+        self._name = name   # for a cache set later (_cache_to_set)
         self.cache = cache_for_dataset(dataset, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform
@@ -213,14 +250,19 @@ class CachedDataset(Dataset):
         open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
 
     def __setattr__(self, name: str, value: Any) -> None:
+        putter = None
+        if name == "cache":
+            value = _cache_to_set(self, value)
+            putter = getattr(self, "_putter", None)   # None in __init__
+            if putter is not None:
+                # Before the new cache is seen: a row computed for it is
+                # never stored in the old one.
+                putter.redirect(functools.partial(_store_rows, value), value.origin)
         super().__setattr__(name, value)
         if name in _READ_SETTINGS:
             self._forget_hit_path()
-        putter = getattr(self, "_putter", None) if name == "cache" else None
         if putter is not None:
-            # Queued rows are stored in the old cache first (flush() and
-            # stats() know only one writer), later ones in the new.
-            putter.redirect(functools.partial(_store_rows, value))
+            putter.wait_redirected()
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
@@ -474,6 +516,7 @@ class CachedIterableDataset(IterableDataset):
     go on streaming from the source (drop the session to rebuild). If the
     cache fills up during the build, or a sample cannot be cached, it is
     not sealed either. cache: default DatasetCache() ($SHMCACHE_SESSION_ID).
+    `ds.cache = other` and `ds.cache = None` (caching off) as CachedDataset's.
     """
 
     def __init__(self, source: Iterable[Any], cache: DatasetCache | None = None,
@@ -481,11 +524,15 @@ class CachedIterableDataset(IterableDataset):
                  transform: Callable[[Any], Any] | None = None,
                  allow_random: bool = False) -> None:
         self.source = source
+        self._name = name   # for a cache set later (_cache_to_set)
         self.cache = cache_for_dataset(source, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform
         self.built = False   # this object's iterator was the builder
         open_dataset_cache(self.cache)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, _cache_to_set(self, value) if name == "cache" else value)
 
     def sealed_count(self) -> int | None:
         """Rows in the sealed cache, or None while it is not sealed."""

@@ -132,6 +132,15 @@ def _setting(name, value, default):
     return value, False
 
 
+def _subset_of_cached(dataset: Any) -> bool:
+    """Whether `dataset` is a Subset, or a Subset of Subsets, of a CachedDataset."""
+    if not isinstance(dataset, Subset):
+        return False
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return isinstance(dataset, CachedDataset)
+
+
 class CachedLoader(DataLoader[T_co]):
     """A torch DataLoader whose batches come from the cache: DataLoader's
     arguments, in its order and with its defaults (checked as DataLoader
@@ -204,14 +213,17 @@ class CachedLoader(DataLoader[T_co]):
             raise TypeError(f"CachedLoader reads batches by index from a map-style "
                             f"dataset; {type(dataset).__name__} is an IterableDataset: use "
                             f"DataLoader(CachedIterableDataset(source, cache), ...)")
-        if isinstance(dataset, Subset) and isinstance(dataset.dataset, CachedDataset):
+        if _subset_of_cached(dataset):
             # Rows are keyed by the CachedDataset's index; wrapped again
             # (cache=) they would be cached twice, under the split's positions.
+            nested = ("; a split of a split: the CachedDataset's indices are "
+                      "[outer.dataset.indices[i] for i in outer.indices]"
+                      if isinstance(dataset.dataset, Subset) else "")
             raise TypeError("CachedLoader reads rows by the CachedDataset's own index, "
                             "not through a Subset of a CachedDataset (random_split): "
                             "load the split with CachedLoader(subset.dataset, "
                             "sampler=SubsetRandomSampler(subset.indices)), or "
-                            "sampler=subset.indices for its order")
+                            f"sampler=subset.indices for its order{nested}")
         if not isinstance(dataset, CachedDataset):
             if not isinstance(cache, DatasetCache):
                 raise TypeError("CachedLoader needs a CachedDataset, or a dataset and "

@@ -1,0 +1,253 @@
+"""`ds.cache = other` and `ds.cache = None` on a CachedDataset: every row
+not yet being written moves to the new cache (None: caching off, quietly),
+the batch being written ends in the old one before the assignment returns,
+the writer's warnings name the new cache's line, and DataLoader workers
+started later get the new cache.
+
+The writer is held at a known point: inside the old cache's put, on an
+Event the test releases."""
+
+import gc
+import linecache
+import logging
+import threading
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import wait_for  # noqa: E402
+from helpers import Images, Stream, sample  # noqa: E402
+from shmcache import CacheWarning, DatasetCache  # noqa: E402
+from shmcache.torch import CachedDataset, CachedIterableDataset, CachedLoader  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+
+def cached_ids(session, name="rows"):
+    """The ids cached for CachedDataset(Images(4), name=name) in `session`."""
+    cache = CachedDataset(Images(4), DatasetCache(session), name=name).cache
+    return [i for i in range(4) if cache.contains(i)]
+
+
+def hold_puts(cache):
+    """Makes every put of `cache` (the writer's) wait on `release`, after
+    setting `entered`: the writer is then inside a batch of the old cache.
+    By its class, not an attribute: a copy of the cache (named(), caching
+    turned off) is not held."""
+    entered, release = threading.Event(), threading.Event()
+
+    def put(self, ids, rows, strict, quiet=False):
+        entered.set()
+        assert release.wait(60), "the test never released the writer"
+        return DatasetCache.put_encoded(self, ids, rows, strict, quiet)
+    cache.__class__ = type("HeldCache", (DatasetCache,), {"put_encoded": put})
+    return entered, release
+
+
+def set_cache_on_a_thread(ds, value):
+    """Starts `ds.cache = value` on a thread and waits until the dataset
+    shows the new cache (the assignment may still wait for the batch being
+    written); the thread."""
+    before = ds.cache
+    swap = threading.Thread(target=setattr, args=(ds, "cache", value))
+    swap.start()
+    assert wait_for(lambda: ds.cache is not before, what="the new cache set")
+    return swap
+
+
+def cache_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+
+
+def test_a_row_computed_for_the_new_cache_is_never_stored_in_the_old(server, session):
+    """A miss of the new cache, queued once ds.cache shows it, while the
+    writer is still inside a batch of the old cache (the assignment waits
+    for that batch), is stored in the new cache, not in the old one."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    new_session = server.new_session()
+    other = DatasetCache(new_session)
+    entered, release = hold_puts(ds.cache)
+    ds[0]
+    assert entered.wait(60)
+    swap = set_cache_on_a_thread(ds, other)
+    ds[1]
+    release.set()
+    swap.join(60)
+    assert not swap.is_alive()
+    assert ds.flush(60)
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1]
+
+
+def test_queued_rows_move_to_the_new_cache_and_the_old_is_let_go(server, session):
+    """Rows queued before the switch and not yet being written go to the new
+    cache; the batch being written ends in the old one before the
+    assignment returns, so that the old cache can be closed at once (no
+    'closed and then used' warning from a late put). Counters go on."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    new_session = server.new_session()
+    old, other = ds.cache, DatasetCache(new_session)
+    entered, release = hold_puts(old)
+    ds[0]
+    assert entered.wait(60)
+    ds[1], ds[2]           # queued behind row 0
+    swap = set_cache_on_a_thread(ds, other)
+    assert swap.is_alive(), "the switch returned while the old cache's put ran"
+    release.set()
+    swap.join(60)
+    assert not swap.is_alive()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old.close()
+        assert ds.flush(60)
+    assert cache_warnings(caught) == []
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1, 2]
+    st = ds.stats()["async_puts"]
+    assert (st["queued"], st["written"], st["pending"]) == (3, 3, 0), st
+
+
+def test_a_replaced_cache_is_let_go_once_its_rows_are_written(server, session):
+    """ds.cache = other: nothing of the dataset keeps the old cache (its
+    connection and mapped segments) alive afterwards."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    ds[0]
+    assert ds.flush(60)
+    old = weakref.ref(ds.cache)
+    new_session = server.new_session()
+    ds.cache = DatasetCache(new_session)
+    ds[1]
+    assert ds.flush(60)
+    gc.collect()
+    assert wait_for(lambda: old() is None, what="the old cache freed")
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1]
+
+
+def test_the_writers_warnings_name_the_line_that_set_the_new_cache(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session))
+    made_old = ds.cache.origin
+    ds.cache = DatasetCache(server.new_session())   # the line named
+
+    def failing(ids, rows, strict):
+        raise RuntimeError("the disk is on fire")
+    ds.cache.put_encoded = failing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds[1]
+        assert ds.flush(60)
+    (w,) = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert "background put failed" in str(w.message) and "on fire" in str(w.message)
+    assert (w.filename, w.lineno) == ds.cache.origin[:2] != made_old[:2]
+    assert linecache.getline(w.filename, w.lineno).endswith("# the line named\n")
+
+
+def test_cache_none_turns_caching_off_quietly(server, session, caplog):
+    """ds.cache = None while a row is being written and another is queued:
+    the queued row is not stored, nothing warns (one INFO line on the
+    "shmcache" logger says caching is off), every sample comes from the
+    dataset, as the cache would have returned it."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="off")
+    entered, release = hold_puts(ds.cache)
+    ds[0]
+    assert entered.wait(60)
+    ds[1]
+    with warnings.catch_warnings(record=True) as caught, \
+            caplog.at_level(logging.INFO, logger="shmcache"):
+        warnings.simplefilter("always")
+        swap = set_cache_on_a_thread(ds, None)
+        release.set()
+        swap.join(60)
+        assert not swap.is_alive()
+        got = [ds[i] for i in range(4)] + ds.__getitems__([2, 3])
+        got += [s for a, b in DataLoader(ds, batch_size=2) for s in zip(a, b)]
+        assert ds.flush(60)
+        assert ds.stats() is None
+    assert cache_warnings(caught) == []
+    assert [r.getMessage() for r in caplog.records
+            if "caching turned off" in r.getMessage()], caplog.text
+    for (img, label), i in zip(got, [0, 1, 2, 3, 2, 3, 0, 1, 2, 3]):
+        assert isinstance(img, torch.Tensor)
+        assert np.array_equal(img.numpy(), sample(i)[0]) and int(label) == i % 10
+    assert cached_ids(session, "off") == [0]
+    ds.cache = DatasetCache(session)      # and on again
+    ds[2]
+    assert ds.flush(60)
+    assert cached_ids(session, "off") == [0, 2]
+
+
+@pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
+                                            ("DataLoader", "spawn"),
+                                            ("CachedLoader", "fork")])
+def test_workers_of_a_dataset_with_caching_off_read_the_dataset_quietly(
+        server, session, capfd, loader, context):
+    ds = CachedDataset(Images(4), DatasetCache(session), name="off")
+    ds.cache = None
+    make = DataLoader if loader == "DataLoader" else CachedLoader
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [s for a, b in make(ds, batch_size=2, num_workers=2,
+                                  multiprocessing_context=context)
+               for s in zip(a, b)]
+        assert ds.flush(60)
+    assert cache_warnings(caught) == []
+    assert "CacheWarning" not in capfd.readouterr().err
+    assert sorted(int(label) for _, label in got) == [i % 10 for i in range(4)]
+    for img, label in got:
+        assert np.array_equal(img.numpy(), sample(int(label))[0])
+    assert cached_ids(session, "off") == []
+
+
+def test_a_cache_that_is_not_one_is_refused_and_the_old_kept(server, session):
+    ds = CachedDataset(Images(4), DatasetCache(session), name="kept")
+    old = ds.cache
+    with pytest.raises(TypeError, match="shmcache.DatasetCache, or None.*got str"):
+        ds.cache = "kept"
+    assert ds.cache is old
+    ds[1]
+    assert ds.flush(60)
+    assert cached_ids(session, "kept") == [1]
+
+
+def test_a_cache_set_later_is_named_for_the_dataset_as_the_constructors(server, session):
+    """ds.cache = DatasetCache(other_session) takes that session and size
+    and this dataset's name, as CachedDataset(dataset, cache) does: two
+    datasets switched to one session never read each other's rows. With
+    name=, the name given."""
+    new_session = server.new_session()
+    big = CachedDataset(Images(4), DatasetCache(session))
+    small = CachedDataset(Images(4, side=16), DatasetCache(session))
+    mine = CachedDataset(Images(4), DatasetCache(session), name="mine")
+    for ds in (big, small, mine):
+        ds.cache = DatasetCache(new_session)
+    big[0]
+    assert big.flush(60)
+    img, _ = small[0]
+    assert img.shape == (3, 16, 16) and np.array_equal(img.numpy(), sample(0, 16)[0])
+    assert small.flush(60)
+    fresh = CachedDataset(Images(4), DatasetCache(new_session)).cache
+    assert (big.cache.session_id, big.cache.name) == (new_session, fresh.name)
+    assert (mine.cache.session_id, mine.cache.name) == (new_session, "mine")
+
+
+def test_a_streaming_dataset_takes_a_later_cache_and_none_as_cached_dataset(
+        server, session, caplog):
+    ds = CachedIterableDataset(Stream(6), DatasetCache(session))
+    with pytest.raises(TypeError, match="shmcache.DatasetCache, or None.*got int"):
+        ds.cache = 3
+    new_session = server.new_session()
+    ds.cache = DatasetCache(new_session)
+    fresh = CachedIterableDataset(Stream(6), DatasetCache(new_session))
+    assert (ds.cache.session_id, ds.cache.name) == (new_session, fresh.cache.name)
+    with warnings.catch_warnings(record=True) as caught, \
+            caplog.at_level(logging.INFO, logger="shmcache"):
+        warnings.simplefilter("always")
+        ds.cache = None
+        got = list(ds)
+    assert cache_warnings(caught) == []
+    assert "caching turned off" in caplog.text
+    assert [int(s["label"]) for s in got] == [i % 10 for i in range(6)]
+    assert not ds.built and fresh.sealed_count() is None
