@@ -28,9 +28,18 @@ SpillKey::SpillKey(uint32_t cache_id, uint64_t row_id) {
 // (each of which spans to the flush marker, daemon/spill_store.cc, at the
 // end of the key space): at 1 MB rows that was 0.45 more checksummed blocks
 // per row read.
+//
+// A data block takes another row only while both fit in block_size (4 KB).
+// RocksDB's default (block_size_deviation 10) let a block under 90% full
+// take one more, so two 3 KB rows made a 6 KB block, and a reader, with no
+// block cache, checksums the whole block at every read: a 3 KB row's read
+// checksummed its neighbour's bytes too (XXH3 a third of a 3 KB MultiGet's
+// instructions; docs/spill-reads.md). Rows of 4 KB or more were a block of
+// their own already; small rows still share one, up to 4 KB.
 static rocksdb::BlockBasedTableOptions SpillTableOptions() {
   rocksdb::BlockBasedTableOptions t;
   t.index_type = rocksdb::BlockBasedTableOptions::kBinarySearchWithFirstKey;
+  t.block_size_deviation = 99;  // 100 would turn the rule off
   return t;
 }
 

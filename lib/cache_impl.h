@@ -131,6 +131,10 @@ class CacheImpl {
   // SpillReader, and the rows it cannot find (newer than its view) or read
   // through the daemon. statuses[i] is OK, NotFound, or the transport error.
   void FetchSpilled(std::span<const uint64_t> ids, Row* const* rows, Status* statuses);
+  // The mean encoded size of the cache's spilled rows, from the daemon's
+  // totals in the header; 0 while none is counted. The reader's choice
+  // between MultiGet and seeks (SpillReader::kSeekRowBytes) rests on it.
+  size_t SpilledRowBytes() const;
   // The same through the daemon alone, one round trip per batch.
   void FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,
                               Status* statuses);

@@ -37,9 +37,10 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
   std::vector<size_t> left(ids.size());
   std::vector<uint64_t> left_ids(ids.begin(), ids.end());
   for (size_t i = 0; i < ids.size(); ++i) left[i] = i;
+  const size_t row_bytes = SpilledRowBytes();
   for (int attempt = 0; attempt < 2 && !left.empty(); ++attempt) {
     reader->MultiGet(
-        cache_id_, left_ids,
+        cache_id_, left_ids, row_bytes,
         [&](size_t k, std::span<const std::byte> bytes) {
           if (AdoptSpilled(left_ids[k], bytes, rows[left[k]]))
             statuses[left[k]] = Status::OK();
@@ -70,6 +71,22 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
   FetchSpilledFromDaemon(left_ids, left_rows.data(), left_statuses.data());
   for (size_t k = 0; k < left.size(); ++k)
     statuses[left[k]] = std::move(left_statuses[k]);
+}
+
+// The rows a call reads are drawn from these: their mean is what the
+// call's rows average, give or take. A reader that chose by the average
+// of the rows its last call read (as it did) flipped from call to call
+// for rows of sizes about kSeekRowBytes (the mean of 64 rows drawn at
+// random wanders by an eighth of the sizes' spread around this one), and
+// each cache read with another's choice where caches of small and large
+// rows shared the instance's reader. This one moves by at most a row's
+// difference from it over the rows counted, as rows are spilled, and not
+// at all once they stop; it is known before the cache's first read.
+size_t CacheImpl::SpilledRowBytes() const {
+  const layout::StatsSlot& daemon = header_->stats[0];
+  const uint64_t rows = daemon.disk_rows.load(std::memory_order_relaxed);
+  if (rows == 0) return 0;
+  return daemon.disk_bytes.load(std::memory_order_relaxed) / rows;
 }
 
 void CacheImpl::FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const* rows,

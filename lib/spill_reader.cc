@@ -171,7 +171,7 @@ SpillReader::~SpillReader() {
 }
 
 void SpillReader::MultiGet(
-    uint32_t cache_id, std::span<const uint64_t> ids,
+    uint32_t cache_id, std::span<const uint64_t> ids, size_t row_bytes,
     const std::function<void(size_t, std::span<const std::byte>)>& found,
     std::span<bool> got) {
   if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) >= kRefreshIntervalMs) {
@@ -179,23 +179,17 @@ void SpillReader::MultiGet(
     // for a row this view lacks.
     CatchUpUnlessWithin(kRefreshIntervalMs);
   }
-  size_t bytes = 0;
-  if (large_rows_.load(std::memory_order_relaxed)) {
-    bytes = ReadBySeek(cache_id, ids, found, got);
+  if (row_bytes >= kSeekRowBytes) {
+    ReadBySeek(cache_id, ids, found, got);
   } else {
-    bytes = ReadByMultiGet(cache_id, ids, found, got);
+    ReadByMultiGet(cache_id, ids, found, got);
   }
-  size_t read = 0;
-  for (bool g : got) read += g ? 1 : 0;
-  if (read > 0)
-    large_rows_.store(bytes / read >= kSeekRowBytes, std::memory_order_relaxed);
 }
 
-size_t SpillReader::ReadByMultiGet(
+void SpillReader::ReadByMultiGet(
     uint32_t cache_id, std::span<const uint64_t> ids,
     const std::function<void(size_t, std::span<const std::byte>)>& found,
     std::span<bool> got) {
-  size_t bytes = 0;
   ValueBuffers& buffers = TheValueBuffers();
   // Released however the call ends (`found` may throw): no pin may wait in
   // the thread's buffers for a later call, or outlive the database.
@@ -222,11 +216,9 @@ size_t SpillReader::ReadByMultiGet(
       if (statuses[k].ok()) {
         found(base + k, std::span(reinterpret_cast<const std::byte*>(values[k].data()),
                                   values[k].size()));
-        bytes += values[k].size();
       }
     }
   }
-  return bytes;
 }
 
 // Large rows. With no block cache, MultiGet copies each value out of the
@@ -237,7 +229,7 @@ size_t SpillReader::ReadByMultiGet(
 // of the block itself, here the mapped file: the row is copied once. Each
 // Seek searches every level where MultiGet stops at the first that has
 // the key, a cost that only rows far larger than a key are worth.
-size_t SpillReader::ReadBySeek(
+void SpillReader::ReadBySeek(
     uint32_t cache_id, std::span<const uint64_t> ids,
     const std::function<void(size_t, std::span<const std::byte>)>& found,
     std::span<bool> got) {
@@ -245,18 +237,18 @@ size_t SpillReader::ReadBySeek(
   // each of them, and the spill tables' first-key index (spill_format.cc)
   // keeps those not holding the key from reading their block.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  size_t bytes = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const SpillKey key(cache_id, ids[k]);
     it->Seek(key.slice());
+    // Not valid with an error status (a block failing its checksum, a table
+    // file that cannot be read): the row is left to the caller, as after
+    // MultiGet's error, and the next Seek starts from a clean status.
     got[k] = it->Valid() && it->key() == key.slice();
     if (got[k]) {
       const rocksdb::Slice v = it->value();
       found(k, std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()));
-      bytes += v.size();
     }
   }
-  return bytes;
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {

@@ -50,11 +50,13 @@ class SpillReader {
   // Reads rows ids[i] of the cache. For each one found, calls
   // found(i, bytes) with the encoded row (valid during the call) and sets
   // got[i] true; got[i] is false for rows not found or not readable, which
-  // are left to the caller. It catches up first when kRefreshIntervalMs
-  // passed since the last catch-up. The calling thread keeps the buffers
-  // RocksDB copies values into for its next call (spill_reader.cc), so
-  // `found` must not call MultiGet itself.
-  void MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
+  // are left to the caller. `row_bytes` is the size the rows are expected
+  // to have (the cache's spilled rows' mean, 0 when not known): from
+  // kSeekRowBytes up they are read in place. It catches up first when
+  // kRefreshIntervalMs passed since the last catch-up. The calling thread
+  // keeps the buffers RocksDB copies values into for its next call
+  // (spill_reader.cc), so `found` must not call MultiGet itself.
+  void MultiGet(uint32_t cache_id, std::span<const uint64_t> ids, size_t row_bytes,
                 const std::function<void(size_t, std::span<const std::byte>)>& found,
                 std::span<bool> got);
   // Catches up with the daemon's writes, unless another thread does now or
@@ -78,30 +80,27 @@ class SpillReader {
   // A thread's MultiGet keeps the buffers RocksDB copies values into from
   // call to call, each up to this size (spill_reader.cc says why).
   static constexpr size_t kKeptValueBytes = 16 << 10;
-  // Once the rows a call read averaged this size or more, the next calls
-  // read by iterator seeks (their values point into the mapped table file)
-  // instead of MultiGet (which copies each value once more): see
-  // spill_reader.cc.
+  // Rows expected to be this size or more are read by iterator seeks
+  // (their values point into the mapped table file) instead of MultiGet
+  // (which copies each value once more): see spill_reader.cc.
   static constexpr size_t kSeekRowBytes = 64 << 10;
 
  private:
   SpillReader() = default;
   CatchUp CatchUpUnlessWithin(int64_t interval_ms);
-  // MultiGet's two ways; each returns the bytes of the rows it found.
-  size_t ReadByMultiGet(
+  // MultiGet's two ways.
+  void ReadByMultiGet(
       uint32_t cache_id, std::span<const uint64_t> ids,
       const std::function<void(size_t, std::span<const std::byte>)>& found,
       std::span<bool> got);
-  size_t ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids,
-                    const std::function<void(size_t, std::span<const std::byte>)>& found,
-                    std::span<bool> got);
+  void ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids,
+                  const std::function<void(size_t, std::span<const std::byte>)>& found,
+                  std::span<bool> got);
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string path_;
   std::atomic<bool> catching_up_{false};
   std::atomic<int64_t> last_catch_up_ms_{0};
-  // The last call's rows averaged kSeekRowBytes or more.
-  std::atomic<bool> large_rows_{false};
 };
 
 }  // namespace shmcache

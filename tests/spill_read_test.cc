@@ -2,15 +2,21 @@
 // RocksDB secondary instance, lib/spill_reader.h), and through the daemon
 // only for rows newer than the reader's view. Whatever happens meanwhile
 // (the daemon killed and restarted, the cache dropped, another process
-// spilling rows) a read returns the row's own bytes or a clear error:
-// never another row's bytes, a hang or a crash.
+// spilling rows, a row's bytes changed on the disk) a read returns the
+// row's own bytes or a clear error: never another row's bytes, a miss for
+// a row that is there, a hang or a crash.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -220,6 +226,93 @@ TEST(SpillReadTest, SpilledRowsReadWhileTheCacheIsDroppedAreRightOrAClearError) 
     }
   }
   RemoveTree(spill);
+}
+
+// Where `bytes` stand in the table files of the spill database under
+// `dir`: (file, offset) for each place.
+std::vector<std::pair<std::string, size_t>> FindInTables(
+    const std::string& dir, const std::vector<uint8_t>& bytes) {
+  std::vector<std::pair<std::string, size_t>> at;
+  const std::string want(bytes.begin(), bytes.end());
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".sst") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string table((std::istreambuf_iterator<char>(in)), {});
+    for (size_t i = table.find(want); i != std::string::npos; i = table.find(want, i + 1))
+      at.emplace_back(e.path(), i);
+  }
+  return at;
+}
+
+TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsAnErrorAndTheOthersRead) {
+  // 3 KB rows (read by MultiGet) and 128 KB rows (by iterator seeks), each
+  // size a cache and a server of its own; a bit of one spilled row flipped
+  // in its table file, as a bad disk would.
+  for (const size_t row_bytes : {size_t{3} << 10, size_t{128} << 10}) {
+    SCOPED_TRACE(fmt::format("rows of {} bytes", row_bytes));
+    std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+    {
+      TestServer server(WithArgs({"-s", spill}));
+      ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+      std::unique_ptr<Client> client;
+      ASSERT_TRUE(server.Connect(&client).ok());
+      std::unique_ptr<Cache> cache;
+      ASSERT_TRUE(
+          client->OpenCache(CacheNamed(server.NewSession(), "corrupt", 1, true), &cache)
+              .ok());
+      const uint64_t n = (uint64_t{6} << 20) / row_bytes;
+      for (uint64_t id = 0; id < n; ++id) {
+        std::vector<uint8_t> row = Pattern(id, kSalt, row_bytes);
+        ASSERT_TRUE(cache->Put(id, row.data(), row.size()).ok()) << id;
+      }
+      const uint64_t spilled = FirstSpilled(cache.get(), n);
+      // Every 4th spilled row: no two in one table block.
+      std::vector<uint64_t> ids;
+      for (uint64_t id = spilled; id < n && ids.size() < 16; id += 4) ids.push_back(id);
+      ASSERT_GE(ids.size(), 8u);
+      const uint64_t bad = ids[ids.size() / 2];
+      const std::vector<uint8_t> bad_row = Pattern(bad, kSalt, row_bytes);
+      // In a table file once the daemon has flushed (after its writes stop).
+      std::vector<std::pair<std::string, size_t>> at;
+      ASSERT_TRUE(WaitFor([&] { return !(at = FindInTables(spill, bad_row)).empty(); }))
+          << "row " << bad << " never reached a table file";
+      ASSERT_EQ(at.size(), 1u);
+      {
+        std::fstream f(at[0].first, std::ios::binary | std::ios::in | std::ios::out);
+        const size_t mid = at[0].second + row_bytes / 2;
+        f.seekp(static_cast<std::streamoff>(mid));
+        f.put(static_cast<char>(bad_row[row_bytes / 2] ^ 0x20));
+        ASSERT_TRUE(f.good()) << at[0].first;
+      }
+      for (int round = 0; round < 2; ++round) {
+        std::vector<Row> rows(ids.size());
+        std::vector<Status> statuses(ids.size());
+        ASSERT_TRUE(cache->GetBatch(ids, rows, statuses).ok());
+        for (size_t k = 0; k < ids.size(); ++k) {
+          if (ids[k] == bad) {
+            // Neither the row nor a miss (which a trainer would compute and
+            // put again, silently): the error, from the daemon's own read.
+            EXPECT_FALSE(statuses[k].ok() || statuses[k].IsNotFound())
+                << "corrupt row " << bad << ": " << statuses[k].ToString();
+            EXPECT_NE(statuses[k].ToString().find("Corruption"), std::string::npos)
+                << statuses[k].ToString();
+            continue;
+          }
+          ASSERT_TRUE(statuses[k].ok())
+              << "row " << ids[k] << ": " << statuses[k].ToString();
+          const std::vector<uint8_t> want = Pattern(ids[k], kSalt, row_bytes);
+          std::optional<ColumnView> c = rows[k].view().find("data");
+          ASSERT_TRUE(c && c->nbytes == want.size() &&
+                      std::memcmp(c->data, want.data(), want.size()) == 0)
+              << "row " << ids[k] << " not read back whole, round " << round;
+        }
+      }
+      cache.reset();
+      EXPECT_EQ(server.Stop().exit_code, 0);
+    }
+    RemoveTree(spill);
+  }
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 // kept size are read whole as well, and a kept buffer never shows a former
 // row's bytes: rows of other sizes, ids asked twice and ids that are not
 // there, in one batch, each read right. Large rows are read in place from
-// the mapped table files (no buffer per row either), and an id between two
-// rows, past the last, or another cache's is not found.
+// the mapped table files (no buffer per row either), whatever the calls
+// before read (smaller rows, another cache's), and an id between two
+// rows, past the last, or another cache's is not found. A row whose block
+// fails its checksum is left to the caller by either way of reading, and
+// the call's other rows read whole.
 #include "lib/spill_reader.h"
 
 #include <algorithm>
@@ -14,7 +17,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <span>
@@ -107,22 +112,40 @@ class SpillReaderTest : public ::testing::Test {
     }
   }
   void OpenReader() { ASSERT_TRUE(SpillReader::Open(store_->path(), &reader_).ok()); }
-  // Reads ids; (*whole)[i]: row ids[i] was found and equal to want(ids[i]).
+  // Opens the reader once the store has flushed (it does once writes
+  // stop): catching up, the reader then holds no row in its own memtable
+  // (only the store's flush marker), and every row is read from a table
+  // file.
+  void OpenReaderOnTableFiles() {
+    OpenReader();
+    ASSERT_TRUE(test::WaitFor([&] {
+      reader_->MaybeCatchUp();
+      return reader_->MemtableRows() <= 1;
+    })) << reader_->MemtableRows()
+        << " rows still in the reader's memtables";
+  }
+  // Reads ids of `cache`, of the size given as the rows' expected one;
+  // (*whole)[i]: row ids[i] was found and equal to want(ids[i]);
+  // (*in_place)[i], when asked: it was handed over inside a mapping of a
+  // table file.
   template <typename Size>
-  void Read(const std::vector<uint64_t>& ids, Size size, std::vector<bool>* whole,
-            std::vector<bool>* found) {
+  void Read(const std::vector<uint64_t>& ids, size_t row_bytes, Size size,
+            std::vector<bool>* whole, std::vector<bool>* found,
+            std::vector<bool>* in_place = nullptr, uint32_t cache = kCache) {
     whole->assign(ids.size(), false);
+    if (in_place) in_place->assign(ids.size(), false);
     std::unique_ptr<bool[]> got(new bool[ids.size()]());
     reader_->MultiGet(
-        kCache, ids,
+        cache, ids, row_bytes,
         [&](size_t i, std::span<const std::byte> bytes) {
-          const bool counted = counting;  // the check's own row is not counted
+          const bool counted = counting;  // the check's own work is not counted
           counting = false;
           const std::string want = RowOf(ids[i], size(ids[i]));
-          counting = counted;
           (*whole)[i] = bytes.size() == want.size() &&
                         std::equal(bytes.begin(), bytes.end(),
                                    reinterpret_cast<const std::byte*>(want.data()));
+          if (in_place) (*in_place)[i] = InTableFileMapping(bytes.data());
+          counting = counted;
         },
         std::span(got.get(), ids.size()));
     found->assign(got.get(), got.get() + ids.size());
@@ -153,7 +176,7 @@ TEST_F(SpillReaderTest, RereadingSmallRowsAllocatesNoBufferPerRow) {
       ids[k] = (static_cast<uint64_t>(call) * 7919 + k * (n / kBatch)) % n;
     allocations = 0;
     counting = call > 0;  // the first call makes the thread's buffers
-    Read(ids, size, &whole, &found);
+    Read(ids, size(0), size, &whole, &found);
     counting = false;
     counted += allocations;
     for (size_t k = 0; k < kBatch; ++k) {
@@ -193,7 +216,8 @@ TEST_F(SpillReaderTest, KeptBuffersNeverShowAFormerRowsBytes) {
       else if (k % 13 == 5 && !ids.empty()) ids.push_back(ids[k / 2]);  // again
       else ids.push_back((static_cast<uint64_t>(round) * 37 + k * 5 + round * k) % kRows);
     }
-    Read(ids, size, &whole, &found);
+    // Read as small rows (MultiGet), whose buffers are kept.
+    Read(ids, size(1), size, &whole, &found);
     for (size_t k = 0; k < ids.size(); ++k) {
       if (ids[k] >= kRows) {
         EXPECT_FALSE(found[k]) << "id " << ids[k] << " was never written";
@@ -218,15 +242,7 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
     ASSERT_TRUE(other.Put(k.slice(), RowOf(1, size(1))).ok());
     ASSERT_TRUE(store_->Write(&other, size(1)).ok());
   }
-  OpenReader();
-  // The store flushes once writes stop; the reader, catching up, then
-  // holds no row in its own memtable (only the store's flush marker):
-  // every row is in a table file.
-  ASSERT_TRUE(test::WaitFor([&] {
-    reader_->MaybeCatchUp();
-    return reader_->MemtableRows() <= 1;
-  })) << reader_->MemtableRows()
-      << " rows still in the reader's memtables";
+  OpenReaderOnTableFiles();
   std::vector<uint64_t> ids(kBatch);
   for (int call = 0; call < 4; ++call) {
     // Rows there, ids between two rows (odd), ids past the last row (where
@@ -236,18 +252,8 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
     ids[5] = 1;
     ids[9] = n + 1;
     ids[17] = n + 2;
-    std::vector<bool> whole(kBatch, false), in_place(kBatch, false);
-    std::unique_ptr<bool[]> got(new bool[kBatch]());
-    reader_->MultiGet(
-        kCache, ids,
-        [&](size_t i, std::span<const std::byte> bytes) {
-          const std::string want = RowOf(ids[i], size(ids[i]));
-          whole[i] = bytes.size() == want.size() &&
-                     std::equal(bytes.begin(), bytes.end(),
-                                reinterpret_cast<const std::byte*>(want.data()));
-          in_place[i] = InTableFileMapping(bytes.data());
-        },
-        std::span(got.get(), kBatch));
+    std::vector<bool> whole, got, in_place;
+    Read(ids, size(0), size, &whole, &got, &in_place);
     for (size_t k = 0; k < kBatch; ++k) {
       if (ids[k] % 2 == 1 || ids[k] >= n) {
         EXPECT_FALSE(got[k]) << "id " << ids[k] << " was never written to this cache";
@@ -255,11 +261,106 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
       }
       ASSERT_TRUE(got[k]) << "row " << ids[k] << ", call " << call;
       ASSERT_TRUE(whole[k]) << "row " << ids[k] << " not read back whole, call " << call;
-      // The first call learns the rows' size; the later ones read in place.
-      if (call > 0) {
-        EXPECT_TRUE(in_place[k])
-            << "row " << ids[k] << " was copied out of the table file";
+      EXPECT_TRUE(in_place[k]) << "row " << ids[k] << " was copied out of the table file";
+    }
+  }
+}
+
+TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceWhateverTheCallsBeforeRead) {
+  // A cache of rows about kSeekRowBytes: 48 KB and 96 KB in turn (72 KB on
+  // average), read in batches of mostly the smaller rows (54 KB on
+  // average) or mostly the larger, and between them a batch of another
+  // cache's 3 KB rows through the same reader, as another thread reads.
+  constexpr size_t kSmall = 48 << 10, kLarge = 96 << 10, kOther = 3 << 10;
+  const auto size = [](uint64_t id) { return id % 2 == 0 ? kSmall : kLarge; };
+  constexpr size_t kMean = (kSmall + kLarge) / 2;
+  static_assert((kBatch * 7 / 8 * kSmall + kBatch / 8 * kLarge) / kBatch <
+                SpillReader::kSeekRowBytes);
+  const uint64_t n = 2 * ((store_->memtables().bytes + 4 * kMB) / kMean);
+  WriteRows(0, n, size);
+  rocksdb::WriteBatch other;
+  for (uint64_t id = 0; id < kBatch; ++id) {
+    SpillKey k(kCache + 1, id);
+    ASSERT_TRUE(other.Put(k.slice(), RowOf(id, kOther)).ok());
+  }
+  ASSERT_TRUE(store_->Write(&other, kBatch * kOther).ok());
+  OpenReaderOnTableFiles();
+  std::vector<uint64_t> ids(kBatch);
+  for (int call = 0; call < 9; ++call) {
+    const bool others = call % 3 == 2;
+    const uint32_t cache = others ? kCache + 1 : kCache;
+    for (size_t k = 0; k < kBatch; ++k) {
+      // Mostly even (small) ids in the first of each three calls, mostly
+      // odd in the second; 7 in 8 of them.
+      const uint64_t odd = (k % 8 == 0) == (call % 3 == 0) ? 1 : 0;
+      ids[k] = others
+                   ? k
+                   : ((static_cast<uint64_t>(call) * 7919 + k * 97) % (n / 2)) * 2 + odd;
+    }
+    const auto sized = [&](uint64_t id) { return others ? kOther : size(id); };
+    std::vector<bool> whole, got, in_place;
+    Read(ids, others ? kOther : kMean, sized, &whole, &got, &in_place, cache);
+    size_t copied = 0;
+    for (size_t k = 0; k < kBatch; ++k) {
+      ASSERT_TRUE(got[k]) << "row " << ids[k] << " of cache " << cache << ", call "
+                          << call;
+      ASSERT_TRUE(whole[k]) << "row " << ids[k] << " not read back whole, call " << call;
+      copied += in_place[k] ? 0 : 1;
+    }
+    if (!others) {
+      EXPECT_EQ(copied, 0u) << "rows copied out of the table files, call " << call;
+    }
+  }
+}
+
+TEST_F(SpillReaderTest, ACorruptRowIsLeftToTheCallerByBothPathsAndTheOthersRead) {
+  // A real cause of a read error: one large row's block changed in its
+  // table file (a bit flipped on the disk), so that its checksum fails.
+  const auto size = [](uint64_t) { return SpillReader::kSeekRowBytes * 2; };
+  const uint64_t n = 2 * ((store_->memtables().bytes + 4 * kMB) / size(0));
+  WriteRows(0, n, size);
+  OpenReaderOnTableFiles();
+  std::vector<uint64_t> ids(kBatch);
+  for (size_t k = 0; k < kBatch; ++k) ids[k] = k * (n / kBatch);
+  const uint64_t bad = ids[kBatch / 2];
+  // The row's value in a table file: its key, the 8 bytes RocksDB adds to
+  // it, then the row.
+  const SpillKey key(kCache, bad);
+  const std::string row = RowOf(bad, size(bad));
+  const std::string stored = key.slice().ToString();
+  int corrupted = 0;
+  for (const auto& e : std::filesystem::directory_iterator(store_->path())) {
+    if (e.path().extension() != ".sst") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string table((std::istreambuf_iterator<char>(in)), {});
+    for (size_t at = table.find(row); at != std::string::npos;
+         at = table.find(row, at + 1)) {
+      if (at < stored.size() + 8 ||
+          table.compare(at - 8 - stored.size(), stored.size(), stored) != 0)
+        continue;
+      std::fstream out(e.path(), std::ios::binary | std::ios::in | std::ios::out);
+      out.seekp(static_cast<std::streamoff>(at + row.size() / 2));
+      out.put(static_cast<char>(table[at + row.size() / 2] ^ 0x20));
+      ASSERT_TRUE(out.good()) << e.path();
+      ++corrupted;
+    }
+  }
+  ASSERT_EQ(corrupted, 1) << "row " << bad << "'s value found in " << corrupted
+                          << " places";
+  // MultiGet (the rows' expected size 0) and seeks, twice each: the bad row
+  // is not got (the caller asks the daemon), every other row reads whole,
+  // before and after it in the call.
+  for (const size_t row_bytes : {size_t{0}, size(0), size_t{0}, size(0)}) {
+    std::vector<bool> whole, found;
+    Read(ids, row_bytes, size, &whole, &found);
+    for (size_t k = 0; k < kBatch; ++k) {
+      if (ids[k] == bad) {
+        EXPECT_FALSE(found[k]) << "corrupt row " << bad << " read, row_bytes "
+                               << row_bytes;
+        continue;
       }
+      ASSERT_TRUE(found[k]) << "row " << ids[k] << ", row_bytes " << row_bytes;
+      EXPECT_TRUE(whole[k]) << "row " << ids[k] << ", row_bytes " << row_bytes;
     }
   }
 }

@@ -4,8 +4,9 @@
 // newest of them not flushed, read back whole by another process through
 // its own secondary instance, as the daemon's readers do; rows flushed to
 // a table file once writes stop, and a reader that reads them lets go of
-// the copies it replayed from the log. A full disk with the small
-// memtables: spill_stage_test.cc, spill_test.cc.
+// the copies it replayed from the log. Rows of a few KB are a table block
+// each (a reader checksums a row's whole block), small rows share one. A
+// full disk with the small memtables: spill_stage_test.cc, spill_test.cc.
 #include "daemon/spill_store.h"
 
 #include <sys/statvfs.h>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <rocksdb/db.h>
+#include <rocksdb/table_properties.h>
 #include <rocksdb/write_batch.h>
 
 #include "format/spill_format.h"
@@ -45,6 +48,48 @@ std::string RowOf(uint64_t id, size_t bytes) {
   for (size_t i = 0; i < bytes; i += 8) row[i] = static_cast<char>(id * 31 + i / 8);
   row[bytes - 1] = static_cast<char>(id);
   return row;
+}
+
+// Rows of `row_bytes` written to a new store and flushed to its table
+// files: how many rows, and the data blocks of those files.
+void BlocksOfRows(size_t row_bytes, uint64_t* rows, uint64_t* blocks) {
+  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillblocks");
+  {
+    std::unique_ptr<SpillStore> store;
+    ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
+    *rows = (4 * kMB) / row_bytes;
+    rocksdb::WriteBatch batch;
+    for (uint64_t id = 0; id < *rows; ++id) {
+      SpillKey k(kCache, id);
+      ASSERT_TRUE(batch.Put(k.slice(), RowOf(id, row_bytes)).ok());
+    }
+    ASSERT_TRUE(store->Write(&batch, *rows * row_bytes).ok());
+    // Flushed once writes stop; the flush marker stays unflushed.
+    ASSERT_TRUE(test::WaitFor([&] { return store->UnflushedRows() <= 1; }));
+    // Read as a reader opens the database (the writer's table options are
+    // in the files).
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::OpenAsSecondary(SpillReaderOptions(), store->path(),
+                                             dir + "/sec", &db)
+                    .ok());
+    std::unique_ptr<rocksdb::DB> reader(db);
+    rocksdb::TablePropertiesCollection tables;
+    ASSERT_TRUE(reader->GetPropertiesOfAllTables(&tables).ok());
+    *blocks = 0;
+    for (const auto& [file, props] : tables) *blocks += props->num_data_blocks;
+  }
+  test::RemoveTree(dir);
+}
+
+TEST(SpillStoreTest, RowsOfAFewKBAreABlockEachAndSmallRowsShareOne) {
+  // A reader checksums the whole block of a row it reads: a 3 KB row's
+  // block holds no other row's bytes.
+  uint64_t rows = 0, blocks = 0;
+  BlocksOfRows(3 << 10, &rows, &blocks);
+  EXPECT_GE(blocks, rows) << rows << " rows of 3 KB in " << blocks << " blocks";
+  // 200-byte rows still fill 4 KB blocks (about 17 rows each).
+  BlocksOfRows(200, &rows, &blocks);
+  EXPECT_LT(blocks * 12, rows) << rows << " rows of 200 B in " << blocks << " blocks";
 }
 
 TEST(SpillStoreTest, MemtablesFollowTheRoomOnTheDisk) {
@@ -116,7 +161,7 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
     auto read = [&] {  // reads ids, leaves in it those not found
       std::unique_ptr<bool[]> got(new bool[ids.size()]());
       reader->MultiGet(
-          kCache, ids,
+          kCache, ids, row_bytes,
           [&](size_t i, std::span<const std::byte> bytes) {
             const std::string want = RowOf(ids[i], row_bytes);
             torn |= bytes.size() != want.size() ||
@@ -179,7 +224,7 @@ TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
   auto read_all = [&] {
     whole = 0;
     reader->MultiGet(
-        kCache, ids,
+        kCache, ids, kRowBytes,
         [&](size_t i, std::span<const std::byte> bytes) {
           const std::string want = RowOf(ids[i], kRowBytes);
           whole += bytes.size() == want.size() &&
