@@ -251,3 +251,30 @@ def test_a_streaming_dataset_takes_a_later_cache_and_none_as_cached_dataset(
     assert "caching turned off" in caplog.text
     assert [int(s["label"]) for s in got] == [i % 10 for i in range(6)]
     assert not ds.built and fresh.sealed_count() is None
+
+
+def test_a_stream_being_built_when_its_cache_is_replaced_seals_neither(server, session):
+    """`ds.cache = other` while a pass builds the stream's cache: the pass
+    had claimed the build of the old cache, not of `other`, and `other`
+    holds none of the rows before the assignment. The pass goes on from the
+    source without storing or sealing anything more: a later pass builds
+    `other` whole (sealed with rows missing, it served the tail of the
+    stream from the source every epoch); the old cache is not touched
+    after the assignment."""
+    ds = CachedIterableDataset(Stream(6), DatasetCache(session))
+    old = ds.cache
+    new_session = server.new_session()
+    it = iter(ds)
+    first = [next(it) for _ in range(3)]
+    ds.cache = DatasetCache(new_session)
+    rest = list(it)
+    assert [int(s["label"]) for s in first + rest] == [i % 10 for i in range(6)]
+    assert ds.cache.sealed_rows() is None
+    assert [i for i in range(6) if ds.cache.contains(i)] == []
+    assert old.sealed_rows() is None
+    assert [i for i in range(6) if old.contains(i)] == [0, 1, 2]
+    # The next pass builds the new cache, every row of it.
+    again = CachedIterableDataset(Stream(6), DatasetCache(new_session))
+    assert [int(s["label"]) for s in again] == [i % 10 for i in range(6)]
+    assert again.sealed_count() == 6
+    assert [i for i in range(6) if again.cache.contains(i)] == list(range(6))

@@ -516,7 +516,9 @@ class CachedIterableDataset(IterableDataset):
     go on streaming from the source (drop the session to rebuild). If the
     cache fills up during the build, or a sample cannot be cached, it is
     not sealed either. cache: default DatasetCache() ($SHMCACHE_SESSION_ID).
-    `ds.cache = other` and `ds.cache = None` (caching off) as CachedDataset's.
+    `ds.cache = other` and `ds.cache = None` (caching off) as CachedDataset's;
+    a builder's pass under way then stores and seals nothing more (the
+    build it claimed was the old cache's), and a later pass builds `other`.
     """
 
     def __init__(self, source: Iterable[Any], cache: DatasetCache | None = None,
@@ -556,19 +558,24 @@ class CachedIterableDataset(IterableDataset):
         yield from self._stream(wid, nw, builder)
 
     def _stream(self, wid: int, nw: int, builder: bool, start: int = 0) -> Iterator[Any]:
+        # The build claimed is this cache's: once `ds.cache = other` (or
+        # None) replaced it, the pass stores and seals nothing more; other
+        # holds none of the rows before, and its build is a later pass's.
+        cache = self.cache
         count = 0
         complete = True
         for i, sample in enumerate(self.source):
             count = i + 1
+            builder = builder and self.cache is cache
             cols, _ = _cacheable(sample)
             if cols is None:
                 complete = False
             elif builder:
-                self.cache.put_encoded([i], [cols], strict=False)
+                cache.put_encoded([i], [cols], strict=False)
             if i >= start and i % nw == wid:
                 yield self._out(sample if cols is None else decode(cols, torch=True))
-        if builder and complete and self.cache.accepting:
-            self.cache.seal(count)
+        if builder and complete and self.cache is cache and cache.accepting:
+            cache.seal(count)
 
     def _out(self, sample: Any) -> Any:
         return self.transform(sample) if self.transform is not None else sample
