@@ -10,6 +10,7 @@ Event the test releases."""
 import gc
 import linecache
 import logging
+import multiprocessing as mp
 import threading
 import warnings
 import weakref
@@ -278,3 +279,53 @@ def test_a_stream_being_built_when_its_cache_is_replaced_seals_neither(server, s
     assert [int(s["label"]) for s in again] == [i % 10 for i in range(6)]
     assert again.sealed_count() == 6
     assert [i for i in range(6) if again.cache.contains(i)] == list(range(6))
+
+
+class CountedImages(Images):
+    """Images that count the samples read in this process (the trainer's:
+    a worker's reads are its own)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("switch", ["other", "None"])
+def test_a_persistent_loaders_workers_take_a_later_cache(server, session, switch):
+    """CachedLoader with persistent_workers: `ds.cache = other` (or None)
+    between passes reaches the miss workers of the next pass. They kept
+    the cache they started with: they stored the next pass's misses in the
+    old cache (still caching, after `ds.cache = None`), and the trainer,
+    not finding in its cache the rows they said they stored, computed every
+    one again in its own thread."""
+    source = CountedImages(8)
+    ds = CachedDataset(source, DatasetCache(session), name="pool", async_puts=False)
+    rows = [0, 1, 2, 3]
+    loader = CachedLoader(ds, batch_size=2, num_workers=2, persistent_workers=True,
+                          multiprocessing_context="fork", sampler=rows)
+    try:
+        assert sorted(int(b) for _, labels in loader for b in labels) == [0, 1, 2, 3]
+        pids = loader._state.pool.pids
+        new_session = server.new_session()
+        ds.cache = DatasetCache(new_session) if switch == "other" else None
+        rows[:] = range(8)
+        got = [(img, int(b)) for imgs, labels in loader for img, b in zip(imgs, labels)]
+        assert loader._state.pool.pids == pids, "the workers were not kept"
+    finally:
+        del loader
+        assert wait_for(lambda: gc.collect() is not None and not mp.active_children(),
+                        what="the workers to end")
+    assert sorted(b for _, b in got) == [i % 10 for i in range(8)]
+    for img, label in got:
+        assert np.array_equal(img.numpy(), sample(label)[0])
+    assert source.reads == 0, "rows the workers computed were computed again"
+
+    def cached(s):
+        cache = CachedDataset(CountedImages(8), DatasetCache(s), name="pool").cache
+        return [i for i in range(8) if cache.contains(i)]
+    assert cached(session) == [0, 1, 2, 3]
+    assert cached(new_session) == (list(range(8)) if switch == "other" else [])

@@ -25,10 +25,12 @@ submit(worker, ids) sends a batch's misses to the worker the caller names
 batches), and every worker computes at once. A worker computes the rows of
 a batch, puts them into the cache itself (with owned=, only the rows it
 marks; the others come back as Columns: PartitionedLoader's rows of
-another node) and answers with the batch's Computed rows (a stored row
-travels as None: nothing of it is pickled), or with the exception that
-failed the batch (re-raised in the trainer as DataLoader re-raises a
-worker's, naming the worker). A worker whose worker_init_fn raised fails
+another node; all of them once the trainer's cds.cache is not the one the
+workers started with: they keep their copy of the dataset, as a persistent
+DataLoader's do, and the trainer reads its new cache) and answers with the
+batch's Computed rows (a stored row travels as None: nothing of it is
+pickled), or with the exception that failed the batch (re-raised in the
+trainer as DataLoader re-raises a worker's, naming the worker). A worker whose worker_init_fn raised fails
 every batch it gets with that exception (its type, message and the
 worker's traceback), and computes none: its dataset was never set up. As
 in DataLoader, whose batches from such a worker all raise too (torch 1.13
@@ -396,6 +398,8 @@ class MissWorkers:
         self._threads: list[threading.Thread] = []
         self._results: Any = None
         self._stop: Any = None
+        # The trainer's cache when the workers were started (their copy's).
+        self._cache: Any = None
 
     @property
     def pids(self) -> list[int]:
@@ -430,6 +434,12 @@ class MissWorkers:
                 return ticket
             if not self._started:
                 self._start_locked()
+            if self._cache is not self.cds.cache:
+                # `cds.cache = other` (or None) since the workers started
+                # (persistent ones): their copy still has the old cache,
+                # which the trainer no longer reads; they put nothing, and
+                # the trainer stores what they return in its own cache.
+                owned = [False] * len(ids)
             self._keys += 1
             key = self._keys
             self._tickets[key] = ticket
@@ -486,6 +496,7 @@ class MissWorkers:
     # ---- inside ---------------------------------------------------------
 
     def _start_locked(self) -> None:
+        self._cache = self.cds.cache
         ctx = self._context if self._context is not None else torch.multiprocessing
         self._tasks = [ctx.Queue() for _ in range(self.num_workers)]
         self._results = ctx.Queue()
