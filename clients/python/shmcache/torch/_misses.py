@@ -30,9 +30,10 @@ workers started with: they keep their copy of the dataset, as a persistent
 DataLoader's do, and the trainer reads its new cache) and answers with the
 batch's Computed rows (a stored row travels as None: nothing of it is
 pickled), or with the exception that failed the batch (re-raised in the
-trainer as DataLoader re-raises a worker's, naming the worker). A worker whose worker_init_fn raised fails
-every batch it gets with that exception (its type, message and the
-worker's traceback), and computes none: its dataset was never set up. As
+trainer as DataLoader re-raises a worker's, naming the worker). A worker
+whose worker_init_fn raised fails every batch it gets with that exception
+(its type, message and the worker's traceback), and computes none: its
+dataset was never set up. As
 in DataLoader, whose batches from such a worker all raise too (torch 1.13
 raises the user's exception for the first, then an UnboundLocalError of
 its own); the pass goes on to its end and the workers end with it.
