@@ -427,6 +427,37 @@ TEST_F(CliTest, StopStopsAServerWhoseSocketAndLockFileWereRemoved) {
     server.Kill();  // not stopped: never outlives the test
 }
 
+// The same, where a neighbour then took the run dir's place (a clean-up of
+// /tmp removed it, and /tmp is open to all) and put a link at the lock
+// file's name: the link is no lock of this user's, and --stop still finds
+// the server through its host lock. It gave up with the probe's error
+// ("cannot open ...: Too many levels of symbolic links"), and the server
+// ran on.
+TEST_F(CliTest, StopStopsAServerWhoseRunDirANeighbourTook) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.NewSession();
+  const std::string port = std::to_string(server.port());
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", server.run_dir(), port);
+  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+  ASSERT_EQ(unlink(lock.c_str()), 0);
+  // As root: the neighbour's own directory (root may still look in it).
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(server.run_dir().c_str(), 65534, 65534), 0);
+  }
+  ASSERT_EQ(symlink("/etc/passwd", lock.c_str()), 0);
+  CommandResult r = server.Stop();
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.out,
+            fmt::format("Cache server on port {} (process id {}) has been stopped; its "
+                        "socket and lock file in {} had been removed.\n",
+                        port, server.pid(), server.run_dir()))
+      << r.Describe();
+  if (geteuid() == 0) EXPECT_EQ(chown(server.run_dir().c_str(), 0, 0), 0);
+  if (!ProcessExited(server.pid()))
+    server.Kill();  // not stopped: never outlives the test
+}
+
 // A host lock file another user planted, held, naming a run dir: no
 // server of this user's. --stop says there is nothing to stop, where it
 // named "a server of yours" and a command with the planted run dir.
