@@ -505,6 +505,19 @@ size_t AddressSpaceBytes() {
   return 0;
 }
 
+// A cache of `server` with rows 0 to n - 1 (PutRow's), and their ids.
+void CacheRows(const TestServer& server, uint64_t n, std::unique_ptr<Cache>* cache,
+               std::vector<uint64_t>* ids) {
+  ASSERT_TRUE(server.ok());
+  *cache = OpenCache(server, server.NewSession());
+  ASSERT_TRUE(*cache);
+  ids->resize(n);
+  for (uint64_t id = 0; id < n; ++id) {
+    ASSERT_TRUE(PutRow(cache->get(), id).ok()) << id;
+    (*ids)[id] = id;
+  }
+}
+
 // A system that refuses threads (here an address space limit with room for
 // two of the fifteen helper stacks asked; elsewhere a process limit) gets a
 // reader with the helpers it could start, which reads as any other. The
@@ -513,14 +526,9 @@ size_t AddressSpaceBytes() {
 // active exception").
 TEST(BatchReaderThreadsTest, HelpersTheSystemRefusesAreDoneWithout) {
   TestServer server;
-  ASSERT_TRUE(server.ok());
-  auto cache = OpenCache(server, server.NewSession());
-  ASSERT_TRUE(cache);
-  std::vector<uint64_t> ids(300);
-  for (uint64_t id = 0; id < ids.size(); ++id) {
-    ASSERT_TRUE(PutRow(cache.get(), id).ok());
-    ids[id] = id;
-  }
+  std::unique_ptr<Cache> cache;
+  std::vector<uint64_t> ids;
+  ASSERT_NO_FATAL_FAILURE(CacheRows(server, 300, &cache, &ids));
   pid_t pid = ForkChild([&] {
     Batch b(ids.size());
     pthread_attr_t attr;
@@ -553,14 +561,9 @@ TEST(BatchReaderThreadsTest, AHelperWhoseStateCannotBeAllocatedIsDoneWithout) {
   GTEST_SKIP() << "operator new is ThreadSanitizer's here: no allocation can be failed";
 #endif
   TestServer server;
-  ASSERT_TRUE(server.ok());
-  auto cache = OpenCache(server, server.NewSession());
-  ASSERT_TRUE(cache);
-  std::vector<uint64_t> ids(300);
-  for (uint64_t id = 0; id < ids.size(); ++id) {
-    ASSERT_TRUE(PutRow(cache.get(), id).ok());
-    ids[id] = id;
-  }
+  std::unique_ptr<Cache> cache;
+  std::vector<uint64_t> ids;
+  ASSERT_NO_FATAL_FAILURE(CacheRows(server, 300, &cache, &ids));
   // The constructor's allocations in this thread (after a first one, which
   // may make what a process makes once): its last is the last helper's
   // thread state.
