@@ -29,6 +29,17 @@ It comes from whichever of these the dataset has:
   fresh iteration.
 - And, in both cases, the size and mtime of a root/path that names a file.
 
+The samples are read on a thread of their own, from a shallow copy of the
+dataset (what a read opens lazily, a handle kept on the dataset, stays
+the copy's), and waited for at most READ_SECONDS (30 s;
+$SHMCACHE_IDENTITY_SECONDS): a dataset whose reads wait until
+DataLoader's workers read too (PyTorch's own test_worker_seed) would
+otherwise block the process making the CachedDataset for good. Past the
+bound the dataset has no identity (UnknownContents); the thread is left
+to end when its read does, and neither it nor the reads leave a trace in
+the RNGs. A read that raises there (a handle bound to the thread that
+opened it: sqlite3's connection) is tried once more in the calling thread.
+
 Taken once per CachedDataset (or CachedIterableDataset) made, in the
 process that makes it: DataLoader workers receive the cache name with the
 pickled dataset. Nothing is read on a hit.
@@ -36,11 +47,13 @@ pickled dataset. Nothing is read on a hit.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import os
 import pickle
 import random
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,12 +62,13 @@ import numpy as np
 
 from .._shmcache import stat_files
 
-__all__ = ["content_identity", "SAMPLES", "UnknownContents"]
+__all__ = ["content_identity", "SAMPLES", "UnknownContents", "read_seconds"]
 
 SAMPLES = 8                      # samples hashed when a dataset lists no files
 _FILE_LISTS = ("samples", "imgs", "files", "paths")
 _ROOTS = ("root", "path", "root_dir", "data_dir", "dataset_path")
 _MAX_DEPTH = 64                  # nesting levels hashed in one sample
+READ_SECONDS = 30.0              # the most the samples' read is waited for
 
 
 def content_identity(dataset: Any) -> str:
@@ -64,10 +78,8 @@ def content_identity(dataset: Any) -> str:
     files = _listed_files(dataset, 0)
     if files is not None:
         parts.append("files:" + _digest(files))
-    elif _is_map_style(dataset):
-        parts.append("samples:" + _samples_digest(dataset))
     else:
-        parts.append("stream:" + _stream_digest(dataset))
+        parts.append(_read_contents(dataset))
     for attr in _ROOTS:
         path = _str_path(getattr(dataset, attr, None))
         if path is not None and os.path.isfile(path):
@@ -153,21 +165,116 @@ def positions(n: int, k: int = SAMPLES) -> list[int]:
     return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)})
 
 
+class _Abandoned(Exception):
+    """The caller stopped waiting for this read: it seeds nothing more."""
+
+
+class _Rngs:
+    """torch's CPU generator, numpy's and Python's global RNGs as they were
+    when made, put back after each seeded read, or once and for all by the
+    caller that stops waiting for the reads (abandon): after that, a read
+    still running on its thread neither seeds nor restores them, so the
+    caller's draws are its own. CUDA generators are left alone."""
+
+    def __init__(self) -> None:
+        import torch
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+
+    def seed(self, seed: int) -> None:
+        import torch
+        with self._lock:
+            if self._abandoned:
+                raise _Abandoned
+            torch.default_generator.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+
+    def restore(self) -> None:
+        with self._lock:
+            if not self._abandoned:
+                self._put_back()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            self._put_back()
+
+    def _put_back(self) -> None:
+        import torch
+        torch.set_rng_state(self._saved[0])
+        random.setstate(self._saved[1])
+        np.random.set_state(self._saved[2])
+
+
 @contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """torch's CPU generator, numpy's and Python's global RNGs seeded with
-    `seed` inside, restored after (CUDA generators are left alone)."""
-    import torch
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
+def _seeded(rngs: _Rngs, seed: int) -> Iterator[None]:
+    """The global RNGs seeded with `seed` inside, restored after."""
+    rngs.seed(seed)
+    try:
+        yield
+    finally:
+        rngs.restore()
+
+
+def read_seconds() -> float:
+    """$SHMCACHE_IDENTITY_SECONDS (a positive number), else READ_SECONDS."""
+    v = os.environ.get("SHMCACHE_IDENTITY_SECONDS")
+    try:
+        seconds = float(v) if v else READ_SECONDS
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"SHMCACHE_IDENTITY_SECONDS must be a positive number of "
+                         f"seconds, got {v!r}")
+    return seconds
+
+
+def _contents_digest(ds: Any, rngs: _Rngs) -> str:
+    if _is_map_style(ds):
+        return "samples:" + _samples_digest(ds, rngs)
+    return "stream:" + _stream_digest(ds, rngs)
+
+
+def _read_contents(dataset: Any) -> str:
+    """_contents_digest on a thread of its own over a shallow copy of the
+    dataset, waited for at most read_seconds() (the module says why)."""
+    seconds = read_seconds()
+    try:
+        target = copy.copy(dataset)
+    except Exception:   # noqa: BLE001 -- not copyable: read the dataset itself
+        target = dataset
+    rngs = _Rngs()
+    got: dict[str, Any] = {}
+
+    def read() -> None:
         try:
-            yield
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+            got["digest"] = _contents_digest(target, rngs)
+        except _Abandoned:
+            pass
+        except BaseException as e:   # noqa: BLE001 -- handed to the caller
+            got["error"] = e
+
+    reader = threading.Thread(target=read, name="shmcache-identity", daemon=True)
+    try:
+        reader.start()
+    except RuntimeError:   # no thread to be had: read here, unbounded
+        return _contents_digest(dataset, rngs)
+    reader.join(seconds)
+    if reader.is_alive():
+        rngs.abandon()
+        raise _no_identity(f"reading its samples took more than {seconds:g} s: a "
+                           "dataset whose reads wait for DataLoader's workers waits "
+                           "there for good; $SHMCACHE_IDENTITY_SECONDS sets the bound")
+    error = got.get("error")
+    if error is None:
+        return str(got["digest"])
+    if isinstance(error, UnknownContents) and error.__cause__ is not None:
+        # The read raised on that thread; a handle bound to the thread
+        # that opened it reads in this one.
+        return _contents_digest(dataset, _Rngs())
+    raise error
 
 
 class UnknownContents(ValueError):
@@ -183,10 +290,12 @@ def _no_identity(why: str) -> UnknownContents:
         "that differs for different data), as prefill's --cache_name")
 
 
-def _sample_digest(ds: Any, i: int) -> bytes:
+def _sample_digest(ds: Any, i: int, rngs: _Rngs) -> bytes:
     try:
-        with _seeded(i):
+        with _seeded(rngs, i):
             sample = ds[i]
+    except _Abandoned:
+        raise
     except Exception as e:   # noqa: BLE001 -- reported with the fix
         raise _no_identity(f"sample {i} raised {type(e).__name__}: {e}") from e
     h = hashlib.blake2b(digest_size=20)
@@ -194,20 +303,20 @@ def _sample_digest(ds: Any, i: int) -> bytes:
     return h.digest()
 
 
-def _samples_digest(ds: Any) -> str:
+def _samples_digest(ds: Any, rngs: _Rngs) -> str:
     try:
         n = len(ds)
     except TypeError:
         raise _no_identity("it has no length") from None
     at = positions(n)
-    digests = [_sample_digest(ds, i) for i in at]
-    if at and _sample_digest(ds, at[0]) != digests[0]:
+    digests = [_sample_digest(ds, i, rngs) for i in at]
+    if at and _sample_digest(ds, at[0], rngs) != digests[0]:
         raise _no_identity(f"sample {at[0]} differs between two reads with the "
                            "same seeds")
     return hashlib.blake2b(b"".join(digests), digest_size=20).hexdigest()
 
 
-def _stream_digest(source: Any) -> str:
+def _stream_digest(source: Any, rngs: _Rngs) -> str:
     def first(k: int) -> bytes:
         it = iter(source)
         if it is source:
@@ -215,9 +324,11 @@ def _stream_digest(source: Any) -> str:
                                "would consume")
         h = hashlib.blake2b(digest_size=20)
         try:
-            with _seeded(0):
+            with _seeded(rngs, 0):
                 for item in itertools.islice(it, k):
                     _feed(h, item, 0)
+        except _Abandoned:
+            raise
         except Exception as e:   # noqa: BLE001 -- reported with the fix
             raise _no_identity(f"iterating it raised {type(e).__name__}: {e}") from e
         return h.digest()
