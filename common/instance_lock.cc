@@ -217,11 +217,17 @@ Status ProbeLock(const std::string& lock_path, bool* held, int* pid,
   *held = false;
   *pid = 0;
   const int fd = open(lock_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::OK();
-    return Status::FromErrno("cannot open " + lock_path, errno);
-  }
   struct stat st {};
+  if (fd < 0) {
+    const int err = errno;
+    // A link (ELOOP), a socket (ENXIO), another user's file (EACCES): what
+    // is there, not why the open failed, says whether it can be a lock.
+    if (err == ENOENT || (lstat(lock_path.c_str(), &st) == 0 &&
+                          (!S_ISREG(st.st_mode) || st.st_uid != geteuid()))) {
+      return Status::OK();
+    }
+    return Status::FromErrno("cannot open " + lock_path, err);
+  }
   // A shared lock is granted only while no server holds the exclusive one;
   // closing the file drops it again.
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&

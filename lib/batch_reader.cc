@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -172,12 +173,15 @@ class BatchReader::Pool {
   explicit Pool(int helpers) {
     threads_.reserve(static_cast<size_t>(std::max(helpers, 0)));
     for (int i = 0; i < helpers; ++i) {
-      // A refused thread (EAGAIN: a process or memory limit) is one helper
-      // less: its exception leaving the constructor would destroy the
-      // helpers started, joinable, which ends the process (std::terminate).
+      // A refused thread (EAGAIN: a process or memory limit; bad_alloc for
+      // the state std::thread allocates first) is one helper less: its
+      // exception leaving the constructor would destroy the helpers
+      // started, joinable, which ends the process (std::terminate).
       try {
         threads_.emplace_back([this] { Loop(); });
       } catch (const std::system_error&) {
+        break;
+      } catch (const std::bad_alloc&) {
         break;
       }
     }

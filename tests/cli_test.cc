@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -403,19 +404,19 @@ TEST_F(CliTest, StopInAnotherRunDirAndShmDirStillCountsWhatAKilledOneLeftHere) {
   EXPECT_FALSE(running.ShmFiles().empty()) << "nor the running server's files";
 }
 
-// The socket and lock file of a running server were removed from its run
-// dir (by hand, or a clean-up of /tmp): --stop in that run dir finds it
-// through the host lock, which names the same run dir, and stops it. It
-// said there was no server with that run dir, and to stop the one with
-// that run dir with the very command just given.
-TEST_F(CliTest, StopStopsAServerWhoseSocketAndLockFileWereRemoved) {
+// A running server's socket and lock file removed from its run dir, then
+// `then` (given the server and the lock file's path): --stop in that run
+// dir stops it, found through its host lock, which names the run dir.
+void StopsAServerWhoseRunFilesWereRemovedThen(
+    const std::function<void(const TestServer&, const std::string&)>& then) {
   TestServer server;
   ASSERT_TRUE(server.ok());
   server.NewSession();
   const std::string port = std::to_string(server.port());
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", server.run_dir(), port);
   ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
-  ASSERT_EQ(unlink(fmt::format("{}/shmcached-{}.lock", server.run_dir(), port).c_str()),
-            0);
+  ASSERT_EQ(unlink(lock.c_str()), 0);
+  then(server, lock);
   CommandResult r = server.Stop();
   EXPECT_EQ(r.exit_code, 0) << r.Describe();
   EXPECT_EQ(r.out,
@@ -425,6 +426,33 @@ TEST_F(CliTest, StopStopsAServerWhoseSocketAndLockFileWereRemoved) {
       << r.Describe();
   if (!ProcessExited(server.pid()))
     server.Kill();  // not stopped: never outlives the test
+}
+
+// The socket and lock file of a running server were removed from its run
+// dir (by hand, or a clean-up of /tmp): --stop in that run dir finds it
+// through the host lock, which names the same run dir, and stops it. It
+// said there was no server with that run dir, and to stop the one with
+// that run dir with the very command just given.
+TEST_F(CliTest, StopStopsAServerWhoseSocketAndLockFileWereRemoved) {
+  StopsAServerWhoseRunFilesWereRemovedThen([](const TestServer&, const std::string&) {});
+}
+
+// The same, where a neighbour then took the run dir's place (a clean-up of
+// /tmp removed it, and /tmp is open to all) and put a link at the lock
+// file's name: the link is no lock of this user's, and --stop still finds
+// the server through its host lock. It gave up with the probe's error
+// ("cannot open ...: Too many levels of symbolic links"), and the server
+// ran on.
+TEST_F(CliTest, StopStopsAServerWhoseRunDirANeighbourTook) {
+  StopsAServerWhoseRunFilesWereRemovedThen(
+      [](const TestServer& server, const std::string& lock) {
+        // As root: the neighbour's own directory (root may still look in
+        // it, and remove it at the end).
+        if (geteuid() == 0) {
+          ASSERT_EQ(chown(server.run_dir().c_str(), 65534, 65534), 0);
+        }
+        ASSERT_EQ(symlink("/etc/passwd", lock.c_str()), 0);
+      });
 }
 
 // A host lock file another user planted, held, naming a run dir: no

@@ -5,10 +5,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -16,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
 
 namespace shmcache {
@@ -239,6 +243,67 @@ TEST_F(InstanceLockTest, AHostLockOfAnotherUserNamesNoHolder) {
   EXPECT_EQ(holder.run_dir, "");
   EXPECT_EQ(holder.shm_dir, "");
   close(fd);
+}
+
+// A link or a socket at a lock's name (a neighbour's, where the run dir
+// was removed and made again by them; /dev/shm is open to all) is no lock
+// of this user's servers: nobody holds it, as the header says, where the
+// probe's open failed (ELOOP, ENXIO) and --stop gave up with that error.
+TEST_F(InstanceLockTest, ALinkOrASocketAtALocksNameIsHeldByNobody) {
+  std::string target = dir_ + "/held";
+  int fd = -1;
+  ASSERT_TRUE(TakeHostLock(target, 31000, "/run/a", &fd).ok());
+  const std::string host = dir_ + "/.shmcache.lock";
+  ASSERT_EQ(symlink(target.c_str(), path_.c_str()), 0);
+  ASSERT_EQ(symlink(target.c_str(), host.c_str()), 0);
+  bool held = true;
+  int pid = -1;
+  Status s = ProbeInstanceLock(path_, &held, &pid);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(held);
+  EXPECT_EQ(pid, 0);
+  HostLockHolder holder;
+  s = ProbeHostLock(host, &holder);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(holder.held);
+  EXPECT_EQ(holder.run_dir, "");
+  close(fd);
+  ASSERT_EQ(unlink(path_.c_str()), 0);
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path_.size(), sizeof addr.sun_path);
+  path_.copy(addr.sun_path, path_.size());
+  ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path_;
+  s = ProbeInstanceLock(path_, &held, &pid);
+  close(sock);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(held);
+}
+
+// Another user's file, which this user may not open (EACCES): no lock of
+// this user's either.
+TEST_F(InstanceLockTest, AnotherUsersUnreadableFileAtALocksNameIsHeldByNobody) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  const int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchown(fd, 65533, 65533), 0);
+  close(fd);
+  // Probed as user 65534, in a child (setuid cannot be undone).
+  pid_t child = test::ForkChild([&] {
+    if (setgid(65534) != 0 || setuid(65534) != 0) return 2;
+    bool held = true;
+    int pid = -1;
+    Status s = ProbeInstanceLock(path_, &held, &pid);
+    if (!s.ok()) {
+      fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 3;
+    }
+    return held ? 4 : 0;
+  });
+  EXPECT_EQ(test::WaitChild(child), 0);
 }
 
 // The host lock names its holder's run dir from the start, and its shm dir
