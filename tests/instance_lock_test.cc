@@ -286,8 +286,15 @@ TEST_F(InstanceLockTest, ALinkOrASocketAtALocksNameIsHeldByNobody) {
 // this user's either.
 TEST_F(InstanceLockTest, AnotherUsersUnreadableFileAtALocksNameIsHeldByNobody) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another user";
-  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
-  const int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  // User 65534 must reach the file's dir: the test root may be a 0700 dir
+  // of root's (scripts/test.sh's SHMCACHE_RUN_DIR), so this one is in /tmp.
+  struct RemovedAtEnd {
+    std::string dir;
+    ~RemovedAtEnd() { test::RemoveTree(dir); }
+  } other{test::MakeTempDir("/tmp", "lock-other")};
+  ASSERT_EQ(chmod(other.dir.c_str(), 0755), 0);
+  const std::string path = other.dir + "/shmcached-31000.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(fchown(fd, 65533, 65533), 0);
   close(fd);
@@ -296,7 +303,7 @@ TEST_F(InstanceLockTest, AnotherUsersUnreadableFileAtALocksNameIsHeldByNobody) {
     if (setgid(65534) != 0 || setuid(65534) != 0) return 2;
     bool held = true;
     int pid = -1;
-    Status s = ProbeInstanceLock(path_, &held, &pid);
+    Status s = ProbeInstanceLock(path, &held, &pid);
     if (!s.ok()) {
       fprintf(stderr, "%s\n", s.ToString().c_str());
       return 3;
