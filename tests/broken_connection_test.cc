@@ -181,7 +181,10 @@ TEST(BrokenConnectionTest, AChunkTradedForALeaseWhoseAnswerWasLostIsNotWrittenAg
   ASSERT_TRUE(server.ok()) << server.start_result().Describe();
   uint32_t session = server.NewSession();
   ClientOptions short_wait = server.client_options();
-  short_wait.request_timeout_ms = 300;
+  // Short enough to give up on a stopped daemon soon, long enough for the
+  // first lease of a sanitizer build on a loaded machine (300 ms was not:
+  // CI at 6956409, under ASan).
+  short_wait.request_timeout_ms = 2000;
   std::unique_ptr<Client> client_a;
   ASSERT_TRUE(Client::Connect(short_wait, &client_a).ok());
   std::unique_ptr<Cache> a;
