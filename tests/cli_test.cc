@@ -2,7 +2,9 @@
 // argument (exit code 1 and a one-line message naming the problem), JSON
 // output, and two instances side by side.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,7 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "format/instance.h"
+#include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 namespace {
@@ -498,6 +502,133 @@ TEST_F(CliTest, StopIsNotHeldByAFifoAtTheHostLock) {
   EXPECT_FALSE(r.timed_out) << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("nothing to stop"), std::string::npos) << r.Describe();
+}
+
+// What the kernel says of a process's start, read here as the lock files
+// record it: field 22 of /proc/PID/stat (clock ticks since boot, counted
+// after the ')' that ends the name, which may hold spaces), and the boot.
+std::string StartTicks(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) fields >> field;
+  return field;
+}
+std::string BootId() {
+  std::string id;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), id);
+  return id;
+}
+
+// A forked process that runs `first` (false: it exits), then calls itself
+// shmcached, as a server of this user does, until it is killed
+// (KillAndReap) or this process ends.
+pid_t NamedShmcached(const std::function<bool()>& first = [] { return true; }) {
+  const pid_t pid = ForkChild([&first] {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!first()) return 2;
+    prctl(PR_SET_NAME, "shmcached");
+    for (;;) pause();
+    return 0;
+  });
+  EXPECT_TRUE(WaitFor([pid] {
+    std::string comm;
+    std::getline(std::ifstream(fmt::format("/proc/{}/comm", pid)), comm);
+    return comm == "shmcached" || ProcessExited(pid);
+  }));
+  EXPECT_FALSE(ProcessExited(pid)) << "its `first` failed";
+  return pid;
+}
+
+// Takes the flock of the lock file at `path` as a server does, leaving
+// what is written in it as it is (a server that has just taken the lock,
+// before it writes its own text); -1 when it cannot.
+int HoldLockFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A pid in a lock file goes to another process once its writer has ended
+// (pids wrap on a busy host), and that one may be another shmcached of this
+// user: the instance lock, held (a server starting, not yet written), names
+// the pid of such a process with the start the file's writer had, earlier
+// than the process's own. --stop signals nothing and says what it found;
+// it SIGTERMed the process, which passed the name and user check.
+TEST_F(CliTest, StopSignalsNoProcessThatStartedAfterTheWriterOfTheLockFile) {
+  const pid_t other = NamedShmcached();
+  const std::string port = "31004";
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", run_dir_, port);
+  const int fd = HoldLockFile(lock);
+  ASSERT_GE(fd, 0) << lock;
+  const std::string text =
+      fmt::format("{} {} {}\n", other, std::stoull(StartTicks(other)) - 1, BootId());
+  ASSERT_EQ(pwrite(fd, text.data(), text.size(), 0), static_cast<ssize_t>(text.size()));
+  CommandResult r = Run({"--stop", "-p", port});
+  close(fd);
+  int status = 0;
+  const bool ended = WaitChild(other, &status, std::chrono::milliseconds(0));
+  if (!ended) KillAndReap(other);
+  EXPECT_FALSE(ended) << "signalled: " << DescribeStatus(status);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("process id {} in it is no longer the process that "
+                                   "wrote it",
+                                   other)),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find("nothing was signalled"), std::string::npos) << r.Describe();
+}
+
+// A real stale lock file: the one a killed server left in its run dir,
+// held by a server that has just taken it over and not yet written its own
+// pid. --stop names the ended writer, signals nothing, and says to try
+// again; it called that pid "not a cache server of yours".
+TEST_F(CliTest, StopNamesTheEndedWriterOfAStaleLockFile) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.Kill();
+  const std::string port = std::to_string(server.port());
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", server.run_dir(), port);
+  const int fd = HoldLockFile(lock);
+  ASSERT_GE(fd, 0) << lock;
+  CommandResult r = RunCommand({AdminPath(), "--stop", "-p", port}, server.AdminEnv());
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, fmt::format("shmcache: error: {} is held, but the process that wrote "
+                               "it (process id {}) has ended; nothing was signalled. A "
+                               "server that is starting writes its own id there in a "
+                               "moment: try again\n",
+                               lock, server.pid()))
+      << r.Describe();
+}
+
+// A lock file written by an older version names its server's pid alone.
+// Such a server, still starting, is stopped as before: once it is seen to
+// be a shmcached of this user.
+TEST_F(CliTest, StopStopsAStartingServerWhoseLockFileHasNoStartTime) {
+  const std::string port = "31005";
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", run_dir_, port);
+  const pid_t old = NamedShmcached([&lock] {
+    const int fd = HoldLockFile(lock);
+    const std::string text = fmt::format("{}\n", getpid());
+    return fd >= 0 && pwrite(fd, text.data(), text.size(), 0) > 0;
+  });
+  CommandResult r = Run({"--stop", "-p", port});
+  int status = 0;
+  const bool ended = WaitChild(old, &status, std::chrono::seconds(20));
+  if (!ended) KillAndReap(old);
+  EXPECT_TRUE(ended && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+      << DescribeStatus(status);
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.out, fmt::format("Cache server on port {} (process id {}) was still "
+                               "starting (not answering yet); it has been stopped.\n",
+                               port, old))
+      << r.Describe();
 }
 
 // The instance's huge-page dir is a name in /dev/shm, where anyone may
