@@ -2,7 +2,10 @@
 // pid, when it started (field 22 of /proc/PID/stat, clock ticks since
 // boot) and the boot it started in (/proc/sys/kernel/random/boot_id). A
 // pid is given again once its process has ended (on a busy host pids
-// wrap), and a run dir outlives a reboot; the three together are not.
+// wrap), and a run dir outlives a reboot; the three together are not, but
+// for two processes given one pid within one clock tick (10 ms): a wrap of
+// the pid space takes thousands of forks, and only root can choose a pid
+// sooner (ns_last_pid, clone3's set_tid).
 // Lock files record their holder so (instance_lock.h), and whatever signals
 // or waits for a pid read from a file checks it first (CheckOwner).
 #pragma once

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -582,6 +583,93 @@ TEST_F(CliTest, StopSignalsNoProcessThatStartedAfterTheWriterOfTheLockFile) {
             std::string::npos)
       << r.Describe();
   EXPECT_NE(r.err.find("nothing was signalled"), std::string::npos) << r.Describe();
+}
+
+// Exit codes of the namespace body below.
+constexpr int kNotSignalled = 0, kSignalled = 2, kStopSaidOtherwise = 3, kNoSetUp = 4,
+              kPidNotGivenAgain = 12;
+
+// As pid 1 of a pid namespace of its own (so that a pid can be given
+// again): process A writes its pid, start and boot into the lock file as a
+// server does, and is killed; B, named shmcached, is given A's pid; the
+// lock, taken again (a server starting), still says what A wrote. --stop
+// there must leave B alone.
+int StopAfterThePidWasGivenAgain(const std::string& run_dir) {
+  const std::string lock = fmt::format("{}/shmcached-31006.lock", run_dir);
+  const pid_t a = ForkChild([&lock] {
+    const int fd = HoldLockFile(lock);
+    const std::string text =
+        fmt::format("{} {} {}\n", getpid(), StartTicks(getpid()), BootId());
+    if (fd < 0 || pwrite(fd, text.data(), text.size(), 0) < 0) return 1;
+    for (;;) pause();
+    return 0;
+  });
+  if (!WaitFor([&lock] {
+        std::string line;
+        std::getline(std::ifstream(lock), line);
+        return !line.empty();
+      })) {
+    return kNoSetUp;
+  }
+  // Starts are counted in clock ticks (10 ms): B, started in A's tick,
+  // could not be told from A. Only a pid chosen by root comes back so soon
+  // (a wrap of the pid space takes thousands of forks).
+  const uint64_t a_start = std::stoull(StartTicks(a));
+  KillAndReap(a);
+  if (!WaitFor([a_start] {
+        timespec now{};
+        clock_gettime(CLOCK_BOOTTIME, &now);
+        const uint64_t tick_ns = 1000000000 / static_cast<uint64_t>(sysconf(_SC_CLK_TCK));
+        return (static_cast<uint64_t>(now.tv_sec) * 1000000000 +
+                static_cast<uint64_t>(now.tv_nsec)) /
+                   tick_ns >
+               a_start;
+      })) {
+    return kNoSetUp;
+  }
+  if (int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC); fd >= 0) {
+    const std::string last = std::to_string(a - 1);
+    const bool set = write(fd, last.data(), last.size()) > 0;
+    close(fd);
+    if (!set) return kPidNotGivenAgain;
+  }
+  const pid_t b = NamedShmcached();
+  if (b != a) {
+    KillAndReap(b);
+    return kPidNotGivenAgain;
+  }
+  const int fd = HoldLockFile(lock);
+  if (fd < 0) return kNoSetUp;
+  CommandResult r =
+      RunCommand({AdminPath(), "--stop", "-p", "31006"}, {{"SHMCACHE_RUN_DIR", run_dir}});
+  close(fd);
+  int rc = kNotSignalled;
+  int status = 0;
+  if (WaitChild(b, &status, std::chrono::milliseconds(0))) {
+    rc = kSignalled;
+  } else if (r.exit_code != 1 ||
+             r.err.find(fmt::format("process id {} in it is no longer the process that "
+                                    "wrote it",
+                                    a)) == std::string::npos) {
+    rc = kStopSaidOtherwise;
+  }
+  if (rc != kNotSignalled) fprintf(stderr, "%s\n", r.Describe().c_str());
+  KillAndReap(b);
+  return rc;
+}
+
+// The same as above with a pid really given again: the server that wrote
+// the lock file was killed, and its pid went to another shmcached of this
+// user. --stop SIGTERMed that one.
+TEST_F(CliTest, StopSignalsNoProcessGivenTheLockWritersPidAgain) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: a pid namespace to give a pid twice";
+  const std::string run_dir = run_dir_;
+  const int rc =
+      RunInPidNamespace([&run_dir] { return StopAfterThePidWasGivenAgain(run_dir); });
+  if (rc == kNoPidNamespace) GTEST_SKIP() << "cannot make a pid and mount namespace here";
+  EXPECT_NE(rc, kPidNotGivenAgain) << "could not give the pid again";
+  EXPECT_NE(rc, kSignalled) << "the process given the pid was signalled";
+  EXPECT_EQ(rc, kNotSignalled);
 }
 
 // A real stale lock file: the one a killed server left in its run dir,
