@@ -646,6 +646,8 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("SEGMENT_CARVED_AT") = offsetof(layout::SegmentHeader, carved);
   m.def("encode", &rows::Encode, py::arg("sample"),
         "The columns [(name, dtype, array)] that store `sample`.");
+  m.def("encode_all", &rows::EncodeAll, py::arg("samples"),
+        "[encode(s) for s in samples], in one call.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
         "The sample a hit of `columns` is (tensors when torch).");
   m.def("stat_files", &shmcache::python::StatFiles, py::arg("entries"),

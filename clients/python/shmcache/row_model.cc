@@ -423,6 +423,12 @@ py::list Encode(py::handle sample) {
   return out;
 }
 
+py::list EncodeAll(const py::iterable& samples) {
+  py::list out;
+  for (py::handle s : samples) out.append(Encode(s));
+  return out;
+}
+
 namespace {
 // The array of a column: an array that is one already (a C-contiguous
 // ndarray, what encode makes) as it is, without numpy's conversion call

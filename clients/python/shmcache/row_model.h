@@ -80,6 +80,9 @@ std::string_view TagOf(std::string_view stored);
 // taken for a positional one. Protocol limits (columns per row, name
 // bytes) are the cache's to check: a put refuses such a row.
 py::list Encode(py::handle sample);
+// [Encode(s) for s in samples] in one call: a call from Python costs a
+// sample about as much as Encode itself (pybind11's dispatch).
+py::list EncodeAll(const py::iterable& samples);
 
 enum class Leaf { kNumpy, kTorch };
 
