@@ -103,6 +103,23 @@ def test_put_columns_takes_arrays_of_any_layout(server, session):
     assert c.get(2) is None and c.get(3) is None and c.accepting
 
 
+def test_a_rows_list_emptied_while_put_batch_reads_it_is_refused(server, session):
+    # A column that is no ndarray is converted by numpy, which calls its
+    # __array__: Python code, here emptying the list being read.
+    c = DatasetCache(session)
+    rows: list = []
+
+    class Emptying:
+        def __array__(self, dtype=None, copy=None):
+            rows.clear()
+            return np.zeros(3, np.uint8)
+
+    rows += [[("a", None, Emptying())], [("a", None, np.ones(3, np.uint8))]]
+    with pytest.raises(ValueError, match="rows list changed"):
+        c.put_encoded([1, 2], rows, strict=True)
+    assert c.get(1) is None and c.get(2) is None and c.accepting
+
+
 def test_put_columns_refuses_a_foreign_byte_order(server, session):
     c = DatasetCache(session)
     with pytest.raises(ValueError, match="byte order"):

@@ -232,7 +232,14 @@ py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids, const py::li
   }
   PutRows parsed;
   parsed.columns.Reserve(ids.size(), ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) parsed.Add(PyList_GET_ITEM(rows.ptr(), i));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // A column's conversion may run Python code (an __array__) that
+    // changes the list: its items are read with their bound checked.
+    if (static_cast<size_t>(PyList_GET_SIZE(rows.ptr())) <= i) {
+      throw py::value_error("put_batch: the rows list changed while it was read");
+    }
+    parsed.Add(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(rows.ptr(), i)));
+  }
   parsed.Finish();
   std::vector<Status> statuses(ids.size());
   std::unique_ptr<bool[]> inserted(new bool[ids.size()]);

@@ -465,6 +465,7 @@ DType ColumnType(py::handle dtype_obj, const py::array& a) {
 void ParsedColumns::Reserve(size_t rows, size_t columns) {
   row_ends_.reserve(rows);
   arrays_.reserve(columns);
+  tuples_.reserve(columns);
   views_.reserve(columns);
   dims_at_.reserve(columns);
   dims_.reserve(columns * 3);
@@ -514,6 +515,10 @@ void ParsedColumns::AddRow(const py::list& columns) {
                                 static_cast<const std::byte*>(a.data()),
                                 static_cast<size_t>(a.nbytes())});
     arrays_.push_back(std::move(a));
+    // The name is a view of the tuple's str: held, so that the list the
+    // tuple was in may change (another thread, while a put runs without
+    // the GIL) and the name stays.
+    tuples_.push_back(py::reinterpret_borrow<py::object>(t));
   }
   row_ends_.push_back(views_.size());
 }

@@ -138,8 +138,8 @@ std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
                                       const std::vector<std::string>* names);
 
 // Columns parsed from rows of [(name, dtype name or None, array)] (None:
-// the array's own dtype): views over the arrays, which it keeps alive; the
-// names point into the lists' strings (keep the lists alive too).
+// the array's own dtype): views over the arrays and the names' strings,
+// which it keeps alive (with each column's tuple).
 // TypeError / ValueError for a malformed column (not an array, a foreign
 // byte order, an itemsize that is not the dtype's). The columns of every
 // row are held in one run, so that a batch of rows costs a few
@@ -162,6 +162,7 @@ class ParsedColumns {
 
  private:
   std::vector<py::array> arrays_;
+  std::vector<py::object> tuples_;  // every column's (name, dtype, array)
   std::vector<ColumnView> views_;
   std::vector<int64_t> dims_;     // every column's shape, one after the other
   std::vector<size_t> dims_at_;   // where each view's shape starts in dims_
