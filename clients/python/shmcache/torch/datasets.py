@@ -438,7 +438,7 @@ class CachedDataset(Dataset):
         plain = self.transform is None and self.target_transform is None and \
             self.transforms is None
         if not plain and any(_has_pil(row) for row in rows):
-            self.__dict__["_one_by_one"] = True
+            object.__setattr__(self, "_one_by_one", True)   # see _forget_hit_path
         # The batch's misses are stored together, also when a later row of
         # the batch raises (rows computed are not lost): with async puts
         # queued at once (one lock, at most one wake-up of the writer),
