@@ -467,7 +467,8 @@ def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
     c = DatasetCache(session, name="ids")
     assert c.put(0, np.zeros(3, np.uint8))
     torch_mod = pytest.importorskip("shmcache.torch")
-    ds = torch_mod.CachedDataset([np.zeros(3, np.uint8)], c, async_puts=False)
+    ds = torch_mod.CachedDataset([np.zeros(3, np.uint8)], DatasetCache(session),
+                                 async_puts=False)
     for row_id in (-1, shmcache.MAX_ROW_ID + 1, 2**64, -2**70):
         for read in (c.get, c.view, ds.__getitem__):
             with pytest.raises(ValueError, match=rf"row id {row_id} outside \[0, "):

@@ -131,6 +131,8 @@ class DatasetCache:
         self.prefetch_size: int | None = prefetch_size
         self.name: str = name
         self.fingerprint: str = fingerprint if fingerprint is not None else name
+        if name != "default":
+            self.given_name = name
         # The line its warnings name where no frame of the user's is on the
         # stack (shmcache._user_line).
         self.origin = user_line()
@@ -153,6 +155,10 @@ class DatasetCache:
     bypass_reason: str | None = None
     # Where it was made (set by __init__ and named(); travels with it).
     origin: Origin | None = None
+    # The name the user gave the constructor (not the default): the name
+    # CachedDataset gives the cache it makes of this one, as its name=.
+    # None on a copy named() made: that name is the package's choice.
+    given_name: str | None = None
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
@@ -199,6 +205,7 @@ class DatasetCache:
         state = self.__getstate__()
         state.pop("_told", None)   # another cache: warned about on its own,
         state.pop("_closed", None)  # and not closed
+        state.pop("given_name", None)
         other.__setstate__(state)
         other.name = name
         other.fingerprint = fingerprint if fingerprint is not None else name
