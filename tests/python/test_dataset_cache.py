@@ -50,6 +50,19 @@ def test_missing_session_raises_runtime_error(server, session):
         DatasetCache(session + 1 if session < 2**32 - 1 else 1)
 
 
+def test_a_missing_session_is_named_with_its_server_and_the_fix(server, session):
+    """A user with several servers (one per port) is told which one does
+    not hold the session, and the commands for that one: the message said
+    "on the cache server" and `shmcache -g`, which asks the default port's."""
+    server.admin("-d", str(session))
+    with pytest.raises(shmcache.NotFoundError) as e:
+        DatasetCache(session)
+    assert str(e.value) == (
+        f"Session {session} does not exist on the cache server on port "
+        f"{server.port}; list those it holds with `shmcache --list_sessions -p "
+        f"{server.port}`, or create one with `shmcache -g -p {server.port}`.")
+
+
 @pytest.mark.parametrize("from_env", [True, False])
 def test_session_0_is_no_session_one_warning_and_rows_from_the_source(
         server, session, monkeypatch, from_env):
