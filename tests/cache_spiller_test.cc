@@ -41,7 +41,7 @@ class CacheSpillerTest : public CacheStateTest {
     Status s;
     for (int n = 0; n < 1000 && s.ok(); ++n) {
       ChunkLease l;
-      s = Lease(1, 0, 256 * 1024, &l);
+      s = Lease(1, 0, uint64_t{256} << 10, &l);
     }
     ASSERT_TRUE(s.IsFull()) << s.ToString();
   }

@@ -493,7 +493,7 @@ class DatasetCache:
                for i in row_ids]
         if len(ids) != len(rows):
             raise ValueError(f"put_batch: {len(ids)} ids but {len(rows)} rows")
-        return self.put_encoded(ids, [encode(r) for r in rows], strict=True)
+        return self.put_encoded(ids, _shmcache.encode_all(rows), strict=True)
 
     def get_columns(self, row_id: int, columns: ColumnSelection = None,
                     copy: bool = True) -> list[Column] | None:
