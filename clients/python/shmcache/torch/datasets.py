@@ -96,8 +96,8 @@ os.register_at_fork(after_in_child=_forget_in_worker)
 
 def _cache_to_set(ds: CachedDataset | CachedIterableDataset, value: Any) -> DatasetCache:
     """The cache that `ds.cache = value` sets: as the constructor takes its
-    cache= (value's session and size, the dataset's name, checked at open
-    here), or for None (the user turns caching off) the cache's settings
+    cache= (value's session and size, the dataset's name or value's given
+    one, checked at open here), or for None (the user turns caching off) the cache's settings
     bypassed, quietly: every later read goes to the source, nothing is
     stored, here and in the DataLoader workers started from now on. The
     constructor's own assignment (no cache yet) is value as it is."""
@@ -131,9 +131,11 @@ class CachedDataset(Dataset):
     images as PIL images).
 
     cache: a shmcache.DatasetCache (its session and size are used; the name
-      is this dataset's); default DatasetCache(), the session of
-      $SHMCACHE_SESSION_ID. `ds.cache = other` later is taken the same
-      way (other's session and size, this dataset's name, checked at the
+      is this dataset's, or the one given to its constructor,
+      DatasetCache(name=...), which counts as name=); default
+      DatasetCache(), the session of $SHMCACHE_SESSION_ID.
+      `ds.cache = other` later is taken the same way (other's session and
+      size, this dataset's name or other's given one, checked at the
       assignment); `ds.cache = None` turns caching off: every
       sample is read from the dataset, nothing is stored, no CacheWarning
       (an INFO line on the "shmcache" logger); ds.cache is then this cache
