@@ -83,18 +83,26 @@ Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
                               size_t* disk_bytes) {
   *inserted = false;
   *disk_bytes = 0;
+  Status full;  // why a full cache refuses the row; OK while it is not full
   if (uint32_t state = header_->state.load(std::memory_order_relaxed);
       layout::IsFull(state)) {
-    if (layout::FullByCap(state)) {
-      return Status::FullServerCap(
-          fmt::format("cache {} is full: the server's memory cap is used up", cache_id_));
-    }
-    return Status::Full(fmt::format("cache {} is full", cache_id_));
+    full = layout::FullByCap(state)
+               ? Status::FullServerCap(fmt::format(
+                     "cache {} is full: the server's memory cap is used up", cache_id_))
+               : Status::Full(fmt::format("cache {} is full", cache_id_));
   }
-  if (loc != layout::kEmpty) return Status::OK();
+  if (loc != layout::kEmpty) return full;
   size_t size;
   Status s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;
+  if (!full.ok()) {
+    // The flag stops new leases, not rows into the chunk this process
+    // holds: the lease of another writer (a DataLoader worker beside this
+    // one) that found the budget used up marks the cache full while this
+    // chunk may have room for many rows. No round trip either way.
+    bool lease_failed = false;
+    return writer_.Write(id, columns, size, lock, tally, inserted, &lease_failed, &full);
+  }
   if (SpillsNow()) return ToDisk(id, size, disk_bytes);
   s = CheckRowFits(id, size);
   if (!s.ok()) return SpillingOn() ? ToDisk(id, size, disk_bytes) : s;

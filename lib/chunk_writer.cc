@@ -84,7 +84,7 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
 
 Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                           BatchLock* lock, Tally* tally, bool* inserted,
-                          bool* lease_failed) {
+                          bool* lease_failed, const Status* refusal) {
   *inserted = false;
   *lease_failed = false;
   Lock(lock);
@@ -94,6 +94,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Chunk& c = chunks_[node];
   Status s;
   if (c.base == nullptr || c.size - c.used < size) {
+    if (refusal != nullptr) {
+      *lease_failed = true;
+      return *refusal;
+    }
     if (unanswered_at_ > lock->asked_) {
       *lease_failed = true;
       return Status::Unavailable(

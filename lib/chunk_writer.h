@@ -82,8 +82,13 @@ class ChunkWriter {
   // were, but for a chunk traded in for a lease that got no readable
   // answer: Unavailable or Corruption, after which it is never written
   // again), or to growing the index.
+  // With a `refusal` (the cache is full: it leases no more chunks), a row
+  // that the chunk held does not fit gets that refusal, with *lease_failed
+  // true, and the daemon is not asked; one that fits is written as ever
+  // (the room is this process's, counted against the budget already).
   Status Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
-               BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed);
+               BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed,
+               const Status* refusal = nullptr);
   // Asks the daemon for an index table past the `seen` ones mapped, and
   // maps it.
   Status GrowIndex(uint32_t seen);

@@ -17,6 +17,7 @@
 #include "format/shm_file.h"
 #include "shmcache/client.h"
 #include "tests/support/capacity_helpers.h"
+#include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
 
 namespace shmcache::test {
@@ -110,6 +111,44 @@ TEST(CapacityTest, CachesTogetherNeverPassTheServerCap) {
   EXPECT_LE(files, 24u << 20);
   CommandResult info_out = server.Admin({"--server_info"});
   EXPECT_NE(info_out.out.find("of 24 MB"), std::string::npos) << info_out.out;
+}
+
+// The full flag stops new leases, not rows into room a writer leased
+// already: another process (a DataLoader worker beside this one) whose
+// lease found the 1 MB budget used up marked the cache full, and this one
+// stopped with its chunk nearly empty (before: Full at its next row). Once
+// that chunk has no room, its rows are refused Full, without a lease.
+TEST(CapacityTest, AWriterFillsItsChunkAfterAnotherWritersLeaseFoundTheCacheFull) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = OpenCache(server, session, 1, false);
+  ASSERT_TRUE(PutBytes(cache.get(), 0, kRowBytes).ok());  // leases this one's chunk
+  pid_t kid = ForkChild([&]() -> int {
+    Status s;
+    for (uint64_t id = 1; s.ok() && id < 10000; ++id)
+      s = PutBytes(cache.get(), id, kRowBytes);
+    return s.IsFull() ? 0 : 1;  // its leases took the rest and found none left
+  });
+  ASSERT_EQ(WaitChild(kid), 0);
+  ASSERT_TRUE(cache->IsFull());
+  Status s;
+  uint64_t more = 0;
+  for (; more < 10000; ++more) {
+    bool inserted = false;
+    s = PutBytes(cache.get(), 100000 + more, kRowBytes, &inserted);
+    if (!s.ok()) break;
+    EXPECT_TRUE(inserted);
+  }
+  EXPECT_GT(more, 0u) << s.ToString();
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_EQ(s.message().find("server"), std::string::npos)
+      << "the budget's, not the cap's";
+  for (uint64_t id = 100000; id < 100000 + more; ++id)
+    EXPECT_TRUE(cache->Contains(id)) << id;
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_GE(st.puts_full, 1u);
 }
 
 // A size over the cap gets the cap: the cache holds what can be had (the

@@ -49,7 +49,9 @@ class SHMCACHE_EXPORT Cache {
   // When the memory budget is used up and the cache spills, the row goes to
   // disk through the daemon.
   // Full: the budget is used up and the cache does not spill, or spilling
-  // failed (the cache turns read-only for everyone).
+  // failed (the cache turns read-only for everyone). A full cache leases no
+  // process a new chunk; a row that still fits the chunk this process
+  // leased before is stored.
   // TooLarge: this row does not fit in the memory the cache has left (or in
   // its whole budget) while smaller rows still do: only this row is not
   // cached. A spilling cache sends such a row to disk instead, unless it is
