@@ -112,15 +112,15 @@ layout::ChunkHeader* SegmentAllocator::ChunkAt(uint32_t seg_no, uint64_t offset,
   return h;
 }
 
-uint64_t SegmentAllocator::ChunkSizeFor(uint64_t need) {
+uint64_t SegmentAllocator::ChunkSizeFor(uint64_t need, uint64_t max_bytes) {
   const uint64_t want = layout::ChunkBytesFor(need);
-  if (need == 0) return kChunkBytes;
-  if (want >= kChunkBytes) return want;
+  if (need == 0) return max_bytes;
+  if (want >= max_bytes) return want;
   // Rows of one shape (decoded tensors) come one after another: a chunk of
   // whole rows of the asking one's size leaves no tail that the next row
   // cannot use (4 MB held six 588 KB rows and a 0.55 MB tail, 14%, that
   // only a smaller row could take).
-  const uint64_t rows = (kChunkBytes - sizeof(layout::ChunkHeader)) / need;
+  const uint64_t rows = (max_bytes - sizeof(layout::ChunkHeader)) / need;
   return layout::ChunkBytesFor(rows * need);
 }
 
@@ -195,7 +195,11 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   return Status::OK();
 }
 
-uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
+uint64_t SegmentAllocator::ChunkShare() const {
+  return std::clamp(budget_bytes_ / kChunksPerBudget, kMinRecycleBytes, kChunkBytes);
+}
+
+uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) const {
   const uint64_t avail = seg.size - seg.carved;
   // A chunk ends on a 4 KB page boundary, so every carve mark lies on one:
   // a reader that registers a segment with CUDA up to its carve mark (in
@@ -205,7 +209,7 @@ uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) {
   // a page (an adopted segment of an older build) is brought onto one by
   // the next chunk.
   const uint64_t to_page =
-      AlignUp(seg.carved + ChunkSizeFor(need), kPageBytes) - seg.carved;
+      AlignUp(seg.carved + ChunkSizeFor(need, ChunkShare()), kPageBytes) - seg.carved;
   uint64_t size = std::min(avail, to_page);
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
   // Whole cache lines without rounding: carve marks lie on lines and

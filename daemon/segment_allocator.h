@@ -75,6 +75,12 @@ struct ChunkLease {
 class SegmentAllocator {
  public:
   static constexpr uint64_t kChunkBytes = 4u << 20;
+  // A chunk takes at most this share of its cache's budget (ChunkShare):
+  // the first lease the budget cannot give marks the cache full, so a
+  // writer's chunk must leave the others theirs (each DataLoader worker is
+  // a writer; 4 MB took the whole of a 1 MB cache). Budgets of 16 MB and
+  // more keep kChunkBytes.
+  static constexpr uint64_t kChunksPerBudget = 4;
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
   // At most this many segments are made at once for one node of a cache.
   static constexpr int kMaxParallel = 64;
@@ -119,9 +125,9 @@ class SegmentAllocator {
   Status Lease(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
                ChunkLease* out, bool* wait = nullptr);
   // The size of a new chunk carved for a row of `need` bytes: the row
-  // alone when it is kChunkBytes or more, else as many rows of that size as
-  // kChunkBytes holds (a chunk of whole rows: no tail when rows are alike).
-  static uint64_t ChunkSizeFor(uint64_t need);
+  // alone when it is max_bytes or more, else as many rows of that size as
+  // max_bytes holds (a chunk of whole rows: no tail when rows are alike).
+  static uint64_t ChunkSizeFor(uint64_t need, uint64_t max_bytes = kChunkBytes);
   // Takes back the unused tail of a chunk leased to `conn`.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   // The connection ended. recycle: its process is gone, so the unused
@@ -240,10 +246,13 @@ class SegmentAllocator {
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
+  // The most a chunk of rows takes: the budget's kChunksPerBudget-th part,
+  // within [kMinRecycleBytes, kChunkBytes].
+  uint64_t ChunkShare() const;
   // The chunk Lease carves from `seg` for a row of `need` bytes: of
-  // ChunkSizeFor, up to the next 4 KB page boundary (so that carve marks
-  // lie on pages), or the segment's rest.
-  static uint64_t ChunkSize(const Segment& seg, uint64_t need);
+  // ChunkSizeFor (up to ChunkShare), up to the next 4 KB page boundary (so
+  // that carve marks lie on pages), or the segment's rest.
+  uint64_t ChunkSize(const Segment& seg, uint64_t need) const;
   // The first segment made ahead of need for `node` that holds a chunk of
   // `want` (the order they were named in), or prepared_[node].end().
   std::deque<Prepared>::iterator FirstPreparedFor(int node, uint64_t want);

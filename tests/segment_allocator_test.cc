@@ -273,6 +273,22 @@ TEST_F(CacheStateTest, BudgetUsedUpMeansFull) {
               layout::kStateFull);
 }
 
+// Each writer of a small cache (each DataLoader worker is one) gets its
+// chunk of the budget: one chunk took the whole of a 1 MB budget, the next
+// writer's lease found none left and marked the cache full for all of them
+// (2 workers cached 3 of the 1,267 rows of 856 bytes one process caches).
+TEST_F(CacheStateTest, AWritersChunkLeavesTheOthersOfASmallBudgetTheirShare) {
+  Create(1 * kMB);
+  for (uint64_t conn = 1; conn <= SegmentAllocator::kChunksPerBudget; ++conn) {
+    ChunkLease l;
+    Status s = Lease(conn, 0, 856, &l);
+    ASSERT_TRUE(s.ok()) << "writer " << conn << ": " << s.ToString();
+    // A quarter of the budget, up to the next page.
+    EXPECT_LT(l.size, 1 * kMB / SegmentAllocator::kChunksPerBudget + 4 * kKB);
+  }
+  EXPECT_FALSE(cache_->Stats().full);
+}
+
 TEST_F(CacheStateTest, ServerCapUsedUpMeansFull) {
   Create(64 * kMB);
   account_.cap = account_.used + 6 * kMB;  // room for about one segment
@@ -703,13 +719,15 @@ class FourMBAllocatorTest : public SegmentAllocatorTest {
   FourMBAllocatorTest() { budget_ = 4 * kMB; }
 };
 
-// The budget (4 MB) is one segment, leased whole to one chunk, whose rows
-// left 20 KB unused: given back, that tail is all the room a row has. The
-// most one row can take (the tail less its chunk header) is named as it is,
-// not as '0.0 MB'.
+// The budget (4 MB) is one segment, leased whole in chunks (a quarter of
+// the budget each) whose rows left 20 KB of the last unused: given back,
+// that tail is all the room a row has. The most one row can take (the tail
+// less its chunk header) is named as it is, not as '0.0 MB'.
 TEST_F(FourMBAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway) {
   ChunkLease l;
-  ASSERT_TRUE(alloc_->Lease(1, 0, 1000, &account_, &l).ok());
+  do {
+    ASSERT_TRUE(alloc_->Lease(1, 0, 1000, &account_, &l).ok());
+  } while (l.offset + l.size < alloc_->data_bytes());
   Chunk(l)->used.store(l.size - 20 * kKB);
   alloc_->Return(1, l.seg_no, l.offset);
   CountRows(header_.get(), 100, 1000);
@@ -723,12 +741,14 @@ TEST_F(FourMBAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway
   ASSERT_TRUE(alloc_->Lease(2, 0, 1000, &account_, &l).ok()) << "the tail holds rows";
 }
 
-// A 4 MB budget in one segment whose first chunk (two 1.5 MB rows) left
-// about 1 MB uncarved. A 2 MB row finds no room; the 100 KB rows the cache
-// took still fit in that rest: TooLarge, and the rest still takes them (it
-// was dropped from the open segments first, so the cache was Full).
+// A 4 MB budget in one segment whose first chunks (of a 1.5 MB row each:
+// a chunk is at most a quarter of the budget, or one row) left about 1 MB
+// uncarved. A 2 MB row finds no room; the 100 KB rows the cache took still
+// fit in that rest: TooLarge, and the rest still takes them (it was
+// dropped from the open segments first, so the cache was Full).
 TEST_F(FourMBAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerRows) {
   ChunkLease l;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
   ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
   const uint64_t rest = alloc_->data_bytes() - (l.offset + l.size);
   ASSERT_GE(rest, 512 * 1024u) << "the segment has room left past the chunk";
@@ -751,6 +771,7 @@ TEST_F(FourMBAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerR
 // room at all is full all the same.
 TEST_F(FourMBAllocatorTest, ARowTooLargeBeforeAnyRowWasCountedIsTooLargeNotFull) {
   ChunkLease l;
+  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
   ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
   Status s = alloc_->Lease(2, 0, 2 * kMB, &account_, &l);
   ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
