@@ -71,6 +71,8 @@ void ForgetInheritedLocked(Readers& r) {
 
 constexpr int64_t kRetryOpenMs = 1000;
 
+std::atomic<uint64_t> g_rows_read_in_place{0};  // SpillReader::RowsReadInPlace
+
 // Keys are read kReadChunk at a time (a chunk bounds what one call holds).
 constexpr size_t kReadChunk = 64;
 
@@ -237,6 +239,7 @@ void SpillReader::ReadBySeek(
   // each of them, and the spill tables' first-key index (spill_format.cc)
   // keeps those not holding the key from reading their block.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  uint64_t read = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const SpillKey key(cache_id, ids[k]);
     it->Seek(key.slice());
@@ -245,10 +248,16 @@ void SpillReader::ReadBySeek(
     // MultiGet's error, and the next Seek starts from a clean status.
     got[k] = it->Valid() && it->key() == key.slice();
     if (got[k]) {
+      ++read;
       const rocksdb::Slice v = it->value();
       found(k, std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()));
     }
   }
+  g_rows_read_in_place.fetch_add(read, std::memory_order_relaxed);
+}
+
+uint64_t SpillReader::RowsReadInPlace() {
+  return g_rows_read_in_place.load(std::memory_order_relaxed);
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {

@@ -70,6 +70,10 @@ class SpillReader {
   uint64_t MemtableRows();
 
   const std::string& path() const { return path_; }
+  // Rows the readers of this process handed over in place (read by seeks,
+  // kSeekRowBytes) since it started: which of the two ways a caller's rows
+  // took, which nothing else shows (both end as a copy in the caller's row).
+  static uint64_t RowsReadInPlace();
 
   static constexpr int64_t kCatchUpIntervalMs = 50;
   // MultiGet catches up first when the last catch-up is older than this: a
