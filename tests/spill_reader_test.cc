@@ -52,8 +52,14 @@ void* operator new(size_t n) {
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+// GCC pairs these frees with the library's operator new, not the one above
+// (which mallocs), wherever a string made in the reader's callback is
+// inlined and freed there: a false -Wmismatched-new-delete.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 #endif
 
 namespace shmcache {
