@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,32 @@ uint64_t DiskUsage(const std::string& dir, bool apparent = false) {
 // (DBOptions::manifest_preallocation_size); a block of slack per file.
 constexpr uint64_t kEmptyDatabaseReserve =
     (16u << 20) * 11 / 10 + (4u << 20) + (64u << 10);
+
+// Files under `dir` that this process holds open or mapped, as
+// /proc/self/fd and /proc/self/maps name them: those deleted meanwhile only
+// when `deleted`.
+std::vector<std::string> FilesHeld(const std::string& dir, bool deleted) {
+  std::vector<std::string> held;
+  auto counts = [&](const std::string& target) {
+    return target.rfind(dir + "/", 0) == 0 &&
+           (!deleted || target.ends_with(" (deleted)"));
+  };
+  for (const std::string& fd : ListDir("/proc/self/fd")) {
+    char target[4096];
+    ssize_t n = readlink(("/proc/self/fd/" + fd).c_str(), target, sizeof target - 1);
+    if (n > 0 && counts(std::string(target, static_cast<size_t>(n)))) {
+      held.push_back("fd " + fd + ": " + std::string(target, static_cast<size_t>(n)));
+    }
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    size_t path = line.find('/');
+    if (path != std::string::npos && counts(line.substr(path))) {
+      held.push_back("mapped: " + line);
+    }
+  }
+  return held;
+}
 
 // Encoded bytes of the row Cache::Put(id, data, n) makes.
 size_t EncodedBytes(size_t n) {
@@ -325,6 +352,57 @@ TEST_F(SpillTest, DestroyReturnsDiskSpaceAndStopLeavesSpillDirAsFound) {
   CommandResult stop = server_.Stop();
   EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
   EXPECT_TRUE(ListDir(spill_).empty()) << testing::PrintToString(ListDir(spill_));
+}
+
+// A process that read spilled rows held every table file its reader had
+// open (each mapped, and the log it replayed) for as long as it lived: a
+// cache closed and destroyed kept its rows' disk space taken. Its reader
+// now closes with the last cache that read through it.
+TEST_F(SpillTest, AClosedCachesReaderHoldsNoFileItsDestroyDeleted) {
+  const size_t rows = (8u << 20) / kRowBytes;  // 8 times the budget
+  ASSERT_EQ(PutRows(cache_.get(), rows), rows);
+  for (uint64_t id = 0; id < rows; ++id) {
+    Row row;
+    ASSERT_TRUE(cache_->Get(id, &row).ok()) << id;
+  }
+  CacheStats st;
+  ASSERT_TRUE(cache_->GetStats(&st).ok());
+  EXPECT_GT(st.spill_reads, 0u);
+  EXPECT_FALSE(FilesHeld(spill_, false).empty()) << "the reader has the database open";
+  cache_.reset();
+  CommandResult d = server_.Admin({"-d", std::to_string(session_)});
+  ASSERT_EQ(d.exit_code, 0) << d.Describe();
+  std::vector<std::string> held;
+  EXPECT_TRUE(WaitFor([&] { return (held = FilesHeld(spill_, true)).empty(); }))
+      << testing::PrintToString(held);
+}
+
+// A process that goes on reading spilled rows of another cache lets go of
+// the destroyed cache's files at its next spilled read once its view is a
+// second old (SpillReader::kRefreshIntervalMs).
+TEST_F(SpillTest, AReaderStillInUseLetsGoOfADestroyedCachesFilesAtItsNextRead) {
+  const size_t rows = (8u << 20) / kRowBytes;
+  uint32_t other_session = server_.NewSession();
+  auto other = OpenCache(server_, other_session, 1, true, "other");
+  ASSERT_EQ(PutRows(other.get(), rows), rows);
+  ASSERT_EQ(PutRows(cache_.get(), rows), rows);
+  for (uint64_t id = 0; id < rows; ++id) {
+    Row row;
+    ASSERT_TRUE(cache_->Get(id, &row).ok()) << id;
+    ASSERT_TRUE(other->Get(id, &row).ok()) << id;
+  }
+  cache_.reset();
+  CommandResult d = server_.Admin({"-d", std::to_string(session_)});
+  ASSERT_EQ(d.exit_code, 0) << d.Describe();
+  std::vector<std::string> held;
+  EXPECT_TRUE(WaitFor([&] {
+    Row row;
+    EXPECT_TRUE(other->Get(rows - 1, &row).ok());
+    return (held = FilesHeld(spill_, true)).empty();
+  })) << testing::PrintToString(held);
+  CacheStats st;
+  ASSERT_TRUE(other->GetStats(&st).ok());
+  EXPECT_GT(st.spill_reads, 0u);
 }
 
 TEST(CapacityTest, FullSpillDiskStopsSpillingButTrainingGoesOn) {
