@@ -98,6 +98,7 @@ def torch_section() -> Iterator[None]:
     end."""
     global _inside
     with _sections:
+        _refuse_in_main_thread()
         while _closed:
             _sections.wait()
         _inside += 1
@@ -116,10 +117,18 @@ def between_slices() -> None:
     with _sections:
         if not _closed:
             return
+        _refuse_in_main_thread()
         _inside -= 1
         _sections.notify_all()
         while True:
             _sections.wait()
+
+
+def _refuse_in_main_thread() -> None:
+    """The thread that finalizes must not wait for the end: it would never
+    come (a pass started in a later exit hook, or in a finalizer)."""
+    if _closed and threading.current_thread() is threading.main_thread():
+        raise RuntimeError("the interpreter is exiting: shmcache's torch sections are closed")
 
 
 def _close_sections(timeout: float) -> None:
