@@ -28,7 +28,9 @@ imported, which mark the exit and terminate the workers):
    is inside one (SECTION_CLOSE_S at most: a slice), none enters one again
    and a thread that tries waits there, outside torch (a Python lock, the
    GIL let go), until the process ends. What it had asked of torch
-   (gloo's work) goes on in torch's own threads, which never take the GIL.
+   (gloo's work) goes on in torch's own threads; the thread's frames keep
+   the tensors that work holds, so those threads free none (freeing a
+   tensor whose Python object went first takes the GIL).
 
 A thread still inside a torch call after both bounds (a user's dataset
 computing a row on a loader thread) is left to the exit, as before.
