@@ -93,8 +93,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
       static_cast<size_t>(NumaTopology::Get().CurrentNode()) % chunks_.size();
   Chunk& c = chunks_[node];
   Status s;
-  if (c.base == nullptr || c.size - c.used < size) {
+  refused_ = refused_ && refusal != nullptr;
+  if (refused_ || c.base == nullptr || c.size - c.used < size) {
     if (refusal != nullptr) {
+      refused_ = true;
       *lease_failed = true;
       return *refusal;
     }

@@ -84,8 +84,10 @@ class ChunkWriter {
   // again), or to growing the index.
   // With a `refusal` (the cache is full: it leases no more chunks), a row
   // that the chunk held does not fit gets that refusal, with *lease_failed
-  // true, and the daemon is not asked; one that fits is written as ever
-  // (the room is this process's, counted against the budget already).
+  // true, and the daemon is not asked, and so does every later row while
+  // the cache stays full (full stays full for a writer, on any node); one
+  // that fits before is written as ever (the room is this process's,
+  // counted against the budget already).
   Status Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed,
                const Status* refusal = nullptr);
@@ -125,6 +127,7 @@ class ChunkWriter {
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
   uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for
   bool closed_ GUARDED_BY(mu_) = false;        // ReturnChunks ran
+  bool refused_ GUARDED_BY(mu_) = false;       // a refusal was given (see Write)
   // When a lease last got no answer (Unavailable). A batch that asked for
   // mu_ before then gets that answer too rather than asking again: the put
   // lock is held through a lease, and each put is to wait the request

@@ -144,6 +144,9 @@ TEST(CapacityTest, AWriterFillsItsChunkAfterAnotherWritersLeaseFoundTheCacheFull
   EXPECT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_EQ(s.message().find("server"), std::string::npos)
       << "the budget's, not the cap's";
+  // Full stays full for this writer: a smaller row that the chunk's last
+  // room would hold is refused too (on any node).
+  EXPECT_TRUE(PutBytes(cache.get(), 200000, 10).IsFull());
   for (uint64_t id = 100000; id < 100000 + more; ++id)
     EXPECT_TRUE(cache->Contains(id)) << id;
   CacheStats st;
