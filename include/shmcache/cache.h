@@ -50,8 +50,8 @@ class SHMCACHE_EXPORT Cache {
   // disk through the daemon.
   // Full: the budget is used up and the cache does not spill, or spilling
   // failed (the cache turns read-only for everyone). A full cache leases no
-  // process a new chunk; a row that still fits the chunk this process
-  // leased before is stored.
+  // process a new chunk; until this process's first Full, a row that still
+  // fits the chunk it leased before is stored.
   // TooLarge: this row does not fit in the memory the cache has left (or in
   // its whole budget) while smaller rows still do: only this row is not
   // cached. A spilling cache sends such a row to disk instead, unless it is
