@@ -222,7 +222,9 @@ def bench_vs_lmdb(args, out, cache, src, ids):
 
         def __repr__(self):
             return f"Labelled({src.shape})"
-    cds = CachedDataset(Rows(), cache, async_puts=False)
+    # Caches of their own (named() keeps the session, not the name the
+    # rows above were put under by hand: CachedDataset names them).
+    cds = CachedDataset(Rows(), cache.named(f"{cache.name}-rows"), async_puts=False)
     cds_tuple = CachedDataset(Labelled(), cache.named(f"{cache.name}-tuple"),
                               async_puts=False)
     for i in range(src.shape[0]):

@@ -6,25 +6,50 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <functional>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "format/parse_number.h"
-
 namespace shmcache {
 
-int ReadLockPid(int fd) {
-  char buf[32] = {};
+namespace {
+
+// Line `index` (0: the holder's identity) of what the lock file open as
+// `fd` says; "" when it has not been written whole yet (no newline after
+// it: "42" may be the start of "4242").
+std::string ReadLockLine(int fd, int index) {
+  char buf[8192] = {};
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  long pid = 0;
-  if (n > 0) LeadingLong(std::string_view(buf, static_cast<size_t>(n)), &pid);
-  return pid > 0 && pid <= INT_MAX ? static_cast<int>(pid) : 0;
+  if (n <= 0) return "";
+  const std::string text(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (int i = 0; i < index; ++i) {
+    start = text.find('\n', start);
+    if (start == std::string::npos) return "";
+    ++start;
+  }
+  const size_t end = text.find('\n', start);
+  return end == std::string::npos ? "" : text.substr(start, end - start);
+}
+
+// The host lock's text: the holder's identity, run dir and, once it has
+// chosen it, shm dir (NoteShmDir), a line each. The instance lock's is the
+// first line alone.
+constexpr int kOwnerLine = 0;
+constexpr int kRunDirLine = 1;
+constexpr int kShmDirLine = 2;
+
+}  // namespace
+
+ProcessIdentity ReadLockOwner(int fd) {
+  return ParseIdentity(ReadLockLine(fd, kOwnerLine));
 }
 
 namespace {
+
+// The text of the lock's first line for this process.
+std::string OwnerLine() { return IdentityText(SelfIdentity()) + "\n"; }
 
 // Why a lock file that is not this user's own regular file is refused.
 Status NotOurs(const std::string& lock_path, const struct stat& st, int port) {
@@ -104,9 +129,9 @@ Status LockFileAtPath(const std::string& lock_path, int port, const std::string&
 
 Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
   return LockFileAtPath(
-      lock_path, port, std::to_string(getpid()) + "\n",
+      lock_path, port, OwnerLine(),
       [port](int held) {
-        const int pid = ReadLockPid(held);
+        const int pid = PidStillNamed(ReadLockOwner(held));
         return Status::AlreadyExists(fmt::format(
             "a cache server is already running on port {} (process id {}); stop it "
             "with 'shmcache --stop -p {}' or use another port",
@@ -115,38 +140,12 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out) {
       fd_out);
 }
 
-namespace {
-
-// Line `index` (0: the pid) of what the lock file says; "" when it has not
-// been written whole yet (no newline after it).
-std::string ReadLockLine(int fd, int index) {
-  char buf[8192] = {};
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  if (n <= 0) return "";
-  const std::string text(buf, static_cast<size_t>(n));
-  size_t start = 0;
-  for (int i = 0; i < index; ++i) {
-    start = text.find('\n', start);
-    if (start == std::string::npos) return "";
-    ++start;
-  }
-  const size_t end = text.find('\n', start);
-  return end == std::string::npos ? "" : text.substr(start, end - start);
-}
-
-// The host lock's text: the holder's pid, run dir and, once it has chosen
-// it, shm dir (NoteShmDir), a line each.
-constexpr int kRunDirLine = 1;
-constexpr int kShmDirLine = 2;
-
-}  // namespace
-
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
                     int* fd_out) {
   return LockFileAtPath(
-      lock_path, port, fmt::format("{}\n{}\n", getpid(), run_dir),
+      lock_path, port, fmt::format("{}{}\n", OwnerLine(), run_dir),
       [port](int held) {
-        const int pid = ReadLockPid(held);
+        const int pid = PidStillNamed(ReadLockOwner(held));
         const std::string read = ReadLockLine(held, kRunDirLine);
         const char* dir = read.empty() ? "?" : read.c_str();
         return Status::AlreadyExists(fmt::format(
@@ -180,7 +179,7 @@ Status InstanceLocks::Take(const std::string& lock_path,
 void InstanceLocks::NoteShmDir(const std::string& shm_dir) {
   // Written over the text TakeHostLock wrote, which it begins with: a probe
   // reads the old text or the new, never a truncated one.
-  const std::string text = fmt::format("{}\n{}\n{}\n", getpid(), run_dir_, shm_dir);
+  const std::string text = fmt::format("{}{}\n{}\n", OwnerLine(), run_dir_, shm_dir);
   if (pwrite(host_fd_, text.data(), text.size(), 0) < 0) {
     // Only for --stop's count of what a killed server left: without it,
     // nothing is counted while this server runs.
@@ -212,10 +211,10 @@ namespace {
 // not null. A file that is not a regular file of this user is no lock of
 // its servers (the host lock's dir is open to all): never held. Opened
 // without blocking: a FIFO planted there would hold the open for good.
-Status ProbeLock(const std::string& lock_path, bool* held, int* pid,
+Status ProbeLock(const std::string& lock_path, bool* held, ProcessIdentity* owner,
                  HostLockHolder* host) {
   *held = false;
-  *pid = 0;
+  *owner = ProcessIdentity{};
   const int fd = open(lock_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
   if (fd < 0) {
@@ -233,7 +232,7 @@ Status ProbeLock(const std::string& lock_path, bool* held, int* pid,
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
       flock(fd, LOCK_SH | LOCK_NB) != 0) {
     *held = true;
-    *pid = ReadLockPid(fd);
+    *owner = ReadLockOwner(fd);
     if (host != nullptr) {
       host->run_dir = ReadLockLine(fd, kRunDirLine);
       host->shm_dir = ReadLockLine(fd, kShmDirLine);
@@ -245,13 +244,14 @@ Status ProbeLock(const std::string& lock_path, bool* held, int* pid,
 
 }  // namespace
 
-Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid) {
-  return ProbeLock(lock_path, held, pid, nullptr);
+Status ProbeInstanceLock(const std::string& lock_path, bool* held,
+                         ProcessIdentity* owner) {
+  return ProbeLock(lock_path, held, owner, nullptr);
 }
 
 Status ProbeHostLock(const std::string& lock_path, HostLockHolder* out) {
   *out = HostLockHolder{};
-  return ProbeLock(lock_path, &out->held, &out->pid, out);
+  return ProbeLock(lock_path, &out->held, &out->owner, out);
 }
 
 }  // namespace shmcache

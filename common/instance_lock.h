@@ -1,32 +1,38 @@
 // The instance lock: <run dir>/shmcached-<port>.lock (format/instance.h). A
 // server holds an exclusive flock on it for its whole life, so that one
-// server runs per instance, and writes its process id into it for
-// messages. The kernel drops the lock when the process dies, however it
-// dies; the pid in the file is never trusted by itself.
+// server runs per instance, and writes its identity into it (its pid,
+// start and boot: process_identity.h), for messages and for --stop. The
+// kernel drops the lock when the process dies, however it dies; the pid in
+// the file is never trusted by itself: for an instant after a server has
+// taken the lock, until it writes its own, the file still names the
+// previous holder, whose pid may be another process's by then
+// (CheckOwner tells).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "common/process_identity.h"
 #include "shmcache/status.h"
 
 namespace shmcache {
 
-// The process id written in the lock file open as `fd`: > 0, or 0 when the
-// file holds none (empty, not a number, out of range).
-int ReadLockPid(int fd);
+// The process the lock file open as `fd` names (its first line,
+// IdentityText): pid 0 when it names none (empty, not written whole, not a
+// number, out of range); no start when an older version wrote it.
+ProcessIdentity ReadLockOwner(int fd);
 
-// Takes the lock for the life of the process and writes this process's id
-// into it; *fd_out is the open file, to be closed last. AlreadyExists,
+// Takes the lock for the life of the process and writes this process's
+// identity into it; *fd_out is the open file, to be closed last. AlreadyExists,
 // naming the port and the holder's pid, when another server holds it. A
 // link is never followed: it, or anything that is not a regular file of
 // this user, is refused (PermissionDenied naming it and the fix).
 Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
 
 // Takes the host-wide lock of (this user, port) at `lock_path` (instance.h
-// HostLockPath) for the life of the process and writes this process's id
-// and `run_dir` into it; *fd_out is the open file, to be closed last,
+// HostLockPath) for the life of the process and writes this process's
+// identity and `run_dir` into it; *fd_out is the open file, to be closed last,
 // after ReleaseLockFile. The directory is shared with other users: a link
 // is never followed, and a file that is not a regular file of this user
 // is refused (PermissionDenied naming its owner and the fix). Another
@@ -81,19 +87,21 @@ class InstanceLocks {
   const std::string run_dir_;
 };
 
-// Whether a process of this user holds the lock: *held, and *pid the id it
-// wrote (0 when none is readable yet: it has only just taken the lock). A
-// missing file, or one that is not a regular file of this user (planted:
-// no server of this user can take it), is a lock nobody holds. Never
-// blocks.
-Status ProbeInstanceLock(const std::string& lock_path, bool* held, int* pid);
+// Whether a process of this user holds the lock: *held, and *owner what
+// the file names (pid 0 when nothing is readable yet: it has only just
+// taken the lock; the previous holder, whose pid may be another's now,
+// until it writes its own: check with CheckOwner). A missing file, or one
+// that is not a regular file of this user (planted: no server of this user
+// can take it), is a lock nobody holds. Never blocks.
+Status ProbeInstanceLock(const std::string& lock_path, bool* held,
+                         ProcessIdentity* owner);
 // The same for the host lock (TakeHostLock): its holder, with the run dir
 // and shm dir it wrote ("" when not readable yet: the run dir is written
 // as the lock is taken, the shm dir once the server has chosen it,
 // InstanceLocks::NoteShmDir).
 struct HostLockHolder {
   bool held = false;
-  int pid = 0;
+  ProcessIdentity owner;
   std::string run_dir;
   std::string shm_dir;
 };

@@ -133,9 +133,9 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
 }
 
 Status CacheSpiller::Get(uint32_t cache_id, std::span<const uint64_t> ids,
-                         std::vector<std::string>* rows, std::vector<bool>* found) {
+                         std::vector<std::string>* rows, std::vector<Status>* statuses) {
   if (!spill_) return Status::NotFound("this server does not spill");
-  return spill_->MultiGet(cache_id, ids, rows, found);
+  return spill_->MultiGet(cache_id, ids, rows, statuses);
 }
 
 Status CacheSpiller::DropCache(uint32_t cache_id) {

@@ -69,10 +69,10 @@ class CacheSpiller {
   // SpillStore::Write says. Touches no CacheState: needs no lock.
   Status WriteStaged(uint32_t cache_id, std::span<const std::byte> stage,
                      std::span<const uint64_t> ids, std::span<const uint32_t> sizes);
-  // Rows ids[i] of cache `cache_id` into (*rows)[i]; (*found)[i] false when
-  // absent. NotFound without a store.
+  // Rows ids[i] of cache `cache_id` into (*rows)[i], with (*statuses)[i]
+  // as SpillStore::MultiGet says. NotFound without a store.
   Status Get(uint32_t cache_id, std::span<const uint64_t> ids,
-             std::vector<std::string>* rows, std::vector<bool>* found);
+             std::vector<std::string>* rows, std::vector<Status>* statuses);
   // Deletes the spilled rows of `cache_id`; OK without a store.
   Status DropCache(uint32_t cache_id);
   // The caches with rows in the store; none without one.

@@ -147,25 +147,32 @@ Status RequestHandler::On(Context* ctx, const pr::SpillGetRequest& in,
   size_t budget = pr::kMaxBodyBytes - 5 - 4 - n;
   ctx->rows.reserve(n);  // never reallocated: the answers point into it
   std::vector<std::string> rows;
-  std::vector<bool> found;
+  std::vector<Status> read;
   size_t done = 0, found_rows = 0, found_bytes = 0, window = 1;
   while (done < n) {
-    Status s = store_->SpillGet(in.cache_id, ids.subspan(done, window), &rows, &found);
+    Status s = store_->SpillGet(in.cache_id, ids.subspan(done, window), &rows, &read);
     if (!s.ok()) return s;
     for (size_t k = 0; k < window; ++k) {
+      uint8_t mark = pr::kSpillFound;
+      if (!read[k].ok() && !read[k].IsNotFound()) {
+        mark = pr::kSpillFailed;
+        rows[k] = read[k].message().substr(0, pr::kMaxStringBytes);
+      }
       const size_t need = pr::SpillGetResponse::FoundRowBytes(rows[k].size());
       // The second case is a stored row larger than any put accepts:
       // unanswerable, so a miss rather than a frame nobody can read.
-      if (!found[k] || (need > budget && done + k == 0)) continue;
+      if (read[k].IsNotFound() || (need > budget && done + k == 0)) continue;
       if (need > budget) {  // the response is full: the client asks again
         for (size_t i = done + k; i < n; ++i) out->answers[i].mark = pr::kSpillAskAgain;
         return Status::OK();
       }
       budget -= need;
-      ++found_rows;
-      found_bytes += rows[k].size();
+      if (mark == pr::kSpillFound) {
+        ++found_rows;
+        found_bytes += rows[k].size();
+      }
       const std::string& row = ctx->rows.emplace_back(std::move(rows[k]));
-      out->answers[done + k] = {pr::kSpillFound, std::as_bytes(std::span(row))};
+      out->answers[done + k] = {mark, std::as_bytes(std::span(row))};
     }
     done += window;
     if (done == n) break;

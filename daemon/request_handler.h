@@ -75,7 +75,9 @@ class RequestHandler {
   // that a batch of large rows is not read whole to answer a part; the
   // first found row always fits (kMaxSpilledRowBytes), so every answer
   // makes progress, and a row that does not fit beside others is answered
-  // kSpillAskAgain, and alone in the next response.
+  // kSpillAskAgain, and alone in the next response. A row whose own read
+  // fails is answered kSpillFailed with the error, in no more room than a
+  // status message; the others are answered still.
   Status On(Context* ctx, const protocol::SpillGetRequest& in,
             protocol::SpillGetResponse* out);
   Status On(Context* ctx, const protocol::SpillStageRequest& in,

@@ -60,6 +60,14 @@ void ServerConnection::OnHeader() {
   if (!s.ok() || (h.type & protocol::kResponseBit)) {
     env_->log->Warn("connection {}: {}; closing it", id_,
                     s.ok() ? "a response frame sent as request" : s.message());
+    if (s.IsNotSupported()) {
+      // A client of another protocol version (another build): told so in a
+      // frame of this one, whose version its header check reads first,
+      // then closed. Closed alone, it saw only "connection closed".
+      type_ = static_cast<protocol::MsgType>(h.type);
+      last_answer_ = true;
+      return Write(protocol::EncodeStatus(s), false);
+    }
     return Close();
   }
   type_ = static_cast<protocol::MsgType>(h.type);
@@ -125,7 +133,7 @@ void ServerConnection::Write(std::string body, bool stop) {
               return;
             }
             DropBuffers();
-            if (ec || refused_) return Close();
+            if (ec || refused_ || last_answer_) return Close();
             ReadHeader();
           }));
 }

@@ -125,7 +125,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   bool refused_;
   // State below is touched only on strand_.
   bool closed_ = false;
-  bool in_frame_ = false;  // between a frame's first byte and its answer
+  bool last_answer_ = false;  // closed once the answer is written
+  bool in_frame_ = false;     // between a frame's first byte and its answer
   bool timer_armed_ = false;
   Clock::time_point last_progress_;
   std::array<std::byte, protocol::kFrameHeaderBytes> header_{};

@@ -209,7 +209,8 @@ Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
 }
 
 Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                            std::vector<std::string>* values, std::vector<bool>* found) {
+                            std::vector<std::string>* values,
+                            std::vector<Status>* statuses) {
   std::vector<SpillKey> keys;
   keys.reserve(ids.size());
   std::vector<rocksdb::Slice> slices;
@@ -219,14 +220,16 @@ Status SpillStore::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
     slices.push_back(keys.back().slice());
   }
   values->assign(ids.size(), {});
-  found->assign(ids.size(), false);
+  statuses->assign(ids.size(), Status::OK());
   std::vector<rocksdb::Status> st = db_->MultiGet(rocksdb::ReadOptions(), slices, values);
   for (size_t i = 0; i < st.size(); ++i) {
-    if (st[i].ok()) {
-      (*found)[i] = true;
-    } else if (!st[i].IsNotFound()) {
-      return FromRocks(st[i], path_);
+    // MultiGet may give one block's error to every key it read with that
+    // block: each such row is read again on its own, so that a bad block
+    // fails only the rows in it.
+    if (!st[i].ok() && !st[i].IsNotFound()) {
+      st[i] = db_->Get(rocksdb::ReadOptions(), slices[i], &(*values)[i]);
     }
+    if (!st[i].ok()) (*statuses)[i] = FromRocks(st[i], path_);
   }
   return Status::OK();
 }

@@ -61,9 +61,11 @@ class SpillStore {
   // Writes a batch of rows (`bytes` of them) at once, with the same checks
   // and the same latch as Put.
   Status Write(rocksdb::WriteBatch* batch, uint64_t bytes);
-  // Values of ids[i] into (*values)[i]; (*found)[i] false when absent.
+  // Values of ids[i] into (*values)[i], with (*statuses)[i]: OK, NotFound
+  // when absent, or the error that row's own read met (a table block
+  // failing its checksum), which is never another row's.
   Status MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                  std::vector<std::string>* values, std::vector<bool>* found);
+                  std::vector<std::string>* values, std::vector<Status>* statuses);
   // Deletes every row of the cache and compacts the range, so the disk
   // space is returned.
   Status DropCache(uint32_t cache_id);

@@ -111,8 +111,10 @@ class Store {
   // publishes it. Full when the cache does not spill (or stopped).
   Status SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
                   bool* inserted) EXCLUDES(mu_);
+  // (*statuses)[i] as SpillStore::MultiGet says.
   Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                  std::vector<std::string>* rows, std::vector<bool>* found) EXCLUDES(mu_);
+                  std::vector<std::string>* rows, std::vector<Status>* statuses)
+      EXCLUDES(mu_);
   // The staging file of connection `conn` for spilled rows of the cache
   // (SpillStages::Get). Full when the cache does not spill.
   Status SpillStage(uint64_t conn, uint32_t cache_id, uint64_t min_bytes, uint32_t* tag,

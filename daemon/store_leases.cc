@@ -79,7 +79,7 @@ Status Store::SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::
 }
 
 Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
-                       std::vector<std::string>* rows, std::vector<bool>* found) {
+                       std::vector<std::string>* rows, std::vector<Status>* statuses) {
   {
     MutexLock lock(&mu_);
     CacheState* c;
@@ -89,8 +89,11 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
   }
   // RocksDB is thread-safe; reads need not hold the store's lock. A cache
   // destroyed meanwhile yields misses.
-  Status s = spiller_.Get(cache_id, ids, rows, found);
-  if (s.ok()) CountSpillReads(cache_id, std::count(found->begin(), found->end(), true));
+  Status s = spiller_.Get(cache_id, ids, rows, statuses);
+  if (s.ok()) {
+    CountSpillReads(cache_id, std::count_if(statuses->begin(), statuses->end(),
+                                            [](const Status& r) { return r.ok(); }));
+  }
   return s;
 }
 

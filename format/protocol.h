@@ -27,18 +27,23 @@ inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
 // 4: server info carries the bounds of the memory cap.
 // 5: a status carries its subcode (why a cache is Full) after its code.
 // 6: spilled rows are staged in shared memory (kSpillStage, kSpillPutStaged).
-inline constexpr uint16_t kProtocolVersion = 6;
+// 7: a spilled row whose own read failed is answered kSpillFailed.
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;
 // The largest row a chunk lease may ask room for.
 inline constexpr uint64_t kMaxLeaseBytes = 1ULL << 33;
 // Spilled-row reads are batched: at most this many ids per request. Each
-// answer is one of the kSpill* markers, followed by the row for kSpillFound.
+// answer is one of the kSpill* markers, followed by the row for kSpillFound
+// and by what went wrong for kSpillFailed (a row whose own read failed, its
+// table block failing its checksum: the rows beside it are still answered;
+// since version 7).
 inline constexpr uint32_t kMaxSpillBatch = 1024;
 inline constexpr uint8_t kSpillAbsent = 0;
 inline constexpr uint8_t kSpillFound = 1;
 inline constexpr uint8_t kSpillAskAgain = 2;
+inline constexpr uint8_t kSpillFailed = 3;
 // A spilled row travels whole in one frame, both in kSpillPut and in the
 // answer to kSpillGet, so it may be at most the frame limit less room for
 // the fields around it. The daemon answers a row alone when it does not fit

@@ -290,32 +290,37 @@ struct SpillPutRequest {
 };
 
 // One answer per id asked, in order: a kSpill* mark, and the row for
-// kSpillFound. Once one is kSpillAskAgain (the response was full), so are
-// all that follow, and the client asks for those again. See
+// kSpillFound or the message for kSpillFailed. Once one is kSpillAskAgain (the response
+// was full), so are all that follow, and the client asks for those again. See
 // kSpillFramingBytes for the rule that a first found row always fits.
 struct SpillGetResponse {
   struct Answer {
     uint8_t mark = kSpillAbsent;
-    std::span<const std::byte> row;  // kSpillFound: a view, as in SpillPutRequest
+    // kSpillFound: the row, kSpillFailed: the error's text; a view, as in
+    // SpillPutRequest.
+    std::span<const std::byte> row;
   };
   std::vector<Answer> answers;  // at most kMaxSpillBatch
   // What a found row adds to the body beside its mark: length + bytes.
   static constexpr size_t FoundRowBytes(size_t row_bytes) { return 4 + row_bytes; }
+  static constexpr bool CarriesBytes(uint8_t mark) {
+    return mark == kSpillFound || mark == kSpillFailed;
+  }
   template <typename M, typename IO>
   static void Fields(M& m, IO& io) {
     if constexpr (!IO::kReading) {  // up to a whole frame of rows
       size_t bytes = 4 + m.answers.size();
       for (const Answer& a : m.answers) {
-        if (a.mark == kSpillFound) bytes += FoundRowBytes(a.row.size());
+        if (CarriesBytes(a.mark)) bytes += FoundRowBytes(a.row.size());
       }
       io.Reserve(bytes);
     }
     bool asked_again = false;
     io.List(m.answers, kMaxSpillBatch, [&](auto& a) {
       io.U8(a.mark);
-      io.Check(a.mark <= kSpillAskAgain && (!asked_again || a.mark == kSpillAskAgain));
+      io.Check(a.mark <= kSpillFailed && (!asked_again || a.mark == kSpillAskAgain));
       asked_again = a.mark == kSpillAskAgain;
-      if (a.mark == kSpillFound) io.Bytes(a.row);
+      if (CarriesBytes(a.mark)) io.Bytes(a.row);
     });
   }
 };

@@ -111,6 +111,11 @@ void CacheImpl::FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const
     for (const protocol::SpillGetResponse::Answer& a : answer.answers) {
       if (a.mark == protocol::kSpillAskAgain) break;
       const size_t k = done + answered++;
+      if (a.mark == protocol::kSpillFailed) {
+        statuses[k] = Status::IOError(
+            std::string(reinterpret_cast<const char*>(a.row.data()), a.row.size()));
+        continue;
+      }
       if (a.mark != protocol::kSpillFound) {
         statuses[k] = Miss(ids[k]);
         continue;

@@ -71,6 +71,8 @@ void ForgetInheritedLocked(Readers& r) {
 
 constexpr int64_t kRetryOpenMs = 1000;
 
+std::atomic<uint64_t> g_rows_read_in_place{0};  // SpillReader::RowsReadInPlace
+
 // Keys are read kReadChunk at a time (a chunk bounds what one call holds).
 constexpr size_t kReadChunk = 64;
 
@@ -170,10 +172,8 @@ SpillReader::~SpillReader() {
   db_.reset();
 }
 
-void SpillReader::MultiGet(
-    uint32_t cache_id, std::span<const uint64_t> ids, size_t row_bytes,
-    const std::function<void(size_t, std::span<const std::byte>)>& found,
-    std::span<bool> got) {
+void SpillReader::MultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                           size_t row_bytes, FoundRow found, std::span<bool> got) {
   if (NowMs() - last_catch_up_ms_.load(std::memory_order_relaxed) >= kRefreshIntervalMs) {
     // A failure here is met again, and answered, by the caller's catch-up
     // for a row this view lacks.
@@ -186,10 +186,8 @@ void SpillReader::MultiGet(
   }
 }
 
-void SpillReader::ReadByMultiGet(
-    uint32_t cache_id, std::span<const uint64_t> ids,
-    const std::function<void(size_t, std::span<const std::byte>)>& found,
-    std::span<bool> got) {
+void SpillReader::ReadByMultiGet(uint32_t cache_id, std::span<const uint64_t> ids,
+                                 FoundRow found, std::span<bool> got) {
   ValueBuffers& buffers = TheValueBuffers();
   // Released however the call ends (`found` may throw): no pin may wait in
   // the thread's buffers for a later call, or outlive the database.
@@ -229,14 +227,13 @@ void SpillReader::ReadByMultiGet(
 // of the block itself, here the mapped file: the row is copied once. Each
 // Seek searches every level where MultiGet stops at the first that has
 // the key, a cost that only rows far larger than a key are worth.
-void SpillReader::ReadBySeek(
-    uint32_t cache_id, std::span<const uint64_t> ids,
-    const std::function<void(size_t, std::span<const std::byte>)>& found,
-    std::span<bool> got) {
+void SpillReader::ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids,
+                             FoundRow found, std::span<bool> got) {
   // Every level-0 file spans to the daemon's flush marker: a seek positions
   // each of them, and the spill tables' first-key index (spill_format.cc)
   // keeps those not holding the key from reading their block.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  uint64_t read = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const SpillKey key(cache_id, ids[k]);
     it->Seek(key.slice());
@@ -245,10 +242,16 @@ void SpillReader::ReadBySeek(
     // MultiGet's error, and the next Seek starts from a clean status.
     got[k] = it->Valid() && it->key() == key.slice();
     if (got[k]) {
+      ++read;
       const rocksdb::Slice v = it->value();
       found(k, std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()));
     }
   }
+  g_rows_read_in_place.fetch_add(read, std::memory_order_relaxed);
+}
+
+uint64_t SpillReader::RowsReadInPlace() {
+  return g_rows_read_in_place.load(std::memory_order_relaxed);
 }
 
 SpillReader::CatchUp SpillReader::MaybeCatchUp() {

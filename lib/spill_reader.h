@@ -20,10 +20,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "format/instance.h"
 #include "shmcache/status.h"
@@ -33,6 +33,27 @@ class DB;
 }
 
 namespace shmcache {
+
+// What SpillReader::MultiGet hands each row it found to: any callable
+// (size_t i, std::span<const std::byte> bytes), borrowed for the call. A
+// std::function of the caller's lambda was a heap allocation per call (its
+// captures did not fit in the function itself).
+class FoundRow {
+ public:
+  template <typename F>
+  requires(!std::is_same_v<std::remove_cvref_t<F>, FoundRow>)
+      FoundRow(F&& f)  // NOLINT(bugprone-forwarding-reference-overload): constrained
+      : f_(&f), call_([](void* p, size_t i, std::span<const std::byte> bytes) {
+          (*static_cast<std::remove_reference_t<F>*>(p))(i, bytes);
+        }) {}
+  void operator()(size_t i, std::span<const std::byte> bytes) const {
+    call_(f_, i, bytes);
+  }
+
+ private:
+  void* f_;
+  void (*call_)(void*, size_t, std::span<const std::byte>);
+};
 
 class SpillReader {
  public:
@@ -57,8 +78,7 @@ class SpillReader {
   // keeps the buffers RocksDB copies values into for its next call
   // (spill_reader.cc), so `found` must not call MultiGet itself.
   void MultiGet(uint32_t cache_id, std::span<const uint64_t> ids, size_t row_bytes,
-                const std::function<void(size_t, std::span<const std::byte>)>& found,
-                std::span<bool> got);
+                FoundRow found, std::span<bool> got);
   // Catches up with the daemon's writes, unless another thread does now or
   // one did less than kCatchUpIntervalMs ago (a catch-up replays the
   // daemon's newest log: milliseconds). kFailed: the database cannot be
@@ -70,6 +90,10 @@ class SpillReader {
   uint64_t MemtableRows();
 
   const std::string& path() const { return path_; }
+  // Rows the readers of this process handed over in place (read by seeks,
+  // kSeekRowBytes) since it started: which of the two ways a caller's rows
+  // took, which nothing else shows (both end as a copy in the caller's row).
+  static uint64_t RowsReadInPlace();
 
   static constexpr int64_t kCatchUpIntervalMs = 50;
   // MultiGet catches up first when the last catch-up is older than this: a
@@ -89,12 +113,9 @@ class SpillReader {
   SpillReader() = default;
   CatchUp CatchUpUnlessWithin(int64_t interval_ms);
   // MultiGet's two ways.
-  void ReadByMultiGet(
-      uint32_t cache_id, std::span<const uint64_t> ids,
-      const std::function<void(size_t, std::span<const std::byte>)>& found,
-      std::span<bool> got);
-  void ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids,
-                  const std::function<void(size_t, std::span<const std::byte>)>& found,
+  void ReadByMultiGet(uint32_t cache_id, std::span<const uint64_t> ids, FoundRow found,
+                      std::span<bool> got);
+  void ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids, FoundRow found,
                   std::span<bool> got);
 
   std::unique_ptr<rocksdb::DB> db_;

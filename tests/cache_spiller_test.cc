@@ -41,7 +41,7 @@ class CacheSpillerTest : public CacheStateTest {
     Status s;
     for (int n = 0; n < 1000 && s.ok(); ++n) {
       ChunkLease l;
-      s = Lease(1, 0, 256 * 1024, &l);
+      s = Lease(1, 0, uint64_t{256} << 10, &l);
     }
     ASSERT_TRUE(s.IsFull()) << s.ToString();
   }
@@ -61,7 +61,7 @@ TEST_F(CacheSpillerTest, WithoutAStoreNothingSpills) {
   EXPECT_TRUE(s.IsFull()) << s.ToString();
   EXPECT_FALSE(inserted);
   std::vector<std::string> rows;
-  std::vector<bool> found;
+  std::vector<Status> found;
   const uint64_t ids[] = {1};
   EXPECT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).IsNotFound());
   EXPECT_TRUE(spiller_.DropCache(kCacheId).ok());
@@ -80,15 +80,18 @@ TEST_F(CacheSpillerTest, PutRowsArePublishedAndReadBack) {
   EXPECT_EQ(cache_->Stats().disk_rows, 1u);
   EXPECT_EQ(cache_->Stats().disk_bytes, 9u);
   std::vector<std::string> rows;
-  std::vector<bool> found;
+  std::vector<Status> found;
   const uint64_t ids[] = {42, 43};
   ASSERT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).ok());
-  EXPECT_EQ(found, (std::vector<bool>{true, false}));
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_TRUE(found[0].ok()) << found[0].ToString();
+  EXPECT_TRUE(found[1].IsNotFound()) << found[1].ToString();
   EXPECT_EQ(rows[0], "forty-two");
   EXPECT_EQ(spiller_.CacheIds(), std::vector<uint32_t>{kCacheId});
   ASSERT_TRUE(spiller_.DropCache(kCacheId).ok());
   ASSERT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).ok());
-  EXPECT_EQ(found, (std::vector<bool>{false, false}));
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_TRUE(found[0].IsNotFound() && found[1].IsNotFound());
   EXPECT_TRUE(notes_.empty()) << testing::PrintToString(notes_);
 }
 

@@ -2,11 +2,14 @@
 // argument (exit code 1 and a one-line message naming the problem), JSON
 // output, and two instances side by side.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -19,7 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "format/instance.h"
+#include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 namespace {
@@ -498,6 +503,220 @@ TEST_F(CliTest, StopIsNotHeldByAFifoAtTheHostLock) {
   EXPECT_FALSE(r.timed_out) << r.Describe();
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("nothing to stop"), std::string::npos) << r.Describe();
+}
+
+// What the kernel says of a process's start, read here as the lock files
+// record it: field 22 of /proc/PID/stat (clock ticks since boot, counted
+// after the ')' that ends the name, which may hold spaces), and the boot.
+std::string StartTicks(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) fields >> field;
+  return field;
+}
+std::string BootId() {
+  std::string id;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), id);
+  return id;
+}
+
+// A forked process that runs `first` (false: it exits), then calls itself
+// shmcached, as a server of this user does, until it is killed
+// (KillAndReap) or this process ends.
+pid_t NamedShmcached(const std::function<bool()>& first = [] { return true; }) {
+  const pid_t pid = ForkChild([&first] {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!first()) return 2;
+    prctl(PR_SET_NAME, "shmcached");
+    for (;;) pause();
+    return 0;
+  });
+  EXPECT_TRUE(WaitFor([pid] {
+    std::string comm;
+    std::getline(std::ifstream(fmt::format("/proc/{}/comm", pid)), comm);
+    return comm == "shmcached" || ProcessExited(pid);
+  }));
+  EXPECT_FALSE(ProcessExited(pid)) << "its `first` failed";
+  return pid;
+}
+
+// Takes the flock of the lock file at `path` as a server does, leaving
+// what is written in it as it is (a server that has just taken the lock,
+// before it writes its own text); -1 when it cannot.
+int HoldLockFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A pid in a lock file goes to another process once its writer has ended
+// (pids wrap on a busy host), and that one may be another shmcached of this
+// user: the instance lock, held (a server starting, not yet written), names
+// the pid of such a process with the start the file's writer had, earlier
+// than the process's own. --stop signals nothing and says what it found;
+// it SIGTERMed the process, which passed the name and user check.
+TEST_F(CliTest, StopSignalsNoProcessThatStartedAfterTheWriterOfTheLockFile) {
+  const pid_t other = NamedShmcached();
+  const std::string port = "31004";
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", run_dir_, port);
+  const int fd = HoldLockFile(lock);
+  ASSERT_GE(fd, 0) << lock;
+  const std::string text =
+      fmt::format("{} {} {}\n", other, std::stoull(StartTicks(other)) - 1, BootId());
+  ASSERT_EQ(pwrite(fd, text.data(), text.size(), 0), static_cast<ssize_t>(text.size()));
+  CommandResult r = Run({"--stop", "-p", port});
+  close(fd);
+  int status = 0;
+  const bool ended = WaitChild(other, &status, std::chrono::milliseconds(0));
+  if (!ended) KillAndReap(other);
+  EXPECT_FALSE(ended) << "signalled: " << DescribeStatus(status);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("process id {} in it is no longer the process that "
+                                   "wrote it",
+                                   other)),
+            std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find("nothing was signalled"), std::string::npos) << r.Describe();
+}
+
+// Exit codes of the namespace body below.
+constexpr int kNotSignalled = 0, kSignalled = 2, kStopSaidOtherwise = 3, kNoSetUp = 4,
+              kPidNotGivenAgain = 12;
+
+// As pid 1 of a pid namespace of its own (so that a pid can be given
+// again): process A writes its pid, start and boot into the lock file as a
+// server does, and is killed; B, named shmcached, is given A's pid; the
+// lock, taken again (a server starting), still says what A wrote. --stop
+// there must leave B alone.
+int StopAfterThePidWasGivenAgain(const std::string& run_dir) {
+  const std::string lock = fmt::format("{}/shmcached-31006.lock", run_dir);
+  const pid_t a = ForkChild([&lock] {
+    const int fd = HoldLockFile(lock);
+    const std::string text =
+        fmt::format("{} {} {}\n", getpid(), StartTicks(getpid()), BootId());
+    if (fd < 0 || pwrite(fd, text.data(), text.size(), 0) < 0) return 1;
+    for (;;) pause();
+    return 0;
+  });
+  if (!WaitFor([&lock] {
+        std::string line;
+        std::getline(std::ifstream(lock), line);
+        return !line.empty();
+      })) {
+    return kNoSetUp;
+  }
+  // Starts are counted in clock ticks (10 ms): B, started in A's tick,
+  // could not be told from A. Only a pid chosen by root comes back so soon
+  // (a wrap of the pid space takes thousands of forks).
+  const uint64_t a_start = std::stoull(StartTicks(a));
+  KillAndReap(a);
+  if (!WaitFor([a_start] {
+        timespec now{};
+        clock_gettime(CLOCK_BOOTTIME, &now);
+        const uint64_t tick_ns = 1000000000 / static_cast<uint64_t>(sysconf(_SC_CLK_TCK));
+        return (static_cast<uint64_t>(now.tv_sec) * 1000000000 +
+                static_cast<uint64_t>(now.tv_nsec)) /
+                   tick_ns >
+               a_start;
+      })) {
+    return kNoSetUp;
+  }
+  if (int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC); fd >= 0) {
+    const std::string last = std::to_string(a - 1);
+    const bool set = write(fd, last.data(), last.size()) > 0;
+    close(fd);
+    if (!set) return kPidNotGivenAgain;
+  }
+  const pid_t b = NamedShmcached();
+  if (b != a) {
+    KillAndReap(b);
+    return kPidNotGivenAgain;
+  }
+  const int fd = HoldLockFile(lock);
+  if (fd < 0) return kNoSetUp;
+  CommandResult r =
+      RunCommand({AdminPath(), "--stop", "-p", "31006"}, {{"SHMCACHE_RUN_DIR", run_dir}});
+  close(fd);
+  int rc = kNotSignalled;
+  int status = 0;
+  if (WaitChild(b, &status, std::chrono::milliseconds(0))) {
+    rc = kSignalled;
+  } else if (r.exit_code != 1 ||
+             r.err.find(fmt::format("process id {} in it is no longer the process that "
+                                    "wrote it",
+                                    a)) == std::string::npos) {
+    rc = kStopSaidOtherwise;
+  }
+  if (rc != kNotSignalled) fprintf(stderr, "%s\n", r.Describe().c_str());
+  KillAndReap(b);
+  return rc;
+}
+
+// The same as above with a pid really given again: the server that wrote
+// the lock file was killed, and its pid went to another shmcached of this
+// user. --stop SIGTERMed that one.
+TEST_F(CliTest, StopSignalsNoProcessGivenTheLockWritersPidAgain) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: a pid namespace to give a pid twice";
+  const std::string run_dir = run_dir_;
+  const int rc =
+      RunInPidNamespace([&run_dir] { return StopAfterThePidWasGivenAgain(run_dir); });
+  if (rc == kNoPidNamespace) GTEST_SKIP() << "cannot make a pid and mount namespace here";
+  EXPECT_NE(rc, kPidNotGivenAgain) << "could not give the pid again";
+  EXPECT_NE(rc, kSignalled) << "the process given the pid was signalled";
+  EXPECT_EQ(rc, kNotSignalled);
+}
+
+// A real stale lock file: the one a killed server left in its run dir,
+// held by a server that has just taken it over and not yet written its own
+// pid. --stop names the ended writer, signals nothing, and says to try
+// again; it called that pid "not a cache server of yours".
+TEST_F(CliTest, StopNamesTheEndedWriterOfAStaleLockFile) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  server.Kill();
+  const std::string port = std::to_string(server.port());
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", server.run_dir(), port);
+  const int fd = HoldLockFile(lock);
+  ASSERT_GE(fd, 0) << lock;
+  CommandResult r = RunCommand({AdminPath(), "--stop", "-p", port}, server.AdminEnv());
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, fmt::format("shmcache: error: {} is held, but the process that wrote "
+                               "it (process id {}) has ended; nothing was signalled. A "
+                               "server that is starting writes its own id there in a "
+                               "moment: try again\n",
+                               lock, server.pid()))
+      << r.Describe();
+}
+
+// A lock file written by an older version names its server's pid alone.
+// Such a server, still starting, is stopped as before: once it is seen to
+// be a shmcached of this user.
+TEST_F(CliTest, StopStopsAStartingServerWhoseLockFileHasNoStartTime) {
+  const std::string port = "31005";
+  const std::string lock = fmt::format("{}/shmcached-{}.lock", run_dir_, port);
+  const pid_t old = NamedShmcached([&lock] {
+    const int fd = HoldLockFile(lock);
+    const std::string text = fmt::format("{}\n", getpid());
+    return fd >= 0 && pwrite(fd, text.data(), text.size(), 0) > 0;
+  });
+  CommandResult r = Run({"--stop", "-p", port});
+  int status = 0;
+  const bool ended = WaitChild(old, &status, std::chrono::seconds(20));
+  if (!ended) KillAndReap(old);
+  EXPECT_TRUE(ended && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+      << DescribeStatus(status);
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.out, fmt::format("Cache server on port {} (process id {}) was still "
+                               "starting (not answering yet); it has been stopped.\n",
+                               port, old))
+      << r.Describe();
 }
 
 // The instance's huge-page dir is a name in /dev/shm, where anyone may

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tests/support/child_process.h"
@@ -52,9 +53,9 @@ class InstanceLockTest : public ::testing::Test {
     { std::ofstream(path_, std::ios::trunc) << text; }
     int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     EXPECT_GE(fd, 0);
-    int pid = ReadLockPid(fd);
+    const ProcessIdentity owner = ReadLockOwner(fd);
     close(fd);
-    return pid;
+    return owner.pid;
   }
 
   std::string dir_;
@@ -62,29 +63,31 @@ class InstanceLockTest : public ::testing::Test {
 };
 
 TEST_F(InstanceLockTest, ReadsThePidAServerWrote) {
-  EXPECT_EQ(PidIn("4242\n"), 4242);
-  EXPECT_EQ(PidIn("4242"), 4242);
+  EXPECT_EQ(PidIn("4242 123 0d5c-9e\n"), 4242);
+  EXPECT_EQ(PidIn("4242\n"), 4242) << "an older version's";
   EXPECT_EQ(PidIn(" 17\n"), 17);
 }
 
-TEST_F(InstanceLockTest, ANonsensePidIsNone) {
-  for (const char* text : {"", "\n", "abc\n", "-5\n", "0\n", "99999999999\n", "x17"}) {
+// A line not written whole may be cut anywhere: "42" of "4242".
+TEST_F(InstanceLockTest, ANonsenseOrUnfinishedPidIsNone) {
+  for (const char* text :
+       {"", "\n", "abc\n", "-5\n", "0\n", "99999999999\n", "x17", "4242", "4242 12"}) {
     EXPECT_EQ(PidIn(text), 0) << "'" << text << "'";
   }
 }
 
 TEST_F(InstanceLockTest, OneHolderAtATime) {
   bool held = true;
-  int pid = -1;
-  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok()) << "no file: nobody holds it";
+  ProcessIdentity owner{.pid = -1};
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &owner).ok()) << "no file: nobody holds it";
   EXPECT_FALSE(held);
-  EXPECT_EQ(pid, 0);
+  EXPECT_EQ(owner.pid, 0);
 
   int fd = -1;
   ASSERT_TRUE(TakeInstanceLock(path_, 31000, &fd).ok());
-  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok());
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &owner).ok());
   EXPECT_TRUE(held);
-  EXPECT_EQ(pid, getpid());
+  EXPECT_EQ(owner.pid, getpid());
   // flock locks belong to the open file: a second open is a second server.
   int second = -1;
   Status s = TakeInstanceLock(path_, 31000, &second);
@@ -96,7 +99,7 @@ TEST_F(InstanceLockTest, OneHolderAtATime) {
   EXPECT_EQ(second, -1);
 
   close(fd);  // the server is gone: the kernel dropped its lock
-  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok());
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &owner).ok());
   EXPECT_FALSE(held);
   ASSERT_TRUE(TakeInstanceLock(path_, 31000, &fd).ok());
   close(fd);
@@ -110,11 +113,63 @@ TEST_F(InstanceLockTest, ALockTakenBeforeItsPidIsWrittenNamesNone) {
   Status s = TakeInstanceLock(path_, 31000, &other);
   EXPECT_NE(s.message().find("(process id ?)"), std::string::npos) << s.message();
   bool held = false;
-  int pid = -1;
-  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &pid).ok());
+  ProcessIdentity owner{.pid = -1};
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &owner).ok());
   EXPECT_TRUE(held);
-  EXPECT_EQ(pid, 0);
+  EXPECT_EQ(owner.pid, 0);
   close(fd);
+}
+
+// Both locks record their holder's start and boot beside its pid, as the
+// kernel gives them, and the host lock keeps them when the shm dir is
+// noted: what tells the holder from a later process given its pid.
+TEST_F(InstanceLockTest, TheLocksRecordTheirHoldersStartAndBoot) {
+  const std::string host = dir_ + "/.shmcache.lock";
+  std::unique_ptr<InstanceLocks> locks;
+  ASSERT_TRUE(InstanceLocks::Take(path_, host, 31000, "/run/a", &locks).ok());
+  std::string boot;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot);
+  ASSERT_FALSE(boot.empty());
+  const uint64_t start = ProcessStartTicks(getpid());
+  ASSERT_GT(start, 0u);
+  bool held = false;
+  ProcessIdentity owner;
+  ASSERT_TRUE(ProbeInstanceLock(path_, &held, &owner).ok());
+  EXPECT_TRUE(held);
+  EXPECT_EQ(owner.pid, getpid());
+  EXPECT_EQ(owner.start_ticks, start);
+  EXPECT_EQ(owner.boot_id, boot);
+  locks->NoteShmDir("/dev/shm/x");
+  HostLockHolder holder;
+  ASSERT_TRUE(ProbeHostLock(host, &holder).ok());
+  EXPECT_EQ(holder.owner.pid, getpid());
+  EXPECT_EQ(holder.owner.start_ticks, start);
+  EXPECT_EQ(holder.owner.boot_id, boot);
+  EXPECT_EQ(holder.run_dir, "/run/a");
+  locks->RemoveFiles();
+}
+
+// A server that has just taken the lock (here: this test, holding it) has
+// not yet written over the previous holder's text, whose process ended:
+// the start refused names no process id, where it named the ended one's
+// (which may be another process's by then).
+TEST_F(InstanceLockTest, AStartRefusedNamesNotTheEndedPreviousHolder) {
+  const pid_t ended = test::Sleeper();
+  {
+    const std::string text = fmt::format("{} {} {}\n", ended, ProcessStartTicks(ended),
+                                         SelfIdentity().boot_id);
+    std::ofstream(path_, std::ios::trunc) << text;
+  }
+  test::KillAndReap(ended);
+  const int fd = open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  int other = -1;
+  Status s = TakeInstanceLock(path_, 31000, &other);
+  close(fd);
+  EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+  EXPECT_NE(s.message().find("(process id ?)"), std::string::npos) << s.message();
+  if (other >= 0) close(other);
 }
 
 // A server that stops unlinks its lock file while holding it. A starter
@@ -239,7 +294,7 @@ TEST_F(InstanceLockTest, AHostLockOfAnotherUserNamesNoHolder) {
   HostLockHolder holder;
   EXPECT_TRUE(ProbeHostLock(host, &holder).ok());
   EXPECT_FALSE(holder.held);
-  EXPECT_EQ(holder.pid, 0);
+  EXPECT_EQ(holder.owner.pid, 0);
   EXPECT_EQ(holder.run_dir, "");
   EXPECT_EQ(holder.shm_dir, "");
   close(fd);
@@ -257,11 +312,11 @@ TEST_F(InstanceLockTest, ALinkOrASocketAtALocksNameIsHeldByNobody) {
   ASSERT_EQ(symlink(target.c_str(), path_.c_str()), 0);
   ASSERT_EQ(symlink(target.c_str(), host.c_str()), 0);
   bool held = true;
-  int pid = -1;
-  Status s = ProbeInstanceLock(path_, &held, &pid);
+  ProcessIdentity owner{.pid = -1};
+  Status s = ProbeInstanceLock(path_, &held, &owner);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_FALSE(held);
-  EXPECT_EQ(pid, 0);
+  EXPECT_EQ(owner.pid, 0);
   HostLockHolder holder;
   s = ProbeHostLock(host, &holder);
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -276,7 +331,7 @@ TEST_F(InstanceLockTest, ALinkOrASocketAtALocksNameIsHeldByNobody) {
   ASSERT_LT(path_.size(), sizeof addr.sun_path);
   path_.copy(addr.sun_path, path_.size());
   ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path_;
-  s = ProbeInstanceLock(path_, &held, &pid);
+  s = ProbeInstanceLock(path_, &held, &owner);
   close(sock);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_FALSE(held);
@@ -302,8 +357,8 @@ TEST_F(InstanceLockTest, AnotherUsersUnreadableFileAtALocksNameIsHeldByNobody) {
   pid_t child = test::ForkChild([&] {
     if (setgid(65534) != 0 || setuid(65534) != 0) return 2;
     bool held = true;
-    int pid = -1;
-    Status s = ProbeInstanceLock(path, &held, &pid);
+    ProcessIdentity owner{.pid = -1};
+    Status s = ProbeInstanceLock(path, &held, &owner);
     if (!s.ok()) {
       fprintf(stderr, "%s\n", s.ToString().c_str());
       return 3;
@@ -322,13 +377,13 @@ TEST_F(InstanceLockTest, TheHostLockNamesTheShmDirOnceNoted) {
   HostLockHolder holder;
   ASSERT_TRUE(ProbeHostLock(host, &holder).ok());
   EXPECT_TRUE(holder.held);
-  EXPECT_EQ(holder.pid, getpid());
+  EXPECT_EQ(holder.owner.pid, getpid());
   EXPECT_EQ(holder.run_dir, "/run/a");
   EXPECT_EQ(holder.shm_dir, "") << "not chosen yet";
   locks->NoteShmDir("/dev/shm/x");
   ASSERT_TRUE(ProbeHostLock(host, &holder).ok());
   EXPECT_TRUE(holder.held);
-  EXPECT_EQ(holder.pid, getpid());
+  EXPECT_EQ(holder.owner.pid, getpid());
   EXPECT_EQ(holder.run_dir, "/run/a");
   EXPECT_EQ(holder.shm_dir, "/dev/shm/x");
   locks->RemoveFiles();

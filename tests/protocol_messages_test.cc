@@ -227,6 +227,26 @@ TEST(MessagesTest, SpilledRowsAreViewsOfTheBody) {
   EXPECT_EQ(got.answers[2].mark, kSpillAskAgain);
 }
 
+TEST(MessagesTest, ARowWhoseReadFailedCarriesTheErrorAndTheOthersTheirRows) {
+  SpillGetResponse sent;
+  const std::string error = "spill store: Corruption: block checksum mismatch";
+  const std::string row = "row6";
+  sent.answers = {{kSpillFailed, std::as_bytes(std::span(error))},
+                  {kSpillFound, std::as_bytes(std::span(row))}};
+  const std::string body = EncodeBody(sent);
+  SpillGetResponse got;
+  ASSERT_TRUE(DecodeBody(AsBytes(body), &got));
+  ASSERT_EQ(got.answers.size(), 2u);
+  EXPECT_EQ(got.answers[0].mark, kSpillFailed);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got.answers[0].row.data()),
+                        got.answers[0].row.size()),
+            error);
+  EXPECT_EQ(got.answers[1].mark, kSpillFound);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got.answers[1].row.data()),
+                        got.answers[1].row.size()),
+            row);
+}
+
 // Decodes `body` as M after `edit` changed it.
 template <typename M, typename Edit>
 bool DecodesAfter(M m, Edit edit) {
@@ -253,7 +273,8 @@ TEST(MessagesTest, FieldsOutOfTheirRangeAreRefused) {
   EXPECT_FALSE(DecodesAfter(get, [](auto* m) { m->ids.assign(kMaxSpillBatch + 1, 1); }));
   EXPECT_TRUE(DecodesAfter(get, [](auto* m) { m->ids.assign(kMaxSpillBatch, 1); }));
   auto answer = Sample<SpillGetResponse>();
-  EXPECT_FALSE(DecodesAfter(answer, [](auto* m) { m->answers[1].mark = 3; }));
+  EXPECT_FALSE(
+      DecodesAfter(answer, [](auto* m) { m->answers[1].mark = kSpillFailed + 1; }));
   EXPECT_FALSE(DecodesAfter(answer, [](auto* m) {  // nothing found after "ask again"
     m->answers[1].mark = kSpillAskAgain;
     m->answers[2].mark = kSpillAbsent;

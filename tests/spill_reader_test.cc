@@ -52,8 +52,14 @@ void* operator new(size_t n) {
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+// GCC pairs these frees with the library's operator new, not the one above
+// (which mallocs), wherever a string made in the reader's callback is
+// inlined and freed there: a false -Wmismatched-new-delete.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 #endif
 
 namespace shmcache {
@@ -168,14 +174,31 @@ TEST_F(SpillReaderTest, RereadingSmallRowsAllocatesNoBufferPerRow) {
   OpenReader();
   std::vector<uint64_t> ids(kBatch);
   std::vector<bool> whole, found;
-  constexpr int kCalls = 20;
-  uint64_t counted = 0;
-  for (int call = 0; call <= kCalls; ++call) {
-    // Spread over the whole range: table files and the memtable.
+  const auto spread = [&](int call) {  // the whole range: tables and memtable
     for (size_t k = 0; k < kBatch; ++k)
       ids[k] = (static_cast<uint64_t>(call) * 7919 + k * (n / kBatch)) % n;
+  };
+  // The first call makes the thread's buffers. A reader opened while the
+  // store flushed may have missed rows (the log it replays was removed
+  // after its look at the manifest): a caller catches up and looks again,
+  // as CacheImpl::FetchSpilled does.
+  spread(0);
+  ASSERT_TRUE(test::WaitFor([&] {
+    Read(ids, size(0), size, &whole, &found);
+    if (std::find(found.begin(), found.end(), false) == found.end()) return true;
+    reader_->MaybeCatchUp();
+    return false;
+  })) << "rows not found after catching up";
+  constexpr int kCalls = 20;
+  uint64_t counted = 0;
+  for (int call = 1; call <= kCalls; ++call) {
+    spread(call);
+    // A call a second after the last catch-up catches up first, which
+    // allocates (more than one call in 20 on a loaded machine): the reader
+    // catches up here, uncounted, so that the call counted reads only.
+    reader_->MaybeCatchUp();
     allocations = 0;
-    counting = call > 0;  // the first call makes the thread's buffers
+    counting = true;
     Read(ids, size(0), size, &whole, &found);
     counting = false;
     counted += allocations;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "common/instance_lock.h"
+#include "common/process_identity.h"
 #include "common/process_state.h"
 #include "format/instance.h"
 #include "shmcache/client.h"
@@ -52,22 +53,60 @@ bool IsOurDaemon(int pid) {
   return false;
 }
 
+// Why the process that `recorded` names, held as `check` found it, is not
+// the holder of the lock at `lock_path`: "" when it may be (it is the very
+// process that wrote the file, or an older version wrote it without its
+// start: then the name and user checks decide, as before).
+std::string NotTheWriter(const ProcessIdentity& recorded, const OwnerCheck& check,
+                         const std::string& lock_path) {
+  std::string found;
+  if (recorded.pid == 0) {
+    found = "its holder has not written its process id yet";
+  } else if (check.verdict == Ownership::kGone) {
+    found =
+        fmt::format("the process that wrote it (process id {}) has ended", recorded.pid);
+  } else if (check.verdict == Ownership::kOtherBoot) {
+    found = fmt::format(
+        "the process that wrote it (process id {}) ran before this machine last booted",
+        recorded.pid);
+  } else if (check.verdict == Ownership::kReplaced) {
+    found = fmt::format(
+        "process id {} in it is no longer the process that wrote it: the writer "
+        "started {} clock ticks after boot, the process with that id now at {} (the id "
+        "was given again after the writer ended)",
+        recorded.pid, recorded.start_ticks, check.found_ticks);
+  } else {
+    return "";
+  }
+  // Nobody else takes a lock of this user's: whoever holds it is a server
+  // between its flock and its write (instance_lock.h).
+  return fmt::format(
+      "{} is held, but {}; nothing was signalled. A server that is starting writes its "
+      "own id there in a moment: try again",
+      lock_path, found);
+}
+
 // Stops a server that holds the lock at `lock_path` but does not answer
-// (yet, or ever: its socket is gone).
-Status StopUnansweringServer(int pid, const std::string& lock_path, StopResult* out) {
-  // Opened before the process is looked at, and checked alive after: what
-  // /proc said was about this process, not one given its pid later.
-  ProcessHandle server(pid);
-  if (pid == 0 || !IsOurDaemon(pid) || server.Gone()) {
+// (yet, or ever: its socket is gone); `recorded`: what the file names.
+Status StopUnansweringServer(const ProcessIdentity& recorded,
+                             const std::string& lock_path, StopResult* out) {
+  // Opened first, then checked to be the file's writer and looked at in
+  // /proc, then signalled: every check is about the process signalled,
+  // never one given its pid meanwhile.
+  ProcessHandle server(recorded.pid);
+  const std::string not_the_writer =
+      NotTheWriter(recorded, CheckOwner(server, recorded), lock_path);
+  if (!not_the_writer.empty()) return Status::Unavailable(not_the_writer);
+  if (!IsOurDaemon(recorded.pid) || server.Gone()) {
     return Status::Unavailable(
         fmt::format("a process holds {} but the process id in it ({}) is not a cache "
                     "server of yours; try again in a moment",
-                    lock_path, pid));
+                    lock_path, recorded.pid));
   }
   if (int err = server.Signal(SIGTERM); err != 0) {
-    return Status::FromErrno(fmt::format("cannot signal process {}", pid), err);
+    return Status::FromErrno(fmt::format("cannot signal process {}", recorded.pid), err);
   }
-  out->pid = pid;
+  out->pid = recorded.pid;
   return WaitForExit(server);
 }
 
@@ -130,12 +169,12 @@ Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResul
   // Not answering: maybe still starting.
   InstancePaths paths = MakeInstancePaths(co.port, co.run_dir, shm_dir);
   bool held = false;
-  int pid = 0;
-  Status probe = ProbeInstanceLock(paths.lock_path, &held, &pid);
+  ProcessIdentity owner;
+  Status probe = ProbeInstanceLock(paths.lock_path, &held, &owner);
   if (!probe.ok()) return probe;
   if (held) {
     out->was_starting = true;
-    return StopUnansweringServer(pid, paths.lock_path, out);
+    return StopUnansweringServer(owner, paths.lock_path, out);
   }
   // A probe that failed finds no holder.
   HostLockHolder other;
@@ -145,18 +184,18 @@ Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResul
     // This run dir's server, its socket and lock file removed (by hand, a
     // clean-up of /tmp): only its host lock still names it. Unless one
     // started here after the probe above: then that one is starting.
-    probe = ProbeInstanceLock(paths.lock_path, &held, &pid);
+    probe = ProbeInstanceLock(paths.lock_path, &held, &owner);
     if (!probe.ok()) return probe;
     out->was_starting = held;
     out->run_files_gone = !held;
     out->run_dir = paths.run_dir;
-    return held ? StopUnansweringServer(pid, paths.lock_path, out)
-                : StopUnansweringServer(other.pid, host_lock, out);
+    return held ? StopUnansweringServer(owner, paths.lock_path, out)
+                : StopUnansweringServer(other.owner, host_lock, out);
   }
   out->not_running = true;
   out->run_dir = paths.run_dir;
   out->runs_elsewhere = other.held;
-  out->other_pid = other.pid;
+  out->other_pid = other.held ? PidStillNamed(other.owner) : 0;
   out->other_run_dir = other.run_dir;
   // Until it has written its shm dir, any of the files there may be its.
   if (other.held && other.shm_dir.empty()) return Status::OK();

@@ -113,6 +113,52 @@ as_user() {
   fi
 }
 
+# start_of PID: the start of process PID in clock ticks since boot (field
+# 22 of /proc/PID/stat, counted after the last ')': the name before it is
+# the process's to choose); fails when there is no such process.
+start_of() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) && [[ $stat == *')'* ]] || return 1
+  read -ra stat <<<"${stat##*)}"
+  [[ ${stat[19]:-} =~ ^[0-9]+$ ]] && echo "${stat[19]}"
+}
+
+# Python's half of signal_server: holds the process by a pidfd before it
+# reads its start, and signals through the pidfd. Exit 3: not the process
+# listed (gone, or its pid given to another since).
+pidfd_signal='
+import os, signal, sys
+pid, start, sig = int(sys.argv[1]), sys.argv[2], signal.Signals["SIG" + sys.argv[3]]
+try:
+    fd = os.pidfd_open(pid)
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+except (ProcessLookupError, FileNotFoundError):
+    sys.exit(3)
+if stat.rsplit(")", 1)[1].split()[19] != start:
+    sys.exit(3)
+try:
+    signal.pidfd_send_signal(fd, sig)
+except ProcessLookupError:
+    sys.exit(3)
+'
+
+# signal_server PID START SIG: sends SIG, as the job's user, to process PID
+# only while it is the process that started at START (start_of, read when
+# it was listed): a pid that went to another process since, even one of
+# the job's user, is never signalled. Through a pidfd (Python 3.9, Linux
+# 5.3: the check and the signal are about one process); without one, by
+# number just after the same check. Fails when nothing was sent.
+signal_server() {
+  local rc=0
+  as_user timeout 10 python3 -I -c "$pidfd_signal" "$1" "$2" "$3" 2>/dev/null || rc=$?
+  case $rc in
+    0) return 0 ;;
+    3) return 1 ;;
+  esac
+  [ "$(start_of "$1")" = "$2" ] && as_user kill -"$3" "$1" 2>/dev/null
+}
+
 # shmcache ARGS...: the admin as the job's user, on the job's instance,
 # ended after 60 s (a server the job's user stopped answering must not
 # hold up slurmd).

@@ -22,14 +22,17 @@ shm_dir=$(read_env SHMCACHE_SHM_DIR)
 [[ $session =~ ^[0-9]+$ ]] || session=0
 
 # The job's servers on its port: processes of the job's user named
-# shmcached whose command line names the port (the admin starts it so).
-# Whatever a process of the job's user says of itself, only that user's
-# processes are ever signalled.
+# shmcached whose command line names the port (the admin starts it so), a
+# line "PID START" each (start_of, read before the command line: a pid
+# given again after this look is another start). Whatever a process of
+# the job's user says of itself, only that user's processes are ever
+# signalled, and only the very processes listed (signal_server).
 servers() {
-  local pid
+  local pid start
   for pid in $(pgrep -x -U "$SLURM_JOB_UID" shmcached); do
-    tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qx -- "--port=$port" &&
-      echo "$pid"
+    start=$(start_of "$pid") &&
+      tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qx -- "--port=$port" &&
+      echo "$pid $start"
   done
 }
 
@@ -41,10 +44,13 @@ if [ -n "$(servers)" ]; then
   out=$(admin --stop 2>&1)
   if [ -n "$(servers)" ]; then
     say "the server did not stop (${out:-no answer}); terminating it"
-    # Signalled as the job's user: should a listed server end and its pid
-    # go to another user's process before the kill, the kill is refused.
+    # Signalled as the job's user, and only the process listed: should a
+    # listed server end and its pid go to another process before the
+    # signal, it is not sent (signal_server).
     for sig in TERM KILL; do
-      for pid in $(servers); do as_user kill -"$sig" "$pid" 2>/dev/null; done
+      while read -r pid start; do
+        signal_server "$pid" "$start" "$sig" </dev/null  # the loop reads the list
+      done < <(servers)
       for _ in $(seq 100); do [ -z "$(servers)" ] && break; sleep 0.1; done
     done
   fi

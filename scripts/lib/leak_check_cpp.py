@@ -129,6 +129,33 @@ def lock_run_dir(port):
     return ""
 
 
+def kill_if_tagged(pid, marker):
+    """SIGKILLs `pid` while its environment holds `marker` (the run's tag):
+    held by a pidfd before the environment is read, and killed through it,
+    so that a pid given to another process since the scan (the host is
+    shared; pids wrap) is never killed, by root least of all. By number
+    right after the same check where there is no pidfd (Linux < 5.3)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except OSError:
+        fd = -1
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if marker not in f.read().split(b"\0"):
+                return
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def made_by_the_tests(run_dir, tag):
     """Whether a server's run dir is one this run's C++ tests made: under
     its SHMCACHE_RUN_DIR (TestServer) or a TestDaemon's
@@ -201,10 +228,7 @@ def main():
     why = [f"process {p} ({' '.join(v[1])[:200]})" for p, v in ours.items()]
     why += [f"/dev/shm entry {f}" for f in leaked_files]
     for p in ours:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_if_tagged(p, marker)
     for f in leaked_files:
         if os.path.ismount(f):
             subprocess.run(["umount", "-l", f], capture_output=True)

@@ -181,14 +181,37 @@ def still_there(owner: Owner, things: Snapshot, grace: float = 5.0) -> Snapshot:
         time.sleep(0.05)
 
 
+def _kill_if_same(pid: int, start: str) -> bool:
+    """SIGKILLs `pid` while it is the process that started at `start` (what
+    the snapshot saw): held by a pidfd before its start is read, and killed
+    through it, so that a pid given to another process since (the host is
+    shared; pids wrap) is never killed. By number right after the same
+    check where there is no pidfd (Linux < 5.3). Whether it was sent."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        fd = -1
+    try:
+        if _read(f"/proc/{pid}/stat").decode(errors="replace").rsplit(
+                ")", 1)[-1].split()[19:20] != [start]:
+            return False
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def clean_up(things: Snapshot) -> None:
     """Kills the processes, unmounts the mounts, removes the files."""
-    pids = [k[1] for k in things if k[0] == "proc"]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    pids = [k[1] for k in things if k[0] == "proc" and _kill_if_same(k[1], k[2])]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         procs = _procs()

@@ -61,6 +61,65 @@ def test_non_contiguous_and_zero_d_arrays_keep_their_shape(server, session):
     assert got[2].shape == () and got[2] == 2.5
 
 
+class Tagged(np.ndarray):
+    """An ndarray subclass, as some libraries hand out."""
+
+
+def test_a_batch_of_many_columns_of_many_ranks_comes_back_whole(server, session):
+    # 64 rows of 0-d to 6-d columns (more dimensions in all than the parse
+    # makes room for at first), a subclass among them: each row reads back
+    # with its own shapes and values.
+    c = DatasetCache(session)
+    rows = []
+    for i in range(64):
+        rank = i % 7
+        a = np.arange(i, i + 2 ** rank, dtype=np.int32).reshape((2,) * rank)
+        sub = np.full((1, 2, 3), i, dtype=np.float32).view(Tagged)
+        rows.append({"a": a, "sub": sub, "b": np.full((1,) * (6 - rank) + (2,), i, "u1")})
+    assert c.put_batch(range(64), rows) == [True] * 64
+    for i, want in enumerate(rows):
+        got = c.get(i)
+        for k in want:
+            assert got[k].shape == want[k].shape, (i, k)
+            assert got[k].tolist() == want[k].tolist(), (i, k)
+
+
+def test_put_columns_takes_arrays_of_any_layout(server, session):
+    # Columns given as they are (not through encode): strided, Fortran-
+    # ordered, a subclass, the dtype given by name or by the array.
+    c = DatasetCache(session)
+    t = np.arange(12, dtype=np.int16).reshape(3, 4)
+    cols = [("s", None, t.T), ("f", "int16", np.asfortranarray(t)),
+            ("k", "float32", np.ones((2, 2), np.float32).view(Tagged)),
+            ("e", None, t[:, ::2])]
+    assert c.put_columns(1, cols) is True
+    got = {name: a for name, _, a in c.get_columns(1)}
+    for name, _, a in cols:
+        assert got[name].shape == a.shape and got[name].tolist() == a.tolist(), name
+    with pytest.raises(ValueError, match="unknown dtype name: nope"):
+        c.put_columns(2, [("x", "nope", np.zeros(2))])
+    with pytest.raises(RuntimeError):
+        c.put_columns(3, [("x", 5, np.zeros(2))])  # a dtype name that is no str
+    assert c.get(2) is None and c.get(3) is None and c.accepting
+
+
+def test_a_rows_list_emptied_while_put_batch_reads_it_is_refused(server, session):
+    # A column that is no ndarray is converted by numpy, which calls its
+    # __array__: Python code, here emptying the list being read.
+    c = DatasetCache(session)
+    rows: list = []
+
+    class Emptying:
+        def __array__(self, dtype=None, copy=None):
+            rows.clear()
+            return np.zeros(3, np.uint8)
+
+    rows += [[("a", None, Emptying())], [("a", None, np.ones(3, np.uint8))]]
+    with pytest.raises(ValueError, match="rows list changed"):
+        c.put_encoded([1, 2], rows, strict=True)
+    assert c.get(1) is None and c.get(2) is None and c.accepting
+
+
 def test_put_columns_refuses_a_foreign_byte_order(server, session):
     c = DatasetCache(session)
     with pytest.raises(ValueError, match="byte order"):

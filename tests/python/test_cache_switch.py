@@ -329,3 +329,131 @@ def test_a_persistent_loaders_workers_take_a_later_cache(server, session, switch
         return [i for i in range(8) if cache.contains(i)]
     assert cached(session) == [0, 1, 2, 3]
     assert cached(new_session) == (list(range(8)) if switch == "other" else [])
+
+
+# ---- assignments at once, and forks during one -----------------------------
+
+def hold_redirect(ds):
+    """Makes the first redirect of ds's writer (the first assignment of
+    ds.cache from now on) wait on `release` once it redirected, after
+    setting `entered`: that assignment is then half done, the writer
+    redirected and ds.cache not yet set."""
+    putter = ds._putter
+    entered, release = threading.Event(), threading.Event()
+    redirect = putter.redirect
+
+    def held(store, origin):
+        redirect(store, origin)
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(60), "the test never released the assignment"
+    putter.redirect = held
+    return entered, release
+
+
+class ObservedLock:
+    """Stands in for the lock that orders the assignments of ds.cache and
+    says when a thread waits for it."""
+
+    def __init__(self, lock):
+        self.lock, self.waiting = lock, threading.Event()
+
+    def __enter__(self):
+        if not self.lock.acquire(blocking=False):
+            self.waiting.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_two_assignments_at_once_the_last_is_the_cache_and_rows_follow_it(server, session):
+    """Two threads set ds.cache at once: the second waits for the first to
+    end, so ds.cache is the second's and the writer stores there. Both ran
+    at once, the first set ds.cache last, after the second had redirected
+    the writer: ds.cache was one cache and every row went to the other."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    first, second = server.new_session(), server.new_session()
+    lock = ObservedLock(getattr(ds, "_switching", threading.RLock()))
+    object.__setattr__(ds, "_switching", lock)
+    entered, release = hold_redirect(ds)
+    a = threading.Thread(target=setattr, args=(ds, "cache", DatasetCache(first)))
+    a.start()
+    assert entered.wait(60)
+    b = threading.Thread(target=setattr, args=(ds, "cache", DatasetCache(second)))
+    b.start()
+    assert wait_for(lambda: not b.is_alive() or lock.waiting.is_set(),
+                    what="the second assignment to end or wait")
+    release.set()
+    for t in (a, b):
+        t.join(60)
+        assert not t.is_alive()
+    ds[0], ds[1]
+    assert ds.flush(60)
+    mine = ds.cache.session_id
+    assert cached_ids(mine) == [0, 1], "the rows went to a cache not the dataset's"
+    assert cached_ids(first if mine == second else second) == []
+    assert mine == second, "the first assignment ended last"
+
+
+def test_an_assignment_on_the_writer_thread_does_not_wait_for_itself(server, session):
+    """ds.cache = other made inside the writer's put (a warnings hook, a
+    finalizer the collector runs there) returns; it waited for the batch
+    its own thread was writing, and the writer stopped for good."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    new_session = server.new_session()
+    other = DatasetCache(new_session)
+    switched = threading.Event()
+
+    def put(self, ids, rows, strict, quiet=False):
+        if not switched.is_set():
+            ds.cache = other
+            switched.set()
+        return DatasetCache.put_encoded(self, ids, rows, strict, quiet)
+    ds.cache.__class__ = type("SwitchingCache", (DatasetCache,), {"put_encoded": put})
+    ds[0]
+    assert wait_for(switched.is_set, what="the assignment on the writer thread")
+    ds[1]
+    assert ds.flush(60)
+    assert cached_ids(session) == [0]
+    assert cached_ids(new_session) == [1]
+
+
+def set_own_cache_off(ds):
+    """In a forked child: an assignment of its own, and a read."""
+    ds.cache = None
+    ds[2]
+    raise SystemExit(0 if ds.flush(20) else 3)
+
+
+def test_a_fork_during_an_assignment_sees_one_cache_whole(server, session):
+    """A DataLoader worker forked while another thread of the trainer is
+    half through `ds.cache = other` (the writer redirected, ds.cache not
+    yet set) stores its misses in the cache its ds.cache shows, the old
+    one (they went to `other`, which the worker's dataset did not show);
+    a child forked then sets a cache of its own (the assignment's lock,
+    held by a thread the child lacks, had held it for good)."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    new_session = server.new_session()
+    entered, release = hold_redirect(ds)
+    swap = threading.Thread(target=setattr, args=(ds, "cache", DatasetCache(new_session)))
+    swap.start()
+    try:
+        assert entered.wait(60)
+        got = [int(label) for _, label in DataLoader(
+            ds, batch_size=1, sampler=[1], num_workers=1, multiprocessing_context="fork")]
+        assert got == [1]
+        child = mp.get_context("fork").Process(target=set_own_cache_off, args=(ds,))
+        child.start()
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        assert child.exitcode == 0, "the child's assignment did not return"
+    finally:
+        release.set()
+        swap.join(60)
+    assert not swap.is_alive()
+    assert wait_for(lambda: cached_ids(session) == [1], what="the worker's row stored")
+    assert cached_ids(new_session) == []

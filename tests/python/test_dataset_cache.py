@@ -50,6 +50,19 @@ def test_missing_session_raises_runtime_error(server, session):
         DatasetCache(session + 1 if session < 2**32 - 1 else 1)
 
 
+def test_a_missing_session_is_named_with_its_server_and_the_fix(server, session):
+    """A user with several servers (one per port) is told which one does
+    not hold the session, and the commands for that one: the message said
+    "on the cache server" and `shmcache -g`, which asks the default port's."""
+    server.admin("-d", str(session))
+    with pytest.raises(shmcache.NotFoundError) as e:
+        DatasetCache(session)
+    assert str(e.value) == (
+        f"Session {session} does not exist on the cache server on port "
+        f"{server.port}; list those it holds with `shmcache --list_sessions -p "
+        f"{server.port}`, or create one with `shmcache -g -p {server.port}`.")
+
+
 @pytest.mark.parametrize("from_env", [True, False])
 def test_session_0_is_no_session_one_warning_and_rows_from_the_source(
         server, session, monkeypatch, from_env):
@@ -467,7 +480,8 @@ def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
     c = DatasetCache(session, name="ids")
     assert c.put(0, np.zeros(3, np.uint8))
     torch_mod = pytest.importorskip("shmcache.torch")
-    ds = torch_mod.CachedDataset([np.zeros(3, np.uint8)], c, async_puts=False)
+    ds = torch_mod.CachedDataset([np.zeros(3, np.uint8)], DatasetCache(session),
+                                 async_puts=False)
     for row_id in (-1, shmcache.MAX_ROW_ID + 1, 2**64, -2**70):
         for read in (c.get, c.view, ds.__getitem__):
             with pytest.raises(ValueError, match=rf"row id {row_id} outside \[0, "):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import wait_for  # noqa: E402
 from shmcache import DatasetCache  # noqa: E402
@@ -117,6 +117,74 @@ def test_a_read_given_up_leaves_the_callers_rngs_as_they_were(session, monkeypat
     assert (np.random.get_state()[1] == before[1]).all()
     assert random.getstate() == before[2]
     assert ds.reads == [0]      # nothing more was read once given up
+
+
+class HeldThenDraws(Held):
+    """A read that waits past the bound, then draws (an augmentation after a
+    slow open) and records what it drew."""
+    root = "held-then-draws"
+
+    def __init__(self, draw):
+        super().__init__()
+        self.draw, self.drew = draw, []
+
+    def __getitem__(self, i):
+        self.go.wait(60)
+        self.drew.append(self.draw())
+        return np.full(2, i, dtype=np.float32)
+
+
+class WorkerSeeds(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return torch.initial_seed()
+
+
+def seed_as_a_script_does():
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+
+
+def what_the_trainer_draws():
+    """Its DataLoader workers' seeds and its next draws of Python's and
+    numpy's RNGs."""
+    seeds = sorted(int(s) for s in DataLoader(WorkerSeeds(), batch_size=1, num_workers=2,
+                                              multiprocessing_context="fork"))
+    return seeds, random.random(), float(np.random.rand())
+
+
+def draw_torch():
+    return float(torch.rand(1))
+
+
+def draw_numpy():
+    return float(np.random.rand())
+
+
+@pytest.mark.parametrize("draw", [draw_torch, random.random, draw_numpy],
+                         ids=["torch", "random", "numpy"])
+def test_a_read_given_up_draws_nothing_from_the_trainers_rngs_once_let_go(
+        session, monkeypatch, draw):
+    """The sample being read when the caller gave up goes on on its thread
+    once let go; a draw it makes then would come from the trainer's RNGs,
+    between the trainer's own draws (torch's default generator gives the
+    DataLoader workers' seeds): the read stops at its first call into
+    torch or into Python's or numpy's global RNG instead. It drew there,
+    and the trainer's workers got other seeds."""
+    seed_as_a_script_does()
+    expected = what_the_trainer_draws()
+    monkeypatch.setenv("SHMCACHE_IDENTITY_SECONDS", "0.3")
+    ds = HeldThenDraws(draw)
+    with pytest.raises(UnknownContents, match="took more than 0.3 s"):
+        cache_for_dataset(ds, DatasetCache(session))
+    seed_as_a_script_does()
+    ds.go.set()
+    wait_for(_identity_reader_ended, what="the abandoned read to end")
+    assert what_the_trainer_draws() == expected
+    assert ds.drew == []
 
 
 class OpensLazily(Dataset):

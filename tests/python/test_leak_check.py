@@ -144,3 +144,41 @@ def test_the_cpp_run_check_leaves_another_runs_shm_dirs(tmp_path):
     finally:
         for d in others:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_clean_up_kills_no_process_given_a_leftovers_pid_since():
+    """A pid the snapshot saw may go to another process before the clean-up
+    (the host is shared, and pids wrap): a process whose start is not the
+    one the snapshot saw is not killed, nor waited for."""
+    import signal
+    import leak_check
+    p = subprocess.Popen(["sleep", "600"])
+    try:
+        start = leak_check._procs()[p.pid][2]
+        leak_check.clean_up({("proc", p.pid, str(int(start) - 1)): "an ended process"})
+        assert p.poll() is None, "a process that started later was killed"
+        leak_check.clean_up({("proc", p.pid, start): "the process itself"})
+        assert p.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_cpp_run_check_kills_no_process_given_a_tagged_pid_since():
+    """The C++ run's check kills the processes that carry the run's tag; one
+    given such a pid since (without the tag) is not killed."""
+    import importlib.util
+    import signal
+    spec = importlib.util.spec_from_file_location(
+        "leak_check_cpp", ROOT / "scripts" / "lib" / "leak_check_cpp.py")
+    cpp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpp)
+    p = subprocess.Popen(["sleep", "600"], env=dict(os.environ, SHMCACHE_LEAK_TAG="x"))
+    try:
+        cpp.kill_if_tagged(p.pid, b"SHMCACHE_LEAK_TAG=y")
+        assert p.poll() is None, "a process without the run's tag was killed"
+        cpp.kill_if_tagged(p.pid, b"SHMCACHE_LEAK_TAG=x")
+        assert p.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        p.kill()
+        p.wait()

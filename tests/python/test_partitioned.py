@@ -354,13 +354,7 @@ print("ok")
 
 
 def test_a_pass_that_raises_or_breaks_leaves_no_exchange_thread(session, tmp_path, kind):
-    env = dict(os.environ, SESSION_ID=str(session), RANK="0", WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_tcp_port()),
-               OMP_NUM_THREADS="1")
-    out = subprocess.run(["/usr/bin/python3", "-c", _ONE_RANK, kind], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
-        out.stdout + out.stderr
+    _one_rank(_ONE_RANK, kind, SESSION_ID=str(session))
 
 
 _UNCACHEABLE = r'''
@@ -407,19 +401,14 @@ print("ok")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_samples_the_cache_cannot_hold_are_delivered_with_one_warning(
         session, kind, workers):
-    env = dict(os.environ, SESSION_ID=str(session), RANK="0", WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_tcp_port()),
-               OMP_NUM_THREADS="1")
-    out = subprocess.run(["/usr/bin/python3", "-c", _UNCACHEABLE, kind, str(workers)],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
-        out.stdout + out.stderr
+    _one_rank(_UNCACHEABLE, kind, workers, SESSION_ID=str(session))
 
 
-# ---- two ranks: a rank gone while another closes its epoch -----------------
-
-_LEFT_EARLY = r'''
-import datetime, os, signal, sys
+def _rows_rank(root, n):
+    """The start of a rank's script: imports, Rows (n rows, row i a float32
+    [4] of i and the label i) and the process group from env://."""
+    return f"""
+import datetime, os, signal, sys, warnings
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -427,14 +416,84 @@ import shmcache
 from shmcache.torch import CachedDataset, CachedLoader, PartitionedLoader
 
 class Rows(Dataset):
-    root = "left-early"
+    root = {root!r}
     def __len__(self):
-        return 40
+        return {n}
     def __getitem__(self, i):
         return np.full(4, i, dtype=np.float32), i
 
 dist.init_process_group("gloo", init_method="env://",
                         timeout=datetime.timedelta(seconds=60))
+"""
+
+
+def _one_rank(script, *args, **env):
+    """Runs `script` as the only rank of a job, with `env` added; its
+    stdout must end with "ok"."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_tcp_port()), OMP_NUM_THREADS="1", **env)
+    out = subprocess.run(["/usr/bin/python3", "-c", script, *map(str, args)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
+        out.stdout + out.stderr
+
+
+_SWITCHED = _rows_rank("one-rank-switched", 24) + r"""
+first = shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"]))
+cds = CachedDataset(Rows(), first, async_puts=False)
+make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=4, sampler=DistributedSampler(cds, shuffle=False),
+                                num_workers=int(sys.argv[2])),
+                           window=2, local_world_size=1)
+first = cds.cache
+
+def epoch():
+    before = loader.counters
+    got = [j for _, i in loader for j in i.tolist()]
+    assert got == list(range(24)), got
+    return {k: v - before[k] for k, v in loader.counters.items()}
+
+def held(cache):
+    return [i for i in range(24) if cache.contains(i)]
+
+c = epoch()
+assert c["misses"] == 24 and held(first) == list(range(24)), (c, held(first))
+# Another cache, empty: every row computed and stored there, none read
+# from the first.
+cds.cache = shmcache.DatasetCache(session_id=int(os.environ["OTHER_SESSION"]))
+c = epoch()
+assert (c["local_hits"], c["misses"]) == (0, 24), c
+assert held(cds.cache) == list(range(24)), held(cds.cache)
+c = epoch()
+assert (c["local_hits"], c["misses"]) == (24, 0), c
+# Caching off: every row from the source, quietly, none read from a cache.
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    cds.cache = None
+    c = epoch()
+assert (c["local_hits"], c["misses"]) == (0, 24), c
+said = [str(w.message) for w in caught if issubclass(w.category, shmcache.CacheWarning)]
+assert said == [], said
+loader.close()
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_follows_its_datasets_cache_when_it_is_switched_or_off(
+        server, session, kind, workers):
+    """ds.cache = other (or None) between epochs: the next epoch reads and
+    stores the dataset's cache of now. The loader kept the cache it was
+    made with: after the switch it read every row from the old cache and
+    stored nothing in the new; after None it still read the old cache."""
+    _one_rank(_SWITCHED, kind, workers, SESSION_ID=str(session),
+              OTHER_SESSION=str(server.new_session()))
+
+
+# ---- two ranks: a rank gone while another closes its epoch -----------------
+
+_LEFT_EARLY = _rows_rank("left-early", 40) + r'''
 cds = CachedDataset(Rows(), shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
                     async_puts=False)
 make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]

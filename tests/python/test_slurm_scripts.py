@@ -276,6 +276,43 @@ def test_epilog_terminates_a_server_that_does_not_answer(open_top):
             os.kill(pid, signal.SIGKILL)
 
 
+def _start_ticks(pid):
+    """The start of process `pid` in clock ticks since boot (/proc/PID/stat
+    field 22, counted after the ')' that ends its name)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "by-number"])
+def test_the_epilogs_signal_reaches_only_the_process_that_was_listed(
+        state_dir, tmp_path, pidfd):
+    """The epilog signals a server it listed (pid and start) only while the
+    pid still names that process: one given the pid since started later,
+    and is never signalled, whether the signal goes through a pidfd
+    (Python's) or, without one, by number after the same check."""
+    job = FakeJob(state_dir)
+    env = dict(job.env)
+    if not pidfd:      # a python3 without pidfd_open: the check in bash
+        (tmp_path / "python3").write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / "python3").chmod(0o755)
+        env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    listed = subprocess.Popen(["sleep", "600"])
+    try:
+        start = _start_ticks(listed.pid)
+        signal_it = f'source "{SLURM}/common.sh" && signal_server "$1" "$2" TERM'
+        r = subprocess.run(["bash", "-c", signal_it, "_", str(listed.pid), str(start - 1)],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0, "a process that started later was signalled"
+        assert listed.poll() is None, f"signalled: {r.stderr}"
+        r = subprocess.run(["bash", "-c", signal_it, "_", str(listed.pid), str(start)],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert listed.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        listed.kill()
+        listed.wait()
+
+
 def test_epilog_does_not_block_on_a_fifo_in_the_run_dir(state_dir):
     job = FakeJob(state_dir)
     assert job.run("prolog.sh").returncode == 0

@@ -129,6 +129,31 @@ def test_different_pipelines_get_different_caches(server, session):
         CachedDataset(Images(8, transform=Normalize(3.0)), cache, name=a.cache.name)
 
 
+def test_a_name_given_to_the_cache_names_the_datasets_cache(server, session):
+    """CachedDataset(ds, DatasetCache(name="mnist")) caches in "mnist", as
+    CachedDataset(ds, name="mnist") does: the name was dropped for the
+    fingerprint's, silently, and the rows went to a cache the user never
+    named (`shmcache --list_sessions` showed no "mnist")."""
+    ds = CachedDataset(Images(8), DatasetCache(session, name="mnist"))
+    assert ds.cache.name == "mnist"
+    ds[3]
+    assert ds.flush(60)
+    assert ds.stats().name == "mnist" and ds.stats().mem_rows == 1
+    # The same name given twice is one name; two names are refused, with both.
+    assert CachedDataset(Images(8), DatasetCache(session, name="mnist"),
+                         name="mnist").cache.name == "mnist"
+    with pytest.raises(ValueError, match="name='val'.*'mnist'"):
+        CachedDataset(Images(8), DatasetCache(session, name="mnist"), name="val")
+    # A later assignment takes the name as the constructor does.
+    other = server.new_session()
+    ds.cache = DatasetCache(other, name="mnist-2")
+    assert ds.cache.name == "mnist-2" and ds.cache.session_id == other
+    # A cache the package named for another dataset is renamed for this one,
+    # as before: its name is that dataset's, not the user's.
+    b = CachedDataset(Images(9), ds.cache)
+    assert b.cache.name.startswith("fp-") and b.cache.session_id == other
+
+
 def test_daemon_killed_mid_epoch_finishes_from_source_with_one_warning(server, session):
     n = 1000   # 12 KB rows: several 4 MB chunks, so puts need the daemon again
     ds = CachedDataset(Images(n, side=64), DatasetCache(session))

@@ -131,6 +131,8 @@ class DatasetCache:
         self.prefetch_size: int | None = prefetch_size
         self.name: str = name
         self.fingerprint: str = fingerprint if fingerprint is not None else name
+        if name != "default":
+            self.given_name = name
         # The line its warnings name where no frame of the user's is on the
         # stack (shmcache._user_line).
         self.origin = user_line()
@@ -153,6 +155,10 @@ class DatasetCache:
     bypass_reason: str | None = None
     # Where it was made (set by __init__ and named(); travels with it).
     origin: Origin | None = None
+    # The name the user gave the constructor (not the default): the name
+    # CachedDataset gives the cache it makes of this one, as its name=.
+    # None on a copy named() made: that name is the package's choice.
+    given_name: str | None = None
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
@@ -199,6 +205,7 @@ class DatasetCache:
         state = self.__getstate__()
         state.pop("_told", None)   # another cache: warned about on its own,
         state.pop("_closed", None)  # and not closed
+        state.pop("given_name", None)
         other.__setstate__(state)
         other.name = name
         other.fingerprint = fingerprint if fingerprint is not None else name
@@ -301,6 +308,21 @@ class DatasetCache:
                                             hostname=self.hostname or "")
         return self._client
 
+    def _no_session(self) -> NotFoundError:
+        """The error for a session the server does not hold, naming the
+        server (a host may run one per port) and the commands for it."""
+        try:
+            port = int(self._connect().server_info()["port"])
+        except (Error, KeyError, TypeError, ValueError):
+            return NotFoundError(
+                f"Session {self.session_id} does not exist on the cache server; "
+                "list those it holds with `shmcache --list_sessions`, or create "
+                "one with `shmcache -g`.")
+        return NotFoundError(
+            f"Session {self.session_id} does not exist on the cache server on port "
+            f"{port}; list those it holds with `shmcache --list_sessions -p {port}`, "
+            f"or create one with `shmcache -g -p {port}`.")
+
     def _check_session(self) -> None:
         if self.session_id == 0:
             # Sessions are non-zero: 0 is what a launcher that could not make
@@ -313,9 +335,7 @@ class DatasetCache:
         try:
             self._connect().check_session(self.session_id)
         except NotFoundError:
-            raise NotFoundError(
-                f"Session {self.session_id} does not exist on the cache server; "
-                "create one with `shmcache -g`.") from None
+            raise self._no_session() from None
         except InvalidArgumentError:
             raise
         except Error as e:
@@ -348,10 +368,8 @@ class DatasetCache:
                 # and the fix; said once, without the status code's words.
                 said = str(e).removeprefix("Fingerprint mismatch: ")
                 raise FingerprintMismatchError(said[:1].upper() + said[1:]) from None
-            except NotFoundError as e:
-                raise NotFoundError(
-                    f"Session {self.session_id} does not exist on the cache "
-                    f"server: {e}") from None
+            except NotFoundError:
+                raise self._no_session() from None
             except InvalidArgumentError as e:
                 if self.spilling:
                     raise
@@ -475,7 +493,7 @@ class DatasetCache:
                for i in row_ids]
         if len(ids) != len(rows):
             raise ValueError(f"put_batch: {len(ids)} ids but {len(rows)} rows")
-        return self.put_encoded(ids, [encode(r) for r in rows], strict=True)
+        return self.put_encoded(ids, _shmcache.encode_all(rows), strict=True)
 
     def get_columns(self, row_id: int, columns: ColumnSelection = None,
                     copy: bool = True) -> list[Column] | None:

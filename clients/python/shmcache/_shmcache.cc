@@ -50,7 +50,6 @@ using shmcache::python::FromNumpy;
 using shmcache::python::g_gil;
 using shmcache::python::g_main_thread;
 using shmcache::python::Leaf;
-using shmcache::python::ParseColumns;
 using shmcache::python::ParsedColumns;
 using shmcache::python::ReleaseGil;
 using shmcache::python::RowBuilder;
@@ -175,29 +174,46 @@ py::capsule KeepAlive(const PyCachePtr& c) {
   return py::capsule(holder, [](void* p) { delete static_cast<PyCachePtr*>(p); });
 }
 
-// One row to put: the ColumnRefs over parsed columns.
-struct PutRow {
+// Rows to put: the ColumnRefs over their parsed columns, one run for
+// all rows.
+struct PutRows {
   ParsedColumns columns;
   std::vector<ColumnRef> refs;
+  std::vector<std::span<const ColumnRef>> rows;
 
-  void Parse(const py::list& list) {
-    ParseColumns(list, &columns);
-    refs.reserve(columns.views.size());
-    for (const ColumnView& c : columns.views) {
-      refs.push_back(ColumnRef{c.name, c.dtype, c.shape, c.data, c.nbytes});
+  // Parses one more row's columns: a list (cast raises what it raised for
+  // anything else).
+  void Add(py::handle list) {
+    if (PyList_Check(list.ptr())) {
+      columns.AddRow(py::reinterpret_borrow<py::list>(list));
+    } else {
+      columns.AddRow(py::reinterpret_borrow<py::object>(list).cast<py::list>());
+    }
+  }
+  // The refs of the rows added.
+  void Finish() {
+    refs.reserve(columns.arrays().size());
+    rows.reserve(columns.num_rows());
+    for (size_t r = 0; r < columns.num_rows(); ++r) {
+      const size_t begin = refs.size();
+      for (const ColumnView& c : columns.row(r)) {
+        refs.push_back(ColumnRef{c.name, c.dtype, c.shape, c.data, c.nbytes});
+      }
+      rows.emplace_back(refs.data() + begin, refs.size() - begin);
     }
   }
 };
 
 // put(id, [(name, dtype_name_or_None, array), ...]) -> inserted
 bool Put(PyCache& self, uint64_t id, const py::list& columns) REQUIRES(g_gil) {
-  PutRow row;
-  row.Parse(columns);
+  PutRows row;
+  row.Add(columns);
+  row.Finish();
   bool inserted = false;
   Status s;
   {
     ReleaseGil nogil;
-    s = self.cache->Put(id, row.refs, &inserted);
+    s = self.cache->Put(id, row.rows[0], &inserted);
   }
   Check(s);
   return inserted;
@@ -207,24 +223,30 @@ bool Put(PyCache& self, uint64_t id, const py::list& columns) REQUIRES(g_gil) {
 // a row that failed is False in the first list and has in the second the
 // exception put would have raised for it (an object, not raised). The
 // rows are copied into shared memory without the GIL; the arrays stay
-// alive meanwhile (PutRow::columns).
+// alive meanwhile (PutRows::columns).
 py::tuple PutBatch(PyCache& self, const std::vector<uint64_t>& ids, const py::list& rows)
     REQUIRES(g_gil) {
   if (rows.size() != ids.size()) {
     throw py::value_error("put_batch: " + std::to_string(ids.size()) + " ids but " +
                           std::to_string(rows.size()) + " rows");
   }
-  std::vector<PutRow> parsed(ids.size());
-  std::vector<std::span<const ColumnRef>> refs(ids.size());
+  PutRows parsed;
+  parsed.columns.Reserve(ids.size(), ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    parsed[i].Parse(rows[i].cast<py::list>());
-    refs[i] = parsed[i].refs;
+    // A column's conversion may run Python code (an __array__) that
+    // changes the list: its items are read with their bound checked.
+    if (static_cast<size_t>(PyList_GET_SIZE(rows.ptr())) <= i) {
+      throw py::value_error("put_batch: the rows list changed while it was read");
+    }
+    parsed.Add(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(rows.ptr(), i)));
   }
+  parsed.Finish();
   std::vector<Status> statuses(ids.size());
   std::unique_ptr<bool[]> inserted(new bool[ids.size()]);
   {
     ReleaseGil nogil;
-    self.cache->PutBatch(ids, refs, statuses, std::span(inserted.get(), ids.size()))
+    self.cache
+        ->PutBatch(ids, parsed.rows, statuses, std::span(inserted.get(), ids.size()))
         .PermitUncheckedError();  // in every statuses[i] too
   }
   py::list out(ids.size());
@@ -631,6 +653,8 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("SEGMENT_CARVED_AT") = offsetof(layout::SegmentHeader, carved);
   m.def("encode", &rows::Encode, py::arg("sample"),
         "The columns [(name, dtype, array)] that store `sample`.");
+  m.def("encode_all", &rows::EncodeAll, py::arg("samples"),
+        "[encode(s) for s in samples], in one call.");
   m.def("decode", &rows::Decode, py::arg("columns"), py::arg("torch") = false,
         "The sample a hit of `columns` is (tensors when torch).");
   m.def("stat_files", &shmcache::python::StatFiles, py::arg("entries"),

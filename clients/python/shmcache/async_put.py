@@ -192,8 +192,11 @@ class AsyncPutter:
         """Waits until no batch is being written with a store that
         redirect() replaced: then nothing of this putter uses an old store
         again. At most one put of the old store's (bounded by its server's
-        request timeout), never the queue."""
-        if self._pid != os.getpid():
+        request timeout), never the queue. On the writer thread itself (an
+        assignment made inside a put: a warnings hook, a finalizer the
+        collector ran there) it returns at once: the batch it would wait
+        for is the one that thread is writing."""
+        if self._pid != os.getpid() or threading.current_thread() is self._thread:
             return
         with self._cond:
             self._cond.wait_for(lambda: self._writing is None

@@ -423,25 +423,69 @@ py::list Encode(py::handle sample) {
   return out;
 }
 
-void ParseColumns(const py::list& columns, ParsedColumns* out) {
+py::list EncodeAll(const py::iterable& samples) {
+  py::list out;
+  for (py::handle s : samples) out.append(Encode(s));
+  return out;
+}
+
+namespace {
+// The array of a column: an array that is one already (a C-contiguous
+// ndarray, what encode makes) as it is, without numpy's conversion call
+// (PyArray_FromAny: a quarter of put_batch's instructions for a row).
+py::array ColumnArray(py::handle v) {
+  if (Py_TYPE(v.ptr()) == py::detail::npy_api::get().PyArray_Type_) {
+    auto a = py::reinterpret_borrow<py::array>(v);
+    if (a.flags() & py::array::c_style) return a;
+  }
+  return py::array::ensure(v, py::array::c_style);
+}
+
+DType ColumnType(py::handle dtype_obj, const py::array& a) {
+  if (dtype_obj.is_none()) return FromNumpy(a.dtype());
+  std::string cast;  // of a name that is not a str: cast raises its error
+  std::string_view name;
+  if (PyUnicode_Check(dtype_obj.ptr())) {
+    Py_ssize_t len = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(dtype_obj.ptr(), &len);
+    if (s == nullptr) throw py::error_already_set();
+    name = std::string_view(s, static_cast<size_t>(len));
+  } else {
+    cast = dtype_obj.cast<std::string>();
+    name = cast;
+  }
+  DType dt;
+  if (!DTypeFromName(name, &dt)) {
+    throw py::value_error("unknown dtype name: " + std::string(name));
+  }
+  return dt;
+}
+}  // namespace
+
+void ParsedColumns::Reserve(size_t rows, size_t columns) {
+  row_ends_.reserve(rows);
+  arrays_.reserve(columns);
+  tuples_.reserve(columns);
+  views_.reserve(columns);
+  dims_at_.reserve(columns);
+  dims_.reserve(columns * 3);
+}
+
+void ParsedColumns::AddRow(const py::list& columns) {
   size_t n = columns.size();
-  out->arrays.reserve(n);
-  out->shapes.reserve(n);
-  out->views.resize(n);
   for (size_t i = 0; i < n; ++i) {
     py::handle t = columns[i];
     if (!PyTuple_Check(t.ptr()) || PyTuple_GET_SIZE(t.ptr()) != 3) {
       throw py::value_error("a column is (name, dtype name or None, array)");
     }
     py::handle name_obj = PyTuple_GET_ITEM(t.ptr(), 0);
-    py::handle dtype_obj = PyTuple_GET_ITEM(t.ptr(), 1);
     Py_ssize_t len = 0;
     const char* s = PyUnicode_Check(name_obj.ptr())
                         ? PyUnicode_AsUTF8AndSize(name_obj.ptr(), &len)
                         : nullptr;
     if (s == nullptr) throw py::type_error("a column name is a str");
     std::string_view name(s, static_cast<size_t>(len));
-    py::array a = py::array::ensure(PyTuple_GET_ITEM(t.ptr(), 2), py::array::c_style);
+    py::array a = ColumnArray(PyTuple_GET_ITEM(t.ptr(), 2));
     if (!a) throw py::type_error("column '" + std::string(name) + "' is not an array");
     // Rows hold native values: a foreign byte order would read back as
     // other numbers.
@@ -450,21 +494,33 @@ void ParseColumns(const py::list& columns, ParsedColumns* out) {
                             "': the array is not in native byte order; convert "
                             "it first (a.astype(a.dtype.newbyteorder('=')))");
     }
-    DType dt;
-    if (dtype_obj.is_none()) {
-      dt = FromNumpy(a.dtype());
-    } else if (!DTypeFromName(dtype_obj.cast<std::string>(), &dt)) {
-      throw py::value_error("unknown dtype name: " + dtype_obj.cast<std::string>());
-    }
+    DType dt = ColumnType(PyTuple_GET_ITEM(t.ptr(), 1), a);
     if (DTypeSize(dt) != static_cast<size_t>(a.itemsize())) {
       throw py::value_error("column '" + std::string(name) +
                             "': array itemsize does not match its dtype");
     }
-    const auto& shape = out->shapes.emplace_back(a.shape(), a.shape() + a.ndim());
-    out->views[i] = ColumnView{name, dt, shape, static_cast<const std::byte*>(a.data()),
-                               static_cast<size_t>(a.nbytes())};
-    out->arrays.push_back(std::move(a));
+    // The shapes are copied (another thread may reshape an array while a
+    // put runs without the GIL); the views point into dims_, pointed again
+    // when it moves.
+    const int64_t* before = dims_.data();
+    const size_t at = dims_.size(), ndim = static_cast<size_t>(a.ndim());
+    dims_.insert(dims_.end(), a.shape(), a.shape() + ndim);
+    if (dims_.data() != before) {
+      for (size_t v = 0; v < views_.size(); ++v) {
+        views_[v].shape = std::span(dims_.data() + dims_at_[v], views_[v].shape.size());
+      }
+    }
+    dims_at_.push_back(at);
+    views_.push_back(ColumnView{name, dt, std::span(dims_.data() + at, ndim),
+                                static_cast<const std::byte*>(a.data()),
+                                static_cast<size_t>(a.nbytes())});
+    arrays_.push_back(std::move(a));
+    // The name is a view of the tuple's str: held, so that the list the
+    // tuple was in may change (another thread, while a put runs without
+    // the GIL) and the name stays.
+    tuples_.push_back(py::reinterpret_borrow<py::object>(t));
   }
+  row_ends_.push_back(views_.size());
 }
 
 std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
@@ -491,10 +547,10 @@ std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
 
 py::object Decode(const py::list& columns, bool torch) {
   ParsedColumns parsed;
-  ParseColumns(columns, &parsed);
-  std::vector<py::handle> bases(parsed.arrays.begin(), parsed.arrays.end());
+  parsed.AddRow(columns);
+  std::vector<py::handle> bases(parsed.arrays().begin(), parsed.arrays().end());
   RowBuilder b(torch ? Leaf::kTorch : Leaf::kNumpy, /*zero_copy=*/true);
-  py::object row = b.Build(parsed.views, bases, false);
+  py::object row = b.Build(parsed.row(0), bases, false);
   b.Copy();
   return row;
 }

@@ -35,10 +35,20 @@ the copy's), and waited for at most READ_SECONDS (30 s;
 $SHMCACHE_IDENTITY_SECONDS): a dataset whose reads wait until
 DataLoader's workers read too (PyTorch's own test_worker_seed) would
 otherwise block the process making the CachedDataset for good. Past the
-bound the dataset has no identity (UnknownContents); the thread is left
-to end when its read does, and neither it nor the reads leave a trace in
-the RNGs. A read that raises there (a handle bound to the thread that
-opened it: sqlite3's connection) is tried once more in the calling thread.
+bound the dataset has no identity (UnknownContents): the caller's RNGs
+are put back as they were, nothing more is seeded or read, and the thread
+is left to end when the sample it is reading does (stopped anywhere in
+the dataset's code, it could leave a lock or a semaphore held that
+DataLoader's workers wait for). That sample, once its wait ends, stops at
+its first call into torch or into numpy's or Python's global RNG, which
+raises there (a profile function of the reading thread, _stops_draws): a
+draw then would come from the caller's RNGs, between the caller's own
+draws, and torch's default generator gives DataLoader's workers their
+seeds. A thread that already has a profile function (threading.setprofile)
+keeps it, without that stop. The profile function costs a read of many
+small Python calls up to 4x its time (decoding in C: nothing). A read
+that raises there (a handle bound to the thread that opened it:
+sqlite3's connection) is tried once more in the calling thread.
 
 Taken once per CachedDataset (or CachedIterableDataset) made, in the
 process that makes it: DataLoader workers receive the cache name with the
@@ -53,8 +63,9 @@ import itertools
 import os
 import pickle
 import random
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,7 +73,7 @@ import numpy as np
 
 from .._shmcache import stat_files
 
-__all__ = ["content_identity", "SAMPLES", "UnknownContents", "read_seconds"]
+__all__ = ["content_identity", "SAMPLES", "UnknownContents"]
 
 SAMPLES = 8                      # samples hashed when a dataset lists no files
 _FILE_LISTS = ("samples", "imgs", "files", "paths")
@@ -165,8 +176,10 @@ def positions(n: int, k: int = SAMPLES) -> list[int]:
     return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)})
 
 
-class _Abandoned(Exception):
-    """The caller stopped waiting for this read: it seeds nothing more."""
+class _Abandoned(BaseException):
+    """The caller stopped waiting for this read: it seeds nothing more, and
+    stops at its next call into an RNG (_stops_draws). A BaseException: a
+    dataset's `except Exception` lets it through."""
 
 
 class _Rngs:
@@ -196,6 +209,10 @@ class _Rngs:
             if not self._abandoned:
                 self._put_back()
 
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned
+
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True
@@ -218,7 +235,38 @@ def _seeded(rngs: _Rngs, seed: int) -> Iterator[None]:
         rngs.restore()
 
 
-def read_seconds() -> float:
+def _stops_draws(rngs: _Rngs) -> Callable[[Any, str, Any], None]:
+    """A profile function (sys.setprofile) for the thread that reads for
+    `rngs`: once they are abandoned, the read's next call of a builtin of
+    torch (any: a generator's, a tensor's, torch's functions), of numpy's
+    global RandomState or of Python's global Random raises _Abandoned, as if
+    that call had raised, before it draws. The sample being read when the
+    caller gave up goes on once its wait ends (stopping a thread anywhere
+    else could leave a lock or semaphore of the dataset held, that
+    DataLoader's workers wait for); a draw of it would come from the
+    caller's RNGs, between the caller's own draws: torch's default generator
+    gives DataLoader's workers their seeds."""
+    import torch
+    # The global Random and RandomState: what their module's functions are
+    # bound to.
+    globals_ = (getattr(random.random, "__self__", None),
+                getattr(np.random.random, "__self__", None))
+
+    def draws(fn: Any) -> bool:
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and (any(owner is g for g in globals_ if g is not None)
+                                  or isinstance(owner, (torch.Tensor, torch.Generator))):
+            return True
+        module = getattr(fn, "__module__", None)
+        return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and rngs.abandoned and draws(arg):
+            raise _Abandoned
+    return profile
+
+
+def _read_seconds() -> float:
     """$SHMCACHE_IDENTITY_SECONDS (a positive number), else READ_SECONDS."""
     v = os.environ.get("SHMCACHE_IDENTITY_SECONDS")
     try:
@@ -239,8 +287,8 @@ def _contents_digest(ds: Any, rngs: _Rngs) -> str:
 
 def _read_contents(dataset: Any) -> str:
     """_contents_digest on a thread of its own over a shallow copy of the
-    dataset, waited for at most read_seconds() (the module says why)."""
-    seconds = read_seconds()
+    dataset, waited for at most _read_seconds() (the module says why)."""
+    seconds = _read_seconds()
     try:
         target = copy.copy(dataset)
     except Exception:   # noqa: BLE001 -- not copyable: read the dataset itself
@@ -249,12 +297,19 @@ def _read_contents(dataset: Any) -> str:
     got: dict[str, Any] = {}
 
     def read() -> None:
+        # A profiler of the user's (threading.setprofile) is left alone.
+        guard = sys.getprofile() is None
+        if guard:
+            sys.setprofile(_stops_draws(rngs))
         try:
             got["digest"] = _contents_digest(target, rngs)
         except _Abandoned:
             pass
         except BaseException as e:   # noqa: BLE001 -- handed to the caller
             got["error"] = e
+        finally:
+            if guard:
+                sys.setprofile(None)
 
     reader = threading.Thread(target=read, name="shmcache-identity", daemon=True)
     try:

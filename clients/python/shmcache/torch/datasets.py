@@ -42,6 +42,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -79,6 +80,7 @@ def _forget_in_worker() -> None:
     _in_worker = None
     for ds in list(_datasets):   # their copy decision was the parent's
         ds._forget_hit_path()
+        ds._settle_after_fork()
 
 
 # Every CachedDataset of this process, for _forget_in_worker.
@@ -94,8 +96,8 @@ os.register_at_fork(after_in_child=_forget_in_worker)
 
 def _cache_to_set(ds: CachedDataset | CachedIterableDataset, value: Any) -> DatasetCache:
     """The cache that `ds.cache = value` sets: as the constructor takes its
-    cache= (value's session and size, the dataset's name, checked at open
-    here), or for None (the user turns caching off) the cache's settings
+    cache= (value's session and size, the dataset's name or value's given
+    one, checked at open here), or for None (the user turns caching off) the cache's settings
     bypassed, quietly: every later read goes to the source, nothing is
     stored, here and in the DataLoader workers started from now on. The
     constructor's own assignment (no cache yet) is value as it is."""
@@ -129,9 +131,11 @@ class CachedDataset(Dataset):
     images as PIL images).
 
     cache: a shmcache.DatasetCache (its session and size are used; the name
-      is this dataset's); default DatasetCache(), the session of
-      $SHMCACHE_SESSION_ID. `ds.cache = other` later is taken the same
-      way (other's session and size, this dataset's name, checked at the
+      is this dataset's, or the one given to its constructor,
+      DatasetCache(name=...), which counts as name=); default
+      DatasetCache(), the session of $SHMCACHE_SESSION_ID.
+      `ds.cache = other` later is taken the same way (other's session and
+      size, this dataset's name or other's given one, checked at the
       assignment); `ds.cache = None` turns caching off: every
       sample is read from the dataset, nothing is stored, no CacheWarning
       (an INFO line on the "shmcache" logger); ds.cache is then this cache
@@ -176,7 +180,10 @@ class CachedDataset(Dataset):
       where it is as much this dataset's row; the one batch being written
       ends in the old cache before the assignment returns, and nothing of
       the dataset uses the old cache afterwards (it may be closed at once);
-      stats()["async_puts"] goes on counting. A dataset the script drops
+      stats()["async_puts"] goes on counting. Assignments made by several
+      threads at once take effect one after another: the last one is
+      ds.cache, and the rows go there; a process forked during one (a
+      DataLoader worker) has the old cache or the new one, whole. A dataset the script drops
       is freed at once (the thread does not hold it): its thread writes
       the rows queued, then ends.
       async_puts=False stores every miss before returning it,
@@ -202,6 +209,8 @@ class CachedDataset(Dataset):
     # Whether a batch's samples are read and transformed one at a time
     # (rows of PIL images under a transform; see __getitems__).
     _one_by_one: bool = False
+    # Orders the assignments of `cache` (__setattr__); each process's own.
+    _switching: threading.RLock
 
     def __init__(self, dataset: Any, cache: DatasetCache | None = None,
                  name: str | None = None,
@@ -235,6 +244,7 @@ class CachedDataset(Dataset):
                             f"CachedIterableDataset(source, cache) under a DataLoader")
         self.dataset = dataset
         self._name = name   # for a cache set later (_cache_to_set)
+        object.__setattr__(self, "_switching", threading.RLock())   # see __setattr__
         self.cache = cache_for_dataset(dataset, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform
@@ -251,19 +261,36 @@ class CachedDataset(Dataset):
         open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
 
     def __setattr__(self, name: str, value: Any) -> None:
-        putter = None
-        if name == "cache":
+        if name != "cache":
+            super().__setattr__(name, value)
+            if name in _READ_SETTINGS:
+                self._forget_hit_path()
+            return
+        # One assignment at a time, from the cache's opening to the writer
+        # redirected and the cache set: the last one to take the lock is
+        # ds.cache, and the writer's store is that cache's (two at once had
+        # left ds.cache one cache and the rows going to the other).
+        with self._switching:
             value = _cache_to_set(self, value)
             putter = getattr(self, "_putter", None)   # None in __init__
             if putter is not None:
                 # Before the new cache is seen: a row computed for it is
                 # never stored in the old one.
                 putter.redirect(functools.partial(_store_rows, value), value.origin)
-        super().__setattr__(name, value)
-        if name in _READ_SETTINGS:
+            super().__setattr__(name, value)
             self._forget_hit_path()
         if putter is not None:
             putter.wait_redirected()
+
+    def _settle_after_fork(self) -> None:
+        """In a child forked while an assignment of `cache` ran on another
+        thread of the parent (which the child does not have): the child's
+        lock is free, and its writer stores into the cache the child's
+        ds.cache shows, the old or the new one, never the other."""
+        object.__setattr__(self, "_switching", threading.RLock())
+        putter = getattr(self, "_putter", None)
+        if putter is not None:
+            putter.redirect(functools.partial(_store_rows, self.cache), self.cache.origin)
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
@@ -293,11 +320,13 @@ class CachedDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_putter"] = None
+        state.pop("_switching", None)   # a lock: each copy has its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():    # not __dict__.update: see _forget_hit_path
             object.__setattr__(self, k, v)
+        object.__setattr__(self, "_switching", threading.RLock())
         self._putter = self._new_putter()
         self._forget_hit_path()
         _datasets.add(self)
@@ -411,7 +440,7 @@ class CachedDataset(Dataset):
         plain = self.transform is None and self.target_transform is None and \
             self.transforms is None
         if not plain and any(_has_pil(row) for row in rows):
-            self.__dict__["_one_by_one"] = True
+            object.__setattr__(self, "_one_by_one", True)   # see _forget_hit_path
         # The batch's misses are stored together, also when a later row of
         # the batch raises (rows computed are not lost): with async puts
         # queued at once (one lock, at most one wake-up of the writer),

@@ -110,7 +110,11 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                       bypass_unknown: bool = False) -> DatasetCache:
     """The DatasetCache (not opened) that CachedDataset(dataset, cache, name)
     uses: cache's session and size (default DatasetCache(): the session of
-    $SHMCACHE_SESSION_ID). Without `name`, the cache is named by the
+    $SHMCACHE_SESSION_ID). A name given to cache's constructor
+    (DatasetCache(name="mnist")) is taken as `name` (ValueError when `name`
+    is another); a cache the package named for a dataset (another
+    CachedDataset's .cache) brings only its session and size. Without
+    `name`, the cache is named by the
     dataset's description (dataset_fingerprint) and its contents
     (shmcache.torch.dataset_identity: its files' sizes and mtimes, or a few
     samples), so two datasets that differ in either never share a cache;
@@ -128,6 +132,12 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                         f"{type(cache).__name__}")
     if name is not None and not isinstance(name, str):
         raise TypeError("name must be a str")
+    if cache.given_name is not None:
+        if name is not None and name != cache.given_name:
+            raise ValueError(
+                f"two names for one cache: name={name!r} and the name of the "
+                f"DatasetCache given, {cache.given_name!r}; pass one of them")
+        name = cache.given_name
     desc = dataset_fingerprint(dataset)
     if not allow_random and _RANDOM_TRANSFORM.search(desc):
         raise ValueError(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import pickle
 from time import perf_counter as _now
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -136,7 +136,9 @@ def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
 class RowExchange:
     """One rank's side of the exchange (see the module doc).
 
-    cache: this node's DatasetCache (the rows this node owns), or None.
+    cache: gives this node's DatasetCache (the rows this node owns), or
+      None, as it is now: PartitionedLoader's is its dataset's (`ds.cache =
+      other` or None is followed from the next round on).
     owners: the RowOwners every rank uses.
     group: the process group of all ranks the rounds run on (gloo: tensors
       are on the CPU); RowExchange.new_group() makes one, and must be called
@@ -148,8 +150,8 @@ class RowExchange:
       the serving.
     """
 
-    def __init__(self, cache: DatasetCache | None, owners: RowOwners, group: Any,
-                 local_world_size: int) -> None:
+    def __init__(self, cache: Callable[[], DatasetCache | None], owners: RowOwners,
+                 group: Any, local_world_size: int) -> None:
         self.cache = cache
         self.owners = owners
         self.group = group
@@ -192,8 +194,9 @@ class RowExchange:
         """The rank this rank asks for rows of `node`."""
         return node * self.local_world_size + self.local_rank
 
-    def _alive(self) -> bool:
-        return self.cache is not None and not self.cache.bypassed
+    @staticmethod
+    def _alive(cache: DatasetCache | None) -> bool:
+        return cache is not None and not cache.bypassed
 
     def round(self, requests: dict[int, list[int]],
               pushes: dict[int, tuple[list[int], list[Any]]], done: bool,
@@ -218,6 +221,7 @@ class RowExchange:
         was the last round of the epoch). `epoch` must be the same on every
         rank (a mismatch raises: ranks iterate different epochs)."""
         t0 = _now()
+        cache = self.cache()    # one cache for the round
         self.rounds += 1
         w = self.world
         header = torch.zeros(w, _HEADER, dtype=torch.int64)
@@ -232,7 +236,7 @@ class RowExchange:
         # round where every rank says done moves nothing at all, and every
         # rank knows it from the headers alone.
         header[:, 2] = int(done and not push_bufs and not any(requests.values()))
-        header[:, 3] = int(self._alive())
+        header[:, 3] = int(self._alive(cache))
         header[:, 4] = self.rounds
         header[:, 5] = epoch
         got = torch.empty_like(header)
@@ -288,14 +292,14 @@ class RowExchange:
                 put_ids += ids
                 put_rows += rows
             o += pb
-        if put_ids and self.cache is not None:
+        if put_ids and cache is not None:
             # Not strict: a row this cache refuses is the sender's to deliver.
             self.rows_put_for_others += sum(
-                self.cache.put_encoded(put_ids, put_rows, strict=False))
+                cache.put_encoded(put_ids, put_rows, strict=False))
         flat = [i for ids in asked for i in ids]
         # Zero-copy reads: each row is copied once, into the send buffer.
-        found = (self.cache.get_batch_columns(flat, copy=False)
-                 if self.cache is not None and flat else [None] * len(flat))
+        found = (cache.get_batch_columns(flat, copy=False)
+                 if cache is not None and flat else [None] * len(flat))
         answers: list[_Packed | None] = []
         o = 0
         for r in range(w):

@@ -62,6 +62,10 @@ next iter(loader), close() or the iterator's close().
 A node whose server is gone (the cache bypassed: one CacheWarning from
 DatasetCache) serves nothing: every rank computes that node's rows from the
 wrapped dataset and nobody waits on it.
+
+The node's cache is the CachedDataset's of now: `ds.cache = other` (or
+None, caching off: the node then serves nothing, as a dead server's) is
+followed from the next window on, as DataLoader and CachedLoader follow it.
 """
 
 from __future__ import annotations
@@ -175,7 +179,9 @@ class PartitionedLoader:
         owners = RowOwners(len(ds), dist.get_world_size() // local_world_size
                            if local_world_size > 0 else 0, seed)
         group = group if group is not None else RowExchange.new_group()
-        self.exchange = RowExchange(ds.cache, owners, group, local_world_size)
+        # The dataset's cache of now, each round: `ds.cache = other` (or
+        # None) is followed, as DataLoader(ds) and CachedLoader follow it.
+        self.exchange = RowExchange(lambda: ds.cache, owners, group, local_world_size)
         self.rows = PartitionedRows(ds, self.exchange, num_workers)
         self._epochs = 0
         self._active: weakref.ref[Generator[Any, None, None]] | None = None

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import DatasetCache
 from ..datasets import CachedDataset
 from .._misses import Columns, MissWorkers, Sample, compute_rows
 from .exchange import RowExchange
@@ -39,7 +40,6 @@ class PartitionedRows:
     def __init__(self, cds: CachedDataset, exchange: RowExchange,
                  num_workers: int = 0) -> None:
         self.cds = cds
-        self.cache = cds.cache
         self.exchange = exchange
         self.owners = exchange.owners
         self.node = exchange.node
@@ -63,12 +63,19 @@ class PartitionedRows:
         with self._lock:
             return dict(self.counters)
 
+    @property
+    def cache(self) -> DatasetCache:
+        """This node's cache: the dataset's of now (`cds.cache = other`, or
+        None, between or during passes is followed, window by window)."""
+        return self.cds.cache
+
     def owned(self, index: int) -> bool:
         """Whether this node owns row `index` (its cache is where it goes)."""
         return self.owners.owner(index) == self.node
 
-    def _alive(self) -> bool:
-        return self.cache is not None and not self.cache.bypassed
+    @staticmethod
+    def _alive(cache: DatasetCache) -> bool:
+        return not cache.bypassed
 
     # ---- the exchange ----------------------------------------------------
 
@@ -141,12 +148,12 @@ class PartitionedRows:
         """The rows of each batch of a window: this node's from its cache,
         the others' from `remote` (the window's round), the rest computed
         (this node's put into its cache, the others' pushed)."""
+        cache = self.cache      # one cache for the window
         idx = [i for b in batches for i in b]
         rows: list[Any] = [None] * len(idx)
         mine = [k for k, i in enumerate(idx) if self.owned(i)]
-        if mine and self._alive():
-            assert self.cache is not None
-            for k, r in zip(mine, self.cache.get_batch_columns([idx[k] for k in mine])):
+        if mine and self._alive(cache):
+            for k, r in zip(mine, cache.get_batch_columns([idx[k] for k in mine])):
                 rows[k] = r
         local = sum(rows[k] is not None for k in mine)
         got_remote = 0
@@ -166,9 +173,8 @@ class PartitionedRows:
                 put_rows.append(r)
             else:
                 self.push(idx[k], r)
-        if put_ids and self._alive():
-            assert self.cache is not None
-            self.cache.put_encoded(put_ids, put_rows, strict=False)
+        if put_ids and self._alive(cache):
+            cache.put_encoded(put_ids, put_rows, strict=False)
         self.count(local_hits=local, remote_hits=got_remote, misses=len(missing))
         ends = np.cumsum([len(b) for b in batches]).tolist()
         return [rows[e - len(b):e] for b, e in zip(batches, ends)]

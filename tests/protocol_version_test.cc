@@ -1,0 +1,89 @@
+// A client of another protocol version (another build of shmcache, after
+// an upgrade with the old server still running) is told so by the daemon,
+// in a frame of the daemon's version, before the daemon closes: it saw
+// only "connection closed" and the daemon's log had the reason.
+#include "format/protocol.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/test_server.h"
+
+namespace shmcache::test {
+namespace {
+
+int ConnectTo(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{.tv_sec = 30, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Reads n bytes, or fewer when the peer closes first.
+size_t ReadUpTo(int fd, std::byte* out, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = recv(fd, out + got, n - got, 0);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
+TEST(ProtocolVersionTest, AClientOfAnotherVersionIsToldWhyBeforeTheClose) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const int fd = ConnectTo(server.socket_path());
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  protocol::FrameHeader h;
+  h.version = protocol::kProtocolVersion + 1;
+  h.type = static_cast<uint16_t>(protocol::MsgType::kHello);
+  std::array<std::byte, protocol::kFrameHeaderBytes> out{};
+  protocol::EncodeFrameHeader(h, out.data());
+  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(out.size()));
+
+  std::array<std::byte, protocol::kFrameHeaderBytes> in{};
+  ASSERT_EQ(ReadUpTo(fd, in.data(), in.size()), in.size())
+      << "the connection was closed without an answer";
+  protocol::FrameHeader answer;
+  ASSERT_TRUE(protocol::DecodeFrameHeader(in, &answer).ok());
+  EXPECT_EQ(answer.version, protocol::kProtocolVersion);
+  EXPECT_EQ(answer.type, h.type | protocol::kResponseBit);
+  std::string body(answer.body_len, '\0');
+  ASSERT_EQ(ReadUpTo(fd, reinterpret_cast<std::byte*>(body.data()), body.size()),
+            body.size());
+  protocol::WireReader r(
+      std::span(reinterpret_cast<const std::byte*>(body.data()), body.size()));
+  const Status said = protocol::ReadStatus(r);
+  EXPECT_TRUE(said.IsNotSupported()) << said.ToString();
+  EXPECT_NE(said.message().find(
+                "protocol version " + std::to_string(protocol::kProtocolVersion + 1) +
+                " differs from " + std::to_string(protocol::kProtocolVersion)),
+            std::string::npos)
+      << said.ToString();
+  EXPECT_NE(said.message().find("matching client and server builds"), std::string::npos);
+  // Then closed, and the server goes on serving clients of its version.
+  std::byte more{};
+  EXPECT_EQ(ReadUpTo(fd, &more, 1), 0u);
+  close(fd);
+  EXPECT_NE(server.NewSession(), 0u);
+}
+
+}  // namespace
+}  // namespace shmcache::test
