@@ -78,6 +78,7 @@ void CacheImpl::Close() {
   if (closed_.exchange(true)) return;
   stats_.Release();
   writer_.ReturnChunks();
+  reader_use_.Drop();
 }
 
 }  // namespace shmcache

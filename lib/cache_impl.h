@@ -26,6 +26,7 @@
 #include "lib/chunk_writer.h"
 #include "lib/client_impl.h"
 #include "lib/segment_set.h"
+#include "lib/spill_reader.h"
 #include "lib/spill_stage.h"
 #include "lib/stats_lanes.h"
 #include "lib/table_set.h"
@@ -164,6 +165,9 @@ class CacheImpl {
   StatsLanes stats_;
   ChunkWriter writer_;  // writes into segments_ and tables_, counts into stats_
   SpillStage stage_;    // rows to disk
+  // Keeps the instance's spill reader open from this cache's first spilled
+  // read until Close (the reader goes with the process's last such use).
+  SpillReader::Use reader_use_;
 };
 
 }  // namespace shmcache

@@ -30,7 +30,8 @@ bool AdoptSpilled(uint64_t id, std::span<const std::byte> bytes, Row* row) {
 
 void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
                              Status* statuses) {
-  std::shared_ptr<SpillReader> reader = SpillReader::ForInstance(client_->paths());
+  std::shared_ptr<SpillReader> reader =
+      SpillReader::ForInstance(client_->paths(), &reader_use_);
   if (!reader) return FetchSpilledFromDaemon(ids, rows, statuses);
   std::unique_ptr<bool[]> got(new bool[ids.size()]);
   // Positions still to read, and their ids.

@@ -31,9 +31,14 @@ class NullLogger : public rocksdb::Logger {
   void Logv(const char*, va_list) override {}
 };
 
+}  // namespace
+
+namespace spill_reader_internal {
+
 struct Entry {
   std::shared_ptr<SpillReader> reader;
   int64_t retry_at_ms = 0;  // when reader is null: when to try again
+  int64_t uses = 0;         // SpillReader::Use claims on it; the entry goes at 0
 };
 
 // Readers by spill record path. After fork() the parent's readers are left
@@ -51,6 +56,13 @@ struct Readers {
   uint64_t fork_gen = ForkGeneration();
   std::map<std::string, Entry> by_record;  // GUARDED_BY(mu)
 };
+
+}  // namespace spill_reader_internal
+
+namespace {
+
+using spill_reader_internal::Entry;
+using spill_reader_internal::Readers;
 
 Readers& TheReaders() {
   static Readers* readers = new Readers;  // never destroyed (see fork_safety.h)
@@ -111,19 +123,51 @@ ValueBuffers& TheValueBuffers() {
 
 }  // namespace
 
-std::shared_ptr<SpillReader> SpillReader::ForInstance(const InstancePaths& paths) {
+std::shared_ptr<SpillReader> SpillReader::Use::UnclaimLocked(Readers& r) {
+  const bool ours = held_ && fork_gen_ == r.fork_gen;
+  held_ = false;
+  if (!ours) return nullptr;
+  auto it = r.by_record.find(key_);
+  if (it == r.by_record.end() || --it->second.uses > 0) return nullptr;
+  std::shared_ptr<SpillReader> last = std::move(it->second.reader);
+  r.by_record.erase(it);
+  return last;
+}
+
+void SpillReader::Use::Drop() {
+  Readers& r = TheReaders();
+  std::shared_ptr<SpillReader> closing;  // closes after the lock is released
+  std::lock_guard lock(r.mu);
+  ForgetInheritedLocked(r);
+  dropped_ = true;
+  closing = UnclaimLocked(r);
+}
+
+std::shared_ptr<SpillReader> SpillReader::ForInstance(const InstancePaths& paths,
+                                                      Use* use) {
   Readers& r = TheReaders();
   const std::string key = paths.SpillRecordFile();
+  std::shared_ptr<SpillReader> unclaimed;  // closes after the lock is released
   {
     std::lock_guard lock(r.mu);
     ForgetInheritedLocked(r);
+    if (use && !use->dropped_ &&
+        !(use->held_ && use->fork_gen_ == r.fork_gen && use->key_ == key)) {
+      unclaimed = use->UnclaimLocked(r);  // another instance's, or the parent's
+      ++r.by_record[key].uses;
+      use->key_ = key;
+      use->fork_gen_ = r.fork_gen;
+      use->held_ = true;
+    }
     auto it = r.by_record.find(key);
     if (it != r.by_record.end() &&
         (it->second.reader || NowMs() < it->second.retry_at_ms)) {
       return it->second.reader;
     }
     // Nobody else opens it meanwhile: they see a null reader until then.
-    r.by_record[key] = Entry{nullptr, NowMs() + kRetryOpenMs};
+    Entry& e = r.by_record[key];
+    e.reader = nullptr;
+    e.retry_at_ms = NowMs() + kRetryOpenMs;
   }
   // Opened outside the lock: it reads the database's manifest (tens of ms).
   std::unique_ptr<SpillReader> opened;
@@ -132,7 +176,13 @@ std::shared_ptr<SpillReader> SpillReader::ForInstance(const InstancePaths& paths
   std::shared_ptr<SpillReader> reader(std::move(opened));
   std::lock_guard lock(r.mu);
   ForgetInheritedLocked(r);
-  if (reader) r.by_record[key] = Entry{reader, 0};
+  // Kept for later calls unless its last claim went meanwhile: then it
+  // serves this call alone.
+  auto it = r.by_record.find(key);
+  if (reader && it != r.by_record.end()) {
+    it->second.reader = reader;
+    it->second.retry_at_ms = 0;
+  }
   return reader;
 }
 
@@ -142,7 +192,8 @@ void SpillReader::Forget(const InstancePaths& paths, const SpillReader* stale) {
   ForgetInheritedLocked(r);
   auto it = r.by_record.find(paths.SpillRecordFile());
   if (it != r.by_record.end() && it->second.reader.get() == stale) {
-    it->second = Entry{nullptr, NowMs() + kRetryOpenMs};
+    it->second.reader = nullptr;
+    it->second.retry_at_ms = NowMs() + kRetryOpenMs;
   }
 }
 

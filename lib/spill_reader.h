@@ -55,12 +55,48 @@ class FoundRow {
   void (*call_)(void*, size_t, std::span<const std::byte>);
 };
 
+namespace spill_reader_internal {
+struct Readers;  // the process's readers, by instance (spill_reader.cc)
+}  // namespace spill_reader_internal
+
 class SpillReader {
  public:
+  // A cache handle's claim on the reader of its instance. The reader holds
+  // the table files and logs of its view open (and the table files
+  // mapped), also once the daemon deleted them (a destroyed cache's rows
+  // compacted away): it lets go of them at its next catch-up, or when it
+  // closes. It closes once no claim on it is left in the process: a
+  // process that read spilled rows and closed its caches holds none of the
+  // database's disk space. A claim made before fork() counts for nothing
+  // in the child. Drop is idempotent; no claim is made after it.
+  class Use {
+   public:
+    Use() = default;
+    ~Use() { Drop(); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    void Drop();
+
+   private:
+    friend class SpillReader;
+    // Gives the claim up, when it is one of this process: the reader, when
+    // this was the last claim on it (the caller lets it close outside the
+    // registry's lock), else null. Called with the registry's lock held.
+    std::shared_ptr<SpillReader> UnclaimLocked(spill_reader_internal::Readers& r);
+    // Guarded by the registry's lock.
+    std::string key_;        // the instance whose reader is claimed, if held_
+    uint64_t fork_gen_ = 0;  // the process generation that claimed it
+    bool held_ = false;
+    bool dropped_ = false;
+  };
+
   // The process's reader of the instance's spill database (the one the
   // daemon's spill record names), opened on first use; null when there is
   // none or it cannot be opened, then tried again at most once a second.
-  static std::shared_ptr<SpillReader> ForInstance(const InstancePaths& paths);
+  // With `use`, claims the instance's reader for it (a claim on another
+  // instance's reader is given up).
+  static std::shared_ptr<SpillReader> ForInstance(const InstancePaths& paths,
+                                                  Use* use = nullptr);
   // Forgets the instance's reader when it is `stale` (it failed to answer):
   // the next ForInstance reads the spill record again.
   static void Forget(const InstancePaths& paths, const SpillReader* stale);

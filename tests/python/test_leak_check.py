@@ -11,7 +11,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 
-from conftest import BUILD, PYTHONPATH, ROOT
+from conftest import BUILD, PYTHONPATH, ROOT, wait_for
 
 INNER = '''
 import subprocess, sys
@@ -175,6 +175,11 @@ def test_the_cpp_run_check_kills_no_process_given_a_tagged_pid_since():
     spec.loader.exec_module(cpp)
     p = subprocess.Popen(["sleep", "600"], env=dict(os.environ, SHMCACHE_LEAK_TAG="x"))
     try:
+        # Until the child has exec'd, its environment is this process's.
+        def tagged():
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                return b"SHMCACHE_LEAK_TAG=x" in f.read().split(b"\0")
+        wait_for(tagged, what="the child's exec with its tag")
         cpp.kill_if_tagged(p.pid, b"SHMCACHE_LEAK_TAG=y")
         assert p.poll() is None, "a process without the run's tag was killed"
         cpp.kill_if_tagged(p.pid, b"SHMCACHE_LEAK_TAG=x")

@@ -1,43 +1,65 @@
-"""The loader's threads end before the interpreter finalizes.
+"""The loader's threads end before the interpreter finalizes, or wait
+outside torch for the process to end.
 
-A CachedLoader pass's threads and its miss pool's threads (the one that
-runs the workers' DataLoader, the one that reads their answers) are daemon
-threads: a pass never closed must not hold its process's exit. But a
-daemon thread that is inside a call into torch (most let the GIL go) when
-the interpreter begins to finalize is ended by CPython (pthread_exit) as it
-takes the GIL back, and that unwinding through torch's C++ aborts the whole
-process: "terminate called without an active exception", after the
-script's last line. The pool's thread calls torch until the DataLoader of
-its workers has shut them down, which spawned workers make last: a trainer
-that ended right after its last pass aborted now and then.
+A CachedLoader pass's threads, its miss pool's threads (the one that runs
+the workers' DataLoader, the one that reads their answers) and a
+PartitionedLoader pass's exchange thread are daemon threads: a pass never
+closed must not hold its process's exit. But a daemon thread that is
+inside a call into torch (most let the GIL go) when the interpreter begins
+to finalize is ended by CPython (pthread_exit) as it takes the GIL back,
+and that unwinding through torch's C++ aborts the whole process:
+"terminate called without an active exception", after the script's last
+line. The pool's thread calls torch until the DataLoader of its workers
+has shut them down, which spawned workers make last; the exchange thread
+of a pass whose iterator the script kept waits in gloo for the other
+ranks' next round.
 
 So at exit (an atexit hook: after the script and its non-daemon threads,
 before the hooks that torch and multiprocessing registered when they were
-imported, which mark the exit and terminate the workers) every pass and
-pool of this process still open is closed, and their threads are waited
-for, EXIT_JOIN_S at most in all: an exit never hangs on a row that does not
-end (a thread still running then is left to the exit, as before).
+imported, which mark the exit and terminate the workers):
 
-Thread safety: end_at_exit() may be called from any thread.
+1. every pass, pool and exchange of this process still open is stopped
+   (stop(): returns at once or after a bounded wait), and their threads
+   are waited for, EXIT_JOIN_S at most in all: an exit never hangs on a
+   row, or on another rank, that does not end;
+2. then the torch sections close (torch_section): a thread of ours that
+   waits on torch for long (an exchange round waiting for another rank)
+   does it inside a section, in slices (between_slices()); once no thread
+   is inside one (SECTION_CLOSE_S at most: a slice), none enters one again
+   and a thread that tries waits there, outside torch (a Python lock, the
+   GIL let go), until the process ends. What it had asked of torch
+   (gloo's work) goes on in torch's own threads; the thread's frames keep
+   the tensors that work holds, so those threads free none (freeing a
+   tensor whose Python object went first takes the GIL).
+
+A thread still inside a torch call after both bounds (a user's dataset
+computing a row on a loader thread) is left to the exit, as before.
+
+Thread safety: every function may be called from any thread.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["EXIT_JOIN_S", "end_at_exit"]
+__all__ = ["EXIT_JOIN_S", "SECTION_CLOSE_S", "end_at_exit", "exiting",
+           "torch_section", "between_slices"]
 
 EXIT_JOIN_S = 10.0
+SECTION_CLOSE_S = 2.0
 
 
 class Stoppable(Protocol):
-    def close(self) -> None:
-        """Stops the threads (they end after what they compute)."""
+    def stop(self) -> None:
+        """Stops the threads (they end after what they compute); returns at
+        once or after a bounded wait."""
 
     def started_threads(self) -> list[threading.Thread]:
         """The threads started so far."""
@@ -47,9 +69,14 @@ _open: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _lock = threading.Lock()
 _hooked = False     # the hook is registered (a forked child inherits it)
 
+# The torch sections: threads inside one, and whether they closed (exit).
+_sections = threading.Condition()
+_inside = 0
+_closed = False
+
 
 def end_at_exit(owner: Stoppable) -> None:
-    """At this process's exit, `owner` is closed and its threads are waited
+    """At this process's exit, `owner` is stopped and its threads are waited
     for (see the module); held weakly."""
     global _hooked
     with _lock:
@@ -59,25 +86,83 @@ def end_at_exit(owner: Stoppable) -> None:
             atexit.register(_end_all)
 
 
+def exiting() -> bool:
+    """Whether the exit hook has closed the torch sections: a thread of ours
+    may then never end, and nothing may wait for it."""
+    return _closed
+
+
+@contextlib.contextmanager
+def torch_section() -> Iterator[None]:
+    """A stretch of a thread of ours that calls torch and may wait on it for
+    long: its waits must be slices with between_slices() after each. Once
+    the exit hook closed the sections, entering one waits for the process's
+    end."""
+    global _inside
+    with _sections:
+        _refuse_in_main_thread()
+        while _closed:
+            _sections.wait()
+        _inside += 1
+    try:
+        yield
+    finally:
+        with _sections:
+            _inside -= 1
+            _sections.notify_all()
+
+
+def between_slices() -> None:
+    """In a torch section, between two calls: where the exit hook may close
+    the sections (the thread then waits here for the process's end)."""
+    global _inside
+    with _sections:
+        if not _closed:
+            return
+        _refuse_in_main_thread()
+        _inside -= 1
+        _sections.notify_all()
+        while True:
+            _sections.wait()
+
+
+def _refuse_in_main_thread() -> None:
+    """The thread that finalizes must not wait for the end: it would never
+    come (a pass started in a later exit hook, or in a finalizer)."""
+    if _closed and threading.current_thread() is threading.main_thread():
+        raise RuntimeError("the interpreter is exiting: shmcache's torch sections are closed")
+
+
+def _close_sections(timeout: float) -> None:
+    global _closed
+    with _sections:
+        _closed = True
+        _sections.wait_for(lambda: _inside == 0, timeout)
+
+
 def _end_all() -> None:
     deadline = time.monotonic() + EXIT_JOIN_S
     with _lock:
         owners = list(_open)
     for owner in owners:
-        owner.close()
+        owner.stop()
     me = threading.current_thread()
     for owner in owners:
         for t in owner.started_threads():
             if t is not me:
                 t.join(max(0.0, deadline - time.monotonic()))
+    _close_sections(SECTION_CLOSE_S)
 
 
 def _forget_in_child() -> None:
     """A forked child has none of its parent's threads (nor, perhaps, a
     free lock)."""
-    global _lock
+    global _lock, _sections, _inside, _closed
     _lock = threading.Lock()
     _open.clear()
+    _sections = threading.Condition()
+    _inside = 0
+    _closed = False
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

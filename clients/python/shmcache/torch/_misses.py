@@ -494,6 +494,8 @@ class MissWorkers:
             if t is not me:
                 t.join(max(0.0, deadline - time.monotonic()))
 
+    stop = close   # the exit hook's (_exit_threads): bounded, JOIN_S
+
     # ---- inside ---------------------------------------------------------
 
     def _start_locked(self) -> None:

@@ -342,6 +342,8 @@ class Pipeline:
         with self.cond:
             self.ready.clear()
 
+    stop = close   # the exit hook's (_exit_threads): bounded, _JOIN_S
+
 
 def _weakly(method: Callable[[], Any], gone: Any) -> Callable[[], Any]:
     """`method` of an object not kept alive by the callable (`gone` once

@@ -17,7 +17,9 @@ job's default group may be NCCL), four all_to_all_single calls per round:
 Every rank of the group calls round() the same number of times: a rank
 that has nothing to ask calls it with done=True and still answers; the
 round in which every rank says done (everyone knows it after step 1) is the
-last, and it moves no bytes.
+last, and it moves no bytes. A round is a torch section (_exit_threads):
+each call's wait for the other ranks is taken in slices, between which the
+trainer's exit may stop the thread, outside torch.
 
 Rows travel in the cache's own row encoding, the columns [(name, dtype
 name, array)] that DatasetCache.get_columns returns and put_columns takes
@@ -32,6 +34,7 @@ each 8-byte aligned.
 from __future__ import annotations
 
 import pickle
+from datetime import timedelta
 from time import perf_counter as _now
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +46,7 @@ import torch.distributed as dist
 
 from ... import DatasetCache
 from ... import rows as row_model
+from .._exit_threads import between_slices, torch_section
 from .ownership import RowOwners
 
 __all__ = ["RowExchange", "pack_rows", "unpack_rows"]
@@ -50,6 +54,7 @@ __all__ = ["RowExchange", "pack_rows", "unpack_rows"]
 _HEADER = 6          # int64 per (sender, receiver) in step 1
 _LEN = 8             # bytes of the description's length
 _ALIGN = 8           # every array starts at a multiple of this in a buffer
+_SLICE = timedelta(milliseconds=50)   # one wait for other ranks, at most (_a2a)
 
 
 def _contiguous(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -129,8 +134,24 @@ def unpack_rows(buf: npt.NDArray[np.uint8]) -> tuple[list[int], list[Any]]:
 
 
 def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
-         in_splits: list[int] | None, group: Any) -> None:
-    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+         in_splits: list[int] | None, group: Any, passed: list[torch.Tensor]) -> None:
+    """all_to_all_single, waited for in slices (the round is a torch
+    section: _exit_threads): a wait for another rank can last as long as
+    that rank's step, and a thread inside torch's wait when the interpreter
+    finalizes aborts the process as it returns. The tensors are appended
+    to `passed` (see RowExchange.round)."""
+    passed += (out, inp)
+    work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=group,
+                                  async_op=True)
+    while True:
+        try:
+            work.wait(_SLICE)
+            return
+        except RuntimeError:
+            if work.is_completed():   # failed, or done as the slice ended
+                work.wait()           # raises the failure
+                return
+        between_slices()
 
 
 class RowExchange:
@@ -184,6 +205,7 @@ class RowExchange:
         # each rank, received from each rank); what a bare all_to_all_single
         # of the same bytes moves (benchmarks/multinode_bench.py).
         self.last_sizes: tuple[list[int], list[int]] = ([], [])
+        self._held: list[torch.Tensor] = []   # the last round's (round())
 
     @staticmethod
     def new_group() -> Any:
@@ -204,15 +226,25 @@ class RowExchange:
         if self.broken:
             raise RuntimeError("an earlier exchange round failed; the ranks "
                                "are out of step")
+        passed: list[torch.Tensor] = []
         try:
-            return self._round(requests, pushes, done, epoch)
+            with torch_section():
+                return self._round(requests, pushes, done, epoch, passed)
         except BaseException:
             self.broken = True
             raise
+        finally:
+            # gloo's thread lets go of a call's tensors just after the wait
+            # for it returns: a tensor whose Python object went first is
+            # freed there, which takes the GIL, and aborts the process if
+            # the interpreter is finalizing (the last round of a thread
+            # that ends as the trainer exits). Kept until the next round
+            # ends, or with the exchange.
+            self._held = passed
 
     def _round(self, requests: dict[int, list[int]],
                pushes: dict[int, tuple[list[int], list[Any]]], done: bool,
-               epoch: int) -> tuple[dict[int, list[Any]], bool]:
+               epoch: int, passed: list[torch.Tensor]) -> tuple[dict[int, list[Any]], bool]:
         """One round: asks rank r for the rows requests[r] (ids its node
         owns), hands rank r the computed rows pushes[r] to put, answers the
         others from this node's cache. Rows are columns (see the module).
@@ -240,7 +272,7 @@ class RowExchange:
         header[:, 4] = self.rounds
         header[:, 5] = epoch
         got = torch.empty_like(header)
-        _a2a(got, header, None, None, self.group)
+        _a2a(got, header, None, None, self.group, passed)
         if (got[:, 4] != self.rounds).any() or (got[:, 5] != epoch).any():
             raise RuntimeError(
                 f"rank {self.rank}: the ranks are out of step (round "
@@ -274,7 +306,7 @@ class RowExchange:
                 sendbuf[o:o + len(b)] = b
                 o += len(b)
         recvbuf = torch.empty(sum(recv_sizes), dtype=torch.uint8)
-        _a2a(recvbuf, send_t, recv_sizes, send_sizes, self.group)
+        _a2a(recvbuf, send_t, recv_sizes, send_sizes, self.group, passed)
         recv = recvbuf.numpy()
 
         # Puts first (rows others computed for this node), then answers.
@@ -325,10 +357,10 @@ class RowExchange:
         asz = torch.tensor([0 if a is None else a.nbytes for a in answers],
                            dtype=torch.int64)
         rsz = torch.empty_like(asz)
-        _a2a(rsz, asz, None, None, self.group)
+        _a2a(rsz, asz, None, None, self.group, passed)
         out_sizes = rsz.tolist()
         back = torch.empty(sum(out_sizes), dtype=torch.uint8)
-        _a2a(back, send, out_sizes, asz.tolist(), self.group)
+        _a2a(back, send, out_sizes, asz.tolist(), self.group, passed)
         self.last_sizes = (asz.tolist(), out_sizes)
         self.bytes_sent += int(send.numel())
         self.bytes_received += int(back.numel())

@@ -30,7 +30,9 @@ closes the epoch's rounds; a failed round (the ranks out of step, a rank
 gone) ends it at once, no round after it; a failed round that no consumer
 takes (a window's, the loop left before it; a closing one, stopped or
 after an error handed) is one CacheWarning. close() stops and joins: it
-returns once every rank has finished the epoch.
+returns once every rank has finished the epoch. At exit the hook of
+_exit_threads stops the feed and waits for the thread a bounded time; a
+thread still in a round then stops in it (the round is a torch section).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 
 from ... import CacheWarning
 from ..._user_line import user_line, warn
+from .._exit_threads import end_at_exit, exiting
 from ..batch_source import BatchReport, batch_ids
 from .window_rows import PartitionedRows
 
@@ -114,7 +117,11 @@ class WindowFeed:
         in its thread, as DataLoader draws it; None: no batch) and the
         sampler's iterator of the others."""
         self._batches = batches if first is None else itertools.chain([first], batches)
+        end_at_exit(self)
         self._thread.start()
+
+    def started_threads(self) -> list[threading.Thread]:
+        return [self._thread] if self._thread.ident is not None else []
 
     # ---- consumer side ---------------------------------------------------
 
@@ -146,11 +153,13 @@ class WindowFeed:
 
     def close(self) -> None:
         """stop(), then waits for the thread: every rank has finished the
-        epoch when it returns."""
+        epoch when it returns. Not at exit: the exit hook (_exit_threads)
+        waited for it a bounded time already, and may have parked it."""
         self.stop()
-        if self._thread.ident is None:   # never started: the epoch's rounds
-            self.start(None, iter(()))   # are owed all the same
-        self._thread.join()
+        if not exiting():
+            if self._thread.ident is None:   # never started: the epoch's
+                self.start(None, iter(()))   # rounds are owed all the same
+            self._thread.join()
         with self._cond:
             e, self._error = self._error, None
         if e is not None and self._round_failed:

@@ -57,7 +57,10 @@ batches and keeps answering the other ranks' requests, with nothing of its
 own, until every rank is done; the break (or close, or the next iter())
 returns then. With `for batch in loader: ... break` this happens when the
 loop's iterator is dropped; with an iterator kept in a variable, at the
-next iter(loader), close() or the iterator's close().
+next iter(loader), close() or the iterator's close(). At the trainer's exit
+a pass still open (its iterator kept) ends so too, but the exit waits for
+the other ranks at most a bound (_exit_threads: then the others' next
+round fails, as for a rank gone).
 
 A node whose server is gone (the cache bypassed: one CacheWarning from
 DatasetCache) serves nothing: every rank computes that node's rows from the
