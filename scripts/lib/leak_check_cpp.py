@@ -6,10 +6,13 @@
 Runs COMMAND with SHMCACHE_LEAK_TAG=<unique> in its environment, which
 every process it starts inherits. Afterwards, what counts as left behind:
 - a live process carrying that tag (a daemon or child the test forgot);
-- a /dev/shm entry of the kinds the tests make (see _OURS) that appeared
-  while the test ran and is not in use by a server (its port or --shm_dir)
-  that is not the test's own, live at the end or seen while the test ran,
-  nor of a port whose host lock names a run dir the tests do not make.
+- a /dev/shm entry of the kinds the tests make (see shm_entries) that
+  appeared while the test ran and is not in use by a server (its port or
+  --shm_dir) that is not the test's own, live at the end or seen while the
+  test ran, nor of a port whose host lock names a run dir this run's tests
+  did not make. The shm dirs the tests make carry the tag in their name
+  (tests/support/files.h, TaggedPrefix): another run's, made while this
+  one ran and not served yet (or no more), is not taken for a leftover.
 Both are reported, then killed or removed. Appends one JSON line
 {"name", "result": "OK"|"FAIL", "why"} to RESULTS.jsonl and exits non-zero
 when the test failed or leaked. Used by scripts/stress-tests.sh, a test at
@@ -68,15 +71,20 @@ def option(cmd, name):
     return ""
 
 
-# What the C++ tests' daemons and support code make in /dev/shm: instance
-# files and host locks (shmcache.<uid>.<port>.*, .shmcache.<uid>.<port>.lock)
-# and temporary shm dirs (tests/support). Other shmcache-* entries (a fuzz
-# run's, say) belong to other runs on the host.
-_OURS = re.compile(r"^(\.?shmcache\.\d+\.\d+\.|shmcache-rel\.|shmcache-test)")
+# What the C++ tests' daemons make in /dev/shm: instance files and host
+# locks (shmcache.<uid>.<port>.*, .shmcache.<uid>.<port>.lock), told from
+# other runs' by the servers that use them (see main).
+_INSTANCE = re.compile(r"^\.?shmcache\.\d+\.\d+\.")
 
 
-def shm_entries():
-    return {n for n in os.listdir(SHM) if _OURS.match(n)}
+def shm_entries(tag):
+    """The entries of /dev/shm the tests make: instance files and host
+    locks, and the temporary shm dirs tests/support makes under this
+    check, named shmcache-test.<tag>.* or shmcache-rel.<tag>.*. Other
+    shmcache-* entries (a fuzz run's, another run's tests', a Python
+    run's) belong to other runs on the host."""
+    dirs = re.compile(rf"^shmcache-(test|rel)\.{tag}\.")
+    return {n for n in os.listdir(SHM) if _INSTANCE.match(n) or dirs.match(n)}
 
 
 class OthersServers(threading.Thread):
@@ -148,11 +156,12 @@ def kill_if_tagged(pid, marker):
             os.close(fd)
 
 
-def made_by_the_tests(run_dir):
-    """Whether a server's run dir is one the C++ tests make: under this
-    run's SHMCACHE_RUN_DIR (TestServer) or a TestDaemon's
-    /tmp/shmcache-reld.* dir."""
-    roots = [r for r in (os.environ.get("SHMCACHE_RUN_DIR"), "/tmp/shmcache-reld.") if r]
+def made_by_the_tests(run_dir, tag):
+    """Whether a server's run dir is one this run's C++ tests made: under
+    its SHMCACHE_RUN_DIR (TestServer) or a TestDaemon's
+    /tmp/shmcache-reld.<tag>.* dir."""
+    roots = [r for r in (os.environ.get("SHMCACHE_RUN_DIR"), f"/tmp/shmcache-reld.{tag}.")
+             if r]
     return any(run_dir.startswith(r) for r in roots)
 
 
@@ -173,7 +182,7 @@ def main():
     cmd = sys.argv[sys.argv.index("--") + 1:]
     tag = uuid.uuid4().hex
     marker = f"SHMCACHE_LEAK_TAG={tag}".encode()
-    before = shm_entries()
+    before = shm_entries(tag)
     others = OthersServers(marker)
     others.look()
     others.start()
@@ -190,7 +199,7 @@ def main():
     while True:
         procs = processes()
         ours = {p: v for p, v in procs.items() if marker in v[2].split(b"\0")}
-        new = shm_entries() - before
+        new = shm_entries(tag) - before
         if not ours and not new or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -213,7 +222,7 @@ def main():
             continue
         # A server gone before anyone saw it: its lock names its run dir.
         owner_dir = lock_run_dir(int(m.group(1))) if m else ""
-        if owner_dir and not made_by_the_tests(owner_dir):
+        if owner_dir and not made_by_the_tests(owner_dir, tag):
             continue
         leaked_files.append(path)
     why = [f"process {p} ({' '.join(v[1])[:200]})" for p, v in ours.items()]

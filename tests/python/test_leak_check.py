@@ -104,11 +104,15 @@ def test_the_cpp_run_check_passes_a_clean_run_with_its_exit_status(tmp_path):
 
 
 def test_the_cpp_run_check_fails_on_a_process_or_shm_dir_left_and_removes_them(tmp_path):
-    shm = f"/dev/shm/shmcache-test-lkcpp.{os.getpid()}.{tmp_path.name}"
-    pid_file = tmp_path / "pid"
+    # Named as tests/support names a C++ test's shm dir under the check
+    # (files.h, TaggedPrefix).
+    shm = f"/dev/shm/shmcache-test.$SHMCACHE_LEAK_TAG.lkcpp{os.getpid()}"
+    pid_file, made = tmp_path / "pid", tmp_path / "made"
     try:
         rc, case, out = _cpp_run_check(
-            tmp_path, f"mkdir {shm}; sleep 600 >/dev/null 2>&1 & echo $! >{pid_file}; exit 0")
+            tmp_path, f"mkdir {shm}; echo {shm} >{made}; "
+                      f"sleep 600 >/dev/null 2>&1 & echo $! >{pid_file}; exit 0")
+        shm = made.read_text().strip()
         assert rc == 0, out
         failure = case.find("failure")
         assert failure is not None, out
@@ -118,6 +122,28 @@ def test_the_cpp_run_check_fails_on_a_process_or_shm_dir_left_and_removes_them(t
         assert _gone(pid), f"process {pid} still runs"
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_the_cpp_run_check_leaves_another_runs_shm_dirs(tmp_path):
+    """Another run on the host (a C++ run under its own check, or one
+    without a check) makes its tests' shm dirs while this run's check
+    runs, and has no server in them yet (or none any more): they are not
+    this run's leftovers. The check used to take every new shmcache-test*
+    and shmcache-rel.* dir for its own and removed another run's test
+    server's dir before that server started ('shared-memory directory ...
+    is not writable: No such file or directory')."""
+    others = [f"/dev/shm/shmcache-test.{os.getpid()}{tmp_path.name[-6:]}",
+              f"/dev/shm/shmcache-rel.{os.getpid()}{tmp_path.name[-6:]}",
+              f"/dev/shm/shmcache-test.0123456789abcdef.{os.getpid()}"]
+    try:
+        rc, case, out = _cpp_run_check(tmp_path, "mkdir " + " ".join(others))
+        assert rc == 0, out
+        assert case.find("failure") is None, out
+        for d in others:
+            assert os.path.isdir(d), f"{d} removed: {out}"
+    finally:
+        for d in others:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_clean_up_kills_no_process_given_a_leftovers_pid_since():

@@ -81,7 +81,8 @@ struct Owner {
       TestDaemon::Options opts;
       if (c.kind == Kind::kTestDaemonAsNobody) {
         opts.uid = kNobody;
-        opts.shm_dir = MakeTempDir("/dev/shm", "shmcache-rel");  // one it may write
+        opts.shm_dir =
+            MakeTempDir("/dev/shm", TaggedPrefix("shmcache-rel"));  // one it may write
         if (opts.shm_dir.empty() || chmod(opts.shm_dir.c_str(), 01777) != 0) return false;
       }
       if (!d->Start(opts).ok()) return false;

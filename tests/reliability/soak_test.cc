@@ -154,12 +154,12 @@ int Churner(const TestDaemon& d, const RowMaker& m, Shared* sh) {
       return 3;
     }
     for (uint64_t id = 0; id < 500; ++id) {
-      if (!m.Put(*cache, id).ok()) sh->Fail("churn put");
+      if (Status p = m.Put(*cache, id); !p.ok()) sh->Fail("churn put: " + p.ToString());
     }
     sh->churn_session.store(sid);
     usleep(50000);  // a short-lived dataset; readers come and go meanwhile
     cache.reset();
-    if (!c->DestroySession(sid).ok()) sh->Fail("destroy");
+    if (Status d = c->DestroySession(sid); !d.ok()) sh->Fail("destroy: " + d.ToString());
     sh->sessions_churned.fetch_add(1);
   }
   return 0;

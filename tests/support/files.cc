@@ -47,9 +47,14 @@ std::string MakeTempDir(const std::string& parent, const std::string& prefix) {
   return dir;
 }
 
+std::string TaggedPrefix(const std::string& kind) {
+  const char* tag = std::getenv("SHMCACHE_LEAK_TAG");
+  return tag != nullptr && *tag != '\0' ? kind + "." + tag : kind;
+}
+
 TempDir::TempDir(const std::string& parent) {
   std::string error;
-  path_ = MakeDir(parent, "shmcache-rel", &error);
+  path_ = MakeDir(parent, TaggedPrefix("shmcache-rel"), &error);
   if (path_.empty()) {
     fprintf(stderr, "%s\n", error.c_str());
     std::abort();

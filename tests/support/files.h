@@ -13,8 +13,18 @@ std::string TestTmpRoot();
 // when it cannot be made.
 std::string MakeTempDir(const std::string& parent, const std::string& prefix);
 
-// A directory made with mkdtemp under `parent` (the process aborts when it
-// cannot be made); removed recursively by the destructor.
+// The name prefix of a directory the tests make where other test runs on
+// the host make theirs (/dev/shm; kind: "shmcache-test", "shmcache-rel",
+// "shmcache-reld"): kind.<tag> under a leak check, which sets
+// SHMCACHE_LEAK_TAG (scripts/lib/leak_check_cpp.py) and takes only the
+// dirs that carry its tag for its own; kind otherwise. Another run's dir,
+// made while the check ran and with no server in it yet, is not this
+// run's leftover.
+std::string TaggedPrefix(const std::string& kind);
+
+// A directory made with mkdtemp under `parent`, named
+// TaggedPrefix("shmcache-rel").XXXXXX (the process aborts when it cannot
+// be made); removed recursively by the destructor.
 class TempDir {
  public:
   explicit TempDir(const std::string& parent = "/tmp");

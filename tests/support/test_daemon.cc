@@ -49,7 +49,7 @@ TestDaemon::TestDaemon() {
   do {
     port_ = 20000 + static_cast<int>(rd() % 40000);
   } while (PortTakenOnHost(port_));
-  std::string tmpl = "/tmp/shmcache-reld.XXXXXX";
+  std::string tmpl = "/tmp/" + TaggedPrefix("shmcache-reld") + ".XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();
   base_dir_ = tmpl;
   run_dir_ = base_dir_ + "/run";
@@ -132,7 +132,7 @@ Status TestDaemon::Start(const Options& o) {
     return Status::OK();
   }
   if (o.shm_dir.empty()) {
-    std::string tmpl = "/dev/shm/shmcache-rel.XXXXXX";
+    std::string tmpl = "/dev/shm/" + TaggedPrefix("shmcache-rel") + ".XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) {
       return Status::FromErrno("mkdtemp /dev/shm", errno);
     }

@@ -41,7 +41,7 @@ TestServer::TestServer(ServerOptions options) : options_(std::move(options)) {
   }
   shm_dir_ = options_.shm_dir;
   if (shm_dir_.empty()) {
-    shm_dir_ = MakeTempDir("/dev/shm", "shmcache-test");
+    shm_dir_ = MakeTempDir("/dev/shm", TaggedPrefix("shmcache-test"));
     own_shm_dir_ = true;
   }
   port_ = options_.port ? options_.port : PickPort(run_dir_);
