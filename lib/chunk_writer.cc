@@ -113,6 +113,9 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     s = Lease(static_cast<int>(node), size, &c);
     if (!s.ok()) {
       if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
+      // A row refused for want of a chunk is a refusal too: full stays
+      // full for this writer (the chunk's room is not used after it).
+      if (s.IsFull()) refused_ = true;
       *lease_failed = true;
       return s;
     }

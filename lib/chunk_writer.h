@@ -85,9 +85,10 @@ class ChunkWriter {
   // With a `refusal` (the cache is full: it leases no more chunks), a row
   // that the chunk held does not fit gets that refusal, with *lease_failed
   // true, and the daemon is not asked, and so does every later row while
-  // the cache stays full (full stays full for a writer, on any node); one
-  // that fits before is written as ever (the room is this process's,
-  // counted against the budget already).
+  // the cache stays full (full stays full for a writer, on any node), as
+  // after a row whose lease the daemon refused as Full; one that fits
+  // before is written as ever (the room is this process's, counted against
+  // the budget already).
   Status Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed,
                const Status* refusal = nullptr);
