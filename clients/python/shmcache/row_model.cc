@@ -474,7 +474,10 @@ void ParsedColumns::Reserve(size_t rows, size_t columns) {
 void ParsedColumns::AddRow(const py::list& columns) {
   size_t n = columns.size();
   for (size_t i = 0; i < n; ++i) {
-    py::handle t = columns[i];
+    // Held from here: the array's conversion below may run Python code
+    // (an __array__) that empties the list, which held the tuple alone,
+    // and the name and dtype read from it must stay.
+    py::object t = columns[i];
     if (!PyTuple_Check(t.ptr()) || PyTuple_GET_SIZE(t.ptr()) != 3) {
       throw py::value_error("a column is (name, dtype name or None, array)");
     }
@@ -518,7 +521,7 @@ void ParsedColumns::AddRow(const py::list& columns) {
     // The name is a view of the tuple's str: held, so that the list the
     // tuple was in may change (another thread, while a put runs without
     // the GIL) and the name stays.
-    tuples_.push_back(py::reinterpret_borrow<py::object>(t));
+    tuples_.push_back(std::move(t));
   }
   row_ends_.push_back(views_.size());
 }
