@@ -164,8 +164,24 @@ def draw_numpy():
     return float(np.random.rand())
 
 
-@pytest.mark.parametrize("draw", [draw_torch, random.random, draw_numpy],
-                         ids=["torch", "random", "numpy"])
+def draw_again_past_a_bare_except():
+    """A dataset's retry: its first draw stopped, it tries once more."""
+    try:
+        return random.random()
+    except:  # noqa: E722 -- what the dataset does
+        return random.random()
+
+
+def seed_numpy():
+    """A per-sample seed of numpy's global RNG (np.random.seed(index)), a
+    module function of numpy's, not a method of its RandomState."""
+    np.random.seed(1)
+    return 0.0
+
+
+@pytest.mark.parametrize("draw", [draw_torch, random.random, draw_numpy,
+                                  draw_again_past_a_bare_except, seed_numpy],
+                         ids=["torch", "random", "numpy", "bare-except", "numpy-seed"])
 def test_a_read_given_up_draws_nothing_from_the_trainers_rngs_once_let_go(
         session, monkeypatch, draw):
     """The sample being read when the caller gave up goes on on its thread

@@ -40,13 +40,17 @@ are put back as they were, nothing more is seeded or read, and the thread
 is left to end when the sample it is reading does (stopped anywhere in
 the dataset's code, it could leave a lock or a semaphore held that
 DataLoader's workers wait for). That sample, once its wait ends, stops at
-its first call into torch or into numpy's or Python's global RNG, which
-raises there (a profile function of the reading thread, _stops_draws): a
-draw then would come from the caller's RNGs, between the caller's own
-draws, and torch's default generator gives DataLoader's workers their
-seeds. A thread that already has a profile function (threading.setprofile)
-keeps it, without that stop. The profile function costs a read of many
-small Python calls up to 4x its time (decoding in C: nothing). A read
+its first call into torch or into numpy's or Python's global RNG (a seed
+too), which raises there, and at every such call after it (a profile
+function of the reading thread, _stops_draws, that stays when a dataset
+catches what it raised): a draw then would come from the caller's RNGs,
+between the caller's own draws, and torch's default generator gives
+DataLoader's workers their seeds. A thread that already has a profile
+function (threading.setprofile) keeps it, without that stop. The profile
+function runs Python at each call of a builtin: a read made of small
+builtin calls takes several times its time (3-5x measured; a third to a
+half of what sys.setprofile's cost, called at every call and return), a
+read that decodes in C nothing more. A read
 that raises there (a handle bound to the thread that opened it:
 sqlite3's connection) is tried once more in the calling thread.
 
@@ -71,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from .._shmcache import stat_files
+from .._shmcache import stat_files, stop_calls
 
 __all__ = ["content_identity", "SAMPLES", "UnknownContents"]
 
@@ -235,17 +239,19 @@ def _seeded(rngs: _Rngs, seed: int) -> Iterator[None]:
         rngs.restore()
 
 
-def _stops_draws(rngs: _Rngs) -> Callable[[Any, str, Any], None]:
-    """A profile function (sys.setprofile) for the thread that reads for
-    `rngs`: once they are abandoned, the read's next call of a builtin of
-    torch (any: a generator's, a tensor's, torch's functions), of numpy's
-    global RandomState or of Python's global Random raises _Abandoned, as if
-    that call had raised, before it draws. The sample being read when the
-    caller gave up goes on once its wait ends (stopping a thread anywhere
-    else could leave a lock or semaphore of the dataset held, that
-    DataLoader's workers wait for); a draw of it would come from the
-    caller's RNGs, between the caller's own draws: torch's default generator
-    gives DataLoader's workers their seeds."""
+def _stops_draws(rngs: _Rngs) -> Callable[[Any], None]:
+    """The check (_shmcache.stop_calls) of the thread that reads for `rngs`:
+    once they are abandoned, the read's every call of a builtin of torch
+    (any: a generator's, a tensor's, torch's functions), of numpy's global
+    RandomState or numpy.random's functions (seed, sample) or of Python's
+    global Random raises _Abandoned, as if that call had raised, before it
+    draws or seeds. The sample being read when the caller gave up goes on
+    once its wait ends (stopping a thread anywhere else could leave a lock
+    or semaphore of the dataset held, that DataLoader's workers wait for); a
+    draw of it would come from the caller's RNGs, between the caller's own
+    draws: torch's default generator gives DataLoader's workers their seeds.
+    The stop stays after it raised: a dataset that catches it (a bare
+    `except:`) and draws again is stopped again."""
     import torch
     # The global Random and RandomState: what their module's functions are
     # bound to.
@@ -258,12 +264,17 @@ def _stops_draws(rngs: _Rngs) -> Callable[[Any, str, Any], None]:
                                   or isinstance(owner, (torch.Tensor, torch.Generator))):
             return True
         module = getattr(fn, "__module__", None)
-        return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+        if not isinstance(module, str):
+            return False
+        # numpy.random's own functions (seed, sample, set_bit_generator)
+        # reach the global RandomState from C, where no call is seen.
+        return module == "torch" or module.startswith("torch.") or \
+            (owner is None and module == "numpy.random.mtrand")
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_call" and rngs.abandoned and draws(arg):
+    def check(fn: Any) -> None:
+        if rngs.abandoned and draws(fn):
             raise _Abandoned
-    return profile
+    return check
 
 
 def _read_seconds() -> float:
@@ -300,7 +311,7 @@ def _read_contents(dataset: Any) -> str:
         # A profiler of the user's (threading.setprofile) is left alone.
         guard = sys.getprofile() is None
         if guard:
-            sys.setprofile(_stops_draws(rngs))
+            stop_calls(_stops_draws(rngs))
         try:
             got["digest"] = _contents_digest(target, rngs)
         except _Abandoned:
