@@ -441,6 +441,13 @@ py::array ColumnArray(py::handle v) {
   return py::array::ensure(v, py::array::c_style);
 }
 
+// Whether an array's items are (or hold) Python objects: kind 'O', or a
+// structured dtype with an object field.
+bool HoldsObjects(const py::dtype& d) {
+  const char kind = d.kind();
+  return kind == 'O' || (kind == 'V' && d.attr("hasobject").cast<bool>());
+}
+
 DType ColumnType(py::handle dtype_obj, const py::array& a) {
   if (dtype_obj.is_none()) return FromNumpy(a.dtype());
   std::string cast;  // of a name that is not a str: cast raises its error
@@ -490,6 +497,13 @@ void ParsedColumns::AddRow(const py::list& columns) {
     std::string_view name(s, static_cast<size_t>(len));
     py::array a = ColumnArray(PyTuple_GET_ITEM(t.ptr(), 2));
     if (!a) throw py::type_error("column '" + std::string(name) + "' is not an array");
+    // Whatever dtype name comes with it: its bytes are the objects'
+    // addresses, which every process of the session would read as numbers.
+    if (HoldsObjects(a.dtype())) {
+      throw py::type_error("column '" + std::string(name) +
+                           "' holds Python objects (dtype object), which a row "
+                           "cannot hold: convert them to numbers first");
+    }
     // Rows hold native values: a foreign byte order would read back as
     // other numbers.
     if (!IsNative(a.dtype())) {
