@@ -8,6 +8,7 @@ lazily stays the copy's; a handle bound to the thread that opened it
 (sqlite3's) still reads."""
 
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -201,6 +202,30 @@ def test_a_read_given_up_draws_nothing_from_the_trainers_rngs_once_let_go(
     wait_for(_identity_reader_ended, what="the abandoned read to end")
     assert what_the_trainer_draws() == expected
     assert ds.drew == []
+
+
+def test_a_read_interrupted_by_ctrl_c_is_given_up(session, monkeypatch):
+    """Ctrl-C while CachedDataset waits for its identity read (a notebook's
+    interrupted cell): the read is given up as at the bound. It went on,
+    read every sample and put back the RNGs of before the call at each,
+    undoing the seeds the user set after the interrupt."""
+    seed_as_a_script_does()
+    expected = what_the_trainer_draws()
+    monkeypatch.setenv("SHMCACHE_IDENTITY_SECONDS", "60")
+    ds = Held()
+    main = threading.main_thread().ident
+
+    def interrupt():
+        assert wait_for(lambda: ds.reads, what="the identity read to start")
+        signal.pthread_kill(main, signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        cache_for_dataset(ds, DatasetCache(session))
+    seed_as_a_script_does()
+    ds.go.set()
+    wait_for(_identity_reader_ended, what="the interrupted read to end")
+    assert what_the_trainer_draws() == expected
+    assert ds.reads == [0]      # nothing more was read once given up
 
 
 class OpensLazily(Dataset):

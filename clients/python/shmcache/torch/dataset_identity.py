@@ -35,7 +35,8 @@ the copy's), and waited for at most READ_SECONDS (30 s;
 $SHMCACHE_IDENTITY_SECONDS): a dataset whose reads wait until
 DataLoader's workers read too (PyTorch's own test_worker_seed) would
 otherwise block the process making the CachedDataset for good. Past the
-bound the dataset has no identity (UnknownContents): the caller's RNGs
+bound the dataset has no identity (UnknownContents; a KeyboardInterrupt
+of the wait gives the read up the same way, and is raised): the caller's RNGs
 are put back as they were, nothing more is seeded or read, and the thread
 is left to end when the sample it is reading does (stopped anywhere in
 the dataset's code, it could leave a lock or a semaphore held that
@@ -327,7 +328,13 @@ def _read_contents(dataset: Any) -> str:
         reader.start()
     except RuntimeError:   # no thread to be had: read here, unbounded
         return _contents_digest(dataset, rngs)
-    reader.join(seconds)
+    try:
+        reader.join(seconds)
+    except BaseException:
+        # Ctrl-C (a notebook's interrupted cell): given up as at the bound,
+        # or the read would go on putting back the RNGs of before the call.
+        rngs.abandon()
+        raise
     if reader.is_alive():
         rngs.abandon()
         raise _no_identity(f"reading its samples took more than {seconds:g} s: a "
