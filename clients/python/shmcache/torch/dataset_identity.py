@@ -48,10 +48,11 @@ catches what it raised): a draw then would come from the caller's RNGs,
 between the caller's own draws, and torch's default generator gives
 DataLoader's workers their seeds. A thread that already has a profile
 function (threading.setprofile) keeps it, without that stop. The profile
-function runs Python at each call of a builtin: a read made of small
-builtin calls takes several times its time (3-5x measured; a third to a
-half of what sys.setprofile's cost, called at every call and return), a
-read that decodes in C nothing more. A read
+function is C's, and reads one byte per call of a builtin until it is
+armed; a profiled thread still runs Python code unspecialized: a read
+made of small Python calls takes 2-3x its time (sys.setprofile's Python
+function, called at every call and return, cost 5-8x on the same loop),
+a read that decodes in C nothing more. A read
 that raises there (a handle bound to the thread that opened it:
 sqlite3's connection) is tried once more in the calling thread.
 
@@ -198,6 +199,9 @@ class _Rngs:
         import torch
         self._lock = threading.Lock()
         self._abandoned = False
+        # Its first byte set once abandoned: what arms the reading thread's
+        # stop (_stops_draws), which reads nothing else until then.
+        self.armed = bytearray(1)
         self._saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
 
     def seed(self, seed: int) -> None:
@@ -214,13 +218,10 @@ class _Rngs:
             if not self._abandoned:
                 self._put_back()
 
-    @property
-    def abandoned(self) -> bool:
-        return self._abandoned
-
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True
+            self.armed[0] = 1     # before the RNGs are the caller's again
             self._put_back()
 
     def _put_back(self) -> None:
@@ -240,13 +241,13 @@ def _seeded(rngs: _Rngs, seed: int) -> Iterator[None]:
         rngs.restore()
 
 
-def _stops_draws(rngs: _Rngs) -> Callable[[Any], None]:
-    """The check (_shmcache.stop_calls) of the thread that reads for `rngs`:
-    once they are abandoned, the read's every call of a builtin of torch
-    (any: a generator's, a tensor's, torch's functions), of numpy's global
-    RandomState or numpy.random's functions (seed, sample) or of Python's
-    global Random raises _Abandoned, as if that call had raised, before it
-    draws or seeds. The sample being read when the caller gave up goes on
+def _stops_draws() -> Callable[[Any], None]:
+    """The check (_shmcache.stop_calls) of the thread that reads for an
+    _Rngs, armed once they are abandoned: then the read's every call of a
+    builtin of torch (any: a generator's, a tensor's, torch's functions),
+    of numpy's global RandomState or numpy.random's functions (seed,
+    sample) or of Python's global Random raises _Abandoned, as if that call
+    had raised, before it draws or seeds. The sample being read when the caller gave up goes on
     once its wait ends (stopping a thread anywhere else could leave a lock
     or semaphore of the dataset held, that DataLoader's workers wait for); a
     draw of it would come from the caller's RNGs, between the caller's own
@@ -273,7 +274,7 @@ def _stops_draws(rngs: _Rngs) -> Callable[[Any], None]:
             (owner is None and module == "numpy.random.mtrand")
 
     def check(fn: Any) -> None:
-        if rngs.abandoned and draws(fn):
+        if draws(fn):
             raise _Abandoned
     return check
 
@@ -312,7 +313,7 @@ def _read_contents(dataset: Any) -> str:
         # A profiler of the user's (threading.setprofile) is left alone.
         guard = sys.getprofile() is None
         if guard:
-            stop_calls(_stops_draws(rngs))
+            stop_calls(_stops_draws(), rngs.armed)
         try:
             got["digest"] = _contents_digest(target, rngs)
         except _Abandoned:
