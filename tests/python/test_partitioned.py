@@ -491,6 +491,55 @@ def test_the_loader_follows_its_datasets_cache_when_it_is_switched_or_off(
               OTHER_SESSION=str(server.new_session()))
 
 
+_SWITCHED_MID_WINDOW = _rows_rank("one-rank-switched-mid-window", 16) + r"""
+import threading
+reached, go = threading.Event(), threading.Event()
+
+class HeldAtRow4(Rows):
+    # Row 4 (the second window's first) waits until the trainer switched.
+    def __getitem__(self, i):
+        if i == 4:
+            reached.set()
+            assert go.wait(60), "the trainer never switched"
+        return super().__getitem__(i)
+
+cds = CachedDataset(HeldAtRow4(), shmcache.DatasetCache(
+    session_id=int(os.environ["SESSION_ID"])), name="rows", async_puts=False)
+make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=2, sampler=DistributedSampler(cds, shuffle=False)),
+                           window=2, local_world_size=1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got = []
+    for k, (_, i) in enumerate(loader):
+        got += i.tolist()
+        if k == 0:
+            assert reached.wait(60), "the second window never started"
+            old = cds.cache
+            cds.cache = shmcache.DatasetCache(session_id=int(os.environ["OTHER_SESSION"]))
+            old.close()     # as CachedDataset allows: at once
+            go.set()
+assert got == list(range(16)), got
+said = [str(w.message) for w in caught if issubclass(w.category, shmcache.CacheWarning)]
+assert said == [], said
+held = [i for i in range(16) if cds.cache.contains(i)]
+assert held == list(range(4, 16)), held
+loader.close()
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_a_window_under_way_when_the_cache_is_switched_stores_in_the_new_one(
+        server, session, kind):
+    """ds.cache = other while a window is being computed, and the old cache
+    closed at once (CachedDataset allows it): the window's rows go to the
+    new cache, quietly. They went to the old cache the window began with:
+    closed, it warned that it was used after its close, and stored nothing."""
+    _one_rank(_SWITCHED_MID_WINDOW, kind, SESSION_ID=str(session),
+              OTHER_SESSION=str(server.new_session()))
+
+
 # ---- two ranks: a rank gone while another closes its epoch -----------------
 
 _LEFT_EARLY = _rows_rank("left-early", 40) + r'''
