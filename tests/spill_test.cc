@@ -8,13 +8,16 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "format/instance.h"
 #include "format/protocol.h"
 #include "format/row_codec.h"
+#include "lib/spill_reader.h"
 #include "shmcache/client.h"
 #include "shmcache/stats.h"
 #include "tests/support/capacity_helpers.h"
@@ -375,6 +378,22 @@ TEST_F(SpillTest, AClosedCachesReaderHoldsNoFileItsDestroyDeleted) {
   std::vector<std::string> held;
   EXPECT_TRUE(WaitFor([&] { return (held = FilesHeld(spill_, true)).empty(); }))
       << testing::PrintToString(held);
+}
+
+// A read that runs on after its cache closed (Close on another thread, as
+// the read began) claims no reader and keeps none open: nothing would
+// close it, and it held the database's files for the process's life.
+TEST_F(SpillTest, AReadAfterItsCachesCloseKeepsNoReaderOpen) {
+  const size_t rows = (8u << 20) / kRowBytes;  // 8 times the budget
+  ASSERT_EQ(PutRows(cache_.get(), rows), rows);
+  const InstancePaths paths =
+      MakeInstancePaths(server_.port(), server_.run_dir(), server_.shm_dir());
+  SpillReader::Use use;
+  use.Drop();  // what the cache's Close does
+  const std::weak_ptr<SpillReader> served = SpillReader::ForInstance(paths, &use);
+  EXPECT_TRUE(served.expired()) << "the registry kept the reader of a closed cache";
+  EXPECT_TRUE(FilesHeld(spill_, false).empty())
+      << testing::PrintToString(FilesHeld(spill_, false));
 }
 
 // A process that goes on reading spilled rows of another cache lets go of
