@@ -89,6 +89,42 @@ TEST(ProtocolVersionTest, AClientOfAnotherVersionIsToldWhyBeforeTheClose) {
   EXPECT_NE(server.NewSession(), 0u);
 }
 
+// The same with a body the server never reads, larger than the socket
+// holds: the client's send fails once the server has closed, and the
+// answer written before the close is still there to read (what the
+// client's Exchange reads then, lib/connection.cc).
+TEST(ProtocolVersionTest, TheAnswerOutlivesTheCloseThatLeftTheBodyUnread) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const int fd = ConnectTo(server.socket_path());
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const std::string body(16u << 20, 'x');
+  protocol::FrameHeader h;
+  h.version = protocol::kProtocolVersion + 1;
+  h.type = static_cast<uint16_t>(protocol::MsgType::kHello);
+  h.body_len = static_cast<uint32_t>(body.size());
+  std::array<std::byte, protocol::kFrameHeaderBytes> out{};
+  protocol::EncodeFrameHeader(h, out.data());
+  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(out.size()));
+  size_t sent = 0;
+  ssize_t n = 0;
+  while (sent < body.size() &&
+         (n = send(fd, body.data() + sent, body.size() - sent, MSG_NOSIGNAL)) > 0) {
+    sent += static_cast<size_t>(n);
+  }
+  EXPECT_LT(sent, body.size()) << "the server read the whole body";
+  EXPECT_TRUE(errno == EPIPE || errno == ECONNRESET) << std::strerror(errno);
+  std::array<std::byte, protocol::kFrameHeaderBytes> in{};
+  ASSERT_EQ(ReadUpTo(fd, in.data(), in.size()), in.size())
+      << "the answer was lost with the close";
+  protocol::FrameHeader answer;
+  EXPECT_TRUE(protocol::DecodeFrameHeader(in, &answer).ok());
+  EXPECT_EQ(answer.version, protocol::kProtocolVersion);
+  close(fd);
+  EXPECT_NE(server.NewSession(), 0u);
+}
+
 // The server of another version answers the header and closes without
 // reading the body: a client still sending a body larger than the
 // socket's buffer has its send fail (the peer closed), and reads the
