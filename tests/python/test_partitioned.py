@@ -491,6 +491,20 @@ def test_the_loader_follows_its_datasets_cache_when_it_is_switched_or_off(
               OTHER_SESSION=str(server.new_session()))
 
 
+def _held_loader(dataset):
+    """The lines of a rank's script that make `cds`, a CachedDataset over
+    `dataset` (a class of the script; named: no identity read, which would
+    meet the held row), and `loader`, its PartitionedLoader (batches of 2,
+    windows of 2, one rank a node) over the loader kind of argv[1]."""
+    return f"""
+cds = CachedDataset({dataset}(), shmcache.DatasetCache(
+    session_id=int(os.environ["SESSION_ID"])), name="rows", async_puts=False)
+make = {{"dataloader": DataLoader, "cachedloader": CachedLoader}}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=2, sampler=DistributedSampler(cds, shuffle=False)),
+                           window=2, local_world_size=1)
+"""
+
+
 _SWITCHED_MID_WINDOW = _rows_rank("one-rank-switched-mid-window", 16) + r"""
 import threading
 reached, go = threading.Event(), threading.Event()
@@ -503,11 +517,7 @@ class HeldAtRow4(Rows):
             assert go.wait(60), "the trainer never switched"
         return super().__getitem__(i)
 
-cds = CachedDataset(HeldAtRow4(), shmcache.DatasetCache(
-    session_id=int(os.environ["SESSION_ID"])), name="rows", async_puts=False)
-make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
-loader = PartitionedLoader(make(cds, batch_size=2, sampler=DistributedSampler(cds, shuffle=False)),
-                           window=2, local_world_size=1)
+""" + _held_loader("HeldAtRow4") + r"""
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     got = []
@@ -557,11 +567,7 @@ class HeldAtRow1(Rows):
                 time.sleep(0.01)
         return super().__getitem__(i)
 
-cds = CachedDataset(HeldAtRow1(), shmcache.DatasetCache(
-    session_id=int(os.environ["SESSION_ID"])), name="rows", async_puts=False)
-make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[sys.argv[1]]
-loader = PartitionedLoader(make(cds, batch_size=2, sampler=DistributedSampler(cds, shuffle=False)),
-                           window=2, local_world_size=1)
+""" + _held_loader("HeldAtRow1") + r"""
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for k, _ in enumerate(loader):

@@ -326,14 +326,16 @@ def _read_contents(dataset: Any) -> str:
 
     reader = threading.Thread(target=read, name="shmcache-identity", daemon=True)
     try:
-        reader.start()
-    except RuntimeError:   # no thread to be had: read here, unbounded
-        return _contents_digest(dataset, rngs)
-    try:
+        try:
+            reader.start()
+        except RuntimeError:   # no thread to be had: read here, unbounded
+            return _contents_digest(dataset, rngs)
         reader.join(seconds)
     except BaseException:
-        # Ctrl-C (a notebook's interrupted cell): given up as at the bound,
-        # or the read would go on putting back the RNGs of before the call.
+        # Ctrl-C (a notebook's interrupted cell), from the start on (the
+        # read may be under way before start() returns): given up as at
+        # the bound, or the read would go on putting back the RNGs of
+        # before the call.
         rngs.abandon()
         raise
     if reader.is_alive():
