@@ -36,8 +36,8 @@ $SHMCACHE_IDENTITY_SECONDS): a dataset whose reads wait until
 DataLoader's workers read too (PyTorch's own test_worker_seed) would
 otherwise block the process making the CachedDataset for good. Past the
 bound the dataset has no identity (UnknownContents; a KeyboardInterrupt
-of the wait gives the read up the same way, and is raised): the caller's RNGs
-are put back as they were, nothing more is seeded or read, and the thread
+of the wait gives the read up the same way, and is raised): the caller's
+RNGs are put back as they were, nothing more is seeded or read, and the thread
 is left to end when the sample it is reading does (stopped anywhere in
 the dataset's code, it could leave a lock or a semaphore held that
 DataLoader's workers wait for). That sample, once its wait ends, stops at
@@ -247,11 +247,12 @@ def _stops_draws() -> Callable[[Any], None]:
     builtin of torch (any: a generator's, a tensor's, torch's functions),
     of numpy's global RandomState or numpy.random's functions (seed,
     sample) or of Python's global Random raises _Abandoned, as if that call
-    had raised, before it draws or seeds. The sample being read when the caller gave up goes on
-    once its wait ends (stopping a thread anywhere else could leave a lock
-    or semaphore of the dataset held, that DataLoader's workers wait for); a
-    draw of it would come from the caller's RNGs, between the caller's own
-    draws: torch's default generator gives DataLoader's workers their seeds.
+    had raised, before it draws or seeds. The sample being read when the
+    caller gave up goes on once its wait ends (stopping a thread anywhere
+    else could leave a lock or semaphore of the dataset held, that
+    DataLoader's workers wait for); a draw of it would come from the
+    caller's RNGs, between the caller's own draws: torch's default generator
+    gives DataLoader's workers their seeds.
     The stop stays after it raised: a dataset that catches it (a bare
     `except:`) and draws again is stopped again."""
     import torch
