@@ -90,7 +90,7 @@ Status Connection::Broken(const std::string& what) {
 // body larger than the socket's buffer). Sent apart, the daemon often woke
 // for the header alone while this process was descheduled before the body:
 // one more wake-up and a read that found nothing, per request
-// (docs/spill-reads.md, single spilled puts profiled).
+// (docs/spill-reads.md#single-spilled-puts-profiled-issue-36-item-4).
 static bool SendFrame(int fd, std::span<const std::byte> header,
                       const std::string& body) {
   iovec iov[2] = {{const_cast<std::byte*>(header.data()), header.size()},
