@@ -149,7 +149,17 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   std::byte hdr[protocol::kFrameHeaderBytes];
   protocol::EncodeFrameHeader(h, hdr);
   if (!SendFrame(fd_, hdr, request)) {
-    return Broken(std::strerror(errno));
+    const int err = errno;
+    // A server of another protocol version answers the header alone and
+    // closes (server_connection.cc): what it said is read before the close
+    // is reported, which a body larger than the socket's buffer met.
+    if ((err == EPIPE || err == ECONNRESET) && ReadAll(fd_, hdr, sizeof hdr)) {
+      protocol::FrameHeader rh;
+      if (Status s = protocol::DecodeFrameHeader(hdr, &rh); s.IsNotSupported()) {
+        return Broken(s.message());
+      }
+    }
+    return Broken(std::strerror(err));
   }
   // The answer's header and as much of its body as came with it (all of a
   // small answer: the daemon sends both with one write) in one system call.
