@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _shmcache
-from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_iterable,
+from ._checks import (MAX_INT32, MAX_SIZE_MB, MAX_UINT32, check_id, check_int, check_iterable,
                       check_names, ids_array, session_from_env)
 from ._degrade import (CacheFigures, CacheWarning, ServerInfo, State, cap_bound,
                        describe)
@@ -109,7 +109,7 @@ class DatasetCache:
             warnings.warn("DatasetCache(size=...) is deprecated: the size is in MB, "
                           "pass it as size_mb=", DeprecationWarning, stacklevel=2)
             size_mb = size
-        check_int("size_mb", size_mb, 0, 2**63 - 1)
+        check_int("size_mb", size_mb, 0, MAX_SIZE_MB)
         if not isinstance(spilling, bool):
             raise TypeError(f"Argument spilling with value {spilling!r} is not "
                             f"of type bool, but got {type(spilling).__name__}.")
