@@ -130,7 +130,17 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   std::byte hdr[protocol::kFrameHeaderBytes];
   protocol::EncodeFrameHeader(h, hdr);
   if (!WriteAll(fd_, hdr, sizeof hdr) || !WriteAll(fd_, request.data(), request.size())) {
-    return Broken(std::strerror(errno));
+    const int err = errno;
+    // A server of another protocol version answers the header alone and
+    // closes (server_connection.cc): what it said is read before the close
+    // is reported, which a body larger than the socket's buffer met.
+    if ((err == EPIPE || err == ECONNRESET) && ReadAll(fd_, hdr, sizeof hdr)) {
+      protocol::FrameHeader rh;
+      if (Status s = protocol::DecodeFrameHeader(hdr, &rh); s.IsNotSupported()) {
+        return Broken(s.message());
+      }
+    }
+    return Broken(std::strerror(err));
   }
   if (!ReadAll(fd_, hdr, sizeof hdr)) {
     return Broken(errno == EAGAIN ? "timed out" : "connection closed");
