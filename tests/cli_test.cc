@@ -123,10 +123,11 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--list_sessions", "-p", "12x"}, "port '12x'");
   // Each says what a session id is and where to find one; no server needed.
   for (const char* id : {"xyz", "-5", "4294967296", "99999999999999999999", "12x", ""}) {
-    ExpectError({"-d", id}, fmt::format("session id '{}' is not a number in 1..4294967295, "
-                                        "as 'shmcache -g' prints; list the sessions with "
-                                        "'shmcache --list_sessions'",
-                                        id));
+    ExpectError({"-d", id},
+                fmt::format("session id '{}' is not a number in 1..4294967295, "
+                            "as 'shmcache -g' prints; list the sessions with "
+                            "'shmcache --list_sessions'",
+                            id));
   }
   ExpectError({"--start", "-l", "9"}, "log level '9'");
   ExpectError({"--start", "-l", "info"}, "log level 'info'");
