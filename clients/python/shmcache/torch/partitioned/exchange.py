@@ -19,7 +19,8 @@ that has nothing to ask calls it with done=True and still answers; the
 round in which every rank says done (everyone knows it after step 1) is the
 last, and it moves no bytes. A round is a torch section (_exit_threads):
 each call's wait for the other ranks is taken in slices, between which the
-trainer's exit may stop the thread, outside torch.
+trainer's exit may stop the thread, outside torch. A round that waits for a
+rank gone or stuck fails after the job's timeout (new_group).
 
 Rows travel in the cache's own row encoding, the columns [(name, dtype
 name, array)] that DatasetCache.get_columns returns and put_columns takes
@@ -154,6 +155,15 @@ def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
         between_slices()
 
 
+def _job_timeout() -> timedelta:
+    """The default group's timeout, as init_process_group was given it
+    (torch's default where the group does not say)."""
+    options = getattr(dist.distributed_c10d._get_default_group(), "options", None)
+    timeout = getattr(options, "_timeout", None)
+    return timeout if isinstance(timeout, timedelta) else \
+        dist.distributed_c10d.default_pg_timeout
+
+
 class RowExchange:
     """One rank's side of the exchange (see the module doc).
 
@@ -209,8 +219,15 @@ class RowExchange:
 
     @staticmethod
     def new_group() -> Any:
-        """A gloo group of all ranks for the exchange (collective call)."""
-        return dist.new_group(backend="gloo")
+        """A gloo group of all ranks for the exchange (collective call),
+        with the job's timeout (the default group's: init_process_group's
+        timeout=), not torch's 30 minutes for a new group: gloo does not
+        always fail a round whose peer has exited (seen: a rank whose round
+        began just after its peer's exit waited in gloo's waitSend; its
+        Pair::signalException fails the queued writes of bound buffers
+        only), so the timeout is what ends that wait, as it ends the job's
+        other collectives."""
+        return dist.new_group(backend="gloo", timeout=_job_timeout())
 
     def server_of(self, node: int) -> int:
         """The rank this rank asks for rows of `node`."""
