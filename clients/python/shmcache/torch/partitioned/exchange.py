@@ -246,18 +246,21 @@ class RowExchange:
         passed: list[torch.Tensor] = []
         try:
             with torch_section():
-                return self._round(requests, pushes, done, epoch, passed)
+                try:
+                    return self._round(requests, pushes, done, epoch, passed)
+                finally:
+                    # gloo's thread lets go of a call's tensors just after
+                    # the wait for it returns: a tensor whose Python object
+                    # went first is freed there, which takes the GIL, and
+                    # aborts the process if the interpreter is finalizing
+                    # (the last round of a thread that ends as the trainer
+                    # exits). Kept until the next round ends, or with the
+                    # exchange. The last round's are freed here, in the
+                    # section: freeing a tensor lets the GIL go too.
+                    self._held = passed
         except BaseException:
             self.broken = True
             raise
-        finally:
-            # gloo's thread lets go of a call's tensors just after the wait
-            # for it returns: a tensor whose Python object went first is
-            # freed there, which takes the GIL, and aborts the process if
-            # the interpreter is finalizing (the last round of a thread
-            # that ends as the trainer exits). Kept until the next round
-            # ends, or with the exchange.
-            self._held = passed
 
     def _round(self, requests: dict[int, list[int]],
                pushes: dict[int, tuple[list[int], list[Any]]], done: bool,
