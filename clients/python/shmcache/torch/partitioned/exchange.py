@@ -157,11 +157,14 @@ def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
 
 def _job_timeout() -> timedelta:
     """The default group's timeout, as init_process_group was given it
-    (torch's default where the group does not say)."""
-    options = getattr(dist.distributed_c10d._get_default_group(), "options", None)
-    timeout = getattr(options, "_timeout", None)
-    return timeout if isinstance(timeout, timedelta) else \
-        dist.distributed_c10d.default_pg_timeout
+    (torch 1.13 names it in the group's options only, as _timeout); torch's
+    default where the group does not say."""
+    world: Any = dist.group.WORLD
+    try:
+        timeout = world.options._timeout
+    except AttributeError:   # no group yet, or another torch
+        timeout = None
+    return timeout if isinstance(timeout, timedelta) else dist.default_pg_timeout
 
 
 class RowExchange:
