@@ -6,7 +6,11 @@ of a PartitionedLoader the way the case says (see the test's module).
 KIND: what PartitionedLoader wraps, "dataloader" or "cachedloader" (one
 miss worker either way). Rank 1 trains its whole epoch (exit status 5 when
 a round fails: rank 0 gone first); with CASE "parked" it first waits until
-rank 0 is gone (EOF on the pipe GONE_FD).
+rank 0 is gone (EOF on the pipe GONE_FD). With CASE "absent" rank 0 builds
+its loader and then waits, alive, until rank 1 is gone (EOF on GONE_FD),
+never iterating: rank 1's first round waits for a rank that never comes.
+
+The job's timeout (init_process_group's) is $JOB_TIMEOUT_S, 60 s by default.
 """
 
 import os
@@ -29,11 +33,11 @@ class Rows(IndexDataset):
 
 
 def rank1(loader, case):
-    it = iter(loader)
-    next(it)
-    if case == "parked":
-        os.read(int(os.environ["GONE_FD"]), 1)
     try:
+        it = iter(loader)
+        next(it)
+        if case == "parked":
+            os.read(int(os.environ["GONE_FD"]), 1)
         for _ in it:
             time.sleep(0.01)   # a step
     except RuntimeError as e:
@@ -43,7 +47,9 @@ def rank1(loader, case):
 
 
 def rank0(loader, case):
-    if case == "end":
+    if case == "absent":
+        os.read(int(os.environ["GONE_FD"]), 1)
+    elif case == "end":
         for _ in loader:
             pass
     elif case == "break":
@@ -64,7 +70,7 @@ def main():
     kind, case = sys.argv[1], sys.argv[2]
     if case == "parked":   # the bound, shorter: the test waits it out
         _exit_threads.EXIT_JOIN_S = 1.0
-    join(60)
+    join(float(os.environ.get("JOB_TIMEOUT_S", "60")))
     cds = CachedDataset(Rows(400, "exit-ways"),
                         shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
                         async_puts=False)

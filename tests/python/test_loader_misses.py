@@ -662,3 +662,27 @@ def test_the_loaders_threads_end_before_the_interpreter_finalizes(server, sessio
         assert proc.returncode == 0, err
     finally:
         kill_group(proc)
+
+
+class Profiled(Dataset):
+    """Each row says whether its worker runs under a profile function."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return np.array([sys.getprofile() is None], dtype=np.float32)
+
+
+def test_the_workers_compute_without_the_pool_threads_profile_function(server, session):
+    """The pool's thread, which forks the workers, runs under a profile
+    function (_exit_threads.waits_are_slices): a forked worker computes its
+    rows without it (the dataset once ran under it, every call a Python
+    callback)."""
+    cds = CachedDataset(Profiled(), DatasetCache(session), name="profiled")
+    workers = MissWorkers(cds, 1)
+    try:
+        rows = workers.compute(range(4), owned=[False] * 4)
+    finally:
+        workers.close()
+    assert [r.cols[0][2].tolist() for r in rows] == [[1.0]] * 4, rows

@@ -14,18 +14,35 @@ import textwrap
 
 from conftest import PYTHONPATH
 
-SCRIPT = textwrap.dedent(r'''
+# What both scripts share: a thread of ours (run() in a subclass), and
+# where a thread is (its frames' names, innermost first).
+OURS = textwrap.dedent(r'''
     import atexit, sys, threading, time
     from shmcache.torch import _exit_threads as x
 
+    def where(t):
+        frame, names = sys._current_frames()[t.ident], []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        return names
+
+    class Ours:
+        def __init__(self):
+            self.count = 0
+            self.t = threading.Thread(target=self.run, daemon=True)
+            x.end_at_exit(self)
+            self.t.start()
+        def stop(self):
+            pass                        # as a wait for another rank: no end
+        def started_threads(self):
+            return [self.t]
+''')
+
+SCRIPT = OURS + textwrap.dedent(r'''
     def check():   # registered before the module's hook: runs after it
         assert x.exiting()
-        frame = sys._current_frames()[w.t.ident]
-        where = []
-        while frame is not None:
-            where.append(frame.f_code.co_name)
-            frame = frame.f_back
-        print("the thread waits in", where)
+        print("the thread waits in", where(w.t))
         try:
             with x.torch_section():
                 pass
@@ -34,27 +51,18 @@ SCRIPT = textwrap.dedent(r'''
             print("refused:", e, flush=True)
     atexit.register(check)
 
-    class Waits:
+    class Waits(Ours):
         """A thread in a torch section, slice after slice, for good."""
-        def __init__(self):
-            self.slices = 0
-            self.t = threading.Thread(target=self.run, daemon=True)
-            x.end_at_exit(self)
-            self.t.start()
         def run(self):
             with x.torch_section():
                 while True:
                     time.sleep(0.001)   # a slice
-                    self.slices += 1
+                    self.count += 1
                     x.between_slices()
-        def stop(self):
-            pass                        # as a wait for another rank: no end
-        def started_threads(self):
-            return [self.t]
 
     x.EXIT_JOIN_S = 0.2
     w = Waits()
-    while not w.slices:
+    while not w.count:
         time.sleep(0.001)
 ''')
 
@@ -66,3 +74,70 @@ def test_a_thread_in_a_section_stops_between_slices_at_exit():
     assert out.returncode == 0, said
     assert "the thread waits in ['wait', 'between_slices', 'run'" in out.stdout, said
     assert "refused: the interpreter is exiting" in out.stdout, said
+
+
+# A thread that runs torch code it does not control between waits, as the
+# miss pool's DataLoader thread does: each next() of a DataLoader enters
+# and leaves a record_function (torch calls that let the GIL go) and frees
+# its handle tensor (which lets the GIL go too). A thread that takes the
+# GIL back in there as the interpreter finalizes aborts the process; with
+# a plain thread (no waits_are_slices()) this script did, 4 runs in 10
+# (the test runs it 5 times).
+CALLS = OURS + textwrap.dedent(r'''
+    import torch
+
+    def check():   # registered before the module's hook: runs after it
+        while where(w.t)[:2] != ["wait", "_enter_section"]:
+            time.sleep(0.001)   # until it stops (its wait returns), or it aborted us
+        print("the thread waits in", where(w.t)[:4], flush=True)
+    atexit.register(check)
+
+    class Calls(Ours):
+        def run(self):
+            with x.waits_are_slices():
+                while True:
+                    time.sleep(0.0005)          # a wait for a worker
+                    for _ in range(200):        # next()s' torch calls
+                        with torch.autograd.profiler.record_function("next"):
+                            self.count += 1
+
+    x.EXIT_JOIN_S = 0.0
+    w = Calls()
+    while w.count < 100 and w.t.is_alive():
+        time.sleep(0.001)
+''')
+
+
+def test_a_thread_of_torch_calls_stops_at_a_wait_at_exit():
+    for _ in range(5):
+        out = subprocess.run([sys.executable, "-c", CALLS], capture_output=True, text=True,
+                             timeout=300, env=dict(os.environ, PYTHONPATH=PYTHONPATH))
+        said = out.stdout + out.stderr
+        assert out.returncode == 0, said
+        assert "terminate called" not in said, said
+        assert "the thread waits in ['wait', '_enter_section', '__call__', 'run']" \
+            in out.stdout, said
+
+
+def test_a_user_profile_function_still_sees_a_sectioned_thread():
+    import threading
+    import torch
+    from shmcache.torch import _exit_threads as x
+
+    seen, after = [], []
+
+    def user(frame, event, arg):
+        seen.append(event)
+
+    def run():
+        sys.setprofile(user)
+        with x.waits_are_slices():
+            torch.zeros(1)
+        after.append(sys.getprofile())
+        sys.setprofile(None)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert "c_call" in seen and "c_return" in seen, seen
+    assert after == [user]

@@ -32,6 +32,17 @@ imported, which mark the exit and terminate the workers):
    the tensors that work holds, so those threads free none (freeing a
    tensor whose Python object went first takes the GIL).
 
+A thread of ours that runs torch code it does not control (the miss
+pool's thread iterating the workers' DataLoader: each next() enters and
+leaves a record_function, torch calls that let the GIL go, and frees its
+handle tensor, which lets the GIL go too) cannot take slices between its
+calls; it runs that code under waits_are_slices() instead: the whole is a
+torch section, and the thread's blocking waits (a lock, a poll, a sleep,
+a read: found by a profile function, sys.setprofile, from CPython's
+C-call events) are its slices. Such a thread is mostly waiting (for a
+worker's answer), so the sections close at once, and the thread stops as
+its wait returns.
+
 A thread still inside a torch call after both bounds (a user's dataset
 computing a row on a loader thread) is left to the exit, as before.
 
@@ -43,14 +54,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any, Protocol
 
 __all__ = ["EXIT_JOIN_S", "SECTION_CLOSE_S", "end_at_exit", "exiting",
-           "torch_section", "between_slices"]
+           "torch_section", "between_slices", "waits_are_slices"]
 
 EXIT_JOIN_S = 10.0
 SECTION_CLOSE_S = 2.0
@@ -98,18 +111,81 @@ def torch_section() -> Iterator[None]:
     long: its waits must be slices with between_slices() after each. Once
     the exit hook closed the sections, entering one waits for the process's
     end."""
+    _enter_section()
+    try:
+        yield
+    finally:
+        _leave_section()
+
+
+def _enter_section() -> None:
     global _inside
     with _sections:
         _refuse_in_main_thread()
         while _closed:
             _sections.wait()
         _inside += 1
+
+
+def _leave_section() -> None:
+    global _inside
+    with _sections:
+        _inside -= 1
+        _sections.notify_all()
+
+
+@contextlib.contextmanager
+def waits_are_slices() -> Iterator[None]:
+    """The block is a torch section whose slices are this thread's
+    blocking waits (see the module): the thread is outside the section
+    while it waits (a lock, a poll, a sleep, a read), and a wait that
+    returns once the sections closed waits there, outside torch, for the
+    process's end. The thread's profile function before the block (a
+    user's, from threading.setprofile) still gets every event."""
+    before = sys.getprofile()
+    _enter_section()
+    sys.setprofile(_WaitsAreSlices(before))
     try:
         yield
     finally:
-        with _sections:
-            _inside -= 1
-            _sections.notify_all()
+        sys.setprofile(before)
+        _leave_section()
+
+
+# The C functions that wait (and let the GIL go) and free nothing: the
+# places where a thread under waits_are_slices() is outside its section.
+_WAITS = frozenset([
+    ("_thread", "lock.acquire"), ("_thread", "RLock.acquire"),
+    ("select", "poll.poll"), ("select", "epoll.poll"), ("select", "select"),
+    ("time", "sleep"), ("posix", "read"), ("posix", "waitpid"), ("posix", "waitid"),
+    ("_socket", "socket.recv"), ("_socket", "socket.recv_into"),
+    ("_multiprocessing", "SemLock.acquire")])
+
+
+def _is_wait(fn: Any) -> bool:
+    owner = getattr(fn, "__self__", None)
+    module = getattr(fn, "__module__", None) or type(owner).__module__
+    return (module, getattr(fn, "__qualname__", "")) in _WAITS
+
+
+class _WaitsAreSlices:
+    """The profile function of waits_are_slices()."""
+
+    def __init__(self, chained: Callable[..., Any] | None) -> None:
+        self.chained = chained
+        self.waiting: Any = None    # the wait in progress
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call":
+            if self.waiting is None and _is_wait(arg):
+                self.waiting = arg
+                _leave_section()
+        elif event in ("c_return", "c_exception"):
+            if arg is self.waiting:
+                self.waiting = None
+                _enter_section()
+        if self.chained is not None:
+            self.chained(frame, event, arg)
 
 
 def between_slices() -> None:
@@ -156,8 +232,13 @@ def _end_all() -> None:
 
 def _forget_in_child() -> None:
     """A forked child has none of its parent's threads (nor, perhaps, a
-    free lock)."""
+    free lock). A child forked by a thread under waits_are_slices() (a
+    DataLoader worker, started by the miss pool's thread) computes rows
+    without its profile function."""
     global _lock, _sections, _inside, _closed
+    profile = sys.getprofile()
+    if isinstance(profile, _WaitsAreSlices):
+        sys.setprofile(profile.chained)
     _lock = threading.Lock()
     _open.clear()
     _sections = threading.Condition()

@@ -77,7 +77,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from .. import CacheWarning
 from .._user_line import quietly
 from ..rows import Column, encode
-from ._exit_threads import end_at_exit
+from ._exit_threads import end_at_exit, waits_are_slices
 
 __all__ = ["Stored", "STORED", "Columns", "Sample", "Computed", "Closed", "WorkerError",
            "compute_rows", "MissWorkers", "MissTurn", "Ticket", "PARENT_POLL_S", "POLL_S"]
@@ -530,14 +530,26 @@ class MissWorkers:
     def _run_loader(self, loader: DataLoader[Any]) -> None:
         """Starts the workers and waits for their serve loops to end; a
         failure DataLoader finds (a worker gone, found by its own check)
-        fails the pool. The DataLoader shuts its workers down here."""
-        try:
-            for _ in loader:
-                pass
-        except BaseException as e:   # noqa: BLE001 -- fails the pool
-            self._fail(e)
+        fails the pool. The DataLoader shuts its workers down here. It is
+        a torch section whose slices are its waits (_exit_threads): each
+        next() calls torch (record_function), and at the trainer's exit
+        this thread may still be shutting the workers down; it then stops
+        as a wait returns instead of returning from torch as the
+        interpreter finalizes."""
+        with waits_are_slices():
+            try:
+                for _ in loader:
+                    pass
+            except BaseException as e:   # noqa: BLE001 -- fails the pool
+                self._fail(e)
 
     def _read_results(self) -> None:
+        # A torch section, its waits the slices, as the loader thread's: a
+        # sample's tensors are unpickled (and freed) here.
+        with waits_are_slices():
+            self._read_results_until_closed()
+
+    def _read_results_until_closed(self) -> None:
         results = self._results
         while True:
             with self._lock:
