@@ -49,26 +49,39 @@ size_t ReadUpTo(int fd, std::byte* out, size_t n) {
   return got;
 }
 
+// Sends a Hello header of the next protocol version announcing a body of
+// body_len bytes; whether all of the header went out.
+bool SendNextVersionHello(int fd, uint32_t body_len) {
+  protocol::FrameHeader h;
+  h.version = protocol::kProtocolVersion + 1;
+  h.type = static_cast<uint16_t>(protocol::MsgType::kHello);
+  h.body_len = body_len;
+  std::array<std::byte, protocol::kFrameHeaderBytes> out{};
+  protocol::EncodeFrameHeader(h, out.data());
+  return send(fd, out.data(), out.size(), MSG_NOSIGNAL) ==
+         static_cast<ssize_t>(out.size());
+}
+
+// Reads the answer's frame header; whether a whole, valid one came.
+bool ReadAnswerHeader(int fd, protocol::FrameHeader* answer) {
+  std::array<std::byte, protocol::kFrameHeaderBytes> in{};
+  return ReadUpTo(fd, in.data(), in.size()) == in.size() &&
+         protocol::DecodeFrameHeader(in, answer).ok();
+}
+
 TEST(ProtocolVersionTest, AClientOfAnotherVersionIsToldWhyBeforeTheClose) {
   TestServer server;
   ASSERT_TRUE(server.ok());
   const int fd = ConnectTo(server.socket_path());
   ASSERT_GE(fd, 0) << std::strerror(errno);
-  protocol::FrameHeader h;
-  h.version = protocol::kProtocolVersion + 1;
-  h.type = static_cast<uint16_t>(protocol::MsgType::kHello);
-  std::array<std::byte, protocol::kFrameHeaderBytes> out{};
-  protocol::EncodeFrameHeader(h, out.data());
-  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(out.size()));
+  ASSERT_TRUE(SendNextVersionHello(fd, 0)) << std::strerror(errno);
 
-  std::array<std::byte, protocol::kFrameHeaderBytes> in{};
-  ASSERT_EQ(ReadUpTo(fd, in.data(), in.size()), in.size())
-      << "the connection was closed without an answer";
   protocol::FrameHeader answer;
-  ASSERT_TRUE(protocol::DecodeFrameHeader(in, &answer).ok());
+  ASSERT_TRUE(ReadAnswerHeader(fd, &answer))
+      << "the connection was closed without an answer";
   EXPECT_EQ(answer.version, protocol::kProtocolVersion);
-  EXPECT_EQ(answer.type, h.type | protocol::kResponseBit);
+  EXPECT_EQ(answer.type,
+            static_cast<uint16_t>(protocol::MsgType::kHello) | protocol::kResponseBit);
   std::string body(answer.body_len, '\0');
   ASSERT_EQ(ReadUpTo(fd, reinterpret_cast<std::byte*>(body.data()), body.size()),
             body.size());
@@ -99,14 +112,8 @@ TEST(ProtocolVersionTest, TheAnswerOutlivesTheCloseThatLeftTheBodyUnread) {
   const int fd = ConnectTo(server.socket_path());
   ASSERT_GE(fd, 0) << std::strerror(errno);
   const std::string body(16u << 20, 'x');
-  protocol::FrameHeader h;
-  h.version = protocol::kProtocolVersion + 1;
-  h.type = static_cast<uint16_t>(protocol::MsgType::kHello);
-  h.body_len = static_cast<uint32_t>(body.size());
-  std::array<std::byte, protocol::kFrameHeaderBytes> out{};
-  protocol::EncodeFrameHeader(h, out.data());
-  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(out.size()));
+  ASSERT_TRUE(SendNextVersionHello(fd, static_cast<uint32_t>(body.size())))
+      << std::strerror(errno);
   size_t sent = 0;
   ssize_t n = 0;
   while (sent < body.size() &&
@@ -115,11 +122,8 @@ TEST(ProtocolVersionTest, TheAnswerOutlivesTheCloseThatLeftTheBodyUnread) {
   }
   EXPECT_LT(sent, body.size()) << "the server read the whole body";
   EXPECT_TRUE(errno == EPIPE || errno == ECONNRESET) << std::strerror(errno);
-  std::array<std::byte, protocol::kFrameHeaderBytes> in{};
-  ASSERT_EQ(ReadUpTo(fd, in.data(), in.size()), in.size())
-      << "the answer was lost with the close";
   protocol::FrameHeader answer;
-  EXPECT_TRUE(protocol::DecodeFrameHeader(in, &answer).ok());
+  ASSERT_TRUE(ReadAnswerHeader(fd, &answer)) << "the answer was lost with the close";
   EXPECT_EQ(answer.version, protocol::kProtocolVersion);
   close(fd);
   EXPECT_NE(server.NewSession(), 0u);
