@@ -1,5 +1,6 @@
 #include "lib/chunk_writer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "format/numa_topology.h"
@@ -77,7 +78,9 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
   c->offset = offset;
   c->base = seg->base + offset;
   c->size = size;
-  c->used = h->used.load(std::memory_order_relaxed);
+  // As the daemon formatted it; the mark may hold kRoomTaken already
+  // (another writer's lease took the chunk's end): MoveUsed reads it.
+  c->used = sizeof(layout::ChunkHeader);
   c->header = h;
   return Status::OK();
 }
@@ -94,7 +97,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Chunk& c = chunks_[node];
   Status s;
   refused_ = refused_ && refusal != nullptr;
-  if (refused_ || c.base == nullptr || c.size - c.used < size) {
+  // Reserve before writing: whatever lies past `used` may be re-leased by
+  // the daemon if this process dies, or taken back for another writer.
+  while (refused_ || c.base == nullptr || c.size - c.used < size ||
+         !MoveUsed(&c, c.used + size)) {
     if (refusal != nullptr) {
       refused_ = true;
       *lease_failed = true;
@@ -120,11 +126,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
       return s;
     }
   }
-  // Reserve before writing: whatever lies past `used` may be re-leased by
-  // the daemon if this process dies, so the row must be inside it first.
-  const uint64_t off = c.used;
-  c.used += size;
-  c.header->used.store(c.used, std::memory_order_relaxed);
+  const uint64_t off = c.used - size;
   RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
   const uint64_t loc = layout::MakeLocation(c.seg_no, c.offset + off);
   for (;;) {
@@ -141,9 +143,34 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     if (!s.ok()) break;
   }
   // Not published: the space is still ours alone, take it back.
-  c.used = off;
-  c.header->used.store(off, std::memory_order_relaxed);
+  MoveUsed(&c, off);
   return s;
+}
+
+bool ChunkWriter::MoveUsed(Chunk* c, uint64_t to) {
+  std::atomic<uint64_t>& mark = c->header->used;
+  uint64_t seen = c->used;
+  for (;;) {
+    if (seen & layout::kRoomTaken) {
+      // The daemon took the chunk's end back for another writer: the chunk
+      // ends where it says, and the mark is this process's again (unless
+      // the daemon took more meanwhile: then that is read).
+      c->size = std::min(c->size, seen & ~layout::kRoomTaken);
+      if (!mark.compare_exchange_strong(seen, c->used, std::memory_order_relaxed))
+        continue;
+      seen = c->used;
+    } else if (seen != c->used) {
+      // Only this process and the daemon write the mark: never write here
+      // again.
+      c->size = c->used;
+      return false;
+    }
+    if (to > c->size) return false;
+    if (mark.compare_exchange_strong(seen, to, std::memory_order_relaxed)) {
+      c->used = to;
+      return true;
+    }
+  }
 }
 
 Status ChunkWriter::GrowIndex(uint32_t seen) {

@@ -118,6 +118,11 @@ class ChunkWriter {
   void Lock(BatchLock* lock) ASSERT_CAPABILITY(mu_);
   // A new chunk with room for `need` bytes on `node` in place of *c.
   Status Lease(int node, size_t need, Chunk* c) REQUIRES(mu_);
+  // Moves the chunk's `used` mark from c->used to `to` (compare-and-swap:
+  // the daemon may take back the chunk's end, layout::kRoomTaken), taking
+  // in the end the daemon set. False, with the mark where it was, when `to`
+  // lies past the chunk's end then.
+  static bool MoveUsed(Chunk* c, uint64_t to);
 
   const std::shared_ptr<ClientImpl> client_;
   const uint32_t cache_id_;
