@@ -364,7 +364,8 @@ Status SegmentAllocator::CreateSegmentFile(const InstancePaths& paths, uint32_t 
                                            uint32_t seg_no, int node, uint64_t size,
                                            ShmFile* out, uint64_t supply) {
   ShmFile f;
-  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f, supply);
+  Status s = ShmFile::Create(paths.SegmentFile(cache_id, seg_no), size, node, &f, supply,
+                             kSegmentClearing);
   if (!s.ok()) return s;
   FormatSegment(&f, cache_id, seg_no, node, size);
   *out = std::move(f);
@@ -381,7 +382,7 @@ Status SegmentAllocator::CreateNextSegment(int node, uint64_t size, uint32_t* se
   uint32_t chosen;
   std::string skipped;
   Status s = ShmFile::CreateFresh(name, tries, size, node, out, &chosen, &skipped,
-                                  FirstSupply(size));
+                                  FirstSupply(size), kSegmentClearing);
   if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   // A number that failed otherwise (no room) was removed and is free again.
   next_seg_no_ = first + chosen + (s.ok() ? 1 : 0);
@@ -438,8 +439,8 @@ Status SegmentAllocator::SupplyFor(Segment* seg, uint64_t end, bool* wait) {
                     cache_id_, seg->seg_no));
   }
   const uint64_t to = SupplyEnd(std::max(end, seg->supplied + kSupplyStep), seg->size);
-  Status s =
-      ShmFile::Supply(paths_.SegmentFile(cache_id_, seg->seg_no), seg->supplied, to);
+  Status s = ShmFile::Supply(paths_.SegmentFile(cache_id_, seg->seg_no), seg->supplied,
+                             to, kSegmentClearing);
   if (!s.ok()) {
     if (s.IsFull()) MarkFull(s.message());
     if (log_) log_->Error("cache {}: {}", cache_id_, s.message());
@@ -562,7 +563,7 @@ Status SegmentAllocator::RunSegmentJob(const InstancePaths& paths, const Segment
                              job.supply_to);
   }
   return ShmFile::Supply(paths.SegmentFile(job.cache_id, job.seg_no), job.supply_from,
-                         job.supply_to);
+                         job.supply_to, kSegmentClearing);
 }
 
 void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& made,

@@ -39,7 +39,8 @@ namespace shmcache {
 class Logger;
 
 // Making the next segments of a cache ahead of need, and their pages, off
-// the store's lock (posix_fallocate and clearing take a while):
+// the store's lock (posix_fallocate, and clearing on huge pages, take a
+// while):
 // TakeSegmentJobs reserves the memory and names the files, TakeSupplyJobs
 // names the next pages of the segments being carved; the caller runs each
 // job with RunSegmentJob (several at once on as many threads: the kernel
@@ -47,13 +48,21 @@ class Logger;
 // thread's page supply) and hands it back with FinishSegmentJob.
 //
 // A segment file is created at its full size but sparse: only the pages a
-// writer may be handed next are supplied (allocated and cleared), in steps
+// writer may be handed next are supplied (allocated; cleared only on huge
+// pages: kSegmentClearing), in steps
 // of kSupplyStep ahead of the segment's carve mark, so that pages made
 // ahead of need are bounded (about 26 MB for the segment being carved, and
 // the first 18 MB of each segment made ahead) whatever the cache's size, while the
 // segments keep their sizes (a quarter of the cache each: few segments for readers to
 // map). A chunk is leased only from supplied pages: a writer never touches a hole, so a
 // full /dev/shm is a Full status from the supply, never a SIGBUS.
+// Segment pages of 4 KB are not cleared when supplied: writers write a
+// batch's rows into them through the file's descriptor, whole pages that
+// need no clearing (ChunkWriter), where clearing them first cost two thirds
+// of a put's CPU (docs/performance.md). A page no writer wrote reads as
+// zero all the same: the kernel clears it at its first fault.
+inline constexpr Clearing kSegmentClearing = Clearing::kHugeOnly;
+
 struct SegmentJob {
   uint32_t cache_id;
   uint32_t seg_no;

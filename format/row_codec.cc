@@ -115,16 +115,23 @@ Status RowCodec::EncodedSize(std::span<const ColumnRef> columns, size_t* size) {
   return Status::OK();
 }
 
-void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
-                      size_t size) {
+size_t RowCodec::HeadBytes(std::span<const ColumnRef> columns) {
+  size_t head = kRowHeaderBytes;
+  for (const ColumnRef& c : columns) head += DescBytes(c.shape.size(), c.name.size());
+  return head;
+}
+
+size_t RowCodec::PaddedBytes(size_t nbytes) { return Pad8(nbytes); }
+
+void RowCodec::EncodeHead(uint64_t key, std::span<const ColumnRef> columns,
+                          std::byte* dst, size_t size) {
   Store<uint32_t>(dst, static_cast<uint32_t>(size));
   Store<uint16_t>(dst + 4, static_cast<uint16_t>(columns.size()));
   Store<uint8_t>(dst + 6, kRowVersion);
   Store<uint8_t>(dst + 7, 0);
   Store<uint64_t>(dst + 8, key);
   size_t desc = kRowHeaderBytes;
-  size_t data = desc;
-  for (const ColumnRef& c : columns) data += DescBytes(c.shape.size(), c.name.size());
+  size_t data = HeadBytes(columns);
   for (const ColumnRef& c : columns) {
     std::byte* p = dst + desc;
     Store<uint8_t>(p, static_cast<uint8_t>(c.dtype));
@@ -139,6 +146,15 @@ void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byt
     if (!c.name.empty()) std::memcpy(name, c.name.data(), c.name.size());
     std::memset(name + c.name.size(), 0, Pad8(c.name.size()) - c.name.size());
     desc += DescBytes(c.shape.size(), c.name.size());
+    data += Pad8(c.nbytes);
+  }
+}
+
+void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
+                      size_t size) {
+  EncodeHead(key, columns, dst, size);
+  size_t data = HeadBytes(columns);
+  for (const ColumnRef& c : columns) {
     if (c.nbytes) std::memcpy(dst + data, c.data, c.nbytes);
     std::memset(dst + data + c.nbytes, 0, Pad8(c.nbytes) - c.nbytes);
     data += Pad8(c.nbytes);

@@ -41,6 +41,16 @@ class RowCodec {
   // aligned with `size` writable bytes.
   static void Encode(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
                      size_t size);
+  // The same encoding in pieces, for a writer that gathers them (pwritev):
+  // the row's first HeadBytes bytes (its header and the columns'
+  // descriptors), which EncodeHead writes to dst, then each column's data
+  // in order, each followed by zeros up to PaddedBytes(nbytes).
+  // REQUIRES for EncodeHead: as for Encode, with HeadBytes(columns)
+  // writable bytes at dst.
+  static size_t HeadBytes(std::span<const ColumnRef> columns);
+  static size_t PaddedBytes(size_t nbytes);
+  static void EncodeHead(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
+                         size_t size);
   // Validates the row at p (at most max_bytes readable) and views it.
   static Status Decode(const std::byte* p, size_t max_bytes, RowView* out);
   // The hit path's check of a row in the cache's shared memory: header

@@ -68,6 +68,24 @@ void PopulateForWrite(void* p, size_t size) {
   (void)b[size - 1];
 }
 
+bool WritesThroughFd(int fd) {
+  struct statfs fs;
+  struct stat st;
+  return fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC && fstat(fd, &st) == 0 &&
+         static_cast<uint64_t>(st.st_blksize) < (2u << 20);
+}
+
+void PopulateUnclearedForWrite(void* p, size_t size) {
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  char* const begin = static_cast<char*>(p);
+  const auto addr = reinterpret_cast<uintptr_t>(begin);
+  char* const from = begin + (kPage - addr % kPage) % kPage;
+  char* const to = begin + size - (addr + size) % kPage;
+  if (to > from) {
+    (void)madvise(from, static_cast<size_t>(to - from), MADV_POPULATE_WRITE);
+  }
+}
+
 static std::string DirOf(const std::string& path) {
   auto slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -78,10 +96,12 @@ static std::string DirOf(const std::string& path) {
 // the trainer. Writing zeros through the descriptor clears them here, in
 // large blocks, about 4x cheaper than faulting them. Best effort: on error
 // the pages are cleared at their first fault as before. Other file systems
-// (a --shm_dir on disk) are left alone: zeros there would be disk writes.
-static void ZeroPages(int fd, size_t from, size_t to) {
+// (a --shm_dir on disk) are left alone: zeros there would be disk writes;
+// so are the pages Clearing::kHugeOnly leaves to writers.
+static void ZeroPages(int fd, size_t from, size_t to, Clearing clearing) {
   struct statfs fs;
   if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) return;
+  if (clearing == Clearing::kHugeOnly && WritesThroughFd(fd)) return;
   static constexpr size_t kBlock = 1u << 20;
   static const std::vector<char> zeros(kBlock, 0);
   for (size_t off = from; off < to;) {
@@ -92,9 +112,13 @@ static void ZeroPages(int fd, size_t from, size_t to) {
   }
 }
 
-// Reserves and clears [from, to) of fd: Full naming the shortfall when the
-// shm filesystem has no room (tmpfs then gives back what this call took).
-static Status ReservePages(int fd, const std::string& path, size_t from, size_t to) {
+// Reserves [from, to) of fd, and clears it as `clearing` says: Full naming
+// the shortfall when the shm filesystem has no room (tmpfs then gives back
+// what this call took). The reservation alone keeps a full /dev/shm from
+// becoming a SIGBUS: fallocate allocates (and charges) the pages; clearing
+// them only moves the cost of their first touch.
+static Status ReservePages(int fd, const std::string& path, size_t from, size_t to,
+                           Clearing clearing) {
   if (to <= from) return Status::OK();
   int err = posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(to - from));
   if (err == ENOSPC) {
@@ -106,7 +130,7 @@ static Status ReservePages(int fd, const std::string& path, size_t from, size_t 
                     DirOf(path), (to - from + (1 << 20) - 1) >> 20, free_bytes >> 20));
   }
   if (err != 0) return Status::FromErrno("cannot reserve " + path, err);
-  ZeroPages(fd, from, to);
+  ZeroPages(fd, from, to, clearing);
   return Status::OK();
 }
 
@@ -173,7 +197,7 @@ static Status Taken(const std::string& path) {
 }
 
 Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* out,
-                       size_t supply) {
+                       size_t supply, Clearing clearing) {
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == EEXIST) return Taken(path);
@@ -198,7 +222,7 @@ Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* 
   // on a shared mapping sets: bind first, then reserve.
   if (node >= 0) NumaTopology::Get().BindMemory(p, size, node);
   AdviseHugePages(p, size);
-  Status reserved = ReservePages(fd, path, 0, std::min(size, supply));
+  Status reserved = ReservePages(fd, path, 0, std::min(size, supply), clearing);
   if (!reserved.ok()) {
     munmap(p, size);
     return fail(reserved);
@@ -212,11 +236,12 @@ Status ShmFile::Create(const std::string& path, size_t size, int node, ShmFile* 
 
 Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
                             uint32_t tries, size_t size, int node, ShmFile* out,
-                            uint32_t* chosen, std::string* skipped, size_t supply) {
+                            uint32_t* chosen, std::string* skipped, size_t supply,
+                            Clearing clearing) {
   if (skipped != nullptr) skipped->clear();
   Status s = Status::AlreadyExists("no name to create a file under");
   for (uint32_t i = 0; i < tries; ++i) {
-    s = Create(name(i), size, node, out, supply);
+    s = Create(name(i), size, node, out, supply, clearing);
     if (!s.IsAlreadyExists()) {
       *chosen = i;
       return s;
@@ -227,7 +252,8 @@ Status ShmFile::CreateFresh(const std::function<std::string(uint32_t)>& name,
   return s;
 }
 
-Status ShmFile::Supply(const std::string& path, size_t from, size_t to) {
+Status ShmFile::Supply(const std::string& path, size_t from, size_t to,
+                       Clearing clearing) {
   int fd = -1;
   size_t size = 0;
   Status s = OpenOwnedFile(path, O_RDWR, &fd, &size);
@@ -237,12 +263,14 @@ Status ShmFile::Supply(const std::string& path, size_t from, size_t to) {
     return Status::InvalidArgument(
         fmt::format("{}: pages up to {} asked of a file of {} bytes", path, to, size));
   }
-  s = ReservePages(fd, path, from, to);
+  s = ReservePages(fd, path, from, to, clearing);
   close(fd);
   return s;
 }
 
-Status ShmFile::Open(const std::string& path, ShmFile* out, ShmFile* read_only) {
+Status ShmFile::Open(const std::string& path, ShmFile* out, ShmFile* read_only,
+                     int* fd_out) {
+  if (fd_out != nullptr) *fd_out = -1;
   int fd = -1;
   size_t size = 0;
   Status s = OpenOwnedFile(path, O_RDWR, &fd, &size);
@@ -259,7 +287,11 @@ Status ShmFile::Open(const std::string& path, ShmFile* out, ShmFile* read_only) 
     e = errno;
     if (ro == MAP_FAILED) munmap(p, size);
   }
-  close(fd);
+  if (fd_out != nullptr && p != MAP_FAILED && ro != MAP_FAILED && WritesThroughFd(fd)) {
+    *fd_out = fd;
+  } else {
+    close(fd);
+  }
   if (p == MAP_FAILED || ro == MAP_FAILED) {
     return Status::FromErrno("cannot map " + path, e);
   }

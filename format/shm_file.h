@@ -14,6 +14,10 @@
 // refuses anything but a regular file of this uid, mode 0600, with one
 // link; creation never opens an existing file.
 //
+// Pages are cleared by whoever reserves them (Clearing::kAll) unless the
+// file's pages will be written through a descriptor (Clearing::kHugeOnly,
+// segments: see WritesThroughFd).
+//
 // Ownership: a ShmFile owns its mapping (munmap on destruction) and nothing
 // else; the file stays until Unlink().
 // Thread safety: none; callers serialise.
@@ -27,6 +31,22 @@
 #include "shmcache/status.h"
 
 namespace shmcache {
+
+// Who clears a file's reserved pages. kAll: the reserving call, in large
+// writes of zeros (tmpfs's fallocate leaves each page to be cleared at its
+// first fault, one page per fault, in whichever process touches it first).
+// kHugeOnly: the reserving call only where WritesThroughFd is false (huge
+// pages, or not tmpfs); a segment of 4 KB pages is left uncleared for
+// writers that write its rows through a descriptor, whose whole-page
+// writes need no clearing (ChunkWriter). A page nobody wrote still reads
+// as zero: the kernel clears it at its first fault or partial write.
+enum class Clearing { kAll, kHugeOnly };
+
+// Whether fresh pages of the file open at `fd` are better written through
+// the descriptor (pwritev) than through a mapping: a tmpfs file of 4 KB
+// pages. Not with huge pages (st_blksize 2 MB: a 2 MB page's first fault
+// costs one clearing, and a partial write clears all of it just the same).
+bool WritesThroughFd(int fd);
 
 class ShmFile {
  public:
@@ -46,15 +66,17 @@ class ShmFile {
   // so they are allocated there). AlreadyExists if the name is taken, with
   // the file's owner and mode and the fix; Full with a message naming the
   // shortfall and the fix when there is no room.
+  // `clearing`: which files' pages are cleared here (Clearing).
   static Status Create(const std::string& path, size_t size, int node, ShmFile* out,
-                       size_t supply = SIZE_MAX);
+                       size_t supply = SIZE_MAX, Clearing clearing = Clearing::kAll);
   // Reserves and zeroes the pages of [from, to) of an existing file of ours
   // (opened through OpenOwnedFile), as Create does for its first bytes.
   // The pages go to the NUMA node Create bound the file to (a tmpfs file's
   // shared policy lasts as long as the file). REQUIRES: nothing lives in
   // [from, to) yet: it is cleared. Full with Create's message when there
   // is no room; then nothing of the range is kept.
-  static Status Supply(const std::string& path, size_t from, size_t to);
+  static Status Supply(const std::string& path, size_t from, size_t to,
+                       Clearing clearing = Clearing::kAll);
   // Like Create, under the first name of name(0) .. name(tries - 1) that is
   // free: a taken name (another user may have put a file there) is skipped,
   // never opened. *chosen: the index of the name used (or that failed
@@ -64,12 +86,16 @@ class ShmFile {
   static Status CreateFresh(const std::function<std::string(uint32_t)>& name,
                             uint32_t tries, size_t size, int node, ShmFile* out,
                             uint32_t* chosen, std::string* skipped = nullptr,
-                            size_t supply = SIZE_MAX);
+                            size_t supply = SIZE_MAX, Clearing clearing = Clearing::kAll);
   // Maps an existing file read-write, through OpenOwnedFile. With
   // read_only, the same file is also mapped a second time PROT_READ into
   // *read_only: pointers handed to readers come from there, so a stray
   // write through one faults instead of changing what other processes read.
-  static Status Open(const std::string& path, ShmFile* out, ShmFile* read_only = nullptr);
+  // With fd, the read-write descriptor stays open (O_CLOEXEC) for the
+  // caller, who closes it, when WritesThroughFd holds for it; *fd is -1
+  // otherwise.
+  static Status Open(const std::string& path, ShmFile* out, ShmFile* read_only = nullptr,
+                     int* fd = nullptr);
   static Status Unlink(const std::string& path);
 
   char* data() const { return base_; }
@@ -93,10 +119,19 @@ Status OpenOwnedFile(const std::string& path, int flags, int* fd, size_t* size =
 
 // Maps [p, p+size) of a shared mapping of a file made by Create, so that
 // writing it takes (almost) no page fault: 16 pages per fault where Create
-// zeroed them, instead of a fault per 4 KB page at first write.
+// zeroed them, instead of a fault per 4 KB page at first write (a page left
+// uncleared is cleared by its read fault, one page per fault).
 // REQUIRES: the pages are allocated (Create reserved them): it reads them,
 // which on a hole of a full tmpfs would be a SIGBUS.
 void PopulateForWrite(void* p, size_t size);
+
+// Maps [p, p+size) of a shared mapping writable in one call, clearing
+// pages that were left uncleared (Clearing::kHugeOnly): MADV_POPULATE_WRITE
+// on the whole pages inside the range. PopulateForWrite's read faults would
+// clear such pages one per fault. Best effort: a kernel without it (before
+// 5.14) leaves the pages to their first write fault. REQUIRES: as for
+// PopulateForWrite.
+void PopulateUnclearedForWrite(void* p, size_t size);
 
 // Free bytes in the filesystem holding `dir`, or 0 on error.
 size_t FreeBytes(const std::string& dir);

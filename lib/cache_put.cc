@@ -45,16 +45,22 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
     std::fill(statuses, statuses + ids.size(), s);
     return s;
   }
-  ChunkWriter::BatchLock lock(&writer_);
+  ChunkWriter::BatchLock lock(&writer_, ids.size(), statuses, inserted);
   ChunkWriter::Tally tally;
   uint64_t locs[kBatchWindow];
   bool added = false;
   std::vector<SpillStage::Row> to_disk;
+  // The first row not stored for a status that ends the batch.
+  size_t end = ids.size();
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % kBatchWindow == 0) {
+      // The window's rows written through a descriptor are published
+      // before the next window's ids are looked up.
+      if (!writer_.Publish(&lock, &tally)) break;
       LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
       CountPuts(&tally);
     }
+    lock.AtRow(i);
     size_t disk_bytes = 0;
     statuses[i] = PutBatchRow(ids[i], rows[i], locs[i % kBatchWindow], &lock, &tally,
                               &added, &disk_bytes);
@@ -64,10 +70,20 @@ Status CacheImpl::PutBatch(std::span<const uint64_t> ids,
     }
     if (inserted) inserted[i] = added;
     if (EndsBatch(statuses[i])) {
-      std::fill(statuses + i + 1, statuses + ids.size(), statuses[i]);
-      if (statuses[i].IsFull()) stats_.CountPutsFull(ids.size() - i);
+      end = i;
       break;
     }
+  }
+  writer_.Publish(&lock, &tally);
+  if (lock.ended() && lock.ended_at() < end) end = lock.ended_at();
+  if (end < ids.size()) {
+    // A queued row's failure ends the batch where it stood: the rows after
+    // it, queued or not, are not stored either.
+    const Status ending = statuses[end];
+    std::fill(statuses + end, statuses + ids.size(), ending);
+    if (inserted != nullptr) std::fill(inserted + end, inserted + ids.size(), false);
+    std::erase_if(to_disk, [end](const SpillStage::Row& r) { return r.index >= end; });
+    if (ending.IsFull()) stats_.CountPutsFull(ids.size() - end);
   }
   CountPuts(&tally);
   if (!to_disk.empty()) {

@@ -1,6 +1,10 @@
 #include "lib/chunk_writer.h"
 
+#include <fcntl.h>
+#include <limits.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
 #include "format/numa_topology.h"
@@ -35,9 +39,13 @@ void ChunkWriter::Lock(BatchLock* lock) {
     for (Chunk& c : chunks_) c = Chunk{};
     fork_gen_ = ForkGeneration();
   }
+  // Rows of a batch that was forked away with its thread (a child) or left
+  // unpublished: never published; their room is lost, as a killed
+  // writer's is.
+  deferred_.clear();
 }
 
-Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
+Status ChunkWriter::Lease(int node, size_t need, Chunk* c, bool mapped) {
   protocol::LeaseChunkResponse lease;
   Status s = client_->Call(
       protocol::LeaseChunkRequest{.cache_id = cache_id_,
@@ -72,8 +80,17 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c) {
   }
   // This process writes the whole chunk: map its pages now, 16 per fault
   // (the daemon allocated and cleared them). Readers map segments lazily
-  // instead: a fault maps a 64 KB window.
-  PopulateForWrite(seg->base + offset, size);
+  // instead: a fault maps a 64 KB window. Where rows are written through
+  // the descriptor the daemon left the pages uncleared: a batch's writes
+  // need no mapping, and a chunk leased for writes through the mapping
+  // (single puts) is cleared and mapped in one call, cheaper than a fault
+  // per page.
+  if (seg->fd < 0) {
+    PopulateForWrite(seg->base + offset, size);
+  } else if (mapped) {
+    PopulateUnclearedForWrite(seg->base + offset, size);
+  }
+  c->fd = seg->fd;
   c->seg_no = seg_no;
   c->offset = offset;
   c->base = seg->base + offset;
@@ -97,38 +114,66 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Chunk& c = chunks_[node];
   Status s;
   refused_ = refused_ && refusal != nullptr;
-  // Reserve before writing: whatever lies past `used` may be re-leased by
-  // the daemon if this process dies, or taken back for another writer.
-  while (refused_ || c.base == nullptr || c.size - c.used < size ||
-         !MoveUsed(&c, c.used + size)) {
-    if (refusal != nullptr) {
-      refused_ = true;
-      *lease_failed = true;
-      return *refusal;
+  bool defer = false;
+  for (;;) {
+    if (refused_ || c.base == nullptr || c.size - c.used < size) {
+      if (refusal != nullptr) {
+        refused_ = true;
+        *lease_failed = true;
+        return *refusal;
+      }
+      if (unanswered_at_ > lock->asked_) {
+        *lease_failed = true;
+        return Status::Unavailable(
+            "the cache server did not answer a lease asked by another thread while "
+            "this one waited to put");
+      }
+      // The queued rows lie in the chunk the lease trades in.
+      if (!Publish(lock, tally)) return lock->ended_status_;
+      if (stats_ != nullptr && tally->rows > 0) {
+        stats_->CountPuts(tally->rows, tally->bytes);
+        *tally = {};
+      }
+      s = Lease(static_cast<int>(node), size, &c, lock->statuses_ == nullptr);
+      if (!s.ok()) {
+        if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
+        // A row refused for want of a chunk is a refusal too: full stays
+        // full for this writer (the chunk's room is not used after it).
+        if (s.IsFull()) refused_ = true;
+        *lease_failed = true;
+        return s;
+      }
     }
-    if (unanswered_at_ > lock->asked_) {
-      *lease_failed = true;
-      return Status::Unavailable(
-          "the cache server did not answer a lease asked by another thread while this "
-          "one waited to put");
+    // Queued rows are published before a row that is not queued, or one
+    // for another node's chunk (the thread moved).
+    defer = c.fd >= 0 && lock->statuses_ != nullptr;
+    if ((!defer || deferred_node_ != node) && !Publish(lock, tally)) {
+      return lock->ended_status_;
     }
-    if (stats_ != nullptr && tally->rows > 0) {
-      stats_->CountPuts(tally->rows, tally->bytes);
-      *tally = {};
+    if (defer) {
+      for (const Deferred& d : deferred_) {
+        if (d.id == id) return Status::OK();  // the first row of the batch wins
+      }
     }
-    s = Lease(static_cast<int>(node), size, &c);
-    if (!s.ok()) {
-      if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
-      // A row refused for want of a chunk is a refusal too: full stays
-      // full for this writer (the chunk's room is not used after it).
-      if (s.IsFull()) refused_ = true;
-      *lease_failed = true;
-      return s;
-    }
+    // Reserve before writing: whatever lies past `used` may be re-leased by
+    // the daemon if this process dies, or taken back for another writer
+    // (then the chunk ends before this row: a lease again).
+    if (MoveUsed(&c, c.used + size)) break;
   }
   const uint64_t off = c.used - size;
+  if (defer) {
+    deferred_.push_back({id, columns, size, off, lock->row_});
+    deferred_node_ = node;
+    return Status::OK();
+  }
   RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
-  const uint64_t loc = layout::MakeLocation(c.seg_no, c.offset + off);
+  return Insert(id, size, off, &c, tally, inserted);
+}
+
+Status ChunkWriter::Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c,
+                           Tally* tally, bool* inserted) {
+  const uint64_t loc = layout::MakeLocation(c->seg_no, c->offset + off);
+  Status s;
   for (;;) {
     uint32_t tables = 0;
     IndexTable::InsertResult r = tables_->InsertNewest(id, loc, &tables);
@@ -142,8 +187,9 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     s = GrowIndex(tables);
     if (!s.ok()) break;
   }
-  // Not published: the space is still ours alone, take it back.
-  MoveUsed(&c, off);
+  // Not published: the space is still ours alone; take it back when
+  // nothing lies past it (a deferred row's later neighbours may).
+  if (off + size == c->used) MoveUsed(c, off);
   return s;
 }
 
@@ -171,6 +217,84 @@ bool ChunkWriter::MoveUsed(Chunk* c, uint64_t to) {
       return true;
     }
   }
+}
+
+void ChunkWriter::WriteDeferred(const Chunk& c) {
+  // The rows' heads (header and descriptors) are encoded here; their
+  // columns' bytes go from the caller's buffers straight into the file.
+  size_t head_bytes = 0;
+  for (const Deferred& d : deferred_) head_bytes += RowCodec::HeadBytes(d.columns);
+  heads_.resize(head_bytes);
+  pieces_.clear();
+  static constexpr std::byte kZeros[8] = {};
+  std::byte* head = heads_.data();
+  for (const Deferred& d : deferred_) {
+    const size_t n = RowCodec::HeadBytes(d.columns);
+    RowCodec::EncodeHead(d.id, d.columns, head, d.size);
+    pieces_.push_back({head, n});
+    head += n;
+    for (const ColumnRef& col : d.columns) {
+      if (col.nbytes > 0) pieces_.push_back({const_cast<void*>(col.data), col.nbytes});
+      if (size_t pad = RowCodec::PaddedBytes(col.nbytes) - col.nbytes; pad > 0) {
+        pieces_.push_back({const_cast<std::byte*>(kZeros), pad});
+      }
+    }
+  }
+  // The rows lie back to back from the first one's offset.
+  auto pos = static_cast<off_t>(c.offset + deferred_.front().off);
+  size_t next = 0;
+  while (next < pieces_.size()) {
+    const int count = static_cast<int>(std::min<size_t>(IOV_MAX, pieces_.size() - next));
+    ssize_t n = pwritev(c.fd, &pieces_[next], count, pos);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // The descriptor failed (it never does on tmpfs but for a bad column
+      // pointer): write every row through the mapping instead.
+      for (const Deferred& d : deferred_) {
+        RowCodec::Encode(d.id, d.columns, reinterpret_cast<std::byte*>(c.base + d.off),
+                         d.size);
+      }
+      return;
+    }
+    pos += n;
+    // Past the pieces written whole; a piece written in part is moved on.
+    auto left = static_cast<size_t>(n);
+    while (left > 0 && left >= pieces_[next].iov_len) left -= pieces_[next++].iov_len;
+    if (left > 0) {
+      pieces_[next].iov_base = static_cast<char*>(pieces_[next].iov_base) + left;
+      pieces_[next].iov_len -= left;
+    }
+  }
+}
+
+bool ChunkWriter::Publish(BatchLock* lock, Tally* tally) {
+  if (!lock->lock_.owns_lock()) return !lock->ended_;
+  mu_.AssertHeld();
+  if (deferred_.empty()) return !lock->ended_;
+  Chunk& c = chunks_[deferred_node_];
+  WriteDeferred(c);
+  // The rows' bytes are in the file's pages, stored by this thread (the
+  // kernel's copy, before pwritev returned): the index insert's release
+  // orders them before the location, as it does a copy through the
+  // mapping.
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    const Deferred& d = deferred_[i];
+    bool added = false;
+    Status s = Insert(d.id, d.size, d.off, &c, tally, &added);
+    lock->statuses_[d.row] = s;
+    if (lock->inserted_ != nullptr) lock->inserted_[d.row] = added;
+    if (s.IsFull() || s.IsUnavailable()) {
+      // Ends the batch here, as the row would have when written alone; the
+      // later rows are not published and their room comes back.
+      lock->ended_ = true;
+      lock->ended_at_ = d.row;
+      lock->ended_status_ = s;
+      MoveUsed(&c, d.off);
+      break;
+    }
+  }
+  deferred_.clear();
+  return !lock->ended_;
 }
 
 Status ChunkWriter::GrowIndex(uint32_t seen) {

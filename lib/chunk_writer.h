@@ -7,6 +7,15 @@
 // lease a new chunk, handing the old one's unused tail back in the same
 // request; a full index table makes it ask the daemon to grow the index.
 //
+// On a tmpfs of 4 KB pages (WritesThroughFd) the daemon leaves a segment's
+// pages uncleared, and a batch's rows are written through the segment's
+// descriptor instead of its mapping: one pwritev per window of rows, whole
+// pages that the kernel need not clear, and only then published (Publish).
+// A single Put still copies through the mapping, into a chunk cleared and
+// mapped when it was leased for it (a chunk a batch leased is cleared by
+// the single Put's write faults). A page of a chunk that nobody wrote
+// reads as zero either way.
+//
 // Writes take the writer's mutex (process-local, fork-safe, LockRank::
 // kCachePut), once per batch: it is held through the daemon round trips of
 // a lease. A killed process takes it with it; the daemon takes back the
@@ -15,6 +24,8 @@
 //
 // Thread safety: every method from any thread.
 #pragma once
+
+#include <sys/uio.h>
 
 #include <chrono>
 #include <cstddef>
@@ -60,6 +71,22 @@ class ChunkWriter {
   class BatchLock {
    public:
     explicit BatchLock(ChunkWriter* writer) : lock_(writer->mu_, std::defer_lock) {}
+    // For a batch of `rows` rows (more than one) whose outcomes go to
+    // statuses[i] and, when given, inserted[i]: rows may be deferred (see
+    // Write) and their outcomes set by Publish.
+    BatchLock(ChunkWriter* writer, size_t rows, Status* statuses, bool* inserted)
+        : lock_(writer->mu_, std::defer_lock),
+          statuses_(rows > 1 ? statuses : nullptr),
+          inserted_(inserted) {}
+    // The batch's row the next Write writes.
+    void AtRow(size_t row) { row_ = row; }
+    // Whether a Publish met Full or Unavailable (growing the index), which
+    // ends the batch at row ended_at(): that row and every later one get
+    // ended_status() (the caller sets those not published: Publish set the
+    // deferred ones), and no row from there on is stored.
+    bool ended() const { return ended_; }
+    size_t ended_at() const { return ended_at_; }
+    const Status& ended_status() const { return ended_status_; }
     // Lets the mutex go before the batch ends (its rows to disk are put
     // without it); a later Write takes it again.
     void Unlock() {
@@ -70,6 +97,12 @@ class ChunkWriter {
     friend class ChunkWriter;
     std::unique_lock<ForkSafeMutex> lock_;
     std::chrono::steady_clock::time_point asked_;  // when the batch asked for it
+    Status* const statuses_ = nullptr;             // null: no row is deferred
+    bool* const inserted_ = nullptr;
+    size_t row_ = 0;
+    bool ended_ = false;
+    size_t ended_at_ = 0;
+    Status ended_status_;
   };
 
   // Writes row `id` (`columns`, `size` bytes encoded: RowCodec::
@@ -89,9 +122,23 @@ class ChunkWriter {
   // after a row whose lease the daemon refused as Full; one that fits
   // before is written as ever (the room is this process's, counted against
   // the budget already).
+  // Deferred rows: in a batch whose lock was given its outcomes, a row for
+  // a chunk written through its descriptor is reserved and queued, and
+  // Write returns OK with *inserted false; Publish writes and publishes it
+  // and sets its outcome (as Write would have: the first row of an id
+  // wins, a queued one included). The queued rows are published before a
+  // lease and before a row is written through the mapping.
   Status Write(uint64_t id, std::span<const ColumnRef> columns, size_t size,
                BatchLock* lock, Tally* tally, bool* inserted, bool* lease_failed,
                const Status* refusal = nullptr);
+  // Writes the deferred rows of *lock's batch (one pwritev per IOV_MAX
+  // pieces; through the mapping should the descriptor fail) and then
+  // publishes them in order, setting each one's outcome. A Full or
+  // Unavailable answer to growing the index ends the batch (BatchLock::
+  // ended); the rows queued from there on are not published and their
+  // room is taken back. Returns false when the batch has ended. The caller
+  // publishes before it lets the lock go.
+  bool Publish(BatchLock* lock, Tally* tally);
   // Asks the daemon for an index table past the `seen` ones mapped, and
   // maps it.
   Status GrowIndex(uint32_t seen);
@@ -110,19 +157,35 @@ class ChunkWriter {
     uint64_t size = 0;
     uint64_t used = 0;
     layout::ChunkHeader* header = nullptr;
+    int fd = -1;  // its segment's, when rows are written through it
+  };
+  // A row reserved in the chunk and not yet written (Write's deferred rows).
+  struct Deferred {
+    uint64_t id;
+    std::span<const ColumnRef> columns;
+    uint64_t size;
+    uint64_t off;  // in the chunk
+    size_t row;    // in the batch
   };
 
   // Takes mu_ unless *lock holds it; a forked child first drops the
   // chunks, which belong to its parent. On return mu_ is held (by *lock),
   // which the analysis cannot follow through the unique_lock: asserted.
   void Lock(BatchLock* lock) ASSERT_CAPABILITY(mu_);
-  // A new chunk with room for `need` bytes on `node` in place of *c.
-  Status Lease(int node, size_t need, Chunk* c) REQUIRES(mu_);
+  // A new chunk with room for `need` bytes on `node` in place of *c;
+  // `mapped`: for rows written through the mapping (not deferred).
+  Status Lease(int node, size_t need, Chunk* c, bool mapped) REQUIRES(mu_);
   // Moves the chunk's `used` mark from c->used to `to` (compare-and-swap:
   // the daemon may take back the chunk's end, layout::kRoomTaken), taking
   // in the end the daemon set. False, with the mark where it was, when `to`
   // lies past the chunk's end then.
   static bool MoveUsed(Chunk* c, uint64_t to);
+  // Puts the bytes of the deferred rows of chunk `c` in place.
+  void WriteDeferred(const Chunk& c) REQUIRES(mu_);
+  // Publishes a row written at chunk offset `off` of `c`; on kExists (or
+  // an error) gives its room back when it is the chunk's last row.
+  Status Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c, Tally* tally,
+                bool* inserted) REQUIRES(mu_);
 
   const std::shared_ptr<ClientImpl> client_;
   const uint32_t cache_id_;
@@ -131,9 +194,15 @@ class ChunkWriter {
   StatsLanes* const stats_;
   ForkSafeMutex mu_{LockRank::kCachePut};
   std::vector<Chunk> chunks_ GUARDED_BY(mu_);  // one per NUMA node
-  uint64_t fork_gen_ GUARDED_BY(mu_) = 0;      // of the process chunks_ are for
-  bool closed_ GUARDED_BY(mu_) = false;        // ReturnChunks ran
-  bool refused_ GUARDED_BY(mu_) = false;       // a refusal was given (see Write)
+  // The batch's deferred rows, all in chunks_[deferred_node_]; with the
+  // pieces of their pwritev (kept for their buffers).
+  std::vector<Deferred> deferred_ GUARDED_BY(mu_);
+  size_t deferred_node_ GUARDED_BY(mu_) = 0;
+  std::vector<std::byte> heads_ GUARDED_BY(mu_);
+  std::vector<struct iovec> pieces_ GUARDED_BY(mu_);
+  uint64_t fork_gen_ GUARDED_BY(mu_) = 0;  // of the process chunks_ are for
+  bool closed_ GUARDED_BY(mu_) = false;    // ReturnChunks ran
+  bool refused_ GUARDED_BY(mu_) = false;   // a refusal was given (see Write)
   // When a lease last got no answer (Unavailable). A batch that asked for
   // mu_ before then gets that answer too rather than asking again: the put
   // lock is held through a lease, and each put is to wait the request

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -85,14 +86,32 @@ Status Connection::Broken(const std::string& what) {
       fmt::format("cache server on port {} is unreachable ({})", port_, what));
 }
 
-static bool WriteAll(int fd, const void* p, size_t n) {
-  auto* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+// Sends a frame's header and body with one system call (more only for a
+// body larger than the socket's buffer). Sent apart, the daemon often woke
+// for the header alone while this process was descheduled before the body:
+// one more wake-up and a read that found nothing, per request
+// (docs/spill-reads.md#single-spilled-puts-profiled-issue-36-item-4).
+static bool SendFrame(int fd, std::span<const std::byte> header,
+                      const std::string& body) {
+  iovec iov[2] = {{const_cast<std::byte*>(header.data()), header.size()},
+                  {const_cast<char*>(body.data()), body.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  while (msg.msg_iovlen > 0) {
+    ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
+    auto n = static_cast<size_t>(w);
+    while (msg.msg_iovlen > 0 && n >= msg.msg_iov->iov_len) {
+      n -= msg.msg_iov->iov_len;
+      ++msg.msg_iov;
+      --msg.msg_iovlen;
+    }
+    if (msg.msg_iovlen > 0) {
+      msg.msg_iov->iov_base = static_cast<char*>(msg.msg_iov->iov_base) + n;
+      msg.msg_iov->iov_len -= n;
+    }
   }
   return true;
 }
@@ -129,10 +148,34 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   h.body_len = static_cast<uint32_t>(request.size());
   std::byte hdr[protocol::kFrameHeaderBytes];
   protocol::EncodeFrameHeader(h, hdr);
-  if (!WriteAll(fd_, hdr, sizeof hdr) || !WriteAll(fd_, request.data(), request.size())) {
-    return Broken(std::strerror(errno));
+  if (!SendFrame(fd_, hdr, request)) {
+    const int err = errno;
+    // A server of another protocol version answers the header alone and
+    // closes (server_connection.cc): what it said is read before the close
+    // is reported, which a body larger than the socket's buffer met.
+    if ((err == EPIPE || err == ECONNRESET) && ReadAll(fd_, hdr, sizeof hdr)) {
+      protocol::FrameHeader rh;
+      if (Status s = protocol::DecodeFrameHeader(hdr, &rh); s.IsNotSupported()) {
+        return Broken(s.message());
+      }
+    }
+    return Broken(std::strerror(err));
   }
-  if (!ReadAll(fd_, hdr, sizeof hdr)) {
+  // The answer's header and as much of its body as came with it (all of a
+  // small answer: the daemon sends both with one write) in one system call.
+  // Nothing follows an answer on the socket before the next request.
+  body->resize(std::max<size_t>(body->size(), kFirstBodyBytes));
+  iovec in[2] = {{hdr, sizeof hdr}, {body->data(), kFirstBodyBytes}};
+  msghdr msg{};
+  msg.msg_iov = in;
+  msg.msg_iovlen = 2;
+  ssize_t got = -1;
+  do {
+    got = recvmsg(fd_, &msg, 0);
+  } while (got < 0 && errno == EINTR);
+  const size_t head =
+      got > 0 ? std::min<size_t>(static_cast<size_t>(got), sizeof hdr) : 0;
+  if (got <= 0 || !ReadAll(fd_, hdr + head, sizeof hdr - head)) {
     return Broken(errno == EAGAIN ? "timed out" : "connection closed");
   }
   protocol::FrameHeader rh;
@@ -141,8 +184,10 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   if (rh.type != (h.type | protocol::kResponseBit)) {
     return Broken("response does not match request");
   }
+  const size_t body_got = static_cast<size_t>(got) - head;
+  if (body_got > rh.body_len) return Broken("response longer than its frame");
   body->resize(rh.body_len);
-  if (!ReadAll(fd_, body->data(), body->size())) {
+  if (!ReadAll(fd_, body->data() + body_got, body->size() - body_got)) {
     return Broken("response truncated");
   }
   protocol::WireReader r(

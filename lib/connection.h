@@ -37,6 +37,8 @@ class Connection {
  private:
   Connection(int fd, int port, int timeout_ms)
       : fd_(fd), port_(port), timeout_ms_(timeout_ms) {}
+  // The most bytes of an answer's body read with its header.
+  static constexpr size_t kFirstBodyBytes = 4096;
   Status Broken(const std::string& what);
   Status Exchange(protocol::MsgType type, const std::string& request, std::string* body,
                   size_t* payload_offset);

@@ -17,11 +17,15 @@ namespace shmcache {
 // A segment mapped twice: `base` read-write, for this process's writes into
 // its own chunks, and `read_base` PROT_READ, for every row handed to a
 // reader (a write through a view faults; it never reaches other processes).
+// `fd`: the file's read-write descriptor where WritesThroughFd (shm_file.h)
+// holds for it (a tmpfs of 4 KB pages: the writer writes a batch's rows
+// into fresh pages through it), else -1.
 struct MappedSegment {
   char* base = nullptr;
   const char* read_base = nullptr;
   size_t size = 0;
   int node = 0;
+  int fd = -1;
 };
 
 class SegmentMap {
@@ -44,8 +48,10 @@ class SegmentMap {
     return e.ready.load(std::memory_order_acquire) ? &e.seg : nullptr;
   }
   // Takes ownership of both mappings of the file (read_only: the PROT_READ
-  // one, same size). REQUIRES: owner's mutex held.
-  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, ShmFile read_only, int node);
+  // one, same size) and of `fd` (-1: none; closed here when the segment
+  // number is out of range). REQUIRES: owner's mutex held.
+  const MappedSegment* Insert(uint32_t seg_no, ShmFile file, ShmFile read_only, int node,
+                              int fd = -1);
 
  private:
   struct Entry {
@@ -57,6 +63,7 @@ class SegmentMap {
   };
   std::unique_ptr<std::atomic<Block*>[]> blocks_;
   std::vector<ShmFile> files_;
+  std::vector<int> fds_;
 };
 
 }  // namespace shmcache

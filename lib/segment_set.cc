@@ -1,5 +1,7 @@
 #include "lib/segment_set.h"
 
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 
@@ -24,13 +26,15 @@ Status SegmentSet::Map(uint32_t seg_no, const MappedSegment** out) {
   }
   std::string path = paths_().SegmentFile(cache_id_, seg_no);
   ShmFile f, read_only;
-  Status s = ShmFile::Open(path, &f, &read_only);
+  int fd = -1;
+  Status s = ShmFile::Open(path, &f, &read_only, &fd);
   if (!s.ok()) return s;
   if (const char* bad = layout::CheckSegmentFile(f.data(), f.size(), cache_id_, seg_no)) {
+    if (fd >= 0) close(fd);
     return Status::Corruption(path + ": " + bad);
   }
   int node = static_cast<int>(reinterpret_cast<layout::SegmentHeader*>(f.data())->node);
-  *out = map_.Insert(seg_no, std::move(f), std::move(read_only), node);
+  *out = map_.Insert(seg_no, std::move(f), std::move(read_only), node, fd);
   return *out ? Status::OK() : Status::Corruption("segment number out of range");
 }
 

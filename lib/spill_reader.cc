@@ -151,8 +151,14 @@ std::shared_ptr<SpillReader> SpillReader::ForInstance(const InstancePaths& paths
   {
     std::lock_guard lock(r.mu);
     ForgetInheritedLocked(r);
-    if (use && !use->dropped_ &&
-        !(use->held_ && use->fork_gen_ == r.fork_gen && use->key_ == key)) {
+    if (use && use->dropped_) {
+      // A read that runs on after its cache's Close (on another thread)
+      // claims nothing: a reader it opened and kept would have no claim
+      // to close it. It reads through the daemon unless a reader is open.
+      auto it = r.by_record.find(key);
+      return it == r.by_record.end() ? nullptr : it->second.reader;
+    }
+    if (use && !(use->held_ && use->fork_gen_ == r.fork_gen && use->key_ == key)) {
       unclaimed = use->UnclaimLocked(r);  // another instance's, or the parent's
       ++r.by_record[key].uses;
       use->key_ = key;

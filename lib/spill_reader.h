@@ -94,7 +94,8 @@ class SpillReader {
   // daemon's spill record names), opened on first use; null when there is
   // none or it cannot be opened, then tried again at most once a second.
   // With `use`, claims the instance's reader for it (a claim on another
-  // instance's reader is given up).
+  // instance's reader is given up); with a dropped `use`, opens none and
+  // returns the one open, if any.
   static std::shared_ptr<SpillReader> ForInstance(const InstancePaths& paths,
                                                   Use* use = nullptr);
   // Forgets the instance's reader when it is `stale` (it failed to answer):

@@ -2,6 +2,7 @@
 // batch are stored as Put would store them one by one, each with its own
 // status, and mapping leased chunks never turns a full tmpfs into a SIGBUS.
 // Every test runs its own daemon.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "format/layout.h"
+#include "format/shm_file.h"
 #include "shmcache/client.h"
 #include "tests/support/test_server.h"
 
@@ -122,6 +125,59 @@ TEST(PutBatchTest, StoresEveryRowAndAnotherProcessReadsThemBack) {
   CacheStats st;
   ASSERT_TRUE(cache->GetStats(&st).ok());
   EXPECT_EQ(st.mem_rows, n);
+}
+
+// On a tmpfs of 4 KB pages the daemon leaves segment pages uncleared
+// (kSegmentClearing) and a batch writes its rows through the segment's
+// descriptor: another process reads them back byte for byte, and the pages
+// of the leased chunk that no row reached are still uncleared (SEEK_DATA
+// skips them: nobody wrote zeros there) yet read as zero through a mapping.
+TEST(PutBatchTest, RowsGoIntoPagesNobodyClearedAndAPageNoRowReachedReadsZero) {
+  TestServer server;  // its shm dir lies in /dev/shm
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 0);
+  const size_t n = 64;  // 192 KB: the first chunk holds them
+  Batch b;
+  for (size_t i = 0; i < n; ++i) b.AddPattern(i);
+  ASSERT_TRUE(b.Put(cache.get()).ok());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(b.statuses[i].ok()) << i << ": " << b.statuses[i].ToString();
+    EXPECT_TRUE(b.inserted[i]) << i;
+  }
+  EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true)), 0);
+  int chunks = 0;
+  for (const std::string& name : server.ShmFiles()) {
+    if (name.find("seg.") == std::string::npos) continue;
+    const std::string path = server.shm_dir() + "/" + name;
+    ShmFile f;
+    ASSERT_TRUE(ShmFile::Open(path, &f).ok()) << path;
+    const auto* h = reinterpret_cast<const layout::ChunkHeader*>(
+        f.data() + layout::kSegmentHeaderSize);
+    if (h->magic != layout::kChunkMagic) continue;  // a segment made ahead of need
+    ++chunks;
+    const uint64_t from =
+        (layout::kSegmentHeaderSize + h->used.load() + 4095) / 4096 * 4096;
+    const uint64_t to = layout::kSegmentHeaderSize + h->size;
+    ASSERT_LT(from, to) << "the rows fill the chunk";
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const off_t data = lseek(fd, static_cast<off_t>(from), SEEK_DATA);
+    close(fd);
+    EXPECT_TRUE(data < 0 || static_cast<uint64_t>(data) >= to)
+        << "the chunk's page at " << data << " past its rows (" << from << "-" << to
+        << ") was written: cleared ahead of the writer";
+    pid_t pid = ForkChild([&]() -> int {
+      ShmFile g;
+      if (!ShmFile::Open(path, &g).ok()) return 3;
+      for (uint64_t off = from; off < to; ++off) {
+        if (g.data()[off] != 0) return 4;
+      }
+      return 0;
+    });
+    EXPECT_EQ(WaitChild(pid), 0) << "a page no row reached does not read as zero";
+  }
+  EXPECT_EQ(chunks, 1);
 }
 
 TEST(PutBatchTest, FullPartWayKeepsWhatWasStoredAndSaysSoPerRow) {

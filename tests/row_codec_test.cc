@@ -94,6 +94,43 @@ TEST(RowCodecTest, RoundTripOfSeveralDtypesAndShapes) {
   EXPECT_EQ(v.encoded().size(), e.size);
 }
 
+// A writer that gathers a row (pwritev: the head, then each column's data
+// and its padding) writes exactly the bytes Encode writes.
+TEST(RowCodecTest, TheRowInPiecesIsTheEncodedRow) {
+  const std::vector<uint8_t> odd(13, 0xA5);
+  const std::vector<float> f = {1.5f, -2.0f, 3.25f};
+  const double scalar = 7.0;
+  const int64_t odd_shape[1] = {13};
+  const int64_t f_shape[2] = {1, 3};
+  const ColumnRef cols[] = {
+      {"bytes", DType::kUInt8, odd_shape, odd.data(), odd.size()},
+      {"f", DType::kFloat32, f_shape, f.data(), f.size() * sizeof(float)},
+      {"a-longer-name-than-eight", DType::kFloat64, {}, &scalar, sizeof scalar},
+      {"", DType::kUInt8, std::span<const int64_t>(), nullptr, 0},
+  };
+  const int64_t empty_shape[1] = {0};
+  ColumnRef all[4] = {cols[0], cols[1], cols[2], cols[3]};
+  all[3].shape = empty_shape;
+  size_t size = 0;
+  ASSERT_TRUE(RowCodec::EncodedSize(all, &size).ok());
+  std::vector<std::byte> whole(size, std::byte{0xFF}), pieces(size, std::byte{0xEE});
+  RowCodec::Encode(42, all, whole.data(), size);
+  const size_t head = RowCodec::HeadBytes(all);
+  RowCodec::EncodeHead(42, all, pieces.data(), size);
+  size_t at = head;
+  for (const ColumnRef& c : all) {
+    if (c.nbytes > 0) std::memcpy(pieces.data() + at, c.data, c.nbytes);
+    std::memset(pieces.data() + at + c.nbytes, 0,
+                RowCodec::PaddedBytes(c.nbytes) - c.nbytes);
+    at += RowCodec::PaddedBytes(c.nbytes);
+  }
+  ASSERT_EQ(at, size);
+  EXPECT_EQ(std::memcmp(whole.data(), pieces.data(), size), 0);
+  RowView v;
+  ASSERT_TRUE(RowCodec::Decode(pieces.data(), size, &v).ok());
+  EXPECT_EQ(v.column(0).nbytes, 13u);
+}
+
 TEST(RowCodecTest, EveryDtypeRoundTrips) {
   for (int t = 0; t < kNumDTypes; ++t) {
     DType dt = static_cast<DType>(t);
@@ -226,6 +263,7 @@ TEST(RowCodecTest, ProjectionOfManyColumns) {
     std::snprintf(name, sizeof name, "c%d", i);
     names[i] = name;
   }
+  cols.reserve(40);
   for (int i = 0; i < 40; ++i) {
     cols.push_back({names[i], DType::kInt32, shape, &vals[i], 4});
   }

@@ -8,16 +8,20 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "format/instance.h"
 #include "format/protocol.h"
 #include "format/row_codec.h"
+#include "lib/spill_reader.h"
 #include "shmcache/client.h"
 #include "shmcache/stats.h"
 #include "tests/support/capacity_helpers.h"
+#include "tests/support/child_process.h"
 #include "tests/support/spilling_cache_test.h"
 #include "tests/support/test_server.h"
 #include "tests/support/tmpfs_mount.h"
@@ -375,6 +379,54 @@ TEST_F(SpillTest, AClosedCachesReaderHoldsNoFileItsDestroyDeleted) {
   std::vector<std::string> held;
   EXPECT_TRUE(WaitFor([&] { return (held = FilesHeld(spill_, true)).empty(); }))
       << testing::PrintToString(held);
+}
+
+// A read that runs on after its cache closed (Close on another thread, as
+// the read began) claims no reader and keeps none open: nothing would
+// close it, and it held the database's files for the process's life.
+TEST_F(SpillTest, AReadAfterItsCachesCloseKeepsNoReaderOpen) {
+  const size_t rows = (8u << 20) / kRowBytes;  // 8 times the budget
+  ASSERT_EQ(PutRows(cache_.get(), rows), rows);
+  const InstancePaths paths =
+      MakeInstancePaths(server_.port(), server_.run_dir(), server_.shm_dir());
+  SpillReader::Use use;
+  use.Drop();  // what the cache's Close does
+  const std::weak_ptr<SpillReader> served = SpillReader::ForInstance(paths, &use);
+  EXPECT_TRUE(served.expired()) << "the registry kept the reader of a closed cache";
+  EXPECT_TRUE(FilesHeld(spill_, false).empty())
+      << testing::PrintToString(FilesHeld(spill_, false));
+}
+
+// A claim made before fork() counts for nothing in the child: a cache the
+// child inherited gives up its claim (its next spilled read claims anew,
+// its Close) without taking away the child's own claims, whose reader
+// stays open; the parent's reader is not the child's to close.
+TEST_F(SpillTest, AClaimMadeBeforeForkCountsNothingInTheChild) {
+  const size_t rows = (8u << 20) / kRowBytes;  // 8 times the budget
+  ASSERT_EQ(PutRows(cache_.get(), rows), rows);
+  const uint64_t spilled = rows - 1;  // memory took the first rows
+  Row row;
+  ASSERT_TRUE(cache_->Get(spilled, &row).ok());  // the parent's claim
+  const InstancePaths paths =
+      MakeInstancePaths(server_.port(), server_.run_dir(), server_.shm_dir());
+  const pid_t child = ForkChild([&]() -> int {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Cache> own;
+    if (!server_.Connect(&client).ok() ||
+        !client->OpenCache(CacheNamed(session_, "capacity", 1, true), &own).ok()) {
+      return 3;
+    }
+    Row got;
+    if (!own->Get(spilled, &got).ok()) return 4;  // the child's own claim
+    const std::shared_ptr<SpillReader> reader = SpillReader::ForInstance(paths);
+    if (!reader) return 5;
+    if (!cache_->Get(spilled, &got).ok()) return 6;  // the inherited one claims anew
+    cache_->Close();
+    return SpillReader::ForInstance(paths) == reader ? 0 : 7;  // 7: closed under `own`
+  });
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(WaitChild(child), 0);
+  EXPECT_TRUE(cache_->Get(spilled, &row).ok());
 }
 
 // A process that goes on reading spilled rows of another cache lets go of

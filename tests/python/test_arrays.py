@@ -103,6 +103,22 @@ def test_put_columns_takes_arrays_of_any_layout(server, session):
     assert c.get(2) is None and c.get(3) is None and c.accepting
 
 
+def test_put_columns_refuses_an_array_of_python_objects(server, session):
+    # Given a dtype name of its itemsize, an array of objects was stored as
+    # the objects' addresses, read back (by every process of the session)
+    # as numbers.
+    c = DatasetCache(session)
+    objects = np.array([object(), object()], dtype=object)
+    fields = np.zeros(2, dtype=[("a", "O")])   # an object field: itemsize 8
+    for name, a in (("int64", objects), ("uint64", objects), (None, objects),
+                    ("int64", fields)):
+        with pytest.raises(TypeError, match="column 'x' holds Python objects"):
+            c.put_columns(1, [("x", name, a)])
+        with pytest.raises(TypeError, match="column 'x' holds Python objects"):
+            c.put_encoded([1], [[("x", name, a)]], strict=True)
+    assert c.get(1) is None and c.accepting
+
+
 def test_a_rows_list_emptied_while_put_batch_reads_it_is_refused(server, session):
     # A column that is no ndarray is converted by numpy, which calls its
     # __array__: Python code, here emptying the list being read.
@@ -118,6 +134,31 @@ def test_a_rows_list_emptied_while_put_batch_reads_it_is_refused(server, session
     with pytest.raises(ValueError, match="rows list changed"):
         c.put_encoded([1, 2], rows, strict=True)
     assert c.get(1) is None and c.get(2) is None and c.accepting
+
+
+def test_a_row_emptied_while_its_column_converts_keeps_the_column_held(server, session):
+    # The row's list held the column's tuple alone: emptied by the array's
+    # __array__, it freed the tuple, its name and its dtype name while
+    # put_batch still read them (the name was then stored from freed memory).
+    c = DatasetCache(session)
+    freed: list = []
+    seen: list = []
+
+    class Name(str):
+        def __del__(self):
+            freed.append(str(self))
+
+    class Emptying:
+        def __array__(self, dtype=None, copy=None):
+            row.clear()
+            seen.append(list(freed))
+            return np.arange(3, dtype=np.uint8)
+
+    row = [(Name("image"), Name("uint8"), Emptying())]
+    assert c.put_encoded([1], [row], strict=True) == [True]
+    assert seen == [[]], "the column was freed while put_batch read it"
+    assert [n for n, _, _ in c.get_columns(1)] == ["image"]
+    assert list(c.get_columns(1)[0][2]) == [0, 1, 2]
 
 
 def test_put_columns_refuses_a_foreign_byte_order(server, session):

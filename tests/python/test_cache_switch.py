@@ -234,6 +234,25 @@ def test_a_cache_set_later_is_named_for_the_dataset_as_the_constructors(server, 
     assert (mine.cache.session_id, mine.cache.name) == (new_session, "mine")
 
 
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_a_name_given_to_the_first_caches_constructor_names_a_later_cache(
+        server, session, kind):
+    """DatasetCache(name="mnist") given to the constructor counts as
+    name="mnist": ds.cache = DatasetCache(other_session) then keeps
+    "mnist", as after name="mnist" (it took the fingerprint's name, and
+    read the dataset's samples to make it)."""
+    make = (lambda c: CachedDataset(Images(4), c)) if kind == "map" else \
+        (lambda c: CachedIterableDataset(Stream(4), c))
+    ds = make(DatasetCache(session, name="mnist"))
+    new_session = server.new_session()
+    ds.cache = DatasetCache(new_session)
+    assert (ds.cache.session_id, ds.cache.name) == (new_session, "mnist")
+    # A later cache's own name is taken, and kept by the next unnamed one.
+    ds.cache = DatasetCache(session, name="val")
+    ds.cache = DatasetCache(new_session)
+    assert (ds.cache.session_id, ds.cache.name) == (new_session, "val")
+
+
 def test_a_streaming_dataset_takes_a_later_cache_and_none_as_cached_dataset(
         server, session, caplog):
     ds = CachedIterableDataset(Stream(6), DatasetCache(session))

@@ -109,8 +109,9 @@ RACE_SCRIPT = """
     print(writer.native_id, flush=True)
 """
 
-# System call numbers: (read, recvfrom, futex).
-SYSCALLS = {"x86_64": ("0", "45", "202"), "aarch64": ("63", "207", "98")}
+# System call numbers: (read, recvmsg, futex); a client waits for an
+# answer in recvmsg (lib/connection.cc).
+SYSCALLS = {"x86_64": ("0", "47", "202"), "aarch64": ("63", "212", "98")}
 
 
 def _syscall(pid, tid):

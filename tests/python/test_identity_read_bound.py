@@ -8,6 +8,7 @@ lazily stays the copy's; a handle bound to the thread that opened it
 (sqlite3's) still reads."""
 
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -164,8 +165,24 @@ def draw_numpy():
     return float(np.random.rand())
 
 
-@pytest.mark.parametrize("draw", [draw_torch, random.random, draw_numpy],
-                         ids=["torch", "random", "numpy"])
+def draw_again_past_a_bare_except():
+    """A dataset's retry: its first draw stopped, it tries once more."""
+    try:
+        return random.random()
+    except:  # noqa: E722 -- what the dataset does
+        return random.random()
+
+
+def seed_numpy():
+    """A per-sample seed of numpy's global RNG (np.random.seed(index)), a
+    module function of numpy's, not a method of its RandomState."""
+    np.random.seed(1)
+    return 0.0
+
+
+@pytest.mark.parametrize("draw", [draw_torch, random.random, draw_numpy,
+                                  draw_again_past_a_bare_except, seed_numpy],
+                         ids=["torch", "random", "numpy", "bare-except", "numpy-seed"])
 def test_a_read_given_up_draws_nothing_from_the_trainers_rngs_once_let_go(
         session, monkeypatch, draw):
     """The sample being read when the caller gave up goes on on its thread
@@ -185,6 +202,30 @@ def test_a_read_given_up_draws_nothing_from_the_trainers_rngs_once_let_go(
     wait_for(_identity_reader_ended, what="the abandoned read to end")
     assert what_the_trainer_draws() == expected
     assert ds.drew == []
+
+
+def test_a_read_interrupted_by_ctrl_c_is_given_up(session, monkeypatch):
+    """Ctrl-C while CachedDataset waits for its identity read (a notebook's
+    interrupted cell): the read is given up as at the bound. It went on,
+    read every sample and put back the RNGs of before the call at each,
+    undoing the seeds the user set after the interrupt."""
+    seed_as_a_script_does()
+    expected = what_the_trainer_draws()
+    monkeypatch.setenv("SHMCACHE_IDENTITY_SECONDS", "60")
+    ds = Held()
+    main = threading.main_thread().ident
+
+    def interrupt():
+        assert wait_for(lambda: ds.reads, what="the identity read to start")
+        signal.pthread_kill(main, signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        cache_for_dataset(ds, DatasetCache(session))
+    seed_as_a_script_does()
+    ds.go.set()
+    wait_for(_identity_reader_ended, what="the interrupted read to end")
+    assert what_the_trainer_draws() == expected
+    assert ds.reads == [0]      # nothing more was read once given up
 
 
 class OpensLazily(Dataset):

@@ -491,6 +491,137 @@ def test_the_loader_follows_its_datasets_cache_when_it_is_switched_or_off(
               OTHER_SESSION=str(server.new_session()))
 
 
+def _held_loader(dataset):
+    """The lines of a rank's script that make `cds`, a CachedDataset over
+    `dataset` (a class of the script; named: no identity read, which would
+    meet the held row), and `loader`, its PartitionedLoader (batches of 2,
+    windows of 2, one rank a node) over the loader kind of argv[1]."""
+    return f"""
+cds = CachedDataset({dataset}(), shmcache.DatasetCache(
+    session_id=int(os.environ["SESSION_ID"])), name="rows", async_puts=False)
+make = {{"dataloader": DataLoader, "cachedloader": CachedLoader}}[sys.argv[1]]
+loader = PartitionedLoader(make(cds, batch_size=2, sampler=DistributedSampler(cds, shuffle=False)),
+                           window=2, local_world_size=1)
+"""
+
+
+_SWITCHED_MID_WINDOW = _rows_rank("one-rank-switched-mid-window", 16) + r"""
+import threading
+reached, go = threading.Event(), threading.Event()
+
+class HeldAtRow4(Rows):
+    # Row 4 (the second window's first) waits until the trainer switched.
+    def __getitem__(self, i):
+        if i == 4:
+            reached.set()
+            assert go.wait(60), "the trainer never switched"
+        return super().__getitem__(i)
+
+""" + _held_loader("HeldAtRow4") + r"""
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got = []
+    for k, (_, i) in enumerate(loader):
+        got += i.tolist()
+        if k == 0:
+            assert reached.wait(60), "the second window never started"
+            old = cds.cache
+            cds.cache = shmcache.DatasetCache(session_id=int(os.environ["OTHER_SESSION"]))
+            old.close()     # as CachedDataset allows: at once
+            go.set()
+assert got == list(range(16)), got
+said = [str(w.message) for w in caught if issubclass(w.category, shmcache.CacheWarning)]
+assert said == [], said
+held = [i for i in range(16) if cds.cache.contains(i)]
+assert held == list(range(4, 16)), held
+loader.close()
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_a_window_under_way_when_the_cache_is_switched_stores_in_the_new_one(
+        server, session, kind):
+    """ds.cache = other while a window is being computed, and the old cache
+    closed at once (CachedDataset allows it): the window's rows go to the
+    new cache, quietly. They went to the old cache the window began with:
+    closed, it warned that it was used after its close, and stored nothing."""
+    _one_rank(_SWITCHED_MID_WINDOW, kind, SESSION_ID=str(session),
+              OTHER_SESSION=str(server.new_session()))
+
+
+_SWITCHED_MID_ROUND = _rows_rank("switched-mid-round", 32) + r"""
+import time
+flag = os.environ["FLAG"]
+rank = dist.get_rank()
+
+class HeldAtRow1(Rows):
+    # Rank 1's first row waits for the file: its first window's rows, some
+    # of node 0's among them, reach rank 0 with the second round, which
+    # rank 0 has begun meanwhile.
+    def __getitem__(self, i):
+        if i == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag):
+                assert time.monotonic() < deadline, "rank 0 never switched"
+                time.sleep(0.01)
+        return super().__getitem__(i)
+
+""" + _held_loader("HeldAtRow1") + r"""
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for k, _ in enumerate(loader):
+        if k == 0 and rank == 0:
+            deadline = time.monotonic() + 60
+            while loader.exchange.rounds < 2:   # the second round began
+                assert time.monotonic() < deadline, "the second round never began"
+                time.sleep(0.01)
+            old = cds.cache
+            cds.cache = shmcache.DatasetCache(session_id=int(os.environ["OTHER_SESSION"]))
+            old.close()     # as CachedDataset allows: at once
+            open(flag, "w").close()
+said = [str(w.message) for w in caught if issubclass(w.category, shmcache.CacheWarning)]
+assert said == [], said
+if rank == 0:
+    put = loader.exchange.rows_put_for_others
+    assert put > 0, "rank 1 sent no row of node 0's"
+    held = sum(cds.cache.contains(i) for i in range(1, 32, 2))
+    assert held == put, (held, put)
+loader.close()
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_rows_a_round_under_way_brings_are_stored_in_the_new_cache(
+        server, session, tmp_path, kind):
+    """Rank 0 sets ds.cache = other while its round waits for rank 1, and
+    closes the old cache at once: the rows rank 1 computed for node 0 go to
+    the new cache, quietly. They went to the old cache the round began
+    with: closed, it warned that it was used after its close and stored
+    nothing."""
+    script = tmp_path / "rank.py"
+    script.write_text(_SWITCHED_MID_ROUND)
+    port = str(free_tcp_port())
+    ranks = [subprocess.Popen(["/usr/bin/python3", str(script), kind],
+                              env=dict(server.env, SESSION_ID=str(server.new_session()),
+                                       OTHER_SESSION=str(server.new_session()),
+                                       FLAG=str(tmp_path / "switched"), RANK=str(r),
+                                       WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, OMP_NUM_THREADS="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, (out, err) in zip(ranks, outs):
+        assert p.returncode == 0 and out.strip() == "ok", out + err
+
+
 # ---- two ranks: a rank gone while another closes its epoch -----------------
 
 _LEFT_EARLY = _rows_rank("left-early", 40) + r'''

@@ -235,7 +235,10 @@ def test_put_of_an_int_outside_int64_raises_a_type_error_naming_it(server, sessi
         c.put_batch([2], [-2**63 - 1])
     with pytest.raises(TypeError, match="outside int64"):
         rows.encode({"label": 2**70})
-    assert c.get(1) is None and c.get(2) is None
+    # In a batch, before any row of it is stored (put_batch's docstring).
+    with pytest.raises(TypeError, match="outside int64"):
+        c.put_batch([4, 5], [np.zeros(2), 2**64])
+    assert c.get(1) is None and c.get(2) is None and c.get(4) is None
     # The ends of int64 are columns as before.
     assert c.put(3, (2**63 - 1, -2**63))
     assert [int(v) for v in c.get(3)] == [2**63 - 1, -2**63]

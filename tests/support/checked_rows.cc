@@ -72,6 +72,28 @@ Status RowMaker::Put(Cache& cache, uint64_t id, bool* inserted) const {
   return cache.Put(id, cols, inserted);
 }
 
+Status RowMaker::PutBatch(Cache& cache, std::span<const uint64_t> ids) const {
+  static const int64_t kOne[1] = {1};
+  const size_t n = ids.size();
+  std::vector<uint64_t> sums(n);
+  std::vector<int64_t> lengths(n);
+  std::vector<ColumnRef> cols(3 * n);
+  std::vector<std::span<const ColumnRef>> rows(n);
+  for (size_t i = 0; i < n; ++i) {
+    sums[i] = Sum(ids[i]);
+    lengths[i] = static_cast<int64_t>(DataBytes(ids[i]));
+    cols[3 * i] = {"id", DType::kUInt64, kOne, &ids[i], 8};
+    cols[3 * i + 1] = {"data", DType::kUInt8, std::span(&lengths[i], 1), Data(ids[i]),
+                       DataBytes(ids[i])};
+    cols[3 * i + 2] = {"sum", DType::kUInt64, kOne, &sums[i], 8};
+    rows[i] = std::span(&cols[3 * i], 3);
+  }
+  std::vector<Status> statuses(n);
+  Status s = cache.PutBatch(ids, rows, statuses);
+  for (size_t i = 0; s.ok() && i < n; ++i) s = statuses[i];
+  return s;
+}
+
 static std::string CheckColumns(const RowMaker& m, uint64_t id, const ColumnView* idc,
                                 const ColumnView& data, const ColumnView& sum) {
   if (idc) {

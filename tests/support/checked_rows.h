@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ class RowMaker {
   uint64_t Sum(uint64_t id) const;
   // Puts row `id`.
   Status Put(Cache& cache, uint64_t id, bool* inserted = nullptr) const;
+  // Puts rows `ids` with one PutBatch: the first row's status that is not
+  // OK, or PutBatch's.
+  Status PutBatch(Cache& cache, std::span<const uint64_t> ids) const;
   // Checks a whole row read back for `id`. "" when right, else what is
   // wrong.
   std::string Verify(uint64_t id, const RowView& row) const;

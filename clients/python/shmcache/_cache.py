@@ -485,8 +485,10 @@ class DatasetCache:
         call with the GIL released, under one lock. Of two rows with one id,
         the first wins. A full cache or a lost server stores the rows before
         it and returns False for the rest (one warning, as put); a row too
-        large is refused alone; a malformed row raises ValueError after the
-        others were stored."""
+        large is refused alone; a row the cache refuses by its limits (too
+        many columns, a name too long) raises ValueError after the others
+        were stored. A value with no column type raises TypeError, as put
+        does, before any row of the batch is stored."""
         check_iterable("row_ids", row_ids)
         check_iterable("rows", rows, sized=True)
         ids = [i if type(i) is int and 0 <= i <= MAX_ROW_ID else check_id(i)

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "clients/python/shmcache/batch_targets.h"
+#include "clients/python/shmcache/call_stop.h"
 #include "clients/python/shmcache/file_stats.h"
 #include "clients/python/shmcache/release_gil.h"
 #include "clients/python/shmcache/row_model.h"
@@ -660,6 +661,10 @@ PYBIND11_MODULE(_shmcache, m) {
   m.def("stat_files", &shmcache::python::StatFiles, py::arg("entries"),
         "Per path (or (path, ...) entry): st_size and st_mtime_ns as native "
         "int64 pairs in bytes, -1 where stat fails; None for no file list.");
+  m.def("stop_calls", &shmcache::python::StopCalls, py::arg("check"), py::arg("armed"),
+        "Once armed[0] is set, calls check(callable) before each call of a "
+        "builtin on this thread; what check raises stops that call, and the "
+        "stop stays (call_stop.h).");
   m.def("claim_byte", &shmcache::python::ClaimByte, py::arg("mapping"), py::arg("offset"),
         "Sets byte `offset` of a writable buffer from 0 to 1 atomically (compare-"
         "and-swap); True for the call that set it.");

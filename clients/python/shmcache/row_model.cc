@@ -441,6 +441,13 @@ py::array ColumnArray(py::handle v) {
   return py::array::ensure(v, py::array::c_style);
 }
 
+// Whether an array's items are (or hold) Python objects: kind 'O', or a
+// structured dtype with an object field.
+bool HoldsObjects(const py::dtype& d) {
+  const char kind = d.kind();
+  return kind == 'O' || (kind == 'V' && d.attr("hasobject").cast<bool>());
+}
+
 DType ColumnType(py::handle dtype_obj, const py::array& a) {
   if (dtype_obj.is_none()) return FromNumpy(a.dtype());
   std::string cast;  // of a name that is not a str: cast raises its error
@@ -474,7 +481,10 @@ void ParsedColumns::Reserve(size_t rows, size_t columns) {
 void ParsedColumns::AddRow(const py::list& columns) {
   size_t n = columns.size();
   for (size_t i = 0; i < n; ++i) {
-    py::handle t = columns[i];
+    // Held from here: the array's conversion below may run Python code
+    // (an __array__) that empties the list, which held the tuple alone,
+    // and the name and dtype read from it must stay.
+    py::object t = columns[i];
     if (!PyTuple_Check(t.ptr()) || PyTuple_GET_SIZE(t.ptr()) != 3) {
       throw py::value_error("a column is (name, dtype name or None, array)");
     }
@@ -487,6 +497,13 @@ void ParsedColumns::AddRow(const py::list& columns) {
     std::string_view name(s, static_cast<size_t>(len));
     py::array a = ColumnArray(PyTuple_GET_ITEM(t.ptr(), 2));
     if (!a) throw py::type_error("column '" + std::string(name) + "' is not an array");
+    // Whatever dtype name comes with it: its bytes are the objects'
+    // addresses, which every process of the session would read as numbers.
+    if (HoldsObjects(a.dtype())) {
+      throw py::type_error("column '" + std::string(name) +
+                           "' holds Python objects (dtype object), which a row "
+                           "cannot hold: convert them to numbers first");
+    }
     // Rows hold native values: a foreign byte order would read back as
     // other numbers.
     if (!IsNative(a.dtype())) {
@@ -518,7 +535,7 @@ void ParsedColumns::AddRow(const py::list& columns) {
     // The name is a view of the tuple's str: held, so that the list the
     // tuple was in may change (another thread, while a put runs without
     // the GIL) and the name stays.
-    tuples_.push_back(py::reinterpret_borrow<py::object>(t));
+    tuples_.push_back(std::move(t));
   }
   row_ends_.push_back(views_.size());
 }

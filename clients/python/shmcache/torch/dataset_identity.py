@@ -35,18 +35,24 @@ the copy's), and waited for at most READ_SECONDS (30 s;
 $SHMCACHE_IDENTITY_SECONDS): a dataset whose reads wait until
 DataLoader's workers read too (PyTorch's own test_worker_seed) would
 otherwise block the process making the CachedDataset for good. Past the
-bound the dataset has no identity (UnknownContents): the caller's RNGs
-are put back as they were, nothing more is seeded or read, and the thread
+bound the dataset has no identity (UnknownContents; a KeyboardInterrupt
+of the wait gives the read up the same way, and is raised): the caller's
+RNGs are put back as they were, nothing more is seeded or read, and the thread
 is left to end when the sample it is reading does (stopped anywhere in
 the dataset's code, it could leave a lock or a semaphore held that
 DataLoader's workers wait for). That sample, once its wait ends, stops at
-its first call into torch or into numpy's or Python's global RNG, which
-raises there (a profile function of the reading thread, _stops_draws): a
-draw then would come from the caller's RNGs, between the caller's own
-draws, and torch's default generator gives DataLoader's workers their
-seeds. A thread that already has a profile function (threading.setprofile)
-keeps it, without that stop. The profile function costs a read of many
-small Python calls up to 4x its time (decoding in C: nothing). A read
+its first call into torch or into numpy's or Python's global RNG (a seed
+too), which raises there, and at every such call after it (a profile
+function of the reading thread, _stops_draws, that stays when a dataset
+catches what it raised): a draw then would come from the caller's RNGs,
+between the caller's own draws, and torch's default generator gives
+DataLoader's workers their seeds. A thread that already has a profile
+function (threading.setprofile) keeps it, without that stop. The profile
+function is C's, and reads one byte per call of a builtin until it is
+armed; a profiled thread still runs Python code unspecialized: a read
+made of small Python calls takes 2-3x its time (sys.setprofile's Python
+function, called at every call and return, cost 5-8x on the same loop),
+a read that decodes in C nothing more. A read
 that raises there (a handle bound to the thread that opened it:
 sqlite3's connection) is tried once more in the calling thread.
 
@@ -71,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from .._shmcache import stat_files
+from .._shmcache import stat_files, stop_calls
 
 __all__ = ["content_identity", "SAMPLES", "UnknownContents"]
 
@@ -193,6 +199,9 @@ class _Rngs:
         import torch
         self._lock = threading.Lock()
         self._abandoned = False
+        # Its first byte set once abandoned: what arms the reading thread's
+        # stop (_stops_draws), which reads nothing else until then.
+        self.armed = bytearray(1)
         self._saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
 
     def seed(self, seed: int) -> None:
@@ -209,13 +218,10 @@ class _Rngs:
             if not self._abandoned:
                 self._put_back()
 
-    @property
-    def abandoned(self) -> bool:
-        return self._abandoned
-
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True
+            self.armed[0] = 1     # before the RNGs are the caller's again
             self._put_back()
 
     def _put_back(self) -> None:
@@ -235,17 +241,20 @@ def _seeded(rngs: _Rngs, seed: int) -> Iterator[None]:
         rngs.restore()
 
 
-def _stops_draws(rngs: _Rngs) -> Callable[[Any, str, Any], None]:
-    """A profile function (sys.setprofile) for the thread that reads for
-    `rngs`: once they are abandoned, the read's next call of a builtin of
-    torch (any: a generator's, a tensor's, torch's functions), of numpy's
-    global RandomState or of Python's global Random raises _Abandoned, as if
-    that call had raised, before it draws. The sample being read when the
+def _stops_draws() -> Callable[[Any], None]:
+    """The check (_shmcache.stop_calls) of the thread that reads for an
+    _Rngs, armed once they are abandoned: then the read's every call of a
+    builtin of torch (any: a generator's, a tensor's, torch's functions),
+    of numpy's global RandomState or numpy.random's functions (seed,
+    sample) or of Python's global Random raises _Abandoned, as if that call
+    had raised, before it draws or seeds. The sample being read when the
     caller gave up goes on once its wait ends (stopping a thread anywhere
     else could leave a lock or semaphore of the dataset held, that
     DataLoader's workers wait for); a draw of it would come from the
     caller's RNGs, between the caller's own draws: torch's default generator
-    gives DataLoader's workers their seeds."""
+    gives DataLoader's workers their seeds.
+    The stop stays after it raised: a dataset that catches it (a bare
+    `except:`) and draws again is stopped again."""
     import torch
     # The global Random and RandomState: what their module's functions are
     # bound to.
@@ -258,12 +267,17 @@ def _stops_draws(rngs: _Rngs) -> Callable[[Any, str, Any], None]:
                                   or isinstance(owner, (torch.Tensor, torch.Generator))):
             return True
         module = getattr(fn, "__module__", None)
-        return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+        if not isinstance(module, str):
+            return False
+        # numpy.random's own functions (seed, sample, set_bit_generator)
+        # reach the global RandomState from C, where no call is seen.
+        return module == "torch" or module.startswith("torch.") or \
+            (owner is None and module == "numpy.random.mtrand")
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_call" and rngs.abandoned and draws(arg):
+    def check(fn: Any) -> None:
+        if draws(fn):
             raise _Abandoned
-    return profile
+    return check
 
 
 def _read_seconds() -> float:
@@ -300,7 +314,7 @@ def _read_contents(dataset: Any) -> str:
         # A profiler of the user's (threading.setprofile) is left alone.
         guard = sys.getprofile() is None
         if guard:
-            sys.setprofile(_stops_draws(rngs))
+            stop_calls(_stops_draws(), rngs.armed)
         try:
             got["digest"] = _contents_digest(target, rngs)
         except _Abandoned:
@@ -313,10 +327,18 @@ def _read_contents(dataset: Any) -> str:
 
     reader = threading.Thread(target=read, name="shmcache-identity", daemon=True)
     try:
-        reader.start()
-    except RuntimeError:   # no thread to be had: read here, unbounded
-        return _contents_digest(dataset, rngs)
-    reader.join(seconds)
+        try:
+            reader.start()
+        except RuntimeError:   # no thread to be had: read here, unbounded
+            return _contents_digest(dataset, rngs)
+        reader.join(seconds)
+    except BaseException:
+        # Ctrl-C (a notebook's interrupted cell), from the start on (the
+        # read may be under way before start() returns): given up as at
+        # the bound, or the read would go on putting back the RNGs of
+        # before the call.
+        rngs.abandon()
+        raise
     if reader.is_alive():
         rngs.abandon()
         raise _no_identity(f"reading its samples took more than {seconds:g} s: a "

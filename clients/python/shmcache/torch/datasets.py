@@ -112,9 +112,16 @@ def _cache_to_set(ds: CachedDataset | CachedIterableDataset, value: Any) -> Data
         raise TypeError(f"cache must be a shmcache.DatasetCache, or None to turn "
                         f"caching off; got {type(value).__name__}")
     source = ds.dataset if isinstance(ds, CachedDataset) else ds.source
+    # A name given to an earlier cache's constructor counts as name=, for
+    # a cache given none.
+    name = ds._name if ds._name is not None or value.given_name is not None \
+        else ds._given_name
     # The random transform was refused or allowed by the constructor.
-    return open_dataset_cache(cache_for_dataset(source, value, ds._name, allow_random=True,
-                                                bypass_unknown=True))
+    cache = open_dataset_cache(cache_for_dataset(source, value, name, allow_random=True,
+                                                 bypass_unknown=True))
+    if value.given_name is not None:
+        object.__setattr__(ds, "_given_name", value.given_name)
+    return cache
 
 
 def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
@@ -244,6 +251,7 @@ class CachedDataset(Dataset):
                             f"CachedIterableDataset(source, cache) under a DataLoader")
         self.dataset = dataset
         self._name = name   # for a cache set later (_cache_to_set)
+        self._given_name = getattr(cache, "given_name", None)   # as name=, there too
         object.__setattr__(self, "_switching", threading.RLock())   # see __setattr__
         self.cache = cache_for_dataset(dataset, cache, name, allow_random,
                                        bypass_unknown=True)
@@ -556,6 +564,7 @@ class CachedIterableDataset(IterableDataset):
                  allow_random: bool = False) -> None:
         self.source = source
         self._name = name   # for a cache set later (_cache_to_set)
+        self._given_name = getattr(cache, "given_name", None)   # as name=, there too
         self.cache = cache_for_dataset(source, cache, name, allow_random,
                                        bypass_unknown=True)
         self.transform = transform

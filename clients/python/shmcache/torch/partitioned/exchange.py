@@ -159,7 +159,8 @@ class RowExchange:
 
     cache: gives this node's DatasetCache (the rows this node owns), or
       None, as it is now: PartitionedLoader's is its dataset's (`ds.cache =
-      other` or None is followed from the next round on).
+      other` or None is followed from the next round on, and by the puts
+      and answers of the round under way).
     owners: the RowOwners every rank uses.
     group: the process group of all ranks the rounds run on (gloo: tensors
       are on the CPU); RowExchange.new_group() makes one, and must be called
@@ -253,7 +254,7 @@ class RowExchange:
         was the last round of the epoch). `epoch` must be the same on every
         rank (a mismatch raises: ranks iterate different epochs)."""
         t0 = _now()
-        cache = self.cache()    # one cache for the round
+        cache = self.cache()    # the round's alive flag
         self.rounds += 1
         w = self.world
         header = torch.zeros(w, _HEADER, dtype=torch.int64)
@@ -324,6 +325,10 @@ class RowExchange:
                 put_ids += ids
                 put_rows += rows
             o += pb
+        # The cache of now: `cds.cache = other` while the round waited for
+        # the other ranks stores their rows and answers from other (the old
+        # cache may have been closed at once, as CachedDataset allows).
+        cache = self.cache()
         if put_ids and cache is not None:
             # Not strict: a row this cache refuses is the sender's to deliver.
             self.rows_put_for_others += sum(

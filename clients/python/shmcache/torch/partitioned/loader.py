@@ -68,7 +68,9 @@ wrapped dataset and nobody waits on it.
 
 The node's cache is the CachedDataset's of now: `ds.cache = other` (or
 None, caching off: the node then serves nothing, as a dead server's) is
-followed from the next window on, as DataLoader and CachedLoader follow it.
+followed from the next window on, as DataLoader and CachedLoader follow it;
+the rows of the window or exchange round under way are stored in `other`
+(the old cache may be closed at once).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ class PartitionedRows:
     @property
     def cache(self) -> DatasetCache:
         """This node's cache: the dataset's of now (`cds.cache = other`, or
-        None, between or during passes is followed, window by window)."""
+        None, between or during passes is followed: a window's reads from
+        the next window on, its puts at once)."""
         return self.cds.cache
 
     def owned(self, index: int) -> bool:
@@ -148,7 +149,7 @@ class PartitionedRows:
         """The rows of each batch of a window: this node's from its cache,
         the others' from `remote` (the window's round), the rest computed
         (this node's put into its cache, the others' pushed)."""
-        cache = self.cache      # one cache for the window
+        cache = self.cache      # the window's reads
         idx = [i for b in batches for i in b]
         rows: list[Any] = [None] * len(idx)
         mine = [k for k, i in enumerate(idx) if self.owned(i)]
@@ -173,6 +174,10 @@ class PartitionedRows:
                 put_rows.append(r)
             else:
                 self.push(idx[k], r)
+        # The dataset's cache of now: `cds.cache = other` while the window
+        # was computed stores its rows in other (the old cache may have been
+        # closed at once, as CachedDataset allows).
+        cache = self.cache
         if put_ids and self._alive(cache):
             cache.put_encoded(put_ids, put_rows, strict=False)
         self.count(local_hits=local, remote_hits=got_remote, misses=len(missing))
