@@ -20,10 +20,23 @@ Status ParseInRange(std::string_view what, std::string_view text, long lo, long 
 }
 
 Status ParseSessionId(std::string_view text, uint32_t* id) {
+  constexpr std::string_view kWhere = "list the sessions with 'shmcache --list_sessions'";
   long n = 0;
-  Status s = ParseInRange("session id", text, 0, UINT32_MAX, &n);
-  if (s.ok()) *id = static_cast<uint32_t>(n);
-  return s;
+  if (!ParseDecimal(text, 0, UINT32_MAX, &n)) {
+    return Status::InvalidArgument(fmt::format(
+        "session id '{}' is not a number in 1..{}, as 'shmcache -g' prints; {}", text,
+        UINT32_MAX, kWhere));
+  }
+  // The server makes no session 0: a launcher exports 0 for "none" (the
+  // Slurm prolog that could not create one), so the id is wrong, not gone.
+  if (n == 0) {
+    return Status::InvalidArgument(fmt::format(
+        "session id 0 is no session: ids are 1..{}, as 'shmcache -g' prints (a launcher "
+        "that could not create a session exports 0); {}",
+        UINT32_MAX, kWhere));
+  }
+  *id = static_cast<uint32_t>(n);
+  return Status::OK();
 }
 
 Status ParseWorkers(std::string_view text, int* workers) {

@@ -24,7 +24,8 @@ inline constexpr double kDefaultMemoryCapRatio = 0.8;
 Status ParseInRange(std::string_view what, std::string_view text, long lo, long hi,
                     long* out);
 
-// -d: "session id '<text>' is not a number in 0..4294967295".
+// -d: 1..4294967295 ("session id '<text>' is not a number in 1..4294967295"
+// and where to find one); 0 is refused as no session, which it is.
 Status ParseSessionId(std::string_view text, uint32_t* id);
 // -w: 1..512.
 Status ParseWorkers(std::string_view text, int* workers);

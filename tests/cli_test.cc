@@ -121,9 +121,14 @@ TEST_F(CliTest, MissingValue) {
 TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--list_sessions", "-p", "abc"}, "port 'abc'");
   ExpectError({"--list_sessions", "-p", "12x"}, "port '12x'");
-  ExpectError({"-d", "xyz"}, "session id 'xyz'");
-  ExpectError({"-d", "-5"}, "session id '-5'");
-  ExpectError({"-d", "4294967296"}, "session id '4294967296'");
+  // Each says what a session id is and where to find one; no server needed.
+  for (const char* id : {"xyz", "-5", "4294967296", "99999999999999999999", "12x", ""}) {
+    ExpectError({"-d", id},
+                fmt::format("session id '{}' is not a number in 1..4294967295, "
+                            "as 'shmcache -g' prints; list the sessions with "
+                            "'shmcache --list_sessions'",
+                            id));
+  }
   ExpectError({"--start", "-l", "9"}, "log level '9'");
   ExpectError({"--start", "-l", "info"}, "log level 'info'");
   ExpectError({"--start", "-r", "1.5"}, "memory cap ratio '1.5'");
@@ -132,6 +137,17 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--start", "--memory_cap_mb", "4G"},
               "memory cap '4G' is not a positive number of MB: give a whole number of "
               "MB, without a unit (--memory_cap_mb 4096 for 4 GB)");
+}
+
+// Session 0 is no session (ids are non-zero; a launcher that could not
+// create one exports 0): refused as such before the server is asked, not
+// "does not exist".
+TEST_F(CliTest, SessionZeroIsNoSessionId) {
+  ExpectError({"-d", "0"},
+              "session id 0 is no session: ids are 1..4294967295, as 'shmcache -g' "
+              "prints (a launcher that could not create a session exports 0); list the "
+              "sessions with 'shmcache --list_sessions'");
+  ExpectError({"--destroy_session", "00"}, "session id 0 is no session");
 }
 
 TEST_F(CliTest, MemoryCapBelowOneSegment) {

@@ -33,8 +33,8 @@ TEST(OptionChecksTest, NumbersInRangeAreTaken) {
   uint32_t id = 0;
   EXPECT_EQ(Why(ParseSessionId("4294967295", &id)), "OK");
   EXPECT_EQ(id, 4294967295u);
-  EXPECT_EQ(Why(ParseSessionId("0", &id)), "OK");
-  EXPECT_EQ(id, 0u);
+  EXPECT_EQ(Why(ParseSessionId("1", &id)), "OK");
+  EXPECT_EQ(id, 1u);
   int n = 0;
   EXPECT_EQ(Why(ParseWorkers("512", &n)), "OK");
   EXPECT_EQ(n, 512);
@@ -53,9 +53,15 @@ TEST(OptionChecksTest, NumbersInRangeAreTaken) {
 TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
   uint32_t id = 7;
   EXPECT_EQ(Why(ParseSessionId("4294967296", &id)),
-            "session id '4294967296' is not a number in 0..4294967295");
+            "session id '4294967296' is not a number in 1..4294967295, as 'shmcache -g' "
+            "prints; list the sessions with 'shmcache --list_sessions'");
   EXPECT_EQ(Why(ParseSessionId("-5", &id)),
-            "session id '-5' is not a number in 0..4294967295");
+            "session id '-5' is not a number in 1..4294967295, as 'shmcache -g' prints; "
+            "list the sessions with 'shmcache --list_sessions'");
+  EXPECT_EQ(Why(ParseSessionId("0", &id)),
+            "session id 0 is no session: ids are 1..4294967295, as 'shmcache -g' prints "
+            "(a launcher that could not create a session exports 0); list the sessions "
+            "with 'shmcache --list_sessions'");
   EXPECT_EQ(id, 7u) << "a refused value stores nothing";
   int n = 7;
   EXPECT_EQ(Why(ParseWorkers("0", &n)), "worker count '0' is not a number in 1..512");

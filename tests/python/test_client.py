@@ -70,6 +70,20 @@ def test_session_ids_are_checked(server, call):
             f(bad)
 
 
+@pytest.mark.parametrize("call", [
+    lambda c: c.destroy_session(0), lambda c: c.check_session(0),
+    lambda c: c.open_cache(0, "n", "f")], ids=["destroy", "check", "open_cache"])
+def test_session_0_is_no_session_id(server, call):
+    """As `shmcache -d 0`: 0 is no session the server could hold (what a
+    launcher that could not create one exports), not one that is gone."""
+    with pytest.raises(ValueError) as e:
+        call(shmcache.Client())
+    assert str(e.value) == (
+        "session_id 0 is no session: ids are 1..4294967295, as `shmcache -g` prints "
+        "(a launcher that could not create a session exports 0); list the sessions "
+        "with `shmcache --list_sessions`")
+
+
 def test_open_cache_arguments_are_checked(server, session):
     c = shmcache.Client()
     for kwargs, name in [(dict(name=3), "name"), (dict(fingerprint=None), "fingerprint"),

@@ -29,6 +29,7 @@ def test_wrong_types_raise_type_error(kwargs):
 @pytest.mark.parametrize("kwargs", [
     dict(session_id=-1), dict(session_id=2**32),
     dict(session_id=1, size_mb=-1), dict(session_id=1, size=-1),
+    dict(session_id=1, size_mb=2**43), dict(session_id=1, size=2**43),  # bytes past int64
     dict(session_id=1, port=1024), dict(session_id=1, port=65536),
     dict(session_id=1, port=0),
     dict(session_id=1, num_connections=0), dict(session_id=1, num_connections=-3),

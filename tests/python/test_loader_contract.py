@@ -133,7 +133,7 @@ ARGUMENTS = [
     dict(num_workers=2, prefetch_factor=3, persistent_workers=True),
     dict(num_workers=1, multiprocessing_context="spawn"),
     dict(num_workers=1, multiprocessing_context=mp.get_context("fork")),
-    dict(num_workers=-1), dict(timeout=-1), dict(prefetch_factor=3),
+    dict(num_workers=-1), dict(timeout=-1), dict(timeout=5), dict(prefetch_factor=3),
     dict(persistent_workers=True), dict(multiprocessing_context="fork"),
     dict(num_workers=1, multiprocessing_context="bad"),
     dict(num_workers=1, multiprocessing_context=object()),
@@ -242,6 +242,27 @@ def test_a_timeout_says_what_dataloader_says(server, session):
             next(it)
         del it
         assert wait_for(no_children, timeout=30, what="workers to end")
+
+
+def test_a_timeout_without_workers_is_refused_where_dataloader_refuses_it(server, session):
+    """DataLoader(num_workers=0, timeout=5) is built, and its iter() fails
+    (torch 1.13: the single-process iterator asserts timeout == 0);
+    CachedLoader fails there too, with the same type, saying what to do."""
+    cds = CachedDataset(cd.Flaky(8, []), DatasetCache(session))
+
+    def first_batch(cls):
+        loader = cls(cds, batch_size=2, timeout=5)
+        try:
+            next(iter(loader))
+        except Exception as e:   # noqa: BLE001 -- compared below
+            return e
+        return None
+    want, got = first_batch(DataLoader), first_batch(CachedLoader)
+    assert want is not None and type(got) is type(want), (want, got)
+    assert str(got) == ("timeout=5 is only valid with num_workers > 0, as in DataLoader "
+                        "(its single-process iterator takes no timeout): pass timeout=0, "
+                        "or num_workers > 0"), got
+    assert list(CachedLoader(cds, batch_size=4, num_workers=0, timeout=0))
 
 
 def test_a_timeout_is_one_deadline_for_the_whole_next(server, session):

@@ -235,41 +235,6 @@ def test_close_while_a_worker_computes_returns_and_ends_the_workers(server, sess
 # ---- timeout= and break return promptly ----------------------------------------
 
 
-class Hanging(Dataset):
-    """Row `slow` blocks until released; the others are quick."""
-
-    def __init__(self, n, slow):
-        self.n, self.slow, self.release = n, slow, threading.Event()
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == self.slow:
-            self.release.wait(HOLD_S)
-        return np.full(4, i, dtype=np.float32)
-
-
-def test_timeout_raises_on_time_and_leaving_is_prompt(server, session):
-    ds = Hanging(64, slow=8)
-    cds = CachedDataset(ds, DatasetCache(session), name="hanging")   # as GatedRows
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match="timed out"):
-            for _ in CachedLoader(cds, batch_size=8, timeout=2, num_threads=2):
-                pass
-        raised = time.monotonic() - t0
-        gc.collect()
-        left = time.monotonic() - t0 - raised
-        # Not before the timeout; not when the held row comes back.
-        assert 2 <= raised < PROMPT_S, raised
-        assert left < PROMPT_S, f"leaving the except block took {left:.1f} s"
-    finally:
-        ds.release.set()
-        cds.flush(10)
-    wait_for(lambda: not loader_threads(), what="the loader threads to end")
-
-
 class GatedRows(Dataset):
     """Rows 0 and 1 (the first batch) are quick; each other row records
     that it started (a file `started.<i>`) and is held until the file
@@ -290,6 +255,28 @@ class GatedRows(Dataset):
                     time.monotonic() < deadline:
                 time.sleep(0.01)
         return np.full(4, i, dtype=np.float32)
+
+
+def test_timeout_raises_on_time_and_leaving_is_prompt(server, session, tmp_path):
+    # The rows of the first batch but two are held in the workers (timeout=
+    # needs workers, as in DataLoader's), which end once they are let go.
+    cds = CachedDataset(GatedRows(tmp_path), DatasetCache(session), name="gated")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="timed out"):
+            for _ in CachedLoader(cds, batch_size=8, timeout=2, num_threads=2,
+                                  num_workers=2):
+                pass
+        raised = time.monotonic() - t0
+        gc.collect()
+        left = time.monotonic() - t0 - raised
+        # Not before the timeout; not when the held rows come back.
+        assert 2 <= raised < PROMPT_S, raised
+        assert left < PROMPT_S, f"leaving the except block took {left:.1f} s"
+    finally:
+        (tmp_path / "open").touch()
+        cds.flush(10)
+    wait_for(no_leftovers, timeout=PROMPT_S, what="the loader threads and workers to end")
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -300,9 +300,43 @@ def test_main_called_in_a_thread_keeps_the_programs_other_warnings(server, capsy
     assert shown[0] == mine
 
 
+def without_session(e):
+    return {k: v for k, v in e.items() if k not in ("SHMCACHE_SESSION_ID", "SESSION_ID")}
+
+
 def test_a_missing_required_argument_is_one_line_and_exit_1(server):
-    r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows"],
-                       env=env(server), capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "shmcache.prefill"],
+                       env=without_session(env(server)), capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 1
     assert r.stderr == ("prefill: error: the following arguments are required: "
-                        "--session_id; see 'python3 -m shmcache.prefill --help'\n")
+                        "dataset; see 'python3 -m shmcache.prefill --help'\n")
+
+
+def test_no_session_given_or_exported_is_one_line_and_exit_1(server):
+    r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows"],
+                       env=without_session(env(server)), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1
+    assert r.stderr == ("prefill: error: no session: pass --session_id S, or export "
+                        "$SHMCACHE_SESSION_ID (`shmcache -g` prints one); see "
+                        "'python3 -m shmcache.prefill --help'\n")
+
+
+def test_the_session_comes_from_the_environment_as_for_dataset_cache(server, session):
+    """The quick start exports $SHMCACHE_SESSION_ID for the trainers; the
+    prefill before them takes it too, as DatasetCache() does."""
+    r = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows",
+                        "-j", "1"],
+                       env=dict(without_session(env(server)),
+                                SHMCACHE_SESSION_ID=str(session)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"of session {session}" in r.stderr.splitlines()[0], r.stderr
+    bad = subprocess.run([sys.executable, "-m", "shmcache.prefill", "prefill_helpers:rows"],
+                         env=dict(without_session(env(server)), SHMCACHE_SESSION_ID="x1"),
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr == ("prefill: error: $SHMCACHE_SESSION_ID='x1' is not a session id "
+                          "(a number from `shmcache -g`); see "
+                          "'python3 -m shmcache.prefill --help'\n")

@@ -4,6 +4,7 @@ no longer stops a cache from opening: names are random and a taken one is
 skipped; tests/reliability/planted_files_test.cc covers it.)"""
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -60,6 +61,37 @@ def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_se
     assert f"of the 16 MB cap" in none_left and f"session {sid}" in none_left, none_left
     assert "shmcache --list_sessions" in none_left and "shmcache -d" in none_left
     assert "a larger --memory_cap_mb" in none_left, none_left
+
+
+def test_a_full_caches_warning_says_how_full_and_what_to_do(start_server):
+    """CachedLoader's full warning, whether the cache filled under it or
+    was full when it opened (a second run, or a worker whose sibling filled
+    it): the rows and bytes it holds, its budget, the server's cap, and the
+    three ways out (a larger size_mb, spilling, a smaller dataset)."""
+    from helpers import Images
+    from shmcache.torch import CachedDataset, CachedLoader
+    s = start_server("--memory_cap_mb", "16")
+    sid = s.new_session()
+    msgs = []
+    for run in ("fills", "already full"):
+        ds = CachedDataset(Images(400, side=64), cache=DatasetCache(sid, size_mb=2, name="t"))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert sum(len(labels) for _, labels in CachedLoader(ds, batch_size=64)) == 400
+        (msg,) = cache_warnings(w)
+        msgs.append(msg)
+        held = ds.cache.stats()
+        assert 0 < held.mem_rows < 400, run
+        # The figures when it warned: no row was stored after its first refusal.
+        said = re.search(r"is full: its budget of 2 MB is used up by (\d+) rows "
+                         r"\((\d+\.\d) MB\)", msg)
+        assert said, (run, msg)
+        assert said.group(1) == str(held.mem_rows), (run, msg)
+        assert said.group(2) == f"{held.mem_bytes / (1 << 20):.1f}", (run, msg)
+        assert "the server's memory cap is 16 MB" in msg, (run, msg)
+        assert "a larger size_mb" in msg and "spilling=True" in msg, (run, msg)
+        assert "a smaller dataset" in msg and "cached rows are still served" in msg, msg
+        assert msg.count("full") == 1, msg
 
 
 def test_a_size_over_the_server_cap_is_compared_in_mb(start_server):

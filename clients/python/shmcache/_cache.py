@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _shmcache
-from ._checks import (MAX_INT32, MAX_UINT32, check_id, check_int, check_iterable,
+from ._checks import (MAX_INT32, MAX_SIZE_MB, MAX_UINT32, check_id, check_int, check_iterable,
                       check_names, ids_array, session_from_env)
-from ._degrade import CacheWarning, ServerInfo, State, cap_bound, describe
+from ._degrade import (CacheFigures, CacheWarning, ServerInfo, State, cap_bound,
+                       describe)
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
@@ -108,7 +109,7 @@ class DatasetCache:
             warnings.warn("DatasetCache(size=...) is deprecated: the size is in MB, "
                           "pass it as size_mb=", DeprecationWarning, stacklevel=2)
             size_mb = size
-        check_int("size_mb", size_mb, 0, 2**63 - 1)
+        check_int("size_mb", size_mb, 0, MAX_SIZE_MB)
         if not isinstance(spilling, bool):
             raise TypeError(f"Argument spilling with value {spilling!r} is not "
                             f"of type bool, but got {type(spilling).__name__}.")
@@ -248,7 +249,8 @@ class DatasetCache:
             return   # the note on the size over the cap said it would fill
         if not self._warning_said():   # (a full cap's figures cost a round trip)
             self._warn_once(f"{what} ({err})" if what
-                            else describe(err, self.size_mb, self._server_info))
+                            else describe(err, self.size_mb, self._server_info,
+                                          self._figures))
 
     def _warn_once(self, what: str, fix: str | None = None) -> None:
         """The object's one CacheWarning: `what` stopped the cache, what
@@ -408,6 +410,15 @@ class DatasetCache:
         it cannot be had."""
         try:
             return self._connect().server_info()
+        except Error:
+            return None
+
+    def _figures(self) -> CacheFigures | None:
+        """The cache's stats (the rows it holds, its budget) for the words of
+        its one warning, or None when they cannot be had."""
+        c = self.native
+        try:
+            return None if c is None else c.stats()
         except Error:
             return None
 

@@ -14,11 +14,14 @@ import numpy.typing as npt
 
 from .rows import MAX_NAME_BYTES, MAX_ROW_ID
 
-__all__ = ["MAX_INT32", "MAX_UINT32", "SESSION_ENV", "check_int", "check_id",
+__all__ = ["MAX_INT32", "MAX_UINT32", "MAX_SIZE_MB", "SESSION_ENV", "check_int", "check_id",
            "check_iterable", "check_names", "check_type", "ids_array", "session_from_env"]
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT32 = 2**32 - 1
+# The largest size_mb a server takes (its bytes fit an int64: CacheOptions in
+# shmcache/options.h); a larger one is a ValueError here, not a cache bypassed.
+MAX_SIZE_MB = (2**63 - 1) >> 20
 # Where DatasetCache() finds its session: the first of these that is set
 # (SESSION_ID is what scripts/cache.sh exported first).
 SESSION_ENV = ("SHMCACHE_SESSION_ID", "SESSION_ID")

@@ -39,19 +39,31 @@ class Client(_shmcache.Client):
         super().__init__(int(port), hostname, run_dir, int(timeout_ms))
 
     def destroy_session(self, id: int, /) -> None:
-        check_int("session_id", id, 0, MAX_UINT32)
+        _check_session_id(id)
         super().destroy_session(int(id))
 
     def check_session(self, id: int, /) -> None:
-        check_int("session_id", id, 0, MAX_UINT32)
+        _check_session_id(id)
         super().check_session(int(id))
 
     def open_cache(self, session_id: int, name: str, fingerprint: str,
                    size_mb: int = 0, spill_requested: bool = False) -> _shmcache.Cache:
-        check_int("session_id", session_id, 0, MAX_UINT32)
+        _check_session_id(session_id)
         check_type("name", name, str)
         check_type("fingerprint", fingerprint, str)
         check_int("size_mb", size_mb, 0, 2**64 - 1)
         check_type("spill_requested", spill_requested, bool)
         return super().open_cache(int(session_id), name, fingerprint, int(size_mb),
                                   spill_requested)
+
+
+def _check_session_id(id: int) -> None:
+    """A session id the server could hold, as `shmcache -d` checks it: the
+    server makes no session 0, so 0 is a ValueError, not a NotFoundError
+    for a session that is gone."""
+    check_int("session_id", id, 0, MAX_UINT32)
+    if id == 0:
+        raise ValueError(f"session_id 0 is no session: ids are 1..{MAX_UINT32}, as "
+                         "`shmcache -g` prints (a launcher that could not create a "
+                         "session exports 0); list the sessions with "
+                         "`shmcache --list_sessions`")

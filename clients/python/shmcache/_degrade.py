@@ -14,7 +14,7 @@ from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
                         PermissionDeniedError, UnavailableError)
 
 __all__ = ["CacheWarning", "State", "cause", "describe", "cap_bound",
-           "CAP_BOUNDS", "ServerInfo"]
+           "CAP_BOUNDS", "ServerInfo", "CacheFigures"]
 
 class CacheWarning(UserWarning):
     """The cache stopped helping (daemon gone, full, error); training goes on."""
@@ -55,7 +55,8 @@ def cause(err: Error) -> str:
 # FullError.reason -> what to do about it, when the server's figures are
 # not at hand (_cap_fix says it with them).
 _FULL_FIXES = {
-    "budget": "open the cache with a larger size_mb, or with spilling=True",
+    "budget": "open the cache with a larger size_mb, or with spilling=True, or cache "
+              "a smaller dataset",
     "server_cap": "see what each session holds with `shmcache --list_sessions` and "
                   "destroy those no longer used (`shmcache -d ID`), or restart the "
                   "server with a larger memory cap (-r, --memory_cap_mb)",
@@ -65,16 +66,21 @@ _FULL_FIXES = {
 }
 
 ServerInfo = Mapping[str, Any]
+CacheFigures = Mapping[str, Any]
 
 
 def describe(err: Error, size_mb: int = -1,
-             server_info: Callable[[], ServerInfo | None] = lambda: None) -> str:
-    """cause(err) and the library's message, said once: a FullError's
-    message already says what is full or used up, with its numbers (the
-    cache, its budget or the cap), so it stands alone, followed by the
-    fix. size_mb is the cache's (0: all the server allows, its budget is
-    the cap); server_info, asked only for a full cap, gives the figures of
-    what holds it (None: the fix is said without them)."""
+             server_info: Callable[[], ServerInfo | None] = lambda: None,
+             figures: Callable[[], CacheFigures | None] = lambda: None) -> str:
+    """cause(err) and the library's message, said once, and for a
+    FullError how full and the fix. A FullError's message says what is
+    full (the cache, the cap, the filesystem), with its numbers where the
+    server decided it; a writer that found the cache already marked full
+    says only that, so the figures come from here: the budget used up by
+    the rows the cache holds, and the server's memory cap. size_mb is the
+    cache's (0: all the server allows, its budget is the cap); server_info
+    gives the cap and what holds it, figures the cache's stats (each None
+    when it cannot be had: said without them)."""
     msg = str(err)
     if not isinstance(err, FullError):
         return f"{cause(err)} ({msg})"
@@ -84,15 +90,35 @@ def describe(err: Error, size_mb: int = -1,
     reason = getattr(err, "reason", "")
     if reason == "budget" and size_mb == 0:
         reason = "whole_cap"
+    info = server_info() if reason != "shm_filesystem" else None
+    msg = _with_figures(msg, reason, figures(), info)
     fix: str | None
     if reason == "shm_filesystem":
         fix = CAP_BOUNDS["shm_filesystem"][1]
     elif reason in ("server_cap", "whole_cap"):
-        info = server_info()
         fix = _FULL_FIXES[reason] if info is None else _cap_fix(reason, info)
     else:
         fix = _FULL_FIXES.get(reason)
     return f"{msg} (fix: {fix})" if fix else msg
+
+
+def _with_figures(msg: str, reason: str, held: CacheFigures | None,
+                  info: ServerInfo | None) -> str:
+    """A full cache's message with how full it is: its budget used up (the
+    library's words where it said them), by how many rows and MB, and the
+    server's memory cap."""
+    if held is None:
+        return msg
+    mb = 1 << 20
+    budget = reason in ("budget", "whole_cap")
+    if budget and msg.endswith(" is full"):
+        msg += f": its budget of {int(held['budget_bytes']) // mb} MB is used up"
+    rows, used = int(held["mem_rows"]), int(held["mem_bytes"]) / mb
+    msg += (" by" if budget and msg.endswith(" used up") else "; it holds") + \
+        f" {rows} rows ({used:.1f} MB)"
+    if info is not None and reason == "budget":   # (whole_cap's fix names the cap)
+        msg += f"; the server's memory cap is {int(info['memory_cap_bytes']) // mb} MB"
+    return msg
 
 
 def _cap_fix(reason: str, info: ServerInfo) -> str:

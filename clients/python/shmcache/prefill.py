@@ -1,6 +1,6 @@
 """Fill a cache from a dataset before training, with N worker processes.
 
-  python3 -m shmcache.prefill DATASET --session_id S [-j N] [-p PORT]
+  python3 -m shmcache.prefill DATASET [--session_id S] [-j N] [-p PORT]
       [--transform MODULE:FUNCTION] [--cache_name NAME] [--size MB]
       [--spilling] [--progress_interval SECONDS]
 
@@ -53,6 +53,7 @@ import time
 from typing import Any, NoReturn, TextIO
 
 from . import CacheWarning, Client, DatasetCache
+from ._checks import SESSION_ENV, session_from_env
 from ._user_line import quietly
 from .async_put import put_rows
 from .cifar10 import Cifar10Bin, Normalize, is_cifar10_dir
@@ -490,9 +491,10 @@ def _parse(argv):
     p.add_argument("dataset", help="CIFAR-10 binary directory, image folder, "
                    "or MODULE:FACTORY")
     workers = min(4, os.cpu_count() or 1)
-    p.add_argument("--session_id", type=int, required=True,
+    p.add_argument("--session_id", type=int, default=None,
                    help="the session whose cache is filled (a number from "
-                   "`shmcache -g`; required)")
+                   "`shmcache -g`; default: $SHMCACHE_SESSION_ID, else "
+                   "$SESSION_ID, as DatasetCache()'s)")
     p.add_argument("-j", "--workers", type=int, default=workers,
                    help="worker processes that compute the rows (default: "
                    f"min(4, CPUs), here {workers})")
@@ -511,6 +513,14 @@ def _parse(argv):
     p.add_argument("--progress_interval", type=float, default=5.0,
                    help="seconds between progress lines when not on a terminal")
     a = p.parse_args(argv)
+    if a.session_id is None:
+        if not any(os.environ.get(v) for v in SESSION_ENV):
+            p.error("no session: pass --session_id S, or export $SHMCACHE_SESSION_ID "
+                    "(`shmcache -g` prints one)")
+        try:
+            a.session_id = session_from_env()
+        except ValueError as e:
+            p.error(str(e))
     if a.workers < 1:
         raise BadInput(f"-j/--workers must be at least 1, got {a.workers}")
     if a.size < 0:

@@ -24,9 +24,9 @@ Contract:
   exception at its next(), as DataLoader's does (a worker's exception
   re-raised with its type, naming the worker), and the pass goes on with
   the batches after it. A sampler's exception is raised by the next() that
-  would have returned its batch, and ends the pass. timeout=: next()
-  raises RuntimeError("DataLoader timed out after N seconds ...") and the
-  pass ends.
+  would have returned its batch, and ends the pass. timeout= (with
+  num_workers > 0, as DataLoader's): next() raises RuntimeError
+  ("DataLoader timed out after N seconds ...") and the pass ends.
 - Rows of one fixed layout (a tuple/dict/array of fixed-shape columns)
   are read by DatasetCache.read_into (native threads, GIL released) into
   the batch's tensors, `prefetch` batches ahead of the consumer (at least
@@ -168,7 +168,9 @@ class CachedLoader(DataLoader[T_co]):
       (as DataLoader's); persistent_workers: keep the workers from one pass
       to the next (started at the first miss, seeded once).
     timeout: seconds next() waits for a batch before RuntimeError
-      ("DataLoader timed out after ... seconds").
+      ("DataLoader timed out after ... seconds"); with num_workers > 0
+      only: as DataLoader's, iter() of a loader without workers raises
+      AssertionError (with the fix in its message, where torch has none).
     pin_memory: pinned batches with CUDA (without it: unpinned, with
       DataLoader's warning if this torch's gives one); pin_memory_device:
       accepted (pinned memory is CUDA's).
@@ -286,6 +288,12 @@ class CachedLoader(DataLoader[T_co]):
         sampler (shmcache.torch.batch_source: its rows supplied where the
         cache misses, the computed rows it keeps, a report per batch);
         otherwise as iter(self). PartitionedLoader runs its passes so."""
+        if self.num_workers == 0 and self.timeout:
+            # Where and as torch 1.13's DataLoader fails (its single-process
+            # iterator asserts timeout == 0, with no words), with the fix.
+            raise AssertionError(f"timeout={self.timeout} is only valid with num_workers "
+                                 f"> 0, as in DataLoader (its single-process iterator "
+                                 f"takes no timeout): pass timeout=0, or num_workers > 0")
         # As DataLoader: the warning about more workers than CPUs at every
         # iter(), once with persistent workers.
         if self.num_workers > 0 and not (self.persistent_workers and self._iters):
