@@ -136,17 +136,8 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   }
   node = (node % num_nodes_ + num_nodes_) % num_nodes_;
   const uint64_t want = layout::ChunkBytesFor(need);
-  auto& tails = tails_[static_cast<size_t>(node)];
-  for (size_t i = 0; i < tails.size(); ++i) {
-    if (tails[i].size >= want) {
-      Tail t = tails[i];
-      tails.erase(tails.begin() + static_cast<long>(i));
-      ChunkAt(t.seg_no, t.offset, t.size);
-      *out = ChunkLease{t.seg_no, t.offset, t.size};
-      leases_[conn].push_back(*out);
-      return Status::OK();
-    }
-  }
+  const uint64_t share = ChunkShare(conn);
+  if (LeaseTail(conn, node, need, share, out)) return Status::OK();
   // The oldest open segment whose supplied pages hold the chunk; else one
   // with room whose pages are still to come.
   const size_t n = static_cast<size_t>(node);
@@ -155,7 +146,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   for (uint32_t no : open_[n]) {
     Segment& s = segments_.at(no);
     if (s.size - s.carved < want) continue;
-    if (!s.supply_error.ok() || s.carved + ChunkSize(s, need) <= s.supplied) {
+    if (!s.supply_error.ok() || s.carved + ChunkSize(s, need, share) <= s.supplied) {
       seg = &s;
       break;
     }
@@ -171,8 +162,15 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   }
   if (seg == nullptr) seg = filling;
   if (seg == nullptr) {
-    Status s = NewSegment(node, want, account, &seg, wait);
+    Status s = NewSegment(conn, node, want, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
+    if (seg == nullptr) {
+      // Room another writer held and had not used was taken back (the
+      // budget is used up): a tail now, the rests of the open segments
+      // kept for smaller rows.
+      LeaseTail(conn, node, need, share, out);
+      return Status::OK();
+    }
     // What is left of the open segments does not hold this row: left, as
     // the rest of a segment always was, once a new one takes the rows.
     // Not before: a row that gets none (TooLarge) leaves those rests to
@@ -182,7 +180,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
       return o.size - o.carved < want;
     });
   }
-  const uint64_t size = ChunkSize(*seg, need);
+  const uint64_t size = ChunkSize(*seg, need, share);
   // Only supplied pages are handed out (see SegmentJob).
   Status supplied = SupplyFor(seg, seg->carved + size, wait);
   if (!supplied.ok() || (wait != nullptr && *wait)) return supplied;
@@ -195,11 +193,94 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   return Status::OK();
 }
 
-uint64_t SegmentAllocator::ChunkShare() const {
-  return std::clamp(budget_bytes_ / kChunksPerBudget, kMinRecycleBytes, kChunkBytes);
+uint64_t SegmentAllocator::ChunkShare(uint64_t conn) const {
+  uint64_t lessees = 1;  // conn's
+  for (const auto& [other, held] : leases_) lessees += other != conn && !held.empty();
+  return std::clamp(budget_bytes_ / std::max(kChunksPerBudget, 2 * lessees),
+                    kMinRecycleBytes, kChunkBytes);
 }
 
-uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) const {
+bool SegmentAllocator::LeaseTail(uint64_t conn, int node, uint64_t need, uint64_t share,
+                                 ChunkLease* out) {
+  const uint64_t want = layout::ChunkBytesFor(need);
+  auto& tails = tails_[static_cast<size_t>(node)];
+  auto t = std::find_if(tails.begin(), tails.end(),
+                        [&](const Tail& tail) { return tail.size >= want; });
+  if (t == tails.end()) return false;
+  // A tail larger than a chunk is leased a chunk at a time, as a segment
+  // is: a writer's share, the rest left to the next lease.
+  const uint64_t chunk = std::max(want, ChunkSizeFor(need, share));
+  ChunkLease lease{t->seg_no, t->offset, t->size};
+  if (chunk + kMinRecycleBytes <= t->size) {
+    lease.size = chunk;
+    t->offset += chunk;
+    t->size -= chunk;
+  } else {
+    tails.erase(t);
+  }
+  ChunkAt(lease.seg_no, lease.offset, lease.size);
+  *out = lease;
+  leases_[conn].push_back(lease);
+  return true;
+}
+
+uint64_t SegmentAllocator::UsedMark(const ChunkLease& l, uint64_t mark) {
+  // Taken from and not seen since: where its writer left the mark.
+  const uint64_t used = (mark & layout::kRoomTaken) ? l.taken_at : mark;
+  // A mark its writer wrote out of the chunk: nothing to take.
+  if (used < sizeof(layout::ChunkHeader) || used > l.size) return l.size;
+  return used;
+}
+
+SegmentAllocator::HeldRoom SegmentAllocator::MostRoomHeld(uint64_t conn, int node) {
+  HeldRoom most;
+  for (auto& [other, held] : leases_) {
+    if (other == conn) continue;
+    for (ChunkLease& l : held) {
+      const Segment& seg = segments_.at(l.seg_no);
+      if (seg.node != node) continue;
+      const uint64_t mark =
+          reinterpret_cast<layout::ChunkHeader*>(seg.file.data() + l.offset)->used.load();
+      const uint64_t room = l.size - AlignUp(UsedMark(l, mark), layout::kCacheLine);
+      if (room > most.bytes) most = HeldRoom{&l, mark, room};
+    }
+  }
+  return most;
+}
+
+bool SegmentAllocator::TakeRoom(uint64_t conn, int node, uint64_t want) {
+  HeldRoom most = MostRoomHeld(conn, node);
+  if (most.lease == nullptr) return false;
+  ChunkLease& l = *most.lease;
+  auto& mark = reinterpret_cast<layout::ChunkHeader*>(segments_.at(l.seg_no).file.data() +
+                                                      l.offset)
+                   ->used;
+  // The writer keeps half of its room (less when the row needs more), in
+  // whole rows of the asking one's size (rows of one shape come one after
+  // another: the room past the last would be lost), and the chunk's new end
+  // on a cache line (where the taken room's chunk header goes).
+  const uint64_t row = std::max<uint64_t>(want - sizeof(layout::ChunkHeader), 1);
+  uint64_t used = 0, end = 0;
+  for (int tries = 0;; ++tries) {
+    used = UsedMark(l, most.mark);
+    const uint64_t half = used + (l.size - used) / 2 / row * row;
+    end = std::min(
+        AlignUp(half, layout::kCacheLine),
+        (l.size - std::min(l.size, want)) / layout::kCacheLine * layout::kCacheLine);
+    if (end < used) return false;
+    if (mark.compare_exchange_strong(most.mark, end | layout::kRoomTaken)) break;
+    // Its writer moved the mark meanwhile: weigh the room again.
+    if (tries + 1 == kTakeTries) return false;
+  }
+  tails_[static_cast<size_t>(node)].push_back(
+      Tail{l.seg_no, l.offset + end, l.size - end});
+  l.size = end;
+  l.taken_at = used;
+  return true;
+}
+
+uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need,
+                                     uint64_t share) const {
   const uint64_t avail = seg.size - seg.carved;
   // A chunk ends on a 4 KB page boundary, so every carve mark lies on one:
   // a reader that registers a segment with CUDA up to its carve mark (in
@@ -209,7 +290,7 @@ uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need) const {
   // a page (an adopted segment of an older build) is brought onto one by
   // the next chunk.
   const uint64_t to_page =
-      AlignUp(seg.carved + ChunkSizeFor(need, ChunkShare()), kPageBytes) - seg.carved;
+      AlignUp(seg.carved + ChunkSizeFor(need, share), kPageBytes) - seg.carved;
   uint64_t size = std::min(avail, to_page);
   if (avail - size < kMinRecycleBytes) size = avail;  // no sliver left over
   // Whole cache lines without rounding: carve marks lie on lines and
@@ -238,8 +319,7 @@ void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   auto* h = reinterpret_cast<layout::ChunkHeader*>(
       segments_.at(lease.seg_no).file.data() + lease.offset);
   // `used` was written by the client: trust it only within the chunk.
-  uint64_t used = h->used.load();
-  if (used < sizeof(layout::ChunkHeader) || used > lease.size) used = lease.size;
+  const uint64_t used = UsedMark(lease, h->used.load());
   uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
   uint64_t end = lease.offset + lease.size;
   if (tail_off + kMinRecycleBytes <= end) {
@@ -370,8 +450,8 @@ Status SegmentAllocator::SupplyFor(Segment* seg, uint64_t end, bool* wait) {
   return Status::OK();
 }
 
-Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* account,
-                                    Segment** out, bool* wait) {
+Status SegmentAllocator::NewSegment(uint64_t conn, int node, uint64_t need,
+                                    MemoryAccount* account, Segment** out, bool* wait) {
   const size_t n = static_cast<size_t>(node);
   uint64_t min_bytes = layout::SegmentBytesFor(need);
   auto& ready = prepared_[n];
@@ -392,7 +472,16 @@ Status SegmentAllocator::NewSegment(int node, uint64_t need, MemoryAccount* acco
     return Status::OK();
   }
   uint64_t want = NextSegmentSize(min_bytes, *account);
-  if (want == 0) return NoRoomFor(node, need, min_bytes, *account);
+  if (want == 0) {
+    // The budget or the cap is used up: the room other writers hold and
+    // have not used (one that ran out of rows, or got a chunk before many
+    // writers came) is taken before the cache is full.
+    if (TakeRoom(conn, node, need)) {
+      *out = nullptr;
+      return Status::OK();
+    }
+    return NoRoomFor(conn, node, need, min_bytes, *account);
+  }
   if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
     return Status::Full("cache has too many segments");
@@ -576,11 +665,11 @@ uint64_t SegmentAllocator::BudgetLeft() const {
   return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
 }
 
-Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_bytes,
-                                   const MemoryAccount& account) {
+Status SegmentAllocator::NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes,
+                                   uint64_t min_bytes, const MemoryAccount& account) {
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
-  const uint64_t largest = LargestRowNow(node, room);
+  const uint64_t largest = LargestRowNow(node, room, MostRoomHeld(conn, node).bytes);
   // The rows the writers counted so far. None counted says nothing of
   // their size (a writer counts once per window of rows, and before its
   // next lease: another's first row finds the rows of a batch in flight
@@ -614,7 +703,7 @@ Status SegmentAllocator::NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_
       true);
 }
 
-uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room) const {
+uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room, uint64_t held) const {
   const size_t n = static_cast<size_t>(node);
   // A segment of `bytes` holds the chunks that SegmentBytesFor fits in it:
   // its whole grains less its header.
@@ -622,7 +711,7 @@ uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room) const {
     const uint64_t whole = bytes / layout::kSegmentGrain * layout::kSegmentGrain;
     return whole > layout::kSegmentHeaderSize ? whole - layout::kSegmentHeaderSize : 0;
   };
-  uint64_t chunk = in_segment(room / kPageBytes * kPageBytes);
+  uint64_t chunk = std::max(held, in_segment(room / kPageBytes * kPageBytes));
   for (const Tail& t : tails_[n]) chunk = std::max(chunk, t.size);
   for (uint32_t no : open_[n]) {
     const Segment& seg = segments_.at(no);

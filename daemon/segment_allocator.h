@@ -79,16 +79,21 @@ struct ChunkLease {
   uint32_t seg_no = 0;
   uint64_t offset = 0;
   uint64_t size = 0;
+  // (the allocator's) The writer's `used` mark when the chunk's end was
+  // last taken back from it (layout::kRoomTaken), for a return it has not
+  // seen.
+  uint64_t taken_at = 0;
 };
 
 class SegmentAllocator {
  public:
   static constexpr uint64_t kChunkBytes = 4u << 20;
-  // A chunk takes at most this share of its cache's budget (ChunkShare):
-  // the first lease the budget cannot give marks the cache full, so a
-  // writer's chunk must leave the others theirs (each DataLoader worker is
-  // a writer; 4 MB took the whole of a 1 MB cache). Budgets of 16 MB and
-  // more keep kChunkBytes.
+  // A chunk takes at most this share of its cache's budget, and at most
+  // half of a writer's share of it once more than two connections hold
+  // chunks (ChunkShare): a writer's chunk must leave the others theirs
+  // (each DataLoader worker is a writer; 4 MB took the whole of a 1 MB
+  // cache). Budgets of 16 MB and more keep kChunkBytes for up to two
+  // writers, of 8 MB times the writers for any number.
   static constexpr uint64_t kChunksPerBudget = 4;
   static constexpr uint64_t kMinRecycleBytes = 16u << 10;
   // At most this many segments are made at once for one node of a cache.
@@ -119,8 +124,11 @@ class SegmentAllocator {
   // outran their page supply: each open segment is supplied by its own
   // thread); the rest of an open segment that no longer holds the row is
   // left when the next one is opened, as it always was.
-  // Full when the budget or the server cap is used up (the cache is then
-  // marked full for every client). TooLarge when only this row does not
+  // Once the budget or the server cap is used up, the end of the room
+  // another connection's chunk holds past its `used` mark is taken back
+  // (half of the most any chunk holds, or what the row needs:
+  // layout::kRoomTaken) and leased; Full when none holds the row (the cache
+  // is then marked full for every client). TooLarge when only this row does not
   // fit: what is left still holds a segment of layout::kMinSegmentBytes, so
   // the cache is not marked and smaller rows go on being cached.
   // When the node's next segment, or the pages of the chunk, are being
@@ -137,7 +145,8 @@ class SegmentAllocator {
   // alone when it is max_bytes or more, else as many rows of that size as
   // max_bytes holds (a chunk of whole rows: no tail when rows are alike).
   static uint64_t ChunkSizeFor(uint64_t need, uint64_t max_bytes = kChunkBytes);
-  // Takes back the unused tail of a chunk leased to `conn`.
+  // Takes back the unused tail of a chunk leased to `conn` (less what was
+  // taken from it for another writer).
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   // The connection ended. recycle: its process is gone, so the unused
   // tails of its chunks are free again; otherwise (a live process whose
@@ -232,6 +241,15 @@ class SegmentAllocator {
     ShmFile file;
     uint64_t supplied;
   };
+  // The chunk that holds the most room past its writer's `used` mark (the
+  // word as read), and that room.
+  struct HeldRoom {
+    ChunkLease* lease = nullptr;
+    uint64_t mark = 0;
+    uint64_t bytes = 0;
+  };
+  // Tries at taking a chunk's end while its writer moves the mark.
+  static constexpr int kTakeTries = 64;
 
   // Size of the next segment, at least min_bytes and at most max_bytes
   // unless min_bytes asks for more; 0 when the budget or the cap leaves
@@ -244,32 +262,53 @@ class SegmentAllocator {
   // cache's average size so far still fits (LargestRowNow), naming the
   // most one row can take now and the fix; else the cache's memory is
   // used up (see MemoryUsedUp).
-  Status NoRoomFor(int node, uint64_t chunk_bytes, uint64_t min_bytes,
+  Status NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes, uint64_t min_bytes,
                    const MemoryAccount& account);
   // The largest row a lease on `node` could hold now: in a free tail, the
-  // rest of an open segment, a segment made ahead, or a new segment of
-  // `room` bytes.
-  uint64_t LargestRowNow(int node, uint64_t room) const;
+  // rest of an open segment, a segment made ahead, a new segment of
+  // `room` bytes, or the `held` room another writer's chunk could give.
+  uint64_t LargestRowNow(int node, uint64_t room, uint64_t held) const;
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
-  // The most a chunk of rows takes: the budget's kChunksPerBudget-th part,
-  // within [kMinRecycleBytes, kChunkBytes].
-  uint64_t ChunkShare() const;
+  // The most a chunk of rows leased to `conn` takes: the budget's
+  // kChunksPerBudget-th part, or its (2 x lessees)-th where more
+  // connections hold chunks (`conn` among them), within
+  // [kMinRecycleBytes, kChunkBytes].
+  uint64_t ChunkShare(uint64_t conn) const;
   // The chunk Lease carves from `seg` for a row of `need` bytes: of
-  // ChunkSizeFor (up to ChunkShare), up to the next 4 KB page boundary (so
+  // ChunkSizeFor (up to `share`), up to the next 4 KB page boundary (so
   // that carve marks lie on pages), or the segment's rest.
-  uint64_t ChunkSize(const Segment& seg, uint64_t need) const;
+  uint64_t ChunkSize(const Segment& seg, uint64_t need, uint64_t share) const;
+  // Leases `conn` the first free tail on `node` that holds a row of
+  // `need`: a chunk of ChunkSizeFor (up to `share`) from its start, or the
+  // whole tail where less than kMinRecycleBytes would be left. False when
+  // none holds it.
+  bool LeaseTail(uint64_t conn, int node, uint64_t need, uint64_t share, ChunkLease* out);
+  // Where the writer of chunk `l` has written up to, its chunk header's
+  // `used` word being `mark`: the mark, or where it was when the chunk's end
+  // was taken and not seen since; the chunk's end for a mark out of it.
+  static uint64_t UsedMark(const ChunkLease& l, uint64_t mark);
+  // The chunk on `node` leased to another connection than `conn` with the
+  // most room past its `used` mark.
+  HeldRoom MostRoomHeld(uint64_t conn, int node);
+  // Takes back the end of that chunk's room, half of it or `want` bytes
+  // when more, into a free tail (see layout::kRoomTaken). False when it
+  // does not hold `want`.
+  bool TakeRoom(uint64_t conn, int node, uint64_t want);
   // The first segment made ahead of need for `node` that holds a chunk of
   // `want` (the order they were named in), or prepared_[node].end().
   std::deque<Prepared>::iterator FirstPreparedFor(int node, uint64_t want);
   // Makes sure the pages of `seg` below `end` are supplied before a chunk
   // is carved there: at once without `wait`, else by a job (*wait set).
   Status SupplyFor(Segment* seg, uint64_t end, bool* wait);
-  Status NewSegment(int node, uint64_t need, MemoryAccount* account, Segment** out,
-                    bool* wait);
+  // A segment for a chunk of `need` bytes, or, when the budget or the cap
+  // leaves none, room taken back from another writer (TakeRoom; *out is
+  // then null and a free tail holds it).
+  Status NewSegment(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
+                    Segment** out, bool* wait);
   // Creates and formats a segment under the first free number from
   // next_seg_no_ on, and moves next_seg_no_ past it.
   Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);

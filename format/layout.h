@@ -241,10 +241,18 @@ static_assert(sizeof(SegmentHeader) <= kSegmentHeaderSize);
 // A chunk is leased to one client, which alone advances `used`. The client
 // advances `used` before writing a row, so whatever lies at or past `used`
 // is free: the daemon may re-lease that tail when the client goes away.
+// While the client lives, the daemon may take back the end of the room past
+// `used` for another writer of a cache whose memory is used up: it swaps
+// `used` for kRoomTaken | the chunk's new end (bytes from chunk start, on a
+// cache line, at or past `used`; again for a lower end while the client has
+// not seen the first), so both write `used` by compare-and-swap only; the
+// client that finds kRoomTaken takes in the new end and swaps its own
+// `used` back.
+inline constexpr uint64_t kRoomTaken = 1ULL << 63;
 struct alignas(kCacheLine) ChunkHeader {
   uint32_t magic;  // kChunkMagic
   uint32_t cache_id;
-  uint64_t size;               // bytes including this header
+  uint64_t size;               // bytes including this header, as leased
   std::atomic<uint64_t> used;  // bytes from chunk start in use (>= header)
 };
 static_assert(sizeof(ChunkHeader) == kCacheLine);

@@ -28,7 +28,9 @@ inline constexpr uint32_t kFrameMagic = 0x50434D53;  // "SMCP"
 // 5: a status carries its subcode (why a cache is Full) after its code.
 // 6: spilled rows are staged in shared memory (kSpillStage, kSpillPutStaged).
 // 7: a spilled row whose own read failed is answered kSpillFailed.
-inline constexpr uint16_t kProtocolVersion = 7;
+// 8: the daemon may take back room a writer's chunk holds past its `used`
+//    mark (layout::kRoomTaken): a writer moves `used` by compare-and-swap.
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint32_t kMaxBodyBytes = 64u << 20;
 inline constexpr size_t kMaxStringBytes = 4096;

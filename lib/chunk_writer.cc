@@ -95,7 +95,9 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c, bool mapped) {
   c->offset = offset;
   c->base = seg->base + offset;
   c->size = size;
-  c->used = h->used.load(std::memory_order_relaxed);
+  // As the daemon formatted it; the mark may hold kRoomTaken already
+  // (another writer's lease took the chunk's end): MoveUsed reads it.
+  c->used = sizeof(layout::ChunkHeader);
   c->header = h;
   return Status::OK();
 }
@@ -112,50 +114,53 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Chunk& c = chunks_[node];
   Status s;
   refused_ = refused_ && refusal != nullptr;
-  if (refused_ || c.base == nullptr || c.size - c.used < size) {
-    if (refusal != nullptr) {
-      refused_ = true;
-      *lease_failed = true;
-      return *refusal;
+  bool defer = false;
+  for (;;) {
+    if (refused_ || c.base == nullptr || c.size - c.used < size) {
+      if (refusal != nullptr) {
+        refused_ = true;
+        *lease_failed = true;
+        return *refusal;
+      }
+      if (unanswered_at_ > lock->asked_) {
+        *lease_failed = true;
+        return Status::Unavailable(
+            "the cache server did not answer a lease asked by another thread while "
+            "this one waited to put");
+      }
+      // The queued rows lie in the chunk the lease trades in.
+      if (!Publish(lock, tally)) return lock->ended_status_;
+      if (stats_ != nullptr && tally->rows > 0) {
+        stats_->CountPuts(tally->rows, tally->bytes);
+        *tally = {};
+      }
+      s = Lease(static_cast<int>(node), size, &c, lock->statuses_ == nullptr);
+      if (!s.ok()) {
+        if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
+        // A row refused for want of a chunk is a refusal too: full stays
+        // full for this writer (the chunk's room is not used after it).
+        if (s.IsFull()) refused_ = true;
+        *lease_failed = true;
+        return s;
+      }
     }
-    if (unanswered_at_ > lock->asked_) {
-      *lease_failed = true;
-      return Status::Unavailable(
-          "the cache server did not answer a lease asked by another thread while this "
-          "one waited to put");
+    // Queued rows are published before a row that is not queued, or one
+    // for another node's chunk (the thread moved).
+    defer = c.fd >= 0 && lock->statuses_ != nullptr;
+    if ((!defer || deferred_node_ != node) && !Publish(lock, tally)) {
+      return lock->ended_status_;
     }
-    // The queued rows lie in the chunk the lease trades in.
-    if (!Publish(lock, tally)) return lock->ended_status_;
-    if (stats_ != nullptr && tally->rows > 0) {
-      stats_->CountPuts(tally->rows, tally->bytes);
-      *tally = {};
+    if (defer) {
+      for (const Deferred& d : deferred_) {
+        if (d.id == id) return Status::OK();  // the first row of the batch wins
+      }
     }
-    s = Lease(static_cast<int>(node), size, &c, lock->statuses_ == nullptr);
-    if (!s.ok()) {
-      if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
-      // A row refused for want of a chunk is a refusal too: full stays
-      // full for this writer (the chunk's room is not used after it).
-      if (s.IsFull()) refused_ = true;
-      *lease_failed = true;
-      return s;
-    }
+    // Reserve before writing: whatever lies past `used` may be re-leased by
+    // the daemon if this process dies, or taken back for another writer
+    // (then the chunk ends before this row: a lease again).
+    if (MoveUsed(&c, c.used + size)) break;
   }
-  // Queued rows are published before a row that is not queued, or one for
-  // another node's chunk (the thread moved).
-  const bool defer = c.fd >= 0 && lock->statuses_ != nullptr;
-  if ((!defer || deferred_node_ != node) && !Publish(lock, tally)) {
-    return lock->ended_status_;
-  }
-  if (defer) {
-    for (const Deferred& d : deferred_) {
-      if (d.id == id) return Status::OK();  // the first row of the batch wins
-    }
-  }
-  // Reserve before writing: whatever lies past `used` may be re-leased by
-  // the daemon if this process dies, so the row must be inside it first.
-  const uint64_t off = c.used;
-  c.used += size;
-  c.header->used.store(c.used, std::memory_order_relaxed);
+  const uint64_t off = c.used - size;
   if (defer) {
     deferred_.push_back({id, columns, size, off, lock->row_});
     deferred_node_ = node;
@@ -184,11 +189,34 @@ Status ChunkWriter::Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c,
   }
   // Not published: the space is still ours alone; take it back when
   // nothing lies past it (a deferred row's later neighbours may).
-  if (off + size == c->used) {
-    c->used = off;
-    c->header->used.store(off, std::memory_order_relaxed);
-  }
+  if (off + size == c->used) MoveUsed(c, off);
   return s;
+}
+
+bool ChunkWriter::MoveUsed(Chunk* c, uint64_t to) {
+  std::atomic<uint64_t>& mark = c->header->used;
+  uint64_t seen = c->used;
+  for (;;) {
+    if (seen & layout::kRoomTaken) {
+      // The daemon took the chunk's end back for another writer: the chunk
+      // ends where it says, and the mark is this process's again (unless
+      // the daemon took more meanwhile: then that is read).
+      c->size = std::min(c->size, seen & ~layout::kRoomTaken);
+      if (!mark.compare_exchange_strong(seen, c->used, std::memory_order_relaxed))
+        continue;
+      seen = c->used;
+    } else if (seen != c->used) {
+      // Only this process and the daemon write the mark: never write here
+      // again.
+      c->size = c->used;
+      return false;
+    }
+    if (to > c->size) return false;
+    if (mark.compare_exchange_strong(seen, to, std::memory_order_relaxed)) {
+      c->used = to;
+      return true;
+    }
+  }
 }
 
 void ChunkWriter::WriteDeferred(const Chunk& c) {
@@ -261,8 +289,7 @@ bool ChunkWriter::Publish(BatchLock* lock, Tally* tally) {
       lock->ended_ = true;
       lock->ended_at_ = d.row;
       lock->ended_status_ = s;
-      c.used = d.off;
-      c.header->used.store(d.off, std::memory_order_relaxed);
+      MoveUsed(&c, d.off);
       break;
     }
   }

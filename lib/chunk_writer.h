@@ -175,6 +175,11 @@ class ChunkWriter {
   // A new chunk with room for `need` bytes on `node` in place of *c;
   // `mapped`: for rows written through the mapping (not deferred).
   Status Lease(int node, size_t need, Chunk* c, bool mapped) REQUIRES(mu_);
+  // Moves the chunk's `used` mark from c->used to `to` (compare-and-swap:
+  // the daemon may take back the chunk's end, layout::kRoomTaken), taking
+  // in the end the daemon set. False, with the mark where it was, when `to`
+  // lies past the chunk's end then.
+  static bool MoveUsed(Chunk* c, uint64_t to);
   // Puts the bytes of the deferred rows of chunk `c` in place.
   void WriteDeferred(const Chunk& c) REQUIRES(mu_);
   // Publishes a row written at chunk offset `off` of `c`; on kExists (or

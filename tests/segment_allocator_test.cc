@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -287,6 +288,103 @@ TEST_F(CacheStateTest, AWritersChunkLeavesTheOthersOfASmallBudgetTheirShare) {
     EXPECT_LT(l.size, 1 * kMB / SegmentAllocator::kChunksPerBudget + 4 * kKB);
   }
   EXPECT_FALSE(cache_->Stats().full);
+}
+
+// Where a lease's row lies past the room left to a chunk: its writer's
+// `used` mark, or the end the allocator set when it took the chunk's end
+// back (layout::kRoomTaken).
+uint64_t ChunkEnd(const ChunkLease& l, layout::ChunkHeader* h) {
+  const uint64_t used = h->used.load();
+  return l.offset + ((used & layout::kRoomTaken) ? used & ~layout::kRoomTaken : l.size);
+}
+
+// More writers than a small budget has chunks (8 DataLoader workers on
+// 1 MB, 16 on 4 MB): the chunks leased first took the budget, the fifth
+// writer's lease found none left and marked the cache full, and the writers
+// past the fourth cached nothing while the first ones ran out of rows with
+// their chunks half empty (8 workers cached half of what one process
+// caches). Now a chunk is a smaller share as more writers hold chunks, and
+// once the budget is used up a lease takes half of the room another writer
+// holds unused.
+TEST_F(CacheStateTest, WritersPastTheChunksOfASmallBudgetGetRoomTheOthersHeld) {
+  Create(1 * kMB);
+  std::vector<ChunkLease> leases;
+  for (uint64_t conn = 1; conn <= 16; ++conn) {
+    ChunkLease l;
+    Status s = Lease(conn, 0, 856, &l);
+    ASSERT_TRUE(s.ok()) << "writer " << conn << ": " << s.ToString();
+    if (conn > 2) {
+      // A share of the budget for twice the writers that hold chunks (up to
+      // the next page; a tail too small to leave is leased with it).
+      EXPECT_LT(l.size,
+                1 * kMB / (2 * conn) + SegmentAllocator::kMinRecycleBytes + 4 * kKB)
+          << "writer " << conn;
+    }
+    leases.push_back(l);
+  }
+  EXPECT_FALSE(cache_->Stats().full);
+  int taken = 0;
+  for (size_t i = 0; i < leases.size(); ++i) {
+    const ChunkLease& a = leases[i];
+    taken += (Chunk(a)->used.load() & layout::kRoomTaken) != 0;
+    for (size_t j = i + 1; j < leases.size(); ++j) {
+      const ChunkLease& b = leases[j];
+      bool disjoint = a.seg_no != b.seg_no || ChunkEnd(a, Chunk(a)) <= b.offset ||
+                      ChunkEnd(b, Chunk(b)) <= a.offset;
+      EXPECT_TRUE(disjoint) << i << " overlaps " << j;
+    }
+  }
+  EXPECT_GT(taken, 0) << "the budget was used up before the last writers came";
+  // Once no chunk holds a row in what is left of its room, the cache is
+  // full.
+  for (const ChunkLease& l : leases) {
+    Chunk(l)->used.store((Chunk(l)->used.load() & layout::kRoomTaken)
+                             ? Chunk(l)->used.load() & ~layout::kRoomTaken
+                             : l.size);
+  }
+  ChunkLease l;
+  EXPECT_TRUE(Lease(17, 0, 856, &l).IsFull());
+}
+
+// The writer whose chunk's end was taken returns the chunk without having
+// written since: its tail is the room up to the new end only (the taken
+// part is another writer's), and once it saw the take, up to its mark.
+TEST_F(CacheStateTest, AChunkWhoseEndWasTakenGivesBackOnlyWhatItKept) {
+  Create(1 * kMB);
+  std::vector<ChunkLease> leases(8);
+  for (uint64_t conn = 1; conn <= leases.size(); ++conn) {
+    ASSERT_TRUE(Lease(conn, 0, 856, &leases[conn - 1]).ok()) << conn;
+  }
+  const auto victim =
+      std::find_if(leases.begin(), leases.end(), [&](const ChunkLease& l) {
+        return (Chunk(l)->used.load() & layout::kRoomTaken) != 0;
+      });
+  ASSERT_NE(victim, leases.end()) << "8 writers used up 1 MB";
+  const uint64_t conn = static_cast<uint64_t>(victim - leases.begin()) + 1;
+  const uint64_t end = Chunk(*victim)->used.load() & ~layout::kRoomTaken;
+  const ChunkLease kept = *victim;
+  leases.erase(victim);
+  cache_->Return(conn, kept.seg_no, kept.offset);
+  // The free tails are leased again, a writer's share at a time.
+  bool found = false;
+  for (int n = 0; n < 8 && !found; ++n) {
+    ChunkLease again;
+    ASSERT_TRUE(Lease(conn, 0, 856, &again).ok());
+    for (const ChunkLease& other : leases) {
+      EXPECT_TRUE(again.seg_no != other.seg_no ||
+                  again.offset + again.size <= other.offset ||
+                  ChunkEnd(other, Chunk(other)) <= again.offset)
+          << "a lease overlaps room another writer holds";
+    }
+    if (again.seg_no == kept.seg_no &&
+        again.offset == kept.offset + sizeof(layout::ChunkHeader)) {
+      found = true;
+      EXPECT_LE(again.offset + again.size, kept.offset + end)
+          << "up to the end taken, not past it";
+    }
+    Chunk(again)->used.store(again.size);  // filled
+  }
+  EXPECT_TRUE(found) << "the room the writer kept, right after its header, is free again";
 }
 
 TEST_F(CacheStateTest, ServerCapUsedUpMeansFull) {
@@ -720,13 +818,14 @@ class FourMBAllocatorTest : public SegmentAllocatorTest {
 };
 
 // The budget (4 MB) is one segment, leased whole in chunks (a quarter of
-// the budget each) whose rows left 20 KB of the last unused: given back,
+// the budget each) that rows filled but for 20 KB of the last: given back,
 // that tail is all the room a row has. The most one row can take (the tail
 // less its chunk header) is named as it is, not as '0.0 MB'.
 TEST_F(FourMBAllocatorTest, TheMostARowCanTakeIsNamedInKBWhereMBWouldRoundItAway) {
   ChunkLease l;
   do {
     ASSERT_TRUE(alloc_->Lease(1, 0, 1000, &account_, &l).ok());
+    Chunk(l)->used.store(l.size);
   } while (l.offset + l.size < alloc_->data_bytes());
   Chunk(l)->used.store(l.size - 20 * kKB);
   alloc_->Return(1, l.seg_no, l.offset);
@@ -771,8 +870,10 @@ TEST_F(FourMBAllocatorTest, ARowTooLargeForTheOpenSegmentsRestLeavesItToSmallerR
 // room at all is full all the same.
 TEST_F(FourMBAllocatorTest, ARowTooLargeBeforeAnyRowWasCountedIsTooLargeNotFull) {
   ChunkLease l;
-  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
-  ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(alloc_->Lease(1, 0, 3 * kMB / 2, &account_, &l).ok());
+    Chunk(l)->used.store(l.size);  // its row written
+  }
   Status s = alloc_->Lease(2, 0, 2 * kMB, &account_, &l);
   ASSERT_TRUE(s.IsTooLarge()) << s.ToString();
   EXPECT_FALSE(header_->state.load() & layout::kStateFull);

@@ -49,9 +49,12 @@ class SHMCACHE_EXPORT Cache {
   // When the memory budget is used up and the cache spills, the row goes to
   // disk through the daemon.
   // Full: the budget is used up and the cache does not spill, or spilling
-  // failed (the cache turns read-only for everyone). A full cache leases no
-  // process a new chunk; until this process's first Full, a row that still
-  // fits the chunk it leased before is stored.
+  // failed (the cache turns read-only for everyone). Before a cache turns
+  // full, a process whose lease found the budget used up is leased room
+  // another process holds unused (the end of that one's chunk, which then
+  // holds less). A full cache leases no process a new chunk; until this
+  // process's first Full, a row that still fits what is left of the chunk
+  // it leased before is stored.
   // TooLarge: this row does not fit in the memory the cache has left (or in
   // its whole budget) while smaller rows still do: only this row is not
   // cached. A spilling cache sends such a row to disk instead, unless it is

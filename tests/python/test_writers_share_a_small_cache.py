@@ -1,8 +1,9 @@
 """Several writing processes (DataLoader workers) fill a small cache as one
 process does: a lease leaves the other writers their share of the budget,
-and a writer goes on filling the chunk it holds after another writer's
-lease found the cache full (the full flag stops new leases, not puts into
-room already leased)."""
+smaller as more writers hold chunks; once the budget is used up a lease
+takes back room another writer holds unused; and a writer goes on filling
+the chunk it holds after another writer's lease found the cache full (the
+full flag stops new leases, not puts into room already leased)."""
 
 import numpy as np
 import pytest
@@ -29,18 +30,19 @@ class Bytes(Dataset):
         return row
 
 
-def cached_by(session, workers):
-    """Rows a 1 MB cache holds after one epoch of ROWS rows read by
+def cached_by(session, workers, rows=ROWS):
+    """Rows a 1 MB cache holds after one epoch of `rows` rows read by
     `workers` DataLoader workers (0: this process)."""
     cache = DatasetCache(session, size_mb=1)
-    ds = CachedDataset(Bytes(), cache, name=f"w{workers}", async_puts=False)
+    data = torch.utils.data.Subset(Bytes(), range(rows))
+    ds = CachedDataset(data, cache, name=f"w{workers}", async_puts=False)
     seen = [int(b[0, 0]) + 256 * int(b[0, 1])
             for b in DataLoader(ds, batch_size=1, num_workers=workers)]
-    assert seen == list(range(ROWS))
-    return sum(1 for i in range(ROWS) if ds.cache.contains(i))
+    assert seen == list(range(rows))
+    return sum(1 for i in range(rows) if ds.cache.contains(i))
 
 
-@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("workers", [2, 4, 8])
 def test_worker_processes_fill_a_small_cache_as_one_process_does(server, workers):
     alone = cached_by(server.new_session(), 0)
     together = cached_by(server.new_session(), workers)
@@ -55,5 +57,24 @@ def test_worker_processes_fill_a_small_cache_as_one_process_does(server, workers
     # most 4 chunks): 1% of the rows covers it. Before, the first worker's
     # chunk took the whole budget, the second one's lease marked the cache
     # full and both stopped: a few rows here (128 to 192 in the report).
+    # 8 workers: the chunks leased first (a quarter of the budget each, 306
+    # rows) outlast a worker's 250 rows; the room left in them is taken back
+    # by the leases that find the budget used up, which marked the cache
+    # full before (the workers past the fourth cached nothing: 82%). What is
+    # left is under a row per worker once the cache is full, and what the
+    # workers still held when their rows ran out: 5% covers it.
     assert alone > 1100, alone
-    assert together >= alone * 0.99, (together, alone)
+    assert together >= alone * (0.99 if workers <= 4 else 0.95), (together, alone)
+
+
+def test_eight_workers_cache_every_row_a_small_cache_holds(server):
+    # 1,100 rows fit in 1 MB (one process caches 1,219); 8 workers cached
+    # 552 of them: four chunks of a quarter of the budget each went to the
+    # first four workers, who had 138 rows each for 306 rows of room, and
+    # the other four found the cache full. Now each lease is a smaller share
+    # as more workers hold chunks, and a lease that finds the budget used
+    # up takes half of the room another worker holds.
+    rows = 1100
+    assert cached_by(server.new_session(), 0, rows) == rows
+    together = cached_by(server.new_session(), 8, rows)
+    assert together >= rows * 0.95, together

@@ -31,6 +31,17 @@ std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
   return cache;
 }
 
+std::unique_ptr<Cache> OpenCacheInChild(const TestServer& server, uint32_t session,
+                                        uint64_t size_mb, bool spilling) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  if (server.Connect(&client).ok()) {
+    client->OpenCache(CacheNamed(session, "capacity", size_mb, spilling), &cache)
+        .PermitUncheckedError();
+  }
+  return cache;
+}
+
 size_t PutRows(Cache* cache, size_t n, uint64_t salt) {
   std::vector<uint8_t> row(kRowBytes);
   size_t stored = 0;
