@@ -4,6 +4,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "daemon/logger.h"
 #include "daemon/replace_file.h"
 #include "format/cache_name.h"
+#include "shmcache/options.h"
 
 namespace shmcache {
 
@@ -63,11 +65,14 @@ Status Store::CreateSession(uint32_t* id) {
   return Status::OK();
 }
 
-static Status NoSession(uint32_t id) {
+// The commands it suggests name the port of a server not on the default
+// one: without -p they would ask another server, or none.
+static Status NoSession(uint32_t id, int port) {
+  const std::string p = port == kDefaultPort ? "" : fmt::format(" -p {}", port);
   return Status::NotFound(fmt::format(
-      "session {} does not exist; list them with 'shmcache --list_sessions' or "
-      "create one with 'shmcache -g'",
-      id));
+      "session {} does not exist; list them with 'shmcache --list_sessions{}' or "
+      "create one with 'shmcache -g{}'",
+      id, p, p));
 }
 
 Status Store::DestroySession(uint32_t id) {
@@ -75,7 +80,7 @@ Status Store::DestroySession(uint32_t id) {
   {
     MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) return NoSession(id);
+    if (it == sessions_.end()) return NoSession(id, paths_.port);
     // No segment of the session may appear after destroy returns: let a
     // running job for one of its caches finish first (holding the lock from
     // then on, no other starts), and drop the queued ones. Nor a spilled row:
@@ -90,7 +95,7 @@ Status Store::DestroySession(uint32_t id) {
     }
     std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
     it = sessions_.find(id);
-    if (it == sessions_.end()) return NoSession(id);  // destroyed meanwhile
+    if (it == sessions_.end()) return NoSession(id, paths_.port);  // destroyed meanwhile
     std::vector<HeldFile> held;
     for (uint32_t cid : it->second) {
       auto c = caches_.find(cid);
@@ -140,7 +145,7 @@ void Store::ResumeCachesLocked() {
 
 Status Store::CheckSession(uint32_t id) {
   MutexLock lock(&mu_);
-  if (sessions_.count(id) == 0) return NoSession(id);
+  if (sessions_.count(id) == 0) return NoSession(id, paths_.port);
   return Status::OK();
 }
 
@@ -155,7 +160,7 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   }
   MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
-  if (sit == sessions_.end()) return NoSession(session_id);
+  if (sit == sessions_.end()) return NoSession(session_id, paths_.port);
   Status s = CheckCacheName(name, fingerprint);
   if (!s.ok()) return s;
   if (spill_requested && options_.spill_dir.empty()) {

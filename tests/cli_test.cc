@@ -972,6 +972,12 @@ TEST_F(CliTest, SessionThatDoesNotExist) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("session 12345 does not exist"), std::string::npos)
       << r.Describe();
+  // The commands it suggests ask the same server, not the default port's.
+  const std::string p = " -p " + std::to_string(server.port());
+  EXPECT_NE(r.err.find("'shmcache --list_sessions" + p + "'"), std::string::npos)
+      << r.Describe();
+  EXPECT_NE(r.err.find("'shmcache -g" + p + "'"), std::string::npos) << r.Describe();
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {
