@@ -43,13 +43,24 @@ def test_a_samplers_exception_reaches_the_trainer_in_its_place(server, session,
     ds = Images(16, side=4)
     cds = CachedDataset(ds, DatasetCache(session))
     want = list(DataLoader(cds, batch_size=4))[:3]
-    # timeout: the loader of before waited for ever with one thread.
     loader = CachedLoader(cds, batch_sampler=BrokenSampler(), num_threads=num_threads,
-                          prefetch=2, timeout=60)
-    got = []
-    with pytest.raises(ValueError, match="the sampler broke"):
-        for batch in loader:
-            got.append(batch)
+                          prefetch=2)
+    got, raised = [], []
+
+    def epoch():
+        try:
+            for batch in loader:
+                got.append(batch)
+        except ValueError as e:
+            raised.append(e)
+
+    # The loader of before waited for ever with one thread: the epoch runs
+    # on a thread of the test's, waited for with a bound (a timeout= of the
+    # loader's own is refused without workers, as DataLoader refuses it).
+    t = threading.Thread(target=epoch, daemon=True)
+    t.start()
+    assert wait_for(lambda: not t.is_alive(), timeout=60, what="the epoch to end")
+    assert len(raised) == 1 and "the sampler broke" in str(raised[0]), raised
     assert len(got) == 3    # the batches before the error, in order
     for g, w in zip(got, want):
         assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
