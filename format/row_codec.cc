@@ -123,8 +123,8 @@ size_t RowCodec::HeadBytes(std::span<const ColumnRef> columns) {
 
 size_t RowCodec::PaddedBytes(size_t nbytes) { return Pad8(nbytes); }
 
-void RowCodec::EncodeHead(uint64_t key, std::span<const ColumnRef> columns,
-                          std::byte* dst, size_t size) {
+size_t RowCodec::EncodeHead(uint64_t key, std::span<const ColumnRef> columns,
+                            std::byte* dst, size_t size) {
   Store<uint32_t>(dst, static_cast<uint32_t>(size));
   Store<uint16_t>(dst + 4, static_cast<uint16_t>(columns.size()));
   Store<uint8_t>(dst + 6, kRowVersion);
@@ -148,12 +148,12 @@ void RowCodec::EncodeHead(uint64_t key, std::span<const ColumnRef> columns,
     desc += DescBytes(c.shape.size(), c.name.size());
     data += Pad8(c.nbytes);
   }
+  return desc;
 }
 
 void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
                       size_t size) {
-  EncodeHead(key, columns, dst, size);
-  size_t data = HeadBytes(columns);
+  size_t data = EncodeHead(key, columns, dst, size);
   for (const ColumnRef& c : columns) {
     if (c.nbytes) std::memcpy(dst + data, c.data, c.nbytes);
     std::memset(dst + data + c.nbytes, 0, Pad8(c.nbytes) - c.nbytes);

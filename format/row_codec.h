@@ -46,11 +46,12 @@ class RowCodec {
   // descriptors), which EncodeHead writes to dst, then each column's data
   // in order, each followed by zeros up to PaddedBytes(nbytes).
   // REQUIRES for EncodeHead: as for Encode, with HeadBytes(columns)
-  // writable bytes at dst.
+  // writable bytes at dst. EncodeHead returns HeadBytes(columns), where
+  // the first column's data goes.
   static size_t HeadBytes(std::span<const ColumnRef> columns);
   static size_t PaddedBytes(size_t nbytes);
-  static void EncodeHead(uint64_t key, std::span<const ColumnRef> columns, std::byte* dst,
-                         size_t size);
+  static size_t EncodeHead(uint64_t key, std::span<const ColumnRef> columns,
+                           std::byte* dst, size_t size);
   // Validates the row at p (at most max_bytes readable) and views it.
   static Status Decode(const std::byte* p, size_t max_bytes, RowView* out);
   // The hit path's check of a row in the cache's shared memory: header

@@ -229,8 +229,7 @@ void ChunkWriter::WriteDeferred(const Chunk& c) {
   static constexpr std::byte kZeros[8] = {};
   std::byte* head = heads_.data();
   for (const Deferred& d : deferred_) {
-    const size_t n = RowCodec::HeadBytes(d.columns);
-    RowCodec::EncodeHead(d.id, d.columns, head, d.size);
+    const size_t n = RowCodec::EncodeHead(d.id, d.columns, head, d.size);
     pieces_.push_back({head, n});
     head += n;
     for (const ColumnRef& col : d.columns) {
