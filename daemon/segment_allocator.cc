@@ -101,10 +101,14 @@ void SegmentAllocator::MarkFull(const std::string& why) {
 
 // ---- Chunks: leased to a connection, given back, and the unused tails of a
 // finished connection's chunks recycled into new ones.
+layout::ChunkHeader* SegmentAllocator::HeaderAt(uint32_t seg_no, uint64_t offset) const {
+  return reinterpret_cast<layout::ChunkHeader*>(segments_.at(seg_no).file.data() +
+                                                offset);
+}
+
 layout::ChunkHeader* SegmentAllocator::ChunkAt(uint32_t seg_no, uint64_t offset,
                                                uint64_t size) {
-  auto* h =
-      reinterpret_cast<layout::ChunkHeader*>(segments_.at(seg_no).file.data() + offset);
+  layout::ChunkHeader* h = HeaderAt(seg_no, offset);
   h->cache_id = cache_id_;
   h->size = size;
   h->used.store(sizeof(layout::ChunkHeader));
@@ -237,10 +241,8 @@ SegmentAllocator::HeldRoom SegmentAllocator::MostRoomHeld(uint64_t conn, int nod
   for (auto& [other, held] : leases_) {
     if (other == conn) continue;
     for (ChunkLease& l : held) {
-      const Segment& seg = segments_.at(l.seg_no);
-      if (seg.node != node) continue;
-      const uint64_t mark =
-          reinterpret_cast<layout::ChunkHeader*>(seg.file.data() + l.offset)->used.load();
+      if (segments_.at(l.seg_no).node != node) continue;
+      const uint64_t mark = HeaderAt(l.seg_no, l.offset)->used.load();
       const uint64_t room = l.size - AlignUp(UsedMark(l, mark), layout::kCacheLine);
       if (room > most.bytes) most = HeldRoom{&l, mark, room};
     }
@@ -252,9 +254,7 @@ bool SegmentAllocator::TakeRoom(uint64_t conn, int node, uint64_t want) {
   HeldRoom most = MostRoomHeld(conn, node);
   if (most.lease == nullptr) return false;
   ChunkLease& l = *most.lease;
-  auto& mark = reinterpret_cast<layout::ChunkHeader*>(segments_.at(l.seg_no).file.data() +
-                                                      l.offset)
-                   ->used;
+  auto& mark = HeaderAt(l.seg_no, l.offset)->used;
   // The writer keeps half of its room (less when the row needs more), in
   // whole rows of the asking one's size (rows of one shape come one after
   // another: the room past the last would be lost), and the chunk's new end
@@ -316,8 +316,7 @@ void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   if (l == v.end()) return;  // not this connection's: ignore
   ChunkLease lease = *l;
   v.erase(l);
-  auto* h = reinterpret_cast<layout::ChunkHeader*>(
-      segments_.at(lease.seg_no).file.data() + lease.offset);
+  layout::ChunkHeader* h = HeaderAt(lease.seg_no, lease.offset);
   // `used` was written by the client: trust it only within the chunk.
   const uint64_t used = UsedMark(lease, h->used.load());
   uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);

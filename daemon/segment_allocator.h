@@ -314,6 +314,8 @@ class SegmentAllocator {
   Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);
   static void FormatSegment(ShmFile* f, uint32_t cache_id, uint32_t seg_no, int node,
                             uint64_t size);
+  // The header of the chunk at `offset` of segment `seg_no`.
+  layout::ChunkHeader* HeaderAt(uint32_t seg_no, uint64_t offset) const;
   layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset, uint64_t size);
 
   InstancePaths paths_;
