@@ -94,8 +94,27 @@ uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
 
 void SegmentAllocator::MarkFull(const std::string& why) {
   uint32_t old = header_->state.fetch_or(layout::kStateFull);
-  if (!(old & layout::kStateFull) && log_) {
+  if (old & layout::kStateFull || !log_) return;
+  // Room given back may make it take rows again for a while (TakeRowsAgain):
+  // the warning is said once.
+  if (full_said_) {
+    log_->Info("{} is full again: {}", label_, why);
+  } else {
     log_->Warn("{} is full: {}; further rows are not cached", label_, why);
+  }
+  full_said_ = true;
+}
+
+void SegmentAllocator::TakeRowsAgain(uint64_t bytes) {
+  const uint32_t state = header_->state.load();
+  // A cache whose memory is used up while it spills (or spilled: its
+  // spilled rows are looked for by kStateMemFull) sends its rows to disk.
+  if (!(state & layout::kStateFull) || (state & layout::kStateMemFull)) return;
+  header_->state.fetch_and(~(layout::kStateFull | layout::kStateByCap));
+  cap_full_bits_ = 0;
+  if (log_) {
+    log_->Info("{} takes rows again: a writer gave back {} of room", label_,
+               SizeText(bytes));
   }
 }
 
@@ -272,8 +291,8 @@ bool SegmentAllocator::TakeRoom(uint64_t conn, int node, uint64_t want) {
     // Its writer moved the mark meanwhile: weigh the room again.
     if (tries + 1 == kTakeTries) return false;
   }
-  tails_[static_cast<size_t>(node)].push_back(
-      Tail{l.seg_no, l.offset + end, l.size - end});
+  // Kept whatever its size: the lease that took it leases it next.
+  AddTail(Tail{l.seg_no, l.offset + end, l.size - end}, 0);
   l.size = end;
   l.taken_at = used;
   return true;
@@ -319,13 +338,35 @@ void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   layout::ChunkHeader* h = HeaderAt(lease.seg_no, lease.offset);
   // `used` was written by the client: trust it only within the chunk.
   const uint64_t used = UsedMark(lease, h->used.load());
-  uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
-  uint64_t end = lease.offset + lease.size;
-  if (tail_off + kMinRecycleBytes <= end) {
-    const Segment& seg = segments_.at(lease.seg_no);
-    tails_[static_cast<size_t>(seg.node)].push_back(
-        Tail{lease.seg_no, tail_off, end - tail_off});
+  const uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
+  const uint64_t end = lease.offset + lease.size;
+  if (tail_off >= end) return;
+  const uint64_t freed =
+      AddTail(Tail{lease.seg_no, tail_off, end - tail_off}, kMinRecycleBytes);
+  // The full mark stops every lease, a small row's too: room given back
+  // after it (a writer's whose rows outgrew its chunk, at its close) would
+  // be lost for the rest of the run. The next lease that finds no room for
+  // its row marks the cache full again.
+  if (freed > 0) TakeRowsAgain(freed);
+}
+
+uint64_t SegmentAllocator::AddTail(Tail tail, uint64_t min_bytes) {
+  auto& tails = tails_[static_cast<size_t>(segments_.at(tail.seg_no).node)];
+  // Free room next to free room is one tail: a chunk's end taken back and
+  // the rest of that chunk given back later.
+  for (auto t = tails.begin(); t != tails.end();) {
+    if (t->seg_no == tail.seg_no &&
+        (t->offset + t->size == tail.offset || tail.offset + tail.size == t->offset)) {
+      tail.offset = std::min(tail.offset, t->offset);
+      tail.size += t->size;
+      t = tails.erase(t);
+    } else {
+      ++t;
+    }
   }
+  if (tail.size < min_bytes) return 0;
+  tails.push_back(tail);
+  return tail.size;
 }
 
 void SegmentAllocator::ReleaseConnection(uint64_t conn, bool recycle) {

@@ -146,7 +146,9 @@ class SegmentAllocator {
   // max_bytes holds (a chunk of whole rows: no tail when rows are alike).
   static uint64_t ChunkSizeFor(uint64_t need, uint64_t max_bytes = kChunkBytes);
   // Takes back the unused tail of a chunk leased to `conn` (less what was
-  // taken from it for another writer).
+  // taken from it for another writer). A cache marked full takes rows
+  // again when that frees kMinRecycleBytes or more (with the free room it
+  // touches), until a lease finds no room for its row.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   // The connection ended. recycle: its process is gone, so the unused
   // tails of its chunks are free again; otherwise (a live process whose
@@ -199,7 +201,8 @@ class SegmentAllocator {
   // otherwise refused.
   Status AdoptSegment(uint32_t seg_no);
 
-  // Marks the cache full for every client; logs it once.
+  // Marks the cache full for every client; warns once (later times are
+  // logged as information).
   void MarkFull(const std::string& why);
   // Records that the cap set `bits`: ResumeIfCapAllows clears them, and
   // readers see kStateByCap (a refused put names the cap, not the budget).
@@ -273,6 +276,13 @@ class SegmentAllocator {
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
+  // Frees `tail` for leases on its segment's node, joined with the free
+  // tails it touches. Returns the size of the free tail it is now part of,
+  // or 0 when that is under min_bytes (then it is not kept).
+  uint64_t AddTail(Tail tail, uint64_t min_bytes);
+  // `bytes` of room were given back: a cache marked full (not one whose
+  // memory is used up while it spills) takes rows again.
+  void TakeRowsAgain(uint64_t bytes);
   // The most a chunk of rows leased to `conn` takes: the budget's
   // kChunksPerBudget-th part, or its (2 x lessees)-th where more
   // connections hold chunks (`conn` among them), within
@@ -328,6 +338,7 @@ class SegmentAllocator {
   uint64_t budget_bytes_ = 0;
   uint64_t data_bytes_ = 0;               // segments, counted against the budget
   uint32_t cap_full_bits_ = 0;            // state bits set because the cap ran out
+  bool full_said_ = false;                // MarkFull warned
   std::map<uint32_t, Segment> segments_;  // by seg_no
   uint32_t next_seg_no_ = 0;
   std::vector<std::deque<Prepared>> prepared_;  // per node: made ahead
