@@ -43,6 +43,13 @@ C-call events) are its slices. Such a thread is mostly waiting (for a
 worker's answer), so the sections close at once, and the thread stops as
 its wait returns.
 
+A CachedLoader pass's assembling threads call torch (tensors, collate,
+the user's transforms) between waits that the pass's stop ends (a slot,
+the miss turn, the workers' answer): each runs its whole life as a
+section (owned_section()), and stops, once its pass is, after the sample
+it transforms or the row it computes. So the exit waits for it to leave
+torch even when the threads before it took EXIT_JOIN_S.
+
 A thread still inside a torch call after both bounds (a user's dataset
 computing a row on a loader thread) is left to the exit, as before.
 
@@ -63,7 +70,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 __all__ = ["EXIT_JOIN_S", "SECTION_CLOSE_S", "end_at_exit", "exiting",
-           "torch_section", "between_slices", "waits_are_slices"]
+           "torch_section", "between_slices", "waits_are_slices", "owned_section"]
 
 EXIT_JOIN_S = 10.0
 SECTION_CLOSE_S = 2.0
@@ -116,6 +123,28 @@ def torch_section() -> Iterator[None]:
         yield
     finally:
         _leave_section()
+
+
+@contextlib.contextmanager
+def owned_section() -> Iterator[None]:
+    """A torch section for a thread whose every wait its owner's stop()
+    ends (a CachedLoader pass's assembling threads: their waits for a
+    slot, the miss turn and the workers all end at close()): the exit
+    hook's close waits for the thread to leave it, which it does once its
+    work in hand is done (a batch's current sample: the pass is stopped),
+    so it needs no slices. Once the sections closed (a pass started in a
+    later exit hook), the block runs outside any section: nothing would
+    let the thread in, and the pass's consumer waits for it."""
+    global _inside
+    with _sections:
+        entered = not _closed
+        if entered:
+            _inside += 1
+    try:
+        yield
+    finally:
+        if entered:
+            _leave_section()
 
 
 def _enter_section() -> None:
