@@ -173,12 +173,16 @@ def waits_are_slices() -> Iterator[None]:
     user's, from threading.setprofile) still gets every event."""
     before = sys.getprofile()
     _enter_section()
-    sys.setprofile(_WaitsAreSlices(before))
+    profile = _WaitsAreSlices(before)
+    sys.setprofile(profile)
     try:
         yield
     finally:
         sys.setprofile(before)
-        _leave_section()
+        # Python drops a profile function that raised (the user's it
+        # calls): dropped in a wait, the thread is outside already.
+        if profile.waiting is None:
+            _leave_section()
 
 
 # The C functions that wait (and let the GIL go) and free nothing: the
