@@ -159,3 +159,26 @@ def test_a_trainer_killed_while_a_thread_transforms_leaves_no_process(server, se
                  what=f"the workers {pids} to end after the trainer's SIGKILL")
     finally:
         kill_group(proc)
+
+
+# A user's exit hook, registered before the first pass (so it runs after
+# shmcache's, which closes the torch sections), runs a pass with workers
+# over rows not cached yet: a final evaluation, an export.
+LATER_HOOK = r'''
+    def evaluate():
+        other = CachedDataset(Rows(), DatasetCache(int(sys.argv[1])), name="evaluated")
+        n = sum(len(y) for _, y in CachedLoader(other, batch_size=64, num_workers=1))
+        print("the later hook's pass read", n, "rows", flush=True)
+    atexit.register(evaluate)
+    print("the pass read", sum(len(y) for _, y in CachedLoader(cds, batch_size=64,
+                                                               num_workers=1)), "rows")
+'''
+
+
+def test_a_pass_a_later_exit_hook_runs_reads_to_its_end(server, session):
+    # The miss pool's threads waited at the closed sections' door for the
+    # process's end, and the pass for them: the trainer never exited.
+    out = run(LATER_HOOK, session, timeout=120)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said
+    assert "the pass read 256 rows\nthe later hook's pass read 256 rows\n" in out.stdout, said

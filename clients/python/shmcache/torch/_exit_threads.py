@@ -135,16 +135,22 @@ def owned_section() -> Iterator[None]:
     so it needs no slices. Once the sections closed (a pass started in a
     later exit hook), the block runs outside any section: nothing would
     let the thread in, and the pass's consumer waits for it."""
-    global _inside
-    with _sections:
-        entered = not _closed
-        if entered:
-            _inside += 1
+    entered = _enter_unless_closed()
     try:
         yield
     finally:
         if entered:
             _leave_section()
+
+
+def _enter_unless_closed() -> bool:
+    """Enters a section, unless they closed (then False)."""
+    global _inside
+    with _sections:
+        if _closed:
+            return False
+        _inside += 1
+        return True
 
 
 def _enter_section() -> None:
@@ -170,9 +176,14 @@ def waits_are_slices() -> Iterator[None]:
     while it waits (a lock, a poll, a sleep, a read), and a wait that
     returns once the sections closed waits there, outside torch, for the
     process's end. The thread's profile function before the block (a
-    user's, from threading.setprofile) still gets every event."""
+    user's, from threading.setprofile) still gets every event. A block
+    begun once the sections closed (a pass that a later exit hook runs)
+    runs outside them: waiting at their door, it would hold that hook,
+    and the process's exit, for good."""
+    if not _enter_unless_closed():
+        yield
+        return
     before = sys.getprofile()
-    _enter_section()
     profile = _WaitsAreSlices(before)
     sys.setprofile(profile)
     try:
