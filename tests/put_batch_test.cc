@@ -18,6 +18,7 @@
 #include "format/shm_file.h"
 #include "shmcache/client.h"
 #include "tests/support/test_server.h"
+#include "tests/support/tmpfs_mount.h"
 
 namespace shmcache::test {
 namespace {
@@ -78,9 +79,9 @@ std::unique_ptr<Cache> Open(const TestServer& server, uint32_t session,
 }
 
 // In a forked process: 0 when rows 0..n-1 are exactly those with want[i]
-// true, each byte-identical to Pattern(i, kSalt, kRowBytes).
+// true, each byte-identical to Pattern(i, kSalt, row_bytes).
 int CheckRowsInChild(const TestServer& server, uint32_t session,
-                     const std::vector<bool>& want) {
+                     const std::vector<bool>& want, size_t row_bytes = kRowBytes) {
   pid_t pid = ForkChild([&]() -> int {
     std::unique_ptr<Client> client;
     if (!server.Connect(&client).ok()) return 3;
@@ -94,7 +95,7 @@ int CheckRowsInChild(const TestServer& server, uint32_t session,
       if (s.IsNotFound() && !want[i]) continue;
       if (!s.ok() || !want[i]) return 5;
       auto col = row.find("data");
-      std::vector<uint8_t> bytes = Pattern(i, kSalt, kRowBytes);
+      std::vector<uint8_t> bytes = Pattern(i, kSalt, row_bytes);
       if (!col || col->nbytes != bytes.size() ||
           std::memcmp(col->data, bytes.data(), bytes.size()) != 0) {
         return 6;
@@ -263,6 +264,81 @@ TEST(PutBatchTest, ClosedCacheFailsEveryRow) {
   EXPECT_EQ(b.statuses[0], s);
   EXPECT_EQ(b.statuses[1], s);
   EXPECT_FALSE(b.inserted[0]);
+}
+
+// Fills the file system of `dir` (a small tmpfs) with one file: the next
+// file anyone creates there, or grows, gets no room.
+void FillFileSystem(const std::string& dir) {
+  const int fd = open((dir + "/filler").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  off_t end = 0;
+  for (off_t step : {off_t{1} << 20, off_t{4096}}) {
+    while (posix_fallocate(fd, end, step) == 0) end += step;
+  }
+  close(fd);
+  ASSERT_GT(end, 0);
+}
+
+// A batch's rows are queued and then published in order; when the index
+// cannot grow for one of them (here the shm dir has no room for the larger
+// table; the server's cap is met the same way), the batch ends there: the
+// rows published before it read back whole from another process, the row
+// and every later one are Full with the reason and absent (their bytes were
+// written, never published), and once there is room again they are stored
+// over the room the unpublished ones gave back.
+TEST(PutBatchTest, AnIndexThatCannotGrowMidWindowEndsTheBatchWhereItStood) {
+  TmpfsMount shm("24m");
+  if (!shm.mounted()) GTEST_SKIP() << shm.skip_reason();
+  ServerOptions o;
+  o.shm_dir = shm.path();
+  TestServer server(o);
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  // A 4 MB budget: one segment, supplied whole when made, and a first
+  // index table of 4,096 slots, full at 3,072 rows.
+  auto cache = Open(server, session, 4);
+  constexpr size_t kSmall = 8;  // rows of about 64 bytes: one chunk holds them all
+  const size_t n = 4000;
+  Batch first;
+  first.AddPattern(0, kSmall);
+  first.AddPattern(1, kSmall);
+  ASSERT_TRUE(first.Put(cache.get()).ok());
+  ASSERT_TRUE(first.statuses[0].ok() && first.statuses[1].ok());
+  FillFileSystem(shm.path());
+
+  Batch rest;
+  for (size_t i = 2; i < n; ++i) rest.AddPattern(i, kSmall);
+  ASSERT_TRUE(rest.Put(cache.get()).ok());
+  size_t stored = 0;
+  while (stored < rest.size() && rest.statuses[stored].ok()) ++stored;
+  ASSERT_GT(stored, 0u);
+  ASSERT_LT(stored, rest.size()) << "the index grew on a full file system";
+  EXPECT_NE(stored % 32, 0u) << "ended at a window's start: not a queued row";
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (i < stored) {
+      EXPECT_TRUE(rest.inserted[i]) << i;
+      continue;
+    }
+    EXPECT_TRUE(rest.statuses[i].IsFull()) << i << ": " << rest.statuses[i].ToString();
+    EXPECT_EQ(rest.statuses[i], rest.statuses[stored]) << i;
+    EXPECT_FALSE(rest.inserted[i]) << i;
+  }
+  EXPECT_NE(rest.statuses[stored].message().find(shm.path()), std::string::npos)
+      << "the reason names the shm dir: " << rest.statuses[stored].ToString();
+  std::vector<bool> want(n, false);
+  std::fill(want.begin(), want.begin() + static_cast<long>(2 + stored), true);
+  EXPECT_EQ(CheckRowsInChild(server, session, want, kSmall), 0);
+
+  // Room again: the rows not stored go into the room they gave back.
+  ASSERT_EQ(unlink((shm.path() + "/filler").c_str()), 0);
+  Batch again;
+  for (size_t i = 2 + stored; i < n; ++i) again.AddPattern(i, kSmall);
+  ASSERT_TRUE(again.Put(cache.get()).ok());
+  for (size_t i = 0; i < again.size(); ++i) {
+    EXPECT_TRUE(again.statuses[i].ok()) << i << ": " << again.statuses[i].ToString();
+    EXPECT_TRUE(again.inserted[i]) << i;
+  }
+  EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true), kSmall), 0);
 }
 
 // Writers map leased chunks by reading them (PopulateForWrite): that must
