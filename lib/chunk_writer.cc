@@ -91,6 +91,7 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c, bool mapped) {
     PopulateUnclearedForWrite(seg->base + offset, size);
   }
   c->fd = seg->fd;
+  c->seg = seg;
   c->seg_no = seg_no;
   c->offset = offset;
   c->base = seg->base + offset;
@@ -219,7 +220,21 @@ bool ChunkWriter::MoveUsed(Chunk* c, uint64_t to) {
   }
 }
 
-void ChunkWriter::WriteDeferred(const Chunk& c) {
+void ChunkWriter::EncodeDeferred(const Chunk& c) {
+  for (const Deferred& d : deferred_) {
+    RowCodec::Encode(d.id, d.columns, reinterpret_cast<std::byte*>(c.base + d.off),
+                     d.size);
+  }
+}
+
+void ChunkWriter::WriteDeferred(Chunk* c) {
+  if (!FdNamesSegment(*c->seg)) {
+    // Closed by other code of the process, its number maybe another
+    // file's now.
+    c->fd = -1;
+    EncodeDeferred(*c);
+    return;
+  }
   // The rows' heads (header and descriptors) are encoded here; their
   // columns' bytes go from the caller's buffers straight into the file.
   size_t head_bytes = 0;
@@ -240,19 +255,16 @@ void ChunkWriter::WriteDeferred(const Chunk& c) {
     }
   }
   // The rows lie back to back from the first one's offset.
-  auto pos = static_cast<off_t>(c.offset + deferred_.front().off);
+  auto pos = static_cast<off_t>(c->offset + deferred_.front().off);
   size_t next = 0;
   while (next < pieces_.size()) {
     const int count = static_cast<int>(std::min<size_t>(IOV_MAX, pieces_.size() - next));
-    ssize_t n = pwritev(c.fd, &pieces_[next], count, pos);
+    ssize_t n = pwritev(c->fd, &pieces_[next], count, pos);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       // The descriptor failed (it never does on tmpfs but for a bad column
       // pointer): write every row through the mapping instead.
-      for (const Deferred& d : deferred_) {
-        RowCodec::Encode(d.id, d.columns, reinterpret_cast<std::byte*>(c.base + d.off),
-                         d.size);
-      }
+      EncodeDeferred(*c);
       return;
     }
     pos += n;
@@ -271,7 +283,7 @@ bool ChunkWriter::Publish(BatchLock* lock, Tally* tally) {
   mu_.AssertHeld();
   if (deferred_.empty()) return !lock->ended_;
   Chunk& c = chunks_[deferred_node_];
-  WriteDeferred(c);
+  WriteDeferred(&c);
   // The rows' bytes are in the file's pages, stored by this thread (the
   // kernel's copy, before pwritev returned): the index insert's release
   // orders them before the location, as it does a copy through the

@@ -5,10 +5,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -264,6 +266,62 @@ TEST(PutBatchTest, ClosedCacheFailsEveryRow) {
   EXPECT_EQ(b.statuses[0], s);
   EXPECT_EQ(b.statuses[1], s);
   EXPECT_FALSE(b.inserted[0]);
+}
+
+// The descriptors of this process's segment files (the writer keeps one
+// per segment it writes rows through).
+std::vector<int> SegmentDescriptors(const TestServer& server) {
+  std::vector<int> fds;
+  const std::string prefix = server.shm_dir() + "/";
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code err;
+    const std::string target = std::filesystem::read_symlink(e.path(), err).string();
+    if (!err && target.starts_with(prefix) && target.find("seg.") != std::string::npos) {
+      fds.push_back(std::stoi(e.path().filename().string()));
+    }
+  }
+  return fds;
+}
+
+// The writer keeps each segment's descriptor for a batch's rows. Other code
+// of the process that closes descriptors not its own (a "close every fd"
+// loop) and opens a file that gets the number wrote the rows into that
+// file and published them over pages nobody wrote: readers met rows that
+// were not there, and the file got cache rows. The writer checks that the
+// number still names the segment, else it writes through the mapping; and
+// the cache's close leaves the number, which is not its own any more, open.
+TEST(PutBatchTest, ASegmentDescriptorClosedAndReusedByOtherCodeIsNotWrittenThrough) {
+  TestServer server;  // its shm dir lies in /dev/shm: rows through the descriptor
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 0);
+  const size_t n = 64;
+  Batch first;
+  for (size_t i = 0; i < n / 2; ++i) first.AddPattern(i);
+  ASSERT_TRUE(first.Put(cache.get()).ok());
+  const std::vector<int> fds = SegmentDescriptors(server);
+  ASSERT_EQ(fds.size(), 1u) << "the writer keeps the segment's descriptor";
+  const std::string dir = MakeTempDir(TestTmpRoot(), "reused-fd");
+  const std::string other = dir + "/other";
+  const int fd = open(other.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(dup2(fd, fds[0]), fds[0]);  // closes the segment's, takes its number
+  close(fd);
+  Batch second;
+  for (size_t i = n / 2; i < n; ++i) second.AddPattern(i);
+  ASSERT_TRUE(second.Put(cache.get()).ok());
+  for (size_t i = 0; i < second.size(); ++i) {
+    EXPECT_TRUE(second.statuses[i].ok()) << i << ": " << second.statuses[i].ToString();
+    EXPECT_TRUE(second.inserted[i]) << i;
+  }
+  EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true)), 0);
+  struct stat st;
+  ASSERT_EQ(fstat(fds[0], &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "rows were written into another file";
+  cache.reset();
+  EXPECT_EQ(fstat(fds[0], &st), 0) << "the cache closed a descriptor not its own";
+  close(fds[0]);
+  RemoveTree(dir);
 }
 
 // Fills the file system of `dir` (a small tmpfs) with one file: the next
