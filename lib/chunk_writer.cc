@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -227,11 +228,26 @@ void ChunkWriter::EncodeDeferred(const Chunk& c) {
   }
 }
 
+// Whether a write through a descriptor may reach `end` bytes into its file:
+// a file size limit (ulimit -f) below that would make it SIGXFSZ, which
+// kills a process that does not ignore it (one that does gets EFBIG), where
+// a write through the mapping meets no such limit.
+static bool WithinFileSizeLimit(uint64_t end) {
+  rlimit limit;
+  return getrlimit(RLIMIT_FSIZE, &limit) == 0 &&
+         (limit.rlim_cur == RLIM_INFINITY || end <= limit.rlim_cur);
+}
+
 void ChunkWriter::WriteDeferred(Chunk* c) {
   if (!FdNamesSegment(*c->seg)) {
     // Closed by other code of the process, its number maybe another
     // file's now.
     c->fd = -1;
+    EncodeDeferred(*c);
+    return;
+  }
+  if (const Deferred& last = deferred_.back();
+      !WithinFileSizeLimit(c->offset + last.off + last.size)) {
     EncodeDeferred(*c);
     return;
   }

@@ -182,9 +182,10 @@ class ChunkWriter {
   // lies past the chunk's end then.
   static bool MoveUsed(Chunk* c, uint64_t to);
   // Puts the bytes of the deferred rows of chunk `c` in place: through
-  // its descriptor, or through the mapping where the descriptor fails or
-  // no longer names the segment (then `c` is written through the mapping
-  // from there on).
+  // its descriptor, or through the mapping where the descriptor fails, the
+  // process's file size limit lies below the rows, or the descriptor no
+  // longer names the segment (then `c` is written through the mapping from
+  // there on).
   void WriteDeferred(Chunk* c) REQUIRES(mu_);
   // The mapping's way of WriteDeferred.
   void EncodeDeferred(const Chunk& c) REQUIRES(mu_);

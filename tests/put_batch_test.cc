@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -266,6 +267,41 @@ TEST(PutBatchTest, ClosedCacheFailsEveryRow) {
   EXPECT_EQ(b.statuses[0], s);
   EXPECT_EQ(b.statuses[1], s);
   EXPECT_FALSE(b.inserted[0]);
+}
+
+// A trainer whose shell limits the size of the files it writes (ulimit -f,
+// RLIMIT_FSIZE) never writes a segment file past that size: a batch's rows
+// went into the segment through its descriptor, and a write at an offset
+// past the limit is SIGXFSZ, whose default action killed the process (one
+// that ignores it, as CPython does, got EFBIG and wrote through the
+// mapping). The rows go through the mapping instead, which no such limit
+// bounds. The puts run in a child, whose exit status shows the signal.
+TEST(PutBatchTest, AFileSizeLimitNeitherKillsTheWriterNorLosesItsRows) {
+  TestServer server;  // its shm dir lies in /dev/shm: rows through the descriptor
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  const size_t n = 64;
+  pid_t pid = ForkChild([&]() -> int {
+    // Below the first chunk's offset in its segment (its header's page).
+    const rlimit limit{layout::kSegmentHeaderSize, layout::kSegmentHeaderSize};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
+    signal(SIGXFSZ, SIG_DFL);
+    std::unique_ptr<Client> client;
+    if (!server.Connect(&client).ok()) return 4;
+    std::unique_ptr<Cache> cache;
+    if (!client->OpenCache(CacheNamed(session, "batch", 0, false), &cache).ok()) {
+      return 5;
+    }
+    Batch b;
+    for (size_t i = 0; i < n; ++i) b.AddPattern(i);
+    if (!b.Put(cache.get()).ok()) return 6;
+    for (size_t i = 0; i < n; ++i) {
+      if (!b.statuses[i].ok() || !b.inserted[i]) return 7;
+    }
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(pid), 0) << "-" << SIGXFSZ << " is SIGXFSZ";
+  EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true)), 0);
 }
 
 // The descriptors of this process's segment files (the writer keeps one
