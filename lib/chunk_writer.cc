@@ -238,18 +238,23 @@ static bool WithinFileSizeLimit(uint64_t end) {
          (limit.rlim_cur == RLIM_INFINITY || end <= limit.rlim_cur);
 }
 
-void ChunkWriter::WriteDeferred(Chunk* c) {
-  if (!FdNamesSegment(*c->seg)) {
-    // Closed by other code of the process, its number maybe another
-    // file's now.
-    c->fd = -1;
-    EncodeDeferred(*c);
-    return;
-  }
-  if (const Deferred& last = deferred_.back();
-      !WithinFileSizeLimit(c->offset + last.off + last.size)) {
-    EncodeDeferred(*c);
-    return;
+void ChunkWriter::WriteDeferred(Chunk* c, BatchLock* lock) {
+  // Once a batch for each chunk (two system calls, lost in the noise of
+  // put_fill_cpu's batches of 64 3 KB rows): what they check changes only
+  // when the process's other code closes the descriptor or lowers its
+  // limit, which may come between any two checks anyway.
+  if (const uint64_t end = c->offset + c->size;
+      lock->fd_checked_ != c->seg || lock->fd_checked_end_ < end) {
+    // Other code of the process closed it (its number may be another
+    // file's now), or its file size limit lies below the chunk's end:
+    // through the mapping.
+    if (!FdNamesSegment(*c->seg) || !WithinFileSizeLimit(end)) {
+      c->fd = -1;
+      EncodeDeferred(*c);
+      return;
+    }
+    lock->fd_checked_ = c->seg;
+    lock->fd_checked_end_ = end;
   }
   // The rows' heads (header and descriptors) are encoded here; their
   // columns' bytes go from the caller's buffers straight into the file.
@@ -299,7 +304,7 @@ bool ChunkWriter::Publish(BatchLock* lock, Tally* tally) {
   mu_.AssertHeld();
   if (deferred_.empty()) return !lock->ended_;
   Chunk& c = chunks_[deferred_node_];
-  WriteDeferred(&c);
+  WriteDeferred(&c, lock);
   // The rows' bytes are in the file's pages, stored by this thread (the
   // kernel's copy, before pwritev returned): the index insert's release
   // orders them before the location, as it does a copy through the

@@ -100,6 +100,10 @@ class ChunkWriter {
     Status* const statuses_ = nullptr;             // null: no row is deferred
     bool* const inserted_ = nullptr;
     size_t row_ = 0;
+    // The segment whose descriptor the batch found its own, within the
+    // file size limit up to this end (WriteDeferred).
+    const MappedSegment* fd_checked_ = nullptr;
+    uint64_t fd_checked_end_ = 0;
     bool ended_ = false;
     size_t ended_at_ = 0;
     Status ended_status_;
@@ -182,11 +186,11 @@ class ChunkWriter {
   // lies past the chunk's end then.
   static bool MoveUsed(Chunk* c, uint64_t to);
   // Puts the bytes of the deferred rows of chunk `c` in place: through
-  // its descriptor, or through the mapping where the descriptor fails, the
-  // process's file size limit lies below the rows, or the descriptor no
-  // longer names the segment (then `c` is written through the mapping from
-  // there on).
-  void WriteDeferred(Chunk* c) REQUIRES(mu_);
+  // its descriptor, or through the mapping where the descriptor fails, no
+  // longer names the segment, or the process's file size limit lies below
+  // the chunk's end (then `c` is written through the mapping from there
+  // on). *lock's batch checks the last two once per chunk.
+  void WriteDeferred(Chunk* c, BatchLock* lock) REQUIRES(mu_);
   // The mapping's way of WriteDeferred.
   void EncodeDeferred(const Chunk& c) REQUIRES(mu_);
   // Publishes a row written at chunk offset `off` of `c`; on kExists (or
