@@ -22,13 +22,13 @@
 #include "format/layout.h"
 #include "format/shm_file.h"
 #include "shmcache/client.h"
+#include "tests/support/capacity_helpers.h"
 #include "tests/support/test_server.h"
 #include "tests/support/tmpfs_mount.h"
 
 namespace shmcache::test {
 namespace {
 
-constexpr size_t kRowBytes = 3072;
 constexpr uint64_t kSalt = 11;
 
 // A batch of rows whose bytes live here: rows[i] is one uint8 column
@@ -88,12 +88,8 @@ std::unique_ptr<Cache> Open(const TestServer& server, uint32_t session,
 int CheckRowsInChild(const TestServer& server, uint32_t session,
                      const std::vector<bool>& want, size_t row_bytes = kRowBytes) {
   pid_t pid = ForkChild([&]() -> int {
-    std::unique_ptr<Client> client;
-    if (!server.Connect(&client).ok()) return 3;
-    std::unique_ptr<Cache> cache;
-    if (!client->OpenCache(CacheNamed(session, "batch", 0, false), &cache).ok()) {
-      return 4;
-    }
+    std::unique_ptr<Cache> cache = OpenCacheInChild(server, session, 0, false, "batch");
+    if (cache == nullptr) return 3;
     Row row;
     for (size_t i = 0; i < want.size(); ++i) {
       Status s = cache->Get(i, &row);
@@ -288,12 +284,8 @@ TEST(PutBatchTest, AFileSizeLimitNeitherKillsTheWriterNorLosesItsRows) {
     const rlimit limit{layout::kSegmentHeaderSize, layout::kSegmentHeaderSize};
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
     signal(SIGXFSZ, SIG_DFL);
-    std::unique_ptr<Client> client;
-    if (!server.Connect(&client).ok()) return 4;
-    std::unique_ptr<Cache> cache;
-    if (!client->OpenCache(CacheNamed(session, "batch", 0, false), &cache).ok()) {
-      return 5;
-    }
+    std::unique_ptr<Cache> cache = OpenCacheInChild(server, session, 0, false, "batch");
+    if (cache == nullptr) return 4;
     Batch b;
     for (size_t i = 0; i < n; ++i) b.AddPattern(i);
     if (!b.Put(cache.get()).ok()) return 6;
@@ -485,12 +477,8 @@ TEST(PutBatchTest, BatchWritersTakingEachOthersRoomStoreEveryRowWhole) {
   for (size_t k = 0; k < kWriters; ++k) {
     writers.push_back(ForkChild([&]() -> int {
       close(go[1]);
-      std::unique_ptr<Client> client;
-      if (!server.Connect(&client).ok()) return 3;
-      std::unique_ptr<Cache> cache;
-      if (!client->OpenCache(CacheNamed(session, "batch", 1, false), &cache).ok()) {
-        return 4;
-      }
+      std::unique_ptr<Cache> cache = OpenCacheInChild(server, session, 1, false, "batch");
+      if (cache == nullptr) return 3;
       char b;
       if (read(go[0], &b, 1) != 0) return 5;  // all start at once
       return PutStridedBatches(cache.get(), k, kWriters, n, 8, stored);
@@ -525,12 +513,8 @@ TEST(PutBatchTest, MappingChunksOnAFullTmpfsIsFullNotSigbus) {
     uint32_t session = server.NewSession();
     const size_t n = (48u << 20) / kRowBytes;  // three times the tmpfs
     pid_t pid = ForkChild([&]() -> int {
-      std::unique_ptr<Client> client;
-      if (!server.Connect(&client).ok()) return 3;
-      std::unique_ptr<Cache> cache;
-      if (!client->OpenCache(CacheNamed(session, "batch", 0, false), &cache).ok()) {
-        return 4;
-      }
+      std::unique_ptr<Cache> cache = OpenCacheInChild(server, session, 0, false, "batch");
+      if (cache == nullptr) return 3;
       std::vector<uint8_t> row(kRowBytes);
       bool full = false;
       for (size_t i = 0; i < n / 2; ++i) {  // one row at a time, then batches
