@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include <fmt/format.h>
 
+#include "format/instance.h"
 #include "format/parse_number.h"
 
 namespace shmcache {
@@ -19,21 +21,23 @@ Status ParseInRange(std::string_view what, std::string_view text, long lo, long 
       fmt::format("{} '{}' is not a number in {}..{}", what, text, lo, hi));
 }
 
-Status ParseSessionId(std::string_view text, uint32_t* id) {
-  constexpr std::string_view kWhere = "list the sessions with 'shmcache --list_sessions'";
+Status ParseSessionId(std::string_view text, int port, uint32_t* id) {
+  const std::string p = PortArg(port);
+  const std::string where =
+      fmt::format("list the sessions with 'shmcache --list_sessions{}'", p);
   long n = 0;
   if (!ParseDecimal(text, 0, UINT32_MAX, &n)) {
     return Status::InvalidArgument(fmt::format(
-        "session id '{}' is not a number in 1..{}, as 'shmcache -g' prints; {}", text,
-        UINT32_MAX, kWhere));
+        "session id '{}' is not a number in 1..{}, as 'shmcache -g{}' prints; {}", text,
+        UINT32_MAX, p, where));
   }
   // The server makes no session 0: a launcher exports 0 for "none" (the
   // Slurm prolog that could not create one), so the id is wrong, not gone.
   if (n == 0) {
     return Status::InvalidArgument(fmt::format(
-        "session id 0 is no session: ids are 1..{}, as 'shmcache -g' prints (a launcher "
-        "that could not create a session exports 0); {}",
-        UINT32_MAX, kWhere));
+        "session id 0 is no session: ids are 1..{}, as 'shmcache -g{}' prints (a "
+        "launcher that could not create a session exports 0); {}",
+        UINT32_MAX, p, where));
   }
   *id = static_cast<uint32_t>(n);
   return Status::OK();

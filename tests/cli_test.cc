@@ -150,6 +150,20 @@ TEST_F(CliTest, SessionZeroIsNoSessionId) {
   ExpectError({"--destroy_session", "00"}, "session id 0 is no session");
 }
 
+// A session id refused before the server is asked names the commands that
+// list and create sessions on the port given, wherever -p stands: without
+// it they would ask the server on the default port.
+TEST_F(CliTest, ABadSessionIdSuggestsCommandsOnThePortGiven) {
+  for (const char* id : {"xyz", "0"}) {
+    ExpectError({"-d", id, "-p", "51999"}, "'shmcache --list_sessions -p 51999'");
+    ExpectError({"-p", "51999", "--destroy_session", id},
+                "'shmcache --list_sessions -p 51999'");
+    ExpectError({"-d", id, "-p", "51999"}, "'shmcache -g -p 51999' prints");
+    // The default port needs none.
+    ExpectError({"-d", id, "-p", "50052"}, "'shmcache --list_sessions'");
+  }
+}
+
 TEST_F(CliTest, MemoryCapBelowOneSegment) {
   ExpectError({"--start", "-r", "1e-300"}, "below one segment (4 MB); use a larger -r");
   ExpectError({"--start", "--memory_cap_mb", "3"},
@@ -978,6 +992,23 @@ TEST_F(CliTest, SessionThatDoesNotExist) {
       << r.Describe();
   EXPECT_NE(r.err.find("'shmcache -g" + p + "'"), std::string::npos) << r.Describe();
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// A cache that asks to spill from a server with no spill dir: the commands
+// that restart it with one name its port.
+TEST_F(CliTest, SpillingWithoutASpillDirSaysHowToRestartTheServerOfThePort) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(CacheNamed(server.NewSession(), "s", 1, true), &cache);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  const std::string p = " -p " + std::to_string(server.port());
+  EXPECT_NE(s.message().find("'shmcache --stop" + p + "', then 'shmcache --start" + p +
+                             " -s DIR'"),
+            std::string::npos)
+      << s.message();
 }
 
 TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {

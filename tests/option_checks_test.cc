@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "shmcache/options.h"
 #include "tests/support/test_server.h"
 
 namespace shmcache {
@@ -31,9 +32,9 @@ std::string Why(const Status& s) {
 
 TEST(OptionChecksTest, NumbersInRangeAreTaken) {
   uint32_t id = 0;
-  EXPECT_EQ(Why(ParseSessionId("4294967295", &id)), "OK");
+  EXPECT_EQ(Why(ParseSessionId("4294967295", 0, &id)), "OK");
   EXPECT_EQ(id, 4294967295u);
-  EXPECT_EQ(Why(ParseSessionId("1", &id)), "OK");
+  EXPECT_EQ(Why(ParseSessionId("1", 0, &id)), "OK");
   EXPECT_EQ(id, 1u);
   int n = 0;
   EXPECT_EQ(Why(ParseWorkers("512", &n)), "OK");
@@ -52,16 +53,20 @@ TEST(OptionChecksTest, NumbersInRangeAreTaken) {
 
 TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
   uint32_t id = 7;
-  EXPECT_EQ(Why(ParseSessionId("4294967296", &id)),
+  EXPECT_EQ(Why(ParseSessionId("4294967296", 0, &id)),
             "session id '4294967296' is not a number in 1..4294967295, as 'shmcache -g' "
             "prints; list the sessions with 'shmcache --list_sessions'");
-  EXPECT_EQ(Why(ParseSessionId("-5", &id)),
+  EXPECT_EQ(Why(ParseSessionId("-5", kDefaultPort, &id)),
             "session id '-5' is not a number in 1..4294967295, as 'shmcache -g' prints; "
             "list the sessions with 'shmcache --list_sessions'");
-  EXPECT_EQ(Why(ParseSessionId("0", &id)),
+  EXPECT_EQ(Why(ParseSessionId("0", 0, &id)),
             "session id 0 is no session: ids are 1..4294967295, as 'shmcache -g' prints "
             "(a launcher that could not create a session exports 0); list the sessions "
             "with 'shmcache --list_sessions'");
+  // Another port's sessions are listed and created with -p.
+  EXPECT_EQ(Why(ParseSessionId("x", 51999, &id)),
+            "session id 'x' is not a number in 1..4294967295, as 'shmcache -g -p 51999' "
+            "prints; list the sessions with 'shmcache --list_sessions -p 51999'");
   EXPECT_EQ(id, 7u) << "a refused value stores nothing";
   int n = 7;
   EXPECT_EQ(Why(ParseWorkers("0", &n)), "worker count '0' is not a number in 1..512");
