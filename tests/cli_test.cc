@@ -1011,6 +1011,31 @@ TEST_F(CliTest, SpillingWithoutASpillDirSaysHowToRestartTheServerOfThePort) {
       << s.message();
 }
 
+// --start says what clients reach the server through (no TCP port: the
+// port names a Unix socket in the run dir and the shared-memory files),
+// and how to stop it, with the port it was started on.
+TEST_F(CliTest, StartSaysWhatItListensOnAndHowToStopIt) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const std::string& out = server.start_result().out;
+  const std::string port = std::to_string(server.port());
+  EXPECT_NE(out.find("Cache server startup completed successfully!"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(fmt::format("process id {}", server.pid())), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("listening on port"), std::string::npos) << out;
+  EXPECT_NE(out.find("for port " + port +
+                     ", which names the instance: no TCP port is "
+                     "opened"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Unix socket " + server.socket_path()), std::string::npos) << out;
+  EXPECT_NE(out.find("run dir " + server.run_dir()), std::string::npos) << out;
+  EXPECT_NE(out.find("shared memory in " + server.shm_dir()), std::string::npos) << out;
+  EXPECT_NE(out.find("Stop it with 'shmcache --stop -p " + port + "'"), std::string::npos)
+      << out;
+}
+
 TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {
   std::string logs = run_dir_ + "/my logs";
   TestServer server(WithArgs({"--log_dir", logs}));
