@@ -1036,6 +1036,41 @@ TEST_F(CliTest, StartSaysWhatItListensOnAndHowToStopIt) {
       << out;
 }
 
+// --list_sessions shows each cache's name, last (a name may be long), on
+// its cache's line; a name's control characters are escaped, so that a
+// cache stays one line of the table.
+TEST_F(CliTest, ListSessionsNamesEachCache) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const uint32_t session = server.NewSession();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::vector<std::unique_ptr<Cache>> caches;
+  for (const char* name : {"train", "val set", "two\nlines"}) {
+    caches.emplace_back();
+    ASSERT_TRUE(
+        client->OpenCache(CacheNamed(session, name, 0, false), &caches.back()).ok())
+        << name;
+  }
+  CommandResult list = server.Admin({"--list_sessions"});
+  ASSERT_EQ(list.exit_code, 0) << list.Describe();
+  std::vector<std::string> lines;
+  std::istringstream in(list.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  // The title, a blank line, the header and one line per cache.
+  ASSERT_EQ(lines.size(), 3 + caches.size()) << list.out;
+  EXPECT_TRUE(lines[2].ends_with("Full  Name")) << lines[2];
+  const char* shown[] = {"train", "val set", "two\\nlines"};
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const std::string ids = fmt::format(" {} +{} ", session, caches[i]->cache_id());
+    auto line = std::find_if(lines.begin(), lines.end(), [&](const std::string& l) {
+      return std::regex_search(l, std::regex(ids));
+    });
+    ASSERT_NE(line, lines.end()) << ids << "\n" << list.out;
+    EXPECT_TRUE(line->ends_with(std::string("no  ") + shown[i])) << *line;
+  }
+}
+
 TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {
   std::string logs = run_dir_ + "/my logs";
   TestServer server(WithArgs({"--log_dir", logs}));

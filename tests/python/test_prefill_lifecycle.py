@@ -237,6 +237,18 @@ def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     assert server.cache_rows(session) == {}
 
 
+def test_the_line_it_prints_is_the_listings_with_the_name_as_shown_there(server,
+                                                                           session):
+    """The header and the cache's line of --list_sessions, its Name column
+    too: a name with a tab and a backslash is escaped as the CLI escapes it."""
+    r = run_prefill(server, session, "--cache_name", "odd\tname\\here")
+    assert r.returncode == 0, r.stderr
+    header, line = r.stdout.splitlines()
+    listing = server.admin("--list_sessions").stdout.splitlines()
+    assert header.endswith("Full  Name") and header in listing, (header, listing)
+    assert line.endswith("  odd\\tname\\\\here") and line in listing, (line, listing)
+
+
 def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
     """Session 0, or no server: prefill has nothing to fill. It said the
     trainer's words ("the cache is bypassed and rows are read from the

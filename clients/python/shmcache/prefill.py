@@ -459,18 +459,37 @@ def prefill(dataset: Any, cache: DatasetCache, workers: int = 2,
     return res
 
 
+def _shown_name(name: str) -> str:
+    """A cache name as the table shows it: control characters as \\n, \\t
+    or \\xNN and a backslash as two (clients/admin/output.cc)."""
+    out = []
+    for ch in name:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7f:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def session_lines(port: int | None, session_id: int, cache_id: int) -> list[str]:
     """The header and this cache's line of `shmcache --list_sessions`."""
-    fmt = "{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}"
+    fmt = "{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}  {}"
     lines = [fmt.format("Session", "Cache Id", "Mem cached", "Disk cached",
-                        "Avg cache size", "Numa hit", "Hits", "Misses", "Full")]
+                        "Avg cache size", "Numa hit", "Hits", "Misses", "Full",
+                        "Name")]
     for s in Client(port=port or 0).list_sessions():
         for c in s["caches"]:
             if s["session_id"] == session_id and c["cache_id"] == cache_id:
                 lines.append(fmt.format(
                     session_id, cache_id, c["mem_rows"], c["disk_rows"],
                     c["avg_row_bytes"], c["numa_hits"], c["hits"], c["misses"],
-                    "yes" if c["full"] else "no"))
+                    "yes" if c["full"] else "no", _shown_name(c["name"])))
     return lines
 
 
