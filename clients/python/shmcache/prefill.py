@@ -1,7 +1,7 @@
 """Fill a cache from a dataset before training, with N worker processes.
 
   python3 -m shmcache.prefill DATASET [--session_id S] [-j N] [-p PORT]
-      [--transform MODULE:FUNCTION] [--cache_name NAME] [--size MB]
+      [--transform MODULE:FUNCTION] [--cache_name NAME] [--size_mb MB]
       [--spilling] [--progress_interval SECONDS]
 
 DATASET is named as in the cache.sh workflow:
@@ -10,7 +10,7 @@ DATASET is named as in the cache.sh workflow:
   another directory: torchvision's ImageFolder(DIR, transform=FUNCTION)
     (--transform MODULE:FUNCTION, optional);
   MODULE:FACTORY: FACTORY() returns any map-style dataset.
-Rows go to the cache that CachedDataset(dataset, DatasetCache(S, size,
+Rows go to the cache that CachedDataset(dataset, DatasetCache(S, size_mb,
 spilling), name=NAME) uses (name default: the dataset's fingerprint), so a
 trainer that wraps the same dataset hits them.
 
@@ -523,8 +523,11 @@ def _parse(argv):
     p.add_argument("--transform", help="MODULE:FUNCTION for an image folder")
     p.add_argument("--cache_name", help="the cache's name (default: the "
                    "dataset's fingerprint, as CachedDataset names it)")
-    p.add_argument("--size", type=int, default=0, help="cache size in MB (0: "
-                   "as much as the server allows)")
+    p.add_argument("--size_mb", type=int, default=None, help="the cache's size "
+                   "in MB, as DatasetCache(size_mb=) takes it (default 0: as much as "
+                   "the server allows)")
+    p.add_argument("--size", type=int, default=None,
+                   help="deprecated: the old name of --size_mb")
     p.add_argument("--spilling", action="store_true",
                    help="rows that do not fit in memory spill to the server's "
                    "spill directory (`shmcache --start -s DIR`) instead of being "
@@ -542,15 +545,32 @@ def _parse(argv):
             p.error(str(e))
     if a.workers < 1:
         raise BadInput(f"-j/--workers must be at least 1, got {a.workers}")
-    if a.size < 0:
-        raise BadInput(f"--size is a number of MB (0: as much as the server allows), "
-                       f"got {a.size}")
+    _take_size_mb(a)
     if a.progress_interval <= 0:
         raise BadInput("--progress_interval must be positive")
     if a.cache_name is not None and not a.cache_name:
         raise BadInput("--cache_name must not be empty (leave it out to name the "
                        "cache by the dataset's fingerprint, as CachedDataset does)")
     return a
+
+
+def _take_size_mb(a):
+    """a.size_mb from --size_mb, or from --size (its old name: still taken,
+    with a warning on stderr); its refusal names the flag as written."""
+    given = "--size_mb"
+    if a.size is not None:
+        if a.size_mb is not None and a.size_mb != a.size:
+            raise BadInput(f"--size {a.size} and --size_mb {a.size_mb} disagree: "
+                           "--size is the old name of --size_mb; give --size_mb only")
+        given, a.size_mb = "--size", a.size
+    if a.size_mb is None:
+        a.size_mb = 0
+    if a.size_mb < 0:
+        raise BadInput(f"{given} is a number of MB (0: as much as the server allows), "
+                       f"got {a.size_mb}")
+    if given == "--size":
+        print("prefill: warning: --size is deprecated: use --size_mb, the name "
+              "DatasetCache(size_mb=) and the rest of shmcache use", file=sys.stderr)
 
 
 def _open_cache(a, dataset):
@@ -561,7 +581,7 @@ def _open_cache(a, dataset):
     # main(), and recorded their warnings as the cache's).
     with quietly(CacheWarning):
         try:
-            base = DatasetCache(a.session_id, size_mb=a.size, spilling=a.spilling,
+            base = DatasetCache(a.session_id, size_mb=a.size_mb, spilling=a.spilling,
                                 port=a.port)
             cache = open_dataset_cache(cache_for_dataset(dataset, base, a.cache_name))
         except (TypeError, ValueError, RuntimeError) as e:
@@ -589,7 +609,7 @@ def _report(res, cache, port):
         return 128 + res.signal
     if res.full:
         print(f"prefill: the cache stopped taking rows (full): {counts}, "
-              f"{res.missing} missing; raise --size or the server's memory cap",
+              f"{res.missing} missing; raise --size_mb or the server's memory cap",
               file=sys.stderr)
         return 1
     if res.failed or res.dead_workers or res.missing:
