@@ -91,8 +91,8 @@ Status ParseMetricsInterval(std::string_view text, int* seconds) {
 
 Status CheckAbsolutePath(std::string_view what, std::string_view path) {
   if (!path.empty() && path[0] == '/') return Status::OK();
-  return Status::InvalidArgument(
-      fmt::format("{} '{}' is not an absolute path", what, path));
+  return Status::InvalidArgument(fmt::format(
+      "{} '{}' is not an absolute path; give one that starts with /", what, path));
 }
 
 Status CheckSpillDir(const std::string& dir) {
@@ -100,14 +100,18 @@ Status CheckSpillDir(const std::string& dir) {
   if (!s.ok()) return s;
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
-    return Status::InvalidArgument("spill directory " + dir + " does not exist");
+    return Status::InvalidArgument("spill directory " + dir +
+                                   " does not exist; create it first (mkdir -p)");
   }
   if (!S_ISDIR(st.st_mode)) {
     return Status::InvalidArgument("spill directory " + dir +
                                    " is not a directory; give -s a directory");
   }
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    return Status::InvalidArgument("spill directory " + dir + " is not writable");
+    return Status::InvalidArgument(
+        "spill directory " + dir +
+        " is not writable by this user; give -s a directory it "
+        "can write");
   }
   return Status::OK();
 }

@@ -238,12 +238,18 @@ TEST_F(CliTest, NonLocalHost) {
 }
 
 TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
-  ExpectError({"--start", "-s", "relative/dir"}, "not an absolute path");
+  // Each says what to do too.
+  ExpectError({"--start", "-s", "relative/dir"},
+              "spill directory 'relative/dir' is not an absolute path; give one that "
+              "starts with /");
   // Empty: once "no spill dir" to the admin and a missing value to the
   // daemon, which exited without a word the admin could pass on.
   ExpectError({"--start", "-s", ""}, "spill directory '' is not an absolute path");
   ExpectError({"--start", "--spilldir="}, "--spilldir needs a value");
-  ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"}, "does not exist");
+  ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"},
+              "spill directory " + run_dir_ +
+                  "/does-not-exist does not exist; create it "
+                  "first (mkdir -p)");
   // Not writable: a directory of root's seen by another user, or a
   // read-only directory of ours.
   // (Under /tmp so that every user can reach it; removed however the test
@@ -259,10 +265,14 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
       GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
     }
     EXPECT_EQ(r.exit_code, 1) << r.Describe();
-    EXPECT_NE(r.err.find("not writable"), std::string::npos) << r.Describe();
+    EXPECT_NE(r.err.find("is not writable by this user; give -s a directory it can "
+                         "write"),
+              std::string::npos)
+        << r.Describe();
   } else {
     ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
-    ExpectError({"--start", "-s", ro, "-p", "31001"}, "not writable");
+    ExpectError({"--start", "-s", ro, "-p", "31001"},
+                "is not writable by this user; give -s a directory it can write");
   }
   EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
   chmod(ro.c_str(), 0755);

@@ -111,18 +111,22 @@ TEST(OptionChecksTest, MemoryCapBelowOneSegmentNamesTheOption) {
 TEST(OptionChecksTest, PathsMustBeAbsolute) {
   EXPECT_EQ(Why(CheckAbsolutePath("log directory", "/x")), "OK");
   EXPECT_EQ(Why(CheckAbsolutePath("log directory", "x")),
-            "log directory 'x' is not an absolute path");
+            "log directory 'x' is not an absolute path; give one that starts with /");
   EXPECT_EQ(Why(CheckAbsolutePath("shared-memory directory", "")),
-            "shared-memory directory '' is not an absolute path");
+            "shared-memory directory '' is not an absolute path; give one that starts "
+            "with /");
 }
 
 TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
   std::string dir = MakeTempDir(TestTmpRoot(), "spill");
   EXPECT_EQ(Why(CheckSpillDir(dir)), "OK");
-  EXPECT_EQ(Why(CheckSpillDir("relative/dir")),
-            "spill directory 'relative/dir' is not an absolute path");
-  EXPECT_EQ(Why(CheckSpillDir(dir + "/missing")),
-            "spill directory " + dir + "/missing does not exist");
+  EXPECT_EQ(
+      Why(CheckSpillDir("relative/dir")),
+      "spill directory 'relative/dir' is not an absolute path; give one that starts "
+      "with /");
+  EXPECT_EQ(
+      Why(CheckSpillDir(dir + "/missing")),
+      "spill directory " + dir + "/missing does not exist; create it first (mkdir -p)");
   // A file given as the directory: named as what it is (root, who may
   // write it, was told "not writable").
   const std::string file = dir + "/rows.bin";
@@ -131,7 +135,9 @@ TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
             "spill directory " + file + " is not a directory; give -s a directory");
   if (geteuid() != 0) {  // root writes anywhere
     ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
-    EXPECT_EQ(Why(CheckSpillDir(dir)), "spill directory " + dir + " is not writable");
+    EXPECT_EQ(Why(CheckSpillDir(dir)), "spill directory " + dir +
+                                           " is not writable by this user; give -s a "
+                                           "directory it can write");
     chmod(dir.c_str(), 0755);
   }
   RemoveTree(dir);
