@@ -523,10 +523,10 @@ def _parse(argv):
     p.add_argument("--transform", help="MODULE:FUNCTION for an image folder")
     p.add_argument("--cache_name", help="the cache's name (default: the "
                    "dataset's fingerprint, as CachedDataset names it)")
-    p.add_argument("--size_mb", type=int, default=None, help="the cache's size "
+    p.add_argument("--size_mb", type=int, default=None, metavar="MB", help="the cache's size "
                    "in MB, as DatasetCache(size_mb=) takes it (default 0: as much as "
                    "the server allows)")
-    p.add_argument("--size", type=int, default=None,
+    p.add_argument("--size", type=int, default=None, metavar="MB",
                    help="deprecated: the old name of --size_mb")
     p.add_argument("--spilling", action="store_true",
                    help="rows that do not fit in memory spill to the server's "
