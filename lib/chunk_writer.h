@@ -100,6 +100,10 @@ class ChunkWriter {
     Status* const statuses_ = nullptr;             // null: no row is deferred
     bool* const inserted_ = nullptr;
     size_t row_ = 0;
+    // The segment whose descriptor the batch found its own, within the
+    // file size limit up to this end (WriteDeferred).
+    const MappedSegment* fd_checked_ = nullptr;
+    uint64_t fd_checked_end_ = 0;
     bool ended_ = false;
     size_t ended_at_ = 0;
     Status ended_status_;
@@ -158,6 +162,7 @@ class ChunkWriter {
     uint64_t used = 0;
     layout::ChunkHeader* header = nullptr;
     int fd = -1;  // its segment's, when rows are written through it
+    const MappedSegment* seg = nullptr;
   };
   // A row reserved in the chunk and not yet written (Write's deferred rows).
   struct Deferred {
@@ -180,8 +185,14 @@ class ChunkWriter {
   // in the end the daemon set. False, with the mark where it was, when `to`
   // lies past the chunk's end then.
   static bool MoveUsed(Chunk* c, uint64_t to);
-  // Puts the bytes of the deferred rows of chunk `c` in place.
-  void WriteDeferred(const Chunk& c) REQUIRES(mu_);
+  // Puts the bytes of the deferred rows of chunk `c` in place: through
+  // its descriptor, or through the mapping where the descriptor fails, no
+  // longer names the segment, or the process's file size limit lies below
+  // the chunk's end (then `c` is written through the mapping from there
+  // on). *lock's batch checks the last two once per chunk.
+  void WriteDeferred(Chunk* c, BatchLock* lock) REQUIRES(mu_);
+  // The mapping's way of WriteDeferred.
+  void EncodeDeferred(const Chunk& c) REQUIRES(mu_);
   // Publishes a row written at chunk offset `off` of `c`; on kExists (or
   // an error) gives its room back when it is the chunk's last row.
   Status Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c, Tally* tally,
