@@ -280,7 +280,8 @@ def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("prefill: no row can be cached: session 0 is no session"), \
         r.stderr
-    assert "create one with `shmcache -g`" in r.stderr
+    # prefill was given -p: the command asks that server too.
+    assert f"create one with `shmcache -g -p {server.port}`" in r.stderr, r.stderr
     assert "read from the source" not in r.stderr and "started?" not in r.stderr
     session = server.new_session()
     server.stop()
