@@ -117,6 +117,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Status s;
   refused_ = refused_ && refusal != nullptr;
   bool defer = false;
+  // A row put alone goes through the mapping unless it is large (see
+  // kLargeRowBytes): a batch's rows are deferred instead.
+  const bool alone = lock->statuses_ == nullptr;
+  const bool large = alone && size >= kLargeRowBytes;
   for (;;) {
     if (refused_ || c.base == nullptr || c.size - c.used < size) {
       if (refusal != nullptr) {
@@ -136,7 +140,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
         stats_->CountPuts(tally->rows, tally->bytes);
         *tally = {};
       }
-      s = Lease(static_cast<int>(node), size, &c, lock->statuses_ == nullptr);
+      s = Lease(static_cast<int>(node), size, &c, alone && !large);
       if (!s.ok()) {
         if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
         // A row refused for want of a chunk is a refusal too: full stays
@@ -148,7 +152,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     }
     // Queued rows are published before a row that is not queued, or one
     // for another node's chunk (the thread moved).
-    defer = c.fd >= 0 && lock->statuses_ != nullptr;
+    defer = c.fd >= 0 && !alone;
     if ((!defer || deferred_node_ != node) && !Publish(lock, tally)) {
       return lock->ended_status_;
     }
@@ -168,7 +172,14 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     deferred_node_ = node;
     return Status::OK();
   }
-  RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
+  if (large && c.fd >= 0) {
+    // Written now, as a batch of one row, and published below.
+    deferred_.push_back({id, columns, size, off, lock->row_});
+    WriteDeferred(&c, lock);
+    deferred_.clear();
+  } else {
+    RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
+  }
   return Insert(id, size, off, &c, tally, inserted);
 }
 

@@ -107,6 +107,50 @@ int CheckRowsInChild(const TestServer& server, uint32_t session,
   return WaitChild(pid);
 }
 
+// Checks every chunk of the server's segments: its pages past its rows
+// were never written (SEEK_DATA skips them: nobody cleared them ahead of a
+// writer) and read as zero through a mapping in a forked process. Returns
+// how many chunks there are.
+int ChunksUnclearedPastTheirRows(const TestServer& server) {
+  int chunks = 0;
+  for (const std::string& name : server.ShmFiles()) {
+    if (name.find("seg.") == std::string::npos) continue;
+    const std::string path = server.shm_dir() + "/" + name;
+    ShmFile f;
+    if (!ShmFile::Open(path, &f).ok()) {
+      ADD_FAILURE() << "cannot open " << path;
+      return -1;
+    }
+    const auto* h = reinterpret_cast<const layout::ChunkHeader*>(
+        f.data() + layout::kSegmentHeaderSize);
+    if (h->magic != layout::kChunkMagic) continue;  // a segment made ahead of need
+    ++chunks;
+    const uint64_t from =
+        (layout::kSegmentHeaderSize + h->used.load() + 4095) / 4096 * 4096;
+    const uint64_t to = layout::kSegmentHeaderSize + h->size;
+    const int fd = from < to ? open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0) {
+      ADD_FAILURE() << path << ": the rows fill the chunk, or it cannot be opened";
+      return -1;
+    }
+    const off_t data = lseek(fd, static_cast<off_t>(from), SEEK_DATA);
+    close(fd);
+    EXPECT_TRUE(data < 0 || static_cast<uint64_t>(data) >= to)
+        << "the chunk's page at " << data << " past its rows (" << from << "-" << to
+        << ") was written: cleared ahead of the writer";
+    pid_t pid = ForkChild([&]() -> int {
+      ShmFile g;
+      if (!ShmFile::Open(path, &g).ok()) return 3;
+      for (uint64_t off = from; off < to; ++off) {
+        if (g.data()[off] != 0) return 4;
+      }
+      return 0;
+    });
+    EXPECT_EQ(WaitChild(pid), 0) << "a page no row reached does not read as zero";
+  }
+  return chunks;
+}
+
 TEST(PutBatchTest, StoresEveryRowAndAnotherProcessReadsThemBack) {
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -148,38 +192,31 @@ TEST(PutBatchTest, RowsGoIntoPagesNobodyClearedAndAPageNoRowReachedReadsZero) {
     EXPECT_TRUE(b.inserted[i]) << i;
   }
   EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true)), 0);
-  int chunks = 0;
-  for (const std::string& name : server.ShmFiles()) {
-    if (name.find("seg.") == std::string::npos) continue;
-    const std::string path = server.shm_dir() + "/" + name;
-    ShmFile f;
-    ASSERT_TRUE(ShmFile::Open(path, &f).ok()) << path;
-    const auto* h = reinterpret_cast<const layout::ChunkHeader*>(
-        f.data() + layout::kSegmentHeaderSize);
-    if (h->magic != layout::kChunkMagic) continue;  // a segment made ahead of need
-    ++chunks;
-    const uint64_t from =
-        (layout::kSegmentHeaderSize + h->used.load() + 4095) / 4096 * 4096;
-    const uint64_t to = layout::kSegmentHeaderSize + h->size;
-    ASSERT_LT(from, to) << "the rows fill the chunk";
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(fd, 0);
-    const off_t data = lseek(fd, static_cast<off_t>(from), SEEK_DATA);
-    close(fd);
-    EXPECT_TRUE(data < 0 || static_cast<uint64_t>(data) >= to)
-        << "the chunk's page at " << data << " past its rows (" << from << "-" << to
-        << ") was written: cleared ahead of the writer";
-    pid_t pid = ForkChild([&]() -> int {
-      ShmFile g;
-      if (!ShmFile::Open(path, &g).ok()) return 3;
-      for (uint64_t off = from; off < to; ++off) {
-        if (g.data()[off] != 0) return 4;
-      }
-      return 0;
-    });
-    EXPECT_EQ(WaitChild(pid), 0) << "a page no row reached does not read as zero";
+  EXPECT_EQ(ChunksUnclearedPastTheirRows(server), 1);
+}
+
+// A single Put of a large row (a CachedLoader worker's put of each row it
+// computes) goes through the descriptor too: the chunk it leases is not
+// cleared and mapped for it, another process reads the rows back byte for
+// byte, and the chunk's pages past them read as zero.
+TEST(PutBatchTest, ALargeRowPutAloneGoesIntoPagesNobodyCleared) {
+  TestServer server;  // its shm dir lies in /dev/shm
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto cache = Open(server, session, 0);
+  const size_t row_bytes = 600 << 10, n = 4;  // the first 4 MB chunk holds them
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<uint8_t> bytes = Pattern(i, kSalt, row_bytes);
+    const int64_t shape = static_cast<int64_t>(row_bytes);
+    const ColumnRef col{"data", DType::kUInt8, std::span(&shape, 1), bytes.data(),
+                        bytes.size()};
+    bool inserted = false;
+    Status s = cache->Put(i, std::span(&col, 1), &inserted);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
+    EXPECT_TRUE(inserted) << i;
   }
-  EXPECT_EQ(chunks, 1);
+  EXPECT_EQ(CheckRowsInChild(server, session, std::vector<bool>(n, true), row_bytes), 0);
+  EXPECT_EQ(ChunksUnclearedPastTheirRows(server), 1);
 }
 
 TEST(PutBatchTest, FullPartWayKeepsWhatWasStoredAndSaysSoPerRow) {
