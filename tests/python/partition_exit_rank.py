@@ -10,7 +10,8 @@ rank 0 is gone (EOF on the pipe GONE_FD). With CASE "absent" rank 0 builds
 its loader and then waits, alive, until rank 1 is gone (EOF on GONE_FD),
 never iterating: rank 1's first round waits for a rank that never comes.
 
-The job's timeout (init_process_group's) is $JOB_TIMEOUT_S, 60 s by default.
+The job's timeout (init_process_group's) is $JOB_TIMEOUT_S, 60 s by default;
+$EXCHANGE_TIMEOUT_S, when set, is the loader's exchange_timeout= (seconds).
 """
 
 import os
@@ -75,9 +76,11 @@ def main():
                         shmcache.DatasetCache(session_id=int(os.environ["SESSION_ID"])),
                         async_puts=False)
     make = {"dataloader": DataLoader, "cachedloader": CachedLoader}[kind]
+    given = os.environ.get("EXCHANGE_TIMEOUT_S")
     loader = PartitionedLoader(make(cds, batch_size=4, num_workers=1,
                                     sampler=DistributedSampler(cds, shuffle=False)),
-                               window=1, local_world_size=1)
+                               window=1, local_world_size=1,
+                               exchange_timeout=None if given is None else float(given))
     (rank1 if os.environ["RANK"] == "1" else rank0)(loader, case)
     print("leaves", flush=True)
 

@@ -12,10 +12,13 @@ from conftest import ROOT
 
 SOURCE = ROOT / "clients" / "python" / "shmcache"
 
-# Underscored names of other libraries that are their public API.
-# os._exit; a torch group's timeout (torch 1.13 names it in the group's
-# options only: ProcessGroup.Options._timeout)
-EXTERNAL = {"_exit", "_timeout"}
+# Underscored names of other libraries that are their public API, or the
+# only way to a value they have no public name for: os._exit; a torch
+# group's timeout (torch 1.13 names it in the group's options only:
+# ProcessGroup.Options._timeout; torch >= 2.5 in its backends' options
+# only: ProcessGroup._device_types, ProcessGroup._get_backend), read where
+# a torch without them degrades (torch/partitioned/exchange_timeout.py).
+EXTERNAL = {"_exit", "_timeout", "_device_types", "_get_backend"}
 
 
 def _private(name):

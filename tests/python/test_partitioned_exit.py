@@ -23,7 +23,8 @@ says:
   its exit waits the hook's bound (made 1 s here) and then goes, with the
   thread parked outside torch; rank 1's next round then fails.
 
-And a round whose peer never comes fails after the job's timeout (the one
+And a round whose peer never comes fails after the exchange's timeout:
+PartitionedLoader(exchange_timeout=) when given, else the job's (the one
 init_process_group was given), not torch's 30 minutes for a new group: a
 rank whose peer died is not always told by gloo (a send queued on a
 connection whose peer has gone is never failed), so the timeout is what
@@ -98,13 +99,19 @@ def test_a_rank_exits_cleanly_however_it_ends(server, session, kind, case):
     assert "terminate called" not in outs[0] + outs[1], outs
 
 
-def test_a_round_whose_peer_never_comes_fails_after_the_jobs_timeout(server, session):
+@pytest.mark.parametrize("timeouts", [
+    {"JOB_TIMEOUT_S": "30"},
+    {"JOB_TIMEOUT_S": "3600", "EXCHANGE_TIMEOUT_S": "30"}], ids=["job", "given"])
+def test_a_round_whose_peer_never_comes_fails_after_the_exchanges_timeout(
+        server, session, timeouts):
     """Rank 0 builds its loader and waits, alive, until rank 1 is gone;
-    rank 1's first round fails once the job's timeout has passed: it exits
-    5. It waited torch's 30 minutes for a new group before. The timeout
-    (30 s) also bounds the ranks' rendezvous, which a loaded host makes
+    rank 1's first round fails once the exchange's timeout has passed (30
+    s: the job's, or exchange_timeout= under a job's hour): it exits 5. It
+    waited torch's 30 minutes for a new group before, and the job's hour
+    with exchange_timeout= (the test's wait for it ends first). The job's
+    timeout also bounds the ranks' rendezvous, which a loaded host makes
     slow."""
-    ranks = _ranks(server, session, "dataloader", "absent", gone_to=0, JOB_TIMEOUT_S="30")
+    ranks = _ranks(server, session, "dataloader", "absent", gone_to=0, **timeouts)
     try:
         out1 = ranks[1].communicate(timeout=240)[0]
         out0 = ranks[0].communicate(timeout=120)[0]

@@ -20,7 +20,7 @@ round in which every rank says done (everyone knows it after step 1) is the
 last, and it moves no bytes. A round is a torch section (_exit_threads):
 each call's wait for the other ranks is taken in slices, between which the
 trainer's exit may stop the thread, outside torch. A round that waits for a
-rank gone or stuck fails after the job's timeout (new_group).
+rank gone or stuck fails after the exchange's timeout (new_group).
 
 Rows travel in the cache's own row encoding, the columns [(name, dtype
 name, array)] that DatasetCache.get_columns returns and put_columns takes
@@ -155,18 +155,6 @@ def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
         between_slices()
 
 
-def _job_timeout() -> timedelta:
-    """The default group's timeout, as init_process_group was given it
-    (torch 1.13 names it in the group's options only, as _timeout); torch's
-    default where the group does not say."""
-    world: Any = dist.group.WORLD
-    try:
-        timeout = world.options._timeout
-    except AttributeError:   # no group yet, or another torch
-        timeout = None
-    return timeout if isinstance(timeout, timedelta) else dist.default_pg_timeout
-
-
 class RowExchange:
     """One rank's side of the exchange (see the module doc).
 
@@ -222,16 +210,16 @@ class RowExchange:
         self._held: list[torch.Tensor] = []   # the last round's (round())
 
     @staticmethod
-    def new_group() -> Any:
+    def new_group(timeout: timedelta) -> Any:
         """A gloo group of all ranks for the exchange (collective call),
-        with the job's timeout (the default group's: init_process_group's
-        timeout=), not torch's 30 minutes for a new group: gloo does not
-        always fail a round whose peer has exited (seen: a rank whose round
-        began just after its peer's exit waited in gloo's waitSend; its
-        Pair::signalException fails the queued writes of bound buffers
-        only), so the timeout is what ends that wait, as it ends the job's
-        other collectives."""
-        return dist.new_group(backend="gloo", timeout=_job_timeout())
+        with `timeout` (exchange_timeout.py: the user's, else the job's, the
+        one init_process_group was given), not torch's 30 minutes for a new
+        group: gloo does not always fail a round whose peer has exited
+        (seen: a rank whose round began just after its peer's exit waited in
+        gloo's waitSend; its Pair::signalException fails the queued writes
+        of bound buffers only), so the timeout is what ends that wait, as it
+        ends the job's other collectives."""
+        return dist.new_group(backend="gloo", timeout=timeout)
 
     def server_of(self, node: int) -> int:
         """The rank this rank asks for rows of `node`."""

@@ -78,6 +78,7 @@ from __future__ import annotations
 import inspect
 import os
 import weakref
+from datetime import timedelta
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -91,6 +92,7 @@ from .._pipeline import LoaderIter
 from ..loader import CachedLoader
 from .._misses import Sample
 from .exchange import RowExchange
+from .exchange_timeout import exchange_timeout as _exchange_timeout
 from .ownership import RowOwners
 from .feed import WindowFeed
 from .window_rows import PartitionedRows
@@ -129,6 +131,13 @@ class PartitionedLoader:
     group: the gloo group the exchange runs on; default one the constructor
       makes over all ranks (a collective call: every rank builds its loader
       at the same point).
+    exchange_timeout: how long an exchange round waits for the other ranks
+      (seconds, or a timedelta) before it fails, so that a rank gone or
+      stuck ends the others' pass with a RuntimeError (not DataLoader's
+      timeout=, which bounds one next()). Default: the job's timeout (the
+      one init_process_group was given), or torch's 30 minutes, with one
+      warning, where this torch does not say it. The timeout of the group
+      the constructor makes: not with group= (a group carries its own).
     """
 
     def __init__(self, data: DataLoader | CachedLoader | CachedDataset,
@@ -136,7 +145,8 @@ class PartitionedLoader:
                  collate_fn: Callable[[list[Any]], Any] | None = None,
                  num_workers: int = 0, drop_last: bool = False, seed: int = 0,
                  local_world_size: int | None = None, group: Any = None,
-                 window: int = DEFAULT_WINDOW) -> None:
+                 window: int = DEFAULT_WINDOW,
+                 exchange_timeout: float | timedelta | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("PartitionedLoader needs torch.distributed: call "
                                "torch.distributed.init_process_group first")
@@ -183,7 +193,11 @@ class PartitionedLoader:
         self.window = window
         owners = RowOwners(len(ds), dist.get_world_size() // local_world_size
                            if local_world_size > 0 else 0, seed)
-        group = group if group is not None else RowExchange.new_group()
+        if group is None:
+            group = RowExchange.new_group(_exchange_timeout(exchange_timeout))
+        elif exchange_timeout is not None:
+            raise ValueError("pass exchange_timeout= or group=, not both: a group "
+                             "has the timeout it was made with")
         # The dataset's cache of now, each round: `ds.cache = other` (or
         # None) is followed, as DataLoader(ds) and CachedLoader follow it.
         self.exchange = RowExchange(lambda: ds.cache, owners, group, local_world_size)
