@@ -94,8 +94,27 @@ uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
 
 void SegmentAllocator::MarkFull(const std::string& why) {
   uint32_t old = header_->state.fetch_or(layout::kStateFull);
-  if (!(old & layout::kStateFull) && log_) {
+  if (old & layout::kStateFull || !log_) return;
+  // Room given back may make it take rows again for a while (TakeRowsAgain):
+  // the warning is said once.
+  if (full_said_) {
+    log_->Info("{} is full again: {}", label_, why);
+  } else {
     log_->Warn("{} is full: {}; further rows are not cached", label_, why);
+  }
+  full_said_ = true;
+}
+
+void SegmentAllocator::TakeRowsAgain(uint64_t bytes) {
+  const uint32_t state = header_->state.load();
+  // A cache whose memory is used up while it spills (or spilled: its
+  // spilled rows are looked for by kStateMemFull) sends its rows to disk.
+  if (!(state & layout::kStateFull) || (state & layout::kStateMemFull)) return;
+  header_->state.fetch_and(~(layout::kStateFull | layout::kStateByCap));
+  cap_full_bits_ = 0;
+  if (log_) {
+    log_->Info("{} takes rows again: a writer gave back {} of room", label_,
+               SizeText(bytes));
   }
 }
 
@@ -166,23 +185,27 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   }
   if (seg == nullptr) seg = filling;
   if (seg == nullptr) {
-    Status s = NewSegment(conn, node, want, account, &seg, wait);
+    Status s = NewSegment(conn, node, need, share, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
     if (seg == nullptr) {
-      // Room another writer held and had not used was taken back (the
-      // budget is used up): a tail now, the rests of the open segments
-      // kept for smaller rows.
-      LeaseTail(conn, node, need, share, out);
+      // Room another writer held and had not used was taken back, or
+      // another node's is free (the budget is used up): a tail now, the
+      // rests of the open segments kept for smaller rows.
+      for (int k = 0; k < num_nodes_; ++k) {
+        if (LeaseTail(conn, (node + k) % num_nodes_, need, share, out)) break;
+      }
       return Status::OK();
     }
     // What is left of the open segments does not hold this row: left, as
     // the rest of a segment always was, once a new one takes the rows.
     // Not before: a row that gets none (TooLarge) leaves those rests to
-    // the smaller rows they still hold.
-    std::erase_if(open_[n], [&](uint32_t no) {
-      const Segment& o = segments_.at(no);
-      return o.size - o.carved < want;
-    });
+    // the smaller rows they still hold; nor for another node's segment.
+    if (seg->node == node) {
+      std::erase_if(open_[n], [&](uint32_t no) {
+        const Segment& o = segments_.at(no);
+        return o.size - o.carved < want;
+      });
+    }
   }
   const uint64_t size = ChunkSize(*seg, need, share);
   // Only supplied pages are handed out (see SegmentJob).
@@ -241,7 +264,7 @@ SegmentAllocator::HeldRoom SegmentAllocator::MostRoomHeld(uint64_t conn, int nod
   for (auto& [other, held] : leases_) {
     if (other == conn) continue;
     for (ChunkLease& l : held) {
-      if (segments_.at(l.seg_no).node != node) continue;
+      if (node != kAnyNode && segments_.at(l.seg_no).node != node) continue;
       const uint64_t mark = HeaderAt(l.seg_no, l.offset)->used.load();
       const uint64_t room = l.size - AlignUp(UsedMark(l, mark), layout::kCacheLine);
       if (room > most.bytes) most = HeldRoom{&l, mark, room};
@@ -272,8 +295,8 @@ bool SegmentAllocator::TakeRoom(uint64_t conn, int node, uint64_t want) {
     // Its writer moved the mark meanwhile: weigh the room again.
     if (tries + 1 == kTakeTries) return false;
   }
-  tails_[static_cast<size_t>(node)].push_back(
-      Tail{l.seg_no, l.offset + end, l.size - end});
+  // Kept whatever its size: the lease that took it leases it next.
+  AddTail(Tail{l.seg_no, l.offset + end, l.size - end}, 0);
   l.size = end;
   l.taken_at = used;
   return true;
@@ -298,6 +321,20 @@ uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need,
   return size;
 }
 
+SegmentAllocator::Segment* SegmentAllocator::SuppliedRest(int node, uint64_t need,
+                                                          uint64_t share) {
+  for (uint32_t no : open_[static_cast<size_t>(node)]) {
+    Segment& s = segments_.at(no);
+    // Only pages supplied already: a lease that waits for a supply job
+    // waits for its own node's (Store::LeaseChunk takes only those).
+    if (s.size - s.carved >= layout::ChunkBytesFor(need) && s.supply_error.ok() &&
+        s.carved + ChunkSize(s, need, share) <= s.supplied) {
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
 std::deque<SegmentAllocator::Prepared>::iterator SegmentAllocator::FirstPreparedFor(
     int node, uint64_t want) {
   const uint64_t min_bytes = layout::SegmentBytesFor(want);
@@ -319,13 +356,35 @@ void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   layout::ChunkHeader* h = HeaderAt(lease.seg_no, lease.offset);
   // `used` was written by the client: trust it only within the chunk.
   const uint64_t used = UsedMark(lease, h->used.load());
-  uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
-  uint64_t end = lease.offset + lease.size;
-  if (tail_off + kMinRecycleBytes <= end) {
-    const Segment& seg = segments_.at(lease.seg_no);
-    tails_[static_cast<size_t>(seg.node)].push_back(
-        Tail{lease.seg_no, tail_off, end - tail_off});
+  const uint64_t tail_off = AlignUp(lease.offset + used, layout::kCacheLine);
+  const uint64_t end = lease.offset + lease.size;
+  if (tail_off >= end) return;
+  const uint64_t freed =
+      AddTail(Tail{lease.seg_no, tail_off, end - tail_off}, kMinRecycleBytes);
+  // The full mark stops every lease, a small row's too: room given back
+  // after it (a writer's whose rows outgrew its chunk, at its close) would
+  // be lost for the rest of the run. The next lease that finds no room for
+  // its row marks the cache full again.
+  if (freed > 0) TakeRowsAgain(freed);
+}
+
+uint64_t SegmentAllocator::AddTail(Tail tail, uint64_t min_bytes) {
+  auto& tails = tails_[static_cast<size_t>(segments_.at(tail.seg_no).node)];
+  // Free room next to free room is one tail: a chunk's end taken back and
+  // the rest of that chunk given back later.
+  for (auto t = tails.begin(); t != tails.end();) {
+    if (t->seg_no == tail.seg_no &&
+        (t->offset + t->size == tail.offset || tail.offset + tail.size == t->offset)) {
+      tail.offset = std::min(tail.offset, t->offset);
+      tail.size += t->size;
+      t = tails.erase(t);
+    } else {
+      ++t;
+    }
   }
+  if (tail.size < min_bytes) return 0;
+  tails.push_back(tail);
+  return tail.size;
 }
 
 void SegmentAllocator::ReleaseConnection(uint64_t conn, bool recycle) {
@@ -449,9 +508,11 @@ Status SegmentAllocator::SupplyFor(Segment* seg, uint64_t end, bool* wait) {
   return Status::OK();
 }
 
-Status SegmentAllocator::NewSegment(uint64_t conn, int node, uint64_t need,
-                                    MemoryAccount* account, Segment** out, bool* wait) {
+Status SegmentAllocator::NewSegment(uint64_t conn, int node, uint64_t row_bytes,
+                                    uint64_t share, MemoryAccount* account, Segment** out,
+                                    bool* wait) {
   const size_t n = static_cast<size_t>(node);
+  const uint64_t need = layout::ChunkBytesFor(row_bytes);
   uint64_t min_bytes = layout::SegmentBytesFor(need);
   auto& ready = prepared_[n];
   auto fits = FirstPreparedFor(node, need);
@@ -474,11 +535,25 @@ Status SegmentAllocator::NewSegment(uint64_t conn, int node, uint64_t need,
   if (want == 0) {
     // The budget or the cap is used up: the room other writers hold and
     // have not used (one that ran out of rows, or got a chunk before many
-    // writers came) is taken before the cache is full.
-    if (TakeRoom(conn, node, need)) {
-      *out = nullptr;
-      return Status::OK();
+    // writers came) is taken before the cache is full. Then the other
+    // nodes' room: the budget is the whole cache's, and a writer on one
+    // node made the cache full for all while another node's segments or
+    // chunks had room.
+    *out = nullptr;
+    if (TakeRoom(conn, node, need)) return Status::OK();
+    for (int k = 1; k < num_nodes_; ++k) {
+      const int other = (node + k) % num_nodes_;
+      const auto& tails = tails_[static_cast<size_t>(other)];
+      if (std::any_of(tails.begin(), tails.end(),
+                      [&](const Tail& t) { return t.size >= need; })) {
+        return Status::OK();
+      }
+      if (Segment* rest = SuppliedRest(other, row_bytes, share); rest != nullptr) {
+        *out = rest;
+        return Status::OK();
+      }
     }
+    if (TakeRoom(conn, kAnyNode, need)) return Status::OK();
     return NoRoomFor(conn, node, need, min_bytes, *account);
   }
   if (next_seg_no_ > layout::kMaxSegmentId) {
@@ -668,7 +743,7 @@ Status SegmentAllocator::NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes
                                    uint64_t min_bytes, const MemoryAccount& account) {
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
-  const uint64_t largest = LargestRowNow(node, room, MostRoomHeld(conn, node).bytes);
+  const uint64_t largest = LargestRowNow(node, room, MostRoomHeld(conn, kAnyNode).bytes);
   // The rows the writers counted so far. None counted says nothing of
   // their size (a writer counts once per window of rows, and before its
   // next lease: another's first row finds the rows of a batch in flight
@@ -711,10 +786,16 @@ uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room, uint64_t held)
     return whole > layout::kSegmentHeaderSize ? whole - layout::kSegmentHeaderSize : 0;
   };
   uint64_t chunk = std::max(held, in_segment(room / kPageBytes * kPageBytes));
-  for (const Tail& t : tails_[n]) chunk = std::max(chunk, t.size);
-  for (uint32_t no : open_[n]) {
-    const Segment& seg = segments_.at(no);
-    chunk = std::max(chunk, seg.size - seg.carved);
+  for (const auto& tails : tails_) {
+    for (const Tail& t : tails) chunk = std::max(chunk, t.size);
+  }
+  for (size_t other = 0; other < open_.size(); ++other) {
+    for (uint32_t no : open_[other]) {
+      // Another node's rest only where supplied (SuppliedRest).
+      const Segment& seg = segments_.at(no);
+      const uint64_t end = other == n ? seg.size : std::max(seg.supplied, seg.carved);
+      chunk = std::max(chunk, end - seg.carved);
+    }
   }
   for (const Prepared& p : prepared_[n]) chunk = std::max(chunk, in_segment(p.size));
   // ChunkBytesFor's whole cache lines, the header among them.

@@ -127,10 +127,13 @@ class SegmentAllocator {
   // Once the budget or the server cap is used up, the end of the room
   // another connection's chunk holds past its `used` mark is taken back
   // (half of the most any chunk holds, or what the row needs:
-  // layout::kRoomTaken) and leased; Full when none holds the row (the cache
-  // is then marked full for every client). TooLarge when only this row does not
-  // fit: what is left still holds a segment of layout::kMinSegmentBytes, so
-  // the cache is not marked and smaller rows go on being cached.
+  // layout::kRoomTaken) and leased; then room on the other nodes (the
+  // budget is the whole cache's): free tails and the supplied rest of open
+  // segments, then room taken back there. Full when none holds the row
+  // (the cache is then marked full for every client). TooLarge when only
+  // this row does not fit: what is left still holds a segment of
+  // layout::kMinSegmentBytes, so the cache is not marked and smaller rows
+  // go on being cached.
   // When the node's next segment, or the pages of the chunk, are being
   // prepared in the background (or are to be: TakeSupplyJobs names them)
   // and `wait` is given, sets *wait instead of leasing: the caller takes
@@ -146,7 +149,9 @@ class SegmentAllocator {
   // max_bytes holds (a chunk of whole rows: no tail when rows are alike).
   static uint64_t ChunkSizeFor(uint64_t need, uint64_t max_bytes = kChunkBytes);
   // Takes back the unused tail of a chunk leased to `conn` (less what was
-  // taken from it for another writer).
+  // taken from it for another writer). A cache marked full takes rows
+  // again when that frees kMinRecycleBytes or more (with the free room it
+  // touches), until a lease finds no room for its row.
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   // The connection ended. recycle: its process is gone, so the unused
   // tails of its chunks are free again; otherwise (a live process whose
@@ -199,7 +204,8 @@ class SegmentAllocator {
   // otherwise refused.
   Status AdoptSegment(uint32_t seg_no);
 
-  // Marks the cache full for every client; logs it once.
+  // Marks the cache full for every client; warns once (later times are
+  // logged as information).
   void MarkFull(const std::string& why);
   // Records that the cap set `bits`: ResumeIfCapAllows clears them, and
   // readers see kStateByCap (a refused put names the cap, not the budget).
@@ -264,15 +270,23 @@ class SegmentAllocator {
   // used up (see MemoryUsedUp).
   Status NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes, uint64_t min_bytes,
                    const MemoryAccount& account);
-  // The largest row a lease on `node` could hold now: in a free tail, the
-  // rest of an open segment, a segment made ahead, a new segment of
-  // `room` bytes, or the `held` room another writer's chunk could give.
+  // The largest row a lease on `node` could hold now: in a free tail (of
+  // any node), the rest of an open segment (of another node: its supplied
+  // part), a segment made ahead for `node`, a new segment of `room` bytes,
+  // or the `held` room another writer's chunk could give.
   uint64_t LargestRowNow(int node, uint64_t room, uint64_t held) const;
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
   void AddSegment(uint32_t seg_no, int node, uint64_t size, ShmFile file,
                   uint64_t supplied);
+  // Frees `tail` for leases on its segment's node, joined with the free
+  // tails it touches. Returns the size of the free tail it is now part of,
+  // or 0 when that is under min_bytes (then it is not kept).
+  uint64_t AddTail(Tail tail, uint64_t min_bytes);
+  // `bytes` of room were given back: a cache marked full (not one whose
+  // memory is used up while it spills) takes rows again.
+  void TakeRowsAgain(uint64_t bytes);
   // The most a chunk of rows leased to `conn` takes: the budget's
   // kChunksPerBudget-th part, or its (2 x lessees)-th where more
   // connections hold chunks (`conn` among them), within
@@ -291,12 +305,13 @@ class SegmentAllocator {
   // `used` word being `mark`: the mark, or where it was when the chunk's end
   // was taken and not seen since; the chunk's end for a mark out of it.
   static uint64_t UsedMark(const ChunkLease& l, uint64_t mark);
-  // The chunk on `node` leased to another connection than `conn` with the
-  // most room past its `used` mark.
+  // The chunk on `node` (on any with kAnyNode) leased to another
+  // connection than `conn` with the most room past its `used` mark.
+  static constexpr int kAnyNode = -1;
   HeldRoom MostRoomHeld(uint64_t conn, int node);
   // Takes back the end of that chunk's room, half of it or `want` bytes
-  // when more, into a free tail (see layout::kRoomTaken). False when it
-  // does not hold `want`.
+  // when more, into a free tail on the chunk's node (see
+  // layout::kRoomTaken). False when it does not hold `want`.
   bool TakeRoom(uint64_t conn, int node, uint64_t want);
   // The first segment made ahead of need for `node` that holds a chunk of
   // `want` (the order they were named in), or prepared_[node].end().
@@ -304,11 +319,16 @@ class SegmentAllocator {
   // Makes sure the pages of `seg` below `end` are supplied before a chunk
   // is carved there: at once without `wait`, else by a job (*wait set).
   Status SupplyFor(Segment* seg, uint64_t end, bool* wait);
-  // A segment for a chunk of `need` bytes, or, when the budget or the cap
-  // leaves none, room taken back from another writer (TakeRoom; *out is
-  // then null and a free tail holds it).
-  Status NewSegment(uint64_t conn, int node, uint64_t need, MemoryAccount* account,
-                    Segment** out, bool* wait);
+  // A segment for a chunk for a row of `row_bytes` (of `share` at most:
+  // ChunkSize), or, when the budget or the cap leaves none, room elsewhere:
+  // taken back from another writer on `node` (TakeRoom), free on another
+  // node (a tail: *out is then null; or the supplied rest of an open
+  // segment), or taken back from a writer on another node.
+  Status NewSegment(uint64_t conn, int node, uint64_t row_bytes, uint64_t share,
+                    MemoryAccount* account, Segment** out, bool* wait);
+  // The first open segment of `node` whose supplied pages hold the chunk
+  // Lease carves for a row of `need` bytes (of `share` at most), or null.
+  Segment* SuppliedRest(int node, uint64_t need, uint64_t share);
   // Creates and formats a segment under the first free number from
   // next_seg_no_ on, and moves next_seg_no_ past it.
   Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);
@@ -328,6 +348,7 @@ class SegmentAllocator {
   uint64_t budget_bytes_ = 0;
   uint64_t data_bytes_ = 0;               // segments, counted against the budget
   uint32_t cap_full_bits_ = 0;            // state bits set because the cap ran out
+  bool full_said_ = false;                // MarkFull warned
   std::map<uint32_t, Segment> segments_;  // by seg_no
   uint32_t next_seg_no_ = 0;
   std::vector<std::deque<Prepared>> prepared_;  // per node: made ahead

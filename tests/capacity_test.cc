@@ -219,6 +219,55 @@ TEST(CapacityTest, ManyWritersFillASmallBudgetAsOneDoes) {
       << "of " << rows << " rows; one process caches " << alone;
 }
 
+// A writer whose rows outgrew its chunk (a small row leased it, large
+// rows filled it) and whose next lease found the budget used up made the
+// cache full with room left in that chunk, under a large row but room for
+// many small ones. It gave that room back when it closed, and nobody leased
+// it again: the flag stopped every lease for the rest of the run, so a
+// second writer's small rows were refused with 20 KB to 100 KB free (mixed
+// row sizes: variable-length records, decoded images of several shapes).
+// Room given back to a full cache makes it take rows again, until a lease
+// finds none for its row.
+TEST(CapacityTest, RoomGivenBackToAFullCacheTakesRowsThatFitIt) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  const uint32_t session = server.NewSession();
+  constexpr size_t kLarge = 300 << 10, kSmall = 1 << 10;
+  auto cache = OpenCache(server, session, 4, false);
+  uint64_t id = 0;
+  Status s;
+  // Three quarters of the budget in large rows, then a small row leases a
+  // chunk that large rows fill until none fits and the budget is used up.
+  for (; id < 9 && s.ok(); ++id) s = PutBytes(cache.get(), id, kLarge);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(PutBytes(cache.get(), id++, kSmall).ok());
+  for (; id < 100 && s.ok(); ++id) s = PutBytes(cache.get(), id, kLarge);
+  ASSERT_TRUE(s.IsFull()) << s.ToString();
+  ASSERT_TRUE(cache->IsFull());
+  cache.reset();  // gives its chunk back
+  const uint64_t first = 1000;
+  constexpr int kTries = 1000;  // more than 300 KB holds
+  pid_t kid = ForkChild([&]() -> int {
+    std::unique_ptr<Cache> c = OpenCacheInChild(server, session, 4, false);
+    if (c == nullptr) return 3;
+    for (int k = 0; k < kTries; ++k) {
+      Status put = PutBytes(c.get(), first + static_cast<uint64_t>(k), kSmall);
+      if (put.IsFull()) return 0;
+      if (!put.ok()) return 4;
+    }
+    return 5;
+  });
+  ASSERT_EQ(WaitChild(kid), 0) << "the small rows end on Full";
+  auto again = OpenCache(server, session, 4, false);
+  int stored = 0;
+  for (int k = 0; k < kTries; ++k)
+    stored += again->Contains(first + static_cast<uint64_t>(k));
+  // The room left is under a large row, and up to a page of it may go to a
+  // chunk's rounding: at least 15 small rows.
+  EXPECT_GE(stored, 15) << "small rows cached in the room given back";
+  EXPECT_TRUE(again->IsFull()) << "full again once the room is used";
+}
+
 // A size over the cap gets the cap: the cache holds what can be had (the
 // Python client says so once at open, naming the bound), rather than being
 // refused and bypassed whole.

@@ -387,6 +387,45 @@ TEST_F(CacheStateTest, AChunkWhoseEndWasTakenGivesBackOnlyWhatItKept) {
   EXPECT_TRUE(found) << "the room the writer kept, right after its header, is free again";
 }
 
+// The budget is the whole cache's, whichever NUMA node its segments are
+// on. A writer on node 0 whose lease found the budget used up took room
+// only from chunks on node 0, and with none there marked the cache full
+// for every writer while node 1's writer held a whole chunk unused, or
+// while node 1 held room given back (a false Full on a host of two nodes).
+// Room on the writer's own node is still taken first.
+TEST_F(CacheStateTest, ALeaseFindsRoomOnAnotherNodeBeforeTheCacheIsFull) {
+  Create(4 * kMB, /*nodes=*/2);
+  // A writer on node 1 fills chunks until the budget is used up (one
+  // segment), and holds the last one empty.
+  ChunkLease held;
+  ASSERT_TRUE(Lease(1, 1, 856, &held).ok());
+  const uint32_t seg = held.seg_no;
+  while (Segment(seg)->carved.load() < SegmentSize(seg)) {
+    Chunk(held)->used.store(held.size);
+    ChunkLease next;
+    ASSERT_TRUE(Lease(1, 1, 856, &next).ok());
+    cache_->Return(1, held.seg_no, held.offset);
+    held = next;
+  }
+  ChunkLease l;
+  Status s = Lease(2, 0, 856, &l);
+  ASSERT_TRUE(s.ok()) << "node 1's writer holds " << held.size
+                      << " bytes unused: " << s.ToString();
+  EXPECT_EQ(l.seg_no, seg);
+  EXPECT_GE(l.offset, held.offset + sizeof(layout::ChunkHeader));
+  EXPECT_LE(l.offset + l.size, held.offset + held.size);
+  EXPECT_EQ(ChunkEnd(held, Chunk(held)), l.offset) << "taken from node 1's chunk";
+  EXPECT_FALSE(cache_->Stats().full);
+  // Node 1's writer goes: the room it kept is free, and a lease on node 0
+  // finds it there.
+  cache_->ReleaseConnection(1);
+  ChunkLease freed;
+  s = Lease(3, 0, 856, &freed);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(freed.seg_no, seg);
+  EXPECT_EQ(freed.offset, held.offset + sizeof(layout::ChunkHeader));
+}
+
 TEST_F(CacheStateTest, ServerCapUsedUpMeansFull) {
   Create(64 * kMB);
   account_.cap = account_.used + 6 * kMB;  // room for about one segment

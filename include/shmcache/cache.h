@@ -52,7 +52,9 @@ class SHMCACHE_EXPORT Cache {
   // failed (the cache turns read-only for everyone). Before a cache turns
   // full, a process whose lease found the budget used up is leased room
   // another process holds unused (the end of that one's chunk, which then
-  // holds less). A full cache leases no process a new chunk; until this
+  // holds less). A full cache leases no process a new chunk (until a
+  // process gives back room of 16 KB or more, closing: then it takes rows
+  // again until a lease finds no room for its row); until this
   // process's first Full, a row that still fits what is left of the chunk
   // it leased before is stored.
   // TooLarge: this row does not fit in the memory the cache has left (or in
