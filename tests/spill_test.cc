@@ -325,7 +325,10 @@ TEST(CapacityTest, SpillingWithoutSpillDirNamesTheFix) {
   std::unique_ptr<Cache> cache;
   Status s = client->OpenCache(CacheNamed(session, "c", 0, true), &cache);
   EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
-  EXPECT_NE(s.message().find("shmcache --start -s DIR"), std::string::npos)
+  // The command names the server's port, as every suggested command does.
+  EXPECT_NE(s.message().find("shmcache --start -p " + std::to_string(server.port()) +
+                             " -s DIR"),
+            std::string::npos)
       << s.message();
 }
 
