@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include <fmt/format.h>
 
+#include "format/instance.h"
 #include "format/parse_number.h"
 
 namespace shmcache {
@@ -19,21 +21,23 @@ Status ParseInRange(std::string_view what, std::string_view text, long lo, long 
       fmt::format("{} '{}' is not a number in {}..{}", what, text, lo, hi));
 }
 
-Status ParseSessionId(std::string_view text, uint32_t* id) {
-  constexpr std::string_view kWhere = "list the sessions with 'shmcache --list_sessions'";
+Status ParseSessionId(std::string_view text, int port, uint32_t* id) {
+  const std::string p = PortArg(port);
+  const std::string where =
+      fmt::format("list the sessions with 'shmcache --list_sessions{}'", p);
   long n = 0;
   if (!ParseDecimal(text, 0, UINT32_MAX, &n)) {
     return Status::InvalidArgument(fmt::format(
-        "session id '{}' is not a number in 1..{}, as 'shmcache -g' prints; {}", text,
-        UINT32_MAX, kWhere));
+        "session id '{}' is not a number in 1..{}, as 'shmcache -g{}' prints; {}", text,
+        UINT32_MAX, p, where));
   }
   // The server makes no session 0: a launcher exports 0 for "none" (the
   // Slurm prolog that could not create one), so the id is wrong, not gone.
   if (n == 0) {
     return Status::InvalidArgument(fmt::format(
-        "session id 0 is no session: ids are 1..{}, as 'shmcache -g' prints (a launcher "
-        "that could not create a session exports 0); {}",
-        UINT32_MAX, kWhere));
+        "session id 0 is no session: ids are 1..{}, as 'shmcache -g{}' prints (a "
+        "launcher that could not create a session exports 0); {}",
+        UINT32_MAX, p, where));
   }
   *id = static_cast<uint32_t>(n);
   return Status::OK();
@@ -87,8 +91,8 @@ Status ParseMetricsInterval(std::string_view text, int* seconds) {
 
 Status CheckAbsolutePath(std::string_view what, std::string_view path) {
   if (!path.empty() && path[0] == '/') return Status::OK();
-  return Status::InvalidArgument(
-      fmt::format("{} '{}' is not an absolute path", what, path));
+  return Status::InvalidArgument(fmt::format(
+      "{} '{}' is not an absolute path; give one that starts with /", what, path));
 }
 
 Status CheckSpillDir(const std::string& dir) {
@@ -96,14 +100,18 @@ Status CheckSpillDir(const std::string& dir) {
   if (!s.ok()) return s;
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
-    return Status::InvalidArgument("spill directory " + dir + " does not exist");
+    return Status::InvalidArgument("spill directory " + dir +
+                                   " does not exist; create it first (mkdir -p)");
   }
   if (!S_ISDIR(st.st_mode)) {
     return Status::InvalidArgument("spill directory " + dir +
                                    " is not a directory; give -s a directory");
   }
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    return Status::InvalidArgument("spill directory " + dir + " is not writable");
+    return Status::InvalidArgument(
+        "spill directory " + dir +
+        " is not writable by this user; give -s a directory it "
+        "can write");
   }
   return Status::OK();
 }

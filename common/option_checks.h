@@ -25,8 +25,10 @@ Status ParseInRange(std::string_view what, std::string_view text, long lo, long 
                     long* out);
 
 // -d: 1..4294967295 ("session id '<text>' is not a number in 1..4294967295"
-// and where to find one); 0 is refused as no session, which it is.
-Status ParseSessionId(std::string_view text, uint32_t* id);
+// and where to find one: the commands it names carry " -p <port>" when
+// `port` is not the default, PortArg); 0 is refused as no session, which
+// it is.
+Status ParseSessionId(std::string_view text, int port, uint32_t* id);
 // -w: 1..512.
 Status ParseWorkers(std::string_view text, int* workers);
 // -l: 0 debug .. 4 fatal.

@@ -12,7 +12,7 @@
 #include "daemon/logger.h"
 #include "daemon/replace_file.h"
 #include "format/cache_name.h"
-#include "shmcache/options.h"
+#include "format/instance.h"
 
 namespace shmcache {
 
@@ -46,7 +46,8 @@ Status Store::ClaimFileNames() {
 Status Store::CreateSession(uint32_t* id) {
   MutexLock lock(&mu_);
   if (sessions_.size() >= layout::kMaxSessions) {
-    return Status::Full("too many sessions; destroy some with 'shmcache -d ID'");
+    return Status::Full(fmt::format(
+        "too many sessions; destroy some with 'shmcache -d ID{}'", PortArg(paths_.port)));
   }
   uint32_t s;
   do {
@@ -68,7 +69,7 @@ Status Store::CreateSession(uint32_t* id) {
 // The commands it suggests name the port of a server not on the default
 // one: without -p they would ask another server, or none.
 static Status NoSession(uint32_t id, int port) {
-  const std::string p = port == kDefaultPort ? "" : fmt::format(" -p {}", port);
+  const std::string p = PortArg(port);
   return Status::NotFound(fmt::format(
       "session {} does not exist; list them with 'shmcache --list_sessions{}' or "
       "create one with 'shmcache -g{}'",
@@ -164,9 +165,11 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
   Status s = CheckCacheName(name, fingerprint);
   if (!s.ok()) return s;
   if (spill_requested && options_.spill_dir.empty()) {
-    return Status::InvalidArgument(
+    const std::string p = PortArg(paths_.port);
+    return Status::InvalidArgument(fmt::format(
         "spilling was requested but the cache server has no spill directory; "
-        "restart it with 'shmcache --start -s DIR'");
+        "restart it with one: 'shmcache --stop{}', then 'shmcache --start{} -s DIR'",
+        p, p));
   }
   for (uint32_t cid : sit->second) {
     CacheState* c = caches_.at(cid).get();

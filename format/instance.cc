@@ -113,6 +113,10 @@ Status ParsePort(const std::string& text, int* port) {
   return Status::OK();
 }
 
+std::string PortArg(int port) {
+  return port == 0 || port == kDefaultPort ? "" : fmt::format(" -p {}", port);
+}
+
 Status ResolvePort(int requested, int* port) {
   if (requested != 0) {
     if (requested < kMinPort || requested > kMaxPort) {

@@ -75,6 +75,9 @@ ShmName ParseShmName(std::string_view rest);
 Status ResolvePort(int requested, int* port);
 // Parses a port given as text (CLI, environment).
 Status ParsePort(const std::string& text, int* port);
+// " -p <port>" for a shmcache command a message suggests, so that it asks
+// the server on `port`; "" for the default port (and 0, none known).
+std::string PortArg(int port);
 // host empty: $SHMCACHE_HOST, else local. Only 127.0.0.1, localhost and ::1
 // are accepted; anything else is InvalidArgument.
 Status CheckHost(const std::string& host);

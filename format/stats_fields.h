@@ -76,7 +76,15 @@ inline constexpr StatField kStatFields[] = {
      .column = 1,
      .title = "Cache Id",
      .width = 12},
-    {.name = "name", .type = StatType::kText, .text = &CacheStats::name, .json = "name"},
+    // Last in the table: a name has up to 255 bytes, so its column is as
+    // wide as it is, after a gap of two.
+    {.name = "name",
+     .type = StatType::kText,
+     .text = &CacheStats::name,
+     .json = "name",
+     .column = 9,
+     .title = "Name",
+     .width = 6},
     {.name = "mem_rows",
      .count = &CacheStats::mem_rows,
      .json = "mem_cached",

@@ -150,6 +150,20 @@ TEST_F(CliTest, SessionZeroIsNoSessionId) {
   ExpectError({"--destroy_session", "00"}, "session id 0 is no session");
 }
 
+// A session id refused before the server is asked names the commands that
+// list and create sessions on the port given, wherever -p stands: without
+// it they would ask the server on the default port.
+TEST_F(CliTest, ABadSessionIdSuggestsCommandsOnThePortGiven) {
+  for (const char* id : {"xyz", "0"}) {
+    ExpectError({"-d", id, "-p", "51999"}, "'shmcache --list_sessions -p 51999'");
+    ExpectError({"-p", "51999", "--destroy_session", id},
+                "'shmcache --list_sessions -p 51999'");
+    ExpectError({"-d", id, "-p", "51999"}, "'shmcache -g -p 51999' prints");
+    // The default port needs none.
+    ExpectError({"-d", id, "-p", "50052"}, "'shmcache --list_sessions'");
+  }
+}
+
 TEST_F(CliTest, MemoryCapBelowOneSegment) {
   ExpectError({"--start", "-r", "1e-300"}, "below one segment (4 MB); use a larger -r");
   ExpectError({"--start", "--memory_cap_mb", "3"},
@@ -224,12 +238,18 @@ TEST_F(CliTest, NonLocalHost) {
 }
 
 TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
-  ExpectError({"--start", "-s", "relative/dir"}, "not an absolute path");
+  // Each says what to do too.
+  ExpectError({"--start", "-s", "relative/dir"},
+              "spill directory 'relative/dir' is not an absolute path; give one that "
+              "starts with /");
   // Empty: once "no spill dir" to the admin and a missing value to the
   // daemon, which exited without a word the admin could pass on.
   ExpectError({"--start", "-s", ""}, "spill directory '' is not an absolute path");
   ExpectError({"--start", "--spilldir="}, "--spilldir needs a value");
-  ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"}, "does not exist");
+  ExpectError({"--start", "-s", run_dir_ + "/does-not-exist"},
+              "spill directory " + run_dir_ +
+                  "/does-not-exist does not exist; create it "
+                  "first (mkdir -p)");
   // Not writable: a directory of root's seen by another user, or a
   // read-only directory of ours.
   // (Under /tmp so that every user can reach it; removed however the test
@@ -245,10 +265,14 @@ TEST_F(CliTest, SpillDirRelativeMissingOrNotWritable) {
       GTEST_SKIP() << "cannot run the admin as nobody: " << r.Describe();
     }
     EXPECT_EQ(r.exit_code, 1) << r.Describe();
-    EXPECT_NE(r.err.find("not writable"), std::string::npos) << r.Describe();
+    EXPECT_NE(r.err.find("is not writable by this user; give -s a directory it can "
+                         "write"),
+              std::string::npos)
+        << r.Describe();
   } else {
     ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
-    ExpectError({"--start", "-s", ro, "-p", "31001"}, "not writable");
+    ExpectError({"--start", "-s", ro, "-p", "31001"},
+                "is not writable by this user; give -s a directory it can write");
   }
   EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
   chmod(ro.c_str(), 0755);
@@ -978,6 +1002,83 @@ TEST_F(CliTest, SessionThatDoesNotExist) {
       << r.Describe();
   EXPECT_NE(r.err.find("'shmcache -g" + p + "'"), std::string::npos) << r.Describe();
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// A cache that asks to spill from a server with no spill dir: the commands
+// that restart it with one name its port.
+TEST_F(CliTest, SpillingWithoutASpillDirSaysHowToRestartTheServerOfThePort) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s = client->OpenCache(CacheNamed(server.NewSession(), "s", 1, true), &cache);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  const std::string p = " -p " + std::to_string(server.port());
+  EXPECT_NE(s.message().find("'shmcache --stop" + p + "', then 'shmcache --start" + p +
+                             " -s DIR'"),
+            std::string::npos)
+      << s.message();
+}
+
+// --start says what clients reach the server through (no TCP port: the
+// port names a Unix socket in the run dir and the shared-memory files),
+// and how to stop it, with the port it was started on.
+TEST_F(CliTest, StartSaysWhatItListensOnAndHowToStopIt) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const std::string& out = server.start_result().out;
+  const std::string port = std::to_string(server.port());
+  EXPECT_NE(out.find("Cache server startup completed successfully!"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(fmt::format("process id {}", server.pid())), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("listening on port"), std::string::npos) << out;
+  EXPECT_NE(out.find("for port " + port +
+                     ", which names the instance: no TCP port is "
+                     "opened"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Unix socket " + server.socket_path()), std::string::npos) << out;
+  EXPECT_NE(out.find("run dir " + server.run_dir()), std::string::npos) << out;
+  EXPECT_NE(out.find("shared memory in " + server.shm_dir()), std::string::npos) << out;
+  EXPECT_NE(out.find("Stop it with 'shmcache --stop -p " + port + "'"), std::string::npos)
+      << out;
+}
+
+// --list_sessions shows each cache's name, last (a name may be long), on
+// its cache's line; a name's control characters are escaped, so that a
+// cache stays one line of the table.
+TEST_F(CliTest, ListSessionsNamesEachCache) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const uint32_t session = server.NewSession();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server.Connect(&client).ok());
+  std::vector<std::unique_ptr<Cache>> caches;
+  for (const char* name : {"train", "val set", "two\nlines"}) {
+    caches.emplace_back();
+    ASSERT_TRUE(
+        client->OpenCache(CacheNamed(session, name, 0, false), &caches.back()).ok())
+        << name;
+  }
+  CommandResult list = server.Admin({"--list_sessions"});
+  ASSERT_EQ(list.exit_code, 0) << list.Describe();
+  std::vector<std::string> lines;
+  std::istringstream in(list.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  // The title, a blank line, the header and one line per cache.
+  ASSERT_EQ(lines.size(), 3 + caches.size()) << list.out;
+  EXPECT_TRUE(lines[2].ends_with("Full  Name")) << lines[2];
+  const char* shown[] = {"train", "val set", "two\\nlines"};
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const std::string ids = fmt::format(" {} +{} ", session, caches[i]->cache_id());
+    auto line = std::find_if(lines.begin(), lines.end(), [&](const std::string& l) {
+      return std::regex_search(l, std::regex(ids));
+    });
+    ASSERT_NE(line, lines.end()) << ids << "\n" << list.out;
+    EXPECT_TRUE(line->ends_with(std::string("no  ") + shown[i])) << *line;
+  }
 }
 
 TEST_F(CliTest, StartPrintsALogPathWithSpacesWhole) {

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "shmcache/options.h"
 #include "tests/support/test_server.h"
 
 namespace shmcache {
@@ -31,9 +32,9 @@ std::string Why(const Status& s) {
 
 TEST(OptionChecksTest, NumbersInRangeAreTaken) {
   uint32_t id = 0;
-  EXPECT_EQ(Why(ParseSessionId("4294967295", &id)), "OK");
+  EXPECT_EQ(Why(ParseSessionId("4294967295", 0, &id)), "OK");
   EXPECT_EQ(id, 4294967295u);
-  EXPECT_EQ(Why(ParseSessionId("1", &id)), "OK");
+  EXPECT_EQ(Why(ParseSessionId("1", 0, &id)), "OK");
   EXPECT_EQ(id, 1u);
   int n = 0;
   EXPECT_EQ(Why(ParseWorkers("512", &n)), "OK");
@@ -52,16 +53,20 @@ TEST(OptionChecksTest, NumbersInRangeAreTaken) {
 
 TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
   uint32_t id = 7;
-  EXPECT_EQ(Why(ParseSessionId("4294967296", &id)),
+  EXPECT_EQ(Why(ParseSessionId("4294967296", 0, &id)),
             "session id '4294967296' is not a number in 1..4294967295, as 'shmcache -g' "
             "prints; list the sessions with 'shmcache --list_sessions'");
-  EXPECT_EQ(Why(ParseSessionId("-5", &id)),
+  EXPECT_EQ(Why(ParseSessionId("-5", kDefaultPort, &id)),
             "session id '-5' is not a number in 1..4294967295, as 'shmcache -g' prints; "
             "list the sessions with 'shmcache --list_sessions'");
-  EXPECT_EQ(Why(ParseSessionId("0", &id)),
+  EXPECT_EQ(Why(ParseSessionId("0", 0, &id)),
             "session id 0 is no session: ids are 1..4294967295, as 'shmcache -g' prints "
             "(a launcher that could not create a session exports 0); list the sessions "
             "with 'shmcache --list_sessions'");
+  // Another port's sessions are listed and created with -p.
+  EXPECT_EQ(Why(ParseSessionId("x", 51999, &id)),
+            "session id 'x' is not a number in 1..4294967295, as 'shmcache -g -p 51999' "
+            "prints; list the sessions with 'shmcache --list_sessions -p 51999'");
   EXPECT_EQ(id, 7u) << "a refused value stores nothing";
   int n = 7;
   EXPECT_EQ(Why(ParseWorkers("0", &n)), "worker count '0' is not a number in 1..512");
@@ -106,18 +111,22 @@ TEST(OptionChecksTest, MemoryCapBelowOneSegmentNamesTheOption) {
 TEST(OptionChecksTest, PathsMustBeAbsolute) {
   EXPECT_EQ(Why(CheckAbsolutePath("log directory", "/x")), "OK");
   EXPECT_EQ(Why(CheckAbsolutePath("log directory", "x")),
-            "log directory 'x' is not an absolute path");
+            "log directory 'x' is not an absolute path; give one that starts with /");
   EXPECT_EQ(Why(CheckAbsolutePath("shared-memory directory", "")),
-            "shared-memory directory '' is not an absolute path");
+            "shared-memory directory '' is not an absolute path; give one that starts "
+            "with /");
 }
 
 TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
   std::string dir = MakeTempDir(TestTmpRoot(), "spill");
   EXPECT_EQ(Why(CheckSpillDir(dir)), "OK");
-  EXPECT_EQ(Why(CheckSpillDir("relative/dir")),
-            "spill directory 'relative/dir' is not an absolute path");
-  EXPECT_EQ(Why(CheckSpillDir(dir + "/missing")),
-            "spill directory " + dir + "/missing does not exist");
+  EXPECT_EQ(
+      Why(CheckSpillDir("relative/dir")),
+      "spill directory 'relative/dir' is not an absolute path; give one that starts "
+      "with /");
+  EXPECT_EQ(
+      Why(CheckSpillDir(dir + "/missing")),
+      "spill directory " + dir + "/missing does not exist; create it first (mkdir -p)");
   // A file given as the directory: named as what it is (root, who may
   // write it, was told "not writable").
   const std::string file = dir + "/rows.bin";
@@ -126,7 +135,9 @@ TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
             "spill directory " + file + " is not a directory; give -s a directory");
   if (geteuid() != 0) {  // root writes anywhere
     ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
-    EXPECT_EQ(Why(CheckSpillDir(dir)), "spill directory " + dir + " is not writable");
+    EXPECT_EQ(Why(CheckSpillDir(dir)), "spill directory " + dir +
+                                           " is not writable by this user; give -s a "
+                                           "directory it can write");
     chmod(dir.c_str(), 0755);
   }
   RemoveTree(dir);

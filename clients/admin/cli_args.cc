@@ -13,15 +13,19 @@ namespace {
 
 using CommandOption = std::pair<CLI::Option*, Command>;
 
-// The commands, each a flag but -d, which takes the session id.
-std::vector<CommandOption> AddCommands(CommandLine& cl, CliArgs* a) {
+// The commands, each a flag but -d, which takes the session id: read once
+// the whole line is, as the commands its errors suggest need the port,
+// which may come after it (*session_text).
+std::vector<CommandOption> AddCommands(CommandLine& cl, std::string* session_text) {
   return {
       {cl.AddFlag("--start"), Command::kStart},
       {cl.AddFlag("--stop"), Command::kStop},
       {cl.AddFlag("-g,--generate_session"), Command::kGenerate},
-      {cl.AddValue(
-           "-d,--destroy_session",
-           [a](const std::string& v) { return ParseSessionId(v, &a->session_id); }),
+      {cl.AddValue("-d,--destroy_session",
+                   [session_text](const std::string& v) {
+                     *session_text = v;
+                     return Status::OK();
+                   }),
        Command::kDestroy},
       {cl.AddFlag("--list_sessions"), Command::kList},
       {cl.AddFlag("--server_info"), Command::kInfo},
@@ -101,7 +105,8 @@ Exit status: 0 on success, 1 with a one-line message on stderr otherwise.
 
 Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
   CommandLine cl("shmcache", "see 'shmcache --help'");
-  std::vector<CommandOption> commands = AddCommands(cl, a);
+  std::string session_text;
+  std::vector<CommandOption> commands = AddCommands(cl, &session_text);
   cl.AddValue("-h,--hostname", [a](const std::string& v) {
     a->hostname = v;
     return CheckHost(v);
@@ -111,6 +116,9 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
   std::vector<CLI::Option*> start_only = AddServerFlags(cl, &a->server);
   Status s = cl.Parse(argv);
   if (s.ok()) s = TakeCommand(cl, commands, &a->command);
+  if (s.ok() && a->command == Command::kDestroy) {
+    s = ParseSessionId(session_text, a->port, &a->session_id);
+  }
   if (!s.ok()) return s;
   a->json = json->count() > 0;
   if (a->json && a->command != Command::kList && a->command != Command::kInfo &&

@@ -28,18 +28,35 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
-// What the server says it changed or found (a worker count raised to the
-// NUMA nodes, caches it discarded) follows as warnings.
-int RunStart(const CliArgs& a, int port) {
+// MindSpore's banner (started, process id, port, logs), saying what the
+// port is here: no TCP port opens; clients reach the server through the
+// Unix socket in the run dir and map its files in the shm dir, which the
+// server names (it may have mounted a huge-page tmpfs of its own). What the
+// server says it changed or found (a worker count raised to the NUMA
+// nodes, caches it discarded) follows as warnings.
+int RunStart(const CliArgs& a, const ClientOptions& co) {
   StartResult r;
-  Status s = StartServer(a, port, &r);
+  Status s = StartServer(a, co.port, &r);
   if (!s.ok()) return Fail(s.message());
+  ServerInfo info;
+  std::unique_ptr<Client> client;
+  s = Client::Connect(co, &client);
+  if (s.ok()) s = client->GetServerInfo(&info);
+  const std::string shm_dir =
+      s.ok() ? info.shm_dir
+             : fmt::format("the directory 'shmcache --server_info{}' names",
+                           PortArg(co.port));
+  const InstancePaths paths = MakeInstancePaths(co.port, "", "");
   fmt::print(
       "Cache server startup completed successfully!\n"
-      "The cache server daemon has been created as process id {} and is "
-      "listening on port {}.\n"
-      "Workers: {}. Logs: {}\n",
-      r.pid, port, r.workers, r.log_path);
+      "The cache server daemon has been created as process id {} for port {}, which "
+      "names the instance: no TCP port is opened.\n"
+      "Clients connect through the Unix socket {} (run dir {}) and map shared memory in "
+      "{}.\n"
+      "Workers: {}. Logs: {}\n"
+      "Stop it with 'shmcache --stop{}'.\n",
+      r.pid, co.port, s.ok() ? info.socket_path : paths.socket_path, paths.run_dir,
+      shm_dir, r.workers, r.log_path, PortArg(co.port));
   for (const std::string& note : r.notes) fmt::print("Warning: {}\n", note);
   return 0;
 }
@@ -132,11 +149,10 @@ int main(int argc, char** argv) {
   int port;
   s = ResolvePort(a.port, &port);
   if (!s.ok()) return Fail(s.message());
-  if (a.command == Command::kStart) return RunStart(a, port);
-
   ClientOptions co;
   co.port = port;
   co.hostname = a.hostname;
+  if (a.command == Command::kStart) return RunStart(a, co);
   if (a.command == Command::kStop) return RunStop(co, port, a.server.shm_dir);
   std::unique_ptr<Client> client;
   s = Client::Connect(co, &client);

@@ -35,11 +35,33 @@ static std::vector<const StatField*> TableColumns() {
   return columns;
 }
 
+// A name's control characters as \n, \t or \xNN (and a backslash as
+// two), so that a cache stays one line of the table.
+static std::string Escaped(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (ch == '\\') {
+      out += "\\\\";
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (b < 0x20 || b == 0x7f) {
+      out += fmt::format("\\x{:02x}", b);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 // A field's cell: a counter prints as the number it is, 0 included, as
 // --json does; a flag as yes or no.
 static std::string Cell(const StatField& f, const CacheStats& c) {
   if (f.type == StatType::kFlag) return c.*f.flag ? "yes" : "no";
   if (f.type == StatType::kId) return std::to_string(c.*f.id);
+  if (f.type == StatType::kText) return Escaped(c.*f.text);
   return std::to_string(f.Number(c));
 }
 
@@ -49,9 +71,16 @@ std::string SessionsTable(int port, const std::vector<SessionInfo>& sessions) {
   if (sessions.empty()) return "No active sessions.\n";
   constexpr int kSessionWidth = 12;
   const std::vector<const StatField*> columns = TableColumns();
+  // Numbers right-aligned in their width; text (the name, last) after a
+  // gap, as long as it is.
   auto line = [&](const std::string& session, auto&& cell) {
     std::string out = fmt::format("{:>{}}", session, kSessionWidth);
-    for (const StatField* f : columns) out += fmt::format("{:>{}}", cell(*f), f->width);
+    for (const StatField* f : columns) {
+      const std::string text = cell(*f);
+      out += f->type == StatType::kText
+                 ? std::string(f->width - f->title.size(), ' ') + text
+                 : fmt::format("{:>{}}", text, f->width);
+    }
     return out + "\n";
   };
   std::string out = fmt::format("Listing sessions for server on port {}\n\n", port);

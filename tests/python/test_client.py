@@ -84,6 +84,16 @@ def test_session_0_is_no_session_id(server, call):
         "with `shmcache --list_sessions`")
 
 
+def test_session_0_names_the_port_given_in_the_commands(server):
+    """The commands it suggests ask the server on the port the client was
+    given, when it is not the default one (without -p they ask another);
+    Client() with the port of $SHMCACHE_PORT names none (test above)."""
+    with pytest.raises(ValueError) as e:
+        shmcache.Client(port=server.port).destroy_session(0)
+    assert f"as `shmcache -g -p {server.port}` prints" in str(e.value), e.value
+    assert f"`shmcache --list_sessions -p {server.port}`" in str(e.value), e.value
+
+
 def test_open_cache_arguments_are_checked(server, session):
     c = shmcache.Client()
     for kwargs, name in [(dict(name=3), "name"), (dict(fingerprint=None), "fingerprint"),

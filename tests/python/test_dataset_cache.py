@@ -83,6 +83,14 @@ def test_session_0_is_no_session_one_warning_and_rows_from_the_source(
     assert DatasetCache(session).get(2) is None
 
 
+def test_session_0_names_the_port_given_in_the_command_that_creates_one(server):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        DatasetCache(0, port=server.port)
+    (warned,) = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
+    assert f"create one with `shmcache -g -p {server.port}`" in warned, warned
+
+
 def test_no_session_says_where_one_comes_from(monkeypatch):
     for var in ("SHMCACHE_SESSION_ID", "SESSION_ID"):
         monkeypatch.delenv(var, raising=False)

@@ -226,8 +226,12 @@ def test_a_dataset_error_names_the_row_and_the_exception(server, session, kind, 
     (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
     (["--cache_name", ""], "--cache_name must not be empty"),
     # Named as written: it said "Input size_mb is not within ...".
+    (["--size_mb", "-3"], "--size_mb is a number of MB (0: as much as the server "
+                          "allows), got -3"),
     (["--size", "-3"], "--size is a number of MB (0: as much as the server allows), "
                        "got -3"),
+    (["--size", "8", "--size_mb", "16"], "--size 8 and --size_mb 16 disagree: --size "
+                                         "is the old name of --size_mb"),
 ])
 def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     r = run_prefill(server, session, *args)
@@ -235,6 +239,36 @@ def test_bad_arguments_are_one_line_and_exit_1(server, session, args, says):
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("prefill: "), r.stderr
     assert says in r.stderr
     assert server.cache_rows(session) == {}
+
+
+def test_the_line_it_prints_is_the_listings_with_the_name_as_shown_there(server,
+                                                                           session):
+    """The header and the cache's line of --list_sessions, its Name column
+    too: a name with a tab and a backslash is escaped as the CLI escapes it."""
+    r = run_prefill(server, session, "--cache_name", "odd\tname\\here")
+    assert r.returncode == 0, r.stderr
+    header, line = r.stdout.splitlines()
+    listing = server.admin("--list_sessions").stdout.splitlines()
+    assert header.endswith("Full  Name") and header in listing, (header, listing)
+    assert line.endswith("  odd\\tname\\\\here") and line in listing, (line, listing)
+
+
+def budget_mb(server, session, name):
+    (s,) = [s for s in server.sessions() if s["session"] == session]
+    return {c["name"]: c["budget_bytes"] >> 20 for c in s["caches"]}[name]
+
+
+def test_size_mb_sizes_the_cache_and_size_still_does_with_a_warning(server, session):
+    """--size_mb, as DatasetCache(size_mb=) and the rest say it; --size, its
+    old name, still works and says it is deprecated."""
+    r = run_prefill(server, session, "--cache_name", "new", "--size_mb", "8")
+    assert r.returncode == 0, r.stderr
+    assert "deprecated" not in r.stderr
+    assert budget_mb(server, session, "new") == 8
+    r = run_prefill(server, session, "--cache_name", "old", "--size", "12")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("prefill: warning: --size is deprecated: use --size_mb")
+    assert budget_mb(server, session, "old") == 12
 
 
 def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
@@ -246,7 +280,8 @@ def test_a_cache_it_cannot_fill_is_one_line_with_the_fix(server):
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("prefill: no row can be cached: session 0 is no session"), \
         r.stderr
-    assert "create one with `shmcache -g`" in r.stderr
+    # prefill was given -p: the command asks that server too.
+    assert f"create one with `shmcache -g -p {server.port}`" in r.stderr, r.stderr
     assert "read from the source" not in r.stderr and "started?" not in r.stderr
     session = server.new_session()
     server.stop()

@@ -59,7 +59,9 @@ def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_se
     assert "spilling=True" in whole and "--memory_cap_mb" in whole, whole
     assert none_left.count("used up") == 1, none_left
     assert f"of the 16 MB cap" in none_left and f"session {sid}" in none_left, none_left
-    assert "shmcache --list_sessions" in none_left and "shmcache -d" in none_left
+    # The commands ask the server on its port, which is not the default one.
+    assert f"`shmcache --list_sessions -p {s.port}`" in none_left, none_left
+    assert f"`shmcache -d ID -p {s.port}`" in none_left, none_left
     assert "a larger --memory_cap_mb" in none_left, none_left
 
 

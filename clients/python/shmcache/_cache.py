@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from . import _shmcache
 from ._checks import (MAX_INT32, MAX_SIZE_MB, MAX_UINT32, check_id, check_int, check_iterable,
-                      check_names, ids_array, session_from_env)
+                      check_names, ids_array, port_arg, session_from_env)
 from ._degrade import (CacheFigures, CacheWarning, ServerInfo, State, cap_bound,
                        describe)
 from ._read_into import batch_targets
@@ -335,7 +335,7 @@ class DatasetCache:
             # its source, even when some server of this user answers here.
             self.bypass("session 0 is no session (sessions are non-zero; a launcher "
                         "that could not create one, such as the Slurm prolog, "
-                        "exports 0): create one with `shmcache -g`")
+                        f"exports 0): create one with `shmcache -g{port_arg(self.port)}`")
             return
         try:
             self._connect().check_session(self.session_id)

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .rows import MAX_NAME_BYTES, MAX_ROW_ID
+from .rows import DEFAULT_PORT, MAX_NAME_BYTES, MAX_ROW_ID
 
 __all__ = ["MAX_INT32", "MAX_UINT32", "MAX_SIZE_MB", "SESSION_ENV", "check_int", "check_id",
-           "check_iterable", "check_names", "check_type", "ids_array", "session_from_env"]
+           "check_iterable", "check_names", "check_type", "ids_array", "port_arg",
+           "session_from_env"]
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT32 = 2**32 - 1
@@ -25,6 +26,14 @@ MAX_SIZE_MB = (2**63 - 1) >> 20
 # Where DatasetCache() finds its session: the first of these that is set
 # (SESSION_ID is what scripts/cache.sh exported first).
 SESSION_ENV = ("SHMCACHE_SESSION_ID", "SESSION_ID")
+
+
+def port_arg(port: int | None) -> str:
+    """" -p N" for a `shmcache` command a message suggests, so that it asks
+    the server on `port`; "" for the default port and for None or 0 (the
+    port of $SHMCACHE_PORT, which the command reads too), as the admin CLI's
+    PortArg (format/instance.h)."""
+    return "" if not port or port == DEFAULT_PORT else f" -p {port}"
 
 
 def _not_of_type(name: str, value: Any, kind: str) -> TypeError:

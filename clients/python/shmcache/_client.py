@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from . import _shmcache
-from ._checks import MAX_INT32, MAX_UINT32, check_int, check_type
+from ._checks import MAX_INT32, MAX_UINT32, check_int, check_type, port_arg
 from .rows import MAX_PORT, MIN_PORT
 
 __all__ = ["Client"]
@@ -37,18 +37,19 @@ class Client(_shmcache.Client):
         check_type("run_dir", run_dir, str)
         check_int("timeout_ms", timeout_ms, 1, MAX_INT32)
         super().__init__(int(port), hostname, run_dir, int(timeout_ms))
+        self._port = int(port)   # for the commands its messages suggest
 
     def destroy_session(self, id: int, /) -> None:
-        _check_session_id(id)
+        _check_session_id(id, self._port)
         super().destroy_session(int(id))
 
     def check_session(self, id: int, /) -> None:
-        _check_session_id(id)
+        _check_session_id(id, self._port)
         super().check_session(int(id))
 
     def open_cache(self, session_id: int, name: str, fingerprint: str,
                    size_mb: int = 0, spill_requested: bool = False) -> _shmcache.Cache:
-        _check_session_id(session_id)
+        _check_session_id(session_id, self._port)
         check_type("name", name, str)
         check_type("fingerprint", fingerprint, str)
         check_int("size_mb", size_mb, 0, 2**64 - 1)
@@ -57,13 +58,15 @@ class Client(_shmcache.Client):
                                   spill_requested)
 
 
-def _check_session_id(id: int) -> None:
+def _check_session_id(id: int, port: int) -> None:
     """A session id the server could hold, as `shmcache -d` checks it: the
     server makes no session 0, so 0 is a ValueError, not a NotFoundError
-    for a session that is gone."""
+    for a session that is gone. The commands it names ask the server on
+    `port`."""
     check_int("session_id", id, 0, MAX_UINT32)
     if id == 0:
+        p = port_arg(port)
         raise ValueError(f"session_id 0 is no session: ids are 1..{MAX_UINT32}, as "
-                         "`shmcache -g` prints (a launcher that could not create a "
+                         f"`shmcache -g{p}` prints (a launcher that could not create a "
                          "session exports 0); list the sessions with "
-                         "`shmcache --list_sessions`")
+                         f"`shmcache --list_sessions{p}`")

@@ -10,6 +10,7 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ._checks import port_arg
 from ._shmcache import (AlreadyExistsError, Error, FullError, NotFoundError,
                         PermissionDeniedError, UnavailableError)
 
@@ -143,11 +144,12 @@ def _cap_fix(reason: str, info: ServerInfo) -> str:
                + (f" and {len(sessions) - 8} more" if len(sessions) > 8 else ""))
     still = (f", destroyed sessions that processes still map {held:.1f} MB (freed "
              f"when they exit)" if held >= 0.1 else "")
+    p = port_arg(info.get("port"))
     return (f"the caches of {holders} hold "
             f"{used - held:.1f} MB of the {cap} MB cap "
             f"({bound}: {where}){still}: see what each session holds with "
-            f"`shmcache --list_sessions` and destroy those no longer used "
-            f"(`shmcache -d ID`), or {raise_it}")
+            f"`shmcache --list_sessions{p}` and destroy those no longer used "
+            f"(`shmcache -d ID{p}`), or {raise_it}")
 
 
 def cap_bound(info: ServerInfo) -> tuple[str, str, str]:

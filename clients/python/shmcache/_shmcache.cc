@@ -626,6 +626,7 @@ PYBIND11_MODULE(_shmcache, m) {
   m.attr("MAX_ROW_ID") = shmcache::kMaxRowId;
   m.attr("MIN_PORT") = shmcache::kMinPort;
   m.attr("MAX_PORT") = shmcache::kMaxPort;
+  m.attr("DEFAULT_PORT") = shmcache::kDefaultPort;
   m.attr("MAX_NAME_BYTES") = shmcache::kMaxNameBytes;
   {
     py::list names;

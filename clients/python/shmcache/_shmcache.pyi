@@ -15,6 +15,7 @@ __version__: str
 MAX_ROW_ID: int
 MIN_PORT: int
 MAX_PORT: int
+DEFAULT_PORT: int
 MAX_NAME_BYTES: int
 STAT_FIELDS: tuple[str, ...]
 MAX_COLUMNS: int

@@ -1,7 +1,7 @@
 """Fill a cache from a dataset before training, with N worker processes.
 
   python3 -m shmcache.prefill DATASET [--session_id S] [-j N] [-p PORT]
-      [--transform MODULE:FUNCTION] [--cache_name NAME] [--size MB]
+      [--transform MODULE:FUNCTION] [--cache_name NAME] [--size_mb MB]
       [--spilling] [--progress_interval SECONDS]
 
 DATASET is named as in the cache.sh workflow:
@@ -10,7 +10,7 @@ DATASET is named as in the cache.sh workflow:
   another directory: torchvision's ImageFolder(DIR, transform=FUNCTION)
     (--transform MODULE:FUNCTION, optional);
   MODULE:FACTORY: FACTORY() returns any map-style dataset.
-Rows go to the cache that CachedDataset(dataset, DatasetCache(S, size,
+Rows go to the cache that CachedDataset(dataset, DatasetCache(S, size_mb,
 spilling), name=NAME) uses (name default: the dataset's fingerprint), so a
 trainer that wraps the same dataset hits them.
 
@@ -459,18 +459,37 @@ def prefill(dataset: Any, cache: DatasetCache, workers: int = 2,
     return res
 
 
+def _shown_name(name: str) -> str:
+    """A cache name as the table shows it: control characters as \\n, \\t
+    or \\xNN and a backslash as two (clients/admin/output.cc)."""
+    out = []
+    for ch in name:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7f:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def session_lines(port: int | None, session_id: int, cache_id: int) -> list[str]:
     """The header and this cache's line of `shmcache --list_sessions`."""
-    fmt = "{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}"
+    fmt = "{:>12}{:>12}{:>12}{:>13}{:>16}{:>10}{:>12}{:>12}{:>6}  {}"
     lines = [fmt.format("Session", "Cache Id", "Mem cached", "Disk cached",
-                        "Avg cache size", "Numa hit", "Hits", "Misses", "Full")]
+                        "Avg cache size", "Numa hit", "Hits", "Misses", "Full",
+                        "Name")]
     for s in Client(port=port or 0).list_sessions():
         for c in s["caches"]:
             if s["session_id"] == session_id and c["cache_id"] == cache_id:
                 lines.append(fmt.format(
                     session_id, cache_id, c["mem_rows"], c["disk_rows"],
                     c["avg_row_bytes"], c["numa_hits"], c["hits"], c["misses"],
-                    "yes" if c["full"] else "no"))
+                    "yes" if c["full"] else "no", _shown_name(c["name"])))
     return lines
 
 
@@ -504,8 +523,11 @@ def _parse(argv):
     p.add_argument("--transform", help="MODULE:FUNCTION for an image folder")
     p.add_argument("--cache_name", help="the cache's name (default: the "
                    "dataset's fingerprint, as CachedDataset names it)")
-    p.add_argument("--size", type=int, default=0, help="cache size in MB (0: "
-                   "as much as the server allows)")
+    p.add_argument("--size_mb", type=int, default=None, metavar="MB", help="the cache's size "
+                   "in MB, as DatasetCache(size_mb=) takes it (default 0: as much as "
+                   "the server allows)")
+    p.add_argument("--size", type=int, default=None, metavar="MB",
+                   help="deprecated: the old name of --size_mb")
     p.add_argument("--spilling", action="store_true",
                    help="rows that do not fit in memory spill to the server's "
                    "spill directory (`shmcache --start -s DIR`) instead of being "
@@ -523,15 +545,32 @@ def _parse(argv):
             p.error(str(e))
     if a.workers < 1:
         raise BadInput(f"-j/--workers must be at least 1, got {a.workers}")
-    if a.size < 0:
-        raise BadInput(f"--size is a number of MB (0: as much as the server allows), "
-                       f"got {a.size}")
+    _take_size_mb(a)
     if a.progress_interval <= 0:
         raise BadInput("--progress_interval must be positive")
     if a.cache_name is not None and not a.cache_name:
         raise BadInput("--cache_name must not be empty (leave it out to name the "
                        "cache by the dataset's fingerprint, as CachedDataset does)")
     return a
+
+
+def _take_size_mb(a):
+    """a.size_mb from --size_mb, or from --size (its old name: still taken,
+    with a warning on stderr); its refusal names the flag as written."""
+    given = "--size_mb"
+    if a.size is not None:
+        if a.size_mb is not None and a.size_mb != a.size:
+            raise BadInput(f"--size {a.size} and --size_mb {a.size_mb} disagree: "
+                           "--size is the old name of --size_mb; give --size_mb only")
+        given, a.size_mb = "--size", a.size
+    if a.size_mb is None:
+        a.size_mb = 0
+    if a.size_mb < 0:
+        raise BadInput(f"{given} is a number of MB (0: as much as the server allows), "
+                       f"got {a.size_mb}")
+    if given == "--size":
+        print("prefill: warning: --size is deprecated: use --size_mb, the name "
+              "DatasetCache(size_mb=) and the rest of shmcache use", file=sys.stderr)
 
 
 def _open_cache(a, dataset):
@@ -542,7 +581,7 @@ def _open_cache(a, dataset):
     # main(), and recorded their warnings as the cache's).
     with quietly(CacheWarning):
         try:
-            base = DatasetCache(a.session_id, size_mb=a.size, spilling=a.spilling,
+            base = DatasetCache(a.session_id, size_mb=a.size_mb, spilling=a.spilling,
                                 port=a.port)
             cache = open_dataset_cache(cache_for_dataset(dataset, base, a.cache_name))
         except (TypeError, ValueError, RuntimeError) as e:
@@ -570,7 +609,7 @@ def _report(res, cache, port):
         return 128 + res.signal
     if res.full:
         print(f"prefill: the cache stopped taking rows (full): {counts}, "
-              f"{res.missing} missing; raise --size or the server's memory cap",
+              f"{res.missing} missing; raise --size_mb or the server's memory cap",
               file=sys.stderr)
         return 1
     if res.failed or res.dead_workers or res.missing:

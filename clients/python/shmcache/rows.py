@@ -34,13 +34,14 @@ from typing import Any, Union
 
 import numpy.typing as npt
 
-from ._shmcache import (DTYPES, LOCAL_HOSTS, MAX_COLUMNS, MAX_NAME_BYTES, MAX_PORT,
-                        MAX_ROW_ID, MIN_PORT, NUMBER_TAG, ROW_FORMAT, decode, encode,
-                        row_kind, split_name)
+from ._shmcache import (DEFAULT_PORT, DTYPES, LOCAL_HOSTS, MAX_COLUMNS, MAX_NAME_BYTES,
+                        MAX_PORT, MAX_ROW_ID, MIN_PORT, NUMBER_TAG, ROW_FORMAT, decode,
+                        encode, row_kind, split_name)
 
 __all__ = ["Column", "Array", "ColumnSelection", "encode", "decode", "row_kind",
            "split_name",
-           "torch_dtype", "column_names", "DTYPES", "LOCAL_HOSTS", "MAX_COLUMNS",
+           "torch_dtype", "column_names", "DEFAULT_PORT", "DTYPES", "LOCAL_HOSTS",
+           "MAX_COLUMNS",
            "MAX_NAME_BYTES", "MAX_PORT", "MAX_ROW_ID", "MIN_PORT", "NUMBER_TAG", "POS",
            "ROW_FORMAT"]
 
