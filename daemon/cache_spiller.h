@@ -70,7 +70,9 @@ class CacheSpiller {
   Status WriteStaged(uint32_t cache_id, std::span<const std::byte> stage,
                      std::span<const uint64_t> ids, std::span<const uint32_t> sizes);
   // Rows ids[i] of cache `cache_id` into (*rows)[i], with (*statuses)[i]
-  // as SpillStore::MultiGet says. NotFound without a store.
+  // as SpillStore::MultiGet says, or Corruption for a value read whole
+  // that is not a whole row of its id (RowCodec::IsRowOf): what the caller
+  // drops (Store::SpillGet). NotFound without a store.
   Status Get(uint32_t cache_id, std::span<const uint64_t> ids,
              std::vector<std::string>* rows, std::vector<Status>* statuses);
   // Deletes the spilled rows of `cache_id`; OK without a store.

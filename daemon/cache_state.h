@@ -86,6 +86,12 @@ class CacheState {
   // serve them): they read as misses and can be put again. Returns how many;
   // the disk_rows statistic starts again from 0.
   uint64_t DropSpilledRows();
+  // Withdraws spilled row `row_id` from the index (it failed its check on
+  // disk, Store::SpillGet): it reads as a miss and a put stores it again.
+  // `bytes`: its size as stored, 0 when unknown (then the spilled rows'
+  // mean leaves disk_bytes). False when the index holds no spilled row of
+  // that id (dropped already).
+  bool DropSpilledRow(uint64_t row_id, uint64_t bytes);
   // True when spilling was requested and has not stopped
   // (layout::kStateSpillEnabled), full or not.
   bool spill_enabled() const;

@@ -2,6 +2,8 @@
 // of rows that are there.
 #include "daemon/cache_state.h"
 
+#include <algorithm>
+
 #include "format/index_table.h"
 
 namespace shmcache {
@@ -33,6 +35,21 @@ uint64_t CacheState::DropSpilledRows() {
     slot.disk_bytes.store(0, std::memory_order_relaxed);
   }
   return dropped;
+}
+
+bool CacheState::DropSpilledRow(uint64_t row_id, uint64_t bytes) {
+  if (header_ == nullptr || destroyed_) return false;
+  bool dropped = false;
+  for (IndexTable& t : index_) dropped = t.RetireSpilledKey(row_id) || dropped;
+  if (!dropped) return false;
+  layout::StatsSlot& daemon = header_->stats[0];
+  const uint64_t rows = daemon.disk_rows.load(std::memory_order_relaxed);
+  const uint64_t disk = daemon.disk_bytes.load(std::memory_order_relaxed);
+  if (rows == 0) return true;
+  if (bytes == 0) bytes = disk / rows;  // unreadable: as much as the mean row
+  daemon.disk_rows.store(rows - 1, std::memory_order_relaxed);
+  daemon.disk_bytes.store(disk - std::min(bytes, disk), std::memory_order_relaxed);
+  return true;
 }
 
 Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes, MemoryAccount* account,

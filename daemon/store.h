@@ -111,7 +111,12 @@ class Store {
   // publishes it. Full when the cache does not spill (or stopped).
   Status SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
                   bool* inserted) EXCLUDES(mu_);
-  // (*statuses)[i] as SpillStore::MultiGet says.
+  // (*statuses)[i] as CacheSpiller::Get says, but for a row that failed
+  // its check (a table block failing its checksum, bytes that are not the
+  // row): the row is dropped from the cache's index (DropCorruptRow) and
+  // its Corruption says so. Only the daemon writes the spill database and
+  // the trainer that reads the row as a miss puts it again, so it is
+  // replaced by a healthy copy, or stays absent.
   Status SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
                   std::vector<std::string>* rows, std::vector<Status>* statuses)
       EXCLUDES(mu_);
@@ -146,6 +151,11 @@ class Store {
   // server does not spill): what a staged spill asks first.
   Status SpillingCacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   void CountSpillReads(uint32_t cache_id, uint64_t n) EXCLUDES(mu_);
+  // Drops spilled row `row_id` (`bytes` as read, 0 when unreadable), which
+  // failed its check for `why`, logging it once; the row's Corruption for
+  // the reader.
+  Status DropCorruptRow(uint32_t cache_id, uint64_t row_id, uint64_t bytes,
+                        const Status& why) EXCLUDES(mu_);
   // Background threads making caches' next segments and supplying their
   // pages ahead of need (see SegmentJob), one job each at a time; the first
   // (`polls`) also re-checks ended connections whose process was still

@@ -90,11 +90,32 @@ Status Store::SpillGet(uint32_t cache_id, std::span<const uint64_t> ids,
   // RocksDB is thread-safe; reads need not hold the store's lock. A cache
   // destroyed meanwhile yields misses.
   Status s = spiller_.Get(cache_id, ids, rows, statuses);
-  if (s.ok()) {
-    CountSpillReads(cache_id, std::count_if(statuses->begin(), statuses->end(),
-                                            [](const Status& r) { return r.ok(); }));
+  if (!s.ok()) return s;
+  CountSpillReads(cache_id, std::count_if(statuses->begin(), statuses->end(),
+                                          [](const Status& r) { return r.ok(); }));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!(*statuses)[i].ok() && !(*statuses)[i].IsNotFound()) {
+      (*statuses)[i] =
+          DropCorruptRow(cache_id, ids[i], (*rows)[i].size(), (*statuses)[i]);
+    }
   }
-  return s;
+  return Status::OK();
+}
+
+Status Store::DropCorruptRow(uint32_t cache_id, uint64_t row_id, uint64_t bytes,
+                             const Status& why) {
+  MutexLock lock(&mu_);
+  CacheState* c;
+  if (!CacheFor(cache_id, &c).ok()) return why;  // destroyed meanwhile
+  const bool dropped = c->DropSpilledRow(row_id, bytes);
+  if (dropped) {
+    log_->Warn("{}: spilled row {} failed its check when read back, dropped: {}",
+               c->Label(), row_id, why.ToString());
+  }
+  return Status::Corruption(fmt::format(
+      "spilled row {} of cache {} failed its check on disk ({}); the server dropped it "
+      "from the cache: it is a miss until it is put again",
+      row_id, cache_id, why.ToString()));
 }
 
 Status Store::SpillingCacheFor(uint32_t cache_id, CacheState** out) {

@@ -81,4 +81,22 @@ uint64_t IndexTable::RetireSpilled() {
   return retired;
 }
 
+bool IndexTable::RetireSpilledKey(uint64_t key) {
+  uint64_t i = Home(key);
+  for (uint64_t probes = 0; probes <= mask_; ++probes, i = (i + 1) & mask_) {
+    layout::Slot& s = slots_[i];
+    uint64_t loc = s.loc.load(std::memory_order_acquire);
+    if (loc == layout::kEmpty) return false;
+    if (loc == layout::kClaimed || loc == layout::kRetired ||
+        s.key.load(std::memory_order_relaxed) != key) {
+      continue;
+    }
+    // The key's one published slot: a row in memory is not this call's.
+    return (loc & layout::kSpilledBit) &&
+           s.loc.compare_exchange_strong(loc, layout::kRetired,
+                                         std::memory_order_acq_rel);
+  }
+  return false;
+}
+
 }  // namespace shmcache

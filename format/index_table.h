@@ -75,6 +75,10 @@ class IndexTable {
   // Retires every slot holding a spilled location (layout::kSpilledBit);
   // returns how many. Safe while others Find and Insert.
   uint64_t RetireSpilled();
+  // Retires the slot of `key` when it holds a spilled location (its row
+  // failed its check on disk); false when it holds none. Safe as
+  // RetireSpilled is.
+  bool RetireSpilledKey(uint64_t key);
 
   uint64_t capacity() const { return mask_ + 1; }
   uint64_t claimed() const { return header_->claimed.load(std::memory_order_relaxed); }

@@ -39,8 +39,10 @@ inline constexpr uint64_t kMaxLeaseBytes = 1ULL << 33;
 // Spilled-row reads are batched: at most this many ids per request. Each
 // answer is one of the kSpill* markers, followed by the row for kSpillFound
 // and by what went wrong for kSpillFailed (a row whose own read failed, its
-// table block failing its checksum: the rows beside it are still answered;
-// since version 7).
+// table block failing its checksum, or whose bytes are not the row: the
+// rows beside it are still answered; since version 7). The daemon has then
+// dropped the row from the index (Store::SpillGet), which the client
+// reports as Status::RowDropped; the frame is the same as in version 7.
 inline constexpr uint32_t kMaxSpillBatch = 1024;
 inline constexpr uint8_t kSpillAbsent = 0;
 inline constexpr uint8_t kSpillFound = 1;

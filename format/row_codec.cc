@@ -163,6 +163,11 @@ void RowCodec::Encode(uint64_t key, std::span<const ColumnRef> columns, std::byt
 
 uint64_t RowCodec::KeyOf(const RowView& v) { return Load<uint64_t>(v.bytes_.data() + 8); }
 
+bool RowCodec::IsRowOf(const std::byte* p, size_t n, uint64_t key) {
+  RowView view;
+  return Decode(p, n, &view).ok() && view.encoded().size() == n && KeyOf(view) == key;
+}
+
 Status RowCodec::Decode(const std::byte* p, size_t max_bytes, RowView* out) {
   if (max_bytes < kRowHeaderBytes) return Status::Corruption("row truncated");
   uint32_t total = Load<uint32_t>(p);

@@ -77,6 +77,10 @@ class RowCodec {
     return true;
   }
   static uint64_t KeyOf(const RowView& v);
+  // Whether the n bytes at p are exactly one whole row (Decode) of id
+  // `key`: what a row from outside (a client's put, the spill store's
+  // read) must be before it is believed.
+  static bool IsRowOf(const std::byte* p, size_t n, uint64_t key);
   // Copies a whole row into out (reusing its buffer); a large one with
   // streaming stores (row_copy.h).
   // The view is set before the bytes are copied: on the hit path nothing

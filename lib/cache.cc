@@ -93,6 +93,7 @@ Status Cache::ViewBatchUncounted(std::span<const uint64_t> ids, std::span<RowVie
 bool Cache::Contains(uint64_t id) { return impl_->Contains(id); }
 Status Cache::GetStats(CacheStats* out) { return impl_->GetStats(out); }
 bool Cache::IsFull() const { return impl_->IsFull(); }
+uint64_t Cache::SpilledRowsDropped() const { return impl_->SpilledRowsDropped(); }
 uint32_t Cache::cache_id() const { return impl_->cache_id(); }
 uint32_t Cache::session_id() const { return impl_->session_id(); }
 void Cache::Close() { impl_->Close(); }

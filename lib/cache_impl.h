@@ -66,6 +66,9 @@ class CacheImpl {
   bool Contains(uint64_t id);
   Status GetStats(CacheStats* out);
   bool IsFull() const;
+  uint64_t SpilledRowsDropped() const {
+    return rows_dropped_.load(std::memory_order_relaxed);
+  }
   void Close();
 
   uint32_t cache_id() const { return cache_id_; }
@@ -160,6 +163,7 @@ class CacheImpl {
   const ShmFile header_file_;
   layout::CacheHeader* const header_;
   std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> rows_dropped_{0};  // RowDropped answers (Get)
   TableSet tables_;
   SegmentSet segments_;
   StatsLanes stats_;

@@ -99,6 +99,9 @@ Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
                               size_t* disk_bytes) {
   *inserted = false;
   *disk_bytes = 0;
+  // Cached already: the first writer won (cache.h), full cache or not; no
+  // refusal, so it ends no batch and counts in no puts_full.
+  if (loc != layout::kEmpty) return Status::OK();
   Status full;  // why a full cache refuses the row; OK while it is not full
   if (uint32_t state = header_->state.load(std::memory_order_relaxed);
       layout::IsFull(state)) {
@@ -107,7 +110,6 @@ Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
                      "cache {} is full: the server's memory cap is used up", cache_id_))
                : Status::Full(fmt::format("cache {} is full", cache_id_));
   }
-  if (loc != layout::kEmpty) return full;
   size_t size;
   Status s = RowCodec::EncodedSize(columns, &size);
   if (!s.ok()) return s;

@@ -25,6 +25,7 @@ Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
     if (project) target = &disk_row;
     Status s;
     FetchSpilled(std::span(&id, 1), &target, &s);
+    if (s.IsNotFound() && count) stats_.CountRead(false, 0);
     if (!s.ok()) return s;
     if (project) s = RowCodec::Project(disk_row.view(), columns, out);
     if (s.ok() && count) stats_.CountRead(true, -1);
@@ -194,6 +195,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
       if (got[k].ok()) {
         ++spilled_hits;
       } else {
+        if (got[k].IsNotFound()) ++misses;  // absent, or dropped (RowDropped)
         rows[where[k]].view_ = RowView();
       }
       statuses[where[k]] = std::move(got[k]);

@@ -113,8 +113,10 @@ void CacheImpl::FetchSpilledFromDaemon(std::span<const uint64_t> ids, Row* const
       if (a.mark == protocol::kSpillAskAgain) break;
       const size_t k = done + answered++;
       if (a.mark == protocol::kSpillFailed) {
-        statuses[k] = Status::IOError(
-            std::string(reinterpret_cast<const char*>(a.row.data()), a.row.size()));
+        // The daemon dropped the row (Store::SpillGet): a miss now.
+        statuses[k] = Status::RowDropped(
+            std::string_view(reinterpret_cast<const char*>(a.row.data()), a.row.size()));
+        rows_dropped_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
       if (a.mark != protocol::kSpillFound) {

@@ -13,6 +13,25 @@
 namespace shmcache::test {
 namespace {
 
+// A cache of 8 MB filled with rows 0, 1, ... of kRowBytes until one was
+// refused (refused_).
+class FullCacheTest : public IntegrationTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(IntegrationTest::SetUp());
+    Attach(&client_, &cache_, "small", /*size_mb=*/8);
+    Status s;
+    for (refused_ = 0; refused_ < 10000; ++refused_) {
+      s = PutPattern(*cache_, refused_, 0, kRowBytes);
+      if (!s.ok()) break;
+    }
+    ASSERT_TRUE(s.IsFull()) << s.ToString();
+  }
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Cache> cache_;
+  uint64_t refused_ = 0;
+};
+
 TEST_F(IntegrationTest, FirstWriterWinsInOneProcess) {
   std::unique_ptr<Client> client;
   std::unique_ptr<Cache> cache;
@@ -91,17 +110,9 @@ TEST_F(IntegrationTest, FirstWriterWinsAcrossProcesses) {
   EXPECT_EQ(WaitChild(kid), 0);
 }
 
-TEST_F(IntegrationTest, FullCacheRefusesRowsAndKeepsServing) {
-  std::unique_ptr<Client> client;
-  std::unique_ptr<Cache> cache;
-  Attach(&client, &cache, "small", /*size_mb=*/8);
-  Status s;
-  uint64_t id = 0;
-  for (; id < 10000; ++id) {
-    s = PutPattern(*cache, id, 0, kRowBytes);
-    if (!s.ok()) break;
-  }
-  ASSERT_TRUE(s.IsFull()) << s.ToString();
+TEST_F(FullCacheTest, RefusesRowsAndKeepsServing) {
+  Cache* cache = cache_.get();
+  const uint64_t id = refused_;
   EXPECT_TRUE(cache->IsFull());
   EXPECT_GT(id, 2000u) << "most of 8 MB holds 3 KB rows";
   Row row;
@@ -117,6 +128,49 @@ TEST_F(IntegrationTest, FullCacheRefusesRowsAndKeepsServing) {
   ASSERT_TRUE(cache->GetStats(&st).ok());
   EXPECT_TRUE(st.full);
   EXPECT_LE(st.mem_bytes, st.budget_bytes);
+}
+
+// A put of an id already cached is a success that stores nothing (the
+// first writer wins, cache.h), in a full cache as in any other: it is no
+// refusal, counts in no puts_full and ends no batch. A batch that puts
+// rows the cache holds beside new ones (a DataLoader worker putting back
+// a batch another worker stored) is refused only for the new ones.
+TEST_F(FullCacheTest, ARowAlreadyCachedIsPutAsOk) {
+  Cache* cache = cache_.get();
+  const uint64_t refused = refused_;
+  CacheStats before;
+  ASSERT_TRUE(cache->GetStats(&before).ok());
+  ASSERT_TRUE(before.full);
+
+  bool inserted = true;
+  Status s = PutPattern(*cache, 0, 0, kRowBytes, &inserted);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(inserted);
+
+  // Cached, cached, new: only the new one is refused.
+  const std::vector<uint64_t> ids{1, 2, refused};
+  std::vector<uint8_t> bytes(kRowBytes, 7);
+  const int64_t shape = static_cast<int64_t>(bytes.size());
+  const ColumnRef col{"data", DType::kUInt8, std::span(&shape, 1), bytes.data(),
+                      bytes.size()};
+  const std::vector<std::span<const ColumnRef>> rows(ids.size(), std::span(&col, 1));
+  std::vector<Status> statuses(ids.size());
+  bool added[3] = {true, true, true};
+  ASSERT_TRUE(cache->PutBatch(ids, rows, statuses, added).ok());
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+  EXPECT_TRUE(statuses[1].ok()) << statuses[1].ToString();
+  EXPECT_TRUE(statuses[2].IsFull()) << statuses[2].ToString();
+  EXPECT_FALSE(added[0] || added[1] || added[2]);
+
+  CacheStats after;
+  ASSERT_TRUE(cache->GetStats(&after).ok());
+  EXPECT_EQ(after.puts_full, before.puts_full + 1) << "only the new row was refused";
+  EXPECT_EQ(after.mem_rows, before.mem_rows);
+  Row row;
+  for (uint64_t i : {0, 1, 2}) {
+    ASSERT_TRUE(cache->Get(i, &row).ok()) << i;
+    EXPECT_TRUE(RowMatches(row, i, 0, kRowBytes)) << "row " << i << " was replaced";
+  }
 }
 
 }  // namespace

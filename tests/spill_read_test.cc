@@ -21,7 +21,9 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <rocksdb/db.h>
 
+#include "format/spill_format.h"
 #include "shmcache/client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/row_pattern.h"
@@ -85,17 +87,31 @@ uint64_t FirstSpilled(Cache* cache, uint64_t n) {
 // 1 MB of memory, 2.5 MB of rows: the rest is on disk.
 constexpr uint64_t kRows = 600;
 
+// A server spilling into a directory, and a cache of a session of it
+// holding rows [0, kRows); `spilled`: the first of them on disk.
+struct Filled {
+  std::unique_ptr<TestServer> server;
+  uint32_t session = 0;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  uint64_t spilled = 0;
+};
+
+void StartFilled(const std::string& spill, Filled* f) {
+  f->server = std::make_unique<TestServer>(WithArgs({"-s", spill}));
+  ASSERT_TRUE(f->server->ok()) << f->server->start_result().Describe();
+  f->session = f->server->NewSession();
+  ASSERT_TRUE(OpenSpilling(*f->server, f->session, &f->client, &f->cache).ok());
+  ASSERT_TRUE(PutRows(f->cache.get(), 0, kRows));
+  f->spilled = FirstSpilled(f->cache.get(), kRows);
+}
+
 TEST(SpillReadTest, SpilledRowsReadRightWhileTheDaemonIsKilledAndRestarted) {
   std::string spill = MakeTempDir(TestTmpRoot(), "spill");
   {
-    auto first = std::make_unique<TestServer>(WithArgs({"-s", spill}));
-    ASSERT_TRUE(first->ok()) << first->start_result().Describe();
-    const uint32_t session = first->NewSession();
-    std::unique_ptr<Client> client;
-    std::unique_ptr<Cache> cache;
-    ASSERT_TRUE(OpenSpilling(*first, session, &client, &cache).ok());
-    ASSERT_TRUE(PutRows(cache.get(), 0, kRows));
-    const uint64_t spilled = FirstSpilled(cache.get(), kRows);
+    Filled filled;
+    ASSERT_NO_FATAL_FAILURE(StartFilled(spill, &filled));
+    auto& [first, session, client, cache, spilled] = filled;
     for (uint64_t id = spilled; id < kRows; ++id) {
       ASSERT_EQ(ReadRow(cache.get(), id), Read::kRight) << id;
     }
@@ -121,6 +137,66 @@ TEST(SpillReadTest, SpilledRowsReadRightWhileTheDaemonIsKilledAndRestarted) {
     }
     cache.reset();
     writer.reset();
+    EXPECT_EQ(second.Stop().exit_code, 0);
+  }
+  RemoveTree(spill);
+}
+
+// The one database in `spill` (the instance's: SpillDbPath).
+std::string SpillDbIn(const std::string& spill) {
+  for (const auto& e : std::filesystem::directory_iterator(spill)) {
+    if (e.is_directory()) return e.path();
+  }
+  return "";
+}
+
+TEST(SpillReadTest, ASpilledRowThatIsNotTheRowIsDroppedAndTheOthersRead) {
+  // Bytes that pass RocksDB's checks but are not the row: written into the
+  // database while the daemon was down (the row cut short), then read by a
+  // restarted daemon that adopted the cache. The codec's check finds it.
+  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  {
+    Filled filled;
+    ASSERT_NO_FATAL_FAILURE(StartFilled(spill, &filled));
+    auto& [first, session, client, cache, spilled] = filled;
+    const uint64_t bad = (spilled + kRows) / 2;
+    first->Kill();
+    {
+      rocksdb::DB* raw = nullptr;
+      rocksdb::Status s = rocksdb::DB::Open(SpillDbOptions(), SpillDbIn(spill), &raw);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      std::unique_ptr<rocksdb::DB> db(raw);
+      std::string row;
+      ASSERT_TRUE(
+          db->Get(rocksdb::ReadOptions(), SpillKey(cache->cache_id(), bad).slice(), &row)
+              .ok());
+      row.resize(row.size() / 2);
+      ASSERT_TRUE(
+          db->Put(rocksdb::WriteOptions(), SpillKey(cache->cache_id(), bad).slice(), row)
+              .ok());
+      ASSERT_TRUE(db->Close().ok());
+    }
+    TestServer second(SameInstance(*first, {"-s", spill}));
+    ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+    Row got;
+    Status s;
+    // The first call after the kill finds its connection broken.
+    ASSERT_TRUE(WaitFor([&] { return !(s = cache->Get(bad, &got)).IsUnavailable(); }));
+    EXPECT_TRUE(s.IsRowDropped()) << s.ToString();
+    EXPECT_NE(s.message().find(fmt::format("row {} ", bad)), std::string::npos)
+        << s.ToString();
+    EXPECT_EQ(cache->SpilledRowsDropped(), 1u);
+    s = cache->Get(bad, &got);
+    EXPECT_TRUE(s.IsNotFound() && !s.IsRowDropped()) << s.ToString();
+    for (uint64_t id = spilled; id < kRows; ++id) {
+      if (id == bad) continue;
+      std::string error;
+      ASSERT_EQ(ReadRow(cache.get(), id, &error), Read::kRight) << id << " " << error;
+    }
+    ASSERT_TRUE(PutRows(cache.get(), bad, bad + 1));
+    std::string error;
+    EXPECT_EQ(ReadRow(cache.get(), bad, &error), Read::kRight) << error;
+    cache.reset();
     EXPECT_EQ(second.Stop().exit_code, 0);
   }
   RemoveTree(spill);
@@ -245,10 +321,12 @@ std::vector<std::pair<std::string, size_t>> FindInTables(
   return at;
 }
 
-TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsAnErrorAndTheOthersRead) {
+TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsDroppedAndTheOthersRead) {
   // 3 KB rows (read by MultiGet) and 128 KB rows (by iterator seeks), each
   // size a cache and a server of its own; a bit of one spilled row flipped
-  // in its table file, as a bad disk would.
+  // in its table file, as a bad disk would. The read that meets it is told
+  // (RowDropped, counted as a miss), the daemon drops it, every later read
+  // is a plain miss until the row is put again, and every other row reads.
   for (const size_t row_bytes : {size_t{3} << 10, size_t{128} << 10}) {
     SCOPED_TRACE(fmt::format("rows of {} bytes", row_bytes));
     std::string spill = MakeTempDir(TestTmpRoot(), "spill");
@@ -309,20 +387,27 @@ TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsAnErrorAndTheOthersRead) {
         return true;
       })) << "the flipped bit of row "
           << bad << " was never seen";
+      // Never the row's bad bytes, nor a silent miss: RowDropped, naming
+      // the row and the daemon's own read's error.
+      EXPECT_TRUE(first_error.IsRowDropped()) << first_error.ToString();
       EXPECT_NE(first_error.ToString().find("Corruption"), std::string::npos)
           << first_error.ToString();
+      EXPECT_NE(first_error.ToString().find(fmt::format("row {} ", bad)),
+                std::string::npos)
+          << first_error.ToString();
+      EXPECT_EQ(cache->SpilledRowsDropped(), 1u);
+      CacheStats before;
+      ASSERT_TRUE(cache->GetStats(&before).ok());
+      EXPECT_EQ(before.disk_rows, n - spilled - 1) << "the dropped row is not counted";
       for (int round = 0; round < 2; ++round) {
         std::vector<Row> rows(ids.size());
         std::vector<Status> statuses(ids.size());
         ASSERT_TRUE(cache->GetBatch(ids, rows, statuses).ok());
         for (size_t k = 0; k < ids.size(); ++k) {
           if (ids[k] == bad) {
-            // Neither the row nor a miss (which a trainer would compute and
-            // put again, silently): the error, from the daemon's own read.
-            EXPECT_FALSE(statuses[k].ok() || statuses[k].IsNotFound())
+            // Dropped: a plain miss, which a trainer computes and puts again.
+            EXPECT_TRUE(statuses[k].IsNotFound() && !statuses[k].IsRowDropped())
                 << "corrupt row " << bad << ": " << statuses[k].ToString();
-            EXPECT_NE(statuses[k].ToString().find("Corruption"), std::string::npos)
-                << statuses[k].ToString();
             continue;
           }
           ASSERT_TRUE(statuses[k].ok())
@@ -334,6 +419,25 @@ TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsAnErrorAndTheOthersRead) {
               << "row " << ids[k] << " not read back whole, round " << round;
         }
       }
+      CacheStats after;
+      ASSERT_TRUE(cache->GetStats(&after).ok());
+      EXPECT_EQ(after.misses, before.misses + 2) << "the dropped row, once a round";
+      EXPECT_EQ(after.hits, before.hits + 2 * (ids.size() - 1));
+      EXPECT_EQ(after.disk_rows, before.disk_rows);
+      EXPECT_EQ(cache->SpilledRowsDropped(), 1u);
+      // Put again, it is served whole, from a write after the damaged one.
+      bool inserted = false;
+      ASSERT_TRUE(cache->Put(bad, bad_row.data(), bad_row.size(), &inserted).ok());
+      EXPECT_TRUE(inserted);
+      ASSERT_TRUE(WaitFor([&] {
+        Row row;
+        Status s = cache->Get(bad, &row);
+        EXPECT_FALSE(s.IsRowDropped()) << s.ToString();
+        std::optional<ColumnView> c = row.view().find("data");
+        return s.ok() && c && c->nbytes == bad_row.size() &&
+               std::memcmp(c->data, bad_row.data(), bad_row.size()) == 0;
+      })) << "row "
+          << bad << " put again is not read back";
       cache.reset();
       EXPECT_EQ(server.Stop().exit_code, 0);
     }

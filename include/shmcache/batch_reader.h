@@ -97,7 +97,8 @@ class SHMCACHE_EXPORT BatchReader {
   // target's column exists with its shape and a dtype it takes, the
   // columns are copied (converted where the target widens them) to their
   // targets' row i and hit[i] = kRowRead. Otherwise hit[i] is kRowMissing
-  // (not cached) or kRowOtherLayout (cached, not matching), and row i of
+  // (not cached, or a spilled row that failed its check and was dropped:
+  // Cache::Get's RowDropped) or kRowOtherLayout (cached, not matching), and row i of
   // every target is left untouched: never a partial write. Every id is
   // looked up once, and counted once, as a hit or a miss (CacheStats).
   // `stored`, when not empty (one per target), receives how each target's

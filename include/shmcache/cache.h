@@ -91,8 +91,14 @@ class SHMCACHE_EXPORT Cache {
   // Copies row `id` into *out. NotFound on a miss. A spilled row is read by
   // this process from the spill database; only a row spilled after this
   // process's last look at the database (or one it cannot read there) is
-  // asked of the daemon (Unavailable when it cannot be reached). *out is
-  // empty after any error (row.h).
+  // asked of the daemon (Unavailable when it cannot be reached). A spilled
+  // row that fails its check there (a disk's bit flip: a table block
+  // failing its checksum, or bytes that are not the row) is never handed
+  // out: the daemon drops it from the cache and the read that found it
+  // gets RowDropped (IsNotFound() too: status.h), counted as a miss and in
+  // SpilledRowsDropped; later reads miss until a put stores it again.
+  // Every other row is served as before. *out is empty after any error
+  // (row.h).
   Status Get(uint64_t id, Row* out);
   // Copies only the named columns, in the order given. NotFound on a miss;
   // ColumnNotFound (IsNotFound() too) when the row is cached but lacks a
@@ -144,6 +150,11 @@ class SHMCACHE_EXPORT Cache {
   // True once the cache takes no more rows, in memory or on disk
   // (CacheStats::full; see Put's Full).
   bool IsFull() const;
+  // How many reads of this Cache object (in this process; a forked child
+  // goes on from its parent's count) were answered RowDropped: spilled
+  // rows that failed their check and were dropped (Get). A caller that
+  // warns once compares it with the count it last saw.
+  uint64_t SpilledRowsDropped() const;
   uint32_t cache_id() const;
   uint32_t session_id() const;
 

@@ -61,6 +61,15 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   static Status ColumnNotFound(std::string_view m) {
     return {Code::kNotFound, SubCode::kColumnNotFound, m};
   }
+  // A spilled row failed its check when read back (a table block of the
+  // spill database failing its checksum, bytes that are not the row): the
+  // server dropped it from the cache, so it is a miss now and from now on,
+  // until it is put again. A NotFound (a caller that takes NotFound for a
+  // miss reads it from its source and puts it again, which replaces it),
+  // told apart by IsRowDropped(); the message names the row and the error.
+  static Status RowDropped(std::string_view m) {
+    return {Code::kNotFound, SubCode::kRowDropped, m};
+  }
   static Status InvalidArgument(std::string_view m) {
     return {Code::kInvalidArgument, m};
   }
@@ -91,10 +100,13 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
   static Status TooLarge(std::string_view m) { return {Code::kTooLarge, m}; }
 
   bool ok() const { return code_ == Code::kOk; }
-  // Also true for ColumnNotFound.
+  // Also true for ColumnNotFound and RowDropped.
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsColumnNotFound() const {
     return code_ == Code::kNotFound && subcode_ == SubCode::kColumnNotFound;
+  }
+  bool IsRowDropped() const {
+    return code_ == Code::kNotFound && subcode_ == SubCode::kRowDropped;
   }
   bool IsInvalidArgument() const { return code_ == Code::kInvalidArgument; }
   bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
@@ -128,7 +140,8 @@ class SHMCACHE_EXPORT [[nodiscard]] Status {
     kColumnNotFound = 1,  // of kNotFound
     kNoShmRoom = 2,       // of kFull
     kServerCap = 3,       // of kFull
-    kLast = kServerCap,
+    kRowDropped = 4,      // of kNotFound
+    kLast = kRowDropped,
   };
   SubCode subcode() const { return subcode_; }
   Status(Code code, SubCode subcode, std::string_view msg)

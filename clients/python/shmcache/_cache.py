@@ -41,10 +41,11 @@ __all__ = ["DatasetCache"]
 
 
 # WarnedFlag's slot for the note that size_mb is more than the server's cap,
-# and the one set by close(), which workers already running (persistent
-# DataLoader workers) read.
+# the one set by close(), which workers already running (persistent
+# DataLoader workers) read, and the note on spilled rows dropped.
 _CAP_NOTE = 1
 _CLOSED = 2
+_DROPPED = 3
 
 
 class DatasetCache:
@@ -89,6 +90,7 @@ class DatasetCache:
     _warned_row: bool
     cause: str | None   # package-internal: see _init_runtime
     _bytes_read: int
+    _dropped: int
     _closed: bool
 
     def __init__(self, session_id: int | None = None, size_mb: int = 0,
@@ -149,7 +151,7 @@ class DatasetCache:
     # shares the flag with its trainer (WarnedFlag), and never opens a cache
     # its trainer closed, as a forked one does.
     _RUNTIME = ("_lock", "_lock_pid", "_client", "native", "_state", "_warned",
-                "_warned_row", "_bytes_read", "cause")
+                "_warned_row", "_bytes_read", "_dropped", "cause")
 
     # Set by bypass(): travels with the object (pickled to DataLoader
     # workers), so that no process of it uses the cache.
@@ -180,6 +182,7 @@ class DatasetCache:
         # read it instead of catching the warning (prefill).
         self.cause = self.bypass_reason
         self._bytes_read = 0      # bytes of columns returned by get_columns
+        self._dropped = 0         # native.rows_dropped when note_dropped last looked
         # close() closed `native` (here, or where this was unpickled from).
         self._closed = bool(getattr(self, "_closed", False))
 
@@ -526,7 +529,9 @@ class DatasetCache:
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return None
-        if cols is not None:
+        if cols is None:
+            self.note_dropped()
+        else:
             self._bytes_read += sum(a.nbytes for _, _, a in cols)
         return cols
 
@@ -548,6 +553,7 @@ class DatasetCache:
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return [None] * len(ids)
+        self.note_dropped()
         self._bytes_read += sum(a.nbytes for cols in rows if cols is not None
                                for _, _, a in cols)
         return rows
@@ -575,10 +581,13 @@ class DatasetCache:
         if c is None or columns is not None or type(row_id) is not int:
             return self.read_row(row_id, columns, copy, False)
         try:     # _read's per-sample path, inlined: a frame less per row
-            return c.read(row_id, copy, False)
+            row = c.read(row_id, copy, False)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return None
+        if row is None:
+            self.note_dropped()
+        return row
 
     def view(self, row_id: int, columns: ColumnSelection = None) -> Any:
         """get(row_id, columns, copy=False)."""
@@ -586,10 +595,13 @@ class DatasetCache:
         if c is None or columns is not None or type(row_id) is not int:
             return self.read_row(row_id, columns, False, False)
         try:     # as get's
-            return c.read(row_id, False, False)
+            row = c.read(row_id, False, False)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return None
+        if row is None:
+            self.note_dropped()
+        return row
 
     def read_into(self, ids: Any, out: Any,
                   columns: ColumnSelection = None) -> npt.NDArray[np.bool_]:
@@ -734,10 +746,12 @@ class DatasetCache:
         if c is None:
             return np.zeros(len(ids), dtype=np.uint8 if codes else np.bool_)
         try:
-            return c.read_into(ids, names, bufs, threads, codes, count)
+            got = c.read_into(ids, names, bufs, threads, codes, count)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return np.zeros(len(ids), dtype=np.uint8 if codes else np.bool_)
+        self.note_dropped()
+        return got
 
     def read_row(self, row_id: Any, columns: ColumnSelection, copy: bool,
                  torch: bool) -> Any:
@@ -755,12 +769,16 @@ class DatasetCache:
                 return None
         try:
             if columns is None:
-                return c.read(row_id, copy, torch)
-            return c.read_columns(check_id(row_id), column_names(columns) or [],
-                                  bool(copy), torch, isinstance(columns, (str, int)))
+                row = c.read(row_id, copy, torch)
+            else:
+                row = c.read_columns(check_id(row_id), column_names(columns) or [],
+                                     bool(copy), torch, isinstance(columns, (str, int)))
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return None
+        if row is None:
+            self.note_dropped()
+        return row
 
     def read_rows(self, row_ids: Iterable[int], copy: bool, torch: bool) -> list[Any]:
         """read_row of many rows: a list with the row or None per id. Memory
@@ -772,10 +790,39 @@ class DatasetCache:
         if c is None:
             return [None] * len(ids)
         try:
-            return c.read_batch(ids, copy, torch)
+            rows = c.read_batch(ids, copy, torch)
         except Error as e:
             self._degrade(State.BYPASSED, e)
             return [None] * len(ids)
+        self.note_dropped()
+        return rows
+
+    def note_dropped(self) -> None:
+        """Package-internal, after a read that missed: when reads of this
+        process met spilled rows that failed their check on the server's
+        disk (which the server then dropped from the cache: each read as a
+        miss, so the caller reads the row from its source and puts it
+        again), one CacheWarning for the cache, over the trainer and its
+        workers, saying how many so far. The cache goes on serving."""
+        c = self.native
+        if c is None:
+            return
+        n = c.rows_dropped
+        if n == self._dropped:
+            return
+        self._dropped = n
+        if said_quietly() or not self._told.claim(_DROPPED):
+            return
+        rows = "1 spilled row" if n == 1 else f"{n} spilled rows"
+        warn(f"shmcache: {rows} of cache {self.name!r} (session {self.session_id}) "
+             f"failed {'its' if n == 1 else 'their'} check when read back from the "
+             f"cache server's spill database (bytes damaged on its disk); the server "
+             f"dropped {'it' if n == 1 else 'them'} from the cache, so "
+             f"{'it was' if n == 1 else 'each was'} read from the source and is cached "
+             f"again when put, and every other row is still served from the cache. "
+             f"Fix: check the disk of the server's spill directory (`shmcache "
+             f"--server_info` shows it; the server's log names each row)",
+             CacheWarning, self.origin)
 
     # Streaming caches (shmcache.torch.CachedIterableDataset).
 

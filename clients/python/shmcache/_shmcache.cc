@@ -732,6 +732,11 @@ PYBIND11_MODULE(_shmcache, m) {
       .def_property_readonly(
           "bytes_read", [](PyCache& self) REQUIRES(g_gil) { return self.bytes_read; },
           "Bytes of the columns read and read_batch returned.")
+      .def_property_readonly(
+          "rows_dropped",
+          [](PyCache& self) REQUIRES(g_gil) { return self.cache->SpilledRowsDropped(); },
+          "Spilled rows this object's reads found failing their check, which the "
+          "server dropped (each a miss): Cache::SpilledRowsDropped.")
       .def("read_into", &ReadInto, py::arg("ids"), py::arg("names"), py::arg("bufs"),
            py::arg("threads"), py::arg("codes") = false, py::arg("count") = true,
            "Copies rows ids[i] into row i of bufs (arrays or tensors of columns "

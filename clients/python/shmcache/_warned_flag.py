@@ -103,11 +103,11 @@ class WarnedFlag:
     (see the module), said the warning the flag stands for, per slot: slot
     0 is the flag itself (bool(flag)), the others a second warning or a
     state of the same object (DatasetCache's note on a size over the cap,
-    its close())."""
+    its close(), its note on spilled rows dropped)."""
 
     __slots__ = ("_page", "_at", "__weakref__")
 
-    SLOTS = 3
+    SLOTS = 4
 
     def __init__(self, page: _Page | None = None, at: int = 0) -> None:
         if page is None:

@@ -361,6 +361,7 @@ class CachedDataset(Dataset):
         `transformed`: a transform will see the sample before the batch's
         put and may change it in place (the sample shares the columns'
         memory), so the row is put now rather than copied to be put later."""
+        self.cache.note_dropped()   # when the miss was a row the server dropped
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
