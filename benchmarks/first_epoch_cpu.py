@@ -2,13 +2,18 @@
 wall time against a plain DataLoader: interleaved rounds of two builds of
 the Python package (issue 36's first-epoch row).
 
-  first_epoch_cpu.py --port P --builds OLD,NEW [--rounds N] [--size 12|150]
-                     [--decode-ms D] [--workers W] [--out FILE]
+  first_epoch_cpu.py --port P --builds OLD,NEW [--rounds N] [--size 12|150|jpeg]
+                     [--decode-ms D] [--workers W] [--images N] [--workdir DIR]
+                     [--out FILE]
 
 Each run is a fresh process (PYTHONPATH=BUILD/clients/python) that makes a
 fresh session on the server at port P and runs one first epoch of one
 loader over the host sweep's rows (20,000 x 12 KB in batches of 256, or
-2,000 x 150 KB in batches of 64, and an int label):
+2,000 x 150 KB in batches of 64, and an int label; or, with --size jpeg,
+python_bench.py's JPEG pipeline: --images generated 500x375 JPEGs in
+--workdir, PIL decode, resize to 224, normalize, 588 KB float32 rows in
+batches of 32, the RESULTS.md row "DataLoader: first epoch with cache vs
+no cache"; its decode is the real one, --decode-ms is not used):
   plain   DataLoader over the source (no cache);
   cl      CachedLoader(CachedDataset(source)), num_workers W;
   dl      DataLoader(CachedDataset(source)), num_workers W (background puts;
@@ -25,8 +30,9 @@ that a worker descheduled in the middle of it still spends it all: CPU per
 row is then steady on a machine shared with others, where wall times move
 up to 2x. A round runs plain once and each build's cl and dl, in an order
 that alternates between rounds; ratios are to the round's plain run.
-Prints per-run lines and, per (build, loader), the median and range of
-CPU per row beyond plain's (us) and of the wall ratio. Measures; asserts
+Prints per-run lines (with the 1-minute load average before the run)
+and, per (build, loader), the median and range of CPU per row beyond
+plain's (us) and of the wall ratio. Measures; asserts
 nothing but that every row arrived and the counters say N misses, 0 hits.
 Also the wall of a worker's batch (its fetch: __getitems__, or plain's
 dataset[i] for each index, timed in the worker; mean over the epoch's
@@ -48,6 +54,23 @@ from host_sweep import Rows
 
 KB = 1024
 SHAPES = {12: (12 * KB, 256, 20000), 150: (150 * KB, 64, 2000)}
+JPEG_BATCH = 32
+
+
+def _source(args):
+    """(dataset, batch size, rows) of the run's --size."""
+    if args.size == "jpeg":
+        from python_bench import image_dataset_class
+        ds = image_dataset_class()(os.path.join(args.workdir, "images"))
+        return ds, JPEG_BATCH, len(ds)
+    size, bs, n = SHAPES[int(args.size)]
+    return Rows(n, size, args.decode_ms / 1e3, clock=time.thread_time), bs, n
+
+
+def load_average():
+    """The 1-minute load average now."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def daemon_cpu(pid):
@@ -117,8 +140,7 @@ def _one(args):
     class Timed(CachedDataset):
         def __getitems__(self, indices):
             return _timed(lambda: super(Timed, self).__getitems__(indices), walls_dir)
-    size, bs, n = SHAPES[args.size]
-    src = Rows(n, size, args.decode_ms / 1e3, clock=time.thread_time)
+    src, bs, n = _source(args)
     walls_dir = tempfile.mkdtemp(prefix="first-epoch-walls-")
     torch.manual_seed(0)
     client = shmcache.Client(port=args.port)
@@ -172,7 +194,8 @@ def _run(build, loader, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--one", "--loader", loader,
            "--port", str(args.port), "--daemon-pid", str(args.daemon_pid),
            "--size", str(args.size), "--decode-ms", str(args.decode_ms),
-           "--workers", str(args.workers)]
+           "--workers", str(args.workers), "--images", str(args.images),
+           "--workdir", args.workdir]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"{build} {loader}: {r.stderr[-2000:]}")
@@ -185,10 +208,14 @@ def main():
     ap.add_argument("--daemon-pid", type=int)
     ap.add_argument("--builds", help="OLD,NEW build dirs")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--size", type=int, default=12, choices=sorted(SHAPES))
+    ap.add_argument("--size", default="12", choices=[str(k) for k in SHAPES] + ["jpeg"])
     ap.add_argument("--decode-ms", type=float, default=0.3)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--loaders", default="cl,dl")
+    ap.add_argument("--images", type=int, default=1200, help="with --size jpeg")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
+                                                      "first-epoch-jpeg"),
+                    help="where --size jpeg's images are made (kept between runs)")
     ap.add_argument("--seed", type=int, default=0, help="of the rounds' orders")
     ap.add_argument("--out")
     ap.add_argument("--one", action="store_true")
@@ -198,6 +225,9 @@ def main():
         args.daemon_pid = server_pid(args.builds, args.port)
     if args.one:
         return _one(args)
+    if args.size == "jpeg":
+        from python_bench import make_images
+        make_images(os.path.join(args.workdir, "images"), args.images)
     builds = args.builds.split(",")
     runs = [(None, "plain")] + [(b, ld) for b in builds for ld in args.loaders.split(",")]
     got = {(b, ld): [] for b, ld in runs}
@@ -208,14 +238,16 @@ def main():
         plain = None
         results = {}
         for b, ld in order:
+            load = load_average()
             res = _run(b or builds[-1], ld, args)
+            res["load"] = load
             results[(b, ld)] = res
             cpu = res["trainer"] + res["workers"] + res["daemon"]
             bms = "-" if res.get("batch_ms") is None else f"{res['batch_ms']:.1f} ms"
             print(f"round {r} {b or '-'} {ld:<5} wall {res['wall']:6.2f} s  cpu "
                   f"{cpu:6.2f} s (trainer {res['trainer']:.2f}, workers "
                   f"{res['workers']:.2f}, daemon {res['daemon']:.2f})  worker batch "
-                  f"{bms}", flush=True)
+                  f"{bms}  load {load:.2f}", flush=True)
         plain = results[(None, "plain")]
         pcpu = plain["trainer"] + plain["workers"] + plain["daemon"]
         for key, res in results.items():
@@ -227,8 +259,11 @@ def main():
                                  or plain.get("batch_ms") is None
                                  else res["batch_ms"] / plain["batch_ms"]))
     summary = {}
-    print(f"\n{args.rounds} rounds, {args.size} KB rows, decode {args.decode_ms} ms CPU, "
-          f"{args.workers} workers")
+    loads = [x["load"] for xs in got.values() for x in xs]
+    what = "JPEG rows (588 KB)" if args.size == "jpeg" else \
+        f"{args.size} KB rows, decode {args.decode_ms} ms CPU"
+    print(f"\n{args.rounds} rounds, {what}, {args.workers} workers, load average "
+          f"{min(loads):.2f}-{max(loads):.2f} (median {statistics.median(loads):.2f})")
     print(f"{'build':<28} {'loader':<6} {'CPU us/row':>22} {'extra us/row':>22} "
           f"{'wall / plain':>20} {'worker batch / plain':>22}")
 

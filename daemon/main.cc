@@ -86,6 +86,20 @@ rlim_t RaiseFileLimit() {
   return r.rlim_cur;
 }
 
+// The caches' files are as large as the caches: a soft file size limit
+// (ulimit -f in the shell that started the server) below them made the
+// first segment past it a SIGXFSZ, which ended the server without a word.
+// The limit is raised to the hard one, and the signal ignored: a file past
+// a hard limit is then an error (EFBIG) that its request reports.
+void RaiseFileSizeLimit() {
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit r{};
+  if (getrlimit(RLIMIT_FSIZE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_FSIZE, &r);
+  }
+}
+
 // Opens the log in the configured directory (default <run dir>/log). A log
 // dir another user owns must not stop the server: it then logs in the run
 // dir, which is its own, and says why in a note for --start's user (who
@@ -191,6 +205,7 @@ struct Startup {
 Status PrepareShm(const DaemonOptions& opts, InstancePaths* paths, Logger* log,
                   Startup* up) {
   up->fd_limit = RaiseFileLimit();
+  RaiseFileSizeLimit();  // before the first file is moved or made
   // A failed start leaves a mounted tmpfs as a killed server would: empty
   // (it then holds no memory) or with rows the next start adopts.
   up->shm = PickShmDir(opts, *paths);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -91,6 +92,7 @@ Status ChunkWriter::Lease(int node, size_t need, Chunk* c, bool mapped) {
     PopulateUnclearedForWrite(seg->base + offset, size);
   }
   c->fd = seg->fd;
+  c->seg = seg;
   c->seg_no = seg_no;
   c->offset = offset;
   c->base = seg->base + offset;
@@ -115,6 +117,10 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
   Status s;
   refused_ = refused_ && refusal != nullptr;
   bool defer = false;
+  // A row put alone goes through the mapping unless it is large (see
+  // kLargeRowBytes): a batch's rows are deferred instead.
+  const bool alone = lock->statuses_ == nullptr;
+  const bool large = alone && size >= kLargeRowBytes;
   for (;;) {
     if (refused_ || c.base == nullptr || c.size - c.used < size) {
       if (refusal != nullptr) {
@@ -134,7 +140,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
         stats_->CountPuts(tally->rows, tally->bytes);
         *tally = {};
       }
-      s = Lease(static_cast<int>(node), size, &c, lock->statuses_ == nullptr);
+      s = Lease(static_cast<int>(node), size, &c, alone && !large);
       if (!s.ok()) {
         if (s.IsUnavailable()) unanswered_at_ = std::chrono::steady_clock::now();
         // A row refused for want of a chunk is a refusal too: full stays
@@ -146,7 +152,7 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     }
     // Queued rows are published before a row that is not queued, or one
     // for another node's chunk (the thread moved).
-    defer = c.fd >= 0 && lock->statuses_ != nullptr;
+    defer = c.fd >= 0 && !alone;
     if ((!defer || deferred_node_ != node) && !Publish(lock, tally)) {
       return lock->ended_status_;
     }
@@ -166,7 +172,14 @@ Status ChunkWriter::Write(uint64_t id, std::span<const ColumnRef> columns, size_
     deferred_node_ = node;
     return Status::OK();
   }
-  RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
+  if (large && c.fd >= 0) {
+    // Written now, as a batch of one row, and published below.
+    deferred_.push_back({id, columns, size, off, lock->row_});
+    WriteDeferred(&c, lock);
+    deferred_.clear();
+  } else {
+    RowCodec::Encode(id, columns, reinterpret_cast<std::byte*>(c.base + off), size);
+  }
   return Insert(id, size, off, &c, tally, inserted);
 }
 
@@ -219,7 +232,41 @@ bool ChunkWriter::MoveUsed(Chunk* c, uint64_t to) {
   }
 }
 
-void ChunkWriter::WriteDeferred(const Chunk& c) {
+void ChunkWriter::EncodeDeferred(const Chunk& c) {
+  for (const Deferred& d : deferred_) {
+    RowCodec::Encode(d.id, d.columns, reinterpret_cast<std::byte*>(c.base + d.off),
+                     d.size);
+  }
+}
+
+// Whether a write through a descriptor may reach `end` bytes into its file:
+// a file size limit (ulimit -f) below that would make it SIGXFSZ, which
+// kills a process that does not ignore it (one that does gets EFBIG), where
+// a write through the mapping meets no such limit.
+static bool WithinFileSizeLimit(uint64_t end) {
+  rlimit limit;
+  return getrlimit(RLIMIT_FSIZE, &limit) == 0 &&
+         (limit.rlim_cur == RLIM_INFINITY || end <= limit.rlim_cur);
+}
+
+void ChunkWriter::WriteDeferred(Chunk* c, BatchLock* lock) {
+  // Once a batch for each chunk (two system calls, lost in the noise of
+  // put_fill_cpu's batches of 64 3 KB rows): what they check changes only
+  // when the process's other code closes the descriptor or lowers its
+  // limit, which may come between any two checks anyway.
+  if (const uint64_t end = c->offset + c->size;
+      lock->fd_checked_ != c->seg || lock->fd_checked_end_ < end) {
+    // Other code of the process closed it (its number may be another
+    // file's now), or its file size limit lies below the chunk's end:
+    // through the mapping.
+    if (!FdNamesSegment(*c->seg) || !WithinFileSizeLimit(end)) {
+      c->fd = -1;
+      EncodeDeferred(*c);
+      return;
+    }
+    lock->fd_checked_ = c->seg;
+    lock->fd_checked_end_ = end;
+  }
   // The rows' heads (header and descriptors) are encoded here; their
   // columns' bytes go from the caller's buffers straight into the file.
   size_t head_bytes = 0;
@@ -240,19 +287,16 @@ void ChunkWriter::WriteDeferred(const Chunk& c) {
     }
   }
   // The rows lie back to back from the first one's offset.
-  auto pos = static_cast<off_t>(c.offset + deferred_.front().off);
+  auto pos = static_cast<off_t>(c->offset + deferred_.front().off);
   size_t next = 0;
   while (next < pieces_.size()) {
     const int count = static_cast<int>(std::min<size_t>(IOV_MAX, pieces_.size() - next));
-    ssize_t n = pwritev(c.fd, &pieces_[next], count, pos);
+    ssize_t n = pwritev(c->fd, &pieces_[next], count, pos);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       // The descriptor failed (it never does on tmpfs but for a bad column
       // pointer): write every row through the mapping instead.
-      for (const Deferred& d : deferred_) {
-        RowCodec::Encode(d.id, d.columns, reinterpret_cast<std::byte*>(c.base + d.off),
-                         d.size);
-      }
+      EncodeDeferred(*c);
       return;
     }
     pos += n;
@@ -271,7 +315,7 @@ bool ChunkWriter::Publish(BatchLock* lock, Tally* tally) {
   mu_.AssertHeld();
   if (deferred_.empty()) return !lock->ended_;
   Chunk& c = chunks_[deferred_node_];
-  WriteDeferred(c);
+  WriteDeferred(&c, lock);
   // The rows' bytes are in the file's pages, stored by this thread (the
   // kernel's copy, before pwritev returned): the index insert's release
   // orders them before the location, as it does a copy through the

@@ -170,6 +170,9 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   msg.msg_iov = in;
   msg.msg_iovlen = 2;
   ssize_t got = -1;
+  // A receive that finds the connection closed sets no errno: what this
+  // thread's earlier calls left there (an EAGAIN) is not a timeout.
+  errno = 0;
   do {
     got = recvmsg(fd_, &msg, 0);
   } while (got < 0 && errno == EINTR);

@@ -1,5 +1,6 @@
 #include "lib/segment_map.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace shmcache {
@@ -8,9 +9,18 @@ SegmentMap::SegmentMap() : blocks_(new std::atomic<Block*>[kBlocks]) {
   for (uint32_t i = 0; i < kBlocks; ++i) blocks_[i].store(nullptr);
 }
 
+bool FdNamesSegment(const MappedSegment& seg) {
+  struct stat st;
+  return seg.fd >= 0 && fstat(seg.fd, &st) == 0 && st.st_dev == seg.fd_dev &&
+         st.st_ino == seg.fd_ino;
+}
+
 SegmentMap::~SegmentMap() {
+  // A number that names another file now is not ours to close.
+  for (const MappedSegment* seg : with_fd_) {
+    if (FdNamesSegment(*seg)) close(seg->fd);
+  }
   for (uint32_t i = 0; i < kBlocks; ++i) delete blocks_[i].load();
-  for (int fd : fds_) close(fd);
 }
 
 const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file, ShmFile read_only,
@@ -30,10 +40,17 @@ const MappedSegment* SegmentMap::Insert(uint32_t seg_no, ShmFile file, ShmFile r
     if (fd >= 0) close(fd);
     return &e.seg;
   }
-  e.seg = MappedSegment{file.data(), read_only.data(), file.size(), node, fd};
+  e.seg = MappedSegment{file.data(), read_only.data(), file.size(), node};
+  if (struct stat st; fd >= 0 && fstat(fd, &st) == 0) {
+    e.seg.fd = fd;
+    e.seg.fd_dev = st.st_dev;
+    e.seg.fd_ino = st.st_ino;
+    with_fd_.push_back(&e.seg);
+  } else if (fd >= 0) {
+    close(fd);  // written through the mapping instead
+  }
   files_.push_back(std::move(file));
   files_.push_back(std::move(read_only));
-  if (fd >= 0) fds_.push_back(fd);
   e.ready.store(true, std::memory_order_release);
   return &e.seg;
 }

@@ -5,6 +5,8 @@
 // Thread safety: Find() from any thread; Insert() under the owner's mutex.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -19,14 +21,23 @@ namespace shmcache {
 // reader (a write through a view faults; it never reaches other processes).
 // `fd`: the file's read-write descriptor where WritesThroughFd (shm_file.h)
 // holds for it (a tmpfs of 4 KB pages: the writer writes a batch's rows
-// into fresh pages through it), else -1.
+// into fresh pages through it), else -1; `fd_dev` and `fd_ino` name that
+// file (FdNamesSegment).
 struct MappedSegment {
   char* base = nullptr;
   const char* read_base = nullptr;
   size_t size = 0;
   int node = 0;
   int fd = -1;
+  dev_t fd_dev = 0;
+  ino_t fd_ino = 0;
 };
+
+// Whether seg.fd still names the segment's file. Other code of the process
+// may close a descriptor it does not own (a loop that closes every fd) and
+// open another file under its number: rows written there would be lost to
+// readers, and that file overwritten.
+bool FdNamesSegment(const MappedSegment& seg);
 
 class SegmentMap {
  public:
@@ -49,7 +60,8 @@ class SegmentMap {
   }
   // Takes ownership of both mappings of the file (read_only: the PROT_READ
   // one, same size) and of `fd` (-1: none; closed here when the segment
-  // number is out of range). REQUIRES: owner's mutex held.
+  // number is out of range; at the end, only while it still names the
+  // file). REQUIRES: owner's mutex held.
   const MappedSegment* Insert(uint32_t seg_no, ShmFile file, ShmFile read_only, int node,
                               int fd = -1);
 
@@ -63,7 +75,7 @@ class SegmentMap {
   };
   std::unique_ptr<std::atomic<Block*>[]> blocks_;
   std::vector<ShmFile> files_;
-  std::vector<int> fds_;
+  std::vector<const MappedSegment*> with_fd_;
 };
 
 }  // namespace shmcache

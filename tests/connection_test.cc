@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -73,6 +74,8 @@ class ScriptedServer {
     return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
            static_cast<ssize_t>(bytes.size());
   }
+  // Ends the connection from the server's side (a daemon that died).
+  void Hangup() { shutdown(fd_, SHUT_RDWR); }
   // Waits until the client has read everything sent to it.
   bool Drained() const {
     return WaitFor([&] {
@@ -252,6 +255,28 @@ TEST(ConnectionTest, AnAnswerLongerThanItsFrameBreaksTheConnection) {
       &got, &broken);
   EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
   EXPECT_NE(s.message().find("longer than its frame"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(broken);
+}
+
+// A server that ends the connection without answering (it died) is a
+// closed connection, whatever errno the calling thread held from its own
+// earlier calls: an EAGAIN left there (a non-blocking socket of the
+// trainer's) was reported as "timed out", which sends the user to the
+// timeout rather than to the server.
+TEST(ConnectionTest, AServerThatHangsUpIsAClosedConnectionNotATimeout) {
+  ScriptedServer server;
+  ASSERT_TRUE(server.ok());
+  std::string got;
+  bool broken = false;
+  errno = EAGAIN;
+  Status s = CallAnsweredBy(
+      &server,
+      [&] {
+        if (server.ReadRequest()) server.Hangup();
+      },
+      &got, &broken);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_NE(s.message().find("connection closed"), std::string::npos) << s.ToString();
   EXPECT_TRUE(broken);
 }
 

@@ -1,8 +1,11 @@
 // The daemon's socket and shared-memory files: owner-only while it runs,
 // all gone after a stop. A real daemon per test (integration_fixture.h).
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -48,6 +51,37 @@ TEST_F(IntegrationTest, SocketAndSharedMemoryAreOwnerOnly) {
     ASSERT_EQ(stat((server_->shm_dir() + "/" + f).c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0077, 0u) << f << " mode " << std::oct << st.st_mode;
   }
+}
+
+// A server started from a shell whose file size limit (ulimit -f) lies
+// below its caches' files died of SIGXFSZ, silently, at the first segment
+// it made past the limit (its trainers' puts then found the connection
+// closed). It raises its soft limit as it raises its descriptors', so its
+// caches' files are made as anywhere else.
+TEST(ServerLimitsTest, AServerStartedUnderAFileSizeLimitMakesItsCachesFiles) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const rlimit low{2u << 20, saved.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  // The admin, and the daemon it starts, inherit the limit.
+  auto server = std::make_unique<TestServer>();
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  ASSERT_TRUE(server->ok()) << server->start_result().Describe();
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(server->Connect(&client).ok());
+  std::unique_ptr<Cache> cache;
+  Status s =
+      client->OpenCache(CacheNamed(server->NewSession(), "limit", 64, false), &cache);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const uint64_t rows = (8u << 20) / kRowBytes;  // past the limit in its segments
+  for (uint64_t id = 0; id < rows; ++id) {
+    s = PutPattern(*cache, id, 0, kRowBytes);
+    ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+  }
+  EXPECT_EQ(kill(server->pid(), 0), 0) << "the server died";
+  Row row;
+  ASSERT_TRUE(cache->Get(rows - 1, &row).ok());
+  EXPECT_TRUE(RowMatches(row, rows - 1, 0, kRowBytes));
 }
 
 }  // namespace

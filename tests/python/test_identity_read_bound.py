@@ -7,6 +7,7 @@ read given up leaves the caller's RNGs as they were; what a read opens
 lazily stays the copy's; a handle bound to the thread that opened it
 (sqlite3's) still reads."""
 
+import os
 import random
 import signal
 import sqlite3
@@ -276,3 +277,38 @@ def test_a_bound_that_is_not_a_positive_number_is_refused(session, monkeypatch):
     with pytest.raises(ValueError, match="SHMCACHE_IDENTITY_SECONDS must be a positive "
                                          "number of seconds, got 'soon'"):
         cache_for_dataset(OpensLazily(), DatasetCache(session))
+
+
+class ForksOnItsFirstRead(Dataset):
+    """Its first read forks a process (a pool a dataset starts lazily),
+    which says whether it runs under a profile function."""
+    root = "forks-on-its-first-read"
+
+    def __init__(self):
+        self.child_said = []     # shared with the shallow copy the read reads
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if not self.child_said:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(w, repr(sys.getprofile()).encode()[:200])
+                os._exit(0)
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                self.child_said.append(f.read().decode())
+            os.waitpid(pid, 0)
+        return np.full(2, i, dtype=np.float32)
+
+
+def test_a_process_the_read_forks_runs_without_its_stop(session):
+    """The reading thread's stop (a profile function) is no part of a
+    process its dataset forks: that process would run every call profiled
+    (2-3x a loop of small Python calls) for its life, and, forked once the
+    read was given up, fail at its every torch call."""
+    ds = ForksOnItsFirstRead()
+    cache_for_dataset(ds, DatasetCache(session))
+    assert ds.child_said == ["None"]

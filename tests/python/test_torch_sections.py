@@ -141,3 +141,33 @@ def test_a_user_profile_function_still_sees_a_sectioned_thread():
     t.join()
     assert "c_call" in seen and "c_return" in seen, seen
     assert after == [user]
+
+
+def test_a_user_profile_function_raising_in_a_wait_keeps_the_sections_count():
+    """Python drops a profile function that raises, and the sectioned
+    thread's with it: dropped in a wait, where the thread is outside its
+    section, the block's end must not leave the section again (the count
+    went to -1: the exit hook then waited its whole bound for a count of
+    0, or found 0 with a thread inside torch)."""
+    import threading
+    import time
+    from shmcache.torch import _exit_threads as x
+
+    def user(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") == "sleep":
+            raise RuntimeError("the user's profile function fails")
+
+    def run():
+        sys.setprofile(user)
+        with x.waits_are_slices():
+            try:
+                time.sleep(0.001)
+            except RuntimeError:
+                pass
+        sys.setprofile(None)
+
+    inside = x._inside
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert x._inside == inside

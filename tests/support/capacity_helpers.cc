@@ -32,11 +32,12 @@ std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
 }
 
 std::unique_ptr<Cache> OpenCacheInChild(const TestServer& server, uint32_t session,
-                                        uint64_t size_mb, bool spilling) {
+                                        uint64_t size_mb, bool spilling,
+                                        const std::string& name) {
   std::unique_ptr<Client> client;
   std::unique_ptr<Cache> cache;
   if (server.Connect(&client).ok()) {
-    client->OpenCache(CacheNamed(session, "capacity", size_mb, spilling), &cache)
+    client->OpenCache(CacheNamed(session, name, size_mb, spilling), &cache)
         .PermitUncheckedError();
   }
   return cache;

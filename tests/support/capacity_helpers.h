@@ -32,7 +32,8 @@ std::unique_ptr<Cache> OpenCache(const TestServer& server, uint32_t session,
 // As OpenCache, for a forked child (which uses no gtest): null when the
 // cache could not be opened.
 std::unique_ptr<Cache> OpenCacheInChild(const TestServer& server, uint32_t session,
-                                        uint64_t size_mb, bool spilling);
+                                        uint64_t size_mb, bool spilling,
+                                        const std::string& name = "capacity");
 
 // Puts rows 0..n-1 of kRowBytes; returns how many were stored (OK) before
 // the first Full. Any other status fails the test.

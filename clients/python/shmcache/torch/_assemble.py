@@ -195,6 +195,7 @@ class BatchAssembler:
                                    else decode_sample(rows[p], columns)
                                    for p in range(n)])
         if loader.batch_transform is not None:
+            self._raise_if_closed()
             batch = loader.batch_transform(batch)
         nbytes = schema.nbytes(n) if schema else 0
         if self.pin and not (direct and loader.batch_transform is None):
@@ -202,6 +203,10 @@ class BatchAssembler:
         if self.stage is not None:
             batch = self.stage.stage(batch)
         return batch, nbytes
+
+    def _raise_if_closed(self) -> None:
+        if self.closed:
+            raise Closed("the CachedLoader iterator was closed")
 
     def _gatherable(self, schema: RowSchema, source: SourcedBatch) -> bool:
         """Whether the batch may be copied to the device straight from the
@@ -316,8 +321,7 @@ class BatchAssembler:
                            for cols in again]
         gone = [k for k, r in enumerate(rows) if r is None]
         if gone:
-            if self.closed:
-                raise Closed("the CachedLoader iterator was closed")
+            self._raise_if_closed()
             with self._inline:
                 redone = compute_rows(cds, [ids[k] for k in gone], lambda: self.closed)
             for k, row in zip(gone, redone):
@@ -404,8 +408,18 @@ class BatchAssembler:
         return ticket.result()
 
     def _collate(self, samples: list[Any]) -> Any:
-        if self.loader.transform is not None:
-            samples = [self.loader.transform(s) for s in samples]
+        """The batch of `samples` through transform= and collate_fn; raises
+        Closed before the next sample once closed: a closed pass's thread
+        ends after the sample it transforms, not after its batch."""
+        transform = self.loader.transform
+        if transform is not None:
+            out = []
+            for s in samples:
+                if self.closed:
+                    raise Closed("the CachedLoader iterator was closed")
+                out.append(transform(s))
+            samples = out
+        self._raise_if_closed()
         if not self.auto:
             return self.loader.collate_fn(samples[0])
         return self.loader.collate_fn(samples)

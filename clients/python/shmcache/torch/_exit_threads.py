@@ -43,6 +43,13 @@ C-call events) are its slices. Such a thread is mostly waiting (for a
 worker's answer), so the sections close at once, and the thread stops as
 its wait returns.
 
+A CachedLoader pass's assembling threads call torch (tensors, collate,
+the user's transforms) between waits that the pass's stop ends (a slot,
+the miss turn, the workers' answer): each runs its whole life as a
+section (owned_section()), and stops, once its pass is, after the sample
+it transforms or the row it computes. So the exit waits for it to leave
+torch even when the threads before it took EXIT_JOIN_S.
+
 A thread still inside a torch call after both bounds (a user's dataset
 computing a row on a loader thread) is left to the exit, as before.
 
@@ -63,7 +70,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 __all__ = ["EXIT_JOIN_S", "SECTION_CLOSE_S", "end_at_exit", "exiting",
-           "torch_section", "between_slices", "waits_are_slices"]
+           "torch_section", "between_slices", "waits_are_slices", "owned_section"]
 
 EXIT_JOIN_S = 10.0
 SECTION_CLOSE_S = 2.0
@@ -118,6 +125,34 @@ def torch_section() -> Iterator[None]:
         _leave_section()
 
 
+@contextlib.contextmanager
+def owned_section() -> Iterator[None]:
+    """A torch section for a thread whose every wait its owner's stop()
+    ends (a CachedLoader pass's assembling threads: their waits for a
+    slot, the miss turn and the workers all end at close()): the exit
+    hook's close waits for the thread to leave it, which it does once its
+    work in hand is done (a batch's current sample: the pass is stopped),
+    so it needs no slices. Once the sections closed (a pass started in a
+    later exit hook), the block runs outside any section: nothing would
+    let the thread in, and the pass's consumer waits for it."""
+    entered = _enter_unless_closed()
+    try:
+        yield
+    finally:
+        if entered:
+            _leave_section()
+
+
+def _enter_unless_closed() -> bool:
+    """Enters a section, unless they closed (then False)."""
+    global _inside
+    with _sections:
+        if _closed:
+            return False
+        _inside += 1
+        return True
+
+
 def _enter_section() -> None:
     global _inside
     with _sections:
@@ -141,15 +176,24 @@ def waits_are_slices() -> Iterator[None]:
     while it waits (a lock, a poll, a sleep, a read), and a wait that
     returns once the sections closed waits there, outside torch, for the
     process's end. The thread's profile function before the block (a
-    user's, from threading.setprofile) still gets every event."""
+    user's, from threading.setprofile) still gets every event. A block
+    begun once the sections closed (a pass that a later exit hook runs)
+    runs outside them: waiting at their door, it would hold that hook,
+    and the process's exit, for good."""
+    if not _enter_unless_closed():
+        yield
+        return
     before = sys.getprofile()
-    _enter_section()
-    sys.setprofile(_WaitsAreSlices(before))
+    profile = _WaitsAreSlices(before)
+    sys.setprofile(profile)
     try:
         yield
     finally:
         sys.setprofile(before)
-        _leave_section()
+        # Python drops a profile function that raised (the user's it
+        # calls): dropped in a wait, the thread is outside already.
+        if profile.waiting is None:
+            _leave_section()
 
 
 # The C functions that wait (and let the GIL go) and free nothing: the

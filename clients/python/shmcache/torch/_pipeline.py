@@ -16,8 +16,10 @@ every worker computes at once.
 Ending: an exhausted source, a source's exception, a timeout, close() or
 the iterator's garbage collection (an early break) stop the threads and
 the pass's miss workers without waiting for a row in flight: a thread
-between batches ends at once; one computing a row ends after it (nothing
-new starts).
+between batches ends at once; one computing a row, or transforming a
+sample, ends after it (nothing new starts). Each thread is a torch
+section (_exit_threads.owned_section): a trainer's exit waits for it to
+leave torch.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from ._assemble import BatchAssembler
 from ._autotune import AutoTune
-from ._exit_threads import end_at_exit
+from ._exit_threads import end_at_exit, owned_section
 from ._misses import MissTurn
 from ._row_schema import BufferPool
 from .batch_source import BatchReport, BatchSource, batch_ids
@@ -238,6 +240,14 @@ class Pipeline:
                 return self.next_no - 1, item
 
     def _run(self) -> None:
+        # A torch section (_exit_threads): at the trainer's exit, once the
+        # pass is stopped, the interpreter finalizes only after this
+        # thread is out of torch (a thread that takes the GIL back inside a
+        # torch call then aborts the process).
+        with owned_section():
+            self._assemble_batches()
+
+    def _assemble_batches(self) -> None:
         while True:
             job = self._take()
             if job is None:

@@ -49,7 +49,7 @@ between the caller's own draws, and torch's default generator gives
 DataLoader's workers their seeds. A thread that already has a profile
 function (threading.setprofile) keeps it, without that stop. The profile
 function is C's, and reads one byte per call of a builtin until it is
-armed; a profiled thread still runs Python code unspecialized: a read
+armed (a process the read forks runs without it); a profiled thread still runs Python code unspecialized: a read
 made of small Python calls takes 2-3x its time (sys.setprofile's Python
 function, called at every call and return, cost 5-8x on the same loop),
 a read that decodes in C nothing more. A read
@@ -71,6 +71,7 @@ import pickle
 import random
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -277,7 +278,26 @@ def _stops_draws() -> Callable[[Any], None]:
     def check(fn: Any) -> None:
         if draws(fn):
             raise _Abandoned
+    _checks.add(check)
     return check
+
+
+# The checks of the stops installed (_stops_draws), to tell them in a
+# forked child.
+_checks: weakref.WeakSet[Callable[[Any], None]] = weakref.WeakSet()
+
+
+def _no_stop_in_child() -> None:
+    """A process forked by a reading thread (a dataset that starts a pool
+    at its first read) is no read: it runs without the stop, which would
+    profile its every call, and once armed raise at its every torch call."""
+    # (check, armed), as stop_calls set it: typeshed knows only functions.
+    profile: Any = sys.getprofile()
+    if type(profile) is tuple and len(profile) == 2 and profile[0] in _checks:
+        sys.setprofile(None)
+
+
+os.register_at_fork(after_in_child=_no_stop_in_child)
 
 
 def _read_seconds() -> float:

@@ -74,8 +74,9 @@ Contract:
 - An iterator that is exhausted, closed (close()) or garbage-collected
   (early break) stops its threads and worker processes (not persistent
   ones) and drops its prefetched batches, without waiting for a row in
-  flight (the thread or worker computing it ends after it; nothing new
-  starts). The loader keeps the buffers of at most prefetch + num_threads
+  flight (the thread or worker computing it, or the thread running
+  transform= on a sample, ends after it; nothing new starts). A trainer
+  that exits with a pass open waits for its threads to leave torch. The loader keeps the buffers of at most prefetch + num_threads
   + 2 batches for reuse by later batches and passes (freed with the
   loader); a buffer is reused only once no tensor over it is alive, and a
   batch none of whose rows was read holds none while its misses are
