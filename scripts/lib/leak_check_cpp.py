@@ -7,7 +7,9 @@ Runs COMMAND with SHMCACHE_LEAK_TAG=<unique> in its environment, which
 every process it starts inherits. Afterwards, what counts as left behind:
 - a live process carrying that tag (a daemon or child the test forgot);
 - a /dev/shm entry of the kinds the tests make (see shm_entries) that
-  appeared while the test ran and is not in use by a server (its port or
+  appeared while the test ran, is still there (two looks 0.1 s apart agree,
+  within 5 s: another run may be removing what a server it killed left)
+  and is not in use by a server (its port or
   --shm_dir) that is not the test's own, live at the end or seen while the
   test ran, nor of a port whose host lock names a run dir this run's tests
   did not make. The shm dirs the tests make carry the tag in their name
@@ -99,8 +101,8 @@ class OthersServers(threading.Thread):
         self.marker, self.ports, self.dirs = marker, set(), set()
         self.done = threading.Event()
 
-    def look(self):
-        for _, (_, c, env) in processes().items():
+    def look(self, procs=None):
+        for _, (_, c, env) in (procs if procs is not None else processes()).items():
             if os.path.basename(c[0]) != "shmcached" or self.marker in env.split(b"\0"):
                 continue
             if option(c, "port").isdigit():
@@ -165,6 +167,30 @@ def made_by_the_tests(run_dir, tag):
     return any(run_dir.startswith(r) for r in roots)
 
 
+def unexplained_entries(new, others, tag):
+    """Those of the /dev/shm entries `new` still there that no server that
+    is not the test's explains: its port or shm dir is not one `others`
+    saw in use, and its host lock (when there is one) names a run dir of
+    this run's tests. One already gone was removed by its owner: another
+    run removes what a server it killed left (host lock last), which the
+    check once took for the test's leftovers when it read the lock after
+    that run had removed it."""
+    left = []
+    for n in sorted(new):
+        m = _PORT.match(n)
+        path = os.path.join(SHM, n)
+        if not os.path.lexists(path):
+            continue
+        if (m and int(m.group(1)) in others.ports) or os.path.realpath(path) in others.dirs:
+            continue
+        # A server gone before anyone saw it: its lock names its run dir.
+        owner_dir = lock_run_dir(int(m.group(1))) if m else ""
+        if owner_dir and not made_by_the_tests(owner_dir, tag):
+            continue
+        left.append(path)
+    return left
+
+
 def write_junit(path, name, why):
     suite = ET.Element("testsuite")
     case = ET.SubElement(suite, "testcase", name=name)
@@ -194,37 +220,22 @@ def main():
         interrupted, rc = True, 130
     others.done.set()
     others.join()
-    # A process may be on its way out: give the leftovers 5 s to go.
+    # A process may be on its way out, and another run may be removing the
+    # files of a server it killed: an entry counts once it is still
+    # unexplained in two looks 0.1 s apart, at the latest 5 s on.
     deadline = time.monotonic() + 5
+    unexplained = None
     while True:
         procs = processes()
         ours = {p: v for p, v in procs.items() if marker in v[2].split(b"\0")}
-        new = shm_entries(tag) - before
-        if not ours and not new or time.monotonic() > deadline:
+        # Servers that are not this test's, live now or seen while it ran.
+        others.look(procs)
+        now = set(unexplained_entries(shm_entries(tag) - before, others, tag))
+        leaked_files = sorted(now if unexplained is None else now & unexplained)
+        if not ours and not now or time.monotonic() > deadline:
             break
+        unexplained = now
         time.sleep(0.1)
-    # /dev/shm entries of servers that are not this test's stay (another
-    # user's or run's, made while the test ran, live now or seen live then).
-    others.look()
-    in_use_ports, in_use_dirs = others.ports, others.dirs
-    for pid, (_, c, _) in procs.items():
-        if pid in ours or os.path.basename(c[0]) != "shmcached":
-            continue
-        if option(c, "port").isdigit():
-            in_use_ports.add(int(option(c, "port")))
-        if option(c, "shm_dir"):
-            in_use_dirs.add(os.path.realpath(option(c, "shm_dir")))
-    leaked_files = []
-    for n in sorted(new):
-        m = _PORT.match(n)
-        path = os.path.join(SHM, n)
-        if (m and int(m.group(1)) in in_use_ports) or os.path.realpath(path) in in_use_dirs:
-            continue
-        # A server gone before anyone saw it: its lock names its run dir.
-        owner_dir = lock_run_dir(int(m.group(1))) if m else ""
-        if owner_dir and not made_by_the_tests(owner_dir, tag):
-            continue
-        leaked_files.append(path)
     why = [f"process {p} ({' '.join(v[1])[:200]})" for p, v in ours.items()]
     why += [f"/dev/shm entry {f}" for f in leaked_files]
     for p in ours:

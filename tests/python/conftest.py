@@ -26,6 +26,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -209,21 +211,61 @@ class Server:
 
 
 @contextlib.contextmanager
-def continued_after(pid):
-    """Whatever stops process `pid` (SIGSTOP) in the block, it runs again
-    (SIGCONT) when the block ends, or when this pytest dies in it: a stopped
-    server cannot see that the process it watches is gone. A guard of its
-    own session (a group kill of pytest spares it) waits for the end of a
-    pipe this process holds; children forked meanwhile hold it too, until
-    they end."""
-    guard = subprocess.Popen(
-        ["sh", "-c", 'cat >/dev/null; kill -CONT "$1" 2>/dev/null; exit 0', "sh", str(pid)],
-        stdin=subprocess.PIPE, start_new_session=True)
+def undone_at_end(script, *args):
+    """Runs the shell `script` (`args` are its $1...) when the block ends,
+    or when this pytest dies in it, SIGKILL included: what a test changes
+    on the host (a mount, a cgroup) must not outlive it. A guard of its own
+    session (a group kill of pytest spares it) waits for a line on a pipe
+    this process holds, or for its end; children forked meanwhile hold it
+    too, so after a death the script runs once they have ended too. Start
+    it before making the change: the script runs even if nothing was made."""
+    guard = subprocess.Popen(["sh", "-c", f"read _; {script}", "sh", *args],
+                             stdin=subprocess.PIPE, start_new_session=True)
     try:
         yield
     finally:
-        guard.stdin.close()
+        try:
+            guard.stdin.write(b"\n")
+            guard.stdin.close()
+        except OSError:
+            pass
         guard.wait(timeout=60)
+
+
+def continued_after(pid):
+    """Whatever stops process `pid` (SIGSTOP) in the block, it runs again
+    (SIGCONT) when the block ends, or when this pytest dies in it: a stopped
+    server cannot see that the process it watches is gone."""
+    return undone_at_end('kill -CONT "$1" 2>/dev/null; exit 0', str(pid))
+
+
+def own_shm_dir(undo, tag):
+    """/dev/shm/shmcache-test-<pytest pid>-<tag> (the prefix leak_check
+    counts as this run's), made now; removed when the ExitStack `undo`
+    closes, or when this pytest dies."""
+    d = Path(f"/dev/shm/shmcache-test-{os.getpid()}-{tag}")
+    undo.enter_context(undone_at_end('rm -rf "$1"', str(d)))
+    d.mkdir()
+    return d
+
+
+def inner_pytest(tmp_path, source, **env):
+    """Starts a pytest of its own on the test module `source` (with this
+    conftest, `env` added to the environment): (its Popen, output piped;
+    its base temp dir, short, as a server's socket path must fit in 107
+    bytes, for the caller to remove)."""
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(source))
+    env = dict(os.environ, SHMCACHE_BUILD_DIR=str(BUILD),
+               PYTHONPATH=os.pathsep.join([PYTHONPATH, str(ROOT / "tests" / "python")]),
+               **env)
+    env.pop("SHMCACHE_TEST_SEED", None)
+    base = tempfile.mkdtemp(prefix="shmcache-in.")
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "--basetemp", base + "/b",
+         str(tmp_path / "test_inner.py")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return inner, base
 
 
 def _alive(pid):
@@ -293,24 +335,25 @@ def spill_server(tmp_path, monkeypatch):
 def small_tmpfs_of(tmp_path):
     """small_tmpfs_of(size) mounts a tmpfs of `size` (mount's size=, e.g.
     "24m") at a fresh dir under tmp_path and returns the dir; unmounted
-    after the test. Skips without root or where mounting is refused."""
-    mounted = []
+    after the test, or when this pytest dies (the memory its files hold
+    would stay taken until someone unmounted it). Skips without root or
+    where mounting is refused."""
+    made = []
+    with contextlib.ExitStack() as unmounts:
+        def mount(size):
+            if os.geteuid() != 0:
+                pytest.skip("needs root to mount a small tmpfs")
+            d = tmp_path / f"shm{len(made)}"
+            d.mkdir()
+            made.append(d)
+            unmounts.enter_context(undone_at_end('umount -l "$1" 2>/dev/null', str(d)))
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700",
+                                "tmpfs", str(d)], capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+            return d
 
-    def mount(size):
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount a small tmpfs")
-        d = tmp_path / f"shm{len(mounted)}"
-        d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700",
-                            "tmpfs", str(d)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        mounted.append(d)
-        return d
-
-    yield mount
-    for d in mounted:
-        subprocess.run(["umount", "-l", str(d)], check=False)
+        yield mount
 
 # ---- Shuffled order --------------------------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Server
+from conftest import Server, undone_at_end
 from shmcache import CacheWarning, DatasetCache
 
 MB = 1 << 20
@@ -28,18 +28,9 @@ def cache_warnings(record):
 
 
 @pytest.fixture
-def tmpfs_64m(tmp_path):
+def tmpfs_64m(small_tmpfs_of):
     """A 64 MB tmpfs (Docker's default /dev/shm size), unmounted after."""
-    d = tmp_path / "shm"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs",
-                        str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
+    return small_tmpfs_of("64m")
 
 
 @pytest.fixture
@@ -139,9 +130,10 @@ def _mount_of(fstype, option=None):
     return None
 
 
-def _make_limited_cgroup(name, limit):
-    """A new cgroup with a memory limit: (its dir, the limit file, version),
-    or a skip with the reason this machine does not allow it."""
+def _memory_cgroup_root():
+    """Where a new cgroup with a memory limit goes: (the hierarchy's dir,
+    the limit file, version), or a skip with the reason this machine does
+    not allow it."""
     v2 = _mount_of("cgroup2")
     if v2:
         root = Path(v2[1])
@@ -153,42 +145,36 @@ def _make_limited_cgroup(name, limit):
                     sub.write_text("+memory")
                 except OSError as e:
                     pytest.skip(f"cannot enable the memory controller in {sub}: {e}")
-            d = root / name
-            try:
-                d.mkdir()
-            except OSError as e:
-                pytest.skip(f"cannot create a cgroup v2 under {root}: {e}")
-            (d / "memory.max").write_text(str(limit))
-            return d, "memory.max", 2
+            return root, "memory.max", 2
     v1 = _mount_of("cgroup", "memory")
     if v1:
-        d = Path(v1[1]) / name
-        try:
-            d.mkdir()
-        except OSError as e:
-            pytest.skip(f"cannot create a cgroup v1 memory cgroup: {e}")
-        (d / "memory.limit_in_bytes").write_text(str(limit))
-        return d, "memory.limit_in_bytes", 1
+        return Path(v1[1]), "memory.limit_in_bytes", 1
     pytest.skip("no cgroup hierarchy with the memory controller is mounted "
                 "(cgroup v2 without 'memory' in cgroup.controllers, no v1 memory)")
 
 
+# Removes the cgroup $1 once it is empty, killing what is left in it (the
+# server the test started there, before it has seen its pytest gone).
+_REMOVE_CGROUP = ('for _ in $(seq 100); do [ -d "$1" ] || exit 0; rmdir "$1" 2>/dev/null && '
+                  'exit 0; kill -9 $(cat "$1/cgroup.procs") 2>/dev/null; sleep 0.1; done; '
+                  'exit 1')
+
+
 @pytest.fixture
 def limited_cgroup():
-    d, file, version = _make_limited_cgroup(f"shmcache-test-{os.getpid()}", 256 * MB)
-    try:
-        yield d, file, version
-    finally:
-        # Empty by now (the server stopped first); rmdir removes a cgroup.
+    """A new cgroup limited to 256 MB: (its dir, the limit file, version).
+    Removed after the test, or when this pytest dies: nothing else would
+    ever remove it."""
+    root, file, version = _memory_cgroup_root()
+    d = root / f"shmcache-test-{os.getpid()}"
+    with undone_at_end(_REMOVE_CGROUP, str(d)):
         try:
-            d.rmdir()
-        except OSError:
-            for pid in (d / "cgroup.procs").read_text().split():
-                try:
-                    os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
-            d.rmdir()
+            d.mkdir()
+        except OSError as e:
+            pytest.skip(f"cannot create a cgroup v{version} under {root}: {e}")
+        (d / file).write_text(str(256 * MB))
+        yield d, file, version
+    assert not d.exists(), f"cgroup {d} was not removed"
 
 
 @needs_root

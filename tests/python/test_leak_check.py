@@ -2,6 +2,7 @@
 process, a server or its /dev/shm files behind errors at teardown, named
 with what it left, and the leftovers are gone before the next test."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 
-from conftest import BUILD, PYTHONPATH, ROOT, wait_for
+from conftest import BUILD, PYTHONPATH, ROOT, free_port, host_lock, wait_for
 
 INNER = '''
 import subprocess, sys
@@ -164,15 +165,20 @@ def test_the_clean_up_kills_no_process_given_a_leftovers_pid_since():
         p.wait()
 
 
-def test_the_cpp_run_check_kills_no_process_given_a_tagged_pid_since():
-    """The C++ run's check kills the processes that carry the run's tag; one
-    given such a pid since (without the tag) is not killed."""
+def _cpp_check_module():
     import importlib.util
-    import signal
     spec = importlib.util.spec_from_file_location(
         "leak_check_cpp", ROOT / "scripts" / "lib" / "leak_check_cpp.py")
     cpp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cpp)
+    return cpp
+
+
+def test_the_cpp_run_check_kills_no_process_given_a_tagged_pid_since():
+    """The C++ run's check kills the processes that carry the run's tag; one
+    given such a pid since (without the tag) is not killed."""
+    import signal
+    cpp = _cpp_check_module()
     p = subprocess.Popen(["sleep", "600"], env=dict(os.environ, SHMCACHE_LEAK_TAG="x"))
     try:
         # Until the child has exec'd, its environment is this process's.
@@ -187,3 +193,39 @@ def test_the_cpp_run_check_kills_no_process_given_a_tagged_pid_since():
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_cpp_run_check_blames_no_test_for_files_another_run_removes_meanwhile(
+        tmp_path, monkeypatch):
+    """Another run on the host kills a server of its own and removes what
+    it left, host lock last, while this run's check looks at the files
+    that appeared during its test. The check read the lock after that run
+    had removed it, took the files for the test's (no lock naming another
+    run's dir) and failed a test that made no server at all
+    (protocol_messages_test, 'left behind .shmcache.0.55453.lock', 3 of 82
+    tests in a run here beside a pytest run). Here the other run's removal
+    comes just as the check reads the lock."""
+    cpp = _cpp_check_module()
+    port = free_port()
+    files = [f"/dev/shm/shmcache.{os.getuid()}.{port}.sessions", host_lock(port)]
+    read_lock = cpp.lock_run_dir
+
+    def removed_by_its_run_first(p):
+        for f in files:
+            if os.path.lexists(f):
+                os.unlink(f)
+        return read_lock(p)
+
+    monkeypatch.setattr(cpp, "lock_run_dir", removed_by_its_run_first)
+    results = tmp_path / "results.jsonl"
+    # The other run's server, killed: its files, a lock naming no run dir yet.
+    monkeypatch.setattr(sys, "argv", [
+        "leak_check_cpp.py", str(results), "a_test", "--",
+        "sh", "-c", f": > {files[0]}; echo 1 > {files[1]}"])
+    try:
+        assert cpp.main() == 0, results.read_text()
+        assert json.loads(results.read_text())["result"] == "OK"
+    finally:
+        for f in files:
+            if os.path.lexists(f):
+                os.unlink(f)

@@ -7,16 +7,15 @@ DistributedSampler(shuffle=True), each through the cache and from the
 source; the tests below check what each sampler does to the nodes' caches.
 """
 
+import contextlib
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Server, free_tcp_port
+from conftest import Server, free_tcp_port, own_shm_dir
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL, EPOCHS, N = 2, 2, 4, 401   # 401: partitions of 201 and 200 rows
@@ -51,32 +50,31 @@ def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multinode")
     master_port = free_tcp_port()
     servers, envs = [], []
-    try:
-        for node in range(NODES):
-            shm_dir = Path(f"/dev/shm/shmcache-test-{os.getpid()}-node{node}")
-            shm_dir.mkdir()
-            (tmp / f"node{node}").mkdir()
-            s = Server(tmp / f"node{node}")
-            s.shm_dir = shm_dir
-            servers.append(s)
-            s.start("--shm_dir", str(shm_dir))
-            session = s.new_session()
-            for local in range(LOCAL):
-                envs.append(dict(
-                    s.env, SESSION_ID=str(session), OMP_NUM_THREADS="1",
-                    RANK=str(node * LOCAL + local), WORLD_SIZE=str(NODES * LOCAL),
-                    LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
-        _run_ranks(envs, tmp)
-        results = {r: json.loads((tmp / f"rank{r}.json").read_text())
-                   for r in range(NODES * LOCAL)}
-        # What each server shows once the job is gone.
-        listed = [{c["name"]: c for c in s.sessions()[0]["caches"]} for s in servers]
-        yield results, listed
-    finally:
-        for s in servers:
-            s.stop()
-            shutil.rmtree(s.shm_dir, ignore_errors=True)
+    with contextlib.ExitStack() as undo:
+        try:
+            for node in range(NODES):
+                shm_dir = own_shm_dir(undo, f"node{node}")
+                (tmp / f"node{node}").mkdir()
+                s = Server(tmp / f"node{node}")
+                s.shm_dir = shm_dir
+                servers.append(s)
+                s.start("--shm_dir", str(shm_dir))
+                session = s.new_session()
+                for local in range(LOCAL):
+                    envs.append(dict(
+                        s.env, SESSION_ID=str(session), OMP_NUM_THREADS="1",
+                        RANK=str(node * LOCAL + local), WORLD_SIZE=str(NODES * LOCAL),
+                        LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
+            _run_ranks(envs, tmp)
+            results = {r: json.loads((tmp / f"rank{r}.json").read_text())
+                       for r in range(NODES * LOCAL)}
+            # What each server shows once the job is gone.
+            listed = [{c["name"]: c for c in s.sessions()[0]["caches"]} for s in servers]
+            yield results, listed
+        finally:
+            for s in servers:
+                s.stop()
 
 
 def _node_epochs(results, node, run):

@@ -12,11 +12,11 @@ kinds PartitionedLoader wraps (DataLoader(CachedDataset) and CachedLoader),
 with windows of 1 and 3 batches per exchange round.
 """
 
+import contextlib
 import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Server, free_tcp_port
+from conftest import Server, free_tcp_port, own_shm_dir
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL = 2, 2
@@ -68,33 +68,32 @@ def _job(tmp, kind, workers=0, brk=None, dead_node=None, script="partition_rank.
     unless `args`)."""
     master_port = free_tcp_port()
     servers, envs = [], []
-    try:
-        for node in range(NODES):
-            shm_dir = Path(f"/dev/shm/shmcache-test-{os.getpid()}-part{node}")
-            shm_dir.mkdir()
-            (tmp / f"node{node}").mkdir()
-            s = Server(tmp / f"node{node}")
-            s.shm_dir = shm_dir
-            servers.append(s)
-            s.start("--shm_dir", str(shm_dir))
-            session = s.new_session()
-            if node == dead_node:
-                s.kill()
-            for local in range(LOCAL):
-                envs.append(dict(
-                    s.env, SESSION_ID=str(session), OMP_NUM_THREADS="1",
-                    RANK=str(node * LOCAL + local), WORLD_SIZE=str(WORLD),
-                    LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
-        if args is None:
-            args = [N, EPOCHS, BATCH, workers, kind, KINDS[kind]] + ([brk] if brk else [])
-        _run_ranks(envs, [tmp] + args, script=script)
-        return {r: json.loads((tmp / f"rank{r}.json").read_text())
-                for r in range(WORLD)}
-    finally:
-        for s in servers:
-            s.stop()
-            shutil.rmtree(s.shm_dir, ignore_errors=True)
+    with contextlib.ExitStack() as undo:
+        try:
+            for node in range(NODES):
+                shm_dir = own_shm_dir(undo, f"part{node}")
+                (tmp / f"node{node}").mkdir()
+                s = Server(tmp / f"node{node}")
+                s.shm_dir = shm_dir
+                servers.append(s)
+                s.start("--shm_dir", str(shm_dir))
+                session = s.new_session()
+                if node == dead_node:
+                    s.kill()
+                for local in range(LOCAL):
+                    envs.append(dict(
+                        s.env, SESSION_ID=str(session), OMP_NUM_THREADS="1",
+                        RANK=str(node * LOCAL + local), WORLD_SIZE=str(WORLD),
+                        LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(LOCAL),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port)))
+            if args is None:
+                args = [N, EPOCHS, BATCH, workers, kind, KINDS[kind]] + ([brk] if brk else [])
+            _run_ranks(envs, [tmp] + args, script=script)
+            return {r: json.loads((tmp / f"rank{r}.json").read_text())
+                    for r in range(WORLD)}
+        finally:
+            for s in servers:
+                s.stop()
 
 
 def _same_batches(res, rank, epochs=range(EPOCHS)):

@@ -6,14 +6,10 @@ starts the server and is killed; the server must be gone within a bound."""
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
 
 import pytest
 
-from conftest import BUILD, PYTHONPATH, ROOT, _alive, remove_killed_instance, wait_for
+from conftest import _alive, inner_pytest, remove_killed_instance, wait_for
 
 INNER = '''
 import os, signal
@@ -43,19 +39,9 @@ def _state(pid):
 
 @pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
 def test_a_server_ends_with_the_pytest_that_started_it(tmp_path, stopped):
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))
     server_file = tmp_path / "server"
-    env = dict(os.environ, SHMCACHE_BUILD_DIR=str(BUILD),
-               PYTHONPATH=os.pathsep.join([PYTHONPATH, str(ROOT / "tests" / "python")]),
-               SERVER_FILE=str(server_file), STOP_SERVER="1" if stopped else "0")
-    env.pop("SHMCACHE_TEST_SEED", None)
-    # A short base temp dir: the server's socket path must fit in 107 bytes.
-    base = tempfile.mkdtemp(prefix="shmcache-we.")
-    inner = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), "--basetemp", base + "/b",
-         str(tmp_path / "test_inner.py")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    inner, base = inner_pytest(tmp_path, INNER, SERVER_FILE=str(server_file),
+                               STOP_SERVER="1" if stopped else "0")
     pidfd = None
     port = None
     try:
