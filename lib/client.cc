@@ -99,6 +99,7 @@ Status ClientImpl::Exchange(MsgType type, const std::string& request, std::strin
         port_, timeout_ms));
   }
   ForkSafeLock lock(&mu_, std::adopt_lock);
+  bool connected_now = false;
   if (!conn_ || conn_->broken() || fork_gen_ != ForkGeneration()) {
     if (!reconnect) {
       return Status::Unavailable(
@@ -106,9 +107,20 @@ Status ClientImpl::Exchange(MsgType type, const std::string& request, std::strin
     }
     Status s = ConnectLocked(deadline);
     if (!s.ok()) return s;
+    connected_now = true;
   }
   size_t off = 0;
   Status s = conn_->Call(type, request, body, &off, MsLeft(deadline));
+  if (!s.ok() && reconnect && !connected_now && conn_->closed_before_request()) {
+    // A daemon killed since this client's last request closed the
+    // connection, which nothing read since (hits and spilled rows need no
+    // daemon): the request, which it never read, goes to whoever serves
+    // the instance now. A restarted daemon answers it; none gives the
+    // connect's error, which says the server is not running.
+    s = ConnectLocked(deadline);
+    if (!s.ok()) return s;
+    s = conn_->Call(type, request, body, &off, MsLeft(deadline));
+  }
   if (!s.ok()) return s;
   *reader = WireReader(std::span(reinterpret_cast<const std::byte*>(body->data()) + off,
                                  body->size() - off));

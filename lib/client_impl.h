@@ -33,7 +33,9 @@ class ClientImpl {
   // One request and its answer. On success *response holds the answer,
   // its views pointing into *body; Corruption when the answer is malformed.
   // Reconnects first when the connection was broken or inherited across
-  // fork().
+  // fork(), and once more, to send the request again, when the server had
+  // closed the connection before the request reached it (a killed daemon,
+  // perhaps restarted since).
   template <typename Request>
   Status Call(const Request& request, typename Request::Response* response,
               std::string* body) EXCLUDES(mu_) {

@@ -159,6 +159,9 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
         return Broken(s.message());
       }
     }
+    // A request whose send failed was not whole on the socket: the server
+    // read none of it, or part, and read no more.
+    closed_before_request_ = err == EPIPE || err == ECONNRESET;
     return Broken(std::strerror(err));
   }
   // The answer's header and as much of its body as came with it (all of a

@@ -30,6 +30,10 @@ class Connection {
               size_t* payload_offset, int timeout_ms);
 
   bool broken() const { return fd_ < 0; }
+  // After a Call that failed: whether the server had closed the connection
+  // before the request reached it (its send failed with EPIPE or
+  // ECONNRESET), so that nothing of the request was done.
+  bool closed_before_request() const { return closed_before_request_; }
   // Closes the descriptor without a shutdown, so a parent process that
   // shares it after fork() keeps its connection.
   void Abandon();
@@ -45,6 +49,7 @@ class Connection {
   int fd_;
   int port_;
   int timeout_ms_;  // the socket's send and receive timeouts now
+  bool closed_before_request_ = false;
 };
 
 }  // namespace shmcache

@@ -5,8 +5,10 @@
 #include "daemon/cache_spiller.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 
 #include "daemon/cache_state.h"
 #include "daemon/logger.h"
+#include "format/row_codec.h"
 #include "tests/support/cache_state_fixture.h"
 
 namespace shmcache {
@@ -35,6 +38,18 @@ class CacheSpillerTest : public CacheStateTest {
   }
   static std::span<const std::byte> Bytes(const std::string& s) {
     return std::as_bytes(std::span<const char>(s.data(), s.size()));
+  }
+  // Row `key` encoded whole, with one uint8 column holding `text`: the
+  // daemon serves a spilled row only if it is a whole row of its id.
+  static std::string RowOf(uint64_t key, const std::string& text) {
+    const int64_t shape[1] = {static_cast<int64_t>(text.size())};
+    const ColumnRef col{"data", DType::kUInt8, shape, text.data(), text.size()};
+    size_t size = 0;
+    EXPECT_TRUE(RowCodec::EncodedSize(std::span(&col, 1), &size).ok());
+    std::vector<uint64_t> aligned((size + 7) / 8);
+    RowCodec::Encode(key, std::span(&col, 1),
+                     reinterpret_cast<std::byte*>(aligned.data()), size);
+    return std::string(reinterpret_cast<const char*>(aligned.data()), size);
   }
   // Leases 256 KB chunks until the cache's memory is used up.
   void UseUpMemory() {
@@ -73,12 +88,12 @@ TEST_F(CacheSpillerTest, PutRowsArePublishedAndReadBack) {
   ASSERT_TRUE(spiller_.enabled());
   Create(8 * kMB, 1, /*spill_requested=*/true);
   bool inserted = false;
+  const std::string row = RowOf(42, "forty-two");
   ASSERT_TRUE(
-      spiller_.Put(kCacheId, cache_.get(), 42, Bytes("forty-two"), &account_, &inserted)
-          .ok());
+      spiller_.Put(kCacheId, cache_.get(), 42, Bytes(row), &account_, &inserted).ok());
   EXPECT_TRUE(inserted);
   EXPECT_EQ(cache_->Stats().disk_rows, 1u);
-  EXPECT_EQ(cache_->Stats().disk_bytes, 9u);
+  EXPECT_EQ(cache_->Stats().disk_bytes, row.size());
   std::vector<std::string> rows;
   std::vector<Status> found;
   const uint64_t ids[] = {42, 43};
@@ -86,7 +101,7 @@ TEST_F(CacheSpillerTest, PutRowsArePublishedAndReadBack) {
   ASSERT_EQ(found.size(), 2u);
   EXPECT_TRUE(found[0].ok()) << found[0].ToString();
   EXPECT_TRUE(found[1].IsNotFound()) << found[1].ToString();
-  EXPECT_EQ(rows[0], "forty-two");
+  EXPECT_EQ(rows[0], row);
   EXPECT_EQ(spiller_.CacheIds(), std::vector<uint32_t>{kCacheId});
   ASSERT_TRUE(spiller_.DropCache(kCacheId).ok());
   ASSERT_TRUE(spiller_.Get(kCacheId, ids, &rows, &found).ok());

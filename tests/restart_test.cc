@@ -113,6 +113,35 @@ TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
   RemoveTree(spill);
 }
 
+// A client that asked the daemon nothing while it was down (its hits and
+// spilled rows need no daemon) holds a connection the killed daemon closed
+// without knowing it: its first request to the restarted daemon is
+// answered too, not failed with "Broken pipe" (which the Python layer
+// answers by reading from the source for the rest of the run).
+TEST(RestartTest, AClientThatAskedNothingWhileTheDaemonWasDownIsAnsweredByTheNextOne) {
+  auto first = std::make_unique<TestServer>();
+  ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+  const uint32_t session = first->NewSession();
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  ASSERT_TRUE(first->Connect(&client).ok());
+  ASSERT_TRUE(client->OpenCache(CacheNamed(session, "restart", 1, false), &cache).ok());
+  std::vector<uint8_t> row(kRowBytes);
+  FillPattern(0, 3, row.data(), row.size());
+  ASSERT_TRUE(cache->Put(0, row.data(), row.size()).ok());
+
+  first->Kill();
+  Row got;
+  ASSERT_TRUE(cache->Get(0, &got).ok());
+  TestServer second(SameInstance(*first, {}));
+  ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+
+  Status checked = client->CheckSession(session);
+  EXPECT_TRUE(checked.ok()) << checked.ToString();
+  cache.reset();
+  client.reset();
+}
+
 // Puts rows 0..n-1 into the "restart" cache (1 MB, spilling) of a server
 // with a spill dir; returns how many stayed in memory: ids below that, as
 // rows spill only once memory is used up.

@@ -251,6 +251,21 @@ def own_shm_dir(undo, tag):
     return d
 
 
+def node_server(undo, tmp, node, tag, servers):
+    """Starts the server of simulated node `node` of a multi-node test: its
+    own /dev/shm dir (`own_shm_dir(undo, f"{tag}{node}")`), its run dir
+    tmp/node<node>; appended to `servers` before it starts, so the caller's
+    cleanup stops it whatever happens next. Returns (server, a new
+    session's id)."""
+    shm_dir = own_shm_dir(undo, f"{tag}{node}")
+    (tmp / f"node{node}").mkdir()
+    s = Server(tmp / f"node{node}")
+    s.shm_dir = shm_dir
+    servers.append(s)
+    s.start("--shm_dir", str(shm_dir))
+    return s, s.new_session()
+
+
 def inner_pytest(tmp_path, source, **env):
     """Starts a pytest of its own on the test module `source` (with this
     conftest, `env` added to the environment): (its Popen, output piped;

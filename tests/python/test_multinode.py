@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Server, free_tcp_port, own_shm_dir
+from conftest import free_tcp_port, node_server
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL, EPOCHS, N = 2, 2, 4, 401   # 401: partitions of 201 and 200 rows
@@ -53,13 +53,7 @@ def job(tmp_path_factory):
     with contextlib.ExitStack() as undo:
         try:
             for node in range(NODES):
-                shm_dir = own_shm_dir(undo, f"node{node}")
-                (tmp / f"node{node}").mkdir()
-                s = Server(tmp / f"node{node}")
-                s.shm_dir = shm_dir
-                servers.append(s)
-                s.start("--shm_dir", str(shm_dir))
-                session = s.new_session()
+                s, session = node_server(undo, tmp, node, "node", servers)
                 for local in range(LOCAL):
                     envs.append(dict(
                         s.env, SESSION_ID=str(session), OMP_NUM_THREADS="1",

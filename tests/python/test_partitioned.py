@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Server, free_tcp_port, own_shm_dir
+from conftest import free_tcp_port, node_server
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL = 2, 2
@@ -71,13 +71,7 @@ def _job(tmp, kind, workers=0, brk=None, dead_node=None, script="partition_rank.
     with contextlib.ExitStack() as undo:
         try:
             for node in range(NODES):
-                shm_dir = own_shm_dir(undo, f"part{node}")
-                (tmp / f"node{node}").mkdir()
-                s = Server(tmp / f"node{node}")
-                s.shm_dir = shm_dir
-                servers.append(s)
-                s.start("--shm_dir", str(shm_dir))
-                session = s.new_session()
+                s, session = node_server(undo, tmp, node, "part", servers)
                 if node == dead_node:
                     s.kill()
                 for local in range(LOCAL):
