@@ -6,10 +6,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
+
+#include "common/process_state.h"
 
 namespace shmcache {
 
@@ -92,20 +96,34 @@ bool SameFile(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+// How long a start waits for a holder that is ending (ProcessEnding) to
+// let go of the lock: a killed server's other threads exit, and unmap its
+// segments, after its leader; a crash may dump core meanwhile.
+constexpr auto kEndingHolderWait = std::chrono::seconds(10);
+
 // Opens and flocks the lock file at lock_path and writes `text` into it
 // (for messages; the lock is what matters). A holder that stops unlinks
 // the file while holding it: a lock taken on a file that is no longer the
 // one at the path guards nothing (the next server makes a new file and
-// locks that), so it is taken again. Another holder: busy(its open file),
+// locks that), so it is taken again. A holder that is ending (killed, its
+// last threads still exiting) is waited for: a restart right after a kill
+// or a crash must not be refused. Another holder: busy(its open file),
 // the AlreadyExists naming it.
 Status LockFileAtPath(const std::string& lock_path, int port, const std::string& text,
                       const std::function<Status(int)>& busy, int* fd_out) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
+  const auto wait_until = std::chrono::steady_clock::now() + kEndingHolderWait;
+  for (int replaced = 0; replaced < 100;) {
     int fd = -1;
     struct stat held {};
     Status opened = OpenLockFile(lock_path, port, &fd, &held);
     if (!opened.ok()) return opened;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (ProcessEnding(ReadLockOwner(fd).pid) &&
+          std::chrono::steady_clock::now() < wait_until) {
+        close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       Status taken = busy(fd);
       close(fd);
       return taken;
@@ -113,6 +131,7 @@ Status LockFileAtPath(const std::string& lock_path, int port, const std::string&
     struct stat now {};
     if (lstat(lock_path.c_str(), &now) != 0 || !SameFile(now, held)) {
       close(fd);  // unlinked by the server that held it: take the new file
+      ++replaced;
       continue;
     }
     if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) < 0) {

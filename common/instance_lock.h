@@ -24,7 +24,10 @@ namespace shmcache {
 ProcessIdentity ReadLockOwner(int fd);
 
 // Takes the lock for the life of the process and writes this process's
-// identity into it; *fd_out is the open file, to be closed last. AlreadyExists,
+// identity into it; *fd_out is the open file, to be closed last. A holder
+// that is ending (killed, its last threads still exiting: ProcessEnding) is
+// waited for, up to 10 s: a restart right after a kill or a crash is not
+// refused. AlreadyExists,
 // naming the port and the holder's pid, when another server holds it. A
 // link is never followed: it, or anything that is not a regular file of
 // this user, is refused (PermissionDenied naming it and the fix).

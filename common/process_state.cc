@@ -18,23 +18,43 @@
 
 namespace shmcache {
 
-bool ProcessGone(int pid) {
-  if (pid <= 0) return true;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+namespace {
+
+// The state letter of `pid`'s leader and the count of its threads, from
+// /proc/<pid>/status; false when there is none to read (the process is gone).
+bool ReadProcessState(int pid, char* state, long* threads) {
   FILE* f = fopen(fmt::format("/proc/{}/status", pid).c_str(), "r");
-  if (f == nullptr) return true;
+  if (f == nullptr) return false;
   char line[256];
-  char state = 'R';
-  long threads = 1;
+  *state = 'R';
+  *threads = 1;
   while (fgets(line, sizeof line, f)) {
     if (std::strncmp(line, "State:", 6) == 0) {
-      std::sscanf(line + 6, " %c", &state);
+      std::sscanf(line + 6, " %c", state);
     } else if (std::strncmp(line, "Threads:", 8) == 0) {
-      LeadingLong(line + 8, &threads);
+      LeadingLong(line + 8, threads);
     }
   }
   fclose(f);
+  return true;
+}
+
+}  // namespace
+
+bool ProcessGone(int pid) {
+  if (pid <= 0) return true;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char state = 'R';
+  long threads = 1;
+  if (!ReadProcessState(pid, &state, &threads)) return true;
   return (state == 'Z' || state == 'X') && threads <= 1;
+}
+
+bool ProcessEnding(int pid) {
+  char state = 'R';
+  long threads = 1;
+  return pid > 0 && ReadProcessState(pid, &state, &threads) &&
+         (state == 'Z' || state == 'X') && threads > 1;
 }
 
 namespace {

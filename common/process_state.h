@@ -14,6 +14,13 @@ namespace shmcache {
 // is taken for it. ProcessHandle does not have that flaw.
 bool ProcessGone(int pid);
 
+// True while `pid` is ending: its leader is a zombie, but other threads of
+// it may still be exiting (and hold its open files and locks until the
+// last is gone); false once it is gone, and for a live process. A leader
+// that ended by itself (pthread_exit) while the others run on looks the
+// same: callers wait on it for a bounded time only.
+bool ProcessEnding(int pid);
+
 // ProcessHandle: one process, held by a pidfd (pidfd_open, Linux 5.3), so
 // that waiting for it or signalling it never reaches another process that
 // was given the same pid after it exited. Where pidfd_open is not there

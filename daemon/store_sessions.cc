@@ -113,8 +113,10 @@ Status Store::DestroySession(uint32_t id) {
     held_.Add(id, held, std::chrono::steady_clock::now());
     ResumeCachesLocked();
   }
-  jobs_cv_.SignalAll();  // the first preparer re-checks what stays held
-  SettleHeldMemory();
+  // The first preparer re-checks what stays held, and scans for readers
+  // that still map it: not this request, as a scan of every process's maps
+  // takes seconds on a busy host, and the client's request would time out.
+  jobs_cv_.SignalAll();
   if (!written.ok()) {
     return Status::IOError(fmt::format(
         "session {} was destroyed, but the list of sessions cannot be rewritten ({}): "

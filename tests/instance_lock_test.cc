@@ -16,12 +16,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/process_state.h"
 #include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache {
 namespace {
@@ -170,6 +173,44 @@ TEST_F(InstanceLockTest, AStartRefusedNamesNotTheEndedPreviousHolder) {
   EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
   EXPECT_NE(s.message().find("(process id ?)"), std::string::npos) << s.message();
   if (other >= 0) close(other);
+}
+
+// A server killed (or crashed) turns zombie before its other threads have
+// exited, and they hold its lock until the last is gone. A restart in that
+// while waits for them instead of refusing: here the holder's leader has
+// ended while a thread of it lives on, and that thread ends only once the
+// starter has found the lock held and tries again (the flock hook), so a
+// starter that refused at once would fail this.
+TEST_F(InstanceLockTest, AStartWaitsForAnEndingHolderToLetGo) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  const pid_t holder = test::ForkChild([&] {
+    close(pipe_fds[1]);
+    int fd = -1;
+    if (!TakeInstanceLock(path_, 31000, &fd).ok()) return 1;
+    std::thread([read_end = pipe_fds[0]] {
+      char c = 0;
+      (void)!read(read_end, &c, 1);  // until the starter lets it end
+      _exit(0);
+    }).detach();
+    syscall(SYS_exit, 0);  // the leader alone ends, as a killed one first does
+    return 2;
+  });
+  ASSERT_GT(holder, 0);
+  close(pipe_fds[0]);
+  ASSERT_TRUE(test::WaitFor([&] { return ProcessEnding(holder); }))
+      << "the holder's leader ended, a thread of it lives on";
+  int write_end = pipe_fds[1];
+  std::function<void()> holder_ends = [&] { close(write_end); };
+  std::function<void()> then_holder_ends = [&] { before_next_flock = &holder_ends; };
+  before_next_flock = &then_holder_ends;  // the second flock: after a refusal
+  int fd = -1;
+  Status s = TakeInstanceLock(path_, 31000, &fd);
+  if (before_next_flock != nullptr) close(write_end);
+  before_next_flock = nullptr;
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(test::WaitChild(holder), 0);
+  if (fd >= 0) close(fd);
 }
 
 // A server that stops unlinks its lock file while holding it. A starter

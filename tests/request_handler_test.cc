@@ -3,6 +3,11 @@
 // a crash, never a half-done change).
 #include "daemon/request_handler.h"
 
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -11,6 +16,28 @@
 #include "daemon/logger.h"
 #include "format/protocol_messages.h"
 #include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
+
+namespace shmcache {
+namespace {
+// Set: a scan of /proc (FindMappedDeleted) waits, at most 10 s, until a
+// destroy has returned; scan_outlasted is set when it has not by then.
+std::atomic<bool> hold_proc_scans{false}, destroy_returned{false}, scan_outlasted{false};
+}  // namespace
+}  // namespace shmcache
+
+// The interposed opendir (this binary's definition wins over libc's).
+extern "C" DIR* opendir(const char* name) {
+  using shmcache::destroy_returned, shmcache::hold_proc_scans, shmcache::scan_outlasted;
+  if (hold_proc_scans.load() && std::strcmp(name, "/proc") == 0 &&
+      !shmcache::test::WaitFor([] { return destroy_returned.load(); },
+                               std::chrono::seconds(10))) {
+    scan_outlasted.store(true);
+  }
+  static auto* real =
+      reinterpret_cast<DIR* (*)(const char*)>(dlsym(RTLD_NEXT, "opendir"));
+  return real(name);
+}
 
 namespace shmcache {
 namespace {
@@ -88,6 +115,25 @@ TEST_F(RequestHandlerTest, SessionsLifecycle) {
   EXPECT_TRUE(s.IsNotFound()) << s.ToString();
   EXPECT_TRUE(Call(pr::DestroySessionRequest{.session_id = id}).IsNotFound());
   EXPECT_TRUE(Call(OpenCache(id, "x")).IsNotFound());
+}
+
+// The memory of a destroyed session is released once no process maps its
+// files, which a scan of every process's maps tells: seconds on a busy
+// host. A destroy does not wait for that scan (a client's request times
+// out after 5 s): the segment preparer makes it.
+TEST_F(RequestHandlerTest, ADestroyDoesNotWaitForTheScanOfMappedFiles) {
+  const uint32_t id = NewSession();
+  ASSERT_TRUE(Call(OpenCache(id, "train")).ok());
+  WireReader r({reinterpret_cast<const std::byte*>(last_.data()), last_.size()});
+  ASSERT_TRUE(protocol::ReadStatus(r).ok());
+  pr::OpenCacheResponse opened;
+  ASSERT_TRUE(pr::DecodeMessage(&r, &opened));
+  ASSERT_TRUE(Call(Lease(opened.cache_id, 4096)).ok()) << "a segment to hold";
+  hold_proc_scans.store(true);
+  EXPECT_TRUE(Call(pr::DestroySessionRequest{.session_id = id}).ok());
+  destroy_returned.store(true);
+  EXPECT_FALSE(scan_outlasted.load()) << "the destroy waited for a scan of /proc";
+  hold_proc_scans.store(false);
 }
 
 TEST_F(RequestHandlerTest, StopIsReportedToTheServer) {

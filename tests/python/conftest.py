@@ -170,11 +170,13 @@ class Server:
     def start(self, *args):
         """Starts the server. The port was free when free_port chose it, but
         other test runs on the host pick ports too: when one of theirs took
-        it meanwhile, this server moves on to another port (self.port and
-        self.env follow)."""
+        it meanwhile, a first start moves on to another port (self.port and
+        self.env follow). A restart never moves: it is to adopt what the
+        server before it left on this port, so a refusal fails the test."""
+        restart = self.pid is not None
         for _ in range(20):
             r = self.admin("--start", "--log_dir", str(self.log_dir), *args, check=False)
-            if r.returncode == 0 or "already running on port" not in r.stderr:
+            if r.returncode == 0 or restart or "already running on port" not in r.stderr:
                 break
             self.port = free_port()
             self.env["SHMCACHE_PORT"] = str(self.port)
@@ -284,16 +286,19 @@ def inner_pytest(tmp_path, source, **env):
 
 
 def _alive(pid):
+    """Whether a thread of `pid` can still run (as the product's
+    ProcessGone says): a killed process's leader turns zombie before its
+    other threads have exited, and they hold its files and locks."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie child of ours would still answer; the daemon is not our child.
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
     except OSError:
         return False
+    return fields["State"].split()[0] not in ("Z", "X") or int(fields["Threads"]) > 1
 
 
 @pytest.fixture
