@@ -208,11 +208,17 @@ def test_registering_allocates_no_page_of_a_sparse_segment(start_server):
     # hole of a sparse segment file: the register given here first checks
     # that the range holds no hole (SEEK_HOLE), then reads a byte of every
     # page, as pinning would.
+    # The rows are put one by one under 64 KB, so each goes through the
+    # mapping and the chunk it leased is written whole: on tmpfs SEEK_HOLE
+    # also reports a page the daemon allocated (fallocate) but nobody wrote
+    # as a hole, which is what a batch's rows, or a larger row put alone,
+    # leave past their end in a chunk (lib/chunk_writer.h); pinning such a
+    # page allocates nothing, but this check cannot tell it from a hole.
     s = _one_preparer_server(start_server)
     cache = DatasetCache(s.new_session(), size_mb=1024, name="pages-sparse")
-    size, n = 1 << 20, 0
+    size, n = 48 << 10, 0
     while True:   # until a row lies in a segment with a hole past two steps
-        assert n < 600, "no segment with a hole was made"
+        assert n < 20000, "no segment with a hole was made"
         assert cache.put(n, np.full(size, n % 251, np.uint8))
         v = cache.get_batch_columns([n], copy=False)[0][0][2]
         n += 1
