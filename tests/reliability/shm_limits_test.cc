@@ -127,14 +127,23 @@ TEST(ShmLimits, FullFilesystemMeansFullNeverSigbusAndEarlierRowsStay) {
   ASSERT_TRUE(c->OpenCache({.session_id = sid, .fingerprint = "big"}, &cache).ok());
   CacheStats stats;
   ASSERT_TRUE(cache->GetStats(&stats).ok());
-  EXPECT_TRUE(stats.full);
   EXPECT_EQ(stats.mem_rows, res->written);
   Row row;
   for (uint64_t id = 0; id < res->written; ++id) {
     ASSERT_TRUE(cache->Get(id, &row).ok()) << id;
     ASSERT_EQ(m.Verify(id, row.view()), "") << id;
   }
-  EXPECT_TRUE(m.Put(*cache, res->written + 1).IsFull());
+  // The writer's exit gave back its chunk's tail, smaller than the row it
+  // was refused; room given back to a full cache takes rows again (16 KB or
+  // more of it: docs/capacity.md), so a few rows may still fit before Full.
+  Status more;
+  uint64_t id = res->written + 1;
+  for (; id < res->written + 64 && (more = m.Put(*cache, id)).ok(); ++id) {
+  }
+  EXPECT_TRUE(more.IsFull()) << more.ToString() << " after " << id - res->written - 1
+                             << " more rows";
+  ASSERT_TRUE(cache->GetStats(&stats).ok());
+  EXPECT_TRUE(stats.full);
   // The daemon is fine and other caches get a clear answer too.
   EXPECT_TRUE(d.Alive());
   std::unique_ptr<Cache> other;
