@@ -53,7 +53,8 @@ std::string RowOf(uint64_t id, size_t bytes) {
 // Rows of `row_bytes` written to a new store and flushed to its table
 // files: how many rows, and the data blocks of those files.
 void BlocksOfRows(size_t row_bytes, uint64_t* rows, uint64_t* blocks) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillblocks");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   {
     std::unique_ptr<SpillStore> store;
     ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
@@ -78,7 +79,6 @@ void BlocksOfRows(size_t row_bytes, uint64_t* rows, uint64_t* blocks) {
     *blocks = 0;
     for (const auto& [file, props] : tables) *blocks += props->num_data_blocks;
   }
-  test::RemoveTree(dir);
 }
 
 TEST(SpillStoreTest, RowsOfAFewKBAreABlockEachAndSmallRowsShareOne) {
@@ -107,12 +107,12 @@ TEST(SpillStoreTest, MemtablesFollowTheRoomOnTheDisk) {
 }
 
 TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   const uint64_t free_bytes = FreeBytes(dir);
   // Near the threshold the disk's use may cross it between the two looks.
   if (free_bytes / 16 * 15 < SpillStore::kRoomyDiskBytes &&
       free_bytes / 16 * 17 > SpillStore::kRoomyDiskBytes) {
-    test::RemoveTree(dir);
     GTEST_SKIP() << "the test dir's disk has about kRoomyDiskBytes free";
   }
   {
@@ -121,7 +121,6 @@ TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
     EXPECT_EQ(store->memtables().bytes, SpillStore::MemtablesFor(free_bytes).bytes);
     EXPECT_EQ(store->memtables().count, SpillStore::MemtablesFor(free_bytes).count);
   }
-  test::RemoveTree(dir);
   test::TmpfsMount small("32m");
   if (!small.mounted()) GTEST_SKIP() << small.skip_reason();
   std::unique_ptr<SpillStore> store;
@@ -131,7 +130,8 @@ TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
 }
 
 TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   std::unique_ptr<SpillStore> store;
   ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
   // More rows than one memtable holds: some are flushed to a table file,
@@ -191,11 +191,11 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
   EXPECT_EQ(test::WaitChild(child), 0)
       << "2: no reader; 3: a row not read back whole; 4: no catch-up; 5: rows not found";
   store.reset();
-  test::RemoveTree(dir);
 }
 
 TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   std::unique_ptr<SpillStore> store;
   ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
   // Far fewer rows than a memtable holds: RocksDB would keep them there.
@@ -242,7 +242,6 @@ TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
   EXPECT_EQ(whole, kRows);
   reader.reset();
   store.reset();
-  test::RemoveTree(dir);
 }
 
 }  // namespace
