@@ -167,10 +167,13 @@ bool WarmUp(Cache* cache, uint64_t n) {
 }
 
 // The machine's limit for puts into a fresh cache: how fast the server's shm
-// dir hands out fresh pages, made the way the daemon makes a segment
-// (sized, posix_fallocate, then zeros written in 1 MB blocks;
-// format/shm_file.cc: sized first, so a huge=within_size tmpfs gives 2 MB pages), for
-// as many bytes as n rows of `size`. In rows per second; -1 on error.
+// dir hands out fresh pages written once through a descriptor (sized first,
+// so a huge=within_size tmpfs gives 2 MB pages; posix_fallocate; then zeros
+// written in 1 MB blocks), for as many bytes as n rows of `size`. On 4 KB
+// pages the daemon only fallocates a segment and a batch's rows go in with
+// one pwritev (format/shm_file.cc, lib/chunk_writer.h): the least those
+// pages cost. On huge pages the daemon clears them so, and the writer
+// copies its rows on top. In rows per second; -1 on error.
 double PageSupplyRate(const std::string& dir, uint64_t n, size_t size) {
   std::string path = dir + "/shmcache-bench-pages." + std::to_string(getpid());
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -2,8 +2,9 @@
 // CPUs of the machine (--sweep), to see whether the cache scales to the
 // host it runs on:
 //   - page supply: fresh shm pages made by T threads at once, each its own
-//     files, made as the daemon makes a segment (the machine's limit for
-//     puts into a fresh cache with T cores making pages);
+//     files, fallocated and written once through the descriptor (the
+//     machine's limit for puts into a fresh cache with T cores making
+//     pages: PageSupplyRate in bench_shmcache.cc says why);
 //   - PutBatch of 64 by P processes into one fresh cache, 3 KB and 150 KB
 //     rows, each process writing kPutBytesPerProc;
 //   - GetBatch of 64 random ids by P processes, 150 KB and 600 KB rows,
@@ -40,8 +41,8 @@ constexpr uint64_t kSupplyFileBytes = 64u << 20;
 
 // Fresh pages of `dir`, `bytes` per thread, made by `threads` threads at once
 // in files of kSupplyFileBytes (fallocate, then zeros written in 1 MB blocks,
-// as format/shm_file.cc makes a segment). Bytes per second over all of
-// them; -1 when a file could not be made.
+// as PageSupplyRate makes them). Bytes per second over all of them; -1 when
+// a file could not be made.
 double SupplyRate(const std::string& dir, int threads, uint64_t bytes) {
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, failed{false};
