@@ -817,6 +817,8 @@ def main():
             plot(d, args.plot)
         except Exception as e:  # the table matters more than the picture
             print(f"plot failed: {e}")
+    print("Written: " + ", ".join(f"{what} {path}" for what, path in (
+        ("JSON", args.json), ("table", args.markdown), ("plot", args.plot)) if path))
 
 
 if __name__ == "__main__":
