@@ -22,7 +22,7 @@
 # The load average is sampled at each stage and printed with the table:
 # figures taken with a load above the CPU count are unreliable.
 #
-#   scripts/bench.sh            # full run (about 5 minutes)
+#   scripts/bench.sh            # full run (7-8 minutes on a quiet 2-CPU VM)
 #   BENCH_QUICK=1 scripts/bench.sh   # shorter timings, smaller data
 #   BENCH_AB=main scripts/bench.sh   # and the read path against main's build
 #
