@@ -48,7 +48,7 @@ ShmFiles FilesOf(int port, uint32_t cache_id, const std::string& kind) {
     std::string name = e->d_name;
     if (name != prefix && name.rfind(prefix + ".", 0) != 0) continue;
     struct stat st;
-    if (stat((dir + "/" + name).c_str(), &st) != 0) continue;
+    if (stat(std::string(dir).append("/").append(name).c_str(), &st) != 0) continue;
     out.apparent += static_cast<uint64_t>(st.st_size);
     out.allocated += static_cast<uint64_t>(st.st_blocks) * 512;
   }
@@ -231,7 +231,7 @@ void BenchPut(const Config& c, const Source& src, Report* r) {
         if (s.ok())
           s = OpenBenchCache(client.get(), session, "put-" + k, false, 0, &cache);
         if (!s.ok()) {
-          r->Skip(variant + " " + k, s.ToString());
+          r->Skip(std::string(variant).append(" ").append(k), s.ToString());
           if (session) client->DestroySession(session).PermitUncheckedError();
           continue;
         }
@@ -244,7 +244,9 @@ void BenchPut(const Config& c, const Source& src, Report* r) {
           return rr;
         });
         if (rate < 0)
-          r->Skip(variant + " " + k + " P=" + std::to_string(p), "put failed");
+          r->Skip(std::string(variant).append(" ").append(k).append(" P=").append(
+                      std::to_string(p)),
+                  "put failed");
         else r->Add("put", "shmcache", variant, size, p, rate);
         cache.reset();
         client->DestroySession(session).PermitUncheckedError();

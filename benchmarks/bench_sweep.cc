@@ -48,6 +48,7 @@ double SupplyRate(const std::string& dir, int threads, uint64_t bytes) {
   std::atomic<bool> go{false}, failed{false};
   std::vector<double> took(static_cast<size_t>(threads), 0);
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       static const std::vector<char> zeros(1u << 20, 0);
@@ -206,7 +207,7 @@ void BenchSweep(const Config& c, const Source& src, Report* r) {
       r->Skip("sweep page supply T=" + std::to_string(t), "cannot write " + dir);
     else r->Add("sweep", "shm pages", "fallocate+clear", 1, t, bytes);
   }
-  for (size_t size : {size_t{3 * 1024}, size_t{150 * 1024}}) {
+  for (size_t size : {size_t{3} * 1024, size_t{150} * 1024}) {
     for (int p : c.sweep) {
       std::string err;
       double rate = SweepPuts(client.get(), src, size, p, &err);
@@ -214,7 +215,7 @@ void BenchSweep(const Config& c, const Source& src, Report* r) {
       else r->Add("sweep", "shmcache", "PutBatch 64", size, p, rate);
     }
   }
-  for (size_t size : {size_t{150 * 1024}, size_t{600 * 1024}}) {
+  for (size_t size : {size_t{150} * 1024, size_t{600} * 1024}) {
     SweepGets(c, client.get(), src, size, r);
   }
 }
