@@ -261,7 +261,8 @@ TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
 // daemon's CPU in a spilling PutBatch, docs/spill-reads.md). Dropping the
 // cache removes its markers with its rows.
 TEST(SpillStoreTest, FlushesAfterPausesOfAFillInIdOrderLeaveDisjointTableFiles) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillpause");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   std::unique_ptr<SpillStore> store;
   ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
   constexpr uint64_t kRowsPerPause = 100;
@@ -305,7 +306,6 @@ TEST(SpillStoreTest, FlushesAfterPausesOfAFillInIdOrderLeaveDisjointTableFiles) 
   it.reset();
   db.reset();
   store.reset();
-  test::RemoveTree(dir);
 }
 
 }  // namespace
