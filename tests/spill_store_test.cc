@@ -56,7 +56,8 @@ std::string RowOf(uint64_t id, size_t bytes) {
 // Rows of `row_bytes` written to a new store and flushed to its table
 // files: how many rows, and the data blocks of those files.
 void BlocksOfRows(size_t row_bytes, uint64_t* rows, uint64_t* blocks) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillblocks");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   {
     std::unique_ptr<SpillStore> store;
     ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
@@ -82,7 +83,6 @@ void BlocksOfRows(size_t row_bytes, uint64_t* rows, uint64_t* blocks) {
     *blocks = 0;
     for (const auto& [file, props] : tables) *blocks += props->num_data_blocks;
   }
-  test::RemoveTree(dir);
 }
 
 TEST(SpillStoreTest, RowsOfAFewKBAreABlockEachAndSmallRowsShareOne) {
@@ -111,12 +111,12 @@ TEST(SpillStoreTest, MemtablesFollowTheRoomOnTheDisk) {
 }
 
 TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   const uint64_t free_bytes = FreeBytes(dir);
   // Near the threshold the disk's use may cross it between the two looks.
   if (free_bytes / 16 * 15 < SpillStore::kRoomyDiskBytes &&
       free_bytes / 16 * 17 > SpillStore::kRoomyDiskBytes) {
-    test::RemoveTree(dir);
     GTEST_SKIP() << "the test dir's disk has about kRoomyDiskBytes free";
   }
   {
@@ -125,7 +125,6 @@ TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
     EXPECT_EQ(store->memtables().bytes, SpillStore::MemtablesFor(free_bytes).bytes);
     EXPECT_EQ(store->memtables().count, SpillStore::MemtablesFor(free_bytes).count);
   }
-  test::RemoveTree(dir);
   test::TmpfsMount small("32m");
   if (!small.mounted()) GTEST_SKIP() << small.skip_reason();
   std::unique_ptr<SpillStore> store;
@@ -135,7 +134,8 @@ TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
 }
 
 TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   std::unique_ptr<SpillStore> store;
   ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
   // More rows than one memtable holds: some are flushed to a table file,
@@ -196,7 +196,6 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
   EXPECT_EQ(test::WaitChild(child), 0)
       << "2: no reader; 3: a row not read back whole; 4: no catch-up; 5: rows not found";
   store.reset();
-  test::RemoveTree(dir);
 }
 
 // Writes rows first..first+n-1 of `bytes` each in one batch.
@@ -209,7 +208,8 @@ void WriteRowsInOrder(SpillStore* store, uint64_t first, uint64_t n, size_t byte
 }
 
 TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillstore");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   std::unique_ptr<SpillStore> store;
   ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
   // Far fewer rows than a memtable holds: RocksDB would keep them there.
@@ -251,7 +251,6 @@ TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
   EXPECT_EQ(whole, kRows);
   reader.reset();
   store.reset();
-  test::RemoveTree(dir);
 }
 
 // A fill in id order whose writes pause (a flush once they stop, then the
@@ -262,7 +261,8 @@ TEST(SpillStoreTest, RowsAreFlushedOnceWritesStopAndReadersLetGoOfTheirCopies) {
 // daemon's CPU in a spilling PutBatch, docs/spill-reads.md). Dropping the
 // cache removes its markers with its rows.
 TEST(SpillStoreTest, FlushesAfterPausesOfAFillInIdOrderLeaveDisjointTableFiles) {
-  const std::string dir = test::MakeTempDir(test::TestTmpRoot(), "spillpause");
+  test::TempDir tmp(test::TestTmpRoot());
+  const std::string& dir = tmp.path();
   std::unique_ptr<SpillStore> store;
   ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
   constexpr uint64_t kRowsPerPause = 100;
@@ -306,7 +306,6 @@ TEST(SpillStoreTest, FlushesAfterPausesOfAFillInIdOrderLeaveDisjointTableFiles) 
   it.reset();
   db.reset();
   store.reset();
-  test::RemoveTree(dir);
 }
 
 }  // namespace
