@@ -751,6 +751,64 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   alloc.Release(nullptr);
 }
 
+// Another node's segments count in the budget whether its writers lease
+// from them or not: a segment made ahead for node 1 (a quarter of what the
+// cache holds) and the pages of node 1's open segment not yet supplied were
+// never leased to a writer on node 0, whose cache was marked full with
+// them unused (a false Full on a host of two nodes, once node 1's writers
+// had finished). The lease opens the segment made ahead there, and waits
+// for a supply job of node 1 (Store::LeaseChunk takes every node's jobs
+// when a lease waits) for the rest.
+TEST_F(SegmentAllocatorTest,
+       ALeaseTakesAnotherNodesSegmentsMadeAheadBeforeTheCacheIsFull) {
+  SegmentAllocator alloc(paths_, kCacheId, 2, /*log=*/nullptr);
+  constexpr uint64_t kNodeZeroBytes = 8 * kMB;
+  // Node 1's writer puts one large row, and its next segment is made.
+  alloc.Attach(header_.get(), kLabel, 256 * kMB);
+  ChunkLease big;
+  ASSERT_TRUE(alloc.Lease(1, 1, 80 * kMB, &account_, &big).ok());
+  std::vector<SegmentJob> ahead = alloc.TakeSegmentJobs(1, &account_, 1);
+  ASSERT_EQ(ahead.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, ahead[0], &account_));
+  const uint64_t first_supply = SegmentAllocator::FirstSupply(ahead[0].size);
+  ASSERT_LT(first_supply, ahead[0].size) << "a rest to be supplied";
+  // The budget (set again now that what node 1 holds is known) leaves
+  // node 0 a segment of its own, then is used up.
+  alloc.Attach(header_.get(), kLabel, alloc.data_bytes() + kNodeZeroBytes);
+  Chunk(big)->used.store(big.size);  // written whole: nothing to take back
+  // Node 0's writer leases 3 KB rows' chunks until refused, running the
+  // jobs a waiting lease asks for, as the store's preparers do.
+  uint64_t leased = 0, past_first_supply = 0;
+  bool in_ahead = false;
+  Status s;
+  for (int i = 0; i < 200; ++i) {
+    ChunkLease l;
+    bool wait = false;
+    s = alloc.Lease(2, 0, 3000, &account_, &l, &wait);
+    if (!s.ok()) break;
+    if (wait) {
+      for (int node = 0; node < 2; ++node) {
+        for (const SegmentJob& j : alloc.TakeSupplyJobs(node)) {
+          ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, j, &account_));
+        }
+      }
+      continue;
+    }
+    leased += l.size;
+    if (l.seg_no == ahead[0].seg_no) {
+      in_ahead = true;
+      if (l.offset + l.size > first_supply) past_first_supply += l.size;
+    }
+    Chunk(l)->used.store(l.size);
+  }
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(in_ahead) << "node 1's segment made ahead was never leased; " << leased
+                        << " bytes leased to node 0 before " << s.ToString();
+  EXPECT_GT(past_first_supply, 0u) << "its pages past the first supply were not";
+  EXPECT_GE(leased, kNodeZeroBytes + ahead[0].size - 2 * SegmentAllocator::kChunkBytes);
+  alloc.Release(nullptr);
+}
+
 TEST_F(SegmentAllocatorTest, AdoptedSegmentMadeAheadIsHandedOutAfterTheCurrentOne) {
   const uint64_t size = layout::kMinSegmentBytes;
   ShmFile used, ahead;
