@@ -286,9 +286,10 @@ void SpillReader::ReadByMultiGet(uint32_t cache_id, std::span<const uint64_t> id
 // the key, a cost that only rows far larger than a key are worth.
 void SpillReader::ReadBySeek(uint32_t cache_id, std::span<const uint64_t> ids,
                              FoundRow found, std::span<bool> got) {
-  // Every level-0 file spans to the daemon's flush marker: a seek positions
-  // each of them, and the spill tables' first-key index (spill_format.cc)
-  // keeps those not holding the key from reading their block.
+  // Level-0 files overlap (each of a shuffled fill spans the cache's ids):
+  // a seek positions each of them, and the spill tables' first-key index
+  // (spill_format.cc) keeps those not holding the key from reading their
+  // block.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   uint64_t read = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
