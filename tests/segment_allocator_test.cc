@@ -579,6 +579,18 @@ void RunJob(const InstancePaths& paths, SegmentAllocator* alloc, const SegmentJo
   alloc->FinishSegmentJob(job, made, std::move(f), account);
 }
 
+// A writer on `node` leases a chunk for one row of `row` bytes (made on
+// the spot), and the one segment made ahead after it is made: *ahead.
+void LeaseAndMakeAhead(const InstancePaths& paths, SegmentAllocator* alloc, int node,
+                       uint64_t row, MemoryAccount* account, ChunkLease* lease,
+                       SegmentJob* ahead) {
+  ASSERT_TRUE(alloc->Lease(1, node, row, account, lease).ok());
+  std::vector<SegmentJob> made = alloc->TakeSegmentJobs(node, account, 1);
+  ASSERT_EQ(made.size(), 1u);
+  *ahead = made[0];
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths, alloc, *ahead, account));
+}
+
 TEST_F(SegmentAllocatorTest, SegmentsAreMadeByMoreThreadsOnceAWriterWaitedForOne) {
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 512 * kMB);
@@ -641,15 +653,13 @@ uint64_t AllocatedBytes(const std::string& path) {
 TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarveMark) {
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 250 * kMB);
-  ChunkLease big;
-  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &big).ok());
   // The next segment, a quarter of what the cache holds, is made sparse:
   // only its header and kSupplyAhead are supplied.
-  std::vector<SegmentJob> made = alloc.TakeSegmentJobs(0, &account_, 1);
-  ASSERT_EQ(made.size(), 1u);
-  const SegmentJob next = made[0];
+  ChunkLease big;
+  SegmentJob next{};
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 0, 160 * kMB, &account_, &big, &next));
   ASSERT_GT(next.size, 2 * SegmentAllocator::kSupplyAhead);
-  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, next, &account_));
   const std::string path = paths_.SegmentFile(kCacheId, next.seg_no);
   const uint64_t first = SegmentAllocator::FirstSupply(next.size);
   EXPECT_EQ(first, 18 * kMB);
@@ -705,10 +715,9 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 250 * kMB);
   ChunkLease l;
-  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &l).ok());
-  std::vector<SegmentJob> b = alloc.TakeSegmentJobs(0, &account_, 1);
-  ASSERT_EQ(b.size(), 1u);
-  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, b[0], &account_));
+  std::vector<SegmentJob> b(1);
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 0, 160 * kMB, &account_, &l, &b[0]));
   // A writer fills segment b; its supply jobs run when it waits for them,
   // until the segment after it is named (and made).
   std::vector<SegmentJob> held, c;
@@ -766,10 +775,9 @@ TEST_F(SegmentAllocatorTest,
   // Node 1's writer puts one large row, and its next segment is made.
   alloc.Attach(header_.get(), kLabel, 256 * kMB);
   ChunkLease big;
-  ASSERT_TRUE(alloc.Lease(1, 1, 80 * kMB, &account_, &big).ok());
-  std::vector<SegmentJob> ahead = alloc.TakeSegmentJobs(1, &account_, 1);
-  ASSERT_EQ(ahead.size(), 1u);
-  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, ahead[0], &account_));
+  std::vector<SegmentJob> ahead(1);
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 1, 80 * kMB, &account_, &big, &ahead[0]));
   const uint64_t first_supply = SegmentAllocator::FirstSupply(ahead[0].size);
   ASSERT_LT(first_supply, ahead[0].size) << "a rest to be supplied";
   // The budget (set again now that what node 1 holds is known) leaves
