@@ -321,18 +321,26 @@ uint64_t SegmentAllocator::ChunkSize(const Segment& seg, uint64_t need,
   return size;
 }
 
-SegmentAllocator::Segment* SegmentAllocator::SuppliedRest(int node, uint64_t need,
-                                                          uint64_t share) {
+SegmentAllocator::Segment* SegmentAllocator::OtherNodesRoom(int node, uint64_t need,
+                                                            uint64_t share) {
+  Segment* to_supply = nullptr;
   for (uint32_t no : open_[static_cast<size_t>(node)]) {
     Segment& s = segments_.at(no);
-    // Only pages supplied already: a lease that waits for a supply job
-    // waits for its own node's (Store::LeaseChunk takes only those).
-    if (s.size - s.carved >= layout::ChunkBytesFor(need) && s.supply_error.ok() &&
-        s.carved + ChunkSize(s, need, share) <= s.supplied) {
-      return &s;
-    }
+    if (s.size - s.carved < layout::ChunkBytesFor(need) || !s.supply_error.ok()) continue;
+    if (s.carved + ChunkSize(s, need, share) <= s.supplied) return &s;
+    if (to_supply == nullptr) to_supply = &s;
   }
-  return nullptr;
+  // A segment made ahead for that node (counted in the budget as soon as
+  // it was named) is opened there, as its own writers would have, before
+  // pages of an open one are waited for.
+  if (auto p = FirstPreparedFor(node, layout::ChunkBytesFor(need));
+      p != prepared_[static_cast<size_t>(node)].end()) {
+    const uint32_t seg_no = p->seg_no;
+    AddSegment(seg_no, node, p->size, std::move(p->file), p->supplied);
+    prepared_[static_cast<size_t>(node)].erase(p);
+    return &segments_.at(seg_no);
+  }
+  return to_supply;
 }
 
 std::deque<SegmentAllocator::Prepared>::iterator SegmentAllocator::FirstPreparedFor(
@@ -548,13 +556,18 @@ Status SegmentAllocator::NewSegment(uint64_t conn, int node, uint64_t row_bytes,
                       [&](const Tail& t) { return t.size >= need; })) {
         return Status::OK();
       }
-      if (Segment* rest = SuppliedRest(other, row_bytes, share); rest != nullptr) {
-        *out = rest;
+      if (Segment* room = OtherNodesRoom(other, row_bytes, share); room != nullptr) {
+        *out = room;
+        return Status::OK();
+      }
+      if (wait != nullptr && preparing_[static_cast<size_t>(other)] > 0) {
+        // A segment being made for that node holds budget too.
+        *wait = true;
         return Status::OK();
       }
     }
     if (TakeRoom(conn, kAnyNode, need)) return Status::OK();
-    return NoRoomFor(conn, node, need, min_bytes, *account);
+    return NoRoomFor(conn, need, min_bytes, *account);
   }
   if (next_seg_no_ > layout::kMaxSegmentId) {
     MarkFull("too many segments");
@@ -739,11 +752,11 @@ uint64_t SegmentAllocator::BudgetLeft() const {
   return budget_bytes_ > data_bytes_ ? budget_bytes_ - data_bytes_ : 0;
 }
 
-Status SegmentAllocator::NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes,
+Status SegmentAllocator::NoRoomFor(uint64_t conn, uint64_t chunk_bytes,
                                    uint64_t min_bytes, const MemoryAccount& account) {
   const uint64_t left = BudgetLeft();
   const uint64_t room = std::min(left, account.available());
-  const uint64_t largest = LargestRowNow(node, room, MostRoomHeld(conn, kAnyNode).bytes);
+  const uint64_t largest = LargestRowNow(room, MostRoomHeld(conn, kAnyNode).bytes);
   // The rows the writers counted so far. None counted says nothing of
   // their size (a writer counts once per window of rows, and before its
   // next lease: another's first row finds the rows of a batch in flight
@@ -777,8 +790,7 @@ Status SegmentAllocator::NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes
       true);
 }
 
-uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room, uint64_t held) const {
-  const size_t n = static_cast<size_t>(node);
+uint64_t SegmentAllocator::LargestRowNow(uint64_t room, uint64_t held) const {
   // A segment of `bytes` holds the chunks that SegmentBytesFor fits in it:
   // its whole grains less its header.
   const auto in_segment = [](uint64_t bytes) -> uint64_t {
@@ -789,15 +801,17 @@ uint64_t SegmentAllocator::LargestRowNow(int node, uint64_t room, uint64_t held)
   for (const auto& tails : tails_) {
     for (const Tail& t : tails) chunk = std::max(chunk, t.size);
   }
-  for (size_t other = 0; other < open_.size(); ++other) {
-    for (uint32_t no : open_[other]) {
-      // Another node's rest only where supplied (SuppliedRest).
+  // Every node's: a lease takes another node's room before the cache is
+  // full (NewSegment).
+  for (const auto& open : open_) {
+    for (uint32_t no : open) {
       const Segment& seg = segments_.at(no);
-      const uint64_t end = other == n ? seg.size : std::max(seg.supplied, seg.carved);
-      chunk = std::max(chunk, end - seg.carved);
+      chunk = std::max(chunk, seg.size - seg.carved);
     }
   }
-  for (const Prepared& p : prepared_[n]) chunk = std::max(chunk, in_segment(p.size));
+  for (const auto& ready : prepared_) {
+    for (const Prepared& p : ready) chunk = std::max(chunk, in_segment(p.size));
+  }
   // ChunkBytesFor's whole cache lines, the header among them.
   chunk = chunk / layout::kCacheLine * layout::kCacheLine;
   return chunk > sizeof(layout::ChunkHeader) ? chunk - sizeof(layout::ChunkHeader) : 0;

@@ -128,16 +128,17 @@ class SegmentAllocator {
   // another connection's chunk holds past its `used` mark is taken back
   // (half of the most any chunk holds, or what the row needs:
   // layout::kRoomTaken) and leased; then room on the other nodes (the
-  // budget is the whole cache's): free tails and the supplied rest of open
-  // segments, then room taken back there. Full when none holds the row
+  // budget is the whole cache's): free tails, the rest of open segments and
+  // segments made ahead, then room taken back there. Full when none holds the row
   // (the cache is then marked full for every client). TooLarge when only
   // this row does not fit: what is left still holds a segment of
   // layout::kMinSegmentBytes, so the cache is not marked and smaller rows
   // go on being cached.
   // When the node's next segment, or the pages of the chunk, are being
-  // prepared in the background (or are to be: TakeSupplyJobs names them)
-  // and `wait` is given, sets *wait instead of leasing: the caller takes
-  // the jobs, waits for them to finish (FinishSegmentJob) and asks again.
+  // prepared in the background (or are to be: TakeSupplyJobs names them,
+  // for another node's segment too) and `wait` is given, sets *wait
+  // instead of leasing: the caller takes the jobs, of every node, waits
+  // for them to finish (FinishSegmentJob) and asks again.
   // Without `wait` a segment and its pages are made on the spot
   // (Unavailable when a job supplying them is still out). A shm filesystem
   // without room for the pages is Full (FullNoShmRoom), the cache marked
@@ -263,18 +264,17 @@ class SegmentAllocator {
   uint64_t NextSegmentSize(uint64_t min_bytes, const MemoryAccount& account,
                            uint64_t max_bytes = layout::kMaxSegmentBytes) const;
   uint64_t BudgetLeft() const;
-  // No segment of min_bytes fits a chunk of chunk_bytes on `node`:
+  // No segment of min_bytes fits a chunk of chunk_bytes, nor other room:
   // TooLarge when an ordinary segment still would, or a row of the
   // cache's average size so far still fits (LargestRowNow), naming the
   // most one row can take now and the fix; else the cache's memory is
   // used up (see MemoryUsedUp).
-  Status NoRoomFor(uint64_t conn, int node, uint64_t chunk_bytes, uint64_t min_bytes,
+  Status NoRoomFor(uint64_t conn, uint64_t chunk_bytes, uint64_t min_bytes,
                    const MemoryAccount& account);
-  // The largest row a lease on `node` could hold now: in a free tail (of
-  // any node), the rest of an open segment (of another node: its supplied
-  // part), a segment made ahead for `node`, a new segment of `room` bytes,
-  // or the `held` room another writer's chunk could give.
-  uint64_t LargestRowNow(int node, uint64_t room, uint64_t held) const;
+  // The largest row a lease could hold now, on any node: in a free tail,
+  // the rest of an open segment, a segment made ahead, a new segment of
+  // `room` bytes, or the `held` room another writer's chunk could give.
+  uint64_t LargestRowNow(uint64_t room, uint64_t held) const;
   // Spilling caches send further rows to disk, others stop taking rows.
   // by_cap: the server's cap ran out, not the budget (ResumeIfCapAllows).
   Status MemoryUsedUp(const std::string& why, bool by_cap);
@@ -322,13 +322,18 @@ class SegmentAllocator {
   // A segment for a chunk for a row of `row_bytes` (of `share` at most:
   // ChunkSize), or, when the budget or the cap leaves none, room elsewhere:
   // taken back from another writer on `node` (TakeRoom), free on another
-  // node (a tail: *out is then null; or the supplied rest of an open
-  // segment), or taken back from a writer on another node.
+  // node (a tail: *out is then null; or a segment: OtherNodesRoom; or,
+  // with `wait`, one being made there: *wait), or taken back from a writer
+  // on another node.
   Status NewSegment(uint64_t conn, int node, uint64_t row_bytes, uint64_t share,
                     MemoryAccount* account, Segment** out, bool* wait);
-  // The first open segment of `node` whose supplied pages hold the chunk
-  // Lease carves for a row of `need` bytes (of `share` at most), or null.
-  Segment* SuppliedRest(int node, uint64_t need, uint64_t share);
+  // Where on `node` (another than the lease's) the chunk Lease carves for
+  // a row of `need` bytes (of `share` at most) fits: the first open
+  // segment whose supplied pages hold it, else a segment made ahead for
+  // `node` (opened there), else the first open segment whose rest holds
+  // it once its pages are supplied (SupplyFor: the lease may wait for a
+  // job on `node`); null when none.
+  Segment* OtherNodesRoom(int node, uint64_t need, uint64_t share);
   // Creates and formats a segment under the first free number from
   // next_seg_no_ on, and moves next_seg_no_ past it.
   Status CreateNextSegment(int node, uint64_t size, uint32_t* seg_no, ShmFile* out);

@@ -32,9 +32,15 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t ne
     if (!s.ok()) return s;
     bool wait = false;
     s = c->Lease(conn, node, need, &account_, out, stopping_ ? nullptr : &wait);
-    // The pages the next leases need (and, when it waits, this one).
+    // The pages the next leases need (and, when it waits, this one: on
+    // another node's segment, once the budget is used up).
     const int n = (node % num_nodes_ + num_nodes_) % num_nodes_;
     std::vector<SegmentJob> jobs = c->TakeSupplyJobs(n);
+    for (int other = 0; wait && other < num_nodes_; ++other) {
+      if (other == n) continue;
+      std::vector<SegmentJob> more = c->TakeSupplyJobs(other);
+      jobs.insert(jobs.end(), more.begin(), more.end());
+    }
     if (s.ok() && !wait) {
       std::vector<SegmentJob> more = c->TakeSegmentJobs(n, &account_, preparer_threads_);
       jobs.insert(jobs.end(), more.begin(), more.end());

@@ -182,7 +182,12 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   const size_t head =
       got > 0 ? std::min<size_t>(static_cast<size_t>(got), sizeof hdr) : 0;
   if (got <= 0 || !ReadAll(fd_, hdr + head, sizeof hdr - head)) {
-    return Broken(errno == EAGAIN ? "timed out" : "connection closed");
+    if (errno == EAGAIN) return Broken("timed out");
+    // Sent whole: the server may have carried it out (a lease granted, a
+    // session created) before it went, so it is never sent again.
+    return Broken(
+        "it closed the connection before it answered: it was stopped or killed while "
+        "it had the request, which may have been carried out, so it is not sent again");
   }
   protocol::FrameHeader rh;
   Status s = protocol::DecodeFrameHeader(hdr, &rh);

@@ -3,10 +3,14 @@
 // row committed before the kill; what it cannot trust it discards.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -14,7 +18,9 @@
 
 #include "format/layout.h"
 #include "shmcache/client.h"
+#include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
+#include "tests/support/wait_for.h"
 
 namespace shmcache::test {
 namespace {
@@ -139,6 +145,60 @@ TEST(RestartTest, AClientThatAskedNothingWhileTheDaemonWasDownIsAnsweredByTheNex
   Status checked = client->CheckSession(session);
   EXPECT_TRUE(checked.ok()) << checked.ToString();
   cache.reset();
+  client.reset();
+}
+
+// Whether thread `tid` of this process is in recvmsg (waiting for an
+// answer).
+bool InRecvmsg(pid_t tid) {
+  std::ifstream f(fmt::format("/proc/self/task/{}/syscall", tid));
+  long nr = -1;
+  return f >> nr && nr == SYS_recvmsg;
+}
+
+// A request the daemon had (sent whole) when it was killed may have been
+// carried out: it is not sent again to the restarted daemon (a session
+// created twice, a lease granted twice), and the caller is told why in
+// words: before, "unreachable (connection closed)", which said neither
+// that the server went while it had the request nor what became of it.
+// The next request is answered by the restarted daemon.
+TEST(RestartTest, ARequestTheKilledDaemonHadIsNotSentAgainAndSaysWhy) {
+  auto first = std::make_unique<TestServer>();
+  ASSERT_TRUE(first->ok()) << first->start_result().Describe();
+  const uint32_t session = first->NewSession();
+  ClientOptions o = first->client_options();
+  o.request_timeout_ms = 120000;  // the answer is waited for until the kill
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(Client::Connect(o, &client).ok());
+  ASSERT_TRUE(client->CheckSession(session).ok());
+  // Stopped, the daemon reads nothing: the request lies whole in its
+  // socket when it is killed.
+  ASSERT_TRUE(StopProcess(first->pid()));
+  std::atomic<pid_t> tid{0};
+  Status created;
+  uint32_t made = 0;
+  std::thread asker([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    created = client->CreateSession(&made);
+  });
+  const bool asked =
+      WaitFor([&] { return tid != 0 && InRecvmsg(tid); }, std::chrono::seconds(60));
+  first->Kill();
+  asker.join();
+  ASSERT_TRUE(asked) << "the request was never waiting for its answer";
+  EXPECT_TRUE(created.IsUnavailable()) << created.ToString();
+  EXPECT_NE(created.message().find("closed the connection before it answered"),
+            std::string::npos)
+      << created.ToString();
+  EXPECT_NE(created.message().find("not sent again"), std::string::npos)
+      << created.ToString();
+
+  TestServer second(SameInstance(*first, {}));
+  ASSERT_TRUE(second.ok()) << second.start_result().Describe();
+  std::vector<SessionInfo> sessions;
+  ASSERT_TRUE(client->ListSessions(&sessions).ok()) << "the next request reconnects";
+  ASSERT_EQ(sessions.size(), 1u) << "the create was sent again";
+  EXPECT_EQ(sessions[0].session_id, session);
   client.reset();
 }
 

@@ -579,6 +579,18 @@ void RunJob(const InstancePaths& paths, SegmentAllocator* alloc, const SegmentJo
   alloc->FinishSegmentJob(job, made, std::move(f), account);
 }
 
+// A writer on `node` leases a chunk for one row of `row` bytes (made on
+// the spot), and the one segment made ahead after it is made: *ahead.
+void LeaseAndMakeAhead(const InstancePaths& paths, SegmentAllocator* alloc, int node,
+                       uint64_t row, MemoryAccount* account, ChunkLease* lease,
+                       SegmentJob* ahead) {
+  ASSERT_TRUE(alloc->Lease(1, node, row, account, lease).ok());
+  std::vector<SegmentJob> made = alloc->TakeSegmentJobs(node, account, 1);
+  ASSERT_EQ(made.size(), 1u);
+  *ahead = made[0];
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths, alloc, *ahead, account));
+}
+
 TEST_F(SegmentAllocatorTest, SegmentsAreMadeByMoreThreadsOnceAWriterWaitedForOne) {
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 512 * kMB);
@@ -641,15 +653,13 @@ uint64_t AllocatedBytes(const std::string& path) {
 TEST_F(SegmentAllocatorTest, ChunksComeOnlyFromPagesSuppliedAStepAheadOfTheCarveMark) {
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 250 * kMB);
-  ChunkLease big;
-  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &big).ok());
   // The next segment, a quarter of what the cache holds, is made sparse:
   // only its header and kSupplyAhead are supplied.
-  std::vector<SegmentJob> made = alloc.TakeSegmentJobs(0, &account_, 1);
-  ASSERT_EQ(made.size(), 1u);
-  const SegmentJob next = made[0];
+  ChunkLease big;
+  SegmentJob next{};
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 0, 160 * kMB, &account_, &big, &next));
   ASSERT_GT(next.size, 2 * SegmentAllocator::kSupplyAhead);
-  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, next, &account_));
   const std::string path = paths_.SegmentFile(kCacheId, next.seg_no);
   const uint64_t first = SegmentAllocator::FirstSupply(next.size);
   EXPECT_EQ(first, 18 * kMB);
@@ -705,10 +715,9 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
   alloc.Attach(header_.get(), kLabel, 250 * kMB);
   ChunkLease l;
-  ASSERT_TRUE(alloc.Lease(1, 0, 160 * kMB, &account_, &l).ok());
-  std::vector<SegmentJob> b = alloc.TakeSegmentJobs(0, &account_, 1);
-  ASSERT_EQ(b.size(), 1u);
-  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, b[0], &account_));
+  std::vector<SegmentJob> b(1);
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 0, 160 * kMB, &account_, &l, &b[0]));
   // A writer fills segment b; its supply jobs run when it waits for them,
   // until the segment after it is named (and made).
   std::vector<SegmentJob> held, c;
@@ -748,6 +757,63 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &l, &wait).ok());
   ASSERT_FALSE(wait);
   EXPECT_EQ(l.seg_no, b[0].seg_no);
+  alloc.Release(nullptr);
+}
+
+// Another node's segments count in the budget whether its writers lease
+// from them or not: a segment made ahead for node 1 (a quarter of what the
+// cache holds) and the pages of node 1's open segment not yet supplied were
+// never leased to a writer on node 0, whose cache was marked full with
+// them unused (a false Full on a host of two nodes, once node 1's writers
+// had finished). The lease opens the segment made ahead there, and waits
+// for a supply job of node 1 (Store::LeaseChunk takes every node's jobs
+// when a lease waits) for the rest.
+TEST_F(SegmentAllocatorTest,
+       ALeaseTakesAnotherNodesSegmentsMadeAheadBeforeTheCacheIsFull) {
+  SegmentAllocator alloc(paths_, kCacheId, 2, /*log=*/nullptr);
+  constexpr uint64_t kNodeZeroBytes = 8 * kMB;
+  // Node 1's writer puts one large row, and its next segment is made.
+  alloc.Attach(header_.get(), kLabel, 256 * kMB);
+  ChunkLease big;
+  std::vector<SegmentJob> ahead(1);
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 1, 80 * kMB, &account_, &big, &ahead[0]));
+  const uint64_t first_supply = SegmentAllocator::FirstSupply(ahead[0].size);
+  ASSERT_LT(first_supply, ahead[0].size) << "a rest to be supplied";
+  // The budget (set again now that what node 1 holds is known) leaves
+  // node 0 a segment of its own, then is used up.
+  alloc.Attach(header_.get(), kLabel, alloc.data_bytes() + kNodeZeroBytes);
+  Chunk(big)->used.store(big.size);  // written whole: nothing to take back
+  // Node 0's writer leases 3 KB rows' chunks until refused, running the
+  // jobs a waiting lease asks for, as the store's preparers do.
+  uint64_t leased = 0, past_first_supply = 0;
+  bool in_ahead = false;
+  Status s;
+  for (int i = 0; i < 200; ++i) {
+    ChunkLease l;
+    bool wait = false;
+    s = alloc.Lease(2, 0, 3000, &account_, &l, &wait);
+    if (!s.ok()) break;
+    if (wait) {
+      for (int node = 0; node < 2; ++node) {
+        for (const SegmentJob& j : alloc.TakeSupplyJobs(node)) {
+          ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, j, &account_));
+        }
+      }
+      continue;
+    }
+    leased += l.size;
+    if (l.seg_no == ahead[0].seg_no) {
+      in_ahead = true;
+      if (l.offset + l.size > first_supply) past_first_supply += l.size;
+    }
+    Chunk(l)->used.store(l.size);
+  }
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_TRUE(in_ahead) << "node 1's segment made ahead was never leased; " << leased
+                        << " bytes leased to node 0 before " << s.ToString();
+  EXPECT_GT(past_first_supply, 0u) << "its pages past the first supply were not";
+  EXPECT_GE(leased, kNodeZeroBytes + ahead[0].size - 2 * SegmentAllocator::kChunkBytes);
   alloc.Release(nullptr);
 }
 
