@@ -2,8 +2,9 @@
 // CPUs of the machine (--sweep), to see whether the cache scales to the
 // host it runs on:
 //   - page supply: fresh shm pages made by T threads at once, each its own
-//     files, made as the daemon makes a segment (the machine's limit for
-//     puts into a fresh cache with T cores making pages);
+//     files, fallocated and written once through the descriptor (the
+//     machine's limit for puts into a fresh cache with T cores making
+//     pages: PageSupplyRate in bench_shmcache.cc says why);
 //   - PutBatch of 64 by P processes into one fresh cache, 3 KB and 150 KB
 //     rows, each process writing kPutBytesPerProc;
 //   - GetBatch of 64 random ids by P processes, 150 KB and 600 KB rows,
@@ -40,13 +41,14 @@ constexpr uint64_t kSupplyFileBytes = 64u << 20;
 
 // Fresh pages of `dir`, `bytes` per thread, made by `threads` threads at once
 // in files of kSupplyFileBytes (fallocate, then zeros written in 1 MB blocks,
-// as format/shm_file.cc makes a segment). Bytes per second over all of
-// them; -1 when a file could not be made.
+// as PageSupplyRate makes them). Bytes per second over all of them; -1 when
+// a file could not be made.
 double SupplyRate(const std::string& dir, int threads, uint64_t bytes) {
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, failed{false};
   std::vector<double> took(static_cast<size_t>(threads), 0);
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       static const std::vector<char> zeros(1u << 20, 0);
@@ -205,7 +207,7 @@ void BenchSweep(const Config& c, const Source& src, Report* r) {
       r->Skip("sweep page supply T=" + std::to_string(t), "cannot write " + dir);
     else r->Add("sweep", "shm pages", "fallocate+clear", 1, t, bytes);
   }
-  for (size_t size : {size_t{3 * 1024}, size_t{150 * 1024}}) {
+  for (size_t size : {size_t{3} * 1024, size_t{150} * 1024}) {
     for (int p : c.sweep) {
       std::string err;
       double rate = SweepPuts(client.get(), src, size, p, &err);
@@ -213,7 +215,7 @@ void BenchSweep(const Config& c, const Source& src, Report* r) {
       else r->Add("sweep", "shmcache", "PutBatch 64", size, p, rate);
     }
   }
-  for (size_t size : {size_t{150 * 1024}, size_t{600 * 1024}}) {
+  for (size_t size : {size_t{150} * 1024, size_t{600} * 1024}) {
     SweepGets(c, client.get(), src, size, r);
   }
 }

@@ -19,6 +19,15 @@ from sweep_report import sweep_lines, sweep_targets
 
 KB = 1024
 SIZES = (3 * KB, 150 * KB, 600 * KB)
+# What the harness's page-supply reference ("shm pages", "fallocate+clear")
+# times: a file of the server's shm dir sized, fallocated and written once
+# through its descriptor in 1 MB blocks of zeros. On 4 KB pages the daemon
+# only fallocates a segment and a batch's rows are written into it with
+# pwritev (docs/performance.md, the put path profiled again), so this is
+# the least those pages cost; on huge pages the daemon still clears them
+# so, and the writer's copy comes on top.
+SUPPLY = ("fresh pages of the shm dir fallocated and written once through the descriptor "
+          "by one thread (1 MB writes: the least a put's pages cost)")
 
 
 def load_samples(path):
@@ -182,8 +191,7 @@ def targets(d):
         f"{putb / 1e6:.2f} M/s" if putb else "—", ">= 1 M/s", putb and putb >= 1e6)
     pages = d.rate("put", "shm pages", "fallocate+clear")
     r = ratio(putb, pages)
-    row("reference: fresh pages of the shm dir made by one thread (fallocate + clear, "
-        "as the daemon makes a segment), as 3 KB rows; PutBatch vs it (not a target)",
+    row(f"reference: {SUPPLY}, as 3 KB rows; PutBatch vs it (not a target)",
         f"{fmt_rate(putb)} vs {fmt_rate(pages)} rows/s", f"{r:.2f}x" if r else "—",
         "—", None)
     pyb = d.rate("put", "python", "DatasetCache.put_batch 64")
@@ -209,8 +217,7 @@ def targets(d):
             hb and hb >= 1e6)
         hpages = d.rate("put", "shm pages", "fallocate+clear" + d.suffix)
         r = ratio(hb, hpages)
-        row(f"{x}: reference: fresh pages made by one thread, as 3 KB rows; PutBatch vs it "
-            "(not a target)",
+        row(f"{x}: reference: {SUPPLY}, as 3 KB rows; PutBatch vs it (not a target)",
             f"{fmt_rate(hb)} vs {fmt_rate(hpages)} rows/s", f"{r:.2f}x" if r else "—",
             "—", None)
     redis = d.rate("get", "redis", "GET")
@@ -430,7 +437,8 @@ def throughput_rows(d):
         ("view", "shmcache", "zero-copy ViewBatch 64", "shmcache ViewBatch of 64"),
         ("put", "shmcache", "put", "shmcache Put"),
         ("put", "shmcache", "PutBatch 64", "shmcache PutBatch of 64"),
-        ("put", "shm pages", "fallocate+clear", "fresh shm pages, one thread (reference for puts)"),
+        ("put", "shm pages", "fallocate+clear",
+         "fresh shm pages, fallocated and written once, one thread (reference for puts)"),
         ("get", "python", "DatasetCache.get", "Python DatasetCache.get"),
         ("view", "python", "DatasetCache.view", "Python DatasetCache.view"),
         ("put", "python", "DatasetCache.put", "Python DatasetCache.put"),
@@ -442,8 +450,10 @@ def throughput_rows(d):
         ("get", "numpy", None, "Python numpy row copy (reference)"),
         ("get", "redis", "GET", "Redis GET"),
         ("get", "redis", "GET pipelined x32", "Redis GET pipelined x32"),
-        ("put", "redis", "SET", "Redis SET"),
-        ("put", "redis", "SET pipelined", "Redis SET pipelined x32"),
+        # bench_redis.cc loads the rows into an emptied database pipelined,
+        # then times single SETs of rows already there: overwrites.
+        ("put", "redis", "SET", "Redis SET, overwriting a stored row"),
+        ("put", "redis", "SET pipelined", "Redis SET pipelined x32, loading an empty database"),
         ("get", "lmdb", "copy-out", "LMDB get (txn+get+copy)"),
         ("view", "lmdb", "zero-copy", "LMDB get (long txn, zero-copy)"),
         ("get", "rocksdb", "raw", "RocksDB get (raw)"),
@@ -454,7 +464,8 @@ def throughput_rows(d):
         ("view", "shmcache", "zero-copy" + d.suffix, f"shmcache View, {d.extra_label}"),
         ("put", "shmcache", "put" + d.suffix, f"shmcache Put, {d.extra_label}"),
         ("put", "shm pages", "fallocate+clear" + d.suffix,
-         f"fresh shm pages, one thread (reference for puts), {d.extra_label}"),
+         f"fresh shm pages, fallocated and written once, one thread (reference for puts), "
+         f"{d.extra_label}"),
         ("put", "shmcache", "PutBatch 64" + d.suffix,
          f"shmcache PutBatch of 64, {d.extra_label}"),
         ("cpu", "spin", None, "CPU-only loop (core scaling)"),
@@ -466,8 +477,10 @@ def throughput_rows(d):
                     (variant is None or r["variant"] == variant):
                 mc = d.rate("get", "memcpy", size=r["row_bytes"], procs=r["procs"])
                 vs = ratio(r["rows_per_s"], mc) if bench == "get" and system != "memcpy" else None
-                rows.append((label, r["row_bytes"], r["procs"], r["rows_per_s"],
-                             r["gb_per_s"], vs))
+                # A zero-copy view reads none of the row's bytes: lookups
+                # times the row size is no byte rate (it gave "39,000 GB/s").
+                gb = None if bench in ("view", "cpu") else r["gb_per_s"]
+                rows.append((label, r["row_bytes"], r["procs"], r["rows_per_s"], gb, vs))
     return rows
 
 
@@ -475,11 +488,25 @@ def size_label(b):
     return "—" if b == 0 else (f"{b // KB} KB" if b % KB == 0 else f"{b} B")
 
 
-def render(d, elapsed, command):
+def run_time(started, elapsed):
+    """'2026-11-29 15:20-15:28 UTC' for a run that started at `started` (epoch
+    seconds) and took `elapsed` seconds; today's date when not known."""
+    if not started:
+        return str(datetime.date.today())
+    utc = datetime.timezone.utc
+    t0 = datetime.datetime.fromtimestamp(started, utc)
+    t1 = datetime.datetime.fromtimestamp(started + elapsed, utc)
+    return f"{t0:%Y-%m-%d %H:%M}-{t1:%H:%M} UTC"
+
+
+def render(d, elapsed, command, commit="", started=0):
     lines = []
-    lines.append(f"Command: `{command}` — {datetime.date.today()} — "
+    lines.append(f"Command: `{command}` — {run_time(started, elapsed)} — "
                  f"whole run {elapsed:.0f} s" if elapsed else f"Command: `{command}`")
     lines.append("")
+    if commit:
+        lines.append(f"Tree measured: {commit}")
+        lines.append("")
     lines.append(f"Machine: {machine()}")
     lines.append("")
     if d.load:
@@ -502,11 +529,15 @@ def render(d, elapsed, command):
     lines.append("")
     lines.append("### Throughput (random rows from a working set larger than the LLC)")
     lines.append("")
+    lines.append("GB/s: the rows' bytes copied per second (none for a zero-copy view, "
+                 "which reads none of them: its rows/s are lookups).")
+    lines.append("")
     lines.append("| what | row | procs | rows/s | GB/s | vs memcpy |")
     lines.append("|---|---|---|---|---|---|")
     for label, size, procs, rate, gb, vs in throughput_rows(d):
         lines.append(f"| {label} | {size_label(size)} | {procs} | {fmt_rate(rate)} | "
-                     f"{gb:.2f} | {'' if vs is None else f'{vs:.2f}x'} |")
+                     f"{'—' if gb is None else f'{gb:.2f}'} | "
+                     f"{'' if vs is None else f'{vs:.2f}x'} |")
     mem = [(k, x) for k, x in d.values.items() if k.startswith("mem.")]
     if mem:
         lines.append("")
@@ -743,6 +774,10 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
     ap.add_argument("--elapsed", type=float, default=0)
+    ap.add_argument("--started", type=float, default=0, help="the run's start, epoch seconds")
+    ap.add_argument("--commit", default="", help="the commit the run built and measured")
+    ap.add_argument("--skip", action="append", default=[], metavar="WHAT=WHY",
+                    help="a part the run itself skipped, and why (repeatable)")
     ap.add_argument("--command", default="scripts/bench.sh")
     args = ap.parse_args()
     multinode = None
@@ -753,7 +788,10 @@ def main():
              load_samples(args.load), args.headline, args.extra_label, args.extra_how,
              multinode, load(args.sweep))
     d.ab, d.ab_label = load(args.ab), args.ab_label
-    text = render(d, args.elapsed, args.command)
+    for item in args.skip:
+        what, _, why = item.partition("=")
+        d.skipped[what] = why
+    text = render(d, args.elapsed, args.command, args.commit, args.started)
     print()
     print(text)
     if args.markdown:
@@ -765,9 +803,10 @@ def main():
                 f.write("\n" + kept)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine(), command=args.command,
+            json.dump(dict(machine=machine(), command=args.command, commit=args.commit,
                            elapsed_s=args.elapsed, date=str(datetime.date.today()),
-                           load=d.load,
+                           time=run_time(args.started, args.elapsed),
+                           headline=d.headline, load=d.load,
                            targets=[dict(zip(("measure", "measured", "value", "target",
                                               "status"), t)) for t in targets(d)],
                            results=d.results, values=d.values, skipped=d.skipped,
@@ -778,6 +817,8 @@ def main():
             plot(d, args.plot)
         except Exception as e:  # the table matters more than the picture
             print(f"plot failed: {e}")
+    print("Written: " + ", ".join(f"{what} {path}" for what, path in (
+        ("JSON", args.json), ("table", args.markdown), ("plot", args.plot)) if path))
 
 
 if __name__ == "__main__":

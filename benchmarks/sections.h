@@ -51,7 +51,7 @@ double PutRange(shmcache::Cache* cache, const Source& src, size_t size, uint64_t
 // Reads every row 0..n-1 once, touching each of its pages.
 bool WarmUp(shmcache::Cache* cache, uint64_t n);
 // Rows of `size` per second that fresh pages of `dir` are made at by one
-// thread, made as the daemon makes a segment; -1 on error.
+// thread, fallocated and written once through the descriptor; -1 on error.
 double PageSupplyRate(const std::string& dir, uint64_t n, size_t size);
 
 // Keeps the compiler from dropping a computation whose result is unused.

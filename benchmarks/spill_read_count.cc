@@ -11,7 +11,9 @@
 // every row again after 2.5 s, twice: the reader catches up once a second
 // while it reads, and the second catch-up lets go of the rows it replayed
 // from the log), then makes CALLS calls of Cache::GetBatch of 64 random
-// ids among the spilled rows, and drops the session. rocksdb: writes the
+// ids among the spilled rows (printing how many data blocks RocksDB read
+// for them: rocksdb::PerfContext::block_read_count), and drops the
+// session. rocksdb: writes the
 // same rows, keyed by their 8-byte id, into a new database in DIR (removed
 // first and at the end) with the spill reader's options
 // (format/spill_format.h: the spill section's best RocksDB peer at 3 KB),
@@ -44,6 +46,8 @@
 #include <vector>
 
 #include <rocksdb/db.h>
+#include <rocksdb/perf_context.h>
+#include <rocksdb/perf_level.h>
 
 #include "benchmarks/rocksdb_peer.h"
 #include "format/spill_format.h"
@@ -117,6 +121,11 @@ int CountShmcache(uint64_t rows, size_t bytes, int calls, int port) {
   const uint64_t first_spilled = rows - st.disk_rows;
   const std::vector<uint64_t> ids = RandomIds(first_spilled, rows, calls);
   uint64_t sum = 0;
+  // The reader reads in this thread: RocksDB's own count of the blocks it
+  // read for the calls (one per row at best; the spill tables' ranges may
+  // overlap).
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kEnableCount);
+  rocksdb::get_perf_context()->Reset();
   for (int c = 0; s.ok() && c < calls; ++c) {
     s = cache->GetBatch(std::span(ids).subspan(static_cast<size_t>(c) * kBatch, kBatch),
                         out, sts);
@@ -125,13 +134,17 @@ int CountShmcache(uint64_t rows, size_t bytes, int calls, int port) {
       if (s.ok()) sum += static_cast<unsigned char>(out[k].view().column(0).data[0]);
     }
   }
+  const uint64_t blocks = rocksdb::get_perf_context()->block_read_count;
+  rocksdb::SetPerfLevel(rocksdb::PerfLevel::kDisable);
   cache.reset();
   client->DestroySession(session).PermitUncheckedError();
   if (!s.ok()) return Fail(s.ToString());
-  std::printf("%d GetBatch calls of %zu, %llu spilled rows of %llu, checksum %llu\n",
-              calls, kBatch, static_cast<unsigned long long>(st.disk_rows),
-              static_cast<unsigned long long>(rows),
-              static_cast<unsigned long long>(sum));
+  std::printf(
+      "%d GetBatch calls of %zu, %llu spilled rows of %llu, %llu blocks read, "
+      "checksum %llu\n",
+      calls, kBatch, static_cast<unsigned long long>(st.disk_rows),
+      static_cast<unsigned long long>(rows), static_cast<unsigned long long>(blocks),
+      static_cast<unsigned long long>(sum));
   return 0;
 }
 

@@ -42,7 +42,7 @@ def sweep_targets(d, row):
         sup = _supply(d, ps[-1])
         vs = top / sup if top and sup else None
         row(f"PutBatch of 64, {label}, {ps[-1]} processes vs one, and vs the page supply "
-            f"of {ps[-1]} threads (fallocate + clear, each its own files)",
+            f"of {ps[-1]} threads (fallocated and written once, each its own files)",
             f"{top:.2f} vs {one:.2f} GB/s (P=1); supply {sup:.2f} GB/s",
             f"{top / one:.2f}x P=1; {_x(vs)} supply",
             f">= 6x at 16 processes, or >= 0.80x of the supply",
@@ -193,7 +193,8 @@ def sweep_lines(d):
         return "—" if v is None else f"{v:.2f}"
 
     sup = gbs("sweep", "shm pages", "fallocate+clear", 1)
-    line("fresh shm pages, T threads (each its own files)", "—", [fmt(v) for v in sup])
+    line("fresh shm pages fallocated and written once, T threads (each its own files)", "—",
+         [fmt(v) for v in sup])
     for size, label in ((3 * KB, "3 KB"), (150 * KB, "150 KB")):
         p = gbs("sweep", "shmcache", "PutBatch 64", size)
         line("PutBatch of 64, P processes, one fresh cache", label, [fmt(v) for v in p])

@@ -106,6 +106,7 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
   }
   rocksdb::WriteBatch batch;
   uint64_t off = 0;
+  SpillKey last(cache_id, 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     // Whole rows (RowCodec sizes are multiples of 8) inside the stage.
     if (sizes[i] < kRowHeaderBytes || sizes[i] % 8 != 0 ||
@@ -115,9 +116,10 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
           "bytes",
           i, ids[i], sizes[i], off, stage.size()));
     }
-    SpillKey k(cache_id, ids[i]);
-    batch.Put(k.slice(), rocksdb::Slice(reinterpret_cast<const char*>(stage.data() + off),
-                                        sizes[i]));
+    last = SpillKey(cache_id, ids[i]);
+    batch.Put(
+        last.slice(),
+        rocksdb::Slice(reinterpret_cast<const char*>(stage.data() + off), sizes[i]));
     off += sizes[i];
   }
   StagedRowCheck check(ids, sizes);
@@ -126,7 +128,7 @@ Status CacheSpiller::WriteStaged(uint32_t cache_id, std::span<const std::byte> s
         fmt::format("staged row {} (id {}) is not a whole row of that id", check.bad(),
                     ids[check.bad()]));
   }
-  return spill_->Write(&batch, off);
+  return spill_->Write(&batch, off, last);
 }
 
 Status CacheSpiller::Get(uint32_t cache_id, std::span<const uint64_t> ids,

@@ -81,13 +81,23 @@ void SpillStore::WriteFlushMarker() {
   // drops it once the rows are in a table file, only when it replays a
   // write from a newer log (RocksDB 7.8, DBImplSecondary::RecoverLogFiles);
   // the flush leaves the new log empty. The marker is that write: one key
-  // of another length than a row's, which no reader asks for, CacheIds
-  // skips and no cache's range holds.
-  static constexpr char kMarker[] = {'\xff'};
+  // of another length than a row's, which no reader asks for and CacheIds
+  // skips, right after the last row written. Not at the end of the key
+  // space, as it was: every table file flushed with it then spanned to
+  // there, overlapped the next ones, and a fill in id order, whose files
+  // RocksDB would move down the levels as they are, had each rewritten by
+  // a compaction instead (half the daemon's CPU in a spilling PutBatch of
+  // 3 KB rows; docs/spill-reads.md). A dropped cache's range deletion
+  // takes its markers with it.
+  char marker[sizeof(SpillKey::bytes) + 1] = {};
+  {
+    MutexLock lock(&flush_mu_);
+    std::memcpy(marker, last_key_.bytes, sizeof last_key_.bytes);
+  }
   rocksdb::Status rs;
   {
     MutexLock lock(&write_mu_);
-    rs = db_->Put(rocksdb::WriteOptions(), rocksdb::Slice(kMarker, sizeof kMarker),
+    rs = db_->Put(rocksdb::WriteOptions(), rocksdb::Slice(marker, sizeof marker),
                   rocksdb::Slice());
   }
   if (!rs.ok()) {
@@ -167,10 +177,11 @@ Status SpillStore::Put(uint32_t cache_id, uint64_t row_id,
   SpillKey k(cache_id, row_id);
   batch.Put(k.slice(),
             rocksdb::Slice(reinterpret_cast<const char*>(row.data()), row.size()));
-  return Write(&batch, row.size());
+  return Write(&batch, row.size(), k);
 }
 
-Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
+Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes,
+                         const SpillKey& last) {
   if (failed_.load()) {
     MutexLock lock(&error_mu_);
     return Status::Full("spilling is off after an earlier error: " + error_);
@@ -201,6 +212,7 @@ Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes) {
   }
   MutexLock lock(&flush_mu_);
   last_write_ = std::chrono::steady_clock::now();
+  last_key_ = last;
   if (!unflushed_) {
     unflushed_ = true;
     flush_cv_.Signal();

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "format/spill_format.h"
 #include "port/mutex.h"
 #include "shmcache/status.h"
 
@@ -59,8 +60,9 @@ class SpillStore {
   // after that either.
   Status Put(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row);
   // Writes a batch of rows (`bytes` of them) at once, with the same checks
-  // and the same latch as Put.
-  Status Write(rocksdb::WriteBatch* batch, uint64_t bytes);
+  // and the same latch as Put. `last` is the key of its last row (where
+  // the next flush marker goes: WriteFlushMarker).
+  Status Write(rocksdb::WriteBatch* batch, uint64_t bytes, const SpillKey& last);
   // Values of ids[i] into (*values)[i], with (*statuses)[i]: OK, NotFound
   // when absent, or the error that row's own read met (a table block
   // failing its checksum), which is never another row's.
@@ -137,7 +139,8 @@ class SpillStore {
   Mutex write_mu_;
   Mutex flush_mu_;
   CondVar flush_cv_;
-  bool unflushed_ GUARDED_BY(flush_mu_) = false;  // a write since the last flush
+  bool unflushed_ GUARDED_BY(flush_mu_) = false;   // a write since the last flush
+  SpillKey last_key_ GUARDED_BY(flush_mu_){0, 0};  // of the last row written
   bool closing_ GUARDED_BY(flush_mu_) = false;
   std::chrono::steady_clock::time_point last_write_ GUARDED_BY(flush_mu_);
   std::thread flusher_;

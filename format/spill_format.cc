@@ -25,9 +25,10 @@ SpillKey::SpillKey(uint32_t cache_id, uint64_t row_id) {
 // The index names each data block's first key too: a reader's iterator
 // seek (lib/spill_reader.cc, for large rows) then loads only the block that
 // holds the key, not the first block at or after it in every level-0 file
-// (each of which spans to the flush marker, daemon/spill_store.cc, at the
-// end of the key space): at 1 MB rows that was 0.45 more checksummed blocks
-// per row read.
+// whose range holds the key (each file of a shuffled fill spans the cache's
+// ids; every file did when the daemon's flush marker, daemon/spill_store.cc,
+// was the last key of all): at 1 MB rows that was 0.45 more checksummed
+// blocks per row read.
 //
 // A data block takes another row only while both fit in block_size (4 KB).
 // RocksDB's default (block_size_deviation 10) let a block under 90% full

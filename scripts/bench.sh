@@ -22,7 +22,7 @@
 # The load average is sampled at each stage and printed with the table:
 # figures taken with a load above the CPU count are unreliable.
 #
-#   scripts/bench.sh            # full run (about 5 minutes)
+#   scripts/bench.sh            # full run (7-8 minutes on a quiet 2-CPU VM)
 #   BENCH_QUICK=1 scripts/bench.sh   # shorter timings, smaller data
 #   BENCH_AB=main scripts/bench.sh   # and the read path against main's build
 #
@@ -32,10 +32,25 @@ cd "$(dirname "$0")/.."
 root=$PWD
 source scripts/lib/common.sh
 
-ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" redis-server libhiredis-dev \
-  liblmdb-dev librocksdb-dev python3-matplotlib python3-lmdb
-
 started=$(date +%s)
+# The tree measured, for the report: the commit, and whether files it
+# tracks differ from it (the run's own outputs aside).
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "?")
+if [ "$commit" = "?" ]; then
+  commit="not a git checkout"
+elif [ -n "$(git status --porcelain --untracked-files=no -- . \
+      ':!benchmarks/RESULTS.md' ':!docs/bench.png' 2>/dev/null)" ]; then
+  commit="$commit with uncommitted changes"
+fi
+skips=()   # parts this script skips itself: --skip WHAT=WHY for report.py
+
+# The harness needs hiredis and liblmdb to build; the peers' servers and
+# the Python extras are optional: what cannot be installed is said, and
+# the part that needs it skipped.
+ensure_packages "${SHMCACHE_BUILD_PACKAGES[@]}" libhiredis-dev liblmdb-dev librocksdb-dev
+ensure_packages redis-server python3-matplotlib python3-lmdb ||
+  echo "could not install redis-server, python3-matplotlib or python3-lmdb;" \
+    "the parts that need one are skipped, and the report says which"
 build=${BENCH_BUILD_DIR:-build-bench}
 results=benchmarks/results
 mkdir -p "$results" docs
@@ -96,12 +111,19 @@ else
   headline="$shm_dir (4 KB pages)"
 fi
 echo "shmcache server on port $SHMCACHE_PORT (spill dir $tmp/spill), segments in $headline"
-redis-server --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
-  --save "" --appendonly no --daemonize no --logfile "$tmp/redis.log" \
-  --dir "$tmp" &
-redis_pid=$!
-for _ in $(seq 100); do [ -S "$tmp/redis.sock" ] && break; sleep 0.1; done
-echo "redis-server $(redis-server --version | awk '{print $3}') on $tmp/redis.sock (no persistence)"
+redis_args=()
+if command -v redis-server >/dev/null; then
+  redis-server --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
+    --save "" --appendonly no --daemonize no --logfile "$tmp/redis.log" \
+    --dir "$tmp" &
+  redis_pid=$!
+  for _ in $(seq 100); do [ -S "$tmp/redis.sock" ] && break; sleep 0.1; done
+  echo "redis-server $(redis-server --version | awk '{print $3}') on $tmp/redis.sock (no persistence)"
+  redis_args=(--redis_socket "$tmp/redis.sock")
+else
+  echo "Redis: skipped (redis-server is not installed)"
+  skips+=(--skip "redis=redis-server is not installed")
+fi
 
 seconds=0.4 ws=512 images=1200
 if [ -n "${BENCH_QUICK:-}" ]; then seconds=0.15 ws=128 images=300; fi
@@ -109,7 +131,7 @@ if [ -n "${BENCH_QUICK:-}" ]; then seconds=0.15 ws=128 images=300; fi
 # ---- C++ harness ----------------------------------------------------------
 echo "== C++ harness"
 "$build/benchmarks/shmcache_bench" --seconds "$seconds" --working_set_mb "$ws" \
-  --procs 1,2 --port "$SHMCACHE_PORT" --redis_socket "$tmp/redis.sock" \
+  --procs 1,2 --port "$SHMCACHE_PORT" "${redis_args[@]}" \
   --lmdb_dir "$lmdb_dir" --rocksdb_dir "$tmp/rocksdb" --out "$results/cpp.json"
 load_sample "C++ harness"
 
@@ -126,10 +148,14 @@ if ! grep -q '"shm_huge_pages": true' <<<"$info" && [ "$(id -u)" = 0 ]; then
     "$admin" -p "$extra_port" --stop >/dev/null 2>&1 || true
   else
     echo "could not start a server with a huge-page tmpfs; skipped"
+    skips+=(--skip "huge pages=could not start a server with a huge-page tmpfs")
   fi
   load_sample "huge pages"
 else
   echo "== no second run (the headline has huge pages already, or this is not root)"
+  if [ "$(id -u)" != 0 ] && ! grep -q '"shm_huge_pages": true' <<<"$info"; then
+    skips+=(--skip "huge pages=not root: a server cannot mount a huge-page tmpfs of its own")
+  fi
 fi
 
 # ---- Python and PyTorch -----------------------------------------------------
@@ -137,8 +163,9 @@ echo "== Python"
 export PYTHONPATH=$root/$build/clients/python${PYTHONPATH:+:$PYTHONPATH}
 /usr/bin/python3 benchmarks/python_bench.py --port "$SHMCACHE_PORT" \
   --seconds "$seconds" --images "$images" --workdir "$tmp" \
-  --python_build "$python_build" --out "$results/python.json" || \
+  --python_build "$python_build" --out "$results/python.json" || {
   echo "python_bench.py failed; its figures are missing from the table"
+  skips+=(--skip "python_bench.py=failed (its output above)"); }
 load_sample "Python and DataLoader"
 
 # ---- the read path against an older build: BENCH_AB=<git rev> -------------
@@ -166,16 +193,18 @@ fi
 echo "== host sweep (CachedLoader by workers and threads; GPU where CUDA is)"
 rm -f "$results/sweep.json"
 /usr/bin/python3 benchmarks/host_sweep.py --port "$SHMCACHE_PORT" ${BENCH_QUICK:+--quick} \
-  --out "$results/sweep.json" || \
+  --out "$results/sweep.json" || {
   echo "host_sweep.py failed; its figures are missing from the table"
+  skips+=(--skip "host_sweep.py=failed (its output above)"); }
 load_sample "host sweep"
 
 # ---- more than one host: 2 simulated nodes (servers of their own) x 2 ranks ---
 echo "== multinode"
 rm -f "$results/multinode.json"
 /usr/bin/python3 benchmarks/multinode_bench.py --build "$build" ${BENCH_QUICK:+--quick} \
-  --out "$results/multinode.json" || \
+  --out "$results/multinode.json" || {
   echo "multinode_bench.py failed; its figures are missing from the table"
+  skips+=(--skip "multinode_bench.py=failed (its output above)"); }
 load_sample "multinode"
 
 # ---- report -------------------------------------------------------------------
@@ -185,7 +214,8 @@ elapsed=$(( $(date +%s) - started ))
   --multinode "$results/multinode.json" --sweep "$results/sweep.json" \
   --ab "$results/ab.json" --ab_label "${BENCH_AB:-}" \
   --headline "$headline" --extra_label "$extra_label" --extra_how "$extra_how" \
-  --load "$results/load.txt" --elapsed "$elapsed" \
+  --load "$results/load.txt" --elapsed "$elapsed" --started "$started" \
+  --commit "$commit" "${skips[@]}" \
   --command "scripts/bench.sh${BENCH_QUICK:+ (BENCH_QUICK=1)}" \
   --json "$results/latest.json" --markdown benchmarks/RESULTS.md \
   --plot docs/bench.png

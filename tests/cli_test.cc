@@ -1127,7 +1127,8 @@ TEST_F(CliTest, PortFromTheEnvironment) {
 
 TEST_F(CliTest, TwoInstancesSideBySide) {
   // The same run dir and shm dir, two ports.
-  std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
+  TempDir shm_dir("/dev/shm");
+  const std::string& shm = shm_dir.path();
   ServerOptions o;
   o.run_dir = run_dir_;
   o.shm_dir = shm;
@@ -1156,7 +1157,6 @@ TEST_F(CliTest, TwoInstancesSideBySide) {
     EXPECT_EQ(gb.exit_code, 0) << gb.Describe();
   }
   EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
-  RemoveTree(shm);
 }
 
 int Mode(const std::string& path) {
@@ -1204,17 +1204,18 @@ TEST_F(CliTest, LogsAreOwnerOnly) {
     ExpectOwnerOnlyLog(server, server.run_dir() + "/log", server.run_dir());
   }
   {  // A --log_dir that does not exist yet is made owner-only.
-    const std::string parent = MakeTempDir(TestTmpRoot(), "logs");
+    TempDir parent_dir(TestTmpRoot());
+    const std::string& parent = parent_dir.path();
     TestServer server(WithArgs({"--log_dir", parent + "/a/b"}));
     ASSERT_TRUE(server.ok());
     ExpectOwnerOnlyLog(server, parent + "/a/b", parent);
-    RemoveTree(parent);
   }
 }
 
 TEST_F(CliTest, SocketPathTooLongIsRefusedBeforeAnythingIsMade) {
   const std::string run = run_dir_ + "/" + std::string(120, 'r');
-  const std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
+  TempDir shm_dir("/dev/shm");
+  const std::string& shm = shm_dir.path();
   CommandResult r = RunCommand(
       {AdminPath(), "--start", "--shm_dir", shm, "-p", "23456"},
       {{"SHMCACHE_RUN_DIR", run}, {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
@@ -1226,7 +1227,6 @@ TEST_F(CliTest, SocketPathTooLongIsRefusedBeforeAnythingIsMade) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
   EXPECT_FALSE(PathExists(run));
-  RemoveTree(shm);
 }
 
 // A relative SHMCACHE_RUN_DIR would put the socket under the directory the
@@ -1303,13 +1303,13 @@ TEST_F(CliTest, AWatchedProcessAlreadyGoneIsRefused) {
   ASSERT_GE(child, 0);
   if (child == 0) _exit(0);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its pid names no process
-  const std::string shm = MakeTempDir("/dev/shm", "shmcache-cli");
+  TempDir shm_dir("/dev/shm");
+  const std::string& shm = shm_dir.path();
   ExpectError({"--start", "-p", "23459", "--shm_dir", shm},
               "the process to watch (SHMCACHE_WATCH_PID, --watch_pid) " +
                   std::to_string(child) + " is not running",
               {{"SHMCACHE_WATCH_PID", std::to_string(child)}});
   EXPECT_TRUE(ListDir(shm).empty()) << testing::PrintToString(ListDir(shm));
-  RemoveTree(shm);
 }
 
 TEST_F(CliTest, StartWithOptionsIsReported) {

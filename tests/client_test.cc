@@ -131,7 +131,8 @@ TEST_F(IntegrationTest, AFailedClientCallLeavesItsOutputsAsTheyWere) {
 }
 
 TEST(ClientTest, ConnectWithoutADaemonIsUnavailable) {
-  std::string run = MakeTempDir(TestTmpRoot(), "nodaemon");
+  TempDir run_dir(TestTmpRoot());
+  const std::string& run = run_dir.path();
   ClientOptions o;
   o.port = 30999;
   o.run_dir = run;
@@ -139,7 +140,6 @@ TEST(ClientTest, ConnectWithoutADaemonIsUnavailable) {
   Status s = Client::Connect(o, &client);
   EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
   EXPECT_NE(s.message().find("30999"), std::string::npos) << s.ToString();
-  RemoveTree(run);
 }
 
 TEST(ClientTest, NonLocalHostAndBadPortAreInvalidArguments) {

@@ -211,7 +211,8 @@ TEST(ForkTest, ChildrenForkedWhileThreadsReadPutAndAskTheDaemonAllWork) {
   GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe while other threads "
                   "allocate; the plain and TSan builds run it";
 #endif
-  const std::string spill = MakeTempDir(TestTmpRoot(), "fork-spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -300,7 +301,6 @@ TEST(ForkTest, ChildrenForkedWhileThreadsReadPutAndAskTheDaemonAllWork) {
     for (uint64_t id = 0; id < kRows; ++id)
       EXPECT_TRUE(RowIs(*cache, id, 0, kBytes)) << id;
   }
-  RemoveTree(spill);
 }
 
 }  // namespace

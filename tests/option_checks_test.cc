@@ -19,8 +19,7 @@
 namespace shmcache {
 namespace {
 
-using test::MakeTempDir;
-using test::RemoveTree;
+using test::TempDir;
 using test::TestTmpRoot;
 
 // The message of a refusal, or "OK".
@@ -118,7 +117,8 @@ TEST(OptionChecksTest, PathsMustBeAbsolute) {
 }
 
 TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
-  std::string dir = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir tmp(TestTmpRoot());
+  const std::string& dir = tmp.path();
   EXPECT_EQ(Why(CheckSpillDir(dir)), "OK");
   EXPECT_EQ(
       Why(CheckSpillDir("relative/dir")),
@@ -140,11 +140,11 @@ TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {
                                            "directory it can write");
     chmod(dir.c_str(), 0755);
   }
-  RemoveTree(dir);
 }
 
 TEST(OptionChecksTest, MetricsFileMustBeAFileInAnExistingDirectory) {
-  std::string dir = MakeTempDir(TestTmpRoot(), "metrics");
+  TempDir tmp(TestTmpRoot());
+  const std::string& dir = tmp.path();
   EXPECT_EQ(Why(CheckMetricsFile(dir + "/shmcache.prom")), "OK");
   EXPECT_EQ(Why(CheckMetricsFile("shmcache.prom")),
             "metrics file 'shmcache.prom' is not an absolute file path");
@@ -153,16 +153,15 @@ TEST(OptionChecksTest, MetricsFileMustBeAFileInAnExistingDirectory) {
   EXPECT_EQ(Why(CheckMetricsFile(dir + "/no/shmcache.prom")),
             "metrics file directory " + dir + "/no does not exist; create it first");
   EXPECT_EQ(Why(CheckMetricsFile(dir)), "metrics file " + dir + " is a directory");
-  RemoveTree(dir);
 }
 
 TEST(OptionChecksTest, AMetricsFileNameLeavesRoomForItsTemporaryFile) {
-  std::string dir = MakeTempDir(TestTmpRoot(), "metrics");
+  TempDir tmp(TestTmpRoot());
+  const std::string& dir = tmp.path();
   EXPECT_EQ(Why(CheckMetricsFile(dir + "/" + std::string(242, 'm'))), "OK");
   std::string why = Why(CheckMetricsFile(dir + "/" + std::string(250, 'm')));
   EXPECT_NE(why.find("metrics file name has 250 bytes"), std::string::npos) << why;
   EXPECT_NE(why.find("at most 242 bytes"), std::string::npos) << why;
-  RemoveTree(dir);
 }
 
 // Another user's file in a sticky directory cannot be replaced by rename:
@@ -170,9 +169,8 @@ TEST(OptionChecksTest, AMetricsFileNameLeavesRoomForItsTemporaryFile) {
 TEST(OptionChecksTest, AnotherUsersMetricsFileInAStickyDirectoryIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to act as two users";
   // Under /tmp: the other user must reach it.
-  char tmpl[] = "/tmp/shmcache-sticky.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  std::string dir = tmpl;
+  TempDir tmp("/tmp");
+  const std::string& dir = tmp.path();
   ASSERT_EQ(chmod(dir.c_str(), 01777), 0);
   std::string path = dir + "/shmcache.prom";
   { std::ofstream(path) << "# root's\n"; }  // root's file, 0644
@@ -189,7 +187,6 @@ TEST(OptionChecksTest, AnotherUsersMetricsFileInAStickyDirectoryIsRefused) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  RemoveTree(dir);
 }
 
 TEST(OptionChecksTest, WorkersAreHalfTheCpusRoundedUpToTheNodes) {

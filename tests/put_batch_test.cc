@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -368,7 +367,8 @@ TEST(PutBatchTest, ASegmentDescriptorClosedAndReusedByOtherCodeIsNotWrittenThrou
   ASSERT_TRUE(first.Put(cache.get()).ok());
   const std::vector<int> fds = SegmentDescriptors(server);
   ASSERT_EQ(fds.size(), 1u) << "the writer keeps the segment's descriptor";
-  const std::string dir = MakeTempDir(TestTmpRoot(), "reused-fd");
+  TempDir tmp(TestTmpRoot());
+  const std::string& dir = tmp.path();
   const std::string other = dir + "/other";
   const int fd = open(other.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   ASSERT_GE(fd, 0);
@@ -388,7 +388,6 @@ TEST(PutBatchTest, ASegmentDescriptorClosedAndReusedByOtherCodeIsNotWrittenThrou
   cache.reset();
   EXPECT_EQ(fstat(fds[0], &st), 0) << "the cache closed a descriptor not its own";
   close(fds[0]);
-  RemoveTree(dir);
 }
 
 // Fills the file system of `dir` (a small tmpfs) with one file: the next
@@ -536,12 +535,9 @@ TEST(PutBatchTest, BatchWritersTakingEachOthersRoomStoreEveryRowWhole) {
 // never touch a page the full tmpfs could not give, which would be a SIGBUS.
 // The puts run in a child so that a SIGBUS shows as its exit status.
 TEST(PutBatchTest, MappingChunksOnAFullTmpfsIsFullNotSigbus) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
-  std::string shm = MakeTempDir(TestTmpRoot(), "tinyshm");
-  if (mount("tmpfs", shm.c_str(), "tmpfs", 0, "size=16m,mode=0700") != 0) {
-    RemoveTree(shm);
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
-  }
+  TmpfsMount tmpfs("16m,mode=0700");
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.skip_reason();
+  const std::string& shm = tmpfs.path();
   {
     ServerOptions o;
     o.shm_dir = shm;
@@ -581,8 +577,6 @@ TEST(PutBatchTest, MappingChunksOnAFullTmpfsIsFullNotSigbus) {
     for (size_t i = 0; i < n; ++i) want[i] = cache->Contains(i);
     EXPECT_EQ(CheckRowsInChild(server, session, want), 0);
   }
-  umount2(shm.c_str(), MNT_DETACH);
-  RemoveTree(shm);
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ Status Open(const TestServer& server, uint32_t session, std::unique_ptr<Client>*
 }
 
 TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     auto first = std::make_unique<TestServer>(WithArgs({"-s", spill}));
     ASSERT_TRUE(first->ok()) << first->start_result().Describe();
@@ -110,7 +111,6 @@ TEST(RestartTest, RestartedDaemonServesEveryCommittedRow) {
     client.reset();
   }
   EXPECT_TRUE(ListDir(spill).empty());
-  RemoveTree(spill);
 }
 
 // A client that asked the daemon nothing while it was down (its hits and
@@ -220,8 +220,10 @@ void SpillThenKill(const std::string& dir, Spilled* out) {
 }
 
 TEST(RestartTest, AnotherSpillDirDropsSpilledRowsWhichCanBeCachedAgain) {
-  std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
-  std::string new_dir = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir old_tmp(TestTmpRoot());
+  const std::string& old_dir = old_tmp.path();
+  TempDir new_tmp(TestTmpRoot());
+  const std::string& new_dir = new_tmp.path();
   {
     Spilled k;
     ASSERT_NO_FATAL_FAILURE(SpillThenKill(old_dir, &k));
@@ -244,16 +246,16 @@ TEST(RestartTest, AnotherSpillDirDropsSpilledRowsWhichCanBeCachedAgain) {
   }
   EXPECT_TRUE(ListDir(old_dir).empty());
   EXPECT_TRUE(ListDir(new_dir).empty());
-  RemoveTree(old_dir);
-  RemoveTree(new_dir);
 }
 
 // The spill record names a database a restarted server destroys: one that
 // is not the server's own file (here a symbolic link someone planted in its
 // place) is ignored, and the database it names is left alone.
 TEST(RestartTest, APlantedSpillRecordIsIgnoredAndDestroysNothing) {
-  std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
-  std::string new_dir = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir old_tmp(TestTmpRoot());
+  const std::string& old_dir = old_tmp.path();
+  TempDir new_tmp(TestTmpRoot());
+  const std::string& new_dir = new_tmp.path();
   {
     Spilled k;
     ASSERT_NO_FATAL_FAILURE(SpillThenKill(old_dir, &k));
@@ -274,12 +276,11 @@ TEST(RestartTest, APlantedSpillRecordIsIgnoredAndDestroysNothing) {
     ExpectSpilledRowsDropped(second, session, rows, in_memory, true);
     unlink(planted.c_str());
   }
-  RemoveTree(old_dir);
-  RemoveTree(new_dir);
 }
 
 TEST(RestartTest, NoSpillDirDropsSpilledRowsAndTheFullCacheSaysFull) {
-  std::string old_dir = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir old_tmp(TestTmpRoot());
+  const std::string& old_dir = old_tmp.path();
   {
     Spilled k;
     ASSERT_NO_FATAL_FAILURE(SpillThenKill(old_dir, &k));
@@ -302,7 +303,6 @@ TEST(RestartTest, NoSpillDirDropsSpilledRowsAndTheFullCacheSaysFull) {
     EXPECT_NE(table.out.find("yes"), std::string::npos) << table.out;
   }
   EXPECT_TRUE(ListDir(old_dir).empty());
-  RemoveTree(old_dir);
 }
 
 // Puts `bytes` of rows (ids from 0) into a new cache `name` of `size_mb`,

@@ -107,7 +107,8 @@ void StartFilled(const std::string& spill, Filled* f) {
 }
 
 TEST(SpillReadTest, SpilledRowsReadRightWhileTheDaemonIsKilledAndRestarted) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     Filled filled;
     ASSERT_NO_FATAL_FAILURE(StartFilled(spill, &filled));
@@ -139,7 +140,6 @@ TEST(SpillReadTest, SpilledRowsReadRightWhileTheDaemonIsKilledAndRestarted) {
     writer.reset();
     EXPECT_EQ(second.Stop().exit_code, 0);
   }
-  RemoveTree(spill);
 }
 
 // The one database in `spill` (the instance's: SpillDbPath).
@@ -154,7 +154,8 @@ TEST(SpillReadTest, ASpilledRowThatIsNotTheRowIsDroppedAndTheOthersRead) {
   // Bytes that pass RocksDB's checks but are not the row: written into the
   // database while the daemon was down (the row cut short), then read by a
   // restarted daemon that adopted the cache. The codec's check finds it.
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     Filled filled;
     ASSERT_NO_FATAL_FAILURE(StartFilled(spill, &filled));
@@ -201,11 +202,11 @@ TEST(SpillReadTest, ASpilledRowThatIsNotTheRowIsDroppedAndTheOthersRead) {
     cache.reset();
     EXPECT_EQ(second.Stop().exit_code, 0);
   }
-  RemoveTree(spill);
 }
 
 TEST(SpillReadTest, SpilledRowsReadWhileAnotherProcessSpillsRows) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -245,7 +246,6 @@ TEST(SpillReadTest, SpilledRowsReadWhileAnotherProcessSpillsRows) {
     ASSERT_TRUE(cache->GetStats(&st).ok());
     EXPECT_EQ(st.mem_rows + st.disk_rows, kRows + kMore);
   }
-  RemoveTree(spill);
 }
 
 struct Progress {
@@ -256,7 +256,8 @@ struct Progress {
 };
 
 TEST(SpillReadTest, SpilledRowsReadWhileTheCacheIsDroppedAreRightOrAClearError) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -303,7 +304,6 @@ TEST(SpillReadTest, SpilledRowsReadWhileTheCacheIsDroppedAreRightOrAClearError) 
       ASSERT_NE(r, Read::kWrong) << id;
     }
   }
-  RemoveTree(spill);
 }
 
 // Where `bytes` stand in the table files of the spill database under
@@ -331,7 +331,8 @@ TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsDroppedAndTheOthersRead) {
   // is a plain miss until the row is put again, and every other row reads.
   for (const size_t row_bytes : {size_t{3} << 10, size_t{128} << 10}) {
     SCOPED_TRACE(fmt::format("rows of {} bytes", row_bytes));
-    std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+    TempDir spill_dir(TestTmpRoot());
+    const std::string& spill = spill_dir.path();
     {
       TestServer server(WithArgs({"-s", spill}));
       ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -443,7 +444,6 @@ TEST(SpillReadTest, ASpilledRowThatFailsItsChecksumIsDroppedAndTheOthersRead) {
       cache.reset();
       EXPECT_EQ(server.Stop().exit_code, 0);
     }
-    RemoveTree(spill);
   }
 }
 

@@ -115,7 +115,8 @@ class SpillReaderTest : public ::testing::Test {
         ASSERT_TRUE(batch.Put(k.slice(), row).ok());
         bytes += row.size();
       }
-      Status s = store_->Write(&batch, bytes);
+      Status s =
+          store_->Write(&batch, bytes, SpillKey(kCache, std::min(first + n, b + 64) - 1));
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
   }
@@ -285,7 +286,7 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceAndOnlyTheIdsAsked) {
     rocksdb::WriteBatch other;
     SpillKey k(kCache + 1, 1);
     ASSERT_TRUE(other.Put(k.slice(), RowOf(1, size(1))).ok());
-    ASSERT_TRUE(store_->Write(&other, size(1)).ok());
+    ASSERT_TRUE(store_->Write(&other, size(1), k).ok());
   }
   OpenReaderOnTableFiles();
   std::vector<uint64_t> ids(kBatch);
@@ -328,7 +329,8 @@ TEST_F(SpillReaderTest, LargeRowsAreReadInPlaceWhateverTheCallsBeforeRead) {
     SpillKey k(kCache + 1, id);
     ASSERT_TRUE(other.Put(k.slice(), RowOf(id, kOther)).ok());
   }
-  ASSERT_TRUE(store_->Write(&other, kBatch * kOther).ok());
+  ASSERT_TRUE(
+      store_->Write(&other, kBatch * kOther, SpillKey(kCache + 1, kBatch - 1)).ok());
   OpenReaderOnTableFiles();
   std::vector<uint64_t> ids(kBatch);
   for (int call = 0; call < 9; ++call) {

@@ -333,7 +333,8 @@ TEST(SpillStageTest, FullSpillDiskStopsSpillingAndWhatWasStoredStaysWhole) {
 }
 
 TEST(SpillStageTest, RestartedServerServesStagedRowsAndRemovesOldStages) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     auto first = std::make_unique<TestServer>(WithArgs({"-s", spill}));
     ASSERT_TRUE(first->ok()) << first->start_result().Describe();
@@ -356,7 +357,6 @@ TEST(SpillStageTest, RestartedServerServesStagedRowsAndRemovesOldStages) {
     EXPECT_EQ(CheckRowsInChild(second, session, n + kBatch, true, kSalt),
               static_cast<long>(n + kBatch));
   }
-  RemoveTree(spill);
 }
 
 }  // namespace

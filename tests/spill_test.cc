@@ -147,7 +147,8 @@ TEST_F(SpillTest, SpilledRowsUpToTheLimitReadBackWhole) {
 }
 
 TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -180,14 +181,14 @@ TEST(CapacityTest, RowTooLargeToSpillIsRefusedAndTheConnectionStays) {
     std::string log = server.ReadLog();
     EXPECT_EQ(log.find("frame too large"), std::string::npos) << log;
   }
-  RemoveTree(spill);
 }
 
 // A spilled row waits on the daemon's disk: a server slower than the
 // request timeout (here: stopped for three of them) is waited for, up to the
 // disk timeout, rather than taken for gone.
 TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -220,7 +221,6 @@ TEST(CapacityTest, ASlowSpillDiskIsNotTakenForADeadServer) {
     kill(server.pid(), SIGCONT);
     EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
   }
-  RemoveTree(spill);
 }
 
 TEST_F(SpillTest, SpillingKeepsMemoryWithinBudgetAndServesEveryRow) {
@@ -536,7 +536,8 @@ TEST_F(SpillTest, ARemovedSpillDirIsNamedAsSuchAndSpillingStops) {
 }
 
 TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
-  std::string spill = MakeTempDir(TestTmpRoot(), "spill");
+  TempDir spill_dir(TestTmpRoot());
+  const std::string& spill = spill_dir.path();
   {
     TestServer server(WithArgs({"-s", spill}));
     ASSERT_TRUE(server.ok()) << server.start_result().Describe();
@@ -567,7 +568,6 @@ TEST(CapacityTest, TooLargeRowSpillsAloneAndLaterRowsStayInMemory) {
     EXPECT_EQ(col->nbytes, 12 * kMB);
     EXPECT_EQ(0, std::memcmp(col->data, Pattern(1001, 7, 12 * kMB).data(), 12 * kMB));
   }
-  RemoveTree(spill);
 }
 
 }  // namespace

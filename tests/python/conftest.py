@@ -18,6 +18,7 @@ Two run-wide hooks:
 """
 
 import contextlib
+import fcntl
 import glob
 import itertools
 import json
@@ -99,16 +100,48 @@ def release_huge_dir(port, uid=None):
             pass
 
 
-def remove_killed_instance(port):
-    """Removes what a killed server of `port` left: its segments, its
-    huge-page tmpfs and its host lock file (a stopped server removes the
-    lock; nothing holds it once the server is gone)."""
-    for f in _segments(port) + [host_lock(port)]:
+def remove_killed_instance(port, run_dirs_under):
+    """Removes what a killed server of `port` whose run dir lies under
+    `run_dirs_under` left: its segments, its huge-page tmpfs and its host
+    lock file (a stopped server removes its files, the lock last). The port
+    is free once that server is gone, and another test run on the host may
+    start a server on it before this runs: whatever a live server holds,
+    or a lock naming another run dir, is left alone. The host lock is held
+    meanwhile, as a starting server would hold it, so that none starts on
+    the port in between (one that tries moves on, as to a taken port)."""
+    path = host_lock(port)
+    made = False
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         try:
-            os.unlink(f)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o600)
+            made = True
         except OSError:
-            pass
-    release_huge_dir(port)
+            return          # a server is taking the port now
+    except OSError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st, now = os.fstat(fd), os.lstat(path)
+        except OSError:
+            return          # held by a live server, or replaced: not ours
+        if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
+            return
+        run_dir = "" if made else leak_check.lock_run_dir(fd)
+        if run_dir and not leak_check.is_under(run_dir, run_dirs_under):
+            return          # another run's killed server: that run removes it
+        for f in _segments(port):
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+        release_huge_dir(port)
+        os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 def free_port():
@@ -208,8 +241,8 @@ class Server:
             try:
                 wait_for(lambda: not _alive(self.pid), timeout=10, what="stop")
             except AssertionError:
-                os.kill(self.pid, signal.SIGKILL)
-        remove_killed_instance(self.port)
+                self.kill()
+        remove_killed_instance(self.port, str(self.run_dir))
 
 
 @contextlib.contextmanager

@@ -12,10 +12,13 @@ same time, so only what this run made counts:
 - servers: shmcached processes that descend from pytest, or whose run, log
   or shm dir lies under one of our roots (pytest's base temp dir, the
   SHMCACHE_RUN_DIR this run was started with), or this tree's shmcached
-  serving a port this run handed out;
-- /dev/shm entries and mounts: those of an instance port this run handed out
-  (conftest.free_port) or that one of our servers serves, and the
-  shmcache-test-<pytest pid>-* directories tests make for --shm_dir.
+  serving a port this run handed out and watching no other pid than ours;
+- /dev/shm entries and mounts: those of an instance port one of our servers
+  serves, or whose host lock names one of our servers' run dirs, or names
+  none and this run handed the port out (conftest.free_port); and the
+  shmcache-test-<pytest pid>-* directories tests make for --shm_dir. Runs
+  on a host share ports: one this run gave back may serve another run's
+  server in a later test, which its lock tells.
 A snapshot is one /proc scan plus one /dev/shm listing: cheap per test.
 """
 
@@ -37,21 +40,53 @@ _INTERPRETER_HELPERS = ("multiprocessing.resource_tracker",
                         "multiprocessing.forkserver",
                         "multiprocessing.semaphore_tracker")
 
-_SHM_NAME = re.compile(r"^\.?shmcache\.\d+\.(\d+)\.")
+_SHM_NAME = re.compile(r"^\.?shmcache\.(\d+)\.(\d+)\.")
+
+
+def is_under(path: str, root: str) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root + os.sep)
 
 
 class Owner:
-    """What identifies this run's things: pytest's pid, root dirs, ports."""
+    """What identifies this run's things: pytest's pid, root dirs, ports,
+    and the run dirs of the servers seen as ours."""
 
     def __init__(self, roots: Iterable[str], tree: str):
         self.pid = os.getpid()
         self.roots = [os.path.realpath(r) for r in roots if r]
         self.tree = os.path.realpath(tree)
         self.ports: Set[int] = set()
+        self.run_dirs: Set[str] = set()
 
     def under_roots(self, path: str) -> bool:
-        path = os.path.realpath(path)
-        return any(path == r or path.startswith(r + os.sep) for r in self.roots)
+        return any(is_under(path, r) for r in self.roots)
+
+    def owns_run_dir(self, path: str) -> bool:
+        return self.under_roots(path) or os.path.realpath(path) in self.run_dirs
+
+
+def lock_run_dir(lock) -> str:
+    """The run dir that a host lock names (its second line, after the
+    holder's identity: common/instance_lock.cc), or "" when it names none
+    (yet) or cannot be read. `lock`: its path, or a descriptor open on it."""
+    if isinstance(lock, int):
+        try:
+            text = os.pread(lock, 8192, 0)
+        except OSError:
+            text = b""
+    else:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return ""
+        try:
+            return lock_run_dir(fd)
+        finally:
+            os.close(fd)
+    lines = text.decode(errors="replace").split("\n")
+    # A line counts once its newline is written.
+    return lines[1] if len(lines) > 2 else ""
 
 
 def _read(path: str) -> bytes:
@@ -113,6 +148,7 @@ def snapshot(owner: Owner) -> Snapshot:
         descendants.add(p)
         todo.extend(children.get(p, []))
     shm_dirs: Set[str] = set()
+    live_ports: Set[int] = set()
     for pid, (_, state, start) in procs.items():
         if state == "Z":
             continue        # exited; its parent's Popen reaps it
@@ -120,17 +156,21 @@ def snapshot(owner: Owner) -> Snapshot:
         if not cmd:
             continue        # gone, or a kernel thread
         is_server = os.path.basename(cmd[0]) == "shmcached"
+        env = _environ(pid) if is_server else {}
+        run_dir = env.get("SHMCACHE_RUN_DIR", "") or _option(cmd, "run_dir")
         if pid in descendants:
             if any(h in " ".join(cmd) for h in _INTERPRETER_HELPERS):
                 continue
         elif is_server:
-            env = _environ(pid)
-            dirs = [env.get("SHMCACHE_RUN_DIR", ""), _option(cmd, "run_dir"),
-                    _option(cmd, "log_dir"), _option(cmd, "shm_dir")]
+            dirs = [run_dir, _option(cmd, "log_dir"), _option(cmd, "shm_dir")]
             port = _option(cmd, "port")
             # A server in a dir of its own (slurm's tests make theirs with
-            # mkdtemp) is ours by its port, when it is this tree's binary.
+            # mkdtemp) is ours by its port, when it is this tree's binary
+            # and watches no other process than this pytest: another run
+            # of this tree may serve a port this run used before.
+            watch = _option(cmd, "watch_pid")
             by_port = (port.isdigit() and int(port) in owner.ports and
+                       watch in ("", str(owner.pid)) and
                        os.path.realpath(cmd[0]).startswith(owner.tree + os.sep))
             if not by_port and not any(d and owner.under_roots(d) for d in dirs):
                 continue
@@ -140,15 +180,31 @@ def snapshot(owner: Owner) -> Snapshot:
             port = _option(cmd, "port")
             if port.isdigit():
                 owner.ports.add(int(port))
+                live_ports.add(int(port))
+            if run_dir:
+                owner.run_dirs.add(os.path.realpath(run_dir))
             if _option(cmd, "shm_dir"):
                 shm_dirs.add(os.path.realpath(_option(cmd, "shm_dir")))
         kind = "shmcached server" if is_server else "process"
         snap[("proc", pid, start)] = f"{kind} {pid} ({' '.join(cmd)[:200]})"
 
+    def ours(m) -> bool:
+        """Whether the instance of a /dev/shm name `m` matched is ours: one
+        of our servers serves its port, or its host lock names a run dir of
+        ours, or names none (what a killed server left, the lock removed
+        first, or a lock still being written) and we handed out the port.
+        Test runs on a host share ports: one we used and gave back may
+        serve another run's server since, whose lock names its run dir."""
+        port = int(m.group(2))
+        if port in live_ports:
+            return True
+        run_dir = lock_run_dir(f"/dev/shm/.shmcache.{m.group(1)}.{port}.lock")
+        return owner.owns_run_dir(run_dir) if run_dir else port in owner.ports
+
     test_prefix = f"shmcache-test-{owner.pid}-"
     for name in os.listdir("/dev/shm"):
         m = _SHM_NAME.match(name)
-        if (m and int(m.group(1)) in owner.ports) or name.startswith(test_prefix):
+        if (m and ours(m)) or name.startswith(test_prefix):
             path = f"/dev/shm/{name}"
             snap[("file", path)] = f"/dev/shm entry {path}"
     for line in _read("/proc/self/mounts").decode(errors="replace").splitlines():
@@ -157,7 +213,7 @@ def snapshot(owner: Owner) -> Snapshot:
             continue
         mnt = parts[1].replace("\\040", " ")
         m = _SHM_NAME.match(os.path.basename(mnt))
-        if ((m and int(m.group(1)) in owner.ports) or
+        if ((m and ours(m)) or
                 os.path.basename(mnt).startswith(test_prefix) or
                 os.path.realpath(mnt) in shm_dirs):
             snap[("mount", mnt)] = f"mount {mnt}"

@@ -65,6 +65,7 @@ def test_a_samplers_exception_reaches_the_trainer_in_its_place(server, session,
     for g, w in zip(got, want):
         assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
     assert wait_for(no_leftovers, what="threads to end after the error")
+    assert cds.flush(60)   # a pass its sampler ended does not wait for its puts
 
 
 class Batch:

@@ -361,8 +361,8 @@ def hold_redirect(ds):
     entered, release = threading.Event(), threading.Event()
     redirect = putter.redirect
 
-    def held(store, origin):
-        redirect(store, origin)
+    def held(store, origin, target):
+        redirect(store, origin, target)
         if not entered.is_set():
             entered.set()
             assert release.wait(60), "the test never released the assignment"

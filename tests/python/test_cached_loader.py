@@ -73,10 +73,14 @@ def assert_same_batches(got, want):
 
 
 def reference(ds, session, seed=0, name="reference", **kw):
-    """DataLoader(CachedDataset) batches, from a cache of their own."""
+    """DataLoader(CachedDataset) batches, from a cache of their own, whose
+    rows are stored when it returns: a writer still putting them would
+    warn, once the test's session is gone, inside a later test."""
     torch.manual_seed(seed)
     cds = CachedDataset(ds, DatasetCache(session), name=name)
-    return list(DataLoader(cds, **kw))
+    batches = list(DataLoader(cds, **kw))
+    assert cds.flush(60)
+    return batches
 
 
 def cached_batches(cds, seed=0, **kw):

@@ -2,6 +2,7 @@
 process, a server or its /dev/shm files behind errors at teardown, named
 with what it left, and the leftovers are gone before the next test."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,9 +11,12 @@ import sys
 import tempfile
 import textwrap
 import time
+import warnings
 import xml.etree.ElementTree as ET
 
-from conftest import BUILD, PYTHONPATH, ROOT, free_port, host_lock, wait_for
+import leak_check
+from conftest import (BUILD, PYTHONPATH, ROOT, Server, _alive, _segments, free_port, host_lock,
+                      wait_for)
 
 INNER = '''
 import subprocess, sys
@@ -229,3 +233,74 @@ def test_the_cpp_run_check_blames_no_test_for_files_another_run_removes_meanwhil
         for f in files:
             if os.path.lexists(f):
                 os.unlink(f)
+
+
+@contextlib.contextmanager
+def _another_runs_server(tmp_path, port, before=None):
+    """A server as another test run on the host starts it on `port` (which
+    this run used before and handed back): its own run dir, outside this
+    run's roots, watching that run's pytest (a process started here stands
+    for it; then `before()` runs). Stopped, and the stand-in killed, when
+    the block ends."""
+    pytest_of_theirs = subprocess.Popen(["sleep", "600"])
+    (tmp_path / "theirs").mkdir()
+    theirs = Server(tmp_path / "theirs")
+    theirs.port = port
+    theirs.env.update(SHMCACHE_PORT=str(port), SHMCACHE_WATCH_PID=str(pytest_of_theirs.pid))
+    try:
+        if before is not None:
+            before()
+        theirs.start()
+        yield theirs
+    finally:
+        theirs.stop()
+        pytest_of_theirs.kill()
+        pytest_of_theirs.wait()
+
+
+def test_a_server_another_run_starts_on_a_port_this_run_used_is_not_this_runs(tmp_path):
+    """Test runs on a host hand out the same ports (each walks a range from
+    its pid; the C++ tests draw theirs at random): a port this run used and
+    gave back may serve another run's server a test later. The check took
+    that server and its /dev/shm files for the later test's leftovers,
+    failed it, and removed the other run's files and host lock under its
+    live server ('... seg ... does not exist', 'session ... was destroyed'
+    in the other run; a third server could then start on the port)."""
+    (tmp_path / "ours").mkdir()
+    owner = leak_check.Owner([str(tmp_path / "ours")], str(ROOT))
+    port = free_port()
+    owner.ports.add(port)           # this run's, in an earlier test
+    snaps = []
+    with _another_runs_server(tmp_path, port, lambda: snaps.append(leak_check.snapshot(owner))) \
+            as theirs:
+        theirs.new_session()
+        new = leak_check.leftovers(snaps[0], leak_check.snapshot(owner))
+        assert not new, new
+
+
+def test_what_a_stopped_server_leaves_is_not_another_servers_on_its_port(tmp_path,
+                                                                         monkeypatch):
+    """Server.stop removes what a killed server left on its port. Once this
+    run's server has stopped, the port is free, and another run's server
+    may start on it before that clean-up runs: its segments and host lock
+    are not this server's to remove."""
+    import shmcache
+    (tmp_path / "ours").mkdir()
+    ours = Server(tmp_path / "ours")
+    ours.start()
+    ours.admin("--stop")
+    wait_for(lambda: not _alive(ours.pid), what="our server's stop")
+    with _another_runs_server(tmp_path, ours.port) as theirs:
+        session = theirs.new_session()
+        files = set(_segments(theirs.port) + [host_lock(theirs.port)])
+        ours.stop()                     # the fixture's clean-up, after the stop
+        assert all(os.path.exists(f) for f in files), [
+            f for f in files if not os.path.exists(f)]
+        monkeypatch.setenv("SHMCACHE_PORT", str(theirs.port))
+        monkeypatch.setenv("SHMCACHE_RUN_DIR", str(theirs.run_dir))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")      # a cache that is gone warns
+            cache = shmcache.DatasetCache(session)
+            assert cache.put(1, b"x")
+            assert cache.get(1) == b"x"
+            cache.close()

@@ -23,7 +23,9 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
+import shmcache.torch._pipeline  # noqa: E402
 from shmcache._read_into import ROW_OTHER_LAYOUT, ROW_READ  # noqa: E402
+from shmcache.async_put import AsyncPutter  # noqa: E402
 from shmcache.torch._misses import Closed, MissWorkers  # noqa: E402
 from shmcache.torch import CachedDataset, CachedLoader  # noqa: E402
 from test_cached_loader import (Rows, assert_same_batches, loader_threads,  # noqa: E402
@@ -621,6 +623,41 @@ def test_a_cold_epoch_counts_n_misses_and_no_hit_and_a_warm_one_n_hits(
     assert_same_batches(list(loader), got)
     st = cds.stats()
     assert (st.misses, st.hits) == (n, n), (kind, workers, st)
+
+
+def test_a_pass_ends_once_the_rows_it_queued_for_the_cache_are_stored(
+        server, session, monkeypatch):
+    # With num_workers=0 the misses go to the dataset's background writer.
+    # The pass's StopIteration comes once they are stored, as DataLoader's
+    # workers store theirs before they exit: stats() right after the epoch
+    # and the next epoch see every row. Before, the pass ended with rows
+    # still queued, and a check right after it raced the writer. The writer
+    # is held inside its put until the pass waits for it.
+    monkeypatch.setattr(shmcache.torch._pipeline, "PASS_FLUSH_S", 60.0)  # not what is tested
+    n = 64
+    cds = CachedDataset(Rows(n, "tuple"), DatasetCache(session), name="pass-flush")
+    release = threading.Event()
+    real_put = cds.cache.put_encoded
+
+    def put(ids, rows, strict, quiet=False):
+        assert release.wait(60), "the pass never waited for the writer"
+        return real_put(ids, rows, strict, quiet)
+    cds.cache.put_encoded = put
+    real_flush = AsyncPutter.flush
+
+    def flush(self, timeout=None):
+        release.set()
+        return real_flush(self, timeout)
+    monkeypatch.setattr(AsyncPutter, "flush", flush)
+    loader = CachedLoader(cds, batch_size=16)
+    got = list(loader)
+    st = cds.stats()
+    assert (st.async_puts["pending"], st.async_puts["written"]) == (0, n), st
+    assert (st.misses, st.hits, st.mem_rows) == (n, 0, n), st
+    assert_same_batches(list(loader), got)
+    st = cds.stats()
+    assert (st.misses, st.hits) == (n, n), st
+    assert (loader.stats()["misses"], loader.stats()["hits"]) == (n, n)
 
 
 # ---- a trainer that exits with a pass open: its threads end first ----------

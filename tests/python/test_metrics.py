@@ -193,10 +193,18 @@ def test_memory_held_by_a_reader_of_a_destroyed_session_is_a_metric(server, sess
         c.put(i, ROW)
     view = c.get(0, copy=False)          # this process maps the segment
     server.admin("-d", str(session))
-    held = parse(server.admin("--metrics").stdout)["shmcache_server_memory_held_bytes"]
-    info = json.loads(server.admin("--server_info", "--json").stdout)
-    (value,) = held.values()
-    assert value == info["memory_held_bytes"] > 0
+
+    def metric_and_info():
+        """The metric and --server_info, read one after the other, once
+        they agree: -d returns before the daemon's scan of mapped files
+        has settled what stays held (the preparer runs it, every 20 ms
+        or later under load), so the two reads may straddle it."""
+        held = parse(server.admin("--metrics").stdout)["shmcache_server_memory_held_bytes"]
+        info = json.loads(server.admin("--server_info", "--json").stdout)
+        (value,) = held.values()
+        return (value, info) if value == info["memory_held_bytes"] else None
+    value, info = wait_for(metric_and_info, what="the metric and --server_info to agree")
+    assert value > 0
     assert info["memory_used_bytes"] >= value
     del view
     c.close()

@@ -275,6 +275,7 @@ def test_transform_and_target_transform_the_torchvision_way(server, session):
     with pytest.raises(ValueError):
         CachedDataset(Listed(samples, "tv"), DatasetCache(session),
                       transform=abs, transforms=abs)
+    assert ds.flush(60) and whole.flush(60)
 
 
 def test_session_and_cache_from_the_environment(server, session, monkeypatch):

@@ -65,5 +65,5 @@ def test_a_server_ends_with_the_pytest_that_started_it(tmp_path, stopped):
                 wait_for(lambda: not _alive(pid), what="the killed server's end")
             os.close(pidfd)
         if port is not None:
-            remove_killed_instance(port)
+            remove_killed_instance(port, base)
         shutil.rmtree(base, ignore_errors=True)

@@ -105,6 +105,7 @@ def test_empty_column_selection_is_refused_at_construction(server, session):
         CachedDataset(Images(8), DatasetCache(session), columns=[])
     ds = CachedDataset(Images(8), DatasetCache(session), columns=[1])
     assert [int(x) for x in ds[3]] == [3] == [int(x) for x in ds[3]]   # miss, hit
+    assert ds.flush(60)
 
 
 def test_what_is_no_dataset_is_refused_by_name(server, session):
@@ -115,7 +116,9 @@ def test_what_is_no_dataset_is_refused_by_name(server, session):
                                             r"\(dataset\[i\], len\(dataset\)\); got "
                                             + type(not_a_dataset).__name__):
             CachedDataset(not_a_dataset, DatasetCache(session))
-    assert CachedDataset([(1, 2), (3, 4)], DatasetCache(session))[1] == (3, 4)
+    ds = CachedDataset([(1, 2), (3, 4)], DatasetCache(session))
+    assert ds[1] == (3, 4)
+    assert ds.flush(60)
 
 
 def test_different_pipelines_get_different_caches(server, session):
@@ -127,6 +130,7 @@ def test_different_pipelines_get_different_caches(server, session):
     assert b[0][0].max() > a[0][0].max()
     with pytest.raises(RuntimeError, match="different pipeline"):
         CachedDataset(Images(8, transform=Normalize(3.0)), cache, name=a.cache.name)
+    assert a.flush(60) and b.flush(60)
 
 
 def test_a_name_given_to_the_cache_names_the_datasets_cache(server, session):

@@ -107,6 +107,7 @@ def test_get_batch_hits_misses_and_private_copies(server, session):
     batch = ds.__getitems__([5, 0, 3])
     for i, s in zip((5, 0, 3), batch):
         assert torch.equal(s[0], singles[i][0]) and int(s[1]) == int(singles[i][1])
+    assert ds.flush(60)
 
 
 def test_spilled_rows_read_right_through_views_and_batches(spill_server):

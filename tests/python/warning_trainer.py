@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from helpers import MiBRows, StrLabels
 from shmcache import DatasetCache
+from shmcache.async_put import DEFAULT_QUEUE_BYTES
 from shmcache.torch import CachedDataset, CachedLoader
 
 
@@ -36,18 +37,24 @@ class FirstRows(Sampler):
         return iter(range(self.n))
 
 
+# Room for every row in the background put queue: 64 rows of 1 MiB are
+# more than its default 64 MiB, and a writer slower than the pass (under
+# load) dropped the last ones with the queue's own CacheWarning.
+QUEUE = 2 * DEFAULT_QUEUE_BYTES
+
+
 def main(kind, workers, context, problem):
     source = StrLabels(8) if problem == "uncacheable" else MiBRows(64)
     extra = dict(multiprocessing_context=context) if workers else {}
     passes = [None]
     if problem == "over_cap":
-        ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem))  # made
+        ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem), put_queue=QUEUE)  # made
     elif problem == "closed_later":
         ds = CachedDataset(source, name=problem, async_puts=False)  # made
         passes = [32, 64]
         extra.update(persistent_workers=True, sampler=FirstRows(32))
     else:
-        ds = CachedDataset(source, name=problem)  # made
+        ds = CachedDataset(source, name=problem, put_queue=QUEUE)  # made
     if problem == "closed":
         ds.cache.close()
     loader_class = CachedLoader if kind == "CachedLoader" else DataLoader

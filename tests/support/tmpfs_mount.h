@@ -14,7 +14,8 @@ namespace shmcache::test {
 
 class TmpfsMount {
  public:
-  // `size`: tmpfs's size= option ("32m").
+  // `size`: tmpfs's size= option ("32m"), other options may follow
+  // ("16m,mode=0700").
   explicit TmpfsMount(const std::string& size);
   ~TmpfsMount();
   TmpfsMount(const TmpfsMount&) = delete;

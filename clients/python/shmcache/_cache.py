@@ -33,12 +33,16 @@ from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         TooLargeError, UnavailableError)
 from ._user_line import Origin, quietly, said_quietly, user_line, warn
 from ._warned_flag import WarnedFlag
+from .async_put import EXIT_FLUSH_S, flush_into
 from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
 
 __all__ = ["DatasetCache"]
 
+
+# close() waits this long for the rows queued for the cache, as an exit does.
+CLOSE_FLUSH_S = EXIT_FLUSH_S
 
 # WarnedFlag's slot for the note that size_mb is more than the server's cap,
 # the one set by close(), which workers already running (persistent
@@ -667,11 +671,17 @@ class DatasetCache:
 
     def close(self) -> None:
         """Returns unused space to the daemon; zero-copy arrays stay valid
-        (module docstring). A later call of this object is a bypassed
+        (module docstring). Rows that CachedDatasets of this process queued
+        for this cache (their background puts) are stored first, waiting
+        for them CLOSE_FLUSH_S at most; those still waiting then are not
+        stored (read from the source when next needed), with one
+        CacheWarning that says how many and that ds.flush() before close()
+        stores them all. A later call of this object is a bypassed
         cache's (a miss, a put not stored) after one CacheWarning that says
         so: open a new DatasetCache to use the cache again. Its copies in
         DataLoader workers already running (persistent ones) are closed at
         their next batched read or put."""
+        unstored = (0, 0) if self._closed else flush_into(self, CLOSE_FLUSH_S)
         # Closed even where no call opened it yet: nothing opens it later,
         # here or in a worker already running (_open reads the flag).
         self._closed = True
@@ -681,6 +691,22 @@ class DatasetCache:
                 self.native.close()
             except Error:
                 pass
+        if any(unstored):
+            self._warn_unstored(*unstored)
+
+    def _warn_unstored(self, dropped: int, writing: int) -> None:
+        """close()'s one CacheWarning for the rows it could not wait for.
+        Said as the object's one warning: the put of a batch being written
+        when the cache closed fails, and says nothing more."""
+        if not self._claim_warning():
+            return
+        rows = f"{dropped} rows" + (f" (and {writing} being written)" if writing else "")
+        warn(f"shmcache: cache {self.name!r} of session {self.session_id} was closed "
+             f"while {rows} that a CachedDataset computed were waiting for its "
+             f"background puts: close() waited {CLOSE_FLUSH_S:g} s for them, and "
+             f"they are not cached (read from the source when next needed). Fix: "
+             f"call ds.flush() (CachedLoader: loader.flush()) before closing the cache",
+             CacheWarning, self.origin)
 
     def __enter__(self) -> DatasetCache:
         return self

@@ -36,6 +36,11 @@ Contract:
   wait_redirected() waits for it, so that nothing of the putter touches
   the old store afterwards (its owner may close it). One queue, one
   thread and one set of counters for the dataset's life.
+- flush_into(target) (DatasetCache.close()) waits, for at most the time
+  it is given, for the rows every putter of the process holds for
+  `target`, the object its store puts into, then drops those still queued:
+  a closed cache takes no row, and a row written into it later would only
+  fail.
 - Fork: a child starts with an empty queue, fresh locks and no thread; its
   thread starts at its first enqueue.
 """
@@ -52,10 +57,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import CacheWarning
+from ._degrade import CacheWarning
 from ._user_line import Origin, warn
 
-__all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "put_rows"]
+__all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "flush_into", "put_rows"]
 
 DEFAULT_QUEUE_BYTES = 64 << 20
 # Below DataLoader's 5 s wait for a worker to exit before it terminates it.
@@ -87,14 +92,16 @@ class AsyncPutter:
 
     store(ids, rows) stores rows and returns how many it stored; it runs
     on the writer thread only. Its warnings name `origin` where no frame of
-    the user's is on the stack (the writer thread's are never)."""
+    the user's is on the stack (the writer thread's are never). `target`:
+    what `store` puts into (CachedDataset: its cache), for flush_into()."""
 
     def __init__(self, store: Callable[[list[int], list[Any]], int],
                  limit_bytes: int = DEFAULT_QUEUE_BYTES,
                  batch_wakes: Callable[[], bool] | None = None,
-                 origin: Origin | None = None) -> None:
+                 origin: Origin | None = None, target: object = None) -> None:
         self._store = store
         self.origin = origin
+        self.target = target
         self.limit_bytes = limit_bytes
         self._batch_wakes = batch_wakes
         self._reset()
@@ -162,9 +169,13 @@ class AsyncPutter:
         return queued
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits until every queued row is written; False on timeout."""
+        """Waits until every queued row is written; False on timeout. On the
+        writer thread itself (a call made inside a put: a warnings hook)
+        False at once: the batch it would wait for is that thread's."""
         if self._pid != os.getpid():
             return True
+        if threading.current_thread() is self._thread:
+            return False
         with self._cond:
             self._flushing += 1
             self._cond.notify_all()
@@ -175,18 +186,19 @@ class AsyncPutter:
                 self._flushing -= 1
 
     def redirect(self, store: Callable[[list[int], list[Any]], int],
-                 origin: Origin | None) -> None:
+                 origin: Origin | None, target: object = None) -> None:
         """Every row not yet being written, queued now or later, is stored
-        with `store`, and the putter's warnings name `origin` (CachedDataset:
-        its cache was replaced or turned off). Returns at once: the batch
-        being written now ends in the old store (wait_redirected()). One
-        lock with enqueue and the writer's pick of a batch: no row picked
-        after it goes to the old store."""
+        with `store` (which puts into `target`), and the putter's warnings
+        name `origin` (CachedDataset: its cache was replaced or turned
+        off). Returns at once: the batch being written now ends in the old
+        store (wait_redirected()). One lock with enqueue and the writer's
+        pick of a batch: no row picked after it goes to the old store."""
         if self._pid != os.getpid():
             self._reset()          # the parent's queue and thread are not here
         with self._cond:
             self._store = store
             self.origin = origin
+            self.target = target
 
     def wait_redirected(self) -> None:
         """Waits until no batch is being written with a store that
@@ -201,6 +213,19 @@ class AsyncPutter:
         with self._cond:
             self._cond.wait_for(lambda: self._writing is None
                                 or self._writing is self._store)
+
+    def drop_queued(self) -> tuple[int, int]:
+        """Drops the rows queued and not yet being written (counted in
+        `dropped`); (rows dropped, rows being written now)."""
+        if self._pid != os.getpid():
+            return 0, 0
+        with self._cond:
+            n = len(self._queue)
+            self.dropped += n
+            self._queue.clear()
+            self._bytes -= self._queued_bytes
+            self._queued_bytes = 0
+            return n, self._busy
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
@@ -313,6 +338,23 @@ def _warn_drops(limit_bytes, origin):
          "source again next epoch; the cache takes rows slower than "
          "the dataset makes them (raise put_queue= or use "
          "async_puts=False to wait for every put)", CacheWarning, origin)
+
+
+def flush_into(target: object, timeout: float) -> tuple[int, int]:
+    """Waits until the rows this process's putters hold for `target` are
+    written, for at most `timeout` s in all, then drops the rows still
+    queued for it: (rows dropped, rows still being written). A putter
+    whose writer is the calling thread (a close() made inside a put) is
+    not waited for: its queue is dropped."""
+    deadline = time.monotonic() + timeout
+    mine = [p for p in list(_putters) if p.target is target]
+    dropped = busy = 0
+    for p in mine:
+        p.flush(max(0.0, deadline - time.monotonic()))
+        n, b = p.drop_queued()
+        dropped += n
+        busy += b
+    return dropped, busy
 
 
 def _close_all():

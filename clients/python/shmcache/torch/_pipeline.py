@@ -17,7 +17,9 @@ Ending: an exhausted source, a source's exception, a timeout, close() or
 the iterator's garbage collection (an early break) stop the threads and
 the pass's miss workers without waiting for a row in flight: a thread
 between batches ends at once; one computing a row, or transforming a
-sample, ends after it (nothing new starts). Each thread is a torch
+sample, ends after it (nothing new starts). A pass whose source ran out
+then waits, PASS_FLUSH_S at most, for the rows this process queued for
+the cache (loader.flush()) before its StopIteration. Each thread is a torch
 section (_exit_threads.owned_section): a trainer's exit waits for it to
 leave torch.
 """
@@ -33,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..async_put import EXIT_FLUSH_S
 from ._assemble import BatchAssembler
 from ._autotune import AutoTune
 from ._exit_threads import end_at_exit, owned_section
@@ -43,6 +46,8 @@ from .batch_source import BatchReport, BatchSource, batch_ids
 __all__ = ["LoaderState", "LoaderIter"]
 
 _JOIN_S = 0.5      # close() waits this long for idle threads, never for busy ones
+# An ended pass waits this long for the rows it queued, as a worker's exit does.
+PASS_FLUSH_S = EXIT_FLUSH_S
 
 
 class LoaderState:
@@ -288,7 +293,14 @@ class Pipeline:
             self.close()
             raise
         if item is None:
+            ended = not self.stopped   # its source exhausted, not closed
             self.close()   # the pass ended: workers and threads go now
+            if ended:
+                # The rows it queued for the cache (num_workers=0's misses,
+                # rows workers handed back) are stored before the pass
+                # ends, as DataLoader's workers store theirs at their exit:
+                # stats() and the next pass see them.
+                self.loader.flush(PASS_FLUSH_S)
             raise StopIteration
         ok, batch, nbytes = item
         now = time.monotonic()

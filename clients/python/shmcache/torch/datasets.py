@@ -284,7 +284,7 @@ class CachedDataset(Dataset):
             if putter is not None:
                 # Before the new cache is seen: a row computed for it is
                 # never stored in the old one.
-                putter.redirect(functools.partial(_store_rows, value), value.origin)
+                putter.redirect(functools.partial(_store_rows, value), value.origin, value)
             super().__setattr__(name, value)
             self._forget_hit_path()
         if putter is not None:
@@ -298,7 +298,8 @@ class CachedDataset(Dataset):
         object.__setattr__(self, "_switching", threading.RLock())
         putter = getattr(self, "_putter", None)
         if putter is not None:
-            putter.redirect(functools.partial(_store_rows, self.cache), self.cache.origin)
+            putter.redirect(functools.partial(_store_rows, self.cache), self.cache.origin,
+                            self.cache)
 
     def _forget_hit_path(self) -> None:
         # object.__setattr__, not self.__dict__[...]: reading __dict__ makes
@@ -321,7 +322,8 @@ class CachedDataset(Dataset):
         # other) keeps the putter and redirects it (__setattr__).
         # Batched wakes in a DataLoader worker (see shmcache.async_put).
         putter = AsyncPutter(functools.partial(_store_rows, self.cache), self.put_queue,
-                             batch_wakes=_ask_in_worker, origin=self.cache.origin)
+                             batch_wakes=_ask_in_worker, origin=self.cache.origin,
+                             target=self.cache)
         weakref.finalize(self, _retire, weakref.ref(putter)).atexit = False
         return putter
 

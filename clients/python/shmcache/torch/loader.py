@@ -75,7 +75,11 @@ Contract:
   (early break) stops its threads and worker processes (not persistent
   ones) and drops its prefetched batches, without waiting for a row in
   flight (the thread or worker computing it, or the thread running
-  transform= on a sample, ends after it; nothing new starts). A trainer
+  transform= on a sample, ends after it; nothing new starts). An
+  exhausted one then waits for the rows this process queued for the cache
+  (num_workers=0's misses, rows the workers handed back), for at most
+  shmcache.async_put.EXIT_FLUSH_S, as DataLoader's workers write theirs
+  at their exit: stats() and the next pass see them. A trainer
   that exits with a pass open waits for its threads to leave torch. The loader keeps the buffers of at most prefetch + num_threads
   + 2 batches for reuse by later batches and passes (freed with the
   loader); a buffer is reused only once no tensor over it is alive, and a
@@ -322,7 +326,8 @@ class CachedLoader(DataLoader[T_co]):
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until the rows this process queued for the cache are stored
-        (CachedDataset.flush)."""
+        (CachedDataset.flush); a pass that runs to its end waits so for at
+        most 2 s before its StopIteration."""
         cds: Any = self.dataset
         return cds.flush(timeout)
 
