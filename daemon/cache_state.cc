@@ -51,7 +51,7 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   auto* h = reinterpret_cast<layout::CacheHeader*>(c->header_file_.data());
   h->cache_id = cache_id;
   h->session_id = session_id;
-  h->budget_bytes = budget_bytes;
+  h->budget_bytes.store(budget_bytes);
   h->name_len = static_cast<uint8_t>(name.size());
   std::memcpy(h->name, name.data(), name.size());
   h->fingerprint_len = static_cast<uint8_t>(fingerprint.size());
@@ -127,6 +127,8 @@ bool CacheState::ResumeIfCapAllows(const MemoryAccount& account) {
   return alloc_.ResumeIfCapAllows(account);
 }
 
+bool CacheState::RaiseBudget(uint64_t bytes) { return alloc_.RaiseBudget(bytes); }
+
 std::vector<SegmentJob> CacheState::TakeSegmentJobs(int node, MemoryAccount* account,
                                                     int max_jobs) {
   std::vector<SegmentJob> jobs = alloc_.TakeSegmentJobs(node, account, max_jobs);
@@ -193,7 +195,7 @@ Status CacheState::AdoptHeader() {
   name_.assign(h->name, h->name_len);
   fingerprint_.assign(h->fingerprint, h->fingerprint_len);
   file_bytes_ = header_file_.size();
-  alloc_.Attach(h, Label(), h->budget_bytes);
+  alloc_.Attach(h, Label(), h->budget_bytes.load());
   return Status::OK();
 }
 

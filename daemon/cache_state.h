@@ -67,6 +67,9 @@ class CacheState {
   // and the caller releases each once none does (HeldMemory).
   void Destroy(MemoryAccount* account, std::vector<HeldFile>* held = nullptr);
   bool ResumeIfCapAllows(const MemoryAccount& account);
+  // A later open asked for a budget of `bytes`: a larger one replaces the
+  // cache's (SegmentAllocator::RaiseBudget). True when it was raised.
+  bool RaiseBudget(uint64_t bytes);
 
   // True when the cache takes rows on disk (layout::SpillingOn: spilling
   // enabled and the cache not full). Clients send rows there once memory is
@@ -95,6 +98,12 @@ class CacheState {
   // True when spilling was requested and has not stopped
   // (layout::kStateSpillEnabled), full or not.
   bool spill_enabled() const;
+  // A later open asked for spilling (spill_requested) of a cache made
+  // without it: spilling is enabled, and a cache that was full takes rows
+  // again (its next row past memory goes to disk). Not where spilling
+  // stopped in this server's life (StopSpilling: a disk error). True when
+  // it was enabled.
+  bool RequestSpilling();
   // "cache 3 (session 7, 'name')", for messages.
   std::string Label() const;
   bool destroyed() const { return destroyed_; }
@@ -140,6 +149,7 @@ class CacheState {
   std::vector<ShmFile> tables_;
   std::vector<IndexTable> index_;  // over tables_
   uint64_t spill_reads_ = 0;       // since this daemon started
+  bool spill_stopped_ = false;     // StopSpilling ran
   SegmentAllocator alloc_;         // lent header_ (Attach) while it is mapped
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "daemon/logger.h"
 #include "format/index_table.h"
 
 namespace shmcache {
@@ -14,12 +15,25 @@ bool CacheState::spilling_on() const {
 
 void CacheState::StopSpilling(const std::string& why) {
   if (header_ == nullptr) return;
+  spill_stopped_ = true;
   uint32_t old = header_->state.fetch_and(~layout::kStateSpillEnabled);
   if (old & layout::kStateMemFull) alloc_.MarkFull("spilling stopped: " + why);
 }
 
 bool CacheState::spill_enabled() const {
   return header_ && (header_->state.load() & layout::kStateSpillEnabled);
+}
+
+bool CacheState::RequestSpilling() {
+  if (header_ == nullptr || spill_stopped_ ||
+      (header_->state.fetch_or(layout::kStateSpillEnabled) &
+       layout::kStateSpillEnabled)) {
+    return false;
+  }
+  const std::string why =
+      "spilling asked for by a later open; rows past memory go to disk";
+  if (!alloc_.TakeRowsAgain(why) && log_) log_->Info("{}: {}", Label(), why);
+  return true;
 }
 
 uint64_t CacheState::DropSpilledRows() {

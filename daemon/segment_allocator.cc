@@ -105,17 +105,15 @@ void SegmentAllocator::MarkFull(const std::string& why) {
   full_said_ = true;
 }
 
-void SegmentAllocator::TakeRowsAgain(uint64_t bytes) {
+bool SegmentAllocator::TakeRowsAgain(const std::string& why) {
   const uint32_t state = header_->state.load();
   // A cache whose memory is used up while it spills (or spilled: its
   // spilled rows are looked for by kStateMemFull) sends its rows to disk.
-  if (!(state & layout::kStateFull) || (state & layout::kStateMemFull)) return;
+  if (!(state & layout::kStateFull) || (state & layout::kStateMemFull)) return false;
   header_->state.fetch_and(~(layout::kStateFull | layout::kStateByCap));
   cap_full_bits_ = 0;
-  if (log_) {
-    log_->Info("{} takes rows again: a writer gave back {} of room", label_,
-               SizeText(bytes));
-  }
+  if (log_) log_->Info("{} takes rows again: {}", label_, why);
+  return true;
 }
 
 // ---- Chunks: leased to a connection, given back, and the unused tails of a
@@ -373,7 +371,9 @@ void SegmentAllocator::Return(uint64_t conn, uint32_t seg_no, uint64_t offset) {
   // after it (a writer's whose rows outgrew its chunk, at its close) would
   // be lost for the rest of the run. The next lease that finds no room for
   // its row marks the cache full again.
-  if (freed > 0) TakeRowsAgain(freed);
+  if (freed > 0) {
+    TakeRowsAgain(fmt::format("a writer gave back {} of room", SizeText(freed)));
+  }
 }
 
 uint64_t SegmentAllocator::AddTail(Tail tail, uint64_t min_bytes) {
@@ -831,6 +831,21 @@ Status SegmentAllocator::MemoryUsedUp(const std::string& why, bool by_cap) {
   MarkFull(why);
   if (by_cap) MarkByCap(layout::kStateFull);
   return FullStatus(fmt::format("cache {} is full: {}", cache_id_, why), by_cap);
+}
+
+bool SegmentAllocator::RaiseBudget(uint64_t bytes) {
+  if (bytes <= budget_bytes_ || released_) return false;
+  const uint64_t old = budget_bytes_;
+  budget_bytes_ = bytes;
+  header_->budget_bytes.store(bytes);
+  const std::string why =
+      fmt::format("budget raised from {} MB to {} MB by an open asking for more",
+                  old >> 20, bytes >> 20);
+  // The cap, not the budget, made it full: it stays so (ResumeIfCapAllows).
+  if ((cap_full_bits_ != 0 || !TakeRowsAgain(why)) && log_) {
+    log_->Info("{}: {}", label_, why);
+  }
+  return true;
 }
 
 void SegmentAllocator::MarkByCap(uint32_t bits) {

@@ -214,6 +214,19 @@ class SegmentAllocator {
   // A cache that the server's cap (not its budget) made full takes rows
   // again once the cap has room for a segment. True when it resumed.
   bool ResumeIfCapAllows(const MemoryAccount& account);
+  // The cache's budget becomes `bytes` when that is more (a budget is never
+  // lowered: nothing is evicted), in the header too, where writers check a
+  // row against it. A cache its budget made full takes rows again; one the
+  // server's cap made full stays so until the cap has room
+  // (ResumeIfCapAllows), and a spilling cache whose memory was used up
+  // goes on spilling (its spilled rows are looked for by kStateMemFull).
+  // True when the budget was raised.
+  bool RaiseBudget(uint64_t bytes);
+  // A cache marked full (not one whose memory is used up while it spills)
+  // takes rows again, `why` logged: room was given back, or spilling was
+  // asked for (its next row past memory goes to disk). True when it was
+  // full.
+  bool TakeRowsAgain(const std::string& why);
 
   // Unlinks every segment (prepared ones too) and forgets every lease and
   // the header. With `held`, the files' identities and sizes are appended
@@ -284,9 +297,6 @@ class SegmentAllocator {
   // tails it touches. Returns the size of the free tail it is now part of,
   // or 0 when that is under min_bytes (then it is not kept).
   uint64_t AddTail(Tail tail, uint64_t min_bytes);
-  // `bytes` of room were given back: a cache marked full (not one whose
-  // memory is used up while it spills) takes rows again.
-  void TakeRowsAgain(uint64_t bytes);
   // The most a chunk of rows leased to `conn` takes: the budget's
   // kChunksPerBudget-th part, or its (2 x lessees)-th where more
   // connections hold chunks (`conn` among them), within

@@ -171,6 +171,8 @@ class Store {
   void SettleHeldMemory() EXCLUDES(mu_);
   // Caches the cap made full take rows again when memory was freed.
   void ResumeCachesLocked() REQUIRES(mu_);
+  // The budget of a cache opened with `size_mb` (0: the cap).
+  uint64_t BudgetFor(uint64_t size_mb) const REQUIRES(mu_);
   void StopPreparer() EXCLUDES(mu_);
   // Logs `text` as a warning and keeps it for startup_notes().
   void Note(const std::string& text);

@@ -152,6 +152,13 @@ Status Store::CheckSession(uint32_t id) {
   return Status::OK();
 }
 
+// A size over the cap gets the cap: the cache holds what can be had and the
+// client, which sees the cap and its bound in the server info, says so once
+// at open (rows beyond it are read from the source).
+uint64_t Store::BudgetFor(uint64_t size_mb) const {
+  return size_mb ? std::min<uint64_t>(size_mb << 20, account_.cap) : account_.cap;
+}
+
 Status Store::OpenCache(uint32_t session_id, const std::string& name,
                         const std::string& fingerprint, uint64_t size_mb,
                         bool spill_requested, uint32_t* cache_id) {
@@ -182,14 +189,16 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
           "'{}', this one is '{}'); use another cache name or session",
           name, session_id, c->fingerprint(), fingerprint));
     }
+    // "Open the cache with a larger size_mb" is what a full cache's
+    // warning tells its user: the next run's open raises the budget. 0
+    // asks for nothing (a reader, a tool): the cache keeps what it has.
+    if (size_mb != 0) c->RaiseBudget(BudgetFor(size_mb));
+    // The other fix it tells: spilling=True (the server has a spill dir).
+    if (spill_requested) c->RequestSpilling();
     *cache_id = cid;
     return Status::OK();
   }
-  // A size over the cap gets the cap: the cache holds what can be had and
-  // the client, which sees the cap and its bound in the server info, says
-  // so once at open (rows beyond it are read from the source).
-  uint64_t budget =
-      size_mb ? std::min<uint64_t>(size_mb << 20, account_.cap) : account_.cap;
+  const uint64_t budget = BudgetFor(size_mb);
   // Random ids: nobody can take the name of the next cache's header ahead
   // of it; an id whose name is taken anyway is skipped.
   uint32_t id = 0;

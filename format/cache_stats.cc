@@ -26,7 +26,7 @@ CacheStats ReadCacheStats(const layout::CacheHeader& header, bool single_node) {
   }
   if (single_node) out.numa_hits = out.hits;
   out.reserved_bytes = header.reserved_bytes.load(kRelaxed);
-  out.budget_bytes = header.budget_bytes;
+  out.budget_bytes = header.budget_bytes.load(kRelaxed);
   const uint32_t state = header.state.load(kRelaxed);
   out.full = layout::IsFull(state);
   out.spills_now = layout::SpillsNow(state);

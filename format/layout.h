@@ -175,7 +175,7 @@ struct alignas(kCacheLine) CacheHeader {
   FileHeader file;
   uint32_t cache_id;
   uint32_t session_id;
-  uint64_t budget_bytes;                 // (daemon)
+  std::atomic<uint64_t> budget_bytes;    // (daemon) raised by a later open asking more
   std::atomic<uint64_t> reserved_bytes;  // (daemon) segments + tables
   std::atomic<uint32_t> state;           // kState* bits
   std::atomic<uint32_t> num_tables;      // (daemon) published after the file

@@ -137,7 +137,7 @@ Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
 }
 
 Status CacheImpl::CheckRowFits(uint64_t id, size_t size) const {
-  const uint64_t budget = header_->budget_bytes;
+  const uint64_t budget = header_->budget_bytes.load(std::memory_order_relaxed);
   if (size <= protocol::kMaxLeaseBytes &&
       layout::SegmentBytesFor(layout::ChunkBytesFor(size)) <= budget) {
     return Status::OK();

@@ -285,6 +285,41 @@ TEST(CapacityTest, CacheLargerThanTheCapGetsTheCap) {
   EXPECT_EQ(stats.budget_bytes, uint64_t{32} << 20);
 }
 
+// A full cache's fix is "a larger size_mb": the next run opens the same
+// cache (same session, same name) asking for more. That open raises the
+// budget, and the cache takes rows again, keeping those it held; an open
+// asking less (or 0, "whatever it has") keeps it. Before, every later open
+// got the first one's budget, so the fix did nothing.
+TEST(CapacityTest, AFullCacheOpenedWithALargerSizeTakesRowsAgain) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  uint32_t session = server.NewSession();
+  auto first = OpenCache(server, session, 4, false);
+  const size_t rows = (16u << 20) / kRowBytes;
+  const size_t stored = PutRows(first.get(), rows);
+  ASSERT_GT(stored, 0u);
+  ASSERT_LT(stored, rows);
+  ASSERT_TRUE(first->IsFull());
+
+  auto larger = OpenCache(server, session, 8, false);
+  CacheStats st;
+  ASSERT_TRUE(larger->GetStats(&st).ok());
+  EXPECT_EQ(st.budget_bytes, 8 * kMB);
+  EXPECT_FALSE(larger->IsFull());
+  EXPECT_FALSE(first->IsFull());  // every process sees it at once
+  const size_t now = PutRows(larger.get(), rows);
+  EXPECT_GT(now, stored + stored / 2) << "only " << now << " of " << rows;
+  EXPECT_TRUE(larger->IsFull());
+  EXPECT_EQ(CheckRowsInChild(server, session, now, false), static_cast<long>(now));
+
+  for (uint64_t mb : {uint64_t{2}, uint64_t{0}}) {
+    auto again = OpenCache(server, session, mb, false);
+    ASSERT_TRUE(again->GetStats(&st).ok());
+    EXPECT_EQ(st.budget_bytes, 8 * kMB) << mb;
+    EXPECT_TRUE(again->IsFull()) << mb;
+  }
+}
+
 // The size is in MB, shifted into bytes by the daemon: from 2^44 MB on, the
 // bytes wrapped (2^44 + 1 MB opened a 1 MB cache). Issue 32, item 9.
 TEST(CapacityTest, ASizeWhoseBytesDoNotFitIsRefused) {

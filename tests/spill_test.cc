@@ -294,6 +294,31 @@ TEST_F(SpillTest, SpilledRowsViewsAndMissingColumns) {
   EXPECT_EQ(after.misses, before.misses);
 }
 
+// "Open the cache with spilling=True" is the other fix a full cache's
+// warning names: the next run's open of the same cache asks for it, and
+// rows past the budget go to disk, the rows in memory kept. Before, the
+// cache kept spilling off and the next run was refused every new row.
+TEST_F(SpillTest, AFullCacheOpenedWithSpillingSpillsFromThen) {
+  auto plain = OpenCache(server_, session_, 1, false, "plain");
+  const size_t rows = (3u << 20) / kRowBytes;
+  const size_t stored = PutRows(plain.get(), rows);
+  ASSERT_GT(stored, 0u);
+  ASSERT_LT(stored, rows);
+  ASSERT_TRUE(plain->IsFull());
+
+  auto spilling = OpenCache(server_, session_, 1, true, "plain");
+  EXPECT_FALSE(spilling->IsFull());
+  EXPECT_EQ(PutRows(spilling.get(), rows), rows);
+  CacheStats st;
+  ASSERT_TRUE(spilling->GetStats(&st).ok());
+  EXPECT_EQ(st.mem_rows, stored);
+  EXPECT_EQ(st.disk_rows, rows - stored);
+  EXPECT_TRUE(st.spills_now);
+  EXPECT_FALSE(st.full);
+  EXPECT_EQ(CheckRowsInChild(server_, session_, rows, true, 7, "plain"),
+            static_cast<long>(rows));
+}
+
 // The daemon's listing reads "spilling" as a cache's own GetStats does.
 TEST_F(SpillTest, ListingReportsWhetherACacheSpillsNow) {
   std::unique_ptr<Client> client;

@@ -44,10 +44,15 @@ struct CacheOptions {
   std::string fingerprint{};
   // Memory budget in MB. 0 = as much as the server's cap allows; more than
   // the cap gets the cap; more than 2^43 - 1 MB (bytes past an int64) is
-  // InvalidArgument.
+  // InvalidArgument. Opening a cache that exists with a larger size raises
+  // its budget (a full cache's fix: a larger size_mb), and it takes rows
+  // again unless the cap made it full; a smaller size, or 0, keeps the
+  // budget it has: nothing is evicted.
   uint64_t size_mb = 0;
   // Rows beyond the budget go to disk (needs a server started with -s).
-  // MindSpore's and DatasetCache's `spilling` argument.
+  // MindSpore's and DatasetCache's `spilling` argument. Asked of a cache
+  // that exists without it, it turns spilling on (a full cache then takes
+  // rows again, on disk); false leaves a cache's spilling as it is.
   bool spill_requested = false;
 };
 

@@ -262,6 +262,52 @@ def test_full_cache_warns_once_and_keeps_going(server, session):
     assert c.get(63) is None
 
 
+_FILL_RUN = """
+import sys, warnings
+import numpy as np
+from shmcache import CacheWarning, DatasetCache
+session, size_mb, spilling = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+c = DatasetCache(session, size_mb=size_mb, spilling=spilling, name="runs")
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    stored = sum(c.put(i, (np.full(3072, i % 251, np.uint8),)) for i in range(2400))
+said = [str(x.message) for x in w if issubclass(x.category, CacheWarning)]
+st = c.stats()
+print(stored, st.mem_rows + st.disk_rows, st.budget_bytes >> 20, len(said))
+print(said[0] if said else "")
+"""
+
+
+@pytest.mark.parametrize("fix", ["larger size_mb", "spilling=True"])
+def test_a_full_caches_fix_works_in_the_next_run(spill_server, fix):
+    """A run fills its 4 MB cache; its warning says to open the cache with
+    a larger size_mb or with spilling=True. The next run (another process,
+    the same session and cache) does: it stores the rows the first could
+    not, and the first run's rows are still there. Before, the cache kept
+    what its first open asked and the next run was refused every new row
+    with the same warning."""
+    import subprocess
+    import sys
+    session = spill_server.new_session()
+
+    def run(size_mb, spilling):
+        out = subprocess.run(
+            [sys.executable, "-c", _FILL_RUN, str(session), str(size_mb), str(int(spilling))],
+            check=True, capture_output=True, text=True).stdout
+        counts, said = out.split("\n", 1)
+        return [int(x) for x in counts.split()], said.strip()
+
+    (_, rows, budget, warned), said = run(4, False)
+    assert budget == 4 and 0 < rows < 2400 and warned == 1
+    assert fix in said, said
+    size = 12 if fix == "larger size_mb" else 4
+    (_, now, budget, warned), said = run(size, fix == "spilling=True")
+    assert budget == size and warned == 0, said
+    assert now == 2400
+    c = DatasetCache(session, name="runs")
+    assert all(int(c.get(i)[0][0]) == i % 251 for i in range(0, 2400, 7))
+
+
 def test_too_large_row_is_dropped_alone_with_one_warning(server, session):
     c = DatasetCache(session, size_mb=8, name="small")
     big = (np.zeros(10 << 20, dtype=np.uint8),)

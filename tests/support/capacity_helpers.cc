@@ -57,7 +57,7 @@ size_t PutRows(Cache* cache, size_t n, uint64_t salt) {
 }
 
 long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool spilling,
-                      uint64_t salt) {
+                      uint64_t salt, const std::string& name) {
   int fds[2];
   if (pipe(fds) != 0) return -2;
   pid_t pid = ForkChild([&]() -> int {
@@ -65,7 +65,7 @@ long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool
     std::unique_ptr<Client> client;
     if (!server.Connect(&client).ok()) return 3;
     std::unique_ptr<Cache> cache;
-    if (!client->OpenCache(CacheNamed(session, "capacity", 1, spilling), &cache).ok()) {
+    if (!client->OpenCache(CacheNamed(session, name, 1, spilling), &cache).ok()) {
       return 4;
     }
     long found = 0;

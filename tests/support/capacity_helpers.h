@@ -39,10 +39,10 @@ std::unique_ptr<Cache> OpenCacheInChild(const TestServer& server, uint32_t sessi
 // the first Full. Any other status fails the test.
 size_t PutRows(Cache* cache, size_t n, uint64_t salt = 7);
 
-// Checks rows 0..n-1 in a forked child (another process); returns the
-// number it found byte-identical, or -1 on a wrong row.
+// Checks rows 0..n-1 of cache `name` in a forked child (another process);
+// returns the number it found byte-identical, or -1 on a wrong row.
 long CheckRowsInChild(const TestServer& server, uint32_t session, size_t n, bool spilling,
-                      uint64_t salt = 7);
+                      uint64_t salt = 7, const std::string& name = "capacity");
 
 // PutBatch of rows [first, first + statuses.size()) of kRowBytes pattern
 // bytes (as PutRows makes them), each a uint8 column "data"; returns

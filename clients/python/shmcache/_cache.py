@@ -59,7 +59,11 @@ class DatasetCache:
     hostname=None, port=None, num_connections=None, prefetch_size=None),
     with the size's unit in its name: `size_mb`, the cache's memory budget
     in MB (0: as much as the server allows; one CacheWarning at open when
-    it is more than the server's memory cap). MindSpore's keyword `size=`
+    it is more than the server's memory cap). Opening a cache that exists
+    (same session and name) with a larger size_mb raises its budget, and
+    with spilling=True turns its spilling on: a full one takes rows again;
+    a smaller size_mb or 0 keeps the budget it has (nothing is evicted).
+    MindSpore's keyword `size=`
     (also MB) is still accepted, with a DeprecationWarning.
     `session_id` defaults to $SHMCACHE_SESSION_ID (else $SESSION_ID).
     `num_connections` and
