@@ -220,12 +220,17 @@ class AsyncPutter:
         if self._pid != os.getpid():
             return 0, 0
         with self._cond:
-            n = len(self._queue)
-            self.dropped += n
-            self._queue.clear()
-            self._bytes -= self._queued_bytes
-            self._queued_bytes = 0
-            return n, self._busy
+            return self._drop_queued_locked(), self._busy
+
+    def _drop_queued_locked(self) -> int:
+        """Drops the rows queued and not yet being written, counted in
+        `dropped`; how many."""
+        n = len(self._queue)
+        self.dropped += n
+        self._queue.clear()
+        self._bytes -= self._queued_bytes
+        self._queued_bytes = 0
+        return n
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes for at most `timeout` s (default EXIT_FLUSH_S), drops the
@@ -239,9 +244,7 @@ class AsyncPutter:
         self.flush(timeout)
         with self._cond:
             self._stop = True
-            self.dropped += len(self._queue)
-            self._queue.clear()
-            self._queued_bytes = 0
+            self._drop_queued_locked()
             self._cond.notify_all()
             thread = self._thread
         if thread is not None:
