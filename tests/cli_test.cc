@@ -129,9 +129,14 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
                             "'shmcache --list_sessions'",
                             id));
   }
-  ExpectError({"--start", "-l", "9"}, "log level '9'");
+  ExpectError({"--start", "-l", "9"},
+              "log level '9' is not a number in 0..4; give -l (--loglevel) 0 (debug), 1 "
+              "(info, the default), 2 (warning), 3 (error) or 4 (fatal)");
   ExpectError({"--start", "-l", "info"}, "log level 'info'");
-  ExpectError({"--start", "-r", "1.5"}, "memory cap ratio '1.5'");
+  ExpectError({"--start", "-r", "1.5"},
+              "memory cap ratio '1.5' is not a number in (0, 1]; give -r "
+              "(--memory_cap_ratio) a share of memory such as 0.5 (default 0.8), or "
+              "--memory_cap_mb N for a size in MB");
   ExpectError({"--start", "--memory_cap_mb", "0"}, "memory cap '0'");
   // A size with a unit: the message says how to write it.
   ExpectError({"--start", "--memory_cap_mb", "4G"},
@@ -179,7 +184,9 @@ TEST_F(CliTest, MemoryCapBelowOneSegment) {
 }
 
 TEST_F(CliTest, WorkerCountOutOfRange) {
-  ExpectError({"--start", "-w", "0"}, "worker count '0'");
+  ExpectError({"--start", "-w", "0"},
+              "worker count '0' is not a number in 1..512; give -w (--workers) a whole "
+              "number of threads in 1..512, or leave it out for half the CPUs");
   ExpectError({"--start", "-w", "513"}, "worker count '513'");
   ExpectError({"--start", "-w", "two"}, "worker count 'two'");
 }
@@ -204,7 +211,9 @@ TEST_F(CliTest, MetricsFileOptions) {
   ExpectError({"--metrics", "--metrics_file", "/tmp/shmcache.prom"},
               "--metrics_file applies to --start only");
   ExpectError({"--start", "--metrics_file", "shmcache.prom"}, "not an absolute path");
-  ExpectError({"--start", "--metrics_interval", "0"}, "1..3600");
+  ExpectError({"--start", "--metrics_interval", "0"},
+              "give --metrics_interval a whole number of seconds in 1..3600, or leave it "
+              "out for 5");
   ExpectError({"--start", "--metrics_interval", "often"}, "1..3600");
   // An interval alone would be ignored: no file is written. (A server the
   // old code started anyway ends with this test.)
@@ -221,7 +230,11 @@ TEST_F(CliTest, MetricsFileOptions) {
 }
 
 TEST_F(CliTest, PortOutsideTheRange) {
-  ExpectError({"--list_sessions", "-p", "80"}, "1025..65535");
+  // The range, and what to give instead.
+  ExpectError({"--list_sessions", "-p", "80"},
+              "port '80' is not a number in 1025..65535; use a whole number in that "
+              "range, such as the default 50052 (it names the instance: no TCP port is "
+              "opened)");
   ExpectError({"--list_sessions", "-p", "1024"}, "1025..65535");
   ExpectError({"--list_sessions", "-p", "65536"}, "1025..65535");
   ExpectError({"--list_sessions", "--port=0"}, "1025..65535");
