@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -407,6 +408,104 @@ TEST_F(CliTest, StopInAnotherRunDirNamesTheServerOfThePortAndCountsNothingLeft) 
                         server.run_dir(), server.pid(), server.run_dir(), server.port()));
   CommandResult g = server.Admin({"-g"});
   EXPECT_EQ(g.exit_code, 0) << g.Describe();
+}
+
+// -g, -d, --list_sessions, --server_info and --metrics in this run dir,
+// where a server of this user runs on the port under another run dir: the
+// message names it and the command that reaches it, which works. They said
+// "not running ... start it with 'shmcache --start'", and that start is
+// refused (one server per user and port).
+TEST_F(CliTest, ACommandInAnotherRunDirNamesTheServerOfThePort) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const uint32_t session = server.NewSession();
+  const std::string port = std::to_string(server.port());
+  const std::vector<std::vector<std::string>> commands = {{"-g"},
+                                                          {"-d", std::to_string(session)},
+                                                          {"--list_sessions"},
+                                                          {"--server_info", "--json"},
+                                                          {"--metrics"}};
+  for (const std::vector<std::string>& command : commands) {
+    std::vector<std::string> args = command;
+    args.insert(args.end(), {"-p", port});
+    const std::string written = fmt::format("{}", fmt::join(command, " "));
+    ExpectError(args,
+                fmt::format("no cache server is running on port {} with run dir {}; a "
+                            "server of yours on port {} runs with run dir {} (process id "
+                            "{}), and a user has one server per port: ask it with "
+                            "'SHMCACHE_RUN_DIR={} shmcache {} -p {}', or stop it with "
+                            "'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' before starting "
+                            "one here",
+                            port, run_dir_, port, server.run_dir(), server.pid(),
+                            server.run_dir(), written, port, server.run_dir(), port));
+  }
+  CommandResult start = Run({"--start", "-p", port});
+  EXPECT_EQ(start.exit_code, 1) << "the start the old message suggested is refused\n"
+                                << start.Describe();
+  EXPECT_FALSE(PathExists(fmt::format("{}/shmcached-{}.lock", run_dir_, port)))
+      << "the refused start leaves no lock file in its run dir";
+  CommandResult asked = server.Admin({"--list_sessions"});
+  EXPECT_EQ(asked.exit_code, 0) << asked.Describe();
+}
+
+// The same where the server of this very run dir lost its socket (removed
+// by hand, or a clean-up of /tmp): not "not running; start it" (refused),
+// but that its socket is gone and how to restart it.
+TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedSaysSo) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+  CommandResult r = server.Admin({"-g"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, fmt::format("shmcache: error: the cache server on port {} (process id "
+                               "{}) runs with run dir {}, but its socket {} is gone "
+                               "(removed while it ran, by hand or a clean-up of /tmp): "
+                               "restart it with 'shmcache --stop -p {}' and 'shmcache "
+                               "--start -p {}'\n",
+                               server.port(), server.pid(), server.run_dir(),
+                               server.socket_path(), server.port(), server.port()))
+      << r.Describe();
+}
+
+// The state letter of process `pid` ('T': stopped), from /proc.
+char ProcessStateLetter(pid_t pid) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("State:", 0) == 0 && line.size() > 7) return line[7];
+  }
+  return '?';
+}
+
+// A server stopped by SIGSTOP (Ctrl-Z, a debugger) answers nothing: -g
+// says so and how to resume it, where it said it timed out; --stop resumes
+// and stops it, where it sent SIGTERM alone, waited 30 s and failed
+// ("did not exit ...; end it with 'kill -9'").
+TEST_F(CliTest, AStoppedServerIsNamedAndStopResumesAndStopsIt) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const std::string port = std::to_string(server.port());
+  ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitFor([&] { return ProcessStateLetter(server.pid()) == 'T'; }));
+  CommandResult g = server.Admin({"-g"});
+  EXPECT_EQ(g.exit_code, 1) << g.Describe();
+  EXPECT_EQ(g.err, fmt::format("shmcache: error: the cache server on port {} (process id "
+                               "{}) is stopped (SIGSTOP, Ctrl-Z or a debugger) and "
+                               "answers nothing: resume it with 'kill -CONT {}', or stop "
+                               "it with 'shmcache --stop -p {}'\n",
+                               port, server.pid(), server.pid(), port))
+      << g.Describe();
+  CommandResult stop = server.Stop();
+  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  EXPECT_EQ(stop.out, fmt::format("Cache server on port {} (process id {}) was stopped "
+                                  "(SIGSTOP, Ctrl-Z or a debugger) and answered nothing; "
+                                  "it has been resumed and stopped.\n",
+                                  port, server.pid()))
+      << stop.Describe();
+  if (!ProcessExited(server.pid())) {  // never outlives the test
+    kill(server.pid(), SIGCONT);
+    server.Kill();
+  }
 }
 
 // The same while that server has taken the host lock but not yet written
