@@ -40,6 +40,29 @@ def test_server_memory_cap_used_up_at_open_is_named(start_server):
     assert first.get(0) is not None
 
 
+def test_a_full_cache_is_named_by_its_name_and_session(start_server):
+    """The warning names the cache as the user knows it (its name, as
+    `shmcache --list_sessions` shows it, and its session), where it said
+    "cache 1234567 is full": both the writer that filled it (the server's
+    words) and one that finds it already full (the library's)."""
+    s = start_server()
+    sid = s.new_session()
+    filler = DatasetCache(sid, size_mb=8, name="train-images")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        stored = [filler.put(i, MB) for i in range(16)]
+        assert stored[0] and not stored[-1]
+        late = DatasetCache(sid, size_mb=8, name="train-images")
+        assert late.put(100, MB) is False
+    msgs = cache_warnings(w)
+    assert len(msgs) == 2, msgs
+    for msg in msgs:
+        assert re.match(rf"shmcache: cache \d+ \(session {sid}, 'train-images'\) is "
+                        r"full: its budget of 8 MB is used up", msg), msg
+    filler.close()
+    late.close()
+
+
 def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_server):
     """size_mb=0 asks for all the server allows: a cache that filled the
     whole cap is not told to ask for a larger size_mb, and a cache that
