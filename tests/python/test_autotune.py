@@ -31,7 +31,7 @@ def clock(monkeypatch):
     return c
 
 
-def feed(tuner, clock, batch_s, batches, held=0.0):
+def feed(tuner, clock, batch_s, batches, held=0.0, nbytes=BATCH):
     """`batches` batches to a consumer that does nothing but wait for them
     (a host-only epoch): each takes batch_s[threads] seconds, all of them
     waited for, the threads always busy, and for `held` of it one of them
@@ -45,7 +45,7 @@ def feed(tuner, clock, batch_s, batches, held=0.0):
         seen.append(tuner.threads)
         if held:
             tuner.held(held * step)
-        tuner.observe(step, step, BATCH, busy, tuner.threads)
+        tuner.observe(step, step, nbytes, busy, tuner.threads)
     tuner._test_busy = busy
     return seen
 
@@ -86,6 +86,14 @@ def test_threads_that_speed_the_feed_up_are_kept(clock):
     feed(tuner, clock, batch_s, 300)
     assert tuner.threads == 4
     assert set(feed(tuner, clock, batch_s, 1000)) == {4}
+
+
+def test_batches_without_a_byte_count_are_measured_too(clock):
+    # Batches through collate_fn (rows of several layouts) count no bytes.
+    batch_s = {1: 4e-3, 2: 2e-3, 3: 1.4e-3, 4: 1.1e-3}
+    tuner = new_tuner()
+    feed(tuner, clock, batch_s, 300, nbytes=0)
+    assert tuner.threads == 4
 
 
 def test_a_thread_that_brings_less_than_the_gain_is_not_kept(clock):

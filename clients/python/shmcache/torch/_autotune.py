@@ -3,7 +3,8 @@
 The tuner measures the consumer's steps (from one batch returned to the
 next) over windows:
 - wait: the share of the steps spent waiting for a batch;
-- rate: the bytes delivered per second of the steps;
+- rate: the batches delivered per second of the steps (batches, not
+  bytes: a batch that went through collate_fn has no byte count);
 - busy: the share of the loader threads' time spent assembling batches;
 - held: the share of the window during which a thread waited for a
   prefetch slot (every batch up to `prefetch` ahead of the consumer
@@ -66,13 +67,12 @@ class _Window:
 
     def __init__(self, now: float, busy_s: float, held_s: float) -> None:
         self.t0, self.busy0, self.held0 = now, busy_s, held_s
-        self.batches, self.wait, self.step, self.bytes = 0, 0.0, 0.0, 0
+        self.batches, self.wait, self.step = 0, 0.0, 0.0
 
-    def add(self, waited: float, step: float, nbytes: int) -> None:
+    def add(self, waited: float, step: float) -> None:
         self.batches += 1
         self.wait += waited
         self.step += step
-        self.bytes += nbytes
 
     def full(self, now: float, seconds: float) -> bool:
         return self.batches >= WINDOW_BATCHES and now - self.t0 >= seconds
@@ -81,7 +81,7 @@ class _Window:
         return self.wait / self.step if self.step > 0 else 0.0
 
     def rate(self) -> float:
-        return self.bytes / self.step if self.step > 0 else 0.0
+        return self.batches / self.step if self.step > 0 else 0.0
 
     def thread_share(self, now: float, seconds: float, threads: int) -> float:
         """`seconds` (of the threads' count since t0) as a share of the
@@ -129,7 +129,7 @@ class AutoTune:
             now = time.monotonic()
             changed = False
             long = self._long
-            long.add(waited, step, batch_bytes)
+            long.add(waited, step)
             if long.full(now, DEPTH_WINDOW_S):
                 self._long = _Window(now, busy_s, self._held_s)
                 changed = self.decide_depth(
@@ -141,7 +141,7 @@ class AutoTune:
                     self._short = _Window(now, busy_s, self._held_s)
             else:
                 short = self._short
-                short.add(waited, step, batch_bytes)
+                short.add(waited, step)
                 if short.full(now, WINDOW_S):
                     self._short = _Window(now, busy_s, self._held_s)
                     changed = self.decide_threads(short.wait_share(), short.rate()) or changed
@@ -149,7 +149,7 @@ class AutoTune:
 
     def decide_threads(self, wait: float, rate: float) -> bool:
         """The thread count after a short window of `wait` (a fraction) and
-        `rate` (bytes per second of the consumer's steps), as the module
+        `rate` (batches per second of the consumer's steps), as the module
         says; True when it changed. A test may call it with the measures
         it wants."""
         self._barred = {k: n - 1 for k, n in self._barred.items() if n > 1}
@@ -159,8 +159,8 @@ class AutoTune:
         threads = self.threads
         if trial is not None:
             threads = self._judge(trial, rate)
-            why = (f"{trial[1]} threads delivered {rate / 1e9:.2f} GB/s against "
-                   f"{self.rates.get(trial[0], 0.0) / 1e9:.2f} with {trial[0]}")
+            why = (f"{trial[1]} threads delivered {rate:.0f} batches/s against "
+                   f"{self.rates.get(trial[0], 0.0):.0f} with {trial[0]}")
         else:
             why = f"consumer waited {100 * wait:.0f}% of the step"
             if wait > STARVED:
