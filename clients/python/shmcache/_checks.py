@@ -139,7 +139,8 @@ def ids_array(ids: Any) -> npt.NDArray[np.uint64]:
 def session_from_env() -> int:
     """The session id of $SHMCACHE_SESSION_ID (or $SESSION_ID, which
     scripts/cache.sh exported first); ValueError naming both when neither
-    is set or the value is not a number."""
+    is set, saying so when one is set but empty (a failed `shmcache -g`),
+    or when the value is not a number."""
     for var in SESSION_ENV:
         value = os.environ.get(var)
         if value:
@@ -148,6 +149,14 @@ def session_from_env() -> int:
             except ValueError:
                 raise ValueError(f"${var}={value!r} is not a session id (a "
                                  "number from `shmcache -g`)") from None
+    empty = [f"${var}" for var in SESSION_ENV if os.environ.get(var) == ""]
+    if empty:
+        # `export SHMCACHE_SESSION_ID=$(shmcache -g | awk ...)` after a -g
+        # that failed: the cause is in that command's own message.
+        raise ValueError(f"no session: {' and '.join(empty)} set but empty, as a "
+                         "`shmcache -g` that failed leaves it (it printed why: is the "
+                         "server started? `shmcache --start`); set it to the id "
+                         "`shmcache -g` prints, or pass session_id=")
     raise ValueError("no session: pass session_id=, or set $SHMCACHE_SESSION_ID "
                      "(scripts/cache.sh and the Slurm prolog export it; "
                      "`shmcache -g` prints one)")
