@@ -63,6 +63,29 @@ def test_a_full_cache_is_named_by_its_name_and_session(start_server):
     late.close()
 
 
+def test_a_server_under_another_run_dir_is_named_not_started_again(
+        server, session, monkeypatch, tmp_path):
+    """No server answers in this process's run dir, but one of this user
+    runs on the port with another: the warning names its run dir and the
+    SHMCACHE_RUN_DIR that reaches it, where it said "not running ... start
+    it with 'shmcache --start'", a start that is refused (one server per
+    user and port)."""
+    here = tmp_path / "elsewhere"
+    here.mkdir(mode=0o700)
+    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(here))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(session, port=server.port)
+        assert c.put(1, MB) is False and c.get(1) is None
+    (msg,) = cache_warnings(w)
+    assert msg == (
+        f"shmcache: no cache server answers on port {server.port} with run dir {here}, "
+        f"but a server of yours runs on that port with run dir {server.run_dir}; the "
+        f"cache is bypassed and rows are read from the source. Fix: set "
+        f"SHMCACHE_RUN_DIR={server.run_dir} for this process to use that server (a "
+        f"user has one server per port)"), msg
+
+
 def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_server):
     """size_mb=0 asks for all the server allows: a cache that filled the
     whole cap is not told to ask for a larger size_mb, and a cache that
