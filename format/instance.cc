@@ -227,15 +227,22 @@ Status CheckShmDirFromEnv(const std::string& shm_dir) {
                      "/dev/shm");
 }
 
-Status EnsureRunDir(const std::string& dir) {
+static Status OpenRunDir(const std::string& dir, bool create) {
   int fd = -1;
   Status s =
-      OpenOwnedDir(dir, /*create=*/true,
+      OpenOwnedDir(dir, create,
                    "remove it (as its owner or root), or set SHMCACHE_RUN_DIR to a "
                    "directory of your own, mode 0700",
                    &fd);
   if (s.ok()) close(fd);
   return s;
+}
+
+Status EnsureRunDir(const std::string& dir) { return OpenRunDir(dir, /*create=*/true); }
+
+Status CheckOwnRunDir(const std::string& dir) {
+  Status s = OpenRunDir(dir, /*create=*/false);
+  return s.IsNotFound() ? Status::OK() : s;
 }
 
 }  // namespace shmcache

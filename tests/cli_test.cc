@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/instance.h"
+#include "format/owned_dir.h"
 #include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
 #include "tests/support/wait_for.h"
@@ -465,6 +466,29 @@ TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedSaysSo) {
                                server.port(), server.pid(), server.run_dir(),
                                server.socket_path(), server.port(), server.port()))
       << r.Describe();
+}
+
+// A run dir that is a link (planted in /tmp, or left by hand): -g says so
+// and what to do, as --start does, where it said "not running ... start
+// it", and that start is refused.
+TEST_F(CliTest, ACommandInARunDirThatIsALinkSaysSo) {
+  const std::string real = run_dir_ + "/real";
+  const std::string link = run_dir_ + "/link";
+  ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  const std::string why = fmt::format(
+      "shmcache: error: {} is a symbolic link owned by {}: not this user's own "
+      "directory, refusing to use it; remove it (as its owner or root), or set "
+      "SHMCACHE_RUN_DIR to a directory of your own, mode 0700\n",
+      link, OwnerName(geteuid()));
+  for (const char* command : {"-g", "--start"}) {
+    CommandResult r = RunCommand(
+        {AdminPath(), command, "-p", "31004"},
+        {{"SHMCACHE_RUN_DIR", link}, {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_EQ(r.err, why) << command << "\n" << r.Describe();
+  }
+  EXPECT_TRUE(ListDir(real).empty()) << "nothing was made through the link";
 }
 
 // The state letter of process `pid` ('T': stopped), from /proc.

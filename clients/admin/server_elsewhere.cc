@@ -21,11 +21,14 @@ bool SameDir(const std::string& a, const std::string& b) {
 Status ExplainNoServerHere(const ClientOptions& co, const std::string& command,
                            const Status& connect_error) {
   if (!connect_error.IsUnavailable()) return connect_error;
+  const InstancePaths here = MakeInstancePaths(co.port, co.run_dir, "");
+  // A run dir a start would refuse (a link planted in /tmp, another
+  // user's directory): that, not "start it".
+  if (Status dir = CheckOwnRunDir(here.run_dir); !dir.ok()) return dir;
   HostLockHolder holder;
   if (!ProbeHostLock(HostLockPath(co.port), &holder).ok() || !holder.held) {
     return connect_error;
   }
-  const InstancePaths here = MakeInstancePaths(co.port, co.run_dir, "");
   const std::string p = PortArg(co.port);
   const int pid = PidStillNamed(holder.owner);
   const std::string pid_text = pid > 0 ? std::to_string(pid) : "?";

@@ -18,8 +18,10 @@ namespace shmcache::admin {
 bool SameDir(const std::string& a, const std::string& b);
 
 // `connect_error`: what connecting to the server `co` names (port
-// resolved) gave. Returns it unchanged unless it is Unavailable and a
-// server of this user holds the port's host lock; then Unavailable saying
+// resolved) gave. Returns it unchanged unless it is Unavailable and the
+// run dir is one a start would refuse (CheckOwnRunDir's PermissionDenied:
+// a link, another user's directory), or a server of this user holds the
+// port's host lock; then Unavailable saying
 // which server that is and the commands that reach it (`command`, as a
 // shmcache command line without -p, run with its run dir) or stop it; for
 // this run dir's own server, that it is stopped (SIGSTOP) or that its
