@@ -98,6 +98,23 @@ class CacheImpl {
   // slot is prefetched before any is probed, and every row's header before
   // any is read.
   void LookupBatch(std::span<const uint64_t> ids, uint64_t* locs);
+  // ViewBatch's pipeline: how many ids ahead of the row being viewed its
+  // index slot is prefetched (kSlotsAhead), and its slot probed and its
+  // row header prefetched (kRowsAhead). The slot has had kSlotsAhead -
+  // kRowsAhead rows' time to arrive when it is probed, the header
+  // kRowsAhead rows' when it is read.
+  static constexpr size_t kSlotsAhead = 48;
+  static constexpr size_t kRowsAhead = 32;
+  // What a batched read counts, once for the call.
+  struct BatchCounts {
+    uint64_t hits = 0, local_hits = 0, misses = 0;
+  };
+  // ViewBatch's rows, through that pipeline, in the first `tables` index
+  // tables (kOneTable: exactly one). REQUIRES: the cache usable; tables ==
+  // Mapped() at the call's start. Defined in cache_read.cc.
+  template <bool kOneTable>
+  void ViewRows(std::span<const uint64_t> ids, uint32_t tables, RowView* views,
+                Status* statuses, BatchCounts* counts);
   // The hit path: views row `id` when it is in memory, in a segment this
   // process has mapped, and the cache is usable; builds no Status and
   // counts nothing. False otherwise: the caller takes the full path, which

@@ -1,5 +1,7 @@
-// The read path: Get, View and their batches. Batches look ids up in
-// windows with every index slot and row header prefetched first.
+// The read path: Get, View and their batches. GetBatch looks ids up in
+// windows with every index slot and row header prefetched first; ViewBatch
+// in a pipeline that keeps slots and headers loading ahead of the row it
+// views.
 
 #include "shmcache/cache.h"
 
@@ -109,7 +111,7 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
                             Status* statuses, bool count) {
   // One id in memory (the Python package's per-sample read): View's hit
-  // path; a window's prefetching has nothing to overlap.
+  // path; a pipeline has nothing to overlap.
   int node = 0;
   if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
     if (count) stats_.CountHit(node);
@@ -122,34 +124,78 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
     std::fill(views, views + ids.size(), RowView());
     return s;
   }
-  uint64_t locs[kBatchWindow];
+  // How many tables to probe is read once, for the whole call: every row
+  // published before the call is in one of them (a writer publishes only
+  // in a table the header counted first), and a row published during the
+  // call may be missed as it may be by any read that starts earlier.
+  const uint32_t tables = tables_.Mapped();
   // Counted once for the call (StatsLanes::CountReads): the batch's other
   // copy threads count beside this one.
-  uint64_t hits = 0, local_hits = 0, misses = 0;
-  for (size_t base = 0; base < ids.size(); base += kBatchWindow) {
-    auto window = ids.subspan(base, std::min(kBatchWindow, ids.size() - base));
-    LookupBatch(window, locs);
-    for (size_t k = 0; k < window.size(); ++k) {
-      size_t i = base + k;
-      if (locs[k] == layout::kEmpty) {
-        ++misses;
-        statuses[i] = Miss(ids[i]);
-      } else if (locs[k] & layout::kSpilledBit) {
-        statuses[i] = Status::NotSupported(
-            "a spilled row has no shared memory to view; use GetBatch");
-      } else {
-        int node = 0;
-        statuses[i] = segments_.Resolve(ids[i], locs[k], &views[i], &node);
-        if (statuses[i].ok()) {
-          ++hits;
-          if (stats_.LocalHit(node)) ++local_hits;
-        }
-      }
-      if (!statuses[i].ok()) views[i] = RowView();
+  BatchCounts counts;
+  if (tables == 1) [[likely]] {
+    ViewRows<true>(ids, 1, views, statuses, &counts);
+  } else {
+    ViewRows<false>(ids, tables, views, statuses, &counts);
+  }
+  if (count) stats_.CountReads(counts.hits, counts.local_hits, counts.misses);
+  return Status::OK();
+}
+
+template <bool kOneTable>
+void CacheImpl::ViewRows(std::span<const uint64_t> ids, uint32_t tables, RowView* views,
+                         Status* statuses, BatchCounts* counts) {
+  // One table (a constant here): the probes and prefetches lose their loop
+  // over tables.
+  if constexpr (kOneTable) tables = 1;
+  // A software pipeline over the ids: while row i is viewed, the index
+  // slot of id i + kSlotsAhead and the header of row i + kRowsAhead are on
+  // their way, so the batch's memory misses overlap from its first row to
+  // its last (docs/hit-path.md, "ViewBatch as a pipeline"). The probe
+  // finds the row's segment for the read as well.
+  struct Ahead {
+    uint64_t loc;
+    const MappedSegment* seg;  // nullptr: not in memory, or not mapped yet
+  };
+  auto locate = [&](uint64_t id) {
+    Ahead a{tables_.FindIn(id, tables), nullptr};
+    if (a.loc != layout::kEmpty && !(a.loc & layout::kSpilledBit)) {
+      a.seg = segments_.PrefetchRow(a.loc);
+    }
+    return a;
+  };
+  const size_t m = ids.size();
+  const bool numa = !stats_.single_node();
+  for (size_t j = 0; j < std::min(m, kSlotsAhead); ++j) tables_.Prefetch(ids[j], tables);
+  Ahead ahead[kRowsAhead];  // ahead[j % kRowsAhead]: row j's
+  static_assert((kRowsAhead & (kRowsAhead - 1)) == 0, "a ring of a power of two");
+  for (size_t j = 0; j < std::min(m, kRowsAhead); ++j) ahead[j] = locate(ids[j]);
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kSlotsAhead < m) tables_.Prefetch(ids[i + kSlotsAhead], tables);
+    const Ahead row = ahead[i % kRowsAhead];
+    if (i + kRowsAhead < m) ahead[i % kRowsAhead] = locate(ids[i + kRowsAhead]);
+    int node = 0;
+    if (row.seg != nullptr && SegmentSet::ReadRowIn(row.seg, ids[i], row.loc, &views[i],
+                                                    &node) == SegmentSet::RowCheck::kOk)
+        [[likely]] {
+      statuses[i] = Status::OK();
+    } else if (row.loc == layout::kEmpty) {
+      ++counts->misses;
+      statuses[i] = Miss(ids[i]);
+    } else if (row.loc & layout::kSpilledBit) {
+      statuses[i] = Status::NotSupported(
+          "a spilled row has no shared memory to view; use GetBatch");
+    } else {
+      // Its segment not mapped yet (Resolve maps it), or a bad location
+      // (Resolve says what is wrong).
+      statuses[i] = segments_.Resolve(ids[i], row.loc, &views[i], &node);
+    }
+    if (statuses[i].ok()) [[likely]] {
+      ++counts->hits;
+      if (numa && stats_.LocalHit(node)) ++counts->local_hits;
+    } else {
+      views[i] = RowView();
     }
   }
-  if (count) stats_.CountReads(hits, local_hits, misses);
-  return Status::OK();
 }
 
 Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,
