@@ -1,7 +1,6 @@
-// The read path: Get, View and their batches. GetBatch looks ids up in
-// windows with every index slot and row header prefetched first; ViewBatch
-// in a pipeline that keeps slots and headers loading ahead of the row it
-// views.
+// The read path: Get, View and their batches. Batches look ids up in a
+// pipeline that keeps index slots and row headers loading ahead of the row
+// being read.
 
 #include "shmcache/cache.h"
 
@@ -108,6 +107,75 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
   }
 }
 
+template <bool kOneTable, typename RowFn>
+void CacheImpl::PipelineRows(std::span<const uint64_t> ids, uint32_t tables,
+                             RowFn&& row_fn) {
+  // One table (a constant here): the probes and prefetches lose their loop
+  // over tables.
+  if constexpr (kOneTable) tables = 1;
+  // While row i is handed to row_fn, the index slot of id i + kSlotsAhead
+  // and the header of row i + kRowsAhead are on their way, so the batch's
+  // memory misses overlap from its first row to its last
+  // (docs/hit-path.md, "ViewBatch as a pipeline"). The probe finds the
+  // row's segment for the read as well.
+  auto locate = [&](uint64_t id) {
+    Located a{tables_.FindIn(id, tables), nullptr};
+    if (a.loc != layout::kEmpty && !(a.loc & layout::kSpilledBit)) {
+      a.seg = segments_.PrefetchRow(a.loc);
+    }
+    return a;
+  };
+  const size_t m = ids.size();
+  for (size_t j = 0; j < std::min(m, kSlotsAhead); ++j) tables_.Prefetch(ids[j], tables);
+  Located ahead[kRowsAhead];  // ahead[j % kRowsAhead]: row j's
+  static_assert((kRowsAhead & (kRowsAhead - 1)) == 0, "a ring of a power of two");
+  for (size_t j = 0; j < std::min(m, kRowsAhead); ++j) ahead[j] = locate(ids[j]);
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kSlotsAhead < m) tables_.Prefetch(ids[i + kSlotsAhead], tables);
+    const Located row = ahead[i % kRowsAhead];
+    if (i + kRowsAhead < m) ahead[i % kRowsAhead] = locate(ids[i + kRowsAhead]);
+    row_fn(i, row);
+  }
+}
+
+template <typename RowFn>
+void CacheImpl::ForEachLocated(std::span<const uint64_t> ids, RowFn&& row_fn) {
+  // How many tables to probe is read once, for the whole call: every row
+  // published before the call is in one of them (a writer publishes only
+  // in a table the header counted first), and a row published during the
+  // call may be missed as it may be by any read that starts earlier.
+  const uint32_t tables = tables_.Mapped();
+  if (tables == 1) [[likely]] {
+    PipelineRows<true>(ids, 1, row_fn);
+  } else {
+    PipelineRows<false>(ids, tables, row_fn);
+  }
+}
+
+// Always inlined into the batches' loops, the read in memory first.
+[[gnu::always_inline]] inline CacheImpl::Found CacheImpl::ReadLocated(
+    uint64_t id, const Located& row, RowView* view, Status* status, BatchCounts* counts) {
+  int node = 0;
+  if (row.seg != nullptr && SegmentSet::ReadRowIn(row.seg, id, row.loc, view, &node) ==
+                                SegmentSet::RowCheck::kOk) [[likely]] {
+    *status = Status::OK();
+  } else if (row.loc == layout::kEmpty) {
+    ++counts->misses;
+    *status = Miss(id);
+    return Found::kAbsent;
+  } else if (row.loc & layout::kSpilledBit) {
+    return Found::kSpilled;
+  } else {
+    // Its segment not mapped yet (Resolve maps it), or a bad location
+    // (Resolve says what is wrong).
+    *status = segments_.Resolve(id, row.loc, view, &node);
+    if (!status->ok()) return Found::kError;
+  }
+  ++counts->hits;
+  if (counts->numa && stats_.LocalHit(node)) ++counts->local_hits;
+  return Found::kInMemory;
+}
+
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
                             Status* statuses, bool count) {
   // One id in memory (the Python package's per-sample read): View's hit
@@ -124,78 +192,22 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
     std::fill(views, views + ids.size(), RowView());
     return s;
   }
-  // How many tables to probe is read once, for the whole call: every row
-  // published before the call is in one of them (a writer publishes only
-  // in a table the header counted first), and a row published during the
-  // call may be missed as it may be by any read that starts earlier.
-  const uint32_t tables = tables_.Mapped();
   // Counted once for the call (StatsLanes::CountReads): the batch's other
   // copy threads count beside this one.
-  BatchCounts counts;
-  if (tables == 1) [[likely]] {
-    ViewRows<true>(ids, 1, views, statuses, &counts);
-  } else {
-    ViewRows<false>(ids, tables, views, statuses, &counts);
-  }
+  BatchCounts counts{.numa = !stats_.single_node()};
+  ForEachLocated(
+      ids, [&](size_t i, const Located& row) __attribute__((always_inline)) {
+        const Found found = ReadLocated(ids[i], row, &views[i], &statuses[i], &counts);
+        if (found == Found::kInMemory) [[likely]]
+          return;
+        if (found == Found::kSpilled) {
+          statuses[i] = Status::NotSupported(
+              "a spilled row has no shared memory to view; use GetBatch");
+        }
+        views[i] = RowView();
+      });
   if (count) stats_.CountReads(counts.hits, counts.local_hits, counts.misses);
   return Status::OK();
-}
-
-template <bool kOneTable>
-void CacheImpl::ViewRows(std::span<const uint64_t> ids, uint32_t tables, RowView* views,
-                         Status* statuses, BatchCounts* counts) {
-  // One table (a constant here): the probes and prefetches lose their loop
-  // over tables.
-  if constexpr (kOneTable) tables = 1;
-  // A software pipeline over the ids: while row i is viewed, the index
-  // slot of id i + kSlotsAhead and the header of row i + kRowsAhead are on
-  // their way, so the batch's memory misses overlap from its first row to
-  // its last (docs/hit-path.md, "ViewBatch as a pipeline"). The probe
-  // finds the row's segment for the read as well.
-  struct Ahead {
-    uint64_t loc;
-    const MappedSegment* seg;  // nullptr: not in memory, or not mapped yet
-  };
-  auto locate = [&](uint64_t id) {
-    Ahead a{tables_.FindIn(id, tables), nullptr};
-    if (a.loc != layout::kEmpty && !(a.loc & layout::kSpilledBit)) {
-      a.seg = segments_.PrefetchRow(a.loc);
-    }
-    return a;
-  };
-  const size_t m = ids.size();
-  const bool numa = !stats_.single_node();
-  for (size_t j = 0; j < std::min(m, kSlotsAhead); ++j) tables_.Prefetch(ids[j], tables);
-  Ahead ahead[kRowsAhead];  // ahead[j % kRowsAhead]: row j's
-  static_assert((kRowsAhead & (kRowsAhead - 1)) == 0, "a ring of a power of two");
-  for (size_t j = 0; j < std::min(m, kRowsAhead); ++j) ahead[j] = locate(ids[j]);
-  for (size_t i = 0; i < m; ++i) {
-    if (i + kSlotsAhead < m) tables_.Prefetch(ids[i + kSlotsAhead], tables);
-    const Ahead row = ahead[i % kRowsAhead];
-    if (i + kRowsAhead < m) ahead[i % kRowsAhead] = locate(ids[i + kRowsAhead]);
-    int node = 0;
-    if (row.seg != nullptr && SegmentSet::ReadRowIn(row.seg, ids[i], row.loc, &views[i],
-                                                    &node) == SegmentSet::RowCheck::kOk)
-        [[likely]] {
-      statuses[i] = Status::OK();
-    } else if (row.loc == layout::kEmpty) {
-      ++counts->misses;
-      statuses[i] = Miss(ids[i]);
-    } else if (row.loc & layout::kSpilledBit) {
-      statuses[i] = Status::NotSupported(
-          "a spilled row has no shared memory to view; use GetBatch");
-    } else {
-      // Its segment not mapped yet (Resolve maps it), or a bad location
-      // (Resolve says what is wrong).
-      statuses[i] = segments_.Resolve(ids[i], row.loc, &views[i], &node);
-    }
-    if (statuses[i].ok()) [[likely]] {
-      ++counts->hits;
-      if (numa && stats_.LocalHit(node)) ++counts->local_hits;
-    } else {
-      views[i] = RowView();
-    }
-  }
 }
 
 Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,
@@ -209,46 +221,43 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
   std::vector<uint64_t> spilled;
   std::vector<Row*> targets;
   std::vector<size_t> where;
-  uint64_t misses = 0;
-  uint64_t locs[kBatchWindow];
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i % kBatchWindow == 0) {
-      LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
-    }
-    uint64_t loc = locs[i % kBatchWindow];
-    if (loc == layout::kEmpty) {
-      ++misses;
-      statuses[i] = Miss(ids[i]);
-    } else if (loc & layout::kSpilledBit) {
-      if (spilled.empty()) {  // room for the rest of the batch: grown once
-        spilled.reserve(ids.size() - i);
-        targets.reserve(ids.size() - i);
-        where.reserve(ids.size() - i);
-      }
-      spilled.push_back(ids[i]);
-      targets.push_back(&rows[i]);
-      where.push_back(i);
-    } else {
-      statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i], count);
-    }
-    if (!statuses[i].ok()) rows[i].view_ = RowView();
-  }
-  uint64_t spilled_hits = 0;
+  // Counted once for the call (StatsLanes::CountReads), as ViewBatch does.
+  BatchCounts counts{.numa = !stats_.single_node()};
+  ForEachLocated(
+      ids, [&](size_t i, const Located& row) __attribute__((always_inline)) {
+        RowView v;
+        const Found found = ReadLocated(ids[i], row, &v, &statuses[i], &counts);
+        if (found == Found::kInMemory) [[likely]] {
+          RowCodec::Copy(v, &rows[i]);
+          return;
+        }
+        if (found == Found::kSpilled) {
+          if (spilled.empty()) {  // room for the rest of the batch: grown once
+            spilled.reserve(ids.size() - i);
+            targets.reserve(ids.size() - i);
+            where.reserve(ids.size() - i);
+          }
+          spilled.push_back(ids[i]);
+          targets.push_back(&rows[i]);
+          where.push_back(i);
+          return;  // read below, with the batch's other spilled rows
+        }
+        rows[i].view_ = RowView();
+      });
   if (!spilled.empty()) {
     std::vector<Status> got(spilled.size());
     FetchSpilled(spilled, targets.data(), got.data());
     for (size_t k = 0; k < spilled.size(); ++k) {
       if (got[k].ok()) {
-        ++spilled_hits;
+        ++counts.hits;
       } else {
-        if (got[k].IsNotFound()) ++misses;  // absent, or dropped (RowDropped)
+        if (got[k].IsNotFound()) ++counts.misses;  // absent, or dropped (RowDropped)
         rows[where[k]].view_ = RowView();
       }
       statuses[where[k]] = std::move(got[k]);
     }
   }
-  // Counted once for the call, as ViewBatch does (StatsLanes::CountReads).
-  if (count) stats_.CountReads(spilled_hits, 0, misses);
+  if (count) stats_.CountReads(counts.hits, counts.local_hits, counts.misses);
   return Status::OK();
 }
 
