@@ -73,6 +73,9 @@ class CacheImpl {
 
   uint32_t cache_id() const { return cache_id_; }
   uint32_t session_id() const { return session_id_; }
+  // "cache 3 (session 7, 'name')", as the server's messages name it (its
+  // name as the header holds it), for messages.
+  std::string Label() const;
   // OK, or why the cache cannot be used: InvalidArgument once closed,
   // NotFound once its session was destroyed (cache.h).
   Status Usable() const;
