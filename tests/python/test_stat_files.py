@@ -89,3 +89,21 @@ def test_a_file_written_again_is_seen_at_the_next_call(tree):
     second = stats(paths)
     assert second != first
     assert second == as_stat_sees(paths)
+
+
+def test_a_path_longer_than_path_max_is_refused_as_stat_refuses_it(tmp_path, monkeypatch):
+    # Directories nested to just under PATH_MAX (4096), made one level at a
+    # time, and a file in them: the file exists, its directory has a path
+    # stat(2) takes, but its own path is too long for stat(2).
+    monkeypatch.chdir(tmp_path)
+    name = "n" * 240
+    for _ in range(16):
+        os.mkdir(name)
+        os.chdir(name)
+    leaf = "f" * 200
+    with open(leaf, "wb") as f:
+        f.write(b"12345")
+    deep = os.path.join(str(tmp_path), *[name] * 16)
+    paths = [os.path.join(deep, leaf), os.path.join(deep, "absent.jpg")]
+    assert len(deep) < 4095 < 4096 < len(paths[0])
+    assert stats(paths) == as_stat_sees(paths) == [-1, -1, -1, -1]

@@ -40,8 +40,11 @@ class DirOfEntries {
   // when it has one; 0 or -1 as stat(2).
   int Stat(std::string_view path, struct stat* st) {
     size_t slash = path.rfind('/');
-    if (slash == std::string_view::npos || slash + 1 == path.size()) {
-      return ::stat(path.data(), st);  // a bare name, or a path ending in '/'
+    // A bare name, a path ending in '/', or one longer than PATH_MAX (which
+    // stat(2) refuses, and a name in its directory would not).
+    if (slash == std::string_view::npos || slash + 1 == path.size() ||
+        path.size() >= sizeof(buf_)) {
+      return ::stat(path.data(), st);
     }
     std::string_view dir = path.substr(0, slash + 1);  // "/" stays a path
     if (dir != std::string_view(buf_, len_)) Open(dir);
