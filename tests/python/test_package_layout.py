@@ -17,8 +17,11 @@ SOURCE = ROOT / "clients" / "python" / "shmcache"
 # group's timeout (torch 1.13 names it in the group's options only:
 # ProcessGroup.Options._timeout; torch >= 2.5 in its backends' options
 # only: ProcessGroup._device_types, ProcessGroup._get_backend), read where
-# a torch without them degrades (torch/partitioned/exchange_timeout.py).
-EXTERNAL = {"_exit", "_timeout", "_device_types", "_get_backend"}
+# a torch without them degrades (torch/partitioned/exchange_timeout.py);
+# an RLock's _is_owned, the lock protocol threading.Condition itself reads,
+# and the only way to ask whether this thread holds it (async_put.py: a
+# signal handler that interrupted a locked section must not wait for it).
+EXTERNAL = {"_exit", "_timeout", "_device_types", "_get_backend", "_is_owned"}
 
 
 def _private(name):
