@@ -308,5 +308,49 @@ TEST(SpillStoreTest, FlushesAfterPausesOfAFillInIdOrderLeaveDisjointTableFiles) 
   store.reset();
 }
 
+// A cache dropped while a flush is due (its rows were the last written,
+// less than kIdleFlushMs ago) keeps no key: the flush's marker, which
+// follows the last row written, went among its deleted rows, where nothing
+// removed it.
+TEST(SpillStoreTest, ACacheDroppedWhileAFlushIsDueKeepsNoKey) {
+  test::TempDir tmp(test::TestTmpRoot());
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(tmp.path() + "/db", &store).ok());
+  // The drop must come before the idle flush begins: a loaded host may
+  // delay it past that, and then a later cache is tried.
+  uint32_t cache = kCache;
+  bool due = false;
+  for (int attempt = 0; attempt < 20 && !due; ++attempt) {
+    cache = kCache + static_cast<uint32_t>(attempt);
+    rocksdb::WriteBatch batch;
+    for (uint64_t id = 0; id < 10; ++id) {
+      ASSERT_TRUE(batch.Put(SpillKey(cache, id).slice(), RowOf(id, 100)).ok());
+    }
+    ASSERT_TRUE(store->Write(&batch, 10 * 100, SpillKey(cache, 9)).ok());
+    ASSERT_TRUE(store->DropCache(cache).ok());
+    due = store->TEST_FlushDue();
+  }
+  ASSERT_TRUE(due) << "every drop came after its rows' idle flush had begun";
+  // The drop flushed the memtables; the idle flush that was due leaves its
+  // marker alone there.
+  ASSERT_TRUE(test::WaitFor([&] {
+    return !store->TEST_FlushDue() && store->UnflushedRows() == 1;
+  })) << store->UnflushedRows()
+      << " keys in the memtables";
+  // Read as the database is (its log replayed: the marker is in no table).
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status rs =
+      rocksdb::DB::OpenForReadOnly(SpillDbOptions(), store->path(), &raw);
+  ASSERT_TRUE(rs.ok()) << rs.ToString();
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  const SpillKey begin(cache, 0);
+  it->Seek(rocksdb::Slice(begin.bytes, 4));
+  EXPECT_FALSE(it->Valid() && it->key().starts_with(rocksdb::Slice(begin.bytes, 4)))
+      << "a key of the dropped cache is left, of " << it->key().size() << " bytes";
+  it.reset();
+  db.reset();
+}
+
 }  // namespace
 }  // namespace shmcache
