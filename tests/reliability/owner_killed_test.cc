@@ -156,11 +156,12 @@ class OwnerKilled : public ::testing::TestWithParam<Case> {
     }
     if (owned_ == nullptr || owned_->state != 1) return;
     const std::string shm_dir = owned_->shm_dir;
-    for (const std::string& f : ServerFiles()) {
-      unlink(fmt::format("{}/{}", shm_dir, f).c_str());
-    }
-    RemoveUnheldLock(
-        fmt::format("/dev/shm/.shmcache.{}.{}.lock", owned_->uid, owned_->port));
+    RemoveKilledInstance(
+        fmt::format("/dev/shm/.shmcache.{}.{}.lock", owned_->uid, owned_->port), [&] {
+          for (const std::string& f : ServerFiles()) {
+            unlink(fmt::format("{}/{}", shm_dir, f).c_str());
+          }
+        });
     RemoveTree(shm_dir);
     RemoveTree(owned_->tmp_dir);
   }

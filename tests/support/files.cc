@@ -109,11 +109,20 @@ std::vector<std::string> InstanceFiles(const std::string& shm_dir,
   return mine;
 }
 
-void RemoveUnheldLock(const std::string& path) {
-  int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+void RemoveKilledInstance(const std::string& lock_path,
+                          const std::function<void()>& remove) {
+  int fd = open(lock_path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  // Unlinked while we hold it: no daemon can take it in between.
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(path.c_str());
+  struct stat held {};
+  struct stat now {};
+  // Still the file at that name once locked: one unlinked in between (by
+  // another run's clean-up) may have been replaced by a live daemon's.
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 &&
+      lstat(lock_path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+      held.st_ino == now.st_ino) {
+    remove();
+    unlink(lock_path.c_str());
+  }
   close(fd);
 }
 

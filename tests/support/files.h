@@ -2,6 +2,7 @@
 // removing what a test made.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,9 +52,16 @@ std::string ReadFilesIn(const std::string& dir);
 // prefix "shmcache.<uid>.<port>." (instance.h).
 std::string InstancePrefix(unsigned uid, int port);
 
-// Removes the lock file at `path` when no process holds its flock (what a
-// killed daemon leaves); one a live daemon holds stays.
-void RemoveUnheldLock(const std::string& path);
+// Removes what a killed daemon left: runs `remove` (its segments, its
+// huge-page tmpfs) while holding its host lock `lock_path`, as a starting
+// daemon would, and then removes the lock file, last, as a stopped daemon
+// does. No daemon starts on the port in between, and a leak check of
+// another run that sees the instance's files or mount (leak_check_cpp.py)
+// sees the lock that names their run dir until they are gone. Nothing is
+// run when there is no lock (a stopped daemon removed everything, the lock
+// last) or a live process holds it (another run's daemon took the port).
+void RemoveKilledInstance(const std::string& lock_path,
+                          const std::function<void()>& remove);
 // True when /dev/shm shows the instance port taken by any user: a host
 // lock file (".shmcache.<uid>.<port>.lock", live or left by a killed
 // daemon) or files named "shmcache.<uid>.<port>.*". Other test runs on the
