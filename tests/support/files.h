@@ -41,6 +41,13 @@ class TempDir {
 // Removes `path` and, for a directory, everything under it (symbolic links
 // are removed, not followed). Nothing when it does not exist.
 void RemoveTree(const std::string& path);
+// `path` (a directory this process made, with a unique name) is removed,
+// and a mount on it detached, when this process dies before it was
+// removed with RemoveTree: a test killed (a timeout, a crash, SIGKILL)
+// leaves no temporary dir or small tmpfs behind. MakeTempDir and TempDir
+// register theirs. A guard process does it once this process and the
+// children it forked without exec have all ended.
+void RemovedIfThisProcessDies(const std::string& path);
 // Names (not paths) in dir, sorted; empty when it does not exist.
 std::vector<std::string> ListDir(const std::string& dir);
 bool PathExists(const std::string& path);

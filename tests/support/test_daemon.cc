@@ -51,6 +51,7 @@ TestDaemon::TestDaemon() {
   } while (PortTakenOnHost(port_));
   std::string tmpl = "/tmp/" + TaggedPrefix("shmcache-reld") + ".XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+  RemovedIfThisProcessDies(tmpl);
   base_dir_ = tmpl;
   run_dir_ = base_dir_ + "/run";
   log_dir_ = base_dir_ + "/log";
@@ -138,6 +139,7 @@ Status TestDaemon::Start(const Options& o) {
     if (mkdtemp(tmpl.data()) == nullptr) {
       return Status::FromErrno("mkdtemp /dev/shm", errno);
     }
+    RemovedIfThisProcessDies(tmpl);
     shm_dir_ = tmpl;
     own_shm_dir_ = true;
   } else {
