@@ -34,7 +34,9 @@ Prints per-run lines (with the 1-minute load average before the run)
 and, per (build, loader), the median and range of CPU per row beyond
 plain's (us) and of the wall ratio. Measures; asserts
 nothing but that every row arrived and the counters say N misses, 0 hits.
-Also the wall of a worker's batch (its fetch: __getitems__, or plain's
+Also the minor page faults per row of the trainer and its joined workers
+(fresh memory: the kernel clears a page at its first touch), and the wall
+of a worker's batch (its fetch: __getitems__, or plain's
 dataset[i] for each index, timed in the worker; mean over the epoch's
 batches, in ms): what a synchronous put adds to a worker's latency, which
 W workers overlap.
@@ -130,6 +132,16 @@ def _batch_walls(walls_dir):
     return walls
 
 
+def _minor_faults():
+    """Minor page faults of this process and its joined children so far:
+    fresh memory (a page cleared by the kernel at its first touch) shows
+    here; an epoch's faults a row tell a copy into fresh memory from one
+    into memory already used."""
+    import resource
+    return sum(resource.getrusage(w).ru_minflt
+               for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
 def _one(args):
     import gc
     import torch
@@ -156,6 +168,7 @@ def _one(args):
                      async_puts=args.loader != "dls")
             cls = CachedLoader if args.loader == "cl" else DataLoader
             loader = cls(ds, batch_size=bs, shuffle=True, num_workers=args.workers)
+        f0 = _minor_faults()
         t0, d0, c0 = time.perf_counter(), daemon_cpu(args.daemon_pid), os.times()
         seen = 0
         for x, _ in loader:
@@ -169,6 +182,7 @@ def _one(args):
         if ds is not None:
             ds.cache.close()
         c1, d1 = os.times(), daemon_cpu(args.daemon_pid)
+        f1 = _minor_faults()
     finally:
         client.destroy_session(session)
         walls = _batch_walls(walls_dir)
@@ -185,6 +199,7 @@ def _one(args):
         workers=(c1.children_user - c0.children_user)
         + (c1.children_system - c0.children_system),
         daemon=d1 - d0,
+        faults=f1 - f0,
         batch_ms=statistics.fmean(walls) * 1e3 if walls else None)))
 
 
@@ -244,10 +259,12 @@ def main():
             results[(b, ld)] = res
             cpu = res["trainer"] + res["workers"] + res["daemon"]
             bms = "-" if res.get("batch_ms") is None else f"{res['batch_ms']:.1f} ms"
+            faults = "" if res.get("faults") is None else \
+                f"  faults {res['faults'] / res['rows']:.1f}/row"
             print(f"round {r} {b or '-'} {ld:<5} wall {res['wall']:6.2f} s  cpu "
                   f"{cpu:6.2f} s (trainer {res['trainer']:.2f}, workers "
                   f"{res['workers']:.2f}, daemon {res['daemon']:.2f})  worker batch "
-                  f"{bms}  load {load:.2f}", flush=True)
+                  f"{bms}{faults}  load {load:.2f}", flush=True)
         plain = results[(None, "plain")]
         pcpu = plain["trainer"] + plain["workers"] + plain["daemon"]
         for key, res in results.items():

@@ -25,23 +25,32 @@ bool CacheState::spill_enabled() const {
 }
 
 bool CacheState::RequestSpilling() {
-  if (header_ == nullptr || spill_stopped_ ||
-      (header_->state.fetch_or(layout::kStateSpillEnabled) &
-       layout::kStateSpillEnabled)) {
-    return false;
-  }
+  if (header_ == nullptr || spill_stopped_ || spill_enabled()) return false;
   const std::string why =
       "spilling asked for by a later open; rows past memory go to disk";
-  if (!alloc_.TakeRowsAgain(why) && log_) log_->Info("{}: {}", Label(), why);
+  // Before spilling is on: a cache whose spilling stopped in an earlier
+  // server's life (full, with kStateMemFull) takes rows again as well
+  // (TakeRowsAgain leaves a spilling cache whose memory is used up alone).
+  // Clients set no state bits, and the store's lock is held: nobody sees
+  // the step between.
+  const bool resumed = alloc_.TakeRowsAgain(why);
+  header_->state.fetch_or(layout::kStateSpillEnabled);
+  if (!resumed && log_) log_->Info("{}: {}", Label(), why);
   return true;
 }
 
 uint64_t CacheState::DropSpilledRows() {
-  // Rows spill only once memory is used up, and kStateMemFull is never
-  // cleared: without it, no slot needs looking at.
-  if (header_ == nullptr || !(header_->state.load() & layout::kStateMemFull)) {
-    return 0;
+  if (header_ == nullptr) return 0;
+  // Rows spill only once memory is used up (kStateMemFull), and each is
+  // counted on disk: without either, no slot needs looking at. Not the
+  // flag alone: a cache the server's cap made spill takes rows in memory
+  // again once the cap frees up (ResumeIfCapAllows clears it), its rows
+  // on disk still in the index.
+  uint64_t on_disk = 0;
+  for (const layout::StatsSlot& slot : header_->stats) {
+    on_disk += slot.disk_rows.load(std::memory_order_relaxed);
   }
+  if (on_disk == 0 && !(header_->state.load() & layout::kStateMemFull)) return 0;
   uint64_t dropped = 0;
   for (IndexTable& t : index_) dropped += t.RetireSpilled();
   for (layout::StatsSlot& slot : header_->stats) {

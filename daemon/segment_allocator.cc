@@ -107,10 +107,17 @@ void SegmentAllocator::MarkFull(const std::string& why) {
 
 bool SegmentAllocator::TakeRowsAgain(const std::string& why) {
   const uint32_t state = header_->state.load();
-  // A cache whose memory is used up while it spills (or spilled: its
-  // spilled rows are looked for by kStateMemFull) sends its rows to disk.
-  if (!(state & layout::kStateFull) || (state & layout::kStateMemFull)) return false;
-  header_->state.fetch_and(~(layout::kStateFull | layout::kStateByCap));
+  // A cache whose memory is used up while it spills sends its rows to
+  // disk. One whose spilling stopped since (full, kStateMemFull kept)
+  // takes them in memory again, as any cache: its spilled rows are found
+  // by their slots, and by the rows counted on disk where they have to be
+  // dropped (CacheState::DropSpilledRows).
+  if (!(state & layout::kStateFull) ||
+      ((state & layout::kStateMemFull) && (state & layout::kStateSpillEnabled))) {
+    return false;
+  }
+  header_->state.fetch_and(
+      ~(layout::kStateFull | layout::kStateMemFull | layout::kStateByCap));
   cap_full_bits_ = 0;
   if (log_) log_->Info("{} takes rows again: {}", label_, why);
   return true;

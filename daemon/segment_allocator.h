@@ -219,13 +219,12 @@ class SegmentAllocator {
   // row against it. A cache its budget made full takes rows again; one the
   // server's cap made full stays so until the cap has room
   // (ResumeIfCapAllows), and a spilling cache whose memory was used up
-  // goes on spilling (its spilled rows are looked for by kStateMemFull).
-  // True when the budget was raised.
+  // goes on spilling. True when the budget was raised.
   bool RaiseBudget(uint64_t bytes);
-  // A cache marked full (not one whose memory is used up while it spills)
-  // takes rows again, `why` logged: room was given back, or spilling was
-  // asked for (its next row past memory goes to disk). True when it was
-  // full.
+  // A cache marked full (not one whose memory is used up while it spills;
+  // one whose spilling stopped, yes) takes rows again, `why` logged: room
+  // was given back, or spilling was asked for (its next row past memory
+  // goes to disk). True when it was full.
   bool TakeRowsAgain(const std::string& why);
 
   // Unlinks every segment (prepared ones too) and forgets every lease and

@@ -95,6 +95,10 @@ Status Store::DestroySession(uint32_t id) {
       job_done_cv_.Wait(&mu_);
     }
     std::erase_if(jobs_, [&](const SegmentJob& j) { return ours(j.cache_id); });
+    // A lease waiting for one of the dropped jobs is woken by none finishing:
+    // wake it now, to find its cache gone (CacheFor) instead of sleeping until
+    // some other cache's job ends, which on an idle server is never.
+    job_done_cv_.SignalAll();
     it = sessions_.find(id);
     if (it == sessions_.end()) return NoSession(id, paths_.port);  // destroyed meanwhile
     std::vector<HeldFile> held;

@@ -7,6 +7,10 @@ and the dataset goes on from its source.
 The writer is held at a known point: inside the cache's put, on an Event
 the test releases."""
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -98,3 +102,71 @@ def test_rows_close_cannot_wait_for_are_named_in_one_warning_and_training_goes_o
     assert caught[0].filename == __file__   # the user's close() line
     assert assert_cached_rows_whole(session, "closed-stuck", 8) == []
     assert ds._putter.stats()["dropped"] == 7
+
+
+# A trainer whose SIGTERM handler closes its cache. The signal lands while
+# the first miss's row is being queued for the background writer: the
+# putter's lock is held (here while it asks, at its writer thread's start,
+# whether it runs in a DataLoader worker; any line of enqueue_many's locked
+# part is the same). Python runs the handler on that thread, there.
+_CLOSE_IN_HANDLER = """
+import json, os, signal, sys, warnings
+import numpy as np
+from helpers import Images, sample
+from shmcache import CacheWarning, DatasetCache
+from shmcache.torch import CachedDataset
+
+ds = CachedDataset(Images(8), DatasetCache(int(sys.argv[1])), name="closed-in-handler")
+closed = []
+
+def on_term(signum, frame):
+    ds.cache.close()
+    closed.append(True)
+
+signal.signal(signal.SIGTERM, on_term)
+ask = ds._putter._batch_wakes
+
+def asked_with_the_lock_held():
+    ds._putter._batch_wakes = ask
+    os.kill(os.getpid(), signal.SIGTERM)
+    return ask()
+
+ds._putter._batch_wakes = asked_with_the_lock_held
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    first = ds[0]
+    rest = [ds[i] for i in range(1, 8)]
+    flushed = ds.flush(60)
+for i, (img, label) in enumerate([first] + rest):
+    want, want_label = sample(i)
+    assert np.array_equal(img.numpy(), want) and int(label) == want_label, i
+print(json.dumps(dict(closed=closed, flushed=flushed, warnings=[
+    str(w.message) for w in caught if issubclass(w.category, CacheWarning)])))
+"""
+
+
+def test_a_close_in_a_signal_handler_that_lands_while_a_row_is_queued_returns(
+        server, session, tmp_path):
+    # Before, close() waited for the putter's lock, which the interrupted
+    # enqueue on the same thread held: the trainer hung in its handler.
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(server.env, PYTHONPATH=here + os.pathsep + server.env["PYTHONPATH"])
+    child = subprocess.Popen([sys.executable, "-c", _CLOSE_IN_HANDLER, str(session)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the trainer hung in its SIGTERM handler's close()")
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 0, err
+    got = json.loads(out)
+    assert got["closed"] == [True] and got["flushed"], got
+    # The row being queued when the cache closed is not stored, and that
+    # is said once; the samples came from the source all the same.
+    said = got["warnings"]
+    assert len(said) == 1 and "'closed-in-handler'" in said[0] and \
+        "not cached" in said[0], said
+    assert assert_cached_rows_whole(session, "closed-in-handler", 8) == []

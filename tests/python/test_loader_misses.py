@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
+import shmcache.torch._misses  # noqa: E402
 import shmcache.torch._pipeline  # noqa: E402
 from shmcache._read_into import ROW_OTHER_LAYOUT, ROW_READ  # noqa: E402
 from shmcache.async_put import AsyncPutter  # noqa: E402
@@ -231,6 +232,25 @@ def test_close_while_a_worker_computes_returns_and_ends_the_workers(server, sess
     finally:
         gc.enable()
         (tmp_path / "open").touch()
+    cds.flush(10)
+
+
+def test_the_pool_s_result_reader_ends_with_the_pool_not_at_its_next_poll(
+        server, session, monkeypatch):
+    """The thread reading the workers' results ends when close() stops the
+    idle workers, woken by them, not when its poll for dead workers times
+    out: every pass ended with that wait (0.1 s, on each cold epoch). A
+    poll stretched past the test's bound shows which of the two ends it."""
+    monkeypatch.setattr(shmcache.torch._misses, "POLL_S", HOLD_S)
+    cds = CachedDataset(Rows(8, "tuple"), DatasetCache(session))
+    workers = MissWorkers(cds, 2)
+    assert len(workers.compute(range(8))) == 8
+    reader = [t for t in workers.started_threads() if t.name == "shmcache-miss-results"]
+    assert len(reader) == 1
+    workers.close()
+    reader[0].join(PROMPT_S)
+    assert not reader[0].is_alive(), "the result reader waited out its poll"
+    wait_for(no_leftovers, what="loader threads and workers to end")
     cds.flush(10)
 
 

@@ -56,6 +56,33 @@ def test_hit_and_miss_return_the_same_types(server, session):
     assert ds.stats()["hits"] == 1
 
 
+class _ListSamples:
+    """Samples as lists holding a str (a file name): no column type, so
+    never cached."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return [np.full(3, i, dtype=np.float32), f"file-{i}"]
+
+
+def test_an_uncacheable_sample_goes_out_of_a_batch_as_the_dataset_made_it(server, session):
+    """Without a transform, a batch's uncacheable sample (DataLoader's
+    __getitems__) is the dataset's own, as ds[i] and plain DataLoader give
+    it: a list stays a list (it came out a tuple)."""
+    src = _ListSamples()
+    ds = CachedDataset(src, DatasetCache(session), name="lists")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)   # cannot be cached: said once
+        batch = ds.__getitems__([2, 0])
+        one = ds[1]
+    for got, i in zip(batch + [one], [2, 0, 1]):
+        assert type(got) is list, type(got)
+        assert np.array_equal(got[0], src[i][0]) and got[1] == f"file-{i}"
+    assert ds.stats()["hits"] == 0
+
+
 def test_distributed_sampler_shards_share_one_copy(server, session):
     n, world = 50, 3
     cache = DatasetCache(session)

@@ -111,7 +111,9 @@ class AsyncPutter:
         """Fresh state: at creation and in a forked child (the parent's
         thread and any lock it held do not exist there)."""
         self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
+        # Reentrant so that _held_here() can tell its owner (a plain Lock
+        # knows none); no section needs to take it twice.
+        self._cond = threading.Condition(threading.RLock())
         self._queue: deque[tuple[int, Any, int]] = deque()  # (row_id, row, nbytes)
         self._bytes = 0            # queued + being written
         self._queued_bytes = 0     # queued only
@@ -174,7 +176,7 @@ class AsyncPutter:
         False at once: the batch it would wait for is that thread's."""
         if self._pid != os.getpid():
             return True
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._thread or self._held_here():
             return False
         with self._cond:
             self._flushing += 1
@@ -216,11 +218,27 @@ class AsyncPutter:
 
     def drop_queued(self) -> tuple[int, int]:
         """Drops the rows queued and not yet being written (counted in
-        `dropped`); (rows dropped, rows being written now)."""
+        `dropped`); (rows dropped, rows being written now). Inside one of
+        this putter's own locked sections (_held_here) nothing is dropped:
+        (rows queued, rows being written), which the writer stores later
+        into whatever its store is then."""
         if self._pid != os.getpid():
             return 0, 0
+        if self._held_here():
+            return len(self._queue), self._busy
         with self._cond:
             return self._drop_queued_locked(), self._busy
+
+    def _held_here(self) -> bool:
+        """Whether this thread holds the putter's lock: a signal handler
+        (Python runs it on the main thread, between two lines of whatever
+        ran there: enqueue_many's locked part among them) or a finalizer
+        that closes the cache (flush_into) has interrupted this thread's
+        own section. Waiting there would wait for itself, forever (a
+        trainer's SIGTERM handler that closed its cache hung so); changing
+        the queue would change it under the section it interrupted. The
+        lock's own record of its owner, as threading.Condition reads it."""
+        return bool(self._cond._is_owned())  # type: ignore[attr-defined]
 
     def _drop_queued_locked(self) -> int:
         """Drops the rows queued and not yet being written, counted in
@@ -348,7 +366,10 @@ def flush_into(target: object, timeout: float) -> tuple[int, int]:
     written, for at most `timeout` s in all, then drops the rows still
     queued for it: (rows dropped, rows still being written). A putter
     whose writer is the calling thread (a close() made inside a put) is
-    not waited for: its queue is dropped."""
+    not waited for: its queue is dropped. Nor one whose lock the calling
+    thread holds (a close() in a signal handler that ran while a row was
+    being queued): its queued rows are counted as dropped and left to its
+    writer, whose put into the closed cache stores nothing."""
     deadline = time.monotonic() + timeout
     mine = [p for p in list(_putters) if p.target is target]
     dropped = busy = 0

@@ -280,7 +280,15 @@ class _Serve:
     def __call__(self, _batch: list[Any]) -> list[Any]:
         info = get_worker_info()
         assert info is not None, "the serve loop runs in a DataLoader worker"
-        wid, ds = info.id, info.dataset
+        try:
+            self._serve(info.id, info.dataset)
+        finally:
+            # Wakes the trainer's reader, which close() waits for: without
+            # it, a closed pool's end (every pass's) waited out its poll.
+            self.results.put(("end", info.id, None))
+        return []
+
+    def _serve(self, wid: int, ds: Any) -> None:
         tasks = self.tasks[wid]
         while not self.stop.is_set():
             try:
@@ -288,7 +296,7 @@ class _Serve:
             except queue.Empty:
                 continue
             if task is None:
-                break
+                return
             key, ids, owned = task
             if _init_error is not None:   # a worker never set up computes nothing
                 self.results.put(("error", key, _init_error))
@@ -297,7 +305,7 @@ class _Serve:
                 rows: list[Computed] = []
                 for k, i in enumerate(ids):
                     if self.stop.is_set():
-                        return []
+                        return
                     rows.append(_compute(ds, self.cds, i, owned is None or owned[k]))
             except Exception:   # noqa: BLE001 -- the batch's result
                 self.results.put(("error", key, WorkerError(
@@ -306,7 +314,6 @@ class _Serve:
             # A stored row goes back as None: only the rows the cache did
             # not take are pickled.
             self.results.put(("done", key, [None if r is STORED else r for r in rows]))
-        return []
 
 
 class _WorkerLoader(DataLoader[Any]):
@@ -563,6 +570,8 @@ class MissWorkers:
             except (EOFError, OSError) as e:
                 self._fail(RuntimeError(f"the CachedLoader's workers are gone: {e}"))
                 return
+            if msg[0] == "end":   # a worker's serve loop ended: closed, or failing
+                continue
             with self._lock:
                 ticket = self._tickets.pop(msg[1], None)
             if ticket is not None:

@@ -213,7 +213,11 @@ class Pipeline:
                 return False
             if self.next_no < self.consumed + self._depth():
                 return True
+            # Held back by the prefetch depth: the tuner deepens it when
+            # that kept the threads from a batch the consumer waited for.
+            t0 = time.monotonic()
             self.cond.wait()
+            self.tuner.held(time.monotonic() - t0)
 
     def _take(self) -> tuple[int, Any] | None:
         """(number, batch) of the next batch to assemble, or None when this

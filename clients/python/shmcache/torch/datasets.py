@@ -47,7 +47,6 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -55,8 +54,7 @@ from .. import CacheStats, CacheWarning, DatasetCache, Error
 from .._user_line import warn
 from .._warned_flag import WarnedFlag
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
-from ..rows import (NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode,
-                    split_name)
+from ..rows import NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode
 from .fingerprint import cache_for_dataset, open_dataset_cache
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
@@ -356,26 +354,36 @@ class CachedDataset(Dataset):
 
     def _miss(self, index: int, batch: list[tuple[int, list[Column], int]] | None = None,
               transformed: bool = True) -> Any:
-        """dataset[index] as a hit would return it, stored in the cache; with
-        `batch` given, its row is appended there for the caller's one store
-        of the batch (_store_batch) instead: with async puts, its queue
-        entry (a copy); without, its columns as they are, unless
-        `transformed`: a transform will see the sample before the batch's
-        put and may change it in place (the sample shares the columns'
-        memory), so the row is put now rather than copied to be put later."""
+        """dataset[index] as a hit would return it, stored in the cache (see
+        _compute for `batch` and `transformed`)."""
         self.cache.note_dropped()   # when the miss was a row the server dropped
+        return self.project(self._compute(index, batch, transformed))
+
+    def _compute(self, index: int, batch: list[tuple[int, list[Column], int]] | None,
+                 transformed: bool) -> Any:
+        """dataset[index] with all its columns, as a hit of all columns
+        returns it, stored in the cache; with `batch` given, its row is
+        appended there for the caller's one store of the batch
+        (_store_batch) instead: with async puts, its queue entry (a copy);
+        without, its columns as they are, unless `transformed`: a transform
+        will see the sample before the batch's put and may change it in
+        place (the sample shares the columns' memory), so the row is put now
+        rather than copied to be put later. __getitems__ calls this for its
+        misses directly: its batched read has just noted dropped rows, and
+        it reads all columns (no projection)."""
         sample = self.dataset[index]
-        cols, why = _cacheable(sample)
-        if cols is None:
+        try:
+            cols = encode(sample)
+        except (TypeError, ValueError) as why:   # as _cacheable
             self.warn_uncacheable(index, why)
-            return self.project(sample)
+            return sample
         if batch is None or (self._putter is None and transformed):
             self.store_row(index, cols)
         elif self._putter is None:
             batch.append((index, cols, 0))
         elif self.cache.accepting:
             batch.append(_queue_entry(index, cols))
-        return self.project(decode(cols, torch=True))
+        return decode(cols, torch=True)
 
     def _store_batch(self, batch: list[tuple[int, list[Column], int]]) -> None:
         """Stores the rows _miss collected: queued for the writer with one
@@ -460,10 +468,17 @@ class CachedDataset(Dataset):
         # Each sample is made and transformed before the next, as an
         # uncached dataset's are (a seeded augmentation in the dataset and in
         # the transform then draws what it draws under a plain DataLoader).
+        # Without a transform, a sample goes out as read or computed (no
+        # apply_transforms call per row: a miss's Python is most of what a
+        # cold epoch's worker adds to plain DataLoader's).
         misses: list[tuple[int, list[Column], int]] = []
+        compute = self._compute
         try:
+            if plain:
+                return [row if row is not None else compute(i, misses, False)
+                        for i, row in zip(indices, rows)]
             return [self.apply_transforms(row if row is not None
-                                          else self._miss(i, misses, not plain))
+                                          else compute(i, misses, True))
                     for i, row in zip(indices, rows)]
         finally:
             if misses:
@@ -521,14 +536,18 @@ def _store_rows(cache: DatasetCache, ids: list[int], rows: list[list[Column]]) -
     return sum(cache.put_encoded(ids, rows, strict=False))
 
 
+# The end of a Python number's stored column name (rows: "label\x1fpy"; a
+# name encode makes has no other separator), tested without a native call.
+_NUMBER_SUFFIX = "\x1f" + NUMBER_TAG
+
+
 def _queue_entry(index: int, cols: list[Column]) -> tuple[int, list[Column], int]:
     """(index, columns, bytes) for AsyncPutter. The sample returned shares
     the encoded arrays (and they may be the wrapped dataset's own): the
     queue keeps a copy that nothing can modify before the writer stores
     it. A Python number's column is encode's own array, and its sample
     holds the number, not the array: it is queued as is."""
-    copies = [(n, d, a if split_name(n)[1] == NUMBER_TAG else np.array(a, copy=True))
-              for n, d, a in cols]
+    copies = [(n, d, a if n.endswith(_NUMBER_SUFFIX) else a.copy()) for n, d, a in cols]
     return index, copies, sum(a.nbytes for _, _, a in copies)
 
 
