@@ -40,6 +40,28 @@ def _state(pid):
         return "gone"
 
 
+def _ends_with(owner, pid, what):
+    """SIGKILLs the Popen `owner`; process `pid` must end within a bound."""
+    owner.kill()
+    owner.wait(timeout=60)
+    wait_for(lambda: not _alive(pid), timeout=30, what=what)
+
+
+def _killed(owner, pidfd, pid):
+    """The clean-up's: SIGKILLs the Popen `owner` and reads what is left of
+    its output; then, where `pidfd` was opened (while process `pid` surely
+    ran), SIGKILLs `pid` through it if it still runs, waits for its end and
+    closes `pidfd`."""
+    owner.kill()
+    owner.communicate(timeout=60)
+    if pidfd is None:
+        return
+    if _alive(pid):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        wait_for(lambda: not _alive(pid), what=f"the end of killed process {pid}")
+    os.close(pidfd)
+
+
 @pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
 def test_a_server_ends_with_the_pytest_that_started_it(tmp_path, stopped):
     server_file = tmp_path / "server"
@@ -55,18 +77,9 @@ def test_a_server_ends_with_the_pytest_that_started_it(tmp_path, stopped):
         pidfd = os.pidfd_open(pid)      # while it surely runs: the cleanup's
         if stopped:
             wait_for(lambda: _state(pid) == "T", what="the server stopped")
-        inner.kill()
-        inner.wait(timeout=60)
-        wait_for(lambda: not _alive(pid), timeout=30,
-                 what=f"the end of server {pid}, whose pytest was killed")
+        _ends_with(inner, pid, f"the end of server {pid}, whose pytest was killed")
     finally:
-        inner.kill()
-        inner.communicate(timeout=60)
-        if pidfd is not None:
-            if _alive(pid):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                wait_for(lambda: not _alive(pid), what="the killed server's end")
-            os.close(pidfd)
+        _killed(inner, pidfd, pid)
         if port is not None:
             remove_killed_instance(port, base)
         shutil.rmtree(base, ignore_errors=True)
@@ -116,17 +129,8 @@ def test_an_inner_pytest_ends_with_the_pytest_that_started_it(tmp_path):
         wait_for(lambda: started.exists() or not _alive(pid), timeout=120,
                  what="the inner pytest's test")
         assert started.exists(), "the inner pytest ended before its test ran"
-        outer.kill()
-        outer.wait(timeout=60)
-        wait_for(lambda: not _alive(pid), timeout=30,
-                 what=f"the end of inner pytest {pid}, whose outer one was killed")
+        _ends_with(outer, pid, f"the end of inner pytest {pid}, whose outer one was killed")
     finally:
-        outer.kill()
-        outer.communicate(timeout=60)
-        if pidfd is not None:
-            if _alive(pid):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                wait_for(lambda: not _alive(pid), what="the killed inner pytest's end")
-            os.close(pidfd)
+        _killed(outer, pidfd, pid)
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
