@@ -188,6 +188,9 @@ Status InstanceLocks::Take(const std::string& lock_path,
   int host_fd = -1;
   s = TakeHostLock(host_lock_path, port, run_dir, &host_fd);
   if (!s.ok()) {
+    // Refused: its lock file is not left in the run dir (held, so removed
+    // only if still the one at the path).
+    ReleaseLockFile(lock_path, fd);
     close(fd);
     return s;
   }

@@ -60,7 +60,7 @@ class InstanceLocks {
  public:
   // Takes the lock at `lock_path` (TakeInstanceLock), then the host lock at
   // `host_lock_path` (TakeHostLock) naming `run_dir`; the first's errors,
-  // or the second's (the first then released).
+  // or the second's (the first then released, its file removed).
   static Status Take(const std::string& lock_path, const std::string& host_lock_path,
                      int port, const std::string& run_dir,
                      std::unique_ptr<InstanceLocks>* out);

@@ -43,16 +43,27 @@ Status ParseSessionId(std::string_view text, int port, uint32_t* id) {
   return Status::OK();
 }
 
+// ParseInRange's refusal with what to give instead.
+static Status WithFix(Status s, std::string_view fix) {
+  if (s.ok()) return s;
+  return Status::InvalidArgument(fmt::format("{}; {}", s.message(), fix));
+}
+
 Status ParseWorkers(std::string_view text, int* workers) {
   long n = 0;
-  Status s = ParseInRange("worker count", text, 1, 512, &n);
+  Status s = WithFix(ParseInRange("worker count", text, 1, 512, &n),
+                     "give -w (--workers) a whole number of threads in 1..512, or leave "
+                     "it out for half the CPUs");
   if (s.ok()) *workers = static_cast<int>(n);
   return s;
 }
 
 Status ParseLogLevel(std::string_view text, int* level) {
   long n = 0;
-  Status s = ParseInRange("log level", text, 0, 4, &n);
+  Status s =
+      WithFix(ParseInRange("log level", text, 0, 4, &n),
+              "give -l (--loglevel) 0 (debug), 1 (info, the default), 2 (warning), "
+              "3 (error) or 4 (fatal)");
   if (s.ok()) *level = static_cast<int>(n);
   return s;
 }
@@ -60,8 +71,11 @@ Status ParseLogLevel(std::string_view text, int* level) {
 Status ParseMemoryCapRatio(std::string_view text, double* ratio) {
   double r = 0;
   if (!ParseDouble(text, &r) || !(r > 0.0 && r <= 1.0)) {
-    return Status::InvalidArgument(
-        fmt::format("memory cap ratio '{}' is not a number in (0, 1]", text));
+    return Status::InvalidArgument(fmt::format(
+        "memory cap ratio '{}' is not a number in (0, 1]; give -r "
+        "(--memory_cap_ratio) a share of memory such as 0.5 (default 0.8), or "
+        "--memory_cap_mb N for a size in MB",
+        text));
   }
   *ratio = r;
   return Status::OK();
@@ -82,8 +96,11 @@ Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes) {
 Status ParseMetricsInterval(std::string_view text, int* seconds) {
   long n = 0;
   if (!ParseDecimal(text, 1, 3600, &n)) {
-    return Status::InvalidArgument(
-        fmt::format("metrics interval '{}' is not a number of seconds in 1..3600", text));
+    return Status::InvalidArgument(fmt::format(
+        "metrics interval '{}' is not a number of seconds in 1..3600; give "
+        "--metrics_interval a whole number of seconds in 1..3600, or leave it "
+        "out for 5",
+        text));
   }
   *seconds = static_cast<int>(n);
   return Status::OK();

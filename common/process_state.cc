@@ -57,6 +57,13 @@ bool ProcessEnding(int pid) {
          (state == 'Z' || state == 'X') && threads > 1;
 }
 
+bool ProcessStopped(int pid) {
+  char state = 'R';
+  long threads = 1;
+  return pid > 0 && ReadProcessState(pid, &state, &threads) &&
+         (state == 'T' || state == 't');
+}
+
 namespace {
 
 int PidfdOpen(int pid) {

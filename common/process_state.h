@@ -21,6 +21,10 @@ bool ProcessGone(int pid);
 // same: callers wait on it for a bounded time only.
 bool ProcessEnding(int pid);
 
+// True while `pid`'s leader is stopped (SIGSTOP, Ctrl-Z, a debugger): it
+// runs again only once sent SIGCONT. By number only, for messages.
+bool ProcessStopped(int pid);
+
 // ProcessHandle: one process, held by a pidfd (pidfd_open, Linux 5.3), so
 // that waiting for it or signalling it never reaches another process that
 // was given the same pid after it exited. Where pidfd_open is not there

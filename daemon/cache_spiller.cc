@@ -55,7 +55,7 @@ Status CacheSpiller::Put(uint32_t cache_id, CacheState* c, uint64_t row_id,
                          bool* inserted) {
   *inserted = false;
   if (!spill_ || !c->spilling_on()) {
-    return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
+    return Status::Full(fmt::format("{} is full and does not spill", c->Label()));
   }
   Status s = spill_->Put(cache_id, row_id, row);
   if (!s.ok()) {

@@ -71,6 +71,10 @@ void SegmentAllocator::Attach(layout::CacheHeader* header, const std::string& la
   budget_bytes_ = budget_bytes;
 }
 
+std::string SegmentAllocator::Label() const {
+  return label_.empty() ? fmt::format("cache {}", cache_id_) : label_;
+}
+
 uint64_t SegmentAllocator::Release(std::vector<HeldFile>* held) {
   if (released_) return 0;
   released_ = true;
@@ -158,7 +162,7 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   if (released_) return Status::NotFound("cache was destroyed");
   if (uint32_t state = header_->state.load();
       state & (layout::kStateFull | layout::kStateMemFull)) {
-    std::string msg = fmt::format("cache {} memory is full", cache_id_);
+    std::string msg = fmt::format("{} memory is full", Label());
     if (layout::FullByCap(state)) return Status::FullServerCap(msg);
     return Status::Full(msg);
   }
@@ -783,10 +787,10 @@ Status SegmentAllocator::NoRoomFor(uint64_t conn, uint64_t chunk_bytes,
     const auto [row, most] =
         RowAndMost(chunk_bytes - sizeof(layout::ChunkHeader), largest);
     return Status::TooLarge(fmt::format(
-        "a row of {} does not fit in cache {}: the most one row can take in it now is "
+        "a row of {} does not fit in {}: the most one row can take in it now is "
         "{} (its memory is made in segments: {}); it is not cached, smaller rows "
         "still are; to cache rows this large, open the cache with a larger size_mb",
-        row, cache_id_, most, where));
+        row, Label(), most, where));
   }
   if (left < min_bytes) {
     return MemoryUsedUp(
@@ -832,12 +836,11 @@ Status SegmentAllocator::MemoryUsedUp(const std::string& why, bool by_cap) {
     }
     if (by_cap) MarkByCap(layout::kStateMemFull);
     return FullStatus(
-        fmt::format("cache {} memory is full: {}; rows spill to disk", cache_id_, why),
-        by_cap);
+        fmt::format("{} memory is full: {}; rows spill to disk", Label(), why), by_cap);
   }
   MarkFull(why);
   if (by_cap) MarkByCap(layout::kStateFull);
-  return FullStatus(fmt::format("cache {} is full: {}", cache_id_, why), by_cap);
+  return FullStatus(fmt::format("{} is full: {}", Label(), why), by_cap);
 }
 
 bool SegmentAllocator::RaiseBudget(uint64_t bytes) {

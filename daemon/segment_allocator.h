@@ -352,6 +352,9 @@ class SegmentAllocator {
   layout::ChunkHeader* HeaderAt(uint32_t seg_no, uint64_t offset) const;
   layout::ChunkHeader* ChunkAt(uint32_t seg_no, uint64_t offset, uint64_t size);
 
+  // label_, or "cache <id>" before Attach gave one: how messages name it.
+  std::string Label() const;
+
   InstancePaths paths_;
   Logger* log_ = nullptr;
   uint32_t cache_id_ = 0;

@@ -128,7 +128,7 @@ Status Store::SpillingCacheFor(uint32_t cache_id, CacheState** out) {
   Status s = CacheFor(cache_id, out);
   if (!s.ok()) return s;
   if (!spiller_.enabled() || !(*out)->spilling_on()) {
-    return Status::Full(fmt::format("cache {} is full and does not spill", cache_id));
+    return Status::Full(fmt::format("{} is full and does not spill", (*out)->Label()));
   }
   return Status::OK();
 }

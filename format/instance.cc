@@ -107,7 +107,10 @@ Status ParsePort(const std::string& text, int* port) {
   long v = 0;
   if (!ParseDecimal(text, kMinPort, kMaxPort, &v)) {
     return Status::InvalidArgument(
-        fmt::format("port '{}' is not a number in {}..{}", text, kMinPort, kMaxPort));
+        fmt::format("port '{}' is not a number in {}..{}; use a whole number in that "
+                    "range, such as the default {} (it names the instance: no TCP port "
+                    "is opened)",
+                    text, kMinPort, kMaxPort, kDefaultPort));
   }
   *port = static_cast<int>(v);
   return Status::OK();
@@ -121,7 +124,9 @@ Status ResolvePort(int requested, int* port) {
   if (requested != 0) {
     if (requested < kMinPort || requested > kMaxPort) {
       return Status::InvalidArgument(
-          fmt::format("port {} is outside {}..{}", requested, kMinPort, kMaxPort));
+          fmt::format("port {} is outside {}..{}; use a port in that range, such as "
+                      "the default {}",
+                      requested, kMinPort, kMaxPort, kDefaultPort));
     }
     *port = requested;
     return Status::OK();
@@ -222,15 +227,22 @@ Status CheckShmDirFromEnv(const std::string& shm_dir) {
                      "/dev/shm");
 }
 
-Status EnsureRunDir(const std::string& dir) {
+static Status OpenRunDir(const std::string& dir, bool create) {
   int fd = -1;
   Status s =
-      OpenOwnedDir(dir, /*create=*/true,
+      OpenOwnedDir(dir, create,
                    "remove it (as its owner or root), or set SHMCACHE_RUN_DIR to a "
                    "directory of your own, mode 0700",
                    &fd);
   if (s.ok()) close(fd);
   return s;
+}
+
+Status EnsureRunDir(const std::string& dir) { return OpenRunDir(dir, /*create=*/true); }
+
+Status CheckOwnRunDir(const std::string& dir) {
+  Status s = OpenRunDir(dir, /*create=*/false);
+  return s.IsNotFound() ? Status::OK() : s;
 }
 
 }  // namespace shmcache

@@ -111,5 +111,9 @@ Status CheckShmDirFromEnv(const std::string& shm_dir);
 // PermissionDenied naming what is there and the fix; one of ours that
 // others may only read is made 0700.
 Status EnsureRunDir(const std::string& dir);
+// The same checks without creating it: OK when it is missing (no server
+// made it yet) or this user's own; else EnsureRunDir's PermissionDenied,
+// which a start there would give too.
+Status CheckOwnRunDir(const std::string& dir);
 
 }  // namespace shmcache

@@ -2,7 +2,9 @@
 
 #include "lib/cache_impl.h"
 
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -47,6 +49,14 @@ Status CacheImpl::Attach(const std::shared_ptr<ClientImpl>& client, uint32_t cac
   if (!s.ok()) return s;
   *out = std::move(c);
   return Status::OK();
+}
+
+std::string CacheImpl::Label() const {
+  // The header's name as the server wrote it; its length checked against
+  // the array, as it is shared memory.
+  const size_t len = std::min<size_t>(header_->name_len, sizeof header_->name);
+  return fmt::format("cache {} (session {}, '{}')", cache_id_, session_id_,
+                     std::string_view(header_->name, len));
 }
 
 Status CacheImpl::Usable() const {

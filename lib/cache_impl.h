@@ -73,6 +73,9 @@ class CacheImpl {
 
   uint32_t cache_id() const { return cache_id_; }
   uint32_t session_id() const { return session_id_; }
+  // "cache 3 (session 7, 'name')", as the server's messages name it (its
+  // name as the header holds it), for messages.
+  std::string Label() const;
   // OK, or why the cache cannot be used: InvalidArgument once closed,
   // NotFound once its session was destroyed (cache.h).
   Status Usable() const;
@@ -96,8 +99,43 @@ class CacheImpl {
   Status Locate(uint64_t id, uint64_t* loc);
   // Lookup of a batch with its memory misses overlapped: every id's index
   // slot is prefetched before any is probed, and every row's header before
-  // any is read.
+  // any is read (PutBatch's lookup of a window).
   void LookupBatch(std::span<const uint64_t> ids, uint64_t* locs);
+  // The batched reads' pipeline: how many ids ahead of the row being read
+  // its index slot is prefetched (kSlotsAhead), and its slot probed and
+  // its row header prefetched (kRowsAhead). The slot has had kSlotsAhead -
+  // kRowsAhead rows' time to arrive when it is probed, the header
+  // kRowsAhead rows' when it is read.
+  static constexpr size_t kSlotsAhead = 48;
+  static constexpr size_t kRowsAhead = 32;
+  // Where the pipeline found a row: loc (kEmpty: absent) and, for a row in
+  // memory whose segment this process has mapped, that mapping.
+  struct Located {
+    uint64_t loc;
+    const MappedSegment* seg;  // nullptr: not in memory, or not mapped yet
+  };
+  // Calls row_fn(i, located) for each id, in order, through that pipeline,
+  // with the index tables counted at the call's start. REQUIRES: the cache
+  // usable. Defined in cache_read.cc, for its batches.
+  template <typename RowFn>
+  void ForEachLocated(std::span<const uint64_t> ids, RowFn&& row_fn);
+  // What a batched read counts, once for the call; numa: whether hits are
+  // told local or not (StatsLanes::LocalHit; never on a one-node host).
+  struct BatchCounts {
+    uint64_t hits = 0, local_hits = 0, misses = 0;
+    bool numa = false;
+  };
+  // What a batch's located row is, counted in *counts: read in memory (the
+  // row in *view, *status OK; a hit), absent (*status NotFound; a miss),
+  // spilled (*status untouched, nothing counted), or an error (*status
+  // says what: a segment that cannot be mapped, a location that is not
+  // this id's row; nothing counted). Defined in cache_read.cc.
+  enum class Found { kInMemory, kAbsent, kSpilled, kError };
+  inline Found ReadLocated(uint64_t id, const Located& row, RowView* view, Status* status,
+                           BatchCounts* counts);
+  // ForEachLocated in the first `tables` tables (kOneTable: exactly one).
+  template <bool kOneTable, typename RowFn>
+  void PipelineRows(std::span<const uint64_t> ids, uint32_t tables, RowFn&& row_fn);
   // The hit path: views row `id` when it is in memory, in a segment this
   // process has mapped, and the cache is usable; builds no Status and
   // counts nothing. False otherwise: the caller takes the full path, which

@@ -107,8 +107,8 @@ Status CacheImpl::PutBatchRow(uint64_t id, std::span<const ColumnRef> columns,
       layout::IsFull(state)) {
     full = layout::FullByCap(state)
                ? Status::FullServerCap(fmt::format(
-                     "cache {} is full: the server's memory cap is used up", cache_id_))
-               : Status::Full(fmt::format("cache {} is full", cache_id_));
+                     "{} is full: the server's memory cap is used up", Label()))
+               : Status::Full(fmt::format("{} is full", Label()));
   }
   size_t size;
   Status s = RowCodec::EncodedSize(columns, &size);
@@ -143,10 +143,10 @@ Status CacheImpl::CheckRowFits(uint64_t id, size_t size) const {
     return Status::OK();
   }
   return Status::TooLarge(fmt::format(
-      "row {} of {:.1f} MB needs more than cache {}'s whole memory budget of {} MB; "
+      "row {} of {:.1f} MB needs more than the whole memory budget of {} MB of {}; "
       "it is not cached, smaller rows still are; to cache rows this large, open the "
       "cache with a larger size_mb",
-      id, static_cast<double>(size) / (1 << 20), cache_id_, budget >> 20));
+      id, static_cast<double>(size) / (1 << 20), budget >> 20, Label()));
 }
 
 }  // namespace shmcache

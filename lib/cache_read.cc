@@ -1,5 +1,6 @@
-// The read path: Get, View and their batches. Batches look ids up in
-// windows with every index slot and row header prefetched first.
+// The read path: Get, View and their batches. Batches look ids up in a
+// pipeline that keeps index slots and row headers loading ahead of the row
+// being read.
 
 #include "shmcache/cache.h"
 
@@ -106,10 +107,79 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
   }
 }
 
+template <bool kOneTable, typename RowFn>
+void CacheImpl::PipelineRows(std::span<const uint64_t> ids, uint32_t tables,
+                             RowFn&& row_fn) {
+  // One table (a constant here): the probes and prefetches lose their loop
+  // over tables.
+  if constexpr (kOneTable) tables = 1;
+  // While row i is handed to row_fn, the index slot of id i + kSlotsAhead
+  // and the header of row i + kRowsAhead are on their way, so the batch's
+  // memory misses overlap from its first row to its last
+  // (docs/hit-path.md, "ViewBatch as a pipeline"). The probe finds the
+  // row's segment for the read as well.
+  auto locate = [&](uint64_t id) {
+    Located a{tables_.FindIn(id, tables), nullptr};
+    if (a.loc != layout::kEmpty && !(a.loc & layout::kSpilledBit)) {
+      a.seg = segments_.PrefetchRow(a.loc);
+    }
+    return a;
+  };
+  const size_t m = ids.size();
+  for (size_t j = 0; j < std::min(m, kSlotsAhead); ++j) tables_.Prefetch(ids[j], tables);
+  Located ahead[kRowsAhead];  // ahead[j % kRowsAhead]: row j's
+  static_assert((kRowsAhead & (kRowsAhead - 1)) == 0, "a ring of a power of two");
+  for (size_t j = 0; j < std::min(m, kRowsAhead); ++j) ahead[j] = locate(ids[j]);
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kSlotsAhead < m) tables_.Prefetch(ids[i + kSlotsAhead], tables);
+    const Located row = ahead[i % kRowsAhead];
+    if (i + kRowsAhead < m) ahead[i % kRowsAhead] = locate(ids[i + kRowsAhead]);
+    row_fn(i, row);
+  }
+}
+
+template <typename RowFn>
+void CacheImpl::ForEachLocated(std::span<const uint64_t> ids, RowFn&& row_fn) {
+  // How many tables to probe is read once, for the whole call: every row
+  // published before the call is in one of them (a writer publishes only
+  // in a table the header counted first), and a row published during the
+  // call may be missed as it may be by any read that starts earlier.
+  const uint32_t tables = tables_.Mapped();
+  if (tables == 1) [[likely]] {
+    PipelineRows<true>(ids, 1, row_fn);
+  } else {
+    PipelineRows<false>(ids, tables, row_fn);
+  }
+}
+
+// Always inlined into the batches' loops, the read in memory first.
+[[gnu::always_inline]] inline CacheImpl::Found CacheImpl::ReadLocated(
+    uint64_t id, const Located& row, RowView* view, Status* status, BatchCounts* counts) {
+  int node = 0;
+  if (row.seg != nullptr && SegmentSet::ReadRowIn(row.seg, id, row.loc, view, &node) ==
+                                SegmentSet::RowCheck::kOk) [[likely]] {
+    *status = Status::OK();
+  } else if (row.loc == layout::kEmpty) {
+    ++counts->misses;
+    *status = Miss(id);
+    return Found::kAbsent;
+  } else if (row.loc & layout::kSpilledBit) {
+    return Found::kSpilled;
+  } else {
+    // Its segment not mapped yet (Resolve maps it), or a bad location
+    // (Resolve says what is wrong).
+    *status = segments_.Resolve(id, row.loc, view, &node);
+    if (!status->ok()) return Found::kError;
+  }
+  ++counts->hits;
+  if (counts->numa && stats_.LocalHit(node)) ++counts->local_hits;
+  return Found::kInMemory;
+}
+
 Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
                             Status* statuses, bool count) {
   // One id in memory (the Python package's per-sample read): View's hit
-  // path; a window's prefetching has nothing to overlap.
+  // path; a pipeline has nothing to overlap.
   int node = 0;
   if (ids.size() == 1 && FindInMemory(ids[0], views, &node)) [[likely]] {
     if (count) stats_.CountHit(node);
@@ -122,33 +192,21 @@ Status CacheImpl::ViewBatch(std::span<const uint64_t> ids, RowView* views,
     std::fill(views, views + ids.size(), RowView());
     return s;
   }
-  uint64_t locs[kBatchWindow];
   // Counted once for the call (StatsLanes::CountReads): the batch's other
   // copy threads count beside this one.
-  uint64_t hits = 0, local_hits = 0, misses = 0;
-  for (size_t base = 0; base < ids.size(); base += kBatchWindow) {
-    auto window = ids.subspan(base, std::min(kBatchWindow, ids.size() - base));
-    LookupBatch(window, locs);
-    for (size_t k = 0; k < window.size(); ++k) {
-      size_t i = base + k;
-      if (locs[k] == layout::kEmpty) {
-        ++misses;
-        statuses[i] = Miss(ids[i]);
-      } else if (locs[k] & layout::kSpilledBit) {
-        statuses[i] = Status::NotSupported(
-            "a spilled row has no shared memory to view; use GetBatch");
-      } else {
-        int node = 0;
-        statuses[i] = segments_.Resolve(ids[i], locs[k], &views[i], &node);
-        if (statuses[i].ok()) {
-          ++hits;
-          if (stats_.LocalHit(node)) ++local_hits;
+  BatchCounts counts{.numa = !stats_.single_node()};
+  ForEachLocated(
+      ids, [&](size_t i, const Located& row) __attribute__((always_inline)) {
+        const Found found = ReadLocated(ids[i], row, &views[i], &statuses[i], &counts);
+        if (found == Found::kInMemory) [[likely]]
+          return;
+        if (found == Found::kSpilled) {
+          statuses[i] = Status::NotSupported(
+              "a spilled row has no shared memory to view; use GetBatch");
         }
-      }
-      if (!statuses[i].ok()) views[i] = RowView();
-    }
-  }
-  if (count) stats_.CountReads(hits, local_hits, misses);
+        views[i] = RowView();
+      });
+  if (count) stats_.CountReads(counts.hits, counts.local_hits, counts.misses);
   return Status::OK();
 }
 
@@ -163,46 +221,43 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
   std::vector<uint64_t> spilled;
   std::vector<Row*> targets;
   std::vector<size_t> where;
-  uint64_t misses = 0;
-  uint64_t locs[kBatchWindow];
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i % kBatchWindow == 0) {
-      LookupBatch(ids.subspan(i, std::min(kBatchWindow, ids.size() - i)), locs);
-    }
-    uint64_t loc = locs[i % kBatchWindow];
-    if (loc == layout::kEmpty) {
-      ++misses;
-      statuses[i] = Miss(ids[i]);
-    } else if (loc & layout::kSpilledBit) {
-      if (spilled.empty()) {  // room for the rest of the batch: grown once
-        spilled.reserve(ids.size() - i);
-        targets.reserve(ids.size() - i);
-        where.reserve(ids.size() - i);
-      }
-      spilled.push_back(ids[i]);
-      targets.push_back(&rows[i]);
-      where.push_back(i);
-    } else {
-      statuses[i] = Materialize(ids[i], loc, {}, false, &rows[i], count);
-    }
-    if (!statuses[i].ok()) rows[i].view_ = RowView();
-  }
-  uint64_t spilled_hits = 0;
+  // Counted once for the call (StatsLanes::CountReads), as ViewBatch does.
+  BatchCounts counts{.numa = !stats_.single_node()};
+  ForEachLocated(
+      ids, [&](size_t i, const Located& row) __attribute__((always_inline)) {
+        RowView v;
+        const Found found = ReadLocated(ids[i], row, &v, &statuses[i], &counts);
+        if (found == Found::kInMemory) [[likely]] {
+          RowCodec::Copy(v, &rows[i]);
+          return;
+        }
+        if (found == Found::kSpilled) {
+          if (spilled.empty()) {  // room for the rest of the batch: grown once
+            spilled.reserve(ids.size() - i);
+            targets.reserve(ids.size() - i);
+            where.reserve(ids.size() - i);
+          }
+          spilled.push_back(ids[i]);
+          targets.push_back(&rows[i]);
+          where.push_back(i);
+          return;  // read below, with the batch's other spilled rows
+        }
+        rows[i].view_ = RowView();
+      });
   if (!spilled.empty()) {
     std::vector<Status> got(spilled.size());
     FetchSpilled(spilled, targets.data(), got.data());
     for (size_t k = 0; k < spilled.size(); ++k) {
       if (got[k].ok()) {
-        ++spilled_hits;
+        ++counts.hits;
       } else {
-        if (got[k].IsNotFound()) ++misses;  // absent, or dropped (RowDropped)
+        if (got[k].IsNotFound()) ++counts.misses;  // absent, or dropped (RowDropped)
         rows[where[k]].view_ = RowView();
       }
       statuses[where[k]] = std::move(got[k]);
     }
   }
-  // Counted once for the call, as ViewBatch does (StatsLanes::CountReads).
-  if (count) stats_.CountReads(spilled_hits, 0, misses);
+  if (count) stats_.CountReads(counts.hits, counts.local_hits, counts.misses);
   return Status::OK();
 }
 

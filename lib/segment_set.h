@@ -5,9 +5,9 @@
 // it, or by the writer leased a chunk of it) and stays mapped until the set
 // is destroyed, so a view into it stays valid.
 //
-// Thread safety: Find, ReadRow and Prefetch from any thread without a lock;
-// Map and Resolve take the set's own mutex (LockRank::kCacheSegments) when
-// they map a file.
+// Thread safety: Find, ReadRow, ReadRowIn, Prefetch and PrefetchRow from
+// any thread without a lock; Map and Resolve take the set's own mutex
+// (LockRank::kCacheSegments) when they map a file.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +53,13 @@ class SegmentSet {
                                           int* node) const {
     const MappedSegment* seg = map_.Find(layout::LocationSegment(loc));
     if (seg == nullptr) return RowCheck::kNotMapped;
+    return ReadRowIn(seg, id, loc, view, node);
+  }
+  // ReadRow in `seg`, the mapping of loc's segment that Find (or
+  // PrefetchRow) returned: for a caller that found it already.
+  [[gnu::always_inline]] static RowCheck ReadRowIn(const MappedSegment* seg, uint64_t id,
+                                                   uint64_t loc, RowView* view,
+                                                   int* node) {
     const uint64_t off = layout::LocationOffset(loc);
     if (off < layout::kSegmentHeaderSize || off >= seg->size || off % 8 != 0) {
       return RowCheck::kOutside;
@@ -71,11 +78,16 @@ class SegmentSet {
   // when its segment is mapped and the offset lies inside it.
   // Always inlined, as IndexTable::PrefetchSlot is (gcc may drop a call of
   // a function that only prefetches).
-  [[gnu::always_inline]] void Prefetch(uint64_t loc) const {
-    if (const MappedSegment* seg = map_.Find(layout::LocationSegment(loc))) {
+  [[gnu::always_inline]] void Prefetch(uint64_t loc) const { PrefetchRow(loc); }
+  // Prefetch, returning the segment's mapping (nullptr: not mapped yet) for
+  // ReadRowIn.
+  [[gnu::always_inline]] const MappedSegment* PrefetchRow(uint64_t loc) const {
+    const MappedSegment* seg = map_.Find(layout::LocationSegment(loc));
+    if (seg != nullptr) {
       const uint64_t off = layout::LocationOffset(loc);
       if (off < seg->size) __builtin_prefetch(seg->read_base + off);
     }
+    return seg;
   }
 
  private:

@@ -18,10 +18,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "format/instance.h"
+#include "format/owned_dir.h"
 #include "tests/support/child_process.h"
 #include "tests/support/test_server.h"
 #include "tests/support/wait_for.h"
@@ -129,9 +131,14 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
                             "'shmcache --list_sessions'",
                             id));
   }
-  ExpectError({"--start", "-l", "9"}, "log level '9'");
+  ExpectError({"--start", "-l", "9"},
+              "log level '9' is not a number in 0..4; give -l (--loglevel) 0 (debug), 1 "
+              "(info, the default), 2 (warning), 3 (error) or 4 (fatal)");
   ExpectError({"--start", "-l", "info"}, "log level 'info'");
-  ExpectError({"--start", "-r", "1.5"}, "memory cap ratio '1.5'");
+  ExpectError({"--start", "-r", "1.5"},
+              "memory cap ratio '1.5' is not a number in (0, 1]; give -r "
+              "(--memory_cap_ratio) a share of memory such as 0.5 (default 0.8), or "
+              "--memory_cap_mb N for a size in MB");
   ExpectError({"--start", "--memory_cap_mb", "0"}, "memory cap '0'");
   // A size with a unit: the message says how to write it.
   ExpectError({"--start", "--memory_cap_mb", "4G"},
@@ -179,7 +186,9 @@ TEST_F(CliTest, MemoryCapBelowOneSegment) {
 }
 
 TEST_F(CliTest, WorkerCountOutOfRange) {
-  ExpectError({"--start", "-w", "0"}, "worker count '0'");
+  ExpectError({"--start", "-w", "0"},
+              "worker count '0' is not a number in 1..512; give -w (--workers) a whole "
+              "number of threads in 1..512, or leave it out for half the CPUs");
   ExpectError({"--start", "-w", "513"}, "worker count '513'");
   ExpectError({"--start", "-w", "two"}, "worker count 'two'");
 }
@@ -204,7 +213,9 @@ TEST_F(CliTest, MetricsFileOptions) {
   ExpectError({"--metrics", "--metrics_file", "/tmp/shmcache.prom"},
               "--metrics_file applies to --start only");
   ExpectError({"--start", "--metrics_file", "shmcache.prom"}, "not an absolute path");
-  ExpectError({"--start", "--metrics_interval", "0"}, "1..3600");
+  ExpectError({"--start", "--metrics_interval", "0"},
+              "give --metrics_interval a whole number of seconds in 1..3600, or leave it "
+              "out for 5");
   ExpectError({"--start", "--metrics_interval", "often"}, "1..3600");
   // An interval alone would be ignored: no file is written. (A server the
   // old code started anyway ends with this test.)
@@ -221,7 +232,11 @@ TEST_F(CliTest, MetricsFileOptions) {
 }
 
 TEST_F(CliTest, PortOutsideTheRange) {
-  ExpectError({"--list_sessions", "-p", "80"}, "1025..65535");
+  // The range, and what to give instead.
+  ExpectError({"--list_sessions", "-p", "80"},
+              "port '80' is not a number in 1025..65535; use a whole number in that "
+              "range, such as the default 50052 (it names the instance: no TCP port is "
+              "opened)");
   ExpectError({"--list_sessions", "-p", "1024"}, "1025..65535");
   ExpectError({"--list_sessions", "-p", "65536"}, "1025..65535");
   ExpectError({"--list_sessions", "--port=0"}, "1025..65535");
@@ -394,6 +409,127 @@ TEST_F(CliTest, StopInAnotherRunDirNamesTheServerOfThePortAndCountsNothingLeft) 
                         server.run_dir(), server.pid(), server.run_dir(), server.port()));
   CommandResult g = server.Admin({"-g"});
   EXPECT_EQ(g.exit_code, 0) << g.Describe();
+}
+
+// -g, -d, --list_sessions, --server_info and --metrics in this run dir,
+// where a server of this user runs on the port under another run dir: the
+// message names it and the command that reaches it, which works. They said
+// "not running ... start it with 'shmcache --start'", and that start is
+// refused (one server per user and port).
+TEST_F(CliTest, ACommandInAnotherRunDirNamesTheServerOfThePort) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const uint32_t session = server.NewSession();
+  const std::string port = std::to_string(server.port());
+  const std::vector<std::vector<std::string>> commands = {{"-g"},
+                                                          {"-d", std::to_string(session)},
+                                                          {"--list_sessions"},
+                                                          {"--server_info", "--json"},
+                                                          {"--metrics"}};
+  for (const std::vector<std::string>& command : commands) {
+    std::vector<std::string> args = command;
+    args.insert(args.end(), {"-p", port});
+    const std::string written = fmt::format("{}", fmt::join(command, " "));
+    ExpectError(args,
+                fmt::format("no cache server is running on port {} with run dir {}; a "
+                            "server of yours on port {} runs with run dir {} (process id "
+                            "{}), and a user has one server per port: ask it with "
+                            "'SHMCACHE_RUN_DIR={} shmcache {} -p {}', or stop it with "
+                            "'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' before starting "
+                            "one here",
+                            port, run_dir_, port, server.run_dir(), server.pid(),
+                            server.run_dir(), written, port, server.run_dir(), port));
+  }
+  CommandResult start = Run({"--start", "-p", port});
+  EXPECT_EQ(start.exit_code, 1) << "the start the old message suggested is refused\n"
+                                << start.Describe();
+  EXPECT_FALSE(PathExists(fmt::format("{}/shmcached-{}.lock", run_dir_, port)))
+      << "the refused start leaves no lock file in its run dir";
+  CommandResult asked = server.Admin({"--list_sessions"});
+  EXPECT_EQ(asked.exit_code, 0) << asked.Describe();
+}
+
+// The same where the server of this very run dir lost its socket (removed
+// by hand, or a clean-up of /tmp): not "not running; start it" (refused),
+// but that its socket is gone and how to restart it.
+TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedSaysSo) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+  CommandResult r = server.Admin({"-g"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, fmt::format("shmcache: error: the cache server on port {} (process id "
+                               "{}) runs with run dir {}, but its socket {} is gone "
+                               "(removed while it ran, by hand or a clean-up of /tmp): "
+                               "restart it with 'shmcache --stop -p {}' and 'shmcache "
+                               "--start -p {}'\n",
+                               server.port(), server.pid(), server.run_dir(),
+                               server.socket_path(), server.port(), server.port()))
+      << r.Describe();
+}
+
+// A run dir that is a link (planted in /tmp, or left by hand): -g says so
+// and what to do, as --start does, where it said "not running ... start
+// it", and that start is refused.
+TEST_F(CliTest, ACommandInARunDirThatIsALinkSaysSo) {
+  const std::string real = run_dir_ + "/real";
+  const std::string link = run_dir_ + "/link";
+  ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  const std::string why = fmt::format(
+      "shmcache: error: {} is a symbolic link owned by {}: not this user's own "
+      "directory, refusing to use it; remove it (as its owner or root), or set "
+      "SHMCACHE_RUN_DIR to a directory of your own, mode 0700\n",
+      link, OwnerName(geteuid()));
+  for (const char* command : {"-g", "--start"}) {
+    CommandResult r = RunCommand(
+        {AdminPath(), command, "-p", "31004"},
+        {{"SHMCACHE_RUN_DIR", link}, {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_EQ(r.err, why) << command << "\n" << r.Describe();
+  }
+  EXPECT_TRUE(ListDir(real).empty()) << "nothing was made through the link";
+}
+
+// The state letter of process `pid` ('T': stopped), from /proc.
+char ProcessStateLetter(pid_t pid) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("State:", 0) == 0 && line.size() > 7) return line[7];
+  }
+  return '?';
+}
+
+// A server stopped by SIGSTOP (Ctrl-Z, a debugger) answers nothing: -g
+// says so and how to resume it, where it said it timed out; --stop resumes
+// and stops it, where it sent SIGTERM alone, waited 30 s and failed
+// ("did not exit ...; end it with 'kill -9'").
+TEST_F(CliTest, AStoppedServerIsNamedAndStopResumesAndStopsIt) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const std::string port = std::to_string(server.port());
+  ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitFor([&] { return ProcessStateLetter(server.pid()) == 'T'; }));
+  CommandResult g = server.Admin({"-g"});
+  EXPECT_EQ(g.exit_code, 1) << g.Describe();
+  EXPECT_EQ(g.err, fmt::format("shmcache: error: the cache server on port {} (process id "
+                               "{}) is stopped (SIGSTOP, Ctrl-Z or a debugger) and "
+                               "answers nothing: resume it with 'kill -CONT {}', or stop "
+                               "it with 'shmcache --stop -p {}'\n",
+                               port, server.pid(), server.pid(), port))
+      << g.Describe();
+  CommandResult stop = server.Stop();
+  EXPECT_EQ(stop.exit_code, 0) << stop.Describe();
+  EXPECT_EQ(stop.out, fmt::format("Cache server on port {} (process id {}) was stopped "
+                                  "(SIGSTOP, Ctrl-Z or a debugger) and answered nothing; "
+                                  "it has been resumed and stopped.\n",
+                                  port, server.pid()))
+      << stop.Describe();
+  if (!ProcessExited(server.pid())) {  // never outlives the test
+    kill(server.pid(), SIGCONT);
+    server.Kill();
+  }
 }
 
 // The same while that server has taken the host lock but not yet written

@@ -68,11 +68,21 @@ TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
             "prints; list the sessions with 'shmcache --list_sessions -p 51999'");
   EXPECT_EQ(id, 7u) << "a refused value stores nothing";
   int n = 7;
-  EXPECT_EQ(Why(ParseWorkers("0", &n)), "worker count '0' is not a number in 1..512");
-  EXPECT_EQ(Why(ParseWorkers("two", &n)), "worker count 'two' is not a number in 1..512");
-  EXPECT_EQ(Why(ParseLogLevel("info", &n)), "log level 'info' is not a number in 0..4");
+  // Each range says what to give instead.
+  const std::string workers_fix =
+      "; give -w (--workers) a whole number of threads in 1..512, or leave it out for "
+      "half the CPUs";
+  EXPECT_EQ(Why(ParseWorkers("0", &n)),
+            "worker count '0' is not a number in 1..512" + workers_fix);
+  EXPECT_EQ(Why(ParseWorkers("two", &n)),
+            "worker count 'two' is not a number in 1..512" + workers_fix);
+  EXPECT_EQ(Why(ParseLogLevel("info", &n)),
+            "log level 'info' is not a number in 0..4; give -l (--loglevel) 0 (debug), 1 "
+            "(info, the default), 2 (warning), 3 (error) or 4 (fatal)");
   EXPECT_EQ(Why(ParseMetricsInterval("0", &n)),
-            "metrics interval '0' is not a number of seconds in 1..3600");
+            "metrics interval '0' is not a number of seconds in 1..3600; give "
+            "--metrics_interval a whole number of seconds in 1..3600, or leave it out "
+            "for 5");
   EXPECT_EQ(n, 7);
   uint64_t bytes = 0;
   EXPECT_EQ(Why(ParseMemoryCapMb("0", &bytes)),
@@ -92,7 +102,10 @@ TEST(OptionChecksTest, MemoryCapRatioIsAShareOfMemory) {
   for (const char* bad : {"0", "1.5", "-0.5", "", "abc", "0.5x", "nan", "inf", "+-1"}) {
     double r = 0;
     EXPECT_EQ(Why(ParseMemoryCapRatio(bad, &r)),
-              std::string("memory cap ratio '") + bad + "' is not a number in (0, 1]");
+              std::string("memory cap ratio '") + bad +
+                  "' is not a number in (0, 1]; give -r (--memory_cap_ratio) a share of "
+                  "memory such as 0.5 (default 0.8), or --memory_cap_mb N for a size in "
+                  "MB");
   }
 }
 

@@ -33,6 +33,21 @@ TEST(ProcessStateTest, AZombieIsGoneAndSoIsAReapedProcess) {
   EXPECT_TRUE(ProcessGone(0));
 }
 
+// A stopped process (SIGSTOP) is named as such until SIGCONT; a gone one,
+// or no pid, never is.
+TEST(ProcessStateTest, AStoppedProcessIsStoppedUntilContinued) {
+  pid_t pid = Sleeper();
+  EXPECT_FALSE(ProcessStopped(pid));
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  EXPECT_TRUE(test::WaitFor([&] { return ProcessStopped(pid); }));
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  EXPECT_TRUE(test::WaitFor([&] { return !ProcessStopped(pid); }));
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  EXPECT_EQ(WaitChild(pid), -SIGKILL);
+  EXPECT_FALSE(ProcessStopped(pid));
+  EXPECT_FALSE(ProcessStopped(0));
+}
+
 TEST(ProcessHandleTest, WaitsForTheProcessToEnd) {
   pid_t pid = Sleeper();
   ProcessHandle h(pid);

@@ -11,6 +11,7 @@
 
 #include "clients/admin/cli_args.h"
 #include "clients/admin/output.h"
+#include "clients/admin/server_elsewhere.h"
 #include "clients/admin/start_server.h"
 #include "clients/admin/stop_server.h"
 #include "common/metrics.h"
@@ -117,7 +118,12 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
     }
     return Fail(msg);
   }
-  if (r.was_starting) {
+  if (r.was_suspended) {
+    fmt::print(
+        "Cache server on port {} (process id {}) was stopped (SIGSTOP, Ctrl-Z or a "
+        "debugger) and answered nothing; it has been resumed and stopped.\n",
+        port, r.pid);
+  } else if (r.was_starting) {
     fmt::print(
         "Cache server on port {} (process id {}) was still starting (not "
         "answering yet); it has been stopped.\n",
@@ -131,6 +137,20 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
     fmt::print("Cache server on port {} has been stopped.\n", port);
   }
   return 0;
+}
+
+// The command as written again, without -p: for a message that says how
+// to run it against another server.
+std::string CommandText(const CliArgs& a) {
+  const char* json = a.json ? " --json" : "";
+  switch (a.command) {
+    case Command::kGenerate: return "-g";
+    case Command::kDestroy: return fmt::format("-d {}", a.session_id);
+    case Command::kList: return fmt::format("--list_sessions{}", json);
+    case Command::kInfo: return fmt::format("--server_info{}", json);
+    case Command::kMetrics: return "--metrics";
+    default: return "--help";
+  }
 }
 
 }  // namespace
@@ -156,7 +176,7 @@ int main(int argc, char** argv) {
   if (a.command == Command::kStop) return RunStop(co, port, a.server.shm_dir);
   std::unique_ptr<Client> client;
   s = Client::Connect(co, &client);
-  if (!s.ok()) return Fail(s.message());
+  if (!s.ok()) return Fail(ExplainNoServerHere(co, CommandText(a), s).message());
 
   switch (a.command) {
     case Command::kGenerate: {

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "clients/admin/server_elsewhere.h"
 #include "common/instance_lock.h"
 #include "common/process_identity.h"
 #include "common/process_state.h"
@@ -103,20 +104,16 @@ Status StopUnansweringServer(const ProcessIdentity& recorded,
                     "server of yours; try again in a moment",
                     lock_path, recorded.pid));
   }
+  out->was_suspended = ProcessStopped(recorded.pid);
   if (int err = server.Signal(SIGTERM); err != 0) {
     return Status::FromErrno(fmt::format("cannot signal process {}", recorded.pid), err);
   }
+  // A stopped server (SIGSTOP, Ctrl-Z) acts on the SIGTERM once it runs:
+  // resumed, it stops, where it would wait out the bound and be named as
+  // one that did not exit.
+  server.Signal(SIGCONT);
   out->pid = recorded.pid;
   return WaitForExit(server);
-}
-
-// Whether two paths name one directory (the same text where either is
-// gone).
-bool SameDir(const std::string& a, const std::string& b) {
-  struct stat sa {
-  }, sb{};
-  if (stat(a.c_str(), &sa) != 0 || stat(b.c_str(), &sb) != 0) return a == b;
-  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 // Adds to *out the regular files of this user named with `prefix` in

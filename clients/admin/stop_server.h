@@ -1,7 +1,8 @@
 // Stopping shmcached. A server that answers is asked through its socket.
 // One that holds its instance lock but does not answer yet (still
 // starting: adopting what an earlier server left) is sent SIGTERM, once it
-// is known to be this user's shmcached; it stops at its next check and
+// is known to be this user's shmcached, and SIGCONT (one stopped by
+// SIGSTOP or Ctrl-Z resumes to act on it); it stops at its next check and
 // keeps the shared memory for the next start. One whose socket and lock
 // file were removed from its run dir while it ran is found by its host
 // lock (which names the run dir) and sent SIGTERM too: it stops as asked
@@ -18,8 +19,9 @@ namespace shmcache::admin {
 
 struct StopResult {
   int pid = 0;
-  bool was_starting = false;  // stopped by a signal before it answered
-  bool not_running = false;   // no server held the instance: nothing to stop
+  bool was_starting = false;   // stopped by a signal before it answered
+  bool was_suspended = false;  // it answered nothing as it was stopped (SIGSTOP)
+  bool not_running = false;    // no server held the instance: nothing to stop
   // When not_running: the instance's files that a server which ended
   // without --stop (killed, crashed) left for the next start to adopt, in
   // the shm dir ($SHMCACHE_SHM_DIR or /dev/shm) and the instance's

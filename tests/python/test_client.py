@@ -52,6 +52,30 @@ def test_values_out_of_range_raise_value_error_naming_the_argument(kwargs, name)
         shmcache.Client(**kwargs)
 
 
+@pytest.mark.parametrize("make, said", [
+    (lambda: shmcache.Client(port=80),
+     "Input port is not within the required interval of [1025, 65535]: got 80; pass "
+     "the port the server was started with (`shmcache --start -p N`), or leave it out "
+     "for $SHMCACHE_PORT or the default 50052."),
+    (lambda: shmcache.Client(timeout_ms=0), "got 0; pass a timeout in milliseconds"),
+    (lambda: shmcache.DatasetCache(session_id=-1),
+     "got -1; pass the id `shmcache -g` printed, or leave it out for $SHMCACHE_SESSION_ID"),
+    (lambda: shmcache.DatasetCache(session_id=1, size_mb=-8),
+     "got -8; pass the cache's memory budget in MB, or 0 for as much as the server allows"),
+    (lambda: shmcache.DatasetCache(session_id=1, read_threads=1000),
+     "got 1000; pass a number of threads (0 or 1: the calling thread alone), or leave it "
+     "out for min(4, CPUs)"),
+    (lambda: shmcache.DatasetCache(session_id=1, prefetch_size=0),
+     "got 0; pass a positive number, or leave it out"),
+], ids=["port", "timeout_ms", "session_id", "size_mb", "read_threads", "prefetch_size"])
+def test_a_value_out_of_range_says_what_to_pass_instead(make, said):
+    """MindSpore's words name the interval; the value given and what to
+    pass follow, where they said the interval alone."""
+    with pytest.raises(ValueError) as e:
+        make()
+    assert said in str(e.value), e.value
+
+
 def test_a_non_local_host_is_a_runtime_error_as_for_dataset_cache():
     with pytest.raises(RuntimeError, match="local host"):
         shmcache.Client(hostname="example.com")

@@ -99,6 +99,19 @@ def test_no_session_says_where_one_comes_from(monkeypatch):
         DatasetCache()
 
 
+def test_an_empty_session_variable_says_what_left_it_empty(monkeypatch):
+    """README's `export SHMCACHE_SESSION_ID=$(shmcache -g | awk ...)` after
+    a -g that failed (no server) exports an empty value: the error says so
+    and where the cause was printed, where it said none was set."""
+    monkeypatch.delenv("SESSION_ID", raising=False)
+    monkeypatch.setenv("SHMCACHE_SESSION_ID", "")
+    with pytest.raises(ValueError) as e:
+        DatasetCache()
+    assert str(e.value).startswith(
+        "no session: $SHMCACHE_SESSION_ID set but empty, as a `shmcache -g` that failed "
+        "leaves it (it printed why: is the server started? `shmcache --start`)"), e.value
+
+
 def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
         c = DatasetCache(session, size_mb=0, spilling=False, hostname=host,

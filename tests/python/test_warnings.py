@@ -40,6 +40,52 @@ def test_server_memory_cap_used_up_at_open_is_named(start_server):
     assert first.get(0) is not None
 
 
+def test_a_full_cache_is_named_by_its_name_and_session(start_server):
+    """The warning names the cache as the user knows it (its name, as
+    `shmcache --list_sessions` shows it, and its session), where it said
+    "cache 1234567 is full": both the writer that filled it (the server's
+    words) and one that finds it already full (the library's)."""
+    s = start_server()
+    sid = s.new_session()
+    filler = DatasetCache(sid, size_mb=8, name="train-images")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        stored = [filler.put(i, MB) for i in range(16)]
+        assert stored[0] and not stored[-1]
+        late = DatasetCache(sid, size_mb=8, name="train-images")
+        assert late.put(100, MB) is False
+    msgs = cache_warnings(w)
+    assert len(msgs) == 2, msgs
+    for msg in msgs:
+        assert re.match(rf"shmcache: cache \d+ \(session {sid}, 'train-images'\) is "
+                        r"full: its budget of 8 MB is used up", msg), msg
+    filler.close()
+    late.close()
+
+
+def test_a_server_under_another_run_dir_is_named_not_started_again(
+        server, session, monkeypatch, tmp_path):
+    """No server answers in this process's run dir, but one of this user
+    runs on the port with another: the warning names its run dir and the
+    SHMCACHE_RUN_DIR that reaches it, where it said "not running ... start
+    it with 'shmcache --start'", a start that is refused (one server per
+    user and port)."""
+    here = tmp_path / "elsewhere"
+    here.mkdir(mode=0o700)
+    monkeypatch.setenv("SHMCACHE_RUN_DIR", str(here))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = DatasetCache(session, port=server.port)
+        assert c.put(1, MB) is False and c.get(1) is None
+    (msg,) = cache_warnings(w)
+    assert msg == (
+        f"shmcache: no cache server answers on port {server.port} with run dir {here}, "
+        f"but a server of yours runs on that port with run dir {server.run_dir}; the "
+        f"cache is bypassed and rows are read from the source. Fix: set "
+        f"SHMCACHE_RUN_DIR={server.run_dir} for this process to use that server (a "
+        f"user has one server per port)"), msg
+
+
 def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_server):
     """size_mb=0 asks for all the server allows: a cache that filled the
     whole cap is not told to ask for a larger size_mb, and a cache that

@@ -47,14 +47,39 @@ def check_type(name: str, value: Any, kind: type) -> None:
         raise _not_of_type(name, value, kind.__name__)
 
 
+# What to pass instead of an int out of its interval, by argument name
+# (others: a whole number in the interval).
+_INT_FIXES = {
+    "session_id": "pass the id `shmcache -g` printed, or leave it out for "
+                  "$SHMCACHE_SESSION_ID",
+    "size_mb": "pass the cache's memory budget in MB, or 0 for as much as the server "
+               "allows",
+    "size": "pass size_mb=, the cache's memory budget in MB, or 0 for as much as the "
+            "server allows",
+    "port": f"pass the port the server was started with (`shmcache --start -p N`), or "
+            f"leave it out for $SHMCACHE_PORT or the default {DEFAULT_PORT}",
+    "timeout_ms": "pass a timeout in milliseconds, 1 or more",
+    "num_connections": "pass a positive number, or leave it out (a hit needs no "
+                       "connection here)",
+    "prefetch_size": "pass a positive number, or leave it out (a hit needs no "
+                     "prefetch here)",
+    "read_threads": "pass a number of threads (0 or 1: the calling thread alone), or "
+                    "leave it out for min(4, CPUs)",
+}
+
+
 def check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False) -> None:
+    """TypeError unless `value` is an int (None too, with `allow_none`);
+    ValueError outside [lo, hi], in MindSpore's words, then the value and
+    what to pass instead."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise _not_of_type(name, value, "int")
     if not lo <= value <= hi:
+        fix = _INT_FIXES.get(name, "pass a whole number in it")
         raise ValueError(f"Input {name} is not within the required interval "
-                         f"of [{lo}, {hi}].")
+                         f"of [{lo}, {hi}]: got {value}; {fix}.")
 
 
 def check_names(name: Any, fingerprint: Any) -> None:
@@ -114,7 +139,8 @@ def ids_array(ids: Any) -> npt.NDArray[np.uint64]:
 def session_from_env() -> int:
     """The session id of $SHMCACHE_SESSION_ID (or $SESSION_ID, which
     scripts/cache.sh exported first); ValueError naming both when neither
-    is set or the value is not a number."""
+    is set, saying so when one is set but empty (a failed `shmcache -g`),
+    or when the value is not a number."""
     for var in SESSION_ENV:
         value = os.environ.get(var)
         if value:
@@ -123,6 +149,14 @@ def session_from_env() -> int:
             except ValueError:
                 raise ValueError(f"${var}={value!r} is not a session id (a "
                                  "number from `shmcache -g`)") from None
+    empty = [f"${var}" for var in SESSION_ENV if os.environ.get(var) == ""]
+    if empty:
+        # `export SHMCACHE_SESSION_ID=$(shmcache -g | awk ...)` after a -g
+        # that failed: the cause is in that command's own message.
+        raise ValueError(f"no session: {' and '.join(empty)} set but empty, as a "
+                         "`shmcache -g` that failed leaves it (it printed why: is the "
+                         "server started? `shmcache --start`); set it to the id "
+                         "`shmcache -g` prints, or pass session_id=")
     raise ValueError("no session: pass session_id=, or set $SHMCACHE_SESSION_ID "
                      "(scripts/cache.sh and the Slurm prolog export it; "
                      "`shmcache -g` prints one)")
