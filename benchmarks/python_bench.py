@@ -33,7 +33,9 @@ Sections, each skipped with its reason when what it needs is missing:
              main.py's transform as transform=) in main.py's training loop
              (mobilenet_v3_small on the CPU, batches of 8): its Data time
              per batch at -j 0, uncached vs warm, interleaved (target: warm
-             <= 0.6x), the cold first epoch, and at -j 2;
+             <= 0.6x), with its CPU time, the transform's own, and the
+             images cached after a Resize(256) instead; the cold first
+             epoch, and at -j 2;
   prefill    shmcache.prefill (python3 -m shmcache.prefill's code) of the
              same JPEGs with 2 processes, next to an uncached DataLoader
              epoch (2 workers) measured just before it;
@@ -637,7 +639,8 @@ class MainLoop:
     """imagenet/main.py's training loop on the CPU (mobilenet_v3_small,
     CrossEntropyLoss, SGD with momentum, DataLoader(batch_size,
     shuffle=True, pin_memory=True)), with its Data meter: the wait for
-    each batch."""
+    each batch (and that wait's CPU time in this thread: at -j 0 the
+    loading itself, which a shared machine's other work does not stretch)."""
 
     def __init__(self):
         import torch
@@ -648,7 +651,8 @@ class MainLoop:
         self.crit = torch.nn.CrossEntropyLoss()
 
     def epoch(self, dataset, workers=0, batch=SWITCH_BATCH):
-        """(mean Data time per batch in ms, the epoch's seconds)."""
+        """(mean Data time per batch in ms, the epoch's seconds, mean CPU
+        time of this thread during the Data time, ms per batch)."""
         import warnings
         from torch.utils.data import DataLoader
         with warnings.catch_warnings():
@@ -656,16 +660,47 @@ class MainLoop:
             loader = DataLoader(dataset, batch_size=batch, shuffle=True,
                                 num_workers=workers, pin_memory=True)
             t0 = end = time.perf_counter()
-            waited, batches = 0.0, 0
+            cpu_end = time.thread_time()
+            waited, cpu, batches = 0.0, 0.0, 0
             for images, target in loader:
                 waited += time.perf_counter() - end
+                cpu += time.thread_time() - cpu_end
                 batches += 1
                 loss = self.crit(self.model(images), target)
                 self.opt.zero_grad()
                 loss.backward()
                 self.opt.step()
                 end = time.perf_counter()
-        return 1e3 * waited / batches, time.perf_counter() - t0
+                cpu_end = time.thread_time()
+        return 1e3 * waited / batches, time.perf_counter() - t0, 1e3 * cpu / batches
+
+
+def transform_cpu_ms(images, tf, rounds=2):
+    """CPU ms of `tf` per batch of SWITCH_BATCH over the decoded `images`
+    (an ImageFolder without transform), best of `rounds`: what a warm
+    batch of the switch must still spend, with no cache read at all."""
+    pics = [images[i][0] for i in range(len(images))]
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for p in pics:
+            tf(p)
+        best = min(best, time.thread_time() - t0)
+    return 1e3 * best / len(pics) * SWITCH_BATCH
+
+
+def switch_cpu_figures(out, best, cpu, tf_ms):
+    """The -j 0 figures beyond the Data time: its CPU time per kind, the
+    transform's share of a warm batch's, and the cached Resize(256)."""
+    for k in ("uncached", "warm", "warm_resized256"):
+        out.value(f"switch.{k}_data_cpu_ms", cpu[k])
+    out.value("switch.warm_vs_uncached_cpu", cpu["warm"] / cpu["uncached"])
+    out.value("switch.warm_resized256_vs_uncached",
+              best["warm_resized256"] / best["uncached"])
+    out.value("switch.warm_resized256_vs_uncached_cpu",
+              cpu["warm_resized256"] / cpu["uncached"])
+    out.value("switch.transform_cpu_ms", tf_ms)
+    out.value("switch.warm_transform_share_cpu", tf_ms / cpu["warm"])
 
 
 def bench_switch(args, out, shmcache, rounds=2):
@@ -675,8 +710,13 @@ def bench_switch(args, out, shmcache, rounds=2):
     loop (MainLoop); main.py's Data time at -j 0 (loading in the trainer):
     uncached epochs (ImageFolder(root, transform)) and warm ones
     interleaved, best of `rounds` each; the first (cold) epoch; and the
-    Data time at -j 2 (one epoch each)."""
-    from torchvision import datasets
+    Data time at -j 2 (one epoch each). At -j 0 also the Data meter's CPU
+    time, the share of a warm batch's that is main.py's transform (timed
+    apart, on the decoded images), and the alternative of caching the
+    deterministic Resize(256) too (ImageFolder(root, transform=Resize(256))
+    wrapped, the same transform after the cache: the crop then starts from
+    a 341x256 image, other pixels than main.py's, the user's choice)."""
+    from torchvision import datasets, transforms
     import shmcache.torch as st
     root = os.path.join(args.workdir, "switch", "train")
     for c in range(2):
@@ -690,20 +730,33 @@ def bench_switch(args, out, shmcache, rounds=2):
         cached = st.CachedDataset(datasets.ImageFolder(root),
                                   shmcache.DatasetCache(session, port=args.port),
                                   transform=tf)
-        first, _ = loop.epoch(cached)
-        if not cached.flush(60):
+        resized = st.CachedDataset(
+            datasets.ImageFolder(root, transform=transforms.Resize(256)),
+            shmcache.DatasetCache(session, port=args.port), transform=tf)
+        first = loop.epoch(cached)[0]
+        loop.epoch(resized)
+        if not (cached.flush(60) and resized.flush(60)):
             raise RuntimeError("the first epoch's rows were not stored in 60 s")
         out.value("switch.images", len(plain))
         out.value("switch.batch", SWITCH_BATCH)
         out.value("switch.first_data_ms", first)
         for workers, tag in ((0, ""), (2, "j2_")):
             best: dict[str, float] = {}
+            cpu: dict[str, float] = {}
+            kinds = [("uncached", plain), ("warm", cached)]
+            if workers == 0:
+                kinds.append(("warm_resized256", resized))
             for _ in range(rounds if workers == 0 else 1):
-                for k, ds in (("uncached", plain), ("warm", cached)):
-                    best[k] = min(best.get(k, 1e9), loop.epoch(ds, workers)[0])
+                for k, ds in kinds:
+                    ms, _, cpu_ms = loop.epoch(ds, workers)
+                    best[k] = min(best.get(k, 1e9), ms)
+                    cpu[k] = min(cpu.get(k, 1e9), cpu_ms)
             out.value(f"switch.{tag}uncached_data_ms", best["uncached"])
             out.value(f"switch.{tag}warm_data_ms", best["warm"])
             out.value(f"switch.{tag}warm_vs_uncached", best["warm"] / best["uncached"])
+            if workers == 0:
+                switch_cpu_figures(out, best, cpu, transform_cpu_ms(
+                    datasets.ImageFolder(root), tf))
         out.value("switch.first_vs_uncached", first / out.values["switch.uncached_data_ms"])
         stats = cached.cache.stats() or {}
         out.value("switch.cached_rows", stats.get("mem_rows", 0))
