@@ -89,14 +89,17 @@ void SpillStore::WriteFlushMarker() {
   // a compaction instead (half the daemon's CPU in a spilling PutBatch of
   // 3 KB rows; docs/spill-reads.md). A dropped cache's range deletion
   // takes its markers with it.
+  // The key is read under write_mu_, with the write: a cache dropped in
+  // between (DropCache moves last_key_ out of its range under it) would
+  // otherwise get a marker among its deleted rows, which nothing removes.
   char marker[sizeof(SpillKey::bytes) + 1] = {};
-  {
-    MutexLock lock(&flush_mu_);
-    std::memcpy(marker, last_key_.bytes, sizeof last_key_.bytes);
-  }
   rocksdb::Status rs;
   {
     MutexLock lock(&write_mu_);
+    {
+      MutexLock key_lock(&flush_mu_);
+      std::memcpy(marker, last_key_.bytes, sizeof last_key_.bytes);
+    }
     rs = db_->Put(rocksdb::WriteOptions(), rocksdb::Slice(marker, sizeof marker),
                   rocksdb::Slice());
   }
@@ -108,6 +111,11 @@ void SpillStore::WriteFlushMarker() {
 }
 
 uint64_t SpillStore::UnflushedRows() const { return MemtableEntries(*db_); }
+
+bool SpillStore::TEST_FlushDue() {
+  MutexLock lock(&flush_mu_);
+  return unflushed_;
+}
 
 Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
   // Through the descriptor Open kept, not the name: a directory removed
@@ -254,6 +262,12 @@ Status SpillStore::DropCache(uint32_t cache_id) {
   {
     MutexLock lock(&write_mu_);
     s = db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), b, e);
+    // The marker of a flush still due (the cache's rows were the last
+    // written, less than kIdleFlushMs ago) goes after the dropped range,
+    // where the next cache's rows start, not among the deleted rows: it
+    // would stay there, a key of a cache that no longer exists.
+    MutexLock key_lock(&flush_mu_);
+    if (std::memcmp(last_key_.bytes, begin.bytes, sizeof(cache_id)) == 0) last_key_ = end;
   }
   if (!s.ok()) return FromRocks(s, path_);
   rocksdb::CompactRangeOptions co;

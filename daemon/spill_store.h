@@ -84,6 +84,9 @@ class SpillStore {
   // an idle flush, the one key written to let readers drop their copies).
   uint64_t UnflushedRows() const;
   static constexpr int kIdleFlushMs = 300;
+  // Test hook: whether a write came since the flusher last began a flush
+  // (one is due kIdleFlushMs after the last write).
+  bool TEST_FlushDue();
 
   // The memtables RocksDB writes into: their size and how many may be full
   // at once. Rows not yet flushed are held there (and, replayed from the
@@ -136,7 +139,7 @@ class SpillStore {
   // the marker comes from the flusher;
   // one at a time keeps the log's writes ordered by a lock that
   // ThreadSanitizer sees (Debian's RocksDB is not instrumented).
-  Mutex write_mu_;
+  Mutex write_mu_ ACQUIRED_BEFORE(flush_mu_);
   Mutex flush_mu_;
   CondVar flush_cv_;
   bool unflushed_ GUARDED_BY(flush_mu_) = false;   // a write since the last flush

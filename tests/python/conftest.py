@@ -299,11 +299,26 @@ def node_server(undo, tmp, node, tag, servers):
     return s, s.new_session()
 
 
+# Execs argv[1:] once the kernel will SIGKILL it when the thread that
+# forked it ends (PR_SET_PDEATHSIG, kept across exec); exits at once when
+# its parent is gone already.
+_DIES_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(137)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
 def inner_pytest(tmp_path, source, **env):
     """Starts a pytest of its own on the test module `source` (with this
     conftest, `env` added to the environment): (its Popen, output piped;
     its base temp dir, short, as a server's socket path must fit in 107
-    bytes, for the caller to remove)."""
+    bytes, for the caller to remove). It is SIGKILLed when this pytest
+    dies, however: the inner tests wait to be killed, and an orphan would
+    hold its servers and changes for good (they end with it, as the inner
+    tests check)."""
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(source))
     env = dict(os.environ, SHMCACHE_BUILD_DIR=str(BUILD),
                PYTHONPATH=os.pathsep.join([PYTHONPATH, str(ROOT / "tests" / "python")]),
@@ -311,7 +326,8 @@ def inner_pytest(tmp_path, source, **env):
     env.pop("SHMCACHE_TEST_SEED", None)
     base = tempfile.mkdtemp(prefix="shmcache-in.")
     inner = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+        [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()),
+         sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
          "--rootdir", str(tmp_path), "--basetemp", base + "/b",
          str(tmp_path / "test_inner.py")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -92,11 +92,18 @@ def test_a_server_killed_and_started_again_takes_the_next_epochs_rows(server, se
 # The trainer's put needs a chunk, and the server is killed while it has
 # the request (stopped first, so that it reads nothing): the lease may have
 # been granted, so it is not asked again of the restarted server.
+# The test kills the server once it sees the client wait for the answer; on
+# a loaded host that can take longer than the default 5 s request timeout,
+# after which the client would take the stopped server for a hung one (a
+# case of its own: stopped_daemon_test.cc) and the kill would come too
+# late. The cache's connection is made with a timeout no test run reaches,
+# before its first request.
 PUT_SCRIPT = """
 import json, sys, warnings
 import numpy as np
-from shmcache import CacheWarning, DatasetCache
+from shmcache import CacheWarning, Client, DatasetCache
 cache = DatasetCache(int(sys.argv[1]), size_mb=16)
+cache._client = Client(timeout_ms=3_600_000)
 first = np.full(1 << 20, 7, dtype=np.uint8)
 assert cache.put(0, first)
 print("put", flush=True)

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,8 +60,14 @@ int RunInPidNamespace(const std::function<int()>& body) {
   return WaitChild(outer);
 }
 
+bool EndsWithParent(pid_t parent) {
+  return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 && getppid() == parent;
+}
+
 pid_t Sleeper() {
-  return ForkChild([] {
+  const pid_t parent = getpid();
+  return ForkChild([parent] {
+    if (!EndsWithParent(parent)) return 1;
     pause();
     return 0;
   });

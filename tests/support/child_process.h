@@ -56,7 +56,15 @@ class ContinuedAfter {
   pid_t guard_ = -1;
 };
 
-// Forks a child that waits until it is killed (KillAndReap).
+// In a child of process `parent` (its pid, read before the fork): the
+// kernel SIGKILLs this process when the thread that forked it ends
+// (PR_SET_PDEATHSIG), so that a child that waits to be killed does not
+// outlive a test killed first (a timeout, a crash). False when that could
+// not be set, or `parent` is gone already: the child should exit then.
+bool EndsWithParent(pid_t parent);
+
+// Forks a child that waits until it is killed (KillAndReap), or until the
+// thread that forked it ends (EndsWithParent).
 pid_t Sleeper();
 // SIGKILLs child `pid` and reaps it: its pid is free to be given again.
 void KillAndReap(pid_t pid);

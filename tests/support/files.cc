@@ -1,7 +1,11 @@
 #include "tests/support/files.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +25,87 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The write end of the pipe to the guard of this process's temporary
+// paths (RemovedIfThisProcessDies), started at the first use. The guard
+// runs in a session of its own (a group kill, meson's on a timeout,
+// spares it) and holds only the read end; this process holds the write
+// end, and so do the children it forks without exec, until they end. It
+// reads "+path" and "-path" lines; once the pipe's last writer is gone,
+// however it ended, it detaches a mount at each path still listed and
+// removes the path (rm -rf). -1 when it could not be started.
+int GuardPipe() {
+  static const int fd = [] {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+    const pid_t pid = fork();
+    if (pid < 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return -1;
+    }
+    if (pid == 0) {
+      // Only the read end: a copy of the test's sockets or of meson's
+      // output pipe would change what the test, or meson, sees. No lock
+      // is taken but malloc's, which glibc makes usable in the child of a
+      // process with threads (no streams: their locale's lock).
+      setsid();
+      dup2(fds[0], 0);
+      close_range(1, ~0U, 0);
+      std::string lines;
+      char buf[4096];
+      for (;;) {
+        ssize_t n = read(0, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        lines.append(buf, static_cast<size_t>(n));
+      }
+      std::vector<std::string> paths;
+      for (size_t at = 0, end; (end = lines.find('\n', at)) != std::string::npos;
+           at = end + 1) {
+        if (end - at < 2) continue;
+        const std::string path = lines.substr(at + 1, end - at - 1);
+        auto listed = std::find(paths.begin(), paths.end(), path);
+        if (lines[at] == '+' && listed == paths.end()) paths.push_back(path);
+        if (lines[at] == '-' && listed != paths.end()) paths.erase(listed);
+      }
+      if (paths.empty()) _exit(0);
+      std::vector<char*> argv = {const_cast<char*>("rm"), const_cast<char*>("-rf"),
+                                 const_cast<char*>("--")};
+      for (std::string& p : paths) {
+        umount2(p.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+        argv.push_back(p.data());
+      }
+      argv.push_back(nullptr);
+      execv("/bin/rm", argv.data());
+      _exit(127);
+    }
+    close(fds[0]);
+    return fds[1];
+  }();
+  return fd;
+}
+
+// Writes `line` to the guard. SIGPIPE (a guard gone: killed by hand) is
+// blocked for the write and taken if the write raised it.
+void TellGuard(const std::string& line) {
+  const int fd = GuardPipe();
+  if (fd < 0) return;
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  // One write, at most PIPE_BUF bytes: whole, whichever process writes.
+  ssize_t n;
+  do {
+    n = write(fd, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == EPIPE) {
+    const timespec now{0, 0};
+    sigtimedwait(&pipe_only, nullptr, &now);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
 // mkdtemp of parent/prefix.XXXXXX; "" and *error set when it fails.
 std::string MakeDir(const std::string& parent, const std::string& prefix,
                     std::string* error) {
@@ -29,10 +114,15 @@ std::string MakeDir(const std::string& parent, const std::string& prefix,
     *error = "mkdtemp " + templ + ": " + std::strerror(errno);
     return "";
   }
+  RemovedIfThisProcessDies(templ);
   return templ;
 }
 
 }  // namespace
+
+void RemovedIfThisProcessDies(const std::string& path) {
+  if (!path.empty() && path.size() < PIPE_BUF - 2) TellGuard("+" + path + "\n");
+}
 
 std::string TestTmpRoot() {
   const char* p = std::getenv("SHMCACHE_RUN_DIR");
@@ -67,6 +157,7 @@ void RemoveTree(const std::string& path) {
   if (path.empty()) return;
   std::error_code ec;
   fs::remove_all(path, ec);
+  if (path.size() < PIPE_BUF - 2) TellGuard("-" + path + "\n");
 }
 
 std::vector<std::string> ListDir(const std::string& dir) {
@@ -109,11 +200,20 @@ std::vector<std::string> InstanceFiles(const std::string& shm_dir,
   return mine;
 }
 
-void RemoveUnheldLock(const std::string& path) {
-  int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+void RemoveKilledInstance(const std::string& lock_path,
+                          const std::function<void()>& remove) {
+  int fd = open(lock_path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  // Unlinked while we hold it: no daemon can take it in between.
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(path.c_str());
+  struct stat held {};
+  struct stat now {};
+  // Still the file at that name once locked: one unlinked in between (by
+  // another run's clean-up) may have been replaced by a live daemon's.
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 &&
+      lstat(lock_path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+      held.st_ino == now.st_ino) {
+    remove();
+    unlink(lock_path.c_str());
+  }
   close(fd);
 }
 

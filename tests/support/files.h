@@ -2,6 +2,7 @@
 // removing what a test made.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,13 @@ class TempDir {
 // Removes `path` and, for a directory, everything under it (symbolic links
 // are removed, not followed). Nothing when it does not exist.
 void RemoveTree(const std::string& path);
+// `path` (a directory this process made, with a unique name) is removed,
+// and a mount on it detached, when this process dies before it was
+// removed with RemoveTree: a test killed (a timeout, a crash, SIGKILL)
+// leaves no temporary dir or small tmpfs behind. MakeTempDir and TempDir
+// register theirs. A guard process does it once this process and the
+// children it forked without exec have all ended.
+void RemovedIfThisProcessDies(const std::string& path);
 // Names (not paths) in dir, sorted; empty when it does not exist.
 std::vector<std::string> ListDir(const std::string& dir);
 bool PathExists(const std::string& path);
@@ -51,9 +59,16 @@ std::string ReadFilesIn(const std::string& dir);
 // prefix "shmcache.<uid>.<port>." (instance.h).
 std::string InstancePrefix(unsigned uid, int port);
 
-// Removes the lock file at `path` when no process holds its flock (what a
-// killed daemon leaves); one a live daemon holds stays.
-void RemoveUnheldLock(const std::string& path);
+// Removes what a killed daemon left: runs `remove` (its segments, its
+// huge-page tmpfs) while holding its host lock `lock_path`, as a starting
+// daemon would, and then removes the lock file, last, as a stopped daemon
+// does. No daemon starts on the port in between, and a leak check of
+// another run that sees the instance's files or mount (leak_check_cpp.py)
+// sees the lock that names their run dir until they are gone. Nothing is
+// run when there is no lock (a stopped daemon removed everything, the lock
+// last) or a live process holds it (another run's daemon took the port).
+void RemoveKilledInstance(const std::string& lock_path,
+                          const std::function<void()>& remove);
 // True when /dev/shm shows the instance port taken by any user: a host
 // lock file (".shmcache.<uid>.<port>.lock", live or left by a killed
 // daemon) or files named "shmcache.<uid>.<port>.*". Other test runs on the

@@ -51,6 +51,7 @@ TestDaemon::TestDaemon() {
   } while (PortTakenOnHost(port_));
   std::string tmpl = "/tmp/" + TaggedPrefix("shmcache-reld") + ".XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+  RemovedIfThisProcessDies(tmpl);
   base_dir_ = tmpl;
   run_dir_ = base_dir_ + "/run";
   log_dir_ = base_dir_ + "/log";
@@ -58,17 +59,19 @@ TestDaemon::TestDaemon() {
 
 TestDaemon::~TestDaemon() {
   if (Alive()) Kill();
-  // Remove whatever this instance left, wherever its shm dir is.
-  for (const std::string& f : ShmFiles()) unlink(f.c_str());
-  // A killed daemon also leaves its host lock (a stopped one removes it).
-  RemoveUnheldLock(fmt::format("/dev/shm/.shmcache.{}.{}.lock",
-                               opts_.uid != 0 ? opts_.uid : geteuid(), port_));
+  // What a killed daemon left, wherever its shm dir is: its files, its
+  // huge-page tmpfs, and its host lock, last (a stopped one removed all).
+  RemoveKilledInstance(fmt::format("/dev/shm/.shmcache.{}.{}.lock",
+                                   opts_.uid != 0 ? opts_.uid : geteuid(), port_),
+                       [&] {
+                         for (const std::string& f : ShmFiles()) unlink(f.c_str());
+                         if (opts_.default_shm_dir && HugeMounted()) {
+                           umount2(HugeShmDir(port_).c_str(),
+                                   UMOUNT_NOFOLLOW | MNT_DETACH);
+                           rmdir(HugeShmDir(port_).c_str());
+                         }
+                       });
   if (own_shm_dir_) RemoveTree(shm_dir_);
-  // A killed daemon's huge-page tmpfs (a stopped one removed its own).
-  if (opts_.default_shm_dir && HugeMounted()) {
-    umount2(HugeShmDir(port_).c_str(), UMOUNT_NOFOLLOW | MNT_DETACH);
-    rmdir(HugeShmDir(port_).c_str());
-  }
   RemoveTree(base_dir_);
 }
 
@@ -136,6 +139,7 @@ Status TestDaemon::Start(const Options& o) {
     if (mkdtemp(tmpl.data()) == nullptr) {
       return Status::FromErrno("mkdtemp /dev/shm", errno);
     }
+    RemovedIfThisProcessDies(tmpl);
     shm_dir_ = tmpl;
     own_shm_dir_ = true;
   } else {

@@ -83,9 +83,11 @@ TestServer::~TestServer() {
     EXPECT_FALSE(PathExists(socket_path())) << socket_path();
   }
   if (killed_) {
-    for (const std::string& f : ShmFiles()) unlink((shm_dir_ + "/" + f).c_str());
-    // The host lock a killed daemon leaves (a stopped one removes it).
-    RemoveUnheldLock(HostLockPath(port_));
+    // What a killed daemon leaves (a stopped one removes it): its files,
+    // then its host lock.
+    RemoveKilledInstance(HostLockPath(port_), [&] {
+      for (const std::string& f : ShmFiles()) unlink((shm_dir_ + "/" + f).c_str());
+    });
   }
   if (own_shm_dir_) RemoveTree(shm_dir_);
   if (own_run_dir_) RemoveTree(run_dir_);
