@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "daemon/logger.h"
+#include "format/cache_stats.h"
 #include "format/index_table.h"
 
 namespace shmcache {
@@ -46,10 +47,7 @@ uint64_t CacheState::DropSpilledRows() {
   // flag alone: a cache the server's cap made spill takes rows in memory
   // again once the cap frees up (ResumeIfCapAllows clears it), its rows
   // on disk still in the index.
-  uint64_t on_disk = 0;
-  for (const layout::StatsSlot& slot : header_->stats) {
-    on_disk += slot.disk_rows.load(std::memory_order_relaxed);
-  }
+  const uint64_t on_disk = ReadCacheStats(*header_, /*single_node=*/true).disk_rows;
   if (on_disk == 0 && !(header_->state.load() & layout::kStateMemFull)) return 0;
   uint64_t dropped = 0;
   for (IndexTable& t : index_) dropped += t.RetireSpilled();
