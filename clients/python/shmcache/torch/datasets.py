@@ -372,9 +372,8 @@ class CachedDataset(Dataset):
         misses directly: its batched read has just noted dropped rows, and
         it reads all columns (no projection)."""
         sample = self.dataset[index]
-        try:
-            cols = encode(sample)
-        except (TypeError, ValueError) as why:   # as _cacheable
+        cols, why = _cacheable(sample)
+        if cols is None:
             self.warn_uncacheable(index, why)
             return sample
         if batch is None or (self._putter is None and transformed):
