@@ -12,21 +12,13 @@ never iterating: rank 1's first round waits for a rank that never comes.
 
 The job's timeout (init_process_group's) is $JOB_TIMEOUT_S, 60 s by default;
 $EXCHANGE_TIMEOUT_S, when set, is the loader's exchange_timeout= (seconds).
-
-At exit, once the loader's exit hook has run, the rank says how many of the
-tensors handed to torch.distributed are still alive ("handed tensors alive
-at exit: N"): one that gloo's thread frees as the interpreter finalizes
-aborts the process.
 """
 
-import atexit
 import os
 import sys
 import time
-import weakref
 
 import numpy as np
-import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 import shmcache
@@ -75,25 +67,8 @@ def rank0(loader, case):
             raise SystemExit(3)
 
 
-def watch_handed_tensors():
-    """Records the tensors handed to all_to_all_single (weakly); at exit,
-    after the loader's exit hook (registered at its first pass, later than
-    this one: run first), says how many are still alive."""
-    handed = []
-    real = dist.all_to_all_single
-
-    def recording(out, inp, *args, **kwargs):
-        handed.extend((weakref.ref(out), weakref.ref(inp)))
-        return real(out, inp, *args, **kwargs)
-
-    dist.all_to_all_single = recording
-    atexit.register(lambda: print("handed tensors alive at exit:",
-                                  sum(r() is not None for r in handed), flush=True))
-
-
 def main():
     kind, case = sys.argv[1], sys.argv[2]
-    watch_handed_tensors()
     if case == "parked":   # the bound, shorter: the test waits it out
         _exit_threads.EXIT_JOIN_S = 1.0
     join(float(os.environ.get("JOB_TIMEOUT_S", "60")))

@@ -209,7 +209,7 @@ class RowExchange:
         # each rank, received from each rank); what a bare all_to_all_single
         # of the same bytes moves (benchmarks/multinode_bench.py).
         self.last_sizes: tuple[list[int], list[int]] = ([], [])
-        self._held = Kept()   # the last round's handles (round())
+        self._held = Kept()   # the last rounds' handles (round())
 
     @staticmethod
     def new_group(timeout: timedelta) -> Any:
@@ -244,11 +244,11 @@ class RowExchange:
                     return self._round(requests, pushes, done, epoch, passed)
                 finally:
                     # gloo's thread lets go of a call's tensors after the
-                    # wait for it returns, at times much later: the handles
-                    # gloo got are kept until the next round ends, then
-                    # watched until freed (gloo_handles: the exit waits for
-                    # them). The last round's are let go here, in the
-                    # section: freeing a tensor lets the GIL go too.
+                    # wait for it returns, at times rounds later: the
+                    # handles gloo got are kept for the next rounds
+                    # (gloo_handles: and at exit for good). Older ones
+                    # are let go here, in the section: freeing a tensor
+                    # lets the GIL go too.
                     self._held.keep(passed)
         except BaseException:
             self.broken = True
