@@ -96,6 +96,7 @@ def test_threads_that_speed_the_feed_up_are_kept(clock):
     assert tuner.threads == 4
     later = feed(tuner, clock, batch_s, 3000)
     assert later.count(4) > 0.95 * len(later) and tuner.threads == 4
+    assert tuner.prefetch == 8       # 2 batches ahead per thread that won its trial
 
 
 def test_a_better_count_that_lost_to_a_burst_of_load_is_tried_again_soon(clock):

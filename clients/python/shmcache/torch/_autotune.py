@@ -34,8 +34,9 @@ span two passes of the loader, but the trainer's time between them is in
 none (nor in the threads' shares), and the batches right after a pass
 starts or the threads change (SETTLE: threads start, buffers are made,
 the pipeline fills) count in no window. So a trial under way goes on in
-the next pass. Each window is logged at DEBUG level on the "shmcache"
-logger (its count, rate and wait), each trial's verdict at INFO.
+the next pass. Each window (its count, rate and wait) and each trial that
+changed nothing (won by the count on trial) is logged at DEBUG level on the
+"shmcache" logger.
 
 Prefetch, every long window (WINDOW_BATCHES batches and DEPTH_WINDOW_S
 seconds): a starved consumer gets a deeper prefetch only when the threads
@@ -121,6 +122,7 @@ class AutoTune:
         self._recheck: tuple[int, int, float, float] | None = None
         self._barred: dict[int, int] = {}    # thread count -> windows it is not tried
         self._losses: dict[int, int] = {}    # thread count -> its trials lost in a row
+        self._grew = False     # the window just judged: a thread more won its trial
         self._lock = threading.Lock()
         self._held_s = 0.0
         # The threads' counts at the last batch observed (skipped batches
@@ -192,6 +194,7 @@ class AutoTune:
         if not self.auto_threads:
             return False
         threads, why = self.threads, f"consumer waited {100 * wait:.0f}% of the step"
+        self._grew = False
         if trial is not None:
             threads, why = self._judge(trial, rate)
         elif recheck is not None:
@@ -200,12 +203,12 @@ class AutoTune:
             threads = self._next_trial(threads, +1)
         self.rates[self.threads] = rate
         prefetch = self.prefetch
-        if threads > self.threads and self._trial is None and self.auto_prefetch:
+        if self._grew and self.auto_prefetch:
             # A thread more that won its trial: a batch ahead for it to take.
             prefetch = min(max(prefetch, 2 * threads), max(prefetch, self.prefetch_cap()))
         if (threads, prefetch) == (self.threads, self.prefetch):
             if trial is not None and threads == trial[1]:
-                log.info("CachedLoader: %s; %d threads stay", why, threads)
+                log.debug("CachedLoader: %s; %d threads stay", why, threads)
             return False
         self._change(why, threads, prefetch)
         return True
@@ -283,6 +286,7 @@ class AutoTune:
         """`tried` beat `base`: it is no longer barred, `base` is."""
         self._losses.pop(tried, None)
         self._bar(base)
+        self._grew = tried > base
         return tried
 
     def _bar(self, threads: int) -> None:
