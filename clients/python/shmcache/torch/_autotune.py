@@ -15,28 +15,27 @@ at least): a consumer that waits more than STARVED of its step tries one
 thread more (up to max_threads). More threads are not always faster: once
 the CPUs are busy they take turns, and a consumer that does little waits
 whatever the count, so its wait says nothing of whether a thread helps.
-So a new count B is a trial until its window measured it against the
-count A it came from (A/B/A): it stays at once when its rate beat A's
-window before it by GAIN; otherwise the tuner goes back to A, and A's
-window after the trial decides: B stays when it beat the mean of A's two
-windows by GAIN (A had a fast window, or the machine got busier during
-the trial: a drift of the load falls on both sides of B), else B lost and
-the tuner tries one thread fewer than A (or stays). One window of a busy
-host can make a better count lose, so a count that lost is barred only
-for a while: HOLD_MIN windows after its first loss, twice as long after
-each loss in a row (up to HOLD_MAX), none once it won. A count that keeps
-losing costs a trial window every HOLD_MAX windows; one that lost to noise
-is tried again soon. The count that a winner replaced is barred in the
-same way.
+So a new count B is a trial until it was measured against the count A
+it came from on both sides (A/B/A): after B's window the tuner goes back
+to A for a window, and B stays (the tuner goes to it again) only when its
+rate beat both of A's windows by GAIN: a burst of the machine's load on
+either of A's windows does not make B win, nor one on B's window alone
+make A's later verdicts wrong for long. Otherwise B lost and the tuner
+tries one thread fewer than A (or stays). One window of a busy host can
+still make a better count lose, so a count that lost is barred only for a
+while: HOLD_MIN windows after its first loss, twice as long after each
+loss in a row (up to HOLD_MAX), none once it won. A count that keeps
+losing costs a trial window every HOLD_MAX windows; one that lost to
+noise is tried again soon. The count that a winner replaced is barred in
+the same way.
 
 A window counts the consumer's time, not the wall clock's: a window may
 span two passes of the loader, but the trainer's time between them is in
 none (nor in the threads' shares), and the batches right after a pass
 starts or the threads change (SETTLE: threads start, buffers are made,
 the pipeline fills) count in no window. So a trial under way goes on in
-the next pass. Each window (its count, rate and wait) and each trial that
-changed nothing (won by the count on trial) is logged at DEBUG level on the
-"shmcache" logger.
+the next pass. Each window (its count, rate and wait) is logged at DEBUG
+level on the "shmcache" logger.
 
 Prefetch, every long window (WINDOW_BATCHES batches and DEPTH_WINDOW_S
 seconds): a starved consumer gets a deeper prefetch only when the threads
@@ -74,7 +73,7 @@ IDLE = 0.5
 HELD = 0.05
 MIN_PREFETCH = 2
 GAIN = 0.05       # a trial's thread count stays when its rate is this much higher
-HOLD_MIN = 8      # windows a count is not tried after its first loss ...
+HOLD_MIN = 16     # windows a count is not tried after its first loss ...
 HOLD_MAX = 256    # ... twice as many after each loss in a row, up to this
 SETTLE = 2        # batches after a pass starts or the threads change that no window counts
 
@@ -207,8 +206,6 @@ class AutoTune:
             # A thread more that won its trial: a batch ahead for it to take.
             prefetch = min(max(prefetch, 2 * threads), max(prefetch, self.prefetch_cap()))
         if (threads, prefetch) == (self.threads, self.prefetch):
-            if trial is not None and threads == trial[1]:
-                log.debug("CachedLoader: %s; %d threads stay", why, threads)
             return False
         self._change(why, threads, prefetch)
         return True
@@ -255,27 +252,23 @@ class AutoTune:
 
     def _judge(self, trial: tuple[int, int], rate: float) -> tuple[int, str]:
         """(thread count, why) after a window measured `trial` (A, B) at
-        `rate`: B when it beat A's window before it by GAIN, else A again,
-        whose next window decides (_judge_again)."""
+        `rate`: A again, whose next window decides (_judge_again)."""
         base, tried = trial
         before = self.rates.get(base, 0.0)
-        why = f"{tried} threads delivered {rate:.0f} batches/s against {before:.0f} with {base}"
-        if rate > before * (1 + GAIN):
-            return self._won(base, tried), why
         self._recheck = (base, tried, rate, before)
-        return base, why + f"; {base} measured again"
+        return base, (f"{tried} threads delivered {rate:.0f} batches/s against {before:.0f} "
+                      f"with {base}; {base} measured again")
 
     def _judge_again(self, recheck: tuple[int, int, float, float], rate: float,
                      wait: float) -> tuple[int, str]:
         """(thread count, why) after A's window at `rate` following the
         trial `recheck` (A, B, B's rate, A's rate before it): B when it beat
-        the mean of A's two windows by GAIN, else B lost, and a starved
-        consumer tries the other side of A."""
+        both of A's windows by GAIN, else B lost, and a starved consumer
+        tries the other side of A."""
         base, tried, tried_rate, before = recheck
-        mean = (before + rate) / 2
         why = (f"{tried} threads delivered {tried_rate:.0f} batches/s against {before:.0f} "
                f"and {rate:.0f} with {base} before and after")
-        if tried_rate > mean * (1 + GAIN):
+        if tried_rate > max(before, rate) * (1 + GAIN):
             return self._won(base, tried), why
         self._bar(tried)
         if wait > STARVED:
