@@ -55,8 +55,9 @@ computing a row on a loader thread) is left to the exit, as before.
 
 3. last, the functions given to after_threads() run: what must be done
    once those threads made their last torch call, before the interpreter
-   finalizes (partitioned/gloo_handles.py waits until gloo's threads have
-   freed the exchange's tensors).
+   finalizes (partitioned/gloo_handles.py keeps the tensors of the
+   exchange's last rounds for good, and waits for older ones that gloo's
+   threads still hold).
 
 Thread safety: every function may be called from any thread.
 """

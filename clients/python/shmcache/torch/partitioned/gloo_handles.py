@@ -1,5 +1,5 @@
-"""The tensors the exchange hands to gloo, freed before the interpreter
-finalizes.
+"""The tensors the exchange hands to gloo: none is freed by gloo's thread
+as the interpreter finalizes.
 
 gloo's worker thread (ProcessGroupGloo::runLoop) wakes the waiter of a
 collective, so that work.wait() returns, and only then lets go of the
