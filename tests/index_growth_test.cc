@@ -95,6 +95,7 @@ TEST_F(IntegrationTest, IndexCompactsUnderConcurrentWritersAndBatchReaders) {
     return false;
   };
   std::vector<pid_t> children;
+  children.reserve(kWriters + 2);
   for (int w = 0; w < kWriters; ++w) {
     children.push_back(ForkChild([&, w]() -> int {
       std::unique_ptr<Client> c2;
