@@ -112,8 +112,10 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
 template <bool kOneTable, typename RowFn>
 void CacheImpl::PipelineRows(std::span<const uint64_t> ids, TableSet::Range tables,
                              RowFn&& row_fn) {
-  // One table: the probes and prefetches lose their loop over tables.
-  const IndexTable& one = tables_.table(tables.first);
+  // One table: the probes and prefetches lose their loop over tables. A
+  // copy of its handle (the table stays mapped while tables_ lives): its
+  // fields stay in registers across row_fn's stores.
+  const IndexTable one = tables_.table(tables.first);
   auto find = [&](uint64_t id) __attribute__((always_inline)) {
     if constexpr (kOneTable) return one.Find(id);
     return tables_.FindIn(id, tables);
