@@ -101,7 +101,13 @@ Status ProbeInstanceLock(const std::string& lock_path, bool* held,
 // The same for the host lock (TakeHostLock): its holder, with the run dir
 // and shm dir it wrote ("" when not readable yet: the run dir is written
 // as the lock is taken, the shm dir once the server has chosen it,
-// InstanceLocks::NoteShmDir).
+// InstanceLocks::NoteShmDir). The one reader of the host lock, for the
+// admin and for libshmcache's failed connects (server_elsewhere.h): read
+// only (a shared flock tried without waiting, dropped as the file is
+// closed), never through a link, never blocking (a FIFO there cannot hold
+// it); anything but this user's own regular file is "none" (not held);
+// *out is "none" too when the file cannot be opened (then the error).
+// Thread-safe.
 struct HostLockHolder {
   bool held = false;
   ProcessIdentity owner;

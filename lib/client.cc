@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "common/server_elsewhere.h"
 #include "format/cache_name.h"
 #include "lib/cache_impl.h"
 #include "lib/client_impl.h"
@@ -59,6 +60,13 @@ Status ClientImpl::Create(const ClientOptions& options,
 }
 
 Status ClientImpl::ConnectLocked(Deadline deadline) {
+  Status s = OpenAndHello(deadline);
+  // Read only on a failure, after the connect's wait: a file in /dev/shm
+  // and the holder's /proc entries.
+  return s.ok() ? s : ExplainNoServerHere(port_, paths().run_dir, "", s);
+}
+
+Status ClientImpl::OpenAndHello(Deadline deadline) {
   if (conn_) conn_->Abandon();
   conn_.reset();
   fork_gen_ = ForkGeneration();

@@ -80,8 +80,14 @@ class ClientImpl {
  private:
   using Deadline = std::chrono::steady_clock::time_point;
   ClientImpl() = default;
-  // Opens the connection and says hello, both by `deadline`.
+  // Opens the connection and says hello, both by `deadline`. Unavailable
+  // names, where the port's host lock tells, a server of this user that
+  // runs with another run dir, or this run dir's, stopped
+  // (common/server_elsewhere.h): the "start it" of Connection::Open would
+  // be refused.
   Status ConnectLocked(Deadline deadline) REQUIRES(mu_);
+  // ConnectLocked without that explanation.
+  Status OpenAndHello(Deadline deadline) REQUIRES(mu_);
   // Sends `request` as a body of `type`; on success *reader reads the
   // answer's payload (it points into *body). Reconnects first when needed
   // and `reconnect`, else fails with Unavailable.

@@ -11,10 +11,10 @@
 
 #include "clients/admin/cli_args.h"
 #include "clients/admin/output.h"
-#include "clients/admin/server_elsewhere.h"
 #include "clients/admin/start_server.h"
 #include "clients/admin/stop_server.h"
 #include "common/metrics.h"
+#include "common/server_elsewhere.h"
 #include "common/size_text.h"
 #include "format/instance.h"
 #include "shmcache/client.h"
@@ -176,7 +176,11 @@ int main(int argc, char** argv) {
   if (a.command == Command::kStop) return RunStop(co, port, a.server.shm_dir);
   std::unique_ptr<Client> client;
   s = Client::Connect(co, &client);
-  if (!s.ok()) return Fail(ExplainNoServerHere(co, CommandText(a), s).message());
+  // The library's message names a server of the port running elsewhere or
+  // stopped; asked again here, it names the command that reaches it.
+  if (!s.ok()) {
+    return Fail(ExplainNoServerHere(port, co.run_dir, CommandText(a), s).message());
+  }
 
   switch (a.command) {
     case Command::kGenerate: {

@@ -15,10 +15,10 @@
 
 #include <fmt/format.h>
 
-#include "clients/admin/server_elsewhere.h"
 #include "common/instance_lock.h"
 #include "common/process_identity.h"
 #include "common/process_state.h"
+#include "common/server_elsewhere.h"
 #include "format/instance.h"
 #include "shmcache/client.h"
 

@@ -274,6 +274,20 @@ def continued_after(pid):
     return undone_at_end('kill -CONT "$1" 2>/dev/null; exit 0', str(pid))
 
 
+def stopped(pid):
+    """Whether every thread of `pid` is stopped (SIGSTOP takes each in
+    turn: kill() returns before a thread running on another CPU has
+    stopped, and such a thread could still answer a request)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass
+    return bool(states) and all(s == "T" for s in states)
+
+
 def own_shm_dir(undo, tag):
     """/dev/shm/shmcache-test-<pytest pid>-<tag> (the prefix leak_check
     counts as this run's), made now; removed when the ExitStack `undo`

@@ -4,9 +4,13 @@ raise as DatasetCache's do (TypeError for a wrong type, ValueError for a
 value out of range, naming the argument) instead of the native module's
 "incompatible function arguments" dump."""
 
+import os
+import signal
+
 import pytest
 
 import shmcache
+from conftest import continued_after, stopped, wait_for
 
 
 def test_sessions_caches_listing_and_server_info(server, session):
@@ -134,3 +138,44 @@ def test_open_cache_arguments_are_checked(server, session):
         args.update(kwargs)
         with pytest.raises(ValueError, match=name):
             c.open_cache(**args)
+
+
+def _port_arg(port):
+    return f" -p {port}" if port != 50052 else ""
+
+
+def test_a_client_of_another_run_dir_is_told_which_server_runs_on_the_port(
+        server, tmp_path):
+    """No server in the run dir it looks in, one of this user's on the port
+    with another run dir: the library's error names that server (its run
+    dir and pid) and how to reach or stop it, where it said "not running;
+    start it with 'shmcache --start'" (a start that is refused)."""
+    here = tmp_path / "here"
+    here.mkdir(mode=0o700)
+    with pytest.raises(shmcache.UnavailableError) as e:
+        shmcache.Client(port=server.port, run_dir=str(here))
+    p = _port_arg(server.port)
+    assert str(e.value) == (
+        f"Unavailable: no cache server is running on port {server.port} with run dir "
+        f"{here}; a server of yours on port {server.port} runs with run dir "
+        f"{server.run_dir} (process id {server.pid}), and a user has one server per "
+        f"port: use it by running this process with SHMCACHE_RUN_DIR={server.run_dir}, "
+        f"or stop it with 'SHMCACHE_RUN_DIR={server.run_dir} shmcache --stop{p}' before "
+        "starting one here")
+    shmcache.Client(port=server.port, run_dir=str(server.run_dir))   # what it says works
+
+
+def test_a_stopped_server_is_named_as_stopped(server):
+    """A server stopped by SIGSTOP (Ctrl-Z, a debugger) accepts the
+    connection and answers nothing: the error says it is stopped and how to
+    resume it, where it said "unreachable (timed out)"."""
+    with continued_after(server.pid):
+        os.kill(server.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(server.pid), what="the server stopped")
+        with pytest.raises(shmcache.UnavailableError) as e:
+            shmcache.Client(port=server.port, run_dir=str(server.run_dir), timeout_ms=200)
+    assert str(e.value) == (
+        f"Unavailable: the cache server on port {server.port} (process id {server.pid}) "
+        "is stopped (SIGSTOP, Ctrl-Z or a debugger) and answers nothing: resume it with "
+        f"'kill -CONT {server.pid}', or stop it with 'shmcache --stop{_port_arg(server.port)}'")
+    shmcache.Client(port=server.port, run_dir=str(server.run_dir))   # resumed, it answers

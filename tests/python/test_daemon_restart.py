@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import continued_after, wait_for
+from conftest import continued_after, stopped, wait_for
 
 pytest.importorskip("torch")
 
@@ -123,19 +123,6 @@ print(json.dumps({"stored": stored, "later": later, "warnings": said,
 
 # recvmsg's system call number, by machine.
 RECVMSG = {"x86_64": 47, "aarch64": 212}
-
-
-def stopped(pid):
-    """Whether every thread of `pid` is stopped (SIGSTOP takes each in
-    turn)."""
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            pass
-    return bool(states) and all(s == "T" for s in states)
 
 
 def waits_for_an_answer(pid):

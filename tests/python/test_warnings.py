@@ -66,10 +66,11 @@ def test_a_full_cache_is_named_by_its_name_and_session(start_server):
 def test_a_server_under_another_run_dir_is_named_not_started_again(
         server, session, monkeypatch, tmp_path):
     """No server answers in this process's run dir, but one of this user
-    runs on the port with another: the warning names its run dir and the
-    SHMCACHE_RUN_DIR that reaches it, where it said "not running ... start
-    it with 'shmcache --start'", a start that is refused (one server per
-    user and port)."""
+    runs on the port with another: the warning names its run dir, its pid
+    and the SHMCACHE_RUN_DIR that reaches it, where it said "not running ...
+    start it with 'shmcache --start'", a start that is refused (one server
+    per user and port). The words are the library's (what every client of
+    it says: test_client.py, tests/server_elsewhere_test.cc)."""
     here = tmp_path / "elsewhere"
     here.mkdir(mode=0o700)
     monkeypatch.setenv("SHMCACHE_RUN_DIR", str(here))
@@ -78,12 +79,15 @@ def test_a_server_under_another_run_dir_is_named_not_started_again(
         c = DatasetCache(session, port=server.port)
         assert c.put(1, MB) is False and c.get(1) is None
     (msg,) = cache_warnings(w)
+    p = f" -p {server.port}" if server.port != 50052 else ""
     assert msg == (
-        f"shmcache: no cache server answers on port {server.port} with run dir {here}, "
-        f"but a server of yours runs on that port with run dir {server.run_dir}; the "
-        f"cache is bypassed and rows are read from the source. Fix: set "
-        f"SHMCACHE_RUN_DIR={server.run_dir} for this process to use that server (a "
-        f"user has one server per port)"), msg
+        f"shmcache: the cache server is unreachable (Unavailable: no cache server is "
+        f"running on port {server.port} with run dir {here}; a server of yours on port "
+        f"{server.port} runs with run dir {server.run_dir} (process id {server.pid}), and "
+        f"a user has one server per port: use it by running this process with "
+        f"SHMCACHE_RUN_DIR={server.run_dir}, or stop it with "
+        f"'SHMCACHE_RUN_DIR={server.run_dir} shmcache --stop{p}' before starting one "
+        f"here); the cache is bypassed and rows are read from the source"), msg
 
 
 def test_size_mb_0_over_a_used_up_cap_says_what_holds_it_and_what_to_do(start_server):

@@ -27,7 +27,6 @@ from ._checks import (MAX_INT32, MAX_SIZE_MB, MAX_UINT32, check_id, check_int, c
                       check_names, ids_array, port_arg, session_from_env)
 from ._degrade import (CacheFigures, CacheWarning, ServerInfo, State, cap_bound,
                        describe)
-from ._elsewhere import default_run_dir, server_elsewhere
 from ._read_into import batch_targets
 from ._shmcache import (Error, FingerprintMismatchError, FullError,
                         InvalidArgumentError, NotFoundError, NotSupportedError,
@@ -35,7 +34,7 @@ from ._shmcache import (Error, FingerprintMismatchError, FullError,
 from ._user_line import Origin, quietly, said_quietly, user_line, warn
 from ._warned_flag import WarnedFlag
 from .async_put import EXIT_FLUSH_S, flush_into
-from .rows import (DEFAULT_PORT, LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
+from .rows import (LOCAL_HOSTS, MAX_PORT, MAX_ROW_ID, MIN_PORT,
                    Column, ColumnSelection, column_names, encode)
 from .stats import CacheStats
 
@@ -352,32 +351,10 @@ class DatasetCache:
             raise self._no_session() from None
         except InvalidArgumentError:
             raise
-        except UnavailableError as e:
-            if not self._served_elsewhere():
-                self._degrade(State.BYPASSED, e)
         except Error as e:
+            # (An unreachable server's message is the library's: it names a
+            # server of this user running elsewhere on the port, or stopped.)
             self._degrade(State.BYPASSED, e)
-
-    def _served_elsewhere(self) -> bool:
-        """Bypassed, with the warning that names it, when no server answers
-        in this process's run dir but one of this user runs on the port
-        with another run dir: the library's "start it" would be refused."""
-        try:
-            port = self.port or int(os.environ.get("SHMCACHE_PORT") or DEFAULT_PORT)
-        except ValueError:
-            return False
-        here = default_run_dir()
-        there = server_elsewhere(port, here)
-        if there is None:
-            return False
-        self._state = State.BYPASSED
-        if not self._warning_said():
-            self._warn_once(
-                f"no cache server answers on port {port} with run dir {here}, but a "
-                f"server of yours runs on that port with run dir {there}",
-                f"set SHMCACHE_RUN_DIR={there} for this process to use that server "
-                "(a user has one server per port)")
-        return True
 
     def _open(self) -> _shmcache.Cache | None:
         """The native cache, or None when the cache is bypassed."""
