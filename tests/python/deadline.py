@@ -1,6 +1,7 @@
 """A deadline per test for the Python suites (its hooks are conftest's): a
 test whose setup, call and teardown together run past
-SHMCACHE_TEST_DEADLINE_S (default DEFAULT_S) fails, with every thread's
+SHMCACHE_TEST_DEADLINE_S (default DEFAULT_S; a test that needs longer
+says so with @pytest.mark.deadline(seconds)) fails, with every thread's
 stack, instead of hanging the suite (CI has one limit, 90 minutes, for
 everything: a hang fails every suite).
 
@@ -43,8 +44,10 @@ class TestDeadline(Exception):
     __test__ = False    # not a test class, despite its name
 
 
-def deadline_s():
-    return float(os.environ.get("SHMCACHE_TEST_DEADLINE_S", DEFAULT_S))
+def deadline_s(item):
+    mark = item.get_closest_marker("deadline")
+    own = float(mark.args[0]) if mark is not None else 0.0
+    return max(own, float(os.environ.get("SHMCACHE_TEST_DEADLINE_S", DEFAULT_S)))
 
 
 def _stacks():
@@ -58,11 +61,13 @@ def pytest_configure(config):
     # Captured output is suspended while pytest configures: fd 2 is the
     # terminal's (or CI's log) here, not a test's capture file.
     _stderr = os.fdopen(os.dup(2), "w")
+    config.addinivalue_line("markers", "deadline(seconds): this test's deadline, when "
+                            "longer than SHMCACHE_TEST_DEADLINE_S (deadline.py)")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    limit = deadline_s()
+    limit = deadline_s(item)
     state = item.stash[_state] = {"message": None, "reported": False}
 
     def passed_deadline(signum, frame):
