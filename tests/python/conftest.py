@@ -41,7 +41,7 @@ import pytest
 import leak_check
 # The per-test deadline's hooks (deadline.py says how).
 from deadline import (pytest_configure, pytest_runtest_makereport,  # noqa: F401
-                      pytest_runtest_protocol)
+                      pytest_runtest_protocol, pytest_unconfigure)
 
 # Every server a test starts (shmcache --start reads this) stops by itself
 # when this pytest process ends, even killed or crashed before its fixtures

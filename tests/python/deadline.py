@@ -65,6 +65,11 @@ def pytest_configure(config):
                             "longer than SHMCACHE_TEST_DEADLINE_S (deadline.py)")
 
 
+def pytest_unconfigure(config):
+    if _stderr is not None:
+        _stderr.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     limit = deadline_s(item)
