@@ -361,6 +361,26 @@ class Ticket:
         return self._rows
 
 
+def _unlist_from_sigchld_reports(passes: Any) -> None:
+    """Takes the workers of the pool's DataLoader iterator `passes` out of
+    torch's list of the workers its SIGCHLD handler reports (torch has no
+    public switch for it). That handler, once a DataLoader iterated in the
+    main thread installed it (a script's validation loader), raises a
+    listed dead worker's report in the main thread at the next child's
+    exit (its own, mostly), at whatever runs there: raised inside a threading.Condition's
+    __enter__, after its lock's acquire (a queue put, an Event.set, a
+    pass's own condition), it leaves that lock held, and the next user
+    waits for it for good (the hang of DataLoader.__del__ in CI at
+    6fb8df5). The pool reports its workers' deaths itself (_check_workers,
+    within POLL_S, as the failure of every batch waiting for them); torch
+    would raise them in a thread that is not waiting for them. The
+    iterator then does not remove them again at its shutdown."""
+    if getattr(passes, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+        signal_handling._remove_worker_pids(id(passes))
+        passes._worker_pids_set = False
+
+
 def _exit_status(pid: int) -> str | None:
     """How worker `pid` ended, in DataLoader's words; None while it runs."""
     try:
@@ -545,7 +565,9 @@ class MissWorkers:
         interpreter finalizes."""
         with waits_are_slices():
             try:
-                for _ in loader:
+                passes = iter(loader)
+                _unlist_from_sigchld_reports(passes)
+                for _ in passes:
                     pass
             except BaseException as e:   # noqa: BLE001 -- fails the pool
                 self._fail(e)
