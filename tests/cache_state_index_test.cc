@@ -89,8 +89,9 @@ TEST_F(CacheStateTest, AnIndexLeftMidCompactionIsAdoptedAndCompactedAtTheNextGro
   auto loc = [](uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); };
   for (uint64_t id = 0; id < 2000; ++id) {
     ASSERT_EQ(table0.Insert(id, loc(id)), IndexTable::InsertResult::kInserted);
-    if (id < 1000)
+    if (id < 1000) {
       ASSERT_EQ(table1.Insert(id, loc(id)), IndexTable::InsertResult::kInserted);
+    }
   }
   MemoryAccount fresh;
   fresh.cap = 1024 * kMB;
