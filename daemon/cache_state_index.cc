@@ -105,7 +105,10 @@ void CacheState::CompactIndex(MemoryAccount* account) {
   }
   // Every row of the older tables is in the newest: lookups may stop there.
   header_->first_table.store(newest, std::memory_order_release);
-  for (uint32_t g = first; g < newest; ++g) FreeTableSlots(g);
+  // Those compacted away before too: a read of a freed page (a reader or
+  // writer whose tables were stale) allocates it again on tmpfs, bytes no
+  // longer counted; freeing an already free page costs next to nothing.
+  for (uint32_t g = 0; g < newest; ++g) FreeTableSlots(g);
   uint64_t freed = 0;
   for (uint32_t g = first; g < newest; ++g) freed += tables_[g].size() - TableBytes(g);
   file_bytes_ -= freed;
