@@ -516,7 +516,7 @@ class CachedDataset(Dataset):
         cols = self.columns
         if cols is None:
             return sample
-        if not isinstance(sample, (tuple, list, dict)):
+        if not _has_columns(sample):
             # One value (an array, a tensor): a hit of it has no column "#0",
             # so neither has the sample (sample[0] would be its first row).
             raise KeyError(_no_column(sample, cols))
@@ -530,6 +530,12 @@ class CachedDataset(Dataset):
             # A computed sample says what a hit's read says (row_model.cc):
             # not "tuple index out of range".
             raise KeyError(_no_column(sample, cols)) from None
+
+
+def _has_columns(sample: Any) -> bool:
+    """Whether a sample is stored as columns (a tuple, list or dict), not as
+    one value."""
+    return isinstance(sample, (tuple, list, dict))
 
 
 def _no_column(sample: Any, cols: ColumnSelection) -> str:
