@@ -264,6 +264,9 @@ def test_len_samplers_batch_sampler_and_arguments(server, session):
         CachedLoader(ds)
     with pytest.raises(ValueError, match="num_threads"):
         CachedLoader(cds, num_threads=0)
+    for bad in (0, -1, "1G", 1.5, True):    # it was taken, and held one batch
+        with pytest.raises(ValueError, match="max_prefetch_bytes is a size in bytes"):
+            CachedLoader(cds, max_prefetch_bytes=bad)
     # A plain dataset and cache= build the CachedDataset.
     assert_same_batches(cached_batches(CachedLoader(ds, cache=DatasetCache(session),
                                                     batch_size=30).dataset,

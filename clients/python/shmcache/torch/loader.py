@@ -248,6 +248,10 @@ class CachedLoader(DataLoader[T_co]):
         self.transform = self._sample_transform(
             None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = batch_device(device, pin_memory)
+        if isinstance(max_prefetch_bytes, bool) or not isinstance(max_prefetch_bytes, int) \
+                or max_prefetch_bytes < 1:
+            raise ValueError("max_prefetch_bytes is a size in bytes (>= 1; default 1 GiB), "
+                             f"got {max_prefetch_bytes!r}")
         threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._state = LoaderState(AutoTune(threads, depth, auto_t, auto_p,
