@@ -232,6 +232,11 @@ class CachedDataset(Dataset):
         if isinstance(put_queue, bool) or not isinstance(put_queue, int) \
                 or put_queue < 1:
             raise ValueError(f"put_queue is a size in bytes (>= 1), got {put_queue!r}")
+        for arg, f in (("transform", transform), ("target_transform", target_transform),
+                       ("transforms", transforms)):
+            if f is not None and not callable(f):
+                raise TypeError(f"{arg} must be callable (a function or a torchvision "
+                                f"transform), or None; got {type(f).__name__}")
         if transforms is not None and (transform is not None
                                        or target_transform is not None):
             raise ValueError("pass transforms= (the whole sample) or "
