@@ -244,6 +244,9 @@ class CachedLoader(DataLoader[T_co]):
                          multiprocessing_context, generator, prefetch_factor=prefetch_factor,
                          persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device)
+        for arg, f in (("transform", transform), ("batch_transform", batch_transform)):
+            if f is not None and not callable(f):
+                raise TypeError(f"{arg} must be callable, or None; got {type(f).__name__}")
         self.batch_transform = batch_transform
         self.transform = self._sample_transform(
             None if _plain(dataset) else dataset.apply_transforms, transform)
