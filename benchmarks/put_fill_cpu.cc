@@ -3,9 +3,11 @@
 // puts `rows` rows of `row_kb` KB, PutBatch of `batch` (1: Put), into a
 // new cache of a new session, and prints its own CPU (getrusage) and the
 // daemon's (/proc/PID/stat) around the puts, per row. CPU, not walls: the
-// project's machine is shared.
+// project's machine is shared. With `spill` the cache is a 1 MB spilling
+// one, so that (past its first MB) the rows go to the daemon's RocksDB
+// (issue 36 item 4); the wall rate is printed too.
 //
-//   put_fill_cpu PORT DAEMON_PID ROW_KB ROWS [BATCH]
+//   put_fill_cpu PORT DAEMON_PID ROW_KB ROWS [BATCH] [spill]
 //
 // Run by hand, against a server started with its own run dir. Measures;
 // asserts nothing but that every row was stored.
@@ -50,6 +52,12 @@ double OwnCpu() {
   return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
+double Now() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
+}
+
 int Fail(const char* what, const Status& s) {
   std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
   return 1;
@@ -59,13 +67,15 @@ int Fail(const char* what, const Status& s) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: put_fill_cpu PORT DAEMON_PID ROW_KB ROWS [BATCH]\n");
+    std::fprintf(stderr,
+                 "usage: put_fill_cpu PORT DAEMON_PID ROW_KB ROWS [BATCH] [spill]\n");
     return 2;
   }
   const int port = std::atoi(argv[1]), pid = std::atoi(argv[2]);
   const size_t row_bytes = std::strtoull(argv[3], nullptr, 10) << 10;
   const uint64_t rows = std::strtoull(argv[4], nullptr, 10);
   const size_t batch = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 64;
+  const bool spill = argc > 6 && std::string(argv[6]) == "spill";
   std::unique_ptr<shmcache::Client> client;
   Status s = shmcache::Client::Connect({.port = port}, &client);
   if (!s.ok()) return Fail("connect", s);
@@ -75,7 +85,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<shmcache::Cache> cache;
   s = client->OpenCache({.session_id = session,
                          .fingerprint = "put-fill-cpu",
-                         .size_mb = row_bytes * rows * 5 / 4 / (1 << 20) + 64},
+                         .size_mb = spill ? 1 : row_bytes * rows * 5 / 4 / (1 << 20) + 64,
+                         .spill_requested = spill},
                         &cache);
   if (!s.ok()) return Fail("open", s);
   std::vector<unsigned char> data(row_bytes * batch);
@@ -92,7 +103,7 @@ int main(int argc, char** argv) {
   }
   std::vector<uint64_t> ids(batch);
   std::vector<Status> statuses(batch);
-  const double d0 = DaemonCpu(pid), c0 = OwnCpu();
+  const double d0 = DaemonCpu(pid), c0 = OwnCpu(), t0 = Now();
   for (uint64_t first = 0; first < rows; first += batch) {
     const size_t n = std::min<uint64_t>(batch, rows - first);
     for (size_t i = 0; i < n; ++i) ids[i] = first + i;
@@ -107,11 +118,12 @@ int main(int argc, char** argv) {
       if (!statuses[i].ok()) return Fail("row", statuses[i]);
     }
   }
-  const double c1 = OwnCpu(), d1 = DaemonCpu(pid);
+  const double t1 = Now(), c1 = OwnCpu(), d1 = DaemonCpu(pid);
   std::printf(
-      "row_kb=%zu rows=%llu batch=%zu writer_us=%.3f daemon_us=%.3f total_us=%.3f\n",
+      "row_kb=%zu rows=%llu batch=%zu rows_per_s=%.0f writer_us=%.3f daemon_us=%.3f "
+      "total_us=%.3f\n",
       row_bytes >> 10, static_cast<unsigned long long>(rows), batch,
-      (c1 - c0) * 1e6 / static_cast<double>(rows),
+      static_cast<double>(rows) / (t1 - t0), (c1 - c0) * 1e6 / static_cast<double>(rows),
       (d1 - d0) * 1e6 / static_cast<double>(rows),
       (c1 - c0 + d1 - d0) * 1e6 / static_cast<double>(rows));
   cache.reset();

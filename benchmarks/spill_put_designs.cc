@@ -16,6 +16,7 @@
 // the process's CPU seconds per row until then and after a final flush
 // (which the WAL designs owe and ingestion does not).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -166,6 +167,10 @@ void Xxh3(rocksdb::Options* o) {
   o->table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
 }
 
+// The write-ahead log's directory of the design that keeps it in shared
+// memory (tmpfs); removed by Run after each use.
+std::string g_shm_wal;
+
 std::shared_ptr<rocksdb::FileSystem> g_nosync_fs = std::make_shared<NoSyncFs>();
 std::unique_ptr<rocksdb::Env> g_nosync_env = rocksdb::NewCompositeEnv(g_nosync_fs);
 
@@ -197,6 +202,12 @@ std::vector<Design> Designs() {
                64, 1u << 20});
   d.push_back({"WriteBatch <= 1 MB, WAL on, 64 MB x 4 memtables",
                [](rocksdb::Options* o) { o->write_buffer_size = 64u << 20; },
+               batch(true, false), 64, 1u << 20});
+  d.push_back({"WriteBatch <= 1 MB, WAL on, WAL in /dev/shm",
+               [](rocksdb::Options* o) { o->wal_dir = g_shm_wal; }, batch(true, false),
+               64, 1u << 20});
+  d.push_back({"WriteBatch <= 1 MB, WAL on, no fallocate",
+               [](rocksdb::Options* o) { o->allow_fallocate = false; },
                batch(true, false), 64, 1u << 20});
   d.push_back({"WriteBatch <= 1 MB, WAL on, unordered_write",
                [](rocksdb::Options* o) { o->unordered_write = true; }, batch(true, false),
@@ -278,6 +289,7 @@ Figure Run(const Design& d, const Rows& rows, uint64_t n, const std::string& dir
   db.reset();
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir + ".stage");
+  std::filesystem::remove_all(g_shm_wal);
   return f;
 }
 
@@ -307,6 +319,7 @@ int main(int argc, char** argv) {
   const uint64_t mb = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 128;
   const std::string filter = argc > 4 ? argv[4] : "";
   const bool shuffled = argc > 5 && std::string(argv[5]) == "shuffled";
+  g_shm_wal = "/dev/shm/spill_put_designs." + std::to_string(getpid()) + ".wal";
   std::vector<Design> designs = Designs();
   std::mt19937_64 rng(7);
   std::map<std::pair<size_t, std::string>, std::vector<Figure>> figs;

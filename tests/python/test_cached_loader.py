@@ -525,6 +525,16 @@ def test_autotune_adds_threads_for_a_slow_producer(server, session, caplog):
     assert len(lines) == st["tuning_changes"]
 
 
+def test_autotune_starts_from_one_thread_on_a_single_cpu(server, session, monkeypatch):
+    from shmcache.torch import loader as loader_mod
+    cds = CachedDataset(Images(8, side=4), DatasetCache(session))
+    monkeypatch.setattr(loader_mod, "usable_cpus", lambda: 1)
+    assert CachedLoader(cds, batch_size=2).stats()["num_threads"] == 1
+    assert CachedLoader(cds, batch_size=2, num_threads=2).stats()["num_threads"] == 2
+    monkeypatch.setattr(loader_mod, "usable_cpus", lambda: 16)
+    assert CachedLoader(cds, batch_size=2).stats()["num_threads"] == 2
+
+
 def test_autotune_gives_back_for_a_slow_consumer(server, session, caplog):
     cds = CachedDataset(Images(40, side=4), DatasetCache(session))
     fill(cds, range(40))

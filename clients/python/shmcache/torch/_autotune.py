@@ -15,12 +15,27 @@ at least): a consumer that waits more than STARVED of its step tries one
 thread more (up to max_threads). More threads are not always faster: once
 the CPUs are busy they take turns, and a consumer that does little waits
 whatever the count, so its wait says nothing of whether a thread helps.
-So a new count is a trial until its window measured it: it stays when its
-rate beat the count it came from by GAIN (which is then barred),
-otherwise it is barred and the tuner tries one thread fewer than the count
-it came from, or goes back to it. A barred count is not tried for HOLD
-windows. The batches right after a change of the threads (SETTLE: a
-thread starts, buffers are made) count in no window.
+So a new count B is a trial until it was measured against the count A
+it came from on both sides (A/B/A): after B's window the tuner goes back
+to A for a window, and B stays (the tuner goes to it again) only when its
+rate beat both of A's windows by GAIN: a burst of the machine's load on
+either of A's windows does not make B win, nor one on B's window alone
+make A's later verdicts wrong for long. Otherwise B lost and the tuner
+tries one thread fewer than A (or stays). One window of a busy host can
+still make a better count lose, so a count that lost is barred only for a
+while: HOLD_MIN windows after its first loss, twice as long after each
+loss in a row (up to HOLD_MAX), none once it won. A count that keeps
+losing costs a trial window every HOLD_MAX windows; one that lost to
+noise is tried again soon. The count that a winner replaced is barred in
+the same way.
+
+A window counts the consumer's time, not the wall clock's: a window may
+span two passes of the loader, but the trainer's time between them is in
+none (nor in the threads' shares), and the batches right after a pass
+starts or the threads change (SETTLE: threads start, buffers are made,
+the pipeline fills) count in no window. So a trial under way goes on in
+the next pass. Each window (its count, rate and wait) is logged at DEBUG
+level on the "shmcache" logger.
 
 Prefetch, every long window (WINDOW_BATCHES batches and DEPTH_WINDOW_S
 seconds): a starved consumer gets a deeper prefetch only when the threads
@@ -41,14 +56,14 @@ holds for its later passes. Thread safe (one lock).
 import logging
 import os
 import threading
-import time
 
 __all__ = ["AutoTune", "usable_cpus"]
 
 log = logging.getLogger("shmcache")
 
-# A thread trial's window: enough batches, and long enough to span a few of
-# the scheduler's slices (a batch of small rows takes under a millisecond).
+# A thread trial's window: enough batches, and long enough (in the
+# consumer's time) to span a few of the scheduler's slices (a batch of
+# small rows takes under a millisecond).
 WINDOW_BATCHES = 8
 WINDOW_S = 0.02
 DEPTH_WINDOW_S = 0.2
@@ -58,15 +73,17 @@ IDLE = 0.5
 HELD = 0.05
 MIN_PREFETCH = 2
 GAIN = 0.05       # a trial's thread count stays when its rate is this much higher
-HOLD = 100        # windows during which a count that lost is not tried again
-SETTLE = 2        # batches after a change of the threads that no window counts
+HOLD_MIN = 16     # windows a count is not tried after its first loss ...
+HOLD_MAX = 256    # ... twice as many after each loss in a row, up to this
+SETTLE = 2        # batches after a pass starts or the threads change that no window counts
 
 
 class _Window:
-    """The consumer's steps and the threads' times since `t0`."""
+    """The consumer's steps and the threads' times since the window began
+    (busy0, held0: the threads' counts then)."""
 
-    def __init__(self, now: float, busy_s: float, held_s: float) -> None:
-        self.t0, self.busy0, self.held0 = now, busy_s, held_s
+    def __init__(self, busy_s: float, held_s: float) -> None:
+        self.busy0, self.held0 = busy_s, held_s
         self.batches, self.wait, self.step = 0, 0.0, 0.0
 
     def add(self, waited: float, step: float) -> None:
@@ -74,8 +91,8 @@ class _Window:
         self.wait += waited
         self.step += step
 
-    def full(self, now: float, seconds: float) -> bool:
-        return self.batches >= WINDOW_BATCHES and now - self.t0 >= seconds
+    def full(self, seconds: float) -> bool:
+        return self.batches >= WINDOW_BATCHES and self.step >= seconds
 
     def wait_share(self) -> float:
         return self.wait / self.step if self.step > 0 else 0.0
@@ -83,10 +100,10 @@ class _Window:
     def rate(self) -> float:
         return self.batches / self.step if self.step > 0 else 0.0
 
-    def thread_share(self, now: float, seconds: float, threads: int) -> float:
-        """`seconds` (of the threads' count since t0) as a share of the
-        window's thread time."""
-        return seconds / ((now - self.t0) * max(1, threads)) if now > self.t0 else 0.0
+    def thread_share(self, seconds: float, threads: int) -> float:
+        """`seconds` (of the threads' count in the window) as a share of
+        the window's thread time."""
+        return seconds / (self.step * max(1, threads)) if self.step > 0 else 0.0
 
 
 class AutoTune:
@@ -100,19 +117,31 @@ class AutoTune:
         self.rates: dict[int, float] = {}    # the latest rate measured by thread count
         # (count it came from, count on trial) while a window measures a trial.
         self._trial: tuple[int, int] | None = None
+        # (A, B, B's rate, A's rate before) while A's window after B's trial is measured.
+        self._recheck: tuple[int, int, float, float] | None = None
         self._barred: dict[int, int] = {}    # thread count -> windows it is not tried
+        self._losses: dict[int, int] = {}    # thread count -> its trials lost in a row
+        self._grew = False     # the window just judged: a thread more won its trial
         self._lock = threading.Lock()
         self._held_s = 0.0
+        # The threads' counts at the last batch observed (skipped batches
+        # move the windows' starts by what they added).
+        self._seen = (0.0, 0.0)
         self._skip = SETTLE
-        now = time.monotonic()
-        self._short = _Window(now, 0.0, 0.0)
-        self._long = _Window(now, 0.0, 0.0)
+        self._short = _Window(0.0, 0.0)
+        self._long = _Window(0.0, 0.0)
 
     def prefetch_cap(self) -> int:
         """The deepest prefetch that max_bytes holds (at least 1)."""
         if not self.batch_bytes:
             return self.prefetch
         return max(1, self.max_bytes // self.batch_bytes)
+
+    def start_pass(self) -> None:
+        """A pass of the loader starts: its first SETTLE batches count in
+        no window (the pipeline fills)."""
+        with self._lock:
+            self._skip = SETTLE
 
     def held(self, seconds: float) -> None:
         """A loader thread waited `seconds` for a prefetch slot."""
@@ -126,25 +155,31 @@ class AutoTune:
         when the settings changed."""
         with self._lock:
             self.batch_bytes = max(self.batch_bytes, batch_bytes)
-            now = time.monotonic()
+            seen, self._seen = self._seen, (busy_s, self._held_s)
+            if self._skip:
+                # Neither the step nor the threads' times of a skipped batch
+                # count in a window.
+                self._skip -= 1
+                for w in (self._short, self._long):
+                    w.busy0 += busy_s - seen[0]
+                    w.held0 += self._held_s - seen[1]
+                return False
             changed = False
             long = self._long
             long.add(waited, step)
-            if long.full(now, DEPTH_WINDOW_S):
-                self._long = _Window(now, busy_s, self._held_s)
+            if long.full(DEPTH_WINDOW_S):
+                self._long = _Window(busy_s, self._held_s)
                 changed = self.decide_depth(
-                    long.wait_share(), long.thread_share(now, busy_s - long.busy0, live_threads),
-                    long.thread_share(now, self._held_s - long.held0, 1))
-            if self._skip:
-                self._skip -= 1
-                if not self._skip:
-                    self._short = _Window(now, busy_s, self._held_s)
-            else:
-                short = self._short
-                short.add(waited, step)
-                if short.full(now, WINDOW_S):
-                    self._short = _Window(now, busy_s, self._held_s)
-                    changed = self.decide_threads(short.wait_share(), short.rate()) or changed
+                    long.wait_share(), long.thread_share(busy_s - long.busy0, live_threads),
+                    long.thread_share(self._held_s - long.held0, 1))
+            short = self._short
+            short.add(waited, step)
+            if short.full(WINDOW_S):
+                self._short = _Window(busy_s, self._held_s)
+                log.debug("CachedLoader: a window of %d batches with %d threads: "
+                          "%.0f batches/s, consumer waited %.0f%%", short.batches,
+                          self.threads, short.rate(), 100 * short.wait_share())
+                changed = self.decide_threads(short.wait_share(), short.rate()) or changed
             return changed
 
     def decide_threads(self, wait: float, rate: float) -> bool:
@@ -154,21 +189,21 @@ class AutoTune:
         it wants."""
         self._barred = {k: n - 1 for k, n in self._barred.items() if n > 1}
         trial, self._trial = self._trial, None
+        recheck, self._recheck = self._recheck, None
         if not self.auto_threads:
             return False
-        threads = self.threads
+        threads, why = self.threads, f"consumer waited {100 * wait:.0f}% of the step"
+        self._grew = False
         if trial is not None:
-            threads = self._judge(trial, rate)
-            why = (f"{trial[1]} threads delivered {rate:.0f} batches/s against "
-                   f"{self.rates.get(trial[0], 0.0):.0f} with {trial[0]}")
-        else:
-            why = f"consumer waited {100 * wait:.0f}% of the step"
-            if wait > STARVED:
-                threads = self._next_trial(threads, +1)
+            threads, why = self._judge(trial, rate)
+        elif recheck is not None:
+            threads, why = self._judge_again(recheck, rate, wait)
+        elif wait > STARVED:
+            threads = self._next_trial(threads, +1)
         self.rates[self.threads] = rate
         prefetch = self.prefetch
-        if trial is not None and threads == trial[1] > trial[0] and self.auto_prefetch:
-            # A thread more that stays: a batch ahead for it to take.
+        if self._grew and self.auto_prefetch:
+            # A thread more that won its trial: a batch ahead for it to take.
             prefetch = min(max(prefetch, 2 * threads), max(prefetch, self.prefetch_cap()))
         if (threads, prefetch) == (self.threads, self.prefetch):
             return False
@@ -183,7 +218,7 @@ class AutoTune:
         if wait > STARVED:
             if self.auto_prefetch and held > HELD:
                 prefetch = max(prefetch + 2, 2 * threads)
-        elif wait < FED and busy < IDLE and self._trial is None:
+        elif wait < FED and busy < IDLE and self._trial is None and self._recheck is None:
             if self.auto_threads:
                 threads = max(1, threads - 1)
             if self.auto_prefetch:
@@ -215,17 +250,43 @@ class AutoTune:
                 return t
         return threads
 
-    def _judge(self, trial: tuple[int, int], rate: float) -> int:
-        """The thread count after a window measured `trial` (from, to) at
-        `rate`: `to` when it beat `from` by GAIN (`from` is then barred),
-        else `to` is barred and the other side of `from` is tried, or
-        `from` is taken back."""
+    def _judge(self, trial: tuple[int, int], rate: float) -> tuple[int, str]:
+        """(thread count, why) after a window measured `trial` (A, B) at
+        `rate`: A again, whose next window decides (_judge_again)."""
         base, tried = trial
-        if rate > self.rates.get(base, 0.0) * (1 + GAIN):
-            self._barred[base] = HOLD
-            return tried
-        self._barred[tried] = HOLD
-        return self._next_trial(base, tried - base)
+        before = self.rates.get(base, 0.0)
+        self._recheck = (base, tried, rate, before)
+        return base, (f"{tried} threads delivered {rate:.0f} batches/s against {before:.0f} "
+                      f"with {base}; {base} measured again")
+
+    def _judge_again(self, recheck: tuple[int, int, float, float], rate: float,
+                     wait: float) -> tuple[int, str]:
+        """(thread count, why) after A's window at `rate` following the
+        trial `recheck` (A, B, B's rate, A's rate before it): B when it beat
+        both of A's windows by GAIN, else B lost, and a starved consumer
+        tries the other side of A."""
+        base, tried, tried_rate, before = recheck
+        why = (f"{tried} threads delivered {tried_rate:.0f} batches/s against {before:.0f} "
+               f"and {rate:.0f} with {base} before and after")
+        if tried_rate > max(before, rate) * (1 + GAIN):
+            return self._won(base, tried), why
+        self._bar(tried)
+        if wait > STARVED:
+            return self._next_trial(base, tried - base), why
+        return base, why
+
+    def _won(self, base: int, tried: int) -> int:
+        """`tried` beat `base`: it is no longer barred, `base` is."""
+        self._losses.pop(tried, None)
+        self._bar(base)
+        self._grew = tried > base
+        return tried
+
+    def _bar(self, threads: int) -> None:
+        """`threads` lost: not tried for HOLD_MIN windows, doubled with each
+        loss in a row, HOLD_MAX at most."""
+        n = self._losses[threads] = self._losses.get(threads, 0) + 1
+        self._barred[threads] = min(HOLD_MAX, HOLD_MIN << min(n - 1, 16))
 
 
 def usable_cpus() -> int:

@@ -168,6 +168,9 @@ class Pipeline:
         self.floor = 0     # threads and batches in flight once workers compute
         self._last: float | None = None       # when the previous batch was returned
         end_at_exit(self)
+        # The pass's first batches (threads starting, the pipeline filling)
+        # are no measure of its thread count.
+        self.tuner.start_pass()
         with self.cond:
             self._spawn_locked()
 

@@ -180,7 +180,8 @@ class CachedLoader(DataLoader[T_co]):
       DataLoader's warning if this torch's gives one); pin_memory_device:
       accepted (pinned memory is CUDA's).
     num_threads, prefetch: threads assembling batches and batches kept
-      ready ahead of the consumer; "auto" (default) tunes them at run time.
+      ready ahead of the consumer; "auto" (default) tunes them at run time,
+      from 2 threads (1 where this process may run on one CPU only).
     max_prefetch_bytes: the bound on prefetched batches' memory (auto).
     transform, batch_transform: run per sample after the cache, and per
       batch. device: "cuda" copies batches to the GPU on a side stream.
@@ -255,7 +256,9 @@ class CachedLoader(DataLoader[T_co]):
                 or max_prefetch_bytes < 1:
             raise ValueError("max_prefetch_bytes is a size in bytes (>= 1; default 1 GiB), "
                              f"got {max_prefetch_bytes!r}")
-        threads, auto_t = _setting("num_threads", num_threads, DEFAULT_THREADS)
+        # A second thread on a single CPU only takes turns with the first.
+        threads, auto_t = _setting("num_threads", num_threads,
+                                   min(DEFAULT_THREADS, usable_cpus()))
         depth, auto_p = _setting("prefetch", prefetch, DEFAULT_PREFETCH)
         self._state = LoaderState(AutoTune(threads, depth, auto_t, auto_p,
                                            max_threads=max(DEFAULT_THREADS, 2 * usable_cpus()),
