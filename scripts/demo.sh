@@ -29,7 +29,8 @@ cleanup() {
   shmcache --stop >/dev/null 2>&1 || true
   if [[ -n $data_dir ]]; then rm -rf "$data_dir"; fi
   if [[ -n $made_run_dir ]]; then
-    if [[ $status -eq 0 ]]; then
+    # Kept only when it failed and a server wrote a log there.
+    if [[ $status -eq 0 || -z $(find "$made_run_dir" -type f -name '*.log' -print -quit) ]]; then
       rm -rf "$made_run_dir"
     else
       echo "demo.sh: failed (exit status $status); the servers' run dir, with their logs, is kept: $made_run_dir" >&2
