@@ -264,6 +264,12 @@ def test_len_samplers_batch_sampler_and_arguments(server, session):
         CachedLoader(ds)
     with pytest.raises(ValueError, match="num_threads"):
         CachedLoader(cds, num_threads=0)
+    for bad in (0, -1, "1G", 1.5, True):    # it was taken, and held one batch
+        with pytest.raises(ValueError, match="max_prefetch_bytes is a size in bytes"):
+            CachedLoader(cds, max_prefetch_bytes=bad)
+    for arg in ("transform", "batch_transform"):   # it failed at the first next()
+        with pytest.raises(TypeError, match=f"{arg} must be callable"):
+            CachedLoader(cds, **{arg: 3})
     # A plain dataset and cache= build the CachedDataset.
     assert_same_batches(cached_batches(CachedLoader(ds, cache=DatasetCache(session),
                                                     batch_size=30).dataset,
