@@ -145,6 +145,57 @@ def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
                 os.kill(p, signal.SIGKILL)
 
 
+# TRAINER with its workers started by the method argv[2] names.
+TRAINER_OF_START = """
+import multiprocessing as mp, sys, time
+import numpy as np
+from torch.utils.data import Dataset
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset, CachedLoader
+
+class Slow(Dataset):
+    def __len__(self): return 4096
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return np.full(8, i, dtype=np.float32), i
+
+if __name__ == "__main__":
+    cds = CachedDataset(Slow(), DatasetCache(int(sys.argv[1])))
+    it = iter(CachedLoader(cds, batch_size=16, num_workers=2,
+                           multiprocessing_context=sys.argv[2]))
+    next(it)
+    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+    sys.stdin.readline()                  # killed while the workers compute
+"""
+
+
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
+def test_workers_of_any_start_method_end_with_the_trainers_sigkill(
+        server, session, tmp_path, start):
+    """A forkserver worker's parent is the fork server, which outlives the
+    trainer: the workers watched only their parent and computed on, for good
+    (a plain DataLoader's do too). They watch the trainer itself."""
+    script = tmp_path / "trainer.py"      # a file: spawned workers import Slow
+    script.write_text(TRAINER_OF_START)
+    proc = subprocess.Popen([sys.executable, str(script), str(session), start],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env())
+    pids = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: all(gone(p) for p in pids), timeout=5,
+                 what=f"{start} workers {pids} to end after the trainer's SIGKILL")
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in pids:
+            if not gone(p):
+                os.kill(p, signal.SIGKILL)
+
+
 # ---- nothing is computed in the trainer after a break -------------------------
 
 class Recorded(Dataset):

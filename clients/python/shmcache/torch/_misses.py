@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -227,9 +228,21 @@ class MissTurn:
 _init_error: WorkerError | None = None
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, trainer: int) -> None:
+    """Ends the worker once its parent or its trainer is gone. They differ
+    under the forkserver start method: the parent is the fork server, which
+    outlives a SIGKILLed trainer (so do a plain DataLoader's workers there)."""
+    try:
+        trainer_fd: int | None = os.pidfd_open(trainer)
+    except ProcessLookupError:
+        os._exit(1)         # the trainer ended before this worker started
+    except OSError:
+        trainer_fd = None   # no pidfd here: the parent alone is watched
     while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
+        if trainer_fd is None:
+            time.sleep(PARENT_POLL_S)
+        elif select.select([trainer_fd], [], [], PARENT_POLL_S)[0]:
+            break           # readable: the trainer exited
     os._exit(1)
 
 
@@ -243,12 +256,13 @@ class _WorkerInit:
 
     def __init__(self, pids: Any, user: Callable[[int], None] | None) -> None:
         self.pids, self.user = pids, user
+        self.trainer = os.getpid()    # made in the trainer, pickled to spawned workers
 
     def __call__(self, worker_id: int) -> None:
         global _init_error
         self.pids[worker_id] = os.getpid()
-        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True,
-                         name="shmcache-parent-watch").start()
+        threading.Thread(target=_watch_parent, args=(os.getppid(), self.trainer),
+                         daemon=True, name="shmcache-parent-watch").start()
         if self.user is not None:
             try:
                 self.user(worker_id)
