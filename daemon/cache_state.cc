@@ -213,6 +213,10 @@ Status CacheState::AdoptTable(uint32_t gen) {
   index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
   tables_.push_back(std::move(f));
   file_bytes_ += TableBytes(gen);
+  // Compacted away: its slots were freed, unless the daemon that compacted
+  // was killed first; freed again, so that the one page TableBytes counts is
+  // what the file holds.
+  if (gen < header_->first_table.load(std::memory_order_relaxed)) FreeTableSlots(gen);
   return Status::OK();
 }
 

@@ -135,6 +135,10 @@ class CacheState {
   // (just made) one, raises first_table to it, and frees the older ones'
   // slots, releasing their bytes from `account` (cache_state_index.cc).
   void CompactIndex(MemoryAccount* account);
+  // Frees the slots of table g, which lookups no longer probe (below
+  // first_table): its pages past the first go back to the system and the
+  // first page's slots are emptied; the header stays. Idempotent.
+  void FreeTableSlots(uint32_t g);
   // The tables lookups probe: from first_table on (the older ones' slots
   // are freed; touching them would bring their pages back).
   std::span<IndexTable> LiveIndex();

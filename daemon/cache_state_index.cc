@@ -105,33 +105,38 @@ void CacheState::CompactIndex(MemoryAccount* account) {
   }
   // Every row of the older tables is in the newest: lookups may stop there.
   header_->first_table.store(newest, std::memory_order_release);
-  // Free the older tables' slots: the pages past the first go back to the
-  // system (a reader still probing one reads zeros, empty slots: a miss,
-  // then the full path finds the row in the newest), and the first page's
-  // slots are emptied so that no stale location is left there. The header
-  // (the first page) stays, for the daemon that adopts the file.
-  const size_t page = 4096;
-  for (uint32_t g = first; g < newest; ++g) {
-    const size_t size = tables_[g].size();
-    if (size > page) {
-      if (madvise(tables_[g].data() + page, size - page, MADV_REMOVE) != 0 && log_) {
-        log_->Warn("{}: could not free index table {}'s slots: errno {}", Label(), g,
-                   errno);
-      }
-    }
-    auto* slots =
-        layout::TableSlots(reinterpret_cast<layout::TableHeader*>(tables_[g].data()));
-    const size_t in_first_page =
-        (std::min(size, page) - sizeof(layout::TableHeader)) / sizeof(layout::Slot);
-    for (size_t i = 0; i < in_first_page; ++i) {
-      slots[i].loc.store(layout::kEmpty, std::memory_order_release);
-    }
-  }
+  // Those compacted away before too: a read of a freed page (a reader or
+  // writer whose tables were stale) allocates it again on tmpfs, bytes no
+  // longer counted; freeing an already free page costs next to nothing.
+  for (uint32_t g = 0; g < newest; ++g) FreeTableSlots(g);
   uint64_t freed = 0;
   for (uint32_t g = first; g < newest; ++g) freed += tables_[g].size() - TableBytes(g);
   file_bytes_ -= freed;
   account->Release(freed);
   PublishReserved();
+}
+
+void CacheState::FreeTableSlots(uint32_t g) {
+  // The pages past the first go back to the system (a reader still probing
+  // the table reads zeros, empty slots: a miss, then the full path finds the
+  // row in the newest), and the first page's slots are emptied so that no
+  // stale location is left there. The header (the first page) stays, for
+  // the daemon that adopts the file.
+  const size_t page = 4096;
+  const size_t size = tables_[g].size();
+  if (size > page) {
+    if (madvise(tables_[g].data() + page, size - page, MADV_REMOVE) != 0 && log_) {
+      log_->Warn("{}: could not free index table {}'s slots: errno {}", Label(), g,
+                 errno);
+    }
+  }
+  auto* slots =
+      layout::TableSlots(reinterpret_cast<layout::TableHeader*>(tables_[g].data()));
+  const size_t in_first_page =
+      (std::min(size, page) - sizeof(layout::TableHeader)) / sizeof(layout::Slot);
+  for (size_t i = 0; i < in_first_page; ++i) {
+    slots[i].loc.store(layout::kEmpty, std::memory_order_release);
+  }
 }
 
 std::span<IndexTable> CacheState::LiveIndex() {

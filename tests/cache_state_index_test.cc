@@ -2,6 +2,10 @@
 // last, and is added once however many clients that saw the last one ask.
 #include "daemon/cache_state.h"
 
+#include <sys/stat.h>
+
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "format/index_table.h"
@@ -85,8 +89,9 @@ TEST_F(CacheStateTest, AnIndexLeftMidCompactionIsAdoptedAndCompactedAtTheNextGro
   auto loc = [](uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); };
   for (uint64_t id = 0; id < 2000; ++id) {
     ASSERT_EQ(table0.Insert(id, loc(id)), IndexTable::InsertResult::kInserted);
-    if (id < 1000)
+    if (id < 1000) {
       ASSERT_EQ(table1.Insert(id, loc(id)), IndexTable::InsertResult::kInserted);
+    }
   }
   MemoryAccount fresh;
   fresh.cap = 1024 * kMB;
@@ -108,6 +113,52 @@ TEST_F(CacheStateTest, AnIndexLeftMidCompactionIsAdoptedAndCompactedAtTheNextGro
   ASSERT_TRUE(CacheState::Adopt(paths_, kCacheId, {}, 1, &fresh, nullptr, &adopted).ok());
   adopted->Destroy(&fresh);
   cache_->Destroy(&account_);
+}
+
+// Bytes the file of an index table holds in the shm dir.
+uint64_t AllocatedBytes(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// A daemon killed after it raised first_table and before it freed the older
+// tables' slots leaves their pages in the shm dir, which the adopting daemon
+// counts as one page a table: it frees them, so that what it counts is what
+// the tables hold.
+TEST_F(CacheStateTest, AnAdoptedTableCompactedAwayHasItsSlotsFreed) {
+  Create(64 * kMB);
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  ASSERT_EQ(h->first_table.load(), 1u);
+  const std::string path0 = paths_.TableFile(kCacheId, 0, h->tables[0].tag);
+  ShmFile t0;
+  ASSERT_TRUE(ShmFile::Open(path0, &t0).ok());
+  ASSERT_GT(t0.size(), 4096u);
+  ASSERT_LE(AllocatedBytes(path0), 4096u) << "the compaction freed table 0's slots";
+  // As the killed daemon left table 0: its slots still in memory, rows in them.
+  std::memset(t0.data() + 4096, 0x5a, t0.size() - 4096);
+  IndexTable table0(reinterpret_cast<layout::TableHeader*>(t0.data()));
+  auto slot_locs = [&] {
+    uint64_t live = 0;
+    const auto* slots =
+        layout::TableSlots(reinterpret_cast<layout::TableHeader*>(t0.data()));
+    for (uint64_t i = 0; i < table0.capacity(); ++i) {
+      live += slots[i].loc.load() > layout::kRetired;
+    }
+    return live;
+  };
+  ASSERT_GE(AllocatedBytes(path0), t0.size());
+  MemoryAccount fresh;
+  fresh.cap = 1024 * kMB;
+  std::unique_ptr<CacheState> adopted;
+  ASSERT_TRUE(CacheState::Adopt(paths_, kCacheId, {}, 1, &fresh, nullptr, &adopted).ok());
+  EXPECT_LE(AllocatedBytes(path0), 4096u) << "the adopter freed table 0's slots";
+  EXPECT_EQ(slot_locs(), 0u) << "no stale location is left in table 0";
+  EXPECT_EQ(fresh.used, adopted->reserved_bytes());
+  adopted.reset();
 }
 
 }  // namespace
