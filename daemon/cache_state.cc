@@ -97,7 +97,8 @@ void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
   const uint64_t reserved = reserved_bytes();
   uint64_t kept = alloc_.Release(held);
   for (size_t g = 0; g < tables_.size(); ++g) {
-    kept += UnlinkHeldFile(TablePath(static_cast<uint32_t>(g)), tables_[g].size(), held);
+    const auto gen = static_cast<uint32_t>(g);
+    kept += UnlinkHeldFile(TablePath(gen), TableBytes(gen), held);
   }
   kept += UnlinkHeldFile(paths_.CacheFile(cache_id_), header_file_.size(), held);
   index_.clear();
@@ -187,7 +188,8 @@ Status CacheState::AdoptHeader() {
   }
   auto* h = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
   if (h->cache_id != cache_id_ || h->num_tables.load() == 0 ||
-      h->num_tables.load() > layout::kMaxTables) {
+      h->num_tables.load() > layout::kMaxTables ||
+      h->first_table.load() >= h->num_tables.load()) {
     return Status::Corruption(path + ": header fields out of range");
   }
   header_ = h;
@@ -208,9 +210,13 @@ Status CacheState::AdoptTable(uint32_t gen) {
           f.data(), f.size(), header_->tables[gen].capacity.load(), gen)) {
     return Status::Corruption(path + ": " + bad);
   }
-  file_bytes_ += f.size();
   index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
   tables_.push_back(std::move(f));
+  file_bytes_ += TableBytes(gen);
+  // Compacted away: its slots were freed, unless the daemon that compacted
+  // was killed first; freed again, so that the one page TableBytes counts is
+  // what the file holds.
+  if (gen < header_->first_table.load(std::memory_order_relaxed)) FreeTableSlots(gen);
   return Status::OK();
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,20 @@ class CacheState {
   Status AdoptHeader();
   Status AdoptTable(uint32_t gen);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account);
+  // Copies the rows of the tables from first_table on into the newest
+  // (just made) one, raises first_table to it, and frees the older ones'
+  // slots, releasing their bytes from `account` (cache_state_index.cc).
+  void CompactIndex(MemoryAccount* account);
+  // Frees the slots of table g, which lookups no longer probe (below
+  // first_table): its pages past the first go back to the system and the
+  // first page's slots are emptied; the header stays. Idempotent.
+  void FreeTableSlots(uint32_t g);
+  // The tables lookups probe: from first_table on (the older ones' slots
+  // are freed; touching them would bring their pages back).
+  std::span<IndexTable> LiveIndex();
+  // Bytes of table g counted against the cap: one page once it was
+  // compacted away (its header stays), the whole file before.
+  uint64_t TableBytes(uint32_t g) const;
   // Adds n bytes of its own files to what it reserves.
   void AddReserved(uint64_t n);
   // Publishes reserved_bytes() to readers of the header.

@@ -50,7 +50,7 @@ uint64_t CacheState::DropSpilledRows() {
   const uint64_t on_disk = ReadCacheStats(*header_, /*single_node=*/true).disk_rows;
   if (on_disk == 0 && !(header_->state.load() & layout::kStateMemFull)) return 0;
   uint64_t dropped = 0;
-  for (IndexTable& t : index_) dropped += t.RetireSpilled();
+  for (IndexTable& t : LiveIndex()) dropped += t.RetireSpilled();
   for (layout::StatsSlot& slot : header_->stats) {
     slot.disk_rows.store(0, std::memory_order_relaxed);
     slot.disk_bytes.store(0, std::memory_order_relaxed);
@@ -61,7 +61,7 @@ uint64_t CacheState::DropSpilledRows() {
 bool CacheState::DropSpilledRow(uint64_t row_id, uint64_t bytes) {
   if (header_ == nullptr || destroyed_) return false;
   bool dropped = false;
-  for (IndexTable& t : index_) dropped = t.RetireSpilledKey(row_id) || dropped;
+  for (IndexTable& t : LiveIndex()) dropped = t.RetireSpilledKey(row_id) || dropped;
   if (!dropped) return false;
   layout::StatsSlot& daemon = header_->stats[0];
   const uint64_t rows = daemon.disk_rows.load(std::memory_order_relaxed);
@@ -77,7 +77,7 @@ Status CacheState::PublishSpilled(uint64_t row_id, uint64_t bytes, MemoryAccount
                                   bool* inserted) {
   *inserted = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
-  for (const IndexTable& t : index_) {
+  for (const IndexTable& t : LiveIndex()) {
     if (t.Find(row_id) != layout::kEmpty) return Status::OK();
   }
   for (;;) {

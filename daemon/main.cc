@@ -23,6 +23,7 @@
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
+#include "common/instance_files.h"
 #include "common/instance_lock.h"
 #include "common/memory_bounds.h"
 #include "common/option_checks.h"
@@ -408,7 +409,14 @@ int Run(DaemonOptions& opts) {
   s = store.Init(&g_stop_requested);
   if (!s.ok()) {
     log.Info("not started: {}", s.message());
-    if (g_stop_requested.load()) locks->RemoveFiles();
+    // The lock files stay only while they name a shm dir with files of
+    // this instance in it (an earlier server's, for --stop to count and the
+    // next start to adopt); otherwise a refused start would leave them
+    // behind in /dev/shm for good.
+    const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
+    if (g_stop_requested.load() || CountInstanceFiles(paths.shm_dir, name).files == 0) {
+      locks->RemoveFiles();
+    }
     return Fail(opts.ready_fd, s.message());
   }
   s = Serve(opts, paths, watched, &store, &log, &up);

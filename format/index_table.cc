@@ -68,6 +68,19 @@ IndexTable::InsertResult IndexTable::Insert(uint64_t key, uint64_t loc) {
   return InsertResult::kTableFull;
 }
 
+bool IndexTable::CopyInto(IndexTable* to) const {
+  for (uint64_t i = 0; i <= mask_; ++i) {
+    const layout::Slot& s = slots_[i];
+    const uint64_t loc = s.loc.load(std::memory_order_acquire);
+    if (loc == layout::kEmpty || loc == layout::kClaimed || loc == layout::kRetired) {
+      continue;
+    }
+    const uint64_t key = s.key.load(std::memory_order_relaxed);
+    if (to->Insert(key, loc) == InsertResult::kTableFull) return false;
+  }
+  return true;
+}
+
 uint64_t IndexTable::RetireSpilled() {
   uint64_t retired = 0;
   for (uint64_t i = 0; i <= mask_; ++i) {

@@ -72,6 +72,14 @@ class IndexTable {
   // (the caller grows the index and retries in the next table).
   InsertResult Insert(uint64_t key, uint64_t loc);
 
+  // Publishes every published slot of this table in `to` (a larger, newer
+  // table), as Insert does: a key `to` already holds is left as it is.
+  // Claimed and retired slots are skipped (a claimer that publishes later
+  // checks for a newer table itself: TableSet::Publish). False when `to`
+  // filled before the last slot was copied. Safe while others Find and
+  // Insert in both tables.
+  bool CopyInto(IndexTable* to) const;
+
   // Retires every slot holding a spilled location (layout::kSpilledBit);
   // returns how many. Safe while others Find and Insert.
   uint64_t RetireSpilled();

@@ -36,7 +36,7 @@ namespace shmcache::layout {
 // 2: table file names carry a random tag (TableInfo::tag).
 // 3: StatsSlot counts spilled bytes and puts refused because full.
 // 4: CacheHeader::lanes, the reads one thread counts without a locked add.
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion = 5;
 
 inline constexpr uint64_t kSegmentMagic = 0x31474553434D4853ULL;  // "SHMCSEG1"
 inline constexpr uint64_t kCacheMagic = 0x31484341434D4853ULL;    // "SHMCACH1"
@@ -179,6 +179,10 @@ struct alignas(kCacheLine) CacheHeader {
   std::atomic<uint64_t> reserved_bytes;  // (daemon) segments + tables
   std::atomic<uint32_t> state;           // kState* bits
   std::atomic<uint32_t> num_tables;      // (daemon) published after the file
+  // (daemon) The oldest table a lookup probes: every row of the tables
+  // before it is in it too (the daemon copied them when it made the table,
+  // then freed their slots). Below num_tables; raised only after the copy.
+  std::atomic<uint32_t> first_table;
   uint8_t name_len;
   uint8_t fingerprint_len;
   char name[kMaxNameBytes];

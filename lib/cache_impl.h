@@ -131,11 +131,15 @@ class CacheImpl {
   // says what: a segment that cannot be mapped, a location that is not
   // this id's row; nothing counted). Defined in cache_read.cc.
   enum class Found { kInMemory, kAbsent, kSpilled, kError };
+  // TableSet::Lookup for a batch's miss, out of line: the batches' loops
+  // keep their registers for hits.
+  [[gnu::noinline, gnu::cold]] uint64_t LookAgain(uint64_t id);
   inline Found ReadLocated(uint64_t id, const Located& row, RowView* view, Status* status,
                            BatchCounts* counts);
-  // ForEachLocated in the first `tables` tables (kOneTable: exactly one).
+  // ForEachLocated in the tables of `tables` (kOneTable: exactly one).
   template <bool kOneTable, typename RowFn>
-  void PipelineRows(std::span<const uint64_t> ids, uint32_t tables, RowFn&& row_fn);
+  void PipelineRows(std::span<const uint64_t> ids, TableSet::Range tables,
+                    RowFn&& row_fn);
   // The hit path: views row `id` when it is in memory, in a segment this
   // process has mapped, and the cache is usable; builds no Status and
   // counts nothing. False otherwise: the caller takes the full path, which

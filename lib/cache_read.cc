@@ -46,6 +46,8 @@ Status CacheImpl::Materialize(uint64_t id, uint64_t loc,
   return Status::OK();
 }
 
+uint64_t CacheImpl::LookAgain(uint64_t id) { return tables_.Lookup(id); }
+
 Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   Status s = Usable();
   if (!s.ok()) return s;
@@ -96,42 +98,54 @@ Status CacheImpl::GetSlow(uint64_t id, std::span<const std::string_view> columns
 }
 
 void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
-  const uint32_t n = tables_.Mapped();
-  for (uint64_t id : ids) tables_.Prefetch(id, n);
-  // Each probe re-reads how many tables there are (a table the daemon adds
+  const TableSet::Range tables = tables_.CurrentRange();
+  for (uint64_t id : ids) tables_.Prefetch(id, tables);
+  // Each probe re-reads the tables to probe (a table the daemon adds
   // during the window is probed too) but does not prefetch again.
   for (size_t i = 0; i < ids.size(); ++i) {
-    locs[i] = tables_.FindIn(ids[i], tables_.Mapped());
+    locs[i] = tables_.FindIn(ids[i], tables_.CurrentRange());
     if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
     segments_.Prefetch(locs[i]);
   }
 }
 
 template <bool kOneTable, typename RowFn>
-void CacheImpl::PipelineRows(std::span<const uint64_t> ids, uint32_t tables,
+void CacheImpl::PipelineRows(std::span<const uint64_t> ids, TableSet::Range tables,
                              RowFn&& row_fn) {
-  // One table (a constant here): the probes and prefetches lose their loop
-  // over tables.
-  if constexpr (kOneTable) tables = 1;
+  // One table: the probes and prefetches lose their loop over tables. A
+  // copy of its handle (the table stays mapped while tables_ lives): its
+  // fields stay in registers across row_fn's stores.
+  const IndexTable one = tables_.table(tables.first);
+  auto find = [&](uint64_t id) __attribute__((always_inline)) {
+    if constexpr (kOneTable) return one.Find(id);
+    return tables_.FindIn(id, tables);
+  };
+  auto prefetch = [&](uint64_t id) __attribute__((always_inline)) {
+    if constexpr (kOneTable) {
+      one.Prefetch(id);
+    } else {
+      tables_.Prefetch(id, tables);
+    }
+  };
   // While row i is handed to row_fn, the index slot of id i + kSlotsAhead
   // and the header of row i + kRowsAhead are on their way, so the batch's
   // memory misses overlap from its first row to its last
   // (docs/hit-path.md, "ViewBatch as a pipeline"). The probe finds the
   // row's segment for the read as well.
   auto locate = [&](uint64_t id) {
-    Located a{tables_.FindIn(id, tables), nullptr};
+    Located a{find(id), nullptr};
     if (a.loc != layout::kEmpty && !(a.loc & layout::kSpilledBit)) {
       a.seg = segments_.PrefetchRow(a.loc);
     }
     return a;
   };
   const size_t m = ids.size();
-  for (size_t j = 0; j < std::min(m, kSlotsAhead); ++j) tables_.Prefetch(ids[j], tables);
+  for (size_t j = 0; j < std::min(m, kSlotsAhead); ++j) prefetch(ids[j]);
   Located ahead[kRowsAhead];  // ahead[j % kRowsAhead]: row j's
   static_assert((kRowsAhead & (kRowsAhead - 1)) == 0, "a ring of a power of two");
   for (size_t j = 0; j < std::min(m, kRowsAhead); ++j) ahead[j] = locate(ids[j]);
   for (size_t i = 0; i < m; ++i) {
-    if (i + kSlotsAhead < m) tables_.Prefetch(ids[i + kSlotsAhead], tables);
+    if (i + kSlotsAhead < m) prefetch(ids[i + kSlotsAhead]);
     const Located row = ahead[i % kRowsAhead];
     if (i + kRowsAhead < m) ahead[i % kRowsAhead] = locate(ids[i + kRowsAhead]);
     row_fn(i, row);
@@ -140,13 +154,14 @@ void CacheImpl::PipelineRows(std::span<const uint64_t> ids, uint32_t tables,
 
 template <typename RowFn>
 void CacheImpl::ForEachLocated(std::span<const uint64_t> ids, RowFn&& row_fn) {
-  // How many tables to probe is read once, for the whole call: every row
+  // The tables to probe are read once, for the whole call: every row
   // published before the call is in one of them (a writer publishes only
-  // in a table the header counted first), and a row published during the
-  // call may be missed as it may be by any read that starts earlier.
-  const uint32_t tables = tables_.Mapped();
-  if (tables == 1) [[likely]] {
-    PipelineRows<true>(ids, 1, row_fn);
+  // in a table the header counted first, and again in a newer one that the
+  // daemon made meanwhile), and a row published during the call may be
+  // missed as it may be by any read that starts earlier.
+  const TableSet::Range tables = tables_.CurrentRange();
+  if (tables.end - tables.first == 1) [[likely]] {
+    PipelineRows<true>(ids, tables, row_fn);
   } else {
     PipelineRows<false>(ids, tables, row_fn);
   }
@@ -159,16 +174,21 @@ void CacheImpl::ForEachLocated(std::span<const uint64_t> ids, RowFn&& row_fn) {
   if (row.seg != nullptr && SegmentSet::ReadRowIn(row.seg, id, row.loc, view, &node) ==
                                 SegmentSet::RowCheck::kOk) [[likely]] {
     *status = Status::OK();
-  } else if (row.loc == layout::kEmpty) {
-    ++counts->misses;
-    *status = Miss(id);
-    return Found::kAbsent;
-  } else if (row.loc & layout::kSpilledBit) {
-    return Found::kSpilled;
   } else {
+    uint64_t loc = row.loc;
+    // A miss in the tables the call began with: looked up again in the
+    // tables as they are now (a compaction into a table added since may
+    // have moved the row out of those; TableSet).
+    if (loc == layout::kEmpty) loc = LookAgain(id);
+    if (loc == layout::kEmpty) {
+      ++counts->misses;
+      *status = Miss(id);
+      return Found::kAbsent;
+    }
+    if (loc & layout::kSpilledBit) return Found::kSpilled;
     // Its segment not mapped yet (Resolve maps it), or a bad location
     // (Resolve says what is wrong).
-    *status = segments_.Resolve(id, row.loc, view, &node);
+    *status = segments_.Resolve(id, loc, view, &node);
     if (!status->ok()) return Found::kError;
   }
   ++counts->hits;

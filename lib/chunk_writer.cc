@@ -189,7 +189,7 @@ Status ChunkWriter::Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c,
   Status s;
   for (;;) {
     uint32_t tables = 0;
-    IndexTable::InsertResult r = tables_->InsertNewest(id, loc, &tables);
+    IndexTable::InsertResult r = tables_->Publish(id, loc, &tables);
     if (r == IndexTable::InsertResult::kInserted) {
       ++tally->rows;
       tally->bytes += size;

@@ -29,7 +29,30 @@ Status TableSet::MapNew() {
     files_[g] = std::move(f);
     num_tables_.store(g + 1, std::memory_order_release);
   }
+  const uint32_t first = header_->first_table.load(std::memory_order_acquire);
+  Refresh({first < want ? first : want - 1, want});
   return Status::OK();
+}
+
+IndexTable::InsertResult TableSet::Publish(uint64_t id, uint64_t loc, uint32_t* tables) {
+  const IndexTable::InsertResult r = InsertNewest(id, loc, tables);
+  // kExists: the writer that published the key answers for it.
+  if (r != IndexTable::InsertResult::kInserted) return r;
+  // The row's slot is stored; the fence orders that store before the load
+  // of the table count, as the daemon's fence orders its store of the count
+  // before its copy reads the slots: either the copy sees this row or this
+  // load sees the newer table (CacheState::CompactIndex).
+  for (uint32_t was = *tables;;) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (header_->num_tables.load(std::memory_order_relaxed) <= was) return r;
+    if (Mapped() <= was) return r;  // the newer table cannot be mapped
+    // kExists: the copy (or another writer) put the key there. kTableFull:
+    // the row stays where it is published (a lookup from first_table on may
+    // miss it; it never reads a wrong row), and its space stays the row's.
+    uint32_t now = 0;
+    if (InsertNewest(id, loc, &now) != IndexTable::InsertResult::kInserted) return r;
+    was = now;
+  }
 }
 
 uint32_t TableSet::MapForLookup() {

@@ -2,14 +2,20 @@
 // the lookups over them.
 //
 // The daemon adds a table whenever the newest one is full (CacheHeader::
-// num_tables, published after the file is ready); every table it made
-// stays. A row sits in exactly one table, and newer tables are probed
-// first. A table is mapped on first need and stays mapped until the
-// TableSet is destroyed, so a location once found stays readable.
+// num_tables, published after the file is ready), copies the rows of the
+// older tables into it, and then raises CacheHeader::first_table to it and
+// frees the older tables' slots (daemon/cache_state_index.cc). Lookups probe
+// only the tables from first_table on, oldest first (LookupIn says why):
+// after a compaction, one table. A row sits in one table of that range (or, during a
+// copy, in two, with the same location). A table is mapped on first need and stays mapped
+// until the TableSet is destroyed, so a location once found stays readable; a table below
+// first_table reads as empty (its slots were freed), so a lookup whose mapped tables all
+// lie below it misses, and the caller's full path (Lookup) maps the newer tables and
+// finds the row.
 //
-// Thread safety: Lookup, Mapped, FindIn, Prefetch and InsertNewest from any
-// thread without a lock; MapNew takes the set's own mutex (LockRank::
-// kCacheTables), held only while files are mapped.
+// Thread safety: Lookup, Mapped, Range, FindIn, Prefetch, InsertNewest and
+// Publish from any thread without a lock; MapNew takes the set's own mutex
+// (LockRank::kCacheTables), held only while files are mapped.
 #pragma once
 
 #include <atomic>
@@ -41,9 +47,18 @@ class TableSet {
   // opened.
   Status MapNew() EXCLUDES(mu_);
 
-  // The published location of `id`, newest table first, or kEmpty; maps
-  // the tables the daemon added first.
-  uint64_t Lookup(uint64_t id) { return LookupIn(id, Mapped()); }
+  // The tables a lookup probes: [first, end), end > first.
+  struct Range {
+    uint32_t first;
+    uint32_t end;
+  };
+
+  // The published location of `id`, or kEmpty; maps the tables the daemon
+  // added first.
+  uint64_t Lookup(uint64_t id) {
+    const Range r = CurrentRange();
+    return LookupIn(id, r.first, r.end);
+  }
   // Lookup in the tables mapped now, mapping none: the hit path's. A row in
   // a table not mapped yet is not found here; a caller that takes a miss
   // for an answer asks Lookup. Always inlined, like the rest of the
@@ -51,7 +66,13 @@ class TableSet {
   // instructions a hit takes, the sooner the next hit's misses start
   // (docs/hit-path.md).
   [[gnu::always_inline]] uint64_t LookupMapped(uint64_t id) const {
-    return LookupIn(id, num_tables_.load(std::memory_order_acquire));
+    // The range this process saw last (Refresh): after a compaction, one
+    // table. Stale after the next one, it probes a table whose slots were
+    // freed: a miss, and the caller's full path refreshes it.
+    if (const IndexTable* t = lone_.load(std::memory_order_acquire)) [[likely]] {
+      return t->Find(id);
+    }
+    return LookupSeveral(id);
   }
   // How many tables are mapped, after mapping those the daemon added (a
   // failure to map leaves the tables mapped before, which are still right).
@@ -62,19 +83,37 @@ class TableSet {
     }
     return n;
   }
-  // Lookup in the first n mapped tables, newest first, without prefetching:
-  // for callers that prefetched the slots themselves. REQUIRES: n <=
-  // Mapped().
-  uint64_t FindIn(uint64_t id, uint32_t n) const {
-    for (uint32_t i = n; i-- > 0;) {
+  // The tables to probe now, after mapping those the daemon added: every
+  // row published before the call is in one of them. first_table is read
+  // before the tables are counted, so the table it names is mapped (the
+  // daemon publishes a table before it raises first_table to it) unless it
+  // could not be (then the range is the mapped tables, whose slots may
+  // have been freed: misses, never wrong rows).
+  Range CurrentRange() {
+    const uint32_t first = header_->first_table.load(std::memory_order_acquire);
+    const uint32_t end = Mapped();
+    const Range r{first < end ? first : end - 1, end};
+    if (r.first != first_.load(std::memory_order_relaxed) ||
+        Lone(r) != lone_.load(std::memory_order_relaxed)) [[unlikely]] {
+      Refresh(r);
+    }
+    return r;
+  }
+  // Lookup in range r, oldest first (see LookupIn), without prefetching:
+  // for callers that prefetched the slots themselves. REQUIRES: r from
+  // CurrentRange().
+  uint64_t FindIn(uint64_t id, Range r) const {
+    for (uint32_t i = r.first; i < r.end; ++i) {
       const uint64_t loc = tables_[i].Find(id);
       if (loc != layout::kEmpty) return loc;
     }
     return layout::kEmpty;
   }
-  // Starts loading the home slot of `id` in each of the first n tables.
-  void Prefetch(uint64_t id, uint32_t n) const {
-    for (uint32_t i = n; i-- > 0;) tables_[i].Prefetch(id);
+  // Table i. REQUIRES: i < Mapped().
+  const IndexTable& table(uint32_t i) const { return tables_[i]; }
+  // Starts loading the home slot of `id` in each table of r.
+  [[gnu::always_inline]] void Prefetch(uint64_t id, Range r) const {
+    for (uint32_t i = r.end; i-- > r.first;) tables_[i].Prefetch(id);
   }
   // Publishes id -> loc in the newest mapped table; *tables is how many
   // were mapped then. kTableFull: that table is full, the index must grow
@@ -85,22 +124,36 @@ class TableSet {
     *tables = n;
     return tables_[n - 1].Insert(id, loc);
   }
+  // InsertNewest, and then, while a table newer than the one it published
+  // in exists, the same in the newest: the daemon may have copied that
+  // table into the newer one before this row was in it, and lookups probe
+  // only the newest once it has (see CacheState::CompactIndex for the
+  // other half). kTableFull as InsertNewest's, with *tables as it says.
+  IndexTable::InsertResult Publish(uint64_t id, uint64_t loc, uint32_t* tables);
 
  private:
-  // Lookup in the first n mapped tables, with their home slots prefetched
-  // first. Always inlined: the compiler would call it from View's hit path.
-  [[gnu::always_inline]] uint64_t LookupIn(uint64_t id, uint32_t n) const {
-    if (n == 1) [[likely]] {
-      return tables_[0].Find(id);
+  // Lookup in tables [first, n), with their home slots prefetched first.
+  // Always inlined: the compiler would call it from View's hit path.
+  [[gnu::always_inline]] uint64_t LookupIn(uint64_t id, uint32_t first,
+                                           uint32_t n) const {
+    if (n - first == 1) [[likely]] {
+      return tables_[first].Find(id);
     }
     // A row sits in one table: start every table's probe at once, so a row
     // in an old table costs one memory latency, not one per newer table.
     uint64_t home[layout::kMaxTables];
-    for (uint32_t i = 0; i < n; ++i) {
+    for (uint32_t i = first; i < n; ++i) {
       home[i] = tables_[i].Home(id);
       tables_[i].PrefetchSlot(home[i]);
     }
-    for (uint32_t i = n; i-- > 0;) {
+    // Oldest first: the daemon copies a table's rows into a newer one
+    // before it frees the table's slots, so the oldest table holding a row
+    // only rises while this runs. A miss in table i means the row is in a
+    // later one by then (or was not published): probed in this order, a
+    // compaction under way cannot hide a row published before the lookup
+    // began, as newest first could (the newest probed before the copy
+    // reached the row, the older one after its slots were freed).
+    for (uint32_t i = first; i < n; ++i) {
       const uint64_t loc = tables_[i].FindFrom(id, home[i]);
       if (loc != layout::kEmpty) return loc;
     }
@@ -108,6 +161,25 @@ class TableSet {
   }
   // MapNew for the lookups: how many tables are mapped afterwards.
   uint32_t MapForLookup();
+  // The hit path's lookup in several tables (not compacted, or compacted
+  // since this process looked): the range from the header's first table on,
+  // refreshed for the next hits; kEmpty when that table is not mapped here
+  // (the full path maps it).
+  uint64_t LookupSeveral(uint64_t id) const {
+    const uint32_t n = num_tables_.load(std::memory_order_acquire);
+    const uint32_t first = header_->first_table.load(std::memory_order_acquire);
+    if (first >= n) return layout::kEmpty;
+    if (first != first_.load(std::memory_order_relaxed)) Refresh({first, n});
+    return LookupIn(id, first, n);
+  }
+  const IndexTable* Lone(Range r) const {
+    return r.end - r.first == 1 ? &tables_[r.first] : nullptr;
+  }
+  // Sets the hit path's range to r (REQUIRES: r.end tables mapped).
+  void Refresh(Range r) const {
+    first_.store(r.first, std::memory_order_release);
+    lone_.store(Lone(r), std::memory_order_release);
+  }
 
   const layout::CacheHeader* const header_;
   const uint32_t cache_id_;
@@ -116,6 +188,12 @@ class TableSet {
   // without mu_ after: only the files are GUARDED_BY.
   ForkSafeMutex mu_{LockRank::kCacheTables};
   std::atomic<uint32_t> num_tables_{0};
+  // The hit path's range, from the last CurrentRange or MapNew: its first
+  // table, and that table when it is the only one (else nullptr). Either
+  // may be stale (misses, then the full path refreshes them); first_ is
+  // always below num_tables_.
+  mutable std::atomic<uint32_t> first_{0};
+  mutable std::atomic<const IndexTable*> lone_{nullptr};
   IndexTable tables_[layout::kMaxTables];
   ShmFile files_[layout::kMaxTables] GUARDED_BY(mu_);
 };

@@ -13,9 +13,34 @@ export PATH=$root/build/clients/admin:$root/build/daemon:$PATH
 export SHMCACHE_PORT=${SHMCACHE_PORT:-50099}
 devices=4
 
+# The servers' run dir (socket, lock, logs): the user's when given, else one
+# of the demo's own, removed at the end so that the demo leaves nothing
+# behind (kept when it fails: the logs say why). In /tmp, as the default
+# one, whatever $TMPDIR says: a socket's path may not pass 107 bytes.
+made_run_dir=
+if [[ -z ${SHMCACHE_RUN_DIR:-} ]]; then
+  SHMCACHE_RUN_DIR=$(mktemp -d /tmp/shmcache-demo-run.XXXXXX)
+  export SHMCACHE_RUN_DIR
+  made_run_dir=$SHMCACHE_RUN_DIR
+fi
+data_dir=
+cleanup() {
+  local status=$?
+  shmcache --stop >/dev/null 2>&1 || true
+  if [[ -n $data_dir ]]; then rm -rf "$data_dir"; fi
+  if [[ -n $made_run_dir ]]; then
+    # Kept only when it failed and a server wrote a log there.
+    if [[ $status -eq 0 || -z $(find "$made_run_dir" -type f -name '*.log' -print -quit) ]]; then
+      rm -rf "$made_run_dir"
+    else
+      echo "demo.sh: failed (exit status $status); the servers' run dir, with their logs, is kept: $made_run_dir" >&2
+    fi
+  fi
+}
+trap cleanup EXIT
+
 echo "== shmcache --start"
 shmcache --start
-trap 'shmcache --stop >/dev/null 2>&1 || true' EXIT
 session=$(shmcache -g | awk '{print $NF}')
 echo "session: $session"
 
@@ -54,18 +79,16 @@ shmcache --server_info
 echo "== shmcache -d $session && shmcache --stop"
 shmcache -d "$session"
 shmcache --stop
-trap - EXIT
 left=$(find /dev/shm -maxdepth 1 -name "shmcache.$(id -u).$SHMCACHE_PORT.*" | wc -l)
 echo "shared-memory files left in /dev/shm: $left"
 
 echo
 echo "== Python: scripts/cache.sh, $devices PyTorch device processes on one session"
-data_dir=$(mktemp -d /tmp/shmcache-demo.XXXXXX)
+data_dir=$(mktemp -d "${TMPDIR:-/tmp}/shmcache-demo.XXXXXX")
 PYTHONPATH=$root/build/clients/python${PYTHONPATH:+:$PYTHONPATH} \
   /usr/bin/python3 scripts/my_training_script.py --generate 20000 \
   --dataset_path "$data_dir/cifar10"
 shmcache --start
-trap 'shmcache --stop >/dev/null 2>&1 || true; rm -rf "$data_dir"' EXIT
 export SHMCACHE_BUILD_DIR=$root/build
 now() { date +%s.%N; }
 t0=$(now)
@@ -85,5 +108,3 @@ echo "== shmcache --list_sessions (20000 rows: one copy for $devices devices)"
 shmcache --list_sessions
 held "$session" 20000
 shmcache --stop
-trap - EXIT
-rm -rf "$data_dir"

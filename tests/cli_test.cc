@@ -1432,6 +1432,19 @@ TEST_F(CliTest, AShmDirThatIsAFileIsNamedSo) {
   }
 }
 
+// A spill dir where the server cannot make its database (/proc: not even
+// root creates a file there) fails the start after the lock files were
+// taken: with nothing of the instance in the shm dir they go too (a
+// refused start left its host lock in /dev/shm for good before).
+TEST_F(CliTest, AStartRefusedAfterItsLocksLeavesNoLockFile) {
+  CommandResult r = Run({"--start", "-p", "23463", "--spilldir", "/proc"},
+                        {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("cannot create /proc/"), std::string::npos) << r.Describe();
+  EXPECT_FALSE(PathExists(run_dir_ + "/shmcached-23463.lock"));
+  EXPECT_FALSE(PathExists(HostLockPath(23463)));
+}
+
 // A watched process already gone: the start is refused, rather than
 // reported a success by a server that stops 200 ms later.
 TEST_F(CliTest, AWatchedProcessAlreadyGoneIsRefused) {

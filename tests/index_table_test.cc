@@ -140,6 +140,36 @@ TEST(IndexTableTest, FullAtThreeQuarters) {
   EXPECT_EQ(t.Insert(3, Loc(77)), IndexTable::InsertResult::kExists);
 }
 
+// CopyInto (the daemon's compaction of older tables into the newest):
+// published rows are copied, a key the newer table holds keeps its
+// location, claimed and retired slots are left behind, and a table too
+// small says so.
+TEST(IndexTableTest, CopyIntoCopiesPublishedRowsOnly) {
+  TableMemory old_m(8);  // 256 slots
+  IndexTable from = old_m.table();
+  for (uint64_t k = 0; k < 150; ++k) {
+    ASSERT_EQ(from.Insert(k, k % 3 == 0 ? layout::kSpilledBit : Loc(k)),
+              IndexTable::InsertResult::kInserted);
+  }
+  EXPECT_EQ(from.RetireSpilled(), 50u);  // keys 0, 3, 6, ...
+  layout::Slot* slots = layout::TableSlots(old_m.header());
+  size_t claimed = 0;
+  while (slots[claimed].loc.load() != kEmpty) ++claimed;
+  slots[claimed].loc.store(kClaimed);  // a writer killed before it published
+  TableMemory new_m(9);
+  IndexTable to = new_m.table();
+  ASSERT_EQ(to.Insert(1, Loc(1001)), IndexTable::InsertResult::kInserted);
+  ASSERT_TRUE(from.CopyInto(&to));
+  EXPECT_EQ(to.claimed(), 100u) << "the 100 rows not retired, once each";
+  EXPECT_EQ(to.Find(1), Loc(1001)) << "the newer table's row stays";
+  for (uint64_t k = 2; k < 150; ++k) {
+    EXPECT_EQ(to.Find(k), k % 3 == 0 ? kEmpty : Loc(k)) << k;
+  }
+  TableMemory small_m(7);  // limit 96: the 100 rows do not fit
+  IndexTable small = small_m.table();
+  EXPECT_FALSE(from.CopyInto(&small));
+}
+
 TEST(IndexTableTest, ClaimedSlotOfADeadWriterIsSkipped) {
   TableMemory m(8);
   IndexTable t = m.table();

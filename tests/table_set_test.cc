@@ -4,6 +4,8 @@
 // path's lookup that maps nothing.
 #include "lib/table_set.h"
 
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include "format/index_table.h"
@@ -49,7 +51,7 @@ TEST_F(TableSetTest, InsertNewestIsFoundByEveryLookup) {
   EXPECT_EQ(tables, 1u);
   EXPECT_EQ(tables_->Lookup(7), Loc(7));
   EXPECT_EQ(tables_->LookupMapped(7), Loc(7));
-  EXPECT_EQ(tables_->FindIn(7, 1), Loc(7));
+  EXPECT_EQ(tables_->FindIn(7, tables_->CurrentRange()), Loc(7));
   EXPECT_EQ(tables_->Lookup(8), layout::kEmpty);
   EXPECT_EQ(tables_->InsertNewest(7, Loc(8), &tables), IndexTable::InsertResult::kExists);
   EXPECT_EQ(tables_->Lookup(7), Loc(7)) << "the first row of an id wins";
@@ -65,26 +67,95 @@ TEST_F(TableSetTest, ATableTheDaemonAddsIsMappedByLookupNotByTheHitPath) {
   EXPECT_EQ(tables_->LookupMapped(42), Loc(42));
 }
 
-TEST_F(TableSetTest, ARowInAnOlderTableIsFoundBehindNewerOnes) {
+TEST_F(TableSetTest, ARowOfAnOlderTableIsCopiedIntoTheNewestWhichAloneIsProbed) {
   uint32_t tables = 0;
   ASSERT_EQ(tables_->InsertNewest(3, Loc(3), &tables),
             IndexTable::InsertResult::kInserted);
   ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
   ASSERT_TRUE(cache_->GrowIndex(2, &account_).ok());
   ASSERT_EQ(tables_->Mapped(), 3u);
+  EXPECT_EQ(header_->first_table.load(), 2u);
   ASSERT_EQ(tables_->InsertNewest(4, Loc(4), &tables),
             IndexTable::InsertResult::kInserted);
   EXPECT_EQ(tables, 3u);
   EXPECT_EQ(Table(2).Find(4), Loc(4)) << "inserted into the newest table";
-  EXPECT_EQ(Table(2).Find(3), layout::kEmpty);
+  EXPECT_EQ(Table(2).Find(3), Loc(3)) << "copied into the newest table";
+  EXPECT_EQ(Table(0).Find(3), layout::kEmpty) << "the older tables' slots are freed";
+  const TableSet::Range r = tables_->CurrentRange();
+  EXPECT_EQ(r.first, 2u);
+  EXPECT_EQ(r.end, 3u);
   for (uint64_t id : {3, 4}) {
     EXPECT_EQ(tables_->Lookup(id), Loc(id)) << id;
     EXPECT_EQ(tables_->LookupMapped(id), Loc(id)) << id;
-    tables_->Prefetch(id, 3);
-    EXPECT_EQ(tables_->FindIn(id, 3), Loc(id)) << id;
+    tables_->Prefetch(id, r);
+    EXPECT_EQ(tables_->FindIn(id, r), Loc(id)) << id;
   }
-  EXPECT_EQ(tables_->FindIn(4, 2), layout::kEmpty) << "the first n tables only";
   EXPECT_EQ(tables_->Lookup(5), layout::kEmpty);
+}
+
+// Tables not compacted (a copy that found the newest table full): a row in
+// an older table is found behind the newer ones.
+TEST_F(TableSetTest, WithoutACompactionEveryTableFromTheFirstIsProbed) {
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  ASSERT_EQ(tables_->Mapped(), 2u);
+  header_->first_table.store(0);  // as if the copy had stopped
+  ASSERT_EQ(Table(0).Insert(3, Loc(3)), IndexTable::InsertResult::kInserted);
+  ASSERT_EQ(Table(1).Insert(4, Loc(4)), IndexTable::InsertResult::kInserted);
+  const TableSet::Range r = tables_->CurrentRange();
+  EXPECT_EQ(r.first, 0u);
+  for (uint64_t id : {3, 4}) {
+    EXPECT_EQ(tables_->Lookup(id), Loc(id)) << id;
+    EXPECT_EQ(tables_->LookupMapped(id), Loc(id)) << id;
+    EXPECT_EQ(tables_->FindIn(id, r), Loc(id)) << id;
+  }
+  EXPECT_EQ(tables_->FindIn(3, {1, 2}), layout::kEmpty) << "the range's tables only";
+}
+
+// A process whose tables are stale when the daemon compacts the index: its
+// hit path misses (the full path maps the newest table and finds rows), and
+// a row it publishes in the older table after the copy is published in the
+// newest too, where lookups find it.
+TEST_F(TableSetTest, ARowPublishedInACompactedTableIsPublishedInTheNewestToo) {
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->InsertNewest(1, Loc(1), &tables),
+            IndexTable::InsertResult::kInserted);
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());  // this set still maps one
+  EXPECT_EQ(tables_->LookupMapped(1), layout::kEmpty)
+      << "the hit path does not probe a table compacted away";
+  ASSERT_EQ(tables_->Publish(2, Loc(2), &tables), IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(tables, 1u) << "published in the stale table first";
+  TableSet fresh(header_, kCacheId, [this] { return paths_; });
+  ASSERT_TRUE(fresh.MapNew().ok());
+  EXPECT_EQ(fresh.LookupMapped(2), Loc(2));
+  EXPECT_EQ(fresh.Lookup(1), Loc(1));
+  EXPECT_EQ(tables_->Lookup(2), Loc(2));
+  // Published in the newest at once: nothing more to do.
+  ASSERT_EQ(tables_->Publish(5, Loc(5), &tables), IndexTable::InsertResult::kInserted);
+  EXPECT_EQ(tables, 2u);
+  EXPECT_EQ(fresh.LookupMapped(5), Loc(5));
+}
+
+// A batch that took its range before a compaction probes the compacted
+// table after its slots were freed: each probe misses, but on tmpfs a read
+// of a freed page allocates it again, bytes the daemon counts no more. The
+// next growth frees them again.
+TEST_F(TableSetTest, PagesAStaleReaderBroughtBackAreFreedAtTheNextGrowth) {
+  const TableSet::Range stale = tables_->CurrentRange();
+  ASSERT_EQ(stale.end, 1u);
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  const std::string path0 = paths_.TableFile(kCacheId, 0, header_->tables[0].tag);
+  auto allocated = [&] {
+    struct stat st {};
+    EXPECT_EQ(stat(path0.c_str(), &st), 0) << path0;
+    return static_cast<uint64_t>(st.st_blocks) * 512;
+  };
+  ASSERT_LE(allocated(), 4096u) << "the compaction freed table 0's slots";
+  for (uint64_t id = 0; id < 10000; ++id) {
+    ASSERT_EQ(tables_->FindIn(id, stale), layout::kEmpty) << id;
+  }
+  ASSERT_GT(allocated(), 4096u) << "the stale probes brought pages back";
+  ASSERT_TRUE(cache_->GrowIndex(2, &account_).ok());
+  EXPECT_LE(allocated(), 4096u) << "the next growth freed them again";
 }
 
 TEST_F(TableSetTest, AFullTableAsksForGrowthPastTheTablesSeen) {
@@ -116,10 +187,13 @@ TEST_F(TableSetTest, ATableThatDoesNotMatchItsHeaderEntryIsRefusedAndTheOthersSt
   Status s = tables_->MapNew();
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   EXPECT_EQ(tables_->Mapped(), 1u);
-  EXPECT_EQ(tables_->Lookup(1), Loc(1));
+  // Table 0 was compacted into table 1, which cannot be mapped: a miss (the
+  // trainer reads the source), never a wrong row.
+  EXPECT_EQ(tables_->Lookup(1), layout::kEmpty);
   header_->tables[1].capacity.store(cap);
   EXPECT_TRUE(tables_->MapNew().ok());
   EXPECT_EQ(tables_->Mapped(), 2u);
+  EXPECT_EQ(tables_->Lookup(1), Loc(1));
 }
 
 }  // namespace

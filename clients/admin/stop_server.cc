@@ -1,9 +1,6 @@
 #include "clients/admin/stop_server.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,10 +8,10 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include <fmt/format.h>
 
+#include "common/instance_files.h"
 #include "common/instance_lock.h"
 #include "common/process_identity.h"
 #include "common/process_state.h"
@@ -117,30 +114,12 @@ Status StopUnansweringServer(const ProcessIdentity& recorded,
 }
 
 // Adds to *out the regular files of this user named with `prefix` in
-// `dir` (never through a link) and the bytes they hold.
+// `dir` and the bytes they hold.
 void CountLeftFiles(const std::string& dir, const std::string& prefix, StopResult* out) {
-  // O_NOFOLLOW: the huge-page dir is a name in /dev/shm, open to all.
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return;
-  DIR* d = fdopendir(fd);
-  if (d == nullptr) {
-    close(fd);
-    return;
-  }
-  int files = 0;
-  for (dirent* e = readdir(d); e != nullptr; e = readdir(d)) {
-    struct stat st {};
-    if (std::string_view(e->d_name).rfind(prefix, 0) != 0 ||
-        fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
-      continue;
-    }
-    ++files;
-    out->left_bytes += static_cast<uint64_t>(st.st_blocks) * 512;
-  }
-  closedir(d);
-  if (files == 0) return;
-  out->left_files += files;
+  const InstanceFiles left = CountInstanceFiles(dir, prefix);
+  if (left.files == 0) return;
+  out->left_files += left.files;
+  out->left_bytes += left.bytes;
   out->left_in += (out->left_in.empty() ? "" : " and ") + dir;
 }
 

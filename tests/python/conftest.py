@@ -6,13 +6,15 @@ and log dir, started by the built admin binary and stopped at teardown.
 SHMCACHE_PORT / SHMCACHE_RUN_DIR point at it for the test and for the
 processes it starts.
 
-Two run-wide hooks:
+Three run-wide hooks:
 - Leak check: after each test (its teardown included, and that of any
   module fixture it was the last user of), nothing of this run that the test
   made may be left: no process under pytest, no shmcached server, no
   /dev/shm/shmcache.* entry, no mount (leak_check.py says what counts as
   ours). A leftover is an error at the test's teardown naming it, and is
   killed or removed so that later tests start clean.
+- Deadline: a test that runs past SHMCACHE_TEST_DEADLINE_S (900 s) fails
+  with every thread's stack, instead of hanging the suite (deadline.py).
 - Shuffle: SHMCACHE_TEST_SEED=N runs the modules, and the tests inside each
   module, in an order drawn from N (scripts/stress-tests.sh sets it).
 """
@@ -37,6 +39,9 @@ import random
 import pytest
 
 import leak_check
+# The per-test deadline's hooks (deadline.py says how).
+from deadline import (pytest_configure, pytest_runtest_makereport,  # noqa: F401
+                      pytest_runtest_protocol, pytest_unconfigure)
 
 # Every server a test starts (shmcache --start reads this) stops by itself
 # when this pytest process ends, even killed or crashed before its fixtures

@@ -27,6 +27,8 @@ PREFILL_STR_LABEL_AT
 PREFILL_RAISE_AT    "ROW:KIND": computing ROW raises an exception of a local
                     class (KIND "unpicklable") or one whose str() raises
                     (KIND "unprintable").
+PREFILL_MADE        a file: the factory creates it when prefill calls it
+                    (the dataset was loaded).
 """
 
 import os
@@ -104,6 +106,8 @@ def _raise(kind, i):
 
 def rows():
     """The MODULE:FACTORY."""
+    if os.environ.get("PREFILL_MADE"):
+        open(os.environ["PREFILL_MADE"], "w").close()
     return Rows(int(os.environ.get("PREFILL_ROWS", "400")))
 
 

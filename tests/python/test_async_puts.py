@@ -368,6 +368,42 @@ def test_enqueue_many_drops_only_the_rows_that_do_not_fit(monkeypatch):
         p.close(10)
 
 
+@pytest.mark.parametrize("stalled_s", [0.0, 1e9])
+def test_rows_dropped_behind_a_put_the_server_does_not_answer_name_the_server(
+        monkeypatch, stalled_s):
+    """A server that stopped answering (SIGSTOP, hung) fills the queue behind
+    the put in flight: the one warning says so, not only "raise put_queue=",
+    which no queue length would fix (a DataLoader worker may end before the
+    put's timeout says it). A put in flight for _STALLED_S or more is the
+    server's (here at once: _STALLED_S 0; no test waits for a duration); a
+    shorter one may be either, and the warning names both."""
+    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    monkeypatch.setattr(shmcache.async_put, "_STALLED_S", stalled_s, raising=False)
+    in_put, release = threading.Event(), threading.Event()
+
+    def store(ids, rows):
+        in_put.set()
+        assert release.wait(60), "the test never released the writer"
+        return len(ids)
+    p = shmcache.async_put.AsyncPutter(store, limit_bytes=100)
+    try:
+        assert p.enqueue(1, "a", 100)
+        assert in_put.wait(60)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert p.enqueue_many([(2, "b", 50), (3, "c", 50)]) == 0
+        (w,) = [w for w in caught if w.category is CacheWarning]
+        said = str(w.message)
+        assert "put queue is full" in said and "shmcache --server_info" in said, said
+        if stalled_s == 0.0:
+            assert "has not answered a put" in said and "put_queue=" not in said, said
+        else:
+            assert "behind a put that has waited" in said and "put_queue=" in said, said
+    finally:
+        release.set()
+        p.close(10)
+
+
 def test_a_dataloader_workers_rows_are_stored_while_it_lives_and_at_its_exit(
         server, session):
     # A worker's writer wakes by batch: a row short of a batch is stored

@@ -94,8 +94,10 @@ def test_session_ids_are_checked(server, call):
             f(bad)
         assert "incompatible" not in str(e.value)
     for bad in (-1, 2**32):
-        with pytest.raises(ValueError, match="session_id"):
+        with pytest.raises(ValueError, match="session_id") as e:
             f(bad)
+        # What to pass, not DatasetCache's "or leave it out": the call needs one.
+        assert "shmcache -g" in str(e.value) and "leave it out" not in str(e.value)
 
 
 @pytest.mark.parametrize("call", [

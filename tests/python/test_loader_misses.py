@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+from bounded_child import run_in_child  # noqa: E402
 from conftest import PYTHONPATH, wait_for  # noqa: E402
 from shmcache import CacheWarning, DatasetCache  # noqa: E402
 import shmcache.torch._misses  # noqa: E402
@@ -136,6 +137,57 @@ def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
         proc.wait()
         wait_for(lambda: all(gone(p) for p in pids), timeout=5,
                  what=f"workers {pids} to end after the trainer's SIGKILL")
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in pids:
+            if not gone(p):
+                os.kill(p, signal.SIGKILL)
+
+
+# TRAINER with its workers started by the method argv[2] names.
+TRAINER_OF_START = """
+import multiprocessing as mp, sys, time
+import numpy as np
+from torch.utils.data import Dataset
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset, CachedLoader
+
+class Slow(Dataset):
+    def __len__(self): return 4096
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return np.full(8, i, dtype=np.float32), i
+
+if __name__ == "__main__":
+    cds = CachedDataset(Slow(), DatasetCache(int(sys.argv[1])))
+    it = iter(CachedLoader(cds, batch_size=16, num_workers=2,
+                           multiprocessing_context=sys.argv[2]))
+    next(it)
+    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+    sys.stdin.readline()                  # killed while the workers compute
+"""
+
+
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
+def test_workers_of_any_start_method_end_with_the_trainers_sigkill(
+        server, session, tmp_path, start):
+    """A forkserver worker's parent is the fork server, which outlives the
+    trainer: the workers watched only their parent and computed on, for good
+    (a plain DataLoader's do too). They watch the trainer itself."""
+    script = tmp_path / "trainer.py"      # a file: spawned workers import Slow
+    script.write_text(TRAINER_OF_START)
+    proc = subprocess.Popen([sys.executable, str(script), str(session), start],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env())
+    pids = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: all(gone(p) for p in pids), timeout=5,
+                 what=f"{start} workers {pids} to end after the trainer's SIGKILL")
     finally:
         proc.kill()
         proc.wait()
@@ -743,3 +795,55 @@ def test_the_workers_compute_without_the_pool_threads_profile_function(server, s
     finally:
         workers.close()
     assert [r.cols[0][2].tolist() for r in rows] == [[1.0]] * 4, rows
+
+
+# A script that iterated a DataLoader in its main thread (torch's SIGCHLD
+# handler installed), then a CachedLoader in another thread, whose worker
+# is SIGKILLed while the main thread does other work (here, waits for that
+# thread): what the loader raised, and what was raised in the main thread.
+WORKER_KILLED_UNDER_TORCHS_HANDLER = """
+import multiprocessing as mp, threading, time
+import contract_datasets as cd
+from torch.utils.data import DataLoader
+from shmcache import DatasetCache
+from shmcache.torch import CachedDataset, CachedLoader
+
+assert len(list(DataLoader(range(4), batch_size=2, num_workers=1))) == 2
+loader = CachedLoader(CachedDataset(cd.Killer(8, at=1, sig=cd.KILLED),
+                                    DatasetCache({session}), name="killer"),
+                      batch_size=2, num_workers=2)
+errors, raised_here = [], []
+
+def consume():
+    try:
+        list(loader)
+    except RuntimeError as e:
+        errors.append(str(e))
+
+t = threading.Thread(target=consume)
+t.start()
+while t.is_alive():
+    try:
+        t.join(0.05)
+    except RuntimeError as e:
+        raised_here.append(str(e))
+deadline = time.monotonic() + 60
+while mp.active_children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+report(dict(errors=errors, raised_here=raised_here, ended=not mp.active_children()))
+"""
+
+
+def test_torchs_sigchld_handler_never_raises_a_cachedloader_workers_death(server, session):
+    """A CachedLoader's workers are not in torch's list of workers its
+    SIGCHLD handler reports: once a DataLoader installed that handler in
+    the main thread, a listed worker's death is raised there at the next
+    child's exit, at whatever runs (inside a Condition's __enter__ it
+    leaves a lock held for good: the hang of DataLoader.__del__,
+    bounded_child.py). The pass reports the death itself, naming the
+    signal. In a child killed on a deadline: what it runs may hang."""
+    got = run_in_child(WORKER_KILLED_UNDER_TORCHS_HANDLER.format(session=session),
+                       what="a CachedLoader with a killed worker under torch's handler")
+    assert got["raised_here"] == [], got["raised_here"]
+    assert len(got["errors"]) == 1 and "is killed by signal: Killed" in got["errors"][0], got
+    assert got["ended"], "the workers did not end"

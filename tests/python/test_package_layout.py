@@ -20,8 +20,12 @@ SOURCE = ROOT / "clients" / "python" / "shmcache"
 # a torch without them degrades (torch/partitioned/exchange_timeout.py);
 # an RLock's _is_owned, the lock protocol threading.Condition itself reads,
 # and the only way to ask whether this thread holds it (async_put.py: a
-# signal handler that interrupted a locked section must not wait for it).
-EXTERNAL = {"_exit", "_timeout", "_device_types", "_get_backend", "_is_owned"}
+# signal handler that interrupted a locked section must not wait for it);
+# torch's _remove_worker_pids, the only way to keep a DataLoader iterator's
+# workers out of torch's SIGCHLD reports (torch/_misses.py: the miss
+# workers' deaths are the pool's to report).
+EXTERNAL = {"_exit", "_timeout", "_device_types", "_get_backend", "_is_owned",
+            "_remove_worker_pids"}
 
 
 def _private(name):

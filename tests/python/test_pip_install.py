@@ -21,6 +21,7 @@ def _have(module):
 
 @pytest.mark.skipif(not _have("mesonpy") or not _have("ensurepip"),
                     reason="needs Debian's python3-mesonpy and python3-venv")
+@pytest.mark.deadline(2400)   # a whole build from source, 1800 s allowed
 def test_pip_install_into_a_venv_then_put_and_get(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([PY, "-m", "venv", "--system-site-packages", str(venv)], check=True)

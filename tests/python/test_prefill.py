@@ -157,6 +157,25 @@ def test_missing_session_is_one_line_and_exit_1(server):
     assert "does not exist" in r.stderr
 
 
+@pytest.mark.parametrize("args,says", [
+    (["--session_id", "4242"], "does not exist"),
+    (["--session_id", "-1"], "not within the required interval"),
+    (["--size_mb", str(2**60)], "not within the required interval"),
+    (["-p", "80"], "not within the required interval"),
+    (["--session_id", "0"], "session 0 is no session"),
+])
+def test_a_bad_session_or_argument_is_refused_before_the_dataset_is_loaded(
+        server, session, tmp_path, args, says):
+    """A session or server it cannot use is said at once, not after the
+    dataset's factory (or an image folder's scan, minutes on ImageNet) ran."""
+    made = tmp_path / "made"
+    r = run_prefill(server, session, "prefill_helpers:rows", *args,
+                    PREFILL_MADE=str(made))
+    assert r.returncode == 1, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and says in r.stderr, r.stderr
+    assert not made.exists()
+
+
 def test_help_explains_every_option():
     """--help gives each option what it is and its default (argparse lists
     an option without help= bare: its name alone)."""

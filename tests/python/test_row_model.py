@@ -3,6 +3,7 @@ rests on it: misses and hits of the same types, every column DataLoader
 takes cached or delivered, PIL images, counters that count each id once,
 the session from the environment, torchvision-style transforms."""
 
+import uuid
 import warnings
 
 import numpy as np
@@ -115,6 +116,32 @@ def test_settings_changed_after_a_hit_apply_to_the_next(server, session):
     ds.columns = 0                       # a bare value has no column "#0"
     with pytest.raises(KeyError):
         ds[0]
+
+
+@pytest.mark.parametrize("sample,cols,has", [
+    ((np.zeros(2, np.float32), 7), 5, "positions of a tuple sample"),
+    ((np.zeros(2, np.float32), 7), ["nope"], "positions of a tuple sample"),
+    ({"img": np.zeros(2, np.float32), "label": 7}, 1, "'img', 'label'"),
+    ({"img": np.zeros(2, np.float32), "label": 7}, ["nope"], "'img', 'label'"),
+    (np.zeros(2, np.float32), 0, "one value, not columns"),
+], ids=["tuple-int", "tuple-name", "dict-int", "dict-name", "value"])
+def test_a_column_the_sample_lacks_says_what_it_has_on_a_miss_and_a_hit(
+        server, session, sample, cols, has):
+    """columns= naming what the dataset's sample does not have: a KeyError
+    that lists the sample's columns and what to pass, the same on a miss
+    (the sample computed; it said "tuple index out of range" or "5") as on
+    a hit (the row read; it said only "row 0 has no column '#5'")."""
+    name = f"cols-{uuid.uuid4().hex[:8]}"
+    full = CachedDataset(Listed([sample] * 2, name), DatasetCache(session), name=name,
+                         async_puts=False)
+    full[0]                                # row 0 cached, row 1 not
+    ds = CachedDataset(Listed([sample] * 2, name), DatasetCache(session), name=name,
+                       columns=cols, async_puts=False)
+    for i in (0, 1):
+        with pytest.raises(KeyError) as e:
+            ds[i]
+        said = str(e.value)
+        assert has in said and "pass columns=" in said, (i, said)
 
 
 def _tensors():

@@ -127,6 +127,20 @@ def test_random_transform_refused_unless_placed_after_the_cache(server, session)
     assert len(calls) == 2 and ds.stats()["hits"] == 1
 
 
+def test_an_allow_random_or_transform_of_the_wrong_type_is_refused_when_made(
+        server, session):
+    """allow_random="False" (a config file's string) is truthy: taken, it
+    turned the random-transform guard off. A transform that cannot be
+    called failed at the first sample, as "'int' object is not callable"."""
+    cache = DatasetCache(session)
+    for bad in ("False", None, 0):
+        with pytest.raises(TypeError, match="allow_random must be True or False"):
+            CachedDataset(Images(8, transform=RandomFlip()), cache, allow_random=bad)
+    for arg in ("transform", "target_transform", "transforms"):
+        with pytest.raises(TypeError, match=f"{arg} must be callable"):
+            CachedDataset(Images(8), cache, **{arg: 5})
+
+
 def test_empty_column_selection_is_refused_at_construction(server, session):
     with pytest.raises(ValueError, match="no column"):
         CachedDataset(Images(8), DatasetCache(session), columns=[])

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -170,7 +171,9 @@ int Victim(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh,
   return 0;
 }
 
-// Sum of the index tables' file sizes, read from the cache header.
+// Bytes of the index tables counted in reserved_bytes, read from the cache
+// header: each file's size, or one page for a table compacted into a newer
+// one (its slots were freed; CacheState::TableBytes).
 uint64_t TableBytes(const TestDaemon& d, uint32_t cache_id) {
   ShmFile f;
   std::string path = fmt::format("{}/{}cache.{}", d.shm_dir(), d.shm_prefix(), cache_id);
@@ -178,7 +181,8 @@ uint64_t TableBytes(const TestDaemon& d, uint32_t cache_id) {
   auto* h = reinterpret_cast<layout::CacheHeader*>(f.data());
   uint64_t total = 0;
   for (uint32_t g = 0; g < h->num_tables.load(); ++g) {
-    total += layout::TableFileSize(h->tables[g].capacity.load());
+    const uint64_t size = layout::TableFileSize(h->tables[g].capacity.load());
+    total += g < h->first_table.load() ? std::min<uint64_t>(size, 4096) : size;
   }
   return total;
 }

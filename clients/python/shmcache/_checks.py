@@ -68,16 +68,17 @@ _INT_FIXES = {
 }
 
 
-def check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False) -> None:
+def check_int(name: str, value: Any, lo: int, hi: int, allow_none: bool = False,
+              fix: str | None = None) -> None:
     """TypeError unless `value` is an int (None too, with `allow_none`);
     ValueError outside [lo, hi], in MindSpore's words, then the value and
-    what to pass instead."""
+    what to pass instead (`fix`, else the argument's usual fix)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise _not_of_type(name, value, "int")
     if not lo <= value <= hi:
-        fix = _INT_FIXES.get(name, "pass a whole number in it")
+        fix = fix or _INT_FIXES.get(name, "pass a whole number in it")
         raise ValueError(f"Input {name} is not within the required interval "
                          f"of [{lo}, {hi}]: got {value}; {fix}.")
 

@@ -63,9 +63,12 @@ def _check_session_id(id: int, port: int) -> None:
     server makes no session 0, so 0 is a ValueError, not a NotFoundError
     for a session that is gone. The commands it names ask the server on
     `port`."""
-    check_int("session_id", id, 0, MAX_UINT32)
+    p = port_arg(port)
+    # Not DatasetCache's "or leave it out": these calls need one.
+    check_int("session_id", id, 0, MAX_UINT32,
+              fix=f"pass the id `shmcache -g{p}` printed (`shmcache --list_sessions{p}` "
+              "lists them)")
     if id == 0:
-        p = port_arg(port)
         raise ValueError(f"session_id 0 is no session: ids are 1..{MAX_UINT32}, as "
                          f"`shmcache -g{p}` prints (a launcher that could not create a "
                          "session exports 0); list the sessions with "

@@ -6,7 +6,10 @@ Contract:
   (rows waiting or being written), the row is dropped (counted; one
   CacheWarning per process when drops start). A dropped row is a miss again
   next time and is recomputed then. An empty queue always takes one row,
-  however large.
+  however large. The warning names the cause: a put in flight for
+  _STALLED_S or more (a server stopped or not answering, which a DataLoader
+  worker may not live long enough to see time out) rather than a cache
+  slower than the dataset.
 - The writer thread stores the queue in batches (one call of its store
   function per batch; the native put releases the GIL while it copies).
   It is woken for every row, or, where batch_wakes() says so when the
@@ -70,6 +73,10 @@ _BATCH_ROWS = 64
 _WAKE_BYTES = 1 << 20
 # The longest a queued row waits for its batch to fill.
 _HOLD_S = 0.02
+# A put in flight this long when rows are dropped: the server is not
+# answering (stopped, hung), not merely slower than the dataset. A healthy
+# batch's put takes milliseconds.
+_STALLED_S = 1.0
 # A writer idle this long ends (the next enqueue starts another), so that a
 # CachedDataset that is no longer used does not keep a thread.
 _IDLE_EXIT_S = 10.0
@@ -120,6 +127,7 @@ class AsyncPutter:
         self._flushing = 0         # flush() calls waiting
         self._batched = False      # wakes by batch (decided at the thread's start)
         self._busy = 0             # rows being written now
+        self._write_since: float | None = None  # when the batch being written began
         # The store of the batch being written (None: none is), for
         # wait_redirected().
         self._writing: Callable[[list[int], list[Any]], int] | None = None
@@ -151,6 +159,7 @@ class AsyncPutter:
             self._reset()          # a fork that bypassed os.fork's hooks
         queued = 0
         full = False
+        stalled: float | None = None
         with self._cond:
             for row_id, row, nbytes in items:
                 if self._stop or (self._bytes and self._bytes + nbytes > self.limit_bytes):
@@ -166,8 +175,10 @@ class AsyncPutter:
                 self._start_locked()
                 if not self._batched or self._ready_locked():
                     self._cond.notify()
+            if full and self._write_since is not None:
+                stalled = time.monotonic() - self._write_since
         if full:
-            _warn_drops(self.limit_bytes, self.origin)
+            _warn_drops(self.limit_bytes, self.origin, stalled)
         return queued
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -316,11 +327,13 @@ class AsyncPutter:
                 # Picked with the batch, under the lock redirect() takes.
                 store, origin = self._store, self.origin
                 self._writing = store
+                self._write_since = time.monotonic()
             ok = self._write(batch, store, origin)
             idle_since = time.monotonic()
             with self._cond:
                 self._busy = 0
                 self._writing = None
+                self._write_since = None
                 self._bytes -= sum(b[2] for b in batch)
                 self.written += ok
                 self.not_stored += n - ok
@@ -349,16 +362,33 @@ class AsyncPutter:
         return 0
 
 
-def _warn_drops(limit_bytes, origin):
+def _warn_drops(limit_bytes, origin, stalled_s):
+    """The one warning of a process whose queue drops rows; `stalled_s`:
+    how long the put in flight had waited (None: none was). Said at the
+    first drop: a queue fills within a second, before any put times out."""
     global _warned_pid
     if _warned_pid == os.getpid():
         return
     _warned_pid = os.getpid()
-    warn(f"shmcache: the background put queue is full ({limit_bytes} "
-         "bytes of rows waiting): rows are dropped and read from the "
-         "source again next epoch; the cache takes rows slower than "
-         "the dataset makes them (raise put_queue= or use "
-         "async_puts=False to wait for every put)", CacheWarning, origin)
+    full = (f"shmcache: the background put queue is full ({limit_bytes} bytes of "
+            "rows waiting)")
+    dropped = "rows are dropped and read from the source again next epoch"
+    check = ("`shmcache --server_info` says; one stopped by a signal needs "
+             "`kill -CONT PID`")
+    slower = ("the cache takes rows slower than the dataset makes them (raise "
+              "put_queue= or use async_puts=False to wait for every put)")
+    if stalled_s is None:
+        warn(f"{full}: {dropped}; {slower}", CacheWarning, origin)
+    elif stalled_s >= _STALLED_S:
+        # Not "raise put_queue": no queue is long enough for a server that
+        # does not answer.
+        warn(f"{full} because the cache server has not answered a put for "
+             f"{stalled_s:.1f} s: {dropped} (is the server stopped or overloaded? "
+             f"{check})", CacheWarning, origin)
+    else:
+        warn(f"{full} behind a put that has waited {stalled_s:.2f} s for the cache "
+             f"server: {dropped}. If the server is stopped or hung ({check}), no "
+             f"queue helps; else {slower}", CacheWarning, origin)
 
 
 def flush_into(target: object, timeout: float) -> tuple[int, int]:

@@ -573,8 +573,10 @@ def _take_size_mb(a):
               "DatasetCache(size_mb=) and the rest of shmcache use", file=sys.stderr)
 
 
-def _open_cache(a, dataset):
-    from .torch.fingerprint import cache_for_dataset, open_dataset_cache
+def _open_session(a):
+    """The session's base cache, opened before the dataset is loaded (a
+    factory or an image folder's scan can take minutes): an argument out
+    of range, a session that does not exist or no server is said at once."""
     # Its warnings are not shown: a bypassed cache is said below, as a
     # prefill's error (quietly(): not warnings.catch_warnings, which swaps
     # the process's filters under the other threads of a program calling
@@ -583,15 +585,29 @@ def _open_cache(a, dataset):
         try:
             base = DatasetCache(a.session_id, size_mb=a.size_mb, spilling=a.spilling,
                                 port=a.port)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BadInput(str(e).splitlines()[0]) from None
+    _refuse_bypassed(base)
+    return base
+
+
+def _open_cache(a, base, dataset):
+    from .torch.fingerprint import cache_for_dataset, open_dataset_cache
+    with quietly(CacheWarning):
+        try:
             cache = open_dataset_cache(cache_for_dataset(dataset, base, a.cache_name))
         except (TypeError, ValueError, RuntimeError) as e:
             raise BadInput(str(e).splitlines()[0]) from None
+    _refuse_bypassed(cache)
+    return cache
+
+
+def _refuse_bypassed(cache):
     if cache.bypassed:
         # The warning's cause, without what it tells a trainer ("... rows
         # are read from the source"): prefill has nothing to do.
         raise BadInput("no row can be cached: "
                        f"{cache.cause or 'the cache could not be opened'}")
-    return cache
 
 
 def _report(res, cache, port):
@@ -630,8 +646,9 @@ def _report(res, cache, port):
 def main(argv: list[str] | None = None) -> int:
     try:
         a = _parse(argv)
+        base = _open_session(a)
         dataset = load_dataset(a.dataset, a.transform)
-        cache = _open_cache(a, dataset)
+        cache = _open_cache(a, base, dataset)
     except BadInput as e:
         print(f"prefill: {e}", file=sys.stderr)
         return 1

@@ -540,6 +540,34 @@ void ParsedColumns::AddRow(const py::list& columns) {
   row_ends_.push_back(views_.size());
 }
 
+namespace {
+// "row 3 has no column 'nope'", then what the row has and what to pass:
+// a KeyError that says only the first half leaves the user to guess the
+// row's columns (a tuple's are positions, stored as "#0", "#1", ...).
+std::string NoColumn(uint64_t id, const std::string& want, const RowView& row) {
+  std::string msg = "row " + std::to_string(id) + " has no column '" + want + "'";
+  std::string has;     // as stored: "#0, #1"
+  std::string quoted;  // as a dict's keys are written: "'img', 'label'"
+  bool positions = true;
+  for (size_t i = 0; i < row.num_columns(); ++i) {
+    std::string key(KeyOf(row.column(i).name));
+    positions = positions && !key.empty() && key[0] == kPos;
+    has += (i ? ", " : "") + key;
+    quoted += (i ? ", '" : "'") + key + "'";
+  }
+  if (row.num_columns() == 1 && has.size() == 1 && has[0] == kPos) {
+    return msg + ": it holds one value, not columns; pass columns=None";
+  }
+  if (positions) {
+    return msg + ": its columns are the positions of a tuple sample (" + has +
+           " as stored), 0.." + std::to_string(row.num_columns() - 1) +
+           "; pass columns= some of them, or None for all";
+  }
+  return msg + ": its columns are " + quoted +
+         "; pass columns= some of them, or None for all";
+}
+}  // namespace
+
 std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
                                       const std::vector<std::string>* names) {
   std::vector<ColumnView> out;
@@ -555,7 +583,7 @@ std::vector<ColumnView> SelectColumns(uint64_t id, const RowView& row,
       if (KeyOf(row.column(i).name) == want) c = row.column(i);
     }
     if (!c) {
-      throw py::key_error("row " + std::to_string(id) + " has no column '" + want + "'");
+      throw py::key_error(NoColumn(id, want, row));
     }
     out.push_back(*c);
   }

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -227,9 +228,21 @@ class MissTurn:
 _init_error: WorkerError | None = None
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, trainer: int) -> None:
+    """Ends the worker once its parent or its trainer is gone. They differ
+    under the forkserver start method: the parent is the fork server, which
+    outlives a SIGKILLed trainer (so do a plain DataLoader's workers there)."""
+    try:
+        trainer_fd: int | None = os.pidfd_open(trainer)
+    except ProcessLookupError:
+        os._exit(1)         # the trainer ended before this worker started
+    except OSError:
+        trainer_fd = None   # no pidfd here: the parent alone is watched
     while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
+        if trainer_fd is None:
+            time.sleep(PARENT_POLL_S)
+        elif select.select([trainer_fd], [], [], PARENT_POLL_S)[0]:
+            break           # readable: the trainer exited
     os._exit(1)
 
 
@@ -243,12 +256,13 @@ class _WorkerInit:
 
     def __init__(self, pids: Any, user: Callable[[int], None] | None) -> None:
         self.pids, self.user = pids, user
+        self.trainer = os.getpid()    # made in the trainer, pickled to spawned workers
 
     def __call__(self, worker_id: int) -> None:
         global _init_error
         self.pids[worker_id] = os.getpid()
-        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True,
-                         name="shmcache-parent-watch").start()
+        threading.Thread(target=_watch_parent, args=(os.getppid(), self.trainer),
+                         daemon=True, name="shmcache-parent-watch").start()
         if self.user is not None:
             try:
                 self.user(worker_id)
@@ -359,6 +373,26 @@ class Ticket:
             del err
         assert self._rows is not None, "Ticket.result() after it raised"
         return self._rows
+
+
+def _unlist_from_sigchld_reports(passes: Any) -> None:
+    """Takes the workers of the pool's DataLoader iterator `passes` out of
+    torch's list of the workers its SIGCHLD handler reports (torch has no
+    public switch for it). That handler, once a DataLoader iterated in the
+    main thread installed it (a script's validation loader), raises a
+    listed dead worker's report in the main thread at the next child's
+    exit (its own, mostly), at whatever runs there: raised inside a threading.Condition's
+    __enter__, after its lock's acquire (a queue put, an Event.set, a
+    pass's own condition), it leaves that lock held, and the next user
+    waits for it for good (the hang of DataLoader.__del__ in CI at
+    6fb8df5). The pool reports its workers' deaths itself (_check_workers,
+    within POLL_S, as the failure of every batch waiting for them); torch
+    would raise them in a thread that is not waiting for them. The
+    iterator then does not remove them again at its shutdown."""
+    if getattr(passes, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+        signal_handling._remove_worker_pids(id(passes))
+        passes._worker_pids_set = False
 
 
 def _exit_status(pid: int) -> str | None:
@@ -545,7 +579,9 @@ class MissWorkers:
         interpreter finalizes."""
         with waits_are_slices():
             try:
-                for _ in loader:
+                passes = iter(loader)
+                _unlist_from_sigchld_reports(passes)
+                for _ in passes:
                     pass
             except BaseException as e:   # noqa: BLE001 -- fails the pool
                 self._fail(e)

@@ -232,6 +232,11 @@ class CachedDataset(Dataset):
         if isinstance(put_queue, bool) or not isinstance(put_queue, int) \
                 or put_queue < 1:
             raise ValueError(f"put_queue is a size in bytes (>= 1), got {put_queue!r}")
+        for arg, f in (("transform", transform), ("target_transform", target_transform),
+                       ("transforms", transforms)):
+            if f is not None and not callable(f):
+                raise TypeError(f"{arg} must be callable (a function or a torchvision "
+                                f"transform), or None; got {type(f).__name__}")
         if transforms is not None and (transform is not None
                                        or target_transform is not None):
             raise ValueError("pass transforms= (the whole sample) or "
@@ -516,11 +521,39 @@ class CachedDataset(Dataset):
         cols = self.columns
         if cols is None:
             return sample
-        if isinstance(cols, (str, int)):
-            return sample[cols]
-        if isinstance(sample, dict):
-            return {c: sample[c] for c in cols}
-        return tuple(sample[c] for c in cols)
+        if not _has_columns(sample):
+            # One value (an array, a tensor): a hit of it has no column "#0",
+            # so neither has the sample (sample[0] would be its first row).
+            raise KeyError(_no_column(sample, cols))
+        try:
+            if isinstance(cols, (str, int)):
+                return sample[cols]
+            if isinstance(sample, dict):
+                return {c: sample[c] for c in cols}
+            return tuple(sample[c] for c in cols)
+        except (IndexError, KeyError, TypeError):
+            # A computed sample says what a hit's read says (row_model.cc):
+            # not "tuple index out of range".
+            raise KeyError(_no_column(sample, cols)) from None
+
+
+def _has_columns(sample: Any) -> bool:
+    """Whether a sample is stored as columns (a tuple, list or dict), not as
+    one value."""
+    return isinstance(sample, (tuple, list, dict))
+
+
+def _no_column(sample: Any, cols: ColumnSelection) -> str:
+    """What a columns= selection that a computed sample lacks is told."""
+    wanted = cols if isinstance(cols, (str, int)) else list(cols or [])
+    msg = f"the dataset's sample has no column {wanted!r} (columns={cols!r})"
+    if isinstance(sample, dict):
+        return (f"{msg}: its columns are {', '.join(map(repr, sample))}; pass "
+                "columns= some of them, or None for all")
+    if isinstance(sample, (tuple, list)):
+        return (f"{msg}: its columns are the positions of a tuple sample, "
+                f"0..{len(sample) - 1}; pass columns= some of them, or None for all")
+    return f"{msg}: it is one value, not columns; pass columns=None"
 
 
 def _retire(putter: weakref.ref[AsyncPutter]) -> None:

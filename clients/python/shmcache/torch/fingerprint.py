@@ -132,6 +132,10 @@ def cache_for_dataset(dataset: Any, cache: DatasetCache | None = None,
                         f"{type(cache).__name__}")
     if name is not None and not isinstance(name, str):
         raise TypeError("name must be a str")
+    if not isinstance(allow_random, bool):
+        # allow_random="False" from a config file is truthy: it would turn
+        # the guard off.
+        raise TypeError(f"allow_random must be True or False, got {allow_random!r}")
     if cache.given_name is not None:
         if name is not None and name != cache.given_name:
             raise ValueError(

@@ -245,10 +245,17 @@ class CachedLoader(DataLoader[T_co]):
                          multiprocessing_context, generator, prefetch_factor=prefetch_factor,
                          persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device)
+        for arg, f in (("transform", transform), ("batch_transform", batch_transform)):
+            if f is not None and not callable(f):
+                raise TypeError(f"{arg} must be callable, or None; got {type(f).__name__}")
         self.batch_transform = batch_transform
         self.transform = self._sample_transform(
             None if _plain(dataset) else dataset.apply_transforms, transform)
         self.device = batch_device(device, pin_memory)
+        if isinstance(max_prefetch_bytes, bool) or not isinstance(max_prefetch_bytes, int) \
+                or max_prefetch_bytes < 1:
+            raise ValueError("max_prefetch_bytes is a size in bytes (>= 1; default 1 GiB), "
+                             f"got {max_prefetch_bytes!r}")
         # A second thread on a single CPU only takes turns with the first.
         threads, auto_t = _setting("num_threads", num_threads,
                                    min(DEFAULT_THREADS, usable_cpus()))
