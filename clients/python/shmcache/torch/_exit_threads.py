@@ -53,6 +53,12 @@ torch even when the threads before it took EXIT_JOIN_S.
 A thread still inside a torch call after both bounds (a user's dataset
 computing a row on a loader thread) is left to the exit, as before.
 
+3. last, the functions given to after_threads() run: what must be done
+   once those threads made their last torch call, before the interpreter
+   finalizes (partitioned/gloo_handles.py keeps the tensors of the
+   exchange's last rounds for good, and waits for older ones that gloo's
+   threads still hold).
+
 Thread safety: every function may be called from any thread.
 """
 
@@ -69,7 +75,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["EXIT_JOIN_S", "SECTION_CLOSE_S", "end_at_exit", "exiting",
+__all__ = ["EXIT_JOIN_S", "SECTION_CLOSE_S", "end_at_exit", "after_threads", "exiting",
            "torch_section", "between_slices", "waits_are_slices", "owned_section"]
 
 EXIT_JOIN_S = 10.0
@@ -88,6 +94,7 @@ class Stoppable(Protocol):
 _open: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _lock = threading.Lock()
 _hooked = False     # the hook is registered (a forked child inherits it)
+_after: list[Callable[[], None]] = []   # after_threads(), in order
 
 # The torch sections: threads inside one, and whether they closed (exit).
 _sections = threading.Condition()
@@ -104,6 +111,15 @@ def end_at_exit(owner: Stoppable) -> None:
         if not _hooked:
             _hooked = True
             atexit.register(_end_all)
+
+
+def after_threads(fn: Callable[[], None]) -> None:
+    """At this process's exit, once the threads of every owner given to
+    end_at_exit ended or were parked (the torch sections closed), fn()
+    runs (see the module): in the exit hook, which end_at_exit registers
+    (no owner, no hook: nothing of theirs to follow)."""
+    with _lock:
+        _after.append(fn)
 
 
 def exiting() -> bool:
@@ -272,6 +288,10 @@ def _end_all() -> None:
             if t is not me:
                 t.join(max(0.0, deadline - time.monotonic()))
     _close_sections(SECTION_CLOSE_S)
+    with _lock:
+        after = list(_after)
+    for fn in after:
+        fn()
 
 
 def _forget_in_child() -> None:

@@ -48,6 +48,7 @@ import torch.distributed as dist
 from ... import DatasetCache
 from ... import rows as row_model
 from .._exit_threads import between_slices, torch_section
+from .gloo_handles import Kept, handle
 from .ownership import RowOwners
 
 __all__ = ["RowExchange", "pack_rows", "unpack_rows"]
@@ -139,10 +140,11 @@ def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
     """all_to_all_single, waited for in slices (the round is a torch
     section: _exit_threads): a wait for another rank can last as long as
     that rank's step, and a thread inside torch's wait when the interpreter
-    finalizes aborts the process as it returns. The tensors are appended
-    to `passed` (see RowExchange.round)."""
-    passed += (out, inp)
-    work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=group,
+    finalizes aborts the process as it returns. gloo gets handles of the
+    tensors (gloo_handles), appended to `passed` (see RowExchange.round)."""
+    out_h, inp_h = handle(out), handle(inp)
+    passed += (out_h, inp_h)
+    work = dist.all_to_all_single(out_h, inp_h, out_splits, in_splits, group=group,
                                   async_op=True)
     while True:
         try:
@@ -207,7 +209,7 @@ class RowExchange:
         # each rank, received from each rank); what a bare all_to_all_single
         # of the same bytes moves (benchmarks/multinode_bench.py).
         self.last_sizes: tuple[list[int], list[int]] = ([], [])
-        self._held: list[torch.Tensor] = []   # the last round's (round())
+        self._held = Kept()   # the last rounds' handles (round())
 
     @staticmethod
     def new_group(timeout: timedelta) -> Any:
@@ -241,15 +243,13 @@ class RowExchange:
                 try:
                     return self._round(requests, pushes, done, epoch, passed)
                 finally:
-                    # gloo's thread lets go of a call's tensors just after
-                    # the wait for it returns: a tensor whose Python object
-                    # went first is freed there, which takes the GIL, and
-                    # aborts the process if the interpreter is finalizing
-                    # (the last round of a thread that ends as the trainer
-                    # exits). Kept until the next round ends, or with the
-                    # exchange. The last round's are freed here, in the
-                    # section: freeing a tensor lets the GIL go too.
-                    self._held = passed
+                    # gloo's thread lets go of a call's tensors after the
+                    # wait for it returns, at times rounds later: the
+                    # handles gloo got are kept for the next rounds
+                    # (gloo_handles: and at exit for good). Older ones
+                    # are let go here, in the section: freeing a tensor
+                    # lets the GIL go too.
+                    self._held.keep(passed)
         except BaseException:
             self.broken = True
             raise
@@ -301,9 +301,8 @@ class RowExchange:
         send_sizes = [int(header[r, 0]) * 8 + int(header[r, 1]) for r in range(w)]
         recv_sizes = [int(got[r, 0]) * 8 + int(got[r, 1]) for r in range(w)]
         # Buffers gloo sends from are torch's own: a numpy-backed tensor's
-        # deleter takes the GIL, and gloo's thread may drop the last
-        # reference as the interpreter finalizes, which aborts the process
-        # ("terminate called without an active exception").
+        # deleter takes the GIL (gloo_handles), and the handle gloo gets
+        # shares the storage, which gloo's thread may free.
         send_t = torch.empty(sum(send_sizes), dtype=torch.uint8)
         sendbuf = send_t.numpy()
         o = 0
