@@ -125,9 +125,10 @@ sys.stdin.readline()                  # killed while the workers compute
 """
 
 
-def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(session)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+def kill_trainer_and_wait_for_its_workers(args, what):
+    """Starts the trainer `args` (it prints its 2 workers' pids), SIGKILLs
+    it and waits up to 5 s for its workers to end."""
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=child_env())
     pids = []
     try:
@@ -136,13 +137,18 @@ def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
         proc.kill()
         proc.wait()
         wait_for(lambda: all(gone(p) for p in pids), timeout=5,
-                 what=f"workers {pids} to end after the trainer's SIGKILL")
+                 what=f"{what} {pids} to end after the trainer's SIGKILL")
     finally:
         proc.kill()
         proc.wait()
         for p in pids:
             if not gone(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
+    kill_trainer_and_wait_for_its_workers([sys.executable, "-c", TRAINER, str(session)],
+                                          "workers")
 
 
 # TRAINER with its workers started by the method argv[2] names.
@@ -177,23 +183,8 @@ def test_workers_of_any_start_method_end_with_the_trainers_sigkill(
     (a plain DataLoader's do too). They watch the trainer itself."""
     script = tmp_path / "trainer.py"      # a file: spawned workers import Slow
     script.write_text(TRAINER_OF_START)
-    proc = subprocess.Popen([sys.executable, str(script), str(session), start],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=child_env())
-    pids = []
-    try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2, pids
-        proc.kill()
-        proc.wait()
-        wait_for(lambda: all(gone(p) for p in pids), timeout=5,
-                 what=f"{start} workers {pids} to end after the trainer's SIGKILL")
-    finally:
-        proc.kill()
-        proc.wait()
-        for p in pids:
-            if not gone(p):
-                os.kill(p, signal.SIGKILL)
+    kill_trainer_and_wait_for_its_workers([sys.executable, str(script), str(session), start],
+                                          f"{start} workers")
 
 
 # ---- nothing is computed in the trainer after a break -------------------------
