@@ -204,6 +204,13 @@ void ServerConnection::Close() {
   error_code ignored;
   stall_timer_.cancel();
   socket_.close(ignored);
+  // The peer sees the close at once, and may connect again: the budget
+  // this connection's body held goes back now, not when its last handler
+  // lets go of it (a reconnecting client was refused for the bytes of the
+  // connection the cap had just closed). The buffer itself stays until
+  // then: a cancelled read may still refer to it.
+  env_->budget.Give(charged_);
+  charged_ = 0;
 }
 
 }  // namespace shmcache
