@@ -173,6 +173,7 @@ TEST(RestartTest, ARequestTheKilledDaemonHadIsNotSentAgainAndSaysWhy) {
   ASSERT_TRUE(client->CheckSession(session).ok());
   // Stopped, the daemon reads nothing: the request lies whole in its
   // socket when it is killed.
+  const ContinuedAfter continued(first->pid());  // however the test ends
   ASSERT_TRUE(StopProcess(first->pid()));
   std::atomic<pid_t> tid{0};
   Status created;

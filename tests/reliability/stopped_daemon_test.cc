@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/checked_rows.h"
+#include "tests/support/child_process.h"
 #include "tests/support/test_daemon.h"
 
 namespace shmcache::test {
@@ -39,6 +40,7 @@ TEST(StoppedDaemon, EveryThreadsCallEndsWithinItsRequestTimeout) {
   const RowMaker m(4096);
   ASSERT_TRUE(m.Put(*cache, 0).ok());
 
+  const ContinuedAfter continued(d.pid());  // however the test ends
   ASSERT_TRUE(StopProcess(d.pid()));
   // Control requests, and puts that need a new chunk (rows bigger than
   // what the first chunk has left).
