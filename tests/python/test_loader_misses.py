@@ -104,6 +104,8 @@ def test_no_deadlock_when_every_row_comes_back_from_the_workers(server, session)
 
 # ---- workers end with a SIGKILLed trainer -----------------------------------
 
+# A trainer whose 2 miss workers compute (slowly) when it is killed; its
+# workers started by the method argv[2] names, torch's default without one.
 TRAINER = """
 import multiprocessing as mp, sys, time
 import numpy as np
@@ -117,11 +119,13 @@ class Slow(Dataset):
         time.sleep(0.02)
         return np.full(8, i, dtype=np.float32), i
 
-cds = CachedDataset(Slow(), DatasetCache(int(sys.argv[1])))
-it = iter(CachedLoader(cds, batch_size=16, num_workers=2))
-next(it)
-print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
-sys.stdin.readline()                  # killed while the workers compute
+if __name__ == "__main__":
+    cds = CachedDataset(Slow(), DatasetCache(int(sys.argv[1])))
+    it = iter(CachedLoader(cds, batch_size=16, num_workers=2,
+                           multiprocessing_context=sys.argv[2] if len(sys.argv) > 2 else None))
+    next(it)
+    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+    sys.stdin.readline()                  # killed while the workers compute
 """
 
 
@@ -151,30 +155,6 @@ def test_workers_end_within_5s_of_the_trainers_sigkill(server, session):
                                           "workers")
 
 
-# TRAINER with its workers started by the method argv[2] names.
-TRAINER_OF_START = """
-import multiprocessing as mp, sys, time
-import numpy as np
-from torch.utils.data import Dataset
-from shmcache import DatasetCache
-from shmcache.torch import CachedDataset, CachedLoader
-
-class Slow(Dataset):
-    def __len__(self): return 4096
-    def __getitem__(self, i):
-        time.sleep(0.02)
-        return np.full(8, i, dtype=np.float32), i
-
-if __name__ == "__main__":
-    cds = CachedDataset(Slow(), DatasetCache(int(sys.argv[1])))
-    it = iter(CachedLoader(cds, batch_size=16, num_workers=2,
-                           multiprocessing_context=sys.argv[2]))
-    next(it)
-    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
-    sys.stdin.readline()                  # killed while the workers compute
-"""
-
-
 @pytest.mark.parametrize("start", ["spawn", "forkserver"])
 def test_workers_of_any_start_method_end_with_the_trainers_sigkill(
         server, session, tmp_path, start):
@@ -182,7 +162,7 @@ def test_workers_of_any_start_method_end_with_the_trainers_sigkill(
     trainer: the workers watched only their parent and computed on, for good
     (a plain DataLoader's do too). They watch the trainer itself."""
     script = tmp_path / "trainer.py"      # a file: spawned workers import Slow
-    script.write_text(TRAINER_OF_START)
+    script.write_text(TRAINER)
     kill_trainer_and_wait_for_its_workers([sys.executable, str(script), str(session), start],
                                           f"{start} workers")
 
