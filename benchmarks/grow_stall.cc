@@ -10,11 +10,10 @@
 // one call: a View of a row put before they started (lock-free),
 // CheckSession (the store lock, as a lease takes it), a PutBatch of 8 rows
 // of its own into the same cache (a second writer, which meets each full
-// table too). It prints,
-// for the filler's slowest PutBatch calls (the growths among them), that
-// call's wall time and the prober's longest call of each kind that
-// overlapped it. Wall times: the machine is shared, so each figure is an
-// upper bound on the growth's share (run it several times).
+// table too). It prints, for the filler's slowest PutBatch calls (the
+// growths among them), that call's wall time and the probers' longest
+// call of each kind that overlapped it. Wall times: the machine is shared, so each figure
+// is an upper bound on the growth's share (run it several times).
 //
 //   grow_stall PORT ROWS
 //
@@ -34,22 +33,14 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/by_hand.h"
 #include "shmcache/client.h"
 
 namespace {
 
 using shmcache::Status;
-
-double Now() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
-}
-
-int Fail(const char* what, const Status& s) {
-  std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-  return 1;
-}
+using shmcache::by_hand::Fail;
+using shmcache::by_hand::Now;
 
 // One call that took long: when it began, how long, and (a put) its first
 // row.
@@ -147,15 +138,14 @@ int main(int argc, char** argv) {
   const uint64_t rows = std::strtoull(argv[2], nullptr, 10);
   constexpr size_t kBatch = 64;
   std::unique_ptr<shmcache::Client> client;
-  Status s = shmcache::Client::Connect({.port = port}, &client);
-  if (!s.ok()) return Fail("connect", s);
-  uint32_t session = 0;
-  s = client->CreateSession(&session);
-  if (!s.ok()) return Fail("session", s);
   std::unique_ptr<shmcache::Cache> cache;
-  s = client->OpenCache(
-      {.session_id = session, .fingerprint = "grow-stall", .size_mb = 0}, &cache);
-  if (!s.ok()) return Fail("open", s);
+  uint32_t session = 0;
+  Status s;
+  if (const char* step = shmcache::by_hand::OpenInNewSession(
+          port, {.fingerprint = "grow-stall", .size_mb = 0}, &client, &session, &cache,
+          &s)) {
+    return Fail(step, s);
+  }
   auto* shared =
       static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0));
