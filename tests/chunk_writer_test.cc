@@ -1,9 +1,10 @@
 // ChunkWriter: a process's writes of rows into leased chunks, against a
 // real daemon: rows published whole and found by a reader's TableSet and
 // SegmentSet, the first row of an id kept, a chunk that is full replaced, a
-// full index grown (and a row left behind a full newest table carried into
-// a new one), a lease the daemon refuses reported as such, and a
-// forked child that never writes into its parent's chunks.
+// full index grown (a row left behind a full newest table carried into a
+// new one, or its put failing where the newer table cannot be mapped), a
+// lease the daemon refuses reported as such, and a forked child that never
+// writes into its parent's chunks.
 #include "lib/chunk_writer.h"
 
 #include <sys/wait.h>
@@ -198,6 +199,34 @@ TEST_F(ChunkWriterTest, ARowPublishedBehindAFullNewestTableIsCarriedIntoAGrownOn
   EXPECT_NE(fresh.LookupMapped(2), layout::kEmpty) << "a reader that maps every table";
   EXPECT_TRUE(ReadsBack(2, 8)) << "the writer's own lookup";
   EXPECT_TRUE(ReadsBack(1, 8));
+}
+
+// The same stale writer, but the newer table cannot be mapped (its file
+// does not match the header's entry): the row stays behind, published
+// (its room is never taken back), and the put says why instead of OK.
+TEST_F(ChunkWriterTest, ARowThatCannotReachAnUnmappableTableReportsWhy) {
+  Open();
+  ASSERT_TRUE(Write(1, 8).ok());
+  ASSERT_EQ(tables_->Mapped(), 1u);
+  ASSERT_TRUE(
+      client_->Call(protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = 1})
+          .ok());
+  auto* header = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+  const uint64_t cap = header->tables[1].capacity.load();
+  header->tables[1].capacity.store(cap * 2);  // not the file's
+  bool inserted = false;
+  const Status s = Write(2, 8, &inserted);
+  header->tables[1].capacity.store(cap);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_TRUE(inserted) << "published in table 0: its room is the row's";
+  EXPECT_EQ(tally_.rows, 2u);
+  const uint64_t loc2 = tables_->table(0).Find(2);
+  ASSERT_NE(loc2, layout::kEmpty) << "published in table 0";
+  ASSERT_TRUE(Write(3, 8).ok()) << "table 1 maps again";
+  uint64_t loc3 = 0;
+  ASSERT_TRUE(ReadsBack(3, 8, &loc3));
+  EXPECT_GT(layout::LocationOffset(loc3), layout::LocationOffset(loc2))
+      << "row 3 is not written in row 2's room";
 }
 
 TEST_F(ChunkWriterTest, ALeaseTheDaemonRefusesIsReportedAndTheRowsBeforeStay) {
