@@ -5,6 +5,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -44,6 +45,12 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t ne
     if (s.ok() && !wait) {
       std::vector<SegmentJob> more = c->TakeSegmentJobs(n, &account_, preparer_threads_);
       jobs.insert(jobs.end(), more.begin(), more.end());
+      // A lease follows the rows put: the index's next table is made ahead
+      // of its growth here, so that the growth (under this lock, which
+      // every writer that meets the full table waits for) only copies.
+      if (std::optional<SegmentJob> table = c->TakeTableJob(&account_)) {
+        jobs.push_back(*table);
+      }
     }
     jobs_.insert(jobs_.end(), jobs.begin(), jobs.end());
     if (jobs.size() == 1) jobs_cv_.Signal();

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -159,6 +161,112 @@ TEST_F(CacheStateTest, AnAdoptedTableCompactedAwayHasItsSlotsFreed) {
   EXPECT_EQ(slot_locs(), 0u) << "no stale location is left in table 0";
   EXPECT_EQ(fresh.used, adopted->reserved_bytes());
   adopted.reset();
+}
+
+// The next table made ahead (TakeTableJob, run off the lock) is counted
+// from the job's start and is the one the growth publishes: the growth
+// reserves nothing more.
+TEST_F(CacheStateTest, ATableMadeAheadIsTheOneTheGrowthPublishes) {
+  Create(64 * kMB);
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
+  ShmFile t0;
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &t0).ok());
+  IndexTable table0(reinterpret_cast<layout::TableHeader*>(t0.data()));
+  const uint64_t cap0 = table0.capacity();
+  auto loc = [](uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); };
+  for (uint64_t id = 0; id + 1 < cap0 / 2; ++id) {
+    ASSERT_EQ(table0.Insert(id, loc(id)), IndexTable::InsertResult::kInserted);
+  }
+  EXPECT_FALSE(cache_->TakeTableJob(&account_).has_value()) << "below half: none yet";
+  ASSERT_EQ(table0.Insert(cap0, loc(cap0)), IndexTable::InsertResult::kInserted);
+  const uint64_t used = account_.used;
+  const uint64_t reserved = h->reserved_bytes.load();
+  std::optional<SegmentJob> job = cache_->TakeTableJob(&account_);
+  ASSERT_TRUE(job.has_value());
+  EXPECT_FALSE(cache_->TakeTableJob(&account_).has_value()) << "one at a time";
+  const uint64_t bytes = layout::TableFileSize(cap0 * 2);
+  EXPECT_EQ(account_.used, used + bytes);
+  EXPECT_EQ(h->reserved_bytes.load(), reserved + bytes);
+  ShmFile made;
+  uint32_t tag = 0;
+  std::string skipped;
+  ASSERT_TRUE(CacheState::RunTableJob(paths_, *job, &made, &tag, &skipped).ok());
+  cache_->FinishTableJob(*job, Status::OK(), std::move(made), tag, &account_);
+  EXPECT_EQ(h->num_tables.load(), 1u) << "made, not published";
+
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  EXPECT_EQ(h->num_tables.load(), 2u);
+  EXPECT_EQ(h->tables[1].tag, tag);
+  EXPECT_EQ(h->tables[1].capacity.load(), cap0 * 2);
+  // Only the older table's slots were released.
+  EXPECT_EQ(account_.used, used + bytes - (t0.size() - 4096));
+  EXPECT_EQ(h->reserved_bytes.load(), reserved + bytes - (t0.size() - 4096));
+  ShmFile t1;
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 1, tag), &t1).ok());
+  IndexTable table1(reinterpret_cast<layout::TableHeader*>(t1.data()));
+  EXPECT_EQ(table1.Find(cap0), loc(cap0));
+  EXPECT_EQ(table1.Find(0), loc(0));
+}
+
+// A growth that comes while the table is still being made makes its own
+// under the lock and releases the job's bytes; the late table is removed.
+TEST_F(CacheStateTest, ATableMadeAheadTooLateIsRemovedAndNotCounted) {
+  Create(64 * kMB);
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
+  ShmFile t0;
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &t0).ok());
+  IndexTable table0(reinterpret_cast<layout::TableHeader*>(t0.data()));
+  for (uint64_t id = 0; id < table0.capacity() / 2; ++id) {
+    ASSERT_EQ(table0.Insert(id, layout::MakeLocation(1, 4096)),
+              IndexTable::InsertResult::kInserted);
+  }
+  const uint64_t used = account_.used;
+  std::optional<SegmentJob> job = cache_->TakeTableJob(&account_);
+  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
+  const uint64_t grown =
+      used + layout::TableFileSize(table0.capacity() * 2) - (t0.size() - 4096);
+  EXPECT_EQ(account_.used, grown);
+  ShmFile made;
+  uint32_t tag = 0;
+  std::string skipped;
+  ASSERT_TRUE(CacheState::RunTableJob(paths_, *job, &made, &tag, &skipped).ok());
+  ASSERT_NE(tag, h->tables[1].tag);
+  cache_->FinishTableJob(*job, Status::OK(), std::move(made), tag, &account_);
+  struct stat st;
+  EXPECT_NE(stat(paths_.TableFile(kCacheId, 1, tag).c_str(), &st), 0) << "removed";
+  EXPECT_EQ(account_.used, grown);
+}
+
+// Destroy removes a table made ahead with the cache's other files, and
+// releases its bytes (TearDown checks the account is back to 0).
+TEST_F(CacheStateTest, DestroyRemovesATableMadeAhead) {
+  Create(64 * kMB);
+  ShmFile header;
+  ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header).ok());
+  auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
+  ShmFile t0;
+  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 0, h->tables[0].tag), &t0).ok());
+  IndexTable table0(reinterpret_cast<layout::TableHeader*>(t0.data()));
+  for (uint64_t id = 0; id < table0.capacity() / 2; ++id) {
+    ASSERT_EQ(table0.Insert(id, layout::MakeLocation(1, 4096)),
+              IndexTable::InsertResult::kInserted);
+  }
+  std::optional<SegmentJob> job = cache_->TakeTableJob(&account_);
+  ASSERT_TRUE(job.has_value());
+  ShmFile made;
+  uint32_t tag = 0;
+  std::string skipped;
+  ASSERT_TRUE(CacheState::RunTableJob(paths_, *job, &made, &tag, &skipped).ok());
+  cache_->FinishTableJob(*job, Status::OK(), std::move(made), tag, &account_);
+  cache_->Destroy(&account_);
+  struct stat st;
+  EXPECT_NE(stat(paths_.TableFile(kCacheId, 1, tag).c_str(), &st), 0) << "removed";
+  EXPECT_EQ(account_.used, 0u);
 }
 
 }  // namespace
