@@ -125,6 +125,11 @@ class CacheState {
   // one removes (the header does not name it).
   static Status RunTableJob(const InstancePaths& paths, const SegmentJob& job,
                             ShmFile* file, uint32_t* tag, std::string* skipped);
+  // True while a job makes table `gen` ahead (queued or running): the
+  // growth to it waits for that job (Store::GrowIndex), without the lock.
+  bool MakingTableAhead(uint32_t gen) const {
+    return ahead_bytes_ != 0 && !ahead_.mapped() && ahead_gen_ == gen;
+  }
   // Keeps the table a job made for the next growth, or, when it failed or
   // the index grew meanwhile, removes it and releases its bytes.
   void FinishTableJob(const SegmentJob& job, const Status& made, ShmFile file,

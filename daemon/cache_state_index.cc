@@ -172,7 +172,8 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
   }
   uint64_t prev = header_->tables[n - 1].capacity.load();
   Status s;
-  if (ahead_.mapped() && ahead_gen_ == n) {
+  const bool made_ahead = ahead_.mapped() && ahead_gen_ == n;
+  if (made_ahead) {
     // Made ahead (TakeTableJob), its bytes counted since: published at
     // once, so that under the lock only the copy is left.
     ahead_bytes_ = 0;
@@ -183,7 +184,13 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
     if (ahead_bytes_ != 0) DropAheadTable(account);
     s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
   }
-  if (s.ok()) CompactIndex(account);
+  if (s.ok()) {
+    if (log_) {
+      log_->Info("{}: index table {} of {} slots added ({})", Label(), n, prev * 2,
+                 made_ahead ? "made ahead" : "made under the lock");
+    }
+    CompactIndex(account);
+  }
   if (s.IsFull()) {
     alloc_.MarkFull(s.message());
     // Full also reports a full shm dir; only the cap's shortage may pass.
