@@ -248,7 +248,7 @@ Status CacheImpl::GetBatch(std::span<const uint64_t> ids, Row* rows, Status* sta
         RowView v;
         const Found found = ReadLocated(ids[i], row, &v, &statuses[i], &counts);
         if (found == Found::kInMemory) [[likely]] {
-          RowCodec::Copy(v, &rows[i]);
+          RowCodec::Copy(v, &rows[i], ids.size());
           return;
         }
         if (found == Found::kSpilled) {
