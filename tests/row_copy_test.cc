@@ -52,7 +52,7 @@ TEST(RowCopyTest, StreamCopyCopiesEveryByteAtEveryAlignment) {
 
 TEST(RowCopyTest, RowsAroundTheThresholdCopyWhole) {
   for (size_t n : {kStreamCopyBytes - 8, kStreamCopyBytes, kStreamCopyBytes + 8,
-                   size_t{150 * 1024}, size_t{600 * 1024 + 24}, size_t{1} << 20}) {
+                   size_t{150} * 1024, size_t{600} * 1024 + 24, size_t{1} << 20}) {
     for (size_t doff : {size_t{0}, size_t{8}, size_t{13}}) {
       // One row in the call (memcpy) and a call of 4096 rows (streamed
       // from kStreamCopyBytes on, whatever the machine's cache share).
