@@ -200,6 +200,26 @@ struct Startup {
   std::vector<std::string> notes;  // NOTE lines of the readiness report
 };
 
+// Whether the shm dir chosen holds files of the instance: an earlier
+// server's, for --stop to count and the next start to adopt.
+bool HoldsInstanceFiles(const InstancePaths& paths) {
+  const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
+  return CountInstanceFiles(paths.shm_dir, name).files > 0;
+}
+
+// A start refused after it took its locks: the lock files go (when
+// `remove_locks`), and so does the huge tmpfs it mounted (or adopted) when
+// nothing of the instance is in it. Left, that mount stayed in /dev/shm for
+// good: no lock file named it, so --stop said there was nothing to stop.
+void ReleaseRefusedStart(const InstancePaths& paths, const Startup& up, bool remove_locks,
+                         InstanceLocks* locks, Logger* log) {
+  if (up.shm.own_mount && !HoldsInstanceFiles(paths)) {
+    Status r = ReleaseHugeShmDir(up.shm.dir);
+    if (!r.ok()) log->Warn("{}", r.message());
+  }
+  if (remove_locks) locks->RemoveFiles();
+}
+
 // Picks the shm dir (moving a killed server's files of the other huge-page
 // mode there), sets *paths to it, counts the workers and checks the dir is
 // usable. InvalidArgument saying what to change when it is not.
@@ -207,8 +227,8 @@ Status PrepareShm(const DaemonOptions& opts, InstancePaths* paths, Logger* log,
                   Startup* up) {
   up->fd_limit = RaiseFileLimit();
   RaiseFileSizeLimit();  // before the first file is moved or made
-  // A failed start leaves a mounted tmpfs as a killed server would: empty
-  // (it then holds no memory) or with rows the next start adopts.
+  // A start refused from here on leaves a mounted tmpfs only with rows in
+  // it, for the next start to adopt (ReleaseRefusedStart).
   up->shm = PickShmDir(opts, *paths);
   *paths = MakeInstancePaths(opts.port, opts.run_dir, up->shm.dir);
   struct stat dir {};
@@ -399,7 +419,7 @@ int Run(DaemonOptions& opts) {
   if (!s.ok()) {
     // Refused at set-up (a shm dir that is a file, no room): its lock
     // files go too; what an earlier server left stays for the next start.
-    locks->RemoveFiles();
+    ReleaseRefusedStart(paths, up, /*remove_locks=*/true, locks.get(), &log);
     return Fail(opts.ready_fd, s.message());
   }
   // For --stop in another run dir: which shm dir is this server's.
@@ -413,10 +433,8 @@ int Run(DaemonOptions& opts) {
     // this instance in it (an earlier server's, for --stop to count and the
     // next start to adopt); otherwise a refused start would leave them
     // behind in /dev/shm for good.
-    const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
-    if (g_stop_requested.load() || CountInstanceFiles(paths.shm_dir, name).files == 0) {
-      locks->RemoveFiles();
-    }
+    ReleaseRefusedStart(paths, up, g_stop_requested.load() || !HoldsInstanceFiles(paths),
+                        locks.get(), &log);
     return Fail(opts.ready_fd, s.message());
   }
   s = Serve(opts, paths, watched, &store, &log, &up);

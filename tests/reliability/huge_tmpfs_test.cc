@@ -4,6 +4,7 @@
 // symlink or someone else's directory planted at the mount path. The
 // mounting cases need root and shmem transparent huge pages; they skip
 // with the reason otherwise.
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -147,6 +148,28 @@ TEST(HugeTmpfs, RestartAfterKillAdoptsTheRowsInTheMount) {
   ASSERT_TRUE(d.Stop().ok());
   EXPECT_FALSE(d.HugeMounted());
   EXPECT_FALSE(Exists(HugeShmDir(d.port())));
+}
+
+// A start refused after it mounted its tmpfs (a spill dir where it cannot
+// make its database: /proc) takes the empty mount down with its lock files.
+// It stayed mounted in /dev/shm for good: no lock file named it any more,
+// so --stop said there was nothing to stop.
+TEST(HugeTmpfs, AStartRefusedAfterItMountedLeavesNoMount) {
+  if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
+  TestDaemon d;
+  TestDaemon::Options o = HugeAsked();
+  o.extra_args = {"--spilldir=/proc"};
+  Status s = d.Start(o);
+  const std::string dir = HugeShmDir(d.port());
+  const bool mounted = !MountInfoLine(dir).empty();
+  const bool left = Exists(dir);
+  if (mounted) umount2(dir.c_str(), UMOUNT_NOFOLLOW | MNT_DETACH);  // failing: not
+  if (left) rmdir(dir.c_str());                                     // left either
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("cannot create /proc/"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(mounted);
+  EXPECT_FALSE(left);
+  EXPECT_FALSE(Exists(HostLockPath(d.port())));
 }
 
 // Not asked for (the default): /dev/shm, and one line saying how to get
