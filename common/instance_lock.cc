@@ -118,11 +118,24 @@ Status LockFileAtPath(const std::string& lock_path, int port, const std::string&
     Status opened = OpenLockFile(lock_path, port, &fd, &held);
     if (!opened.ok()) return opened;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      if (ProcessEnding(ReadLockOwner(fd).pid) &&
+      // Readers alone hold it when a shared lock is granted: ProbeLock's,
+      // a moment long (a client whose connect failed asks who holds the
+      // port; so does --stop), no server. Refused as "already running
+      // (process id ?)" before.
+      const bool readers = flock(fd, LOCK_SH | LOCK_NB) == 0;
+      if ((readers || ProcessEnding(ReadLockOwner(fd).pid)) &&
           std::chrono::steady_clock::now() < wait_until) {
-        close(fd);
+        close(fd);  // our shared lock too
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
+      }
+      if (readers) {
+        close(fd);
+        return Status::Unavailable(
+            fmt::format("cannot take {}: other processes of this user kept reading it "
+                        "(clients or shmcache commands asking which server holds port "
+                        "{}) for {} s; try again",
+                        lock_path, port, kEndingHolderWait.count()));
       }
       Status taken = busy(fd);
       close(fd);

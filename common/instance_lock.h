@@ -27,7 +27,9 @@ ProcessIdentity ReadLockOwner(int fd);
 // identity into it; *fd_out is the open file, to be closed last. A holder
 // that is ending (killed, its last threads still exiting: ProcessEnding) is
 // waited for, up to 10 s: a restart right after a kill or a crash is not
-// refused. AlreadyExists,
+// refused; so are readers alone holding it (the shared lock of a probe
+// below, a moment long: a client whose connect failed, --stop), and
+// Unavailable when they keep it that long. AlreadyExists,
 // naming the port and the holder's pid, when another server holds it. A
 // link is never followed: it, or anything that is not a regular file of
 // this user, is refused (PermissionDenied naming it and the fix).
@@ -38,7 +40,8 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
 // identity and `run_dir` into it; *fd_out is the open file, to be closed last,
 // after ReleaseLockFile. The directory is shared with other users: a link
 // is never followed, and a file that is not a regular file of this user
-// is refused (PermissionDenied naming its owner and the fix). Another
+// is refused (PermissionDenied naming its owner and the fix). An ending
+// holder or readers are waited for as TakeInstanceLock says. Another
 // server of this user on the port, whatever its run dir, is
 // AlreadyExists naming its process id and run dir.
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
@@ -54,8 +57,10 @@ void ReleaseLockFile(const std::string& lock_path, int fd);
 // as long as the object lives: destroyed, it closes them (the kernel drops
 // the flocks). A server that stops removes their files first
 // (RemoveFiles), while it still holds them, and so does one refused at
-// set-up (daemon/main.cc: its shm dir); one that fails later leaves them,
-// as a killed one would: the next start takes them again.
+// set-up (daemon/main.cc: its shm dir), or later while its shm dir holds
+// nothing of the instance; one refused with an earlier server's files
+// there leaves them, as a killed one would (for --stop to count): the
+// next start takes them again.
 class InstanceLocks {
  public:
   // Takes the lock at `lock_path` (TakeInstanceLock), then the host lock at
