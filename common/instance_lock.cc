@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -38,11 +39,13 @@ std::string ReadLockLine(int fd, int index) {
 }
 
 // The host lock's text: the holder's identity, run dir and, once it has
-// chosen it, shm dir (NoteShmDir), a line each. The instance lock's is the
-// first line alone.
+// chosen it, shm dir (NoteShmDir), then kServing once it listens
+// (NoteServing), a line each. The instance lock's is the first line alone.
 constexpr int kOwnerLine = 0;
 constexpr int kRunDirLine = 1;
 constexpr int kShmDirLine = 2;
+constexpr int kServingLine = 3;
+constexpr std::string_view kServing = "serving";
 
 }  // namespace
 
@@ -212,12 +215,23 @@ Status InstanceLocks::Take(const std::string& lock_path,
 }
 
 void InstanceLocks::NoteShmDir(const std::string& shm_dir) {
+  shm_dir_ = shm_dir;
   // Written over the text TakeHostLock wrote, which it begins with: a probe
   // reads the old text or the new, never a truncated one.
   const std::string text = fmt::format("{}{}\n{}\n", OwnerLine(), run_dir_, shm_dir);
   if (pwrite(host_fd_, text.data(), text.size(), 0) < 0) {
     // Only for --stop's count of what a killed server left: without it,
     // nothing is counted while this server runs.
+  }
+}
+
+void InstanceLocks::NoteServing() {
+  // Over NoteShmDir's text, which it begins with, as that one.
+  const std::string text =
+      fmt::format("{}{}\n{}\n{}\n", OwnerLine(), run_dir_, shm_dir_, kServing);
+  if (pwrite(host_fd_, text.data(), text.size(), 0) < 0) {
+    // Only for a client's words: without it, a server whose socket is gone
+    // is said to be starting still.
   }
 }
 
@@ -271,6 +285,7 @@ Status ProbeLock(const std::string& lock_path, bool* held, ProcessIdentity* owne
     if (host != nullptr) {
       host->run_dir = ReadLockLine(fd, kRunDirLine);
       host->shm_dir = ReadLockLine(fd, kShmDirLine);
+      host->serving = ReadLockLine(fd, kServingLine) == kServing;
     }
   }
   close(fd);

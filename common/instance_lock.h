@@ -76,6 +76,10 @@ class InstanceLocks {
   // Adds the shm dir the server chose (its huge-page dir, or the one it was
   // given) to the host lock's text, for ProbeHostLock.
   void NoteShmDir(const std::string& shm_dir);
+  // Adds that the server listens on its socket (after NoteShmDir), for
+  // ProbeHostLock: a client that finds no socket is told the server is
+  // starting before, and that its socket was removed after.
+  void NoteServing();
   // Unlinks both files while holding them (ReleaseLockFile).
   void RemoveFiles();
 
@@ -93,6 +97,7 @@ class InstanceLocks {
   const int fd_;
   const int host_fd_;
   const std::string run_dir_;
+  std::string shm_dir_;  // NoteShmDir's
 };
 
 // Whether a process of this user holds the lock: *held, and *owner what
@@ -106,18 +111,18 @@ Status ProbeInstanceLock(const std::string& lock_path, bool* held,
 // The same for the host lock (TakeHostLock): its holder, with the run dir
 // and shm dir it wrote ("" when not readable yet: the run dir is written
 // as the lock is taken, the shm dir once the server has chosen it,
-// InstanceLocks::NoteShmDir). The one reader of the host lock, for the
-// admin and for libshmcache's failed connects (server_elsewhere.h): read
-// only (a shared flock tried without waiting, dropped as the file is
-// closed), never through a link, never blocking (a FIFO there cannot hold
-// it); anything but this user's own regular file is "none" (not held);
-// *out is "none" too when the file cannot be opened (then the error).
-// Thread-safe.
+// InstanceLocks::NoteShmDir), and whether it listens yet (NoteServing). The one reader of
+// the host lock, for the admin and for libshmcache's failed connects
+// (server_elsewhere.h): read only (a shared flock tried without waiting, dropped as the
+// file is closed), never through a link, never blocking (a FIFO there cannot hold it);
+// anything but this user's own regular file is "none" (not held); *out is "none" too when
+// the file cannot be opened (then the error). Thread-safe.
 struct HostLockHolder {
   bool held = false;
   ProcessIdentity owner;
   std::string run_dir;
   std::string shm_dir;
+  bool serving = false;
 };
 Status ProbeHostLock(const std::string& lock_path, HostLockHolder* out);
 

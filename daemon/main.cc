@@ -324,14 +324,16 @@ class WatchedProcess {
 };
 
 // Serves until the server is asked to stop and its workers are done:
-// listens, reports ready (opts.ready_fd is -1 afterwards: the report
-// closed it) and runs the workers.
+// listens (and says so in its host lock), reports ready (opts.ready_fd is -1 afterwards:
+// the report closed it) and runs the workers.
 Status Serve(DaemonOptions& opts, const InstancePaths& paths,
-             const ProcessHandle& watched, Store* store, Logger* log, Startup* up) {
+             const ProcessHandle& watched, Store* store, Logger* log, Startup* up,
+             InstanceLocks* locks) {
   boost::asio::io_context io(up->workers);
   Server server(io, store, log, opts);
   Status s = server.Listen(paths.socket_path);
   if (!s.ok()) return s;
+  locks->NoteServing();
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
@@ -437,7 +439,7 @@ int Run(DaemonOptions& opts) {
                         locks.get(), &log);
     return Fail(opts.ready_fd, s.message());
   }
-  s = Serve(opts, paths, watched, &store, &log, &up);
+  s = Serve(opts, paths, watched, &store, &log, &up, locks.get());
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   log.Info("stopping: removing shared memory and socket");
   store.Shutdown();
