@@ -200,22 +200,26 @@ struct Startup {
   std::vector<std::string> notes;  // NOTE lines of the readiness report
 };
 
-// Whether the shm dir chosen holds files of the instance: an earlier
-// server's, for --stop to count and the next start to adopt.
-bool HoldsInstanceFiles(const InstancePaths& paths) {
-  const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
-  return CountInstanceFiles(paths.shm_dir, name).files > 0;
+// The files of the instance in the shm dir chosen: an earlier server's,
+// for --stop to count and the next start to adopt.
+InstanceFiles InstanceFilesIn(const InstancePaths& paths) {
+  return CountInstanceFiles(paths.shm_dir,
+                            paths.shm_prefix.substr(paths.shm_dir.size() + 1));
 }
 
 // A start refused after it took its locks: the lock files go (when
 // `remove_locks`), and so does the huge tmpfs it mounted (or adopted) when
-// nothing of the instance is in it. Left, that mount stayed in /dev/shm for
-// good: no lock file named it, so --stop said there was nothing to stop.
+// it was read and nothing of the instance is in it. Left, that mount stayed
+// in /dev/shm for good: no lock file named it, so --stop said there was
+// nothing to stop.
 void ReleaseRefusedStart(const InstancePaths& paths, const Startup& up, bool remove_locks,
                          InstanceLocks* locks, Logger* log) {
-  if (up.shm.own_mount && !HoldsInstanceFiles(paths)) {
-    Status r = ReleaseHugeShmDir(up.shm.dir);
-    if (!r.ok()) log->Warn("{}", r.message());
+  if (up.shm.own_mount) {
+    const InstanceFiles in_mount = InstanceFilesIn(paths);
+    if (in_mount.listed && in_mount.files == 0) {
+      Status r = ReleaseHugeShmDir(up.shm.dir);
+      if (!r.ok()) log->Warn("{}", r.message());
+    }
   }
   if (remove_locks) locks->RemoveFiles();
 }
@@ -435,7 +439,8 @@ int Run(DaemonOptions& opts) {
     // this instance in it (an earlier server's, for --stop to count and the
     // next start to adopt); otherwise a refused start would leave them
     // behind in /dev/shm for good.
-    ReleaseRefusedStart(paths, up, g_stop_requested.load() || !HoldsInstanceFiles(paths),
+    ReleaseRefusedStart(paths, up,
+                        g_stop_requested.load() || InstanceFilesIn(paths).files == 0,
                         locks.get(), &log);
     return Fail(opts.ready_fd, s.message());
   }

@@ -172,6 +172,27 @@ TEST(HugeTmpfs, AStartRefusedAfterItMountedLeavesNoMount) {
   EXPECT_FALSE(Exists(HostLockPath(d.port())));
 }
 
+// With a killed server's rows in the mount, a refused start leaves the
+// mount and its lock files: the next start serves every row.
+TEST(HugeTmpfs, AStartRefusedOverAKilledServersRowsKeepsThem) {
+  if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
+  TestDaemon d;
+  ASSERT_TRUE(d.Start(HugeAsked()).ok());
+  SessionCache sc;
+  PutRows(d, &sc);
+  const uint32_t session = sc.session;
+  sc = SessionCache{};
+  d.Kill();
+  TestDaemon::Options refused = HugeAsked();
+  refused.extra_args = {"--spilldir=/proc"};
+  ASSERT_FALSE(d.Start(refused).ok());
+  EXPECT_TRUE(d.HugeMounted());
+  EXPECT_TRUE(Exists(HostLockPath(d.port())));
+  ASSERT_TRUE(d.Start(HugeAsked()).ok());
+  EXPECT_EQ(ReadRowsElsewhere(d, session), 0) << d.ReadLog();
+  ASSERT_TRUE(d.Stop().ok());
+}
+
 // Not asked for (the default): /dev/shm, and one line saying how to get
 // huge pages.
 TEST(HugeTmpfs, NotAskedForItUsesDevShmWithOneLogLine) {
