@@ -99,6 +99,17 @@ int ReadRowsElsewhere(const TestDaemon& d, uint32_t session, uint64_t rows = kRo
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+// Starts `d` asking for huge pages, puts kRows rows in a session
+// (*session) and kills it: the rows stay in its mount.
+void KillWithRows(TestDaemon* d, uint32_t* session) {
+  ASSERT_TRUE(d->Start(HugeAsked()).ok());
+  SessionCache sc;
+  PutRows(*d, &sc);
+  *session = sc.session;
+  sc = SessionCache{};
+  d->Kill();
+}
+
 TEST(HugeTmpfs, AskedForAsRootItMountsHugePagesAndStopRemovesThem) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
@@ -134,12 +145,8 @@ TEST(HugeTmpfs, AskedForAsRootItMountsHugePagesAndStopRemovesThem) {
 TEST(HugeTmpfs, RestartAfterKillAdoptsTheRowsInTheMount) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(HugeAsked()).ok());
-  SessionCache sc;
-  PutRows(d, &sc);
-  uint32_t session = sc.session;
-  sc = SessionCache{};
-  d.Kill();
+  uint32_t session = 0;
+  ASSERT_NO_FATAL_FAILURE(KillWithRows(&d, &session));
   // A killed server leaves its mount, with the rows, to the next one.
   EXPECT_TRUE(d.HugeMounted());
   ASSERT_TRUE(d.Restart().ok());
@@ -177,12 +184,8 @@ TEST(HugeTmpfs, AStartRefusedAfterItMountedLeavesNoMount) {
 TEST(HugeTmpfs, AStartRefusedOverAKilledServersRowsKeepsThem) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(HugeAsked()).ok());
-  SessionCache sc;
-  PutRows(d, &sc);
-  const uint32_t session = sc.session;
-  sc = SessionCache{};
-  d.Kill();
+  uint32_t session = 0;
+  ASSERT_NO_FATAL_FAILURE(KillWithRows(&d, &session));
   TestDaemon::Options refused = HugeAsked();
   refused.extra_args = {"--spilldir=/proc"};
   ASSERT_FALSE(d.Start(refused).ok());
@@ -283,12 +286,8 @@ TEST(HugeTmpfs, PlantedSymlinkOrForeignDirectoryIsNeverUsed) {
 TEST(HugeTmpfs, APlantedDirectoryAtTheOldMovingNameCostsNoRow) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(HugeAsked()).ok());
-  SessionCache sc;
-  PutRows(d, &sc);
-  const uint32_t session = sc.session;
-  sc = SessionCache{};
-  d.Kill();
+  uint32_t session = 0;
+  ASSERT_NO_FATAL_FAILURE(KillWithRows(&d, &session));
   const std::string planted =
       fmt::format("/dev/shm/{}moving", InstancePrefix(geteuid(), d.port()));
   ASSERT_EQ(mkdir(planted.c_str(), 0777), 0);

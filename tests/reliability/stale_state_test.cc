@@ -133,6 +133,16 @@ int LockFilePid(const TestDaemon& d) {
   return pid;
 }
 
+// The admin's environment for a start held in start-up (test hook) while
+// the file `hold` (made here) exists: the server holds its locks but does
+// not listen yet.
+std::vector<std::string> HeldStartEnv(const TestDaemon& d, const std::string& hold) {
+  { std::ofstream(hold) << "hold\n"; }
+  std::vector<std::string> env = d.AdminEnv();
+  env.push_back("SHMCACHE_TEST_HOLD_START=" + hold);
+  return env;
+}
+
 // A client of a server still starting (adopting what a killed one left: it
 // holds its locks, its socket is the killed one's) is told so; it was told
 // that no server runs ("start it", a start that is refused), or, with no
@@ -144,9 +154,7 @@ TEST(StaleState, AClientOfAServerStillStartingIsToldItIsStarting) {
   d.Kill();
   TempDir tmp;
   const std::string hold = tmp.path() + "/hold";
-  { std::ofstream(hold) << "hold\n"; }
-  std::vector<std::string> env = d.AdminEnv();
-  env.push_back("SHMCACHE_TEST_HOLD_START=" + hold);
+  const std::vector<std::string> env = HeldStartEnv(d, hold);
   pid_t starter = ForkChild([&] {
     std::string out;
     return RunProgram(StartArgs(d), env, &out) == 0 ? 0 : 1;
@@ -199,9 +207,7 @@ TEST(StaleState, StopEndsAServerThatIsStillStarting) {
   // it holds the instance lock but does not answer yet.
   TempDir tmp;
   const std::string hold = tmp.path() + "/hold";
-  { std::ofstream(hold) << "hold\n"; }
-  std::vector<std::string> env = d.AdminEnv();
-  env.push_back("SHMCACHE_TEST_HOLD_START=" + hold);
+  const std::vector<std::string> env = HeldStartEnv(d, hold);
   struct Started {
     int rc;
     char out[2048];
