@@ -1,5 +1,6 @@
 #include "format/cache_share.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <string_view>
@@ -71,10 +72,17 @@ size_t CacheShareBytesAt(const std::string& cache_dir) {
 }
 
 size_t CacheShareBytes() {
-  static const size_t share = [] {
-    const size_t s = CacheShareBytesAt("/sys/devices/system/cpu/cpu0/cache");
-    return s != 0 ? s : kDefaultCacheShareBytes;
-  }();
+  // Not a function-local static: its initialisation guard, held by a
+  // thread while it reads sysfs, would stay held in a child forked then,
+  // and the child's first large copy would wait on it for good. Threads
+  // that race here read the same files and store the same value.
+  static std::atomic<size_t> known{0};
+  size_t share = known.load(std::memory_order_relaxed);
+  if (share == 0) {
+    share = CacheShareBytesAt("/sys/devices/system/cpu/cpu0/cache");
+    if (share == 0) share = kDefaultCacheShareBytes;
+    known.store(share, std::memory_order_relaxed);
+  }
   return share;
 }
 

@@ -3,8 +3,9 @@
 // together exceed it will not find them cached when it writes them, nor
 // leave them cached for the reader: that is when non-temporal stores pay
 // (row_copy.h).
-// Thread safety: CacheShareBytes reads sysfs once per process (a static
-// initialised on first use); CacheShareBytesAt is stateless.
+// Thread safety: any thread. CacheShareBytes reads sysfs on its first call
+// in a process (and on any call racing it) and keeps the value, without a
+// lock (safe across fork); CacheShareBytesAt is stateless.
 #pragma once
 
 #include <cstddef>
