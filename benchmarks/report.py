@@ -34,7 +34,8 @@ SUPPLY = ("fresh pages of the shm dir fallocated and written once through the de
 # when this VM's kernel has given free 2 MB blocks back to its host, whose
 # next touch costs a host fault each ("first fill after idle").
 FIRST = "first fill after idle"
-FIRST_HOW = "nothing ran for 3 s before it: on this VM, pages its host took back"
+FIRST_HOW = ("nothing ran for 3 s before it: huge pages freed by then are back with "
+             "this VM's host")
 
 
 def load_samples(path):
