@@ -51,6 +51,7 @@ ExtendFn RocksdbExtend() {
 }
 
 std::atomic<bool> g_on{true};
+std::atomic<uint64_t> g_calls{0};
 
 #if defined(__x86_64__)
 
@@ -195,6 +196,8 @@ uint32_t Crc32cExtendByRocksdb(uint32_t crc, const char* buf, size_t size) {
   return RocksdbExtend()(crc, buf, size);
 }
 
+uint64_t RocksdbCrc32cCallsForTest() { return g_calls.load(std::memory_order_relaxed); }
+
 }  // namespace shmcache
 
 #if defined(__x86_64__)
@@ -206,6 +209,7 @@ __attribute__((visibility("default"))) uint32_t Extend(uint32_t crc, const char*
                                                        size_t size);
 
 uint32_t Extend(uint32_t crc, const char* buf, size_t size) {
+  shmcache::g_calls.fetch_add(1, std::memory_order_relaxed);
   if (shmcache::RocksdbCrc32cByCpu()) return shmcache::Crc32cExtendByCpu(crc, buf, size);
   return shmcache::Crc32cExtendByRocksdb(crc, buf, size);
 }

@@ -38,4 +38,8 @@ uint32_t Crc32cExtendByCpu(uint32_t crc, const char* buf, size_t size);
 // The same by RocksDB's own crc32c::Extend (its tables in Debian's build).
 uint32_t Crc32cExtendByRocksdb(uint32_t crc, const char* buf, size_t size);
 
+// How many times RocksDB called the interposed Extend in this process
+// (either way it computed): a test that a write's log went through it.
+uint64_t RocksdbCrc32cCallsForTest();
+
 }  // namespace shmcache
