@@ -176,8 +176,27 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cExtendByCpu(uint32_t crc,
   return ~static_cast<uint32_t>(c);
 }
 
+// The CPU's CRC stands in for RocksDB's only where both agree on a buffer
+// that crosses every path of Crc32cExtendByCpu (its unaligned head, both
+// three-way lengths, the 8-byte loop, the tail): a wrong join would
+// otherwise write logs that a restart rejects as corrupt. Checked once, on
+// RocksDB's first call.
+namespace {
+bool CpuAgreesWithRocksdb() {
+  static const bool agrees = [] {
+    constexpr size_t kBytes = 3 * kLong + 3 * kShort + 29;
+    static char buf[kBytes + 1];
+    for (size_t i = 0; i < sizeof buf; ++i)
+      buf[i] = static_cast<char>((i * 131) ^ (i >> 7));
+    return Crc32cExtendByCpu(0x1234u, buf + 1, kBytes) ==
+           RocksdbExtend()(0x1234u, buf + 1, kBytes);
+  }();
+  return agrees;
+}
+}  // namespace
+
 bool RocksdbCrc32cByCpu() {
-  return CpuHasCrc32() && g_on.load(std::memory_order_relaxed);
+  return CpuHasCrc32() && g_on.load(std::memory_order_relaxed) && CpuAgreesWithRocksdb();
 }
 
 #else
