@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -447,6 +448,51 @@ TEST_F(CliTest, ACommandInAnotherRunDirNamesTheServerOfThePort) {
       << "the refused start leaves no lock file in its run dir";
   CommandResult asked = server.Admin({"--list_sessions"});
   EXPECT_EQ(asked.exit_code, 0) << asked.Describe();
+}
+
+// The opens inotify reported on `fd` (a watch of one file) not yet read.
+int OpensSeen(int fd) {
+  int opens = 0;
+  alignas(inotify_event) char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+    for (char* p = buf; p < buf + n;) {
+      const auto* e = reinterpret_cast<const inotify_event*>(p);
+      opens += (e->mask & IN_OPEN) != 0;
+      p += sizeof(inotify_event) + e->len;
+    }
+  }
+  return opens;
+}
+
+// That message is the connect's, made once: the admin hands the library its
+// command line (ClientOptions::admin_command). It read the host lock a
+// second time to say it again with that command, and two reads of a lock
+// that changed between them (the server stopping) could disagree.
+TEST_F(CliTest, ACommandInAnotherRunDirReadsTheHostLockOnce) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const std::string port = std::to_string(server.port());
+  const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  // Closes too: inotify merges an event into the same one unread before it.
+  ASSERT_GE(inotify_add_watch(fd, HostLockPath(server.port()).c_str(),
+                              IN_OPEN | IN_CLOSE_NOWRITE),
+            0);
+  CommandResult r = Run({"--list_sessions", "-p", port});
+  const int opens = OpensSeen(fd);
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  const std::string explained = fmt::format("runs with run dir {}", server.run_dir());
+  const size_t at = r.err.find(explained);
+  EXPECT_NE(at, std::string::npos) << r.Describe();
+  EXPECT_EQ(r.err.find(explained, at + 1), std::string::npos) << "said twice\n"
+                                                              << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("'SHMCACHE_RUN_DIR={} shmcache --list_sessions -p {}'",
+                                   server.run_dir(), port)),
+            std::string::npos)
+      << "the admin's own command\n"
+      << r.Describe();
+  EXPECT_EQ(opens, 1) << "the host lock is read once";
 }
 
 // The same where the server of this very run dir lost its socket (removed
