@@ -125,7 +125,8 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--list_sessions", "-p", "abc"}, "port 'abc'");
   ExpectError({"--list_sessions", "-p", "12x"}, "port '12x'");
   // Each says what a session id is and where to find one; no server needed.
-  for (const char* id : {"xyz", "-5", "4294967296", "99999999999999999999", "12x", ""}) {
+  // (An empty one, and white space: ValuesAreTakenAsTyped.)
+  for (const char* id : {"xyz", "-5", "4294967296", "99999999999999999999", "12x"}) {
     ExpectError({"-d", id},
                 fmt::format("session id '{}' is not a number in 1..4294967295, "
                             "as 'shmcache -g' prints; list the sessions with "
@@ -145,6 +146,102 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--start", "--memory_cap_mb", "4G"},
               "memory cap '4G' is not a positive number of MB: give a whole number of "
               "MB, without a unit (--memory_cap_mb 4096 for 4 GB)");
+}
+
+// Every value of the admin as it was typed: an empty one, white space
+// around it (a quoting slip: `-d " 12"` was session 12, `-h ""` the
+// default host), a '+' sign, a short option written with '=' ("-p=5000"
+// was the value "=5000"): refused with what was wrong and what to give.
+TEST_F(CliTest, ValuesAreTakenAsTyped) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string what;
+  };
+  const std::string workers_fix = "; give -w (--workers) a whole number of threads";
+  const std::vector<Case> cases = {
+      {{"-d", " 12"},
+       "session id ' 12' is not a number in 1..4294967295 (white space before it), as "
+       "'shmcache -g' prints"},
+      {{"-d", "12 "},
+       "session id '12 ' is not a number in 1..4294967295 (white space "
+       "after it)"},
+      {{"-d", "+12"}, "session id '+12' is not a number in 1..4294967295 (a '+' sign)"},
+      {{"-d", ""}, "session id '' is not a number in 1..4294967295 (it is empty)"},
+      {{"-d", "\t12"}, "(white space before it)"},
+      {{"-g", "-p", " 5000"},
+       "port ' 5000' is not a number in 1025..65535 (white space before it); use a "
+       "whole number"},
+      {{"-g", "--port=+5000"},
+       "port '+5000' is not a number in 1025..65535 (a '+' sign)"},
+      {{"-g", "-p", ""}, "port '' is not a number in 1025..65535 (it is empty)"},
+      {{"-g", "-h", ""},
+       "host '' is empty; give -h (--hostname) 127.0.0.1, localhost or ::1, or leave it "
+       "out"},
+      {{"-g", "-h", " localhost"},
+       "host ' localhost' has white space around the name; give 'localhost' alone"},
+      {{"-g", "--hostname", "::1 "}, "host '::1 ' has white space around the name"},
+      {{"--start", "-w", " 3"},
+       "worker count ' 3' is not a number in 1..512 (white space before it)" +
+           workers_fix},
+      {{"--start", "-w", "+3"},
+       "worker count '+3' is not a number in 1..512 (a '+' sign)"},
+      {{"--start", "--workers", "3 "}, "(white space after it)" + workers_fix},
+      {{"--start", "-l", " 1"},
+       "log level ' 1' is not a number in 0..4 (white space "
+       "before it); give -l (--loglevel)"},
+      {{"--start", "-r", " 0.5"},
+       "memory cap ratio ' 0.5' is not a number in (0, 1] (white space before it); give "
+       "-r"},
+      {{"--start", "-r", "+0.5"},
+       "memory cap ratio '+0.5' is not a number in (0, 1] (a "
+       "'+' sign)"},
+      {{"--start", "--memory_cap_mb", " 100"},
+       "memory cap ' 100' is not a positive number of MB (white space before it): give "
+       "a whole number of MB"},
+      {{"--start", "--memory_cap_mb", "+100"}, "(a '+' sign)"},
+      {{"--start", "--memory_cap_mb", ""},
+       "memory cap '' is not a positive number of MB "
+       "(it is empty)"},
+      {{"--start", "--metrics_file", "/tmp/m.prom", "--metrics_interval", "5 "},
+       "metrics interval '5 ' is not a number of seconds in 1..3600 (white space after "
+       "it); give --metrics_interval"},
+      {{"--start", "-s", "/tmp "},
+       "spill directory '/tmp ' ends in white space; give the path without it"},
+      {{"--start", "-s", " /tmp"},
+       "spill directory ' /tmp' is not an absolute path (white space before it); give "
+       "one that starts with /"},
+      {{"--start", "-s", ""}, "spill directory '' is not an absolute path (it is empty)"},
+      {{"--stop", "--shm_dir", "/dev/shm "},
+       "shared-memory directory '/dev/shm ' ends in white space"},
+      {{"--start", "--log_dir", "/tmp/log\t"},
+       "log directory '/tmp/log\t' ends in white "
+       "space"},
+      {{"--start", "--metrics_file", "/tmp/m.prom "},
+       "metrics file '/tmp/m.prom ' ends "
+       "in white space"},
+      {{"-g", "-p=5000"},
+       "-p=5000: a short option takes its value after a space; write '-p 5000' or "
+       "'--port=5000'"},
+      {{"-d=12"},
+       "-d=12: a short option takes its value after a space; write '-d 12' "
+       "or '--destroy_session=12'"},
+      {{"--start", "-w=3"}, "write '-w 3' or '--workers=3'"},
+  };
+  for (const Case& c : cases) {
+    // A server the old code started from a value it took ends with the test.
+    std::vector<std::string> args = c.args;
+    if (args[0] == "--start") args.insert(args.end(), {"-p", "31007"});
+    ExpectError(args, c.what, {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  }
+  ExpectError({"-g"},
+              "SHMCACHE_PORT: port ' 5000' is not a number in 1025..65535 "
+              "(white space before it)",
+              {{"SHMCACHE_PORT", " 5000"}});
+  EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
+  // Values read as typed are taken: "010" is ten, a value may start with
+  // '-' where it is one ("-d -5" is a session id out of range).
+  ExpectError({"-d", "-5"}, "session id '-5' is not a number in 1..4294967295, as");
+  ExpectError({"--start", "-w", "010", "--json"}, "--json applies to");
 }
 
 // Session 0 is no session (ids are non-zero; a launcher that could not

@@ -134,13 +134,13 @@ int main(int, char** argv) {
 )";
   }
   // pkg-config takes shmcache-uninstalled.pc for shmcache where it finds one.
-  CommandResult r = RunCommand({FromEnv("SHMCACHE_PKG_CONFIG"), "--cflags", "--libs",
-                                "shmcache"},
-                               {{"PKG_CONFIG_PATH", build + "/meson-uninstalled"}});
+  CommandResult r =
+      RunCommand({FromEnv("SHMCACHE_PKG_CONFIG"), "--cflags", "--libs", "shmcache"},
+                 {{"PKG_CONFIG_PATH", build + "/meson-uninstalled"}});
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   const std::string program = root_ + "/program";
-  std::vector<std::string> cc = {FromEnv("SHMCACHE_CXX"), "-Wall", "-Wextra", "-Werror",
-                                 source, "-o", program};
+  std::vector<std::string> cc = {
+      FromEnv("SHMCACHE_CXX"), "-Wall", "-Wextra", "-Werror", source, "-o", program};
   for (const std::string& f : Words(r.out)) {
     cc.push_back(f);
     if (f.rfind("-L", 0) == 0) cc.push_back("-Wl,-rpath," + f.substr(2));
