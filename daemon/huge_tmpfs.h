@@ -3,8 +3,9 @@
 // by the kernel's cost per tmpfs page (shm_pages.h); on a tmpfs with huge
 // pages puts of 3 KB rows ran 1-2 M rows/s against 0.5-0.6 M on 4 KB
 // pages, but not reliably: on this project's shared VM the same benchmark
-// on a fresh huge tmpfs also ran at 0.12-0.4 M rows/s (huge pages that the
-// kernel must first compact), and a first DataLoader epoch was slower. So
+// on a fresh huge tmpfs also ran at 0.12-0.4 M rows/s (free 2 MB blocks
+// that the VM's host had taken back: docs/performance.md, "Puts on huge
+// pages: the first fill"), and a first DataLoader epoch was slower. So
 // it is asked for, not the default. When asked, the server picks, in this
 // order:
 //
@@ -33,7 +34,9 @@
 // it) and removes the directory. A killed server leaves the mount, and
 // its rows, to the next server of the port (or to the Slurm epilog); when
 // that one uses /dev/shm (not asked, or it cannot have its own), it moves
-// the rows out and unmounts the mount (shm_dir_switch.h).
+// the rows out and unmounts the mount (shm_dir_switch.h). A start refused
+// after it mounted (or adopted) it unmounts it when nothing of the
+// instance is in it (daemon/main.cc).
 // Thread safety: call from one thread at start-up and shutdown.
 #pragma once
 
