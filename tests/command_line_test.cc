@@ -4,6 +4,7 @@
 #include "common/command_line.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -67,7 +68,9 @@ TEST(CommandLineTest, TheLastOfARepeatedOptionCounts) {
 }
 
 TEST(CommandLineTest, ProblemsInTheProgramsWords) {
-  auto why = [](std::vector<std::string> args) { return Why(Program().Parse(args)); };
+  auto why = [](std::vector<std::string> args) {
+    return Why(Program().Parse(std::move(args)));
+  };
   EXPECT_EQ(why({"--bogus"}), "unknown option '--bogus'; see 'prog --help'");
   EXPECT_EQ(why({"-x"}), "unknown option '-x'; see 'prog --help'");
   // Hyphens for the underscores of the names (--list-sessions for
