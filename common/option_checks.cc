@@ -121,14 +121,14 @@ Status ParseMetricsInterval(std::string_view text, int* seconds) {
 
 Status CheckAbsolutePath(std::string_view what, std::string_view path) {
   std::string_view flaw = TypedNumberFlaw(path);
-  if (flaw == "white space after it") {
+  if (flaw == kSpaceAfter) {
     // A name may end in a space; given one, it is a quoting slip far more
     // often, and the directory it names is then "missing".
     return Status::InvalidArgument(
         fmt::format("{} '{}' ends in white space; give the path without it", what, path));
   }
   if (!path.empty() && path[0] == '/') return Status::OK();
-  const bool said = path.empty() || flaw == "white space before it";
+  const bool said = path.empty() || flaw == kSpaceBefore;
   return Status::InvalidArgument(
       fmt::format("{} '{}' is not an absolute path{}; give one that starts with /", what,
                   path, said ? FlawNote(path) : ""));

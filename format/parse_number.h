@@ -79,11 +79,13 @@ inline bool ParseDouble(std::string_view text, double* out) {
 // empty", "white space before it", "white space after it" or "a '+' sign".
 // Option values are refused for these (' 12' read as 12 hid a quoting
 // slip); the phrase goes into the refusal, which says what to give.
+inline constexpr std::string_view kSpaceBefore = "white space before it";
+inline constexpr std::string_view kSpaceAfter = "white space after it";
 inline std::string_view TypedNumberFlaw(std::string_view text) {
   auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
   if (text.empty()) return "it is empty";
-  if (space(text.front())) return "white space before it";
-  if (space(text.back())) return "white space after it";
+  if (space(text.front())) return kSpaceBefore;
+  if (space(text.back())) return kSpaceAfter;
   if (text.front() == '+') return "a '+' sign";
   return "";
 }
