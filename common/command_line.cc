@@ -48,16 +48,31 @@ CLI::Option* CommandLine::AddFlag(const std::string& names) {
 // "--flag=value": refused, where CLI11 would read the value as true/false.
 // "--option=" (nothing after '='): no value, where CLI11 would take the
 // next word for it (`--spilldir= -p 5` read "-p" as the directory).
+// "-p=5000": refused with how to write it, where the value was "=5000"
+// ("port '=5000' is not a number"). A word that is the value of the
+// option before it ("-d" "-x=1") is not looked at.
 Status CommandLine::CheckEqualsForms() const {
+  bool is_value = false;
   for (size_t i = 1; i < argv_.size(); ++i) {
-    if (argv_[i].rfind("--", 0) != 0 || argv_[i].find('=') == std::string::npos) continue;
-    std::string name = NamePart(argv_[i]);
-    const CLI::Option* o = app_.get_option_no_throw(name);
-    if (o == nullptr) continue;
+    const std::string& arg = argv_[i];
+    const std::string name = NamePart(arg);
+    const CLI::Option* o = name.empty() ? nullptr : app_.get_option_no_throw(name);
+    const bool value_here = is_value;
+    // The next word is this option's value when this one has none.
+    is_value = o != nullptr && o->get_expected_max() > 0 && arg == name;
+    if (value_here || o == nullptr || arg.find('=') == std::string::npos) continue;
+    if (arg.rfind("--", 0) != 0) {
+      if (arg.size() < 3 || arg[2] != '=' || o->get_expected_max() == 0) continue;
+      const std::string long_name = o->get_name();
+      return Status::InvalidArgument(fmt::format(
+          "{}: a short option takes its value after a space; write '{} {}'{}", arg, name,
+          arg.substr(3),
+          long_name == name ? "" : fmt::format(" or '{}={}'", long_name, arg.substr(3))));
+    }
     if (o->get_expected_max() == 0) {
       return Status::InvalidArgument(fmt::format("{} takes no value", name));
     }
-    if (argv_[i].back() == '=') return NeedsValue(name, *o);
+    if (arg.back() == '=') return NeedsValue(name, *o);
   }
   return Status::OK();
 }

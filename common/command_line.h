@@ -5,7 +5,8 @@
 //   unknown option '--x'; <hint>        unexpected argument 'x'; <hint>
 //   -p needs a value                    --json takes no value
 // or the message of the option's own check. A value is given as
-// "--name=value", "--name value" or "-n value"; when an option is given
+// "--name=value", "--name value" or "-n value" ("-n=value" is refused with
+// how to write it); when an option is given
 // twice, the last one counts. CLI11's own help flag is left out: -h may be
 // an option of the program.
 //

@@ -14,11 +14,22 @@
 
 namespace shmcache {
 
+// " (<why>)" when `text` is no number as typed (TypedNumberFlaw), else "".
+static std::string FlawNote(std::string_view text) {
+  std::string_view flaw = TypedNumberFlaw(text);
+  return flaw.empty() ? "" : fmt::format(" ({})", flaw);
+}
+
+// A decimal in [lo, hi] written as digits alone (no white space, no '+').
+static bool ParseTyped(std::string_view text, long lo, long hi, long* out) {
+  return TypedNumberFlaw(text).empty() && ParseDecimal(text, lo, hi, out);
+}
+
 Status ParseInRange(std::string_view what, std::string_view text, long lo, long hi,
                     long* out) {
-  if (ParseDecimal(text, lo, hi, out)) return Status::OK();
-  return Status::InvalidArgument(
-      fmt::format("{} '{}' is not a number in {}..{}", what, text, lo, hi));
+  if (ParseTyped(text, lo, hi, out)) return Status::OK();
+  return Status::InvalidArgument(fmt::format("{} '{}' is not a number in {}..{}{}", what,
+                                             text, lo, hi, FlawNote(text)));
 }
 
 Status ParseSessionId(std::string_view text, int port, uint32_t* id) {
@@ -26,10 +37,11 @@ Status ParseSessionId(std::string_view text, int port, uint32_t* id) {
   const std::string where =
       fmt::format("list the sessions with 'shmcache --list_sessions{}'", p);
   long n = 0;
-  if (!ParseDecimal(text, 0, UINT32_MAX, &n)) {
-    return Status::InvalidArgument(fmt::format(
-        "session id '{}' is not a number in 1..{}, as 'shmcache -g{}' prints; {}", text,
-        UINT32_MAX, p, where));
+  if (!ParseTyped(text, 0, UINT32_MAX, &n)) {
+    return Status::InvalidArgument(
+        fmt::format("session id '{}' is not a number in 1..{}{}, as 'shmcache -g{}' "
+                    "prints; {}",
+                    text, UINT32_MAX, FlawNote(text), p, where));
   }
   // The server makes no session 0: a launcher exports 0 for "none" (the
   // Slurm prolog that could not create one), so the id is wrong, not gone.
@@ -70,12 +82,13 @@ Status ParseLogLevel(std::string_view text, int* level) {
 
 Status ParseMemoryCapRatio(std::string_view text, double* ratio) {
   double r = 0;
-  if (!ParseDouble(text, &r) || !(r > 0.0 && r <= 1.0)) {
+  if (!TypedNumberFlaw(text).empty() || !ParseDouble(text, &r) ||
+      !(r > 0.0 && r <= 1.0)) {
     return Status::InvalidArgument(fmt::format(
-        "memory cap ratio '{}' is not a number in (0, 1]; give -r "
+        "memory cap ratio '{}' is not a number in (0, 1]{}; give -r "
         "(--memory_cap_ratio) a share of memory such as 0.5 (default 0.8), or "
         "--memory_cap_mb N for a size in MB",
-        text));
+        text, FlawNote(text)));
   }
   *ratio = r;
   return Status::OK();
@@ -83,11 +96,11 @@ Status ParseMemoryCapRatio(std::string_view text, double* ratio) {
 
 Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes) {
   long mb = 0;
-  if (!ParseDecimal(text, 1, 1L << 40, &mb)) {
+  if (!ParseTyped(text, 1, 1L << 40, &mb)) {
     return Status::InvalidArgument(
-        fmt::format("memory cap '{}' is not a positive number of MB: give a whole "
+        fmt::format("memory cap '{}' is not a positive number of MB{}: give a whole "
                     "number of MB, without a unit (--memory_cap_mb 4096 for 4 GB)",
-                    text));
+                    text, FlawNote(text)));
   }
   *bytes = static_cast<uint64_t>(mb) << 20;
   return Status::OK();
@@ -95,21 +108,30 @@ Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes) {
 
 Status ParseMetricsInterval(std::string_view text, int* seconds) {
   long n = 0;
-  if (!ParseDecimal(text, 1, 3600, &n)) {
+  if (!ParseTyped(text, 1, 3600, &n)) {
     return Status::InvalidArgument(fmt::format(
-        "metrics interval '{}' is not a number of seconds in 1..3600; give "
+        "metrics interval '{}' is not a number of seconds in 1..3600{}; give "
         "--metrics_interval a whole number of seconds in 1..3600, or leave it "
         "out for 5",
-        text));
+        text, FlawNote(text)));
   }
   *seconds = static_cast<int>(n);
   return Status::OK();
 }
 
 Status CheckAbsolutePath(std::string_view what, std::string_view path) {
+  std::string_view flaw = TypedNumberFlaw(path);
+  if (flaw == kSpaceAfter) {
+    // A name may end in a space; given one, it is a quoting slip far more
+    // often, and the directory it names is then "missing".
+    return Status::InvalidArgument(
+        fmt::format("{} '{}' ends in white space; give the path without it", what, path));
+  }
   if (!path.empty() && path[0] == '/') return Status::OK();
-  return Status::InvalidArgument(fmt::format(
-      "{} '{}' is not an absolute path; give one that starts with /", what, path));
+  const bool said = path.empty() || flaw == kSpaceBefore;
+  return Status::InvalidArgument(
+      fmt::format("{} '{}' is not an absolute path{}; give one that starts with /", what,
+                  path, said ? FlawNote(path) : ""));
 }
 
 Status CheckSpillDir(const std::string& dir) {

@@ -2,8 +2,10 @@
 // shmcached itself) are read and checked, once for both binaries. Every
 // refusal is InvalidArgument with one line that names the value, what was
 // wrong and the valid range. Numbers are read by parse_number.h (decimal
-// only: "010" is ten). The port and host checks are the instance naming
-// (ParsePort, CheckHost in format/instance.h), which every client uses too.
+// only: "010" is ten), as typed: digits alone, without white space or a
+// '+' (TypedNumberFlaw names which, in the refusal). The port and host checks are the
+// instance naming (ParsePort, CheckHost in format/instance.h), which every client uses
+// too.
 #pragma once
 
 #include <cstddef>
@@ -39,7 +41,8 @@ Status ParseMemoryCapRatio(std::string_view text, double* ratio);
 Status ParseMemoryCapMb(std::string_view text, uint64_t* bytes);
 // --metrics_interval: seconds in 1..3600.
 Status ParseMetricsInterval(std::string_view text, int* seconds);
-// "<what> '<path>' is not an absolute path" unless it starts with '/'.
+// "<what> '<path>' is not an absolute path" unless it starts with '/'; a
+// path that ends in white space is refused too (a quoting slip).
 Status CheckAbsolutePath(std::string_view what, std::string_view path);
 
 // Checks a spill dir: absolute, an existing directory, writable.

@@ -6,8 +6,8 @@
 // suggests is refused (one server per user and port, whatever its run
 // dir). The one place that says it: libshmcache's connect
 // (ClientImpl::ConnectLocked), so C++ trainers, the Python package (its
-// errors and DatasetCache's warning) and the admin (with its own command
-// line) all say the same.
+// errors and DatasetCache's warning) and the admin (its command line in
+// ClientOptions::admin_command) all say the same, from one read of the lock.
 #pragma once
 
 #include <string>
@@ -32,8 +32,9 @@ bool SameDir(const std::string& a, const std::string& b);
 // (SIGSTOP: 'kill -CONT'), still starting (not listening yet:
 // HostLockHolder::serving) or that its socket is gone (else the connect's
 // error, a timeout, stands). Always Unavailable where `connect_error` was. `command`: the
-// shmcache command line (without -p) to suggest running with that run dir (the admin's);
-// "" for a program of the library's, which is told to run with that SHMCACHE_RUN_DIR.
+// shmcache command line (without -p) to suggest running with that run dir
+// (ClientOptions::admin_command, the admin's); "" for a program of the
+// library's, which is told to run with that SHMCACHE_RUN_DIR.
 // Never blocks on the server; signals nothing; thread-safe.
 Status ExplainNoServerHere(int port, const std::string& run_dir,
                            const std::string& command, const Status& connect_error);

@@ -105,12 +105,15 @@ ShmName ParseShmName(std::string_view rest) {
 
 Status ParsePort(const std::string& text, int* port) {
   long v = 0;
-  if (!ParseDecimal(text, kMinPort, kMaxPort, &v)) {
+  // As typed: digits alone (' 5000' hid a quoting slip).
+  const std::string_view flaw = TypedNumberFlaw(text);
+  if (!flaw.empty() || !ParseDecimal(text, kMinPort, kMaxPort, &v)) {
     return Status::InvalidArgument(
-        fmt::format("port '{}' is not a number in {}..{}; use a whole number in that "
+        fmt::format("port '{}' is not a number in {}..{}{}; use a whole number in that "
                     "range, such as the default {} (it names the instance: no TCP port "
                     "is opened)",
-                    text, kMinPort, kMaxPort, kDefaultPort));
+                    text, kMinPort, kMaxPort,
+                    flaw.empty() ? "" : fmt::format(" ({})", flaw), kDefaultPort));
   }
   *port = static_cast<int>(v);
   return Status::OK();
@@ -149,8 +152,17 @@ Status CheckHost(const std::string& host) {
     if (env != nullptr) h = env;
     from = "SHMCACHE_HOST: ";  // as ResolvePort names SHMCACHE_PORT
   }
-  if (h.empty() || h == "127.0.0.1" || h == "localhost" || h == "::1") {
-    return Status::OK();
+  auto local = [](std::string_view name) {
+    return name == "127.0.0.1" || name == "localhost" || name == "::1";
+  };
+  if (h.empty() || local(h)) return Status::OK();
+  const size_t first = h.find_first_not_of(" \t\n\r\f\v");
+  const size_t last = h.find_last_not_of(" \t\n\r\f\v");
+  if (first != std::string::npos &&
+      local(std::string_view(h).substr(first, last - first + 1))) {
+    return Status::InvalidArgument(
+        fmt::format("{}host '{}' has white space around the name; give '{}' alone", from,
+                    h, h.substr(first, last - first + 1)));
   }
   return Status::InvalidArgument(
       fmt::format("{}host '{}' is not this machine: shmcache serves the local host only "

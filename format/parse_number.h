@@ -74,4 +74,20 @@ inline bool ParseDouble(std::string_view text, double* out) {
   return true;
 }
 
+// What makes `text` no number as a person types one on a command line,
+// though the readers above would take it: "" when nothing does; else "it is
+// empty", "white space before it", "white space after it" or "a '+' sign".
+// Option values are refused for these (' 12' read as 12 hid a quoting
+// slip); the phrase goes into the refusal, which says what to give.
+inline constexpr std::string_view kSpaceBefore = "white space before it";
+inline constexpr std::string_view kSpaceAfter = "white space after it";
+inline std::string_view TypedNumberFlaw(std::string_view text) {
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  if (text.empty()) return "it is empty";
+  if (space(text.front())) return kSpaceBefore;
+  if (space(text.back())) return kSpaceAfter;
+  if (text.front() == '+') return "a '+' sign";
+  return "";
+}
+
 }  // namespace shmcache

@@ -63,7 +63,8 @@ Status ClientImpl::ConnectLocked(Deadline deadline) {
   Status s = OpenAndHello(deadline);
   // Read only on a failure, after the connect's wait: a file in /dev/shm
   // and the holder's /proc entries.
-  return s.ok() ? s : ExplainNoServerHere(port_, paths().run_dir, "", s);
+  return s.ok() ? s
+                : ExplainNoServerHere(port_, paths().run_dir, options_.admin_command, s);
 }
 
 Status ClientImpl::OpenAndHello(Deadline deadline) {

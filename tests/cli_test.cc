@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -124,7 +125,8 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--list_sessions", "-p", "abc"}, "port 'abc'");
   ExpectError({"--list_sessions", "-p", "12x"}, "port '12x'");
   // Each says what a session id is and where to find one; no server needed.
-  for (const char* id : {"xyz", "-5", "4294967296", "99999999999999999999", "12x", ""}) {
+  // (An empty one, and white space: ValuesAreTakenAsTyped.)
+  for (const char* id : {"xyz", "-5", "4294967296", "99999999999999999999", "12x"}) {
     ExpectError({"-d", id},
                 fmt::format("session id '{}' is not a number in 1..4294967295, "
                             "as 'shmcache -g' prints; list the sessions with "
@@ -144,6 +146,102 @@ TEST_F(CliTest, NonNumericOrOutOfRangeNumbers) {
   ExpectError({"--start", "--memory_cap_mb", "4G"},
               "memory cap '4G' is not a positive number of MB: give a whole number of "
               "MB, without a unit (--memory_cap_mb 4096 for 4 GB)");
+}
+
+// Every value of the admin as it was typed: an empty one, white space
+// around it (a quoting slip: `-d " 12"` was session 12, `-h ""` the
+// default host), a '+' sign, a short option written with '=' ("-p=5000"
+// was the value "=5000"): refused with what was wrong and what to give.
+TEST_F(CliTest, ValuesAreTakenAsTyped) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string what;
+  };
+  const std::string workers_fix = "; give -w (--workers) a whole number of threads";
+  const std::vector<Case> cases = {
+      {{"-d", " 12"},
+       "session id ' 12' is not a number in 1..4294967295 (white space before it), as "
+       "'shmcache -g' prints"},
+      {{"-d", "12 "},
+       "session id '12 ' is not a number in 1..4294967295 (white space "
+       "after it)"},
+      {{"-d", "+12"}, "session id '+12' is not a number in 1..4294967295 (a '+' sign)"},
+      {{"-d", ""}, "session id '' is not a number in 1..4294967295 (it is empty)"},
+      {{"-d", "\t12"}, "(white space before it)"},
+      {{"-g", "-p", " 5000"},
+       "port ' 5000' is not a number in 1025..65535 (white space before it); use a "
+       "whole number"},
+      {{"-g", "--port=+5000"},
+       "port '+5000' is not a number in 1025..65535 (a '+' sign)"},
+      {{"-g", "-p", ""}, "port '' is not a number in 1025..65535 (it is empty)"},
+      {{"-g", "-h", ""},
+       "host '' is empty; give -h (--hostname) 127.0.0.1, localhost or ::1, or leave it "
+       "out"},
+      {{"-g", "-h", " localhost"},
+       "host ' localhost' has white space around the name; give 'localhost' alone"},
+      {{"-g", "--hostname", "::1 "}, "host '::1 ' has white space around the name"},
+      {{"--start", "-w", " 3"},
+       "worker count ' 3' is not a number in 1..512 (white space before it)" +
+           workers_fix},
+      {{"--start", "-w", "+3"},
+       "worker count '+3' is not a number in 1..512 (a '+' sign)"},
+      {{"--start", "--workers", "3 "}, "(white space after it)" + workers_fix},
+      {{"--start", "-l", " 1"},
+       "log level ' 1' is not a number in 0..4 (white space "
+       "before it); give -l (--loglevel)"},
+      {{"--start", "-r", " 0.5"},
+       "memory cap ratio ' 0.5' is not a number in (0, 1] (white space before it); give "
+       "-r"},
+      {{"--start", "-r", "+0.5"},
+       "memory cap ratio '+0.5' is not a number in (0, 1] (a "
+       "'+' sign)"},
+      {{"--start", "--memory_cap_mb", " 100"},
+       "memory cap ' 100' is not a positive number of MB (white space before it): give "
+       "a whole number of MB"},
+      {{"--start", "--memory_cap_mb", "+100"}, "(a '+' sign)"},
+      {{"--start", "--memory_cap_mb", ""},
+       "memory cap '' is not a positive number of MB "
+       "(it is empty)"},
+      {{"--start", "--metrics_file", "/tmp/m.prom", "--metrics_interval", "5 "},
+       "metrics interval '5 ' is not a number of seconds in 1..3600 (white space after "
+       "it); give --metrics_interval"},
+      {{"--start", "-s", "/tmp "},
+       "spill directory '/tmp ' ends in white space; give the path without it"},
+      {{"--start", "-s", " /tmp"},
+       "spill directory ' /tmp' is not an absolute path (white space before it); give "
+       "one that starts with /"},
+      {{"--start", "-s", ""}, "spill directory '' is not an absolute path (it is empty)"},
+      {{"--stop", "--shm_dir", "/dev/shm "},
+       "shared-memory directory '/dev/shm ' ends in white space"},
+      {{"--start", "--log_dir", "/tmp/log\t"},
+       "log directory '/tmp/log\t' ends in white "
+       "space"},
+      {{"--start", "--metrics_file", "/tmp/m.prom "},
+       "metrics file '/tmp/m.prom ' ends "
+       "in white space"},
+      {{"-g", "-p=5000"},
+       "-p=5000: a short option takes its value after a space; write '-p 5000' or "
+       "'--port=5000'"},
+      {{"-d=12"},
+       "-d=12: a short option takes its value after a space; write '-d 12' "
+       "or '--destroy_session=12'"},
+      {{"--start", "-w=3"}, "write '-w 3' or '--workers=3'"},
+  };
+  for (const Case& c : cases) {
+    // A server the old code started from a value it took ends with the test.
+    std::vector<std::string> args = c.args;
+    if (args[0] == "--start") args.insert(args.end(), {"-p", "31007"});
+    ExpectError(args, c.what, {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  }
+  ExpectError({"-g"},
+              "SHMCACHE_PORT: port ' 5000' is not a number in 1025..65535 "
+              "(white space before it)",
+              {{"SHMCACHE_PORT", " 5000"}});
+  EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
+  // Values read as typed are taken: "010" is ten, a value may start with
+  // '-' where it is one ("-d -5" is a session id out of range).
+  ExpectError({"-d", "-5"}, "session id '-5' is not a number in 1..4294967295, as");
+  ExpectError({"--start", "-w", "010", "--json"}, "--json applies to");
 }
 
 // Session 0 is no session (ids are non-zero; a launcher that could not
@@ -447,6 +545,51 @@ TEST_F(CliTest, ACommandInAnotherRunDirNamesTheServerOfThePort) {
       << "the refused start leaves no lock file in its run dir";
   CommandResult asked = server.Admin({"--list_sessions"});
   EXPECT_EQ(asked.exit_code, 0) << asked.Describe();
+}
+
+// The opens inotify reported on `fd` (a watch of one file) not yet read.
+int OpensSeen(int fd) {
+  int opens = 0;
+  alignas(inotify_event) char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+    for (char* p = buf; p < buf + n;) {
+      const auto* e = reinterpret_cast<const inotify_event*>(p);
+      opens += (e->mask & IN_OPEN) != 0;
+      p += sizeof(inotify_event) + e->len;
+    }
+  }
+  return opens;
+}
+
+// That message is the connect's, made once: the admin hands the library its
+// command line (ClientOptions::admin_command). It read the host lock a
+// second time to say it again with that command, and two reads of a lock
+// that changed between them (the server stopping) could disagree.
+TEST_F(CliTest, ACommandInAnotherRunDirReadsTheHostLockOnce) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  const std::string port = std::to_string(server.port());
+  const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  // Closes too: inotify merges an event into the same one unread before it.
+  ASSERT_GE(inotify_add_watch(fd, HostLockPath(server.port()).c_str(),
+                              IN_OPEN | IN_CLOSE_NOWRITE),
+            0);
+  CommandResult r = Run({"--list_sessions", "-p", port});
+  const int opens = OpensSeen(fd);
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  const std::string explained = fmt::format("runs with run dir {}", server.run_dir());
+  const size_t at = r.err.find(explained);
+  EXPECT_NE(at, std::string::npos) << r.Describe();
+  EXPECT_EQ(r.err.find(explained, at + 1), std::string::npos) << "said twice\n"
+                                                              << r.Describe();
+  EXPECT_NE(r.err.find(fmt::format("'SHMCACHE_RUN_DIR={} shmcache --list_sessions -p {}'",
+                                   server.run_dir(), port)),
+            std::string::npos)
+      << "the admin's own command\n"
+      << r.Describe();
+  EXPECT_EQ(opens, 1) << "the host lock is read once";
 }
 
 // The same where the server of this very run dir lost its socket (removed

@@ -4,6 +4,7 @@
 #include "common/command_line.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -55,6 +56,9 @@ TEST(CommandLineTest, ValuesInEveryForm) {
   EXPECT_EQ(p.json->count(), 1u);
   EXPECT_EQ(p.gen->count(), 1u);
   EXPECT_EQ(p.text, "-x-") << "a value may start with '-'";
+  Program q;
+  ASSERT_EQ(Why(q.Parse({"--text", "-n=3"})), "OK");
+  EXPECT_EQ(q.text, "-n=3") << "a value that looks like \"-n=value\" is a value";
 }
 
 TEST(CommandLineTest, TheLastOfARepeatedOptionCounts) {
@@ -64,7 +68,9 @@ TEST(CommandLineTest, TheLastOfARepeatedOptionCounts) {
 }
 
 TEST(CommandLineTest, ProblemsInTheProgramsWords) {
-  auto why = [](std::vector<std::string> args) { return Why(Program().Parse(args)); };
+  auto why = [](std::vector<std::string> args) {
+    return Why(Program().Parse(std::move(args)));
+  };
   EXPECT_EQ(why({"--bogus"}), "unknown option '--bogus'; see 'prog --help'");
   EXPECT_EQ(why({"-x"}), "unknown option '-x'; see 'prog --help'");
   // Hyphens for the underscores of the names (--list-sessions for
@@ -83,6 +89,10 @@ TEST(CommandLineTest, ProblemsInTheProgramsWords) {
   EXPECT_EQ(why({"--text=", "-n", "3"}), "--text needs a value; see 'prog --help'");
   EXPECT_EQ(why({"--json=yes"}), "--json takes no value");
   EXPECT_EQ(why({"--generate=1"}), "--generate takes no value");
+  // "-n=3" was the value "=3" ("number '=3' is not a number").
+  EXPECT_EQ(why({"-n=3"}),
+            "-n=3: a short option takes its value after a space; write '-n 3' or "
+            "'--number=3'");
   EXPECT_EQ(why({"-n", "0"}), "number '0' is not a number in 1..9");
   // The first bad value on the line is the one told.
   EXPECT_EQ(why({"-n", "x", "--number", "y"}), "number 'x' is not a number in 1..9");

@@ -1,9 +1,12 @@
 // The library as a user gets it: `meson install` into a temporary root,
 // then a trainer (examples/shard_worker.cc) compiled against the installed
 // headers with `pkg-config --cflags --libs shmcache` only, linked to the
-// installed libshmcache.so, and run against a daemon.
+// installed libshmcache.so, and run against a daemon. And as a user of the
+// build tree gets it: a program built with the flags of the uninstalled .pc
+// (build/meson-uninstalled), run on the build's library.
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -102,6 +105,52 @@ TEST_F(InstallTest, TrainerBuiltWithPkgConfigRunsOnTheInstalledLibrary) {
   // Epoch 1 misses and puts every row; epoch 2 reads them all back.
   EXPECT_NE(r.out.find("device 0: 200 hits, 200 misses, 0 wrong rows"), std::string::npos)
       << r.Describe();
+}
+
+// A program that includes every public header and connects where no
+// server runs: it compiles with those flags alone, links, and runs on
+// the library of the build tree. The uninstalled .pc named only lib/ (the
+// library's own directory), not include/: no `shmcache/...` header was
+// found.
+TEST_F(InstallTest, ProgramBuiltWithTheUninstalledPkgConfigRuns) {
+  const std::string build = FromEnv("SHMCACHE_BUILD_ROOT");
+  const std::string source = root_ + "/program.cc";
+  {
+    std::ofstream out(source);
+    for (const auto& e :
+         fs::directory_iterator(FromEnv("SHMCACHE_SOURCE_ROOT") + "/include/shmcache")) {
+      out << "#include \"shmcache/" << e.path().filename().string() << "\"\n";
+    }
+    out << R"(#include <cstdio>
+int main(int, char** argv) {
+  shmcache::ClientOptions options;
+  options.port = 31006;
+  options.run_dir = argv[1];
+  std::unique_ptr<shmcache::Client> client;
+  shmcache::Status s = shmcache::Client::Connect(options, &client);
+  std::printf("%s\n", s.ToString().c_str());
+  return s.IsUnavailable() ? 0 : 1;
+}
+)";
+  }
+  // pkg-config takes shmcache-uninstalled.pc for shmcache where it finds one.
+  CommandResult r =
+      RunCommand({FromEnv("SHMCACHE_PKG_CONFIG"), "--cflags", "--libs", "shmcache"},
+                 {{"PKG_CONFIG_PATH", build + "/meson-uninstalled"}});
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  const std::string program = root_ + "/program";
+  std::vector<std::string> cc = {
+      FromEnv("SHMCACHE_CXX"), "-Wall", "-Wextra", "-Werror", source, "-o", program};
+  for (const std::string& f : Words(r.out)) {
+    cc.push_back(f);
+    if (f.rfind("-L", 0) == 0) cc.push_back("-Wl,-rpath," + f.substr(2));
+  }
+  r = RunCommand(cc, {}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.Describe();
+  // meson test points LD_LIBRARY_PATH at the build tree: the rpath must.
+  r = RunCommand({program, root_}, Env{{"LD_LIBRARY_PATH", ""}});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_NE(r.out.find("not running"), std::string::npos) << r.Describe();
 }
 
 }  // namespace

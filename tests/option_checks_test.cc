@@ -10,9 +10,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "format/instance.h"
 #include "shmcache/options.h"
 #include "tests/support/test_server.h"
 
@@ -94,12 +97,12 @@ TEST(OptionChecksTest, NumbersOutOfRangeNameTheValueAndTheRange) {
 }
 
 TEST(OptionChecksTest, MemoryCapRatioIsAShareOfMemory) {
-  for (const char* ok : {"0.5", " 0.5", "+0.5", "1", "1e-300", ".25"}) {
+  for (const char* ok : {"0.5", "1", "1e-300", ".25", "5e-1"}) {
     double r = 0;
     EXPECT_EQ(Why(ParseMemoryCapRatio(ok, &r)), "OK") << ok;
     EXPECT_EQ(r, std::strtod(ok, nullptr)) << ok;
   }
-  for (const char* bad : {"0", "1.5", "-0.5", "", "abc", "0.5x", "nan", "inf", "+-1"}) {
+  for (const char* bad : {"0", "1.5", "-0.5", "abc", "0.5x", "nan", "inf"}) {
     double r = 0;
     EXPECT_EQ(Why(ParseMemoryCapRatio(bad, &r)),
               std::string("memory cap ratio '") + bad +
@@ -107,6 +110,68 @@ TEST(OptionChecksTest, MemoryCapRatioIsAShareOfMemory) {
                   "memory such as 0.5 (default 0.8), or --memory_cap_mb N for a size in "
                   "MB");
   }
+  // As typed: what strtod forgave (white space, a '+') is a quoting slip.
+  for (const auto& [bad, why] :
+       {std::pair{" 0.5", "white space before it"},
+        std::pair{"0.5 ", "white space after it"}, std::pair{"+0.5", "a '+' sign"},
+        std::pair{"+-1", "a '+' sign"}, std::pair{"", "it is empty"}}) {
+    double r = 0;
+    EXPECT_EQ(Why(ParseMemoryCapRatio(bad, &r))
+                  .rfind(fmt::format(
+                      "memory cap ratio '{}' is not a number in (0, 1] ({}); give -r",
+                      bad, why)),
+              0u);
+    EXPECT_EQ(r, 0) << bad;
+  }
+}
+
+// A number as typed: digits alone. strtol took white space before it and a
+// '+', and the admin read `-d " 12"` as session 12.
+TEST(OptionChecksTest, NumbersAreTakenAsTyped) {
+  const std::pair<const char*, const char*> flaws[] = {{" 12", "white space before it"},
+                                                       {"\t12", "white space before it"},
+                                                       {"12 ", "white space after it"},
+                                                       {"12\n", "white space after it"},
+                                                       {"+12", "a '+' sign"},
+                                                       {"", "it is empty"}};
+  for (const auto& [text, why] : flaws) {
+    SCOPED_TRACE(testing::PrintToString(text));
+    uint32_t id = 7;
+    EXPECT_EQ(Why(ParseSessionId(text, 0, &id)),
+              fmt::format("session id '{}' is not a number in 1..4294967295 ({}), as "
+                          "'shmcache -g' prints; list the sessions with 'shmcache "
+                          "--list_sessions'",
+                          text, why));
+    EXPECT_EQ(id, 7u);
+    int n = 7;
+    EXPECT_EQ(Why(ParseWorkers(text, &n)),
+              fmt::format("worker count '{}' is not a number in 1..512 ({}); give -w "
+                          "(--workers) a whole number of threads in 1..512, or leave it "
+                          "out for half the CPUs",
+                          text, why));
+    EXPECT_NE(Why(ParseLogLevel(text, &n)).find(fmt::format("0..4 ({});", why)),
+              std::string::npos);
+    EXPECT_NE(Why(ParseMetricsInterval(text, &n)).find(fmt::format("1..3600 ({});", why)),
+              std::string::npos);
+    EXPECT_EQ(n, 7);
+    uint64_t bytes = 0;
+    EXPECT_NE(Why(ParseMemoryCapMb(text, &bytes)).find(fmt::format("of MB ({}):", why)),
+              std::string::npos);
+    long v = 0;
+    EXPECT_EQ(Why(ParseInRange("--ready_fd", text, 0, 99, &v)),
+              fmt::format("--ready_fd '{}' is not a number in 0..99 ({})", text, why));
+    int port = 0;
+    EXPECT_EQ(Why(ParsePort(text, &port))
+                  .rfind(fmt::format("port '{}' is not a number in 1025..65535 ({}); use",
+                                     text, why)),
+              0u);
+  }
+  // Out of range or no number: the range says it, with no note.
+  long v = 0;
+  EXPECT_EQ(Why(ParseInRange("n", "99999999999999999999", 0, 9, &v)),
+            "n '99999999999999999999' is not a number in 0..9");
+  EXPECT_EQ(Why(ParseInRange("n", "-1", 0, 9, &v)), "n '-1' is not a number in 0..9");
+  EXPECT_EQ(Why(ParseInRange("n", "1x", 0, 9, &v)), "n '1x' is not a number in 0..9");
 }
 
 TEST(OptionChecksTest, MemoryCapBelowOneSegmentNamesTheOption) {
@@ -122,11 +187,17 @@ TEST(OptionChecksTest, MemoryCapBelowOneSegmentNamesTheOption) {
 
 TEST(OptionChecksTest, PathsMustBeAbsolute) {
   EXPECT_EQ(Why(CheckAbsolutePath("log directory", "/x")), "OK");
+  EXPECT_EQ(Why(CheckAbsolutePath("log directory", "/x y")), "OK");
+  EXPECT_EQ(Why(CheckAbsolutePath("log directory", "/x ")),
+            "log directory '/x ' ends in white space; give the path without it");
+  EXPECT_EQ(Why(CheckAbsolutePath("log directory", " /x")),
+            "log directory ' /x' is not an absolute path (white space before it); give "
+            "one that starts with /");
   EXPECT_EQ(Why(CheckAbsolutePath("log directory", "x")),
             "log directory 'x' is not an absolute path; give one that starts with /");
   EXPECT_EQ(Why(CheckAbsolutePath("shared-memory directory", "")),
-            "shared-memory directory '' is not an absolute path; give one that starts "
-            "with /");
+            "shared-memory directory '' is not an absolute path (it is empty); give one "
+            "that starts with /");
 }
 
 TEST(OptionChecksTest, SpillDirMustExistAndBeWritable) {

@@ -108,6 +108,13 @@ Status ParseCliArgs(const std::vector<std::string>& argv, CliArgs* a) {
   std::string session_text;
   std::vector<CommandOption> commands = AddCommands(cl, &session_text);
   cl.AddValue("-h,--hostname", [a](const std::string& v) {
+    // "" is the library's "not given" ($SHMCACHE_HOST or this host): given
+    // on the line, it is a value lost (an unset variable in a script).
+    if (v.empty()) {
+      return Status::InvalidArgument(
+          "host '' is empty; give -h (--hostname) 127.0.0.1, localhost or ::1, or "
+          "leave it out for $SHMCACHE_HOST or 127.0.0.1");
+    }
     a->hostname = v;
     return CheckHost(v);
   });

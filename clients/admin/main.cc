@@ -14,7 +14,6 @@
 #include "clients/admin/start_server.h"
 #include "clients/admin/stop_server.h"
 #include "common/metrics.h"
-#include "common/server_elsewhere.h"
 #include "common/size_text.h"
 #include "format/instance.h"
 #include "shmcache/client.h"
@@ -174,13 +173,12 @@ int main(int argc, char** argv) {
   co.hostname = a.hostname;
   if (a.command == Command::kStart) return RunStart(a, co);
   if (a.command == Command::kStop) return RunStop(co, port, a.server.shm_dir);
+  // A connect that fails names a server of the port running elsewhere, with
+  // this command as the one that reaches it: the host lock is read once.
+  co.admin_command = CommandText(a);
   std::unique_ptr<Client> client;
   s = Client::Connect(co, &client);
-  // The library's message names a server of the port running elsewhere or
-  // stopped; asked again here, it names the command that reaches it.
-  if (!s.ok()) {
-    return Fail(ExplainNoServerHere(port, co.run_dir, CommandText(a), s).message());
-  }
+  if (!s.ok()) return Fail(s.message());
 
   switch (a.command) {
     case Command::kGenerate: {

@@ -31,6 +31,12 @@ struct ClientOptions {
   // 5000 ms. Must be positive (Connect: InvalidArgument otherwise; 0 would
   // wait for a hung daemon forever).
   int request_timeout_ms = 5000;
+  // The `shmcache` command (its arguments, without -p) that a failed
+  // connect's message suggests running with another run dir, where a server
+  // of this user runs on the port with that run dir (the admin CLI sets its
+  // own command line). Default "": the message says to run this process
+  // with that SHMCACHE_RUN_DIR.
+  std::string admin_command{};
 };
 
 struct CacheOptions {

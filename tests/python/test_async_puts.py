@@ -57,7 +57,7 @@ def assert_cached_rows_whole(session, name, n):
 
 
 def test_full_queue_drops_puts_instead_of_blocking(server, session, monkeypatch):
-    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    monkeypatch.setattr(shmcache.async_put, "_warned_causes", set())
     ds = CachedDataset(Images(6), DatasetCache(session), put_queue=1)
     release = threading.Event()
     block_puts(ds, release)
@@ -342,7 +342,7 @@ def test_batches_go_on_from_the_source_with_one_warning_when_the_cache_fails(
 
 
 def test_enqueue_many_drops_only_the_rows_that_do_not_fit(monkeypatch):
-    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    monkeypatch.setattr(shmcache.async_put, "_warned_causes", set())
     release = threading.Event()
     stored = []
 
@@ -377,7 +377,7 @@ def test_rows_dropped_behind_a_put_the_server_does_not_answer_name_the_server(
     put's timeout says it). A put in flight for _STALLED_S or more is the
     server's (here at once: _STALLED_S 0; no test waits for a duration); a
     shorter one may be either, and the warning names both."""
-    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    monkeypatch.setattr(shmcache.async_put, "_warned_causes", set())
     monkeypatch.setattr(shmcache.async_put, "_STALLED_S", stalled_s, raising=False)
     in_put, release = threading.Event(), threading.Event()
 
@@ -399,6 +399,38 @@ def test_rows_dropped_behind_a_put_the_server_does_not_answer_name_the_server(
             assert "has not answered a put" in said and "put_queue=" not in said, said
         else:
             assert "behind a put that has waited" in said and "put_queue=" in said, said
+    finally:
+        release.set()
+        p.close(10)
+
+
+def test_drops_are_warned_about_once_per_cause(monkeypatch):
+    """A queue that drops rows again says nothing more; a new cause (the
+    server stopped answering after the queue was found slow) is said once
+    too: one warning per process for any cause hid it."""
+    monkeypatch.setattr(shmcache.async_put, "_warned_causes", set())
+    monkeypatch.setattr(shmcache.async_put, "_STALLED_S", 0.0)
+    # Woken by a batch or a flush only: the first row waits in the queue.
+    monkeypatch.setattr(shmcache.async_put, "_HOLD_S", 60.0)
+    in_put, release = threading.Event(), threading.Event()
+
+    def store(ids, rows):
+        in_put.set()
+        assert release.wait(60), "the test never released the writer"
+        return len(ids)
+    p = shmcache.async_put.AsyncPutter(store, limit_bytes=100, batch_wakes=lambda: True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for row in (1, 2):      # queued, not yet being written: slower
+                assert p.enqueue_many([(row, "a", 100), (row + 10, "b", 100)]) <= 1
+            threading.Thread(target=p.flush, args=(60,), daemon=True).start()
+            assert in_put.wait(60)  # now in a put the server has not answered
+            for row in (3, 4):
+                assert p.enqueue_many([(row, "c", 100)]) == 0
+        said = [str(w.message) for w in caught if w.category is CacheWarning]
+        assert len(said) == 2, said
+        assert "put_queue=" in said[0] and "has not answered a put" in said[1], said
     finally:
         release.set()
         p.close(10)

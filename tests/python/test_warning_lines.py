@@ -57,6 +57,21 @@ def test_a_warning_off_the_users_thread_names_the_users_line_once(
     assert says in message, message
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_full_put_queue_is_warned_about_once_over_epochs_and_workers(server, session,
+                                                                       context):
+    """Every worker of every epoch (two workers, three epochs, each a new
+    process) drops rows from its full put queue: one warning for the run,
+    where each worker process gave its own (16 workers and 90 epochs: 1,440
+    lines)."""
+    r = run(server, session, "DataLoader", 2, context, "queue")
+    found = WARNING.findall(r.stderr)
+    assert len(found) == 1, r.stderr
+    ((where, line, message),) = found
+    assert where == TRAINER and int(line) in user_lines(), r.stderr
+    assert "put queue is full" in message, message
+
+
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 @pytest.mark.parametrize("problem", ["full", "uncacheable"])
 def test_spawned_workers_name_the_line_that_made_the_dataset(start_server, problem,

@@ -302,7 +302,7 @@ def test_a_full_put_queue_is_warned_about_at_the_users_line(server, session,
     from torch.utils.data import DataLoader
     from shmcache.torch import CachedDataset
     from helpers import Images
-    monkeypatch.setattr(shmcache.async_put, "_warned_pid", None)
+    monkeypatch.setattr(shmcache.async_put, "_warned_causes", set())
     ds = CachedDataset(Images(6), DatasetCache(session), name=f"q-{via}", put_queue=1)
     release = threading.Event()
     real = ds.cache.put_encoded

@@ -3,7 +3,10 @@
 CachedDataset whose rows the cache cannot take: PROBLEM "full" (64 rows of
 1 MiB, for a server capped below that), "over_cap" (full too, in a cache
 whose size_mb is over the cap, which the note at open foretells),
-"closed" (the user closed the cache before the loop), "closed_later"
+"closed" (the user closed the cache before the loop), "queue" (three
+epochs, new workers each, of small rows whose background put queue of 1
+byte is full from its first row in every worker: the writer of a worker
+waits for its exit flush), "closed_later"
 (persistent workers: a pass over the first 32 rows, then the user closes
 the cache, then a pass over all 64; after each pass it prints the rows
 seen and the cache's hits and rows, as another handle reads them) or
@@ -18,7 +21,8 @@ import sys
 
 from torch.utils.data import DataLoader, Sampler
 
-from helpers import MiBRows, StrLabels
+import shmcache.async_put
+from helpers import Images, MiBRows, StrLabels
 from shmcache import DatasetCache
 from shmcache.async_put import DEFAULT_QUEUE_BYTES
 from shmcache.torch import CachedDataset, CachedLoader
@@ -43,12 +47,23 @@ class FirstRows(Sampler):
 QUEUE = 2 * DEFAULT_QUEUE_BYTES
 
 
+def writer_waits_for_exit(worker_id):
+    """A worker's writer takes no row before the exit flush: its queue of 1
+    byte stays full from the first row on, however slow the machine."""
+    shmcache.async_put._HOLD_S = 3600.0
+
+
 def main(kind, workers, context, problem):
     source = StrLabels(8) if problem == "uncacheable" else MiBRows(64)
     extra = dict(multiprocessing_context=context) if workers else {}
     passes = [None]
     if problem == "over_cap":
         ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem), put_queue=QUEUE)  # made
+    elif problem == "queue":
+        source = Images(64)
+        ds = CachedDataset(source, name=problem, put_queue=1)  # made
+        passes = [None] * 3
+        extra.update(worker_init_fn=writer_waits_for_exit)
     elif problem == "closed_later":
         ds = CachedDataset(source, name=problem, async_puts=False)  # made
         passes = [32, 64]

@@ -4,12 +4,16 @@ one writer thread of the process stores the row later.
 Contract:
 - enqueue() never blocks on the cache: when the queue holds `limit_bytes`
   (rows waiting or being written), the row is dropped (counted; one
-  CacheWarning per process when drops start). A dropped row is a miss again
+  CacheWarning per cause when drops start). A dropped row is a miss again
   next time and is recomputed then. An empty queue always takes one row,
   however large. The warning names the cause: a put in flight for
   _STALLED_S or more (a server stopped or not answering, which a DataLoader
   worker may not live long enough to see time out) rather than a cache
-  slower than the dataset.
+  slower than the dataset. Each cause is said once per `told` flag
+  (CachedDataset: one for the dataset, shared with the DataLoader workers
+  started from it, forked or spawned, over all their epochs; a new worker
+  process per epoch each said it, 1,440 lines for 16 workers and 90
+  epochs), or once per process for a putter without one.
 - The writer thread stores the queue in batches (one call of its store
   function per batch; the native put releases the GIL while it copies).
   It is woken for every row, or, where batch_wakes() says so when the
@@ -61,7 +65,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._degrade import CacheWarning
-from ._user_line import Origin, warn
+from ._user_line import Origin, said_quietly, warn
+from ._warned_flag import WarnedFlag
 
 __all__ = ["AsyncPutter", "EXIT_FLUSH_S", "DEFAULT_QUEUE_BYTES", "flush_into", "put_rows"]
 
@@ -82,7 +87,13 @@ _STALLED_S = 1.0
 _IDLE_EXIT_S = 10.0
 
 _putters: weakref.WeakSet[AsyncPutter] = weakref.WeakSet()  # live putters here
-_warned_pid: int | None = None   # the process that warned about drops
+# The causes of drops (_CAUSES) this process warned about, for putters
+# without a flag of their own.
+_warned_causes: set[int] = set()
+# The causes of drops, each warned about once: the queue is slower than
+# the dataset; the server has not answered a put for _STALLED_S; a put has
+# waited less (either).
+_SLOWER, _STALLED, _WAITED = 0, 1, 2
 _hooked_pid: int | None = None   # the process whose exit hooks are registered
 # (pid, monotonic time) by which the exit flush of that process ends.
 _exit_deadline: tuple[int, float] | None = None
@@ -100,14 +111,18 @@ class AsyncPutter:
     store(ids, rows) stores rows and returns how many it stored; it runs
     on the writer thread only. Its warnings name `origin` where no frame of
     the user's is on the stack (the writer thread's are never). `target`:
-    what `store` puts into (CachedDataset: its cache), for flush_into()."""
+    what `store` puts into (CachedDataset: its cache), for flush_into().
+    `told`: the flag whose slots say which causes of drops were warned
+    about, shared with the processes it travels to (None: this process's)."""
 
     def __init__(self, store: Callable[[list[int], list[Any]], int],
                  limit_bytes: int = DEFAULT_QUEUE_BYTES,
                  batch_wakes: Callable[[], bool] | None = None,
-                 origin: Origin | None = None, target: object = None) -> None:
+                 origin: Origin | None = None, target: object = None,
+                 told: WarnedFlag | None = None) -> None:
         self._store = store
         self.origin = origin
+        self.told = told
         self.target = target
         self.limit_bytes = limit_bytes
         self._batch_wakes = batch_wakes
@@ -178,7 +193,7 @@ class AsyncPutter:
             if full and self._write_since is not None:
                 stalled = time.monotonic() - self._write_since
         if full:
-            _warn_drops(self.limit_bytes, self.origin, stalled)
+            _warn_drops(self.limit_bytes, self.origin, stalled, self.told)
         return queued
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -362,14 +377,23 @@ class AsyncPutter:
         return 0
 
 
-def _warn_drops(limit_bytes, origin, stalled_s):
-    """The one warning of a process whose queue drops rows; `stalled_s`:
-    how long the put in flight had waited (None: none was). Said at the
-    first drop: a queue fills within a second, before any put times out."""
-    global _warned_pid
-    if _warned_pid == os.getpid():
+def _warn_drops(limit_bytes, origin, stalled_s, told):
+    """The warning of a queue that drops rows, once per cause and `told`
+    flag (None: per process); `stalled_s`: how long the put in flight had
+    waited (None: none was). Said at the first drop: a queue fills within a
+    second, before any put times out. Not counted as said where nothing is
+    shown (quietly())."""
+    cause = (_SLOWER if stalled_s is None else
+             _STALLED if stalled_s >= _STALLED_S else _WAITED)
+    if said_quietly():
         return
-    _warned_pid = os.getpid()
+    if told is not None:
+        if not told.claim(cause):
+            return
+    elif cause in _warned_causes:
+        return
+    else:
+        _warned_causes.add(cause)
     full = (f"shmcache: the background put queue is full ({limit_bytes} bytes of "
             "rows waiting)")
     dropped = "rows are dropped and read from the source again next epoch"
@@ -377,9 +401,9 @@ def _warn_drops(limit_bytes, origin, stalled_s):
              "`kill -CONT PID`")
     slower = ("the cache takes rows slower than the dataset makes them (raise "
               "put_queue= or use async_puts=False to wait for every put)")
-    if stalled_s is None:
+    if cause == _SLOWER:
         warn(f"{full}: {dropped}; {slower}", CacheWarning, origin)
-    elif stalled_s >= _STALLED_S:
+    elif cause == _STALLED:
         # Not "raise put_queue": no queue is long enough for a server that
         # does not answer.
         warn(f"{full} because the cache server has not answered a put for "
@@ -437,8 +461,8 @@ def _hook_exit():
 
 
 def _after_fork_in_child():
-    global _warned_pid
-    _warned_pid = None
+    global _warned_causes
+    _warned_causes = set()
     for p in list(_putters):
         p._reset()
 

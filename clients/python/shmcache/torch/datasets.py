@@ -267,6 +267,9 @@ class CachedDataset(Dataset):
         self.put_queue = put_queue
         # Shared with the DataLoader workers forked from here: one warning.
         self._warned_uncacheable = WarnedFlag()
+        # The causes of background put drops warned about (async_put), by
+        # this process and the workers started from it, over all epochs.
+        self._warned_queue = WarnedFlag()
         self._putter = self._new_putter()
         _datasets.add(self)
         open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
@@ -326,7 +329,7 @@ class CachedDataset(Dataset):
         # Batched wakes in a DataLoader worker (see shmcache.async_put).
         putter = AsyncPutter(functools.partial(_store_rows, self.cache), self.put_queue,
                              batch_wakes=_ask_in_worker, origin=self.cache.origin,
-                             target=self.cache)
+                             target=self.cache, told=self._warned_queue)
         weakref.finalize(self, _retire, weakref.ref(putter)).atexit = False
         return putter
 
