@@ -157,6 +157,23 @@ def test_arguments_are_accepted_or_refused_as_dataloader_does(server, session, k
     assert build(CachedLoader) == build(DataLoader)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_generator_that_is_not_one_fails_at_iter_as_dataloader(server, session, shuffle):
+    """DataLoader takes generator=3 and fails at iter(), drawing its
+    workers' seed from it: a TypeError naming generator=; CachedLoader
+    too (it was an AttributeError, 'int' object has no attribute
+    'get_state')."""
+    cds = CachedDataset(cd.Flaky(8, []), DatasetCache(session))
+    raised = []
+    for cls in (DataLoader, CachedLoader):
+        loader = cls(cds, batch_size=2, shuffle=shuffle, generator=3)
+        with pytest.raises(Exception) as e:
+            next(iter(loader))
+        raised.append((type(e.value), str(e.value)))
+    assert raised[0][0] is TypeError and "generator" in raised[0][1]
+    assert raised[1] == raised[0]
+
+
 # ---- 3. get_worker_info().dataset is the user's dataset ------------------
 
 def test_worker_init_fn_configures_the_dataset_that_computes(server, session):
