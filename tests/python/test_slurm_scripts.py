@@ -386,6 +386,44 @@ def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(op
     assert job.leftovers() == []
 
 
+def test_a_root_jobs_epilog_unmounts_no_directory_another_user_put_there(open_top):
+    """A root job's server that used its huge tmpfs removes the directory
+    at its clean stop; another user may then put a directory of their own
+    at that name in /dev/shm and, once the epilog has checked it (a
+    directory, no link), swap in a link to any mount (umount follows
+    links). Here that user's directory is a mount point of theirs (a
+    tmpfs owned by them, as a FUSE mount of theirs would be), which the
+    epilog checked and unmounted: it unmounts only a directory of root's,
+    which no one else can rename in sticky /dev/shm. It used to unmount
+    it."""
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state")       # root's job
+    r = job.run("prolog.sh")
+    assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+    _, exports = job.task_env()
+    job.user_stops_the_server(exports)
+    huge = Path(huge_dir(job.port, 0))
+    env_file = job.state_dir / f"job{job.job_id}.env"
+    env_file.write_text("".join(
+        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
+        for line in env_file.read_text().splitlines()))
+    r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+                        "--", "mkdir", "-m", "0755", str(huge)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=1m,uid={nobody},mode=0755",
+                            "theirs", str(huge)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(huge), f"the epilog unmounted another user's: {r.stderr}"
+    finally:
+        release_huge_dir(job.port, 0)
+    assert job.leftovers() == []
+
+
 def test_a_forged_shm_dir_adds_no_line_to_the_env_file_and_the_server_stops(state_dir, tmp_path):
     """The prolog records the shm dir the job's server reports. The job's
     user owns the run dir and can answer on its socket instead (a process of
