@@ -117,6 +117,25 @@ def test_a_workers_exception_reads_as_dataloaders(server, session, exc):
         want.rstrip().splitlines()[-1]
 
 
+def test_workers_that_cannot_start_fail_as_dataloaders(server, session):
+    """spawn pickles worker_init_fn for each worker: a lambda cannot be,
+    and DataLoader's iter() raises the pickling error; CachedLoader's
+    batch raises it with the same type and message (it was a RuntimeError
+    with that message)."""
+    ds = cd.Flaky(6, [])
+    raised = []
+    for make in (DataLoader, lambda ds, **kw: cached(ds, session, "unpicklable", **kw)):
+        loader = make(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn",
+                      worker_init_fn=lambda wid: None)
+        with pytest.raises(Exception) as e:
+            next(iter(loader))
+        raised.append((type(e.value), str(e.value)))
+        del e, loader
+    assert raised[0][0] is not RuntimeError and "pickle" in raised[0][1], raised[0]
+    assert raised[1] == raised[0]
+    assert wait_for(no_children, timeout=30, what="workers to end")
+
+
 # ---- 2. every DataLoader argument, checked as DataLoader checks it ------
 
 def test_every_dataloader_argument_is_in_the_signature_with_its_default():
