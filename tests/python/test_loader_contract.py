@@ -270,6 +270,22 @@ def test_more_workers_than_cpus_warns_as_dataloader(server, session):
     assert len(found[0]) == 1 and found[1] == found[0]
 
 
+def test_a_pin_memory_device_without_pin_memory_warns_as_dataloader(server, session):
+    """DataLoader warns at every iter() that pin_memory_device does nothing
+    without pin_memory=True; CachedLoader gave no warning."""
+    ds = cd.Flaky(4, [])
+    found = []
+    for loader in (DataLoader(ds, pin_memory_device="cuda"),
+                   cached(ds, session, "pin_device", pin_memory_device="cuda")):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert len(list(loader)) == 4
+        found.append([(x.category, str(x.message)) for x in w
+                      if "pin memory device" in str(x.message)])
+    assert len(found[0]) == 2 and found[1] == found[0]
+
+
 def test_a_timeout_says_what_dataloader_says(server, session):
     ds = cd.Sleepy(10, 3)
     kw = dict(batch_size=2, num_workers=2, timeout=1)
