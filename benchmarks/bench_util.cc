@@ -1,5 +1,6 @@
 #include "benchmarks/bench_util.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +63,35 @@ double NowSec() {
       .count();
 }
 
+double ProcessCpuSec(int pid) {
+  if (pid <= 0) return -1;
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // Fields 14 and 15 (utime, stime), counted from the one after the
+  // command's closing parenthesis (field 3; a command may hold spaces).
+  const char* p = std::strrchr(buf, ')');
+  unsigned long long utime = 0, stime = 0;
+  if (p == nullptr ||
+      std::sscanf(p + 2, "%*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &utime,
+                  &stime) != 2) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double ChildrenCpuSec() {
+  rusage u;
+  getrusage(RUSAGE_CHILDREN, &u);
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
 std::vector<uint32_t> RandomIndices(size_t count, uint32_t n, uint64_t seed) {
   std::vector<uint32_t> v(count);
   for (auto& x : v) x = static_cast<uint32_t>(Mix(&seed) % n);
@@ -85,7 +116,7 @@ double TimedRateBatched(double seconds, int batch,
                         const std::function<void(uint64_t)>& op) {
   // The median of three runs of a third of the time each: one disturbed
   // run on a shared machine does not move the figure.
-  double runs[3];
+  double runs[3] = {};
   uint64_t start = 0;
   for (double& r : runs) r = TimedRateOnce(seconds / 3, batch, op, &start);
   std::sort(runs, runs + 3);
@@ -100,7 +131,8 @@ double TimedRateOnce(double seconds, int batch, const std::function<void(uint64_
   while (NowSec() < w_end) {
     for (int k = 0; k < 8; ++k) op(i++);
   }
-  double t0 = NowSec(), t1 = t0;
+  const double t0 = NowSec();
+  double t1;  // set by the loop
   uint64_t calls = 0;
   do {
     for (int k = 0; k < 8; ++k) op(i++);

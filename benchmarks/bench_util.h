@@ -20,6 +20,12 @@ namespace bench {
 
 double NowSec();
 
+// CPU seconds (user + system) that process `pid` used so far (its
+// /proc/PID/stat, every thread); -1 when it cannot be read.
+double ProcessCpuSec(int pid);
+// CPU seconds of this process's children that have been waited for.
+double ChildrenCpuSec();
+
 // Random row indices in [0, n), the same sequence for every system measured
 // on the same rows.
 std::vector<uint32_t> RandomIndices(size_t count, uint32_t n, uint64_t seed);

@@ -3,8 +3,9 @@
 // by the kernel's cost per tmpfs page (shm_pages.h); on a tmpfs with huge
 // pages puts of 3 KB rows ran 1-2 M rows/s against 0.5-0.6 M on 4 KB
 // pages, but not reliably: on this project's shared VM the same benchmark
-// on a fresh huge tmpfs also ran at 0.12-0.4 M rows/s (huge pages that the
-// kernel must first compact), and a first DataLoader epoch was slower. So
+// on a fresh huge tmpfs also ran at 0.12-0.4 M rows/s (free 2 MB blocks
+// that the VM's host had taken back: docs/performance.md, "Puts on huge
+// pages: the first fill"), and a first DataLoader epoch was slower. So
 // it is asked for, not the default. When asked, the server picks, in this
 // order:
 //
