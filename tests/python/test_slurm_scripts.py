@@ -352,6 +352,33 @@ def test_prolog_refuses_a_state_dir_others_can_write_and_writes_through_no_link(
     assert exports["SESSION_ID"] == "0"
 
 
+def _epilog_leaves_the_mount_at_the_huge_path(job, owner, mount_options, whose):
+    """Points the job's env file at its server's huge-tmpfs path, puts a
+    directory of uid `owner` there with a tmpfs mounted on it (with
+    `mount_options`; `whose` mount it is, for the message), runs the
+    epilog, and checks that the mount is still there."""
+    huge = Path(huge_dir(job.port, job.uid))
+    env_file = job.state_dir / f"job{job.job_id}.env"
+    env_file.write_text("".join(
+        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
+        for line in env_file.read_text().splitlines()))
+    r = subprocess.run(["setpriv", f"--reuid={owner}", f"--regid={owner}", "--clear-groups",
+                        "--", "mkdir", "-m", "0755", str(huge)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", mount_options, "theirs", str(huge)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(huge), f"the epilog unmounted {whose} mount: {r.stderr}"
+    finally:
+        release_huge_dir(job.port, job.uid)
+    assert job.leftovers() == []
+
+
 def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(open_top):
     """The huge-page tmpfs path is in /dev/shm, where the job's user can put
     a directory and, once the epilog has checked it, swap in a link to any
@@ -365,25 +392,7 @@ def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(op
     assert job.run("prolog.sh").returncode == 0
     _, exports = job.task_env()
     job.user_stops_the_server(exports)
-    huge = Path(huge_dir(job.port, nobody))
-    env_file = job.state_dir / f"job{job.job_id}.env"
-    env_file.write_text("".join(
-        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
-        for line in env_file.read_text().splitlines()))
-    r = subprocess.run(job.as_user(["mkdir", "-m", "0755", str(huge)]),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "roots", str(huge)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        r = job.run("epilog.sh")
-        assert r.returncode == 0, r.stderr
-        assert os.path.ismount(huge), f"the epilog unmounted root's mount: {r.stderr}"
-    finally:
-        release_huge_dir(job.port, nobody)
-    assert job.leftovers() == []
+    _epilog_leaves_the_mount_at_the_huge_path(job, nobody, "size=1m", "root's")
 
 
 def test_a_root_jobs_epilog_unmounts_no_directory_another_user_put_there(open_top):
@@ -402,26 +411,8 @@ def test_a_root_jobs_epilog_unmounts_no_directory_another_user_put_there(open_to
     assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
     _, exports = job.task_env()
     job.user_stops_the_server(exports)
-    huge = Path(huge_dir(job.port, 0))
-    env_file = job.state_dir / f"job{job.job_id}.env"
-    env_file.write_text("".join(
-        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
-        for line in env_file.read_text().splitlines()))
-    r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
-                        "--", "mkdir", "-m", "0755", str(huge)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=1m,uid={nobody},mode=0755",
-                            "theirs", str(huge)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        r = job.run("epilog.sh")
-        assert r.returncode == 0, r.stderr
-        assert os.path.ismount(huge), f"the epilog unmounted another user's: {r.stderr}"
-    finally:
-        release_huge_dir(job.port, 0)
-    assert job.leftovers() == []
+    _epilog_leaves_the_mount_at_the_huge_path(job, nobody, f"size=1m,uid={nobody},mode=0755",
+                                              "another user's")
 
 
 def test_a_forged_shm_dir_adds_no_line_to_the_env_file_and_the_server_stops(state_dir, tmp_path):
