@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ADMIN, PYTHONPATH, ROOT, free_port, huge_dir, release_huge_dir,
+from conftest import (ADMIN, PYTHONPATH, ROOT, free_port, host_lock, huge_dir,
+                      release_huge_dir,
                       wait_for, _alive, _segments)
 
 SLURM = ROOT / "examples" / "slurm"
@@ -527,3 +528,29 @@ def test_two_jobs_whose_ids_share_a_port_get_a_server_each(state_dir):
         second.run("epilog.sh")
         first.run("epilog.sh")
     assert first.leftovers() == []
+
+
+def test_a_lock_another_user_put_on_the_jobs_first_port_moves_it_to_the_next(open_top):
+    """The job's first port follows from its id, which every user of the
+    node sees: another user may create its host lock in /dev/shm first.
+    The server refuses a lock that is not its user's, and the prolog took
+    that as the end: the job ran without the cache. It goes on to the
+    next port, as past a port another job holds."""
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state")     # root's job; the other user is nobody
+    lock = host_lock(job.port, job.uid)
+    r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+                        "--", "touch", lock], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cannot start" not in r.stderr, r.stderr
+        _, exports = job.task_env()
+        assert exports["SHMCACHE_PORT"] != str(job.port)
+        assert job.task()[0] == "5"
+        r = job.run("epilog.sh")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    finally:
+        os.unlink(lock)
+        job.run("epilog.sh")
+    assert job.leftovers() == []
