@@ -14,7 +14,8 @@
 #   SHMCACHE_SLURM_STATE      state dir (default /run/shmcache-slurm)
 #   SHMCACHE_SLURM_PORT_BASE  the job's instance is the first port from
 #                             BASE + job id % 20000 (default base 40000) that no
-#                             live job of the node holds
+#                             live job of the node holds (nor another user's
+#                             lock file)
 #   SHMCACHE_SLURM_START_ARGS more --start options, e.g. "--memory_cap_mb 65536 -s /local/spill"
 #   SHMCACHE_BIN              directory of shmcache (default: found on PATH, else /usr/local/bin)
 

@@ -62,14 +62,17 @@ fi
 # other job nothing is unmounted, since the path is in /dev/shm, where the
 # job's user could swap it for a link to another mount between the checks
 # and umount (which follows links), and the shm dir in the env file is what
-# the user's server said.
+# the user's server said. Nor for a root job is a directory another user
+# put at that name (after a clean stop removed root's): it must be root's,
+# seen by one lstat (stat without -L), since no one else can rename or
+# replace an entry of root's in sticky /dev/shm once it is there.
 if [ -z "$(servers)" ]; then
   as_user find "${shm_dir:-/dev/shm}" /dev/shm -maxdepth 1 \
     \( -name "shmcache.$SLURM_JOB_UID.$port.*" -o -name ".shmcache.$SLURM_JOB_UID.$port.lock" \) \
     ! -type d -delete 2>/dev/null
   huge=/dev/shm/shmcache.$SLURM_JOB_UID.$port.huge
-  if [ "$SLURM_JOB_UID" = 0 ] && [ "$shm_dir" = "$huge" ] && [ -d "$huge" ] &&
-     [ ! -L "$huge" ]; then
+  if [ "$SLURM_JOB_UID" = 0 ] && [ "$shm_dir" = "$huge" ] &&
+     [ "$(stat -c %u:%F -- "$huge" 2>/dev/null)" = 0:directory ]; then
     if mountpoint -q "$huge"; then
       umount "$huge" 2>/dev/null || umount -l "$huge" || say "cannot unmount $huge"
     fi

@@ -68,7 +68,10 @@ start() {
   local out used tries
   used=" $(ports_in_use | tr '\n' ' ') "
   # Another job of this node may hold the first port (job ids N and N+20000
-  # of one user, or a server that outlived its job): take the next free one.
+  # of one user, or a server that outlived its job), or another user may
+  # have put a lock file there (the port follows from the job id, which
+  # every user sees; the server refuses a lock not its user's): take the
+  # next free one.
   for (( tries = 0; tries < 64; ++tries )); do
     port=$(( first_port + tries ))
     (( port > 65535 )) && port=$(( port - 64512 ))
@@ -78,7 +81,7 @@ start() {
     then
       break
     fi
-    [[ $out == *"already running on port"* ]] ||
+    [[ $out == *"already running on port"* || $out == *"another user created it"* ]] ||
       { say "cannot start the cache server on port $port: $out"; return 1; }
   done
   (( tries < 64 )) || { say "no free port from $first_port: $out"; return 1; }

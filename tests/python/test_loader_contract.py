@@ -117,6 +117,25 @@ def test_a_workers_exception_reads_as_dataloaders(server, session, exc):
         want.rstrip().splitlines()[-1]
 
 
+def test_workers_that_cannot_start_fail_as_dataloaders(server, session):
+    """spawn pickles worker_init_fn for each worker: a lambda cannot be,
+    and DataLoader's iter() raises the pickling error; CachedLoader's
+    batch raises it with the same type and message (it was a RuntimeError
+    with that message)."""
+    ds = cd.Flaky(6, [])
+    raised = []
+    for make in (DataLoader, lambda ds, **kw: cached(ds, session, "unpicklable", **kw)):
+        loader = make(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn",
+                      worker_init_fn=lambda wid: None)
+        with pytest.raises(Exception) as e:
+            next(iter(loader))
+        raised.append((type(e.value), str(e.value)))
+        del e, loader
+    assert raised[0][0] is not RuntimeError and "pickle" in raised[0][1], raised[0]
+    assert raised[1] == raised[0]
+    assert wait_for(no_children, timeout=30, what="workers to end")
+
+
 # ---- 2. every DataLoader argument, checked as DataLoader checks it ------
 
 def test_every_dataloader_argument_is_in_the_signature_with_its_default():
@@ -155,6 +174,23 @@ def test_arguments_are_accepted_or_refused_as_dataloader_does(server, session, k
             return type(e), str(e)
         return None
     assert build(CachedLoader) == build(DataLoader)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_generator_that_is_not_one_fails_at_iter_as_dataloader(server, session, shuffle):
+    """DataLoader takes generator=3 and fails at iter(), drawing its
+    workers' seed from it: a TypeError naming generator=; CachedLoader
+    too (it was an AttributeError, 'int' object has no attribute
+    'get_state')."""
+    cds = CachedDataset(cd.Flaky(8, []), DatasetCache(session))
+    raised = []
+    for cls in (DataLoader, CachedLoader):
+        loader = cls(cds, batch_size=2, shuffle=shuffle, generator=3)
+        with pytest.raises(Exception) as e:
+            next(iter(loader))
+        raised.append((type(e.value), str(e.value)))
+    assert raised[0][0] is TypeError and "generator" in raised[0][1]
+    assert raised[1] == raised[0]
 
 
 # ---- 3. get_worker_info().dataset is the user's dataset ------------------
@@ -232,6 +268,22 @@ def test_more_workers_than_cpus_warns_as_dataloader(server, session):
         found.append([str(x.message) for x in w if "excessive worker creation" in
                       str(x.message)])
     assert len(found[0]) == 1 and found[1] == found[0]
+
+
+def test_a_pin_memory_device_without_pin_memory_warns_as_dataloader(server, session):
+    """DataLoader warns at every iter() that pin_memory_device does nothing
+    without pin_memory=True; CachedLoader gave no warning."""
+    ds = cd.Flaky(4, [])
+    found = []
+    for loader in (DataLoader(ds, pin_memory_device="cuda"),
+                   cached(ds, session, "pin_device", pin_memory_device="cuda")):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert len(list(loader)) == 4
+        found.append([(x.category, str(x.message)) for x in w
+                      if "pin memory device" in str(x.message)])
+    assert len(found[0]) == 2 and found[1] == found[0]
 
 
 def test_a_timeout_says_what_dataloader_says(server, session):

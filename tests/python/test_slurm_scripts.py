@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ADMIN, PYTHONPATH, ROOT, free_port, huge_dir, release_huge_dir,
+from conftest import (ADMIN, PYTHONPATH, ROOT, free_port, host_lock, huge_dir,
+                      release_huge_dir,
                       wait_for, _alive, _segments)
 
 SLURM = ROOT / "examples" / "slurm"
@@ -352,6 +353,33 @@ def test_prolog_refuses_a_state_dir_others_can_write_and_writes_through_no_link(
     assert exports["SESSION_ID"] == "0"
 
 
+def _epilog_leaves_the_mount_at_the_huge_path(job, owner, mount_options, whose):
+    """Points the job's env file at its server's huge-tmpfs path, puts a
+    directory of uid `owner` there with a tmpfs mounted on it (with
+    `mount_options`; `whose` mount it is, for the message), runs the
+    epilog, and checks that the mount is still there."""
+    huge = Path(huge_dir(job.port, job.uid))
+    env_file = job.state_dir / f"job{job.job_id}.env"
+    env_file.write_text("".join(
+        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
+        for line in env_file.read_text().splitlines()))
+    r = subprocess.run(["setpriv", f"--reuid={owner}", f"--regid={owner}", "--clear-groups",
+                        "--", "mkdir", "-m", "0755", str(huge)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", mount_options, "theirs", str(huge)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(huge), f"the epilog unmounted {whose} mount: {r.stderr}"
+    finally:
+        release_huge_dir(job.port, job.uid)
+    assert job.leftovers() == []
+
+
 def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(open_top):
     """The huge-page tmpfs path is in /dev/shm, where the job's user can put
     a directory and, once the epilog has checked it, swap in a link to any
@@ -365,25 +393,27 @@ def test_epilog_unmounts_nothing_for_a_job_user_who_could_not_have_mounted_it(op
     assert job.run("prolog.sh").returncode == 0
     _, exports = job.task_env()
     job.user_stops_the_server(exports)
-    huge = Path(huge_dir(job.port, nobody))
-    env_file = job.state_dir / f"job{job.job_id}.env"
-    env_file.write_text("".join(
-        f"SHMCACHE_SHM_DIR={huge}\n" if line.startswith("SHMCACHE_SHM_DIR=") else line + "\n"
-        for line in env_file.read_text().splitlines()))
-    r = subprocess.run(job.as_user(["mkdir", "-m", "0755", str(huge)]),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "roots", str(huge)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        r = job.run("epilog.sh")
-        assert r.returncode == 0, r.stderr
-        assert os.path.ismount(huge), f"the epilog unmounted root's mount: {r.stderr}"
-    finally:
-        release_huge_dir(job.port, nobody)
-    assert job.leftovers() == []
+    _epilog_leaves_the_mount_at_the_huge_path(job, nobody, "size=1m", "root's")
+
+
+def test_a_root_jobs_epilog_unmounts_no_directory_another_user_put_there(open_top):
+    """A root job's server that used its huge tmpfs removes the directory
+    at its clean stop; another user may then put a directory of their own
+    at that name in /dev/shm and, once the epilog has checked it (a
+    directory, no link), swap in a link to any mount (umount follows
+    links). Here that user's directory is a mount point of theirs (a
+    tmpfs owned by them, as a FUSE mount of theirs would be), which the
+    epilog checked and unmounted: it unmounts only a directory of root's,
+    which no one else can rename in sticky /dev/shm. It used to unmount
+    it."""
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state")       # root's job
+    r = job.run("prolog.sh")
+    assert r.returncode == 0 and "cache server on port" in r.stderr, r.stderr
+    _, exports = job.task_env()
+    job.user_stops_the_server(exports)
+    _epilog_leaves_the_mount_at_the_huge_path(job, nobody, f"size=1m,uid={nobody},mode=0755",
+                                              "another user's")
 
 
 def test_a_forged_shm_dir_adds_no_line_to_the_env_file_and_the_server_stops(state_dir, tmp_path):
@@ -498,3 +528,29 @@ def test_two_jobs_whose_ids_share_a_port_get_a_server_each(state_dir):
         second.run("epilog.sh")
         first.run("epilog.sh")
     assert first.leftovers() == []
+
+
+def test_a_lock_another_user_put_on_the_jobs_first_port_moves_it_to_the_next(open_top):
+    """The job's first port follows from its id, which every user of the
+    node sees: another user may create its host lock in /dev/shm first.
+    The server refuses a lock that is not its user's, and the prolog took
+    that as the end: the job ran without the cache. It goes on to the
+    next port, as past a port another job holds."""
+    nobody = _nobody_job_possible()
+    job = FakeJob(open_top / "state")     # root's job; the other user is nobody
+    lock = host_lock(job.port, job.uid)
+    r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+                        "--", "touch", lock], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = job.run("prolog.sh")
+        assert r.returncode == 0 and "cannot start" not in r.stderr, r.stderr
+        _, exports = job.task_env()
+        assert exports["SHMCACHE_PORT"] != str(job.port)
+        assert job.task()[0] == "5"
+        r = job.run("epilog.sh")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    finally:
+        os.unlink(lock)
+        job.run("epilog.sh")
+    assert job.leftovers() == []

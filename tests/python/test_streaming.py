@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info  # noqa: E402
 
 from helpers import Stream, sample  # noqa: E402
 import shmcache  # noqa: E402
@@ -69,6 +69,41 @@ def test_unsealed_cache_streams_and_workers_split_the_rows(server, session):
     assert sorted(int(r["label"]) for r in rows) == sorted(i % 10 for i in range(N))
     assert src.reads == named            # in this process: all from workers/cache
     assert labels_ok(list(ds))           # single process, sealed: in order
+
+
+class WorkerSharded(IterableDataset):
+    """A source that shards itself over DataLoader's workers, as torch's
+    IterableDataset documentation shows: worker w of W yields w, w+W, ..."""
+
+    def __init__(self, n):
+        self.n, self.path = n, "worker-sharded"
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(wid, self.n, nw):
+            yield {"x": np.full(2, i, np.float32), "label": i}
+
+
+def test_a_source_that_shards_itself_over_the_workers_loses_no_sample(server, session):
+    """Plain DataLoader(source, num_workers=2) gives every sample once;
+    so does DataLoader(CachedIterableDataset(source)), building and then
+    reading the sealed cache: the source is iterated whole in each worker
+    (get_worker_info() is None inside it), as in the trainer's process,
+    and the wrapper shards. Before, the source's sharding and the
+    wrapper's compounded: 6 of 12 samples, and a cache sealed with 6 rows."""
+    n = 12
+    want = sorted(int(r["label"]) for r in DataLoader(WorkerSharded(n), batch_size=None,
+                                                      num_workers=2))
+    assert want == list(range(n))
+    ds = CachedIterableDataset(WorkerSharded(n), DatasetCache(session))
+    for _ in range(2):      # the pass that builds, then the sealed cache's
+        rows = list(DataLoader(ds, batch_size=None, num_workers=2))
+        assert sorted(int(r["label"]) for r in rows) == want
+        assert all(np.array_equal(r["x"].numpy(), np.full(2, int(r["label"]), np.float32))
+                   for r in rows)
+        assert ds.sealed_count() == n
+    assert [int(r["label"]) for r in ds] == want      # this process: the cache, in order
 
 
 def test_the_library_seals_and_caches_sealed_before_still_read(server, session):

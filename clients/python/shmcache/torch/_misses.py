@@ -141,6 +141,20 @@ class WorkerError:
             return RuntimeError(self.message)
 
 
+def _like(error: BaseException) -> BaseException:
+    """A fresh exception of `error`'s type and message, for each batch the
+    pool's failure fails (one object raised by several next() would chain
+    their tracebacks): a worker that could not start (its worker_init_fn
+    or dataset not picklable for spawn) fails the batch with the type
+    DataLoader's iter() raises. A type not made from a message becomes a
+    RuntimeError, as a worker's exception does (WorkerError)."""
+    try:
+        made = type(error)(str(error))
+    except Exception:   # noqa: BLE001 -- a type that wants other arguments
+        return RuntimeError(str(error))
+    return made if isinstance(made, Exception) else RuntimeError(str(error))
+
+
 class _KeyErrorMessage(str):
     """KeyError shows its argument's repr(): this str's is itself, so a
     worker's KeyError reads as DataLoader's does."""
@@ -469,7 +483,7 @@ class MissWorkers:
         ticket = Ticket()
         with self._lock:
             if self._failed is not None:
-                ticket._set(error=RuntimeError(str(self._failed)))
+                ticket._set(error=_like(self._failed))
                 return ticket
             if self._closed:
                 ticket._set(error=Closed("the CachedLoader iterator was closed"))
@@ -630,5 +644,5 @@ class MissWorkers:
             self._failed = error
             tickets, self._tickets = self._tickets, {}
         for t in tickets.values():
-            t._set(error=RuntimeError(str(error)))
+            t._set(error=_like(error))
         self.close()

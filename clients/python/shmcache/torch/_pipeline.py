@@ -100,6 +100,10 @@ class LoaderIter:
             seed_state = state.seed_state
         else:
             gen = loader.generator
+            if gen is not None and not isinstance(gen, torch.Generator):
+                # DataLoader's draw fails on it so (TypeError naming
+                # generator=), where get_state() would be an AttributeError.
+                torch.empty((), dtype=torch.int64).random_(generator=gen)
             seed_state = (gen if gen is not None else torch.default_generator).get_state()
             torch.empty((), dtype=torch.int64).random_(generator=gen)
             if loader.persistent_workers:

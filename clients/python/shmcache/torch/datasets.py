@@ -55,6 +55,7 @@ from .._user_line import warn
 from .._warned_flag import WarnedFlag
 from ..async_put import DEFAULT_QUEUE_BYTES, AsyncPutter
 from ..rows import NUMBER_TAG, Column, ColumnSelection, column_names, decode, encode
+from ._whole_stream import whole_stream
 from .fingerprint import cache_for_dataset, open_dataset_cache
 
 __all__ = ["CachedDataset", "CachedIterableDataset"]
@@ -606,6 +607,10 @@ class CachedIterableDataset(IterableDataset):
     the cache and never touches the source.
 
     Under DataLoader(num_workers=W), worker w yields samples w, w+W, ...
+    of the whole stream: the source is iterated whole in each worker, its
+    code run with get_worker_info() None as in the trainer's process
+    (_whole_stream.py), so a source that shards itself by worker gives
+    every sample once here too.
     A builder that dies before sealing leaves the cache unsealed: readers
     go on streaming from the source (drop the session to rebuild). If the
     cache fills up during the build, or a sample cannot be cached, it is
@@ -638,6 +643,7 @@ class CachedIterableDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        _ask_in_worker()    # asked now: the source runs with the worker's info set aside
         n = self.sealed_count()
         if n is not None:
             for i in range(wid, n, nw):
@@ -659,7 +665,7 @@ class CachedIterableDataset(IterableDataset):
         cache = self.cache
         count = 0
         complete = True
-        for i, sample in enumerate(self.source):
+        for i, sample in enumerate(whole_stream(self.source)):
             count = i + 1
             builder = builder and self.cache is cache
             cols, _ = _cacheable(sample)

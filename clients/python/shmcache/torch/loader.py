@@ -70,7 +70,8 @@ Contract:
   the warning the installed torch's DataLoader gives (1.13: none), once
   per loader; device="cuda" without CUDA
   raises RuntimeError ("CUDA is not available: ..."); "cpu" is accepted.
-  pin_memory_device is accepted (pinned memory is CUDA's).
+  pin_memory_device is accepted (pinned memory is CUDA's); without
+  pin_memory=True, DataLoader's warning at every iter().
 - An iterator that is exhausted, closed (close()) or garbage-collected
   (early break) stops its threads and worker processes (not persistent
   ones) and drops its prefetched batches, without waiting for a row in
@@ -103,6 +104,7 @@ prefetch "auto").
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
@@ -309,6 +311,11 @@ class CachedLoader(DataLoader[T_co]):
             raise AssertionError(f"timeout={self.timeout} is only valid with num_workers "
                                  f"> 0, as in DataLoader (its single-process iterator "
                                  f"takes no timeout): pass timeout=0, or num_workers > 0")
+        if self.pin_memory_device and not self.pin_memory:
+            # DataLoader's warning at every iter() (torch 1.13's words).
+            warnings.warn("pin memory device is set and pin_memory flag is not used then "
+                          "device pinned memory won't be usedplease set pin_memory to true, "
+                          "if you need to use the device pin memory")
         # As DataLoader: the warning about more workers than CPUs at every
         # iter(), once with persistent workers.
         if self.num_workers > 0 and not (self.persistent_workers and self._iters):
