@@ -24,11 +24,14 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/by_hand.h"
 #include "shmcache/client.h"
 
 namespace {
 
 using shmcache::Status;
+using shmcache::by_hand::Fail;
+using shmcache::by_hand::Now;
 
 double DaemonCpu(int pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -52,17 +55,6 @@ double OwnCpu() {
   return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
-double Now() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
-}
-
-int Fail(const char* what, const Status& s) {
-  std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-  return 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,18 +69,17 @@ int main(int argc, char** argv) {
   const size_t batch = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 64;
   const bool spill = argc > 6 && std::string(argv[6]) == "spill";
   std::unique_ptr<shmcache::Client> client;
-  Status s = shmcache::Client::Connect({.port = port}, &client);
-  if (!s.ok()) return Fail("connect", s);
-  uint32_t session = 0;
-  s = client->CreateSession(&session);
-  if (!s.ok()) return Fail("session", s);
   std::unique_ptr<shmcache::Cache> cache;
-  s = client->OpenCache({.session_id = session,
-                         .fingerprint = "put-fill-cpu",
-                         .size_mb = spill ? 1 : row_bytes * rows * 5 / 4 / (1 << 20) + 64,
-                         .spill_requested = spill},
-                        &cache);
-  if (!s.ok()) return Fail("open", s);
+  uint32_t session = 0;
+  Status s;
+  if (const char* step = shmcache::by_hand::OpenInNewSession(
+          port,
+          {.fingerprint = "put-fill-cpu",
+           .size_mb = spill ? 1 : row_bytes * rows * 5 / 4 / (1 << 20) + 64,
+           .spill_requested = spill},
+          &client, &session, &cache, &s)) {
+    return Fail(step, s);
+  }
   std::vector<unsigned char> data(row_bytes * batch);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131);
   const int64_t shape[1] = {static_cast<int64_t>(row_bytes)};

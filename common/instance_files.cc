@@ -30,6 +30,7 @@ InstanceFiles CountInstanceFiles(const std::string& dir, const std::string& pref
     out.bytes += static_cast<uint64_t>(st.st_blocks) * 512;
   }
   closedir(d);
+  out.listed = true;
   return out;
 }
 

@@ -14,6 +14,9 @@ namespace shmcache {
 struct InstanceFiles {
   int files = 0;
   uint64_t bytes = 0;  // allocated, not apparent
+  // The directory was read: false when it could not be opened (or is a
+  // link), where no count says it holds nothing.
+  bool listed = false;
 };
 
 // This user's regular files in `dir` whose names start with `prefix` (an

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -38,11 +39,13 @@ std::string ReadLockLine(int fd, int index) {
 }
 
 // The host lock's text: the holder's identity, run dir and, once it has
-// chosen it, shm dir (NoteShmDir), a line each. The instance lock's is the
-// first line alone.
+// chosen it, shm dir (NoteShmDir), then kServing once it listens
+// (NoteServing), a line each. The instance lock's is the first line alone.
 constexpr int kOwnerLine = 0;
 constexpr int kRunDirLine = 1;
 constexpr int kShmDirLine = 2;
+constexpr int kServingLine = 3;
+constexpr std::string_view kServing = "serving";
 
 }  // namespace
 
@@ -118,11 +121,24 @@ Status LockFileAtPath(const std::string& lock_path, int port, const std::string&
     Status opened = OpenLockFile(lock_path, port, &fd, &held);
     if (!opened.ok()) return opened;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      if (ProcessEnding(ReadLockOwner(fd).pid) &&
+      // Readers alone hold it when a shared lock is granted: ProbeLock's,
+      // a moment long (a client whose connect failed asks who holds the
+      // port; so does --stop), no server. Refused as "already running
+      // (process id ?)" before.
+      const bool readers = flock(fd, LOCK_SH | LOCK_NB) == 0;
+      if ((readers || ProcessEnding(ReadLockOwner(fd).pid)) &&
           std::chrono::steady_clock::now() < wait_until) {
-        close(fd);
+        close(fd);  // our shared lock too
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
+      }
+      if (readers) {
+        close(fd);
+        return Status::Unavailable(
+            fmt::format("cannot take {}: other processes of this user kept reading it "
+                        "(clients or shmcache commands asking which server holds port "
+                        "{}) for {} s; try again",
+                        lock_path, port, kEndingHolderWait.count()));
       }
       Status taken = busy(fd);
       close(fd);
@@ -199,12 +215,23 @@ Status InstanceLocks::Take(const std::string& lock_path,
 }
 
 void InstanceLocks::NoteShmDir(const std::string& shm_dir) {
+  shm_dir_ = shm_dir;
   // Written over the text TakeHostLock wrote, which it begins with: a probe
   // reads the old text or the new, never a truncated one.
   const std::string text = fmt::format("{}{}\n{}\n", OwnerLine(), run_dir_, shm_dir);
   if (pwrite(host_fd_, text.data(), text.size(), 0) < 0) {
     // Only for --stop's count of what a killed server left: without it,
     // nothing is counted while this server runs.
+  }
+}
+
+void InstanceLocks::NoteServing() {
+  // Over NoteShmDir's text, which it begins with, as that one.
+  const std::string text =
+      fmt::format("{}{}\n{}\n{}\n", OwnerLine(), run_dir_, shm_dir_, kServing);
+  if (pwrite(host_fd_, text.data(), text.size(), 0) < 0) {
+    // Only for a client's words: without it, a server whose socket is gone
+    // is said to be starting still.
   }
 }
 
@@ -258,6 +285,7 @@ Status ProbeLock(const std::string& lock_path, bool* held, ProcessIdentity* owne
     if (host != nullptr) {
       host->run_dir = ReadLockLine(fd, kRunDirLine);
       host->shm_dir = ReadLockLine(fd, kShmDirLine);
+      host->serving = ReadLockLine(fd, kServingLine) == kServing;
     }
   }
   close(fd);

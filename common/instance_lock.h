@@ -27,7 +27,9 @@ ProcessIdentity ReadLockOwner(int fd);
 // identity into it; *fd_out is the open file, to be closed last. A holder
 // that is ending (killed, its last threads still exiting: ProcessEnding) is
 // waited for, up to 10 s: a restart right after a kill or a crash is not
-// refused. AlreadyExists,
+// refused; so are readers alone holding it (the shared lock of a probe
+// below, a moment long: a client whose connect failed, --stop), and
+// Unavailable when they keep it that long. AlreadyExists,
 // naming the port and the holder's pid, when another server holds it. A
 // link is never followed: it, or anything that is not a regular file of
 // this user, is refused (PermissionDenied naming it and the fix).
@@ -38,7 +40,8 @@ Status TakeInstanceLock(const std::string& lock_path, int port, int* fd_out);
 // identity and `run_dir` into it; *fd_out is the open file, to be closed last,
 // after ReleaseLockFile. The directory is shared with other users: a link
 // is never followed, and a file that is not a regular file of this user
-// is refused (PermissionDenied naming its owner and the fix). Another
+// is refused (PermissionDenied naming its owner and the fix). An ending
+// holder or readers are waited for as TakeInstanceLock says. Another
 // server of this user on the port, whatever its run dir, is
 // AlreadyExists naming its process id and run dir.
 Status TakeHostLock(const std::string& lock_path, int port, const std::string& run_dir,
@@ -54,8 +57,10 @@ void ReleaseLockFile(const std::string& lock_path, int fd);
 // as long as the object lives: destroyed, it closes them (the kernel drops
 // the flocks). A server that stops removes their files first
 // (RemoveFiles), while it still holds them, and so does one refused at
-// set-up (daemon/main.cc: its shm dir); one that fails later leaves them,
-// as a killed one would: the next start takes them again.
+// set-up (daemon/main.cc: its shm dir), or later while its shm dir holds
+// nothing of the instance; one refused with an earlier server's files
+// there leaves them, as a killed one would (for --stop to count): the
+// next start takes them again.
 class InstanceLocks {
  public:
   // Takes the lock at `lock_path` (TakeInstanceLock), then the host lock at
@@ -71,6 +76,10 @@ class InstanceLocks {
   // Adds the shm dir the server chose (its huge-page dir, or the one it was
   // given) to the host lock's text, for ProbeHostLock.
   void NoteShmDir(const std::string& shm_dir);
+  // Adds that the server listens on its socket (after NoteShmDir), for
+  // ProbeHostLock: a client that finds no socket is told the server is
+  // starting before, and that its socket was removed after.
+  void NoteServing();
   // Unlinks both files while holding them (ReleaseLockFile).
   void RemoveFiles();
 
@@ -88,6 +97,7 @@ class InstanceLocks {
   const int fd_;
   const int host_fd_;
   const std::string run_dir_;
+  std::string shm_dir_;  // NoteShmDir's
 };
 
 // Whether a process of this user holds the lock: *held, and *owner what
@@ -101,18 +111,18 @@ Status ProbeInstanceLock(const std::string& lock_path, bool* held,
 // The same for the host lock (TakeHostLock): its holder, with the run dir
 // and shm dir it wrote ("" when not readable yet: the run dir is written
 // as the lock is taken, the shm dir once the server has chosen it,
-// InstanceLocks::NoteShmDir). The one reader of the host lock, for the
-// admin and for libshmcache's failed connects (server_elsewhere.h): read
-// only (a shared flock tried without waiting, dropped as the file is
-// closed), never through a link, never blocking (a FIFO there cannot hold
-// it); anything but this user's own regular file is "none" (not held);
-// *out is "none" too when the file cannot be opened (then the error).
-// Thread-safe.
+// InstanceLocks::NoteShmDir), and whether it listens yet (NoteServing). The one reader of
+// the host lock, for the admin and for libshmcache's failed connects
+// (server_elsewhere.h): read only (a shared flock tried without waiting, dropped as the
+// file is closed), never through a link, never blocking (a FIFO there cannot hold it);
+// anything but this user's own regular file is "none" (not held); *out is "none" too when
+// the file cannot be opened (then the error). Thread-safe.
 struct HostLockHolder {
   bool held = false;
   ProcessIdentity owner;
   std::string run_dir;
   std::string shm_dir;
+  bool serving = false;
 };
 Status ProbeHostLock(const std::string& lock_path, HostLockHolder* out);
 

@@ -51,6 +51,17 @@ Status ExplainNoServerHere(int port, const std::string& run_dir,
           "with 'shmcache --stop{}'",
           port, pid, pid, p));
     }
+    if (!holder.serving) {
+      // It listens once its shared memory is set up (adopting a large
+      // earlier state takes a while); until then its socket is missing, or
+      // a killed server's is there. Told "its socket is gone: restart it"
+      // or "not running" before.
+      return Status::Unavailable(fmt::format(
+          "the cache server on port {} (process id {}) is still starting with run dir "
+          "{} (it listens on {} once it has set up its shared memory): try again in a "
+          "moment",
+          port, pid_text, here.run_dir, here.socket_path));
+    }
     struct stat st {};
     // Its socket there, it did not answer in time: the connect's error says so.
     if (lstat(here.socket_path.c_str(), &st) == 0) return connect_error;

@@ -29,7 +29,8 @@ bool SameDir(const std::string& a, const std::string& b);
 // this user's regular file; anything else is no server). Then Unavailable
 // saying which server that is, its run dir and process id, and how to
 // reach it or stop it; for this run dir's own server, that it is stopped
-// (SIGSTOP: 'kill -CONT') or that its socket is gone (else the connect's
+// (SIGSTOP: 'kill -CONT'), still starting (not listening yet:
+// HostLockHolder::serving) or that its socket is gone (else the connect's
 // error, a timeout, stands). Always Unavailable where `connect_error` was. `command`: the
 // shmcache command line (without -p) to suggest running with that run dir (the admin's);
 // "" for a program of the library's, which is told to run with that SHMCACHE_RUN_DIR.

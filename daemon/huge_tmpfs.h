@@ -33,7 +33,9 @@
 // it) and removes the directory. A killed server leaves the mount, and
 // its rows, to the next server of the port (or to the Slurm epilog); when
 // that one uses /dev/shm (not asked, or it cannot have its own), it moves
-// the rows out and unmounts the mount (shm_dir_switch.h).
+// the rows out and unmounts the mount (shm_dir_switch.h). A start refused
+// after it mounted (or adopted) it unmounts it when nothing of the
+// instance is in it (daemon/main.cc).
 // Thread safety: call from one thread at start-up and shutdown.
 #pragma once
 

@@ -200,6 +200,30 @@ struct Startup {
   std::vector<std::string> notes;  // NOTE lines of the readiness report
 };
 
+// The files of the instance in the shm dir chosen: an earlier server's,
+// for --stop to count and the next start to adopt.
+InstanceFiles InstanceFilesIn(const InstancePaths& paths) {
+  return CountInstanceFiles(paths.shm_dir,
+                            paths.shm_prefix.substr(paths.shm_dir.size() + 1));
+}
+
+// A start refused after it took its locks: the lock files go (when
+// `remove_locks`), and so does the huge tmpfs it mounted (or adopted) when
+// it was read and nothing of the instance is in it. Left, that mount stayed
+// in /dev/shm for good: no lock file named it, so --stop said there was
+// nothing to stop.
+void ReleaseRefusedStart(const InstancePaths& paths, const Startup& up, bool remove_locks,
+                         InstanceLocks* locks, Logger* log) {
+  if (up.shm.own_mount) {
+    const InstanceFiles in_mount = InstanceFilesIn(paths);
+    if (in_mount.listed && in_mount.files == 0) {
+      Status r = ReleaseHugeShmDir(up.shm.dir);
+      if (!r.ok()) log->Warn("{}", r.message());
+    }
+  }
+  if (remove_locks) locks->RemoveFiles();
+}
+
 // Picks the shm dir (moving a killed server's files of the other huge-page
 // mode there), sets *paths to it, counts the workers and checks the dir is
 // usable. InvalidArgument saying what to change when it is not.
@@ -207,8 +231,8 @@ Status PrepareShm(const DaemonOptions& opts, InstancePaths* paths, Logger* log,
                   Startup* up) {
   up->fd_limit = RaiseFileLimit();
   RaiseFileSizeLimit();  // before the first file is moved or made
-  // A failed start leaves a mounted tmpfs as a killed server would: empty
-  // (it then holds no memory) or with rows the next start adopts.
+  // A start refused from here on leaves a mounted tmpfs only with rows in
+  // it, for the next start to adopt (ReleaseRefusedStart).
   up->shm = PickShmDir(opts, *paths);
   *paths = MakeInstancePaths(opts.port, opts.run_dir, up->shm.dir);
   struct stat dir {};
@@ -304,14 +328,16 @@ class WatchedProcess {
 };
 
 // Serves until the server is asked to stop and its workers are done:
-// listens, reports ready (opts.ready_fd is -1 afterwards: the report
-// closed it) and runs the workers.
+// listens (and says so in its host lock), reports ready (opts.ready_fd is -1 afterwards:
+// the report closed it) and runs the workers.
 Status Serve(DaemonOptions& opts, const InstancePaths& paths,
-             const ProcessHandle& watched, Store* store, Logger* log, Startup* up) {
+             const ProcessHandle& watched, Store* store, Logger* log, Startup* up,
+             InstanceLocks* locks) {
   boost::asio::io_context io(up->workers);
   Server server(io, store, log, opts);
   Status s = server.Listen(paths.socket_path);
   if (!s.ok()) return s;
+  locks->NoteServing();
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
@@ -399,7 +425,7 @@ int Run(DaemonOptions& opts) {
   if (!s.ok()) {
     // Refused at set-up (a shm dir that is a file, no room): its lock
     // files go too; what an earlier server left stays for the next start.
-    locks->RemoveFiles();
+    ReleaseRefusedStart(paths, up, /*remove_locks=*/true, locks.get(), &log);
     return Fail(opts.ready_fd, s.message());
   }
   // For --stop in another run dir: which shm dir is this server's.
@@ -413,13 +439,12 @@ int Run(DaemonOptions& opts) {
     // this instance in it (an earlier server's, for --stop to count and the
     // next start to adopt); otherwise a refused start would leave them
     // behind in /dev/shm for good.
-    const std::string name = paths.shm_prefix.substr(paths.shm_dir.size() + 1);
-    if (g_stop_requested.load() || CountInstanceFiles(paths.shm_dir, name).files == 0) {
-      locks->RemoveFiles();
-    }
+    ReleaseRefusedStart(paths, up,
+                        g_stop_requested.load() || InstanceFilesIn(paths).files == 0,
+                        locks.get(), &log);
     return Fail(opts.ready_fd, s.message());
   }
-  s = Serve(opts, paths, watched, &store, &log, &up);
+  s = Serve(opts, paths, watched, &store, &log, &up, locks.get());
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   log.Info("stopping: removing shared memory and socket");
   store.Shutdown();

@@ -171,28 +171,41 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   const uint64_t share = ChunkShare(conn);
   if (LeaseTail(conn, node, need, share, out)) return Status::OK();
   // The oldest open segment whose supplied pages hold the chunk; else one
-  // with room whose pages are still to come.
+  // with room whose pages are still to come. Of those, the segments no
+  // other writer holds a chunk in come first (see WritingElsewhere).
   const size_t n = static_cast<size_t>(node);
   Segment* seg = nullptr;
   Segment* filling = nullptr;
+  Segment* shared = nullptr;          // another writer's, its pages supplied
+  Segment* shared_filling = nullptr;  // another writer's, its pages to come
   for (uint32_t no : open_[n]) {
     Segment& s = segments_.at(no);
     if (s.size - s.carved < want) continue;
-    if (!s.supply_error.ok() || s.carved + ChunkSize(s, need, share) <= s.supplied) {
-      seg = &s;
-      break;
-    }
-    if (filling == nullptr) filling = &s;
+    const bool ready =
+        !s.supply_error.ok() || s.carved + ChunkSize(s, need, share) <= s.supplied;
+    Segment*& slot = WritingElsewhere(conn, no) ? (ready ? shared : shared_filling)
+                                                : (ready ? seg : filling);
+    if (slot == nullptr) slot = &s;
+    if (seg != nullptr) break;
   }
-  if (seg == nullptr && filling != nullptr && wait != nullptr &&
-      FirstPreparedFor(node, want) != prepared_[n].end()) {
-    // The writers outran the open segments' page supply: the next segment
-    // made ahead, whose first pages are ready, is opened beside them rather
-    // than waited for, so that their pages are supplied by as many threads
-    // as there are open segments (one file is one thread's supply).
-    filling = nullptr;
+  if (seg == nullptr && FirstPreparedFor(node, want) != prepared_[n].end() &&
+      ((filling != nullptr && wait != nullptr) || shared != nullptr ||
+       shared_filling != nullptr)) {
+    // The next segment made ahead, whose first pages are ready, is opened
+    // (NewSegment, below) rather than waited for or shared: the writers
+    // outran the open segments' page supply, or the open ones are other
+    // writers'. Their pages are then supplied by as many threads as there
+    // are open segments (one file is one thread's supply).
+    filling = shared = shared_filling = nullptr;
   }
+  // Another writer's supplied pages before waiting for this one's; once
+  // writers share a segment, the next batch made ahead has one for each.
+  if (seg == nullptr && shared != nullptr) seg = shared;
   if (seg == nullptr) seg = filling;
+  if (seg == nullptr) seg = shared_filling;
+  if (seg != nullptr && (seg == shared || seg == shared_filling)) {
+    parallel_[n] = std::clamp(std::max(parallel_[n], Writers(conn)), 1, kMaxParallel);
+  }
   if (seg == nullptr) {
     Status s = NewSegment(conn, node, need, share, account, &seg, wait);
     if (!s.ok() || (wait != nullptr && *wait)) return s;
@@ -229,9 +242,24 @@ Status SegmentAllocator::Lease(uint64_t conn, int node, uint64_t need,
   return Status::OK();
 }
 
+bool SegmentAllocator::WritingElsewhere(uint64_t conn, uint32_t seg_no) const {
+  for (const auto& [other, held] : leases_) {
+    if (other == conn) continue;
+    for (const ChunkLease& l : held) {
+      if (l.seg_no == seg_no) return true;
+    }
+  }
+  return false;
+}
+
+int SegmentAllocator::Writers(uint64_t conn) const {
+  int n = 1;  // conn's, which may hold none while it leases (its old chunk came back)
+  for (const auto& [other, held] : leases_) n += other != conn && !held.empty();
+  return n;
+}
+
 uint64_t SegmentAllocator::ChunkShare(uint64_t conn) const {
-  uint64_t lessees = 1;  // conn's
-  for (const auto& [other, held] : leases_) lessees += other != conn && !held.empty();
+  const auto lessees = static_cast<uint64_t>(Writers(conn));
   return std::clamp(budget_bytes_ / std::max(kChunksPerBudget, 2 * lessees),
                     kMinRecycleBytes, kChunkBytes);
 }

@@ -123,7 +123,12 @@ class SegmentAllocator {
   // made ahead of need fits, that one is opened beside them (the writers
   // outran their page supply: each open segment is supplied by its own
   // thread); the rest of an open segment that no longer holds the row is
-  // left when the next one is opened, as it always was.
+  // left when the next one is opened, as it always was. Each writer has
+  // segments of its own where it can: an open segment another connection
+  // holds a chunk in is passed over (WritingElsewhere) for the others, then
+  // for a segment made ahead, opened for this writer; only when neither is
+  // there do writers share one, and the next batch made ahead then has a
+  // segment for each writer (TakeSegmentJobs).
   // Once the budget or the server cap is used up, the end of the room
   // another connection's chunk holds past its `used` mark is taken back
   // (half of the most any chunk holds, or what the row needs:
@@ -296,6 +301,17 @@ class SegmentAllocator {
   // tails it touches. Returns the size of the free tail it is now part of,
   // or 0 when that is under min_bytes (then it is not kept).
   uint64_t AddTail(Tail tail, uint64_t min_bytes);
+  // Whether a connection other than `conn` holds a chunk of segment
+  // `seg_no`. A lease carves from such a segment only when no other open
+  // segment holds its chunk and none was made ahead: writers of a tmpfs
+  // file (pwritev, and the supply's fallocate) take that file's lock for
+  // each call, so writers that share one file write one at a time and are
+  // supplied by one thread, however many they are (issue 36: 2 writer
+  // processes filled no faster than one).
+  bool WritingElsewhere(uint64_t conn, uint32_t seg_no) const;
+  // Writers of the cache: `conn` and the other connections that hold
+  // chunks.
+  int Writers(uint64_t conn) const;
   // The most a chunk of rows leased to `conn` takes: the budget's
   // kChunksPerBudget-th part, or its (2 x lessees)-th where more
   // connections hold chunks (`conn` among them), within

@@ -81,17 +81,19 @@ class RowCodec {
   // `key`: what a row from outside (a client's put, the spill store's
   // read) must be before it is believed.
   static bool IsRowOf(const std::byte* p, size_t n, uint64_t key);
-  // Copies a whole row into out (reusing its buffer); a large one with
-  // streaming stores (row_copy.h).
+  // Copies a whole row into out (reusing its buffer), as one of the
+  // `rows_in_call` rows a call copies (1 for Get, the batch's size for
+  // GetBatch): a large row of a call whose rows exceed the CPU's cache share
+  // with streaming stores (row_copy.h).
   // The view is set before the bytes are copied: on the hit path nothing
   // then stays live across the copy's call but the caller's own state.
-  static void Copy(const RowView& in, Row* out) {
+  static void Copy(const RowView& in, Row* out, size_t rows_in_call = 1) {
     const std::byte* src = in.bytes_.data();
     const size_t n = in.bytes_.size();
     std::byte* dst = Reserve(out, n);
     out->view_.bytes_ = std::span<const std::byte>(dst, n);
     out->view_.num_columns_ = in.num_columns_;
-    CopyRowBytes(dst, src, n);
+    CopyRowBytes(dst, src, n, rows_in_call);
   }
   // Copies the named columns, in that order, into out. ColumnNotFound
   // naming the first absent column (out is then unchanged).

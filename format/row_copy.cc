@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "format/cache_share.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -39,6 +41,14 @@ void StreamCopy(void* dst, const void* src, size_t n) {
 #else
   std::memcpy(dst, src, n);
 #endif
+}
+
+void CopyLargeRow(void* dst, const void* src, size_t n, size_t rows_in_call) {
+  if (StreamsRows(n, rows_in_call, CacheShareBytes())) {
+    StreamCopy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
 }
 
 }  // namespace shmcache

@@ -35,14 +35,16 @@ void Convert(const std::byte* src, std::byte* dst, size_t n) {
   }
 }
 
-// Copies one column into its target's row (widening where the target does).
-void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst) {
+// Copies one column into its target's row (widening where the target does),
+// as one of the `rows_in_call` rows this thread copies (row_copy.h).
+void CopyColumn(const ColumnTarget& t, const ColumnView& c, std::byte* dst,
+                size_t rows_in_call) {
   if (c.dtype == DType::kUInt16 && t.dtype == DType::kInt32) {
     Convert<int32_t, uint16_t>(c.data, dst, c.nbytes / sizeof(uint16_t));
   } else if (c.dtype == DType::kUInt32 && t.dtype == DType::kInt64) {
     Convert<int64_t, uint32_t>(c.data, dst, c.nbytes / sizeof(uint32_t));
   } else {  // the same bytes (uint64 into int64: its bits)
-    CopyRowBytes(dst, c.data, c.nbytes);
+    CopyRowBytes(dst, c.data, c.nbytes, rows_in_call);
   }
 }
 
@@ -111,9 +113,10 @@ struct BatchReader::Share {
     }
   }
 
-  // Copies row i when it matches; hit[i] says what became of it.
+  // Copies row i, one of `rows_in_call` this thread copies, when it
+  // matches; hit[i] says what became of it.
   void Deliver(const RowView& row, std::span<const ColumnTarget> targets,
-               ColumnView* cols, size_t i, uint8_t* hit) {
+               ColumnView* cols, size_t i, size_t rows_in_call, uint8_t* hit) {
     Saw(row, targets, i);
     if (!Match(row, targets, cols)) {
       hit[i] = kRowOtherLayout;
@@ -122,7 +125,8 @@ struct BatchReader::Share {
     for (size_t t = 0; t < targets.size(); ++t) {
       CopyColumn(
           targets[t], cols[t],
-          static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes);
+          static_cast<std::byte*>(targets[t].base) + i * targets[t].row_stride_bytes,
+          rows_in_call);
     }
     hit[i] = kRowRead;
   }
@@ -155,7 +159,7 @@ struct BatchReader::Share {
         size_t i = base + k;
         hit[i] = kRowMissing;
         if (statuses[k].ok()) {
-          Deliver(views[k], targets, cols, i, hit);
+          Deliver(views[k], targets, cols, i, last - first, hit);
         } else if (statuses[k].IsNotSupported()) {
           spilled.push_back(i);
         } else if (!statuses[k].IsNotFound()) {
@@ -346,7 +350,7 @@ Status BatchReader::ReadSpilled(std::span<const uint64_t> ids,
   std::vector<ColumnView> cols(targets.size());
   for (size_t k = 0; k < where.size(); ++k) {
     if (statuses[k].ok()) {
-      seen->Deliver(rows[k].view(), targets, cols.data(), where[k], hit);
+      seen->Deliver(rows[k].view(), targets, cols.data(), where[k], where.size(), hit);
     } else if (!statuses[k].IsNotFound()) {
       return statuses[k];
     }

@@ -19,10 +19,13 @@ namespace {
 
 // Fills *row from an encoded spilled row; false (the row is left to the
 // daemon) when it is not whole or is not row `id`'s.
-bool AdoptSpilled(uint64_t id, std::span<const std::byte> bytes, Row* row) {
-  // Straight from the page cache (the table files are mapped): a large row
-  // with streaming stores, as a hit in memory.
-  CopyRowBytes(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size());
+// `rows_in_call`: the rows the fetch reads (row_copy.h).
+bool AdoptSpilled(uint64_t id, std::span<const std::byte> bytes, Row* row,
+                  size_t rows_in_call) {
+  // Straight from the page cache (the table files are mapped): copied as a
+  // hit in memory is.
+  CopyRowBytes(RowCodec::Reserve(row, bytes.size()), bytes.data(), bytes.size(),
+               rows_in_call);
   return RowCodec::Adopt(row, bytes.size()).ok() && RowCodec::KeyOf(row->view()) == id;
 }
 
@@ -43,7 +46,7 @@ void CacheImpl::FetchSpilled(std::span<const uint64_t> ids, Row* const* rows,
     reader->MultiGet(
         cache_id_, left_ids, row_bytes,
         [&](size_t k, std::span<const std::byte> bytes) {
-          if (AdoptSpilled(left_ids[k], bytes, rows[left[k]]))
+          if (AdoptSpilled(left_ids[k], bytes, rows[left[k]], ids.size()))
             statuses[left[k]] = Status::OK();
           else got[k] = false;
         },

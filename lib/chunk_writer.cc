@@ -189,14 +189,15 @@ Status ChunkWriter::Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c,
   Status s;
   for (;;) {
     uint32_t tables = 0;
-    IndexTable::InsertResult r = tables_->Publish(id, loc, &tables);
-    if (r == IndexTable::InsertResult::kInserted) {
+    const TableSet::Published r = tables_->Publish(id, loc, &tables);
+    if (r == TableSet::Published::kInserted || r == TableSet::Published::kBehind) {
       ++tally->rows;
       tally->bytes += size;
       *inserted = true;
-      return Status::OK();
+      return r == TableSet::Published::kBehind ? CarryForward(id, loc, tables)
+                                               : Status::OK();
     }
-    if (r == IndexTable::InsertResult::kExists) break;
+    if (r == TableSet::Published::kExists) break;
     s = GrowIndex(tables);
     if (!s.ok()) break;
   }
@@ -204,6 +205,26 @@ Status ChunkWriter::Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c,
   // nothing lies past it (a deferred row's later neighbours may).
   if (off + size == c->used) MoveUsed(c, off);
   return s;
+}
+
+Status ChunkWriter::CarryForward(uint64_t id, uint64_t loc, uint32_t tables) {
+  // Each round grows the index past the tables seen (or maps the tables
+  // another writer added): it ends when the row reaches the newest table,
+  // when the daemon refuses to grow (the index at its largest size, the cap
+  // used up) or when a table cannot be mapped.
+  for (;;) {
+    Status s = GrowIndex(tables);
+    // Full and Unavailable would end the batch and take the row's room
+    // back (ChunkWriter::Publish, CacheImpl::PutBatch), which readers may
+    // use: the row stays published where it is (a miss, recomputed from the
+    // source), and the next row, which meets the same full table, gets the
+    // answer.
+    if (s.IsFull() || s.IsUnavailable()) return Status::OK();
+    if (!s.ok()) return s;
+    if (tables_->Republish(id, loc, &tables) == TableSet::Published::kInserted) {
+      return Status::OK();
+    }
+  }
 }
 
 bool ChunkWriter::MoveUsed(Chunk* c, uint64_t to) {

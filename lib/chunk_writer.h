@@ -150,6 +150,12 @@ class ChunkWriter {
   // Asks the daemon for an index table past the `seen` ones mapped, and
   // maps it.
   Status GrowIndex(uint32_t seen);
+  // For a row TableSet::Publish left behind (kBehind, *tables `tables`):
+  // grows the index and republishes it until it is in the newest table.
+  // The row counts as published whatever this returns: OK also where the
+  // daemon answered Full or Unavailable (the row may then read as a miss);
+  // a table that cannot be mapped, or another answer, is returned.
+  Status CarryForward(uint64_t id, uint64_t loc, uint32_t tables);
   // Hands the chunks' unused tails back to the daemon (the cache is being
   // closed); a forked child has none of its own. Waits at most
   // protocol::kReturnChunkTimeoutMs for each answer. No Write leases or
@@ -208,7 +214,9 @@ class ChunkWriter {
   // The mapping's way of WriteDeferred.
   void EncodeDeferred(const Chunk& c) REQUIRES(mu_);
   // Publishes a row written at chunk offset `off` of `c`; on kExists (or
-  // an error) gives its room back when it is the chunk's last row.
+  // an error before the row was published) gives its room back when it is
+  // the chunk's last row. A row published behind the newest table is
+  // carried forward (CarryForward), *inserted true whatever that returns.
   Status Insert(uint64_t id, uint64_t size, uint64_t off, Chunk* c, Tally* tally,
                 bool* inserted) REQUIRES(mu_);
 

@@ -34,24 +34,52 @@ Status TableSet::MapNew() {
   return Status::OK();
 }
 
-IndexTable::InsertResult TableSet::Publish(uint64_t id, uint64_t loc, uint32_t* tables) {
-  const IndexTable::InsertResult r = InsertNewest(id, loc, tables);
-  // kExists: the writer that published the key answers for it.
-  if (r != IndexTable::InsertResult::kInserted) return r;
+TableSet::Published TableSet::Publish(uint64_t id, uint64_t loc, uint32_t* tables) {
+  switch (InsertNewest(id, loc, tables)) {
+    case IndexTable::InsertResult::kInserted: return Follow(id, loc, tables);
+    case IndexTable::InsertResult::kExists: return Published::kExists;
+    case IndexTable::InsertResult::kTableFull: return Published::kTableFull;
+  }
+  return Published::kTableFull;  // not reached
+}
+
+TableSet::Published TableSet::Republish(uint64_t id, uint64_t loc, uint32_t* tables) {
+  // No table past those seen is mapped: the newest mapped one holds the row
+  // already, or is the full one.
+  if (Mapped() <= *tables) return Published::kBehind;
+  switch (Publish(id, loc, tables)) {
+    // The row is published already (behind): the id in the newest table,
+    // put there by the copy or by another writer, who follows it on, is
+    // what lookups find.
+    case Published::kInserted:
+    case Published::kExists: return Published::kInserted;
+    case Published::kTableFull:
+    case Published::kBehind: return Published::kBehind;
+  }
+  return Published::kBehind;  // not reached
+}
+
+TableSet::Published TableSet::Follow(uint64_t id, uint64_t loc, uint32_t* tables) {
   // The row's slot is stored; the fence orders that store before the load
   // of the table count, as the daemon's fence orders its store of the count
   // before its copy reads the slots: either the copy sees this row or this
   // load sees the newer table (CacheState::CompactIndex).
-  for (uint32_t was = *tables;;) {
+  for (;;) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (header_->num_tables.load(std::memory_order_relaxed) <= was) return r;
-    if (Mapped() <= was) return r;  // the newer table cannot be mapped
-    // kExists: the copy (or another writer) put the key there. kTableFull:
-    // the row stays where it is published (a lookup from first_table on may
-    // miss it; it never reads a wrong row), and its space stays the row's.
-    uint32_t now = 0;
-    if (InsertNewest(id, loc, &now) != IndexTable::InsertResult::kInserted) return r;
-    was = now;
+    const uint32_t was = *tables;
+    if (header_->num_tables.load(std::memory_order_relaxed) <= was) {
+      return Published::kInserted;
+    }
+    if (Mapped() <= was) return Published::kBehind;  // cannot be mapped
+    // kExists: the copy (or another writer, who follows it on) put the key
+    // there. kTableFull: the copy may have passed the row's slot, and
+    // lookups from first_table on would not find it: the caller grows the
+    // index and publishes it in the new table (Republish).
+    switch (InsertNewest(id, loc, tables)) {
+      case IndexTable::InsertResult::kInserted: break;
+      case IndexTable::InsertResult::kExists: return Published::kInserted;
+      case IndexTable::InsertResult::kTableFull: return Published::kBehind;
+    }
   }
 }
 

@@ -13,8 +13,8 @@
 // lie below it misses, and the caller's full path (Lookup) maps the newer tables and
 // finds the row.
 //
-// Thread safety: Lookup, Mapped, Range, FindIn, Prefetch, InsertNewest and
-// Publish from any thread without a lock; MapNew takes the set's own mutex
+// Thread safety: Lookup, Mapped, Range, FindIn, Prefetch, InsertNewest,
+// Publish and Republish from any thread without a lock; MapNew takes the set's own mutex
 // (LockRank::kCacheTables), held only while files are mapped.
 #pragma once
 
@@ -124,12 +124,38 @@ class TableSet {
     *tables = n;
     return tables_[n - 1].Insert(id, loc);
   }
+  // What Publish did with a row.
+  enum class Published {
+    // Published in the newest table the header counted after the store:
+    // every lookup from then on finds it.
+    kInserted,
+    // The id was published already (the first row of an id wins): this
+    // row was not.
+    kExists,
+    // Nothing published: the newest mapped table is full; grow the index
+    // past *tables (GrowIndexRequest::seen_tables) and Publish again.
+    kTableFull,
+    // Published, but only in a table older than the newest, which filled
+    // (or could not be mapped) before the row reached it: the daemon may
+    // have copied the older table without the row and lookups probe only
+    // the newest, so the row may read as a miss. Its room is the row's (a
+    // reader may have found it). Grow the index past *tables and
+    // Republish.
+    kBehind,
+  };
   // InsertNewest, and then, while a table newer than the one it published
   // in exists, the same in the newest: the daemon may have copied that
   // table into the newer one before this row was in it, and lookups probe
   // only the newest once it has (see CacheState::CompactIndex for the
-  // other half). kTableFull as InsertNewest's, with *tables as it says.
-  IndexTable::InsertResult Publish(uint64_t id, uint64_t loc, uint32_t* tables);
+  // other half). *tables: how many tables were mapped when it stopped.
+  Published Publish(uint64_t id, uint64_t loc, uint32_t* tables);
+  // For a row Publish (or Republish) answered kBehind, once the index grew
+  // past *tables: publishes it in the newest table, as Publish does.
+  // kInserted also where that table holds the id already (the daemon's
+  // copy, or another writer of the id, put it there); kBehind again where
+  // no table past *tables can be mapped, or the newest filled (or could
+  // not be mapped) before the row reached it.
+  Published Republish(uint64_t id, uint64_t loc, uint32_t* tables);
 
  private:
   // Lookup in tables [first, n), with their home slots prefetched first.
@@ -159,6 +185,9 @@ class TableSet {
     }
     return layout::kEmpty;
   }
+  // Publish's second half: the row is published in table *tables - 1;
+  // carries it into each newer table the header counts.
+  Published Follow(uint64_t id, uint64_t loc, uint32_t* tables);
   // MapNew for the lookups: how many tables are mapped afterwards.
   uint32_t MapForLookup();
   // The hit path's lookup in several tables (not compacted, or compacted

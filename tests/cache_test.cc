@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "format/cache_share.h"
+#include "format/row_copy.h"
 #include "shmcache/batch_reader.h"
 #include "tests/support/integration_fixture.h"
 #include "tests/support/row_pattern.h"
@@ -75,13 +77,15 @@ TEST_F(IntegrationTest, GetBatchUncountedReadsAsGetBatchAndCountsNothing) {
 }
 
 // Rows of the streaming copy's sizes (format/row_copy.h) read back whole
-// through each way a row is copied out: Get, GetBatch, a BatchReader into a
-// batch whose rows are not 16-byte aligned.
+// through each way a row is copied out: Get, GetBatch (with memcpy, and
+// with streaming stores for a batch larger than the CPU's cache share), a
+// BatchReader into a batch whose rows are not 16-byte aligned.
 TEST_F(IntegrationTest, LargeRowsReadBackWholeThroughEveryCopy) {
   std::unique_ptr<Client> client;
   std::unique_ptr<Cache> cache;
   Attach(&client, &cache);
-  const std::vector<size_t> sizes = {150 * 1024, 600 * 1024 + 24, 1024 * 1024};
+  const std::vector<size_t> sizes = {size_t{150} * 1024, size_t{600} * 1024 + 24,
+                                     size_t{1024} * 1024};
   for (uint64_t id = 0; id < sizes.size(); ++id) {
     ASSERT_TRUE(PutPattern(*cache, id, 3, sizes[id]).ok());
   }
@@ -97,6 +101,20 @@ TEST_F(IntegrationTest, LargeRowsReadBackWholeThroughEveryCopy) {
   for (size_t i = 0; i < ids.size(); ++i) {
     ASSERT_TRUE(st[i].ok()) << st[i].ToString();
     EXPECT_TRUE(RowMatches(rows[i], ids[i], 3, sizes[ids[i]])) << i;
+  }
+  // A batch whose 1 MB rows outgrow this CPU's cache share, so that they
+  // are copied with streaming stores (format/row_copy.h), whatever the
+  // share; its one 600 KB row with memcpy on this VM (a 16 MB share).
+  const size_t streamed = CacheShareBytes() / sizes[2] + 2;
+  ASSERT_TRUE(StreamsRows(sizes[2], streamed, CacheShareBytes()));
+  std::vector<uint64_t> many(streamed, 2);
+  many[1] = 1;
+  std::vector<Row> big(streamed);
+  std::vector<Status> big_st(streamed);
+  ASSERT_TRUE(cache->GetBatch(many, big, big_st).ok());
+  for (size_t i = 0; i < many.size(); ++i) {
+    ASSERT_TRUE(big_st[i].ok()) << big_st[i].ToString();
+    EXPECT_TRUE(RowMatches(big[i], many[i], 3, sizes[many[i]])) << i;
   }
   // Two rows of the 600 KB + 24 size into one batch: the second lands 8
   // bytes past a 16-byte boundary.
@@ -119,7 +137,7 @@ TEST_F(IntegrationTest, ColumnProjection) {
   std::unique_ptr<Client> client;
   std::unique_ptr<Cache> cache;
   Attach(&client, &cache);
-  std::vector<float> image(3 * 8 * 8);
+  std::vector<float> image(size_t{3} * 8 * 8);
   for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<float>(i) / 3;
   int64_t label = 42;
   std::vector<uint8_t> patch0 = Pattern(1, 10, 100), patch1 = Pattern(1, 11, 100);

@@ -1,8 +1,10 @@
 // ChunkWriter: a process's writes of rows into leased chunks, against a
 // real daemon: rows published whole and found by a reader's TableSet and
 // SegmentSet, the first row of an id kept, a chunk that is full replaced, a
-// full index grown, a lease the daemon refuses reported as such, and a
-// forked child that never writes into its parent's chunks.
+// full index grown (a row left behind a full newest table carried into a
+// new one, or its put failing where the newer table cannot be mapped), a
+// lease the daemon refuses reported as such, and a forked child that never
+// writes into its parent's chunks.
 #include "lib/chunk_writer.h"
 
 #include <sys/wait.h>
@@ -158,6 +160,73 @@ TEST_F(ChunkWriterTest, AFullIndexTableIsGrown) {
   EXPECT_GT(tables_->Mapped(), before);
   for (uint64_t id = 0; id < rows; id += 997) EXPECT_TRUE(ReadsBack(id, 8)) << id;
   EXPECT_TRUE(ReadsBack(rows - 1, 8));
+}
+
+// The race the compaction leaves to the writer (TableSet::Publish): a
+// writer whose tables are stale publishes in table 0 after the daemon
+// copied table 0 into table 1, and table 1 filled meanwhile (other
+// writers), so the row cannot follow there. The writer grows the index and
+// publishes the row in the new table, where every reader finds it; before,
+// it stayed in table 0, which no lookup probes.
+TEST_F(ChunkWriterTest, ARowPublishedBehindAFullNewestTableIsCarriedIntoAGrownOne) {
+  Open();
+  ASSERT_TRUE(Write(1, 8).ok());
+  ASSERT_EQ(tables_->Mapped(), 1u);
+  // Another process grows the index: table 0 is copied into table 1 and
+  // lookups probe table 1 alone; this writer does not map table 1 yet.
+  ASSERT_TRUE(
+      client_->Call(protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = 1})
+          .ok());
+  auto* header = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+  ASSERT_EQ(header->first_table.load(), 1u);
+  // Other writers fill table 1 to its limit (locations nobody reads).
+  ShmFile f1;
+  ASSERT_TRUE(
+      ShmFile::Open(client_->paths().TableFile(cache_id_, 1, header->tables[1].tag), &f1)
+          .ok());
+  IndexTable t1(reinterpret_cast<layout::TableHeader*>(f1.data()));
+  uint64_t filler = 1ULL << 40;
+  while (t1.Insert(filler++, layout::MakeLocation(1, 4096)) !=
+         IndexTable::InsertResult::kTableFull) {
+  }
+  bool inserted = false;
+  ASSERT_TRUE(Write(2, 8, &inserted).ok());
+  EXPECT_TRUE(inserted);
+  EXPECT_EQ(tally_.rows, 2u);
+  EXPECT_EQ(header->num_tables.load(), 3u) << "the writer grew the index";
+  TableSet fresh(header, cache_id_, [c = client_.get()] { return c->paths(); });
+  ASSERT_TRUE(fresh.MapNew().ok());
+  EXPECT_NE(fresh.LookupMapped(2), layout::kEmpty) << "a reader that maps every table";
+  EXPECT_TRUE(ReadsBack(2, 8)) << "the writer's own lookup";
+  EXPECT_TRUE(ReadsBack(1, 8));
+}
+
+// The same stale writer, but the newer table cannot be mapped (its file
+// does not match the header's entry): the row stays behind, published
+// (its room is never taken back), and the put says why instead of OK.
+TEST_F(ChunkWriterTest, ARowThatCannotReachAnUnmappableTableReportsWhy) {
+  Open();
+  ASSERT_TRUE(Write(1, 8).ok());
+  ASSERT_EQ(tables_->Mapped(), 1u);
+  ASSERT_TRUE(
+      client_->Call(protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = 1})
+          .ok());
+  auto* header = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
+  const uint64_t cap = header->tables[1].capacity.load();
+  header->tables[1].capacity.store(cap * 2);  // not the file's
+  bool inserted = false;
+  const Status s = Write(2, 8, &inserted);
+  header->tables[1].capacity.store(cap);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_TRUE(inserted) << "published in table 0: its room is the row's";
+  EXPECT_EQ(tally_.rows, 2u);
+  const uint64_t loc2 = tables_->table(0).Find(2);
+  ASSERT_NE(loc2, layout::kEmpty) << "published in table 0";
+  ASSERT_TRUE(Write(3, 8).ok()) << "table 1 maps again";
+  uint64_t loc3 = 0;
+  ASSERT_TRUE(ReadsBack(3, 8, &loc3));
+  EXPECT_GT(layout::LocationOffset(loc3), layout::LocationOffset(loc2))
+      << "row 3 is not written in row 2's room";
 }
 
 TEST_F(ChunkWriterTest, ALeaseTheDaemonRefusesIsReportedAndTheRowsBeforeStay) {

@@ -213,6 +213,36 @@ TEST_F(InstanceLockTest, AStartWaitsForAnEndingHolderToLetGo) {
   if (fd >= 0) close(fd);
 }
 
+// A reader's shared lock (ProbeLock's, a moment long: a client whose
+// connect failed asks which server holds the port, and so does --stop) is
+// no server: a start that meets it takes the lock a moment later. Both
+// locks were refused so, as "already running (process id ?)" (1 start in
+// 10 against a reader probing in a loop).
+TEST_F(InstanceLockTest, AReadersSharedLockDoesNotRefuseAStart) {
+  for (bool host : {false, true}) {
+    SCOPED_TRACE(host ? "host lock" : "instance lock");
+    const std::string path = host ? dir_ + "/.shmcache.lock" : path_;
+    int reader = open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+    ASSERT_GE(reader, 0);
+    ASSERT_EQ(flock(reader, LOCK_SH | LOCK_NB), 0);
+    std::function<void()> reader_lets_go = [&] {
+      close(reader);
+      reader = -1;
+    };
+    std::function<void()> then_reader_lets_go = [&] {
+      before_next_flock = &reader_lets_go;
+    };
+    before_next_flock = &then_reader_lets_go;  // the second flock: after a refusal
+    int fd = -1;
+    Status s = host ? TakeHostLock(path, 31000, "/run/a", &fd)
+                    : TakeInstanceLock(path, 31000, &fd);
+    before_next_flock = nullptr;
+    if (reader >= 0) close(reader);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (fd >= 0) close(fd);
+  }
+}
+
 // A server that stops unlinks its lock file while holding it. A starter
 // that opened the file just before flocks it once it is released: a file no
 // longer at the path, that guards nothing, while the next starter makes a

@@ -760,6 +760,80 @@ TEST_F(SegmentAllocatorTest, WritersThatOutrunTheSupplyOpenTheNextSegmentBesideI
   alloc.Release(nullptr);
 }
 
+// Writers of one tmpfs file take turns: a pwritev and the supply's
+// fallocate each take the file's lock, so writers that share a segment
+// write one at a time and are supplied by one thread (issue 36: PutBatch by
+// 2 processes filled no faster than by one). A writer leases from a
+// segment no other connection holds a chunk in when one is open or made
+// ahead; only when none is do writers share one, and never does that make
+// a lease wait or fail.
+TEST_F(SegmentAllocatorTest, EachWriterLeasesFromASegmentOfItsOwnWhereOneIsThere) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 8 * kMB);
+  ChunkLease a;
+  ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &a).ok());
+  std::vector<SegmentJob> ahead = alloc.TakeSegmentJobs(0, &account_, 4);
+  ASSERT_EQ(ahead.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, ahead[0], &account_));
+  // Writer 1's segment has room left, and one is made ahead: writer 2
+  // gets that one.
+  ChunkLease b;
+  bool wait = false;
+  ASSERT_TRUE(alloc.Lease(2, 0, 3000, &account_, &b, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_NE(b.seg_no, a.seg_no) << "writer 2 was leased writer 1's segment";
+  EXPECT_EQ(b.seg_no, ahead[0].seg_no);
+  // Writer 1, its chunk written and given back (as a lease with has_old
+  // does), goes on in its own segment.
+  Chunk(a)->used.store(a.size);
+  alloc.Return(1, a.seg_no, a.offset);
+  ChunkLease a2;
+  ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &a2, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_EQ(a2.seg_no, a.seg_no);
+  // The budget is used up: a third writer shares a segment rather than
+  // wait or find the cache full.
+  ChunkLease c;
+  Status s = alloc.Lease(3, 0, 3000, &account_, &c, &wait);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(wait);
+  alloc.Release(nullptr);
+}
+
+TEST_F(SegmentAllocatorTest, WritersThatShareASegmentGetOneEachInTheNextBatchMadeAhead) {
+  SegmentAllocator alloc(paths_, kCacheId, 1, /*log=*/nullptr);
+  alloc.Attach(header_.get(), kLabel, 512 * kMB);
+  // A first segment carved whole by one large row, and one made ahead.
+  ChunkLease big;
+  std::vector<SegmentJob> first(1);
+  ASSERT_NO_FATAL_FAILURE(
+      LeaseAndMakeAhead(paths_, &alloc, 0, 30 * kMB, &account_, &big, &first[0]));
+  // Its writer goes on with small rows, each chunk written and given back
+  // (as a lease with has_old does), into the segment made ahead.
+  ChunkLease a = big, b;
+  bool wait = false;
+  for (int i = 0; i < 8 && a.seg_no != first[0].seg_no; ++i) {
+    Chunk(a)->used.store(a.size);
+    alloc.Return(1, a.seg_no, a.offset);
+    ASSERT_TRUE(alloc.Lease(1, 0, 3000, &account_, &a, &wait).ok());
+    ASSERT_FALSE(wait);
+  }
+  ASSERT_EQ(a.seg_no, first[0].seg_no);
+  // A second writer, with no segment to itself and none made ahead,
+  // shares that one, without waiting for anything.
+  ASSERT_TRUE(alloc.Lease(2, 0, 3000, &account_, &b, &wait).ok());
+  ASSERT_FALSE(wait);
+  EXPECT_EQ(b.seg_no, a.seg_no);
+  // The next batch made ahead has a segment for each of them (one while
+  // no writer had waited: SegmentsAreMadeByMoreThreadsOnceAWriterWaitedForOne).
+  std::vector<SegmentJob> next = alloc.TakeSegmentJobs(0, &account_, 4);
+  EXPECT_EQ(next.size(), 2u);
+  for (const SegmentJob& j : next) {
+    ASSERT_NO_FATAL_FAILURE(RunJob(paths_, &alloc, j, &account_));
+  }
+  alloc.Release(nullptr);
+}
+
 // Another node's segments count in the budget whether its writers lease
 // from them or not: a segment made ahead for node 1 (a quarter of what the
 // cache holds) and the pages of node 1's open segment not yet supplied were

@@ -122,17 +122,64 @@ TEST_F(TableSetTest, ARowPublishedInACompactedTableIsPublishedInTheNewestToo) {
   ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());  // this set still maps one
   EXPECT_EQ(tables_->LookupMapped(1), layout::kEmpty)
       << "the hit path does not probe a table compacted away";
-  ASSERT_EQ(tables_->Publish(2, Loc(2), &tables), IndexTable::InsertResult::kInserted);
-  EXPECT_EQ(tables, 1u) << "published in the stale table first";
+  ASSERT_EQ(tables_->Publish(2, Loc(2), &tables), TableSet::Published::kInserted);
+  EXPECT_EQ(tables, 2u) << "followed into the newest table";
+  EXPECT_EQ(Table(0).Find(2), Loc(2)) << "published in the stale table first";
   TableSet fresh(header_, kCacheId, [this] { return paths_; });
   ASSERT_TRUE(fresh.MapNew().ok());
   EXPECT_EQ(fresh.LookupMapped(2), Loc(2));
   EXPECT_EQ(fresh.Lookup(1), Loc(1));
   EXPECT_EQ(tables_->Lookup(2), Loc(2));
   // Published in the newest at once: nothing more to do.
-  ASSERT_EQ(tables_->Publish(5, Loc(5), &tables), IndexTable::InsertResult::kInserted);
+  ASSERT_EQ(tables_->Publish(5, Loc(5), &tables), TableSet::Published::kInserted);
   EXPECT_EQ(tables, 2u);
   EXPECT_EQ(fresh.LookupMapped(5), Loc(5));
+}
+
+// The same, but the newest table filled before the row reached it: the
+// copy passed the row's slot, so the row is published where no lookup
+// probes. Publish says so (kBehind, with the tables it saw), and once the
+// index grew, Republish publishes it in the new table.
+TEST_F(TableSetTest, ARowThatCannotFollowIntoAFullNewestTableIsReportedBehind) {
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());  // this set still maps one
+  IndexTable t1 = Table(1);
+  uint64_t filler = 1000;
+  while (t1.Insert(filler, Loc(filler)) != IndexTable::InsertResult::kTableFull) ++filler;
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->Publish(2, Loc(2), &tables), TableSet::Published::kBehind);
+  EXPECT_EQ(tables, 2u) << "the full table's count: the index grows past it";
+  EXPECT_EQ(tables_->Lookup(2), layout::kEmpty) << "lookups probe table 1 alone";
+  ASSERT_TRUE(cache_->GrowIndex(tables, &account_).ok());
+  ASSERT_TRUE(tables_->MapNew().ok());
+  ASSERT_EQ(tables_->Republish(2, Loc(2), &tables), TableSet::Published::kInserted);
+  EXPECT_EQ(tables, 3u);
+  TableSet fresh(header_, kCacheId, [this] { return paths_; });
+  ASSERT_TRUE(fresh.MapNew().ok());
+  EXPECT_EQ(fresh.LookupMapped(2), Loc(2));
+  EXPECT_EQ(fresh.Lookup(1000), Loc(1000));
+  // Republished where the newest table holds the id already (the copy, or
+  // another writer of the id, put it there): it is found, nothing more to
+  // do.
+  uint32_t seen = 2;
+  EXPECT_EQ(tables_->Republish(2, Loc(9), &seen), TableSet::Published::kInserted);
+  EXPECT_EQ(fresh.Lookup(2), Loc(2));
+}
+
+// A newer table this process cannot map: the row cannot follow either.
+TEST_F(TableSetTest, ARowThatCannotFollowIntoAnUnmappableTableIsReportedBehind) {
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());  // this set still maps one
+  const uint64_t cap = header_->tables[1].capacity.load();
+  header_->tables[1].capacity.store(cap * 2);  // not the file's
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->Publish(2, Loc(2), &tables), TableSet::Published::kBehind);
+  EXPECT_EQ(tables, 1u);
+  EXPECT_TRUE(tables_->MapNew().IsCorruption());
+  EXPECT_EQ(tables_->Republish(2, Loc(2), &tables), TableSet::Published::kBehind);
+  header_->tables[1].capacity.store(cap);
+  ASSERT_TRUE(tables_->MapNew().ok());
+  ASSERT_EQ(tables_->Republish(2, Loc(2), &tables), TableSet::Published::kInserted);
+  EXPECT_EQ(tables, 2u);
+  EXPECT_EQ(tables_->Lookup(2), Loc(2));
 }
 
 // A batch that took its range before a compaction probes the compacted

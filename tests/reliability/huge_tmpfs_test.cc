@@ -4,6 +4,7 @@
 // symlink or someone else's directory planted at the mount path. The
 // mounting cases need root and shmem transparent huge pages; they skip
 // with the reason otherwise.
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -98,6 +99,17 @@ int ReadRowsElsewhere(const TestDaemon& d, uint32_t session, uint64_t rows = kRo
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+// Starts `d` asking for huge pages, puts kRows rows in a session
+// (*session) and kills it: the rows stay in its mount.
+void KillWithRows(TestDaemon* d, uint32_t* session) {
+  ASSERT_TRUE(d->Start(HugeAsked()).ok());
+  SessionCache sc;
+  PutRows(*d, &sc);
+  *session = sc.session;
+  sc = SessionCache{};
+  d->Kill();
+}
+
 TEST(HugeTmpfs, AskedForAsRootItMountsHugePagesAndStopRemovesThem) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
@@ -133,12 +145,8 @@ TEST(HugeTmpfs, AskedForAsRootItMountsHugePagesAndStopRemovesThem) {
 TEST(HugeTmpfs, RestartAfterKillAdoptsTheRowsInTheMount) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(HugeAsked()).ok());
-  SessionCache sc;
-  PutRows(d, &sc);
-  uint32_t session = sc.session;
-  sc = SessionCache{};
-  d.Kill();
+  uint32_t session = 0;
+  ASSERT_NO_FATAL_FAILURE(KillWithRows(&d, &session));
   // A killed server leaves its mount, with the rows, to the next one.
   EXPECT_TRUE(d.HugeMounted());
   ASSERT_TRUE(d.Restart().ok());
@@ -147,6 +155,45 @@ TEST(HugeTmpfs, RestartAfterKillAdoptsTheRowsInTheMount) {
   ASSERT_TRUE(d.Stop().ok());
   EXPECT_FALSE(d.HugeMounted());
   EXPECT_FALSE(Exists(HugeShmDir(d.port())));
+}
+
+// A start refused after it mounted its tmpfs (a spill dir where it cannot
+// make its database: /proc) takes the empty mount down with its lock files.
+// It stayed mounted in /dev/shm for good: no lock file named it any more,
+// so --stop said there was nothing to stop.
+TEST(HugeTmpfs, AStartRefusedAfterItMountedLeavesNoMount) {
+  if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
+  TestDaemon d;
+  TestDaemon::Options o = HugeAsked();
+  o.extra_args = {"--spilldir=/proc"};
+  Status s = d.Start(o);
+  const std::string dir = HugeShmDir(d.port());
+  const bool mounted = !MountInfoLine(dir).empty();
+  const bool left = Exists(dir);
+  if (mounted) umount2(dir.c_str(), UMOUNT_NOFOLLOW | MNT_DETACH);  // failing: not
+  if (left) rmdir(dir.c_str());                                     // left either
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("cannot create /proc/"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(mounted);
+  EXPECT_FALSE(left);
+  EXPECT_FALSE(Exists(HostLockPath(d.port())));
+}
+
+// With a killed server's rows in the mount, a refused start leaves the
+// mount and its lock files: the next start serves every row.
+TEST(HugeTmpfs, AStartRefusedOverAKilledServersRowsKeepsThem) {
+  if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
+  TestDaemon d;
+  uint32_t session = 0;
+  ASSERT_NO_FATAL_FAILURE(KillWithRows(&d, &session));
+  TestDaemon::Options refused = HugeAsked();
+  refused.extra_args = {"--spilldir=/proc"};
+  ASSERT_FALSE(d.Start(refused).ok());
+  EXPECT_TRUE(d.HugeMounted());
+  EXPECT_TRUE(Exists(HostLockPath(d.port())));
+  ASSERT_TRUE(d.Start(HugeAsked()).ok());
+  EXPECT_EQ(ReadRowsElsewhere(d, session), 0) << d.ReadLog();
+  ASSERT_TRUE(d.Stop().ok());
 }
 
 // Not asked for (the default): /dev/shm, and one line saying how to get
@@ -239,12 +286,8 @@ TEST(HugeTmpfs, PlantedSymlinkOrForeignDirectoryIsNeverUsed) {
 TEST(HugeTmpfs, APlantedDirectoryAtTheOldMovingNameCostsNoRow) {
   if (std::string why = CannotMount(); !why.empty()) GTEST_SKIP() << why;
   TestDaemon d;
-  ASSERT_TRUE(d.Start(HugeAsked()).ok());
-  SessionCache sc;
-  PutRows(d, &sc);
-  const uint32_t session = sc.session;
-  sc = SessionCache{};
-  d.Kill();
+  uint32_t session = 0;
+  ASSERT_NO_FATAL_FAILURE(KillWithRows(&d, &session));
   const std::string planted =
       fmt::format("/dev/shm/{}moving", InstancePrefix(geteuid(), d.port()));
   ASSERT_EQ(mkdir(planted.c_str(), 0777), 0);

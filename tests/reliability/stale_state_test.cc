@@ -133,6 +133,63 @@ int LockFilePid(const TestDaemon& d) {
   return pid;
 }
 
+// The admin's environment for a start held in start-up (test hook) while
+// the file `hold` (made here) exists: the server holds its locks but does
+// not listen yet.
+std::vector<std::string> HeldStartEnv(const TestDaemon& d, const std::string& hold) {
+  { std::ofstream(hold) << "hold\n"; }
+  std::vector<std::string> env = d.AdminEnv();
+  env.push_back("SHMCACHE_TEST_HOLD_START=" + hold);
+  return env;
+}
+
+// A client of a server still starting (adopting what a killed one left: it
+// holds its locks, its socket is the killed one's) is told so; it was told
+// that no server runs ("start it", a start that is refused), or, with no
+// socket there, that the socket was removed while the server ran ("restart
+// it").
+TEST(StaleState, AClientOfAServerStillStartingIsToldItIsStarting) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  d.Kill();
+  TempDir tmp;
+  const std::string hold = tmp.path() + "/hold";
+  const std::vector<std::string> env = HeldStartEnv(d, hold);
+  pid_t starter = ForkChild([&] {
+    std::string out;
+    return RunProgram(StartArgs(d), env, &out) == 0 ? 0 : 1;
+  });
+  ASSERT_TRUE(
+      WaitFor([&] { return d.ReadLog().find("start-up held") != std::string::npos; },
+              std::chrono::seconds(30)))
+      << d.ReadLog();
+  const std::string sock = fmt::format("{}/shmcached-{}.sock", d.run_dir(), d.port());
+  for (bool socket_left : {true, false}) {
+    SCOPED_TRACE(socket_left ? "the killed server's socket" : "no socket");
+    if (!socket_left) unlink(sock.c_str());
+    std::unique_ptr<Client> c;
+    Status s = Client::Connect(d.client_options(), &c);
+    EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+    EXPECT_EQ(s.message(),
+              fmt::format("the cache server on port {} (process id {}) is still starting "
+                          "with run dir {} (it listens on {} once it has set up its "
+                          "shared memory): try again in a moment",
+                          d.port(), LockFilePid(d), d.run_dir(), sock));
+  }
+  unlink(hold.c_str());
+  int ws = 0;
+  ASSERT_TRUE(WaitChild(starter, &ws, std::chrono::seconds(60)));
+  EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << ws;
+  std::unique_ptr<Client> c;
+  EXPECT_TRUE(Client::Connect(d.client_options(), &c).ok());
+  c.reset();
+  std::string out;  // the admin started it: the admin stops it
+  EXPECT_EQ(RunProgram({AdminPath(), "--stop", "-p", std::to_string(d.port())},
+                       d.AdminEnv(), &out),
+            0)
+      << out;
+}
+
 TEST(StaleState, StopEndsAServerThatIsStillStarting) {
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());
@@ -150,9 +207,7 @@ TEST(StaleState, StopEndsAServerThatIsStillStarting) {
   // it holds the instance lock but does not answer yet.
   TempDir tmp;
   const std::string hold = tmp.path() + "/hold";
-  { std::ofstream(hold) << "hold\n"; }
-  std::vector<std::string> env = d.AdminEnv();
-  env.push_back("SHMCACHE_TEST_HOLD_START=" + hold);
+  const std::vector<std::string> env = HeldStartEnv(d, hold);
   struct Started {
     int rc;
     char out[2048];
