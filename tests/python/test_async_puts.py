@@ -438,9 +438,12 @@ def test_drops_are_warned_about_once_per_cause(monkeypatch):
 
 def test_a_dataloader_workers_rows_are_stored_while_it_lives_and_at_its_exit(
         server, session):
-    # A worker's writer wakes by batch: a row short of a batch is stored
-    # within _HOLD_S all the same, and an epoch's rows by the workers' exit.
-    ds = CachedDataset(Images(40), DatasetCache(session), name="workers")
+    # A worker's writer (async_puts=True: by default a worker puts its
+    # batches itself, test_worker_puts.py) wakes by batch: a row short of a
+    # batch is stored within _HOLD_S all the same, and an epoch's rows by
+    # the workers' exit.
+    ds = CachedDataset(Images(40), DatasetCache(session), name="workers",
+                       async_puts=True)
     it = iter(DataLoader(ds, batch_size=1, num_workers=1, persistent_workers=True))
     next(it)                        # the worker lives on, rows 0.. queued
     wait_for(lambda: ds.cache.contains(0), timeout=30, what="row 0 stored")

@@ -28,12 +28,16 @@ part (decode, resize) in the wrapped dataset and pass the random part as
 refuses a wrapped dataset whose transform looks random (torchvision's
 Random*, ColorJitter, *Augment*...) unless allow_random=True.
 
-Puts of misses are asynchronous by default (async_puts=True): the miss
-returns its sample at once and a background thread of the process stores
-the row (see shmcache.async_put for the queue bound, drops and exit).
-With async_puts=False a batch's misses (all columns) are put with one call
-before the batch is returned (under a transform, row by row before their
-transforms).
+Puts of misses: by default (async_puts=None) a DataLoader worker stores a
+batch's misses itself, in puts of up to 32 rows, the last before the batch
+is returned, and every other miss (the trainer's process, a sample read
+alone) goes to a background thread of the process (see shmcache.async_put
+for the queue bound, drops and exit). async_puts=True sends every miss to
+that thread; async_puts=False puts every miss before it is returned, a
+batch's as in a worker (under a transform, row by row before their
+transforms). A miss whose sample already has the form a hit returns (a
+contiguous CPU tensor, or a tuple of such tensors and Python numbers) is
+returned as the dataset made it; any other is returned decoded.
 """
 
 from __future__ import annotations
@@ -173,8 +177,16 @@ class CachedDataset(Dataset):
       that every process of the session reads: never modify them in place
       (torch has no read-only tensors); a collate_fn or transform that
       works in place needs copy=True.
-    async_puts: a miss returns its sample at once and one background thread
-      of the process stores the row (default True). put_queue: the most
+    async_puts: None (the default): in a DataLoader worker a batch's
+      misses (__getitems__) are put by the worker itself, as async_puts=False
+      puts them; every other miss (the trainer's process, num_workers=0, a
+      sample read alone) as with True. In a worker the decoders fill the
+      CPUs, and the queue's copy of each row and a second thread taking
+      the GIL from the decode cost more than the put they take off the
+      batch's path (docs/performance.md, "A first epoch's worker without
+      the writer"); the batch's wait is hidden by the DataLoader's prefetch.
+      True: a miss returns its sample at once and one background thread
+      of the process stores the row. put_queue: the most
       bytes of rows waiting for that thread (default 64 MiB per process);
       when it is full, rows are dropped, not waited for (counted in
       stats()["async_puts"], one CacheWarning) and are misses again next
@@ -194,8 +206,10 @@ class CachedDataset(Dataset):
       the rows queued, then ends.
       async_puts=False stores every miss before returning it,
       in the calling thread, without a copy: a batch's misses
-      (DataLoader's __getitems__) with one put after its last sample,
-      before the batch is returned; under a transform (which may change a
+      (DataLoader's __getitems__) with one put per 32 rows as they are
+      computed, the last after its last sample, before the batch is
+      returned (32 rows' columns alive at once, not a batch's: see
+      _PUT_ROWS); under a transform (which may change a
       sample in place) each row as it is computed, before its transform.
       That costs less CPU than the queue (its copy of each row, the writer
       thread), but a worker waits for its puts: a server that stopped
@@ -222,14 +236,14 @@ class CachedDataset(Dataset):
                  name: str | None = None,
                  transform: Callable[[Any], Any] | None = None,
                  columns: ColumnSelection = None, allow_random: bool = False,
-                 copy: bool | None = None, async_puts: bool = True,
+                 copy: bool | None = None, async_puts: bool | None = None,
                  put_queue: int = DEFAULT_QUEUE_BYTES, *,
                  target_transform: Callable[[Any], Any] | None = None,
                  transforms: Callable[[Any], Any] | None = None) -> None:
         if copy is not None and not isinstance(copy, bool):
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
-        if not isinstance(async_puts, bool):
-            raise TypeError(f"async_puts must be True or False, got {async_puts!r}")
+        if async_puts is not None and not isinstance(async_puts, bool):
+            raise TypeError(f"async_puts must be None, True or False, got {async_puts!r}")
         if isinstance(put_queue, bool) or not isinstance(put_queue, int) \
                 or put_queue < 1:
             raise ValueError(f"put_queue is a size in bytes (>= 1), got {put_queue!r}")
@@ -317,7 +331,7 @@ class CachedDataset(Dataset):
         object.__setattr__(self, "_one_by_one", False)
 
     def _new_putter(self) -> AsyncPutter | None:
-        if not self.async_puts:
+        if self.async_puts is False:
             return None
         # The writer stores into the cache, not through the dataset: a
         # cycle through its store would keep the dataset, its thread and
@@ -351,6 +365,17 @@ class CachedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _waits_for_batch_puts(self) -> bool:
+        """Whether __getitems__ puts a batch's misses itself, before the
+        batch returns (async_puts=False; by default, in a DataLoader
+        worker), rather than queuing copies of them for the writer."""
+        if self._putter is None:
+            return True
+        if self.async_puts is not None:
+            return False
+        in_worker = _in_worker
+        return _ask_in_worker() if in_worker is None else in_worker
+
     def _mode(self) -> tuple[bool, bool]:
         """(whether hits are copied, whether samples go out as read: no
         transform of any kind)."""
@@ -369,38 +394,48 @@ class CachedDataset(Dataset):
         return self.project(self._compute(index, batch, transformed))
 
     def _compute(self, index: int, batch: list[tuple[int, list[Column], int]] | None,
-                 transformed: bool) -> Any:
+                 transformed: bool, waited: bool = False) -> Any:
         """dataset[index] with all its columns, as a hit of all columns
         returns it, stored in the cache; with `batch` given, its row is
-        appended there for the caller's one store of the batch
-        (_store_batch) instead: with async puts, its queue entry (a copy);
-        without, its columns as they are, unless `transformed`: a transform
-        will see the sample before the batch's put and may change it in
-        place (the sample shares the columns' memory), so the row is put now
-        rather than copied to be put later. __getitems__ calls this for its
-        misses directly: its batched read has just noted dropped rows, and
-        it reads all columns (no projection)."""
+        appended there for the caller's store of the batch (_store_batch)
+        instead: its queue entry (a copy), or, `waited`, its columns as
+        they are, put with the rows before it once _PUT_ROWS are collected,
+        unless `transformed`: a transform will see the sample before the
+        batch's put and may change it in place (the sample shares the
+        columns' memory), so the row is put now rather than copied to be
+        put later. __getitems__ calls this for its misses directly: its
+        batched read has just noted dropped rows, and it reads all columns
+        (no projection). The sample is returned as the dataset made it
+        when decoding its columns would give the same (_decoded_already):
+        no second set of objects per row."""
         sample = self.dataset[index]
         cols, why = _cacheable(sample)
         if cols is None:
             self.warn_uncacheable(index, why)
             return sample
-        if batch is None or (self._putter is None and transformed):
+        if batch is None:
             self.store_row(index, cols)
-        elif self._putter is None:
+        elif waited and transformed:
+            self.cache.put_encoded([index], [cols], strict=False)
+        elif waited:
             batch.append((index, cols, 0))
+            if len(batch) >= _PUT_ROWS:
+                self._store_batch(batch, True)
         elif self.cache.accepting:
             batch.append(_queue_entry(index, cols))
-        return decode(cols, torch=True)
+        return sample if _decoded_already(sample) else decode(cols, torch=True)
 
-    def _store_batch(self, batch: list[tuple[int, list[Column], int]]) -> None:
-        """Stores the rows _miss collected: queued for the writer with one
-        enqueue_many, or, without async puts, put now with one put_batch."""
-        if self._putter is not None:
+    def _store_batch(self, batch: list[tuple[int, list[Column], int]], waited: bool) -> None:
+        """Stores the rows _compute collected: queued for the writer with one
+        enqueue_many, or, `waited`, put now with one put_batch (and
+        `batch` emptied: the columns put need not stay alive)."""
+        if not waited:
+            assert self._putter is not None
             self._putter.enqueue_many(batch)
         else:
             self.cache.put_encoded([b[0] for b in batch], [b[1] for b in batch],
                                    strict=False)
+            batch.clear()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until this process's queued puts are stored; False when
@@ -481,16 +516,17 @@ class CachedDataset(Dataset):
         # cold epoch's worker adds to plain DataLoader's).
         misses: list[tuple[int, list[Column], int]] = []
         compute = self._compute
+        waited = self._waits_for_batch_puts()
         try:
             if plain:
-                return [row if row is not None else compute(i, misses, False)
+                return [row if row is not None else compute(i, misses, False, waited)
                         for i, row in zip(indices, rows)]
             return [self.apply_transforms(row if row is not None
-                                          else compute(i, misses, True))
+                                          else compute(i, misses, True, waited))
                     for i, row in zip(indices, rows)]
         finally:
             if misses:
-                self._store_batch(misses)
+                self._store_batch(misses, waited)
 
     def stats(self) -> CacheStats | None:
         """The cache's counters (all processes), plus `async_puts`: this
@@ -585,6 +621,48 @@ def _queue_entry(index: int, cols: list[Column]) -> tuple[int, list[Column], int
     holds the number, not the array: it is queued as is."""
     copies = [(n, d, a if n.endswith(_NUMBER_SUFFIX) else a.copy()) for n, d, a in cols]
     return index, copies, sum(a.nbytes for _, _, a in copies)
+
+
+# A waited put's rows at most (the library writes rows in windows of 32):
+# a batch's misses are put as they are computed, so that only this many
+# rows' columns (a list and a tuple per column each) are alive at once.
+# A whole batch's, beside its samples, passed the cyclic collector's
+# threshold (700 objects) twice a batch of 256 rows; in a DataLoader worker
+# its collections grew into a full one over every object the worker
+# inherited from the trainer (60-120 ms an epoch, profiled in
+# docs/performance.md).
+_PUT_ROWS = 32
+
+# The tensor dtypes that decode gives back as they are (torch 1.13 has no
+# unsigned types but uint8: the others are stored widened).
+_SAME_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                          torch.float16, torch.float32, torch.float64, torch.bool,
+                          torch.complex64, torch.complex128})
+
+
+def _plain_tensor(v: Any) -> bool:
+    """Whether `v` is a tensor that decode of its encoding gives back as it
+    is: a plain contiguous CPU tensor of a dtype stored as itself, no grad,
+    no conjugate or negative bit, no names (a subclass stays itself)."""
+    return (type(v) is torch.Tensor and v.dtype in _SAME_DTYPES and v.device.type == "cpu"
+            and v.layout is torch.strided and not v.requires_grad and v.is_contiguous()
+            and not v.is_conj() and not v.is_neg() and not v.has_names())
+
+
+def _decoded_already(sample: Any) -> bool:
+    """Whether decode of `sample`'s columns gives what `sample` already is:
+    a plain tensor (_plain_tensor), or a tuple of plain tensors and Python
+    int, float and bool (a hit gives those as they were stored); decode's
+    tensors would share the sample's memory. Then a miss returns the
+    sample itself: decode would make a second tuple and tensor per row
+    (its cost, and objects for the cyclic collector; see _PUT_ROWS)."""
+    if type(sample) is tuple:
+        for v in sample:
+            t = type(v)
+            if t is not int and t is not float and t is not bool and not _plain_tensor(v):
+                return False
+        return True
+    return _plain_tensor(sample)
 
 
 def _has_pil(row: Any) -> bool:
