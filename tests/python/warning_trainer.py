@@ -61,7 +61,7 @@ def main(kind, workers, context, problem):
         ds = CachedDataset(source, DatasetCache(size_mb=64, name=problem), put_queue=QUEUE)  # made
     elif problem == "queue":
         source = Images(64)
-        ds = CachedDataset(source, name=problem, put_queue=1)  # made
+        ds = CachedDataset(source, name=problem, put_queue=1, async_puts=True)  # made
         passes = [None] * 3
         extra.update(worker_init_fn=writer_waits_for_exit)
     elif problem == "closed_later":
