@@ -554,3 +554,48 @@ def test_a_lock_another_user_put_on_the_jobs_first_port_moves_it_to_the_next(ope
         os.unlink(lock)
         job.run("epilog.sh")
     assert job.leftovers() == []
+
+
+def _mounted(path):
+    """Whether a file system is mounted at `path` (the mount table: a bind
+    mount of the same file system has its parent's st_dev)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
+@pytest.mark.parametrize("kind", ["bind", "tmpfs"])
+def test_epilog_never_enters_a_file_system_mounted_in_the_job_dir(state_dir, tmp_path, kind):
+    """The job's user may mount a file system in the job's run dir (FUSE, on
+    any directory of theirs; here a bind mount of a directory of the same
+    file system, or a tmpfs). The epilog, root, leaves it and says so: rm
+    -rf went into the mount and deleted the files there (and a FUSE server
+    that does not answer would have hung it). The rest goes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: mount")
+    job = FakeJob(state_dir)
+    assert job.run("prolog.sh").returncode == 0
+    mnt = job.job_dir() / "mnt"
+    mnt.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = (["mount", "--bind", str(elsewhere), str(mnt)] if kind == "bind"
+            else ["mount", "-t", "tmpfs", "-o", "size=1m", "theirs", str(mnt)])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount here: {r.stderr.strip()}")
+    try:
+        (mnt / "precious").write_text("keep\n")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert (mnt / "precious").exists(), \
+            f"the epilog deleted a file in a mount in the job dir: {r.stderr}"
+        assert _mounted(mnt)
+        assert f"left {job.job_dir()}: a file system is mounted in it ({mnt})" in r.stderr, \
+            r.stderr
+        assert not (state_dir / f"job{job.job_id}.env").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+    if kind == "bind":
+        assert (elsewhere / "precious").read_text() == "keep\n"
+    shutil.rmtree(job.job_dir())
+    assert job.leftovers() == []
