@@ -139,6 +139,17 @@ remove_job_dir() {
   return 1
 }
 
+# port_taken OUT: whether OUT, what 'shmcache --start' said when it failed,
+# means that the port is taken (a server of this user holds it, or another
+# user created its lock file), so that the next port may be tried; any other
+# failure is the server's and ends the prolog's tries. The admin exits 1
+# for either: the wording is common/instance_lock.cc's (TakeInstanceLock,
+# TakeHostLock, NotOurs), pinned to the admin's actual output by
+# tests/python/test_slurm_scripts.py.
+port_taken() {
+  [[ $1 == *"already running on port"* || $1 == *"another user created it"* ]]
+}
+
 # Runs a command as the job's user: the server talks to its own user only.
 as_user() {
   if [ "$(id -u)" = "$SLURM_JOB_UID" ]; then

@@ -81,7 +81,7 @@ start() {
     then
       break
     fi
-    [[ $out == *"already running on port"* || $out == *"another user created it"* ]] ||
+    port_taken "$out" ||
       { say "cannot start the cache server on port $port: $out"; return 1; }
   done
   (( tries < 64 )) || { say "no free port from $first_port: $out"; return 1; }

@@ -599,3 +599,64 @@ def test_epilog_never_enters_a_file_system_mounted_in_the_job_dir(state_dir, tmp
         assert (elsewhere / "precious").read_text() == "keep\n"
     shutil.rmtree(job.job_dir())
     assert job.leftovers() == []
+
+
+def _port_taken(job, out):
+    """Whether the prolog's port_taken (common.sh) reads `out`, what
+    'shmcache --start' said, as a port that is taken."""
+    r = subprocess.run(["bash", "-c", f'source "{SLURM}/common.sh" && port_taken "$1"',
+                        "_", out], env=job.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode == 0
+
+
+def _admin_start(job, port, run_dir, *args):
+    return subprocess.run([str(ADMIN), "-p", str(port), "--start", *args],
+                          env=dict(job.env, SHMCACHE_RUN_DIR=str(run_dir)),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_prolog_knows_the_admins_words_for_a_taken_port(state_dir, tmp_path):
+    """The admin exits 1 for every failed --start: the prolog tells a port
+    that is taken (try the next) from any other failure by the admin's
+    text, which is common/instance_lock.cc's. Here that text as the admin
+    prints it, so that rewording it fails this test, not the prolog on a
+    node in silence."""
+    job = FakeJob(state_dir)
+    assert job.run("prolog.sh").returncode == 0
+    other_run_dir = tmp_path / "other-run"
+    try:
+        # A server of this user on the port, this run dir (the instance
+        # lock) and another (the host lock: another job's, as the prolog
+        # meets it).
+        for run_dir in (job.job_dir(), other_run_dir):
+            r = _admin_start(job, job.port, run_dir)
+            assert r.returncode != 0 and "already running on port" in r.stderr, r.stderr
+            assert _port_taken(job, r.stderr), r.stderr
+        # Any other failure is not a taken port.
+        r = _admin_start(job, free_port(), other_run_dir, "--memory_cap_ratio", "7")
+        assert r.returncode != 0, r.stdout
+        assert not _port_taken(job, r.stderr), r.stderr
+    finally:
+        subprocess.run([str(ADMIN), "-p", str(job.port), "--stop"], capture_output=True,
+                       env=dict(job.env, SHMCACHE_RUN_DIR=str(other_run_dir)), timeout=60)
+        assert job.run("epilog.sh").returncode == 0
+    assert job.leftovers() == []
+
+
+def test_the_prolog_knows_the_admins_words_for_another_users_lock(state_dir, tmp_path):
+    """The same for a host lock file another user created on the port (the
+    server refuses a lock that is not its user's)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a lock file of another user's")
+    job = FakeJob(state_dir)
+    lock = host_lock(job.port, job.uid)
+    Path(lock).touch(mode=0o600, exist_ok=False)
+    try:
+        os.chown(lock, 65534, 65534)
+        r = _admin_start(job, job.port, tmp_path / "run")
+        assert r.returncode != 0 and "another user created it" in r.stderr, r.stderr
+        assert _port_taken(job, r.stderr), r.stderr
+    finally:
+        os.unlink(lock)
+    assert _segments(job.port) == []
