@@ -104,6 +104,52 @@ read_env() {
   timeout 5 sed -n "s/^$1=//p" "$env_file" | head -n 1
 }
 
+# mounts_in DIR: the mount points at or below DIR, a line each (as
+# /proc/self/mountinfo writes them: a space is \040). Read from the mount
+# table, never by a stat: a FUSE server that does not answer hangs a stat
+# of its mount point. DIR's parent must be root's (no link swapped in).
+mounts_in() {
+  local dir
+  dir=$(realpath -e -- "$(dirname "$1")") || return 0
+  awk -v d="$dir/$(basename "$1")" '
+    BEGIN { gsub(/\\/, "\\134", d); gsub(/ /, "\\040", d)
+            gsub(/\t/, "\\011", d); gsub(/\n/, "\\012", d) }
+    $5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo
+}
+
+# remove_job_dir: removes job<ID>/ (the job user's to fill) in bounded
+# time, and never what is mounted in it: the job's user may have put a
+# file system there (FUSE, on any directory of theirs), whose server could
+# hang rm, or which could hold files of elsewhere (a bind mount, of the
+# same file system or another). With a mount in it, the directory is left
+# and said; else rm (which never follows a link) stays on its file system
+# (--one-file-system: should a FUSE mount come after the look), and is
+# ended after 60 s.
+remove_job_dir() {
+  local out rc=0
+  out=$(mounts_in "$job_dir")
+  if [ -n "$out" ]; then
+    say "left $job_dir: a file system is mounted in it (${out//$'\n'/, }); unmount it and remove the directory"
+    return 1
+  fi
+  out=$(timeout -k 5 60 rm -rf --one-file-system -- "$job_dir" 2>&1) || rc=$?
+  [ "$rc" = 0 ] && return 0
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] && out="rm did not finish within 60 s"
+  say "cannot remove $job_dir (${out//$'\n'/; }); a file system may be mounted in it: unmount it and remove the directory"
+  return 1
+}
+
+# port_taken OUT: whether OUT, what 'shmcache --start' said when it failed,
+# means that the port is taken (a server of this user holds it, or another
+# user created its lock file), so that the next port may be tried; any other
+# failure is the server's and ends the prolog's tries. The admin exits 1
+# for either: the wording is common/instance_lock.cc's (TakeInstanceLock,
+# TakeHostLock, NotOurs), pinned to the admin's actual output by
+# tests/python/test_slurm_scripts.py.
+port_taken() {
+  [[ $1 == *"already running on port"* || $1 == *"another user created it"* ]]
+}
+
 # Runs a command as the job's user: the server talks to its own user only.
 as_user() {
   if [ "$(id -u)" = "$SLURM_JOB_UID" ]; then

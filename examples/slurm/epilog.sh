@@ -9,7 +9,10 @@
 # Run as root, it acts only on what root wrote (the env file in the state
 # dir) and on processes of the job's user: it never reads a file of the
 # job's run dir (the job's user can write there), never follows a link,
-# and every step that waits is bounded in time.
+# never enters a file system mounted in the job's run dir or shm dir (the
+# job's user may have put one there: a FUSE server of theirs could hang a
+# step, a bind mount lead rm to files elsewhere), and every step that
+# waits is bounded in time.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=examples/slurm/common.sh
@@ -67,17 +70,19 @@ fi
 # seen by one lstat (stat without -L), since no one else can rename or
 # replace an entry of root's in sticky /dev/shm once it is there.
 if [ -z "$(servers)" ]; then
-  as_user find "${shm_dir:-/dev/shm}" /dev/shm -maxdepth 1 \
+  as_user timeout -k 5 30 find -P "${shm_dir:-/dev/shm}" /dev/shm -maxdepth 1 -xdev \
     \( -name "shmcache.$SLURM_JOB_UID.$port.*" -o -name ".shmcache.$SLURM_JOB_UID.$port.lock" \) \
     ! -type d -delete 2>/dev/null
   huge=/dev/shm/shmcache.$SLURM_JOB_UID.$port.huge
   if [ "$SLURM_JOB_UID" = 0 ] && [ "$shm_dir" = "$huge" ] &&
-     [ "$(stat -c %u:%F -- "$huge" 2>/dev/null)" = 0:directory ]; then
-    if mountpoint -q "$huge"; then
-      umount "$huge" 2>/dev/null || umount -l "$huge" || say "cannot unmount $huge"
+     [ "$(timeout -k 5 10 stat -c %u:%F -- "$huge" 2>/dev/null)" = 0:directory ]; then
+    if timeout -k 5 10 mountpoint -q "$huge"; then
+      timeout -k 5 30 umount "$huge" 2>/dev/null || umount -l "$huge" ||
+        say "cannot unmount $huge"
     fi
     rmdir "$huge" 2>/dev/null
   fi
 fi
-rm -rf "$job_dir" "$env_file"
+remove_job_dir
+rm -f -- "$env_file"
 exit 0

@@ -57,9 +57,9 @@ write_env() {  # write_env SESSION_ID
 }
 
 # make_job_dir: job<ID>/ anew, 0700, the job user's (a stale one of an
-# earlier job with this id is removed; rm never follows links).
+# earlier job with this id is removed: remove_job_dir).
 make_job_dir() {
-  rm -rf "$job_dir" && mkdir -m 0700 "$job_dir" &&
+  remove_job_dir && mkdir -m 0700 "$job_dir" &&
     chown -h "$SLURM_JOB_UID:${SLURM_JOB_GID:-$SLURM_JOB_UID}" "$job_dir"
 }
 
@@ -81,7 +81,7 @@ start() {
     then
       break
     fi
-    [[ $out == *"already running on port"* || $out == *"another user created it"* ]] ||
+    port_taken "$out" ||
       { say "cannot start the cache server on port $port: $out"; return 1; }
   done
   (( tries < 64 )) || { say "no free port from $first_port: $out"; return 1; }

@@ -554,3 +554,109 @@ def test_a_lock_another_user_put_on_the_jobs_first_port_moves_it_to_the_next(ope
         os.unlink(lock)
         job.run("epilog.sh")
     assert job.leftovers() == []
+
+
+def _mounted(path):
+    """Whether a file system is mounted at `path` (the mount table: a bind
+    mount of the same file system has its parent's st_dev)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
+@pytest.mark.parametrize("kind", ["bind", "tmpfs"])
+def test_epilog_never_enters_a_file_system_mounted_in_the_job_dir(state_dir, tmp_path, kind):
+    """The job's user may mount a file system in the job's run dir (FUSE, on
+    any directory of theirs; here a bind mount of a directory of the same
+    file system, or a tmpfs). The epilog, root, leaves it and says so: rm
+    -rf went into the mount and deleted the files there (and a FUSE server
+    that does not answer would have hung it). The rest goes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: mount")
+    job = FakeJob(state_dir)
+    assert job.run("prolog.sh").returncode == 0
+    mnt = job.job_dir() / "mnt"
+    mnt.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = (["mount", "--bind", str(elsewhere), str(mnt)] if kind == "bind"
+            else ["mount", "-t", "tmpfs", "-o", "size=1m", "theirs", str(mnt)])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount here: {r.stderr.strip()}")
+    try:
+        (mnt / "precious").write_text("keep\n")
+        r = job.run("epilog.sh")
+        assert r.returncode == 0, r.stderr
+        assert (mnt / "precious").exists(), \
+            f"the epilog deleted a file in a mount in the job dir: {r.stderr}"
+        assert _mounted(mnt)
+        assert f"left {job.job_dir()}: a file system is mounted in it ({mnt})" in r.stderr, \
+            r.stderr
+        assert not (state_dir / f"job{job.job_id}.env").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+    if kind == "bind":
+        assert (elsewhere / "precious").read_text() == "keep\n"
+    shutil.rmtree(job.job_dir())
+    assert job.leftovers() == []
+
+
+def _port_taken(job, out):
+    """Whether the prolog's port_taken (common.sh) reads `out`, what
+    'shmcache --start' said, as a port that is taken."""
+    r = subprocess.run(["bash", "-c", f'source "{SLURM}/common.sh" && port_taken "$1"',
+                        "_", out], env=job.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode == 0
+
+
+def _admin_start(job, port, run_dir, *args):
+    return subprocess.run([str(ADMIN), "-p", str(port), "--start", *args],
+                          env=dict(job.env, SHMCACHE_RUN_DIR=str(run_dir)),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_prolog_knows_the_admins_words_for_a_taken_port(state_dir, tmp_path):
+    """The admin exits 1 for every failed --start: the prolog tells a port
+    that is taken (try the next) from any other failure by the admin's
+    text, which is common/instance_lock.cc's. Here that text as the admin
+    prints it, so that rewording it fails this test, not the prolog on a
+    node in silence."""
+    job = FakeJob(state_dir)
+    assert job.run("prolog.sh").returncode == 0
+    other_run_dir = tmp_path / "other-run"
+    try:
+        # A server of this user on the port, this run dir (the instance
+        # lock) and another (the host lock: another job's, as the prolog
+        # meets it).
+        for run_dir in (job.job_dir(), other_run_dir):
+            r = _admin_start(job, job.port, run_dir)
+            assert r.returncode != 0 and "already running on port" in r.stderr, r.stderr
+            assert _port_taken(job, r.stderr), r.stderr
+        # Any other failure is not a taken port.
+        r = _admin_start(job, free_port(), other_run_dir, "--memory_cap_ratio", "7")
+        assert r.returncode != 0, r.stdout
+        assert not _port_taken(job, r.stderr), r.stderr
+    finally:
+        subprocess.run([str(ADMIN), "-p", str(job.port), "--stop"], capture_output=True,
+                       env=dict(job.env, SHMCACHE_RUN_DIR=str(other_run_dir)), timeout=60)
+        assert job.run("epilog.sh").returncode == 0
+    assert job.leftovers() == []
+
+
+def test_the_prolog_knows_the_admins_words_for_another_users_lock(state_dir, tmp_path):
+    """The same for a host lock file another user created on the port (the
+    server refuses a lock that is not its user's)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a lock file of another user's")
+    job = FakeJob(state_dir)
+    lock = host_lock(job.port, job.uid)
+    Path(lock).touch(mode=0o600, exist_ok=False)
+    try:
+        os.chown(lock, 65534, 65534)
+        r = _admin_start(job, job.port, tmp_path / "run")
+        assert r.returncode != 0 and "another user created it" in r.stderr, r.stderr
+        assert _port_taken(job, r.stderr), r.stderr
+    finally:
+        os.unlink(lock)
+    assert _segments(job.port) == []
