@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/process_state.h"
+#include "format/shell_quote.h"
 
 namespace shmcache {
 
@@ -187,7 +188,7 @@ Status TakeHostLock(const std::string& lock_path, int port, const std::string& r
             "a cache server of this user is already running on port {} (process id "
             "{}, run dir {}); stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop -p {}' "
             "or use another port",
-            port, pid > 0 ? std::to_string(pid) : "?", dir, dir, port));
+            port, pid > 0 ? std::to_string(pid) : "?", dir, ShellQuote(dir), port));
       },
       fd_out);
 }

@@ -8,6 +8,7 @@
 #include "common/process_identity.h"
 #include "common/process_state.h"
 #include "format/instance.h"
+#include "format/shell_quote.h"
 
 namespace shmcache {
 
@@ -73,18 +74,19 @@ Status ExplainNoServerHere(int port, const std::string& run_dir,
   }
   // The admin names its own command; a trainer is told to run with that run
   // dir (its own command line is not known here).
+  // Quoted as a shell reads it: a run dir with a space pastes as one word.
+  const std::string there = ShellQuote(holder.run_dir);
   const std::string reach =
       command.empty()
-          ? fmt::format("use it by running this process with SHMCACHE_RUN_DIR={}",
-                        holder.run_dir)
-          : fmt::format("ask it with 'SHMCACHE_RUN_DIR={} shmcache {}{}'", holder.run_dir,
-                        command, p);
+          ? fmt::format("use it by running this process with SHMCACHE_RUN_DIR={}", there)
+          : fmt::format("ask it with 'SHMCACHE_RUN_DIR={} shmcache {}{}'", there, command,
+                        p);
   return Status::Unavailable(fmt::format(
       "no cache server is running on port {} with run dir {}; a server of yours on "
       "port {} runs with run dir {} (process id {}), and a user has one server per "
       "port: {}, or stop it with 'SHMCACHE_RUN_DIR={} shmcache --stop{}' before "
       "starting one here",
-      port, here.run_dir, port, holder.run_dir, pid_text, reach, holder.run_dir, p));
+      port, here.run_dir, port, holder.run_dir, pid_text, reach, there, p));
 }
 
 }  // namespace shmcache

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "format/shell_quote.h"
+
 namespace shmcache {
 
 std::string OwnerName(uid_t uid) {
@@ -52,6 +54,23 @@ Status NotOurs(const std::string& path, const std::string& what, const std::stri
                   what, fix));
 }
 
+// Ours, but others may write into it: its mode is what is wrong (it was
+// told as "not this user's own directory", which root's own 0777 directory
+// is). Not tightened here: what others put there may already be waiting. A
+// sticky one is a shared directory such as /tmp, never to be made 0700.
+Status OpenToOthers(const std::string& path, const struct stat& st,
+                    const std::string& fix) {
+  const std::string why = fmt::format(
+      "{} is {}: other users may write into it, refusing to use it", path, Describe(st));
+  if ((st.st_mode & S_ISVTX) != 0) {
+    return Status::PermissionDenied(fmt::format("{} (a shared directory); {}", why, fix));
+  }
+  return Status::PermissionDenied(fmt::format(
+      "{}; if nothing in it is another user's, make it yours alone with 'chmod 700 {}', "
+      "or {}",
+      why, ShellQuote(path), fix));
+}
+
 }  // namespace
 
 Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix,
@@ -87,9 +106,13 @@ Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix
   }
   // Another user's directory, or ours that others may write: what is in it
   // may be theirs (a link where a file of ours will be looked for).
-  if (st.st_uid != geteuid() || (st.st_mode & kOthersWrite) != 0) {
+  if (st.st_uid != geteuid()) {
     close(fd);
     return NotOurs(path, Describe(st), fix);
+  }
+  if ((st.st_mode & kOthersWrite) != 0) {
+    close(fd);
+    return OpenToOthers(path, st, fix);
   }
   if ((st.st_mode & 07777) != 0700) {
     if (fchmod(fd, 0700) != 0) {

@@ -509,11 +509,39 @@ TEST_F(CliTest, StopInAnotherRunDirNamesTheServerOfThePortAndCountsNothingLeft) 
   EXPECT_EQ(g.exit_code, 0) << g.Describe();
 }
 
-// -g, -d, --list_sessions, --server_info and --metrics in this run dir,
-// where a server of this user runs on the port under another run dir: the
-// message names it and the command that reaches it, which works. They said
-// "not running ... start it with 'shmcache --start'", and that start is
-// refused (one server per user and port).
+// The same for a server whose run dir has a space: the commands named are
+// quoted as a shell reads them (the run dir was printed bare, and did not
+// paste), and pasted into /bin/sh (the admin's path for "shmcache"), the
+// one -g names reaches that server.
+TEST_F(CliTest, TheCommandsNamedForARunDirWithASpacePasteIntoAShell) {
+  TempDir parent;
+  ServerOptions options;
+  options.run_dir = parent.path() + "/my dir";
+  TestServer server(options);
+  ASSERT_TRUE(server.ok());
+  const std::string there =
+      fmt::format("SHMCACHE_RUN_DIR='{}' shmcache", server.run_dir());
+  const std::string port = std::to_string(server.port());
+  EXPECT_EQ(
+      StopFromAnotherRunDir(server),
+      fmt::format("runs with run dir {} (process id {}): stop it with '{} --stop -p "
+                  "{}'\n",
+                  server.run_dir(), server.pid(), there, port));
+  const std::string ask = fmt::format("{} -g -p {}", there, port);
+  ExpectError({"-g", "-p", port},
+              fmt::format("ask it with '{}', or stop it with '{} --stop -p {}' before",
+                          ask, there, port));
+  std::string pasted = ask;
+  pasted.replace(pasted.find("shmcache -g"), 8, AdminPath());
+  CommandResult g = RunCommand({"/bin/sh", "-c", pasted});
+  EXPECT_EQ(g.exit_code, 0) << pasted << "\n" << g.Describe();
+}
+
+// -g, -d, --list_sessions, --server_info and --metrics in this run dir,// -g, -d,
+// --list_sessions, --server_info and --metrics in this run dir, where a server of this
+// user runs on the port under another run dir: the message names it and the command that
+// reaches it, which works. They said "not running ... start it with 'shmcache --start'",
+// and that start is refused (one server per user and port).
 TEST_F(CliTest, ACommandInAnotherRunDirNamesTheServerOfThePort) {
   TestServer server;
   ASSERT_TRUE(server.ok());
@@ -634,7 +662,38 @@ TEST_F(CliTest, ACommandInARunDirThatIsALinkSaysSo) {
   EXPECT_TRUE(ListDir(real).empty()) << "nothing was made through the link";
 }
 
-// The state letter of process `pid` ('T': stopped), from /proc.
+// A run dir of this user's that other users may write (root's own 0777
+// one): the message says that, its mode, and the chmod that fixes it,
+// where it said "not this user's own directory"; that chmod, pasted into a
+// shell, makes it usable.
+TEST_F(CliTest, AnOwnRunDirOthersMayWriteSaysItsModeAndTheChmod) {
+  const std::string dir = run_dir_ + "/open dir";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  const Env env = {{"SHMCACHE_RUN_DIR", dir},
+                   {"SHMCACHE_WATCH_PID", std::to_string(getpid())}};
+  const std::string chmod_command = fmt::format("chmod 700 '{}'", dir);
+  for (const char* command : {"-g", "--start"}) {
+    CommandResult r = RunCommand({AdminPath(), command, "-p", "31005"}, env);
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_EQ(r.err, fmt::format(
+                         "shmcache: error: {} is a directory owned by {}, mode 0777: "
+                         "other users may write into it, refusing to use it; if nothing "
+                         "in it is another user's, make it yours alone with '{}', or "
+                         "remove it (as its owner or root), or set SHMCACHE_RUN_DIR to a "
+                         "directory of your own, mode 0700\n",
+                         dir, OwnerName(geteuid()), chmod_command))
+        << command << "\n"
+        << r.Describe();
+  }
+  CommandResult fix = RunCommand({"/bin/sh", "-c", chmod_command});
+  ASSERT_EQ(fix.exit_code, 0) << fix.Describe();
+  CommandResult g = RunCommand({AdminPath(), "-g", "-p", "31005"}, env);
+  EXPECT_EQ(g.err.find(dir + " is"), std::string::npos) << g.Describe();
+}
+
+// The state letter of process `pid` ('T': stopped), from /proc.// The state letter of
+// process `pid` ('T': stopped), from /proc.
 char ProcessStateLetter(pid_t pid) {
   std::ifstream status(fmt::format("/proc/{}/status", pid));
   std::string line;

@@ -16,6 +16,7 @@
 #include "common/metrics.h"
 #include "common/size_text.h"
 #include "format/instance.h"
+#include "format/shell_quote.h"
 #include "shmcache/client.h"
 
 using namespace shmcache;
@@ -109,7 +110,7 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
             "runs with run dir {} (process id {}): stop it with "
             "'SHMCACHE_RUN_DIR={} shmcache --stop -p {}'",
             r.other_run_dir, r.other_pid > 0 ? std::to_string(r.other_pid) : "?",
-            r.other_run_dir, port);
+            ShellQuote(r.other_run_dir), port);
       }
       if (r.left_files > 0) msg += "; " + LeftFilesText(r, port, shm_dir);
     } else if (r.left_files > 0) {

@@ -277,6 +277,45 @@ def test_len_samplers_batch_sampler_and_arguments(server, session):
                         reference(ds, session, batch_size=30))
 
 
+class Unsized(Dataset):
+    """A map-style dataset without a length."""
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i))
+
+
+def test_negative_indices_count_from_the_end_as_dataloader_gives_them(server, session):
+    """DataLoader hands a sampler's -1 to the dataset, and TensorDataset (a
+    Python sequence) counts it from the end: so do CachedDataset and
+    CachedLoader, keyed by the row id it names. They said "row id -1
+    outside [0, ...]"."""
+    ds = torch.utils.data.TensorDataset(torch.arange(10.0).reshape(5, 2), torch.arange(5))
+    sampler = [-1, 0, -5, 3]
+    want = list(DataLoader(ds, sampler=sampler, batch_size=2))
+    cds = CachedDataset(ds, DatasetCache(session))
+    for state in ("cold", "warm"):
+        assert_same_batches(list(DataLoader(cds, sampler=sampler, batch_size=2)), want)
+        assert_same_batches(cached_batches(cds, sampler=sampler, batch_size=2), want)
+        assert_same(cached_batches(cds, sampler=[-2], batch_size=None),
+                    list(DataLoader(ds, sampler=[-2], batch_size=None)), state)
+        assert_same(cds[-4], ds[-4], state)
+        assert cds.flush(60)
+    assert cds.stats()["mem_rows"] == 4    # stored as rows 4, 0, 3, 1: no others
+    for bad in ([-6], [0, -6]):
+        with pytest.raises(IndexError, match="index -6 out of range for a dataset of 5"):
+            cached_batches(cds, sampler=bad, batch_size=2)
+        with pytest.raises(IndexError, match="index -6 out of range for a dataset of 5"):
+            list(DataLoader(cds, sampler=bad, batch_size=2))
+    with pytest.raises(IndexError, match="index -6 out of range"):
+        cds[-6]
+    # Without a length, -1 names no row: a message that says so.
+    unsized = CachedDataset(Unsized(), DatasetCache(session), name="unsized")
+    assert torch.equal(unsized[torch.tensor(2)], torch.full((2,), 2.0))
+    with pytest.raises(IndexError, match="negative, and the dataset .Unsized. has no "
+                                         "length.*give indices from 0"):
+        unsized[-1]
+
+
 def test_an_iterable_dataset_is_refused_saying_what_streams_it(server, session):
     """DataLoader takes an IterableDataset; batches read by index cannot:
     CachedLoader and CachedDataset refuse one when made, naming

@@ -51,6 +51,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -133,6 +134,23 @@ def _cacheable(sample: Any) -> tuple[list[Column] | None, Exception | None]:
         return encode(sample), None
     except (TypeError, ValueError) as e:
         return None, e
+
+
+def row_id_from_end(index: int, dataset: Any) -> int:
+    """Negative `index` as the row id it names in `dataset`: counted from
+    its end, as a Python sequence and TensorDataset count (DataLoader hands
+    a sampler's -1 to the dataset as is). IndexError when out of range or
+    when the dataset has no length to count from."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise IndexError(
+            f"index {index} is negative, and the dataset ({type(dataset).__name__}) has "
+            f"no length to count it from the end of; cached rows are keyed by index "
+            f"from 0: give indices from 0") from None
+    if index < -n:
+        raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+    return index + n
 
 
 class CachedDataset(Dataset):
@@ -463,7 +481,7 @@ class CachedDataset(Dataset):
         # process by _get_general and forgotten when a setting changes.
         copy = self._hit_copy
         c = self.cache.native
-        if copy is not None and c is not None and type(index) is int:
+        if copy is not None and c is not None and type(index) is int and index >= 0:
             try:
                 sample = c.read(index, copy, True)
             except Error:   # read_row says so once and bypasses the cache
@@ -476,6 +494,8 @@ class CachedDataset(Dataset):
     def _get_general(self, index: int | torch.Tensor) -> Any:
         if type(index) is not int and isinstance(index, torch.Tensor):
             index = int(index)
+        if isinstance(index, (int, np.integer)) and index < 0:
+            index = row_id_from_end(int(index), self.dataset)
         copy, plain = self._mode()
         object.__setattr__(self, "_plain", plain)
         if self.columns is None:
@@ -496,6 +516,8 @@ class CachedDataset(Dataset):
         memory's page faults again every batch, more than the batched
         lookup saves)."""
         indices = [int(i) for i in indices]
+        if indices and min(indices) < 0:   # -1: the last row, as the dataset's [-1]
+            indices = [row_id_from_end(i, self.dataset) if i < 0 else i for i in indices]
         if self.columns is not None or self._one_by_one:
             return [self[i] for i in indices]
         rows = self.cache.read_rows(indices, self._mode()[0], True)
