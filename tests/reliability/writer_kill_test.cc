@@ -8,7 +8,6 @@
 // Length: $SHMCACHE_KILL_SECONDS (default 20 s).
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,26 +173,16 @@ int Victim(const TestDaemon& d, uint32_t sid, const RowMaker& m, Shared* sh,
 
 // Bytes of the index tables counted in reserved_bytes, read from the cache
 // header: each file's size, or one page for a table compacted into a newer
-// one (its slots were freed; CacheState::TableBytes); and the next table,
-// made ahead of the growth that will publish it (CacheState::TakeTableJob:
-// its file, generation num_tables, is counted from its job's start).
+// one (its slots were freed; CacheState::TableBytes).
 uint64_t TableBytes(const TestDaemon& d, uint32_t cache_id) {
   ShmFile f;
   std::string path = fmt::format("{}/{}cache.{}", d.shm_dir(), d.shm_prefix(), cache_id);
   if (!ShmFile::Open(path, &f).ok()) return 0;
   auto* h = reinterpret_cast<layout::CacheHeader*>(f.data());
   uint64_t total = 0;
-  const uint32_t n = h->num_tables.load();
-  for (uint32_t g = 0; g < n; ++g) {
+  for (uint32_t g = 0; g < h->num_tables.load(); ++g) {
     const uint64_t size = layout::TableFileSize(h->tables[g].capacity.load());
     total += g < h->first_table.load() ? std::min<uint64_t>(size, 4096) : size;
-  }
-  const std::string ahead = fmt::format("{}table.{}.{}.", d.shm_prefix(), cache_id, n);
-  for (const std::string& file : d.ShmFiles()) {
-    struct stat st {};
-    if (file.find(ahead) != std::string::npos && stat(file.c_str(), &st) == 0) {
-      total += static_cast<uint64_t>(st.st_size);
-    }
   }
   return total;
 }
