@@ -95,8 +95,6 @@ void CacheState::Destroy(MemoryAccount* account, std::vector<HeldFile>* held) {
   if (header_) header_->state.fetch_or(layout::kStateDestroyed);
   // Reserved without a file (a segment job never run) is free at once.
   const uint64_t reserved = reserved_bytes();
-  // No process maps a table made ahead: its bytes go with `reserved`.
-  DropAheadTable(nullptr);
   uint64_t kept = alloc_.Release(held);
   for (size_t g = 0; g < tables_.size(); ++g) {
     const auto gen = static_cast<uint32_t>(g);

@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -111,29 +110,6 @@ class CacheState {
   bool destroyed() const { return destroyed_; }
 
   std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
-  // The next index table made ahead of the growth that needs it, off the
-  // store's lock (cache_state_index.cc): once the newest table holds half
-  // its slots (it grows at 3/4), a job (SegmentJob::table_log2) for a table
-  // twice its size, its bytes reserved in `account` and counted in
-  // reserved_bytes() from now on; none while one is out or made, or when
-  // the cap has no room (the growth then makes its own under the lock).
-  std::optional<SegmentJob> TakeTableJob(MemoryAccount* account);
-  // Runs a table job (without the store's lock): creates the file under a
-  // fresh random tag (*tag), its pages reserved, cleared and mapped in this
-  // process, and formats its header. Nothing points to it until the growth
-  // publishes it; a daemon killed before that leaves a file the adopting
-  // one removes (the header does not name it).
-  static Status RunTableJob(const InstancePaths& paths, const SegmentJob& job,
-                            ShmFile* file, uint32_t* tag, std::string* skipped);
-  // True while a job makes table `gen` ahead (queued or running): the
-  // growth to it waits for that job (Store::GrowIndex), without the lock.
-  bool MakingTableAhead(uint32_t gen) const {
-    return ahead_bytes_ != 0 && !ahead_.mapped() && ahead_gen_ == gen;
-  }
-  // Keeps the table a job made for the next growth, or, when it failed or
-  // the index grew meanwhile, removes it and releases its bytes.
-  void FinishTableJob(const SegmentJob& job, const Status& made, ShmFile file,
-                      uint32_t tag, MemoryAccount* account);
   std::vector<SegmentJob> TakeSupplyJobs(int node) { return alloc_.TakeSupplyJobs(node); }
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
                         MemoryAccount* account);
@@ -155,14 +131,6 @@ class CacheState {
   Status AdoptHeader();
   Status AdoptTable(uint32_t gen);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account);
-  // Adds table `gen` (made, formatted) to index_ and publishes it in the
-  // header.
-  void InstallTable(uint32_t gen, ShmFile file, uint32_t tag);
-  // Removes the table made ahead, if any, and releases its bytes from
-  // `account` (none: Destroy releases them with the rest).
-  void DropAheadTable(MemoryAccount* account);
-  // Releases the reservation of the table made ahead (or being made).
-  void ReleaseAhead(MemoryAccount* account);
   // Copies the rows of the tables from first_table on into the newest
   // (just made) one, raises first_table to it, and frees the older ones'
   // slots, releasing their bytes from `account` (cache_state_index.cc).
@@ -198,13 +166,6 @@ class CacheState {
   uint64_t spill_reads_ = 0;       // since this daemon started
   bool spill_stopped_ = false;     // StopSpilling ran
   SegmentAllocator alloc_;         // lent header_ (Attach) while it is mapped
-  // The next table, made ahead (TakeTableJob): ahead_bytes_ (counted in
-  // file_bytes_) from the job's start until the growth publishes it or it
-  // is given up; ahead_ holds it once made.
-  uint64_t ahead_bytes_ = 0;
-  uint32_t ahead_gen_ = 0;
-  uint32_t ahead_tag_ = 0;
-  ShmFile ahead_;
 };
 
 }  // namespace shmcache

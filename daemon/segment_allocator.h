@@ -73,10 +73,6 @@ struct SegmentJob {
   bool create = true;
   uint64_t supply_from = 0;
   uint64_t supply_to = 0;
-  // Not a segment's when nonzero: the cache's next index table, of
-  // 2^table_log2 slots and `size` bytes, generation seg_no, made ahead of
-  // the growth that will publish it (CacheState::TakeTableJob).
-  uint32_t table_log2 = 0;
 };
 
 struct ChunkLease {

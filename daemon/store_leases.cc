@@ -5,7 +5,6 @@
 #include "daemon/store.h"
 
 #include <algorithm>
-#include <optional>
 
 #include <fmt/format.h>
 
@@ -47,17 +46,6 @@ Status Store::LeaseChunk(uint64_t conn, uint32_t cache_id, int node, uint64_t ne
       jobs.insert(jobs.end(), more.begin(), more.end());
     }
     jobs_.insert(jobs_.end(), jobs.begin(), jobs.end());
-    // A lease follows the rows put: the index's next table is made ahead
-    // of its growth here, so that the growth (under this lock, which every
-    // writer that meets the full table waits for) only copies. First in
-    // line: segments made ahead are bounded by rows still to come, while
-    // the table is needed once the newest fills.
-    if (s.ok() && !wait) {
-      if (std::optional<SegmentJob> table = c->TakeTableJob(&account_)) {
-        jobs_.push_front(*table);
-        jobs.push_back(*table);
-      }
-    }
     if (jobs.size() == 1) jobs_cv_.Signal();
     if (jobs.size() > 1) jobs_cv_.SignalAll();
     if (!wait) break;
@@ -79,18 +67,8 @@ Status Store::ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
 Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   MutexLock lock(&mu_);
   CacheState* c;
-  Status s;
-  for (;;) {
-    // Looked up again after each wait: the cache may have been destroyed.
-    s = CacheFor(cache_id, &c);
-    if (!s.ok()) return s;
-    // The table being made ahead is waited for with the lock let go: other
-    // requests go on meanwhile, where making it here would hold them all.
-    // (A job that failed, or was dropped with its cache, ends the wait;
-    // stopping, the preparers run no more jobs.)
-    if (stopping_ || !c->MakingTableAhead(seen)) break;
-    job_done_cv_.Wait(&mu_);
-  }
+  Status s = CacheFor(cache_id, &c);
+  if (!s.ok()) return s;
   s = c->GrowIndex(seen, &account_);
   CheckHighWater();
   return s;

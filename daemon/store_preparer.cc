@@ -1,17 +1,13 @@
 // The segment preparers: threads that create the segments caches will
 // lease next and supply (allocate and clear) their pages a step ahead of
-// need, and each cache's next index table before the newest fills
-// (CacheState::TakeTableJob), off the connections' threads, several at
-// once when writers need them faster than one thread makes them
-// (SegmentAllocator::TakeSegmentJobs, TakeSupplyJobs); the first one also
-// retries connection releases and settles held memory between jobs.
+// need, off the connections' threads, several at once when writers need
+// them faster than one thread makes them (SegmentAllocator::
+// TakeSegmentJobs, TakeSupplyJobs); the first one also retries connection
+// releases and settles held memory between jobs.
 
 #include "daemon/store.h"
 
 #include <algorithm>
-#include <string>
-
-#include "daemon/logger.h"
 
 namespace shmcache {
 
@@ -57,31 +53,15 @@ void Store::PrepareSegments(bool polls) {
     running_jobs_.insert(job.cache_id);
     mu_.Unlock();
     ShmFile file;
-    uint32_t tag = 0;
-    std::string skipped;
-    Status made = job.table_log2 != 0
-                      ? CacheState::RunTableJob(paths_, job, &file, &tag, &skipped)
-                      : SegmentAllocator::RunSegmentJob(paths_, job, &file);
-    if (!skipped.empty()) log_->Warn("cache {}: skipped {}", job.cache_id, skipped);
+    Status made = SegmentAllocator::RunSegmentJob(paths_, job, &file);
     mu_.Lock();
     running_jobs_.erase(running_jobs_.find(job.cache_id));
     auto it = caches_.find(job.cache_id);
-    if (it != caches_.end() && job.table_log2 != 0) {
-      it->second->FinishTableJob(job, made, std::move(file), tag, &account_);
-      job_done_cv_.SignalAll();
-      continue;
-    }
     if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
       file.Unmap();
-      // A table made ahead is this job's to remove (its random tag is no
-      // other cache's).
-      if (job.table_log2 != 0 && made.ok()) {
-        ShmFile::Unlink(paths_.TableFile(job.cache_id, job.seg_no, tag))
-            .PermitUncheckedError();
-      }
       // A new file is this job's to remove; a supplied one was the cache's,
       // removed with it (its id may be a new cache's by now).
-      if (job.create && job.table_log2 == 0) {
+      if (job.create) {
         ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
             .PermitUncheckedError();
       }

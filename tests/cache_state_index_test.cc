@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 
 #include <cstring>
-#include <optional>
-#include <string>
 
 #include <gtest/gtest.h>
 
@@ -161,116 +159,6 @@ TEST_F(CacheStateTest, AnAdoptedTableCompactedAwayHasItsSlotsFreed) {
   EXPECT_EQ(slot_locs(), 0u) << "no stale location is left in table 0";
   EXPECT_EQ(fresh.used, adopted->reserved_bytes());
   adopted.reset();
-}
-
-// A cache of 64 MB, rows in its first table, and the table jobs a
-// preparer would run for it.
-class TableAheadTest : public CacheStateTest {
- protected:
-  void Start() {
-    Create(64 * kMB);
-    ASSERT_TRUE(ShmFile::Open(paths_.CacheFile(kCacheId), &header_).ok());
-    h_ = reinterpret_cast<layout::CacheHeader*>(header_.data());
-    ASSERT_TRUE(
-        ShmFile::Open(paths_.TableFile(kCacheId, 0, h_->tables[0].tag), &t0_).ok());
-    table0_ = IndexTable(reinterpret_cast<layout::TableHeader*>(t0_.data()));
-  }
-  // Rows 0 .. n-1.
-  void Fill(uint64_t n) {
-    for (uint64_t id = 0; id < n; ++id) ASSERT_NO_FATAL_FAILURE(Put(id));
-  }
-  void Put(uint64_t id) {
-    ASSERT_EQ(table0_.Insert(id, Loc(id)), IndexTable::InsertResult::kInserted);
-  }
-  static uint64_t Loc(uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); }
-  // Runs `job` as the preparer does and hands it back; *tag: its file's.
-  void RunJob(const SegmentJob& job, uint32_t* tag) {
-    ShmFile made;
-    std::string skipped;
-    ASSERT_TRUE(CacheState::RunTableJob(paths_, job, &made, tag, &skipped).ok());
-    cache_->FinishTableJob(job, Status::OK(), std::move(made), *tag, &account_);
-  }
-  bool Exists(uint32_t gen, uint32_t tag) const {
-    struct stat st;
-    return stat(paths_.TableFile(kCacheId, gen, tag).c_str(), &st) == 0;
-  }
-
-  ShmFile header_;
-  layout::CacheHeader* h_ = nullptr;
-  ShmFile t0_;
-  IndexTable table0_;
-};
-
-// The next table made ahead (TakeTableJob, run off the lock) is counted
-// from the job's start and is the one the growth publishes: the growth
-// reserves nothing more.
-TEST_F(TableAheadTest, ATableMadeAheadIsTheOneTheGrowthPublishes) {
-  ASSERT_NO_FATAL_FAILURE(Start());
-  const uint64_t cap0 = table0_.capacity();
-  ASSERT_NO_FATAL_FAILURE(Fill(cap0 / 2 - 1));
-  EXPECT_FALSE(cache_->TakeTableJob(&account_).has_value()) << "below half: none yet";
-  ASSERT_NO_FATAL_FAILURE(Put(cap0));
-  const uint64_t used = account_.used;
-  const uint64_t reserved = h_->reserved_bytes.load();
-  std::optional<SegmentJob> job = cache_->TakeTableJob(&account_);
-  ASSERT_TRUE(job.has_value());
-  EXPECT_FALSE(cache_->TakeTableJob(&account_).has_value()) << "one at a time";
-  const uint64_t bytes = layout::TableFileSize(cap0 * 2);
-  EXPECT_EQ(account_.used, used + bytes);
-  EXPECT_EQ(h_->reserved_bytes.load(), reserved + bytes);
-  EXPECT_TRUE(cache_->MakingTableAhead(1));
-  uint32_t tag = 0;
-  ASSERT_NO_FATAL_FAILURE(RunJob(*job, &tag));
-  EXPECT_FALSE(cache_->MakingTableAhead(1));
-  EXPECT_EQ(h_->num_tables.load(), 1u) << "made, not published";
-
-  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
-  EXPECT_EQ(h_->num_tables.load(), 2u);
-  EXPECT_EQ(h_->tables[1].tag, tag);
-  EXPECT_EQ(h_->tables[1].capacity.load(), cap0 * 2);
-  // Only the older table's slots were released.
-  EXPECT_EQ(account_.used, used + bytes - (t0_.size() - 4096));
-  EXPECT_EQ(h_->reserved_bytes.load(), reserved + bytes - (t0_.size() - 4096));
-  ShmFile t1;
-  ASSERT_TRUE(ShmFile::Open(paths_.TableFile(kCacheId, 1, tag), &t1).ok());
-  IndexTable table1(reinterpret_cast<layout::TableHeader*>(t1.data()));
-  EXPECT_EQ(table1.Find(cap0), Loc(cap0));
-  EXPECT_EQ(table1.Find(0), Loc(0));
-}
-
-// A growth that does not wait for the table being made (Store::GrowIndex
-// waits unless the daemon is stopping) makes its own under the lock and
-// releases the job's bytes; the late table is removed.
-TEST_F(TableAheadTest, ATableMadeAheadTooLateIsRemovedAndNotCounted) {
-  ASSERT_NO_FATAL_FAILURE(Start());
-  ASSERT_NO_FATAL_FAILURE(Fill(table0_.capacity() / 2));
-  const uint64_t used = account_.used;
-  std::optional<SegmentJob> job = cache_->TakeTableJob(&account_);
-  ASSERT_TRUE(job.has_value());
-  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());
-  const uint64_t grown =
-      used + layout::TableFileSize(table0_.capacity() * 2) - (t0_.size() - 4096);
-  EXPECT_EQ(account_.used, grown);
-  uint32_t tag = 0;
-  ASSERT_NO_FATAL_FAILURE(RunJob(*job, &tag));
-  ASSERT_NE(tag, h_->tables[1].tag);
-  EXPECT_FALSE(Exists(1, tag)) << "removed";
-  EXPECT_EQ(account_.used, grown);
-}
-
-// Destroy removes a table made ahead with the cache's other files, and
-// releases its bytes (TearDown checks the shm dir is empty too).
-TEST_F(TableAheadTest, DestroyRemovesATableMadeAhead) {
-  ASSERT_NO_FATAL_FAILURE(Start());
-  ASSERT_NO_FATAL_FAILURE(Fill(table0_.capacity() / 2));
-  std::optional<SegmentJob> job = cache_->TakeTableJob(&account_);
-  ASSERT_TRUE(job.has_value());
-  uint32_t tag = 0;
-  ASSERT_NO_FATAL_FAILURE(RunJob(*job, &tag));
-  ASSERT_TRUE(Exists(1, tag));
-  cache_->Destroy(&account_);
-  EXPECT_FALSE(Exists(1, tag)) << "removed";
-  EXPECT_EQ(account_.used, 0u);
 }
 
 }  // namespace

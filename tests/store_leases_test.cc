@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include "daemon/logger.h"
-#include "format/index_table.h"
 #include "format/layout.h"
 #include "format/shm_file.h"
 #include "tests/support/child_process.h"
@@ -78,55 +77,6 @@ TEST(StoreLeasesTest, ALeaseWaitingForAnotherNodesPagesIsAnswered) {
   test::RemoveTree(run_dir);
   EXPECT_NE(code, -9) << "a lease hung";
   EXPECT_EQ(code, 0);
-}
-
-// A growth that meets the index's next table still being made ahead (a
-// lease queued its job, and the growth came before the preparer ended it)
-// waits for that job with the store lock let go, then publishes its table:
-// it does not make another under the lock. Without the wait the growth
-// made its own (the job still queued or running then: nearly always).
-TEST(StoreLeasesTest, AGrowthWaitsForTheTableBeingMadeAheadAndPublishesIt) {
-  const std::string shm_dir = test::MakeTempDir("/dev/shm", "shmcache-ahead");
-  const std::string run_dir = test::MakeTempDir(test::TestTmpRoot(), "ahead");
-  const pid_t child = test::ForkChild([&]() -> int {
-    Logger log;
-    if (!log.Open(run_dir + "/log", 1).ok()) return kSetUp;
-    DaemonOptions o;
-    o.memory_cap_bytes = 256 * kMB;
-    const InstancePaths paths = MakeInstancePaths(40005, run_dir, shm_dir);
-    Store store(o, paths, /*num_nodes=*/1, 1, &log);
-    uint32_t session = 0, cache = 0;
-    if (!store.Init().ok() || !store.CreateSession(&session).ok() ||
-        !store.OpenCache(session, "c", "c-fp", 64, false, &cache).ok()) {
-      return kSetUp;
-    }
-    ShmFile header;
-    if (!ShmFile::Open(paths.CacheFile(cache), &header).ok()) return kSetUp;
-    auto* h = reinterpret_cast<layout::CacheHeader*>(header.data());
-    ShmFile t0;
-    if (!ShmFile::Open(paths.TableFile(cache, 0, h->tables[0].tag), &t0).ok()) {
-      return kSetUp;
-    }
-    // Half the first table's slots taken, as writers would.
-    IndexTable table0(reinterpret_cast<layout::TableHeader*>(t0.data()));
-    for (uint64_t id = 0; id < table0.capacity() / 2; ++id) {
-      table0.Insert(id, layout::MakeLocation(0, 4096));
-    }
-    ChunkLease l;
-    if (!store.LeaseChunk(1, cache, 0, 3000, &l).ok()) return kSetUp;
-    if (!store.GrowIndex(cache, 1).ok() || h->num_tables.load() != 2) return kSetUp;
-    store.Shutdown();
-    return 0;
-  });
-  ASSERT_GT(child, 0);
-  const int code = test::WaitChild(child, 120);
-  const std::string log = test::ReadFilesIn(run_dir + "/log");
-  test::RemoveTree(shm_dir);
-  test::RemoveTree(run_dir);
-  EXPECT_NE(code, -9) << "the growth hung";
-  EXPECT_EQ(code, 0);
-  EXPECT_NE(log.find("index table 1 of "), std::string::npos) << log;
-  EXPECT_NE(log.find("slots added (made ahead)"), std::string::npos) << log;
 }
 
 }  // namespace
