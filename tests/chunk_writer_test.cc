@@ -76,6 +76,18 @@ class ChunkWriterTest : public ::testing::Test {
     if (lease_failed) *lease_failed = failed;
     return s;
   }
+  // Opens the cache and writes row 1 into table 0; then another process
+  // grows the index (table 0 is copied into table 1 and lookups probe
+  // table 1 alone) while this writer has not mapped table 1: the stale
+  // writer of TableSet::Publish's race.
+  void GrowBehindThisWriter() {
+    Open();
+    ASSERT_TRUE(Write(1, 8).ok());
+    ASSERT_EQ(tables_->Mapped(), 1u);
+    ASSERT_TRUE(
+        client_->Call(protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = 1})
+            .ok());
+  }
   // True when row `id` of `bytes` bytes reads back whole; *loc: where.
   bool ReadsBack(uint64_t id, size_t bytes, uint64_t* loc = nullptr) {
     const uint64_t at = tables_->Lookup(id);
@@ -169,14 +181,7 @@ TEST_F(ChunkWriterTest, AFullIndexTableIsGrown) {
 // publishes the row in the new table, where every reader finds it; before,
 // it stayed in table 0, which no lookup probes.
 TEST_F(ChunkWriterTest, ARowPublishedBehindAFullNewestTableIsCarriedIntoAGrownOne) {
-  Open();
-  ASSERT_TRUE(Write(1, 8).ok());
-  ASSERT_EQ(tables_->Mapped(), 1u);
-  // Another process grows the index: table 0 is copied into table 1 and
-  // lookups probe table 1 alone; this writer does not map table 1 yet.
-  ASSERT_TRUE(
-      client_->Call(protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = 1})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(GrowBehindThisWriter());
   auto* header = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
   ASSERT_EQ(header->first_table.load(), 1u);
   // Other writers fill table 1 to its limit (locations nobody reads).
@@ -205,12 +210,7 @@ TEST_F(ChunkWriterTest, ARowPublishedBehindAFullNewestTableIsCarriedIntoAGrownOn
 // does not match the header's entry): the row stays behind, published
 // (its room is never taken back), and the put says why instead of OK.
 TEST_F(ChunkWriterTest, ARowThatCannotReachAnUnmappableTableReportsWhy) {
-  Open();
-  ASSERT_TRUE(Write(1, 8).ok());
-  ASSERT_EQ(tables_->Mapped(), 1u);
-  ASSERT_TRUE(
-      client_->Call(protocol::GrowIndexRequest{.cache_id = cache_id_, .seen_tables = 1})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(GrowBehindThisWriter());
   auto* header = reinterpret_cast<layout::CacheHeader*>(header_file_.data());
   const uint64_t cap = header->tables[1].capacity.load();
   header->tables[1].capacity.store(cap * 2);  // not the file's
