@@ -551,9 +551,16 @@ def test_row_ids_out_of_range_raise_on_the_per_row_paths(server, session):
     ds = torch_mod.CachedDataset([np.zeros(3, np.uint8)], DatasetCache(session),
                                  async_puts=False)
     for row_id in (-1, shmcache.MAX_ROW_ID + 1, 2**64, -2**70):
-        for read in (c.get, c.view, ds.__getitem__):
+        reads = (c.get, c.view) if row_id < 0 else (c.get, c.view, ds.__getitem__)
+        for read in reads:
             with pytest.raises(ValueError, match=rf"row id {row_id} outside \[0, "):
                 read(row_id)
+    # A dataset's negative index counts from its end, as DataLoader's
+    # dataset does (test_cached_loader's negative-index test); past it, an
+    # IndexError.
+    assert ds[-1].tolist() == [0, 0, 0]
+    with pytest.raises(IndexError, match="out of range"):
+        ds[-2**70]
     assert c.get(0).tolist() == [0, 0, 0] and ds[0].tolist() == [0, 0, 0]
 
 
