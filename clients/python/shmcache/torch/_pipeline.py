@@ -42,7 +42,7 @@ from ._exit_threads import end_at_exit, owned_section
 from ._misses import MissTurn
 from ._row_schema import BufferPool
 from .batch_source import BatchReport, BatchSource, batch_ids
-from .datasets import row_id_from_end
+from .datasets import row_ids_from_end
 
 __all__ = ["LoaderState", "LoaderIter"]
 
@@ -278,9 +278,7 @@ class Pipeline:
             result: tuple[bool, Any, int]
             try:
                 ids = batch_ids(item.indices) if self.auto else [_row_id(item.indices)]
-                if ids and min(ids) < 0:   # -1: the last row, as the dataset's [-1]
-                    inner = self.assembler.cds.dataset
-                    ids = [row_id_from_end(i, inner) if i < 0 else i for i in ids]
+                ids = row_ids_from_end(ids, self.assembler.cds.dataset)
                 batch, nbytes = self.assembler.assemble(number, ids, item, report)
                 result = (True, batch, nbytes)
             except BaseException as e:   # noqa: BLE001 -- raised to the consumer

@@ -153,6 +153,14 @@ def row_id_from_end(index: int, dataset: Any) -> int:
     return index + n
 
 
+def row_ids_from_end(ids: list[int], dataset: Any) -> list[int]:
+    """`ids` with each negative one counted from `dataset`'s end
+    (row_id_from_end); `ids` itself when none is negative."""
+    if ids and min(ids) < 0:   # -1: the last row, as the dataset's [-1]
+        return [row_id_from_end(i, dataset) if i < 0 else i for i in ids]
+    return ids
+
+
 class CachedDataset(Dataset):
     """Wraps a map-style dataset: a hit returns the cached sample, a miss
     computes dataset[i], caches it and returns it (both as tensors, PIL
@@ -515,9 +523,7 @@ class CachedDataset(Dataset):
         ImageFolder makes them (a batch of images alive at once costs its
         memory's page faults again every batch, more than the batched
         lookup saves)."""
-        indices = [int(i) for i in indices]
-        if indices and min(indices) < 0:   # -1: the last row, as the dataset's [-1]
-            indices = [row_id_from_end(i, self.dataset) if i < 0 else i for i in indices]
+        indices = row_ids_from_end([int(i) for i in indices], self.dataset)
         if self.columns is not None or self._one_by_one:
             return [self[i] for i in indices]
         rows = self.cache.read_rows(indices, self._mode()[0], True)
