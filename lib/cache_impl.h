@@ -50,12 +50,21 @@ class CacheImpl {
   // The whole row (project false) or the named columns of row `id`.
   Status Get(uint64_t id, std::span<const std::string_view> columns, bool project,
              Row* out);
-  // Get of the whole row, and View: the hit path (FindInMemory) in line,
-  // everything else in GetSlow and ViewSlow. Defined in cache_read.cc and
-  // always inlined there into Cache::Get(id) and Cache::View(id), so that a
-  // hit is one call from the caller (docs/hit-path.md); not callable from
+  // Get of the whole row: the hit path (FindInMemory) in line, everything
+  // else in GetSlow. Cache::GetFull's body, and the projections' whole-row
+  // case.
+  Status GetWhole(uint64_t id, Row* out);
+  // Cache::GetHit's body, the common hit of Cache::Get: copies row `id`
+  // into *out, counts the hit and returns the copy's destination when the
+  // row is in memory, in a mapped segment, through one index table, under
+  // kLeafCopyBytes, *out's buffer holds it, and the calling thread counts
+  // in the lane; nullptr, having done nothing, otherwise (GetWhole then
+  // does it all). Its one call is the copy, last, as a tail call: it saves
+  // and restores no register (docs/hit-path.md, "Nothing restored after
+  // the copy"). View: its hit path in line, the rest in ViewSlow. Both
+  // defined in cache_read.cc and always inlined there; not callable from
   // other files.
-  inline Status GetWhole(uint64_t id, Row* out);
+  inline const void* GetLeaf(uint64_t id, Row* out);
   inline Status View(uint64_t id, RowView* out);
   // count=false: GetBatchUncounted (cache.h).
   Status GetBatch(std::span<const uint64_t> ids, Row* rows, Status* statuses,

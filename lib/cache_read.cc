@@ -5,6 +5,7 @@
 #include "shmcache/cache.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -68,11 +69,52 @@ Status CacheImpl::Locate(uint64_t id, uint64_t* loc) {
   return segments_.ReadRow(id, loc, view, node) == SegmentSet::RowCheck::kOk;
 }
 
+// Rows under this many bytes are copied on Get's leaf path (GetLeaf).
+// glibc's memcpy copies larger ones with `rep movsb`, and there a Get that
+// restores registers after the copy measured as fast as a View followed by
+// the caller's memcpy (docs/hit-path.md): they keep GetWhole.
+constexpr size_t kLeafCopyBytes = 2048;
+
 // Lines of a row after its first that a single Get prefetches (7: 3 lines
 // gained nothing at 3 KB rows).
 constexpr size_t kRowLinesAhead = 7;
 
-[[gnu::always_inline]] inline Status CacheImpl::GetWhole(uint64_t id, Row* out) {
+[[gnu::always_inline]] inline const void* CacheImpl::GetLeaf(uint64_t id, Row* out) {
+  // One index table only: the lookup over several needs registers the
+  // caller's would have to be saved for.
+  const IndexTable* table = tables_.LoneMapped();
+  if (table == nullptr || !usable()) [[unlikely]] {
+    return nullptr;
+  }
+  const uint64_t loc = table->Find(id);
+  if (loc <= layout::kRetired || (loc & layout::kSpilledBit)) [[unlikely]] {
+    return nullptr;
+  }
+  int node = 0;
+  RowView v;
+  if (segments_.ReadRow(id, loc, &v, &node) != SegmentSet::RowCheck::kOk) [[unlikely]] {
+    return nullptr;
+  }
+  const size_t n = v.bytes_.size();
+  if (n >= kLeafCopyBytes || out->buf_.size() * sizeof(uint64_t) < n) [[unlikely]] {
+    return nullptr;
+  }
+  // Nothing counted before this point: a hit that stops here is read
+  // again, and counted, by GetWhole.
+  const char* row = reinterpret_cast<const char*>(v.bytes_.data());
+  for (size_t k = 1; k <= kRowLinesAhead; ++k) __builtin_prefetch(row + 64 * k);
+  if (!stats_.CountHitInLane()) [[unlikely]] {
+    return nullptr;
+  }
+  std::byte* dst = reinterpret_cast<std::byte*>(out->buf_.data());
+  out->view_.bytes_ = std::span<const std::byte>(dst, n);
+  out->view_.num_columns_ = v.num_columns_;
+  out->view_.in_shared_memory_ = false;
+  // Last, as a tail call: nothing of this function is restored after it.
+  return std::memcpy(dst, v.bytes_.data(), n);
+}
+
+Status CacheImpl::GetWhole(uint64_t id, Row* out) {
   int node = 0;
   RowView v;
   if (FindInMemory(id, &v, &node)) [[likely]] {
@@ -326,7 +368,8 @@ bool CacheImpl::Contains(uint64_t id) {
 
 // Cache's single-row reads live here rather than in cache.cc so that the
 // hit path compiles into them: one call from the caller to the copy.
-Status Cache::Get(uint64_t id, Row* out) { return impl_->GetWhole(id, out); }
+const void* Cache::GetHit(uint64_t id, Row* out) { return impl_->GetLeaf(id, out); }
+Status Cache::GetFull(uint64_t id, Row* out) { return impl_->GetWhole(id, out); }
 Status Cache::View(uint64_t id, RowView* out) { return impl_->View(id, out); }
 
 }  // namespace shmcache

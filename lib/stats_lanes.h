@@ -38,13 +38,19 @@ class StatsLanes {
   // owns this process's lane on a single-node host (a plain load and
   // store), CountRead otherwise.
   void CountHit(int node) {
+    if (!CountHitInLane()) CountRead(true, node);
+  }
+  // CountHit's inline half: counts the hit and returns true where CountHit
+  // would count it in the lane; false (nothing counted) otherwise. For a
+  // hit path that must make no call (Cache::Get's).
+  bool CountHitInLane() {
     if (single_node_) {
       if (layout::StatsLane* lane = LaneOfThisThread()) {
         BumpLane(lane->hits);
-        return;
+        return true;
       }
     }
-    CountRead(true, node);
+    return false;
   }
   // A read that found its row (hit; `node`: its segment's NUMA node, -1
   // for a row read from disk) or did not.

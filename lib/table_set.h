@@ -74,6 +74,11 @@ class TableSet {
     }
     return LookupSeveral(id);
   }
+  // The one table LookupMapped probes when it probes one (after a
+  // compaction), else nullptr.
+  [[gnu::always_inline]] const IndexTable* LoneMapped() const {
+    return lone_.load(std::memory_order_acquire);
+  }
   // How many tables are mapped, after mapping those the daemon added (a
   // failure to map leaves the tables mapped before, which are still right).
   uint32_t Mapped() {

@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -45,6 +46,56 @@ TEST_F(IntegrationTest, PutGetViewContainsInOneProcess) {
   EXPECT_LE(st.avg_row_bytes(), kRowBytes + 64) << "per-row overhead";
   EXPECT_EQ(st.session_id, session_);
   EXPECT_EQ(st.name, "train");
+}
+
+// One Row reused by Get across rows of other sizes, a miss, and another
+// thread: each hit copies its row whole (the view as long as that row, not
+// as the buffer a longer row left) and is counted once, whichever of Get's
+// two paths took it (the leaf path for a row under 2 KB that the Row's
+// buffer holds, read by the thread counting in the process's lane; the
+// full path otherwise: cache_read.cc).
+TEST_F(IntegrationTest, AReusedRowGetsEachRowWholeAndEachHitIsCountedOnce) {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Cache> cache;
+  Attach(&client, &cache);
+  const size_t sizes[] = {1024, 3072, 100, 1024, 2000};
+  size_t encoded[std::size(sizes)];
+  for (uint64_t id = 0; id < std::size(sizes); ++id) {
+    ASSERT_TRUE(PutPattern(*cache, id, 0, sizes[id]).ok());
+    RowView view;
+    ASSERT_TRUE(cache->View(id, &view).ok());
+    encoded[id] = view.encoded().size();
+  }
+  CacheStats st;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  uint64_t hits = st.hits;
+  Row row;
+  auto expect_row = [&](const Row& got, uint64_t id) {
+    EXPECT_TRUE(RowMatches(got, id, 0, sizes[id])) << id;
+    EXPECT_EQ(got.view().encoded().size(), encoded[id]) << id;
+  };
+  for (uint64_t id : {0, 3, 1, 2, 0, 4, 2}) {
+    ASSERT_TRUE(cache->Get(id, &row).ok()) << id;
+    ++hits;
+    expect_row(row, id);
+  }
+  EXPECT_TRUE(cache->Get(99, &row).IsNotFound());
+  EXPECT_EQ(row.num_columns(), 0u) << "a miss leaves the Row empty";
+  ASSERT_TRUE(cache->Get(3, &row).ok());
+  ++hits;
+  expect_row(row, 3);
+  std::thread other([&] {
+    Row own;
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(cache->Get(2, &own).ok());
+      expect_row(own, 2);
+    }
+  });
+  other.join();
+  hits += 2;
+  ASSERT_TRUE(cache->GetStats(&st).ok());
+  EXPECT_EQ(st.hits, hits);
+  EXPECT_EQ(st.misses, 1u);
 }
 
 // GetBatchUncounted reads as GetBatch does and leaves the counters alone

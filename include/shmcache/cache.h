@@ -99,7 +99,16 @@ class SHMCACHE_EXPORT Cache {
   // SpilledRowsDropped; later reads miss until a put stores it again.
   // Every other row is served as before. *out is empty after any error
   // (row.h).
-  Status Get(uint64_t id, Row* out);
+  // Inline: a hit under 2 KB is copied by GetHit, which ends in the copy
+  // (a tail call of memcpy, its result in a register), so that no register
+  // of the caller is restored from the stack after the copy's stores
+  // (docs/hit-path.md, "Nothing restored after the copy").
+  Status Get(uint64_t id, Row* out) {
+    if (GetHit(id, out) != nullptr) [[likely]] {
+      return Status::OK();
+    }
+    return GetFull(id, out);
+  }
   // Copies only the named columns, in the order given. NotFound on a miss;
   // ColumnNotFound (IsNotFound() too) when the row is cached but lacks a
   // named column (the message names it).
@@ -188,6 +197,13 @@ class SHMCACHE_EXPORT Cache {
   void Close();
 
  private:
+  // Get's halves. GetHit: copies row `id` into *out, counts the hit and
+  // returns the copy's destination when it is a hit the single-row hit
+  // path copies (in memory, under 2 KB, *out's buffer large enough, the
+  // calling thread counting in this process's lane); nullptr, having done
+  // nothing, otherwise. GetFull: the whole Get.
+  const void* GetHit(uint64_t id, Row* out);
+  Status GetFull(uint64_t id, Row* out);
   friend class Client;
   SHMCACHE_LOCAL explicit Cache(std::shared_ptr<CacheImpl> impl);
   std::shared_ptr<CacheImpl> impl_;
