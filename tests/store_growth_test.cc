@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -160,6 +161,30 @@ struct Dirs {
   }
 };
 
+// Runs `body` in a forked child, with a store whose cache's growth from
+// one table is held where its table is made (the lock let go): `body`
+// gets the store and the gate (Open lets the growth go on) and returns the
+// child's exit code. The growth is then let go and waited for; it must
+// have succeeded. Returns the child's exit code, -9 when it hung.
+int WhileAGrowthIsHeld(const Dirs& dirs,
+                       const std::function<int(FullTableStore&, Gate&)>& body) {
+  const pid_t child = test::ForkChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm);
+    Gate gate;
+    s.store().SetTestHooks({.table_made = [&] { gate.Hold(); }});
+    if (!s.Start()) return kSetUp;
+    std::atomic<bool> grown{false};
+    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
+    int code = gate.AwaitReached() ? body(s, gate) : kNotHeld;
+    gate.Open();
+    growth.join();
+    if (code == 0 && !grown) code = kGrowth;
+    if (code == 0) s.store().Shutdown();
+    return code;
+  });
+  return child > 0 ? test::WaitChild(child, 120) : -1;
+}
+
 // While a growth makes its table (its file's pages allocated, cleared and
 // mapped: two thirds of its CPU past 1 Mi rows), requests that take the
 // store's lock are answered, and a second writer that met the same full
@@ -168,35 +193,21 @@ struct Dirs {
 // (kLockHeld).
 TEST(StoreGrowthTest, RequestsGoOnWhileAGrowthMakesItsTable) {
   Dirs dirs;
-  const pid_t child = test::ForkChild([&]() -> int {
-    FullTableStore s(dirs.run, dirs.shm);
-    Gate gate;
-    s.store().SetTestHooks({.table_made = [&] { gate.Hold(); }});
-    if (!s.Start()) return kSetUp;
-    std::atomic<bool> grown{false}, second{false};
-    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
-    if (!gate.AwaitReached()) {
-      gate.Open();
-      growth.join();
-      return kNotHeld;
-    }
+  const int code = WhileAGrowthIsHeld(dirs, [](FullTableStore& s, Gate& gate) -> int {
+    std::atomic<bool> second{false}, answered{false};
     std::thread other([&] { second = s.store().GrowIndex(s.cache(), 1).ok(); });
-    std::atomic<bool> answered{false};
     std::thread check([&] {
       answered = s.store().CheckSession(s.session()).ok() &&
                  s.store().CheckSession(s.session() + 1).IsNotFound();
     });
     const bool in_time = test::WaitFor([&] { return answered.load(); });
     gate.Open();
-    for (std::thread* t : {&growth, &other, &check}) t->join();
+    other.join();
+    check.join();
     if (!in_time) return kLockHeld;
-    if (!grown || !second) return kGrowth;
-    if (!s.HoldsTheRows(1)) return kRows;
-    s.store().Shutdown();
-    return 0;
+    if (!second) return kGrowth;
+    return s.HoldsTheRows(1) ? 0 : kRows;
   });
-  ASSERT_GT(child, 0);
-  const int code = test::WaitChild(child, 120);
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);
 }
@@ -211,21 +222,12 @@ char ThreadState(pid_t tid) {
 
 // A session destroyed while a growth of its cache makes the table waits
 // for the growth (which uses the cache's mappings without the lock), then
-// removes every file of the cache, the new table's too.
+// removes every file of the cache, the new table's too. Without the wait
+// the destroy ended first (kDestroyed).
 TEST(StoreGrowthTest, ADestroyWaitsForTheGrowthAndLeavesNoTable) {
   Dirs dirs;
-  const pid_t child = test::ForkChild([&]() -> int {
-    FullTableStore s(dirs.run, dirs.shm);
-    Gate gate;
-    s.store().SetTestHooks({.table_made = [&] { gate.Hold(); }});
-    if (!s.Start()) return kSetUp;
-    std::atomic<bool> grown{false}, destroyed{false};
-    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
-    if (!gate.AwaitReached()) {
-      gate.Open();
-      growth.join();
-      return kNotHeld;
-    }
+  const int code = WhileAGrowthIsHeld(dirs, [](FullTableStore& s, Gate& gate) -> int {
+    std::atomic<bool> destroyed{false};
     std::atomic<pid_t> tid{0};
     std::thread destroy([&] {
       tid = static_cast<pid_t>(syscall(SYS_gettid));
@@ -238,16 +240,11 @@ TEST(StoreGrowthTest, ADestroyWaitsForTheGrowthAndLeavesNoTable) {
     });
     const bool early = destroyed.load();
     gate.Open();
-    growth.join();
     destroy.join();
     if (!waited || early) return kDestroyed;
     if (!destroyed) return kSetUp;
-    if (!s.TableFiles(0).empty() || !s.TableFiles(1).empty()) return kGrowth;
-    s.store().Shutdown();
-    return 0;
+    return s.TableFiles(0).empty() && s.TableFiles(1).empty() ? 0 : kGrowth;
   });
-  ASSERT_GT(child, 0);
-  const int code = test::WaitChild(child, 120);
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);
 }
