@@ -119,8 +119,8 @@ bool SpillStore::TEST_FlushDue() {
 }
 
 Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
-  Status s = CheckPresent();
-  return s.ok() ? ReadFreeBytes(free_bytes) : s;
+  if (Status s = CheckPresent(); !s.ok()) return s;
+  return ReadFreeBytes(free_bytes);
 }
 
 Status SpillStore::CheckPresent() const {
