@@ -678,6 +678,13 @@ class DatasetCache:
         """False once puts are dropped (full, daemon gone)."""
         return self._state is State.SERVING
 
+    @property
+    def unanswered(self) -> bool:
+        """True once a call found the server not answering (stopped, or
+        gone): puts are dropped, hits still served. Package-internal
+        (CachedDataset's waited puts)."""
+        return self._state is State.READ_ONLY
+
     def close(self) -> None:
         """Returns unused space to the daemon; zero-copy arrays stay valid
         (module docstring). Rows that CachedDatasets of this process queued
