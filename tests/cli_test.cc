@@ -639,6 +639,52 @@ TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedSaysSo) {
       << r.Describe();
 }
 
+// The same where something else took the socket's name while the server
+// ran (a file written there by hand, a FIFO): -g said "not running ...;
+// start it with 'shmcache --start'", and that start is refused (the server
+// holds the port).
+TEST_F(CliTest, ACommandWhoseServersSocketWasReplacedSaysSo) {
+  TestServer server;
+  ASSERT_TRUE(server.ok());
+  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+  ASSERT_EQ(mkfifo(server.socket_path().c_str(), 0600), 0);
+  CommandResult r = server.Admin({"-g"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err, fmt::format("shmcache: error: the cache server on port {} (process id "
+                               "{}) runs with run dir {}, but its socket {} was replaced "
+                               "by a FIFO while it ran: restart it with 'shmcache --stop "
+                               "-p {}' and 'shmcache --start -p {}'\n",
+                               server.port(), server.pid(), server.run_dir(),
+                               server.socket_path(), server.port(), server.port()))
+      << r.Describe();
+}
+
+// --stop of a running server whose socket alone was removed (its lock file
+// kept), or replaced by a file: it said the server "was still starting
+// (not answering yet)", a server that had served for as long as it ran.
+// It says what became of the socket, and stops it as a --stop through the
+// socket would: its shared memory removed.
+TEST_F(CliTest, StopOfAServerWhoseSocketWasRemovedOrReplacedSaysSo) {
+  for (const bool replaced : {false, true}) {
+    TestServer server;
+    ASSERT_TRUE(server.ok());
+    server.NewSession();
+    ASSERT_FALSE(server.ShmFiles().empty());
+    ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+    if (replaced) std::ofstream(server.socket_path()) << "not a socket\n";
+    CommandResult r = server.Stop();
+    EXPECT_EQ(r.exit_code, 0) << r.Describe();
+    EXPECT_EQ(r.out, fmt::format("Cache server on port {} (process id {}) has been "
+                                 "stopped; its socket {} had been {}.\n",
+                                 server.port(), server.pid(), server.socket_path(),
+                                 replaced ? "replaced by a regular file" : "removed"))
+        << r.Describe();
+    EXPECT_TRUE(ProcessExited(server.pid()));
+    EXPECT_EQ(server.ShmFiles(), std::vector<std::string>{}) << "stopped as --stop does";
+    if (!ProcessExited(server.pid())) server.Kill();  // never outlives the test
+  }
+}
+
 // A run dir that is a link (planted in /tmp, or left by hand): -g says so
 // and what to do, as --start does, where it said "not running ... start
 // it", and that start is refused.
