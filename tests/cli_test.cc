@@ -1376,6 +1376,25 @@ TEST_F(CliTest, AnotherUsersRunDirAtStartIsRefusedWithTheFix) {
   }
 }
 
+// A run dir whose parent does not exist (SHMCACHE_RUN_DIR=/scratch/$USER/
+// shmcache before /scratch/$USER is made): --start says so and how to make
+// it, where it said "cannot create ...: No such file or directory".
+TEST_F(CliTest, ARunDirWhoseParentIsMissingIsNamedWithTheMkdir) {
+  const std::string parent = run_dir_ + "/missing";
+  const std::string dir = parent + "/srv";
+  CommandResult r = RunCommand(
+      {AdminPath(), "--start", "-p", "31005"},
+      {{"SHMCACHE_RUN_DIR", dir}, {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err,
+            fmt::format("shmcache: error: cannot create {}: the directory above "
+                        "it, {}, does not exist; create it first ('mkdir -p {}')\n",
+                        dir, parent, parent))
+      << r.Describe();
+  struct stat st {};
+  EXPECT_NE(lstat(parent.c_str(), &st), 0) << "nothing made";
+}
+
 TEST_F(CliTest, SessionThatDoesNotExist) {
   TestServer server;
   ASSERT_TRUE(server.ok());
