@@ -2,11 +2,13 @@
 // argument (exit code 1 and a one-line message naming the problem), JSON
 // output, and two instances side by side.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1425,6 +1427,30 @@ TEST_F(CliTest, SpillingWithoutASpillDirSaysHowToRestartTheServerOfThePort) {
                              " -s DIR'"),
             std::string::npos)
       << s.message();
+}
+
+// A shm dir on a disk works (the kernel writes the cache's pages back to
+// it), at the disk's speed; --start took it silently. It says so as a
+// Warning: line, with the way out.
+TEST_F(CliTest, StartWithAShmDirOnADiskWarns) {
+  TempDir disk;
+  struct statfs fs {};
+  ASSERT_EQ(statfs(disk.path().c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << disk.path() << " is a tmpfs here";
+  ASSERT_EQ(chmod(disk.path().c_str(), 0700), 0);
+  ServerOptions options;
+  options.shm_dir = disk.path();
+  TestServer server(options);
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  const std::string& out = server.start_result().out;
+  const std::string warning =
+      fmt::format("Warning: shm dir {} is on a disk's filesystem (", disk.path());
+  EXPECT_NE(out.find(warning), std::string::npos) << out;
+  EXPECT_NE(out.find("give --shm_dir a directory on a tmpfs (/dev/shm, the default)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(TestServer().start_result().out.find("on a disk's"), std::string::npos)
+      << "not for /dev/shm";
 }
 
 // --start says what clients reach the server through (no TCP port: the
