@@ -623,42 +623,32 @@ TEST_F(CliTest, ACommandInAnotherRunDirReadsTheHostLockOnce) {
 }
 
 // The same where the server of this very run dir lost its socket (removed
-// by hand, or a clean-up of /tmp): not "not running; start it" (refused),
-// but that its socket is gone and how to restart it.
-TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedSaysSo) {
-  TestServer server;
-  ASSERT_TRUE(server.ok());
-  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
-  CommandResult r = server.Admin({"-g"});
-  EXPECT_EQ(r.exit_code, 1) << r.Describe();
-  EXPECT_EQ(r.err, fmt::format("shmcache: error: the cache server on port {} (process id "
-                               "{}) runs with run dir {}, but its socket {} is gone "
-                               "(removed while it ran, by hand or a clean-up of /tmp): "
-                               "restart it with 'shmcache --stop -p {}' and 'shmcache "
-                               "--start -p {}'\n",
-                               server.port(), server.pid(), server.run_dir(),
-                               server.socket_path(), server.port(), server.port()))
-      << r.Describe();
-}
-
-// The same where something else took the socket's name while the server
-// ran (a file written there by hand, a FIFO): -g said "not running ...;
-// start it with 'shmcache --start'", and that start is refused (the server
-// holds the port).
-TEST_F(CliTest, ACommandWhoseServersSocketWasReplacedSaysSo) {
-  TestServer server;
-  ASSERT_TRUE(server.ok());
-  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
-  ASSERT_EQ(mkfifo(server.socket_path().c_str(), 0600), 0);
-  CommandResult r = server.Admin({"-g"});
-  EXPECT_EQ(r.exit_code, 1) << r.Describe();
-  EXPECT_EQ(r.err, fmt::format("shmcache: error: the cache server on port {} (process id "
-                               "{}) runs with run dir {}, but its socket {} was replaced "
-                               "by a FIFO while it ran: restart it with 'shmcache --stop "
-                               "-p {}' and 'shmcache --start -p {}'\n",
-                               server.port(), server.pid(), server.run_dir(),
-                               server.socket_path(), server.port(), server.port()))
-      << r.Describe();
+// by hand, or a clean-up of /tmp), or something else took the socket's
+// name while it ran (a FIFO made there): not "not running; start it"
+// (refused: the server holds the port), but what became of its socket and
+// how to restart it. The FIFO was told "not running ... start it".
+TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedOrReplacedSaysSo) {
+  for (const bool replaced : {false, true}) {
+    TestServer server;
+    ASSERT_TRUE(server.ok());
+    ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+    if (replaced) {
+      ASSERT_EQ(mkfifo(server.socket_path().c_str(), 0600), 0);
+    }
+    CommandResult r = server.Admin({"-g"});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    const std::string what =
+        replaced ? "was replaced by a FIFO while it ran"
+                 : "is gone (removed while it ran, by hand or a clean-up of /tmp)";
+    EXPECT_EQ(r.err,
+              fmt::format("shmcache: error: the cache server on port {} (process "
+                          "id {}) runs with run dir {}, but its socket {} {}: "
+                          "restart it with 'shmcache --stop -p {}' and 'shmcache "
+                          "--start -p {}'\n",
+                          server.port(), server.pid(), server.run_dir(),
+                          server.socket_path(), what, server.port(), server.port()))
+        << r.Describe();
+  }
 }
 
 // --stop of a running server whose socket alone was removed (its lock file
