@@ -1387,6 +1387,20 @@ TEST_F(CliTest, ARunDirWhoseParentIsMissingIsNamedWithTheMkdir) {
   EXPECT_NE(lstat(parent.c_str(), &st), 0) << "nothing made";
 }
 
+// A command after one dash ("shmcache -start", "-help") is told to take
+// two, where it was read as a short option with a value: "-start" as -s
+// with the spill directory "tart", "-help" as -h with the host "elp".
+TEST_F(CliTest, ACommandAfterOneDashIsToldToTakeTwo) {
+  for (const std::string command : {"start", "stop", "help", "list_sessions"}) {
+    CommandResult r = Run({"-" + command});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_EQ(r.err, fmt::format("shmcache: error: -{}: a long option takes two dashes; "
+                                 "write '--{}'\n",
+                                 command, command))
+        << r.Describe();
+  }
+}
+
 TEST_F(CliTest, SessionThatDoesNotExist) {
   TestServer server;
   ASSERT_TRUE(server.ok());
