@@ -229,7 +229,7 @@ TEST(ShardWorker, ArgumentsItCannotReadAreRefusedNamingTheFlag) {
         RunCommand(argv, Env{{"SHMCACHE_RUN_DIR", "/nonexistent/shard-worker-test"}});
     EXPECT_EQ(r.exit_code, 1) << fmt::format("{}", fmt::join(args, " ")) << "\n"
                               << r.Describe();
-    EXPECT_EQ(r.err, "shard_worker: " + why + "\n" + usage) << r.Describe();
+    EXPECT_EQ(r.err, fmt::format("shard_worker: {}\n{}", why, usage)) << r.Describe();
     EXPECT_EQ(r.out, "") << r.Describe();
   }
 }
