@@ -6,8 +6,8 @@
 Measures, in one run:
 - remote fetch: every rank asks the owner nodes for all the rows of its
   epoch it does not own (warm caches), ROUND rows per round, through the
-  exchange (RowExchange.round: headers, ids, sizes, rows; the owner reads
-  its cache, packs, the asker unpacks); rows/s and GB/s over the job,
+  exchange (RowExchange.round: headers with the ids, then the rows; the
+  owner reads its cache, packs, the asker unpacks); rows/s and GB/s over the job,
   against the same-run limit: bare all_to_all_single calls moving exactly
   the same bytes between the same ranks in the same number of rounds
   (the two alternated --repeat times, the best of each kept);
@@ -245,7 +245,7 @@ def table(res):
         "",
         "| remote fetch | rows/s | GB/s |",
         "|---|---|---|",
-        f"| exchange (cache read + pack + 4 all_to_all_single + unpack) | "
+        f"| exchange (cache read + pack + 2 all_to_all_single + unpack) | "
         f"{f['rows_per_s']:,.0f} | {f['GB_per_s']:.3f} |",
         f"| bare all_to_all_single, same bytes, same rounds | "
         f"{f['rows_per_s'] / f['ratio_to_limit']:,.0f} | {f['limit_GB_per_s']:.3f} |",
