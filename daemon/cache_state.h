@@ -60,8 +60,55 @@ class CacheState {
                ChunkLease* out, bool* wait = nullptr);
   void Return(uint64_t conn, uint32_t seg_no, uint64_t offset);
   void ReleaseConnection(uint64_t conn, bool recycle = true);
-  // Adds an index table unless one was added since the client saw `seen`.
+  // Adds an index table unless one was added since the client saw `seen`:
+  // the steps below, in one call (the spill path's, under the lock).
   Status GrowIndex(uint32_t seen, MemoryAccount* account);
+
+  // An index growth in steps, so that the store's lock is let go while the
+  // new table's file is made and its pages cleared and mapped, and again
+  // while the older tables' slots are freed (Store::GrowIndex): under the
+  // lock BeginGrowth, without it MakeTable, under it FinishGrowth, without
+  // it FreeCompacted, under it EndGrowth. growing() is true from
+  // BeginGrowth to EndGrowth: another growth of this cache waits for that
+  // (the copy of one would miss what the other adds), and so must its
+  // destruction (the steps without the lock use its mappings).
+  struct Growth {
+    uint32_t gen = 0;    // the new table's generation
+    uint32_t log2 = 0;   // of its slots
+    uint64_t bytes = 0;  // its file's, reserved by BeginGrowth
+    // Set by FinishGrowth: the older tables whose slots FreeCompacted frees
+    // (their mappings), and the bytes EndGrowth then releases.
+    std::vector<std::span<char>> to_free;
+    uint64_t freed = 0;
+    int free_errno = 0;  // FreeCompacted's first failure, logged by EndGrowth
+  };
+  // Reserves the table that follows `seen` in `account`; *needed false
+  // when one was added since (OK, nothing reserved). The errors are
+  // GrowIndex's: its largest size, the cap used up (the cache marked full).
+  Status BeginGrowth(uint32_t seen, MemoryAccount* account, Growth* g, bool* needed);
+  // Creates the table file of `g` under a fresh random tag (*tag), its
+  // pages reserved, cleared and mapped in this process, and formats its
+  // header. Without the lock: nothing names it until FinishGrowth; a
+  // daemon killed before leaves a file the adopting one removes.
+  static Status MakeTable(const InstancePaths& paths, uint32_t cache_id, const Growth& g,
+                          ShmFile* file, uint32_t* tag, std::string* skipped);
+  // Publishes the table MakeTable `made` and copies the older tables into
+  // it (CompactIndex, filling g->to_free). When it failed, or a table of
+  // that generation was added meanwhile (the spill path's GrowIndex), the
+  // file is removed and its bytes released; a failure is returned as
+  // GrowIndex returns it.
+  Status FinishGrowth(Growth* g, const Status& made, ShmFile file, uint32_t tag,
+                      MemoryAccount* account);
+  // Frees the slots of the tables FinishGrowth compacted away (MADV_REMOVE
+  // of their pages past the first). Without the lock; thread-safe with
+  // readers and writers, which read freed slots as empty.
+  static void FreeCompacted(Growth* g);
+  // Releases the bytes FreeCompacted freed and ends the growth; called
+  // once for each BeginGrowth that set *needed, whatever FinishGrowth said.
+  void EndGrowth(const Growth& g, MemoryAccount* account);
+  // A growth is between BeginGrowth and EndGrowth (the spill path's
+  // GrowIndex, under the lock, may run inside another's steps).
+  bool growing() const { return growing_ != 0; }
   // Marks the cache destroyed, unlinks its files, releases its memory.
   // With `held`, the files' identities and sizes are appended there and
   // their bytes stay reserved in `account`: processes may still map them,
@@ -131,14 +178,24 @@ class CacheState {
   Status AdoptHeader();
   Status AdoptTable(uint32_t gen);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account);
+  // Adds table `gen` (made, formatted, its bytes reserved) to index_ and
+  // publishes it in the header.
+  void InstallTable(uint32_t gen, ShmFile file, uint32_t tag);
   // Copies the rows of the tables from first_table on into the newest
-  // (just made) one, raises first_table to it, and frees the older ones'
-  // slots, releasing their bytes from `account` (cache_state_index.cc).
-  void CompactIndex(MemoryAccount* account);
+  // (just made) one and raises first_table to it; the older tables' slots
+  // are then to be freed (g->to_free) and their bytes released (g->freed)
+  // (cache_state_index.cc).
+  void CompactIndex(Growth* g);
   // Frees the slots of table g, which lookups no longer probe (below
   // first_table): its pages past the first go back to the system and the
   // first page's slots are emptied; the header stays. Idempotent.
   void FreeTableSlots(uint32_t g);
+  // FreeTableSlots of a table's mapping; the errno of a failed madvise, or
+  // 0. Thread-safe.
+  static int FreeSlots(std::span<char> table);
+  // The cache marked full where growth `g` failed for want of room
+  // (`why`); returns `why`.
+  Status GrowthFailed(const Growth& g, const Status& why, MemoryAccount* account);
   // The tables lookups probe: from first_table on (the older ones' slots
   // are freed; touching them would bring their pages back).
   std::span<IndexTable> LiveIndex();
@@ -159,6 +216,7 @@ class CacheState {
   uint64_t file_bytes_ = 0;  // the header and the tables, counted against the cap
   int num_nodes_ = 1;
   bool destroyed_ = false;
+  int growing_ = 0;  // growths between BeginGrowth and EndGrowth
   ShmFile header_file_;
   layout::CacheHeader* header_ = nullptr;
   std::vector<ShmFile> tables_;

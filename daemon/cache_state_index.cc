@@ -10,11 +10,14 @@
 #include <bit>
 #include <cerrno>
 #include <random>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "daemon/logger.h"
 #include "format/index_table.h"
+#include "format/shm_file.h"
 
 namespace shmcache {
 
@@ -25,77 +28,145 @@ constexpr uint32_t kTableNameTries = 8;
 }  // namespace
 
 Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* account) {
-  uint64_t cap = 1ULL << log2;
-  size_t bytes = layout::TableFileSize(cap);
-  if (!account->Reserve(bytes)) {
+  const Growth g{.gen = gen, .log2 = log2, .bytes = layout::TableFileSize(1ULL << log2)};
+  if (!account->Reserve(g.bytes)) {
     return Status::FullServerCap(fmt::format(
         "cannot grow the index of cache {}: the server's memory cap is used up",
         cache_id_));
   }
-  // A random tag in the name: whoever watches the shm dir cannot take the
-  // name of this cache's next table ahead of it.
-  std::random_device random;
-  uint32_t tag = 0;
-  auto name = [&](uint32_t) {
-    tag = random();
-    return paths_.TableFile(cache_id_, gen, tag);
-  };
   ShmFile f;
-  uint32_t chosen;
+  uint32_t tag = 0;
   std::string skipped;
-  Status s =
-      ShmFile::CreateFresh(name, kTableNameTries, bytes, -1, &f, &chosen, &skipped);
+  Status s = MakeTable(paths_, cache_id_, g, &f, &tag, &skipped);
   if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   if (!s.ok()) {
-    account->Release(bytes);
+    account->Release(g.bytes);
     return s;
   }
-  auto* t = reinterpret_cast<layout::TableHeader*>(f.data());
-  IndexTable::Format(t, bytes, cache_id_, gen, log2);
-  index_.emplace_back(t);
-  tables_.push_back(std::move(f));
-  AddReserved(bytes);
-  header_->tables[gen].tag = tag;
-  header_->tables[gen].capacity.store(cap, std::memory_order_release);
-  header_->num_tables.store(gen + 1, std::memory_order_release);
+  AddReserved(g.bytes);
+  InstallTable(gen, std::move(f), tag);
   return Status::OK();
 }
 
+Status CacheState::MakeTable(const InstancePaths& paths, uint32_t cache_id,
+                             const Growth& g, ShmFile* file, uint32_t* tag,
+                             std::string* skipped) {
+  // A random tag in the name: whoever watches the shm dir cannot take the
+  // name of this cache's next table ahead of it.
+  std::random_device random;
+  auto name = [&](uint32_t) {
+    *tag = random();
+    return paths.TableFile(cache_id, g.gen, *tag);
+  };
+  uint32_t chosen;
+  Status s =
+      ShmFile::CreateFresh(name, kTableNameTries, g.bytes, -1, file, &chosen, skipped);
+  if (!s.ok()) return s;
+  // Its pages, cleared by Create, mapped here now, so that the copy into
+  // it faults none in (under the lock, where a fault per page cost as much
+  // as the inserts).
+  PopulateForWrite(file->data(), file->size());
+  IndexTable::Format(reinterpret_cast<layout::TableHeader*>(file->data()), g.bytes,
+                     cache_id, g.gen, g.log2);
+  return Status::OK();
+}
+
+void CacheState::InstallTable(uint32_t gen, ShmFile f, uint32_t tag) {
+  index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
+  const uint64_t cap = index_.back().capacity();
+  tables_.push_back(std::move(f));
+  header_->tables[gen].tag = tag;
+  header_->tables[gen].capacity.store(cap, std::memory_order_release);
+  header_->num_tables.store(gen + 1, std::memory_order_release);
+}
+
 Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
+  Growth g;
+  bool needed = false;
+  Status s = BeginGrowth(seen, account, &g, &needed);
+  if (!s.ok() || !needed) return s;
+  ShmFile f;
+  uint32_t tag = 0;
+  std::string skipped;
+  Status made = MakeTable(paths_, cache_id_, g, &f, &tag, &skipped);
+  if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
+  s = FinishGrowth(&g, made, std::move(f), tag, account);
+  FreeCompacted(&g);
+  EndGrowth(g, account);
+  return s;
+}
+
+Status CacheState::BeginGrowth(uint32_t seen, MemoryAccount* account, Growth* g,
+                               bool* needed) {
+  *needed = false;
   if (destroyed_) return Status::NotFound("cache was destroyed");
-  uint32_t n = header_->num_tables.load();
+  const uint32_t n = header_->num_tables.load();
   if (seen != n) return Status::OK();  // somebody grew it already
   if (n >= layout::kMaxTables) {
     alloc_.MarkFull("the index reached its largest size");
     return Status::Full("the cache index reached its largest size");
   }
-  uint64_t prev = header_->tables[n - 1].capacity.load();
-  Status s = CreateTable(n, static_cast<uint32_t>(std::bit_width(prev)), account);
-  if (s.ok()) CompactIndex(account);
-  if (s.IsFull()) {
-    alloc_.MarkFull(s.message());
-    // Full also reports a full shm dir; only the cap's shortage may pass.
-    if (account->available() < layout::TableFileSize(prev * 2)) {
-      alloc_.MarkByCap(layout::kStateFull);
-    }
+  const uint64_t prev = header_->tables[n - 1].capacity.load();
+  g->gen = n;
+  g->log2 = static_cast<uint32_t>(std::bit_width(prev));
+  g->bytes = layout::TableFileSize(prev * 2);
+  if (!account->Reserve(g->bytes)) {
+    return GrowthFailed(
+        *g,
+        Status::FullServerCap(fmt::format(
+            "cannot grow the index of cache {}: the server's memory cap is used up",
+            cache_id_)),
+        account);
   }
-  return s;
+  *needed = true;
+  ++growing_;
+  return Status::OK();
 }
 
-void CacheState::CompactIndex(MemoryAccount* account) {
+Status CacheState::FinishGrowth(Growth* g, const Status& made, ShmFile file, uint32_t tag,
+                                MemoryAccount* account) {
+  // Another table of this generation was added meanwhile (the spill path
+  // grows under the lock): this one is not needed.
+  const bool wanted =
+      !destroyed_ && header_ != nullptr && header_->num_tables.load() == g->gen;
+  if (!made.ok() || !wanted) {
+    if (made.ok()) {
+      file.Unmap();
+      ShmFile::Unlink(paths_.TableFile(cache_id_, g->gen, tag)).PermitUncheckedError();
+    }
+    account->Release(g->bytes);
+    return made.ok() ? Status::OK() : GrowthFailed(*g, made, account);
+  }
+  AddReserved(g->bytes);
+  InstallTable(g->gen, std::move(file), tag);
+  CompactIndex(g);
+  return Status::OK();
+}
+
+Status CacheState::GrowthFailed(const Growth& g, const Status& why,
+                                MemoryAccount* account) {
+  if (why.IsFull()) {
+    alloc_.MarkFull(why.message());
+    // Full also reports a full shm dir; only the cap's shortage may pass.
+    if (account->available() < g.bytes) alloc_.MarkByCap(layout::kStateFull);
+  }
+  return why;
+}
+
+void CacheState::CompactIndex(Growth* g) {
   // The newest table holds about as many rows as all tables before it
   // (each older one was copied into the next), and is twice the largest:
   // the copy fills it to 3/8, under its limit of 3/4.
   const uint32_t newest = static_cast<uint32_t>(index_.size()) - 1;
   const uint32_t first = header_->first_table.load(std::memory_order_relaxed);
-  // CreateTable stored the count of tables; this fence orders that store
+  // InstallTable stored the count of tables; this fence orders that store
   // before the copy's loads of the older slots, as TableSet::Publish's
   // fence orders a writer's slot store before its load of the count. A
   // writer that published in an older table either has its row seen by
   // the copy below or sees the newer table and publishes there too.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  for (uint32_t g = first; g < newest; ++g) {
-    if (!index_[g].CopyInto(&index_[newest])) {
+  for (uint32_t t = first; t < newest; ++t) {
+    if (!index_[t].CopyInto(&index_[newest])) {
       // Filled by writers during the copy (or tables adopted from a
       // daemon that did not copy): lookups keep probing every table.
       if (log_)
@@ -108,35 +179,57 @@ void CacheState::CompactIndex(MemoryAccount* account) {
   // Those compacted away before too: a read of a freed page (a reader or
   // writer whose tables were stale) allocates it again on tmpfs, bytes no
   // longer counted; freeing an already free page costs next to nothing.
-  for (uint32_t g = 0; g < newest; ++g) FreeTableSlots(g);
-  uint64_t freed = 0;
-  for (uint32_t g = first; g < newest; ++g) freed += tables_[g].size() - TableBytes(g);
-  file_bytes_ -= freed;
-  account->Release(freed);
+  for (uint32_t t = 0; t < newest; ++t) {
+    g->to_free.emplace_back(tables_[t].data(), tables_[t].size());
+  }
+  for (uint32_t t = first; t < newest; ++t) g->freed += tables_[t].size() - TableBytes(t);
+}
+
+void CacheState::FreeCompacted(Growth* g) {
+  for (std::span<char> table : g->to_free) {
+    const int e = FreeSlots(table);
+    if (g->free_errno == 0) g->free_errno = e;
+  }
+}
+
+void CacheState::EndGrowth(const Growth& g, MemoryAccount* account) {
+  if (g.free_errno != 0 && log_) {
+    log_->Warn("{}: could not free older index tables' slots: errno {}", Label(),
+               g.free_errno);
+  }
+  // Released once freed: until then the pages were still held.
+  file_bytes_ -= g.freed;
+  account->Release(g.freed);
   PublishReserved();
+  --growing_;
 }
 
 void CacheState::FreeTableSlots(uint32_t g) {
+  const int e = FreeSlots(std::span(tables_[g].data(), tables_[g].size()));
+  if (e != 0 && log_) {
+    log_->Warn("{}: could not free index table {}'s slots: errno {}", Label(), g, e);
+  }
+}
+
+int CacheState::FreeSlots(std::span<char> table) {
   // The pages past the first go back to the system (a reader still probing
   // the table reads zeros, empty slots: a miss, then the full path finds the
   // row in the newest), and the first page's slots are emptied so that no
   // stale location is left there. The header (the first page) stays, for
   // the daemon that adopts the file.
   const size_t page = 4096;
-  const size_t size = tables_[g].size();
-  if (size > page) {
-    if (madvise(tables_[g].data() + page, size - page, MADV_REMOVE) != 0 && log_) {
-      log_->Warn("{}: could not free index table {}'s slots: errno {}", Label(), g,
-                 errno);
-    }
+  int err = 0;
+  if (table.size() > page &&
+      madvise(table.data() + page, table.size() - page, MADV_REMOVE) != 0) {
+    err = errno;
   }
-  auto* slots =
-      layout::TableSlots(reinterpret_cast<layout::TableHeader*>(tables_[g].data()));
+  auto* slots = layout::TableSlots(reinterpret_cast<layout::TableHeader*>(table.data()));
   const size_t in_first_page =
-      (std::min(size, page) - sizeof(layout::TableHeader)) / sizeof(layout::Slot);
+      (std::min(table.size(), page) - sizeof(layout::TableHeader)) / sizeof(layout::Slot);
   for (size_t i = 0; i < in_first_page; ++i) {
     slots[i].loc.store(layout::kEmpty, std::memory_order_release);
   }
+  return err;
 }
 
 std::span<IndexTable> CacheState::LiveIndex() {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -28,6 +29,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/memory_bounds.h"
@@ -97,6 +99,11 @@ class Store {
                     ChunkLease* out) EXCLUDES(mu_);
   Status ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no, uint64_t offset)
       EXCLUDES(mu_);
+  // Adds an index table to the cache unless one was added since the client
+  // saw `seen` tables (CacheState's growth steps). The lock is let go while
+  // the table is made and while the older tables' slots are freed: other
+  // requests wait only for the publish and the copy. A growth of the same
+  // cache under way is waited for (its table then answers this one).
   Status GrowIndex(uint32_t cache_id, uint32_t seen) EXCLUDES(mu_);
   // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by
@@ -138,6 +145,14 @@ class Store {
   void CountConnection(int delta) { connections_.fetch_add(delta); }
   // Destroys everything and removes every shared-memory file.
   void Shutdown() EXCLUDES(mu_);
+
+  // For tests only, set before any request: table_made runs in a growth
+  // (GrowIndex) once its table is made, the lock let go, before it is
+  // published (a test holds the growth there, or ends the process there).
+  struct TestHooks {
+    std::function<void()> table_made;
+  };
+  void SetTestHooks(TestHooks hooks) { test_hooks_ = std::move(hooks); }
 
   // Fixed at construction: account_.cap never changes.
   uint64_t memory_cap() const { return bounds_.cap_bytes; }
@@ -206,7 +221,8 @@ class Store {
   std::deque<SegmentJob> jobs_ GUARDED_BY(mu_);
   CondVar jobs_cv_;
   CondVar job_done_cv_;  // a segment job finished
-  // The caches of the jobs running now, one entry per job.
+  // The caches of the jobs running now without mu_ (segment jobs, index
+  // growths), one entry per job.
   std::multiset<uint32_t> running_jobs_ GUARDED_BY(mu_);
   // The caches of the staged spill writes running now (without mu_), one
   // entry each: a cache is destroyed only once none runs (job_done_cv_).
@@ -232,6 +248,7 @@ class Store {
   std::atomic<int64_t> connections_{0};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const uint64_t started_unix_ = static_cast<uint64_t>(std::time(nullptr));
+  TestHooks test_hooks_;
 };
 
 }  // namespace shmcache

@@ -5,6 +5,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -65,12 +66,52 @@ Status Store::ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
 }
 
 Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
-  MutexLock lock(&mu_);
+  // Locked and unlocked by hand: the lock is let go while the new table is
+  // made (its file's pages allocated, cleared and mapped: two thirds of
+  // the growth's CPU past 1 Mi rows) and while the older tables' slots are
+  // freed. Every request that takes the lock (leases, opens, other
+  // caches' growths) waits only for the publish and the copy.
+  mu_.Lock();
   CacheState* c;
-  Status s = CacheFor(cache_id, &c);
-  if (!s.ok()) return s;
-  s = c->GrowIndex(seen, &account_);
+  Status s;
+  for (;;) {
+    // Looked up again after each wait: the cache may have been destroyed.
+    s = CacheFor(cache_id, &c);
+    // Another growth of this cache is under way: the writers that met the
+    // same full table wait for it, then find the table added.
+    if (!s.ok() || !c->growing()) break;
+    job_done_cv_.Wait(&mu_);
+  }
+  CacheState::Growth g;
+  bool needed = false;
+  if (s.ok()) s = c->BeginGrowth(seen, &account_, &g, &needed);
+  if (!needed) {
+    CheckHighWater();
+    mu_.Unlock();
+    return s;
+  }
+  // The cache stays (DestroySession waits for its running jobs) and no
+  // other growth of it starts (growing()) until EndGrowth.
+  running_jobs_.insert(cache_id);
+  mu_.Unlock();
+  ShmFile file;
+  uint32_t tag = 0;
+  std::string skipped;
+  Status made = CacheState::MakeTable(paths_, cache_id, g, &file, &tag, &skipped);
+  if (!skipped.empty()) log_->Warn("cache {}: skipped {}", cache_id, skipped);
+  if (test_hooks_.table_made) test_hooks_.table_made();
+  mu_.Lock();
+  s = c->FinishGrowth(&g, made, std::move(file), tag, &account_);
+  if (!g.to_free.empty()) {
+    mu_.Unlock();
+    CacheState::FreeCompacted(&g);
+    mu_.Lock();
+  }
+  c->EndGrowth(g, &account_);
+  running_jobs_.erase(running_jobs_.find(cache_id));
+  job_done_cv_.SignalAll();
   CheckHighWater();
+  mu_.Unlock();
   return s;
 }
 

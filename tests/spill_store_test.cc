@@ -12,12 +12,14 @@
 #include "daemon/spill_store.h"
 
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -135,35 +137,35 @@ TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
 
 TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
   test::TempDir tmp(test::TestTmpRoot());
-  const std::string& dir = tmp.path();
-  std::unique_ptr<SpillStore> store;
-  ASSERT_TRUE(SpillStore::Open(dir + "/db", &store).ok());
-  // More rows than one memtable holds: some are flushed to a table file,
-  // the last ones are only in the write-ahead log when the reader opens.
-  const size_t row_bytes = kMB / 2;
-  const uint64_t n = (store->memtables().bytes + 16 * kMB) / row_bytes;
-  const uint64_t batch_rows = 16;
-  for (uint64_t b = 0; b < n; b += batch_rows) {
-    rocksdb::WriteBatch batch;
-    uint64_t bytes = 0;
-    for (uint64_t id = b; id < std::min(n, b + batch_rows); ++id) {
-      const std::string row = RowOf(id, row_bytes);
-      SpillKey k(kCache, id);
-      ASSERT_TRUE(batch.Put(k.slice(), row).ok());
-      bytes += row.size();
+  const std::string path = tmp.path() + "/db";
+  // The reader, another process as a client is, is forked before the store
+  // opens and told by a pipe how many rows to read once they are written.
+  // Forked after the writes, it copied a process whose RocksDB threads were
+  // flushing them: AddressSanitizer's allocator (clang 14) takes no lock
+  // around fork, so a child forked while another thread held one of its
+  // locks blocked for good at its first allocation of that size (a CI run:
+  // the child killed after WaitChild's 60 s).
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  struct Reader {  // the pipe closed and the child reaped, whatever happens
+    int fd;
+    pid_t pid = -1;
+    ~Reader() {
+      if (fd >= 0) close(fd);
+      if (pid > 0) test::WaitChild(pid);
     }
-    Status s =
-        store->Write(&batch, bytes, SpillKey(kCache, std::min(n, b + batch_rows) - 1));
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-  // Another process, as a client reads: a secondary instance of its own.
-  pid_t child = test::ForkChild([&] {
+  } reader_child{go[1]};
+  const size_t row_bytes = kMB / 2;
+  reader_child.pid = test::ForkChild([&] {
+    close(go[1]);
+    uint64_t n = 0;
+    if (read(go[0], &n, sizeof n) != static_cast<ssize_t>(sizeof n)) return 6;
     std::unique_ptr<SpillReader> reader;
-    if (!SpillReader::Open(store->path(), &reader).ok()) return 2;
+    if (!SpillReader::Open(path, &reader).ok()) return 2;
     std::vector<uint64_t> ids;
     for (uint64_t id = 0; id < n; ++id) ids.push_back(id);
     bool torn = false;
-    auto read = [&] {  // reads ids, leaves in it those not found
+    auto read_rows = [&] {  // reads ids, leaves in it those not found
       std::unique_ptr<bool[]> got(new bool[ids.size()]());
       reader->MultiGet(
           kCache, ids, row_bytes,
@@ -179,7 +181,7 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
         if (!got[i]) left.push_back(ids[i]);
       ids = std::move(left);
     };
-    read();
+    read_rows();
     // The store flushes once writes stop: a view opened while it did can
     // lack rows (neither in its tables nor in a log still there). A client
     // then catches up and reads them again (CacheImpl::FetchSpilled), as
@@ -188,13 +190,36 @@ TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {
       if (!test::WaitFor(
               [&] { return reader->MaybeCatchUp() == SpillReader::CatchUp::kDone; }))
         return 4;
-      read();
+      read_rows();
     }
     return torn ? 3 : !ids.empty() ? 5 : 0;
   });
-  ASSERT_GT(child, 0);
-  EXPECT_EQ(test::WaitChild(child), 0)
-      << "2: no reader; 3: a row not read back whole; 4: no catch-up; 5: rows not found";
+  close(go[0]);
+  ASSERT_GT(reader_child.pid, 0);
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(path, &store).ok());
+  // More rows than one memtable holds: some are flushed to a table file,
+  // the last ones are only in the write-ahead log when the reader opens.
+  const uint64_t n = (store->memtables().bytes + 16 * kMB) / row_bytes;
+  const uint64_t batch_rows = 16;
+  for (uint64_t b = 0; b < n; b += batch_rows) {
+    rocksdb::WriteBatch batch;
+    uint64_t bytes = 0;
+    for (uint64_t id = b; id < std::min(n, b + batch_rows); ++id) {
+      const std::string row = RowOf(id, row_bytes);
+      SpillKey k(kCache, id);
+      ASSERT_TRUE(batch.Put(k.slice(), row).ok());
+      bytes += row.size();
+    }
+    Status s =
+        store->Write(&batch, bytes, SpillKey(kCache, std::min(n, b + batch_rows) - 1));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  ASSERT_EQ(write(go[1], &n, sizeof n), static_cast<ssize_t>(sizeof n));
+  const pid_t pid = std::exchange(reader_child.pid, -1);
+  EXPECT_EQ(test::WaitChild(pid), 0)
+      << "2: no reader; 3: a row not read back whole; 4: no catch-up; 5: rows not "
+         "found; 6: no row count";
   store.reset();
 }
 
@@ -329,7 +354,7 @@ TEST(SpillStoreTest, ACacheDroppedWhileAFlushIsDueKeepsNoKey) {
     for (uint64_t id = 0; id < 10; ++id) {
       ASSERT_TRUE(batch.Put(SpillKey(cache, id).slice(), RowOf(id, 100)).ok());
     }
-    ASSERT_TRUE(store->Write(&batch, 10 * 100, SpillKey(cache, 9)).ok());
+    ASSERT_TRUE(store->Write(&batch, uint64_t{10} * 100, SpillKey(cache, 9)).ok());
     ASSERT_TRUE(store->DropCache(cache).ok());
     due = store->TEST_FlushDue();
   }

@@ -1,0 +1,290 @@
+// Index growth through the store (Store::GrowIndex, daemon/
+// store_leases.cc): the new table is made with the store's lock let go, so
+// other requests go on meanwhile; a second growth of the same cache and
+// the cache's destruction wait for it; a daemon killed while it makes the
+// table leaves an index the next one adopts whole.
+//
+// Each store runs in a forked child, so that a hang is a failure (the
+// child is killed at its bound), not a stuck test.
+#include "daemon/store.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "daemon/logger.h"
+#include "format/index_table.h"
+#include "format/layout.h"
+#include "format/shm_file.h"
+#include "tests/support/child_process.h"
+#include "tests/support/files.h"
+#include "tests/support/wait_for.h"
+
+namespace shmcache {
+namespace {
+
+constexpr uint64_t kMB = 1 << 20;
+
+// Exit codes of the children below, each a step that failed.
+enum : int {
+  kSetUp = 10,
+  kNotHeld = 11,    // the growth never reached its table made
+  kLockHeld = 12,   // a request waited for the table being made
+  kGrowth = 13,     // the growth failed, or added the wrong tables
+  kRows = 14,       // a row is not in the index as put
+  kDestroyed = 15,  // the destroy ended before the growth did
+  kAdopted = 16,    // the restarted store's index is not the one left
+};
+
+// The location of row `id` in these tests (no row is read).
+uint64_t Loc(uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); }
+
+// A store with one session and one 64 MB cache whose first index table
+// holds rows 0 .. limit-1, as writers would have put them: the next insert
+// finds it full and asks for a growth from 1 table.
+class FullTableStore {
+ public:
+  FullTableStore(const std::string& run_dir, const std::string& shm_dir)
+      : paths_(MakeInstancePaths(40006, run_dir, shm_dir)) {
+    ok_ = log_.Open(run_dir + "/log", 1).ok();
+    DaemonOptions o;
+    o.memory_cap_bytes = 256 * kMB;
+    store_ = std::make_unique<Store>(o, paths_, /*num_nodes=*/1, 1, &log_);
+  }
+  // Creates the session and cache and fills the table (Adopt: adopts them
+  // from the shm dir instead). False on a failed step.
+  bool Start(bool adopt = false) {
+    if (!ok_ || !store_->Init().ok()) return false;
+    if (!adopt && !store_->CreateSession(&session_).ok()) return false;
+    if (!store_->OpenCache(session_, "c", "c-fp", 64, false, &cache_).ok()) return false;
+    if (!ShmFile::Open(paths_.CacheFile(cache_), &header_).ok()) return false;
+    h_ = reinterpret_cast<layout::CacheHeader*>(header_.data());
+    if (!ShmFile::Open(paths_.TableFile(cache_, 0, h_->tables[0].tag), &t0_).ok()) {
+      return false;
+    }
+    IndexTable table0(reinterpret_cast<layout::TableHeader*>(t0_.data()));
+    rows_ = table0.limit();
+    for (uint64_t id = 0; !adopt && id < rows_; ++id) {
+      if (table0.Insert(id, Loc(id)) != IndexTable::InsertResult::kInserted) return false;
+    }
+    return table0.Insert(rows_, Loc(rows_)) == IndexTable::InsertResult::kTableFull;
+  }
+  // Whether table `gen` is published and holds every row put.
+  bool HoldsTheRows(uint32_t gen) {
+    if (h_->num_tables.load() != gen + 1) return false;
+    ShmFile t;
+    if (!ShmFile::Open(paths_.TableFile(cache_, gen, h_->tables[gen].tag), &t).ok()) {
+      return false;
+    }
+    IndexTable table(reinterpret_cast<layout::TableHeader*>(t.data()));
+    for (uint64_t id = 0; id < rows_; ++id) {
+      if (table.Find(id) != Loc(id)) return false;
+    }
+    return true;
+  }
+  // The shm dir's index table files of the cache, generation `gen`.
+  std::vector<std::string> TableFiles(uint32_t gen) const {
+    const std::string path = paths_.TableFile(cache_, gen, 0);
+    const std::string prefix =
+        path.substr(path.rfind('/') + 1, path.size() - path.rfind('/') - 1 - 8);
+    std::vector<std::string> out;
+    for (const std::string& n : test::ListDir(paths_.shm_dir)) {
+      if (n.rfind(prefix, 0) == 0) out.push_back(n);
+    }
+    return out;
+  }
+
+  Store& store() { return *store_; }
+  uint32_t session() const { return session_; }
+  uint32_t cache() const { return cache_; }
+  // The ids of the session and cache to adopt.
+  void Adopting(uint32_t session, uint32_t cache) {
+    session_ = session;
+    cache_ = cache;
+  }
+
+ private:
+  InstancePaths paths_;
+  Logger log_;
+  bool ok_ = false;
+  std::unique_ptr<Store> store_;
+  uint32_t session_ = 0, cache_ = 0;
+  ShmFile header_, t0_;
+  layout::CacheHeader* h_ = nullptr;
+  uint64_t rows_ = 0;
+};
+
+// Holds a growth where its table is made (Store::TestHooks::table_made)
+// until Open.
+class Gate {
+ public:
+  void Hold() {
+    std::unique_lock lock(mu_);
+    reached_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+  bool AwaitReached() {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return reached_; });
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reached_ = false;
+  bool open_ = false;
+};
+
+// The shm dir and run dir of one test, removed at its end.
+struct Dirs {
+  std::string shm = test::MakeTempDir("/dev/shm", "shmcache-growth");
+  std::string run = test::MakeTempDir(test::TestTmpRoot(), "growth");
+  ~Dirs() {
+    test::RemoveTree(shm);
+    test::RemoveTree(run);
+  }
+};
+
+// Runs `body` in a forked child, with a store whose cache's growth from
+// one table is held where its table is made (the lock let go): `body`
+// gets the store and the gate (Open lets the growth go on) and returns the
+// child's exit code. The growth is then let go and waited for; it must
+// have succeeded. Returns the child's exit code, -9 when it hung.
+int WhileAGrowthIsHeld(const Dirs& dirs,
+                       const std::function<int(FullTableStore&, Gate&)>& body) {
+  const pid_t child = test::ForkChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm);
+    Gate gate;
+    s.store().SetTestHooks({.table_made = [&] { gate.Hold(); }});
+    if (!s.Start()) return kSetUp;
+    std::atomic<bool> grown{false};
+    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
+    int code = gate.AwaitReached() ? body(s, gate) : kNotHeld;
+    gate.Open();
+    growth.join();
+    if (code == 0 && !grown) code = kGrowth;
+    if (code == 0) s.store().Shutdown();
+    return code;
+  });
+  return child > 0 ? test::WaitChild(child, 120) : -1;
+}
+
+// While a growth makes its table (its file's pages allocated, cleared and
+// mapped: two thirds of its CPU past 1 Mi rows), requests that take the
+// store's lock are answered, and a second writer that met the same full
+// table waits for this growth instead of adding a table of its own. With
+// the table made under the lock, CheckSession waited for the growth
+// (kLockHeld).
+TEST(StoreGrowthTest, RequestsGoOnWhileAGrowthMakesItsTable) {
+  Dirs dirs;
+  const int code = WhileAGrowthIsHeld(dirs, [](FullTableStore& s, Gate& gate) -> int {
+    std::atomic<bool> second{false}, answered{false};
+    std::thread other([&] { second = s.store().GrowIndex(s.cache(), 1).ok(); });
+    std::thread check([&] {
+      answered = s.store().CheckSession(s.session()).ok() &&
+                 s.store().CheckSession(s.session() + 1).IsNotFound();
+    });
+    const bool in_time = test::WaitFor([&] { return answered.load(); });
+    gate.Open();
+    other.join();
+    check.join();
+    if (!in_time) return kLockHeld;
+    if (!second) return kGrowth;
+    return s.HoldsTheRows(1) ? 0 : kRows;
+  });
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// The thread state letter of thread `tid` of this process ('S': asleep).
+char ThreadState(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+}
+
+// A session destroyed while a growth of its cache makes the table waits
+// for the growth (which uses the cache's mappings without the lock), then
+// removes every file of the cache, the new table's too. Without the wait
+// the destroy ended first (kDestroyed).
+TEST(StoreGrowthTest, ADestroyWaitsForTheGrowthAndLeavesNoTable) {
+  Dirs dirs;
+  const int code = WhileAGrowthIsHeld(dirs, [](FullTableStore& s, Gate& gate) -> int {
+    std::atomic<bool> destroyed{false};
+    std::atomic<pid_t> tid{0};
+    std::thread destroy([&] {
+      tid = static_cast<pid_t>(syscall(SYS_gettid));
+      destroyed = s.store().DestroySession(s.session()).ok();
+    });
+    // Asleep (waiting for the growth), or done: a destroy that did not
+    // wait.
+    const bool waited = test::WaitFor([&] {
+      return destroyed.load() || (tid.load() != 0 && ThreadState(tid.load()) == 'S');
+    });
+    const bool early = destroyed.load();
+    gate.Open();
+    destroy.join();
+    if (!waited || early) return kDestroyed;
+    if (!destroyed) return kSetUp;
+    return s.TableFiles(0).empty() && s.TableFiles(1).empty() ? 0 : kGrowth;
+  });
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// A daemon killed while a growth makes its table (the file there, not yet
+// named by the cache's header) leaves an index the restarted one adopts
+// as it was: one table holding every row, the unnamed file removed; its
+// next growth copies every row into a new table.
+TEST(StoreGrowthTest, ADaemonKilledWhileMakingATableLeavesAConsistentIndex) {
+  Dirs dirs;
+  struct Ids {
+    std::atomic<uint32_t> session, cache;
+  };
+  auto* ids = test::SharedBlock<Ids>();
+  const pid_t killed = test::ForkChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm);
+    s.store().SetTestHooks({.table_made = [] { raise(SIGKILL); }});
+    if (!s.Start()) return kSetUp;
+    ids->session = s.session();
+    ids->cache = s.cache();
+    (void)s.store().GrowIndex(s.cache(), 1);
+    return kNotHeld;
+  });
+  ASSERT_GT(killed, 0);
+  ASSERT_EQ(test::WaitChild(killed, 120), -SIGKILL);
+  const pid_t restarted = test::ForkChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm);
+    s.Adopting(ids->session, ids->cache);
+    if (s.TableFiles(1).size() != 1) return kSetUp;  // the table being made
+    if (!s.Start(/*adopt=*/true)) return kAdopted;
+    if (!s.TableFiles(1).empty() || !s.HoldsTheRows(0)) return kAdopted;
+    if (!s.store().GrowIndex(s.cache(), 1).ok() || !s.HoldsTheRows(1)) return kGrowth;
+    s.store().Shutdown();
+    return 0;
+  });
+  ASSERT_GT(restarted, 0);
+  const int code = test::WaitChild(restarted, 120);
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+}  // namespace
+}  // namespace shmcache
