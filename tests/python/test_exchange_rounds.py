@@ -38,11 +38,11 @@ if rank == 0:
     cache.put_batch(ids, [row(i) for i in ids])
 dist.barrier()
 
-calls = []
+calls = []   # per call of the round: the bytes this rank sent
 real = dist.all_to_all_single
-def counted(*args, **kw):
-    calls.append(1)
-    return real(*args, **kw)
+def counted(out, inp, *args, **kw):
+    calls.append(inp.numel() * inp.element_size())
+    return real(out, inp, *args, **kw)
 dist.all_to_all_single = counted
 
 ex = RowExchange(lambda: cache, RowOwners(1000, 2), RowExchange.new_group(
@@ -90,6 +90,12 @@ assert cache.contains(300) and cache.contains(301)
 assert ex.rows_put_for_others == 1
 # Misses (never cached) and hits, as asked: each answer fits (smaller).
 assert round_([205, 150, 206], [250, 0, 1, 251]) == (2, False)
+# One large row (past the room: 2b), then 40 small ones (more ids than
+# the room: 1b): the answers' room is not 40 large rows' (at most four
+# times the last answer), and the answers still fit it.
+assert round_([199], [198]) == (3, False)
+assert round_(list(range(40)), list(range(40, 80))) == (3, False)
+assert calls[2] < 5 * 40000, calls   # step 2's bytes: 40 x 1 KB and the room
 # Nothing asked by anyone, every rank done: one call, the last round.
 assert round_([], [], done=True) == (1, True)
 print("ok", flush=True)
