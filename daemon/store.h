@@ -162,6 +162,13 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
+  // CacheFor, once no growth in steps of the cache (Store::GrowIndex) is
+  // under way; waits for it (job_done_cv_). What may grow the index of the
+  // cache under the lock asks this first: inside such a growth it would
+  // reserve a second table of the same generation, and where the cap has
+  // room for one only, fail and mark the cache full though that growth's
+  // table comes a moment later.
+  Status CacheNotGrowing(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   // CacheFor's cache when it may spill now; Full when it does not (or this
   // server does not spill): what a staged spill asks first.
   Status SpillingCacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);

@@ -73,15 +73,9 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   // caches' growths) waits only for the publish and the copy.
   mu_.Lock();
   CacheState* c;
-  Status s;
-  for (;;) {
-    // Looked up again after each wait: the cache may have been destroyed.
-    s = CacheFor(cache_id, &c);
-    // Another growth of this cache is under way: the writers that met the
-    // same full table wait for it, then find the table added.
-    if (!s.ok() || !c->growing()) break;
-    job_done_cv_.Wait(&mu_);
-  }
+  // Another growth of this cache is under way: the writers that met the
+  // same full table wait for it, then find the table added.
+  Status s = CacheNotGrowing(cache_id, &c);
   CacheState::Growth g;
   bool needed = false;
   if (s.ok()) s = c->BeginGrowth(seen, &account_, &g, &needed);
@@ -115,12 +109,23 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   return s;
 }
 
+Status Store::CacheNotGrowing(uint32_t cache_id, CacheState** out) {
+  for (;;) {
+    // Looked up again after each wait: the cache may have been destroyed.
+    Status s = CacheFor(cache_id, out);
+    if (!s.ok() || !(*out)->growing()) return s;
+    job_done_cv_.Wait(&mu_);
+  }
+}
+
 Status Store::SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
                        bool* inserted) {
   *inserted = false;
   MutexLock lock(&mu_);
   CacheState* c;
-  Status s = CacheFor(cache_id, &c);
+  // Its publish may grow the index (under the lock): not inside a growth
+  // in steps, whose table is the one it needs (CacheNotGrowing).
+  Status s = CacheNotGrowing(cache_id, &c);
   if (!s.ok()) return s;
   return spiller_.Put(cache_id, c, row_id, row, &account_, inserted);
 }
@@ -215,7 +220,8 @@ Status Store::SpillPutStaged(uint64_t conn, uint32_t cache_id, uint32_t tag,
   spill_writes_.erase(spill_writes_.find(cache_id));
   job_done_cv_.SignalAll();
   CacheState* c;
-  Status s = CacheFor(cache_id, &c);
+  // Its publishes may grow the index, as SpillPut's.
+  Status s = CacheNotGrowing(cache_id, &c);
   if (!s.ok()) return s;
   if (!written.ok()) {
     if (written.IsCorruption() || written.IsNotFound()) return written;
