@@ -103,7 +103,9 @@ class Store {
   // saw `seen` tables (CacheState's growth steps). The lock is let go while
   // the table is made and while the older tables' slots are freed: other
   // requests wait only for the publish and the copy. A growth of the same
-  // cache under way is waited for (its table then answers this one).
+  // cache under way is waited for (its table then answers this one). At
+  // its end, the older tables' bytes released, caches that the cap made
+  // full meanwhile take rows again (ResumeCachesLocked).
   Status GrowIndex(uint32_t cache_id, uint32_t seen) EXCLUDES(mu_);
   // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by

@@ -102,6 +102,12 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
     mu_.Lock();
   }
   c->EndGrowth(g, &account_);
+  // Between the steps the cap's room was short by the older tables' bytes
+  // (held until freed) besides the new table's: a lease or growth of any
+  // cache that came then may have found the cap used up and marked its
+  // cache full by it. Those bytes are back: such caches take rows again,
+  // as when a destroy frees memory.
+  if (g.freed > 0) ResumeCachesLocked();
   running_jobs_.erase(running_jobs_.find(cache_id));
   job_done_cv_.SignalAll();
   CheckHighWater();

@@ -2,7 +2,8 @@
 // store_leases.cc): the new table is made with the store's lock let go, so
 // other requests go on meanwhile; a second growth of the same cache and
 // the cache's destruction wait for it, and so do spilled rows (whose
-// publish may grow the index); a daemon killed while it makes the table
+// publish may grow the index); a cache the cap made full between its steps
+// takes rows again after it; a daemon killed while it makes the table
 // leaves an index the next one adopts whole.
 //
 // Each store runs in a forked child, so that a hang is a failure (the
@@ -48,6 +49,7 @@ enum : int {
   kDestroyed = 15,  // the destroy ended before the growth did
   kAdopted = 16,    // the restarted store's index is not the one left
   kSpilled = 17,    // a spilled row was refused, or the cache marked full
+  kStillFull = 18,  // the cap's room came back, the cache took no rows
 };
 
 // The location of row `id` in these tests (no row is read).
@@ -341,6 +343,62 @@ TEST(StoreGrowthTest, ARowSpilledDuringAGrowthWaitsForItsTable) {
         return s.HoldsTheRows(1) ? 0 : kRows;
       },
       config);
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// A lease during a growth finds the cap's room taken by the older table
+// and the new one both (the older one's bytes are released once its slots
+// are freed, after the copy): under a cap that has a segment's room once
+// the growth ended, but not before, it is refused and the cache marked
+// full by the cap. Once the growth released those bytes the cache takes
+// rows again, as it does when a destroy frees memory. Without that it
+// stayed full (kStillFull), though under the lock, before the growth was
+// made in steps, no request could see the room taken twice.
+TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
+  Dirs dirs;
+  StoreConfig config;
+  config.size_mb = 1;  // its first table: the least, 2^12 slots
+  // Room for the header, the tables compacted away (a page each), the
+  // newest (2^18 slots: 4 MB, what ResumeIfCapAllows asks for, once freed)
+  // and the next (2^19), and under a segment's least more.
+  config.cap = AlignUp(sizeof(layout::CacheHeader), 4096) + 6 * 4096 +
+               layout::TableFileSize(uint64_t{1} << 18) +
+               layout::TableFileSize(uint64_t{1} << 19) + 8192;
+  const pid_t child = test::ForkChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm, config);
+    Gate gate;
+    std::atomic<bool> hold{false};
+    s.store().SetTestHooks({.table_made = [&] {
+      if (hold) gate.Hold();
+    }});
+    if (!s.Start()) return kSetUp;
+    for (uint32_t n = 1; n < 7; ++n) {
+      if (!s.store().GrowIndex(s.cache(), n).ok() || !s.FillNewest()) return kSetUp;
+    }
+    hold = true;
+    std::atomic<bool> grown{false};
+    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 7).ok(); });
+    if (!gate.AwaitReached()) {
+      gate.Open();
+      growth.join();
+      return kNotHeld;
+    }
+    ChunkLease lease;
+    const bool refused = s.store().LeaseChunk(1, s.cache(), 0, 100, &lease).IsFull();
+    gate.Open();
+    growth.join();
+    if (!refused) return kSetUp;  // the cap left more room than planned
+    if (!grown || !s.HoldsTheRows(7)) return kGrowth;
+    if (!s.store().LeaseChunk(1, s.cache(), 0, 100, &lease).ok() ||
+        (s.state() & layout::kStateFull) != 0) {
+      return kStillFull;
+    }
+    s.store().Shutdown();
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  const int code = test::WaitChild(child, 120);
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);
 }
