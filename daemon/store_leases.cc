@@ -5,6 +5,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 
 #include <fmt/format.h>
@@ -91,9 +92,24 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   ShmFile file;
   uint32_t tag = 0;
   std::string skipped;
-  Status made = CacheState::MakeTable(paths_, cache_id, g, &file, &tag, &skipped);
-  if (!skipped.empty()) log_->Warn("cache {}: skipped {}", cache_id, skipped);
-  if (test_hooks_.table_made) test_hooks_.table_made();
+  Status made;
+  try {
+    made = CacheState::MakeTable(paths_, cache_id, g, &file, &tag, &skipped);
+    if (!skipped.empty()) log_->Warn("cache {}: skipped {}", cache_id, skipped);
+    if (test_hooks_.table_made) test_hooks_.table_made();
+  } catch (const std::exception& e) {
+    // Not let past the steps (std::random_device, an allocation): the
+    // growth holds its cache (growing(), running_jobs_) until EndGrowth,
+    // and a handler that throws is logged and served on (RunWorker), so
+    // every later growth of the cache, its destroy and the daemon's stop
+    // would wait for good. A failed growth instead; its file removed.
+    if (file.data() != nullptr) {
+      file.Unmap();
+      ShmFile::Unlink(paths_.TableFile(cache_id, g.gen, tag)).PermitUncheckedError();
+    }
+    made = Status::IOError(fmt::format("cannot make index table {} of cache {}: {}",
+                                       g.gen, cache_id, e.what()));
+  }
   mu_.Lock();
   s = c->FinishGrowth(&g, made, std::move(file), tag, &account_);
   if (!g.to_free.empty()) {

@@ -3,8 +3,9 @@
 // other requests go on meanwhile; a second growth of the same cache and
 // the cache's destruction wait for it, and so do spilled rows (whose
 // publish may grow the index); a cache the cap made full between its steps
-// takes rows again after it; a daemon killed while it makes the table
-// leaves an index the next one adopts whole.
+// takes rows again after it; a growth that throws ends as a failed one; a
+// daemon killed while it makes the table leaves an index the next one
+// adopts whole.
 //
 // Each store runs in a forked child, so that a hang is a failure (the
 // child is killed at its bound), not a stuck test.
@@ -20,6 +21,7 @@
 #include <functional>
 #include <mutex>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -50,6 +52,7 @@ enum : int {
   kAdopted = 16,    // the restarted store's index is not the one left
   kSpilled = 17,    // a spilled row was refused, or the cache marked full
   kStillFull = 18,  // the cap's room came back, the cache took no rows
+  kStuck = 19,      // after a growth that threw, the next or a destroy hung
 };
 
 // The location of row `id` in these tests (no row is read).
@@ -394,6 +397,51 @@ TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
         (s.state() & layout::kStateFull) != 0) {
       return kStillFull;
     }
+    s.store().Shutdown();
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  const int code = test::WaitChild(child, 120);
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// A growth whose step without the lock throws (std::random_device, an
+// allocation; here the test's hook) fails and ends: the table it made is
+// removed, and the cache's next growth and its destroy go on. Thrown past
+// the steps, the growth stayed under way for good: the next growth waited
+// for it (kStuck), as would the destroy and the daemon's stop.
+TEST(StoreGrowthTest, AGrowthThatThrowsEndsAndLeavesNoTable) {
+  Dirs dirs;
+  const pid_t child = test::ForkChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm);
+    std::atomic<bool> thrown{false};
+    s.store().SetTestHooks({.table_made = [&] {
+      if (!thrown.exchange(true)) throw std::runtime_error("thrown by the test");
+    }});
+    if (!s.Start()) return kSetUp;
+    bool failed = false;
+    try {
+      failed = !s.store().GrowIndex(s.cache(), 1).ok();
+    } catch (const std::exception&) {
+      failed = true;
+    }
+    if (!failed || !thrown) return kSetUp;
+    if (!s.TableFiles(1).empty()) return kGrowth;  // the thrown growth's table
+    // Each in a thread of its own: when one waits for good, the child
+    // _exits at once (the store's destructor would wait for it too).
+    std::atomic<bool> grown{false}, destroyed{false};
+    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
+    if (!test::WaitFor([&] { return grown.load(); })) {
+      _exit(kStuck);
+    }
+    growth.join();
+    if (!s.HoldsTheRows(1)) return kRows;
+    std::thread destroy([&] { destroyed = s.store().DestroySession(s.session()).ok(); });
+    if (!test::WaitFor([&] { return destroyed.load(); })) {
+      _exit(kStuck);
+    }
+    destroy.join();
     s.store().Shutdown();
     return 0;
   });
