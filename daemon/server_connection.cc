@@ -1,6 +1,7 @@
 #include "daemon/server_connection.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace shmcache {
 
@@ -37,21 +38,43 @@ ServerConnection::~ServerConnection() {
 }
 
 void ServerConnection::Start() {
+  // Sends are tried at once, before any wait (Write): a send the socket
+  // cannot take whole returns what it took instead of blocking.
+  error_code ignored;
+  socket_.non_blocking(true, ignored);
   asio::post(strand_, [self = shared_from_this()] { self->ReadHeader(); });
 }
 
 void ServerConnection::ReadHeader() {
   in_frame_ = false;
-  asio::async_read(
-      socket_, asio::buffer(header_),
-      [this](const error_code& ec, size_t done) {
-        return Transfer(ec, done, header_.size());
-      },
+  if (in_len_ > 0) {
+    // What a client sent beyond its last frame (none of this library's
+    // clients does: one request at a time) starts the next one. Posted, not
+    // run here: frames sent back to back are answered one per handler.
+    NoteProgress();
+    asio::post(strand_, [this, self = shared_from_this()] { OnBytes(); });
+    return;
+  }
+  ReadMore();
+}
+
+void ServerConnection::ReadMore() {
+  socket_.async_read_some(
+      asio::buffer(in_.data() + in_len_, in_.size() - in_len_),
       asio::bind_executor(
-          strand_, [this, self = shared_from_this()](const error_code& ec, size_t) {
+          strand_, [this, self = shared_from_this()](const error_code& ec, size_t n) {
             if (ec) return Close();  // the peer closed: the destructor cleans up
-            OnHeader();
+            if (n > 0) NoteProgress();
+            in_len_ += n;
+            OnBytes();
           }));
+}
+
+void ServerConnection::OnBytes() {
+  if (closed_) return;
+  if (in_len_ < header_.size()) return ReadMore();
+  std::memcpy(header_.data(), in_.data(), header_.size());
+  OnHeader();
 }
 
 void ServerConnection::OnHeader() {
@@ -60,6 +83,7 @@ void ServerConnection::OnHeader() {
   if (!s.ok() || (h.type & protocol::kResponseBit)) {
     env_->log->Warn("connection {}: {}; closing it", id_,
                     s.ok() ? "a response frame sent as request" : s.message());
+    in_len_ = 0;  // nothing more is read from it
     if (s.IsNotSupported()) {
       // A client of another protocol version (another build): told so in a
       // frame of this one, whose version its header check reads first,
@@ -74,7 +98,18 @@ void ServerConnection::OnHeader() {
   body_len_ = h.body_len;
   body_got_ = 0;
   body_.clear();
-  if (body_len_ == 0) return Answer();
+  // The body's bytes that came with the header (all of a small request's:
+  // the client sends both with one write, and one receive took them).
+  const size_t came = std::min<size_t>(in_len_ - header_.size(), body_len_);
+  if (came > 0) {
+    if (!GrowBody(came)) return;
+    std::memcpy(body_.data(), in_.data() + header_.size(), came);
+    body_got_ = came;
+  }
+  const size_t used = header_.size() + came;
+  std::memmove(in_.data(), in_.data() + used, in_len_ - used);
+  in_len_ -= used;
+  if (body_got_ == body_len_) return Answer();
   ReadBodyPiece();
 }
 
@@ -121,21 +156,38 @@ void ServerConnection::Write(std::string body, bool stop) {
                                                asio::buffer(out_body_)};
   const size_t total = out_header_.size() + out_body_.size();
   NoteProgress();  // the handler may have taken long: the answer starts now
+  // Sent here first: an answer the socket takes whole (any small one) then
+  // costs no wait for writability and no handler of its own, and the next
+  // request's read starts at once. Only what it did not take is left to an
+  // asynchronous write.
+  error_code ec;
+  const size_t sent = socket_.send(buffers, 0, ec);
+  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
+  if (ec || sent == total) return Written(ec, stop);
+  if (sent < buffers[0].size()) {
+    buffers[0] += sent;
+  } else {
+    buffers[1] += sent - buffers[0].size();
+    buffers[0] = asio::const_buffer();
+  }
+  const size_t left = total - sent;
   asio::async_write(
       socket_, buffers,
-      [this, total](const error_code& ec, size_t done) {
-        return Transfer(ec, done, total);
-      },
+      [this, left](const error_code& e, size_t done) { return Transfer(e, done, left); },
       asio::bind_executor(
-          strand_, [this, stop, self = shared_from_this()](const error_code& ec, size_t) {
-            if (stop) {
-              env_->request_stop();
-              return;
-            }
-            DropBuffers();
-            if (ec || refused_ || last_answer_) return Close();
-            ReadHeader();
+          strand_, [this, stop, self = shared_from_this()](const error_code& e, size_t) {
+            Written(e, stop);
           }));
+}
+
+void ServerConnection::Written(const error_code& ec, bool stop) {
+  if (stop) {
+    env_->request_stop();
+    return;
+  }
+  DropBuffers();
+  if (ec || refused_ || last_answer_) return Close();
+  ReadHeader();
 }
 
 size_t ServerConnection::Transfer(const error_code& ec, size_t done, size_t want) {

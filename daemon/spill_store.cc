@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -118,6 +119,11 @@ bool SpillStore::TEST_FlushDue() {
 }
 
 Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
+  if (Status s = CheckPresent(); !s.ok()) return s;
+  return ReadFreeBytes(free_bytes);
+}
+
+Status SpillStore::CheckPresent() const {
   // Through the descriptor Open kept, not the name: a directory removed
   // (rm -rf of the spill dir) and made again under the same name is still
   // the one that was removed.
@@ -133,12 +139,35 @@ Status SpillStore::CheckDirectory(uint64_t* free_bytes) const {
         "to spill again",
         path_));
   }
+  return Status::OK();
+}
+
+Status SpillStore::ReadFreeBytes(uint64_t* free_bytes) const {
   struct statvfs v {};
   if (fstatvfs(dir_fd_, &v) != 0) {
     return Status::IOError(
         fmt::format("cannot read the free space of {}: {}", path_, std::strerror(errno)));
   }
+  space_reads_.fetch_add(1, std::memory_order_relaxed);
   *free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  return Status::OK();
+}
+
+Status SpillStore::FreeBytesFor(uint64_t bytes, uint64_t* free_bytes) {
+  MutexLock lock(&space_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  const uint64_t total = memtables_.total();
+  const uint64_t spare = space_read_ > total ? space_read_ - total : 0;
+  if (!space_known_ || now - space_read_at_ >= kSpaceReadInterval ||
+      written_since_ + bytes > spare / 4) {
+    Status s = ReadFreeBytes(&space_read_);
+    if (!s.ok()) return s;
+    space_known_ = true;
+    space_read_at_ = now;
+    written_since_ = 0;
+  }
+  *free_bytes = space_read_ - std::min(written_since_, space_read_);
+  written_since_ += bytes;
   return Status::OK();
 }
 
@@ -197,7 +226,9 @@ Status SpillStore::Write(rocksdb::WriteBatch* batch, uint64_t bytes,
   // Room for the rows in the WAL and for flushing every memtable.
   uint64_t need = bytes + memtables_.total();
   uint64_t free_bytes = 0;
-  if (Status gone = CheckDirectory(&free_bytes); !gone.ok()) {
+  Status gone = CheckPresent();
+  if (gone.ok()) gone = FreeBytesFor(bytes, &free_bytes);
+  if (!gone.ok()) {
     MutexLock lock(&error_mu_);
     if (!failed_.exchange(true)) error_ = gone.message();
     return Status::IOError(error_);

@@ -87,6 +87,8 @@ class SpillStore {
   // Test hook: whether a write came since the flusher last began a flush
   // (one is due kIdleFlushMs after the last write).
   bool TEST_FlushDue();
+  // Test hook: how many times the free space was read (FreeBytesFor).
+  uint64_t TEST_SpaceReads() const { return space_reads_.load(); }
 
   // The memtables RocksDB writes into: their size and how many may be full
   // at once. Rows not yet flushed are held there (and, replayed from the
@@ -119,6 +121,21 @@ class SpillStore {
   // OK and the free bytes of its file system while the database's directory
   // is there; IOError naming the cause otherwise.
   Status CheckDirectory(uint64_t* free_bytes) const;
+  // OK while the database's directory is there (an fstat); IOError naming
+  // the cause otherwise.
+  Status CheckPresent() const;
+  // The free bytes of its file system (an fstatvfs); IOError when they
+  // cannot be read.
+  Status ReadFreeBytes(uint64_t* free_bytes) const;
+  // The free bytes a write of `bytes` goes by: those read at most
+  // kSpaceReadInterval ago, less what was written since, read again sooner
+  // once the writes since reach a quarter of what was spare beyond the
+  // memtables (so a filling disk is read at every write near its end, as
+  // before). Read before every write, fstatvfs was one of the 9 system calls
+  // of a spilled Put in the daemon (docs/spill-reads.md). Another process
+  // filling the disk is seen up to kSpaceReadInterval late; a write that
+  // then fails stops spilling, as one that raced a check always could.
+  Status FreeBytesFor(uint64_t bytes, uint64_t* free_bytes) EXCLUDES(space_mu_);
   // The flushing thread: flushes the memtables once no write came for
   // kIdleFlushMs after the last one, until StopFlusher.
   void FlushWhenIdle();
@@ -131,6 +148,13 @@ class SpillStore {
   int dir_fd_ = -1;  // the database's directory, held from Open on
   Memtables memtables_ = kSmallMemtables;
   std::atomic<bool> failed_{false};
+  static constexpr std::chrono::milliseconds kSpaceReadInterval{100};
+  Mutex space_mu_;
+  bool space_known_ GUARDED_BY(space_mu_) = false;
+  std::chrono::steady_clock::time_point space_read_at_ GUARDED_BY(space_mu_);
+  uint64_t space_read_ GUARDED_BY(space_mu_) = 0;     // free bytes then
+  uint64_t written_since_ GUARDED_BY(space_mu_) = 0;  // bytes written since
+  mutable std::atomic<uint64_t> space_reads_{0};      // fstatvfs calls, for tests
   Mutex error_mu_;
   std::string error_ GUARDED_BY(error_mu_);  // why writes stopped
   // Held around every write to the database (the rows', a dropped cache's

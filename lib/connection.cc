@@ -116,6 +116,24 @@ static bool SendFrame(int fd, std::span<const std::byte> header,
   return true;
 }
 
+// Waits until the answer (or the close) can be read, at most timeout_ms:
+// false with errno EAGAIN when it did not come. Not by sleeping in
+// recvmsg(): a thread asleep there on a Unix stream socket is woken each
+// time the server takes in a request it sent (space back in its send
+// buffer wakes every sleeper on the socket, readers too: unix_write_space),
+// and finds nothing and sleeps again, one wasted wake-up of this thread per
+// request (1.2 context switches per spilled Put instead of 1.0;
+// docs/spill-reads.md). poll() sleeps for input alone.
+static bool WaitReadable(int fd, int timeout_ms) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  int r;
+  do {
+    r = poll(&p, 1, timeout_ms);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) errno = EAGAIN;
+  return r > 0;
+}
+
 static bool ReadAll(int fd, void* p, size_t n) {
   auto* c = static_cast<char*>(p);
   while (n > 0) {
@@ -176,9 +194,11 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   // A receive that finds the connection closed sets no errno: what this
   // thread's earlier calls left there (an EAGAIN) is not a timeout.
   errno = 0;
-  do {
-    got = recvmsg(fd_, &msg, 0);
-  } while (got < 0 && errno == EINTR);
+  if (WaitReadable(fd_, timeout_ms_)) {
+    do {
+      got = recvmsg(fd_, &msg, 0);
+    } while (got < 0 && errno == EINTR);
+  }
   const size_t head =
       got > 0 ? std::min<size_t>(static_cast<size_t>(got), sizeof hdr) : 0;
   if (got <= 0 || !ReadAll(fd_, hdr + head, sizeof hdr - head)) {

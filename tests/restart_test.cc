@@ -148,12 +148,16 @@ TEST(RestartTest, AClientThatAskedNothingWhileTheDaemonWasDownIsAnsweredByTheNex
   client.reset();
 }
 
-// Whether thread `tid` of this process is in recvmsg (waiting for an
-// answer).
-bool InRecvmsg(pid_t tid) {
+// Whether thread `tid` of this process is waiting for an answer: in poll
+// (lib/connection.cc waits there, then receives) or recvmsg.
+bool WaitsForAnswer(pid_t tid) {
   std::ifstream f(fmt::format("/proc/self/task/{}/syscall", tid));
   long nr = -1;
-  return f >> nr && nr == SYS_recvmsg;
+  if (!(f >> nr)) return false;
+#ifdef SYS_poll  // not on aarch64, where glibc's poll() is ppoll
+  if (nr == SYS_poll) return true;
+#endif
+  return nr == SYS_ppoll || nr == SYS_recvmsg;
 }
 
 // A request the daemon had (sent whole) when it was killed may have been
@@ -183,7 +187,7 @@ TEST(RestartTest, ARequestTheKilledDaemonHadIsNotSentAgainAndSaysWhy) {
     created = client->CreateSession(&made);
   });
   const bool asked =
-      WaitFor([&] { return tid != 0 && InRecvmsg(tid); }, std::chrono::seconds(60));
+      WaitFor([&] { return tid != 0 && WaitsForAnswer(tid); }, std::chrono::seconds(60));
   first->Kill();
   asker.join();
   ASSERT_TRUE(asked) << "the request was never waiting for its answer";

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -133,6 +134,54 @@ TEST(SpillStoreTest, OpenSizesTheMemtablesToItsDisk) {
   ASSERT_TRUE(SpillStore::Open(small.path() + "/db", &store).ok());
   EXPECT_EQ(store->memtables().bytes, 8 * kMB);
   EXPECT_EQ(store->memtables().count, 2);
+}
+
+// The free space is read once per interval of writes, not before every
+// write: the fstatvfs was one of the daemon's 9 system calls per spilled
+// Put (docs/spill-reads.md). Near the end of a small disk it is read again
+// at every write, and the write that would eat into the room the
+// memtables' flush needs is still refused by that check (Full), before
+// RocksDB sees it.
+TEST(SpillStoreTest, FreeSpaceIsReadOncePerIntervalAndAtEveryWriteNearAFullDisk) {
+  test::TempDir tmp(test::TestTmpRoot());
+  {
+    std::unique_ptr<SpillStore> store;
+    ASSERT_TRUE(SpillStore::Open(tmp.path() + "/db", &store).ok());
+    const uint64_t before = store->TEST_SpaceReads();
+    const auto start = std::chrono::steady_clock::now();
+    constexpr uint64_t kWrites = 200;
+    for (uint64_t id = 0; id < kWrites; ++id) {
+      const std::string row = RowOf(id, 3072);
+      ASSERT_TRUE(
+          store
+              ->Put(kCache, id,
+                    std::span(reinterpret_cast<const std::byte*>(row.data()), row.size()))
+              .ok());
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    // One read per 100 ms begun, and the first write's.
+    const uint64_t bound = 2 + static_cast<uint64_t>(ms) / 100;
+    EXPECT_LE(store->TEST_SpaceReads() - before, std::min(bound, kWrites - 1))
+        << kWrites << " writes in " << ms << " ms";
+  }
+  test::TmpfsMount small("32m");
+  if (!small.mounted()) GTEST_SKIP() << small.skip_reason();
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(small.path() + "/db", &store).ok());
+  const std::string row = RowOf(1, 256 << 10);
+  Status s;
+  uint64_t written = 0;
+  for (uint64_t id = 0; id < 1000 && s.ok(); ++id) {
+    s = store->Put(kCache, id,
+                   std::span(reinterpret_cast<const std::byte*>(row.data()), row.size()));
+    written += s.ok() ? 1 : 0;
+  }
+  EXPECT_GT(written, 0u);
+  EXPECT_TRUE(s.IsFull()) << s.ToString();
+  EXPECT_NE(s.message().find("needed to go on spilling"), std::string::npos)
+      << "refused by RocksDB, not by the check: " << s.ToString();
 }
 
 TEST(SpillStoreTest, BatchesBeyondAMemtableReadBackWholeInAnotherProcess) {

@@ -72,6 +72,24 @@ def test_a_full_put_queue_is_warned_about_once_over_epochs_and_workers(server, s
     assert "put queue is full" in message, message
 
 
+@pytest.mark.parametrize("loader,context", [("DataLoader", "fork"),
+                                            ("DataLoader", "spawn"),
+                                            ("CachedLoader", "fork")])
+def test_a_row_too_large_is_warned_about_once_over_epochs_and_workers(server, session,
+                                                                      loader, context):
+    """Rows larger than the cache, met by every worker of every epoch (two
+    workers, three epochs, each a new process): one warning for the run,
+    where each worker process gave its own (6 lines), and every sample is
+    delivered."""
+    r = run(server, session, loader, 2, context, "too_large")
+    assert r.stdout.split() == ["64"] * 3, r.stdout
+    found = WARNING.findall(r.stderr)
+    assert len(found) == 1, r.stderr
+    ((where, line, message),) = found
+    assert where == TRAINER and int(line) in user_lines(), r.stderr
+    assert "cannot be cached" in message and "size_mb" in message, message
+
+
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 @pytest.mark.parametrize("problem", ["full", "uncacheable"])
 def test_spawned_workers_name_the_line_that_made_the_dataset(start_server, problem,

@@ -4,11 +4,15 @@ batch's misses are put by the worker itself before the batch is returned
 a miss whose sample already has a hit's form is returned as the dataset
 made it (docs/python.md, "Puts in a DataLoader worker")."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import continued_after, stopped, wait_for  # noqa: E402
 from shmcache import DatasetCache  # noqa: E402
 from shmcache.torch import CachedDataset  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
@@ -32,7 +36,8 @@ class Probe(Dataset):
         stored = queued = -1
         if i == BATCH and self.cds is not None:
             stored = sum(self.cds.cache.contains(k) for k in range(BATCH))
-            queued = self.cds.stats()["async_puts"]["queued"]
+            # The putter's own count: stats() asks the server too.
+            queued = self.cds._putter.stats()["queued"]
         return torch.full((16,), i, dtype=torch.uint8), i % 10, stored, queued
 
 
@@ -128,3 +133,29 @@ def test_a_miss_returns_the_datasets_own_sample_where_a_hit_has_its_form(server,
         assert [type(v) for v in m] == [type(v) for v in h]
         for a, b in zip(m, h):
             assert torch.equal(a.detach(), b) if isinstance(a, torch.Tensor) else a == b
+
+
+def test_after_a_worker_waited_on_a_stopped_server_workers_put_through_the_writer(
+        server, session):
+    """A stopped server (SIGSTOP) holds a worker's waited put for the request
+    timeout (5 s) before the worker reads on without the cache. Once one
+    worker met that, the workers of the epochs after it queue their misses
+    for the background writer (which never holds a batch) rather than each
+    waiting again: each new worker process of each epoch waited its 5 s
+    before, and a DataLoader(timeout=3) failed every epoch ('DataLoader
+    timed out after 3.0 seconds'), where async_puts=True read on."""
+    src = Probe(3 * BATCH)
+    ds = CachedDataset(src, DatasetCache(session), name="stoppedserver")
+    src.cds = ds
+    ds[2 * BATCH]                      # the cache open, then the server stopped
+    assert ds.flush(30)
+    with continued_after(server.pid):
+        os.kill(server.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(server.pid))
+        for epoch in range(2):
+            batches = list(DataLoader(ds, batch_size=BATCH, num_workers=1))
+            assert sum(len(b[1]) for b in batches) == 3 * BATCH
+            _, _, _, queued = batches[1]
+            # Epoch 0's worker waited on the server, without a queue; epoch
+            # 1's queued the first batch's rows for its writer.
+            assert int(queued[0]) == (0 if epoch == 0 else BATCH), epoch

@@ -9,7 +9,9 @@ byte is full from its first row in every worker: the writer of a worker
 waits for its exit flush), "closed_later"
 (persistent workers: a pass over the first 32 rows, then the user closes
 the cache, then a pass over all 64; after each pass it prints the rows
-seen and the cache's hits and rows, as another handle reads them) or
+seen and the cache's hits and rows, as another handle reads them),
+"too_large" (three epochs, new workers each, of rows of 1 MiB in a cache
+of 1 MB: each row is refused alone, the cache takes smaller ones) or
 "uncacheable" (a str label).
 The lines marked `made` and `loop` are the user's lines a CacheWarning may
 name.
@@ -64,6 +66,9 @@ def main(kind, workers, context, problem):
         ds = CachedDataset(source, name=problem, put_queue=1, async_puts=True)  # made
         passes = [None] * 3
         extra.update(worker_init_fn=writer_waits_for_exit)
+    elif problem == "too_large":
+        ds = CachedDataset(source, DatasetCache(size_mb=1, name=problem))  # made
+        passes = [None] * 3
     elif problem == "closed_later":
         ds = CachedDataset(source, name=problem, async_puts=False)  # made
         passes = [32, 64]

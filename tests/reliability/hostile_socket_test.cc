@@ -246,6 +246,69 @@ TEST(HostileSocket, GarbageAndSilenceNeverStallOthersNorCrashTheDaemon) {
   EXPECT_TRUE(d.ShmFiles().empty());
 }
 
+// Reads one answer (its header and body) from `fd` within 5 s: the type of
+// the request it answers, or 0 when none came whole.
+uint16_t AnswerType(int fd) {
+  char hdr[protocol::kFrameHeaderBytes];
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 5000) != 1 || recv(fd, hdr, sizeof hdr, MSG_WAITALL) != sizeof hdr) {
+    return 0;
+  }
+  protocol::FrameHeader h;
+  if (!protocol::DecodeFrameHeader(
+           std::span(reinterpret_cast<const std::byte*>(hdr), sizeof hdr), &h)
+           .ok()) {
+    return 0;
+  }
+  std::string body(h.body_len, '\0');
+  if (h.body_len > 0 && recv(fd, body.data(), body.size(), MSG_WAITALL) !=
+                            static_cast<ssize_t>(body.size())) {
+    return 0;
+  }
+  return static_cast<uint16_t>(h.type & ~protocol::kResponseBit);
+}
+
+// The daemon reads a frame's header with as much of its body as came
+// (server_connection.h): bytes beyond one frame are the next frame's start,
+// whether they came with it, byte by byte, or split anywhere. None of this
+// library's clients sends a request before the last one's answer; a
+// client that does gets every answer, in order.
+TEST(HostileSocket, FramesSentBackToBackOrInPiecesAreAnsweredInOrder) {
+  TestDaemon d;
+  ASSERT_TRUE(d.Start().ok());
+  const uint16_t kList = static_cast<uint16_t>(protocol::MsgType::kListSessions);
+  const uint16_t kInfo = static_cast<uint16_t>(protocol::MsgType::kServerInfo);
+  int fd = RawConnect(d);
+  ASSERT_GE(fd, 0);
+  // Two frames in one send, then three.
+  ASSERT_TRUE(SendAll(fd, Header(kList, 0) + Header(kInfo, 0)));
+  EXPECT_EQ(AnswerType(fd), kList);
+  EXPECT_EQ(AnswerType(fd), kInfo);
+  ASSERT_TRUE(SendAll(fd, Header(kInfo, 0) + Header(kList, 0) + Header(kInfo, 0)));
+  EXPECT_EQ(AnswerType(fd), kInfo);
+  EXPECT_EQ(AnswerType(fd), kList);
+  EXPECT_EQ(AnswerType(fd), kInfo);
+  // A frame byte by byte.
+  for (char ch : Header(kList, 0)) ASSERT_TRUE(SendAll(fd, std::string(1, ch)));
+  EXPECT_EQ(AnswerType(fd), kList);
+  // A frame with a body larger than what is read with its header (an
+  // error answer: the body is no request of that type), the next frame
+  // behind it in the same send, and a third split inside its header.
+  std::string body(10000, 'x');
+  const std::string third = Header(kList, 0);
+  ASSERT_TRUE(SendAll(fd, Header(kList, static_cast<uint32_t>(body.size())) + body +
+                              Header(kInfo, 0) + third.substr(0, 5)));
+  EXPECT_EQ(AnswerType(fd), kList);
+  EXPECT_EQ(AnswerType(fd), kInfo);
+  ASSERT_TRUE(SendAll(fd, third.substr(5)));
+  EXPECT_EQ(AnswerType(fd), kList);
+  // The connection serves as before.
+  EXPECT_TRUE(Answered(fd, kInfo));
+  close(fd);
+  EXPECT_TRUE(d.Alive());
+  EXPECT_TRUE(d.Stop().ok());
+}
+
 TEST(HostileSocket, FramesAnnouncingLargeBodiesHoldOnlyWhatWasSent) {
   TestDaemon d;
   ASSERT_TRUE(d.Start().ok());

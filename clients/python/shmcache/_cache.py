@@ -46,10 +46,13 @@ CLOSE_FLUSH_S = EXIT_FLUSH_S
 
 # WarnedFlag's slot for the note that size_mb is more than the server's cap,
 # the one set by close(), which workers already running (persistent
-# DataLoader workers) read, and the note on spilled rows dropped.
+# DataLoader workers) read, the note on spilled rows dropped, and the
+# warning on a row the cache cannot take (each DataLoader worker process
+# of each epoch said it: 2 workers and 3 epochs gave 6 lines).
 _CAP_NOTE = 1
 _CLOSED = 2
 _DROPPED = 3
+_ROW = 4
 
 
 class DatasetCache:
@@ -475,9 +478,13 @@ class DatasetCache:
             return False
         if isinstance(err, (TooLargeError, NotSupportedError)) or \
                 (isinstance(err, InvalidArgumentError) and not strict):
-            # This row only: the cache stays in use for the others.
+            # This row only: the cache stays in use for the others. Said once
+            # for the trainer and its workers (the flag's _ROW); inside
+            # quietly() nothing is shown and nothing claimed for the others.
             if not self._warned_row:
                 self._warned_row = True
+                if said_quietly() or not self._told.claim(_ROW):
+                    return False
                 warn(f"shmcache: row {row_id} cannot be cached ({err}); "
                      "rows like it are read from the source", CacheWarning, self.origin)
         elif isinstance(err, FullError):
@@ -670,6 +677,13 @@ class DatasetCache:
     def accepting(self) -> bool:
         """False once puts are dropped (full, daemon gone)."""
         return self._state is State.SERVING
+
+    @property
+    def unanswered(self) -> bool:
+        """True once a call found the server not answering (stopped, or
+        gone): puts are dropped, hits still served. Package-internal
+        (CachedDataset's waited puts)."""
+        return self._state is State.READ_ONLY
 
     def close(self) -> None:
         """Returns unused space to the daemon; zero-copy arrays stay valid

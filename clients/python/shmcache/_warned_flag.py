@@ -103,11 +103,12 @@ class WarnedFlag:
     (see the module), said the warning the flag stands for, per slot: slot
     0 is the flag itself (bool(flag)), the others a second warning or a
     state of the same object (DatasetCache's note on a size over the cap,
-    its close(), its note on spilled rows dropped)."""
+    its close(), its note on spilled rows dropped, its warning on a row it
+    cannot take)."""
 
     __slots__ = ("_page", "_at", "__weakref__")
 
-    SLOTS = 4
+    SLOTS = 5
 
     def __init__(self, page: _Page | None = None, at: int = 0) -> None:
         if page is None:

@@ -211,7 +211,10 @@ class CachedDataset(Dataset):
       the GIL from the decode cost more than the put they take off the
       batch's path (docs/performance.md, "A first epoch's worker without
       the writer"); the batch's wait is hidden by the DataLoader's prefetch.
-      True: a miss returns its sample at once and one background thread
+      Once a worker's put found the server not answering (stopped: it
+      waited the request timeout, 5 s), the workers of later epochs send
+      their misses to the background writer instead, which never holds a
+      batch. True: a miss returns its sample at once and one background thread
       of the process stores the row. put_queue: the most
       bytes of rows waiting for that thread (default 64 MiB per process);
       when it is full, rows are dropped, not waited for (counted in
@@ -311,6 +314,12 @@ class CachedDataset(Dataset):
         # The causes of background put drops warned about (async_put), by
         # this process and the workers started from it, over all epochs.
         self._warned_queue = WarnedFlag()
+        # Set once a waited put of the default (async_puts=None) found the
+        # server not answering: from then on, in this process and the
+        # workers started from it, a batch's misses go to the background
+        # writer (_waits_for_batch_puts). A stopped server (SIGSTOP) held
+        # each worker process of each epoch for the request timeout (5 s).
+        self._put_unanswered = WarnedFlag()
         self._putter = self._new_putter()
         _datasets.add(self)
         open_dataset_cache(self.cache)   # a wrong pipeline under this name fails here
@@ -397,10 +406,20 @@ class CachedDataset(Dataset):
         worker), rather than queuing copies of them for the writer."""
         if self._putter is None:
             return True
-        if self.async_puts is not None:
+        if self.async_puts is not None or self._put_unanswered:
             return False
         in_worker = _in_worker
         return _ask_in_worker() if in_worker is None else in_worker
+
+    def _put_waited(self, ids: list[int], rows: list[list[Column]]) -> None:
+        """Puts rows now (a waited put); under the default (async_puts=None)
+        notes a server found not answering for every process of the
+        dataset (_put_unanswered): the workers of later epochs then queue
+        their misses rather than each waiting for the request timeout."""
+        cache = self.cache
+        cache.put_encoded(ids, rows, strict=False)
+        if self.async_puts is None and cache.unanswered:
+            self._put_unanswered.set()
 
     def _mode(self) -> tuple[bool, bool]:
         """(whether hits are copied, whether samples go out as read: no
@@ -442,7 +461,7 @@ class CachedDataset(Dataset):
         if batch is None:
             self.store_row(index, cols)
         elif waited and transformed:
-            self.cache.put_encoded([index], [cols], strict=False)
+            self._put_waited([index], [cols])
         elif waited:
             batch.append((index, cols, 0))
             if len(batch) >= _PUT_ROWS:
@@ -459,8 +478,7 @@ class CachedDataset(Dataset):
             assert self._putter is not None
             self._putter.enqueue_many(batch)
         else:
-            self.cache.put_encoded([b[0] for b in batch], [b[1] for b in batch],
-                                   strict=False)
+            self._put_waited([b[0] for b in batch], [b[1] for b in batch])
             batch.clear()
 
     def flush(self, timeout: float | None = None) -> bool:
