@@ -215,6 +215,13 @@ struct Dirs {
   }
 };
 
+// Runs `body` in a forked child: its exit code, -9 when it hung (killed
+// at its bound), -1 when the fork failed.
+int InAChild(const std::function<int()>& body) {
+  const pid_t child = test::ForkChild(body);
+  return child > 0 ? test::WaitChild(child, 120) : -1;
+}
+
 // Runs `body` in a forked child, with a store whose cache's growth from
 // one table is held where its table is made (the lock let go): `body`
 // gets the store and the gate (Open lets the growth go on) and returns the
@@ -223,7 +230,7 @@ struct Dirs {
 int WhileAGrowthIsHeld(const Dirs& dirs,
                        const std::function<int(FullTableStore&, Gate&)>& body,
                        const StoreConfig& config = {}) {
-  const pid_t child = test::ForkChild([&]() -> int {
+  return InAChild([&]() -> int {
     FullTableStore s(dirs.run, dirs.shm, config);
     Gate gate;
     s.store().SetTestHooks({.table_made = [&] { gate.Hold(); }});
@@ -237,7 +244,6 @@ int WhileAGrowthIsHeld(const Dirs& dirs,
     if (code == 0) s.store().Shutdown();
     return code;
   });
-  return child > 0 ? test::WaitChild(child, 120) : -1;
 }
 
 // While a growth makes its table (its file's pages allocated, cleared and
@@ -368,7 +374,7 @@ TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
   config.cap = AlignUp(sizeof(layout::CacheHeader), 4096) + 6 * 4096 +
                layout::TableFileSize(uint64_t{1} << 18) +
                layout::TableFileSize(uint64_t{1} << 19) + 8192;
-  const pid_t child = test::ForkChild([&]() -> int {
+  const int code = InAChild([&]() -> int {
     FullTableStore s(dirs.run, dirs.shm, config);
     Gate gate;
     std::atomic<bool> hold{false};
@@ -400,8 +406,6 @@ TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
     s.store().Shutdown();
     return 0;
   });
-  ASSERT_GT(child, 0);
-  const int code = test::WaitChild(child, 120);
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);
 }
@@ -413,7 +417,7 @@ TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
 // for it (kStuck), as would the destroy and the daemon's stop.
 TEST(StoreGrowthTest, AGrowthThatThrowsEndsAndLeavesNoTable) {
   Dirs dirs;
-  const pid_t child = test::ForkChild([&]() -> int {
+  const int code = InAChild([&]() -> int {
     FullTableStore s(dirs.run, dirs.shm);
     std::atomic<bool> thrown{false};
     s.store().SetTestHooks({.table_made = [&] {
@@ -445,8 +449,6 @@ TEST(StoreGrowthTest, AGrowthThatThrowsEndsAndLeavesNoTable) {
     s.store().Shutdown();
     return 0;
   });
-  ASSERT_GT(child, 0);
-  const int code = test::WaitChild(child, 120);
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);
 }
