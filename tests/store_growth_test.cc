@@ -371,7 +371,7 @@ TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
   // Room for the header, the tables compacted away (a page each), the
   // newest (2^18 slots: 4 MB, what ResumeIfCapAllows asks for, once freed)
   // and the next (2^19), and under a segment's least more.
-  config.cap = AlignUp(sizeof(layout::CacheHeader), 4096) + 6 * 4096 +
+  config.cap = AlignUp(sizeof(layout::CacheHeader), 4096) + uint64_t{6} * 4096 +
                layout::TableFileSize(uint64_t{1} << 18) +
                layout::TableFileSize(uint64_t{1} << 19) + 8192;
   const int code = InAChild([&]() -> int {
