@@ -49,7 +49,8 @@ CLI::Option* CommandLine::AddFlag(const std::string& names) {
 // "--option=" (nothing after '='): no value, where CLI11 would take the
 // next word for it (`--spilldir= -p 5` read "-p" as the directory).
 // "-p=5000": refused with how to write it, where the value was "=5000"
-// ("port '=5000' is not a number"). A word that is the value of the
+// ("port '=5000' is not a number"); so is "-start" (one dash before a long
+// name). A word that is the value of the
 // option before it ("-d" "-x=1") is not looked at.
 Status CommandLine::CheckEqualsForms() const {
   bool is_value = false;
@@ -60,6 +61,16 @@ Status CommandLine::CheckEqualsForms() const {
     const bool value_here = is_value;
     // The next word is this option's value when this one has none.
     is_value = o != nullptr && o->get_expected_max() > 0 && arg == name;
+    // "-start": a long name after one dash (as Go's and Java's programs take
+    // them). CLI11 read "-s" with the value "tart" ("spill directory 'tart'
+    // is not an absolute path"), "-help" as the host "elp", "-generate_session"
+    // as -g and an unknown "-enerate_session". No short option's value
+    // collides: those are numbers and absolute paths.
+    if (!value_here && arg.size() > 2 && arg[0] == '-' && arg[1] != '-' &&
+        app_.get_option_no_throw(NamePart("-" + arg)) != nullptr) {
+      return Status::InvalidArgument(
+          fmt::format("{}: a long option takes two dashes; write '-{}'", arg, arg));
+    }
     if (value_here || o == nullptr || arg.find('=') == std::string::npos) continue;
     if (arg.rfind("--", 0) != 0) {
       if (arg.size() < 3 || arg[2] != '=' || o->get_expected_max() == 0) continue;

@@ -19,6 +19,17 @@ bool SameDir(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+std::string LostSocket(const std::string& socket_path) {
+  struct stat st {};
+  if (lstat(socket_path.c_str(), &st) != 0) return "removed";
+  if (S_ISSOCK(st.st_mode)) return "";
+  if (S_ISREG(st.st_mode)) return "replaced by a regular file";
+  if (S_ISFIFO(st.st_mode)) return "replaced by a FIFO";
+  if (S_ISDIR(st.st_mode)) return "replaced by a directory";
+  if (S_ISLNK(st.st_mode)) return "replaced by a symbolic link";
+  return "replaced by something else";
+}
+
 Status ExplainNoServerHere(int port, const std::string& run_dir,
                            const std::string& command, const Status& connect_error) {
   if (!connect_error.IsUnavailable()) return connect_error;
@@ -63,14 +74,20 @@ Status ExplainNoServerHere(int port, const std::string& run_dir,
           "moment",
           port, pid_text, here.run_dir, here.socket_path));
     }
-    struct stat st {};
+    const std::string lost = LostSocket(here.socket_path);
     // Its socket there, it did not answer in time: the connect's error says so.
-    if (lstat(here.socket_path.c_str(), &st) == 0) return connect_error;
+    if (lost.empty()) return connect_error;
+    // Something else at its name (put there by hand, or a clean-up and a
+    // neighbour's file) refuses the connect: "not running; start it" was
+    // said, and that start is refused.
+    const std::string what = lost == "removed"
+                                 ? "is gone (removed while it ran, by hand or a clean-up "
+                                   "of /tmp)"
+                                 : fmt::format("was {} while it ran", lost);
     return Status::Unavailable(fmt::format(
         "the cache server on port {} (process id {}) runs with run dir {}, but its "
-        "socket {} is gone (removed while it ran, by hand or a clean-up of /tmp): "
-        "restart it with 'shmcache --stop{}' and 'shmcache --start{}'",
-        port, pid_text, here.run_dir, here.socket_path, p, p));
+        "socket {} {}: restart it with 'shmcache --stop{}' and 'shmcache --start{}'",
+        port, pid_text, here.run_dir, here.socket_path, what, p, p));
   }
   // The admin names its own command; a trainer is told to run with that run
   // dir (its own command line is not known here).

@@ -20,6 +20,14 @@ namespace shmcache {
 // gone).
 bool SameDir(const std::string& a, const std::string& b);
 
+// What became of the socket at `socket_path` of a server that listens
+// there (its host lock says it serves) but that no connect reaches: ""
+// when a socket is there (the server may just be slow to answer),
+// "removed" when nothing is, else "replaced by a regular file" (a FIFO, a
+// directory, a symbolic link, something else): put there while it ran.
+// Never follows a link.
+std::string LostSocket(const std::string& socket_path);
+
 // `connect_error`: what connecting to the server of `port` (resolved) in
 // `run_dir` ("": the default, format/instance.h DefaultRunDir) gave.
 // Returns it unchanged unless it is Unavailable and either the run dir is

@@ -185,7 +185,19 @@ std::vector<std::thread> StartWorkers(boost::asio::io_context& io, int workers, 
 ShmDirChoice PickShmDir(const DaemonOptions& opts, const InstancePaths& paths) {
   if (ShmDirGiven(opts.shm_dir) || !HugeTmpfsAsked()) {
     ShmPages pages = ShmPagesOf(paths.shm_dir);
-    return {paths.shm_dir, pages.huge, false, ShmPagesNote(paths.shm_dir, pages), ""};
+    // A dir on a disk works, at the disk's speed: the kernel writes the
+    // cache's pages back to it. Said at --start, not only in the log: it
+    // was taken silently, and --shm_dir reads like "where to keep a cache".
+    std::string note;
+    if (pages.disk) {
+      note = fmt::format(
+          "shm dir {} is on a disk's filesystem ({}): the cache's files there are "
+          "written back to that filesystem, and filled and read at its speed; give "
+          "--shm_dir a directory on a tmpfs (/dev/shm, the default), or -s DIR for "
+          "rows to spill to disk",
+          paths.shm_dir, pages.why);
+    }
+    return {paths.shm_dir, pages.huge, false, ShmPagesNote(paths.shm_dir, pages), note};
   }
   uint64_t cap = MemoryCapBytes(opts.memory_cap_ratio, opts.memory_cap_bytes);
   return ChooseShmDir(paths.port, HugeTmpfsBytes(cap));

@@ -64,12 +64,14 @@ ShmPages ShmPagesOf(const std::string& dir, std::string_view mounts,
     size_t r = shmem_enabled.find(']', l);
     if (r != std::string_view::npos) global = shmem_enabled.substr(l + 1, r - l - 1);
   }
+  MountEntry m = MountOf(dir, mounts);
+  // A mount not found (no /proc/self/mounts) is not taken for a disk.
+  if (!m.type.empty() && m.type != "tmpfs") {
+    return {false, m.type + ", not tmpfs", m.type != "ramfs"};
+  }
   if (global == "force") return {true, "transparent huge pages forced for all tmpfs"};
   if (global == "deny") return {false, "transparent huge pages denied for all tmpfs"};
-  MountEntry m = MountOf(dir, mounts);
-  if (m.type != "tmpfs") {
-    return {false, m.type.empty() ? "its mount was not found" : m.type + ", not tmpfs"};
-  }
+  if (m.type.empty()) return {false, "its mount was not found"};
   std::string huge = MountOption(m.options, "huge");
   if (HugeOption(huge)) return {true, "tmpfs mounted huge=" + huge};
   return {false, "tmpfs " + m.point + " mounted without huge pages"};

@@ -37,7 +37,8 @@ bool HugeOption(const std::string& huge);
 
 struct ShmPages {
   bool huge = false;
-  std::string why;  // e.g. "tmpfs mounted huge=within_size"
+  std::string why;    // e.g. "tmpfs mounted huge=within_size"
+  bool disk = false;  // the dir is on a filesystem of a disk's (not tmpfs, ramfs)
 };
 
 // From the text of /proc/self/mounts and of

@@ -8,12 +8,14 @@
 // reads this device's shard, later epochs read every row; a miss loads the
 // row from the source and puts it, a hit is checked byte for byte. Run N of
 // these at once on one session: the host ends up holding each row once.
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "shmcache/client.h"
@@ -30,30 +32,74 @@ void FillRow(uint64_t id, std::vector<uint8_t>* row) {
   }
 }
 
-long Arg(int argc, char** argv, const char* name, long fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::strtol(argv[i + 1], nullptr, 10);
+// The flags and their ranges; every value is a whole decimal number.
+struct Flag {
+  const char* name;
+  long lo, hi;
+  long value;
+};
+
+// Reads argv into `flags`: each flag followed by its value (given twice,
+// the last counts).
+// A flag it does not know, a missing value, or one that is not a whole
+// number in the flag's range is an error (a message on stderr, false):
+// strtol took "abc" as 0 (session 0), "10x" as 10, and 2^32 + S as S.
+bool ParseFlags(int argc, char** argv, std::vector<Flag>* flags) {
+  for (int i = 1; i < argc; i += 2) {
+    Flag* flag = nullptr;
+    for (Flag& f : *flags) {
+      if (std::strcmp(argv[i], f.name) == 0) flag = &f;
+    }
+    if (flag == nullptr) {
+      std::fprintf(stderr, "shard_worker: unknown argument '%s'\n", argv[i]);
+      return false;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "shard_worker: %s needs a value\n", flag->name);
+      return false;
+    }
+    const char* text = argv[i + 1];
+    const char* end = text + std::strlen(text);
+    long v = 0;
+    const auto [ptr, ec] = std::from_chars(text, end, v);
+    if (ec != std::errc{} || ptr != end || v < flag->lo || v > flag->hi) {
+      std::fprintf(stderr, "shard_worker: %s '%s' is not a whole number in %ld..%ld\n",
+                   flag->name, text, flag->lo, flag->hi);
+      return false;
+    }
+    flag->value = v;
   }
-  return fallback;
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  long session = Arg(argc, argv, "--session_id", -1);
-  long device = Arg(argc, argv, "--device", 0);
-  long devices = Arg(argc, argv, "--num_devices", 1);
-  long rows = Arg(argc, argv, "--rows", 10000);
-  long row_bytes = Arg(argc, argv, "--row_bytes", 3072);
-  long epochs = Arg(argc, argv, "--epochs", 2);
-  long port = Arg(argc, argv, "--port", 0);
-  long size_mb = Arg(argc, argv, "--size_mb", 0);
-  long spilling = Arg(argc, argv, "--spilling", 0);
-  if (session < 0 || devices < 1 || size_mb < 0 || device < 0 || device >= devices ||
-      rows < 1 || row_bytes < 1 || epochs < 1) {
-    std::fprintf(stderr,
-                 "usage: shard_worker --session_id S [--device K --num_devices N] "
-                 "[--rows R] [--row_bytes B] [--epochs E] [--port P]\n");
+  // Defaults; --session_id has none (0: not given).
+  std::vector<Flag> flags = {{"--session_id", 1, 4294967295L, 0},
+                             {"--device", 0, 65535, 0},
+                             {"--num_devices", 1, 65536, 1},
+                             {"--rows", 1, 1L << 40, 10000},
+                             {"--row_bytes", 1, 1L << 30, 3072},
+                             {"--epochs", 1, 1000000, 2},
+                             {"--port", 1025, 65535, 0},
+                             {"--size_mb", 0, 1L << 40, 0},
+                             {"--spilling", 0, 1, 0}};
+  const char* usage =
+      "usage: shard_worker --session_id S [--device K --num_devices N] [--rows R] "
+      "[--row_bytes B] [--epochs E] [--port P] [--size_mb M] [--spilling 1]\n";
+  if (!ParseFlags(argc, argv, &flags)) {
+    std::fputs(usage, stderr);
+    return 1;
+  }
+  const long session = flags[0].value, device = flags[1].value, devices = flags[2].value,
+             rows = flags[3].value, row_bytes = flags[4].value, epochs = flags[5].value,
+             port = flags[6].value, size_mb = flags[7].value, spilling = flags[8].value;
+  if (session == 0 || device >= devices) {
+    std::fprintf(stderr, "shard_worker: %s\n%s",
+                 session == 0 ? "--session_id is required ('shmcache -g' prints one)"
+                              : "--device must be below --num_devices",
+                 usage);
     return 1;
   }
   shmcache::ClientOptions co;
@@ -65,7 +111,7 @@ int main(int argc, char** argv) {
     shmcache::CacheOptions opts;
     opts.session_id = static_cast<uint32_t>(session);
     opts.name = "shard-example";
-    opts.size_mb = static_cast<uint64_t>(size_mb < 0 ? 0 : size_mb);
+    opts.size_mb = static_cast<uint64_t>(size_mb);
     opts.spill_requested = spilling != 0;
     opts.fingerprint = "shard-example:rows=" + std::to_string(rows) +
                        ":bytes=" + std::to_string(row_bytes);

@@ -71,6 +71,17 @@ Status OpenToOthers(const std::string& path, const struct stat& st,
       why, ShellQuote(path), fix));
 }
 
+// The directory `path` is in ("/" for "/x", "." for "x"), without the
+// trailing slashes of either.
+std::string Parent(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  path.resize(slash);
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path.empty() ? "/" : path;
+}
+
 }  // namespace
 
 Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix,
@@ -83,6 +94,16 @@ Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix
       return Status::PermissionDenied(
           fmt::format("cannot create {}: a directory above it is closed to this user; {}",
                       path, fix));
+    }
+    // ENOENT: a directory above it is missing (SHMCACHE_RUN_DIR=/scratch/
+    // $USER/shmcache before /scratch/$USER exists): said with the fix, not
+    // as a bare "No such file or directory".
+    if (errno == ENOENT) {
+      const std::string parent = Parent(path);
+      return Status::IOError(fmt::format(
+          "cannot create {}: the directory above it, {}, does not exist; create it "
+          "first ('mkdir -p {}')",
+          path, parent, ShellQuote(parent)));
     }
     return Status::FromErrno("cannot create " + path, errno);
   }

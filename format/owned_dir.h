@@ -33,7 +33,8 @@ std::string DescribeEntry(const std::string& path);
 // ours that others may only read or search (made by mkdir -p, or by an
 // earlier version) is made 0700 through the descriptor, and *tightened
 // (when given) says so; otherwise it is left "". NotFound when it is missing
-// and !create. On success the caller owns *fd (O_RDONLY | O_DIRECTORY).
+// and !create; IOError saying to create it first when a directory above
+// it is missing (create). On success the caller owns *fd (O_RDONLY | O_DIRECTORY).
 Status OpenOwnedDir(const std::string& path, bool create, const std::string& fix, int* fd,
                     std::string* tightened = nullptr);
 

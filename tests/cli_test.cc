@@ -2,11 +2,13 @@
 // argument (exit code 1 and a one-line message naming the problem), JSON
 // output, and two instances side by side.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -621,22 +623,58 @@ TEST_F(CliTest, ACommandInAnotherRunDirReadsTheHostLockOnce) {
 }
 
 // The same where the server of this very run dir lost its socket (removed
-// by hand, or a clean-up of /tmp): not "not running; start it" (refused),
-// but that its socket is gone and how to restart it.
-TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedSaysSo) {
-  TestServer server;
-  ASSERT_TRUE(server.ok());
-  ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
-  CommandResult r = server.Admin({"-g"});
-  EXPECT_EQ(r.exit_code, 1) << r.Describe();
-  EXPECT_EQ(r.err, fmt::format("shmcache: error: the cache server on port {} (process id "
-                               "{}) runs with run dir {}, but its socket {} is gone "
-                               "(removed while it ran, by hand or a clean-up of /tmp): "
-                               "restart it with 'shmcache --stop -p {}' and 'shmcache "
-                               "--start -p {}'\n",
-                               server.port(), server.pid(), server.run_dir(),
-                               server.socket_path(), server.port(), server.port()))
-      << r.Describe();
+// by hand, or a clean-up of /tmp), or something else took the socket's
+// name while it ran (a FIFO made there): not "not running; start it"
+// (refused: the server holds the port), but what became of its socket and
+// how to restart it. The FIFO was told "not running ... start it".
+TEST_F(CliTest, ACommandWhoseServersSocketWasRemovedOrReplacedSaysSo) {
+  for (const bool replaced : {false, true}) {
+    TestServer server;
+    ASSERT_TRUE(server.ok());
+    ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+    if (replaced) {
+      ASSERT_EQ(mkfifo(server.socket_path().c_str(), 0600), 0);
+    }
+    CommandResult r = server.Admin({"-g"});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    const std::string what =
+        replaced ? "was replaced by a FIFO while it ran"
+                 : "is gone (removed while it ran, by hand or a clean-up of /tmp)";
+    EXPECT_EQ(r.err,
+              fmt::format("shmcache: error: the cache server on port {} (process "
+                          "id {}) runs with run dir {}, but its socket {} {}: "
+                          "restart it with 'shmcache --stop -p {}' and 'shmcache "
+                          "--start -p {}'\n",
+                          server.port(), server.pid(), server.run_dir(),
+                          server.socket_path(), what, server.port(), server.port()))
+        << r.Describe();
+  }
+}
+
+// --stop of a running server whose socket alone was removed (its lock file
+// kept), or replaced by a file: it said the server "was still starting
+// (not answering yet)", a server that had served for as long as it ran.
+// It says what became of the socket, and stops it as a --stop through the
+// socket would: its shared memory removed.
+TEST_F(CliTest, StopOfAServerWhoseSocketWasRemovedOrReplacedSaysSo) {
+  for (const bool replaced : {false, true}) {
+    TestServer server;
+    ASSERT_TRUE(server.ok());
+    server.NewSession();
+    ASSERT_FALSE(server.ShmFiles().empty());
+    ASSERT_EQ(unlink(server.socket_path().c_str()), 0);
+    if (replaced) std::ofstream(server.socket_path()) << "not a socket\n";
+    CommandResult r = server.Stop();
+    EXPECT_EQ(r.exit_code, 0) << r.Describe();
+    EXPECT_EQ(r.out, fmt::format("Cache server on port {} (process id {}) has been "
+                                 "stopped; its socket {} had been {}.\n",
+                                 server.port(), server.pid(), server.socket_path(),
+                                 replaced ? "replaced by a regular file" : "removed"))
+        << r.Describe();
+    EXPECT_TRUE(ProcessExited(server.pid()));
+    EXPECT_EQ(server.ShmFiles(), std::vector<std::string>{}) << "stopped as --stop does";
+    if (!ProcessExited(server.pid())) server.Kill();  // never outlives the test
+  }
 }
 
 // A run dir that is a link (planted in /tmp, or left by hand): -g says so
@@ -1330,6 +1368,39 @@ TEST_F(CliTest, AnotherUsersRunDirAtStartIsRefusedWithTheFix) {
   }
 }
 
+// A run dir whose parent does not exist (SHMCACHE_RUN_DIR=/scratch/$USER/
+// shmcache before /scratch/$USER is made): --start says so and how to make
+// it, where it said "cannot create ...: No such file or directory".
+TEST_F(CliTest, ARunDirWhoseParentIsMissingIsNamedWithTheMkdir) {
+  const std::string parent = run_dir_ + "/missing";
+  const std::string dir = parent + "/srv";
+  CommandResult r = RunCommand(
+      {AdminPath(), "--start", "-p", "31005"},
+      {{"SHMCACHE_RUN_DIR", dir}, {"SHMCACHE_WATCH_PID", std::to_string(getpid())}});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_EQ(r.err,
+            fmt::format("shmcache: error: cannot create {}: the directory above "
+                        "it, {}, does not exist; create it first ('mkdir -p {}')\n",
+                        dir, parent, parent))
+      << r.Describe();
+  struct stat st {};
+  EXPECT_NE(lstat(parent.c_str(), &st), 0) << "nothing made";
+}
+
+// A command after one dash ("shmcache -start", "-help") is told to take
+// two, where it was read as a short option with a value: "-start" as -s
+// with the spill directory "tart", "-help" as -h with the host "elp".
+TEST_F(CliTest, ACommandAfterOneDashIsToldToTakeTwo) {
+  for (const std::string command : {"start", "stop", "help", "list_sessions"}) {
+    CommandResult r = Run({"-" + command});
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_EQ(r.err, fmt::format("shmcache: error: -{}: a long option takes two dashes; "
+                                 "write '--{}'\n",
+                                 command, command))
+        << r.Describe();
+  }
+}
+
 TEST_F(CliTest, SessionThatDoesNotExist) {
   TestServer server;
   ASSERT_TRUE(server.ok());
@@ -1360,6 +1431,30 @@ TEST_F(CliTest, SpillingWithoutASpillDirSaysHowToRestartTheServerOfThePort) {
                              " -s DIR'"),
             std::string::npos)
       << s.message();
+}
+
+// A shm dir on a disk works (the kernel writes the cache's pages back to
+// it), at the disk's speed; --start took it silently. It says so as a
+// Warning: line, with the way out.
+TEST_F(CliTest, StartWithAShmDirOnADiskWarns) {
+  TempDir disk;
+  struct statfs fs {};
+  ASSERT_EQ(statfs(disk.path().c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << disk.path() << " is a tmpfs here";
+  ASSERT_EQ(chmod(disk.path().c_str(), 0700), 0);
+  ServerOptions options;
+  options.shm_dir = disk.path();
+  TestServer server(options);
+  ASSERT_TRUE(server.ok()) << server.start_result().Describe();
+  const std::string& out = server.start_result().out;
+  const std::string warning =
+      fmt::format("Warning: shm dir {} is on a disk's filesystem (", disk.path());
+  EXPECT_NE(out.find(warning), std::string::npos) << out;
+  EXPECT_NE(out.find("give --shm_dir a directory on a tmpfs (/dev/shm, the default)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(TestServer().start_result().out.find("on a disk's"), std::string::npos)
+      << "not for /dev/shm";
 }
 
 // --start says what clients reach the server through (no TCP port: the

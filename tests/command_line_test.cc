@@ -101,6 +101,28 @@ TEST(CommandLineTest, ProblemsInTheProgramsWords) {
   EXPECT_EQ(why({"--help"}), "unknown option '--help'; see 'prog --help'");
 }
 
+// A long name after one dash ("-number", as Go's and Java's programs take
+// them) is told to take two: CLI11 read "-number" as -n with the value
+// "umber", "-generate" as -g and an unknown "-enerate". A value that looks
+// like one is still a value, and a short option's own value still follows it.
+TEST(CommandLineTest, ALongNameAfterOneDashIsToldToTakeTwo) {
+  auto why = [](std::vector<std::string> args) {
+    return Why(Program().Parse(std::move(args)));
+  };
+  EXPECT_EQ(why({"-number", "3"}),
+            "-number: a long option takes two dashes; write '--number'");
+  EXPECT_EQ(why({"-number=3"}),
+            "-number=3: a long option takes two dashes; write '--number=3'");
+  EXPECT_EQ(why({"-generate"}),
+            "-generate: a long option takes two dashes; write '--generate'");
+  EXPECT_EQ(why({"--json", "-dry_run"}),
+            "-dry_run: a long option takes two dashes; write '--dry_run'");
+  EXPECT_EQ(why({"--text", "-json"}), "OK") << "a value";
+  EXPECT_EQ(why({"-n3", "--text", "-generate"}), "OK");
+  EXPECT_EQ(why({"-nothing"}), "number 'othing' is not a number in 1..9")
+      << "no such name";
+}
+
 TEST(CommandLineTest, OptionsAsWritten) {
   Program p;
   ASSERT_TRUE(p.Parse({"--json", "-n", "4", "--generate"}).ok());

@@ -6,9 +6,11 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "tests/support/child_process.h"
@@ -191,6 +193,45 @@ TEST_F(IntegrationTest, FourShardWorkersHoldEachRowOnce) {
   EXPECT_LE(c.mem_rows, uint64_t{kRows} + kRows / 100);
   EXPECT_GE(c.hits, uint64_t{kRows} * (kDevices - 1));  // epoch 2 reads all
   EXPECT_LE(c.mem_bytes, c.mem_rows * (3072 + 64));
+}
+
+// The demo's trainer refuses what it cannot read, naming the flag, before
+// it connects: strtol took "abc" as session 0 (told "session 0 does not
+// exist"), "10x" as 10 rows, 2^32 + S as session S, ignored a flag it did
+// not know, and a --row_bytes past memory ended it in std::bad_alloc (SIGABRT).
+TEST(ShardWorker, ArgumentsItCannotReadAreRefusedNamingTheFlag) {
+  const char* worker = std::getenv("SHMCACHE_SHARD_WORKER");
+  ASSERT_NE(worker, nullptr);
+  const std::string usage =
+      "usage: shard_worker --session_id S [--device K --num_devices N] [--rows R] "
+      "[--row_bytes B] [--epochs E] [--port P] [--size_mb M] [--spilling 1]\n";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--session_id", "abc"},
+       "--session_id 'abc' is not a whole number in 1..4294967295"},
+      {{"--session_id", "4294967301"},
+       "--session_id '4294967301' is not a whole number in 1..4294967295"},
+      {{"--session_id", "5", "--rows", "10x"},
+       "--rows '10x' is not a whole number in 1..1099511627776"},
+      {{"--session_id", "5", "--row_bytes", "4611686018427387904"},
+       "--row_bytes '4611686018427387904' is not a whole number in 1..1073741824"},
+      {{"--session_id", "5", "--bogus", "1"}, "unknown argument '--bogus'"},
+      {{"--session_id", "5", "--epochs"}, "--epochs needs a value"},
+      {{"--rows", "5"}, "--session_id is required ('shmcache -g' prints one)"},
+      {{"--session_id", "5", "--device", "2", "--num_devices", "2"},
+       "--device must be below --num_devices"},
+  };
+  for (const auto& [args, why] : cases) {
+    std::vector<std::string> argv = {worker};
+    argv.insert(argv.end(), args.begin(), args.end());
+    // A run dir that does not exist: a worker that got past its flags
+    // would find no server, warn and read from the source, exit 0.
+    CommandResult r =
+        RunCommand(argv, Env{{"SHMCACHE_RUN_DIR", "/nonexistent/shard-worker-test"}});
+    EXPECT_EQ(r.exit_code, 1) << fmt::format("{}", fmt::join(args, " ")) << "\n"
+                              << r.Describe();
+    EXPECT_EQ(r.err, fmt::format("shard_worker: {}\n{}", why, usage)) << r.Describe();
+    EXPECT_EQ(r.out, "") << r.Describe();
+  }
 }
 
 }  // namespace

@@ -47,5 +47,21 @@ TEST(ShmPagesTest, ForceAndDenyOverrideTheMount) {
   EXPECT_EQ(ShmPagesOf("/x", "", "").why, "its mount was not found");
 }
 
+// A shm dir on a disk (--shm_dir /data/cache) is no tmpfs, whatever the
+// tmpfs huge-page setting says: "force" was taken to mean huge pages there
+// too, and nothing told the server that the dir was a disk's.
+TEST(ShmPagesTest, ADirOnADiskIsNoTmpfsWhateverTheSetting) {
+  for (const char* setting : {kNever, "always [force]", "[deny] force", ""}) {
+    ShmPages p = ShmPagesOf("/tmp/x", kMounts, setting);
+    EXPECT_FALSE(p.huge) << setting;
+    EXPECT_TRUE(p.disk) << setting;
+    EXPECT_EQ(p.why, "ext4, not tmpfs") << setting;
+  }
+  EXPECT_FALSE(ShmPagesOf("/dev/shm", kMounts, kNever).disk);
+  EXPECT_FALSE(ShmPagesOf("/dev/shm", kMounts, "always [force]").disk);
+  EXPECT_FALSE(ShmPagesOf("/x", "", "").disk) << "a mount not found is no disk's";
+  EXPECT_FALSE(ShmPagesOf("/r/x", "none /r ramfs rw 0 0\n", kNever).disk);
+}
+
 }  // namespace
 }  // namespace shmcache

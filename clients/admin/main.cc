@@ -128,6 +128,11 @@ int RunStop(const ClientOptions& co, int port, const std::string& shm_dir) {
         "Cache server on port {} (process id {}) was still starting (not "
         "answering yet); it has been stopped.\n",
         port, r.pid);
+  } else if (!r.socket_lost.empty()) {
+    fmt::print(
+        "Cache server on port {} (process id {}) has been stopped; its socket {} "
+        "had been {}.\n",
+        port, r.pid, r.socket_path, r.socket_lost);
   } else if (r.run_files_gone) {
     fmt::print(
         "Cache server on port {} (process id {}) has been stopped; its socket and lock "

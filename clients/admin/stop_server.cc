@@ -149,7 +149,15 @@ Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResul
   Status probe = ProbeInstanceLock(paths.lock_path, &held, &owner);
   if (!probe.ok()) return probe;
   if (held) {
-    out->was_starting = true;
+    // One that listened (its host lock says so) is not starting: its socket
+    // was removed or replaced since.
+    HostLockHolder host;
+    if (ProbeHostLock(HostLockPath(co.port), &host).ok() && host.held && host.serving &&
+        SameDir(host.run_dir, paths.run_dir)) {
+      out->socket_lost = LostSocket(paths.socket_path);
+      out->socket_path = paths.socket_path;
+    }
+    out->was_starting = out->socket_lost.empty();
     return StopUnansweringServer(owner, paths.lock_path, out);
   }
   // A probe that failed finds no holder.

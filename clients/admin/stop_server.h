@@ -40,6 +40,11 @@ struct StopResult {
   // When stopped: the server was found by its host lock alone, its socket
   // and lock file in run_dir removed while it ran.
   bool run_files_gone = false;
+  // When stopped: the server listened, and its socket (`socket_path`) was
+  // then removed or replaced (LostSocket's words: "removed", "replaced by
+  // a regular file", ...); it was not starting.
+  std::string socket_lost;
+  std::string socket_path;
   // When not_running or run_files_gone: the run dir looked in
   // (ClientOptions::run_dir, or the default MakeInstancePaths gives).
   std::string run_dir;
@@ -47,7 +52,8 @@ struct StopResult {
 
 // Stops the server `co` names (port resolved) and waits, bounded, until
 // its process is gone: the one that answers on the run dir's socket, else
-// the one that holds its instance lock (starting), else the one whose host
+// the one that holds its instance lock (starting, or serving with its
+// socket removed or replaced: socket_lost), else the one whose host
 // lock names the run dir (its socket and lock file removed). OK with
 // not_running when there is none (the caller says so as it sees fit);
 // what a killed server left is then counted in `shm_dir` ("":

@@ -112,6 +112,20 @@ def test_an_empty_session_variable_says_what_left_it_empty(monkeypatch):
         "leaves it (it printed why: is the server started? `shmcache --start`)"), e.value
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "4294967296"])
+def test_a_session_variable_out_of_range_is_named(monkeypatch, value):
+    """$SHMCACHE_SESSION_ID=-1 (or past 32 bits) was told as an argument:
+    "Input session_id is not within the required interval ...; pass the id
+    `shmcache -g` printed, or leave it out for $SHMCACHE_SESSION_ID", which
+    is where it came from. It is named as 'abc' is."""
+    monkeypatch.delenv("SESSION_ID", raising=False)
+    monkeypatch.setenv("SHMCACHE_SESSION_ID", value)
+    with pytest.raises(ValueError) as e:
+        DatasetCache()
+    assert str(e.value) == (f"$SHMCACHE_SESSION_ID={value!r} is not a session id (a "
+                            "number in 0..4294967295 from `shmcache -g`)")
+
+
 def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
         c = DatasetCache(session, size_mb=0, spilling=False, hostname=host,

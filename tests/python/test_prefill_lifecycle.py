@@ -373,5 +373,5 @@ def test_the_session_comes_from_the_environment_as_for_dataset_cache(server, ses
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     assert bad.stderr == ("prefill: error: $SHMCACHE_SESSION_ID='x1' is not a session id "
-                          "(a number from `shmcache -g`); see "
+                          "(a number in 0..4294967295 from `shmcache -g`); see "
                           "'python3 -m shmcache.prefill --help'\n")

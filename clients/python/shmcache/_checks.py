@@ -141,15 +141,20 @@ def session_from_env() -> int:
     """The session id of $SHMCACHE_SESSION_ID (or $SESSION_ID, which
     scripts/cache.sh exported first); ValueError naming both when neither
     is set, saying so when one is set but empty (a failed `shmcache -g`),
-    or when the value is not a number."""
+    or when the value is not a number in 0..MAX_UINT32 (one out of range
+    was told as an argument: "pass the id, or leave it out for
+    $SHMCACHE_SESSION_ID", which it came from)."""
     for var in SESSION_ENV:
         value = os.environ.get(var)
         if value:
             try:
-                return int(value)
+                session = int(value)
             except ValueError:
-                raise ValueError(f"${var}={value!r} is not a session id (a "
-                                 "number from `shmcache -g`)") from None
+                session = -1
+            if not 0 <= session <= MAX_UINT32:
+                raise ValueError(f"${var}={value!r} is not a session id (a number in "
+                                 f"0..{MAX_UINT32} from `shmcache -g`)") from None
+            return session
     empty = [f"${var}" for var in SESSION_ENV if os.environ.get(var) == ""]
     if empty:
         # `export SHMCACHE_SESSION_ID=$(shmcache -g | awk ...)` after a -g
