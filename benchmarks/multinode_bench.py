@@ -6,8 +6,8 @@
 Measures, in one run:
 - remote fetch: every rank asks the owner nodes for all the rows of its
   epoch it does not own (warm caches), ROUND rows per round, through the
-  exchange (RowExchange.round: headers, ids, sizes, rows; the owner reads
-  its cache, packs, the asker unpacks); rows/s and GB/s over the job,
+  exchange (RowExchange.round: headers with the ids, then the rows; the
+  owner reads its cache, packs, the asker unpacks); rows/s and GB/s over the job,
   against the same-run limit: bare all_to_all_single calls moving exactly
   the same bytes between the same ranks in the same number of rounds
   (the two alternated --repeat times, the best of each kept);
@@ -139,47 +139,15 @@ def rank_main(a):
     ex = ploader.exchange
     psampler.set_epoch(2)
     mine = list(iter(psampler))
-    remote = [i for i in mine if ex.owners.owner(i) != ex.node]
-    rounds = [remote[k:k + a.round] for k in range(0, len(remote), a.round)]
-    n_rounds = torch.tensor([len(rounds)])
-    dist.all_reduce(n_rounds, op=dist.ReduceOp.MAX)
-    def fetch(tag):
-        """All the remote rows of the epoch, ROUND per round: (seconds,
-        rows, bytes, per round the answer bytes (sent, received))."""
-        sizes, rows, b0 = [], 0, ex.bytes_received
-        dist.barrier()
-        t0 = time.perf_counter()
-        for k in range(int(n_rounds)):
-            ids = rounds[k] if k < len(rounds) else []
-            req = {}
-            for i in ids:
-                req.setdefault(ex.server_of(ex.owners.owner(i)), []).append(i)
-            answers, _ = ex.round(req, {}, False, tag)
-            rows += sum(r is not None for rs in answers.values() for r in rs)
-            sizes.append(ex.last_sizes)
-        while not ex.round({}, {}, True, tag)[1]:
-            pass
-        dist.barrier()
-        return time.perf_counter() - t0, rows, ex.bytes_received - b0, sizes
-
-    def limit(sizes):
-        bufs = [(torch.zeros(sum(s), dtype=torch.uint8),
-                 torch.empty(sum(r), dtype=torch.uint8), s, r) for s, r in sizes]
-        dist.barrier()
-        t0 = time.perf_counter()
-        for send, recv, s, r in bufs:
-            dist.all_to_all_single(recv, send, r, s, group=ex.group)
-        dist.barrier()
-        return time.perf_counter() - t0
-
+    rounds = fetch_rounds(ex, mine, a.round)
     # Alternated, best of --repeat each: the machine may be shared.
     fetch_s = limit_s = float("inf")
     for rep in range(a.repeat):
-        t, got_rows, got_bytes, sizes = fetch(1000 + rep)
+        t, got_rows, got_bytes, sizes = fetch(ex, rounds, 1000 + rep)
         fetch_s = min(fetch_s, t)
-        limit_s = min(limit_s, limit(sizes))
+        limit_s = min(limit_s, limit(ex.group, sizes))
     out.update(fetch_s=fetch_s, limit_s=limit_s, fetch_rows=got_rows,
-               fetch_bytes=got_bytes, rounds=int(n_rounds))
+               fetch_bytes=got_bytes, rounds=len(rounds))
     ploader.close()
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
@@ -189,6 +157,54 @@ def rank_main(a):
     dist.barrier()
     dist.destroy_process_group()
 
+
+def fetch_rounds(ex, ids, per_round):
+    """The rows of `ids` another node owns, per_round a round: one list
+    per round, as many on every rank (collective: the most any rank needs;
+    empty lists at the end)."""
+    import torch
+    import torch.distributed as dist
+    remote = [i for i in ids if ex.owners.owner(i) != ex.node]
+    rounds = [remote[k:k + per_round] for k in range(0, len(remote), per_round)]
+    n = torch.tensor([len(rounds)])
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return rounds + [[] for _ in range(int(n) - len(rounds))]
+
+
+def fetch(ex, rounds, tag):
+    """Fetches the rows of each of `rounds` through the exchange `ex`, then
+    the closing round(s): (seconds, rows, bytes, per round the answer bytes
+    (sent, received)). Collective."""
+    import torch.distributed as dist
+    sizes, rows, b0 = [], 0, ex.bytes_received
+    dist.barrier()
+    t0 = time.perf_counter()
+    for ids in rounds:
+        req = {}
+        for i in ids:
+            req.setdefault(ex.server_of(ex.owners.owner(i)), []).append(i)
+        answers, _ = ex.round(req, {}, False, tag)
+        rows += sum(r is not None for rs in answers.values() for r in rs)
+        sizes.append(ex.last_sizes)
+    while not ex.round({}, {}, True, tag)[1]:
+        pass
+    dist.barrier()
+    return time.perf_counter() - t0, rows, ex.bytes_received - b0, sizes
+
+
+def limit(group, sizes):
+    """Seconds of bare all_to_all_single calls on `group` moving the bytes
+    of `sizes` (fetch's), one call a round. Collective."""
+    import torch
+    import torch.distributed as dist
+    bufs = [(torch.zeros(sum(s), dtype=torch.uint8),
+             torch.empty(sum(r), dtype=torch.uint8), s, r) for s, r in sizes]
+    dist.barrier()
+    t0 = time.perf_counter()
+    for send, recv, s, r in bufs:
+        dist.all_to_all_single(recv, send, r, s, group=group)
+    dist.barrier()
+    return time.perf_counter() - t0
 
 def free_tcp_port():
     with socket.socket() as s:
@@ -245,7 +261,7 @@ def table(res):
         "",
         "| remote fetch | rows/s | GB/s |",
         "|---|---|---|",
-        f"| exchange (cache read + pack + 4 all_to_all_single + unpack) | "
+        f"| exchange (cache read + pack + 2 all_to_all_single + unpack) | "
         f"{f['rows_per_s']:,.0f} | {f['GB_per_s']:.3f} |",
         f"| bare all_to_all_single, same bytes, same rounds | "
         f"{f['rows_per_s'] / f['ratio_to_limit']:,.0f} | {f['limit_GB_per_s']:.3f} |",
@@ -290,7 +306,24 @@ def main():
     if a.rank:
         rank_main(a)
         return 0
-    build = Path(a.build)
+    ranks, load = run_job(Path(a.build), HERE, [
+        "--rows", str(a.rows), "--side", str(a.side), "--batch", str(a.batch),
+        "--round", str(a.round), "--decode_us", str(a.decode_us),
+        "--repeat", str(a.repeat), "--window", str(a.window)])
+    res = summarize(ranks, a, load)
+    print(table(res))
+    print(json.dumps(res))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+def run_job(build, script, args, timeout=900):
+    """Starts a server per simulated node (its own run dir and --shm_dir, a
+    session), runs `script --rank --out_rank FILE args` as each of the
+    NODES x LOCAL ranks (torch.distributed's env:// variables, SESSION_ID
+    of its node), stops the servers. Returns (the JSON rank 0 wrote to
+    FILE, the load average before and after)."""
     admin = str(build / "clients" / "admin" / "shmcache")
     tmp = Path(tempfile.mkdtemp(prefix="shmcache-multinode-bench."))
     pythonpath = str(build / "clients" / "python")
@@ -319,24 +352,16 @@ def main():
                                  LOCAL_WORLD_SIZE=str(LOCAL), MASTER_ADDR="127.0.0.1",
                                  MASTER_PORT=str(master)))
         out_rank = tmp / "ranks.json"
-        argv = [sys.executable, str(HERE), "--rank", "--out_rank", str(out_rank),
-                "--rows", str(a.rows), "--side", str(a.side), "--batch", str(a.batch),
-                "--round", str(a.round), "--decode_us", str(a.decode_us),
-                "--repeat", str(a.repeat), "--window", str(a.window)]
+        argv = [sys.executable, str(script), "--rank", "--out_rank", str(out_rank), *args]
         load = [os.getloadavg()[0]]
         procs = [subprocess.Popen(argv, env=e) for e in envs]
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
                 raise SystemExit("a rank failed or the ranks did not finish")
             time.sleep(0.1)
         load.append(os.getloadavg()[0])
-        res = summarize(json.loads(out_rank.read_text()), a, load)
-        print(table(res))
-        print(json.dumps(res))
-        if a.out:
-            Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-        return 0
+        return json.loads(out_rank.read_text()), load
     finally:
         for p in procs:
             if p.poll() is None:
@@ -346,7 +371,6 @@ def main():
             subprocess.run([admin, "--stop"], env=env, capture_output=True, timeout=60)
             shutil.rmtree(shm_dir, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -94,7 +94,8 @@ class CacheState {
                           ShmFile* file, uint32_t* tag, std::string* skipped);
   // Publishes the table MakeTable `made` and copies the older tables into
   // it (CompactIndex, filling g->to_free). When it failed, or a table of
-  // that generation was added meanwhile (the spill path's GrowIndex), the
+  // that generation was added meanwhile (a GrowIndex in one call, which
+  // the store keeps out of a growth in steps: Store::CacheNotGrowing), the
   // file is removed and its bytes released; a failure is returned as
   // GrowIndex returns it.
   Status FinishGrowth(Growth* g, const Status& made, ShmFile file, uint32_t tag,
@@ -106,8 +107,9 @@ class CacheState {
   // Releases the bytes FreeCompacted freed and ends the growth; called
   // once for each BeginGrowth that set *needed, whatever FinishGrowth said.
   void EndGrowth(const Growth& g, MemoryAccount* account);
-  // A growth is between BeginGrowth and EndGrowth (the spill path's
-  // GrowIndex, under the lock, may run inside another's steps).
+  // A growth is between BeginGrowth and EndGrowth. What may grow the index
+  // under the lock (the spill path's GrowIndex) waits for it to end: inside
+  // it, it would reserve a second table of the same generation.
   bool growing() const { return growing_ != 0; }
   // Marks the cache destroyed, unlinks its files, releases its memory.
   // With `held`, the files' identities and sizes are appended there and

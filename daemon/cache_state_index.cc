@@ -125,8 +125,9 @@ Status CacheState::BeginGrowth(uint32_t seen, MemoryAccount* account, Growth* g,
 
 Status CacheState::FinishGrowth(Growth* g, const Status& made, ShmFile file, uint32_t tag,
                                 MemoryAccount* account) {
-  // Another table of this generation was added meanwhile (the spill path
-  // grows under the lock): this one is not needed.
+  // Another table of this generation was added meanwhile (a GrowIndex in
+  // one call; the store keeps the spill path's out of a growth in steps):
+  // this one is not needed.
   const bool wanted =
       !destroyed_ && header_ != nullptr && header_->num_tables.load() == g->gen;
   if (!made.ok() || !wanted) {

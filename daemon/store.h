@@ -103,7 +103,9 @@ class Store {
   // saw `seen` tables (CacheState's growth steps). The lock is let go while
   // the table is made and while the older tables' slots are freed: other
   // requests wait only for the publish and the copy. A growth of the same
-  // cache under way is waited for (its table then answers this one).
+  // cache under way is waited for (its table then answers this one). At
+  // its end, the older tables' bytes released, caches that the cap made
+  // full meanwhile take rows again (ResumeCachesLocked).
   Status GrowIndex(uint32_t cache_id, uint32_t seen) EXCLUDES(mu_);
   // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by
@@ -162,6 +164,13 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
+  // CacheFor, once no growth in steps of the cache (Store::GrowIndex) is
+  // under way; waits for it (job_done_cv_). What may grow the index of the
+  // cache under the lock asks this first: inside such a growth it would
+  // reserve a second table of the same generation, and where the cap has
+  // room for one only, fail and mark the cache full though that growth's
+  // table comes a moment later.
+  Status CacheNotGrowing(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
   // CacheFor's cache when it may spill now; Full when it does not (or this
   // server does not spill): what a staged spill asks first.
   Status SpillingCacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);

@@ -5,6 +5,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 
 #include <fmt/format.h>
@@ -73,15 +74,9 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   // caches' growths) waits only for the publish and the copy.
   mu_.Lock();
   CacheState* c;
-  Status s;
-  for (;;) {
-    // Looked up again after each wait: the cache may have been destroyed.
-    s = CacheFor(cache_id, &c);
-    // Another growth of this cache is under way: the writers that met the
-    // same full table wait for it, then find the table added.
-    if (!s.ok() || !c->growing()) break;
-    job_done_cv_.Wait(&mu_);
-  }
+  // Another growth of this cache is under way: the writers that met the
+  // same full table wait for it, then find the table added.
+  Status s = CacheNotGrowing(cache_id, &c);
   CacheState::Growth g;
   bool needed = false;
   if (s.ok()) s = c->BeginGrowth(seen, &account_, &g, &needed);
@@ -97,9 +92,24 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   ShmFile file;
   uint32_t tag = 0;
   std::string skipped;
-  Status made = CacheState::MakeTable(paths_, cache_id, g, &file, &tag, &skipped);
-  if (!skipped.empty()) log_->Warn("cache {}: skipped {}", cache_id, skipped);
-  if (test_hooks_.table_made) test_hooks_.table_made();
+  Status made;
+  try {
+    made = CacheState::MakeTable(paths_, cache_id, g, &file, &tag, &skipped);
+    if (!skipped.empty()) log_->Warn("cache {}: skipped {}", cache_id, skipped);
+    if (test_hooks_.table_made) test_hooks_.table_made();
+  } catch (const std::exception& e) {
+    // Not let past the steps (std::random_device, an allocation): the
+    // growth holds its cache (growing(), running_jobs_) until EndGrowth,
+    // and a handler that throws is logged and served on (RunWorker), so
+    // every later growth of the cache, its destroy and the daemon's stop
+    // would wait for good. A failed growth instead; its file removed.
+    if (file.data() != nullptr) {
+      file.Unmap();
+      ShmFile::Unlink(paths_.TableFile(cache_id, g.gen, tag)).PermitUncheckedError();
+    }
+    made = Status::IOError(fmt::format("cannot make index table {} of cache {}: {}",
+                                       g.gen, cache_id, e.what()));
+  }
   mu_.Lock();
   s = c->FinishGrowth(&g, made, std::move(file), tag, &account_);
   if (!g.to_free.empty()) {
@@ -108,6 +118,12 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
     mu_.Lock();
   }
   c->EndGrowth(g, &account_);
+  // Between the steps the cap's room was short by the older tables' bytes
+  // (held until freed) besides the new table's: a lease or growth of any
+  // cache that came then may have found the cap used up and marked its
+  // cache full by it. Those bytes are back: such caches take rows again,
+  // as when a destroy frees memory.
+  if (g.freed > 0) ResumeCachesLocked();
   running_jobs_.erase(running_jobs_.find(cache_id));
   job_done_cv_.SignalAll();
   CheckHighWater();
@@ -115,12 +131,23 @@ Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
   return s;
 }
 
+Status Store::CacheNotGrowing(uint32_t cache_id, CacheState** out) {
+  for (;;) {
+    // Looked up again after each wait: the cache may have been destroyed.
+    Status s = CacheFor(cache_id, out);
+    if (!s.ok() || !(*out)->growing()) return s;
+    job_done_cv_.Wait(&mu_);
+  }
+}
+
 Status Store::SpillPut(uint32_t cache_id, uint64_t row_id, std::span<const std::byte> row,
                        bool* inserted) {
   *inserted = false;
   MutexLock lock(&mu_);
   CacheState* c;
-  Status s = CacheFor(cache_id, &c);
+  // Its publish may grow the index (under the lock): not inside a growth
+  // in steps, whose table is the one it needs (CacheNotGrowing).
+  Status s = CacheNotGrowing(cache_id, &c);
   if (!s.ok()) return s;
   return spiller_.Put(cache_id, c, row_id, row, &account_, inserted);
 }
@@ -215,7 +242,8 @@ Status Store::SpillPutStaged(uint64_t conn, uint32_t cache_id, uint32_t tag,
   spill_writes_.erase(spill_writes_.find(cache_id));
   job_done_cv_.SignalAll();
   CacheState* c;
-  Status s = CacheFor(cache_id, &c);
+  // Its publishes may grow the index, as SpillPut's.
+  Status s = CacheNotGrowing(cache_id, &c);
   if (!s.ok()) return s;
   if (!written.ok()) {
     if (written.IsCorruption() || written.IsNotFound()) return written;

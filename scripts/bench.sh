@@ -171,8 +171,9 @@ load_sample "Python and DataLoader"
 # ---- the read path against an older build: BENCH_AB=<git rev> -------------
 # That revision's tree is built (release) under the run's temporary dir
 # and its Python package measured against this one in interleaved rounds
-# (benchmarks/ab_bench.py): read_into and warm CachedLoader epochs.
-rm -f "$results/ab.json"   # the table shows an A/B of this run only
+# (benchmarks/ab_bench.py): read_into and warm CachedLoader epochs; and
+# its PartitionedLoader exchange against this one (benchmarks/exchange_ab.py).
+rm -f "$results/ab.json" "$results/exchange_ab.json"   # an A/B of this run only
 if [ -n "${BENCH_AB:-}" ]; then
   echo "== A/B: $BENCH_AB (A) against this tree (B)"
   ab_src=$tmp/ab-src
@@ -183,6 +184,10 @@ if [ -n "${BENCH_AB:-}" ]; then
     /usr/bin/python3 benchmarks/ab_bench.py --port "$SHMCACHE_PORT" --a "$ab_src/build" \
       --b "$build" ${BENCH_QUICK:+--rounds 2} --out "$results/ab.json" ||
       echo "ab_bench.py failed"
+    # The partitioned exchange's remote-row fetch (2 nodes x 2 ranks).
+    /usr/bin/python3 benchmarks/exchange_ab.py --a "$ab_src/build" --b "$build" \
+      ${BENCH_QUICK:+--rounds 2 --rows 512 --side 64} --out "$results/exchange_ab.json" ||
+      echo "exchange_ab.py failed"
   else
     echo "could not build $BENCH_AB; no A/B"
   fi

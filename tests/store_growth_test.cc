@@ -1,8 +1,11 @@
 // Index growth through the store (Store::GrowIndex, daemon/
 // store_leases.cc): the new table is made with the store's lock let go, so
 // other requests go on meanwhile; a second growth of the same cache and
-// the cache's destruction wait for it; a daemon killed while it makes the
-// table leaves an index the next one adopts whole.
+// the cache's destruction wait for it, and so do spilled rows (whose
+// publish may grow the index); a cache the cap made full between its steps
+// takes rows again after it; a growth that throws ends as a failed one; a
+// daemon killed while it makes the table leaves an index the next one
+// adopts whole.
 //
 // Each store runs in a forked child, so that a hang is a failure (the
 // child is killed at its bound), not a stuck test.
@@ -17,12 +20,15 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "daemon/logger.h"
+#include "format/align.h"
 #include "format/index_table.h"
 #include "format/layout.h"
 #include "format/shm_file.h"
@@ -44,21 +50,34 @@ enum : int {
   kRows = 14,       // a row is not in the index as put
   kDestroyed = 15,  // the destroy ended before the growth did
   kAdopted = 16,    // the restarted store's index is not the one left
+  kSpilled = 17,    // a spilled row was refused, or the cache marked full
+  kStillFull = 18,  // the cap's room came back, the cache took no rows
+  kStuck = 19,      // after a growth that threw, the next or a destroy hung
 };
 
 // The location of row `id` in these tests (no row is read).
 uint64_t Loc(uint64_t id) { return layout::MakeLocation(1, 4096 + 64 * id); }
+
+// How the store of a test is set up: its memory cap, the cache's size,
+// and a spill dir (empty: none; else the cache is opened spilling).
+struct StoreConfig {
+  uint64_t cap = 256 * kMB;
+  uint64_t size_mb = 64;
+  std::string spill_dir;
+};
 
 // A store with one session and one 64 MB cache whose first index table
 // holds rows 0 .. limit-1, as writers would have put them: the next insert
 // finds it full and asks for a growth from 1 table.
 class FullTableStore {
  public:
-  FullTableStore(const std::string& run_dir, const std::string& shm_dir)
-      : paths_(MakeInstancePaths(40006, run_dir, shm_dir)) {
+  FullTableStore(const std::string& run_dir, const std::string& shm_dir,
+                 const StoreConfig& config = {})
+      : paths_(MakeInstancePaths(40006, run_dir, shm_dir)), config_(config) {
     ok_ = log_.Open(run_dir + "/log", 1).ok();
     DaemonOptions o;
-    o.memory_cap_bytes = 256 * kMB;
+    o.memory_cap_bytes = config.cap;
+    o.spill_dir = config.spill_dir;
     store_ = std::make_unique<Store>(o, paths_, /*num_nodes=*/1, 1, &log_);
   }
   // Creates the session and cache and fills the table (Adopt: adopts them
@@ -66,7 +85,12 @@ class FullTableStore {
   bool Start(bool adopt = false) {
     if (!ok_ || !store_->Init().ok()) return false;
     if (!adopt && !store_->CreateSession(&session_).ok()) return false;
-    if (!store_->OpenCache(session_, "c", "c-fp", 64, false, &cache_).ok()) return false;
+    if (!store_
+             ->OpenCache(session_, "c", "c-fp", config_.size_mb,
+                         !config_.spill_dir.empty(), &cache_)
+             .ok()) {
+      return false;
+    }
     if (!ShmFile::Open(paths_.CacheFile(cache_), &header_).ok()) return false;
     h_ = reinterpret_cast<layout::CacheHeader*>(header_.data());
     if (!ShmFile::Open(paths_.TableFile(cache_, 0, h_->tables[0].tag), &t0_).ok()) {
@@ -92,6 +116,35 @@ class FullTableStore {
     }
     return true;
   }
+  // Puts rows rows() on in the newest table until it is full.
+  bool FillNewest() {
+    const uint32_t gen = h_->num_tables.load() - 1;
+    ShmFile t;
+    if (!ShmFile::Open(paths_.TableFile(cache_, gen, h_->tables[gen].tag), &t).ok()) {
+      return false;
+    }
+    IndexTable table(reinterpret_cast<layout::TableHeader*>(t.data()));
+    for (;;) {
+      switch (table.Insert(rows_, Loc(rows_))) {
+        case IndexTable::InsertResult::kInserted: ++rows_; break;
+        case IndexTable::InsertResult::kTableFull: return true;
+        case IndexTable::InsertResult::kExists: return false;
+      }
+    }
+  }
+  // Where table `gen` (published) has row `id`; kEmpty when it does not.
+  uint64_t Find(uint32_t gen, uint64_t id) {
+    ShmFile t;
+    if (h_->num_tables.load() <= gen ||
+        !ShmFile::Open(paths_.TableFile(cache_, gen, h_->tables[gen].tag), &t).ok()) {
+      return layout::kEmpty;
+    }
+    return IndexTable(reinterpret_cast<layout::TableHeader*>(t.data())).Find(id);
+  }
+  // The cache's state bits (layout::kStateFull...).
+  uint32_t state() const { return h_->state.load(); }
+  // The rows put so far: 0 .. rows()-1.
+  uint64_t rows() const { return rows_; }
   // The shm dir's index table files of the cache, generation `gen`.
   std::vector<std::string> TableFiles(uint32_t gen) const {
     const std::string path = paths_.TableFile(cache_, gen, 0);
@@ -115,6 +168,7 @@ class FullTableStore {
 
  private:
   InstancePaths paths_;
+  StoreConfig config_;
   Logger log_;
   bool ok_ = false;
   std::unique_ptr<Store> store_;
@@ -161,15 +215,23 @@ struct Dirs {
   }
 };
 
+// Runs `body` in a forked child: its exit code, -9 when it hung (killed
+// at its bound), -1 when the fork failed.
+int InAChild(const std::function<int()>& body) {
+  const pid_t child = test::ForkChild(body);
+  return child > 0 ? test::WaitChild(child, 120) : -1;
+}
+
 // Runs `body` in a forked child, with a store whose cache's growth from
 // one table is held where its table is made (the lock let go): `body`
 // gets the store and the gate (Open lets the growth go on) and returns the
 // child's exit code. The growth is then let go and waited for; it must
 // have succeeded. Returns the child's exit code, -9 when it hung.
 int WhileAGrowthIsHeld(const Dirs& dirs,
-                       const std::function<int(FullTableStore&, Gate&)>& body) {
-  const pid_t child = test::ForkChild([&]() -> int {
-    FullTableStore s(dirs.run, dirs.shm);
+                       const std::function<int(FullTableStore&, Gate&)>& body,
+                       const StoreConfig& config = {}) {
+  return InAChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm, config);
     Gate gate;
     s.store().SetTestHooks({.table_made = [&] { gate.Hold(); }});
     if (!s.Start()) return kSetUp;
@@ -182,7 +244,6 @@ int WhileAGrowthIsHeld(const Dirs& dirs,
     if (code == 0) s.store().Shutdown();
     return code;
   });
-  return child > 0 ? test::WaitChild(child, 120) : -1;
 }
 
 // While a growth makes its table (its file's pages allocated, cleared and
@@ -244,6 +305,149 @@ TEST(StoreGrowthTest, ADestroyWaitsForTheGrowthAndLeavesNoTable) {
     if (!waited || early) return kDestroyed;
     if (!destroyed) return kSetUp;
     return s.TableFiles(0).empty() && s.TableFiles(1).empty() ? 0 : kGrowth;
+  });
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// A row spilled while a growth of its cache makes the table, under a cap
+// that has room for that one table: the spill path (which grows the index
+// under the lock when the table is full) waits for the growth and puts the
+// row in its table. Publishing at once, it reserved a second table of the
+// same generation, found the cap used up, refused the row and marked the
+// cache full (kSpilled), though the growth's table came a moment later.
+TEST(StoreGrowthTest, ARowSpilledDuringAGrowthWaitsForItsTable) {
+  Dirs dirs;
+  StoreConfig config;
+  config.spill_dir = dirs.run;
+  // The cache's header and first table (2^12 slots: the budget, the cap,
+  // is small), and room for one table of 2^13 slots, not two.
+  const uint64_t table1 = layout::TableFileSize(uint64_t{1} << 13);
+  config.cap = AlignUp(sizeof(layout::CacheHeader), 4096) +
+               layout::TableFileSize(uint64_t{1} << 12) + table1 + table1 / 2;
+  const int code = WhileAGrowthIsHeld(
+      dirs,
+      [](FullTableStore& s, Gate& gate) -> int {
+        const uint64_t id = s.rows();  // not in the full table
+        const std::string row = "spilled row";
+        std::atomic<bool> done{false}, put{false}, inserted{false};
+        std::atomic<pid_t> tid{0};
+        std::thread spill([&] {
+          tid = static_cast<pid_t>(syscall(SYS_gettid));
+          bool added = false;
+          put = s.store()
+                    .SpillPut(s.cache(), id, std::as_bytes(std::span(row)), &added)
+                    .ok();
+          inserted = added;
+          done = true;
+        });
+        // Done (refused at once), or asleep: waiting for the growth.
+        (void)test::WaitFor([&] {
+          return done.load() || (tid.load() != 0 && ThreadState(tid.load()) == 'S');
+        });
+        gate.Open();
+        spill.join();
+        if (!put || !inserted || (s.state() & layout::kStateFull) != 0) return kSpilled;
+        if ((s.Find(1, id) & layout::kSpilledBit) == 0) return kSpilled;
+        return s.HoldsTheRows(1) ? 0 : kRows;
+      },
+      config);
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// A lease during a growth finds the cap's room taken by the older table
+// and the new one both (the older one's bytes are released once its slots
+// are freed, after the copy): under a cap that has a segment's room once
+// the growth ended, but not before, it is refused and the cache marked
+// full by the cap. Once the growth released those bytes the cache takes
+// rows again, as it does when a destroy frees memory. Without that it
+// stayed full (kStillFull), though under the lock, before the growth was
+// made in steps, no request could see the room taken twice.
+TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
+  Dirs dirs;
+  StoreConfig config;
+  config.size_mb = 1;  // its first table: the least, 2^12 slots
+  // Room for the header, the tables compacted away (a page each), the
+  // newest (2^18 slots: 4 MB, what ResumeIfCapAllows asks for, once freed)
+  // and the next (2^19), and under a segment's least more.
+  config.cap = AlignUp(sizeof(layout::CacheHeader), 4096) + uint64_t{6} * 4096 +
+               layout::TableFileSize(uint64_t{1} << 18) +
+               layout::TableFileSize(uint64_t{1} << 19) + 8192;
+  const int code = InAChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm, config);
+    Gate gate;
+    std::atomic<bool> hold{false};
+    s.store().SetTestHooks({.table_made = [&] {
+      if (hold) gate.Hold();
+    }});
+    if (!s.Start()) return kSetUp;
+    for (uint32_t n = 1; n < 7; ++n) {
+      if (!s.store().GrowIndex(s.cache(), n).ok() || !s.FillNewest()) return kSetUp;
+    }
+    hold = true;
+    std::atomic<bool> grown{false};
+    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 7).ok(); });
+    if (!gate.AwaitReached()) {
+      gate.Open();
+      growth.join();
+      return kNotHeld;
+    }
+    ChunkLease lease;
+    const bool refused = s.store().LeaseChunk(1, s.cache(), 0, 100, &lease).IsFull();
+    gate.Open();
+    growth.join();
+    if (!refused) return kSetUp;  // the cap left more room than planned
+    if (!grown || !s.HoldsTheRows(7)) return kGrowth;
+    if (!s.store().LeaseChunk(1, s.cache(), 0, 100, &lease).ok() ||
+        (s.state() & layout::kStateFull) != 0) {
+      return kStillFull;
+    }
+    s.store().Shutdown();
+    return 0;
+  });
+  EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// A growth whose step without the lock throws (std::random_device, an
+// allocation; here the test's hook) fails and ends: the table it made is
+// removed, and the cache's next growth and its destroy go on. Thrown past
+// the steps, the growth stayed under way for good: the next growth waited
+// for it (kStuck), as would the destroy and the daemon's stop.
+TEST(StoreGrowthTest, AGrowthThatThrowsEndsAndLeavesNoTable) {
+  Dirs dirs;
+  const int code = InAChild([&]() -> int {
+    FullTableStore s(dirs.run, dirs.shm);
+    std::atomic<bool> thrown{false};
+    s.store().SetTestHooks({.table_made = [&] {
+      if (!thrown.exchange(true)) throw std::runtime_error("thrown by the test");
+    }});
+    if (!s.Start()) return kSetUp;
+    bool failed = false;
+    try {
+      failed = !s.store().GrowIndex(s.cache(), 1).ok();
+    } catch (const std::exception&) {
+      failed = true;
+    }
+    if (!failed || !thrown) return kSetUp;
+    if (!s.TableFiles(1).empty()) return kGrowth;  // the thrown growth's table
+    // Each in a thread of its own: when one waits for good, the child
+    // _exits at once (the store's destructor would wait for it too).
+    std::atomic<bool> grown{false}, destroyed{false};
+    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
+    if (!test::WaitFor([&] { return grown.load(); })) {
+      _exit(kStuck);
+    }
+    growth.join();
+    if (!s.HoldsTheRows(1)) return kRows;
+    std::thread destroy([&] { destroyed = s.store().DestroySession(s.session()).ok(); });
+    if (!test::WaitFor([&] { return destroyed.load(); })) {
+      _exit(kStuck);
+    }
+    destroy.join();
+    s.store().Shutdown();
+    return 0;
   });
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);

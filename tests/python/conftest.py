@@ -318,6 +318,31 @@ def node_server(undo, tmp, node, tag, servers):
     return s, s.new_session()
 
 
+
+def run_ranks(argv, envs, timeout):
+    """Runs `argv` once per env (the ranks of a job, each with its
+    RANK...); fails, killing the others, when one fails or when they are
+    not all done within `timeout` s. Returns each rank's output (stdout and
+    stderr)."""
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for env in envs]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+    for rank, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {rank} failed (rc {p.returncode}):\n{out}"
+    return outputs
+
 # Execs argv[1:] once the kernel will SIGKILL it when the thread that
 # forked it ends (PR_SET_PDEATHSIG, kept across exec); exits at once when
 # its parent is gone already.

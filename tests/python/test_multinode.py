@@ -9,13 +9,11 @@ source; the tests below check what each sampler does to the nodes' caches.
 
 import contextlib
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import free_tcp_port, node_server
+from conftest import free_tcp_port, node_server, run_ranks
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL, EPOCHS, N = 2, 2, 4, 401   # 401: partitions of 201 and 200 rows
@@ -23,25 +21,8 @@ NODES, LOCAL, EPOCHS, N = 2, 2, 4, 401   # 401: partitions of 201 and 200 rows
 
 def _run_ranks(envs, out_dir, timeout=240):
     """Starts one process per env; fails (killing the others) when one fails."""
-    procs = [subprocess.Popen(["/usr/bin/python3", str(HERE / "ddp_rank.py"),
-                               str(out_dir), str(N), str(EPOCHS)],
-                              env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for env in envs]
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        outputs = [p.communicate()[0] for p in procs]
-    for rank, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {rank} failed (rc {p.returncode}):\n{out}"
+    run_ranks(["/usr/bin/python3", str(HERE / "ddp_rank.py"), str(out_dir), str(N),
+               str(EPOCHS)], envs, timeout)
 
 
 @pytest.fixture(scope="module")

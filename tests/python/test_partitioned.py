@@ -19,12 +19,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import free_tcp_port, node_server
+from conftest import free_tcp_port, node_server, run_ranks
 
 HERE = Path(__file__).resolve().parent
 NODES, LOCAL = 2, 2
@@ -40,25 +39,7 @@ KINDS = {"dataloader": 1, "cachedloader": 3}
 def _run_ranks(envs, args, timeout=150, script="partition_rank.py"):
     """Runs one `script` per env; fails (killing the others) when one fails
     or when they are not all done within `timeout` s."""
-    procs = [subprocess.Popen(["/usr/bin/python3", str(HERE / script),
-                               *map(str, args)],
-                              env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for env in envs]
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        outputs = [p.communicate()[0] for p in procs]
-    for rank, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {rank} failed (rc {p.returncode}):\n{out}"
+    run_ranks(["/usr/bin/python3", str(HERE / script), *map(str, args)], envs, timeout)
 
 
 def _job(tmp, kind, workers=0, brk=None, dead_node=None, script="partition_rank.py",

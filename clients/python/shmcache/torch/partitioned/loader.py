@@ -15,10 +15,11 @@ Each node's cache holds only the rows its node owns (ownership.py:
 a fixed seeded split of the indices, the same on every rank); a rank reads
 the rows of its batch that its node owns from its node's cache, and gets
 the others from their owner node over the job's torch.distributed group,
-one exchange round (four all_to_all_single calls) per window of `window`
-batches (default 4; 1: a round per batch). A row cached nowhere yet (first
-epoch) is computed by the rank that needs it and sent to its owner, which
-puts it in its cache with the next round.
+one exchange round (two all_to_all_single calls once the sizes are known,
+exchange.py) per window of `window` batches (default 4; 1: a round per
+batch). A row cached nowhere yet (first epoch) is computed by the rank
+that needs it and sent to its owner, which puts it in its cache with the
+next round.
 
 The batches are DistributedSampler's, unchanged: the same indices in the
 same order (set_epoch, drop_last, the last shorter batch), the same values

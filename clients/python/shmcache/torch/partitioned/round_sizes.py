@@ -1,0 +1,80 @@
+"""How many bytes each pair of ranks reserves for the next exchange round
+(exchange.py), so that a round needs no collective to tell its sizes.
+
+all_to_all_single needs, on both ranks of a pair, the size of what one
+sends the other. A round's sizes would take a collective of their own
+before each step (ids asked, then answers); instead both ranks of a pair
+derive the room of each step from what they both saw on that pair in the
+rounds before, the same rule on both sides:
+
+- ids: twice the ids asked on the pair in the last round, or half the
+  room before if that is more (a window's count varies round to round);
+- answers: the ids asked in this round (both know them after step 1)
+  times the bytes per row of the pair's last answer, plus 1/16 (rows of a
+  dataset mostly have one size), but no more than four times that
+  answer's bytes (a round of a few large rows before one of many small
+  ones would otherwise reserve many times what is sent), plus
+  ANSWER_SLACK bytes.
+
+What does not fit travels in one more all_to_all_single, sized by the
+headers the step carried (exchange.py: every rank tells every rank
+whether it has such a remainder, so all ranks agree on making that call);
+a wrong guess costs a call, never a row. Not thread-safe: one round at a
+time (RowExchange).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ANSWER_SLACK", "PairSizes"]
+
+ANSWER_SLACK = 1024
+
+
+def _aligned8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+class PairSizes:
+    """Rooms per peer rank of one rank: ids_out[r] (ids this rank may send
+    r in step 1), ids_in[r] (ids r may send it); the last answer with rows
+    of this rank to r (answered_out[r]: (bytes, rows)) and of r to it
+    (answered_in[r])."""
+
+    def __init__(self, world: int) -> None:
+        self.ids_out = [0] * world
+        self.ids_in = [0] * world
+        self.answered_out = [(0, 0)] * world
+        self.answered_in = [(0, 0)] * world
+
+    @staticmethod
+    def _room(n: int, last: tuple[int, int]) -> int:
+        nbytes, rows = last
+        if n == 0 or rows == 0:
+            return 0
+        per_row = -(-nbytes // rows)
+        guess = min(n * per_row + n * per_row // 16, 4 * nbytes)
+        return _aligned8(guess + ANSWER_SLACK)
+
+    def answers_out(self, asked_of_me: list[int]) -> list[int]:
+        """Bytes reserved for this rank's answer to each rank, which asked
+        it asked_of_me[r] ids this round."""
+        return [self._room(n, last) for n, last in zip(asked_of_me, self.answered_out)]
+
+    def answers_in(self, asked_by_me: list[int]) -> list[int]:
+        """Bytes reserved for each rank's answer to this rank."""
+        return [self._room(n, last) for n, last in zip(asked_by_me, self.answered_in)]
+
+    def after_requests(self, asked_by_me: list[int], asked_of_me: list[int]) -> None:
+        """Step 1 done (every round, the last included): the ids rooms of
+        the next round."""
+        self.ids_out = [max(2 * n, room // 2) for n, room in zip(asked_by_me, self.ids_out)]
+        self.ids_in = [max(2 * n, room // 2) for n, room in zip(asked_of_me, self.ids_in)]
+
+    def after_answers(self, asked_of_me: list[int], sent: list[int],
+                      asked_by_me: list[int], got: list[int]) -> None:
+        """Step 2 done: each pair's answer (bytes) and its rows (ids asked),
+        kept where there were any."""
+        self.answered_out = [(b, n) if n else last for n, b, last
+                             in zip(asked_of_me, sent, self.answered_out)]
+        self.answered_in = [(b, n) if n else last for n, b, last
+                            in zip(asked_by_me, got, self.answered_in)]
