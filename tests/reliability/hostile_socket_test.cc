@@ -302,6 +302,17 @@ TEST(HostileSocket, FramesSentBackToBackOrInPiecesAreAnsweredInOrder) {
   EXPECT_EQ(AnswerType(fd), kInfo);
   ASSERT_TRUE(SendAll(fd, third.substr(5)));
   EXPECT_EQ(AnswerType(fd), kList);
+  // A frame with a body cut in two at each of its byte boundaries, the
+  // first piece taken (read alone) before the second, with a frame behind
+  // it, is sent: answered once each.
+  const std::string frame = Header(kList, 24) + std::string(24, 'x');
+  for (size_t cut = 1; cut < frame.size(); ++cut) {
+    ASSERT_TRUE(SendAll(fd, frame.substr(0, cut)));
+    ASSERT_TRUE(WaitFor([&] { return Unread(fd) == 0; })) << cut;
+    ASSERT_TRUE(SendAll(fd, frame.substr(cut) + Header(kInfo, 0)));
+    ASSERT_EQ(AnswerType(fd), kList) << cut;
+    ASSERT_EQ(AnswerType(fd), kInfo) << cut;
+  }
   // The connection serves as before.
   EXPECT_TRUE(Answered(fd, kInfo));
   close(fd);
