@@ -83,12 +83,35 @@ def test_both_pods_run_as_the_servers_user(manifests):
     assert f"chown {uid}:" in init["command"][-1]
 
 
+def expect_ready(daemon):
+    """Reads the daemon's stderr up to its readiness line ("OK ..."), after
+    any NOTE or Warning: lines (a cap above the shm filesystem's room, say);
+    else the daemon is killed and the test fails with what it said (read
+    before it ended, its stderr would be waited on for good)."""
+    said = ""
+    while True:
+        line = daemon.stderr.readline()
+        said += line
+        if line.startswith("OK "):
+            return
+        if not line.startswith(("NOTE ", "Warning: ")):
+            break
+    daemon.kill()
+    daemon.wait(timeout=60)
+    pytest.fail(f"no readiness line: {said}{daemon.stderr.read()}")
+
+
 def test_the_server_command_line_runs_and_the_probe_sees_it(manifests, tmp_path):
     _, server, _, _ = manifests
     port = free_port()
+    # The shm dir goes under /dev/shm, as its hostPath does: in memory (a
+    # shm dir on a disk is started with a warning before the readiness line).
+    shm_parent = tempfile.mkdtemp(prefix="shmcache-k8s-", dir="/dev/shm")
+    shm_dir = options(server["command"])["shm_dir"]
     moved = {}
     for m in server["volumeMounts"]:
-        moved[m["mountPath"]] = str(tmp_path / m["name"])
+        parent = shm_parent if m["mountPath"] == shm_dir else tmp_path
+        moved[m["mountPath"]] = os.path.join(parent, m["name"])
         os.makedirs(moved[m["mountPath"]], mode=0o700)
 
     def move(arg):
@@ -104,8 +127,7 @@ def test_the_server_command_line_runs_and_the_probe_sees_it(manifests, tmp_path)
     env.pop("NOTIFY_SOCKET", None)
     daemon = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        ready = daemon.stderr.readline()        # the daemon's readiness line
-        assert ready.startswith("OK "), ready + daemon.stderr.read()
+        expect_ready(daemon)
         probe = [str(ADMIN) if a == "shmcache" else a
                  for a in server["readinessProbe"]["exec"]["command"]]
         probe[probe.index("-p") + 1] = str(port)
@@ -114,8 +136,10 @@ def test_the_server_command_line_runs_and_the_probe_sees_it(manifests, tmp_path)
         metrics = move(options(server["command"])["metrics_file"])
         assert wait_for(lambda: os.path.exists(metrics), what="the metrics file")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=60) == 0
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=60) == 0
+        shutil.rmtree(shm_parent, ignore_errors=True)
 
 
 def _reachable_by(uid, gid, path):
@@ -139,7 +163,9 @@ def test_the_pod_commands_run_as_the_pods_user_on_root_owned_host_dirs(manifests
     if not _reachable_by(uid, gid, daemon_bin):
         pytest.skip(f"{daemon_bin} is out of reach of uid {uid} (a parent directory "
                     "is closed to other users)")
-    top = Path(tempfile.mkdtemp(prefix="shmcache-k8s-test."))
+    # Under /dev/shm: the shm dir's hostPath is in memory (one on a disk is
+    # started with a warning before the readiness line).
+    top = Path(tempfile.mkdtemp(prefix="shmcache-k8s-test.", dir="/dev/shm"))
     os.chmod(top, 0o755)
     daemon = None
     try:
@@ -166,13 +192,12 @@ def test_the_pod_commands_run_as_the_pods_user_on_root_owned_host_dirs(manifests
         daemon = subprocess.Popen(
             ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] + argv,
             env=env, stderr=subprocess.PIPE, text=True)
-        ready = daemon.stderr.readline()         # the daemon's readiness line
-        assert ready.startswith("OK "), ready + daemon.stderr.read()
+        expect_ready(daemon)
         metrics = moved(options(server["command"])["metrics_file"], server)
         assert wait_for(lambda: os.path.exists(metrics), what="the metrics file")
         assert os.stat(metrics).st_uid == uid
     finally:
-        if daemon is not None:
+        if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(timeout=60) == 0
         shutil.rmtree(top, ignore_errors=True)
