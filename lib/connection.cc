@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <span>
 
@@ -86,22 +87,42 @@ Status Connection::Broken(const std::string& what) {
       fmt::format("cache server on port {} is unreachable ({})", port_, what));
 }
 
+// The point a wait of timeout_ms from now ends at.
+static std::chrono::steady_clock::time_point DeadlineIn(int timeout_ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+
+// Milliseconds left until `deadline`, 0 once it passed.
+static int MsLeft(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 0));
+}
+
 // Sends a frame's header and body with one system call (more only for a
 // body larger than the socket's buffer). Sent apart, the daemon often woke
 // for the header alone while this process was descheduled before the body:
 // one more wake-up and a read that found nothing, per request
 // (docs/spill-reads.md#single-spilled-puts-profiled-issue-36-item-4).
-static bool SendFrame(int fd, std::span<const std::byte> header,
-                      const std::string& body) {
+// Each piece waits at most timeout_ms (the socket's send timeout), however
+// often signals interrupt it (see ReadAll).
+static bool SendFrame(int fd, std::span<const std::byte> header, const std::string& body,
+                      int timeout_ms) {
   iovec iov[2] = {{const_cast<std::byte*>(header.data()), header.size()},
                   {const_cast<char*>(body.data()), body.size()}};
   msghdr msg{};
   msg.msg_iov = iov;
   msg.msg_iovlen = 2;
+  auto deadline = DeadlineIn(timeout_ms);
   while (msg.msg_iovlen > 0) {
     ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINTR) {
+      if (MsLeft(deadline) > 0) continue;
+      errno = EAGAIN;
+      return false;
+    }
     if (w <= 0) return false;
+    deadline = DeadlineIn(timeout_ms);
     auto n = static_cast<size_t>(w);
     while (msg.msg_iovlen > 0 && n >= msg.msg_iov->iov_len) {
       n -= msg.msg_iov->iov_len;
@@ -116,32 +137,46 @@ static bool SendFrame(int fd, std::span<const std::byte> header,
   return true;
 }
 
-// Waits until the answer (or the close) can be read, at most timeout_ms:
-// false with errno EAGAIN when it did not come. Not by sleeping in
-// recvmsg(): a thread asleep there on a Unix stream socket is woken each
+// Waits until the answer (or the close) can be read, at most until
+// `deadline`: false with errno EAGAIN when it did not come. Not by sleeping
+// in recvmsg(): a thread asleep there on a Unix stream socket is woken each
 // time the server takes in a request it sent (space back in its send
 // buffer wakes every sleeper on the socket, readers too: unix_write_space),
 // and finds nothing and sleeps again, one wasted wake-up of this thread per
 // request (1.2 context switches per spilled Put instead of 1.0;
-// docs/spill-reads.md). poll() sleeps for input alone.
-static bool WaitReadable(int fd, int timeout_ms) {
+// docs/spill-reads.md). poll() sleeps for input alone. A signal (EINTR)
+// resumes the wait for what is left of it, not for the whole timeout again:
+// a process signalled more often than its timeout (a profiler's timer) would
+// otherwise wait for a stopped server forever.
+static bool WaitReadable(int fd, std::chrono::steady_clock::time_point deadline) {
   pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
   int r;
   do {
-    r = poll(&p, 1, timeout_ms);
+    r = poll(&p, 1, MsLeft(deadline));
   } while (r < 0 && errno == EINTR);
   if (r == 0) errno = EAGAIN;
   return r > 0;
 }
 
-static bool ReadAll(int fd, void* p, size_t n) {
+// Reads n bytes, waiting at most timeout_ms for each piece: the socket's
+// receive timeout, and a receive a signal interrupted (EINTR) is tried
+// again only for what is left of that wait (then false with errno EAGAIN),
+// for the reason WaitReadable gives.
+static bool ReadAll(int fd, void* p, size_t n, int timeout_ms) {
+  if (n == 0) return true;
   auto* c = static_cast<char*>(p);
+  auto deadline = DeadlineIn(timeout_ms);
   while (n > 0) {
     ssize_t r = recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EINTR) {
+      if (MsLeft(deadline) > 0) continue;
+      errno = EAGAIN;
+      return false;
+    }
     if (r <= 0) return false;
     c += r;
     n -= static_cast<size_t>(r);
+    deadline = DeadlineIn(timeout_ms);
   }
   return true;
 }
@@ -166,12 +201,13 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   h.body_len = static_cast<uint32_t>(request.size());
   std::byte hdr[protocol::kFrameHeaderBytes];
   protocol::EncodeFrameHeader(h, hdr);
-  if (!SendFrame(fd_, hdr, request)) {
+  if (!SendFrame(fd_, hdr, request, timeout_ms_)) {
     const int err = errno;
     // A server of another protocol version answers the header alone and
     // closes (server_connection.cc): what it said is read before the close
     // is reported, which a body larger than the socket's buffer met.
-    if ((err == EPIPE || err == ECONNRESET) && ReadAll(fd_, hdr, sizeof hdr)) {
+    if ((err == EPIPE || err == ECONNRESET) &&
+        ReadAll(fd_, hdr, sizeof hdr, timeout_ms_)) {
       protocol::FrameHeader rh;
       if (Status s = protocol::DecodeFrameHeader(hdr, &rh); s.IsNotSupported()) {
         return Broken(s.message());
@@ -194,14 +230,14 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   // A receive that finds the connection closed sets no errno: what this
   // thread's earlier calls left there (an EAGAIN) is not a timeout.
   errno = 0;
-  if (WaitReadable(fd_, timeout_ms_)) {
+  if (WaitReadable(fd_, DeadlineIn(timeout_ms_))) {
     do {
       got = recvmsg(fd_, &msg, 0);
     } while (got < 0 && errno == EINTR);
   }
   const size_t head =
       got > 0 ? std::min<size_t>(static_cast<size_t>(got), sizeof hdr) : 0;
-  if (got <= 0 || !ReadAll(fd_, hdr + head, sizeof hdr - head)) {
+  if (got <= 0 || !ReadAll(fd_, hdr + head, sizeof hdr - head, timeout_ms_)) {
     if (errno == EAGAIN) return Broken("timed out");
     // Sent whole: the server may have carried it out (a lease granted, a
     // session created) before it went, so it is never sent again.
@@ -218,7 +254,7 @@ Status Connection::Exchange(protocol::MsgType type, const std::string& request,
   const size_t body_got = static_cast<size_t>(got) - head;
   if (body_got > rh.body_len) return Broken("response longer than its frame");
   body->resize(rh.body_len);
-  if (!ReadAll(fd_, body->data() + body_got, body->size() - body_got)) {
+  if (!ReadAll(fd_, body->data() + body_got, body->size() - body_got, timeout_ms_)) {
     return Broken("response truncated");
   }
   protocol::WireReader r(

@@ -23,9 +23,10 @@ class Connection {
                      std::unique_ptr<Connection>* out);
 
   // Sends a request, waits for the response and returns its payload reader
-  // over *body. Each send and receive waits at most timeout_ms. The returned
-  // status is the daemon's answer, or Unavailable when the transport failed
-  // (the connection is then broken()).
+  // over *body. Each send and receive waits at most timeout_ms, however
+  // often signals interrupt it (EINTR resumes what is left of the wait).
+  // The returned status is the daemon's answer, or Unavailable when the
+  // transport failed (the connection is then broken()).
   Status Call(protocol::MsgType type, const std::string& request, std::string* body,
               size_t* payload_offset, int timeout_ms);
 

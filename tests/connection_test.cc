@@ -4,6 +4,7 @@
 #include "lib/connection.h"
 
 #include <linux/sockios.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/ptrace.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -280,6 +282,46 @@ TEST(ConnectionTest, AServerThatHangsUpIsAClosedConnectionNotATimeout) {
             std::string::npos)
       << s.ToString();
   EXPECT_TRUE(broken);
+}
+
+// A process signalled more often than its request timeout (a profiler's
+// timer, a training loop's alarm) still sees the timeout fire when the
+// server does not answer (stopped, hung): a wait a signal interrupted goes
+// on for what is left of it, not for the whole timeout again. Before, the
+// asking thread waited for as long as the signals came.
+TEST(ConnectionTest, ATimeoutFiresWhileSignalsKeepInterruptingTheWait) {
+  ScriptedServer server;
+  ASSERT_TRUE(server.ok());
+  struct sigaction wake {};
+  wake.sa_handler = [](int) {};  // only interrupts: no SA_RESTART
+  sigemptyset(&wake.sa_mask);
+  struct sigaction before {};
+  ASSERT_EQ(sigaction(SIGUSR1, &wake, &before), 0);
+  std::unique_ptr<Connection> conn;
+  ASSERT_TRUE(Connection::Open(server.path(), 1, kTimeoutMs, &conn).ok());
+  ASSERT_TRUE(server.Accept());
+  std::atomic<bool> done{false};
+  Status s;
+  std::thread asking([&] {
+    std::string body;
+    size_t off = 0;
+    s = conn->Call(kType, std::string(40, 'r'), &body, &off, 200);
+    done.store(true);
+  });
+  // The request is read and never answered; the asking thread is signalled
+  // about every millisecond until its call returns (or the bound passes).
+  ASSERT_TRUE(server.ReadRequest());
+  const bool returned = WaitFor([&] {
+    if (done.load()) return true;
+    pthread_kill(asking.native_handle(), SIGUSR1);
+    return false;
+  });
+  asking.join();  // after the bound the signals stop, and the call ends
+  sigaction(SIGUSR1, &before, nullptr);
+  EXPECT_TRUE(returned) << "the call waited for as long as signals came";
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(conn->broken());
 }
 
 }  // namespace

@@ -302,8 +302,68 @@ TEST(HostileSocket, FramesSentBackToBackOrInPiecesAreAnsweredInOrder) {
   EXPECT_EQ(AnswerType(fd), kInfo);
   ASSERT_TRUE(SendAll(fd, third.substr(5)));
   EXPECT_EQ(AnswerType(fd), kList);
+  // A frame with a body cut in two at each of its byte boundaries, the
+  // first piece taken (read alone) before the second, with a frame behind
+  // it, is sent: answered once each.
+  const std::string frame = Header(kList, 24) + std::string(24, 'x');
+  for (size_t cut = 1; cut < frame.size(); ++cut) {
+    ASSERT_TRUE(SendAll(fd, frame.substr(0, cut)));
+    ASSERT_TRUE(WaitFor([&] { return Unread(fd) == 0; })) << cut;
+    ASSERT_TRUE(SendAll(fd, frame.substr(cut) + Header(kInfo, 0)));
+    ASSERT_EQ(AnswerType(fd), kList) << cut;
+    ASSERT_EQ(AnswerType(fd), kInfo) << cut;
+  }
   // The connection serves as before.
   EXPECT_TRUE(Answered(fd, kInfo));
+  close(fd);
+  EXPECT_TRUE(d.Alive());
+  EXPECT_TRUE(d.Stop().ok());
+}
+
+// A client that sends requests back to back and never reads the answers:
+// once the socket's buffers are full the daemon's send of an answer takes
+// what fits and leaves the rest to wait for writability (the socket is
+// non-blocking: server_connection.cc), so no thread of the daemon is held
+// in a send and others are served meanwhile; the connection, stalled in an
+// answer, is closed after the stall timeout.
+TEST(HostileSocket, AnswersNobodyReadsHoldNoThreadOfTheDaemon) {
+  TestDaemon d;
+  TestDaemon::Options o;
+  o.extra_args = {"--stall_timeout_ms=1000"};
+  ASSERT_TRUE(d.Start(o).ok());
+  const uint16_t kInfo = static_cast<uint16_t>(protocol::MsgType::kServerInfo);
+  int fd = RawConnect(d);
+  ASSERT_GE(fd, 0);
+  // Requests until this side's send buffer is full too: the daemon stopped
+  // reading them, its answers having filled the socket the other way. A
+  // frame's 16 bytes are taken whole or not at all.
+  const std::string frame = Header(kInfo, 0);
+  size_t sent = 0;
+  bool full = false;
+  while (!full && sent < 1000000) {
+    const ssize_t n = send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(frame.size())) {
+      ++sent;
+      continue;
+    }
+    ASSERT_TRUE(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) << n;
+    // Full for good once the daemon takes nothing more for a while.
+    full = !WaitFor([&] { return Unread(fd) == 0; }, std::chrono::milliseconds(500));
+  }
+  ASSERT_TRUE(full) << sent << " requests all taken";
+  // Served meanwhile, by as many threads as the daemon has.
+  RowMaker m(4096);
+  for (int i = 0; i < 4; ++i) GoodClientWorks(d, m, 1000 * static_cast<uint64_t>(i));
+  // Nothing read meanwhile (a read is progress): the close is seen as the
+  // hang-up it leaves on this end.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        pollfd p{fd, POLLRDHUP, 0};
+        return poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+      },
+      std::chrono::seconds(30)))
+      << "a connection stalled in its answers held on";
+  EXPECT_EQ(Count(d.ReadLog(), "stalled in the middle of a frame"), 1u) << d.ReadLog();
   close(fd);
   EXPECT_TRUE(d.Alive());
   EXPECT_TRUE(d.Stop().ok());
