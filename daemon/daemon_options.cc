@@ -41,8 +41,18 @@ Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* o) {
   cl.AddValue("--body_bytes_cap_mb",
               Number("--body_bytes_cap_mb", 1, 1L << 20, &body_cap_mb));
   CLI::Option* foreground = cl.AddFlag("--foreground");
+  CLI::Option* version = cl.AddFlag("--version");
   Status s = cl.Parse(std::vector<std::string>(argv, argv + argc));
   if (!s.ok()) return s;
+  if (version->count() > 0) {
+    // Alone: with other options it would be unclear whether a server starts.
+    if (argc > 2) {
+      return Status::InvalidArgument(
+          "--version takes no other option; give 'shmcached --version' alone");
+    }
+    o->version = true;
+    return Status::OK();
+  }
   o->foreground = foreground->count() > 0;
   if (body_cap_mb) o->body_bytes_cap = body_cap_mb << 20;
   return CheckServerFlags(*o);

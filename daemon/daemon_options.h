@@ -18,6 +18,7 @@ struct DaemonOptions : ServerFlags {
   int ready_fd = -1;    // pipe to the admin: one line "OK ..."/"ERR ..."
   int watch_pid = 0;    // > 0: stop (cleanly) once this process is gone
   bool foreground = false;
+  bool version = false;  // --version: print the version, start nothing
   // A connection that stops in the middle of a frame (part of a request
   // sent, or a response not taken) for this long is closed. Connections
   // idle between frames are never timed out.
@@ -29,7 +30,8 @@ struct DaemonOptions : ServerFlags {
 
 // Parses shmcached's own argv: the ServerFlags, then --port, --run_dir,
 // --ready_fd, --watch_pid, --foreground and, for tests, --stall_timeout_ms
-// and --body_bytes_cap_mb. InvalidArgument names the bad argument.
+// and --body_bytes_cap_mb; or --version alone. InvalidArgument names the bad
+// argument.
 Status ParseDaemonOptions(int argc, char** argv, DaemonOptions* out);
 
 }  // namespace shmcache

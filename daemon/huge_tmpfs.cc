@@ -144,7 +144,18 @@ bool ShmDirGiven(const std::string& shm_dir_option) {
 
 bool HugeTmpfsAsked() {
   const char* v = std::getenv("SHMCACHE_HUGE_TMPFS");
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+Status CheckHugeTmpfsEnv() {
+  const char* v = std::getenv("SHMCACHE_HUGE_TMPFS");
+  if (v == nullptr || std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(fmt::format(
+      "SHMCACHE_HUGE_TMPFS='{}' is neither 0 nor 1; set it to 1 for a huge-page tmpfs "
+      "of the server's own (as root), or to 0 or unset it for none",
+      v));
 }
 
 uint64_t HugeTmpfsBytes(uint64_t memory_cap) {

@@ -62,8 +62,14 @@ struct ShmDirChoice {
 bool ShmDirGiven(const std::string& shm_dir_option);
 
 // Whether $SHMCACHE_HUGE_TMPFS asks for the server's own huge-page tmpfs
-// (set, not empty, not "0").
+// ("1"; unset or "0": no). Any other value is refused by
+// CheckHugeTmpfsEnv, which the server calls before it reads this.
 bool HugeTmpfsAsked();
+
+// InvalidArgument naming $SHMCACHE_HUGE_TMPFS, what was wrong with it and
+// what to give, unless it is unset, "0" or "1" exactly ("yes", "" and " 1"
+// were read as on, "false" too).
+Status CheckHugeTmpfsEnv();
 
 // tmpfs size for a server whose memory cap is `memory_cap`: the cap (every
 // segment, table and header is reserved under it) and 64 MB for the

@@ -40,6 +40,7 @@
 #include "format/instance.h"
 #include "format/numa_topology.h"
 #include "format/shm_file.h"
+#include "shmcache/version.h"
 
 using namespace shmcache;
 
@@ -475,6 +476,13 @@ int Run(DaemonOptions& opts) {
 int main(int argc, char** argv) {
   DaemonOptions opts;
   Status s = ParseDaemonOptions(argc, argv, &opts);
+  if (!s.ok()) return Fail(opts.ready_fd, s.message());
+  if (opts.version) {
+    fmt::print("shmcached {}\n", VersionText());
+    return 0;
+  }
+  // Before anything starts: an environment value is refused as a flag is.
+  s = CheckHugeTmpfsEnv();
   if (!s.ok()) return Fail(opts.ready_fd, s.message());
   // No exception may end the daemon without a word: the admin waiting on
   // the ready pipe is told, and the exit status says it failed.

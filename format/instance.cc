@@ -105,8 +105,11 @@ ShmName ParseShmName(std::string_view rest) {
 
 Status ParsePort(const std::string& text, int* port) {
   long v = 0;
-  // As typed: digits alone (' 5000' hid a quoting slip).
-  const std::string_view flaw = TypedNumberFlaw(text);
+  // As typed: digits alone (' 5000' hid a quoting slip), without a leading
+  // zero: the port is in file names as written without one, and other tools
+  // (a shell's $((050921)), strtol base 0) read "0..." as octal.
+  std::string_view flaw = TypedNumberFlaw(text);
+  if (flaw.empty() && text.size() > 1 && text[0] == '0') flaw = "a leading zero";
   if (!flaw.empty() || !ParseDecimal(text, kMinPort, kMaxPort, &v)) {
     return Status::InvalidArgument(
         fmt::format("port '{}' is not a number in {}..{}{}; use a whole number in that "
@@ -134,10 +137,15 @@ Status ResolvePort(int requested, int* port) {
     *port = requested;
     return Status::OK();
   }
+  // Set is given, even empty: an empty value is refused as `-p ''` is
+  // (an unset variable in a script), not read as the default.
   const char* env = std::getenv("SHMCACHE_PORT");
-  if (env != nullptr && *env != '\0') {
+  if (env != nullptr) {
     Status s = ParsePort(env, port);
-    if (!s.ok()) return Status::InvalidArgument("SHMCACHE_PORT: " + s.message());
+    if (!s.ok()) {
+      return Status::InvalidArgument("SHMCACHE_PORT: " + s.message() +
+                                     "; or unset SHMCACHE_PORT for the default");
+    }
     return s;
   }
   *port = kDefaultPort;
@@ -149,6 +157,12 @@ Status CheckHost(const std::string& host) {
   const char* from = "";
   if (h.empty()) {
     const char* env = std::getenv("SHMCACHE_HOST");
+    if (env != nullptr && *env == '\0') {
+      // As `-h ''` is: a value lost, not "this host".
+      return Status::InvalidArgument(
+          "SHMCACHE_HOST: host '' is empty; set it to 127.0.0.1, localhost or ::1, or "
+          "unset it for 127.0.0.1");
+    }
     if (env != nullptr) h = env;
     from = "SHMCACHE_HOST: ";  // as ResolvePort names SHMCACHE_PORT
   }

@@ -70,18 +70,19 @@ struct ShmName {
 // range, leading zeros, trailing bytes).
 ShmName ParseShmName(std::string_view rest);
 
-// requested > 0: checked against 1025..65535. 0: $SHMCACHE_PORT, else the
-// default. A bad value is InvalidArgument naming it and the valid range.
+// requested > 0: checked against 1025..65535. 0: $SHMCACHE_PORT when set
+// (an empty one is refused, as `-p ''` is), else the default. A bad value is
+// InvalidArgument naming it (and the variable) and the valid range.
 Status ResolvePort(int requested, int* port);
 // Parses a port given as text (CLI, environment): digits alone, without
-// white space or a '+' (named in the refusal).
+// white space, a '+' or a leading zero (named in the refusal).
 Status ParsePort(const std::string& text, int* port);
 // " -p <port>" for a shmcache command a message suggests, so that it asks
 // the server on `port`; "" for the default port (and 0, none known).
 std::string PortArg(int port);
-// host empty: $SHMCACHE_HOST, else local. Only 127.0.0.1, localhost and ::1
-// are accepted; anything else is InvalidArgument (one of them with white
-// space around it says so).
+// host empty: $SHMCACHE_HOST (refused when set but empty), else local. Only 127.0.0.1,
+// localhost and ::1 are accepted; anything else is InvalidArgument (one of them with
+// white space around it says so).
 Status CheckHost(const std::string& host);
 
 std::string DefaultRunDir();

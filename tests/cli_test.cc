@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -101,6 +102,30 @@ TEST_F(CliTest, HelpListsEveryCommand) {
         "--loglevel", "--metrics", "--metrics_file", "--metrics_interval"}) {
     EXPECT_NE(r.out.find(c), std::string::npos) << c;
   }
+}
+
+// --version prints "<program> <meson's project version>" and exits 0, as
+// any CLI does; for the admin it is a command like --help (one per call),
+// the daemon takes it alone and starts nothing.
+TEST_F(CliTest, VersionPrintsTheProjectVersion) {
+  const char* version = std::getenv("SHMCACHE_PROJECT_VERSION");
+  ASSERT_NE(version, nullptr) << "run through meson test";
+  CommandResult r = Run({"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.out, fmt::format("shmcache {}\n", version)) << r.Describe();
+  EXPECT_EQ(r.err, "");
+  r = Run({"--version", "-p", "31009"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  ExpectError({"--version", "--list_sessions"}, "only one command per call");
+  ExpectError({"--version", "--json"}, "--json applies to");
+  r = RunCommand({DaemonPath(), "--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.out, fmt::format("shmcached {}\n", version)) << r.Describe();
+  r = RunCommand({DaemonPath(), "--version", "--run_dir=" + run_dir_ + "/never"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("--version takes no other option"), std::string::npos)
+      << r.Describe();
+  EXPECT_FALSE(PathExists(run_dir_ + "/never"));
 }
 
 TEST_F(CliTest, NoCommand) { ExpectError({}, "no command given"); }
@@ -341,6 +366,62 @@ TEST_F(CliTest, PortOutsideTheRange) {
   ExpectError({"--list_sessions", "-p", "65536"}, "1025..65535");
   ExpectError({"--list_sessions", "--port=0"}, "1025..65535");
   ExpectError({"--list_sessions"}, "SHMCACHE_PORT", {{"SHMCACHE_PORT", "99999"}});
+}
+
+// Environment values are read as the flags are: an empty SHMCACHE_PORT or
+// SHMCACHE_HOST (an unset variable in a script) was the default, a
+// SHMCACHE_HUGE_TMPFS of "yes" or "false" was on. Each is refused naming
+// the variable, what was wrong and what to give.
+TEST_F(CliTest, EnvironmentValuesAreReadAsTheFlagsAre) {
+  ExpectError({"-g"},
+              "SHMCACHE_PORT: port '' is not a number in 1025..65535 (it is empty); "
+              "use a whole number in that range",
+              {{"SHMCACHE_PORT", ""}});
+  ExpectError({"-g"}, "or unset SHMCACHE_PORT for the default", {{"SHMCACHE_PORT", ""}});
+  ExpectError({"-g"},
+              "SHMCACHE_HOST: host '' is empty; set it to 127.0.0.1, localhost or ::1, "
+              "or unset it for 127.0.0.1",
+              {{"SHMCACHE_HOST", ""}});
+  const std::string watch = std::to_string(getpid());
+  for (const char* value : {"yes", "", " 1", "true", "2"}) {
+    ExpectError(
+        {"--start", "-p", "31013"},
+        fmt::format("SHMCACHE_HUGE_TMPFS='{}' is neither 0 nor 1; set it to 1 for "
+                    "a huge-page tmpfs of the server's own (as root), or to 0 or "
+                    "unset it for none",
+                    value),
+        {{"SHMCACHE_HUGE_TMPFS", value}, {"SHMCACHE_WATCH_PID", watch}});
+  }
+  // (A server the old code started ends with this test.)
+  CommandResult r = RunCommand({DaemonPath(), "--port=31014", "--watch_pid=" + watch,
+                                "--run_dir=" + run_dir_ + "/never"},
+                               Env{{"SHMCACHE_HUGE_TMPFS", "on"}});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("SHMCACHE_HUGE_TMPFS='on' is neither 0 nor 1"), std::string::npos)
+      << r.Describe();
+  EXPECT_FALSE(PathExists(run_dir_ + "/never"));
+  EXPECT_TRUE(ListDir(run_dir_).empty()) << "nothing was started";
+}
+
+// A port with a leading zero is refused, by flag and by SHMCACHE_PORT: it
+// names files without one, and a shell's $((050921)) or strtol base 0
+// reads it as octal.
+TEST_F(CliTest, APortWithALeadingZeroIsRefused) {
+  ExpectError({"--list_sessions", "-p", "050921"},
+              "port '050921' is not a number in 1025..65535 (a leading zero); use a "
+              "whole number in that range");
+  ExpectError({"-g", "--port=05000"},
+              "port '05000' is not a number in 1025..65535 (a "
+              "leading zero)");
+  ExpectError({"-g"},
+              "SHMCACHE_PORT: port '050921' is not a number in 1025..65535 (a "
+              "leading zero)",
+              {{"SHMCACHE_PORT", "050921"}});
+  CommandResult r =
+      RunCommand({DaemonPath(), "--port=050921", "--run_dir=" + run_dir_ + "/never"});
+  EXPECT_EQ(r.exit_code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("(a leading zero)"), std::string::npos) << r.Describe();
+  EXPECT_FALSE(PathExists(run_dir_ + "/never"));
 }
 
 TEST_F(CliTest, NonLocalHost) {

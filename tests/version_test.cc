@@ -12,10 +12,7 @@ namespace {
 TEST(VersionTest, MatchesTheMesonProjectVersion) {
   const char* meson = std::getenv("SHMCACHE_PROJECT_VERSION");
   ASSERT_NE(meson, nullptr) << "run through meson test";
-  std::string header = std::to_string(kMajorVersion) + "." +
-                       std::to_string(kMinorVersion) + "." +
-                       std::to_string(kPatchVersion);
-  EXPECT_EQ(header, meson);
+  EXPECT_EQ(VersionText(), meson);
 }
 
 }  // namespace

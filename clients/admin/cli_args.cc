@@ -31,6 +31,7 @@ std::vector<CommandOption> AddCommands(CommandLine& cl, std::string* session_tex
       {cl.AddFlag("--server_info"), Command::kInfo},
       {cl.AddFlag("--metrics"), Command::kMetrics},
       {cl.AddFlag("--help"), Command::kHelp},
+      {cl.AddFlag("--version"), Command::kVersion},
   };
 }
 
@@ -51,7 +52,7 @@ Status TakeCommand(const CommandLine& cl, const std::vector<CommandOption>& comm
   if (*command != Command::kNone) return Status::OK();
   return Status::InvalidArgument(
       "no command given; use one of --start, --stop, -g, -d ID, "
-      "--list_sessions, --server_info, --metrics, --help");
+      "--list_sessions, --server_info, --metrics, --help, --version");
 }
 
 }  // namespace
@@ -68,6 +69,7 @@ Commands (one per call):
   --server_info              the server's configuration and sessions
   --metrics                  Prometheus text exposition of the server and its caches
   --help                     this text
+  --version                  print "shmcache VERSION" and exit
 
 Options:
   -h, --hostname HOST        this host only: 127.0.0.1 (default), localhost, ::1

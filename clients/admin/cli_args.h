@@ -20,7 +20,8 @@ enum class Command {
   kList,
   kInfo,
   kMetrics,
-  kHelp
+  kHelp,
+  kVersion
 };
 
 struct CliArgs {

@@ -18,6 +18,7 @@
 #include "format/instance.h"
 #include "format/shell_quote.h"
 #include "shmcache/client.h"
+#include "shmcache/version.h"
 
 using namespace shmcache;
 using namespace shmcache::admin;
@@ -167,6 +168,10 @@ int main(int argc, char** argv) {
   if (!s.ok()) return Fail(s.message());
   if (a.command == Command::kHelp) {
     fmt::print("{}", UsageText());
+    return 0;
+  }
+  if (a.command == Command::kVersion) {
+    fmt::print("shmcache {}\n", VersionText());
     return 0;
   }
   s = CheckHost(a.hostname);

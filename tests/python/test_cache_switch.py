@@ -128,6 +128,18 @@ def test_a_replaced_cache_is_let_go_once_its_rows_are_written(server, session):
     assert cached_ids(new_session) == [1]
 
 
+def test_a_server_found_not_answering_is_forgotten_with_the_cache(server, session):
+    """A waited put that found the old cache's server not answering sends
+    later misses to the background writer (_put_unanswered); that is news
+    about the old server only: ds.cache = other starts afresh, and workers
+    started later wait for their puts again."""
+    ds = CachedDataset(Images(4), DatasetCache(session), name="rows")
+    ds._put_unanswered.set()   # as _put_waited leaves it on a stopped server
+    assert ds._put_unanswered
+    ds.cache = DatasetCache(server.new_session())
+    assert not ds._put_unanswered
+
+
 def test_the_writers_warnings_name_the_line_that_set_the_new_cache(server, session):
     ds = CachedDataset(Images(4), DatasetCache(session))
     made_old = ds.cache.origin

@@ -80,6 +80,25 @@ def test_a_value_out_of_range_says_what_to_pass_instead(make, said):
     assert said in str(e.value), e.value
 
 
+@pytest.mark.parametrize("var, value, said", [
+    ("SHMCACHE_PORT", "", "SHMCACHE_PORT: port '' is not a number in 1025..65535 (it is "
+     "empty)"),
+    ("SHMCACHE_PORT", "050052", "SHMCACHE_PORT: port '050052' is not a number in "
+     "1025..65535 (a leading zero)"),
+    ("SHMCACHE_HOST", "", "SHMCACHE_HOST: host '' is empty; set it to 127.0.0.1, "
+     "localhost or ::1, or unset it"),
+])
+def test_environment_values_are_read_as_the_admin_reads_them(monkeypatch, var, value,
+                                                             said):
+    """An empty $SHMCACHE_PORT or $SHMCACHE_HOST (an unset variable in a
+    script) was taken as unset, a leading zero as decimal: refused, naming
+    the variable, as `shmcache` refuses them."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(RuntimeError) as e:
+        shmcache.Client()
+    assert said in str(e.value), e.value
+
+
 def test_a_non_local_host_is_a_runtime_error_as_for_dataset_cache():
     with pytest.raises(RuntimeError, match="local host"):
         shmcache.Client(hostname="example.com")

@@ -126,6 +126,22 @@ def test_a_session_variable_out_of_range_is_named(monkeypatch, value):
                             "number in 0..4294967295 from `shmcache -g`)")
 
 
+@pytest.mark.parametrize("value, flaw", [
+    (" 12", "white space before it"), ("12 ", "white space after it"),
+    ("+12", "a '+' sign"), ("1_2", None), ("\uff11\uff12", None)])
+def test_a_session_variable_is_read_as_typed(monkeypatch, value, flaw):
+    """As `shmcache -d " 12"` is refused: int() took white space, a '+',
+    '_' and non-ASCII digits, hiding a quoting slip."""
+    monkeypatch.delenv("SESSION_ID", raising=False)
+    monkeypatch.setenv("SHMCACHE_SESSION_ID", value)
+    with pytest.raises(ValueError) as e:
+        DatasetCache()
+    head = (f"$SHMCACHE_SESSION_ID={value!r} is not a session id (a number in "
+            "0..4294967295 from `shmcache -g`)")
+    assert str(e.value) == head + (f" ({flaw}): set it to the number alone" if flaw
+                                   else "")
+
+
 def test_local_hosts_and_all_arguments_accepted(server, session):
     for host in shmcache.LOCAL_HOSTS:
         c = DatasetCache(session, size_mb=0, spilling=False, hostname=host,

@@ -163,6 +163,14 @@ def test_missing_session_is_one_line_and_exit_1(server):
     (["--size_mb", str(2**60)], "not within the required interval"),
     (["-p", "80"], "not within the required interval"),
     (["--session_id", "0"], "session 0 is no session"),
+    # As typed, as `shmcache` takes -d and -p: int() took these.
+    (["--session_id= 12"], "argument --session_id: session id ' 12' is not a number "
+     "(white space before it); give the digits alone"),
+    (["--session_id=+12"], "session id '+12' is not a number (a '+' sign)"),
+    (["--session_id=1_2"], "argument --session_id: invalid int value: '1_2'"),
+    (["-p", "050052"], "argument -p/--port: port '050052' is not a number (a leading "
+     "zero)"),
+    (["--port=5000 "], "port '5000 ' is not a number (white space after it)"),
 ])
 def test_a_bad_session_or_argument_is_refused_before_the_dataset_is_loaded(
         server, session, tmp_path, args, says):

@@ -137,6 +137,20 @@ def ids_array(ids: Any) -> npt.NDArray[np.uint64]:
     return np.ascontiguousarray(a, dtype=np.uint64)
 
 
+def typed_number_flaw(text: str) -> str:
+    """What makes `text` no number as a person types one, though int()
+    would take it: "" when nothing does; else "it is empty", "white space
+    before it", "white space after it" or "a '+' sign", as the C++ side's
+    TypedNumberFlaw (format/parse_number.h) words it."""
+    if not text:
+        return "it is empty"
+    if text[0].isspace():
+        return "white space before it"
+    if text[-1].isspace():
+        return "white space after it"
+    return "a '+' sign" if text[0] == "+" else ""
+
+
 def session_from_env() -> int:
     """The session id of $SHMCACHE_SESSION_ID (or $SESSION_ID, which
     scripts/cache.sh exported first); ValueError naming both when neither
@@ -147,13 +161,15 @@ def session_from_env() -> int:
     for var in SESSION_ENV:
         value = os.environ.get(var)
         if value:
-            try:
-                session = int(value)
-            except ValueError:
-                session = -1
-            if not 0 <= session <= MAX_UINT32:
+            # Digits alone, as the admin takes `-d ID`: int() also took
+            # " 12", "+12" and "1_2" (a quoting slip hidden).
+            flaw = typed_number_flaw(value)
+            session = int(value) if value.isascii() and value.isdigit() else -1
+            if flaw or not 0 <= session <= MAX_UINT32:
                 raise ValueError(f"${var}={value!r} is not a session id (a number in "
-                                 f"0..{MAX_UINT32} from `shmcache -g`)") from None
+                                 f"0..{MAX_UINT32} from `shmcache -g`)"
+                                 + (f" ({flaw}): set it to the number alone" if flaw
+                                    else ""))
             return session
     empty = [f"${var}" for var in SESSION_ENV if os.environ.get(var) == ""]
     if empty:

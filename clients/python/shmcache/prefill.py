@@ -46,6 +46,7 @@ import importlib
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import re
 import signal
 import sys
 import threading
@@ -53,7 +54,7 @@ import time
 from typing import Any, NoReturn, TextIO
 
 from . import CacheWarning, Client, DatasetCache
-from ._checks import SESSION_ENV, session_from_env
+from ._checks import SESSION_ENV, session_from_env, typed_number_flaw
 from ._user_line import quietly
 from .async_put import put_rows
 from .cifar10 import Cifar10Bin, Normalize, is_cifar10_dir
@@ -503,6 +504,25 @@ class _Parser(argparse.ArgumentParser):
         raise BadInput(f"error: {message}; see '{self.prog} --help'")
 
 
+def _typed_int(what: str, leading_zero: bool = True):
+    """argparse's type= for a number `what` taken as typed, as the admin
+    CLI takes its numbers: int() also took " 12", "+12" and "1_2" (a
+    quoting slip hidden); a port without a leading zero (`leading_zero`
+    False), which other tools read as octal."""
+    def parse(text: str) -> int:
+        flaw = typed_number_flaw(text)
+        if not flaw and not leading_zero and len(text) > 1 and text[0] == "0":
+            flaw = "a leading zero"
+        if flaw:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a number ({flaw}); "
+                                             "give the digits alone")
+        if not re.fullmatch(r"-?[0-9]+", text):
+            raise ValueError(text)   # argparse: "invalid int value: '...'"
+        return int(text)
+    parse.__name__ = "int"
+    return parse
+
+
 def _parse(argv):
     p = _Parser(
         prog="python3 -m shmcache.prefill",
@@ -510,14 +530,15 @@ def _parse(argv):
     p.add_argument("dataset", help="CIFAR-10 binary directory, image folder, "
                    "or MODULE:FACTORY")
     workers = min(4, os.cpu_count() or 1)
-    p.add_argument("--session_id", type=int, default=None,
+    p.add_argument("--session_id", type=_typed_int("session id"), default=None,
                    help="the session whose cache is filled (a number from "
                    "`shmcache -g`; default: $SHMCACHE_SESSION_ID, else "
                    "$SESSION_ID, as DatasetCache()'s)")
     p.add_argument("-j", "--workers", type=int, default=workers,
                    help="worker processes that compute the rows (default: "
                    f"min(4, CPUs), here {workers})")
-    p.add_argument("-p", "--port", type=int, default=None,
+    p.add_argument("-p", "--port", type=_typed_int("port", leading_zero=False),
+                   default=None,
                    help="port of the cache server (default: $SHMCACHE_PORT, "
                    "else 50052, as the client's)")
     p.add_argument("--transform", help="MODULE:FUNCTION for an image folder")

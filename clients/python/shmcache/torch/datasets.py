@@ -343,6 +343,11 @@ class CachedDataset(Dataset):
                 putter.redirect(functools.partial(_store_rows, value), value.origin, value)
             super().__setattr__(name, value)
             self._forget_hit_path()
+            if putter is not None:
+                # A server found not answering was the old cache's: a fresh
+                # flag, not the old one cleared (the running workers of the
+                # old cache still share that one).
+                super().__setattr__("_put_unanswered", WarnedFlag())
         if putter is not None:
             putter.wait_redirected()
 
