@@ -25,13 +25,11 @@ time (RowExchange).
 
 from __future__ import annotations
 
+from .packing import aligned
+
 __all__ = ["ANSWER_SLACK", "PairSizes"]
 
 ANSWER_SLACK = 1024
-
-
-def _aligned8(n: int) -> int:
-    return -(-n // 8) * 8
 
 
 class PairSizes:
@@ -53,7 +51,7 @@ class PairSizes:
             return 0
         per_row = -(-nbytes // rows)
         guess = min(n * per_row + n * per_row // 16, 4 * nbytes)
-        return _aligned8(guess + ANSWER_SLACK)
+        return aligned(guess + ANSWER_SLACK)
 
     def answers_out(self, asked_of_me: list[int]) -> list[int]:
         """Bytes reserved for this rank's answer to each rank, which asked
