@@ -99,6 +99,15 @@ static int MsLeft(std::chrono::steady_clock::time_point deadline) {
   return static_cast<int>(std::max<int64_t>(left.count(), 0));
 }
 
+// After a call a signal interrupted (EINTR): whether to try it again, which
+// is while `deadline` has not passed; else errno is set to EAGAIN, as the
+// socket's timeout sets it, and the caller reports the failure.
+static bool RetryAfterSignal(std::chrono::steady_clock::time_point deadline) {
+  if (MsLeft(deadline) > 0) return true;
+  errno = EAGAIN;
+  return false;
+}
+
 // Sends a frame's header and body with one system call (more only for a
 // body larger than the socket's buffer). Sent apart, the daemon often woke
 // for the header alone while this process was descheduled before the body:
@@ -116,11 +125,7 @@ static bool SendFrame(int fd, std::span<const std::byte> header, const std::stri
   auto deadline = DeadlineIn(timeout_ms);
   while (msg.msg_iovlen > 0) {
     ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) {
-      if (MsLeft(deadline) > 0) continue;
-      errno = EAGAIN;
-      return false;
-    }
+    if (w < 0 && errno == EINTR && RetryAfterSignal(deadline)) continue;
     if (w <= 0) return false;
     deadline = DeadlineIn(timeout_ms);
     auto n = static_cast<size_t>(w);
@@ -168,11 +173,7 @@ static bool ReadAll(int fd, void* p, size_t n, int timeout_ms) {
   auto deadline = DeadlineIn(timeout_ms);
   while (n > 0) {
     ssize_t r = recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) {
-      if (MsLeft(deadline) > 0) continue;
-      errno = EAGAIN;
-      return false;
-    }
+    if (r < 0 && errno == EINTR && RetryAfterSignal(deadline)) continue;
     if (r <= 0) return false;
     c += r;
     n -= static_cast<size_t>(r);
