@@ -198,6 +198,8 @@ class CacheState {
   // The cache marked full where growth `g` failed for want of room
   // (`why`); returns `why`.
   Status GrowthFailed(const Growth& g, const Status& why, MemoryAccount* account);
+  // FullServerCap: an index table's bytes could not be reserved.
+  Status IndexCapUsedUp() const;
   // The tables lookups probe: from first_table on (the older ones' slots
   // are freed; touching them would bring their pages back).
   std::span<IndexTable> LiveIndex();

@@ -29,11 +29,7 @@ constexpr uint32_t kTableNameTries = 8;
 
 Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* account) {
   const Growth g{.gen = gen, .log2 = log2, .bytes = layout::TableFileSize(1ULL << log2)};
-  if (!account->Reserve(g.bytes)) {
-    return Status::FullServerCap(fmt::format(
-        "cannot grow the index of cache {}: the server's memory cap is used up",
-        cache_id_));
-  }
+  if (!account->Reserve(g.bytes)) return IndexCapUsedUp();
   ShmFile f;
   uint32_t tag = 0;
   std::string skipped;
@@ -110,14 +106,7 @@ Status CacheState::BeginGrowth(uint32_t seen, MemoryAccount* account, Growth* g,
   g->gen = n;
   g->log2 = static_cast<uint32_t>(std::bit_width(prev));
   g->bytes = layout::TableFileSize(prev * 2);
-  if (!account->Reserve(g->bytes)) {
-    return GrowthFailed(
-        *g,
-        Status::FullServerCap(fmt::format(
-            "cannot grow the index of cache {}: the server's memory cap is used up",
-            cache_id_)),
-        account);
-  }
+  if (!account->Reserve(g->bytes)) return GrowthFailed(*g, IndexCapUsedUp(), account);
   *needed = true;
   ++growing_;
   return Status::OK();
@@ -142,6 +131,12 @@ Status CacheState::FinishGrowth(Growth* g, const Status& made, ShmFile file, uin
   InstallTable(g->gen, std::move(file), tag);
   CompactIndex(g);
   return Status::OK();
+}
+
+Status CacheState::IndexCapUsedUp() const {
+  return Status::FullServerCap(
+      fmt::format("cannot grow the index of cache {}: the server's memory cap is used up",
+                  cache_id_));
 }
 
 Status CacheState::GrowthFailed(const Growth& g, const Status& why,
