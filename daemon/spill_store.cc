@@ -50,7 +50,7 @@ void SpillStore::StopFlusher() {
 
 void SpillStore::FlushWhenIdle() {
   const auto idle = std::chrono::milliseconds(kIdleFlushMs);
-  flush_mu_.Lock();
+  MutexLock lock(&flush_mu_);
   while (!closing_) {
     if (!unflushed_) {
       flush_cv_.Wait(&flush_mu_);
@@ -62,7 +62,7 @@ void SpillStore::FlushWhenIdle() {
       continue;
     }
     unflushed_ = false;
-    flush_mu_.Unlock();
+    MutexUnlock unlocked(&flush_mu_);  // taken again at the end of this pass
     // Not after a failed write (RocksDB must see nothing more then), nor
     // without the room a flush needs: the next write reports why.
     uint64_t free_bytes = 0;
@@ -72,9 +72,7 @@ void SpillStore::FlushWhenIdle() {
       fo.allow_write_stall = true;
       if (db_->Flush(fo).ok()) WriteFlushMarker();
     }
-    flush_mu_.Lock();
   }
-  flush_mu_.Unlock();
 }
 
 void SpillStore::WriteFlushMarker() {
