@@ -44,8 +44,9 @@ TEST_F(IntegrationTest, IndexGrowsUnderConcurrentReaders) {
         if (n == 0) continue;
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         uint64_t id = (x >> 17) % n;
-        if (!k2->Get(id, &row).ok()) {
-          fprintf(stderr, "reader: row %lu of %lu missing\n", id, n);
+        if (Status s = k2->Get(id, &row); !s.ok()) {
+          fprintf(stderr, "reader: row %lu of %lu missing: %s\n", id, n,
+                  s.ToString().c_str());
           return 4;
         }
         if (!RowMatches(row, id, 0, 16)) return 5;
