@@ -74,7 +74,11 @@ class TableSet {
       // After the probe's slot loads (acquire, each): a probe that read a
       // slot the daemon freed (its release store of kEmpty in the first
       // page, or MADV_REMOVE's zeros past it) reads the first_table the
-      // daemon raised before that free.
+      // daemon raised before that free. Unmoved (r.first is first_table
+      // unless that table could not be mapped): a miss.
+      if (header_->first_table.load(std::memory_order_acquire) == r.first) [[likely]] {
+        return layout::kEmpty;
+      }
       const Range now = CurrentRange();
       if (now.first == r.first) return layout::kEmpty;
       r = now;
