@@ -89,6 +89,40 @@ def test_a_thread_that_slows_the_feed_is_given_back_and_tried_ever_more_rarely(c
     assert len(trials) >= 3 and gaps == sorted(gaps), trials
 
 
+def runs_away_from(seen, count):
+    """The lengths (in batches) of the runs of `seen` at another count
+    than `count`."""
+    runs, n = [], 0
+    for t in seen:
+        if t != count:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs + ([n] if n else [])
+
+
+def test_a_trial_of_a_clearly_slower_count_ends_early(clock):
+    # Small rows on 2 CPUs, a warm epoch of 78 batches of 0.2 ms (the host
+    # sweep's 12 KB rows): one thread and three take twice as long. Each
+    # trial of them is cut short once it is clearly slower (after a few
+    # batches), not run for a whole window: a window of 20 ms was 50 such
+    # batches, most of an epoch, and the first trials of 3 and 1 then
+    # slowed several epochs.
+    batch_s = {1: 0.4e-3, 2: 0.2e-3, 3: 0.4e-3, 4: 0.5e-3}
+    tuner = new_tuner()
+    seen = []
+    for _ in range(40):
+        tuner.start_pass()
+        seen += feed(tuner, clock, batch_s, 78)
+    trials = runs_away_from(seen, 2)
+    # Both neighbours tried, each for the batches a pass or a change skips
+    # (SETTLE) and the few that show it slower.
+    assert {t for t in seen if t != 2} == {1, 3}, seen
+    assert trials and max(trials) <= 16, trials
+    assert tuner.threads == 2 and seen[-78:].count(2) == 78, seen
+
+
 def test_threads_that_speed_the_feed_up_are_kept(clock):
     batch_s = {1: 4e-3, 2: 2e-3, 3: 1.4e-3, 4: 1.1e-3}
     tuner = new_tuner()
@@ -114,9 +148,11 @@ def test_a_better_count_that_lost_to_a_burst_of_load_is_tried_again_soon(clock):
             return 2.0
         burst["over"] = burst["hit"]
         return 1.0
-    feed(tuner, clock, batch_s, 300, load=load)
+    # The first trials (3, 2 again, 1, 2 again) take about 50 batches; 3
+    # is then barred HOLD_MIN windows (of 10 ms: 160 batches of 1 ms).
+    feed(tuner, clock, batch_s, 120, load=load)
     assert burst["over"] and tuner.threads != 3   # the trial of 3 fell in the burst
-    # About 50 windows of 20 ms later (1,500 batches of 0.7 ms at most): 3.
+    # About 100 windows of 10 ms later (1,500 batches of 0.7 ms at most): 3.
     later = feed(tuner, clock, batch_s, 1500, load=load)
     assert tuner.threads == 3 and later[-300:].count(3) > 0.75 * 300, later
 

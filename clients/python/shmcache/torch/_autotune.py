@@ -27,7 +27,15 @@ while: HOLD_MIN windows after its first loss, twice as long after each
 loss in a row (up to HOLD_MAX), none once it won. A count that keeps
 losing costs a trial window every HOLD_MAX windows; one that lost to
 noise is tried again soon. The count that a winner replaced is barred in
-the same way.
+the same way. A trial whose count is clearly slower (its rate below A's
+last window by more than CLEAR_LOSS once it has WINDOW_BATCHES batches
+and TRIAL_MIN_S seconds) is judged then, without waiting for its whole
+window: a warm epoch of small rows is a few windows long, and a full
+window of one thread where two are 30% faster cost a trainer's short
+epochs (and the host sweep's) more than the tuner gained. A count that
+would win is not cut short (it is not slower), and one slowed by a burst
+loses as it would have over the whole window: it is tried again after
+its hold.
 
 A window counts the consumer's time, not the wall clock's: a window may
 span two passes of the loader, but the trainer's time between them is in
@@ -63,9 +71,18 @@ log = logging.getLogger("shmcache")
 
 # A thread trial's window: enough batches, and long enough (in the
 # consumer's time) to span a few of the scheduler's slices (a batch of
-# small rows takes under a millisecond).
+# small rows takes under a millisecond). 10 ms, not more: a warm epoch of
+# 12 KB rows in batches of 256 takes about 16 ms here, and the first trials
+# (a thread more, A again, a thread fewer, A again) span four windows; at
+# 20 ms they spread over five epochs, each slower, where the host sweep
+# compares "auto" epoch by epoch with the best fixed count (0.83x).
 WINDOW_BATCHES = 8
-WINDOW_S = 0.02
+WINDOW_S = 0.01
+# A trial clearly slower than its count's last window ends early (the
+# module says when): after this much of the consumer's time at least ...
+TRIAL_MIN_S = 0.004
+# ... when its rate is this much below that window's.
+CLEAR_LOSS = 0.10
 DEPTH_WINDOW_S = 0.2
 STARVED = 0.10
 FED = 0.02
@@ -174,13 +191,22 @@ class AutoTune:
                     long.thread_share(self._held_s - long.held0, 1))
             short = self._short
             short.add(waited, step)
-            if short.full(WINDOW_S):
+            if short.full(WINDOW_S) or self._clearly_slower(short):
                 self._short = _Window(busy_s, self._held_s)
                 log.debug("CachedLoader: a window of %d batches with %d threads: "
                           "%.0f batches/s, consumer waited %.0f%%", short.batches,
                           self.threads, short.rate(), 100 * short.wait_share())
                 changed = self.decide_threads(short.wait_share(), short.rate()) or changed
             return changed
+
+    def _clearly_slower(self, w: _Window) -> bool:
+        """The window `w` measures a trial whose count is already clearly
+        slower than the count it came from (CLEAR_LOSS, after
+        WINDOW_BATCHES batches and TRIAL_MIN_S): judged now, as the
+        module says."""
+        if self._trial is None or w.batches < WINDOW_BATCHES or w.step < TRIAL_MIN_S:
+            return False
+        return w.rate() < self.rates.get(self._trial[0], 0.0) * (1 - CLEAR_LOSS)
 
     def decide_threads(self, wait: float, rate: float) -> bool:
         """The thread count after a short window of `wait` (a fraction) and
