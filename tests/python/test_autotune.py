@@ -106,9 +106,9 @@ def test_a_trial_of_a_clearly_slower_count_ends_early(clock):
     # Small rows on 2 CPUs, a warm epoch of 78 batches of 0.2 ms (the host
     # sweep's 12 KB rows): one thread and three take twice as long. Each
     # trial of them is cut short once it is clearly slower (after a few
-    # batches), not run for a whole window: a window of 20 ms was 50 such
-    # batches, most of an epoch, and the first trials of 3 and 1 then
-    # slowed several epochs.
+    # batches), not run for a whole window: a window of 20 ms is 50 such
+    # batches, most of an epoch, and whole trials of 3 and 1 slowed
+    # several epochs.
     batch_s = {1: 0.4e-3, 2: 0.2e-3, 3: 0.4e-3, 4: 0.5e-3}
     tuner = new_tuner()
     seen = []
@@ -121,6 +121,23 @@ def test_a_trial_of_a_clearly_slower_count_ends_early(clock):
     assert {t for t in seen if t != 2} == {1, 3}, seen
     assert trials and max(trials) <= 16, trials
     assert tuner.threads == 2 and seen[-78:].count(2) == 78, seen
+
+
+def test_a_trial_cut_short_counts_in_no_hold(clock):
+    # The same small rows: 3 and 1 lose each trial, cut short after a few
+    # batches. Their holds count whole windows (of WINDOW_S: 100 batches
+    # of 0.2 ms), not the cut ones: counted, those made holds run out
+    # sooner, and more trials made more wrong verdicts on a noisy host.
+    batch_s = {1: 0.4e-3, 2: 0.2e-3, 3: 0.4e-3, 4: 0.5e-3}
+    tuner = new_tuner()
+    seen = feed(tuner, clock, batch_s, 20000)
+    starts = [i for i, (a, b) in enumerate(zip(seen, seen[1:])) if a == 2 and b == 3]
+    window = _autotune.WINDOW_S / batch_s[2]
+    assert len(starts) >= 2, starts
+    # Between the first two trials of 3: its cut trial, the window of 2
+    # after it (A/B/A), then its hold of HOLD_MIN whole windows (the cut
+    # trial of 1 in it counts in none).
+    assert starts[1] - starts[0] >= (_autotune.HOLD_MIN + 1) * window, starts
 
 
 def test_threads_that_speed_the_feed_up_are_kept(clock):
@@ -148,11 +165,9 @@ def test_a_better_count_that_lost_to_a_burst_of_load_is_tried_again_soon(clock):
             return 2.0
         burst["over"] = burst["hit"]
         return 1.0
-    # The first trials (3, 2 again, 1, 2 again) take about 50 batches; 3
-    # is then barred HOLD_MIN windows (of 10 ms: 160 batches of 1 ms).
-    feed(tuner, clock, batch_s, 120, load=load)
+    feed(tuner, clock, batch_s, 300, load=load)
     assert burst["over"] and tuner.threads != 3   # the trial of 3 fell in the burst
-    # About 100 windows of 10 ms later (1,500 batches of 0.7 ms at most): 3.
+    # About 50 windows of 20 ms later (1,500 batches of 0.7 ms at most): 3.
     later = feed(tuner, clock, batch_s, 1500, load=load)
     assert tuner.threads == 3 and later[-300:].count(3) > 0.75 * 300, later
 

@@ -30,12 +30,16 @@ noise is tried again soon. The count that a winner replaced is barred in
 the same way. A trial whose count is clearly slower (its rate below A's
 last window by more than CLEAR_LOSS once it has WINDOW_BATCHES batches
 and TRIAL_MIN_S seconds) is judged then, without waiting for its whole
-window: a warm epoch of small rows is a few windows long, and a full
-window of one thread where two are 30% faster cost a trainer's short
-epochs (and the host sweep's) more than the tuner gained. A count that
+window: a warm epoch of 12 KB rows in batches of 256 takes about 16 ms
+on 2 CPUs, less than a window, and whole windows of 3 threads and of 1
+(13% and 23% slower than 2) slowed several of the host sweep's epochs
+(0.83x of 2 threads' although auto's best epoch matched theirs). A count that
 would win is not cut short (it is not slower), and one slowed by a burst
 loses as it would have over the whole window: it is tried again after
-its hold.
+its hold. Holds count whole windows only: counted in cut windows too,
+they ran out sooner, and the more frequent trials made more wrong
+verdicts on noisy batch times (autotune_sim.py, 12 KB rows, 60 passes:
+0.962 of the best fixed count against 0.984 before the cut; 0.978 so).
 
 A window counts the consumer's time, not the wall clock's: a window may
 span two passes of the loader, but the trainer's time between them is in
@@ -71,13 +75,11 @@ log = logging.getLogger("shmcache")
 
 # A thread trial's window: enough batches, and long enough (in the
 # consumer's time) to span a few of the scheduler's slices (a batch of
-# small rows takes under a millisecond). 10 ms, not more: a warm epoch of
-# 12 KB rows in batches of 256 takes about 16 ms here, and the first trials
-# (a thread more, A again, a thread fewer, A again) span four windows; at
-# 20 ms they spread over five epochs, each slower, where the host sweep
-# compares "auto" epoch by epoch with the best fixed count (0.83x).
+# small rows takes under a millisecond). Not shorter: 10 ms windows made
+# more wrong verdicts on this VM under load (150 KB rows: 0.93x of the
+# best fixed count against 0.96x, median of 24 runs at load 12-15).
 WINDOW_BATCHES = 8
-WINDOW_S = 0.01
+WINDOW_S = 0.02
 # A trial clearly slower than its count's last window ends early (the
 # module says when): after this much of the consumer's time at least ...
 TRIAL_MIN_S = 0.004
@@ -191,12 +193,13 @@ class AutoTune:
                     long.thread_share(self._held_s - long.held0, 1))
             short = self._short
             short.add(waited, step)
-            if short.full(WINDOW_S) or self._clearly_slower(short):
+            whole = short.full(WINDOW_S)
+            if whole or self._clearly_slower(short):
                 self._short = _Window(busy_s, self._held_s)
                 log.debug("CachedLoader: a window of %d batches with %d threads: "
                           "%.0f batches/s, consumer waited %.0f%%", short.batches,
                           self.threads, short.rate(), 100 * short.wait_share())
-                changed = self.decide_threads(short.wait_share(), short.rate()) or changed
+                changed = self.decide_threads(short.wait_share(), short.rate(), whole) or changed
             return changed
 
     def _clearly_slower(self, w: _Window) -> bool:
@@ -208,12 +211,14 @@ class AutoTune:
             return False
         return w.rate() < self.rates.get(self._trial[0], 0.0) * (1 - CLEAR_LOSS)
 
-    def decide_threads(self, wait: float, rate: float) -> bool:
+    def decide_threads(self, wait: float, rate: float, whole: bool = True) -> bool:
         """The thread count after a short window of `wait` (a fraction) and
         `rate` (batches per second of the consumer's steps), as the module
         says; True when it changed. A test may call it with the measures
-        it wants."""
-        self._barred = {k: n - 1 for k, n in self._barred.items() if n > 1}
+        it wants. `whole`: the window ran its length (a trial judged early
+        counts in no hold)."""
+        if whole:
+            self._barred = {k: n - 1 for k, n in self._barred.items() if n > 1}
         trial, self._trial = self._trial, None
         recheck, self._recheck = self._recheck, None
         if not self.auto_threads:
