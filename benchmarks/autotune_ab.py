@@ -17,22 +17,15 @@ average; then the median and mean over the runs. Measures only.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import sys
 
+from autotune_sim import load
 from host_sweep import KB, Rows, epoch, new_cache
 
 ROUNDS = 6
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def one_run(ds, bs, tuners, run):
