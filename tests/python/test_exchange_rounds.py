@@ -8,7 +8,8 @@ Each rank asks the other for rows of one shared cache (round() serves any
 id asked of it), with counts and row sizes that differ between the ranks
 and from round to round, so that every path is taken: the first round
 (no rooms yet), rounds that fit, more ids than the room, answers larger
-than the room, misses, pushed rows, the closing round.
+than the room, misses, pushed rows, the closing round, an epoch's short
+last round and closing round before the next epoch's full one.
 """
 
 import os
@@ -96,6 +97,13 @@ assert round_([205, 150, 206], [250, 0, 1, 251]) == (2, False)
 assert round_([199], [198]) == (3, False)
 assert round_(list(range(40)), list(range(40, 80))) == (3, False)
 assert calls[2] < 5 * 40000, calls   # step 2's bytes: 40 x 1 KB and the room
+# An epoch's end: full rounds, a short last one, the closing round (one
+# call, nothing asked); the next epoch's first full round still fits the
+# rooms: neither the short round nor the closing one shrank them below it.
+assert round_(list(range(40)), list(range(40, 80))) == (2, False)
+assert round_([1, 2, 3], [4]) == (2, False)
+assert round_([], [], done=True) == (1, True)
+assert round_(list(range(40, 80)), list(range(40))) == (2, False)
 # Nothing asked by anyone, every rank done: one call, the last round.
 assert round_([], [], done=True) == (1, True)
 print("ok", flush=True)
