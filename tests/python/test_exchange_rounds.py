@@ -17,7 +17,7 @@ import os
 from conftest import free_tcp_port, run_ranks
 
 _RANK = r'''
-import datetime, os, sys
+import datetime, os, sys, weakref
 import numpy as np
 import torch.distributed as dist
 import shmcache
@@ -77,6 +77,19 @@ assert round_(list(range(10)), list(range(20, 40))) == (4, False)
 # The same counts and sizes: two calls.
 assert round_(list(range(40, 50)), list(range(50, 70))) == (2, False)
 assert round_(list(range(70, 80)), list(range(0, 20))) == (2, False)
+# Rows a round returned that the caller still holds stay whole through
+# the next rounds (step 2's receive buffer is reused only once none of
+# its rows is held); let go, the buffer serves the next rounds again.
+held_ids = list(range(20, 30)) if rank == 0 else list(range(30, 50))
+held = ex.round({peer: held_ids}, {}, False, 0)[0][peer]
+buffer = weakref.ref(ex._recv_np)
+assert round_(list(range(50, 60)), list(range(60, 80))) == (2, False)
+check(held, held_ids)
+assert ex._recv_np is not buffer()
+del held
+buffer = weakref.ref(ex._recv_np)
+assert round_(list(range(80, 90)), list(range(0, 20))) == (2, False)
+assert ex._recv_np is buffer()
 # More ids than the room (twice the last round's): one call more (1b).
 assert round_(list(range(30)), list(range(30, 50))) == (3, False)
 # Rows 40x larger than the pair's last answers: one call more (2b).
