@@ -100,6 +100,9 @@ assert round_(list(range(130, 140)), list(range(140, 160))) == (2, False)
 pushed = {peer: ([300 + rank], [[("#0", "uint8", np.full(8, rank, np.uint8)),
                                   ("#1\x1fpy", "int64", np.array(rank))]])}
 assert round_(list(range(160, 170)), list(range(170, 190)), pushed) == (3, False)
+# The pair's last two answers had rows of one size: step 2's room is
+# within 1% of the answer (not 1/16 over: zeros sent).
+assert calls[2] < ex.last_sizes[0][peer] * 1.01 + 2048, (calls, ex.last_sizes)
 assert cache.contains(300) and cache.contains(301)
 assert ex.rows_put_for_others == 1
 # Misses (never cached) and hits, as asked: each answer fits (smaller).
