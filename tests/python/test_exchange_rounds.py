@@ -78,18 +78,36 @@ assert round_(list(range(10)), list(range(20, 40))) == (4, False)
 assert round_(list(range(40, 50)), list(range(50, 70))) == (2, False)
 assert round_(list(range(70, 80)), list(range(0, 20))) == (2, False)
 # Rows a round returned that the caller still holds stay whole through
-# the next rounds (step 2's receive buffer is reused only once none of
-# its rows is held); let go, the buffer serves the next rounds again.
+# the next rounds (step 2's receive buffers are reused only once none of
+# their rows is held), as do the last round's while the caller makes the
+# next (a loop of `answers = ex.round(...)`); once let go, the buffers
+# serve the next rounds again: no new one.
 held_ids = list(range(20, 30)) if rank == 0 else list(range(30, 50))
 held = ex.round({peer: held_ids}, {}, False, 0)[0][peer]
-buffer = weakref.ref(ex._recv_np)
-assert round_(list(range(50, 60)), list(range(60, 80))) == (2, False)
-check(held, held_ids)
-assert ex._recv_np is not buffer()
+for k in range(3):
+    assert round_(list(range(50 + k, 60 + k)), list(range(60, 80))) == (2, False)
+    check(held, held_ids)
 del held
-buffer = weakref.ref(ex._recv_np)
-assert round_(list(range(80, 90)), list(range(0, 20))) == (2, False)
-assert ex._recv_np is buffer()
+
+def buffers():
+    return {id(a) for a in ex._recv_np}
+
+answers = None
+for k in range(6):
+    ids = list(range(k, 10 + k)) if rank == 0 else list(range(60 + k, 80 + k))
+    last = answers
+    answers = ex.round({peer: ids}, {}, False, 0)[0][peer]
+    if last is not None:
+        check(last, last_ids)
+    last_ids = ids
+    if k == 2:
+        kept = [weakref.ref(a) for a in ex._recv_np]   # ids stay theirs
+        warm = buffers()
+assert buffers() == warm
+del last, answers
+for k in range(4):
+    assert round_(list(range(80, 90)), list(range(0, 20))) == (2, False)
+assert buffers() == warm and all(r() is not None for r in kept)
 # More ids than the room (twice the last round's): one call more (1b).
 assert round_(list(range(30)), list(range(30, 50))) == (3, False)
 # Rows 40x larger than the pair's last answers: one call more (2b).
