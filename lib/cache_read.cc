@@ -155,9 +155,12 @@ void CacheImpl::LookupBatch(std::span<const uint64_t> ids, uint64_t* locs) {
   const TableSet::Range tables = tables_.CurrentRange();
   for (uint64_t id : ids) tables_.Prefetch(id, tables);
   // Each probe re-reads the tables to probe (a table the daemon adds
-  // during the window is probed too) but does not prefetch again.
+  // during the window is probed too) but does not prefetch again. A miss
+  // is the put's answer (it writes the row): FindFrom looks again where a
+  // compaction freed the range's tables since, or the row would be written
+  // for the newest table to refuse (kExists) and its room wasted.
   for (size_t i = 0; i < ids.size(); ++i) {
-    locs[i] = tables_.FindIn(ids[i], tables_.CurrentRange());
+    locs[i] = tables_.FindFrom(ids[i], tables_.CurrentRange());
     if (locs[i] == layout::kEmpty || (locs[i] & layout::kSpilledBit)) continue;
     segments_.Prefetch(locs[i]);
   }

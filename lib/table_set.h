@@ -14,7 +14,7 @@
 // finds the row. Lookup itself rechecks a miss against first_table (LookupFrom): its
 // range, too, may have been compacted away between its read and its probe.
 //
-// Thread safety: Lookup, Mapped, Range, FindIn, Prefetch, InsertNewest,
+// Thread safety: Lookup, Mapped, Range, FindIn, FindFrom, Prefetch, InsertNewest,
 // Publish and Republish from any thread without a lock; MapNew takes the set's own mutex
 // (LockRank::kCacheTables), held only while files are mapped.
 #pragma once
@@ -71,18 +71,22 @@ class TableSet {
       if (loc != layout::kEmpty) [[likely]] {
         return loc;
       }
-      // After the probe's slot loads (acquire, each): a probe that read a
-      // slot the daemon freed (its release store of kEmpty in the first
-      // page, or MADV_REMOVE's zeros past it) reads the first_table the
-      // daemon raised before that free. Unmoved (r.first is first_table
-      // unless that table could not be mapped): a miss.
-      if (header_->first_table.load(std::memory_order_acquire) == r.first) [[likely]] {
+      if (!CompactedSince(&r)) [[likely]] {
         return layout::kEmpty;
       }
-      const Range now = CurrentRange();
-      if (now.first == r.first) return layout::kEmpty;
-      r = now;
     }
+  }
+  // FindIn with LookupFrom's recheck of a miss: for callers that
+  // prefetched r's slots (Prefetch) and take a miss for an answer (the
+  // put path's duplicate check: a miss read in tables a compaction freed
+  // would write a row the newest table then refuses, its room wasted).
+  // REQUIRES: r from CurrentRange().
+  uint64_t FindFrom(uint64_t id, Range r) {
+    const uint64_t loc = FindIn(id, r);
+    if (loc != layout::kEmpty || !CompactedSince(&r)) [[likely]] {
+      return loc;
+    }
+    return LookupFrom(id, r);
   }
   // Lookup in the tables mapped now, mapping none: the hit path's. A row in
   // a table not mapped yet is not found here; a caller that takes a miss
@@ -215,6 +219,22 @@ class TableSet {
       if (loc != layout::kEmpty) return loc;
     }
     return layout::kEmpty;
+  }
+  // After a miss in range r: true, with *r the range now, when the daemon
+  // compacted the index since r was read (the miss may be a freed slot's).
+  // After the probe's slot loads (acquire, each): a probe that read a slot
+  // the daemon freed (its release store of kEmpty in the first page, or
+  // MADV_REMOVE's zeros past it) reads the first_table the daemon raised
+  // before that free. Unmoved (r->first is first_table unless that table
+  // could not be mapped): false, the miss stands.
+  bool CompactedSince(Range* r) {
+    if (header_->first_table.load(std::memory_order_acquire) == r->first) [[likely]] {
+      return false;
+    }
+    const Range now = CurrentRange();
+    if (now.first == r->first) return false;
+    *r = now;
+    return true;
   }
   // Publish's second half: the row is published in table *tables - 1;
   // carries it into each newer table the header counts.

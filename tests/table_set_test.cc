@@ -115,6 +115,27 @@ TEST_F(TableSetTest, ALookupWhoseRangeACompactionFreedFindsTheRowInTheNewest) {
   EXPECT_EQ(tables_->LookupMapped(3), Loc(3)) << "the hit path's range refreshed";
 }
 
+// The same for the put path's duplicate check (CacheImpl::LookupBatch
+// probes each id in the range it read, its slots prefetched): a miss in
+// tables a compaction freed meanwhile is looked for again in the newest.
+// Probed once (FindIn, as LookupBatch did), the put took the row for
+// absent: it wrote it, the newest table answered kExists, and the row's
+// room was wasted unless it was its chunk's last.
+TEST_F(TableSetTest, ADuplicateCheckWhoseRangeACompactionFreedFindsTheRowInTheNewest) {
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->InsertNewest(3, Loc(3), &tables),
+            IndexTable::InsertResult::kInserted);
+  const TableSet::Range stale = tables_->CurrentRange();
+  tables_->Prefetch(3, stale);
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());  // copy, first_table 1, free 0
+  ASSERT_TRUE(cache_->GrowIndex(2, &account_).ok());  // and again: 2, free 0 and 1
+  ASSERT_EQ(tables_->FindIn(3, stale), layout::kEmpty) << "the range's table was freed";
+  EXPECT_EQ(tables_->FindFrom(3, stale), Loc(3));
+  EXPECT_EQ(tables_->FindFrom(4, stale), layout::kEmpty) << "never published";
+  EXPECT_EQ(tables_->FindFrom(3, tables_->CurrentRange()), Loc(3)) << "a range now";
+  EXPECT_EQ(tables_->LookupMapped(3), Loc(3)) << "the hit path's range refreshed";
+}
+
 // Tables not compacted (a copy that found the newest table full): a row in
 // an older table is found behind the newer ones.
 TEST_F(TableSetTest, WithoutACompactionEveryTableFromTheFirstIsProbed) {
