@@ -138,8 +138,9 @@ std::vector<SegmentJob> CacheState::TakeSegmentJobs(int node, MemoryAccount* acc
 }
 
 void CacheState::FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
-                                  MemoryAccount* account) {
-  alloc_.FinishSegmentJob(job, made, std::move(file), account);
+                                  MemoryAccount* account,
+                                  const std::function<void()>& keeping) {
+  alloc_.FinishSegmentJob(job, made, std::move(file), account, keeping);
   PublishReserved();
 }
 

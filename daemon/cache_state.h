@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -169,8 +170,10 @@ class CacheState {
 
   std::vector<SegmentJob> TakeSegmentJobs(int node, MemoryAccount* account, int max_jobs);
   std::vector<SegmentJob> TakeSupplyJobs(int node) { return alloc_.TakeSupplyJobs(node); }
+  // SegmentAllocator::FinishSegmentJob (a throw there changes nothing).
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
-                        MemoryAccount* account);
+                        MemoryAccount* account,
+                        const std::function<void()>& keeping = nullptr);
 
   // ReadCacheStats of the header, with the spill reads this daemon served.
   CacheStats Stats() const;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -693,7 +694,8 @@ Status SegmentAllocator::RunSegmentJob(const InstancePaths& paths, const Segment
 }
 
 void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& made,
-                                        ShmFile file, MemoryAccount* account) {
+                                        ShmFile file, MemoryAccount* account,
+                                        const std::function<void()>& keeping) {
   size_t n = static_cast<size_t>(job.node);
   if (!job.create) {
     auto it = segments_.find(job.seg_no);
@@ -712,8 +714,8 @@ void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& mad
     ShmFile::Unlink(paths_.SegmentFile(cache_id_, job.seg_no)).PermitUncheckedError();
     return;
   }
-  --preparing_[n];
   if (!made.ok()) {
+    --preparing_[n];
     account->Release(job.size);
     data_bytes_ -= job.size;
     if (log_)
@@ -721,10 +723,18 @@ void SegmentAllocator::FinishSegmentJob(const SegmentJob& job, const Status& mad
     return;
   }
   // Handed out in the order they were named, whichever finished first.
+  // Kept before the job counts as done: a throw here (the deque's insert
+  // allocates a block before it moves an element, and its moves do not
+  // throw) leaves everything as it was, for the caller to end the job as a
+  // failed one (the header says how).
+  static_assert(std::is_nothrow_move_constructible_v<Prepared> &&
+                std::is_nothrow_move_assignable_v<Prepared>);
+  if (keeping) keeping();
   auto& ready = prepared_[n];
   auto at = std::find_if(ready.begin(), ready.end(),
                          [&](const Prepared& p) { return p.seg_no > job.seg_no; });
   ready.insert(at, Prepared{job.seg_no, job.size, std::move(file), job.supply_to});
+  --preparing_[n];
 }
 
 Status SegmentAllocator::AdoptSegment(uint32_t seg_no) {

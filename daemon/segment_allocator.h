@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -186,8 +187,17 @@ class SegmentAllocator {
   // create job. Thread-safe (touches no state).
   static Status RunSegmentJob(const InstancePaths& paths, const SegmentJob& job,
                               ShmFile* file);
+  // Hands a job back: a made segment is kept among the prepared ones (in
+  // the order they were named), a failed one's reservation released. An
+  // allocation may throw only while a made segment is kept, and `keeping`
+  // (the tests' hook; may be empty) runs just before: a throw from either
+  // changes nothing (the job still counts as running, its memory reserved,
+  // its file in place), and the caller ends the job as a failed one
+  // (Store::RunSegmentJobLocked: the file removed, FinishSegmentJob again
+  // with the error, which allocates nothing).
   void FinishSegmentJob(const SegmentJob& job, const Status& made, ShmFile file,
-                        MemoryAccount* account);
+                        MemoryAccount* account,
+                        const std::function<void()>& keeping = nullptr);
   // Creates and formats a segment file of `size` bytes, the first `supply`
   // of them supplied (all by default). Thread-safe (touches no state).
   static Status CreateSegmentFile(const InstancePaths& paths, uint32_t cache_id,

@@ -111,7 +111,23 @@ void Store::RunSegmentJobLocked(const SegmentJob& job) {
           .PermitUncheckedError();
     }
   } else {
-    it->second->FinishSegmentJob(job, made, std::move(file), &account_);
+    CacheState* cache = it->second.get();
+    try {
+      cache->FinishSegmentJob(job, made, std::move(file), &account_, [this] {
+        mu_.AssertHeld();  // called back under this scope's lock
+        AtLockedStep(LockedStep::kJobKeeping);
+      });
+    } catch (...) {
+      // Thrown while a made segment was kept, before anything changed
+      // (SegmentAllocator::FinishSegmentJob): ended as a failed job, its
+      // new file removed (nothing names it), its memory released.
+      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
+          .PermitUncheckedError();
+      made = Status::IOError(fmt::format("keeping segment {} threw: {}", job.seg_no,
+                                         WhatThrew(std::current_exception())));
+      log_->Error("cache {}: {}", job.cache_id, made.message());
+      cache->FinishSegmentJob(job, made, ShmFile(), &account_);
+    }
   }
   job_done_cv_.SignalAll();
 }

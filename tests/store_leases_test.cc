@@ -137,7 +137,9 @@ class LockedJobStepTest : public testing::TestWithParam<Store::LockedStep> {};
 // leaves none of its files (the thrown job's new segment neither), and
 // the store's stop ends. Thrown past the job, with the lock taken by hand,
 // it ended the preparer's thread, and with it the daemon (std::terminate:
-// the child ended by SIGABRT).
+// the child ended by SIGABRT). Thrown while FinishSegmentJob kept the made
+// segment (Keeping), it left the job counted as running and its 16 MB
+// reserved (kTooLittle) and its file behind.
 TEST_P(LockedJobStepTest, AJobThatThrowsUnderTheLockEndsAndLeasesGoOn) {
   const Store::LockedStep step = GetParam();
   const int code = InAChild([&](const std::string& run, const std::string& shm) -> int {
@@ -181,9 +183,14 @@ TEST_P(LockedJobStepTest, AJobThatThrowsUnderTheLockEndsAndLeasesGoOn) {
 
 INSTANTIATE_TEST_SUITE_P(
     EachStep, LockedJobStepTest,
-    testing::Values(Store::LockedStep::kJobTaken, Store::LockedStep::kJobFinishing),
+    testing::Values(Store::LockedStep::kJobTaken, Store::LockedStep::kJobFinishing,
+                    Store::LockedStep::kJobKeeping),
     [](const testing::TestParamInfo<Store::LockedStep>& info) -> std::string {
-      return info.param == Store::LockedStep::kJobTaken ? "Taken" : "Finishing";
+      switch (info.param) {
+        case Store::LockedStep::kJobTaken: return "Taken";
+        case Store::LockedStep::kJobFinishing: return "Finishing";
+        default: return "Keeping";
+      }
     });
 
 }  // namespace
