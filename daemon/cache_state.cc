@@ -31,7 +31,8 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
                           uint32_t session_id, const std::string& name,
                           const std::string& fingerprint, uint64_t budget_bytes,
                           bool spill_requested, int num_nodes, MemoryAccount* account,
-                          Logger* log, std::unique_ptr<CacheState>* out) {
+                          Logger* log, std::unique_ptr<CacheState>* out,
+                          const std::function<void()>& installing) {
   std::unique_ptr<CacheState> c(new CacheState(paths, cache_id, num_nodes, log));
   c->session_id_ = session_id;
   c->name_ = name;
@@ -66,7 +67,7 @@ Status CacheState::Create(const InstancePaths& paths, uint32_t cache_id,
   uint64_t rows = budget_bytes / 4096 * 4 / 3 + 1;
   uint32_t log2 = std::clamp<uint32_t>(static_cast<uint32_t>(std::bit_width(rows)),
                                        kMinTableLog2, kMaxInitialTableLog2);
-  s = c->CreateTable(0, log2, account);
+  s = c->CreateTable(0, log2, account, installing);
   if (!s.ok()) {
     c->Destroy(account);
     return s;

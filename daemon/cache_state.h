@@ -36,12 +36,16 @@ class Logger;
 class CacheState {
  public:
   // Creates the header file and the first index table, reserving both in
-  // `account`.
+  // `account`. A failure (a throw while the table is installed included:
+  // an IOError) leaves nothing: no file, nothing reserved. `installing`
+  // (the tests' hook; may be empty) runs just before the first table is
+  // installed, where an allocation may throw.
   static Status Create(const InstancePaths& paths, uint32_t cache_id, uint32_t session_id,
                        const std::string& name, const std::string& fingerprint,
                        uint64_t budget_bytes, bool spill_requested, int num_nodes,
                        MemoryAccount* account, Logger* log,
-                       std::unique_ptr<CacheState>* out);
+                       std::unique_ptr<CacheState>* out,
+                       const std::function<void()>& installing = nullptr);
   // Re-opens a cache a previous daemon left in shared memory: its header,
   // the index tables the header names and the segments `seg_nos` (the
   // numbers found in the shm dir; SegmentAllocator::AdoptSegment). Each
@@ -191,7 +195,11 @@ class CacheState {
   // Adopt's steps; each adds what it maps to file_bytes_.
   Status AdoptHeader();
   Status AdoptTable(uint32_t gen);
-  Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account);
+  // Makes, installs and counts table `gen`; a failure (a throw from
+  // InstallTable or `installing`, before it, included) leaves no file and
+  // nothing reserved.
+  Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account,
+                     const std::function<void()>& installing);
   // Adds table `gen` (made, formatted, its bytes reserved) to index_ and
   // publishes it in the header; throwing (no room in index_ or tables_),
   // adds nothing.

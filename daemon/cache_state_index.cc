@@ -27,7 +27,8 @@ namespace {
 constexpr uint32_t kTableNameTries = 8;
 }  // namespace
 
-Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* account) {
+Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* account,
+                               const std::function<void()>& installing) {
   const Growth g{.gen = gen, .log2 = log2, .bytes = layout::TableFileSize(1ULL << log2)};
   if (!account->Reserve(g.bytes)) return IndexCapUsedUp();
   ShmFile f;
@@ -39,8 +40,20 @@ Status CacheState::CreateTable(uint32_t gen, uint32_t log2, MemoryAccount* accou
     account->Release(g.bytes);
     return s;
   }
+  // Installed before its bytes are counted, as FinishGrowth does: a throw
+  // from InstallTable's reserve adds nothing, and the table, nobody's yet,
+  // is removed and its bytes released here.
+  try {
+    if (installing) installing();
+    InstallTable(gen, std::move(f), tag);
+  } catch (const std::exception& e) {
+    f.Unmap();  // when the throw came before InstallTable took it
+    ShmFile::Unlink(paths_.TableFile(cache_id_, gen, tag)).PermitUncheckedError();
+    account->Release(g.bytes);
+    return Status::IOError(
+        fmt::format("installing index table {} threw: {}", gen, e.what()));
+  }
   AddReserved(g.bytes);
-  InstallTable(gen, std::move(f), tag);
   return Status::OK();
 }
 

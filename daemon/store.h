@@ -164,6 +164,7 @@ class Store {
     kJobTaken,         // a segment job taken from jobs_, before running_jobs_
     kJobFinishing,     // the job ran, the lock taken again: before FinishSegmentJob
     kJobKeeping,       // in FinishSegmentJob, before a made segment is kept
+    kTableInstalling,  // a cache opened: before its first table is installed
   };
   // For tests only, set before any request: table_made runs in a growth
   // (GrowIndex) once its table is made, the lock let go, before it is

@@ -212,7 +212,10 @@ Status Store::OpenCache(uint32_t session_id, const std::string& name,
       id = rng_();
     } while (id == 0 || caches_.count(id) != 0);
     s = CacheState::Create(paths_, id, session_id, name, fingerprint, budget,
-                           spill_requested, num_nodes_, &account_, log_, &c);
+                           spill_requested, num_nodes_, &account_, log_, &c, [this] {
+                             mu_.AssertHeld();  // called back under this scope's lock
+                             AtLockedStep(LockedStep::kTableInstalling);
+                           });
     if (!s.IsAlreadyExists()) break;
     log_->Warn("cache id {} skipped: {}", id, s.message());
   }

@@ -36,6 +36,8 @@ enum : int {
   kStuck = 15,       // after a job that threw, a request hung
   kLease = 16,       // a lease after it was refused
   kLeftBehind = 17,  // a file of the destroyed cache is left
+  kOpened = 18,      // an open whose table threw answered OK
+  kAccount = 19,     // memory left reserved after the open failed
 };
 
 // A store of `nodes` nodes under a 256 MB cap with one session and one
@@ -57,6 +59,12 @@ class OneCacheStore {
   }
   Store& store() { return *store_; }
   const InstancePaths& paths() const { return paths_; }
+  // What the store counts against its cap.
+  uint64_t MemoryUsed() {
+    ServerInfo info;
+    store_->FillServerInfo(&info);
+    return info.memory_used_bytes;
+  }
   uint32_t session() const { return session_; }
   uint32_t cache() const { return cache_; }
 
@@ -178,6 +186,40 @@ TEST_P(LockedJobStepTest, AJobThatThrowsUnderTheLockEndsAndLeasesGoOn) {
     return 0;
   });
   EXPECT_NE(code, -9) << "hung";
+  EXPECT_EQ(code, 0);
+}
+
+// An open whose first index table throws as it is installed (the room in
+// the cache's table lists, an allocation) fails with a message and leaves
+// nothing: no file (the header's nor the table's), no memory reserved; the
+// next open makes the cache. Before, the table's bytes were counted before
+// it was installed and the throw went out of OpenCache (the child ended by
+// SIGABRT), the table's reservation and file left behind.
+TEST(StoreLeasesTest, AnOpenWhoseTableThrowsAsItIsInstalledLeavesNothing) {
+  const int code = InAChild([&](const std::string& run, const std::string& shm) -> int {
+    OneCacheStore c(run, shm, /*nodes=*/1);
+    std::atomic<bool> thrown{false};
+    c.store().SetTestHooks({.locked_step = [&](Store::LockedStep at) {
+      if (at == Store::LockedStep::kTableInstalling && !thrown.exchange(true)) {
+        throw std::bad_alloc();
+      }
+    }});
+    uint32_t session = 0, cache = 0;
+    if (!c.store().Init().ok() || !c.store().CreateSession(&session).ok()) return kSetUp;
+    const uint64_t used = c.MemoryUsed();
+    Status s = c.store().OpenCache(session, "c", "c-fp", 64, false, &cache);
+    std::fprintf(stderr, "open: %s\n", s.ToString().c_str());
+    if (!thrown) return kNotThrown;
+    if (s.ok()) return kOpened;
+    if (c.MemoryUsed() != used) return kAccount;
+    const std::string sessions = c.paths().SessionsFile();
+    for (const std::string& n : test::ListDir(shm)) {
+      if (n != sessions.substr(sessions.rfind('/') + 1)) return kLeftBehind;
+    }
+    if (!c.store().OpenCache(session, "c", "c-fp", 64, false, &cache).ok()) return kSetUp;
+    c.store().Shutdown();
+    return 0;
+  });
   EXPECT_EQ(code, 0);
 }
 
