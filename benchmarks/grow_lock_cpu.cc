@@ -108,7 +108,7 @@ Sample GrowOnce(uint32_t log2, bool split, int round) {
     CacheState::FreeCompacted(&g);
     out.free_ms = ThreadCpuMs() - t0;
     t0 = ThreadCpuMs();
-    cache->EndGrowth(g, &account);
+    cache->EndGrowth(&g, &account);
     out.lock_ms += ThreadCpuMs() - t0;
   }
   if (!s.ok()) Fail("the timed growth", s);

@@ -81,6 +81,12 @@ class CacheState {
     std::vector<std::span<char>> to_free;
     uint64_t freed = 0;
     int free_errno = 0;  // FreeCompacted's first failure, logged by EndGrowth
+    // Where a growth that threw stands (Store::GrowIndex ends what is
+    // left): FinishGrowth settled the reserved bytes (the new table's, or
+    // released); EndGrowth ended it. Each step sets its flag once its state
+    // changed, and leaves nothing changed when it throws before.
+    bool finished = false;
+    bool ended = false;
   };
   // Reserves the table that follows `seen` in `account`; *needed false
   // when one was added since (OK, nothing reserved). The errors are
@@ -97,7 +103,9 @@ class CacheState {
   // that generation was added meanwhile (a GrowIndex in one call, which
   // the store keeps out of a growth in steps: Store::CacheNotGrowing), the
   // file is removed and its bytes released; a failure is returned as
-  // GrowIndex returns it.
+  // GrowIndex returns it. A throw (an allocation) leaves g->finished false
+  // and the table not added; after it is added (g->finished), the older
+  // tables are at worst not compacted, which lookups allow.
   Status FinishGrowth(Growth* g, const Status& made, ShmFile file, uint32_t tag,
                       MemoryAccount* account);
   // Frees the slots of the tables FinishGrowth compacted away (MADV_REMOVE
@@ -105,8 +113,9 @@ class CacheState {
   // readers and writers, which read freed slots as empty.
   static void FreeCompacted(Growth* g);
   // Releases the bytes FreeCompacted freed and ends the growth; called
-  // once for each BeginGrowth that set *needed, whatever FinishGrowth said.
-  void EndGrowth(const Growth& g, MemoryAccount* account);
+  // once for each BeginGrowth that set *needed, whatever FinishGrowth said
+  // (g->ended then; a failed free is logged after).
+  void EndGrowth(Growth* g, MemoryAccount* account);
   // A growth is between BeginGrowth and EndGrowth. What may grow the index
   // under the lock (the spill path's GrowIndex) waits for it to end: inside
   // it, it would reserve a second table of the same generation.
@@ -181,7 +190,8 @@ class CacheState {
   Status AdoptTable(uint32_t gen);
   Status CreateTable(uint32_t gen, uint32_t capacity_log2, MemoryAccount* account);
   // Adds table `gen` (made, formatted, its bytes reserved) to index_ and
-  // publishes it in the header.
+  // publishes it in the header; throwing (no room in index_ or tables_),
+  // adds nothing.
   void InstallTable(uint32_t gen, ShmFile file, uint32_t tag);
   // Copies the rows of the tables from first_table on into the newest
   // (just made) one and raises first_table to it; the older tables' slots

@@ -68,6 +68,10 @@ Status CacheState::MakeTable(const InstancePaths& paths, uint32_t cache_id,
 }
 
 void CacheState::InstallTable(uint32_t gen, ShmFile f, uint32_t tag) {
+  // Their room first: past it nothing throws, so that index_ and tables_
+  // stay in step.
+  index_.reserve(index_.size() + 1);
+  tables_.reserve(tables_.size() + 1);
   index_.emplace_back(reinterpret_cast<layout::TableHeader*>(f.data()));
   const uint64_t cap = index_.back().capacity();
   tables_.push_back(std::move(f));
@@ -88,7 +92,7 @@ Status CacheState::GrowIndex(uint32_t seen, MemoryAccount* account) {
   if (!skipped.empty() && log_) log_->Warn("cache {}: skipped {}", cache_id_, skipped);
   s = FinishGrowth(&g, made, std::move(f), tag, account);
   FreeCompacted(&g);
-  EndGrowth(g, account);
+  EndGrowth(&g, account);
   return s;
 }
 
@@ -125,10 +129,12 @@ Status CacheState::FinishGrowth(Growth* g, const Status& made, ShmFile file, uin
       ShmFile::Unlink(paths_.TableFile(cache_id_, g->gen, tag)).PermitUncheckedError();
     }
     account->Release(g->bytes);
+    g->finished = true;
     return made.ok() ? Status::OK() : GrowthFailed(*g, made, account);
   }
-  AddReserved(g->bytes);
   InstallTable(g->gen, std::move(file), tag);
+  AddReserved(g->bytes);
+  g->finished = true;
   CompactIndex(g);
   return Status::OK();
 }
@@ -155,6 +161,8 @@ void CacheState::CompactIndex(Growth* g) {
   // the copy fills it to 3/8, under its limit of 3/4.
   const uint32_t newest = static_cast<uint32_t>(index_.size()) - 1;
   const uint32_t first = header_->first_table.load(std::memory_order_relaxed);
+  // Its room before the copy: thrown here, the older tables stay probed.
+  g->to_free.reserve(newest);
   // InstallTable stored the count of tables; this fence orders that store
   // before the copy's loads of the older slots, as TableSet::Publish's
   // fence orders a writer's slot store before its load of the count. A
@@ -188,16 +196,17 @@ void CacheState::FreeCompacted(Growth* g) {
   }
 }
 
-void CacheState::EndGrowth(const Growth& g, MemoryAccount* account) {
-  if (g.free_errno != 0 && log_) {
-    log_->Warn("{}: could not free older index tables' slots: errno {}", Label(),
-               g.free_errno);
-  }
+void CacheState::EndGrowth(Growth* g, MemoryAccount* account) {
   // Released once freed: until then the pages were still held.
-  file_bytes_ -= g.freed;
-  account->Release(g.freed);
+  file_bytes_ -= g->freed;
+  account->Release(g->freed);
   PublishReserved();
   --growing_;
+  g->ended = true;
+  if (g->free_errno != 0 && log_) {
+    log_->Warn("{}: could not free older index tables' slots: errno {}", Label(),
+               g->free_errno);
+  }
 }
 
 void CacheState::FreeTableSlots(uint32_t g) {

@@ -70,7 +70,7 @@ void SpillStore::StopFlusher() {
 
 void SpillStore::FlushWhenIdle() {
   const auto idle = std::chrono::milliseconds(kIdleFlushMs);
-  flush_mu_.Lock();
+  MutexLock lock(&flush_mu_);
   while (!closing_) {
     if (!unflushed_) {
       flush_cv_.Wait(&flush_mu_);
@@ -82,7 +82,7 @@ void SpillStore::FlushWhenIdle() {
       continue;
     }
     unflushed_ = false;
-    flush_mu_.Unlock();
+    MutexUnlock unlocked(&flush_mu_);  // taken again at the end of this pass
     // Not after a failed write (RocksDB must see nothing more then), nor
     // without the room a flush needs: the next write reports why.
     uint64_t free_bytes = 0;
@@ -95,9 +95,7 @@ void SpillStore::FlushWhenIdle() {
     // The flushed memtables' memory, kept for the next ones while writes
     // came (KeepMemtableMemory), back to the kernel now that none come.
     malloc_trim(0);
-    flush_mu_.Lock();
   }
-  flush_mu_.Unlock();
 }
 
 void SpillStore::WriteFlushMarker() {

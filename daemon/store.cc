@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -68,6 +70,16 @@ Store::Store(const DaemonOptions& options, const InstancePaths& paths, int num_n
 }
 
 Store::~Store() { StopPreparer(); }
+
+std::string Store::WhatThrew(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& thrown) {
+    return thrown.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
 
 Status Store::Init(const std::atomic<bool>* stop_requested) {
   auto note = [this](const std::string& text) { Note(text); };

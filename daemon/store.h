@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <ctime>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,6 +43,7 @@
 #include "daemon/shm_pages.h"
 #include "daemon/spill_stages.h"
 #include "format/instance.h"
+#include "format/shm_file.h"
 #include "port/mutex.h"
 #include "shmcache/stats.h"
 #include "shmcache/status.h"
@@ -105,7 +107,11 @@ class Store {
   // requests wait only for the publish and the copy. A growth of the same
   // cache under way is waited for (its table then answers this one). At
   // its end, the older tables' bytes released, caches that the cap made
-  // full meanwhile take rows again (ResumeCachesLocked).
+  // full meanwhile take rows again (ResumeCachesLocked). A step that throws
+  // (an allocation, std::random_device), with the lock or without, ends the
+  // growth as a failed one: IOError naming what was thrown, no new table
+  // left behind, the lock let go and the waiters woken; thrown once its
+  // table was added, the growth is done and says what FinishGrowth said.
   Status GrowIndex(uint32_t cache_id, uint32_t seen) EXCLUDES(mu_);
   // The connection of `process` ended. Its chunks' unused tails are
   // recycled once the process is gone (checked now, then by
@@ -148,11 +154,24 @@ class Store {
   // Destroys everything and removes every shared-memory file.
   void Shutdown() EXCLUDES(mu_);
 
+  // The steps under the lock of a growth (GrowIndex) and of a segment job
+  // (PrepareSegments) where TestHooks::locked_step runs.
+  enum class LockedStep {
+    kGrowthBegun,      // BeginGrowth reserved the table, before running_jobs_
+    kGrowthFinishing,  // the table made, the lock taken again: before FinishGrowth
+    kGrowthFinished,   // FinishGrowth added it, before the slots are freed
+    kGrowthEnding,     // the slots freed, the lock taken again: before EndGrowth
+    kJobTaken,         // a segment job taken from jobs_, before running_jobs_
+    kJobFinishing,     // the job ran, the lock taken again: before FinishSegmentJob
+  };
   // For tests only, set before any request: table_made runs in a growth
   // (GrowIndex) once its table is made, the lock let go, before it is
-  // published (a test holds the growth there, or ends the process there).
+  // published (a test holds the growth there, or ends the process there);
+  // locked_step at each LockedStep, with the lock held (a test throws
+  // there, as an allocation would).
   struct TestHooks {
     std::function<void()> table_made;
+    std::function<void(LockedStep)> locked_step;
   };
   void SetTestHooks(TestHooks hooks) { test_hooks_ = std::move(hooks); }
 
@@ -164,6 +183,36 @@ class Store {
 
  private:
   Status CacheFor(uint32_t cache_id, CacheState** out) REQUIRES(mu_);
+  // A growth in steps (GrowIndex) from BeginGrowth on: what it holds, for
+  // its end on every path.
+  struct GrowthRun {
+    uint32_t cache_id = 0;
+    CacheState* cache = nullptr;  // stays: its destroy waits (running_jobs_)
+    CacheState::Growth g;
+    ShmFile file;             // the table made, until FinishGrowth takes it
+    uint32_t tag = 0;         // of the table's file name
+    bool made = false;        // that file was created
+    bool registered = false;  // in running_jobs_
+    Status finished;          // FinishGrowth's answer
+  };
+  // GrowIndex's steps after BeginGrowth, the lock let go while the table is
+  // made and while the older tables' slots are freed; returns holding it.
+  Status GrowInSteps(GrowthRun* run) REQUIRES(mu_);
+  // Ends the growth on either path: what a step that threw left is done
+  // as a failed growth's steps do it (its table file removed, the reserved
+  // bytes released, the slots freed), then EndGrowth, running_jobs_, the
+  // waiters. Each part once: it reads the steps' flags.
+  void EndGrowthLocked(GrowthRun* run) REQUIRES(mu_);
+  // Runs a segment job taken from jobs_, the lock let go while it runs,
+  // and hands it back to its cache (FinishSegmentJob); a step that throws
+  // ends it as a failed job (a created file removed).
+  void RunSegmentJobLocked(const SegmentJob& job) REQUIRES(mu_);
+  // What `e` says (std::exception::what), for a log line and a Status.
+  static std::string WhatThrew(const std::exception_ptr& e);
+  // TestHooks::locked_step, when set.
+  void AtLockedStep(LockedStep step) REQUIRES(mu_) {
+    if (test_hooks_.locked_step) test_hooks_.locked_step(step);
+  }
   // CacheFor, once no growth in steps of the cache (Store::GrowIndex) is
   // under way; waits for it (job_done_cv_). What may grow the index of the
   // cache under the lock asks this first: inside such a growth it would

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -67,68 +68,107 @@ Status Store::ReturnChunk(uint64_t conn, uint32_t cache_id, uint32_t seg_no,
 }
 
 Status Store::GrowIndex(uint32_t cache_id, uint32_t seen) {
-  // Locked and unlocked by hand: the lock is let go while the new table is
-  // made (its file's pages allocated, cleared and mapped: two thirds of
-  // the growth's CPU past 1 Mi rows) and while the older tables' slots are
-  // freed. Every request that takes the lock (leases, opens, other
-  // caches' growths) waits only for the publish and the copy.
-  mu_.Lock();
-  CacheState* c;
+  MutexLock lock(&mu_);
+  GrowthRun run{.cache_id = cache_id};
   // Another growth of this cache is under way: the writers that met the
   // same full table wait for it, then find the table added.
-  Status s = CacheNotGrowing(cache_id, &c);
-  CacheState::Growth g;
+  Status s = CacheNotGrowing(cache_id, &run.cache);
   bool needed = false;
-  if (s.ok()) s = c->BeginGrowth(seen, &account_, &g, &needed);
-  if (!needed) {
-    CheckHighWater();
-    mu_.Unlock();
-    return s;
+  if (s.ok()) s = run.cache->BeginGrowth(seen, &account_, &run.g, &needed);
+  if (needed) {
+    // From here the growth holds its cache (growing(), running_jobs_)
+    // until EndGrowthLocked, and a handler that throws is logged and
+    // served on (RunWorker): a step let throw past here would keep every
+    // later growth of the cache, its destroy and the daemon's stop waiting
+    // for good. Caught instead, and the growth ended first (nothing that
+    // may throw again comes before it), as a failed one.
+    std::exception_ptr thrown;
+    bool added = false;  // thrown once FinishGrowth settled the table
+    try {
+      s = GrowInSteps(&run);
+    } catch (...) {
+      thrown = std::current_exception();
+      added = run.g.finished;
+    }
+    EndGrowthLocked(&run);
+    if (thrown) {
+      const std::string what = WhatThrew(thrown);
+      log_->Error("cache {}: a step of the index's growth threw: {}", cache_id, what);
+      // Thrown once the table was added: the growth is done all the same.
+      s = added
+              ? run.finished
+              : Status::IOError(fmt::format("cannot make index table {} of cache {}: {}",
+                                            run.g.gen, cache_id, what));
+    }
   }
+  CheckHighWater();
+  return s;
+}
+
+Status Store::GrowInSteps(GrowthRun* run) {
+  // The lock is let go (MutexUnlock) while the new table is made (its
+  // file's pages allocated, cleared and mapped: two thirds of the growth's
+  // CPU past 1 Mi rows) and while the older tables' slots are freed. Every
+  // request that takes the lock (leases, opens, other caches' growths)
+  // waits only for the publish and the copy.
+  AtLockedStep(LockedStep::kGrowthBegun);
   // The cache stays (DestroySession waits for its running jobs) and no
   // other growth of it starts (growing()) until EndGrowth.
-  running_jobs_.insert(cache_id);
-  mu_.Unlock();
-  ShmFile file;
-  uint32_t tag = 0;
-  std::string skipped;
+  running_jobs_.insert(run->cache_id);
+  run->registered = true;
   Status made;
-  try {
-    made = CacheState::MakeTable(paths_, cache_id, g, &file, &tag, &skipped);
-    if (!skipped.empty()) log_->Warn("cache {}: skipped {}", cache_id, skipped);
+  {
+    MutexUnlock unlocked(&mu_);
+    std::string skipped;
+    made = CacheState::MakeTable(paths_, run->cache_id, run->g, &run->file, &run->tag,
+                                 &skipped);
+    run->made = made.ok();
+    if (!skipped.empty()) log_->Warn("cache {}: skipped {}", run->cache_id, skipped);
     if (test_hooks_.table_made) test_hooks_.table_made();
-  } catch (const std::exception& e) {
-    // Not let past the steps (std::random_device, an allocation): the
-    // growth holds its cache (growing(), running_jobs_) until EndGrowth,
-    // and a handler that throws is logged and served on (RunWorker), so
-    // every later growth of the cache, its destroy and the daemon's stop
-    // would wait for good. A failed growth instead; its file removed.
-    if (file.data() != nullptr) {
-      file.Unmap();
-      ShmFile::Unlink(paths_.TableFile(cache_id, g.gen, tag)).PermitUncheckedError();
+  }
+  AtLockedStep(LockedStep::kGrowthFinishing);
+  run->finished =
+      run->cache->FinishGrowth(&run->g, made, std::move(run->file), run->tag, &account_);
+  AtLockedStep(LockedStep::kGrowthFinished);
+  if (!run->g.to_free.empty()) {
+    MutexUnlock unlocked(&mu_);
+    CacheState::FreeCompacted(&run->g);
+    run->g.to_free.clear();  // freed: nothing is left for EndGrowthLocked
+  }
+  AtLockedStep(LockedStep::kGrowthEnding);
+  return run->finished;
+}
+
+void Store::EndGrowthLocked(GrowthRun* run) {
+  CacheState::Growth& g = run->g;
+  if (!g.finished) {
+    // Thrown before FinishGrowth settled the table: its file (made, or
+    // created before MakeTable threw) is removed, as a failed growth's.
+    const bool created = run->made || run->file.data() != nullptr;
+    run->file.Unmap();
+    if (created) {
+      ShmFile::Unlink(paths_.TableFile(run->cache_id, g.gen, run->tag))
+          .PermitUncheckedError();
     }
-    made = Status::IOError(fmt::format("cannot make index table {} of cache {}: {}",
-                                       g.gen, cache_id, e.what()));
+    run->cache
+        ->FinishGrowth(&g, Status::IOError("a step of the growth threw"), ShmFile(), 0,
+                       &account_)
+        .PermitUncheckedError();
   }
-  mu_.Lock();
-  s = c->FinishGrowth(&g, made, std::move(file), tag, &account_);
-  if (!g.to_free.empty()) {
-    mu_.Unlock();
-    CacheState::FreeCompacted(&g);
-    mu_.Lock();
+  // Thrown between FinishGrowth and the free: freed here, under the lock.
+  if (!g.to_free.empty()) CacheState::FreeCompacted(&g);
+  if (!g.ended) run->cache->EndGrowth(&g, &account_);
+  if (run->registered) {
+    running_jobs_.erase(running_jobs_.find(run->cache_id));
+    run->registered = false;
   }
-  c->EndGrowth(g, &account_);
+  job_done_cv_.SignalAll();
   // Between the steps the cap's room was short by the older tables' bytes
   // (held until freed) besides the new table's: a lease or growth of any
   // cache that came then may have found the cap used up and marked its
   // cache full by it. Those bytes are back: such caches take rows again,
   // as when a destroy frees memory.
   if (g.freed > 0) ResumeCachesLocked();
-  running_jobs_.erase(running_jobs_.find(cache_id));
-  job_done_cv_.SignalAll();
-  CheckHighWater();
-  mu_.Unlock();
-  return s;
 }
 
 Status Store::CacheNotGrowing(uint32_t cache_id, CacheState** out) {

@@ -8,6 +8,11 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "daemon/logger.h"
 
 namespace shmcache {
 
@@ -24,54 +29,91 @@ void Store::StopPreparer() {
 }
 
 void Store::PrepareSegments(bool polls) {
-  // Locked and unlocked by hand: the lock is let go around each job and
-  // each scan of held memory.
-  mu_.Lock();
+  // The lock is let go (MutexUnlock) around each job and each scan of held
+  // memory.
+  MutexLock lock(&mu_);
   for (;;) {
-    auto ready = [&]() REQUIRES(mu_) { return stopping_ || !jobs_.empty(); };
-    auto polling = [&]() REQUIRES(mu_) {
-      return polls && (!pending_releases_.empty() || !held_.empty());
-    };
-    if (!polling()) {
-      while (!ready() && !polling()) jobs_cv_.Wait(&mu_);
-    } else {
-      const auto deadline =
-          std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-      while (!ready() && jobs_cv_.WaitUntil(&mu_, deadline)) {
+    // A step that throws (an allocation) ends this pass, not the thread:
+    // an exception let out of it would end the daemon (std::terminate).
+    try {
+      auto ready = [&]() REQUIRES(mu_) { return stopping_ || !jobs_.empty(); };
+      auto polling = [&]() REQUIRES(mu_) {
+        return polls && (!pending_releases_.empty() || !held_.empty());
+      };
+      if (!polling()) {
+        while (!ready() && !polling()) jobs_cv_.Wait(&mu_);
+      } else {
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+        while (!ready() && jobs_cv_.WaitUntil(&mu_, deadline)) {
+        }
+        RetryReleasesLocked();
+        if (held_.ScanDue(std::chrono::steady_clock::now())) {
+          MutexUnlock unlocked(&mu_);
+          SettleHeldMemory();
+        }
       }
-      RetryReleasesLocked();
-      if (held_.ScanDue(std::chrono::steady_clock::now())) {
-        mu_.Unlock();
-        SettleHeldMemory();
-        mu_.Lock();
-      }
+      if (stopping_) break;
+      if (jobs_.empty()) continue;
+      SegmentJob job = jobs_.front();
+      jobs_.pop_front();
+      RunSegmentJobLocked(job);
+    } catch (...) {
+      log_->Error("a segment preparer's step threw: {}; preparing on",
+                  WhatThrew(std::current_exception()));
     }
-    if (stopping_) break;
-    if (jobs_.empty()) continue;
-    SegmentJob job = jobs_.front();
-    jobs_.pop_front();
-    running_jobs_.insert(job.cache_id);
-    mu_.Unlock();
-    ShmFile file;
-    Status made = SegmentAllocator::RunSegmentJob(paths_, job, &file);
-    mu_.Lock();
-    running_jobs_.erase(running_jobs_.find(job.cache_id));
-    auto it = caches_.find(job.cache_id);
-    if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
-      file.Unmap();
-      // A new file is this job's to remove; a supplied one was the cache's,
-      // removed with it (its id may be a new cache's by now).
-      if (job.create) {
-        ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
-            .PermitUncheckedError();
-      }
-      job_done_cv_.SignalAll();
-      continue;
-    }
-    it->second->FinishSegmentJob(job, made, std::move(file), &account_);
-    job_done_cv_.SignalAll();
   }
-  mu_.Unlock();
+}
+
+void Store::RunSegmentJobLocked(const SegmentJob& job) {
+  // The job is this thread's until FinishSegmentJob hands it back to its
+  // cache: a step that throws ends it as a failed job, or the cache would
+  // wait for it for good (a lease for its segment, a destroy for
+  // running_jobs_).
+  bool registered = false;
+  bool ran = false;  // RunSegmentJob returned `made`
+  ShmFile file;
+  Status made;
+  std::exception_ptr thrown;
+  try {
+    AtLockedStep(LockedStep::kJobTaken);
+    running_jobs_.insert(job.cache_id);
+    registered = true;
+    {
+      MutexUnlock unlocked(&mu_);
+      made = SegmentAllocator::RunSegmentJob(paths_, job, &file);
+      ran = true;
+    }
+    AtLockedStep(LockedStep::kJobFinishing);
+  } catch (...) {
+    thrown = std::current_exception();
+  }
+  if (registered) running_jobs_.erase(running_jobs_.find(job.cache_id));
+  if (thrown) {
+    // A new file it made is removed: nothing names it yet.
+    const bool created = job.create && ((ran && made.ok()) || file.data() != nullptr);
+    file.Unmap();
+    if (created) {
+      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
+          .PermitUncheckedError();
+    }
+    made = Status::IOError(
+        fmt::format("preparing segment {} threw: {}", job.seg_no, WhatThrew(thrown)));
+    log_->Error("cache {}: {}", job.cache_id, made.message());
+  }
+  auto it = caches_.find(job.cache_id);
+  if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
+    file.Unmap();
+    // A new file is this job's to remove; a supplied one was the cache's,
+    // removed with it (its id may be a new cache's by now).
+    if (job.create) {
+      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
+          .PermitUncheckedError();
+    }
+  } else {
+    it->second->FinishSegmentJob(job, made, std::move(file), &account_);
+  }
+  job_done_cv_.SignalAll();
 }
 
 }  // namespace shmcache

@@ -234,17 +234,17 @@ class BatchReader::Pool {
   }
   void Loop() EXCLUDES(mu_) {
     uint64_t seen = 0;
-    mu_.Lock();  // let go around each share of work
+    MutexLock lock(&mu_);  // let go around each share of work
     for (;;) {
       while (!stop_ && generation_ == seen) work_cv_.Wait(&mu_);
       if (stop_) break;
       seen = generation_;
-      mu_.Unlock();
-      Work();
-      mu_.Lock();
+      {
+        MutexUnlock unlocked(&mu_);
+        Work();
+      }
       if (--busy_ == 0) done_cv_.Signal();
     }
-    mu_.Unlock();
   }
 
   Mutex mu_;

@@ -1,4 +1,4 @@
-// Mutex, MutexLock, CondVar: std::mutex and std::condition_variable with
+// Mutex, MutexLock, MutexUnlock, CondVar: std::mutex and std::condition_variable with
 // thread-safety annotations (port/thread_annotations.h). libstdc++'s
 // std::mutex and std::lock_guard carry none, so clang's analysis cannot see
 // what they lock; these thin wrappers (as leveldb's port::Mutex) can be
@@ -39,6 +39,27 @@ class SCOPED_CAPABILITY MutexLock {
   ~MutexLock() RELEASE() { mu_->Unlock(); }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+// Lets go of a Mutex the caller holds for its scope, and takes it again
+// when the scope ends, normally or by an exception: the step between runs
+// unlocked, and whatever follows (a catch, the holder's MutexLock) finds
+// the mutex held as the analysis expects. Used inside a MutexLock's scope,
+// instead of Unlock() ... Lock() by hand, which an exception thrown in
+// between leaves unlocked for a MutexLock that then unlocks it again, or,
+// thrown before, locked for good.
+class SCOPED_CAPABILITY MutexUnlock {
+ public:
+  explicit MutexUnlock(Mutex* mu) RELEASE(mu) : mu_(mu) { mu_->Unlock(); }
+  // RELEASE, as every scoped capability's destructor: the analysis reads
+  // it as the scope's end, which for a scope that released takes the
+  // mutex again (clang's unlocking scope).
+  ~MutexUnlock() RELEASE() { mu_->Lock(); }
+  MutexUnlock(const MutexUnlock&) = delete;
+  MutexUnlock& operator=(const MutexUnlock&) = delete;
 
  private:
   Mutex* const mu_;

@@ -3,9 +3,10 @@
 // other requests go on meanwhile; a second growth of the same cache and
 // the cache's destruction wait for it, and so do spilled rows (whose
 // publish may grow the index); a cache the cap made full between its steps
-// takes rows again after it; a growth that throws ends as a failed one; a
-// daemon killed while it makes the table leaves an index the next one
-// adopts whole.
+// takes rows again after it; a growth that throws, at a step with the
+// lock or without, ends (a failed one, or, thrown once its table was
+// added, a done one) and leaves the lock free; a daemon killed while it
+// makes the table leaves an index the next one adopts whole.
 //
 // Each store runs in a forked child, so that a hang is a failure (the
 // child is killed at its bound), not a stuck test.
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -53,6 +56,7 @@ enum : int {
   kSpilled = 17,    // a spilled row was refused, or the cache marked full
   kStillFull = 18,  // the cap's room came back, the cache took no rows
   kStuck = 19,      // after a growth that threw, the next or a destroy hung
+  kAccount = 20,    // the memory account is not what the growth leaves
 };
 
 // The location of row `id` in these tests (no row is read).
@@ -141,6 +145,21 @@ class FullTableStore {
     }
     return IndexTable(reinterpret_cast<layout::TableHeader*>(t.data())).Find(id);
   }
+  // The size of table `gen`'s file (published); 0 when there is none.
+  uint64_t TableSize(uint32_t gen) {
+    ShmFile t;
+    if (h_->num_tables.load() <= gen ||
+        !ShmFile::Open(paths_.TableFile(cache_, gen, h_->tables[gen].tag), &t).ok()) {
+      return 0;
+    }
+    return t.size();
+  }
+  // What the store counts against its cap.
+  uint64_t MemoryUsed() {
+    ServerInfo info;
+    store_->FillServerInfo(&info);
+    return info.memory_used_bytes;
+  }
   // The cache's state bits (layout::kStateFull...).
   uint32_t state() const { return h_->state.load(); }
   // The rows put so far: 0 .. rows()-1.
@@ -214,6 +233,10 @@ struct Dirs {
     test::RemoveTree(run);
   }
 };
+
+// Runs `call` in a thread and waits for it; the child _exits with kStuck
+// when it waits for good.
+void Answered(const std::function<void()>& call) { test::ReturnsOrExit(call, kStuck); }
 
 // Runs `body` in a forked child: its exit code, -9 when it hung (killed
 // at its bound), -1 when the fork failed.
@@ -410,48 +433,89 @@ TEST(StoreGrowthTest, ACacheTheCapFilledDuringAGrowthTakesRowsAfterIt) {
   EXPECT_EQ(code, 0);
 }
 
-// A growth whose step without the lock throws (std::random_device, an
-// allocation; here the test's hook) fails and ends: the table it made is
-// removed, and the cache's next growth and its destroy go on. Thrown past
-// the steps, the growth stayed under way for good: the next growth waited
-// for it (kStuck), as would the destroy and the daemon's stop.
-TEST(StoreGrowthTest, AGrowthThatThrowsEndsAndLeavesNoTable) {
+// Where a test throws in a growth, as an allocation or std::random_device
+// would: its step without the lock (Store::TestHooks::table_made), or one
+// of its steps under the lock (Store::LockedStep: the set of running jobs,
+// the index's vectors, the slots to free).
+struct ThrowAt {
+  std::string name;
+  std::optional<Store::LockedStep> locked;  // none: the table made, unlocked
+  bool before_added;                        // before FinishGrowth added the table
+};
+
+class GrowthThrowTest : public testing::TestWithParam<ThrowAt> {};
+
+// A growth that throws at a step ends: the lock is let go (another
+// request is answered), the cache's next growth, its destroy and the
+// store's stop go on, the index holds every row, no table is left behind,
+// and the memory account is what a growth that did not throw leaves.
+// Thrown before its table was added the growth failed, its table removed
+// and its bytes released; after, it is done. Thrown past the steps, the
+// growth stayed under way for good, or (under the lock, locked and
+// unlocked by hand) the lock stayed held: the next request waited for good
+// (kStuck).
+TEST_P(GrowthThrowTest, AGrowthThatThrowsEndsAndLeavesNoTable) {
+  const ThrowAt at = GetParam();
   Dirs dirs;
   const int code = InAChild([&]() -> int {
     FullTableStore s(dirs.run, dirs.shm);
     std::atomic<bool> thrown{false};
-    s.store().SetTestHooks({.table_made = [&] {
-      if (!thrown.exchange(true)) throw std::runtime_error("thrown by the test");
-    }});
+    auto throw_once = [&] {
+      if (!thrown.exchange(true)) throw std::bad_alloc();
+    };
+    s.store().SetTestHooks({.table_made =
+                                [&] {
+                                  if (!at.locked) throw_once();
+                                },
+                            .locked_step =
+                                [&](Store::LockedStep step) {
+                                  if (step == at.locked) throw_once();
+                                }});
     if (!s.Start()) return kSetUp;
-    bool failed = false;
-    try {
-      failed = !s.store().GrowIndex(s.cache(), 1).ok();
-    } catch (const std::exception&) {
-      failed = true;
+    const uint64_t used = s.MemoryUsed();
+    bool first = false;
+    Answered([&] {
+      try {
+        first = s.store().GrowIndex(s.cache(), 1).ok();
+      } catch (const std::exception&) {  // let past GrowIndex
+        first = false;
+      }
+    });
+    bool answered = false, grown = false, destroyed = false;
+    Answered([&] { answered = s.store().CheckSession(s.session()).ok(); });
+    if (!thrown || !answered) return kSetUp;
+    if (at.before_added) {
+      if (first || !s.TableFiles(1).empty()) return kGrowth;
+      if (s.MemoryUsed() != used) return kAccount;
+    } else if (!first || !s.HoldsTheRows(1)) {
+      return kGrowth;
     }
-    if (!failed || !thrown) return kSetUp;
-    if (!s.TableFiles(1).empty()) return kGrowth;  // the thrown growth's table
-    // Each in a thread of its own: when one waits for good, the child
-    // _exits at once (the store's destructor would wait for it too).
-    std::atomic<bool> grown{false}, destroyed{false};
-    std::thread growth([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
-    if (!test::WaitFor([&] { return grown.load(); })) {
-      _exit(kStuck);
-    }
-    growth.join();
+    // Grown now, or found grown by the thrown growth.
+    Answered([&] { grown = s.store().GrowIndex(s.cache(), 1).ok(); });
+    if (!grown) return kGrowth;
     if (!s.HoldsTheRows(1)) return kRows;
-    std::thread destroy([&] { destroyed = s.store().DestroySession(s.session()).ok(); });
-    if (!test::WaitFor([&] { return destroyed.load(); })) {
-      _exit(kStuck);
-    }
-    destroy.join();
+    if (s.TableFiles(1).size() != 1 || !s.TableFiles(2).empty()) return kGrowth;
+    // The new table's bytes, and the first table's but for the page that
+    // stays (its header) once its slots were freed.
+    if (s.MemoryUsed() != used + s.TableSize(1) - (s.TableSize(0) - 4096))
+      return kAccount;
+    Answered([&] { destroyed = s.store().DestroySession(s.session()).ok(); });
+    if (!destroyed) return kSetUp;
     s.store().Shutdown();
     return 0;
   });
   EXPECT_NE(code, -9) << "hung";
   EXPECT_EQ(code, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    EachStep, GrowthThrowTest,
+    testing::Values(ThrowAt{"Begun", Store::LockedStep::kGrowthBegun, true},
+                    ThrowAt{"TableMade", std::nullopt, true},
+                    ThrowAt{"Finishing", Store::LockedStep::kGrowthFinishing, true},
+                    ThrowAt{"Finished", Store::LockedStep::kGrowthFinished, false},
+                    ThrowAt{"Ending", Store::LockedStep::kGrowthEnding, false}),
+    [](const testing::TestParamInfo<ThrowAt>& info) { return info.param.name; });
 
 // A daemon killed while a growth makes its table (the file there, not yet
 // named by the cache's header) leaves an index the restarted one adopts

@@ -89,6 +89,57 @@ def test_a_thread_that_slows_the_feed_is_given_back_and_tried_ever_more_rarely(c
     assert len(trials) >= 3 and gaps == sorted(gaps), trials
 
 
+def runs_away_from(seen, count):
+    """The lengths (in batches) of the runs of `seen` at another count
+    than `count`."""
+    runs, n = [], 0
+    for t in seen:
+        if t != count:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs + ([n] if n else [])
+
+
+def test_a_trial_of_a_clearly_slower_count_ends_early(clock):
+    # Small rows on 2 CPUs, a warm epoch of 78 batches of 0.2 ms (the host
+    # sweep's 12 KB rows): one thread and three take twice as long. Each
+    # trial of them is cut short once it is clearly slower (after a few
+    # batches), not run for a whole window: a window of 20 ms is 50 such
+    # batches, most of an epoch, and whole trials of 3 and 1 slowed
+    # several epochs.
+    batch_s = {1: 0.4e-3, 2: 0.2e-3, 3: 0.4e-3, 4: 0.5e-3}
+    tuner = new_tuner()
+    seen = []
+    for _ in range(40):
+        tuner.start_pass()
+        seen += feed(tuner, clock, batch_s, 78)
+    trials = runs_away_from(seen, 2)
+    # Both neighbours tried, each for the batches a pass or a change skips
+    # (SETTLE) and the few that show it slower.
+    assert {t for t in seen if t != 2} == {1, 3}, seen
+    assert trials and max(trials) <= 16, trials
+    assert tuner.threads == 2 and seen[-78:].count(2) == 78, seen
+
+
+def test_a_trial_cut_short_counts_in_no_hold(clock):
+    # The same small rows: 3 and 1 lose each trial, cut short after a few
+    # batches. Their holds count whole windows (of WINDOW_S: 100 batches
+    # of 0.2 ms), not the cut ones: counted, those made holds run out
+    # sooner, and more trials made more wrong verdicts on a noisy host.
+    batch_s = {1: 0.4e-3, 2: 0.2e-3, 3: 0.4e-3, 4: 0.5e-3}
+    tuner = new_tuner()
+    seen = feed(tuner, clock, batch_s, 20000)
+    starts = [i for i, (a, b) in enumerate(zip(seen, seen[1:])) if a == 2 and b == 3]
+    window = _autotune.WINDOW_S / batch_s[2]
+    assert len(starts) >= 2, starts
+    # Between the first two trials of 3: its cut trial, the window of 2
+    # after it (A/B/A), then its hold of HOLD_MIN whole windows (the cut
+    # trial of 1 in it counts in none).
+    assert starts[1] - starts[0] >= (_autotune.HOLD_MIN + 1) * window, starts
+
+
 def test_threads_that_speed_the_feed_up_are_kept(clock):
     batch_s = {1: 4e-3, 2: 2e-3, 3: 1.4e-3, 4: 1.1e-3}
     tuner = new_tuner()

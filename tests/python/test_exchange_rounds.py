@@ -8,7 +8,8 @@ Each rank asks the other for rows of one shared cache (round() serves any
 id asked of it), with counts and row sizes that differ between the ranks
 and from round to round, so that every path is taken: the first round
 (no rooms yet), rounds that fit, more ids than the room, answers larger
-than the room, misses, pushed rows, the closing round.
+than the room, misses, pushed rows, the closing round, an epoch's short
+last round and closing round before the next epoch's full one.
 """
 
 import os
@@ -16,7 +17,7 @@ import os
 from conftest import free_tcp_port, run_ranks
 
 _RANK = r'''
-import datetime, os, sys
+import datetime, os, sys, weakref
 import numpy as np
 import torch.distributed as dist
 import shmcache
@@ -76,6 +77,37 @@ assert round_(list(range(10)), list(range(20, 40))) == (4, False)
 # The same counts and sizes: two calls.
 assert round_(list(range(40, 50)), list(range(50, 70))) == (2, False)
 assert round_(list(range(70, 80)), list(range(0, 20))) == (2, False)
+# Rows a round returned that the caller still holds stay whole through
+# the next rounds (step 2's receive buffers are reused only once none of
+# their rows is held), as do the last round's while the caller makes the
+# next (a loop of `answers = ex.round(...)`); once let go, the buffers
+# serve the next rounds again: no new one.
+held_ids = list(range(20, 30)) if rank == 0 else list(range(30, 50))
+held = ex.round({peer: held_ids}, {}, False, 0)[0][peer]
+for k in range(3):
+    assert round_(list(range(50 + k, 60 + k)), list(range(60, 80))) == (2, False)
+    check(held, held_ids)
+del held
+
+def buffers():
+    return {id(a) for a in ex._recv_np}
+
+answers = None
+for k in range(6):
+    ids = list(range(k, 10 + k)) if rank == 0 else list(range(60 + k, 80 + k))
+    last = answers
+    answers = ex.round({peer: ids}, {}, False, 0)[0][peer]
+    if last is not None:
+        check(last, last_ids)
+    last_ids = ids
+    if k == 2:
+        kept = [weakref.ref(a) for a in ex._recv_np]   # ids stay theirs
+        warm = buffers()
+assert buffers() == warm
+del last, answers
+for k in range(4):
+    assert round_(list(range(80, 90)), list(range(0, 20))) == (2, False)
+assert buffers() == warm and all(r() is not None for r in kept)
 # More ids than the room (twice the last round's): one call more (1b).
 assert round_(list(range(30)), list(range(30, 50))) == (3, False)
 # Rows 40x larger than the pair's last answers: one call more (2b).
@@ -86,6 +118,9 @@ assert round_(list(range(130, 140)), list(range(140, 160))) == (2, False)
 pushed = {peer: ([300 + rank], [[("#0", "uint8", np.full(8, rank, np.uint8)),
                                   ("#1\x1fpy", "int64", np.array(rank))]])}
 assert round_(list(range(160, 170)), list(range(170, 190)), pushed) == (3, False)
+# The pair's last two answers had rows of one size: step 2's room is
+# within 1% of the answer (not 1/16 over: zeros sent).
+assert calls[2] < ex.last_sizes[0][peer] * 1.01 + 2048, (calls, ex.last_sizes)
 assert cache.contains(300) and cache.contains(301)
 assert ex.rows_put_for_others == 1
 # Misses (never cached) and hits, as asked: each answer fits (smaller).
@@ -96,6 +131,13 @@ assert round_([205, 150, 206], [250, 0, 1, 251]) == (2, False)
 assert round_([199], [198]) == (3, False)
 assert round_(list(range(40)), list(range(40, 80))) == (3, False)
 assert calls[2] < 5 * 40000, calls   # step 2's bytes: 40 x 1 KB and the room
+# An epoch's end: full rounds, a short last one, the closing round (one
+# call, nothing asked); the next epoch's first full round still fits the
+# rooms: neither the short round nor the closing one shrank them below it.
+assert round_(list(range(40)), list(range(40, 80))) == (2, False)
+assert round_([1, 2, 3], [4]) == (2, False)
+assert round_([], [], done=True) == (1, True)
+assert round_(list(range(40, 80)), list(range(40))) == (2, False)
 # Nothing asked by anyone, every rank done: one call, the last round.
 assert round_([], [], done=True) == (1, True)
 print("ok", flush=True)
