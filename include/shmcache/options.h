@@ -27,7 +27,9 @@ struct ClientOptions {
   std::string run_dir{};
   // How long one control request may take before the daemon is declared
   // unavailable, counted from the call: a wait for other threads' requests
-  // (or puts) of this process to the same daemon is part of it. Default
+  // (or puts) of this process to the same daemon is part of it, and so is
+  // the connect (a signal that interrupts a wait resumes it for what is
+  // left, never fails it nor restarts the timeout). Default
   // 5000 ms. Must be positive (Connect: InvalidArgument otherwise; 0 would
   // wait for a hung daemon forever).
   int request_timeout_ms = 5000;
