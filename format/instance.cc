@@ -184,15 +184,19 @@ Status CheckHost(const std::string& host) {
                   from, h));
 }
 
+// A variable set but empty is returned as "", which CheckRunDir and
+// CheckShmDirFromEnv refuse: as an empty --shm_dir or SHMCACHE_PORT is,
+// and not as unset, which sent a job meant to have a directory of its own
+// to the shared default.
 std::string DefaultRunDir() {
   const char* env = std::getenv("SHMCACHE_RUN_DIR");
-  if (env != nullptr && *env != '\0') return env;
+  if (env != nullptr) return env;
   return fmt::format("/tmp/shmcache-{}", geteuid());
 }
 
 std::string DefaultShmDir() {
   const char* env = std::getenv("SHMCACHE_SHM_DIR");
-  if (env != nullptr && *env != '\0') return env;
+  if (env != nullptr) return env;
   return "/dev/shm";
 }
 
@@ -232,6 +236,12 @@ namespace {
 Status AbsoluteDir(std::string_view what, std::string_view var, const std::string& dir,
                    std::string_view why, std::string_view fallback) {
   if (!dir.empty() && dir[0] == '/') return Status::OK();
+  if (dir.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("{} '' ({}) is not an absolute path (it is empty); set {} to an "
+                    "absolute directory, or unset it for {}",
+                    what, var, var, fallback));
+  }
   return Status::InvalidArgument(fmt::format(
       "{} '{}' ({}) is not an absolute path: {}; set {} to an absolute directory, or "
       "unset it for {}",
