@@ -231,16 +231,26 @@ Status CheckSocketPath(const std::string& socket_path) {
 
 namespace {
 
-// InvalidArgument unless `dir` (from `var` or an option) is absolute,
-// saying why it must be and what `var` falls back to unset.
+// InvalidArgument unless `dir` (from `var` or an option) is absolute and
+// ends in no white space, saying why it must be and what `var` falls back
+// to unset.
 Status AbsoluteDir(std::string_view what, std::string_view var, const std::string& dir,
                    std::string_view why, std::string_view fallback) {
-  if (!dir.empty() && dir[0] == '/') return Status::OK();
-  if (dir.empty()) {
+  // White space around it, as a flag's value (CheckAbsolutePath): a quoting
+  // slip far more often than a name, and unseen in any later message.
+  const std::string_view flaw = TypedNumberFlaw(dir);
+  if (flaw == kSpaceAfter) {
     return Status::InvalidArgument(
-        fmt::format("{} '' ({}) is not an absolute path (it is empty); set {} to an "
-                    "absolute directory, or unset it for {}",
-                    what, var, var, fallback));
+        fmt::format("{} '{}' ({}) ends in white space; set {} to the path without it, "
+                    "or unset it for {}",
+                    what, dir, var, var, fallback));
+  }
+  if (!dir.empty() && dir[0] == '/') return Status::OK();
+  if (dir.empty() || flaw == kSpaceBefore) {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}' ({}) is not an absolute path ({}); set {} to an absolute "
+                    "directory, or unset it for {}",
+                    what, dir, var, flaw, var, fallback));
   }
   return Status::InvalidArgument(fmt::format(
       "{} '{}' ({}) is not an absolute path: {}; set {} to an absolute directory, or "

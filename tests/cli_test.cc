@@ -1835,6 +1835,44 @@ TEST_F(CliTest, AnEmptyRunOrShmDirIsRefusedAsAnEmptyFlagIs) {
               {{"SHMCACHE_SHM_DIR", "shm"}});
 }
 
+// A run or shm dir from the environment with white space around it (a
+// quoting slip) is refused saying so, as --shm_dir's value is: one that
+// ended in a space was "not writable: No such file or directory" (the
+// space unseen in the message) or "not running", one that began with it
+// "not an absolute path" without the reason.
+TEST_F(CliTest, AnEnvironmentDirWithWhiteSpaceAroundItSaysSo) {
+  const Env watch = {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}};
+  auto with = [&](const std::string& var, const std::string& value) {
+    Env env = watch;
+    env.emplace_back(var, value);
+    return env;
+  };
+  ExpectError({"--start", "-p", "23463"},
+              "shared-memory directory '/dev/shm ' (SHMCACHE_SHM_DIR) ends in white "
+              "space; set SHMCACHE_SHM_DIR to the path without it",
+              with("SHMCACHE_SHM_DIR", "/dev/shm "));
+  ExpectError({"--start", "-p", "23463"},
+              "shared-memory directory ' /dev/shm' (SHMCACHE_SHM_DIR) is not an absolute "
+              "path (white space before it)",
+              with("SHMCACHE_SHM_DIR", " /dev/shm"));
+  for (const char* cmd : {"--start", "-g"}) {
+    SCOPED_TRACE(cmd);
+    CommandResult r = RunCommand({AdminPath(), cmd, "-p", "23463"},
+                                 with("SHMCACHE_RUN_DIR", run_dir_ + "/run "));
+    if (r.exit_code == 0 && std::string(cmd) == "--start") {  // the old code started one
+      RunCommand({AdminPath(), "--stop", "-p", "23463"},
+                 with("SHMCACHE_RUN_DIR", run_dir_ + "/run "));
+    }
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find("run dir '" + run_dir_ +
+                         "/run ' (SHMCACHE_RUN_DIR) ends in white space; set "
+                         "SHMCACHE_RUN_DIR to the path without it"),
+              std::string::npos)
+        << r.Describe();
+  }
+  EXPECT_FALSE(PathExists(run_dir_ + "/run "));
+}
+
 // A file given as the shm dir is named as what it is ("not writable:
 // Permission denied" before; one root may execute passed that check).
 TEST_F(CliTest, AShmDirThatIsAFileIsNamedSo) {
