@@ -212,7 +212,9 @@ void CacheImpl::ForEachLocated(std::span<const uint64_t> ids, RowFn&& row_fn) {
   // published before the call is in one of them (a writer publishes only
   // in a table the header counted first, and again in a newer one that the
   // daemon made meanwhile), and a row published during the call may be
-  // missed as it may be by any read that starts earlier.
+  // missed as it may be by any read that starts earlier. A compaction
+  // during the call may free those tables: a miss is looked up again
+  // (ReadLocated's LookAgain, through TableSet::LookupFrom).
   const TableSet::Range tables = tables_.CurrentRange();
   if (tables.end - tables.first == 1) [[likely]] {
     PipelineRows<true>(ids, tables, row_fn);

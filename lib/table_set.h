@@ -11,7 +11,8 @@
 // until the TableSet is destroyed, so a location once found stays readable; a table below
 // first_table reads as empty (its slots were freed), so a lookup whose mapped tables all
 // lie below it misses, and the caller's full path (Lookup) maps the newer tables and
-// finds the row.
+// finds the row. Lookup itself rechecks a miss against first_table (LookupFrom): its
+// range, too, may have been compacted away between its read and its probe.
 //
 // Thread safety: Lookup, Mapped, Range, FindIn, Prefetch, InsertNewest,
 // Publish and Republish from any thread without a lock; MapNew takes the set's own mutex
@@ -55,9 +56,33 @@ class TableSet {
 
   // The published location of `id`, or kEmpty; maps the tables the daemon
   // added first.
-  uint64_t Lookup(uint64_t id) {
-    const Range r = CurrentRange();
-    return LookupIn(id, r.first, r.end);
+  uint64_t Lookup(uint64_t id) { return LookupFrom(id, CurrentRange()); }
+  // Lookup in range r, which CurrentRange() returned at the call's start.
+  // A miss there stands only while the daemon has not compacted the index
+  // since: a compaction raises first_table and then frees the slots of the
+  // tables below it, so a probe that came after the free reads zeros
+  // (empty slots) where the row was. Each compaction since r was read, the
+  // row is looked for again in the tables as they are now (the newest
+  // holds every row of those it compacted away). Bounded: first_table only
+  // rises, at most kMaxTables times.
+  uint64_t LookupFrom(uint64_t id, Range r) {
+    for (;;) {
+      const uint64_t loc = LookupIn(id, r.first, r.end);
+      if (loc != layout::kEmpty) [[likely]] {
+        return loc;
+      }
+      // After the probe's slot loads (acquire, each): a probe that read a
+      // slot the daemon freed (its release store of kEmpty in the first
+      // page, or MADV_REMOVE's zeros past it) reads the first_table the
+      // daemon raised before that free. Unmoved (r.first is first_table
+      // unless that table could not be mapped): a miss.
+      if (header_->first_table.load(std::memory_order_acquire) == r.first) [[likely]] {
+        return layout::kEmpty;
+      }
+      const Range now = CurrentRange();
+      if (now.first == r.first) return layout::kEmpty;
+      r = now;
+    }
   }
   // Lookup in the tables mapped now, mapping none: the hit path's. A row in
   // a table not mapped yet is not found here; a caller that takes a miss
@@ -89,7 +114,8 @@ class TableSet {
     return n;
   }
   // The tables to probe now, after mapping those the daemon added: every
-  // row published before the call is in one of them. first_table is read
+  // row published before the call is in one of them until the daemon
+  // compacts them away (then LookupFrom looks again). first_table is read
   // before the tables are counted, so the table it names is mapped (the
   // daemon publishes a table before it raises first_table to it) unless it
   // could not be (then the range is the mapped tables, whose slots may

@@ -30,8 +30,10 @@ TEST_F(IntegrationTest, IndexGrowsUnderConcurrentReaders) {
       mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(published, MAP_FAILED);
   new (published) std::atomic<uint64_t>(0);
+  constexpr int kReaders = 2;
   std::vector<pid_t> readers;
-  for (int r = 0; r < 2; ++r) {
+  readers.reserve(kReaders);
+  for (int r = 0; r < kReaders; ++r) {
     readers.push_back(ForkChild([&, r]() -> int {
       std::unique_ptr<Client> c2;
       if (!server_->Connect(&c2).ok()) return 2;
@@ -44,8 +46,9 @@ TEST_F(IntegrationTest, IndexGrowsUnderConcurrentReaders) {
         if (n == 0) continue;
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         uint64_t id = (x >> 17) % n;
-        if (!k2->Get(id, &row).ok()) {
-          fprintf(stderr, "reader: row %lu of %lu missing\n", id, n);
+        if (Status s = k2->Get(id, &row); !s.ok()) {
+          fprintf(stderr, "reader: row %lu of %lu missing: %s\n", id, n,
+                  s.ToString().c_str());
           return 4;
         }
         if (!RowMatches(row, id, 0, 16)) return 5;

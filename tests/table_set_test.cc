@@ -93,6 +93,28 @@ TEST_F(TableSetTest, ARowOfAnOlderTableIsCopiedIntoTheNewestWhichAloneIsProbed) 
   EXPECT_EQ(tables_->Lookup(5), layout::kEmpty);
 }
 
+// A lookup that read its range (CurrentRange) just before the daemon
+// compacted the index, and probed after the older tables' slots were
+// freed (its process descheduled between the two): the probe reads empty
+// slots, and the row, published before the lookup began, is found in the
+// newest table. The single Get's full path (Lookup) missed so: the
+// ThreadSanitizer CI's index_growth_test, "reader: row 2062 of 6144
+// missing".
+TEST_F(TableSetTest, ALookupWhoseRangeACompactionFreedFindsTheRowInTheNewest) {
+  uint32_t tables = 0;
+  ASSERT_EQ(tables_->InsertNewest(3, Loc(3), &tables),
+            IndexTable::InsertResult::kInserted);
+  const TableSet::Range stale = tables_->CurrentRange();
+  ASSERT_EQ(stale.end, 1u);
+  ASSERT_TRUE(cache_->GrowIndex(1, &account_).ok());  // copy, first_table 1, free 0
+  ASSERT_TRUE(cache_->GrowIndex(2, &account_).ok());  // and again: 2, free 0 and 1
+  ASSERT_EQ(tables_->FindIn(3, stale), layout::kEmpty) << "the range's table was freed";
+  EXPECT_EQ(tables_->LookupFrom(3, stale), Loc(3));
+  EXPECT_EQ(tables_->Mapped(), 3u) << "the newest table mapped on the way";
+  EXPECT_EQ(tables_->LookupFrom(4, stale), layout::kEmpty) << "never published";
+  EXPECT_EQ(tables_->LookupMapped(3), Loc(3)) << "the hit path's range refreshed";
+}
+
 // Tables not compacted (a copy that found the newest table full): a row in
 // an older table is found behind the newer ones.
 TEST_F(TableSetTest, WithoutACompactionEveryTableFromTheFirstIsProbed) {
