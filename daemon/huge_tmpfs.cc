@@ -139,7 +139,9 @@ ShmDirChoice MountAt(const std::string& dir, uint64_t bytes) {
 
 bool ShmDirGiven(const std::string& shm_dir_option) {
   const char* env = std::getenv("SHMCACHE_SHM_DIR");
-  return !shm_dir_option.empty() || (env != nullptr && *env != '\0');
+  // Set but empty is given too: the server refuses it before this is asked
+  // (CheckShmDirFromEnv).
+  return !shm_dir_option.empty() || env != nullptr;
 }
 
 bool HugeTmpfsAsked() {

@@ -57,8 +57,8 @@ struct ShmDirChoice {
   std::string why_not_huge;  // asked for, but no huge tmpfs: the reason
 };
 
-// Whether the user named the shm dir (a non-empty --shm_dir or
-// $SHMCACHE_SHM_DIR): then the server never mounts anything.
+// Whether the user named the shm dir (a non-empty --shm_dir, or
+// $SHMCACHE_SHM_DIR set): then the server never mounts anything.
 bool ShmDirGiven(const std::string& shm_dir_option);
 
 // Whether $SHMCACHE_HUGE_TMPFS asks for the server's own huge-page tmpfs

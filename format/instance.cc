@@ -184,15 +184,19 @@ Status CheckHost(const std::string& host) {
                   from, h));
 }
 
+// A variable set but empty is returned as "", which CheckRunDir and
+// CheckShmDirFromEnv refuse: as an empty --shm_dir or SHMCACHE_PORT is,
+// and not as unset, which sent a job meant to have a directory of its own
+// to the shared default.
 std::string DefaultRunDir() {
   const char* env = std::getenv("SHMCACHE_RUN_DIR");
-  if (env != nullptr && *env != '\0') return env;
+  if (env != nullptr) return env;
   return fmt::format("/tmp/shmcache-{}", geteuid());
 }
 
 std::string DefaultShmDir() {
   const char* env = std::getenv("SHMCACHE_SHM_DIR");
-  if (env != nullptr && *env != '\0') return env;
+  if (env != nullptr) return env;
   return "/dev/shm";
 }
 
@@ -227,11 +231,27 @@ Status CheckSocketPath(const std::string& socket_path) {
 
 namespace {
 
-// InvalidArgument unless `dir` (from `var` or an option) is absolute,
-// saying why it must be and what `var` falls back to unset.
+// InvalidArgument unless `dir` (from `var` or an option) is absolute and
+// ends in no white space, saying why it must be and what `var` falls back
+// to unset.
 Status AbsoluteDir(std::string_view what, std::string_view var, const std::string& dir,
                    std::string_view why, std::string_view fallback) {
+  // White space around it, as a flag's value (CheckAbsolutePath): a quoting
+  // slip far more often than a name, and unseen in any later message.
+  const std::string_view flaw = TypedNumberFlaw(dir);
+  if (flaw == kSpaceAfter) {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}' ({}) ends in white space; set {} to the path without it, "
+                    "or unset it for {}",
+                    what, dir, var, var, fallback));
+  }
   if (!dir.empty() && dir[0] == '/') return Status::OK();
+  if (dir.empty() || flaw == kSpaceBefore) {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}' ({}) is not an absolute path ({}); set {} to an absolute "
+                    "directory, or unset it for {}",
+                    what, dir, var, flaw, var, fallback));
+  }
   return Status::InvalidArgument(fmt::format(
       "{} '{}' ({}) is not an absolute path: {}; set {} to an absolute directory, or "
       "unset it for {}",

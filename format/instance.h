@@ -85,6 +85,8 @@ std::string PortArg(int port);
 // white space around it says so).
 Status CheckHost(const std::string& host);
 
+// $SHMCACHE_RUN_DIR / $SHMCACHE_SHM_DIR as set ("" when set but empty,
+// which the checks below refuse), else /tmp/shmcache-<uid> / /dev/shm.
 std::string DefaultRunDir();
 std::string DefaultShmDir();
 // Where a server with no --shm_dir mounts its huge-page tmpfs: a name of the
@@ -101,7 +103,8 @@ InstancePaths MakeInstancePaths(int port, const std::string& run_dir,
 // path does not fit in sockaddr_un::sun_path (107 bytes on Linux).
 Status CheckSocketPath(const std::string& socket_path);
 // InvalidArgument naming the dir and the fix when a run dir (from
-// $SHMCACHE_RUN_DIR or the options) is not an absolute path: the socket in
+// $SHMCACHE_RUN_DIR or the options) is not an absolute path (an empty one
+// is a variable set but empty, said so): the socket in
 // it would be found only from the working directory the server was started
 // in, and every client elsewhere would call the server not running.
 Status CheckRunDir(const std::string& run_dir);

@@ -24,6 +24,27 @@ static void SetTimeouts(int fd, int timeout_ms) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
+// The point a wait of timeout_ms from now ends at.
+static std::chrono::steady_clock::time_point DeadlineIn(int timeout_ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+
+// Milliseconds left until `deadline`, 0 once it passed.
+static int MsLeft(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 0));
+}
+
+// After a call a signal interrupted (EINTR): whether to try it again, which
+// is while `deadline` has not passed; else errno is set to EAGAIN, as the
+// socket's timeout sets it, and the caller reports the failure.
+static bool RetryAfterSignal(std::chrono::steady_clock::time_point deadline) {
+  if (MsLeft(deadline) > 0) return true;
+  errno = EAGAIN;
+  return false;
+}
+
 Connection::~Connection() {
   if (fd_ >= 0) close(fd_);
 }
@@ -42,10 +63,33 @@ Status Connection::Open(const std::string& socket_path, int port, int timeout_ms
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno("socket", errno);
-  SetTimeouts(fd, timeout_ms);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  // A connect waits (the socket's send timeout) while the server's backlog
+  // is full. A signal interrupts that wait (EINTR, whatever SA_RESTART
+  // says, since the socket has a timeout): the connect is made again for
+  // what is left of the timeout, not failed as "not running", nor given
+  // the whole timeout again (a process signalled more often than its
+  // timeout would wait for as long as the signals came).
+  const auto deadline = DeadlineIn(timeout_ms);
+  int wait_ms = timeout_ms;
+  SetTimeouts(fd, wait_ms);
+  int rc;
+  while ((rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr)) != 0 &&
+         errno == EINTR && RetryAfterSignal(deadline)) {
+    wait_ms = std::max(MsLeft(deadline), 1);
+    SetTimeouts(fd, wait_ms);
+  }
+  if (rc != 0) {
     int e = errno;
     close(fd);
+    if (e == EAGAIN) {
+      // The backlog stayed full: a server listens there, so "not running;
+      // start it" would be wrong (the start is refused).
+      return Status::Unavailable(fmt::format(
+          "cache server on port {} did not accept the connection within {} ms ({}: "
+          "the connections waiting for it fill its queue: it is hung or overloaded); "
+          "try again, or restart it ('shmcache --stop -p {}', then '--start')",
+          port, timeout_ms, socket_path, port));
+    }
     if (e == EACCES || e == EPERM) {
       return Status::PermissionDenied(
           fmt::format("permission denied connecting to the cache server on port {} ({}): "
@@ -77,7 +121,7 @@ Status Connection::Open(const std::string& socket_path, int port, int timeout_ms
         "of yours, mode 0700, or set SHMCACHE_RUN_DIR to one",
         socket_path, OwnerName(cred.uid), OwnerName(geteuid()), port, dir));
   }
-  out->reset(new Connection(fd, port, timeout_ms));
+  out->reset(new Connection(fd, port, wait_ms));
   return Status::OK();
 }
 
@@ -85,27 +129,6 @@ Status Connection::Broken(const std::string& what) {
   Abandon();
   return Status::Unavailable(
       fmt::format("cache server on port {} is unreachable ({})", port_, what));
-}
-
-// The point a wait of timeout_ms from now ends at.
-static std::chrono::steady_clock::time_point DeadlineIn(int timeout_ms) {
-  return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-}
-
-// Milliseconds left until `deadline`, 0 once it passed.
-static int MsLeft(std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
-  return static_cast<int>(std::max<int64_t>(left.count(), 0));
-}
-
-// After a call a signal interrupted (EINTR): whether to try it again, which
-// is while `deadline` has not passed; else errno is set to EAGAIN, as the
-// socket's timeout sets it, and the caller reports the failure.
-static bool RetryAfterSignal(std::chrono::steady_clock::time_point deadline) {
-  if (MsLeft(deadline) > 0) return true;
-  errno = EAGAIN;
-  return false;
 }
 
 // Sends a frame's header and body with one system call (more only for a

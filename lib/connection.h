@@ -16,7 +16,9 @@ class Connection {
  public:
   ~Connection();
   // Unavailable when nobody listens on socket_path (the message says the
-  // server is not running and how to start it). PermissionDenied, before a
+  // server is not running and how to start it), or when the listener did
+  // not accept within timeout_ms (its backlog full; signals resume the
+  // wait for what is left of it). PermissionDenied, before a
   // byte is sent, when the process listening there runs as another uid
   // (SO_PEERCRED): the message names its user and the fix.
   static Status Open(const std::string& socket_path, int port, int timeout_ms,

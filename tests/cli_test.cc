@@ -1794,6 +1794,85 @@ TEST_F(CliTest, RelativeRunOrShmDirIsRefusedBeforeAnythingIsMade) {
   }
 }
 
+// An empty SHMCACHE_RUN_DIR or SHMCACHE_SHM_DIR (a variable a script never
+// set) is refused as an empty --shm_dir and an empty SHMCACHE_PORT are,
+// naming the variable, by every command that reads it: it was read as
+// unset, so a job meant to have a run dir of its own shared the default
+// one, and --stop counted a killed server's files in no directory at all
+// (a relative SHMCACHE_SHM_DIR, refused at --start, was read there too).
+TEST_F(CliTest, AnEmptyRunOrShmDirIsRefusedAsAnEmptyFlagIs) {
+  const std::string watch = std::to_string(getpid());
+  const std::string empty_run =
+      "run dir '' (SHMCACHE_RUN_DIR) is not an absolute path (it is empty); set "
+      "SHMCACHE_RUN_DIR to an absolute directory, or unset it for /tmp/shmcache-" +
+      std::to_string(geteuid());
+  const std::string empty_shm =
+      "shared-memory directory '' (SHMCACHE_SHM_DIR) is not an absolute path (it is "
+      "empty); set SHMCACHE_SHM_DIR to an absolute directory, or unset it for /dev/shm";
+  for (const char* cmd : {"--start", "-g", "--list_sessions", "--stop"}) {
+    // Not Run(), which sets this test's run dir.
+    const Env env = {{"SHMCACHE_RUN_DIR", ""}, {"SHMCACHE_WATCH_PID", watch}};
+    CommandResult r = RunCommand({AdminPath(), cmd, "-p", "23462"}, env);
+    if (r.exit_code == 0 && std::string(cmd) == "--start") {  // the old code started one
+      RunCommand({AdminPath(), "--stop", "-p", "23462"}, env);
+    }
+    SCOPED_TRACE(cmd);
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find(empty_run), std::string::npos) << r.Describe();
+  }
+  for (const char* cmd : {"--start", "--stop"}) {
+    const Env env = {{"SHMCACHE_SHM_DIR", ""}, {"SHMCACHE_WATCH_PID", watch}};
+    CommandResult r = Run({cmd, "-p", "23462"}, env);
+    if (r.exit_code == 0 && std::string(cmd) == "--start") {
+      Run({"--stop", "-p", "23462"}, env);
+    }
+    SCOPED_TRACE(cmd);
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find(empty_shm), std::string::npos) << r.Describe();
+  }
+  ExpectError({"--stop", "-p", "23462"},
+              "shared-memory directory 'shm' (SHMCACHE_SHM_DIR) is not an absolute path",
+              {{"SHMCACHE_SHM_DIR", "shm"}});
+}
+
+// A run or shm dir from the environment with white space around it (a
+// quoting slip) is refused saying so, as --shm_dir's value is: one that
+// ended in a space was "not writable: No such file or directory" (the
+// space unseen in the message) or "not running", one that began with it
+// "not an absolute path" without the reason.
+TEST_F(CliTest, AnEnvironmentDirWithWhiteSpaceAroundItSaysSo) {
+  const Env watch = {{"SHMCACHE_WATCH_PID", std::to_string(getpid())}};
+  auto with = [&](const std::string& var, const std::string& value) {
+    Env env = watch;
+    env.emplace_back(var, value);
+    return env;
+  };
+  ExpectError({"--start", "-p", "23463"},
+              "shared-memory directory '/dev/shm ' (SHMCACHE_SHM_DIR) ends in white "
+              "space; set SHMCACHE_SHM_DIR to the path without it",
+              with("SHMCACHE_SHM_DIR", "/dev/shm "));
+  ExpectError({"--start", "-p", "23463"},
+              "shared-memory directory ' /dev/shm' (SHMCACHE_SHM_DIR) is not an absolute "
+              "path (white space before it)",
+              with("SHMCACHE_SHM_DIR", " /dev/shm"));
+  for (const char* cmd : {"--start", "-g"}) {
+    SCOPED_TRACE(cmd);
+    CommandResult r = RunCommand({AdminPath(), cmd, "-p", "23463"},
+                                 with("SHMCACHE_RUN_DIR", run_dir_ + "/run "));
+    if (r.exit_code == 0 && std::string(cmd) == "--start") {  // the old code started one
+      RunCommand({AdminPath(), "--stop", "-p", "23463"},
+                 with("SHMCACHE_RUN_DIR", run_dir_ + "/run "));
+    }
+    EXPECT_EQ(r.exit_code, 1) << r.Describe();
+    EXPECT_NE(r.err.find("run dir '" + run_dir_ +
+                         "/run ' (SHMCACHE_RUN_DIR) ends in white space; set "
+                         "SHMCACHE_RUN_DIR to the path without it"),
+              std::string::npos)
+        << r.Describe();
+  }
+  EXPECT_FALSE(PathExists(run_dir_ + "/run "));
+}
+
 // A file given as the shm dir is named as what it is ("not writable:
 // Permission denied" before; one root may execute passed that check).
 TEST_F(CliTest, AShmDirThatIsAFileIsNamedSo) {

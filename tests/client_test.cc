@@ -1,6 +1,8 @@
 // Client (client.h): connecting, opening a cache (fingerprints, names,
 // sessions), and calls once the daemon is gone. A real daemon per
 // IntegrationTest (integration_fixture.h); ClientTest needs none.
+#include <stdlib.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -169,6 +171,34 @@ TEST(ClientTest, ARequestTimeoutThatIsNotPositiveIsAnInvalidArgument) {
     EXPECT_NE(s.message().find("request_timeout_ms"), std::string::npos) << s.ToString();
     EXPECT_EQ(client, nullptr);
   }
+}
+
+// An empty $SHMCACHE_RUN_DIR is refused, naming it, as the admin and the
+// daemon refuse it (and an empty $SHMCACHE_PORT): it was read as unset,
+// and the trainer looked in the default run dir. An explicit run_dir
+// stands whatever the variable holds.
+TEST(ClientTest, AnEmptyRunDirVariableIsAnInvalidArgument) {
+  const char* before = std::getenv("SHMCACHE_RUN_DIR");
+  const std::string kept = before != nullptr ? before : "";
+  setenv("SHMCACHE_RUN_DIR", "", 1);
+  ClientOptions o;
+  o.port = 30998;
+  std::unique_ptr<Client> client;
+  Status s = Client::Connect(o, &client);
+  TempDir run_dir(TestTmpRoot());
+  o.run_dir = run_dir.path();
+  Status given = Client::Connect(o, &client);
+  if (before != nullptr) {
+    setenv("SHMCACHE_RUN_DIR", kept.c_str(), 1);
+  } else {
+    unsetenv("SHMCACHE_RUN_DIR");
+  }
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_NE(s.message().find("run dir '' (SHMCACHE_RUN_DIR) is not an absolute path (it "
+                             "is empty)"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_TRUE(given.IsUnavailable()) << given.ToString();
 }
 
 }  // namespace

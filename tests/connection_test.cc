@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -38,7 +39,9 @@ constexpr int kTimeoutMs = 20000;
 // A listening socket in a directory of its own, removed with it.
 class ScriptedServer {
  public:
-  ScriptedServer() {
+  // backlog: listen()'s; 0 queues one connection, and the next connect
+  // waits until that one is accepted.
+  explicit ScriptedServer(int backlog = 4) {
     char dir[] = "/tmp/shmcache-conn.XXXXXX";
     dir_ = mkdtemp(dir) ? dir : "";
     path_ = dir_ + "/sock";
@@ -48,7 +51,7 @@ class ScriptedServer {
     std::strncpy(addr.sun_path, path_.c_str(), sizeof addr.sun_path - 1);
     ok_ = !dir_.empty() && listen_fd_ >= 0 &&
           bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-          listen(listen_fd_, 4) == 0;
+          listen(listen_fd_, backlog) == 0;
   }
   ~ScriptedServer() {
     if (fd_ >= 0) close(fd_);
@@ -322,6 +325,121 @@ TEST(ConnectionTest, ATimeoutFiresWhileSignalsKeepInterruptingTheWait) {
   EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
   EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.ToString();
   EXPECT_TRUE(conn->broken());
+}
+
+// A client socket connected to `path`, or -1.
+int ConnectRaw(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+// Whether thread `tid` of this process is asleep in connect().
+bool InConnect(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  return static_cast<bool>(f >> nr) && nr == SYS_connect;
+}
+
+// Connection::Open in a thread of its own, against a server whose backlog
+// is full, its thread sent SIGUSR1 (which only interrupts: no SA_RESTART)
+// whenever it is asleep in connect().
+class SignalledConnect {
+ public:
+  SignalledConnect(const std::string& path, int timeout_ms) {
+    struct sigaction wake {};
+    wake.sa_handler = [](int) {};
+    sigemptyset(&wake.sa_mask);
+    sigaction(SIGUSR1, &wake, &before_);
+    thread_ = std::thread([this, path, timeout_ms] {
+      tid_.store(static_cast<pid_t>(syscall(SYS_gettid)));
+      status_ = Connection::Open(path, 1, timeout_ms, &conn_);
+      done_.store(true);
+    });
+  }
+  ~SignalledConnect() {
+    if (thread_.joinable()) thread_.join();
+    sigaction(SIGUSR1, &before_, nullptr);
+  }
+  // Signals the connecting thread `times` times, each while it is in
+  // connect(); false when the bound passed first. Stops when Open returns.
+  bool Interrupt(int times) {
+    int sent = 0;
+    return WaitFor([&] {
+      if (done_.load()) return true;
+      const pid_t tid = tid_.load();
+      if (tid > 0 && InConnect(tid)) {
+        pthread_kill(thread_.native_handle(), SIGUSR1);
+        ++sent;
+      }
+      return sent >= times;
+    });
+  }
+  // Keeps signalling it until Open returns; false when the bound passed.
+  bool InterruptUntilDone() {
+    return WaitFor([&] {
+      if (done_.load()) return true;
+      pthread_kill(thread_.native_handle(), SIGUSR1);
+      return false;
+    });
+  }
+  Status Join() {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  struct sigaction before_ {};
+  std::atomic<pid_t> tid_{0};
+  std::atomic<bool> done_{false};
+  std::unique_ptr<Connection> conn_;
+  Status status_;
+  std::thread thread_;
+};
+
+// A signal that interrupts the connect (the server's backlog full: it is
+// busy, or starting to accept) is not a server that is not running: the
+// connect goes on. Before, the first signal failed it with "not running
+// (Interrupted system call)", and the Python package gave up on the cache
+// for the rest of the run.
+TEST(ConnectionTest, ASignalWhileConnectingDoesNotFailTheConnect) {
+  ScriptedServer server(/*backlog=*/0);
+  ASSERT_TRUE(server.ok());
+  const int filler = ConnectRaw(server.path());  // the one the backlog holds
+  ASSERT_GE(filler, 0);
+  SignalledConnect connecting(server.path(), kTimeoutMs);
+  EXPECT_TRUE(connecting.Interrupt(20));
+  ASSERT_TRUE(server.Accept());  // room in the backlog: the connect completes
+  Status s = connecting.Join();
+  close(filler);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// A server that never takes the connection, and a process signalled more
+// often than its timeout: the connect ends at the request's timeout, and
+// says it timed out, not that no server runs (a start would be refused:
+// one listens). Before, a signal ended it at once as "not running
+// (Interrupted system call)".
+TEST(ConnectionTest, AConnectTimesOutWhileSignalsKeepInterruptingIt) {
+  ScriptedServer server(/*backlog=*/0);
+  ASSERT_TRUE(server.ok());
+  const int filler = ConnectRaw(server.path());
+  ASSERT_GE(filler, 0);
+  SignalledConnect connecting(server.path(), 200);
+  EXPECT_TRUE(connecting.InterruptUntilDone())
+      << "the connect waited for as long as signals came";
+  Status s = connecting.Join();
+  close(filler);
+  EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+  EXPECT_NE(s.message().find("did not accept the connection within 200 ms"),
+            std::string::npos)
+      << s.ToString();
 }
 
 }  // namespace

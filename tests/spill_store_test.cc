@@ -8,7 +8,8 @@
 // each (a reader checksums a row's whole block), small rows share one. A
 // full disk with the small memtables: spill_stage_test.cc, spill_test.cc.
 // A fill in id order with pauses leaves disjoint table files (the flush
-// marker follows the last row written).
+// marker follows the last row written). The memory of flushed memtables,
+// kept for the next ones while writes come, is handed back once they stop.
 #include "daemon/spill_store.h"
 
 #include <sys/statvfs.h>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +34,7 @@
 #include "lib/spill_reader.h"
 #include "tests/support/child_process.h"
 #include "tests/support/files.h"
+#include "tests/support/sanitizer.h"
 #include "tests/support/tmpfs_mount.h"
 #include "tests/support/wait_for.h"
 
@@ -416,6 +419,43 @@ TEST(SpillStoreTest, ACacheDroppedWhileAFlushIsDueKeepsNoKey) {
       << " keys in the memtables";
   // The marker is in the log only: KeyLeftOf replays it.
   EXPECT_EQ(KeyLeftOf(store->path(), cache), 0u) << "bytes of a key of the dropped cache";
+}
+
+// This process's resident bytes (/proc/self/statm).
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// The store keeps flushed memtables' memory in the heap for the next ones
+// while writes come (no page faults to refill it); once writes stop and
+// the idle flush ran, that memory goes back: a server that spilled once
+// does not hold a memtable's worth or more for as long as it runs.
+TEST(SpillStoreTest, MemtableMemoryGoesBackOnceWritesStop) {
+#if defined(SHMCACHE_TEST_UNDER_ASAN) || defined(SHMCACHE_TEST_UNDER_TSAN)
+  // The sanitizers' allocators replace glibc's, whose thresholds the store
+  // sets and whose heap it trims, and hold freed memory in a quarantine.
+  GTEST_SKIP() << "glibc's malloc is replaced by the sanitizer's";
+#endif
+  test::TempDir tmp(test::TestTmpRoot());
+  std::unique_ptr<SpillStore> store;
+  ASSERT_TRUE(SpillStore::Open(tmp.path() + "/db", &store).ok());
+  const uint64_t before = ResidentBytes();
+  // Three memtables' worth, so that some were flushed and freed while the
+  // later ones filled.
+  constexpr size_t kRowBytes = 256u << 10;
+  const uint64_t rows = 3 * store->memtables().bytes / kRowBytes;
+  for (uint64_t first = 0; first < rows; first += 16) {
+    ASSERT_NO_FATAL_FAILURE(WriteRowsInOrder(store.get(), first, 16, kRowBytes));
+  }
+  ASSERT_TRUE(test::WaitFor([&] {
+    return !store->TEST_FlushDue() && store->UnflushedRows() == 1 &&
+           ResidentBytes() < before + store->memtables().bytes;
+  })) << (ResidentBytes() - std::min(before, ResidentBytes())) / kMB
+      << " MB more resident than before the writes, " << store->UnflushedRows()
+      << " keys in the memtables";
 }
 
 }  // namespace

@@ -126,8 +126,13 @@ void CountLeftFiles(const std::string& dir, const std::string& prefix, StopResul
 }  // namespace
 
 Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResult* out) {
+  // Where a killed server's files are counted, refused as --start refuses
+  // it (an empty or relative $SHMCACHE_SHM_DIR counted none, or the working
+  // directory's).
+  Status s = shm_dir.empty() ? CheckShmDirFromEnv(DefaultShmDir()) : Status::OK();
+  if (!s.ok()) return s;
   std::unique_ptr<Client> client;
-  Status s = Client::Connect(co, &client);
+  s = Client::Connect(co, &client);
   if (s.ok()) {
     ServerInfo info;
     s = client->GetServerInfo(&info);

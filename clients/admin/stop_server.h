@@ -59,8 +59,9 @@ struct StopResult {
 // what a killed server left is then counted in `shm_dir` ("":
 // $SHMCACHE_SHM_DIR or /dev/shm, as a server started without --shm_dir
 // uses) and the instance's huge-page dir. Errors: a server this user
-// cannot stop or reach (another user's, a bad run dir), or one that did
-// not exit.
+// cannot stop or reach (another user's, a bad run dir), one that did not
+// exit, or (before anything is asked) a $SHMCACHE_SHM_DIR that --start
+// would refuse (empty, relative) where `shm_dir` is "".
 Status StopServer(const ClientOptions& co, const std::string& shm_dir, StopResult* out);
 
 }  // namespace shmcache::admin

@@ -29,12 +29,14 @@ shm_dir=$(read_env SHMCACHE_SHM_DIR)
 # line "PID START" each (start_of, read before the command line: a pid
 # given again after this look is another start). Whatever a process of
 # the job's user says of itself, only that user's processes are ever
-# signalled, and only the very processes listed (signal_server).
+# signalled, and only the very processes listed (signal_server). The
+# command line is read under a timeout: its pages are the user's, and a
+# page the user backs by a file system they serve could stall the read.
 servers() {
   local pid start
   for pid in $(pgrep -x -U "$SLURM_JOB_UID" shmcached); do
     start=$(start_of "$pid") &&
-      tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qx -- "--port=$port" &&
+      timeout -k 1 5 tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qx -- "--port=$port" &&
       echo "$pid $start"
   done
 }

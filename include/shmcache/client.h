@@ -13,7 +13,8 @@
 // Errors: Unavailable when the daemon cannot be reached (its message says
 // why, and what to do: no server on the port; one of this user's running
 // with another run dir, named with its run dir and pid; this run dir's
-// server stopped by SIGSTOP, or its socket removed); InvalidArgument for
+// server stopped by SIGSTOP, or its socket removed; a server that did not
+// accept the connection within the request timeout); InvalidArgument for
 // a non-local host, a bad port or run dir, or a request timeout that is not
 // positive (options.h); PermissionDenied when the process
 // listening at the instance's socket runs as another uid (it is told

@@ -23,11 +23,14 @@ struct ClientOptions {
   // Directory of the control socket. Default "": $SHMCACHE_RUN_DIR, else
   // /tmp/shmcache-<uid>. Must match the daemon's, and be an absolute path
   // (Connect: InvalidArgument otherwise; a relative one would name another
-  // socket in every working directory).
+  // socket in every working directory; $SHMCACHE_RUN_DIR set but empty is
+  // refused too, as the admin and the daemon refuse it).
   std::string run_dir{};
   // How long one control request may take before the daemon is declared
   // unavailable, counted from the call: a wait for other threads' requests
-  // (or puts) of this process to the same daemon is part of it. Default
+  // (or puts) of this process to the same daemon is part of it, and so is
+  // the connect (a signal that interrupts a wait resumes it for what is
+  // left, never fails it nor restarts the timeout). Default
   // 5000 ms. Must be positive (Connect: InvalidArgument otherwise; 0 would
   // wait for a hung daemon forever).
   int request_timeout_ms = 5000;

@@ -87,12 +87,15 @@ def test_a_value_out_of_range_says_what_to_pass_instead(make, said):
      "1025..65535 (a leading zero)"),
     ("SHMCACHE_HOST", "", "SHMCACHE_HOST: host '' is empty; set it to 127.0.0.1, "
      "localhost or ::1, or unset it"),
+    ("SHMCACHE_RUN_DIR", "", "run dir '' (SHMCACHE_RUN_DIR) is not an absolute path "
+     "(it is empty); set SHMCACHE_RUN_DIR to an absolute directory, or unset it for "
+     f"/tmp/shmcache-{os.geteuid()}"),
 ])
 def test_environment_values_are_read_as_the_admin_reads_them(monkeypatch, var, value,
                                                              said):
-    """An empty $SHMCACHE_PORT or $SHMCACHE_HOST (an unset variable in a
-    script) was taken as unset, a leading zero as decimal: refused, naming
-    the variable, as `shmcache` refuses them."""
+    """An empty $SHMCACHE_PORT, $SHMCACHE_HOST or $SHMCACHE_RUN_DIR (an
+    unset variable in a script) was taken as unset, a leading zero as
+    decimal: refused, naming the variable, as `shmcache` refuses them."""
     monkeypatch.setenv(var, value)
     with pytest.raises(RuntimeError) as e:
         shmcache.Client()

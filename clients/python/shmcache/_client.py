@@ -23,7 +23,8 @@ class Client(_shmcache.Client):
     hostname: this host ("": $SHMCACHE_HOST, else 127.0.0.1; another host
     is a RuntimeError, InvalidArgumentError); run_dir: the directory of the
     server's socket, absolute ("": $SHMCACHE_RUN_DIR, else
-    /tmp/shmcache-<uid>); timeout_ms: how long one request may take before
+    /tmp/shmcache-<uid>; the variable set but empty is refused, as the
+    admin refuses it); timeout_ms: how long one request may take before
     the server is declared unavailable (UnavailableError), > 0. The errors
     of the calls are the package's (shmcache.Error subclasses:
     NotFoundError for a session that does not exist, ...)."""
