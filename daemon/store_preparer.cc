@@ -16,6 +16,19 @@
 
 namespace shmcache {
 
+namespace {
+
+// Removes the file a job created (job.create), which nothing names yet. A
+// job that supplies pages of an existing segment leaves its file alone:
+// it is the cache's, holds rows, and goes with the cache.
+void RemoveCreatedFile(const InstancePaths& paths, const SegmentJob& job) {
+  if (job.create) {
+    ShmFile::Unlink(paths.SegmentFile(job.cache_id, job.seg_no)).PermitUncheckedError();
+  }
+}
+
+}  // namespace
+
 void Store::StopPreparer() {
   {
     MutexLock lock(&mu_);
@@ -90,13 +103,9 @@ void Store::RunSegmentJobLocked(const SegmentJob& job) {
   }
   if (registered) running_jobs_.erase(running_jobs_.find(job.cache_id));
   if (thrown) {
-    // A new file it made is removed: nothing names it yet.
-    const bool created = job.create && ((ran && made.ok()) || file.data() != nullptr);
+    const bool made_file = (ran && made.ok()) || file.data() != nullptr;
     file.Unmap();
-    if (created) {
-      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
-          .PermitUncheckedError();
-    }
+    if (made_file) RemoveCreatedFile(paths_, job);
     made = Status::IOError(
         fmt::format("preparing segment {} threw: {}", job.seg_no, WhatThrew(thrown)));
     log_->Error("cache {}: {}", job.cache_id, made.message());
@@ -104,12 +113,9 @@ void Store::RunSegmentJobLocked(const SegmentJob& job) {
   auto it = caches_.find(job.cache_id);
   if (it == caches_.end()) {  // destroyed meanwhile; its memory was released
     file.Unmap();
-    // A new file is this job's to remove; a supplied one was the cache's,
-    // removed with it (its id may be a new cache's by now).
-    if (job.create) {
-      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
-          .PermitUncheckedError();
-    }
+    // A supplied file was removed with its cache (its id may be a new
+    // cache's by now).
+    RemoveCreatedFile(paths_, job);
   } else {
     CacheState* cache = it->second.get();
     try {
@@ -119,10 +125,9 @@ void Store::RunSegmentJobLocked(const SegmentJob& job) {
       });
     } catch (...) {
       // Thrown while a made segment was kept, before anything changed
-      // (SegmentAllocator::FinishSegmentJob): ended as a failed job, its
-      // new file removed (nothing names it), its memory released.
-      ShmFile::Unlink(paths_.SegmentFile(job.cache_id, job.seg_no))
-          .PermitUncheckedError();
+      // (SegmentAllocator::FinishSegmentJob): ended as a failed job, a file
+      // it created removed, its memory released.
+      RemoveCreatedFile(paths_, job);
       made = Status::IOError(fmt::format("keeping segment {} threw: {}", job.seg_no,
                                          WhatThrew(std::current_exception())));
       log_->Error("cache {}: {}", job.cache_id, made.message());
